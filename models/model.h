@@ -1,0 +1,120 @@
+/*
+ * model.h - what the engine needs from a model: its FSDP units (each a list
+ * of named parameters laid out in one flat buffer) and forward/backward per
+ * unit on the unit's gathered flat parameters.
+ *
+ * Unit 0 is the root: it holds the parameters used before the first block
+ * and after the last (GPT-2: token and position embeddings, the tied LM
+ * head, the final LayerNorm). The engine keeps it gathered for the whole
+ * step. A training micro-step on one rank is:
+ *
+ *   root_forward(root)                         embeddings
+ *   unit_forward(u)           u = 1..U-1       blocks
+ *   head_forward_backward(root, root_grads)    final norm, logits, loss,
+ *                                              and their backward
+ *   unit_backward(u, grads)   u = U-1..1
+ *   root_backward(root, root_grads)            embeddings' backward
+ *
+ * Parameters are in ctx->dt; gradients are fp32 and are ACCUMULATED (+=)
+ * into the unit's flat gradient buffer (zeroed by the engine). All buffers
+ * are device memory of the rank; activations live in the model's state,
+ * allocated once per rank through the device (kind FSDP_MEM_ACT), so they
+ * are accounted and capped.
+ */
+#ifndef FSDP_MODELS_MODEL_H
+#define FSDP_MODELS_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ops/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum fsdp_init_kind {
+    FSDP_INIT_NORMAL = 0, /* N(0, std^2) */
+    FSDP_INIT_ZEROS,
+    FSDP_INIT_ONES,
+} fsdp_init_kind;
+
+typedef struct fsdp_param_spec {
+    char name[64];        /* HF GPT-2 name, e.g. "h.3.attn.c_attn.weight" */
+    int ndim;
+    int64_t shape[4];
+    size_t numel;
+    size_t offset;        /* element offset in the unit's flat buffer */
+    fsdp_init_kind init;
+    float std;            /* for FSDP_INIT_NORMAL */
+    bool decay;           /* AdamW weight decay applies (matrices only) */
+} fsdp_param_spec;
+
+typedef struct fsdp_unit_spec {
+    char name[32];        /* "root", "h.0", ... */
+    int n_params;
+    fsdp_param_spec *params;
+    size_t numel;         /* sum of the parameters' numel (unpadded) */
+} fsdp_unit_spec;
+
+typedef struct fsdp_model fsdp_model;
+
+struct fsdp_model_i {
+    /* Per-rank activations for micro-batches of (B, T); training=false
+     * allocates no gradient buffers (eval, sampling). */
+    fsdp_status (*state_init)(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T, bool training,
+                              void **state);
+    void (*state_free)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state);
+    /* Device buffers (B*T int32) the engine fills before root_forward. */
+    int *(*state_tokens)(void *state);
+    int *(*state_targets)(void *state);
+    /* Logits (B*T, Vp) in ctx->dt after head_forward_backward (forward
+     * part); only valid when root_grads was NULL (training overwrites them). */
+    const void *(*state_logits)(void *state);
+
+    fsdp_status (*root_forward)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                const void *root_params);
+    fsdp_status (*unit_forward)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
+                                const void *params);
+    /* Loss of the micro-batch: *loss = tree sum over the B*T tokens of
+     * their losses, divided by B*T (host float; 0 on meta). If root_grads is
+     * NULL only the forward runs. dloss scales the gradient (1/micro-batches). */
+    fsdp_status (*head_forward_backward)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                         const void *root_params, float *root_grads, float dloss,
+                                         float *loss);
+    fsdp_status (*unit_backward)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
+                                 const void *params, float *grads);
+    fsdp_status (*root_backward)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                 const void *root_params, float *root_grads);
+};
+
+struct fsdp_model {
+    const struct fsdp_model_i *iface;
+    char name[64];
+    int n_units;
+    fsdp_unit_spec *units;  /* units[0] is the root */
+    size_t numel;           /* all parameters */
+    int vocab_size;         /* V: real vocabulary (256 for byte-level) */
+    int padded_vocab_size;  /* Vp: V rounded up to a multiple of 128 */
+    int max_seq_len;
+    void *impl;             /* model-specific config */
+};
+
+/* Initial value of elements [begin, end) of unit `unit`'s flat buffer
+ * (fp32), from the counter-based RNG keyed by (seed, parameter name,
+ * element index within the parameter): any slice can be initialised alone
+ * and gives the same values as initialising the whole unit. Elements past
+ * the unit's numel (padding) are 0. */
+void fsdp_model_init_range(const fsdp_model *m, int unit, size_t begin, size_t end, uint64_t seed,
+                           float *dst);
+
+/* Find a parameter by name; returns its unit and spec, or NULL. */
+const fsdp_param_spec *fsdp_model_find_param(const fsdp_model *m, const char *name, int *unit);
+
+void fsdp_model_free(fsdp_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FSDP_MODELS_MODEL_H */

@@ -1,0 +1,76 @@
+/*
+ * error.h - status propagation and error messages.
+ *
+ * Library code returns fsdp_status. The function that detects a failure
+ * attaches a message with fsdp_error_set(); callers propagate the status with
+ * FSDP_TRY (return at once) or FSDP_CHECK (goto fail for cleanup). Messages
+ * are per thread, so rank threads never overwrite each other's. Broken
+ * invariants use FSDP_ASSERT: file:line, then abort().
+ */
+#ifndef FSDP_CORE_ERROR_H
+#define FSDP_CORE_ERROR_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "fsdp/fsdp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FSDP_ERROR_MSG_MAX 1024
+
+/* Record st with a printf-style message on the calling thread; returns st.
+ * Usage: return fsdp_error_set(FSDP_STATUS_IO, "cannot open '%s'", path); */
+fsdp_status fsdp_error_set(fsdp_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Prefix the calling thread's message with context ("loading 'x.bin': ..."). */
+void fsdp_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Replace the calling thread's message (used to hand a rank's error to the
+ * launching thread). */
+void fsdp_error_copy(const char *msg);
+
+void fsdp_error_clear(void);
+
+/* Propagate: return the status if it is not OK. */
+#define FSDP_TRY(expr)                                  \
+    do {                                                \
+        fsdp_status fsdp_try_st_ = (expr);              \
+        if (fsdp_try_st_ != FSDP_STATUS_OK)             \
+            return fsdp_try_st_;                        \
+    } while (0)
+
+/* Propagate with cleanup: needs `fsdp_status st` and a `fail:` label. */
+#define FSDP_CHECK(expr)                                \
+    do {                                                \
+        st = (expr);                                    \
+        if (st != FSDP_STATUS_OK)                       \
+            goto fail;                                  \
+    } while (0)
+
+/* Broken invariant: a bug in fsdp, not a user error. */
+#define FSDP_ASSERT(cond)                                                      \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            fprintf(stderr, "fsdp: %s:%d: assertion failed: %s\n", __FILE__,   \
+                    __LINE__, #cond);                                          \
+            abort();                                                           \
+        }                                                                      \
+    } while (0)
+
+/* Format a byte count as "1.2 GiB" into buf (at least 32 bytes); returns buf. */
+char *fsdp_fmt_bytes(char *buf, size_t n, double bytes);
+
+/* Parse "24GiB", "512M", "1e9", "4096" into bytes. Suffixes K/M/G/T (powers
+ * of 1024 with or without "iB"/"B"), KB/MB/GB/TB as powers of 1000.
+ * Returns INVALID_ARG with a message for anything else. */
+fsdp_status fsdp_parse_bytes(const char *s, size_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FSDP_CORE_ERROR_H */

@@ -1,0 +1,55 @@
+/*
+ * rng.h - counter-based random numbers: a pure function of (seed, stream,
+ * index), so any slice of a tensor can be initialised alone, by any rank, in
+ * any order, with the same values (DESIGN: determinism contract).
+ *
+ * The mixer is SplitMix64's finaliser applied to a combination of the keys;
+ * normals use Box-Muller on two uniforms drawn from index*2 and index*2+1.
+ */
+#ifndef FSDP_CORE_RNG_H
+#define FSDP_CORE_RNG_H
+
+#include <math.h>
+#include <stdint.h>
+
+static inline uint64_t fsdp_rng_mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* 64 random bits for (seed, stream, index). */
+static inline uint64_t fsdp_rng_u64(uint64_t seed, uint64_t stream, uint64_t index)
+{
+    return fsdp_rng_mix(fsdp_rng_mix(fsdp_rng_mix(seed) ^ stream) ^ index);
+}
+
+/* Uniform in (0, 1): 24 random bits, never 0. */
+static inline float fsdp_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index)
+{
+    return ((float)(fsdp_rng_u64(seed, stream, index) >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+/* Standard normal for (seed, stream, index), computed in double, so the
+ * value does not depend on the compiler's float contraction. */
+static inline float fsdp_rng_normal(uint64_t seed, uint64_t stream, uint64_t index)
+{
+    uint64_t a = fsdp_rng_u64(seed, stream, 2 * index);
+    uint64_t b = fsdp_rng_u64(seed, stream, 2 * index + 1);
+    double u1 = ((double)(a >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    double u2 = (double)(b >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* Hash of a string, to key an RNG stream by parameter name. */
+static inline uint64_t fsdp_rng_hash_str(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    while (*s)
+        h = (h ^ (uint8_t)*s++) * 1099511628211ull;
+    return h;
+}
+
+#endif /* FSDP_CORE_RNG_H */

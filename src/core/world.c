@@ -1,0 +1,164 @@
+/*
+ * world.c - rank threads, the abortable barrier and the first-error record.
+ *
+ * Waiters block on one condition variable with a short timeout and re-check
+ * the abort flag, so an abort is seen within milliseconds even if a wake-up
+ * is missed. fsdp_world_fail() also broadcasts the condition variable.
+ */
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/log.h"
+#include "core/world.h"
+
+fsdp_status fsdp_world_init(fsdp_world **out, int n_ranks)
+{
+    if (n_ranks < 1 || n_ranks > 1024)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "world size must be 1..1024, got %d", n_ranks);
+    fsdp_world *w = calloc(1, sizeof *w);
+    if (!w)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating a world");
+    w->n_ranks = n_ranks;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    for (int k = 0; k < FSDP_FAULT_KIND_COUNT; k++)
+        w->fault[k].rank = -1;
+    *out = w;
+    return FSDP_STATUS_OK;
+}
+
+void fsdp_world_free(fsdp_world *w)
+{
+    if (!w)
+        return;
+    pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mu);
+    free(w);
+}
+
+void fsdp_world_fail(fsdp_world *w, int rank, fsdp_status st, const char *msg)
+{
+    pthread_mutex_lock(&w->mu);
+    /* A real error beats an ABORTED report that raced ahead of it. */
+    bool take = w->first_status == FSDP_STATUS_OK ||
+                (w->first_status == FSDP_STATUS_ABORTED && st != FSDP_STATUS_ABORTED);
+    if (take) {
+        w->first_status = st;
+        w->first_rank = rank;
+        snprintf(w->first_msg, sizeof w->first_msg, "%s", msg ? msg : "");
+    }
+    atomic_store_explicit(&w->aborted, 1, memory_order_release);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+void fsdp_world_wait_locked(fsdp_world *w)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += 10 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+}
+
+fsdp_status fsdp_world_barrier(fsdp_world *w)
+{
+    if (w->n_ranks == 1)
+        return fsdp_world_aborted(w) ? fsdp_error_set(FSDP_STATUS_ABORTED, "aborted")
+                                     : FSDP_STATUS_OK;
+    pthread_mutex_lock(&w->mu);
+    unsigned long gen = w->barrier_gen;
+    if (++w->barrier_waiting == w->n_ranks) {
+        w->barrier_waiting = 0;
+        w->barrier_gen++;
+        pthread_cond_broadcast(&w->cv);
+    } else {
+        while (gen == w->barrier_gen && !fsdp_world_aborted(w))
+            fsdp_world_wait_locked(w);
+    }
+    bool done = gen != w->barrier_gen;
+    pthread_mutex_unlock(&w->mu);
+    if (!done)
+        return fsdp_error_set(FSDP_STATUS_ABORTED,
+                              "aborted while waiting at a barrier: another rank failed");
+    return FSDP_STATUS_OK;
+}
+
+void fsdp_world_set_fault(fsdp_world *w, fsdp_fault_kind kind, int rank, long k)
+{
+    w->fault[kind].rank = rank;
+    w->fault[kind].k = k;
+    atomic_store(&w->fault[kind].count, 0);
+}
+
+bool fsdp_world_fault_hit(fsdp_world *w, fsdp_fault_kind kind, int rank)
+{
+    if (w->fault[kind].k <= 0 || w->fault[kind].rank != rank)
+        return false;
+    return atomic_fetch_add(&w->fault[kind].count, 1) + 1 == w->fault[kind].k;
+}
+
+struct rank_thread {
+    fsdp_world *w;
+    int rank;
+    fsdp_rank_fn fn;
+    void *arg;
+    fsdp_status st;
+    pthread_t tid;
+};
+
+static void *rank_main(void *p)
+{
+    struct rank_thread *t = p;
+    fsdp_log_set_rank(t->rank);
+    fsdp_error_clear();
+    t->st = t->fn(t->w, t->rank, t->arg);
+    if (t->st != FSDP_STATUS_OK)
+        fsdp_world_fail(t->w, t->rank, t->st, fsdp_error_msg());
+    return NULL;
+}
+
+fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg)
+{
+    int n = w->n_ranks;
+    struct rank_thread *ts = calloc((size_t)n, sizeof *ts);
+    if (!ts)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory launching %d ranks", n);
+    atomic_store(&w->aborted, 0);
+    w->first_status = FSDP_STATUS_OK;
+    w->first_rank = -1;
+    w->first_msg[0] = '\0';
+    w->barrier_waiting = 0;
+
+    int started = 0;
+    for (; started < n; started++) {
+        ts[started] = (struct rank_thread){.w = w, .rank = started, .fn = fn, .arg = arg};
+        int rc = pthread_create(&ts[started].tid, NULL, rank_main, &ts[started]);
+        if (rc) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "cannot start the thread of rank %d: %s", started,
+                     strerror(rc));
+            fsdp_world_fail(w, started, FSDP_STATUS_INTERNAL, msg);
+            break;
+        }
+    }
+    for (int r = 0; r < started; r++)
+        pthread_join(ts[r].tid, NULL);
+    free(ts);
+
+    if (w->first_status == FSDP_STATUS_OK)
+        return FSDP_STATUS_OK;
+    char msg[FSDP_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, "rank %d: %s", w->first_rank, w->first_msg);
+    fsdp_error_copy(msg);
+    return w->first_status;
+}

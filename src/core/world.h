@@ -1,0 +1,90 @@
+/*
+ * world.h - the ranks of one process: rank threads, barrier, abort flag,
+ * first error, and the fault-injection test hook.
+ *
+ * A world holds N ranks, each run on its own POSIX thread by
+ * fsdp_world_launch(). When a rank's function returns an error, the world
+ * keeps the first such error (status, rank, message), sets the abort flag
+ * and wakes every waiter; every wait in the runtime (barrier, host
+ * collectives, engine waits) polls the flag, so the other ranks return
+ * FSDP_STATUS_ABORTED promptly instead of hanging.
+ */
+#ifndef FSDP_CORE_WORLD_H
+#define FSDP_CORE_WORLD_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "core/error.h"
+
+/* Test hook: make the k-th operation of a kind on one rank fail (SQLite-style
+ * fault injection). Counted per rank, 1-based; k = 0 disables. */
+typedef enum fsdp_fault_kind {
+    FSDP_FAULT_ALLOC = 0,     /* device/host allocations (cpu and meta backends) */
+    FSDP_FAULT_COLLECTIVE,    /* host collectives */
+    FSDP_FAULT_KIND_COUNT
+} fsdp_fault_kind;
+
+typedef struct fsdp_world fsdp_world;
+
+/* Per-rank entry point run by fsdp_world_launch on the rank's thread. */
+typedef fsdp_status (*fsdp_rank_fn)(fsdp_world *w, int rank, void *arg);
+
+struct fsdp_world {
+    int n_ranks;
+    atomic_int aborted;            /* set once any rank failed */
+
+    pthread_mutex_t mu;            /* guards the barrier and first error */
+    pthread_cond_t cv;
+    int barrier_waiting;
+    unsigned long barrier_gen;
+
+    fsdp_status first_status;      /* first non-ABORTED error of any rank */
+    int first_rank;
+    char first_msg[FSDP_ERROR_MSG_MAX];
+
+    struct {
+        int rank;
+        long k;
+        atomic_long count;         /* operations of this kind seen on `rank` */
+    } fault[FSDP_FAULT_KIND_COUNT];
+
+    void *comm_shared;             /* host collectives' rendezvous (comm/host.c) */
+};
+
+fsdp_status fsdp_world_init(fsdp_world **out, int n_ranks);
+void fsdp_world_free(fsdp_world *w);
+
+/* Run fn(w, r, arg) on N new threads, r = 0..N-1, and join them. Returns OK,
+ * or the first error a rank reported (never ABORTED unless every failure
+ * was an abort); its message, prefixed with the rank, becomes the calling
+ * thread's fsdp_error_msg(). The world can be launched again afterwards
+ * (the abort flag and first error are reset at the start of each launch). */
+fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg);
+
+/* Record a failure of `rank` (first one wins), set the abort flag and wake
+ * every waiter. Called by the launcher; callable by code that must fail the
+ * world from inside a rank before returning. */
+void fsdp_world_fail(fsdp_world *w, int rank, fsdp_status st, const char *msg);
+
+static inline bool fsdp_world_aborted(fsdp_world *w)
+{
+    return atomic_load_explicit(&w->aborted, memory_order_acquire) != 0;
+}
+
+/* Wait until all ranks arrive. Returns ABORTED (with a message) if the world
+ * is aborted before or while waiting. */
+fsdp_status fsdp_world_barrier(fsdp_world *w);
+
+/* Block on the world's condition variable until woken or ~10 ms pass; the
+ * caller holds w->mu and re-checks its predicate and the abort flag. */
+void fsdp_world_wait_locked(fsdp_world *w);
+
+/* Arm the fault hook (test only). */
+void fsdp_world_set_fault(fsdp_world *w, fsdp_fault_kind kind, int rank, long k);
+
+/* Count one operation of `kind` on `rank`; true if it is the one to fail. */
+bool fsdp_world_fault_hit(fsdp_world *w, fsdp_fault_kind kind, int rank);
+
+#endif /* FSDP_CORE_WORLD_H */

@@ -1,0 +1,287 @@
+/*
+ * device.c - the generic device wrappers: accounting by kind, the memory
+ * cap, the allocation table, the fault hook, and NULL-slot handling.
+ *
+ * Every allocation is recorded in an open-addressed table keyed by pointer,
+ * so frees need no size, leaks can be listed, and meta's fake pointers are
+ * handled like real ones.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/world.h"
+#include "device/device.h"
+
+const char *fsdp_mem_kind_name(fsdp_mem_kind k)
+{
+    static const char *const names[FSDP_MEM_KIND_COUNT] = {
+        "param", "grad", "optim", "gather", "act", "comm", "other",
+    };
+    return (unsigned)k < FSDP_MEM_KIND_COUNT ? names[k] : "?";
+}
+
+static size_t rec_hash(const void *p, size_t cap)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (size_t)x & (cap - 1);
+}
+
+static fsdp_status recs_grow(fsdp_device *d)
+{
+    size_t ncap = d->n_recs_cap ? d->n_recs_cap * 2 : 256;
+    struct fsdp_alloc_rec *nr = calloc(ncap, sizeof *nr);
+    if (!nr)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the allocation table");
+    size_t live = 0;
+    for (size_t i = 0; i < d->n_recs_cap; i++) {
+        if (d->recs[i].used != 1)
+            continue;
+        size_t h = rec_hash(d->recs[i].ptr, ncap);
+        while (nr[h].used)
+            h = (h + 1) & (ncap - 1);
+        nr[h] = d->recs[i];
+        live++;
+    }
+    free(d->recs);
+    d->recs = nr;
+    d->n_recs_cap = ncap;
+    d->n_recs_used = live;
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status recs_insert(fsdp_device *d, void *p, size_t bytes, fsdp_mem_kind kind, int host)
+{
+    if ((d->n_recs_used + 1) * 2 > d->n_recs_cap)
+        FSDP_TRY(recs_grow(d));
+    size_t h = rec_hash(p, d->n_recs_cap);
+    while (d->recs[h].used == 1)
+        h = (h + 1) & (d->n_recs_cap - 1);
+    if (d->recs[h].used == 0)
+        d->n_recs_used++;
+    d->recs[h] = (struct fsdp_alloc_rec){
+        .ptr = p, .bytes = bytes, .kind = (unsigned char)kind, .host = (unsigned char)host, .used = 1};
+    return FSDP_STATUS_OK;
+}
+
+static struct fsdp_alloc_rec *recs_find(fsdp_device *d, const void *p)
+{
+    if (!d->n_recs_cap)
+        return NULL;
+    size_t h = rec_hash(p, d->n_recs_cap);
+    while (d->recs[h].used) {
+        if (d->recs[h].used == 1 && d->recs[h].ptr == p)
+            return &d->recs[h];
+        h = (h + 1) & (d->n_recs_cap - 1);
+    }
+    return NULL;
+}
+
+static void stats_add(fsdp_mem_stats *s, size_t bytes, fsdp_mem_kind kind)
+{
+    s->in_use_bytes += bytes;
+    s->kind_bytes[kind] += bytes;
+    s->n_live++;
+    s->n_allocs++;
+    if (s->in_use_bytes > s->peak_bytes) {
+        s->peak_bytes = s->in_use_bytes;
+        memcpy(s->peak_kind_bytes, s->kind_bytes, sizeof s->kind_bytes);
+    }
+}
+
+static void stats_sub(fsdp_mem_stats *s, size_t bytes, fsdp_mem_kind kind)
+{
+    FSDP_ASSERT(s->in_use_bytes >= bytes && s->kind_bytes[kind] >= bytes && s->n_live > 0);
+    s->in_use_bytes -= bytes;
+    s->kind_bytes[kind] -= bytes;
+    s->n_live--;
+}
+
+void fsdp_device_reset_peak(fsdp_device *d)
+{
+    d->mem.peak_bytes = d->mem.in_use_bytes;
+    memcpy(d->mem.peak_kind_bytes, d->mem.kind_bytes, sizeof d->mem.kind_bytes);
+    d->host.peak_bytes = d->host.in_use_bytes;
+    memcpy(d->host.peak_kind_bytes, d->host.kind_bytes, sizeof d->host.kind_bytes);
+}
+
+fsdp_status fsdp_device_init(fsdp_device *d, fsdp_backend backend, fsdp_world *w, int rank,
+                             int ordinal, size_t cap_bytes)
+{
+    memset(d, 0, sizeof *d);
+    switch (backend) {
+    case FSDP_BACKEND_CPU: d->iface = &fsdp_device_cpu_i; break;
+    case FSDP_BACKEND_META: d->iface = &fsdp_device_meta_i; break;
+    case FSDP_BACKEND_CUDA: d->iface = fsdp_device_cuda_iface(); break;
+    default: break;
+    }
+    if (!d->iface)
+        return fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "backend '%s' is not built in",
+                              fsdp_backend_name(backend));
+    d->backend = backend;
+    d->world = w;
+    d->rank = rank;
+    d->ordinal = ordinal;
+    d->cap_bytes = cap_bytes;
+    d->meta_next = (uintptr_t)1 << 40;
+    if (d->iface->init)
+        FSDP_TRY(d->iface->init(d));
+    if (d->iface->stream_create) {
+        FSDP_TRY(d->iface->stream_create(d, &d->compute));
+        FSDP_TRY(d->iface->stream_create(d, &d->comm));
+        FSDP_TRY(d->iface->stream_create(d, &d->copy));
+    }
+    return FSDP_STATUS_OK;
+}
+
+void fsdp_device_fini(fsdp_device *d)
+{
+    if (!d->iface)
+        return;
+    for (size_t i = 0; i < d->n_recs_cap; i++) {
+        struct fsdp_alloc_rec *r = &d->recs[i];
+        if (r->used != 1)
+            continue;
+        FSDP_DEBUG(FSDP_SUB_ALLOC, "device %d: releasing leaked %s allocation of %zu bytes",
+                   d->rank, fsdp_mem_kind_name((fsdp_mem_kind)r->kind), r->bytes);
+        if (r->host)
+            d->iface->host_free(d, r->ptr);
+        else
+            d->iface->free(d, r->ptr);
+        r->used = 2;
+    }
+    free(d->recs);
+    d->recs = NULL;
+    d->n_recs_cap = d->n_recs_used = 0;
+    if (d->iface->stream_destroy) {
+        d->iface->stream_destroy(d, d->compute);
+        d->iface->stream_destroy(d, d->comm);
+        d->iface->stream_destroy(d, d->copy);
+    }
+    if (d->iface->fini)
+        d->iface->fini(d);
+    d->iface = NULL;
+}
+
+static fsdp_status do_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, const char *what,
+                            int host, void **out)
+{
+    *out = NULL;
+    if (bytes == 0)
+        return FSDP_STATUS_OK;
+    fsdp_mem_stats *s = host ? &d->host : &d->mem;
+    char b_req[32], b_use[32], b_cap[32];
+    if (d->world && fsdp_world_fault_hit(d->world, FSDP_FAULT_ALLOC, d->rank))
+        return fsdp_error_set(FSDP_STATUS_OOM,
+                              "device %d: injected allocation failure (%s bytes for %s)",
+                              d->rank, fsdp_fmt_bytes(b_req, 32, (double)bytes), what);
+    if (!host && d->cap_bytes && (bytes > d->cap_bytes || s->in_use_bytes > d->cap_bytes - bytes))
+        return fsdp_error_set(
+            FSDP_STATUS_OOM,
+            "device %d out of memory allocating %s for %s (cap %s, in use %s); try "
+            "--offload optimizer, --shard full, a smaller --batch, or more devices",
+            d->rank, fsdp_fmt_bytes(b_req, 32, (double)bytes), what,
+            fsdp_fmt_bytes(b_cap, 32, (double)d->cap_bytes),
+            fsdp_fmt_bytes(b_use, 32, (double)s->in_use_bytes));
+    void *p = NULL;
+    fsdp_status st = host ? d->iface->host_alloc(d, bytes, &p) : d->iface->alloc(d, bytes, &p);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_error_prefix("device %d: allocating %s for %s (in use %s)", d->rank,
+                          fsdp_fmt_bytes(b_req, 32, (double)bytes), what,
+                          fsdp_fmt_bytes(b_use, 32, (double)s->in_use_bytes));
+        return st;
+    }
+    st = recs_insert(d, p, bytes, kind, host);
+    if (st != FSDP_STATUS_OK) {
+        if (host)
+            d->iface->host_free(d, p);
+        else
+            d->iface->free(d, p);
+        return st;
+    }
+    stats_add(s, bytes, kind);
+    FSDP_DEBUG(FSDP_SUB_ALLOC, "alloc %s %zu bytes (%s) for %s -> in use %zu",
+               host ? "host" : "device", bytes, fsdp_mem_kind_name(kind), what, s->in_use_bytes);
+    *out = p;
+    return FSDP_STATUS_OK;
+}
+
+static void do_free(fsdp_device *d, void *p, int host)
+{
+    if (!p)
+        return;
+    struct fsdp_alloc_rec *r = recs_find(d, p);
+    FSDP_ASSERT(r && r->host == host); /* freeing a pointer this device did not allocate */
+    stats_sub(host ? &d->host : &d->mem, r->bytes, (fsdp_mem_kind)r->kind);
+    r->used = 2;
+    if (host)
+        d->iface->host_free(d, p);
+    else
+        d->iface->free(d, p);
+}
+
+fsdp_status fsdp_device_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, const char *what,
+                              void **out)
+{
+    return do_alloc(d, bytes, kind, what, 0, out);
+}
+
+void fsdp_device_free(fsdp_device *d, void *p) { do_free(d, p, 0); }
+
+fsdp_status fsdp_device_host_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind,
+                                   const char *what, void **out)
+{
+    return do_alloc(d, bytes, kind, what, 1, out);
+}
+
+void fsdp_device_host_free(fsdp_device *d, void *p) { do_free(d, p, 1); }
+
+fsdp_status fsdp_device_memcpy(fsdp_device *d, void *dst, const void *src, size_t bytes,
+                               fsdp_stream_t s)
+{
+    if (!bytes || !d->iface->memcpy)
+        return FSDP_STATUS_OK;
+    return d->iface->memcpy(d, dst, src, bytes, s ? s : d->compute);
+}
+
+fsdp_status fsdp_device_memset(fsdp_device *d, void *dst, int value, size_t bytes, fsdp_stream_t s)
+{
+    if (!bytes || !d->iface->memset)
+        return FSDP_STATUS_OK;
+    return d->iface->memset(d, dst, value, bytes, s ? s : d->compute);
+}
+
+fsdp_status fsdp_device_stream_sync(fsdp_device *d, fsdp_stream_t s)
+{
+    return d->iface->stream_sync ? d->iface->stream_sync(d, s) : FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_device_event_create(fsdp_device *d, fsdp_event_t *out)
+{
+    *out = NULL;
+    return d->iface->event_create ? d->iface->event_create(d, out) : FSDP_STATUS_OK;
+}
+
+void fsdp_device_event_destroy(fsdp_device *d, fsdp_event_t e)
+{
+    if (d->iface->event_destroy && e)
+        d->iface->event_destroy(d, e);
+}
+
+fsdp_status fsdp_device_event_record(fsdp_device *d, fsdp_event_t e, fsdp_stream_t s)
+{
+    return d->iface->event_record ? d->iface->event_record(d, e, s) : FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_device_stream_wait_event(fsdp_device *d, fsdp_stream_t s, fsdp_event_t e)
+{
+    return d->iface->stream_wait_event ? d->iface->stream_wait_event(d, s, e) : FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_device_event_sync(fsdp_device *d, fsdp_event_t e)
+{
+    return d->iface->event_sync ? d->iface->event_sync(d, e) : FSDP_STATUS_OK;
+}

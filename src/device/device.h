@@ -1,0 +1,174 @@
+/*
+ * device.h - the device interface: memory (accounted, capped), streams,
+ * events and pinned host memory, bound to one rank.
+ *
+ * A backend is a table of functions (struct fsdp_device_i) plus the device
+ * object that carries the accounting; the generic wrappers below do the
+ * accounting, the cap and the fault hook, and treat NULL slots as "nothing
+ * to do" (the cpu backend runs stream work inline, so its stream and event
+ * slots are NULL; meta backs nothing and copies nothing). Code above this
+ * layer must still create streams and record/wait events as if streams were
+ * asynchronous, so the same code is right on cuda.
+ *
+ * A device is used by its own rank thread only; its statistics may be read
+ * by other threads after the ranks are joined.
+ */
+#ifndef FSDP_DEVICE_DEVICE_H
+#define FSDP_DEVICE_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/error.h"
+#include "fsdp/fsdp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FSDP_DEVICE_ALIGN 64
+
+typedef struct fsdp_device fsdp_device;
+typedef struct fsdp_world fsdp_world;
+typedef struct fsdp_stream *fsdp_stream_t; /* backend-defined; NULL on cpu/meta */
+typedef struct fsdp_event *fsdp_event_t;   /* backend-defined; NULL on cpu/meta */
+
+/* What an allocation holds, for the memory breakdown of `fsdp plan`. */
+typedef enum fsdp_mem_kind {
+    FSDP_MEM_PARAM = 0,  /* parameter shards (master or compute dtype) */
+    FSDP_MEM_GRAD,       /* gradient shards and unit gradient buffers */
+    FSDP_MEM_OPTIM,      /* optimizer state (Adam m, v) */
+    FSDP_MEM_GATHER,     /* gathered (unsharded) unit parameters */
+    FSDP_MEM_ACT,        /* activations and their gradients */
+    FSDP_MEM_COMM,       /* communication staging buffers */
+    FSDP_MEM_OTHER,
+    FSDP_MEM_KIND_COUNT
+} fsdp_mem_kind;
+
+const char *fsdp_mem_kind_name(fsdp_mem_kind k);
+
+typedef struct fsdp_mem_stats {
+    size_t in_use_bytes;                          /* now */
+    size_t peak_bytes;                            /* high-water mark */
+    size_t n_live;                                /* allocations not yet freed */
+    size_t n_allocs;                              /* allocations ever made */
+    size_t kind_bytes[FSDP_MEM_KIND_COUNT];       /* in use now, by kind */
+    size_t peak_kind_bytes[FSDP_MEM_KIND_COUNT];  /* by kind, at the moment of the peak */
+} fsdp_mem_stats;
+
+struct fsdp_device_i {
+    const char *name;
+    /* Backend setup/teardown (optional). For cuda, init runs on the rank's
+     * thread and calls cudaSetDevice first. */
+    fsdp_status (*init)(fsdp_device *d);
+    void (*fini)(fsdp_device *d);
+    /* Back `bytes` bytes, 64-byte aligned; accounting is done by the caller. */
+    fsdp_status (*alloc)(fsdp_device *d, size_t bytes, void **out);
+    void (*free)(fsdp_device *d, void *p);
+    /* Pinned (page-locked) host memory for offload. */
+    fsdp_status (*host_alloc)(fsdp_device *d, size_t bytes, void **out);
+    void (*host_free)(fsdp_device *d, void *p);
+    /* Copies between any two of: this device, host memory, another rank's
+     * device in this process (peer). Asynchronous on stream s (optional:
+     * NULL slot = no data is moved, as on meta). */
+    fsdp_status (*memcpy)(fsdp_device *d, void *dst, const void *src, size_t bytes,
+                          fsdp_stream_t s);
+    fsdp_status (*memset)(fsdp_device *d, void *dst, int value, size_t bytes, fsdp_stream_t s);
+    /* Streams and events (optional: NULL = work runs inline, in order). */
+    fsdp_status (*stream_create)(fsdp_device *d, fsdp_stream_t *out);
+    void (*stream_destroy)(fsdp_device *d, fsdp_stream_t s);
+    fsdp_status (*stream_sync)(fsdp_device *d, fsdp_stream_t s);
+    fsdp_status (*event_create)(fsdp_device *d, fsdp_event_t *out);
+    void (*event_destroy)(fsdp_device *d, fsdp_event_t e);
+    fsdp_status (*event_record)(fsdp_device *d, fsdp_event_t e, fsdp_stream_t s);
+    fsdp_status (*stream_wait_event)(fsdp_device *d, fsdp_stream_t s, fsdp_event_t e);
+    fsdp_status (*event_sync)(fsdp_device *d, fsdp_event_t e);
+};
+
+/* One live allocation (open-addressed table keyed by pointer). */
+struct fsdp_alloc_rec {
+    void *ptr;
+    size_t bytes;
+    unsigned char kind;  /* fsdp_mem_kind */
+    unsigned char host;  /* 1: pinned host allocation */
+    unsigned char used;  /* 0 empty, 1 live, 2 tombstone */
+};
+
+struct fsdp_device {
+    const struct fsdp_device_i *iface;
+    fsdp_backend backend;
+    fsdp_world *world;   /* for the fault hook; may be NULL */
+    int rank;            /* the rank that owns this device */
+    int ordinal;         /* physical device index (cuda); = rank on cpu/meta */
+    size_t cap_bytes;    /* device memory cap; 0 = none (cpu/meta) or the GPU's size */
+
+    fsdp_mem_stats mem;  /* device memory */
+    fsdp_mem_stats host; /* pinned host memory */
+
+    struct fsdp_alloc_rec *recs;
+    size_t n_recs_cap;   /* table size (power of two) */
+    size_t n_recs_used;  /* live + tombstones */
+    uintptr_t meta_next; /* next fake address handed out by meta */
+
+    fsdp_stream_t compute, comm, copy; /* created by fsdp_device_init */
+
+    void *ctx;           /* backend private (cuda: handles) */
+};
+
+/* Create the device for `rank` on `backend` (ordinal: the physical device;
+ * cap_bytes: 0 for none). Runs the backend's init and creates the compute,
+ * comm and copy streams. Call on the rank's own thread. */
+fsdp_status fsdp_device_init(fsdp_device *d, fsdp_backend backend, fsdp_world *w, int rank,
+                             int ordinal, size_t cap_bytes);
+/* Release streams and backend state. Live allocations are reported at debug
+ * level and released. */
+void fsdp_device_fini(fsdp_device *d);
+
+/* Allocate `bytes` of device memory for `what` (a phrase used in the error
+ * message: "unit 'h.7' gather"). Fails with OOM and a message naming the
+ * device, the request, the memory in use and the cap. bytes = 0 gives NULL
+ * and OK. Accounting counts exactly `bytes`. */
+fsdp_status fsdp_device_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, const char *what,
+                              void **out);
+/* Free a pointer from fsdp_device_alloc (NULL is a no-op). */
+void fsdp_device_free(fsdp_device *d, void *p);
+
+/* Pinned host memory, counted in d->host (never against the device cap). */
+fsdp_status fsdp_device_host_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind,
+                                   const char *what, void **out);
+void fsdp_device_host_free(fsdp_device *d, void *p);
+
+/* Copies and sets, asynchronous on s (s may be NULL = the compute stream). */
+fsdp_status fsdp_device_memcpy(fsdp_device *d, void *dst, const void *src, size_t bytes,
+                               fsdp_stream_t s);
+fsdp_status fsdp_device_memset(fsdp_device *d, void *dst, int value, size_t bytes,
+                               fsdp_stream_t s);
+
+fsdp_status fsdp_device_stream_sync(fsdp_device *d, fsdp_stream_t s);
+fsdp_status fsdp_device_event_create(fsdp_device *d, fsdp_event_t *out);
+void fsdp_device_event_destroy(fsdp_device *d, fsdp_event_t e);
+fsdp_status fsdp_device_event_record(fsdp_device *d, fsdp_event_t e, fsdp_stream_t s);
+fsdp_status fsdp_device_stream_wait_event(fsdp_device *d, fsdp_stream_t s, fsdp_event_t e);
+fsdp_status fsdp_device_event_sync(fsdp_device *d, fsdp_event_t e);
+
+/* Reset peak to the current use (per-step peaks). */
+void fsdp_device_reset_peak(fsdp_device *d);
+
+/* Backend tables. cuda's is NULL when built without CUDA; fsdp_cuda_device_count()
+ * returns 0 then, or when no GPU is visible. */
+extern const struct fsdp_device_i fsdp_device_cpu_i;
+extern const struct fsdp_device_i fsdp_device_meta_i;
+const struct fsdp_device_i *fsdp_device_cuda_iface(void);
+int fsdp_cuda_device_count(void);
+
+/* True when the backend computes (cpu, cuda), false for meta. */
+static inline bool fsdp_device_computes(const fsdp_device *d)
+{
+    return d->backend != FSDP_BACKEND_META;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FSDP_DEVICE_DEVICE_H */

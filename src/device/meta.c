@@ -1,0 +1,40 @@
+/*
+ * meta.c - the accounting-only device: allocations are counted and handed
+ * fake, never-dereferenced addresses; copies, sets and ops do nothing. Lets
+ * `fsdp plan` run the real step schedule for any model size in seconds.
+ */
+#include "device/device.h"
+
+static fsdp_status meta_alloc(fsdp_device *d, size_t bytes, void **out)
+{
+    size_t rounded = (bytes + FSDP_DEVICE_ALIGN - 1) / FSDP_DEVICE_ALIGN * FSDP_DEVICE_ALIGN;
+    *out = (void *)d->meta_next;
+    d->meta_next += rounded;
+    return FSDP_STATUS_OK;
+}
+
+static void meta_free(fsdp_device *d, void *p)
+{
+    (void)d;
+    (void)p;
+}
+
+const struct fsdp_device_i fsdp_device_meta_i = {
+    /* .name              = */ "meta",
+    /* .init              = */ NULL,
+    /* .fini              = */ NULL,
+    /* .alloc             = */ meta_alloc,
+    /* .free              = */ meta_free,
+    /* .host_alloc        = */ meta_alloc,
+    /* .host_free         = */ meta_free,
+    /* .memcpy            = */ NULL, /* nothing is backed: nothing moves */
+    /* .memset            = */ NULL,
+    /* .stream_create     = */ NULL,
+    /* .stream_destroy    = */ NULL,
+    /* .stream_sync       = */ NULL,
+    /* .event_create      = */ NULL,
+    /* .event_destroy     = */ NULL,
+    /* .event_record      = */ NULL,
+    /* .stream_wait_event = */ NULL,
+    /* .event_sync        = */ NULL,
+};

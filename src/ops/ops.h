@@ -1,0 +1,132 @@
+/*
+ * ops.h - the op interface used by models and the engine.
+ *
+ * A model never calls BLAS, CUDA or NCCL: it calls these wrappers, which
+ * dispatch to the rank's backend table (cpu: C + CBLAS; cuda: kernels +
+ * cuBLAS; meta: nothing, every slot NULL and every wrapper a no-op).
+ *
+ * Dtypes, for every op:
+ *   - parameters, forward inputs and outputs (saved activations): ctx->dt
+ *     (fp32, or bf16 = round-to-nearest-even storage; math is fp32);
+ *   - every gradient buffer (d*): fp32;
+ *   - LayerNorm statistics and losses: fp32; tokens and targets: int32.
+ * Backward ops ACCUMULATE (+=) into every gradient they write: parameter
+ * gradients, and input gradients (dinp), so residual branches sum for free.
+ * Callers zero gradient buffers when a new accumulation starts.
+ *
+ * Shapes follow llm.c: B batch, T time, C channels, NH heads, OC output
+ * channels, N = B*T rows, V vocabulary, Vp padded vocabulary. Weights of a
+ * linear layer are (OC, C) row-major, out = inp @ w^T + bias.
+ *
+ * Calls are asynchronous on ctx->stream (inline on cpu).
+ */
+#ifndef FSDP_OPS_OPS_H
+#define FSDP_OPS_OPS_H
+
+#include <stddef.h>
+
+#include "device/device.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Norm partial sums use blocks of this many elements; shard boundaries are
+ * multiples of it (DESIGN: determinism contract). */
+#define FSDP_NORM_BLOCK 1024
+
+typedef struct fsdp_op_ctx fsdp_op_ctx;
+
+struct fsdp_ops_i {
+    const char *name;
+    void (*fini)(fsdp_op_ctx *ctx);
+
+    void (*embed_fwd)(fsdp_op_ctx *ctx, void *out, const int *tokens, const void *wte,
+                      const void *wpe, int B, int T, int C);
+    void (*embed_bwd)(fsdp_op_ctx *ctx, float *dwte, float *dwpe, const float *dout,
+                      const int *tokens, int B, int T, int C);
+
+    void (*layernorm_fwd)(fsdp_op_ctx *ctx, void *out, float *mean, float *rstd, const void *inp,
+                          const void *w, const void *b, int N, int C);
+    void (*layernorm_bwd)(fsdp_op_ctx *ctx, float *dinp, float *dw, float *db, const float *dout,
+                          const void *inp, const void *w, const float *mean, const float *rstd,
+                          int N, int C);
+
+    void (*matmul_fwd)(fsdp_op_ctx *ctx, void *out, const void *inp, const void *w,
+                       const void *bias, int N, int C, int OC);
+    /* dinp, dw, dbias may each be NULL (not needed). */
+    void (*matmul_bwd)(fsdp_op_ctx *ctx, float *dinp, float *dw, float *dbias, const float *dout,
+                       const void *inp, const void *w, int N, int C, int OC);
+
+    void (*gelu_fwd)(fsdp_op_ctx *ctx, void *out, const void *inp, size_t n);
+    void (*gelu_bwd)(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout, size_t n);
+
+    /* Causal self-attention. qkv (B,T,3C) = [q | k | v]; att (B,NH,T,T)
+     * keeps the softmax for backward; out (B,T,C). datt is fp32 scratch
+     * (B,NH,T,T) owned by the caller. */
+    void (*attention_fwd)(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv, int B, int T,
+                          int C, int NH);
+    void (*attention_bwd)(fsdp_op_ctx *ctx, float *dqkv, float *datt, const float *dout,
+                          const void *qkv, const void *att, int B, int T, int C, int NH);
+
+    void (*residual_fwd)(fsdp_op_ctx *ctx, void *out, const void *a, const void *b, size_t n);
+
+    /* Fused softmax + cross-entropy over the first V of Vp columns:
+     * losses[i] = -log softmax(logits[i])[targets[i]]; if dlogits != NULL,
+     * dlogits[i] = (softmax(logits[i]) - onehot(targets[i])) * dloss for
+     * columns < V, 0 for padding columns. No probability buffer is kept;
+     * dlogits may alias logits when ctx->dt is fp32. */
+    void (*xent_fwd_bwd)(fsdp_op_ctx *ctx, float *losses, float *dlogits, const void *logits,
+                         const int *targets, int N, int V, int Vp, float dloss);
+
+    /* AdamW on n elements (decoupled weight decay):
+     *   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+     *   p -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd * p)
+     * with bc1 = 1 - b1^t, bc2 = 1 - b2^t computed by the caller. If p_out is
+     * not NULL, the new p is also written there in dtype out_dt. The exact
+     * operation order is fsdp_adamw_ref (optim/adamw.h). */
+    void (*adamw)(fsdp_op_ctx *ctx, float *p, const float *grad, float *m, float *v, size_t n,
+                  float lr, float b1, float b2, float eps, float wd, float bc1, float bc2,
+                  float grad_scale, void *p_out, fsdp_dtype out_dt);
+
+    /* dst (ddt) = src (sdt), n elements, rounding to nearest even into bf16. */
+    void (*cast)(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void *src, fsdp_dtype sdt,
+                 size_t n);
+    /* dst = a + b, fp32 (dst may alias a or b). */
+    void (*add)(fsdp_op_ctx *ctx, float *dst, const float *a, const float *b, size_t n);
+    /* out[k] = sum of x[i]^2 over block k (block = FSDP_NORM_BLOCK elements,
+     * the last block may be short), accumulated left to right in double and
+     * rounded once to fp32. out is host-visible memory on the cpu backend
+     * and device memory on cuda. */
+    void (*sumsq_blocks)(fsdp_op_ctx *ctx, float *out, const float *x, size_t n);
+};
+
+struct fsdp_op_ctx {
+    const struct fsdp_ops_i *iface; /* NULL on meta: every op is a no-op */
+    fsdp_device *dev;
+    fsdp_stream_t stream;            /* compute stream */
+    fsdp_dtype dt;                   /* storage dtype of params and activations */
+    void *backend;                   /* backend state (cuBLAS handle, scratch) */
+};
+
+/* Bind an op context to a device; dt is the compute dtype. */
+fsdp_status fsdp_ops_init(fsdp_op_ctx *ctx, fsdp_device *dev, fsdp_dtype dt);
+void fsdp_ops_fini(fsdp_op_ctx *ctx);
+
+extern const struct fsdp_ops_i fsdp_ops_cpu_i;
+/* cuda's table and its per-rank init; NULL / UNSUPPORTED without CUDA. */
+const struct fsdp_ops_i *fsdp_ops_cuda_iface(void);
+fsdp_status fsdp_ops_cuda_init(fsdp_op_ctx *ctx);
+
+/* Wrappers: dispatch, or do nothing on meta. Same arguments as the slots. */
+#define FSDP_OP(ctx, op, ...)                                   \
+    do {                                                        \
+        if ((ctx)->iface && (ctx)->iface->op)                   \
+            (ctx)->iface->op((ctx), __VA_ARGS__);               \
+    } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FSDP_OPS_OPS_H */
