@@ -1,0 +1,693 @@
+/*
+ * gpt2.c - GPT-2 on the op interface: named configurations, the unit and
+ * parameter layout (models/gpt2.h), and forward/backward per unit.
+ *
+ * The math is llm.c's GPT-2 (pre-LayerNorm blocks, tanh GELU, causal
+ * attention, LM head tied to wte, padded vocabulary), expressed only through
+ * src/ops calls, so the same code runs on cpu, cuda and meta. The model never
+ * reads or writes buffer contents itself: on meta the pointers are fake.
+ *
+ * Activations. A state holds, per layer, what backward needs (llm.c's saved
+ * activations less the projection outputs, which only feed the residual
+ * adds): ln1 + stats, qkv, atty, att, residual2, ln2 + stats, fch, fch_gelu,
+ * residual3. Forward-only states (eval, sampling) keep one layer's set and
+ * reuse it for every layer. Training states add fp32 gradient scratch that
+ * is reused across layers (llm.c's grads_acts idea): the residual-stream
+ * gradient and a few per-layer temporaries.
+ *
+ * Sampling: a forward-only state of (1, T) works for any prompt of length
+ * <= T: fill the rest of the tokens with anything; logits at position t
+ * depend only on tokens 0..t (causal attention).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "models/gpt2.h"
+
+/* ---- configurations ------------------------------------------------------ */
+
+typedef struct gpt2_preset {
+    const char *name;
+    int n_layer, n_head, n_embd, vocab_size, max_seq_len;
+} gpt2_preset;
+
+/* "tiny" is the golden-test model: n_embd 32 keeps the PyTorch fixture (all
+ * weights and all gradients) near 300 KiB. "small" is the default demo: it
+ * learns the byte-level synthetic task visibly within a minute on 2 cores. */
+static const gpt2_preset gpt2_presets[] = {
+    {"tiny", 2, 4, 32, 256, 64},
+    {"small", 4, 4, 128, 256, 64},
+    {"gpt2", 12, 12, 768, 50257, 1024},
+    {"gpt2-medium", 24, 16, 1024, 50257, 1024},
+    {"gpt2-large", 36, 20, 1280, 50257, 1024},
+    {"gpt2-xl", 48, 25, 1600, 50257, 1024},
+};
+#define GPT2_N_PRESETS ((int)(sizeof gpt2_presets / sizeof gpt2_presets[0]))
+
+/* Upper bounds that keep every size computation far from overflow. */
+#define GPT2_MAX_LAYERS 4096
+#define GPT2_MAX_HEADS 4096
+#define GPT2_MAX_CHANNELS 65536
+#define GPT2_MAX_VOCAB (1 << 24)
+#define GPT2_MAX_CONTEXT (1 << 20)
+
+static int round_vocab(int v) { return (v + 127) / 128 * 128; }
+
+static void preset_to_config(const gpt2_preset *p, fsdp_gpt2_config *cfg)
+{
+    cfg->n_layer = p->n_layer;
+    cfg->n_head = p->n_head;
+    cfg->n_embd = p->n_embd;
+    cfg->vocab_size = p->vocab_size;
+    cfg->padded_vocab_size = round_vocab(p->vocab_size);
+    cfg->max_seq_len = p->max_seq_len;
+}
+
+fsdp_status fsdp_gpt2_config_validate(const fsdp_gpt2_config *cfg)
+{
+    if (!cfg)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 config is NULL");
+    struct {
+        const char *key;
+        int v, max;
+    } f[] = {
+        {"layers", cfg->n_layer, GPT2_MAX_LAYERS},
+        {"heads", cfg->n_head, GPT2_MAX_HEADS},
+        {"channels", cfg->n_embd, GPT2_MAX_CHANNELS},
+        {"vocab", cfg->vocab_size, GPT2_MAX_VOCAB},
+        {"context", cfg->max_seq_len, GPT2_MAX_CONTEXT},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (f[i].v < 1 || f[i].v > f[i].max)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "GPT-2 config: %s=%d is out of range; use 1..%d", f[i].key,
+                                  f[i].v, f[i].max);
+    }
+    if (cfg->n_embd % cfg->n_head != 0)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "GPT-2 config: channels=%d is not divisible by heads=%d; pick "
+                              "channels as a multiple of heads",
+                              cfg->n_embd, cfg->n_head);
+    if (cfg->padded_vocab_size < cfg->vocab_size || cfg->padded_vocab_size % 128 != 0 ||
+        cfg->padded_vocab_size > GPT2_MAX_VOCAB + 128)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "GPT-2 config: padded vocab %d must be a multiple of 128 and at "
+                              "least vocab=%d (fsdp_gpt2_config_parse fills it)",
+                              cfg->padded_vocab_size, cfg->vocab_size);
+    return FSDP_STATUS_OK;
+}
+
+/* Parse one "key=value" of a custom spec into cfg. */
+static fsdp_status parse_custom_kv(const char *kv, size_t len, fsdp_gpt2_config *cfg)
+{
+    static const char *const keys = "layers, heads, channels, vocab, context";
+    const char *eq = memchr(kv, '=', len);
+    if (!eq)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "GPT-2 custom config: '%.*s' is not key=value (keys: %s)",
+                              (int)len, kv, keys);
+    size_t klen = (size_t)(eq - kv);
+    char val[32];
+    size_t vlen = len - klen - 1;
+    if (vlen == 0 || vlen >= sizeof val)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "GPT-2 custom config: '%.*s' needs a positive integer value",
+                              (int)len, kv);
+    memcpy(val, eq + 1, vlen);
+    val[vlen] = '\0';
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(val, &end, 10);
+    if (errno || *end || end == val || v < 1 || v > INT_MAX)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "GPT-2 custom config: '%.*s' needs a positive integer value",
+                              (int)len, kv);
+    int *slot = NULL;
+    if (klen == 6 && !strncmp(kv, "layers", 6))
+        slot = &cfg->n_layer;
+    else if (klen == 5 && !strncmp(kv, "heads", 5))
+        slot = &cfg->n_head;
+    else if (klen == 8 && !strncmp(kv, "channels", 8))
+        slot = &cfg->n_embd;
+    else if (klen == 5 && !strncmp(kv, "vocab", 5))
+        slot = &cfg->vocab_size;
+    else if (klen == 7 && !strncmp(kv, "context", 7))
+        slot = &cfg->max_seq_len;
+    if (!slot)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "GPT-2 custom config: unknown key '%.*s' (keys: %s)", (int)klen, kv,
+                              keys);
+    *slot = (int)v;
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config *cfg)
+{
+    if (!spec || !cfg)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 config: no model name given");
+    for (int i = 0; i < GPT2_N_PRESETS; i++) {
+        if (!strcmp(spec, gpt2_presets[i].name)) {
+            preset_to_config(&gpt2_presets[i], cfg);
+            return FSDP_STATUS_OK;
+        }
+    }
+    if (strncmp(spec, "custom:", 7) != 0 && strcmp(spec, "custom") != 0)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "unknown model '%s'; use tiny, small, gpt2, gpt2-medium, "
+                              "gpt2-large, gpt2-xl or "
+                              "custom:layers=L,heads=H,channels=C,vocab=V,context=T",
+                              spec);
+    fsdp_gpt2_config c;
+    preset_to_config(&gpt2_presets[1], &c); /* keys not given default to small's */
+    const char *p = spec[6] == ':' ? spec + 7 : spec + 6;
+    while (*p) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len > 0)
+            FSDP_TRY(parse_custom_kv(p, len, &c));
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    c.padded_vocab_size = round_vocab(c.vocab_size > GPT2_MAX_VOCAB ? GPT2_MAX_VOCAB : c.vocab_size);
+    FSDP_TRY(fsdp_gpt2_config_validate(&c));
+    *cfg = c;
+    return FSDP_STATUS_OK;
+}
+
+/* ---- parameter layout ---------------------------------------------------- */
+
+/* Parameter indices within a unit (the order of gpt2.h). */
+enum { ROOT_WTE = 0, ROOT_WPE, ROOT_LNFW, ROOT_LNFB, ROOT_N_PARAMS };
+enum {
+    BLK_LN1W = 0,
+    BLK_LN1B,
+    BLK_QKVW,
+    BLK_QKVB,
+    BLK_ATTPROJW,
+    BLK_ATTPROJB,
+    BLK_LN2W,
+    BLK_LN2B,
+    BLK_FCW,
+    BLK_FCB,
+    BLK_FCPROJW,
+    BLK_FCPROJB,
+    BLK_N_PARAMS
+};
+
+static void add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d1,
+                      fsdp_init_kind init, float std, bool decay)
+{
+    fsdp_param_spec *p = &u->params[u->n_params++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = d1 ? 2 : 1;
+    p->shape[0] = d0;
+    p->shape[1] = d1;
+    p->numel = (size_t)d0 * (size_t)(d1 ? d1 : 1);
+    p->offset = u->numel;
+    p->init = init;
+    p->std = std;
+    p->decay = decay;
+    u->numel += p->numel;
+}
+
+static const struct fsdp_model_i gpt2_model_i;
+
+/* Name a config so that fsdp_gpt2_config_parse(name) rebuilds it. */
+static void config_name(const fsdp_gpt2_config *cfg, char *buf, size_t n)
+{
+    for (int i = 0; i < GPT2_N_PRESETS; i++) {
+        fsdp_gpt2_config c;
+        preset_to_config(&gpt2_presets[i], &c);
+        if (!memcmp(&c, cfg, sizeof c)) {
+            snprintf(buf, n, "%s", gpt2_presets[i].name);
+            return;
+        }
+    }
+    snprintf(buf, n, "custom:layers=%d,heads=%d,channels=%d,vocab=%d,context=%d", cfg->n_layer,
+             cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->max_seq_len);
+}
+
+fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
+{
+    if (!m)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "fsdp_gpt2_init: model is NULL");
+    memset(m, 0, sizeof *m);
+    FSDP_TRY(fsdp_gpt2_config_validate(cfg));
+    const int L = cfg->n_layer, C = cfg->n_embd;
+    const float std = 0.02f;
+    const float std_proj = 0.02f / sqrtf(2.0f * (float)L); /* GPT-2's scaled residual init */
+    fsdp_status st = FSDP_STATUS_OK;
+
+    fsdp_gpt2_config *impl = malloc(sizeof *impl);
+    m->units = calloc((size_t)L + 1, sizeof *m->units);
+    if (!impl || !m->units) {
+        free(impl);
+        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation for a %d-layer GPT-2 failed", L);
+        goto fail;
+    }
+    *impl = *cfg;
+    m->impl = impl;
+    m->n_units = L + 1;
+    m->iface = &gpt2_model_i;
+    config_name(cfg, m->name, sizeof m->name);
+    m->vocab_size = cfg->vocab_size;
+    m->padded_vocab_size = cfg->padded_vocab_size;
+    m->max_seq_len = cfg->max_seq_len;
+
+    fsdp_unit_spec *root = &m->units[0];
+    snprintf(root->name, sizeof root->name, "root");
+    root->params = calloc(ROOT_N_PARAMS, sizeof *root->params);
+    if (!root->params) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of GPT-2 parameter specs failed");
+        goto fail;
+    }
+    add_param(root, "wte.weight", cfg->padded_vocab_size, C, FSDP_INIT_NORMAL, std, true);
+    add_param(root, "wpe.weight", cfg->max_seq_len, C, FSDP_INIT_NORMAL, std, false);
+    add_param(root, "ln_f.weight", C, 0, FSDP_INIT_ONES, 0, false);
+    add_param(root, "ln_f.bias", C, 0, FSDP_INIT_ZEROS, 0, false);
+    m->numel = root->numel;
+
+    for (int l = 0; l < L; l++) {
+        fsdp_unit_spec *u = &m->units[1 + l];
+        snprintf(u->name, sizeof u->name, "h.%d", l);
+        u->params = calloc(BLK_N_PARAMS, sizeof *u->params);
+        if (!u->params) {
+            st = fsdp_error_set(FSDP_STATUS_OOM,
+                                "host allocation of GPT-2 parameter specs failed");
+            goto fail;
+        }
+        char name[64];
+#define BLK_PARAM(suffix, d0, d1, init, sd, decay)                                       \
+    do {                                                                                 \
+        snprintf(name, sizeof name, "h.%d.%s", l, suffix);                               \
+        add_param(u, name, d0, d1, init, sd, decay);                                     \
+    } while (0)
+        BLK_PARAM("ln_1.weight", C, 0, FSDP_INIT_ONES, 0, false);
+        BLK_PARAM("ln_1.bias", C, 0, FSDP_INIT_ZEROS, 0, false);
+        BLK_PARAM("attn.c_attn.weight", 3 * C, C, FSDP_INIT_NORMAL, std, true);
+        BLK_PARAM("attn.c_attn.bias", 3 * C, 0, FSDP_INIT_ZEROS, 0, false);
+        BLK_PARAM("attn.c_proj.weight", C, C, FSDP_INIT_NORMAL, std_proj, true);
+        BLK_PARAM("attn.c_proj.bias", C, 0, FSDP_INIT_ZEROS, 0, false);
+        BLK_PARAM("ln_2.weight", C, 0, FSDP_INIT_ONES, 0, false);
+        BLK_PARAM("ln_2.bias", C, 0, FSDP_INIT_ZEROS, 0, false);
+        BLK_PARAM("mlp.c_fc.weight", 4 * C, C, FSDP_INIT_NORMAL, std, true);
+        BLK_PARAM("mlp.c_fc.bias", 4 * C, 0, FSDP_INIT_ZEROS, 0, false);
+        BLK_PARAM("mlp.c_proj.weight", C, 4 * C, FSDP_INIT_NORMAL, std_proj, true);
+        BLK_PARAM("mlp.c_proj.bias", C, 0, FSDP_INIT_ZEROS, 0, false);
+#undef BLK_PARAM
+        m->numel += u->numel;
+    }
+    return FSDP_STATUS_OK;
+
+fail:
+    fsdp_model_free(m);
+    return st;
+}
+
+const fsdp_gpt2_config *fsdp_gpt2_config_of(const fsdp_model *m)
+{
+    return m && m->iface == &gpt2_model_i ? (const fsdp_gpt2_config *)m->impl : NULL;
+}
+
+/* ---- activations --------------------------------------------------------- */
+
+/* Saved activations of one block; shapes per micro-batch (B, T). */
+typedef struct gpt2_layer_acts {
+    void *ln1;             /* (B,T,C) dt */
+    float *ln1_mean;       /* (B,T) */
+    float *ln1_rstd;       /* (B,T) */
+    void *qkv;             /* (B,T,3C) dt */
+    void *atty;            /* (B,T,C) dt */
+    void *att;             /* (B,NH,T,T) dt, softmax */
+    void *residual2;       /* (B,T,C) dt */
+    void *ln2;             /* (B,T,C) dt */
+    float *ln2_mean;       /* (B,T) */
+    float *ln2_rstd;       /* (B,T) */
+    void *fch;             /* (B,T,4C) dt */
+    void *fch_gelu;        /* (B,T,4C) dt */
+    void *residual3;       /* (B,T,C) dt: the block's output */
+} gpt2_layer_acts;
+
+typedef struct gpt2_state {
+    int B, T;
+    bool training;
+    int n_slots;              /* layers with their own saved activations: L or 1 */
+    gpt2_layer_acts *layers;  /* (n_slots,) */
+
+    int *tokens;              /* (B*T) int32 */
+    int *targets;             /* (B*T) int32 */
+    void *encoded;            /* (B,T,C) dt: embeddings, input of block 0 */
+    void *proj;               /* (B,T,C) dt scratch: projection output before a residual add */
+    void *lnf;                /* (B,T,C) dt */
+    float *lnf_mean;          /* (B,T) */
+    float *lnf_rstd;          /* (B,T) */
+    void *logits;             /* (B*T,Vp) dt */
+    float *losses;            /* (B*T) per-token losses, device */
+    float *host_losses;       /* (B*T) pinned host copy for the loss */
+
+    /* training only (fp32) */
+    float *dlogits;           /* (B*T,Vp); aliases logits when dt is fp32 */
+    float *dres;              /* (B,T,C) gradient of the residual stream */
+    float *dC;                /* (B,T,C) scratch: dln1, datty, dln2, dlnf */
+    float *d4C_a;             /* (B,T,4C) scratch: dfch_gelu, then dqkv (3C) */
+    float *d4C_b;             /* (B,T,4C) scratch: dfch */
+    float *datt;              /* (B,NH,T,T) scratch for attention backward */
+
+    void **allocs;            /* every device allocation, for state_free */
+    int n_allocs, cap_allocs;
+} gpt2_state;
+
+static const fsdp_gpt2_config *cfg_of(const fsdp_model *m)
+{
+    return (const fsdp_gpt2_config *)m->impl;
+}
+
+static fsdp_status act_alloc(fsdp_op_ctx *ctx, gpt2_state *s, size_t bytes, const char *what,
+                             int layer, void *out)
+{
+    char desc[96];
+    if (layer >= 0)
+        snprintf(desc, sizeof desc, "activations '%s' of layer %d (B=%d, T=%d)", what, layer,
+                 s->B, s->T);
+    else
+        snprintf(desc, sizeof desc, "activations '%s' (B=%d, T=%d)", what, s->B, s->T);
+    FSDP_ASSERT(s->n_allocs < s->cap_allocs);
+    void *p = NULL;
+    FSDP_TRY(fsdp_device_alloc(ctx->dev, bytes, FSDP_MEM_ACT, desc, &p));
+    s->allocs[s->n_allocs++] = p;
+    *(void **)out = p;
+    return FSDP_STATUS_OK;
+}
+
+static void gpt2_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state)
+{
+    (void)m;
+    gpt2_state *s = state;
+    if (!s)
+        return;
+    for (int i = s->n_allocs - 1; i >= 0; i--)
+        fsdp_device_free(ctx->dev, s->allocs[i]);
+    if (s->host_losses)
+        fsdp_device_host_free(ctx->dev, s->host_losses);
+    free(s->allocs);
+    free(s->layers);
+    free(s);
+}
+
+static fsdp_status gpt2_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                                   bool training, void **state)
+{
+    const fsdp_gpt2_config *cfg = cfg_of(m);
+    const int L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, Vp = cfg->padded_vocab_size;
+    *state = NULL;
+    if (B < 1 || T < 1 || T > cfg->max_seq_len)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "GPT-2 micro-batch B=%d, T=%d is invalid; need B >= 1 and "
+                              "1 <= T <= context (%d)",
+                              B, T, cfg->max_seq_len);
+    if ((double)B * T * NH * T > (double)INT_MAX)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "GPT-2 micro-batch B=%d, T=%d is too large for this model; "
+                              "reduce --batch or --seq",
+                              B, T);
+
+    const size_t N = (size_t)B * T, dts = fsdp_dtype_size(ctx->dt), f4 = sizeof(float);
+    const size_t natt = (size_t)B * NH * T * T;
+    fsdp_status st = FSDP_STATUS_OK;
+    gpt2_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a GPT-2 state failed");
+    s->B = B;
+    s->T = T;
+    s->training = training;
+    s->n_slots = training ? L : 1;
+    s->cap_allocs = 13 * s->n_slots + 16;
+    s->layers = calloc((size_t)s->n_slots, sizeof *s->layers);
+    s->allocs = calloc((size_t)s->cap_allocs, sizeof *s->allocs);
+    if (!s->layers || !s->allocs) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a GPT-2 state failed");
+        goto fail;
+    }
+
+    FSDP_CHECK(act_alloc(ctx, s, N * sizeof(int), "tokens", -1, &s->tokens));
+    FSDP_CHECK(act_alloc(ctx, s, N * sizeof(int), "targets", -1, &s->targets));
+    FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "encoded", -1, &s->encoded));
+    FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "proj", -1, &s->proj));
+    for (int l = 0; l < s->n_slots; l++) {
+        gpt2_layer_acts *a = &s->layers[l];
+        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "ln1", l, &a->ln1));
+        FSDP_CHECK(act_alloc(ctx, s, N * f4, "ln1_mean", l, &a->ln1_mean));
+        FSDP_CHECK(act_alloc(ctx, s, N * f4, "ln1_rstd", l, &a->ln1_rstd));
+        FSDP_CHECK(act_alloc(ctx, s, N * 3 * C * dts, "qkv", l, &a->qkv));
+        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "atty", l, &a->atty));
+        FSDP_CHECK(act_alloc(ctx, s, natt * dts, "att", l, &a->att));
+        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "residual2", l, &a->residual2));
+        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "ln2", l, &a->ln2));
+        FSDP_CHECK(act_alloc(ctx, s, N * f4, "ln2_mean", l, &a->ln2_mean));
+        FSDP_CHECK(act_alloc(ctx, s, N * f4, "ln2_rstd", l, &a->ln2_rstd));
+        FSDP_CHECK(act_alloc(ctx, s, N * 4 * C * dts, "fch", l, &a->fch));
+        FSDP_CHECK(act_alloc(ctx, s, N * 4 * C * dts, "fch_gelu", l, &a->fch_gelu));
+        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "residual3", l, &a->residual3));
+    }
+    FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "lnf", -1, &s->lnf));
+    FSDP_CHECK(act_alloc(ctx, s, N * f4, "lnf_mean", -1, &s->lnf_mean));
+    FSDP_CHECK(act_alloc(ctx, s, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
+    FSDP_CHECK(act_alloc(ctx, s, N * Vp * dts, "logits", -1, &s->logits));
+    FSDP_CHECK(act_alloc(ctx, s, N * f4, "losses", -1, &s->losses));
+    {
+        char desc[96];
+        snprintf(desc, sizeof desc, "host copy of the losses (B=%d, T=%d)", B, T);
+        FSDP_CHECK(fsdp_device_host_alloc(ctx->dev, N * f4, FSDP_MEM_ACT, desc,
+                                          (void **)&s->host_losses));
+    }
+    if (training) {
+        if (ctx->dt == FSDP_DTYPE_F32)
+            s->dlogits = (float *)s->logits; /* xent writes dlogits in place */
+        else
+            FSDP_CHECK(act_alloc(ctx, s, N * Vp * f4, "dlogits", -1, &s->dlogits));
+        FSDP_CHECK(act_alloc(ctx, s, N * C * f4, "dresidual", -1, &s->dres));
+        FSDP_CHECK(act_alloc(ctx, s, N * C * f4, "dC scratch", -1, &s->dC));
+        FSDP_CHECK(act_alloc(ctx, s, N * 4 * C * f4, "d4C scratch a", -1, &s->d4C_a));
+        FSDP_CHECK(act_alloc(ctx, s, N * 4 * C * f4, "d4C scratch b", -1, &s->d4C_b));
+        FSDP_CHECK(act_alloc(ctx, s, natt * f4, "datt scratch", -1, &s->datt));
+    }
+    *state = s;
+    return FSDP_STATUS_OK;
+
+fail:
+    fsdp_error_prefix("GPT-2 '%s' activations: ", m->name);
+    gpt2_state_free(m, ctx, s);
+    return st;
+}
+
+static int *gpt2_state_tokens(void *state) { return ((gpt2_state *)state)->tokens; }
+static int *gpt2_state_targets(void *state) { return ((gpt2_state *)state)->targets; }
+static const void *gpt2_state_logits(void *state) { return ((gpt2_state *)state)->logits; }
+
+/* ---- forward / backward -------------------------------------------------- */
+
+/* Pointer to parameter i of a unit's flat buffer in dtype dt. */
+static const void *param_ptr(const fsdp_model *m, int unit, const void *params, int i,
+                             fsdp_dtype dt)
+{
+    return (const char *)params + m->units[unit].params[i].offset * fsdp_dtype_size(dt);
+}
+
+static float *grad_ptr(const fsdp_model *m, int unit, float *grads, int i)
+{
+    return grads + m->units[unit].params[i].offset;
+}
+
+static gpt2_layer_acts *layer_acts(gpt2_state *s, int l) { return &s->layers[l % s->n_slots]; }
+
+/* Input of block l: the embeddings or the previous block's output. */
+static void *block_input(gpt2_state *s, int l)
+{
+    return l == 0 ? s->encoded : layer_acts(s, l - 1)->residual3;
+}
+
+static fsdp_status check_unit(const fsdp_model *m, void *state, int unit, const char *what)
+{
+    if (!state)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 %s: no state (call state_init)",
+                              what);
+    if (unit < 1 || unit >= m->n_units)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "GPT-2 %s: unit %d is not a block (blocks are 1..%d)", what, unit,
+                              m->n_units - 1);
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status gpt2_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                     const void *root_params)
+{
+    gpt2_state *s = state;
+    if (!s)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 root_forward: no state");
+    const int C = cfg_of(m)->n_embd;
+    FSDP_OP(ctx, embed_fwd, s->encoded, s->tokens, param_ptr(m, 0, root_params, ROOT_WTE, ctx->dt),
+            param_ptr(m, 0, root_params, ROOT_WPE, ctx->dt), s->B, s->T, C);
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status gpt2_unit_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
+                                     const void *params)
+{
+    FSDP_TRY(check_unit(m, state, unit, "unit_forward"));
+    gpt2_state *s = state;
+    const fsdp_gpt2_config *cfg = cfg_of(m);
+    const int C = cfg->n_embd, NH = cfg->n_head, B = s->B, T = s->T, N = B * T, l = unit - 1;
+    const fsdp_dtype dt = ctx->dt;
+#define P(i) param_ptr(m, unit, params, (i), dt)
+    gpt2_layer_acts *a = layer_acts(s, l);
+    void *inp = block_input(s, l);
+    FSDP_OP(ctx, layernorm_fwd, a->ln1, a->ln1_mean, a->ln1_rstd, inp, P(BLK_LN1W), P(BLK_LN1B),
+            N, C);
+    FSDP_OP(ctx, matmul_fwd, a->qkv, a->ln1, P(BLK_QKVW), P(BLK_QKVB), N, C, 3 * C);
+    FSDP_OP(ctx, attention_fwd, a->atty, a->att, a->qkv, B, T, C, NH);
+    FSDP_OP(ctx, matmul_fwd, s->proj, a->atty, P(BLK_ATTPROJW), P(BLK_ATTPROJB), N, C, C);
+    FSDP_OP(ctx, residual_fwd, a->residual2, inp, s->proj, (size_t)N * C);
+    FSDP_OP(ctx, layernorm_fwd, a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, P(BLK_LN2W),
+            P(BLK_LN2B), N, C);
+    FSDP_OP(ctx, matmul_fwd, a->fch, a->ln2, P(BLK_FCW), P(BLK_FCB), N, C, 4 * C);
+    FSDP_OP(ctx, gelu_fwd, a->fch_gelu, a->fch, (size_t)N * 4 * C);
+    FSDP_OP(ctx, matmul_fwd, s->proj, a->fch_gelu, P(BLK_FCPROJW), P(BLK_FCPROJB), N, 4 * C, C);
+    FSDP_OP(ctx, residual_fwd, a->residual3, a->residual2, s->proj, (size_t)N * C);
+#undef P
+    return FSDP_STATUS_OK;
+}
+
+/* Zero an fp32 scratch buffer on the compute stream (no-op on meta). */
+static fsdp_status zero_f32(fsdp_op_ctx *ctx, float *p, size_t n)
+{
+    return fsdp_device_memset(ctx->dev, p, 0, n * sizeof(float), ctx->stream);
+}
+
+static fsdp_status gpt2_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                              const void *root_params, float *root_grads,
+                                              float dloss, float *loss)
+{
+    gpt2_state *s = state;
+    if (!s)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 head_forward_backward: no state");
+    if (root_grads && !s->training)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "GPT-2 head_forward_backward: gradients requested from a "
+                              "forward-only state (state_init with training=true)");
+    const fsdp_gpt2_config *cfg = cfg_of(m);
+    const int C = cfg->n_embd, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
+    const int N = s->B * s->T;
+    const fsdp_dtype dt = ctx->dt;
+    const void *wte = param_ptr(m, 0, root_params, ROOT_WTE, dt);
+    const void *lnfw = param_ptr(m, 0, root_params, ROOT_LNFW, dt);
+    void *last = layer_acts(s, cfg->n_layer - 1)->residual3;
+
+    FSDP_OP(ctx, layernorm_fwd, s->lnf, s->lnf_mean, s->lnf_rstd, last, lnfw,
+            param_ptr(m, 0, root_params, ROOT_LNFB, dt), N, C);
+    FSDP_OP(ctx, matmul_fwd, s->logits, s->lnf, wte, NULL, N, C, Vp);
+    float *dlogits = root_grads ? s->dlogits : NULL;
+    FSDP_OP(ctx, xent_fwd_bwd, s->losses, dlogits, s->logits, s->targets, N, V, Vp, dloss);
+
+    /* Mean loss on the host, summed in the fixed tree order. */
+    FSDP_TRY(fsdp_device_memcpy(ctx->dev, s->host_losses, s->losses, (size_t)N * sizeof(float),
+                                ctx->stream));
+    FSDP_TRY(fsdp_device_stream_sync(ctx->dev, ctx->stream));
+    if (loss)
+        *loss = fsdp_device_computes(ctx->dev) ? fsdp_tree_sum(s->host_losses, N) / (float)N : 0.0f;
+    if (!root_grads)
+        return FSDP_STATUS_OK;
+
+    /* Backward: logits = lnf @ wte^T, then the final LayerNorm; dres starts here. */
+    FSDP_TRY(zero_f32(ctx, s->dC, (size_t)N * C));
+    FSDP_OP(ctx, matmul_bwd, s->dC, grad_ptr(m, 0, root_grads, ROOT_WTE), NULL, dlogits, s->lnf,
+            wte, N, C, Vp);
+    FSDP_TRY(zero_f32(ctx, s->dres, (size_t)N * C));
+    FSDP_OP(ctx, layernorm_bwd, s->dres, grad_ptr(m, 0, root_grads, ROOT_LNFW),
+            grad_ptr(m, 0, root_grads, ROOT_LNFB), s->dC, last, lnfw, s->lnf_mean, s->lnf_rstd, N,
+            C);
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status gpt2_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
+                                      const void *params, float *grads)
+{
+    FSDP_TRY(check_unit(m, state, unit, "unit_backward"));
+    gpt2_state *s = state;
+    if (!s->training)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "GPT-2 unit_backward: the state is forward-only (state_init with "
+                              "training=true)");
+    const fsdp_gpt2_config *cfg = cfg_of(m);
+    const int C = cfg->n_embd, NH = cfg->n_head, B = s->B, T = s->T, N = B * T, l = unit - 1;
+    const size_t NC = (size_t)N * C;
+    const fsdp_dtype dt = ctx->dt;
+#define P(i) param_ptr(m, unit, params, (i), dt)
+#define G(i) grad_ptr(m, unit, grads, (i))
+    gpt2_layer_acts *a = layer_acts(s, l);
+    void *inp = block_input(s, l);
+    /* s->dres holds d(residual3); it is also d(residual2) through the skip
+     * connection, and the LayerNorm backward adds the branch's share. */
+    float *dfch_gelu = s->d4C_a, *dfch = s->d4C_b, *dqkv = s->d4C_a;
+
+    /* MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
+    FSDP_TRY(zero_f32(ctx, dfch_gelu, 4 * NC));
+    FSDP_OP(ctx, matmul_bwd, dfch_gelu, G(BLK_FCPROJW), G(BLK_FCPROJB), s->dres, a->fch_gelu,
+            P(BLK_FCPROJW), N, 4 * C, C);
+    FSDP_TRY(zero_f32(ctx, dfch, 4 * NC));
+    FSDP_OP(ctx, gelu_bwd, dfch, a->fch, dfch_gelu, 4 * NC);
+    FSDP_TRY(zero_f32(ctx, s->dC, NC));
+    FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_FCW), G(BLK_FCB), dfch, a->ln2, P(BLK_FCW), N, C,
+            4 * C);
+    FSDP_OP(ctx, layernorm_bwd, s->dres, G(BLK_LN2W), G(BLK_LN2B), s->dC, a->residual2,
+            P(BLK_LN2W), a->ln2_mean, a->ln2_rstd, N, C);
+
+    /* Attention: residual2 = inp + attproj(attention(qkv(ln1(inp)))) */
+    FSDP_TRY(zero_f32(ctx, s->dC, NC));
+    FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_ATTPROJW), G(BLK_ATTPROJB), s->dres, a->atty,
+            P(BLK_ATTPROJW), N, C, C);
+    FSDP_TRY(zero_f32(ctx, dqkv, 3 * NC));
+    FSDP_TRY(zero_f32(ctx, s->datt, (size_t)B * NH * T * T));
+    FSDP_OP(ctx, attention_bwd, dqkv, s->datt, s->dC, a->qkv, a->att, B, T, C, NH);
+    FSDP_TRY(zero_f32(ctx, s->dC, NC));
+    FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_QKVW), G(BLK_QKVB), dqkv, a->ln1, P(BLK_QKVW), N, C,
+            3 * C);
+    FSDP_OP(ctx, layernorm_bwd, s->dres, G(BLK_LN1W), G(BLK_LN1B), s->dC, inp, P(BLK_LN1W),
+            a->ln1_mean, a->ln1_rstd, N, C);
+#undef P
+#undef G
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status gpt2_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                      const void *root_params, float *root_grads)
+{
+    gpt2_state *s = state;
+    if (!s || !s->training)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "GPT-2 root_backward: needs a training state (state_init with "
+                              "training=true)");
+    const int C = cfg_of(m)->n_embd;
+    FSDP_OP(ctx, embed_bwd, grad_ptr(m, 0, root_grads, ROOT_WTE),
+            grad_ptr(m, 0, root_grads, ROOT_WPE), s->dres, s->tokens, s->B, s->T, C);
+    return FSDP_STATUS_OK;
+}
+
+static const struct fsdp_model_i gpt2_model_i = {
+    /* .state_init            = */ gpt2_state_init,
+    /* .state_free            = */ gpt2_state_free,
+    /* .state_tokens          = */ gpt2_state_tokens,
+    /* .state_targets         = */ gpt2_state_targets,
+    /* .state_logits          = */ gpt2_state_logits,
+    /* .root_forward          = */ gpt2_root_forward,
+    /* .unit_forward          = */ gpt2_unit_forward,
+    /* .head_forward_backward = */ gpt2_head_forward_backward,
+    /* .unit_backward         = */ gpt2_unit_backward,
+    /* .root_backward         = */ gpt2_root_backward,
+};

@@ -1,0 +1,88 @@
+/*
+ * model.c - model-independent helpers over a model's unit list: parameter
+ * initialisation of any slice of a unit, lookup by name, and teardown.
+ *
+ * Initialisation is a pure function of (seed, parameter name, element index
+ * within the parameter) through the counter-based RNG of core/rng.h, so a
+ * rank can initialise exactly its own shard of a unit, and every world size
+ * gives the same initial model (DESIGN: determinism contract).
+ *
+ * Assumes a unit's parameters are listed in increasing offset order and
+ * tile [0, unit numel) without gaps (every model builder lays them out so).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/rng.h"
+#include "models/model.h"
+
+/* Fill dst[0 .. n) with elements [first, first + n) of parameter p. */
+static void init_param_slice(const fsdp_param_spec *p, size_t first, size_t n, uint64_t seed,
+                             float *dst)
+{
+    switch (p->init) {
+    case FSDP_INIT_ZEROS:
+        memset(dst, 0, n * sizeof *dst);
+        break;
+    case FSDP_INIT_ONES:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = 1.0f;
+        break;
+    case FSDP_INIT_NORMAL:
+    default: {
+        uint64_t stream = fsdp_rng_hash_str(p->name);
+        for (size_t i = 0; i < n; i++)
+            dst[i] = p->std * fsdp_rng_normal(seed, stream, first + i);
+        break;
+    }
+    }
+}
+
+void fsdp_model_init_range(const fsdp_model *m, int unit, size_t begin, size_t end, uint64_t seed,
+                           float *dst)
+{
+    FSDP_ASSERT(m && unit >= 0 && unit < m->n_units && begin <= end);
+    const fsdp_unit_spec *u = &m->units[unit];
+    for (int i = 0; i < u->n_params; i++) {
+        const fsdp_param_spec *p = &u->params[i];
+        size_t lo = p->offset > begin ? p->offset : begin;
+        size_t hi = p->offset + p->numel < end ? p->offset + p->numel : end;
+        if (lo < hi)
+            init_param_slice(p, lo - p->offset, hi - lo, seed, dst + (lo - begin));
+    }
+    /* Padding past the unit's parameters (shards are padded to a multiple
+     * of world x alignment). */
+    if (end > u->numel) {
+        size_t lo = begin > u->numel ? begin : u->numel;
+        memset(dst + (lo - begin), 0, (end - lo) * sizeof *dst);
+    }
+}
+
+const fsdp_param_spec *fsdp_model_find_param(const fsdp_model *m, const char *name, int *unit)
+{
+    if (!m || !name)
+        return NULL;
+    for (int u = 0; u < m->n_units; u++) {
+        for (int i = 0; i < m->units[u].n_params; i++) {
+            if (strcmp(m->units[u].params[i].name, name) == 0) {
+                if (unit)
+                    *unit = u;
+                return &m->units[u].params[i];
+            }
+        }
+    }
+    return NULL;
+}
+
+void fsdp_model_free(fsdp_model *m)
+{
+    if (!m)
+        return;
+    if (m->units) {
+        for (int u = 0; u < m->n_units; u++)
+            free(m->units[u].params);
+        free(m->units);
+    }
+    free(m->impl); /* model builders allocate impl with malloc, self-contained */
+    memset(m, 0, sizeof *m);
+}
