@@ -1,0 +1,112 @@
+/*
+ * cpu_ops.h - internal header shared by the cpu op files (src/ops/cpu/).
+ *
+ * The cpu backend computes every op in fp32 on the rank's own thread, with
+ * OpenBLAS sgemm for the matrix products (one BLAS thread per rank: the ranks
+ * are the parallelism). Storage may be bf16 (ctx->dt); such inputs are
+ * widened to fp32, computed in fp32, and outputs are rounded back to bf16 to
+ * nearest even.
+ *
+ * Scratch: widened bf16 operands and fp32 results waiting to be rounded live
+ * in per-context host buffers held in ctx->backend, created lazily on first
+ * use, grown as needed and freed by the table's fini slot. They are a
+ * simulation artifact, not device memory: the device accounting (caps, peak
+ * bytes) does not count them. A context belongs to one rank thread, so its
+ * scratch needs no locking.
+ *
+ * Every loop runs in a fixed order, so the same inputs give the same bits
+ * whatever the call history or the number of ranks.
+ */
+#ifndef FSDP_OPS_CPU_CPU_OPS_H
+#define FSDP_OPS_CPU_CPU_OPS_H
+
+#include <stddef.h>
+
+#include "core/bf16.h"
+#include "ops/ops.h"
+
+/* Scratch slots; an op uses distinct slots for buffers alive at once. */
+typedef enum fsdp_cpu_slot {
+    FSDP_CPU_SLOT_0 = 0,
+    FSDP_CPU_SLOT_1,
+    FSDP_CPU_SLOT_2,
+    FSDP_CPU_SLOT_3,
+    FSDP_CPU_SLOT_4,
+    FSDP_CPU_SLOT_COUNT
+} fsdp_cpu_slot;
+
+/* An fp32 buffer of at least numel elements in slot `slot` of ctx's scratch,
+ * creating the scratch state on first use. Contents are unspecified. Valid
+ * until the next request for the same slot or fsdp_ops_fini. A host
+ * allocation failure aborts with a message (op slots cannot return a status). */
+float *fsdp_cpu_scratch(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, size_t numel);
+
+/* Free the scratch state (the table's fini slot). */
+void fsdp_cpu_ops_fini(fsdp_op_ctx *ctx);
+
+/* Make OpenBLAS run on the calling thread only (idempotent, thread safe).
+ * Every cpu op calls it before its first sgemm. */
+void fsdp_cpu_blas_init(void);
+
+/* Element i of a ctx->dt buffer, as fp32. */
+static inline float fsdp_cpu_ld(const void *p, fsdp_dtype dt, size_t i)
+{
+    if (dt == FSDP_DTYPE_BF16)
+        return fsdp_bf16_to_f32(((const fsdp_bf16 *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+/* Store x as element i of a buffer of dtype dt (bf16: round to nearest even). */
+static inline void fsdp_cpu_st(void *p, fsdp_dtype dt, size_t i, float x)
+{
+    if (dt == FSDP_DTYPE_BF16)
+        ((fsdp_bf16 *)p)[i] = fsdp_f32_to_bf16(x);
+    else
+        ((float *)p)[i] = x;
+}
+
+/* An input of n elements in ctx->dt as fp32: src itself when fp32, else
+ * its widened copy in scratch slot `slot`. */
+const float *fsdp_cpu_in(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, const void *src, size_t n);
+
+/* Where to compute an output of n elements in fp32: dst itself when ctx->dt
+ * is fp32, else scratch slot `slot`. Hand the result to fsdp_cpu_out_done. */
+float *fsdp_cpu_out(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, void *dst, size_t n);
+
+/* Finish an output from fsdp_cpu_out: round buf into dst when ctx->dt is
+ * bf16 (nothing to do when fp32, buf == dst). */
+void fsdp_cpu_out_done(fsdp_op_ctx *ctx, void *dst, const float *buf, size_t n);
+
+/* The ops, one family per file; contracts in ops/ops.h. */
+void fsdp_cpu_embed_fwd(fsdp_op_ctx *ctx, void *out, const int *tokens, const void *wte,
+                        const void *wpe, int B, int T, int C);
+void fsdp_cpu_embed_bwd(fsdp_op_ctx *ctx, float *dwte, float *dwpe, const float *dout,
+                        const int *tokens, int B, int T, int C);
+void fsdp_cpu_layernorm_fwd(fsdp_op_ctx *ctx, void *out, float *mean, float *rstd,
+                            const void *inp, const void *w, const void *b, int N, int C);
+void fsdp_cpu_layernorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *db,
+                            const float *dout, const void *inp, const void *w, const float *mean,
+                            const float *rstd, int N, int C);
+void fsdp_cpu_matmul_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, const void *w,
+                         const void *bias, int N, int C, int OC);
+void fsdp_cpu_matmul_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *dbias,
+                         const float *dout, const void *inp, const void *w, int N, int C, int OC);
+void fsdp_cpu_gelu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, size_t n);
+void fsdp_cpu_gelu_bwd(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout,
+                       size_t n);
+void fsdp_cpu_attention_fwd(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv, int B,
+                            int T, int C, int NH);
+void fsdp_cpu_attention_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt, const float *dout,
+                            const void *qkv, const void *att, int B, int T, int C, int NH);
+void fsdp_cpu_residual_fwd(fsdp_op_ctx *ctx, void *out, const void *a, const void *b, size_t n);
+void fsdp_cpu_xent_fwd_bwd(fsdp_op_ctx *ctx, float *losses, float *dlogits, const void *logits,
+                           const int *targets, int N, int V, int Vp, float dloss);
+void fsdp_cpu_adamw(fsdp_op_ctx *ctx, float *p, const float *grad, float *m, float *v, size_t n,
+                    float lr, float b1, float b2, float eps, float wd, float bc1, float bc2,
+                    float grad_scale, void *p_out, fsdp_dtype out_dt);
+void fsdp_cpu_cast(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void *src, fsdp_dtype sdt,
+                   size_t n);
+void fsdp_cpu_add(fsdp_op_ctx *ctx, float *dst, const float *a, const float *b, size_t n);
+void fsdp_cpu_sumsq_blocks(fsdp_op_ctx *ctx, float *out, const float *x, size_t n);
+
+#endif /* FSDP_OPS_CPU_CPU_OPS_H */
