@@ -99,6 +99,13 @@ struct fsdp_ops_i {
      * rounded once to fp32. out is host-visible memory on the cpu backend
      * and device memory on cuda. */
     void (*sumsq_blocks)(fsdp_op_ctx *ctx, float *out, const float *x, size_t n);
+
+    /* Optional (NULL: ops cannot fail, as on cpu). The op slots return
+     * void, so a backend whose launches can fail (cuda) records the first
+     * failure; this returns it (message set on the calling thread) and
+     * clears it, or OK. It does not synchronise ctx->stream: a fault inside
+     * a running kernel surfaces at the next stream or event sync. */
+    fsdp_status (*sync_error)(fsdp_op_ctx *ctx);
 };
 
 struct fsdp_op_ctx {
