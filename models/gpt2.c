@@ -493,6 +493,19 @@ static const void *gpt2_state_logits(void *state) { return ((gpt2_state *)state)
 
 /* ---- forward / backward -------------------------------------------------- */
 
+/* The first op failure recorded by the backend since the last check (cuda
+ * launches can fail; cpu and meta ops cannot), reported at the end of each
+ * model step so the error names the unit. */
+static fsdp_status ops_status(fsdp_op_ctx *ctx, const fsdp_model *m, const char *what, int unit)
+{
+    if (!ctx->iface || !ctx->iface->sync_error)
+        return FSDP_STATUS_OK;
+    fsdp_status st = ctx->iface->sync_error(ctx);
+    if (st != FSDP_STATUS_OK)
+        fsdp_error_prefix("GPT-2 %s of unit '%s': ", what, m->units[unit].name);
+    return st;
+}
+
 /* Pointer to parameter i of a unit's flat buffer in dtype dt. */
 static const void *param_ptr(const fsdp_model *m, int unit, const void *params, int i,
                              fsdp_dtype dt)
@@ -534,7 +547,7 @@ static fsdp_status gpt2_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void
     const int C = cfg_of(m)->n_embd;
     FSDP_OP(ctx, embed_fwd, s->encoded, s->tokens, param_ptr(m, 0, root_params, ROOT_WTE, ctx->dt),
             param_ptr(m, 0, root_params, ROOT_WPE, ctx->dt), s->B, s->T, C);
-    return FSDP_STATUS_OK;
+    return ops_status(ctx, m, "forward", 0);
 }
 
 static fsdp_status gpt2_unit_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
@@ -561,7 +574,7 @@ static fsdp_status gpt2_unit_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void
     FSDP_OP(ctx, matmul_fwd, s->proj, a->fch_gelu, P(BLK_FCPROJW), P(BLK_FCPROJB), N, 4 * C, C);
     FSDP_OP(ctx, residual_fwd, a->residual3, a->residual2, s->proj, (size_t)N * C);
 #undef P
-    return FSDP_STATUS_OK;
+    return ops_status(ctx, m, "forward", unit);
 }
 
 /* Zero an fp32 scratch buffer on the compute stream (no-op on meta). */
@@ -592,13 +605,17 @@ static fsdp_status gpt2_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *
     FSDP_OP(ctx, layernorm_fwd, s->lnf, s->lnf_mean, s->lnf_rstd, last, lnfw,
             param_ptr(m, 0, root_params, ROOT_LNFB, dt), N, C);
     FSDP_OP(ctx, matmul_fwd, s->logits, s->lnf, wte, NULL, N, C, Vp);
+    /* The loss is the mean over the B*T tokens, so each token's share of
+     * the gradient is dloss / (B*T). */
     float *dlogits = root_grads ? s->dlogits : NULL;
-    FSDP_OP(ctx, xent_fwd_bwd, s->losses, dlogits, s->logits, s->targets, N, V, Vp, dloss);
+    FSDP_OP(ctx, xent_fwd_bwd, s->losses, dlogits, s->logits, s->targets, N, V, Vp,
+            dloss / (float)N);
 
     /* Mean loss on the host, summed in the fixed tree order. */
     FSDP_TRY(fsdp_device_memcpy(ctx->dev, s->host_losses, s->losses, (size_t)N * sizeof(float),
                                 ctx->stream));
     FSDP_TRY(fsdp_device_stream_sync(ctx->dev, ctx->stream));
+    FSDP_TRY(ops_status(ctx, m, "head forward", 0));
     if (loss)
         *loss = fsdp_device_computes(ctx->dev) ? fsdp_tree_sum(s->host_losses, N) / (float)N : 0.0f;
     if (!root_grads)
@@ -612,7 +629,7 @@ static fsdp_status gpt2_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *
     FSDP_OP(ctx, layernorm_bwd, s->dres, grad_ptr(m, 0, root_grads, ROOT_LNFW),
             grad_ptr(m, 0, root_grads, ROOT_LNFB), s->dC, last, lnfw, s->lnf_mean, s->lnf_rstd, N,
             C);
-    return FSDP_STATUS_OK;
+    return ops_status(ctx, m, "head backward", 0);
 }
 
 static fsdp_status gpt2_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
@@ -662,7 +679,7 @@ static fsdp_status gpt2_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
             a->ln1_mean, a->ln1_rstd, N, C);
 #undef P
 #undef G
-    return FSDP_STATUS_OK;
+    return ops_status(ctx, m, "backward", unit);
 }
 
 static fsdp_status gpt2_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
@@ -676,7 +693,7 @@ static fsdp_status gpt2_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
     const int C = cfg_of(m)->n_embd;
     FSDP_OP(ctx, embed_bwd, grad_ptr(m, 0, root_grads, ROOT_WTE),
             grad_ptr(m, 0, root_grads, ROOT_WPE), s->dres, s->tokens, s->B, s->T, C);
-    return FSDP_STATUS_OK;
+    return ops_status(ctx, m, "backward", 0);
 }
 
 static const struct fsdp_model_i gpt2_model_i = {
