@@ -51,6 +51,12 @@ void fsdp_cpu_layernorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *db,
         return;
     const fsdp_dtype dt = ctx->dt;
     const float *wf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_1, w, (size_t)C);
+    /* This call's dw and db are summed over rows in scratch, then added to
+     * dw and db once, so the result does not depend on what they held. */
+    float *dw_acc = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2, (size_t)C);
+    float *db_acc = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_3, (size_t)C);
+    for (int c = 0; c < C; c++)
+        dw_acc[c] = db_acc[c] = 0.0f;
     for (int i = 0; i < N; i++) {
         size_t off = (size_t)i * C;
         const float *dy = dout + off;
@@ -68,12 +74,16 @@ void fsdp_cpu_layernorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *db,
         for (int c = 0; c < C; c++) {
             float n = (fsdp_cpu_ld(inp, dt, off + c) - m) * rs;
             float dn = wf[c] * dy[c];
-            if (db)
-                db[c] += dy[c];
-            if (dw)
-                dw[c] += n * dy[c];
+            db_acc[c] += dy[c];
+            dw_acc[c] += n * dy[c];
             if (dinp)
                 dinp[off + c] += (dn - dnorm_mean - n * dnorm_norm_mean) * rs;
         }
+    }
+    for (int c = 0; c < C; c++) {
+        if (dw)
+            dw[c] += dw_acc[c];
+        if (db)
+            db[c] += db_acc[c];
     }
 }
