@@ -1,0 +1,120 @@
+/*
+ * data.c - opening a data source and cutting micro-batches from it.
+ *
+ * Every source is a token sequence: the concatenated files (shards sorted by
+ * path, or a text file's bytes) or the synthetic task's endless stream of
+ * problems. Micro-batch m has B rows; row r holds the T+1 consecutive tokens
+ * starting at position (m*B + r)*T:
+ *
+ *     inputs[r*T + j]  = token[(m*B + r)*T + j]        j = 0..T-1
+ *     targets[r*T + j] = token[(m*B + r)*T + j + 1]
+ *
+ * so consecutive rows and micro-batches tile the sequence in order (the
+ * last target of a row is the first input of the next), as llm.c's loader
+ * does. File positions are taken modulo the token count (the data wraps
+ * around; later epochs are shifted by N mod T, so they see other windows).
+ * A batch depends only on (source, seed, m, B, T), never on which rank or
+ * thread asks or in what order, so the global batch is the same for any
+ * number of devices. The seed selects the synthetic problems; files are read
+ * in order whatever the seed, so eval sees the same tokens every time.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "data/source.h"
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+fsdp_status fsdp_data_open(fsdp_data **out, const char *spec, int vocab_size, uint64_t seed)
+{
+    if (!out || !spec || !*spec)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "no data given: pass --data synthetic, a .txt file or llm.c token "
+                              "shards ('data/train_*.bin')");
+    *out = NULL;
+    if (vocab_size < 0)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "vocabulary size %d is negative",
+                              vocab_size);
+    fsdp_data *d = calloc(1, sizeof *d);
+    if (!d)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of memory opening data '%s'", spec);
+    d->seed = seed;
+    if (strcmp(spec, "synthetic") == 0) {
+        d->kind = FSDP_DATA_SYNTH;
+        d->vocab = 256;
+        int need = fsdp_synth_max_byte() + 1;
+        if (vocab_size > 0 && vocab_size < need) {
+            free(d);
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "the synthetic task is byte-level text and needs a vocabulary "
+                                  "of at least %d (256 recommended), not %d",
+                                  need, vocab_size);
+        }
+        *out = d;
+        return FSDP_STATUS_OK;
+    }
+    d->kind = ends_with(spec, ".txt") ? FSDP_DATA_TEXT : FSDP_DATA_SHARDS;
+    fsdp_status st = fsdp_data_files_open(d, spec, vocab_size);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_data_close(d);
+        return st;
+    }
+    *out = d;
+    return FSDP_STATUS_OK;
+}
+
+void fsdp_data_close(fsdp_data *d)
+{
+    if (!d)
+        return;
+    if (d->kind != FSDP_DATA_SYNTH)
+        fsdp_data_files_close(d);
+    free(d);
+}
+
+int fsdp_data_vocab(const fsdp_data *d) { return d->vocab; }
+
+uint64_t fsdp_data_n_tokens(const fsdp_data *d) { return d->n_tokens; }
+
+/* (a*b + c) mod n without overflow. */
+static uint64_t mul_add_mod(uint64_t a, uint64_t b, uint64_t c, uint64_t n)
+{
+    return (uint64_t)(((unsigned __int128)(a % n) * (b % n) + c % n) % n);
+}
+
+/* n tokens of the source from position pos (files: taken modulo the count). */
+static void read_tokens(const fsdp_data *d, uint64_t pos, size_t n, int *dst)
+{
+    if (d->kind == FSDP_DATA_SYNTH)
+        fsdp_synth_stream_read(d->seed, pos, n, dst);
+    else
+        fsdp_data_files_read(d, pos % d->n_tokens, n, dst);
+}
+
+fsdp_status fsdp_data_batch(const fsdp_data *d, uint64_t index, int B, int T, int *inputs,
+                            int *targets)
+{
+    if (!d || !inputs || !targets)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "fsdp_data_batch: NULL data or buffer");
+    if (B <= 0 || T <= 0)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "batch shape B=%d T=%d: both must be positive", B, T);
+    uint64_t BT = (uint64_t)B * (uint64_t)T;
+    for (int r = 0; r < B; r++) {
+        uint64_t start;
+        if (d->kind == FSDP_DATA_SYNTH) /* unbounded stream: wraps modulo 2^64 */
+            start = index * BT + (uint64_t)r * (uint64_t)T;
+        else
+            start = mul_add_mod(index, BT, (uint64_t)r * (uint64_t)T, d->n_tokens);
+        int *in = inputs + (size_t)r * T, *tg = targets + (size_t)r * T;
+        read_tokens(d, start, (size_t)T, in);
+        memcpy(tg, in + 1, (size_t)(T - 1) * sizeof *tg);
+        read_tokens(d, start + (uint64_t)T, 1, tg + T - 1);
+    }
+    return FSDP_STATUS_OK;
+}

@@ -1,0 +1,66 @@
+/*
+ * source.h - internal to src/data: the data source object shared by the
+ * file loaders (tokens.c), the synthetic task (synth.c) and the batcher
+ * (data.c).
+ *
+ * File-backed sources are a list of read-only mappings viewed as one
+ * concatenated token sequence; the synthetic task is an unbounded virtual
+ * sequence computed on demand. Nothing is written after open, so any number
+ * of threads may read a source at once.
+ */
+#ifndef FSDP_DATA_SOURCE_H
+#define FSDP_DATA_SOURCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "data/data.h"
+
+typedef enum fsdp_data_kind {
+    FSDP_DATA_SHARDS = 0, /* llm.c token shards: uint16 after a 1 KiB header */
+    FSDP_DATA_TEXT,       /* a .txt file: one token per byte */
+    FSDP_DATA_SYNTH,      /* the built-in synthetic task */
+} fsdp_data_kind;
+
+typedef struct fsdp_data_file {
+    char *path;
+    const uint8_t *map;     /* the whole file, mapped read-only (NULL if empty) */
+    size_t map_bytes;
+    const uint8_t *tokens;  /* first token inside map */
+    int token_bytes;        /* 2 (shards) or 1 (text) */
+    uint64_t n_tokens;
+    uint64_t first;         /* index of the first token in the concatenation */
+} fsdp_data_file;
+
+struct fsdp_data {
+    fsdp_data_kind kind;
+    uint64_t seed;
+    int vocab;              /* what fsdp_data_vocab() returns */
+    int n_files;
+    fsdp_data_file *files;  /* sorted by path; files[i].first ascending */
+    uint64_t n_tokens;      /* sum over files; 0 for the synthetic task */
+};
+
+/* Map and validate the files of `spec` (a path or a glob of token shards, or
+ * a .txt path when kind is FSDP_DATA_TEXT) into d->files, d->n_tokens and
+ * d->vocab. On failure the caller closes d (partially filled is fine). */
+fsdp_status fsdp_data_files_open(fsdp_data *d, const char *spec, int vocab_size);
+void fsdp_data_files_close(fsdp_data *d);
+
+/* Copy n tokens of the concatenated files starting at pos (< d->n_tokens)
+ * into dst, wrapping around to token 0 after the last one. */
+void fsdp_data_files_read(const fsdp_data *d, uint64_t pos, size_t n, int *dst);
+
+/* Synthetic task: byte at position pos of the training stream for seed
+ * (an endless concatenation of problems; pos may be any 64-bit value). */
+int fsdp_synth_stream_byte(uint64_t seed, uint64_t pos);
+
+/* Fill n consecutive bytes of the training stream starting at pos (faster
+ * than n calls of fsdp_synth_stream_byte: each problem is generated once). */
+void fsdp_synth_stream_read(uint64_t seed, uint64_t pos, size_t n, int *dst);
+
+/* Largest byte the synthetic task emits (the smallest vocabulary it needs
+ * is this + 1). */
+int fsdp_synth_max_byte(void);
+
+#endif /* FSDP_DATA_SOURCE_H */
