@@ -54,7 +54,7 @@ ifneq ($(HAVE_PKGS),1)
 endif
 
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -pthread \
-               -Iinclude -Isrc -Imodels -Itests
+               -I. -Iinclude -Isrc -Imodels -Itests
 ifeq ($(DEBUG),1)
   OPT := -O0 -g
 else
@@ -85,7 +85,7 @@ ifeq ($(CUDA),1)
   LDLIBS += -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 \
             -lcublasLt -lcublas -lnccl -lcudart -lstdc++
 endif
-NVFLAGS := -O3 -std=c++17 $(CUDA_ARCH) -Iinclude -Isrc -Imodels -DFSDP_CUDA=1 \
+NVFLAGS := -O3 -std=c++17 $(CUDA_ARCH) -I. -Iinclude -Isrc -Imodels -DFSDP_CUDA=1 \
            -I$(NCCL_HOME)/include -Xcompiler -fPIC,-Wall -lineinfo $(EXTRA_NVFLAGS)
 
 OBJ := $(SRC_C:%.c=$(BUILD)/obj/%.o) $(SRC_CU:%.cu=$(BUILD)/obj/%.cu.o)

@@ -81,6 +81,11 @@ struct fsdp_comm {
 fsdp_status fsdp_comm_host_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
 /* Meta collectives: count bytes only. */
 fsdp_status fsdp_comm_meta_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
+/* CUDA collectives (comm/nccl.cu, comm/peer.cu; UNSUPPORTED without CUDA):
+ * NCCL among the ranks' GPUs, or device-to-device peer copies between the
+ * ranks' buffers (several virtual ranks may share a GPU). */
+fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
+fsdp_status fsdp_comm_peer_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
 void fsdp_comm_fini(fsdp_comm *c);
 
 fsdp_status fsdp_comm_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,

@@ -1,0 +1,76 @@
+/*
+ * shardmap.c - building the shard map from a model's units.
+ */
+#include <string.h>
+
+#include "fsdp/shardmap.h"
+
+const char *fsdp_shard_strategy_name(fsdp_shard_strategy s)
+{
+    static const char *const names[FSDP_SHARD_COUNT] = {"full", "grad-op", "none"};
+    return (unsigned)s < FSDP_SHARD_COUNT ? names[s] : "?";
+}
+
+fsdp_status fsdp_shard_strategy_parse(const char *s, fsdp_shard_strategy *out)
+{
+    for (int i = 0; i < FSDP_SHARD_COUNT; i++)
+        if (!strcmp(s, fsdp_shard_strategy_name((fsdp_shard_strategy)i))) {
+            *out = (fsdp_shard_strategy)i;
+            return FSDP_STATUS_OK;
+        }
+    return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                          "unknown sharding strategy '%s' (expected full, grad-op or none)", s);
+}
+
+fsdp_status fsdp_shardmap_init(fsdp_shardmap *sm, const fsdp_model *m, int n_ranks,
+                               fsdp_shard_strategy strategy)
+{
+    memset(sm, 0, sizeof *sm);
+    if (n_ranks < 1)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "need at least one rank");
+    sm->n_ranks = n_ranks;
+    sm->n_units = m->n_units;
+    sm->strategy = strategy;
+    sm->units = calloc((size_t)m->n_units, sizeof *sm->units);
+    if (!sm->units)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the shard map");
+    size_t align = FSDP_NORM_BLOCK * (strategy == FSDP_SHARD_NONE ? 1 : (size_t)n_ranks);
+    for (int u = 0; u < m->n_units; u++) {
+        fsdp_shard_unit *su = &sm->units[u];
+        su->spec = &m->units[u];
+        su->numel = m->units[u].numel;
+        su->padded_numel = (su->numel + align - 1) / align * align;
+        su->shard_numel = strategy == FSDP_SHARD_NONE ? su->padded_numel
+                                                      : su->padded_numel / (size_t)n_ranks;
+        su->n_blocks = (su->numel + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
+        su->rows = calloc((size_t)n_ranks, sizeof *su->rows);
+        if (!su->rows) {
+            fsdp_shardmap_free(sm);
+            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the shard map");
+        }
+        sm->numel += su->numel;
+        sm->padded_numel += su->padded_numel;
+    }
+    return FSDP_STATUS_OK;
+}
+
+void fsdp_shardmap_free(fsdp_shardmap *sm)
+{
+    if (sm->units)
+        for (int u = 0; u < sm->n_units; u++)
+            free(sm->units[u].rows);
+    free(sm->units);
+    memset(sm, 0, sizeof *sm);
+}
+
+const fsdp_param_spec *fsdp_shardmap_find(const fsdp_shardmap *sm, const char *name, int *unit)
+{
+    for (int u = 0; u < sm->n_units; u++)
+        for (int i = 0; i < sm->units[u].spec->n_params; i++)
+            if (!strcmp(sm->units[u].spec->params[i].name, name)) {
+                if (unit)
+                    *unit = u;
+                return &sm->units[u].spec->params[i];
+            }
+    return NULL;
+}

@@ -1,0 +1,180 @@
+/*
+ * trace.c - per-rank event buffers and the Chrome trace-event writer.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/error.h"
+#include "fsdp/engine_internal.h"
+#include "fsdp/trace.h"
+
+struct trace_event {
+    uint64_t t0, t1;   /* ns; t1 = 0 for a counter */
+    size_t bytes;      /* duration: bytes moved; counter: memory in use */
+    uint8_t track;
+    uint8_t counter;
+    char name[24];
+    char detail[40];
+};
+
+struct rank_buf {
+    struct trace_event *ev;
+    size_t n, cap;
+    long open[FSDP_TRACE_TRACK_COUNT]; /* index of the open event per track, -1 none */
+};
+
+struct fsdp_trace {
+    int n_ranks;
+    uint64_t t_origin;
+    struct rank_buf *ranks;
+};
+
+uint64_t fsdp_trace_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+fsdp_status fsdp_trace_init(fsdp_trace **out, int n_ranks)
+{
+    fsdp_trace *t = calloc(1, sizeof *t);
+    if (!t || !(t->ranks = calloc((size_t)n_ranks, sizeof *t->ranks))) {
+        free(t);
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the trace");
+    }
+    t->n_ranks = n_ranks;
+    t->t_origin = fsdp_trace_now_ns();
+    for (int r = 0; r < n_ranks; r++)
+        for (int k = 0; k < FSDP_TRACE_TRACK_COUNT; k++)
+            t->ranks[r].open[k] = -1;
+    *out = t;
+    return FSDP_STATUS_OK;
+}
+
+void fsdp_trace_free(fsdp_trace *t)
+{
+    if (!t)
+        return;
+    for (int r = 0; r < t->n_ranks; r++)
+        free(t->ranks[r].ev);
+    free(t->ranks);
+    free(t);
+}
+
+static struct trace_event *push(struct rank_buf *b)
+{
+    if (b->n == b->cap) {
+        size_t ncap = b->cap ? b->cap * 2 : 1024;
+        struct trace_event *nev = realloc(b->ev, ncap * sizeof *nev);
+        if (!nev)
+            return NULL; /* out of memory: drop the event, tracing is best effort */
+        b->ev = nev;
+        b->cap = ncap;
+    }
+    struct trace_event *ev = &b->ev[b->n++];
+    memset(ev, 0, sizeof *ev);
+    return ev;
+}
+
+static void counter(struct fsdp_engine *e, uint64_t now)
+{
+    struct trace_event *ev = push(&e->sh->trace->ranks[e->rank]);
+    if (!ev)
+        return;
+    ev->t0 = now;
+    ev->counter = 1;
+    ev->bytes = e->dev.mem.in_use_bytes;
+    snprintf(ev->name, sizeof ev->name, "memory");
+}
+
+void fsdp_trace_begin(struct fsdp_engine *e, fsdp_trace_track track, const char *name,
+                      const char *detail, size_t bytes)
+{
+    if (!e->sh->trace)
+        return;
+    struct rank_buf *b = &e->sh->trace->ranks[e->rank];
+    uint64_t now = fsdp_trace_now_ns();
+    counter(e, now);
+    struct trace_event *ev = push(b);
+    if (!ev)
+        return;
+    ev->t0 = now;
+    ev->track = (uint8_t)track;
+    ev->bytes = bytes;
+    snprintf(ev->name, sizeof ev->name, "%s", name);
+    snprintf(ev->detail, sizeof ev->detail, "%s", detail ? detail : "");
+    b->open[track] = (long)(b->n - 1);
+}
+
+void fsdp_trace_end(struct fsdp_engine *e, fsdp_trace_track track)
+{
+    if (!e->sh->trace)
+        return;
+    struct rank_buf *b = &e->sh->trace->ranks[e->rank];
+    if (b->open[track] < 0)
+        return;
+    uint64_t now = fsdp_trace_now_ns();
+    b->ev[b->open[track]].t1 = now > b->ev[b->open[track]].t0 ? now : b->ev[b->open[track]].t0 + 1;
+    b->open[track] = -1;
+    counter(e, now);
+}
+
+void fsdp_trace_span(struct fsdp_engine *e, fsdp_trace_track track, const char *name,
+                     const char *detail, size_t bytes, uint64_t t0_ns, uint64_t t1_ns)
+{
+    if (!e->sh->trace)
+        return;
+    struct trace_event *ev = push(&e->sh->trace->ranks[e->rank]);
+    if (!ev)
+        return;
+    ev->t0 = t0_ns;
+    ev->t1 = t1_ns > t0_ns ? t1_ns : t0_ns + 1;
+    ev->track = (uint8_t)track;
+    ev->bytes = bytes;
+    snprintf(ev->name, sizeof ev->name, "%s", name);
+    snprintf(ev->detail, sizeof ev->detail, "%s", detail ? detail : "");
+}
+
+fsdp_status fsdp_trace_write(const fsdp_trace *t, const char *path)
+{
+    static const char *const tracks[FSDP_TRACE_TRACK_COUNT] = {"compute", "comm", "copy",
+                                                               "cpu optimizer"};
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot write trace '%s'", path);
+    fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    int first = 1;
+    for (int r = 0; r < t->n_ranks; r++) {
+        fprintf(f, "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
+                first ? "" : ",\n", r, r);
+        first = 0;
+        for (int k = 0; k < FSDP_TRACE_TRACK_COUNT; k++)
+            fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+                    r, k, tracks[k]);
+        const struct rank_buf *b = &t->ranks[r];
+        for (size_t i = 0; i < b->n; i++) {
+            const struct trace_event *ev = &b->ev[i];
+            double ts = (double)(ev->t0 - t->t_origin) / 1000.0;
+            if (ev->counter) {
+                fprintf(f, ",\n{\"ph\":\"C\",\"name\":\"device memory\",\"pid\":%d,\"ts\":%.3f,\"args\":{\"bytes\":%zu}}",
+                        r, ts, ev->bytes);
+                continue;
+            }
+            if (!ev->t1)
+                continue; /* never closed (error path) */
+            fprintf(f, ",\n{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,"
+                       "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"unit\":\"%s\",\"bytes\":%zu}}",
+                    ev->name, tracks[ev->track], r, ev->track, ts,
+                    (double)(ev->t1 - ev->t0) / 1000.0, ev->detail, ev->bytes);
+        }
+    }
+    fprintf(f, "\n]}\n");
+    int bad = ferror(f);
+    bad |= fclose(f) != 0;
+    if (bad)
+        return fsdp_error_set(FSDP_STATUS_IO, "error writing trace '%s'", path);
+    return FSDP_STATUS_OK;
+}

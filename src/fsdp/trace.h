@@ -1,0 +1,49 @@
+/*
+ * trace.h - Chrome trace-event recording of the engine's work: one track
+ * per rank and stream (compute, comm, copy, CPU optimizer), duration events
+ * with their bytes, and each device's memory in use as counter events.
+ * Open the JSON in Perfetto or chrome://tracing.
+ *
+ * Each rank appends only to its own buffer, from its own thread; the file
+ * is written after the ranks are joined. Times are host wall-clock times at
+ * which the work was issued and finished from the rank thread's point of
+ * view (on cpu and meta, when it ran).
+ */
+#ifndef FSDP_FSDP_TRACE_H
+#define FSDP_FSDP_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fsdp/fsdp.h"
+
+typedef enum fsdp_trace_track {
+    FSDP_TRACE_COMPUTE = 0,
+    FSDP_TRACE_COMM,
+    FSDP_TRACE_COPY,
+    FSDP_TRACE_OPTIM,
+    FSDP_TRACE_TRACK_COUNT
+} fsdp_trace_track;
+
+typedef struct fsdp_trace fsdp_trace;
+struct fsdp_engine;
+
+fsdp_status fsdp_trace_init(fsdp_trace **out, int n_ranks);
+void fsdp_trace_free(fsdp_trace *t);
+
+/* Nanoseconds on a monotonic clock. */
+uint64_t fsdp_trace_now_ns(void);
+
+/* Record on the engine's trace, if it has one (else no-op). begin/end pair
+ * up per track (no nesting within a track). */
+void fsdp_trace_begin(struct fsdp_engine *e, fsdp_trace_track track, const char *name,
+                      const char *detail, size_t bytes);
+void fsdp_trace_end(struct fsdp_engine *e, fsdp_trace_track track);
+/* A complete event with explicit times (e.g. a CPU optimizer job). */
+void fsdp_trace_span(struct fsdp_engine *e, fsdp_trace_track track, const char *name,
+                     const char *detail, size_t bytes, uint64_t t0_ns, uint64_t t1_ns);
+
+/* Write every rank's events as Chrome trace-event JSON. */
+fsdp_status fsdp_trace_write(const fsdp_trace *t, const char *path);
+
+#endif /* FSDP_FSDP_TRACE_H */
