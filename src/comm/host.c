@@ -1,0 +1,554 @@
+/*
+ * host.c - collectives among cpu rank threads through shared memory.
+ *
+ * The ranks of a world are threads of one process, so a collective needs no
+ * transport: each rank publishes its buffer pointers in its own slot of a
+ * table hung off world->comm_shared, all ranks meet, each rank does its own
+ * share of the work by reading the other ranks' buffers directly, and all
+ * ranks meet again before anyone returns (so no buffer is reused or freed
+ * while another rank still reads it).
+ *
+ *   all_gather      rank r copies every rank's send chunk into its own recv
+ *   reduce_scatter  rank r reduces chunk r over all ranks into its own recv
+ *   all_reduce      rank r reduces the r-th slice of the vector into its own
+ *                   recv; meet; rank r copies the other slices from the
+ *                   other ranks' recv; meet
+ *   broadcast       every rank but the root copies the root's buffer
+ *
+ * Sums follow the fixed balanced binary tree of comm.h exactly, per element
+ * (tree(lo,hi) = tree(lo,mid) + tree(mid,hi), mid = lo + (hi-lo)/2), in fp32
+ * (bf16 inputs are widened exactly and the result is rounded once), so the
+ * result is bit-identical to fsdp_tree_sum() over the per-rank values and
+ * does not depend on timing or on which rank computes it. The tree is
+ * evaluated over blocks of HOST_BLOCK elements at a time into per-rank
+ * scratch vectors, not element by element. AVG is defined as
+ * tree_sum * (1.0f / N), one fp32 multiply, then (bf16) one rounding.
+ *
+ * Meetings: every rank counts the meetings it has reached in its slot
+ * (`arrived`); a meeting is over for rank r when every slot has reached
+ * r's count. A waiter spins briefly (cheap when ranks have their own
+ * cores), then sleeps on the world's condition variable (ranks may
+ * oversubscribe the cores) and polls the abort flag. Only the first meeting
+ * of a collective can be aborted: once every rank has passed it, every rank
+ * reaches the later meetings without waiting on anything else, and
+ * returning early from them would free buffers other ranks still read. This
+ * assumes the abort flag is only set by ranks that have stopped issuing
+ * collectives (the launcher sets it when a rank's function returns an
+ * error).
+ *
+ * Lifetime: the first rank to call fsdp_comm_host_init creates the shared
+ * table under world->mu; every fsdp_comm_fini drops a reference and the last
+ * one frees it, so every rank that initialised must also call
+ * fsdp_comm_fini, including after a failure (a later launch then starts
+ * from a fresh table).
+ */
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "core/bf16.h"
+#include "core/log.h"
+#include "core/world.h"
+
+#define HOST_BLOCK 2048 /* elements per block of the tree reduction */
+#define HOST_SPIN 4000  /* polls of the arrival counters before sleeping */
+
+/* What one rank published for its current collective. Written by the owner
+ * before it arrives at the first meeting; read by the others between their
+ * first and last meetings. One cache line per slot: `arrived` is polled. */
+struct host_slot {
+    _Alignas(64) atomic_ulong arrived; /* meetings this rank has reached */
+    int kind;                          /* fsdp_coll_kind, or HOST_BARRIER */
+    fsdp_dtype dt;
+    fsdp_reduce_op op;
+    int root;
+    size_t numel;
+    const void *send;
+    void *recv;
+    int attached;                      /* guarded by world->mu */
+};
+
+#define HOST_BARRIER FSDP_COLL_KIND_COUNT
+
+struct host_shared {
+    int n_ranks;
+    int n_refs;              /* ranks initialised and not yet finalised; world->mu */
+    atomic_int n_sleepers;   /* ranks blocked on world->cv in a meeting */
+    struct host_slot *slots; /* (n_ranks,) */
+};
+
+struct host_ctx {
+    struct host_shared *sh;
+    unsigned long seq;   /* meetings this rank has reached */
+    long n_coll;         /* collectives issued on this rank (1-based count) */
+    const void **src;    /* (n_ranks,) per-rank source pointers of a reduction */
+    float **tmp;         /* (n_tmp,) scratch vectors of HOST_BLOCK floats */
+    int n_tmp;
+    float *tmp_mem;      /* backing of tmp: (n_tmp, HOST_BLOCK) */
+};
+
+static const char *kind_name(int kind)
+{
+    return kind == HOST_BARRIER ? "barrier" : fsdp_coll_kind_name((fsdp_coll_kind)kind);
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* ---- meetings ------------------------------------------------------------ */
+
+static bool all_arrived(const struct host_shared *sh, unsigned long seq)
+{
+    for (int q = 0; q < sh->n_ranks; q++)
+        if (atomic_load(&sh->slots[q].arrived) < seq)
+            return false;
+    return true;
+}
+
+/* Arrive at this rank's next meeting and wait for every rank to arrive.
+ * abortable: give up with ABORTED when the world's abort flag is set (only
+ * for the first meeting of a collective; see the file comment). */
+static fsdp_status meet(fsdp_comm *c, bool abortable)
+{
+    struct host_ctx *h = c->ctx;
+    struct host_shared *sh = h->sh;
+    fsdp_world *w = c->world;
+    unsigned long seq = ++h->seq;
+
+    /* Publish the arrival (seq_cst), then look for sleepers (seq_cst): a
+     * sleeper registers before it re-checks the counters, so either it sees
+     * this arrival or this rank sees it and wakes it. */
+    atomic_store(&sh->slots[c->rank].arrived, seq);
+    if (atomic_load(&sh->n_sleepers) > 0) {
+        pthread_mutex_lock(&w->mu);
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+    }
+    for (int i = 0; i < HOST_SPIN; i++) {
+        if (all_arrived(sh, seq))
+            return FSDP_STATUS_OK;
+        if (abortable && fsdp_world_aborted(w))
+            break;
+        cpu_relax();
+        if ((i & 255) == 255)
+            sched_yield();
+    }
+    bool done;
+    pthread_mutex_lock(&w->mu);
+    atomic_fetch_add(&sh->n_sleepers, 1);
+    while (!(done = all_arrived(sh, seq)) && !(abortable && fsdp_world_aborted(w)))
+        fsdp_world_wait_locked(w);
+    atomic_fetch_sub(&sh->n_sleepers, 1);
+    pthread_mutex_unlock(&w->mu);
+    if (!done)
+        return fsdp_error_set(FSDP_STATUS_ABORTED,
+                              "rank %d: aborted in collective %ld (%s) while waiting for the "
+                              "other ranks: another rank failed",
+                              c->rank, h->n_coll, kind_name(sh->slots[c->rank].kind));
+    return FSDP_STATUS_OK;
+}
+
+/* Start a collective on this rank: fault hook, argument checks, publish,
+ * first (abortable) meeting, then check that every rank issued the same
+ * collective. On error nothing of this rank is read by the others. */
+static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, size_t numel,
+                         fsdp_dtype dt, fsdp_reduce_op op, int root)
+{
+    struct host_ctx *h = c->ctx;
+    struct host_shared *sh = h->sh;
+    long k = ++h->n_coll;
+    if (fsdp_world_fault_hit(c->world, FSDP_FAULT_COLLECTIVE, c->rank))
+        return fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: injected failure in collective %ld (%s)",
+                              c->rank, k, kind_name(kind));
+    if (kind != HOST_BARRIER) {
+        if ((unsigned)dt >= FSDP_DTYPE_COUNT)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "rank %d: %s: unknown dtype %d; use FSDP_DTYPE_F32 or "
+                                  "FSDP_DTYPE_BF16", c->rank, kind_name(kind), (int)dt);
+        if ((unsigned)op > FSDP_REDUCE_AVG)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "rank %d: %s: unknown reduce op %d; use FSDP_REDUCE_SUM or "
+                                  "FSDP_REDUCE_AVG", c->rank, kind_name(kind), (int)op);
+        if (root < 0 || root >= c->n_ranks)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "rank %d: broadcast root %d is not a rank of this world "
+                                  "(0..%d)", c->rank, root, c->n_ranks - 1);
+        if (numel && (!recv || (kind != FSDP_COLL_BROADCAST && !send)))
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "rank %d: %s of %zu elements given a NULL buffer", c->rank,
+                                  kind_name(kind), numel);
+    }
+    if (fsdp_world_aborted(c->world)) {
+        return fsdp_error_set(FSDP_STATUS_ABORTED,
+                              "rank %d: collective %ld (%s) not started: another rank failed",
+                              c->rank, k, kind_name(kind));
+    }
+    struct host_slot *me = &sh->slots[c->rank];
+    me->kind = kind;
+    me->dt = dt;
+    me->op = op;
+    me->root = root;
+    me->numel = numel;
+    me->send = send;
+    me->recv = recv;
+    FSDP_TRY(meet(c, true));
+    for (int q = 0; q < c->n_ranks; q++) {
+        const struct host_slot *o = &sh->slots[q];
+        if (o->kind == kind && o->numel == numel && o->dt == dt &&
+            (kind != FSDP_COLL_BROADCAST || o->root == root) &&
+            (kind == FSDP_COLL_ALL_GATHER || kind == FSDP_COLL_BROADCAST ||
+             kind == HOST_BARRIER || o->op == op))
+            continue;
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "rank %d: collective %ld mismatch: this rank issued %s(%zu x %s, "
+                              "op %d, root %d) but rank %d issued %s(%zu x %s, op %d, root %d); "
+                              "every rank must issue the same collectives in the same order "
+                              "with the same sizes",
+                              c->rank, k, kind_name(kind), numel, fsdp_dtype_name(dt), (int)op,
+                              root, q, kind_name(o->kind), o->numel, fsdp_dtype_name(o->dt),
+                              (int)o->op, o->root);
+    }
+    return FSDP_STATUS_OK;
+}
+
+/* ---- vector kernels (block-sized, may alias elementwise) ---------------- */
+
+typedef float host_v4f __attribute__((vector_size(16)));
+
+/* d[i] = a[i] + b[i]; d may equal a or b. */
+static void add_f32(float *d, const float *a, const float *b, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        host_v4f a0, a1, b0, b1;
+        memcpy(&a0, a + i, 16);
+        memcpy(&a1, a + i + 4, 16);
+        memcpy(&b0, b + i, 16);
+        memcpy(&b1, b + i + 4, 16);
+        a0 += b0;
+        a1 += b1;
+        memcpy(d + i, &a0, 16);
+        memcpy(d + i + 4, &a1, 16);
+    }
+    for (; i < n; i++)
+        d[i] = a[i] + b[i];
+}
+
+/* d[i] = (a[i] + b[i]) * s; d may equal a or b. */
+static void add_scale_f32(float *d, const float *a, const float *b, float s, size_t n)
+{
+    host_v4f sv = {s, s, s, s};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        host_v4f a0, a1, b0, b1;
+        memcpy(&a0, a + i, 16);
+        memcpy(&a1, a + i + 4, 16);
+        memcpy(&b0, b + i, 16);
+        memcpy(&b1, b + i + 4, 16);
+        a0 = (a0 + b0) * sv;
+        a1 = (a1 + b1) * sv;
+        memcpy(d + i, &a0, 16);
+        memcpy(d + i + 4, &a1, 16);
+    }
+    for (; i < n; i++)
+        d[i] = (a[i] + b[i]) * s;
+}
+
+static void widen_bf16(float *d, const fsdp_bf16 *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        d[i] = fsdp_bf16_to_f32(x[i]);
+}
+
+/* ---- the tree over ranks, one block at a time --------------------------- */
+
+struct reduce_job {
+    const void *const *src; /* (n_ranks,) sources, already offset to the range */
+    fsdp_dtype dt;
+    size_t off, n;          /* the current block within the range */
+};
+
+/* tree(lo, hi) of the current block: a source pointer (fp32 leaf) or dst.
+ * Right subtrees go to tmp[0], deeper levels to tmp[1..]. */
+static const float *tree_block(const struct reduce_job *j, int lo, int hi, float *dst,
+                               float *const *tmp)
+{
+    if (hi - lo == 1) {
+        if (j->dt == FSDP_DTYPE_F32)
+            return (const float *)j->src[lo] + j->off;
+        widen_bf16(dst, (const fsdp_bf16 *)j->src[lo] + j->off, j->n);
+        return dst;
+    }
+    int mid = lo + (hi - lo) / 2;
+    const float *a = tree_block(j, lo, mid, dst, tmp + 1);
+    const float *b = tree_block(j, mid, hi, tmp[0], tmp + 1);
+    add_f32(dst, a, b, j->n);
+    return dst;
+}
+
+/* out[0..numel) = op over the n_ranks sources src[q][0..numel). out may
+ * alias one source exactly (in place); only the last step of each block
+ * writes out. */
+static void reduce_range(struct host_ctx *h, int n_ranks, const void *const *src, void *out,
+                         size_t numel, fsdp_dtype dt, fsdp_reduce_op op)
+{
+    bool avg = op == FSDP_REDUCE_AVG;
+    float scale = 1.0f / (float)n_ranks;
+    float *const *t = h->tmp;
+    struct reduce_job j = {.src = src, .dt = dt};
+    for (j.off = 0; j.off < numel; j.off += HOST_BLOCK) {
+        j.n = numel - j.off < HOST_BLOCK ? numel - j.off : HOST_BLOCK;
+        const float *sum;
+        if (n_ranks == 1) {
+            sum = tree_block(&j, 0, 1, t[0], t + 2);
+            if (avg) {
+                for (size_t i = 0; i < j.n; i++)
+                    t[1][i] = sum[i] * scale;
+                sum = t[1];
+            }
+        } else {
+            int mid = n_ranks / 2;
+            const float *a = tree_block(&j, 0, mid, t[0], t + 2);
+            const float *b = tree_block(&j, mid, n_ranks, t[1], t + 2);
+            float *d = dt == FSDP_DTYPE_F32 ? (float *)out + j.off : t[0];
+            if (avg)
+                add_scale_f32(d, a, b, scale, j.n);
+            else
+                add_f32(d, a, b, j.n);
+            sum = d;
+        }
+        if (dt == FSDP_DTYPE_F32) {
+            float *o = (float *)out + j.off;
+            if (sum != o)
+                memmove(o, sum, j.n * sizeof(float));
+        } else {
+            fsdp_bf16 *o = (fsdp_bf16 *)out + j.off;
+            for (size_t i = 0; i < j.n; i++)
+                o[i] = fsdp_f32_to_bf16(sum[i]);
+        }
+    }
+}
+
+/* ---- the collectives ----------------------------------------------------- */
+
+static fsdp_status host_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,
+                                   fsdp_dtype dt, fsdp_stream_t s)
+{
+    (void)s;
+    struct host_ctx *h = c->ctx;
+    FSDP_TRY(begin(c, FSDP_COLL_ALL_GATHER, send, recv, numel, dt, FSDP_REDUCE_SUM, 0));
+    size_t bytes = numel * fsdp_dtype_size(dt);
+    /* Start after this rank, so ranks read different sources at once. */
+    for (int i = 0; i < c->n_ranks && bytes; i++) {
+        int q = (c->rank + 1 + i) % c->n_ranks;
+        const void *from = h->sh->slots[q].send;
+        char *to = (char *)recv + (size_t)q * bytes;
+        if (from != to)
+            memmove(to, from, bytes);
+    }
+    if (c->n_ranks > 1)
+        return meet(c, false);
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status host_reduce_scatter(fsdp_comm *c, const void *send, void *recv, size_t numel,
+                                       fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream_t s)
+{
+    (void)s;
+    struct host_ctx *h = c->ctx;
+    FSDP_TRY(begin(c, FSDP_COLL_REDUCE_SCATTER, send, recv, numel, dt, op, 0));
+    size_t off = (size_t)c->rank * numel * fsdp_dtype_size(dt);
+    for (int q = 0; q < c->n_ranks; q++)
+        h->src[q] = (const char *)h->sh->slots[q].send + off;
+    reduce_range(h, c->n_ranks, h->src, recv, numel, dt, op);
+    if (c->n_ranks > 1)
+        return meet(c, false);
+    return FSDP_STATUS_OK;
+}
+
+/* The slice of an all_reduce that rank r reduces: [lo, hi) elements, cut at
+ * multiples of 64 bytes so ranks do not write the same cache lines. */
+static void slice(size_t numel, int n_ranks, int r, fsdp_dtype dt, size_t *lo, size_t *hi)
+{
+    size_t align = 64 / fsdp_dtype_size(dt);
+    size_t per = (numel + (size_t)n_ranks - 1) / (size_t)n_ranks;
+    per = (per + align - 1) / align * align;
+    size_t a = per * (size_t)r, b = a + per;
+    *lo = a < numel ? a : numel;
+    *hi = b < numel ? b : numel;
+}
+
+static fsdp_status host_all_reduce(fsdp_comm *c, const void *send, void *recv, size_t numel,
+                                   fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream_t s)
+{
+    (void)s;
+    struct host_ctx *h = c->ctx;
+    struct host_slot *slots = h->sh->slots;
+    FSDP_TRY(begin(c, FSDP_COLL_ALL_REDUCE, send, recv, numel, dt, op, 0));
+    size_t es = fsdp_dtype_size(dt), lo, hi;
+    slice(numel, c->n_ranks, c->rank, dt, &lo, &hi);
+    for (int q = 0; q < c->n_ranks; q++)
+        h->src[q] = (const char *)slots[q].send + lo * es;
+    reduce_range(h, c->n_ranks, h->src, (char *)recv + lo * es, hi - lo, dt, op);
+    if (c->n_ranks == 1)
+        return FSDP_STATUS_OK;
+    FSDP_TRY(meet(c, false));
+    for (int i = 1; i < c->n_ranks; i++) {
+        int q = (c->rank + i) % c->n_ranks;
+        slice(numel, c->n_ranks, q, dt, &lo, &hi);
+        if (hi > lo)
+            memcpy((char *)recv + lo * es, (const char *)slots[q].recv + lo * es, (hi - lo) * es);
+    }
+    return meet(c, false);
+}
+
+static fsdp_status host_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtype dt, int root,
+                                  fsdp_stream_t s)
+{
+    (void)s;
+    struct host_ctx *h = c->ctx;
+    FSDP_TRY(begin(c, FSDP_COLL_BROADCAST, NULL, buf, numel, dt, FSDP_REDUCE_SUM, root));
+    if (c->n_ranks == 1)
+        return FSDP_STATUS_OK;
+    const void *from = h->sh->slots[root].recv;
+    if (c->rank != root && numel && from != buf)
+        memcpy(buf, from, numel * fsdp_dtype_size(dt));
+    return meet(c, false);
+}
+
+/* Two meetings, like the others: the second keeps every rank's slot stable
+ * until all ranks have checked it against their own. */
+static fsdp_status host_barrier(fsdp_comm *c)
+{
+    FSDP_TRY(begin(c, HOST_BARRIER, NULL, NULL, 0, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, 0));
+    if (c->n_ranks == 1)
+        return FSDP_STATUS_OK;
+    return meet(c, false);
+}
+
+/* ---- lifetime ------------------------------------------------------------ */
+
+static void host_fini(fsdp_comm *c)
+{
+    struct host_ctx *h = c->ctx;
+    if (!h)
+        return;
+    fsdp_world *w = c->world;
+    pthread_mutex_lock(&w->mu);
+    struct host_shared *sh = h->sh;
+    sh->slots[c->rank].attached = 0;
+    if (--sh->n_refs == 0) {
+        free(sh->slots);
+        free(sh);
+        w->comm_shared = NULL;
+    }
+    pthread_mutex_unlock(&w->mu);
+    free(h->src);
+    free(h->tmp);
+    free(h->tmp_mem);
+    free(h);
+    c->ctx = NULL;
+}
+
+static const struct fsdp_comm_i host_comm_i = {
+    /* .name           = */ "host",
+    /* .all_gather     = */ host_all_gather,
+    /* .reduce_scatter = */ host_reduce_scatter,
+    /* .all_reduce     = */ host_all_reduce,
+    /* .broadcast      = */ host_broadcast,
+    /* .barrier        = */ host_barrier,
+    /* .fini           = */ host_fini,
+};
+
+/* Take a reference on the world's shared table, creating it if this is the
+ * first rank. Fails if this rank is already attached (a previous comm of
+ * this rank was never finalised). Caller holds w->mu. */
+static fsdp_status shared_attach_locked(fsdp_world *w, int rank, struct host_shared **out)
+{
+    struct host_shared *sh = w->comm_shared;
+    if (!sh) {
+        sh = calloc(1, sizeof *sh);
+        void *slots = NULL;
+        size_t bytes = (size_t)w->n_ranks * sizeof(struct host_slot);
+        if (sh && posix_memalign(&slots, 64, bytes) == 0) {
+            memset(slots, 0, bytes);
+        } else {
+            free(sh);
+            return fsdp_error_set(FSDP_STATUS_OOM,
+                                  "out of host memory for the host collectives of %d ranks",
+                                  w->n_ranks);
+        }
+        sh->slots = slots;
+        sh->n_ranks = w->n_ranks;
+        for (int q = 0; q < w->n_ranks; q++)
+            atomic_init(&sh->slots[q].arrived, 0);
+        atomic_init(&sh->n_sleepers, 0);
+        w->comm_shared = sh;
+    }
+    if (sh->slots[rank].attached)
+        return fsdp_error_set(FSDP_STATUS_INTERNAL,
+                              "rank %d: host collectives initialised twice; call fsdp_comm_fini "
+                              "on every rank (also after a failure) before initialising again",
+                              rank);
+    sh->slots[rank].attached = 1;
+    sh->n_refs++;
+    *out = sh;
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_comm_host_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank)
+{
+    memset(c, 0, sizeof *c);
+    if (!w || rank < 0 || rank >= w->n_ranks)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "host collectives: rank %d is not a rank of the world (0..%d)",
+                              rank, w ? w->n_ranks - 1 : -1);
+    int n_tmp = 2;
+    for (int span = 1; span < w->n_ranks; span *= 2)
+        n_tmp++;
+    struct host_ctx *h = calloc(1, sizeof *h);
+    if (h) {
+        h->n_tmp = n_tmp;
+        h->src = calloc((size_t)w->n_ranks, sizeof *h->src);
+        h->tmp = calloc((size_t)n_tmp, sizeof *h->tmp);
+        h->tmp_mem = aligned_alloc(64, (size_t)n_tmp * HOST_BLOCK * sizeof(float));
+    }
+    if (!h || !h->src || !h->tmp || !h->tmp_mem) {
+        if (h) {
+            free(h->src);
+            free(h->tmp);
+            free(h->tmp_mem);
+        }
+        free(h);
+        return fsdp_error_set(FSDP_STATUS_OOM,
+                              "rank %d: out of host memory for host collective scratch", rank);
+    }
+    for (int i = 0; i < n_tmp; i++)
+        h->tmp[i] = h->tmp_mem + (size_t)i * HOST_BLOCK;
+
+    pthread_mutex_lock(&w->mu);
+    fsdp_status st = shared_attach_locked(w, rank, &h->sh);
+    pthread_mutex_unlock(&w->mu);
+    if (st != FSDP_STATUS_OK) {
+        free(h->src);
+        free(h->tmp);
+        free(h->tmp_mem);
+        free(h);
+        return st;
+    }
+    /* A fresh table starts every counter at 0; a table shared with ranks
+     * that already issued collectives would make this rank's count wrong. */
+    h->seq = atomic_load(&h->sh->slots[rank].arrived);
+    c->iface = &host_comm_i;
+    c->world = w;
+    c->dev = dev;
+    c->rank = rank;
+    c->n_ranks = w->n_ranks;
+    c->ctx = h;
+    return FSDP_STATUS_OK;
+}

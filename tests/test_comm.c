@@ -1,0 +1,714 @@
+/*
+ * test_comm.c - the host collectives (comm/host.c) and the meta communicator.
+ *
+ * Every collective runs on 1, 2, 3, 4 and 8 rank threads (8 oversubscribes a
+ * 2-core machine, which exercises the sleeping path of the meetings), for
+ * both dtypes and both reduce ops, and each rank compares its result with a
+ * serial reference built from fsdp_tree_sum, bit for bit (memcmp). Inputs
+ * have random mantissas and exponents spread over 2^-10..2^10, so adding in
+ * any other order than the tree changes some sums (checked explicitly).
+ *
+ * Rank threads never call Check's assertions: a rank that sees a wrong
+ * result returns INTERNAL with a message, and the main thread asserts on
+ * the launcher's status and prints the message.
+ */
+#include <check.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "core/bf16.h"
+#include "core/rng.h"
+#include "core/world.h"
+#include "device/device.h"
+
+#define SEED 0x5eedc0ffeeull
+
+/* ---- inputs and the reference ------------------------------------------- */
+
+/* Element i of rank r's input: a float with a random sign and mantissa and
+ * an exponent in [-10, 10], so rounding depends on the order of the sums. */
+static float gen_f32(uint64_t tag, int r, size_t i)
+{
+    uint64_t u = fsdp_rng_mix(SEED ^ (tag << 56) ^ ((uint64_t)r << 48) ^ i);
+    uint32_t sign = (uint32_t)(u >> 63) << 31;
+    uint32_t exp = (uint32_t)(127 - 10 + (int)((u >> 32) % 21)) << 23;
+    uint32_t mant = (uint32_t)u & 0x7fffffu;
+    uint32_t bits = sign | exp | mant;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Write n elements of rank r's input starting at element `first` in dtype dt. */
+static void fill(void *buf, fsdp_dtype dt, uint64_t tag, int r, size_t first, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = gen_f32(tag, r, first + i);
+        if (dt == FSDP_DTYPE_F32)
+            ((float *)buf)[i] = v;
+        else
+            ((fsdp_bf16 *)buf)[i] = fsdp_f32_to_bf16(v);
+    }
+}
+
+/* Value of element i of rank r's input as the collective sees it (fp32). */
+static float input_value(fsdp_dtype dt, uint64_t tag, int r, size_t i)
+{
+    float v = gen_f32(tag, r, i);
+    return dt == FSDP_DTYPE_F32 ? v : fsdp_bf16_to_f32(fsdp_f32_to_bf16(v));
+}
+
+/* expected[0..n) = op over ranks of element (first + i) of every rank's
+ * input: the tree sum, times 1.0f/N for AVG, rounded once for bf16. */
+static void reference_reduce(void *expected, fsdp_dtype dt, fsdp_reduce_op op, uint64_t tag,
+                             int n_ranks, size_t first, size_t n)
+{
+    float vals[64];
+    for (size_t i = 0; i < n; i++) {
+        for (int q = 0; q < n_ranks; q++)
+            vals[q] = input_value(dt, tag, q, first + i);
+        float s = fsdp_tree_sum(vals, n_ranks);
+        if (op == FSDP_REDUCE_AVG)
+            s = s * (1.0f / (float)n_ranks);
+        if (dt == FSDP_DTYPE_F32)
+            ((float *)expected)[i] = s;
+        else
+            ((fsdp_bf16 *)expected)[i] = fsdp_f32_to_bf16(s);
+    }
+}
+
+/* ---- a rank's harness ---------------------------------------------------- */
+
+struct rank_env {
+    fsdp_device dev;
+    fsdp_comm comm;
+    int have_dev, have_comm;
+};
+
+static fsdp_status env_init(struct rank_env *e, fsdp_world *w, int rank, fsdp_backend be)
+{
+    memset(e, 0, sizeof *e);
+    FSDP_TRY(fsdp_device_init(&e->dev, be, w, rank, rank, 0));
+    e->have_dev = 1;
+    if (be == FSDP_BACKEND_META)
+        FSDP_TRY(fsdp_comm_meta_init(&e->comm, w, &e->dev, rank));
+    else
+        FSDP_TRY(fsdp_comm_host_init(&e->comm, w, &e->dev, rank));
+    e->have_comm = 1;
+    return FSDP_STATUS_OK;
+}
+
+static void env_fini(struct rank_env *e)
+{
+    if (e->have_comm)
+        fsdp_comm_fini(&e->comm);
+    if (e->have_dev)
+        fsdp_device_fini(&e->dev);
+}
+
+/* Compare bytes; on a difference return INTERNAL naming the first element. */
+static fsdp_status expect_same(int rank, const char *what, const void *got, const void *want,
+                               size_t numel, fsdp_dtype dt)
+{
+    size_t es = fsdp_dtype_size(dt);
+    if (!memcmp(got, want, numel * es))
+        return FSDP_STATUS_OK;
+    size_t i = 0;
+    while (!memcmp((const char *)got + i * es, (const char *)want + i * es, es))
+        i++;
+    uint32_t g = 0, x = 0;
+    memcpy(&g, (const char *)got + i * es, es);
+    memcpy(&x, (const char *)want + i * es, es);
+    return fsdp_error_set(FSDP_STATUS_INTERNAL,
+                          "rank %d: %s (%zu x %s): element %zu is 0x%08x, expected 0x%08x", rank,
+                          what, numel, fsdp_dtype_name(dt), i, g, x);
+}
+
+/* ---- every collective against the reference ----------------------------- */
+
+/* The expected results are shared by the ranks and computed cooperatively
+ * (each rank fills its slice, then a world barrier), so the serial
+ * reference costs no more than the collectives it checks. */
+struct sweep_arg {
+    const size_t *sizes;
+    int n_sizes;
+    size_t max_full;      /* largest numel * n_ranks */
+    void *want_gather;    /* (max_full,) concatenation of every rank's input */
+    void *want_red[2];    /* (max_full,) SUM and AVG over ranks of full inputs */
+};
+
+/* Fill this rank's slice of the shared expected results for (numel, dt). */
+static void sweep_reference(struct sweep_arg *a, int r, int n, size_t numel, fsdp_dtype dt,
+                            uint64_t tag)
+{
+    size_t es = fsdp_dtype_size(dt), full = numel * (size_t)n;
+    fill((char *)a->want_gather + (size_t)r * numel * es, dt, tag, r, 0, numel);
+    size_t lo = full * (size_t)r / (size_t)n, hi = full * (size_t)(r + 1) / (size_t)n;
+    for (int op = FSDP_REDUCE_SUM; op <= FSDP_REDUCE_AVG; op++)
+        reference_reduce((char *)a->want_red[op] + lo * es, dt, (fsdp_reduce_op)op, tag + 1, n,
+                         lo, hi - lo);
+}
+
+static fsdp_status sweep_one(fsdp_comm *c, fsdp_device *d, struct sweep_arg *a, size_t numel,
+                             fsdp_dtype dt, uint64_t tag)
+{
+    fsdp_status st = FSDP_STATUS_OK;
+    int r = c->rank, n = c->n_ranks;
+    size_t es = fsdp_dtype_size(dt), full = numel * (size_t)n;
+    void *send = NULL, *recv = NULL;
+    char what[64];
+    FSDP_CHECK(fsdp_device_alloc(d, full * es, FSDP_MEM_COMM, "test send", &send));
+    FSDP_CHECK(fsdp_device_alloc(d, full * es, FSDP_MEM_COMM, "test recv", &recv));
+    sweep_reference(a, r, n, numel, dt, tag);
+    FSDP_CHECK(fsdp_world_barrier(c->world));
+
+    /* all_gather, out of place then in place */
+    fill(send, dt, tag, r, 0, numel);
+    memset(recv, 0xa5, full * es);
+    FSDP_CHECK(fsdp_comm_all_gather(c, send, recv, numel, dt, NULL));
+    FSDP_CHECK(expect_same(r, "all_gather", recv, a->want_gather, full, dt));
+    memset(recv, 0x5a, full * es);
+    fill((char *)recv + (size_t)r * numel * es, dt, tag, r, 0, numel);
+    FSDP_CHECK(fsdp_comm_all_gather(c, (char *)recv + (size_t)r * numel * es, recv, numel, dt,
+                                    NULL));
+    FSDP_CHECK(expect_same(r, "all_gather in place", recv, a->want_gather, full, dt));
+
+    for (int op = FSDP_REDUCE_SUM; op <= FSDP_REDUCE_AVG; op++) {
+        const char *opn = op == FSDP_REDUCE_SUM ? "sum" : "avg";
+        const char *want = a->want_red[op];
+        /* reduce_scatter: this rank's output is chunk r of the full reduction */
+        fill(send, dt, tag + 1, r, 0, full);
+        memset(recv, 0xa5, numel * es);
+        FSDP_CHECK(fsdp_comm_reduce_scatter(c, send, recv, numel, dt, (fsdp_reduce_op)op, NULL));
+        snprintf(what, sizeof what, "reduce_scatter %s", opn);
+        FSDP_CHECK(expect_same(r, what, recv, want + (size_t)r * numel * es, numel, dt));
+
+        /* all_reduce over the full vector, out of place then in place */
+        memset(recv, 0xa5, full * es);
+        FSDP_CHECK(fsdp_comm_all_reduce(c, send, recv, full, dt, (fsdp_reduce_op)op, NULL));
+        snprintf(what, sizeof what, "all_reduce %s", opn);
+        FSDP_CHECK(expect_same(r, what, recv, want, full, dt));
+        memcpy(recv, send, full * es);
+        FSDP_CHECK(fsdp_comm_all_reduce(c, recv, recv, full, dt, (fsdp_reduce_op)op, NULL));
+        snprintf(what, sizeof what, "all_reduce %s in place", opn);
+        FSDP_CHECK(expect_same(r, what, recv, want, full, dt));
+    }
+
+    /* broadcast from every root in turn */
+    for (int root = 0; root < n; root++) {
+        fill(recv, dt, tag, r, 0, numel);
+        FSDP_CHECK(fsdp_comm_broadcast(c, recv, numel, dt, root, NULL));
+        snprintf(what, sizeof what, "broadcast from %d", root);
+        FSDP_CHECK(expect_same(r, what, recv, (char *)a->want_gather + (size_t)root * numel * es,
+                               numel, dt));
+    }
+    /* nobody may refill the shared references while another rank compares */
+    FSDP_CHECK(fsdp_comm_barrier(c));
+fail:
+    fsdp_device_free(d, send);
+    fsdp_device_free(d, recv);
+    return st;
+}
+
+static fsdp_status sweep_rank(fsdp_world *w, int rank, void *p)
+{
+    struct sweep_arg *a = p;
+    struct rank_env e;
+    fsdp_status st;
+    FSDP_CHECK(env_init(&e, w, rank, FSDP_BACKEND_CPU));
+    for (int s = 0; s < a->n_sizes; s++)
+        for (int dt = 0; dt < FSDP_DTYPE_COUNT; dt++)
+            FSDP_CHECK(sweep_one(&e.comm, &e.dev, a, a->sizes[s], (fsdp_dtype)dt,
+                                 (uint64_t)(s * 16 + dt * 4)));
+fail:
+    env_fini(&e);
+    return st;
+}
+
+static void run_sweep(int n, const size_t *sizes, int n_sizes)
+{
+    struct sweep_arg a = {sizes, n_sizes, 0, NULL, {NULL, NULL}};
+    for (int s = 0; s < n_sizes; s++)
+        if (sizes[s] * (size_t)n > a.max_full)
+            a.max_full = sizes[s] * (size_t)n;
+    a.want_gather = malloc(a.max_full * 4);
+    a.want_red[0] = malloc(a.max_full * 4);
+    a.want_red[1] = malloc(a.max_full * 4);
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, n), FSDP_STATUS_OK);
+    fsdp_status st = fsdp_world_launch(w, sweep_rank, &a);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%d ranks: %s: %s", n, fsdp_status_name(st),
+                  fsdp_error_msg());
+    ck_assert_ptr_null(w->comm_shared); /* every rank finalised: shared table freed */
+    fsdp_world_free(w);
+    free(a.want_gather);
+    free(a.want_red[0]);
+    free(a.want_red[1]);
+}
+
+static const int world_sizes[] = {1, 2, 3, 4, 8};
+
+START_TEST(test_collectives_match_tree_reference)
+{
+    /* 2048 is the block of the tree reduction: sizes around it cross blocks. */
+    static const size_t sizes[] = {1, 2, 3, 17, 2047, 2049, 5000};
+    run_sweep(world_sizes[_i], sizes, (int)(sizeof sizes / sizeof sizes[0]));
+}
+END_TEST
+
+/* Several MiB per buffer: many blocks per rank slice, both dtypes. */
+START_TEST(test_collectives_large)
+{
+    static const size_t big[] = {(size_t)3 << 18}; /* 786432 per rank: 3 MiB fp32 */
+    run_sweep(_i == 0 ? 4 : 3, big, 1);
+}
+END_TEST
+
+/* The inputs can tell the tree from a left-to-right sum, so the bitwise
+ * comparisons above would catch a reduction in the wrong order. */
+START_TEST(test_inputs_detect_summation_order)
+{
+    for (int n = 3; n <= 8; n++) {
+        size_t differ = 0;
+        for (size_t i = 0; i < 1000; i++) {
+            float vals[8], seq = 0.0f;
+            for (int q = 0; q < n; q++) {
+                vals[q] = input_value(FSDP_DTYPE_F32, 7, q, i);
+                seq += vals[q];
+            }
+            float tree = fsdp_tree_sum(vals, n);
+            differ += memcmp(&tree, &seq, 4) != 0;
+        }
+        ck_assert_msg(differ > 10, "n=%d: tree and sequential sums differ in only %zu of 1000",
+                      n, differ);
+    }
+    /* and the reference tree itself: ((a+b)+(c+d)) for 4, a+(b+c) for 3 */
+    float v[4] = {1e8f, 1.0f, -1e8f, 1.0f};
+    ck_assert_float_eq(fsdp_tree_sum(v, 4), (1e8f + 1.0f) + (-1e8f + 1.0f));
+    ck_assert_float_eq(fsdp_tree_sum(v, 3), 1e8f + (1.0f + -1e8f));
+    ck_assert_float_eq(fsdp_tree_sum(v, 1), 1e8f);
+    ck_assert_float_eq(fsdp_tree_sum(v, 0), 0.0f);
+}
+END_TEST
+
+/* ---- byte counters -------------------------------------------------------- */
+
+struct count_arg {
+    size_t numel;
+    fsdp_backend be;
+    size_t sent[8][FSDP_COLL_KIND_COUNT], recv[8][FSDP_COLL_KIND_COUNT];
+    size_t calls[8][FSDP_COLL_KIND_COUNT];
+    size_t total_sent[8], total_recv[8];
+};
+
+static fsdp_status count_rank(fsdp_world *w, int rank, void *p)
+{
+    struct count_arg *a = p;
+    struct rank_env e;
+    fsdp_status st;
+    void *buf = NULL;
+    int n = w->n_ranks;
+    FSDP_CHECK(env_init(&e, w, rank, a->be));
+    size_t full = a->numel * (size_t)n;
+    FSDP_CHECK(fsdp_device_alloc(&e.dev, full * 4 * 2, FSDP_MEM_COMM, "test", &buf));
+    if (fsdp_device_computes(&e.dev))
+        memset(buf, 0, full * 4 * 2);
+    float *send = buf, *recv = (float *)buf + full;
+    /* some traffic to be discarded by the reset */
+    FSDP_CHECK(fsdp_comm_all_reduce(&e.comm, send, recv, 3, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
+    fsdp_comm_reset_stats(&e.comm);
+    FSDP_CHECK(fsdp_comm_all_gather(&e.comm, send, recv, a->numel, FSDP_DTYPE_F32, NULL));
+    FSDP_CHECK(fsdp_comm_reduce_scatter(&e.comm, send, recv, a->numel, FSDP_DTYPE_BF16,
+                                        FSDP_REDUCE_AVG, NULL));
+    FSDP_CHECK(fsdp_comm_all_reduce(&e.comm, send, recv, a->numel, FSDP_DTYPE_F32,
+                                    FSDP_REDUCE_SUM, NULL));
+    FSDP_CHECK(fsdp_comm_all_reduce(&e.comm, send, recv, a->numel, FSDP_DTYPE_BF16,
+                                    FSDP_REDUCE_SUM, NULL));
+    FSDP_CHECK(fsdp_comm_broadcast(&e.comm, send, a->numel, FSDP_DTYPE_F32, n - 1, NULL));
+    FSDP_CHECK(fsdp_comm_barrier(&e.comm));
+    memcpy(a->sent[rank], e.comm.bytes_sent, sizeof a->sent[rank]);
+    memcpy(a->recv[rank], e.comm.bytes_recv, sizeof a->recv[rank]);
+    memcpy(a->calls[rank], e.comm.n_calls, sizeof a->calls[rank]);
+    a->total_sent[rank] = fsdp_comm_total_sent(&e.comm);
+    a->total_recv[rank] = fsdp_comm_total_recv(&e.comm);
+fail:
+    if (buf)
+        fsdp_device_free(&e.dev, buf);
+    env_fini(&e);
+    return st;
+}
+
+static void check_counts(int n, size_t numel, fsdp_backend be)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, n), FSDP_STATUS_OK);
+    struct count_arg *a = calloc(1, sizeof *a);
+    a->numel = numel;
+    a->be = be;
+    fsdp_status st = fsdp_world_launch(w, count_rank, a);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    size_t m = (size_t)n - 1;
+    for (int r = 0; r < n; r++) {
+        /* all_gather: chunk c = numel fp32 elements */
+        size_t c = numel * 4;
+        ck_assert_uint_eq(a->sent[r][FSDP_COLL_ALL_GATHER], c * m);
+        ck_assert_uint_eq(a->recv[r][FSDP_COLL_ALL_GATHER], c * m);
+        /* reduce_scatter: chunk c = numel bf16 elements */
+        ck_assert_uint_eq(a->sent[r][FSDP_COLL_REDUCE_SCATTER], numel * 2 * m);
+        ck_assert_uint_eq(a->recv[r][FSDP_COLL_REDUCE_SCATTER], numel * 2 * m);
+        /* all_reduce: 2 * floor(S (N-1) / N), for S = 4 numel and S = 2 numel */
+        size_t ar = 2 * (numel * 4 * m / (size_t)n) + 2 * (numel * 2 * m / (size_t)n);
+        ck_assert_uint_eq(a->sent[r][FSDP_COLL_ALL_REDUCE], ar);
+        ck_assert_uint_eq(a->recv[r][FSDP_COLL_ALL_REDUCE], ar);
+        /* broadcast: the root sends S, the others receive S (none if alone) */
+        size_t bs = n > 1 && r == n - 1 ? numel * 4 : 0;
+        size_t br = n > 1 && r != n - 1 ? numel * 4 : 0;
+        ck_assert_uint_eq(a->sent[r][FSDP_COLL_BROADCAST], bs);
+        ck_assert_uint_eq(a->recv[r][FSDP_COLL_BROADCAST], br);
+        ck_assert_uint_eq(a->calls[r][FSDP_COLL_ALL_GATHER], 1);
+        ck_assert_uint_eq(a->calls[r][FSDP_COLL_REDUCE_SCATTER], 1);
+        ck_assert_uint_eq(a->calls[r][FSDP_COLL_ALL_REDUCE], 2);
+        ck_assert_uint_eq(a->calls[r][FSDP_COLL_BROADCAST], 1);
+        ck_assert_uint_eq(a->total_sent[r], c * m + numel * 2 * m + ar + bs);
+        ck_assert_uint_eq(a->total_recv[r], c * m + numel * 2 * m + ar + br);
+    }
+    free(a);
+    fsdp_world_free(w);
+}
+
+START_TEST(test_byte_counters_follow_formulas)
+{
+    /* numel = 5: S (N-1) / N is not an integer for N = 3, 4, 8 */
+    check_counts(world_sizes[_i], 5, FSDP_BACKEND_CPU);
+    check_counts(world_sizes[_i], 1000, FSDP_BACKEND_CPU);
+}
+END_TEST
+
+START_TEST(test_meta_counts_same_bytes)
+{
+    check_counts(world_sizes[_i], 5, FSDP_BACKEND_META);
+    check_counts(world_sizes[_i], 1 << 20, FSDP_BACKEND_META);
+}
+END_TEST
+
+/* Meta comm moves nothing: real host buffers given to it stay untouched. */
+static fsdp_status meta_rank(fsdp_world *w, int rank, void *p)
+{
+    (void)p;
+    struct rank_env e;
+    fsdp_status st;
+    enum { NUMEL = 64 };
+    float send[NUMEL * 8], recv[NUMEL * 8];
+    FSDP_CHECK(env_init(&e, w, rank, FSDP_BACKEND_META));
+    for (int i = 0; i < NUMEL * 8; i++) {
+        send[i] = (float)(rank * 1000 + i);
+        recv[i] = -1.0f;
+    }
+    FSDP_CHECK(fsdp_comm_all_gather(&e.comm, send, recv, NUMEL, FSDP_DTYPE_F32, NULL));
+    FSDP_CHECK(fsdp_comm_reduce_scatter(&e.comm, send, recv, NUMEL, FSDP_DTYPE_F32,
+                                        FSDP_REDUCE_SUM, NULL));
+    FSDP_CHECK(fsdp_comm_all_reduce(&e.comm, send, recv, NUMEL, FSDP_DTYPE_F32, FSDP_REDUCE_SUM,
+                                    NULL));
+    FSDP_CHECK(fsdp_comm_broadcast(&e.comm, send, NUMEL, FSDP_DTYPE_F32, 0, NULL));
+    FSDP_CHECK(fsdp_comm_barrier(&e.comm));
+    for (int i = 0; i < NUMEL * 8; i++)
+        if (send[i] != (float)(rank * 1000 + i) || recv[i] != -1.0f) {
+            st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: meta comm wrote element %d",
+                                rank, i);
+            goto fail;
+        }
+    if (fsdp_comm_total_sent(&e.comm) == 0 && w->n_ranks > 1)
+        st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: meta comm counted nothing", rank);
+fail:
+    env_fini(&e);
+    return st;
+}
+
+START_TEST(test_meta_moves_nothing)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
+    fsdp_status st = fsdp_world_launch(w, meta_rank, NULL);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    ck_assert_ptr_null(w->comm_shared);
+    fsdp_world_free(w);
+}
+END_TEST
+
+/* ---- faults, aborts, mismatches ------------------------------------------ */
+
+#define FAULT_SEQ 6 /* collectives each rank issues in fault_rank */
+
+struct fault_arg {
+    fsdp_status st[8];
+    char msg[8][FSDP_ERROR_MSG_MAX];
+    int late_rank;            /* -1, or a rank that sleeps before each collective */
+};
+
+/* A fixed sequence of FAULT_SEQ collectives of every kind; records this
+ * rank's status and message. */
+static fsdp_status fault_rank(fsdp_world *w, int rank, void *p)
+{
+    struct fault_arg *a = p;
+    struct rank_env e;
+    fsdp_status st;
+    void *buf = NULL;
+    size_t numel = 3000, full = numel * (size_t)w->n_ranks;
+    FSDP_CHECK(env_init(&e, w, rank, FSDP_BACKEND_CPU));
+    FSDP_CHECK(fsdp_device_alloc(&e.dev, full * 4 * 2, FSDP_MEM_COMM, "test", &buf));
+    memset(buf, 0, full * 4 * 2);
+    float *send = buf, *recv = (float *)buf + full;
+    for (int k = 1; k <= FAULT_SEQ; k++) {
+        if (rank == a->late_rank)
+            usleep(20000);
+        switch (k) {
+        case 1: st = fsdp_comm_all_gather(&e.comm, send, recv, numel, FSDP_DTYPE_F32, NULL); break;
+        case 2:
+            st = fsdp_comm_reduce_scatter(&e.comm, send, recv, numel, FSDP_DTYPE_BF16,
+                                          FSDP_REDUCE_SUM, NULL);
+            break;
+        case 3:
+            st = fsdp_comm_all_reduce(&e.comm, send, recv, full, FSDP_DTYPE_F32, FSDP_REDUCE_AVG,
+                                      NULL);
+            break;
+        case 4: st = fsdp_comm_broadcast(&e.comm, send, full, FSDP_DTYPE_F32, 1 % w->n_ranks, NULL); break;
+        case 5: st = fsdp_comm_barrier(&e.comm); break;
+        default:
+            st = fsdp_comm_all_reduce(&e.comm, recv, recv, full, FSDP_DTYPE_BF16,
+                                      FSDP_REDUCE_SUM, NULL);
+            break;
+        }
+        if (st != FSDP_STATUS_OK)
+            goto fail;
+    }
+fail:
+    a->st[rank] = st;
+    snprintf(a->msg[rank], sizeof a->msg[rank], "%s", st ? fsdp_error_msg() : "");
+    if (buf)
+        fsdp_device_free(&e.dev, buf);
+    env_fini(&e);
+    return st;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+START_TEST(test_fault_in_kth_collective_aborts_others)
+{
+    static const char *const kinds[FAULT_SEQ + 1] = {
+        "", "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "all_reduce"};
+    int n = 4;
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, n), FSDP_STATUS_OK);
+    for (int k = 1; k <= FAULT_SEQ; k++) {
+        int bad = (k * 3) % n;
+        struct fault_arg a = {.late_rank = k % 2 ? -1 : (bad + 1) % n};
+        fsdp_world_set_fault(w, FSDP_FAULT_COLLECTIVE, bad, k);
+        double t0 = now_s();
+        fsdp_status st = fsdp_world_launch(w, fault_rank, &a);
+        double dt = now_s() - t0;
+        ck_assert_msg(st == FSDP_STATUS_INTERNAL, "k=%d: launcher returned %s: %s", k,
+                      fsdp_status_name(st), fsdp_error_msg());
+        char want[128];
+        snprintf(want, sizeof want, "rank %d: injected failure in collective %d (%s)", bad, k,
+                 kinds[k]);
+        ck_assert_msg(strstr(fsdp_error_msg(), want), "k=%d: message '%s' lacks '%s'", k,
+                      fsdp_error_msg(), want);
+        ck_assert_int_eq(a.st[bad], FSDP_STATUS_INTERNAL);
+        for (int r = 0; r < n; r++) {
+            if (r == bad)
+                continue;
+            ck_assert_msg(a.st[r] == FSDP_STATUS_ABORTED, "k=%d rank %d: %s: %s", k, r,
+                          fsdp_status_name(a.st[r]), a.msg[r]);
+            ck_assert_msg(strstr(a.msg[r], "another rank failed"), "%s", a.msg[r]);
+        }
+        ck_assert_msg(dt < 2.0, "k=%d: the failure took %.2f s to propagate", k, dt);
+        ck_assert_ptr_null(w->comm_shared);
+    }
+    /* The same world runs cleanly once the fault is disarmed. */
+    fsdp_world_set_fault(w, FSDP_FAULT_COLLECTIVE, 0, 0);
+    struct fault_arg a = {.late_rank = 2};
+    ck_assert_int_eq(fsdp_world_launch(w, fault_rank, &a), FSDP_STATUS_OK);
+    for (int r = 0; r < n; r++)
+        ck_assert_int_eq(a.st[r], FSDP_STATUS_OK);
+    fsdp_world_free(w);
+}
+END_TEST
+
+/* A rank that fails outside any collective: the others, blocked in one,
+ * return ABORTED promptly. */
+static fsdp_status early_fail_rank(fsdp_world *w, int rank, void *p)
+{
+    if (rank == 0) {
+        usleep(30000);
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot open 'x.bin'");
+    }
+    return fault_rank(w, rank, p);
+}
+
+START_TEST(test_abort_while_waiting)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 8), FSDP_STATUS_OK);
+    struct fault_arg a = {.late_rank = -1};
+    double t0 = now_s();
+    fsdp_status st = fsdp_world_launch(w, early_fail_rank, &a);
+    double dt = now_s() - t0;
+    ck_assert_int_eq(st, FSDP_STATUS_IO);
+    ck_assert_str_eq(fsdp_error_msg(), "rank 0: cannot open 'x.bin'");
+    for (int r = 1; r < 8; r++)
+        ck_assert_msg(a.st[r] == FSDP_STATUS_ABORTED, "rank %d: %s", r, fsdp_status_name(a.st[r]));
+    ck_assert_msg(dt < 1.0, "abort took %.2f s", dt);
+    ck_assert_ptr_null(w->comm_shared);
+    fsdp_world_free(w);
+}
+END_TEST
+
+/* Ranks that disagree on a collective's size all fail with INVALID_ARG
+ * instead of reading past a buffer or hanging. */
+static fsdp_status mismatch_rank(fsdp_world *w, int rank, void *p)
+{
+    struct fault_arg *a = p;
+    struct rank_env e;
+    fsdp_status st;
+    float send[16] = {0}, recv[64];
+    FSDP_CHECK(env_init(&e, w, rank, FSDP_BACKEND_CPU));
+    st = fsdp_comm_all_gather(&e.comm, send, recv, rank == 2 ? 8 : 16, FSDP_DTYPE_F32, NULL);
+fail:
+    a->st[rank] = st;
+    snprintf(a->msg[rank], sizeof a->msg[rank], "%s", st ? fsdp_error_msg() : "");
+    env_fini(&e);
+    return st;
+}
+
+START_TEST(test_mismatched_collectives_fail_cleanly)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
+    struct fault_arg a = {.late_rank = -1};
+    fsdp_status st = fsdp_world_launch(w, mismatch_rank, &a);
+    ck_assert_int_eq(st, FSDP_STATUS_INVALID_ARG);
+    for (int r = 0; r < 4; r++) {
+        ck_assert_msg(a.st[r] == FSDP_STATUS_INVALID_ARG || a.st[r] == FSDP_STATUS_ABORTED,
+                      "rank %d: %s", r, fsdp_status_name(a.st[r]));
+        if (a.st[r] == FSDP_STATUS_INVALID_ARG)
+            ck_assert_msg(strstr(a.msg[r], "mismatch"), "%s", a.msg[r]);
+    }
+    ck_assert_int_eq(a.st[2], FSDP_STATUS_INVALID_ARG);
+    fsdp_world_free(w);
+}
+END_TEST
+
+/* Initialising twice on one rank without fini is refused; fini frees. */
+static fsdp_status double_init_rank(fsdp_world *w, int rank, void *p)
+{
+    (void)p;
+    fsdp_comm a, b;
+    FSDP_TRY(fsdp_comm_host_init(&a, w, NULL, rank));
+    fsdp_status st = fsdp_comm_host_init(&b, w, NULL, rank);
+    fsdp_comm_fini(&a);
+    if (st != FSDP_STATUS_INTERNAL || !strstr(fsdp_error_msg(), "initialised twice"))
+        return fsdp_error_set(FSDP_STATUS_INTERNAL, "second init returned %s: %s",
+                              fsdp_status_name(st), fsdp_error_msg());
+    /* after fini the rank may initialise again */
+    FSDP_TRY(fsdp_comm_host_init(&b, w, NULL, rank));
+    st = fsdp_comm_barrier(&b);
+    fsdp_comm_fini(&b);
+    return st;
+}
+
+START_TEST(test_init_twice_refused)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 3), FSDP_STATUS_OK);
+    fsdp_status st = fsdp_world_launch(w, double_init_rank, NULL);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    ck_assert_ptr_null(w->comm_shared);
+    fsdp_comm c;
+    ck_assert_int_eq(fsdp_comm_host_init(&c, w, NULL, 3), FSDP_STATUS_INVALID_ARG);
+    fsdp_world_free(w);
+}
+END_TEST
+
+/* Many small collectives with one slow rank: the meetings' sleep/wake path. */
+static fsdp_status pingpong_rank(fsdp_world *w, int rank, void *p)
+{
+    (void)p;
+    struct rank_env e;
+    fsdp_status st;
+    float x[4], y[4];
+    FSDP_CHECK(env_init(&e, w, rank, FSDP_BACKEND_CPU));
+    for (int it = 0; it < 200; it++) {
+        if (rank == it % w->n_ranks && it % 20 == 0)
+            usleep(2000);
+        for (int i = 0; i < 4; i++)
+            x[i] = (float)(rank + it + i);
+        FSDP_CHECK(fsdp_comm_all_reduce(&e.comm, x, y, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
+        /* sum over r of (r + it + i), exact in fp32 for these sizes */
+        int n = w->n_ranks;
+        for (int i = 0; i < 4; i++)
+            if (y[i] != (float)(n * (n - 1) / 2 + n * (it + i))) {
+                st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d it %d: got %g", rank, it,
+                                    (double)y[i]);
+                goto fail;
+            }
+    }
+fail:
+    env_fini(&e);
+    return st;
+}
+
+START_TEST(test_many_small_collectives)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, world_sizes[_i]), FSDP_STATUS_OK);
+    fsdp_status st = fsdp_world_launch(w, pingpong_rank, NULL);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    fsdp_world_free(w);
+}
+END_TEST
+
+static Suite *comm_suite(void)
+{
+    Suite *s = suite_create("comm");
+    int n_worlds = (int)(sizeof world_sizes / sizeof world_sizes[0]);
+
+    TCase *tc = tcase_create("host");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_inputs_detect_summation_order);
+    tcase_add_loop_test(tc, test_collectives_match_tree_reference, 0, n_worlds);
+    tcase_add_loop_test(tc, test_collectives_large, 0, 2);
+    tcase_add_loop_test(tc, test_byte_counters_follow_formulas, 0, n_worlds);
+    tcase_add_loop_test(tc, test_many_small_collectives, 0, n_worlds);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("meta");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, test_meta_counts_same_bytes, 0, n_worlds);
+    tcase_add_test(tc, test_meta_moves_nothing);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("failures");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_fault_in_kth_collective_aborts_others);
+    tcase_add_test(tc, test_abort_while_waiting);
+    tcase_add_test(tc, test_mismatched_collectives_fail_cleanly);
+    tcase_add_test(tc, test_init_twice_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(comm_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
