@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/bf16.h"
+#include "core/world.h"
 #include "core/rng.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
@@ -978,6 +979,80 @@ START_TEST(test_deterministic_across_call_history)
 }
 END_TEST
 
+/* Rank threads run ops at the same time, each on its own context (one
+ * OpenBLAS thread each): every rank gets the bits a lone run gets. */
+#define CR_RANKS 3
+typedef struct cr_shared {
+    int N, C, OC, B, T, NH;
+    const float *inp, *w, *bias, *dout, *qkv, *datt_dout;
+    float *out[CR_RANKS + 1], *dw[CR_RANKS + 1], *att_out[CR_RANKS + 1], *dqkv[CR_RANKS + 1];
+} cr_shared;
+
+static fsdp_status cr_rank(fsdp_world *w, int rank, void *arg)
+{
+    cr_shared *s = arg;
+    fsdp_device d;
+    fsdp_op_ctx ctx;
+    fsdp_status st = fsdp_device_init(&d, FSDP_BACKEND_CPU, w, rank, rank, 0);
+    if (st != FSDP_STATUS_OK)
+        return st;
+    st = fsdp_ops_init(&ctx, &d, FSDP_DTYPE_F32);
+    if (st == FSDP_STATUS_OK) {
+        size_t na = (size_t)s->B * s->NH * s->T * s->T;
+        float *att = calloc(na, sizeof(float)), *datt = calloc(na, sizeof(float));
+        if (!att || !datt) {
+            st = fsdp_error_set(FSDP_STATUS_OOM, "test buffers");
+        } else {
+            for (int rep = 0; rep < 3; rep++) {
+                FSDP_OP(&ctx, matmul_fwd, s->out[rank], s->inp, s->w, s->bias, s->N, s->C, s->OC);
+                FSDP_OP(&ctx, attention_fwd, s->att_out[rank], att, s->qkv, s->B, s->T, s->C,
+                        s->NH);
+            }
+            FSDP_OP(&ctx, matmul_bwd, NULL, s->dw[rank], NULL, s->dout, s->inp, s->w, s->N, s->C,
+                    s->OC);
+            FSDP_OP(&ctx, attention_bwd, s->dqkv[rank], datt, s->datt_dout, s->qkv, att, s->B,
+                    s->T, s->C, s->NH);
+        }
+        free(att), free(datt);
+        fsdp_ops_fini(&ctx);
+    }
+    fsdp_device_fini(&d);
+    return st;
+}
+
+START_TEST(test_concurrent_ranks_bit_identical)
+{
+    cr_shared s = {.N = 64, .C = 48, .OC = 80, .B = 2, .T = 16, .NH = 4};
+    float *inp = frand((size_t)s.N * s.C, 2500, 1.0f), *w = frand((size_t)s.OC * s.C, 2501, 1.0f);
+    float *bias = frand(s.OC, 2502, 1.0f), *dout = frand((size_t)s.N * s.OC, 2503, 1.0f);
+    float *qkv = frand((size_t)s.B * s.T * 3 * s.C, 2504, 1.0f);
+    float *ddo = frand((size_t)s.B * s.T * s.C, 2505, 1.0f);
+    s.inp = inp, s.w = w, s.bias = bias, s.dout = dout, s.qkv = qkv, s.datt_dout = ddo;
+    for (int r = 0; r <= CR_RANKS; r++) {
+        s.out[r] = fbuf((size_t)s.N * s.OC);
+        s.dw[r] = fbuf((size_t)s.OC * s.C);
+        s.att_out[r] = fbuf((size_t)s.B * s.T * s.C);
+        s.dqkv[r] = fbuf((size_t)s.B * s.T * 3 * s.C);
+    }
+    /* slot CR_RANKS: a lone run on this thread */
+    ck_assert_int_eq(cr_rank(NULL, CR_RANKS, &s), FSDP_STATUS_OK);
+    fsdp_world *world;
+    ck_assert_int_eq(fsdp_world_init(&world, CR_RANKS), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_world_launch(world, cr_rank, &s), FSDP_STATUS_OK);
+    fsdp_world_free(world);
+    for (int r = 0; r < CR_RANKS; r++) {
+        ck_assert_mem_eq(s.out[r], s.out[CR_RANKS], (size_t)s.N * s.OC * 4);
+        ck_assert_mem_eq(s.dw[r], s.dw[CR_RANKS], (size_t)s.OC * s.C * 4);
+        ck_assert_mem_eq(s.att_out[r], s.att_out[CR_RANKS], (size_t)s.B * s.T * s.C * 4);
+        ck_assert_mem_eq(s.dqkv[r], s.dqkv[CR_RANKS], (size_t)s.B * s.T * 3 * s.C * 4);
+    }
+    ck_assert(max_abs(s.dqkv[0], (size_t)s.B * s.T * 3 * s.C) > 0.0);
+    for (int r = 0; r <= CR_RANKS; r++)
+        free(s.out[r]), free(s.dw[r]), free(s.att_out[r]), free(s.dqkv[r]);
+    free(inp), free(w), free(bias), free(dout), free(qkv), free(ddo);
+}
+END_TEST
+
 /* ---- AdamW and norm blocks ------------------------------------------------ */
 
 START_TEST(test_adamw_hand_step)
@@ -1076,6 +1151,28 @@ START_TEST(test_sumsq_blocks)
 }
 END_TEST
 
+START_TEST(test_scratch_oom_reported)
+{
+    env e;
+    env_init(&e, FSDP_DTYPE_BF16);
+    ck_assert_int_eq(e.ctx.iface->sync_error(&e.ctx), FSDP_STATUS_OK);
+    /* a request no allocator can meet: NULL, and OOM held for sync_error */
+    ck_assert_ptr_null(fsdp_cpu_scratch(&e.ctx, FSDP_CPU_SLOT_1, SIZE_MAX / 2));
+    ck_assert_int_eq(e.ctx.iface->sync_error(&e.ctx), FSDP_STATUS_OOM);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "op scratch"));
+    ck_assert_int_eq(e.ctx.iface->sync_error(&e.ctx), FSDP_STATUS_OK); /* cleared */
+    /* the slot works again afterwards, and ops run normally */
+    float *p = fsdp_cpu_scratch(&e.ctx, FSDP_CPU_SLOT_1, 100);
+    ck_assert_ptr_nonnull(p);
+    p[99] = 1.0f;
+    fsdp_bf16 x[3] = {0x3f80, 0x4000, 0xbf80}, y[3];
+    FSDP_OP(&e.ctx, residual_fwd, y, x, x, 3);
+    ck_assert_uint_eq(y[1], 0x4080); /* 2 + 2 = 4 */
+    ck_assert_int_eq(e.ctx.iface->sync_error(&e.ctx), FSDP_STATUS_OK);
+    env_fini(&e);
+}
+END_TEST
+
 START_TEST(test_table_complete)
 {
     const struct fsdp_ops_i *t = &fsdp_ops_cpu_i;
@@ -1083,7 +1180,7 @@ START_TEST(test_table_complete)
     ck_assert(t->fini && t->embed_fwd && t->embed_bwd && t->layernorm_fwd && t->layernorm_bwd);
     ck_assert(t->matmul_fwd && t->matmul_bwd && t->gelu_fwd && t->gelu_bwd);
     ck_assert(t->attention_fwd && t->attention_bwd && t->residual_fwd && t->xent_fwd_bwd);
-    ck_assert(t->adamw && t->cast && t->add && t->sumsq_blocks);
+    ck_assert(t->adamw && t->cast && t->add && t->sumsq_blocks && t->sync_error);
 }
 END_TEST
 
@@ -1112,9 +1209,11 @@ static Suite *ops_suite(void)
     tcase_add_test(tc, test_bf16_rounding);
     tcase_add_test(tc, test_backward_accumulates);
     tcase_add_test(tc, test_deterministic_across_call_history);
+    tcase_add_test(tc, test_concurrent_ranks_bit_identical);
     tcase_add_test(tc, test_adamw_hand_step);
     tcase_add_test(tc, test_adamw_matches_double_and_op);
     tcase_add_test(tc, test_sumsq_blocks);
+    tcase_add_test(tc, test_scratch_oom_reported);
     suite_add_tcase(s, tc);
     return s;
 }

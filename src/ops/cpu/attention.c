@@ -49,6 +49,8 @@ void fsdp_cpu_attention_fwd(fsdp_op_ctx *ctx, void *out, void *att, const void *
     float *y = fsdp_cpu_out(ctx, FSDP_CPU_SLOT_1, out, (size_t)B * T * C);
     const int bf16 = ctx->dt == FSDP_DTYPE_BF16;
     float *a_tmp = bf16 ? fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2, TT) : NULL;
+    if (!x || !y || (bf16 && !a_tmp))
+        return; /* scratch OOM, reported by sync_error */
 
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
@@ -87,6 +89,8 @@ void fsdp_cpu_attention_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt, const fl
     const float *x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, qkv, (size_t)B * T * C3);
     const int bf16 = ctx->dt == FSDP_DTYPE_BF16;
     float *a_tmp = bf16 ? fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2, TT) : NULL;
+    if (!x || (bf16 && !a_tmp))
+        return; /* scratch OOM, reported by sync_error */
 
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {

@@ -37,9 +37,15 @@ typedef enum fsdp_cpu_slot {
 
 /* An fp32 buffer of at least numel elements in slot `slot` of ctx's scratch,
  * creating the scratch state on first use. Contents are unspecified. Valid
- * until the next request for the same slot or fsdp_ops_fini. A host
- * allocation failure aborts with a message (op slots cannot return a status). */
+ * until the next request for the same slot or fsdp_ops_fini. Op slots return
+ * void, so when host memory runs out this records OOM for
+ * fsdp_cpu_ops_sync_error and returns NULL; the op then returns at once,
+ * leaving its outputs unspecified. */
 float *fsdp_cpu_scratch(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, size_t numel);
+
+/* The first op failure since the last call (message set on the calling
+ * thread), cleared; OK if none (the table's sync_error slot). */
+fsdp_status fsdp_cpu_ops_sync_error(fsdp_op_ctx *ctx);
 
 /* Free the scratch state (the table's fini slot). */
 void fsdp_cpu_ops_fini(fsdp_op_ctx *ctx);
@@ -66,11 +72,12 @@ static inline void fsdp_cpu_st(void *p, fsdp_dtype dt, size_t i, float x)
 }
 
 /* An input of n elements in ctx->dt as fp32: src itself when fp32, else
- * its widened copy in scratch slot `slot`. */
+ * its widened copy in scratch slot `slot` (NULL if scratch failed). */
 const float *fsdp_cpu_in(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, const void *src, size_t n);
 
 /* Where to compute an output of n elements in fp32: dst itself when ctx->dt
- * is fp32, else scratch slot `slot`. Hand the result to fsdp_cpu_out_done. */
+ * is fp32, else scratch slot `slot` (NULL if scratch failed). Hand the
+ * result to fsdp_cpu_out_done. */
 float *fsdp_cpu_out(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, void *dst, size_t n);
 
 /* Finish an output from fsdp_cpu_out: round buf into dst when ctx->dt is

@@ -19,6 +19,8 @@ void fsdp_cpu_layernorm_fwd(fsdp_op_ctx *ctx, void *out, float *mean, float *rst
     const fsdp_dtype dt = ctx->dt;
     const float *wf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_1, w, (size_t)C);
     const float *bf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_2, b, (size_t)C);
+    if (!wf || !bf)
+        return; /* scratch OOM, reported by sync_error */
     for (int i = 0; i < N; i++) {
         size_t off = (size_t)i * C;
         double s = 0.0;
@@ -55,6 +57,8 @@ void fsdp_cpu_layernorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *db,
      * dw and db once, so the result does not depend on what they held. */
     float *dw_acc = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2, (size_t)C);
     float *db_acc = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_3, (size_t)C);
+    if (!wf || !dw_acc || !db_acc)
+        return; /* scratch OOM, reported by sync_error */
     for (int c = 0; c < C; c++)
         dw_acc[c] = db_acc[c] = 0.0f;
     for (int i = 0; i < N; i++) {

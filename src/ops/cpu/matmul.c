@@ -20,12 +20,16 @@ void fsdp_cpu_matmul_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, const voi
     const float *x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, inp, (size_t)N * C);
     const float *wf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_1, w, (size_t)OC * C);
     float *y = fsdp_cpu_out(ctx, FSDP_CPU_SLOT_2, out, n_out);
+    if (!x || !wf || !y)
+        return; /* scratch OOM, reported by sync_error */
 
     /* y (N, OC) = x (N, C) @ wf^T; with C == 0 sgemm only scales y by beta. */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, x, C, wf, C, 0.0f, y,
                 OC);
     if (bias) {
         const float *bf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_3, bias, (size_t)OC);
+        if (!bf)
+            return;
         for (int i = 0; i < N; i++) {
             float *row = y + (size_t)i * OC;
             for (int o = 0; o < OC; o++)
@@ -44,18 +48,24 @@ void fsdp_cpu_matmul_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *dbias,
     if (dinp && C > 0) {
         /* dinp (N, C) += dout (N, OC) @ w (OC, C) */
         const float *wf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_1, w, (size_t)OC * C);
+        if (!wf)
+            return; /* scratch OOM, reported by sync_error */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, wf, C,
                     1.0f, dinp, C);
     }
     if (dw && C > 0) {
         /* dw (OC, C) += dout^T (OC, N) @ inp (N, C) */
         const float *x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, inp, (size_t)N * C);
+        if (!x)
+            return;
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, x, C, 1.0f,
                     dw, C);
     }
     if (dbias) {
         /* Column sums of dout, rows in order, added to dbias once. */
         float *acc = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2, (size_t)OC);
+        if (!acc)
+            return;
         for (int o = 0; o < OC; o++)
             acc[o] = 0.0f;
         for (int i = 0; i < N; i++) {

@@ -4,7 +4,9 @@
  * Scratch holds fp32 copies of bf16 operands and fp32 results before they
  * are rounded to bf16. It is plain malloc'd host memory kept in ctx->backend
  * (created on first use, freed by fsdp_cpu_ops_fini): a simulation artifact
- * that the device accounting deliberately does not count.
+ * that the device accounting deliberately does not count. When it cannot be
+ * allocated, the op that needed it does nothing and the failure (OOM, with
+ * a message) is held for the sync_error slot, as cuda holds launch errors.
  */
 #include <cblas.h>
 #include <pthread.h>
@@ -13,52 +15,75 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/log.h"
 #include "ops/cpu/cpu_ops.h"
 
 struct fsdp_cpu_ops_state {
     float *buf[FSDP_CPU_SLOT_COUNT];
     size_t numel[FSDP_CPU_SLOT_COUNT]; /* capacity of buf[k], elements */
+    fsdp_status err;                   /* first failure since fsdp_cpu_ops_sync_error */
+    char err_msg[256];
 };
 
-static void cpu_oom(size_t bytes)
+static struct fsdp_cpu_ops_state *cpu_state(fsdp_op_ctx *ctx)
 {
-    fprintf(stderr,
-            "fsdp: cpu ops: out of host memory allocating %zu bytes of op scratch; "
-            "use smaller --batch/--seq or fewer simulated devices\n",
-            bytes);
-    abort();
+    struct fsdp_cpu_ops_state *s = ctx->backend;
+    if (!s) {
+        /* A few hundred bytes: if even this fails there is nowhere to record it. */
+        s = calloc(1, sizeof *s);
+        if (!s) {
+            fprintf(stderr, "fsdp: cpu ops: out of host memory creating the op state\n");
+            abort();
+        }
+        ctx->backend = s;
+    }
+    return s;
 }
 
 float *fsdp_cpu_scratch(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, size_t numel)
 {
     FSDP_ASSERT(slot >= 0 && slot < FSDP_CPU_SLOT_COUNT);
-    struct fsdp_cpu_ops_state *s = ctx->backend;
-    if (!s) {
-        s = calloc(1, sizeof *s);
-        if (!s)
-            cpu_oom(sizeof *s);
-        ctx->backend = s;
-    }
+    struct fsdp_cpu_ops_state *s = cpu_state(ctx);
     if (numel == 0)
         numel = 1;
-    if (s->numel[slot] < numel) {
-        /* Grow by at least half again, so slowly rising sizes do not
-         * reallocate on every call. Old contents need not survive. */
-        size_t want = numel;
-        if (want < s->numel[slot] + s->numel[slot] / 2)
-            want = s->numel[slot] + s->numel[slot] / 2;
-        free(s->buf[slot]);
-        s->buf[slot] = NULL;
-        s->numel[slot] = 0;
-        if (want > SIZE_MAX / sizeof(float))
-            cpu_oom(SIZE_MAX);
-        float *p = malloc(want * sizeof(float));
-        if (!p)
-            cpu_oom(want * sizeof(float));
-        s->buf[slot] = p;
-        s->numel[slot] = want;
+    if (s->numel[slot] >= numel)
+        return s->buf[slot];
+    /* Grow by at least half again, so slowly rising sizes do not reallocate
+     * on every call. Old contents need not survive. */
+    size_t want = numel;
+    if (want < s->numel[slot] + s->numel[slot] / 2)
+        want = s->numel[slot] + s->numel[slot] / 2;
+    free(s->buf[slot]);
+    s->buf[slot] = NULL;
+    s->numel[slot] = 0;
+    float *p = want <= SIZE_MAX / sizeof(float) ? malloc(want * sizeof(float)) : NULL;
+    if (!p) {
+        if (s->err == FSDP_STATUS_OK) {
+            char b[32];
+            s->err = FSDP_STATUS_OOM;
+            snprintf(s->err_msg, sizeof s->err_msg,
+                     "rank %d: cpu ops: out of host memory allocating %s of op scratch; "
+                     "try a smaller --batch or --seq, or fewer simulated devices",
+                     ctx->dev ? ctx->dev->rank : -1,
+                     fsdp_fmt_bytes(b, sizeof b, (double)numel * sizeof(float)));
+            FSDP_ERR(FSDP_SUB_OPS, "%s", s->err_msg);
+        }
+        return NULL;
     }
-    return s->buf[slot];
+    s->buf[slot] = p;
+    s->numel[slot] = want;
+    return p;
+}
+
+fsdp_status fsdp_cpu_ops_sync_error(fsdp_op_ctx *ctx)
+{
+    struct fsdp_cpu_ops_state *s = ctx->backend;
+    if (!s || s->err == FSDP_STATUS_OK)
+        return FSDP_STATUS_OK;
+    fsdp_status st = fsdp_error_set(s->err, "%s", s->err_msg);
+    s->err = FSDP_STATUS_OK;
+    s->err_msg[0] = '\0';
+    return st;
 }
 
 void fsdp_cpu_ops_fini(fsdp_op_ctx *ctx)
@@ -83,6 +108,8 @@ const float *fsdp_cpu_in(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, const void *src, 
     if (ctx->dt != FSDP_DTYPE_BF16)
         return src;
     float *buf = fsdp_cpu_scratch(ctx, slot, n);
+    if (!buf)
+        return NULL;
     const fsdp_bf16 *h = src;
     for (size_t i = 0; i < n; i++)
         buf[i] = fsdp_bf16_to_f32(h[i]);

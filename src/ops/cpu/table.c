@@ -23,4 +23,5 @@ const struct fsdp_ops_i fsdp_ops_cpu_i = {
     /* .cast           = */ fsdp_cpu_cast,
     /* .add            = */ fsdp_cpu_add,
     /* .sumsq_blocks   = */ fsdp_cpu_sumsq_blocks,
+    /* .sync_error     = */ fsdp_cpu_ops_sync_error, /* scratch OOM */
 };

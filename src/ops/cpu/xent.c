@@ -24,6 +24,8 @@ void fsdp_cpu_xent_fwd_bwd(fsdp_op_ctx *ctx, float *losses, float *dlogits, cons
     const int bf16 = ctx->dt == FSDP_DTYPE_BF16;
     /* One widened row at a time when logits are bf16. */
     float *row_tmp = bf16 ? fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_0, (size_t)V) : NULL;
+    if (bf16 && !row_tmp)
+        return; /* scratch OOM, reported by sync_error */
     for (int i = 0; i < N; i++) {
         size_t off = (size_t)i * Vp;
         const float *row;
