@@ -1,0 +1,496 @@
+/*
+ * test_llmc.c - llm.c model files: fp32 and bf16 round trips through the
+ * unit layout, the exact file layout (header and llm.c's tensor order,
+ * checked against an independent reference), atomic writes, and rejection
+ * of corrupt or mismatched files with messages that name the file.
+ *
+ * Fixtures live in a mkdtemp directory under /tmp, removed by each test.
+ */
+#include <check.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckpt/llmc.h"
+#include "core/bf16.h"
+#include "core/error.h"
+#include "core/rng.h"
+
+/* A passing REQUIRE costs nothing (Check reports every passing ck_assert). */
+#define REQUIRE(cond, ...)             \
+    do {                               \
+        if (!(cond))                   \
+            ck_abort_msg(__VA_ARGS__); \
+    } while (0)
+
+#define SMALL_SPEC "custom:layers=3,heads=2,channels=16,vocab=100,context=8"
+
+typedef struct fixture {
+    char dir[64];
+    char path[128];
+    fsdp_model m;
+    float **units; /* random values, one buffer per unit */
+} fixture;
+
+static float **alloc_units(const fsdp_model *m)
+{
+    float **u = calloc((size_t)m->n_units, sizeof *u);
+    ck_assert_ptr_nonnull(u);
+    for (int i = 0; i < m->n_units; i++) {
+        u[i] = calloc(m->units[i].numel, sizeof **u);
+        ck_assert_ptr_nonnull(u[i]);
+    }
+    return u;
+}
+
+static void free_units(const fsdp_model *m, float **u)
+{
+    for (int i = 0; i < m->n_units; i++)
+        free(u[i]);
+    free(u);
+}
+
+static void fixture_init(fixture *fx, const char *spec, uint64_t seed)
+{
+    snprintf(fx->dir, sizeof fx->dir, "/tmp/fsdp_test_llmc_XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(fx->dir));
+    snprintf(fx->path, sizeof fx->path, "%s/model.bin", fx->dir);
+    fsdp_gpt2_config cfg;
+    ck_assert_int_eq(fsdp_gpt2_config_parse(spec, &cfg), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_gpt2_init(&fx->m, &cfg), FSDP_STATUS_OK);
+    fx->units = alloc_units(&fx->m);
+    /* every element distinct and random, so a misplaced slab shows */
+    for (int u = 0; u < fx->m.n_units; u++)
+        for (size_t i = 0; i < fx->m.units[u].numel; i++)
+            fx->units[u][i] = fsdp_rng_normal(seed, (uint64_t)u, i);
+}
+
+/* Remove every file in the fixture directory, then the directory. */
+static void fixture_free(fixture *fx)
+{
+    DIR *d = opendir(fx->dir);
+    if (d) {
+        struct dirent *e;
+        char p[512];
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+                snprintf(p, sizeof p, "%s/%s", fx->dir, e->d_name);
+                unlink(p);
+            }
+        closedir(d);
+    }
+    rmdir(fx->dir);
+    free_units(&fx->m, fx->units);
+    fsdp_model_free(&fx->m);
+}
+
+/* Number of entries in dir other than . and .. */
+static int dir_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+static uint8_t *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(*n ? *n : 1);
+    ck_assert_uint_eq(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+static void spit(const char *path, const void *b, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(b, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* The fp32 values of the whole model in llm.c's file order, built here from
+ * the llm.c layout description (not from llmc.c's table). */
+static float *reference_order(const fixture *fx, size_t *n_out)
+{
+    static const char *const per_layer[] = {
+        "ln_1.weight",     "ln_1.bias",         "attn.c_attn.weight", "attn.c_attn.bias",
+        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",       "ln_2.bias",
+        "mlp.c_fc.weight", "mlp.c_fc.bias",     "mlp.c_proj.weight",  "mlp.c_proj.bias",
+    };
+    const fsdp_gpt2_config *c = fsdp_gpt2_config_of(&fx->m);
+    float *out = malloc(fx->m.numel * sizeof *out);
+    size_t n = 0;
+    char name[64];
+    for (int k = -2; k < 14; k++) { /* -2 wte, -1 wpe, 0..11 blocks, 12..13 ln_f */
+        int n_l = k >= 0 && k < 12 ? c->n_layer : 1;
+        for (int l = 0; l < n_l; l++) {
+            if (k == -2)
+                snprintf(name, sizeof name, "wte.weight");
+            else if (k == -1)
+                snprintf(name, sizeof name, "wpe.weight");
+            else if (k < 12)
+                snprintf(name, sizeof name, "h.%d.%s", l, per_layer[k]);
+            else
+                snprintf(name, sizeof name, "ln_f.%s", k == 12 ? "weight" : "bias");
+            int u;
+            const fsdp_param_spec *p = fsdp_model_find_param(&fx->m, name, &u);
+            ck_assert_msg(p != NULL, "no parameter %s", name);
+            memcpy(out + n, fx->units[u] + p->offset, p->numel * sizeof *out);
+            n += p->numel;
+        }
+    }
+    ck_assert_uint_eq(n, fx->m.numel);
+    /* and the sizes llm.c computes */
+    size_t C = (size_t)c->n_embd, L = (size_t)c->n_layer;
+    ck_assert_uint_eq(n, (size_t)c->padded_vocab_size * C + (size_t)c->max_seq_len * C +
+                             L * (12 * C * C + 13 * C) + 2 * C);
+    *n_out = n;
+    return out;
+}
+
+static void check_header(const uint8_t *file, int version, const fsdp_gpt2_config *c)
+{
+    int32_t h[256];
+    memcpy(h, file, sizeof h);
+    ck_assert_int_eq(h[0], 20240326);
+    ck_assert_int_eq(h[1], version);
+    ck_assert_int_eq(h[2], c->max_seq_len);
+    ck_assert_int_eq(h[3], c->vocab_size);
+    ck_assert_int_eq(h[4], c->n_layer);
+    ck_assert_int_eq(h[5], c->n_head);
+    ck_assert_int_eq(h[6], c->n_embd);
+    ck_assert_int_eq(h[7], c->padded_vocab_size);
+    for (int i = 8; i < 256; i++)
+        REQUIRE(h[i] == 0, "header[%d] = %d, want 0", i, h[i]);
+}
+
+/* ---- round trips ----------------------------------------------------------- */
+
+static void roundtrip_f32(const char *spec)
+{
+    fixture fx;
+    fixture_init(&fx, spec, 1);
+    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
+                                     FSDP_DTYPE_F32),
+                     FSDP_STATUS_OK);
+    ck_assert_int_eq(dir_entries(fx.dir), 1); /* no temporary left behind */
+
+    size_t n_file, n_ref;
+    uint8_t *file = slurp(fx.path, &n_file);
+    float *ref = reference_order(&fx, &n_ref);
+    ck_assert_uint_eq(n_file, 1024 + 4 * n_ref);
+    check_header(file, 3, fsdp_gpt2_config_of(&fx.m));
+    ck_assert_int_eq(memcmp(file + 1024, ref, 4 * n_ref), 0);
+
+    fsdp_gpt2_config cfg;
+    fsdp_dtype dt = FSDP_DTYPE_BF16;
+    ck_assert_int_eq(fsdp_llmc_read_config(fx.path, &cfg, &dt), FSDP_STATUS_OK);
+    ck_assert_int_eq(dt, FSDP_DTYPE_F32);
+    ck_assert_int_eq(memcmp(&cfg, fsdp_gpt2_config_of(&fx.m), sizeof cfg), 0);
+
+    float **back = alloc_units(&fx.m);
+    ck_assert_int_eq(fsdp_llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
+    for (int u = 0; u < fx.m.n_units; u++)
+        ck_assert_int_eq(memcmp(back[u], fx.units[u], fx.m.units[u].numel * 4), 0);
+    free_units(&fx.m, back);
+    free(ref);
+    free(file);
+    fixture_free(&fx);
+}
+
+START_TEST(test_roundtrip_f32_small) { roundtrip_f32(SMALL_SPEC); }
+END_TEST
+
+START_TEST(test_roundtrip_f32_tiny) { roundtrip_f32("tiny"); }
+END_TEST
+
+START_TEST(test_roundtrip_bf16)
+{
+    fixture fx;
+    fixture_init(&fx, SMALL_SPEC, 2);
+    /* ties and edge values: round to nearest even, not truncation */
+    int u0;
+    const fsdp_param_spec *p = fsdp_model_find_param(&fx.m, "h.1.ln_2.bias", &u0);
+    ck_assert_ptr_nonnull(p);
+    float *v = fx.units[u0] + p->offset;
+    v[0] = 1.0f + 0x1p-8f;             /* tie between 1 and 1+2^-7: even is 1 */
+    v[1] = 1.0f + 3 * 0x1p-8f;         /* tie: even is 1+2^-6 */
+    v[2] = 1.0f + 0x1p-8f + 0x1p-20f;  /* just above the tie: rounds up */
+    v[3] = -0.0f;
+    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
+                                     FSDP_DTYPE_BF16),
+                     FSDP_STATUS_OK);
+    size_t n_file, n_ref;
+    uint8_t *file = slurp(fx.path, &n_file);
+    float *ref = reference_order(&fx, &n_ref);
+    ck_assert_uint_eq(n_file, 1024 + 2 * n_ref);
+    check_header(file, 5, fsdp_gpt2_config_of(&fx.m));
+    for (size_t i = 0; i < n_ref; i++) {
+        uint16_t h;
+        memcpy(&h, file + 1024 + 2 * i, 2);
+        REQUIRE(h == fsdp_f32_to_bf16(ref[i]), "element %zu: bf16 0x%04x, want 0x%04x", i, h,
+                fsdp_f32_to_bf16(ref[i]));
+    }
+    fsdp_gpt2_config cfg;
+    fsdp_dtype dt = FSDP_DTYPE_F32;
+    ck_assert_int_eq(fsdp_llmc_read_config(fx.path, &cfg, &dt), FSDP_STATUS_OK);
+    ck_assert_int_eq(dt, FSDP_DTYPE_BF16);
+
+    float **back = alloc_units(&fx.m);
+    ck_assert_int_eq(fsdp_llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
+    for (int u = 0; u < fx.m.n_units; u++)
+        for (size_t i = 0; i < fx.m.units[u].numel; i++) {
+            float want = fsdp_bf16_to_f32(fsdp_f32_to_bf16(fx.units[u][i]));
+            REQUIRE(memcmp(&back[u][i], &want, 4) == 0, "unit %d element %zu: %g, want %g", u,
+                    i, back[u][i], want);
+        }
+    float *b = back[u0] + p->offset;
+    ck_assert_float_eq(b[0], 1.0f);
+    ck_assert_float_eq(b[1], 1.0f + 0x1p-6f);
+    ck_assert_float_eq(b[2], 1.0f + 0x1p-7f);
+    ck_assert(b[3] == 0.0f && signbit(b[3]));
+    free_units(&fx.m, back);
+    free(ref);
+    free(file);
+    fixture_free(&fx);
+}
+END_TEST
+
+START_TEST(test_write_atomic)
+{
+    fixture fx;
+    fixture_init(&fx, SMALL_SPEC, 3);
+    const float *const *units = (const float *const *)fx.units;
+    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, units, FSDP_DTYPE_BF16), FSDP_STATUS_OK);
+    /* overwrite in place: the new file replaces the old one whole */
+    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, units, FSDP_DTYPE_F32), FSDP_STATUS_OK);
+    ck_assert_int_eq(dir_entries(fx.dir), 1);
+    fsdp_dtype dt;
+    fsdp_gpt2_config cfg;
+    ck_assert_int_eq(fsdp_llmc_read_config(fx.path, &cfg, &dt), FSDP_STATUS_OK);
+    ck_assert_int_eq(dt, FSDP_DTYPE_F32);
+    /* a directory that does not exist: IO naming the path, nothing created */
+    char bad[192];
+    snprintf(bad, sizeof bad, "%s/missing/model.bin", fx.dir);
+    ck_assert_int_eq(fsdp_llmc_write(bad, &fx.m, units, FSDP_DTYPE_F32), FSDP_STATUS_IO);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), bad));
+    ck_assert_int_eq(dir_entries(fx.dir), 1);
+    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, units, FSDP_DTYPE_COUNT),
+                     FSDP_STATUS_INVALID_ARG);
+    fixture_free(&fx);
+}
+END_TEST
+
+/* ---- rejection --------------------------------------------------------------- */
+
+/* Both entry points must reject path with `want` and a message naming it. */
+static void expect_reject(const char *path, const fsdp_model *m, float **units,
+                          fsdp_status want, const char *needle)
+{
+    fsdp_gpt2_config cfg;
+    fsdp_dtype dt;
+    fsdp_status st = fsdp_llmc_read_config(path, &cfg, &dt);
+    ck_assert_msg(st == want, "read_config: %s, want %s (%s)", fsdp_status_name(st),
+                  fsdp_status_name(want), fsdp_error_msg());
+    ck_assert_msg(strstr(fsdp_error_msg(), path), "message '%s' lacks the path",
+                  fsdp_error_msg());
+    if (needle)
+        ck_assert_msg(strstr(fsdp_error_msg(), needle), "message '%s' lacks '%s'",
+                      fsdp_error_msg(), needle);
+    st = fsdp_llmc_read(path, m, units);
+    ck_assert_msg(st == want, "read: %s, want %s (%s)", fsdp_status_name(st),
+                  fsdp_status_name(want), fsdp_error_msg());
+    ck_assert_msg(strstr(fsdp_error_msg(), path), "message '%s' lacks the path",
+                  fsdp_error_msg());
+}
+
+/* A copy of a good file with header word i set to v, or cut short. */
+static void write_variant(const char *path, const uint8_t *good, size_t n, int word, int32_t v,
+                          size_t cut)
+{
+    uint8_t *b = malloc(n);
+    memcpy(b, good, n);
+    if (word >= 0)
+        memcpy(b + 4 * word, &v, 4);
+    spit(path, b, n - cut);
+    free(b);
+}
+
+START_TEST(test_reject_corrupt)
+{
+    fixture fx;
+    fixture_init(&fx, SMALL_SPEC, 4);
+    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
+                                     FSDP_DTYPE_F32),
+                     FSDP_STATUS_OK);
+    size_t n;
+    uint8_t *good = slurp(fx.path, &n);
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/bad.bin", fx.dir);
+    float **back = alloc_units(&fx.m);
+    const fsdp_status F = FSDP_STATUS_FORMAT;
+    char size_now[32];
+
+    write_variant(bad, good, n, -1, 0, 1); /* truncated by one byte */
+    snprintf(size_now, sizeof size_now, "%zu bytes", n - 1);
+    expect_reject(bad, &fx.m, back, F, size_now);
+
+    write_variant(bad, good, n, -1, 0, n - 100); /* shorter than the header */
+    expect_reject(bad, &fx.m, back, F, "header");
+
+    write_variant(bad, good, n, 0, 20240520, 0); /* a token shard's magic */
+    expect_reject(bad, &fx.m, back, F, "20240520");
+    write_variant(bad, good, n, 1, 4, 0);
+    expect_reject(bad, &fx.m, back, F, "version 4");
+    write_variant(bad, good, n, 6, 32, 0); /* C: consistent shapes, wrong size */
+    expect_reject(bad, &fx.m, back, F, "needs");
+    write_variant(bad, good, n, 2, 9, 0); /* maxT */
+    expect_reject(bad, &fx.m, back, F, "needs");
+    write_variant(bad, good, n, 4, 1 << 30, 0); /* absurd L */
+    expect_reject(bad, &fx.m, back, F, NULL);
+    write_variant(bad, good, n, 6, 0x7fffffff, 0); /* absurd C */
+    expect_reject(bad, &fx.m, back, F, NULL);
+    write_variant(bad, good, n, 7, 0x7fffff80, 0); /* absurd Vp */
+    expect_reject(bad, &fx.m, back, F, NULL);
+    write_variant(bad, good, n, 5, 3, 0); /* C=16 not divisible by NH=3 */
+    expect_reject(bad, &fx.m, back, F, "divisible");
+    write_variant(bad, good, n, 5, 0, 0); /* NH = 0 */
+    expect_reject(bad, &fx.m, back, F, NULL);
+    write_variant(bad, good, n, 4, -2, 0); /* negative L */
+    expect_reject(bad, &fx.m, back, F, NULL);
+    write_variant(bad, good, n, 3, 129, 0); /* V > Vp = 128 */
+    expect_reject(bad, &fx.m, back, F, "Vp");
+
+    snprintf(bad, sizeof bad, "%s/none.bin", fx.dir);
+    expect_reject(bad, &fx.m, back, FSDP_STATUS_IO, NULL);
+
+    /* the untouched file still loads */
+    ck_assert_int_eq(fsdp_llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
+    free_units(&fx.m, back);
+    free(good);
+    fixture_free(&fx);
+}
+END_TEST
+
+START_TEST(test_reject_hostile_headers)
+{
+    /* Random header words in and around every plausible range: each read
+     * fails with FORMAT (the size cannot match) and never crashes or
+     * allocates what the header asks for. */
+    fixture fx;
+    fixture_init(&fx, SMALL_SPEC, 5);
+    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
+                                     FSDP_DTYPE_F32),
+                     FSDP_STATUS_OK);
+    size_t n;
+    uint8_t *good = slurp(fx.path, &n);
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/bad.bin", fx.dir);
+    float **back = alloc_units(&fx.m);
+    for (uint64_t i = 0; i < 300; i++) {
+        int32_t h[8];
+        memcpy(h, good, sizeof h);
+        for (int w = 2; w < 8; w++) {
+            uint64_t r = fsdp_rng_u64(77, (uint64_t)w, i);
+            switch (r % 4) {
+            case 0: break;                                         /* keep */
+            case 1: h[w] = (int32_t)(r >> 32); break;              /* anything */
+            case 2: h[w] = (int32_t)((r >> 32) % 1024); break;     /* small */
+            default: h[w] = (int32_t)1 << (int)((r >> 32) % 31); break; /* power of 2 */
+            }
+        }
+        if (!memcmp(h, good, sizeof h))
+            continue;
+        uint8_t *b = malloc(n);
+        memcpy(b, good, n);
+        memcpy(b, h, sizeof h);
+        spit(bad, b, n);
+        free(b);
+        fsdp_gpt2_config cfg;
+        fsdp_dtype dt;
+        fsdp_status st = fsdp_llmc_read_config(bad, &cfg, &dt);
+        if (st == FSDP_STATUS_OK) { /* only a header that describes this exact size */
+            ck_assert_int_eq(fsdp_llmc_read(bad, &fx.m, back) == FSDP_STATUS_OK,
+                             memcmp(&cfg, fsdp_gpt2_config_of(&fx.m), sizeof cfg) == 0);
+            continue;
+        }
+        REQUIRE(st == FSDP_STATUS_FORMAT, "case %llu: %s (%s)", (unsigned long long)i,
+                fsdp_status_name(st), fsdp_error_msg());
+        REQUIRE(strstr(fsdp_error_msg(), bad), "case %llu: message '%s' lacks the path",
+                (unsigned long long)i, fsdp_error_msg());
+    }
+    free_units(&fx.m, back);
+    free(good);
+    fixture_free(&fx);
+}
+END_TEST
+
+START_TEST(test_reject_config_mismatch)
+{
+    fixture fx;
+    fixture_init(&fx, SMALL_SPEC, 6);
+    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
+                                     FSDP_DTYPE_F32),
+                     FSDP_STATUS_OK);
+    const char *others[] = {
+        "custom:layers=2,heads=2,channels=16,vocab=100,context=8",  /* L */
+        "custom:layers=3,heads=4,channels=16,vocab=100,context=8",  /* NH only: same size */
+        "custom:layers=3,heads=2,channels=16,vocab=101,context=8",  /* V only: same size */
+        "custom:layers=3,heads=2,channels=16,vocab=100,context=16", /* maxT */
+    };
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        fsdp_gpt2_config cfg;
+        fsdp_model m2;
+        ck_assert_int_eq(fsdp_gpt2_config_parse(others[i], &cfg), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_gpt2_init(&m2, &cfg), FSDP_STATUS_OK);
+        float **u2 = alloc_units(&m2);
+        ck_assert_int_eq(fsdp_llmc_read(fx.path, &m2, u2), FSDP_STATUS_INVALID_ARG);
+        ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), fx.path));
+        ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "built as"));
+        free_units(&m2, u2);
+        fsdp_model_free(&m2);
+    }
+    fixture_free(&fx);
+}
+END_TEST
+
+static Suite *llmc_suite(void)
+{
+    Suite *s = suite_create("llmc");
+    TCase *tc = tcase_create("roundtrip");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_roundtrip_f32_small);
+    tcase_add_test(tc, test_roundtrip_f32_tiny);
+    tcase_add_test(tc, test_roundtrip_bf16);
+    tcase_add_test(tc, test_write_atomic);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("reject");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_reject_corrupt);
+    tcase_add_test(tc, test_reject_hostile_headers);
+    tcase_add_test(tc, test_reject_config_mismatch);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(llmc_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
