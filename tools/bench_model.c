@@ -1,0 +1,227 @@
+/*
+ * bench_model.c - forward+backward throughput of the GPT-2 model on one cpu
+ * rank, against the same model in PyTorch on the CPU with one thread.
+ *
+ * Why: the cpu backend is what `fsdp train` runs without a GPU, so its
+ * per-rank speed sets how long the demo and the tests take; PyTorch with
+ * torch.set_num_threads(1) is the yardstick (goal: >= 0.8x). The C side runs
+ * the model through its fsdp_model_i table exactly as the engine does
+ * (embeddings, blocks, head with loss, blocks' backward, embeddings'
+ * backward), fp32, one OpenBLAS thread. The PyTorch side is
+ * tools/bench_model_torch.py, run in the same invocation (same shapes,
+ * padded vocabulary included).
+ *
+ * Usage: bench_model [--iters N] [--no-torch] [--python PATH] [--only small|gpt2]
+ * The PyTorch interpreter is --python, else $FSDP_PYTHON, else
+ * /usr/bin/python3 (Debian's python3-torch), else python3.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "models/gpt2.h"
+
+typedef struct bench_case {
+    const char *model; /* config name for fsdp_gpt2_config_parse */
+    const char *label;
+    int B, T, iters;
+} bench_case;
+
+static const bench_case bench_cases[] = {
+    {"small", "small (L4 H4 C128 V256)", 8, 64, 20},
+    {"gpt2", "gpt2 124M (L12 H12 C768)", 4, 64, 3},
+};
+
+typedef struct bench_result {
+    double tok_s, fwd_ms, bwd_ms;
+    int ok;
+} bench_result;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void die(fsdp_status st, const char *what)
+{
+    fprintf(stderr, "bench_model: %s: %s: %s\n", what, fsdp_status_name(st), fsdp_error_msg());
+    exit(1);
+}
+
+#define BENCH_TRY(expr, what)                 \
+    do {                                      \
+        fsdp_status bst_ = (expr);            \
+        if (bst_ != FSDP_STATUS_OK)           \
+            die(bst_, what);                  \
+    } while (0)
+
+static bench_result bench_c(const bench_case *bc, int iters)
+{
+    fsdp_gpt2_config cfg;
+    fsdp_device dev;
+    fsdp_op_ctx ctx;
+    fsdp_model m;
+    BENCH_TRY(fsdp_gpt2_config_parse(bc->model, &cfg), "config");
+    BENCH_TRY(fsdp_device_init(&dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), "device");
+    BENCH_TRY(fsdp_ops_init(&ctx, &dev, FSDP_DTYPE_F32), "ops");
+    BENCH_TRY(fsdp_gpt2_init(&m, &cfg), "model");
+    const struct fsdp_model_i *mi = m.iface;
+    void **params = calloc((size_t)m.n_units, sizeof *params);
+    float **grads = calloc((size_t)m.n_units, sizeof *grads);
+    for (int u = 0; u < m.n_units; u++) {
+        size_t n = m.units[u].numel;
+        BENCH_TRY(fsdp_device_alloc(&dev, n * sizeof(float), FSDP_MEM_GATHER, "params",
+                                    &params[u]),
+                  "params");
+        BENCH_TRY(fsdp_device_alloc(&dev, n * sizeof(float), FSDP_MEM_GRAD, "grads",
+                                    (void **)&grads[u]),
+                  "grads");
+        fsdp_model_init_range(&m, u, 0, n, 1234, params[u]);
+    }
+    void *state = NULL;
+    BENCH_TRY(mi->state_init(&m, &ctx, bc->B, bc->T, true, &state), "state");
+    int *tok = mi->state_tokens(state), *tgt = mi->state_targets(state);
+    for (int i = 0; i < bc->B * bc->T; i++) { /* cpu device memory is host memory */
+        tok[i] = (int)((i * 2654435761u) % (unsigned)cfg.vocab_size);
+        tgt[i] = (int)((i * 40503u + 7) % (unsigned)cfg.vocab_size);
+    }
+
+    double fwd = 0, bwd = 0;
+    float loss = 0;
+    for (int it = -1; it < iters; it++) { /* iteration -1 warms up */
+        for (int u = 0; u < m.n_units; u++)
+            memset(grads[u], 0, m.units[u].numel * sizeof(float));
+        double t0 = now_s();
+        BENCH_TRY(mi->root_forward(&m, &ctx, state, params[0]), "forward");
+        for (int u = 1; u < m.n_units; u++)
+            BENCH_TRY(mi->unit_forward(&m, &ctx, state, u, params[u]), "forward");
+        double t1 = now_s();
+        BENCH_TRY(mi->head_forward_backward(&m, &ctx, state, params[0], grads[0], 1.0f, &loss),
+                  "head");
+        for (int u = m.n_units - 1; u >= 1; u--)
+            BENCH_TRY(mi->unit_backward(&m, &ctx, state, u, params[u], grads[u]), "backward");
+        BENCH_TRY(mi->root_backward(&m, &ctx, state, params[0], grads[0]), "backward");
+        double t2 = now_s();
+        if (it >= 0) {
+            fwd += t1 - t0;
+            bwd += t2 - t1; /* the head's forward counts here: it is fused with its backward */
+        }
+    }
+    bench_result r = {
+        .tok_s = (double)bc->B * bc->T * iters / (fwd + bwd),
+        .fwd_ms = 1e3 * fwd / iters,
+        .bwd_ms = 1e3 * bwd / iters,
+        .ok = loss > 0,
+    };
+    mi->state_free(&m, &ctx, state);
+    for (int u = 0; u < m.n_units; u++) {
+        fsdp_device_free(&dev, params[u]);
+        fsdp_device_free(&dev, grads[u]);
+    }
+    free(params);
+    free(grads);
+    fsdp_model_free(&m);
+    fsdp_ops_fini(&ctx);
+    fsdp_device_fini(&dev);
+    return r;
+}
+
+static const char *torch_script(void)
+{
+    static char path[512];
+    if (access("tools/bench_model_torch.py", R_OK) == 0)
+        return "tools/bench_model_torch.py";
+    const char *src = __FILE__, *slash = strrchr(src, '/');
+    snprintf(path, sizeof path, "%.*s/bench_model_torch.py", slash ? (int)(slash - src) : 1,
+             slash ? src : ".");
+    return path;
+}
+
+static bench_result bench_torch(const bench_case *bc, int iters, const char *python)
+{
+    bench_result r = {0};
+    fsdp_gpt2_config cfg;
+    BENCH_TRY(fsdp_gpt2_config_parse(bc->model, &cfg), "config");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 '%s' '%s' --layers %d --heads %d "
+             "--channels %d --vocab %d --padded-vocab %d --context %d --batch %d --seq %d "
+             "--iters %d --warmup 1 2>&1",
+             python, torch_script(), cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size,
+             cfg.padded_vocab_size, cfg.max_seq_len, bc->B, bc->T, iters);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return r;
+    char line[512];
+    while (fgets(line, sizeof line, p)) {
+        if (sscanf(line, "tokens_per_s %lf fwd_ms %lf bwd_ms %lf", &r.tok_s, &r.fwd_ms,
+                   &r.bwd_ms) == 3)
+            r.ok = 1;
+        else
+            fprintf(stderr, "  torch: %s", line);
+    }
+    if (pclose(p) != 0)
+        r.ok = 0;
+    return r;
+}
+
+static const char *pick_python(const char *arg)
+{
+    if (arg)
+        return arg;
+    const char *env = getenv("FSDP_PYTHON");
+    if (env && *env)
+        return env;
+    if (access("/usr/bin/python3", X_OK) == 0)
+        return "/usr/bin/python3";
+    return "python3";
+}
+
+int main(int argc, char **argv)
+{
+    int iters = 0, no_torch = 0;
+    const char *python_arg = NULL, *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--iters") && i + 1 < argc)
+            iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--no-torch"))
+            no_torch = 1;
+        else if (!strcmp(argv[i], "--python") && i + 1 < argc)
+            python_arg = argv[++i];
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
+        else {
+            fprintf(stderr,
+                    "usage: %s [--iters N] [--no-torch] [--python PATH] [--only small|gpt2]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    const char *python = pick_python(python_arg);
+    printf("GPT-2 forward+backward, one cpu rank, fp32, 1 thread (C: OpenBLAS; torch: %s)\n",
+           no_torch ? "skipped" : python);
+    printf("%-26s %4s %5s | %12s %9s %9s | %12s %9s %9s | %6s\n", "model", "B", "T", "C tok/s",
+           "fwd ms", "bwd ms", "torch tok/s", "fwd ms", "bwd ms", "ratio");
+    int n = (int)(sizeof bench_cases / sizeof bench_cases[0]);
+    for (int i = 0; i < n; i++) {
+        const bench_case *bc = &bench_cases[i];
+        if (only && strcmp(only, bc->model) != 0)
+            continue;
+        int it = iters > 0 ? iters : bc->iters;
+        bench_result c = bench_c(bc, it);
+        bench_result t = no_torch ? (bench_result){0} : bench_torch(bc, it, python);
+        printf("%-26s %4d %5d | %12.0f %9.1f %9.1f | ", bc->label, bc->B, bc->T, c.tok_s,
+               c.fwd_ms, c.bwd_ms);
+        if (t.ok)
+            printf("%12.0f %9.1f %9.1f | %5.2fx\n", t.tok_s, t.fwd_ms, t.bwd_ms,
+                   c.tok_s / t.tok_s);
+        else
+            printf("%12s %9s %9s | %6s\n", "n/a", "", "", "");
+        fflush(stdout);
+    }
+    return 0;
+}

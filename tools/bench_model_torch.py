@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""bench_model_torch.py - the PyTorch side of tools/bench_model.c.
+
+Why: bench_model compares the C model's forward+backward throughput on one
+rank with the same GPT-2 in PyTorch on the CPU, with the same thread count
+(1), batch, sequence length and padded vocabulary (the C head computes Vp
+logit columns, so this one does too; the loss uses the first V).
+
+Prints one line: "tokens_per_s X fwd_ms F bwd_ms B" (means over --iters
+timed iterations after --warmup untimed ones).
+
+Usage: bench_model_torch.py --layers L --heads H --channels C --vocab V
+       --padded-vocab Vp --context T --batch B --seq T [--iters N] [--warmup N]
+"""
+import argparse
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, C, NH):
+        super().__init__()
+        self.NH = NH
+        self.ln_1 = nn.LayerNorm(C)
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.attn_proj = nn.Linear(C, C)
+        self.ln_2 = nn.LayerNorm(C)
+        self.c_fc = nn.Linear(C, 4 * C)
+        self.mlp_proj = nn.Linear(4 * C, C)
+
+    def forward(self, x, mask):
+        B, T, C = x.shape
+        hs = C // self.NH
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q = q.view(B, T, self.NH, hs).transpose(1, 2)
+        k = k.view(B, T, self.NH, hs).transpose(1, 2)
+        v = v.view(B, T, self.NH, hs).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        att = torch.softmax(att.masked_fill(mask[:T, :T], float("-inf")), dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.attn_proj(y)
+        h = F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh")
+        return x + self.mlp_proj(h)
+
+
+class GPT(nn.Module):
+    def __init__(self, L, NH, C, V, Vp, maxT):
+        super().__init__()
+        self.V = V
+        self.wte = nn.Embedding(Vp, C)
+        self.wpe = nn.Embedding(maxT, C)
+        self.h = nn.ModuleList([Block(C, NH) for _ in range(L)])
+        self.ln_f = nn.LayerNorm(C)
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+        self.register_buffer("mask", torch.ones(maxT, maxT, dtype=torch.bool).triu(1))
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(T))
+        for blk in self.h:
+            x = blk(x, self.mask)
+        logits = self.ln_f(x) @ self.wte.weight.t()  # tied head, Vp columns
+        return F.cross_entropy(logits[..., : self.V].reshape(-1, self.V), targets.reshape(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for k in ("layers", "heads", "channels", "vocab", "padded-vocab", "context", "batch", "seq"):
+        ap.add_argument("--" + k, type=int, required=True)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = GPT(a.layers, a.heads, a.channels, a.vocab, a.padded_vocab, a.context)
+    idx = torch.randint(0, a.vocab, (a.batch, a.seq))
+    tgt = torch.randint(0, a.vocab, (a.batch, a.seq))
+    fwd = bwd = 0.0
+    for i in range(a.warmup + a.iters):
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        loss = model(idx, tgt)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        if i >= a.warmup:
+            fwd += t1 - t0
+            bwd += t2 - t1
+    n = a.iters
+    print("tokens_per_s %.1f fwd_ms %.2f bwd_ms %.2f" %
+          (a.batch * a.seq * n / (fwd + bwd), 1e3 * fwd / n, 1e3 * bwd / n))
+
+
+if __name__ == "__main__":
+    main()
