@@ -38,7 +38,11 @@ fsdp_status fsdp_data_batch(const fsdp_data *d, uint64_t index, int B, int T, in
 
 /* Synthetic task: held-out problem `index` (never produced by
  * fsdp_data_batch for the same seed): prompt (e.g. "123+456=") and expected
- * answer (e.g. "579\n"), NUL-terminated, each at most 64 bytes. */
+ * answer (e.g. "579\n"), NUL-terminated, each at most 64 bytes.
+ * The format (synth.c): 3-digit zero-padded operands and the 4-digit sum
+ * written least significant digit first, e.g. prompt "352+471=", answer
+ * "3280\n" (823 reversed); training rows are a packed stream of such
+ * 13-byte problems. Micro-batch numbering for every source: data.c. */
 void fsdp_synth_problem(uint64_t seed, uint64_t index, char *prompt, char *answer);
 
 #endif /* FSDP_DATA_DATA_H */
