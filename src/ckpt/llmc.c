@@ -83,8 +83,15 @@ static uint64_t dim_value(llmc_dim d, const fsdp_gpt2_config *c)
 }
 
 /* a*b and a+b into *out; false on 64-bit overflow. */
-static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_mul_overflow(a, b, out); }
-static bool add_ok(uint64_t a, uint64_t b, uint64_t *out) { return !__builtin_add_overflow(a, b, out); }
+static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+
+static bool add_ok(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
 
 /* Elements of all parameters for cfg, with overflow checks. */
 static bool llmc_numel(const fsdp_gpt2_config *c, uint64_t *out)

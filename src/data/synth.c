@@ -36,7 +36,8 @@
 #define SYNTH_MAX_DRAWS 1024         /* redraws before falling back to a scan */
 
 _Static_assert(SYNTH_RANGE == 1000u, "SYNTH_RANGE must be 10^FSDP_SYNTH_DIGITS");
-_Static_assert(SYNTH_PROMPT_LEN < 64 && SYNTH_ANSWER_LEN < 64, "fsdp_synth_problem buffers are 64 bytes");
+_Static_assert(SYNTH_PROMPT_LEN < 64 && SYNTH_ANSWER_LEN < 64,
+               "fsdp_synth_problem's buffers are 64 bytes");
 
 /* RNG streams; distinct constants so the three never share keys. */
 #define STREAM_SPLIT 0x73706c6974ull   /* held-out predicate */
