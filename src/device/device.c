@@ -30,9 +30,17 @@ static size_t rec_hash(const void *p, size_t cap)
     return (size_t)x & (cap - 1);
 }
 
+/* Rehash when live entries plus tombstones fill half the table: double it
+ * if the live entries alone fill a quarter, else sweep the tombstones at
+ * the same size (alloc/free churn must not grow the table forever). */
 static fsdp_status recs_grow(fsdp_device *d)
 {
-    size_t ncap = d->n_recs_cap ? d->n_recs_cap * 2 : 256;
+    size_t n_live = 0;
+    for (size_t i = 0; i < d->n_recs_cap; i++)
+        n_live += d->recs[i].used == 1;
+    size_t ncap = d->n_recs_cap ? d->n_recs_cap : 256;
+    if (d->n_recs_cap && (n_live + 1) * 4 > d->n_recs_cap)
+        ncap *= 2;
     struct fsdp_alloc_rec *nr = calloc(ncap, sizeof *nr);
     if (!nr)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the allocation table");

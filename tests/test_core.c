@@ -1,0 +1,609 @@
+/*
+ * test_core.c - the runtime under everything: rank threads and their world
+ * (launch/join, barrier, first error, abort, relaunch, fault hook), status
+ * and dtype names, per-thread error messages, byte sizes, logging settings.
+ *
+ * Rank threads never call Check's assertions: they record what they saw in
+ * the test's argument struct (or return an error with a message) and the
+ * main thread asserts after the join.
+ */
+#include <check.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/world.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* What each rank saw, for the main thread to check. */
+struct ranks_seen {
+    atomic_int n_ran;
+    int ran[16];
+    int log_rank[16];
+    fsdp_status st[16];
+    char msg[16][FSDP_ERROR_MSG_MAX];
+    double t_return[16];   /* when the rank's body returned */
+    double t_fail;         /* when the failing rank returned its error */
+    atomic_int counter;
+};
+
+/* ---- launch and join ------------------------------------------------------ */
+
+static fsdp_status ok_rank(fsdp_world *w, int rank, void *p)
+{
+    struct ranks_seen *s = p;
+    s->ran[rank]++;
+    s->log_rank[rank] = fsdp_log_rank();
+    atomic_fetch_add(&s->n_ran, 1);
+    (void)w;
+    return FSDP_STATUS_OK;
+}
+
+START_TEST(test_launch_runs_every_rank_once)
+{
+    static const int sizes[] = {1, 2, 3, 8, 16};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        int n = sizes[i];
+        fsdp_world *w = NULL;
+        ck_assert_int_eq(fsdp_world_init(&w, n), FSDP_STATUS_OK);
+        ck_assert_int_eq(w->n_ranks, n);
+        struct ranks_seen s;
+        memset(&s, 0, sizeof s);
+        ck_assert_int_eq(fsdp_world_launch(w, ok_rank, &s), FSDP_STATUS_OK);
+        ck_assert_int_eq(atomic_load(&s.n_ran), n);
+        for (int r = 0; r < n; r++) {
+            ck_assert_int_eq(s.ran[r], 1);
+            ck_assert_int_eq(s.log_rank[r], r); /* log lines of rank r say "rank r" */
+        }
+        ck_assert(!fsdp_world_aborted(w));
+        fsdp_world_free(w);
+    }
+    ck_assert_int_eq(fsdp_log_rank(), -1); /* the main thread has no rank */
+}
+END_TEST
+
+START_TEST(test_world_init_rejects_bad_sizes)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 0), FSDP_STATUS_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "got 0"));
+    ck_assert_int_eq(fsdp_world_init(&w, -3), FSDP_STATUS_INVALID_ARG);
+    ck_assert_int_eq(fsdp_world_init(&w, 1025), FSDP_STATUS_INVALID_ARG);
+    ck_assert_ptr_null(w);
+    fsdp_world_free(NULL); /* no-op */
+}
+END_TEST
+
+/* ---- barrier -------------------------------------------------------------- */
+
+static fsdp_status barrier_rank(fsdp_world *w, int rank, void *p)
+{
+    struct ranks_seen *s = p;
+    int n = w->n_ranks;
+    for (int it = 0; it < 200; it++) {
+        atomic_fetch_add(&s->counter, 1);
+        FSDP_TRY(fsdp_world_barrier(w));
+        /* every rank has counted this round, and nobody the next one yet */
+        int c = atomic_load(&s->counter);
+        if (c != n * (it + 1))
+            return fsdp_error_set(FSDP_STATUS_INTERNAL,
+                                  "round %d: counter %d after the barrier, expected %d", it, c,
+                                  n * (it + 1));
+        FSDP_TRY(fsdp_world_barrier(w));
+    }
+    (void)rank;
+    return FSDP_STATUS_OK;
+}
+
+START_TEST(test_barrier_separates_rounds)
+{
+    static const int sizes[] = {1, 2, 5, 8};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        fsdp_world *w = NULL;
+        ck_assert_int_eq(fsdp_world_init(&w, sizes[i]), FSDP_STATUS_OK);
+        struct ranks_seen s;
+        memset(&s, 0, sizeof s);
+        fsdp_status st = fsdp_world_launch(w, barrier_rank, &s);
+        ck_assert_msg(st == FSDP_STATUS_OK, "%d ranks: %s", sizes[i], fsdp_error_msg());
+        fsdp_world_free(w);
+    }
+}
+END_TEST
+
+/* ---- failures ------------------------------------------------------------- */
+
+/* Rank `bad` fails after 50 ms with IO; the others wait in a barrier and
+ * record how they returned. */
+struct fail_arg {
+    struct ranks_seen s;
+    int bad;
+    fsdp_status bad_status;
+};
+
+static fsdp_status fail_rank(fsdp_world *w, int rank, void *p)
+{
+    struct fail_arg *a = p;
+    fsdp_status st;
+    if (rank == a->bad) {
+        usleep(50000);
+        st = fsdp_error_set(a->bad_status, "cannot open 'data/x.bin': No such file");
+        a->s.t_fail = now_s();
+    } else {
+        st = fsdp_world_barrier(w);
+    }
+    a->s.st[rank] = st;
+    snprintf(a->s.msg[rank], sizeof a->s.msg[rank], "%s", st ? fsdp_error_msg() : "");
+    a->s.t_return[rank] = now_s();
+    return st;
+}
+
+START_TEST(test_failing_rank_aborts_barrier_waiters)
+{
+    int n = 6;
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, n), FSDP_STATUS_OK);
+    struct fail_arg a;
+    memset(&a, 0, sizeof a);
+    a.bad = 4;
+    a.bad_status = FSDP_STATUS_IO;
+    fsdp_status st = fsdp_world_launch(w, fail_rank, &a);
+    ck_assert_int_eq(st, FSDP_STATUS_IO);
+    ck_assert_str_eq(fsdp_error_msg(), "rank 4: cannot open 'data/x.bin': No such file");
+    ck_assert(fsdp_world_aborted(w));
+    ck_assert_int_eq(w->first_rank, 4);
+    for (int r = 0; r < n; r++) {
+        if (r == a.bad)
+            continue;
+        ck_assert_int_eq(a.s.st[r], FSDP_STATUS_ABORTED);
+        ck_assert_ptr_nonnull(strstr(a.s.msg[r], "another rank failed"));
+        double waited = a.s.t_return[r] - a.s.t_fail;
+        ck_assert_msg(waited < 1.0, "rank %d returned %.3f s after the failure", r, waited);
+    }
+    fsdp_world_free(w);
+}
+END_TEST
+
+/* The first real error wins over later ones and over ABORTED reports. */
+static fsdp_status two_failures_rank(fsdp_world *w, int rank, void *p)
+{
+    (void)p;
+    switch (rank) {
+    case 0: /* gives up at once, as if it had seen an abort */
+        return fsdp_error_set(FSDP_STATUS_ABORTED, "aborted: gave up");
+    case 1:
+        usleep(20000);
+        return fsdp_error_set(FSDP_STATUS_OOM, "device 1 out of memory");
+    case 2:
+        usleep(200000);
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "bad magic");
+    default:
+        return fsdp_world_barrier(w);
+    }
+}
+
+START_TEST(test_first_real_error_wins)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
+    fsdp_status st = fsdp_world_launch(w, two_failures_rank, NULL);
+    ck_assert_int_eq(st, FSDP_STATUS_OOM);
+    ck_assert_str_eq(fsdp_error_msg(), "rank 1: device 1 out of memory");
+    fsdp_world_free(w);
+}
+END_TEST
+
+static fsdp_status all_abort_rank(fsdp_world *w, int rank, void *p)
+{
+    (void)w;
+    (void)p;
+    return fsdp_error_set(FSDP_STATUS_ABORTED, "rank %d gave up", rank);
+}
+
+START_TEST(test_only_aborts_return_aborted)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 3), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_world_launch(w, all_abort_rank, NULL), FSDP_STATUS_ABORTED);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "gave up"));
+    fsdp_world_free(w);
+}
+END_TEST
+
+/* fsdp_world_fail from inside a rank, before it returns. */
+static fsdp_status fail_inside_rank(fsdp_world *w, int rank, void *p)
+{
+    struct ranks_seen *s = p;
+    if (rank == 1) {
+        fsdp_world_fail(w, rank, FSDP_STATUS_FORMAT, "checkpoint 'ck/7': bad manifest");
+        /* the flag is visible at once, before this rank returns */
+        s->ran[rank] = fsdp_world_aborted(w);
+        return FSDP_STATUS_FORMAT;
+    }
+    s->st[rank] = fsdp_world_barrier(w);
+    return s->st[rank];
+}
+
+START_TEST(test_fail_from_inside_a_rank)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 3), FSDP_STATUS_OK);
+    struct ranks_seen s;
+    memset(&s, 0, sizeof s);
+    ck_assert_int_eq(fsdp_world_launch(w, fail_inside_rank, &s), FSDP_STATUS_FORMAT);
+    ck_assert_str_eq(fsdp_error_msg(), "rank 1: checkpoint 'ck/7': bad manifest");
+    ck_assert_int_eq(s.ran[1], 1);
+    ck_assert_int_eq(s.st[0], FSDP_STATUS_ABORTED);
+    ck_assert_int_eq(s.st[2], FSDP_STATUS_ABORTED);
+    fsdp_world_free(w);
+}
+END_TEST
+
+START_TEST(test_relaunch_after_failure)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
+    for (int round = 0; round < 3; round++) {
+        struct fail_arg a;
+        memset(&a, 0, sizeof a);
+        a.bad = round % 4;
+        a.bad_status = FSDP_STATUS_INVALID_ARG;
+        ck_assert_int_eq(fsdp_world_launch(w, fail_rank, &a), FSDP_STATUS_INVALID_ARG);
+        ck_assert(fsdp_world_aborted(w));
+        /* the abort flag and the barrier are reset by the next launch */
+        struct ranks_seen s;
+        memset(&s, 0, sizeof s);
+        fsdp_status st = fsdp_world_launch(w, barrier_rank, &s);
+        ck_assert_msg(st == FSDP_STATUS_OK, "round %d: %s", round, fsdp_error_msg());
+        ck_assert(!fsdp_world_aborted(w));
+        ck_assert_int_eq(w->first_status, FSDP_STATUS_OK);
+    }
+    fsdp_world_free(w);
+}
+END_TEST
+
+/* ---- the fault hook ------------------------------------------------------- */
+
+static fsdp_status fault_count_rank(fsdp_world *w, int rank, void *p)
+{
+    struct ranks_seen *s = p;
+    for (int i = 1; i <= 10; i++)
+        if (fsdp_world_fault_hit(w, FSDP_FAULT_ALLOC, rank))
+            s->log_rank[rank] = i; /* which operation was hit */
+    for (int i = 1; i <= 10; i++)
+        if (fsdp_world_fault_hit(w, FSDP_FAULT_COLLECTIVE, rank))
+            s->ran[rank] = i;
+    return FSDP_STATUS_OK;
+}
+
+START_TEST(test_fault_hook_hits_kth_on_one_rank)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
+    fsdp_world_set_fault(w, FSDP_FAULT_ALLOC, 2, 7);
+    struct ranks_seen s;
+    memset(&s, 0, sizeof s);
+    ck_assert_int_eq(fsdp_world_launch(w, fault_count_rank, &s), FSDP_STATUS_OK);
+    for (int r = 0; r < 4; r++) {
+        ck_assert_int_eq(s.log_rank[r], r == 2 ? 7 : 0);
+        ck_assert_int_eq(s.ran[r], 0); /* collectives not armed */
+    }
+    /* re-arming restarts the count; k = 0 disarms */
+    fsdp_world_set_fault(w, FSDP_FAULT_COLLECTIVE, 0, 1);
+    fsdp_world_set_fault(w, FSDP_FAULT_ALLOC, 2, 0);
+    memset(&s, 0, sizeof s);
+    ck_assert_int_eq(fsdp_world_launch(w, fault_count_rank, &s), FSDP_STATUS_OK);
+    for (int r = 0; r < 4; r++) {
+        ck_assert_int_eq(s.log_rank[r], 0);
+        ck_assert_int_eq(s.ran[r], r == 0 ? 1 : 0);
+    }
+    fsdp_world_free(w);
+}
+END_TEST
+
+/* ---- names and messages ---------------------------------------------------- */
+
+START_TEST(test_status_and_dtype_names)
+{
+    static const char *const want[FSDP_STATUS_COUNT] = {
+        "OK", "INVALID_ARG", "OOM", "IO", "FORMAT", "CUDA", "NCCL",
+        "ABORTED", "UNSUPPORTED", "INTERNAL",
+    };
+    for (int st = 0; st < FSDP_STATUS_COUNT; st++)
+        ck_assert_str_eq(fsdp_status_name((fsdp_status)st), want[st]);
+    ck_assert_str_eq(fsdp_status_name(FSDP_STATUS_COUNT), "UNKNOWN");
+    ck_assert_str_eq(fsdp_status_name((fsdp_status)-1), "UNKNOWN");
+    ck_assert_uint_eq(fsdp_dtype_size(FSDP_DTYPE_F32), 4);
+    ck_assert_uint_eq(fsdp_dtype_size(FSDP_DTYPE_BF16), 2);
+    ck_assert_str_eq(fsdp_dtype_name(FSDP_DTYPE_F32), "fp32");
+    ck_assert_str_eq(fsdp_dtype_name(FSDP_DTYPE_BF16), "bf16");
+    ck_assert_str_eq(fsdp_backend_name(FSDP_BACKEND_CPU), "cpu");
+    ck_assert_str_eq(fsdp_backend_name(FSDP_BACKEND_CUDA), "cuda");
+    ck_assert_str_eq(fsdp_backend_name(FSDP_BACKEND_META), "meta");
+    ck_assert_str_eq(fsdp_backend_name(FSDP_BACKEND_COUNT), "unknown");
+}
+END_TEST
+
+static fsdp_status open_file(const char *path)
+{
+    return fsdp_error_set(FSDP_STATUS_IO, "cannot open '%s'", path);
+}
+
+static fsdp_status load(const char *path, int *cleaned)
+{
+    fsdp_status st;
+    FSDP_CHECK(FSDP_STATUS_OK);
+    FSDP_CHECK(open_file(path));
+    return FSDP_STATUS_OK; /* not reached */
+fail:
+    *cleaned = 1;
+    fsdp_error_prefix("loading model '%s'", "gpt2");
+    return st;
+}
+
+static fsdp_status try_twice(void)
+{
+    FSDP_TRY(FSDP_STATUS_OK);
+    FSDP_TRY(fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "no"));
+    return FSDP_STATUS_INTERNAL; /* not reached */
+}
+
+START_TEST(test_error_messages_and_macros)
+{
+    int cleaned = 0;
+    fsdp_error_clear();
+    ck_assert_str_eq(fsdp_error_msg(), "");
+    ck_assert_int_eq(load("a.bin", &cleaned), FSDP_STATUS_IO);
+    ck_assert_int_eq(cleaned, 1);
+    ck_assert_str_eq(fsdp_error_msg(), "loading model 'gpt2': cannot open 'a.bin'");
+    ck_assert_int_eq(try_twice(), FSDP_STATUS_UNSUPPORTED);
+    ck_assert_str_eq(fsdp_error_msg(), "no");
+    fsdp_error_copy("copied");
+    ck_assert_str_eq(fsdp_error_msg(), "copied");
+    fsdp_error_copy(NULL);
+    ck_assert_str_eq(fsdp_error_msg(), "");
+    /* a message longer than the buffer is cut, not overflowed */
+    char big[3 * FSDP_ERROR_MSG_MAX];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    fsdp_error_set(FSDP_STATUS_IO, "%s", big);
+    ck_assert_uint_eq(strlen(fsdp_error_msg()), FSDP_ERROR_MSG_MAX - 1);
+    fsdp_error_prefix("p");
+    ck_assert_uint_eq(strlen(fsdp_error_msg()), FSDP_ERROR_MSG_MAX - 1);
+    ck_assert(!strncmp(fsdp_error_msg(), "p: xxx", 6));
+}
+END_TEST
+
+/* Each thread has its own message. */
+static fsdp_status msg_rank(fsdp_world *w, int rank, void *p)
+{
+    struct ranks_seen *s = p;
+    fsdp_error_set(FSDP_STATUS_IO, "message of rank %d", rank);
+    FSDP_TRY(fsdp_world_barrier(w)); /* everyone has set theirs */
+    snprintf(s->msg[rank], sizeof s->msg[rank], "%s", fsdp_error_msg());
+    return FSDP_STATUS_OK;
+}
+
+START_TEST(test_error_messages_are_per_thread)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
+    fsdp_error_set(FSDP_STATUS_IO, "main thread");
+    struct ranks_seen s;
+    memset(&s, 0, sizeof s);
+    ck_assert_int_eq(fsdp_world_launch(w, msg_rank, &s), FSDP_STATUS_OK);
+    char want[64];
+    for (int r = 0; r < 4; r++) {
+        snprintf(want, sizeof want, "message of rank %d", r);
+        ck_assert_str_eq(s.msg[r], want);
+    }
+    ck_assert_str_eq(fsdp_error_msg(), "main thread");
+    fsdp_world_free(w);
+}
+END_TEST
+
+/* ---- byte sizes ------------------------------------------------------------- */
+
+START_TEST(test_parse_bytes)
+{
+    static const struct {
+        const char *s;
+        size_t want;
+    } good[] = {
+        {"4096", 4096},
+        {"0", 0},
+        {"1e9", 1000000000},
+        {"1.5e3", 1500},
+        {"512M", (size_t)512 << 20},
+        {"512m", (size_t)512 << 20},
+        {"24GiB", (size_t)24 << 30},
+        {"24gib", (size_t)24 << 30},
+        {"24G", (size_t)24 << 30},
+        {"1K", 1024},
+        {"2KiB", 2048},
+        {"1T", (size_t)1 << 40},
+        {"1P", (size_t)1 << 50},
+        {"1KB", 1000},
+        {"3MB", 3000000},
+        {"2GB", 2000000000},
+        {"1.5G", (size_t)3 << 29},
+        {"100B", 100},
+        {"7 MiB", (size_t)7 << 20},
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        size_t v = 12345;
+        fsdp_status st = fsdp_parse_bytes(good[i].s, &v);
+        ck_assert_msg(st == FSDP_STATUS_OK, "'%s': %s", good[i].s, fsdp_error_msg());
+        ck_assert_msg(v == good[i].want, "'%s' -> %zu, want %zu", good[i].s, v, good[i].want);
+    }
+    static const char *const bad[] = {
+        "", "abc", "-5", "12X", "GiB", "1KiBx", "1Gi", "5 apples", "1e30", "nan", "inf",
+        "1MiBB", "--1",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t v = 777;
+        fsdp_status st = fsdp_parse_bytes(bad[i], &v);
+        ck_assert_msg(st == FSDP_STATUS_INVALID_ARG, "'%s' accepted as %zu", bad[i], v);
+        ck_assert_uint_eq(v, 777); /* untouched on error */
+        if (*bad[i])
+            ck_assert_msg(strstr(fsdp_error_msg(), bad[i]) && strstr(fsdp_error_msg(), "24GiB"),
+                          "message for '%s': %s", bad[i], fsdp_error_msg());
+    }
+    size_t v;
+    ck_assert_int_eq(fsdp_parse_bytes(NULL, &v), FSDP_STATUS_INVALID_ARG);
+}
+END_TEST
+
+START_TEST(test_fmt_bytes)
+{
+    char buf[32];
+    ck_assert_str_eq(fsdp_fmt_bytes(buf, sizeof buf, 0), "0 B");
+    ck_assert_str_eq(fsdp_fmt_bytes(buf, sizeof buf, 1023), "1023 B");
+    ck_assert_str_eq(fsdp_fmt_bytes(buf, sizeof buf, 1024), "1.00 KiB");
+    ck_assert_str_eq(fsdp_fmt_bytes(buf, sizeof buf, 1.5 * 1024 * 1024 * 1024), "1.50 GiB");
+    ck_assert_str_eq(fsdp_fmt_bytes(buf, sizeof buf, 24.0 * (1 << 30)), "24.0 GiB");
+    ck_assert_str_eq(fsdp_fmt_bytes(buf, sizeof buf, 1099511627776.0), "1.00 TiB");
+}
+END_TEST
+
+/* ---- logging settings (read once per process: checked in a child) -------- */
+
+/* Run fn in a fresh child process with the given environment; returns the
+ * child's exit code (0 = every check passed). stderr goes to err_path. */
+static int in_child(const char *log, const char *subsys, const char *err_path,
+                    int (*fn)(void))
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (log)
+            setenv("FSDP_LOG", log, 1);
+        else
+            unsetenv("FSDP_LOG");
+        if (subsys)
+            setenv("FSDP_LOG_SUBSYS", subsys, 1);
+        else
+            unsetenv("FSDP_LOG_SUBSYS");
+        unsetenv("FSDP_CPU_THREADS");
+        if (err_path && !freopen(err_path, "w", stderr))
+            _exit(99);
+        int rc = fn();
+        fflush(stderr);
+        _exit(rc);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+}
+
+static int child_defaults(void)
+{
+    if (strcmp(fsdp_env_get(FSDP_ENV_LOG), "warn") || strcmp(fsdp_env_get(FSDP_ENV_LOG_SUBSYS), "all") ||
+        strcmp(fsdp_env_get(FSDP_ENV_CPU_THREADS), "0"))
+        return 1;
+    if (!fsdp_log_enabled(FSDP_LOG_WARN, FSDP_SUB_COMM) || !fsdp_log_enabled(FSDP_LOG_ERROR, 0))
+        return 2;
+    if (fsdp_log_enabled(FSDP_LOG_INFO, FSDP_SUB_COMM) || fsdp_log_enabled(FSDP_LOG_DEBUG, FSDP_SUB_ALL))
+        return 3;
+    return 0;
+}
+
+static int child_debug_comm(void)
+{
+    if (!fsdp_log_enabled(FSDP_LOG_DEBUG, FSDP_SUB_COMM) || !fsdp_log_enabled(FSDP_LOG_INFO, FSDP_SUB_SHARD))
+        return 1;
+    if (fsdp_log_enabled(FSDP_LOG_DEBUG, FSDP_SUB_ALLOC) || fsdp_log_enabled(FSDP_LOG_INFO, FSDP_SUB_DATA))
+        return 2;
+    if (!fsdp_log_enabled(FSDP_LOG_WARN, FSDP_SUB_ALLOC)) /* warnings ignore the mask */
+        return 3;
+    fsdp_log_set_rank(3);
+    FSDP_DEBUG(FSDP_SUB_COMM, "gathered %d bytes", 42);
+    FSDP_DEBUG(FSDP_SUB_ALLOC, "not shown");
+    fsdp_log_set_rank(-1);
+    FSDP_WARN(FSDP_SUB_CORE, "from main");
+    return 0;
+}
+
+static int child_error_level(void)
+{
+    if (!fsdp_log_enabled(FSDP_LOG_ERROR, FSDP_SUB_CORE) || fsdp_log_enabled(FSDP_LOG_WARN, FSDP_SUB_CORE))
+        return 1;
+    return 0;
+}
+
+static int child_bad_values(void)
+{
+    /* unknown level: the default (warn); unknown subsystems only: all */
+    if (!fsdp_log_enabled(FSDP_LOG_WARN, FSDP_SUB_CORE) || fsdp_log_enabled(FSDP_LOG_INFO, FSDP_SUB_CORE))
+        return 1;
+    return 0;
+}
+
+START_TEST(test_log_settings)
+{
+    char path[] = "/tmp/fsdp_test_core_logXXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    ck_assert_int_eq(in_child(NULL, NULL, NULL, child_defaults), 0);
+    ck_assert_int_eq(in_child("error", NULL, NULL, child_error_level), 0);
+    ck_assert_int_eq(in_child("loud", "nothing", NULL, child_bad_values), 0);
+    ck_assert_int_eq(in_child("DEBUG", "comm,shard", path, child_debug_comm), 0);
+    char text[512] = {0};
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    unlink(path);
+    text[n] = '\0';
+    ck_assert_str_eq(text, "fsdp[rank 3] DEBUG: gathered 42 bytes\nfsdp WARN: from main\n");
+}
+END_TEST
+
+static Suite *core_suite(void)
+{
+    Suite *s = suite_create("core");
+    TCase *tc = tcase_create("world");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_launch_runs_every_rank_once);
+    tcase_add_test(tc, test_world_init_rejects_bad_sizes);
+    tcase_add_test(tc, test_barrier_separates_rounds);
+    tcase_add_test(tc, test_failing_rank_aborts_barrier_waiters);
+    tcase_add_test(tc, test_first_real_error_wins);
+    tcase_add_test(tc, test_only_aborts_return_aborted);
+    tcase_add_test(tc, test_fail_from_inside_a_rank);
+    tcase_add_test(tc, test_relaunch_after_failure);
+    tcase_add_test(tc, test_fault_hook_hits_kth_on_one_rank);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("errors");
+    tcase_add_test(tc, test_status_and_dtype_names);
+    tcase_add_test(tc, test_error_messages_and_macros);
+    tcase_add_test(tc, test_error_messages_are_per_thread);
+    tcase_add_test(tc, test_parse_bytes);
+    tcase_add_test(tc, test_fmt_bytes);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("log");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_log_settings);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(core_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
