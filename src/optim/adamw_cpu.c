@@ -5,9 +5,12 @@
  * The build targets x86-64-v2, so the AVX2 and AVX-512F kernels are compiled
  * with per-function target attributes and chosen at run time with
  * __builtin_cpu_supports. Each kernel is a line-for-line transcription of
- * fsdp_adamw_ref: the same sixteen roundings in the same order, operands in
- * the same positions (so even NaN payload propagation matches); then the
- * n % width tail goes through fsdp_adamw_ref. AdamW on a large shard is
+ * fsdp_adamw_ref: the same seventeen roundings in the same order; then the
+ * n % width tail goes through fsdp_adamw_ref. (Bit identity covers every
+ * value, infinities and the NaNs that arithmetic creates included; which of
+ * two different input NaN payloads survives an operation is the one thing
+ * the compiler may decide differently, since it may swap the operands of a
+ * commutative operation in either version.) AdamW on a large shard is
  * memory-bound (28 bytes per element), so the kernels stay simple: unaligned
  * loads and stores, no unrolling beyond what the core does itself.
  */
