@@ -51,6 +51,7 @@ struct fsdp_world {
     } fault[FSDP_FAULT_KIND_COUNT];
 
     void *comm_shared;             /* host collectives' rendezvous (comm/host.c) */
+    void *rdv_shared;              /* cuda collectives' rendezvous (comm/rdv.c) */
 };
 
 fsdp_status fsdp_world_init(fsdp_world **out, int n_ranks);

@@ -7,9 +7,47 @@
  * cudaMemcpyAsync with cudaMemcpyDefault: unified addressing resolves host,
  * device and peer pointers, so peer copies between ranks' buffers in this
  * process need no IPC handles.
+ *
+ * Stream and event syncs of a rank in a world of several ranks poll instead
+ * of blocking, and give up with ABORTED when another rank fails: the GPU
+ * may be waiting for that rank (a queued NCCL collective whose peer never
+ * comes), and a blocking sync would then hang the thread for ever.
  */
+#include <time.h>
+
 #include "device/cuda_check.h"
+#include "device/cuda_world.h"
 #include "device/device.h"
+
+/* Wait for query() to stop returning cudaErrorNotReady: spin briefly, then
+ * sleep in short naps, checking the world's abort flag. */
+template <typename Q>
+static fsdp_status cuda_poll(fsdp_device *d, Q query, const char *what)
+{
+    for (unsigned spins = 0;; spins++) {
+        cudaError_t rc = query();
+        if (rc == cudaSuccess)
+            return FSDP_STATUS_OK;
+        if (rc != cudaErrorNotReady)
+            return fsdp_error_set(FSDP_STATUS_CUDA, "rank %d (GPU %d): %s failed: %s", d->rank,
+                                  d->ordinal, what, cudaGetErrorString(rc));
+        cudaGetLastError(); /* "not ready" is not an error; keep it out of later checks */
+        if (fsdp_cuda_world_aborted(d->world))
+            return fsdp_error_set(FSDP_STATUS_ABORTED,
+                                  "rank %d: stopped waiting for GPU %d (%s): another rank failed",
+                                  d->rank, d->ordinal, what);
+        if (spins >= 100) {
+            struct timespec ts = {0, spins < 2000 ? 10 * 1000 : 100 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* Only a world of several ranks can be aborted while this thread waits. */
+static bool cuda_can_abort(const fsdp_device *d)
+{
+    return d->world && fsdp_cuda_world_n_ranks(d->world) > 1;
+}
 
 static fsdp_status cuda_init(fsdp_device *d)
 {
@@ -82,7 +120,8 @@ static void cuda_stream_destroy(fsdp_device *d, fsdp_stream_t s)
 
 static fsdp_status cuda_stream_sync(fsdp_device *d, fsdp_stream_t s)
 {
-    (void)d;
+    if (cuda_can_abort(d))
+        return cuda_poll(d, [s] { return cudaStreamQuery((cudaStream_t)s); }, "stream sync");
     CUDA_TRY(cudaStreamSynchronize((cudaStream_t)s));
     return FSDP_STATUS_OK;
 }
@@ -118,7 +157,8 @@ static fsdp_status cuda_stream_wait_event(fsdp_device *d, fsdp_stream_t s, fsdp_
 
 static fsdp_status cuda_event_sync(fsdp_device *d, fsdp_event_t e)
 {
-    (void)d;
+    if (cuda_can_abort(d))
+        return cuda_poll(d, [e] { return cudaEventQuery((cudaEvent_t)e); }, "event sync");
     CUDA_TRY(cudaEventSynchronize((cudaEvent_t)e));
     return FSDP_STATUS_OK;
 }

@@ -1,17 +1,299 @@
 /*
- * registry.cu - the cuda op table entry points (kernels land in the files
- * beside this one, one op family per file).
+ * registry.cu - the cuda op table and the per-rank state behind it: the
+ * cuBLAS handle (bound to the rank's compute stream, with its own
+ * workspace), the op scratch, the first recorded failure; plus the helpers
+ * every op file shares (GEMM wrapper, deterministic column sums, fp32->bf16
+ * staging).
+ *
+ * One state per fsdp_op_ctx, created by fsdp_ops_cuda_init on the rank's
+ * thread after fsdp_device_init (which called cudaSetDevice). Memory comes
+ * from fsdp_device_alloc, so it is counted against the device like every
+ * other allocation (kind "other").
  */
-#include "device/cuda_check.h"
-#include "ops/ops.h"
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 
-extern "C" const struct fsdp_ops_i *fsdp_ops_cuda_iface(void) { return NULL; }
+#include "ops/cuda/common.cuh"
+
+/* ---- kernels -------------------------------------------------------------- */
+
+/* Partial column sums: block (bx, by) sums columns [bx*32, bx*32+32) over
+ * rows [by*rows_per, (by+1)*rows_per): thread (tx, ty) takes rows ty, ty+8,
+ * ... in order; the 8 threads of a column are then added in ty order. */
+__global__ void colsum_partial_kernel(float *partial, const float *x, int rows, int cols,
+                                      int rows_per)
+{
+    __shared__ float acc[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    int r0 = blockIdx.y * rows_per;
+    int r1 = min(rows, r0 + rows_per);
+    float s = 0.0f;
+    if (c < cols)
+        for (int r = r0 + threadIdx.y; r < r1; r += 8)
+            s += x[(size_t)r * cols + c];
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+        float t = acc[0][threadIdx.x];
+        for (int k = 1; k < 8; k++)
+            t += acc[k][threadIdx.x];
+        partial[(size_t)blockIdx.y * cols + c] = t;
+    }
+}
+
+/* dst[c] += sum over chunks k = 0..n_chunks-1 (in order) of partial[k][c]. */
+__global__ void colsum_finish_kernel(float *dst, const float *partial, int n_chunks, int cols)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols)
+        return;
+    float t = 0.0f;
+    for (int k = 0; k < n_chunks; k++)
+        t += partial[(size_t)k * cols + c];
+    dst[c] += t;
+}
+
+__global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = fsdp_cu_f2bf(src[i]);
+}
+
+/* ---- shared helpers ------------------------------------------------------- */
+
+void fsdp_ops_cuda_fail(fsdp_op_ctx *ctx, fsdp_status st, const char *op, const char *fmt, ...)
+{
+    fsdp_ops_cuda_state *s = fsdp_ops_cuda_st(ctx);
+    if (s->err != FSDP_STATUS_OK)
+        return;
+    char detail[FSDP_ERROR_MSG_MAX / 2];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    s->err = st;
+    snprintf(s->err_msg, sizeof s->err_msg, "cuda op %s on rank %d (GPU %d): %s", op,
+             ctx->dev->rank, ctx->dev->ordinal, detail);
+}
+
+bool fsdp_ops_cuda_launched(fsdp_op_ctx *ctx, const char *op)
+{
+    cudaError_t rc = cudaGetLastError();
+    if (rc == cudaSuccess)
+        return true;
+    fsdp_ops_cuda_fail(ctx, FSDP_STATUS_CUDA, op, "kernel launch failed: %s",
+                       cudaGetErrorString(rc));
+    return false;
+}
+
+void *fsdp_ops_cuda_scratch(fsdp_op_ctx *ctx, size_t bytes, const char *op)
+{
+    fsdp_ops_cuda_state *s = fsdp_ops_cuda_st(ctx);
+    if (s->err != FSDP_STATUS_OK)
+        return NULL;
+    if (bytes <= s->scratch_bytes)
+        return s->scratch;
+    /* The old buffer may still be read by queued kernels of ctx->stream. */
+    cudaError_t rc = cudaStreamSynchronize(fsdp_ops_cuda_stream(ctx));
+    if (rc != cudaSuccess) {
+        fsdp_ops_cuda_fail(ctx, FSDP_STATUS_CUDA, op, "stream sync before growing scratch: %s",
+                           cudaGetErrorString(rc));
+        return NULL;
+    }
+    fsdp_device_free(ctx->dev, s->scratch);
+    s->scratch = NULL;
+    s->scratch_bytes = 0;
+    size_t want = bytes + bytes / 4; /* some headroom: shapes grow in steps */
+    void *p = NULL;
+    fsdp_status st = fsdp_device_alloc(ctx->dev, want, FSDP_MEM_OTHER, "cuda op scratch", &p);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_ops_cuda_fail(ctx, st, op, "%s", fsdp_error_msg());
+        return NULL;
+    }
+    s->scratch = p;
+    s->scratch_bytes = want;
+    return p;
+}
+
+static cudaDataType_t cuda_type(fsdp_dtype dt)
+{
+    return dt == FSDP_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+bool fsdp_ops_cuda_gemm(fsdp_op_ctx *ctx, const char *op, bool transa, bool transb, int m, int n,
+                        int k, float alpha, const void *A, int lda, long long sA, const void *B,
+                        int ldb, long long sB, float beta, void *C, fsdp_dtype ctype, int ldc,
+                        long long sC, int batch, fsdp_dtype abtype)
+{
+    fsdp_ops_cuda_state *s = fsdp_ops_cuda_st(ctx);
+    if (s->err != FSDP_STATUS_OK)
+        return false;
+    if (m <= 0 || n <= 0 || batch <= 0)
+        return true;
+    cublasOperation_t ta = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t tb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasStatus_t rc;
+    if (batch == 1)
+        rc = cublasGemmEx(s->blas, ta, tb, m, n, k, &alpha, A, cuda_type(abtype), lda, B,
+                          cuda_type(abtype), ldb, &beta, C, cuda_type(ctype), ldc,
+                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    else
+        rc = cublasGemmStridedBatchedEx(s->blas, ta, tb, m, n, k, &alpha, A, cuda_type(abtype),
+                                        lda, sA, B, cuda_type(abtype), ldb, sB, &beta, C,
+                                        cuda_type(ctype), ldc, sC, batch, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT);
+    if (rc != CUBLAS_STATUS_SUCCESS) {
+        fsdp_ops_cuda_fail(ctx, FSDP_STATUS_CUDA, op,
+                           "cuBLAS GEMM (m=%d n=%d k=%d batch=%d, %s x %s -> %s) failed: %s", m,
+                           n, k, batch, fsdp_dtype_name(abtype), fsdp_dtype_name(abtype),
+                           fsdp_dtype_name(ctype), fsdp_cublas_str(rc));
+        return false;
+    }
+    return true;
+}
+
+void fsdp_ops_cuda_colsum(fsdp_op_ctx *ctx, const char *op, float *dst, const float *x, int rows,
+                          int cols)
+{
+    if (rows <= 0 || cols <= 0 || !fsdp_ops_cuda_ok(ctx))
+        return;
+    /* The chunking depends on the shape only, so the sums do not depend on
+     * the GPU model. */
+    int n_chunks = (rows + 63) / 64;
+    if (n_chunks > 256)
+        n_chunks = 256;
+    int rows_per = (rows + n_chunks - 1) / n_chunks;
+    n_chunks = (rows + rows_per - 1) / rows_per;
+    float *partial =
+        (float *)fsdp_ops_cuda_scratch(ctx, (size_t)n_chunks * cols * sizeof(float), op);
+    if (!partial)
+        return;
+    cudaStream_t st = fsdp_ops_cuda_stream(ctx);
+    dim3 grid((unsigned)((cols + 31) / 32), (unsigned)n_chunks);
+    colsum_partial_kernel<<<grid, dim3(32, 8), 0, st>>>(partial, x, rows, cols, rows_per);
+    if (!fsdp_ops_cuda_launched(ctx, op))
+        return;
+    colsum_finish_kernel<<<(cols + 255) / 256, 256, 0, st>>>(dst, partial, n_chunks, cols);
+    fsdp_ops_cuda_launched(ctx, op);
+}
+
+void fsdp_ops_cuda_f32_to_bf16(fsdp_op_ctx *ctx, const char *op, __nv_bfloat16 *dst,
+                               const float *src, size_t n)
+{
+    if (!n || !fsdp_ops_cuda_ok(ctx))
+        return;
+    f32_to_bf16_kernel<<<fsdp_ops_cuda_grid(ctx, n, 256), 256, 0, fsdp_ops_cuda_stream(ctx)>>>(
+        dst, src, n);
+    fsdp_ops_cuda_launched(ctx, op);
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
+static void cuda_ops_fini(fsdp_op_ctx *ctx)
+{
+    fsdp_ops_cuda_state *s = fsdp_ops_cuda_st(ctx);
+    if (!s)
+        return;
+    /* Queued ops may still use the workspace and scratch. */
+    cudaStreamSynchronize(fsdp_ops_cuda_stream(ctx));
+    if (s->blas)
+        cublasDestroy(s->blas);
+    fsdp_device_free(ctx->dev, s->blas_ws);
+    fsdp_device_free(ctx->dev, s->scratch);
+    free(s);
+    ctx->backend = NULL;
+}
+
+static fsdp_status cuda_ops_sync_error(fsdp_op_ctx *ctx)
+{
+    fsdp_ops_cuda_state *s = fsdp_ops_cuda_st(ctx);
+    if (!s || s->err == FSDP_STATUS_OK)
+        return FSDP_STATUS_OK;
+    fsdp_status st = s->err;
+    fsdp_error_set(st, "%s", s->err_msg);
+    s->err = FSDP_STATUS_OK;
+    s->err_msg[0] = '\0';
+    return st;
+}
+
+static const struct fsdp_ops_i cuda_ops_i = {
+    /* .name          = */ "cuda",
+    /* .fini          = */ cuda_ops_fini,
+    /* .embed_fwd     = */ fsdp_ops_cuda_embed_fwd,
+    /* .embed_bwd     = */ fsdp_ops_cuda_embed_bwd,
+    /* .layernorm_fwd = */ fsdp_ops_cuda_layernorm_fwd,
+    /* .layernorm_bwd = */ fsdp_ops_cuda_layernorm_bwd,
+    /* .matmul_fwd    = */ fsdp_ops_cuda_matmul_fwd,
+    /* .matmul_bwd    = */ fsdp_ops_cuda_matmul_bwd,
+    /* .gelu_fwd      = */ fsdp_ops_cuda_gelu_fwd,
+    /* .gelu_bwd      = */ fsdp_ops_cuda_gelu_bwd,
+    /* .attention_fwd = */ fsdp_ops_cuda_attention_fwd,
+    /* .attention_bwd = */ fsdp_ops_cuda_attention_bwd,
+    /* .residual_fwd  = */ fsdp_ops_cuda_residual_fwd,
+    /* .xent_fwd_bwd  = */ fsdp_ops_cuda_xent_fwd_bwd,
+    /* .adamw         = */ fsdp_ops_cuda_adamw,
+    /* .cast          = */ fsdp_ops_cuda_cast,
+    /* .add           = */ fsdp_ops_cuda_add,
+    /* .sumsq_blocks  = */ fsdp_ops_cuda_sumsq_blocks,
+    /* .sync_error    = */ cuda_ops_sync_error,
+};
+
+extern "C" const struct fsdp_ops_i *fsdp_ops_cuda_iface(void) { return &cuda_ops_i; }
 
 extern "C" fsdp_status fsdp_ops_cuda_init(fsdp_op_ctx *ctx)
 {
-    (void)ctx;
-    cublasHandle_t h;
-    CUBLAS_TRY(cublasCreate(&h));
-    cublasDestroy(h);
-    return fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "the CUDA ops are not implemented yet");
+    fsdp_status st = FSDP_STATUS_OK;
+    cublasStatus_t brc;
+    cudaError_t crc;
+    fsdp_device *dev = ctx->dev;
+    if (dev->backend != FSDP_BACKEND_CUDA)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "cuda ops need a cuda device (rank %d has a %s device)", dev->rank,
+                              fsdp_backend_name(dev->backend));
+    fsdp_ops_cuda_state *s = (fsdp_ops_cuda_state *)calloc(1, sizeof *s);
+    if (!s)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating the cuda op state");
+    ctx->backend = s;
+    crc = cudaDeviceGetAttribute(&s->n_sms, cudaDevAttrMultiProcessorCount, dev->ordinal);
+    if (crc != cudaSuccess) {
+        st = fsdp_error_set(FSDP_STATUS_CUDA, "rank %d: cannot query GPU %d: %s", dev->rank,
+                            dev->ordinal, cudaGetErrorString(crc));
+        goto fail;
+    }
+    brc = cublasCreate(&s->blas);
+    if (brc != CUBLAS_STATUS_SUCCESS) {
+        s->blas = NULL;
+        st = fsdp_error_set(FSDP_STATUS_CUDA,
+                            "rank %d: cublasCreate on GPU %d failed: %s (is the GPU out of "
+                            "memory or the cuBLAS library mismatched with the driver?)",
+                            dev->rank, dev->ordinal, fsdp_cublas_str(brc));
+        goto fail;
+    }
+    FSDP_CHECK(fsdp_device_alloc(dev, FSDP_CUDA_BLAS_WS_BYTES, FSDP_MEM_OTHER, "cuBLAS workspace",
+                                 &s->blas_ws));
+    /* cublasSetStream resets the workspace, so the stream comes first. */
+    brc = cublasSetStream(s->blas, fsdp_ops_cuda_stream(ctx));
+    if (brc == CUBLAS_STATUS_SUCCESS)
+        brc = cublasSetWorkspace(s->blas, s->blas_ws, FSDP_CUDA_BLAS_WS_BYTES);
+    /* Keep split-K reductions of bf16 GEMMs in fp32. */
+    if (brc == CUBLAS_STATUS_SUCCESS)
+        brc = cublasSetMathMode(s->blas, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                        CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    if (brc == CUBLAS_STATUS_SUCCESS)
+        brc = cublasSetPointerMode(s->blas, CUBLAS_POINTER_MODE_HOST);
+    if (brc != CUBLAS_STATUS_SUCCESS) {
+        st = fsdp_error_set(FSDP_STATUS_CUDA, "rank %d: configuring cuBLAS on GPU %d failed: %s",
+                            dev->rank, dev->ordinal, fsdp_cublas_str(brc));
+        goto fail;
+    }
+    return FSDP_STATUS_OK;
+fail:
+    if (s->blas)
+        cublasDestroy(s->blas);
+    fsdp_device_free(dev, s->blas_ws);
+    free(s);
+    ctx->backend = NULL;
+    return st;
 }

@@ -1,0 +1,55 @@
+/*
+ * cuda_comm.h - internal pieces of the CUDA collectives (comm/nccl.cu,
+ * comm/peer.cu): their init functions, and the host rendezvous they use to
+ * hand pointers, CUDA events and NCCL ids between the rank threads
+ * (comm/rdv.c, plain C, so it is also built and tested without CUDA).
+ *
+ * Rendezvous: one object per world, hung off world->rdv_shared, created by
+ * the first rank that attaches and freed by the last one that detaches.
+ * fsdp_comm_rdv_exchange is an all-gather of one small record per rank
+ * among the world's rank threads: every rank must call it the same number
+ * of times, in the same order.
+ */
+#ifndef FSDP_COMM_CUDA_COMM_H
+#define FSDP_COMM_CUDA_COMM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "comm/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* NCCL among the ranks' GPUs (one rank per GPU). All ranks of w call it on
+ * their own threads after fsdp_device_init. UNSUPPORTED without CUDA. */
+fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
+/* Peer copies between the ranks' buffers (several ranks may share a GPU).
+ * Same calling rules. UNSUPPORTED without CUDA. */
+fsdp_status fsdp_comm_peer_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
+
+/* Largest record fsdp_comm_rdv_exchange carries per rank. */
+#define FSDP_RDV_REC_MAX 256
+
+typedef struct fsdp_comm_rdv fsdp_comm_rdv;
+
+/* Join w's rendezvous (creating it if this is the first rank). */
+fsdp_status fsdp_comm_rdv_attach(fsdp_world *w, fsdp_comm_rdv **out);
+/* Leave it; the last rank to leave frees it. NULL is a no-op. */
+void fsdp_comm_rdv_detach(fsdp_world *w, fsdp_comm_rdv *r);
+
+/* Publish `bytes` (<= FSDP_RDV_REC_MAX) from `mine` as this rank's record,
+ * wait for every rank's record of the same exchange, and copy them to
+ * all[0 .. n_ranks * bytes) in rank order. abortable: return ABORTED (this
+ * rank's record withdrawn) if the world is aborted before every rank
+ * arrived; non-abortable waits are for exchanges that every rank is certain
+ * to reach (see peer.cu). */
+fsdp_status fsdp_comm_rdv_exchange(fsdp_comm_rdv *r, fsdp_world *w, int rank, const void *mine,
+                                   size_t bytes, void *all, bool abortable);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FSDP_COMM_CUDA_COMM_H */

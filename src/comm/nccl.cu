@@ -1,0 +1,313 @@
+/*
+ * nccl.cu - the `nccl` collectives: one NCCL communicator per rank thread,
+ * one rank per GPU (NCCL cannot put two ranks of a communicator on one
+ * GPU; use `peer` for virtual ranks).
+ *
+ * Setup: rank 0 creates the ncclUniqueId and hands it to the other rank
+ * threads through the host rendezvous (comm/rdv.c), together with every
+ * rank's GPU ordinal, so a duplicate GPU is refused by every rank alike
+ * before NCCL sees it. Each rank thread then calls ncclCommInitRankConfig
+ * on its own device with a NON-BLOCKING config, so no host thread ever
+ * blocks inside NCCL: init, every call and finalisation return at once (or
+ * ncclInProgress) and this file polls ncclCommGetAsyncError, checking the
+ * world's abort flag between polls. On abort (another rank failed), or
+ * after an NCCL error, the communicator is ended with ncclCommAbort, which
+ * also stops this rank's queued NCCL kernels that wait for a rank that will
+ * never come; the cuda device's stream/event syncs poll the abort flag too,
+ * so a rank blocked on such a kernel returns ABORTED instead of hanging.
+ * Call order at teardown: fsdp_comm_fini before fsdp_device_fini.
+ *
+ * Sums are NCCL's (ring/tree order chosen by NCCL): deterministic for a
+ * fixed topology, size and NCCL version, but not comm.h's fixed tree, so
+ * results are not bit-identical across world sizes (use --comm peer for
+ * that); with one rank they are exact copies. AVG is ncclAvg.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm/cuda_comm.h"
+#include "device/cuda_check.h"
+#include "device/cuda_world.h"
+
+struct nccl_ctx {
+    ncclComm_t comm;
+    fsdp_comm_rdv *rdv;
+    bool broken; /* an NCCL error or an abort: end with ncclCommAbort */
+    long n_coll;
+};
+
+/* What a rank publishes at setup. */
+struct nccl_rec {
+    int ordinal;
+    int backend;
+    int status;          /* rank 0: whether ncclGetUniqueId worked */
+    ncclUniqueId id;     /* rank 0's */
+};
+
+static void nccl_nap(unsigned *spins)
+{
+    if (++*spins < 200)
+        return;
+    struct timespec ts = {0, *spins < 2000 ? 20 * 1000 : 200 * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static ncclDataType_t nccl_type(fsdp_dtype dt)
+{
+    return dt == FSDP_DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
+}
+
+/* Wait until the communicator has no operation in progress. what: a phrase
+ * for messages ("all_gather"). */
+static fsdp_status nccl_settle(fsdp_comm *c, const char *what)
+{
+    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
+    unsigned spins = 0;
+    for (;;) {
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t rc = ncclCommGetAsyncError(p->comm, &state);
+        if (rc != ncclSuccess) {
+            p->broken = true;
+            return fsdp_error_set(FSDP_STATUS_NCCL, "rank %d (GPU %d): NCCL %s: querying the "
+                                  "communicator failed: %s", c->rank, c->dev->ordinal, what,
+                                  ncclGetErrorString(rc));
+        }
+        if (state == ncclSuccess)
+            return FSDP_STATUS_OK;
+        if (state != ncclInProgress) {
+            p->broken = true;
+            return fsdp_error_set(FSDP_STATUS_NCCL,
+                                  "rank %d (GPU %d): NCCL %s failed: %s (%s); set NCCL_DEBUG=WARN "
+                                  "for NCCL's own report",
+                                  c->rank, c->dev->ordinal, what, ncclGetErrorString(state),
+                                  ncclGetLastError(p->comm));
+        }
+        if (fsdp_cuda_world_aborted(c->world)) {
+            p->broken = true;
+            return fsdp_error_set(FSDP_STATUS_ABORTED,
+                                  "rank %d: NCCL %s abandoned: another rank failed", c->rank,
+                                  what);
+        }
+        nccl_nap(&spins);
+    }
+}
+
+/* Fault hook, argument checks and the state checks every collective does. */
+static fsdp_status nccl_begin(fsdp_comm *c, const char *what, fsdp_dtype dt, fsdp_reduce_op op)
+{
+    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
+    long k = ++p->n_coll;
+    if (fsdp_cuda_world_fault_hit_collective(c->world, c->rank)) {
+        /* The other ranks may have queued their half of this collective:
+         * only ncclCommAbort releases them. */
+        p->broken = true;
+        return fsdp_error_set(FSDP_STATUS_INTERNAL,
+                              "rank %d: injected failure in collective %ld (%s)", c->rank, k, what);
+    }
+    if ((unsigned)dt >= FSDP_DTYPE_COUNT || (unsigned)op > FSDP_REDUCE_AVG)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "rank %d: %s: unknown dtype %d or reduce op %d", c->rank, what,
+                              (int)dt, (int)op);
+    if (p->broken)
+        return fsdp_error_set(FSDP_STATUS_NCCL,
+                              "rank %d: %s on a communicator that already failed or was aborted",
+                              c->rank, what);
+    if (fsdp_cuda_world_aborted(c->world))
+        return fsdp_error_set(FSDP_STATUS_ABORTED,
+                              "rank %d: collective %ld (%s) not started: another rank failed",
+                              c->rank, k, what);
+    return FSDP_STATUS_OK;
+}
+
+/* After issuing: an immediate error, or poll until the call is enqueued. */
+static fsdp_status nccl_issued(fsdp_comm *c, const char *what, ncclResult_t rc)
+{
+    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+        p->broken = true;
+        return fsdp_error_set(FSDP_STATUS_NCCL, "rank %d (GPU %d): NCCL %s failed: %s (%s)",
+                              c->rank, c->dev->ordinal, what, ncclGetErrorString(rc),
+                              ncclGetLastError(p->comm));
+    }
+    return nccl_settle(c, what);
+}
+
+static fsdp_status nccl_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,
+                                   fsdp_dtype dt, fsdp_stream_t s)
+{
+    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
+    FSDP_TRY(nccl_begin(c, "all_gather", dt, FSDP_REDUCE_SUM));
+    return nccl_issued(c, "all_gather",
+                       ncclAllGather(send, recv, numel, nccl_type(dt), p->comm, (cudaStream_t)s));
+}
+
+static ncclRedOp_t nccl_op(fsdp_reduce_op op) { return op == FSDP_REDUCE_AVG ? ncclAvg : ncclSum; }
+
+static fsdp_status nccl_reduce_scatter(fsdp_comm *c, const void *send, void *recv, size_t numel,
+                                       fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream_t s)
+{
+    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
+    FSDP_TRY(nccl_begin(c, "reduce_scatter", dt, op));
+    return nccl_issued(c, "reduce_scatter",
+                       ncclReduceScatter(send, recv, numel, nccl_type(dt), nccl_op(op), p->comm,
+                                         (cudaStream_t)s));
+}
+
+static fsdp_status nccl_all_reduce(fsdp_comm *c, const void *send, void *recv, size_t numel,
+                                   fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream_t s)
+{
+    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
+    FSDP_TRY(nccl_begin(c, "all_reduce", dt, op));
+    return nccl_issued(c, "all_reduce",
+                       ncclAllReduce(send, recv, numel, nccl_type(dt), nccl_op(op), p->comm,
+                                     (cudaStream_t)s));
+}
+
+static fsdp_status nccl_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtype dt, int root,
+                                  fsdp_stream_t s)
+{
+    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
+    FSDP_TRY(nccl_begin(c, "broadcast", dt, FSDP_REDUCE_SUM));
+    if (root < 0 || root >= c->n_ranks)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "rank %d: broadcast root %d is not a rank of this world (0..%d)",
+                              c->rank, root, c->n_ranks - 1);
+    return nccl_issued(c, "broadcast",
+                       ncclBroadcast(buf, buf, numel, nccl_type(dt), root, p->comm,
+                                     (cudaStream_t)s));
+}
+
+static fsdp_status nccl_barrier(fsdp_comm *c)
+{
+    FSDP_TRY(nccl_begin(c, "barrier", FSDP_DTYPE_F32, FSDP_REDUCE_SUM));
+    FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->compute));
+    FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->comm));
+    FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->copy));
+    return fsdp_cuda_world_barrier(c->world);
+}
+
+static void nccl_fini(fsdp_comm *c)
+{
+    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
+    if (!p)
+        return;
+    if (p->comm) {
+        bool clean = !p->broken && !fsdp_cuda_world_aborted(c->world);
+        if (clean) {
+            ncclResult_t rc = ncclCommFinalize(p->comm);
+            clean = (rc == ncclSuccess || rc == ncclInProgress) &&
+                    nccl_settle(c, "finalize") == FSDP_STATUS_OK;
+        }
+        if (clean)
+            ncclCommDestroy(p->comm);
+        else
+            ncclCommAbort(p->comm);
+        p->comm = NULL;
+    }
+    fsdp_comm_rdv_detach(c->world, p->rdv);
+    free(p);
+    c->ctx = NULL;
+}
+
+static const struct fsdp_comm_i nccl_comm_i = {
+    /* .name           = */ "nccl",
+    /* .all_gather     = */ nccl_all_gather,
+    /* .reduce_scatter = */ nccl_reduce_scatter,
+    /* .all_reduce     = */ nccl_all_reduce,
+    /* .broadcast      = */ nccl_broadcast,
+    /* .barrier        = */ nccl_barrier,
+    /* .fini           = */ nccl_fini,
+};
+
+extern "C" fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
+                                           int rank)
+{
+    fsdp_status st = FSDP_STATUS_OK;
+    struct nccl_rec me, *all = NULL;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    ncclResult_t rc;
+    cudaError_t crc;
+    memset(c, 0, sizeof *c);
+    c->iface = &nccl_comm_i;
+    c->world = w;
+    c->dev = dev;
+    c->rank = rank;
+    c->n_ranks = fsdp_cuda_world_n_ranks(w);
+    struct nccl_ctx *p = (struct nccl_ctx *)calloc(1, sizeof *p);
+    if (!p) {
+        c->iface = NULL;
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating the NCCL communicator");
+    }
+    c->ctx = p;
+    all = (struct nccl_rec *)calloc((size_t)c->n_ranks, sizeof *all);
+    if (!all) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating the NCCL communicator");
+        goto fail;
+    }
+    FSDP_CHECK(fsdp_comm_rdv_attach(w, &p->rdv));
+    memset(&me, 0, sizeof me);
+    me.ordinal = dev->ordinal;
+    me.backend = (int)dev->backend;
+    if (rank == 0) {
+        rc = ncclGetUniqueId(&me.id);
+        if (rc != ncclSuccess) {
+            me.status = (int)FSDP_STATUS_NCCL;
+            st = fsdp_error_set(FSDP_STATUS_NCCL, "rank 0: ncclGetUniqueId failed: %s",
+                                ncclGetErrorString(rc));
+        }
+    }
+    /* Every rank takes part even if rank 0 already failed, so all agree. */
+    {
+        fsdp_status xst = fsdp_comm_rdv_exchange(p->rdv, w, rank, &me, sizeof me, all, true);
+        if (st != FSDP_STATUS_OK)
+            goto fail;
+        FSDP_CHECK(xst);
+    }
+    for (int q = 0; q < c->n_ranks; q++) {
+        if (all[q].backend != (int)FSDP_BACKEND_CUDA) {
+            st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                "rank %d: --comm nccl needs --backend cuda on every rank (rank %d "
+                                "has a %s device)", rank, q,
+                                fsdp_backend_name((fsdp_backend)all[q].backend));
+            goto fail;
+        }
+        for (int o = 0; o < q; o++)
+            if (all[o].ordinal == all[q].ordinal) {
+                st = fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
+                                    "rank %d: NCCL cannot run two ranks on one GPU (ranks %d and "
+                                    "%d are both on GPU %d); use --comm peer for several ranks "
+                                    "per GPU, or one rank per GPU",
+                                    rank, o, q, all[q].ordinal);
+                goto fail;
+            }
+    }
+    if (all[0].status != (int)FSDP_STATUS_OK) {
+        st = fsdp_error_set(FSDP_STATUS_NCCL, "rank %d: rank 0 could not create the NCCL id",
+                            rank);
+        goto fail;
+    }
+    crc = cudaSetDevice(dev->ordinal);
+    if (crc != cudaSuccess) {
+        st = fsdp_error_set(FSDP_STATUS_CUDA, "rank %d: cudaSetDevice(%d): %s", rank,
+                            dev->ordinal, cudaGetErrorString(crc));
+        goto fail;
+    }
+    config.blocking = 0;
+    rc = ncclCommInitRankConfig(&p->comm, c->n_ranks, all[0].id, rank, &config);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+        p->broken = true;
+        st = fsdp_error_set(FSDP_STATUS_NCCL,
+                            "rank %d (GPU %d): ncclCommInitRankConfig over %d ranks failed: %s",
+                            rank, dev->ordinal, c->n_ranks, ncclGetErrorString(rc));
+        goto fail;
+    }
+    FSDP_CHECK(nccl_settle(c, "communicator setup"));
+    free(all);
+    return FSDP_STATUS_OK;
+fail:
+    free(all);
+    nccl_fini(c);
+    c->iface = NULL;
+    return st;
+}

@@ -1,0 +1,17 @@
+/*
+ * cuda_world.c - C wrappers over core/world.h for the CUDA C++ files, which
+ * cannot include it (C11 atomics); see cuda_world.h.
+ */
+#include "core/world.h"
+#include "device/cuda_world.h"
+
+bool fsdp_cuda_world_aborted(fsdp_world *w) { return w && fsdp_world_aborted(w); }
+
+int fsdp_cuda_world_n_ranks(fsdp_world *w) { return w ? w->n_ranks : 1; }
+
+bool fsdp_cuda_world_fault_hit_collective(fsdp_world *w, int rank)
+{
+    return w && fsdp_world_fault_hit(w, FSDP_FAULT_COLLECTIVE, rank);
+}
+
+fsdp_status fsdp_cuda_world_barrier(fsdp_world *w) { return fsdp_world_barrier(w); }

@@ -1,0 +1,197 @@
+/*
+ * common.cuh - what the cuda op files share: the per-rank backend state
+ * (cuBLAS handle, workspace, scratch, first error), bf16 load/store helpers,
+ * warp reductions with a fixed order, and the launch helpers every op uses.
+ *
+ * Internal to src/ops/cuda/. Assumes the rank thread already called
+ * cudaSetDevice (fsdp_device_init does). Nothing here is process-global:
+ * every handle and buffer hangs off fsdp_op_ctx.backend.
+ *
+ * Ops return void (the slots of fsdp_ops_i), so a failure is recorded in the
+ * state (first one wins) and reported by the table's sync_error slot; after
+ * a failure, ops that need scratch or cuBLAS skip their work.
+ */
+#ifndef FSDP_OPS_CUDA_COMMON_CUH
+#define FSDP_OPS_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "device/cuda_check.h"
+#include "ops/ops.h"
+
+/* LayerNorm epsilon (GPT-2). */
+#define FSDP_CUDA_LN_EPS 1e-5f
+/* cuBLAS workspace per rank (Hopper wants 32 MiB for its best kernels). */
+#define FSDP_CUDA_BLAS_WS_BYTES ((size_t)32 << 20)
+/* Most elements a low-precision staging copy of an fp32 operand may hold
+ * (matmul backward casts dout to bf16 in row chunks of at most this size). */
+#define FSDP_CUDA_LOWP_CHUNK_NUMEL ((size_t)32 << 20)
+
+typedef struct fsdp_ops_cuda_state {
+    cublasHandle_t blas;        /* bound to ctx->stream */
+    void *blas_ws;              /* cuBLAS workspace (device), FSDP_CUDA_BLAS_WS_BYTES */
+    void *scratch;              /* op scratch (device), grown on demand */
+    size_t scratch_bytes;
+    int n_sms;
+    fsdp_status err;            /* first failure, FSDP_STATUS_OK if none */
+    char err_msg[FSDP_ERROR_MSG_MAX];
+} fsdp_ops_cuda_state;
+
+static inline fsdp_ops_cuda_state *fsdp_ops_cuda_st(fsdp_op_ctx *ctx)
+{
+    return (fsdp_ops_cuda_state *)ctx->backend;
+}
+
+static inline cudaStream_t fsdp_ops_cuda_stream(fsdp_op_ctx *ctx)
+{
+    return (cudaStream_t)ctx->stream;
+}
+
+/* Record a failure of op `op` (first one wins; later ones are dropped). */
+void fsdp_ops_cuda_fail(fsdp_op_ctx *ctx, fsdp_status st, const char *op, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* True if ops may run (no failure recorded yet). */
+static inline bool fsdp_ops_cuda_ok(fsdp_op_ctx *ctx)
+{
+    return fsdp_ops_cuda_st(ctx)->err == FSDP_STATUS_OK;
+}
+
+/* After a kernel launch: record cudaGetLastError() if it is an error.
+ * Returns true when the launch succeeded. */
+bool fsdp_ops_cuda_launched(fsdp_op_ctx *ctx, const char *op);
+
+/* Device scratch of at least `bytes` for the op running now, valid until
+ * the next op on ctx->stream. Growing synchronises ctx->stream first (so
+ * the old buffer is idle), which only happens in the first steps. Returns
+ * NULL (and records OOM) on failure. */
+void *fsdp_ops_cuda_scratch(fsdp_op_ctx *ctx, size_t bytes, const char *op);
+
+/* C (m x n, column-major, ldc, type ctype) = alpha op(A) op(B) + beta C for
+ * `batch` matrices at strides sA/sB/sC (elements), A and B of type abtype,
+ * accumulated in fp32 (CUBLAS_COMPUTE_32F: no TF32, so fp32 GEMMs stay
+ * precise). Returns false (recorded) on failure. */
+bool fsdp_ops_cuda_gemm(fsdp_op_ctx *ctx, const char *op, bool transa, bool transb, int m, int n,
+                        int k, float alpha, const void *A, int lda, long long sA, const void *B,
+                        int ldb, long long sB, float beta, void *C, fsdp_dtype ctype, int ldc,
+                        long long sC, int batch, fsdp_dtype abtype);
+
+/* Column sums of an fp32 matrix x (rows, cols), row-major, added into
+ * dst[cols] (dst += sum over rows) in a fixed order: partial sums over
+ * fixed row chunks (rows in order within a thread, threads combined in
+ * order), then the chunks in order. Deterministic. */
+void fsdp_ops_cuda_colsum(fsdp_op_ctx *ctx, const char *op, float *dst, const float *x, int rows,
+                          int cols);
+
+/* Convert n fp32 values to bf16 (round to nearest even) on ctx->stream. */
+void fsdp_ops_cuda_f32_to_bf16(fsdp_op_ctx *ctx, const char *op, __nv_bfloat16 *dst,
+                               const float *src, size_t n);
+
+/* Grid for a grid-stride loop over n elements with `threads` per block. */
+static inline unsigned fsdp_ops_cuda_grid(fsdp_op_ctx *ctx, size_t n, unsigned threads)
+{
+    size_t want = (n + threads - 1) / threads;
+    size_t cap = (size_t)fsdp_ops_cuda_st(ctx)->n_sms * 32;
+    if (want > cap)
+        want = cap;
+    return want ? (unsigned)want : 1u;
+}
+
+/* ---- device helpers ------------------------------------------------------ */
+
+/* fp32 -> bf16 bits, round to nearest even; NaN stays a quiet NaN with the
+ * same bit pattern core/bf16.h produces, so cpu and cuda casts agree bit for
+ * bit. */
+__device__ __forceinline__ __nv_bfloat16 fsdp_cu_f2bf(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    uint16_t h;
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        h = (uint16_t)((u >> 16) | 0x40u);
+    else
+        h = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return __ushort_as_bfloat16(h);
+}
+
+__device__ __forceinline__ float fsdp_cu_bf2f(__nv_bfloat16 h)
+{
+    return __uint_as_float((uint32_t)__bfloat16_as_ushort(h) << 16);
+}
+
+/* Load element i as fp32 / store fp32 into element i of a T buffer. */
+__device__ __forceinline__ float fsdp_cu_ld(const float *p, size_t i) { return p[i]; }
+__device__ __forceinline__ float fsdp_cu_ld(const __nv_bfloat16 *p, size_t i)
+{
+    return fsdp_cu_bf2f(p[i]);
+}
+__device__ __forceinline__ void fsdp_cu_st(float *p, size_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void fsdp_cu_st(__nv_bfloat16 *p, size_t i, float v)
+{
+    p[i] = fsdp_cu_f2bf(v);
+}
+
+/* Warp reductions: xor butterfly, the same order on every run. */
+__device__ __forceinline__ float fsdp_cu_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float fsdp_cu_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Call f.template operator()<T>() with T = float or __nv_bfloat16 for dt. */
+#define FSDP_CUDA_DISPATCH(dt, T, ...)                                  \
+    do {                                                                \
+        if ((dt) == FSDP_DTYPE_BF16) {                                  \
+            typedef __nv_bfloat16 T;                                    \
+            __VA_ARGS__;                                                \
+        } else {                                                        \
+            typedef float T;                                            \
+            __VA_ARGS__;                                                \
+        }                                                               \
+    } while (0)
+
+/* ---- the op launchers (one file per family) ---------------------------- */
+
+void fsdp_ops_cuda_embed_fwd(fsdp_op_ctx *ctx, void *out, const int *tokens, const void *wte,
+                             const void *wpe, int B, int T, int C);
+void fsdp_ops_cuda_embed_bwd(fsdp_op_ctx *ctx, float *dwte, float *dwpe, const float *dout,
+                             const int *tokens, int B, int T, int C);
+void fsdp_ops_cuda_layernorm_fwd(fsdp_op_ctx *ctx, void *out, float *mean, float *rstd,
+                                 const void *inp, const void *w, const void *b, int N, int C);
+void fsdp_ops_cuda_layernorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *db,
+                                 const float *dout, const void *inp, const void *w,
+                                 const float *mean, const float *rstd, int N, int C);
+void fsdp_ops_cuda_matmul_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, const void *w,
+                              const void *bias, int N, int C, int OC);
+void fsdp_ops_cuda_matmul_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *dbias,
+                              const float *dout, const void *inp, const void *w, int N, int C,
+                              int OC);
+void fsdp_ops_cuda_gelu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, size_t n);
+void fsdp_ops_cuda_gelu_bwd(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout,
+                            size_t n);
+void fsdp_ops_cuda_attention_fwd(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv, int B,
+                                 int T, int C, int NH);
+void fsdp_ops_cuda_attention_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt, const float *dout,
+                                 const void *qkv, const void *att, int B, int T, int C, int NH);
+void fsdp_ops_cuda_residual_fwd(fsdp_op_ctx *ctx, void *out, const void *a, const void *b,
+                                size_t n);
+void fsdp_ops_cuda_add(fsdp_op_ctx *ctx, float *dst, const float *a, const float *b, size_t n);
+void fsdp_ops_cuda_xent_fwd_bwd(fsdp_op_ctx *ctx, float *losses, float *dlogits,
+                                const void *logits, const int *targets, int N, int V, int Vp,
+                                float dloss);
+void fsdp_ops_cuda_adamw(fsdp_op_ctx *ctx, float *p, const float *grad, float *m, float *v,
+                         size_t n, float lr, float b1, float b2, float eps, float wd, float bc1,
+                         float bc2, float grad_scale, void *p_out, fsdp_dtype out_dt);
+void fsdp_ops_cuda_cast(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void *src,
+                        fsdp_dtype sdt, size_t n);
+void fsdp_ops_cuda_sumsq_blocks(fsdp_op_ctx *ctx, float *out, const float *x, size_t n);
+
+#endif /* FSDP_OPS_CUDA_COMMON_CUH */

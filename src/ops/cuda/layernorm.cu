@@ -1,0 +1,184 @@
+/*
+ * layernorm.cu - LayerNorm over the last dimension on the GPU (eps 1e-5).
+ *
+ * inp, out (N, C) in ctx->dt; w, b (C,) in ctx->dt; mean, rstd (N,) fp32
+ * (either may be NULL in the forward: not saved). One warp per row. Row
+ * statistics are summed in double (as the cpu backend does) and the
+ * normalised output is computed with explicit single roundings, so results
+ * match the cpu up to the order of the double sums.
+ *
+ * Backward: dinp += (dn - mean(dn) - n * mean(dn * n)) * rstd, dn = w * dout,
+ * one warp per row. dw += sum_i n_i * dout_i and db += sum_i dout_i are
+ * deterministic: fixed row chunks give per-chunk partials (rows in order
+ * per thread, 8 threads per column added in order), then a second pass adds
+ * the chunks in order and adds the total to dw/db once.
+ */
+#include "ops/cuda/common.cuh"
+
+__device__ __forceinline__ double warp_sum_d(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T>
+__global__ void layernorm_fwd_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w,
+                                     const T *b, int N, int C)
+{
+    int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32);
+    int lane = threadIdx.x % 32;
+    if (row >= N)
+        return;
+    size_t off = (size_t)row * C;
+    double s = 0.0;
+    for (int c = lane; c < C; c += 32)
+        s += (double)fsdp_cu_ld(inp, off + c);
+    double m = warp_sum_d(s) / C;
+    double ss = 0.0;
+    for (int c = lane; c < C; c += 32) {
+        double d = (double)fsdp_cu_ld(inp, off + c) - m;
+        ss = __dadd_rn(ss, __dmul_rn(d, d));
+    }
+    ss = warp_sum_d(ss);
+    float mf = (float)m;
+    float rs = (float)(1.0 / sqrt(ss / C + (double)FSDP_CUDA_LN_EPS));
+    for (int c = lane; c < C; c += 32) {
+        float n = __fmul_rn(__fsub_rn(fsdp_cu_ld(inp, off + c), mf), rs);
+        fsdp_cu_st(out, off + c, __fadd_rn(__fmul_rn(n, fsdp_cu_ld(w, c)), fsdp_cu_ld(b, c)));
+    }
+    if (lane == 0) {
+        if (mean)
+            mean[row] = mf;
+        if (rstd)
+            rstd[row] = rs;
+    }
+}
+
+template <typename T>
+__global__ void layernorm_bwd_dinp_kernel(float *dinp, const float *dout, const T *inp,
+                                          const T *w, const float *mean, const float *rstd, int N,
+                                          int C)
+{
+    int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32);
+    int lane = threadIdx.x % 32;
+    if (row >= N)
+        return;
+    size_t off = (size_t)row * C;
+    const float m = mean[row], rs = rstd[row];
+    float a = 0.0f, an = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float n = (fsdp_cu_ld(inp, off + c) - m) * rs;
+        float dn = fsdp_cu_ld(w, c) * dout[off + c];
+        a += dn;
+        an += dn * n;
+    }
+    float dnorm_mean = fsdp_cu_warp_sum(a) / (float)C;
+    float dnorm_norm_mean = fsdp_cu_warp_sum(an) / (float)C;
+    for (int c = lane; c < C; c += 32) {
+        float n = (fsdp_cu_ld(inp, off + c) - m) * rs;
+        float dn = fsdp_cu_ld(w, c) * dout[off + c];
+        dinp[off + c] += (dn - dnorm_mean - n * dnorm_norm_mean) * rs;
+    }
+}
+
+/* Block (bx, by): columns [32bx, 32bx+32), rows [by*rows_per, ...). */
+template <typename T>
+__global__ void layernorm_bwd_partial_kernel(float *pdw, float *pdb, const float *dout,
+                                             const T *inp, const float *mean, const float *rstd,
+                                             int N, int C, int rows_per)
+{
+    __shared__ float sw[8][33], sb[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    int r0 = blockIdx.y * rows_per;
+    int r1 = min(N, r0 + rows_per);
+    float aw = 0.0f, ab = 0.0f;
+    if (c < C) {
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+            size_t e = (size_t)r * C + c;
+            float n = (fsdp_cu_ld(inp, e) - mean[r]) * rstd[r];
+            aw += n * dout[e];
+            ab += dout[e];
+        }
+    }
+    sw[threadIdx.y][threadIdx.x] = aw;
+    sb[threadIdx.y][threadIdx.x] = ab;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float tw = sw[0][threadIdx.x], tb = sb[0][threadIdx.x];
+        for (int k = 1; k < 8; k++) {
+            tw += sw[k][threadIdx.x];
+            tb += sb[k][threadIdx.x];
+        }
+        pdw[(size_t)blockIdx.y * C + c] = tw;
+        pdb[(size_t)blockIdx.y * C + c] = tb;
+    }
+}
+
+__global__ void layernorm_bwd_finish_kernel(float *dw, float *db, const float *pdw,
+                                            const float *pdb, int n_chunks, int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float tw = 0.0f, tb = 0.0f;
+    for (int k = 0; k < n_chunks; k++) {
+        tw += pdw[(size_t)k * C + c];
+        tb += pdb[(size_t)k * C + c];
+    }
+    if (dw)
+        dw[c] += tw;
+    if (db)
+        db[c] += tb;
+}
+
+void fsdp_ops_cuda_layernorm_fwd(fsdp_op_ctx *ctx, void *out, float *mean, float *rstd,
+                                 const void *inp, const void *w, const void *b, int N, int C)
+{
+    if (N <= 0 || C <= 0 || !fsdp_ops_cuda_ok(ctx))
+        return;
+    unsigned grid = (unsigned)(((size_t)N * 32 + 255) / 256);
+    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
+    FSDP_CUDA_DISPATCH(ctx->dt, E,
+                       layernorm_fwd_kernel<E><<<grid, 256, 0, s>>>(
+                           (E *)out, mean, rstd, (const E *)inp, (const E *)w, (const E *)b, N, C));
+    fsdp_ops_cuda_launched(ctx, "layernorm_fwd");
+}
+
+void fsdp_ops_cuda_layernorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *db,
+                                 const float *dout, const void *inp, const void *w,
+                                 const float *mean, const float *rstd, int N, int C)
+{
+    if (N <= 0 || C <= 0 || !fsdp_ops_cuda_ok(ctx))
+        return;
+    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
+    if (dinp) {
+        unsigned grid = (unsigned)(((size_t)N * 32 + 255) / 256);
+        FSDP_CUDA_DISPATCH(ctx->dt, E,
+                           layernorm_bwd_dinp_kernel<E><<<grid, 256, 0, s>>>(
+                               dinp, dout, (const E *)inp, (const E *)w, mean, rstd, N, C));
+        if (!fsdp_ops_cuda_launched(ctx, "layernorm_bwd"))
+            return;
+    }
+    if (!dw && !db)
+        return;
+    /* Chunking depends on the shape only (same sums on every GPU model). */
+    int n_chunks = (N + 63) / 64;
+    if (n_chunks > 256)
+        n_chunks = 256;
+    int rows_per = (N + n_chunks - 1) / n_chunks;
+    n_chunks = (N + rows_per - 1) / rows_per;
+    float *pdw = (float *)fsdp_ops_cuda_scratch(ctx, 2 * (size_t)n_chunks * C * sizeof(float),
+                                                "layernorm_bwd");
+    if (!pdw)
+        return;
+    float *pdb = pdw + (size_t)n_chunks * C;
+    dim3 grid((unsigned)((C + 31) / 32), (unsigned)n_chunks);
+    FSDP_CUDA_DISPATCH(ctx->dt, E,
+                       layernorm_bwd_partial_kernel<E><<<grid, dim3(32, 8), 0, s>>>(
+                           pdw, pdb, dout, (const E *)inp, mean, rstd, N, C, rows_per));
+    if (!fsdp_ops_cuda_launched(ctx, "layernorm_bwd"))
+        return;
+    layernorm_bwd_finish_kernel<<<(C + 255) / 256, 256, 0, s>>>(dw, db, pdw, pdb, n_chunks, C);
+    fsdp_ops_cuda_launched(ctx, "layernorm_bwd");
+}
