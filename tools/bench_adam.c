@@ -457,9 +457,9 @@ int main(int argc, char **argv)
         return 1;
     }
     const double adam_bytes = o.bf16_out ? 30.0 : 28.0;
-    char b1[32];
-    printf("AdamW on %zu fp32 parameters (p, g, m, v = %s), %d threads, median of %d steps\n",
-           o.n, fsdp_fmt_bytes(b1, sizeof b1, 16.0 * (double)o.n), o.threads, o.iters);
+    printf("AdamW on %zu fp32 parameters (p, g, m, v = %.2f GB), %d threads, median of %d "
+           "steps\n",
+           o.n, 16.0 * (double)o.n / 1e9, o.threads, o.iters);
     fflush(stdout);
 
     bool nt = BENCH_X86 && fsdp_cpu_isa_supported(FSDP_CPU_ISA_AVX2);
