@@ -279,12 +279,12 @@ START_TEST(test_allocation_table_churn)
         fsdp_device_free(&d, ps[i]);
     expect_empty(&d.mem);
     size_t cap_after_peak = d.n_recs_cap;
-    /* churn: a few live allocations, 200000 alloc/free pairs */
+    /* churn: a few live allocations, 30000 alloc/free pairs */
     void *keep[8];
     for (int i = 0; i < 8; i++)
         ck_assert_int_eq(fsdp_device_alloc(&d, 64, FSDP_MEM_ACT, "keep", &keep[i]),
                          FSDP_STATUS_OK);
-    for (int i = 0; i < 200000; i++) {
+    for (int i = 0; i < 30000; i++) {
         void *p;
         ck_assert_int_eq(fsdp_device_alloc(&d, 128, FSDP_MEM_ACT, "churn", &p), FSDP_STATUS_OK);
         fsdp_device_free(&d, p);
@@ -294,7 +294,7 @@ START_TEST(test_allocation_table_churn)
     for (int i = 0; i < 8; i++)
         fsdp_device_free(&d, keep[i]);
     expect_empty(&d.mem);
-    ck_assert_uint_eq(d.mem.n_allocs, LIVE + 8 + 200000);
+    ck_assert_uint_eq(d.mem.n_allocs, LIVE + 8 + 30000);
     free(ps);
     fsdp_device_fini(&d);
 }

@@ -45,6 +45,7 @@
 #include <sched.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm/comm.h"
 #include "core/bf16.h"
@@ -53,6 +54,7 @@
 
 #define HOST_BLOCK 2048 /* elements per block of the tree reduction */
 #define HOST_SPIN 4000  /* polls of the arrival counters before sleeping */
+#define HOST_YIELDS 16  /* polls (each after a yield) when ranks outnumber cores */
 
 /* What one rank published for its current collective. Written by the owner
  * before it arrives at the first meeting; read by the others between their
@@ -81,6 +83,8 @@ struct host_shared {
 struct host_ctx {
     struct host_shared *sh;
     unsigned long seq;   /* meetings this rank has reached */
+    int n_spin;          /* polls before sleeping */
+    bool oversubscribed; /* more ranks than online cores: yield, don't spin */
     long n_coll;         /* collectives issued on this rank (1-based count) */
     const void **src;    /* (n_ranks,) per-rank source pointers of a reduction */
     float **tmp;         /* (n_tmp,) scratch vectors of HOST_BLOCK floats */
@@ -120,23 +124,31 @@ static fsdp_status meet(fsdp_comm *c, bool abortable)
     fsdp_world *w = c->world;
     unsigned long seq = ++h->seq;
 
-    /* Publish the arrival (seq_cst), then look for sleepers (seq_cst): a
-     * sleeper registers before it re-checks the counters, so either it sees
-     * this arrival or this rank sees it and wakes it. */
+    /* Publish the arrival, then look at the others (all seq_cst). Of ranks
+     * arriving together, the one whose store comes last sees everyone and
+     * wakes the sleepers: a sleeper registers before it re-checks the
+     * counters, so either it sees the last arrival or the last arriver
+     * sees it. Earlier arrivers wake nobody: nobody could proceed yet. */
     atomic_store(&sh->slots[c->rank].arrived, seq);
-    if (atomic_load(&sh->n_sleepers) > 0) {
-        pthread_mutex_lock(&w->mu);
-        pthread_cond_broadcast(&w->cv);
-        pthread_mutex_unlock(&w->mu);
+    if (all_arrived(sh, seq)) {
+        if (atomic_load(&sh->n_sleepers) > 0) {
+            pthread_mutex_lock(&w->mu);
+            pthread_cond_broadcast(&w->cv);
+            pthread_mutex_unlock(&w->mu);
+        }
+        return FSDP_STATUS_OK;
     }
-    for (int i = 0; i < HOST_SPIN; i++) {
+    /* Spin while the others are likely running on other cores; with more
+     * ranks than cores, only yield a little so the late ranks get the CPU. */
+    for (int i = 0; i < h->n_spin; i++) {
         if (all_arrived(sh, seq))
             return FSDP_STATUS_OK;
         if (abortable && fsdp_world_aborted(w))
             break;
-        cpu_relax();
-        if ((i & 255) == 255)
+        if (h->oversubscribed || (i & 127) == 127)
             sched_yield();
+        else
+            cpu_relax();
     }
     bool done;
     pthread_mutex_lock(&w->mu);
@@ -530,6 +542,9 @@ fsdp_status fsdp_comm_host_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, i
     }
     for (int i = 0; i < n_tmp; i++)
         h->tmp[i] = h->tmp_mem + (size_t)i * HOST_BLOCK;
+    long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    h->oversubscribed = n_cpus > 0 && w->n_ranks > n_cpus;
+    h->n_spin = h->oversubscribed ? HOST_YIELDS : HOST_SPIN;
 
     pthread_mutex_lock(&w->mu);
     fsdp_status st = shared_attach_locked(w, rank, &h->sh);
