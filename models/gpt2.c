@@ -174,7 +174,9 @@ fsdp_status fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config *cfg)
         if (*p == ',')
             p++;
     }
-    c.padded_vocab_size = round_vocab(c.vocab_size > GPT2_MAX_VOCAB ? GPT2_MAX_VOCAB : c.vocab_size);
+    /* clamp before rounding so an out-of-range vocab fails validation, not int overflow */
+    c.padded_vocab_size =
+        round_vocab(c.vocab_size < GPT2_MAX_VOCAB ? c.vocab_size : GPT2_MAX_VOCAB);
     FSDP_TRY(fsdp_gpt2_config_validate(&c));
     *cfg = c;
     return FSDP_STATUS_OK;

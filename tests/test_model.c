@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "core/bf16.h"
+#include "core/rng.h"
 #include "models/gpt2.h"
 #include "optim/adamw.h"
 
@@ -376,7 +377,8 @@ static void check_golden_adamw(const char *file)
     rig_init(&r, FSDP_BACKEND_CPU, &gc.cfg, FSDP_DTYPE_F32, gc.B, gc.T, true);
     rig_load_golden(&r, &gc.g, gc.cfg.vocab_size);
     float *want = golden_get(&gc.g, "step_losses", 0, (size_t)gc.steps);
-    float **m = calloc((size_t)r.m.n_units, sizeof *m), **v = calloc((size_t)r.m.n_units, sizeof *v);
+    float **m = calloc((size_t)r.m.n_units, sizeof *m);
+    float **v = calloc((size_t)r.m.n_units, sizeof *v);
     for (int u = 0; u < r.m.n_units; u++) {
         m[u] = calloc(r.m.units[u].numel, sizeof(float));
         v[u] = calloc(r.m.units[u].numel, sizeof(float));
@@ -491,7 +493,11 @@ START_TEST(test_config_presets)
     const struct {
         const char *n;
         int L, H, C;
-    } big[] = {{"gpt2-medium", 24, 16, 1024}, {"gpt2-large", 36, 20, 1280}, {"gpt2-xl", 48, 25, 1600}};
+    } big[] = {
+        {"gpt2-medium", 24, 16, 1024},
+        {"gpt2-large", 36, 20, 1280},
+        {"gpt2-xl", 48, 25, 1600},
+    };
     for (int i = 0; i < 3; i++) {
         ck_assert_int_eq(fsdp_gpt2_config_parse(big[i].n, &c), FSDP_STATUS_OK);
         ck_assert_int_eq(c.n_layer, big[i].L);
@@ -514,9 +520,8 @@ START_TEST(test_config_presets)
     ck_assert_int_eq(c.n_embd, small.n_embd);
     ck_assert_int_eq(c.n_head, small.n_head);
     ck_assert_int_eq(c.max_seq_len, small.max_seq_len);
-    ck_assert_int_eq(fsdp_gpt2_config_parse("custom:layers=1,heads=2,channels=16,vocab=129,context=8",
-                                            &c),
-                     FSDP_STATUS_OK);
+    const char *spec = "custom:layers=1,heads=2,channels=16,vocab=129,context=8";
+    ck_assert_int_eq(fsdp_gpt2_config_parse(spec, &c), FSDP_STATUS_OK);
     ck_assert_int_eq(c.padded_vocab_size, 256);
 
     /* a model's name parses back to its config */
@@ -663,6 +668,16 @@ START_TEST(test_init_range_slices_match_whole)
         /* another seed gives other values for the random parameters */
         fsdp_model_init_range(&m, u, 0, padded, 43, parts);
         ck_assert(memcmp(whole, parts, n * sizeof *whole) != 0);
+        /* the key is (seed, parameter name, element index within the parameter) */
+        for (int i = 0; i < m.units[u].n_params; i++) {
+            const fsdp_param_spec *p = &m.units[u].params[i];
+            if (p->init != FSDP_INIT_NORMAL)
+                continue;
+            for (size_t k = 0; k < p->numel; k += 37) {
+                float want = p->std * fsdp_rng_normal(42, fsdp_rng_hash_str(p->name), k);
+                ck_assert(whole[p->offset + k] == want);
+            }
+        }
         free(whole);
         free(parts);
     }
