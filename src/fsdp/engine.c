@@ -650,6 +650,7 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
 
     /* parameters of the previous step's update must be on the device */
     e->lr = lr;
+    e->t = step + 1; /* AdamW step of this update (offloaded updates may start in backward) */
     FSDP_TRY(gather_wait(e, 0)); /* the root stays gathered for the whole step */
     for (int j = 0; j < A; j++) {
         uint64_t index = step * (uint64_t)(N * A) + (uint64_t)j * (uint64_t)N + (uint64_t)e->rank;
@@ -679,7 +680,6 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
     float scale = 1.0f;
     if (cfg->clip > 0.0f && norm > cfg->clip)
         scale = cfg->clip / (norm + 1e-6f);
-    e->t++;
     FSDP_TRY(fsdp_optim_step(e, lr, scale));
 
     /* publish this rank's figures; after the barrier every rank sees all */

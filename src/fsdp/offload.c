@@ -119,15 +119,25 @@ fsdp_status fsdp_offload_init(fsdp_engine *e)
     return fsdp_pool_acquire(busy, &e->pool);
 }
 
+/* Wait for unit u's CPU update (if any) and record it in the trace. */
+static void job_finish(fsdp_engine *e, int u)
+{
+    struct fsdp_unit_update *j = e->jobs[u];
+    if (!j)
+        return;
+    fsdp_pool_wait(e->pool, &j->pj);
+    fsdp_shard_unit *su = &e->sh->sm.units[u];
+    fsdp_trace_span(e, FSDP_TRACE_OPTIM, "adamw", su->spec->name, su->shard_numel * 28,
+                    (uint64_t)atomic_load(&j->t_start), (uint64_t)atomic_load(&j->t_end));
+    free(j);
+    e->jobs[u] = NULL;
+}
+
 void fsdp_offload_fini(fsdp_engine *e)
 {
     if (e->jobs)
         for (int u = 0; u < e->sh->sm.n_units; u++)
-            if (e->jobs[u]) {
-                fsdp_pool_wait(e->pool, &e->jobs[u]->pj);
-                free(e->jobs[u]);
-                e->jobs[u] = NULL;
-            }
+            job_finish(e, u);
     if (e->pool)
         fsdp_pool_release(e->pool);
     e->pool = NULL;
@@ -180,15 +190,9 @@ fsdp_status fsdp_offload_params_ready(fsdp_engine *e, int u)
     if (!e->sh->cfg.offload || !e->jobs[u])
         return FSDP_STATUS_OK;
     const fsdp_engine_config *cfg = &e->sh->cfg;
-    struct fsdp_unit_update *j = e->jobs[u];
-    fsdp_pool_wait(e->pool, &j->pj);
+    job_finish(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     fsdp_shard_row *row = &su->rows[e->rank];
-    fsdp_trace_span(e, FSDP_TRACE_OPTIM, "adamw", su->spec->name,
-                    su->shard_numel * 28, (uint64_t)atomic_load(&j->t_start),
-                    (uint64_t)atomic_load(&j->t_end));
-    free(j);
-    e->jobs[u] = NULL;
     const void *src = cfg->compute_dtype == FSDP_DTYPE_F32 ? (const void *)row->master
                                                             : e->param_host[u];
     size_t bytes = su->shard_numel * fsdp_dtype_size(cfg->compute_dtype);
