@@ -586,6 +586,14 @@ static fsdp_status grad_norm(fsdp_engine *e, int parity, float *norm)
 {
     fsdp_engine_shared *sh = e->sh;
     int U = sh->sm.n_units, N = sh->cfg.n_ranks;
+    if (!fsdp_device_computes(&e->dev)) {
+        /* meta: nothing is computed and host pointers are fake, so the norm
+         * is 0; skip the block exchange, whose host work grows with the
+         * parameter count (`fsdp plan` of 70B shapes), keep the barrier */
+        FSDP_TRY(fsdp_world_barrier(sh->world));
+        *norm = 0.0f;
+        return FSDP_STATUS_OK;
+    }
     size_t off = 0;
     for (int u = 0; u < U; u++) {
         fsdp_shard_unit *su = &sh->sm.units[u];
@@ -604,8 +612,6 @@ static fsdp_status grad_norm(fsdp_engine *e, int parity, float *norm)
             fsdp_ops_cpu_i.sumsq_blocks(&e->ops, mine + off, row_of(e, u)->grad, su->shard_numel);
             off += su->shard_numel / FSDP_NORM_BLOCK;
         }
-        if (!fsdp_device_computes(&e->dev))
-            memset(mine, 0, sh->n_local_blocks * sizeof(float));
     } else {
         memset(e->host_blocks, 0, sh->n_local_blocks * sizeof(float));
         FSDP_TRY(fsdp_device_memcpy(&e->dev, e->host_blocks, e->dev_blocks,
