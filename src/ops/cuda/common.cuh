@@ -21,7 +21,7 @@
 #include "ops/ops.h"
 
 /* LayerNorm epsilon (GPT-2). */
-#define FSDP_CUDA_LN_EPS 1e-5f
+#define FSDP_CUDA_LN_EPS 1e-5
 /* cuBLAS workspace per rank (Hopper wants 32 MiB for its best kernels). */
 #define FSDP_CUDA_BLAS_WS_BYTES ((size_t)32 << 20)
 /* Most elements a low-precision staging copy of an fp32 operand may hold

@@ -42,7 +42,7 @@ __global__ void layernorm_fwd_kernel(T *out, float *mean, float *rstd, const T *
     }
     ss = warp_sum_d(ss);
     float mf = (float)m;
-    float rs = (float)(1.0 / sqrt(ss / C + (double)FSDP_CUDA_LN_EPS));
+    float rs = (float)(1.0 / sqrt(ss / C + FSDP_CUDA_LN_EPS));
     for (int c = lane; c < C; c += 32) {
         float n = __fmul_rn(__fsub_rn(fsdp_cu_ld(inp, off + c), mf), rs);
         fsdp_cu_st(out, off + c, __fadd_rn(__fmul_rn(n, fsdp_cu_ld(w, c)), fsdp_cu_ld(b, c)));

@@ -95,11 +95,11 @@ void *fsdp_ops_cuda_scratch(fsdp_op_ctx *ctx, size_t bytes, const char *op)
         return NULL;
     if (bytes <= s->scratch_bytes)
         return s->scratch;
-    /* The old buffer may still be read by queued kernels of ctx->stream. */
-    cudaError_t rc = cudaStreamSynchronize(fsdp_ops_cuda_stream(ctx));
-    if (rc != cudaSuccess) {
-        fsdp_ops_cuda_fail(ctx, FSDP_STATUS_CUDA, op, "stream sync before growing scratch: %s",
-                           cudaGetErrorString(rc));
+    /* The old buffer may still be read by queued kernels of ctx->stream.
+     * The device's sync gives up (ABORTED) if another rank fails meanwhile. */
+    fsdp_status sst = fsdp_device_stream_sync(ctx->dev, ctx->stream);
+    if (sst != FSDP_STATUS_OK) {
+        fsdp_ops_cuda_fail(ctx, sst, op, "before growing the scratch: %s", fsdp_error_msg());
         return NULL;
     }
     fsdp_device_free(ctx->dev, s->scratch);
@@ -196,12 +196,20 @@ static void cuda_ops_fini(fsdp_op_ctx *ctx)
     fsdp_ops_cuda_state *s = fsdp_ops_cuda_st(ctx);
     if (!s)
         return;
-    /* Queued ops may still use the workspace and scratch. */
-    cudaStreamSynchronize(fsdp_ops_cuda_stream(ctx));
-    if (s->blas)
-        cublasDestroy(s->blas);
-    fsdp_device_free(ctx->dev, s->blas_ws);
-    fsdp_device_free(ctx->dev, s->scratch);
+    /* Queued ops may still use the workspace and scratch. If the stream
+     * cannot finish (another rank failed and this GPU waits on a collective
+     * that will never complete), do not block: cublasDestroy and cudaFree
+     * would wait for the whole device. The handle is then left behind and
+     * the buffers are released by fsdp_device_fini, after the communicator
+     * has been aborted. */
+    if (fsdp_device_stream_sync(ctx->dev, ctx->stream) == FSDP_STATUS_OK) {
+        if (s->blas)
+            cublasDestroy(s->blas);
+        fsdp_device_free(ctx->dev, s->blas_ws);
+        fsdp_device_free(ctx->dev, s->scratch);
+    } else {
+        fsdp_error_clear();
+    }
     free(s);
     ctx->backend = NULL;
 }
