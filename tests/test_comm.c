@@ -274,8 +274,9 @@ END_TEST
 /* Several MiB per buffer: many blocks per rank slice, both dtypes. */
 START_TEST(test_collectives_large)
 {
-    /* 786432 per rank: 3 MiB fp32 (48 Ki elements under TSan) */
-    static const size_t big[] = {TEST_TSAN ? (size_t)3 << 14 : (size_t)3 << 18};
+    /* 256 Ki elements per rank: full fp32 buffers of 4 MiB (4 ranks) and
+     * 3 MiB (3 ranks); 16 Ki under TSan */
+    static const size_t big[] = {TEST_TSAN ? (size_t)1 << 14 : (size_t)1 << 18};
     run_sweep(_i == 0 ? 4 : 3, big, 1);
 }
 END_TEST
@@ -555,6 +556,86 @@ START_TEST(test_fault_in_kth_collective_aborts_others)
 }
 END_TEST
 
+/* Communicators kept across launches: a collective fails in launch 1, and
+ * launch 2 uses the same communicators (no re-init). The ranks that gave
+ * up withdrew their arrival, so all ranks are in step again. */
+struct persist_arg {
+    struct rank_env env[4];
+    struct fault_arg fa;
+    int phase;               /* 0: init + failing sequence, 1: use, 2: fini */
+};
+
+static fsdp_status persist_rank(fsdp_world *w, int rank, void *p)
+{
+    struct persist_arg *a = p;
+    struct rank_env *e = &a->env[rank];
+    fsdp_status st = FSDP_STATUS_OK;
+    if (a->phase == 0) {
+        FSDP_TRY(env_init(e, w, rank, FSDP_BACKEND_CPU));
+        float x[64] = {0}, y[256];
+        for (int k = 1; k <= 4 && st == FSDP_STATUS_OK; k++) {
+            if (k == 3 && rank == 1)
+                usleep(50000); /* the others are waiting when rank 1 fails */
+            st = k % 2 ? fsdp_comm_all_gather(&e->comm, x, y, 64, FSDP_DTYPE_F32, NULL)
+                       : fsdp_comm_all_reduce(&e->comm, x, y, 64, FSDP_DTYPE_F32,
+                                              FSDP_REDUCE_SUM, NULL);
+        }
+        a->fa.st[rank] = st;
+        return st;
+    }
+    if (a->phase == 2) {
+        env_fini(e);
+        return FSDP_STATUS_OK;
+    }
+    /* fresh heap buffers each round: a rank out of step would read freed
+     * memory (ASan) or another round's values */
+    for (int it = 0; it < 50 && st == FSDP_STATUS_OK; it++) {
+        float *x = malloc(8 * sizeof *x), *y = malloc(32 * sizeof *y);
+        for (int i = 0; i < 8; i++)
+            x[i] = (float)(rank * 100 + it * 8 + i);
+        if (rank == it % 4)
+            usleep(1000);
+        st = fsdp_comm_all_gather(&e->comm, x, y, 8, FSDP_DTYPE_F32, NULL);
+        for (int q = 0; q < w->n_ranks && st == FSDP_STATUS_OK; q++)
+            for (int i = 0; i < 8 && st == FSDP_STATUS_OK; i++)
+                if (y[q * 8 + i] != (float)(q * 100 + it * 8 + i))
+                    st = fsdp_error_set(FSDP_STATUS_INTERNAL,
+                                        "rank %d it %d: gathered element %d of rank %d is %g",
+                                        rank, it, i, q, (double)y[q * 8 + i]);
+        if (st == FSDP_STATUS_OK)
+            st = fsdp_comm_all_reduce(&e->comm, x, y, 8, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+        for (int i = 0; i < 8 && st == FSDP_STATUS_OK; i++) /* sum of 100 q + 8 it + i */
+            if (y[i] != (float)(100 * 6 + 4 * (it * 8 + i)))
+                st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d it %d: sum %g", rank, it,
+                                    (double)y[i]);
+        free(x);
+        free(y);
+    }
+    return st;
+}
+
+START_TEST(test_comm_survives_failed_launch)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
+    struct persist_arg *a = calloc(1, sizeof *a);
+    fsdp_world_set_fault(w, FSDP_FAULT_COLLECTIVE, 1, 3);
+    a->phase = 0;
+    ck_assert_int_eq(fsdp_world_launch(w, persist_rank, a), FSDP_STATUS_INTERNAL);
+    ck_assert_int_eq(a->fa.st[0], FSDP_STATUS_ABORTED);
+    ck_assert_int_eq(a->fa.st[1], FSDP_STATUS_INTERNAL);
+    fsdp_world_set_fault(w, FSDP_FAULT_COLLECTIVE, 0, 0);
+    a->phase = 1;
+    fsdp_status st = fsdp_world_launch(w, persist_rank, a);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    a->phase = 2;
+    ck_assert_int_eq(fsdp_world_launch(w, persist_rank, a), FSDP_STATUS_OK);
+    ck_assert_ptr_null(w->comm_shared);
+    free(a);
+    fsdp_world_free(w);
+}
+END_TEST
+
 /* A rank that fails outside any collective: the others, blocked in one,
  * return ABORTED promptly. */
 static fsdp_status early_fail_rank(fsdp_world *w, int rank, void *p)
@@ -712,6 +793,7 @@ static Suite *comm_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_fault_in_kth_collective_aborts_others);
     tcase_add_test(tc, test_abort_while_waiting);
+    tcase_add_test(tc, test_comm_survives_failed_launch);
     tcase_add_test(tc, test_mismatched_collectives_fail_cleanly);
     tcase_add_test(tc, test_init_twice_refused);
     suite_add_tcase(s, tc);

@@ -27,8 +27,9 @@
  * Meetings: every rank counts the meetings it has reached in its slot
  * (`arrived`); a meeting is over for rank r when every slot has reached
  * r's count. A waiter spins briefly (cheap when ranks have their own
- * cores), then sleeps on the world's condition variable (ranks may
- * oversubscribe the cores) and polls the abort flag. Only the first meeting
+ * cores; with more ranks than cores it only yields a few times), then
+ * sleeps on the world's condition variable, woken by the last rank to
+ * arrive, and polls the abort flag. Only the first meeting
  * of a collective can be aborted: once every rank has passed it, every rank
  * reaches the later meetings without waiting on anything else, and
  * returning early from them would free buffers other ranks still read. This
@@ -36,11 +37,20 @@
  * collectives (the launcher sets it when a rank's function returns an
  * error).
  *
+ * A rank that gives up on an abort withdraws its arrival, so after a failed
+ * collective every rank has reached the same number of meetings again and
+ * the communicators can be used by a later launch of the same world.
+ *
+ * Fault hook: every collective, barrier included, counts as one
+ * FSDP_FAULT_COLLECTIVE operation on its rank; the k-th fails with INTERNAL
+ * ("rank R: injected failure in collective K (kind)") before publishing
+ * anything, and the other ranks return ABORTED once the launcher sets the
+ * abort flag on that rank's return.
+ *
  * Lifetime: the first rank to call fsdp_comm_host_init creates the shared
  * table under world->mu; every fsdp_comm_fini drops a reference and the last
  * one frees it, so every rank that initialised must also call
- * fsdp_comm_fini, including after a failure (a later launch then starts
- * from a fresh table).
+ * fsdp_comm_fini, including after a failure.
  */
 #include <sched.h>
 #include <stdint.h>
@@ -156,6 +166,13 @@ static fsdp_status meet(fsdp_comm *c, bool abortable)
     while (!(done = all_arrived(sh, seq)) && !(abortable && fsdp_world_aborted(w)))
         fsdp_world_wait_locked(w);
     atomic_fetch_sub(&sh->n_sleepers, 1);
+    if (!done) {
+        /* Withdraw the arrival: every rank then agrees on the meetings
+         * reached (the failed rank never arrived), so communicators kept
+         * across a relaunch of the world stay in step. */
+        atomic_store(&sh->slots[c->rank].arrived, seq - 1);
+        h->seq = seq - 1;
+    }
     pthread_mutex_unlock(&w->mu);
     if (!done)
         return fsdp_error_set(FSDP_STATUS_ABORTED,
