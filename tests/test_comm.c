@@ -479,7 +479,9 @@ static fsdp_status fault_rank(fsdp_world *w, int rank, void *p)
         if (rank == a->late_rank)
             usleep(20000);
         switch (k) {
-        case 1: st = fsdp_comm_all_gather(&e.comm, send, recv, numel, FSDP_DTYPE_F32, NULL); break;
+        case 1:
+            st = fsdp_comm_all_gather(&e.comm, send, recv, numel, FSDP_DTYPE_F32, NULL);
+            break;
         case 2:
             st = fsdp_comm_reduce_scatter(&e.comm, send, recv, numel, FSDP_DTYPE_BF16,
                                           FSDP_REDUCE_SUM, NULL);
@@ -488,7 +490,9 @@ static fsdp_status fault_rank(fsdp_world *w, int rank, void *p)
             st = fsdp_comm_all_reduce(&e.comm, send, recv, full, FSDP_DTYPE_F32, FSDP_REDUCE_AVG,
                                       NULL);
             break;
-        case 4: st = fsdp_comm_broadcast(&e.comm, send, full, FSDP_DTYPE_F32, 1 % w->n_ranks, NULL); break;
+        case 4:
+            st = fsdp_comm_broadcast(&e.comm, send, full, FSDP_DTYPE_F32, 1 % w->n_ranks, NULL);
+            break;
         case 5: st = fsdp_comm_barrier(&e.comm); break;
         default:
             st = fsdp_comm_all_reduce(&e.comm, recv, recv, full, FSDP_DTYPE_BF16,

@@ -506,21 +506,25 @@ static int in_child(const char *log, const char *subsys, const char *err_path,
 
 static int child_defaults(void)
 {
-    if (strcmp(fsdp_env_get(FSDP_ENV_LOG), "warn") || strcmp(fsdp_env_get(FSDP_ENV_LOG_SUBSYS), "all") ||
+    if (strcmp(fsdp_env_get(FSDP_ENV_LOG), "warn") ||
+        strcmp(fsdp_env_get(FSDP_ENV_LOG_SUBSYS), "all") ||
         strcmp(fsdp_env_get(FSDP_ENV_CPU_THREADS), "0"))
         return 1;
     if (!fsdp_log_enabled(FSDP_LOG_WARN, FSDP_SUB_COMM) || !fsdp_log_enabled(FSDP_LOG_ERROR, 0))
         return 2;
-    if (fsdp_log_enabled(FSDP_LOG_INFO, FSDP_SUB_COMM) || fsdp_log_enabled(FSDP_LOG_DEBUG, FSDP_SUB_ALL))
+    if (fsdp_log_enabled(FSDP_LOG_INFO, FSDP_SUB_COMM) ||
+        fsdp_log_enabled(FSDP_LOG_DEBUG, FSDP_SUB_ALL))
         return 3;
     return 0;
 }
 
 static int child_debug_comm(void)
 {
-    if (!fsdp_log_enabled(FSDP_LOG_DEBUG, FSDP_SUB_COMM) || !fsdp_log_enabled(FSDP_LOG_INFO, FSDP_SUB_SHARD))
+    if (!fsdp_log_enabled(FSDP_LOG_DEBUG, FSDP_SUB_COMM) ||
+        !fsdp_log_enabled(FSDP_LOG_INFO, FSDP_SUB_SHARD))
         return 1;
-    if (fsdp_log_enabled(FSDP_LOG_DEBUG, FSDP_SUB_ALLOC) || fsdp_log_enabled(FSDP_LOG_INFO, FSDP_SUB_DATA))
+    if (fsdp_log_enabled(FSDP_LOG_DEBUG, FSDP_SUB_ALLOC) ||
+        fsdp_log_enabled(FSDP_LOG_INFO, FSDP_SUB_DATA))
         return 2;
     if (!fsdp_log_enabled(FSDP_LOG_WARN, FSDP_SUB_ALLOC)) /* warnings ignore the mask */
         return 3;
@@ -534,7 +538,8 @@ static int child_debug_comm(void)
 
 static int child_error_level(void)
 {
-    if (!fsdp_log_enabled(FSDP_LOG_ERROR, FSDP_SUB_CORE) || fsdp_log_enabled(FSDP_LOG_WARN, FSDP_SUB_CORE))
+    if (!fsdp_log_enabled(FSDP_LOG_ERROR, FSDP_SUB_CORE) ||
+        fsdp_log_enabled(FSDP_LOG_WARN, FSDP_SUB_CORE))
         return 1;
     return 0;
 }
@@ -542,7 +547,8 @@ static int child_error_level(void)
 static int child_bad_values(void)
 {
     /* unknown level: the default (warn); unknown subsystems only: all */
-    if (!fsdp_log_enabled(FSDP_LOG_WARN, FSDP_SUB_CORE) || fsdp_log_enabled(FSDP_LOG_INFO, FSDP_SUB_CORE))
+    if (!fsdp_log_enabled(FSDP_LOG_WARN, FSDP_SUB_CORE) ||
+        fsdp_log_enabled(FSDP_LOG_INFO, FSDP_SUB_CORE))
         return 1;
     return 0;
 }

@@ -263,8 +263,8 @@ START_TEST(test_allocation_table_churn)
     void **ps = calloc(LIVE, sizeof *ps);
     size_t want = 0;
     for (int i = 0; i < LIVE; i++) {
-        ck_assert_int_eq(fsdp_device_alloc(&d, (size_t)i + 1, (fsdp_mem_kind)(i % FSDP_MEM_KIND_COUNT),
-                                           "t", &ps[i]),
+        fsdp_mem_kind kind = (fsdp_mem_kind)(i % FSDP_MEM_KIND_COUNT);
+        ck_assert_int_eq(fsdp_device_alloc(&d, (size_t)i + 1, kind, "t", &ps[i]),
                          FSDP_STATUS_OK);
         want += (size_t)i + 1;
     }

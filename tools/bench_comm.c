@@ -178,7 +178,7 @@ static void usage(FILE *f)
                "  --quick       sizes 4 KiB, 1 MiB, 16 MiB, 64 MiB only\n"
                "  --max-size    largest total buffer size (default 256MiB)\n"
                "  --ranks       comma-separated world sizes (default 2,4,8; at most 8)\n"
-               "  --iters       timed calls per point (default: about 512 MiB per point, 3..200)\n");
+               "  --iters       timed calls per point (default: 512 MiB / size, 3..200)\n");
 }
 
 int main(int argc, char **argv)

@@ -192,7 +192,8 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
     struct host_shared *sh = h->sh;
     long k = ++h->n_coll;
     if (fsdp_world_fault_hit(c->world, FSDP_FAULT_COLLECTIVE, c->rank))
-        return fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: injected failure in collective %ld (%s)",
+        return fsdp_error_set(FSDP_STATUS_INTERNAL,
+                              "rank %d: injected failure in collective %ld (%s)",
                               c->rank, k, kind_name(kind));
     if (kind != HOST_BARRIER) {
         if ((unsigned)dt >= FSDP_DTYPE_COUNT)
