@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# fetch_gpu_debs.sh - download, here (a machine with the Debian registry),
+# the .deb packages that tools/gpu_check.sh unpacks on a GPU machine that has
+# gcc, make and nvcc but neither Check nor OpenBLAS nor a package registry.
+#
+#   tools/fetch_gpu_debs.sh          -> third_party/debs/*.deb  (git-ignored)
+#
+# Then carry third_party/ to the GPU machine with the working tree (for the
+# device tool: carry ["third_party"]). The list is Check and OpenBLAS
+# (pthread flavour) with their run-time dependencies that a bare
+# gcc/CUDA image may lack (apt-cache depends: check -> libsubunit-dev ->
+# libsubunit0; libopenblas-pthread-dev -> libopenblas0-pthread ->
+# libgfortran5 -> libquadmath0). The packages must match the GPU machine's
+# Debian release and architecture (this one: see /etc/os-release).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PKGS=(check libsubunit0 libsubunit-dev libopenblas0-pthread libopenblas-pthread-dev
+      libgfortran5 libquadmath0)
+mkdir -p third_party/debs
+cd third_party/debs
+if ! apt-get download "${PKGS[@]}" 2>/dev/null; then
+    echo "fetch_gpu_debs: apt-get download failed; running 'apt-get update' once and retrying" >&2
+    apt-get update -qq
+    apt-get download "${PKGS[@]}"
+fi
+ls -l ./*.deb
+echo "fetch_gpu_debs: $(ls ./*.deb | wc -l) packages in third_party/debs ($(. /etc/os-release; echo "$PRETTY_NAME"), $(dpkg --print-architecture))"
