@@ -19,9 +19,11 @@
  *  4. torch.optim.AdamW on CPU, via tools/bench_adam_torch.py, with T
  *     intra-op threads and the same N (foreach=True/False, fused=True where
  *     the installed torch supports it on CPU).
- * Each figure is the median over K steps after one warm-up step. The table
- * ends with ours vs triad bandwidth (goal >= 70%) and ours vs PyTorch's best
- * (goal >= 3x). Exit status 0 unless the tool itself fails (the goals are
+ * Each figure is the median over K steps after one warm-up step. Steps 1
+ * and 2 run again after PyTorch ("(2)" rows), since the load of a shared
+ * machine drifts; the table ends with ours vs triad bandwidth (goal >= 70%)
+ * and ours vs PyTorch's best (goal >= 3x), each from the less favourable
+ * pass. Exit status 0 unless the tool itself fails (the goals are
  * reported, not enforced: timings on a shared machine are noisy).
  */
 #include <limits.h>
@@ -436,11 +438,53 @@ static int parse_args(int argc, char **argv, options *o)
 static void row(const char *name, timing t, size_t n, double bytes_per_param, double ref_gbs)
 {
     double gbs = (double)n * bytes_per_param / t.med / 1e9;
-    printf("%-30s %9.1f %9.1f %9.3f %9.2f", name, t.med * 1e3, t.best * 1e3,
+    printf("%-34s %9.1f %9.1f %9.3f %9.2f", name, t.med * 1e3, t.best * 1e3,
            (double)n / t.med / 1e9, gbs);
     if (ref_gbs > 0)
         printf(" %8.0f%%", 100.0 * gbs / ref_gbs);
     printf("\n");
+}
+
+/* Triad and fsdp's AdamW measured back to back on a fresh pool of T threads. */
+typedef struct pass {
+    timing triad_nt; /* streaming stores (when nt) */
+    timing triad;    /* plain stores */
+    timing ours;
+    double triad_gbs; /* the faster triad */
+} pass;
+
+static void measure_pass(const options *o, bool nt, pass *ps, timing *scalar)
+{
+    fsdp_pool *pool;
+    if (fsdp_pool_create(o->threads - 1, &pool) != FSDP_STATUS_OK) {
+        fprintf(stderr, "bench_adam: %s\n", fsdp_error_msg());
+        exit(1);
+    }
+    *ps = (pass){{0, 0}, {0, 0}, {0, 0}, 0};
+    if (nt)
+        ps->triad_nt = time_triad(pool, o->n, o->iters, true);
+    ps->triad = time_triad(pool, o->n, o->iters, false);
+    ps->triad_gbs = 12.0 * (double)o->n / ps->triad.med / 1e9;
+    if (nt && 12.0 * (double)o->n / ps->triad_nt.med / 1e9 > ps->triad_gbs)
+        ps->triad_gbs = 12.0 * (double)o->n / ps->triad_nt.med / 1e9;
+    ps->ours = time_adamw(pool, o->n, o->iters, o->isa, o->bf16_out);
+    if (scalar) /* slow: 3 steps tell enough */
+        *scalar = time_adamw(pool, o->n, o->iters < 3 ? o->iters : 3, FSDP_CPU_ISA_SCALAR,
+                             o->bf16_out);
+    fsdp_pool_destroy(pool); /* free the threads' cores before whatever runs next */
+}
+
+static void print_pass(const options *o, bool nt, const pass *ps, const char *suffix)
+{
+    char name[64];
+    snprintf(name, sizeof name, "triad, streaming stores%s", suffix);
+    if (nt)
+        row(name, ps->triad_nt, o->n, 12.0, 0);
+    snprintf(name, sizeof name, "triad, plain stores%s", suffix);
+    row(name, ps->triad, o->n, 12.0, 0);
+    snprintf(name, sizeof name, "fsdp adamw %s%s%s", fsdp_cpu_isa_name(o->isa),
+             o->bf16_out ? " +bf16" : "", suffix);
+    row(name, ps->ours, o->n, o->bf16_out ? 30.0 : 28.0, ps->triad_gbs);
 }
 
 int main(int argc, char **argv)
@@ -450,32 +494,19 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc;
-
-    fsdp_pool *pool;
-    if (fsdp_pool_create(o.threads - 1, &pool) != FSDP_STATUS_OK) {
-        fprintf(stderr, "bench_adam: %s\n", fsdp_error_msg());
-        return 1;
-    }
     const double adam_bytes = o.bf16_out ? 30.0 : 28.0;
+    const bool nt = BENCH_X86 && fsdp_cpu_isa_supported(FSDP_CPU_ISA_AVX2);
     printf("AdamW on %zu fp32 parameters (p, g, m, v = %.2f GB), %d threads, median of %d "
            "steps\n",
            o.n, 16.0 * (double)o.n / 1e9, o.threads, o.iters);
     fflush(stdout);
 
-    bool nt = BENCH_X86 && fsdp_cpu_isa_supported(FSDP_CPU_ISA_AVX2);
-    timing t_triad_nt = {0, 0}, t_scalar = {0, 0};
-    if (nt)
-        t_triad_nt = time_triad(pool, o.n, o.iters, true);
-    timing t_triad = time_triad(pool, o.n, o.iters, false);
-    double triad_gbs = 12.0 * (double)o.n / t_triad.med / 1e9;
-    if (nt && 12.0 * (double)o.n / t_triad_nt.med / 1e9 > triad_gbs)
-        triad_gbs = 12.0 * (double)o.n / t_triad_nt.med / 1e9;
-    timing t_ours = time_adamw(pool, o.n, o.iters, o.isa, o.bf16_out);
-    if (o.scalar)
-        t_scalar = time_adamw(pool, o.n, o.iters < 3 ? o.iters : 3, FSDP_CPU_ISA_SCALAR,
-                              o.bf16_out); /* slow: 3 steps tell enough */
-    fsdp_pool_destroy(pool); /* free the threads' cores before PyTorch runs */
-
+    /* Pass 1, PyTorch, then pass 2: on a shared machine the load changes
+     * between measurements, so the summary takes the less favourable pass. */
+    pass ps[2];
+    int n_pass = 1;
+    timing t_scalar = {0, 0};
+    measure_pass(&o, nt, &ps[0], o.scalar ? &t_scalar : NULL);
     torch_result tr[N_TORCH];
     char why[1024] = "";
     int n_torch = 0;
@@ -483,47 +514,58 @@ int main(int argc, char **argv)
         printf("running PyTorch (tools/bench_adam_torch.py)...\n");
         fflush(stdout);
         n_torch = torch_bench(&o, tr, why, sizeof why);
+        measure_pass(&o, nt, &ps[1], NULL);
+        n_pass = 2;
     }
 
     char name[64];
-    printf("\n%-30s %9s %9s %9s %9s %9s\n", "variant", "ms/step", "best ms", "Gupd/s", "GB/s",
+    printf("\n%-34s %9s %9s %9s %9s %9s\n", "variant", "ms/step", "best ms", "Gupd/s", "GB/s",
            "of triad");
-    if (nt)
-        row("triad, streaming stores", t_triad_nt, o.n, 12.0, 0);
-    row("triad, plain stores", t_triad, o.n, 12.0, 0);
-    snprintf(name, sizeof name, "fsdp adamw %s%s", fsdp_cpu_isa_name(o.isa),
-             o.bf16_out ? " +bf16" : "");
-    row(name, t_ours, o.n, adam_bytes, triad_gbs);
+    print_pass(&o, nt, &ps[0], "");
     if (o.scalar) {
         snprintf(name, sizeof name, "fsdp adamw scalar ref%s", o.bf16_out ? " +bf16" : "");
-        row(name, t_scalar, o.n, adam_bytes, triad_gbs);
+        row(name, t_scalar, o.n, adam_bytes, ps[0].triad_gbs);
     }
     timing best_torch = {0, 0};
     const char *best_name = NULL;
     for (int i = 0; i < n_torch; i++) {
         snprintf(name, sizeof name, "torch AdamW %s", tr[i].name);
         if (!tr[i].ok) {
-            printf("%-30s unsupported: %s\n", name, tr[i].reason);
+            printf("%-34s unsupported: %s\n", name, tr[i].reason);
             continue;
         }
-        row(name, tr[i].sec, o.n, 28.0, triad_gbs);
+        row(name, tr[i].sec, o.n, 28.0, ps[0].triad_gbs);
         if (!best_name || tr[i].sec.med < best_torch.med)
             best_torch = tr[i].sec, best_name = tr[i].name;
     }
     if (o.torch && n_torch == 0)
-        printf("%-30s unavailable: %s\n", "torch AdamW", why);
+        printf("%-34s unavailable: %s\n", "torch AdamW", why);
+    if (n_pass == 2)
+        print_pass(&o, nt, &ps[1], " (2)");
 
-    double ours_gbs = adam_bytes * (double)o.n / t_ours.med / 1e9;
-    printf("\nRatios and GB/s use the median step; GB/s counts %g bytes per AdamW parameter (read p, g, m, v; write p, m, v%s) and 12 "
-           "per triad element; triad bandwidth = the faster triad.\n",
+    /* Conservative summary: vs triad, the lower of the per-pass ratios (each
+     * pass's triad ran just before its AdamW); vs PyTorch, our slower pass. */
+    int worst = 0;
+    double ours_sec = ps[0].ours.med;
+    for (int k = 1; k < n_pass; k++) {
+        if (ps[k].triad_gbs * ps[k].ours.med > ps[worst].triad_gbs * ps[worst].ours.med)
+            worst = k;
+        if (ps[k].ours.med > ours_sec)
+            ours_sec = ps[k].ours.med;
+    }
+    double ours_gbs = adam_bytes * (double)o.n / ps[worst].ours.med / 1e9;
+    printf("\nGB/s counts %g bytes per AdamW parameter (read p, g, m, v; write p, m, v%s) and 12 "
+           "per triad element.\nRatios use medians and the less favourable pass: the lower "
+           "ours/triad ratio (triad: the faster store kind), our slower AdamW.\n",
            adam_bytes, o.bf16_out ? ", bf16 p" : "");
-    printf("ours vs triad bandwidth: %.0f%% (%.2f of %.2f GB/s; goal >= 70%%)\n",
-           100.0 * ours_gbs / triad_gbs, ours_gbs, triad_gbs);
+    printf("ours vs triad bandwidth: %.0f%% (%.2f of %.2f GB/s, pass %d; goal >= 70%%)\n",
+           100.0 * ours_gbs / ps[worst].triad_gbs, ours_gbs, ps[worst].triad_gbs, worst + 1);
     if (best_name)
-        printf("ours vs PyTorch best (%s): %.2fx (goal >= 3x)\n", best_name, best_torch.med / t_ours.med);
+        printf("ours vs PyTorch best (%s): %.2fx (goal >= 3x)\n", best_name,
+               best_torch.med / ours_sec);
     else
         printf("ours vs PyTorch best: n/a (PyTorch %s)\n", o.torch ? "unavailable" : "skipped");
     if (o.scalar)
-        printf("ours vs scalar reference: %.2fx\n", t_scalar.med / t_ours.med);
+        printf("ours vs scalar reference (pass 1): %.2fx\n", t_scalar.med / ps[0].ours.med);
     return 0;
 }
