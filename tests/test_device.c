@@ -251,6 +251,41 @@ START_TEST(test_meta_terabyte)
 }
 END_TEST
 
+/* A request so large that rounding it up to the alignment would wrap
+ * around fails cleanly on both backends (without a cap), and meta never
+ * hands out a fake address range that wraps onto earlier ones. */
+START_TEST(test_impossible_sizes_fail)
+{
+    fsdp_backend be = backends[_i];
+    fsdp_device d;
+    dev_init(&d, be, 0);
+    void *p = (void *)1;
+    ck_assert_int_eq(fsdp_device_alloc(&d, SIZE_MAX - 10, FSDP_MEM_OTHER, "huge", &p),
+                     FSDP_STATUS_OOM);
+    ck_assert_ptr_null(p);
+    ck_assert_msg(strstr(fsdp_error_msg(), "device 0"), "%s", fsdp_error_msg());
+    ck_assert_int_eq(fsdp_device_host_alloc(&d, SIZE_MAX - 63, FSDP_MEM_OTHER, "huge", &p),
+                     FSDP_STATUS_OOM);
+    expect_empty(&d.mem);
+    expect_empty(&d.host);
+    ck_assert_uint_eq(d.mem.n_allocs, 0);
+    if (be == FSDP_BACKEND_META) {
+        void *a, *b;
+        size_t half = (size_t)1 << 63;
+        ck_assert_int_eq(fsdp_device_alloc(&d, half, FSDP_MEM_PARAM, "2^63", &a),
+                         FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_alloc(&d, half, FSDP_MEM_PARAM, "2^63 more", &b),
+                         FSDP_STATUS_OOM);
+        ck_assert_int_eq(fsdp_device_alloc(&d, 4096, FSDP_MEM_PARAM, "small", &b),
+                         FSDP_STATUS_OK);
+        ck_assert_uint_ge((uintptr_t)b, (uintptr_t)a + half);
+        fsdp_device_free(&d, a);
+        fsdp_device_free(&d, b);
+    }
+    fsdp_device_fini(&d);
+}
+END_TEST
+
 /* Many allocations, freed out of order: the pointer table finds every one,
  * and after long alloc/free churn it stays small (tombstones are reused or
  * swept, not grown forever). */
@@ -439,6 +474,7 @@ static Suite *device_suite(void)
     tcase_add_loop_test(tc, test_cap_refuses_with_message, 0, 2);
     tcase_add_loop_test(tc, test_host_memory_separate_from_cap, 0, 2);
     tcase_add_test(tc, test_meta_terabyte);
+    tcase_add_loop_test(tc, test_impossible_sizes_fail, 0, 2);
     tcase_add_loop_test(tc, test_allocation_table_churn, 0, 2);
     tcase_add_loop_test(tc, test_fini_releases_leaks, 0, 2);
     tcase_add_loop_test(tc, test_inline_streams_and_events, 0, 2);

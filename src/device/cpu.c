@@ -5,6 +5,7 @@
  * runs inline on the rank's thread, so the stream and event slots are NULL.
  * "Pinned" host memory is ordinary aligned memory here.
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "device/device.h"
@@ -12,6 +13,9 @@
 static fsdp_status cpu_alloc(fsdp_device *d, size_t bytes, void **out)
 {
     (void)d;
+    if (bytes > SIZE_MAX - (FSDP_DEVICE_ALIGN - 1)) /* rounding up would wrap around */
+        return fsdp_error_set(FSDP_STATUS_OOM, "host allocation of %zu bytes is impossible",
+                              bytes);
     size_t rounded = (bytes + FSDP_DEVICE_ALIGN - 1) / FSDP_DEVICE_ALIGN * FSDP_DEVICE_ALIGN;
     void *p = aligned_alloc(FSDP_DEVICE_ALIGN, rounded);
     if (!p)
