@@ -345,7 +345,10 @@ static fsdp_status unit_alloc(fsdp_engine *e, int u, float *host_tmp)
         return FSDP_STATUS_OK;
     /* parameters from the counter-based RNG: own shard only */
     size_t begin = fsdp_shardmap_offset(&e->sh->sm, u, e->rank);
-    fsdp_model_init_range(e->sh->model, u, begin, begin + n, cfg->seed, host_tmp);
+    if (e->sh->init_fn)
+        FSDP_TRY(e->sh->init_fn(e->sh->init_arg, e->sh->model, u, begin, begin + n, host_tmp));
+    else
+        fsdp_model_init_range(e->sh->model, u, begin, begin + n, cfg->seed, host_tmp);
     FSDP_TRY(fsdp_device_memcpy(&e->dev, row->master, host_tmp, f32, e->dev.compute));
     FSDP_TRY(fsdp_device_memset(&e->dev, row->adam_m, 0, f32, e->dev.compute));
     FSDP_TRY(fsdp_device_memset(&e->dev, row->adam_v, 0, f32, e->dev.compute));

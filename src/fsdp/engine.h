@@ -75,6 +75,13 @@ typedef struct fsdp_engine_shared {
     float *x_losses[2];        /* [n_ranks * grad_accum] */
     float *x_blocks[2];        /* [n_ranks * n_local_blocks] */
     fsdp_rank_stats *x_stats;  /* [n_ranks], written before the end-of-step barrier */
+    /* Initial parameters: fills dst with elements [begin, end) of unit
+     * `unit`'s flat fp32 buffer (zeros past the unit's numel). NULL: the
+     * model's counter-based RNG (fsdp_model_init_range with cfg.seed).
+     * Called from every rank thread concurrently, for its own shard only. */
+    fsdp_status (*init_fn)(void *arg, const fsdp_model *m, int unit, size_t begin, size_t end,
+                           float *dst);
+    void *init_arg;
     /* optional trace sink (may be NULL) */
     struct fsdp_trace *trace;
 } fsdp_engine_shared;
