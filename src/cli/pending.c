@@ -12,7 +12,6 @@ int fsdp_cli_not_yet(const char *name)
     return 2;
 }
 
-int fsdp_cli_plan(int argc, char **argv) { (void)argc; (void)argv; return fsdp_cli_not_yet("plan"); }
 int fsdp_cli_shardmap(int argc, char **argv) { (void)argc; (void)argv; return fsdp_cli_not_yet("shardmap"); }
 int fsdp_cli_eval(int argc, char **argv) { (void)argc; (void)argv; return fsdp_cli_not_yet("eval"); }
 int fsdp_cli_sample(int argc, char **argv) { (void)argc; (void)argv; return fsdp_cli_not_yet("sample"); }

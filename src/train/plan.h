@@ -1,0 +1,72 @@
+/*
+ * plan.h - `fsdp plan` as a library: run the real step schedule of a
+ * training configuration on the meta backend (nothing allocated, nothing
+ * computed; the device counts bytes by kind, the communicator counts bytes
+ * by collective) and report, per device, the peak memory with its
+ * breakdown, the pinned host memory and the traffic of one step.
+ *
+ * Because the meta run issues the same allocations, frees and collectives
+ * in the same order as a cpu or cuda run, its figures are the real run's to
+ * the byte (tests/test_plan.c checks this against the cpu backend).
+ */
+#ifndef FSDP_TRAIN_PLAN_H
+#define FSDP_TRAIN_PLAN_H
+
+#include <stdio.h>
+
+#include "train/train.h"
+
+typedef struct fsdp_plan_rank {
+    fsdp_mem_stats mem;   /* device memory; peak_kind_bytes = breakdown at the peak */
+    fsdp_mem_stats host;  /* pinned host memory (offload) */
+    /* the last step's collectives (every step issues the same ones) */
+    size_t sent_bytes[FSDP_COLL_KIND_COUNT];
+    size_t recv_bytes[FSDP_COLL_KIND_COUNT];
+    size_t n_calls[FSDP_COLL_KIND_COUNT];
+} fsdp_plan_rank;
+
+typedef struct fsdp_plan {
+    fsdp_engine_config eng;   /* as run (backend meta, no cap) */
+    size_t device_mem;        /* the cap the caller asked about (0: none) */
+    char model[160];
+    size_t numel;             /* model parameters */
+    size_t padded_numel;      /* all units padded for the shard map */
+    int n_units;
+    int steps;                /* steps run */
+    double wall_s;            /* time the meta run took */
+    int n_ranks;
+    fsdp_plan_rank *ranks;    /* [n_ranks] */
+} fsdp_plan;
+
+/* Run `steps` (>= 1) steps of cfg on the meta backend with cfg's model,
+ * devices, batch, precision, sharding and offload. The backend, the
+ * communicator and the memory cap of cfg->eng are ignored (meta, no cap:
+ * a capped run would stop at the first allocation over it; compare with
+ * fsdp_plan_fits afterwards). Writes a Chrome trace if cfg->trace_path is
+ * set. cfg->out, log_path, eval and data are ignored. */
+fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *out);
+void fsdp_plan_free(fsdp_plan *p);
+
+/* Largest peak over devices and the device that has it. */
+size_t fsdp_plan_max_peak(const fsdp_plan *p, int *rank);
+
+/* The ZeRO paper's model-state estimate for this configuration, per
+ * device: bytes per parameter for parameters, gradients and Adam state,
+ * sharded as the strategy shards them. *dev_bytes on the device, *host_bytes
+ * in pinned host memory (offload). Writes the formula ("16 P/N") to text. */
+void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes, char *text,
+                       size_t n);
+
+/* Human-readable report (the output of `fsdp plan`). */
+void fsdp_plan_print(FILE *f, const fsdp_plan *p);
+
+/* The plan as one JSON object (exact byte counts): configuration, per
+ * device peak, breakdown at the peak, pinned host peak, collectives of a
+ * step, the formula, and "fits" (null without a cap). */
+void fsdp_plan_write_json(FILE *f, const fsdp_plan *p);
+
+/* Stacked bars of each device's memory at its peak, by kind, next to its
+ * pinned host memory, with the cap as a line if set. */
+fsdp_status fsdp_plan_write_svg(const fsdp_plan *p, const char *path);
+
+#endif /* FSDP_TRAIN_PLAN_H */
