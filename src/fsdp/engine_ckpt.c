@@ -1,0 +1,423 @@
+/*
+ * engine_ckpt.c - the engine side of checkpoints: each rank streams its
+ * shards (master, Adam m, Adam v of every unit) to its own file, and on
+ * load reads its new shard range back from the old world's files.
+ *
+ * Memory: shards on the device are copied to the host one checksum block
+ * (FSDP_CKPT_BLOCK_NUMEL floats) at a time through a small host staging
+ * buffer; with optimizer offload they already live in pinned host memory
+ * and are written from there. No device memory is allocated, so the
+ * device peak is the training peak.
+ *
+ * Resharding: unit u's padded flat buffer is split the same way in every
+ * world (rank r of N owns [r*S, (r+1)*S), or all of it with shard none),
+ * so the new range of a rank intersects a contiguous run of old files;
+ * each intersection is read through fsdp_ckpt_reader_read, which verifies
+ * the checksum of every block it touches. Elements past the unit's real
+ * numel are padding and are zero in every state.
+ */
+#include <inttypes.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/log.h"
+#include "core/world.h"
+#include "fsdp/engine_ckpt.h"
+#include "fsdp/engine_internal.h"
+
+static fsdp_shard_row *row_of(fsdp_engine *e, int u)
+{
+    return &e->sh->sm.units[u].rows[e->rank];
+}
+
+static float *state_array(fsdp_shard_row *row, fsdp_ckpt_array a)
+{
+    return a == FSDP_CKPT_MASTER ? row->master : a == FSDP_CKPT_ADAM_M ? row->adam_m : row->adam_v;
+}
+
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+/* ---- describing and checking --------------------------------------------- */
+
+fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *model_spec,
+                                      const char *data_spec, int steps_total,
+                                      fsdp_ckpt_manifest *out)
+{
+    const fsdp_engine_config *cfg = &sh->cfg;
+    const fsdp_model *model = sh->model;
+    memset(out, 0, sizeof *out);
+    if (cfg->backend == FSDP_BACKEND_META)
+        return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
+                              "checkpoints need the cpu or cuda backend: the meta backend holds no "
+                              "parameter values to save or load");
+    out->version = FSDP_CKPT_VERSION;
+    out->run_id = fsdp_ckpt_new_run_id();
+    out->seed = cfg->seed;
+    out->world_size = cfg->n_ranks;
+    snprintf(out->shard, sizeof out->shard, "%s", fsdp_shard_strategy_name(cfg->shard));
+    out->replicated = cfg->shard == FSDP_SHARD_NONE;
+    out->batch = cfg->batch;
+    out->seq = cfg->seq;
+    out->grad_accum = cfg->grad_accum;
+    out->steps_total = steps_total;
+    snprintf(out->compute_dtype, sizeof out->compute_dtype, "%s",
+             fsdp_dtype_name(cfg->compute_dtype));
+    snprintf(out->model_name, sizeof out->model_name, "%s", model->name);
+    const fsdp_gpt2_config *g = fsdp_gpt2_config_of(model);
+    if (g) {
+        out->has_gpt2 = true;
+        out->gpt2 = *g;
+        snprintf(out->model_spec, sizeof out->model_spec,
+                 "custom:layers=%d,heads=%d,channels=%d,vocab=%d,context=%d", g->n_layer,
+                 g->n_head, g->n_embd, g->vocab_size, g->max_seq_len);
+    } else {
+        snprintf(out->model_spec, sizeof out->model_spec, "%s", model_spec ? model_spec : "");
+    }
+    out->vocab_size = model->vocab_size;
+    out->padded_vocab_size = model->padded_vocab_size;
+    out->max_seq_len = model->max_seq_len;
+    snprintf(out->data, sizeof out->data, "%s", data_spec ? data_spec : "");
+
+    int U = sh->sm.n_units;
+    size_t *padded = malloc((size_t)U * sizeof(size_t) + 1);
+    size_t *shard = malloc((size_t)U * sizeof(size_t) + 1);
+    if (!padded || !shard) {
+        free(padded);
+        free(shard);
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for a checkpoint manifest");
+    }
+    for (int u = 0; u < U; u++) {
+        padded[u] = sh->sm.units[u].padded_numel;
+        shard[u] = sh->sm.units[u].shard_numel;
+    }
+    fsdp_status st = fsdp_ckpt_manifest_set_units(out, model, padded, shard);
+    free(padded);
+    free(shard);
+    return st;
+}
+
+fsdp_status fsdp_engine_ckpt_check(const fsdp_engine_shared *sh, const fsdp_ckpt_manifest *man,
+                                   const char *path)
+{
+    const fsdp_engine_config *cfg = &sh->cfg;
+    FSDP_TRY(fsdp_ckpt_manifest_check_model(man, path, sh->model));
+    if (man->seq != cfg->seq)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "checkpoint '%s' was trained with --seq %d; resume with --seq %d "
+                              "(the data position depends on it)", path, man->seq, man->seq);
+    if (man->seed != cfg->seed)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "checkpoint '%s' was trained with --seed %" PRIu64 "; resume with "
+                              "--seed %" PRIu64 " (the data order depends on it)",
+                              path, man->seed, man->seed);
+    uint64_t was = (uint64_t)man->batch * (uint64_t)man->world_size * (uint64_t)man->grad_accum;
+    uint64_t now = (uint64_t)cfg->batch * (uint64_t)cfg->n_ranks * (uint64_t)cfg->grad_accum;
+    if (was != now)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "checkpoint '%s' was trained with a global batch of %" PRIu64
+                              " sequences (--batch %d x --devices %d x --grad-accum %d), this run "
+                              "has %" PRIu64 " (%d x %d x %d); choose --batch, --devices and "
+                              "--grad-accum with the same product to resume",
+                              path, was, man->batch, man->world_size, man->grad_accum, now,
+                              cfg->batch, cfg->n_ranks, cfg->grad_accum);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_engine_ckpt_find(const fsdp_engine_shared *sh, const char *dir,
+                                  fsdp_ckpt_manifest *man, char *path, size_t path_size,
+                                  bool *found)
+{
+    uint64_t step = 0;
+    memset(man, 0, sizeof *man);
+    FSDP_TRY(fsdp_ckpt_latest(dir, &step, found));
+    if (!*found)
+        return FSDP_STATUS_OK;
+    FSDP_TRY(fsdp_ckpt_step_path(path, path_size, dir, step, ""));
+    char mpath[FSDP_CKPT_PATH_MAX + 16];
+    snprintf(mpath, sizeof mpath, "%s/manifest", path);
+    fsdp_status st = fsdp_ckpt_manifest_read(mpath, man);
+    if (st == FSDP_STATUS_OK && man->step != step)
+        st = fsdp_error_set(FSDP_STATUS_FORMAT,
+                            "checkpoint manifest '%s' says step %" PRIu64 " but its directory is "
+                            "step %" PRIu64, mpath, man->step, step);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_engine_ckpt_check(sh, man, mpath);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_ckpt_manifest_free(man);
+        if (st == FSDP_STATUS_FORMAT)
+            fsdp_error_prefix("cannot resume from '%s' (remove that directory to resume from an "
+                              "older checkpoint)", path);
+    }
+    return st;
+}
+
+/* ---- saving --------------------------------------------------------------- */
+
+static void sleep_ms(fsdp_engine *e, int ms)
+{
+    for (int left = ms; left > 0 && !fsdp_world_aborted(e->sh->world); left -= 10) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* This rank's file: every unit's master, m and v, block by block. */
+static fsdp_status write_rank_file(fsdp_engine *e, const char *ckpt, const fsdp_ckpt_manifest *base,
+                                   uint64_t step)
+{
+    fsdp_engine_shared *sh = e->sh;
+    int U = sh->sm.n_units;
+    bool host_state = sh->cfg.offload; /* master/m/v in pinned host memory */
+    fsdp_status st = FSDP_STATUS_OK;
+    fsdp_ckpt_writer *w = NULL;
+    float *staging = NULL;
+    size_t *shard = malloc((size_t)U * sizeof(size_t) + 1);
+    size_t *first = malloc((size_t)U * sizeof(size_t) + 1);
+    if (!shard || !first || (!host_state && !(staging = malloc(FSDP_CKPT_BLOCK_NUMEL * 4)))) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory staging a checkpoint",
+                            e->rank);
+        goto fail;
+    }
+    for (int u = 0; u < U; u++) {
+        shard[u] = sh->sm.units[u].shard_numel;
+        first[u] = fsdp_shardmap_offset(&sh->sm, u, e->rank);
+    }
+    char path[FSDP_CKPT_PATH_MAX];
+    FSDP_CHECK(fsdp_ckpt_rank_path(path, sizeof path, ckpt, e->rank));
+    fsdp_ckpt_shard_info info = {.run_id = base->run_id, .step = step, .adam_t = e->t,
+                                 .rank = e->rank, .world_size = sh->cfg.n_ranks, .n_units = U,
+                                 .shard_numel = shard, .first = first};
+    FSDP_CHECK(fsdp_ckpt_writer_open(&w, path, &info));
+    /* the last step's device AdamW ran on the compute stream */
+    FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
+    int stall = fsdp_ckpt_test_stall_ms(step);
+    for (int u = 0; u < U; u++) {
+        /* offload: wait for the unit's CPU update (it also uploads the
+         * compute copy the next gather would upload anyway) */
+        FSDP_CHECK(fsdp_offload_params_ready(e, u));
+        fsdp_shard_row *row = row_of(e, u);
+        size_t S = shard[u];
+        for (int a = 0; a < FSDP_CKPT_N_ARRAYS; a++) {
+            const float *src = state_array(row, (fsdp_ckpt_array)a);
+            for (size_t b = 0, lo = 0; lo < S; b++, lo += FSDP_CKPT_BLOCK_NUMEL) {
+                size_t n = min_sz(S - lo, FSDP_CKPT_BLOCK_NUMEL);
+                const float *blk = src + lo;
+                if (!host_state) {
+                    FSDP_CHECK(fsdp_device_memcpy(&e->dev, staging, src + lo, n * 4,
+                                                  e->dev.compute));
+                    FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
+                    blk = staging;
+                }
+                FSDP_CHECK(fsdp_ckpt_writer_put(w, u, (fsdp_ckpt_array)a, b, blk));
+            }
+        }
+        if (u == 0 && stall > 0)
+            sleep_ms(e, stall); /* test hook: a crash lands mid-write */
+    }
+    st = fsdp_ckpt_writer_close(w);
+    w = NULL;
+fail:
+    fsdp_ckpt_writer_abort(w);
+    free(staging);
+    free(shard);
+    free(first);
+    return st;
+}
+
+fsdp_status fsdp_engine_ckpt_save(fsdp_engine *e, const char *dir, const fsdp_ckpt_manifest *base,
+                                  uint64_t step, int keep)
+{
+    fsdp_engine_shared *sh = e->sh;
+    const fsdp_engine_config *cfg = &sh->cfg;
+    if (!fsdp_device_computes(&e->dev))
+        return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
+                              "checkpoints need the cpu or cuda backend (meta holds no values)");
+    char tmp[FSDP_CKPT_PATH_MAX];
+    FSDP_TRY(fsdp_ckpt_step_path(tmp, sizeof tmp, dir, step, ".tmp"));
+    if (e->rank == 0)
+        FSDP_TRY(fsdp_ckpt_begin(dir, step));
+    FSDP_TRY(fsdp_world_barrier(sh->world));
+    fsdp_status st = write_rank_file(e, tmp, base, step);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_error_prefix("saving checkpoint step %" PRIu64, step);
+        return st;
+    }
+    if (e->rank == 0) {
+        fsdp_ckpt_manifest m = *base; /* shares base's units: not freed here */
+        m.step = step;
+        m.adam_t = e->t;
+        m.data_sequences =
+            step * (uint64_t)cfg->batch * (uint64_t)cfg->n_ranks * (uint64_t)cfg->grad_accum;
+        char path[FSDP_CKPT_PATH_MAX + 16];
+        snprintf(path, sizeof path, "%s/manifest", tmp);
+        FSDP_TRY(fsdp_ckpt_manifest_write(path, &m));
+    }
+    /* every rank's file is written and fsynced before DONE */
+    FSDP_TRY(fsdp_world_barrier(sh->world));
+    if (e->rank == 0) {
+        FSDP_TRY(fsdp_ckpt_commit(dir, step, keep));
+        FSDP_INFO(FSDP_SUB_CKPT, "checkpoint step %" PRIu64 " written to %s/step_%08" PRIu64,
+                  step, dir, step);
+    }
+    return FSDP_STATUS_OK;
+}
+
+/* ---- loading --------------------------------------------------------------- */
+
+/* This rank's new range of unit u that holds real elements. */
+static void new_range(fsdp_engine *e, int u, size_t *lo, size_t *hi, size_t *real_hi)
+{
+    fsdp_shard_unit *su = &e->sh->sm.units[u];
+    *lo = fsdp_shardmap_offset(&e->sh->sm, u, e->rank);
+    *hi = *lo + su->shard_numel;
+    *real_hi = *hi < su->numel ? *hi : su->numel;
+    if (*real_hi < *lo)
+        *real_hi = *lo;
+}
+
+/* Old file k's range of unit u. */
+static void old_range(const fsdp_ckpt_manifest *man, int u, int k, size_t *lo, size_t *hi)
+{
+    *lo = fsdp_ckpt_shard_first(man, u, k);
+    *hi = *lo + man->units[u].shard_numel;
+}
+
+/* Copy host floats into a state array (device, or pinned host). */
+static fsdp_status put_state(fsdp_engine *e, float *dst, const float *src, size_t n)
+{
+    FSDP_TRY(fsdp_device_memcpy(&e->dev, dst, src, n * 4, e->dev.compute));
+    return fsdp_device_stream_sync(&e->dev, e->dev.compute); /* src is reused */
+}
+
+/* Read from old file k every overlap with this rank's new ranges. */
+static fsdp_status load_from_file(fsdp_engine *e, const char *ckpt, const fsdp_ckpt_manifest *man,
+                                  int k, const size_t *old_shard, size_t *old_first,
+                                  float *staging)
+{
+    fsdp_engine_shared *sh = e->sh;
+    int U = sh->sm.n_units;
+    bool host_state = sh->cfg.offload;
+    for (int u = 0; u < U; u++)
+        old_first[u] = fsdp_ckpt_shard_first(man, u, k);
+    char path[FSDP_CKPT_PATH_MAX];
+    FSDP_TRY(fsdp_ckpt_rank_path(path, sizeof path, ckpt, k));
+    fsdp_ckpt_shard_info info = {.run_id = man->run_id, .step = man->step, .adam_t = man->adam_t,
+                                 .rank = k, .world_size = man->world_size, .n_units = U,
+                                 .shard_numel = old_shard, .first = old_first};
+    fsdp_ckpt_reader *r = NULL;
+    FSDP_TRY(fsdp_ckpt_reader_open(&r, path, &info));
+    fsdp_status st = FSDP_STATUS_OK;
+    for (int u = 0; u < U && st == FSDP_STATUS_OK; u++) {
+        size_t lo, hi, real_hi, olo, ohi;
+        new_range(e, u, &lo, &hi, &real_hi);
+        old_range(man, u, k, &olo, &ohi);
+        size_t a0 = lo > olo ? lo : olo, a1 = real_hi < ohi ? real_hi : ohi;
+        fsdp_shard_row *row = row_of(e, u);
+        for (int a = 0; a < FSDP_CKPT_N_ARRAYS && st == FSDP_STATUS_OK; a++) {
+            float *dst = state_array(row, (fsdp_ckpt_array)a);
+            for (size_t x = a0; x < a1 && st == FSDP_STATUS_OK;) {
+                size_t n = min_sz(a1 - x, FSDP_CKPT_BLOCK_NUMEL);
+                if (host_state) {
+                    st = fsdp_ckpt_reader_read(r, u, (fsdp_ckpt_array)a, x - olo, n,
+                                               dst + (x - lo));
+                } else {
+                    st = fsdp_ckpt_reader_read(r, u, (fsdp_ckpt_array)a, x - olo, n, staging);
+                    if (st == FSDP_STATUS_OK)
+                        st = put_state(e, dst + (x - lo), staging, n);
+                }
+                x += n;
+            }
+        }
+        if (st != FSDP_STATUS_OK && st != FSDP_STATUS_IO && st != FSDP_STATUS_OOM)
+            fsdp_error_prefix("unit '%s'", sh->sm.units[u].spec->name);
+    }
+    fsdp_ckpt_reader_close(r);
+    return st;
+}
+
+/* The compute-dtype copy of unit u's shard from its master, as at init. */
+static fsdp_status refresh_param(fsdp_engine *e, int u)
+{
+    const fsdp_engine_config *cfg = &e->sh->cfg;
+    fsdp_shard_row *row = row_of(e, u);
+    size_t n = e->sh->sm.units[u].shard_numel;
+    if (row->param == row->master)
+        return FSDP_STATUS_OK;
+    if (cfg->offload && cfg->compute_dtype == FSDP_DTYPE_F32)
+        return put_state(e, row->param, row->master, n);
+    if (cfg->offload) {
+        fsdp_ops_cpu_i.cast(&e->ops, e->param_host[u], cfg->compute_dtype, row->master,
+                            FSDP_DTYPE_F32, n);
+        FSDP_TRY(fsdp_device_memcpy(&e->dev, row->param, e->param_host[u],
+                                    n * fsdp_dtype_size(cfg->compute_dtype), e->dev.compute));
+        return fsdp_device_stream_sync(&e->dev, e->dev.compute);
+    }
+    FSDP_OP(&e->ops, cast, row->param, cfg->compute_dtype, row->master, FSDP_DTYPE_F32, n);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_ckpt_manifest *man)
+{
+    fsdp_engine_shared *sh = e->sh;
+    int U = sh->sm.n_units, N_old = man->world_size;
+    if (!fsdp_device_computes(&e->dev))
+        return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
+                              "checkpoints need the cpu or cuda backend (meta holds no values)");
+    if (man->n_units != U)
+        return fsdp_error_set(FSDP_STATUS_INTERNAL, "checkpoint manifest not checked against "
+                                                    "the model");
+    fsdp_status st = FSDP_STATUS_OK;
+    float *staging = NULL;
+    size_t *old_shard = malloc((size_t)U * sizeof(size_t) + 1);
+    size_t *old_first = malloc((size_t)U * sizeof(size_t) + 1);
+    if (!old_shard || !old_first ||
+        (!sh->cfg.offload && !(staging = malloc(FSDP_CKPT_BLOCK_NUMEL * 4)))) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory loading a checkpoint",
+                            e->rank);
+        goto fail;
+    }
+    for (int u = 0; u < U; u++) {
+        old_shard[u] = man->units[u].shard_numel;
+        FSDP_CHECK(fsdp_offload_params_ready(e, u)); /* no CPU update may be in flight */
+    }
+    FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
+    for (int k = 0; k < N_old; k++) {
+        /* with shard none every old file holds everything: spread the reads */
+        if (man->replicated && k != e->rank % N_old)
+            continue;
+        bool need = false;
+        for (int u = 0; u < U && !need; u++) {
+            size_t lo, hi, real_hi, olo, ohi;
+            new_range(e, u, &lo, &hi, &real_hi);
+            old_range(man, u, k, &olo, &ohi);
+            need = (lo > olo ? lo : olo) < (real_hi < ohi ? real_hi : ohi);
+        }
+        if (need)
+            FSDP_CHECK(load_from_file(e, ckpt, man, k, old_shard, old_first, staging));
+    }
+    for (int u = 0; u < U; u++) {
+        /* padding past the unit's real elements is zero in every state */
+        size_t lo, hi, real_hi;
+        new_range(e, u, &lo, &hi, &real_hi);
+        fsdp_shard_row *row = row_of(e, u);
+        for (int a = 0; a < FSDP_CKPT_N_ARRAYS && real_hi < hi; a++) {
+            float *pad = state_array(row, (fsdp_ckpt_array)a) + (real_hi - lo);
+            if (sh->cfg.offload)
+                memset(pad, 0, (hi - real_hi) * 4); /* pinned host memory */
+            else
+                FSDP_CHECK(fsdp_device_memset(&e->dev, pad, 0, (hi - real_hi) * 4,
+                                              e->dev.compute));
+        }
+        FSDP_CHECK(refresh_param(e, u));
+    }
+    e->t = man->adam_t;
+    st = fsdp_device_stream_sync(&e->dev, e->dev.compute);
+    if (st == FSDP_STATUS_OK)
+        FSDP_INFO(FSDP_SUB_CKPT, "rank %d loaded checkpoint %s (written by %d ranks)", e->rank,
+                  ckpt, N_old);
+fail:
+    free(staging);
+    free(old_shard);
+    free(old_first);
+    return st;
+}
