@@ -6,13 +6,18 @@
  * For 2, 4 and 8 cpu ranks and total buffer sizes S from 4 KiB to 256 MiB
  * (x4 steps), times all_gather (in place, as FSDP gathers), reduce_scatter
  * (out of place) and all_reduce (in place), fp32, after warm-up, and prints:
- *   time    mean per call, measured by rank 0 between two barriers
+ *   time    mean per call over a timed loop, measured by rank 0 between two
+ *           barriers; the best of REPS loops (the machine may be shared)
  *   algbw   S / time
  *   busbw   algbw * (N-1)/N   (all_reduce: algbw * 2(N-1)/N)
  *   total   bytes received by all ranks together per second, from the comm
  *           byte counters (comm.h formulas): the figure compared with memcpy
  * memcpy bandwidth: 2 threads each copying its own large buffer; bytes
- * copied per second by both together. The goal (issue 2): for S >= 16 MiB,
+ * copied per second by both together, the best of REPS runs. For every
+ * point with S >= 16 MiB it is measured just before and just after the
+ * point (by rank 0 while the other ranks wait at a barrier), and the point
+ * is compared with the higher of the two, so drifting load on a shared
+ * machine does not flatter the ratio. The goal (issue 2): for S >= 16 MiB,
  * total >= 50% of memcpy.
  *
  * usage: bench_comm [--quick] [--max-size BYTES] [--ranks 2,4,8] [--iters N]
@@ -30,6 +35,7 @@
 
 #define GOAL_MIN_BYTES ((size_t)16 << 20)
 #define GOAL_RATIO 0.5
+#define REPS 3 /* timed loops per point; the fastest counts */
 
 static double now_s(void)
 {
@@ -60,7 +66,7 @@ static void *copy_main(void *p)
 
 /* Bytes per second copied by n_threads threads together, each memcpy'ing
  * its own `bytes`-byte buffer `reps` times. */
-static double memcpy_bandwidth(int n_threads, size_t bytes, int reps)
+static double memcpy_once(int n_threads, size_t bytes, int reps)
 {
     struct copy_job jobs[16];
     pthread_t tids[16];
@@ -87,6 +93,17 @@ static double memcpy_bandwidth(int n_threads, size_t bytes, int reps)
     return (double)n_threads * (double)bytes * reps / dt;
 }
 
+/* The best of REPS measurements of 2 threads copying `bytes` each, twice. */
+static double memcpy_bandwidth(size_t bytes)
+{
+    double best = 0;
+    for (int i = 0; i < REPS; i++) {
+        double bw = memcpy_once(2, bytes, 2);
+        best = bw > best ? bw : best;
+    }
+    return best;
+}
+
 /* ---- collectives ----------------------------------------------------------- */
 
 enum { OP_ALL_GATHER, OP_REDUCE_SCATTER, OP_ALL_REDUCE, N_OPS };
@@ -99,7 +116,9 @@ struct bench {
     int n_sizes;
     int iters;              /* 0: chosen per size */
     /* results, [size][op] */
+    size_t copy_bytes;      /* buffer of each memcpy baseline thread */
     double time_s[16][N_OPS];
+    double memcpy_bw[16][N_OPS]; /* baseline for the point (S >= 16 MiB) */
     size_t recv_bytes[16][N_OPS][8]; /* per rank, per call */
 };
 
@@ -107,8 +126,8 @@ static int iters_for(const struct bench *b, size_t bytes)
 {
     if (b->iters > 0)
         return b->iters;
-    size_t it = ((size_t)512 << 20) / bytes; /* about 512 MiB of buffer per op */
-    return it < 3 ? 3 : it > 200 ? 200 : (int)it;
+    size_t it = ((size_t)256 << 20) / bytes; /* about 256 MiB of buffer per loop */
+    return it < 2 ? 2 : it > 200 ? 200 : (int)it;
 }
 
 static fsdp_status run_op(fsdp_comm *c, int op, float *send, float *recv, size_t bytes)
@@ -151,15 +170,29 @@ static fsdp_status bench_rank(fsdp_world *w, int rank, void *p)
         for (int op = 0; op < N_OPS; op++) {
             for (int i = 0; i < 2; i++) /* warm-up */
                 FSDP_CHECK(run_op(&comm, op, send, recv, bytes));
-            FSDP_CHECK(fsdp_comm_barrier(&comm));
-            fsdp_comm_reset_stats(&comm);
-            double t0 = now_s();
-            for (int i = 0; i < iters; i++)
-                FSDP_CHECK(run_op(&comm, op, send, recv, bytes));
-            FSDP_CHECK(fsdp_comm_barrier(&comm));
-            double dt = now_s() - t0;
+            int goal = bytes >= GOAL_MIN_BYTES;
+            double mc_before = 0;
+            if (goal && rank == 0)
+                mc_before = memcpy_bandwidth(b->copy_bytes);
+            double best = 0;
+            for (int rep = 0; rep < REPS; rep++) {
+                FSDP_CHECK(fsdp_comm_barrier(&comm));
+                fsdp_comm_reset_stats(&comm);
+                double t0 = now_s();
+                for (int i = 0; i < iters; i++)
+                    FSDP_CHECK(run_op(&comm, op, send, recv, bytes));
+                FSDP_CHECK(fsdp_comm_barrier(&comm));
+                double dt = (now_s() - t0) / iters;
+                best = rep == 0 || dt < best ? dt : best;
+            }
             if (rank == 0)
-                b->time_s[s][op] = dt / iters;
+                b->time_s[s][op] = best;
+            if (goal && rank == 0) {
+                double mc_after = memcpy_bandwidth(b->copy_bytes);
+                b->memcpy_bw[s][op] = mc_after > mc_before ? mc_after : mc_before;
+            }
+            if (goal)
+                FSDP_CHECK(fsdp_comm_barrier(&comm)); /* others wait for the baseline */
             b->recv_bytes[s][op][rank] = comm.bytes_recv[op_kinds[op]] / (size_t)iters;
         }
     }
@@ -234,13 +267,15 @@ int main(int argc, char **argv)
 
     size_t copy_bytes = b->sizes[b->n_sizes - 1] < ((size_t)64 << 20) ? (size_t)64 << 20
                                                                        : b->sizes[b->n_sizes - 1];
-    memcpy_bandwidth(2, copy_bytes, 1); /* warm-up */
-    double mc = memcpy_bandwidth(2, copy_bytes, 4);
+    b->copy_bytes = copy_bytes;
     char buf[32];
-    printf("memcpy: 2 threads x %s buffers: %.2f GB/s (bytes copied per second, both threads)\n\n",
-           fsdp_fmt_bytes(buf, sizeof buf, (double)copy_bytes), mc / 1e9);
-    printf("%5s  %-14s  %10s  %10s  %10s  %10s  %10s  %8s  %s\n", "ranks", "op", "size",
-           "time_us", "algbw_GB/s", "busbw_GB/s", "total_GB/s", "/memcpy", "goal");
+    double mc0 = memcpy_bandwidth(copy_bytes), mc_min = mc0, mc_max = mc0;
+    printf("memcpy baseline: 2 threads, each copying its own %s buffer; bytes copied per\n"
+           "second by both, best of %d: %.2f GB/s now; re-measured around every point of\n"
+           "16 MiB or more, which is compared with the higher figure (column memcpy)\n\n",
+           fsdp_fmt_bytes(buf, sizeof buf, (double)copy_bytes), REPS, mc0 / 1e9);
+    printf("%5s  %-14s  %10s  %10s  %10s  %10s  %10s  %10s  %7s  %s\n", "ranks", "op", "size",
+           "time_us", "algbw_GB/s", "busbw_GB/s", "total_GB/s", "memcpy", "ratio", "goal");
 
     int all_met = 1;
     for (int wi = 0; wi < n_worlds; wi++) {
@@ -270,16 +305,22 @@ int main(int argc, char **argv)
                        fsdp_fmt_bytes(buf, sizeof buf, S), t * 1e6, algbw / 1e9, busbw / 1e9,
                        total / 1e9);
                 if (b->sizes[s] >= GOAL_MIN_BYTES) {
+                    double mc = b->memcpy_bw[s][op];
+                    mc_min = mc < mc_min ? mc : mc_min;
+                    mc_max = mc > mc_max ? mc : mc_max;
                     int met = total >= GOAL_RATIO * mc;
                     all_met &= met;
-                    printf("  %7.0f%%  %s\n", 100.0 * total / mc, met ? "met" : "MISSED");
+                    printf("  %10.2f  %6.0f%%  %s\n", mc / 1e9, 100.0 * total / mc,
+                           met ? "met" : "MISSED");
                 } else {
-                    printf("  %8s\n", "");
+                    printf("\n");
                 }
             }
         }
     }
-    printf("\ngoal (total >= %.0f%% of memcpy for sizes >= 16 MiB): %s\n", 100 * GOAL_RATIO,
+    printf("\nmemcpy baseline ranged %.2f..%.2f GB/s during the run\n", mc_min / 1e9,
+           mc_max / 1e9);
+    printf("goal (total >= %.0f%% of memcpy for sizes >= 16 MiB): %s\n", 100 * GOAL_RATIO,
            all_met ? "met" : "MISSED");
     free(b);
     return 0;
