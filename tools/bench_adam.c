@@ -18,7 +18,11 @@
  *     at most 3 timed steps, it is slow);
  *  4. torch.optim.AdamW on CPU, via tools/bench_adam_torch.py, with T
  *     intra-op threads and the same N (foreach=True/False, fused=True where
- *     the installed torch supports it on CPU).
+ *     the installed torch supports it on CPU). OpenMP threads wait passively,
+ *     as our pool's do: on a busy machine, spinning OpenMP threads starve
+ *     each other and make PyTorch look far slower than it is (100k params:
+ *     170 ms per step instead of 0.6 ms under load 14 on 2 cores), while on
+ *     an idle one the wait policy is noise next to a 100M-element step.
  * Each figure is the median over K steps after one warm-up step. Steps 1
  * and 2 run again after PyTorch ("(2)" rows), since the load of a shared
  * machine drifts; the table ends with ours vs triad bandwidth (goal >= 70%)
@@ -280,7 +284,9 @@ static int torch_run(const char *python, const char *script, const options *o,
 {
     char cmd[PATH_MAX * 2 + 256];
     snprintf(cmd, sizeof cmd,
-             "OMP_NUM_THREADS=%d '%s' '%s' --params %zu --threads %d --iters %d 2>&1", o->threads,
+             "OMP_NUM_THREADS=%d OMP_WAIT_POLICY=PASSIVE '%s' '%s' --params %zu --threads %d "
+             "--iters %d 2>&1",
+             o->threads,
              python, script, o->n, o->threads, o->iters);
     FILE *f = popen(cmd, "r");
     if (!f) {
