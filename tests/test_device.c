@@ -264,7 +264,7 @@ START_TEST(test_impossible_sizes_fail)
                      FSDP_STATUS_OOM);
     ck_assert_ptr_null(p);
     ck_assert_msg(strstr(fsdp_error_msg(), "device 0"), "%s", fsdp_error_msg());
-    ck_assert_int_eq(fsdp_device_host_alloc(&d, SIZE_MAX - 63, FSDP_MEM_OTHER, "huge", &p),
+    ck_assert_int_eq(fsdp_device_host_alloc(&d, SIZE_MAX - 1, FSDP_MEM_OTHER, "huge", &p),
                      FSDP_STATUS_OOM);
     expect_empty(&d.mem);
     expect_empty(&d.host);
