@@ -12,6 +12,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -168,6 +169,9 @@ fsdp_status fsdp_pool_create(int n_workers, fsdp_pool **out)
                                   i + 1, n_workers, strerror(rc));
         }
         pool->n_started = i + 1;
+        char name[16];
+        snprintf(name, sizeof name, "fsdp-cpu-%d", i);
+        pthread_setname_np(pool->threads[i], name); /* for top -H, gdb; failure is harmless */
     }
     FSDP_INFO(FSDP_SUB_OPTIM, "cpu pool: %d worker threads", n_workers);
     *out = pool;
