@@ -140,14 +140,16 @@ fsdp_status fsdp_engine_ckpt_find(const fsdp_engine_shared *sh, const char *dir,
         st = fsdp_error_set(FSDP_STATUS_FORMAT,
                             "checkpoint manifest '%s' says step %" PRIu64 " but its directory is "
                             "step %" PRIu64, mpath, man->step, step);
-    if (st == FSDP_STATUS_OK)
-        st = fsdp_engine_ckpt_check(sh, man, mpath);
     if (st != FSDP_STATUS_OK) {
+        /* a damaged newest checkpoint is never skipped silently */
         fsdp_ckpt_manifest_free(man);
-        if (st == FSDP_STATUS_FORMAT)
-            fsdp_error_prefix("cannot resume from '%s' (remove that directory to resume from an "
-                              "older checkpoint)", path);
+        fsdp_error_prefix("cannot resume from '%s' (move that directory away to resume from an "
+                          "older checkpoint)", path);
+        return st;
     }
+    st = fsdp_engine_ckpt_check(sh, man, mpath);
+    if (st != FSDP_STATUS_OK)
+        fsdp_ckpt_manifest_free(man);
     return st;
 }
 
