@@ -14,9 +14,7 @@ int fsdp_cli_train(int argc, char **argv)
     int n = fsdp_run_opts_table(&ro, opts);
     fsdp_train_config *c = &ro.cfg;
     fsdp_engine_config *e = &c->eng;
-    const char *ckpt_dir = NULL;
-    int ckpt_every = 0;
-    bool resume = false, quiet = false;
+    bool quiet = false;
 #define OPT(name_, type_, dst_, meta_, help_) \
     opts[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
     OPT("data", FSDP_OPT_STR, &c->data, "synthetic|FILE.txt|'GLOB.bin'",
@@ -35,9 +33,17 @@ int fsdp_cli_train(int argc, char **argv)
     OPT("log", FSDP_OPT_STR, &c->log_path, "FILE.jsonl", "write per-step metrics as JSON Lines");
     OPT("trace", FSDP_OPT_STR, &c->trace_path, "FILE.json",
         "write a Chrome trace (Perfetto, chrome://tracing): one track per rank and stream");
-    OPT("ckpt-dir", FSDP_OPT_STR, &ckpt_dir, "DIR", "checkpoint directory (not yet available)");
-    OPT("ckpt-every", FSDP_OPT_INT, &ckpt_every, "S", "checkpoint every S steps (not yet available)");
-    OPT("resume", FSDP_OPT_FLAG, &resume, "", "resume from the newest checkpoint (not yet available)");
+    OPT("ckpt-dir", FSDP_OPT_STR, &c->ckpt_dir, "DIR",
+        "write sharded checkpoints to DIR/step_NNNNNNNN (after the last step, and every "
+        "--ckpt-every steps)");
+    OPT("ckpt-every", FSDP_OPT_INT, &c->ckpt_every, "S", "checkpoint every S steps (default 0: "
+        "after the last step only)");
+    OPT("ckpt-keep", FSDP_OPT_INT, &c->ckpt_keep, "K",
+        "keep the K newest checkpoints, removing older ones once a newer one is complete "
+        "(default 0: keep all)");
+    OPT("resume", FSDP_OPT_FLAG, &c->resume, "",
+        "continue from the newest complete checkpoint in --ckpt-dir (any --devices and --shard; "
+        "same --model, --seq, --seed and batch x devices x grad-accum)");
     OPT("quiet", FSDP_OPT_FLAG, &quiet, "", "print only errors and the final summary");
 #undef OPT
     int rc = fsdp_args_parse("train", "[options]", opts, n, argc, argv, NULL, 0, NULL);
@@ -45,9 +51,12 @@ int fsdp_cli_train(int argc, char **argv)
         return rc;
     if ((rc = fsdp_run_opts_finish("train", &ro)))
         return rc;
-    if (ckpt_dir || ckpt_every || resume) {
-        fprintf(stderr, "fsdp train: checkpoints (--ckpt-dir, --ckpt-every, --resume) are not yet "
-                        "available in this version\n");
+    if (!c->ckpt_dir && (c->ckpt_every || c->ckpt_keep || c->resume)) {
+        fprintf(stderr, "fsdp train: --ckpt-every, --ckpt-keep and --resume need --ckpt-dir DIR\n");
+        return 2;
+    }
+    if (c->ckpt_every < 0 || c->ckpt_keep < 0) {
+        fprintf(stderr, "fsdp train: --ckpt-every and --ckpt-keep must be >= 0\n");
         return 2;
     }
     if (c->steps < 1 || c->warmup < 0 || !(c->lr > 0) || !(e->clip >= 0) ||

@@ -13,6 +13,7 @@
 
 #include "core/log.h"
 #include "core/world.h"
+#include "fsdp/engine_ckpt.h"
 #include "fsdp/trace.h"
 #include "models/gpt2.h"
 #include "train/train.h"
@@ -73,6 +74,10 @@ struct trainer {
     int tok_s_n;
     int correct_total[1024];  /* per rank */
     int seen_total[1024];
+    fsdp_ckpt_manifest ck_base;   /* run-level part of the manifests this run writes */
+    fsdp_ckpt_manifest ck_resume; /* the checkpoint resumed from */
+    char ck_path[FSDP_CKPT_PATH_MAX]; /* its directory; "" when starting fresh */
+    int start_step;
 };
 
 static double now_s(void)
@@ -236,6 +241,22 @@ fail:
     return st;
 }
 
+/* After step `step` (0-based): save a checkpoint every ckpt_every steps and
+ * after the last one. Collective: every rank calls it. */
+static fsdp_status ckpt_maybe_save(struct trainer *t, fsdp_engine *e, int rank, int step)
+{
+    const fsdp_train_config *cfg = t->cfg;
+    int done = step + 1;
+    if (!cfg->ckpt_dir || (done != cfg->steps && (cfg->ckpt_every <= 0 || done % cfg->ckpt_every)))
+        return FSDP_STATUS_OK;
+    double t0 = now_s();
+    FSDP_TRY(fsdp_engine_ckpt_save(e, cfg->ckpt_dir, &t->ck_base, (uint64_t)done, cfg->ckpt_keep));
+    if (rank == 0 && cfg->out)
+        fprintf(cfg->out, "checkpoint: step %d written to %s/step_%08d (rank 0: %.0f ms)\n", done,
+                cfg->ckpt_dir, done, (now_s() - t0) * 1000.0);
+    return FSDP_STATUS_OK;
+}
+
 static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
 {
     struct trainer *t = arg;
@@ -243,6 +264,8 @@ static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
     fsdp_engine *e = NULL;
     fsdp_status st;
     FSDP_CHECK(fsdp_engine_init(&e, &t->sh, rank));
+    if (t->ck_path[0])
+        FSDP_CHECK(fsdp_engine_ckpt_load(e, t->ck_path, &t->ck_resume));
     if (rank == 0 && cfg->out) {
         char b[32];
         const fsdp_device *d = fsdp_engine_device(e);
@@ -251,7 +274,7 @@ static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
             fprintf(cfg->out, ", %s pinned host", fsdp_fmt_bytes(b, sizeof b, (double)d->host.in_use_bytes));
         fputc('\n', cfg->out);
     }
-    for (int step = 0; step < cfg->steps; step++) {
+    for (int step = t->start_step; step < cfg->steps; step++) {
         float lr = fsdp_train_lr(cfg, step);
         double t0 = now_s();
         fsdp_step_result r;
@@ -263,6 +286,9 @@ static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
             t->res->steps = step + 1;
             log_step(t, step, &r, ms);
         }
+        FSDP_CHECK(ckpt_maybe_save(t, e, rank, step));
+        if (cfg->stop_after > 0 && step + 1 >= cfg->stop_after)
+            break;
     }
     if (rank == 0)
         memcpy(t->res->stats, t->sh.x_stats, sizeof(fsdp_rank_stats) * (size_t)cfg->eng.n_ranks);
@@ -290,6 +316,48 @@ static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
 fail:
     fsdp_engine_free(e);
     return st;
+}
+
+/* Checkpoints: the manifest base for saves and, with resume, the newest
+ * complete checkpoint to start from. A fresh run refuses a directory that
+ * already holds checkpoints, so two runs never mix in one directory. */
+static fsdp_status ckpt_prepare(struct trainer *t)
+{
+    const fsdp_train_config *cfg = t->cfg;
+    bool found = false;
+    uint64_t step = 0;
+    FSDP_TRY(fsdp_engine_ckpt_describe(&t->sh, cfg->model, cfg->data, cfg->steps, &t->ck_base));
+    if (!cfg->resume) {
+        FSDP_TRY(fsdp_ckpt_latest(cfg->ckpt_dir, &step, &found));
+        if (found)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "--ckpt-dir '%s' already holds checkpoints (newest: step %llu); "
+                                  "pass --resume to continue from it, or choose another directory",
+                                  cfg->ckpt_dir, (unsigned long long)step);
+        return FSDP_STATUS_OK;
+    }
+    FSDP_TRY(fsdp_engine_ckpt_find(&t->sh, cfg->ckpt_dir, &t->ck_resume, t->ck_path,
+                                   sizeof t->ck_path, &found));
+    if (!found) {
+        t->ck_path[0] = '\0';
+        if (cfg->out)
+            fprintf(cfg->out, "resume: no complete checkpoint in %s; starting from step 0\n",
+                    cfg->ckpt_dir);
+        return FSDP_STATUS_OK;
+    }
+    const fsdp_ckpt_manifest *m = &t->ck_resume;
+    t->start_step = m->step < (uint64_t)cfg->steps ? (int)m->step : cfg->steps;
+    if (cfg->out) {
+        fprintf(cfg->out, "resuming from %s: step %llu, written by %d device(s) with shard %s\n",
+                t->ck_path, (unsigned long long)m->step, m->world_size, m->shard);
+        if (m->step >= (uint64_t)cfg->steps)
+            fprintf(cfg->out, "resume: the checkpoint is at or past --steps %d; no steps to run\n",
+                    cfg->steps);
+        if (cfg->data && strcmp(m->data, cfg->data))
+            fprintf(cfg->out, "warning: the checkpoint was trained on data '%s', this run reads "
+                              "'%s'\n", m->data, cfg->data);
+    }
+    return FSDP_STATUS_OK;
 }
 
 fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
@@ -333,6 +401,8 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
                          12.0 * gc.n_layer * (double)gc.n_embd * ec->seq;
     FSDP_CHECK(fsdp_world_init(&w, ec->n_ranks));
     FSDP_CHECK(fsdp_engine_shared_init(&t->sh, ec, &t->model, t->data, w));
+    if (cfg->ckpt_dir)
+        FSDP_CHECK(ckpt_prepare(t));
     if (cfg->trace_path)
         FSDP_CHECK(fsdp_trace_init(&t->sh.trace, ec->n_ranks));
     res->n_ranks = ec->n_ranks;
@@ -345,7 +415,8 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
         goto fail;
     }
-    if (cfg->log_path && !(t->log = fopen(cfg->log_path, "w"))) {
+    res->first_step = res->steps = t->start_step;
+    if (cfg->log_path && !(t->log = fopen(cfg->log_path, t->ck_path[0] ? "a" : "w"))) {
         st = fsdp_error_set(FSDP_STATUS_IO, "cannot open metrics file '%s' for writing",
                             cfg->log_path);
         goto fail;
@@ -387,6 +458,8 @@ fail:
         st = fsdp_error_set(FSDP_STATUS_IO, "error writing metrics file '%s'", cfg->log_path);
     fsdp_trace_free(t->sh.trace);
     t->sh.trace = NULL;
+    fsdp_ckpt_manifest_free(&t->ck_base);
+    fsdp_ckpt_manifest_free(&t->ck_resume);
     fsdp_engine_shared_free(&t->sh);
     if (t->model.units)
         fsdp_model_free(&t->model);

@@ -24,10 +24,17 @@ typedef struct fsdp_train_config {
     int n_samples;            /* greedy samples to print at the end */
     bool keep_params;         /* copy final parameters into the result (tests) */
     FILE *out;                /* progress lines (NULL: silent) */
+    /* checkpoints (src/fsdp/engine_ckpt.h) */
+    const char *ckpt_dir;     /* NULL: no checkpoints */
+    int ckpt_every;           /* save every S steps and after the last; 0: after the last only */
+    int ckpt_keep;            /* keep the K newest complete checkpoints; 0: all */
+    bool resume;              /* start from the newest complete checkpoint in ckpt_dir, if any */
+    int stop_after;           /* tests: leave the loop after this global step (0: run to steps) */
 } fsdp_train_config;
 
 typedef struct fsdp_train_result {
     int steps;
+    int first_step;           /* 0, or the step resumed from (losses[first_step..steps)) */
     float *losses;            /* [steps] global mean loss per step */
     float *grad_norms;        /* [steps] */
     float accuracy;           /* held-out exact-match accuracy, -1 if not measured */
