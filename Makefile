@@ -120,9 +120,11 @@ $(LIB): $(OBJ)
 $(BIN): $(CLI_OBJ) $(LIB)
 	$(CC) $(LDFLAGS) $(CLI_OBJ) $(LIB) $(LDLIBS) -o $@
 
-$(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB)
+# Tests may run the command itself (test_cli): it is built first and its
+# path is passed in.
+$(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB) $(BIN)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(TEST_COMMON) $(LIB) $(LDFLAGS) $(TEST_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) -DFSDP_BIN='"$(BIN)"' $< $(TEST_COMMON) $(LIB) $(LDFLAGS) $(TEST_LIBS) $(LDLIBS) -o $@
 
 $(BUILD)/tools/%: tools/%.c $(LIB)
 	@mkdir -p $(dir $@)

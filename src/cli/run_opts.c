@@ -13,7 +13,7 @@ int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *o)
     fsdp_train_config_default(&ro->cfg);
     fsdp_train_config *c = &ro->cfg;
     fsdp_engine_config *e = &c->eng;
-    ro->devices = 0; /* 0: the backend's default */
+    ro->devices = -1; /* unset: the backend's default */
     int n = 0;
 #define OPT(name_, type_, dst_, meta_, help_) \
     o[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
@@ -76,7 +76,7 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
             return 2;
         }
     }
-    if (ro->devices)
+    if (ro->devices != -1)
         e->n_ranks = ro->devices;
     else
         e->n_ranks = e->backend == FSDP_BACKEND_CUDA ? fsdp_cuda_device_count() : 4;

@@ -105,7 +105,9 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
         if (t->sh.x_stats[k].host_peak_bytes > host)
             host = t->sh.x_stats[k].host_peak_bytes;
     }
-    double mfu = t->peak_flops > 0 ? t->flops_per_token * tok_s / (t->peak_flops * N) : -1;
+    int rpd = ec->ranks_per_device > 0 ? ec->ranks_per_device : 1;
+    int n_gpus = (N + rpd - 1) / rpd; /* virtual ranks share a GPU */
+    double mfu = t->peak_flops > 0 ? t->flops_per_token * tok_s / (t->peak_flops * n_gpus) : -1;
     if (cfg->out) {
         char pb[32], hb[32], tk[32];
         if (tok_s >= 1e3)
