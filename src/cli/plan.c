@@ -51,6 +51,12 @@ int fsdp_cli_plan(int argc, char **argv)
                              opts, n, argc, argv, NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;
+    /* run_opts reads --devices 0 as "the default": refuse it here */
+    k = fsdp_args_find(opts, n, "devices");
+    if (k >= 0 && opts[k].seen && ro.devices < 1) {
+        fprintf(stderr, "fsdp plan: --devices must be 1..1024 (got %d)\n", ro.devices);
+        return 2;
+    }
     ro.backend = "meta";
     if ((rc = fsdp_run_opts_finish("plan", &ro)))
         return rc;

@@ -551,3 +551,106 @@ void fsdp_plan_write_json(FILE *f, const fsdp_plan *p)
     }
     fprintf(f, "\n]}\n");
 }
+
+/* ---- shard maps ------------------------------------------------------------- */
+
+/* Rank r's element range of unit u, and how many of them are real. */
+static void rank_range(const fsdp_shardmap *sm, int u, int r, size_t *begin, size_t *end,
+                       size_t *real)
+{
+    const fsdp_shard_unit *su = &sm->units[u];
+    *begin = fsdp_shardmap_offset(sm, u, r);
+    *end = *begin + su->shard_numel;
+    *real = *begin >= su->numel ? 0 : (*end < su->numel ? *end : su->numel) - *begin;
+}
+
+void fsdp_plan_shardmap_table(FILE *f, const fsdp_shardmap *sm, const char *model, bool params)
+{
+    int N = sm->n_ranks;
+    fprintf(f, "fsdp shardmap: model %s, %zu parameters in %d units, %d device(s), shard %s\n",
+            model, sm->numel, sm->n_units, N, fsdp_shard_strategy_name(sm->strategy));
+    if (sm->strategy == FSDP_SHARD_NONE)
+        fprintf(f, "  NO_SHARD: every rank holds each whole unit, padded to a multiple of %d "
+                   "elements\n", FSDP_NORM_BLOCK);
+    else
+        fprintf(f, "  each unit's flat buffer is padded to a multiple of %d x %d elements; rank r "
+                   "owns [r * shard, (r+1) * shard)\n", N, FSDP_NORM_BLOCK);
+    fprintf(f, "  %zu elements in all after padding (+%zu, %.2f%%)\n\n", sm->padded_numel,
+            sm->padded_numel - sm->numel,
+            sm->numel ? 100.0 * (double)(sm->padded_numel - sm->numel) / (double)sm->numel : 0.0);
+    fprintf(f, "%-10s %6s %12s %12s %12s %5s  %-26s %12s\n", "unit", "params", "numel", "padded",
+            "shard", "rank", "range", "real");
+    for (int u = 0; u < sm->n_units; u++) {
+        const fsdp_shard_unit *su = &sm->units[u];
+        for (int r = 0; r < N; r++) {
+            size_t b, e, real;
+            rank_range(sm, u, r, &b, &e, &real);
+            char range[64];
+            snprintf(range, sizeof range, "[%zu, %zu)", b, e);
+            if (r == 0)
+                fprintf(f, "%-10s %6d %12zu %12zu %12zu", su->spec->name, su->spec->n_params,
+                        su->numel, su->padded_numel, su->shard_numel);
+            else
+                fprintf(f, "%-10s %6s %12s %12s %12s", "", "", "", "", "");
+            fprintf(f, " %5d  %-26s %12zu\n", r, range, real);
+            if (!params)
+                continue;
+            /* the parameter slices inside [b, e) */
+            int col = 0;
+            for (int i = 0; i < su->spec->n_params; i++) {
+                const fsdp_param_spec *p = &su->spec->params[i];
+                size_t lo = p->offset > b ? p->offset : b;
+                size_t hi = p->offset + p->numel < e ? p->offset + p->numel : e;
+                if (lo >= hi)
+                    continue;
+                char slice[128];
+                int len = snprintf(slice, sizeof slice, "%s[%zu:%zu)", p->name, lo - p->offset,
+                                   hi - p->offset);
+                if (col == 0)
+                    col = fprintf(f, "%8s%s", "", "owns ");
+                else if (col + len > 118)
+                    col = fprintf(f, "\n%13s", "") - 1;
+                else
+                    col += fprintf(f, " ");
+                col += fprintf(f, "%s", slice);
+            }
+            if (col)
+                fputc('\n', f);
+        }
+    }
+}
+
+void fsdp_plan_shardmap_json(FILE *f, const fsdp_shardmap *sm, const char *model)
+{
+    fprintf(f, "{\"model\":");
+    json_str(f, model);
+    fprintf(f, ",\"devices\":%d,\"shard\":\"%s\",\"norm_block\":%d,\"params\":%zu,"
+               "\"padded_params\":%zu,\"units\":[",
+            sm->n_ranks, fsdp_shard_strategy_name(sm->strategy), FSDP_NORM_BLOCK, sm->numel,
+            sm->padded_numel);
+    for (int u = 0; u < sm->n_units; u++) {
+        const fsdp_shard_unit *su = &sm->units[u];
+        fprintf(f, "%s\n{\"name\":", u ? "," : "");
+        json_str(f, su->spec->name);
+        fprintf(f, ",\"numel\":%zu,\"padded_numel\":%zu,\"shard_numel\":%zu,\"params\":[",
+                su->numel, su->padded_numel, su->shard_numel);
+        for (int i = 0; i < su->spec->n_params; i++) {
+            const fsdp_param_spec *p = &su->spec->params[i];
+            fprintf(f, "%s{\"name\":", i ? "," : "");
+            json_str(f, p->name);
+            fprintf(f, ",\"shape\":[");
+            for (int d = 0; d < p->ndim; d++)
+                fprintf(f, "%s%lld", d ? "," : "", (long long)p->shape[d]);
+            fprintf(f, "],\"offset\":%zu,\"numel\":%zu}", p->offset, p->numel);
+        }
+        fprintf(f, "],\"ranks\":[");
+        for (int r = 0; r < sm->n_ranks; r++) {
+            size_t b, e, real;
+            rank_range(sm, u, r, &b, &e, &real);
+            fprintf(f, "%s{\"rank\":%d,\"begin\":%zu,\"end\":%zu,\"real\":%zu}", r ? "," : "", r, b,
+                    e, real);
+        }
+        fprintf(f, "]}");
+    }
+    fprintf(f, "\n]}\n");
+}

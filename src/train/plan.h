@@ -69,4 +69,15 @@ void fsdp_plan_write_json(FILE *f, const fsdp_plan *p);
  * pinned host memory, with the cap as a line if set. */
 fsdp_status fsdp_plan_write_svg(const fsdp_plan *p, const char *path);
 
+/* The shard map (`fsdp shardmap`): a row per unit and rank with the rank's
+ * element range [begin, end) in the unit's flat buffer and how many of
+ * those elements are real parameters (the rest is padding). With params,
+ * each row also lists the parameter slices the rank owns, as
+ * name[first:last) in the parameter's own flat indices. */
+void fsdp_plan_shardmap_table(FILE *f, const fsdp_shardmap *sm, const char *model, bool params);
+/* The same as JSON: model, devices, shard, params, padded_params, and per
+ * unit name, numel, padded_numel, shard_numel, params [{name, shape,
+ * offset, numel}], ranks [{rank, begin, end, real}]. */
+void fsdp_plan_shardmap_json(FILE *f, const fsdp_shardmap *sm, const char *model);
+
 #endif /* FSDP_TRAIN_PLAN_H */

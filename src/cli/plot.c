@@ -1,0 +1,32 @@
+/*
+ * plot.c - `fsdp plot METRICS.jsonl OUT.svg`: loss, tokens/s and
+ * per-device peak memory over steps as one self-contained SVG
+ * (train/plot.h). Exit 1 for unreadable or malformed metrics, 2 for usage.
+ */
+#include <stdio.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "train/plot.h"
+
+int fsdp_cli_plot(int argc, char **argv)
+{
+    static const char *const synopsis = "METRICS.jsonl OUT.svg   (METRICS from fsdp train --log)";
+    const char *pos[2];
+    int n_pos = 0;
+    int rc = fsdp_args_parse("plot", synopsis, NULL, 0, argc, argv, pos, 2, &n_pos);
+    if (rc != FSDP_ARGS_OK)
+        return rc;
+    if (n_pos != 2) {
+        fprintf(stderr, "fsdp plot: usage: fsdp plot %s\n", synopsis);
+        return 2;
+    }
+    fsdp_plot_info info;
+    fsdp_status st = fsdp_plot_metrics(pos[0], pos[1], &info);
+    if (st != FSDP_STATUS_OK) {
+        fprintf(stderr, "fsdp plot: error: %s\n", fsdp_error_msg());
+        return 1;
+    }
+    printf("%s: %d step(s), %d device(s) -> %s\n", pos[0], info.n_steps, info.n_devices, pos[1]);
+    return 0;
+}

@@ -1,0 +1,917 @@
+/*
+ * test_plan.c - `fsdp plan` and its neighbours: the meta-backend plan
+ * equals a real cpu run's memory and traffic to the byte over a matrix of
+ * configurations; 70B-class shapes plan in seconds with figures that match
+ * independent formulas; the fit verdict, JSON and SVG outputs; shard-map
+ * tables and JSON; Chrome traces of train and plan (valid JSON, properly
+ * nested events per track); `fsdp plot` of a metrics file, and the
+ * commands' exit codes.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/json.h"
+#include "fsdp/shardmap.h"
+#include "models/gpt2.h"
+#include "train/plan.h"
+#include "train/plot.h"
+#include "train/train.h"
+
+#ifndef FSDP_BIN
+#define FSDP_BIN "build/fsdp"
+#endif
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static void base_config(fsdp_train_config *c, const char *model, int devices)
+{
+    fsdp_train_config_default(c);
+    c->eng.backend = FSDP_BACKEND_CPU;
+    c->eng.n_ranks = devices;
+    c->eng.batch = 2;
+    c->eng.seq = 16;
+    c->model = model;
+    c->data = "synthetic";
+    c->steps = 2;
+    c->warmup = 1;
+    c->eval_problems = 0;
+    c->n_samples = 0;
+    c->out = NULL;
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    buf[n] = '\0';
+    fclose(f);
+    if (len)
+        *len = (size_t)n;
+    return buf;
+}
+
+static void tmp_path(char *buf, size_t n, const char *suffix)
+{
+    static int k;
+    snprintf(buf, n, "/tmp/fsdp_test_plan_%d_%d%s", (int)getpid(), k++, suffix);
+}
+
+/* ---- exactness: meta plan == cpu run, to the byte ------------------------------ */
+
+static const char *const models[] = {"tiny", "custom:layers=3,heads=2,channels=48,vocab=300,context=32"};
+static const int devices[] = {1, 2, 4};
+
+/* The full product: 2 models x 3 device counts x 3 strategies x precision
+ * x offload x grad-accum. Sanitizer builds (10-20x slower) run every
+ * model/devices/strategy with the 4 rows of an L4 orthogonal array over the
+ * three binary factors, which still covers every pair of values. */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define MATRIX_FULL 0
+#define N_MATRIX (2 * 3 * 3 * 4)
+#else
+#define MATRIX_FULL 1
+#define N_MATRIX (2 * 3 * 3 * 2 * 2 * 2)
+#endif
+
+static void matrix_config(int i, fsdp_train_config *c, char *desc, size_t n)
+{
+    int k = i;
+    int mi = k % 2; k /= 2;
+    int di = k % 3; k /= 3;
+    int shard = k % 3; k /= 3;
+    int prec, off, accum;
+    if (MATRIX_FULL) {
+        prec = k % 2; k /= 2;
+        off = k % 2; k /= 2;
+        accum = 1 + k % 2;
+    } else {
+        static const int l4[4][3] = {{0, 0, 0}, {0, 1, 1}, {1, 0, 1}, {1, 1, 0}};
+        prec = l4[k][0];
+        off = l4[k][1];
+        accum = 1 + l4[k][2];
+    }
+    base_config(c, models[mi], devices[di]);
+    c->eng.shard = (fsdp_shard_strategy)shard;
+    c->eng.compute_dtype = (fsdp_dtype)prec;
+    c->eng.offload = off;
+    c->eng.grad_accum = accum;
+    snprintf(desc, n, "model %s, %d device(s), shard %s, %s, offload %s, grad-accum %d",
+             models[mi], devices[di], fsdp_shard_strategy_name(c->eng.shard),
+             fsdp_dtype_name(c->eng.compute_dtype), off ? "optimizer" : "none", accum);
+}
+
+START_TEST(test_plan_equals_cpu_run)
+{
+    fsdp_train_config c;
+    char desc[256];
+    matrix_config(_i, &c, desc, sizeof desc);
+    fsdp_train_result res;
+    fsdp_status st = fsdp_train_run(&c, &res);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s: cpu run failed: %s", desc, fsdp_error_msg());
+    fsdp_plan plan;
+    st = fsdp_plan_run(&c, c.steps, &plan);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s: plan failed: %s", desc, fsdp_error_msg());
+    ck_assert_int_eq(plan.n_ranks, res.n_ranks);
+    for (int r = 0; r < plan.n_ranks; r++) {
+        const fsdp_rank_stats *cpu = &res.stats[r];
+        const fsdp_plan_rank *pr = &plan.ranks[r];
+        ck_assert_msg(pr->mem.peak_bytes == cpu->mem.peak_bytes,
+                      "%s: device %d peak: plan %zu, cpu %zu", desc, r, pr->mem.peak_bytes,
+                      cpu->mem.peak_bytes);
+        for (int k = 0; k < FSDP_MEM_KIND_COUNT; k++) {
+            ck_assert_msg(pr->mem.peak_kind_bytes[k] == cpu->mem.peak_kind_bytes[k],
+                          "%s: device %d %s at the peak: plan %zu, cpu %zu", desc, r,
+                          fsdp_mem_kind_name((fsdp_mem_kind)k), pr->mem.peak_kind_bytes[k],
+                          cpu->mem.peak_kind_bytes[k]);
+            ck_assert_msg(pr->host.peak_kind_bytes[k] == cpu->host.peak_kind_bytes[k],
+                          "%s: device %d host %s at the peak: plan %zu, cpu %zu", desc, r,
+                          fsdp_mem_kind_name((fsdp_mem_kind)k), pr->host.peak_kind_bytes[k],
+                          cpu->host.peak_kind_bytes[k]);
+        }
+        /* the same allocation sequence: same counts and the same state after the step */
+        ck_assert_msg(pr->mem.n_allocs == cpu->mem.n_allocs, "%s: device %d: %zu vs %zu allocations",
+                      desc, r, pr->mem.n_allocs, cpu->mem.n_allocs);
+        ck_assert_uint_eq(pr->mem.in_use_bytes, cpu->mem.in_use_bytes);
+        ck_assert_uint_eq(pr->host.peak_bytes, cpu->host.peak_bytes);
+        ck_assert_uint_eq(pr->host.n_allocs, cpu->host.n_allocs);
+        size_t recv = 0, sent = 0;
+        for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++) {
+            recv += pr->recv_bytes[k];
+            sent += pr->sent_bytes[k];
+        }
+        ck_assert_msg(recv == cpu->comm_recv_bytes && sent == cpu->comm_sent_bytes,
+                      "%s: device %d traffic: plan %zu/%zu, cpu %zu/%zu", desc, r, recv, sent,
+                      cpu->comm_recv_bytes, cpu->comm_sent_bytes);
+        if (plan.n_ranks > 1)
+            ck_assert(recv > 0);
+    }
+    fsdp_plan_free(&plan);
+    fsdp_train_result_free(&res);
+}
+END_TEST
+
+/* ---- 70B-class shapes: seconds, and figures from independent formulas ------------- */
+
+#define SHAPE_70B "custom:layers=80,heads=64,channels=8192,vocab=32000,context=4096"
+
+/* Parameters of a GPT-2 block and of the root, from the architecture. */
+static void gpt2_counts(int L, size_t C, size_t Vp, size_t T, size_t *root, size_t *block)
+{
+    (void)L;
+    *root = Vp * C + T * C + 2 * C;
+    *block = 2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C;
+}
+
+static size_t pad_to(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+START_TEST(test_plan_70b_fast_and_formulas)
+{
+    const int N = 8, L = 80;
+    const size_t C = 8192, Vp = 32000, T = 4096; /* 32000 is a multiple of 128 */
+    fsdp_train_config c;
+    base_config(&c, SHAPE_70B, N);
+    c.eng.batch = 1;
+    c.eng.seq = 4096;
+    fsdp_plan plan;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    fsdp_status st = fsdp_plan_run(&c, 2, &plan);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    /* "a couple of seconds"; generous for sanitizer builds on a loaded machine */
+    ck_assert_msg(s < 10.0, "planning a 70B shape took %.2f s", s);
+
+    size_t root, block;
+    gpt2_counts(L, C, Vp, T, &root, &block);
+    ck_assert_uint_eq(plan.numel, root + (size_t)L * block);
+    ck_assert_uint_gt(plan.numel, (size_t)64e9);
+    size_t align = (size_t)N * 1024;
+    size_t root_shard = pad_to(root, align) / N, block_shard = pad_to(block, align) / N;
+    size_t shards = root_shard + (size_t)L * block_shard; /* elements per device */
+    for (int r = 0; r < N; r++) {
+        const fsdp_plan_rank *pr = &plan.ranks[r];
+        /* fp32 without offload: the master shard is the parameter shard */
+        ck_assert_uint_eq(pr->mem.peak_kind_bytes[FSDP_MEM_PARAM], 4 * shards);
+        ck_assert_uint_eq(pr->mem.peak_kind_bytes[FSDP_MEM_OPTIM], 8 * shards);
+        /* FULL_SHARD: the root plus at most two blocks gathered (current + prefetch) */
+        size_t gather = pr->mem.peak_kind_bytes[FSDP_MEM_GATHER];
+        ck_assert_uint_ge(gather, 4 * pad_to(root, align));
+        ck_assert_uint_le(gather, 4 * (pad_to(root, align) + 2 * pad_to(block, align)));
+        /* traffic (comm.h's byte formula, per rank): the root gathered once per
+         * step, every block twice (forward and backward); every unit's
+         * gradient reduce-scattered once per micro-step */
+        size_t ag = 4 * (N - 1) * (root_shard + 2 * (size_t)L * block_shard);
+        size_t rs = 4 * (N - 1) * shards;
+        ck_assert_uint_eq(pr->recv_bytes[FSDP_COLL_ALL_GATHER], ag);
+        ck_assert_uint_eq(pr->sent_bytes[FSDP_COLL_ALL_GATHER], ag);
+        ck_assert_uint_eq(pr->recv_bytes[FSDP_COLL_REDUCE_SCATTER], rs);
+        ck_assert_uint_eq(pr->n_calls[FSDP_COLL_ALL_GATHER], (size_t)(1 + 2 * L));
+        ck_assert_uint_eq(pr->n_calls[FSDP_COLL_REDUCE_SCATTER], (size_t)(1 + L));
+        ck_assert_uint_eq(pr->n_calls[FSDP_COLL_ALL_REDUCE], 0);
+    }
+    /* the ZeRO formula: 16 P / N */
+    size_t f_dev, f_host;
+    char text[64];
+    fsdp_plan_formula(&plan, &f_dev, &f_host, text, sizeof text);
+    ck_assert_str_eq(text, "16 P/N");
+    ck_assert(fabs((double)f_dev - 16.0 * (double)plan.numel / N) < 2.0);
+    ck_assert_uint_eq(f_host, 0);
+    fsdp_plan_free(&plan);
+
+    /* with optimizer offload the fp32 state moves to pinned host memory:
+     * master, gradient, m and v shards = 16 bytes per shard element */
+    c.eng.offload = true;
+    ck_assert_int_eq(fsdp_plan_run(&c, 2, &plan), FSDP_STATUS_OK);
+    for (int r = 0; r < N; r++) {
+        const fsdp_plan_rank *pr = &plan.ranks[r];
+        ck_assert_uint_eq(pr->host.peak_kind_bytes[FSDP_MEM_PARAM], 4 * shards);
+        ck_assert_uint_eq(pr->host.peak_kind_bytes[FSDP_MEM_OPTIM], 8 * shards);
+        ck_assert_uint_eq(pr->host.peak_kind_bytes[FSDP_MEM_GRAD], 4 * shards);
+        ck_assert_uint_eq(pr->mem.peak_kind_bytes[FSDP_MEM_OPTIM], 0);
+        ck_assert_uint_eq(pr->mem.peak_kind_bytes[FSDP_MEM_PARAM], 4 * shards);
+    }
+    fsdp_plan_free(&plan);
+}
+END_TEST
+
+/* Formulas per strategy, precision and offload (P = the model's parameters). */
+START_TEST(test_plan_formula_text)
+{
+    static const struct {
+        fsdp_shard_strategy shard;
+        fsdp_dtype dt;
+        bool offload;
+        const char *text;
+        double dev_per_p, dev_per_p_n, host_per_p_n;
+    } cases[] = {
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, "16 P/N", 0, 16, 0},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_F32, false, "4 P + 12 P/N", 4, 12, 0},
+        {FSDP_SHARD_NONE, FSDP_DTYPE_F32, false, "16 P", 16, 0, 0},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, false, "18 P/N", 0, 18, 0},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, true, "device 4 P/N + host 16 P/N", 0, 4, 16},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, true, "device 2 P + host 16 P/N", 2, 0, 16},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fsdp_plan p;
+        memset(&p, 0, sizeof p);
+        p.numel = 1000000;
+        p.n_ranks = 4;
+        p.eng.shard = cases[i].shard;
+        p.eng.compute_dtype = cases[i].dt;
+        p.eng.offload = cases[i].offload;
+        size_t dev, host;
+        char text[64];
+        fsdp_plan_formula(&p, &dev, &host, text, sizeof text);
+        ck_assert_str_eq(text, cases[i].text);
+        double want = cases[i].dev_per_p * 1e6 + cases[i].dev_per_p_n * 1e6 / 4;
+        ck_assert_msg(fabs((double)dev - want) < 1, "case %zu: %zu vs %.0f", i, dev, want);
+        ck_assert(fabs((double)host - cases[i].host_per_p_n * 1e6 / 4) < 1);
+    }
+}
+END_TEST
+
+/* ---- the report: fit verdict, JSON, SVG ------------------------------------------ */
+
+static char *print_plan(const fsdp_plan *p, bool json)
+{
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    ck_assert_ptr_nonnull(f);
+    if (json)
+        fsdp_plan_write_json(f, p);
+    else
+        fsdp_plan_print(f, p);
+    fclose(f);
+    return buf;
+}
+
+START_TEST(test_plan_fit_verdict)
+{
+    fsdp_train_config c;
+    base_config(&c, "small", 4);
+    fsdp_plan plan;
+    ck_assert_int_eq(fsdp_plan_run(&c, 1, &plan), FSDP_STATUS_OK);
+    int who;
+    size_t peak = fsdp_plan_max_peak(&plan, &who);
+    ck_assert_uint_gt(peak, 0);
+    for (int r = 0; r < plan.n_ranks; r++)
+        ck_assert_uint_le(plan.ranks[r].mem.peak_bytes, peak);
+
+    char *out = print_plan(&plan, false);
+    ck_assert_msg(strstr(out, "give --device-mem"), "%s", out);
+    ck_assert(!strstr(out, "FITS") && !strstr(out, "DOES NOT FIT"));
+    free(out);
+
+    plan.device_mem = peak; /* exactly at the cap: fits with no margin */
+    out = print_plan(&plan, false);
+    ck_assert_msg(strstr(out, "FITS under") && !strstr(out, "DOES NOT FIT"), "%s", out);
+    free(out);
+
+    plan.device_mem = peak - 1;
+    out = print_plan(&plan, false);
+    ck_assert_msg(strstr(out, "DOES NOT FIT") && strstr(out, "--offload optimizer"), "%s", out);
+    free(out);
+
+    /* the verdict agrees with a real run under that cap */
+    c.eng.device_mem = peak - 1;
+    fsdp_train_result res;
+    ck_assert_int_eq(fsdp_train_run(&c, &res), FSDP_STATUS_OOM);
+    ck_assert_msg(strstr(fsdp_error_msg(), "out of memory"), "%s", fsdp_error_msg());
+    fsdp_train_result_free(&res);
+    c.eng.device_mem = peak;
+    c.steps = 1;
+    ck_assert_int_eq(fsdp_train_run(&c, &res), FSDP_STATUS_OK);
+    fsdp_train_result_free(&res);
+    fsdp_plan_free(&plan);
+}
+END_TEST
+
+static size_t json_uint(const fsdp_json *obj, const char *key)
+{
+    const fsdp_json *v = fsdp_json_get(obj, key);
+    ck_assert_msg(v && v->type == FSDP_JSON_NUMBER, "missing number '%s'", key);
+    return (size_t)v->number;
+}
+
+START_TEST(test_plan_json)
+{
+    fsdp_train_config c;
+    base_config(&c, "tiny", 2);
+    c.eng.offload = true;
+    fsdp_plan plan;
+    ck_assert_int_eq(fsdp_plan_run(&c, 2, &plan), FSDP_STATUS_OK);
+    plan.device_mem = (size_t)1 << 30;
+    char *out = print_plan(&plan, true);
+    fsdp_json *root;
+    fsdp_status st = fsdp_json_parse(out, strlen(out), &root);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s\n%s", fsdp_error_msg(), out);
+    ck_assert_uint_eq(json_uint(root, "params"), plan.numel);
+    ck_assert_uint_eq(json_uint(root, "devices"), 2);
+    ck_assert_str_eq(fsdp_json_get(root, "offload")->str, "optimizer");
+    ck_assert(fsdp_json_get(root, "fits")->type == FSDP_JSON_BOOL);
+    ck_assert(fsdp_json_get(root, "fits")->boolean);
+    const fsdp_json *devs = fsdp_json_get(root, "per_device");
+    ck_assert(devs && devs->type == FSDP_JSON_ARRAY && devs->n == 2);
+    for (int r = 0; r < 2; r++) {
+        const fsdp_json *d = fsdp_json_at(devs, (size_t)r);
+        ck_assert_uint_eq(json_uint(d, "peak_bytes"), plan.ranks[r].mem.peak_bytes);
+        ck_assert_uint_eq(json_uint(d, "host_peak_bytes"), plan.ranks[r].host.peak_bytes);
+        const fsdp_json *kinds = fsdp_json_get(d, "peak_by_kind");
+        size_t sum = 0;
+        for (int k = 0; k < FSDP_MEM_KIND_COUNT; k++) {
+            size_t v = json_uint(kinds, fsdp_mem_kind_name((fsdp_mem_kind)k));
+            ck_assert_uint_eq(v, plan.ranks[r].mem.peak_kind_bytes[k]);
+            sum += v;
+        }
+        ck_assert_uint_eq(sum, plan.ranks[r].mem.peak_bytes); /* the breakdown adds up */
+        const fsdp_json *ag = fsdp_json_get(fsdp_json_get(d, "collectives"), "all_gather");
+        ck_assert_uint_eq(json_uint(ag, "recv_bytes"), plan.ranks[r].recv_bytes[FSDP_COLL_ALL_GATHER]);
+    }
+    fsdp_json_free(root);
+    free(out);
+    fsdp_plan_free(&plan);
+}
+END_TEST
+
+/* Tags balance (a stack of names; self-closing tags, <?xml ?> and comments
+ * skipped); returns the number of elements named `count_name`. */
+static int check_xml(const char *s, const char *count_name)
+{
+    char stack[64][32];
+    int depth = 0, count = 0, n_roots = 0;
+    for (const char *p = s; (p = strchr(p, '<'));) {
+        if (p[1] == '?' || p[1] == '!') {
+            p = strchr(p, '>');
+            ck_assert_ptr_nonnull(p);
+            continue;
+        }
+        const char *end = strchr(p, '>');
+        ck_assert_msg(end != NULL, "unterminated tag");
+        bool closing = p[1] == '/', self = end[-1] == '/';
+        const char *name = p + (closing ? 2 : 1);
+        size_t len = strcspn(name, " />\n\t");
+        ck_assert(len > 0 && len < 32);
+        if (closing) {
+            ck_assert_msg(depth > 0 && strlen(stack[depth - 1]) == len &&
+                              !strncmp(stack[depth - 1], name, len),
+                          "closing </%.*s> does not match <%s>", (int)len, name,
+                          depth ? stack[depth - 1] : "(none)");
+            depth--;
+        } else {
+            if (!strncmp(name, count_name, len) && strlen(count_name) == len)
+                count++;
+            if (!self) {
+                ck_assert(depth < 64);
+                if (depth == 0)
+                    n_roots++;
+                memcpy(stack[depth], name, len);
+                stack[depth][len] = '\0';
+                depth++;
+            }
+        }
+        /* text between tags must not hold a raw '<' or an unescaped '&' */
+        p = end + 1;
+        const char *next = strchr(p, '<');
+        for (const char *q = p; *q && q != next; q++)
+            if (*q == '&')
+                ck_assert_msg(!strncmp(q, "&amp;", 5) || !strncmp(q, "&lt;", 4) ||
+                                  !strncmp(q, "&gt;", 4) || !strncmp(q, "&quot;", 6) ||
+                                  !strncmp(q, "&apos;", 6),
+                              "unescaped '&'");
+    }
+    ck_assert_int_eq(depth, 0);
+    ck_assert_int_eq(n_roots, 1);
+    return count;
+}
+
+START_TEST(test_plan_svg)
+{
+    fsdp_train_config c;
+    base_config(&c, "tiny", 4);
+    c.eng.offload = true;
+    fsdp_plan plan;
+    ck_assert_int_eq(fsdp_plan_run(&c, 1, &plan), FSDP_STATUS_OK);
+    plan.device_mem = 64 << 20;
+    char path[256];
+    tmp_path(path, sizeof path, ".svg");
+    ck_assert_int_eq(fsdp_plan_write_svg(&plan, path), FSDP_STATUS_OK);
+    char *svg = slurp(path, NULL);
+    ck_assert(!strncmp(svg, "<?xml", 5));
+    check_xml(svg, "rect");
+    /* one bar segment per non-zero kind per device, each with a tooltip */
+    for (int r = 0; r < 4; r++)
+        for (int k = 0; k < FSDP_MEM_KIND_COUNT; k++) {
+            if (!plan.ranks[r].mem.peak_kind_bytes[k])
+                continue;
+            char want[64];
+            snprintf(want, sizeof want, "<title>device %d ", r);
+            ck_assert_msg(strstr(svg, want), "no bar for device %d", r);
+        }
+    ck_assert(strstr(svg, "pinned host memory"));
+    ck_assert(strstr(svg, "cap 64.0 MiB"));
+    ck_assert(strstr(svg, "ZeRO device 4 P/N + host 16 P/N"));
+    free(svg);
+    unlink(path);
+    /* an unwritable path is an IO error, not a crash */
+    ck_assert_int_eq(fsdp_plan_write_svg(&plan, "/nonexistent-dir/x.svg"), FSDP_STATUS_IO);
+    ck_assert(strstr(fsdp_error_msg(), "/nonexistent-dir/x.svg"));
+    fsdp_plan_free(&plan);
+}
+END_TEST
+
+/* ---- shard maps ----------------------------------------------------------------- */
+
+START_TEST(test_shardmap_json)
+{
+    static const int ns[] = {1, 3, 8};
+    for (int s = 0; s < FSDP_SHARD_COUNT; s++)
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+            fsdp_gpt2_config gc;
+            fsdp_model m;
+            fsdp_shardmap sm;
+            ck_assert_int_eq(fsdp_gpt2_config_parse("gpt2", &gc), FSDP_STATUS_OK);
+            ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+            ck_assert_int_eq(fsdp_shardmap_init(&sm, &m, ns[i], (fsdp_shard_strategy)s),
+                             FSDP_STATUS_OK);
+            char *buf = NULL;
+            size_t n = 0;
+            FILE *f = open_memstream(&buf, &n);
+            fsdp_plan_shardmap_json(f, &sm, "gpt2");
+            fclose(f);
+            fsdp_json *root;
+            fsdp_status st = fsdp_json_parse(buf, n, &root);
+            ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+            ck_assert_uint_eq(json_uint(root, "devices"), (size_t)ns[i]);
+            ck_assert_uint_eq(json_uint(root, "params"), m.numel);
+            const fsdp_json *units = fsdp_json_get(root, "units");
+            ck_assert(units && units->n == (size_t)m.n_units);
+            size_t total = 0;
+            int u = 0;
+            for (const fsdp_json *ju = units->child; ju; ju = ju->next, u++) {
+                const fsdp_shard_unit *su = &sm.units[u];
+                ck_assert_str_eq(fsdp_json_get(ju, "name")->str, su->spec->name);
+                size_t numel = json_uint(ju, "numel"), padded = json_uint(ju, "padded_numel");
+                size_t shard = json_uint(ju, "shard_numel");
+                ck_assert_uint_eq(numel, su->numel);
+                ck_assert_uint_ge(padded, numel);
+                /* parameters tile the unit's flat buffer in order */
+                const fsdp_json *params = fsdp_json_get(ju, "params");
+                size_t off = 0;
+                for (const fsdp_json *p = params->child; p; p = p->next) {
+                    ck_assert_uint_eq(json_uint(p, "offset"), off);
+                    size_t pn = json_uint(p, "numel"), prod = 1;
+                    for (const fsdp_json *d = fsdp_json_get(p, "shape")->child; d; d = d->next)
+                        prod *= (size_t)d->number;
+                    ck_assert_uint_eq(prod, pn);
+                    off += pn;
+                }
+                ck_assert_uint_eq(off, numel);
+                /* rank ranges: contiguous, cover the padded buffer (or all of
+                 * it on every rank for NO_SHARD), real elements add up */
+                const fsdp_json *ranks = fsdp_json_get(ju, "ranks");
+                ck_assert_uint_eq(ranks->n, (size_t)ns[i]);
+                size_t next = 0, real = 0;
+                for (const fsdp_json *r = ranks->child; r; r = r->next) {
+                    size_t b = json_uint(r, "begin"), e = json_uint(r, "end");
+                    ck_assert_uint_eq(e - b, shard);
+                    if (s == FSDP_SHARD_NONE) {
+                        ck_assert_uint_eq(b, 0);
+                        ck_assert_uint_eq(json_uint(r, "real"), numel);
+                    } else {
+                        ck_assert_uint_eq(b, next);
+                        real += json_uint(r, "real");
+                        ck_assert_uint_eq(b % 1024, 0);
+                    }
+                    next = e;
+                }
+                ck_assert_uint_eq(next, padded);
+                if (s != FSDP_SHARD_NONE)
+                    ck_assert_uint_eq(real, numel);
+                total += numel;
+            }
+            ck_assert_uint_eq(total, m.numel);
+            fsdp_json_free(root);
+            free(buf);
+            fsdp_shardmap_free(&sm);
+            fsdp_model_free(&m);
+        }
+}
+END_TEST
+
+START_TEST(test_shardmap_table)
+{
+    fsdp_gpt2_config gc;
+    fsdp_model m;
+    fsdp_shardmap sm;
+    ck_assert_int_eq(fsdp_gpt2_config_parse("tiny", &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_shardmap_init(&sm, &m, 4, FSDP_SHARD_FULL), FSDP_STATUS_OK);
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    fsdp_plan_shardmap_table(f, &sm, "tiny", true);
+    fclose(f);
+    /* a row per unit and rank with its range; parameter slices listed */
+    for (int u = 0; u < sm.n_units; u++) {
+        char want[128];
+        size_t s = sm.units[u].shard_numel;
+        snprintf(want, sizeof want, "[%zu, %zu)", 3 * s, 4 * s);
+        ck_assert_msg(strstr(buf, want), "no range %s in\n%s", want, buf);
+    }
+    ck_assert_msg(strstr(buf, "owns wte.weight[0:3072)"), "%s", buf);
+    ck_assert(strstr(buf, "h.1.mlp.c_proj.bias"));
+    free(buf);
+    fsdp_shardmap_free(&sm);
+    fsdp_model_free(&m);
+}
+END_TEST
+
+/* ---- traces ---------------------------------------------------------------------- */
+
+struct span {
+    long long t0, t1; /* ns */
+    int pid, tid;
+};
+
+static int span_cmp(const void *a, const void *b)
+{
+    const struct span *x = a, *y = b;
+    if (x->pid != y->pid)
+        return x->pid - y->pid;
+    if (x->tid != y->tid)
+        return x->tid - y->tid;
+    if (x->t0 != y->t0)
+        return x->t0 < y->t0 ? -1 : 1;
+    return x->t1 > y->t1 ? -1 : x->t1 < y->t1; /* enclosing first */
+}
+
+/* Parse a Chrome trace and check it: every event has the fields its phase
+ * needs; duration events on each (pid, tid) track nest properly (each event
+ * lies inside the enclosing one or starts after it ends); counters carry
+ * bytes. Counts "X" events per track into n_track[pid * 4 + tid]. */
+static void check_trace(const char *path, int n_ranks, int *n_track, int *n_counters)
+{
+    fsdp_json *root;
+    fsdp_status st = fsdp_json_parse_file(path, &root);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    const fsdp_json *evs = fsdp_json_get(root, "traceEvents");
+    ck_assert(evs && evs->type == FSDP_JSON_ARRAY && evs->n > 0);
+    struct span *sp = calloc(evs->n, sizeof *sp);
+    size_t n = 0;
+    memset(n_track, 0, sizeof(int) * (size_t)n_ranks * 4);
+    *n_counters = 0;
+    int names[64] = {0};
+    for (const fsdp_json *e = evs->child; e; e = e->next) {
+        const fsdp_json *ph = fsdp_json_get(e, "ph"), *pid = fsdp_json_get(e, "pid");
+        ck_assert(ph && ph->type == FSDP_JSON_STRING && pid && pid->type == FSDP_JSON_NUMBER);
+        ck_assert(pid->number >= 0 && pid->number < n_ranks);
+        ck_assert(fsdp_json_get(e, "name") && fsdp_json_get(e, "name")->type == FSDP_JSON_STRING);
+        if (!strcmp(ph->str, "M")) {
+            ck_assert(fsdp_json_get(fsdp_json_get(e, "args"), "name"));
+            if (!strcmp(fsdp_json_get(e, "name")->str, "thread_name"))
+                names[(int)pid->number % 64]++;
+            continue;
+        }
+        const fsdp_json *ts = fsdp_json_get(e, "ts");
+        ck_assert(ts && ts->type == FSDP_JSON_NUMBER && ts->number >= 0);
+        if (!strcmp(ph->str, "C")) {
+            const fsdp_json *b = fsdp_json_get(fsdp_json_get(e, "args"), "bytes");
+            ck_assert(b && b->type == FSDP_JSON_NUMBER && b->number >= 0);
+            (*n_counters)++;
+            continue;
+        }
+        ck_assert_msg(!strcmp(ph->str, "X"), "unexpected phase '%s'", ph->str);
+        const fsdp_json *tid = fsdp_json_get(e, "tid"), *dur = fsdp_json_get(e, "dur");
+        ck_assert(tid && tid->type == FSDP_JSON_NUMBER && tid->number >= 0 && tid->number < 4);
+        ck_assert(dur && dur->type == FSDP_JSON_NUMBER && dur->number > 0);
+        const fsdp_json *args = fsdp_json_get(e, "args");
+        ck_assert(fsdp_json_get(args, "bytes") && fsdp_json_get(args, "unit"));
+        /* ts and dur are microseconds with 3 decimals: exact nanoseconds */
+        sp[n].t0 = llround(ts->number * 1000.0);
+        sp[n].t1 = sp[n].t0 + llround(dur->number * 1000.0);
+        sp[n].pid = (int)pid->number;
+        sp[n].tid = (int)tid->number;
+        n_track[sp[n].pid * 4 + sp[n].tid]++;
+        n++;
+    }
+    for (int r = 0; r < n_ranks && r < 64; r++)
+        ck_assert_int_eq(names[r], 4); /* a named track per stream */
+    qsort(sp, n, sizeof *sp, span_cmp);
+    long long stack[64];
+    int depth = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 && (sp[i].pid != sp[i - 1].pid || sp[i].tid != sp[i - 1].tid))
+            depth = 0;
+        while (depth > 0 && stack[depth - 1] <= sp[i].t0)
+            depth--; /* enclosing events that ended before this one starts */
+        ck_assert_msg(depth == 0 || sp[i].t1 <= stack[depth - 1],
+                      "rank %d track %d: event [%lld, %lld] ns overlaps the enclosing event "
+                      "ending at %lld",
+                      sp[i].pid, sp[i].tid, sp[i].t0, sp[i].t1, stack[depth - 1]);
+        ck_assert(depth < 64);
+        stack[depth++] = sp[i].t1;
+    }
+    free(sp);
+    fsdp_json_free(root);
+}
+
+START_TEST(test_trace_train)
+{
+    static const bool offload[] = {false, true};
+    for (int k = 0; k < 2; k++) {
+        fsdp_train_config c;
+        base_config(&c, "tiny", 2);
+        c.eng.offload = offload[k];
+        c.eng.grad_accum = 2;
+        char path[256];
+        tmp_path(path, sizeof path, ".json");
+        c.trace_path = path;
+        fsdp_train_result res;
+        ck_assert_msg(fsdp_train_run(&c, &res) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+        fsdp_train_result_free(&res);
+        int n_track[8], n_counters;
+        check_trace(path, 2, n_track, &n_counters);
+        for (int r = 0; r < 2; r++) {
+            ck_assert_int_gt(n_track[r * 4 + 0], 0); /* compute */
+            ck_assert_int_gt(n_track[r * 4 + 1], 0); /* comm */
+            if (offload[k]) {
+                ck_assert_int_gt(n_track[r * 4 + 2], 0); /* copy */
+                ck_assert_int_gt(n_track[r * 4 + 3], 0); /* cpu optimizer */
+            }
+        }
+        ck_assert_int_gt(n_counters, 0);
+        unlink(path);
+    }
+}
+END_TEST
+
+START_TEST(test_trace_plan)
+{
+    fsdp_train_config c;
+    base_config(&c, "gpt2", 4);
+    char path[256];
+    tmp_path(path, sizeof path, ".json");
+    c.trace_path = path;
+    fsdp_plan plan;
+    ck_assert_int_eq(fsdp_plan_run(&c, 2, &plan), FSDP_STATUS_OK);
+    fsdp_plan_free(&plan);
+    int n_track[16], n_counters;
+    check_trace(path, 4, n_track, &n_counters);
+    /* two steps: 12 blocks gathered in forward and backward + the root, per step */
+    for (int r = 0; r < 4; r++)
+        ck_assert_int_eq(n_track[r * 4 + 1], 2 * ((1 + 2 * 12) + 13));
+    unlink(path);
+    /* an unwritable trace path fails the plan with IO */
+    c.trace_path = "/nonexistent-dir/t.json";
+    ck_assert_int_eq(fsdp_plan_run(&c, 1, &plan), FSDP_STATUS_IO);
+}
+END_TEST
+
+/* ---- fsdp plot ------------------------------------------------------------------- */
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+START_TEST(test_plot_metrics)
+{
+    /* a real metrics file from a short run */
+    fsdp_train_config c;
+    base_config(&c, "tiny", 3);
+    c.steps = 6;
+    char log[256], svgp[256];
+    tmp_path(log, sizeof log, ".jsonl");
+    tmp_path(svgp, sizeof svgp, ".svg");
+    c.log_path = log;
+    fsdp_train_result res;
+    ck_assert_int_eq(fsdp_train_run(&c, &res), FSDP_STATUS_OK);
+    fsdp_train_result_free(&res);
+    fsdp_plot_info info;
+    fsdp_status st = fsdp_plot_metrics(log, svgp, &info);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    ck_assert_int_eq(info.n_steps, 6);
+    ck_assert_int_eq(info.n_devices, 3);
+    char *svg = slurp(svgp, NULL);
+    /* series: loss, tokens/s, one line per device; axis titles */
+    ck_assert_int_eq(check_xml(svg, "polyline"), 2 + 3);
+    ck_assert(strstr(svg, "loss"));
+    ck_assert(strstr(svg, "tokens/s"));
+    ck_assert(strstr(svg, "device 2"));
+    ck_assert(strstr(svg, ">step<"));
+    free(svg);
+    unlink(log);
+    unlink(svgp);
+}
+END_TEST
+
+START_TEST(test_plot_bad_inputs)
+{
+    char in[256], out[256];
+    tmp_path(in, sizeof in, ".jsonl");
+    tmp_path(out, sizeof out, ".svg");
+    fsdp_plot_info info;
+    /* missing file */
+    ck_assert_int_eq(fsdp_plot_metrics("/nonexistent/m.jsonl", out, &info), FSDP_STATUS_IO);
+    ck_assert(strstr(fsdp_error_msg(), "/nonexistent/m.jsonl"));
+    ck_assert(access(out, F_OK) != 0);
+    /* malformed line: named by number, no output left behind */
+    write_file(in, "{\"step\":1,\"loss\":2.5,\"tokens_per_s\":100,\"peak_bytes\":[10]}\n"
+                   "{\"step\":2,\"loss\":2.4,,}\n");
+    ck_assert_int_eq(fsdp_plot_metrics(in, out, &info), FSDP_STATUS_FORMAT);
+    ck_assert_msg(strstr(fsdp_error_msg(), "line 2"), "%s", fsdp_error_msg());
+    ck_assert(access(out, F_OK) != 0);
+    /* a line without a loss */
+    write_file(in, "{\"step\":1,\"tokens_per_s\":100}\n");
+    ck_assert_int_eq(fsdp_plot_metrics(in, out, &info), FSDP_STATUS_FORMAT);
+    ck_assert_msg(strstr(fsdp_error_msg(), "loss"), "%s", fsdp_error_msg());
+    /* nan is not JSON */
+    write_file(in, "{\"step\":1,\"loss\":nan}\n");
+    ck_assert_int_eq(fsdp_plot_metrics(in, out, &info), FSDP_STATUS_FORMAT);
+    /* empty file */
+    write_file(in, "\n\n");
+    ck_assert_int_eq(fsdp_plot_metrics(in, out, &info), FSDP_STATUS_FORMAT);
+    ck_assert_msg(strstr(fsdp_error_msg(), "no metrics"), "%s", fsdp_error_msg());
+    /* one step and blank lines are fine */
+    write_file(in, "\n{\"step\":1,\"loss\":3,\"tokens_per_s\":5,\"peak_bytes\":[1,2]}\n\n");
+    ck_assert_int_eq(fsdp_plot_metrics(in, out, &info), FSDP_STATUS_OK);
+    ck_assert_int_eq(info.n_steps, 1);
+    char *svg = slurp(out, NULL);
+    check_xml(svg, "circle");
+    free(svg);
+    unlink(in);
+    unlink(out);
+}
+END_TEST
+
+/* ---- the commands ---------------------------------------------------------------- */
+
+static int run_cmd(const char *args, char *out, size_t cap)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", FSDP_BIN, args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    while (fgetc(p) != EOF)
+        ;
+    int st = pclose(p);
+    ck_assert(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+static char cmd_out[1 << 17];
+
+START_TEST(test_commands)
+{
+    if (access(FSDP_BIN, X_OK) != 0) {
+        printf("SKIP: %s not built\n", FSDP_BIN);
+        return;
+    }
+    static const struct {
+        const char *args;
+        int rc;
+        const char *expect;
+    } cases[] = {
+        {"plan --help", 0, "--device-mem"},
+        {"plan --model tiny --devices 2", 0, "give --device-mem"},
+        {"plan --model tiny --devices 2 --device-mem 1GiB", 0, "FITS under"},
+        {"plan --model tiny --devices 2 --device-mem 1MiB", 0, "DOES NOT FIT"},
+        {"plan --model tiny --json", 0, "\"per_device\""},
+        {"plan --backend cpu", 2, "unknown option '--backend'"},
+        {"plan --devices 0", 2, "--devices"},
+        {"plan --model tiny --seq 65", 2, "context"},
+        {"plan --model tiny --svg /nonexistent-dir/p.svg", 1, "/nonexistent-dir/p.svg"},
+        {"shardmap --help", 0, "--json"},
+        {"shardmap --model tiny --devices 3", 0, "h.1"},
+        {"shardmap --model tiny --json", 0, "\"units\""},
+        {"shardmap --model nope", 2, "unknown model"},
+        {"shardmap --devices -1", 2, "--devices"},
+        {"plot --help", 0, "METRICS.jsonl"},
+        {"plot", 2, "usage"},
+        {"plot a.jsonl", 2, "usage"},
+        {"plot /nonexistent/m.jsonl /tmp/x.svg", 1, "/nonexistent/m.jsonl"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run_cmd(cases[i].args, cmd_out, sizeof cmd_out);
+        ck_assert_msg(rc == cases[i].rc, "'fsdp %s' exited %d, want %d:\n%s", cases[i].args, rc,
+                      cases[i].rc, cmd_out);
+        ck_assert_msg(strstr(cmd_out, cases[i].expect), "'fsdp %s' said:\n%s\nwant '%s'",
+                      cases[i].args, cmd_out, cases[i].expect);
+    }
+    /* the JSON outputs parse */
+    const char *json_cmds[] = {"plan --model tiny --devices 3 --offload optimizer --json",
+                               "shardmap --model gpt2 --devices 8 --shard grad-op --json"};
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(run_cmd(json_cmds[k], cmd_out, sizeof cmd_out), 0);
+        fsdp_json *root;
+        fsdp_status st = fsdp_json_parse(cmd_out, strlen(cmd_out), &root);
+        ck_assert_msg(st == FSDP_STATUS_OK, "'fsdp %s': %s", json_cmds[k], fsdp_error_msg());
+        fsdp_json_free(root);
+    }
+    /* a malformed metrics line: exit 1 naming the line */
+    char in[256];
+    tmp_path(in, sizeof in, ".jsonl");
+    write_file(in, "{\"step\":1,\"loss\":1}\n{oops}\n");
+    char args[600];
+    snprintf(args, sizeof args, "plot %s /tmp/fsdp_test_plan_never.svg", in);
+    ck_assert_int_eq(run_cmd(args, cmd_out, sizeof cmd_out), 1);
+    ck_assert_msg(strstr(cmd_out, "line 2"), "%s", cmd_out);
+    unlink(in);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("plan");
+    TCase *tc = tcase_create("exact");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, test_plan_equals_cpu_run, 0, N_MATRIX);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("plan");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_plan_70b_fast_and_formulas);
+    tcase_add_test(tc, test_plan_formula_text);
+    tcase_add_test(tc, test_plan_fit_verdict);
+    tcase_add_test(tc, test_plan_json);
+    tcase_add_test(tc, test_plan_svg);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("shardmap");
+    tcase_add_test(tc, test_shardmap_json);
+    tcase_add_test(tc, test_shardmap_table);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("trace");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_trace_train);
+    tcase_add_test(tc, test_trace_plan);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("plot");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_plot_metrics);
+    tcase_add_test(tc, test_plot_bad_inputs);
+    tcase_add_test(tc, test_commands);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
