@@ -765,6 +765,35 @@ fsdp_status fsdp_optim_step(fsdp_engine *e, float lr, float scale)
 
 /* ---- forward only (evaluation, sampling) ----------------------------------- */
 
+/* Forward of the tokens already in the model state: gathers unit by unit;
+ * the root stays gathered for the caller to release. */
+static fsdp_status forward_only(fsdp_engine *e, float *loss)
+{
+    const fsdp_model *m = e->sh->model;
+    const struct fsdp_model_i *mi = m->iface;
+    FSDP_TRY(gather_wait(e, 0));
+    FSDP_TRY(mi->root_forward(m, &e->ops, e->state, row_of(e, 0)->gathered));
+    for (int u = 1; u < e->sh->sm.n_units; u++) {
+        FSDP_TRY(gather_wait(e, u));
+        FSDP_TRY(mi->unit_forward(m, &e->ops, e->state, u, row_of(e, u)->gathered));
+        FSDP_TRY(gather_release(e, u));
+    }
+    return mi->head_forward_backward(m, &e->ops, e->state, row_of(e, 0)->gathered, NULL, 1.0f,
+                                     loss);
+}
+
+fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss)
+{
+    if (!e->sh->data)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "fsdp_engine_forward_batch: the engine has no data source");
+    FSDP_TRY(load_batch(e, index));
+    float l = 0.0f;
+    FSDP_TRY(forward_only(e, &l));
+    *loss = l;
+    return gather_release(e, 0);
+}
+
 fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
                                 float *logits_out, float *loss)
 {
@@ -772,7 +801,7 @@ fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, c
     const fsdp_engine_config *cfg = &sh->cfg;
     const fsdp_model *m = sh->model;
     const struct fsdp_model_i *mi = m->iface;
-    int U = sh->sm.n_units, T = cfg->seq, Vp = m->padded_vocab_size;
+    int T = cfg->seq, Vp = m->padded_vocab_size;
     size_t n = (size_t)cfg->batch * (size_t)T;
     if (n_rows > cfg->batch)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "forward of %d rows > batch %d", n_rows,
@@ -788,16 +817,8 @@ fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, c
         FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_targets(e->state), tg, n * sizeof(int),
                                     e->dev.compute));
     }
-    FSDP_TRY(gather_wait(e, 0));
-    FSDP_TRY(mi->root_forward(m, &e->ops, e->state, row_of(e, 0)->gathered));
-    for (int u = 1; u < U; u++) {
-        FSDP_TRY(gather_wait(e, u));
-        FSDP_TRY(mi->unit_forward(m, &e->ops, e->state, u, row_of(e, u)->gathered));
-        FSDP_TRY(gather_release(e, u));
-    }
     float l = 0.0f;
-    FSDP_TRY(mi->head_forward_backward(m, &e->ops, e->state, row_of(e, 0)->gathered, NULL, 1.0f,
-                                       &l));
+    FSDP_TRY(forward_only(e, &l));
     if (loss)
         *loss = l;
     if (logits_out && fsdp_device_computes(&e->dev)) {

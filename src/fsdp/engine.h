@@ -121,6 +121,13 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
 fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
                                 float *logits_out, float *loss);
 
+/* Forward only on micro-batch `index` of the shared data source (the
+ * numbering fsdp_engine_step uses), with the model's real next-token
+ * targets: *loss is the batch's mean loss, computed as the training
+ * micro-step's forward computes it. All ranks call it in lockstep, each
+ * with its own index. INVALID_ARG if the engine has no data source. */
+fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss);
+
 /* Unpadded fp32 copy of a whole unit's current master parameters on every
  * rank (an all-gather of master shards, for export/tests; host buffer of
  * units[u].numel floats). */
