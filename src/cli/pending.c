@@ -12,6 +12,3 @@ int fsdp_cli_not_yet(const char *name)
     return 2;
 }
 
-int fsdp_cli_eval(int argc, char **argv) { (void)argc; (void)argv; return fsdp_cli_not_yet("eval"); }
-int fsdp_cli_sample(int argc, char **argv) { (void)argc; (void)argv; return fsdp_cli_not_yet("sample"); }
-int fsdp_cli_convert(int argc, char **argv) { (void)argc; (void)argv; return fsdp_cli_not_yet("convert"); }

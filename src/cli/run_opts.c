@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ckpt/modelfile.h"
 #include "cli/run_opts.h"
 #include "models/gpt2.h"
 
@@ -21,9 +22,10 @@ int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *o)
         "device backend (default: cuda when a GPU is visible, else cpu)");
     OPT("devices", FSDP_OPT_INT, &ro->devices, "N",
         "number of devices = ranks (default: 4 simulated cpu devices, or every GPU)");
-    OPT("model", FSDP_OPT_STR, &c->model, "NAME",
+    OPT("model", FSDP_OPT_STR, &c->model, "NAME|FILE",
         "tiny|small|gpt2|gpt2-medium|gpt2-large|gpt2-xl|custom:layers=L,heads=H,channels=C,"
-        "vocab=V,context=T (default small)");
+        "vocab=V,context=T (default small), or a model to start from: FILE.bin (llm.c), "
+        "FILE.safetensors (HF GPT-2) or a checkpoint directory");
     OPT("batch", FSDP_OPT_INT, &e->batch, "B", "sequences per micro-batch per device (default 8)");
     OPT("seq", FSDP_OPT_INT, &e->seq, "T", "sequence length (default 64)");
     OPT("grad-accum", FSDP_OPT_INT, &e->grad_accum, "A", "micro-steps per device per step (default 1)");
@@ -138,7 +140,16 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
         return 2;
     }
     fsdp_gpt2_config gc;
-    if (fsdp_gpt2_config_parse(ro->cfg.model, &gc) != FSDP_STATUS_OK) {
+    if (fsdp_modelfile_is_path(ro->cfg.model)) {
+        /* a model file (fine-tuning): its header gives the shape */
+        fsdp_modelfile *mf = NULL;
+        if (fsdp_modelfile_open(&mf, ro->cfg.model) != FSDP_STATUS_OK) {
+            fprintf(stderr, "fsdp %s: --model: %s\n", cmd, fsdp_error_msg());
+            return 2;
+        }
+        gc = *fsdp_modelfile_config(mf);
+        fsdp_modelfile_close(mf);
+    } else if (fsdp_gpt2_config_parse(ro->cfg.model, &gc) != FSDP_STATUS_OK) {
         fprintf(stderr, "fsdp %s: --model: %s\n", cmd, fsdp_error_msg());
         return 2;
     }

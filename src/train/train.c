@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ckpt/modelfile.h"
 #include "core/log.h"
 #include "core/world.h"
 #include "fsdp/engine_ckpt.h"
@@ -78,6 +79,7 @@ struct trainer {
     fsdp_ckpt_manifest ck_resume; /* the checkpoint resumed from */
     char ck_path[FSDP_CKPT_PATH_MAX]; /* its directory; "" when starting fresh */
     int start_step;
+    fsdp_modelfile *mf;       /* --model FILE: the initial weights, or NULL */
 };
 
 static double now_s(void)
@@ -384,7 +386,14 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--steps must be >= 0");
         goto fail;
     }
-    FSDP_CHECK(fsdp_gpt2_config_parse(cfg->model, &gc));
+    if (fsdp_modelfile_is_path(cfg->model)) {
+        /* fine-tuning: shape and initial weights from the file; each rank
+         * reads its own shards of it (engine init_fn) */
+        FSDP_CHECK(fsdp_modelfile_open(&t->mf, cfg->model));
+        gc = *fsdp_modelfile_config(t->mf);
+    } else {
+        FSDP_CHECK(fsdp_gpt2_config_parse(cfg->model, &gc));
+    }
     if (cfg->data && ec->backend != FSDP_BACKEND_META) {
         FSDP_CHECK(fsdp_data_open(&t->data, cfg->data, 0, ec->seed));
         int dv = fsdp_data_vocab(t->data);
@@ -397,12 +406,18 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         }
     }
     FSDP_CHECK(fsdp_gpt2_init(&t->model, &gc));
+    if (t->mf)
+        FSDP_CHECK(fsdp_modelfile_bind(t->mf, &t->model));
     if (ec->backend == FSDP_BACKEND_CUDA)
         t->peak_flops = ec->compute_dtype == FSDP_DTYPE_BF16 ? 989e12 : 67e12; /* H100/H200 SXM */
     t->flops_per_token = 6.0 * (double)t->model.numel +
                          12.0 * gc.n_layer * (double)gc.n_embd * ec->seq;
     FSDP_CHECK(fsdp_world_init(&w, ec->n_ranks));
     FSDP_CHECK(fsdp_engine_shared_init(&t->sh, ec, &t->model, t->data, w));
+    if (t->mf) {
+        t->sh.init_fn = fsdp_modelfile_init_fn;
+        t->sh.init_arg = t->mf;
+    }
     if (cfg->ckpt_dir)
         FSDP_CHECK(ckpt_prepare(t));
     if (cfg->trace_path)
@@ -467,6 +482,7 @@ fail:
         fsdp_model_free(&t->model);
     if (t->data)
         fsdp_data_close(t->data);
+    fsdp_modelfile_close(t->mf);
     fsdp_world_free(w);
     free(t);
     return st;

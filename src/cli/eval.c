@@ -1,0 +1,82 @@
+/*
+ * eval.c - `fsdp eval`: the mean next-token loss of a model file on a data
+ * set, over the first S micro-batches the trainer would read (same
+ * numbering, so it matches a training run's loss on the same batches).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cli/cli.h"
+#include "cli/infer_opts.h"
+#include "ckpt/modelfile.h"
+
+int fsdp_cli_eval(int argc, char **argv)
+{
+    fsdp_infer_opts io;
+    fsdp_opt opts[FSDP_INFER_OPTS_MAX];
+    int n = fsdp_infer_opts_table(&io, opts);
+    fsdp_infer_config *c = &io.cfg;
+    const char *data = NULL;
+    int steps = 10;
+    uint64_t seed = 1337;
+    bool per_batch = false;
+    c->seq = 0;
+#define OPT(name_, type_, dst_, meta_, help_) \
+    opts[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
+    OPT("data", FSDP_OPT_STR, &data, "synthetic|FILE.txt|'GLOB.bin'",
+        "evaluation data: the synthetic task, bytes of a text file, or llm.c token shards "
+        "(required)");
+    OPT("batch", FSDP_OPT_INT, &c->batch, "B", "sequences per micro-batch (default 8)");
+    OPT("seq", FSDP_OPT_INT, &c->seq, "T", "sequence length (default 64, or the model's context)");
+    OPT("steps", FSDP_OPT_INT, &steps, "S",
+        "micro-batches to average over: 0 .. S-1, numbered as the trainer numbers them "
+        "(default 10)");
+    OPT("seed", FSDP_OPT_U64, &seed, "S", "data seed, as for train (synthetic task; default 1337)");
+    OPT("per-batch", FSDP_OPT_FLAG, &per_batch, "", "also print each micro-batch's loss");
+#undef OPT
+    int rc = fsdp_args_parse("eval", "--model FILE --data DATA [options]", opts, n, argc, argv,
+                             NULL, 0, NULL);
+    if (rc != FSDP_ARGS_OK)
+        return rc;
+    if ((rc = fsdp_infer_opts_finish("eval", &io)))
+        return rc;
+    if (!data) {
+        fprintf(stderr, "fsdp eval: --data is required (synthetic, FILE.txt or token shards)\n");
+        return 2;
+    }
+    if (steps < 1 || c->batch < 1 || c->seq < 0) {
+        fprintf(stderr, "fsdp eval: need --steps >= 1, --batch >= 1 and --seq >= 1\n");
+        return 2;
+    }
+    if (c->seq == 0) { /* 64, or the model's context if shorter */
+        fsdp_modelfile *mf = NULL;
+        if (fsdp_modelfile_open(&mf, c->model_path) != FSDP_STATUS_OK) {
+            fprintf(stderr, "fsdp eval: error: %s\n", fsdp_error_msg());
+            return 1;
+        }
+        int maxT = fsdp_modelfile_config(mf)->max_seq_len;
+        c->seq = maxT < 64 ? maxT : 64;
+        fsdp_modelfile_close(mf);
+    }
+    float *losses = malloc((size_t)steps * sizeof *losses);
+    if (!losses) {
+        fprintf(stderr, "fsdp eval: out of memory\n");
+        return 1;
+    }
+    float mean = 0.0f;
+    fsdp_status st = fsdp_infer_eval(c, data, seed, steps, &mean, losses);
+    if (st != FSDP_STATUS_OK) {
+        fprintf(stderr, "fsdp eval: error: %s\n", fsdp_error_msg());
+        free(losses);
+        return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
+    }
+    if (per_batch)
+        for (int m = 0; m < steps; m++)
+            printf("batch %d loss %.6f\n", m, losses[m]);
+    printf("mean loss %.6f over %d batches of %d x %d tokens (model %s, data %s, %d %s "
+           "device(s))\n",
+           mean, steps, c->batch, c->seq, c->model_path, data, c->n_ranks,
+           fsdp_backend_name(c->backend));
+    free(losses);
+    return fflush(stdout) == 0 ? 0 : 1;
+}

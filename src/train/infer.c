@@ -1,0 +1,281 @@
+/*
+ * infer.c - `fsdp eval` and `fsdp sample` on a sharded engine (infer.h).
+ *
+ * Both build the same engine as training (FULL_SHARD, forward only), with
+ * the engine's init hook reading each rank's shard from the model file.
+ * Every engine call is collective, so all ranks run the same number of
+ * forwards in lockstep:
+ * - eval deals micro-batch m to rank m % N, like the trainer; a rank with
+ *   no batch left in the last round repeats one and drops the result.
+ *   Rank threads write their losses into disjoint slots; the main thread
+ *   sums them after the join, in the trainer's tree order.
+ * - sample runs the same single sequence on every rank (the gathers need
+ *   everyone); rank 0 picks each token from its logits and publishes it in
+ *   the shared context before a world barrier, after which all ranks read
+ *   it. Sampling uses the counter-based RNG keyed by (seed, token index),
+ *   so the output does not depend on the number of ranks.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/modelfile.h"
+#include "core/log.h"
+#include "core/rng.h"
+#include "core/world.h"
+#include "models/gpt2.h"
+#include "train/infer.h"
+
+#define SAMPLE_RNG_STREAM 0x73616d706c65ull /* "sample" */
+
+void fsdp_infer_config_default(fsdp_infer_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->backend = fsdp_cuda_device_count() > 0 ? FSDP_BACKEND_CUDA : FSDP_BACKEND_CPU;
+    cfg->n_ranks = 1;
+    cfg->compute_dtype = FSDP_DTYPE_F32;
+    cfg->batch = 8;
+    cfg->seq = 64;
+}
+
+struct infer {
+    const fsdp_infer_config *cfg;
+    fsdp_modelfile *mf;
+    fsdp_model model;
+    bool model_ready;
+    fsdp_data *data;
+    fsdp_world *w;
+    fsdp_engine_shared sh;
+    bool sh_ready;
+    /* eval */
+    int n_batches;
+    float *losses;             /* [n_batches], slot m written by rank m % N */
+    /* sample */
+    const fsdp_sample_config *sc;
+    int *ctx;                  /* prompt then generated tokens; appended by rank 0 */
+    int *out;
+};
+
+static void infer_free(struct infer *r)
+{
+    if (r->sh_ready)
+        fsdp_engine_shared_free(&r->sh);
+    fsdp_world_free(r->w);
+    if (r->data)
+        fsdp_data_close(r->data);
+    if (r->model_ready)
+        fsdp_model_free(&r->model);
+    fsdp_modelfile_close(r->mf);
+}
+
+/* Open the model file, build the model and the engine's shared part for
+ * micro-batches of (B, T); data may be NULL. */
+static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed, int B, int T)
+{
+    const fsdp_infer_config *cfg = r->cfg;
+    if (cfg->n_ranks < 1 || cfg->n_ranks > 1024)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--devices must be 1..1024, got %d",
+                              cfg->n_ranks);
+    if (cfg->backend == FSDP_BACKEND_META)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "the meta backend computes nothing; evaluate or sample on cpu or "
+                              "cuda");
+    FSDP_TRY(fsdp_modelfile_open(&r->mf, cfg->model_path));
+    const fsdp_gpt2_config *gc = fsdp_modelfile_config(r->mf);
+    if (T == 0)
+        T = gc->max_seq_len < 64 ? gc->max_seq_len : 64;
+    if (T > gc->max_seq_len)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "--seq %d is longer than the model's context of %d (%s)", T,
+                              gc->max_seq_len, cfg->model_path);
+    FSDP_TRY(fsdp_gpt2_init(&r->model, gc));
+    r->model_ready = true;
+    FSDP_TRY(fsdp_modelfile_bind(r->mf, &r->model));
+    if (data) {
+        FSDP_TRY(fsdp_data_open(&r->data, data, 0, seed));
+        int dv = fsdp_data_vocab(r->data);
+        if (dv > gc->vocab_size)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "the data '%s' uses token ids up to %d but the model in '%s' "
+                                  "has a vocabulary of %d", data, dv - 1, cfg->model_path,
+                                  gc->vocab_size);
+    }
+    fsdp_engine_config ec = {
+        .backend = cfg->backend,
+        .comm = FSDP_COMM_AUTO,
+        .n_ranks = cfg->n_ranks,
+        .ranks_per_device = 1,
+        .shard = FSDP_SHARD_FULL,
+        .compute_dtype = cfg->compute_dtype,
+        .prefetch = true,
+        .deterministic = true,
+        .device_mem = cfg->device_mem,
+        .batch = B,
+        .seq = T,
+        .grad_accum = 1,
+        .beta1 = 0.9f,
+        .beta2 = 0.95f,
+        .eps = 1e-8f,
+        .seed = seed,
+    };
+    FSDP_TRY(fsdp_world_init(&r->w, cfg->n_ranks));
+    FSDP_TRY(fsdp_engine_shared_init(&r->sh, &ec, &r->model, r->data, r->w));
+    r->sh_ready = true;
+    r->sh.init_fn = fsdp_modelfile_init_fn;
+    r->sh.init_arg = r->mf;
+    FSDP_INFO(FSDP_SUB_TRAIN, "loaded %s '%s' (%s, model %s) on %d rank(s)",
+              fsdp_modelfile_kind_name(fsdp_modelfile_kind_get(r->mf)),
+              fsdp_modelfile_path(r->mf), fsdp_modelfile_dtype_name(r->mf), r->model.name,
+              cfg->n_ranks);
+    return FSDP_STATUS_OK;
+}
+
+/* ---- eval -------------------------------------------------------------------- */
+
+static fsdp_status eval_rank(fsdp_world *w, int rank, void *arg)
+{
+    struct infer *r = arg;
+    int N = r->cfg->n_ranks, S = r->n_batches;
+    fsdp_engine *e = NULL;
+    fsdp_status st;
+    FSDP_CHECK(fsdp_engine_init(&e, &r->sh, rank));
+    for (int k = 0; k * N < S; k++) {
+        int m = k * N + rank;
+        float loss = 0.0f;
+        FSDP_CHECK(fsdp_engine_forward_batch(e, (uint64_t)(m < S ? m : m % S), &loss));
+        if (m < S)
+            r->losses[m] = loss;
+    }
+    st = FSDP_STATUS_OK;
+fail:
+    fsdp_engine_free(e);
+    return st;
+}
+
+fsdp_status fsdp_infer_eval(const fsdp_infer_config *cfg, const char *data, uint64_t seed,
+                            int n_batches, float *mean_loss, float *losses)
+{
+    if (!cfg || !data || !mean_loss || n_batches < 1 || cfg->batch < 1 || cfg->seq < 0)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "eval needs a model, data, --steps >= 1, --batch >= 1, --seq >= 1");
+    struct infer r = {.cfg = cfg, .n_batches = n_batches};
+    fsdp_status st;
+    r.losses = calloc((size_t)n_batches, sizeof *r.losses);
+    if (!r.losses) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for %d losses", n_batches);
+        goto fail;
+    }
+    FSDP_CHECK(infer_setup(&r, data, seed, cfg->batch, cfg->seq));
+    FSDP_CHECK(fsdp_world_launch(r.w, eval_rank, &r));
+    *mean_loss = fsdp_tree_sum(r.losses, n_batches) / (float)n_batches;
+    if (losses)
+        memcpy(losses, r.losses, (size_t)n_batches * sizeof *losses);
+fail:
+    free(r.losses);
+    infer_free(&r);
+    return st;
+}
+
+/* ---- sample ------------------------------------------------------------------ */
+
+/* The next token from logits[0..V): argmax, or a draw from
+ * softmax(logits / temperature) with uniform u. */
+static int pick_token(const float *logits, int V, float temperature, float u)
+{
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (logits[v] > logits[best])
+            best = v;
+    if (!(temperature > 0.0f))
+        return best;
+    double sum = 0.0, inv_t = 1.0 / (double)temperature, max = logits[best];
+    for (int v = 0; v < V; v++)
+        sum += exp(((double)logits[v] - max) * inv_t);
+    double target = (double)u * sum, acc = 0.0;
+    for (int v = 0; v < V; v++) {
+        acc += exp(((double)logits[v] - max) * inv_t);
+        if (acc >= target)
+            return v;
+    }
+    return best; /* rounding left target just above the total */
+}
+
+static fsdp_status sample_rank(fsdp_world *w, int rank, void *arg)
+{
+    struct infer *r = arg;
+    const fsdp_sample_config *sc = r->sc;
+    int T = r->sh.cfg.seq, V = r->model.vocab_size, Vp = r->model.padded_vocab_size;
+    fsdp_engine *e = NULL;
+    int *row = calloc((size_t)T, sizeof *row);
+    float *logits = malloc((size_t)Vp * sizeof *logits);
+    fsdp_status st;
+    if (!row || !logits) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for sampling");
+        goto fail;
+    }
+    FSDP_CHECK(fsdp_engine_init(&e, &r->sh, rank));
+    for (int k = 0; k < sc->n_tokens; k++) {
+        int len = sc->n_prompt + k, start = len > T ? len - T : 0, n = len - start;
+        memset(row, 0, (size_t)T * sizeof *row);
+        memcpy(row, r->ctx + start, (size_t)n * sizeof *row);
+        int pos = n - 1;
+        FSDP_CHECK(fsdp_engine_forward(e, row, 1, &pos, logits, NULL));
+        if (rank == 0) {
+            float u = fsdp_rng_uniform(sc->seed, SAMPLE_RNG_STREAM, (uint64_t)k);
+            int tok = pick_token(logits, V, sc->temperature, u);
+            r->ctx[len] = tok;
+            r->out[k] = tok;
+            if (sc->on_token)
+                sc->on_token(sc->arg, tok);
+        }
+        FSDP_CHECK(fsdp_world_barrier(w)); /* the new token is visible to every rank */
+    }
+    st = FSDP_STATUS_OK;
+fail:
+    fsdp_engine_free(e);
+    free(row);
+    free(logits);
+    return st;
+}
+
+fsdp_status fsdp_infer_sample(const fsdp_infer_config *cfg, const fsdp_sample_config *sc,
+                              int *out)
+{
+    if (!cfg || !sc || !out || !sc->prompt || sc->n_prompt < 1 || sc->n_tokens < 0 ||
+        !(sc->temperature >= 0.0f))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "sampling needs a prompt of at least one token, --tokens >= 0 and "
+                              "--temperature >= 0");
+    struct infer r = {.cfg = cfg, .sc = sc, .out = out};
+    fsdp_status st;
+    fsdp_gpt2_config gc;
+    /* the context: the model's, or --seq, never more than the text needs */
+    {
+        fsdp_modelfile *probe = NULL;
+        FSDP_TRY(fsdp_modelfile_open(&probe, cfg->model_path));
+        gc = *fsdp_modelfile_config(probe);
+        fsdp_modelfile_close(probe);
+    }
+    for (int i = 0; i < sc->n_prompt; i++)
+        if (sc->prompt[i] < 0 || sc->prompt[i] >= gc.vocab_size)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "prompt token %d (at position %d) is outside the model's "
+                                  "vocabulary of %d", sc->prompt[i], i, gc.vocab_size);
+    int T = cfg->seq > 0 && cfg->seq < gc.max_seq_len ? cfg->seq : gc.max_seq_len;
+    int64_t need = (int64_t)sc->n_prompt + sc->n_tokens - 1;
+    if (need < T)
+        T = need > 0 ? (int)need : 1;
+    if (sc->n_tokens == 0)
+        return FSDP_STATUS_OK;
+    r.ctx = malloc(((size_t)sc->n_prompt + (size_t)sc->n_tokens) * sizeof *r.ctx);
+    if (!r.ctx)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for %d tokens",
+                              sc->n_prompt + sc->n_tokens);
+    memcpy(r.ctx, sc->prompt, (size_t)sc->n_prompt * sizeof *r.ctx);
+    FSDP_CHECK(infer_setup(&r, NULL, sc->seed, 1, T));
+    FSDP_CHECK(fsdp_world_launch(r.w, sample_rank, &r));
+fail:
+    free(r.ctx);
+    infer_free(&r);
+    return st;
+}

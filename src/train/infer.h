@@ -1,0 +1,58 @@
+/*
+ * infer.h - forward-only use of a trained model on N rank threads:
+ * `fsdp eval` (mean loss over a data set) and `fsdp sample` (generation).
+ *
+ * The model comes from a model file (llm.c .bin, .safetensors or a
+ * checkpoint, src/ckpt/modelfile.h) loaded straight into a sharded engine:
+ * each rank reads only its own shard of every unit, as in training, so a
+ * model that does not fit one device can still be evaluated.
+ */
+#ifndef FSDP_TRAIN_INFER_H
+#define FSDP_TRAIN_INFER_H
+
+#include <stdint.h>
+
+#include "fsdp/engine.h"
+
+typedef struct fsdp_infer_config {
+    const char *model_path;    /* .bin, .safetensors or checkpoint directory */
+    fsdp_backend backend;
+    int n_ranks;
+    fsdp_dtype compute_dtype;
+    size_t device_mem;         /* per-device cap, 0 = none */
+    int batch;                 /* eval: sequences per micro-batch */
+    int seq;                   /* eval: T (0: 64 or the model's context if shorter);
+                                * sample: context window (0: the model's) */
+} fsdp_infer_config;
+
+/* Defaults: cpu (cuda if visible), 1 rank, fp32, batch 8, seq 64. */
+void fsdp_infer_config_default(fsdp_infer_config *cfg);
+
+/* Mean next-token loss over micro-batches 0 .. n_batches-1 of `data` (a
+ * spec as for fsdp_data_open; the numbering of fsdp_engine_step, so batch
+ * m holds the tokens the trainer's micro-batch m holds for the same B, T
+ * and seed), summed in the trainer's balanced tree over m: for the same
+ * batches the result equals the trainer's step loss bit for bit, for any
+ * number of ranks. losses (optional) receives each batch's loss. */
+fsdp_status fsdp_infer_eval(const fsdp_infer_config *cfg, const char *data, uint64_t seed,
+                            int n_batches, float *mean_loss, float *losses);
+
+typedef struct fsdp_sample_config {
+    const int *prompt;         /* n_prompt >= 1 token ids < vocab */
+    int n_prompt;
+    int n_tokens;              /* tokens to generate */
+    float temperature;         /* 0: greedy (argmax); > 0: sample softmax(logits / T) */
+    uint64_t seed;             /* sampling: token k draws uniform (seed, k) */
+    /* called on rank 0's thread with each new token as it is chosen (may be NULL) */
+    void (*on_token)(void *arg, int token);
+    void *arg;
+} fsdp_sample_config;
+
+/* Generate sc->n_tokens tokens after the prompt into out[0..n_tokens).
+ * Prompts longer than the context keep their last `seq` tokens (a sliding
+ * window). Deterministic for a given model, prompt, temperature and seed,
+ * for any number of ranks. */
+fsdp_status fsdp_infer_sample(const fsdp_infer_config *cfg, const fsdp_sample_config *sc,
+                              int *out);
+
+#endif /* FSDP_TRAIN_INFER_H */
