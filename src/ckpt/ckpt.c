@@ -37,7 +37,8 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 #define SHARD_MAGIC "FSDPCKPT"
 #define SHARD_HEADER_BYTES 64
-#define MANIFEST_MAX_BYTES ((size_t)64 << 20)
+#define MANIFEST_MAX_BYTES ((size_t)16 << 20)
+#define MANIFEST_MIN_LINE 32 /* bytes of the shortest unit or param line */
 #define MANIFEST_LINE_MAX 1024
 #define MAX_NUMEL ((uint64_t)1 << 48)     /* per unit or parameter */
 #define MAX_DIM ((uint64_t)1 << 40)
@@ -668,13 +669,6 @@ fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
     }
     text[size] = '\0';
 
-    /* count lines, so declared counts can be bounded by what the file holds */
-    int n_lines = 0;
-    for (size_t i = 0; i < size; i++)
-        n_lines += text[i] == '\n';
-    if (size && text[size - 1] != '\n')
-        n_lines++;
-
     parser ps = {.path = path, .line = 0};
     bool seen[K_COUNT] = {false};
     enum { HEADER, UNITS, END } phase = HEADER;
@@ -700,7 +694,9 @@ fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
             }
         if (len == 0 || line[0] == '#')
             continue;
-        int lines_left = n_lines - ps.line;
+        /* declared counts are bounded by the lines the rest of the file can
+         * hold, so a hostile count cannot size a large allocation */
+        int lines_left = (int)((size_t)(text + size - cur) / MANIFEST_MIN_LINE);
         if (phase == END) {
             st = bad(&ps, "text after 'end'");
             goto fail;

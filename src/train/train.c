@@ -354,6 +354,9 @@ static fsdp_status ckpt_prepare(struct trainer *t)
     if (cfg->out) {
         fprintf(cfg->out, "resuming from %s: step %llu, written by %d device(s) with shard %s\n",
                 t->ck_path, (unsigned long long)m->step, m->world_size, m->shard);
+        if (m->steps_total != cfg->steps)
+            fprintf(cfg->out, "note: the checkpoint's run had --steps %d; the learning-rate "
+                              "schedule now spans %d steps\n", m->steps_total, cfg->steps);
         if (m->step >= (uint64_t)cfg->steps)
             fprintf(cfg->out, "resume: the checkpoint is at or past --steps %d; no steps to run\n",
                     cfg->steps);
