@@ -750,12 +750,22 @@ START_TEST(test_plot_metrics)
     ck_assert_int_eq(info.n_steps, 6);
     ck_assert_int_eq(info.n_devices, 3);
     char *svg = slurp(svgp, NULL);
-    /* series: loss, tokens/s, one line per device; axis titles */
-    ck_assert_int_eq(check_xml(svg, "polyline"), 2 + 3);
-    ck_assert(strstr(svg, "loss"));
-    ck_assert(strstr(svg, "tokens/s"));
-    ck_assert(strstr(svg, "device 2"));
+    /* series: loss, tokens/s, and the devices' peaks (equal: one line); axis titles */
+    ck_assert_int_eq(check_xml(svg, "polyline"), 2 + 1);
+    ck_assert(strstr(svg, ">loss<"));
+    ck_assert(strstr(svg, ">tokens/s<"));
+    ck_assert(strstr(svg, "devices 0..2"));
     ck_assert(strstr(svg, ">step<"));
+    ck_assert(strstr(svg, "peak memory (KiB)") || strstr(svg, "peak memory (MiB)"));
+    free(svg);
+    /* devices that differ get a line each */
+    write_file(log, "{\"step\":1,\"loss\":3,\"tokens_per_s\":50,\"peak_bytes\":[100,200,300]}\n"
+                    "{\"step\":2,\"loss\":2,\"tokens_per_s\":60,\"peak_bytes\":[100,200,300]}\n");
+    ck_assert_int_eq(fsdp_plot_metrics(log, svgp, &info), FSDP_STATUS_OK);
+    svg = slurp(svgp, NULL);
+    ck_assert_int_eq(check_xml(svg, "polyline"), 2 + 3);
+    ck_assert(strstr(svg, ">device 2<"));
+    ck_assert(strstr(svg, "peak memory (B)"));
     free(svg);
     unlink(log);
     unlink(svgp);

@@ -149,7 +149,7 @@ fsdp_status fsdp_plot_metrics(const char *metrics_path, const char *svg_path, fs
     info->n_devices = n_dev;
 
     /* ---- layout ---- */
-    const double W = 920, left = 92, right = 150, top = 62, ph = 190, gap = 78;
+    const double W = 920, left = 92, right = 150, top = 84, ph = 190, gap = 78;
     const double H = top + 3 * ph + 2 * gap + 64;
     xs = malloc((size_t)n * sizeof *xs);
     ys = malloc((size_t)n * sizeof *ys);
@@ -177,10 +177,13 @@ fsdp_status fsdp_plot_metrics(const char *metrics_path, const char *svg_path, fs
             tok_n++;
         }
     fsdp_svg_text(&s, left, 24, 15, "start", 0, "black", "%s", title);
-    if (tok_n)
+    if (tok_n) {
+        char tk[32];
+        fsdp_svg_fmt_num(tk, sizeof tk, round(tok_sum / tok_n));
         fsdp_svg_text(&s, left, 42, 11, "start", 0, "#444",
-                      "%d steps; final loss %.4g; mean %.4g tokens/s after the first step; %d "
-                      "device(s)", n, loss[n - 1], tok_sum / tok_n, n_dev);
+                      "%d steps; final loss %.4g; mean %s tokens/s after the first step; %d "
+                      "device(s)", n, loss[n - 1], tk, n_dev);
+    }
     else
         fsdp_svg_text(&s, left, 42, 11, "start", 0, "#444", "%d step(s); final loss %.4g; %d "
                       "device(s)", n, loss[n - 1], n_dev);
@@ -240,24 +243,31 @@ fsdp_status fsdp_plot_metrics(const char *metrics_path, const char *svg_path, fs
             fsdp_svg_text(&s, p.x + p.w / 2, p.y + p.h / 2, 12, "middle", 0, "#888",
                           "no peak_bytes in this file");
         qsort(pk, (size_t)n_pk, sizeof *pk, peak_cmp);
+        /* devices with the same peaks at every step share one line */
+        bool all_equal = n_dev > 1 && n_pk == n * n_dev; /* then pk[d * n + i] is (d, i) */
+        for (int k = 0; k < n_pk && all_equal; k++)
+            all_equal = pk[k].v == pk[k % n].v;
         int k = 0;
-        for (int d = 0; d < n_dev; d++) {
+        for (int d = 0; d < (all_equal ? 1 : n_dev); d++) {
             for (int i = 0; i < n; i++) {
                 xs[i] = fsdp_svg_px(&p, step[i]);
                 ys[i] = NAN;
             }
             for (; k < n_pk && pk[k].dev == d; k++)
                 ys[pk[k].i] = fsdp_svg_py(&p, pk[k].v / unit);
-            /* equal devices draw on top of each other: device 0 widest, so
-             * every colour stays visible */
+            /* device 0 widest, so every colour of overlapping lines shows */
             fsdp_svg_polyline(&s, xs, ys, (size_t)n, fsdp_svg_color(d + 2), d == 0 ? 2.4 : 1.4);
-            if (d < 12) {
-                double ly = p.y + 6 + 16 * d, lx = p.x + p.w + 14;
+            double lx = p.x + p.w + 14, ly = p.y + 6 + 16 * d;
+            if (all_equal) {
+                fsdp_svg_line(&s, lx, ly + 5, lx + 16, ly + 5, fsdp_svg_color(2), 2.4, NULL);
+                fsdp_svg_text(&s, lx + 22, ly + 9, 11, "start", 0, "black", "devices 0..%d",
+                              n_dev - 1);
+                fsdp_svg_text(&s, lx + 22, ly + 23, 11, "start", 0, "#444", "(all equal)");
+            } else if (d < 12) {
                 fsdp_svg_line(&s, lx, ly + 5, lx + 16, ly + 5, fsdp_svg_color(d + 2), 2.4, NULL);
                 fsdp_svg_text(&s, lx + 22, ly + 9, 11, "start", 0, "black", "device %d", d);
             } else if (d == 12) {
-                fsdp_svg_text(&s, p.x + p.w + 14, p.y + 6 + 16 * d + 9, 11, "start", 0, "#444",
-                              "... %d devices", n_dev);
+                fsdp_svg_text(&s, lx, ly + 9, 11, "start", 0, "#444", "... %d devices", n_dev);
             }
         }
     }

@@ -199,11 +199,11 @@ void fsdp_svg_fmt_num(char *buf, size_t n, double v)
 {
     double a = fabs(v);
     if (a >= 1e9)
-        snprintf(buf, n, "%gG", v / 1e9);
+        snprintf(buf, n, "%.4gG", v / 1e9);
     else if (a >= 1e6)
-        snprintf(buf, n, "%gM", v / 1e6);
+        snprintf(buf, n, "%.4gM", v / 1e6);
     else if (a >= 1e4)
-        snprintf(buf, n, "%gk", v / 1e3);
+        snprintf(buf, n, "%.4gk", v / 1e3);
     else if (a < 1e-12)
         snprintf(buf, n, "0");
     else

@@ -71,7 +71,7 @@ double fsdp_svg_py(const fsdp_svg_panel *p, double y);
 
 /* Tick label formatter: write the label of value v into buf. */
 typedef void (*fsdp_svg_fmt)(char *buf, size_t n, double v);
-void fsdp_svg_fmt_num(char *buf, size_t n, double v); /* %g, with k/M suffixes */
+void fsdp_svg_fmt_num(char *buf, size_t n, double v); /* %g; from 1e4 on k/M/G, 4 digits */
 
 /* Draw the panel's frame, grid lines, ticks with labels on both axes, the
  * title above and the axis labels (y rotated). Call after the data range
