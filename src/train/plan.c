@@ -224,11 +224,12 @@ static size_t total(const size_t *v)
 void fsdp_plan_print(FILE *f, const fsdp_plan *p)
 {
     const fsdp_engine_config *e = &p->eng;
-    char b1[32], b2[32], b3[32], lab[32];
+    char b1[32], b2[32], b3[32], b4[32], lab[32];
     int N = p->n_ranks;
-    fprintf(f, "fsdp plan: model %s, %zu parameters (%.2fM) in %d units, %d device(s), shard %s, "
+    fprintf(f, "fsdp plan: model %s, %zu parameters (%.2f%s) in %d units, %d device(s), shard %s, "
                "%s, offload %s\n",
-            p->model, p->numel, (double)p->numel / 1e6, p->n_units, N,
+            p->model, p->numel, (double)p->numel / (p->numel >= 1000000000 ? 1e9 : 1e6),
+            p->numel >= 1000000000 ? "B" : "M", p->n_units, N,
             fsdp_shard_strategy_name(e->shard), fsdp_dtype_name(e->compute_dtype),
             e->offload ? "optimizer" : "none");
     fprintf(f, "  per device and micro-step: batch %d x seq %d, grad-accum %d, prefetch %s; "
@@ -316,15 +317,15 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
             p->numel, N, fmtb(b1, f_dev));
     if (e->offload)
         fprintf(f, ", %s pinned host (measured %s)", fmtb(b2, f_host), fmtb(b3, pr->host.peak_bytes));
-    fprintf(f, "\n  measured peak %s (device %d) = parameter/gradient/optimizer buffers %s",
-            fmtb(b1, peak), who, fmtb(b2, states));
-    fprintf(f, " + gathered units %s + activations %s", fmtb(b1, pk[FSDP_MEM_GATHER]),
-            fmtb(b3, pk[FSDP_MEM_ACT]));
+    fprintf(f, "\n  measured peak %s (device %d) = parameter/gradient/optimizer buffers %s\n"
+               "    + gathered units %s + activations %s",
+            fmtb(b1, peak), who, fmtb(b2, states), fmtb(b3, pk[FSDP_MEM_GATHER]),
+            fmtb(b4, pk[FSDP_MEM_ACT]));
     if (pk[FSDP_MEM_COMM] || pk[FSDP_MEM_OTHER])
-        fprintf(f, " + comm/other %s", fmtb(b1, pk[FSDP_MEM_COMM] + pk[FSDP_MEM_OTHER]));
-    fputc('\n', f);
-    fprintf(f, "  the formula leaves out gathered units, activations, shard padding (%zu "
-               "elements), the unit\n  gradient being reduced and small buffers\n",
+        fprintf(f, " + other %s", fmtb(b1, pk[FSDP_MEM_COMM] + pk[FSDP_MEM_OTHER]));
+    fprintf(f, "\n  the formula leaves out %sactivations, shard padding (%zu elements), the fp32 "
+               "gradient\n  of the unit being reduced and small buffers\n",
+            e->shard == FSDP_SHARD_FULL ? "the gathered units (root + current + prefetched), " : "",
             p->padded_numel - p->numel);
 
     /* fit */
@@ -343,10 +344,11 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
         for (int r = 0; r < N; r++)
             over += p->ranks[r].mem.peak_bytes > p->device_mem;
         fprintf(f, "DOES NOT FIT under --device-mem %s: largest peak %s (device %d) is %s over "
-                   "(%d of %d device(s) over)\n  try %s--shard full, a smaller --batch or --seq, "
-                   "or more --devices\n",
+                   "(%d of %d device(s) over)\n  try %s%sa smaller --batch or --seq, or more "
+                   "--devices\n",
                 fmtb(b1, p->device_mem), fmtb(b2, peak), who, fmtb(b3, peak - p->device_mem), over,
-                N, e->offload ? "" : "--offload optimizer, ");
+                N, e->offload ? "" : "--offload optimizer, ",
+                e->shard == FSDP_SHARD_FULL ? "" : "--shard full, ");
     }
 }
 
