@@ -600,9 +600,11 @@ static int span_cmp(const void *a, const void *b)
 }
 
 /* Parse a Chrome trace and check it: every event has the fields its phase
- * needs; duration events on each (pid, tid) track nest properly (each event
- * lies inside the enclosing one or starts after it ends); counters carry
- * bytes. Counts "X" events per track into n_track[pid * 4 + tid]. */
+ * needs; every track with events is named; duration events on each (pid,
+ * tid) track nest properly (each event lies inside the enclosing one or
+ * starts after it ends); counters carry bytes. Counts "X" events per rank
+ * and stream into n_track[pid * 4 + stream] (stream = tid % 4: overlapping
+ * work of one stream goes to extra lanes, tid = stream + 4 * lane). */
 static void check_trace(const char *path, int n_ranks, int *n_track, int *n_counters)
 {
     fsdp_json *root;
@@ -614,16 +616,27 @@ static void check_trace(const char *path, int n_ranks, int *n_track, int *n_coun
     size_t n = 0;
     memset(n_track, 0, sizeof(int) * (size_t)n_ranks * 4);
     *n_counters = 0;
-    int names[64] = {0};
+    static unsigned char named[64][128]; /* [pid][tid]: has a thread_name */
+    memset(named, 0, sizeof named);
     for (const fsdp_json *e = evs->child; e; e = e->next) {
         const fsdp_json *ph = fsdp_json_get(e, "ph"), *pid = fsdp_json_get(e, "pid");
         ck_assert(ph && ph->type == FSDP_JSON_STRING && pid && pid->type == FSDP_JSON_NUMBER);
         ck_assert(pid->number >= 0 && pid->number < n_ranks);
         ck_assert(fsdp_json_get(e, "name") && fsdp_json_get(e, "name")->type == FSDP_JSON_STRING);
         if (!strcmp(ph->str, "M")) {
-            ck_assert(fsdp_json_get(fsdp_json_get(e, "args"), "name"));
-            if (!strcmp(fsdp_json_get(e, "name")->str, "thread_name"))
-                names[(int)pid->number % 64]++;
+            const char *what = fsdp_json_get(e, "name")->str;
+            const fsdp_json *args = fsdp_json_get(e, "args");
+            if (!strcmp(what, "thread_sort_index"))
+                ck_assert(fsdp_json_get(args, "sort_index"));
+            else
+                ck_assert_msg(fsdp_json_get(args, "name") && (!strcmp(what, "thread_name") ||
+                                                             !strcmp(what, "process_name")),
+                              "metadata '%s'", what);
+            const fsdp_json *tid = fsdp_json_get(e, "tid");
+            if (!strcmp(fsdp_json_get(e, "name")->str, "thread_name")) {
+                ck_assert(tid && tid->number >= 0 && tid->number < 128);
+                named[(int)pid->number % 64][(int)tid->number] = 1;
+            }
             continue;
         }
         const fsdp_json *ts = fsdp_json_get(e, "ts");
@@ -636,7 +649,9 @@ static void check_trace(const char *path, int n_ranks, int *n_track, int *n_coun
         }
         ck_assert_msg(!strcmp(ph->str, "X"), "unexpected phase '%s'", ph->str);
         const fsdp_json *tid = fsdp_json_get(e, "tid"), *dur = fsdp_json_get(e, "dur");
-        ck_assert(tid && tid->type == FSDP_JSON_NUMBER && tid->number >= 0 && tid->number < 4);
+        ck_assert(tid && tid->type == FSDP_JSON_NUMBER && tid->number >= 0 && tid->number < 128);
+        ck_assert_msg(named[(int)pid->number % 64][(int)tid->number], "track %d of rank %d has no "
+                      "name", (int)tid->number, (int)pid->number);
         ck_assert(dur && dur->type == FSDP_JSON_NUMBER && dur->number > 0);
         const fsdp_json *args = fsdp_json_get(e, "args");
         ck_assert(fsdp_json_get(args, "bytes") && fsdp_json_get(args, "unit"));
@@ -645,11 +660,12 @@ static void check_trace(const char *path, int n_ranks, int *n_track, int *n_coun
         sp[n].t1 = sp[n].t0 + llround(dur->number * 1000.0);
         sp[n].pid = (int)pid->number;
         sp[n].tid = (int)tid->number;
-        n_track[sp[n].pid * 4 + sp[n].tid]++;
+        n_track[sp[n].pid * 4 + sp[n].tid % 4]++;
         n++;
     }
     for (int r = 0; r < n_ranks && r < 64; r++)
-        ck_assert_int_eq(names[r], 4); /* a named track per stream */
+        for (int k = 0; k < 4; k++)
+            ck_assert(named[r][k]); /* a named track per stream */
     qsort(sp, n, sizeof *sp, span_cmp);
     long long stack[64];
     int depth = 0;
@@ -696,6 +712,35 @@ START_TEST(test_trace_train)
         ck_assert_int_gt(n_counters, 0);
         unlink(path);
     }
+}
+END_TEST
+
+/* With several CPU optimizer workers, the updates of several units run at
+ * once: the trace must still nest properly on every track it declares. */
+START_TEST(test_trace_offload_workers)
+{
+    const char *fork_env = getenv("CK_FORK");
+    if (fork_env && !strcmp(fork_env, "no")) {
+        printf("SKIP: FSDP_CPU_THREADS is read once per process; needs Check's fork\n");
+        return;
+    }
+    ck_assert_int_eq(setenv("FSDP_CPU_THREADS", "4", 1), 0);
+    fsdp_train_config c;
+    base_config(&c, "custom:layers=4,heads=4,channels=256,vocab=256,context=32", 2);
+    c.eng.batch = 1;
+    c.eng.offload = true;
+    c.steps = 2;
+    char path[256];
+    tmp_path(path, sizeof path, ".json");
+    c.trace_path = path;
+    fsdp_train_result res;
+    ck_assert_msg(fsdp_train_run(&c, &res) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    fsdp_train_result_free(&res);
+    int n_track[8], n_counters;
+    check_trace(path, 2, n_track, &n_counters);
+    for (int r = 0; r < 2; r++)
+        ck_assert_int_eq(n_track[r * 4 + 3], 2 * 5); /* one update per unit and step */
+    unlink(path);
 }
 END_TEST
 
@@ -911,6 +956,7 @@ int main(void)
     tc = tcase_create("trace");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_trace_train);
+    tcase_add_test(tc, test_trace_offload_workers);
     tcase_add_test(tc, test_trace_plan);
     suite_add_tcase(s, tc);
     tc = tcase_create("plot");

@@ -138,6 +138,55 @@ void fsdp_trace_span(struct fsdp_engine *e, fsdp_trace_track track, const char *
     snprintf(ev->detail, sizeof ev->detail, "%s", detail ? detail : "");
 }
 
+/* Lanes. Trace viewers draw a (pid, tid) track as a stack of properly
+ * nested slices. Begin/end pairs on one track never overlap, but spans can:
+ * the CPU optimizer updates of several units run at once when the pool has
+ * several workers. Such events go to extra lanes of their track (tid =
+ * track + FSDP_TRACE_TRACK_COUNT * lane, named "<track> (lane+1)"), so every
+ * track the file declares is properly nested and concurrency stays visible. */
+#define TRACE_MAX_LANES 32
+
+static int by_start(const void *a, const void *b, void *arg)
+{
+    const struct trace_event *ev = arg;
+    const struct trace_event *x = &ev[*(const size_t *)a], *y = &ev[*(const size_t *)b];
+    if (x->t0 != y->t0)
+        return x->t0 < y->t0 ? -1 : 1;
+    return x->t1 > y->t1 ? -1 : x->t1 < y->t1; /* the longer first */
+}
+
+/* lane[i] for every duration event of b; used[track] = bit mask of lanes.
+ * Returns false when out of memory (then every event stays in lane 0). */
+static bool assign_lanes(const struct rank_buf *b, uint8_t *lane, uint32_t *used)
+{
+    memset(lane, 0, b->n);
+    for (int k = 0; k < FSDP_TRACE_TRACK_COUNT; k++)
+        used[k] = 1;
+    size_t *idx = malloc((b->n + 1) * sizeof *idx);
+    if (!idx)
+        return false;
+    for (int k = 0; k < FSDP_TRACE_TRACK_COUNT; k++) {
+        size_t n = 0;
+        for (size_t i = 0; i < b->n; i++)
+            if (!b->ev[i].counter && b->ev[i].t1 && b->ev[i].track == k)
+                idx[n++] = i;
+        qsort_r(idx, n, sizeof *idx, by_start, b->ev);
+        uint64_t end[TRACE_MAX_LANES] = {0};
+        for (size_t j = 0; j < n; j++) {
+            const struct trace_event *ev = &b->ev[idx[j]];
+            int l = 0;
+            while (l < TRACE_MAX_LANES - 1 && end[l] > ev->t0)
+                l++;
+            lane[idx[j]] = (uint8_t)l;
+            if (ev->t1 > end[l])
+                end[l] = ev->t1;
+            used[k] |= 1u << l;
+        }
+    }
+    free(idx);
+    return true;
+}
+
 fsdp_status fsdp_trace_write(const fsdp_trace *t, const char *path)
 {
     static const char *const tracks[FSDP_TRACE_TRACK_COUNT] = {"compute", "comm", "copy",
@@ -148,13 +197,32 @@ fsdp_status fsdp_trace_write(const fsdp_trace *t, const char *path)
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     int first = 1;
     for (int r = 0; r < t->n_ranks; r++) {
+        const struct rank_buf *b = &t->ranks[r];
+        uint8_t *lane = malloc(b->n + 1);
+        uint32_t used[FSDP_TRACE_TRACK_COUNT];
+        if (!lane || !assign_lanes(b, lane, used)) {
+            free(lane);
+            fclose(f);
+            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory writing trace '%s'", path);
+        }
         fprintf(f, "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
                 first ? "" : ",\n", r, r);
         first = 0;
         for (int k = 0; k < FSDP_TRACE_TRACK_COUNT; k++)
-            fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
-                    r, k, tracks[k]);
-        const struct rank_buf *b = &t->ranks[r];
+            for (int l = 0; l < TRACE_MAX_LANES; l++) {
+                if (!(used[k] & (1u << l)))
+                    continue;
+                int tid = k + FSDP_TRACE_TRACK_COUNT * l;
+                char name[48];
+                if (l)
+                    snprintf(name, sizeof name, "%s (%d)", tracks[k], l + 1);
+                else
+                    snprintf(name, sizeof name, "%s", tracks[k]);
+                fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+                        r, tid, name);
+                fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%d,\"tid\":%d,\"args\":{\"sort_index\":%d}}",
+                        r, tid, k * TRACE_MAX_LANES + l);
+            }
         for (size_t i = 0; i < b->n; i++) {
             const struct trace_event *ev = &b->ev[i];
             double ts = (double)(ev->t0 - t->t_origin) / 1000.0;
@@ -167,9 +235,10 @@ fsdp_status fsdp_trace_write(const fsdp_trace *t, const char *path)
                 continue; /* never closed (error path) */
             fprintf(f, ",\n{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,"
                        "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"unit\":\"%s\",\"bytes\":%zu}}",
-                    ev->name, tracks[ev->track], r, ev->track, ts,
+                    ev->name, tracks[ev->track], r, ev->track + FSDP_TRACE_TRACK_COUNT * lane[i], ts,
                     (double)(ev->t1 - ev->t0) / 1000.0, ev->detail, ev->bytes);
         }
+        free(lane);
     }
     fprintf(f, "\n]}\n");
     int bad = ferror(f);
