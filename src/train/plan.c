@@ -411,9 +411,14 @@ fsdp_status fsdp_plan_write_svg(const fsdp_plan *p, const char *path)
     fsdp_svg s;
     FSDP_TRY(fsdp_svg_open(&s, path, width, height, title));
     fsdp_svg_text(&s, left, 22, 14, "start", 0, "black", "%s", title);
+    char verdict[96] = "";
+    size_t peak = fsdp_plan_max_peak(p, NULL);
+    if (p->device_mem)
+        snprintf(verdict, sizeof verdict, "; %s under %s", peak <= p->device_mem ? "FITS" : "DOES NOT FIT",
+                 fsdp_fmt_bytes(b1, 32, (double)p->device_mem));
     fsdp_svg_text(&s, left, 40, 11, "start", 0, "#444",
-                  "memory of each device at its peak, by kind; batch %d x seq %d x accum %d",
-                  p->eng.batch, p->eng.seq, p->eng.grad_accum);
+                  "memory of each device at its peak, by kind; batch %d x seq %d x accum %d%s",
+                  p->eng.batch, p->eng.seq, p->eng.grad_accum, verdict);
     snprintf(ylabel, sizeof ylabel, "bytes (%s)", uname);
     fsdp_svg_axes(&s, &pan, NULL, NULL, ylabel, NULL, NULL);
 
@@ -444,9 +449,11 @@ fsdp_status fsdp_plan_write_svg(const fsdp_plan *p, const char *path)
         if (r % every == 0)
             fsdp_svg_text(&s, x + bar * (host ? 1.0 : 0.5), pan.y + pan.h + 16, 11, "middle", 0,
                           "black", "%d", r);
+        bool over = p->device_mem && pr->mem.peak_bytes > p->device_mem;
         if (N <= 16 && pr->mem.peak_bytes)
-            fsdp_svg_text(&s, x + bar / 2, fsdp_svg_py(&pan, acc) - 4, 9.5, "middle", 0, "#222",
-                          "%s", fsdp_fmt_bytes(b1, 32, (double)pr->mem.peak_bytes));
+            fsdp_svg_text(&s, x + bar / 2, fsdp_svg_py(&pan, acc) - 4, 9.5, "middle", 0,
+                          over ? "#C00000" : "#222", "%s",
+                          fsdp_fmt_bytes(b1, 32, (double)pr->mem.peak_bytes));
     }
     fsdp_svg_text(&s, pan.x + pan.w / 2, pan.y + pan.h + 38, 11, "middle", 0, "#333", "device%s",
                   host ? " (left: device memory, right: pinned host memory)" : "");
