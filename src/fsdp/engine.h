@@ -114,10 +114,11 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
 
 /* Forward only on n_rows <= B sequences of T tokens (host int32, row-major):
  * if logits_out != NULL, writes the fp32 logits of row b at position pos[b]
- * to logits_out[b * Vp ..]; if loss != NULL, the mean next-token loss of the
- * batch (rows past n_rows are zeros and count in the loss only if n_rows ==
- * B). All ranks call it in lockstep (it all-gathers), each with its own
- * tokens. */
+ * to logits_out[b * Vp ..]; if loss != NULL, the model's mean loss with the
+ * inputs themselves as targets (the next tokens are not passed in: for a
+ * next-token loss on data use fsdp_engine_forward_batch; rows past n_rows
+ * are zeros). All ranks call it in lockstep (it all-gathers), each with its
+ * own tokens. */
 fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
                                 float *logits_out, float *loss);
 
