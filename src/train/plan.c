@@ -329,6 +329,9 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
             p->padded_numel - p->numel);
 
     /* fit */
+    fprintf(f, "\nThese are the engine's allocations, as a cpu run makes them, to the byte. A cuda "
+               "run also holds\nthe CUDA context (outside any count), a cuBLAS workspace and op "
+               "scratch: keep a margin.\n");
     fputc('\n', f);
     if (!p->device_mem) {
         fprintf(f, "peak device memory %s (device %d); give --device-mem (e.g. 24GiB) to check "
