@@ -19,9 +19,10 @@ int fsdp_cli_shardmap(int argc, char **argv)
     int devices = 4;
     bool json = false, params = false;
     fsdp_opt opts[] = {
-        {.name = "model", .type = FSDP_OPT_STR, .dst = &model, .metavar = "NAME",
+        {.name = "model", .type = FSDP_OPT_STR, .dst = &model, .metavar = "NAME|FILE",
          .help = "tiny|small|gpt2|gpt2-medium|gpt2-large|gpt2-xl|custom:layers=L,heads=H,"
-                 "channels=C,vocab=V,context=T (default small)"},
+                 "channels=C,vocab=V,context=T (default small), or a model file (.bin, "
+                 ".safetensors, checkpoint directory) whose shape to use"},
         {.name = "devices", .type = FSDP_OPT_INT, .dst = &devices, .metavar = "N",
          .help = "number of devices = ranks (default 4)"},
         {.name = "shard", .type = FSDP_OPT_STR, .dst = &shard, .metavar = "full|grad-op|none",
@@ -45,7 +46,7 @@ int fsdp_cli_shardmap(int argc, char **argv)
         return 2;
     }
     fsdp_gpt2_config gc;
-    if (fsdp_gpt2_config_parse(model, &gc) != FSDP_STATUS_OK) {
+    if (fsdp_plan_model_config(model, &gc) != FSDP_STATUS_OK) {
         fprintf(stderr, "fsdp shardmap: --model: %s\n", fsdp_error_msg());
         return 2;
     }

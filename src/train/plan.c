@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ckpt/modelfile.h"
 #include "core/world.h"
 #include "fsdp/trace.h"
 #include "models/gpt2.h"
@@ -30,6 +31,17 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+fsdp_status fsdp_plan_model_config(const char *model, fsdp_gpt2_config *out)
+{
+    if (!model || !fsdp_modelfile_is_path(model))
+        return fsdp_gpt2_config_parse(model, out);
+    fsdp_modelfile *mf = NULL;
+    FSDP_TRY(fsdp_modelfile_open(&mf, model));
+    *out = *fsdp_modelfile_config(mf);
+    fsdp_modelfile_close(mf);
+    return FSDP_STATUS_OK;
 }
 
 /* One rank: the engine's init and `steps` steps, then this rank's figures. */
@@ -86,7 +98,7 @@ fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *ou
     out->steps = steps;
     out->n_ranks = ec->n_ranks;
     snprintf(out->model, sizeof out->model, "%s", cfg->model ? cfg->model : "?");
-    FSDP_CHECK(fsdp_gpt2_config_parse(cfg->model, &gc));
+    FSDP_CHECK(fsdp_plan_model_config(cfg->model, &gc));
     FSDP_CHECK(fsdp_gpt2_init(&model, &gc));
     out->numel = model.numel;
     out->n_units = model.n_units;
