@@ -46,8 +46,13 @@ static double now_s(void)
 
 /* ---- memcpy baseline ----------------------------------------------------- */
 
+#define COPY_THREADS 2
+
+/* Each baseline thread's own buffers, allocated and faulted in once. */
+static char *copy_src[COPY_THREADS], *copy_dst[COPY_THREADS];
+
 struct copy_job {
-    char *src, *dst;
+    int t;
     size_t bytes;
     int reps;
     pthread_barrier_t *start;
@@ -56,49 +61,61 @@ struct copy_job {
 static void *copy_main(void *p)
 {
     struct copy_job *j = p;
-    memset(j->src, 1, j->bytes); /* fault the pages in before timing */
-    memset(j->dst, 2, j->bytes);
     pthread_barrier_wait(j->start);
     for (int i = 0; i < j->reps; i++)
-        memcpy(j->dst, j->src, j->bytes);
+        memcpy(copy_dst[j->t], copy_src[j->t], j->bytes);
     return NULL;
 }
 
-/* Bytes per second copied by n_threads threads together, each memcpy'ing
- * its own `bytes`-byte buffer `reps` times. */
-static double memcpy_once(int n_threads, size_t bytes, int reps)
+static void memcpy_setup(size_t bytes)
 {
-    struct copy_job jobs[16];
-    pthread_t tids[16];
-    pthread_barrier_t start;
-    pthread_barrier_init(&start, NULL, (unsigned)n_threads + 1);
-    for (int t = 0; t < n_threads; t++) {
-        jobs[t] = (struct copy_job){malloc(bytes), malloc(bytes), bytes, reps, &start};
-        if (!jobs[t].src || !jobs[t].dst) {
+    for (int t = 0; t < COPY_THREADS; t++) {
+        copy_src[t] = malloc(bytes);
+        copy_dst[t] = malloc(bytes);
+        if (!copy_src[t] || !copy_dst[t]) {
             fprintf(stderr, "bench_comm: out of memory for the memcpy baseline\n");
             exit(1);
         }
+        memset(copy_src[t], 1, bytes);
+        memset(copy_dst[t], 2, bytes);
+    }
+}
+
+static void memcpy_teardown(void)
+{
+    for (int t = 0; t < COPY_THREADS; t++) {
+        free(copy_src[t]);
+        free(copy_dst[t]);
+    }
+}
+
+/* Bytes per second copied by the baseline threads together, each memcpy'ing
+ * its own `bytes`-byte buffer `reps` times. */
+static double memcpy_once(size_t bytes, int reps)
+{
+    struct copy_job jobs[COPY_THREADS];
+    pthread_t tids[COPY_THREADS];
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, COPY_THREADS + 1);
+    for (int t = 0; t < COPY_THREADS; t++) {
+        jobs[t] = (struct copy_job){t, bytes, reps, &start};
         pthread_create(&tids[t], NULL, copy_main, &jobs[t]);
     }
     pthread_barrier_wait(&start);
     double t0 = now_s();
-    for (int t = 0; t < n_threads; t++)
+    for (int t = 0; t < COPY_THREADS; t++)
         pthread_join(tids[t], NULL);
     double dt = now_s() - t0;
-    for (int t = 0; t < n_threads; t++) {
-        free(jobs[t].src);
-        free(jobs[t].dst);
-    }
     pthread_barrier_destroy(&start);
-    return (double)n_threads * (double)bytes * reps / dt;
+    return (double)COPY_THREADS * (double)bytes * reps / dt;
 }
 
-/* The best of REPS measurements of 2 threads copying `bytes` each, twice. */
+/* The best of REPS measurements of the threads copying `bytes` each, twice. */
 static double memcpy_bandwidth(size_t bytes)
 {
     double best = 0;
     for (int i = 0; i < REPS; i++) {
-        double bw = memcpy_once(2, bytes, 2);
+        double bw = memcpy_once(bytes, 2);
         best = bw > best ? bw : best;
     }
     return best;
@@ -268,6 +285,7 @@ int main(int argc, char **argv)
     size_t copy_bytes = b->sizes[b->n_sizes - 1] < ((size_t)64 << 20) ? (size_t)64 << 20
                                                                        : b->sizes[b->n_sizes - 1];
     b->copy_bytes = copy_bytes;
+    memcpy_setup(copy_bytes);
     char buf[32];
     double mc0 = memcpy_bandwidth(copy_bytes), mc_min = mc0, mc_max = mc0;
     printf("memcpy baseline: 2 threads, each copying its own %s buffer; bytes copied per\n"
@@ -322,6 +340,7 @@ int main(int argc, char **argv)
            mc_max / 1e9);
     printf("goal (total >= %.0f%% of memcpy for sizes >= 16 MiB): %s\n", 100 * GOAL_RATIO,
            all_met ? "met" : "MISSED");
+    memcpy_teardown();
     free(b);
     return 0;
 }
