@@ -173,7 +173,10 @@ static fsdp_status sweep_one(fsdp_comm *c, fsdp_device *d, struct sweep_arg *a, 
     void *send = NULL, *recv = NULL;
     char what[64];
     FSDP_CHECK(fsdp_device_alloc(d, full * es, FSDP_MEM_COMM, "test send", &send));
-    FSDP_CHECK(fsdp_device_alloc(d, full * es, FSDP_MEM_COMM, "test recv", &recv));
+    /* one element more: out-of-place reductions write at recv + 1 element,
+     * an output that is not 16-byte aligned */
+    FSDP_CHECK(fsdp_device_alloc(d, (full + 1) * es, FSDP_MEM_COMM, "test recv", &recv));
+    char *odd = (char *)recv + es;
     sweep_reference(a, r, n, numel, dt, tag);
     FSDP_CHECK(fsdp_world_barrier(c->world));
 
@@ -197,8 +200,15 @@ static fsdp_status sweep_one(fsdp_comm *c, fsdp_device *d, struct sweep_arg *a, 
         FSDP_CHECK(fsdp_comm_reduce_scatter(c, send, recv, numel, dt, (fsdp_reduce_op)op, NULL));
         snprintf(what, sizeof what, "reduce_scatter %s", opn);
         FSDP_CHECK(expect_same(r, what, recv, want + (size_t)r * numel * es, numel, dt));
+        FSDP_CHECK(fsdp_comm_reduce_scatter(c, send, odd, numel, dt, (fsdp_reduce_op)op, NULL));
+        snprintf(what, sizeof what, "reduce_scatter %s unaligned", opn);
+        FSDP_CHECK(expect_same(r, what, odd, want + (size_t)r * numel * es, numel, dt));
 
         /* all_reduce over the full vector, out of place then in place */
+        memset(recv, 0xa5, full * es);
+        FSDP_CHECK(fsdp_comm_all_reduce(c, send, odd, full, dt, (fsdp_reduce_op)op, NULL));
+        snprintf(what, sizeof what, "all_reduce %s unaligned", opn);
+        FSDP_CHECK(expect_same(r, what, odd, want, full, dt));
         memset(recv, 0xa5, full * es);
         FSDP_CHECK(fsdp_comm_all_reduce(c, send, recv, full, dt, (fsdp_reduce_op)op, NULL));
         snprintf(what, sizeof what, "all_reduce %s", opn);
@@ -268,6 +278,15 @@ START_TEST(test_collectives_match_tree_reference)
     /* 2048 is the block of the tree reduction: sizes around it cross blocks. */
     static const size_t sizes[] = {1, 2, 3, 17, 2047, 2049, 5000};
     run_sweep(world_sizes[_i], sizes, (int)(sizeof sizes / sizeof sizes[0]));
+}
+END_TEST
+
+/* Outputs of more than 4 MiB per rank take the non-temporal store path of
+ * fp32 reductions (2 ranks: 4 MiB + 20 bytes each). */
+START_TEST(test_collectives_streamed)
+{
+    static const size_t big[] = {TEST_TSAN ? (size_t)1 << 14 : ((size_t)1 << 20) + 5};
+    run_sweep(2, big, 1);
 }
 END_TEST
 
@@ -783,6 +802,7 @@ static Suite *comm_suite(void)
     tcase_add_test(tc, test_inputs_detect_summation_order);
     tcase_add_loop_test(tc, test_collectives_match_tree_reference, 0, n_worlds);
     tcase_add_loop_test(tc, test_collectives_large, 0, 2);
+    tcase_add_test(tc, test_collectives_streamed);
     tcase_add_loop_test(tc, test_byte_counters_follow_formulas, 0, n_worlds);
     tcase_add_loop_test(tc, test_many_small_collectives, 0, n_worlds);
     suite_add_tcase(s, tc);
