@@ -150,3 +150,56 @@ clean:
 	rm -rf build build-asan build-tsan
 
 -include $(OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+
+# ---- fuzzing ---------------------------------------------------------------
+# make fuzz [FUZZ_SECONDS=60] [FUZZ_JOBS=N]: one libFuzzer target per file
+# reader (tests/fuzz/fuzz_*.c), built with clang -fsanitize=fuzzer,address,
+# undefined into build-fuzz/ (the library's cpu sources included, with
+# coverage), each run for FUZZ_SECONDS on its seed corpus
+# tests/fuzz/corpus/<target>/; inputs it finds go to build-fuzz/corpus/
+# <target>/ and failing inputs to build-fuzz/crash-* (make fails). Needs
+# clang and its libFuzzer runtime (Debian: clang libclang-rt-14-dev).
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_JOBS    ?= 1
+FUZZ_DIR     := build-fuzz
+FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BIN     := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_DIR)/%)
+FUZZ_LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c src/*/*/*.c models/*.c))
+FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o)
+FUZZ_CFLAGS  := $(CFLAGS_BASE) -Wno-unknown-warning-option -O1 -g -fno-omit-frame-pointer -ffp-contract=off \
+                -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+                $(shell pkg-config --cflags openblas 2>/dev/null)
+FUZZ_LIBS    := $(shell pkg-config --libs openblas 2>/dev/null) -lm -lpthread
+
+.PHONY: fuzz fuzz-build
+.SECONDARY: $(FUZZ_LIB_OBJ)
+fuzz-build: fuzz-check $(FUZZ_BIN)
+
+.PHONY: fuzz-check
+fuzz-check:
+	@command -v $(FUZZ_CC) >/dev/null || { echo "fuzz: $(FUZZ_CC) not found; install clang \
+	(Debian: apt-get install clang libclang-rt-14-dev) or set FUZZ_CC"; exit 1; }
+
+fuzz: fuzz-build
+	@set -e; for t in $(FUZZ_BIN); do \
+	    n=$${t##*/}; mkdir -p $(FUZZ_DIR)/corpus/$$n; \
+	    echo "== $$n: $(FUZZ_SECONDS) s"; \
+	    $$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=20 -rss_limit_mb=2048 \
+	        $(if $(filter-out 1,$(FUZZ_JOBS)),-fork=$(FUZZ_JOBS)) -print_final_stats=1 \
+	        -artifact_prefix=$(FUZZ_DIR)/ $(FUZZ_DIR)/corpus/$$n tests/fuzz/corpus/$$n \
+	        2>&1 | grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::new_units_added|==[0-9]+==ERROR|SUMMARY|INFO: seed corpus)' || true; \
+	    if ls $(FUZZ_DIR)/crash-* $(FUZZ_DIR)/leak-* $(FUZZ_DIR)/timeout-* $(FUZZ_DIR)/oom-* >/dev/null 2>&1; then \
+	        echo "fuzz: $$n found a failing input:"; ls $(FUZZ_DIR)/crash-* $(FUZZ_DIR)/leak-* \
+	        $(FUZZ_DIR)/timeout-* $(FUZZ_DIR)/oom-* 2>/dev/null; exit 1; fi; \
+	done; echo "fuzz: every target ran $(FUZZ_SECONDS) s without a failure"
+
+$(FUZZ_DIR)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_LIB_OBJ) $(FUZZ_LIBS) -o $@
+
+-include $(FUZZ_LIB_OBJ:.o=.d)

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Write the seed corpora of the libFuzzer targets (tests/fuzz/fuzz_*.c):
+small valid inputs for each reader, so fuzzing starts from the formats'
+real structure. Standard library only. Run from the repository root:
+
+    python3 tools/gen_fuzz_corpus.py [path/to/fsdp]
+
+The manifest seeds come from a real checkpoint written by the fsdp binary
+(default build/fsdp, `fsdp convert` of a tiny model); without the binary
+those seeds are skipped.
+"""
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen_safetensors_fixture as fx  # noqa: E402
+
+ROOT = "tests/fuzz/corpus"
+
+
+def put(target, name, data):
+    d = os.path.join(ROOT, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def token_shard(tokens):
+    header = [0] * 256
+    header[:3] = [20240520, 1, len(tokens)]
+    return struct.pack("<256i", *header) + struct.pack("<%dH" % len(tokens), *tokens)
+
+
+def tokenizer(version, tokens, eot=None):
+    header = [0] * 256
+    header[:3] = [20240328, version, len(tokens)]
+    if version == 2:
+        header[3] = eot
+    out = struct.pack("<256I", *header)
+    for t in tokens:
+        out += bytes([len(t)]) + t
+    return out
+
+
+def main():
+    fsdp = sys.argv[1] if len(sys.argv) > 1 else "build/fsdp"
+    # token shards
+    put("fuzz_tokens", "shard_16", token_shard([(i * 37) % 50257 for i in range(16)]))
+    put("fuzz_tokens", "shard_1", token_shard([7]))
+    put("fuzz_tokens", "shard_empty", token_shard([]))
+    # llm.c model files and safetensors: a 1-layer, 4-channel GPT-2
+    cfg = (1, 1, 4, 8, 4)
+    ps = fx.params(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, writer in (("model.bin", lambda p: fx.write_llmc(p, ps, cfg)),
+                             ("model.safetensors", lambda p: fx.write_safetensors(p, ps, cfg)),
+                             ("model_bf16.safetensors",
+                              lambda p: fx.write_safetensors(p, ps, cfg, "BF16"))):
+            writer(os.path.join(tmp, name))
+        with open(os.path.join(tmp, "model.bin"), "rb") as f:
+            raw = f.read()
+        put("fuzz_llmc", "tiny_f32.bin", raw)
+        # the bf16 llm.c file (version 5): the same values, truncated to bf16
+        body = raw[1024:]
+        b16 = b"".join(body[i + 2:i + 4] for i in range(0, len(body), 4))
+        put("fuzz_llmc", "tiny_bf16.bin", raw[:4] + struct.pack("<i", 5) + raw[8:1024] + b16)
+        for name in ("model.safetensors", "model_bf16.safetensors"):
+            with open(os.path.join(tmp, name), "rb") as f:
+                put("fuzz_safetensors", name, f.read())
+        # a manifest from a real checkpoint
+        if os.access(fsdp, os.X_OK):
+            ck = os.path.join(tmp, "ck")
+            subprocess.run([fsdp, "convert", "--quiet", os.path.join(tmp, "model.bin"), ck],
+                           check=True)
+            with open(os.path.join(ck, "step_00000000", "manifest"), "rb") as f:
+                put("fuzz_manifest", "tiny_manifest", f.read())
+        else:
+            print("gen_fuzz_corpus: %s not found; manifest seeds skipped" % fsdp)
+    # tokenizer files: version 2 (with end-of-text) and version 1
+    toks = [bytes([i]) for i in range(256)] + [b"ab", b"abc", b" the", b"<|endoftext|>"]
+    put("fuzz_tokenizer", "tok_v2.bin", tokenizer(2, toks, len(toks) - 1))
+    put("fuzz_tokenizer", "tok_v1.bin", tokenizer(1, toks[:258]))
+    print("wrote seed corpora under %s" % ROOT)
+
+
+if __name__ == "__main__":
+    main()
