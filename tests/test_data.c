@@ -2,7 +2,8 @@
  * test_data.c - data sources: llm.c token shards (one file and globs), their
  * validation, byte-level text, batch numbering and determinism across
  * threads, and the synthetic addition task (correct sums, held-out problems
- * never in training batches).
+ * never in training batches, 14-byte blocks aligned to rows of 14, skewed
+ * training digits and uniform held-out ones).
  *
  * Fixtures are written to /tmp (mkstemp/mkdtemp) and removed by each test.
  */
@@ -480,6 +481,14 @@ static long parse_problem(const int *s)
     return sum == a + b ? (long)a * 1000 + b : -1;
 }
 
+/* The training stream's unit: "\n" + a problem (14 bytes). */
+#define BLOCK 14
+
+static long parse_block(const int *s)
+{
+    return s[0] == '\n' ? parse_problem(s + 1) : -1;
+}
+
 START_TEST(test_synth_problems)
 {
     /* held-out problems: correct arithmetic, prompt/answer format */
@@ -524,13 +533,13 @@ START_TEST(test_synth_train_disjoint)
     }
     ck_assert_int_gt(n_held, 2500); /* varied, so the check below means something */
 
-    /* 150k training problems (micro-batches aligned to problem boundaries):
+    /* 150k training problems (micro-batches aligned to block boundaries):
      * all valid, none held out. With random pairs, ~450 would be. */
     fsdp_data *d = NULL;
     ck_assert_int_eq(fsdp_data_open(&d, "synthetic", 256, seed), FSDP_STATUS_OK);
     ck_assert_int_eq(fsdp_data_vocab(d), 256);
     ck_assert_uint_eq(fsdp_data_n_tokens(d), 0);
-    const int T = 13 * 500;
+    const int T = BLOCK * 500;
     int *in = malloc(sizeof(int) * T), *tg = malloc(sizeof(int) * T);
     long n_problems = 0;
     int last_target = -1;
@@ -542,8 +551,8 @@ START_TEST(test_synth_train_disjoint)
         if (m > 0) /* last target of batch m-1 = first input of batch m */
             ck_assert_int_eq(last_target, in[0]);
         last_target = tg[T - 1];
-        for (int k = 0; k < T; k += 13) {
-            long id = parse_problem(in + k);
+        for (int k = 0; k < T; k += BLOCK) {
+            long id = parse_block(in + k);
             REQUIRE(id >= 0, "malformed training problem at batch %llu byte %d",
                           (unsigned long long)m, k);
             REQUIRE(!held[id], "held-out problem %03ld+%03ld in training batch %llu",
@@ -556,7 +565,10 @@ START_TEST(test_synth_train_disjoint)
     long distinct = 0;
     for (int i = 0; i < 1000000; i++)
         distinct += seen[i];
-    ck_assert_int_gt(distinct, 100000); /* the training stream is varied too */
+    /* the training stream is varied too (the zero skew concentrates it: about
+     * 92.6k distinct pairs in these 150k draws, against ~139k for uniform
+     * digits) */
+    ck_assert_int_gt(distinct, 80000);
 
     /* another seed gives another stream (and another held-out split) */
     fsdp_data *d2 = NULL;
@@ -588,9 +600,9 @@ START_TEST(test_synth_unaligned_rows)
         ck_assert_int_eq(fsdp_data_batch(d, m, B, T, in, tg), FSDP_STATUS_OK);
         for (int r = 0; r < B; r++) {
             uint64_t start = (m * B + r) * T;
-            int off = (int)((13 - start % 13) % 13); /* first problem start in the row */
-            for (int k = off; k + 13 <= T; k += 13)
-                REQUIRE(parse_problem(in + r * T + k) >= 0, "bad problem at %d", k);
+            int off = (int)((BLOCK - start % BLOCK) % BLOCK); /* first block start in the row */
+            for (int k = off; k + BLOCK <= T; k += BLOCK)
+                REQUIRE(parse_block(in + r * T + k) >= 0, "bad problem at %d", k);
             for (int j = 0; j < T; j++) {
                 int c = in[r * T + j];
                 REQUIRE((c >= '0' && c <= '9') || c == '+' || c == '=' || c == '\n',
@@ -599,6 +611,77 @@ START_TEST(test_synth_unaligned_rows)
         }
     }
     fsdp_data_close(d);
+}
+END_TEST
+
+START_TEST(test_synth_rows_of_one_problem)
+{
+    /* T = 14: every row is one whole block, laid out as the trainer's greedy
+     * evaluation lays out a held-out problem ("\n" + prompt, then the answer),
+     * and its last target is the next block's newline */
+    fsdp_data *d = NULL;
+    ck_assert_int_eq(fsdp_data_open(&d, "synthetic", 0, 9), FSDP_STATUS_OK);
+    enum { B = 16 };
+    int in[B * BLOCK], tg[B * BLOCK];
+    char prompt[64], answer[64];
+    fsdp_synth_problem(9, 0, prompt, answer);
+    ck_assert_int_eq(1 + strlen(prompt) + strlen(answer), BLOCK);
+    for (uint64_t m = 0; m < 40; m++) {
+        ck_assert_int_eq(fsdp_data_batch(d, m, B, BLOCK, in, tg), FSDP_STATUS_OK);
+        for (int r = 0; r < B; r++) {
+            REQUIRE(parse_block(in + r * BLOCK) >= 0, "row %d of batch %llu is not a problem", r,
+                    (unsigned long long)m);
+            REQUIRE(in[r * BLOCK + 8] == '=' && tg[r * BLOCK + BLOCK - 1] == '\n',
+                    "row %d of batch %llu is not aligned", r, (unsigned long long)m);
+        }
+    }
+    fsdp_data_close(d);
+}
+END_TEST
+
+START_TEST(test_synth_digit_skew)
+{
+    /* training digits: 0 with probability 77/256 + (179/256)/10 = 0.370,
+     * each other digit 0.070; every (x, y) pair of units digits occurs, so
+     * the whole addition table is taught. Held-out digits stay uniform. */
+    fsdp_data *d = NULL;
+    ck_assert_int_eq(fsdp_data_open(&d, "synthetic", 0, 21), FSDP_STATUS_OK);
+    enum { B = 100, N_BATCH = 20 };
+    static int in[B * BLOCK], tg[B * BLOCK];
+    long zeros = 0, digits = 0, nines = 0;
+    int pair_seen[100] = {0};
+    for (uint64_t m = 0; m < N_BATCH; m++) {
+        ck_assert_int_eq(fsdp_data_batch(d, m, B, BLOCK, in, tg), FSDP_STATUS_OK);
+        for (int r = 0; r < B; r++) {
+            const int *p = in + r * BLOCK;
+            REQUIRE(parse_block(p) >= 0, "bad training problem");
+            for (int k = 0; k < 3; k++) {
+                zeros += (p[1 + k] == '0') + (p[5 + k] == '0');
+                nines += (p[1 + k] == '9') + (p[5 + k] == '9');
+                digits += 2;
+            }
+            pair_seen[(p[3] - '0') * 10 + (p[7] - '0')]++;
+        }
+    }
+    double z = (double)zeros / digits, n9 = (double)nines / digits;
+    ck_assert_msg(z > 0.35 && z < 0.39, "training zero-digit share %.3f, want ~0.370", z);
+    ck_assert_msg(n9 > 0.06 && n9 < 0.08, "training nine-digit share %.3f, want ~0.070", n9);
+    for (int i = 0; i < 100; i++)
+        ck_assert_msg(pair_seen[i] > 0, "units digits %d+%d never trained", i / 10, i % 10);
+    fsdp_data_close(d);
+
+    long hz = 0, hd = 0;
+    for (uint64_t i = 0; i < 4000; i++) {
+        char prompt[64], answer[64];
+        fsdp_synth_problem(21, i, prompt, answer);
+        for (int k = 0; k < 7; k++)
+            if (k != 3) {
+                hz += prompt[k] == '0';
+                hd++;
+            }
+    }
+    double h = (double)hz / hd;
+    ck_assert_msg(h > 0.09 && h < 0.11, "held-out zero-digit share %.3f, want ~0.100", h);
 }
 END_TEST
 
@@ -621,6 +704,8 @@ static Suite *data_suite(void)
     tcase_add_test(tc, test_synth_problems);
     tcase_add_test(tc, test_synth_train_disjoint);
     tcase_add_test(tc, test_synth_unaligned_rows);
+    tcase_add_test(tc, test_synth_rows_of_one_problem);
+    tcase_add_test(tc, test_synth_digit_skew);
     suite_add_tcase(s, tc);
     return s;
 }

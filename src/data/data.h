@@ -41,8 +41,11 @@ fsdp_status fsdp_data_batch(const fsdp_data *d, uint64_t index, int B, int T, in
  * answer (e.g. "579\n"), NUL-terminated, each at most 64 bytes.
  * The format (synth.c): 3-digit zero-padded operands and the 4-digit sum
  * written least significant digit first, e.g. prompt "352+471=", answer
- * "3280\n" (823 reversed); training rows are a packed stream of such
- * 13-byte problems. Micro-batch numbering for every source: data.c. */
+ * "3280\n" (823 reversed). The training stream is 14-byte blocks
+ * "\n" + prompt + answer, so with T = 14 each row is one problem at the
+ * positions the greedy evaluation uses; training operand digits are skewed
+ * towards 0, held-out ones are uniform (synth.c says why). Micro-batch
+ * numbering for every source: data.c. */
 void fsdp_synth_problem(uint64_t seed, uint64_t index, char *prompt, char *answer);
 
 #endif /* FSDP_DATA_DATA_H */
