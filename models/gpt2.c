@@ -37,11 +37,15 @@ typedef struct gpt2_preset {
 } gpt2_preset;
 
 /* "tiny" is the golden-test model: n_embd 32 keeps the PyTorch fixture (all
- * weights and all gradients) near 300 KiB. "small" is the default demo: it
- * learns the byte-level synthetic task visibly within a minute on 2 cores. */
+ * weights and all gradients) near 300 KiB. "small" is the default demo
+ * (0.44M parameters): with the trainer's defaults it learns the synthetic
+ * addition task to ~99% held-out accuracy in about half a minute of 2 cores
+ * (600 steps of 64 problems on 4 simulated devices). Measured: 4 layers
+ * (0.83M) also reach 100% but take ~95 CPU-seconds instead of ~50; 2 layers
+ * of 64 channels take ~20 and reach ~98%. */
 static const gpt2_preset gpt2_presets[] = {
     {"tiny", 2, 4, 32, 256, 64},
-    {"small", 4, 4, 128, 256, 64},
+    {"small", 2, 4, 128, 256, 64},
     {"gpt2", 12, 12, 768, 50257, 1024},
     {"gpt2-medium", 24, 16, 1024, 50257, 1024},
     {"gpt2-large", 36, 20, 1280, 50257, 1024},

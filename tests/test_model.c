@@ -718,7 +718,7 @@ START_TEST(test_init_statistics)
     }
     /* the two residual projections are scaled by 1/sqrt(2L) */
     ck_assert_float_eq_tol(fsdp_model_find_param(&m, "h.0.mlp.c_proj.weight", NULL)->std,
-                           0.02f / sqrtf(8.0f), 1e-7f);
+                           0.02f / sqrtf(2.0f * (float)c.n_layer), 1e-7f);
     fsdp_model_free(&m);
 }
 END_TEST

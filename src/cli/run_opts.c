@@ -26,8 +26,9 @@ int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *o)
         "tiny|small|gpt2|gpt2-medium|gpt2-large|gpt2-xl|custom:layers=L,heads=H,channels=C,"
         "vocab=V,context=T (default small), or a model to start from: FILE.bin (llm.c), "
         "FILE.safetensors (HF GPT-2) or a checkpoint directory");
-    OPT("batch", FSDP_OPT_INT, &e->batch, "B", "sequences per micro-batch per device (default 8)");
-    OPT("seq", FSDP_OPT_INT, &e->seq, "T", "sequence length (default 64)");
+    OPT("batch", FSDP_OPT_INT, &e->batch, "B", "sequences per micro-batch per device (default 16)");
+    OPT("seq", FSDP_OPT_INT, &e->seq, "T",
+        "sequence length (default 14: one synthetic problem per row; use more for text)");
     OPT("grad-accum", FSDP_OPT_INT, &e->grad_accum, "A", "micro-steps per device per step (default 1)");
     OPT("shard", FSDP_OPT_STR, &ro->shard, "full|grad-op|none",
         "FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2) or NO_SHARD (DDP) (default full)");

@@ -20,7 +20,7 @@ int fsdp_cli_train(int argc, char **argv)
     OPT("data", FSDP_OPT_STR, &c->data, "synthetic|FILE.txt|'GLOB.bin'",
         "training data: the built-in addition task, bytes of a text file, or llm.c token shards "
         "(default synthetic)");
-    OPT("steps", FSDP_OPT_INT, &c->steps, "S", "optimizer steps (default 300)");
+    OPT("steps", FSDP_OPT_INT, &c->steps, "S", "optimizer steps (default 600)");
     OPT("lr", FSDP_OPT_FLOAT, &c->lr, "X", "peak learning rate (default 3e-3)");
     OPT("warmup", FSDP_OPT_INT, &c->warmup, "S", "linear warmup steps, then cosine decay to 10% (default 20)");
     OPT("wd", FSDP_OPT_FLOAT, &e->weight_decay, "X",

@@ -30,8 +30,8 @@ void fsdp_train_config_default(fsdp_train_config *cfg)
     e->shard = FSDP_SHARD_FULL;
     e->compute_dtype = FSDP_DTYPE_F32;
     e->prefetch = true;
-    e->batch = 8;
-    e->seq = 64;
+    e->batch = 16;  /* x 4 devices: 64 synthetic problems per step */
+    e->seq = 14;    /* one synthetic problem per row (data/synth.c) */
     e->grad_accum = 1;
     e->beta1 = 0.9f;
     e->beta2 = 0.95f;
@@ -41,7 +41,7 @@ void fsdp_train_config_default(fsdp_train_config *cfg)
     e->seed = 1337;
     cfg->model = "small";
     cfg->data = "synthetic";
-    cfg->steps = 300;
+    cfg->steps = 600;
     cfg->lr = 3e-3f;
     cfg->warmup = 20;
     cfg->lr_min_frac = 0.1f;
