@@ -3,17 +3,21 @@
  *
  * The ranks of a world are threads of one process, so a collective needs no
  * transport: each rank publishes its buffer pointers in its own slot of a
- * table hung off world->comm_shared, all ranks meet, each rank does its own
- * share of the work by reading the other ranks' buffers directly, and all
- * ranks meet again before anyone returns (so no buffer is reused or freed
- * while another rank still reads it).
+ * table hung off world->comm_shared, all ranks meet, the work is done by
+ * reading the other ranks' buffers directly, and all ranks meet again
+ * before anyone returns (so no buffer is reused or freed while another rank
+ * still reads it). Rank r's share of the work is its own output:
  *
- *   all_gather      rank r copies every rank's send chunk into its own recv
- *   reduce_scatter  rank r reduces chunk r over all ranks into its own recv
- *   all_reduce      rank r reduces the r-th slice of the vector into its own
- *                   recv; meet; rank r copies the other slices from the
- *                   other ranks' recv; meet
- *   broadcast       every rank but the root copies the root's buffer
+ *   all_gather      every rank's send chunk copied into r's recv
+ *   reduce_scatter  chunk r reduced over all ranks into r's recv
+ *   all_reduce      slice r of the vector reduced into r's recv; meet; the
+ *                   other slices copied from the recv of the ranks that
+ *                   reduced them into r's recv; meet
+ *   broadcast       the root's buffer copied into r's (root: nothing)
+ *
+ * Shares are cut into pieces; a rank does its own share first, then helps
+ * with what is left of the others' (see "shares of work" below), so a rank
+ * the OS is not running delays nobody.
  *
  * Sums follow the fixed balanced binary tree of comm.h exactly, per element
  * (tree(lo,hi) = tree(lo,mid) + tree(mid,hi), mid = lo + (hi-lo)/2), in fp32
@@ -72,6 +76,7 @@
 #define HOST_SPIN 4000  /* polls of the arrival counters before sleeping */
 #define HOST_YIELDS 16  /* polls (each after a yield) when ranks outnumber cores */
 #define HOST_STREAM_BYTES ((size_t)4 << 20) /* fp32 outputs this large bypass the caches */
+#define HOST_PIECE 65536 /* elements per piece of work (a multiple of HOST_BLOCK) */
 
 /* What one rank published for its current collective. Written by the owner
  * before it arrives at the first meeting; read by the others between their
@@ -90,11 +95,18 @@ struct host_slot {
 
 #define HOST_BARRIER FSDP_COLL_KIND_COUNT
 
+/* Rank r's work counters (one cache line: stealers hammer it):
+ * next[phase] is the next unclaimed piece of r's share in that phase. */
+struct host_work {
+    _Alignas(64) atomic_size_t next[2];
+};
+
 struct host_shared {
     int n_ranks;
     int n_refs;              /* ranks initialised and not yet finalised; world->mu */
     atomic_int n_sleepers;   /* ranks blocked on world->cv in a meeting */
     struct host_slot *slots; /* (n_ranks,) */
+    struct host_work *work;  /* (n_ranks,) */
 };
 
 struct host_ctx {
@@ -233,6 +245,8 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
     me->numel = numel;
     me->send = send;
     me->recv = recv;
+    atomic_store_explicit(&sh->work[c->rank].next[0], 0, memory_order_relaxed);
+    atomic_store_explicit(&sh->work[c->rank].next[1], 0, memory_order_relaxed);
     FSDP_TRY(meet(c, true));
     for (int q = 0; q < c->n_ranks; q++) {
         const struct host_slot *o = &sh->slots[q];
@@ -364,14 +378,15 @@ static const float *tree_block(const struct reduce_job *j, int lo, int hi, float
 
 /* out[0..numel) = op over the n_ranks sources src[q][0..numel). out may
  * alias one source exactly (in place); only the last step of each block
- * writes out. */
+ * writes out. stream: fp32 output written with non-temporal stores (then
+ * fenced). */
 static void reduce_range(struct host_ctx *h, int n_ranks, const void *const *src, void *out,
-                         size_t numel, fsdp_dtype dt, fsdp_reduce_op op)
+                         size_t numel, fsdp_dtype dt, fsdp_reduce_op op, bool stream)
 {
     bool avg = op == FSDP_REDUCE_AVG;
     float scale = 1.0f / (float)n_ranks;
     float *const *t = h->tmp;
-    bool stream = dt == FSDP_DTYPE_F32 && n_ranks > 1 && numel * sizeof(float) >= HOST_STREAM_BYTES;
+    stream = stream && dt == FSDP_DTYPE_F32 && n_ranks > 1;
     struct reduce_job j = {.src = src, .dt = dt};
     for (j.off = 0; j.off < numel; j.off += HOST_BLOCK) {
         j.n = numel - j.off < HOST_BLOCK ? numel - j.off : HOST_BLOCK;
@@ -410,76 +425,166 @@ static void reduce_range(struct host_ctx *h, int n_ranks, const void *const *src
         host_stream_fence();
 }
 
+/* ---- shares of work --------------------------------------------------------- */
+
+/* The work of a collective is cut into one share per rank (its own output),
+ * and each share into pieces of HOST_PIECE elements. A rank claims the
+ * pieces of its own share first, then those left in the others' shares, so
+ * a rank that the OS does not run (other processes, more ranks than cores)
+ * delays nobody: whoever runs does the work. Who computes a piece does not
+ * change its value (the tree is per element). Pieces are claimed from the
+ * owner's counter; the owner resets its counters before it arrives at the
+ * first meeting (every rank has finished claiming in the previous
+ * collective by then), and the last meeting makes every piece visible. */
+
+typedef bool (*host_piece_fn)(fsdp_comm *c, int owner, size_t piece);
+
+static size_t n_pieces(size_t numel) { return (numel + HOST_PIECE - 1) / HOST_PIECE; }
+
+static void run_shares(fsdp_comm *c, int phase, host_piece_fn fn)
+{
+    struct host_shared *sh = ((struct host_ctx *)c->ctx)->sh;
+    for (int i = 0; i < c->n_ranks; i++) {
+        int q = (c->rank + i) % c->n_ranks;
+        atomic_size_t *next = &sh->work[q].next[phase];
+        while (fn(c, q, atomic_fetch_add_explicit(next, 1, memory_order_relaxed)))
+            ;
+    }
+}
+
+/* The slice of an all_reduce that rank r reduces: [lo, hi) elements, cut at
+ * multiples of 64 bytes so ranks do not write the same cache lines. */
+static size_t slice_len(size_t numel, int n_ranks, fsdp_dtype dt)
+{
+    size_t align = 64 / fsdp_dtype_size(dt);
+    size_t per = (numel + (size_t)n_ranks - 1) / (size_t)n_ranks;
+    return (per + align - 1) / align * align;
+}
+
+static void slice(size_t numel, int n_ranks, int r, fsdp_dtype dt, size_t *lo, size_t *hi)
+{
+    size_t per = slice_len(numel, n_ranks, dt);
+    size_t a = per * (size_t)r, b = a + per;
+    *lo = a < numel ? a : numel;
+    *hi = b < numel ? b : numel;
+}
+
+/* all_gather: owner r's share fills its recv, chunk by chunk (starting
+ * after r, so ranks read different sources at once). */
+static bool piece_all_gather(fsdp_comm *c, int r, size_t p)
+{
+    const struct host_slot *slots = ((struct host_ctx *)c->ctx)->sh->slots;
+    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt);
+    size_t per_src = n_pieces(numel);
+    if (p >= per_src * (size_t)c->n_ranks)
+        return false;
+    int q = (int)((size_t)(r + 1) + p / per_src) % c->n_ranks;
+    size_t lo = p % per_src * HOST_PIECE, n = numel - lo < HOST_PIECE ? numel - lo : HOST_PIECE;
+    const char *from = (const char *)slots[q].send + lo * es;
+    char *to = (char *)slots[r].recv + ((size_t)q * numel + lo) * es;
+    if (from != to)
+        memmove(to, from, n * es);
+    return true;
+}
+
+/* reduce_scatter: owner r's share is its output, chunk r of the sum. */
+static bool piece_reduce_scatter(fsdp_comm *c, int r, size_t p)
+{
+    struct host_ctx *h = c->ctx;
+    const struct host_slot *slots = h->sh->slots;
+    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt);
+    if (p >= n_pieces(numel))
+        return false;
+    size_t lo = p * HOST_PIECE, n = numel - lo < HOST_PIECE ? numel - lo : HOST_PIECE;
+    for (int q = 0; q < c->n_ranks; q++)
+        h->src[q] = (const char *)slots[q].send + ((size_t)r * numel + lo) * es;
+    reduce_range(h, c->n_ranks, h->src, (char *)slots[r].recv + lo * es, n, slots[r].dt,
+                 slots[r].op, numel * es >= HOST_STREAM_BYTES);
+    return true;
+}
+
+/* all_reduce, first phase: owner r's share is slice r, reduced into its recv. */
+static bool piece_all_reduce_sum(fsdp_comm *c, int r, size_t p)
+{
+    struct host_ctx *h = c->ctx;
+    const struct host_slot *slots = h->sh->slots;
+    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt), lo, hi;
+    slice(numel, c->n_ranks, r, slots[r].dt, &lo, &hi);
+    if (p >= n_pieces(hi - lo))
+        return false;
+    size_t a = lo + p * HOST_PIECE, n = hi - a < HOST_PIECE ? hi - a : HOST_PIECE;
+    for (int q = 0; q < c->n_ranks; q++)
+        h->src[q] = (const char *)slots[q].send + a * es;
+    reduce_range(h, c->n_ranks, h->src, (char *)slots[r].recv + a * es, n, slots[r].dt,
+                 slots[r].op, (hi - lo) * es >= HOST_STREAM_BYTES);
+    return true;
+}
+
+/* all_reduce, second phase: owner r's share copies every other slice from
+ * the recv of the rank that reduced it into its own recv. */
+static bool piece_all_reduce_copy(fsdp_comm *c, int r, size_t p)
+{
+    const struct host_slot *slots = ((struct host_ctx *)c->ctx)->sh->slots;
+    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt);
+    if (p >= n_pieces(numel))
+        return false;
+    size_t a = p * HOST_PIECE, b = numel - a < HOST_PIECE ? numel : a + HOST_PIECE;
+    size_t per = slice_len(numel, c->n_ranks, slots[r].dt);
+    for (size_t q = a / per; q * per < b; q++) {
+        size_t lo = q * per > a ? q * per : a, hi = (q + 1) * per < b ? (q + 1) * per : b;
+        if ((int)q != r)
+            memcpy((char *)slots[r].recv + lo * es, (const char *)slots[q].recv + lo * es,
+                   (hi - lo) * es);
+    }
+    return true;
+}
+
+/* broadcast: owner r's share copies the root's buffer (the root's is empty). */
+static bool piece_broadcast(fsdp_comm *c, int r, size_t p)
+{
+    const struct host_slot *slots = ((struct host_ctx *)c->ctx)->sh->slots;
+    int root = slots[r].root;
+    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt);
+    if (r == root || p >= n_pieces(numel))
+        return false;
+    size_t lo = p * HOST_PIECE, n = numel - lo < HOST_PIECE ? numel - lo : HOST_PIECE;
+    const char *from = (const char *)slots[root].recv + lo * es;
+    char *to = (char *)slots[r].recv + lo * es;
+    if (from != to)
+        memcpy(to, from, n * es);
+    return true;
+}
+
 /* ---- the collectives ----------------------------------------------------- */
 
 static fsdp_status host_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,
                                    fsdp_dtype dt, fsdp_stream_t s)
 {
     (void)s;
-    struct host_ctx *h = c->ctx;
     FSDP_TRY(begin(c, FSDP_COLL_ALL_GATHER, send, recv, numel, dt, FSDP_REDUCE_SUM, 0));
-    size_t bytes = numel * fsdp_dtype_size(dt);
-    /* Start after this rank, so ranks read different sources at once. */
-    for (int i = 0; i < c->n_ranks && bytes; i++) {
-        int q = (c->rank + 1 + i) % c->n_ranks;
-        const void *from = h->sh->slots[q].send;
-        char *to = (char *)recv + (size_t)q * bytes;
-        if (from != to)
-            memmove(to, from, bytes);
-    }
-    if (c->n_ranks > 1)
-        return meet(c, false);
-    return FSDP_STATUS_OK;
+    run_shares(c, 0, piece_all_gather);
+    return c->n_ranks > 1 ? meet(c, false) : FSDP_STATUS_OK;
 }
 
 static fsdp_status host_reduce_scatter(fsdp_comm *c, const void *send, void *recv, size_t numel,
                                        fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream_t s)
 {
     (void)s;
-    struct host_ctx *h = c->ctx;
     FSDP_TRY(begin(c, FSDP_COLL_REDUCE_SCATTER, send, recv, numel, dt, op, 0));
-    size_t off = (size_t)c->rank * numel * fsdp_dtype_size(dt);
-    for (int q = 0; q < c->n_ranks; q++)
-        h->src[q] = (const char *)h->sh->slots[q].send + off;
-    reduce_range(h, c->n_ranks, h->src, recv, numel, dt, op);
-    if (c->n_ranks > 1)
-        return meet(c, false);
-    return FSDP_STATUS_OK;
-}
-
-/* The slice of an all_reduce that rank r reduces: [lo, hi) elements, cut at
- * multiples of 64 bytes so ranks do not write the same cache lines. */
-static void slice(size_t numel, int n_ranks, int r, fsdp_dtype dt, size_t *lo, size_t *hi)
-{
-    size_t align = 64 / fsdp_dtype_size(dt);
-    size_t per = (numel + (size_t)n_ranks - 1) / (size_t)n_ranks;
-    per = (per + align - 1) / align * align;
-    size_t a = per * (size_t)r, b = a + per;
-    *lo = a < numel ? a : numel;
-    *hi = b < numel ? b : numel;
+    run_shares(c, 0, piece_reduce_scatter);
+    return c->n_ranks > 1 ? meet(c, false) : FSDP_STATUS_OK;
 }
 
 static fsdp_status host_all_reduce(fsdp_comm *c, const void *send, void *recv, size_t numel,
                                    fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream_t s)
 {
     (void)s;
-    struct host_ctx *h = c->ctx;
-    struct host_slot *slots = h->sh->slots;
     FSDP_TRY(begin(c, FSDP_COLL_ALL_REDUCE, send, recv, numel, dt, op, 0));
-    size_t es = fsdp_dtype_size(dt), lo, hi;
-    slice(numel, c->n_ranks, c->rank, dt, &lo, &hi);
-    for (int q = 0; q < c->n_ranks; q++)
-        h->src[q] = (const char *)slots[q].send + lo * es;
-    reduce_range(h, c->n_ranks, h->src, (char *)recv + lo * es, hi - lo, dt, op);
+    run_shares(c, 0, piece_all_reduce_sum);
     if (c->n_ranks == 1)
         return FSDP_STATUS_OK;
     FSDP_TRY(meet(c, false));
-    for (int i = 1; i < c->n_ranks; i++) {
-        int q = (c->rank + i) % c->n_ranks;
-        slice(numel, c->n_ranks, q, dt, &lo, &hi);
-        if (hi > lo)
-            memcpy((char *)recv + lo * es, (const char *)slots[q].recv + lo * es, (hi - lo) * es);
-    }
+    run_shares(c, 1, piece_all_reduce_copy);
     return meet(c, false);
 }
 
@@ -487,13 +592,10 @@ static fsdp_status host_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dt
                                   fsdp_stream_t s)
 {
     (void)s;
-    struct host_ctx *h = c->ctx;
     FSDP_TRY(begin(c, FSDP_COLL_BROADCAST, NULL, buf, numel, dt, FSDP_REDUCE_SUM, root));
     if (c->n_ranks == 1)
         return FSDP_STATUS_OK;
-    const void *from = h->sh->slots[root].recv;
-    if (c->rank != root && numel && from != buf)
-        memcpy(buf, from, numel * fsdp_dtype_size(dt));
+    run_shares(c, 0, piece_broadcast);
     return meet(c, false);
 }
 
@@ -520,6 +622,7 @@ static void host_fini(fsdp_comm *c)
     sh->slots[c->rank].attached = 0;
     if (--sh->n_refs == 0) {
         free(sh->slots);
+        free(sh->work);
         free(sh);
         w->comm_shared = NULL;
     }
@@ -549,20 +652,26 @@ static fsdp_status shared_attach_locked(fsdp_world *w, int rank, struct host_sha
     struct host_shared *sh = w->comm_shared;
     if (!sh) {
         sh = calloc(1, sizeof *sh);
-        void *slots = NULL;
-        size_t bytes = (size_t)w->n_ranks * sizeof(struct host_slot);
-        if (sh && posix_memalign(&slots, 64, bytes) == 0) {
-            memset(slots, 0, bytes);
-        } else {
+        void *slots = NULL, *work = NULL;
+        size_t n = (size_t)w->n_ranks;
+        if (!sh || posix_memalign(&slots, 64, n * sizeof(struct host_slot)) ||
+            posix_memalign(&work, 64, n * sizeof(struct host_work))) {
+            free(slots);
             free(sh);
             return fsdp_error_set(FSDP_STATUS_OOM,
                                   "out of host memory for the host collectives of %d ranks",
                                   w->n_ranks);
         }
+        memset(slots, 0, n * sizeof(struct host_slot));
+        memset(work, 0, n * sizeof(struct host_work));
         sh->slots = slots;
+        sh->work = work;
         sh->n_ranks = w->n_ranks;
-        for (int q = 0; q < w->n_ranks; q++)
+        for (int q = 0; q < w->n_ranks; q++) {
             atomic_init(&sh->slots[q].arrived, 0);
+            atomic_init(&sh->work[q].next[0], 0);
+            atomic_init(&sh->work[q].next[1], 0);
+        }
         atomic_init(&sh->n_sleepers, 0);
         w->comm_shared = sh;
     }
