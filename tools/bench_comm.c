@@ -6,18 +6,19 @@
  * For 2, 4 and 8 cpu ranks and total buffer sizes S from 4 KiB to 256 MiB
  * (x4 steps), times all_gather (in place, as FSDP gathers), reduce_scatter
  * (out of place) and all_reduce (in place), fp32, after warm-up, and prints:
- *   time    mean per call over a timed loop, measured by rank 0 between two
- *           barriers; the best of REPS loops (the machine may be shared)
+ *   time    mean per call over a timed loop of about 128 MiB of buffer (one
+ *           call from 128 MiB up), measured by rank 0 between two barriers;
+ *           the median of REPS loops (robust to a shared machine's load)
  *   algbw   S / time
  *   busbw   algbw * (N-1)/N   (all_reduce: algbw * 2(N-1)/N)
  *   total   bytes received by all ranks together per second, from the comm
  *           byte counters (comm.h formulas): the figure compared with memcpy
- * memcpy bandwidth: 2 threads each copying its own large buffer; bytes
- * copied per second by both together, the best of REPS runs. For every
- * point with S >= 16 MiB it is measured just before and just after the
- * point (by rank 0 while the other ranks wait at a barrier), and the point
- * is compared with the higher of the two, so drifting load on a shared
- * machine does not flatter the ratio. The goal (issue 2): for S >= 16 MiB,
+ * memcpy bandwidth: 2 threads each copying its own large buffer once; bytes
+ * copied per second by both together. For every point with S >= 16 MiB it
+ * is measured right before each of the REPS timed loops (by rank 0 while
+ * the other ranks wait at a barrier), and the point's median time is
+ * compared with the median of those baselines, so both see the same drift
+ * of a shared machine's load. The goal (issue 2): for S >= 16 MiB,
  * total >= 50% of memcpy.
  *
  * usage: bench_comm [--quick] [--max-size BYTES] [--ranks 2,4,8] [--iters N]
@@ -35,7 +36,7 @@
 
 #define GOAL_MIN_BYTES ((size_t)16 << 20)
 #define GOAL_RATIO 0.5
-#define REPS 3 /* timed loops per point; the fastest counts */
+#define REPS 5 /* timed loops per point; the median counts */
 
 static double now_s(void)
 {
@@ -110,15 +111,25 @@ static double memcpy_once(size_t bytes, int reps)
     return (double)COPY_THREADS * (double)bytes * reps / dt;
 }
 
-/* The best of REPS measurements of the threads copying `bytes` each, twice. */
+/* Median of n values (n <= 16); reorders x. */
+static double median(double *x, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && x[j - 1] > x[j]; j--) {
+            double t = x[j];
+            x[j] = x[j - 1];
+            x[j - 1] = t;
+        }
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+/* The median of REPS measurements of the threads copying `bytes` each once. */
 static double memcpy_bandwidth(size_t bytes)
 {
-    double best = 0;
-    for (int i = 0; i < REPS; i++) {
-        double bw = memcpy_once(bytes, 2);
-        best = bw > best ? bw : best;
-    }
-    return best;
+    double bw[REPS];
+    for (int i = 0; i < REPS; i++)
+        bw[i] = memcpy_once(bytes, 1);
+    return median(bw, REPS);
 }
 
 /* ---- collectives ----------------------------------------------------------- */
@@ -143,8 +154,8 @@ static int iters_for(const struct bench *b, size_t bytes)
 {
     if (b->iters > 0)
         return b->iters;
-    size_t it = ((size_t)256 << 20) / bytes; /* about 256 MiB of buffer per loop */
-    return it < 2 ? 2 : it > 200 ? 200 : (int)it;
+    size_t it = ((size_t)128 << 20) / bytes; /* about 128 MiB of buffer per loop */
+    return it < 1 ? 1 : it > 200 ? 200 : (int)it;
 }
 
 static fsdp_status run_op(fsdp_comm *c, int op, float *send, float *recv, size_t bytes)
@@ -188,28 +199,23 @@ static fsdp_status bench_rank(fsdp_world *w, int rank, void *p)
             for (int i = 0; i < 2; i++) /* warm-up */
                 FSDP_CHECK(run_op(&comm, op, send, recv, bytes));
             int goal = bytes >= GOAL_MIN_BYTES;
-            double mc_before = 0;
-            if (goal && rank == 0)
-                mc_before = memcpy_bandwidth(b->copy_bytes);
-            double best = 0;
+            double times[REPS], mcs[REPS];
             for (int rep = 0; rep < REPS; rep++) {
+                /* the baseline right before each loop; the others wait */
+                if (goal && rank == 0)
+                    mcs[rep] = memcpy_once(b->copy_bytes, 1);
                 FSDP_CHECK(fsdp_comm_barrier(&comm));
                 fsdp_comm_reset_stats(&comm);
                 double t0 = now_s();
                 for (int i = 0; i < iters; i++)
                     FSDP_CHECK(run_op(&comm, op, send, recv, bytes));
                 FSDP_CHECK(fsdp_comm_barrier(&comm));
-                double dt = (now_s() - t0) / iters;
-                best = rep == 0 || dt < best ? dt : best;
+                times[rep] = (now_s() - t0) / iters;
             }
-            if (rank == 0)
-                b->time_s[s][op] = best;
-            if (goal && rank == 0) {
-                double mc_after = memcpy_bandwidth(b->copy_bytes);
-                b->memcpy_bw[s][op] = mc_after > mc_before ? mc_after : mc_before;
+            if (rank == 0) {
+                b->time_s[s][op] = median(times, REPS);
+                b->memcpy_bw[s][op] = goal ? median(mcs, REPS) : 0;
             }
-            if (goal)
-                FSDP_CHECK(fsdp_comm_barrier(&comm)); /* others wait for the baseline */
             b->recv_bytes[s][op][rank] = comm.bytes_recv[op_kinds[op]] / (size_t)iters;
         }
     }
@@ -228,7 +234,7 @@ static void usage(FILE *f)
                "  --quick       sizes 4 KiB, 1 MiB, 16 MiB, 64 MiB only\n"
                "  --max-size    largest total buffer size (default 256MiB)\n"
                "  --ranks       comma-separated world sizes (default 2,4,8; at most 8)\n"
-               "  --iters       timed calls per point (default: 512 MiB / size, 3..200)\n");
+               "  --iters       timed calls per loop (default: 128 MiB / size, 1..200)\n");
 }
 
 int main(int argc, char **argv)
@@ -289,9 +295,10 @@ int main(int argc, char **argv)
     char buf[32];
     double mc0 = memcpy_bandwidth(copy_bytes), mc_min = mc0, mc_max = mc0;
     printf("memcpy baseline: 2 threads, each copying its own %s buffer; bytes copied per\n"
-           "second by both, best of %d: %.2f GB/s now; re-measured around every point of\n"
-           "16 MiB or more, which is compared with the higher figure (column memcpy)\n\n",
-           fsdp_fmt_bytes(buf, sizeof buf, (double)copy_bytes), REPS, mc0 / 1e9);
+           "second by both, median of %d: %.2f GB/s now; re-measured before each timed loop\n"
+           "of every point of 16 MiB or more (column memcpy: median of those)\n"
+           "time: median of %d timed loops\n\n",
+           fsdp_fmt_bytes(buf, sizeof buf, (double)copy_bytes), REPS, mc0 / 1e9, REPS);
     printf("%5s  %-14s  %10s  %10s  %10s  %10s  %10s  %10s  %7s  %s\n", "ranks", "op", "size",
            "time_us", "algbw_GB/s", "busbw_GB/s", "total_GB/s", "memcpy", "ratio", "goal");
 
