@@ -30,7 +30,7 @@ typedef struct bench_case {
 } bench_case;
 
 static const bench_case bench_cases[] = {
-    {"small", "small (L4 H4 C128 V256)", 8, 64, 20},
+    {"small", "small (L2 H4 C128 V256)", 8, 64, 20},
     {"gpt2", "gpt2 124M (L12 H12 C768)", 4, 64, 3},
 };
 

@@ -15,6 +15,7 @@ int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *o)
     fsdp_train_config *c = &ro->cfg;
     fsdp_engine_config *e = &c->eng;
     ro->devices = -1; /* unset: the backend's default */
+    e->seq = 0;       /* unset: chosen from the data and model in fsdp_run_opts_finish */
     int n = 0;
 #define OPT(name_, type_, dst_, meta_, help_) \
     o[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
@@ -28,7 +29,8 @@ int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *o)
         "FILE.safetensors (HF GPT-2) or a checkpoint directory");
     OPT("batch", FSDP_OPT_INT, &e->batch, "B", "sequences per micro-batch per device (default 16)");
     OPT("seq", FSDP_OPT_INT, &e->seq, "T",
-        "sequence length (default 14: one synthetic problem per row; use more for text)");
+        "sequence length (default: 14 on the synthetic task, one problem per row; else the "
+        "model's context)");
     OPT("grad-accum", FSDP_OPT_INT, &e->grad_accum, "A", "micro-steps per device per step (default 1)");
     OPT("shard", FSDP_OPT_STR, &ro->shard, "full|grad-op|none",
         "FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2) or NO_SHARD (DDP) (default full)");
@@ -117,7 +119,7 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
         fprintf(stderr, "fsdp %s: --devices must be 1..1024 (got %d)\n", cmd, e->n_ranks);
         return 2;
     }
-    if (e->batch < 1 || e->seq < 1 || e->grad_accum < 1 || e->ranks_per_device < 1) {
+    if (e->batch < 1 || e->seq < 0 || e->grad_accum < 1 || e->ranks_per_device < 1) {
         fprintf(stderr, "fsdp %s: --batch, --seq, --grad-accum and --ranks-per-device must be >= 1\n",
                 cmd);
         return 2;
@@ -154,6 +156,10 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
         fprintf(stderr, "fsdp %s: --model: %s\n", cmd, fsdp_error_msg());
         return 2;
     }
+    if (e->seq == 0) /* not given: one problem per row on the synthetic task, else the context */
+        e->seq = ro->cfg.data && !strcmp(ro->cfg.data, "synthetic") && !strcmp(cmd, "train")
+                     ? 14
+                     : gc.max_seq_len;
     if (e->seq > gc.max_seq_len) {
         fprintf(stderr, "fsdp %s: --seq %d is longer than model '%s''s context of %d\n", cmd, e->seq,
                 ro->cfg.model, gc.max_seq_len);
