@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Install what fsdp needs to build and test on Debian/Ubuntu (run as root).
-# Check (unit tests), OpenBLAS (cpu backend), pkg-config. The CUDA toolkit
-# and NCCL are optional and not installed here.
+# Install what fsdp needs on Debian/Ubuntu (run as root): a C toolchain,
+# pkg-config, Check (unit tests) and OpenBLAS (cpu backend). With --fuzz,
+# also clang and its libFuzzer runtime (make fuzz). The CUDA toolkit and
+# NCCL are optional and not installed here.
 set -euo pipefail
-pkgs=(build-essential pkg-config check libsubunit-dev libopenblas-dev python3)
+pkgs=(build-essential pkg-config check libsubunit-dev libopenblas-dev)
+if [ "${1:-}" = "--fuzz" ]; then
+    pkgs+=(clang libclang-rt-14-dev)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
