@@ -58,6 +58,8 @@ static inline float gelu_grad_one(float x)
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * du;
 }
 
+/* An AVX2 clone of each kernel is picked at load time where the CPU has it. */
+__attribute__((target_clones("avx2", "default")))
 void fsdp_cpu_gelu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, size_t n)
 {
     const fsdp_dtype dt = ctx->dt;
@@ -72,6 +74,7 @@ void fsdp_cpu_gelu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, size_t n)
         fsdp_cpu_st(out, dt, i, gelu_one(fsdp_cpu_ld(inp, dt, i)));
 }
 
+__attribute__((target_clones("avx2", "default")))
 void fsdp_cpu_gelu_bwd(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout,
                        size_t n)
 {
