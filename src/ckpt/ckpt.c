@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt.h"
+#include "core/fileio.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
@@ -118,22 +119,6 @@ static fsdp_status read_all(int fd, void *buf, size_t n, off_t off, const char *
     return FSDP_STATUS_OK;
 }
 
-fsdp_status fsdp_ckpt_fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return fsdp_error_set(FSDP_STATUS_IO, "cannot open directory '%s' to fsync it: %s", dir,
-                              errstr());
-    int rc = fsync(fd);
-    int err = errno;
-    close(fd);
-    if (rc != 0) {
-        errno = err;
-        return fsdp_error_set(FSDP_STATUS_IO, "cannot fsync directory '%s': %s", dir, errstr());
-    }
-    return FSDP_STATUS_OK;
-}
-
 /* Create the whole file `path` with `text`, fsynced. */
 static fsdp_status write_text_file(const char *path, const char *text, size_t n)
 {
@@ -202,92 +187,54 @@ fsdp_status fsdp_ckpt_manifest_set_units(fsdp_ckpt_manifest *m, const fsdp_model
     return FSDP_STATUS_OK;
 }
 
-/* A growing text buffer. */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    if (b->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->oom = true;
-            return;
-        }
-        if (b->p && b->n + (size_t)k < b->cap) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->n + (size_t)k + 1)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->oom = true;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-}
-
 /* Free text as one line: control characters become '?', empty becomes "-". */
-static void sb_text(sbuf *b, const char *key, const char *s)
+static void sb_text(fsdp_sbuf *b, const char *key, const char *s)
 {
     char tmp[MANIFEST_LINE_MAX];
     size_t n = 0;
     for (; s && *s && n + 1 < sizeof tmp - 64; s++)
         tmp[n++] = (unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s;
     tmp[n] = '\0';
-    sb_printf(b, "%s %s\n", key, n ? tmp : "-");
+    fsdp_sbuf_printf(b, "%s %s\n", key, n ? tmp : "-");
 }
 
 fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest *m)
 {
-    sbuf b = {0};
-    sb_printf(&b, "# fsdp checkpoint manifest: `key value` lines; see src/ckpt/ckpt.h\n");
-    sb_printf(&b, "format fsdp-checkpoint\nversion %d\n", FSDP_CKPT_VERSION);
-    sb_printf(&b, "run_id %016" PRIx64 "\n", m->run_id);
-    sb_printf(&b, "step %" PRIu64 "\nadam_t %" PRIu64 "\ndata_sequences %" PRIu64 "\n", m->step,
+    fsdp_sbuf b = {0};
+    fsdp_sbuf_printf(&b, "# fsdp checkpoint manifest: `key value` lines; see src/ckpt/ckpt.h\n");
+    fsdp_sbuf_printf(&b, "format fsdp-checkpoint\nversion %d\n", FSDP_CKPT_VERSION);
+    fsdp_sbuf_printf(&b, "run_id %016" PRIx64 "\n", m->run_id);
+    fsdp_sbuf_printf(&b, "step %" PRIu64 "\nadam_t %" PRIu64 "\ndata_sequences %" PRIu64 "\n", m->step,
               m->adam_t, m->data_sequences);
-    sb_printf(&b, "seed %" PRIu64 "\nworld_size %d\nshard %s\n", m->seed, m->world_size, m->shard);
-    sb_printf(&b, "batch %d\nseq %d\ngrad_accum %d\nsteps_total %d\n", m->batch, m->seq,
+    fsdp_sbuf_printf(&b, "seed %" PRIu64 "\nworld_size %d\nshard %s\n", m->seed, m->world_size, m->shard);
+    fsdp_sbuf_printf(&b, "batch %d\nseq %d\ngrad_accum %d\nsteps_total %d\n", m->batch, m->seq,
               m->grad_accum, m->steps_total);
-    sb_printf(&b, "compute_dtype %s\nmaster_dtype fp32\noptim_dtype fp32\n", m->compute_dtype);
+    fsdp_sbuf_printf(&b, "compute_dtype %s\nmaster_dtype fp32\noptim_dtype fp32\n", m->compute_dtype);
     sb_text(&b, "model_name", m->model_name);
     sb_text(&b, "model_spec", m->model_spec);
     if (m->has_gpt2)
-        sb_printf(&b, "gpt2 layers=%d heads=%d channels=%d vocab=%d context=%d\n",
+        fsdp_sbuf_printf(&b, "gpt2 layers=%d heads=%d channels=%d vocab=%d context=%d\n",
                   m->gpt2.n_layer, m->gpt2.n_head, m->gpt2.n_embd, m->gpt2.vocab_size,
                   m->gpt2.max_seq_len);
     else
-        sb_printf(&b, "gpt2 -\n");
-    sb_printf(&b, "vocab_size %d\npadded_vocab_size %d\nmax_seq_len %d\n", m->vocab_size,
+        fsdp_sbuf_printf(&b, "gpt2 -\n");
+    fsdp_sbuf_printf(&b, "vocab_size %d\npadded_vocab_size %d\nmax_seq_len %d\n", m->vocab_size,
               m->padded_vocab_size, m->max_seq_len);
     sb_text(&b, "data", m->data);
-    sb_printf(&b, "block_numel %zu\nunits %d\n", FSDP_CKPT_BLOCK_NUMEL, m->n_units);
+    fsdp_sbuf_printf(&b, "block_numel %zu\nunits %d\n", FSDP_CKPT_BLOCK_NUMEL, m->n_units);
     for (int u = 0; u < m->n_units; u++) {
         const fsdp_ckpt_unit *cu = &m->units[u];
-        sb_printf(&b, "unit %d %s numel %zu padded %zu shard %zu params %d\n", u, cu->name,
+        fsdp_sbuf_printf(&b, "unit %d %s numel %zu padded %zu shard %zu params %d\n", u, cu->name,
                   cu->numel, cu->padded_numel, cu->shard_numel, cu->n_params);
         for (int i = 0; i < cu->n_params; i++) {
             const fsdp_ckpt_param *p = &cu->params[i];
-            sb_printf(&b, "param %s shape ", p->name);
+            fsdp_sbuf_printf(&b, "param %s shape ", p->name);
             for (int d = 0; d < p->ndim; d++)
-                sb_printf(&b, "%s%" PRId64, d ? "," : "", p->shape[d]);
-            sb_printf(&b, " offset %zu numel %zu\n", p->offset, p->numel);
+                fsdp_sbuf_printf(&b, "%s%" PRId64, d ? "," : "", p->shape[d]);
+            fsdp_sbuf_printf(&b, " offset %zu numel %zu\n", p->offset, p->numel);
         }
     }
-    sb_printf(&b, "end\n");
+    fsdp_sbuf_printf(&b, "end\n");
     if (b.oom) {
         free(b.p);
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory writing manifest '%s'", path);
@@ -1034,7 +981,7 @@ fsdp_status fsdp_ckpt_begin(const char *dir, uint64_t step)
     if (mkdir(tmp, 0755) != 0)
         return fsdp_error_set(FSDP_STATUS_IO, "cannot create checkpoint directory '%s': %s", tmp,
                               errstr());
-    return fsdp_ckpt_fsync_dir(dir);
+    return fsdp_fsync_dir(dir);
 }
 
 fsdp_status fsdp_ckpt_commit(const char *dir, uint64_t step, int keep)
@@ -1048,7 +995,7 @@ fsdp_status fsdp_ckpt_commit(const char *dir, uint64_t step, int keep)
     char text[96];
     int n = snprintf(text, sizeof text, "fsdp checkpoint step %" PRIu64 " complete\n", step);
     FSDP_TRY(write_text_file(done, text, (size_t)n));
-    FSDP_TRY(fsdp_ckpt_fsync_dir(tmp));
+    FSDP_TRY(fsdp_fsync_dir(tmp));
     /* a complete checkpoint of the same step (a restarted run) is moved
      * aside first: rename() cannot replace a non-empty directory */
     struct stat sb;
@@ -1062,7 +1009,7 @@ fsdp_status fsdp_ckpt_commit(const char *dir, uint64_t step, int keep)
     if (rename(tmp, fin) != 0)
         return fsdp_error_set(FSDP_STATUS_IO, "cannot rename '%s' to '%s': %s", tmp, fin,
                               errstr());
-    FSDP_TRY(fsdp_ckpt_fsync_dir(dir));
+    FSDP_TRY(fsdp_fsync_dir(dir));
     if (replaced && remove_ckpt_dir(old) != FSDP_STATUS_OK)
         FSDP_WARN(FSDP_SUB_CKPT, "%s", fsdp_error_msg());
     if (keep <= 0)
@@ -1092,7 +1039,7 @@ fsdp_status fsdp_ckpt_commit(const char *dir, uint64_t step, int keep)
         removed = true;
     }
     free(steps);
-    return removed ? fsdp_ckpt_fsync_dir(dir) : FSDP_STATUS_OK;
+    return removed ? fsdp_fsync_dir(dir) : FSDP_STATUS_OK;
 }
 
 /* ---- shard files --------------------------------------------------------------- */

@@ -171,9 +171,6 @@ fsdp_status fsdp_ckpt_begin(const char *dir, uint64_t step);
  * Rank 0 only. */
 fsdp_status fsdp_ckpt_commit(const char *dir, uint64_t step, int keep);
 
-/* fsync a directory (after creating, renaming or removing entries in it). */
-fsdp_status fsdp_ckpt_fsync_dir(const char *dir);
-
 /* ---- shard files ----------------------------------------------------------- */
 
 /* Identity and layout of one rank's shard file. */

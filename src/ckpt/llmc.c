@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "ckpt/llmc.h"
+#include "core/fileio.h"
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -350,24 +351,6 @@ fail:
 
 /* ---- write --------------------------------------------------------------- */
 
-/* fsync the directory holding path, so a rename into it is durable. */
-static fsdp_status fsync_parent_dir(const char *path)
-{
-    char *copy = strdup(path);
-    if (!copy)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of memory");
-    const char *dir = dirname(copy);
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    fsdp_status st = FSDP_STATUS_OK;
-    if (fd < 0 || fsync(fd) != 0)
-        st = fsdp_error_set(FSDP_STATUS_IO, "cannot fsync directory '%s' after writing '%s': %s",
-                            dir, path, strerror(errno));
-    if (fd >= 0)
-        close(fd);
-    free(copy);
-    return st;
-}
-
 fsdp_status fsdp_llmc_write(const char *path, const fsdp_model *m, const float *const *units,
                             fsdp_dtype dt)
 {
@@ -381,25 +364,15 @@ fsdp_status fsdp_llmc_write(const char *path, const fsdp_model *m, const float *
     fsdp_status st = FSDP_STATUS_OK;
     llmc_slab *plan = NULL;
     uint16_t *buf = NULL;
-    FILE *f = NULL;
-    bool tmp_exists = false;
+    fsdp_atomic_file af = {0};
     int n_slabs;
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "model file path '%.64s...' is too long",
-                              path);
     FSDP_CHECK(llmc_plan(m, c, &plan, &n_slabs));
     if (dt == FSDP_DTYPE_BF16 && !(buf = malloc(LLMC_CHUNK * sizeof *buf))) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of memory writing model file '%s'", path);
         goto fail;
     }
-    f = fopen(tmp, "wb");
-    if (!f) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "cannot create '%s' to write model file '%s': %s",
-                            tmp, path, strerror(errno));
-        goto fail;
-    }
-    tmp_exists = true;
+    FSDP_CHECK(fsdp_atomic_open(&af, path, "model file"));
+    FILE *f = af.f;
     int32_t h[LLMC_HEADER_INTS] = {0};
     h[0] = LLMC_MAGIC;
     h[1] = dt == FSDP_DTYPE_BF16 ? LLMC_VERSION_BF16 : LLMC_VERSION_F32;
@@ -426,32 +399,11 @@ fsdp_status fsdp_llmc_write(const char *path, const fsdp_model *m, const float *
             left -= n;
         }
     }
-    if (!ok || fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "writing model file '%s' failed: %s (disk full?)",
-                            tmp, strerror(errno));
-        goto fail;
-    }
-    int rc = fclose(f);
-    f = NULL;
-    if (rc != 0) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "closing model file '%s' failed: %s", tmp,
-                            strerror(errno));
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "cannot rename '%s' to '%s': %s", tmp, path,
-                            strerror(errno));
-        goto fail;
-    }
-    tmp_exists = false;
-    FSDP_CHECK(fsync_parent_dir(path));
+    FSDP_CHECK(fsdp_atomic_commit(&af, ok));
     FSDP_INFO(FSDP_SUB_CKPT, "wrote '%s' (%s, %zu parameters) from model '%s'", path,
               fsdp_dtype_name(dt), m->numel, m->name);
 fail:
-    if (f)
-        fclose(f);
-    if (tmp_exists)
-        unlink(tmp);
+    fsdp_atomic_abort(&af);
     free(buf);
     free(plan);
     return st;

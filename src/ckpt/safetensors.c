@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "ckpt/safetensors.h"
+#include "core/fileio.h"
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/json.h"
@@ -619,42 +620,6 @@ done:
 
 /* ---- write ------------------------------------------------------------------- */
 
-/* A growing string. */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    bool oom;
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    while (!b->oom) {
-        va_list ap;
-        va_start(ap, fmt);
-        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
-        va_end(ap);
-        if (k < 0) {
-            b->oom = true;
-            return;
-        }
-        if (b->p && b->n + (size_t)k < b->cap) {
-            b->n += (size_t)k;
-            return;
-        }
-        size_t cap = b->cap ? 2 * b->cap : 4096;
-        while (cap < b->n + (size_t)k + 1)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->oom = true;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-}
-
 /* Writes n fp32 values as dt into f, converting through buf (ST_CHUNK). */
 static bool put_values(FILE *f, const float *x, size_t n, fsdp_dtype dt, uint16_t *buf)
 {
@@ -670,23 +635,6 @@ static bool put_values(FILE *f, const float *x, size_t n, fsdp_dtype dt, uint16_
         n -= k;
     }
     return true;
-}
-
-static fsdp_status fsync_parent(const char *path)
-{
-    char *copy = strdup(path);
-    if (!copy)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
-    const char *dir = dirname(copy);
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    fsdp_status st = FSDP_STATUS_OK;
-    if (fd < 0 || fsync(fd) != 0)
-        st = fsdp_error_set(FSDP_STATUS_IO, "cannot fsync directory '%s' after writing '%s': %s",
-                            dir, path, strerror(errno));
-    if (fd >= 0)
-        close(fd);
-    free(copy);
-    return st;
 }
 
 fsdp_status fsdp_st_write(const char *path, const fsdp_model *m, const float *const *units,
@@ -705,8 +653,8 @@ fsdp_status fsdp_st_write(const char *path, const fsdp_model *m, const float *co
     int V = c->vocab_size, C = c->n_embd;
 
     /* header: metadata, then the parameters in model order */
-    sbuf h = {0};
-    sb_printf(&h, "{\"__metadata__\":{\"format\":\"pt\",\"n_head\":\"%d\",\"n_layer\":\"%d\","
+    fsdp_sbuf h = {0};
+    fsdp_sbuf_printf(&h, "{\"__metadata__\":{\"format\":\"pt\",\"n_head\":\"%d\",\"n_layer\":\"%d\","
                   "\"n_embd\":\"%d\",\"n_ctx\":\"%d\",\"vocab_size\":\"%d\"}",
               c->n_head, c->n_layer, c->n_embd, c->max_seq_len, V);
     uint64_t at = 0;
@@ -717,41 +665,30 @@ fsdp_status fsdp_st_write(const char *path, const fsdp_model *m, const float *co
             uint64_t d[2];
             int nd = expected_shape(hn, c, d);
             uint64_t numel = nd == 2 ? d[0] * d[1] : d[0];
-            sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%" PRIu64, p->name, dname, d[0]);
+            fsdp_sbuf_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%" PRIu64, p->name, dname, d[0]);
             if (nd == 2)
-                sb_printf(&h, ",%" PRIu64, d[1]);
-            sb_printf(&h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", at, at + numel * esz);
+                fsdp_sbuf_printf(&h, ",%" PRIu64, d[1]);
+            fsdp_sbuf_printf(&h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", at, at + numel * esz);
             at += numel * esz;
         }
-    sb_printf(&h, "}");
+    fsdp_sbuf_printf(&h, "}");
     while (!h.oom && h.n % 8) /* pad with spaces so the data section is 8-aligned */
-        sb_printf(&h, " ");
+        fsdp_sbuf_printf(&h, " ");
     if (h.oom) {
         free(h.p);
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory writing '%s'", path);
     }
 
     fsdp_status st = FSDP_STATUS_OK;
-    FILE *f = NULL;
-    bool tmp_exists = false;
+    fsdp_atomic_file af = {0};
     uint16_t *buf = malloc(ST_CHUNK * sizeof *buf);
-    float *row = NULL;
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
-        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "path '%.64s...' is too long", path);
-        goto fail;
-    }
-    row = malloc((size_t)4 * C * sizeof *row);
+    float *row = malloc((size_t)4 * C * sizeof *row);
     if (!buf || !row) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory writing '%s'", path);
         goto fail;
     }
-    if (!(f = fopen(tmp, "wb"))) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "cannot create '%s' to write '%s': %s", tmp, path,
-                            strerror(errno));
-        goto fail;
-    }
-    tmp_exists = true;
+    FSDP_CHECK(fsdp_atomic_open(&af, path, "safetensors file"));
+    FILE *f = af.f;
     uint64_t hn = h.n;
     bool ok = fwrite(&hn, 8, 1, f) == 1 && fwrite(h.p, 1, h.n, f) == h.n;
     for (int u = 0; ok && u < m->n_units; u++)
@@ -773,31 +710,11 @@ fsdp_status fsdp_st_write(const char *path, const fsdp_model *m, const float *co
                 ok = put_values(f, x, n, dt, buf);
             }
         }
-    if (!ok || fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "writing '%s' failed: %s (disk full?)", tmp,
-                            strerror(errno));
-        goto fail;
-    }
-    int rc = fclose(f);
-    f = NULL;
-    if (rc != 0) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "closing '%s' failed: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    if (rename(tmp, path) != 0) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "cannot rename '%s' to '%s': %s", tmp, path,
-                            strerror(errno));
-        goto fail;
-    }
-    tmp_exists = false;
-    FSDP_CHECK(fsync_parent(path));
+    FSDP_CHECK(fsdp_atomic_commit(&af, ok));
     FSDP_INFO(FSDP_SUB_CKPT, "wrote '%s' (%s, %zu parameters) from model '%s'", path, dname,
               m->numel, m->name);
 fail:
-    if (f)
-        fclose(f);
-    if (tmp_exists)
-        unlink(tmp);
+    fsdp_atomic_abort(&af);
     free(row);
     free(buf);
     free(h.p);
