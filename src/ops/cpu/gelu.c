@@ -58,31 +58,47 @@ static inline float gelu_grad_one(float x)
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * du;
 }
 
-/* An AVX2 clone of each kernel is picked at load time where the CPU has it. */
-__attribute__((target_clones("avx2", "default")))
+/* The fp32 loops, compiled twice: for the build's baseline and for AVX2,
+ * picked at run time (no ifunc: resolvers run before the sanitizers'
+ * runtimes start). */
+#define GELU_LOOPS(suffix, attr)                                                         \
+    attr static void gelu_fwd_f32_##suffix(float *y, const float *x, size_t n)          \
+    {                                                                                    \
+        for (size_t i = 0; i < n; i++)                                                   \
+            y[i] = gelu_one(x[i]);                                                       \
+    }                                                                                    \
+    attr static void gelu_bwd_f32_##suffix(float *dx, const float *x, const float *dy,   \
+                                           size_t n)                                     \
+    {                                                                                    \
+        for (size_t i = 0; i < n; i++)                                                   \
+            dx[i] += gelu_grad_one(x[i]) * dy[i];                                        \
+    }
+GELU_LOOPS(base, )
+GELU_LOOPS(avx2, __attribute__((target("avx2"))))
+
 void fsdp_cpu_gelu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, size_t n)
 {
     const fsdp_dtype dt = ctx->dt;
     if (dt == FSDP_DTYPE_F32) {
-        const float *x = inp;
-        float *y = out;
-        for (size_t i = 0; i < n; i++)
-            y[i] = gelu_one(x[i]);
+        if (__builtin_cpu_supports("avx2"))
+            gelu_fwd_f32_avx2(out, inp, n);
+        else
+            gelu_fwd_f32_base(out, inp, n);
         return;
     }
     for (size_t i = 0; i < n; i++)
         fsdp_cpu_st(out, dt, i, gelu_one(fsdp_cpu_ld(inp, dt, i)));
 }
 
-__attribute__((target_clones("avx2", "default")))
 void fsdp_cpu_gelu_bwd(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout,
                        size_t n)
 {
     const fsdp_dtype dt = ctx->dt;
     if (dt == FSDP_DTYPE_F32) {
-        const float *x = inp;
-        for (size_t i = 0; i < n; i++)
-            dinp[i] += gelu_grad_one(x[i]) * dout[i];
+        if (__builtin_cpu_supports("avx2"))
+            gelu_bwd_f32_avx2(dinp, inp, dout, n);
+        else
+            gelu_bwd_f32_base(dinp, inp, dout, n);
         return;
     }
     for (size_t i = 0; i < n; i++)
