@@ -74,8 +74,12 @@ int fsdp_cli_train(int argc, char **argv)
         fsdp_train_result_free(&res);
         return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
     }
-    if (quiet && res.steps > 0)
-        printf("final loss %.6f after %d steps\n", res.losses[res.steps - 1], res.steps);
+    if (quiet && res.steps > 0) {
+        printf("final loss %.6f after %d steps", res.losses[res.steps - 1], res.steps);
+        if (res.accuracy >= 0)
+            printf(", held-out accuracy %.1f%%", 100.0 * res.accuracy);
+        printf("\n");
+    }
     fsdp_train_result_free(&res);
     return 0;
 }

@@ -116,9 +116,14 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
             snprintf(tk, sizeof tk, "%.1fk", tok_s / 1e3);
         else
             snprintf(tk, sizeof tk, "%.0f", tok_s);
-        fprintf(cfg->out, "step %5d/%d | loss %.6f | lr %.2e | norm %.3f | %s tok/s | %.1f ms | peak %s/dev",
-                step + 1, cfg->steps, r->loss, r->lr, r->grad_norm, tk, ms,
-                fsdp_fmt_bytes(pb, sizeof pb, (double)peak));
+        if (ec->backend == FSDP_BACKEND_META) /* nothing is computed: no loss or norm */
+            fprintf(cfg->out, "step %5d/%d | meta: no math | lr %.2e | peak %s/dev", step + 1,
+                    cfg->steps, r->lr, fsdp_fmt_bytes(pb, sizeof pb, (double)peak));
+        else
+            fprintf(cfg->out,
+                    "step %5d/%d | loss %.6f | lr %.2e | norm %.3f | %s tok/s | %.1f ms | peak %s/dev",
+                    step + 1, cfg->steps, r->loss, r->lr, r->grad_norm, tk, ms,
+                    fsdp_fmt_bytes(pb, sizeof pb, (double)peak));
         if (ec->offload)
             fprintf(cfg->out, " | host %s/dev", fsdp_fmt_bytes(hb, sizeof hb, (double)host));
         if (mfu >= 0)
