@@ -189,7 +189,7 @@ static fsdp_status gather_release(fsdp_engine *e, int u)
 
 /* Reduce unit u's full gradient over ranks into a fresh accumulation slot
  * and fold it into the binary counter of micro-step partial sums. */
-static fsdp_status grad_reduce(fsdp_engine *e, int u, int j)
+static fsdp_status grad_reduce(fsdp_engine *e, int u)
 {
     fsdp_shard_row *row = row_of(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
@@ -239,7 +239,6 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u, int j)
     acc->stack[acc->depth] = slot;
     acc->level[acc->depth] = level;
     acc->depth++;
-    (void)j;
     return FSDP_STATUS_OK;
 }
 
@@ -401,8 +400,9 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     e->jobs = calloc((size_t)U, sizeof *e->jobs);
     e->host_blocks = calloc(sh->n_local_blocks + 1, sizeof(float));
     e->host_losses = calloc((size_t)cfg->grad_accum, sizeof(float));
+    e->loss_order = calloc((size_t)cfg->grad_accum * (size_t)cfg->n_ranks, sizeof(float));
     if (!e->acc || !e->ev_gather || !e->ev_update || !e->jobs || !e->host_blocks ||
-        !e->host_losses) {
+        !e->host_losses || !e->loss_order) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for rank %d's engine", rank);
         goto fail;
     }
@@ -483,6 +483,7 @@ void fsdp_engine_free(fsdp_engine *e)
     free(e->jobs);
     free(e->host_blocks);
     free(e->host_losses);
+    free(e->loss_order);
     free(e->norm_scratch);
     free(e->tokens_host);
     free(e);
@@ -570,14 +571,14 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss
                                    row_of(e, u)->grad_full));
         fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
         FSDP_TRY(gather_release(e, u));
-        FSDP_TRY(grad_reduce(e, u, j));
+        FSDP_TRY(grad_reduce(e, u));
         if (last_micro)
             FSDP_TRY(fsdp_offload_unit_ready(e, u));
     }
     fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "backward", "root", 0);
     FSDP_TRY(mi->root_backward(m, &e->ops, e->state, root->gathered, root->grad_full));
     fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
-    FSDP_TRY(grad_reduce(e, 0, j));
+    FSDP_TRY(grad_reduce(e, 0));
     if (last_micro)
         FSDP_TRY(fsdp_offload_unit_ready(e, 0));
     return FSDP_STATUS_OK;
@@ -588,7 +589,7 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss
 static fsdp_status grad_norm(fsdp_engine *e, int parity, float *norm)
 {
     fsdp_engine_shared *sh = e->sh;
-    int U = sh->sm.n_units, N = sh->cfg.n_ranks;
+    int U = sh->sm.n_units;
     if (!fsdp_device_computes(&e->dev)) {
         /* meta: nothing is computed and host pointers are fake, so the norm
          * is 0; skip the block exchange, whose host work grows with the
@@ -636,7 +637,6 @@ static fsdp_status grad_norm(fsdp_engine *e, int parity, float *norm)
         }
         base += local;
     }
-    (void)N;
     *norm = sqrtf(fsdp_tree_sum(ordered, (int)n));
     return FSDP_STATUS_OK;
 }
@@ -677,9 +677,7 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
     float norm = 0.0f;
     FSDP_TRY(grad_norm(e, parity, &norm)); /* contains the barrier for both slots */
     int M = N * A;
-    float *by_m = e->norm_scratch; /* reused: norm is computed */
-    float lossbuf[1024];
-    float *lv = M <= 1024 ? lossbuf : by_m;
+    float *lv = e->loss_order;
     for (int r = 0; r < N; r++)
         for (int j = 0; j < A; j++)
             lv[j * N + r] = sh->x_losses[parity][(size_t)r * (size_t)A + (size_t)j];

@@ -41,7 +41,8 @@ struct fsdp_engine {
     fsdp_event_t ev_tmp, ev_tmp2;
     float *dev_blocks;           /* (n_local_blocks,) norm partial sums on the device */
     float *host_blocks;
-    float *host_losses;          /* (grad_accum,) */
+    float *host_losses;          /* (grad_accum,) this rank's micro-step losses */
+    float *loss_order;           /* (n_ranks * grad_accum,) losses by global micro-batch */
     float *norm_scratch;
     float *logits_stage;         /* (Vp,) fp32, bf16 sampling only */
     uint64_t t;                  /* AdamW step count (1-based after the first step) */
