@@ -14,7 +14,4 @@ int fsdp_cli_sample(int argc, char **argv);
 int fsdp_cli_convert(int argc, char **argv);
 int fsdp_cli_plot(int argc, char **argv);
 
-/* For subcommands whose issue has not landed: message, exit 2. */
-int fsdp_cli_not_yet(const char *name);
-
 #endif /* FSDP_CLI_CLI_H */
