@@ -47,6 +47,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include "bench_torch.h"
 #define BENCH_X86 1
 #else
 #define BENCH_X86 0
@@ -255,27 +256,6 @@ typedef struct torch_result {
     char reason[256];  /* why not, when !ok */
 } torch_result;
 
-/* The script's path: next to the source tree (cwd = repo root), else found
- * from this executable's path (BUILD/tools/bench_adam -> tools/). */
-static bool torch_script(char *path, size_t size)
-{
-    snprintf(path, size, "tools/bench_adam_torch.py");
-    if (access(path, R_OK) == 0)
-        return true;
-    char exe[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len <= 0)
-        return false;
-    exe[len] = '\0';
-    for (int up = 0; up < 3; up++) { /* drop bench_adam, tools, build */
-        char *slash = strrchr(exe, '/');
-        if (!slash)
-            return false;
-        *slash = '\0';
-    }
-    snprintf(path, size, "%s/tools/bench_adam_torch.py", exe);
-    return access(path, R_OK) == 0;
-}
 
 /* Run the script with one interpreter; parse its lines. Returns how many
  * variants it reported, 0 if torch was unavailable there (*why set). */
@@ -328,7 +308,7 @@ static int torch_run(const char *python, const char *script, const options *o,
 static int torch_bench(const options *o, torch_result *res, char *why, size_t why_size)
 {
     char script[PATH_MAX];
-    if (!torch_script(script, sizeof script)) {
+    if (!bench_torch_script("bench_adam_torch.py", script, sizeof script)) {
         snprintf(why, why_size, "tools/bench_adam_torch.py not found (run from the repo root)");
         return 0;
     }

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "models/gpt2.h"
+#include "bench_torch.h"
 
 typedef struct bench_case {
     const char *model; /* config name for fsdp_gpt2_config_parse */
@@ -130,28 +131,19 @@ static bench_result bench_c(const bench_case *bc, int iters)
     return r;
 }
 
-static const char *torch_script(void)
-{
-    static char path[512];
-    if (access("tools/bench_model_torch.py", R_OK) == 0)
-        return "tools/bench_model_torch.py";
-    const char *src = __FILE__, *slash = strrchr(src, '/');
-    snprintf(path, sizeof path, "%.*s/bench_model_torch.py", slash ? (int)(slash - src) : 1,
-             slash ? src : ".");
-    return path;
-}
 
 static bench_result bench_torch(const bench_case *bc, int iters, const char *python)
 {
     bench_result r = {0};
     fsdp_gpt2_config cfg;
     BENCH_TRY(fsdp_gpt2_config_parse(bc->model, &cfg), "config");
-    char cmd[1024];
+    char script[PATH_MAX], cmd[1024 + PATH_MAX];
+    bench_torch_script("bench_model_torch.py", script, sizeof script); /* if missing, python says so */
     snprintf(cmd, sizeof cmd,
              "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 '%s' '%s' --layers %d --heads %d "
              "--channels %d --vocab %d --padded-vocab %d --context %d --batch %d --seq %d "
              "--iters %d --warmup 1 2>&1",
-             python, torch_script(), cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size,
+             python, script, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size,
              cfg.padded_vocab_size, cfg.max_seq_len, bc->B, bc->T, iters);
     FILE *p = popen(cmd, "r");
     if (!p)
@@ -169,17 +161,6 @@ static bench_result bench_torch(const bench_case *bc, int iters, const char *pyt
     return r;
 }
 
-static const char *pick_python(const char *arg)
-{
-    if (arg)
-        return arg;
-    const char *env = getenv("FSDP_PYTHON");
-    if (env && *env)
-        return env;
-    if (access("/usr/bin/python3", X_OK) == 0)
-        return "/usr/bin/python3";
-    return "python3";
-}
 
 int main(int argc, char **argv)
 {
@@ -201,7 +182,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    const char *python = pick_python(python_arg);
+    const char *python = bench_torch_python(python_arg);
     printf("GPT-2 forward+backward, one cpu rank, fp32, 1 thread (C: OpenBLAS; torch: %s)\n",
            no_torch ? "skipped" : python);
     printf("%-26s %4s %5s | %12s %9s %9s | %12s %9s %9s | %6s\n", "model", "B", "T", "C tok/s",

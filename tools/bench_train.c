@@ -38,6 +38,7 @@
 #include "core/error.h"
 #include "models/gpt2.h"
 #include "train/train.h"
+#include "bench_torch.h"
 
 #define BENCH_MAX_LIST 16
 
@@ -133,40 +134,20 @@ static bench_row bench_c(const char *model, int n, int global_batch, int seq, in
     return r;
 }
 
-static const char *torch_script(void)
-{
-    static char path[512];
-    if (access("tools/bench_train_torch.py", R_OK) == 0)
-        return "tools/bench_train_torch.py";
-    const char *src = __FILE__, *slash = strrchr(src, '/');
-    snprintf(path, sizeof path, "%.*s/bench_train_torch.py", slash ? (int)(slash - src) : 1,
-             slash ? src : ".");
-    return path;
-}
 
-static const char *pick_python(const char *arg)
-{
-    if (arg)
-        return arg;
-    const char *env = getenv("FSDP_PYTHON");
-    if (env && *env)
-        return env;
-    if (access("/usr/bin/python3", X_OK) == 0)
-        return "/usr/bin/python3";
-    return "python3";
-}
 
 /* PyTorch tokens/s for the same step, or 0 when torch is unavailable (its
  * output is passed through to stderr so the reason is visible). */
 static double bench_torch(const char *python, const fsdp_gpt2_config *gc, int global_batch,
                           int seq, int steps, int threads, const fsdp_train_config *def)
 {
-    char cmd[1024];
+    char script[PATH_MAX], cmd[1024 + PATH_MAX];
+    bench_torch_script("bench_train_torch.py", script, sizeof script); /* if missing, python says so */
     snprintf(cmd, sizeof cmd,
              "OMP_NUM_THREADS=%d MKL_NUM_THREADS=%d '%s' '%s' --layers %d --heads %d "
              "--channels %d --vocab %d --padded-vocab %d --context %d --batch %d --seq %d "
              "--threads %d --steps %d --lr %g --wd %g --clip %g 2>&1",
-             threads, threads, python, torch_script(), gc->n_layer, gc->n_head, gc->n_embd,
+             threads, threads, python, script, gc->n_layer, gc->n_head, gc->n_embd,
              gc->vocab_size, gc->padded_vocab_size, gc->max_seq_len, global_batch, seq, threads,
              steps, (double)def->lr, (double)def->eng.weight_decay, (double)def->eng.clip);
     FILE *p = popen(cmd, "r");
@@ -261,7 +242,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_train: %s\n", fsdp_error_msg());
         return 2;
     }
-    const char *python = pick_python(python_arg);
+    const char *python = bench_torch_python(python_arg);
     printf("fsdp train step, model %s (L%d H%d C%d V%d), global batch %d x seq %d = %d tokens, "
            "%d steps,\ncpu devices = threads of one process (FULL_SHARD, fp32); PyTorch: %s, "
            "threads %s\n",
