@@ -316,6 +316,24 @@ static fsdp_status locate_llmc(fsdp_modelfile *mf, const fsdp_model *m)
     return FSDP_STATUS_OK;
 }
 
+/* Open rank r's shard file of the checkpoint, validated against the
+ * manifest; first is scratch of n_units entries. */
+static fsdp_status open_rank_reader(const fsdp_modelfile *mf, int r, size_t *first,
+                                    fsdp_ckpt_reader **out)
+{
+    const fsdp_ckpt_manifest *man = &mf->man;
+    char p[FSDP_CKPT_PATH_MAX];
+    FSDP_TRY(fsdp_ckpt_rank_path(p, sizeof p, mf->path, r));
+    for (int u = 0; u < man->n_units; u++)
+        first[u] = fsdp_ckpt_shard_first(man, u, r);
+    fsdp_ckpt_shard_info info = {
+        .run_id = man->run_id, .step = man->step, .adam_t = man->adam_t, .rank = r,
+        .world_size = man->world_size, .n_units = man->n_units,
+        .shard_numel = mf->ck_shard, .first = first,
+    };
+    return fsdp_ckpt_reader_open(out, p, &info);
+}
+
 /* Every rank file of the checkpoint opens and matches its manifest. */
 static fsdp_status check_ckpt_files(fsdp_modelfile *mf)
 {
@@ -325,19 +343,8 @@ static fsdp_status check_ckpt_files(fsdp_modelfile *mf)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
     fsdp_status st = FSDP_STATUS_OK;
     for (int r = 0; r < man->world_size && st == FSDP_STATUS_OK; r++) {
-        char p[FSDP_CKPT_PATH_MAX];
-        st = fsdp_ckpt_rank_path(p, sizeof p, mf->path, r);
-        if (st != FSDP_STATUS_OK)
-            break;
-        for (int u = 0; u < man->n_units; u++)
-            first[u] = fsdp_ckpt_shard_first(man, u, r);
-        fsdp_ckpt_shard_info info = {
-            .run_id = man->run_id, .step = man->step, .adam_t = man->adam_t, .rank = r,
-            .world_size = man->world_size, .n_units = man->n_units,
-            .shard_numel = mf->ck_shard, .first = first,
-        };
         fsdp_ckpt_reader *rd = NULL;
-        st = fsdp_ckpt_reader_open(&rd, p, &info);
+        st = open_rank_reader(mf, r, first, &rd);
         fsdp_ckpt_reader_close(rd);
     }
     free(first);
@@ -472,19 +479,8 @@ static fsdp_status read_ckpt_range(const fsdp_modelfile *mf, int unit, size_t be
         size_t a = begin > lo ? begin : lo, b = end < hi ? end : hi;
         if (a >= b)
             continue;
-        char p[FSDP_CKPT_PATH_MAX];
-        st = fsdp_ckpt_rank_path(p, sizeof p, mf->path, r);
-        if (st != FSDP_STATUS_OK)
-            break;
-        for (int u = 0; u < man->n_units; u++)
-            first[u] = fsdp_ckpt_shard_first(man, u, r);
-        fsdp_ckpt_shard_info info = {
-            .run_id = man->run_id, .step = man->step, .adam_t = man->adam_t, .rank = r,
-            .world_size = man->world_size, .n_units = man->n_units,
-            .shard_numel = mf->ck_shard, .first = first,
-        };
         fsdp_ckpt_reader *rd = NULL;
-        st = fsdp_ckpt_reader_open(&rd, p, &info);
+        st = open_rank_reader(mf, r, first, &rd);
         if (st == FSDP_STATUS_OK)
             st = fsdp_ckpt_reader_read(rd, unit, FSDP_CKPT_MASTER, a - lo, b - a,
                                        dst + (a - begin));
