@@ -19,8 +19,8 @@
 #include "core/json.h"
 #include "fsdp/shardmap.h"
 #include "models/gpt2.h"
-#include "train/plan.h"
-#include "train/plot.h"
+#include "report/plan_report.h"
+#include "report/plot.h"
 #include "train/train.h"
 
 #ifndef FSDP_BIN

@@ -29,6 +29,7 @@
 #include "ckpt/llmc.h"
 #include "ckpt/modelfile.h"
 #include "ckpt/safetensors.h"
+#include "core/fileio.h"
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -391,24 +392,9 @@ fsdp_status fsdp_modelfile_bind(fsdp_modelfile *mf, const fsdp_model *m)
 
 /* ---- read ------------------------------------------------------------------ */
 
-static fsdp_status pread_all(const fsdp_modelfile *mf, void *buf, size_t n, uint64_t off)
+static fsdp_status mf_pread(const fsdp_modelfile *mf, void *buf, size_t n, uint64_t off)
 {
-    char *p = buf;
-    while (n > 0) {
-        ssize_t k = pread(mf->fd, p, n, (off_t)off);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0)
-            return fsdp_error_set(FSDP_STATUS_IO, "cannot read '%s' at byte %" PRIu64 ": %s",
-                                  mf->path, off, strerror(errno));
-        if (k == 0)
-            return fsdp_error_set(FSDP_STATUS_FORMAT, "'%s' ends before byte %" PRIu64 " (was it "
-                                  "truncated while loading?)", mf->path, off);
-        p += k;
-        n -= (size_t)k;
-        off += (uint64_t)k;
-    }
-    return FSDP_STATUS_OK;
+    return fsdp_pread_all(mf->fd, buf, n, off, "model file", mf->path);
 }
 
 /* n elements at element index `first` of the stored tensor, as fp32. raw
@@ -418,10 +404,10 @@ static fsdp_status read_elems(const fsdp_modelfile *mf, const fsdp_tensor_src *s
 {
     uint64_t esz = (uint64_t)fsdp_file_dtype_size(s->dtype);
     if (s->dtype == FSDP_FILE_F32)
-        return pread_all(mf, dst, n * 4, s->offset + first * 4);
+        return mf_pread(mf, dst, n * 4, s->offset + first * 4);
     while (n > 0) {
         size_t k = n < MF_RAW_NUMEL ? n : MF_RAW_NUMEL;
-        FSDP_TRY(pread_all(mf, raw, k * esz, s->offset + first * esz));
+        FSDP_TRY(mf_pread(mf, raw, k * esz, s->offset + first * esz));
         fsdp_file_dtype_to_f32(s->dtype, raw, k, dst);
         dst += k;
         first += k;

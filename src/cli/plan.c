@@ -14,7 +14,7 @@
 
 #include "cli/cli.h"
 #include "cli/run_opts.h"
-#include "train/plan.h"
+#include "report/plan_report.h"
 
 int fsdp_cli_plan(int argc, char **argv)
 {

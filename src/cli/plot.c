@@ -1,13 +1,13 @@
 /*
  * plot.c - `fsdp plot METRICS.jsonl OUT.svg`: loss, tokens/s and
  * per-device peak memory over steps as one self-contained SVG
- * (train/plot.h). Exit 1 for unreadable or malformed metrics, 2 for usage.
+ * (report/plot.h). Exit 1 for unreadable or malformed metrics, 2 for usage.
  */
 #include <stdio.h>
 
 #include "cli/args.h"
 #include "cli/cli.h"
-#include "train/plot.h"
+#include "report/plot.h"
 
 int fsdp_cli_plot(int argc, char **argv)
 {

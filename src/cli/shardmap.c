@@ -11,7 +11,7 @@
 #include "cli/args.h"
 #include "fsdp/shardmap.h"
 #include "models/gpt2.h"
-#include "train/plan.h"
+#include "report/plan_report.h"
 
 int fsdp_cli_shardmap(int argc, char **argv)
 {

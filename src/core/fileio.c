@@ -11,6 +11,65 @@
 
 #include "core/fileio.h"
 
+fsdp_status fsdp_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *what,
+                           const char *path)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t k = pread(fd, p, n, (off_t)off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0)
+            return fsdp_error_set(FSDP_STATUS_IO, "cannot read %s '%s' at byte %llu: %s", what,
+                                  path, (unsigned long long)off, strerror(errno));
+        if (k == 0)
+            return fsdp_error_set(FSDP_STATUS_FORMAT,
+                                  "%s '%s' ends before byte %llu (truncated while in use?)", what,
+                                  path, (unsigned long long)(off + n));
+        p += k;
+        n -= (size_t)k;
+        off += (uint64_t)k;
+    }
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *what,
+                            const char *path)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t k = pwrite(fd, p, n, (off_t)off);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0) {
+            bool full = k == 0 || errno == ENOSPC || errno == EDQUOT;
+            return fsdp_error_set(FSDP_STATUS_IO, "cannot write %s '%s': %s%s", what, path,
+                                  k < 0 ? strerror(errno) : "short write",
+                                  full ? " (disk full? free some space or write elsewhere)" : "");
+        }
+        p += k;
+        n -= (size_t)k;
+        off += (uint64_t)k;
+    }
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_write_file_sync(const char *path, const char *text, size_t n, const char *what)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot create %s '%s': %s", what, path,
+                              strerror(errno));
+    fsdp_status st = fsdp_pwrite_all(fd, text, n, 0, what, path);
+    if (st == FSDP_STATUS_OK && fsync(fd) != 0)
+        st = fsdp_error_set(FSDP_STATUS_IO, "cannot fsync %s '%s': %s", what, path,
+                            strerror(errno));
+    if (close(fd) != 0 && st == FSDP_STATUS_OK)
+        st = fsdp_error_set(FSDP_STATUS_IO, "cannot close %s '%s': %s", what, path,
+                            strerror(errno));
+    return st;
+}
+
 fsdp_status fsdp_fsync_dir(const char *dir)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);

@@ -10,6 +10,7 @@
 #define FSDP_CORE_FILEIO_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "core/error.h"
@@ -29,6 +30,19 @@ fsdp_status fsdp_atomic_open(fsdp_atomic_file *af, const char *path, const char 
 fsdp_status fsdp_atomic_commit(fsdp_atomic_file *af, bool write_ok);
 /* Drop an unfinished file (no-op after commit or if never opened). */
 void fsdp_atomic_abort(fsdp_atomic_file *af);
+
+/* Positional I/O of exactly n bytes at byte `off` of fd, retrying short
+ * transfers and EINTR. `what` and `path` name the file in messages
+ * ("checkpoint file", "model file"). Reading past the end is FORMAT (the
+ * file is shorter than its header says: truncated?), other failures IO. */
+fsdp_status fsdp_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *what,
+                           const char *path);
+fsdp_status fsdp_pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *what,
+                            const char *path);
+
+/* Create (or truncate) `path` holding exactly text[0..n), fsynced and closed.
+ * Not atomic: for files inside a directory that is itself renamed into place. */
+fsdp_status fsdp_write_file_sync(const char *path, const char *text, size_t n, const char *what);
 
 /* fsync a directory, so renames and creations inside it are durable. */
 fsdp_status fsdp_fsync_dir(const char *dir);

@@ -484,3 +484,17 @@ const char *fsdp_json_type_name(fsdp_json_type t)
     static const char *const names[] = {"null", "boolean", "number", "string", "array", "object"};
     return (unsigned)t < sizeof names / sizeof names[0] ? names[t] : "?";
 }
+
+void fsdp_json_write_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            fprintf(f, "\\%c", *c);
+        else if (*c < 0x20)
+            fprintf(f, "\\u%04x", *c);
+        else
+            fputc(*c, f);
+    }
+    fputc('"', f);
+}

@@ -15,6 +15,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "core/error.h"
 
@@ -66,6 +67,10 @@ const fsdp_json *fsdp_json_at(const fsdp_json *arr, size_t i);
 
 /* Name of a type ("number"). */
 const char *fsdp_json_type_name(fsdp_json_type t);
+
+/* Write s as a JSON string literal (quotes, escapes for " \\ and control
+ * characters; other bytes pass through, so UTF-8 stays UTF-8). */
+void fsdp_json_write_str(FILE *f, const char *s);
 
 #ifdef __cplusplus
 }

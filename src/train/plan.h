@@ -53,6 +53,15 @@ fsdp_status fsdp_plan_model_config(const char *model, fsdp_gpt2_config *out);
 fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *out);
 void fsdp_plan_free(fsdp_plan *p);
 
+/* Sum over collective kinds of one of fsdp_plan_rank's per-kind arrays. */
+static inline size_t fsdp_plan_coll_total(const size_t *v)
+{
+    size_t s = 0;
+    for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++)
+        s += v[k];
+    return s;
+}
+
 /* Largest peak over devices and the device that has it. */
 size_t fsdp_plan_max_peak(const fsdp_plan *p, int *rank);
 
@@ -62,28 +71,5 @@ size_t fsdp_plan_max_peak(const fsdp_plan *p, int *rank);
  * in pinned host memory (offload). Writes the formula ("16 P/N") to text. */
 void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes, char *text,
                        size_t n);
-
-/* Human-readable report (the output of `fsdp plan`). */
-void fsdp_plan_print(FILE *f, const fsdp_plan *p);
-
-/* The plan as one JSON object (exact byte counts): configuration, per
- * device peak, breakdown at the peak, pinned host peak, collectives of a
- * step, the formula, and "fits" (null without a cap). */
-void fsdp_plan_write_json(FILE *f, const fsdp_plan *p);
-
-/* Stacked bars of each device's memory at its peak, by kind, next to its
- * pinned host memory, with the cap as a line if set. */
-fsdp_status fsdp_plan_write_svg(const fsdp_plan *p, const char *path);
-
-/* The shard map (`fsdp shardmap`): a row per unit and rank with the rank's
- * element range [begin, end) in the unit's flat buffer and how many of
- * those elements are real parameters (the rest is padding). With params,
- * each row also lists the parameter slices the rank owns, as
- * name[first:last) in the parameter's own flat indices. */
-void fsdp_plan_shardmap_table(FILE *f, const fsdp_shardmap *sm, const char *model, bool params);
-/* The same as JSON: model, devices, shard, params, padded_params, and per
- * unit name, numel, padded_numel, shard_numel, params [{name, shape,
- * offset, numel}], ranks [{rank, begin, end, real}]. */
-void fsdp_plan_shardmap_json(FILE *f, const fsdp_shardmap *sm, const char *model);
 
 #endif /* FSDP_TRAIN_PLAN_H */

@@ -10,8 +10,8 @@
  * Write errors are sticky: drawing calls never fail, fsdp_svg_close
  * reports the first one.
  */
-#ifndef FSDP_TRAIN_SVG_H
-#define FSDP_TRAIN_SVG_H
+#ifndef FSDP_REPORT_SVG_H
+#define FSDP_REPORT_SVG_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -86,4 +86,4 @@ const char *fsdp_svg_byte_unit(double max, double *unit_bytes);
 /* A palette of distinguishable colours (cycled). */
 const char *fsdp_svg_color(int i);
 
-#endif /* FSDP_TRAIN_SVG_H */
+#endif /* FSDP_REPORT_SVG_H */

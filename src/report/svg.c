@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "train/svg.h"
+#include "report/svg.h"
 
 fsdp_status fsdp_svg_open(fsdp_svg *s, const char *path, double width, double height,
                           const char *title)

@@ -12,8 +12,8 @@
 #include <string.h>
 
 #include "core/json.h"
-#include "train/plot.h"
-#include "train/svg.h"
+#include "report/plot.h"
+#include "report/svg.h"
 
 #define PLOT_MAX_DEVICES 1024
 

@@ -7,8 +7,8 @@
  * "loss"; "tokens_per_s" (number) and "peak_bytes" (array of numbers, one
  * per device) are drawn when present. Lines are taken in file order.
  */
-#ifndef FSDP_TRAIN_PLOT_H
-#define FSDP_TRAIN_PLOT_H
+#ifndef FSDP_REPORT_PLOT_H
+#define FSDP_REPORT_PLOT_H
 
 #include "core/error.h"
 
@@ -22,4 +22,4 @@ typedef struct fsdp_plot_info {
  * the line; an empty file), OOM. On error no SVG is left behind. */
 fsdp_status fsdp_plot_metrics(const char *metrics_path, const char *svg_path, fsdp_plot_info *info);
 
-#endif /* FSDP_TRAIN_PLOT_H */
+#endif /* FSDP_REPORT_PLOT_H */

@@ -1,0 +1,689 @@
+/*
+ * manifest.c - the checkpoint manifest: built from a model and an engine's
+ * shard sizes, written as text, and read back with every field validated
+ * (the format is described in manifest.h).
+ *
+ * Everything read from disk is treated as hostile: the parser bounds every
+ * number before it sizes an allocation or a computation (all size
+ * arithmetic is overflow-checked in 64 bits), and every key must appear
+ * exactly once.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt/manifest.h"
+#include "core/error.h"
+#include "core/fileio.h"
+
+#define MANIFEST_MAX_BYTES ((size_t)16 << 20)
+#define MANIFEST_MIN_LINE 32 /* bytes of the shortest unit or param line */
+#define MANIFEST_LINE_MAX 1024
+#define MAX_NUMEL ((uint64_t)1 << 48)     /* per unit or parameter */
+#define MAX_DIM ((uint64_t)1 << 40)
+#define MAX_WORLD 65536
+#define MAX_SMALL (1 << 24)               /* batch, seq, vocab, ... */
+
+static const char *errstr(void) { return strerror(errno); }
+
+/* ---- manifest: building and writing ------------------------------------------ */
+
+void fsdp_ckpt_manifest_free(fsdp_ckpt_manifest *m)
+{
+    if (m->units)
+        for (int u = 0; u < m->n_units; u++)
+            free(m->units[u].params);
+    free(m->units);
+    memset(m, 0, sizeof *m);
+}
+
+fsdp_status fsdp_ckpt_manifest_set_units(fsdp_ckpt_manifest *m, const fsdp_model *model,
+                                         const size_t *padded_numel, const size_t *shard_numel)
+{
+    fsdp_ckpt_unit *units = calloc((size_t)model->n_units, sizeof *units);
+    if (!units)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for a checkpoint manifest");
+    for (int u = 0; u < model->n_units; u++) {
+        const fsdp_unit_spec *us = &model->units[u];
+        fsdp_ckpt_unit *cu = &units[u];
+        snprintf(cu->name, sizeof cu->name, "%s", us->name);
+        cu->numel = us->numel;
+        cu->padded_numel = padded_numel[u];
+        cu->shard_numel = shard_numel[u];
+        cu->n_params = us->n_params;
+        cu->params = calloc((size_t)us->n_params, sizeof *cu->params);
+        if (!cu->params) {
+            for (int k = 0; k < u; k++)
+                free(units[k].params);
+            free(units);
+            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for a checkpoint manifest");
+        }
+        for (int i = 0; i < us->n_params; i++) {
+            const fsdp_param_spec *ps = &us->params[i];
+            fsdp_ckpt_param *cp = &cu->params[i];
+            snprintf(cp->name, sizeof cp->name, "%s", ps->name);
+            cp->ndim = ps->ndim;
+            memcpy(cp->shape, ps->shape, sizeof cp->shape);
+            cp->numel = ps->numel;
+            cp->offset = ps->offset;
+        }
+    }
+    if (m->units)
+        for (int u = 0; u < m->n_units; u++)
+            free(m->units[u].params);
+    free(m->units);
+    m->units = units;
+    m->n_units = model->n_units;
+    return FSDP_STATUS_OK;
+}
+
+/* Free text as one line: control characters become '?', empty becomes "-". */
+static void sb_text(fsdp_sbuf *b, const char *key, const char *s)
+{
+    char tmp[MANIFEST_LINE_MAX];
+    size_t n = 0;
+    for (; s && *s && n + 1 < sizeof tmp - 64; s++)
+        tmp[n++] = (unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s;
+    tmp[n] = '\0';
+    fsdp_sbuf_printf(b, "%s %s\n", key, n ? tmp : "-");
+}
+
+fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest *m)
+{
+    fsdp_sbuf b = {0};
+    fsdp_sbuf_printf(&b, "# fsdp checkpoint manifest: `key value` lines; see src/ckpt/ckpt.h\n");
+    fsdp_sbuf_printf(&b, "format fsdp-checkpoint\nversion %d\n", FSDP_CKPT_VERSION);
+    fsdp_sbuf_printf(&b, "run_id %016" PRIx64 "\n", m->run_id);
+    fsdp_sbuf_printf(&b, "step %" PRIu64 "\nadam_t %" PRIu64 "\ndata_sequences %" PRIu64 "\n", m->step,
+              m->adam_t, m->data_sequences);
+    fsdp_sbuf_printf(&b, "seed %" PRIu64 "\nworld_size %d\nshard %s\n", m->seed, m->world_size, m->shard);
+    fsdp_sbuf_printf(&b, "batch %d\nseq %d\ngrad_accum %d\nsteps_total %d\n", m->batch, m->seq,
+              m->grad_accum, m->steps_total);
+    fsdp_sbuf_printf(&b, "compute_dtype %s\nmaster_dtype fp32\noptim_dtype fp32\n", m->compute_dtype);
+    sb_text(&b, "model_name", m->model_name);
+    sb_text(&b, "model_spec", m->model_spec);
+    if (m->has_gpt2)
+        fsdp_sbuf_printf(&b, "gpt2 layers=%d heads=%d channels=%d vocab=%d context=%d\n",
+                  m->gpt2.n_layer, m->gpt2.n_head, m->gpt2.n_embd, m->gpt2.vocab_size,
+                  m->gpt2.max_seq_len);
+    else
+        fsdp_sbuf_printf(&b, "gpt2 -\n");
+    fsdp_sbuf_printf(&b, "vocab_size %d\npadded_vocab_size %d\nmax_seq_len %d\n", m->vocab_size,
+              m->padded_vocab_size, m->max_seq_len);
+    sb_text(&b, "data", m->data);
+    fsdp_sbuf_printf(&b, "block_numel %zu\nunits %d\n", FSDP_CKPT_BLOCK_NUMEL, m->n_units);
+    for (int u = 0; u < m->n_units; u++) {
+        const fsdp_ckpt_unit *cu = &m->units[u];
+        fsdp_sbuf_printf(&b, "unit %d %s numel %zu padded %zu shard %zu params %d\n", u, cu->name,
+                  cu->numel, cu->padded_numel, cu->shard_numel, cu->n_params);
+        for (int i = 0; i < cu->n_params; i++) {
+            const fsdp_ckpt_param *p = &cu->params[i];
+            fsdp_sbuf_printf(&b, "param %s shape ", p->name);
+            for (int d = 0; d < p->ndim; d++)
+                fsdp_sbuf_printf(&b, "%s%" PRId64, d ? "," : "", p->shape[d]);
+            fsdp_sbuf_printf(&b, " offset %zu numel %zu\n", p->offset, p->numel);
+        }
+    }
+    fsdp_sbuf_printf(&b, "end\n");
+    if (b.oom) {
+        free(b.p);
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory writing manifest '%s'", path);
+    }
+    fsdp_status st = fsdp_write_file_sync(path, b.p, b.n, "checkpoint manifest");
+    free(b.p);
+    return st;
+}
+
+/* ---- manifest: parsing ---------------------------------------------------------- */
+
+typedef struct parser {
+    const char *path;
+    int line;
+} parser;
+
+static fsdp_status bad(const parser *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static fsdp_status bad(const parser *ps, const char *fmt, ...)
+{
+    char msg[FSDP_ERROR_MSG_MAX / 2];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return fsdp_error_set(FSDP_STATUS_FORMAT, "checkpoint manifest '%s' line %d: %s", ps->path,
+                          ps->line, msg);
+}
+
+/* Strict unsigned decimal: digits only, no sign, no overflow, <= max. */
+static bool parse_u64(const char *s, uint64_t max, uint64_t *out)
+{
+    if (!*s)
+        return false;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return false;
+        if (v > (UINT64_MAX - 9) / 10)
+            return false;
+        v = v * 10 + (uint64_t)(*s - '0');
+    }
+    if (v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_int(const char *s, int lo, int hi, int *out)
+{
+    uint64_t v;
+    if (!parse_u64(s, (uint64_t)hi, &v) || v < (uint64_t)lo)
+        return false;
+    *out = (int)v;
+    return true;
+}
+
+static bool parse_hex64(const char *s, uint64_t *out)
+{
+    if (strlen(s) != 16)
+        return false;
+    uint64_t v = 0;
+    for (; *s; s++) {
+        int d = *s >= '0' && *s <= '9'   ? *s - '0'
+                : *s >= 'a' && *s <= 'f' ? *s - 'a' + 10
+                                         : -1;
+        if (d < 0)
+            return false;
+        v = v << 4 | (uint64_t)d;
+    }
+    *out = v;
+    return true;
+}
+
+/* Names of units and parameters: [A-Za-z0-9._-], 1..max-1 characters. */
+static bool valid_name(const char *s, size_t max)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n >= max)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '.' || *s == '_' || *s == '-'))
+            return false;
+    return true;
+}
+
+/* Split a line into space-separated tokens (in place). Returns the count,
+ * or -1 if there are more than max. */
+static int tokenize(char *s, char **tok, int max)
+{
+    int n = 0;
+    while (*s) {
+        while (*s == ' ')
+            s++;
+        if (!*s)
+            break;
+        if (n == max)
+            return -1;
+        tok[n++] = s;
+        while (*s && *s != ' ')
+            s++;
+        if (*s)
+            *s++ = '\0';
+    }
+    return n;
+}
+
+enum mkey {
+    K_FORMAT, K_VERSION, K_RUN_ID, K_STEP, K_ADAM_T, K_DATA_SEQUENCES, K_SEED, K_WORLD_SIZE,
+    K_SHARD, K_BATCH, K_SEQ, K_GRAD_ACCUM, K_STEPS_TOTAL, K_COMPUTE_DTYPE, K_MASTER_DTYPE,
+    K_OPTIM_DTYPE, K_MODEL_NAME, K_MODEL_SPEC, K_GPT2, K_VOCAB_SIZE, K_PADDED_VOCAB_SIZE,
+    K_MAX_SEQ_LEN, K_DATA, K_BLOCK_NUMEL, K_COUNT
+};
+
+static const char *const mkey_names[K_COUNT] = {
+    "format", "version", "run_id", "step", "adam_t", "data_sequences", "seed", "world_size",
+    "shard", "batch", "seq", "grad_accum", "steps_total", "compute_dtype", "master_dtype",
+    "optim_dtype", "model_name", "model_spec", "gpt2", "vocab_size", "padded_vocab_size",
+    "max_seq_len", "data", "block_numel",
+};
+
+static void copy_text(char *dst, size_t n, const char *v)
+{
+    snprintf(dst, n, "%s", strcmp(v, "-") ? v : "");
+}
+
+static fsdp_status parse_gpt2(const parser *ps, char *v, fsdp_ckpt_manifest *m)
+{
+    if (!strcmp(v, "-")) {
+        m->has_gpt2 = false;
+        return FSDP_STATUS_OK;
+    }
+    char *tok[8];
+    int n = tokenize(v, tok, 8);
+    static const char *const keys[5] = {"layers", "heads", "channels", "vocab", "context"};
+    int vals[5];
+    if (n != 5)
+        return bad(ps, "'gpt2' needs layers=L heads=H channels=C vocab=V context=T");
+    for (int i = 0; i < 5; i++) {
+        size_t kl = strlen(keys[i]);
+        if (strncmp(tok[i], keys[i], kl) || tok[i][kl] != '=' ||
+            !parse_int(tok[i] + kl + 1, 1, MAX_SMALL, &vals[i]))
+            return bad(ps, "'gpt2': expected %s=<1..%d>, got '%s'", keys[i], MAX_SMALL, tok[i]);
+    }
+    fsdp_gpt2_config c = {.n_layer = vals[0], .n_head = vals[1], .n_embd = vals[2],
+                          .vocab_size = vals[3], .max_seq_len = vals[4],
+                          .padded_vocab_size = (vals[3] + 127) / 128 * 128};
+    if (fsdp_gpt2_config_validate(&c) != FSDP_STATUS_OK)
+        return bad(ps, "'gpt2': %s", fsdp_error_msg());
+    m->gpt2 = c;
+    m->has_gpt2 = true;
+    return FSDP_STATUS_OK;
+}
+
+/* One `key value` line of the header part. */
+static fsdp_status parse_header_line(const parser *ps, enum mkey k, char *v, fsdp_ckpt_manifest *m)
+{
+    uint64_t x;
+    switch (k) {
+    case K_FORMAT:
+        if (strcmp(v, "fsdp-checkpoint"))
+            return bad(ps, "format '%s' is not 'fsdp-checkpoint'", v);
+        return FSDP_STATUS_OK;
+    case K_VERSION:
+        if (!parse_int(v, 0, 1 << 30, &m->version))
+            return bad(ps, "version '%s' is not a number", v);
+        if (m->version != FSDP_CKPT_VERSION)
+            return bad(ps, "checkpoint format version %d is not supported (this build reads "
+                           "version %d)", m->version, FSDP_CKPT_VERSION);
+        return FSDP_STATUS_OK;
+    case K_RUN_ID:
+        if (!parse_hex64(v, &m->run_id) || m->run_id == 0)
+            return bad(ps, "run_id '%s' is not 16 lower-case hex digits (non-zero)", v);
+        return FSDP_STATUS_OK;
+    case K_STEP:
+    case K_ADAM_T:
+    case K_DATA_SEQUENCES:
+    case K_SEED:
+        if (!parse_u64(v, UINT64_MAX, &x))
+            return bad(ps, "%s '%s' is not an unsigned 64-bit number", mkey_names[k], v);
+        *(k == K_STEP     ? &m->step
+          : k == K_ADAM_T ? &m->adam_t
+          : k == K_SEED   ? &m->seed
+                          : &m->data_sequences) = x;
+        return FSDP_STATUS_OK;
+    case K_WORLD_SIZE:
+        if (!parse_int(v, 1, MAX_WORLD, &m->world_size))
+            return bad(ps, "world_size '%s' is not in 1..%d", v, MAX_WORLD);
+        return FSDP_STATUS_OK;
+    case K_SHARD:
+        if (strcmp(v, "full") && strcmp(v, "grad-op") && strcmp(v, "none"))
+            return bad(ps, "shard '%s' is not full, grad-op or none", v);
+        snprintf(m->shard, sizeof m->shard, "%s", v);
+        m->replicated = !strcmp(v, "none");
+        return FSDP_STATUS_OK;
+    case K_BATCH:
+    case K_SEQ:
+    case K_GRAD_ACCUM:
+    case K_VOCAB_SIZE:
+    case K_PADDED_VOCAB_SIZE:
+    case K_MAX_SEQ_LEN: {
+        int *dst = k == K_BATCH            ? &m->batch
+                   : k == K_SEQ            ? &m->seq
+                   : k == K_GRAD_ACCUM     ? &m->grad_accum
+                   : k == K_VOCAB_SIZE     ? &m->vocab_size
+                   : k == K_PADDED_VOCAB_SIZE ? &m->padded_vocab_size
+                                           : &m->max_seq_len;
+        if (!parse_int(v, 1, MAX_SMALL, dst))
+            return bad(ps, "%s '%s' is not in 1..%d", mkey_names[k], v, MAX_SMALL);
+        return FSDP_STATUS_OK;
+    }
+    case K_STEPS_TOTAL:
+        if (!parse_int(v, 0, 1 << 30, &m->steps_total))
+            return bad(ps, "steps_total '%s' is not a count", v);
+        return FSDP_STATUS_OK;
+    case K_COMPUTE_DTYPE:
+        if (strcmp(v, "fp32") && strcmp(v, "bf16"))
+            return bad(ps, "compute_dtype '%s' is not fp32 or bf16", v);
+        snprintf(m->compute_dtype, sizeof m->compute_dtype, "%s", v);
+        return FSDP_STATUS_OK;
+    case K_MASTER_DTYPE:
+    case K_OPTIM_DTYPE:
+        if (strcmp(v, "fp32"))
+            return bad(ps, "%s '%s' is not supported (only fp32 state is written)",
+                       mkey_names[k], v);
+        return FSDP_STATUS_OK;
+    case K_MODEL_NAME: copy_text(m->model_name, sizeof m->model_name, v); return FSDP_STATUS_OK;
+    case K_MODEL_SPEC: copy_text(m->model_spec, sizeof m->model_spec, v); return FSDP_STATUS_OK;
+    case K_DATA: copy_text(m->data, sizeof m->data, v); return FSDP_STATUS_OK;
+    case K_GPT2: return parse_gpt2(ps, v, m);
+    case K_BLOCK_NUMEL:
+        if (!parse_u64(v, UINT64_MAX, &x) || x != FSDP_CKPT_BLOCK_NUMEL)
+            return bad(ps, "block_numel '%s' is not supported (this build uses %zu)", v,
+                       FSDP_CKPT_BLOCK_NUMEL);
+        return FSDP_STATUS_OK;
+    default: return bad(ps, "internal: unhandled key");
+    }
+}
+
+/* Cross-field checks once the header is complete. */
+static fsdp_status check_header(const parser *ps, const fsdp_ckpt_manifest *m)
+{
+    uint64_t per_step = (uint64_t)m->batch * (uint64_t)m->world_size * (uint64_t)m->grad_accum;
+    uint64_t seqs;
+    if (__builtin_mul_overflow(per_step, m->step, &seqs) || seqs != m->data_sequences)
+        return bad(ps, "data_sequences %" PRIu64 " is not step %" PRIu64 " x batch %d x "
+                       "world_size %d x grad_accum %d",
+                   m->data_sequences, m->step, m->batch, m->world_size, m->grad_accum);
+    if (m->padded_vocab_size < m->vocab_size)
+        return bad(ps, "padded_vocab_size %d is smaller than vocab_size %d",
+                   m->padded_vocab_size, m->vocab_size);
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status parse_unit_line(const parser *ps, char *line, int index, int lines_left,
+                                   const fsdp_ckpt_manifest *m, fsdp_ckpt_unit *cu)
+{
+    char *t[16];
+    int n = tokenize(line, t, 16);
+    if (n != 11 || strcmp(t[0], "unit") || strcmp(t[3], "numel") || strcmp(t[5], "padded") ||
+        strcmp(t[7], "shard") || strcmp(t[9], "params"))
+        return bad(ps, "expected 'unit <index> <name> numel <n> padded <n> shard <n> params <n>'");
+    int idx;
+    if (!parse_int(t[1], 0, 1 << 30, &idx) || idx != index)
+        return bad(ps, "unit index '%s' should be %d", t[1], index);
+    if (!valid_name(t[2], sizeof cu->name))
+        return bad(ps, "unit name '%s' is empty, too long or has characters other than "
+                       "[A-Za-z0-9._-]", t[2]);
+    snprintf(cu->name, sizeof cu->name, "%s", t[2]);
+    uint64_t numel, padded, shard;
+    if (!parse_u64(t[4], MAX_NUMEL, &numel) || numel == 0)
+        return bad(ps, "unit '%s' numel '%s' is not in 1..2^48", cu->name, t[4]);
+    if (!parse_u64(t[6], MAX_NUMEL, &padded) || padded < numel)
+        return bad(ps, "unit '%s' padded numel '%s' is not in numel..2^48", cu->name, t[6]);
+    if (!parse_u64(t[8], MAX_NUMEL, &shard) || shard == 0)
+        return bad(ps, "unit '%s' shard numel '%s' is not in 1..2^48", cu->name, t[8]);
+    if (m->replicated ? shard != padded
+                      : padded % (uint64_t)m->world_size || padded / (uint64_t)m->world_size != shard)
+        return bad(ps, "unit '%s': shard numel %" PRIu64 " does not split padded numel %" PRIu64
+                       " over world_size %d with shard %s",
+                   cu->name, shard, padded, m->world_size, m->shard);
+    if (!parse_int(t[10], 1, lines_left > 0 ? lines_left : 1, &cu->n_params) ||
+        cu->n_params > lines_left)
+        return bad(ps, "unit '%s' params '%s' is not in 1..%d (the lines left in the file)",
+                   cu->name, t[10], lines_left);
+    cu->numel = numel;
+    cu->padded_numel = padded;
+    cu->shard_numel = shard;
+    cu->line = ps->line;
+    cu->params = calloc((size_t)cu->n_params, sizeof *cu->params);
+    if (!cu->params)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading manifest '%s'",
+                              ps->path);
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status parse_param_line(const parser *ps, char *line, const fsdp_ckpt_unit *cu,
+                                    size_t expect_offset, fsdp_ckpt_param *p)
+{
+    char *t[16];
+    int n = tokenize(line, t, 16);
+    if (n != 8 || strcmp(t[0], "param") || strcmp(t[2], "shape") || strcmp(t[4], "offset") ||
+        strcmp(t[6], "numel"))
+        return bad(ps, "expected 'param <name> shape <d0,d1,..> offset <n> numel <n>' (unit "
+                       "'%s' declares %d parameters)", cu->name, cu->n_params);
+    if (!valid_name(t[1], sizeof p->name))
+        return bad(ps, "parameter name '%s' is empty, too long or has characters other than "
+                       "[A-Za-z0-9._-]", t[1]);
+    snprintf(p->name, sizeof p->name, "%s", t[1]);
+    /* shape: 1..4 positive dims, comma separated */
+    char *s = t[3];
+    uint64_t prod = 1;
+    p->ndim = 0;
+    for (;;) {
+        char *comma = strchr(s, ',');
+        if (comma)
+            *comma = '\0';
+        uint64_t d;
+        if (p->ndim == 4 || !parse_u64(s, MAX_DIM, &d) || d == 0)
+            return bad(ps, "parameter '%s': shape needs 1 to 4 dimensions in 1..2^40", p->name);
+        if (__builtin_mul_overflow(prod, d, &prod) || prod > MAX_NUMEL)
+            return bad(ps, "parameter '%s': shape has more than 2^48 elements", p->name);
+        p->shape[p->ndim++] = (int64_t)d;
+        if (!comma)
+            break;
+        s = comma + 1;
+    }
+    uint64_t off, numel;
+    if (!parse_u64(t[5], MAX_NUMEL, &off) || !parse_u64(t[7], MAX_NUMEL, &numel))
+        return bad(ps, "parameter '%s': offset and numel must be numbers up to 2^48", p->name);
+    if (numel != prod)
+        return bad(ps, "parameter '%s': numel %" PRIu64 " is not the product of its shape (%" PRIu64
+                       ")", p->name, numel, prod);
+    if (off != expect_offset)
+        return bad(ps, "parameter '%s': offset %" PRIu64 " should be %zu (parameters tile the "
+                       "unit's flat buffer in order)", p->name, off, expect_offset);
+    if (off + numel > cu->numel)
+        return bad(ps, "parameter '%s' ends at %" PRIu64 ", past unit '%s''s numel %zu", p->name,
+                   off + numel, cu->name, cu->numel);
+    p->numel = numel;
+    p->offset = off;
+    p->line = ps->line;
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
+{
+    memset(m, 0, sizeof *m);
+    fsdp_status st = FSDP_STATUS_OK;
+    char *text = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return fsdp_error_set(errno == ENOENT ? FSDP_STATUS_FORMAT : FSDP_STATUS_IO,
+                              "cannot open checkpoint manifest '%s': %s", path, errstr());
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "checkpoint manifest '%s' is not a regular file",
+                              path);
+    }
+    if ((uint64_t)sb.st_size > MANIFEST_MAX_BYTES) {
+        fclose(f);
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint manifest '%s' is %lld bytes, more than the %zu MiB a "
+                              "manifest can be", path, (long long)sb.st_size,
+                              MANIFEST_MAX_BYTES >> 20);
+    }
+    size_t size = (size_t)sb.st_size;
+    text = malloc(size + 1);
+    if (!text) {
+        fclose(f);
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading manifest '%s'", path);
+    }
+    size_t got = fread(text, 1, size, f);
+    fclose(f);
+    if (got != size) {
+        free(text);
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot read checkpoint manifest '%s'", path);
+    }
+    text[size] = '\0';
+
+    parser ps = {.path = path, .line = 0};
+    bool seen[K_COUNT] = {false};
+    enum { HEADER, UNITS, END } phase = HEADER;
+    int unit = 0, param = 0;
+    size_t offset = 0;
+    char *cur = text;
+    while (cur < text + size) {
+        char *nl = memchr(cur, '\n', (size_t)(text + size - cur));
+        char *line = cur;
+        size_t len = nl ? (size_t)(nl - cur) : (size_t)(text + size - cur);
+        cur += len + (nl ? 1 : 0);
+        line[len] = '\0';
+        ps.line++;
+        if (len > MANIFEST_LINE_MAX) {
+            st = bad(&ps, "line is longer than %d characters", MANIFEST_LINE_MAX);
+            goto fail;
+        }
+        for (size_t i = 0; i < len; i++)
+            if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f) {
+                st = bad(&ps, "control character 0x%02x at column %zu (a manifest is plain text)",
+                         (unsigned char)line[i], i + 1);
+                goto fail;
+            }
+        if (len == 0 || line[0] == '#')
+            continue;
+        /* declared counts are bounded by the lines the rest of the file can
+         * hold, so a hostile count cannot size a large allocation */
+        int lines_left = (int)((size_t)(text + size - cur) / MANIFEST_MIN_LINE);
+        if (phase == END) {
+            st = bad(&ps, "text after 'end'");
+            goto fail;
+        }
+        if (phase == HEADER) {
+            char *sp = strchr(line, ' ');
+            char *key = line, *val = sp ? sp + 1 : line + len;
+            if (sp)
+                *sp = '\0';
+            if (!strcmp(key, "units")) {
+                for (int k = 0; k < K_COUNT; k++)
+                    if (!seen[k]) {
+                        st = bad(&ps, "key '%s' is missing before 'units'", mkey_names[k]);
+                        goto fail;
+                    }
+                FSDP_CHECK(check_header(&ps, m));
+                if (!parse_int(val, 1, lines_left > 0 ? lines_left : 1, &m->n_units) ||
+                    m->n_units > lines_left) {
+                    st = bad(&ps, "units '%s' is not in 1..%d (the lines left in the file)", val,
+                             lines_left);
+                    goto fail;
+                }
+                m->units = calloc((size_t)m->n_units, sizeof *m->units);
+                if (!m->units) {
+                    m->n_units = 0;
+                    st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", path);
+                    goto fail;
+                }
+                phase = UNITS;
+                continue;
+            }
+            int k = 0;
+            while (k < K_COUNT && strcmp(key, mkey_names[k]))
+                k++;
+            if (k == K_COUNT) {
+                st = bad(&ps, "unknown key '%.64s'", key);
+                goto fail;
+            }
+            if (seen[k]) {
+                st = bad(&ps, "key '%s' appears twice", key);
+                goto fail;
+            }
+            if (!*val) {
+                st = bad(&ps, "key '%s' has no value", key);
+                goto fail;
+            }
+            if (k != K_VERSION && k != K_FORMAT && !seen[K_VERSION]) {
+                st = bad(&ps, "'format' and 'version' must come first");
+                goto fail;
+            }
+            seen[k] = true;
+            FSDP_CHECK(parse_header_line(&ps, (enum mkey)k, val, m));
+            continue;
+        }
+        /* UNITS */
+        if (unit < m->n_units && param == 0 && !m->units[unit].params) {
+            FSDP_CHECK(parse_unit_line(&ps, line, unit, lines_left, m, &m->units[unit]));
+            offset = 0;
+            continue;
+        }
+        if (unit == m->n_units) {
+            if (strcmp(line, "end")) {
+                st = bad(&ps, "expected 'end' after the %d units", m->n_units);
+                goto fail;
+            }
+            phase = END;
+            continue;
+        }
+        fsdp_ckpt_unit *cu = &m->units[unit];
+        FSDP_CHECK(parse_param_line(&ps, line, cu, offset, &cu->params[param]));
+        offset += cu->params[param].numel;
+        if (++param == cu->n_params) {
+            if (offset != cu->numel) {
+                st = bad(&ps, "unit '%s''s parameters hold %zu elements, its numel is %zu",
+                         cu->name, offset, cu->numel);
+                goto fail;
+            }
+            param = 0;
+            unit++;
+        }
+    }
+    if (phase != END) {
+        ps.line++;
+        st = phase == HEADER ? bad(&ps, "the file ends before 'units' (truncated?)")
+                             : bad(&ps, "the file ends before 'end' (truncated?)");
+        goto fail;
+    }
+    free(text);
+    return FSDP_STATUS_OK;
+fail:
+    free(text);
+    fsdp_ckpt_manifest_free(m);
+    return st;
+}
+
+static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape)
+{
+    size_t k = (size_t)snprintf(buf, n, "(");
+    for (int d = 0; d < ndim && k < n; d++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, d ? ", " : "", shape[d]);
+    if (k < n)
+        snprintf(buf + k, n - k, ")");
+}
+
+fsdp_status fsdp_ckpt_manifest_check_model(const fsdp_ckpt_manifest *m, const char *path,
+                                           const fsdp_model *model)
+{
+    char hint[320];
+    if (m->model_spec[0])
+        snprintf(hint, sizeof hint, "; the checkpoint was written for model '%s': resume with "
+                                    "--model '%s'", m->model_name, m->model_spec);
+    else
+        snprintf(hint, sizeof hint, "; the checkpoint was written for model '%s'", m->model_name);
+    if (m->n_units != model->n_units)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint manifest '%s': %d units, but model '%s' has %d%s", path,
+                              m->n_units, model->name, model->n_units, hint);
+    for (int u = 0; u < m->n_units; u++) {
+        const fsdp_ckpt_unit *cu = &m->units[u];
+        const fsdp_unit_spec *us = &model->units[u];
+        if (strcmp(cu->name, us->name) || cu->numel != us->numel || cu->n_params != us->n_params)
+            return fsdp_error_set(FSDP_STATUS_FORMAT,
+                                  "checkpoint manifest '%s' line %d: unit %d is '%s' (%zu "
+                                  "elements, %d parameters), but model '%s' has '%s' (%zu, %d)%s",
+                                  path, cu->line, u, cu->name, cu->numel, cu->n_params,
+                                  model->name, us->name, us->numel, us->n_params, hint);
+        for (int i = 0; i < cu->n_params; i++) {
+            const fsdp_ckpt_param *p = &cu->params[i];
+            const fsdp_param_spec *q = &us->params[i];
+            bool same = !strcmp(p->name, q->name) && p->ndim == q->ndim &&
+                        p->offset == q->offset && p->numel == q->numel;
+            for (int d = 0; same && d < p->ndim; d++)
+                same = p->shape[d] == q->shape[d];
+            if (!same) {
+                char a[96], b[96];
+                fmt_shape(a, sizeof a, p->ndim, p->shape);
+                fmt_shape(b, sizeof b, q->ndim, q->shape);
+                return fsdp_error_set(FSDP_STATUS_FORMAT,
+                                      "checkpoint manifest '%s' line %d: parameter '%s' %s at "
+                                      "offset %zu does not match model '%s''s '%s' %s at offset "
+                                      "%zu%s",
+                                      path, p->line, p->name, a, p->offset, model->name, q->name,
+                                      b, q->offset, hint);
+            }
+        }
+    }
+    return FSDP_STATUS_OK;
+}
+

@@ -1,0 +1,98 @@
+/*
+ * manifest.h - the checkpoint manifest: a text file of `key value` lines
+ * that says what was trained (model, every parameter's name, shape and
+ * offset, every unit's shard sizes), where (world size, sharding) and how
+ * far (step, optimizer step count, data position).
+ */
+#ifndef FSDP_CKPT_MANIFEST_H
+#define FSDP_CKPT_MANIFEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ckpt/shard_file.h"
+#include "models/gpt2.h"
+
+#define FSDP_CKPT_VERSION 1
+
+
+typedef struct fsdp_ckpt_param {
+    char name[64];
+    int ndim;
+    int64_t shape[4];
+    size_t numel;
+    size_t offset;            /* in the unit's flat buffer */
+    int line;                 /* manifest line it was read from (0: built in memory) */
+} fsdp_ckpt_param;
+
+typedef struct fsdp_ckpt_unit {
+    char name[32];
+    size_t numel;             /* unpadded */
+    size_t padded_numel;
+    size_t shard_numel;       /* per rank file; = padded_numel when replicated */
+    int n_params;
+    fsdp_ckpt_param *params;  /* [n_params], owned */
+    int line;
+} fsdp_ckpt_unit;
+
+/* Everything needed to resume: what was trained (model, parameter names,
+ * shapes and shard ranges), where (world size, sharding), and how far (step,
+ * Adam t, data position; the RNG is counter-based, so (seed, data position)
+ * is its whole state). Rank r's file of a world of N holds, for unit u,
+ * elements [r * S, (r + 1) * S) of the padded flat buffer (S = shard_numel),
+ * or all of it when replicated (shard none). */
+typedef struct fsdp_ckpt_manifest {
+    int version;
+    uint64_t run_id;          /* random per training process; in every shard file */
+    uint64_t step;            /* optimizer steps completed */
+    uint64_t adam_t;          /* AdamW step count */
+    uint64_t data_sequences;  /* sequences consumed = step * batch * world * accum */
+    uint64_t seed;            /* parameter init, data and sampling */
+    int world_size;
+    char shard[16];           /* full | grad-op | none */
+    bool replicated;          /* shard none: every file holds whole units */
+    int batch, seq, grad_accum;
+    int steps_total;          /* --steps of the run that wrote it (lr schedule) */
+    char compute_dtype[8];    /* fp32 | bf16 (informational: state is fp32) */
+    char model_name[64];
+    char model_spec[192];     /* re-parseable by fsdp_gpt2_config_parse, or "" */
+    bool has_gpt2;
+    fsdp_gpt2_config gpt2;    /* when has_gpt2 */
+    int vocab_size, padded_vocab_size, max_seq_len;
+    char data[512];           /* data spec (informational) */
+    int n_units;
+    fsdp_ckpt_unit *units;    /* [n_units], owned */
+} fsdp_ckpt_manifest;
+
+/* Release what the manifest owns and zero it. */
+void fsdp_ckpt_manifest_free(fsdp_ckpt_manifest *m);
+
+/* Describe a model's units and parameters in m->units (allocated; the rest
+ * of m is left alone) for a world of n_ranks with the given shard numel per
+ * unit (shard_numel[u]) and padded numel (padded_numel[u]). */
+fsdp_status fsdp_ckpt_manifest_set_units(fsdp_ckpt_manifest *m, const fsdp_model *model,
+                                         const size_t *padded_numel, const size_t *shard_numel);
+
+/* Write the manifest to `path` and fsync it. IO error naming the path. */
+fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest *m);
+
+/* Read and validate a manifest: every key present once, every number in
+ * range and consistent (shard sizes vs world size, parameter offsets tiling
+ * each unit). A malformed file is FSDP_STATUS_FORMAT naming the file and
+ * the line. On failure *m is left zeroed. */
+fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m);
+
+/* The manifest's units and parameters (names, shapes, offsets, unpadded
+ * sizes) must be the model's: FSDP_STATUS_FORMAT naming `path` and the line
+ * of the first difference otherwise. */
+fsdp_status fsdp_ckpt_manifest_check_model(const fsdp_ckpt_manifest *m, const char *path,
+                                           const fsdp_model *model);
+
+/* First element of rank r's shard of unit u in the unit's padded buffer. */
+static inline size_t fsdp_ckpt_shard_first(const fsdp_ckpt_manifest *m, int u, int r)
+{
+    return m->replicated ? 0 : (size_t)r * m->units[u].shard_numel;
+}
+
+#endif /* FSDP_CKPT_MANIFEST_H */

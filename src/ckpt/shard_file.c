@@ -1,0 +1,501 @@
+/*
+ * shard_file.c - one rank's checkpoint shard file: block-checksummed fp32
+ * arrays per unit, written block by block and read back by range (the
+ * format is described in shard_file.h).
+ *
+ * A shard file is checked against the layout the manifest implies before a
+ * single payload byte is trusted. Assumes a little-endian host (checked at
+ * compile time), as llm.c's files do.
+ *
+ * Checksums are FNV-1a over 64-bit words (a trailing partial word is
+ * zero-extended): any single corrupted word changes the sum, and it runs
+ * at memory speed, unlike byte-wise FNV.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/ckpt_dir.h"
+#include "ckpt/shard_file.h"
+#include "core/error.h"
+#include "core/fileio.h"
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "checkpoint files are little-endian; add byte swapping for this host");
+
+#define SHARD_MAGIC "FSDPCKPT"
+#define SHARD_HEADER_BYTES 64
+
+static const char *errstr(void) { return strerror(errno); }
+
+const char *fsdp_ckpt_array_name(fsdp_ckpt_array a)
+{
+    static const char *const names[FSDP_CKPT_N_ARRAYS] = {"master", "adam_m", "adam_v"};
+    return (unsigned)a < FSDP_CKPT_N_ARRAYS ? names[a] : "?";
+}
+
+/* ---- checksums ------------------------------------------------------------ */
+
+#define FNV_OFFSET 1469598103934665603ull
+#define FNV_PRIME 1099511628211ull
+
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    size_t words = n / 8;
+    for (size_t i = 0; i < words; i++) {
+        uint64_t w;
+        memcpy(&w, c + 8 * i, 8);
+        h = (h ^ w) * FNV_PRIME;
+    }
+    size_t rest = n % 8;
+    if (rest) {
+        uint64_t w = 0;
+        memcpy(&w, c + 8 * words, rest);
+        h = (h ^ w) * FNV_PRIME;
+    }
+    return h;
+}
+
+/* ---- shard files --------------------------------------------------------------- */
+
+/* Byte layout of a shard file, computed from its unit sizes. */
+typedef struct shard_layout {
+    size_t table_bytes;        /* header + unit table + checksum table */
+    size_t n_sums;
+    size_t *sum0;              /* [n_units] first checksum index of the unit */
+    uint64_t *payload;         /* [n_units] byte offset of the unit's master array */
+    uint64_t total;            /* file size */
+} shard_layout;
+
+static size_t n_blocks(size_t numel)
+{
+    return (numel + FSDP_CKPT_BLOCK_NUMEL - 1) / FSDP_CKPT_BLOCK_NUMEL;
+}
+
+static void layout_free(shard_layout *l)
+{
+    free(l->sum0);
+    free(l->payload);
+    memset(l, 0, sizeof *l);
+}
+
+static fsdp_status layout_init(shard_layout *l, int n_units, const size_t *shard_numel,
+                               const char *path)
+{
+    memset(l, 0, sizeof *l);
+    l->sum0 = calloc((size_t)n_units + 1, sizeof *l->sum0);
+    l->payload = calloc((size_t)n_units + 1, sizeof *l->payload);
+    if (!l->sum0 || !l->payload) {
+        layout_free(l);
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for shard file '%s'", path);
+    }
+    uint64_t sums = 0;
+    for (int u = 0; u < n_units; u++) {
+        l->sum0[u] = (size_t)sums;
+        sums += FSDP_CKPT_N_ARRAYS * (uint64_t)n_blocks(shard_numel[u]);
+    }
+    l->n_sums = (size_t)sums;
+    uint64_t off = SHARD_HEADER_BYTES + 16 * (uint64_t)n_units + 8 * sums;
+    l->table_bytes = (size_t)off;
+    off = (off + 63) / 64 * 64;
+    bool ovf = false;
+    for (int u = 0; u < n_units; u++) {
+        l->payload[u] = off;
+        uint64_t bytes;
+        ovf |= __builtin_mul_overflow((uint64_t)shard_numel[u], 4 * FSDP_CKPT_N_ARRAYS, &bytes);
+        ovf |= __builtin_add_overflow(off, bytes, &off);
+    }
+    if (ovf) {
+        layout_free(l);
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "shard file '%s' would exceed 2^64 bytes", path);
+    }
+    l->total = off;
+    return FSDP_STATUS_OK;
+}
+
+static uint64_t block_offset(const shard_layout *l, int u, size_t S, fsdp_ckpt_array a, size_t b)
+{
+    return l->payload[u] + ((uint64_t)a * S + (uint64_t)b * FSDP_CKPT_BLOCK_NUMEL) * 4;
+}
+
+static void put_u32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put_u64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get_u32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static uint64_t get_u64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* Header field offsets. */
+enum {
+    H_MAGIC = 0, H_VERSION = 8, H_HEADER_BYTES = 12, H_RANK = 16, H_WORLD = 20, H_UNITS = 24,
+    H_BLOCK = 28, H_RUN_ID = 32, H_STEP = 40, H_ADAM_T = 48, H_SUM = 56
+};
+
+struct fsdp_ckpt_writer {
+    int fd;
+    char path[FSDP_CKPT_PATH_MAX];
+    fsdp_ckpt_shard_info info;
+    size_t *shard_numel, *first;
+    shard_layout lay;
+    uint64_t *sums;
+    unsigned char *written;    /* [n_sums] */
+};
+
+static void writer_free(fsdp_ckpt_writer *w)
+{
+    if (w->fd >= 0)
+        close(w->fd);
+    free(w->shard_numel);
+    free(w->first);
+    free(w->sums);
+    free(w->written);
+    layout_free(&w->lay);
+    free(w);
+}
+
+fsdp_status fsdp_ckpt_writer_open(fsdp_ckpt_writer **out, const char *path,
+                                  const fsdp_ckpt_shard_info *info)
+{
+    *out = NULL;
+    fsdp_ckpt_writer *w = calloc(1, sizeof *w);
+    if (!w)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for shard file '%s'", path);
+    w->fd = -1;
+    snprintf(w->path, sizeof w->path, "%s", path);
+    w->info = *info;
+    size_t U = (size_t)info->n_units;
+    w->shard_numel = malloc(U * sizeof(size_t) + 1);
+    w->first = malloc(U * sizeof(size_t) + 1);
+    fsdp_status st;
+    if (!w->shard_numel || !w->first) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for shard file '%s'", path);
+        goto fail;
+    }
+    memcpy(w->shard_numel, info->shard_numel, U * sizeof(size_t));
+    memcpy(w->first, info->first, U * sizeof(size_t));
+    w->info.shard_numel = w->shard_numel;
+    w->info.first = w->first;
+    FSDP_CHECK(layout_init(&w->lay, info->n_units, w->shard_numel, path));
+    w->sums = calloc(w->lay.n_sums + 1, sizeof *w->sums);
+    w->written = calloc(w->lay.n_sums + 1, 1);
+    if (!w->sums || !w->written) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for shard file '%s'", path);
+        goto fail;
+    }
+    w->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
+        st = fsdp_error_set(FSDP_STATUS_IO, "cannot create checkpoint file '%s': %s", path,
+                            errstr());
+        goto fail;
+    }
+    *out = w;
+    return FSDP_STATUS_OK;
+fail:
+    writer_free(w);
+    return st;
+}
+
+fsdp_status fsdp_ckpt_writer_put(fsdp_ckpt_writer *w, int u, fsdp_ckpt_array a, size_t block,
+                                 const float *data)
+{
+    FSDP_ASSERT(u >= 0 && u < w->info.n_units && (unsigned)a < FSDP_CKPT_N_ARRAYS);
+    size_t S = w->shard_numel[u], nb = n_blocks(S);
+    FSDP_ASSERT(block < nb);
+    size_t lo = block * FSDP_CKPT_BLOCK_NUMEL;
+    size_t n = S - lo < FSDP_CKPT_BLOCK_NUMEL ? S - lo : FSDP_CKPT_BLOCK_NUMEL;
+    FSDP_TRY(fsdp_pwrite_all(w->fd, data, n * 4, block_offset(&w->lay, u, S, a, block),
+                             "checkpoint file", w->path));
+    size_t k = w->lay.sum0[u] + (size_t)a * nb + block;
+    w->sums[k] = hash_bytes(FNV_OFFSET, data, n * 4);
+    w->written[k] = 1;
+    return FSDP_STATUS_OK;
+}
+
+/* Header + unit table + checksum table, with the header checksum filled. */
+static unsigned char *build_tables(const fsdp_ckpt_shard_info *info, const shard_layout *lay,
+                                   const uint64_t *sums)
+{
+    unsigned char *h = calloc(lay->table_bytes, 1);
+    if (!h)
+        return NULL;
+    memcpy(h + H_MAGIC, SHARD_MAGIC, 8);
+    put_u32(h + H_VERSION, FSDP_CKPT_SHARD_VERSION);
+    put_u32(h + H_HEADER_BYTES, SHARD_HEADER_BYTES);
+    put_u32(h + H_RANK, (uint32_t)info->rank);
+    put_u32(h + H_WORLD, (uint32_t)info->world_size);
+    put_u32(h + H_UNITS, (uint32_t)info->n_units);
+    put_u32(h + H_BLOCK, (uint32_t)FSDP_CKPT_BLOCK_NUMEL);
+    put_u64(h + H_RUN_ID, info->run_id);
+    put_u64(h + H_STEP, info->step);
+    put_u64(h + H_ADAM_T, info->adam_t);
+    unsigned char *t = h + SHARD_HEADER_BYTES;
+    for (int u = 0; u < info->n_units; u++) {
+        put_u64(t + 16 * (size_t)u, info->shard_numel[u]);
+        put_u64(t + 16 * (size_t)u + 8, info->first[u]);
+    }
+    unsigned char *s = t + 16 * (size_t)info->n_units;
+    for (size_t i = 0; i < lay->n_sums; i++)
+        put_u64(s + 8 * i, sums[i]);
+    put_u64(h + H_SUM, hash_bytes(FNV_OFFSET, h, lay->table_bytes));
+    return h;
+}
+
+fsdp_status fsdp_ckpt_writer_close(fsdp_ckpt_writer *w)
+{
+    fsdp_status st = FSDP_STATUS_OK;
+    for (size_t i = 0; i < w->lay.n_sums; i++)
+        if (!w->written[i]) {
+            st = fsdp_error_set(FSDP_STATUS_INTERNAL, "shard file '%s': block %zu never written",
+                                w->path, i);
+            goto done;
+        }
+    unsigned char *h = build_tables(&w->info, &w->lay, w->sums);
+    if (!h) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for shard file '%s'", w->path);
+        goto done;
+    }
+    st = fsdp_pwrite_all(w->fd, h, w->lay.table_bytes, 0, "checkpoint file", w->path);
+    free(h);
+    /* the padding between the tables and the payload, and a file that is
+     * exactly the layout's size even if some array is empty */
+    if (st == FSDP_STATUS_OK && ftruncate(w->fd, (off_t)w->lay.total) != 0)
+        st = fsdp_error_set(FSDP_STATUS_IO, "cannot size checkpoint file '%s': %s", w->path,
+                            errstr());
+    if (st == FSDP_STATUS_OK && fsync(w->fd) != 0)
+        st = fsdp_error_set(FSDP_STATUS_IO, "cannot fsync checkpoint file '%s': %s", w->path,
+                            errstr());
+    if (close(w->fd) != 0 && st == FSDP_STATUS_OK)
+        st = fsdp_error_set(FSDP_STATUS_IO, "cannot close checkpoint file '%s': %s", w->path,
+                            errstr());
+    w->fd = -1;
+done:
+    writer_free(w);
+    return st;
+}
+
+void fsdp_ckpt_writer_abort(fsdp_ckpt_writer *w)
+{
+    if (w)
+        writer_free(w);
+}
+
+struct fsdp_ckpt_reader {
+    int fd;
+    char path[FSDP_CKPT_PATH_MAX];
+    int n_units;
+    size_t *shard_numel;
+    shard_layout lay;
+    uint64_t *sums;
+    float *block;              /* FSDP_CKPT_BLOCK_NUMEL: the last verified block */
+    int cached_u;
+    int cached_a;
+    size_t cached_b;
+};
+
+void fsdp_ckpt_reader_close(fsdp_ckpt_reader *r)
+{
+    if (!r)
+        return;
+    if (r->fd >= 0)
+        close(r->fd);
+    free(r->shard_numel);
+    free(r->sums);
+    free(r->block);
+    layout_free(&r->lay);
+    free(r);
+}
+
+fsdp_status fsdp_ckpt_reader_open(fsdp_ckpt_reader **out, const char *path,
+                                  const fsdp_ckpt_shard_info *ex)
+{
+    *out = NULL;
+    fsdp_status st;
+    unsigned char *h = NULL;
+    fsdp_ckpt_reader *r = calloc(1, sizeof *r);
+    if (!r)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for shard file '%s'", path);
+    r->fd = -1;
+    r->cached_u = -1;
+    snprintf(r->path, sizeof r->path, "%s", path);
+    r->n_units = ex->n_units;
+    r->shard_numel = malloc((size_t)ex->n_units * sizeof(size_t) + 1);
+    r->block = malloc(FSDP_CKPT_BLOCK_NUMEL * sizeof(float));
+    if (!r->shard_numel || !r->block) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for shard file '%s'", path);
+        goto fail;
+    }
+    memcpy(r->shard_numel, ex->shard_numel, (size_t)ex->n_units * sizeof(size_t));
+    r->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (r->fd < 0) {
+        st = fsdp_error_set(errno == ENOENT ? FSDP_STATUS_FORMAT : FSDP_STATUS_IO,
+                            "cannot open checkpoint shard file '%s': %s%s", path, errstr(),
+                            errno == ENOENT ? " (the checkpoint is missing a rank's file)" : "");
+        goto fail;
+    }
+    struct stat sb;
+    if (fstat(r->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        st = fsdp_error_set(FSDP_STATUS_FORMAT, "checkpoint shard '%s' is not a regular file",
+                            path);
+        goto fail;
+    }
+    unsigned char hd[SHARD_HEADER_BYTES];
+    if ((uint64_t)sb.st_size < SHARD_HEADER_BYTES) {
+        st = fsdp_error_set(FSDP_STATUS_FORMAT,
+                            "checkpoint shard '%s' is %lld bytes, shorter than its %d-byte "
+                            "header (truncated)", path, (long long)sb.st_size,
+                            SHARD_HEADER_BYTES);
+        goto fail;
+    }
+    FSDP_CHECK(fsdp_pread_all(r->fd, hd, sizeof hd, 0, "checkpoint shard", path));
+    if (memcmp(hd + H_MAGIC, SHARD_MAGIC, 8)) {
+        st = fsdp_error_set(FSDP_STATUS_FORMAT,
+                            "'%s' is not an fsdp checkpoint shard (bad magic)", path);
+        goto fail;
+    }
+    if (get_u32(hd + H_VERSION) != FSDP_CKPT_SHARD_VERSION) {
+        st = fsdp_error_set(FSDP_STATUS_FORMAT,
+                            "checkpoint shard '%s' has format version %u; this build reads "
+                            "version %d", path, get_u32(hd + H_VERSION), FSDP_CKPT_SHARD_VERSION);
+        goto fail;
+    }
+    FSDP_CHECK(layout_init(&r->lay, ex->n_units, r->shard_numel, path));
+    if ((uint64_t)sb.st_size != r->lay.total) {
+        st = fsdp_error_set(FSDP_STATUS_FORMAT,
+                            "checkpoint shard '%s' is %lld bytes, but the manifest's layout for "
+                            "rank %d needs %" PRIu64 " (truncated, or not written for this "
+                            "checkpoint)", path, (long long)sb.st_size, ex->rank, r->lay.total);
+        goto fail;
+    }
+    h = malloc(r->lay.table_bytes);
+    r->sums = malloc(r->lay.n_sums * sizeof *r->sums + 1);
+    if (!h || !r->sums) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for shard file '%s'", path);
+        goto fail;
+    }
+    FSDP_CHECK(fsdp_pread_all(r->fd, h, r->lay.table_bytes, 0, "checkpoint shard", path));
+    uint64_t want = get_u64(h + H_SUM);
+    put_u64(h + H_SUM, 0);
+    if (hash_bytes(FNV_OFFSET, h, r->lay.table_bytes) != want) {
+        st = fsdp_error_set(FSDP_STATUS_FORMAT,
+                            "checkpoint shard '%s': header checksum mismatch (the file is "
+                            "corrupted)", path);
+        goto fail;
+    }
+    if (get_u32(h + H_HEADER_BYTES) != SHARD_HEADER_BYTES ||
+        get_u32(h + H_BLOCK) != FSDP_CKPT_BLOCK_NUMEL ||
+        get_u32(h + H_UNITS) != (uint32_t)ex->n_units) {
+        st = fsdp_error_set(FSDP_STATUS_FORMAT,
+                            "checkpoint shard '%s' has %u units (block %u), the manifest %d "
+                            "(block %zu)", path, get_u32(h + H_UNITS), get_u32(h + H_BLOCK),
+                            ex->n_units, FSDP_CKPT_BLOCK_NUMEL);
+        goto fail;
+    }
+    if (get_u64(h + H_RUN_ID) != ex->run_id || get_u64(h + H_STEP) != ex->step) {
+        st = fsdp_error_set(FSDP_STATUS_FORMAT,
+                            "checkpoint shard '%s' belongs to another checkpoint (run %016" PRIx64
+                            " step %" PRIu64 ", the manifest's is run %016" PRIx64 " step %" PRIu64
+                            "): files of different checkpoints were mixed",
+                            path, get_u64(h + H_RUN_ID), get_u64(h + H_STEP), ex->run_id,
+                            ex->step);
+        goto fail;
+    }
+    if (get_u32(h + H_RANK) != (uint32_t)ex->rank ||
+        get_u32(h + H_WORLD) != (uint32_t)ex->world_size) {
+        st = fsdp_error_set(FSDP_STATUS_FORMAT,
+                            "checkpoint shard '%s' is rank %u of %u, expected rank %d of %d", path,
+                            get_u32(h + H_RANK), get_u32(h + H_WORLD), ex->rank, ex->world_size);
+        goto fail;
+    }
+    if (get_u64(h + H_ADAM_T) != ex->adam_t) {
+        st = fsdp_error_set(FSDP_STATUS_FORMAT,
+                            "checkpoint shard '%s' has Adam step %" PRIu64 ", the manifest %" PRIu64,
+                            path, get_u64(h + H_ADAM_T), ex->adam_t);
+        goto fail;
+    }
+    const unsigned char *t = h + SHARD_HEADER_BYTES;
+    for (int u = 0; u < ex->n_units; u++) {
+        uint64_t S = get_u64(t + 16 * (size_t)u), first = get_u64(t + 16 * (size_t)u + 8);
+        if (S != ex->shard_numel[u] || first != ex->first[u]) {
+            st = fsdp_error_set(FSDP_STATUS_FORMAT,
+                                "checkpoint shard '%s' unit %d holds elements [%" PRIu64
+                                ", +%" PRIu64 "), the manifest says [%zu, +%zu)",
+                                path, u, first, S, ex->first[u], ex->shard_numel[u]);
+            goto fail;
+        }
+    }
+    const unsigned char *s = t + 16 * (size_t)ex->n_units;
+    for (size_t i = 0; i < r->lay.n_sums; i++)
+        r->sums[i] = get_u64(s + 8 * i);
+    free(h);
+    *out = r;
+    return FSDP_STATUS_OK;
+fail:
+    free(h);
+    fsdp_ckpt_reader_close(r);
+    return st;
+}
+
+fsdp_status fsdp_ckpt_reader_read(fsdp_ckpt_reader *r, int u, fsdp_ckpt_array a, size_t first,
+                                  size_t n, float *dst)
+{
+    FSDP_ASSERT(u >= 0 && u < r->n_units && (unsigned)a < FSDP_CKPT_N_ARRAYS);
+    size_t S = r->shard_numel[u];
+    FSDP_ASSERT(first <= S && n <= S - first);
+    size_t nb = n_blocks(S);
+    while (n > 0) {
+        size_t b = first / FSDP_CKPT_BLOCK_NUMEL, lo = b * FSDP_CKPT_BLOCK_NUMEL;
+        size_t len = S - lo < FSDP_CKPT_BLOCK_NUMEL ? S - lo : FSDP_CKPT_BLOCK_NUMEL;
+        if (r->cached_u != u || r->cached_a != (int)a || r->cached_b != b) {
+            r->cached_u = -1;
+            FSDP_TRY(fsdp_pread_all(r->fd, r->block, len * 4, block_offset(&r->lay, u, S, a, b),
+                                    "checkpoint shard", r->path));
+            uint64_t want = r->sums[r->lay.sum0[u] + (size_t)a * nb + b];
+            if (hash_bytes(FNV_OFFSET, r->block, len * 4) != want)
+                return fsdp_error_set(FSDP_STATUS_FORMAT,
+                                      "checkpoint shard '%s': unit %d %s elements [%zu, %zu) "
+                                      "fail their checksum (the file is corrupted)",
+                                      r->path, u, fsdp_ckpt_array_name(a), lo, lo + len);
+            r->cached_u = u;
+            r->cached_a = (int)a;
+            r->cached_b = b;
+        }
+        size_t k = first - lo, take = len - k < n ? len - k : n;
+        memcpy(dst, r->block + k, take * 4);
+        dst += take;
+        first += take;
+        n -= take;
+    }
+    return FSDP_STATUS_OK;
+}
+
+/* ---- test hook ------------------------------------------------------ */
+
+static atomic_ullong stall_from;
+static atomic_int stall_ms;
+
+void fsdp_ckpt_test_set_stall(uint64_t from_step, int ms)
+{
+    atomic_store(&stall_from, (unsigned long long)from_step);
+    atomic_store(&stall_ms, ms > 0 ? ms : 0);
+}
+
+int fsdp_ckpt_test_stall_ms(uint64_t step)
+{
+    int ms = atomic_load(&stall_ms);
+    return ms > 0 && step >= (uint64_t)atomic_load(&stall_from) ? ms : 0;
+}

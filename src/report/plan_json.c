@@ -1,0 +1,164 @@
+/*
+ * plan_json.c - `fsdp plan --json` and `fsdp shardmap --json|table`: exact
+ * byte counts and shard ranges for tools.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/json.h"
+#include "report/plan_report.h"
+#include "report/svg.h"
+
+void fsdp_plan_write_json(FILE *f, const fsdp_plan *p)
+{
+    const fsdp_engine_config *e = &p->eng;
+    size_t f_dev, f_host;
+    char formula[64];
+    fsdp_plan_formula(p, &f_dev, &f_host, formula, sizeof formula);
+    int who;
+    size_t peak = fsdp_plan_max_peak(p, &who);
+    fprintf(f, "{\"model\":");
+    fsdp_json_write_str(f, p->model);
+    fprintf(f, ",\"params\":%zu,\"padded_params\":%zu,\"units\":%d,\"devices\":%d,\"shard\":\"%s\","
+               "\"precision\":\"%s\",\"offload\":\"%s\",\"batch\":%d,\"seq\":%d,\"grad_accum\":%d,"
+               "\"prefetch\":%s,\"steps_run\":%d,",
+            p->numel, p->padded_numel, p->n_units, p->n_ranks, fsdp_shard_strategy_name(e->shard),
+            fsdp_dtype_name(e->compute_dtype), e->offload ? "optimizer" : "none", e->batch, e->seq,
+            e->grad_accum, e->prefetch ? "true" : "false", p->steps);
+    fprintf(f, "\"formula\":{\"text\":");
+    fsdp_json_write_str(f, formula);
+    fprintf(f, ",\"device_bytes\":%zu,\"host_bytes\":%zu},", f_dev, f_host);
+    fprintf(f, "\"max_peak_bytes\":%zu,\"max_peak_device\":%d,", peak, who);
+    if (p->device_mem)
+        fprintf(f, "\"device_mem\":%zu,\"fits\":%s,", p->device_mem,
+                peak <= p->device_mem ? "true" : "false");
+    else
+        fprintf(f, "\"device_mem\":null,\"fits\":null,");
+    fprintf(f, "\"per_device\":[");
+    for (int r = 0; r < p->n_ranks; r++) {
+        const fsdp_plan_rank *pr = &p->ranks[r];
+        fprintf(f, "%s\n{\"device\":%d,\"peak_bytes\":%zu,\"peak_by_kind\":{", r ? "," : "", r,
+                pr->mem.peak_bytes);
+        for (int k = 0; k < FSDP_MEM_KIND_COUNT; k++)
+            fprintf(f, "%s\"%s\":%zu", k ? "," : "", fsdp_mem_kind_name((fsdp_mem_kind)k),
+                    pr->mem.peak_kind_bytes[k]);
+        fprintf(f, "},\"host_peak_bytes\":%zu,\"host_peak_by_kind\":{", pr->host.peak_bytes);
+        for (int k = 0; k < FSDP_MEM_KIND_COUNT; k++)
+            fprintf(f, "%s\"%s\":%zu", k ? "," : "", fsdp_mem_kind_name((fsdp_mem_kind)k),
+                    pr->host.peak_kind_bytes[k]);
+        fprintf(f, "},\"collectives\":{");
+        for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++)
+            fprintf(f, "%s\"%s\":{\"calls\":%zu,\"recv_bytes\":%zu,\"sent_bytes\":%zu}", k ? "," : "",
+                    fsdp_coll_kind_name((fsdp_coll_kind)k), pr->n_calls[k], pr->recv_bytes[k],
+                    pr->sent_bytes[k]);
+        fprintf(f, "},\"recv_bytes\":%zu,\"sent_bytes\":%zu}", fsdp_plan_coll_total(pr->recv_bytes),
+                fsdp_plan_coll_total(pr->sent_bytes));
+    }
+    fprintf(f, "\n]}\n");
+}
+
+
+/* ---- shard maps ------------------------------------------------------------- */
+
+/* Rank r's element range of unit u, and how many of them are real. */
+static void rank_range(const fsdp_shardmap *sm, int u, int r, size_t *begin, size_t *end,
+                       size_t *real)
+{
+    const fsdp_shard_unit *su = &sm->units[u];
+    *begin = fsdp_shardmap_offset(sm, u, r);
+    *end = *begin + su->shard_numel;
+    *real = *begin >= su->numel ? 0 : (*end < su->numel ? *end : su->numel) - *begin;
+}
+
+void fsdp_plan_shardmap_table(FILE *f, const fsdp_shardmap *sm, const char *model, bool params)
+{
+    int N = sm->n_ranks;
+    fprintf(f, "fsdp shardmap: model %s, %zu parameters in %d units, %d device(s), shard %s\n",
+            model, sm->numel, sm->n_units, N, fsdp_shard_strategy_name(sm->strategy));
+    if (sm->strategy == FSDP_SHARD_NONE)
+        fprintf(f, "  NO_SHARD: every rank holds each whole unit, padded to a multiple of %d "
+                   "elements\n", FSDP_NORM_BLOCK);
+    else
+        fprintf(f, "  each unit's flat buffer is padded to a multiple of %d x %d elements; rank r "
+                   "owns [r * shard, (r+1) * shard)\n", N, FSDP_NORM_BLOCK);
+    fprintf(f, "  %zu elements in all after padding (+%zu, %.2f%%)\n\n", sm->padded_numel,
+            sm->padded_numel - sm->numel,
+            sm->numel ? 100.0 * (double)(sm->padded_numel - sm->numel) / (double)sm->numel : 0.0);
+    fprintf(f, "%-10s %6s %12s %12s %12s %5s  %-26s %12s\n", "unit", "params", "numel", "padded",
+            "shard", "rank", "range", "real");
+    for (int u = 0; u < sm->n_units; u++) {
+        const fsdp_shard_unit *su = &sm->units[u];
+        for (int r = 0; r < N; r++) {
+            size_t b, e, real;
+            rank_range(sm, u, r, &b, &e, &real);
+            char range[64];
+            snprintf(range, sizeof range, "[%zu, %zu)", b, e);
+            if (r == 0)
+                fprintf(f, "%-10s %6d %12zu %12zu %12zu", su->spec->name, su->spec->n_params,
+                        su->numel, su->padded_numel, su->shard_numel);
+            else
+                fprintf(f, "%-10s %6s %12s %12s %12s", "", "", "", "", "");
+            fprintf(f, " %5d  %-26s %12zu\n", r, range, real);
+            if (!params)
+                continue;
+            /* the parameter slices inside [b, e) */
+            int col = 0;
+            for (int i = 0; i < su->spec->n_params; i++) {
+                const fsdp_param_spec *p = &su->spec->params[i];
+                size_t lo = p->offset > b ? p->offset : b;
+                size_t hi = p->offset + p->numel < e ? p->offset + p->numel : e;
+                if (lo >= hi)
+                    continue;
+                char slice[128];
+                int len = snprintf(slice, sizeof slice, "%s[%zu:%zu)", p->name, lo - p->offset,
+                                   hi - p->offset);
+                if (col == 0)
+                    col = fprintf(f, "%8s%s", "", "owns ");
+                else if (col + len > 118)
+                    col = fprintf(f, "\n%13s", "") - 1;
+                else
+                    col += fprintf(f, " ");
+                col += fprintf(f, "%s", slice);
+            }
+            if (col)
+                fputc('\n', f);
+        }
+    }
+}
+
+void fsdp_plan_shardmap_json(FILE *f, const fsdp_shardmap *sm, const char *model)
+{
+    fprintf(f, "{\"model\":");
+    fsdp_json_write_str(f, model);
+    fprintf(f, ",\"devices\":%d,\"shard\":\"%s\",\"norm_block\":%d,\"params\":%zu,"
+               "\"padded_params\":%zu,\"units\":[",
+            sm->n_ranks, fsdp_shard_strategy_name(sm->strategy), FSDP_NORM_BLOCK, sm->numel,
+            sm->padded_numel);
+    for (int u = 0; u < sm->n_units; u++) {
+        const fsdp_shard_unit *su = &sm->units[u];
+        fprintf(f, "%s\n{\"name\":", u ? "," : "");
+        fsdp_json_write_str(f, su->spec->name);
+        fprintf(f, ",\"numel\":%zu,\"padded_numel\":%zu,\"shard_numel\":%zu,\"params\":[",
+                su->numel, su->padded_numel, su->shard_numel);
+        for (int i = 0; i < su->spec->n_params; i++) {
+            const fsdp_param_spec *p = &su->spec->params[i];
+            fprintf(f, "%s{\"name\":", i ? "," : "");
+            fsdp_json_write_str(f, p->name);
+            fprintf(f, ",\"shape\":[");
+            for (int d = 0; d < p->ndim; d++)
+                fprintf(f, "%s%lld", d ? "," : "", (long long)p->shape[d]);
+            fprintf(f, "],\"offset\":%zu,\"numel\":%zu}", p->offset, p->numel);
+        }
+        fprintf(f, "],\"ranks\":[");
+        for (int r = 0; r < sm->n_ranks; r++) {
+            size_t b, e, real;
+            rank_range(sm, u, r, &b, &e, &real);
+            fprintf(f, "%s{\"rank\":%d,\"begin\":%zu,\"end\":%zu,\"real\":%zu}", r ? "," : "", r, b,
+                    e, real);
+        }
+        fprintf(f, "]}");
+    }
+    fprintf(f, "\n]}\n");
+}
+

@@ -1,0 +1,175 @@
+/*
+ * plan_text.c - the human-readable report of `fsdp plan`: per device the
+ * peak with its breakdown, pinned host memory, collectives of a step, the
+ * ZeRO formula and the fit verdict. Devices with equal figures share a row.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/json.h"
+#include "report/plan_report.h"
+#include "report/svg.h"
+
+static const char *fmtb(char *buf, size_t v)
+{
+    return fsdp_fmt_bytes(buf, 32, (double)v);
+}
+
+static bool same_mem(const fsdp_plan_rank *a, const fsdp_plan_rank *b)
+{
+    return a->mem.peak_bytes == b->mem.peak_bytes &&
+           !memcmp(a->mem.peak_kind_bytes, b->mem.peak_kind_bytes, sizeof a->mem.peak_kind_bytes) &&
+           a->host.peak_bytes == b->host.peak_bytes;
+}
+
+static bool same_comm(const fsdp_plan_rank *a, const fsdp_plan_rank *b)
+{
+    return !memcmp(a->sent_bytes, b->sent_bytes, sizeof a->sent_bytes) &&
+           !memcmp(a->recv_bytes, b->recv_bytes, sizeof a->recv_bytes) &&
+           !memcmp(a->n_calls, b->n_calls, sizeof a->n_calls);
+}
+
+static void range_label(char *buf, size_t n, int lo, int hi)
+{
+    if (lo == hi)
+        snprintf(buf, n, "%d", lo);
+    else
+        snprintf(buf, n, "%d..%d", lo, hi);
+}
+
+
+void fsdp_plan_print(FILE *f, const fsdp_plan *p)
+{
+    const fsdp_engine_config *e = &p->eng;
+    char b1[32], b2[32], b3[32], b4[32], lab[32];
+    int N = p->n_ranks;
+    fprintf(f, "fsdp plan: model %s, %zu parameters (%.2f%s) in %d units, %d device(s), shard %s, "
+               "%s, offload %s\n",
+            p->model, p->numel, (double)p->numel / (p->numel >= 1000000000 ? 1e9 : 1e6),
+            p->numel >= 1000000000 ? "B" : "M", p->n_units, N,
+            fsdp_shard_strategy_name(e->shard), fsdp_dtype_name(e->compute_dtype),
+            e->offload ? "optimizer" : "none");
+    fprintf(f, "  per device and micro-step: batch %d x seq %d, grad-accum %d, prefetch %s; "
+               "%d step(s) run on the meta backend in %.2f s\n",
+            e->batch, e->seq, e->grad_accum, e->prefetch ? "on" : "off", p->steps, p->wall_s);
+
+    /* memory table: kinds that are zero everywhere are left out */
+    bool used[FSDP_MEM_KIND_COUNT] = {0};
+    bool any_host = false;
+    for (int r = 0; r < N; r++) {
+        for (int k = 0; k < FSDP_MEM_KIND_COUNT; k++)
+            used[k] |= p->ranks[r].mem.peak_kind_bytes[k] != 0;
+        any_host |= p->ranks[r].host.peak_bytes != 0;
+    }
+    fprintf(f, "\ndevice memory at each device's peak, by kind:\n  %-10s %11s", "device", "peak");
+    for (int k = 0; k < FSDP_MEM_KIND_COUNT; k++)
+        if (used[k])
+            fprintf(f, " %11s", fsdp_mem_kind_name((fsdp_mem_kind)k));
+    if (any_host)
+        fprintf(f, " | %11s", "host pinned");
+    fputc('\n', f);
+    for (int lo = 0; lo < N;) {
+        int hi = lo;
+        while (hi + 1 < N && same_mem(&p->ranks[lo], &p->ranks[hi + 1]))
+            hi++;
+        const fsdp_plan_rank *pr = &p->ranks[lo];
+        range_label(lab, sizeof lab, lo, hi);
+        fprintf(f, "  %-10s %11s", lab, fmtb(b1, pr->mem.peak_bytes));
+        for (int k = 0; k < FSDP_MEM_KIND_COUNT; k++)
+            if (used[k])
+                fprintf(f, " %11s", fmtb(b1, pr->mem.peak_kind_bytes[k]));
+        if (any_host)
+            fprintf(f, " | %11s", fmtb(b1, pr->host.peak_bytes));
+        fputc('\n', f);
+        lo = hi + 1;
+    }
+    fprintf(f, "  (param: parameter shards; grad: gradient shards and the unit gradient being "
+               "reduced; optim: Adam m, v;\n   gather: gathered units; act: activations; "
+               "other: norm partial sums, staging)\n");
+
+    /* traffic */
+    fprintf(f, "\ncollectives per step and device (received / sent):\n  %-10s", "device");
+    bool kind_used[FSDP_COLL_KIND_COUNT] = {0};
+    for (int r = 0; r < N; r++)
+        for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++)
+            kind_used[k] |= p->ranks[r].n_calls[k] != 0;
+    for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++)
+        if (kind_used[k])
+            fprintf(f, " %27s", fsdp_coll_kind_name((fsdp_coll_kind)k));
+    fprintf(f, " %23s\n", "total");
+    for (int lo = 0; lo < N;) {
+        int hi = lo;
+        while (hi + 1 < N && same_comm(&p->ranks[lo], &p->ranks[hi + 1]))
+            hi++;
+        const fsdp_plan_rank *pr = &p->ranks[lo];
+        range_label(lab, sizeof lab, lo, hi);
+        fprintf(f, "  %-10s", lab);
+        for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++) {
+            if (!kind_used[k])
+                continue;
+            char cell[64];
+            snprintf(cell, sizeof cell, "%zux %s / %s", pr->n_calls[k], fmtb(b1, pr->recv_bytes[k]),
+                     fmtb(b2, pr->sent_bytes[k]));
+            fprintf(f, " %27s", cell);
+        }
+        char cell[64];
+        snprintf(cell, sizeof cell, "%s / %s", fmtb(b1, fsdp_plan_coll_total(pr->recv_bytes)),
+                 fmtb(b2, fsdp_plan_coll_total(pr->sent_bytes)));
+        fprintf(f, " %23s\n", cell);
+        lo = hi + 1;
+    }
+    if (N == 1)
+        fprintf(f, "  (one device: collectives move nothing)\n");
+
+    /* the ZeRO formula and what it leaves out */
+    int who;
+    size_t peak = fsdp_plan_max_peak(p, &who);
+    const fsdp_plan_rank *pr = &p->ranks[who];
+    size_t f_dev, f_host;
+    char formula[64];
+    fsdp_plan_formula(p, &f_dev, &f_host, formula, sizeof formula);
+    const size_t *pk = pr->mem.peak_kind_bytes;
+    size_t states = pk[FSDP_MEM_PARAM] + pk[FSDP_MEM_GRAD] + pk[FSDP_MEM_OPTIM];
+    fprintf(f, "\nZeRO model-state formula (%s, P = %zu, N = %d): %s on the device", formula,
+            p->numel, N, fmtb(b1, f_dev));
+    if (e->offload)
+        fprintf(f, ", %s pinned host (measured %s)", fmtb(b2, f_host), fmtb(b3, pr->host.peak_bytes));
+    fprintf(f, "\n  measured peak %s (device %d) = parameter/gradient/optimizer buffers %s\n"
+               "    + gathered units %s + activations %s",
+            fmtb(b1, peak), who, fmtb(b2, states), fmtb(b3, pk[FSDP_MEM_GATHER]),
+            fmtb(b4, pk[FSDP_MEM_ACT]));
+    if (pk[FSDP_MEM_COMM] || pk[FSDP_MEM_OTHER])
+        fprintf(f, " + other %s", fmtb(b1, pk[FSDP_MEM_COMM] + pk[FSDP_MEM_OTHER]));
+    fprintf(f, "\n  the formula leaves out %sactivations, shard padding (%zu elements), the fp32 "
+               "gradient\n  of the unit being reduced and small buffers\n",
+            e->shard == FSDP_SHARD_FULL ? "the gathered units (root + current + prefetched), " : "",
+            p->padded_numel - p->numel);
+
+    /* fit */
+    fprintf(f, "\nThese are the engine's allocations, as a cpu run makes them, to the byte. A cuda "
+               "run also holds\nthe CUDA context (outside any count), a cuBLAS workspace and op "
+               "scratch: keep a margin.\n");
+    fputc('\n', f);
+    if (!p->device_mem) {
+        fprintf(f, "peak device memory %s (device %d); give --device-mem (e.g. 24GiB) to check "
+                   "a fit\n", fmtb(b1, peak), who);
+    } else if (peak <= p->device_mem) {
+        size_t margin = p->device_mem - peak;
+        fprintf(f, "FITS under --device-mem %s on all %d device(s): largest peak %s (device %d), "
+                   "margin %s (%.1f%%)\n",
+                fmtb(b1, p->device_mem), N, fmtb(b2, peak), who, fmtb(b3, margin),
+                100.0 * (double)margin / (double)p->device_mem);
+    } else {
+        int over = 0;
+        for (int r = 0; r < N; r++)
+            over += p->ranks[r].mem.peak_bytes > p->device_mem;
+        fprintf(f, "DOES NOT FIT under --device-mem %s: largest peak %s (device %d) is %s over "
+                   "(%d of %d device(s) over)\n  try %s%sa smaller --batch or --seq, or more "
+                   "--devices\n",
+                fmtb(b1, p->device_mem), fmtb(b2, peak), who, fmtb(b3, peak - p->device_mem), over,
+                N, e->offload ? "" : "--offload optimizer, ",
+                e->shard == FSDP_SHARD_FULL ? "" : "--shard full, ");
+    }
+}
+
