@@ -1,18 +1,12 @@
 /*
- * cuda_stub.c - the CUDA registry entries of a build without CUDA (CUDA=0).
- * Compiled only when the .cu files are not.
+ * cuda_stub.c - the CUDA device backend of a build without CUDA (CUDA=0):
+ * no function table and no devices, so the backend table (device.c) reports
+ * cuda as not built in. Compiled only when the .cu files are not; the ops
+ * and comm layers have their own stubs (ops/cuda_ops_stub.c,
+ * comm/cuda_comm_stub.c).
  */
 #include "device/device.h"
-#include "ops/ops.h"
 
 const struct fsdp_device_i *fsdp_device_cuda_iface(void) { return NULL; }
 
 int fsdp_cuda_device_count(void) { return 0; }
-
-const struct fsdp_ops_i *fsdp_ops_cuda_iface(void) { return NULL; }
-
-fsdp_status fsdp_ops_cuda_init(fsdp_op_ctx *ctx)
-{
-    (void)ctx;
-    return fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "this build has no CUDA (built with CUDA=0)");
-}
