@@ -168,6 +168,20 @@ START_TEST(test_help_and_parser_share_tables)
         const char *def = strstr(h, "(default ");
         ck_assert_msg(def && def < eol, "--%s shows no default", opts[i]);
     }
+    /* the --shard values are the engine's strategies, each spelled as the
+     * engine spells it (the CLI's table sits apart from the enum for now) */
+    const char *h = strstr(help, "  --shard ");
+    char values[128];
+    ck_assert_int_eq(sscanf(h + strlen("  --shard "), "%127s", values), 1);
+    int n_strategies = 0;
+    for (char *save, *v = strtok_r(values, "|", &save); v; v = strtok_r(NULL, "|", &save)) {
+        fsdp_shard_strategy st;
+        ck_assert_msg(fsdp_shard_strategy_parse(v, &st) == FSDP_STATUS_OK, "--shard %s: %s", v,
+                      fsdp_error_msg());
+        ck_assert_str_eq(fsdp_shard_strategy_name(st), v);
+        n_strategies++;
+    }
+    ck_assert_int_eq(n_strategies, FSDP_SHARD_COUNT);
     /* the transport values are the library's table, in its order */
     char want[128];
     snprintf(want, sizeof want, "--comm %s ",
