@@ -116,6 +116,19 @@ static void env_fini(struct rank_env *e)
         fsdp_device_fini(&e->dev);
 }
 
+/* Run fn on n rank threads; assert that every rank succeeded and that the
+ * host collectives' shared state went away with the last fini. */
+static void launch_ok(int n, fsdp_rank_fn fn, void *arg)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, n), FSDP_STATUS_OK);
+    fsdp_status st = fsdp_world_launch(w, fn, arg);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%d ranks: %s: %s", n, fsdp_status_name(st),
+                  fsdp_error_msg());
+    ck_assert_ptr_null(w->comm_shared);
+    fsdp_world_free(w);
+}
+
 /* Compare bytes; on a difference return INTERNAL naming the first element. */
 static fsdp_status expect_same(int rank, const char *what, const void *got, const void *want,
                                size_t numel, fsdp_dtype dt)
@@ -254,13 +267,7 @@ static void run_sweep(int n, const size_t *sizes, int n_sizes)
     a.want_gather = malloc(a.max_full * 4);
     a.want_red[0] = malloc(a.max_full * 4);
     a.want_red[1] = malloc(a.max_full * 4);
-    fsdp_world *w = NULL;
-    ck_assert_int_eq(fsdp_world_init(&w, n), FSDP_STATUS_OK);
-    fsdp_status st = fsdp_world_launch(w, sweep_rank, &a);
-    ck_assert_msg(st == FSDP_STATUS_OK, "%d ranks: %s: %s", n, fsdp_status_name(st),
-                  fsdp_error_msg());
-    ck_assert_ptr_null(w->comm_shared); /* every rank finalised: shared table freed */
-    fsdp_world_free(w);
+    launch_ok(n, sweep_rank, &a);
     free(a.want_gather);
     free(a.want_red[0]);
     free(a.want_red[1]);
@@ -455,15 +462,7 @@ fail:
     return st;
 }
 
-START_TEST(test_meta_moves_nothing)
-{
-    fsdp_world *w = NULL;
-    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
-    fsdp_status st = fsdp_world_launch(w, meta_rank, NULL);
-    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-    ck_assert_ptr_null(w->comm_shared);
-    fsdp_world_free(w);
-}
+START_TEST(test_meta_moves_nothing) { launch_ok(4, meta_rank, NULL); }
 END_TEST
 
 /* ---- faults, aborts, mismatches ------------------------------------------ */
@@ -770,14 +769,7 @@ fail:
     return st;
 }
 
-START_TEST(test_many_small_collectives)
-{
-    fsdp_world *w = NULL;
-    ck_assert_int_eq(fsdp_world_init(&w, world_sizes[_i]), FSDP_STATUS_OK);
-    fsdp_status st = fsdp_world_launch(w, pingpong_rank, NULL);
-    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-    fsdp_world_free(w);
-}
+START_TEST(test_many_small_collectives) { launch_ok(world_sizes[_i], pingpong_rank, NULL); }
 END_TEST
 
 /* ---- the transport table -------------------------------------------------- */
@@ -925,20 +917,15 @@ static fsdp_status misfit_rank(fsdp_world *w, int rank, void *p)
 
 START_TEST(test_comm_init_refuses_misfit)
 {
-    fsdp_world *w = NULL;
-    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
     struct misfit_arg a;
     memset(&a, 0, sizeof a);
-    fsdp_status st = fsdp_world_launch(w, misfit_rank, &a);
-    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    launch_ok(4, misfit_rank, &a);
     for (int r = 0; r < 4; r++) {
         ck_assert_int_eq(a.st_meta[r], FSDP_STATUS_INVALID_ARG);
         ck_assert_msg(strstr(a.msg[r], "--comm meta does not run on --backend cpu: use --comm "
                                        "host or auto"), "rank %d: %s", r, a.msg[r]);
         ck_assert_int_eq(a.st_wrong_dev[r], FSDP_STATUS_INTERNAL);
     }
-    ck_assert_ptr_null(w->comm_shared);
-    fsdp_world_free(w);
 }
 END_TEST
 

@@ -655,6 +655,18 @@ static void check_trace(const char *path, int n_ranks, int *n_track, int *n_coun
     fsdp_json_free(root);
 }
 
+/* Train c (2 ranks) with a trace and check it; n_track[r * 4 + stream]. */
+static void train_traced(fsdp_train_config *c, int *n_track, int *n_counters)
+{
+    char path[512];
+    fsdp_test_path(path, sizeof path, "trace.json");
+    c->trace_path = path;
+    fsdp_train_result res;
+    ck_assert_msg(fsdp_train_run(c, &res) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    fsdp_train_result_free(&res);
+    check_trace(path, 2, n_track, n_counters);
+}
+
 START_TEST(test_trace_train)
 {
     static const bool offload[] = {false, true};
@@ -663,14 +675,8 @@ START_TEST(test_trace_train)
         base_config(&c, "tiny", 2);
         c.eng.offload = offload[k];
         c.eng.grad_accum = 2;
-        char path[512];
-        fsdp_test_path(path, sizeof path, "f.json");
-        c.trace_path = path;
-        fsdp_train_result res;
-        ck_assert_msg(fsdp_train_run(&c, &res) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-        fsdp_train_result_free(&res);
         int n_track[8], n_counters;
-        check_trace(path, 2, n_track, &n_counters);
+        train_traced(&c, n_track, &n_counters);
         for (int r = 0; r < 2; r++) {
             ck_assert_int_gt(n_track[r * 4 + 0], 0); /* compute */
             ck_assert_int_gt(n_track[r * 4 + 1], 0); /* comm */
@@ -698,14 +704,8 @@ START_TEST(test_trace_offload_workers)
     c.eng.batch = 1;
     c.eng.offload = true;
     c.steps = 2;
-    char path[512];
-    fsdp_test_path(path, sizeof path, "f.json");
-    c.trace_path = path;
-    fsdp_train_result res;
-    ck_assert_msg(fsdp_train_run(&c, &res) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-    fsdp_train_result_free(&res);
     int n_track[8], n_counters;
-    check_trace(path, 2, n_track, &n_counters);
+    train_traced(&c, n_track, &n_counters);
     for (int r = 0; r < 2; r++)
         ck_assert_int_eq(n_track[r * 4 + 3], 2 * 5); /* one update per unit and step */
 }
