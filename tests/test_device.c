@@ -415,7 +415,7 @@ START_TEST(test_backend_table)
             fsdp_device_fini(&d);
         }
     }
-    ck_assert_str_eq(fsdp_backend_name(FSDP_BACKEND_COUNT), "?");
+    ck_assert_str_eq(fsdp_backend_name(FSDP_BACKEND_COUNT), "unknown");
     ck_assert_int_eq(fsdp_backend_n_devices(FSDP_BACKEND_COUNT), 0);
     ck_assert_int_eq(fsdp_backend_default(), n_gpu > 0 ? FSDP_BACKEND_CUDA : FSDP_BACKEND_CPU);
     int v;

@@ -92,7 +92,7 @@ START_TEST(test_dtype_table)
     }
     ck_assert_str_eq(fsdp_dtype_name(FSDP_DTYPE_F32), "fp32");
     ck_assert_str_eq(fsdp_dtype_name(FSDP_DTYPE_BF16), "bf16");
-    ck_assert_str_eq(fsdp_dtype_name(FSDP_DTYPE_COUNT), "?");
+    ck_assert_str_eq(fsdp_dtype_name(FSDP_DTYPE_COUNT), "unknown");
 }
 END_TEST
 

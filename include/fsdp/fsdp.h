@@ -43,7 +43,8 @@ typedef enum fsdp_dtype {
 
 /* Bytes per element of a dtype. */
 size_t fsdp_dtype_size(fsdp_dtype dt);
-/* "fp32", "bf16" (the name table in core/names.c); "?" for other values. */
+/* "fp32", "bf16" (the name table in core/names.c); "unknown" for other
+ * values. */
 const char *fsdp_dtype_name(fsdp_dtype dt);
 
 typedef enum fsdp_backend {
@@ -53,8 +54,8 @@ typedef enum fsdp_backend {
     FSDP_BACKEND_COUNT
 } fsdp_backend;
 
-/* "cpu", "cuda", "meta" (the backend table in device/device.c); "?" for
- * other values. */
+/* "cpu", "cuda", "meta" (the backend table in device/device.c); "unknown"
+ * for other values. */
 const char *fsdp_backend_name(fsdp_backend b);
 
 /* Most ranks (devices) one world runs: every count of ranks, devices or

@@ -32,7 +32,7 @@ const char *fsdp_comm_kind_name(fsdp_comm_kind k)
 #define SERVES(b) FSDP_NAME_BIT(FSDP_BACKEND_##b)
 
 static const fsdp_transport transports[] = {
-    /* kind            backends        share  span   init */
+    /* kind          serves        share  span   init */
     {FSDP_COMM_HOST, SERVES(CPU), false, false, fsdp_comm_host_init},
     {FSDP_COMM_META, SERVES(META), false, false, fsdp_comm_meta_init},
     {FSDP_COMM_NCCL, SERVES(CUDA), false, false, fsdp_comm_nccl_init},
@@ -55,7 +55,7 @@ static enum misfit misfit(const fsdp_transport *t, const fsdp_transport_req *req
 }
 
 /* Which rows have the property a `why` misfit lacks, whatever their
- * backend: "peer does, on --backend cuda"; "none does in this build". */
+ * backend: "peer on --backend cuda does"; "none does in this build". */
 static char *rows_having(enum misfit why, char *buf, size_t n)
 {
     size_t len = 0;

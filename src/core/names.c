@@ -76,4 +76,8 @@ static const fsdp_name dtype_names[] = {
 };
 const fsdp_name_table fsdp_dtype_names = FSDP_NAME_TABLE(dtype_names);
 
-const char *fsdp_dtype_name(fsdp_dtype dt) { return fsdp_names_name(&fsdp_dtype_names, (int)dt); }
+const char *fsdp_dtype_name(fsdp_dtype dt)
+{
+    const fsdp_name *e = fsdp_names_of(&fsdp_dtype_names, (int)dt);
+    return e ? e->name : "unknown";
+}

@@ -39,7 +39,8 @@ static const struct backend {
 
 const char *fsdp_backend_name(fsdp_backend b)
 {
-    return fsdp_names_name(&fsdp_backend_names, (int)b);
+    const fsdp_name *e = fsdp_names_of(&fsdp_backend_names, (int)b);
+    return e ? e->name : "unknown";
 }
 
 fsdp_backend fsdp_backend_default(void)
