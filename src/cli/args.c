@@ -57,7 +57,7 @@ void fsdp_args_help(const char *cmd, const char *synopsis, const fsdp_opt *opts,
     printf("usage: fsdp %s %s\n\n", cmd, synopsis);
     for (int i = 0; i < n_opts; i++) {
         const fsdp_opt *o = &opts[i];
-        printf("  %-*s %s", w, help_head(o, head, sizeof head), o->help ? o->help : "");
+        printf("  %-*s  %s", w, help_head(o, head, sizeof head), o->help ? o->help : "");
         if (o->type != FSDP_OPT_NAME || !o->names) {
             printf("\n");
             continue;
@@ -73,10 +73,10 @@ void fsdp_args_help(const char *cmd, const char *synopsis, const fsdp_opt *opts,
         for (int k = 0; k < o->names->n; k++) {
             const fsdp_name *e = &o->names->v[k];
             if (e->help && name_allowed(o, e->value))
-                printf("  %-*s   %-*s  %s\n", w, "", nw, e->name, e->help);
+                printf("  %-*s    %-*s  %s\n", w, "", nw, e->name, e->help);
         }
     }
-    printf("  %-*s %s\n", w, "--help", "show this help");
+    printf("  %-*s  %s\n", w, "--help", "show this help");
 }
 
 static int bad_value(const char *cmd, const fsdp_opt *o, const char *v, const char *why)

@@ -185,7 +185,7 @@ fsdp_status fsdp_backend_check(fsdp_backend b, int n_ranks, int ranks_per_device
 
 /* Backend function tables. cuda's is NULL when built without CUDA;
  * fsdp_cuda_device_count() returns 0 then, or when no GPU is visible
- * (device/cuda.cu, or device/cuda_stub.c in a build without CUDA). */
+ * (device/cuda.cu, or device/cuda_device_stub.c in a build without CUDA). */
 extern const struct fsdp_device_i fsdp_device_cpu_i;
 extern const struct fsdp_device_i fsdp_device_meta_i;
 const struct fsdp_device_i *fsdp_device_cuda_iface(void);

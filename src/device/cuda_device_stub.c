@@ -1,5 +1,5 @@
 /*
- * cuda_stub.c - the CUDA device backend of a build without CUDA (CUDA=0):
+ * cuda_device_stub.c - the CUDA device backend of a build without CUDA (CUDA=0):
  * no function table and no devices, so the backend table (device.c) reports
  * cuda as not built in. Compiled only when the .cu files are not; the ops
  * and comm layers have their own stubs (ops/cuda_ops_stub.c,
