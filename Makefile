@@ -95,7 +95,9 @@ CLI_SRC := $(wildcard src/cli/*.c)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# Helpers every suite links (tests/testutil.c), built once.
 TEST_COMMON := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
+TEST_COMMON_OBJ := $(TEST_COMMON:%.c=$(BUILD)/obj/%.o)
 TOOL_SRC := $(wildcard tools/*.c)
 TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 
@@ -126,9 +128,10 @@ $(BIN): $(CLI_OBJ) $(LIB)
 
 # Tests may run the command itself (test_cli): it is built first and its
 # path is passed in.
-$(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB) $(BIN)
+$(TEST_COMMON_OBJ): CFLAGS += -DFSDP_BIN='"$(BIN)"'
+$(BUILD)/tests/%: tests/%.c $(TEST_COMMON_OBJ) $(wildcard tests/*.h) $(LIB) $(BIN)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DFSDP_BIN='"$(BIN)"' $< $(TEST_COMMON) $(LIB) $(LDFLAGS) $(TEST_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) -DFSDP_BIN='"$(BIN)"' $< $(TEST_COMMON_OBJ) $(LIB) $(LDFLAGS) $(TEST_LIBS) $(LDLIBS) -o $@
 
 $(BUILD)/tools/%: tools/%.c $(LIB)
 	@mkdir -p $(dir $@)
@@ -153,7 +156,7 @@ bench: all $(TOOL_BIN)
 clean:
 	rm -rf build build-asan build-tsan
 
--include $(OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+-include $(OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_COMMON_OBJ:.o=.d)
 
 # ---- fuzzing ---------------------------------------------------------------
 # make fuzz [FUZZ_SECONDS=60] [FUZZ_JOBS=N]: one libFuzzer target per file

@@ -17,16 +17,12 @@ int fsdp_cli_plot(int argc, char **argv)
     int rc = fsdp_args_parse("plot", synopsis, NULL, 0, argc, argv, pos, 2, &n_pos);
     if (rc != FSDP_ARGS_OK)
         return rc;
-    if (n_pos != 2) {
-        fprintf(stderr, "fsdp plot: usage: fsdp plot %s\n", synopsis);
-        return 2;
-    }
+    if (n_pos != 2)
+        return fsdp_cli_usage("plot", "usage: fsdp plot %s", synopsis);
     fsdp_plot_info info;
     fsdp_status st = fsdp_plot_metrics(pos[0], pos[1], &info);
-    if (st != FSDP_STATUS_OK) {
-        fprintf(stderr, "fsdp plot: error: %s\n", fsdp_error_msg());
-        return 1;
-    }
+    if (st != FSDP_STATUS_OK) /* a bad metrics file is a runtime error, not a usage error */
+        return fsdp_cli_status("plot", st) ? 1 : 0;
     printf("%s: %d step(s), %d device(s) -> %s\n", pos[0], info.n_steps, info.n_devices, pos[1]);
-    return 0;
+    return fsdp_cli_flush("plot");
 }

@@ -1,147 +1,103 @@
 /*
  * run_opts.c - options shared by `fsdp train` and `fsdp plan`.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "ckpt/modelfile.h"
+#include "cli/cli.h"
 #include "cli/run_opts.h"
 #include "models/gpt2.h"
 
-int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *o)
+static const fsdp_name shard_names[] = {
+    {"full", FSDP_SHARD_FULL,
+     "parameters, gradients and optimizer state sharded; units gathered just in time "
+     "(FULL_SHARD, ZeRO-3)"},
+    {"grad-op", FSDP_SHARD_GRAD_OP,
+     "as full, but gathered parameters stay from forward to backward (SHARD_GRAD_OP, ZeRO-2)"},
+    {"none", FSDP_SHARD_NONE, "everything replicated, gradients all-reduced (NO_SHARD, DDP)"},
+};
+const fsdp_name_table fsdp_shard_names = FSDP_NAME_TABLE(shard_names);
+
+static const fsdp_name offload_names[] = {
+    {"none", 0, "master weights, optimizer state and gradient shards on the device"},
+    {"optimizer", 1,
+     "master weights, optimizer state and gradient shards in pinned host memory, updated by "
+     "the CPU optimizer"},
+};
+const fsdp_name_table fsdp_offload_names = FSDP_NAME_TABLE(offload_names);
+
+static const fsdp_name prefetch_names[] = {
+    {"on", 1, NULL},
+    {"off", 0, NULL},
+};
+const fsdp_name_table fsdp_prefetch_names = FSDP_NAME_TABLE(prefetch_names);
+
+void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
 {
     memset(ro, 0, sizeof *ro);
     fsdp_train_config_default(&ro->cfg);
     fsdp_train_config *c = &ro->cfg;
     fsdp_engine_config *e = &c->eng;
+    ro->backend = (int)e->backend;
+    ro->shard = (int)e->shard;
+    ro->precision = (int)e->compute_dtype;
+    ro->offload = e->offload;
+    ro->prefetch = e->prefetch;
+    ro->comm = (int)e->comm;
     ro->devices = -1; /* unset: the backend's default */
     e->seq = 0;       /* unset: chosen from the data and model in fsdp_run_opts_finish */
-    int n = 0;
-#define OPT(name_, type_, dst_, meta_, help_) \
-    o[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
-    OPT("backend", FSDP_OPT_STR, &ro->backend, "cpu|cuda|meta",
-        "device backend (default: cuda when a GPU is visible, else cpu)");
-    OPT("devices", FSDP_OPT_INT, &ro->devices, "N",
-        "number of devices = ranks (default: 4 simulated cpu devices, or every GPU)");
-    OPT("model", FSDP_OPT_STR, &c->model, "NAME|FILE",
-        "tiny|small|gpt2|gpt2-medium|gpt2-large|gpt2-xl|custom:layers=L,heads=H,channels=C,"
-        "vocab=V,context=T (default small), or a model to start from: FILE.bin (llm.c), "
-        "FILE.safetensors (HF GPT-2) or a checkpoint directory");
-    OPT("batch", FSDP_OPT_INT, &e->batch, "B", "sequences per micro-batch per device (default 16)");
-    OPT("seq", FSDP_OPT_INT, &e->seq, "T",
-        "sequence length (default: 14 on the synthetic task, one problem per row; else the "
-        "model's context)");
-    OPT("grad-accum", FSDP_OPT_INT, &e->grad_accum, "A", "micro-steps per device per step (default 1)");
-    OPT("shard", FSDP_OPT_STR, &ro->shard, "full|grad-op|none",
-        "FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2) or NO_SHARD (DDP) (default full)");
-    OPT("precision", FSDP_OPT_STR, &ro->precision, "fp32|bf16",
-        "compute dtype: gathered parameters and activations; master weights stay fp32 (default fp32)");
-    OPT("offload", FSDP_OPT_STR, &ro->offload, "none|optimizer",
-        "keep master weights, Adam state and gradient shards in pinned host memory (default none)");
-    OPT("prefetch", FSDP_OPT_STR, &ro->prefetch, "on|off",
-        "all-gather the next unit while computing this one (default on)");
-    OPT("comm", FSDP_OPT_STR, &ro->comm, "auto|host|nccl|peer",
-        "collectives: host (cpu), nccl or peer (cuda) (default auto)");
-    OPT("ranks-per-device", FSDP_OPT_INT, &e->ranks_per_device, "K",
-        "cuda + peer: K virtual ranks share each GPU (default 1)");
-    OPT("device-mem", FSDP_OPT_SIZE, &e->device_mem, "BYTES",
-        "per-device memory cap, e.g. 24GiB (default none on cpu/meta)");
-    OPT("seed", FSDP_OPT_U64, &e->seed, "S", "seed for initialisation and data (default 1337)");
-#undef OPT
-    return n;
-}
-
-static int pick(const char *cmd, const char *flag, const char *v, const char *const *names, int n,
-                int *out)
-{
-    for (int i = 0; i < n; i++)
-        if (!strcmp(v, names[i])) {
-            *out = i;
-            return 0;
-        }
-    fprintf(stderr, "fsdp %s: --%s: unknown value '%s' (expected", cmd, flag, v);
-    for (int i = 0; i < n; i++)
-        fprintf(stderr, "%s%s", i ? "|" : " ", names[i]);
-    fprintf(stderr, ")\n");
-    return 2;
+    fsdp_opt_add_name(l, "backend", &ro->backend, &fsdp_backend_names,
+                      "device backend; cuda when a GPU is visible, else cpu");
+    fsdp_opt_add_int(l, "devices", &ro->devices, 1, FSDP_MAX_RANKS, "N",
+                     "number of devices = ranks (default: 4 simulated cpu devices, or every GPU)");
+    fsdp_opt_add(l, "model", FSDP_OPT_STR, &c->model, "NAME|FILE",
+                 "tiny|small|gpt2|gpt2-medium|gpt2-large|gpt2-xl|custom:layers=L,heads=H,"
+                 "channels=C,vocab=V,context=T (default small), or a model to start from: "
+                 "FILE.bin (llm.c), FILE.safetensors (HF GPT-2) or a checkpoint directory");
+    fsdp_opt_add_int(l, "batch", &e->batch, 1, INT_MAX, "B",
+                     "sequences per micro-batch per device (default 16)");
+    fsdp_opt_add_int(l, "seq", &e->seq, 1, INT_MAX, "T",
+                     "sequence length (default: 14 on the synthetic task, one problem per row; "
+                     "else the model's context)");
+    fsdp_opt_add_int(l, "grad-accum", &e->grad_accum, 1, INT_MAX, "A",
+                     "micro-steps per device per step (default 1)");
+    fsdp_opt_add_name(l, "shard", &ro->shard, &fsdp_shard_names, "sharding strategy");
+    fsdp_opt_add_name(l, "precision", &ro->precision, &fsdp_dtype_names,
+                      "compute dtype: gathered parameters and activations; master weights, "
+                      "gradients and optimizer state stay fp32");
+    fsdp_opt_add_name(l, "offload", &ro->offload, &fsdp_offload_names,
+                      "where the optimizer's shards live");
+    fsdp_opt_add_name(l, "prefetch", &ro->prefetch, &fsdp_prefetch_names,
+                      "all-gather the next unit while computing this one");
+    fsdp_opt_add_name(l, "comm", &ro->comm, &fsdp_comm_kind_names,
+                      "collectives' transport (it must serve --backend)");
+    fsdp_opt_add_int(l, "ranks-per-device", &e->ranks_per_device, 1, FSDP_MAX_RANKS, "K",
+                     "cuda + peer: K virtual ranks share each GPU (default 1)");
+    fsdp_opt_add(l, "device-mem", FSDP_OPT_SIZE, &e->device_mem, "BYTES",
+                 "per-device memory cap, e.g. 24GiB (default none on cpu/meta)");
+    fsdp_opt_add(l, "seed", FSDP_OPT_U64, &e->seed, "S",
+                 "seed for initialisation and data (default 1337)");
 }
 
 int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
 {
     fsdp_engine_config *e = &ro->cfg.eng;
-    int k;
-    if (ro->backend) {
-        static const char *const b[] = {"cpu", "cuda", "meta"};
-        if (pick(cmd, "backend", ro->backend, b, 3, &k))
-            return 2;
-        e->backend = (fsdp_backend)k;
-        if (e->backend == FSDP_BACKEND_CUDA && fsdp_cuda_device_count() == 0) {
-            fprintf(stderr, "fsdp %s: --backend cuda: no CUDA device is visible%s\n", cmd,
-                    fsdp_device_cuda_iface() ? "" : " (this build has no CUDA: built with CUDA=0)");
-            return 2;
-        }
-    }
-    if (ro->devices != -1)
-        e->n_ranks = ro->devices;
-    else
-        e->n_ranks = e->backend == FSDP_BACKEND_CUDA ? fsdp_cuda_device_count() : 4;
-    if (ro->shard) {
-        static const char *const s[] = {"full", "grad-op", "none"};
-        if (pick(cmd, "shard", ro->shard, s, 3, &k))
-            return 2;
-        e->shard = (fsdp_shard_strategy)k;
-    }
-    if (ro->precision) {
-        static const char *const p[] = {"fp32", "bf16"};
-        if (pick(cmd, "precision", ro->precision, p, 2, &k))
-            return 2;
-        e->compute_dtype = (fsdp_dtype)k;
-    }
-    if (ro->offload) {
-        static const char *const o[] = {"none", "optimizer"};
-        if (pick(cmd, "offload", ro->offload, o, 2, &k))
-            return 2;
-        e->offload = k == 1;
-    }
-    if (ro->prefetch) {
-        static const char *const p[] = {"off", "on"};
-        if (pick(cmd, "prefetch", ro->prefetch, p, 2, &k))
-            return 2;
-        e->prefetch = k == 1;
-    }
-    if (ro->comm) {
-        static const char *const c[] = {"auto", "host", "meta", "nccl", "peer"};
-        if (pick(cmd, "comm", ro->comm, c, 5, &k))
-            return 2;
-        e->comm = (fsdp_comm_kind)k;
-    }
-    if (e->n_ranks < 1 || e->n_ranks > 1024) {
-        fprintf(stderr, "fsdp %s: --devices must be 1..1024 (got %d)\n", cmd, e->n_ranks);
-        return 2;
-    }
-    if (e->batch < 1 || e->seq < 0 || e->grad_accum < 1 || e->ranks_per_device < 1) {
-        fprintf(stderr, "fsdp %s: --batch, --seq, --grad-accum and --ranks-per-device must be >= 1\n",
-                cmd);
-        return 2;
-    }
-    if (e->ranks_per_device > 1 && (e->backend != FSDP_BACKEND_CUDA || e->comm == FSDP_COMM_NCCL)) {
-        fprintf(stderr, "fsdp %s: --ranks-per-device needs --backend cuda with --comm peer "
-                        "(NCCL refuses two ranks on one GPU)\n", cmd);
-        return 2;
-    }
-    if (e->comm == FSDP_COMM_HOST && e->backend != FSDP_BACKEND_CPU) {
-        fprintf(stderr, "fsdp %s: --comm host needs --backend cpu\n", cmd);
-        return 2;
-    }
-    if ((e->comm == FSDP_COMM_NCCL || e->comm == FSDP_COMM_PEER) && e->backend != FSDP_BACKEND_CUDA) {
-        fprintf(stderr, "fsdp %s: --comm %s needs --backend cuda\n", cmd, ro->comm);
-        return 2;
-    }
-    if (e->backend == FSDP_BACKEND_CUDA && e->n_ranks > fsdp_cuda_device_count() * e->ranks_per_device) {
-        fprintf(stderr, "fsdp %s: --devices %d but only %d GPU(s) x %d rank(s) per device are available\n",
-                cmd, e->n_ranks, fsdp_cuda_device_count(), e->ranks_per_device);
-        return 2;
-    }
+    e->backend = (fsdp_backend)ro->backend;
+    e->shard = (fsdp_shard_strategy)ro->shard;
+    e->compute_dtype = (fsdp_dtype)ro->precision;
+    e->offload = ro->offload != 0;
+    e->prefetch = ro->prefetch != 0;
+    e->comm = (fsdp_comm_kind)ro->comm;
+    e->n_ranks = ro->devices != -1 ? ro->devices : fsdp_backend_default_devices(e->backend);
+    if (fsdp_backend_check(e->backend, e->n_ranks, e->ranks_per_device) != FSDP_STATUS_OK)
+        return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
+    const fsdp_transport *t;
+    fsdp_transport_req req = {.backend = e->backend, .kind = e->comm,
+                              .ranks_per_device = e->ranks_per_device, .n_processes = 1};
+    if (fsdp_transport_pick(&req, &t) != FSDP_STATUS_OK)
+        return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
     fsdp_gpt2_config gc;
     if (fsdp_modelfile_is_path(ro->cfg.model)) {
         /* a model file (fine-tuning): its header gives the shape */

@@ -1,6 +1,6 @@
 /*
  * run_opts.h - the options `fsdp train` and `fsdp plan` share (model,
- * batch, devices, sharding, precision, offload...), as one option table
+ * batch, devices, sharding, precision, offload...), as one option-list
  * fragment and one validation step that fills a fsdp_train_config.
  */
 #ifndef FSDP_CLI_RUN_OPTS_H
@@ -11,17 +11,24 @@
 
 typedef struct fsdp_run_opts {
     fsdp_train_config cfg;
-    const char *backend, *shard, *precision, *offload, *prefetch, *comm;
-    int devices;
+    /* name-table values, copied into cfg by fsdp_run_opts_finish */
+    int backend, shard, precision, offload, prefetch, comm;
+    int devices;  /* -1: the backend's default */
 } fsdp_run_opts;
 
-#define FSDP_RUN_OPTS_MAX 48
+/* The --shard, --offload and --prefetch values. (The shard table belongs
+ * beside its enum in fsdp/shardmap.h; it lives here until that file reads
+ * it, and test_cli checks that the two agree.) */
+extern const fsdp_name_table fsdp_shard_names;
+extern const fsdp_name_table fsdp_offload_names;
+extern const fsdp_name_table fsdp_prefetch_names;
 
-/* Defaults, and the shared option entries appended to opts (returns count). */
-int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *opts);
+/* Defaults, and the shared options appended to l. */
+void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l);
 
-/* Turn the strings into the config; checks combinations. Returns 0 or 2
- * (usage error, message printed). */
+/* Copy the choices into the config and check how they combine (backend
+ * and device count, transport, model and sequence length). Returns 0, or 2
+ * after printing a usage error. */
 int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro);
 
 #endif /* FSDP_CLI_RUN_OPTS_H */

@@ -36,8 +36,9 @@ int fsdp_cli_shardmap(int argc, char **argv)
     int rc = fsdp_args_parse("shardmap", "[options]", opts, n, argc, argv, NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;
-    if (devices < 1 || devices > 1024) {
-        fprintf(stderr, "fsdp shardmap: --devices must be 1..1024 (got %d)\n", devices);
+    if (devices < 1 || devices > FSDP_MAX_RANKS) {
+        fprintf(stderr, "fsdp shardmap: --devices must be 1..%d (got %d)\n", FSDP_MAX_RANKS,
+                devices);
         return 2;
     }
     fsdp_shard_strategy strategy;

@@ -1,10 +1,12 @@
 /*
  * comm.h - the collectives interface, bound to one rank.
  *
- * Implementations: `host` (cpu ranks: shared memory among the rank threads,
- * comm/host.c), `meta` (counts bytes, moves nothing), and on cuda `nccl` and
- * `peer`. The generic wrappers count bytes (one formula for every backend,
- * below), call the fault hook through the backend, and skip NULL slots.
+ * Implementations ("transports"): `host` (cpu ranks: shared memory among
+ * the rank threads, comm/host.c), `meta` (counts bytes, moves nothing), and
+ * on cuda `nccl` and `peer` (comm/cuda_comm.h). Which one a run uses is
+ * decided in one place, comm/transport.h. The generic wrappers count bytes
+ * (one formula for every backend, below), call the fault hook through the
+ * backend, and skip NULL slots.
  *
  * Buffers live on the rank's device. Calls are asynchronous on stream s
  * (NULL = the device's comm stream) and complete in issue order on that
@@ -81,11 +83,6 @@ struct fsdp_comm {
 fsdp_status fsdp_comm_host_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
 /* Meta collectives: count bytes only. */
 fsdp_status fsdp_comm_meta_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
-/* CUDA collectives (comm/nccl.cu, comm/peer.cu; UNSUPPORTED without CUDA):
- * NCCL among the ranks' GPUs, or device-to-device peer copies between the
- * ranks' buffers (several virtual ranks may share a GPU). */
-fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
-fsdp_status fsdp_comm_peer_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
 void fsdp_comm_fini(fsdp_comm *c);
 
 fsdp_status fsdp_comm_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,

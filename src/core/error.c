@@ -1,5 +1,5 @@
 /*
- * error.c - per-thread error messages, status and dtype names, byte sizes.
+ * error.c - per-thread error messages, status names, dtype sizes, byte sizes.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -53,18 +53,6 @@ const char *fsdp_status_name(fsdp_status st)
 }
 
 size_t fsdp_dtype_size(fsdp_dtype dt) { return dt == FSDP_DTYPE_BF16 ? 2 : 4; }
-
-const char *fsdp_dtype_name(fsdp_dtype dt) { return dt == FSDP_DTYPE_BF16 ? "bf16" : "fp32"; }
-
-const char *fsdp_backend_name(fsdp_backend b)
-{
-    switch (b) {
-    case FSDP_BACKEND_CPU: return "cpu";
-    case FSDP_BACKEND_CUDA: return "cuda";
-    case FSDP_BACKEND_META: return "meta";
-    default: return "unknown";
-    }
-}
 
 char *fsdp_fmt_bytes(char *buf, size_t n, double bytes)
 {

@@ -14,9 +14,9 @@
 
 fsdp_status fsdp_world_init(fsdp_world **out, int n_ranks)
 {
-    if (n_ranks < 1 || n_ranks > 1024)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "world size must be 1..1024, got %d", n_ranks);
+    if (n_ranks < 1 || n_ranks > FSDP_MAX_RANKS)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "world size must be 1..%d, got %d",
+                              FSDP_MAX_RANKS, n_ranks);
     fsdp_world *w = calloc(1, sizeof *w);
     if (!w)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating a world");

@@ -1,6 +1,7 @@
 /*
- * device.c - the generic device wrappers: accounting by kind, the memory
- * cap, the allocation table, the fault hook, and NULL-slot handling.
+ * device.c - the backend table, and the generic device wrappers:
+ * accounting by kind, the memory cap, the allocation table, the fault hook,
+ * and NULL-slot handling.
  *
  * Every allocation is recorded in an open-addressed table keyed by pointer,
  * so frees need no size, leaks can be listed, and meta's fake pointers are
@@ -12,6 +13,83 @@
 #include "core/log.h"
 #include "core/world.h"
 #include "device/device.h"
+
+/* ---- the backends ---------------------------------------------------------- */
+
+static const fsdp_name backend_names[] = {
+    {"cpu", FSDP_BACKEND_CPU,
+     "simulated devices in host memory: real math (OpenBLAS), memory capped by --device-mem"},
+    {"cuda", FSDP_BACKEND_CUDA, "one GPU per rank (or --ranks-per-device ranks per GPU)"},
+    {"meta", FSDP_BACKEND_META, "accounting only: nothing is allocated or computed"},
+};
+const fsdp_name_table fsdp_backend_names = FSDP_NAME_TABLE(backend_names);
+
+static const struct fsdp_device_i *cpu_iface(void) { return &fsdp_device_cpu_i; }
+static const struct fsdp_device_i *meta_iface(void) { return &fsdp_device_meta_i; }
+
+static const struct backend {
+    const struct fsdp_device_i *(*iface)(void); /* NULL result: not built in */
+    int (*n_devices)(void);                     /* NULL: simulated, FSDP_MAX_RANKS */
+    int default_devices;                        /* 0: every device it offers */
+} backends[FSDP_BACKEND_COUNT] = {
+    [FSDP_BACKEND_CPU] = {cpu_iface, NULL, 4},
+    [FSDP_BACKEND_CUDA] = {fsdp_device_cuda_iface, fsdp_cuda_device_count, 0},
+    [FSDP_BACKEND_META] = {meta_iface, NULL, 4},
+};
+
+const char *fsdp_backend_name(fsdp_backend b)
+{
+    const fsdp_name *e = fsdp_names_of(&fsdp_backend_names, (int)b);
+    return e ? e->name : "unknown";
+}
+
+fsdp_backend fsdp_backend_default(void)
+{
+    return fsdp_backend_n_devices(FSDP_BACKEND_CUDA) > 0 ? FSDP_BACKEND_CUDA : FSDP_BACKEND_CPU;
+}
+
+int fsdp_backend_n_devices(fsdp_backend b)
+{
+    if ((unsigned)b >= FSDP_BACKEND_COUNT)
+        return 0;
+    return backends[b].n_devices ? backends[b].n_devices() : FSDP_MAX_RANKS;
+}
+
+int fsdp_backend_default_devices(fsdp_backend b)
+{
+    if ((unsigned)b >= FSDP_BACKEND_COUNT)
+        return 0;
+    return backends[b].default_devices ? backends[b].default_devices : fsdp_backend_n_devices(b);
+}
+
+fsdp_status fsdp_backend_check(fsdp_backend b, int n_ranks, int ranks_per_device)
+{
+    if ((unsigned)b >= FSDP_BACKEND_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "backend %d is not one of this build's",
+                              (int)b);
+    const char *name = fsdp_backend_name(b);
+    int n_dev = fsdp_backend_n_devices(b);
+    if (n_dev == 0)
+        return fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "--backend %s: no %s device is visible%s",
+                              name, b == FSDP_BACKEND_CUDA ? "CUDA" : name,
+                              backends[b].iface()
+                                  ? ""
+                                  : " (this build has no CUDA: built with CUDA=0)");
+    if (n_ranks < 1 || n_ranks > FSDP_MAX_RANKS)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--devices must be 1..%d (got %d)",
+                              FSDP_MAX_RANKS, n_ranks);
+    if (ranks_per_device < 1 || ranks_per_device > FSDP_MAX_RANKS)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--ranks-per-device must be 1..%d (got %d)",
+                              FSDP_MAX_RANKS, ranks_per_device);
+    if (backends[b].n_devices && (long)n_ranks > (long)n_dev * ranks_per_device)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "--devices %d but only %d %s device(s) x %d rank(s) per device are "
+                              "available",
+                              n_ranks, n_dev, name, ranks_per_device);
+    return FSDP_STATUS_OK;
+}
+
+/* ---- accounting ------------------------------------------------------------ */
 
 const char *fsdp_mem_kind_name(fsdp_mem_kind k)
 {
@@ -120,12 +198,8 @@ fsdp_status fsdp_device_init(fsdp_device *d, fsdp_backend backend, fsdp_world *w
                              int ordinal, size_t cap_bytes)
 {
     memset(d, 0, sizeof *d);
-    switch (backend) {
-    case FSDP_BACKEND_CPU: d->iface = &fsdp_device_cpu_i; break;
-    case FSDP_BACKEND_META: d->iface = &fsdp_device_meta_i; break;
-    case FSDP_BACKEND_CUDA: d->iface = fsdp_device_cuda_iface(); break;
-    default: break;
-    }
+    if ((unsigned)backend < FSDP_BACKEND_COUNT)
+        d->iface = backends[backend].iface();
     if (!d->iface)
         return fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "backend '%s' is not built in",
                               fsdp_backend_name(backend));

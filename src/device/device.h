@@ -20,6 +20,7 @@
 #include <stddef.h>
 
 #include "core/error.h"
+#include "core/names.h"
 #include "fsdp/fsdp.h"
 
 #ifdef __cplusplus
@@ -154,8 +155,37 @@ fsdp_status fsdp_device_event_sync(fsdp_device *d, fsdp_event_t e);
 /* Reset peak to the current use (per-step peaks). */
 void fsdp_device_reset_peak(fsdp_device *d);
 
-/* Backend tables. cuda's is NULL when built without CUDA; fsdp_cuda_device_count()
- * returns 0 then, or when no GPU is visible. */
+/* ---- the backends ----------------------------------------------------------
+ * One table (device.c) says, per backend, its name and help line, its
+ * function table, how many devices it offers and how many a run uses by
+ * default. fsdp_device_init, fsdp_backend_name and the CLI's --backend read
+ * it; nothing else switches on which backends exist. */
+
+/* The --backend values: cpu, cuda, meta. */
+extern const fsdp_name_table fsdp_backend_names;
+
+/* The backend a run uses when none is named: cuda when a GPU is visible,
+ * else cpu. */
+fsdp_backend fsdp_backend_default(void);
+
+/* Devices `b` offers here: FSDP_MAX_RANKS simulated devices on cpu and meta,
+ * the visible GPUs on cuda (0 without a GPU or in a build without CUDA). */
+int fsdp_backend_n_devices(fsdp_backend b);
+
+/* Devices a run on `b` uses when --devices is not given: 4 simulated
+ * devices on cpu and meta, every visible GPU on cuda. */
+int fsdp_backend_default_devices(fsdp_backend b);
+
+/* Whether `b` can run n_ranks ranks with ranks_per_device of them sharing
+ * each device: OK, or INVALID_ARG (a count out of range) or UNSUPPORTED
+ * (a backend this build or machine lacks) with a message that names the
+ * option to change. Whether the transport lets ranks share a device is
+ * fsdp_transport_pick's question (comm/transport.h). */
+fsdp_status fsdp_backend_check(fsdp_backend b, int n_ranks, int ranks_per_device);
+
+/* Backend function tables. cuda's is NULL when built without CUDA;
+ * fsdp_cuda_device_count() returns 0 then, or when no GPU is visible
+ * (device/cuda.cu, or device/cuda_device_stub.c in a build without CUDA). */
 extern const struct fsdp_device_i fsdp_device_cpu_i;
 extern const struct fsdp_device_i fsdp_device_meta_i;
 const struct fsdp_device_i *fsdp_device_cuda_iface(void);

@@ -24,24 +24,6 @@
 #include "fsdp/engine.h"
 #include "fsdp/engine_internal.h"
 
-const char *fsdp_comm_kind_name(fsdp_comm_kind k)
-{
-    static const char *const names[FSDP_COMM_KIND_COUNT] = {"auto", "host", "meta", "nccl",
-                                                            "peer"};
-    return (unsigned)k < FSDP_COMM_KIND_COUNT ? names[k] : "?";
-}
-
-fsdp_status fsdp_comm_kind_parse(const char *s, fsdp_comm_kind *out)
-{
-    for (int i = 0; i < FSDP_COMM_KIND_COUNT; i++)
-        if (!strcmp(s, fsdp_comm_kind_name((fsdp_comm_kind)i))) {
-            *out = (fsdp_comm_kind)i;
-            return FSDP_STATUS_OK;
-        }
-    return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                          "unknown communicator '%s' (expected auto, host, nccl or peer)", s);
-}
-
 /* ---- shared state ------------------------------------------------------- */
 
 fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_config *cfg,
@@ -276,31 +258,13 @@ static fsdp_status grad_finish(fsdp_engine *e, int u)
 
 /* ---- per-rank init ------------------------------------------------------- */
 
+/* The transport is chosen in one place (comm/transport.h). */
 static fsdp_status comm_init(fsdp_engine *e)
 {
     const fsdp_engine_config *cfg = &e->sh->cfg;
-    fsdp_comm_kind k = cfg->comm;
-    if (k == FSDP_COMM_AUTO)
-        k = cfg->backend == FSDP_BACKEND_CPU    ? FSDP_COMM_HOST
-            : cfg->backend == FSDP_BACKEND_META ? FSDP_COMM_META
-            : cfg->ranks_per_device > 1         ? FSDP_COMM_PEER
-                                                : FSDP_COMM_NCCL;
-    switch (k) {
-    case FSDP_COMM_HOST:
-        if (cfg->backend != FSDP_BACKEND_CPU)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--comm host needs --backend cpu");
-        return fsdp_comm_host_init(&e->comm, e->sh->world, &e->dev, e->rank);
-    case FSDP_COMM_META:
-        return fsdp_comm_meta_init(&e->comm, e->sh->world, &e->dev, e->rank);
-    case FSDP_COMM_NCCL:
-    case FSDP_COMM_PEER:
-        if (cfg->backend != FSDP_BACKEND_CUDA)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--comm %s needs --backend cuda",
-                                  fsdp_comm_kind_name(k));
-        return k == FSDP_COMM_NCCL ? fsdp_comm_nccl_init(&e->comm, e->sh->world, &e->dev, e->rank)
-                                   : fsdp_comm_peer_init(&e->comm, e->sh->world, &e->dev, e->rank);
-    default: return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "bad communicator");
-    }
+    fsdp_transport_req req = {.backend = cfg->backend, .kind = cfg->comm,
+                              .ranks_per_device = cfg->ranks_per_device, .n_processes = 1};
+    return fsdp_comm_init(&e->comm, &req, e->sh->world, &e->dev, e->rank);
 }
 
 /* Allocate the rank's shards of unit u and initialise its parameters. */

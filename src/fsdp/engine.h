@@ -16,25 +16,13 @@
 
 #include <stdbool.h>
 
-#include "comm/comm.h"
+#include "comm/transport.h"
 #include "data/data.h"
 #include "fsdp/shardmap.h"
 
-typedef enum fsdp_comm_kind {
-    FSDP_COMM_AUTO = 0, /* host on cpu, meta on meta, nccl on cuda */
-    FSDP_COMM_HOST,
-    FSDP_COMM_META,
-    FSDP_COMM_NCCL,
-    FSDP_COMM_PEER,
-    FSDP_COMM_KIND_COUNT
-} fsdp_comm_kind;
-
-const char *fsdp_comm_kind_name(fsdp_comm_kind k);
-fsdp_status fsdp_comm_kind_parse(const char *s, fsdp_comm_kind *out);
-
 typedef struct fsdp_engine_config {
     fsdp_backend backend;
-    fsdp_comm_kind comm;
+    fsdp_comm_kind comm;       /* transport (comm/transport.h); AUTO: the backend's */
     int n_ranks;
     int ranks_per_device;      /* cuda + peer: virtual ranks sharing one GPU */
     fsdp_shard_strategy shard;

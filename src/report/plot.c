@@ -15,8 +15,6 @@
 #include "report/plot.h"
 #include "report/svg.h"
 
-#define PLOT_MAX_DEVICES 1024
-
 /* One device's peak at one metrics line (lines may list different numbers
  * of devices, so the values are kept as triples). */
 struct peak_pt {
@@ -119,7 +117,7 @@ fsdp_status fsdp_plot_metrics(const char *metrics_path, const char *svg_path, fs
         tok[n] = jt ? jt->number : NAN;
         if (jp) {
             int d = 0;
-            for (const fsdp_json *e = jp->child; e && d < PLOT_MAX_DEVICES; e = e->next, d++) {
+            for (const fsdp_json *e = jp->child; e && d < FSDP_MAX_RANKS; e = e->next, d++) {
                 if (e->type != FSDP_JSON_NUMBER)
                     continue;
                 if ((st = grow((void **)&pk, &cap_pk, n_pk, sizeof *pk))) {

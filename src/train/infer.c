@@ -31,7 +31,7 @@
 void fsdp_infer_config_default(fsdp_infer_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
-    cfg->backend = fsdp_cuda_device_count() > 0 ? FSDP_BACKEND_CUDA : FSDP_BACKEND_CPU;
+    cfg->backend = fsdp_backend_default();
     cfg->n_ranks = 1;
     cfg->compute_dtype = FSDP_DTYPE_F32;
     cfg->batch = 8;
@@ -73,9 +73,7 @@ static void infer_free(struct infer *r)
 static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed, int B, int T)
 {
     const fsdp_infer_config *cfg = r->cfg;
-    if (cfg->n_ranks < 1 || cfg->n_ranks > 1024)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--devices must be 1..1024, got %d",
-                              cfg->n_ranks);
+    FSDP_TRY(fsdp_backend_check(cfg->backend, cfg->n_ranks, 1));
     if (cfg->backend == FSDP_BACKEND_META)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "the meta backend computes nothing; evaluate or sample on cpu or "

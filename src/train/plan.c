@@ -75,9 +75,7 @@ fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *ou
     if (steps < 1)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "plan: need at least 1 step (got %d)",
                               steps);
-    if (cfg->eng.n_ranks < 1 || cfg->eng.n_ranks > 1024)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--devices must be 1..1024, got %d",
-                              cfg->eng.n_ranks);
+    FSDP_TRY(fsdp_backend_check(FSDP_BACKEND_META, cfg->eng.n_ranks, 1));
     double t0 = now_s();
     struct planner pl = {.cfg = cfg, .plan = out};
     fsdp_train_config run = *cfg;

@@ -23,9 +23,9 @@ void fsdp_train_config_default(fsdp_train_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     fsdp_engine_config *e = &cfg->eng;
-    e->backend = fsdp_cuda_device_count() > 0 ? FSDP_BACKEND_CUDA : FSDP_BACKEND_CPU;
+    e->backend = fsdp_backend_default();
     e->comm = FSDP_COMM_AUTO;
-    e->n_ranks = e->backend == FSDP_BACKEND_CUDA ? fsdp_cuda_device_count() : 4;
+    e->n_ranks = fsdp_backend_default_devices(e->backend);
     e->ranks_per_device = 1;
     e->shard = FSDP_SHARD_FULL;
     e->compute_dtype = FSDP_DTYPE_F32;
@@ -73,8 +73,8 @@ struct trainer {
     double peak_flops;        /* per device; 0 = unknown (no MFU) */
     double tok_s_sum;
     int tok_s_n;
-    int correct_total[1024];  /* per rank */
-    int seen_total[1024];
+    int correct_total[FSDP_MAX_RANKS]; /* per rank */
+    int seen_total[FSDP_MAX_RANKS];
     fsdp_ckpt_manifest ck_base;   /* run-level part of the manifests this run writes */
     fsdp_ckpt_manifest ck_resume; /* the checkpoint resumed from */
     char ck_path[FSDP_CKPT_PATH_MAX]; /* its directory; "" when starting fresh */
@@ -385,11 +385,7 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
     t->cfg = cfg;
     t->res = res;
     const fsdp_engine_config *ec = &cfg->eng;
-    if (ec->n_ranks < 1 || ec->n_ranks > 1024) {
-        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--devices must be 1..1024, got %d",
-                            ec->n_ranks);
-        goto fail;
-    }
+    FSDP_CHECK(fsdp_backend_check(ec->backend, ec->n_ranks, ec->ranks_per_device));
     if (cfg->steps < 0) {
         st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--steps must be >= 0");
         goto fail;
@@ -463,7 +459,7 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
     if (st == FSDP_STATUS_OK) {
         res->tokens_per_s = t->tok_s_n ? t->tok_s_sum / t->tok_s_n : 0;
         int seen = 0, correct = 0;
-        for (int r = 0; r < ec->n_ranks && r < 1024; r++) {
+        for (int r = 0; r < ec->n_ranks; r++) {
             seen += t->seen_total[r];
             correct += t->correct_total[r];
         }

@@ -1,0 +1,12 @@
+/*
+ * cuda_device_stub.c - the CUDA device backend of a build without CUDA (CUDA=0):
+ * no function table and no devices, so the backend table (device.c) reports
+ * cuda as not built in. Compiled only when the .cu files are not; the ops
+ * and comm layers have their own stubs (ops/cuda_ops_stub.c,
+ * comm/cuda_comm_stub.c).
+ */
+#include "device/device.h"
+
+const struct fsdp_device_i *fsdp_device_cuda_iface(void) { return NULL; }
+
+int fsdp_cuda_device_count(void) { return 0; }
