@@ -10,12 +10,19 @@
  * on its own device with a NON-BLOCKING config, so no host thread ever
  * blocks inside NCCL: init, every call and finalisation return at once (or
  * ncclInProgress) and this file polls ncclCommGetAsyncError, checking the
- * world's abort flag between polls. On abort (another rank failed), or
- * after an NCCL error, the communicator is ended with ncclCommAbort, which
- * also stops this rank's queued NCCL kernels that wait for a rank that will
- * never come; the cuda device's stream/event syncs poll the abort flag too,
- * so a rank blocked on such a kernel returns ABORTED instead of hanging.
- * Call order at teardown: fsdp_comm_fini before fsdp_device_fini.
+ * world's abort flag between polls. After init every rank passes a world
+ * barrier, so no rank queues work while another is still setting up.
+ *
+ * Abort: a queued NCCL kernel that waits for a rank that will never come
+ * spins for ever, and cudaFree (which waits for the whole device) would
+ * then hang teardown. So the communicator is aborted (ncclCommAbort, which
+ * ends such kernels) the moment this rank sees the world's abort flag or
+ * an NCCL error: in this file's polls, and, through the rank's stop hook
+ * registered at init (core/world.h), in the cuda device's stream and event
+ * waits and in teardown's fsdp_world_rank_stop, which runs before any
+ * device memory is freed. Later calls on an aborted communicator fail.
+ * Teardown order: fsdp_world_rank_stop (after a failure or abort), then
+ * fsdp_comm_fini, then free device memory and fsdp_device_fini.
  *
  * Sums are NCCL's (ring/tree order chosen by NCCL): deterministic for a
  * fixed topology, size and NCCL version, but not comm.h's fixed tree, so
@@ -26,14 +33,17 @@
 #include <string.h>
 #include <time.h>
 
+#include <nccl.h>
+
 #include "comm/cuda_comm.h"
 #include "device/cuda_check.h"
 #include "device/cuda_world.h"
 
 struct nccl_ctx {
-    ncclComm_t comm;
+    ncclComm_t comm;     /* NULL once aborted */
     fsdp_comm_rdv *rdv;
-    bool broken; /* an NCCL error or an abort: end with ncclCommAbort */
+    bool broken;         /* an NCCL error or an abort: no more calls */
+    bool stop_hook;      /* registered as the rank's stop hook */
     long n_coll;
 };
 
@@ -53,6 +63,21 @@ static void nccl_nap(unsigned *spins)
     nanosleep(&ts, NULL);
 }
 
+/* End the communicator now (ncclCommAbort also ends this rank's queued
+ * NCCL kernels); every later call fails. Idempotent. */
+static void nccl_abort_now(fsdp_comm *c)
+{
+    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
+    p->broken = true;
+    if (p->comm) {
+        ncclCommAbort(p->comm);
+        p->comm = NULL;
+    }
+}
+
+/* The rank's stop hook (core/world.h): runs on this rank's thread. */
+static void nccl_stop_hook(void *arg) { nccl_abort_now((fsdp_comm *)arg); }
+
 static ncclDataType_t nccl_type(fsdp_dtype dt)
 {
     return dt == FSDP_DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
@@ -66,25 +91,31 @@ static fsdp_status nccl_settle(fsdp_comm *c, const char *what)
     unsigned spins = 0;
     for (;;) {
         ncclResult_t state = ncclSuccess;
+        if (!p->comm)
+            return fsdp_error_set(FSDP_STATUS_ABORTED,
+                                  "rank %d: NCCL %s: the communicator was aborted", c->rank, what);
         ncclResult_t rc = ncclCommGetAsyncError(p->comm, &state);
         if (rc != ncclSuccess) {
-            p->broken = true;
-            return fsdp_error_set(FSDP_STATUS_NCCL, "rank %d (GPU %d): NCCL %s: querying the "
-                                  "communicator failed: %s", c->rank, c->dev->ordinal, what,
-                                  ncclGetErrorString(rc));
+            fsdp_status st = fsdp_error_set(FSDP_STATUS_NCCL,
+                                            "rank %d (GPU %d): NCCL %s: querying the "
+                                            "communicator failed: %s",
+                                            c->rank, c->dev->ordinal, what, ncclGetErrorString(rc));
+            nccl_abort_now(c);
+            return st;
         }
         if (state == ncclSuccess)
             return FSDP_STATUS_OK;
         if (state != ncclInProgress) {
-            p->broken = true;
-            return fsdp_error_set(FSDP_STATUS_NCCL,
-                                  "rank %d (GPU %d): NCCL %s failed: %s (%s); set NCCL_DEBUG=WARN "
-                                  "for NCCL's own report",
-                                  c->rank, c->dev->ordinal, what, ncclGetErrorString(state),
-                                  ncclGetLastError(p->comm));
+            fsdp_status st = fsdp_error_set(FSDP_STATUS_NCCL,
+                                            "rank %d (GPU %d): NCCL %s failed: %s (%s); set "
+                                            "NCCL_DEBUG=WARN for NCCL's own report",
+                                            c->rank, c->dev->ordinal, what,
+                                            ncclGetErrorString(state), ncclGetLastError(p->comm));
+            nccl_abort_now(c);
+            return st;
         }
         if (fsdp_cuda_world_aborted(c->world)) {
-            p->broken = true;
+            nccl_abort_now(c);
             return fsdp_error_set(FSDP_STATUS_ABORTED,
                                   "rank %d: NCCL %s abandoned: another rank failed", c->rank,
                                   what);
@@ -99,9 +130,9 @@ static fsdp_status nccl_begin(fsdp_comm *c, const char *what, fsdp_dtype dt, fsd
     struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
     long k = ++p->n_coll;
     if (fsdp_cuda_world_fault_hit_collective(c->world, c->rank)) {
-        /* The other ranks may have queued their half of this collective:
-         * only ncclCommAbort releases them. */
-        p->broken = true;
+        /* As a real failure would: this rank's queued collectives end now;
+         * the other ranks end theirs when they see the world's abort. */
+        nccl_abort_now(c);
         return fsdp_error_set(FSDP_STATUS_INTERNAL,
                               "rank %d: injected failure in collective %ld (%s)", c->rank, k, what);
     }
@@ -113,10 +144,12 @@ static fsdp_status nccl_begin(fsdp_comm *c, const char *what, fsdp_dtype dt, fsd
         return fsdp_error_set(FSDP_STATUS_NCCL,
                               "rank %d: %s on a communicator that already failed or was aborted",
                               c->rank, what);
-    if (fsdp_cuda_world_aborted(c->world))
+    if (fsdp_cuda_world_aborted(c->world)) {
+        nccl_abort_now(c);
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: collective %ld (%s) not started: another rank failed",
                               c->rank, k, what);
+    }
     return FSDP_STATUS_OK;
 }
 
@@ -125,10 +158,12 @@ static fsdp_status nccl_issued(fsdp_comm *c, const char *what, ncclResult_t rc)
 {
     struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
     if (rc != ncclSuccess && rc != ncclInProgress) {
-        p->broken = true;
-        return fsdp_error_set(FSDP_STATUS_NCCL, "rank %d (GPU %d): NCCL %s failed: %s (%s)",
-                              c->rank, c->dev->ordinal, what, ncclGetErrorString(rc),
-                              ncclGetLastError(p->comm));
+        fsdp_status st = fsdp_error_set(FSDP_STATUS_NCCL,
+                                        "rank %d (GPU %d): NCCL %s failed: %s (%s)", c->rank,
+                                        c->dev->ordinal, what, ncclGetErrorString(rc),
+                                        ncclGetLastError(p->comm));
+        nccl_abort_now(c);
+        return st;
     }
     return nccl_settle(c, what);
 }
@@ -192,19 +227,17 @@ static void nccl_fini(fsdp_comm *c)
     struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
     if (!p)
         return;
-    if (p->comm) {
-        bool clean = !p->broken && !fsdp_cuda_world_aborted(c->world);
-        if (clean) {
-            ncclResult_t rc = ncclCommFinalize(p->comm);
-            clean = (rc == ncclSuccess || rc == ncclInProgress) &&
-                    nccl_settle(c, "finalize") == FSDP_STATUS_OK;
-        }
-        if (clean)
+    if (p->stop_hook)
+        fsdp_cuda_world_set_rank_stop(c->world, c->rank, NULL, NULL);
+    if (p->comm && !p->broken && !fsdp_cuda_world_aborted(c->world)) {
+        ncclResult_t rc = ncclCommFinalize(p->comm);
+        if ((rc == ncclSuccess || rc == ncclInProgress) &&
+            nccl_settle(c, "finalize") == FSDP_STATUS_OK) {
             ncclCommDestroy(p->comm);
-        else
-            ncclCommAbort(p->comm);
-        p->comm = NULL;
+            p->comm = NULL;
+        }
     }
+    nccl_abort_now(c); /* whatever is left: an error, an abort, a failed finalize */
     fsdp_comm_rdv_detach(c->world, p->rdv);
     free(p);
     c->ctx = NULL;
@@ -296,13 +329,16 @@ extern "C" fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
     config.blocking = 0;
     rc = ncclCommInitRankConfig(&p->comm, c->n_ranks, all[0].id, rank, &config);
     if (rc != ncclSuccess && rc != ncclInProgress) {
-        p->broken = true;
         st = fsdp_error_set(FSDP_STATUS_NCCL,
                             "rank %d (GPU %d): ncclCommInitRankConfig over %d ranks failed: %s",
                             rank, dev->ordinal, c->n_ranks, ncclGetErrorString(rc));
         goto fail;
     }
     FSDP_CHECK(nccl_settle(c, "communicator setup"));
+    fsdp_cuda_world_set_rank_stop(w, rank, nccl_stop_hook, c);
+    p->stop_hook = true;
+    /* Nobody queues work before every communicator is up. */
+    FSDP_CHECK(fsdp_cuda_world_barrier(w));
     free(all);
     return FSDP_STATUS_OK;
 fail:
