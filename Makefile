@@ -19,6 +19,8 @@ CUDA_HOME ?= /usr/local/cuda
 NCCL      ?= auto
 NCCL_HOME ?= $(CUDA_HOME)
 NCCL_LIB  ?=
+# Where cudart, cuBLAS and cuBLASLt are linked from (and found at run time).
+CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
 # INSTALL_DEPS=0: never run tools/install-deps.sh (offline machines).
 INSTALL_DEPS ?= 1
 BUILD     ?= build
@@ -113,7 +115,7 @@ ifeq ($(CUDA),1)
     SRC_C  += src/comm/nccl_stub.c
   endif
   CFLAGS += -DFSDP_CUDA=1 -I$(CUDA_HOME)/include
-  LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 $(NCCL_LDLIBS) \
+  LDLIBS += $(NCCL_LDLIBS) -L$(CUDA_LIBDIR) -Wl,-rpath,$(abspath $(CUDA_LIBDIR)) \
             -lcublasLt -lcublas -lcudart -lstdc++
 endif
 NVFLAGS := -O3 -std=c++17 $(CUDA_ARCH) -I. -Iinclude -Isrc -Imodels -DFSDP_CUDA=1 \

@@ -22,7 +22,10 @@
  * waits and in teardown's fsdp_world_rank_stop, which runs before any
  * device memory is freed. Later calls on an aborted communicator fail.
  * Teardown order: fsdp_world_rank_stop (after a failure or abort), then
- * fsdp_comm_fini, then free device memory and fsdp_device_fini.
+ * fsdp_comm_fini, then free device memory and fsdp_device_fini. fini ends
+ * the communicator gracefully (ncclCommFinalize, which waits for every
+ * rank) only when nothing failed: no abort, no NCCL error and no error on
+ * this rank's thread; else it aborts it.
  *
  * Sums are NCCL's (ring/tree order chosen by NCCL): deterministic for a
  * fixed topology, size and NCCL version, but not comm.h's fixed tree, so
@@ -229,7 +232,13 @@ static void nccl_fini(fsdp_comm *c)
         return;
     if (p->stop_hook)
         fsdp_cuda_world_set_rank_stop(c->world, c->rank, NULL, NULL);
-    if (p->comm && !p->broken && !fsdp_cuda_world_aborted(c->world)) {
+    /* ncclCommFinalize waits until every rank's communicator is quiescent:
+     * after a failure on this rank (its thread holds an error, see
+     * core/error.h), the others may wait for collectives this rank will
+     * never issue, and only see the abort once this rank has returned. */
+    bool clean = !p->broken && !fsdp_cuda_world_aborted(c->world) &&
+                 fsdp_error_first(NULL) == FSDP_STATUS_OK;
+    if (p->comm && clean) {
         ncclResult_t rc = ncclCommFinalize(p->comm);
         if ((rc == ncclSuccess || rc == ncclInProgress) &&
             nccl_settle(c, "finalize") == FSDP_STATUS_OK) {
