@@ -65,12 +65,14 @@ endif
 PKGS := check openblas
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 ifneq ($(HAVE_PKGS),1)
-  ifeq ($(filter clean,$(MAKECMDGOALS))$(filter-out 1,$(INSTALL_DEPS)),)
-    $(info fsdp: pkg-config does not find '$(PKGS)'; running tools/install-deps.sh)
-    DEPS_RC := $(shell tools/install-deps.sh >&2; echo $$?)
-    HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
+  ifeq ($(filter clean,$(MAKECMDGOALS)),)
+    ifeq ($(INSTALL_DEPS),1)
+      $(info fsdp: pkg-config does not find '$(PKGS)'; running tools/install-deps.sh)
+      DEPS_RC := $(shell tools/install-deps.sh >&2; echo $$?)
+      HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
+    endif
     ifneq ($(HAVE_PKGS),1)
-      $(error missing build dependencies: run 'sudo tools/install-deps.sh' (Debian/Ubuntu))
+      $(error missing build dependencies: run 'sudo tools/install-deps.sh' (Debian/Ubuntu), or point PKG_CONFIG_PATH at Check and OpenBLAS)
     endif
   endif
 endif

@@ -281,6 +281,7 @@ struct teardown_arg {
     int stop_on_own_thread[8];
     pthread_t tid[8];
     int stop_ret[8][2];           /* fsdp_world_rank_stop's results */
+    int aborted_after_stop[8];    /* the world knew of the failure right after the stop */
     fsdp_status st[8];
 };
 
@@ -316,8 +317,9 @@ static fsdp_status teardown_rank(fsdp_world *w, int rank, void *p)
         st = fsdp_device_alloc(&d, 1024, FSDP_MEM_PARAM, "unit 'h.0' shard", &bufs[i]);
     if (st == FSDP_STATUS_OK)
         st = fsdp_world_barrier(w);
-    a->stop_ret[rank][0] = fsdp_world_rank_stop(w, rank, st != FSDP_STATUS_OK);
-    a->stop_ret[rank][1] = fsdp_world_rank_stop(w, rank, st != FSDP_STATUS_OK);
+    a->stop_ret[rank][0] = fsdp_world_rank_stop(w, rank, st);
+    a->stop_ret[rank][1] = fsdp_world_rank_stop(w, rank, st);
+    a->aborted_after_stop[rank] = fsdp_world_aborted(w);
     if (st != FSDP_STATUS_OK) {
         void *big = NULL;
         fsdp_device_alloc(&d, (size_t)2 << 20, FSDP_MEM_ACT, "teardown scratch", &big);
@@ -353,6 +355,8 @@ START_TEST(test_teardown_keeps_first_error_and_stops_once)
         ck_assert_int_eq(a.stop_on_own_thread[r], 1);
         ck_assert_int_eq(a.stop_ret[r][0], 1);
         ck_assert_int_eq(a.stop_ret[r][1], 1);
+        /* the failing rank's stop told the world before it returned */
+        ck_assert_int_eq(a.aborted_after_stop[r], 1);
     }
 
     /* a clean run: nobody stops, and the hooks are gone after the launch */
@@ -366,7 +370,7 @@ START_TEST(test_teardown_keeps_first_error_and_stops_once)
         ck_assert_int_eq(a.stop_ret[r][0], 0);
         ck_assert_ptr_null(w->stop[r].fn);
     }
-    ck_assert(!fsdp_world_rank_stop(NULL, 0, true));
+    ck_assert(!fsdp_world_rank_stop(NULL, 0, FSDP_STATUS_INTERNAL));
     fsdp_world_free(w);
 }
 END_TEST

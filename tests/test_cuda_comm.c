@@ -300,7 +300,7 @@ static fsdp_status coll_rank(fsdp_world *w, int rank, void *arg)
         st = fsdp_device_alloc(&dev, bytes, FSDP_MEM_COMM, "test recv", &recv);
     if (st == FSDP_STATUS_OK)
         st = coll_checks(a, &c, &dev, rank, send, recv);
-    a->stopped[rank] = fsdp_world_rank_stop(w, rank, st != FSDP_STATUS_OK);
+    a->stopped[rank] = fsdp_world_rank_stop(w, rank, st);
     if (have_comm)
         fsdp_comm_fini(&c);
     fsdp_device_free(&dev, send);

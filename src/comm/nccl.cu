@@ -21,6 +21,10 @@
  * registered at init (core/world.h), in the cuda device's stream and event
  * waits and in teardown's fsdp_world_rank_stop, which runs before any
  * device memory is freed. Later calls on an aborted communicator fail.
+ * When this rank's own failure ends its communicator (an NCCL error, the
+ * fault hook, a failed rank's teardown), the world is failed first, so the
+ * other ranks abort theirs at the same time: some NCCL versions make
+ * ncclCommAbort wait for every rank of the node.
  * Teardown order: fsdp_world_rank_stop (after a failure or abort), then
  * fsdp_comm_fini, then free device memory and fsdp_device_fini. fini ends
  * the communicator gracefully (ncclCommFinalize, which waits for every
@@ -81,6 +85,18 @@ static void nccl_abort_now(fsdp_comm *c)
 /* The rank's stop hook (core/world.h): runs on this rank's thread. */
 static void nccl_stop_hook(void *arg) { nccl_abort_now((fsdp_comm *)arg); }
 
+/* This rank failed with st (its message set): tell the world first, so the
+ * other ranks abort their communicators too (some NCCL versions make
+ * ncclCommAbort wait for every rank of the node), then end this one. The
+ * world's stop call runs the stop hook; without a world, or before the
+ * hook is registered, the abort is direct. Returns st. */
+static fsdp_status nccl_fail(fsdp_comm *c, fsdp_status st)
+{
+    fsdp_cuda_world_rank_stop(c->world, c->rank, st);
+    nccl_abort_now(c);
+    return st;
+}
+
 static ncclDataType_t nccl_type(fsdp_dtype dt)
 {
     return dt == FSDP_DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
@@ -98,25 +114,21 @@ static fsdp_status nccl_settle(fsdp_comm *c, const char *what)
             return fsdp_error_set(FSDP_STATUS_ABORTED,
                                   "rank %d: NCCL %s: the communicator was aborted", c->rank, what);
         ncclResult_t rc = ncclCommGetAsyncError(p->comm, &state);
-        if (rc != ncclSuccess) {
-            fsdp_status st = fsdp_error_set(FSDP_STATUS_NCCL,
-                                            "rank %d (GPU %d): NCCL %s: querying the "
-                                            "communicator failed: %s",
-                                            c->rank, c->dev->ordinal, what, ncclGetErrorString(rc));
-            nccl_abort_now(c);
-            return st;
-        }
+        if (rc != ncclSuccess)
+            return nccl_fail(c, fsdp_error_set(FSDP_STATUS_NCCL,
+                                               "rank %d (GPU %d): NCCL %s: querying the "
+                                               "communicator failed: %s",
+                                               c->rank, c->dev->ordinal, what,
+                                               ncclGetErrorString(rc)));
         if (state == ncclSuccess)
             return FSDP_STATUS_OK;
-        if (state != ncclInProgress) {
-            fsdp_status st = fsdp_error_set(FSDP_STATUS_NCCL,
-                                            "rank %d (GPU %d): NCCL %s failed: %s (%s); set "
-                                            "NCCL_DEBUG=WARN for NCCL's own report",
-                                            c->rank, c->dev->ordinal, what,
-                                            ncclGetErrorString(state), ncclGetLastError(p->comm));
-            nccl_abort_now(c);
-            return st;
-        }
+        if (state != ncclInProgress)
+            return nccl_fail(c, fsdp_error_set(FSDP_STATUS_NCCL,
+                                               "rank %d (GPU %d): NCCL %s failed: %s (%s); set "
+                                               "NCCL_DEBUG=WARN for NCCL's own report",
+                                               c->rank, c->dev->ordinal, what,
+                                               ncclGetErrorString(state),
+                                               ncclGetLastError(p->comm)));
         if (fsdp_cuda_world_aborted(c->world)) {
             nccl_abort_now(c);
             return fsdp_error_set(FSDP_STATUS_ABORTED,
@@ -132,13 +144,10 @@ static fsdp_status nccl_begin(fsdp_comm *c, const char *what, fsdp_dtype dt, fsd
 {
     struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
     long k = ++p->n_coll;
-    if (fsdp_cuda_world_fault_hit_collective(c->world, c->rank)) {
-        /* As a real failure would: this rank's queued collectives end now;
-         * the other ranks end theirs when they see the world's abort. */
-        nccl_abort_now(c);
-        return fsdp_error_set(FSDP_STATUS_INTERNAL,
-                              "rank %d: injected failure in collective %ld (%s)", c->rank, k, what);
-    }
+    if (fsdp_cuda_world_fault_hit_collective(c->world, c->rank))
+        return nccl_fail(c, fsdp_error_set(FSDP_STATUS_INTERNAL,
+                                           "rank %d: injected failure in collective %ld (%s)",
+                                           c->rank, k, what));
     if ((unsigned)dt >= FSDP_DTYPE_COUNT || (unsigned)op > FSDP_REDUCE_AVG)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "rank %d: %s: unknown dtype %d or reduce op %d", c->rank, what,
@@ -160,14 +169,11 @@ static fsdp_status nccl_begin(fsdp_comm *c, const char *what, fsdp_dtype dt, fsd
 static fsdp_status nccl_issued(fsdp_comm *c, const char *what, ncclResult_t rc)
 {
     struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
-    if (rc != ncclSuccess && rc != ncclInProgress) {
-        fsdp_status st = fsdp_error_set(FSDP_STATUS_NCCL,
-                                        "rank %d (GPU %d): NCCL %s failed: %s (%s)", c->rank,
-                                        c->dev->ordinal, what, ncclGetErrorString(rc),
-                                        ncclGetLastError(p->comm));
-        nccl_abort_now(c);
-        return st;
-    }
+    if (rc != ncclSuccess && rc != ncclInProgress)
+        return nccl_fail(c, fsdp_error_set(FSDP_STATUS_NCCL,
+                                           "rank %d (GPU %d): NCCL %s failed: %s (%s)", c->rank,
+                                           c->dev->ordinal, what, ncclGetErrorString(rc),
+                                           ncclGetLastError(p->comm)));
     return nccl_settle(c, what);
 }
 
@@ -230,14 +236,12 @@ static void nccl_fini(fsdp_comm *c)
     struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
     if (!p)
         return;
-    if (p->stop_hook)
-        fsdp_cuda_world_set_rank_stop(c->world, c->rank, NULL, NULL);
     /* ncclCommFinalize waits until every rank's communicator is quiescent:
      * after a failure on this rank (its thread holds an error, see
      * core/error.h), the others may wait for collectives this rank will
-     * never issue, and only see the abort once this rank has returned. */
-    bool clean = !p->broken && !fsdp_cuda_world_aborted(c->world) &&
-                 fsdp_error_first(NULL) == FSDP_STATUS_OK;
+     * never issue, and only see the abort once the world knows. */
+    fsdp_status failed = fsdp_error_first(NULL);
+    bool clean = !p->broken && !fsdp_cuda_world_aborted(c->world) && failed == FSDP_STATUS_OK;
     if (p->comm && clean) {
         ncclResult_t rc = ncclCommFinalize(p->comm);
         if ((rc == ncclSuccess || rc == ncclInProgress) &&
@@ -246,7 +250,10 @@ static void nccl_fini(fsdp_comm *c)
             p->comm = NULL;
         }
     }
-    nccl_abort_now(c); /* whatever is left: an error, an abort, a failed finalize */
+    if (p->comm) /* an abort, a failure of this rank, or a failed finalize */
+        nccl_fail(c, failed);
+    if (p->stop_hook)
+        fsdp_cuda_world_set_rank_stop(c->world, c->rank, NULL, NULL);
     fsdp_comm_rdv_detach(c->world, p->rdv);
     free(p);
     c->ctx = NULL;

@@ -55,11 +55,22 @@ void fsdp_world_set_rank_stop(fsdp_world *w, int rank, fsdp_rank_stop_fn fn, voi
     w->stop[rank].arg = fn ? arg : NULL;
 }
 
-bool fsdp_world_rank_stop(fsdp_world *w, int rank, bool failed)
+/* The message of a rank that failed with st: its thread's first error when
+ * that has the same status (teardown errors come later), else the current
+ * one. */
+static const char *rank_failure_msg(fsdp_status st)
 {
-    if (!w || !(failed || fsdp_world_aborted(w)))
+    const char *first = NULL;
+    return fsdp_error_first(&first) == st ? first : fsdp_error_msg();
+}
+
+bool fsdp_world_rank_stop(fsdp_world *w, int rank, fsdp_status st)
+{
+    if (!w || (st == FSDP_STATUS_OK && !fsdp_world_aborted(w)))
         return false;
     FSDP_ASSERT(rank >= 0 && rank < w->n_ranks);
+    if (st != FSDP_STATUS_OK && !fsdp_world_aborted(w))
+        fsdp_world_fail(w, rank, st, rank_failure_msg(st));
     struct fsdp_rank_stop s = w->stop[rank];
     w->stop[rank].fn = NULL;
     w->stop[rank].arg = NULL;
@@ -150,11 +161,8 @@ static void *rank_main(void *p)
     t->st = t->fn(t->w, t->rank, t->arg);
     /* A hook left registered may point into the rank function's frame. */
     t->w->stop[t->rank].fn = NULL;
-    if (t->st != FSDP_STATUS_OK) {
-        const char *first = NULL;
-        bool same = fsdp_error_first(&first) == t->st;
-        fsdp_world_fail(t->w, t->rank, t->st, same ? first : fsdp_error_msg());
-    }
+    if (t->st != FSDP_STATUS_OK)
+        fsdp_world_fail(t->w, t->rank, t->st, rank_failure_msg(t->st));
     fsdp_error_clear();
     return NULL;
 }

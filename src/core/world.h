@@ -96,12 +96,17 @@ static inline bool fsdp_world_aborted(fsdp_world *w)
  * the rank's own thread; one hook per rank (a later one replaces it). */
 void fsdp_world_set_rank_stop(fsdp_world *w, int rank, fsdp_rank_stop_fn fn, void *arg);
 
-/* On rank's own thread: if `failed` (this rank's step failed) or the world
- * is aborted, run the rank's stop hook, if any, once (it is removed first)
- * and return true; else return false and leave it. Teardown calls this
- * first, before freeing any device memory; the cuda device's waits call it
+/* On rank's own thread, with st = this rank's status so far (OK unless it
+ * failed): if st is a failure or the world is aborted, run the rank's stop
+ * hook, if any, once (it is removed first) and return true; else return
+ * false and leave it. A failure that the world has not seen yet is
+ * recorded first (fsdp_world_fail, with the thread's message as the
+ * launcher would take it), so every other rank stops too: stopping
+ * collectives may need all ranks (ncclCommAbort waits for the ranks of
+ * its node in some NCCL versions). Teardown calls this first, before
+ * freeing any device memory; the cuda device's waits call it (st = OK)
  * when they see the abort flag. w may be NULL (false). */
-bool fsdp_world_rank_stop(fsdp_world *w, int rank, bool failed);
+bool fsdp_world_rank_stop(fsdp_world *w, int rank, fsdp_status st);
 
 /* Wait until all ranks arrive. Returns ABORTED (with a message) if the world
  * is aborted before or while waiting. */

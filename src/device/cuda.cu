@@ -74,7 +74,7 @@ static fsdp_status cuda_poll(fsdp_device *d, Q query, const char *what)
                                   d->ordinal, what, cudaGetErrorString(rc));
         cudaGetLastError(); /* "not ready" is not an error; keep it out of later checks */
         if (fsdp_cuda_world_aborted(d->world)) {
-            fsdp_cuda_world_rank_stop(d->world, d->rank);
+            fsdp_cuda_world_rank_stop(d->world, d->rank, FSDP_STATUS_OK);
             return fsdp_error_set(FSDP_STATUS_ABORTED,
                                   "rank %d: stopped waiting for GPU %d (%s): another rank failed",
                                   d->rank, d->ordinal, what);
@@ -231,7 +231,7 @@ static void cuda_fini(fsdp_device *d)
     /* cudaFree waits for the whole device: a collective kernel left
      * waiting for a failed rank must be stopped first (a no-op unless the
      * world was aborted and the communicator is still up). */
-    fsdp_cuda_world_rank_stop(d->world, d->rank);
+    fsdp_cuda_world_rank_stop(d->world, d->rank, FSDP_STATUS_OK);
     fsdp_block_cache_fini(&cd->cache);
     for (int k = 0; k < 2; k++) {
         if (cd->stage[k])

@@ -22,7 +22,7 @@ void fsdp_cuda_world_set_rank_stop(fsdp_world *w, int rank, void (*fn)(void *), 
         fsdp_world_set_rank_stop(w, rank, fn, arg);
 }
 
-bool fsdp_cuda_world_rank_stop(fsdp_world *w, int rank)
+bool fsdp_cuda_world_rank_stop(fsdp_world *w, int rank, fsdp_status st)
 {
-    return fsdp_world_rank_stop(w, rank, false);
+    return fsdp_world_rank_stop(w, rank, st);
 }

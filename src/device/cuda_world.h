@@ -26,9 +26,8 @@ bool fsdp_cuda_world_fault_hit_collective(fsdp_world *w, int rank);
 fsdp_status fsdp_cuda_world_barrier(fsdp_world *w);
 /* fsdp_world_set_rank_stop(w, rank, fn, arg); nothing for w == NULL. */
 void fsdp_cuda_world_set_rank_stop(fsdp_world *w, int rank, void (*fn)(void *), void *arg);
-/* fsdp_world_rank_stop(w, rank, false): run rank's stop hook if the world
- * is aborted (true then); false for w == NULL. */
-bool fsdp_cuda_world_rank_stop(fsdp_world *w, int rank);
+/* fsdp_world_rank_stop(w, rank, st); false for w == NULL. */
+bool fsdp_cuda_world_rank_stop(fsdp_world *w, int rank, fsdp_status st);
 
 #ifdef __cplusplus
 }
