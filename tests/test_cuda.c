@@ -306,13 +306,13 @@ START_TEST(test_cuda_init_or_clean_error)
 END_TEST
 
 /* The engine's pattern (gather u+1 on the comm stream while u computes,
- * gradient buffers per unit, an accumulation slot kept) for three steps on
- * a cuda and a cpu device side by side: after the first step the cuda
- * device never asks the driver for memory again; in-use bytes, peaks, kind
- * breakdown and allocation counts equal the cpu's exactly; every buffer
- * handed out holds what its last writer wrote (no block was reused too
- * early). */
-static void run_pattern(fsdp_device *d, int step, void **acc, int check_data, int *bad)
+ * a gradient buffer per unit, accumulation slots kept, the streams synced
+ * before a unit's buffers are freed, as the engine's release does) for
+ * three steps on a cuda and a cpu device side by side: after the first
+ * step the cuda device never asks the driver for memory again; in-use
+ * bytes, peaks, kind breakdown and allocation counts equal the cpu's
+ * exactly; every gathered unit still holds what was written into it. */
+static void run_pattern(fsdp_device *d, void **acc, int check_data, int *bad)
 {
     const size_t root = 300000, unit = 2100000, grad = 4200000, acc_bytes = 525000;
     void *r = NULL, *cur = NULL, *next = NULL, *g = NULL;
@@ -331,21 +331,23 @@ static void run_pattern(fsdp_device *d, int step, void **acc, int check_data, in
             ck_assert_int_eq(fsdp_device_alloc(d, acc_bytes, FSDP_MEM_GRAD, "acc", &acc[u - 1]),
                              FSDP_STATUS_OK);
         if (check_data) {
-            /* the gathered unit still holds its own bytes */
+            /* the gathered unit holds its own bytes (read in order after
+             * its writer, on the comm stream) */
             unsigned char probe[4096];
             ck_assert_int_eq(fsdp_device_memcpy(d, probe, (char *)cur + unit - sizeof probe,
-                                                sizeof probe, d->compute),
+                                                sizeof probe, d->comm),
                              FSDP_STATUS_OK);
             for (size_t i = 0; i < sizeof probe; i++)
                 *bad += probe[i] != (unsigned char)(u & 0xff);
         }
+        ck_assert_int_eq(fsdp_device_stream_sync(d, d->compute), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_stream_sync(d, d->comm), FSDP_STATUS_OK);
         fsdp_device_free(d, g);
         fsdp_device_free(d, cur);
         cur = next;
         next = NULL;
     }
     fsdp_device_free(d, r);
-    (void)step;
 }
 
 START_TEST(test_cuda_alloc_cached_and_counted_exactly)
@@ -361,8 +363,8 @@ START_TEST(test_cuda_alloc_cached_and_counted_exactly)
     int bad = 0;
     size_t raw_after_first = 0;
     for (int step = 0; step < 3; step++) {
-        run_pattern(&g, step, acc_g, 1, &bad);
-        run_pattern(&c, step, acc_c, 0, &bad);
+        run_pattern(&g, acc_g, 1, &bad);
+        run_pattern(&c, acc_c, 0, &bad);
         if (step == 0)
             raw_after_first = cache->n_raw_allocs;
         ck_assert_uint_eq(g.mem.in_use_bytes, c.mem.in_use_bytes);
@@ -376,9 +378,11 @@ START_TEST(test_cuda_alloc_cached_and_counted_exactly)
         ck_assert_uint_eq(c.mem.reserved_bytes, 0);
     }
     ck_assert_int_eq(bad, 0);
+    /* no driver call after the first step; every other allocation reused */
     ck_assert_uint_eq(cache->n_raw_allocs, raw_after_first);
-    ck_assert_uint_gt(cache->n_reused, 2 * 12 * 3);
+    ck_assert_uint_eq(cache->n_reused + cache->n_raw_allocs, g.mem.n_allocs);
     ck_assert_uint_eq(cache->n_raw_frees, 0);
+    ck_assert_uint_eq(cache->n_ordered, 0);
     for (int u = 0; u < 12; u++) {
         fsdp_device_free(&g, acc_g[u]);
         fsdp_device_free(&c, acc_c[u]);
@@ -387,6 +391,40 @@ START_TEST(test_cuda_alloc_cached_and_counted_exactly)
     ck_assert_uint_eq(g.mem.reserved_bytes, cache->held_bytes);
     fsdp_device_fini(&g);
     fsdp_device_fini(&c);
+}
+END_TEST
+
+/* A block freed while a stream still writes it is not handed out before
+ * that write is done: the copy stream is kept busy writing 0x11 into a
+ * block that is freed at once; a block of the same size is then filled
+ * with 0x22 on the compute stream and must read back as 0x22 everywhere. */
+START_TEST(test_cuda_alloc_waits_for_last_user)
+{
+    NEED_GPU("test_cuda_alloc_waits_for_last_user");
+    fsdp_device d;
+    ck_assert_msg(fsdp_device_init(&d, FSDP_BACKEND_CUDA, NULL, 0, 0, 0) == FSDP_STATUS_OK, "%s",
+                  fsdp_error_msg());
+    const size_t n = (size_t)256 << 20;
+    unsigned char *h = malloc(n);
+    ck_assert_ptr_nonnull(h);
+    size_t bad = 0;
+    for (int round = 0; round < 4; round++) {
+        void *a = NULL, *b = NULL;
+        ck_assert_int_eq(fsdp_device_alloc(&d, n, FSDP_MEM_ACT, "busy", &a), FSDP_STATUS_OK);
+        for (int k = 0; k < 16; k++) /* ~4 GiB of writes queued */
+            ck_assert_int_eq(fsdp_device_memset(&d, a, 0x11, n, d.copy), FSDP_STATUS_OK);
+        fsdp_device_free(&d, a);
+        ck_assert_int_eq(fsdp_device_alloc(&d, n, FSDP_MEM_ACT, "next", &b), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_memset(&d, b, 0x22, n, d.compute), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_memcpy(&d, h, b, n, d.compute), FSDP_STATUS_OK);
+        for (size_t i = 0; i < n; i++)
+            bad += h[i] != 0x22;
+        ck_assert_int_eq(fsdp_device_stream_sync(&d, d.copy), FSDP_STATUS_OK);
+        fsdp_device_free(&d, b);
+    }
+    ck_assert_msg(bad == 0, "%zu bytes of a reused block were overwritten by its previous user", bad);
+    free(h);
+    fsdp_device_fini(&d);
 }
 END_TEST
 
@@ -466,6 +504,7 @@ static Suite *cuda_suite(void)
     tc = tcase_create("device");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_cuda_alloc_cached_and_counted_exactly);
+    tcase_add_test(tc, test_cuda_alloc_waits_for_last_user);
     tcase_add_test(tc, test_cuda_copies_pageable_and_pinned);
     suite_add_tcase(s, tc);
     return s;

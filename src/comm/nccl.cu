@@ -28,8 +28,10 @@
  * Teardown order: fsdp_world_rank_stop (after a failure or abort), then
  * fsdp_comm_fini, then free device memory and fsdp_device_fini. fini ends
  * the communicator gracefully (ncclCommFinalize, which waits for every
- * rank) only when nothing failed: no abort, no NCCL error and no error on
- * this rank's thread; else it aborts it.
+ * rank) unless the world is aborted or this communicator failed; so a rank
+ * whose step failed must tell the world before its teardown
+ * (fsdp_world_rank_stop with its status), or fini waits for ranks that
+ * wait for it.
  *
  * Sums are NCCL's (ring/tree order chosen by NCCL): deterministic for a
  * fixed topology, size and NCCL version, but not comm.h's fixed tree, so
@@ -43,6 +45,7 @@
 #include <nccl.h>
 
 #include "comm/cuda_comm.h"
+#include "core/log.h"
 #include "device/cuda_check.h"
 #include "device/cuda_world.h"
 
@@ -108,6 +111,8 @@ static fsdp_status nccl_settle(fsdp_comm *c, const char *what)
 {
     struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
     unsigned spins = 0;
+    time_t t0 = time(NULL);
+    bool warned = false;
     for (;;) {
         ncclResult_t state = ncclSuccess;
         if (!p->comm)
@@ -134,6 +139,13 @@ static fsdp_status nccl_settle(fsdp_comm *c, const char *what)
             return fsdp_error_set(FSDP_STATUS_ABORTED,
                                   "rank %d: NCCL %s abandoned: another rank failed", c->rank,
                                   what);
+        }
+        if (!warned && time(NULL) - t0 >= 60) {
+            warned = true;
+            FSDP_WARN(FSDP_SUB_COMM,
+                      "rank %d: NCCL %s has waited 60 s for the other ranks; if one of them "
+                      "failed without telling the world (fsdp_world_rank_stop), it never ends",
+                      c->rank, what);
         }
         nccl_nap(&spins);
     }
@@ -236,12 +248,11 @@ static void nccl_fini(fsdp_comm *c)
     struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
     if (!p)
         return;
-    /* ncclCommFinalize waits until every rank's communicator is quiescent:
-     * after a failure on this rank (its thread holds an error, see
-     * core/error.h), the others may wait for collectives this rank will
-     * never issue, and only see the abort once the world knows. */
-    fsdp_status failed = fsdp_error_first(NULL);
-    bool clean = !p->broken && !fsdp_cuda_world_aborted(c->world) && failed == FSDP_STATUS_OK;
+    /* Every rank must choose alike: ncclCommFinalize waits until every
+     * rank's communicator is quiescent, and ncclCommAbort may wait for every
+     * rank of the node. The world's abort flag is what all ranks see; a rank
+     * that failed sets it first (fsdp_world_rank_stop with its status). */
+    bool clean = !p->broken && !fsdp_cuda_world_aborted(c->world);
     if (p->comm && clean) {
         ncclResult_t rc = ncclCommFinalize(p->comm);
         if ((rc == ncclSuccess || rc == ncclInProgress) &&
@@ -250,8 +261,8 @@ static void nccl_fini(fsdp_comm *c)
             p->comm = NULL;
         }
     }
-    if (p->comm) /* an abort, a failure of this rank, or a failed finalize */
-        nccl_fail(c, failed);
+    if (p->comm) /* an abort, or a failed finalize */
+        nccl_fail(c, fsdp_cuda_world_aborted(c->world) ? FSDP_STATUS_OK : fsdp_error_first(NULL));
     if (p->stop_hook)
         fsdp_cuda_world_set_rank_stop(c->world, c->rank, NULL, NULL);
     fsdp_comm_rdv_detach(c->world, p->rdv);
