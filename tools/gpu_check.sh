@@ -345,7 +345,7 @@ toolchain_and_build() {
 # ---- stage 1 ---------------------------------------------------------------------
 env_report() {
     {
-        echo "host: $(uname -srm), $NPROC cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo) RAM"
+        echo "host: $(uname -srm), $NPROC cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo) RAM, $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")"
         case $(uname -r) in
         4.4.0) echo "runtime: gVisor (kernel 4.4.0): compute-sanitizer and ncu are not expected to work" ;;
         *-fc-*) echo "runtime: Firecracker ($(uname -r))" ;;
