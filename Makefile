@@ -107,6 +107,7 @@ ifeq ($(CUDA),1)
   SRC_C  := $(filter-out %_stub.c,$(SRC_C))
   SRC_CU := $(wildcard src/*/*.cu src/*/*/*.cu)
   ifeq ($(NCCL),1)
+    CFLAGS += -DFSDP_NCCL=1
     ifneq ($(NCCL_LIB),)
       NCCL_LDLIBS := $(abspath $(NCCL_LIB)) -Wl,-rpath,$(abspath $(dir $(NCCL_LIB)))
     else

@@ -23,6 +23,12 @@ static const int built_with_cuda = 1;
 static const int built_with_cuda = 0;
 #endif
 
+#ifdef FSDP_NCCL
+static const int built_with_nccl = 1;
+#else
+static const int built_with_nccl = 0;
+#endif
+
 #define SEED 1234u
 
 /* Inside a test: pass with a SKIP line when no GPU is visible. */
@@ -33,6 +39,17 @@ static const int built_with_cuda = 0;
             fflush(stdout);                                          \
             return;                                                  \
         }                                                            \
+    } while (0)
+
+/* Inside an NCCL test, after NEED_GPU: pass with a SKIP line when the build
+ * has no NCCL (CUDA=1 NCCL=0: the peer collectives only). */
+#define NEED_NCCL(name)                                                       \
+    do {                                                                      \
+        if (!built_with_nccl) {                                               \
+            printf("SKIP: %s: built without NCCL (NCCL=0)\n", name);          \
+            fflush(stdout);                                                   \
+            return;                                                           \
+        }                                                                     \
     } while (0)
 
 static inline double now_s(void)

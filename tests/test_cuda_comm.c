@@ -335,6 +335,7 @@ static void run_coll(struct coll_arg *a, int n_ranks, fsdp_status want)
 START_TEST(test_nccl_smoke)
 {
     NEED_GPU("test_nccl_smoke");
+    NEED_NCCL("test_nccl_smoke");
     int n = fsdp_cuda_device_count();
     if (n > 8)
         n = 8;
@@ -379,6 +380,7 @@ END_TEST
 START_TEST(test_nccl_collectives)
 {
     NEED_GPU(_i ? "test_nccl_collectives(bf16)" : "test_nccl_collectives(f32)");
+    NEED_NCCL("test_nccl_collectives");
     int n = fsdp_cuda_device_count();
     if (n > 4)
         n = 4;
@@ -392,6 +394,7 @@ END_TEST
 START_TEST(test_nccl_two_ranks_one_gpu_refused)
 {
     NEED_GPU("test_nccl_two_ranks_one_gpu_refused");
+    NEED_NCCL("test_nccl_two_ranks_one_gpu_refused");
     struct coll_arg a = {.comm = COMM_NCCL, .spread = 0, .dt = FSDP_DTYPE_F32, .numel = 16,
                          .fault_rank = -1};
     run_coll(&a, 2, FSDP_STATUS_UNSUPPORTED);
@@ -420,6 +423,7 @@ END_TEST
 START_TEST(test_nccl_abort)
 {
     NEED_GPU("test_nccl_abort");
+    NEED_NCCL("test_nccl_abort");
     int n = fsdp_cuda_device_count();
     if (n < 2) {
         printf("SKIP: test_nccl_abort: needs 2 GPUs\n");
