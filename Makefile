@@ -12,7 +12,17 @@ ASAN      ?= 0
 TSAN      ?= 0
 CUDA      ?= auto
 CUDA_HOME ?= /usr/local/cuda
+# NCCL: auto (on when $(NCCL_HOME)/include/nccl.h exists), 1, or 0 (CUDA
+# without NCCL: the peer collectives only). NCCL_LIB: the library to link by
+# full path (a wheel's libnccl.so.2; its folder becomes the rpath), else
+# -lnccl from $(NCCL_HOME)/lib.
+NCCL      ?= auto
 NCCL_HOME ?= $(CUDA_HOME)
+NCCL_LIB  ?=
+# Where cudart, cuBLAS and cuBLASLt are linked from (and found at run time).
+CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
+# INSTALL_DEPS=0: never run tools/install-deps.sh (offline machines).
+INSTALL_DEPS ?= 1
 BUILD     ?= build
 CC        ?= cc
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
@@ -35,20 +45,34 @@ ifeq ($(CUDA),1)
   ifeq ($(wildcard $(NVCC)),)
     $(error CUDA=1 but nvcc was not found at $(NVCC); set CUDA_HOME or CUDA=0)
   endif
-  ifeq ($(wildcard $(NCCL_HOME)/include/nccl.h),)
-    $(error CUDA=1 but nccl.h was not found under $(NCCL_HOME)/include; set NCCL_HOME)
+  ifeq ($(NCCL),auto)
+    NCCL := $(if $(wildcard $(NCCL_HOME)/include/nccl.h),1,0)
   endif
+  ifeq ($(NCCL),1)
+    ifeq ($(wildcard $(NCCL_HOME)/include/nccl.h),)
+      $(error NCCL=1 but nccl.h was not found under $(NCCL_HOME)/include; set NCCL_HOME, or NCCL=0 for the peer collectives only)
+    endif
+    ifneq ($(NCCL_LIB),)
+      ifeq ($(wildcard $(NCCL_LIB)),)
+        $(error NCCL_LIB=$(NCCL_LIB) does not exist)
+      endif
+    endif
+  endif
+else
+  NCCL := 0
 endif
 
 PKGS := check openblas
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 ifneq ($(HAVE_PKGS),1)
   ifeq ($(filter clean,$(MAKECMDGOALS)),)
-    $(info fsdp: pkg-config does not find '$(PKGS)'; running tools/install-deps.sh)
-    DEPS_RC := $(shell tools/install-deps.sh >&2; echo $$?)
-    HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
+    ifeq ($(INSTALL_DEPS),1)
+      $(info fsdp: pkg-config does not find '$(PKGS)'; running tools/install-deps.sh)
+      DEPS_RC := $(shell tools/install-deps.sh >&2; echo $$?)
+      HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
+    endif
     ifneq ($(HAVE_PKGS),1)
-      $(error missing build dependencies: run 'sudo tools/install-deps.sh' (Debian/Ubuntu))
+      $(error missing build dependencies: run 'sudo tools/install-deps.sh' (Debian/Ubuntu), or point PKG_CONFIG_PATH at Check and OpenBLAS)
     endif
   endif
 endif
@@ -78,15 +102,28 @@ LDFLAGS := $(SAN)
 SRC_C := $(wildcard src/*/*.c src/*/*/*.c models/*.c)
 SRC_C := $(filter-out src/cli/%,$(SRC_C))
 SRC_CU :=
+NCCL_LDLIBS :=
 ifeq ($(CUDA),1)
   SRC_C  := $(filter-out %_stub.c,$(SRC_C))
   SRC_CU := $(wildcard src/*/*.cu src/*/*/*.cu)
-  CFLAGS += -DFSDP_CUDA=1 -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
-  LDLIBS += -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 \
-            -lcublasLt -lcublas -lnccl -lcudart -lstdc++
+  ifeq ($(NCCL),1)
+    CFLAGS += -DFSDP_NCCL=1
+    ifneq ($(NCCL_LIB),)
+      NCCL_LDLIBS := $(abspath $(NCCL_LIB)) -Wl,-rpath,$(abspath $(dir $(NCCL_LIB)))
+    else
+      NCCL_LDLIBS := -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib -lnccl
+    endif
+  else
+    SRC_CU := $(filter-out src/comm/nccl.cu,$(SRC_CU))
+    SRC_C  += src/comm/nccl_stub.c
+  endif
+  CFLAGS += -DFSDP_CUDA=1 -I$(CUDA_HOME)/include
+  LDLIBS += $(NCCL_LDLIBS) -L$(CUDA_LIBDIR) -Wl,-rpath,$(abspath $(CUDA_LIBDIR)) \
+            -lcublasLt -lcublas -lcudart -lstdc++
 endif
 NVFLAGS := -O3 -std=c++17 $(CUDA_ARCH) -I. -Iinclude -Isrc -Imodels -DFSDP_CUDA=1 \
-           -I$(NCCL_HOME)/include -Xcompiler -fPIC,-Wall -lineinfo $(EXTRA_NVFLAGS)
+           $(if $(filter 1,$(NCCL)),-I$(NCCL_HOME)/include) -Xcompiler -fPIC,-Wall -lineinfo \
+           $(EXTRA_NVFLAGS)
 
 OBJ := $(SRC_C:%.c=$(BUILD)/obj/%.o) $(SRC_CU:%.cu=$(BUILD)/obj/%.cu.o)
 LIB := $(BUILD)/libfsdp.a
@@ -105,7 +142,7 @@ TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 all: info $(LIB) $(BIN)
 
 info:
-	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | check+openblas: $(if $(HAVE_PKGS),found,MISSING)"
+	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | nccl: $(if $(filter 1,$(NCCL)),$(or $(NCCL_LIB),$(NCCL_HOME)),off) | check+openblas: $(if $(HAVE_PKGS),found,MISSING)"
 
 # The cpu op kernels are auto-vectorised. Neither flag lets the compiler
 # reassociate or contract arithmetic, so results stay bit-identical.

@@ -10,8 +10,10 @@
 # (pthread flavour) with their run-time dependencies that a bare
 # gcc/CUDA image may lack (apt-cache depends: check -> libsubunit-dev ->
 # libsubunit0; libopenblas-pthread-dev -> libopenblas0-pthread ->
-# libgfortran5 -> libquadmath0). The packages must match the GPU machine's
-# Debian release and architecture (this one: see /etc/os-release).
+# libgfortran5 -> libquadmath0). The packages must suit the GPU machine's
+# release and architecture (this one: see /etc/os-release; gpu_check's
+# stage 1 prints the GPU machine's): Debian 12's need glibc 2.34 or newer,
+# which newer Debian and Ubuntu releases have. About 13 MB to carry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(check libsubunit0 libsubunit-dev libopenblas0-pthread libopenblas-pthread-dev

@@ -21,6 +21,11 @@ fsdp_status fsdp_world_init(fsdp_world **out, int n_ranks)
     if (!w)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating a world");
     w->n_ranks = n_ranks;
+    w->stop = calloc((size_t)n_ranks, sizeof *w->stop);
+    if (!w->stop) {
+        free(w);
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating a world");
+    }
     pthread_mutex_init(&w->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -39,7 +44,39 @@ void fsdp_world_free(fsdp_world *w)
         return;
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
+    free(w->stop);
     free(w);
+}
+
+void fsdp_world_set_rank_stop(fsdp_world *w, int rank, fsdp_rank_stop_fn fn, void *arg)
+{
+    FSDP_ASSERT(w && rank >= 0 && rank < w->n_ranks);
+    w->stop[rank].fn = fn;
+    w->stop[rank].arg = fn ? arg : NULL;
+}
+
+/* The message of a rank that failed with st: its thread's first error when
+ * that has the same status (teardown errors come later), else the current
+ * one. */
+static const char *rank_failure_msg(fsdp_status st)
+{
+    const char *first = NULL;
+    return fsdp_error_first(&first) == st ? first : fsdp_error_msg();
+}
+
+bool fsdp_world_rank_stop(fsdp_world *w, int rank, fsdp_status st)
+{
+    if (!w || (st == FSDP_STATUS_OK && !fsdp_world_aborted(w)))
+        return false;
+    FSDP_ASSERT(rank >= 0 && rank < w->n_ranks);
+    if (st != FSDP_STATUS_OK && !fsdp_world_aborted(w))
+        fsdp_world_fail(w, rank, st, rank_failure_msg(st));
+    struct fsdp_rank_stop s = w->stop[rank];
+    w->stop[rank].fn = NULL;
+    w->stop[rank].arg = NULL;
+    if (s.fn)
+        s.fn(s.arg);
+    return true;
 }
 
 void fsdp_world_fail(fsdp_world *w, int rank, fsdp_status st, const char *msg)
@@ -122,8 +159,11 @@ static void *rank_main(void *p)
     fsdp_log_set_rank(t->rank);
     fsdp_error_clear();
     t->st = t->fn(t->w, t->rank, t->arg);
+    /* A hook left registered may point into the rank function's frame. */
+    t->w->stop[t->rank].fn = NULL;
     if (t->st != FSDP_STATUS_OK)
-        fsdp_world_fail(t->w, t->rank, t->st, fsdp_error_msg());
+        fsdp_world_fail(t->w, t->rank, t->st, rank_failure_msg(t->st));
+    fsdp_error_clear();
     return NULL;
 }
 
@@ -138,6 +178,7 @@ fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg)
     w->first_rank = -1;
     w->first_msg[0] = '\0';
     w->barrier_waiting = 0;
+    memset(w->stop, 0, (size_t)n * sizeof *w->stop);
 
     int started = 0;
     for (; started < n; started++) {
@@ -157,8 +198,5 @@ fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg)
 
     if (w->first_status == FSDP_STATUS_OK)
         return FSDP_STATUS_OK;
-    char msg[FSDP_ERROR_MSG_MAX];
-    snprintf(msg, sizeof msg, "rank %d: %s", w->first_rank, w->first_msg);
-    fsdp_error_copy(msg);
-    return w->first_status;
+    return fsdp_error_set(w->first_status, "rank %d: %s", w->first_rank, w->first_msg);
 }

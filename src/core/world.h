@@ -8,6 +8,14 @@
  * and wakes every waiter; every wait in the runtime (barrier, host
  * collectives, engine waits) polls the flag, so the other ranks return
  * FSDP_STATUS_ABORTED promptly instead of hanging.
+ *
+ * Waiting on the host is not all: a GPU may be running a collective kernel
+ * that waits for a rank that will never come, and such a kernel keeps
+ * every later cudaFree (which waits for the whole device) from returning.
+ * So each rank can register a stop hook (nccl: ncclCommAbort) that its own
+ * thread runs as soon as it sees the abort flag in a device wait, and that
+ * teardown runs first, before any device memory is freed
+ * (fsdp_world_rank_stop).
  */
 #ifndef FSDP_CORE_WORLD_H
 #define FSDP_CORE_WORLD_H
@@ -31,6 +39,11 @@ typedef struct fsdp_world fsdp_world;
 /* Per-rank entry point run by fsdp_world_launch on the rank's thread. */
 typedef fsdp_status (*fsdp_rank_fn)(fsdp_world *w, int rank, void *arg);
 
+/* A rank's stop hook: end this rank's device work that may wait for other
+ * ranks (see above). Runs on the rank's own thread, at most once per
+ * registration; must not block on the device. */
+typedef void (*fsdp_rank_stop_fn)(void *arg);
+
 struct fsdp_world {
     int n_ranks;
     atomic_int aborted;            /* set once any rank failed */
@@ -49,6 +62,11 @@ struct fsdp_world {
         long k;
         atomic_long count;         /* operations of this kind seen on `rank` */
     } fault[FSDP_FAULT_KIND_COUNT];
+
+    struct fsdp_rank_stop {
+        fsdp_rank_stop_fn fn;      /* NULL: none; written and read by the rank's thread only */
+        void *arg;
+    } *stop;                       /* [n_ranks] */
 
     void *comm_shared;             /* host collectives' rendezvous (comm/host.c) */
     void *rdv_shared;              /* cuda collectives' rendezvous (comm/rdv.c) */
@@ -73,6 +91,22 @@ static inline bool fsdp_world_aborted(fsdp_world *w)
 {
     return atomic_load_explicit(&w->aborted, memory_order_acquire) != 0;
 }
+
+/* Register (fn != NULL) or remove (fn == NULL) rank's stop hook. Call on
+ * the rank's own thread; one hook per rank (a later one replaces it). */
+void fsdp_world_set_rank_stop(fsdp_world *w, int rank, fsdp_rank_stop_fn fn, void *arg);
+
+/* On rank's own thread, with st = this rank's status so far (OK unless it
+ * failed): if st is a failure or the world is aborted, run the rank's stop
+ * hook, if any, once (it is removed first) and return true; else return
+ * false and leave it. A failure that the world has not seen yet is
+ * recorded first (fsdp_world_fail, with the thread's message as the
+ * launcher would take it), so every other rank stops too: stopping
+ * collectives may need all ranks (ncclCommAbort waits for the ranks of
+ * its node in some NCCL versions). Teardown calls this first, before
+ * freeing any device memory; the cuda device's waits call it (st = OK)
+ * when they see the abort flag. w may be NULL (false). */
+bool fsdp_world_rank_stop(fsdp_world *w, int rank, fsdp_status st);
 
 /* Wait until all ranks arrive. Returns ABORTED (with a message) if the world
  * is aborted before or while waiting. */

@@ -5,8 +5,15 @@
  * and comm layers have their own stubs (ops/cuda_ops_stub.c,
  * comm/cuda_comm_stub.c).
  */
+#include "device/cuda_device.h"
 #include "device/device.h"
 
 const struct fsdp_device_i *fsdp_device_cuda_iface(void) { return NULL; }
 
 int fsdp_cuda_device_count(void) { return 0; }
+
+const fsdp_block_cache *fsdp_cuda_device_cache(const fsdp_device *d)
+{
+    (void)d;
+    return NULL;
+}

@@ -55,6 +55,8 @@ typedef struct fsdp_mem_stats {
     size_t n_allocs;                              /* allocations ever made */
     size_t kind_bytes[FSDP_MEM_KIND_COUNT];       /* in use now, by kind */
     size_t peak_kind_bytes[FSDP_MEM_KIND_COUNT];  /* by kind, at the moment of the peak */
+    size_t reserved_bytes;  /* held by the backend beyond in_use_bytes, now: cached free
+                               blocks, rounding, its own buffers (cuda); 0 on cpu/meta */
 } fsdp_mem_stats;
 
 struct fsdp_device_i {

@@ -30,8 +30,8 @@
 
 typedef struct fsdp_ops_cuda_state {
     cublasHandle_t blas;        /* bound to ctx->stream */
-    void *blas_ws;              /* cuBLAS workspace (device), FSDP_CUDA_BLAS_WS_BYTES */
-    void *scratch;              /* op scratch (device), grown on demand */
+    void *blas_ws;              /* cuBLAS workspace (device, own), FSDP_CUDA_BLAS_WS_BYTES */
+    void *scratch;              /* op scratch (device, own), grown on demand */
     size_t scratch_bytes;
     int n_sms;
     fsdp_status err;            /* first failure, FSDP_STATUS_OK if none */
@@ -63,9 +63,9 @@ static inline bool fsdp_ops_cuda_ok(fsdp_op_ctx *ctx)
 bool fsdp_ops_cuda_launched(fsdp_op_ctx *ctx, const char *op);
 
 /* Device scratch of at least `bytes` for the op running now, valid until
- * the next op on ctx->stream. Growing synchronises ctx->stream first (so
- * the old buffer is idle), which only happens in the first steps. Returns
- * NULL (and records OOM) on failure. */
+ * the next op on ctx->stream. Growing (first steps only) hands the old
+ * buffer back to the device's cache, stream-ordered, without a sync.
+ * Returns NULL (and records OOM) on failure. */
 void *fsdp_ops_cuda_scratch(fsdp_op_ctx *ctx, size_t bytes, const char *op);
 
 /* C (m x n, column-major, ldc, type ctype) = alpha op(A) op(B) + beta C for
