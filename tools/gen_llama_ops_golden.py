@@ -12,8 +12,10 @@ float64 (rope's cos/sin are HF's fp32 ones, widened) and is stored fp32.
 
 Output: one safetensors file (readable by fsdp's own parser, src/ckpt/
 safetensors.h, and by the `safetensors` package). Tensor names are
-CASE/FIELD; every tensor is F32 unless marked I32. Layouts are the fsdp op
-layouts of src/ops/ops.h, row-major:
+CASE/FIELD; every tensor is F32 unless marked I32. Every op case has inp
+(the input), out, dout (a random cotangent) and dinp (the gradient of
+sum(out * dout) with respect to inp); layouts are the fsdp op layouts of
+src/ops/ops.h, row-major:
 
   rmsnorm, rmsnorm_eps (inputs ~ sqrt(eps))
                      shape I32 [N, C]   eps (1,)
@@ -21,7 +23,7 @@ layouts of src/ops/ops.h, row-major:
                      dout (N, C)  dinp (N, C)  dw (C,)
   rope, rope_pos     shape I32 [B, T, NH, NKV, hd]   inv_freq (hd/2,)
                      pos I32 (B*T,) (rope_pos only: packed documents)
-                     qkv (B, T, (NH+2NKV) hd)   out: qkv after rope on q and k
+                     inp (B, T, (NH+2NKV) hd)   out: inp after rope on q and k
                      dout (same)  dinp: dout rotated back (q and k parts; the
                      v part equals dout)
   rope_table/LABEL   spec [theta, factor, low_freq_factor, high_freq_factor,
@@ -33,9 +35,9 @@ layouts of src/ops/ops.h, row-major:
   attn_gqa, attn_mqa, attn_mha, attn_packed
                      shape I32 [B, T, NH, NKV, hd]
                      pos I32 (B*T,) (attn_packed only)
-                     qkv (B, T, (NH+2NKV) hd)  out (B, T, NH hd)
+                     inp (B, T, (NH+2NKV) hd) = qkv  out (B, T, NH hd)
                      att (B, NH, T, T) softmax, 0 outside the mask
-                     dout (B, T, NH hd)  dqkv (B, T, (NH+2NKV) hd)
+                     dout (B, T, NH hd)  dinp (B, T, (NH+2NKV) hd)
 
 The attention mask: token t sees t' in [t - pos[t], t] (pos = t when
 absent), the contract of attention_gqa_fwd.
@@ -127,7 +129,7 @@ def rope_case(name, B, T, NH, NKV, hd, rope, pos=None):
     put(name + "/inv_freq", rot.inv_freq)
     if pos is not None:
         put(name + "/pos", position_ids.reshape(-1))
-    for k_, v_ in [("qkv", qkv), ("out", y), ("dout", dy), ("dinp", qkv.grad)]:
+    for k_, v_ in [("inp", qkv), ("out", y), ("dout", dy), ("dinp", qkv.grad)]:
         put(name + "/" + k_, v_)
 
 
@@ -191,8 +193,8 @@ def attention_case(name, B, T, NH, NKV, hd, pos=None):
     shape_rec(name + "/shape", [B, T, NH, NKV, hd])
     if pos is not None:
         put(name + "/pos", p.reshape(-1))
-    for k_, v_ in [("qkv", qkv), ("out", y), ("att", att), ("dout", dy), ("dinp", qkv.grad)]:
-        put(name + "/" + ("dqkv" if k_ == "dinp" else k_), v_)
+    for k_, v_ in [("inp", qkv), ("out", y), ("att", att), ("dout", dy), ("dinp", qkv.grad)]:
+        put(name + "/" + k_, v_)
 
 
 def main():
