@@ -106,6 +106,67 @@ struct fsdp_ops_i {
      * clears it, or OK. It does not synchronise ctx->stream: a fault inside
      * a running kernel surfaces at the next stream or event sync. */
     fsdp_status (*sync_error)(fsdp_op_ctx *ctx);
+
+    /* ---- the Llama family: RMSNorm, rotary embeddings, SwiGLU, grouped-
+     * query attention (Hugging Face LlamaForCausalLM semantics). ---- */
+
+    /* RMSNorm over the last dimension: out = inp * rstd * w with
+     * rstd = 1 / sqrt(mean(inp^2) + eps), in fp32 (the row's sum of squares
+     * in double). inp, out (N, C) and w (C,) in ctx->dt; rstd (N,) fp32 is
+     * saved for the backward (NULL: not saved). */
+    void (*rmsnorm_fwd)(fsdp_op_ctx *ctx, void *out, float *rstd, const void *inp, const void *w,
+                        float eps, int N, int C);
+    /* dinp (N, C) += rstd * (dn - n * mean(dn * n)) with n = inp * rstd and
+     * dn = w * dout; dw (C,) += sum over rows of n * dout. dinp or dw may be
+     * NULL (not needed). */
+    void (*rmsnorm_bwd)(fsdp_op_ctx *ctx, float *dinp, float *dw, const float *dout,
+                        const void *inp, const void *w, const float *rstd, int N, int C);
+
+    /* Rotary position embeddings, in place, HF's "rotate_half" convention:
+     * in a head of hd channels, channel i < hd/2 pairs with i + hd/2 and
+     *   x[i] = x[i] cos a - x[i+hd/2] sin a,  x[i+hd/2] = x[i+hd/2] cos a + x[i] sin a
+     * with a = pos * inv_freq[i] (the product in fp32, as HF). x (ctx->dt)
+     * holds B*T rows of `stride` elements; the first n_heads heads of each
+     * row are rotated (for attention_gqa's fused rows: n_heads = NH + NKV,
+     * stride = (NH + 2 NKV) hd rotates q and k, not v). inv_freq (hd/2,)
+     * fp32 comes from fsdp_rope_inv_freq (ops/rope_table.h). pos (B*T,)
+     * int32 holds each token's position (packed documents restart at 0), or
+     * is NULL: position t for row t of every sequence. inv_freq and pos are
+     * device memory. */
+    void (*rope_fwd)(fsdp_op_ctx *ctx, void *x, const float *inv_freq, const int *pos, int B,
+                     int T, int n_heads, int hd, int stride);
+    /* The backward rotates the fp32 gradient dx (same layout) by -a in place:
+     * the gradient of rope's output becomes the gradient of its input. It
+     * replaces rather than accumulates (the input and output are one buffer). */
+    void (*rope_bwd)(fsdp_op_ctx *ctx, float *dx, const float *inv_freq, const int *pos, int B,
+                     int T, int n_heads, int hd, int stride);
+
+    /* SwiGLU on a fused projection: inp (N, 2 IC) = [gate | up] per row,
+     * out (N, IC) = silu(gate) * up, silu(g) = g / (1 + e^-g). */
+    void (*swiglu_fwd)(fsdp_op_ctx *ctx, void *out, const void *inp, int N, int IC);
+    /* dinp (N, 2 IC) += [dout * up * silu'(gate) | dout * silu(gate)]. */
+    void (*swiglu_bwd)(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout, int N,
+                       int IC);
+
+    /* Causal grouped-query self-attention. qkv (B, T, (NH + 2 NKV) hd) holds
+     * [q | k | v] per position, as one fused projection writes it: NH query
+     * heads, NKV key/value heads (NH % NKV == 0; query head h reads kv head
+     * h / (NH / NKV)), head size hd independent of the model width. out
+     * (B, T, NH hd); att (B, NH, T, T) keeps the softmax for the backward,
+     * exactly 0 outside the mask. Scores are scaled by 1/sqrt(hd). Token t
+     * attends to t' in [t - pos[t], t]: with positions restarting at 0 at
+     * each document start (rope's pos array), packed documents do not see
+     * each other; pos NULL is plain causal (pos[t] = t), and values are
+     * clamped to [0, t]. NKV == NH with hd = C / NH is attention_fwd's
+     * GPT-2 layout. */
+    void (*attention_gqa_fwd)(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv,
+                              const int *pos, int B, int T, int NH, int NKV, int hd);
+    /* dqkv (B, T, (NH + 2 NKV) hd) += the gradient for q, k and v (a kv
+     * head's gradient sums its query heads' in head order). datt is fp32
+     * scratch (B, NH, T, T) owned by the caller. The mask comes from att. */
+    void (*attention_gqa_bwd)(fsdp_op_ctx *ctx, float *dqkv, float *datt, const float *dout,
+                              const void *qkv, const void *att, int B, int T, int NH, int NKV,
+                              int hd);
 };
 
 struct fsdp_op_ctx {

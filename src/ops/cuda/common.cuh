@@ -193,5 +193,21 @@ void fsdp_ops_cuda_adamw(fsdp_op_ctx *ctx, float *p, const float *grad, float *m
 void fsdp_ops_cuda_cast(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void *src,
                         fsdp_dtype sdt, size_t n);
 void fsdp_ops_cuda_sumsq_blocks(fsdp_op_ctx *ctx, float *out, const float *x, size_t n);
+void fsdp_ops_cuda_rmsnorm_fwd(fsdp_op_ctx *ctx, void *out, float *rstd, const void *inp,
+                               const void *w, float eps, int N, int C);
+void fsdp_ops_cuda_rmsnorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, const float *dout,
+                               const void *inp, const void *w, const float *rstd, int N, int C);
+void fsdp_ops_cuda_rope_fwd(fsdp_op_ctx *ctx, void *x, const float *inv_freq, const int *pos,
+                            int B, int T, int n_heads, int hd, int stride);
+void fsdp_ops_cuda_rope_bwd(fsdp_op_ctx *ctx, float *dx, const float *inv_freq, const int *pos,
+                            int B, int T, int n_heads, int hd, int stride);
+void fsdp_ops_cuda_swiglu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, int N, int IC);
+void fsdp_ops_cuda_swiglu_bwd(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout,
+                              int N, int IC);
+void fsdp_ops_cuda_attention_gqa_fwd(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv,
+                                     const int *pos, int B, int T, int NH, int NKV, int hd);
+void fsdp_ops_cuda_attention_gqa_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt,
+                                     const float *dout, const void *qkv, const void *att, int B,
+                                     int T, int NH, int NKV, int hd);
 
 #endif /* FSDP_OPS_CUDA_COMMON_CUH */

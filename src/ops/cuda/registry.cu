@@ -241,6 +241,14 @@ static const struct fsdp_ops_i cuda_ops_i = {
     /* .add           = */ fsdp_ops_cuda_add,
     /* .sumsq_blocks  = */ fsdp_ops_cuda_sumsq_blocks,
     /* .sync_error    = */ cuda_ops_sync_error,
+    /* .rmsnorm_fwd   = */ fsdp_ops_cuda_rmsnorm_fwd,
+    /* .rmsnorm_bwd   = */ fsdp_ops_cuda_rmsnorm_bwd,
+    /* .rope_fwd      = */ fsdp_ops_cuda_rope_fwd,
+    /* .rope_bwd      = */ fsdp_ops_cuda_rope_bwd,
+    /* .swiglu_fwd    = */ fsdp_ops_cuda_swiglu_fwd,
+    /* .swiglu_bwd    = */ fsdp_ops_cuda_swiglu_bwd,
+    /* .attention_gqa_fwd = */ fsdp_ops_cuda_attention_gqa_fwd,
+    /* .attention_gqa_bwd = */ fsdp_ops_cuda_attention_gqa_bwd,
 };
 
 extern "C" const struct fsdp_ops_i *fsdp_ops_cuda_iface(void) { return &cuda_ops_i; }
