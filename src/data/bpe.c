@@ -79,27 +79,6 @@ struct fsdp_bpe {
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-fsdp_status fsdp_ids_reserve(fsdp_ids *v, size_t more)
-{
-    if (v->cap - v->n >= more)
-        return FSDP_STATUS_OK;
-    size_t cap = v->cap ? v->cap : 256;
-    while (cap - v->n < more)
-        cap *= 2;
-    int *p = realloc(v->p, cap * sizeof *p);
-    if (!p)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory holding %zu token ids", cap);
-    v->p = p;
-    v->cap = cap;
-    return FSDP_STATUS_OK;
-}
-
-void fsdp_ids_free(fsdp_ids *v)
-{
-    free(v->p);
-    memset(v, 0, sizeof *v);
-}
-
 static uint64_t hash_bytes(const uint8_t *p, size_t n)
 {
     uint64_t h = 0x243f6a8885a308d3ull ^ (uint64_t)n;

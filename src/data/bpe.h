@@ -14,20 +14,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "data/ids.h"
 #include "fsdp/fsdp.h"
 
 typedef struct fsdp_bpe fsdp_bpe;
-
-/* A growing array of token ids; a failed allocation is reported by the
- * function that grows it. */
-typedef struct fsdp_ids {
-    int *p;
-    size_t n, cap;
-} fsdp_ids;
-
-/* Make room for `more` ids after the n already held. OOM on failure. */
-fsdp_status fsdp_ids_reserve(fsdp_ids *v, size_t more);
-void fsdp_ids_free(fsdp_ids *v);
 
 fsdp_status fsdp_bpe_init(fsdp_bpe **out, size_t n_tokens_hint, size_t n_merges_hint);
 void fsdp_bpe_free(fsdp_bpe *b);

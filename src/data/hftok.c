@@ -300,11 +300,7 @@ fsdp_status fsdp_hftok_encode_stream(fsdp_hftok *t, const char *text, size_t len
 
 static fsdp_status append_ids(void *arg, const int *ids, size_t n, size_t done)
 {
-    fsdp_ids *v = arg;
-    FSDP_TRY(fsdp_ids_reserve(v, n));
-    memcpy(v->p + v->n, ids, n * sizeof *ids);
-    v->n += n;
-    return FSDP_STATUS_OK;
+    return fsdp_ids_append(arg, ids, n);
 }
 
 fsdp_status fsdp_hftok_encode(fsdp_hftok *t, const char *text, size_t len, unsigned flags,

@@ -24,10 +24,11 @@ typedef enum fsdp_data_kind {
 
 typedef struct fsdp_data_file {
     char *path;
-    const uint8_t *map;     /* the whole file, mapped read-only (NULL if empty) */
+    const uint8_t *map;     /* the whole file, mapped read-only (NULL if empty or in memory) */
     size_t map_bytes;
-    const uint8_t *tokens;  /* first token inside map */
-    int token_bytes;        /* 2 (shards) or 1 (text) */
+    void *owned;            /* in-memory tokens (int32), freed at close; else NULL */
+    const uint8_t *tokens;  /* first token inside map, or owned */
+    int token_bytes;        /* 1 (text), 2 or 4 (shards), 4 (in memory) */
     uint64_t n_tokens;
     uint64_t first;         /* index of the first token in the concatenation */
 } fsdp_data_file;
@@ -46,6 +47,11 @@ struct fsdp_data {
  * d->vocab. On failure the caller closes d (partially filled is fine). */
 fsdp_status fsdp_data_files_open(fsdp_data *d, const char *spec, int vocab_size);
 void fsdp_data_files_close(fsdp_data *d);
+
+/* Make d one in-memory token sequence named `label`: takes ownership of
+ * tokens[0..n) (malloc'd; freed at close, also on failure); sets
+ * d->n_tokens and d->vocab (1 + the largest token). */
+fsdp_status fsdp_data_files_adopt(fsdp_data *d, const char *label, int *tokens, uint64_t n);
 
 /* Copy n tokens of the concatenated files starting at pos (< d->n_tokens)
  * into dst, wrapping around to token 0 after the last one. */

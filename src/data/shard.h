@@ -1,0 +1,45 @@
+/*
+ * shard.h - llm.c token shard files: their two layouts, and a writer.
+ *
+ * A shard is a 256 x int32 header {magic, version, token count, 0...}
+ * followed by the tokens, little-endian:
+ *   magic 20240520, version 1: uint16 tokens (llm.c's GPT-2 shards);
+ *   magic 20240801, version 7: uint32 tokens (llm.c's Llama 3 shards, for
+ *   vocabularies past 65536 ids such as Llama 3's 128256).
+ * The token count is an int32, so one shard holds at most 2^31 - 1 tokens.
+ */
+#ifndef FSDP_DATA_SHARD_H
+#define FSDP_DATA_SHARD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fsdp/fsdp.h"
+
+#define FSDP_SHARD_HEADER_BYTES 1024
+#define FSDP_SHARD_MAGIC_U16 20240520
+#define FSDP_SHARD_VERSION_U16 1
+#define FSDP_SHARD_MAGIC_U32 20240801
+#define FSDP_SHARD_VERSION_U32 7
+#define FSDP_SHARD_MAX_TOKENS ((uint64_t)INT32_MAX)
+
+typedef struct fsdp_shard_writer fsdp_shard_writer;
+
+/* Start writing `path` atomically (a temporary name, renamed at close)
+ * for token ids below vocab_size: uint16 tokens when vocab_size <= 65536,
+ * else uint32. */
+fsdp_status fsdp_shard_writer_open(fsdp_shard_writer **out, const char *path, int vocab_size);
+
+/* Append n ids. INVALID_ARG for an id outside 0..vocab_size-1, or when
+ * the shard would pass FSDP_SHARD_MAX_TOKENS (nothing is appended then). */
+fsdp_status fsdp_shard_writer_add(fsdp_shard_writer *w, const int *ids, size_t n);
+
+/* Tokens written so far. */
+uint64_t fsdp_shard_writer_count(const fsdp_shard_writer *w);
+
+/* Finish: with commit, write the final header, fsync and rename into
+ * place; without, remove the temporary file. Frees w (NULL is a no-op). */
+fsdp_status fsdp_shard_writer_close(fsdp_shard_writer *w, bool commit);
+
+#endif /* FSDP_DATA_SHARD_H */
