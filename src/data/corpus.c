@@ -44,12 +44,12 @@ static fsdp_status add_row(void *arg, const char *line, size_t len, uint64_t lin
         c->first_line = line_no;
     } else if (ex != c->examples) {
         return fsdp_error_set(FSDP_STATUS_FORMAT,
-                              "'%s' line %llu: a %s row, but line %llu was a %s row; one file "
+                              "'%s' line %llu: %s row, but line %llu was %s row; one file "
                               "holds documents ({\"text\"}) or examples (prompt/completion, "
                               "messages), not both",
                               c->ctx.path, (unsigned long long)line_no,
-                              ex ? "example" : "{\"text\"}", (unsigned long long)c->first_line,
-                              ex ? "{\"text\"}" : "example");
+                              ex ? "an example" : "a {\"text\"}", (unsigned long long)c->first_line,
+                              ex ? "a {\"text\"}" : "an example");
     }
     if (!ex) { /* a document of the stream */
         if (c->doc_start >= 0)
