@@ -13,5 +13,6 @@ int fsdp_cli_eval(int argc, char **argv);
 int fsdp_cli_sample(int argc, char **argv);
 int fsdp_cli_convert(int argc, char **argv);
 int fsdp_cli_plot(int argc, char **argv);
+int fsdp_cli_tokenize(int argc, char **argv);
 
 #endif /* FSDP_CLI_CLI_H */

@@ -42,4 +42,35 @@ uint64_t fsdp_shard_writer_count(const fsdp_shard_writer *w);
  * place; without, remove the temporary file. Frees w (NULL is a no-op). */
 fsdp_status fsdp_shard_writer_close(fsdp_shard_writer *w, bool commit);
 
+/* ---- tokenizing a corpus into shards (tokenize.c) ---------------------------------- */
+
+typedef struct fsdp_tokenize_opts {
+    const char *in;            /* a text file (one document) or a .jsonl file (jsonl.h) */
+    const char *out;           /* OUT.bin */
+    const char *tokenizer;     /* tokenizer.json */
+    const char *format;        /* "text", "jsonl", or NULL: by IN's extension */
+    const char *chat_format;   /* messages rows; NULL: from the tokenizer (chat.h) */
+    uint64_t shard_tokens;     /* 0: one file OUT; else OUT_000000.bin, OUT_000001.bin, ...
+                                * ("OUT" without ".bin") of at most this many tokens */
+    /* called now and then with how far it is (may be NULL) */
+    void (*progress)(void *arg, size_t bytes_done, size_t bytes_total, uint64_t tokens);
+    void *arg;
+} fsdp_tokenize_opts;
+
+typedef struct fsdp_tokenize_result {
+    uint64_t tokens;           /* written, separators included */
+    uint64_t documents;        /* the text file, or the rows */
+    size_t bytes;              /* of IN */
+    int n_shards;
+    int token_bytes;           /* 2 or 4 */
+} fsdp_tokenize_result;
+
+/* Tokenize IN into llm.c shards: each document (the whole text file, or a
+ * row: {"text"}, prompt/completion or messages rendered as for training,
+ * without masks since shards have none) preceded by the tokenizer's
+ * document token (data.h) unless it begins with it; special tokens in the
+ * text stay text. Outputs appear only when complete: on failure none of
+ * this call's files remain. */
+fsdp_status fsdp_tokenize_file(const fsdp_tokenize_opts *o, fsdp_tokenize_result *res);
+
 #endif /* FSDP_DATA_SHARD_H */
