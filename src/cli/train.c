@@ -17,9 +17,14 @@ int fsdp_cli_train(int argc, char **argv)
     bool quiet = false;
 #define OPT(name_, type_, dst_, meta_, help_) \
     opts[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
-    OPT("data", FSDP_OPT_STR, &c->data, "synthetic|FILE.txt|'GLOB.bin'",
-        "training data: the built-in addition task, bytes of a text file, or llm.c token shards "
-        "(default synthetic)");
+    OPT("data", FSDP_OPT_STR, &c->data, "synthetic|FILE.txt|FILE.jsonl|'GLOB.bin'",
+        "training data: the built-in addition task, a text file (bytes, or tokens with "
+        "--tokenizer), .jsonl rows ({\"text\"}; {\"prompt\",\"completion\"} or {\"messages\"} "
+        "once models support loss masks) or llm.c token shards (default synthetic)");
+    OPT("tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
+        "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
+    OPT("chat-format", FSDP_OPT_STR, &c->chat_format, "llama3|chatml",
+        "how {\"messages\"} rows are rendered (default: from the tokenizer's special tokens)");
     OPT("steps", FSDP_OPT_INT, &c->steps, "S", "optimizer steps (default 600)");
     OPT("lr", FSDP_OPT_FLOAT, &c->lr, "X", "peak learning rate (default 3e-3)");
     OPT("warmup", FSDP_OPT_INT, &c->warmup, "S", "linear warmup steps, then cosine decay to 10% (default 20)");

@@ -638,6 +638,11 @@ static fsdp_status build_decode(reader *r, const vocab_entry *e, size_t n)
     for (int i = 0; i < t->n_added; i++)
         if (t->added[i].id + 1 > vocab)
             vocab = t->added[i].id + 1;
+    size_t n_tokens = n + (size_t)t->n_added;
+    if ((size_t)vocab > 2 * n_tokens + 65536)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "tokenizer '%s': ids run up to %d for only %zu tokens; the file "
+                              "is corrupt", t->label, vocab - 1, n_tokens);
     t->vocab = vocab;
     /* each id's string, added tokens over the vocabulary */
     const char **str = calloc((size_t)vocab + 1, sizeof *str);
