@@ -645,6 +645,58 @@ START_TEST(test_tokenize_errors)
 }
 END_TEST
 
+/* `fsdp train` reads .jsonl text rows through --tokenizer and learns
+ * (the loss falls); example rows are refused with the reason until the
+ * models' loss skips -1 targets. */
+START_TEST(test_train_command)
+{
+    char dir[64] = "/tmp/fsdp_test_corpus_XXXXXX", in[128], msg[8192];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(in, sizeof in, "%s/t.jsonl", dir);
+    FILE *f = fopen(in, "w");
+    for (int i = 0; i < 200; i++)
+        fprintf(f, "{\"text\": \"The quick brown fox jumps over the lazy dog %d times.\"}\n", i % 7);
+    fclose(f);
+    int rc = run_cmd(msg, sizeof msg, "train --model custom:layers=1,heads=2,channels=32,vocab=704,"
+                     "context=32 --data %s --tokenizer %s --steps 30 --lr 1e-2 --devices 2 "
+                     "--batch 4 --seq 32 --log %s/m.jsonl --quiet", in, TOK_GPT2, dir);
+    ck_assert_msg(rc == 0, "rc %d: %s", rc, msg);
+    float first = 0, last = 0;
+    char path[160], line[1024];
+    snprintf(path, sizeof path, "%s/m.jsonl", dir);
+    f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    int steps = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *l = strstr(line, "\"loss\":");
+        ck_assert_ptr_nonnull(l);
+        last = strtof(l + 7, NULL);
+        if (steps++ == 0)
+            first = last;
+    }
+    fclose(f);
+    ck_assert_int_eq(steps, 30);
+    ck_assert_msg(last < first - 1.0f, "loss %.3f -> %.3f", first, last);
+    /* a vocabulary the model cannot hold */
+    rc = run_cmd(msg, sizeof msg, "train --model tiny --data %s --tokenizer %s --steps 1", in,
+                 TOK_GPT2);
+    ck_assert_msg(rc == 2 && strstr(msg, "vocabulary"), "rc %d: %s", rc, msg);
+    /* example rows: refused, saying why */
+    f = fopen(in, "w");
+    fprintf(f, "{\"prompt\": \"a\", \"completion\": \"b\"}\n");
+    fclose(f);
+    rc = run_cmd(msg, sizeof msg, "train --model custom:layers=1,heads=2,channels=32,vocab=704,"
+                 "context=32 --data %s --tokenizer %s --steps 1", in, TOK_GPT2);
+    ck_assert_msg(rc == 1 && strstr(msg, "targets of -1") && strstr(msg, "1 prompt/completion"),
+                  "rc %d: %s", rc, msg);
+    rc = run_cmd(msg, sizeof msg, "train --model tiny --data %s --steps 1", in);
+    ck_assert_msg(rc == 2 && strstr(msg, "--tokenizer"), "rc %d: %s", rc, msg);
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(rm), 0);
+}
+END_TEST
+
 static Suite *corpus_suite(void)
 {
     Suite *s = suite_create("corpus");
@@ -660,10 +712,11 @@ static Suite *corpus_suite(void)
     tcase_add_loop_test(tc, test_bad_rows, 0, (int)(sizeof BAD_ROWS / sizeof *BAD_ROWS));
     tcase_add_test(tc, test_open_errors);
     suite_add_tcase(s, tc);
-    tc = tcase_create("tokenize");
+    tc = tcase_create("commands");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_tokenize_files);
     tcase_add_test(tc, test_tokenize_errors);
+    tcase_add_test(tc, test_train_command);
     suite_add_tcase(s, tc);
     return s;
 }

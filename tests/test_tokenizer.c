@@ -262,6 +262,7 @@ static const struct hostile {
     {"gpt2", "\"ab\": 340", "\"ab\": 99999999", FSDP_STATUS_FORMAT, "model.vocab[\"ab\"]"},
     {"gpt2", "\"ab\": 340", "\"ab\": \"340\"", FSDP_STATUS_FORMAT, "model.vocab[\"ab\"]"},
     {"gpt2", "\"ab\": 340", "\"ab\": 381", FSDP_STATUS_FORMAT, "id 381 is given to both"},
+    {"gpt2", "\"ab\": 340", "\"ab\": 9000000", FSDP_STATUS_FORMAT, "ids run up to 9000000"},
     {"gpt2", "\"ab\": 340", "\"ab\": 340, \"\": 9000", FSDP_STATUS_FORMAT, "cannot be empty"},
     {"gpt2", "\"\xc4\x80\": 188", "\"\xc4\x80x\": 188", FSDP_STATUS_FORMAT, "byte 0x00 has no token"},
     {"gpt2", "\"\xc4\xa0 \xc4\xa0\"", "\"\xc4\xa0 \xc4\xa0 \xc4\xa0\"", FSDP_STATUS_FORMAT,
