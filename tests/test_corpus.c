@@ -54,7 +54,8 @@ static void enc(fsdp_hftok *t, const char *s, int *v, size_t *n)
     size_t k;
     ck_assert_int_eq(fsdp_hftok_encode(t, s, strlen(s), FSDP_HFTOK_SPLIT_SPECIAL, &ids, &k),
                      FSDP_STATUS_OK);
-    memcpy(v + *n, ids, k * sizeof *ids);
+    if (k)
+        memcpy(v + *n, ids, k * sizeof *ids);
     *n += k;
     free(ids);
 }
@@ -417,7 +418,7 @@ END_TEST
 typedef struct thread_arg {
     const fsdp_data *d;
     int first;
-    int sums[64];
+    unsigned sums[64];
 } thread_arg;
 
 static void *batch_thread(void *p)
@@ -426,9 +427,9 @@ static void *batch_thread(void *p)
     int in[4 * 16], tg[4 * 16];
     for (int m = a->first; m < 64; m += 2) {
         fsdp_data_batch(a->d, (uint64_t)m, 4, 16, in, tg);
-        int s = 0;
+        unsigned s = 0;
         for (int i = 0; i < 64; i++)
-            s = s * 31 + in[i] * 7 + tg[i];
+            s = s * 31u + (unsigned)in[i] * 7u + (unsigned)tg[i];
         a->sums[m] = s;
     }
     return NULL;
@@ -454,7 +455,7 @@ START_TEST(test_example_threads)
         solo[k] = (thread_arg){.d = d, .first = k};
         batch_thread(&solo[k]);
         for (int m = k; m < 64; m += 2)
-            ck_assert_int_eq(a[k].sums[m], solo[k].sums[m]);
+            ck_assert_uint_eq(a[k].sums[m], solo[k].sums[m]);
     }
     fsdp_data_close(d);
     unlink(path);
