@@ -646,9 +646,9 @@ START_TEST(test_tokenize_errors)
 }
 END_TEST
 
-/* `fsdp train` reads .jsonl text rows through --tokenizer and learns
- * (the loss falls); example rows are refused with the reason until the
- * models' loss skips -1 targets. */
+/* `fsdp train` and `fsdp eval` read .jsonl text rows through --tokenizer
+ * (training lowers the loss); example rows are refused with the reason
+ * until the models' loss skips -1 targets. */
 START_TEST(test_train_command)
 {
     char dir[64] = "/tmp/fsdp_test_corpus_XXXXXX", in[128], msg[8192];
@@ -660,8 +660,12 @@ START_TEST(test_train_command)
     fclose(f);
     int rc = run_cmd(msg, sizeof msg, "train --model custom:layers=1,heads=2,channels=32,vocab=704,"
                      "context=32 --data %s --tokenizer %s --steps 30 --lr 1e-2 --devices 2 "
-                     "--batch 4 --seq 32 --log %s/m.jsonl --quiet", in, TOK_GPT2, dir);
+                     "--batch 4 --seq 32 --log %s/m.jsonl --ckpt-dir %s/ck --quiet", in, TOK_GPT2,
+                     dir, dir);
     ck_assert_msg(rc == 0, "rc %d: %s", rc, msg);
+    rc = run_cmd(msg, sizeof msg, "eval --model %s/ck/step_00000030 --data %s --tokenizer %s "
+                 "--batch 4 --seq 32 --steps 2", dir, in, TOK_GPT2);
+    ck_assert_msg(rc == 0 && strstr(msg, "mean loss"), "eval: rc %d: %s", rc, msg);
     float first = 0, last = 0;
     char path[160], line[1024];
     snprintf(path, sizeof path, "%s/m.jsonl", dir);
@@ -692,6 +696,9 @@ START_TEST(test_train_command)
                   "rc %d: %s", rc, msg);
     rc = run_cmd(msg, sizeof msg, "train --model tiny --data %s --steps 1", in);
     ck_assert_msg(rc == 2 && strstr(msg, "--tokenizer"), "rc %d: %s", rc, msg);
+    rc = run_cmd(msg, sizeof msg, "eval --model %s/ck/step_00000030 --data %s --tokenizer %s", dir,
+                 in, TOK_GPT2);
+    ck_assert_msg(rc == 1 && strstr(msg, "targets of -1"), "eval: rc %d: %s", rc, msg);
     char rm[128];
     snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
     ck_assert_int_eq(system(rm), 0);
