@@ -301,6 +301,7 @@ static const struct hostile {
      FSDP_STATUS_UNSUPPORTED, "post_processor.processors[1]: post-processor 'BertProcessing'"},
     {"llama3", "\"content\": \"<|end_of_text|>\"", "\"content\": \"<|begin_of_text|>\"",
      FSDP_STATUS_FORMAT, "added_tokens[1]: repeats added token"},
+    {"llama3", "\"id\": 660", "\"id\": 659", FSDP_STATUS_FORMAT, "repeats added token 659"},
     {"qwen2", "\"type\": \"NFC\"", "\"type\": 3", FSDP_STATUS_FORMAT, "normalizer.type: expected string"},
 };
 

@@ -306,6 +306,56 @@ static fsdp_status read_model(reader *r, const fsdp_json *model, vocab_entry **e
 
 /* ---- added tokens ---------------------------------------------------------------------- */
 
+static int cmp_added_id(const void *a, const void *b, void *ctx)
+{
+    const hftok_added *v = ctx;
+    int x = v[*(const int *)a].id, y = v[*(const int *)b].id;
+    if (x != y)
+        return x < y ? -1 : 1;
+    return *(const int *)a - *(const int *)b;
+}
+
+static int cmp_added_content(const void *a, const void *b, void *ctx)
+{
+    const hftok_added *v = ctx, *x = &v[*(const int *)a], *y = &v[*(const int *)b];
+    int c = memcmp(x->content, y->content, x->len < y->len ? x->len : y->len);
+    if (c)
+        return c;
+    if (x->len != y->len)
+        return x->len < y->len ? -1 : 1;
+    return *(const int *)a - *(const int *)b;
+}
+
+/* No two added tokens share an id or a content (sorted, so thousands of
+ * added tokens stay cheap). */
+static fsdp_status check_repeats(reader *r)
+{
+    fsdp_hftok *t = r->t;
+    int n = t->n_added;
+    int *order = malloc(((size_t)n + 1) * sizeof *order);
+    if (!order)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for added tokens");
+    fsdp_status st = FSDP_STATUS_OK;
+    for (int pass = 0; pass < 2 && st == FSDP_STATUS_OK; pass++) {
+        for (int i = 0; i < n; i++)
+            order[i] = i;
+        qsort_r(order, (size_t)n, sizeof *order, pass ? cmp_added_content : cmp_added_id,
+                t->added);
+        for (int i = 1; i < n && st == FSDP_STATUS_OK; i++) {
+            const hftok_added *a = &t->added[order[i - 1]], *b = &t->added[order[i]];
+            if (pass ? a->len == b->len && !memcmp(a->content, b->content, a->len)
+                     : a->id == b->id) {
+                char field[64];
+                snprintf(field, sizeof field, "added_tokens[%d]", order[i]);
+                st = bad(r, FSDP_STATUS_FORMAT, field, "repeats added token %d ('%.64s')", a->id,
+                         a->content);
+            }
+        }
+    }
+    free(order);
+    return st;
+}
+
 static fsdp_status read_added(reader *r, const fsdp_json *arr)
 {
     fsdp_hftok *t = r->t;
@@ -338,18 +388,13 @@ static fsdp_status read_added(reader *r, const fsdp_json *arr)
         }
         snprintf(f, sizeof f, "%s.special", field);
         FSDP_TRY(get_bool(r, a, "special", f, false, &x->special));
-        for (int k = 0; k < t->n_added; k++)
-            if (t->added[k].id == x->id ||
-                (t->added[k].len == c->len && !memcmp(t->added[k].content, c->str, c->len)))
-                return bad(r, FSDP_STATUS_FORMAT, field, "repeats added token %d ('%.64s')",
-                           t->added[k].id, t->added[k].content);
         if (!(x->content = malloc(c->len + 1)))
             return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for added tokens");
         memcpy(x->content, c->str, c->len + 1);
         x->len = c->len;
         t->n_added++;
     }
-    return FSDP_STATUS_OK;
+    return check_repeats(r);
 }
 
 /* Make room for `more` bytes (and a NUL) after len in *s. */
