@@ -126,8 +126,10 @@ static void trim(const char **s, size_t *n)
         bool space = false;
         if (k > 0) {
             const utf8proc_property_t *pr = utf8proc_get_property(cp);
-            space = pr->category == UTF8PROC_CATEGORY_ZS || pr->bidi_class == UTF8PROC_BIDI_CLASS_WS ||
-                    pr->bidi_class == UTF8PROC_BIDI_CLASS_B || pr->bidi_class == UTF8PROC_BIDI_CLASS_S;
+            space = pr->category == UTF8PROC_CATEGORY_ZS ||
+                    pr->bidi_class == UTF8PROC_BIDI_CLASS_WS ||
+                    pr->bidi_class == UTF8PROC_BIDI_CLASS_B ||
+                    pr->bidi_class == UTF8PROC_BIDI_CLASS_S;
         } else {
             k = 1;
         }

@@ -166,7 +166,8 @@ fsdp_status fsdp_row_render(fsdp_row_ctx *c, const char *line, size_t len, uint6
     }
     fsdp_status st;
     if (row->type != FSDP_JSON_OBJECT) {
-        st = row_err(c, line_no, "expected a JSON object, found %s", fsdp_json_type_name(row->type));
+        st = row_err(c, line_no, "expected a JSON object, found %s",
+                     fsdp_json_type_name(row->type));
         goto out;
     }
     const fsdp_json *text = fsdp_json_get(row, "text"), *msgs = fsdp_json_get(row, "messages");

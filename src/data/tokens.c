@@ -213,7 +213,8 @@ static fsdp_status check_tokens(const fsdp_data_file *f, int vocab_size, int *ma
                                   "token shard '%s': token %u at byte offset %llu is not below "
                                   "the vocabulary size %d; the shard was made with another "
                                   "tokenizer, or pass a larger vocabulary",
-                                  f->path, (unsigned)t, off, vocab_size > 0 ? vocab_size : INT32_MAX);
+                                  f->path, (unsigned)t, off,
+                                  vocab_size > 0 ? vocab_size : INT32_MAX);
         }
         if (t > mx)
             mx = t;

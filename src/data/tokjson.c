@@ -5,8 +5,8 @@
  * The file is parsed whole with core/json.c (a 9 MiB Llama 3 file is a few
  * hundred thousand nodes), then every section is checked as it is read:
  * an unexpected type, a missing field, an id out of range, a merge naming
- * a token the vocabulary lacks, a feature this reader does not implement
- * - each is an error naming the file and the field's path
+ * a token the vocabulary lacks, a feature this reader does not implement -
+ * each is an error naming the file and the field's path
  * ("model.merges[17]"), never a tokenizer that encodes differently from
  * the reference without saying so.
  *
@@ -28,29 +28,16 @@
 
 #include "core/error.h"
 #include "core/json.h"
-#include "data/hftok_internal.h"
+#include "data/tokjson.h"
 
 #define HFTOK_MAX_FILE ((size_t)256 << 20)
-
-/* GPT-2's byte-level split (tokenizers' ByteLevel with use_regex). */
-static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+"
-                                   "|\\s+(?!\\S)|\\s+";
 
 /* Document-end tokens by name, for tokenizers whose post-processor adds
  * none (GPT-2, Qwen2: <|endoftext|>; Llama 3: <|end_of_text|>). */
 static const char *const EOT_NAMES[] = {"<|endoftext|>", "<|end_of_text|>"};
 
-typedef struct reader {
-    fsdp_hftok *t;
-    int char_byte[324];          /* byte-level character (code point) -> byte, or -1 */
-    uint8_t *buf;                /* scratch for decoded strings */
-    size_t buf_cap;
-} reader;
-
-/* Error about `field` of the file. */
-__attribute__((format(printf, 4, 5))) static fsdp_status bad(const reader *r, fsdp_status st,
-                                                             const char *field,
-                                                             const char *fmt, ...)
+fsdp_status tokjson_bad(const tokjson_reader *r, fsdp_status st, const char *field,
+                        const char *fmt, ...)
 {
     char msg[768];
     va_list ap;
@@ -60,14 +47,14 @@ __attribute__((format(printf, 4, 5))) static fsdp_status bad(const reader *r, fs
     return fsdp_error_set(st, "tokenizer '%s': %s: %s", r->t->label, field, msg);
 }
 
-static fsdp_status unsupported(const reader *r, const char *field, const char *what)
+fsdp_status tokjson_unsupported(const tokjson_reader *r, const char *field, const char *what)
 {
-    return bad(r, FSDP_STATUS_UNSUPPORTED, field,
-               "%s is not supported (fsdp reads byte-level BPE tokenizers: GPT-2, Llama 3, "
-               "Qwen2)", what);
+    return tokjson_bad(r, FSDP_STATUS_UNSUPPORTED, field,
+                       "%s is not supported (fsdp reads byte-level BPE tokenizers: GPT-2, Llama 3, "
+                       "Qwen2)", what);
 }
 
-static void byte_table(reader *r)
+static void byte_table(tokjson_reader *r)
 {
     for (int c = 0; c < 324; c++)
         r->char_byte[c] = -1;
@@ -82,7 +69,7 @@ static void byte_table(reader *r)
  * (*out_n bytes): 1 if every character is in the alphabet; 0 if one is
  * not (or the UTF-8 is broken), and then s is copied unchanged; -1 when
  * out of memory. */
-static int decode_key(reader *r, const char *s, size_t n, size_t at, size_t *out_n)
+static int decode_key(tokjson_reader *r, const char *s, size_t n, size_t at, size_t *out_n)
 {
     if (at + n + 1 > r->buf_cap) {
         uint8_t *b = realloc(r->buf, 2 * (at + n + 1));
@@ -111,50 +98,50 @@ static int decode_key(reader *r, const char *s, size_t n, size_t at, size_t *out
 
 /* ---- small typed getters ---------------------------------------------------------- */
 
-static fsdp_status want(const reader *r, const fsdp_json *v, fsdp_json_type type,
-                        const char *field)
+fsdp_status tokjson_want(const tokjson_reader *r, const fsdp_json *v, fsdp_json_type type,
+                         const char *field)
 {
     if (!v)
-        return bad(r, FSDP_STATUS_FORMAT, field, "missing");
+        return tokjson_bad(r, FSDP_STATUS_FORMAT, field, "missing");
     if (v->type != type)
-        return bad(r, FSDP_STATUS_FORMAT, field, "expected %s, found %s",
-                   fsdp_json_type_name(type), fsdp_json_type_name(v->type));
+        return tokjson_bad(r, FSDP_STATUS_FORMAT, field, "expected %s, found %s",
+                           fsdp_json_type_name(type), fsdp_json_type_name(v->type));
     return FSDP_STATUS_OK;
 }
 
 /* obj.key as a bool; absent or null gives def. */
-static fsdp_status get_bool(const reader *r, const fsdp_json *obj, const char *key,
-                            const char *field, bool def, bool *out)
+fsdp_status tokjson_get_bool(const tokjson_reader *r, const fsdp_json *obj, const char *key,
+                             const char *field, bool def, bool *out)
 {
     const fsdp_json *v = fsdp_json_get(obj, key);
     *out = def;
     if (!v || v->type == FSDP_JSON_NULL)
         return FSDP_STATUS_OK;
-    FSDP_TRY(want(r, v, FSDP_JSON_BOOL, field));
+    FSDP_TRY(tokjson_want(r, v, FSDP_JSON_BOOL, field));
     *out = v->boolean;
     return FSDP_STATUS_OK;
 }
 
-static fsdp_status as_id(const reader *r, const fsdp_json *v, const char *field, int *id)
+fsdp_status tokjson_as_id(const tokjson_reader *r, const fsdp_json *v, const char *field, int *id)
 {
-    FSDP_TRY(want(r, v, FSDP_JSON_NUMBER, field));
+    FSDP_TRY(tokjson_want(r, v, FSDP_JSON_NUMBER, field));
     double d = v->number;
     if (!(d >= 0 && d < HFTOK_MAX_ID) || d != (double)(int)d)
-        return bad(r, FSDP_STATUS_FORMAT, field, "id %g is not an integer in 0..%d", d,
-                   HFTOK_MAX_ID - 1);
+        return tokjson_bad(r, FSDP_STATUS_FORMAT, field, "id %g is not an integer in 0..%d", d,
+                           HFTOK_MAX_ID - 1);
     *id = (int)d;
     return FSDP_STATUS_OK;
 }
 
 /* The "type" string of a section object. */
-static fsdp_status type_of(const reader *r, const fsdp_json *obj, const char *field,
-                           const char **type)
+fsdp_status tokjson_type_of(const tokjson_reader *r, const fsdp_json *obj, const char *field,
+                            const char **type)
 {
     char f[128];
-    FSDP_TRY(want(r, obj, FSDP_JSON_OBJECT, field));
+    FSDP_TRY(tokjson_want(r, obj, FSDP_JSON_OBJECT, field));
     snprintf(f, sizeof f, "%s.type", field);
     const fsdp_json *v = fsdp_json_get(obj, "type");
-    FSDP_TRY(want(r, v, FSDP_JSON_STRING, f));
+    FSDP_TRY(tokjson_want(r, v, FSDP_JSON_STRING, f));
     *type = v->str;
     return FSDP_STATUS_OK;
 }
@@ -173,22 +160,22 @@ static int cmp_entry(const void *a, const void *b)
 }
 
 /* One side of a merge rule, decoded at r->buf + at (*k bytes): its id. */
-static fsdp_status merge_side(reader *r, const char *s, size_t n, size_t at, const char *field,
-                              size_t *k, int *id)
+static fsdp_status merge_side(tokjson_reader *r, const char *s, size_t n, size_t at,
+                              const char *field, size_t *k, int *id)
 {
     int ok = n ? decode_key(r, s, n, at, k) : 0;
     if (ok < 0)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading merges");
     if (!ok || (*id = fsdp_bpe_find(r->t->bpe, r->buf + at, *k)) < 0)
-        return bad(r, FSDP_STATUS_FORMAT, field, "token '%.*s' is not in model.vocab",
-                   (int)(n > 64 ? 64 : n), s);
+        return tokjson_bad(r, FSDP_STATUS_FORMAT, field, "token '%.*s' is not in model.vocab",
+                           (int)(n > 64 ? 64 : n), s);
     return FSDP_STATUS_OK;
 }
 
-static fsdp_status read_merges(reader *r, const fsdp_json *merges)
+static fsdp_status read_merges(tokjson_reader *r, const fsdp_json *merges)
 {
     char field[64];
-    FSDP_TRY(want(r, merges, FSDP_JSON_ARRAY, "model.merges"));
+    FSDP_TRY(tokjson_want(r, merges, FSDP_JSON_ARRAY, "model.merges"));
     uint32_t rank = 0;
     size_t i = 0;
     for (const fsdp_json *m = merges->child; m; m = m->next, i++) {
@@ -200,8 +187,8 @@ static fsdp_status read_merges(reader *r, const fsdp_json *merges)
                 continue; /* merges.txt's header line, skipped as tokenizers does */
             const char *sp = memchr(m->str, ' ', m->len);
             if (!sp || memchr(sp + 1, ' ', m->len - (size_t)(sp + 1 - m->str)))
-                return bad(r, FSDP_STATUS_FORMAT, field,
-                           "'%.64s' is not two tokens separated by one space", m->str);
+                return tokjson_bad(r, FSDP_STATUS_FORMAT, field,
+                                   "'%.64s' is not two tokens separated by one space", m->str);
             a = m->str;
             na = (size_t)(sp - m->str);
             b = sp + 1;
@@ -213,8 +200,9 @@ static fsdp_status read_merges(reader *r, const fsdp_json *merges)
             b = m->child->next->str;
             nb = m->child->next->len;
         } else {
-            return bad(r, FSDP_STATUS_FORMAT, field,
-                       "expected \"a b\" or [\"a\", \"b\"], found %s", fsdp_json_type_name(m->type));
+            return tokjson_bad(r, FSDP_STATUS_FORMAT, field,
+                               "expected \"a b\" or [\"a\", \"b\"], found %s",
+                               fsdp_json_type_name(m->type));
         }
         int left, right;
         size_t la, lb;
@@ -223,54 +211,54 @@ static fsdp_status read_merges(reader *r, const fsdp_json *merges)
         /* the merged token: the two sides' bytes back to back */
         int merged = fsdp_bpe_find(r->t->bpe, r->buf, la + lb);
         if (merged < 0)
-            return bad(r, FSDP_STATUS_FORMAT, field,
-                       "'%.*s' + '%.*s' makes a token that is not in model.vocab",
-                       (int)(na > 64 ? 64 : na), a, (int)(nb > 64 ? 64 : nb), b);
+            return tokjson_bad(r, FSDP_STATUS_FORMAT, field,
+                               "'%.*s' + '%.*s' makes a token that is not in model.vocab",
+                               (int)(na > 64 ? 64 : na), a, (int)(nb > 64 ? 64 : nb), b);
         FSDP_TRY(fsdp_bpe_add_merge(r->t->bpe, left, right, merged, rank++));
     }
     return FSDP_STATUS_OK;
 }
 
-/* Check the BPE options this reader does not implement are off. */
-static fsdp_status check_model_options(reader *r, const fsdp_json *model)
+/* Check the BPE options this tokjson_reader does not implement are off. */
+static fsdp_status check_model_options(tokjson_reader *r, const fsdp_json *model)
 {
     const fsdp_json *v;
     if ((v = fsdp_json_get(model, "type")) && v->type != FSDP_JSON_NULL) {
-        FSDP_TRY(want(r, v, FSDP_JSON_STRING, "model.type"));
+        FSDP_TRY(tokjson_want(r, v, FSDP_JSON_STRING, "model.type"));
         if (strcmp(v->str, "BPE"))
-            return unsupported(r, "model.type", v->type == FSDP_JSON_STRING ? v->str : "?");
+            return tokjson_unsupported(r, "model.type", v->type == FSDP_JSON_STRING ? v->str : "?");
     }
     if ((v = fsdp_json_get(model, "dropout")) && v->type != FSDP_JSON_NULL &&
         !(v->type == FSDP_JSON_NUMBER && v->number == 0))
-        return unsupported(r, "model.dropout", "BPE dropout (random merges, for training)");
+        return tokjson_unsupported(r, "model.dropout", "BPE dropout (random merges, for training)");
     bool fallback;
-    FSDP_TRY(get_bool(r, model, "byte_fallback", "model.byte_fallback", false, &fallback));
+    FSDP_TRY(tokjson_get_bool(r, model, "byte_fallback", "model.byte_fallback", false, &fallback));
     if (fallback)
-        return unsupported(r, "model.byte_fallback",
-                           "byte fallback (SentencePiece-style BPE: Llama 2, Mistral)");
+        return tokjson_unsupported(r, "model.byte_fallback",
+                                   "byte fallback (SentencePiece-style BPE: Llama 2, Mistral)");
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int i = 0; i < 2; i++) {
         char f[64];
         snprintf(f, sizeof f, "model.%s", affixes[i]);
         v = fsdp_json_get(model, affixes[i]);
         if (v && v->type != FSDP_JSON_NULL) {
-            FSDP_TRY(want(r, v, FSDP_JSON_STRING, f));
+            FSDP_TRY(tokjson_want(r, v, FSDP_JSON_STRING, f));
             if (v->len)
-                return unsupported(r, f, "a subword affix");
+                return tokjson_unsupported(r, f, "a subword affix");
         }
     }
     return FSDP_STATUS_OK;
 }
 
-static fsdp_status read_model(reader *r, const fsdp_json *model, vocab_entry **entries,
+static fsdp_status read_model(tokjson_reader *r, const fsdp_json *model, vocab_entry **entries,
                               size_t *n_entries)
 {
-    FSDP_TRY(want(r, model, FSDP_JSON_OBJECT, "model"));
+    FSDP_TRY(tokjson_want(r, model, FSDP_JSON_OBJECT, "model"));
     FSDP_TRY(check_model_options(r, model));
     const fsdp_json *vocab = fsdp_json_get(model, "vocab");
     const fsdp_json *merges = fsdp_json_get(model, "merges");
-    FSDP_TRY(want(r, vocab, FSDP_JSON_OBJECT, "model.vocab"));
-    FSDP_TRY(want(r, merges, FSDP_JSON_ARRAY, "model.merges"));
+    FSDP_TRY(tokjson_want(r, vocab, FSDP_JSON_OBJECT, "model.vocab"));
+    FSDP_TRY(tokjson_want(r, merges, FSDP_JSON_ARRAY, "model.merges"));
     FSDP_TRY(fsdp_bpe_init(&r->t->bpe, vocab->n, merges->n));
     vocab_entry *e = calloc(vocab->n + 1, sizeof *e);
     if (!e)
@@ -280,28 +268,29 @@ static fsdp_status read_model(reader *r, const fsdp_json *model, vocab_entry **e
     size_t n = 0;
     for (const fsdp_json *v = vocab->child; v; v = v->next) {
         snprintf(field, sizeof field, "model.vocab[\"%.64s\"]", v->key);
-        FSDP_TRY(as_id(r, v, field, &e[n].id));
+        FSDP_TRY(tokjson_as_id(r, v, field, &e[n].id));
         e[n++].key = v;
         size_t k;
         if (!*v->key)
-            return bad(r, FSDP_STATUS_FORMAT, field, "a token cannot be empty");
+            return tokjson_bad(r, FSDP_STATUS_FORMAT, field, "a token cannot be empty");
         int ok = decode_key(r, v->key, strlen(v->key), 0, &k);
         if (ok < 0)
             return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading model.vocab");
         if (ok && fsdp_bpe_add_token(r->t->bpe, r->buf, k, e[n - 1].id) != FSDP_STATUS_OK)
-            return bad(r, FSDP_STATUS_FORMAT, field, "%s", fsdp_error_msg());
+            return tokjson_bad(r, FSDP_STATUS_FORMAT, field, "%s", fsdp_error_msg());
     }
     qsort(e, n, sizeof *e, cmp_entry);
     for (size_t i = 1; i < n; i++)
         if (e[i].id == e[i - 1].id)
-            return bad(r, FSDP_STATUS_FORMAT, "model.vocab", "id %d is given to both \"%.64s\" "
-                       "and \"%.64s\"", e[i].id, e[i - 1].key->key, e[i].key->key);
+            return tokjson_bad(r, FSDP_STATUS_FORMAT, "model.vocab",
+                               "id %d is given to both \"%.64s\" and \"%.64s\"", e[i].id,
+                               e[i - 1].key->key, e[i].key->key);
     *n_entries = n;
     bool ignore;
-    FSDP_TRY(get_bool(r, model, "ignore_merges", "model.ignore_merges", false, &ignore));
+    FSDP_TRY(tokjson_get_bool(r, model, "ignore_merges", "model.ignore_merges", false, &ignore));
     FSDP_TRY(read_merges(r, merges));
     fsdp_status st = fsdp_bpe_finish(r->t->bpe, ignore);
-    return st == FSDP_STATUS_OK ? st : bad(r, st, "model.vocab", "%s", fsdp_error_msg());
+    return st == FSDP_STATUS_OK ? st : tokjson_bad(r, st, "model.vocab", "%s", fsdp_error_msg());
 }
 
 /* ---- added tokens ---------------------------------------------------------------------- */
@@ -328,7 +317,7 @@ static int cmp_added_content(const void *a, const void *b, void *ctx)
 
 /* No two added tokens share an id or a content (sorted, so thousands of
  * added tokens stay cheap). */
-static fsdp_status check_repeats(reader *r)
+static fsdp_status check_repeats(tokjson_reader *r)
 {
     fsdp_hftok *t = r->t;
     int n = t->n_added;
@@ -347,8 +336,8 @@ static fsdp_status check_repeats(reader *r)
                      : a->id == b->id) {
                 char field[64];
                 snprintf(field, sizeof field, "added_tokens[%d]", order[i]);
-                st = bad(r, FSDP_STATUS_FORMAT, field, "repeats added token %d ('%.64s')", a->id,
-                         a->content);
+                st = tokjson_bad(r, FSDP_STATUS_FORMAT, field, "repeats added token %d ('%.64s')",
+                                 a->id, a->content);
             }
         }
     }
@@ -356,38 +345,38 @@ static fsdp_status check_repeats(reader *r)
     return st;
 }
 
-static fsdp_status read_added(reader *r, const fsdp_json *arr)
+static fsdp_status read_added(tokjson_reader *r, const fsdp_json *arr)
 {
     fsdp_hftok *t = r->t;
     if (!arr || arr->type == FSDP_JSON_NULL)
         return FSDP_STATUS_OK;
-    FSDP_TRY(want(r, arr, FSDP_JSON_ARRAY, "added_tokens"));
+    FSDP_TRY(tokjson_want(r, arr, FSDP_JSON_ARRAY, "added_tokens"));
     if (!(t->added = calloc(arr->n + 1, sizeof *t->added)))
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for %zu added tokens", arr->n);
     char field[64], f[96];
     size_t i = 0;
     for (const fsdp_json *a = arr->child; a; a = a->next, i++) {
         snprintf(field, sizeof field, "added_tokens[%zu]", i);
-        FSDP_TRY(want(r, a, FSDP_JSON_OBJECT, field));
+        FSDP_TRY(tokjson_want(r, a, FSDP_JSON_OBJECT, field));
         hftok_added *x = &t->added[t->n_added];
         snprintf(f, sizeof f, "%s.id", field);
-        FSDP_TRY(as_id(r, fsdp_json_get(a, "id"), f, &x->id));
+        FSDP_TRY(tokjson_as_id(r, fsdp_json_get(a, "id"), f, &x->id));
         snprintf(f, sizeof f, "%s.content", field);
         const fsdp_json *c = fsdp_json_get(a, "content");
-        FSDP_TRY(want(r, c, FSDP_JSON_STRING, f));
+        FSDP_TRY(tokjson_want(r, c, FSDP_JSON_STRING, f));
         if (c->len == 0)
-            return bad(r, FSDP_STATUS_FORMAT, f, "an added token cannot be empty");
+            return tokjson_bad(r, FSDP_STATUS_FORMAT, f, "an added token cannot be empty");
         static const char *const flags[] = {"single_word", "lstrip", "rstrip"};
         for (int k = 0; k < 3; k++) {
             bool on;
             snprintf(f, sizeof f, "%s.%s", field, flags[k]);
-            FSDP_TRY(get_bool(r, a, flags[k], f, false, &on));
+            FSDP_TRY(tokjson_get_bool(r, a, flags[k], f, false, &on));
             if (on)
-                return unsupported(r, f, "an added token that absorbs whitespace or matches "
-                                         "whole words only");
+                return tokjson_unsupported(r, f, "an added token that absorbs whitespace or "
+                                                 "matches whole words only");
         }
         snprintf(f, sizeof f, "%s.special", field);
-        FSDP_TRY(get_bool(r, a, "special", f, false, &x->special));
+        FSDP_TRY(tokjson_get_bool(r, a, "special", f, false, &x->special));
         if (!(x->content = malloc(c->len + 1)))
             return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for added tokens");
         memcpy(x->content, c->str, c->len + 1);
@@ -444,7 +433,7 @@ static int cmp_longest(const void *a, const void *b, void *ctx)
 /* The alternation of added tokens (every one, or the non-special ones),
  * longest first so the leftmost match is also the longest there; each
  * alternative marks its index in added[]. */
-static fsdp_status compile_added(reader *r, bool special_too, pcre2_code **out)
+static fsdp_status compile_added(tokjson_reader *r, bool special_too, pcre2_code **out)
 {
     fsdp_hftok *t = r->t;
     *out = NULL;
@@ -479,204 +468,9 @@ static fsdp_status compile_added(reader *r, bool special_too, pcre2_code **out)
     return st;
 }
 
-/* ---- normalizer, pre-tokenizer, post-processor, decoder ------------------------------ */
-
-static fsdp_status read_normalizer(reader *r, const fsdp_json *v, const char *field)
-{
-    if (!v || v->type == FSDP_JSON_NULL)
-        return FSDP_STATUS_OK;
-    const char *type;
-    FSDP_TRY(type_of(r, v, field, &type));
-    if (!strcmp(type, "NFC")) {
-        r->t->nfc = true;
-        return FSDP_STATUS_OK;
-    }
-    if (!strcmp(type, "Sequence")) {
-        char f[128];
-        snprintf(f, sizeof f, "%s.normalizers", field);
-        const fsdp_json *list = fsdp_json_get(v, "normalizers");
-        FSDP_TRY(want(r, list, FSDP_JSON_ARRAY, f));
-        size_t i = 0;
-        for (const fsdp_json *c = list->child; c; c = c->next, i++) {
-            snprintf(f, sizeof f, "%s.normalizers[%zu]", field, i);
-            FSDP_TRY(read_normalizer(r, c, f));
-        }
-        return FSDP_STATUS_OK;
-    }
-    char what[96];
-    snprintf(what, sizeof what, "normalizer '%.40s' (null and NFC are)", type);
-    return unsupported(r, field, what);
-}
-
-static fsdp_status add_step(reader *r, const char *field, hftok_step **out)
-{
-    if (r->t->n_steps == HFTOK_MAX_STEPS)
-        return bad(r, FSDP_STATUS_UNSUPPORTED, field, "more than %d pre-tokenizer steps",
-                   HFTOK_MAX_STEPS);
-    *out = &r->t->steps[r->t->n_steps++];
-    return FSDP_STATUS_OK;
-}
-
-static fsdp_status compile_step(reader *r, hftok_step *s, const char *field, const char *pat,
-                                size_t len, bool literal)
-{
-    FSDP_TRY(fsdp_hftok_compile(r->t, field, pat, len, literal, &s->re));
-    if (!(s->md = pcre2_match_data_create_from_pattern(s->re, NULL)))
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for a pattern");
-    return FSDP_STATUS_OK;
-}
-
-static fsdp_status read_split(reader *r, const fsdp_json *v, const char *field)
-{
-    char f[160];
-    hftok_step *s = NULL;
-    FSDP_TRY(add_step(r, field, &s));
-    snprintf(f, sizeof f, "%s.pattern", field);
-    const fsdp_json *p = fsdp_json_get(v, "pattern");
-    FSDP_TRY(want(r, p, FSDP_JSON_OBJECT, f));
-    const fsdp_json *re = fsdp_json_get(p, "Regex"), *lit = fsdp_json_get(p, "String");
-    const fsdp_json *pat = re ? re : lit;
-    snprintf(f, sizeof f, "%s.pattern.%s", field, re ? "Regex" : "String");
-    FSDP_TRY(want(r, pat, FSDP_JSON_STRING, f));
-    if (pat->len == 0)
-        return bad(r, FSDP_STATUS_FORMAT, f, "the pattern is empty");
-    FSDP_TRY(compile_step(r, s, f, pat->str, pat->len, !re));
-    snprintf(f, sizeof f, "%s.behavior", field);
-    const fsdp_json *b = fsdp_json_get(v, "behavior");
-    FSDP_TRY(want(r, b, FSDP_JSON_STRING, f));
-    if (!strcmp(b->str, "Isolated"))
-        s->behavior = HFTOK_ISOLATED;
-    else if (!strcmp(b->str, "Removed"))
-        s->behavior = HFTOK_REMOVED;
-    else
-        return bad(r, FSDP_STATUS_UNSUPPORTED, f,
-                   "split behaviour '%.40s' is not supported (Isolated and Removed are)", b->str);
-    bool invert;
-    snprintf(f, sizeof f, "%s.invert", field);
-    FSDP_TRY(get_bool(r, v, "invert", f, false, &invert));
-    return invert ? unsupported(r, f, "an inverted split") : FSDP_STATUS_OK;
-}
-
-static fsdp_status read_pretok(reader *r, const fsdp_json *v, const char *field, bool last,
-                               bool *have_bytelevel)
-{
-    const char *type;
-    char f[160];
-    FSDP_TRY(type_of(r, v, field, &type));
-    if (!strcmp(type, "Sequence")) {
-        snprintf(f, sizeof f, "%s.pretokenizers", field);
-        const fsdp_json *list = fsdp_json_get(v, "pretokenizers");
-        FSDP_TRY(want(r, list, FSDP_JSON_ARRAY, f));
-        size_t i = 0;
-        for (const fsdp_json *c = list->child; c; c = c->next, i++) {
-            snprintf(f, sizeof f, "%s.pretokenizers[%zu]", field, i);
-            FSDP_TRY(read_pretok(r, c, f, last && !c->next, have_bytelevel));
-        }
-        return FSDP_STATUS_OK;
-    }
-    if (*have_bytelevel)
-        return bad(r, FSDP_STATUS_UNSUPPORTED, field,
-                   "a pre-tokenizer after ByteLevel is not supported (ByteLevel must come last)");
-    hftok_step *s = NULL;
-    if (!strcmp(type, "Split"))
-        return read_split(r, v, field);
-    if (!strcmp(type, "Digits")) {
-        bool single;
-        snprintf(f, sizeof f, "%s.individual_digits", field);
-        FSDP_TRY(get_bool(r, v, "individual_digits", f, false, &single));
-        FSDP_TRY(add_step(r, field, &s));
-        const char *pat = single ? "\\p{N}" : "\\p{N}+";
-        return compile_step(r, s, field, pat, strlen(pat), false);
-    }
-    if (!strcmp(type, "ByteLevel")) {
-        if (!last)
-            return bad(r, FSDP_STATUS_UNSUPPORTED, field,
-                       "a pre-tokenizer after ByteLevel is not supported (ByteLevel must come "
-                       "last)");
-        *have_bytelevel = true;
-        FSDP_TRY(add_step(r, field, &s));
-        snprintf(f, sizeof f, "%s.add_prefix_space", field);
-        const fsdp_json *aps = fsdp_json_get(v, "add_prefix_space");
-        FSDP_TRY(want(r, aps, FSDP_JSON_BOOL, f));
-        s->prefix_space = aps->boolean;
-        bool regex;
-        snprintf(f, sizeof f, "%s.use_regex", field);
-        FSDP_TRY(get_bool(r, v, "use_regex", f, true, &regex));
-        if (regex)
-            FSDP_TRY(compile_step(r, s, field, GPT2_PATTERN, strlen(GPT2_PATTERN), false));
-        return FSDP_STATUS_OK;
-    }
-    char what[96];
-    snprintf(what, sizeof what, "pre-tokenizer '%.40s' (Split, Digits, ByteLevel are)", type);
-    return unsupported(r, field, what);
-}
-
-/* TemplateProcessing: the special tokens before and after $A. */
-static fsdp_status read_template(reader *r, const fsdp_json *v, const char *field)
-{
-    char f[160];
-    snprintf(f, sizeof f, "%s.single", field);
-    const fsdp_json *single = fsdp_json_get(v, "single");
-    FSDP_TRY(want(r, single, FSDP_JSON_ARRAY, f));
-    snprintf(f, sizeof f, "%s.special_tokens", field);
-    const fsdp_json *specials = fsdp_json_get(v, "special_tokens");
-    FSDP_TRY(want(r, specials, FSDP_JSON_OBJECT, f));
-    bool after = false;
-    size_t i = 0;
-    for (const fsdp_json *p = single->child; p; p = p->next, i++) {
-        snprintf(f, sizeof f, "%s.single[%zu]", field, i);
-        FSDP_TRY(want(r, p, FSDP_JSON_OBJECT, f));
-        const fsdp_json *tok = fsdp_json_get(p, "SpecialToken");
-        if (!tok) {
-            if (!fsdp_json_get(p, "Sequence"))
-                return bad(r, FSDP_STATUS_FORMAT, f, "expected SpecialToken or Sequence");
-            after = true;
-            continue;
-        }
-        const fsdp_json *name = fsdp_json_get(tok, "id");
-        FSDP_TRY(want(r, name, FSDP_JSON_STRING, f));
-        const fsdp_json *sp = fsdp_json_get(fsdp_json_get(specials, name->str), "ids");
-        int *slot = after ? &r->t->eos : &r->t->bos;
-        if (!sp || sp->type != FSDP_JSON_ARRAY || sp->n != 1 || *slot >= 0)
-            return bad(r, FSDP_STATUS_UNSUPPORTED, f,
-                       "only one special token of one id before and after the sequence is "
-                       "supported ('%.64s')", name->str);
-        FSDP_TRY(as_id(r, sp->child, f, slot));
-    }
-    return FSDP_STATUS_OK;
-}
-
-static fsdp_status read_post(reader *r, const fsdp_json *v, const char *field)
-{
-    if (!v || v->type == FSDP_JSON_NULL)
-        return FSDP_STATUS_OK;
-    const char *type;
-    char f[160];
-    FSDP_TRY(type_of(r, v, field, &type));
-    if (!strcmp(type, "ByteLevel"))
-        return FSDP_STATUS_OK; /* offsets only */
-    if (!strcmp(type, "TemplateProcessing"))
-        return read_template(r, v, field);
-    if (!strcmp(type, "Sequence")) {
-        snprintf(f, sizeof f, "%s.processors", field);
-        const fsdp_json *list = fsdp_json_get(v, "processors");
-        FSDP_TRY(want(r, list, FSDP_JSON_ARRAY, f));
-        size_t i = 0;
-        for (const fsdp_json *c = list->child; c; c = c->next, i++) {
-            snprintf(f, sizeof f, "%s.processors[%zu]", field, i);
-            FSDP_TRY(read_post(r, c, f));
-        }
-        return FSDP_STATUS_OK;
-    }
-    char what[128];
-    snprintf(what, sizeof what, "post-processor '%.40s' (ByteLevel, TemplateProcessing are)",
-             type);
-    return unsupported(r, field, what);
-}
-
 /* ---- the decode table ------------------------------------------------------------------ */
 
-static fsdp_status build_decode(reader *r, const vocab_entry *e, size_t n)
+static fsdp_status build_decode(tokjson_reader *r, const vocab_entry *e, size_t n)
 {
     fsdp_hftok *t = r->t;
     int vocab = n ? e[n - 1].id + 1 : 0;
@@ -738,31 +532,32 @@ out:
 
 /* ---- the whole file -------------------------------------------------------------------- */
 
-static fsdp_status read_root(reader *r, const fsdp_json *root)
+static fsdp_status read_root(tokjson_reader *r, const fsdp_json *root)
 {
     fsdp_hftok *t = r->t;
     vocab_entry *entries = NULL;
     size_t n_entries = 0;
     fsdp_status st;
     if (root->type != FSDP_JSON_OBJECT)
-        return bad(r, FSDP_STATUS_FORMAT, "the top level", "expected an object, found %s",
-                   fsdp_json_type_name(root->type));
+        return tokjson_bad(r, FSDP_STATUS_FORMAT, "the top level", "expected an object, found %s",
+                           fsdp_json_type_name(root->type));
     FSDP_CHECK(read_model(r, fsdp_json_get(root, "model"), &entries, &n_entries));
     FSDP_CHECK(read_added(r, fsdp_json_get(root, "added_tokens")));
-    FSDP_CHECK(read_normalizer(r, fsdp_json_get(root, "normalizer"), "normalizer"));
+    FSDP_CHECK(tokjson_read_normalizer(r, fsdp_json_get(root, "normalizer"), "normalizer"));
     const fsdp_json *pre = fsdp_json_get(root, "pre_tokenizer");
     bool have_bytelevel = false;
     if (pre && pre->type != FSDP_JSON_NULL)
-        FSDP_CHECK(read_pretok(r, pre, "pre_tokenizer", true, &have_bytelevel));
+        FSDP_CHECK(tokjson_read_pretok(r, pre, "pre_tokenizer", true, &have_bytelevel));
     if (!have_bytelevel) {
-        st = unsupported(r, "pre_tokenizer", "a tokenizer without a ByteLevel pre-tokenizer");
+        st = tokjson_unsupported(r, "pre_tokenizer",
+                                 "a tokenizer without a ByteLevel pre-tokenizer");
         goto fail;
     }
-    FSDP_CHECK(read_post(r, fsdp_json_get(root, "post_processor"), "post_processor"));
+    FSDP_CHECK(tokjson_read_post(r, fsdp_json_get(root, "post_processor"), "post_processor"));
     const char *dec;
-    FSDP_CHECK(type_of(r, fsdp_json_get(root, "decoder"), "decoder", &dec));
+    FSDP_CHECK(tokjson_type_of(r, fsdp_json_get(root, "decoder"), "decoder", &dec));
     if (strcmp(dec, "ByteLevel")) {
-        st = unsupported(r, "decoder.type", "a decoder other than ByteLevel");
+        st = tokjson_unsupported(r, "decoder.type", "a decoder other than ByteLevel");
         goto fail;
     }
     FSDP_CHECK(build_decode(r, entries, n_entries));
@@ -790,7 +585,7 @@ fsdp_status fsdp_hftok_parse(fsdp_hftok **out, const char *label, const char *js
 {
     *out = NULL;
     fsdp_hftok *t = calloc(1, sizeof *t);
-    reader r = {.t = t};
+    tokjson_reader r = {.t = t};
     if (!t || !(t->label = strdup(label))) {
         free(t);
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", label);
