@@ -3,7 +3,7 @@
  * tokenizer.json): a .txt file and {"text"} rows as a token stream,
  * prompt/completion and chat rows as padded example rows with -1 targets,
  * their order by seed, truncation counts, and bad rows reported by file
- * and line; `fsdp tokenize` (data/shard.h) writing them as token shards.
+ * and line; `fsdp train` and `fsdp eval` reading them.
  *
  * Expected tokens are built from the tokenizer directly (data/hftok.h,
  * itself checked against the reference in test_tokenizer.c) and from the
@@ -24,7 +24,6 @@
 #include "data/chat.h"
 #include "data/data.h"
 #include "data/hftok.h"
-#include "data/shard.h"
 
 #define TOK_GPT2 "tests/fixtures/tok_gpt2.json"
 #define TOK_LLAMA3 "tests/fixtures/tok_llama3.json"
@@ -484,168 +483,6 @@ static int run_cmd(char *out, size_t n, const char *fmt, ...)
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
-/* The tokens of a shard file (its header checked). */
-static int *read_shard(const char *path, size_t *n, int *token_bytes)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "%s missing", path);
-    int32_t h[256];
-    ck_assert_uint_eq(fread(h, sizeof h, 1, f), 1);
-    *token_bytes = h[0] == FSDP_SHARD_MAGIC_U16 ? 2 : 4;
-    ck_assert_int_eq(h[1], *token_bytes == 2 ? FSDP_SHARD_VERSION_U16 : FSDP_SHARD_VERSION_U32);
-    *n = (size_t)h[2];
-    int *ids = malloc((*n + 1) * sizeof *ids);
-    for (size_t i = 0; i < *n; i++) {
-        uint32_t v = 0;
-        ck_assert_uint_eq(fread(&v, (size_t)*token_bytes, 1, f), 1);
-        ids[i] = (int)v;
-    }
-    ck_assert_int_eq(fgetc(f), EOF);
-    fclose(f);
-    return ids;
-}
-
-/* Text and jsonl into shards: the documents with their separators, split
- * at --shard-tokens; a vocabulary past 65536 ids gives uint32 shards. */
-START_TEST(test_tokenize_files)
-{
-    char dir[64] = "/tmp/fsdp_test_corpus_XXXXXX", in[128], out[128], p[160], msg[4096];
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    fsdp_hftok *t = tok_open(TOK_LLAMA3);
-    int bos = fsdp_hftok_bos(t);
-    snprintf(in, sizeof in, "%s/c.jsonl", dir);
-    FILE *f = fopen(in, "w");
-    fprintf(f, "{\"text\": \"one <|eot_id|> \\u00e9\"}\n{\"text\": \"two\"}\n"
-               "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, "
-               "{\"role\": \"assistant\", \"content\": \"a\"}]}\n"
-               "{\"prompt\": \"p\", \"completion\": \"c\"}\n");
-    fclose(f);
-    int want[256];
-    size_t n = 0;
-    want[n++] = bos;
-    enc(t, "one <|eot_id|> \xc3\xa9", want, &n);
-    want[n++] = bos;
-    enc(t, "two", want, &n);
-    fsdp_chat_msg m[2] = {{"user", "q", 1}, {"assistant", "a", 1}};
-    fsdp_ids ids = {0};
-    fsdp_flags tr = {0};
-    ck_assert_int_eq(fsdp_chat_render(t, fsdp_chat_format_find("llama3"), m, 2, &ids, &tr),
-                     FSDP_STATUS_OK);
-    ck_assert_int_eq(ids.p[0], bos); /* begins with BOS: no second one */
-    memcpy(want + n, ids.p, ids.n * sizeof(int));
-    n += ids.n;
-    want[n++] = bos;
-    enc(t, "p", want, &n);
-    enc(t, "c", want, &n);
-    want[n++] = fsdp_hftok_eot(t);
-    snprintf(out, sizeof out, "%s/o.bin", dir);
-    int rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s", in, out, TOK_LLAMA3);
-    ck_assert_msg(rc == 0 && strstr(msg, "from 4 documents"), "rc %d: %s", rc, msg);
-    size_t got_n;
-    int tb;
-    int *got = read_shard(out, &got_n, &tb);
-    ck_assert_int_eq(tb, 2);
-    ck_assert_uint_eq(got_n, n);
-    ck_assert(!memcmp(got, want, n * sizeof *got));
-    free(got);
-    /* split into shards of 7 tokens, then read back as a glob */
-    rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 7 --quiet", in,
-                 out, TOK_LLAMA3);
-    ck_assert_msg(rc == 0 && !*msg, "rc %d: %s", rc, msg);
-    size_t at = 0;
-    int k = 0;
-    for (;; k++) {
-        snprintf(p, sizeof p, "%s/o_%06d.bin", dir, k);
-        if (access(p, F_OK) != 0)
-            break;
-        got = read_shard(p, &got_n, &tb);
-        ck_assert_uint_le(got_n, 7);
-        ck_assert(!memcmp(got, want + at, got_n * sizeof *got));
-        at += got_n;
-        free(got);
-    }
-    ck_assert_uint_eq(at, n);
-    ck_assert_int_eq(k, (int)((n + 6) / 7));
-    snprintf(p, sizeof p, "%s/o_*.bin", dir);
-    fsdp_data *d = NULL;
-    ck_assert_int_eq(fsdp_data_open(&d, p, 0, 1), FSDP_STATUS_OK);
-    ck_assert_uint_eq(fsdp_data_n_tokens(d), n);
-    fsdp_data_close(d);
-    /* a text file with a tokenizer past 65536 ids: uint32 tokens */
-    snprintf(in, sizeof in, "%s/t.txt", dir);
-    f = fopen(in, "w");
-    fprintf(f, "hello world\n");
-    fclose(f);
-    snprintf(p, sizeof p, "%s/big.json", dir);
-    size_t len;
-    FILE *src = fopen(TOK_GPT2, "rb");
-    fseek(src, 0, SEEK_END);
-    len = (size_t)ftell(src);
-    fseek(src, 0, SEEK_SET);
-    char *json = malloc(len + 1);
-    ck_assert_uint_eq(fread(json, 1, len, src), len);
-    fclose(src);
-    char *id = strstr(json, "\"id\": 656");
-    ck_assert_ptr_nonnull(id);
-    f = fopen(p, "wb");
-    fwrite(json, 1, (size_t)(id - json), f);
-    fprintf(f, "\"id\": 100000");
-    fwrite(id + 9, 1, len - (size_t)(id + 9 - json), f);
-    fclose(f);
-    free(json);
-    snprintf(out, sizeof out, "%s/t.bin", dir);
-    rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s", in, out, p);
-    ck_assert_msg(rc == 0 && strstr(msg, "(uint32)"), "rc %d: %s", rc, msg);
-    got = read_shard(out, &got_n, &tb);
-    ck_assert_int_eq(tb, 4);
-    ck_assert_int_eq(got[0], 100000); /* <|endoftext|> before the document */
-    free(got);
-    fsdp_ids_free(&ids);
-    fsdp_flags_free(&tr);
-    fsdp_hftok_free(t);
-    char rm[128];
-    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(rm), 0);
-}
-END_TEST
-
-/* Failures leave no output; usage errors exit 2 and say what is needed. */
-START_TEST(test_tokenize_errors)
-{
-    char dir[64] = "/tmp/fsdp_test_corpus_XXXXXX", in[128], out[128], msg[4096], p[160];
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    snprintf(in, sizeof in, "%s/c.jsonl", dir);
-    FILE *f = fopen(in, "w");
-    for (int i = 0; i < 50; i++)
-        fprintf(f, "{\"text\": \"row %d\"}\n", i);
-    fprintf(f, "{\"text\": 5}\n");
-    fclose(f);
-    snprintf(out, sizeof out, "%s/o.bin", dir);
-    int rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 10", in, out,
-                     TOK_GPT2);
-    ck_assert_msg(rc == 1 && strstr(msg, "line 51") && strstr(msg, "must be a string"),
-                  "rc %d: %s", rc, msg);
-    snprintf(p, sizeof p, "ls %s | wc -l", dir);
-    FILE *ls = popen(p, "r");
-    int files = -1;
-    ck_assert_int_eq(fscanf(ls, "%d", &files), 1);
-    pclose(ls);
-    ck_assert_int_eq(files, 1); /* only the input: every shard written was removed */
-    rc = run_cmd(msg, sizeof msg, "tokenize %s %s", in, out);
-    ck_assert_msg(rc == 2 && strstr(msg, "--tokenizer"), "rc %d: %s", rc, msg);
-    rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s --format csv", in, out,
-                 TOK_GPT2);
-    ck_assert_msg(rc == 2 && strstr(msg, "csv"), "rc %d: %s", rc, msg);
-    rc = run_cmd(msg, sizeof msg, "tokenize --help");
-    ck_assert_msg(rc == 0 && strstr(msg, "--shard-tokens") && strstr(msg, "chatml"), "%s", msg);
-    rc = run_cmd(msg, sizeof msg, "tokenize %s/none.txt %s --tokenizer %s", dir, out, TOK_GPT2);
-    ck_assert_msg(rc == 1 && strstr(msg, "none.txt"), "rc %d: %s", rc, msg);
-    ck_assert_int_ne(access(out, F_OK), 0);
-    remove(in);
-    rmdir(dir);
-}
-END_TEST
-
 /* `fsdp train` and `fsdp eval` read .jsonl text rows through --tokenizer
  * (training lowers the loss); example rows are refused with the reason
  * until the models' loss skips -1 targets. */
@@ -722,8 +559,6 @@ static Suite *corpus_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("commands");
     tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_tokenize_files);
-    tcase_add_test(tc, test_tokenize_errors);
     tcase_add_test(tc, test_train_command);
     suite_add_tcase(s, tc);
     return s;

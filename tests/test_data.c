@@ -1,6 +1,5 @@
 /*
- * test_data.c - data sources: llm.c token shards (one file and globs; uint16
- * and uint32 layouts; the shard writer), their
+ * test_data.c - data sources: llm.c token shards (one file and globs), their
  * validation, byte-level text, batch numbering and determinism across
  * threads, and the synthetic addition task (correct sums, held-out problems
  * never in training batches, 14-byte blocks aligned to rows of 14, skewed
@@ -17,7 +16,6 @@
 
 #include "core/error.h"
 #include "data/data.h"
-#include "data/shard.h"
 
 #define MAGIC 20240520
 
@@ -426,127 +424,6 @@ START_TEST(test_bad_args)
 }
 END_TEST
 
-/* ---- uint32 shards and the writer ------------------------------------------ */
-
-/* An llm.c Llama 3 shard: magic 20240801, version 7, uint32 tokens. */
-static void write_shard32(const char *path, int magic, int version, int count,
-                          const uint32_t *tok, size_t n, size_t cut)
-{
-    size_t bytes = 1024 + 4 * n;
-    uint8_t *buf = calloc(1, bytes);
-    int32_t h[3] = {magic, version, count};
-    memcpy(buf, h, sizeof h);
-    if (n)
-        memcpy(buf + 1024, tok, 4 * n);
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(buf, 1, bytes - cut, f), bytes - cut);
-    ck_assert_int_eq(fclose(f), 0);
-    free(buf);
-}
-
-START_TEST(test_shard_uint32)
-{
-    char path[64];
-    temp_path(path, sizeof path, ".bin");
-    size_t n = 3000;
-    uint32_t *tok = malloc(n * sizeof *tok);
-    int *all = malloc(n * sizeof *all);
-    for (size_t i = 0; i < n; i++)
-        all[i] = (int)(tok[i] = (uint32_t)((i * 7919 + 11) % 128256)); /* Llama 3's vocabulary */
-    tok[17] = 128255;
-    all[17] = 128255;
-    write_shard32(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, n, 0);
-    fsdp_data *d = NULL;
-    ck_assert_int_eq(fsdp_data_open(&d, path, 128256, 1), FSDP_STATUS_OK);
-    ck_assert_uint_eq(fsdp_data_n_tokens(d), n);
-    ck_assert_int_eq(fsdp_data_vocab(d), 128256);
-    ck_assert(!fsdp_data_masked(d));
-    for (uint64_t m = 0; m < 12; m++)
-        check_batch_against(d, all, n, m, 3, 100);
-    fsdp_data_close(d);
-    /* a token past the vocabulary, a short file, the wrong version */
-    ck_assert_int_eq(fsdp_data_open(&d, path, 128255, 1), FSDP_STATUS_FORMAT);
-    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "128255"));
-    write_shard32(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, n, 2);
-    ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
-    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "of 4 bytes"));
-    write_shard32(path, FSDP_SHARD_MAGIC_U32, 1, (int)n, tok, n, 0);
-    ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
-    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "version 7"));
-    write_shard32(path, FSDP_SHARD_MAGIC_U16, 7, (int)n, tok, n, 0);
-    ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
-    /* a uint32 shard whose token does not fit an int */
-    tok[3] = 0x80000000u;
-    write_shard32(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, n, 0);
-    ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
-    free(tok);
-    free(all);
-    unlink(path);
-}
-END_TEST
-
-/* The writer picks uint16 up to 65536 ids and uint32 past it; the reader
- * gets back every token, also across a glob of a uint16 and a uint32
- * shard; nothing is at the path until commit; bad ids are refused. */
-START_TEST(test_shard_writer)
-{
-    char dir[64] = "/tmp/fsdp_test_data_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char p16[128], p32[128], glob[128];
-    snprintf(p16, sizeof p16, "%s/a_0.bin", dir);
-    snprintf(p32, sizeof p32, "%s/a_1.bin", dir);
-    snprintf(glob, sizeof glob, "%s/a_*.bin", dir);
-    size_t n = 70000;
-    int *ids = malloc(2 * n * sizeof *ids);
-    for (size_t i = 0; i < n; i++) {
-        ids[i] = (int)((i * 31) % 65536);
-        ids[n + i] = (int)((i * 131071) % 151936); /* Qwen2's vocabulary */
-    }
-    const char *paths[2] = {p16, p32};
-    int vocab[2] = {65536, 151936};
-    long sizes[2] = {1024 + 2 * (long)n, 1024 + 4 * (long)n};
-    for (int k = 0; k < 2; k++) {
-        fsdp_shard_writer *w = NULL;
-        ck_assert_int_eq(fsdp_shard_writer_open(&w, paths[k], vocab[k]), FSDP_STATUS_OK);
-        ck_assert_int_eq(fsdp_shard_writer_add(w, ids + k * n, 1000), FSDP_STATUS_OK);
-        ck_assert_int_eq(fsdp_shard_writer_add(w, ids + k * n + 1000, n - 1000), FSDP_STATUS_OK);
-        int bad = vocab[k];
-        ck_assert_int_eq(fsdp_shard_writer_add(w, &bad, 1), FSDP_STATUS_INVALID_ARG);
-        bad = -1;
-        ck_assert_int_eq(fsdp_shard_writer_add(w, &bad, 1), FSDP_STATUS_INVALID_ARG);
-        ck_assert_uint_eq(fsdp_shard_writer_count(w), n);
-        ck_assert_int_ne(access(paths[k], F_OK), 0); /* not there before commit */
-        ck_assert_int_eq(fsdp_shard_writer_close(w, true), FSDP_STATUS_OK);
-        FILE *f = fopen(paths[k], "rb");
-        fseek(f, 0, SEEK_END);
-        ck_assert_int_eq(ftell(f), sizes[k]);
-        fclose(f);
-    }
-    fsdp_data *d = NULL;
-    ck_assert_int_eq(fsdp_data_open(&d, glob, 0, 1), FSDP_STATUS_OK);
-    ck_assert_uint_eq(fsdp_data_n_tokens(d), 2 * n);
-    for (uint64_t m = 0; m < 20; m++)
-        check_batch_against(d, ids, 2 * n, m * 97, 4, 512);
-    fsdp_data_close(d);
-    /* an abandoned writer leaves nothing behind */
-    char p3[128];
-    snprintf(p3, sizeof p3, "%s/b.bin", dir);
-    fsdp_shard_writer *w = NULL;
-    ck_assert_int_eq(fsdp_shard_writer_open(&w, p3, 1000), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_shard_writer_add(w, ids, 10), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_shard_writer_close(w, false), FSDP_STATUS_OK);
-    ck_assert_int_ne(access(p3, F_OK), 0);
-    ck_assert_int_eq(fsdp_shard_writer_open(&w, p3, 0), FSDP_STATUS_INVALID_ARG);
-    snprintf(p3, sizeof p3, "%s/no/such/dir.bin", dir);
-    ck_assert_int_eq(fsdp_shard_writer_open(&w, p3, 10), FSDP_STATUS_IO);
-    unlink(p16);
-    unlink(p32);
-    rmdir(dir);
-    free(ids);
-}
-END_TEST
-
 /* ---- text ------------------------------------------------------------------ */
 
 START_TEST(test_text)
@@ -821,8 +698,6 @@ static Suite *data_suite(void)
     tcase_add_test(tc, test_hostile_headers);
     tcase_add_test(tc, test_bad_args);
     tcase_add_test(tc, test_text);
-    tcase_add_test(tc, test_shard_uint32);
-    tcase_add_test(tc, test_shard_writer);
     suite_add_tcase(s, tc);
     tc = tcase_create("synthetic");
     tcase_set_timeout(tc, 60);
