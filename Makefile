@@ -62,7 +62,10 @@ else
   NCCL := 0
 endif
 
-PKGS := check openblas
+# libraries the library links (cpu kernels, tokenizer patterns, Unicode
+# normalization) and, for the tests, Check
+LIB_PKGS := openblas libpcre2-8 libutf8proc
+PKGS := check $(LIB_PKGS)
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 ifneq ($(HAVE_PKGS),1)
   ifeq ($(filter clean,$(MAKECMDGOALS)),)
@@ -95,7 +98,7 @@ endif
 # the scalar and vectorised paths and every build agree bit for bit.
 CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SAN) -ffp-contract=off \
            $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(EXTRA_CFLAGS)
-LDLIBS  := $(shell pkg-config --libs openblas 2>/dev/null) -lm -lpthread
+LDLIBS  := $(shell pkg-config --libs $(LIB_PKGS) 2>/dev/null) -lm -lpthread
 TEST_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 LDFLAGS := $(SAN)
 
@@ -142,7 +145,7 @@ TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 all: info $(LIB) $(BIN)
 
 info:
-	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | nccl: $(if $(filter 1,$(NCCL)),$(or $(NCCL_LIB),$(NCCL_HOME)),off) | check+openblas: $(if $(HAVE_PKGS),found,MISSING)"
+	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | nccl: $(if $(filter 1,$(NCCL)),$(or $(NCCL_LIB),$(NCCL_HOME)),off) | $(PKGS): $(if $(HAVE_PKGS),found,MISSING)"
 
 # The cpu op kernels are auto-vectorised. Neither flag lets the compiler
 # reassociate or contract arithmetic, so results stay bit-identical.
@@ -213,8 +216,8 @@ FUZZ_LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c src/*/*/*.c models/*
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o)
 FUZZ_CFLAGS  := $(CFLAGS_BASE) -Wno-unknown-warning-option -O1 -g -fno-omit-frame-pointer -ffp-contract=off \
                 -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-                $(shell pkg-config --cflags openblas 2>/dev/null)
-FUZZ_LIBS    := $(shell pkg-config --libs openblas 2>/dev/null) -lm -lpthread
+                $(shell pkg-config --cflags $(LIB_PKGS) 2>/dev/null)
+FUZZ_LIBS    := $(shell pkg-config --libs $(LIB_PKGS) 2>/dev/null) -lm -lpthread
 
 .PHONY: fuzz fuzz-build
 .SECONDARY: $(FUZZ_LIB_OBJ)

@@ -34,6 +34,13 @@ def token_shard(tokens):
     return struct.pack("<256i", *header) + struct.pack("<%dH" % len(tokens), *tokens)
 
 
+def token_shard32(tokens):
+    """llm.c's uint32 layout (its Llama 3 shards): magic 20240801, version 7."""
+    header = [0] * 256
+    header[:3] = [20240801, 7, len(tokens)]
+    return struct.pack("<256i", *header) + struct.pack("<%dI" % len(tokens), *tokens)
+
+
 def tokenizer(version, tokens, eot=None):
     header = [0] * 256
     header[:3] = [20240328, version, len(tokens)]
@@ -51,6 +58,18 @@ def main():
     put("fuzz_tokens", "shard_16", token_shard([(i * 37) % 50257 for i in range(16)]))
     put("fuzz_tokens", "shard_1", token_shard([7]))
     put("fuzz_tokens", "shard_empty", token_shard([]))
+    put("fuzz_tokens", "shard32_16", token_shard32([(i * 7919) % 128256 for i in range(16)]))
+    # tokenizer.json: the three fixture tokenizers (tools/gen_tokenizer_fixture.py)
+    for fam in ("gpt2", "llama3", "qwen2"):
+        with open("tests/fixtures/tok_%s.json" % fam, "rb") as f:
+            put("fuzz_tokenizer_json", "tok_%s.json" % fam, f.read())
+    # .jsonl rows of every kind, for the Llama 3 fixture tokenizer
+    put("fuzz_jsonl", "text.jsonl", b'{"text": "Hello world"}\n{"text": "second \\u00e9"}\n')
+    put("fuzz_jsonl", "prompt.jsonl",
+        b'{"prompt": "Q: 2+2?", "completion": " 4"}\n\n{"prompt": "", "completion": "x"}\n')
+    put("fuzz_jsonl", "chat.jsonl",
+        b'{"messages": [{"role": "system", "content": "Be brief."}, '
+        b'{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}\n')
     # llm.c model files and safetensors: a 1-layer, 4-channel GPT-2
     cfg = (1, 1, 4, 8, 4)
     ps = fx.params(cfg)

@@ -17,6 +17,7 @@ int fsdp_cli_eval(int argc, char **argv);
 int fsdp_cli_sample(int argc, char **argv);
 int fsdp_cli_convert(int argc, char **argv);
 int fsdp_cli_plot(int argc, char **argv);
+int fsdp_cli_tokenize(int argc, char **argv);
 
 /* ---- shared helpers (cli/common.c) ------------------------------------------ */
 

@@ -23,9 +23,11 @@ int fsdp_cli_eval(int argc, char **argv)
     c->seq = 0;
 #define OPT(name_, type_, dst_, meta_, help_) \
     opts[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
-    OPT("data", FSDP_OPT_STR, &data, "synthetic|FILE.txt|'GLOB.bin'",
-        "evaluation data: the synthetic task, bytes of a text file, or llm.c token shards "
-        "(required)");
+    OPT("data", FSDP_OPT_STR, &data, "synthetic|FILE.txt|FILE.jsonl|'GLOB.bin'",
+        "evaluation data: the synthetic task, a text file (bytes, or tokens with --tokenizer), "
+        ".jsonl {\"text\"} rows, or llm.c token shards (required)");
+    OPT("tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
+        "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
     OPT("batch", FSDP_OPT_INT, &c->batch, "B", "sequences per micro-batch (default 8)");
     OPT("seq", FSDP_OPT_INT, &c->seq, "T", "sequence length (default 64, or the model's context)");
     OPT("steps", FSDP_OPT_INT, &steps, "S",

@@ -20,6 +20,7 @@ static const struct {
     {"sample", fsdp_cli_sample, "generate tokens from a model"},
     {"convert", fsdp_cli_convert, "convert between checkpoints, llm.c .bin and .safetensors"},
     {"plot", fsdp_cli_plot, "draw a metrics file as an SVG"},
+    {"tokenize", fsdp_cli_tokenize, "tokenize a text or .jsonl corpus into llm.c token shards"},
 };
 
 static void usage(FILE *f)

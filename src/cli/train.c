@@ -16,9 +16,16 @@ int fsdp_cli_train(int argc, char **argv)
     fsdp_train_config *c = &ro.cfg;
     fsdp_engine_config *e = &c->eng;
     bool quiet = false;
-    fsdp_opt_add(&l, "data", FSDP_OPT_STR, &c->data, "synthetic|FILE.txt|'GLOB.bin'",
-                 "training data: the built-in addition task, bytes of a text file, or llm.c "
-                 "token shards (default synthetic)");
+    fsdp_opt_add(&l, "data", FSDP_OPT_STR, &c->data, "synthetic|FILE.txt|FILE.jsonl|'GLOB.bin'",
+                 "training data: the built-in addition task, a text file (bytes, or tokens with "
+                 "--tokenizer), .jsonl rows ({\"text\"}; {\"prompt\",\"completion\"} or "
+                 "{\"messages\"} once models support loss masks) or llm.c token shards (default "
+                 "synthetic)");
+    fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
+                 "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
+    fsdp_opt_add(&l, "chat-format", FSDP_OPT_STR, &c->chat_format, "llama3|chatml",
+                 "how {\"messages\"} rows are rendered (default: from the tokenizer's special "
+                 "tokens)");
     fsdp_opt_add_int(&l, "steps", &c->steps, 1, INT_MAX, "S", "optimizer steps (default 600)");
     fsdp_opt_add(&l, "lr", FSDP_OPT_FLOAT, &c->lr, "X", "peak learning rate (default 3e-3)");
     fsdp_opt_add_int(&l, "warmup", &c->warmup, 0, INT_MAX, "S",

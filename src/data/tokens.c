@@ -1,11 +1,12 @@
 /*
  * tokens.c - file-backed token sources: llm.c token shards and byte-level
- * text.
+ * text; and in-memory token sequences (tokenized text) read the same way.
  *
- * llm.c shard (written by llm.c's dev/data scripts): int32[256] header
- * (magic 20240520, version 1, token count), then the tokens as uint16.
- * Integers are little-endian; like llm.c we assume a little-endian host. A
- * .txt file is its bytes, one token per byte.
+ * llm.c shard (written by llm.c's dev/data scripts or `fsdp tokenize`):
+ * int32[256] header, then the tokens as uint16 (magic 20240520, version 1)
+ * or uint32 (magic 20240801, version 7); shard.h. Integers are
+ * little-endian; like llm.c we assume a little-endian host. A .txt file is
+ * its bytes, one token per byte.
  *
  * Every file is mapped read-only and validated completely at open (header,
  * size against token count, every token against the vocabulary), so a bad
@@ -26,11 +27,10 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/shard.h"
 #include "data/source.h"
 
-#define SHARD_MAGIC 20240520
-#define SHARD_VERSION 1
-#define SHARD_HEADER_BYTES 1024 /* 256 x int32 */
+#define SHARD_HEADER_BYTES FSDP_SHARD_HEADER_BYTES
 
 /* The list of paths a spec names: itself, or its glob expansion (sorted). */
 typedef struct path_list {
@@ -135,28 +135,37 @@ static fsdp_status check_shard(fsdp_data_file *f)
                               f->path, f->map_bytes, SHARD_HEADER_BYTES);
     int32_t magic = header_i32(f->map, 0), version = header_i32(f->map, 1);
     int32_t count = header_i32(f->map, 2);
-    if (magic != SHARD_MAGIC)
+    int bytes;
+    if (magic == FSDP_SHARD_MAGIC_U16 && version == FSDP_SHARD_VERSION_U16)
+        bytes = 2;
+    else if (magic == FSDP_SHARD_MAGIC_U32 && version == FSDP_SHARD_VERSION_U32)
+        bytes = 4;
+    else if (magic == FSDP_SHARD_MAGIC_U16 || magic == FSDP_SHARD_MAGIC_U32)
         return fsdp_error_set(FSDP_STATUS_FORMAT,
-                              "token shard '%s' has magic %d, expected %d; it is not an llm.c "
-                              "token shard (make one with llm.c's dev/data/*.py, or pass a .txt "
-                              "file)",
-                              f->path, (int)magic, SHARD_MAGIC);
-    if (version != SHARD_VERSION)
+                              "token shard '%s' has magic %d with version %d; supported are "
+                              "magic %d version %d (uint16 tokens) and magic %d version %d "
+                              "(uint32 tokens)",
+                              f->path, (int)magic, (int)version, FSDP_SHARD_MAGIC_U16,
+                              FSDP_SHARD_VERSION_U16, FSDP_SHARD_MAGIC_U32,
+                              FSDP_SHARD_VERSION_U32);
+    else
         return fsdp_error_set(FSDP_STATUS_FORMAT,
-                              "token shard '%s' has version %d, only version %d (uint16 tokens) "
-                              "is supported",
-                              f->path, (int)version, SHARD_VERSION);
+                              "token shard '%s' has magic %d, expected %d or %d; it is not an "
+                              "llm.c token shard (make one with `fsdp tokenize` or llm.c's "
+                              "dev/data/*.py, or pass a .txt file)",
+                              f->path, (int)magic, FSDP_SHARD_MAGIC_U16, FSDP_SHARD_MAGIC_U32);
     if (count < 0)
         return fsdp_error_set(FSDP_STATUS_FORMAT, "token shard '%s' has a negative token count %d",
                               f->path, (int)count);
-    uint64_t expected = SHARD_HEADER_BYTES + 2 * (uint64_t)count;
+    uint64_t expected = SHARD_HEADER_BYTES + (uint64_t)bytes * (uint64_t)count;
     if ((uint64_t)f->map_bytes != expected)
         return fsdp_error_set(FSDP_STATUS_FORMAT,
-                              "token shard '%s' is %zu bytes but its header says %d tokens, "
-                              "which needs %llu bytes; the file is truncated or corrupt",
-                              f->path, f->map_bytes, (int)count, (unsigned long long)expected);
+                              "token shard '%s' is %zu bytes but its header says %d tokens of %d "
+                              "bytes, which needs %llu bytes; the file is truncated or corrupt",
+                              f->path, f->map_bytes, (int)count, bytes,
+                              (unsigned long long)expected);
     f->tokens = f->map + SHARD_HEADER_BYTES;
-    f->token_bytes = 2;
+    f->token_bytes = bytes;
     f->n_tokens = (uint64_t)count;
     return FSDP_STATUS_OK;
 }
@@ -168,46 +177,58 @@ static void use_text(fsdp_data_file *f)
     f->n_tokens = f->map_bytes;
 }
 
+/* Token i of f (0 <= i < f->n_tokens). */
+static uint32_t token_at(const fsdp_data_file *f, uint64_t i)
+{
+    if (f->token_bytes == 1)
+        return f->tokens[i];
+    if (f->token_bytes == 2) {
+        uint16_t t;
+        memcpy(&t, f->tokens + 2 * i, 2);
+        return t;
+    }
+    uint32_t t;
+    memcpy(&t, f->tokens + 4 * i, 4);
+    return t;
+}
+
 /* Scan every token: the largest goes to *max_tok; one >= vocab_size (when
- * vocab_size > 0) is a FORMAT error naming its byte offset. */
+ * vocab_size > 0), or past what an int holds, is a FORMAT error naming its
+ * byte offset. */
 static fsdp_status check_tokens(const fsdp_data_file *f, int vocab_size, int *max_tok)
 {
-    int mx = *max_tok;
-    size_t header = (size_t)(f->tokens - f->map);
-    if (f->token_bytes == 2) {
-        for (uint64_t i = 0; i < f->n_tokens; i++) {
-            uint16_t t;
-            memcpy(&t, f->tokens + 2 * i, 2);
-            if (vocab_size > 0 && t >= vocab_size)
-                return fsdp_error_set(FSDP_STATUS_FORMAT,
-                                      "token shard '%s': token %u at byte offset %llu is not "
-                                      "below the vocabulary size %d; the shard was made with "
-                                      "another tokenizer, or pass a larger vocabulary",
-                                      f->path, (unsigned)t,
-                                      (unsigned long long)(header + 2 * i), vocab_size);
-            if (t > mx)
-                mx = t;
-        }
-    } else {
-        for (uint64_t i = 0; i < f->n_tokens; i++) {
-            uint8_t t = f->tokens[i];
-            if (vocab_size > 0 && t >= vocab_size)
+    uint32_t mx = *max_tok < 0 ? 0 : (uint32_t)*max_tok;
+    uint32_t limit = vocab_size > 0 ? (uint32_t)vocab_size : (uint32_t)INT32_MAX;
+    size_t header = f->map ? (size_t)(f->tokens - f->map) : 0;
+    for (uint64_t i = 0; i < f->n_tokens; i++) {
+        uint32_t t = token_at(f, i);
+        if (t >= limit) {
+            unsigned long long off = header + (unsigned long long)f->token_bytes * i;
+            if (f->token_bytes == 1)
                 return fsdp_error_set(FSDP_STATUS_FORMAT,
                                       "text file '%s': byte %u at offset %llu is not below the "
                                       "vocabulary size %d; byte-level text needs a vocabulary "
-                                      "of 256",
-                                      f->path, (unsigned)t, (unsigned long long)i, vocab_size);
-            if (t > mx)
-                mx = t;
+                                      "of 256", f->path, (unsigned)t, off, vocab_size);
+            return fsdp_error_set(FSDP_STATUS_FORMAT,
+                                  "token shard '%s': token %u at byte offset %llu is not below "
+                                  "the vocabulary size %d; the shard was made with another "
+                                  "tokenizer, or pass a larger vocabulary",
+                                  f->path, (unsigned)t, off,
+                                  vocab_size > 0 ? vocab_size : INT32_MAX);
         }
+        if (t > mx)
+            mx = t;
     }
-    *max_tok = mx;
+    if (f->n_tokens > 0 && (int)mx > *max_tok)
+        *max_tok = (int)mx;
     return FSDP_STATUS_OK;
 }
 
 static void unmap_file(fsdp_data_file *f)
 {
-    if (f->map)
+    if (f->owned)
+        free(f->owned);
+    else if (f->map)
         munmap((void *)f->map, f->map_bytes);
     free(f->path);
     memset(f, 0, sizeof *f);
@@ -293,7 +314,11 @@ void fsdp_data_files_read(const fsdp_data *d, uint64_t pos, size_t n, int *dst)
         uint64_t run = f->n_tokens - at;
         if (run > n)
             run = n;
-        if (f->token_bytes == 2) {
+        if (f->token_bytes == 1) {
+            const uint8_t *src = f->tokens + at;
+            for (uint64_t i = 0; i < run; i++)
+                dst[i] = src[i];
+        } else if (f->token_bytes == 2) {
             const uint8_t *src = f->tokens + 2 * at;
             for (uint64_t i = 0; i < run; i++) {
                 uint16_t t;
@@ -301,9 +326,7 @@ void fsdp_data_files_read(const fsdp_data *d, uint64_t pos, size_t n, int *dst)
                 dst[i] = t;
             }
         } else {
-            const uint8_t *src = f->tokens + at;
-            for (uint64_t i = 0; i < run; i++)
-                dst[i] = src[i];
+            memcpy(dst, f->tokens + 4 * at, run * 4); /* checked < 2^31 at open */
         }
         dst += run;
         n -= run;
@@ -313,4 +336,26 @@ void fsdp_data_files_read(const fsdp_data *d, uint64_t pos, size_t n, int *dst)
             pos = 0;
         }
     }
+}
+
+fsdp_status fsdp_data_files_adopt(fsdp_data *d, const char *label, int *tokens, uint64_t n)
+{
+    d->files = calloc(1, sizeof *d->files);
+    if (!d->files || !(d->files[0].path = strdup(label))) {
+        free(tokens);
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory holding '%s'", label);
+    }
+    fsdp_data_file *f = &d->files[0];
+    d->n_files = 1;
+    f->owned = tokens;
+    f->tokens = (const uint8_t *)tokens;
+    f->token_bytes = 4;
+    f->n_tokens = n;
+    if (n == 0)
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "'%s' holds no tokens", label);
+    int max_tok = -1;
+    FSDP_TRY(check_tokens(f, 0, &max_tok));
+    d->n_tokens = n;
+    d->vocab = max_tok + 1;
+    return FSDP_STATUS_OK;
 }

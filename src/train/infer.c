@@ -90,7 +90,14 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
     r->model_ready = true;
     FSDP_TRY(fsdp_modelfile_bind(r->mf, &r->model));
     if (data) {
-        FSDP_TRY(fsdp_data_open(&r->data, data, 0, seed));
+        fsdp_data_opts dopt = {.spec = data, .seed = seed, .tokenizer = cfg->tokenizer};
+        FSDP_TRY(fsdp_data_open_opts(&r->data, &dopt));
+        if (fsdp_data_masked(r->data))
+            return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
+                                  "'%s' holds prompt/completion or chat examples, whose loss "
+                                  "skips prompt tokens through targets of -1, which the models' "
+                                  "loss does not support yet; evaluate on {\"text\"} rows, a "
+                                  ".txt file or token shards", data);
         int dv = fsdp_data_vocab(r->data);
         if (dv > gc->vocab_size)
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,

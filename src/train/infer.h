@@ -23,6 +23,7 @@ typedef struct fsdp_infer_config {
     int batch;                 /* eval: sequences per micro-batch */
     int seq;                   /* eval: T (0: 64 or the model's context if shorter);
                                 * sample: context window (0: the model's) */
+    const char *tokenizer;     /* eval: tokenizer.json for .txt/.jsonl data, or NULL */
 } fsdp_infer_config;
 
 /* Defaults: cpu (cuda if visible), 1 rank, fp32, batch 8, seq 64. */

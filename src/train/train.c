@@ -399,7 +399,22 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         FSDP_CHECK(fsdp_gpt2_config_parse(cfg->model, &gc));
     }
     if (cfg->data && ec->backend != FSDP_BACKEND_META) {
-        FSDP_CHECK(fsdp_data_open(&t->data, cfg->data, 0, ec->seed));
+        fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = cfg->tokenizer,
+                               .chat_format = cfg->chat_format};
+        FSDP_CHECK(fsdp_data_open_opts(&t->data, &dopt));
+        if (fsdp_data_masked(t->data)) {
+            uint64_t cut, none;
+            fsdp_data_truncated(t->data, ec->seq, &cut, &none);
+            st = fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
+                                "'%s' holds %llu prompt/completion or chat examples (one per row "
+                                "of --seq %d: %llu would be cut, %llu left with no target); "
+                                "their loss skips prompt tokens through targets of -1, which "
+                                "the models' loss does not support yet; train on {\"text\"} "
+                                "rows, a .txt file or token shards for now",
+                                cfg->data, (unsigned long long)fsdp_data_n_examples(t->data),
+                                ec->seq, (unsigned long long)cut, (unsigned long long)none);
+            goto fail;
+        }
         int dv = fsdp_data_vocab(t->data);
         if (dv > gc.vocab_size) {
             st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
