@@ -25,13 +25,13 @@
 #include <unistd.h>
 
 #include "ckpt/ckpt.h"
-#include "ckpt/llmc.h"
 #include "ckpt/modelfile.h"
 #include "ckpt/safetensors.h"
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
+#include "models/gpt2.h"
 #include "train/infer.h"
 #include "train/train.h"
 
@@ -95,6 +95,17 @@ static void write_file(const char *path, const void *b, size_t n)
     fclose(f);
 }
 
+#define FMT(name) fsdp_modelfile_format_find(name)
+
+/* Metadata value of a parsed safetensors file, or NULL. */
+static const char *st_meta(const fsdp_st_file *f, const char *key)
+{
+    for (int i = 0; i < f->n_meta; i++)
+        if (!strcmp(f->meta_key[i], key))
+            return f->meta_val[i];
+    return NULL;
+}
+
 /* A model and its whole parameters in host memory. */
 typedef struct loaded {
     fsdp_model m;
@@ -115,19 +126,16 @@ static fsdp_status load(const char *path, loaded *l)
 {
     memset(l, 0, sizeof *l);
     fsdp_modelfile *mf = NULL;
-    FSDP_TRY(fsdp_modelfile_open(&mf, path));
+    FSDP_TRY(fsdp_modelfile_resolve(path, &l->m, &mf));
+    ck_assert_ptr_nonnull(mf);
     snprintf(l->kind_dtype, sizeof l->kind_dtype, "%s", fsdp_modelfile_dtype_name(mf));
-    fsdp_status st = fsdp_gpt2_init(&l->m, fsdp_modelfile_config(mf));
-    if (st == FSDP_STATUS_OK)
-        st = fsdp_modelfile_bind(mf, &l->m);
-    if (st == FSDP_STATUS_OK) {
-        l->units = calloc((size_t)l->m.n_units, sizeof *l->units);
-        ck_assert_ptr_nonnull(l->units);
-        for (int u = 0; u < l->m.n_units && st == FSDP_STATUS_OK; u++) {
-            l->units[u] = malloc(l->m.units[u].numel * sizeof(float));
-            ck_assert_ptr_nonnull(l->units[u]);
-            st = fsdp_modelfile_read_range(mf, u, 0, l->m.units[u].numel, l->units[u]);
-        }
+    fsdp_status st = FSDP_STATUS_OK;
+    l->units = calloc((size_t)l->m.n_units, sizeof *l->units);
+    ck_assert_ptr_nonnull(l->units);
+    for (int u = 0; u < l->m.n_units && st == FSDP_STATUS_OK; u++) {
+        l->units[u] = malloc(l->m.units[u].numel * sizeof(float));
+        ck_assert_ptr_nonnull(l->units[u]);
+        st = fsdp_modelfile_read_range(mf, u, 0, l->m.units[u].numel, l->units[u]);
     }
     fsdp_modelfile_close(mf);
     return st;
@@ -163,16 +171,14 @@ static void require_same(const loaded *a, const loaded *b, const char *what)
 /* Write a model of `spec` with parameters from the model's own RNG init. */
 static void write_init_model(const char *path, const char *spec, uint64_t seed)
 {
-    fsdp_gpt2_config gc;
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_config_parse(spec, &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec(spec, &m), FSDP_STATUS_OK);
     float **units = calloc((size_t)m.n_units, sizeof *units);
     for (int u = 0; u < m.n_units; u++) {
         units[u] = malloc(m.units[u].numel * sizeof(float));
         fsdp_model_init_range(&m, u, 0, m.units[u].numel, seed, units[u]);
     }
-    fsdp_status st = fsdp_modelfile_write(path, fsdp_modelfile_kind_of(path), &m,
+    fsdp_status st = fsdp_modelfile_write(path, fsdp_modelfile_format_of(path), &m,
                                           (const float *const *)units, FSDP_DTYPE_F32);
     REQUIRE(st == FSDP_STATUS_OK, "writing %s: %s", path, fsdp_error_msg());
     for (int u = 0; u < m.n_units; u++)
@@ -258,9 +264,12 @@ static void st_doc_from(st_doc *d, const char *path, unsigned char **buf)
         e->data = *buf + f.data_offset + t->begin;
         e->bytes = t->end - t->begin;
     }
-    if (f.n_head)
-        snprintf(d->metadata, sizeof d->metadata, "{\"format\":\"pt\",\"n_head\":\"%d\"}",
-                 f.n_head);
+    size_t k = 0;
+    for (int i = 0; i < f.n_meta; i++)
+        k += (size_t)snprintf(d->metadata + k, sizeof d->metadata - k, "%s\"%s\":\"%s\"",
+                              i ? "," : "{", f.meta_key[i], f.meta_val[i]);
+    if (f.n_meta)
+        snprintf(d->metadata + k, sizeof d->metadata - k, "}");
     fsdp_st_free(&f);
 }
 
@@ -328,10 +337,12 @@ static fsdp_status st_check(const st_doc *d)
     size_t n;
     unsigned char *b = st_build(d, &n);
     fsdp_st_file f;
-    fsdp_gpt2_config cfg;
+    fsdp_model m;
     fsdp_status st = fsdp_st_parse_buffer("hostile.safetensors", b, n, &f);
     if (st == FSDP_STATUS_OK) {
-        st = fsdp_st_gpt2_config(&f, &cfg);
+        st = fsdp_st_model(&f, &m);
+        if (st == FSDP_STATUS_OK)
+            fsdp_model_free(&m);
         fsdp_st_free(&f);
     }
     free(b);
@@ -343,8 +354,10 @@ static fsdp_status st_check_raw(const void *b, size_t n)
     fsdp_st_file f;
     fsdp_status st = fsdp_st_parse_buffer("hostile.safetensors", b, n, &f);
     if (st == FSDP_STATUS_OK) {
-        fsdp_gpt2_config cfg;
-        st = fsdp_st_gpt2_config(&f, &cfg);
+        fsdp_model m;
+        st = fsdp_st_model(&f, &m);
+        if (st == FSDP_STATUS_OK)
+            fsdp_model_free(&m);
         fsdp_st_free(&f);
     }
     return st;
@@ -431,7 +444,7 @@ START_TEST(test_export_matches_reference_layout)
     out = path_in(dir, "export.safetensors");
     loaded l;
     load_ok(FIXTURE_BIN, &l);
-    ck_assert_int_eq(fsdp_modelfile_write(out, FSDP_MODELFILE_SAFETENSORS, &l.m,
+    ck_assert_int_eq(fsdp_modelfile_write(out, FMT("safetensors"), &l.m,
                                           (const float *const *)l.units, FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
     fsdp_st_file ref, got;
@@ -462,7 +475,8 @@ START_TEST(test_export_matches_reference_layout)
     }
     REQUIRE(compared == 4 + 12 * 2 && got.n_tensors == compared,
             "compared %d tensors, the export has %d", compared, got.n_tensors);
-    REQUIRE(got.n_head == 2, "n_head metadata %d", got.n_head);
+    REQUIRE(st_meta(&got, "n_head") && !strcmp(st_meta(&got, "n_head"), "2"),
+            "n_head metadata %s", st_meta(&got, "n_head"));
     /* HF shapes: Conv1D (in, out), wte unpadded */
     const fsdp_st_tensor *t = NULL;
     for (int j = 0; j < got.n_tensors; j++)
@@ -550,8 +564,9 @@ START_TEST(test_safetensors_variants)
     free(buf);
 
     /* BF16 export: round to nearest even, read back exactly */
-    ck_assert_int_eq(fsdp_st_write(path_in(dir, "bf16.safetensors"), &ref.m,
-                                   (const float *const *)ref.units, FSDP_DTYPE_BF16),
+    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "bf16.safetensors"), FMT("safetensors"),
+                                          &ref.m, (const float *const *)ref.units,
+                                          FSDP_DTYPE_BF16),
                      FSDP_STATUS_OK);
     load_ok(path_in(dir, "bf16.safetensors"), &l);
     ck_assert_str_eq(l.kind_dtype, "bf16");
@@ -563,35 +578,35 @@ START_TEST(test_safetensors_variants)
     loaded_free(&l);
 
     /* no n_head metadata: heads = channels / 64 */
-    fsdp_gpt2_config gc;
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("custom:layers=1,heads=4,channels=64,vocab=8,"
-                                            "context=4", &gc),
+    ck_assert_int_eq(fsdp_model_from_spec("custom:layers=1,heads=4,channels=64,vocab=8,"
+                                          "context=4", &m),
                      FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
     float **units = calloc((size_t)m.n_units, sizeof *units);
     for (int u = 0; u < m.n_units; u++) {
         units[u] = malloc(m.units[u].numel * sizeof(float));
         fsdp_model_init_range(&m, u, 0, m.units[u].numel, 3, units[u]);
     }
-    ck_assert_int_eq(fsdp_st_write(path_in(dir, "c64.safetensors"), &m,
-                                   (const float *const *)units, FSDP_DTYPE_F32),
+    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "c64.safetensors"), FMT("safetensors"),
+                                          &m, (const float *const *)units, FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
     st_doc_from(&d, path_in(dir, "c64.safetensors"), &buf);
     fsdp_st_file f;
-    fsdp_gpt2_config got;
+    fsdp_model got;
     b = st_build(&d, &n);
     ck_assert_int_eq(fsdp_st_parse_buffer("c64", b, n, &f), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_st_gpt2_config(&f, &got), FSDP_STATUS_OK);
-    ck_assert_int_eq(got.n_head, 4); /* from the metadata fsdp writes */
+    ck_assert_int_eq(fsdp_st_model(&f, &got), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_gpt2_config_of(&got)->n_head, 4); /* from the metadata fsdp writes */
+    fsdp_model_free(&got);
     fsdp_st_free(&f);
     free(b);
     d.metadata[0] = '\0';
     b = st_build(&d, &n);
     ck_assert_int_eq(fsdp_st_parse_buffer("c64", b, n, &f), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_st_gpt2_config(&f, &got), FSDP_STATUS_OK);
-    ck_assert_int_eq(got.n_head, 1);
-    ck_assert_int_eq(got.n_embd, 64);
+    ck_assert_int_eq(fsdp_st_model(&f, &got), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_gpt2_config_of(&got)->n_head, 1);
+    ck_assert_int_eq(fsdp_gpt2_config_of(&got)->n_embd, 64);
+    fsdp_model_free(&got);
     fsdp_st_free(&f);
     free(b);
     free(buf);
@@ -628,33 +643,30 @@ START_TEST(test_roundtrip_ckpt_bin_ckpt)
     int u = -1;
     long i = units_diff(&a.m, a.units, res.params, &u);
     REQUIRE(i < 0, "checkpoint unit %d element %ld differs from the trained parameters", u, i);
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "m.bin"), FSDP_MODELFILE_LLMC, &a.m,
+    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "m.bin"), FMT("llmc"), &a.m,
                                           (const float *const *)a.units, FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
     load_ok(path_in(dir, "m.bin"), &b);
     require_same(&a, &b, "checkpoint -> .bin");
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "back"), FSDP_MODELFILE_CKPT, &b.m,
+    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "back"), FMT("ckpt"), &b.m,
                                           (const float *const *)b.units, FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
     load_ok(path_in(dir, "back"), &c);
     require_same(&a, &c, "checkpoint -> .bin -> checkpoint");
     /* bf16 llm.c export: version 5, rounded */
-    fsdp_gpt2_config gc;
-    fsdp_dtype dt;
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "m16.bin"), FSDP_MODELFILE_LLMC, &a.m,
+    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "m16.bin"), FMT("llmc"), &a.m,
                                           (const float *const *)a.units, FSDP_DTYPE_BF16),
                      FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_llmc_read_config(path_in(dir, "m16.bin"), &gc, &dt), FSDP_STATUS_OK);
-    ck_assert_int_eq(dt, FSDP_DTYPE_BF16);
     loaded_free(&c);
     load_ok(path_in(dir, "m16.bin"), &c);
+    ck_assert_str_eq(c.kind_dtype, "bf16");
     for (int k = 0; k < a.m.n_units; k++)
         for (size_t e = 0; e < a.m.units[k].numel; e++) {
             float want = fsdp_bf16_to_f32(fsdp_f32_to_bf16(a.units[k][e]));
             REQUIRE(!memcmp(&want, &c.units[k][e], 4), "bf16 .bin unit %d element %zu", k, e);
         }
     /* a checkpoint directory is never overwritten */
-    fsdp_status st = fsdp_modelfile_write(path_in(dir, "back"), FSDP_MODELFILE_CKPT, &b.m,
+    fsdp_status st = fsdp_modelfile_write(path_in(dir, "back"), FMT("ckpt"), &b.m,
                                           (const float *const *)b.units, FSDP_DTYPE_F32);
     expect_error(st, FSDP_STATUS_INVALID_ARG, "writing into a checkpoint dir", "already holds",
                  NULL);
@@ -678,12 +690,12 @@ START_TEST(test_roundtrip_ckpt_safetensors_ckpt)
     loaded a, b, c;
     load_ok(step, &a); /* one checkpoint named directly */
     ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "m.safetensors"),
-                                          FSDP_MODELFILE_SAFETENSORS, &a.m,
+                                          FMT("safetensors"), &a.m,
                                           (const float *const *)a.units, FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
     load_ok(path_in(dir, "m.safetensors"), &b);
     require_same(&a, &b, "checkpoint -> .safetensors");
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "back"), FSDP_MODELFILE_CKPT, &b.m,
+    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "back"), FMT("ckpt"), &b.m,
                                           (const float *const *)b.units, FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
     load_ok(path_in(dir, "back"), &c);
@@ -707,7 +719,7 @@ START_TEST(test_converted_ckpt_resumes)
     write_init_model(path_in(dir, "m.safetensors"), BYTE_SPEC, 99);
     loaded l;
     load_ok(path_in(dir, "m.safetensors"), &l);
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "ck"), FSDP_MODELFILE_CKPT, &l.m,
+    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "ck"), FMT("ckpt"), &l.m,
                                           (const float *const *)l.units, FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
     fsdp_train_config c;
@@ -879,7 +891,7 @@ START_TEST(test_hostile_model_files)
     /* checkpoints: none complete, incomplete, a rank file missing or corrupted */
     loaded l;
     load_ok(FIXTURE_BIN, &l);
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "ck"), FSDP_MODELFILE_CKPT, &l.m,
+    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "ck"), FMT("ckpt"), &l.m,
                                           (const float *const *)l.units, FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
     mkdir(path_in(dir, "empty"), 0755);
@@ -895,7 +907,8 @@ START_TEST(test_hostile_model_files)
     write_file(p, "done\n", 5);
     ck_assert_int_eq(fsdp_modelfile_open(&mf, step), FSDP_STATUS_OK);
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_init(&m, fsdp_modelfile_config(mf)), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_build(fsdp_modelfile_family(mf), fsdp_modelfile_config(mf), &m),
+                     FSDP_STATUS_OK);
     /* the last unit's payload ends the file: master, Adam m, Adam v */
     size_t s2 = (m.units[2].numel + 1023) / 1024 * 1024;
     snprintf(p, sizeof p, "%s/rank_00000.bin", step);
@@ -914,9 +927,7 @@ START_TEST(test_hostile_model_files)
     /* a model of another shape is refused before reading */
     ck_assert_int_eq(fsdp_modelfile_open(&mf, FIXTURE_ST), FSDP_STATUS_OK);
     fsdp_model other;
-    fsdp_gpt2_config oc;
-    ck_assert_int_eq(fsdp_gpt2_config_parse(BYTE_SPEC, &oc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&other, &oc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec(BYTE_SPEC, &other), FSDP_STATUS_OK);
     expect_error(fsdp_modelfile_bind(mf, &other), FSDP_STATUS_INVALID_ARG, "other model",
                  "tiny_gpt2.safetensors", NULL);
     fsdp_modelfile_close(mf);

@@ -6,7 +6,15 @@
 
 #include "ckpt/modelfile.h"
 #include "cli/run_opts.h"
-#include "models/gpt2.h"
+
+/* --model's help, from the model registry and the weight-format table. */
+static const char *model_help(void)
+{
+    static char help[2048];
+    size_t k = fsdp_modelfile_value_help(help, sizeof help);
+    snprintf(help + k, sizeof help - k, " (default small; a model file also gives the starting weights)");
+    return help;
+}
 
 int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *o)
 {
@@ -23,10 +31,7 @@ int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *o)
         "device backend (default: cuda when a GPU is visible, else cpu)");
     OPT("devices", FSDP_OPT_INT, &ro->devices, "N",
         "number of devices = ranks (default: 4 simulated cpu devices, or every GPU)");
-    OPT("model", FSDP_OPT_STR, &c->model, "NAME|FILE",
-        "tiny|small|gpt2|gpt2-medium|gpt2-large|gpt2-xl|custom:layers=L,heads=H,channels=C,"
-        "vocab=V,context=T (default small), or a model to start from: FILE.bin (llm.c), "
-        "FILE.safetensors (HF GPT-2) or a checkpoint directory");
+    OPT("model", FSDP_OPT_STR, &c->model, "NAME|SPEC|FILE", model_help());
     OPT("batch", FSDP_OPT_INT, &e->batch, "B", "sequences per micro-batch per device (default 16)");
     OPT("seq", FSDP_OPT_INT, &e->seq, "T",
         "sequence length (default: 14 on the synthetic task, one problem per row; else the "
@@ -142,27 +147,20 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
                 cmd, e->n_ranks, fsdp_cuda_device_count(), e->ranks_per_device);
         return 2;
     }
-    fsdp_gpt2_config gc;
-    if (fsdp_modelfile_is_path(ro->cfg.model)) {
-        /* a model file (fine-tuning): its header gives the shape */
-        fsdp_modelfile *mf = NULL;
-        if (fsdp_modelfile_open(&mf, ro->cfg.model) != FSDP_STATUS_OK) {
-            fprintf(stderr, "fsdp %s: --model: %s\n", cmd, fsdp_error_msg());
-            return 2;
-        }
-        gc = *fsdp_modelfile_config(mf);
-        fsdp_modelfile_close(mf);
-    } else if (fsdp_gpt2_config_parse(ro->cfg.model, &gc) != FSDP_STATUS_OK) {
+    fsdp_model m; /* the shape only: a model file is validated and closed again */
+    if (fsdp_modelfile_resolve(ro->cfg.model, &m, NULL) != FSDP_STATUS_OK) {
         fprintf(stderr, "fsdp %s: --model: %s\n", cmd, fsdp_error_msg());
         return 2;
     }
+    int context = m.max_seq_len;
+    fsdp_model_free(&m);
     if (e->seq == 0) /* not given: one problem per row on the synthetic task, else the context */
         e->seq = ro->cfg.data && !strcmp(ro->cfg.data, "synthetic") && !strcmp(cmd, "train")
                      ? 14
-                     : gc.max_seq_len;
-    if (e->seq > gc.max_seq_len) {
+                     : context;
+    if (e->seq > context) {
         fprintf(stderr, "fsdp %s: --seq %d is longer than model '%s''s context of %d\n", cmd, e->seq,
-                ro->cfg.model, gc.max_seq_len);
+                ro->cfg.model, context);
         return 2;
     }
     return 0;
