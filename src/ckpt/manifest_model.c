@@ -77,8 +77,9 @@ static fsdp_status compare_units(const fsdp_ckpt_manifest *m, const char *path,
 {
     if (m->n_units != model->n_units)
         return fsdp_error_set(FSDP_STATUS_FORMAT,
-                              "checkpoint manifest '%s': %d units, but model '%s' has %d%s", path,
-                              m->n_units, model->name, model->n_units, hint);
+                              "checkpoint manifest '%s' line %d: %d units, but model '%s' has "
+                              "%d%s", path, m->n_units ? m->units[0].line : 0, m->n_units,
+                              model->name, model->n_units, hint);
     for (int u = 0; u < m->n_units; u++) {
         const fsdp_ckpt_unit *cu = &m->units[u];
         const fsdp_unit_spec *us = &model->units[u];
