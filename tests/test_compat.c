@@ -382,6 +382,16 @@ START_TEST(test_v2_lines_must_agree)
     };
     refuse_edits(in(dir, "step_00000002/manifest"), cases, (int)(sizeof cases / sizeof cases[0]));
 
+    /* no header at all (a fuzzer found the version-less case): every key is missing */
+    {
+        char *full = slurp(in(dir, "step_00000002/manifest"), NULL);
+        spit(in(dir, "m"), strstr(full, "units 3\n"));
+        fsdp_ckpt_manifest r;
+        ck_assert_int_eq(fsdp_ckpt_manifest_read(in(dir, "m"), &r), FSDP_STATUS_FORMAT);
+        REQUIRE(strstr(fsdp_error_msg(), "key 'format' is missing"), "%s", fsdp_error_msg());
+        free(full);
+    }
+
     /* heads change no shape: such a manifest reads, and a resume with the
      * real model refuses it, naming the --model that fits */
     char *good = slurp(in(dir, "step_00000002/manifest"), NULL);

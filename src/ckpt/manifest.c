@@ -586,8 +586,8 @@ fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
             if (sp)
                 *sp = '\0';
             if (!strcmp(key, "units")) {
-                for (int k = 0; k < K_COUNT; k++)
-                    if (!seen[k] && KEY_IN(k, m->version)) {
+                for (int k = 0; k < K_COUNT; k++) /* no version: every key is missing */
+                    if (!seen[k] && (!seen[K_VERSION] || KEY_IN(k, m->version))) {
                         st = bad(&ps, "key '%s' is missing before 'units'", mkey_names[k]);
                         goto fail;
                     }
