@@ -54,11 +54,6 @@ const fsdp_modelfile_format *fsdp_modelfile_format_of(const char *path)
     return f ? f : &fsdp_format_ckpt;
 }
 
-bool fsdp_modelfile_is_path(const char *value)
-{
-    return value && *value && !fsdp_model_is_spec(value) && claimant(value) != NULL;
-}
-
 size_t fsdp_modelfile_help(char *buf, size_t n)
 {
     size_t k = 0;

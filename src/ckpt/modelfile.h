@@ -45,10 +45,6 @@ const char *fsdp_modelfile_format_name(const fsdp_modelfile_format *f);
  * directory (to be created, when writing). */
 const fsdp_modelfile_format *fsdp_modelfile_format_of(const char *path);
 
-/* True if a --model value names weights on disk rather than a model spec:
- * it is not a spec (fsdp_model_is_spec) and a format claims it. */
-bool fsdp_modelfile_is_path(const char *value);
-
 /* The help text for model files, from the format table:
  * "FILE.bin (llm.c), FILE.safetensors (Hugging Face) or a checkpoint
  * directory". */
