@@ -153,7 +153,8 @@ static fsdp_status llmc_bind(fsdp_modelfile *mf, const fsdp_model *m)
                                 "twice or out of range", m->family->title, idx);
             break;
         }
-        const fsdp_param_spec *p = &m->units[unit_of[idx]].params[idx - mf->unit_base[unit_of[idx]]];
+        const fsdp_param_spec *p =
+            &m->units[unit_of[idx]].params[idx - mf->unit_base[unit_of[idx]]];
         *s = (fsdp_tensor_src){
             .offset = at,
             .dtype = dt,

@@ -51,8 +51,7 @@ static const struct st_dtype {
 
 /* ---- errors ---------------------------------------------------------------- */
 
-static fsdp_status bad(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static fsdp_status bad(const char *path, const char *fmt, ...)
+fsdp_status fsdp_st_error(const char *path, const char *fmt, ...)
 {
     char msg[FSDP_ERROR_MSG_MAX / 2];
     va_list ap;
@@ -106,7 +105,7 @@ static bool valid_name(const fsdp_json *key_owner)
 static fsdp_status parse_metadata(const char *path, const fsdp_json *md, fsdp_st_file *f)
 {
     if (md->type != FSDP_JSON_OBJECT)
-        return bad(path, "\"__metadata__\" is a %s, not an object of strings",
+        return fsdp_st_error(path, "\"__metadata__\" is a %s, not an object of strings",
                    fsdp_json_type_name(md->type));
     f->meta_key = calloc(md->n + 1, sizeof *f->meta_key);
     f->meta_val = calloc(md->n + 1, sizeof *f->meta_val);
@@ -114,10 +113,14 @@ static fsdp_status parse_metadata(const char *path, const fsdp_json *md, fsdp_st
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", path);
     for (const fsdp_json *e = md->child; e; e = e->next) {
         if (e->type != FSDP_JSON_STRING)
-            return bad(path, "\"__metadata__\" entry \"%.64s\" is a %s; metadata values must be "
-                             "strings", e->key, fsdp_json_type_name(e->type));
+            return fsdp_st_error(
+                path,
+                "\"__metadata__\" entry \"%.64s\" is a %s; metadata values must be "
+                "strings",
+                e->key, fsdp_json_type_name(e->type));
         if (strlen(e->str) != e->len)
-            return bad(path, "\"__metadata__\" entry \"%.64s\" holds a NUL character", e->key);
+            return fsdp_st_error(path, "\"__metadata__\" entry \"%.64s\" holds a NUL character",
+                                 e->key);
         int i = f->n_meta;
         f->meta_key[i] = strdup(e->key);
         f->meta_val[i] = strdup(e->str);
@@ -134,7 +137,7 @@ static fsdp_status parse_tensor(const char *path, const fsdp_json *v, uint64_t d
 {
     const char *name = v->key;
     if (v->type != FSDP_JSON_OBJECT)
-        return bad(path, "tensor '%.80s' is described by a %s, not an object", name,
+        return fsdp_st_error(path, "tensor '%.80s' is described by a %s, not an object", name,
                    fsdp_json_type_name(v->type));
     const fsdp_json *dtype = NULL, *shape = NULL, *offs = NULL;
     for (const fsdp_json *e = v->child; e; e = e->next) {
@@ -143,53 +146,62 @@ static fsdp_status parse_tensor(const char *path, const fsdp_json *v, uint64_t d
                                  : !strcmp(e->key, "data_offsets") ? &offs
                                                                    : NULL;
         if (!slot)
-            return bad(path, "tensor '%.80s' has an unknown field \"%.32s\" (expected dtype, "
-                             "shape, data_offsets)", name, e->key);
+            return fsdp_st_error(path,
+                                 "tensor '%.80s' has an unknown field \"%.32s\" (expected dtype, "
+                                 "shape, data_offsets)",
+                                 name, e->key);
         if (*slot)
-            return bad(path, "tensor '%.80s' has field \"%s\" twice", name, e->key);
+            return fsdp_st_error(path, "tensor '%.80s' has field \"%s\" twice", name, e->key);
         *slot = e;
     }
     if (!dtype || !shape || !offs)
-        return bad(path, "tensor '%.80s' lacks its \"%s\"", name,
+        return fsdp_st_error(path, "tensor '%.80s' lacks its \"%s\"", name,
                    !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
     if (dtype->type != FSDP_JSON_STRING)
-        return bad(path, "tensor '%.80s': dtype is not a string", name);
+        return fsdp_st_error(path, "tensor '%.80s': dtype is not a string", name);
     int k = 0;
     while (k < ST_N_DTYPES && strcmp(dtype->str, st_dtypes[k].name))
         k++;
     if (k == ST_N_DTYPES || strlen(dtype->str) != dtype->len)
-        return bad(path, "tensor '%.80s' has unknown dtype \"%.16s\"", name, dtype->str);
+        return fsdp_st_error(path, "tensor '%.80s' has unknown dtype \"%.16s\"", name, dtype->str);
     snprintf(t->dtype_name, sizeof t->dtype_name, "%s", st_dtypes[k].name);
     t->dtype = st_dtypes[k].dt;
     t->elem_bytes = st_dtypes[k].bytes;
     if (shape->type != FSDP_JSON_ARRAY || shape->n > FSDP_ST_MAX_DIMS)
-        return bad(path, "tensor '%.80s': shape must be an array of at most %d dimensions", name,
-                   FSDP_ST_MAX_DIMS);
+        return fsdp_st_error(path,
+                             "tensor '%.80s': shape must be an array of at most %d dimensions",
+                             name, FSDP_ST_MAX_DIMS);
     t->ndim = (int)shape->n;
     t->numel = 1;
     int d = 0;
     for (const fsdp_json *e = shape->child; e; e = e->next, d++) {
         if (!json_uint(e, &t->shape[d]))
-            return bad(path, "tensor '%.80s': shape dimension %d is not an integer in 0..2^53",
-                       name, d);
+            return fsdp_st_error(
+                path, "tensor '%.80s': shape dimension %d is not an integer in 0..2^53", name, d);
         if (__builtin_mul_overflow(t->numel, t->shape[d], &t->numel))
-            return bad(path, "tensor '%.80s': its shape overflows 64 bits", name);
+            return fsdp_st_error(path, "tensor '%.80s': its shape overflows 64 bits", name);
     }
     if (offs->type != FSDP_JSON_ARRAY || offs->n != 2 || !json_uint(offs->child, &t->begin) ||
         !json_uint(offs->child->next, &t->end) || t->end < t->begin)
-        return bad(path, "tensor '%.80s': data_offsets must be [begin, end] with integers "
-                         "0 <= begin <= end", name);
+        return fsdp_st_error(path,
+                             "tensor '%.80s': data_offsets must be [begin, end] with integers "
+                             "0 <= begin <= end",
+                             name);
     uint64_t bytes;
     if (__builtin_mul_overflow(t->numel, (uint64_t)t->elem_bytes, &bytes) ||
         bytes != t->end - t->begin)
-        return bad(path, "tensor '%.80s': %s of %" PRIu64 " elements needs %" PRIu64 " bytes, but "
-                         "its data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64, name,
-                   t->dtype_name, t->numel, t->numel * (uint64_t)t->elem_bytes, t->begin,
-                   t->end, t->end - t->begin);
+        return fsdp_st_error(path,
+                             "tensor '%.80s': %s of %" PRIu64 " elements needs %" PRIu64
+                             " bytes, but "
+                             "its data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64,
+                             name, t->dtype_name, t->numel, t->numel * (uint64_t)t->elem_bytes,
+                             t->begin, t->end, t->end - t->begin);
     if (t->end > data_bytes)
-        return bad(path, "tensor '%.80s' ends at byte %" PRIu64 " of the data section, which has "
-                         "only %" PRIu64 " bytes; the file is truncated or its header is corrupt",
-                   name, t->end, data_bytes);
+        return fsdp_st_error(
+            path,
+            "tensor '%.80s' ends at byte %" PRIu64 " of the data section, which has "
+            "only %" PRIu64 " bytes; the file is truncated or its header is corrupt",
+            name, t->end, data_bytes);
     t->name = strdup(name);
     if (!t->name)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", path);
@@ -225,7 +237,8 @@ static fsdp_status parse_header(const char *path, const char *hdr, uint64_t n,
     f->data_offset = 8 + n;
     uint64_t data_bytes = file_bytes - f->data_offset;
     if (n == 0 || hdr[0] != '{') {
-        st = bad(path, "the header does not start with '{'; this is not a safetensors file");
+        st = fsdp_st_error(path,
+                           "the header does not start with '{'; this is not a safetensors file");
         goto fail;
     }
     if (fsdp_json_parse(hdr, (size_t)n, &root) != FSDP_STATUS_OK) {
@@ -234,14 +247,15 @@ static fsdp_status parse_header(const char *path, const char *hdr, uint64_t n,
         goto fail;
     }
     if (root->type != FSDP_JSON_OBJECT) {
-        st = bad(path, "the header is a JSON %s, not an object", fsdp_json_type_name(root->type));
+        st = fsdp_st_error(path, "the header is a JSON %s, not an object",
+                           fsdp_json_type_name(root->type));
         goto fail;
     }
     size_t n_md = 0;
     for (const fsdp_json *e = root->child; e; e = e->next)
         n_md += !strcmp(e->key, "__metadata__");
     if (n_md > 1) {
-        st = bad(path, "\"__metadata__\" appears %zu times", n_md);
+        st = fsdp_st_error(path, "\"__metadata__\" appears %zu times", n_md);
         goto fail;
     }
     f->tensors = calloc(root->n - n_md + 1, sizeof *f->tensors);
@@ -255,8 +269,10 @@ static fsdp_status parse_header(const char *path, const char *hdr, uint64_t n,
             continue;
         }
         if (!valid_name(e)) {
-            st = bad(path, "a tensor name is empty, longer than %d bytes or holds control "
-                           "characters", ST_MAX_NAME);
+            st = fsdp_st_error(path,
+                               "a tensor name is empty, longer than %d bytes or holds control "
+                               "characters",
+                               ST_MAX_NAME);
             goto fail;
         }
         FSDP_CHECK(parse_tensor(path, e, data_bytes, &f->tensors[f->n_tensors]));
@@ -266,7 +282,8 @@ static fsdp_status parse_header(const char *path, const char *hdr, uint64_t n,
     qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_name);
     for (int i = 1; i < f->n_tensors; i++)
         if (!strcmp(f->tensors[i - 1].name, f->tensors[i].name)) {
-            st = bad(path, "tensor '%.80s' appears twice in the header", f->tensors[i].name);
+            st = fsdp_st_error(path, "tensor '%.80s' appears twice in the header",
+                               f->tensors[i].name);
             goto fail;
         }
     /* the tensors tile the data section */
@@ -275,17 +292,22 @@ static fsdp_status parse_header(const char *path, const char *hdr, uint64_t n,
     for (int i = 0; i < f->n_tensors; i++) {
         const fsdp_st_tensor *t = &f->tensors[i];
         if (t->begin != at) {
-            st = bad(path, "tensor '%.80s' starts at byte %" PRIu64 " of the data section, but "
-                           "the data before it ends at %" PRIu64 " (tensors must not overlap or "
-                           "leave gaps); the header is corrupt", t->name, t->begin, at);
+            st =
+                fsdp_st_error(path,
+                              "tensor '%.80s' starts at byte %" PRIu64 " of the data section, but "
+                              "the data before it ends at %" PRIu64 " (tensors must not overlap or "
+                              "leave gaps); the header is corrupt",
+                              t->name, t->begin, at);
             goto fail;
         }
         at = t->end;
     }
     if (at != data_bytes) {
-        st = bad(path, "the tensors end at byte %" PRIu64 " of the data section but the file "
-                       "holds %" PRIu64 " data bytes; it was modified or is not a safetensors "
-                       "file", at, data_bytes);
+        st = fsdp_st_error(path,
+                           "the tensors end at byte %" PRIu64 " of the data section but the file "
+                           "holds %" PRIu64 " data bytes; it was modified or is not a safetensors "
+                           "file",
+                           at, data_bytes);
         goto fail;
     }
     fsdp_json_free(root);
@@ -299,12 +321,18 @@ fail:
 static fsdp_status check_length(const char *path, uint64_t file_bytes, uint64_t n)
 {
     if (file_bytes < 8)
-        return bad(path, "it is %" PRIu64 " bytes, shorter than the 8-byte header length; it is "
-                         "truncated or not a safetensors file", file_bytes);
+        return fsdp_st_error(path,
+                             "it is %" PRIu64
+                             " bytes, shorter than the 8-byte header length; it is "
+                             "truncated or not a safetensors file",
+                             file_bytes);
     if (n > FSDP_ST_MAX_HEADER_BYTES || n > file_bytes - 8 || n < 2)
-        return bad(path, "its header length field says %" PRIu64 " bytes, but the file has %" PRIu64
-                         " bytes after it (and headers are 2 bytes to 100 MiB); it is truncated "
-                         "or not a safetensors file", n, file_bytes - 8);
+        return fsdp_st_error(
+            path,
+            "its header length field says %" PRIu64 " bytes, but the file has %" PRIu64
+            " bytes after it (and headers are 2 bytes to 100 MiB); it is truncated "
+            "or not a safetensors file",
+            n, file_bytes - 8);
     return FSDP_STATUS_OK;
 }
 

@@ -62,6 +62,10 @@ fsdp_status fsdp_st_open(const char *path, fsdp_st_file *out);
 
 void fsdp_st_free(fsdp_st_file *f);
 
+/* FORMAT with "safetensors file '<path>': <message>"; returns FORMAT. */
+fsdp_status fsdp_st_error(const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* The model a parsed file holds: the first family (registry order) whose
  * safetensors mapping reads a config from the tensors, that model built,
  * and every tensor checked against it (fsdp_st_locate). FORMAT naming the

@@ -11,7 +11,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,17 +23,6 @@
 #include "core/log.h"
 
 #define ST_CHUNK 65536 /* elements converted per write */
-
-static fsdp_status bad(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static fsdp_status bad(const char *path, const char *fmt, ...)
-{
-    char msg[FSDP_ERROR_MSG_MAX / 2];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return fsdp_error_set(FSDP_STATUS_FORMAT, "safetensors file '%s': %s", path, msg);
-}
 
 static void fmt_shape(char *buf, size_t n, int ndim, const uint64_t *d)
 {
@@ -81,7 +69,8 @@ static fsdp_status find_config(const fsdp_st_file *f, const fsdp_model_family **
     }
     free(t);
     if (st != FSDP_STATUS_OK)
-        return bad(f->path, "%s", first[0] ? first : "no model family reads safetensors files");
+        return fsdp_st_error(f->path, "%s",
+                             first[0] ? first : "no model family reads safetensors files");
     return FSDP_STATUS_OK;
 }
 
@@ -110,20 +99,20 @@ fsdp_status fsdp_st_locate(const fsdp_st_file *f, const fsdp_model *m, fsdp_tens
         if (what == FSDP_WEIGHT_IGNORED)
             continue;
         if (what != FSDP_WEIGHT_PARAM) {
-            st = bad(f->path, "tensor '%.80s' is not a %s parameter (expected %s)", t->name,
-                     m->family->title, map->examples);
+            st = fsdp_st_error(f->path, "tensor '%.80s' is not a %s parameter (expected %s)",
+                               t->name, m->family->title, map->examples);
             break;
         }
         int unit = -1;
         const fsdp_param_spec *p = fsdp_model_find_param(m, pname, &unit);
         if (!p) {
-            st = bad(f->path, "tensor '%.80s' (parameter '%s') is not part of model '%s'",
+            st = fsdp_st_error(f->path, "tensor '%.80s' (parameter '%s') is not part of model '%s'",
                      t->name, pname, m->name);
             break;
         }
         int idx = (int)(p - m->units[unit].params), k = base[unit] + idx;
         if (from[k] >= 0) {
-            st = bad(f->path, "tensors '%.80s' and '%.80s' are both parameter '%s'",
+            st = fsdp_st_error(f->path, "tensors '%.80s' and '%.80s' are both parameter '%s'",
                      f->tensors[from[k]].name, t->name, p->name);
             break;
         }
@@ -137,13 +126,14 @@ fsdp_status fsdp_st_locate(const fsdp_st_file *f, const fsdp_model *m, fsdp_tens
             char a[128], b[96];
             fmt_shape(a, sizeof a, t->ndim, t->shape);
             fmt_shape(b, sizeof b, want.ndim, want.shape);
-            st = bad(f->path, "tensor '%.80s' has shape %s, but model '%s' needs %s", t->name,
-                     a, m->name, b);
+            st = fsdp_st_error(f->path, "tensor '%.80s' has shape %s, but model '%s' needs %s",
+                               t->name, a, m->name, b);
             break;
         }
         if (t->dtype == FSDP_FILE_OTHER) {
-            st = bad(f->path, "tensor '%.80s' is %s; fsdp imports F32, BF16 and F16 weights",
-                     t->name, t->dtype_name);
+            st = fsdp_st_error(f->path,
+                               "tensor '%.80s' is %s; fsdp imports F32, BF16 and F16 weights",
+                               t->name, t->dtype_name);
             break;
         }
         FSDP_ASSERT(want.stored_numel == t->numel && t->numel <= p->numel &&
@@ -162,7 +152,7 @@ fsdp_status fsdp_st_locate(const fsdp_st_file *f, const fsdp_model *m, fsdp_tens
             if (from[base[u] + i] < 0) {
                 fsdp_weight_tensor want;
                 map->tensor(m, u, i, &want);
-                st = bad(f->path, "tensor '%s' (parameter '%s') is missing", want.name,
+                st = fsdp_st_error(f->path, "tensor '%s' (parameter '%s') is missing", want.name,
                          m->units[u].params[i].name);
             }
 done:
