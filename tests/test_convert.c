@@ -888,6 +888,18 @@ START_TEST(test_hostile_model_files)
     /* not a model at all */
     expect_error(fsdp_modelfile_open(&mf, path_in(dir, "nothing")), FSDP_STATUS_IO, "missing",
                  "nothing", NULL);
+    /* a FIFO with no writer is refused at once, never waited on (issue 15 item 11) */
+    static const char *const fifos[] = {"fifo.bin", "fifo.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(mkfifo(path_in(dir, fifos[i]), 0600), 0);
+        expect_error(fsdp_modelfile_open(&mf, path_in(dir, fifos[i])), FSDP_STATUS_IO, fifos[i],
+                     "not a regular file", NULL);
+    }
+    mkdir(path_in(dir, "fifo_ckpt"), 0755);
+    ck_assert_int_eq(mkfifo(path_in(dir, "fifo_ckpt/manifest"), 0600), 0);
+    write_file(path_in(dir, "fifo_ckpt/DONE"), "done\n", 5);
+    expect_error(fsdp_modelfile_open(&mf, path_in(dir, "fifo_ckpt")), FSDP_STATUS_FORMAT,
+                 "fifo manifest", "not a regular file", NULL);
     /* checkpoints: none complete, incomplete, a rank file missing or corrupted */
     loaded l;
     load_ok(FIXTURE_BIN, &l);
