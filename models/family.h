@@ -34,7 +34,7 @@ struct fsdp_model_family {
     const char *name;         /* "gpt2": registry key, spec prefix ("gpt2:layers=4"),
                                * a checkpoint's model_family */
     const char *title;        /* "GPT-2": in messages */
-    const char *doc;          /* one line for --help */
+    const char *doc;          /* one line for --help, after the grammar */
     const char *grammar;      /* the keys of a config: "layers=L,heads=H,..." */
     const char *alias;        /* another spelling of "<name>:" that old command lines
                                * use ("custom"), or NULL */

@@ -120,8 +120,8 @@ static double gpt2_flops_per_token(const fsdp_model *m, int T)
 const fsdp_model_family fsdp_gpt2_family = {
     /* .name            = */ "gpt2",
     /* .title           = */ "GPT-2",
-    /* .doc             = */ "OpenAI's GPT-2: pre-LayerNorm blocks, GELU MLP, learned positions, "
-                             "tied LM head",
+    /* .doc             = */ "any GPT-2: pre-LayerNorm, GELU MLP, learned positions, tied LM "
+                             "head",
     /* .grammar         = */ "layers=L,heads=H,channels=C,vocab=V,context=T",
     /* .alias           = */ "custom",
     /* .shapes          = */ gpt2_shapes,

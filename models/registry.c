@@ -139,7 +139,7 @@ size_t fsdp_model_spec_help(char *buf, size_t n)
     }
     for (int i = 0; i < N_FAMILIES; i++) {
         const fsdp_model_family *f = families[i];
-        PUT("%s%s:%s (any %s", i ? " or " : ", or ", f->name, f->grammar, f->title);
+        PUT("%s%s:%s (%s", i ? " or " : ", or ", f->name, f->grammar, f->doc);
         if (f->alias)
             PUT("; also spelled %s:...", f->alias);
         PUT(")");

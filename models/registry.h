@@ -44,9 +44,9 @@ fsdp_status fsdp_model_build(const fsdp_model_family *f, const char *config, fsd
 void fsdp_model_spec_of(const fsdp_model *m, char *buf, size_t n);
 
 /* The --model help text for specs, from the registry: every named shape
- * once and every family's grammar, e.g. "tiny|small|... (GPT-2), or
- * gpt2:layers=L,... (any GPT-2; also custom:...)". Returns the length
- * (truncated to n - 1). */
+ * once, every family's grammar and doc line, e.g. "tiny|small|... (GPT-2),
+ * or gpt2:layers=L,... (any GPT-2: ...; also spelled custom:...)". Returns
+ * the length (truncated to n - 1). */
 size_t fsdp_model_spec_help(char *buf, size_t n);
 
 #ifdef __cplusplus

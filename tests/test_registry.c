@@ -237,7 +237,8 @@ START_TEST(test_help_names_every_shape_once)
                     f->shapes[k].name, count_token(help, f->shapes[k].name), help);
             ck_assert_int_eq(count_token(value, f->shapes[k].name), 1);
         }
-        REQUIRE(strstr(help, f->grammar), "the help lacks %s's grammar", f->name);
+        REQUIRE(strstr(help, f->grammar) && strstr(help, f->doc),
+                "the help lacks %s's grammar or doc line", f->name);
     }
     for (int i = 0; i < fsdp_modelfile_format_count(); i++)
         REQUIRE(strstr(files, fsdp_modelfile_format_name(fsdp_modelfile_format_at(i))) ||
