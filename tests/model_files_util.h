@@ -1,6 +1,6 @@
 /*
  * model_files_util.h - what the model-file suites (test_convert.c,
- * test_safetensors.c) share: temporary directories, whole-file I/O, a
+ * test_safetensors.c, test_compat.c) share: temporary directories, whole-file I/O, a
  * model read whole through the weight-format table, the fixtures, a tiny
  * training configuration and error expectations. Static functions: each
  * suite compiles the ones it uses.
@@ -49,6 +49,7 @@ UTIL int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ft
 
 UTIL void rm_rf(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
+/* "dir/name" in one of 8 rotating buffers: for immediate use */
 UTIL char *path_in(const char *dir, const char *name)
 {
     static char bufs[8][512];
@@ -69,7 +70,9 @@ UTIL unsigned char *read_file(const char *path, size_t *n)
     ck_assert_ptr_nonnull(b);
     REQUIRE(fread(b, 1, (size_t)len, f) == (size_t)len, "short read of %s", path);
     fclose(f);
-    *n = (size_t)len;
+    b[len] = '\0'; /* text files can be used as strings */
+    if (n)
+        *n = (size_t)len;
     return b;
 }
 

@@ -14,7 +14,6 @@
  * exact everywhere: both read the same bytes).
  */
 #include <check.h>
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,14 +24,9 @@
 #include "ckpt/ckpt.h"
 #include "ckpt/modelfile.h"
 #include "core/error.h"
+#include "model_files_util.h"
 #include "train/infer.h"
 #include "train/train.h"
-
-#define REQUIRE(cond, ...)             \
-    do {                               \
-        if (!(cond))                   \
-            ck_abort_msg(__VA_ARGS__); \
-    } while (0)
 
 #define FIXTURE "tests/fixtures/ckpt_v1_tiny"
 #define FIXTURE_CKPT FIXTURE "/step_00000002"
@@ -41,31 +35,6 @@
 static bool exact; /* pinned to the fixture's GEMM kernel */
 
 /* ---- helpers ----------------------------------------------------------------- */
-
-static void make_tmpdir(char *buf, size_t n)
-{
-    snprintf(buf, n, "/tmp/fsdp_compat_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(buf));
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static void rm_rf(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-/* "dir/name" in one of a few rotating buffers: for immediate use only */
-static const char *in(const char *dir, const char *name)
-{
-    static char p[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    char *out = p[k];
-    snprintf(out, sizeof p[k], "%s/%s", dir, name);
-    return out;
-}
 
 /* a path that lives as long as the test */
 typedef struct path {
@@ -86,29 +55,9 @@ static void run(const char *fmt, const char *a, const char *b)
     REQUIRE(system(cmd) == 0, "'%s' failed", cmd);
 }
 
-static char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    REQUIRE(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)len + 1);
-    ck_assert_uint_eq(fread(b, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    b[len] = '\0';
-    if (n)
-        *n = (size_t)len;
-    return b;
-}
+static char *slurp(const char *path, size_t *n) { return (char *)read_file(path, n); }
 
-static void spit(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "wb");
-    REQUIRE(f, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
-}
+static void spit(const char *path, const char *text) { write_file(path, text, strlen(text)); }
 
 /* text with the first `old` replaced by `new` (which must be there) */
 static char *mutate(const char *text, const char *old, const char *new)
@@ -138,40 +87,6 @@ static void readme_config(fsdp_train_config *c, const char *dir, int steps)
     c->n_samples = 0;
     c->ckpt_dir = dir;
     c->out = NULL;
-}
-
-static void train_ok(const fsdp_train_config *c, fsdp_train_result *r)
-{
-    fsdp_status st = fsdp_train_run(c, r);
-    REQUIRE(st == FSDP_STATUS_OK, "training into %s: %s", c->ckpt_dir, fsdp_error_msg());
-}
-
-/* A model and all of its parameters, read through the weight-format table. */
-typedef struct loaded {
-    fsdp_model m;
-    float **units;
-} loaded;
-
-static void load(const char *path, loaded *l)
-{
-    fsdp_modelfile *mf = NULL;
-    fsdp_status st = fsdp_modelfile_resolve(path, &l->m, &mf);
-    REQUIRE(st == FSDP_STATUS_OK && mf, "loading %s: %s", path, fsdp_error_msg());
-    l->units = calloc((size_t)l->m.n_units, sizeof *l->units);
-    for (int u = 0; u < l->m.n_units; u++) {
-        l->units[u] = malloc(l->m.units[u].numel * sizeof(float));
-        st = fsdp_modelfile_read_range(mf, u, 0, l->m.units[u].numel, l->units[u]);
-        REQUIRE(st == FSDP_STATUS_OK, "reading %s: %s", path, fsdp_error_msg());
-    }
-    fsdp_modelfile_close(mf);
-}
-
-static void loaded_free(loaded *l)
-{
-    for (int u = 0; u < l->m.n_units; u++)
-        free(l->units[u]);
-    free(l->units);
-    fsdp_model_free(&l->m);
 }
 
 /* a and b equal: bit for bit when `bits`, else to a relative 1e-5 */
@@ -245,7 +160,7 @@ static void v2_copy(const char *dir)
         "/DONE '%s/step_00000002/'", dir, dir);
     fsdp_ckpt_manifest man;
     ck_assert_int_eq(fsdp_ckpt_manifest_read(FIXTURE_MANIFEST, &man), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_ckpt_manifest_write(in(dir, "step_00000002/manifest"), &man),
+    ck_assert_int_eq(fsdp_ckpt_manifest_write(path_in(dir, "step_00000002/manifest"), &man),
                      FSDP_STATUS_OK);
     fsdp_ckpt_manifest_free(&man);
 }
@@ -270,8 +185,8 @@ START_TEST(test_v1_reads_into_the_v2_form)
     /* written back: version 2, the model as family + config only */
     char dir[64];
     make_tmpdir(dir, sizeof dir);
-    ck_assert_int_eq(fsdp_ckpt_manifest_write(in(dir, "manifest"), &v1), FSDP_STATUS_OK);
-    char *text = slurp(in(dir, "manifest"), NULL);
+    ck_assert_int_eq(fsdp_ckpt_manifest_write(path_in(dir, "manifest"), &v1), FSDP_STATUS_OK);
+    char *text = slurp(path_in(dir, "manifest"), NULL);
     REQUIRE(strstr(text, "\nversion 2\n") && strstr(text, "\nmodel_family gpt2\n") &&
                 strstr(text, "\nmodel_config layers=2,heads=4,channels=32,vocab=256,context=64\n"),
             "rewritten manifest:\n%s", text);
@@ -279,7 +194,7 @@ START_TEST(test_v1_reads_into_the_v2_form)
                                        "\npadded_vocab_size ", "\nmax_seq_len "};
     for (int i = 0; i < 5; i++)
         REQUIRE(!strstr(text, gone[i]), "version 2 still writes '%s'", gone[i] + 1);
-    st = fsdp_ckpt_manifest_read(in(dir, "manifest"), &v2);
+    st = fsdp_ckpt_manifest_read(path_in(dir, "manifest"), &v2);
     REQUIRE(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
     ck_assert_int_eq(v2.version, 2);
     /* the same in-memory form, field by field */
@@ -321,9 +236,9 @@ static void refuse_edits(const char *good_path, const char *const (*cases)[3], i
     char *good = slurp(good_path, NULL);
     for (int i = 0; i < n; i++) {
         char *t = mutate(good, cases[i][0], cases[i][1]);
-        spit(in(dir, "manifest"), t);
+        spit(path_in(dir, "manifest"), t);
         fsdp_ckpt_manifest r;
-        fsdp_status st = fsdp_ckpt_manifest_read(in(dir, "manifest"), &r);
+        fsdp_status st = fsdp_ckpt_manifest_read(path_in(dir, "manifest"), &r);
         const char *msg = fsdp_error_msg();
         REQUIRE(st == FSDP_STATUS_FORMAT, "'%s' -> '%s': %s (%s)", cases[i][0], cases[i][1],
                 fsdp_status_name(st), msg);
@@ -380,28 +295,28 @@ START_TEST(test_v2_lines_must_agree)
         {"model_config ", "model_configs ", "unknown key"},
         {"model_family gpt2\n", "", "'model_family' is missing"},
     };
-    refuse_edits(in(dir, "step_00000002/manifest"), cases, (int)(sizeof cases / sizeof cases[0]));
+    refuse_edits(path_in(dir, "step_00000002/manifest"), cases, (int)(sizeof cases / sizeof cases[0]));
 
     /* no header at all (a fuzzer found the version-less case): every key is missing */
     {
-        char *full = slurp(in(dir, "step_00000002/manifest"), NULL);
-        spit(in(dir, "m"), strstr(full, "units 3\n"));
+        char *full = slurp(path_in(dir, "step_00000002/manifest"), NULL);
+        spit(path_in(dir, "m"), strstr(full, "units 3\n"));
         fsdp_ckpt_manifest r;
-        ck_assert_int_eq(fsdp_ckpt_manifest_read(in(dir, "m"), &r), FSDP_STATUS_FORMAT);
+        ck_assert_int_eq(fsdp_ckpt_manifest_read(path_in(dir, "m"), &r), FSDP_STATUS_FORMAT);
         REQUIRE(strstr(fsdp_error_msg(), "key 'format' is missing"), "%s", fsdp_error_msg());
         free(full);
     }
 
     /* heads change no shape: such a manifest reads, and a resume with the
      * real model refuses it, naming the --model that fits */
-    char *good = slurp(in(dir, "step_00000002/manifest"), NULL);
+    char *good = slurp(path_in(dir, "step_00000002/manifest"), NULL);
     char *t = mutate(good, "model_config layers=2,heads=4", "model_config layers=2,heads=2");
-    spit(in(dir, "m"), t);
+    spit(path_in(dir, "m"), t);
     fsdp_ckpt_manifest r;
-    ck_assert_int_eq(fsdp_ckpt_manifest_read(in(dir, "m"), &r), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_ckpt_manifest_read(path_in(dir, "m"), &r), FSDP_STATUS_OK);
     fsdp_model tiny;
     ck_assert_int_eq(fsdp_model_from_spec("tiny", &tiny), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_ckpt_manifest_check_model(&r, in(dir, "m"), &tiny), FSDP_STATUS_FORMAT);
+    ck_assert_int_eq(fsdp_ckpt_manifest_check_model(&r, path_in(dir, "m"), &tiny), FSDP_STATUS_FORMAT);
     REQUIRE(strstr(fsdp_error_msg(), "another config") &&
                 strstr(fsdp_error_msg(),
                        "--model 'gpt2:layers=2,heads=2,channels=32,vocab=256,context=64'"),
@@ -430,8 +345,8 @@ START_TEST(test_v1_fixture_equals_a_fresh_run)
 
     /* loads: the same model and parameters */
     loaded a, b;
-    load(FIXTURE, &a);
-    load(fresh, &b);
+    load_ok(FIXTURE, &a);
+    load_ok(fresh, &b);
     ck_assert_str_eq(a.m.name, "tiny");
     same_models(&a, &b, exact, "v1 fixture vs fresh run");
 
@@ -442,15 +357,15 @@ START_TEST(test_v1_fixture_equals_a_fresh_run)
     /* converts to the same files (the model's values, not the run's ids) */
     const char *outs[] = {"a.bin", "b.bin", "a.safetensors", "b.safetensors"};
     for (int k = 0; k < 4; k += 2) {
-        fsdp_status st = fsdp_modelfile_write(in(dir, outs[k]), fsdp_modelfile_format_of(outs[k]),
+        fsdp_status st = fsdp_modelfile_write(path_in(dir, outs[k]), fsdp_modelfile_format_of(outs[k]),
                                               &a.m, (const float *const *)a.units,
                                               FSDP_DTYPE_F32);
         REQUIRE(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-        st = fsdp_modelfile_write(in(dir, outs[k + 1]), fsdp_modelfile_format_of(outs[k + 1]),
+        st = fsdp_modelfile_write(path_in(dir, outs[k + 1]), fsdp_modelfile_format_of(outs[k + 1]),
                                   &b.m, (const float *const *)b.units, FSDP_DTYPE_F32);
         REQUIRE(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
         size_t na, nb;
-        char *fa = slurp(in(dir, outs[k]), &na), *fb = slurp(in(dir, outs[k + 1]), &nb);
+        char *fa = slurp(path_in(dir, outs[k]), &na), *fb = slurp(path_in(dir, outs[k + 1]), &nb);
         REQUIRE(na == nb && (!exact || !memcmp(fa, fb, na)), "%s and %s differ", outs[k],
                 outs[k + 1]);
         free(fa);
@@ -459,7 +374,7 @@ START_TEST(test_v1_fixture_equals_a_fresh_run)
     /* the command converts it too */
     run(FSDP_BIN " convert --quiet %s '%s/cli.safetensors'", FIXTURE, dir);
     loaded c2;
-    load(in(dir, "cli.safetensors"), &c2);
+    load_ok(path_in(dir, "cli.safetensors"), &c2);
     same_models(&a, &c2, true, "fsdp convert of the v1 fixture");
     loaded_free(&c2);
 
@@ -470,7 +385,7 @@ START_TEST(test_v1_fixture_equals_a_fresh_run)
     same_runs(&ra, &rb, exact, "resumed v1 fixture vs resumed fresh run");
     /* and the checkpoint the resume wrote is version 2 */
     fsdp_ckpt_manifest man;
-    ck_assert_int_eq(fsdp_ckpt_manifest_read(in(old, "step_00000004/manifest"), &man),
+    ck_assert_int_eq(fsdp_ckpt_manifest_read(path_in(old, "step_00000004/manifest"), &man),
                      FSDP_STATUS_OK);
     ck_assert_int_eq(man.version, FSDP_CKPT_VERSION);
     fsdp_ckpt_manifest_free(&man);
@@ -493,8 +408,8 @@ START_TEST(test_v2_copy_behaves_like_the_v1_fixture)
     mkdir(v2, 0755);
     v2_copy(v2);
     loaded a, b;
-    load(v1, &a);
-    load(v2, &b);
+    load_ok(v1, &a);
+    load_ok(v2, &b);
     same_models(&a, &b, true, "v1 vs v2 manifest");
     float la = eval_loss(v1), lb = eval_loss(v2);
     same_floats(&la, &lb, 1, true, "eval loss, v1 vs v2 manifest");
