@@ -1,6 +1,8 @@
 /*
- * gpt2.c - GPT-2 on the op interface: named configurations, the unit and
- * parameter layout (models/gpt2.h), and forward/backward per unit.
+ * gpt2.c - GPT-2 on the op interface: the unit and parameter layout
+ * (models/gpt2.h) and forward/backward per unit. Configs, named shapes and
+ * the family entry are in gpt2_family.c, the weight-file names in
+ * gpt2_weights.c.
  *
  * The math is llm.c's GPT-2 (pre-LayerNorm blocks, tanh GELU, causal
  * attention, LM head tied to wte, padded vocabulary), expressed only through
@@ -19,7 +21,6 @@
  * <= T: fill the rest of the tokens with anything; logits at position t
  * depend only on tokens 0..t (causal attention).
  */
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -28,163 +29,7 @@
 
 #include "comm/comm.h"
 #include "models/gpt2.h"
-
-/* ---- configurations ------------------------------------------------------ */
-
-typedef struct gpt2_preset {
-    const char *name;
-    int n_layer, n_head, n_embd, vocab_size, max_seq_len;
-} gpt2_preset;
-
-/* "tiny" is the golden-test model: n_embd 32 keeps the PyTorch fixture (all
- * weights and all gradients) near 300 KiB. "small" is the default demo
- * (0.44M parameters): with the trainer's defaults it learns the synthetic
- * addition task to ~99% held-out accuracy in about half a minute of 2 cores
- * (600 steps of 64 problems on 4 simulated devices). Measured: 4 layers
- * (0.83M) also reach 100% but take ~95 CPU-seconds instead of ~50; 2 layers
- * of 64 channels take ~20 and reach ~98%. */
-static const gpt2_preset gpt2_presets[] = {
-    {"tiny", 2, 4, 32, 256, 64},
-    {"small", 2, 4, 128, 256, 64},
-    {"gpt2", 12, 12, 768, 50257, 1024},
-    {"gpt2-medium", 24, 16, 1024, 50257, 1024},
-    {"gpt2-large", 36, 20, 1280, 50257, 1024},
-    {"gpt2-xl", 48, 25, 1600, 50257, 1024},
-};
-#define GPT2_N_PRESETS ((int)(sizeof gpt2_presets / sizeof gpt2_presets[0]))
-
-/* Upper bounds that keep every size computation far from overflow. */
-#define GPT2_MAX_LAYERS 4096
-#define GPT2_MAX_HEADS 4096
-#define GPT2_MAX_CHANNELS 65536
-#define GPT2_MAX_VOCAB (1 << 24)
-#define GPT2_MAX_CONTEXT (1 << 20)
-
-static int round_vocab(int v) { return (v + 127) / 128 * 128; }
-
-static void preset_to_config(const gpt2_preset *p, fsdp_gpt2_config *cfg)
-{
-    cfg->n_layer = p->n_layer;
-    cfg->n_head = p->n_head;
-    cfg->n_embd = p->n_embd;
-    cfg->vocab_size = p->vocab_size;
-    cfg->padded_vocab_size = round_vocab(p->vocab_size);
-    cfg->max_seq_len = p->max_seq_len;
-}
-
-fsdp_status fsdp_gpt2_config_validate(const fsdp_gpt2_config *cfg)
-{
-    if (!cfg)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 config is NULL");
-    struct {
-        const char *key;
-        int v, max;
-    } f[] = {
-        {"layers", cfg->n_layer, GPT2_MAX_LAYERS},
-        {"heads", cfg->n_head, GPT2_MAX_HEADS},
-        {"channels", cfg->n_embd, GPT2_MAX_CHANNELS},
-        {"vocab", cfg->vocab_size, GPT2_MAX_VOCAB},
-        {"context", cfg->max_seq_len, GPT2_MAX_CONTEXT},
-    };
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-        if (f[i].v < 1 || f[i].v > f[i].max)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "GPT-2 config: %s=%d is out of range; use 1..%d", f[i].key,
-                                  f[i].v, f[i].max);
-    }
-    if (cfg->n_embd % cfg->n_head != 0)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 config: channels=%d is not divisible by heads=%d; pick "
-                              "channels as a multiple of heads",
-                              cfg->n_embd, cfg->n_head);
-    if (cfg->padded_vocab_size < cfg->vocab_size || cfg->padded_vocab_size % 128 != 0 ||
-        cfg->padded_vocab_size > GPT2_MAX_VOCAB + 128)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 config: padded vocab %d must be a multiple of 128 and at "
-                              "least vocab=%d (fsdp_gpt2_config_parse fills it)",
-                              cfg->padded_vocab_size, cfg->vocab_size);
-    return FSDP_STATUS_OK;
-}
-
-/* Parse one "key=value" of a custom spec into cfg. */
-static fsdp_status parse_custom_kv(const char *kv, size_t len, fsdp_gpt2_config *cfg)
-{
-    static const char *const keys = "layers, heads, channels, vocab, context";
-    const char *eq = memchr(kv, '=', len);
-    if (!eq)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 custom config: '%.*s' is not key=value (keys: %s)",
-                              (int)len, kv, keys);
-    size_t klen = (size_t)(eq - kv);
-    char val[32];
-    size_t vlen = len - klen - 1;
-    if (vlen == 0 || vlen >= sizeof val)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 custom config: '%.*s' needs a positive integer value",
-                              (int)len, kv);
-    memcpy(val, eq + 1, vlen);
-    val[vlen] = '\0';
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(val, &end, 10);
-    if (errno || *end || end == val || v < 1 || v > INT_MAX)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 custom config: '%.*s' needs a positive integer value",
-                              (int)len, kv);
-    int *slot = NULL;
-    if (klen == 6 && !strncmp(kv, "layers", 6))
-        slot = &cfg->n_layer;
-    else if (klen == 5 && !strncmp(kv, "heads", 5))
-        slot = &cfg->n_head;
-    else if (klen == 8 && !strncmp(kv, "channels", 8))
-        slot = &cfg->n_embd;
-    else if (klen == 5 && !strncmp(kv, "vocab", 5))
-        slot = &cfg->vocab_size;
-    else if (klen == 7 && !strncmp(kv, "context", 7))
-        slot = &cfg->max_seq_len;
-    if (!slot)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 custom config: unknown key '%.*s' (keys: %s)", (int)klen, kv,
-                              keys);
-    *slot = (int)v;
-    return FSDP_STATUS_OK;
-}
-
-fsdp_status fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config *cfg)
-{
-    if (!spec || !cfg)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 config: no model name given");
-    for (int i = 0; i < GPT2_N_PRESETS; i++) {
-        if (!strcmp(spec, gpt2_presets[i].name)) {
-            preset_to_config(&gpt2_presets[i], cfg);
-            return FSDP_STATUS_OK;
-        }
-    }
-    if (strncmp(spec, "custom:", 7) != 0 && strcmp(spec, "custom") != 0)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "unknown model '%s'; use tiny, small, gpt2, gpt2-medium, "
-                              "gpt2-large, gpt2-xl or "
-                              "custom:layers=L,heads=H,channels=C,vocab=V,context=T",
-                              spec);
-    fsdp_gpt2_config c;
-    preset_to_config(&gpt2_presets[1], &c); /* keys not given default to small's */
-    const char *p = spec[6] == ':' ? spec + 7 : spec + 6;
-    while (*p) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        if (len > 0)
-            FSDP_TRY(parse_custom_kv(p, len, &c));
-        p += len;
-        if (*p == ',')
-            p++;
-    }
-    /* clamp before rounding so an out-of-range vocab fails validation, not int overflow */
-    c.padded_vocab_size =
-        round_vocab(c.vocab_size < GPT2_MAX_VOCAB ? c.vocab_size : GPT2_MAX_VOCAB);
-    FSDP_TRY(fsdp_gpt2_config_validate(&c));
-    *cfg = c;
-    return FSDP_STATUS_OK;
-}
+#include "models/registry.h"
 
 /* ---- parameter layout ---------------------------------------------------- */
 
@@ -225,21 +70,6 @@ static void add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d
 
 static const struct fsdp_model_i gpt2_model_i;
 
-/* Name a config so that fsdp_gpt2_config_parse(name) rebuilds it. */
-static void config_name(const fsdp_gpt2_config *cfg, char *buf, size_t n)
-{
-    for (int i = 0; i < GPT2_N_PRESETS; i++) {
-        fsdp_gpt2_config c;
-        preset_to_config(&gpt2_presets[i], &c);
-        if (!memcmp(&c, cfg, sizeof c)) {
-            snprintf(buf, n, "%s", gpt2_presets[i].name);
-            return;
-        }
-    }
-    snprintf(buf, n, "custom:layers=%d,heads=%d,channels=%d,vocab=%d,context=%d", cfg->n_layer,
-             cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->max_seq_len);
-}
-
 fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
 {
     if (!m)
@@ -262,7 +92,9 @@ fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
     m->impl = impl;
     m->n_units = L + 1;
     m->iface = &gpt2_model_i;
-    config_name(cfg, m->name, sizeof m->name);
+    m->family = &fsdp_gpt2_family;
+    fsdp_gpt2_config_format(cfg, m->config, sizeof m->config);
+    fsdp_model_spec_of(m, m->name, sizeof m->name);
     m->vocab_size = cfg->vocab_size;
     m->padded_vocab_size = cfg->padded_vocab_size;
     m->max_seq_len = cfg->max_seq_len;
@@ -488,7 +320,7 @@ static fsdp_status gpt2_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B,
     return FSDP_STATUS_OK;
 
 fail:
-    fsdp_error_prefix("GPT-2 '%s' activations: ", m->name);
+    fsdp_error_prefix("GPT-2 '%s' activations", m->name);
     gpt2_state_free(m, ctx, s);
     return st;
 }

@@ -4,8 +4,8 @@
  * unit on the unit's gathered flat parameters.
  *
  * Unit 0 is the root: it holds the parameters used before the first block
- * and after the last (GPT-2: token and position embeddings, the tied LM
- * head, the final LayerNorm). The engine keeps it gathered for the whole
+ * and after the last (e.g. token and position embeddings, a tied LM head,
+ * the final norm). The engine keeps it gathered for the whole
  * step. A training micro-step on one rank is:
  *
  *   root_forward(root)                         embeddings
@@ -40,7 +40,7 @@ typedef enum fsdp_init_kind {
 } fsdp_init_kind;
 
 typedef struct fsdp_param_spec {
-    char name[64];        /* HF GPT-2 name, e.g. "h.3.attn.c_attn.weight" */
+    char name[64];        /* unique in the model, e.g. "h.3.attn.c_attn.weight" */
     int ndim;
     int64_t shape[4];
     size_t numel;
@@ -58,6 +58,10 @@ typedef struct fsdp_unit_spec {
 } fsdp_unit_spec;
 
 typedef struct fsdp_model fsdp_model;
+typedef struct fsdp_model_family fsdp_model_family; /* models/family.h */
+
+#define FSDP_MODEL_CONFIG_MAX 256 /* a canonical config string, NUL included */
+#define FSDP_MODEL_NAME_MAX 320   /* "<family>:<config>" fits */
 
 struct fsdp_model_i {
     /* Per-rank activations for micro-batches of (B, T); training=false
@@ -90,14 +94,18 @@ struct fsdp_model_i {
 
 struct fsdp_model {
     const struct fsdp_model_i *iface;
-    char name[64];
+    const fsdp_model_family *family;   /* what built it (models/registry.h) */
+    char config[FSDP_MODEL_CONFIG_MAX]; /* canonical config: the family rebuilds
+                                         * this model from it */
+    char name[FSDP_MODEL_NAME_MAX];     /* for messages: a named shape ("tiny"), or
+                                         * "<family>:<config>" */
     int n_units;
     fsdp_unit_spec *units;  /* units[0] is the root */
     size_t numel;           /* all parameters */
     int vocab_size;         /* V: real vocabulary (256 for byte-level) */
     int padded_vocab_size;  /* Vp: V rounded up to a multiple of 128 */
     int max_seq_len;
-    void *impl;             /* model-specific config */
+    void *impl;             /* the family's own config (malloc'd, freed with the model) */
 };
 
 /* Initial value of elements [begin, end) of unit `unit`'s flat buffer

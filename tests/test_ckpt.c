@@ -123,10 +123,8 @@ static void same_losses(const fsdp_train_result *x, const fsdp_train_result *y, 
 static void same_params(const fsdp_train_result *x, const fsdp_train_result *y,
                         const char *spec)
 {
-    fsdp_gpt2_config gc;
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_config_parse(spec, &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec(spec, &m), FSDP_STATUS_OK);
     ck_assert_int_eq(x->n_units, m.n_units);
     ck_assert_int_eq(y->n_units, m.n_units);
     for (int u = 0; u < m.n_units; u++) {
@@ -211,9 +209,7 @@ static void make_fixture(const char *ck, uint64_t seed)
 /* A manifest as a 4-rank FULL_SHARD run of SPEC would write it. */
 static void manifest_for(fsdp_ckpt_manifest *m, fsdp_model *model, int world)
 {
-    fsdp_gpt2_config gc;
-    ck_assert_int_eq(fsdp_gpt2_config_parse(SPEC, &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(model, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec(SPEC, model), FSDP_STATUS_OK);
     fsdp_shardmap sm;
     ck_assert_int_eq(fsdp_shardmap_init(&sm, model, world, FSDP_SHARD_FULL), FSDP_STATUS_OK);
     size_t padded[8], shard[8];
@@ -235,13 +231,7 @@ static void manifest_for(fsdp_ckpt_manifest *m, fsdp_model *model, int world)
     snprintf(m->shard, sizeof m->shard, "full");
     m->steps_total = 50;
     snprintf(m->compute_dtype, sizeof m->compute_dtype, "bf16");
-    snprintf(m->model_name, sizeof m->model_name, "%s", model->name);
-    snprintf(m->model_spec, sizeof m->model_spec, "%s", SPEC);
-    m->has_gpt2 = true;
-    m->gpt2 = gc;
-    m->vocab_size = model->vocab_size;
-    m->padded_vocab_size = model->padded_vocab_size;
-    m->max_seq_len = model->max_seq_len;
+    fsdp_ckpt_manifest_set_model(m, model);
     snprintf(m->data, sizeof m->data, "data/with spaces_*.bin");
     ck_assert_int_eq(fsdp_ckpt_manifest_set_units(m, model, padded, shard), FSDP_STATUS_OK);
     fsdp_shardmap_free(&sm);
@@ -268,11 +258,9 @@ START_TEST(test_manifest_roundtrip)
     ck_assert_int_eq(r.grad_accum, 3);
     ck_assert_int_eq(r.steps_total, 50);
     ck_assert_str_eq(r.compute_dtype, "bf16");
-    ck_assert_str_eq(r.model_spec, SPEC);
+    ck_assert_str_eq(r.model_family, "gpt2");
+    ck_assert_str_eq(r.model_config, model.config);
     ck_assert_str_eq(r.data, m.data);
-    ck_assert(r.has_gpt2);
-    ck_assert_int_eq(r.gpt2.n_embd, 16);
-    ck_assert_int_eq(r.gpt2.padded_vocab_size, m.gpt2.padded_vocab_size);
     ck_assert_int_eq(r.n_units, m.n_units);
     for (int u = 0; u < m.n_units; u++) {
         ck_assert_str_eq(r.units[u].name, m.units[u].name);
@@ -290,20 +278,17 @@ START_TEST(test_manifest_roundtrip)
     ck_assert_int_eq(fsdp_ckpt_manifest_check_model(&r, path, &model), FSDP_STATUS_OK);
 
     /* a model with other shapes: FORMAT naming the file and the line */
-    fsdp_gpt2_config gc;
     fsdp_model other;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("custom:layers=2,heads=2,channels=32,vocab=256,"
-                                            "context=16", &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&other, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec("custom:layers=2,heads=2,channels=32,vocab=256,"
+                                          "context=16", &other), FSDP_STATUS_OK);
     st = fsdp_ckpt_manifest_check_model(&r, path, &other);
     ck_assert_int_eq(st, FSDP_STATUS_FORMAT);
     REQUIRE(strstr(fsdp_error_msg(), path) && strstr(fsdp_error_msg(), "line") &&
                 strstr(fsdp_error_msg(), "--model"), "%s", fsdp_error_msg());
     fsdp_model_free(&other);
     /* fewer units */
-    ck_assert_int_eq(fsdp_gpt2_config_parse("custom:layers=1,heads=2,channels=16,vocab=256,"
-                                            "context=16", &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&other, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec("custom:layers=1,heads=2,channels=16,vocab=256,"
+                                          "context=16", &other), FSDP_STATUS_OK);
     ck_assert_int_eq(fsdp_ckpt_manifest_check_model(&r, path, &other), FSDP_STATUS_FORMAT);
     REQUIRE(strstr(fsdp_error_msg(), "units"), "%s", fsdp_error_msg());
     fsdp_model_free(&other);
@@ -346,7 +331,7 @@ START_TEST(test_manifest_hostile)
     static const struct {
         const char *old, *new, *expect;
     } cases[] = {
-        {"version 1\n", "version 2\n", "version 2 is not supported"},
+        {"version 2\n", "version 3\n", "version 3 is not supported"},
         {"format fsdp-checkpoint\n", "format something-else\n", "format"},
         {"world_size 4\n", "world_size 0\n", "world_size"},
         {"world_size 4\n", "world_size 99999999999999999999999\n", "world_size"},
@@ -357,7 +342,7 @@ START_TEST(test_manifest_hostile)
         {"data_sequences ", "data_sequences 1", "data_sequences"},
         {"run_id 0123456789abcdef", "run_id 0123456789abcdeg", "run_id"},
         {"shard full", "shard half", "shard"},
-        {"gpt2 layers=2", "gpt2 layers=0", "gpt2"},
+        {"model_config layers=2", "model_config layers=0", "does not build"},
         {"block_numel 65536", "block_numel 4096", "block_numel"},
         {"master_dtype fp32", "master_dtype bf16", "master_dtype"},
         {"units 3\n", "units 1000000\n", "lines left"},

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 
 #include "fsdp/shardmap.h"
-#include "models/gpt2.h"
+#include "models/registry.h"
 #include "train/train.h"
 
 /* A tiny run. The global batch is 8 micro-batches of one sequence of 16
@@ -59,10 +59,8 @@ static void assert_identical(const fsdp_train_result *a, const fsdp_train_result
                       "%s: step %d grad norm %.9g vs %.9g", what, s + 1, a->grad_norms[s],
                       b->grad_norms[s]);
     }
-    fsdp_gpt2_config gc;
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("tiny", &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
     ck_assert_int_eq(a->n_units, m.n_units);
     for (int u = 0; u < m.n_units; u++) {
         ck_assert_ptr_nonnull(a->params[u]);
@@ -167,10 +165,8 @@ START_TEST(test_offload_identical)
                  * memory (16 bytes per shard element); the device keeps an
                  * fp32 parameter shard (4) and gradient buffers in flight,
                  * at most one unit's accumulation slot at a time */
-                fsdp_gpt2_config gc;
                 fsdp_model m;
-                ck_assert_int_eq(fsdp_gpt2_config_parse("tiny", &gc), FSDP_STATUS_OK);
-                ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+                ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
                 fsdp_shardmap sm;
                 ck_assert_int_eq(fsdp_shardmap_init(&sm, &m, devs[d], c.eng.shard),
                                  FSDP_STATUS_OK);
@@ -223,10 +219,8 @@ END_TEST
  * reduce-scattered once per micro-step (DESIGN: 2 P b (N-1)/N + P g (N-1)/N). */
 START_TEST(test_comm_bytes_formula)
 {
-    fsdp_gpt2_config gc;
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("tiny", &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
     static const int devs[] = {2, 4, 8};
     for (int d = 0; d < 3; d++)
         for (int s = 0; s < FSDP_SHARD_COUNT; s++)
@@ -266,10 +260,8 @@ END_TEST
  * 8), so the peak falls as devices are added, by that amount. */
 START_TEST(test_peak_memory_falls)
 {
-    fsdp_gpt2_config gc;
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("small", &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec("small", &m), FSDP_STATUS_OK);
     size_t prev = 0;
     static const int devs[] = {1, 2, 4, 8};
     for (int d = 0; d < 4; d++) {

@@ -17,7 +17,7 @@
 #include "core/clock.h"
 #include "core/json.h"
 #include "fsdp/shardmap.h"
-#include "models/gpt2.h"
+#include "models/registry.h"
 #include "report/plan_report.h"
 #include "report/plot.h"
 #include "testutil.h"
@@ -450,11 +450,9 @@ START_TEST(test_shardmap_json)
     static const int ns[] = {1, 3, 8};
     for (int s = 0; s < FSDP_SHARD_COUNT; s++)
         for (size_t i = 0; i < FSDP_TEST_LEN(ns); i++) {
-            fsdp_gpt2_config gc;
             fsdp_model m;
             fsdp_shardmap sm;
-            ck_assert_int_eq(fsdp_gpt2_config_parse("gpt2", &gc), FSDP_STATUS_OK);
-            ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+            ck_assert_int_eq(fsdp_model_from_spec("gpt2", &m), FSDP_STATUS_OK);
             ck_assert_int_eq(fsdp_shardmap_init(&sm, &m, ns[i], (fsdp_shard_strategy)s),
                              FSDP_STATUS_OK);
             char *buf = NULL;
@@ -524,11 +522,9 @@ END_TEST
 
 START_TEST(test_shardmap_table)
 {
-    fsdp_gpt2_config gc;
     fsdp_model m;
     fsdp_shardmap sm;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("tiny", &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
     ck_assert_int_eq(fsdp_shardmap_init(&sm, &m, 4, FSDP_SHARD_FULL), FSDP_STATUS_OK);
     char *buf = NULL;
     size_t n = 0;

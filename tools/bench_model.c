@@ -22,10 +22,11 @@
 #include <unistd.h>
 
 #include "models/gpt2.h"
+#include "models/registry.h"
 #include "bench_torch.h"
 
 typedef struct bench_case {
-    const char *model; /* config name for fsdp_gpt2_config_parse */
+    const char *model; /* a GPT-2 spec (fsdp_model_from_spec) */
     const char *label;
     int B, T, iters;
 } bench_case;
@@ -62,14 +63,12 @@ static void die(fsdp_status st, const char *what)
 
 static bench_result bench_c(const bench_case *bc, int iters)
 {
-    fsdp_gpt2_config cfg;
     fsdp_device dev;
     fsdp_op_ctx ctx;
     fsdp_model m;
-    BENCH_TRY(fsdp_gpt2_config_parse(bc->model, &cfg), "config");
     BENCH_TRY(fsdp_device_init(&dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), "device");
     BENCH_TRY(fsdp_ops_init(&ctx, &dev, FSDP_DTYPE_F32), "ops");
-    BENCH_TRY(fsdp_gpt2_init(&m, &cfg), "model");
+    BENCH_TRY(fsdp_model_from_spec(bc->model, &m), "model");
     const struct fsdp_model_i *mi = m.iface;
     void **params = calloc((size_t)m.n_units, sizeof *params);
     float **grads = calloc((size_t)m.n_units, sizeof *grads);
@@ -87,8 +86,8 @@ static bench_result bench_c(const bench_case *bc, int iters)
     BENCH_TRY(mi->state_init(&m, &ctx, bc->B, bc->T, true, &state), "state");
     int *tok = mi->state_tokens(state), *tgt = mi->state_targets(state);
     for (int i = 0; i < bc->B * bc->T; i++) { /* cpu device memory is host memory */
-        tok[i] = (int)((i * 2654435761u) % (unsigned)cfg.vocab_size);
-        tgt[i] = (int)((i * 40503u + 7) % (unsigned)cfg.vocab_size);
+        tok[i] = (int)((i * 2654435761u) % (unsigned)m.vocab_size);
+        tgt[i] = (int)((i * 40503u + 7) % (unsigned)m.vocab_size);
     }
 
     double fwd = 0, bwd = 0;
@@ -135,8 +134,13 @@ static bench_result bench_c(const bench_case *bc, int iters)
 static bench_result bench_torch(const bench_case *bc, int iters, const char *python)
 {
     bench_result r = {0};
-    fsdp_gpt2_config cfg;
-    BENCH_TRY(fsdp_gpt2_config_parse(bc->model, &cfg), "config");
+    fsdp_model m;
+    BENCH_TRY(fsdp_model_from_spec(bc->model, &m), "config");
+    if (!fsdp_gpt2_config_of(&m))
+        die(fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s is not a GPT-2", bc->model),
+            "the PyTorch reference");
+    fsdp_gpt2_config cfg = *fsdp_gpt2_config_of(&m);
+    fsdp_model_free(&m);
     char script[PATH_MAX], cmd[1024 + PATH_MAX];
     bench_torch_script("bench_model_torch.py", script, sizeof script); /* if missing, python says so */
     snprintf(cmd, sizeof cmd,

@@ -5,9 +5,10 @@ real structure. Standard library only. Run from the repository root:
 
     python3 tools/gen_fuzz_corpus.py [path/to/fsdp]
 
-The manifest seeds come from a real checkpoint written by the fsdp binary
+The manifest seeds are a version-1 manifest (tests/fixtures/ckpt_v1_tiny)
+and a current one from a real checkpoint written by the fsdp binary
 (default build/fsdp, `fsdp convert` of a tiny model); without the binary
-those seeds are skipped.
+that seed is skipped.
 """
 import os
 import struct
@@ -89,15 +90,17 @@ def main():
         for name in ("model.safetensors", "model_bf16.safetensors"):
             with open(os.path.join(tmp, name), "rb") as f:
                 put("fuzz_safetensors", name, f.read())
-        # a manifest from a real checkpoint
+        # manifests: version 1 from the fixture, the current version from a real checkpoint
+        with open("tests/fixtures/ckpt_v1_tiny/step_00000002/manifest", "rb") as f:
+            put("fuzz_manifest", "tiny_manifest_v1", f.read())
         if os.access(fsdp, os.X_OK):
             ck = os.path.join(tmp, "ck")
             subprocess.run([fsdp, "convert", "--quiet", os.path.join(tmp, "model.bin"), ck],
                            check=True)
             with open(os.path.join(ck, "step_00000000", "manifest"), "rb") as f:
-                put("fuzz_manifest", "tiny_manifest", f.read())
+                put("fuzz_manifest", "tiny_manifest_v2", f.read())
         else:
-            print("gen_fuzz_corpus: %s not found; manifest seeds skipped" % fsdp)
+            print("gen_fuzz_corpus: %s not found; the current manifest seed is skipped" % fsdp)
     # tokenizer files: version 2 (with end-of-text) and version 1
     toks = [bytes([i]) for i in range(256)] + [b"ab", b"abc", b" the", b"<|endoftext|>"]
     put("fuzz_tokenizer", "tok_v2.bin", tokenizer(2, toks, len(toks) - 1))

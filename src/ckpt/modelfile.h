@@ -1,18 +1,25 @@
 /*
- * modelfile.h - one reader and one writer for every form a GPT-2's weights
- * can take on disk: an llm.c model file (.bin), a Hugging Face safetensors
- * file (.safetensors) and an fsdp checkpoint directory.
+ * modelfile.h - model weights on disk, in every format fsdp reads and
+ * writes, behind one table of formats (modelfile_format.h): an llm.c model
+ * file (.bin), a Hugging Face safetensors file (.safetensors) and an fsdp
+ * checkpoint directory. Which model family a file holds, and how that
+ * family names its tensors, comes from the family (models/weights.h): the
+ * formats know no family.
+ *
+ * And the one entry point for --model values: fsdp_modelfile_resolve turns
+ * a named shape, a spec or a path into a model (plus the open file for a
+ * path), so no command resolves --model itself.
  *
  * Reading is by range: fsdp_modelfile_read_range fills elements
- * [begin, end) of one unit's flat fp32 buffer straight from the file (pread,
- * converting dtypes and undoing transposes on the fly), so each rank of an
+ * [begin, end) of one unit's flat fp32 buffer straight from the file
+ * (converting dtypes and undoing transposes on the fly), so each rank of an
  * engine reads only its own shard and no rank ever holds the whole model
  * (fsdp_modelfile_init_fn has the engine's init_fn signature). Files are
  * validated completely when opened and bound to a model, before any
  * parameter is read; reads are thread-safe.
  *
  * Writing takes whole host units (fsdp convert holds the model in host
- * memory) and is atomic for every kind (temporary name, fsync, rename).
+ * memory) and is atomic for every format (temporary name, fsync, rename).
  */
 #ifndef FSDP_CKPT_MODELFILE_H
 #define FSDP_CKPT_MODELFILE_H
@@ -20,67 +27,53 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "models/gpt2.h"
+#include "models/registry.h"
 
-typedef enum fsdp_modelfile_kind {
-    FSDP_MODELFILE_LLMC = 0,     /* llm.c gpt2_*.bin */
-    FSDP_MODELFILE_SAFETENSORS,  /* HF GPT-2 .safetensors */
-    FSDP_MODELFILE_CKPT,         /* fsdp checkpoint directory (src/ckpt/ckpt.h) */
-    FSDP_MODELFILE_KIND_COUNT
-} fsdp_modelfile_kind;
-
-/* Element types found in model files. */
-typedef enum fsdp_file_dtype {
-    FSDP_FILE_F32 = 0,
-    FSDP_FILE_BF16,
-    FSDP_FILE_F16,
-    FSDP_FILE_OTHER,             /* valid in the format, not convertible by fsdp */
-} fsdp_file_dtype;
-
-/* Where one parameter lives in a flat file. */
-typedef struct fsdp_tensor_src {
-    uint64_t offset;             /* absolute byte offset of the stored tensor's element 0 */
-    fsdp_file_dtype dtype;
-    uint64_t file_numel;         /* elements stored; fsdp's elements past them are zero
-                                  * (the pad rows of wte) */
-    bool transposed;             /* the file holds the (cols, rows) transpose of fsdp's
-                                  * row-major (rows, cols) */
-    uint64_t rows, cols;         /* fsdp's shape as a matrix (a vector: numel x 1) */
-} fsdp_tensor_src;
-
-const char *fsdp_modelfile_kind_name(fsdp_modelfile_kind k);
-
-/* Which kind `path` names: an existing directory or a path without a
- * .bin/.safetensors extension is a checkpoint directory, "*.safetensors"
- * safetensors, "*.bin" llm.c. */
-fsdp_modelfile_kind fsdp_modelfile_kind_of(const char *path);
-
-/* True if a --model value names a file or directory rather than a config
- * ("small", "custom:..."): it ends in .bin or .safetensors, or is an
- * existing directory. */
-bool fsdp_modelfile_is_path(const char *spec);
-
+typedef struct fsdp_modelfile_format fsdp_modelfile_format; /* modelfile_format.h */
 typedef struct fsdp_modelfile fsdp_modelfile;
 
-/* Open and validate `path`. For a checkpoint, path is either one complete
- * checkpoint (DIR/step_N holding DONE) or a --ckpt-dir, whose newest complete
- * checkpoint is used. FORMAT/IO errors name the file and what is wrong. */
+/* The formats, in detection order. */
+int fsdp_modelfile_format_count(void);
+const fsdp_modelfile_format *fsdp_modelfile_format_at(int i);
+/* By short name ("llmc", "safetensors", "ckpt"); NULL if unknown. */
+const fsdp_modelfile_format *fsdp_modelfile_format_find(const char *name);
+/* "llm.c model file", "safetensors file", "checkpoint": for messages. */
+const char *fsdp_modelfile_format_name(const fsdp_modelfile_format *f);
+
+/* The format `path` names by its form: a claim by extension (*.bin,
+ * *.safetensors) or an existing directory; anything else is a checkpoint
+ * directory (to be created, when writing). */
+const fsdp_modelfile_format *fsdp_modelfile_format_of(const char *path);
+
+/* The help text for model files, from the format table:
+ * "FILE.bin (llm.c), FILE.safetensors (Hugging Face) or a checkpoint
+ * directory". */
+size_t fsdp_modelfile_help(char *buf, size_t n);
+
+/* What a --model value may be, for --help and messages: the registry's
+ * specs, then "or a model file: " and fsdp_modelfile_help. */
+size_t fsdp_modelfile_value_help(char *buf, size_t n);
+
+/* Open and validate `path` (format by fsdp_modelfile_format_of). For a
+ * checkpoint, path is either one complete checkpoint (DIR/step_N holding
+ * DONE) or a --ckpt-dir, whose newest complete checkpoint is used.
+ * FORMAT/IO errors name the file and what is wrong. */
 fsdp_status fsdp_modelfile_open(fsdp_modelfile **out, const char *path);
 void fsdp_modelfile_close(fsdp_modelfile *mf);
 
-/* The GPT-2 the file holds (build the model from it). */
-const fsdp_gpt2_config *fsdp_modelfile_config(const fsdp_modelfile *mf);
-fsdp_modelfile_kind fsdp_modelfile_kind_get(const fsdp_modelfile *mf);
+/* The model the file holds: its family and canonical config (build it with
+ * fsdp_model_build, or use fsdp_modelfile_resolve). */
+const fsdp_model_family *fsdp_modelfile_family(const fsdp_modelfile *mf);
+const char *fsdp_modelfile_config(const fsdp_modelfile *mf);
+const fsdp_modelfile_format *fsdp_modelfile_format_get(const fsdp_modelfile *mf);
 /* The file actually read (for a --ckpt-dir: its newest checkpoint). */
 const char *fsdp_modelfile_path(const fsdp_modelfile *mf);
 /* "fp32", "bf16", "fp16" or "mixed": how the parameters are stored. */
 const char *fsdp_modelfile_dtype_name(const fsdp_modelfile *mf);
-/* Checkpoints: the step it was written at (0 for other kinds). */
-uint64_t fsdp_modelfile_step(const fsdp_modelfile *mf);
 
-/* Check the file against a model built from fsdp_modelfile_config and
+/* Check the file against a model built from its family and config and
  * locate every parameter; must precede reads. The model must outlive the
- * reads. */
+ * reads. INVALID_ARG if m is another model. */
 fsdp_status fsdp_modelfile_bind(fsdp_modelfile *mf, const fsdp_model *m);
 
 /* Elements [begin, end) of unit `unit`'s flat fp32 buffer into dst;
@@ -93,16 +86,23 @@ fsdp_status fsdp_modelfile_init_fn(void *arg, const fsdp_model *m, int unit, siz
                                    size_t end, float *dst);
 
 /* Write the model (host fp32 unit buffers, units[u] holding
- * m->units[u].numel floats) as `kind` at path. dt: F32 or BF16 for llm.c
+ * m->units[u].numel floats) in `format` at path. dt: F32 or BF16 for llm.c
  * and safetensors; checkpoints always hold fp32 (dt must be F32). A
- * checkpoint is written as step 0 of a 1-device run (Adam moments zero)
- * into the --ckpt-dir `path`, which must not hold checkpoints already. */
-fsdp_status fsdp_modelfile_write(const char *path, fsdp_modelfile_kind kind,
+ * checkpoint is written as step 0 of a 1-device run (optimizer state zero)
+ * into the --ckpt-dir `path`, which must not hold checkpoints already.
+ * INVALID_ARG when the model's family has no mapping for the format. */
+fsdp_status fsdp_modelfile_write(const char *path, const fsdp_modelfile_format *format,
                                  const fsdp_model *m, const float *const *units, fsdp_dtype dt);
 
-/* Convert one element type to fp32 (n elements, little-endian storage). */
-void fsdp_file_dtype_to_f32(fsdp_file_dtype dt, const void *src, size_t n, float *dst);
-/* Bytes per element (0 for FSDP_FILE_OTHER). */
-int fsdp_file_dtype_size(fsdp_file_dtype dt);
+/* The one way a --model value becomes a model. A named shape or spec
+ * ("small", "gpt2:layers=4", "custom:...") is built by the registry; a
+ * path is opened, validated, and the model it holds is built. With
+ * file != NULL, a path's file is returned bound to the model (NULL for a
+ * spec): read weights from it, and close it before freeing the model. With
+ * file == NULL only the shape is wanted and the file is closed again.
+ * INVALID_ARG for a spec that does not parse and for a value that is
+ * neither a spec nor a path; FORMAT/IO for a bad file. On failure *m is
+ * zeroed and *file NULL. */
+fsdp_status fsdp_modelfile_resolve(const char *value, fsdp_model *m, fsdp_modelfile **file);
 
 #endif /* FSDP_CKPT_MODELFILE_H */

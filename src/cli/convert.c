@@ -1,10 +1,12 @@
 /*
- * convert.c - `fsdp convert IN OUT`: move GPT-2 weights between an fsdp
- * checkpoint directory, an llm.c model file (.bin) and a Hugging Face
- * .safetensors file, in any direction.
+ * convert.c - `fsdp convert IN OUT`: move model weights between any two
+ * weight formats (src/ckpt/modelfile.h: an fsdp checkpoint directory, an
+ * llm.c model file, a Hugging Face .safetensors file), in any direction the
+ * model's family has names for.
  *
- * The kind of each side comes from its form (modelfile.h): a directory or
- * a path without extension is a checkpoint, *.bin llm.c, *.safetensors HF.
+ * The format of each side comes from its form (fsdp_modelfile_format_of):
+ * *.bin llm.c, *.safetensors HF, a directory or a path without extension a
+ * checkpoint.
  * IN is validated completely before anything is written; OUT is written
  * atomically. The whole model passes through host memory once (fp32).
  * fp32 conversions are bit-exact; --dtype bf16 rounds to nearest even.
@@ -50,23 +52,22 @@ int fsdp_cli_convert(int argc, char **argv)
         fprintf(stderr, "fsdp convert: --dtype: unknown value '%s' (expected fp32|bf16)\n", dtype);
         return 2;
     }
-    fsdp_modelfile_kind out_kind = fsdp_modelfile_kind_of(pos[1]);
-    if (out_kind == FSDP_MODELFILE_CKPT && dt != FSDP_DTYPE_F32) {
+    const fsdp_modelfile_format *out_fmt = fsdp_modelfile_format_of(pos[1]);
+    if (out_fmt == fsdp_modelfile_format_find("ckpt") && dt != FSDP_DTYPE_F32) {
         fprintf(stderr, "fsdp convert: checkpoints hold fp32 parameters; drop --dtype %s or "
                         "write a .bin or .safetensors file\n", dtype);
         return 2;
     }
     fsdp_modelfile *mf = NULL;
     fsdp_model m;
-    bool model_ready = false;
     float **units = NULL;
-    fsdp_status st = fsdp_modelfile_open(&mf, pos[0]);
+    fsdp_status st = fsdp_modelfile_resolve(pos[0], &m, &mf);
+    if (st == FSDP_STATUS_OK && !mf) {
+        fsdp_model_free(&m);
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "IN '%s' names a model shape, not weights; "
+                            "give a checkpoint directory, FILE.bin or FILE.safetensors", pos[0]);
+    }
     if (st != FSDP_STATUS_OK)
-        goto fail;
-    if ((st = fsdp_gpt2_init(&m, fsdp_modelfile_config(mf))) != FSDP_STATUS_OK)
-        goto fail;
-    model_ready = true;
-    if ((st = fsdp_modelfile_bind(mf, &m)) != FSDP_STATUS_OK)
         goto fail;
     units = calloc((size_t)m.n_units, sizeof *units);
     if (!units) {
@@ -86,13 +87,13 @@ int fsdp_cli_convert(int argc, char **argv)
             FSDP_STATUS_OK)
             goto fail;
     }
-    st = fsdp_modelfile_write(pos[1], out_kind, &m, (const float *const *)units, dt);
+    st = fsdp_modelfile_write(pos[1], out_fmt, &m, (const float *const *)units, dt);
     if (st == FSDP_STATUS_OK && !quiet)
         printf("converted %s '%s' (%s, model %s, %.2fM parameters) to %s '%s' (%s)\n",
-               fsdp_modelfile_kind_name(fsdp_modelfile_kind_get(mf)), fsdp_modelfile_path(mf),
-               fsdp_modelfile_dtype_name(mf), m.name, (double)m.numel / 1e6,
-               fsdp_modelfile_kind_name(out_kind), pos[1],
-               out_kind == FSDP_MODELFILE_CKPT ? "fp32, step 0, 1 device" : dtype);
+               fsdp_modelfile_format_name(fsdp_modelfile_format_get(mf)),
+               fsdp_modelfile_path(mf), fsdp_modelfile_dtype_name(mf), m.name,
+               (double)m.numel / 1e6, fsdp_modelfile_format_name(out_fmt), pos[1],
+               out_fmt == fsdp_modelfile_format_find("ckpt") ? "fp32, step 0, 1 device" : dtype);
 fail:
     if (st != FSDP_STATUS_OK)
         fprintf(stderr, "fsdp convert: error: %s\n", fsdp_error_msg());
@@ -100,9 +101,8 @@ fail:
         for (int u = 0; u < m.n_units; u++)
             free(units[u]);
     free(units);
-    if (model_ready)
-        fsdp_model_free(&m);
-    fsdp_modelfile_close(mf);
+    fsdp_modelfile_close(mf); /* bound to the model: closed first */
+    fsdp_model_free(&m);      /* zeroed when resolving failed */
     if (st != FSDP_STATUS_OK)
         return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
     return 0;

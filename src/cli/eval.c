@@ -51,14 +51,14 @@ int fsdp_cli_eval(int argc, char **argv)
         return 2;
     }
     if (c->seq == 0) { /* 64, or the model's context if shorter */
-        fsdp_modelfile *mf = NULL;
-        if (fsdp_modelfile_open(&mf, c->model_path) != FSDP_STATUS_OK) {
+        fsdp_model m;
+        fsdp_status st = fsdp_modelfile_resolve(c->model_path, &m, NULL);
+        if (st != FSDP_STATUS_OK) {
             fprintf(stderr, "fsdp eval: error: %s\n", fsdp_error_msg());
-            return 1;
+            return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
         }
-        int maxT = fsdp_modelfile_config(mf)->max_seq_len;
-        c->seq = maxT < 64 ? maxT : 64;
-        fsdp_modelfile_close(mf);
+        c->seq = m.max_seq_len < 64 ? m.max_seq_len : 64;
+        fsdp_model_free(&m);
     }
     float *losses = malloc((size_t)steps * sizeof *losses);
     if (!losses) {

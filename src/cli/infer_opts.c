@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ckpt/modelfile.h"
 #include "cli/cli.h"
 #include "cli/infer_opts.h"
 #include "device/device.h"
@@ -15,9 +16,10 @@ int fsdp_infer_opts_table(fsdp_infer_opts *io, fsdp_opt *o)
     int n = 0;
 #define OPT(name_, type_, dst_, meta_, help_) \
     o[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
-    OPT("model", FSDP_OPT_STR, &io->cfg.model_path, "FILE",
-        "llm.c model file (.bin), Hugging Face GPT-2 .safetensors, or checkpoint directory "
-        "(required)");
+    static char model_help[512];
+    size_t k = fsdp_modelfile_help(model_help, sizeof model_help);
+    snprintf(model_help + k, sizeof model_help - k, " (required)");
+    OPT("model", FSDP_OPT_STR, &io->cfg.model_path, "FILE", model_help);
     OPT("backend", FSDP_OPT_STR, &io->backend, "cpu|cuda",
         "device backend (default: cuda when a GPU is visible, else cpu)");
     OPT("devices", FSDP_OPT_INT, &io->devices, "N",
@@ -33,8 +35,9 @@ int fsdp_infer_opts_finish(const char *cmd, fsdp_infer_opts *io)
 {
     fsdp_infer_config *c = &io->cfg;
     if (!c->model_path) {
-        fprintf(stderr, "fsdp %s: --model FILE is required (a .bin, .safetensors or checkpoint "
-                        "directory)\n", cmd);
+        char files[256];
+        fsdp_modelfile_help(files, sizeof files);
+        fprintf(stderr, "fsdp %s: --model FILE is required (%s)\n", cmd, files);
         return 2;
     }
     int v;

@@ -8,7 +8,15 @@
 #include "ckpt/modelfile.h"
 #include "cli/cli.h"
 #include "cli/run_opts.h"
-#include "models/gpt2.h"
+
+/* --model's help, from the model registry and the weight-format table. */
+static const char *model_help(void)
+{
+    static char help[2048];
+    size_t k = fsdp_modelfile_value_help(help, sizeof help);
+    snprintf(help + k, sizeof help - k, " (default small; a model file also gives the starting weights)");
+    return help;
+}
 
 static const fsdp_name shard_names[] = {
     {"full", FSDP_SHARD_FULL,
@@ -52,10 +60,7 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                       "device backend; cuda when a GPU is visible, else cpu");
     fsdp_opt_add_int(l, "devices", &ro->devices, 1, FSDP_MAX_RANKS, "N",
                      "number of devices = ranks (default: 4 simulated cpu devices, or every GPU)");
-    fsdp_opt_add(l, "model", FSDP_OPT_STR, &c->model, "NAME|FILE",
-                 "tiny|small|gpt2|gpt2-medium|gpt2-large|gpt2-xl|custom:layers=L,heads=H,"
-                 "channels=C,vocab=V,context=T (default small), or a model to start from: "
-                 "FILE.bin (llm.c), FILE.safetensors (HF GPT-2) or a checkpoint directory");
+    fsdp_opt_add(l, "model", FSDP_OPT_STR, &c->model, "NAME|SPEC|FILE", model_help());
     fsdp_opt_add_int(l, "batch", &e->batch, 1, INT_MAX, "B",
                      "sequences per micro-batch per device (default 16)");
     fsdp_opt_add_int(l, "seq", &e->seq, 1, INT_MAX, "T",
@@ -98,27 +103,20 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
                               .ranks_per_device = e->ranks_per_device, .n_processes = 1};
     if (fsdp_transport_pick(&req, &t) != FSDP_STATUS_OK)
         return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
-    fsdp_gpt2_config gc;
-    if (fsdp_modelfile_is_path(ro->cfg.model)) {
-        /* a model file (fine-tuning): its header gives the shape */
-        fsdp_modelfile *mf = NULL;
-        if (fsdp_modelfile_open(&mf, ro->cfg.model) != FSDP_STATUS_OK) {
-            fprintf(stderr, "fsdp %s: --model: %s\n", cmd, fsdp_error_msg());
-            return 2;
-        }
-        gc = *fsdp_modelfile_config(mf);
-        fsdp_modelfile_close(mf);
-    } else if (fsdp_gpt2_config_parse(ro->cfg.model, &gc) != FSDP_STATUS_OK) {
+    fsdp_model m; /* the shape only: a model file is validated and closed again */
+    if (fsdp_modelfile_resolve(ro->cfg.model, &m, NULL) != FSDP_STATUS_OK) {
         fprintf(stderr, "fsdp %s: --model: %s\n", cmd, fsdp_error_msg());
         return 2;
     }
+    int context = m.max_seq_len;
+    fsdp_model_free(&m);
     if (e->seq == 0) /* not given: one problem per row on the synthetic task, else the context */
         e->seq = ro->cfg.data && !strcmp(ro->cfg.data, "synthetic") && !strcmp(cmd, "train")
                      ? 14
-                     : gc.max_seq_len;
-    if (e->seq > gc.max_seq_len) {
+                     : context;
+    if (e->seq > context) {
         fprintf(stderr, "fsdp %s: --seq %d is longer than model '%s''s context of %d\n", cmd, e->seq,
-                ro->cfg.model, gc.max_seq_len);
+                ro->cfg.model, context);
         return 2;
     }
     return 0;

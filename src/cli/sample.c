@@ -115,15 +115,14 @@ int fsdp_cli_sample(int argc, char **argv)
         fprintf(stderr, "fsdp sample: need --tokens >= 0, --temperature >= 0 and --seq >= 1\n");
         return 2;
     }
-    fsdp_modelfile *mf = NULL;
     fsdp_tokenizer *tok = NULL;
     int *ids = NULL, *out = NULL, n_ids = 0;
-    fsdp_status st = fsdp_modelfile_open(&mf, c->model_path);
+    fsdp_model m; /* its vocabulary decides how the prompt is read */
+    fsdp_status st = fsdp_modelfile_resolve(c->model_path, &m, NULL);
     if (st != FSDP_STATUS_OK)
         goto fail;
-    int V = fsdp_modelfile_config(mf)->vocab_size;
-    fsdp_modelfile_close(mf);
-    mf = NULL;
+    int V = m.vocab_size;
+    fsdp_model_free(&m);
     bool bytes = V == 256;
     if (tokenizer && !bytes) {
         if ((st = fsdp_tokenizer_open(&tok, tokenizer)) != FSDP_STATUS_OK)
@@ -183,7 +182,6 @@ int fsdp_cli_sample(int argc, char **argv)
 fail:
     if (st != FSDP_STATUS_OK)
         fprintf(stderr, "fsdp sample: error: %s\n", fsdp_error_msg());
-    fsdp_modelfile_close(mf);
     fsdp_tokenizer_free(tok);
     free(ids);
     free(out);

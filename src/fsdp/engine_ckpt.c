@@ -39,9 +39,8 @@ static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
 /* ---- describing and checking --------------------------------------------- */
 
-fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *model_spec,
-                                      const char *data_spec, int steps_total,
-                                      fsdp_ckpt_manifest *out)
+fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *data_spec,
+                                      int steps_total, fsdp_ckpt_manifest *out)
 {
     const fsdp_engine_config *cfg = &sh->cfg;
     const fsdp_model *model = sh->model;
@@ -62,20 +61,7 @@ fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *
     out->steps_total = steps_total;
     snprintf(out->compute_dtype, sizeof out->compute_dtype, "%s",
              fsdp_dtype_name(cfg->compute_dtype));
-    snprintf(out->model_name, sizeof out->model_name, "%s", model->name);
-    const fsdp_gpt2_config *g = fsdp_gpt2_config_of(model);
-    if (g) {
-        out->has_gpt2 = true;
-        out->gpt2 = *g;
-        snprintf(out->model_spec, sizeof out->model_spec,
-                 "custom:layers=%d,heads=%d,channels=%d,vocab=%d,context=%d", g->n_layer,
-                 g->n_head, g->n_embd, g->vocab_size, g->max_seq_len);
-    } else {
-        snprintf(out->model_spec, sizeof out->model_spec, "%s", model_spec ? model_spec : "");
-    }
-    out->vocab_size = model->vocab_size;
-    out->padded_vocab_size = model->padded_vocab_size;
-    out->max_seq_len = model->max_seq_len;
+    fsdp_ckpt_manifest_set_model(out, model);
     snprintf(out->data, sizeof out->data, "%s", data_spec ? data_spec : "");
 
     int U = sh->sm.n_units;

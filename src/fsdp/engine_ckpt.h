@@ -17,15 +17,16 @@
 #include "fsdp/engine.h"
 
 /* The run-level part of every manifest this run writes: a fresh run id,
- * world, sharding, batch, model (names, shapes, shard sizes), seed and the
- * given strings. Main thread, after fsdp_engine_shared_init. UNSUPPORTED on
- * the meta backend (it holds no values to save). */
-fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *model_spec,
-                                      const char *data_spec, int steps_total,
-                                      fsdp_ckpt_manifest *out);
+ * world, sharding, batch, model (family, config, names, shapes, shard
+ * sizes), seed and the data spec. Main thread, after
+ * fsdp_engine_shared_init. UNSUPPORTED on the meta backend (it holds no
+ * values to save). */
+fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *data_spec,
+                                      int steps_total, fsdp_ckpt_manifest *out);
 
-/* Can this engine resume from man (read from `path`)? The model's units
- * and parameters must match (FORMAT naming the manifest line otherwise);
+/* Can this engine resume from man (read from `path`)? The model must be
+ * the checkpoint's (units, parameters, family and config; FORMAT naming the
+ * manifest line otherwise);
  * seq, seed and the global batch (batch x devices x grad-accum) must be
  * the checkpoint's, since the data position is implied by them
  * (INVALID_ARG saying which flag to change). World size, sharding,

@@ -23,7 +23,6 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/world.h"
-#include "models/gpt2.h"
 #include "train/infer.h"
 
 #define SAMPLE_RNG_STREAM 0x73616d706c65ull /* "sample" */
@@ -63,14 +62,13 @@ static void infer_free(struct infer *r)
     fsdp_world_free(r->w);
     if (r->data)
         fsdp_data_close(r->data);
+    fsdp_modelfile_close(r->mf); /* bound to the model: closed first */
     if (r->model_ready)
         fsdp_model_free(&r->model);
-    fsdp_modelfile_close(r->mf);
 }
 
-/* Open the model file, build the model and the engine's shared part for
- * micro-batches of (B, T); data may be NULL. */
-static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed, int B, int T)
+/* Open the model file and build the model it holds, bound to the file. */
+static fsdp_status infer_open(struct infer *r)
 {
     const fsdp_infer_config *cfg = r->cfg;
     FSDP_TRY(fsdp_backend_check(cfg->backend, cfg->n_ranks, 1));
@@ -78,17 +76,29 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "the meta backend computes nothing; evaluate or sample on cpu or "
                               "cuda");
-    FSDP_TRY(fsdp_modelfile_open(&r->mf, cfg->model_path));
-    const fsdp_gpt2_config *gc = fsdp_modelfile_config(r->mf);
+    FSDP_TRY(fsdp_modelfile_resolve(cfg->model_path, &r->model, &r->mf));
+    r->model_ready = true;
+    if (!r->mf) {
+        char files[256];
+        fsdp_modelfile_help(files, sizeof files);
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--model '%s' names a model shape, not "
+                              "trained weights; give a model file: %s", cfg->model_path, files);
+    }
+    return FSDP_STATUS_OK;
+}
+
+/* The engine's shared part for micro-batches of (B, T) (T = 0: 64 or the
+ * context if shorter) over the opened model; data may be NULL. */
+static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed, int B, int T)
+{
+    const fsdp_infer_config *cfg = r->cfg;
+    const fsdp_model *m = &r->model;
     if (T == 0)
-        T = gc->max_seq_len < 64 ? gc->max_seq_len : 64;
-    if (T > gc->max_seq_len)
+        T = m->max_seq_len < 64 ? m->max_seq_len : 64;
+    if (T > m->max_seq_len)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "--seq %d is longer than the model's context of %d (%s)", T,
-                              gc->max_seq_len, cfg->model_path);
-    FSDP_TRY(fsdp_gpt2_init(&r->model, gc));
-    r->model_ready = true;
-    FSDP_TRY(fsdp_modelfile_bind(r->mf, &r->model));
+                              m->max_seq_len, cfg->model_path);
     if (data) {
         fsdp_data_opts dopt = {.spec = data, .seed = seed, .tokenizer = cfg->tokenizer};
         FSDP_TRY(fsdp_data_open_opts(&r->data, &dopt));
@@ -99,11 +109,11 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
                                   "loss does not support yet; evaluate on {\"text\"} rows, a "
                                   ".txt file or token shards", data);
         int dv = fsdp_data_vocab(r->data);
-        if (dv > gc->vocab_size)
+        if (dv > m->vocab_size)
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                                   "the data '%s' uses token ids up to %d but the model in '%s' "
                                   "has a vocabulary of %d", data, dv - 1, cfg->model_path,
-                                  gc->vocab_size);
+                                  m->vocab_size);
     }
     fsdp_engine_config ec = {
         .backend = cfg->backend,
@@ -129,7 +139,7 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
     r->sh.init_fn = fsdp_modelfile_init_fn;
     r->sh.init_arg = r->mf;
     FSDP_INFO(FSDP_SUB_TRAIN, "loaded %s '%s' (%s, model %s) on %d rank(s)",
-              fsdp_modelfile_kind_name(fsdp_modelfile_kind_get(r->mf)),
+              fsdp_modelfile_format_name(fsdp_modelfile_format_get(r->mf)),
               fsdp_modelfile_path(r->mf), fsdp_modelfile_dtype_name(r->mf), r->model.name,
               cfg->n_ranks);
     return FSDP_STATUS_OK;
@@ -170,6 +180,7 @@ fsdp_status fsdp_infer_eval(const fsdp_infer_config *cfg, const char *data, uint
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for %d losses", n_batches);
         goto fail;
     }
+    FSDP_CHECK(infer_open(&r));
     FSDP_CHECK(infer_setup(&r, data, seed, cfg->batch, cfg->seq));
     FSDP_CHECK(fsdp_world_launch(r.w, eval_rank, &r));
     *mean_loss = fsdp_tree_sum(r.losses, n_batches) / (float)n_batches;
@@ -253,29 +264,28 @@ fsdp_status fsdp_infer_sample(const fsdp_infer_config *cfg, const fsdp_sample_co
                               "--temperature >= 0");
     struct infer r = {.cfg = cfg, .sc = sc, .out = out};
     fsdp_status st;
-    fsdp_gpt2_config gc;
-    /* the context: the model's, or --seq, never more than the text needs */
-    {
-        fsdp_modelfile *probe = NULL;
-        FSDP_TRY(fsdp_modelfile_open(&probe, cfg->model_path));
-        gc = *fsdp_modelfile_config(probe);
-        fsdp_modelfile_close(probe);
-    }
+    FSDP_CHECK(infer_open(&r));
+    const int V = r.model.vocab_size, maxT = r.model.max_seq_len;
     for (int i = 0; i < sc->n_prompt; i++)
-        if (sc->prompt[i] < 0 || sc->prompt[i] >= gc.vocab_size)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "prompt token %d (at position %d) is outside the model's "
-                                  "vocabulary of %d", sc->prompt[i], i, gc.vocab_size);
-    int T = cfg->seq > 0 && cfg->seq < gc.max_seq_len ? cfg->seq : gc.max_seq_len;
+        if (sc->prompt[i] < 0 || sc->prompt[i] >= V) {
+            st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                "prompt token %d (at position %d) is outside the model's "
+                                "vocabulary of %d", sc->prompt[i], i, V);
+            goto fail;
+        }
+    /* the context: the model's, or --seq, never more than the text needs */
+    int T = cfg->seq > 0 && cfg->seq < maxT ? cfg->seq : maxT;
     int64_t need = (int64_t)sc->n_prompt + sc->n_tokens - 1;
     if (need < T)
         T = need > 0 ? (int)need : 1;
     if (sc->n_tokens == 0)
-        return FSDP_STATUS_OK;
+        goto fail; /* st is OK: nothing to generate */
     r.ctx = malloc(((size_t)sc->n_prompt + (size_t)sc->n_tokens) * sizeof *r.ctx);
-    if (!r.ctx)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for %d tokens",
-                              sc->n_prompt + sc->n_tokens);
+    if (!r.ctx) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for %d tokens",
+                            sc->n_prompt + sc->n_tokens);
+        goto fail;
+    }
     memcpy(r.ctx, sc->prompt, (size_t)sc->n_prompt * sizeof *r.ctx);
     FSDP_CHECK(infer_setup(&r, NULL, sc->seed, 1, T));
     FSDP_CHECK(fsdp_world_launch(r.w, sample_rank, &r));

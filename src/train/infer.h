@@ -3,7 +3,8 @@
  * `fsdp eval` (mean loss over a data set) and `fsdp sample` (generation).
  *
  * The model comes from a model file (llm.c .bin, .safetensors or a
- * checkpoint, src/ckpt/modelfile.h) loaded straight into a sharded engine:
+ * checkpoint: any format of src/ckpt/modelfile.h, resolved by
+ * fsdp_modelfile_resolve) loaded straight into a sharded engine:
  * each rank reads only its own shard of every unit, as in training, so a
  * model that does not fit one device can still be evaluated.
  */
@@ -15,7 +16,7 @@
 #include "fsdp/engine.h"
 
 typedef struct fsdp_infer_config {
-    const char *model_path;    /* .bin, .safetensors or checkpoint directory */
+    const char *model_path;    /* a model file (modelfile.h), not a bare spec */
     fsdp_backend backend;
     int n_ranks;
     fsdp_dtype compute_dtype;

@@ -16,7 +16,6 @@
 #include "ckpt/modelfile.h"
 #include "core/world.h"
 #include "fsdp/trace.h"
-#include "models/gpt2.h"
 #include "train/plan.h"
 
 struct planner {
@@ -30,17 +29,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-fsdp_status fsdp_plan_model_config(const char *model, fsdp_gpt2_config *out)
-{
-    if (!model || !fsdp_modelfile_is_path(model))
-        return fsdp_gpt2_config_parse(model, out);
-    fsdp_modelfile *mf = NULL;
-    FSDP_TRY(fsdp_modelfile_open(&mf, model));
-    *out = *fsdp_modelfile_config(mf);
-    fsdp_modelfile_close(mf);
-    return FSDP_STATUS_OK;
 }
 
 /* One rank: the engine's init and `steps` steps, then this rank's figures. */
@@ -88,15 +76,14 @@ fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *ou
     fsdp_model model;
     memset(&model, 0, sizeof model);
     fsdp_world *w = NULL;
-    fsdp_gpt2_config gc;
     fsdp_status st;
     out->eng = *ec;
     out->device_mem = cfg->eng.device_mem;
     out->steps = steps;
     out->n_ranks = ec->n_ranks;
     snprintf(out->model, sizeof out->model, "%s", cfg->model ? cfg->model : "?");
-    FSDP_CHECK(fsdp_plan_model_config(cfg->model, &gc));
-    FSDP_CHECK(fsdp_gpt2_init(&model, &gc));
+    /* a model file gives only its shape here: nothing is read */
+    FSDP_CHECK(fsdp_modelfile_resolve(cfg->model, &model, NULL));
     out->numel = model.numel;
     out->n_units = model.n_units;
     out->ranks = calloc((size_t)ec->n_ranks, sizeof *out->ranks);

@@ -14,7 +14,6 @@
 
 #include <stdio.h>
 
-#include "models/gpt2.h"
 #include "train/train.h"
 
 typedef struct fsdp_plan_rank {
@@ -38,11 +37,6 @@ typedef struct fsdp_plan {
     int n_ranks;
     fsdp_plan_rank *ranks;    /* [n_ranks] */
 } fsdp_plan;
-
-/* The GPT-2 shape a --model value names: a config name or custom spec
- * (models/gpt2.h), or a model file or checkpoint (ckpt/modelfile.h: only
- * its header is read). */
-fsdp_status fsdp_plan_model_config(const char *model, fsdp_gpt2_config *out);
 
 /* Run `steps` (>= 1) steps of cfg on the meta backend with cfg's model,
  * devices, batch, precision, sharding and offload. The backend, the

@@ -16,7 +16,6 @@
 #include "core/world.h"
 #include "fsdp/engine_ckpt.h"
 #include "fsdp/trace.h"
-#include "models/gpt2.h"
 #include "train/train.h"
 
 void fsdp_train_config_default(fsdp_train_config *cfg)
@@ -335,7 +334,7 @@ static fsdp_status ckpt_prepare(struct trainer *t)
     const fsdp_train_config *cfg = t->cfg;
     bool found = false;
     uint64_t step = 0;
-    FSDP_TRY(fsdp_engine_ckpt_describe(&t->sh, cfg->model, cfg->data, cfg->steps, &t->ck_base));
+    FSDP_TRY(fsdp_engine_ckpt_describe(&t->sh, cfg->data, cfg->steps, &t->ck_base));
     if (!cfg->resume) {
         FSDP_TRY(fsdp_ckpt_latest(cfg->ckpt_dir, &step, &found));
         if (found)
@@ -379,7 +378,6 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
     fsdp_status st;
     struct trainer *t = calloc(1, sizeof *t);
     fsdp_world *w = NULL;
-    fsdp_gpt2_config gc;
     if (!t)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
     t->cfg = cfg;
@@ -390,14 +388,9 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--steps must be >= 0");
         goto fail;
     }
-    if (fsdp_modelfile_is_path(cfg->model)) {
-        /* fine-tuning: shape and initial weights from the file; each rank
-         * reads its own shards of it (engine init_fn) */
-        FSDP_CHECK(fsdp_modelfile_open(&t->mf, cfg->model));
-        gc = *fsdp_modelfile_config(t->mf);
-    } else {
-        FSDP_CHECK(fsdp_gpt2_config_parse(cfg->model, &gc));
-    }
+    /* a model file (fine-tuning) gives the shape and the initial weights;
+     * each rank reads its own shards of it (engine init_fn) */
+    FSDP_CHECK(fsdp_modelfile_resolve(cfg->model, &t->model, &t->mf));
     if (cfg->data && ec->backend != FSDP_BACKEND_META) {
         fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = cfg->tokenizer,
                                .chat_format = cfg->chat_format};
@@ -416,21 +409,17 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
             goto fail;
         }
         int dv = fsdp_data_vocab(t->data);
-        if (dv > gc.vocab_size) {
+        if (dv > t->model.vocab_size) {
             st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                                 "the data uses token ids up to %d but model '%s' has a vocabulary "
                                 "of %d; pick a model with a larger vocabulary",
-                                dv - 1, cfg->model, gc.vocab_size);
+                                dv - 1, cfg->model, t->model.vocab_size);
             goto fail;
         }
     }
-    FSDP_CHECK(fsdp_gpt2_init(&t->model, &gc));
-    if (t->mf)
-        FSDP_CHECK(fsdp_modelfile_bind(t->mf, &t->model));
     if (ec->backend == FSDP_BACKEND_CUDA)
         t->peak_flops = ec->compute_dtype == FSDP_DTYPE_BF16 ? 989e12 : 67e12; /* H100/H200 SXM */
-    t->flops_per_token = 6.0 * (double)t->model.numel +
-                         12.0 * gc.n_layer * (double)gc.n_embd * ec->seq;
+    t->flops_per_token = t->model.family->flops_per_token(&t->model, ec->seq);
     FSDP_CHECK(fsdp_world_init(&w, ec->n_ranks));
     FSDP_CHECK(fsdp_engine_shared_init(&t->sh, ec, &t->model, t->data, w));
     if (t->mf) {
@@ -497,11 +486,11 @@ fail:
     fsdp_ckpt_manifest_free(&t->ck_base);
     fsdp_ckpt_manifest_free(&t->ck_resume);
     fsdp_engine_shared_free(&t->sh);
+    fsdp_modelfile_close(t->mf); /* bound to the model: closed first */
     if (t->model.units)
         fsdp_model_free(&t->model);
     if (t->data)
         fsdp_data_close(t->data);
-    fsdp_modelfile_close(t->mf);
     fsdp_world_free(w);
     free(t);
     return st;

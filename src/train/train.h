@@ -12,7 +12,7 @@
 
 typedef struct fsdp_train_config {
     fsdp_engine_config eng;
-    const char *model;        /* config name or custom spec (models/gpt2.h) */
+    const char *model;        /* --model: a spec or a model file (fsdp_modelfile_resolve) */
     const char *data;         /* "synthetic", FILE.txt, FILE.jsonl or token shard glob */
     const char *tokenizer;    /* tokenizer.json for .txt/.jsonl data, or NULL (data/data.h) */
     const char *chat_format;  /* messages rows: a chat format name, or NULL (data/chat.h) */
