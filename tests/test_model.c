@@ -19,7 +19,7 @@
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "models/gpt2.h"
-#include "optim/adamw.h"
+#include "ops/cpu/optim_kernels.h"
 
 /* ---- golden file --------------------------------------------------------- */
 

@@ -25,7 +25,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
-#include "optim/adamw.h"
+#include "ops/cpu/optim_kernels.h"
 #include "optim/adamw_cpu.h"
 #include "optim/pool.h"
 
@@ -146,7 +146,7 @@ static void run_ref(shard *s, const hparams *h, int mode)
 
 static void run_isa(fsdp_cpu_isa isa, shard *s, const hparams *h, int mode)
 {
-    fsdp_adamw_cpu_isa(isa, s->p, s->g, s->m, s->v, s->n, h->lr, h->b1, h->b2, h->eps, h->wd,
+    fsdp_adamw_cpu(isa, s->p, s->g, s->m, s->v, s->n, h->lr, h->b1, h->b2, h->eps, h->wd,
                        h->bc1, h->bc2, h->gs, out_ptr(s, mode), out_dt(mode));
 }
 
@@ -237,7 +237,7 @@ START_TEST(test_isa_multi_step_misaligned)
         int mode = t % 3;
         fsdp_adamw_ref(ref.p + off, ref.g + off, ref.m + off, ref.v + off, n, h.lr, h.b1, h.b2,
                        h.eps, h.wd, h.bc1, h.bc2, h.gs, mode ? ref.out + off : NULL, out_dt(mode));
-        fsdp_adamw_cpu_isa(isa, got.p + off, got.g + off, got.m + off, got.v + off, n, h.lr, h.b1,
+        fsdp_adamw_cpu(isa, got.p + off, got.g + off, got.m + off, got.v + off, n, h.lr, h.b1,
                            h.b2, h.eps, h.wd, h.bc1, h.bc2, h.gs, mode ? got.out + off : NULL,
                            out_dt(mode));
         expect_same_shard(&ref, &got, 2, "multi-step, misaligned");
@@ -324,9 +324,9 @@ START_TEST(test_best_isa_and_names)
     shard ref = shard_new(777, 11);
     shard got = shard_copy(&ref);
     run_ref(&ref, &HP_DEFAULT, 1);
-    fsdp_adamw_cpu(got.p, got.g, got.m, got.v, got.n, HP_DEFAULT.lr, HP_DEFAULT.b1, HP_DEFAULT.b2,
-                   HP_DEFAULT.eps, HP_DEFAULT.wd, HP_DEFAULT.bc1, HP_DEFAULT.bc2, HP_DEFAULT.gs,
-                   got.out, FSDP_DTYPE_F32);
+    fsdp_adamw_cpu(FSDP_CPU_ISA_COUNT, got.p, got.g, got.m, got.v, got.n, HP_DEFAULT.lr,
+                   HP_DEFAULT.b1, HP_DEFAULT.b2, HP_DEFAULT.eps, HP_DEFAULT.wd, HP_DEFAULT.bc1,
+                   HP_DEFAULT.bc2, HP_DEFAULT.gs, got.out, FSDP_DTYPE_F32);
     expect_same_shard(&ref, &got, 1, "fsdp_adamw_cpu");
     shard_free(&ref);
     shard_free(&got);

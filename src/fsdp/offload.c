@@ -59,7 +59,7 @@ static void update_chunk(void *arg, size_t chunk)
     void *p_out = NULL;
     if (cfg->compute_dtype != FSDP_DTYPE_F32)
         p_out = (char *)e->param_host[j->u] + lo * fsdp_dtype_size(cfg->compute_dtype);
-    fsdp_adamw_cpu(row->master + lo, row->grad + lo, row->adam_m + lo, row->adam_v + lo, hi - lo,
+    fsdp_adamw_cpu(FSDP_CPU_ISA_COUNT, row->master + lo, row->grad + lo, row->adam_m + lo, row->adam_v + lo, hi - lo,
                    j->lr, cfg->beta1, cfg->beta2, cfg->eps, r->wd, j->bc1, j->bc2, j->scale, p_out,
                    cfg->compute_dtype);
     uint64_t t1 = fsdp_trace_now_ns();
