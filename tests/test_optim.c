@@ -26,7 +26,8 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "ops/cpu/optim_kernels.h"
-#include "optim/adamw_cpu.h"
+#include "optim/job.h"
+#include "optim/optim.h"
 #include "optim/pool.h"
 
 /* ---- fixtures -------------------------------------------------------------- */
@@ -147,7 +148,27 @@ static void run_ref(shard *s, const hparams *h, int mode)
 static void run_isa(fsdp_cpu_isa isa, shard *s, const hparams *h, int mode)
 {
     fsdp_adamw_cpu(isa, s->p, s->g, s->m, s->v, s->n, h->lr, h->b1, h->b2, h->eps, h->wd,
-                       h->bc1, h->bc2, h->gs, out_ptr(s, mode), out_dt(mode));
+                   h->bc1, h->bc2, h->gs, out_ptr(s, mode), out_dt(mode));
+}
+
+/* The same AdamW step as the optimizer interface takes it. */
+static fsdp_optim_hparams adamw_hp(const hparams *h)
+{
+    return (fsdp_optim_hparams){.beta1 = h->b1, .beta2 = h->b2, .eps = h->eps,
+                                .weight_decay = h->wd};
+}
+
+static fsdp_optim_consts adamw_consts(const hparams *h)
+{
+    return (fsdp_optim_consts){.lr = h->lr, .grad_scale = h->gs, .k = {h->bc1, h->bc2}};
+}
+
+/* The whole shard as one AdamW range (decay h->wd). */
+static fsdp_optim_range adamw_range(shard *s, const hparams *h, int mode)
+{
+    return (fsdp_optim_range){.p = s->p, .grad = s->g, .state = {s->m, s->v},
+                              .p_out = out_ptr(s, mode), .out_dt = out_dt(mode), .n = s->n,
+                              .wd = h->wd};
 }
 
 /* Assert two arrays hold the same bits; name the first differing element. */
@@ -238,8 +259,8 @@ START_TEST(test_isa_multi_step_misaligned)
         fsdp_adamw_ref(ref.p + off, ref.g + off, ref.m + off, ref.v + off, n, h.lr, h.b1, h.b2,
                        h.eps, h.wd, h.bc1, h.bc2, h.gs, mode ? ref.out + off : NULL, out_dt(mode));
         fsdp_adamw_cpu(isa, got.p + off, got.g + off, got.m + off, got.v + off, n, h.lr, h.b1,
-                           h.b2, h.eps, h.wd, h.bc1, h.bc2, h.gs, mode ? got.out + off : NULL,
-                           out_dt(mode));
+                       h.b2, h.eps, h.wd, h.bc1, h.bc2, h.gs, mode ? got.out + off : NULL,
+                       out_dt(mode));
         expect_same_shard(&ref, &got, 2, "multi-step, misaligned");
     }
     shard_free(&ref);
@@ -456,7 +477,7 @@ END_TEST
 
 START_TEST(test_pool_adamw_matches_single)
 {
-    const size_t n = 5 * FSDP_ADAMW_CPU_CHUNK_NUMEL + 123;
+    const size_t n = 5 * FSDP_OPTIM_CHUNK_NUMEL + 123;
     fsdp_pool *pool;
     ck_assert_int_eq(fsdp_pool_create(3, &pool), FSDP_STATUS_OK);
     for (int mode = 0; mode < 3; mode++) {
@@ -464,16 +485,16 @@ START_TEST(test_pool_adamw_matches_single)
         shard got = shard_copy(&ref);
         const hparams *h = &HP_SETS[mode % 2];
         run_ref(&ref, h, mode);
-        ck_assert_int_eq(fsdp_adamw_cpu_parallel(pool, got.p, got.g, got.m, got.v, n, h->lr,
-                                                 h->b1, h->b2, h->eps, h->wd, h->bc1, h->bc2,
-                                                 h->gs, out_ptr(&got, mode), out_dt(mode)),
+        fsdp_optim_hparams hp = adamw_hp(h);
+        fsdp_optim_consts c = adamw_consts(h);
+        fsdp_optim_range r = adamw_range(&got, h, mode);
+        ck_assert_int_eq(fsdp_optim_host_step_parallel(pool, &fsdp_optim_adamw, &hp, &c, &r, 1),
                          FSDP_STATUS_OK);
         expect_same_shard(&ref, &got, mode, "pool of 3");
         /* pool NULL: the calling thread alone, same bits. */
         shard solo = shard_new(n, 40 + mode);
-        ck_assert_int_eq(fsdp_adamw_cpu_parallel(NULL, solo.p, solo.g, solo.m, solo.v, n, h->lr,
-                                                 h->b1, h->b2, h->eps, h->wd, h->bc1, h->bc2,
-                                                 h->gs, out_ptr(&solo, mode), out_dt(mode)),
+        r = adamw_range(&solo, h, mode);
+        ck_assert_int_eq(fsdp_optim_host_step_parallel(NULL, &fsdp_optim_adamw, &hp, &c, &r, 1),
                          FSDP_STATUS_OK);
         expect_same_shard(&ref, &solo, mode, "pool NULL");
         shard_free(&ref);
@@ -488,8 +509,8 @@ END_TEST
  * through a two-worker pool, with several jobs in flight from one thread. */
 START_TEST(test_pool_adamw_jobs_in_flight)
 {
-    const size_t sizes[] = {0, 1, FSDP_ADAMW_CPU_CHUNK_NUMEL, FSDP_ADAMW_CPU_CHUNK_NUMEL + 1,
-                            3 * FSDP_ADAMW_CPU_CHUNK_NUMEL - 5};
+    const size_t sizes[] = {0, 1, FSDP_OPTIM_CHUNK_NUMEL, FSDP_OPTIM_CHUNK_NUMEL + 1,
+                            3 * FSDP_OPTIM_CHUNK_NUMEL - 5};
     const size_t n_jobs = sizeof sizes / sizeof sizes[0];
     for (int workers = 0; workers <= 2; workers += 2) {
         fsdp_pool *pool;
@@ -498,21 +519,23 @@ START_TEST(test_pool_adamw_jobs_in_flight)
             if (!fsdp_cpu_isa_supported((fsdp_cpu_isa)isa))
                 continue;
             shard ref[5], got[5];
-            fsdp_adamw_job *jobs[5];
+            fsdp_optim_job *jobs[5];
+            const hparams *h = &HP_DEFAULT;
+            fsdp_optim_hparams hp = adamw_hp(h);
+            fsdp_optim_consts c = adamw_consts(h);
             for (size_t j = 0; j < n_jobs; j++) {
                 ref[j] = shard_new(sizes[j], 500 + j);
                 got[j] = shard_copy(&ref[j]);
-                run_ref(&ref[j], &HP_DEFAULT, 2);
-                const hparams *h = &HP_DEFAULT;
-                ck_assert_int_eq(fsdp_adamw_job_submit(pool, (fsdp_cpu_isa)isa, got[j].p,
-                                                       got[j].g, got[j].m, got[j].v, sizes[j],
-                                                       h->lr, h->b1, h->b2, h->eps, h->wd, h->bc1,
-                                                       h->bc2, h->gs, got[j].out, FSDP_DTYPE_BF16,
-                                                       &jobs[j]),
+                run_ref(&ref[j], h, 2);
+                fsdp_optim_range r = adamw_range(&got[j], h, 2);
+                ck_assert_int_eq(fsdp_optim_job_submit(pool, &fsdp_optim_adamw, &hp, &c, &r, 1,
+                                                       (fsdp_cpu_isa)isa, &jobs[j]),
                                  FSDP_STATUS_OK);
             }
             for (size_t j = n_jobs; j-- > 0;) { /* wait in reverse order */
-                fsdp_adamw_job_wait(jobs[j]);
+                uint64_t t0 = 1, t1 = 1;
+                fsdp_optim_job_wait(jobs[j], &t0, &t1);
+                ck_assert(sizes[j] == 0 ? t0 == 0 && t1 == 0 : t0 > 0 && t1 >= t0);
                 expect_same_shard(&ref[j], &got[j], 2, fsdp_cpu_isa_name((fsdp_cpu_isa)isa));
                 shard_free(&ref[j]);
                 shard_free(&got[j]);
@@ -536,18 +559,20 @@ static void *submitter_main(void *arg)
     fsdp_pool *pool;
     if (fsdp_pool_acquire(4, &pool) != FSDP_STATUS_OK)
         return NULL;
-    const size_t n = 2 * FSDP_ADAMW_CPU_CHUNK_NUMEL + 1000 * (size_t)sb->id + 7;
+    const size_t n = 2 * FSDP_OPTIM_CHUNK_NUMEL + 1000 * (size_t)sb->id + 7;
     shard ref = shard_new(n, 900 + sb->id);
     shard got = shard_copy(&ref);
     for (int t = 1; t <= 3; t++) {
         hparams h = HP_SETS[(sb->id + t) % 2];
         run_ref(&ref, &h, t % 3);
-        fsdp_adamw_job *job;
-        if (fsdp_adamw_job_submit(pool, FSDP_CPU_ISA_COUNT, got.p, got.g, got.m, got.v, n, h.lr,
-                                  h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2, h.gs,
-                                  out_ptr(&got, t % 3), out_dt(t % 3), &job) != FSDP_STATUS_OK)
+        fsdp_optim_job *job;
+        fsdp_optim_hparams hp = adamw_hp(&h);
+        fsdp_optim_consts c = adamw_consts(&h);
+        fsdp_optim_range r = adamw_range(&got, &h, t % 3);
+        if (fsdp_optim_job_submit(pool, &fsdp_optim_adamw, &hp, &c, &r, 1, FSDP_CPU_ISA_COUNT,
+                                  &job) != FSDP_STATUS_OK)
             break;
-        fsdp_adamw_job_wait(job);
+        fsdp_optim_job_wait(job, NULL, NULL);
         size_t out_bytes = (t % 3) ? n * ((t % 3) == 2 ? 2 : 4) : 0;
         if (memcmp(ref.p, got.p, n * 4) || memcmp(ref.m, got.m, n * 4) ||
             memcmp(ref.v, got.v, n * 4) || memcmp(ref.out, got.out, out_bytes))
@@ -582,57 +607,52 @@ START_TEST(test_pool_concurrent_submitters)
 }
 END_TEST
 
-START_TEST(test_adamw_invalid_args)
+START_TEST(test_job_invalid_args)
 {
     fsdp_pool *pool;
     ck_assert_int_eq(fsdp_pool_create(1, &pool), FSDP_STATUS_OK);
     shard s = shard_new(10, 1);
     const hparams h = HP_DEFAULT;
-    fsdp_adamw_job *job = (fsdp_adamw_job *)(uintptr_t)1; /* reset to NULL on failure */
+    fsdp_optim_hparams hp = adamw_hp(&h);
+    fsdp_optim_consts c = adamw_consts(&h);
+    const fsdp_optim *o = &fsdp_optim_adamw;
+    fsdp_optim_job *job = (fsdp_optim_job *)(uintptr_t)1; /* reset to NULL on failure */
 
     fsdp_error_clear();
-    ck_assert_int_eq(fsdp_adamw_job_submit(pool, FSDP_CPU_ISA_COUNT, s.p, NULL, s.m, s.v, 10, h.lr,
-                                           h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2, h.gs, NULL,
-                                           FSDP_DTYPE_F32, &job),
+    fsdp_optim_range r = adamw_range(&s, &h, 0);
+    r.grad = NULL;
+    ck_assert_int_eq(fsdp_optim_job_submit(pool, o, &hp, &c, &r, 1, FSDP_CPU_ISA_COUNT, &job),
                      FSDP_STATUS_INVALID_ARG);
     ck_assert_ptr_null(job);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "NULL"));
+    r = adamw_range(&s, &h, 0);
+    r.state[1] = NULL; /* AdamW's second array */
+    ck_assert_int_eq(fsdp_optim_host_step_parallel(NULL, o, &hp, &c, &r, 1),
+                     FSDP_STATUS_INVALID_ARG);
 
-    ck_assert_int_eq(fsdp_adamw_job_submit(pool, FSDP_CPU_ISA_COUNT, s.p, s.g, s.m, s.v, 10, h.lr,
-                                           h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2, h.gs, s.out,
-                                           FSDP_DTYPE_COUNT, &job),
+    r = adamw_range(&s, &h, 1);
+    r.out_dt = FSDP_DTYPE_COUNT;
+    ck_assert_int_eq(fsdp_optim_job_submit(pool, o, &hp, &c, &r, 1, FSDP_CPU_ISA_COUNT, &job),
                      FSDP_STATUS_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "dtype"));
 
-    ck_assert_int_eq(fsdp_adamw_cpu_parallel(pool, s.p, s.g, s.m, s.v, 10, h.lr, h.b1, h.b2,
-                                             h.eps, h.wd, 0.0f, h.bc2, h.gs, NULL,
-                                             FSDP_DTYPE_F32),
-                     FSDP_STATUS_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "bias correction"));
-    ck_assert_int_eq(fsdp_adamw_cpu_parallel(NULL, s.p, s.g, s.m, s.v, 10, h.lr, h.b1, h.b2,
-                                             h.eps, h.wd, h.bc1, NAN, h.gs, NULL, FSDP_DTYPE_F32),
-                     FSDP_STATUS_INVALID_ARG);
-
-    ck_assert_int_eq(fsdp_adamw_job_submit(pool, (fsdp_cpu_isa)(FSDP_CPU_ISA_COUNT + 1), s.p, s.g,
-                                           s.m, s.v, 10, h.lr, h.b1, h.b2, h.eps, h.wd, h.bc1,
-                                           h.bc2, h.gs, NULL, FSDP_DTYPE_F32, &job),
+    r = adamw_range(&s, &h, 0);
+    ck_assert_int_eq(fsdp_optim_job_submit(pool, o, &hp, &c, &r, 1,
+                                           (fsdp_cpu_isa)(FSDP_CPU_ISA_COUNT + 1), &job),
                      FSDP_STATUS_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "best supported"));
 
-    ck_assert_int_eq(fsdp_adamw_job_submit(NULL, FSDP_CPU_ISA_COUNT, s.p, s.g, s.m, s.v, 10, h.lr,
-                                           h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2, h.gs, NULL,
-                                           FSDP_DTYPE_F32, &job),
+    ck_assert_int_eq(fsdp_optim_job_submit(NULL, o, &hp, &c, &r, 1, FSDP_CPU_ISA_COUNT, &job),
                      FSDP_STATUS_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "fsdp_pool_acquire"));
 
     /* Nothing was changed by the failed calls. */
     shard fresh = shard_new(10, 1);
     expect_same_shard(&fresh, &s, 0, "after rejected calls");
-    /* n == 0 with NULL arrays is a valid empty step. */
-    ck_assert_int_eq(fsdp_adamw_cpu_parallel(pool, NULL, NULL, NULL, NULL, 0, h.lr, h.b1, h.b2,
-                                             h.eps, h.wd, h.bc1, h.bc2, h.gs, NULL,
-                                             FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    /* n == 0 with NULL arrays is a valid empty step, and so is no range */
+    fsdp_optim_range empty = {.out_dt = FSDP_DTYPE_F32};
+    ck_assert_int_eq(fsdp_optim_host_step_parallel(pool, o, &hp, &c, &empty, 1), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_optim_host_step_parallel(pool, o, &hp, &c, NULL, 0), FSDP_STATUS_OK);
     shard_free(&fresh);
     shard_free(&s);
     fsdp_pool_destroy(pool);
@@ -659,7 +679,7 @@ static Suite *optim_suite(void)
     tcase_add_test(tp, test_pool_adamw_matches_single);
     tcase_add_test(tp, test_pool_adamw_jobs_in_flight);
     tcase_add_test(tp, test_pool_concurrent_submitters);
-    tcase_add_test(tp, test_adamw_invalid_args);
+    tcase_add_test(tp, test_job_invalid_args);
     tcase_set_timeout(tp, 60);
     suite_add_tcase(s, tp);
     return s;

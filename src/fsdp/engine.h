@@ -46,7 +46,9 @@ typedef struct fsdp_engine_config {
     int batch;                 /* B: sequences per micro-batch */
     int seq;                   /* T */
     int grad_accum;            /* A: micro-steps per rank per step */
-    float beta1, beta2, eps;
+    const struct fsdp_optim *optim; /* optim/optim.h; NULL: the default (AdamW) */
+    float beta1, beta2, eps;   /* AdamW */
+    float momentum;            /* SGD */
     float weight_decay;
     float clip;                /* global grad-norm clip, 0 = off */
     uint64_t seed;
@@ -69,6 +71,8 @@ typedef struct fsdp_engine_shared {
     const fsdp_model *model;
     const fsdp_data *data;     /* may be NULL (meta / plan) */
     fsdp_world *world;
+    const fsdp_optim *optim;   /* cfg.optim, or the default */
+    fsdp_optim_hparams optim_hp; /* from cfg */
     fsdp_shardmap sm;
     size_t n_local_blocks;     /* norm blocks per rank, all units */
     /* exchange slots, double-buffered by step parity */
