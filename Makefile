@@ -40,7 +40,7 @@ ifeq ($(CUDA),1)
   endif
 endif
 
-PKGS := check openblas
+PKGS := check openblas libxxhash
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 ifneq ($(HAVE_PKGS),1)
   ifeq ($(filter clean,$(MAKECMDGOALS)),)
@@ -71,7 +71,7 @@ endif
 # the scalar and vectorised paths and every build agree bit for bit.
 CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SAN) -ffp-contract=off \
            $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(EXTRA_CFLAGS)
-LDLIBS  := $(shell pkg-config --libs openblas 2>/dev/null) -lm -lpthread
+LDLIBS  := $(shell pkg-config --libs openblas libxxhash 2>/dev/null) -lm -lpthread
 TEST_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 LDFLAGS := $(SAN)
 
@@ -103,7 +103,7 @@ TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 all: info $(LIB) $(BIN)
 
 info:
-	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | check+openblas: $(if $(HAVE_PKGS),found,MISSING)"
+	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | check+openblas+xxhash: $(if $(HAVE_PKGS),found,MISSING)"
 
 # The cpu op kernels are auto-vectorised. Neither flag lets the compiler
 # reassociate or contract arithmetic, so results stay bit-identical.
@@ -173,8 +173,8 @@ FUZZ_LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c src/*/*/*.c models/*
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o)
 FUZZ_CFLAGS  := $(CFLAGS_BASE) -Wno-unknown-warning-option -O1 -g -fno-omit-frame-pointer -ffp-contract=off \
                 -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-                $(shell pkg-config --cflags openblas 2>/dev/null)
-FUZZ_LIBS    := $(shell pkg-config --libs openblas 2>/dev/null) -lm -lpthread
+                $(shell pkg-config --cflags openblas libxxhash 2>/dev/null)
+FUZZ_LIBS    := $(shell pkg-config --libs openblas libxxhash 2>/dev/null) -lm -lpthread
 
 .PHONY: fuzz fuzz-build
 .SECONDARY: $(FUZZ_LIB_OBJ)

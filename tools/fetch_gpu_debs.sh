@@ -10,12 +10,13 @@
 # (pthread flavour) with their run-time dependencies that a bare
 # gcc/CUDA image may lack (apt-cache depends: check -> libsubunit-dev ->
 # libsubunit0; libopenblas-pthread-dev -> libopenblas0-pthread ->
-# libgfortran5 -> libquadmath0). The packages must match the GPU machine's
+# libgfortran5 -> libquadmath0), and xxHash (libxxhash-dev -> libxxhash0,
+# the checkpoint checksums). The packages must match the GPU machine's
 # Debian release and architecture (this one: see /etc/os-release).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(check libsubunit0 libsubunit-dev libopenblas0-pthread libopenblas-pthread-dev
-      libgfortran5 libquadmath0)
+      libgfortran5 libquadmath0 libxxhash0 libxxhash-dev)
 mkdir -p third_party/debs
 cd third_party/debs
 if ! apt-get download "${PKGS[@]}" 2>/dev/null; then

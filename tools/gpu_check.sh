@@ -79,10 +79,11 @@ deps_from_debs() {
     sed "s|/usr|$root/usr|g" "$root/$ml/pkgconfig/check.pc" > "$root/pkgconfig/check.pc"
     sed "s|/usr|$root/usr|g" "$root/$ml/pkgconfig/libsubunit.pc" > "$root/pkgconfig/libsubunit.pc"
     sed "s|/usr|$root/usr|g" "$root/$ml/openblas-pthread/pkgconfig/openblas.pc" > "$root/pkgconfig/openblas.pc"
+    sed "s|/usr|$root/usr|g" "$root/$ml/pkgconfig/libxxhash.pc" > "$root/pkgconfig/libxxhash.pc"
     export PKG_CONFIG_PATH="$root/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
     export LD_LIBRARY_PATH="$root/$ml:$root/$ml/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     if ! command -v pkg-config >/dev/null || [ -n "${GPU_CHECK_FAKE_PKGCONFIG:-}" ]; then
-        # The Makefile only asks --exists/--cflags/--libs of check and openblas.
+        # The Makefile only asks --exists/--cflags/--libs of check, openblas and libxxhash.
         cat > "$root/bin/pkg-config" <<EOF
 #!/bin/sh
 cflags=""; libs=""; ok=1
@@ -91,6 +92,7 @@ for p in "\$@"; do
   case \$p in
     check) cflags="\$cflags -I$root/usr/include -pthread"; libs="\$libs -L$root/$ml -lcheck_pic -lrt -lm -lsubunit";;
     openblas) cflags="\$cflags -I$root/usr/include/x86_64-linux-gnu/openblas-pthread"; libs="\$libs -L$root/$ml/openblas-pthread -lopenblas";;
+    libxxhash) cflags="\$cflags -I$root/usr/include"; libs="\$libs -L$root/$ml -lxxhash";;
     *) ok=0;;
   esac
 done
@@ -106,9 +108,9 @@ EOF
         export PATH="$root/bin:$PATH"
         echo "pkg-config: none on this machine; using a stand-in for check and openblas"
     fi
-    pkg-config --exists check openblas
+    pkg-config --exists check openblas libxxhash
 }
-if pkg-config --exists check openblas 2>/dev/null && [ -z "${GPU_CHECK_FORCE_DEBS:-}" ]; then
+if pkg-config --exists check openblas libxxhash 2>/dev/null && [ -z "${GPU_CHECK_FORCE_DEBS:-}" ]; then
     echo "check and openblas: found by pkg-config"
     row "dependencies" ok "system pkg-config"
 elif deps_from_debs; then

@@ -35,6 +35,16 @@ static float *state_array(fsdp_shard_row *row, int a)
 
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
+/* The arrays of every unit in this engine's files: "master", then the
+ * optimizer's state arrays. Returns the count. */
+static int array_names(const fsdp_engine_shared *sh, const char **names)
+{
+    names[0] = "master";
+    for (int k = 0; k < sh->optim->n_state; k++)
+        names[1 + k] = sh->optim->state_names[k];
+    return 1 + sh->optim->n_state;
+}
+
 /* ---- describing and checking --------------------------------------------- */
 
 fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *model_spec,
@@ -60,6 +70,11 @@ fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *
     out->steps_total = steps_total;
     snprintf(out->compute_dtype, sizeof out->compute_dtype, "%s",
              fsdp_dtype_name(cfg->compute_dtype));
+    const fsdp_optim *o = sh->optim;
+    snprintf(out->optimizer, sizeof out->optimizer, "%s", o->name);
+    out->n_optim_state = o->n_state;
+    for (int k = 0; k < o->n_state; k++)
+        snprintf(out->optim_state[k], sizeof out->optim_state[k], "%s", o->state_names[k]);
     snprintf(out->model_name, sizeof out->model_name, "%s", model->name);
     const fsdp_gpt2_config *g = fsdp_gpt2_config_of(model);
     if (g) {
@@ -94,11 +109,41 @@ fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *
     return st;
 }
 
+/* The checkpoint's optimizer state must be this run's: same optimizer,
+ * same state arrays. */
+static fsdp_status check_optimizer(const fsdp_engine_shared *sh, const fsdp_ckpt_manifest *man,
+                                   const char *path)
+{
+    const fsdp_optim *o = sh->optim;
+    char have[160], want[160];
+    for (int k = 0, at = 0; k < man->n_optim_state && at < (int)sizeof have; k++)
+        at += snprintf(have + at, sizeof have - (size_t)at, "%s%s", k ? ", " : "",
+                       man->optim_state[k]);
+    if (!man->n_optim_state)
+        snprintf(have, sizeof have, "none");
+    fsdp_optim_state_list(o, want, sizeof want, ", ");
+    if (strcmp(man->optimizer, o->name))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "checkpoint '%s' was trained with --optimizer %s (state: %s); this "
+                              "run uses %s (state: %s): resume with --optimizer %s, or start a "
+                              "fresh run in another --ckpt-dir",
+                              path, man->optimizer, have, o->name, want, man->optimizer);
+    bool same = man->n_optim_state == o->n_state;
+    for (int k = 0; same && k < o->n_state; k++)
+        same = !strcmp(man->optim_state[k], o->state_names[k]);
+    if (!same)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint manifest '%s': optimizer %s keeps the state arrays (%s), "
+                              "the manifest lists (%s)", path, o->name, want, have);
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_engine_ckpt_check(const fsdp_engine_shared *sh, const fsdp_ckpt_manifest *man,
                                    const char *path)
 {
     const fsdp_engine_config *cfg = &sh->cfg;
     FSDP_TRY(fsdp_ckpt_manifest_check_model(man, path, sh->model));
+    FSDP_TRY(check_optimizer(sh, man, path));
     if (man->seq != cfg->seq)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "checkpoint '%s' was trained with --seq %d; resume with --seq %d "
@@ -191,9 +236,12 @@ static fsdp_status write_rank_file(fsdp_engine *e, const char *ckpt, const fsdp_
     }
     char path[FSDP_CKPT_PATH_MAX];
     FSDP_CHECK(fsdp_ckpt_rank_path(path, sizeof path, ckpt, e->rank));
+    const char *names[FSDP_CKPT_MAX_ARRAYS];
+    int n_arrays = array_names(sh, names);
     fsdp_ckpt_shard_info info = {.run_id = base->run_id, .step = step, .adam_t = e->t,
                                  .rank = e->rank, .world_size = sh->cfg.n_ranks, .n_units = U,
-                                 .shard_numel = shard, .first = first};
+                                 .shard_numel = shard, .first = first, .n_arrays = n_arrays,
+                                 .array_names = names};
     FSDP_CHECK(fsdp_ckpt_writer_open(&w, path, &info));
     /* the last step's device update ran on the compute stream */
     FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
@@ -204,12 +252,12 @@ static fsdp_status write_rank_file(fsdp_engine *e, const char *ckpt, const fsdp_
         FSDP_CHECK(e->place->params_ready(e, u));
         fsdp_shard_row *row = fsdp_engine_row(e, u);
         size_t S = shard[u];
-        for (int a = 0; a < FSDP_CKPT_N_ARRAYS; a++) {
+        for (int a = 0; a < n_arrays; a++) {
             const float *src = state_array(row, a);
             for (size_t b = 0, lo = 0; lo < S; b++, lo += FSDP_CKPT_BLOCK_NUMEL) {
                 size_t n = min_sz(S - lo, FSDP_CKPT_BLOCK_NUMEL);
                 FSDP_CHECK(get_state(e, staging, src + lo, n));
-                FSDP_CHECK(fsdp_ckpt_writer_put(w, u, (fsdp_ckpt_array)a, b, staging));
+                FSDP_CHECK(fsdp_ckpt_writer_put(w, u, a, b, staging));
             }
         }
         if (u == 0 && stall > 0)
@@ -301,9 +349,12 @@ static fsdp_status load_from_file(fsdp_engine *e, const char *ckpt, const fsdp_c
         old_first[u] = fsdp_ckpt_shard_first(man, u, k);
     char path[FSDP_CKPT_PATH_MAX];
     FSDP_TRY(fsdp_ckpt_rank_path(path, sizeof path, ckpt, k));
+    const char *names[FSDP_CKPT_MAX_ARRAYS];
+    int n_arrays = array_names(sh, names);
     fsdp_ckpt_shard_info info = {.run_id = man->run_id, .step = man->step, .adam_t = man->adam_t,
                                  .rank = k, .world_size = man->world_size, .n_units = U,
-                                 .shard_numel = old_shard, .first = old_first};
+                                 .shard_numel = old_shard, .first = old_first,
+                                 .n_arrays = n_arrays, .array_names = names};
     fsdp_ckpt_reader *r = NULL;
     FSDP_TRY(fsdp_ckpt_reader_open(&r, path, &info));
     fsdp_status st = FSDP_STATUS_OK;
@@ -313,11 +364,11 @@ static fsdp_status load_from_file(fsdp_engine *e, const char *ckpt, const fsdp_c
         old_range(man, u, k, &olo, &ohi);
         size_t a0 = lo > olo ? lo : olo, a1 = real_hi < ohi ? real_hi : ohi;
         fsdp_shard_row *row = fsdp_engine_row(e, u);
-        for (int a = 0; a < FSDP_CKPT_N_ARRAYS && st == FSDP_STATUS_OK; a++) {
+        for (int a = 0; a < n_arrays && st == FSDP_STATUS_OK; a++) {
             float *dst = state_array(row, a);
             for (size_t x = a0; x < a1 && st == FSDP_STATUS_OK;) {
                 size_t n = min_sz(a1 - x, FSDP_CKPT_BLOCK_NUMEL);
-                st = fsdp_ckpt_reader_read(r, u, (fsdp_ckpt_array)a, x - olo, n, staging);
+                st = fsdp_ckpt_reader_read(r, u, a, x - olo, n, staging);
                 if (st == FSDP_STATUS_OK)
                     st = put_state(e, dst + (x - lo), staging, n);
                 x += n;
@@ -373,7 +424,7 @@ fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_c
         size_t lo, hi, real_hi;
         new_range(e, u, &lo, &hi, &real_hi);
         fsdp_shard_row *row = fsdp_engine_row(e, u);
-        for (int a = 0; a < FSDP_CKPT_N_ARRAYS && real_hi < hi; a++) {
+        for (int a = 0; a < 1 + sh->optim->n_state && real_hi < hi; a++) {
             float *pad = state_array(row, a) + (real_hi - lo);
             FSDP_CHECK(fsdp_device_memset(&e->dev, pad, 0, (hi - real_hi) * 4, e->dev.compute));
         }
