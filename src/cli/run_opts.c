@@ -1,6 +1,7 @@
 /*
  * run_opts.c - options shared by `fsdp train` and `fsdp plan`.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -16,6 +17,16 @@ int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *o)
     fsdp_engine_config *e = &c->eng;
     ro->devices = -1; /* unset: the backend's default */
     e->seq = 0;       /* unset: chosen from the data and model in fsdp_run_opts_finish */
+    e->momentum = NAN; /* unset: the default, if the optimizer takes it */
+    /* --optimizer's values and help, from the registry */
+    static char optim_names[96], optim_help[640];
+    fsdp_optim_names(optim_names, sizeof optim_names, "|");
+    size_t at = (size_t)snprintf(optim_help, sizeof optim_help, "the optimizer:");
+    for (int i = 0; i < fsdp_optim_count() && at < sizeof optim_help; i++)
+        at += (size_t)snprintf(optim_help + at, sizeof optim_help - at, "%s %s = %s",
+                               i ? ";" : "", fsdp_optim_at(i)->name, fsdp_optim_at(i)->help);
+    if (at < sizeof optim_help)
+        snprintf(optim_help + at, sizeof optim_help - at, " (default %s)", fsdp_optim_at(0)->name);
     int n = 0;
 #define OPT(name_, type_, dst_, meta_, help_) \
     o[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
@@ -37,7 +48,8 @@ int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *o)
     OPT("precision", FSDP_OPT_STR, &ro->precision, "fp32|bf16",
         "compute dtype: gathered parameters and activations; master weights stay fp32 (default fp32)");
     OPT("offload", FSDP_OPT_STR, &ro->offload, "none|optimizer",
-        "keep master weights, Adam state and gradient shards in pinned host memory (default none)");
+        "keep master weights, optimizer state and gradient shards in pinned host memory, "
+        "updated by the CPU (default none)");
     OPT("prefetch", FSDP_OPT_STR, &ro->prefetch, "on|off",
         "all-gather the next unit while computing this one (default on)");
     OPT("comm", FSDP_OPT_STR, &ro->comm, "auto|host|nccl|peer",
@@ -46,6 +58,9 @@ int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *o)
         "cuda + peer: K virtual ranks share each GPU (default 1)");
     OPT("device-mem", FSDP_OPT_SIZE, &e->device_mem, "BYTES",
         "per-device memory cap, e.g. 24GiB (default none on cpu/meta)");
+    OPT("optimizer", FSDP_OPT_STR, &ro->optimizer, optim_names, optim_help);
+    OPT("momentum", FSDP_OPT_FLOAT, &e->momentum, "X",
+        "momentum of --optimizer sgd, in [0, 1) (default 0.9)");
     OPT("seed", FSDP_OPT_U64, &e->seed, "S", "seed for initialisation and data (default 1337)");
 #undef OPT
     return n;
@@ -114,6 +129,26 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
         if (pick(cmd, "comm", ro->comm, c, 5, &k))
             return 2;
         e->comm = (fsdp_comm_kind)k;
+    }
+    const fsdp_optim *o = fsdp_optim_at(0);
+    if (ro->optimizer && fsdp_optim_find(ro->optimizer, &o) != FSDP_STATUS_OK) {
+        fprintf(stderr, "fsdp %s: --optimizer: %s\n", cmd, fsdp_error_msg());
+        return 2;
+    }
+    e->optim = o;
+    if (isnan(e->momentum)) {
+        fsdp_train_config def;
+        fsdp_train_config_default(&def);
+        e->momentum = def.eng.momentum;
+    } else if (!(o->uses & FSDP_OPTIM_USES_MOMENTUM)) {
+        fprintf(stderr, "fsdp %s: --momentum is not a setting of --optimizer %s\n", cmd, o->name);
+        return 2;
+    }
+    fsdp_optim_hparams hp = {.beta1 = e->beta1, .beta2 = e->beta2, .eps = e->eps,
+                             .momentum = e->momentum, .weight_decay = e->weight_decay};
+    if (o->check(&hp) != FSDP_STATUS_OK) {
+        fprintf(stderr, "fsdp %s: %s\n", cmd, fsdp_error_msg());
+        return 2;
     }
     if (e->n_ranks < 1 || e->n_ranks > 1024) {
         fprintf(stderr, "fsdp %s: --devices must be 1..1024 (got %d)\n", cmd, e->n_ranks);

@@ -11,7 +11,7 @@
 
 typedef struct fsdp_run_opts {
     fsdp_train_config cfg;
-    const char *backend, *shard, *precision, *offload, *prefetch, *comm;
+    const char *backend, *shard, *precision, *offload, *prefetch, *comm, *optimizer;
     int devices;
 } fsdp_run_opts;
 

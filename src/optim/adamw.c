@@ -59,6 +59,7 @@ static void adamw_host_step(fsdp_cpu_isa isa, const fsdp_optim_hparams *hp,
 const fsdp_optim fsdp_optim_adamw = {
     /* .name        = */ "adamw",
     /* .help        = */ "AdamW, decoupled weight decay (state: adam_m, adam_v; 8 bytes/param)",
+    /* .uses        = */ FSDP_OPTIM_USES_BETAS | FSDP_OPTIM_USES_EPS,
     /* .n_state     = */ 2,
     /* .state_names = */ {"adam_m", "adam_v"},
     /* .check       = */ adamw_check,

@@ -64,9 +64,19 @@ typedef struct fsdp_optim_range {
     float wd;                               /* weight decay of these parameters (0: none) */
 } fsdp_optim_range;
 
+/* Hyper-parameters an optimizer reads, beyond the learning rate and weight
+ * decay every one takes (the CLI refuses a setting the optimizer would
+ * ignore). */
+enum {
+    FSDP_OPTIM_USES_BETAS = 1u << 0,
+    FSDP_OPTIM_USES_EPS = 1u << 1,
+    FSDP_OPTIM_USES_MOMENTUM = 1u << 2,
+};
+
 typedef struct fsdp_optim {
     const char *name;                       /* "adamw": --optimizer, manifests */
     const char *help;                       /* one line for --help */
+    unsigned uses;                          /* FSDP_OPTIM_USES_* */
     int n_state;                            /* fp32 state arrays per parameter */
     const char *state_names[FSDP_OPTIM_MAX_STATE]; /* checkpoints store them by these names */
     /* INVALID_ARG naming the hyper-parameter and its valid range. */

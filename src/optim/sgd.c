@@ -53,6 +53,7 @@ const fsdp_optim fsdp_optim_sgd = {
     /* .name        = */ "sgd",
     /* .help        = */ "SGD with momentum (--momentum), L2 weight decay as PyTorch's SGD "
                          "(state: momentum; 4 bytes/param)",
+    /* .uses        = */ FSDP_OPTIM_USES_MOMENTUM,
     /* .n_state     = */ 1,
     /* .state_names = */ {"momentum"},
     /* .check       = */ sgd_check,
