@@ -25,6 +25,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include "ckpt/shard_file.h"
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -406,10 +407,12 @@ START_TEST(test_registry_and_interface)
         ck_assert(x->n_state >= 0 && x->n_state <= FSDP_OPTIM_MAX_STATE);
         ck_assert(x->help && x->help[0] && x->check && x->consts && x->device_step &&
                   x->host_step);
-        for (int k = 0; k < x->n_state; k++) {
+        for (int k = 0; k < x->n_state; k++) { /* names a shard file can store */
             ck_assert(strlen(x->state_names[k]) < FSDP_OPTIM_NAME_MAX);
+            ck_assert(fsdp_ckpt_array_name_valid(x->state_names[k]));
             ck_assert_str_ne(x->state_names[k], "master");
         }
+        ck_assert(fsdp_ckpt_array_name_valid(x->name)); /* the manifest's optimizer line */
     }
 
     /* hyper-parameter checks */

@@ -110,8 +110,9 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
 void fsdp_engine_free(fsdp_engine *e);
 
 /* One optimizer step: grad_accum micro-steps on micro-batches
- * step * M + j * N + rank (M = N * A), reduce-scatter, clip, AdamW at
- * learning rate lr. Every rank must call it with the same step and lr.
+ * step * M + j * N + rank (M = N * A), reduce-scatter, clip, and the
+ * configured optimizer's update (cfg.optim) at learning rate lr. Every rank
+ * must call it with the same step and lr.
  * Ends with a world barrier after which sh->x_stats holds every rank's
  * figures for this step. */
 fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res);

@@ -26,6 +26,13 @@
 #include "fsdp/engine_internal.h"
 #include "fsdp/place.h"
 
+/* Every optimizer's state fits a shard file: its arrays after the master,
+ * under their own names. */
+_Static_assert(FSDP_OPTIM_MAX_STATE + 1 <= FSDP_CKPT_MAX_ARRAYS,
+               "shard files hold the master and every state array of an optimizer");
+_Static_assert(FSDP_OPTIM_NAME_MAX <= FSDP_CKPT_ARRAY_NAME_MAX,
+               "state array names fit a shard file's name table");
+
 /* Array a of a unit's checkpoint: 0 the master, then the optimizer's state
  * arrays in its order. */
 static float *state_array(fsdp_shard_row *row, int a)
