@@ -63,8 +63,8 @@ else
 endif
 
 # libraries the library links (cpu kernels, tokenizer patterns, Unicode
-# normalization) and, for the tests, Check
-LIB_PKGS := openblas libpcre2-8 libutf8proc
+# normalization, checkpoint checksums) and, for the tests, Check
+LIB_PKGS := openblas libpcre2-8 libutf8proc libxxhash
 PKGS := check $(LIB_PKGS)
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 ifneq ($(HAVE_PKGS),1)

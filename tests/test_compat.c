@@ -177,6 +177,11 @@ START_TEST(test_v1_reads_into_the_v2_form)
     ck_assert_int_eq(v1.version, 1);
     ck_assert_str_eq(v1.model_family, "gpt2");
     ck_assert_str_eq(v1.model_config, tiny.config);
+    /* version 1 predates the optimizer lines: AdamW's arrays */
+    ck_assert_str_eq(v1.optimizer, "adamw");
+    ck_assert_int_eq(v1.n_optim_state, 2);
+    ck_assert_str_eq(v1.optim_state[0], "adam_m");
+    ck_assert_str_eq(v1.optim_state[1], "adam_v");
     ck_assert_str_eq(v1.model_name, "tiny");
     ck_assert_int_eq(v1.model_line, 20); /* the 'gpt2' line */
     ck_assert_int_eq(fsdp_ckpt_manifest_check_model(&v1, FIXTURE_MANIFEST, &tiny),
@@ -200,6 +205,8 @@ START_TEST(test_v1_reads_into_the_v2_form)
     /* the same in-memory form, field by field */
     ck_assert_str_eq(v2.model_family, v1.model_family);
     ck_assert_str_eq(v2.model_config, v1.model_config);
+    ck_assert_str_eq(v2.optimizer, v1.optimizer);
+    ck_assert_int_eq(v2.n_optim_state, v1.n_optim_state);
     ck_assert_str_eq(v2.model_name, v1.model_name);
     ck_assert_uint_eq(v2.run_id, v1.run_id);
     ck_assert_uint_eq(v2.step, v1.step);

@@ -641,7 +641,7 @@ START_TEST(test_xent_gpt2_vocab)
 }
 END_TEST
 
-/* AdamW: bit-identical to the cpu (fsdp_adamw_ref), p_out fp32 or bf16. */
+/* AdamW: bit-identical to the cpu (the AdamW reference in ops/cpu/optim_kernels.h), p_out fp32 or bf16. */
 START_TEST(test_adamw_bit_exact)
 {
     NEED_GPU(_i ? "test_adamw_bit_exact(bf16 out)" : "test_adamw_bit_exact(f32 out)");
@@ -672,6 +672,39 @@ START_TEST(test_adamw_bit_exact)
         free(gg);
     }
     tens *all[] = {&p, &g, &m, &v, &po};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        t_free(&P, all[i]);
+    pair_fini(&P);
+}
+END_TEST
+
+/* SGD with momentum: bit-identical to the cpu (fsdp_sgd_ref), p_out fp32 or bf16. */
+START_TEST(test_sgd_bit_exact)
+{
+    NEED_GPU(_i ? "test_sgd_bit_exact(bf16 out)" : "test_sgd_bit_exact(f32 out)");
+    pair P;
+    fsdp_dtype out_dt = (fsdp_dtype)_i;
+    pair_init(&P, FSDP_DTYPE_F32);
+    const size_t n = 10007;
+    tens p = t_new(&P, n, FSDP_DTYPE_F32, 1.0f, 63), g = t_new(&P, n, FSDP_DTYPE_F32, 0.3f, 64);
+    tens buf = t_new(&P, n, FSDP_DTYPE_F32, 0.0f, 0), po = t_out(&P, n, out_dt);
+    for (int step = 1; step <= 3; step++) {
+        float wd = step == 2 ? 0.0f : 0.1f;
+        FSDP_OP(&P.oc, sgd, p.c, g.c, buf.c, n, 0.05f, 0.9f, wd, 0.7f, po.c, out_dt);
+        FSDP_OP(&P.og, sgd, p.g, g.g, buf.g, n, 0.05f, 0.9f, wd, 0.7f, po.g, out_dt);
+    }
+    gpu_done(&P);
+    tens *chk[] = {&p, &buf, &po};
+    const char *names[] = {"p", "buf", "p_out"};
+    for (int k = 0; k < 3; k++) {
+        float *c = t_get(&P, chk[k], 0), *gg = t_get(&P, chk[k], 1);
+        for (size_t i = 0; i < n; i++)
+            ck_assert_msg(memcmp(&c[i], &gg[i], 4) == 0, "sgd %s[%zu]: cuda %.9g vs cpu %.9g",
+                          names[k], i, gg[i], c[i]);
+        free(c);
+        free(gg);
+    }
+    tens *all[] = {&p, &g, &buf, &po};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         t_free(&P, all[i]);
     pair_fini(&P);
@@ -752,6 +785,7 @@ static Suite *cuda_ops_suite(void)
     tcase_add_loop_test(tc, test_xent, 0, 2);
     tcase_add_loop_test(tc, test_xent_gpt2_vocab, 0, 2);
     tcase_add_loop_test(tc, test_adamw_bit_exact, 0, 2);
+    tcase_add_loop_test(tc, test_sgd_bit_exact, 0, 2);
     tcase_add_test(tc, test_cast_sumsq_bit_exact);
     suite_add_tcase(s, tc);
     return s;

@@ -20,7 +20,7 @@
 #include "core/rng.h"
 #include "models/gpt2.h"
 #include "models/registry.h"
-#include "optim/adamw.h"
+#include "ops/cpu/optim_kernels.h"
 
 /* The GPT-2 config a spec names, built through the registry. */
 static void parse_spec(const char *spec, fsdp_gpt2_config *c)

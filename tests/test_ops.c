@@ -17,7 +17,7 @@
 #include "core/rng.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
-#include "optim/adamw.h"
+#include "ops/cpu/optim_kernels.h"
 
 /* ---- fixtures and helpers ------------------------------------------------ */
 

@@ -47,15 +47,16 @@ static const char *const models[] = {"tiny", "custom:layers=3,heads=2,channels=4
 static const int devices[] = {1, 2, 4};
 
 /* The full product: 2 models x 3 device counts x 3 strategies x precision
- * x offload x grad-accum. Sanitizer builds (10-20x slower) run every
- * model/devices/strategy with the 4 rows of an L4 orthogonal array over the
- * three binary factors, which still covers every pair of values. */
+ * x offload x grad-accum x optimizer (AdamW, SGD). Sanitizer builds (10-20x
+ * slower) run every model/devices/strategy with the 8 rows of an L8
+ * orthogonal array over the four binary factors, which still covers every
+ * pair of values. */
 #if FSDP_TEST_TSAN || FSDP_TEST_ASAN
 #define MATRIX_FULL 0
-#define N_MATRIX (2 * 3 * 3 * 4)
+#define N_MATRIX (2 * 3 * 3 * 8)
 #else
 #define MATRIX_FULL 1
-#define N_MATRIX (2 * 3 * 3 * 2 * 2 * 2)
+#define N_MATRIX (2 * 3 * 3 * 2 * 2 * 2 * 2)
 #endif
 
 static void matrix_config(int i, fsdp_train_config *c, char *desc, size_t n)
@@ -64,25 +65,29 @@ static void matrix_config(int i, fsdp_train_config *c, char *desc, size_t n)
     int mi = k % 2; k /= 2;
     int di = k % 3; k /= 3;
     int shard = k % 3; k /= 3;
-    int prec, off, accum;
+    int prec, off, accum, opt;
     if (MATRIX_FULL) {
         prec = k % 2; k /= 2;
         off = k % 2; k /= 2;
-        accum = 1 + k % 2;
+        accum = 1 + k % 2; k /= 2;
+        opt = k % 2;
     } else {
-        static const int l4[4][3] = {{0, 0, 0}, {0, 1, 1}, {1, 0, 1}, {1, 1, 0}};
-        prec = l4[k][0];
-        off = l4[k][1];
-        accum = 1 + l4[k][2];
+        /* columns 1, 2, 4 and 7 of L8: the fourth is the xor of the others */
+        prec = k >> 2 & 1;
+        off = k >> 1 & 1;
+        accum = 1 + (k & 1);
+        opt = prec ^ off ^ (k & 1);
     }
     base_config(c, models[mi], devices[di]);
     c->eng.shard = (fsdp_shard_strategy)shard;
     c->eng.compute_dtype = (fsdp_dtype)prec;
     c->eng.offload = off;
     c->eng.grad_accum = accum;
-    snprintf(desc, n, "model %s, %d device(s), shard %s, %s, offload %s, grad-accum %d",
+    c->eng.optim = fsdp_optim_at(opt);
+    snprintf(desc, n, "model %s, %d device(s), shard %s, %s, offload %s, grad-accum %d, %s",
              models[mi], devices[di], fsdp_shard_strategy_name(c->eng.shard),
-             fsdp_dtype_name(c->eng.compute_dtype), off ? "optimizer" : "none", accum);
+             fsdp_dtype_name(c->eng.compute_dtype), off ? "optimizer" : "none", accum,
+             c->eng.optim->name);
 }
 
 START_TEST(test_plan_equals_cpu_run)
@@ -215,6 +220,17 @@ START_TEST(test_plan_70b_fast_and_formulas)
         ck_assert_uint_eq(pr->mem.peak_kind_bytes[FSDP_MEM_PARAM], 4 * shards);
     }
     fsdp_plan_free(&plan);
+
+    /* SGD keeps one state array: 4 bytes per shard element, and the formula
+     * asks the optimizer */
+    c.eng.offload = false;
+    c.eng.optim = &fsdp_optim_sgd;
+    ck_assert_int_eq(fsdp_plan_run(&c, 2, &plan), FSDP_STATUS_OK);
+    for (int r = 0; r < N; r++)
+        ck_assert_uint_eq(plan.ranks[r].mem.peak_kind_bytes[FSDP_MEM_OPTIM], 4 * shards);
+    fsdp_plan_formula(&plan, &f_dev, &f_host, text, sizeof text);
+    ck_assert_str_eq(text, "12 P/N");
+    fsdp_plan_free(&plan);
 }
 END_TEST
 
@@ -225,15 +241,21 @@ START_TEST(test_plan_formula_text)
         fsdp_shard_strategy shard;
         fsdp_dtype dt;
         bool offload;
+        const fsdp_optim *optim; /* NULL: the default, AdamW */
         const char *text;
         double dev_per_p, dev_per_p_n, host_per_p_n;
     } cases[] = {
-        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, "16 P/N", 0, 16, 0},
-        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_F32, false, "4 P + 12 P/N", 4, 12, 0},
-        {FSDP_SHARD_NONE, FSDP_DTYPE_F32, false, "16 P", 16, 0, 0},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, false, "18 P/N", 0, 18, 0},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, true, "device 4 P/N + host 16 P/N", 0, 4, 16},
-        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, true, "device 2 P + host 16 P/N", 2, 0, 16},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, NULL, "16 P/N", 0, 16, 0},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_F32, false, NULL, "4 P + 12 P/N", 4, 12, 0},
+        {FSDP_SHARD_NONE, FSDP_DTYPE_F32, false, NULL, "16 P", 16, 0, 0},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, false, NULL, "18 P/N", 0, 18, 0},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, true, NULL, "device 4 P/N + host 16 P/N", 0, 4, 16},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, true, NULL, "device 2 P + host 16 P/N", 2, 0, 16},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, &fsdp_optim_adamw, "16 P/N", 0, 16, 0},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, &fsdp_optim_sgd, "12 P/N", 0, 12, 0},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, false, &fsdp_optim_sgd, "2 P + 12 P/N", 2, 12, 0},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, true, &fsdp_optim_sgd, "device 2 P/N + host 12 P/N", 0,
+         2, 12},
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {
         fsdp_plan p;
@@ -243,6 +265,7 @@ START_TEST(test_plan_formula_text)
         p.eng.shard = cases[i].shard;
         p.eng.compute_dtype = cases[i].dt;
         p.eng.offload = cases[i].offload;
+        p.eng.optim = cases[i].optim;
         size_t dev, host;
         char text[64];
         fsdp_plan_formula(&p, &dev, &host, text, sizeof text);
@@ -333,6 +356,10 @@ START_TEST(test_plan_json)
     ck_assert_uint_eq(json_uint(root, "params"), plan.numel);
     ck_assert_uint_eq(json_uint(root, "devices"), 2);
     ck_assert_str_eq(fsdp_json_get(root, "offload")->str, "optimizer");
+    const fsdp_json *opt = fsdp_json_get(root, "optimizer");
+    ck_assert_str_eq(fsdp_json_get(opt, "name")->str, "adamw");
+    ck_assert_str_eq(fsdp_json_at(fsdp_json_get(opt, "state"), 1)->str, "adam_v");
+    ck_assert_uint_eq(json_uint(opt, "state_bytes_per_param"), 8);
     ck_assert(fsdp_json_get(root, "fits")->type == FSDP_JSON_BOOL);
     ck_assert(fsdp_json_get(root, "fits")->boolean);
     const fsdp_json *devs = fsdp_json_get(root, "per_device");
@@ -818,6 +845,12 @@ START_TEST(test_commands)
         {"plan --model tiny --devices 2 --device-mem 1GiB", 0, "FITS under"},
         {"plan --model tiny --devices 2 --device-mem 1MiB", 0, "DOES NOT FIT"},
         {"plan --model tiny --json", 0, "\"per_device\""},
+        {"plan --model tiny --optimizer sgd", 0, "optim: optimizer state (momentum)"},
+        {"plan --model tiny --optimizer sgd --offload optimizer", 0, "host 12 P/N"},
+        {"plan --model tiny", 0, "optim: optimizer state (adam_m, adam_v)"},
+        {"plan --model tiny --optimizer lion", 2, "unknown optimizer 'lion' (expected adamw, sgd)"},
+        {"plan --model tiny --momentum 0.5", 2, "--momentum is not a setting of --optimizer adamw"},
+        {"plan --model tiny --optimizer sgd --momentum 1", 2, "momentum 1 must be in [0, 1)"},
         {"plan --backend cpu", 2, "unknown option '--backend'"},
         {"plan --comm host", 2, "unknown option '--comm'"},
         {"plan --devices 0", 2, "--devices"},

@@ -6,9 +6,11 @@ real structure. Standard library only. Run from the repository root:
     python3 tools/gen_fuzz_corpus.py [path/to/fsdp]
 
 The manifest seeds are a version-1 manifest (tests/fixtures/ckpt_v1_tiny)
-and a current one from a real checkpoint written by the fsdp binary
-(default build/fsdp, `fsdp convert` of a tiny model); without the binary
-that seed is skipped.
+and a current one; the current manifest and the version-2 shard-file seeds
+come from a real checkpoint written by the fsdp binary (default build/fsdp,
+`fsdp convert` of a tiny model); without the binary those seeds are
+skipped. The version-1 shard file (a format fsdp only reads now) is
+written here.
 """
 import os
 import struct
@@ -51,6 +53,34 @@ def tokenizer(version, tokens, eot=None):
     for t in tokens:
         out += bytes([len(t)]) + t
     return out
+
+
+def shard_v1(units, n_arrays=3):
+    """A version-1 checkpoint shard file: 64-byte header, unit table, FNV-style
+    block sums over 8-byte words, payload at a multiple of 64 (src/ckpt/shard_file.h)."""
+    block, mask = 65536, (1 << 64) - 1
+
+    def fnv(b):
+        h = 1469598103934665603
+        for i in range(0, len(b), 8):
+            w = int.from_bytes(b[i:i + 8].ljust(8, b"\0"), "little")
+            h = ((h ^ w) * 1099511628211) & mask
+        return h
+
+    payload, sums = [], []
+    for u, n in enumerate(units):
+        for a in range(n_arrays):
+            arr = struct.pack("<%df" % n, *[((u + 1) * (a + 2) * (i + 1) % 97) / 97.0
+                                             for i in range(n)])
+            payload.append(arr)
+            sums += [fnv(arr[o:o + 4 * block]) for o in range(0, len(arr), 4 * block)]
+    table = struct.pack("<" + "QQ" * len(units), *[x for n in units for x in (n, 0)])
+    # version, header bytes, rank, world, units, block numel; run id, step, t
+    head = b"FSDPCKPT" + struct.pack("<6I3Q", 1, 64, 0, 1, len(units), block, 0x1234, 3, 3)
+    tables = head + struct.pack("<Q", 0) + table + struct.pack("<%dQ" % len(sums), *sums)
+    tables = tables[:56] + struct.pack("<Q", fnv(tables)) + tables[64:]
+    pad = b"\0" * ((-len(tables)) % 64)
+    return tables + pad + b"".join(payload)
 
 
 def main():
@@ -99,8 +129,12 @@ def main():
                            check=True)
             with open(os.path.join(ck, "step_00000000", "manifest"), "rb") as f:
                 put("fuzz_manifest", "tiny_manifest_v2", f.read())
+            with open(os.path.join(ck, "step_00000000", "rank_00000.bin"), "rb") as f:
+                put("fuzz_shard_file", "tiny_v2.bin", f.read())
         else:
-            print("gen_fuzz_corpus: %s not found; the current manifest seed is skipped" % fsdp)
+            print("gen_fuzz_corpus: %s not found; the current manifest and shard seeds are "
+                  "skipped" % fsdp)
+    put("fuzz_shard_file", "small_v1.bin", shard_v1([1024, 1024]))
     # tokenizer files: version 2 (with end-of-text) and version 1
     toks = [bytes([i]) for i in range(256)] + [b"ab", b"abc", b" the", b"<|endoftext|>"]
     put("fuzz_tokenizer", "tok_v2.bin", tokenizer(2, toks, len(toks) - 1))

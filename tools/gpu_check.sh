@@ -63,6 +63,8 @@ OUTDIR=${OUTDIR:-${OUT:-gpu_check_out}}
 mkdir -p "$OUTDIR" && OUTDIR=$(cd "$OUTDIR" && pwd) || exit 2
 BUILD=${BUILD:-build-gpu}
 WORKROOT=$ROOT/$BUILD/gpu_check
+# what the Makefile asks pkg-config for (its PKGS)
+DEP_PKGS="check openblas libpcre2-8 libutf8proc libxxhash"
 mkdir -p "$WORKROOT"
 NPROC=$(nproc 2>/dev/null || echo 4)
 FAILED=0
@@ -201,14 +203,16 @@ deps_from_debs() {
     local ml=usr/lib/x86_64-linux-gnu
     # .pc files name /usr: point them at the unpacked tree (openblas.pc is an
     # alternatives link on Debian, so take the pthread flavour's own file)
-    sed "s|/usr|$root/usr|g" "$root/$ml/pkgconfig/check.pc" >"$root/pkgconfig/check.pc" &&
-        sed "s|/usr|$root/usr|g" "$root/$ml/pkgconfig/libsubunit.pc" >"$root/pkgconfig/libsubunit.pc" &&
-        sed "s|/usr|$root/usr|g" "$root/$ml/openblas-pthread/pkgconfig/openblas.pc" >"$root/pkgconfig/openblas.pc" ||
+    local pc
+    for pc in check libsubunit libxxhash libpcre2-8 libutf8proc; do
+        sed "s|/usr|$root/usr|g" "$root/$ml/pkgconfig/$pc.pc" >"$root/pkgconfig/$pc.pc" || return 1
+    done
+    sed "s|/usr|$root/usr|g" "$root/$ml/openblas-pthread/pkgconfig/openblas.pc" >"$root/pkgconfig/openblas.pc" ||
         return 1
     export PKG_CONFIG_PATH="$root/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
     export LD_LIBRARY_PATH="$root/$ml:$root/$ml/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     if ! command -v pkg-config >/dev/null || [ -n "${GPU_CHECK_FAKE_PKGCONFIG:-}" ]; then
-        # The Makefile only asks --exists/--cflags/--libs of check and openblas.
+        # The Makefile only asks --exists/--cflags/--libs of $DEP_PKGS.
         cat >"$root/bin/pkg-config" <<EOF
 #!/bin/sh
 cflags=""; libs=""; ok=1
@@ -217,6 +221,9 @@ for p in "\$@"; do
   case \$p in
     check) cflags="\$cflags -I$root/usr/include -pthread"; libs="\$libs -L$root/$ml -lcheck_pic -lrt -lm -lsubunit";;
     openblas) cflags="\$cflags -I$root/usr/include/x86_64-linux-gnu/openblas-pthread"; libs="\$libs -L$root/$ml/openblas-pthread -lopenblas";;
+    libxxhash) cflags="\$cflags -I$root/usr/include"; libs="\$libs -L$root/$ml -lxxhash";;
+    libpcre2-8) cflags="\$cflags -I$root/usr/include"; libs="\$libs -L$root/$ml -lpcre2-8";;
+    libutf8proc) cflags="\$cflags -I$root/usr/include"; libs="\$libs -L$root/$ml -lutf8proc";;
     *) ok=0;;
   esac
 done
@@ -230,9 +237,9 @@ esac
 EOF
         chmod +x "$root/bin/pkg-config"
         export PATH="$root/bin:$PATH"
-        echo "pkg-config: using a stand-in for check and openblas"
+        echo "pkg-config: using a stand-in for $DEP_PKGS"
     fi
-    pkg-config --exists check openblas
+    pkg-config --exists $DEP_PKGS
 }
 
 # Sets MAKE_ARGS and the TOOL_* report lines; returns 1 if the build cannot
@@ -295,12 +302,12 @@ setup_toolchain() {
         NCCL_FOUND=0
     fi
     # Check and OpenBLAS
-    if [ -z "${GPU_CHECK_FORCE_DEBS:-}" ] && pkg-config --exists check openblas 2>/dev/null; then
-        TOOL_LINES+=("check, openblas: pkg-config ($(pkg-config --modversion check openblas | tr '\n' ' '))")
+    if [ -z "${GPU_CHECK_FORCE_DEBS:-}" ] && pkg-config --exists $DEP_PKGS 2>/dev/null; then
+        TOOL_LINES+=("$DEP_PKGS: pkg-config ($(pkg-config --modversion $DEP_PKGS | tr '\n' ' '))")
     elif deps_from_debs >"$WORKROOT/deps.log" 2>&1; then
-        TOOL_LINES+=("check, openblas: unpacked from third_party/debs into third_party/root")
+        TOOL_LINES+=("$DEP_PKGS: unpacked from third_party/debs into third_party/root")
     else
-        TOOL_LINES+=("check, openblas: MISSING ($(tail -n 1 "$WORKROOT/deps.log"))")
+        TOOL_LINES+=("$DEP_PKGS: MISSING ($(tail -n 1 "$WORKROOT/deps.log"))")
         return 1
     fi
     return 0

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Install what fsdp needs on Debian/Ubuntu (run as root): a C toolchain,
 # pkg-config, Check (unit tests), OpenBLAS (cpu backend), PCRE2 (the
-# tokenizers' split patterns) and utf8proc (their NFC normalizer). With --fuzz,
-# also clang and its libFuzzer runtime (make fuzz). The CUDA toolkit and
-# NCCL are optional and not installed here.
+# tokenizers' split patterns), utf8proc (their NFC normalizer) and xxHash
+# (checkpoint checksums). With --fuzz, also clang and its libFuzzer runtime
+# (make fuzz). The CUDA toolkit and NCCL are optional and not installed here.
 set -euo pipefail
-pkgs=(build-essential pkg-config check libsubunit-dev libopenblas-dev libpcre2-dev libutf8proc-dev)
+pkgs=(build-essential pkg-config check libsubunit-dev libopenblas-dev libpcre2-dev libutf8proc-dev
+      libxxhash-dev)
 if [ "${1:-}" = "--fuzz" ]; then
     pkgs+=(clang libclang-rt-14-dev)
 fi

@@ -68,6 +68,14 @@ fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest 
     fsdp_sbuf_printf(&b, "batch %d\nseq %d\ngrad_accum %d\nsteps_total %d\n", m->batch, m->seq,
               m->grad_accum, m->steps_total);
     fsdp_sbuf_printf(&b, "compute_dtype %s\nmaster_dtype fp32\noptim_dtype fp32\n", m->compute_dtype);
+    if (m->optimizer[0]) {
+        fsdp_sbuf_printf(&b, "optimizer %s\noptim_state ", m->optimizer);
+        for (int k = 0; k < m->n_optim_state; k++)
+            fsdp_sbuf_printf(&b, "%s%s", k ? "," : "", m->optim_state[k]);
+        fsdp_sbuf_printf(&b, "%s\n", m->n_optim_state ? "" : "-");
+    } else {
+        fsdp_sbuf_printf(&b, "optimizer adamw\noptim_state adam_m,adam_v\n");
+    }
     sb_text(&b, "model_name", m->model_name);
     sb_text(&b, "model_family", m->model_family);
     sb_text(&b, "model_config", m->model_config);
@@ -210,14 +218,16 @@ enum mkey {
     K_FORMAT, K_VERSION, K_RUN_ID, K_STEP, K_ADAM_T, K_DATA_SEQUENCES, K_SEED, K_WORLD_SIZE,
     K_SHARD, K_BATCH, K_SEQ, K_GRAD_ACCUM, K_STEPS_TOTAL, K_COMPUTE_DTYPE, K_MASTER_DTYPE,
     K_OPTIM_DTYPE, K_MODEL_NAME, K_MODEL_SPEC, K_GPT2, K_VOCAB_SIZE, K_PADDED_VOCAB_SIZE,
-    K_MAX_SEQ_LEN, K_MODEL_FAMILY, K_MODEL_CONFIG, K_DATA, K_BLOCK_NUMEL, K_COUNT
+    K_MAX_SEQ_LEN, K_MODEL_FAMILY, K_MODEL_CONFIG, K_DATA, K_BLOCK_NUMEL, K_OPTIMIZER,
+    K_OPTIM_STATE, K_COUNT
 };
 
 static const char *const mkey_names[K_COUNT] = {
     "format", "version", "run_id", "step", "adam_t", "data_sequences", "seed", "world_size",
     "shard", "batch", "seq", "grad_accum", "steps_total", "compute_dtype", "master_dtype",
     "optim_dtype", "model_name", "model_spec", "gpt2", "vocab_size", "padded_vocab_size",
-    "max_seq_len", "model_family", "model_config", "data", "block_numel",
+    "max_seq_len", "model_family", "model_config", "data", "block_numel", "optimizer",
+    "optim_state",
 };
 
 /* The versions each key belongs to (bit v set: version v has it, once). */
@@ -226,6 +236,7 @@ static const char *const mkey_names[K_COUNT] = {
 static const unsigned mkey_versions[K_COUNT] = {
     [K_MODEL_SPEC] = V1, [K_GPT2] = V1, [K_VOCAB_SIZE] = V1, [K_PADDED_VOCAB_SIZE] = V1,
     [K_MAX_SEQ_LEN] = V1, [K_MODEL_FAMILY] = V2, [K_MODEL_CONFIG] = V2,
+    [K_OPTIMIZER] = V2, [K_OPTIM_STATE] = V2, /* version 1 is AdamW */
 };
 #define KEY_IN(k, version) ((mkey_versions[k] ? mkey_versions[k] : V1 | V2) >> (version) & 1)
 
@@ -298,6 +309,32 @@ static fsdp_status finish_v1_model(parser *ps, fsdp_ckpt_manifest *m)
     }
     fsdp_model_free(&built);
     return st;
+}
+
+/* `optim_state A,B,...` or `-`: names valid for shard files, unique, not
+ * "master". */
+static fsdp_status parse_optim_state(const parser *ps, char *v, fsdp_ckpt_manifest *m)
+{
+    m->n_optim_state = 0;
+    if (!strcmp(v, "-"))
+        return FSDP_STATUS_OK;
+    for (char *name = v;;) {
+        char *comma = strchr(name, ',');
+        if (comma)
+            *comma = '\0';
+        if (m->n_optim_state == FSDP_CKPT_MAX_ARRAYS - 1)
+            return bad(ps, "optim_state lists more than %d arrays", FSDP_CKPT_MAX_ARRAYS - 1);
+        if (!fsdp_ckpt_array_name_valid(name) || !strcmp(name, "master"))
+            return bad(ps, "optim_state name '%.32s' is not a [a-z0-9_] name of at most %d "
+                           "characters other than 'master'", name, FSDP_CKPT_ARRAY_NAME_MAX - 1);
+        for (int k = 0; k < m->n_optim_state; k++)
+            if (!strcmp(m->optim_state[k], name))
+                return bad(ps, "optim_state names '%s' twice", name);
+        snprintf(m->optim_state[m->n_optim_state++], FSDP_CKPT_ARRAY_NAME_MAX, "%s", name);
+        if (!comma)
+            return FSDP_STATUS_OK;
+        name = comma + 1;
+    }
 }
 
 /* One `key value` line of the header part. */
@@ -394,6 +431,12 @@ static fsdp_status parse_header_line(parser *ps, enum mkey k, char *v, fsdp_ckpt
         m->model_line = ps->line;
         return FSDP_STATUS_OK;
     case K_DATA: copy_text(m->data, sizeof m->data, v); return FSDP_STATUS_OK;
+    case K_OPTIMIZER:
+        if (!fsdp_ckpt_array_name_valid(v))
+            return bad(ps, "optimizer '%.32s' is not a [a-z0-9_] name", v);
+        snprintf(m->optimizer, sizeof m->optimizer, "%s", v);
+        return FSDP_STATUS_OK;
+    case K_OPTIM_STATE: return parse_optim_state(ps, v, m);
     case K_BLOCK_NUMEL:
         if (!parse_u64(v, UINT64_MAX, &x) || x != FSDP_CKPT_BLOCK_NUMEL)
             return bad(ps, "block_numel '%s' is not supported (this build uses %zu)", v,
@@ -591,6 +634,12 @@ fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
                         st = bad(&ps, "key '%s' is missing before 'units'", mkey_names[k]);
                         goto fail;
                     }
+                if (m->version == 1) { /* version 1 predates optimizers other than AdamW */
+                    snprintf(m->optimizer, sizeof m->optimizer, "adamw");
+                    m->n_optim_state = 2;
+                    snprintf(m->optim_state[0], sizeof m->optim_state[0], "adam_m");
+                    snprintf(m->optim_state[1], sizeof m->optim_state[1], "adam_v");
+                }
                 FSDP_CHECK(check_header(&ps, m));
                 if (m->version == 1) {
                     int at = ps.line;

@@ -55,7 +55,7 @@ typedef struct fsdp_ckpt_manifest {
     int version;              /* as read (1 or 2); written as FSDP_CKPT_VERSION */
     uint64_t run_id;          /* random per training process; in every shard file */
     uint64_t step;            /* optimizer steps completed */
-    uint64_t adam_t;          /* AdamW step count */
+    uint64_t adam_t;          /* the optimizer's step count (key named when AdamW was the only one) */
     uint64_t data_sequences;  /* sequences consumed = step * batch * world * accum */
     uint64_t seed;            /* parameter init, data and sampling */
     int world_size;
@@ -64,6 +64,13 @@ typedef struct fsdp_ckpt_manifest {
     int batch, seq, grad_accum;
     int steps_total;          /* --steps of the run that wrote it (lr schedule) */
     char compute_dtype[8];    /* fp32 | bf16 (informational: state is fp32) */
+    /* The optimizer and the names of its state arrays, stored after the
+     * master in every shard file. Written as the lines `optimizer NAME` and
+     * `optim_state A,B` (or `-`); a version-1 manifest (without them) is
+     * AdamW's: adam_m, adam_v. An empty name when writing means the same. */
+    char optimizer[FSDP_CKPT_ARRAY_NAME_MAX];
+    int n_optim_state;
+    char optim_state[FSDP_CKPT_MAX_ARRAYS - 1][FSDP_CKPT_ARRAY_NAME_MAX];
     char model_name[FSDP_MODEL_NAME_MAX];     /* for messages: "tiny" */
     char model_family[32];                    /* registry name: "gpt2" */
     char model_config[FSDP_MODEL_CONFIG_MAX]; /* the family's canonical config */

@@ -2,6 +2,7 @@
  * run_opts.c - options shared by `fsdp train` and `fsdp plan`.
  */
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -56,6 +57,16 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
     ro->comm = (int)e->comm;
     ro->devices = -1; /* unset: the backend's default */
     e->seq = 0;       /* unset: chosen from the data and model in fsdp_run_opts_finish */
+    e->momentum = NAN; /* unset: the default, if the optimizer takes it */
+    /* --optimizer's values and help, from the registry */
+    static char optim_names[96], optim_help[640];
+    fsdp_optim_names(optim_names, sizeof optim_names, "|");
+    size_t at = (size_t)snprintf(optim_help, sizeof optim_help, "the optimizer:");
+    for (int i = 0; i < fsdp_optim_count() && at < sizeof optim_help; i++)
+        at += (size_t)snprintf(optim_help + at, sizeof optim_help - at, "%s %s = %s",
+                               i ? ";" : "", fsdp_optim_at(i)->name, fsdp_optim_at(i)->help);
+    if (at < sizeof optim_help)
+        snprintf(optim_help + at, sizeof optim_help - at, " (default %s)", fsdp_optim_at(0)->name);
     fsdp_opt_add_name(l, "backend", &ro->backend, &fsdp_backend_names,
                       "device backend; cuda when a GPU is visible, else cpu");
     fsdp_opt_add_int(l, "devices", &ro->devices, 1, FSDP_MAX_RANKS, "N",
@@ -82,6 +93,9 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                      "cuda + peer: K virtual ranks share each GPU (default 1)");
     fsdp_opt_add(l, "device-mem", FSDP_OPT_SIZE, &e->device_mem, "BYTES",
                  "per-device memory cap, e.g. 24GiB (default none on cpu/meta)");
+    fsdp_opt_add(l, "optimizer", FSDP_OPT_STR, &ro->optimizer, optim_names, optim_help);
+    fsdp_opt_add(l, "momentum", FSDP_OPT_FLOAT, &e->momentum, "X",
+                 "momentum of --optimizer sgd, in [0, 1) (default 0.9)");
     fsdp_opt_add(l, "seed", FSDP_OPT_U64, &e->seed, "S",
                  "seed for initialisation and data (default 1337)");
 }
@@ -102,6 +116,21 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     fsdp_transport_req req = {.backend = e->backend, .kind = e->comm,
                               .ranks_per_device = e->ranks_per_device, .n_processes = 1};
     if (fsdp_transport_pick(&req, &t) != FSDP_STATUS_OK)
+        return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
+    const fsdp_optim *o = fsdp_optim_at(0);
+    if (ro->optimizer && fsdp_optim_find(ro->optimizer, &o) != FSDP_STATUS_OK)
+        return fsdp_cli_usage(cmd, "--optimizer: %s", fsdp_error_msg());
+    e->optim = o;
+    if (isnan(e->momentum)) {
+        fsdp_train_config def;
+        fsdp_train_config_default(&def);
+        e->momentum = def.eng.momentum;
+    } else if (!(o->uses & FSDP_OPTIM_USES_MOMENTUM)) {
+        return fsdp_cli_usage(cmd, "--momentum is not a setting of --optimizer %s", o->name);
+    }
+    fsdp_optim_hparams hp = {.beta1 = e->beta1, .beta2 = e->beta2, .eps = e->eps,
+                             .momentum = e->momentum, .weight_decay = e->weight_decay};
+    if (o->check(&hp) != FSDP_STATUS_OK)
         return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
     fsdp_model m; /* the shape only: a model file is validated and closed again */
     if (fsdp_modelfile_resolve(ro->cfg.model, &m, NULL) != FSDP_STATUS_OK) {

@@ -1,7 +1,8 @@
 /*
  * engine.c - the FSDP step on one rank: just-in-time all-gathers with
- * prefetch, reduce-scatter of unit gradients, deterministic accumulation,
- * global-norm clipping and AdamW on the rank's shards.
+ * prefetch, reduce-scatter of unit gradients into the accumulation counter
+ * (accum.h), global-norm clipping and the optimizer step, through the
+ * placement table (place.h) that says where the optimizer state lives.
  *
  * Determinism (DESIGN): rank r runs micro-batches r, r+N, ... so micro-step
  * j covers global micro-batches jN .. jN+N-1; the reduce-scatter sums them
@@ -12,7 +13,7 @@
  * through host slots and added in the same tree over a fixed global order.
  *
  * Streams: ops run on the compute stream, collectives on the comm stream,
- * offload copies on the copy stream; each cross-stream dependency is an
+ * placement copies on the copy stream; each cross-stream dependency is an
  * event. Buffers are freed only after the streams that used them are done.
  */
 #include <math.h>
@@ -23,6 +24,7 @@
 #include "core/world.h"
 #include "fsdp/engine.h"
 #include "fsdp/engine_internal.h"
+#include "fsdp/place.h"
 
 /* ---- shared state ------------------------------------------------------- */
 
@@ -42,6 +44,11 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "--seq %d is longer than the model's context (%d)", cfg->seq,
                               model->max_seq_len);
+    sh->optim = fsdp_optim_or_default(cfg->optim);
+    sh->optim_hp = (fsdp_optim_hparams){.beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
+                                        .momentum = cfg->momentum,
+                                        .weight_decay = cfg->weight_decay};
+    FSDP_TRY(sh->optim->check(&sh->optim_hp));
     FSDP_TRY(fsdp_shardmap_init(&sh->sm, model, cfg->n_ranks, cfg->shard));
     for (int u = 0; u < sh->sm.n_units; u++)
         sh->n_local_blocks += sh->sm.units[u].shard_numel / FSDP_NORM_BLOCK;
@@ -72,26 +79,9 @@ void fsdp_engine_shared_free(fsdp_engine_shared *sh)
 
 /* ---- helpers ------------------------------------------------------------ */
 
-static fsdp_shard_row *row_of(fsdp_engine *e, int u)
-{
-    return &e->sh->sm.units[u].rows[e->rank];
-}
-
 static size_t dt_size(fsdp_engine *e) { return fsdp_dtype_size(e->sh->cfg.compute_dtype); }
 
 static bool sharded(const fsdp_engine *e) { return e->sh->cfg.shard != FSDP_SHARD_NONE; }
-
-/* Grad-accumulation buffers needed at once: max over j < A of popcount(j) + 1. */
-static int acc_depth(int A)
-{
-    int best = 1;
-    for (int j = 0; j < A; j++) {
-        int d = __builtin_popcount((unsigned)j) + 1;
-        if (d > best)
-            best = d;
-    }
-    return best;
-}
 
 /* Wait for all work on every stream of the device (end of a phase). */
 static fsdp_status sync_all(fsdp_engine *e)
@@ -102,23 +92,16 @@ static fsdp_status sync_all(fsdp_engine *e)
     return FSDP_STATUS_OK;
 }
 
-/* `dst` stream waits for everything issued so far on `src`. */
-static fsdp_status order(fsdp_engine *e, fsdp_stream_t src, fsdp_stream_t dst, fsdp_event_t ev)
-{
-    FSDP_TRY(fsdp_device_event_record(&e->dev, ev, src));
-    return fsdp_device_stream_wait_event(&e->dev, dst, ev);
-}
-
 /* ---- gather / release ---------------------------------------------------- */
 
 /* Issue the all-gather of unit u on the comm stream (no-op if resident). */
 static fsdp_status gather_issue(fsdp_engine *e, int u)
 {
-    fsdp_shard_row *row = row_of(e, u);
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     if (row->state != FSDP_UNIT_SHARDED)
         return FSDP_STATUS_OK;
-    FSDP_TRY(fsdp_offload_params_ready(e, u));
+    FSDP_TRY(e->place->params_ready(e, u));
     if (!sharded(e)) {
         row->gathered = row->param;
         row->state = FSDP_UNIT_GATHERED;
@@ -142,7 +125,7 @@ static fsdp_status gather_issue(fsdp_engine *e, int u)
 static fsdp_status gather_wait(fsdp_engine *e, int u)
 {
     FSDP_TRY(gather_issue(e, u));
-    fsdp_shard_row *row = row_of(e, u);
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
     if (row->state == FSDP_UNIT_GATHERING) {
         FSDP_TRY(fsdp_device_stream_wait_event(&e->dev, e->dev.compute, e->ev_gather[u]));
         row->state = FSDP_UNIT_GATHERED;
@@ -153,7 +136,7 @@ static fsdp_status gather_wait(fsdp_engine *e, int u)
 /* Free unit u's gathered buffer once the compute stream is done with it. */
 static fsdp_status gather_release(fsdp_engine *e, int u)
 {
-    fsdp_shard_row *row = row_of(e, u);
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
     if (row->state == FSDP_UNIT_SHARDED)
         return FSDP_STATUS_OK;
     if (sharded(e)) {
@@ -169,29 +152,16 @@ static fsdp_status gather_release(fsdp_engine *e, int u)
 
 /* ---- gradient reduction and accumulation --------------------------------- */
 
-/* Reduce unit u's full gradient over ranks into a fresh accumulation slot
- * and fold it into the binary counter of micro-step partial sums. */
+/* Reduce unit u's full gradient over ranks into a free accumulation slot
+ * and enter it in the counter of micro-step partial sums. */
 static fsdp_status grad_reduce(fsdp_engine *e, int u)
 {
-    fsdp_shard_row *row = row_of(e, u);
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
-    struct fsdp_acc *acc = &e->acc[u];
-    /* a free slot for this micro-step's value */
-    int slot = -1;
-    for (int k = 0; k < e->n_acc; k++)
-        if (!(acc->busy & (1u << k))) {
-            slot = k;
-            break;
-        }
-    FSDP_ASSERT(slot >= 0);
-    if (!acc->buf[slot]) {
-        char what[96];
-        snprintf(what, sizeof what, "unit '%s' gradient accumulation", su->spec->name);
-        FSDP_TRY(fsdp_device_alloc(&e->dev, su->shard_numel * sizeof(float), FSDP_MEM_GRAD, what,
-                                   (void **)&acc->buf[slot]));
-    }
-    float *dst = acc->buf[slot];
-    FSDP_TRY(order(e, e->dev.compute, e->dev.comm, e->ev_tmp));
+    float *dst;
+    int slot;
+    FSDP_TRY(fsdp_accum_slot(&e->acc, u, su->shard_numel, su->spec->name, &dst, &slot));
+    FSDP_TRY(fsdp_engine_order(e, e->dev.compute, e->dev.comm, e->ev_tmp));
     fsdp_trace_begin(e, FSDP_TRACE_COMM, sharded(e) ? "reduce_scatter" : "all_reduce",
                      su->spec->name, su->padded_numel * sizeof(float));
     if (sharded(e))
@@ -206,53 +176,7 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
     FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tmp));
     fsdp_device_free(&e->dev, row->grad_full);
     row->grad_full = NULL;
-
-    /* binary counter: merge equal levels, older partial on the left */
-    int level = 0;
-    acc->busy |= 1u << slot;
-    while (acc->depth > 0 && acc->level[acc->depth - 1] == level) {
-        int top = acc->stack[acc->depth - 1];
-        FSDP_OP(&e->ops, add, acc->buf[top], acc->buf[top], acc->buf[slot], su->shard_numel);
-        acc->busy &= ~(1u << slot);
-        slot = top;
-        acc->depth--;
-        level++;
-    }
-    acc->stack[acc->depth] = slot;
-    acc->level[acc->depth] = level;
-    acc->depth++;
-    return FSDP_STATUS_OK;
-}
-
-/* After the last micro-step: fold what is left of the counter (one entry
- * when A is a power of two); *result is the device buffer holding the sum. */
-fsdp_status fsdp_engine_grad_fold(fsdp_engine *e, int u, float **result)
-{
-    fsdp_shard_unit *su = &e->sh->sm.units[u];
-    struct fsdp_acc *acc = &e->acc[u];
-    FSDP_ASSERT(acc->depth >= 1);
-    FSDP_TRY(order(e, e->dev.comm, e->dev.compute, e->ev_tmp));
-    int top = acc->stack[--acc->depth];
-    while (acc->depth > 0) {
-        int below = acc->stack[--acc->depth];
-        FSDP_OP(&e->ops, add, acc->buf[below], acc->buf[below], acc->buf[top], su->shard_numel);
-        top = below;
-    }
-    acc->busy = 0;
-    *result = acc->buf[top];
-    return FSDP_STATUS_OK;
-}
-
-/* Without offload: the step's gradient ends in row->grad. */
-static fsdp_status grad_finish(fsdp_engine *e, int u)
-{
-    fsdp_shard_row *row = row_of(e, u);
-    float *result;
-    FSDP_TRY(fsdp_engine_grad_fold(e, u, &result));
-    if (result != row->grad)
-        FSDP_TRY(fsdp_device_memcpy(&e->dev, row->grad, result,
-                                    e->sh->sm.units[u].shard_numel * sizeof(float),
-                                    e->dev.compute));
+    fsdp_accum_push(&e->acc, u, slot, su->shard_numel);
     return FSDP_STATUS_OK;
 }
 
@@ -267,74 +191,31 @@ static fsdp_status comm_init(fsdp_engine *e)
     return fsdp_comm_init(&e->comm, &req, e->sh->world, &e->dev, e->rank);
 }
 
-/* Allocate the rank's shards of unit u and initialise its parameters. */
-static fsdp_status unit_alloc(fsdp_engine *e, int u, float *host_tmp)
+/* Allocate the rank's shards of unit u (where the placement keeps them)
+ * and initialise them: parameters from init_fn or the model's counter-based
+ * RNG (own shard only), zero optimizer state and gradient, the compute copy
+ * from the master. host_tmp holds a shard of fp32 (reused per unit). */
+static fsdp_status unit_init(fsdp_engine *e, int u, float *host_tmp)
 {
-    const fsdp_engine_config *cfg = &e->sh->cfg;
-    fsdp_shard_unit *su = &e->sh->sm.units[u];
-    fsdp_shard_row *row = row_of(e, u);
-    size_t n = su->shard_numel, f32 = n * sizeof(float);
-    char what[96];
-    const char *name = su->spec->name;
-    bool off = cfg->offload;
-    /* master, optimizer state and the final gradient: device, or pinned host */
-#define ALLOC_STATE(ptr, kind, label)                                                         \
-    do {                                                                                      \
-        snprintf(what, sizeof what, "unit '%s' %s", name, label);                             \
-        if (off)                                                                              \
-            FSDP_TRY(fsdp_device_host_alloc(&e->dev, f32, kind, what, (void **)&(ptr)));       \
-        else                                                                                  \
-            FSDP_TRY(fsdp_device_alloc(&e->dev, f32, kind, what, (void **)&(ptr)));            \
-    } while (0)
-    ALLOC_STATE(row->master, FSDP_MEM_PARAM, "master parameter shard");
-    ALLOC_STATE(row->adam_m, FSDP_MEM_OPTIM, "Adam m");
-    ALLOC_STATE(row->adam_v, FSDP_MEM_OPTIM, "Adam v");
-    ALLOC_STATE(row->grad, FSDP_MEM_GRAD, "gradient shard");
-#undef ALLOC_STATE
-    if (cfg->compute_dtype == FSDP_DTYPE_F32 && !off) {
-        row->param = row->master;
-    } else {
-        snprintf(what, sizeof what, "unit '%s' %s parameter shard", name,
-                 fsdp_dtype_name(cfg->compute_dtype));
-        FSDP_TRY(fsdp_device_alloc(&e->dev, n * dt_size(e), FSDP_MEM_PARAM, what, &row->param));
-    }
-    /* accumulation slots are allocated on first use (grad_reduce); without
-     * offload, slot 0 is the gradient shard itself */
-    if (!off)
-        e->acc[u].buf[0] = row->grad;
+    const fsdp_engine_shared *sh = e->sh;
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    size_t n = sh->sm.units[u].shard_numel, f32 = n * sizeof(float);
+    FSDP_TRY(e->place->unit_alloc(e, u));
     row->state = FSDP_UNIT_SHARDED;
-
     if (!fsdp_device_computes(&e->dev))
         return FSDP_STATUS_OK;
-    /* parameters from the counter-based RNG: own shard only */
-    size_t begin = fsdp_shardmap_offset(&e->sh->sm, u, e->rank);
-    if (e->sh->init_fn)
-        FSDP_TRY(e->sh->init_fn(e->sh->init_arg, e->sh->model, u, begin, begin + n, host_tmp));
+    size_t begin = fsdp_shardmap_offset(&sh->sm, u, e->rank);
+    if (sh->init_fn)
+        FSDP_TRY(sh->init_fn(sh->init_arg, sh->model, u, begin, begin + n, host_tmp));
     else
-        fsdp_model_init_range(e->sh->model, u, begin, begin + n, cfg->seed, host_tmp);
+        fsdp_model_init_range(sh->model, u, begin, begin + n, sh->cfg.seed, host_tmp);
     FSDP_TRY(fsdp_device_memcpy(&e->dev, row->master, host_tmp, f32, e->dev.compute));
-    FSDP_TRY(fsdp_device_memset(&e->dev, row->adam_m, 0, f32, e->dev.compute));
-    FSDP_TRY(fsdp_device_memset(&e->dev, row->adam_v, 0, f32, e->dev.compute));
-    if (row->param != row->master) {
-        if (off && cfg->compute_dtype == FSDP_DTYPE_F32) {
-            FSDP_TRY(fsdp_device_memcpy(&e->dev, row->param, host_tmp, f32, e->dev.compute));
-        } else if (off) {
-            /* cast on the host into the staging buffer, then upload */
-            fsdp_ops_cpu_i.cast(&e->ops, e->param_host[u], cfg->compute_dtype, host_tmp,
-                                FSDP_DTYPE_F32, n);
-            FSDP_TRY(fsdp_device_memcpy(&e->dev, row->param, e->param_host[u],
-                                        n * dt_size(e), e->dev.compute));
-        } else {
-            /* cast on the device, staging the fp32 values in the gradient
-             * shard (zeroed again below) */
-            FSDP_TRY(fsdp_device_memcpy(&e->dev, row->grad, host_tmp, f32, e->dev.compute));
-            FSDP_OP(&e->ops, cast, row->param, cfg->compute_dtype, row->grad, FSDP_DTYPE_F32, n);
-            FSDP_TRY(fsdp_device_memset(&e->dev, row->grad, 0, f32, e->dev.compute));
-        }
-    }
+    for (int k = 0; k < sh->optim->n_state; k++)
+        FSDP_TRY(fsdp_device_memset(&e->dev, row->optim[k], 0, f32, e->dev.compute));
     FSDP_TRY(fsdp_device_memset(&e->dev, row->grad, 0, f32, e->dev.compute));
-    /* host_tmp is reused for the next unit: wait for the copies */
-    return fsdp_device_stream_sync(&e->dev, e->dev.compute);
+    /* the compute copy; host_tmp is reused for the next unit: the refresh
+     * waits for the copies */
+    return e->place->param_refresh(e, u);
 }
 
 fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank)
@@ -357,23 +238,16 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     e->ops_ready = true;
 
     int U = sh->sm.n_units;
-    e->n_acc = acc_depth(cfg->grad_accum);
-    e->acc = calloc((size_t)U, sizeof *e->acc);
+    FSDP_CHECK(fsdp_accum_init(&e->acc, &e->dev, &e->ops, U, cfg->grad_accum));
     e->ev_gather = calloc((size_t)U, sizeof *e->ev_gather);
-    e->ev_update = calloc((size_t)U, sizeof *e->ev_update);
-    e->jobs = calloc((size_t)U, sizeof *e->jobs);
-    e->host_blocks = calloc(sh->n_local_blocks + 1, sizeof(float));
     e->host_losses = calloc((size_t)cfg->grad_accum, sizeof(float));
     e->loss_order = calloc((size_t)cfg->grad_accum * (size_t)cfg->n_ranks, sizeof(float));
-    if (!e->acc || !e->ev_gather || !e->ev_update || !e->jobs || !e->host_blocks ||
-        !e->host_losses || !e->loss_order) {
+    if (!e->ev_gather || !e->host_losses || !e->loss_order) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for rank %d's engine", rank);
         goto fail;
     }
-    for (int u = 0; u < U; u++) {
+    for (int u = 0; u < U; u++)
         FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_gather[u]));
-        FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_update[u]));
-    }
     FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tmp));
     FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tmp2));
 
@@ -388,13 +262,16 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
             goto fail;
         }
     }
-    if (cfg->offload)
-        FSDP_CHECK(fsdp_offload_init(e));
+    e->place = fsdp_place_of(cfg);
+    FSDP_CHECK(e->place->init(e));
     for (int u = 0; u < U; u++)
-        FSDP_CHECK(unit_alloc(e, u, host_tmp));
+        FSDP_CHECK(unit_init(e, u, host_tmp));
     free(host_tmp);
     host_tmp = NULL;
 
+    /* only the device placement's norm uses it; it stays allocated in
+     * both, as the planner's byte-exact figures (and the golden fixture)
+     * have always counted it */
     FSDP_CHECK(fsdp_device_alloc(&e->dev, sh->n_local_blocks * sizeof(float), FSDP_MEM_OTHER,
                                  "gradient-norm partial sums", (void **)&e->dev_blocks));
     FSDP_CHECK(sh->model->iface->state_init(sh->model, &e->ops, cfg->batch, cfg->seq, true,
@@ -420,16 +297,14 @@ void fsdp_engine_free(fsdp_engine *e)
     const fsdp_engine_shared *sh = e->sh;
     if (e->dev_ready)
         sync_all(e);
-    if (sh->cfg.offload)
-        fsdp_offload_fini(e);
+    if (e->place)
+        e->place->fini(e);
     if (e->state)
         sh->model->iface->state_free(sh->model, &e->ops, e->state);
     if (e->dev_ready) {
         for (int u = 0; u < sh->sm.n_units; u++) {
             if (e->ev_gather)
                 fsdp_device_event_destroy(&e->dev, e->ev_gather[u]);
-            if (e->ev_update)
-                fsdp_device_event_destroy(&e->dev, e->ev_update[u]);
             memset(&sh->sm.units[u].rows[e->rank], 0, sizeof(fsdp_shard_row));
         }
         fsdp_device_event_destroy(&e->dev, e->ev_tmp);
@@ -441,11 +316,8 @@ void fsdp_engine_free(fsdp_engine *e)
         fsdp_comm_fini(&e->comm);
     if (e->dev_ready)
         fsdp_device_fini(&e->dev); /* releases every shard and buffer */
-    free(e->acc);
+    fsdp_accum_free(&e->acc);
     free(e->ev_gather);
-    free(e->ev_update);
-    free(e->jobs);
-    free(e->host_blocks);
     free(e->host_losses);
     free(e->loss_order);
     free(e->norm_scratch);
@@ -477,7 +349,7 @@ static fsdp_status load_batch(fsdp_engine *e, uint64_t index)
 
 static fsdp_status alloc_grad_full(fsdp_engine *e, int u)
 {
-    fsdp_shard_row *row = row_of(e, u);
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     char what[96];
     snprintf(what, sizeof what, "unit '%s' gradient", su->spec->name);
@@ -498,7 +370,7 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss
     float dloss = 1.0f / (float)(cfg->n_ranks * cfg->grad_accum);
 
     FSDP_TRY(load_batch(e, index));
-    fsdp_shard_row *root = row_of(e, 0);
+    fsdp_shard_row *root = fsdp_engine_row(e, 0);
 
     fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "forward", "root", 0);
     FSDP_TRY(mi->root_forward(m, &e->ops, e->state, root->gathered));
@@ -510,7 +382,7 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss
         if (cfg->prefetch && u + 1 < U)
             FSDP_TRY(gather_issue(e, u + 1));
         fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "forward", m->units[u].name, 0);
-        FSDP_TRY(mi->unit_forward(m, &e->ops, e->state, u, row_of(e, u)->gathered));
+        FSDP_TRY(mi->unit_forward(m, &e->ops, e->state, u, fsdp_engine_row(e, u)->gathered));
         fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
         if (full)
             FSDP_TRY(gather_release(e, u));
@@ -531,20 +403,20 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss
             FSDP_TRY(gather_issue(e, u - 1));
         FSDP_TRY(alloc_grad_full(e, u));
         fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "backward", m->units[u].name, 0);
-        FSDP_TRY(mi->unit_backward(m, &e->ops, e->state, u, row_of(e, u)->gathered,
-                                   row_of(e, u)->grad_full));
+        FSDP_TRY(mi->unit_backward(m, &e->ops, e->state, u, fsdp_engine_row(e, u)->gathered,
+                                   fsdp_engine_row(e, u)->grad_full));
         fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
         FSDP_TRY(gather_release(e, u));
         FSDP_TRY(grad_reduce(e, u));
         if (last_micro)
-            FSDP_TRY(fsdp_offload_unit_ready(e, u));
+            FSDP_TRY(e->place->unit_ready(e, u));
     }
     fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "backward", "root", 0);
     FSDP_TRY(mi->root_backward(m, &e->ops, e->state, root->gathered, root->grad_full));
     fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
     FSDP_TRY(grad_reduce(e, 0));
     if (last_micro)
-        FSDP_TRY(fsdp_offload_unit_ready(e, 0));
+        FSDP_TRY(e->place->unit_ready(e, 0));
     return FSDP_STATUS_OK;
 }
 
@@ -562,31 +434,8 @@ static fsdp_status grad_norm(fsdp_engine *e, int parity, float *norm)
         *norm = 0.0f;
         return FSDP_STATUS_OK;
     }
-    size_t off = 0;
-    for (int u = 0; u < U; u++) {
-        fsdp_shard_unit *su = &sh->sm.units[u];
-        if (!sh->cfg.offload)
-            FSDP_OP(&e->ops, sumsq_blocks, e->dev_blocks + off, row_of(e, u)->grad,
-                    su->shard_numel);
-        off += su->shard_numel / FSDP_NORM_BLOCK;
-    }
     float *mine = sh->x_blocks[parity] + (size_t)e->rank * sh->n_local_blocks;
-    if (sh->cfg.offload) {
-        /* gradient shards are in host memory: sum them here */
-        FSDP_TRY(fsdp_offload_wait_grads(e));
-        off = 0;
-        for (int u = 0; u < U; u++) {
-            fsdp_shard_unit *su = &sh->sm.units[u];
-            fsdp_ops_cpu_i.sumsq_blocks(&e->ops, mine + off, row_of(e, u)->grad, su->shard_numel);
-            off += su->shard_numel / FSDP_NORM_BLOCK;
-        }
-    } else {
-        memset(e->host_blocks, 0, sh->n_local_blocks * sizeof(float));
-        FSDP_TRY(fsdp_device_memcpy(&e->dev, e->host_blocks, e->dev_blocks,
-                                    sh->n_local_blocks * sizeof(float), e->dev.compute));
-        FSDP_TRY(fsdp_device_stream_sync(&e->dev, e->dev.compute));
-        memcpy(mine, e->host_blocks, sh->n_local_blocks * sizeof(float));
-    }
+    FSDP_TRY(e->place->grad_sumsq(e, mine));
     FSDP_TRY(fsdp_world_barrier(sh->world));
     /* global order: unit by unit, block by block, real blocks only */
     float *ordered = e->norm_scratch;
@@ -623,7 +472,7 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
 
     /* parameters of the previous step's update must be on the device */
     e->lr = lr;
-    e->t = step + 1; /* AdamW step of this update (offloaded updates may start in backward) */
+    e->t = step + 1; /* optimizer step count of this update (host updates may start in backward) */
     FSDP_TRY(gather_wait(e, 0)); /* the root stays gathered for the whole step */
     for (int j = 0; j < A; j++) {
         uint64_t index = step * (uint64_t)(N * A) + (uint64_t)j * (uint64_t)N + (uint64_t)e->rank;
@@ -631,9 +480,6 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
         FSDP_TRY(micro_step(e, j, index, &e->host_losses[j]));
     }
     FSDP_TRY(gather_release(e, 0));
-    for (int u = 0; u < U; u++)
-        if (!cfg->offload)
-            FSDP_TRY(grad_finish(e, u));
 
     /* loss: tree over global micro-batch index m = j * N + r */
     memcpy(sh->x_losses[parity] + (size_t)e->rank * (size_t)A, e->host_losses,
@@ -651,7 +497,7 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
     float scale = 1.0f;
     if (cfg->clip > 0.0f && norm > cfg->clip)
         scale = cfg->clip / (norm + 1e-6f);
-    FSDP_TRY(fsdp_optim_step(e, lr, scale));
+    FSDP_TRY(e->place->step(e, lr, scale));
 
     /* publish this rank's figures; after the barrier every rank sees all */
     fsdp_rank_stats *rs = &sh->x_stats[e->rank];
@@ -669,62 +515,6 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
     return FSDP_STATUS_OK;
 }
 
-/* ---- optimizer ----------------------------------------------------------- */
-
-/* Visit the parameter ranges of unit u inside the rank's shard: calls
- * fn(e, u, local_begin, n, decay) for each piece. */
-void fsdp_engine_for_each_range(fsdp_engine *e, int u,
-                                void (*fn)(fsdp_engine *, int, size_t, size_t, bool, void *),
-                                void *arg)
-{
-    fsdp_shard_unit *su = &e->sh->sm.units[u];
-    size_t lo = fsdp_shardmap_offset(&e->sh->sm, u, e->rank), hi = lo + su->shard_numel;
-    for (int i = 0; i < su->spec->n_params; i++) {
-        const fsdp_param_spec *p = &su->spec->params[i];
-        size_t a = p->offset > lo ? p->offset : lo;
-        size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-        if (a < b)
-            fn(e, u, a - lo, b - a, p->decay, arg);
-    }
-}
-
-void fsdp_engine_adam_consts(const fsdp_engine *e, float *bc1, float *bc2)
-{
-    const fsdp_engine_config *cfg = &e->sh->cfg;
-    *bc1 = (float)(1.0 - pow((double)cfg->beta1, (double)e->t));
-    *bc2 = (float)(1.0 - pow((double)cfg->beta2, (double)e->t));
-}
-
-struct dev_update {
-    float lr, scale, bc1, bc2;
-};
-
-static void device_update_range(fsdp_engine *e, int u, size_t off, size_t n, bool decay, void *arg)
-{
-    const struct dev_update *a = arg;
-    const fsdp_engine_config *cfg = &e->sh->cfg;
-    fsdp_shard_row *row = row_of(e, u);
-    void *p_out = NULL;
-    if (row->param != row->master)
-        p_out = (char *)row->param + off * dt_size(e);
-    FSDP_OP(&e->ops, adamw, row->master + off, row->grad + off, row->adam_m + off,
-            row->adam_v + off, n, a->lr, cfg->beta1, cfg->beta2, cfg->eps,
-            decay ? cfg->weight_decay : 0.0f, a->bc1, a->bc2, a->scale, p_out,
-            cfg->compute_dtype);
-}
-
-fsdp_status fsdp_optim_step(fsdp_engine *e, float lr, float scale)
-{
-    if (e->sh->cfg.offload)
-        return fsdp_offload_step(e, lr, scale);
-    struct dev_update a = {.lr = lr, .scale = scale};
-    fsdp_engine_adam_consts(e, &a.bc1, &a.bc2);
-    for (int u = 0; u < e->sh->sm.n_units; u++)
-        fsdp_engine_for_each_range(e, u, device_update_range, &a);
-    /* the next step's gathers read the updated shards */
-    return order(e, e->dev.compute, e->dev.comm, e->ev_tmp2);
-}
-
 /* ---- forward only (evaluation, sampling) ----------------------------------- */
 
 /* Forward of the tokens already in the model state: gathers unit by unit;
@@ -734,13 +524,13 @@ static fsdp_status forward_only(fsdp_engine *e, float *loss)
     const fsdp_model *m = e->sh->model;
     const struct fsdp_model_i *mi = m->iface;
     FSDP_TRY(gather_wait(e, 0));
-    FSDP_TRY(mi->root_forward(m, &e->ops, e->state, row_of(e, 0)->gathered));
+    FSDP_TRY(mi->root_forward(m, &e->ops, e->state, fsdp_engine_row(e, 0)->gathered));
     for (int u = 1; u < e->sh->sm.n_units; u++) {
         FSDP_TRY(gather_wait(e, u));
-        FSDP_TRY(mi->unit_forward(m, &e->ops, e->state, u, row_of(e, u)->gathered));
+        FSDP_TRY(mi->unit_forward(m, &e->ops, e->state, u, fsdp_engine_row(e, u)->gathered));
         FSDP_TRY(gather_release(e, u));
     }
-    return mi->head_forward_backward(m, &e->ops, e->state, row_of(e, 0)->gathered, NULL, 1.0f,
+    return mi->head_forward_backward(m, &e->ops, e->state, fsdp_engine_row(e, 0)->gathered, NULL, 1.0f,
                                      loss);
 }
 
@@ -813,22 +603,12 @@ fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, c
 fsdp_status fsdp_engine_gather_unit(fsdp_engine *e, int u, float *host_out)
 {
     fsdp_shard_unit *su = &e->sh->sm.units[u];
-    fsdp_shard_row *row = row_of(e, u);
-    float *full = NULL, *shard = row->master;
-    FSDP_TRY(fsdp_offload_params_ready(e, u));
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    float *full = NULL, *shard = NULL;
+    FSDP_TRY(e->place->params_ready(e, u));
     FSDP_TRY(fsdp_device_alloc(&e->dev, su->padded_numel * sizeof(float), FSDP_MEM_OTHER,
                                "unit export", (void **)&full));
-    fsdp_status st = FSDP_STATUS_OK;
-    float *dev_shard = NULL;
-    if (e->sh->cfg.offload) {
-        /* master lives in host memory: stage it on the device */
-        st = fsdp_device_alloc(&e->dev, su->shard_numel * sizeof(float), FSDP_MEM_OTHER,
-                               "unit export shard", (void **)&dev_shard);
-        if (st == FSDP_STATUS_OK)
-            st = fsdp_device_memcpy(&e->dev, dev_shard, row->master,
-                                    su->shard_numel * sizeof(float), e->dev.comm);
-        shard = dev_shard;
-    }
+    fsdp_status st = e->place->master_on_device(e, u, &shard);
     if (st == FSDP_STATUS_OK) {
         if (sharded(e))
             st = fsdp_comm_all_gather(&e->comm, shard, full, su->shard_numel, FSDP_DTYPE_F32,
@@ -841,7 +621,8 @@ fsdp_status fsdp_engine_gather_unit(fsdp_engine *e, int u, float *host_out)
         st = fsdp_device_memcpy(&e->dev, host_out, full, su->numel * sizeof(float), e->dev.comm);
     if (st == FSDP_STATUS_OK)
         st = fsdp_device_stream_sync(&e->dev, e->dev.comm);
-    fsdp_device_free(&e->dev, dev_shard);
+    if (shard != row->master)
+        fsdp_device_free(&e->dev, shard);
     fsdp_device_free(&e->dev, full);
     return st;
 }

@@ -34,7 +34,9 @@ typedef struct fsdp_engine_config {
     int batch;                 /* B: sequences per micro-batch */
     int seq;                   /* T */
     int grad_accum;            /* A: micro-steps per rank per step */
-    float beta1, beta2, eps;
+    const struct fsdp_optim *optim; /* optim/optim.h; NULL: the default (AdamW) */
+    float beta1, beta2, eps;   /* AdamW */
+    float momentum;            /* SGD */
     float weight_decay;
     float clip;                /* global grad-norm clip, 0 = off */
     uint64_t seed;
@@ -57,6 +59,8 @@ typedef struct fsdp_engine_shared {
     const fsdp_model *model;
     const fsdp_data *data;     /* may be NULL (meta / plan) */
     fsdp_world *world;
+    const fsdp_optim *optim;   /* cfg.optim, or the default */
+    fsdp_optim_hparams optim_hp; /* from cfg */
     fsdp_shardmap sm;
     size_t n_local_blocks;     /* norm blocks per rank, all units */
     /* exchange slots, double-buffered by step parity */
@@ -94,8 +98,9 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
 void fsdp_engine_free(fsdp_engine *e);
 
 /* One optimizer step: grad_accum micro-steps on micro-batches
- * step * M + j * N + rank (M = N * A), reduce-scatter, clip, AdamW at
- * learning rate lr. Every rank must call it with the same step and lr.
+ * step * M + j * N + rank (M = N * A), reduce-scatter, clip, and the
+ * configured optimizer's update (cfg.optim) at learning rate lr. Every rank
+ * must call it with the same step and lr.
  * Ends with a world barrier after which sh->x_stats holds every rank's
  * figures for this step. */
 fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res);

@@ -1,13 +1,13 @@
 /*
  * engine_ckpt.c - the engine side of checkpoints: each rank streams its
- * shards (master, Adam m, Adam v of every unit) to its own file, and on
- * load reads its new shard range back from the old world's files.
+ * shards (the master and the optimizer's named state arrays of every unit)
+ * to its own file, and on load reads its new shard range back from the old
+ * world's files.
  *
- * Memory: shards on the device are copied to the host one checksum block
- * (FSDP_CKPT_BLOCK_NUMEL floats) at a time through a small host staging
- * buffer; with optimizer offload they already live in pinned host memory
- * and are written from there. No device memory is allocated, so the
- * device peak is the training peak.
+ * Memory: wherever the placement keeps the arrays (device, or pinned host
+ * memory), they are copied through the device one checksum block
+ * (FSDP_CKPT_BLOCK_NUMEL floats) at a time via a small host staging buffer.
+ * No device memory is allocated, so the device peak is the training peak.
  *
  * Resharding: unit u's padded flat buffer is split the same way in every
  * world (rank r of N owns [r*S, (r+1)*S), or all of it with shard none),
@@ -24,18 +24,33 @@
 #include "core/world.h"
 #include "fsdp/engine_ckpt.h"
 #include "fsdp/engine_internal.h"
+#include "fsdp/place.h"
 
-static fsdp_shard_row *row_of(fsdp_engine *e, int u)
-{
-    return &e->sh->sm.units[u].rows[e->rank];
-}
+/* Every optimizer's state fits a shard file: its arrays after the master,
+ * under their own names. */
+_Static_assert(FSDP_OPTIM_MAX_STATE + 1 <= FSDP_CKPT_MAX_ARRAYS,
+               "shard files hold the master and every state array of an optimizer");
+_Static_assert(FSDP_OPTIM_NAME_MAX <= FSDP_CKPT_ARRAY_NAME_MAX,
+               "state array names fit a shard file's name table");
 
-static float *state_array(fsdp_shard_row *row, fsdp_ckpt_array a)
+/* Array a of a unit's checkpoint: 0 the master, then the optimizer's state
+ * arrays in its order. */
+static float *state_array(fsdp_shard_row *row, int a)
 {
-    return a == FSDP_CKPT_MASTER ? row->master : a == FSDP_CKPT_ADAM_M ? row->adam_m : row->adam_v;
+    return a == 0 ? row->master : row->optim[a - 1];
 }
 
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+/* The arrays of every unit in this engine's files: "master", then the
+ * optimizer's state arrays. Returns the count. */
+static int array_names(const fsdp_engine_shared *sh, const char **names)
+{
+    names[0] = "master";
+    for (int k = 0; k < sh->optim->n_state; k++)
+        names[1 + k] = sh->optim->state_names[k];
+    return 1 + sh->optim->n_state;
+}
 
 /* ---- describing and checking --------------------------------------------- */
 
@@ -61,6 +76,11 @@ fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *
     out->steps_total = steps_total;
     snprintf(out->compute_dtype, sizeof out->compute_dtype, "%s",
              fsdp_dtype_name(cfg->compute_dtype));
+    const fsdp_optim *o = sh->optim;
+    snprintf(out->optimizer, sizeof out->optimizer, "%s", o->name);
+    out->n_optim_state = o->n_state;
+    for (int k = 0; k < o->n_state; k++)
+        snprintf(out->optim_state[k], sizeof out->optim_state[k], "%s", o->state_names[k]);
     fsdp_ckpt_manifest_set_model(out, model);
     snprintf(out->data, sizeof out->data, "%s", data_spec ? data_spec : "");
 
@@ -82,11 +102,41 @@ fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *
     return st;
 }
 
+/* The checkpoint's optimizer state must be this run's: same optimizer,
+ * same state arrays. */
+static fsdp_status check_optimizer(const fsdp_engine_shared *sh, const fsdp_ckpt_manifest *man,
+                                   const char *path)
+{
+    const fsdp_optim *o = sh->optim;
+    char have[160], want[160];
+    for (int k = 0, at = 0; k < man->n_optim_state && at < (int)sizeof have; k++)
+        at += snprintf(have + at, sizeof have - (size_t)at, "%s%s", k ? ", " : "",
+                       man->optim_state[k]);
+    if (!man->n_optim_state)
+        snprintf(have, sizeof have, "none");
+    fsdp_optim_state_list(o, want, sizeof want, ", ");
+    if (strcmp(man->optimizer, o->name))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "checkpoint '%s' was trained with --optimizer %s (state: %s); this "
+                              "run uses %s (state: %s): resume with --optimizer %s, or start a "
+                              "fresh run in another --ckpt-dir",
+                              path, man->optimizer, have, o->name, want, man->optimizer);
+    bool same = man->n_optim_state == o->n_state;
+    for (int k = 0; same && k < o->n_state; k++)
+        same = !strcmp(man->optim_state[k], o->state_names[k]);
+    if (!same)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint manifest '%s': optimizer %s keeps the state arrays (%s), "
+                              "the manifest lists (%s)", path, o->name, want, have);
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_engine_ckpt_check(const fsdp_engine_shared *sh, const fsdp_ckpt_manifest *man,
                                    const char *path)
 {
     const fsdp_engine_config *cfg = &sh->cfg;
     FSDP_TRY(fsdp_ckpt_manifest_check_model(man, path, sh->model));
+    FSDP_TRY(check_optimizer(sh, man, path));
     if (man->seq != cfg->seq)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "checkpoint '%s' was trained with --seq %d; resume with --seq %d "
@@ -149,19 +199,26 @@ static void sleep_ms(fsdp_engine *e, int ms)
     }
 }
 
-/* This rank's file: every unit's master, m and v, block by block. */
+/* Copy n floats of a state array (device, or pinned host) to host memory. */
+static fsdp_status get_state(fsdp_engine *e, float *dst, const float *src, size_t n)
+{
+    FSDP_TRY(fsdp_device_memcpy(&e->dev, dst, src, n * sizeof(float), e->dev.compute));
+    return fsdp_device_stream_sync(&e->dev, e->dev.compute);
+}
+
+/* This rank's file: every unit's master and optimizer state, block by block
+ * through one host staging block. */
 static fsdp_status write_rank_file(fsdp_engine *e, const char *ckpt, const fsdp_ckpt_manifest *base,
                                    uint64_t step)
 {
     fsdp_engine_shared *sh = e->sh;
     int U = sh->sm.n_units;
-    bool host_state = sh->cfg.offload; /* master/m/v in pinned host memory */
     fsdp_status st = FSDP_STATUS_OK;
     fsdp_ckpt_writer *w = NULL;
-    float *staging = NULL;
+    float *staging = malloc(FSDP_CKPT_BLOCK_NUMEL * sizeof(float));
     size_t *shard = malloc((size_t)U * sizeof(size_t) + 1);
     size_t *first = malloc((size_t)U * sizeof(size_t) + 1);
-    if (!shard || !first || (!host_state && !(staging = malloc(FSDP_CKPT_BLOCK_NUMEL * 4)))) {
+    if (!shard || !first || !staging) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory staging a checkpoint",
                             e->rank);
         goto fail;
@@ -172,31 +229,28 @@ static fsdp_status write_rank_file(fsdp_engine *e, const char *ckpt, const fsdp_
     }
     char path[FSDP_CKPT_PATH_MAX];
     FSDP_CHECK(fsdp_ckpt_rank_path(path, sizeof path, ckpt, e->rank));
+    const char *names[FSDP_CKPT_MAX_ARRAYS];
+    int n_arrays = array_names(sh, names);
     fsdp_ckpt_shard_info info = {.run_id = base->run_id, .step = step, .adam_t = e->t,
                                  .rank = e->rank, .world_size = sh->cfg.n_ranks, .n_units = U,
-                                 .shard_numel = shard, .first = first};
+                                 .shard_numel = shard, .first = first, .n_arrays = n_arrays,
+                                 .array_names = names};
     FSDP_CHECK(fsdp_ckpt_writer_open(&w, path, &info));
-    /* the last step's device AdamW ran on the compute stream */
+    /* the last step's device update ran on the compute stream */
     FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
     int stall = fsdp_ckpt_test_stall_ms(step);
     for (int u = 0; u < U; u++) {
-        /* offload: wait for the unit's CPU update (it also uploads the
-         * compute copy the next gather would upload anyway) */
-        FSDP_CHECK(fsdp_offload_params_ready(e, u));
-        fsdp_shard_row *row = row_of(e, u);
+        /* the unit's last update is complete (a host update is waited for;
+         * it also uploads the compute copy the next gather would upload) */
+        FSDP_CHECK(e->place->params_ready(e, u));
+        fsdp_shard_row *row = fsdp_engine_row(e, u);
         size_t S = shard[u];
-        for (int a = 0; a < FSDP_CKPT_N_ARRAYS; a++) {
-            const float *src = state_array(row, (fsdp_ckpt_array)a);
+        for (int a = 0; a < n_arrays; a++) {
+            const float *src = state_array(row, a);
             for (size_t b = 0, lo = 0; lo < S; b++, lo += FSDP_CKPT_BLOCK_NUMEL) {
                 size_t n = min_sz(S - lo, FSDP_CKPT_BLOCK_NUMEL);
-                const float *blk = src + lo;
-                if (!host_state) {
-                    FSDP_CHECK(fsdp_device_memcpy(&e->dev, staging, src + lo, n * 4,
-                                                  e->dev.compute));
-                    FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
-                    blk = staging;
-                }
-                FSDP_CHECK(fsdp_ckpt_writer_put(w, u, (fsdp_ckpt_array)a, b, blk));
+                FSDP_CHECK(get_state(e, staging, src + lo, n));
+                FSDP_CHECK(fsdp_ckpt_writer_put(w, u, a, b, staging));
             }
         }
         if (u == 0 && stall > 0)
@@ -284,14 +338,16 @@ static fsdp_status load_from_file(fsdp_engine *e, const char *ckpt, const fsdp_c
 {
     fsdp_engine_shared *sh = e->sh;
     int U = sh->sm.n_units;
-    bool host_state = sh->cfg.offload;
     for (int u = 0; u < U; u++)
         old_first[u] = fsdp_ckpt_shard_first(man, u, k);
     char path[FSDP_CKPT_PATH_MAX];
     FSDP_TRY(fsdp_ckpt_rank_path(path, sizeof path, ckpt, k));
+    const char *names[FSDP_CKPT_MAX_ARRAYS];
+    int n_arrays = array_names(sh, names);
     fsdp_ckpt_shard_info info = {.run_id = man->run_id, .step = man->step, .adam_t = man->adam_t,
                                  .rank = k, .world_size = man->world_size, .n_units = U,
-                                 .shard_numel = old_shard, .first = old_first};
+                                 .shard_numel = old_shard, .first = old_first,
+                                 .n_arrays = n_arrays, .array_names = names};
     fsdp_ckpt_reader *r = NULL;
     FSDP_TRY(fsdp_ckpt_reader_open(&r, path, &info));
     fsdp_status st = FSDP_STATUS_OK;
@@ -300,19 +356,14 @@ static fsdp_status load_from_file(fsdp_engine *e, const char *ckpt, const fsdp_c
         new_range(e, u, &lo, &hi, &real_hi);
         old_range(man, u, k, &olo, &ohi);
         size_t a0 = lo > olo ? lo : olo, a1 = real_hi < ohi ? real_hi : ohi;
-        fsdp_shard_row *row = row_of(e, u);
-        for (int a = 0; a < FSDP_CKPT_N_ARRAYS && st == FSDP_STATUS_OK; a++) {
-            float *dst = state_array(row, (fsdp_ckpt_array)a);
+        fsdp_shard_row *row = fsdp_engine_row(e, u);
+        for (int a = 0; a < n_arrays && st == FSDP_STATUS_OK; a++) {
+            float *dst = state_array(row, a);
             for (size_t x = a0; x < a1 && st == FSDP_STATUS_OK;) {
                 size_t n = min_sz(a1 - x, FSDP_CKPT_BLOCK_NUMEL);
-                if (host_state) {
-                    st = fsdp_ckpt_reader_read(r, u, (fsdp_ckpt_array)a, x - olo, n,
-                                               dst + (x - lo));
-                } else {
-                    st = fsdp_ckpt_reader_read(r, u, (fsdp_ckpt_array)a, x - olo, n, staging);
-                    if (st == FSDP_STATUS_OK)
-                        st = put_state(e, dst + (x - lo), staging, n);
-                }
+                st = fsdp_ckpt_reader_read(r, u, a, x - olo, n, staging);
+                if (st == FSDP_STATUS_OK)
+                    st = put_state(e, dst + (x - lo), staging, n);
                 x += n;
             }
         }
@@ -321,27 +372,6 @@ static fsdp_status load_from_file(fsdp_engine *e, const char *ckpt, const fsdp_c
     }
     fsdp_ckpt_reader_close(r);
     return st;
-}
-
-/* The compute-dtype copy of unit u's shard from its master, as at init. */
-static fsdp_status refresh_param(fsdp_engine *e, int u)
-{
-    const fsdp_engine_config *cfg = &e->sh->cfg;
-    fsdp_shard_row *row = row_of(e, u);
-    size_t n = e->sh->sm.units[u].shard_numel;
-    if (row->param == row->master)
-        return FSDP_STATUS_OK;
-    if (cfg->offload && cfg->compute_dtype == FSDP_DTYPE_F32)
-        return put_state(e, row->param, row->master, n);
-    if (cfg->offload) {
-        fsdp_ops_cpu_i.cast(&e->ops, e->param_host[u], cfg->compute_dtype, row->master,
-                            FSDP_DTYPE_F32, n);
-        FSDP_TRY(fsdp_device_memcpy(&e->dev, row->param, e->param_host[u],
-                                    n * fsdp_dtype_size(cfg->compute_dtype), e->dev.compute));
-        return fsdp_device_stream_sync(&e->dev, e->dev.compute);
-    }
-    FSDP_OP(&e->ops, cast, row->param, cfg->compute_dtype, row->master, FSDP_DTYPE_F32, n);
-    return FSDP_STATUS_OK;
 }
 
 fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_ckpt_manifest *man)
@@ -358,15 +388,14 @@ fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_c
     float *staging = NULL;
     size_t *old_shard = malloc((size_t)U * sizeof(size_t) + 1);
     size_t *old_first = malloc((size_t)U * sizeof(size_t) + 1);
-    if (!old_shard || !old_first ||
-        (!sh->cfg.offload && !(staging = malloc(FSDP_CKPT_BLOCK_NUMEL * 4)))) {
+    if (!old_shard || !old_first || !(staging = malloc(FSDP_CKPT_BLOCK_NUMEL * 4))) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory loading a checkpoint",
                             e->rank);
         goto fail;
     }
     for (int u = 0; u < U; u++) {
         old_shard[u] = man->units[u].shard_numel;
-        FSDP_CHECK(fsdp_offload_params_ready(e, u)); /* no CPU update may be in flight */
+        FSDP_CHECK(e->place->params_ready(e, u)); /* no update may be in flight */
     }
     FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
     for (int k = 0; k < N_old; k++) {
@@ -387,16 +416,12 @@ fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_c
         /* padding past the unit's real elements is zero in every state */
         size_t lo, hi, real_hi;
         new_range(e, u, &lo, &hi, &real_hi);
-        fsdp_shard_row *row = row_of(e, u);
-        for (int a = 0; a < FSDP_CKPT_N_ARRAYS && real_hi < hi; a++) {
-            float *pad = state_array(row, (fsdp_ckpt_array)a) + (real_hi - lo);
-            if (sh->cfg.offload)
-                memset(pad, 0, (hi - real_hi) * 4); /* pinned host memory */
-            else
-                FSDP_CHECK(fsdp_device_memset(&e->dev, pad, 0, (hi - real_hi) * 4,
-                                              e->dev.compute));
+        fsdp_shard_row *row = fsdp_engine_row(e, u);
+        for (int a = 0; a < 1 + sh->optim->n_state && real_hi < hi; a++) {
+            float *pad = state_array(row, a) + (real_hi - lo);
+            FSDP_CHECK(fsdp_device_memset(&e->dev, pad, 0, (hi - real_hi) * 4, e->dev.compute));
         }
-        FSDP_CHECK(refresh_param(e, u));
+        FSDP_CHECK(e->place->param_refresh(e, u));
     }
     e->t = man->adam_t;
     st = fsdp_device_stream_sync(&e->dev, e->dev.compute);

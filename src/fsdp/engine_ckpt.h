@@ -1,7 +1,7 @@
 /*
  * engine_ckpt.h - saving and loading the engine's sharded training state
- * (fp32 master parameters, Adam m and v, the Adam step count) as the
- * checkpoints of src/ckpt/ckpt.h, with resharding on load.
+ * (fp32 master parameters, the optimizer's named state arrays and its step
+ * count) as the checkpoints of src/ckpt/ckpt.h, with resharding on load.
  *
  * Saving is collective: every rank writes its own shard file in parallel,
  * from device or pinned host memory through one block-sized host staging
@@ -26,11 +26,10 @@ fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *
 
 /* Can this engine resume from man (read from `path`)? The model must be
  * the checkpoint's (units, parameters, family and config; FORMAT naming the
- * manifest line otherwise);
- * seq, seed and the global batch (batch x devices x grad-accum) must be
- * the checkpoint's, since the data position is implied by them
- * (INVALID_ARG saying which flag to change). World size, sharding,
- * precision and offload may differ. */
+ * manifest line otherwise); the optimizer must be the checkpoint's, seq,
+ * seed and the global batch (batch x devices x grad-accum) too, since the
+ * state and the data position depend on them (INVALID_ARG saying which flag
+ * to change). World size, sharding, precision and offload may differ. */
 fsdp_status fsdp_engine_ckpt_check(const fsdp_engine_shared *sh, const fsdp_ckpt_manifest *man,
                                    const char *path);
 
@@ -48,9 +47,9 @@ fsdp_status fsdp_engine_ckpt_find(const fsdp_engine_shared *sh, const char *dir,
 fsdp_status fsdp_engine_ckpt_save(fsdp_engine *e, const char *dir, const fsdp_ckpt_manifest *base,
                                   uint64_t step, int keep);
 
-/* Replace the rank's shards (master, m, v, the compute-dtype copy) and
- * the Adam step count with checkpoint `ckpt` described by man (already
- * checked). Every rank calls it after fsdp_engine_init and before the
+/* Replace the rank's shards (master, optimizer state, the compute-dtype
+ * copy) and the optimizer step count with checkpoint `ckpt` described by
+ * man (already checked). Every rank calls it after fsdp_engine_init and before the
  * first step; on error the engine's state is partly overwritten and must
  * not be used. */
 fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_ckpt_manifest *man);

@@ -18,6 +18,7 @@
 #define FSDP_FSDP_SHARDMAP_H
 
 #include "models/model.h"
+#include "optim/optim.h"
 
 typedef enum fsdp_shard_strategy {
     FSDP_SHARD_FULL = 0,   /* FULL_SHARD / ZeRO-3: params, grads, optimizer sharded */
@@ -41,7 +42,8 @@ typedef struct fsdp_shard_row {
     void *param;           /* compute-dtype shard (shard_numel); = master when fp32 */
     float *master;         /* fp32 master shard: device, or pinned host with offload */
     float *grad;           /* fp32 gradient shard (final for the step) */
-    float *adam_m, *adam_v;/* optimizer state (shard_numel each) */
+    float *optim[FSDP_OPTIM_MAX_STATE]; /* the optimizer's state arrays, in its order
+                                         * (shard_numel each; same memory as master) */
     void *gathered;        /* (padded_numel,) compute dtype, or NULL */
     float *grad_full;      /* (padded_numel,) fp32 unit gradient in backward, or NULL */
     fsdp_unit_state state;

@@ -79,15 +79,22 @@ struct fsdp_ops_i {
     void (*xent_fwd_bwd)(fsdp_op_ctx *ctx, float *losses, float *dlogits, const void *logits,
                          const int *targets, int N, int V, int Vp, float dloss);
 
-    /* AdamW on n elements (decoupled weight decay):
+    /* Optimizer updates on n elements of fp32 state, in place; if p_out is
+     * not NULL the new p is also written there in dtype out_dt (the compute
+     * copy). The exact operation order is the cpu reference's
+     * (ops/cpu/optim_kernels.h); the optimizer layer (src/optim) computes
+     * the per-step constants and decides which slot a rule uses. */
+    /* AdamW (decoupled weight decay):
      *   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
      *   p -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd * p)
-     * with bc1 = 1 - b1^t, bc2 = 1 - b2^t computed by the caller. If p_out is
-     * not NULL, the new p is also written there in dtype out_dt. The exact
-     * operation order is fsdp_adamw_ref (optim/adamw.h). */
+     * with bc1 = 1 - b1^t, bc2 = 1 - b2^t. */
     void (*adamw)(fsdp_op_ctx *ctx, float *p, const float *grad, float *m, float *v, size_t n,
                   float lr, float b1, float b2, float eps, float wd, float bc1, float bc2,
                   float grad_scale, void *p_out, fsdp_dtype out_dt);
+    /* SGD with momentum (L2 weight decay added to the gradient):
+     *   g = grad * grad_scale + wd p; buf = mu buf + g; p -= lr * buf */
+    void (*sgd)(fsdp_op_ctx *ctx, float *p, const float *grad, float *buf, size_t n, float lr,
+                float mu, float wd, float grad_scale, void *p_out, fsdp_dtype out_dt);
 
     /* dst (ddt) = src (sdt), n elements, rounding to nearest even into bf16. */
     void (*cast)(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void *src, fsdp_dtype sdt,

@@ -26,6 +26,15 @@ void fsdp_plan_write_json(FILE *f, const fsdp_plan *p)
             p->numel, p->padded_numel, p->n_units, p->n_ranks, fsdp_shard_strategy_name(e->shard),
             fsdp_dtype_name(e->compute_dtype), e->offload ? "optimizer" : "none", e->batch, e->seq,
             e->grad_accum, e->prefetch ? "true" : "false", p->steps);
+    const fsdp_optim *o = fsdp_optim_or_default(e->optim);
+    fprintf(f, "\"optimizer\":{\"name\":");
+    fsdp_json_write_str(f, o->name);
+    fprintf(f, ",\"state\":[");
+    for (int k = 0; k < o->n_state; k++) {
+        fprintf(f, "%s", k ? "," : "");
+        fsdp_json_write_str(f, o->state_names[k]);
+    }
+    fprintf(f, "],\"state_bytes_per_param\":%zu},", fsdp_optim_state_bytes(o));
     fprintf(f, "\"formula\":{\"text\":");
     fsdp_json_write_str(f, formula);
     fprintf(f, ",\"device_bytes\":%zu,\"host_bytes\":%zu},", f_dev, f_host);

@@ -44,11 +44,14 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
     const fsdp_engine_config *e = &p->eng;
     char b1[32], b2[32], b3[32], b4[32], lab[32];
     int N = p->n_ranks;
+    const fsdp_optim *o = fsdp_optim_or_default(e->optim);
+    char state_names[96];
+    fsdp_optim_state_list(o, state_names, sizeof state_names, ", ");
     fprintf(f, "fsdp plan: model %s, %zu parameters (%.2f%s) in %d units, %d device(s), shard %s, "
-               "%s, offload %s\n",
+               "%s, optimizer %s, offload %s\n",
             p->model, p->numel, (double)p->numel / (p->numel >= 1000000000 ? 1e9 : 1e6),
             p->numel >= 1000000000 ? "B" : "M", p->n_units, N,
-            fsdp_shard_strategy_name(e->shard), fsdp_dtype_name(e->compute_dtype),
+            fsdp_shard_strategy_name(e->shard), fsdp_dtype_name(e->compute_dtype), o->name,
             e->offload ? "optimizer" : "none");
     fprintf(f, "  per device and micro-step: batch %d x seq %d, grad-accum %d, prefetch %s; "
                "%d step(s) run on the meta backend in %.2f s\n",
@@ -85,8 +88,8 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
         lo = hi + 1;
     }
     fprintf(f, "  (param: parameter shards; grad: gradient shards and the unit gradient being "
-               "reduced; optim: Adam m, v;\n   gather: gathered units; act: activations; "
-               "other: norm partial sums, staging)\n");
+               "reduced;\n   optim: optimizer state (%s); gather: gathered units; act: "
+               "activations;\n   other: norm partial sums, staging)\n", state_names);
 
     /* traffic */
     fprintf(f, "\ncollectives per step and device (received / sent):\n  %-10s", "device");

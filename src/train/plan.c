@@ -142,10 +142,12 @@ void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes
     const fsdp_engine_config *e = &p->eng;
     double P = (double)p->numel, N = (double)p->n_ranks;
     int dt = (int)fsdp_dtype_size(e->compute_dtype);
-    /* state per parameter: fp32 master 4, fp32 gradient 4, Adam m and v 8,
-     * plus a compute-dtype copy when it differs from the master */
+    /* state per parameter: fp32 master 4, fp32 gradient 4, the optimizer's
+     * state (AdamW m and v: 8), plus a compute-dtype copy when it differs
+     * from the master */
     int copy = e->compute_dtype != FSDP_DTYPE_F32 ? dt : 0;
-    int state = 4 + copy + 4 + 8;
+    int optim = (int)fsdp_optim_state_bytes(fsdp_optim_or_default(e->optim));
+    int state = 4 + copy + 4 + optim;
     double dev = 0, host = 0;
     if (!e->offload) {
         switch (e->shard) {
@@ -164,15 +166,17 @@ void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes
             break;
         }
     } else {
-        /* master, gradient and Adam state in host memory; the device keeps
-         * the compute-dtype parameters, sharded as the strategy shards them */
-        host = 16.0 * P / (e->shard == FSDP_SHARD_NONE ? 1.0 : N);
+        /* master, gradient and optimizer state in host memory; the device
+         * keeps the compute-dtype parameters, sharded as the strategy
+         * shards them */
+        int host_state = 4 + 4 + optim;
+        host = host_state * P / (e->shard == FSDP_SHARD_NONE ? 1.0 : N);
         if (e->shard == FSDP_SHARD_FULL) {
             dev = dt * P / N;
-            snprintf(text, n, "device %d P/N + host 16 P/N", dt);
+            snprintf(text, n, "device %d P/N + host %d P/N", dt, host_state);
         } else {
             dev = dt * P;
-            snprintf(text, n, "device %d P + host 16 P%s", dt,
+            snprintf(text, n, "device %d P + host %d P%s", dt, host_state,
                      e->shard == FSDP_SHARD_NONE ? "" : "/N");
         }
     }

@@ -60,9 +60,10 @@ static inline size_t fsdp_plan_coll_total(const size_t *v)
 size_t fsdp_plan_max_peak(const fsdp_plan *p, int *rank);
 
 /* The ZeRO paper's model-state estimate for this configuration, per
- * device: bytes per parameter for parameters, gradients and Adam state,
- * sharded as the strategy shards them. *dev_bytes on the device, *host_bytes
- * in pinned host memory (offload). Writes the formula ("16 P/N") to text. */
+ * device: bytes per parameter for parameters, gradients and the optimizer's
+ * state (as the optimizer declares it: AdamW 8, SGD 4), sharded as the
+ * strategy shards them. *dev_bytes on the device, *host_bytes in pinned
+ * host memory (offload). Writes the formula ("16 P/N") to text. */
 void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes, char *text,
                        size_t n);
 

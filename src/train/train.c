@@ -35,6 +35,7 @@ void fsdp_train_config_default(fsdp_train_config *cfg)
     e->beta1 = 0.9f;
     e->beta2 = 0.95f;
     e->eps = 1e-8f;
+    e->momentum = 0.9f; /* --optimizer sgd */
     e->weight_decay = 0.1f;
     e->clip = 1.0f;
     e->seed = 1337;
@@ -450,10 +451,12 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         char b[32];
         fprintf(cfg->out,
                 "fsdp train: model %s (%.2fM params, %d units), %d x %s device(s), shard %s, %s, "
-                "batch %d x seq %d x accum %d x %d ranks = %d tokens/step, %d steps\n",
+                "optimizer %s, batch %d x seq %d x accum %d x %d ranks = %d tokens/step, %d "
+                "steps\n",
                 cfg->model, (double)t->model.numel / 1e6, t->model.n_units, ec->n_ranks,
                 fsdp_backend_name(ec->backend), fsdp_shard_strategy_name(ec->shard),
-                fsdp_dtype_name(ec->compute_dtype), ec->batch, ec->seq, ec->grad_accum,
+                fsdp_dtype_name(ec->compute_dtype), t->sh.optim->name, ec->batch, ec->seq,
+                ec->grad_accum,
                 ec->n_ranks, ec->batch * ec->seq * ec->grad_accum * ec->n_ranks, cfg->steps);
         if (ec->device_mem)
             fprintf(cfg->out, "device memory cap %s\n",

@@ -111,6 +111,8 @@ void fsdp_cpu_xent_fwd_bwd(fsdp_op_ctx *ctx, float *losses, float *dlogits, cons
 void fsdp_cpu_adamw(fsdp_op_ctx *ctx, float *p, const float *grad, float *m, float *v, size_t n,
                     float lr, float b1, float b2, float eps, float wd, float bc1, float bc2,
                     float grad_scale, void *p_out, fsdp_dtype out_dt);
+void fsdp_cpu_sgd(fsdp_op_ctx *ctx, float *p, const float *grad, float *buf, size_t n, float lr,
+                  float mu, float wd, float grad_scale, void *p_out, fsdp_dtype out_dt);
 void fsdp_cpu_cast(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void *src, fsdp_dtype sdt,
                    size_t n);
 void fsdp_cpu_add(fsdp_op_ctx *ctx, float *dst, const float *a, const float *b, size_t n);

@@ -20,6 +20,7 @@ const struct fsdp_ops_i fsdp_ops_cpu_i = {
     /* .residual_fwd   = */ fsdp_cpu_residual_fwd,
     /* .xent_fwd_bwd   = */ fsdp_cpu_xent_fwd_bwd,
     /* .adamw          = */ fsdp_cpu_adamw,
+    /* .sgd            = */ fsdp_cpu_sgd,
     /* .cast           = */ fsdp_cpu_cast,
     /* .add            = */ fsdp_cpu_add,
     /* .sumsq_blocks   = */ fsdp_cpu_sumsq_blocks,

@@ -190,6 +190,9 @@ void fsdp_ops_cuda_xent_fwd_bwd(fsdp_op_ctx *ctx, float *losses, float *dlogits,
 void fsdp_ops_cuda_adamw(fsdp_op_ctx *ctx, float *p, const float *grad, float *m, float *v,
                          size_t n, float lr, float b1, float b2, float eps, float wd, float bc1,
                          float bc2, float grad_scale, void *p_out, fsdp_dtype out_dt);
+void fsdp_ops_cuda_sgd(fsdp_op_ctx *ctx, float *p, const float *grad, float *buf, size_t n,
+                       float lr, float mu, float wd, float grad_scale, void *p_out,
+                       fsdp_dtype out_dt);
 void fsdp_ops_cuda_cast(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void *src,
                         fsdp_dtype sdt, size_t n);
 void fsdp_ops_cuda_sumsq_blocks(fsdp_op_ctx *ctx, float *out, const float *x, size_t n);

@@ -237,6 +237,7 @@ static const struct fsdp_ops_i cuda_ops_i = {
     /* .residual_fwd  = */ fsdp_ops_cuda_residual_fwd,
     /* .xent_fwd_bwd  = */ fsdp_ops_cuda_xent_fwd_bwd,
     /* .adamw         = */ fsdp_ops_cuda_adamw,
+    /* .sgd           = */ fsdp_ops_cuda_sgd,
     /* .cast          = */ fsdp_ops_cuda_cast,
     /* .add           = */ fsdp_ops_cuda_add,
     /* .sumsq_blocks  = */ fsdp_ops_cuda_sumsq_blocks,
