@@ -285,4 +285,7 @@ const fsdp_safetensors_mapping fsdp_gpt2_safetensors = {
     /* .config   = */ st_config,
     /* .metadata = */ st_metadata,
     /* .examples = */ "Hugging Face GPT-2 names such as 'wte.weight' or 'h.0.attn.c_attn.weight'",
+    /* .hf_model_types  = */ NULL, /* HF directories: not yet for GPT-2 */
+    /* .hf_config       = */ NULL,
+    /* .hf_config_write = */ NULL,
 };

@@ -24,6 +24,8 @@ extern "C" {
 #endif
 
 typedef struct fsdp_model fsdp_model;
+struct fsdp_json;  /* core/json.h */
+struct fsdp_sbuf;  /* core/fileio.h */
 
 #define FSDP_WEIGHT_NAME_MAX 128  /* longest tensor name a mapping produces */
 #define FSDP_WEIGHT_MAX_DIMS 8
@@ -105,6 +107,24 @@ typedef struct fsdp_safetensors_mapping {
      * returns the count (<= max). */
     int (*metadata)(const fsdp_model *m, char (*key)[64], char (*val)[64], int max);
     const char *examples;    /* names for messages: "'wte.weight' or 'h.0.attn.c_attn.weight'" */
+
+    /* Hugging Face model directories (config.json + model.safetensors or
+     * sharded model-0000K-of-0000N.safetensors with an index). Optional:
+     * NULL slots mean the family has no HF directories.
+     * hf_model_types: the config.json "model_type" values this family
+     * reads (NULL-terminated; e.g. {"llama", "qwen2", "mistral", NULL}).
+     * hf_config: the family's config string for a parsed config.json;
+     * FORMAT naming the key when it is missing, malformed or describes what
+     * fsdp does not support (rope type, activation, ...; no path: the
+     * reader adds it). Tensor shapes are checked again against the model
+     * built from the result.
+     * hf_config_write: the config.json text for model m (architectures,
+     * model_type, every shape key, rope settings, torch_dtype = dtype:
+     * "float32" or "bfloat16"), such that transformers'
+     * AutoModelForCausalLM.from_pretrained loads the directory. */
+    const char *const *hf_model_types;
+    fsdp_status (*hf_config)(const struct fsdp_json *config, char *spec, size_t spec_size);
+    fsdp_status (*hf_config_write)(const fsdp_model *m, const char *dtype, struct fsdp_sbuf *out);
 } fsdp_safetensors_mapping;
 
 #ifdef __cplusplus
