@@ -93,12 +93,13 @@ fsdp_status fsdp_fopen_regular(const char *path, const char *what, FILE **f, uin
     return FSDP_STATUS_OK;
 }
 
-static fsdp_status too_large(const fsdp_line_reader *lr, uint64_t size)
+/* size: the file's size, or (growing) what was read of it so far */
+static fsdp_status too_large(const fsdp_line_reader *lr, uint64_t size, bool growing)
 {
     char a[32], b[32];
     return fsdp_error_set(FSDP_STATUS_FORMAT,
                           "%s '%s' is %s%s, larger than the limit of %s; is it the right file?",
-                          lr->what, lr->path, size > lr->max_bytes ? "" : "at least ",
+                          lr->what, lr->path, growing ? "at least " : "",
                           fsdp_fmt_bytes(a, sizeof a, (double)size),
                           fsdp_fmt_bytes(b, sizeof b, (double)lr->max_bytes));
 }
@@ -116,7 +117,7 @@ fsdp_status fsdp_line_reader_open(fsdp_line_reader *lr, const char *path, const 
     FSDP_TRY(fsdp_open_regular(path, what, &lr->fd, &size));
     lr->open = true;
     if (size > max_bytes) {
-        fsdp_status st = too_large(lr, size);
+        fsdp_status st = too_large(lr, size, false);
         fsdp_line_reader_close(lr);
         return st;
     }
@@ -169,7 +170,7 @@ static fsdp_status fill(fsdp_line_reader *lr)
     lr->end += (size_t)k;
     lr->n_read += (uint64_t)k;
     if (lr->n_read > lr->max_bytes) /* it grew while being read */
-        return too_large(lr, lr->n_read);
+        return too_large(lr, lr->n_read, true);
     return FSDP_STATUS_OK;
 }
 
@@ -185,21 +186,21 @@ fsdp_status fsdp_line_reader_next(fsdp_line_reader *lr, const char **line, size_
         char *start = lr->buf + lr->beg;
         size_t avail = lr->end - lr->beg;
         char *nl = memchr(start, '\n', avail);
-        if (nl && (size_t)(nl - start) > lr->max_line_bytes)
+        size_t n = nl ? (size_t)(nl - start) : avail; /* the line so far */
+        if (n > lr->max_line_bytes)
             return line_too_long(lr);
-        if (nl || (lr->eof && avail > 0)) {
-            *line = start;
-            *len = nl ? (size_t)(nl - start) : avail;
-            *terminated = nl != NULL;
-            lr->beg += *len + (nl != NULL);
-            lr->line_no++;
-            return FSDP_STATUS_OK;
+        if (!nl && !lr->eof) {
+            FSDP_TRY(fill(lr));
+            continue;
         }
-        if (avail > lr->max_line_bytes)
-            return line_too_long(lr);
-        if (lr->eof)
-            return FSDP_STATUS_OK;
-        FSDP_TRY(fill(lr));
+        if (!nl && avail == 0)
+            return FSDP_STATUS_OK; /* the end */
+        *line = start;
+        *len = n;
+        *terminated = nl != NULL;
+        lr->beg += n + (nl != NULL);
+        lr->line_no++;
+        return FSDP_STATUS_OK;
     }
 }
 
@@ -391,11 +392,11 @@ void fsdp_atomic_abort(fsdp_atomic_file *af)
 fsdp_status fsdp_atomic_commit(fsdp_atomic_file *af, bool write_ok)
 {
     fsdp_status st;
-    int err = errno;
+    int err = errno; /* the caller's failed write, if it failed */
     if (!af->f)
         return fsdp_error_set(FSDP_STATUS_INTERNAL, "%s '%s' committed without being open",
                               af->what, af->path);
-    if (write_ok && fflush(af->f) != 0) {
+    if (fflush(af->f) != 0) { /* after an error: retried, so errno is fresh */
         write_ok = false;
         err = errno;
     }

@@ -422,12 +422,14 @@ fsdp_status fsdp_json_parse_file(const char *path, fsdp_json **out)
     fsdp_status st = FSDP_STATUS_OK;
     char *buf = NULL;
     size_t n = 0, cap = 0;
+    bool growing = false; /* over the limit while reading: the size is a lower bound */
     if (size > FSDP_JSON_MAX_FILE_BYTES)
         goto too_large;
     /* read to the end, whatever the size said: the file may be changing */
     for (;;) {
         if (n == cap) {
-            cap = cap ? cap * 2 : (size_t)size + 1;
+            size_t most = (size_t)FSDP_JSON_MAX_FILE_BYTES + 1; /* one byte tells it is over */
+            cap = !cap ? (size_t)size + 1 : cap * 2 < most ? cap * 2 : most;
             char *nb = realloc(buf, cap);
             if (!nb) {
                 st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading JSON file '%s'",
@@ -447,9 +449,11 @@ fsdp_status fsdp_json_parse_file(const char *path, fsdp_json **out)
         if (k == 0)
             break;
         n += (size_t)k;
-        size = n;
-        if (size > FSDP_JSON_MAX_FILE_BYTES)
+        if (n > FSDP_JSON_MAX_FILE_BYTES) {
+            size = n;
+            growing = true;
             goto too_large;
+        }
     }
     st = fsdp_json_parse(buf, n, out);
     if (st != FSDP_STATUS_OK)
@@ -459,7 +463,7 @@ too_large:
     st = fsdp_error_set(FSDP_STATUS_FORMAT,
                         "JSON file '%s' is %s%s, larger than the limit of %s; is it the right "
                         "file?",
-                        path, size > FSDP_JSON_MAX_FILE_BYTES ? "" : "at least ",
+                        path, growing ? "at least " : "",
                         fsdp_fmt_bytes(a, sizeof a, (double)size),
                         fsdp_fmt_bytes(b, sizeof b, (double)FSDP_JSON_MAX_FILE_BYTES));
 done:

@@ -74,14 +74,21 @@ static fsdp_status reserve_peaks(struct metrics_fill *mf, size_t more)
     return FSDP_STATUS_OK;
 }
 
+/* "a number", "an array": the type of v with its article. */
+static const char *a_type(const fsdp_json *v)
+{
+    static const char *const names[] = {"a null",   "a boolean", "a number",
+                                        "a string", "an array",  "an object"};
+    return v && (unsigned)v->type < sizeof names / sizeof names[0] ? names[v->type] : "nothing";
+}
+
 static fsdp_status field_error(const struct metrics_fill *mf, int line_no, const char *key,
                                const char *expected, const fsdp_json *v)
 {
     return fsdp_error_set(FSDP_STATUS_FORMAT,
-                          "metrics file '%s' line %d: \"%s\" must be %s, found %s%s; is it a "
+                          "metrics file '%s' line %d: \"%s\" must be %s, found %s; is it a "
                           "metrics file written by fsdp train --log?",
-                          mf->path, line_no, key, expected, v ? "a " : "",
-                          v ? fsdp_json_type_name(v->type) : "nothing");
+                          mf->path, line_no, key, expected, a_type(v));
 }
 
 /* obj[key] as a double: NaN when null, non-finite or (if optional) absent.
@@ -124,10 +131,9 @@ static fsdp_status add_line(struct metrics_fill *mf, int line_no, const fsdp_jso
     fsdp_metrics *m = mf->m;
     if (obj->type != FSDP_JSON_OBJECT)
         return fsdp_error_set(FSDP_STATUS_FORMAT,
-                              "metrics file '%s' line %d: expected a JSON object, found a%s %s; "
+                              "metrics file '%s' line %d: expected a JSON object, found %s; "
                               "is it a metrics file written by fsdp train --log?",
-                              mf->path, line_no, obj->type == FSDP_JSON_ARRAY ? "n" : "",
-                              fsdp_json_type_name(obj->type));
+                              mf->path, line_no, a_type(obj));
     double step, loss, tok;
     const fsdp_json *js = fsdp_json_get(obj, "step");
     if (!js || js->type != FSDP_JSON_NUMBER || !isfinite(js->number))
@@ -155,10 +161,9 @@ static fsdp_status add_line(struct metrics_fill *mf, int line_no, const fsdp_jso
     for (const fsdp_json *e = jp ? jp->child : NULL; e; e = e->next, k++) {
         if (e->type != FSDP_JSON_NUMBER && e->type != FSDP_JSON_NULL)
             return fsdp_error_set(FSDP_STATUS_FORMAT,
-                                  "metrics file '%s' line %d: \"peak_bytes\" element %d is a "
+                                  "metrics file '%s' line %d: \"peak_bytes\" element %d is "
                                   "%s; expected a number or null",
-                                  mf->path, line_no, k - m->peak_first[i],
-                                  fsdp_json_type_name(e->type));
+                                  mf->path, line_no, k - m->peak_first[i], a_type(e));
         m->peak[k] = e->type == FSDP_JSON_NUMBER && isfinite(e->number) ? e->number : NAN;
     }
     if (k - m->peak_first[i] > m->n_devices)
