@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
-#include <limits.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -28,8 +27,6 @@ static const char *file_kind(mode_t mode)
         return "a block device";
     if (S_ISSOCK(mode))
         return "a socket";
-    if (S_ISLNK(mode))
-        return "a symbolic link";
     return "a special file";
 }
 

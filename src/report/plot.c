@@ -7,7 +7,6 @@
  * plot.h's limits), then the panels are laid out from them. Values that
  * are missing, null or non-finite on a line leave a gap in their series.
  */
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
