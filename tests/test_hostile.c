@@ -510,7 +510,7 @@ START_TEST(test_metrics_malformed)
         {"{\"step\":1,\"loss\":1}\n7\n", "line 2: expected a JSON object, found a number", NULL},
         {"{\"loss\":1}\n", "line 1: \"step\" must be a finite number, found nothing", NULL},
         {"{\"step\":null,\"loss\":1}\n", "\"step\" must be a finite number, found a null", NULL},
-        {"{\"step\":1e999,\"loss\":1}\n", "\"step\" must be a finite number, found a number", NULL},
+        {"{\"step\":1e999,\"loss\":1}\n", "\"step\" must be a finite number, found a non-finite number", NULL},
         {"{\"step\":\"1\",\"loss\":1}\n", "found a string", NULL},
         {"{\"step\":1}\n", "\"loss\" must be a number or null, found nothing", NULL},
         {"{\"step\":1,\"loss\":true}\n", "\"loss\" must be a number or null, found a boolean", NULL},

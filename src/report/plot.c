@@ -73,11 +73,13 @@ static fsdp_status reserve_peaks(struct metrics_fill *mf, size_t more)
     return FSDP_STATUS_OK;
 }
 
-/* "a number", "an array": the type of v with its article. */
+/* "a number", "an array": the type of v with its article ("nothing" for NULL). */
 static const char *a_type(const fsdp_json *v)
 {
     static const char *const names[] = {"a null",   "a boolean", "a number",
                                         "a string", "an array",  "an object"};
+    if (v && v->type == FSDP_JSON_NUMBER && !isfinite(v->number))
+        return "a non-finite number"; /* 1e999 */
     return v && (unsigned)v->type < sizeof names / sizeof names[0] ? names[v->type] : "nothing";
 }
 
