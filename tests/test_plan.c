@@ -869,7 +869,7 @@ START_TEST(test_commands)
         {"plot --help", 0, "METRICS.jsonl"},
         {"plot", 2, "usage"},
         {"plot a.jsonl", 2, "usage"},
-        {"plot /nonexistent/m.jsonl /nonexistent/x.svg", 1, "/nonexistent/m.jsonl"},
+        {"plot /nonexistent/m.jsonl /nonexistent/x.svg", 1, "/nonexistent/x.svg"}, /* output first */
     };
     fsdp_test_cli_cases(cases, FSDP_TEST_LEN(cases));
     /* the JSON outputs parse */

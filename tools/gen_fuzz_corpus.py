@@ -83,6 +83,15 @@ def shard_v1(units, n_arrays=3):
     return tables + pad + b"".join(payload)
 
 
+def metrics_line(step, loss, peaks):
+    n = len(peaks)
+    return ('{"step":%d,"loss":%.9g,"lr":0.0003,"grad_norm":1.5,"tokens":896,'
+            '"tokens_per_s":3098.51,"step_ms":289.171,"mfu":null,"peak_bytes":[%s],'
+            '"comm_bytes":[%s],"host_bytes":[%s]}\n'
+            % (step, loss, ",".join(str(p) for p in peaks), ",".join(["3883008"] * n),
+               ",".join(["896"] * n)))
+
+
 def main():
     fsdp = sys.argv[1] if len(sys.argv) > 1 else "build/fsdp"
     # token shards
@@ -139,6 +148,14 @@ def main():
     toks = [bytes([i]) for i in range(256)] + [b"ab", b"abc", b" the", b"<|endoftext|>"]
     put("fuzz_tokenizer", "tok_v2.bin", tokenizer(2, toks, len(toks) - 1))
     put("fuzz_tokenizer", "tok_v1.bin", tokenizer(1, toks[:258]))
+    # metrics files as fsdp train --log writes them (2 devices), with nulls
+    # for non-finite values, and one whose last line was cut
+    lines = [metrics_line(s, 5.5 - s * 0.5, [10107700 + s, 10107700]) for s in range(1, 4)]
+    put("fuzz_metrics", "run.jsonl", "".join(lines).encode())
+    put("fuzz_metrics", "nulls.jsonl",
+        (lines[0] + '{"step":2,"loss":null,"tokens_per_s":null,"peak_bytes":[null,7]}\n'
+         '\n{"step":3,"loss":1e999,"peak_bytes":[]}\r\n').encode())
+    put("fuzz_metrics", "cut.jsonl", ("".join(lines) + lines[0][:40]).encode())
     print("wrote seed corpora under %s" % ROOT)
 
 

@@ -80,6 +80,7 @@ struct trainer {
     char ck_path[FSDP_CKPT_PATH_MAX]; /* its directory; "" when starting fresh */
     int start_step;
     fsdp_modelfile *mf;       /* --model FILE: the initial weights, or NULL */
+    fsdp_ckpt_lock ck_lock;   /* --ckpt-dir held for the run: one run per directory */
 };
 
 static double now_s(void)
@@ -336,6 +337,7 @@ static fsdp_status ckpt_prepare(struct trainer *t)
     bool found = false;
     uint64_t step = 0;
     FSDP_TRY(fsdp_engine_ckpt_describe(&t->sh, cfg->data, cfg->steps, &t->ck_base));
+    FSDP_TRY(fsdp_ckpt_dir_lock(&t->ck_lock, cfg->ckpt_dir)); /* until the run ends */
     if (!cfg->resume) {
         FSDP_TRY(fsdp_ckpt_latest(cfg->ckpt_dir, &step, &found));
         if (found)
@@ -486,6 +488,7 @@ fail:
         st = fsdp_error_set(FSDP_STATUS_IO, "error writing metrics file '%s'", cfg->log_path);
     fsdp_trace_free(t->sh.trace);
     t->sh.trace = NULL;
+    fsdp_ckpt_dir_unlock(&t->ck_lock);
     fsdp_ckpt_manifest_free(&t->ck_base);
     fsdp_ckpt_manifest_free(&t->ck_resume);
     fsdp_engine_shared_free(&t->sh);
