@@ -146,7 +146,8 @@ static void print_excluded(FILE *f, const fsdp_fit_request *req, const fsdp_fit_
         fprintf(f, "  ... and %d more measured over a cap (--json lists them)\n", n_more);
     if (n_pruned)
         fprintf(f, "  %d more not run: each needs at least the memory of one over the device cap "
-                   "(same micro-batch; less sharding, no offload, prefetch on or less recompute)\n",
+                   "(same micro-batch, and grad-op for full, no offload, prefetch on or a recompute "
+                   "mode that keeps more)\n",
                 n_pruned);
 }
 
@@ -227,8 +228,11 @@ static void print_model(FILE *f, const fsdp_fit_request *req, const fsdp_fit_res
                "CPU optimizer at %.0f GB/s of host memory (--host-gbs)\n",
             fsdp_dtype_name(e->compute_dtype), fsdp_machine_tflops(m, e->compute_dtype), m->mfu,
             r->flops_per_token / 1e9, m->link_gbs, m->link_latency_us, m->pcie_gbs, m->host_gbs);
-    if (req->backend != FSDP_BACKEND_CUDA)
+    if (req->backend != FSDP_BACKEND_CUDA) {
+        fprintf(f, "(the cpu backend simulates the devices: the step times are those of the "
+                   "machine figures above, not of this CPU)\n");
         return;
+    }
     const fsdp_fit_candidate *c = &r->cand[r->best >= 0 ? r->best : 0];
     if (req->cuda_overhead) {
         fprintf(f, "cuda beyond the engine, per device: %s, as given (--cuda-overhead)\n",

@@ -98,11 +98,17 @@ struct fit_ctx {
     char msg[FSDP_ERROR_MSG_MAX];
 };
 
+/* Shard strategy a needs no more memory than b: only FULL_SHARD before
+ * SHARD_GRAD_OP (fit.h). */
+static bool shard_no_more(fsdp_shard_strategy a, fsdp_shard_strategy b)
+{
+    return a == b || (a == FSDP_SHARD_FULL && b == FSDP_SHARD_GRAD_OP);
+}
+
 /* a needs no more memory than b (fit.h's partial order). */
 static bool needs_no_more(const fsdp_fit_candidate *a, const fsdp_fit_candidate *b)
 {
-    /* fsdp_shard_strategy is declared in memory order: full, grad-op, none */
-    return a->batch == b->batch && a->grad_accum == b->grad_accum && a->shard <= b->shard &&
+    return a->batch == b->batch && a->grad_accum == b->grad_accum && shard_no_more(a->shard, b->shard) &&
            a->offload >= b->offload && a->prefetch <= b->prefetch &&
            fsdp_fit_recompute_modes[a->recompute].memory_rank <=
                fsdp_fit_recompute_modes[b->recompute].memory_rank;
@@ -202,8 +208,13 @@ static fsdp_status search_chain(struct fit_ctx *x, int chain)
         fsdp_fit_candidate *c = &cand[i];
         for (int j = 0; j < i; j++) {
             const fsdp_fit_candidate *d = &cand[j];
-            bool rules_out = (d->verdict == FSDP_FIT_OVER_DEVICE ||
-                              d->verdict == FSDP_FIT_INVALID) && d->pruned_by < 0;
+            /* over by the engine's peak and the overheads every setting of this
+             * micro-batch shares (the allocator's estimate follows the
+             * allocation count, which is not ordered like the peak) */
+            bool over = d->verdict == FSDP_FIT_OVER_DEVICE &&
+                        d->peak_bytes + d->cuda.total_bytes - d->cuda.cache_bytes >
+                            x->req->device_mem;
+            bool rules_out = (over || d->verdict == FSDP_FIT_INVALID) && d->pruned_by < 0;
             if (rules_out && needs_no_more(d, c)) {
                 c->verdict = d->verdict == FSDP_FIT_INVALID ? FSDP_FIT_INVALID : FSDP_FIT_PRUNED;
                 c->pruned_by = chain * x->n_settings + j;
@@ -243,9 +254,11 @@ static void *search_worker(void *arg)
 
 /* ---- the search -------------------------------------------------------------- */
 
+/* A rank that grows along the partial order, so a chain is walked from the
+ * least memory up. */
 static int setting_level(const fsdp_fit_candidate *c)
 {
-    return (int)c->shard + (c->offload ? 0 : 1) + (c->prefetch ? 1 : 0) +
+    return (c->shard == FSDP_SHARD_GRAD_OP) + (c->offload ? 0 : 1) + (c->prefetch ? 1 : 0) +
            fsdp_fit_recompute_modes[c->recompute].memory_rank;
 }
 

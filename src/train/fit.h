@@ -12,15 +12,18 @@
  * A dimension can be pinned to one value (the request's masks).
  *
  * Exact pruning. A candidate is not run when a candidate that needs no
- * more memory was already measured over the device cap. "Needs no more
- * memory" is a partial order the engine guarantees and test_fit checks:
- * at the same micro-batch and accumulation, the peak does not decrease
- * from shard full to grad-op to none, from offload optimizer to none, from
- * prefetch off to on, and from a recompute mode to one that keeps more
- * (the modes' memory_rank). Different micro-batches are never compared:
- * with the global batch fixed, a smaller micro-batch means more
- * accumulation, whose tree of partial sums holds more gradient buffers,
- * so the peak is not monotone along that line. Micro-batches are
+ * more memory was already measured over the device cap (by its engine
+ * peak plus the cuda overheads every setting of its micro-batch shares).
+ * "Needs no more memory" is a partial order the engine guarantees and
+ * test_fit checks: at the same micro-batch and accumulation, the peak
+ * does not decrease from shard full to grad-op, from offload optimizer to
+ * none, from prefetch off to on, and from a recompute mode to one that
+ * keeps more (the modes' memory_rank). NO_SHARD is not ordered against the
+ * others: it uses parameters in place, so on one device, or with offload,
+ * it can hold less than a sharded strategy. Different micro-batches are
+ * never compared: with the global batch fixed, a smaller micro-batch means
+ * more accumulation, whose tree of partial sums holds more gradient
+ * buffers, so the peak is not monotone along that line. Micro-batches are
  * independent chains, searched in parallel.
  */
 #ifndef FSDP_TRAIN_FIT_H
