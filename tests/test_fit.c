@@ -180,6 +180,7 @@ START_TEST(test_fit_exact_vs_every_candidate)
         for (size_t k = 0; k < FSDP_TEST_LEN(caps); k++) {
             fsdp_fit_request req;
             tiny_request(&req, caps[k]);
+            req.jobs = 1 + (int)k; /* one to four micro-batches searched at once */
             if (be) {
                 req.backend = FSDP_BACKEND_CUDA;
                 req.device_mem += (size_t)2 << 30; /* above the fixed cuda overheads */
