@@ -249,7 +249,7 @@ START_TEST(test_fit_nothing_fits)
     ck_assert_int_eq(r.n_runs, 8);
     fsdp_fit_free(&r);
     int rc = fsdp_test_cli(out, sizeof out,
-                           "plan --fit --backend cpu --model tiny --devices 2 --seq 64 "
+                           "plan --fit --target cpu --model tiny --devices 2 --seq 64 "
                            "--global-batch 16 --device-mem 64KiB");
     ck_assert_msg(rc == 1, "exit %d:\n%s", rc, out);
     ck_assert_msg(strstr(out, "NOTHING FITS") && strstr(out, "closest: batch") &&
@@ -257,7 +257,7 @@ START_TEST(test_fit_nothing_fits)
                   "%s", out);
     /* an over-host answer names --host-mem */
     rc = fsdp_test_cli(out, sizeof out,
-                       "plan --fit --backend cpu --model tiny --devices 2 --seq 64 "
+                       "plan --fit --target cpu --model tiny --devices 2 --seq 64 "
                        "--global-batch 16 --device-mem 1GiB --host-mem 1MiB");
     ck_assert_msg(rc == 1 && strstr(out, "over the host memory") && strstr(out, "--host-mem"),
                   "exit %d:\n%s", rc, out);
@@ -366,7 +366,7 @@ START_TEST(test_fit_command_runs_within_cap)
 {
     size_t cap = (size_t)3 << 20;
     int rc = fsdp_test_cli(out, sizeof out,
-                           "plan --fit --backend cpu --model tiny --devices 2 --seq 64 "
+                           "plan --fit --target cpu --model tiny --devices 2 --seq 64 "
                            "--global-batch 16 --device-mem 3MiB");
     ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
     ck_assert_msg(strstr(out, "meta runs") && strstr(out, "fits, fastest first") &&
@@ -423,7 +423,7 @@ START_TEST(test_fit_json)
     fsdp_json *root;
     ck_assert_msg(fsdp_json_parse(out, strlen(out), &root) == FSDP_STATUS_OK, "%s\n%s",
                   fsdp_error_msg(), out);
-    ck_assert_str_eq(get(root, "backend", FSDP_JSON_STRING)->str, "cuda");
+    ck_assert_str_eq(get(root, "target", FSDP_JSON_STRING)->str, "cuda");
     ck_assert(get(root, "cuda_overhead", FSDP_JSON_NUMBER)->number == 1 << 20);
     ck_assert(strstr(get(root, "estimate", FSDP_JSON_STRING)->str, "cost model"));
     const fsdp_json *search = get(root, "search", FSDP_JSON_OBJECT);
@@ -481,7 +481,7 @@ START_TEST(test_fit_train_refuses)
     ck_assert_int_eq(fsdp_fit_check_train(&c, 0), FSDP_STATUS_OOM);
     const char *msg = fsdp_error_msg();
     ck_assert_msg(strstr(msg, "does not fit") && strstr(msg, "1 B over") &&
-                      strstr(msg, "fsdp plan --fit --backend cpu --model tiny --devices 2 --seq 64 "
+                      strstr(msg, "fsdp plan --fit --target cpu --model tiny --devices 2 --seq 64 "
                                   "--precision fp32 --global-batch 8"),
                   "%s", msg);
     /* a GPU of known size: the peak plus the cuda overheads must fit it */
@@ -555,10 +555,11 @@ START_TEST(test_fit_usage)
          "does not split over 3 devices"},
         {"plan --fit --model tiny --device-mem 1GiB --svg x.svg", 2, "--svg and --trace"},
         {"plan --fit --model tiny --device-mem 1GiB --mfu 0", 2, "--mfu"},
-        {"plan --fit --model tiny --device-mem 1GiB --backend meta", 2, "backend"},
+        {"plan --fit --model tiny --device-mem 1GiB --target meta", 2, "--target"},
+        {"plan --fit --model tiny --device-mem 1GiB --backend cpu", 2, "unknown option '--backend'"},
         {"plan --model tiny --global-batch 16", 2, "--global-batch is an option of --fit"},
         {"plan --help", 0, "--fit"},
-        {"plan --fit --model tiny --devices 2 --seq 64 --device-mem 1GiB --backend cpu --top 3",
+        {"plan --fit --model tiny --devices 2 --seq 64 --device-mem 1GiB --target cpu --top 3",
          0, "... and "},
     };
     fsdp_test_cli_cases(cases, FSDP_TEST_LEN(cases));

@@ -8,7 +8,7 @@
  * Takes train's model, batch, sharding, precision and offload options (the
  * shared list of cli/run_opts.h) minus the transport and virtual-rank
  * choices: a plan always runs on meta, without a cap, and compares the
- * peak with --device-mem afterwards. With --fit, --backend names the
+ * peak with --device-mem afterwards. With --fit, --target names the
  * backend the planned run will use (cuda adds what a cuda run holds beyond
  * the engine). Exit codes: plan: 0 whether or not the run fits (the report
  * says which); --fit: 0 when a setting fits, 1 when none does; both: 1 if
@@ -26,7 +26,7 @@ struct fit_opts {
     bool fit;
     int global_batch;
     size_t host_mem;
-    int backend;
+    int target;
     size_t cuda_overhead;
     float gpu_tflops, mfu, link_gbs, link_latency_us, pcie_gbs, host_gbs;
     int jobs, top;
@@ -36,7 +36,7 @@ static void fit_opts_table(struct fit_opts *o, fsdp_opt_list *l)
 {
     fsdp_machine m;
     fsdp_machine_default(&m);
-    o->backend = FSDP_BACKEND_CUDA;
+    o->target = FSDP_BACKEND_CUDA;
     o->mfu = (float)m.mfu;
     o->link_gbs = (float)m.link_gbs;
     o->link_latency_us = (float)m.link_latency_us;
@@ -54,9 +54,10 @@ static void fit_opts_table(struct fit_opts *o, fsdp_opt_list *l)
     fsdp_opt_add(l, "host-mem", FSDP_OPT_SIZE, &o->host_mem, "BYTES",
                  "--fit: host memory the run may use: pinned memory of every device (and the "
                  "simulated devices on cpu) (default: this machine's memory)");
-    fsdp_opt_add_name(l, "backend", &o->backend, &fsdp_backend_names,
-                      "--fit: the backend the run will use; cuda adds what a cuda run holds "
-                      "beyond the engine (CUDA context, cuBLAS, op scratch, NCCL) to each device")
+    fsdp_opt_add_name(l, "target", &o->target, &fsdp_backend_names,
+                      "--fit: the backend the run will use (train's --backend); cuda adds what "
+                      "a cuda run holds beyond the engine (CUDA context, cuBLAS, op scratch, "
+                      "NCCL) to each device")
         ->allow = FSDP_NAME_BIT(FSDP_BACKEND_CPU) | FSDP_NAME_BIT(FSDP_BACKEND_CUDA);
     fsdp_opt_add(l, "cuda-overhead", FSDP_OPT_SIZE, &o->cuda_overhead, "BYTES",
                  "--fit, cuda: what a run holds beyond the engine per device, measured "
@@ -95,7 +96,7 @@ static int run_fit(fsdp_run_opts *ro, struct fit_opts *o, fsdp_opt_list *l, bool
     req.device_mem = c->eng.device_mem;
     if (o->host_mem)
         req.host_mem = o->host_mem;
-    req.backend = (fsdp_backend)o->backend;
+    req.backend = (fsdp_backend)o->target;
     req.cuda_overhead = o->cuda_overhead;
     req.steps = steps;
     req.jobs = o->jobs;
@@ -143,7 +144,7 @@ int fsdp_cli_plan(int argc, char **argv)
     fsdp_run_opts_table(&ro, &l);
     fsdp_train_config *c = &ro.cfg;
     /* meta only: the backend, transport and virtual-rank options do not apply
-     * (--fit's --backend below names the backend the run will use) */
+     * (--fit's --target names the backend the run will use) */
     fsdp_opt_remove(&l, "backend");
     fsdp_opt_remove(&l, "comm");
     fsdp_opt_remove(&l, "ranks-per-device");
@@ -186,7 +187,7 @@ int fsdp_cli_plan(int argc, char **argv)
                                           "device (e.g. 80GiB)");
         return run_fit(&ro, &fo, &l, json, steps);
     }
-    static const char *const fit_only[] = {"global-batch", "host-mem", "backend", "cuda-overhead",
+    static const char *const fit_only[] = {"global-batch", "host-mem", "target", "cuda-overhead",
                                            "gpu-tflops", "mfu", "link-gbs", "link-latency-us",
                                            "pcie-gbs", "host-gbs", "jobs", "top"};
     for (size_t i = 0; i < sizeof fit_only / sizeof fit_only[0]; i++)

@@ -314,7 +314,7 @@ void fsdp_fit_write_json(FILE *f, const fsdp_fit_request *req, const fsdp_fit_re
     const fsdp_machine *m = &req->machine;
     fprintf(f, "{\"model\":");
     fsdp_json_write_str(f, req->base.model);
-    fprintf(f, ",\"params\":%zu,\"devices\":%d,\"backend\":\"%s\",\"seq\":%d,\"precision\":\"%s\","
+    fprintf(f, ",\"params\":%zu,\"devices\":%d,\"target\":\"%s\",\"seq\":%d,\"precision\":\"%s\","
                "\"global_batch\":%d,\"device_mem\":%zu,\"host_mem\":%zu,",
             r->numel, e->n_ranks, fsdp_backend_name(req->backend), e->seq,
             fsdp_dtype_name(e->compute_dtype), req->global_batch, req->device_mem, req->host_mem);

@@ -13,6 +13,7 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -547,7 +548,7 @@ fsdp_status fsdp_fit_check_train(const fsdp_train_config *cfg, size_t device_tot
         FSDP_STATUS_OOM,
         "the plan says this run does not fit: device %d would need %s, %s over the cap %s (%s); "
         "it would run out of memory during the first step. Find the fastest setting that fits "
-        "with: fsdp plan --fit --backend %s --model %s --devices %d --seq %d --precision %s "
+        "with: fsdp plan --fit --target %s --model %s --devices %d --seq %d --precision %s "
         "--global-batch %d --device-mem %s",
         who, what, fsdp_fmt_bytes(b3, sizeof b3, (double)(peak + oh.total_bytes - limit_bytes)),
         fsdp_fmt_bytes(b4, sizeof b4, (double)limit_bytes), limit, fsdp_backend_name(e->backend),

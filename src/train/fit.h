@@ -30,7 +30,6 @@
 #define FSDP_TRAIN_FIT_H
 
 #include <stdbool.h>
-#include <stdio.h>
 
 #include "train/cost.h"
 #include "train/plan.h"
@@ -135,7 +134,8 @@ void fsdp_fit_free(fsdp_fit_result *r);
 void fsdp_fit_command(const fsdp_fit_request *req, const fsdp_fit_candidate *c, char *buf,
                       size_t n);
 
-/* Short labels: "none"/"optimizer", "on"/"off", the verdict's name. */
+/* The verdict's name in the JSON report: "fits", "over_device", "over_host",
+ * "pruned", "invalid". */
 const char *fsdp_fit_verdict_name(fsdp_fit_verdict v);
 
 /* ---- fsdp train's check ------------------------------------------------------ */
