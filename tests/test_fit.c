@@ -58,7 +58,7 @@ static void candidate_config(const fsdp_fit_request *req, const fsdp_fit_candida
     cfg->eng.prefetch = c->prefetch;
 }
 
-/* ---- the memory order the search prunes by --------------------------------------- */
+/* ---- the memory order the search prunes by -------------------------------------------------- */
 
 /* peak of one setting, from its own meta run */
 static size_t peak_of(const fsdp_train_config *base, int b, int A, int shard, int off, int pf)
@@ -82,7 +82,8 @@ static size_t peak_of(const fsdp_train_config *base, int b, int A, int shard, in
  * (NO_SHARD is not in it: on one device it holds less than grad-op.) */
 START_TEST(test_fit_memory_order)
 {
-    static const char *const models[] = {"tiny", "custom:layers=3,heads=2,channels=48,vocab=300,context=32"};
+    static const char *const models[] = {
+        "tiny", "custom:layers=3,heads=2,channels=48,vocab=300,context=32"};
     static const int devs[] = {1, 2, 4}, bas[][2] = {{1, 1}, {2, 3}, {4, 2}};
     int n_dev = SMALL_RUN ? 2 : 3;
     for (int mi = 0; mi < 2; mi++)
@@ -118,7 +119,7 @@ START_TEST(test_fit_memory_order)
 }
 END_TEST
 
-/* ---- the search is exact ------------------------------------------------------------ */
+/* ---- the search is exact -------------------------------------------------------------------- */
 
 /* Every candidate, judged independently from its own meta run: the
  * search's figures for those it measured, and those it pruned really are
@@ -141,7 +142,8 @@ static void check_exact(const fsdp_fit_request *req, const fsdp_fit_result *r)
         size_t extra = 0;
         if (req->backend == FSDP_BACKEND_CUDA) {
             fsdp_cuda_overhead oh;
-            fsdp_cost_shape s = {c->batch, cfg.eng.seq, 4, 32, 256}; /* tiny: 4 heads, C 32, Vp 256 */
+            /* tiny: 4 heads, 32 channels, padded vocabulary 256 */
+            fsdp_cost_shape s = {c->batch, cfg.eng.seq, 4, 32, 256};
             fsdp_cost_cuda_overhead(p.n_ranks, cfg.eng.compute_dtype, &s, p.ranks[who].mem.n_live,
                                     &oh);
             extra = oh.total_bytes;
@@ -194,7 +196,7 @@ START_TEST(test_fit_exact_vs_every_candidate)
 }
 END_TEST
 
-/* ---- answers ---------------------------------------------------------------------------- */
+/* ---- answers -------------------------------------------------------------------------------- */
 
 /* A cap under the largest micro-batch's smallest peak, above a smaller
  * one's: the answer accumulates, and keeps devices x batch x accum. */
@@ -264,7 +266,7 @@ START_TEST(test_fit_nothing_fits)
 }
 END_TEST
 
-/* ---- the cost model ----------------------------------------------------------------------- */
+/* ---- the cost model ------------------------------------------------------------------------- */
 
 START_TEST(test_fit_cost_arithmetic)
 {
@@ -360,7 +362,7 @@ START_TEST(test_fit_ranking_follows_cost)
 }
 END_TEST
 
-/* ---- the command it prints runs within the cap --------------------------------------------- */
+/* ---- the command it prints runs within the cap ---------------------------------------------- */
 
 START_TEST(test_fit_command_runs_within_cap)
 {
@@ -405,7 +407,7 @@ START_TEST(test_fit_command_runs_within_cap)
 }
 END_TEST
 
-/* ---- JSON ------------------------------------------------------------------------------------ */
+/* ---- JSON ----------------------------------------------------------------------------------- */
 
 static const fsdp_json *get(const fsdp_json *o, const char *k, fsdp_json_type t)
 {
@@ -445,7 +447,8 @@ START_TEST(test_fit_json)
             double dev = get(c, "device_bytes", FSDP_JSON_NUMBER)->number;
             ck_assert(dev == get(c, "peak_bytes", FSDP_JSON_NUMBER)->number + (1 << 20));
             ck_assert(dev <= 3 << 20);
-            ck_assert(get(get(c, "cost", FSDP_JSON_OBJECT), "step_s", FSDP_JSON_NUMBER)->number > 0);
+            const fsdp_json *cost = get(c, "cost", FSDP_JSON_OBJECT);
+            ck_assert(get(cost, "step_s", FSDP_JSON_NUMBER)->number > 0);
         } else if (!strcmp(v, "pruned")) {
             ck_assert(get(c, "pruned_by", FSDP_JSON_NUMBER)->number < i);
         } else {
@@ -463,7 +466,7 @@ START_TEST(test_fit_json)
 }
 END_TEST
 
-/* ---- fsdp train refuses before allocating -------------------------------------------------------- */
+/* ---- fsdp train refuses before allocating --------------------------------------------------- */
 
 START_TEST(test_fit_train_refuses)
 {
@@ -516,7 +519,7 @@ START_TEST(test_fit_train_refuses)
 }
 END_TEST
 
-/* ---- the cuda overheads ------------------------------------------------------------------------- */
+/* ---- the cuda overheads --------------------------------------------------------------------- */
 
 /* The constants cost.h mirrors from the cuda code, read from its source. */
 START_TEST(test_fit_cuda_constants)
@@ -545,7 +548,7 @@ START_TEST(test_fit_cuda_constants)
 }
 END_TEST
 
-/* ---- the command line --------------------------------------------------------------------------- */
+/* ---- the command line ----------------------------------------------------------------------- */
 
 START_TEST(test_fit_usage)
 {
@@ -556,7 +559,8 @@ START_TEST(test_fit_usage)
         {"plan --fit --model tiny --device-mem 1GiB --svg x.svg", 2, "--svg and --trace"},
         {"plan --fit --model tiny --device-mem 1GiB --mfu 0", 2, "--mfu"},
         {"plan --fit --model tiny --device-mem 1GiB --target meta", 2, "--target"},
-        {"plan --fit --model tiny --device-mem 1GiB --backend cpu", 2, "unknown option '--backend'"},
+        {"plan --fit --model tiny --device-mem 1GiB --backend cpu", 2,
+         "unknown option '--backend'"},
         {"plan --model tiny --global-batch 16", 2, "--global-batch is an option of --fit"},
         {"plan --help", 0, "--fit"},
         {"plan --fit --model tiny --devices 2 --seq 64 --device-mem 1GiB --target cpu --top 3",

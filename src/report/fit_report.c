@@ -145,9 +145,9 @@ static void print_excluded(FILE *f, const fsdp_fit_request *req, const fsdp_fit_
     if (n_more)
         fprintf(f, "  ... and %d more measured over a cap (--json lists them)\n", n_more);
     if (n_pruned)
-        fprintf(f, "  %d more not run: each needs at least the memory of one over the device cap "
-                   "(same micro-batch, and grad-op for full, no offload, prefetch on or a recompute "
-                   "mode that keeps more)\n",
+        fprintf(f, "  %d more not run: each needs at least the memory of one over the device "
+                   "cap (same micro-batch, and grad-op for full, no offload, prefetch on or a "
+                   "recompute mode that keeps more)\n",
                 n_pruned);
 }
 
@@ -198,8 +198,8 @@ static void print_chosen(FILE *f, const fsdp_fit_request *req, const fsdp_fit_re
             c->prefetch ? " (overlapped by prefetch)" : "", fmt_time(t4, sizeof t4, k0->reduce_s),
             fmt_time(t5, sizeof t5, k0->latency_s));
     if (c->offload)
-        fprintf(f, ", PCIe %s + CPU optimizer %s beside the device", fmt_time(t2, sizeof t2, k0->pcie_s),
-                fmt_time(t3, sizeof t3, k0->cpu_opt_s));
+        fprintf(f, ", PCIe %s + CPU optimizer %s beside the device",
+                fmt_time(t2, sizeof t2, k0->pcie_s), fmt_time(t3, sizeof t3, k0->cpu_opt_s));
     fprintf(f, "\n  device %d peaks at %s (exact)", c->peak_device, fmtb(b1, c->peak_bytes));
     if (c->cuda.total_bytes)
         fprintf(f, " + %s the cuda run holds beyond the engine (estimate)",
@@ -222,10 +222,10 @@ static void print_model(FILE *f, const fsdp_fit_request *req, const fsdp_fit_res
     const fsdp_machine *m = &req->machine;
     const fsdp_engine_config *e = &req->base.eng;
     char b1[32], b2[32], b3[32], b4[32], b5[32];
-    fprintf(f, "\ncost model (src/train/cost.h; flags override each figure): %s peak %.0f TFLOP/s x "
-               "%.2f achieved (--gpu-tflops, --mfu), %.3g GFLOP per token; collectives %.0f GB/s "
-               "+ %.0f us per call (--link-gbs, --link-latency-us); PCIe %.0f GB/s (--pcie-gbs); "
-               "CPU optimizer at %.0f GB/s of host memory (--host-gbs)\n",
+    fprintf(f, "\ncost model (src/train/cost.h; flags override each figure): %s peak %.0f "
+               "TFLOP/s x %.2f achieved (--gpu-tflops, --mfu), %.3g GFLOP per token; "
+               "collectives %.0f GB/s + %.0f us per call (--link-gbs, --link-latency-us); PCIe "
+               "%.0f GB/s (--pcie-gbs); CPU optimizer at %.0f GB/s of host memory (--host-gbs)\n",
             fsdp_dtype_name(e->compute_dtype), fsdp_machine_tflops(m, e->compute_dtype), m->mfu,
             r->flops_per_token / 1e9, m->link_gbs, m->link_latency_us, m->pcie_gbs, m->host_gbs);
     if (req->backend != FSDP_BACKEND_CUDA) {
@@ -239,8 +239,8 @@ static void print_model(FILE *f, const fsdp_fit_request *req, const fsdp_fit_res
                 fmtb(b1, req->cuda_overhead));
         return;
     }
-    fprintf(f, "cuda beyond the engine, per device%s: CUDA context %s (documented estimate), cuBLAS "
-               "workspace %s, op scratch %s (from the code), NCCL buffers %s (documented "
+    fprintf(f, "cuda beyond the engine, per device%s: CUDA context %s (documented estimate), "
+               "cuBLAS workspace %s, op scratch %s (from the code), NCCL buffers %s (documented "
                "estimate), allocator rounding %s (estimate); --cuda-overhead BYTES replaces them "
                "with what you measure\n",
             r->best >= 0 ? " (chosen setting)" : "", fmtb(b1, c->cuda.context_bytes),

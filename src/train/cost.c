@@ -58,7 +58,9 @@ void fsdp_cost_cuda_overhead(int n_ranks, fsdp_dtype dt, const fsdp_cost_shape *
         req = max_size(req, (n_dout + NH * TT) * 2); /* attention backward staging */
         /* matmul backward: floor(chunk / OC) rows of OC, at most B T rows */
         size_t mm = (size_t)s->batch * T * (size_t)(s->max_out > 0 ? s->max_out : 0);
-        req = max_size(req, (mm < FSDP_COST_LOWP_CHUNK_NUMEL ? mm : FSDP_COST_LOWP_CHUNK_NUMEL) * 2);
+        if (mm > FSDP_COST_LOWP_CHUNK_NUMEL)
+            mm = FSDP_COST_LOWP_CHUNK_NUMEL;
+        req = max_size(req, mm * 2);
     }
     out->context_bytes = FSDP_COST_CUDA_CONTEXT_BYTES;
     out->cublas_bytes = FSDP_COST_CUBLAS_WS_BYTES;

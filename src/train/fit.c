@@ -109,7 +109,8 @@ static bool shard_no_more(fsdp_shard_strategy a, fsdp_shard_strategy b)
 /* a needs no more memory than b (fit.h's partial order). */
 static bool needs_no_more(const fsdp_fit_candidate *a, const fsdp_fit_candidate *b)
 {
-    return a->batch == b->batch && a->grad_accum == b->grad_accum && shard_no_more(a->shard, b->shard) &&
+    return a->batch == b->batch && a->grad_accum == b->grad_accum &&
+           shard_no_more(a->shard, b->shard) &&
            a->offload >= b->offload && a->prefetch <= b->prefetch &&
            fsdp_fit_recompute_modes[a->recompute].memory_rank <=
                fsdp_fit_recompute_modes[b->recompute].memory_rank;
