@@ -221,7 +221,7 @@ static fsdp_status search_chain(struct fit_ctx *x, int chain)
                 c->verdict = d->verdict == FSDP_FIT_INVALID ? FSDP_FIT_INVALID : FSDP_FIT_PRUNED;
                 c->pruned_by = chain * x->n_settings + j;
                 if (d->verdict == FSDP_FIT_INVALID)
-                    snprintf(c->why, sizeof c->why, "%s", d->why);
+                    memcpy(c->why, d->why, sizeof c->why); /* NUL-terminated within */
                 break;
             }
         }
