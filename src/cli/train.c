@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "cli/run_opts.h"
+#include "train/fit.h"
 
 int fsdp_cli_train(int argc, char **argv)
 {
@@ -68,8 +69,13 @@ int fsdp_cli_train(int argc, char **argv)
         return fsdp_cli_usage("train", "need --lr > 0, --clip >= 0 and --wd >= 0");
     if (quiet)
         c->out = NULL;
+    /* refuse before allocating anything when the plan says the run exceeds
+     * --device-mem (a GPU's own size is not known here yet: 0) */
+    fsdp_status st = fsdp_fit_check_train(c, 0);
+    if (st != FSDP_STATUS_OK)
+        return fsdp_cli_status("train", st);
     fsdp_train_result res;
-    fsdp_status st = fsdp_train_run(c, &res);
+    st = fsdp_train_run(c, &res);
     if (st != FSDP_STATUS_OK) {
         fsdp_train_result_free(&res);
         return fsdp_cli_status("train", st);
