@@ -105,6 +105,10 @@ struct fsdp_model {
     int vocab_size;         /* V: real vocabulary (256 for byte-level) */
     int padded_vocab_size;  /* Vp: V rounded up to a multiple of 128 */
     int max_seq_len;
+    /* The transformer's shape, for estimates outside the family (the
+     * planner's cost model, MFU): decoder layers, attention heads, hidden
+     * size. Every family sets them. */
+    int n_layer, n_head, n_embd;
     void *impl;             /* the family's own config (malloc'd, freed with the model) */
 };
 

@@ -19,7 +19,8 @@
 
 #include "core/clock.h"
 #include "core/names.h"
-#include "models/gpt2.h"
+#include "ckpt/modelfile.h"
+#include "models/registry.h"
 #include "train/fit.h"
 
 /* Modes that keep less activation memory have lower memory ranks. */
@@ -63,23 +64,22 @@ const char *fsdp_fit_verdict_name(fsdp_fit_verdict v)
 static fsdp_status model_figures(const fsdp_train_config *base, size_t *numel,
                                  double *flops_per_token, fsdp_cost_shape *shape)
 {
-    fsdp_gpt2_config gc;
     fsdp_model m;
-    memset(&m, 0, sizeof m);
-    FSDP_TRY(fsdp_plan_model_config(base->model, &gc));
-    FSDP_TRY(fsdp_gpt2_init(&m, &gc));
-    size_t n = 0;
-    for (int u = 0; u < m.n_units; u++)
-        for (int k = 0; k < m.units[u].n_params; k++)
-            n += m.units[u].params[k].numel;
-    fsdp_model_free(&m);
-    *numel = n;
-    *flops_per_token = fsdp_cost_flops_per_token(n, gc.n_layer, gc.n_embd, base->eng.seq);
+    FSDP_TRY(fsdp_modelfile_resolve(base->model, &m, NULL));
+    *numel = m.numel;
+    *flops_per_token = m.family->flops_per_token(&m, base->eng.seq);
     shape->batch = base->eng.batch;
     shape->seq = base->eng.seq;
-    shape->n_head = gc.n_head;
-    shape->channels = gc.n_embd;
-    shape->max_out = gc.padded_vocab_size > 4 * gc.n_embd ? gc.padded_vocab_size : 4 * gc.n_embd;
+    shape->n_head = m.n_head;
+    shape->channels = m.n_embd;
+    /* the widest matmul output: the largest first dimension of a matrix */
+    int widest = m.padded_vocab_size;
+    for (int u = 0; u < m.n_units; u++)
+        for (int k = 0; k < m.units[u].n_params; k++)
+            if (m.units[u].params[k].ndim == 2 && m.units[u].params[k].shape[0] > widest)
+                widest = (int)m.units[u].params[k].shape[0];
+    shape->max_out = widest;
+    fsdp_model_free(&m);
     return FSDP_STATUS_OK;
 }
 
