@@ -8,7 +8,8 @@
  * and a job that ends cleanly leaves it empty again):
  *   rec.<g>.<p>  process p's record of exchange g
  *   hb.<p>       process p's heartbeat: a counter its watcher rewrites
- *   abort        the job's first failure: rank, status, message
+ *   abort        the job's first failure: rank, process, status, message
+ *   done.<p>     process p ended cleanly (process 0 then removes the rest)
  * Every file is written under a temporary name and renamed into place, so
  * a reader sees all of it or nothing; `abort` is linked into place, so the
  * first failure wins. No fsync: nothing here must survive a crash.
@@ -287,17 +288,23 @@ static void dir_detach(fsdp_procs *p, fsdp_world *w)
     pthread_mutex_unlock(&d->mu);
 }
 
+static void stop_watcher(struct dir_ctx *d)
+{
+    if (!d->have_thread)
+        return;
+    pthread_mutex_lock(&d->mu);
+    d->stop = true;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    pthread_join(d->watcher, NULL);
+    d->have_thread = false;
+}
+
 static void dir_free(fsdp_procs *p)
 {
     struct dir_ctx *d = p->ctx;
     if (d) {
-        if (d->have_thread) {
-            pthread_mutex_lock(&d->mu);
-            d->stop = true;
-            pthread_cond_broadcast(&d->cv);
-            pthread_mutex_unlock(&d->mu);
-            pthread_join(d->watcher, NULL);
-        }
+        stop_watcher(d);
         pthread_cond_destroy(&d->cv);
         pthread_mutex_destroy(&d->mu);
         free(d->dir);
@@ -308,34 +315,48 @@ static void dir_free(fsdp_procs *p)
     free(p);
 }
 
-static fsdp_status dir_fini(fsdp_procs *p, fsdp_status st)
+/* The clean end: meet once more; then every process removes its own
+ * heartbeat and says it is done (done.<p>), and process 0, once every
+ * process is done (so nobody reads any more), removes the last records
+ * and the done files. */
+static fsdp_status dir_end(fsdp_procs *p)
 {
     struct dir_ctx *d = p->ctx;
-    char path[4200];
-    if (st == FSDP_STATUS_OK) {
-        /* Meet once more, so nobody removes files another still reads. */
-        char token = 1, *all = calloc((size_t)p->n_processes, 1);
-        st = all ? dir_exchange(p, NULL, &token, 1, all)
-                 : fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
-        free(all);
+    char path[4200], one = 1;
+    char *all = calloc((size_t)p->n_processes, 1);
+    if (!all)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    fsdp_status st = dir_exchange(p, NULL, &one, 1, all);
+    free(all);
+    FSDP_TRY(st);
+    stop_watcher(d);
+    unlink(dir_path(d, path, sizeof path, "hb.%d", p->process));
+    FSDP_TRY(put_file(dir_path(d, path, sizeof path, "done.%d", p->process), "1\n", 2, false));
+    if (p->process != 0)
+        return FSDP_STATUS_OK;
+    for (int q = 0; q < p->n_processes; q++) {
+        unsigned spins = 0;
+        double t0 = fsdp_procs_now();
+        char whom[64];
+        snprintf(whom, sizeof whom, "process %d", q);
+        while (access(dir_path(d, path, sizeof path, "done.%d", q), F_OK) != 0)
+            FSDP_TRY(fsdp_procs_wait(p, NULL, &spins, t0, "the end of the job", whom));
     }
-    if (st == FSDP_STATUS_OK) {
-        /* The last exchange's record: once every process has written it,
-         * it was read; remove it after the heartbeat (the watcher ends). */
-        if (d->have_thread) {
-            pthread_mutex_lock(&d->mu);
-            d->stop = true;
-            pthread_cond_broadcast(&d->cv);
-            pthread_mutex_unlock(&d->mu);
-            pthread_join(d->watcher, NULL);
-            d->have_thread = false;
-        }
-        unlink(dir_path(d, path, sizeof path, "hb.%d", p->process));
-        unlink(dir_path(d, path, sizeof path, "rec.%lu.%d", d->gen, p->process));
-    } else {
+    for (int q = 0; q < p->n_processes; q++) {
+        unlink(dir_path(d, path, sizeof path, "rec.%lu.%d", d->gen, q));
+        unlink(dir_path(d, path, sizeof path, "done.%d", q));
+    }
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status dir_fini(fsdp_procs *p, fsdp_status st)
+{
+    if (st == FSDP_STATUS_OK)
+        st = dir_end(p);
+    if (st != FSDP_STATUS_OK) {
         char msg[FSDP_ERROR_MSG_MAX];
-        snprintf(msg, sizeof msg, "process %d (host %s) ended with %s: %s", p->process,
-                 p->host, fsdp_status_name(st), fsdp_error_msg());
+        snprintf(msg, sizeof msg, "process %d (host %s) ended with %s: %s", p->process, p->host,
+                 fsdp_status_name(st), fsdp_error_msg());
         dir_publish(p, -1, st, msg);
     }
     dir_free(p);
@@ -399,6 +420,14 @@ fsdp_status fsdp_procs_dir_init(fsdp_procs **out, const fsdp_procs_opts *o)
                                         "rendezvous directory '%s' holds files of an earlier "
                                         "run (%s): give each job an empty directory",
                                         o->dir, path);
+        dir_free(p);
+        return st;
+    }
+    /* the first beat before anyone can see this process: a peer that dies
+     * right after meeting must have left a heartbeat that stops */
+    fsdp_status st = put_file(dir_path(d, path, sizeof path, "hb.%d", p->process), "0\n", 2,
+                              false);
+    if (st != FSDP_STATUS_OK) {
         dir_free(p);
         return st;
     }
