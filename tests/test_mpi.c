@@ -49,8 +49,9 @@ struct loop_job {
 };
 
 static fsdp_status loop_xfer(fsdp_procs *p, fsdp_world *w, int ch, const fsdp_procs_msg *msgs,
-                             int n, const char *what)
+                             int n, const char *what, bool *pending)
 {
+    *pending = false; /* sends are copied at once; receives end here */
     struct loop_job *j = p->ctx;
     int me = p->process;
     FSDP_ASSERT(ch >= 0 && ch < LOOP_CHANNELS);
@@ -119,7 +120,8 @@ static fsdp_status loop_exchange(fsdp_procs *p, fsdp_world *w, const void *mine,
         msgs[n++] = (fsdp_procs_msg){q, false, (char *)all + (size_t)q * bytes, bytes};
     }
     memcpy((char *)all + (size_t)p->process * bytes, mine, bytes);
-    return loop_xfer(p, w, 0, msgs, n, "exchange");
+    bool pending;
+    return loop_xfer(p, w, 0, msgs, n, "exchange", &pending);
 }
 
 static void loop_fail(fsdp_procs *p, fsdp_world *w, int rank, fsdp_status st, const char *msg)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Install what fsdp needs on Debian/Ubuntu (run as root): a C toolchain,
-# pkg-config, Check (unit tests) and OpenBLAS (cpu backend). With --fuzz,
-# also clang and its libFuzzer runtime (make fuzz). The CUDA toolkit and
-# NCCL are optional and not installed here.
+# pkg-config, Check (unit tests), OpenBLAS (cpu backend) and Open MPI (jobs
+# of several processes: mpirun, and the 2-process tests `make test` runs;
+# the build works without it, MPI=0). With --fuzz, also clang and its
+# libFuzzer runtime (make fuzz). The CUDA toolkit and NCCL are optional and
+# not installed here.
 set -euo pipefail
-pkgs=(build-essential pkg-config check libsubunit-dev libopenblas-dev)
+pkgs=(build-essential pkg-config check libsubunit-dev libopenblas-dev libopenmpi-dev openmpi-bin)
 if [ "${1:-}" = "--fuzz" ]; then
     pkgs+=(clang libclang-rt-14-dev)
 fi

@@ -107,6 +107,7 @@ struct mpi_shared {
     size_t send_cap, recv_cap;
     struct mpi_layout lay;
     fsdp_procs_msg *msgs;        /* (2 n_procs,) the leader's messages */
+    struct mpi_header mine;      /* the header sent (the leader's) */
     struct mpi_header *hdrs;     /* (n_procs,) headers received */
     fsdp_mpi_cover cover;
 };
@@ -408,15 +409,18 @@ static bool header_matches(const struct mpi_header *a, const struct mpi_header *
 }
 
 /* Post msgs[0..n) and wait; counts payload bytes on the leader's comm.
- * A failure marks the staging as possibly still in use. */
+ * A failure that leaves operations posted marks the staging as in use. */
 static fsdp_status leader_xfer(fsdp_comm *c, int n, int kind, const char *what)
 {
     struct mpi_shared *sh = ((struct mpi_ctx *)c->ctx)->sh;
     if (!n)
         return FSDP_STATUS_OK;
-    fsdp_status st = sh->procs->iface->xfer(sh->procs, c->world, sh->channel, sh->msgs, n, what);
+    bool pending = false;
+    fsdp_status st =
+        sh->procs->iface->xfer(sh->procs, c->world, sh->channel, sh->msgs, n, what, &pending);
     if (st != FSDP_STATUS_OK) {
-        sh->broken = true;
+        if (pending)
+            sh->broken = true;
         return st;
     }
     if (kind < FSDP_COLL_KIND_COUNT)
@@ -440,10 +444,11 @@ static fsdp_status leader_exchange(fsdp_comm *c, int round)
     if (round == 1) {
         struct mpi_header mine = {MPI_HDR_MAGIC, a->kind, (int32_t)a->dt, (int32_t)a->op,
                                   a->root, 0, a->numel, x->n_coll};
+        sh->mine = mine; /* outlives a transfer given up on, like the staging */
         for (int q = 0; q < P; q++) {
             if (q == sh->me)
                 continue;
-            sh->msgs[n++] = (fsdp_procs_msg){q, true, &mine, sizeof mine};
+            sh->msgs[n++] = (fsdp_procs_msg){q, true, &sh->mine, sizeof sh->mine};
             sh->msgs[n++] = (fsdp_procs_msg){q, false, &sh->hdrs[q], sizeof sh->hdrs[q]};
         }
         FSDP_TRY(leader_xfer(c, n, MPI_BARRIER, what));
@@ -690,10 +695,10 @@ static void shared_free(struct mpi_shared *sh)
 {
     if (!sh)
         return;
-    if (!sh->broken) { /* else a transfer given up on may still write there */
-        free(sh->send_stage);
-        free(sh->recv_stage);
-    }
+    if (sh->broken) /* a transfer given up on may still use the buffers: the job is */
+        return;     /* ending (procs.h), so they are left to the process's end */
+    free(sh->send_stage);
+    free(sh->recv_stage);
     free(sh->slots);
     free(sh->msgs);
     free(sh->hdrs);

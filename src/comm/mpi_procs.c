@@ -175,8 +175,9 @@ static fsdp_status mpi_exchange(fsdp_procs *p, fsdp_world *w, const void *mine, 
 }
 
 static fsdp_status mpi_xfer(fsdp_procs *p, fsdp_world *w, int channel, const fsdp_procs_msg *msgs,
-                            int n_msgs, const char *what)
+                            int n_msgs, const char *what, bool *pending)
 {
+    *pending = false;
     struct mpi_ctx *m = p->ctx;
     size_t n = 0;
     for (int i = 0; i < n_msgs; i++)
@@ -220,6 +221,7 @@ static fsdp_status mpi_xfer(fsdp_procs *p, fsdp_world *w, int channel, const fsd
     if (st == FSDP_STATUS_OK)
         st = wait_all(p, w, (int)k, reqs, sts, what, "the other processes");
     if (st != FSDP_STATUS_OK) {
+        *pending = k > 0; /* never cancelled: MPI may still read or write them */
         /* name who has not answered */
         char who[160] = "";
         pthread_mutex_lock(&m->mu);

@@ -104,11 +104,12 @@ struct fsdp_procs_i {
      * message and wait until all are done, polling w's abort flag and the
      * timeout. Messages between two processes on one channel match in the
      * order they were posted; a received message must have exactly the
-     * size posted. On failure, posted operations may still use the buffers:
-     * the caller must never free or reuse them (the job is ending). `what`
-     * names the operation in messages ("all_gather (collective 12)"). */
+     * size posted. On failure *pending says whether posted operations may
+     * still use the buffers: then the caller must never free or reuse them
+     * (the job is ending). `what` names the operation in messages
+     * ("all_gather (collective 12)"). */
     fsdp_status (*xfer)(fsdp_procs *p, fsdp_world *w, int channel, const fsdp_procs_msg *msgs,
-                        int n_msgs, const char *what);
+                        int n_msgs, const char *what, bool *pending);
     /* The world's first failure of a local rank (core/world.h span). */
     void (*fail)(fsdp_procs *p, fsdp_world *w, int rank, fsdp_status st, const char *msg);
     /* fsdp_procs_world_init made w / fsdp_world_free is about to free it.

@@ -19,14 +19,15 @@ static const fsdp_name kind_names[] = {
      "host on cpu (mpi across processes), meta on meta; on cuda nccl, or peer with "
      "--ranks-per-device > 1"},
     {"host", FSDP_COMM_HOST, "shared memory among the rank threads (--backend cpu)"},
-    {"meta", FSDP_COMM_META, "counts bytes, moves nothing (--backend meta)"},
-    {"nccl", FSDP_COMM_NCCL, "NCCL among the GPUs, one rank per GPU (--backend cuda)"},
-    {"peer", FSDP_COMM_PEER,
-     "device-to-device copies between the ranks' buffers; several ranks may share a GPU "
-     "(--backend cuda)"},
     {"mpi", FSDP_COMM_MPI,
      "ranks in several processes started by mpirun: shared memory inside a process, MPI "
      "between, sums in the same order as host (--backend cpu)"},
+    {"meta", FSDP_COMM_META, "counts bytes, moves nothing (--backend meta)"},
+    {"nccl", FSDP_COMM_NCCL,
+     "NCCL among the GPUs of every process of the job, one rank per GPU (--backend cuda)"},
+    {"peer", FSDP_COMM_PEER,
+     "device-to-device copies between the ranks' buffers; several ranks may share a GPU "
+     "(--backend cuda)"},
 };
 const fsdp_name_table fsdp_comm_kind_names = FSDP_NAME_TABLE(kind_names);
 
