@@ -365,6 +365,31 @@ START_TEST(test_world_places_ranks_in_processes)
 }
 END_TEST
 
+static fsdp_status barrier_rank(fsdp_world *w, int rank, void *arg)
+{
+    (void)rank, (void)arg;
+    return fsdp_world_barrier(w);
+}
+
+/* Another process's failure may come before or between launches: it is
+ * never lost, and the job cannot go on without that process. */
+START_TEST(test_world_keeps_a_peer_failure)
+{
+    const char *hosts[2] = {"ha", "hb"};
+    fsdp_world_span span = {.process = 0, .n_processes = 2, .hosts = hosts};
+    fsdp_world *w;
+    ck_assert_int_eq(fsdp_world_init_span(&w, 2, &span), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_world_launch(w, barrier_rank, NULL), FSDP_STATUS_OK);
+    fsdp_world_fail(w, 3, FSDP_STATUS_OOM, "rank 3 ran out of memory");
+    for (int k = 0; k < 2; k++) {
+        ck_assert_int_eq(fsdp_world_launch(w, barrier_rank, NULL), FSDP_STATUS_OOM);
+        ck_assert_str_eq(fsdp_error_msg(), "rank 3 (process 1 of 2, host hb): rank 3 ran out of "
+                                           "memory");
+    }
+    fsdp_world_free(w);
+}
+END_TEST
+
 START_TEST(test_world_span_refuses_bad_layouts)
 {
     fsdp_world *w;
@@ -782,6 +807,7 @@ static Suite *mpi_suite(void)
     TCase *tc = tcase_create("layout");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_world_places_ranks_in_processes);
+    tcase_add_test(tc, test_world_keeps_a_peer_failure);
     tcase_add_test(tc, test_world_span_refuses_bad_layouts);
     tcase_add_test(tc, test_cover_cuts_the_global_tree);
     tcase_add_test(tc, test_inter_bytes_balance);

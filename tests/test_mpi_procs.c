@@ -20,9 +20,12 @@
  *            FSDP_ABORT_GRACE seconds;
  *   devices  the processes run different numbers of ranks: both refuse.
  * The multi-process tests skip, saying why, in a build without MPI or
- * without mpirun, and in sanitizer builds, whose runtimes Open MPI's own
- * code trips (its leaks, its threads): the same transport runs under the
- * sanitizers in test_mpi.c, over a loopback stand-in for MPI.
+ * without mpirun. Under the sanitizers they run with two allowances for
+ * Open MPI's own code, never ours: ASan's leak check is off in the workers
+ * (Open MPI's plugins leave ~3000 allocations at exit), and under TSan the
+ * job uses shared memory only (--mca btl self,vader: TSan reports a lock
+ * order inversion inside Open MPI's TCP transport during MPI_Init). A job
+ * whose output mentions a sanitizer fails its test.
  */
 #include <check.h>
 #include <signal.h>
@@ -132,9 +135,6 @@ static const char *mpirun_skip_reason(void)
         return "built without MPI (MPI=0 or no Open MPI found)";
     if (!*FSDP_MPIRUN)
         return "no mpirun found at build time";
-    if (FSDP_TEST_ASAN || FSDP_TEST_TSAN)
-        return "sanitizer build: Open MPI's own code trips the sanitizers (leaks, "
-               "uninstrumented threads); test_mpi.c runs the transport under them";
     return NULL;
 }
 
@@ -157,12 +157,14 @@ static int mpirun(char *out, size_t cap, int P, const char *mode, int L, const c
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     ck_assert_int_gt(n, 0);
     self[n] = '\0';
+    const char *san = FSDP_TEST_ASAN   ? "-x ASAN_OPTIONS=detect_leaks=0"
+                      : FSDP_TEST_TSAN ? "-x TSAN_OPTIONS=halt_on_error=1 --mca btl self,vader"
+                                       : "";
     char cmd[8192];
     snprintf(cmd, sizeof cmd,
-             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_"
-             "oversubscribe=1 %s timeout -k 5 %d %s --oversubscribe --bind-to none -np %d %s "
-             "--worker %s %d 2>&1",
-             env ? env : "", limit_s, FSDP_MPIRUN, P, self, mode, L);
+             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 %s timeout -k 5 %d %s "
+             "--oversubscribe --bind-to none %s -np %d %s --worker %s %d 2>&1",
+             env ? env : "", limit_s, FSDP_MPIRUN, san, P, self, mode, L);
     double t0 = now_s();
     FILE *f = popen(cmd, "r");
     ck_assert_ptr_nonnull(f);
@@ -173,6 +175,7 @@ static int mpirun(char *out, size_t cap, int P, const char *mode, int L, const c
         ;
     int rc = pclose(f);
     *secs = now_s() - t0;
+    ck_assert_msg(!strstr(out, "Sanitizer"), "a sanitizer spoke in the job:\n%s", out);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
 }
 

@@ -145,6 +145,8 @@ void fsdp_world_fail(fsdp_world *w, int rank, fsdp_status st, const char *msg)
         w->first_rank = rank;
         snprintf(w->first_msg, sizeof w->first_msg, "%s", msg ? msg : "");
     }
+    if (!fsdp_world_is_local(w, rank))
+        w->peer_failed = true;
     /* The other processes hear of this process's first real failure. */
     bool tell = w->span_fail && !w->span_failed && st != FSDP_STATUS_ABORTED &&
                 fsdp_world_is_local(w, rank);
@@ -235,12 +237,17 @@ fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg)
     struct rank_thread *ts = calloc((size_t)n, sizeof *ts);
     if (!ts)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory launching %d ranks", n);
-    atomic_store(&w->aborted, 0);
-    w->first_status = FSDP_STATUS_OK;
-    w->first_rank = -1;
-    w->first_msg[0] = '\0';
+    /* Under the mutex: another process's failure may arrive any time. */
+    pthread_mutex_lock(&w->mu);
+    if (!w->peer_failed) {
+        atomic_store(&w->aborted, 0);
+        w->first_status = FSDP_STATUS_OK;
+        w->first_rank = -1;
+        w->first_msg[0] = '\0';
+    }
     w->barrier_waiting = 0;
     w->span_failed = false;
+    pthread_mutex_unlock(&w->mu);
     memset(w->stop, 0, (size_t)n * sizeof *w->stop);
 
     int started = 0;
@@ -260,9 +267,15 @@ fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg)
         pthread_join(ts[r].tid, NULL);
     free(ts);
 
-    if (w->first_status == FSDP_STATUS_OK)
+    pthread_mutex_lock(&w->mu);
+    fsdp_status st = w->first_status;
+    int rank = w->first_rank;
+    char msg[FSDP_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", w->first_msg);
+    pthread_mutex_unlock(&w->mu);
+    if (st == FSDP_STATUS_OK)
         return FSDP_STATUS_OK;
     char where[96];
-    return fsdp_error_set(w->first_status, "rank %d%s: %s", w->first_rank,
-                          fsdp_world_where(w, w->first_rank, where, sizeof where), w->first_msg);
+    return fsdp_error_set(st, "rank %d%s: %s", rank, fsdp_world_where(w, rank, where, sizeof where),
+                          msg);
 }

@@ -85,6 +85,8 @@ struct fsdp_world {
     void (*span_detach)(void *ctx, fsdp_world *w);
     void *procs;                   /* the span's ctx (comm/procs.h); NULL: one process */
     bool span_failed;              /* the fail hook ran in this launch; mu */
+    bool peer_failed;              /* a rank of another process failed: the job is over,
+                                    * every later launch fails at once with it; mu */
 
     atomic_int aborted;            /* set once any rank failed */
 
@@ -143,15 +145,17 @@ const char *fsdp_world_where(const fsdp_world *w, int rank, char *buf, size_t n)
  * abort); its message, prefixed with the rank (and, across processes,
  * where it ran: fsdp_world_where), becomes the calling thread's
  * fsdp_error_msg(). The world can be launched again afterwards (the abort
- * flag and first error are reset at the start of each launch). */
+ * flag and first error are reset at the start of each launch, unless
+ * another process failed: see fsdp_world_fail). */
 fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg);
 
 /* Record a failure of global `rank` (first one wins), set the abort flag
  * and wake every waiter. Called by the launcher; callable by code that
  * must fail the world from inside a rank before returning, and by the
  * layer connecting the processes for a failure reported by another
- * process (then rank is not local, and the span's fail hook is not
- * called). */
+ * process, at any time (then rank is not local, the span's fail hook is
+ * not called, and the failure outlives the launch: the job cannot go on
+ * without that process, so later launches return it at once). */
 void fsdp_world_fail(fsdp_world *w, int rank, fsdp_status st, const char *msg);
 
 static inline bool fsdp_world_aborted(fsdp_world *w)
