@@ -19,6 +19,7 @@
  *            never returns: the abort watchdog ends the job after
  *            FSDP_ABORT_GRACE seconds;
  *   devices  the processes run different numbers of ranks: both refuse.
+ * (`--env` prints the settings read from the environment, for one test.)
  * The multi-process tests skip, saying why, in a build without MPI or
  * without mpirun. Under the sanitizers they run with two allowances for
  * Open MPI's own code, never ours: ASan's leak check is off in the workers
@@ -464,6 +465,71 @@ START_TEST(test_single_process_needs_nothing)
 }
 END_TEST
 
+/* ---- settings from the environment (read once per process: a fresh one) --------- */
+
+/* `test_mpi_procs --env`: meet as the environment says, alone, and print
+ * what was read ("kind process/n timeout grace") or the error. */
+static int env_main(void)
+{
+    fsdp_procs_opts o;
+    fsdp_status st = fsdp_procs_opts_env(&o);
+    if (st != FSDP_STATUS_OK) {
+        printf("error %s\n", fsdp_error_msg());
+        return 1;
+    }
+    fsdp_procs *p = NULL;
+    st = fsdp_procs_init(&p, NULL);
+    if (st != FSDP_STATUS_OK) {
+        printf("error %s\n", fsdp_error_msg());
+        return 1;
+    }
+    printf("%s %d/%d timeout %g grace %g\n",
+           p ? fsdp_names_name(&fsdp_procs_kind_names, (int)p->kind) : "single",
+           p ? p->process : 0, p ? p->n_processes : 1, o.timeout_s, o.abort_grace_s);
+    return fsdp_procs_fini(p, FSDP_STATUS_OK) == FSDP_STATUS_OK ? 0 : 1;
+}
+
+START_TEST(test_settings_from_the_environment)
+{
+    if (fsdp_procs_mpi_launched()) {
+        printf("SKIP: %s: this suite itself runs under an MPI launcher\n", __func__);
+        return;
+    }
+    char self[4096], dir[4096], out[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    ck_assert_int_gt(n, 0);
+    self[n] = '\0';
+    fsdp_test_path(dir, sizeof dir, "envdir");
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    struct {
+        const char *env, *want;
+    } cases[] = {
+        {"", "single 0/1 timeout 600 grace 10"},
+        {"FSDP_PEER_TIMEOUT=5 FSDP_ABORT_GRACE=2.5", "single 0/1 timeout 5 grace 2.5"},
+        {"FSDP_RDV_DIR=%s FSDP_PROCESS=0 FSDP_N_PROCESSES=1", "dir 0/1 timeout 600"},
+        {"FSDP_RDV_DIR=%s FSDP_N_PROCESSES=2", "error processes meeting in a directory need"},
+        {"FSDP_PROCESS=x", "error FSDP_PROCESS='x': expected a number"},
+        {"FSDP_PEER_TIMEOUT=-1", "error FSDP_PEER_TIMEOUT='-1'"},
+        {"FSDP_N_PROCESSES=1.5", "error FSDP_PROCESS and FSDP_N_PROCESSES must be whole"},
+    };
+    for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {
+        char env[4400], cmd[9000];
+        snprintf(env, sizeof env, cases[i].env, dir);
+        snprintf(cmd, sizeof cmd, "env -u OMPI_COMM_WORLD_SIZE -u PMI_SIZE -u PMIX_RANK "
+                 "-u FSDP_RDV_DIR -u FSDP_PROCESS -u FSDP_N_PROCESSES -u FSDP_PEER_TIMEOUT "
+                 "-u FSDP_ABORT_GRACE %s %s --env 2>&1", env, self);
+        FILE *f = popen(cmd, "r");
+        ck_assert_ptr_nonnull(f);
+        size_t len = fread(out, 1, sizeof out - 1, f);
+        out[len] = '\0';
+        pclose(f);
+        ck_assert_msg(strstr(out, cases[i].want), "%s: got '%s', want '%s'", env, out,
+                      cases[i].want);
+    }
+    ck_assert_int_eq(dir_entries(dir), 0); /* the job of one left its directory empty */
+}
+END_TEST
+
 static Suite *procs_suite(void)
 {
     Suite *s = suite_create("mpi_procs");
@@ -471,6 +537,7 @@ static Suite *procs_suite(void)
     fsdp_test_add_tmpdir(tc);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_single_process_needs_nothing);
+    tcase_add_test(tc, test_settings_from_the_environment);
     tcase_add_test(tc, test_dir_refuses_a_used_directory);
     tcase_add_test(tc, test_dir_job_exchanges_and_leaves_dir_empty);
     tcase_add_test(tc, test_dir_job_failure_reaches_every_process);
@@ -493,5 +560,7 @@ int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "--worker"))
         return worker_main(argv[2], atoi(argv[3]));
+    if (argc == 2 && !strcmp(argv[1], "--env"))
+        return env_main();
     return fsdp_test_run_suite(procs_suite());
 }
