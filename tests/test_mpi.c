@@ -501,7 +501,8 @@ START_TEST(test_inter_bytes_balance)
                     ck_assert_uint_eq(sent, (size_t)P * (P - 1) * L * 1001 *
                                                 fsdp_dtype_size((fsdp_dtype)d));
                 if (k == FSDP_COLL_BROADCAST)
-                    ck_assert_uint_eq(sent, (size_t)(P - 1) * 1001 * fsdp_dtype_size((fsdp_dtype)d));
+                    ck_assert_uint_eq(sent,
+                                      (size_t)(P - 1) * 1001 * fsdp_dtype_size((fsdp_dtype)d));
             }
     size_t s, r;
     /* one process sends nothing; a bad layout is refused */

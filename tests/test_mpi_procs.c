@@ -19,7 +19,8 @@
  *            never returns: the abort watchdog ends the job after
  *            FSDP_ABORT_GRACE seconds;
  *   devices  the processes run different numbers of ranks: both refuse.
- * (`--env` prints the settings read from the environment, for one test.)
+ * (`--env` prints the settings read from the environment, for one test;
+ * `--worker bench N` times the collectives: a measurement, not a test.)
  * The multi-process tests skip, saying why, in a build without MPI or
  * without mpirun. Under the sanitizers they run with two allowances for
  * Open MPI's own code, never ours: ASan's leak check is off in the workers
@@ -66,6 +67,53 @@ struct worker {
     uint64_t digest[FSDP_MAX_RANKS];
 };
 
+/* Time the collectives on fp32 buffers of 4 MiB and 64 MiB (the full
+ * buffer S; reduce_scatter's send and all_gather's recv are S), 5 runs
+ * after a warm-up; rank 0 prints the mean time, the algorithm bandwidth
+ * (the logical bytes of comm.h per rank / time) and the bytes its process
+ * moved to other processes. Not part of the suite: a measurement. */
+static fsdp_status bench_rank(fsdp_world *w, fsdp_comm *c, int rank)
+{
+    static const size_t sizes[] = {1u << 20, 16u << 20}; /* elements of S */
+    fsdp_status st = FSDP_STATUS_OK;
+    int N = w->n_ranks;
+    for (size_t i = 0; i < FSDP_TEST_LEN(sizes) && st == FSDP_STATUS_OK; i++) {
+        size_t S = sizes[i] / (size_t)N * (size_t)N, chunk = S / (size_t)N;
+        float *a = calloc(S, sizeof *a), *b = calloc(S, sizeof *b);
+        if (!a || !b)
+            st = fsdp_error_set(FSDP_STATUS_OOM, "bench buffers");
+        for (int k = 0; k < 3 && st == FSDP_STATUS_OK; k++) {
+            double t = 0;
+            for (int it = 0; it < 6 && st == FSDP_STATUS_OK; it++) {
+                fsdp_comm_reset_stats(c);
+                double t0 = now_s();
+                if (k == 0)
+                    st = fsdp_comm_all_reduce(c, a, b, S, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+                else if (k == 1)
+                    st = fsdp_comm_reduce_scatter(c, a, b, chunk, FSDP_DTYPE_F32,
+                                                  FSDP_REDUCE_SUM, NULL);
+                else
+                    st = fsdp_comm_all_gather(c, a, b, chunk, FSDP_DTYPE_F32, NULL);
+                if (it > 0) /* the first is a warm-up */
+                    t += now_s() - t0;
+            }
+            fsdp_coll_kind kind = k == 0   ? FSDP_COLL_ALL_REDUCE
+                                  : k == 1 ? FSDP_COLL_REDUCE_SCATTER
+                                           : FSDP_COLL_ALL_GATHER;
+            t /= 5;
+            if (rank == 0 && st == FSDP_STATUS_OK)
+                printf("bench %d x %d %-14s %6.1f MiB  %8.2f ms  algbw %6.2f GB/s  inter-process "
+                       "%6.1f MiB sent by process 0\n", w->n_processes, w->n_local,
+                       fsdp_coll_kind_name(kind), (double)S * 4 / (1 << 20), t * 1e3,
+                       (double)c->bytes_sent[kind] / t / 1e9,
+                       (double)c->bytes_inter_sent[kind] / (1 << 20));
+        }
+        free(a);
+        free(b);
+    }
+    return st;
+}
+
 static fsdp_status worker_rank(fsdp_world *w, int rank, void *arg)
 {
     struct worker *k = arg;
@@ -81,6 +129,8 @@ static fsdp_status worker_rank(fsdp_world *w, int rank, void *arg)
     }
     if (!strcmp(k->mode, "sweep")) {
         st = coll_sweep_rank(&c, sweep_sizes, n_sweep_sizes, &k->digest[rank]);
+    } else if (!strcmp(k->mode, "bench")) {
+        st = bench_rank(w, &c, rank);
     } else {
         if (!strcmp(k->mode, "fail") || !strcmp(k->mode, "stuck"))
             if (rank == 3)
@@ -116,10 +166,10 @@ static int worker_main(const char *mode, int n_local)
         st = fsdp_procs_world_init(&w, p, n_local);
     if (st == FSDP_STATUS_OK)
         st = fsdp_world_launch(w, worker_rank, &k);
-    if (st == FSDP_STATUS_OK)
+    if (st == FSDP_STATUS_OK && !strcmp(mode, "sweep"))
         for (int r = w->rank_offset; r < w->rank_offset + w->n_local; r++)
             printf("digest %d %016llx\n", r, (unsigned long long)k.digest[r]);
-    else
+    else if (st != FSDP_STATUS_OK)
         fprintf(stderr, "fsdp: %s\n", fsdp_error_msg());
     fflush(stdout);
     fsdp_world_free(w);

@@ -15,13 +15,13 @@
  * A collective on process `me` of P, with L local ranks, N = P x L:
  *   M1  every local rank publishes its slot and arrives (abortable); the
  *       last to arrive checks that the slots agree and lays out the
- *       staging (layout()); nothing is read before.
+ *       staging (mpi_layout.h); nothing is read before.
  *   A   each local rank stages its part of what leaves the process.
- *   M2  ...
+ *   M2  everything is staged.
  *   X   the leader exchanges a header with every other process (the same
  *       collective, sizes, dtype and op everywhere, else a clear error on
  *       every process), then the data; its status is every rank's.
- *   M3  ...
+ *   M3  the exchange is over.
  *   B   each local rank assembles its own output from the local ranks'
  *       buffers and the staged data of the other processes.
  *   (all_reduce: its slice goes round again, M4 X2 M5 C; reduce_scatter
@@ -51,6 +51,7 @@
 #include <string.h>
 
 #include "comm/mpi_coll.h"
+#include "comm/mpi_layout.h"
 #include "comm/mpi_tree.h"
 #include "comm/procs.h"
 #include "core/bf16.h"
@@ -69,18 +70,6 @@ struct mpi_slot {
     const void *send;
     void *recv;
     int attached; /* w->mu */
-};
-
-/* Where one collective's bytes go in the staging buffers (bytes). Round 1:
- * region q of the send stage goes to process q, region q of the recv stage
- * comes from it (regions of several processes may be the same bytes when
- * every one gets the same data). Round 2 (all_reduce): one send region for
- * every process, one recv region from each. */
-struct mpi_layout {
-    size_t *s_off, *s_len, *r_off, *r_len; /* (n_procs,) round 1 */
-    size_t *r2_off, *r2_len;               /* (n_procs,) round 2 */
-    size_t s2_off, s2_len;
-    size_t send_bytes, recv_bytes;         /* staging this collective needs */
 };
 
 /* What the leaders exchange first in every collective. */
@@ -105,7 +94,7 @@ struct mpi_shared {
     bool broken;                 /* a failed transfer may still use the staging */
     unsigned char *send_stage, *recv_stage;
     size_t send_cap, recv_cap;
-    struct mpi_layout lay;
+    fsdp_mpi_layout lay;
     fsdp_procs_msg *msgs;        /* (2 n_procs,) the leader's messages */
     struct mpi_header mine;      /* the header sent (the leader's) */
     struct mpi_header *hdrs;     /* (n_procs,) headers received */
@@ -133,139 +122,6 @@ static void copy(void *dst, const void *src, size_t bytes)
         memcpy(dst, src, bytes);
 }
 
-/* ---- layout ---------------------------------------------------------------- */
-
-/* Element range of all_reduce slice g (one per global rank). */
-static size_t slice_start(size_t numel, int n_ranks, int g)
-{
-    size_t per = (numel + (size_t)n_ranks - 1) / (size_t)n_ranks, s = per * (size_t)g;
-    return s < numel ? s : numel;
-}
-
-/* Bytes of process q's payload for chunk j of the L chunks going to
- * process `to` (reduce_scatter: every chunk numel long; all_reduce: the
- * slices of `to`'s ranks), and the offset of chunk j in that region. */
-static size_t chunk_len(int kind, size_t numel, int N, int L, int to, int j)
-{
-    if (kind == FSDP_COLL_REDUCE_SCATTER)
-        return numel;
-    int g = to * L + j;
-    return slice_start(numel, N, g + 1) - slice_start(numel, N, g);
-}
-
-static size_t payload_bytes(const fsdp_mpi_cover *cv, int q, fsdp_dtype dt, size_t len)
-{
-    return fsdp_mpi_node_off(cv, q, cv->n_nodes[q], dt, len);
-}
-
-static size_t chunk_off(const fsdp_mpi_cover *cv, int kind, size_t numel, fsdp_dtype dt, int q,
-                        int to, int j)
-{
-    int L = cv->n_local, N = cv->n_procs * L;
-    size_t off = 0;
-    for (int i = 0; i < j; i++)
-        off += payload_bytes(cv, q, dt, chunk_len(kind, numel, N, L, to, i));
-    return off;
-}
-
-static bool is_reduction(int kind)
-{
-    return kind == FSDP_COLL_REDUCE_SCATTER || kind == FSDP_COLL_ALL_REDUCE;
-}
-
-/* Lay out one collective of process me. */
-static void layout(const fsdp_mpi_cover *cv, int me, int kind, size_t numel, fsdp_dtype dt,
-                   int root, struct mpi_layout *l)
-{
-    int P = cv->n_procs, L = cv->n_local, N = P * L;
-    size_t es = fsdp_dtype_size(dt), s = 0, r = 0;
-    for (int q = 0; q < P; q++)
-        l->s_off[q] = l->s_len[q] = l->r_off[q] = l->r_len[q] = l->r2_off[q] = l->r2_len[q] = 0;
-    l->s2_off = l->s2_len = 0;
-    /* What stays in the process is staged too (all_gather: the local
-     * chunks; broadcast: the root's buffer), for one path whatever P is. */
-    if (kind == FSDP_COLL_ALL_GATHER)
-        s = (size_t)L * numel * es;
-    else if (kind == FSDP_COLL_BROADCAST && me == root / L)
-        s = numel * es;
-    for (int q = 0; q < P; q++) {
-        if (q == me)
-            continue;
-        size_t out = 0, in = 0;
-        if (kind == FSDP_COLL_ALL_GATHER) { /* my L chunks to everyone; theirs to me */
-            out = in = (size_t)L * numel * es;
-        } else if (kind == FSDP_COLL_BROADCAST) {
-            out = me == root / L ? numel * es : 0;
-            in = q == root / L ? numel * es : 0;
-        } else if (is_reduction(kind)) { /* my payloads for q's chunks; q's for mine */
-            l->s_off[q] = s;
-            s += out = chunk_off(cv, kind, numel, dt, me, q, L);
-            in = chunk_off(cv, kind, numel, dt, q, me, L);
-        }
-        l->s_len[q] = out;
-        l->r_off[q] = r;
-        r += l->r_len[q] = in;
-    }
-    if (kind == FSDP_COLL_ALL_REDUCE) { /* round 2: my finished slices to everyone */
-        l->s2_off = s = (s + 63) & ~(size_t)63;
-        s += l->s2_len = (slice_start(numel, N, (me + 1) * L) - slice_start(numel, N, me * L)) * es;
-        for (int q = 0; q < P; q++) {
-            if (q == me)
-                continue;
-            l->r2_off[q] = r = (r + 63) & ~(size_t)63;
-            r += l->r2_len[q] =
-                (slice_start(numel, N, (q + 1) * L) - slice_start(numel, N, q * L)) * es;
-        }
-    }
-    l->send_bytes = s;
-    l->recv_bytes = r;
-}
-
-static fsdp_status layout_alloc(struct mpi_layout *l, int n_procs)
-{
-    size_t *m = calloc(6 * (size_t)n_procs, sizeof *m);
-    if (!m)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory laying out collectives of %d "
-                              "processes", n_procs);
-    l->s_off = m;
-    l->s_len = m + n_procs;
-    l->r_off = m + 2 * n_procs;
-    l->r_len = m + 3 * n_procs;
-    l->r2_off = m + 4 * n_procs;
-    l->r2_len = m + 5 * n_procs;
-    return FSDP_STATUS_OK;
-}
-
-fsdp_status fsdp_comm_mpi_inter_bytes(fsdp_coll_kind kind, size_t numel, fsdp_dtype dt,
-                                      int n_processes, int n_local, int process, int root,
-                                      size_t *sent, size_t *recv)
-{
-    *sent = *recv = 0;
-    if (n_processes < 1 || n_local < 1 || process < 0 || process >= n_processes ||
-        (unsigned)kind >= FSDP_COLL_KIND_COUNT || (unsigned)dt >= FSDP_DTYPE_COUNT ||
-        (kind == FSDP_COLL_BROADCAST && (root < 0 || root >= n_processes * n_local)))
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "inter-process bytes of %s: process %d of %d, %d rank(s) each, "
-                              "root %d: out of range",
-                              fsdp_coll_kind_name(kind), process, n_processes, n_local, root);
-    fsdp_mpi_cover cv;
-    struct mpi_layout l;
-    FSDP_TRY(fsdp_mpi_cover_init(&cv, n_processes, n_local));
-    fsdp_status st = layout_alloc(&l, n_processes);
-    if (st == FSDP_STATUS_OK) {
-        layout(&cv, process, (int)kind, numel, dt, root, &l);
-        for (int q = 0; q < n_processes; q++) {
-            if (q == process)
-                continue;
-            *sent += l.s_len[q] + l.s2_len;
-            *recv += l.r_len[q] + l.r2_len[q];
-        }
-        free(l.s_off);
-    }
-    fsdp_mpi_cover_fini(&cv);
-    return st;
-}
-
 /* ---- meetings of the local ranks --------------------------------------------- */
 
 /* M1's work, by the last rank to arrive, under w->mu: check that the local
@@ -281,7 +137,7 @@ static void prepare_locked(fsdp_comm *c)
         const struct mpi_slot *o = &sh->slots[j];
         if (o->kind == a->kind && o->numel == a->numel && o->dt == a->dt &&
             (a->kind != FSDP_COLL_BROADCAST || o->root == a->root) &&
-            (!is_reduction(a->kind) || o->op == a->op))
+            (!fsdp_mpi_is_reduction(a->kind) || o->op == a->op))
             continue;
         int r0 = c->world->rank_offset;
         sh->prep_st = FSDP_STATUS_INVALID_ARG;
@@ -296,7 +152,7 @@ static void prepare_locked(fsdp_comm *c)
     }
     if (a->kind == MPI_BARRIER)
         return;
-    layout(&sh->cover, sh->me, a->kind, a->numel, a->dt, a->root, &sh->lay);
+    fsdp_mpi_layout_of(&sh->cover, sh->me, a->kind, a->numel, a->dt, a->root, &sh->lay);
     /* never NULL, even for empty collectives */
     size_t need[2] = {sh->lay.send_bytes > 64 ? sh->lay.send_bytes : 64,
                       sh->lay.recv_bytes > 64 ? sh->lay.recv_bytes : 64};
@@ -405,7 +261,7 @@ static bool header_matches(const struct mpi_header *a, const struct mpi_header *
     return a->magic == b->magic && a->kind == b->kind && a->numel == b->numel &&
            a->dt == b->dt && a->seq == b->seq &&
            (a->kind != FSDP_COLL_BROADCAST || a->root == b->root) &&
-           (!is_reduction(a->kind) || a->op == b->op);
+           (!fsdp_mpi_is_reduction(a->kind) || a->op == b->op);
 }
 
 /* Post msgs[0..n) and wait; counts payload bytes on the leader's comm.
@@ -430,72 +286,74 @@ static fsdp_status leader_xfer(fsdp_comm *c, int n, int kind, const char *what)
     return FSDP_STATUS_OK;
 }
 
-/* Round `round` (1 or 2) of the exchange, by the leader; round 1 starts
- * with the headers. */
-static fsdp_status leader_exchange(fsdp_comm *c, int round)
+/* The leaders trade headers: the same collective, sizes, dtype, op, root
+ * and count everywhere, or an error naming both sides. */
+static fsdp_status leader_headers(fsdp_comm *c, const char *what)
 {
     struct mpi_ctx *x = c->ctx;
     struct mpi_shared *sh = x->sh;
     const struct mpi_slot *a = &sh->slots[0];
-    const struct mpi_layout *l = &sh->lay;
-    int P = sh->n_procs, n = 0;
-    char what[96];
-    snprintf(what, sizeof what, "%s (collective %ld)", kind_name(a->kind), x->n_coll);
-    if (round == 1) {
-        struct mpi_header mine = {MPI_HDR_MAGIC, a->kind, (int32_t)a->dt, (int32_t)a->op,
-                                  a->root, 0, a->numel, x->n_coll};
-        sh->mine = mine; /* outlives a transfer given up on, like the staging */
-        for (int q = 0; q < P; q++) {
-            if (q == sh->me)
-                continue;
-            sh->msgs[n++] = (fsdp_procs_msg){q, true, &sh->mine, sizeof sh->mine};
-            sh->msgs[n++] = (fsdp_procs_msg){q, false, &sh->hdrs[q], sizeof sh->hdrs[q]};
-        }
-        FSDP_TRY(leader_xfer(c, n, MPI_BARRIER, what));
-        for (int q = 0; q < P; q++) {
-            const struct mpi_header *o = &sh->hdrs[q];
-            if (q == sh->me || header_matches(&mine, o))
-                continue;
-            char where[96];
-            return fsdp_error_set(
-                FSDP_STATUS_INVALID_ARG,
-                "rank %d%s: collective %ld mismatch between processes: process %d issued "
-                "%s(%llu x %s, op %d, root %d) as its collective %lld but process %d (host %s) "
-                "issued %s(%llu x %s, op %d, root %d) as its collective %lld; every rank must "
-                "issue the same collectives in the same order with the same sizes",
-                c->rank, fsdp_world_where(c->world, c->rank, where, sizeof where), x->n_coll,
-                sh->me, kind_name(mine.kind), (unsigned long long)mine.numel,
-                fsdp_dtype_name((fsdp_dtype)mine.dt), mine.op, mine.root,
-                (long long)mine.seq, q, c->world->hosts[q],
-                o->magic == MPI_HDR_MAGIC && (unsigned)o->kind <= MPI_BARRIER ? kind_name(o->kind)
-                                                                               : "garbage",
-                (unsigned long long)o->numel, fsdp_dtype_name((fsdp_dtype)o->dt), o->op,
-                o->root, (long long)o->seq);
-        }
-        n = 0;
-        for (int q = 0; q < P; q++) {
-            if (q == sh->me)
-                continue;
-            if (l->s_len[q])
-                sh->msgs[n++] = (fsdp_procs_msg){q, true, sh->send_stage + l->s_off[q],
-                                                 l->s_len[q]};
-            if (l->r_len[q])
-                sh->msgs[n++] = (fsdp_procs_msg){q, false, sh->recv_stage + l->r_off[q],
-                                                 l->r_len[q]};
-        }
-    } else {
-        for (int q = 0; q < P; q++) {
-            if (q == sh->me)
-                continue;
-            if (l->s2_len)
-                sh->msgs[n++] = (fsdp_procs_msg){q, true, sh->send_stage + l->s2_off,
-                                                 l->s2_len};
-            if (l->r2_len[q])
-                sh->msgs[n++] = (fsdp_procs_msg){q, false, sh->recv_stage + l->r2_off[q],
-                                                 l->r2_len[q]};
-        }
+    const struct mpi_header *me = &sh->mine;
+    int n = 0;
+    /* kept in sh: it outlives a transfer given up on, like the staging */
+    sh->mine = (struct mpi_header){MPI_HDR_MAGIC, a->kind, (int32_t)a->dt, (int32_t)a->op,
+                                   a->root, 0, a->numel, x->n_coll};
+    for (int q = 0; q < sh->n_procs; q++) {
+        if (q == sh->me)
+            continue;
+        sh->msgs[n++] = (fsdp_procs_msg){q, true, &sh->mine, sizeof sh->mine};
+        sh->msgs[n++] = (fsdp_procs_msg){q, false, &sh->hdrs[q], sizeof sh->hdrs[q]};
     }
-    return leader_xfer(c, n, a->kind, what);
+    FSDP_TRY(leader_xfer(c, n, MPI_BARRIER, what));
+    for (int q = 0; q < sh->n_procs; q++) {
+        const struct mpi_header *o = &sh->hdrs[q];
+        if (q == sh->me || header_matches(me, o))
+            continue;
+        bool sane = o->magic == MPI_HDR_MAGIC && (unsigned)o->kind <= MPI_BARRIER &&
+                    (unsigned)o->dt < FSDP_DTYPE_COUNT;
+        char where[96];
+        return fsdp_error_set(
+            FSDP_STATUS_INVALID_ARG,
+            "rank %d%s: collective %ld mismatch between processes: process %d issued "
+            "%s(%llu x %s, op %d, root %d) as its collective %lld but process %d (host %s) "
+            "issued %s(%llu x %s, op %d, root %d) as its collective %lld; every rank must "
+            "issue the same collectives in the same order with the same sizes",
+            c->rank, fsdp_world_where(c->world, c->rank, where, sizeof where), x->n_coll, sh->me,
+            kind_name(me->kind), (unsigned long long)me->numel,
+            fsdp_dtype_name((fsdp_dtype)me->dt), me->op, me->root, (long long)me->seq, q,
+            c->world->hosts[q], sane ? kind_name(o->kind) : "garbage",
+            (unsigned long long)o->numel, sane ? fsdp_dtype_name((fsdp_dtype)o->dt) : "?",
+            o->op, o->root, (long long)o->seq);
+    }
+    return FSDP_STATUS_OK;
+}
+
+/* Round `round` (1 or 2) of the exchange, by the leader; round 1 starts
+ * with the headers. Messages as the layout says, skipping empty ones (both
+ * sides skip alike: their layouts agree). */
+static fsdp_status leader_exchange(fsdp_comm *c, int round)
+{
+    struct mpi_ctx *x = c->ctx;
+    struct mpi_shared *sh = x->sh;
+    const fsdp_mpi_layout *l = &sh->lay;
+    int n = 0;
+    char what[96];
+    snprintf(what, sizeof what, "%s (collective %ld)", kind_name(sh->slots[0].kind), x->n_coll);
+    if (round == 1)
+        FSDP_TRY(leader_headers(c, what));
+    for (int q = 0; q < sh->n_procs; q++) {
+        if (q == sh->me)
+            continue;
+        size_t s_off = round == 1 ? l->s_off[q] : l->s2_off;
+        size_t s_len = round == 1 ? l->s_len[q] : l->s2_len;
+        size_t r_off = round == 1 ? l->r_off[q] : l->r2_off[q];
+        size_t r_len = round == 1 ? l->r_len[q] : l->r2_len[q];
+        if (s_len)
+            sh->msgs[n++] = (fsdp_procs_msg){q, true, sh->send_stage + s_off, s_len};
+        if (r_len)
+            sh->msgs[n++] = (fsdp_procs_msg){q, false, sh->recv_stage + r_off, r_len};
+    }
+    return leader_xfer(c, n, sh->slots[0].kind, what);
 }
 
 /* The middle of a collective: M2, the leader's round, M3. Every local
@@ -554,13 +412,13 @@ static void job_for(struct mpi_ctx *x, fsdp_mpi_tree_job *jb, const struct mpi_s
     int N = sh->n_procs * sh->n_local;
     size_t es = fsdp_dtype_size(a->dt);
     size_t start = kind == FSDP_COLL_REDUCE_SCATTER ? (size_t)g * a->numel
-                                                    : slice_start(a->numel, N, g);
+                                                    : fsdp_mpi_slice_start(a->numel, N, g);
     for (int j = 0; j < sh->n_local; j++)
         x->leaf[j] = (const char *)sh->slots[j].send + start * es;
+    int L = sh->n_local;
     *jb = (fsdp_mpi_tree_job){.cv = &sh->cover, .me = sh->me, .dt = a->dt, .leaf = x->leaf,
                               .remote = x->remote,
-                              .len = chunk_len(kind, a->numel, N, sh->n_local, g / sh->n_local,
-                                               g % sh->n_local)};
+                              .len = fsdp_mpi_chunk_len(kind, a->numel, N, L, g / L, g % L)};
 }
 
 /* Phase A of a reduction: local rank j stages, for chunk j of every other
@@ -579,7 +437,7 @@ static void stage_payloads(fsdp_comm *c, int kind)
         fsdp_mpi_tree_job jb;
         job_for(x, &jb, a, kind, q * L + j);
         unsigned char *base = sh->send_stage + sh->lay.s_off[q] +
-                              chunk_off(cv, kind, a->numel, a->dt, me, q, j);
+                              fsdp_mpi_chunk_off(cv, kind, a->numel, a->dt, me, q, j);
         for (int k = 0; k < cv->n_nodes[me]; k++) {
             int lo = cv->node_lo[me * FSDP_MPI_COVER_MAX + k];
             int hi = cv->node_hi[me * FSDP_MPI_COVER_MAX + k];
@@ -605,8 +463,8 @@ static void finish_sum(fsdp_comm *c, int kind, void *out)
     for (int q = 0; q < sh->n_procs; q++)
         x->remote[q] = q == sh->me ? NULL
                                    : sh->recv_stage + sh->lay.r_off[q] +
-                                         chunk_off(&sh->cover, kind, a->numel, a->dt, q, sh->me,
-                                                   j);
+                                         fsdp_mpi_chunk_off(&sh->cover, kind, a->numel, a->dt, q,
+                                                            sh->me, j);
     sum_chunk(x, &jb, 0, N, out, a->dt, a->op == FSDP_REDUCE_AVG, 1.0f / (float)N);
 }
 
@@ -648,16 +506,17 @@ static fsdp_status mpi_all_reduce(fsdp_comm *c, const void *send, void *recv, si
     FSDP_TRY(begin(c, FSDP_COLL_ALL_REDUCE, send, recv, numel, dt, op, 0));
     int N = c->n_ranks, L = sh->n_local, me = sh->me;
     size_t es = fsdp_dtype_size(dt);
-    size_t mine = slice_start(numel, N, c->rank), first = slice_start(numel, N, me * L);
+    size_t mine = fsdp_mpi_slice_start(numel, N, c->rank);
+    size_t first = fsdp_mpi_slice_start(numel, N, me * L);
     stage_payloads(c, FSDP_COLL_ALL_REDUCE);
     FSDP_TRY(cross(c, 1));
     /* in place: this rank writes only its slice, which nobody else reads */
     finish_sum(c, FSDP_COLL_ALL_REDUCE, (char *)recv + mine * es);
     copy(sh->send_stage + sh->lay.s2_off + (mine - first) * es, (char *)recv + mine * es,
-         (slice_start(numel, N, c->rank + 1) - mine) * es);
+         (fsdp_mpi_slice_start(numel, N, c->rank + 1) - mine) * es);
     FSDP_TRY(cross(c, 2));
     for (int q = 0; q < sh->n_procs; q++) {
-        size_t at = slice_start(numel, N, q * L);
+        size_t at = fsdp_mpi_slice_start(numel, N, q * L);
         if (q == me)
             copy((char *)recv + at * es, sh->send_stage + sh->lay.s2_off, sh->lay.s2_len);
         else
@@ -702,7 +561,7 @@ static void shared_free(struct mpi_shared *sh)
     free(sh->slots);
     free(sh->msgs);
     free(sh->hdrs);
-    free(sh->lay.s_off);
+    fsdp_mpi_layout_free(&sh->lay);
     fsdp_mpi_cover_fini(&sh->cover);
     free(sh);
 }
@@ -758,7 +617,7 @@ static fsdp_status shared_attach_locked(fsdp_world *w, int rank, struct mpi_shar
         fsdp_status st = !sh->slots || !sh->msgs || !sh->hdrs
                              ? fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for "
                                               "collectives between %d processes", sh->n_procs)
-                             : layout_alloc(&sh->lay, sh->n_procs);
+                             : fsdp_mpi_layout_alloc(&sh->lay, sh->n_procs);
         if (st == FSDP_STATUS_OK)
             st = fsdp_mpi_cover_init(&sh->cover, sh->n_procs, sh->n_local);
         if (st != FSDP_STATUS_OK) {

@@ -62,8 +62,8 @@ void fsdp_mpi_cover_fini(fsdp_mpi_cover *cv)
 
 size_t fsdp_mpi_node_width(const fsdp_mpi_cover *cv, int q, int k, fsdp_dtype dt)
 {
-    const int *lo = cv->node_lo + q * FSDP_MPI_COVER_MAX, *hi = cv->node_hi + q * FSDP_MPI_COVER_MAX;
-    return hi[k] - lo[k] == 1 ? fsdp_dtype_size(dt) : sizeof(float);
+    int i = q * FSDP_MPI_COVER_MAX + k;
+    return cv->node_hi[i] - cv->node_lo[i] == 1 ? fsdp_dtype_size(dt) : sizeof(float);
 }
 
 size_t fsdp_mpi_node_off(const fsdp_mpi_cover *cv, int q, int k, fsdp_dtype dt, size_t len)

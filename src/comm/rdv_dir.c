@@ -22,8 +22,8 @@
  * then read it (it wrote record g only after finishing exchange g - 1).
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,12 +66,14 @@ static char *dir_path(const struct dir_ctx *d, char *buf, size_t n, const char *
     return buf;
 }
 
-/* Write bytes to path through a temporary name; link (first wins: EEXIST
- * is OK and leaves the existing file) or rename into place. */
-static fsdp_status put_file(const char *path, const void *bytes, size_t n, bool link_only)
+/* Write bytes to path through a temporary name (unique to this process of
+ * the job: pids repeat across nodes); link (first wins: EEXIST is OK and
+ * leaves the existing file) or rename into place. */
+static fsdp_status put_file(const char *path, const void *bytes, size_t n, bool link_only,
+                            int process)
 {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d.%ld", path, process, (long)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0)
         return fsdp_error_set(FSDP_STATUS_IO, "rendezvous: cannot create '%s': %s", tmp,
@@ -124,60 +126,82 @@ static long get_file(const char *path, void *buf, size_t cap)
 
 /* ---- failures ------------------------------------------------------------------ */
 
-/* Look for a failure published in the directory or a dead peer; record
- * the first in ctx and hand it to the attached world. Caller holds d->mu. */
+/* Record the first failure of another process (rank -1: the process
+ * itself) in ctx. Caller holds d->mu. */
+static void remote_failed_locked(struct dir_ctx *d, int rank, int proc, fsdp_status st,
+                                 const char *msg)
+{
+    d->remote_st = st;
+    d->remote_rank = rank;
+    d->remote_proc = proc;
+    snprintf(d->remote_msg, sizeof d->remote_msg, "%s", msg);
+}
+
+/* The failure another process published in `abort`, if any. */
+static void read_abort_locked(fsdp_procs *p)
+{
+    struct dir_ctx *d = p->ctx;
+    char path[4200], text[FSDP_ERROR_MSG_MAX + 128];
+    long n = get_file(dir_path(d, path, sizeof path, "abort"), text, sizeof text - 1);
+    if (n <= 0)
+        return;
+    text[n] = '\0';
+    int rank = -1, proc = -1, st = FSDP_STATUS_INTERNAL, off = 0;
+    if (sscanf(text, "rank %d process %d status %d%n", &rank, &proc, &st, &off) < 3 ||
+        proc < 0 || proc >= p->n_processes || rank < -1 || (unsigned)st >= FSDP_STATUS_COUNT ||
+        st == FSDP_STATUS_OK) {
+        remote_failed_locked(d, -1, 0, FSDP_STATUS_FORMAT, "the rendezvous directory's abort "
+                             "file is garbled: another job shares the directory?");
+        return;
+    }
+    if (proc != p->process) /* our own failure: the world has it already */
+        remote_failed_locked(d, rank, proc, (fsdp_status)st, text + off + (text[off] == '\n'));
+}
+
+/* A peer whose heartbeat has not changed for dead_s seconds. */
+static void read_heartbeats_locked(fsdp_procs *p, double now)
+{
+    struct dir_ctx *d = p->ctx;
+    char path[4200], hb[32], msg[256];
+    for (int q = 0; q < p->n_processes && d->dead_s > 0; q++) {
+        if (q == p->process)
+            continue;
+        long k = get_file(dir_path(d, path, sizeof path, "hb.%d", q), hb, sizeof hb - 1);
+        if (k <= 0)
+            continue; /* not there yet (the exchange's timeout covers it), or ended cleanly */
+        hb[k] = '\0';
+        unsigned long v = strtoul(hb, NULL, 10);
+        if (d->hb_when[q] == 0 || v != d->hb_seen[q]) {
+            d->hb_seen[q] = v;
+            d->hb_when[q] = now;
+        } else if (now - d->hb_when[q] > d->dead_s) {
+            snprintf(msg, sizeof msg, "process %d stopped: its heartbeat in %s has not changed "
+                     "for %.0f s; it died or its node is unreachable", q, d->dir, d->dead_s);
+            remote_failed_locked(d, -1, q, FSDP_STATUS_INTERNAL, msg);
+            return;
+        }
+    }
+}
+
+/* Look for another process's failure (published, or a dead heartbeat);
+ * the first one found is kept in ctx and handed to the attached world.
+ * Caller holds d->mu. */
 static void check_peers_locked(fsdp_procs *p, double now)
 {
     struct dir_ctx *d = p->ctx;
     if (d->remote_st != FSDP_STATUS_OK)
         return;
-    char path[4200], text[FSDP_ERROR_MSG_MAX + 128];
-    long n = get_file(dir_path(d, path, sizeof path, "abort"), text, sizeof text - 1);
-    if (n > 0) {
-        text[n] = '\0';
-        int rank = -1, proc = -1, st = FSDP_STATUS_INTERNAL, off = 0;
-        if (sscanf(text, "rank %d process %d status %d%n", &rank, &proc, &st, &off) < 3 ||
-            proc < 0 || proc >= p->n_processes || (unsigned)st >= FSDP_STATUS_COUNT ||
-            st == FSDP_STATUS_OK)
-            rank = -1, proc = 0, st = FSDP_STATUS_INTERNAL, off = 0;
-        d->remote_st = (fsdp_status)st;
-        d->remote_rank = rank;
-        d->remote_proc = proc;
-        snprintf(d->remote_msg, sizeof d->remote_msg, "%s", text + off + (text[off] == '\n'));
-    } else {
-        for (int q = 0; q < p->n_processes && d->dead_s > 0; q++) {
-            if (q == p->process)
-                continue;
-            char hb[32];
-            long k = get_file(dir_path(d, path, sizeof path, "hb.%d", q), hb, sizeof hb - 1);
-            if (k <= 0)
-                continue; /* not started yet: the exchange's timeout covers it */
-            hb[k] = '\0';
-            unsigned long v = strtoul(hb, NULL, 10);
-            if (d->hb_when[q] == 0 || v != d->hb_seen[q]) {
-                d->hb_seen[q] = v;
-                d->hb_when[q] = now;
-            } else if (now - d->hb_when[q] > d->dead_s) {
-                d->remote_st = FSDP_STATUS_INTERNAL;
-                d->remote_rank = -1;
-                d->remote_proc = q;
-                snprintf(d->remote_msg, sizeof d->remote_msg,
-                         "process %d stopped: its heartbeat in %s has not changed for %.0f s; "
-                         "it died or its node is unreachable",
-                         q, d->dir, d->dead_s);
-                break;
-            }
-        }
-    }
-    if (d->remote_st != FSDP_STATUS_OK && d->world) {
-        /* a failure of the process itself is charged to its first rank */
-        fsdp_world *w = d->world;
-        int rank = d->remote_rank >= 0 ? d->remote_rank : d->remote_proc * w->n_local;
-        if (rank >= w->n_ranks || fsdp_world_is_local(w, rank))
-            rank = d->remote_proc * w->n_local < w->n_ranks ? d->remote_proc * w->n_local : 0;
-        if (!fsdp_world_is_local(w, rank))
-            fsdp_world_fail(w, rank, d->remote_st, d->remote_msg);
-    }
+    read_abort_locked(p);
+    if (d->remote_st == FSDP_STATUS_OK)
+        read_heartbeats_locked(p, now);
+    if (d->remote_st == FSDP_STATUS_OK || !d->world)
+        return;
+    /* a failure of the process itself is charged to its first rank */
+    fsdp_world *w = d->world;
+    int rank = d->remote_rank >= 0 && d->remote_rank < w->n_ranks ? d->remote_rank
+                                                                     : d->remote_proc * w->n_local;
+    if (!fsdp_world_is_local(w, rank))
+        fsdp_world_fail(w, rank, d->remote_st, d->remote_msg);
 }
 
 static void *watcher_main(void *arg)
@@ -189,8 +213,8 @@ static void *watcher_main(void *arg)
     for (unsigned long beat = 1; !d->stop; beat++) {
         pthread_mutex_unlock(&d->mu);
         int n = snprintf(hb, sizeof hb, "%lu\n", beat);
-        if (put_file(dir_path(d, path, sizeof path, "hb.%d", p->process), hb, (size_t)n,
-                     false) != FSDP_STATUS_OK)
+        if (put_file(dir_path(d, path, sizeof path, "hb.%d", p->process), hb, (size_t)n, false,
+                     p->process) != FSDP_STATUS_OK)
             FSDP_WARN(FSDP_SUB_COMM, "process %d: %s", p->process, fsdp_error_msg());
         pthread_mutex_lock(&d->mu);
         check_peers_locked(p, fsdp_procs_now());
@@ -215,7 +239,8 @@ static void dir_publish(fsdp_procs *p, int rank, fsdp_status st, const char *msg
     int n = snprintf(text, sizeof text, "rank %d process %d status %d\n%s", rank, p->process,
                      (int)st, msg);
     if (put_file(dir_path(d, path, sizeof path, "abort"), text,
-                 n < (int)sizeof text ? (size_t)n : sizeof text - 1, true) != FSDP_STATUS_OK)
+                 n < (int)sizeof text ? (size_t)n : sizeof text - 1, true,
+                 p->process) != FSDP_STATUS_OK)
         FSDP_ERR(FSDP_SUB_COMM, "process %d could not tell the others of its failure: %s",
                  p->process, fsdp_error_msg());
 }
@@ -235,7 +260,7 @@ static fsdp_status dir_exchange(fsdp_procs *p, fsdp_world *w, const void *mine, 
     char path[4200], whom[64];
     unsigned long g = ++d->gen;
     FSDP_TRY(put_file(dir_path(d, path, sizeof path, "rec.%lu.%d", g, p->process), mine, bytes,
-                      false));
+                      false, p->process));
     memcpy((char *)all + (size_t)p->process * bytes, mine, bytes);
     for (int q = 0; q < p->n_processes; q++) {
         if (q == p->process)
@@ -331,7 +356,8 @@ static fsdp_status dir_end(fsdp_procs *p)
     FSDP_TRY(st);
     stop_watcher(d);
     unlink(dir_path(d, path, sizeof path, "hb.%d", p->process));
-    FSDP_TRY(put_file(dir_path(d, path, sizeof path, "done.%d", p->process), "1\n", 2, false));
+    FSDP_TRY(put_file(dir_path(d, path, sizeof path, "done.%d", p->process), "1\n", 2, false,
+                      p->process));
     if (p->process != 0)
         return FSDP_STATUS_OK;
     for (int q = 0; q < p->n_processes; q++) {
@@ -426,7 +452,7 @@ fsdp_status fsdp_procs_dir_init(fsdp_procs **out, const fsdp_procs_opts *o)
     /* the first beat before anyone can see this process: a peer that dies
      * right after meeting must have left a heartbeat that stops */
     fsdp_status st = put_file(dir_path(d, path, sizeof path, "hb.%d", p->process), "0\n", 2,
-                              false);
+                              false, p->process);
     if (st != FSDP_STATUS_OK) {
         dir_free(p);
         return st;
