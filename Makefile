@@ -244,7 +244,7 @@ FUZZ_JOBS    ?= 1
 FUZZ_DIR     := build-fuzz
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN     := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_DIR)/%)
-FUZZ_LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c src/*/*/*.c models/*.c))
+FUZZ_LIB_SRC := $(filter-out src/cli/% src/comm/mpi_procs.c,$(wildcard src/*/*.c src/*/*/*.c models/*.c))
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o)
 FUZZ_CFLAGS  := $(CFLAGS_BASE) -Wno-unknown-warning-option -O1 -g -fno-omit-frame-pointer -ffp-contract=off \
                 -fsanitize=address,undefined -fno-sanitize-recover=undefined \

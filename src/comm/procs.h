@@ -33,10 +33,11 @@
  * ends the others (Open MPI's default). dir: the failure is written to the
  * directory; the other processes' watchers record it in their worlds
  * (fsdp_world_fail with the failed rank), whose abort flags stop their
- * ranks; a heartbeat that stops for FSDP_PEER_TIMEOUT seconds fails the
- * world the same way. Every wait on another process polls the world's
- * abort flag and gives up after FSDP_PEER_TIMEOUT seconds without
- * progress (0: never).
+ * ranks; a heartbeat that stops for dead_s seconds (15 by default: the
+ * watcher beats 4 times a second whatever the ranks do) fails the world
+ * the same way. Every wait on another process polls the world's abort
+ * flag and gives up after FSDP_PEER_TIMEOUT seconds (600 by default; 0:
+ * never), naming the process it waited for.
  *
  * Threads: every function may be called from any thread; the mpi procs
  * serialise their MPI calls on one mutex (MPI_THREAD_SERIALIZED, checked
