@@ -21,6 +21,12 @@ NCCL_HOME ?= $(CUDA_HOME)
 NCCL_LIB  ?=
 # Where cudart, cuBLAS and cuBLASLt are linked from (and found at run time).
 CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
+# MPI: auto (on when $(MPICC), Open MPI's compiler wrapper, is found), 1, or 0
+# (one process per job; `mpirun -np 1` still runs). MPIRUN: the launcher the
+# tests use (`make test` runs 2-process jobs on loopback).
+MPI       ?= auto
+MPICC     ?= mpicc
+MPIRUN    ?= mpirun
 # INSTALL_DEPS=0: never run tools/install-deps.sh (offline machines).
 INSTALL_DEPS ?= 1
 BUILD     ?= build
@@ -60,6 +66,23 @@ ifeq ($(CUDA),1)
   endif
 else
   NCCL := 0
+endif
+
+MPICC_PATH := $(shell command -v $(MPICC) 2>/dev/null)
+ifeq ($(MPI),auto)
+  MPI := $(if $(MPICC_PATH),1,0)
+endif
+ifeq ($(MPI),1)
+  ifeq ($(MPICC_PATH),)
+    $(error MPI=1 but $(MPICC) was not found; install Open MPI (tools/install-deps.sh) or MPI=0)
+  endif
+  # Open MPI's wrapper says what it would add: its include and link flags.
+  MPI_CFLAGS := $(shell $(MPICC) --showme:compile 2>/dev/null)
+  MPI_LDLIBS := $(shell $(MPICC) --showme:link 2>/dev/null)
+  ifeq ($(strip $(MPI_LDLIBS)),)
+    $(error MPI=1 but '$(MPICC) --showme:link' says nothing: fsdp builds against Open MPI's wrapper)
+  endif
+  MPIRUN_PATH := $(shell command -v $(MPIRUN) 2>/dev/null)
 endif
 
 # libraries the library links (cpu kernels, tokenizer patterns, Unicode
@@ -124,6 +147,15 @@ ifeq ($(CUDA),1)
   LDLIBS += $(NCCL_LDLIBS) -L$(CUDA_LIBDIR) -Wl,-rpath,$(abspath $(CUDA_LIBDIR)) \
             -lcublasLt -lcublas -lcudart -lstdc++
 endif
+# MPI: mpi_procs.c against Open MPI, or mpi_stub.c (after the CUDA filter,
+# which drops every *_stub.c).
+SRC_C := $(filter-out src/comm/mpi_procs.c src/comm/mpi_stub.c,$(SRC_C))
+ifeq ($(MPI),1)
+  SRC_C += src/comm/mpi_procs.c
+  LDLIBS += $(MPI_LDLIBS)
+else
+  SRC_C += src/comm/mpi_stub.c
+endif
 NVFLAGS := -O3 -std=c++17 $(CUDA_ARCH) -I. -Iinclude -Isrc -Imodels -DFSDP_CUDA=1 \
            $(if $(filter 1,$(NCCL)),-I$(NCCL_HOME)/include) -Xcompiler -fPIC,-Wall -lineinfo \
            $(EXTRA_NVFLAGS)
@@ -145,11 +177,14 @@ TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 all: info $(LIB) $(BIN)
 
 info:
-	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | nccl: $(if $(filter 1,$(NCCL)),$(or $(NCCL_LIB),$(NCCL_HOME)),off) | $(PKGS): $(if $(HAVE_PKGS),found,MISSING)"
+	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | nccl: $(if $(filter 1,$(NCCL)),$(or $(NCCL_LIB),$(NCCL_HOME)),off) | mpi: $(if $(filter 1,$(MPI)),found ($(MPICC_PATH)$(if $(MPIRUN_PATH),,; no $(MPIRUN): multi-process tests skip)),off) | $(PKGS): $(if $(HAVE_PKGS),found,MISSING)"
 
 # The cpu op kernels are auto-vectorised. Neither flag lets the compiler
 # reassociate or contract arithmetic, so results stay bit-identical.
 $(BUILD)/obj/src/ops/cpu/%.o: CFLAGS += -ftree-vectorize -fvect-cost-model=dynamic -fno-trapping-math
+$(BUILD)/obj/src/comm/mpi_procs.o: CFLAGS += $(MPI_CFLAGS)
+# The multi-process suite launches jobs with this mpirun ("" without MPI: skipped).
+$(BUILD)/tests/test_mpi_procs: CFLAGS += -DFSDP_MPIRUN='"$(MPIRUN_PATH)"'
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -212,7 +247,7 @@ FUZZ_JOBS    ?= 1
 FUZZ_DIR     := build-fuzz
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN     := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_DIR)/%)
-FUZZ_LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c src/*/*/*.c models/*.c))
+FUZZ_LIB_SRC := $(filter-out src/cli/% src/comm/mpi_procs.c,$(wildcard src/*/*.c src/*/*/*.c models/*.c))
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o)
 FUZZ_CFLAGS  := $(CFLAGS_BASE) -Wno-unknown-warning-option -O1 -g -fno-omit-frame-pointer -ffp-contract=off \
                 -fsanitize=address,undefined -fno-sanitize-recover=undefined \

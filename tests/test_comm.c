@@ -126,6 +126,7 @@ static void launch_ok(int n, fsdp_rank_fn fn, void *arg)
     ck_assert_msg(st == FSDP_STATUS_OK, "%d ranks: %s: %s", n, fsdp_status_name(st),
                   fsdp_error_msg());
     ck_assert_ptr_null(w->comm_shared);
+    ck_assert_ptr_null(w->mpi_shared);
     fsdp_world_free(w);
 }
 
@@ -778,19 +779,19 @@ END_TEST
  * gets, or -1 where it must be refused. */
 static int expected_transport(fsdp_backend b, fsdp_comm_kind k, int rpd, int n_proc)
 {
-    if (n_proc > 1)
-        return -1; /* no transport spans processes yet */
-    bool one = rpd == 1;
+    bool one = rpd == 1, alone = n_proc <= 1; /* one rank per device; one process */
     switch (k) {
     case FSDP_COMM_AUTO:
-        return b == FSDP_BACKEND_CPU    ? (one ? FSDP_COMM_HOST : -1)
-               : b == FSDP_BACKEND_META ? (one ? FSDP_COMM_META : -1)
+        return b == FSDP_BACKEND_CPU    ? (one ? (alone ? FSDP_COMM_HOST : FSDP_COMM_MPI) : -1)
+               : b == FSDP_BACKEND_META ? (one && alone ? FSDP_COMM_META : -1)
                : one                    ? FSDP_COMM_NCCL
-                                        : FSDP_COMM_PEER;
-    case FSDP_COMM_HOST: return b == FSDP_BACKEND_CPU && one ? FSDP_COMM_HOST : -1;
-    case FSDP_COMM_META: return b == FSDP_BACKEND_META && one ? FSDP_COMM_META : -1;
+               : alone                  ? FSDP_COMM_PEER
+                                        : -1;
+    case FSDP_COMM_HOST: return b == FSDP_BACKEND_CPU && one && alone ? FSDP_COMM_HOST : -1;
+    case FSDP_COMM_MPI: return b == FSDP_BACKEND_CPU && one && !alone ? FSDP_COMM_MPI : -1;
+    case FSDP_COMM_META: return b == FSDP_BACKEND_META && one && alone ? FSDP_COMM_META : -1;
     case FSDP_COMM_NCCL: return b == FSDP_BACKEND_CUDA && one ? FSDP_COMM_NCCL : -1;
-    case FSDP_COMM_PEER: return b == FSDP_BACKEND_CUDA ? FSDP_COMM_PEER : -1;
+    case FSDP_COMM_PEER: return b == FSDP_BACKEND_CUDA && alone ? FSDP_COMM_PEER : -1;
     default: return -1;
     }
 }
@@ -838,14 +839,16 @@ START_TEST(test_transport_pick_matrix)
                         ck_assert_msg(strstr(msg, use), "%s: '%s' lacks '%s'", desc, msg, use);
                     }
                     /* where nothing fits, it says the first property missing:
-                     * sharing a device (only cuda's peer can), then processes */
+                     * sharing a device (only cuda's peer can), then processes
+                     * (mpi on cpu and nccl on cuda can) */
                     if (alt < 0 && rpds[i] > 1 && req.backend != FSDP_BACKEND_CUDA)
                         ck_assert_msg(strstr(msg, "share a device") &&
                                           strstr(msg, "peer on --backend cuda does"),
                                       "%s: %s", desc, msg);
                     else if (alt < 0)
                         ck_assert_msg(strstr(msg, "processes") &&
-                                          strstr(msg, "none does in this build"),
+                                          strstr(msg, "mpi on --backend cpu; nccl on --backend "
+                                                      "cuda do"),
                                       "%s: %s", desc, msg);
                 }
     ck_assert_int_eq(n_checked, FSDP_BACKEND_COUNT * FSDP_COMM_KIND_COUNT * 3 * 2);
@@ -871,9 +874,12 @@ START_TEST(test_transport_help_names_its_backends)
         if (e->value == FSDP_COMM_AUTO)
             continue;
         for (int b = 0; b < FSDP_BACKEND_COUNT; b++) {
-            fsdp_transport_req req = {(fsdp_backend)b, (fsdp_comm_kind)e->value, 1, 1};
+            /* in a job of one process or of several (mpi needs several) */
+            fsdp_transport_req one = {(fsdp_backend)b, (fsdp_comm_kind)e->value, 1, 1};
+            fsdp_transport_req two = {(fsdp_backend)b, (fsdp_comm_kind)e->value, 1, 2};
             const fsdp_transport *t;
-            bool serves = fsdp_transport_pick(&req, &t) == FSDP_STATUS_OK;
+            bool serves = fsdp_transport_pick(&one, &t) == FSDP_STATUS_OK ||
+                          fsdp_transport_pick(&two, &t) == FSDP_STATUS_OK;
             char want[32];
             snprintf(want, sizeof want, "--backend %s", fsdp_backend_name((fsdp_backend)b));
             ck_assert_msg(serves == (strstr(e->help, want) != NULL),

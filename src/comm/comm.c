@@ -100,6 +100,8 @@ void fsdp_comm_reset_stats(fsdp_comm *c)
     memset(c->bytes_sent, 0, sizeof c->bytes_sent);
     memset(c->bytes_recv, 0, sizeof c->bytes_recv);
     memset(c->n_calls, 0, sizeof c->n_calls);
+    memset(c->bytes_inter_sent, 0, sizeof c->bytes_inter_sent);
+    memset(c->bytes_inter_recv, 0, sizeof c->bytes_inter_recv);
 }
 
 size_t fsdp_comm_total_sent(const fsdp_comm *c)

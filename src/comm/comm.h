@@ -23,6 +23,11 @@
  *   reduce_scatter  sent c(N-1)      recv c(N-1)       (send buffer is S)
  *   all_reduce      sent 2c(N-1)     recv 2c(N-1)      (c = S / N, integer division of S(N-1))
  *   broadcast       root sent S, others recv S
+ * These are the logical counts, whatever the ranks' processes. Bytes that
+ * really cross between processes (the `mpi` transport) are counted apart,
+ * in bytes_inter_*, once per process on its first local rank (the one that
+ * moves them), so their sum over ranks is the job's inter-process traffic;
+ * fsdp_comm_mpi_inter_bytes (comm/mpi_coll.h) gives them for any layout.
  */
 #ifndef FSDP_COMM_COMM_H
 #define FSDP_COMM_COMM_H
@@ -75,6 +80,8 @@ struct fsdp_comm {
     size_t bytes_sent[FSDP_COLL_KIND_COUNT];  /* since init or the last reset */
     size_t bytes_recv[FSDP_COLL_KIND_COUNT];
     size_t n_calls[FSDP_COLL_KIND_COUNT];
+    size_t bytes_inter_sent[FSDP_COLL_KIND_COUNT]; /* to other processes (see above) */
+    size_t bytes_inter_recv[FSDP_COLL_KIND_COUNT]; /* from other processes */
     void *ctx;                                 /* implementation private */
 };
 
@@ -95,7 +102,7 @@ fsdp_status fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtyp
                                 fsdp_stream_t s);
 fsdp_status fsdp_comm_barrier(fsdp_comm *c);
 
-/* Zero the byte and call counters. */
+/* Zero the byte and call counters (inter-process ones included). */
 void fsdp_comm_reset_stats(fsdp_comm *c);
 size_t fsdp_comm_total_sent(const fsdp_comm *c);
 size_t fsdp_comm_total_recv(const fsdp_comm *c);

@@ -3,10 +3,13 @@
  * one rank per GPU (NCCL cannot put two ranks of a communicator on one
  * GPU; use `peer` for virtual ranks).
  *
- * Setup: rank 0 creates the ncclUniqueId and hands it to the other rank
- * threads through the host rendezvous (comm/rdv.c), together with every
- * rank's GPU ordinal, so a duplicate GPU is refused by every rank alike
- * before NCCL sees it. Each rank thread then calls ncclCommInitRankConfig
+ * Setup: rank 0 creates the ncclUniqueId and hands it to every other rank
+ * through the host rendezvous (comm/rdv.c): the rank threads of this
+ * process and, in a job of several processes (one per node), the other
+ * processes through MPI or the rendezvous directory (comm/procs.h), so one
+ * communicator spans the whole job. Every rank's host and GPU (PCI bus id)
+ * travel with it, so a GPU given to two ranks is refused by every rank
+ * alike before NCCL sees it. Each rank thread then calls ncclCommInitRankConfig
  * on its own device with a NON-BLOCKING config, so no host thread ever
  * blocks inside NCCL: init, every call and finalisation return at once (or
  * ncclInProgress) and this file polls ncclCommGetAsyncError, checking the
@@ -41,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <nccl.h>
 
@@ -52,18 +56,30 @@
 struct nccl_ctx {
     ncclComm_t comm;     /* NULL once aborted */
     fsdp_comm_rdv *rdv;
+    char *tokens;        /* (n_ranks,) the barrier's records */
     bool broken;         /* an NCCL error or an abort: no more calls */
     bool stop_hook;      /* registered as the rank's stop hook */
     long n_coll;
 };
 
-/* What a rank publishes at setup. */
+/* What a rank publishes at setup (at most FSDP_RDV_REC_MAX bytes). */
 struct nccl_rec {
     int ordinal;
     int backend;
     int status;          /* rank 0: whether ncclGetUniqueId worked */
     ncclUniqueId id;     /* rank 0's */
+    char host[64];       /* where the rank runs */
+    char bus[32];        /* its GPU's PCI bus id ("" if unknown) */
 };
+static_assert(sizeof(struct nccl_rec) <= FSDP_RDV_REC_MAX, "nccl_rec outgrew the rendezvous");
+
+/* Whether ranks a and b were given the same GPU. */
+static bool same_gpu(const struct nccl_rec *a, const struct nccl_rec *b)
+{
+    if (strcmp(a->host, b->host))
+        return false;
+    return a->bus[0] && b->bus[0] ? !strcmp(a->bus, b->bus) : a->ordinal == b->ordinal;
+}
 
 static void nccl_nap(unsigned *spins)
 {
@@ -234,13 +250,17 @@ static fsdp_status nccl_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dt
                                      (cudaStream_t)s));
 }
 
+/* Every rank of the job, in every process, meets on the host (the
+ * rendezvous: an exchange of one byte). */
 static fsdp_status nccl_barrier(fsdp_comm *c)
 {
+    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
     FSDP_TRY(nccl_begin(c, "barrier", FSDP_DTYPE_F32, FSDP_REDUCE_SUM));
     FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->compute));
     FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->comm));
     FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->copy));
-    return fsdp_cuda_world_barrier(c->world);
+    char token = 1;
+    return fsdp_comm_rdv_exchange(p->rdv, c->world, c->rank, &token, 1, p->tokens, true);
 }
 
 static void nccl_fini(fsdp_comm *c)
@@ -266,6 +286,7 @@ static void nccl_fini(fsdp_comm *c)
     if (p->stop_hook)
         fsdp_cuda_world_set_rank_stop(c->world, c->rank, NULL, NULL);
     fsdp_comm_rdv_detach(c->world, p->rdv);
+    free(p->tokens);
     free(p);
     c->ctx = NULL;
 }
@@ -301,7 +322,8 @@ extern "C" fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
     }
     c->ctx = p;
     all = (struct nccl_rec *)calloc((size_t)c->n_ranks, sizeof *all);
-    if (!all) {
+    p->tokens = (char *)calloc((size_t)c->n_ranks, 1);
+    if (!all || !p->tokens) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating the NCCL communicator");
         goto fail;
     }
@@ -309,6 +331,14 @@ extern "C" fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
     memset(&me, 0, sizeof me);
     me.ordinal = dev->ordinal;
     me.backend = (int)dev->backend;
+    if (gethostname(me.host, sizeof me.host))
+        snprintf(me.host, sizeof me.host, "?");
+    me.host[sizeof me.host - 1] = '\0';
+    if (dev->backend == FSDP_BACKEND_CUDA &&
+        cudaDeviceGetPCIBusId(me.bus, (int)sizeof me.bus, dev->ordinal) != cudaSuccess) {
+        cudaGetLastError(); /* unknown: compare ordinals on one host */
+        me.bus[0] = '\0';
+    }
     if (rank == 0) {
         rc = ncclGetUniqueId(&me.id);
         if (rc != ncclSuccess) {
@@ -333,12 +363,14 @@ extern "C" fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
             goto fail;
         }
         for (int o = 0; o < q; o++)
-            if (all[o].ordinal == all[q].ordinal) {
+            if (same_gpu(&all[o], &all[q])) {
                 st = fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
                                     "rank %d: NCCL cannot run two ranks on one GPU (ranks %d and "
-                                    "%d are both on GPU %d); use --comm peer for several ranks "
-                                    "per GPU, or one rank per GPU",
-                                    rank, o, q, all[q].ordinal);
+                                    "%d are both on GPU %d%s%s of host %s); use --comm peer for "
+                                    "several ranks per GPU, or one rank per GPU (two processes "
+                                    "on one host: give each its own CUDA_VISIBLE_DEVICES)",
+                                    rank, o, q, all[q].ordinal, all[q].bus[0] ? ", bus " : "",
+                                    all[q].bus, all[q].host);
                 goto fail;
             }
     }

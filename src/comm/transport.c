@@ -2,22 +2,29 @@
  * transport.c - the transport table and the one function that picks from
  * it (transport.h).
  *
- * Row order is the order AUTO prefers: host for cpu, meta for meta, nccl for
- * cuda, then peer for cuda when ranks share a GPU (NCCL refuses two ranks on
- * one GPU).
+ * Row order is the order AUTO prefers: host for cpu, then mpi for cpu ranks
+ * in several processes, meta for meta, nccl for cuda (in one process or
+ * several), then peer for cuda when ranks share a GPU (NCCL refuses two
+ * ranks on one GPU).
  */
 #include <stdio.h>
 #include <string.h>
 
 #include "comm/cuda_comm.h"
+#include "comm/mpi_coll.h"
 #include "comm/transport.h"
 
 static const fsdp_name kind_names[] = {
     {"auto", FSDP_COMM_AUTO,
-     "host on cpu, meta on meta; on cuda nccl, or peer with --ranks-per-device > 1"},
+     "host on cpu (mpi across processes), meta on meta; on cuda nccl, or peer with "
+     "--ranks-per-device > 1"},
     {"host", FSDP_COMM_HOST, "shared memory among the rank threads (--backend cpu)"},
+    {"mpi", FSDP_COMM_MPI,
+     "ranks in several processes started by mpirun: shared memory inside a process, MPI "
+     "between, sums in the same order as host (--backend cpu)"},
     {"meta", FSDP_COMM_META, "counts bytes, moves nothing (--backend meta)"},
-    {"nccl", FSDP_COMM_NCCL, "NCCL among the GPUs, one rank per GPU (--backend cuda)"},
+    {"nccl", FSDP_COMM_NCCL,
+     "NCCL among the GPUs of every process of the job, one rank per GPU (--backend cuda)"},
     {"peer", FSDP_COMM_PEER,
      "device-to-device copies between the ranks' buffers; several ranks may share a GPU "
      "(--backend cuda)"},
@@ -32,16 +39,17 @@ const char *fsdp_comm_kind_name(fsdp_comm_kind k)
 #define SERVES(b) FSDP_NAME_BIT(FSDP_BACKEND_##b)
 
 static const fsdp_transport transports[] = {
-    /* kind          serves        share  span   init */
-    {FSDP_COMM_HOST, SERVES(CPU), false, false, fsdp_comm_host_init},
-    {FSDP_COMM_META, SERVES(META), false, false, fsdp_comm_meta_init},
-    {FSDP_COMM_NCCL, SERVES(CUDA), false, false, fsdp_comm_nccl_init},
-    {FSDP_COMM_PEER, SERVES(CUDA), true, false, fsdp_comm_peer_init},
+    /* kind          serves        share  span   needs  init */
+    {FSDP_COMM_HOST, SERVES(CPU), false, false, false, fsdp_comm_host_init},
+    {FSDP_COMM_MPI, SERVES(CPU), false, true, true, fsdp_comm_mpi_init},
+    {FSDP_COMM_META, SERVES(META), false, false, false, fsdp_comm_meta_init},
+    {FSDP_COMM_NCCL, SERVES(CUDA), false, true, false, fsdp_comm_nccl_init},
+    {FSDP_COMM_PEER, SERVES(CUDA), true, false, false, fsdp_comm_peer_init},
 };
 enum { N_TRANSPORTS = (int)(sizeof transports / sizeof transports[0]) };
 
 /* What a row lacks for a request (first failing property), or FIT. */
-enum misfit { FIT = 0, MISFIT_BACKEND, MISFIT_SHARE, MISFIT_SPAN };
+enum misfit { FIT = 0, MISFIT_BACKEND, MISFIT_SHARE, MISFIT_SPAN, MISFIT_ALONE };
 
 static enum misfit misfit(const fsdp_transport *t, const fsdp_transport_req *req)
 {
@@ -51,6 +59,8 @@ static enum misfit misfit(const fsdp_transport *t, const fsdp_transport_req *req
         return MISFIT_SHARE;
     if (req->n_processes > 1 && !t->spans_processes)
         return MISFIT_SPAN;
+    if (req->n_processes <= 1 && t->needs_processes)
+        return MISFIT_ALONE;
     return FIT;
 }
 
@@ -150,6 +160,11 @@ fsdp_status fsdp_transport_pick(const fsdp_transport_req *req, const fsdp_transp
     case MISFIT_SHARE:
         snprintf(head, sizeof head, "--comm %s cannot put %d ranks on one device", k,
                  req->ranks_per_device);
+        break;
+    case MISFIT_ALONE:
+        snprintf(head, sizeof head, "--comm %s connects ranks in several processes (started by "
+                 "mpirun); this job on --backend %s is one process", k,
+                 fsdp_backend_name(req->backend));
         break;
     default:
         snprintf(head, sizeof head, "--comm %s cannot connect ranks in %d processes", k,

@@ -10,9 +10,9 @@
  * error, and the engine calls fsdp_comm_init, which picks the same way and
  * initialises. Nothing else switches on which transports exist.
  *
- * Adding a transport (MPI across processes, say) = one enum value, one name
- * entry and one row of the table, with spans_processes set; the request
- * already carries the number of processes.
+ * Adding a transport = one enum value, one name entry and one row of the
+ * table. Across processes (the request's n_processes > 1): `mpi` for cpu
+ * ranks, `nccl` for GPUs (its communicator spans the job's processes).
  */
 #ifndef FSDP_COMM_TRANSPORT_H
 #define FSDP_COMM_TRANSPORT_H
@@ -32,6 +32,7 @@ typedef enum fsdp_comm_kind {
     FSDP_COMM_META,     /* meta: counts bytes, moves nothing (comm/comm.c) */
     FSDP_COMM_NCCL,     /* cuda: NCCL, one rank per GPU (comm/nccl.cu) */
     FSDP_COMM_PEER,     /* cuda: device-to-device copies, ranks may share a GPU (comm/peer.cu) */
+    FSDP_COMM_MPI,      /* cpu: host collectives in a process, MPI between (comm/mpi_coll.c) */
     FSDP_COMM_KIND_COUNT
 } fsdp_comm_kind;
 
@@ -46,6 +47,7 @@ typedef struct fsdp_transport {
     unsigned backends;     /* FSDP_NAME_BIT(backend) for each backend it serves */
     bool shares_device;    /* several ranks may share one device (ranks_per_device > 1) */
     bool spans_processes;  /* its ranks may live in several processes */
+    bool needs_processes;  /* only for jobs of several processes (its own use) */
     /* Per-rank init on the rank's thread, after fsdp_device_init; all ranks
      * of w call it before the first collective. */
     fsdp_status (*init)(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
@@ -56,7 +58,7 @@ typedef struct fsdp_transport_req {
     fsdp_backend backend;
     fsdp_comm_kind kind;      /* FSDP_COMM_AUTO: let the table choose */
     int ranks_per_device;     /* <= 1: one rank per device */
-    int n_processes;          /* <= 1: every rank in this process */
+    int n_processes;          /* <= 1: every rank in this process (world->n_processes) */
 } fsdp_transport_req;
 
 /* The transport for req: the one named, if it serves req->backend with that

@@ -1,5 +1,6 @@
 /*
- * world.c - rank threads, the abortable barrier and the first-error record.
+ * world.c - rank threads, the abortable barrier, the first-error record and
+ * the placement of ranks in processes.
  *
  * Waiters block on one condition variable with a short timeout and re-check
  * the abort flag, so an abort is seen within milliseconds even if a wake-up
@@ -8,23 +9,62 @@
 #include <errno.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/log.h"
 #include "core/world.h"
 
 fsdp_status fsdp_world_init(fsdp_world **out, int n_ranks)
 {
-    if (n_ranks < 1 || n_ranks > FSDP_MAX_RANKS)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "world size must be 1..%d, got %d",
-                              FSDP_MAX_RANKS, n_ranks);
+    return fsdp_world_init_span(out, n_ranks, NULL);
+}
+
+fsdp_status fsdp_world_init_span(fsdp_world **out, int n_local, const fsdp_world_span *span)
+{
+    *out = NULL;
+    int n_proc = span ? span->n_processes : 1, proc = span ? span->process : 0;
+    if (n_proc < 1 || n_proc > FSDP_MAX_RANKS || proc < 0 || proc >= n_proc)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "process %d of %d: a job has 1..%d processes, numbered from 0",
+                              proc, n_proc, FSDP_MAX_RANKS);
+    if (n_local < 1 || (long)n_local * n_proc > FSDP_MAX_RANKS) {
+        if (n_proc == 1)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "world size must be 1..%d, got %d",
+                                  FSDP_MAX_RANKS, n_local);
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "world size must be 1..%d, got %d rank(s) in each of %d processes",
+                              FSDP_MAX_RANKS, n_local, n_proc);
+    }
     fsdp_world *w = calloc(1, sizeof *w);
-    if (!w)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating a world");
-    w->n_ranks = n_ranks;
-    w->stop = calloc((size_t)n_ranks, sizeof *w->stop);
-    if (!w->stop) {
+    if (w) {
+        w->stop = calloc((size_t)n_local, sizeof *w->stop);
+        w->hosts = calloc((size_t)n_proc, sizeof *w->hosts);
+    }
+    if (!w || !w->stop || !w->hosts) {
+        if (w) {
+            free(w->stop);
+            free(w->hosts);
+        }
         free(w);
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating a world");
+    }
+    w->n_ranks = n_local * n_proc;
+    w->n_local = n_local;
+    w->process = proc;
+    w->n_processes = n_proc;
+    w->rank_offset = proc * n_local;
+    for (int p = 0; p < n_proc; p++) {
+        if (span && span->hosts && span->hosts[p])
+            snprintf(w->hosts[p], FSDP_HOST_MAX, "%s", span->hosts[p]);
+        else if (p == proc && gethostname(w->hosts[p], FSDP_HOST_MAX) == 0)
+            w->hosts[p][FSDP_HOST_MAX - 1] = '\0';
+        else
+            snprintf(w->hosts[p], FSDP_HOST_MAX, "?");
+    }
+    if (span) {
+        w->span_fail = span->fail;
+        w->span_detach = span->detach;
+        w->procs = span->ctx;
     }
     pthread_mutex_init(&w->mu, NULL);
     pthread_condattr_t ca;
@@ -42,17 +82,32 @@ void fsdp_world_free(fsdp_world *w)
 {
     if (!w)
         return;
+    if (w->span_detach)
+        w->span_detach(w->procs, w);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     free(w->stop);
+    free(w->hosts);
     free(w);
+}
+
+const char *fsdp_world_where(const fsdp_world *w, int rank, char *buf, size_t n)
+{
+    if (!w || w->n_processes == 1 || rank < 0 || rank >= w->n_ranks)
+        snprintf(buf, n, "%s", "");
+    else {
+        int p = fsdp_world_process_of(w, rank);
+        snprintf(buf, n, " (process %d of %d, host %s)", p, w->n_processes, w->hosts[p]);
+    }
+    return buf;
 }
 
 void fsdp_world_set_rank_stop(fsdp_world *w, int rank, fsdp_rank_stop_fn fn, void *arg)
 {
-    FSDP_ASSERT(w && rank >= 0 && rank < w->n_ranks);
-    w->stop[rank].fn = fn;
-    w->stop[rank].arg = fn ? arg : NULL;
+    FSDP_ASSERT(w && fsdp_world_is_local(w, rank));
+    struct fsdp_rank_stop *s = &w->stop[rank - w->rank_offset];
+    s->fn = fn;
+    s->arg = fn ? arg : NULL;
 }
 
 /* The message of a rank that failed with st: its thread's first error when
@@ -68,12 +123,12 @@ bool fsdp_world_rank_stop(fsdp_world *w, int rank, fsdp_status st)
 {
     if (!w || (st == FSDP_STATUS_OK && !fsdp_world_aborted(w)))
         return false;
-    FSDP_ASSERT(rank >= 0 && rank < w->n_ranks);
+    FSDP_ASSERT(fsdp_world_is_local(w, rank));
     if (st != FSDP_STATUS_OK && !fsdp_world_aborted(w))
         fsdp_world_fail(w, rank, st, rank_failure_msg(st));
-    struct fsdp_rank_stop s = w->stop[rank];
-    w->stop[rank].fn = NULL;
-    w->stop[rank].arg = NULL;
+    struct fsdp_rank_stop *slot = &w->stop[rank - w->rank_offset], s = *slot;
+    slot->fn = NULL;
+    slot->arg = NULL;
     if (s.fn)
         s.fn(s.arg);
     return true;
@@ -90,9 +145,18 @@ void fsdp_world_fail(fsdp_world *w, int rank, fsdp_status st, const char *msg)
         w->first_rank = rank;
         snprintf(w->first_msg, sizeof w->first_msg, "%s", msg ? msg : "");
     }
+    if (!fsdp_world_is_local(w, rank))
+        w->peer_failed = true;
+    /* The other processes hear of this process's first real failure. */
+    bool tell = w->span_fail && !w->span_failed && st != FSDP_STATUS_ABORTED &&
+                fsdp_world_is_local(w, rank);
+    if (tell)
+        w->span_failed = true;
     atomic_store_explicit(&w->aborted, 1, memory_order_release);
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    if (tell)
+        w->span_fail(w->procs, w, rank, st, msg ? msg : "");
 }
 
 void fsdp_world_wait_locked(fsdp_world *w)
@@ -109,12 +173,12 @@ void fsdp_world_wait_locked(fsdp_world *w)
 
 fsdp_status fsdp_world_barrier(fsdp_world *w)
 {
-    if (w->n_ranks == 1)
+    if (w->n_local == 1)
         return fsdp_world_aborted(w) ? fsdp_error_set(FSDP_STATUS_ABORTED, "aborted")
                                      : FSDP_STATUS_OK;
     pthread_mutex_lock(&w->mu);
     unsigned long gen = w->barrier_gen;
-    if (++w->barrier_waiting == w->n_ranks) {
+    if (++w->barrier_waiting == w->n_local) {
         w->barrier_waiting = 0;
         w->barrier_gen++;
         pthread_cond_broadcast(&w->cv);
@@ -160,7 +224,7 @@ static void *rank_main(void *p)
     fsdp_error_clear();
     t->st = t->fn(t->w, t->rank, t->arg);
     /* A hook left registered may point into the rank function's frame. */
-    t->w->stop[t->rank].fn = NULL;
+    t->w->stop[t->rank - t->w->rank_offset].fn = NULL;
     if (t->st != FSDP_STATUS_OK)
         fsdp_world_fail(t->w, t->rank, t->st, rank_failure_msg(t->st));
     fsdp_error_clear();
@@ -169,26 +233,33 @@ static void *rank_main(void *p)
 
 fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg)
 {
-    int n = w->n_ranks;
+    int n = w->n_local;
     struct rank_thread *ts = calloc((size_t)n, sizeof *ts);
     if (!ts)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory launching %d ranks", n);
-    atomic_store(&w->aborted, 0);
-    w->first_status = FSDP_STATUS_OK;
-    w->first_rank = -1;
-    w->first_msg[0] = '\0';
+    /* Under the mutex: another process's failure may arrive any time. */
+    pthread_mutex_lock(&w->mu);
+    if (!w->peer_failed) {
+        atomic_store(&w->aborted, 0);
+        w->first_status = FSDP_STATUS_OK;
+        w->first_rank = -1;
+        w->first_msg[0] = '\0';
+    }
     w->barrier_waiting = 0;
+    w->span_failed = false;
+    pthread_mutex_unlock(&w->mu);
     memset(w->stop, 0, (size_t)n * sizeof *w->stop);
 
     int started = 0;
     for (; started < n; started++) {
-        ts[started] = (struct rank_thread){.w = w, .rank = started, .fn = fn, .arg = arg};
+        int rank = w->rank_offset + started;
+        ts[started] = (struct rank_thread){.w = w, .rank = rank, .fn = fn, .arg = arg};
         int rc = pthread_create(&ts[started].tid, NULL, rank_main, &ts[started]);
         if (rc) {
             char msg[128];
-            snprintf(msg, sizeof msg, "cannot start the thread of rank %d: %s", started,
+            snprintf(msg, sizeof msg, "cannot start the thread of rank %d: %s", rank,
                      strerror(rc));
-            fsdp_world_fail(w, started, FSDP_STATUS_INTERNAL, msg);
+            fsdp_world_fail(w, rank, FSDP_STATUS_INTERNAL, msg);
             break;
         }
     }
@@ -196,7 +267,15 @@ fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg)
         pthread_join(ts[r].tid, NULL);
     free(ts);
 
-    if (w->first_status == FSDP_STATUS_OK)
+    pthread_mutex_lock(&w->mu);
+    fsdp_status st = w->first_status;
+    int rank = w->first_rank;
+    char msg[FSDP_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", w->first_msg);
+    pthread_mutex_unlock(&w->mu);
+    if (st == FSDP_STATUS_OK)
         return FSDP_STATUS_OK;
-    return fsdp_error_set(w->first_status, "rank %d: %s", w->first_rank, w->first_msg);
+    char where[96];
+    return fsdp_error_set(st, "rank %d%s: %s", rank, fsdp_world_where(w, rank, where, sizeof where),
+                          msg);
 }
