@@ -659,6 +659,40 @@ START_TEST(test_recompute_refused)
 }
 END_TEST
 
+/* On cuda too, every mode reruns the forward's kernels on the same inputs:
+ * the same bits as none (fp32 and bf16, one GPU). Skips without a GPU. */
+START_TEST(test_recompute_identical_cuda)
+{
+    if (fsdp_cuda_device_count() == 0) {
+        printf("SKIP: test_recompute_identical_cuda: no CUDA device\n");
+        fflush(stdout);
+        return;
+    }
+    for (int prec = 0; prec < 2; prec++) {
+        fsdp_train_result ref;
+        fsdp_train_config c;
+        for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
+            tiny_config(&c, 1, 2);
+            c.model = RECOMPUTE_MODEL;
+            c.eng.backend = FSDP_BACKEND_CUDA;
+            c.eng.batch = 4;
+            c.eng.compute_dtype = (fsdp_dtype)prec;
+            c.eng.recompute = (fsdp_recompute)mode;
+            fsdp_train_result r;
+            run_ok(&c, mode ? &r : &ref);
+            if (!mode)
+                continue;
+            char what[96];
+            snprintf(what, sizeof what, "cuda, %s, recompute %s", fsdp_dtype_name(c.eng.compute_dtype),
+                     recompute_name(c.eng.recompute));
+            assert_identical_model(&ref, &r, what, RECOMPUTE_MODEL);
+            fsdp_train_result_free(&r);
+        }
+        fsdp_train_result_free(&ref);
+    }
+}
+END_TEST
+
 /* GPT-2's recompute FLOPs: block reruns a block's forward up to the GELU
  * (16 C^2 + 4 C T per layer and token), elementwise no matmul. */
 START_TEST(test_recompute_flops)
@@ -703,6 +737,7 @@ int main(void)
     tcase_add_test(tc, test_recompute_schedule);
     tcase_add_test(tc, test_recompute_refused);
     tcase_add_test(tc, test_recompute_flops);
+    tcase_add_test(tc, test_recompute_identical_cuda);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

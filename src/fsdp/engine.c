@@ -31,8 +31,8 @@
 static const fsdp_name recompute_names[] = {
     {"none", FSDP_RECOMPUTE_NONE, "keep every block's activations from forward to backward"},
     {"block", FSDP_RECOMPUTE_BLOCK,
-     "keep only each block's input; rerun the block's forward in its backward (about a third "
-     "more compute than none, activations of one block instead of all)"},
+     "keep only each block's input; rerun the block's forward up to its MLP activation in its "
+     "backward (about a fifth more FLOPs; one block's activations instead of every block's)"},
     {"elementwise", FSDP_RECOMPUTE_ELEMENTWISE,
      "keep the matmul and attention outputs; rerun the norms and the activation function "
      "(GELU/SwiGLU) in backward (little compute, less memory)"},
