@@ -192,9 +192,10 @@ enum {
 };
 
 #define KEEP(mode) (1u << (mode))
-#define K_ALL (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_BLOCK) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
-#define K_MATMUL (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
-#define K_NONE KEEP(FSDP_RECOMPUTE_NONE)
+#define K_EVERY_MODE \
+    (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_BLOCK) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
+#define K_NONE_ELEMENTWISE (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
+#define K_NONE_ONLY KEEP(FSDP_RECOMPUTE_NONE)
 
 typedef struct act_field {
     const char *name;
@@ -206,13 +207,19 @@ typedef struct act_field {
 
 #define ACT_FIELD(f, width, keep) {#f, offsetof(gpt2_layer_acts, f), width, keep}
 static const act_field act_fields[ACT_N_FIELDS] = {
-    ACT_FIELD(ln1, 1, K_NONE),        ACT_FIELD(ln1_mean, -1, K_NONE),
-    ACT_FIELD(ln1_rstd, -1, K_NONE),  ACT_FIELD(qkv, 3, K_MATMUL),
-    ACT_FIELD(atty, 1, K_MATMUL),     ACT_FIELD(att, 0, K_MATMUL),
-    ACT_FIELD(residual2, 1, K_MATMUL), ACT_FIELD(ln2, 1, K_NONE),
-    ACT_FIELD(ln2_mean, -1, K_NONE),  ACT_FIELD(ln2_rstd, -1, K_NONE),
-    ACT_FIELD(fch, 4, K_MATMUL),      ACT_FIELD(fch_gelu, 4, K_NONE),
-    ACT_FIELD(residual3, 1, K_ALL),
+    ACT_FIELD(ln1, 1, K_NONE_ONLY),
+    ACT_FIELD(ln1_mean, -1, K_NONE_ONLY),
+    ACT_FIELD(ln1_rstd, -1, K_NONE_ONLY),
+    ACT_FIELD(qkv, 3, K_NONE_ELEMENTWISE),
+    ACT_FIELD(atty, 1, K_NONE_ELEMENTWISE),
+    ACT_FIELD(att, 0, K_NONE_ELEMENTWISE),
+    ACT_FIELD(residual2, 1, K_NONE_ELEMENTWISE),
+    ACT_FIELD(ln2, 1, K_NONE_ONLY),
+    ACT_FIELD(ln2_mean, -1, K_NONE_ONLY),
+    ACT_FIELD(ln2_rstd, -1, K_NONE_ONLY),
+    ACT_FIELD(fch, 4, K_NONE_ELEMENTWISE),
+    ACT_FIELD(fch_gelu, 4, K_NONE_ONLY),
+    ACT_FIELD(residual3, 1, K_EVERY_MODE),
 };
 #undef ACT_FIELD
 

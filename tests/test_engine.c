@@ -530,7 +530,10 @@ START_TEST(test_recompute_identical)
 }
 END_TEST
 
-static size_t align_up(size_t n) { return (n + FSDP_DEVICE_ALIGN - 1) / FSDP_DEVICE_ALIGN * FSDP_DEVICE_ALIGN; }
+static size_t align_up(size_t n)
+{
+    return (n + FSDP_DEVICE_ALIGN - 1) / FSDP_DEVICE_ALIGN * FSDP_DEVICE_ALIGN;
+}
 
 /* Activation memory drops by what a mode does not keep, times L - 1 (one
  * copy of it stays), and the peak by exactly as much: from GPT-2's saved
@@ -683,7 +686,8 @@ START_TEST(test_recompute_identical_cuda)
             if (!mode)
                 continue;
             char what[96];
-            snprintf(what, sizeof what, "cuda, %s, recompute %s", fsdp_dtype_name(c.eng.compute_dtype),
+            snprintf(what, sizeof what, "cuda, %s, recompute %s",
+                     fsdp_dtype_name(c.eng.compute_dtype),
                      recompute_name(c.eng.recompute));
             assert_identical_model(&ref, &r, what, RECOMPUTE_MODEL);
             fsdp_train_result_free(&r);

@@ -172,8 +172,8 @@ static bool same_trajectory(const fsdp_train_result *a, const fsdp_train_result 
 static void usage(void)
 {
     fprintf(stderr, "usage: bench_recompute [--model NAME] [--seq T] [--batch B] [--devices N] "
-                    "[--steps S] [--rounds R]\n       [--plan-model NAME] [--plan-devices N] [--plan-batch B] "
-                    "[--plan-seq T] [--no-cpu]\n");
+                    "[--steps S] [--rounds R]\n       [--plan-model NAME] [--plan-devices N] "
+                    "[--plan-batch B] [--plan-seq T] [--no-cpu]\n");
 }
 
 int main(int argc, char **argv)

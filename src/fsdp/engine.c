@@ -12,6 +12,11 @@
  * micro-batches whatever N is. Losses and norm partial sums are exchanged
  * through host slots and added in the same tree over a fixed global order.
  *
+ * Activation recompute (cfg.recompute, models/model.h): the model keeps
+ * only part of each block's activations; in backward, right after block
+ * u's gather (which serves both), unit_recompute rebuilds the rest and
+ * unit_backward follows. No extra gather, no extra allocation.
+ *
  * Streams: ops run on the compute stream, collectives on the comm stream,
  * placement copies on the copy stream; each cross-stream dependency is an
  * event. Buffers are freed only after the streams that used them are done.
@@ -438,7 +443,8 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss
         if (cfg->recompute != FSDP_RECOMPUTE_NONE) {
             /* the gather above serves the re-forward and the backward */
             fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "recompute", m->units[u].name, 0);
-            FSDP_TRY(mi->unit_recompute(m, &e->ops, e->state, u, fsdp_engine_row(e, u)->gathered));
+            FSDP_TRY(mi->unit_recompute(m, &e->ops, e->state, u,
+                                        fsdp_engine_row(e, u)->gathered));
             fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
         }
         FSDP_TRY(alloc_grad_full(e, u));
