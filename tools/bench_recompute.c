@@ -7,14 +7,17 @@
  * Why: recompute trades compute for activation memory; the user picks a
  * mode on these two numbers, and `fsdp plan --fit` ranks modes by them.
  * The cpu run is the trainer itself (fsdp_train_run, as `fsdp train` calls
- * it: FULL_SHARD, fp32, prefetch on, no evaluation, no output); its step
- * time is the median of the steps after the first (the first faults in
- * every buffer), read from the metrics log, so one descheduled step on a
- * shared machine does not move it. The modes run in rounds, in opposite
- * orders on alternate rounds, so a load that drifts during the benchmark
- * weighs on every mode alike; the median is over every round's steps. The
- * runs also check the contract: every mode's losses and gradient norms
- * must equal none's, bit for bit.
+ * it: FULL_SHARD, fp32, prefetch on, no evaluation, no output). Two step
+ * times: wall, the median of the steps after the first (the first faults
+ * in every buffer) from the metrics log; and CPU, the process's CPU time
+ * for a run of S steps less that of a run of 1 step, over S - 1. On a
+ * shared machine wall time stretches with the load average while CPU time
+ * barely moves, so the CPU column is the one to compare modes by there
+ * (the rank is one thread with one BLAS thread, so CPU time is its work).
+ * The modes run in rounds, in opposite orders on alternate rounds, so a
+ * load that drifts weighs on every mode alike. The runs also check the
+ * contract: every mode's losses and gradient norms must equal none's, bit
+ * for bit.
  * The plan rows run the schedule on the meta backend (train/plan.h), which
  * tests/test_plan.c holds byte-exact against cpu runs.
  *
@@ -29,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "core/error.h"
@@ -114,14 +118,26 @@ static double flops_share(const char *model, int T, int mode)
 
 typedef struct cpu_row {
     size_t peak, act;
-    samples step_ms;
+    samples wall_ms;         /* per step, every round */
+    samples cpu_ms;          /* per step, one value per round */
     fsdp_train_result res;   /* of the last round */
 } cpu_row;
 
-/* One run of `mode`: its figures into row (the previous round's result is
- * freed), its step times appended. */
-static void cpu_run(const char *model, int devices, int batch, int seq, int steps, int mode,
-                    cpu_row *row)
+/* CPU time (user + system) the process has used, every thread included
+ * (rank threads that have exited too), in seconds. */
+static double process_cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
+           (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
+/* One training run of `mode` for `steps` steps into *res; appends its
+ * step times (after the first) to *wall if not NULL. Returns the CPU
+ * seconds it used. */
+static double train_once(const char *model, int devices, int batch, int seq, int steps, int mode,
+                         fsdp_train_result *res, samples *wall)
 {
     fsdp_train_config cfg;
     fsdp_train_config_default(&cfg);
@@ -145,13 +161,34 @@ static void cpu_run(const char *model, int devices, int batch, int seq, int step
     }
     close(fd);
     cfg.log_path = log_path;
-    if (row->res.losses)
-        fsdp_train_result_free(&row->res);
-    fsdp_status st = fsdp_train_run(&cfg, &row->res);
-    read_step_ms(log_path, &row->step_ms);
+    double cpu0 = process_cpu_s();
+    fsdp_status st = fsdp_train_run(&cfg, res);
+    double cpu = process_cpu_s() - cpu0;
+    if (wall)
+        read_step_ms(log_path, wall);
     unlink(log_path);
     if (st != FSDP_STATUS_OK)
         die(mode_name(mode));
+    return cpu;
+}
+
+/* One round of `mode`: a run of `steps` steps (its figures and wall step
+ * times into row; the previous round's result is freed) and one of a
+ * single step; the difference of their CPU times over steps - 1 is the
+ * CPU time of a step after the first, which a loaded machine does not
+ * inflate the way it inflates wall time. */
+static void cpu_round(const char *model, int devices, int batch, int seq, int steps, int mode,
+                      cpu_row *row)
+{
+    if (row->res.losses)
+        fsdp_train_result_free(&row->res);
+    double cpu_long = train_once(model, devices, batch, seq, steps, mode, &row->res,
+                                 &row->wall_ms);
+    fsdp_train_result one;
+    double cpu_short = train_once(model, devices, batch, seq, 1, mode, &one, NULL);
+    fsdp_train_result_free(&one);
+    if (row->cpu_ms.n < MAX_SAMPLES)
+        row->cpu_ms.ms[row->cpu_ms.n++] = 1e3 * (cpu_long - cpu_short) / (steps - 1);
     row->peak = row->act = 0;
     for (int r = 0; r < row->res.n_ranks; r++) {
         const fsdp_rank_stats *s = &row->res.stats[r];
@@ -227,27 +264,33 @@ int main(int argc, char **argv)
     int ok = 1;
     if (!no_cpu) {
         printf("cpu backend: model %s, %d device(s), batch %d x seq %d, fp32, shard full, "
-               "%d round(s) of %d steps (median step time of the last %d of each)\n",
-               model, devices, batch, seq, rounds, steps, steps - 1);
+               "%d round(s) of %d steps\n  (wall: median step time after the first; cpu: "
+               "CPU time of a run of %d steps less a run of 1, per step; medians over rounds)\n",
+               model, devices, batch, seq, rounds, steps, steps);
         static cpu_row rows[FSDP_RECOMPUTE_COUNT];
         for (int r = 0; r < rounds; r++)
             for (int k = 0; k < FSDP_RECOMPUTE_COUNT; k++) {
                 int mode = r % 2 ? FSDP_RECOMPUTE_COUNT - 1 - k : k;
-                cpu_run(model, devices, batch, seq, steps, mode, &rows[mode]);
+                cpu_round(model, devices, batch, seq, steps, mode, &rows[mode]);
                 fprintf(stderr, "  round %d: %s done\n", r + 1, mode_name(mode));
             }
-        printf("  %-12s %11s %11s %10s %9s %12s %s\n", "recompute", "peak", "act", "step ms",
-               "vs none", "+flops", "losses");
-        double ref_ms = median(&rows[0].step_ms);
+        printf("  %-12s %11s %11s %12s %8s %12s %8s %8s %s\n", "recompute", "peak", "act",
+               "wall ms/step", "vs none", "cpu ms/step", "vs none", "+flops", "losses");
+        double ref_wall = median(&rows[0].wall_ms), ref_cpu = median(&rows[0].cpu_ms);
         for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
             bool same = mode == 0 || same_trajectory(&rows[0].res, &rows[mode].res);
             ok &= same;
-            double ms = median(&rows[mode].step_ms);
-            printf("  %-12s %11s %11s %10.0f %8.2fx %11.1f%% %s\n", mode_name(mode),
-                   gib(b1, rows[mode].peak), gib(b2, rows[mode].act), ms,
-                   ref_ms > 0 ? ms / ref_ms : 0.0, 100.0 * flops_share(model, seq, mode),
+            double wall = median(&rows[mode].wall_ms), cpu = median(&rows[mode].cpu_ms);
+            printf("  %-12s %11s %11s %12.0f %7.2fx %12.0f %7.2fx %7.1f%% %s\n",
+                   mode_name(mode), gib(b1, rows[mode].peak), gib(b2, rows[mode].act), wall,
+                   ref_wall > 0 ? wall / ref_wall : 0.0, cpu, ref_cpu > 0 ? cpu / ref_cpu : 0.0,
+                   100.0 * flops_share(model, seq, mode),
                    mode == 0 ? "(reference)" : same ? "bit-identical" : "DIFFER");
         }
+        double load[1];
+        if (getloadavg(load, 1) == 1)
+            printf("  (load average %.1f at the end: wall times stretch with it, CPU times "
+                   "much less)\n", load[0]);
         for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++)
             fsdp_train_result_free(&rows[mode].res);
     }
