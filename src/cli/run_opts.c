@@ -54,6 +54,7 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
     ro->precision = (int)e->compute_dtype;
     ro->offload = e->offload;
     ro->prefetch = e->prefetch;
+    ro->recompute = (int)e->recompute;
     ro->comm = (int)e->comm;
     ro->devices = -1; /* unset: the backend's default */
     e->seq = 0;       /* unset: chosen from the data and model in fsdp_run_opts_finish */
@@ -87,6 +88,9 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                       "where the optimizer's shards live");
     fsdp_opt_add_name(l, "prefetch", &ro->prefetch, &fsdp_prefetch_names,
                       "all-gather the next unit while computing this one");
+    fsdp_opt_add_name(l, "recompute", &ro->recompute, &fsdp_recompute_names,
+                      "activation recompute: what each block keeps from forward to backward "
+                      "(same losses and parameters, bit for bit, in every mode)");
     fsdp_opt_add_name(l, "comm", &ro->comm, &fsdp_comm_kind_names,
                       "collectives' transport (it must serve --backend)");
     fsdp_opt_add_int(l, "ranks-per-device", &e->ranks_per_device, 1, FSDP_MAX_RANKS, "K",
@@ -108,6 +112,7 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     e->compute_dtype = (fsdp_dtype)ro->precision;
     e->offload = ro->offload != 0;
     e->prefetch = ro->prefetch != 0;
+    e->recompute = (fsdp_recompute)ro->recompute;
     e->comm = (fsdp_comm_kind)ro->comm;
     e->n_ranks = ro->devices != -1 ? ro->devices : fsdp_backend_default_devices(e->backend);
     if (fsdp_backend_check(e->backend, e->n_ranks, e->ranks_per_device) != FSDP_STATUS_OK)

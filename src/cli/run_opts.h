@@ -12,7 +12,7 @@
 typedef struct fsdp_run_opts {
     fsdp_train_config cfg;
     /* name-table values, copied into cfg by fsdp_run_opts_finish */
-    int backend, shard, precision, offload, prefetch, comm;
+    int backend, shard, precision, offload, prefetch, recompute, comm;
     const char *optimizer; /* a name in the optimizer registry, or NULL: the default */
     int devices;           /* -1: the backend's default */
 } fsdp_run_opts;

@@ -12,6 +12,11 @@
  * micro-batches whatever N is. Losses and norm partial sums are exchanged
  * through host slots and added in the same tree over a fixed global order.
  *
+ * Activation recompute (cfg.recompute, models/model.h): the model keeps
+ * only part of each block's activations; in backward, right after block
+ * u's gather (which serves both), unit_recompute rebuilds the rest and
+ * unit_backward follows. No extra gather, no extra allocation.
+ *
  * Streams: ops run on the compute stream, collectives on the comm stream,
  * placement copies on the copy stream; each cross-stream dependency is an
  * event. Buffers are freed only after the streams that used them are done.
@@ -27,6 +32,35 @@
 #include "fsdp/place.h"
 
 /* ---- shared state ------------------------------------------------------- */
+
+static const fsdp_name recompute_names[] = {
+    {"none", FSDP_RECOMPUTE_NONE, "keep every block's activations from forward to backward"},
+    {"block", FSDP_RECOMPUTE_BLOCK,
+     "keep only each block's input; rerun the block's forward up to its MLP activation in its "
+     "backward (about a fifth more FLOPs; one block's activations instead of every block's)"},
+    {"elementwise", FSDP_RECOMPUTE_ELEMENTWISE,
+     "keep the matmul and attention outputs; rerun the norms and the activation function "
+     "(GELU/SwiGLU) in backward (little compute, less memory)"},
+};
+const fsdp_name_table fsdp_recompute_names = FSDP_NAME_TABLE(recompute_names);
+
+/* The model implements cfg's recompute mode (main thread, before any
+ * allocation). */
+static fsdp_status recompute_check(const fsdp_engine_config *cfg, const fsdp_model *model)
+{
+    const struct fsdp_model_i *mi = model->iface;
+    if ((int)cfg->recompute < 0 || cfg->recompute >= FSDP_RECOMPUTE_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "unknown recompute mode %d",
+                              (int)cfg->recompute);
+    if (cfg->recompute != FSDP_RECOMPUTE_NONE &&
+        (!mi->state_init_recompute || !mi->unit_recompute))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "--recompute %s: model '%s' does not implement activation "
+                              "recompute; use --recompute none",
+                              fsdp_names_name(&fsdp_recompute_names, (int)cfg->recompute),
+                              model->name);
+    return FSDP_STATUS_OK;
+}
 
 fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_config *cfg,
                                     const fsdp_model *model, const fsdp_data *data, fsdp_world *w)
@@ -44,6 +78,7 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "--seq %d is longer than the model's context (%d)", cfg->seq,
                               model->max_seq_len);
+    FSDP_TRY(recompute_check(cfg, model));
     sh->optim = fsdp_optim_or_default(cfg->optim);
     sh->optim_hp = (fsdp_optim_hparams){.beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
                                         .momentum = cfg->momentum,
@@ -274,8 +309,12 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
      * have always counted it */
     FSDP_CHECK(fsdp_device_alloc(&e->dev, sh->n_local_blocks * sizeof(float), FSDP_MEM_OTHER,
                                  "gradient-norm partial sums", (void **)&e->dev_blocks));
-    FSDP_CHECK(sh->model->iface->state_init(sh->model, &e->ops, cfg->batch, cfg->seq, true,
-                                            &e->state));
+    if (cfg->recompute == FSDP_RECOMPUTE_NONE)
+        FSDP_CHECK(sh->model->iface->state_init(sh->model, &e->ops, cfg->batch, cfg->seq, true,
+                                                &e->state));
+    else
+        FSDP_CHECK(sh->model->iface->state_init_recompute(sh->model, &e->ops, cfg->batch,
+                                                          cfg->seq, cfg->recompute, &e->state));
     e->tokens_host = calloc((size_t)cfg->batch * (size_t)cfg->seq * 2, sizeof(int));
     if (!e->tokens_host) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for token staging");
@@ -401,6 +440,13 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss
         FSDP_TRY(gather_wait(e, u));
         if (cfg->prefetch && u - 1 >= 1)
             FSDP_TRY(gather_issue(e, u - 1));
+        if (cfg->recompute != FSDP_RECOMPUTE_NONE) {
+            /* the gather above serves the re-forward and the backward */
+            fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "recompute", m->units[u].name, 0);
+            FSDP_TRY(mi->unit_recompute(m, &e->ops, e->state, u,
+                                        fsdp_engine_row(e, u)->gathered));
+            fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
+        }
         FSDP_TRY(alloc_grad_full(e, u));
         fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "backward", m->units[u].name, 0);
         FSDP_TRY(mi->unit_backward(m, &e->ops, e->state, u, fsdp_engine_row(e, u)->gathered,

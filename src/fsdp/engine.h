@@ -17,6 +17,7 @@
 #include <stdbool.h>
 
 #include "comm/transport.h"
+#include "core/names.h"
 #include "data/data.h"
 #include "fsdp/shardmap.h"
 
@@ -28,6 +29,8 @@ typedef struct fsdp_engine_config {
     fsdp_shard_strategy shard;
     fsdp_dtype compute_dtype;  /* --precision: gathered params and activations */
     bool prefetch;
+    fsdp_recompute recompute;  /* activations kept per block (models/model.h); the
+                                * others are rebuilt in backward */
     bool offload;              /* optimizer state + master + grad shards in pinned host memory */
     bool deterministic;
     size_t device_mem;         /* per-device cap in bytes, 0 = none */
@@ -41,6 +44,9 @@ typedef struct fsdp_engine_config {
     float clip;                /* global grad-norm clip, 0 = off */
     uint64_t seed;
 } fsdp_engine_config;
+
+/* The --recompute values: none, block, elementwise (fsdp_recompute). */
+extern const fsdp_name_table fsdp_recompute_names;
 
 /* Per-rank figures of one step, published to every rank through the
  * exchange slots. */

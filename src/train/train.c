@@ -453,11 +453,12 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         char b[32];
         fprintf(cfg->out,
                 "fsdp train: model %s (%.2fM params, %d units), %d x %s device(s), shard %s, %s, "
-                "optimizer %s, batch %d x seq %d x accum %d x %d ranks = %d tokens/step, %d "
-                "steps\n",
+                "optimizer %s, recompute %s, batch %d x seq %d x accum %d x %d ranks = %d "
+                "tokens/step, %d steps\n",
                 cfg->model, (double)t->model.numel / 1e6, t->model.n_units, ec->n_ranks,
                 fsdp_backend_name(ec->backend), fsdp_shard_strategy_name(ec->shard),
-                fsdp_dtype_name(ec->compute_dtype), t->sh.optim->name, ec->batch, ec->seq,
+                fsdp_dtype_name(ec->compute_dtype), t->sh.optim->name,
+                fsdp_names_name(&fsdp_recompute_names, (int)ec->recompute), ec->batch, ec->seq,
                 ec->grad_accum,
                 ec->n_ranks, ec->batch * ec->seq * ec->grad_accum * ec->n_ranks, cfg->steps);
         if (ec->device_mem)
