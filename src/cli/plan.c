@@ -44,8 +44,9 @@ static void fit_opts_table(struct fit_opts *o, fsdp_opt_list *l)
     o->host_gbs = (float)m.host_gbs;
     o->top = 10;
     fsdp_opt_add(l, "fit", FSDP_OPT_FLAG, &o->fit, NULL,
-                 "search micro-batch (keeping the global batch), --shard, --offload and "
-                 "--prefetch for the fastest setting that fits --device-mem; a --shard, "
+                 "search micro-batch (keeping the global batch), --shard, --offload, "
+                 "--prefetch and --recompute for the fastest setting that fits --device-mem; a "
+                 "--shard, --recompute, "
                  "--offload or --prefetch given stays fixed. Exit 0 when a setting fits, 1 when "
                  "none does");
     fsdp_opt_add_int(l, "global-batch", &o->global_batch, 1, 1 << 30, "G",
@@ -123,6 +124,10 @@ static int run_fit(fsdp_run_opts *ro, struct fit_opts *o, fsdp_opt_list *l, bool
         req.offload_mask = FSDP_NAME_BIT(c->eng.offload);
     if (fsdp_opt_get(l, "prefetch")->seen)
         req.prefetch_mask = FSDP_NAME_BIT(c->eng.prefetch);
+    if (fsdp_opt_get(l, "recompute")->seen)
+        for (int k = 0; k < fsdp_fit_n_recompute_modes; k++)
+            if (fsdp_fit_recompute_modes[k].value == (int)c->eng.recompute)
+                req.recompute_mask = FSDP_NAME_BIT(k);
     fsdp_fit_result res;
     fsdp_status st = fsdp_fit_search(&req, &res);
     if (st != FSDP_STATUS_OK)
