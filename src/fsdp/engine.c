@@ -325,6 +325,7 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     return FSDP_STATUS_OK;
 fail:
     free(host_tmp);
+    fsdp_engine_note(e, st);
     fsdp_engine_free(e);
     return st;
 }
@@ -334,6 +335,12 @@ void fsdp_engine_free(fsdp_engine *e)
     if (!e)
         return;
     const fsdp_engine_shared *sh = e->sh;
+    /* First, before any wait or free: a rank that failed, or whose world
+     * was aborted, stops its collectives (nccl: ncclCommAbort) and tells
+     * the world at once. A collective kernel still waiting for a peer
+     * would otherwise keep the stream syncs and cudaFree below from ever
+     * returning, and the peers would wait for this rank's teardown. */
+    fsdp_world_rank_stop(sh->world, e->rank, e->status);
     if (e->dev_ready)
         sync_all(e);
     if (e->place)
@@ -500,7 +507,7 @@ static fsdp_status grad_norm(fsdp_engine *e, int parity, float *norm)
     return FSDP_STATUS_OK;
 }
 
-fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res)
+static fsdp_status step_run(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res)
 {
     fsdp_engine_shared *sh = e->sh;
     const fsdp_engine_config *cfg = &sh->cfg;
@@ -580,7 +587,7 @@ static fsdp_status forward_only(fsdp_engine *e, float *loss)
                                      loss);
 }
 
-fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss)
+static fsdp_status forward_batch_run(fsdp_engine *e, uint64_t index, float *loss)
 {
     if (!e->sh->data)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
@@ -592,8 +599,8 @@ fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *los
     return gather_release(e, 0);
 }
 
-fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
-                                float *logits_out, float *loss)
+static fsdp_status forward_run(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
+                               float *logits_out, float *loss)
 {
     fsdp_engine_shared *sh = e->sh;
     const fsdp_engine_config *cfg = &sh->cfg;
@@ -646,7 +653,7 @@ fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, c
     return gather_release(e, 0);
 }
 
-fsdp_status fsdp_engine_gather_unit(fsdp_engine *e, int u, float *host_out)
+static fsdp_status gather_unit_run(fsdp_engine *e, int u, float *host_out)
 {
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     fsdp_shard_row *row = fsdp_engine_row(e, u);
@@ -671,4 +678,27 @@ fsdp_status fsdp_engine_gather_unit(fsdp_engine *e, int u, float *host_out)
         fsdp_device_free(&e->dev, shard);
     fsdp_device_free(&e->dev, full);
     return st;
+}
+
+/* ---- the public calls remember their failure ------------------------------- */
+
+fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res)
+{
+    return fsdp_engine_note(e, step_run(e, step, lr, res));
+}
+
+fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss)
+{
+    return fsdp_engine_note(e, forward_batch_run(e, index, loss));
+}
+
+fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
+                                float *logits_out, float *loss)
+{
+    return fsdp_engine_note(e, forward_run(e, tokens, n_rows, pos, logits_out, loss));
+}
+
+fsdp_status fsdp_engine_gather_unit(fsdp_engine *e, int u, float *host_out)
+{
+    return fsdp_engine_note(e, gather_unit_run(e, u, host_out));
 }
