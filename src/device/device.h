@@ -133,7 +133,11 @@ void fsdp_device_fini(fsdp_device *d);
  * and OK. Accounting counts exactly `bytes`. */
 fsdp_status fsdp_device_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, const char *what,
                               void **out);
-/* Free a pointer from fsdp_device_alloc (NULL is a no-op). */
+/* Free a pointer from fsdp_device_alloc (NULL is a no-op). Stream-ordered:
+ * work already queued on the device's streams may still use p (cpu and
+ * meta run stream work inline; cuda hands the memory out again only after
+ * that work, device/block_cache.h), so no host wait is needed before it.
+ * The accounting drops the bytes at once. */
 void fsdp_device_free(fsdp_device *d, void *p);
 
 /* Pinned host memory, counted in d->host (never against the device cap). */

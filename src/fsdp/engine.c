@@ -19,7 +19,9 @@
  *
  * Streams: ops run on the compute stream, collectives on the comm stream,
  * placement copies on the copy stream; each cross-stream dependency is an
- * event. Buffers are freed only after the streams that used them are done.
+ * event. Frees are stream-ordered (device.h): a buffer goes back while work
+ * queued on the streams may still use it, and the device reuses its memory
+ * only after that work, so the step never waits on the host for a free.
  */
 #include <math.h>
 #include <string.h>
@@ -168,18 +170,17 @@ static fsdp_status gather_wait(fsdp_engine *e, int u)
     return FSDP_STATUS_OK;
 }
 
-/* Free unit u's gathered buffer once the compute stream is done with it. */
+/* Free unit u's gathered buffer. The free is stream-ordered (device.h):
+ * the memory is reused only after the work already queued on the device's
+ * streams (this unit's gather and compute) is done, so the host does not
+ * wait here and the next gather overlaps this unit's compute. */
 static fsdp_status gather_release(fsdp_engine *e, int u)
 {
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     if (row->state == FSDP_UNIT_SHARDED)
         return FSDP_STATUS_OK;
-    if (sharded(e)) {
-        FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_tmp, e->dev.compute));
-        FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tmp));
-        FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_gather[u]));
+    if (sharded(e))
         fsdp_device_free(&e->dev, row->gathered);
-    }
     row->gathered = NULL;
     row->state = FSDP_UNIT_SHARDED;
     return FSDP_STATUS_OK;
@@ -206,9 +207,7 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
         FSDP_TRY(fsdp_comm_all_reduce(&e->comm, row->grad_full, dst, su->padded_numel,
                                       FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
     fsdp_trace_end(e, FSDP_TRACE_COMM);
-    /* the full gradient can go once the collective has read it */
-    FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_tmp, e->dev.comm));
-    FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tmp));
+    /* stream-ordered: reused once the collective queued above has read it */
     fsdp_device_free(&e->dev, row->grad_full);
     row->grad_full = NULL;
     fsdp_accum_push(&e->acc, u, slot, su->shard_numel);
