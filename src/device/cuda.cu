@@ -12,7 +12,9 @@
  * out again once the fence is done, so after the first step the training
  * step never calls cudaMalloc or cudaFree (cudaFree waits for the whole
  * device, and allocation calls while another thread's NCCL kernel waits
- * for peers are a known hang pattern). The device layer still counts
+ * for peers are a known hang pattern); the engine reserves the step's
+ * blocks before the first step (fsdp_device_reserve), so not even the
+ * first one does. The device layer still counts
  * exactly the bytes asked for; what the cache holds beyond that is
  * d->mem.reserved_bytes. Blocks go back to the driver at fini, after the
  * communicator has been stopped.
@@ -264,6 +266,13 @@ static void cuda_free(fsdp_device *d, void *p)
     cuda_note_reserved(d);
 }
 
+static fsdp_status cuda_reserve(fsdp_device *d, size_t bytes, size_t n)
+{
+    fsdp_status st = fsdp_block_cache_reserve(&cuda_dev_of(d)->cache, bytes, n);
+    cuda_note_reserved(d);
+    return st;
+}
+
 extern "C" fsdp_status fsdp_cuda_device_alloc_own(fsdp_device *d, size_t bytes, const char *what,
                                                   void **out)
 {
@@ -495,6 +504,7 @@ static const struct fsdp_device_i cuda_device_i = {
     /* .event_record      = */ cuda_event_record,
     /* .stream_wait_event = */ cuda_stream_wait_event,
     /* .event_sync        = */ cuda_event_sync,
+    /* .reserve           = */ cuda_reserve,
 };
 
 extern "C" const struct fsdp_device_i *fsdp_device_cuda_iface(void) { return &cuda_device_i; }

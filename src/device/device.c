@@ -166,6 +166,15 @@ static struct fsdp_alloc_rec *recs_find(fsdp_device *d, const void *p)
     return NULL;
 }
 
+/* The warm-up ledger's entry for exactly `bytes`, or NULL. */
+static struct fsdp_reservation *resv_find(fsdp_device *d, size_t bytes)
+{
+    for (size_t i = 0; i < d->n_resv; i++)
+        if (d->resv[i].bytes == bytes)
+            return &d->resv[i];
+    return NULL;
+}
+
 static void stats_add(fsdp_mem_stats *s, size_t bytes, fsdp_mem_kind kind)
 {
     s->in_use_bytes += bytes;
@@ -238,6 +247,9 @@ void fsdp_device_fini(fsdp_device *d)
     free(d->recs);
     d->recs = NULL;
     d->n_recs_cap = d->n_recs_used = 0;
+    free(d->resv);
+    d->resv = NULL;
+    d->n_resv = 0;
     if (d->iface->stream_destroy) {
         d->iface->stream_destroy(d, d->compute);
         d->iface->stream_destroy(d, d->comm);
@@ -285,6 +297,15 @@ static fsdp_status do_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, co
         return st;
     }
     stats_add(s, bytes, kind);
+    struct fsdp_reservation *rv = host ? NULL : resv_find(d, bytes);
+    if (rv) {
+        recs_find(d, p)->resv = 1;
+        rv->n_allocs++;
+        if (++rv->live > rv->n)
+            d->n_resv_misses++;
+        if (rv->live > rv->peak_live)
+            rv->peak_live = rv->live;
+    }
     FSDP_DEBUG(FSDP_SUB_ALLOC, "alloc %s %zu bytes (%s) for %s -> in use %zu",
                host ? "host" : "device", bytes, fsdp_mem_kind_name(kind), what, s->in_use_bytes);
     *out = p;
@@ -298,6 +319,8 @@ static void do_free(fsdp_device *d, void *p, int host)
     struct fsdp_alloc_rec *r = recs_find(d, p);
     FSDP_ASSERT(r && r->host == host); /* freeing a pointer this device did not allocate */
     stats_sub(host ? &d->host : &d->mem, r->bytes, (fsdp_mem_kind)r->kind);
+    if (r->resv)
+        resv_find(d, r->bytes)->live--;
     r->used = 2;
     if (host)
         d->iface->host_free(d, p);
@@ -312,6 +335,31 @@ fsdp_status fsdp_device_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, 
 }
 
 void fsdp_device_free(fsdp_device *d, void *p) { do_free(d, p, 0); }
+
+fsdp_status fsdp_device_reserve(fsdp_device *d, size_t bytes, size_t n)
+{
+    if (!bytes || !n)
+        return FSDP_STATUS_OK;
+    struct fsdp_reservation *r = resv_find(d, bytes);
+    if (!r) {
+        struct fsdp_reservation *nr = realloc(d->resv, (d->n_resv + 1) * sizeof *nr);
+        if (!nr)
+            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the warm-up ledger");
+        d->resv = nr;
+        r = &d->resv[d->n_resv++];
+        *r = (struct fsdp_reservation){.bytes = bytes};
+    }
+    r->n += n;
+    if (!d->iface->reserve)
+        return FSDP_STATUS_OK;
+    fsdp_status st = d->iface->reserve(d, bytes, n);
+    if (st != FSDP_STATUS_OK) {
+        char b[32];
+        fsdp_error_prefix("device %d: reserving %zu blocks of %s", d->rank, n,
+                          fsdp_fmt_bytes(b, sizeof b, (double)bytes));
+    }
+    return st;
+}
 
 fsdp_status fsdp_device_host_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind,
                                    const char *what, void **out)

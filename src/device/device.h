@@ -86,6 +86,10 @@ struct fsdp_device_i {
     fsdp_status (*event_record)(fsdp_device *d, fsdp_event_t e, fsdp_stream_t s);
     fsdp_status (*stream_wait_event)(fsdp_device *d, fsdp_stream_t s, fsdp_event_t e);
     fsdp_status (*event_sync)(fsdp_device *d, fsdp_event_t e);
+    /* Make ready n blocks for later allocations of `bytes` without
+     * counting them (optional: NULL = nothing to prepare; cuda: its block
+     * cache). */
+    fsdp_status (*reserve)(fsdp_device *d, size_t bytes, size_t n);
 };
 
 /* One live allocation (open-addressed table keyed by pointer). */
@@ -95,6 +99,14 @@ struct fsdp_alloc_rec {
     unsigned char kind;  /* fsdp_mem_kind */
     unsigned char host;  /* 1: pinned host allocation */
     unsigned char used;  /* 0 empty, 1 live, 2 tombstone */
+    unsigned char resv;  /* counted in the warm-up ledger's live count of its size */
+};
+
+/* The warm-up ledger: a size given to fsdp_device_reserve, how many were
+ * reserved, how many allocations of exactly that size (made since the
+ * first reservation) are live, were live at most, and were made. */
+struct fsdp_reservation {
+    size_t bytes, n, live, peak_live, n_allocs;
 };
 
 struct fsdp_device {
@@ -112,6 +124,11 @@ struct fsdp_device {
     size_t n_recs_cap;   /* table size (power of two) */
     size_t n_recs_used;  /* live + tombstones */
     uintptr_t meta_next; /* next fake address handed out by meta */
+
+    struct fsdp_reservation *resv; /* the warm-up ledger (fsdp_device_reserve) */
+    size_t n_resv;
+    size_t n_resv_misses; /* allocations of a reserved size made while as many of
+                           * it as were reserved were live already */
 
     fsdp_stream_t compute, comm, copy; /* created by fsdp_device_init */
 
@@ -139,6 +156,18 @@ fsdp_status fsdp_device_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, 
  * that work, device/block_cache.h), so no host wait is needed before it.
  * The accounting drops the bytes at once. */
 void fsdp_device_free(fsdp_device *d, void *p);
+
+/* Warm-up: prepare the backend to serve n allocations of `bytes` live at
+ * once without asking its driver (cuda: n blocks added to the block cache,
+ * shown in mem.reserved_bytes; cpu and meta: nothing). Counts nothing: in
+ * use bytes, peaks and allocation counts stay as they were on every
+ * backend. Every backend keeps a ledger of it: d->n_resv_misses counts the
+ * later allocations of exactly a reserved size made while n of that size
+ * (allocated after the reservation) were live, so a cpu or meta run shows
+ * whether a reservation covers what a cuda run would hold. Calls add up.
+ * OOM with a message when the GPU has no room (what was reserved before
+ * stays: the allocations themselves will then ask the driver). */
+fsdp_status fsdp_device_reserve(fsdp_device *d, size_t bytes, size_t n);
 
 /* Pinned host memory, counted in d->host (never against the device cap). */
 fsdp_status fsdp_device_host_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind,

@@ -319,7 +319,11 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for token staging");
         goto fail;
     }
+    FSDP_CHECK(fsdp_engine_warm_up(e));
     FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
+    /* every rank is done allocating before any rank's first collective */
+    if (sh->world)
+        FSDP_CHECK(fsdp_world_barrier(sh->world));
     *out = e;
     return FSDP_STATUS_OK;
 fail:

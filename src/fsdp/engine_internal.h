@@ -51,6 +51,10 @@ static inline fsdp_shard_row *fsdp_engine_row(fsdp_engine *e, int u)
     return &e->sh->sm.units[u].rows[e->rank];
 }
 
+/* Reserve, before the first step, the device buffers the step allocates
+ * and frees again, as many of each size as it holds at once (warm.c). */
+fsdp_status fsdp_engine_warm_up(fsdp_engine *e);
+
 /* Keep st as the engine's failure if it is the first one, and return it:
  * fsdp_engine_free stops the rank's collectives with it before anything
  * waits or frees (core/world.h). Every public call of the engine that can

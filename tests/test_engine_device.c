@@ -1,12 +1,19 @@
 /*
- * test_engine_stop.c - the engine's teardown after a failure, on the cpu
- * backend with the fault hook: fsdp_engine_free stops the rank (its stop
- * hook, core/world.h) before it frees anything, with the failure of init
- * or of the step, and the world hears of the failure then, not after the
- * teardown. On a GPU the stop is ncclCommAbort, and a free before it would
- * wait for a collective kernel that waits for the failed rank
- * (test_cuda_comm.c has the GPU side). Its own suite: test_engine.c holds
- * the numerics.
+ * test_engine_device.c - what the engine promises the device layer, checked
+ * on the cpu and meta backends (test_engine.c holds the numerics):
+ *
+ * - teardown after a failure, with the fault hook: fsdp_engine_free stops
+ *   the rank (its stop hook, core/world.h) before it frees anything, with
+ *   the failure of init or of the step, and the world hears of the failure
+ *   then, not after the teardown. On a GPU the stop is ncclCommAbort, and a
+ *   free before it would wait for a collective kernel that waits for the
+ *   failed rank (test_cuda_comm.c has the GPU side);
+ * - the warm-up: init reserves (fsdp_device_reserve) every buffer the step
+ *   allocates, as many of each size as the step holds at once, for every
+ *   strategy, prefetch, placement and accumulation depth, so a cuda run
+ *   never asks the driver for memory in a step (the device's warm-up
+ *   ledger counts the same on every backend; test_cuda.c checks the block
+ *   cache itself on a GPU).
  */
 #include <check.h>
 #include <stdint.h>
@@ -19,6 +26,7 @@
 #include "models/registry.h"
 
 #define N_RANKS 2
+#define MAX_RANKS 4
 
 /* What one rank saw. */
 struct probe {
@@ -172,13 +180,130 @@ START_TEST(test_init_failure_stops_before_any_free)
 }
 END_TEST
 
+/* ---- the warm-up covers the step --------------------------------------------- */
+
+struct warm_probe {
+    size_t n_resv, misses, step_allocs, resv_allocs;
+    size_t slack;              /* reserved beyond the most ever live, all sizes */
+    fsdp_status st;
+};
+
+struct warm_run {
+    fsdp_engine_shared *sh;
+    struct warm_probe p[MAX_RANKS];
+};
+
+static size_t ledger_allocs(const fsdp_device *d)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < d->n_resv; i++)
+        n += d->resv[i].n_allocs;
+    return n;
+}
+
+/* init, then three steps: the allocations the steps made, those of them
+ * the ledger saw, and what it saw at most at once. */
+static fsdp_status warm_rank(fsdp_world *w, int rank, void *arg)
+{
+    (void)w;
+    struct warm_run *run = arg;
+    struct warm_probe *p = &run->p[rank];
+    memset(p, 0, sizeof *p);
+    fsdp_engine *e = NULL;
+    p->st = fsdp_engine_init(&e, run->sh, rank);
+    if (p->st != FSDP_STATUS_OK)
+        return p->st;
+    const fsdp_device *d = fsdp_engine_device(e);
+    size_t a0 = d->mem.n_allocs, r0 = ledger_allocs(d);
+    fsdp_step_result res;
+    for (int s = 0; s < 3 && p->st == FSDP_STATUS_OK; s++)
+        p->st = fsdp_engine_step(e, (uint64_t)s, 1e-3f, &res);
+    p->n_resv = d->n_resv;
+    p->misses = d->n_resv_misses;
+    p->step_allocs = d->mem.n_allocs - a0;
+    p->resv_allocs = ledger_allocs(d) - r0;
+    for (size_t i = 0; i < d->n_resv; i++)
+        p->slack += d->resv[i].n - d->resv[i].peak_live;
+    fsdp_engine_free(e);
+    return p->st;
+}
+
+/* Every allocation a step makes has a reserved size, no size is ever live
+ * more often than reserved, and nothing is reserved that is never used
+ * but the one gradient buffer that prefetch adds (tiny's blocks are of one
+ * size): strategies x prefetch x placement x micro-steps x precision x
+ * ranks on meta, and a corner of it on cpu (the same counts: the planner
+ * is byte-exact against cpu). */
+START_TEST(test_warm_up_covers_the_step)
+{
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
+    fsdp_data *data = NULL;
+    ck_assert_int_eq(fsdp_data_open(&data, "synthetic", m.vocab_size, 7), FSDP_STATUS_OK);
+    const fsdp_shard_strategy shards[] = {FSDP_SHARD_FULL, FSDP_SHARD_GRAD_OP, FSDP_SHARD_NONE};
+    int n_runs = 0;
+    for (int b = 0; b < 2; b++)
+    for (int si = 0; si < 3; si++)
+    for (int prefetch = 0; prefetch < 2; prefetch++)
+    for (int offload = 0; offload < 2; offload++)
+    for (int A = 1; A <= 5; A++)
+    for (int prec = 0; prec < 2; prec++)
+    for (int N = 1; N <= 3; N += 2) {
+        fsdp_backend backend = b ? FSDP_BACKEND_CPU : FSDP_BACKEND_META;
+        if (backend == FSDP_BACKEND_CPU && (prec || A == 2 || A > 3 || (N == 1 && si)))
+            continue;
+        fsdp_world *w = NULL;
+        ck_assert_int_eq(fsdp_world_init(&w, N), FSDP_STATUS_OK);
+        fsdp_engine_config c = {.backend = backend, .n_ranks = N, .shard = shards[si],
+                                .compute_dtype = prec ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32,
+                                .prefetch = prefetch, .offload = offload, .batch = 2,
+                                .seq = 16, .grad_accum = A, .beta1 = 0.9f, .beta2 = 0.95f,
+                                .eps = 1e-8f, .clip = 1.0f, .seed = 1};
+        fsdp_engine_shared sh;
+        ck_assert_int_eq(fsdp_engine_shared_init(&sh, &c, &m, data, w), FSDP_STATUS_OK);
+        struct warm_run run = {.sh = &sh};
+        ck_assert_msg(fsdp_world_launch(w, warm_rank, &run) == FSDP_STATUS_OK, "%s",
+                      fsdp_error_msg());
+        for (int r = 0; r < N; r++) {
+            const struct warm_probe *p = &run.p[r];
+            char what[160];
+            snprintf(what, sizeof what,
+                     "%s, %d ranks, shard %d, prefetch %d, offload %d, A %d, %s, rank %d",
+                     fsdp_backend_name(backend), N, (int)shards[si], prefetch, offload, A,
+                     fsdp_dtype_name(c.compute_dtype), r);
+            ck_assert_msg(p->n_resv > 0, "%s: nothing reserved", what);
+            ck_assert_msg(p->step_allocs > 0, "%s: the steps allocated nothing", what);
+            ck_assert_msg(p->resv_allocs == p->step_allocs,
+                          "%s: %zu of the steps' %zu allocations have a size not reserved", what,
+                          p->step_allocs - p->resv_allocs, p->step_allocs);
+            ck_assert_msg(p->misses == 0,
+                          "%s: %zu allocations found every reserved buffer of their size live",
+                          what, p->misses);
+            ck_assert_msg(p->slack == (size_t)prefetch,
+                          "%s: %zu reserved buffers were never used (want %d)", what, p->slack,
+                          prefetch);
+        }
+        fsdp_engine_shared_free(&sh);
+        fsdp_world_free(w);
+        n_runs++;
+    }
+    ck_assert_int_gt(n_runs, 150);
+    fsdp_data_close(data);
+    fsdp_model_free(&m);
+}
+END_TEST
+
 int main(void)
 {
-    Suite *s = suite_create("engine_stop");
+    Suite *s = suite_create("engine_device");
     TCase *tc = tcase_create("teardown");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_step_failure_stops_before_any_free);
     tcase_add_test(tc, test_init_failure_stops_before_any_free);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("warm_up");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_warm_up_covers_the_step);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
