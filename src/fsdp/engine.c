@@ -284,6 +284,7 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
         FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_gather[u]));
     FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tmp));
     FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tmp2));
+    FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tokens));
 
     size_t max_shard = 0;
     for (int u = 0; u < U; u++)
@@ -314,11 +315,11 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     else
         FSDP_CHECK(sh->model->iface->state_init_recompute(sh->model, &e->ops, cfg->batch,
                                                           cfg->seq, cfg->recompute, &e->state));
-    e->tokens_host = calloc((size_t)cfg->batch * (size_t)cfg->seq * 2, sizeof(int));
-    if (!e->tokens_host) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for token staging");
-        goto fail;
-    }
+    /* pinned, so that the copies to the device are asynchronous */
+    size_t n_tokens = (size_t)cfg->batch * (size_t)cfg->seq;
+    FSDP_CHECK(fsdp_device_host_alloc(&e->dev, 2 * n_tokens * sizeof(int), FSDP_MEM_ACT,
+                                      "token staging (inputs and targets)",
+                                      (void **)&e->tokens_host));
     FSDP_CHECK(fsdp_engine_warm_up(e));
     FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
     /* every rank is done allocating before any rank's first collective */
@@ -358,6 +359,7 @@ void fsdp_engine_free(fsdp_engine *e)
         }
         fsdp_device_event_destroy(&e->dev, e->ev_tmp);
         fsdp_device_event_destroy(&e->dev, e->ev_tmp2);
+        fsdp_device_event_destroy(&e->dev, e->ev_tokens);
     }
     if (e->ops_ready)
         fsdp_ops_fini(&e->ops);
@@ -370,7 +372,6 @@ void fsdp_engine_free(fsdp_engine *e)
     free(e->host_losses);
     free(e->loss_order);
     free(e->norm_scratch);
-    free(e->tokens_host);
     free(e);
 }
 
@@ -387,13 +388,15 @@ static fsdp_status load_batch(fsdp_engine *e, uint64_t index)
     if (!fsdp_device_computes(&e->dev) || !e->sh->data)
         return FSDP_STATUS_OK;
     int *in = e->tokens_host, *tg = e->tokens_host + n;
+    /* the previous copies out of the staging buffer are done (they were
+     * queued before the previous micro-step's work, so this rarely waits) */
+    FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tokens));
     FSDP_TRY(fsdp_data_batch(e->sh->data, index, cfg->batch, cfg->seq, in, tg));
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_tokens(e->state), in, n * sizeof(int),
                                 e->dev.compute));
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_targets(e->state), tg, n * sizeof(int),
                                 e->dev.compute));
-    /* the staging buffer is reused next micro-step */
-    return fsdp_device_stream_sync(&e->dev, e->dev.compute);
+    return fsdp_device_event_record(&e->dev, e->ev_tokens, e->dev.compute);
 }
 
 static fsdp_status alloc_grad_full(fsdp_engine *e, int u)
@@ -614,16 +617,18 @@ static fsdp_status forward_run(fsdp_engine *e, const int *tokens, int n_rows, co
     if (n_rows > cfg->batch)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "forward of %d rows > batch %d", n_rows,
                               cfg->batch);
-    int *in = e->tokens_host, *tg = e->tokens_host + n;
-    memset(in, 0, n * sizeof(int));
-    memcpy(in, tokens, (size_t)n_rows * (size_t)T * sizeof(int));
-    for (size_t i = 0; i < n; i++)
-        tg[i] = in[i]; /* targets are unused by the forward; keep them valid */
-    if (fsdp_device_computes(&e->dev)) {
+    if (fsdp_device_computes(&e->dev)) { /* meta's staging is not backed */
+        int *in = e->tokens_host, *tg = e->tokens_host + n;
+        FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tokens)); /* as in load_batch */
+        memset(in, 0, n * sizeof(int));
+        memcpy(in, tokens, (size_t)n_rows * (size_t)T * sizeof(int));
+        for (size_t i = 0; i < n; i++)
+            tg[i] = in[i]; /* targets are unused by the forward; keep them valid */
         FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_tokens(e->state), in, n * sizeof(int),
                                     e->dev.compute));
         FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_targets(e->state), tg, n * sizeof(int),
                                     e->dev.compute));
+        FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_tokens, e->dev.compute));
     }
     float l = 0.0f;
     FSDP_TRY(forward_only(e, &l));
