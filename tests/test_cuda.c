@@ -28,6 +28,7 @@
 #include "fsdp/engine.h"
 #include "models/registry.h"
 #include "ops/ops.h"
+#include "train/fit.h"
 
 /* ---- the block cache with a fake driver ------------------------------------ */
 
@@ -329,9 +330,24 @@ END_TEST
 /* ---- the cuda device ------------------------------------------------------- */
 
 /* Without a GPU (or without CUDA) the cuda backend fails cleanly, with a
- * message; with a GPU it initialises. */
+ * message, and so does the query of its memory (simulated devices have no
+ * size: 0); with a GPU it initialises. */
 START_TEST(test_cuda_init_or_clean_error)
 {
+    size_t total = 1, free_bytes = 1;
+    ck_assert_int_eq(fsdp_backend_device_total(FSDP_BACKEND_CPU, 4, &total), FSDP_STATUS_OK);
+    ck_assert_uint_eq(total, 0);
+    ck_assert_int_eq(fsdp_backend_device_total(FSDP_BACKEND_META, 4, &total), FSDP_STATUS_OK);
+    ck_assert_uint_eq(total, 0);
+    if (fsdp_cuda_device_count() == 0) {
+        ck_assert_int_eq(fsdp_backend_device_total(FSDP_BACKEND_CUDA, 1, &total),
+                         FSDP_STATUS_UNSUPPORTED);
+        ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "no cuda device is visible"));
+        ck_assert_int_eq(fsdp_cuda_device_memory(0, &total, &free_bytes), FSDP_STATUS_UNSUPPORTED);
+        ck_assert_uint_eq(total, 0);
+        ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), built_with_cuda ? "0 GPU(s) are visible"
+                                                                       : "CUDA=0"));
+    }
     fsdp_device d;
     fsdp_status st = fsdp_device_init(&d, FSDP_BACKEND_CUDA, NULL, 0, 0, 0);
     if (!built_with_cuda) {
@@ -477,6 +493,40 @@ START_TEST(test_cuda_alloc_cached_and_counted_exactly)
     ck_assert_uint_eq(g.mem.reserved_bytes, cache->held_bytes);
     fsdp_device_fini(&g);
     fsdp_device_fini(&c);
+}
+END_TEST
+
+/* The GPU's memory as the device layer reports it, and `fsdp train`'s fit
+ * check against it: a run the plan says needs more than the GPU has is
+ * refused before anything is allocated, naming the GPU's memory. */
+START_TEST(test_cuda_memory_and_fit_check)
+{
+    NEED_GPU("test_cuda_memory_and_fit_check");
+    size_t total = 0, free_bytes = 0, least = 0;
+    ck_assert_msg(fsdp_cuda_device_memory(0, &total, &free_bytes) == FSDP_STATUS_OK, "%s",
+                  fsdp_error_msg());
+    ck_assert_uint_gt(total, (size_t)1 << 30);
+    ck_assert_uint_le(free_bytes, total);
+    int n = fsdp_cuda_device_count();
+    ck_assert_int_eq(fsdp_cuda_device_memory(n, &total, &free_bytes), FSDP_STATUS_UNSUPPORTED);
+    ck_assert_int_eq(fsdp_backend_device_total(FSDP_BACKEND_CUDA, 64, &least), FSDP_STATUS_OK);
+    ck_assert_uint_gt(least, (size_t)1 << 30);
+    fsdp_train_config c;
+    fsdp_train_config_default(&c);
+    c.model = "gpt2-xl";
+    c.eng.backend = FSDP_BACKEND_CUDA;
+    c.eng.n_ranks = 1;
+    c.eng.batch = 64; /* about 650 GiB: beyond any GPU's memory */
+    c.eng.seq = 1024;
+    c.out = NULL;
+    ck_assert_int_eq(fsdp_fit_check_train(&c, least), FSDP_STATUS_OOM);
+    ck_assert_msg(strstr(fsdp_error_msg(), "the GPU's memory") &&
+                      strstr(fsdp_error_msg(), "does not fit"),
+                  "%s", fsdp_error_msg());
+    c.eng.batch = 1;
+    c.eng.seq = 64;
+    c.model = "tiny";
+    ck_assert_msg(fsdp_fit_check_train(&c, least) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
 }
 END_TEST
 
@@ -659,6 +709,7 @@ static Suite *cuda_suite(void)
     tcase_add_test(tc, test_cuda_alloc_cached_and_counted_exactly);
     tcase_add_test(tc, test_cuda_alloc_waits_for_last_user);
     tcase_add_test(tc, test_cuda_engine_steps_never_ask_the_driver);
+    tcase_add_test(tc, test_cuda_memory_and_fit_check);
     tcase_add_test(tc, test_cuda_copies_pageable_and_pinned);
     suite_add_tcase(s, tc);
     return s;

@@ -509,6 +509,27 @@ static const struct fsdp_device_i cuda_device_i = {
 
 extern "C" const struct fsdp_device_i *fsdp_device_cuda_iface(void) { return &cuda_device_i; }
 
+extern "C" fsdp_status fsdp_cuda_device_memory(int ordinal, size_t *total_bytes,
+                                               size_t *free_bytes)
+{
+    *total_bytes = *free_bytes = 0;
+    int n = fsdp_cuda_device_count();
+    if (ordinal < 0 || ordinal >= n)
+        return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
+                              "the memory of GPU %d: %d GPU(s) are visible", ordinal, n);
+    int prev = 0;
+    CUDA_TRY(cudaGetDevice(&prev));
+    CUDA_TRY(cudaSetDevice(ordinal));
+    cudaError_t rc = cudaMemGetInfo(free_bytes, total_bytes);
+    cudaSetDevice(prev);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        return fsdp_error_set(FSDP_STATUS_CUDA, "GPU %d: cudaMemGetInfo failed: %s", ordinal,
+                              cudaGetErrorString(rc));
+    }
+    return FSDP_STATUS_OK;
+}
+
 extern "C" int fsdp_cuda_device_count(void)
 {
     int n = 0;

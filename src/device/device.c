@@ -31,10 +31,13 @@ static const struct backend {
     const struct fsdp_device_i *(*iface)(void); /* NULL result: not built in */
     int (*n_devices)(void);                     /* NULL: simulated, FSDP_MAX_RANKS */
     int default_devices;                        /* 0: every device it offers */
+    /* one device's total and free bytes; NULL: simulated, no size of its own */
+    fsdp_status (*memory)(int ordinal, size_t *total_bytes, size_t *free_bytes);
 } backends[FSDP_BACKEND_COUNT] = {
-    [FSDP_BACKEND_CPU] = {cpu_iface, NULL, 4},
-    [FSDP_BACKEND_CUDA] = {fsdp_device_cuda_iface, fsdp_cuda_device_count, 0},
-    [FSDP_BACKEND_META] = {meta_iface, NULL, 4},
+    [FSDP_BACKEND_CPU] = {cpu_iface, NULL, 4, NULL},
+    [FSDP_BACKEND_CUDA] = {fsdp_device_cuda_iface, fsdp_cuda_device_count, 0,
+                           fsdp_cuda_device_memory},
+    [FSDP_BACKEND_META] = {meta_iface, NULL, 4, NULL},
 };
 
 const char *fsdp_backend_name(fsdp_backend b)
@@ -86,6 +89,31 @@ fsdp_status fsdp_backend_check(fsdp_backend b, int n_ranks, int ranks_per_device
                               "--devices %d but only %d %s device(s) x %d rank(s) per device are "
                               "available",
                               n_ranks, n_dev, name, ranks_per_device);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_backend_device_total(fsdp_backend b, int n_devices, size_t *total_bytes)
+{
+    *total_bytes = 0;
+    if ((unsigned)b >= FSDP_BACKEND_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "backend %d is not one of this build's",
+                              (int)b);
+    if (!backends[b].memory)
+        return FSDP_STATUS_OK;
+    int n = fsdp_backend_n_devices(b);
+    if (n_devices < n)
+        n = n_devices;
+    if (n < 1)
+        return fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "--backend %s: no %s device is visible",
+                              fsdp_backend_name(b), fsdp_backend_name(b));
+    size_t least = SIZE_MAX;
+    for (int i = 0; i < n; i++) {
+        size_t total = 0, free_bytes = 0;
+        FSDP_TRY(backends[b].memory(i, &total, &free_bytes));
+        if (total < least)
+            least = total;
+    }
+    *total_bytes = least;
     return FSDP_STATUS_OK;
 }
 

@@ -218,13 +218,25 @@ int fsdp_backend_default_devices(fsdp_backend b);
  * fsdp_transport_pick's question (comm/transport.h). */
 fsdp_status fsdp_backend_check(fsdp_backend b, int n_ranks, int ranks_per_device);
 
+/* The memory of the devices a run on `b` uses, devices 0 .. n_devices-1
+ * (those visible, if fewer): *total_bytes the smallest one's size. cuda:
+ * each GPU's total from cudaMemGetInfo (which creates the GPU's primary
+ * context, shared later by the rank threads; the calling thread's current
+ * device is kept). cpu and meta: OK with 0, as simulated devices have no
+ * size of their own (--device-mem caps them). UNSUPPORTED when the backend
+ * has no device here, CUDA with the driver's message. Call it before the
+ * ranks start (it is for the checks that run first, not the step). */
+fsdp_status fsdp_backend_device_total(fsdp_backend b, int n_devices, size_t *total_bytes);
+
 /* Backend function tables. cuda's is NULL when built without CUDA;
- * fsdp_cuda_device_count() returns 0 then, or when no GPU is visible
+ * fsdp_cuda_device_count() returns 0 then, or when no GPU is visible, and
+ * fsdp_cuda_device_memory (one GPU's total and free bytes) UNSUPPORTED
  * (device/cuda.cu, or device/cuda_device_stub.c in a build without CUDA). */
 extern const struct fsdp_device_i fsdp_device_cpu_i;
 extern const struct fsdp_device_i fsdp_device_meta_i;
 const struct fsdp_device_i *fsdp_device_cuda_iface(void);
 int fsdp_cuda_device_count(void);
+fsdp_status fsdp_cuda_device_memory(int ordinal, size_t *total_bytes, size_t *free_bytes);
 
 /* True when the backend computes (cpu, cuda), false for meta. */
 static inline bool fsdp_device_computes(const fsdp_device *d)
