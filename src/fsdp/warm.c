@@ -26,6 +26,17 @@
  * against the real step through the device's warm-up ledger, for every
  * strategy, prefetch, placement and accumulation depth.
  *
+ * What it costs on a GPU: the planner's peak (mem.peak_bytes) is the bytes
+ * the engine asks for, exact as on cpu and meta, reservation or not. What
+ * the device holds beyond them is mem.reserved_bytes: at the peak, the
+ * size classes' rounding of the live blocks (under 512 B each up to 1 MiB,
+ * 128 KiB up to 32 MiB, 2 MiB above), the reserved blocks of a size whose
+ * most-live moment is not the peak's, the prefetch's extra full gradient
+ * of each block size, and the backend's own buffers (cuBLAS workspace, op
+ * scratch, peer staging). fsdp plan --fit's cuda overhead estimates the
+ * rounding, the workspace and the scratch; the extra full gradient (one
+ * block's padded numel x 4 bytes) is the part it does not count yet.
+ *
  * Placements: one that lends its gradient shard to the accumulation
  * counter (fsdp_accum_adopt; device) keeps the counter's other buffers for
  * good; one that lends none (host) releases them once each unit's last
