@@ -17,6 +17,7 @@ static const struct {
     [FSDP_ENV_LOG] = {"FSDP_LOG", "warn"},
     [FSDP_ENV_LOG_SUBSYS] = {"FSDP_LOG_SUBSYS", "all"},
     [FSDP_ENV_CPU_THREADS] = {"FSDP_CPU_THREADS", "0"},
+    [FSDP_ENV_FAULT] = {"FSDP_FAULT", ""},
 };
 
 static const char *env_values[FSDP_ENV_COUNT];

@@ -41,6 +41,7 @@ typedef enum fsdp_env_key {
     FSDP_ENV_LOG = 0,        /* FSDP_LOG */
     FSDP_ENV_LOG_SUBSYS,     /* FSDP_LOG_SUBSYS */
     FSDP_ENV_CPU_THREADS,    /* FSDP_CPU_THREADS: CPU optimizer worker threads */
+    FSDP_ENV_FAULT,          /* FSDP_FAULT=RANK:OP:K: testing only, core/world.h */
     FSDP_ENV_COUNT
 } fsdp_env_key;
 

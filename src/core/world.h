@@ -25,14 +25,29 @@
 #include <stdbool.h>
 
 #include "core/error.h"
+#include "core/names.h"
 
 /* Test hook: make the k-th operation of a kind on one rank fail (SQLite-style
- * fault injection). Counted per rank, 1-based; k = 0 disables. */
+ * fault injection). Counted per rank, 1-based; k = 0 disables. Armed by
+ * fsdp_world_set_fault, or for every world of a process by the environment
+ * (testing only; the commands' tests use it):
+ *
+ *     FSDP_FAULT=RANK:OP:K     OP: alloc | collective | write
+ *
+ * e.g. FSDP_FAULT=1:collective:7 fails the 7th collective of rank 1. When a
+ * world armed that way is freed without the fault having fired, a warning
+ * says how many operations of that kind the rank made (so a test can count
+ * them with a K larger than any run). */
 typedef enum fsdp_fault_kind {
-    FSDP_FAULT_ALLOC = 0,     /* device/host allocations (cpu and meta backends) */
-    FSDP_FAULT_COLLECTIVE,    /* host collectives */
+    FSDP_FAULT_ALLOC = 0,     /* device and pinned host allocations (device.c, every backend) */
+    FSDP_FAULT_COLLECTIVE,    /* collectives, barriers included (host, peer, nccl) */
+    FSDP_FAULT_WRITE,         /* a run's file writes: each metrics record, each checkpoint
+                               * block of a rank file, a checkpoint's manifest and its commit */
     FSDP_FAULT_KIND_COUNT
 } fsdp_fault_kind;
+
+/* The OP names of FSDP_FAULT: alloc, collective, write. */
+extern const fsdp_name_table fsdp_fault_kind_names;
 
 typedef struct fsdp_world fsdp_world;
 
@@ -62,6 +77,9 @@ struct fsdp_world {
         long k;
         atomic_long count;         /* operations of this kind seen on `rank` */
     } fault[FSDP_FAULT_KIND_COUNT];
+    int fault_env;                 /* kind armed from FSDP_FAULT, or -1 */
+    unsigned barrier_or;           /* fsdp_world_barrier_or: OR of this round so far */
+    unsigned barrier_result;       /* ... and of the round that completed last */
 
     struct fsdp_rank_stop {
         fsdp_rank_stop_fn fn;      /* NULL: none; written and read by the rank's thread only */
@@ -72,13 +90,17 @@ struct fsdp_world {
     void *rdv_shared;              /* cuda collectives' rendezvous (comm/rdv.c) */
 };
 
+/* A world of n_ranks ranks (1..FSDP_MAX_RANKS); the fault hook is armed
+ * from FSDP_FAULT when it is set (INVALID_ARG for a malformed value or a
+ * rank outside the world). */
 fsdp_status fsdp_world_init(fsdp_world **out, int n_ranks);
+/* Free w (NULL is fine); warns about an FSDP_FAULT that never fired. */
 void fsdp_world_free(fsdp_world *w);
 
 /* Run fn(w, r, arg) on N new threads, r = 0..N-1, and join them. Returns OK,
  * or the first error a rank reported (never ABORTED unless every failure
- * was an abort); its message, prefixed with the rank, becomes the calling
- * thread's fsdp_error_msg(). The world can be launched again afterwards
+ * was an abort); its message, prefixed with "rank R: " unless it already
+ * starts so, becomes the calling thread's fsdp_error_msg(). The world can be launched again afterwards
  * (the abort flag and first error are reset at the start of each launch). */
 fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg);
 
@@ -111,6 +133,15 @@ bool fsdp_world_rank_stop(fsdp_world *w, int rank, fsdp_status st);
 /* Wait until all ranks arrive. Returns ABORTED (with a message) if the world
  * is aborted before or while waiting. */
 fsdp_status fsdp_world_barrier(fsdp_world *w);
+
+/* A barrier that also agrees on a value: each rank brings `mine`, and every
+ * rank gets the bitwise OR of all of them in *all. This is how the ranks
+ * take one decision from state only some of them see (a stop request, a
+ * failed write on rank 0): whatever each rank samples, all of them act on
+ * the same bits. ABORTED as fsdp_world_barrier (then *all is 0). Every
+ * rank must call the same barrier at the same point; fsdp_world_barrier
+ * counts as bringing 0. */
+fsdp_status fsdp_world_barrier_or(fsdp_world *w, unsigned mine, unsigned *all);
 
 /* Block on the world's condition variable until woken or ~10 ms pass; the
  * caller holds w->mu and re-checks its predicate and the abort flag. */
