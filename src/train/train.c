@@ -337,15 +337,26 @@ static fsdp_status ckpt_save(struct trainer *t, fsdp_engine *e, int rank, int do
     return FSDP_STATUS_OK;
 }
 
+/* v as %g, but NaN as "NaN" whatever its sign bit. */
+static const char *fmt_num(char *buf, size_t n, float v)
+{
+    if (isnan(v))
+        snprintf(buf, n, "NaN");
+    else
+        snprintf(buf, n, "%g", (double)v);
+    return buf;
+}
+
 /* Rank 0: the error of a step whose loss or norm is not finite. */
 static void nonfinite_error(struct trainer *t, int step, const fsdp_step_result *r)
 {
-    char msg[FSDP_ERROR_MSG_MAX];
+    char msg[FSDP_ERROR_MSG_MAX], l[32], g[32];
     snprintf(msg, sizeof msg,
-             "step %d: the loss is %g and the gradient norm %g (lr %.3g): training diverged "
+             "step %d: the loss is %s and the gradient norm %s (lr %.3g): training diverged "
              "or the data holds a bad batch; %s. Lower --lr (or raise --warmup) and resume "
              "from the last checkpoint, or pass --on-nonfinite skip to drop such steps",
-             step + 1, (double)r->loss, (double)r->grad_norm, (double)r->lr,
+             step + 1, fmt_num(l, sizeof l, r->loss), fmt_num(g, sizeof g, r->grad_norm),
+             (double)r->lr,
              r->applied ? "the update had started before the norm was known (--offload "
                           "optimizer with --clip 0), so the parameters are not finite and no "
                           "checkpoint is written"
