@@ -207,8 +207,8 @@ static fsdp_status write_fault(fsdp_engine *e, uint64_t step, const char *what)
 {
     if (!fsdp_world_fault_hit(e->sh->world, FSDP_FAULT_WRITE, e->rank))
         return FSDP_STATUS_OK;
-    return fsdp_error_set(FSDP_STATUS_IO, "rank %d: injected write failure (checkpoint step %"
-                          PRIu64 ", %s)", e->rank, step, what);
+    return fsdp_error_set(FSDP_STATUS_IO, "injected write failure (checkpoint step %" PRIu64
+                          ", %s)", step, what);
 }
 
 /* A checkpoint never holds NaN or infinity: it could only restart a
@@ -219,9 +219,10 @@ static fsdp_status check_finite(const fsdp_engine *e, const float *v, size_t n, 
     for (size_t i = 0; i < n; i++)
         if (!isfinite(v[i]))
             return fsdp_error_set(FSDP_STATUS_NONFINITE,
-                                  "rank %d: unit '%s' %s element %zu is %g: refusing to write "
-                                  "a checkpoint of a diverged state", e->rank,
-                                  e->sh->sm.units[u].spec->name, array, first + i, (double)v[i]);
+                                  "unit '%s' %s element %zu is %s: refusing to write a "
+                                  "checkpoint of a diverged state",
+                                  e->sh->sm.units[u].spec->name, array, first + i,
+                                  isnan(v[i]) ? "NaN" : v[i] > 0 ? "inf" : "-inf");
     return FSDP_STATUS_OK;
 }
 
