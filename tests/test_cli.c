@@ -103,7 +103,7 @@ START_TEST(test_help_lists_every_flag)
         "--backend", "--devices", "--model", "--data", "--batch", "--seq", "--grad-accum",
         "--steps", "--lr", "--warmup", "--wd", "--clip", "--shard", "--precision", "--offload",
         "--prefetch", "--comm", "--deterministic", "--device-mem", "--ckpt-dir", "--ckpt-every",
-        "--resume", "--log", "--trace", "--seed",
+        "--resume", "--log", "--trace", "--seed", "--on-nonfinite", "--allow-batch-change",
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(flags); i++)
         ck_assert_msg(strstr(buf, flags[i]), "train --help does not document %s", flags[i]);
@@ -134,7 +134,7 @@ static bool has_value_line(const char *h, const char *v)
 START_TEST(test_help_and_parser_share_tables)
 {
     static const char *const opts[] = {"backend", "shard", "precision", "offload", "prefetch",
-                                       "comm"};
+                                       "comm", "on-nonfinite"};
     static char help[1 << 16], out[1 << 14];
     ck_assert_int_eq(fsdp_test_cli(help, sizeof help, "train --help"), 0);
     for (size_t i = 0; i < FSDP_TEST_LEN(opts); i++) {

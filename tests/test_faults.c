@@ -576,7 +576,8 @@ START_TEST(test_plan_and_train_defaults_agree)
 END_TEST
 
 /* The remaining messages: an OOM hint names only what is not set yet, a
- * CRLF manifest says so. */
+ * CRLF manifest says so, sample refuses a context or prompt the model
+ * does not have before printing anything. */
 START_TEST(test_messages)
 {
     int rc = fsdp_test_cli(out, sizeof out,
@@ -607,7 +608,25 @@ START_TEST(test_messages)
     rc = fsdp_test_cli(out, sizeof out, "convert %s %s.bin", dir, dir);
     ck_assert_msg(rc == 1 && strstr(out, "CRLF line endings") && !strstr(out, "truncated"),
                   "exit %d:\n%.2000s", rc, out);
-    n_cases += 2;
+    /* sample: a context past the model's, a prompt outside its vocabulary
+     * (refused before anything is echoed) */
+    char m300[512], ck300[512];
+    fsdp_test_path(ck300, sizeof ck300, "v300_ck");
+    fsdp_test_path(m300, sizeof m300, "v300.bin");
+    rc = fsdp_test_cli(out, sizeof out,
+                       "train --model custom:layers=1,heads=1,channels=8,vocab=300,context=16 "
+                       "--steps 1 --eval 0 --ckpt-dir %s --quiet", ck300);
+    ck_assert_msg(rc == 0, "%s", out);
+    rc = fsdp_test_cli(out, sizeof out, "convert %s %s --quiet", ck300, m300);
+    ck_assert_msg(rc == 0, "%s", out);
+    rc = fsdp_test_cli(out, sizeof out, "sample --model %s --seq 17 --prompt 1,2", m300);
+    ck_assert_msg(rc == 2 && strstr(out, "--seq 17 is longer than the model's context of 16"),
+                  "exit %d:\n%s", rc, out);
+    rc = fsdp_test_cli(out, sizeof out, "sample --model %s --prompt '12,5000' --tokens 2", m300);
+    ck_assert_msg(rc == 2 && strstr(out, "prompt token 5000 (at position 1) is outside") &&
+                      !strstr(out, "12 5000"),
+                  "exit %d:\n%s", rc, out);
+    n_cases += 6;
 }
 END_TEST
 
