@@ -246,7 +246,8 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
                                                           : 0u,
                                          &stop));
         if (stop) {
-            t->res->interrupted = true;
+            if (rank == 0)
+                t->res->interrupted = true;
             break;
         }
         int max_ans = 1;
