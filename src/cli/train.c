@@ -112,7 +112,7 @@ int fsdp_cli_train(int argc, char **argv)
     fsdp_opt_add_float(&l, "clip", &e->clip, 0.0, false, 1e6, "X",
                        "clip the global gradient norm to X; 0 = off (default 1.0)");
     fsdp_opt_add_name(&l, "on-nonfinite", &on_nonfinite, &fsdp_nonfinite_names,
-                      "a step whose loss or gradient norm is NaN or infinite:");
+                      "what a step whose loss or gradient norm is NaN or infinite does");
     fsdp_opt_add(&l, "deterministic", FSDP_OPT_FLAG, &e->deterministic, NULL,
                  "bit-identical losses and parameters for any device count and strategy");
     fsdp_opt_add_int(&l, "eval", &c->eval_problems, 0, MAX_EVAL, "N",
