@@ -3,7 +3,8 @@
  * contract (bit-identical losses and parameters for 1, 2, 4, 8 devices,
  * every strategy, prefetch on/off, offload), sharded vs unsharded training,
  * communication bytes and memory against their formulas, and the error
- * paths (OOM under a cap, bad configurations).
+ * paths (OOM under a cap, bad configurations; the trainer's stops and
+ * non-finite steps: test_train_errors.c).
  */
 #include <check.h>
 #include <math.h>

@@ -121,8 +121,13 @@ int fsdp_cli_sample(int argc, char **argv)
     fsdp_status st = fsdp_modelfile_resolve(c->model_path, &m, NULL);
     if (st != FSDP_STATUS_OK)
         goto fail;
-    int V = m.vocab_size;
+    int V = m.vocab_size, context = m.max_seq_len;
     fsdp_model_free(&m);
+    if (c->seq > context) {
+        fprintf(stderr, "fsdp sample: --seq %d is longer than the model's context of %d (%s)\n",
+                c->seq, context, c->model_path);
+        return 2;
+    }
     bool bytes = V == 256;
     if (tokenizer && !bytes) {
         if ((st = fsdp_tokenizer_open(&tok, tokenizer)) != FSDP_STATUS_OK)
@@ -161,6 +166,13 @@ int fsdp_cli_sample(int argc, char **argv)
                                                                      : V - 1;
         n_ids = 1;
     }
+    for (int i = 0; i < n_ids; i++) /* refused before anything is echoed */
+        if (ids[i] < 0 || ids[i] >= V) {
+            st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                "prompt token %d (at position %d) is outside the model's "
+                                "vocabulary of %d", ids[i], i, V);
+            goto fail;
+        }
     out = malloc(((size_t)n_tokens + 1) * sizeof *out);
     if (!out) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of memory");

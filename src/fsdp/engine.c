@@ -267,6 +267,7 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     int ordinal = cfg->backend == FSDP_BACKEND_CUDA ? rank / rpd : rank;
     FSDP_CHECK(fsdp_device_init(&e->dev, cfg->backend, sh->world, rank, ordinal, cfg->device_mem));
     e->dev_ready = true;
+    e->dev.oom_hint = cfg->oom_hint;
     FSDP_CHECK(comm_init(e));
     e->comm_ready = true;
     FSDP_CHECK(fsdp_ops_init(&e->ops, &e->dev, cfg->compute_dtype));
@@ -364,12 +365,22 @@ void fsdp_engine_free(fsdp_engine *e)
     free(e);
 }
 
+fsdp_status fsdp_engine_data_error(const fsdp_engine *e, const char **msg)
+{
+    if (msg)
+        *msg = e->data_msg;
+    return e->data_st;
+}
+
 fsdp_device *fsdp_engine_device(fsdp_engine *e) { return &e->dev; }
 fsdp_comm *fsdp_engine_comm(fsdp_engine *e) { return &e->comm; }
 
 /* ---- the step -------------------------------------------------------------- */
 
-static fsdp_status load_batch(fsdp_engine *e, uint64_t index)
+/* Micro-batch `index` into the model state. With `poison`, a batch that
+ * cannot be read becomes zeros and the error is kept in e->data_st (the
+ * training step then publishes NaN losses: fsdp_engine_step). */
+static fsdp_status load_batch(fsdp_engine *e, uint64_t index, bool poison)
 {
     const fsdp_engine_config *cfg = &e->sh->cfg;
     size_t n = (size_t)cfg->batch * (size_t)cfg->seq;
@@ -377,7 +388,17 @@ static fsdp_status load_batch(fsdp_engine *e, uint64_t index)
     if (!fsdp_device_computes(&e->dev) || !e->sh->data)
         return FSDP_STATUS_OK;
     int *in = e->tokens_host, *tg = e->tokens_host + n;
-    FSDP_TRY(fsdp_data_batch(e->sh->data, index, cfg->batch, cfg->seq, in, tg));
+    fsdp_status st = fsdp_data_batch(e->sh->data, index, cfg->batch, cfg->seq, in, tg);
+    if (st != FSDP_STATUS_OK) {
+        if (!poison)
+            return st;
+        if (e->data_st == FSDP_STATUS_OK) {
+            e->data_st = st;
+            snprintf(e->data_msg, sizeof e->data_msg, "%s", fsdp_error_msg());
+        }
+        fsdp_error_clear(); /* kept above; not this rank's failure */
+        memset(in, 0, 2 * n * sizeof(int));
+    }
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_tokens(e->state), in, n * sizeof(int),
                                 e->dev.compute));
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_targets(e->state), tg, n * sizeof(int),
@@ -408,7 +429,7 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss
     bool full = cfg->shard == FSDP_SHARD_FULL;
     float dloss = 1.0f / (float)(cfg->n_ranks * cfg->grad_accum);
 
-    FSDP_TRY(load_batch(e, index));
+    FSDP_TRY(load_batch(e, index, true));
     fsdp_shard_row *root = fsdp_engine_row(e, 0);
 
     fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "forward", "root", 0);
@@ -519,6 +540,7 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
     /* parameters of the previous step's update must be on the device */
     e->lr = lr;
     e->t = step + 1; /* optimizer step count of this update (host updates may start in backward) */
+    e->update_started = false;
     FSDP_TRY(gather_wait(e, 0)); /* the root stays gathered for the whole step */
     for (int j = 0; j < A; j++) {
         uint64_t index = step * (uint64_t)(N * A) + (uint64_t)j * (uint64_t)N + (uint64_t)e->rank;
@@ -526,6 +548,9 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
         FSDP_TRY(micro_step(e, j, index, &e->host_losses[j]));
     }
     FSDP_TRY(gather_release(e, 0));
+    if (e->data_st != FSDP_STATUS_OK)
+        for (int j = 0; j < A; j++) /* a batch this rank could not read: no rank updates */
+            e->host_losses[j] = NAN;
 
     /* loss: tree over global micro-batch index m = j * N + r */
     memcpy(sh->x_losses[parity] + (size_t)e->rank * (size_t)A, e->host_losses,
@@ -539,11 +564,18 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
             lv[j * N + r] = sh->x_losses[parity][(size_t)r * (size_t)A + (size_t)j];
     float loss = fsdp_tree_sum(lv, M) / (float)M;
 
-    /* clip and update */
+    /* clip and update; every rank computed the same loss and norm, so all
+     * take the same branch. A non-finite step would poison the parameters:
+     * no update, unless one started in backward already. */
+    res->finite = isfinite(loss) && isfinite(norm);
+    res->applied = res->finite || e->update_started;
     float scale = 1.0f;
     if (cfg->clip > 0.0f && norm > cfg->clip)
         scale = cfg->clip / (norm + 1e-6f);
-    FSDP_TRY(e->place->step(e, lr, scale));
+    if (res->applied)
+        FSDP_TRY(e->place->step(e, lr, scale));
+    else
+        e->t = step; /* the state is the previous step's */
 
     /* publish this rank's figures; after the barrier every rank sees all */
     fsdp_rank_stats *rs = &sh->x_stats[e->rank];
@@ -585,7 +617,7 @@ fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *los
     if (!e->sh->data)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "fsdp_engine_forward_batch: the engine has no data source");
-    FSDP_TRY(load_batch(e, index));
+    FSDP_TRY(load_batch(e, index, false));
     float l = 0.0f;
     FSDP_TRY(forward_only(e, &l));
     *loss = l;

@@ -43,6 +43,10 @@ typedef struct fsdp_engine_config {
     float weight_decay;
     float clip;                /* global grad-norm clip, 0 = off */
     uint64_t seed;
+    bool skip_nonfinite;       /* updates always wait for the step's loss and norm, so a
+                                * non-finite step can be dropped (fsdp_step_result.applied) */
+    const char *oom_hint;      /* what a device out-of-memory message suggests, or NULL
+                                * (device.h); the caller's, since it knows its options */
 } fsdp_engine_config;
 
 /* The --recompute values: none, block, elementwise (fsdp_recompute). */
@@ -85,9 +89,13 @@ typedef struct fsdp_engine_shared {
 } fsdp_engine_shared;
 
 typedef struct fsdp_step_result {
-    float loss;                /* mean over the global batch */
+    float loss;                /* mean over the global batch; NaN if a rank's data failed */
     float grad_norm;           /* before clipping */
     float lr;
+    bool finite;               /* loss and grad_norm are finite */
+    bool applied;              /* the optimizer update was applied: always when finite;
+                                * otherwise only if it had started before the norm was
+                                * known (offload, no clipping, skip_nonfinite unset) */
 } fsdp_step_result;
 
 typedef struct fsdp_engine fsdp_engine;
@@ -108,8 +116,20 @@ void fsdp_engine_free(fsdp_engine *e);
  * configured optimizer's update (cfg.optim) at learning rate lr. Every rank
  * must call it with the same step and lr.
  * Ends with a world barrier after which sh->x_stats holds every rank's
- * figures for this step. */
+ * figures for this step.
+ *
+ * A step whose global loss or gradient norm is not finite applies no
+ * update where it can (res->applied; every rank decides the same), so the
+ * parameters stay those of the previous step. A micro-batch this rank
+ * cannot read (a data file truncated or rewritten while training) does
+ * not fail the step: it is replaced by zeros, this rank's losses become
+ * NaN so that no rank applies the update, and the error is kept for
+ * fsdp_engine_data_error. */
 fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res);
+
+/* The first data error of this rank's steps (OK if none) and its message
+ * (valid while e lives). */
+fsdp_status fsdp_engine_data_error(const fsdp_engine *e, const char **msg);
 
 /* Forward only on n_rows <= B sequences of T tokens (host int32, row-major):
  * if logits_out != NULL, writes the fp32 logits of row b at position pos[b]
