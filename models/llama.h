@@ -74,17 +74,19 @@ fsdp_status fsdp_llama_hf_config_write(const fsdp_model *m, const char *dtype,
 
 /* A config key list of fsdp_llama_family.grammar, parsed strictly and
  * validated (keys left out: "llama-tiny"'s values, except kv_heads = heads,
- * head_dim = hidden / heads, and the llama3 frequency keys = Llama 3.1's).
- * INVALID_ARG naming the key. */
+ * head_dim = hidden / heads, rope_factor = 1 (required by linear and
+ * llama3) and the llama3 frequency keys = Llama 3.1's). INVALID_ARG naming
+ * the key. */
 fsdp_status fsdp_llama_config_from_keys(const char *keys, fsdp_llama_config *cfg);
 
-/* The canonical key list of cfg: every key that applies (the rope scaling
- * keys only for the types that read them), in grammar order, numbers in
- * their shortest round-trip form. */
+/* The canonical key list of cfg: every key, in grammar order (rope scaling
+ * keys the type does not read at their neutral values), numbers in their
+ * shortest round-trip form. */
 void fsdp_llama_config_format(const fsdp_llama_config *cfg, char *buf, size_t n);
 
-/* v as the shortest %g form that reads back as v (a valid JSON number
- * for finite v): the canonical spelling of the config's numbers. */
+/* v as an integer when it is one, else the shortest %g form that reads
+ * back as v (a valid JSON number for finite v): the canonical spelling of
+ * the config's numbers. */
 void fsdp_llama_fmt_num(char *buf, size_t n, double v);
 
 /* Check a config's values (ranges, NH % NKV, even head_dim, Vp, rope). */

@@ -8,8 +8,11 @@
  * linear, llama3); the shared key reader (family.h) reads numbers only, so
  * the name is swapped for its index before the key list is read, and a
  * number given for rope is refused. Scaling keys that the chosen type does
- * not read are refused too, so one model has one canonical string.
+ * not read must keep their neutral values (factor 1, the llama3 factors of
+ * Llama 3.1), so one model has one canonical string, which lists every
+ * key as the registry's contract asks.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,45 +22,48 @@
 /* Released shapes from their config.json (Qwen2.5: the Instruct releases'
  * 32768-token context), and small ones for tests and demos: llama-tiny
  * (GQA, head_dim * heads != hidden, untied head), qwen2-tiny (q/k/v
- * biases, tied, a single kv head) and llama-small (the synthetic-task demo
- * and the benchmark's width). Each config is canonical (tests check it). */
+ * biases, tied, a single kv head) and llama-small (the synthetic-task
+ * demo). Each config is canonical (tests check it): every key, the rope
+ * scaling keys a type does not read at their neutral values. */
+#define ROPE_PLAIN "rope=default,rope_factor=1,rope_low_freq=1,rope_high_freq=4,rope_orig_context=8192"
+#define ROPE_LLAMA3(factor)                                                                  \
+    "rope=llama3,rope_factor=" #factor ",rope_low_freq=1,rope_high_freq=4,rope_orig_context=8192"
 static const fsdp_model_shape llama_shapes[] = {
     {"llama-tiny", "layers=2,heads=4,kv_heads=2,hidden=32,intermediate=64,head_dim=16,vocab=256,"
-                   "context=64,rope_theta=10000,rope=default,qkv_bias=0,tied=0,norm_eps=1e-05"},
+                   "context=64,rope_theta=10000," ROPE_PLAIN ",qkv_bias=0,tied=0,norm_eps=1e-05"},
     {"qwen2-tiny", "layers=2,heads=4,kv_heads=1,hidden=32,intermediate=80,head_dim=8,vocab=256,"
-                   "context=64,rope_theta=1000000,rope=default,qkv_bias=1,tied=1,norm_eps=1e-06"},
+                   "context=64,rope_theta=1000000," ROPE_PLAIN ",qkv_bias=1,tied=1,"
+                   "norm_eps=1e-06"},
     {"llama-small", "layers=2,heads=4,kv_heads=2,hidden=128,intermediate=352,head_dim=32,"
-                    "vocab=256,context=64,rope_theta=10000,rope=default,qkv_bias=0,tied=0,"
+                    "vocab=256,context=64,rope_theta=10000," ROPE_PLAIN ",qkv_bias=0,tied=0,"
                     "norm_eps=1e-05"},
     {"llama3.2-1b", "layers=16,heads=32,kv_heads=8,hidden=2048,intermediate=8192,head_dim=64,"
-                    "vocab=128256,context=131072,rope_theta=500000,rope=llama3,rope_factor=32,"
-                    "rope_low_freq=1,rope_high_freq=4,rope_orig_context=8192,qkv_bias=0,tied=1,"
-                    "norm_eps=1e-05"},
+                    "vocab=128256,context=131072,rope_theta=500000," ROPE_LLAMA3(32)
+                    ",qkv_bias=0,tied=1,norm_eps=1e-05"},
     {"llama3.2-3b", "layers=28,heads=24,kv_heads=8,hidden=3072,intermediate=8192,head_dim=128,"
-                    "vocab=128256,context=131072,rope_theta=500000,rope=llama3,rope_factor=32,"
-                    "rope_low_freq=1,rope_high_freq=4,rope_orig_context=8192,qkv_bias=0,tied=1,"
-                    "norm_eps=1e-05"},
+                    "vocab=128256,context=131072,rope_theta=500000," ROPE_LLAMA3(32)
+                    ",qkv_bias=0,tied=1,norm_eps=1e-05"},
     {"llama3.1-8b", "layers=32,heads=32,kv_heads=8,hidden=4096,intermediate=14336,head_dim=128,"
-                    "vocab=128256,context=131072,rope_theta=500000,rope=llama3,rope_factor=8,"
-                    "rope_low_freq=1,rope_high_freq=4,rope_orig_context=8192,qkv_bias=0,tied=0,"
-                    "norm_eps=1e-05"},
+                    "vocab=128256,context=131072,rope_theta=500000," ROPE_LLAMA3(8)
+                    ",qkv_bias=0,tied=0,norm_eps=1e-05"},
     {"llama3.1-70b", "layers=80,heads=64,kv_heads=8,hidden=8192,intermediate=28672,head_dim=128,"
-                     "vocab=128256,context=131072,rope_theta=500000,rope=llama3,rope_factor=8,"
-                     "rope_low_freq=1,rope_high_freq=4,rope_orig_context=8192,qkv_bias=0,tied=0,"
-                     "norm_eps=1e-05"},
+                     "vocab=128256,context=131072,rope_theta=500000," ROPE_LLAMA3(8)
+                     ",qkv_bias=0,tied=0,norm_eps=1e-05"},
     {"qwen2.5-0.5b", "layers=24,heads=14,kv_heads=2,hidden=896,intermediate=4864,head_dim=64,"
-                     "vocab=151936,context=32768,rope_theta=1000000,rope=default,qkv_bias=1,"
-                     "tied=1,norm_eps=1e-06"},
+                     "vocab=151936,context=32768,rope_theta=1000000," ROPE_PLAIN
+                     ",qkv_bias=1,tied=1,norm_eps=1e-06"},
     {"qwen2.5-1.5b", "layers=28,heads=12,kv_heads=2,hidden=1536,intermediate=8960,head_dim=128,"
-                     "vocab=151936,context=32768,rope_theta=1000000,rope=default,qkv_bias=1,"
-                     "tied=1,norm_eps=1e-06"},
+                     "vocab=151936,context=32768,rope_theta=1000000," ROPE_PLAIN
+                     ",qkv_bias=1,tied=1,norm_eps=1e-06"},
     {"qwen2.5-3b", "layers=36,heads=16,kv_heads=2,hidden=2048,intermediate=11008,head_dim=128,"
-                   "vocab=151936,context=32768,rope_theta=1000000,rope=default,qkv_bias=1,"
-                   "tied=1,norm_eps=1e-06"},
+                   "vocab=151936,context=32768,rope_theta=1000000," ROPE_PLAIN
+                   ",qkv_bias=1,tied=1,norm_eps=1e-06"},
     {"qwen2.5-7b", "layers=28,heads=28,kv_heads=4,hidden=3584,intermediate=18944,head_dim=128,"
-                   "vocab=152064,context=32768,rope_theta=1000000,rope=default,qkv_bias=1,"
-                   "tied=0,norm_eps=1e-06"},
+                   "vocab=152064,context=32768,rope_theta=1000000," ROPE_PLAIN
+                   ",qkv_bias=1,tied=0,norm_eps=1e-06"},
 };
+#undef ROPE_PLAIN
+#undef ROPE_LLAMA3
 
 /* Upper bounds that keep every size computation far from overflow. */
 #define LLAMA_MAX_LAYERS 4096
@@ -125,24 +131,14 @@ fsdp_status fsdp_llama_config_validate(const fsdp_llama_config *c)
 
 /* ---- the key list ----------------------------------------------------------- */
 
-/* Keys left out of a config: llama-tiny's, Llama 3.1's llama3 factors. */
+/* Keys left out of a config: llama-tiny's; the rope scaling keys at their
+ * neutral values (factor 1) and Llama 3.1's llama3 frequency factors. */
 static const fsdp_llama_config llama_defaults = {
     .n_layer = 2, .n_head = 4, .n_kv_head = 0, .n_embd = 32, .n_inter = 64, .head_dim = 0,
     .vocab_size = 256, .max_seq_len = 64,
-    .rope = {.type = FSDP_ROPE_DEFAULT, .theta = 10000.0, .factor = 0.0, .low_freq_factor = 1.0,
+    .rope = {.type = FSDP_ROPE_DEFAULT, .theta = 10000.0, .factor = 1.0, .low_freq_factor = 1.0,
              .high_freq_factor = 4.0, .original_max_pos = 8192},
     .qkv_bias = false, .tied = false, .norm_eps = 1e-5,
-};
-
-/* The keys that only some rope types read: bit t set = read by type t. */
-static const struct {
-    const char *key;
-    unsigned types;
-} rope_only[] = {
-    {"rope_factor", 1u << FSDP_ROPE_LINEAR | 1u << FSDP_ROPE_LLAMA3},
-    {"rope_low_freq", 1u << FSDP_ROPE_LLAMA3},
-    {"rope_high_freq", 1u << FSDP_ROPE_LLAMA3},
-    {"rope_orig_context", 1u << FSDP_ROPE_LLAMA3},
 };
 
 /* Does `config` give key k (as "k=" at the start of an entry)? */
@@ -205,7 +201,7 @@ fsdp_status fsdp_llama_config_from_keys(const char *keys, fsdp_llama_config *cfg
     if (*keys)
         FSDP_TRY(rope_names_to_index(keys, mapped, sizeof mapped));
     int rope = (int)c.rope.type, qkv_bias = c.qkv_bias, tied = c.tied;
-    double theta = c.rope.theta, factor = 0.0, low = c.rope.low_freq_factor,
+    double theta = c.rope.theta, factor = c.rope.factor, low = c.rope.low_freq_factor,
            high = c.rope.high_freq_factor, eps = c.norm_eps;
     int orig = c.rope.original_max_pos;
     const fsdp_model_key table[] = {
@@ -229,13 +225,23 @@ fsdp_status fsdp_llama_config_from_keys(const char *keys, fsdp_llama_config *cfg
     };
     FSDP_TRY(fsdp_model_keys_parse(&fsdp_llama_family, mapped, table,
                                    (int)(sizeof table / sizeof table[0])));
-    for (size_t i = 0; i < sizeof rope_only / sizeof rope_only[0]; i++)
-        if (has_key(mapped, rope_only[i].key) && !(rope_only[i].types >> rope & 1))
+    /* scaling keys the type does not read must keep their neutral values */
+    const fsdp_rope_spec *d = &llama_defaults.rope;
+    const struct {
+        const char *key;
+        bool read, neutral;
+    } scale[] = {
+        {"rope_factor", rope != FSDP_ROPE_DEFAULT, factor == d->factor},
+        {"rope_low_freq", rope == FSDP_ROPE_LLAMA3, low == d->low_freq_factor},
+        {"rope_high_freq", rope == FSDP_ROPE_LLAMA3, high == d->high_freq_factor},
+        {"rope_orig_context", rope == FSDP_ROPE_LLAMA3, orig == d->original_max_pos},
+    };
+    for (size_t i = 0; i < sizeof scale / sizeof scale[0]; i++)
+        if (!scale[i].read && !scale[i].neutral)
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "Llama config '%.160s': %s does not apply to rope=%s; leave it "
+                                  "Llama config '%.160s': %s has no effect with rope=%s; leave it "
                                   "out or pick a scaling type that reads it",
-                                  keys, rope_only[i].key,
-                                  fsdp_rope_type_name((fsdp_rope_type)rope));
+                                  keys, scale[i].key, fsdp_rope_type_name((fsdp_rope_type)rope));
     if (rope != FSDP_ROPE_DEFAULT && !has_key(mapped, "rope_factor"))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "Llama config '%.160s': rope=%s needs rope_factor (the scaling "
@@ -251,14 +257,9 @@ fsdp_status fsdp_llama_config_from_keys(const char *keys, fsdp_llama_config *cfg
                                   keys, c.n_embd, c.n_head);
         c.head_dim = c.n_embd / c.n_head;
     }
-    c.rope = (fsdp_rope_spec){.type = (fsdp_rope_type)rope, .theta = theta};
-    if (rope != FSDP_ROPE_DEFAULT)
-        c.rope.factor = factor;
-    if (rope == FSDP_ROPE_LLAMA3) {
-        c.rope.low_freq_factor = low;
-        c.rope.high_freq_factor = high;
-        c.rope.original_max_pos = orig;
-    }
+    c.rope = (fsdp_rope_spec){.type = (fsdp_rope_type)rope, .theta = theta, .factor = factor,
+                              .low_freq_factor = low, .high_freq_factor = high,
+                              .original_max_pos = orig};
     c.qkv_bias = qkv_bias;
     c.tied = tied;
     c.norm_eps = eps;
@@ -270,6 +271,10 @@ fsdp_status fsdp_llama_config_from_keys(const char *keys, fsdp_llama_config *cfg
 
 void fsdp_llama_fmt_num(char *buf, size_t n, double v)
 {
+    if (v == floor(v) && fabs(v) < 1e15) { /* integers as integers: 500000, not 5e+05 */
+        snprintf(buf, n, "%.0f", v);
+        return;
+    }
     for (int prec = 1; prec <= 17; prec++) {
         snprintf(buf, n, "%.*g", prec, v);
         if (strtod(buf, NULL) == v)
@@ -279,26 +284,19 @@ void fsdp_llama_fmt_num(char *buf, size_t n, double v)
 
 void fsdp_llama_config_format(const fsdp_llama_config *c, char *buf, size_t n)
 {
-    char theta[32], eps[32], factor[32], low[32], high[32], scaling[160] = "";
+    char theta[32], eps[32], factor[32], low[32], high[32];
     fsdp_llama_fmt_num(theta, sizeof theta, c->rope.theta);
     fsdp_llama_fmt_num(eps, sizeof eps, c->norm_eps);
-    if (c->rope.type != FSDP_ROPE_DEFAULT) {
-        fsdp_llama_fmt_num(factor, sizeof factor, c->rope.factor);
-        size_t k = (size_t)snprintf(scaling, sizeof scaling, ",rope_factor=%s", factor);
-        if (c->rope.type == FSDP_ROPE_LLAMA3) {
-            fsdp_llama_fmt_num(low, sizeof low, c->rope.low_freq_factor);
-            fsdp_llama_fmt_num(high, sizeof high, c->rope.high_freq_factor);
-            snprintf(scaling + k, sizeof scaling - k,
-                     ",rope_low_freq=%s,rope_high_freq=%s,rope_orig_context=%d", low, high,
-                     c->rope.original_max_pos);
-        }
-    }
+    fsdp_llama_fmt_num(factor, sizeof factor, c->rope.factor);
+    fsdp_llama_fmt_num(low, sizeof low, c->rope.low_freq_factor);
+    fsdp_llama_fmt_num(high, sizeof high, c->rope.high_freq_factor);
     snprintf(buf, n,
              "layers=%d,heads=%d,kv_heads=%d,hidden=%d,intermediate=%d,head_dim=%d,vocab=%d,"
-             "context=%d,rope_theta=%s,rope=%s%s,qkv_bias=%d,tied=%d,norm_eps=%s",
+             "context=%d,rope_theta=%s,rope=%s,rope_factor=%s,rope_low_freq=%s,"
+             "rope_high_freq=%s,rope_orig_context=%d,qkv_bias=%d,tied=%d,norm_eps=%s",
              c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->n_inter, c->head_dim,
-             c->vocab_size, c->max_seq_len, theta, fsdp_rope_type_name(c->rope.type), scaling,
-             c->qkv_bias ? 1 : 0, c->tied ? 1 : 0, eps);
+             c->vocab_size, c->max_seq_len, theta, fsdp_rope_type_name(c->rope.type), factor,
+             low, high, c->rope.original_max_pos, c->qkv_bias ? 1 : 0, c->tied ? 1 : 0, eps);
 }
 
 static fsdp_status llama_build(fsdp_model *m, const char *config)
