@@ -89,6 +89,10 @@ void fsdp_llama_config_format(const fsdp_llama_config *cfg, char *buf, size_t n)
  * the config's numbers. */
 void fsdp_llama_fmt_num(char *buf, size_t n, double v);
 
+/* Set the scaling fields r->type does not read to their neutral values
+ * (factor 1; Llama 3.1's llama3 factors), as canonical configs hold them. */
+void fsdp_llama_rope_neutralize(fsdp_rope_spec *r);
+
 /* Check a config's values (ranges, NH % NKV, even head_dim, Vp, rope). */
 fsdp_status fsdp_llama_config_validate(const fsdp_llama_config *cfg);
 

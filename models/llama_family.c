@@ -188,6 +188,18 @@ static fsdp_status rope_names_to_index(const char *config, char *out, size_t n)
     }
 }
 
+void fsdp_llama_rope_neutralize(fsdp_rope_spec *r)
+{
+    const fsdp_rope_spec *d = &llama_defaults.rope;
+    if (r->type == FSDP_ROPE_DEFAULT)
+        r->factor = d->factor;
+    if (r->type != FSDP_ROPE_LLAMA3) {
+        r->low_freq_factor = d->low_freq_factor;
+        r->high_freq_factor = d->high_freq_factor;
+        r->original_max_pos = d->original_max_pos;
+    }
+}
+
 fsdp_status fsdp_llama_config_from_keys(const char *keys, fsdp_llama_config *cfg)
 {
     fsdp_llama_config c = llama_defaults;

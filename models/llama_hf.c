@@ -123,6 +123,7 @@ static fsdp_status read_rope(const fsdp_json *cfg, fsdp_rope_spec *r)
     }
     if (!sc || sc->type == FSDP_JSON_NULL) {
         r->type = FSDP_ROPE_DEFAULT;
+        fsdp_llama_rope_neutralize(r);
         return FSDP_STATUS_OK;
     }
     if (sc->type != FSDP_JSON_OBJECT)
@@ -155,6 +156,7 @@ static fsdp_status read_rope(const fsdp_json *cfg, fsdp_rope_spec *r)
                          &r->original_max_pos));
     }
 #undef SCALE_KEY
+    fsdp_llama_rope_neutralize(r);
     return FSDP_STATUS_OK;
 }
 
