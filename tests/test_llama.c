@@ -13,7 +13,8 @@
  *   - bf16 storage within bf16's accuracy;
  *   - the determinism contract through the trainer: bit-identical losses and
  *     parameters for 1, 2, 4 and 8 devices, every strategy, prefetch,
- *     optimizer offload, for an untied GQA model and a tied biased one.
+ *     optimizer offload, for an untied GQA model and a tied biased one;
+ *   - on a GPU (skipped without one): cuda's losses against cpu's.
  * Configs, names and files: test_llama_weights.c.
  */
 #include <check.h>
@@ -28,6 +29,7 @@
 #include "models/llama.h"
 #include "models/registry.h"
 #include "ops/cpu/optim_kernels.h"
+#include "cuda_test.h"
 #include "testutil.h"
 #include "train/train.h"
 
@@ -575,6 +577,36 @@ START_TEST(test_determinism_devices_strategies_offload)
 }
 END_TEST
 
+/* The model on cuda (one GPU, fp32 and bf16) against the cpu backend:
+ * per-step losses within 1e-3 (fp32) and 3e-2 (bf16), as tools/gpu_check.sh
+ * holds GPT-2. Skips without a GPU. */
+START_TEST(test_cuda_matches_cpu)
+{
+    NEED_GPU("test_llama: cuda vs cpu");
+    const char *model = det_models[_i];
+    for (int prec = 0; prec < 2; prec++) {
+        fsdp_train_config c;
+        fsdp_train_result cpu, gpu;
+        det_config(&c, model, 1);
+        c.steps = 4;
+        c.eng.compute_dtype = prec ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+        run_ok(&c, &cpu, "cpu");
+        c.eng.backend = FSDP_BACKEND_CUDA;
+        run_ok(&c, &gpu, "cuda");
+        const double tol = prec ? 3e-2 : 1e-3;
+        for (int s = 0; s < c.steps; s++) {
+            double rel = fabs((double)gpu.losses[s] - cpu.losses[s]) / cpu.losses[s];
+            printf("%s %s step %d: cpu %.6f cuda %.6f (rel %.1e)\n", model, prec ? "bf16" : "fp32",
+                   s + 1, cpu.losses[s], gpu.losses[s], rel);
+            ck_assert_msg(rel <= tol, "%s: step %d loss cuda %.7g vs cpu %.7g", model, s + 1,
+                          gpu.losses[s], cpu.losses[s]);
+        }
+        fsdp_train_result_free(&cpu);
+        fsdp_train_result_free(&gpu);
+    }
+}
+END_TEST
+
 static Suite *llama_suite(void)
 {
     Suite *s = suite_create("llama");
@@ -587,6 +619,10 @@ static Suite *llama_suite(void)
     tc = tcase_create("engine");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, test_determinism_devices_strategies_offload, 0, 2);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("cuda");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, test_cuda_matches_cpu, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
