@@ -276,9 +276,8 @@ static fsdp_status llama_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B
                               "Llama micro-batch B=%d, T=%d is invalid; need B >= 1 and "
                               "1 <= T <= context (%d)",
                               B, T, cfg->max_seq_len);
-    const double rows = (double)B * T;
-    if (rows * NH * T > (double)INT_MAX || rows * max_sz(QS, 2 * IC) > (double)INT_MAX ||
-        rows * Vp > (double)INT_MAX * 8.0)
+    const double rows = (double)B * T; /* ops index attention rows and widths in int */
+    if (rows * NH * T > (double)INT_MAX || rows * max_sz(QS, 2 * IC) > (double)INT_MAX)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "Llama micro-batch B=%d, T=%d is too large for this model; "
                               "reduce --batch or --seq",

@@ -167,7 +167,8 @@ static fsdp_status check_supported(const fsdp_json *cfg, const char *type)
     if (arch && arch->type == FSDP_JSON_ARRAY && arch->n > 0) {
         const fsdp_json *a = fsdp_json_at(arch, 0);
         bool known = false;
-        for (size_t i = 0; a && a->type == FSDP_JSON_STRING && i < 3; i++)
+        for (size_t i = 0; a && a->type == FSDP_JSON_STRING &&
+                           i < sizeof architectures / sizeof architectures[0]; i++)
             known = known || !strcmp(a->str, architectures[i]);
         if (!known)
             return key_error("architectures", a, "a causal LM: LlamaForCausalLM, "
