@@ -17,6 +17,19 @@
  * u's gather (which serves both), unit_recompute rebuilds the rest and
  * unit_backward follows. No extra gather, no extra allocation.
  *
+ * Masked targets (example data: -1 where the loss must not look): the step's
+ * loss is the mean over every unmasked target of the global batch, and its
+ * gradient that mean's. The model's head returns, per micro-batch, the sum
+ * of its token losses over B*T (masked ones add 0) and scales each token's
+ * gradient by dloss / (B*T); the data is a pure function of the micro-batch
+ * index, so every rank counts the global batch's unmasked targets (count)
+ * before the step and passes dloss = B*T / count to every micro-batch, and
+ * the loss is the tree mean of the micro-batch losses times M*B*T / count.
+ * Each token then weighs 1 / count whatever micro-batch and rank it lands
+ * on (not the mean of per-micro-batch means), and with nothing masked
+ * (count = M*B*T) dloss is 1/M and the factor exactly 1: the arithmetic is
+ * the unmasked one, bit for bit.
+ *
  * Streams: ops run on the compute stream, collectives on the comm stream,
  * placement copies on the copy stream; each cross-stream dependency is an
  * event. Buffers are freed only after the streams that used them are done.
@@ -419,15 +432,61 @@ static fsdp_status alloc_grad_full(fsdp_engine *e, int u)
                               e->dev.compute);
 }
 
-/* Forward and backward of one micro-batch, reducing each unit's gradient. */
-static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss)
+/* Unmasked targets (>= 0) in host targets tg[0..n). */
+static uint64_t count_unmasked(const int *tg, size_t n)
+{
+    uint64_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += tg[i] >= 0;
+    return c;
+}
+
+/* Unmasked targets of global micro-batches [first, first + n_batches):
+ * every target when the data has no masks (or there is no data: meta,
+ * plans). Reads the batches through the staging buffer, before the step's
+ * own loads. */
+static fsdp_status count_targets(fsdp_engine *e, uint64_t first, int n_batches, uint64_t *count)
+{
+    const fsdp_engine_config *cfg = &e->sh->cfg;
+    size_t n = (size_t)cfg->batch * (size_t)cfg->seq;
+    *count = (uint64_t)n * (uint64_t)n_batches;
+    if (!e->sh->data || !fsdp_data_masked(e->sh->data) || !fsdp_device_computes(&e->dev))
+        return FSDP_STATUS_OK;
+    *count = 0;
+    for (int k = 0; k < n_batches; k++) {
+        fsdp_status st = fsdp_data_batch(e->sh->data, first + (uint64_t)k, cfg->batch, cfg->seq,
+                                         e->tokens_host, e->tokens_host + n);
+        if (st != FSDP_STATUS_OK) {
+            /* as load_batch: recorded, and the step applies no update */
+            if (e->data_st == FSDP_STATUS_OK) {
+                e->data_st = st;
+                snprintf(e->data_msg, sizeof e->data_msg, "%s", fsdp_error_msg());
+            }
+            fsdp_error_clear();
+            continue;
+        }
+        *count += count_unmasked(e->tokens_host + n, n);
+    }
+    return FSDP_STATUS_OK;
+}
+
+float fsdp_engine_mean_loss(const float *losses, int n, uint64_t rows, uint64_t count)
+{
+    float loss = fsdp_tree_sum(losses, n) / (float)n;
+    if (count != (uint64_t)n * rows) /* masked targets: the mean over the unmasked ones */
+        loss = count ? loss * (float)((double)n * (double)rows / (double)count) : 0.0f;
+    return loss;
+}
+
+/* Forward and backward of one micro-batch, reducing each unit's gradient;
+ * dloss: the gradient weight of the model's micro-batch loss. */
+static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float dloss, float *loss)
 {
     const fsdp_engine_config *cfg = &e->sh->cfg;
     const fsdp_model *m = e->sh->model;
     const struct fsdp_model_i *mi = m->iface;
     int U = e->sh->sm.n_units;
     bool full = cfg->shard == FSDP_SHARD_FULL;
-    float dloss = 1.0f / (float)(cfg->n_ranks * cfg->grad_accum);
 
     FSDP_TRY(load_batch(e, index, true));
     fsdp_shard_row *root = fsdp_engine_row(e, 0);
@@ -541,11 +600,16 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
     e->lr = lr;
     e->t = step + 1; /* optimizer step count of this update (host updates may start in backward) */
     e->update_started = false;
+    /* each token's weight is 1 / (unmasked targets of the global batch) */
+    int M = N * A;
+    uint64_t rows = (uint64_t)cfg->batch * (uint64_t)cfg->seq, count;
+    FSDP_TRY(count_targets(e, step * (uint64_t)M, M, &count));
+    float dloss = count ? (float)((double)rows / (double)count) : 0.0f;
     FSDP_TRY(gather_wait(e, 0)); /* the root stays gathered for the whole step */
     for (int j = 0; j < A; j++) {
         uint64_t index = step * (uint64_t)(N * A) + (uint64_t)j * (uint64_t)N + (uint64_t)e->rank;
         e->host_losses[j] = 0.0f;
-        FSDP_TRY(micro_step(e, j, index, &e->host_losses[j]));
+        FSDP_TRY(micro_step(e, j, index, dloss, &e->host_losses[j]));
     }
     FSDP_TRY(gather_release(e, 0));
     if (e->data_st != FSDP_STATUS_OK)
@@ -557,12 +621,11 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
            (size_t)A * sizeof(float));
     float norm = 0.0f;
     FSDP_TRY(grad_norm(e, parity, &norm)); /* contains the barrier for both slots */
-    int M = N * A;
     float *lv = e->loss_order;
     for (int r = 0; r < N; r++)
         for (int j = 0; j < A; j++)
             lv[j * N + r] = sh->x_losses[parity][(size_t)r * (size_t)A + (size_t)j];
-    float loss = fsdp_tree_sum(lv, M) / (float)M;
+    float loss = fsdp_engine_mean_loss(lv, M, rows, count);
 
     /* clip and update; every rank computed the same loss and norm, so all
      * take the same branch. A non-finite step would poison the parameters:
@@ -612,15 +675,23 @@ static fsdp_status forward_only(fsdp_engine *e, float *loss)
                                      loss);
 }
 
-fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss)
+fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss,
+                                      uint64_t *n_targets)
 {
     if (!e->sh->data)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "fsdp_engine_forward_batch: the engine has no data source");
+    const fsdp_engine_config *cfg = &e->sh->cfg;
+    size_t rows = (size_t)cfg->batch * (size_t)cfg->seq;
     FSDP_TRY(load_batch(e, index, false));
+    uint64_t count = rows;
+    if (fsdp_data_masked(e->sh->data) && fsdp_device_computes(&e->dev))
+        count = count_unmasked(e->tokens_host + rows, rows); /* load_batch's targets */
     float l = 0.0f;
     FSDP_TRY(forward_only(e, &l));
     *loss = l;
+    if (n_targets)
+        *n_targets = count;
     return gather_release(e, 0);
 }
 

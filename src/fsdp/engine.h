@@ -89,7 +89,8 @@ typedef struct fsdp_engine_shared {
 } fsdp_engine_shared;
 
 typedef struct fsdp_step_result {
-    float loss;                /* mean over the global batch; NaN if a rank's data failed */
+    float loss;                /* mean over the global batch's unmasked targets; NaN if a
+                                  * rank's data failed */
     float grad_norm;           /* before clipping */
     float lr;
     bool finite;               /* loss and grad_norm are finite */
@@ -143,10 +144,22 @@ fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, c
 
 /* Forward only on micro-batch `index` of the shared data source (the
  * numbering fsdp_engine_step uses), with the model's real next-token
- * targets: *loss is the batch's mean loss, computed as the training
- * micro-step's forward computes it. All ranks call it in lockstep, each
- * with its own index. INVALID_ARG if the engine has no data source. */
-fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss);
+ * targets: *loss is the model's loss of the batch as the training
+ * micro-step's forward computes it (the sum of the token losses over B*T,
+ * masked targets adding 0: the mean when nothing is masked), *n_targets
+ * (may be NULL) the batch's unmasked targets (B*T for stream data).
+ * fsdp_engine_mean_loss turns these into means. All ranks call it in
+ * lockstep, each with its own index. INVALID_ARG if the engine has no data
+ * source. */
+fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss,
+                                      uint64_t *n_targets);
+
+/* The mean loss over `count` unmasked targets of n micro-batches of `rows`
+ * (B*T) tokens, from the model's micro-batch losses (sums over B*T, see
+ * fsdp_engine_forward_batch), in the step's order: the balanced tree sum
+ * over n divided by n, times n * rows / count (exactly the plain mean when
+ * count = n * rows); 0 when count is 0. fsdp_engine_step reports this. */
+float fsdp_engine_mean_loss(const float *losses, int n, uint64_t rows, uint64_t count);
 
 /* Unpadded fp32 copy of a whole unit's current master parameters on every
  * rank (an all-gather of master shards, for export/tests; host buffer of

@@ -49,6 +49,7 @@ struct infer {
     /* eval */
     int n_batches;
     float *losses;             /* [n_batches], slot m written by rank m % N */
+    uint64_t *counts;          /* [n_batches]: unmasked targets of batch m */
     /* sample */
     const fsdp_sample_config *sc;
     int *ctx;                  /* prompt then generated tokens; appended by rank 0 */
@@ -102,12 +103,6 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
     if (data) {
         fsdp_data_opts dopt = {.spec = data, .seed = seed, .tokenizer = cfg->tokenizer};
         FSDP_TRY(fsdp_data_open_opts(&r->data, &dopt));
-        if (fsdp_data_masked(r->data))
-            return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
-                                  "'%s' holds prompt/completion or chat examples, whose loss "
-                                  "skips prompt tokens through targets of -1, which the models' "
-                                  "loss does not support yet; evaluate on {\"text\"} rows, a "
-                                  ".txt file or token shards", data);
         int dv = fsdp_data_vocab(r->data);
         if (dv > m->vocab_size)
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
@@ -157,9 +152,12 @@ static fsdp_status eval_rank(fsdp_world *w, int rank, void *arg)
     for (int k = 0; k * N < S; k++) {
         int m = k * N + rank;
         float loss = 0.0f;
-        FSDP_CHECK(fsdp_engine_forward_batch(e, (uint64_t)(m < S ? m : m % S), &loss));
-        if (m < S)
+        uint64_t count = 0;
+        FSDP_CHECK(fsdp_engine_forward_batch(e, (uint64_t)(m < S ? m : m % S), &loss, &count));
+        if (m < S) {
             r->losses[m] = loss;
+            r->counts[m] = count;
+        }
     }
     st = FSDP_STATUS_OK;
 fail:
@@ -176,17 +174,23 @@ fsdp_status fsdp_infer_eval(const fsdp_infer_config *cfg, const char *data, uint
     struct infer r = {.cfg = cfg, .n_batches = n_batches};
     fsdp_status st;
     r.losses = calloc((size_t)n_batches, sizeof *r.losses);
-    if (!r.losses) {
+    r.counts = calloc((size_t)n_batches, sizeof *r.counts);
+    if (!r.losses || !r.counts) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for %d losses", n_batches);
         goto fail;
     }
     FSDP_CHECK(infer_open(&r));
     FSDP_CHECK(infer_setup(&r, data, seed, cfg->batch, cfg->seq));
     FSDP_CHECK(fsdp_world_launch(r.w, eval_rank, &r));
-    *mean_loss = fsdp_tree_sum(r.losses, n_batches) / (float)n_batches;
-    if (losses)
-        memcpy(losses, r.losses, (size_t)n_batches * sizeof *losses);
+    /* masked targets (example rows): means over the unmasked ones, as the trainer takes them */
+    uint64_t rows = (uint64_t)r.sh.cfg.batch * (uint64_t)r.sh.cfg.seq, total = 0;
+    for (int m = 0; m < n_batches; m++)
+        total += r.counts[m];
+    *mean_loss = fsdp_engine_mean_loss(r.losses, n_batches, rows, total);
+    for (int m = 0; losses && m < n_batches; m++)
+        losses[m] = fsdp_engine_mean_loss(&r.losses[m], 1, rows, r.counts[m]);
 fail:
+    free(r.counts);
     free(r.losses);
     infer_free(&r);
     return st;

@@ -35,7 +35,9 @@ void fsdp_infer_config_default(fsdp_infer_config *cfg);
  * m holds the tokens the trainer's micro-batch m holds for the same B, T
  * and seed), summed in the trainer's balanced tree over m: for the same
  * batches the result equals the trainer's step loss bit for bit, for any
- * number of ranks. losses (optional) receives each batch's loss. */
+ * number of ranks. Example rows (prompt/completion, chat) count only
+ * their unmasked targets: the mean is over those (fsdp_engine_mean_loss).
+ * losses (optional) receives each batch's loss (its own unmasked mean). */
 fsdp_status fsdp_infer_eval(const fsdp_infer_config *cfg, const char *data, uint64_t seed,
                             int n_batches, float *mean_loss, float *losses);
 

@@ -581,18 +581,18 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = cfg->tokenizer,
                                .chat_format = cfg->chat_format};
         FSDP_CHECK(fsdp_data_open_opts(&t->data, &dopt));
-        if (fsdp_data_masked(t->data)) {
+        if (fsdp_data_masked(t->data) && cfg->out) {
+            /* the loss is the mean over completion/assistant targets (engine.c) */
             uint64_t cut, none;
             fsdp_data_truncated(t->data, ec->seq, &cut, &none);
-            st = fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
-                                "'%s' holds %llu prompt/completion or chat examples (one per row "
-                                "of --seq %d: %llu would be cut, %llu left with no target); "
-                                "their loss skips prompt tokens through targets of -1, which "
-                                "the models' loss does not support yet; train on {\"text\"} "
-                                "rows, a .txt file or token shards for now",
-                                cfg->data, (unsigned long long)fsdp_data_n_examples(t->data),
-                                ec->seq, (unsigned long long)cut, (unsigned long long)none);
-            goto fail;
+            fprintf(cfg->out, "data: %llu examples from '%s', one per row of --seq %d, loss on "
+                    "completion/assistant tokens only",
+                    (unsigned long long)fsdp_data_n_examples(t->data), cfg->data, ec->seq);
+            if (cut || none)
+                fprintf(cfg->out, "; %llu are cut at %d tokens, %llu of them left with no "
+                        "target (raise --seq)", (unsigned long long)cut, ec->seq + 1,
+                        (unsigned long long)none);
+            fprintf(cfg->out, "\n");
         }
         int dv = fsdp_data_vocab(t->data);
         if (dv > t->model.vocab_size) {
