@@ -100,6 +100,9 @@ fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
     m->vocab_size = cfg->vocab_size;
     m->padded_vocab_size = cfg->padded_vocab_size;
     m->max_seq_len = cfg->max_seq_len;
+    m->n_layer = cfg->n_layer;
+    m->n_head = cfg->n_head;
+    m->n_embd = cfg->n_embd;
 
     fsdp_unit_spec *root = &m->units[0];
     snprintf(root->name, sizeof root->name, "root");
