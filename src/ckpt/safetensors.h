@@ -66,6 +66,36 @@ void fsdp_st_free(fsdp_st_file *f);
 fsdp_status fsdp_st_error(const char *path, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* ---- JSON objects read one member at a time (safetensors_json.c) --------------- */
+
+struct fsdp_json; /* core/json.h */
+
+/* Called with each member of an object: its name (decoded; key_len bytes,
+ * NUL-terminated, may hold NULs) and the raw text of its value
+ * value[0..value_n), which starts at byte `offset` of the object's text. A
+ * non-OK return stops the walk. */
+typedef fsdp_status (*fsdp_st_member_fn)(void *arg, const char *key, size_t key_len,
+                                         const char *value, size_t value_n, size_t offset);
+
+/* Walk the members of the JSON object text[0..n) in document order,
+ * without building a tree: memory stays what fn keeps. The framing is
+ * checked strictly: FORMAT "<label> is not valid JSON: byte B: expected
+ * ..." (label names the text: "safetensors file 'x': the header"). Values
+ * are handed over raw, so fn checks them (fsdp_st_json_value). fn NULL:
+ * check the framing only (a first pass, so that a mangled text is reported
+ * as such rather than by what its first member lacks). */
+fsdp_status fsdp_st_json_members(const char *label, const char *text, size_t n,
+                                 fsdp_st_member_fn fn, void *arg);
+
+/* Parse the raw value of member `key` (at byte `offset`) with core/json if
+ * it is at most max bytes long: a bounded tree. FORMAT naming label, key
+ * and offset otherwise. */
+fsdp_status fsdp_st_json_value(const char *label, const char *key, const char *value, size_t n,
+                               size_t offset, size_t max, struct fsdp_json **out);
+
+/* "object", "array", "string", ...: the JSON type a raw value starts as. */
+const char *fsdp_st_json_raw_type(const char *value, size_t n);
+
 /* The model a parsed file holds: the first family (registry order) whose
  * safetensors mapping reads a config from the tensors, that model built,
  * and every tensor checked against it (fsdp_st_locate). FORMAT naming the
