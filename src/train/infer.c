@@ -123,14 +123,12 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
         .shard = FSDP_SHARD_FULL,
         .compute_dtype = cfg->compute_dtype,
         .prefetch = true,
+        .inference = true,     /* parameters and activations only */
         .deterministic = true,
         .device_mem = cfg->device_mem,
         .batch = B,
         .seq = T,
         .grad_accum = 1,
-        .beta1 = 0.9f,
-        .beta2 = 0.95f,
-        .eps = 1e-8f,
         .seed = seed,
     };
     FSDP_TRY(fsdp_world_init(&r->w, cfg->n_ranks));
@@ -143,6 +141,13 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
               fsdp_modelfile_path(r->mf), fsdp_modelfile_dtype_name(r->mf), r->model.name,
               cfg->n_ranks);
     return FSDP_STATUS_OK;
+}
+
+/* After a rank's last forward: its device memory figures, if asked for. */
+static void publish_mem(struct infer *r, fsdp_engine *e, int rank)
+{
+    if (r->cfg->mem_out && e)
+        r->cfg->mem_out[rank] = fsdp_engine_device(e)->mem;
 }
 
 /* ---- eval -------------------------------------------------------------------- */
@@ -161,6 +166,7 @@ static fsdp_status eval_rank(fsdp_world *w, int rank, void *arg)
         if (m < S)
             r->losses[m] = loss;
     }
+    publish_mem(r, e, rank);
     st = FSDP_STATUS_OK;
 fail:
     fsdp_engine_free(e);
@@ -246,6 +252,7 @@ static fsdp_status sample_rank(fsdp_world *w, int rank, void *arg)
         }
         FSDP_CHECK(fsdp_world_barrier(w)); /* the new token is visible to every rank */
     }
+    publish_mem(r, e, rank);
     st = FSDP_STATUS_OK;
 fail:
     fsdp_engine_free(e);

@@ -6,7 +6,9 @@
  * checkpoint: any format of src/ckpt/modelfile.h, resolved by
  * fsdp_modelfile_resolve) loaded straight into a sharded engine:
  * each rank reads only its own shard of every unit, as in training, so a
- * model that does not fit one device can still be evaluated.
+ * model that does not fit one device can still be evaluated. The engine is
+ * an inference engine (engine.h: inference): parameters in the compute
+ * dtype and activations, no optimizer state or gradients.
  */
 #ifndef FSDP_TRAIN_INFER_H
 #define FSDP_TRAIN_INFER_H
@@ -25,6 +27,8 @@ typedef struct fsdp_infer_config {
     int seq;                   /* eval: T (0: 64 or the model's context if shorter);
                                 * sample: context window (0: the model's) */
     const char *tokenizer;     /* eval: tokenizer.json for .txt/.jsonl data, or NULL */
+    fsdp_mem_stats *mem_out;   /* optional [n_ranks]: each rank's device memory figures
+                                * after its last forward */
 } fsdp_infer_config;
 
 /* Defaults: cpu (cuda if visible), 1 rank, fp32, batch 8, seq 64. */
