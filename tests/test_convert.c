@@ -533,7 +533,8 @@ START_TEST(test_commands)
             "reference .bin");
     free(a);
     free(b);
-    rc = run_cmd(out, sizeof out, "convert %s %s --dtype bf16", FIXTURE_BIN, path_in(dir, "ck"));
+    rc = run_cmd(out, sizeof out, "convert %s %s --dtype bf16 --to ckpt", FIXTURE_BIN,
+                 path_in(dir, "ck"));
     REQUIRE(rc == 2 && strstr(out, "fp32"), "bf16 checkpoint: rc %d: %s", rc, out);
     rc = run_cmd(out, sizeof out, "convert tests/fixtures/no_such.bin %s", path_in(dir, "x.bin"));
     REQUIRE(rc == 1 && strstr(out, "no_such.bin"), "missing input: rc %d: %s", rc, out);

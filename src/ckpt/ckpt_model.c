@@ -157,8 +157,9 @@ static fsdp_status ckpt_read_range(const fsdp_modelfile *mf, int unit, size_t be
 
 /* A 1-device checkpoint of the model at step 0 (optimizer state zero). */
 static fsdp_status ckpt_write(const char *dir, const fsdp_model *m, const float *const *units,
-                              fsdp_dtype dt)
+                              const fsdp_modelfile_write_opts *o)
 {
+    fsdp_dtype dt = o->dtype;
     if (dt != FSDP_DTYPE_F32)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "checkpoints hold fp32 parameters; "
                               "drop --dtype %s", fsdp_dtype_name(dt));
