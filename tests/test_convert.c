@@ -467,7 +467,7 @@ START_TEST(test_sample_deterministic)
     for (int k = 0; k < 3; k++) {
         ic.n_ranks = ranks[k];
         memset(out[k], 0xff, sizeof out[k]);
-        REQUIRE(fsdp_infer_sample(&ic, &sc, out[k]) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+        REQUIRE(fsdp_infer_sample(&ic, &sc, out[k], NULL) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
         for (int i = 0; i < NT; i++)
             REQUIRE(out[k][i] >= 0 && out[k][i] < 256, "token %d is %d", i, out[k][i]);
         REQUIRE(!memcmp(out[k], out[0], sizeof out[0]), "greedy run %d (%d devices) differs", k,
@@ -476,19 +476,19 @@ START_TEST(test_sample_deterministic)
     /* the context window slides: a prompt longer than --seq still works */
     ic.seq = 8;
     ic.n_ranks = 1;
-    REQUIRE(fsdp_infer_sample(&ic, &sc, out[3]) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    REQUIRE(fsdp_infer_sample(&ic, &sc, out[3], NULL) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
     ic.seq = 0;
     /* temperature: the same seed gives the same tokens on any device count */
     sc.temperature = 1.0f;
     sc.seed = 11;
     ic.n_ranks = 1;
-    REQUIRE(fsdp_infer_sample(&ic, &sc, out[1]) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    REQUIRE(fsdp_infer_sample(&ic, &sc, out[1], NULL) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
     ic.n_ranks = 2;
-    REQUIRE(fsdp_infer_sample(&ic, &sc, out[2]) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    REQUIRE(fsdp_infer_sample(&ic, &sc, out[2], NULL) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
     REQUIRE(!memcmp(out[1], out[2], sizeof out[1]), "temperature sampling differs by devices");
     /* out-of-vocabulary prompts are refused */
     prompt[0] = 300;
-    expect_error(fsdp_infer_sample(&ic, &sc, out[1]), FSDP_STATUS_INVALID_ARG, "bad prompt",
+    expect_error(fsdp_infer_sample(&ic, &sc, out[1], NULL), FSDP_STATUS_INVALID_ARG, "bad prompt",
                  "vocabulary", NULL);
     rm_rf(dir);
 }

@@ -34,7 +34,7 @@ void fsdp_infer_config_default(fsdp_infer_config *cfg)
     cfg->n_ranks = 1;
     cfg->compute_dtype = FSDP_DTYPE_F32;
     cfg->batch = 8;
-    cfg->seq = 64;
+    cfg->seq = 0; /* by the model: see infer.h */
 }
 
 struct infer {
@@ -53,6 +53,7 @@ struct infer {
     const fsdp_sample_config *sc;
     int *ctx;                  /* prompt then generated tokens; appended by rank 0 */
     int *out;
+    int n_out;                 /* tokens generated (every rank counts the same) */
 };
 
 static void infer_free(struct infer *r)
@@ -222,6 +223,14 @@ static int pick_token(const float *logits, int V, float temperature, float u)
     return best; /* rounding left target just above the total */
 }
 
+static bool is_stop(const fsdp_sample_config *sc, int tok)
+{
+    for (int i = 0; i < sc->n_stop; i++)
+        if (sc->stop[i] == tok)
+            return true;
+    return false;
+}
+
 static fsdp_status sample_rank(fsdp_world *w, int rank, void *arg)
 {
     struct infer *r = arg;
@@ -247,10 +256,15 @@ static fsdp_status sample_rank(fsdp_world *w, int rank, void *arg)
             int tok = pick_token(logits, V, sc->temperature, u);
             r->ctx[len] = tok;
             r->out[k] = tok;
+            r->n_out = k + 1;
+            if (sc->logits)
+                memcpy(sc->logits + (size_t)k * (size_t)V, logits, (size_t)V * sizeof *logits);
             if (sc->on_token)
                 sc->on_token(sc->arg, tok);
         }
         FSDP_CHECK(fsdp_world_barrier(w)); /* the new token is visible to every rank */
+        if (is_stop(sc, r->ctx[len]))
+            break;                         /* every rank reads the same token */
     }
     publish_mem(r, e, rank);
     st = FSDP_STATUS_OK;
@@ -262,8 +276,10 @@ fail:
 }
 
 fsdp_status fsdp_infer_sample(const fsdp_infer_config *cfg, const fsdp_sample_config *sc,
-                              int *out)
+                              int *out, int *n_out)
 {
+    if (n_out)
+        *n_out = 0;
     if (!cfg || !sc || !out || !sc->prompt || sc->n_prompt < 1 || sc->n_tokens < 0 ||
         !(sc->temperature >= 0.0f))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
@@ -280,8 +296,13 @@ fsdp_status fsdp_infer_sample(const fsdp_infer_config *cfg, const fsdp_sample_co
                                 "vocabulary of %d", sc->prompt[i], i, V);
             goto fail;
         }
+    if (cfg->seq > maxT) {
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--seq %d is longer than the model's "
+                            "context of %d (%s)", cfg->seq, maxT, cfg->model_path);
+        goto fail;
+    }
     /* the context: the model's, or --seq, never more than the text needs */
-    int T = cfg->seq > 0 && cfg->seq < maxT ? cfg->seq : maxT;
+    int T = cfg->seq > 0 ? cfg->seq : maxT;
     int64_t need = (int64_t)sc->n_prompt + sc->n_tokens - 1;
     if (need < T)
         T = need > 0 ? (int)need : 1;
@@ -296,6 +317,8 @@ fsdp_status fsdp_infer_sample(const fsdp_infer_config *cfg, const fsdp_sample_co
     memcpy(r.ctx, sc->prompt, (size_t)sc->n_prompt * sizeof *r.ctx);
     FSDP_CHECK(infer_setup(&r, NULL, sc->seed, 1, T));
     FSDP_CHECK(fsdp_world_launch(r.w, sample_rank, &r));
+    if (n_out)
+        *n_out = r.n_out;
 fail:
     free(r.ctx);
     infer_free(&r);
