@@ -424,13 +424,18 @@ static fsdp_status check_index(const char *index_path, const fsdp_hfdir_index *x
     return FSDP_STATUS_INTERNAL;
 }
 
+/* A directory holding config.json or the weights' files. */
 static bool hf_claims(const char *path)
 {
-    char cfg[FSDP_CKPT_PATH_MAX + 16];
-    if (!is_dir(path) || snprintf(cfg, sizeof cfg, "%s/" FSDP_HF_CONFIG, path) >= (int)sizeof cfg)
-        return false;
+    static const char *const marks[] = {FSDP_HF_CONFIG, FSDP_HF_WEIGHTS, FSDP_HF_INDEX};
+    char p[FSDP_CKPT_PATH_MAX + 64];
     struct stat sb;
-    return stat(cfg, &sb) == 0;
+    if (!is_dir(path))
+        return false;
+    for (int i = 0; i < 3; i++)
+        if (snprintf(p, sizeof p, "%s/%s", path, marks[i]) < (int)sizeof p && stat(p, &sb) == 0)
+            return true;
+    return false;
 }
 
 bool fsdp_modelfile_tokenizer_of(const char *value, char *buf, size_t n)
@@ -530,6 +535,11 @@ static fsdp_status hf_open(fsdp_modelfile *mf, const char *path)
     char cfg[FSDP_CKPT_PATH_MAX + 16], label[FSDP_CKPT_PATH_MAX + 64], *text = NULL;
     size_t n = 0;
     FSDP_TRY(join(cfg, sizeof cfg, path, FSDP_HF_CONFIG));
+    struct stat sb;
+    if (lstat(cfg, &sb) != 0)
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "Hugging Face directory '%s' has no "
+                              FSDP_HF_CONFIG " (the model's shape and kind): copy it from the "
+                              "model's repository", path);
     snprintf(label, sizeof label, "Hugging Face directory '%s': " FSDP_HF_CONFIG, path);
     FSDP_TRY(fsdp_hfdir_read_file(cfg, FSDP_HF_CONFIG_MAX_BYTES, "model config", &text, &n));
     fsdp_status st = fsdp_hfdir_parse_config(label, text, n, &mf->family, mf->config,
@@ -545,7 +555,8 @@ static fsdp_status hf_open(fsdp_modelfile *mf, const char *path)
         np += m.units[u].n_params;
     fsdp_tensor_src *src = calloc((size_t)np + 1, sizeof *src);
     snprintf(label, sizeof label, "Hugging Face directory '%s'", path);
-    st = src ? fsdp_st_locate(h->files, h->n_files, label, &m, src)
+    st = src ? fsdp_st_locate(h->files, h->n_files, label, m.family->safetensors->hf_prefix, &m,
+                            src)
              : fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
     if (st == FSDP_STATUS_OK) {
         static const char *const names[] = {"fp32", "bf16", "fp16"};
@@ -566,7 +577,8 @@ static fsdp_status hf_bind(fsdp_modelfile *mf, const fsdp_model *m)
     char label[FSDP_CKPT_PATH_MAX + 32];
     snprintf(label, sizeof label, "Hugging Face directory '%s'", mf->path);
     FSDP_TRY(fsdp_flat_prepare(mf, m));
-    return fsdp_st_locate(h->files, h->n_files, label, m, mf->src);
+    return fsdp_st_locate(h->files, h->n_files, label, m->family->safetensors->hf_prefix, m,
+                          mf->src);
 }
 
 static void hf_close(fsdp_modelfile *mf)

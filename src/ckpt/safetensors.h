@@ -128,9 +128,10 @@ fsdp_status fsdp_st_model(const fsdp_st_file *f, fsdp_model *m);
  * model split over several files: a sharded Hugging Face directory):
  * src[k] for the k-th parameter in unit order, src[k].part the index of
  * its file. m must be the files' model (its family's mapping is used);
- * FORMAT naming the tensor and its file on any mismatch, and `label` ("safetensors
- * file 'x'") for a parameter no file holds. */
+ * FORMAT naming the tensor and its file on any mismatch, and `label`
+ * ("safetensors file 'x'") for a parameter no file holds, named with
+ * `prefix` (NULL: none) before the mapping's name. */
 fsdp_status fsdp_st_locate(const fsdp_st_file *files, int n_files, const char *label,
-                           const fsdp_model *m, fsdp_tensor_src *src);
+                           const char *prefix, const fsdp_model *m, fsdp_tensor_src *src);
 
 #endif /* FSDP_CKPT_SAFETENSORS_H */

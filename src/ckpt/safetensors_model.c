@@ -75,7 +75,7 @@ static fsdp_status find_config(const fsdp_st_file *f, const fsdp_model_family **
 }
 
 fsdp_status fsdp_st_locate(const fsdp_st_file *files, int n_files, const char *label,
-                           const fsdp_model *m, fsdp_tensor_src *src)
+                           const char *prefix, const fsdp_model *m, fsdp_tensor_src *src)
 {
     const fsdp_safetensors_mapping *map = m->family ? m->family->safetensors : NULL;
     if (!map)
@@ -160,8 +160,9 @@ fsdp_status fsdp_st_locate(const fsdp_st_file *files, int n_files, const char *l
             if (!from[base[u] + i]) {
                 fsdp_weight_tensor want;
                 map->tensor(m, u, i, &want);
-                st = fsdp_error_set(FSDP_STATUS_FORMAT, "%s: tensor '%s' (parameter '%s') is "
-                                    "missing", label, want.name, m->units[u].params[i].name);
+                st = fsdp_error_set(FSDP_STATUS_FORMAT, "%s: tensor '%s%s' (parameter '%s') is "
+                                    "missing", label, prefix ? prefix : "", want.name,
+                                    m->units[u].params[i].name);
             }
 done:
     free(from_file);
@@ -181,7 +182,7 @@ static fsdp_status model_of(const fsdp_st_file *f, fsdp_model *m, fsdp_tensor_sr
     fsdp_tensor_src *s = calloc((size_t)n_params(m) + 1, sizeof *s);
     char label[FSDP_CKPT_PATH_MAX + 32];
     snprintf(label, sizeof label, "safetensors file '%s'", f->path);
-    fsdp_status st = s ? fsdp_st_locate(f, 1, label, m, s)
+    fsdp_status st = s ? fsdp_st_locate(f, 1, label, NULL, m, s)
                        : fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'",
                                         f->path);
     if (st != FSDP_STATUS_OK || !src)
@@ -241,7 +242,7 @@ static fsdp_status st_bind(fsdp_modelfile *mf, const fsdp_model *m)
     FSDP_TRY(fsdp_flat_prepare(mf, m));
     char label[FSDP_CKPT_PATH_MAX + 32];
     snprintf(label, sizeof label, "safetensors file '%s'", mf->path);
-    return fsdp_st_locate(mf->impl, 1, label, m, mf->src);
+    return fsdp_st_locate(mf->impl, 1, label, NULL, m, mf->src);
 }
 
 static void st_close(fsdp_modelfile *mf)
