@@ -15,7 +15,8 @@
  * - llm.c's tokenizer file (gpt2_tokenizer.bin, --tokenizer): decoded
  *   output, and a prompt encoded by greedy longest match over its table
  *   (valid ids, not always the ids GPT-2's BPE would choose).
- * - nothing: the prompt is a list of token ids and so is the output.
+ * - nothing, or --ids: the prompt is a list of token ids and so is the
+ *   output.
  * With no prompt, generation starts from a newline (byte-level), the BOS
  * or end-of-text token.
  */
@@ -119,11 +120,13 @@ static bool has_suffix(const char *s, const char *suffix)
 }
 
 /* The tokenizer: --tokenizer, else the model directory's tokenizer.json,
- * else bytes (V = 256) or ids. */
+ * else bytes (V = 256) or ids; ids whatever there is with --ids. */
 static fsdp_status open_text_io(struct text_io *io, const char *tokenizer, const char *model,
-                                int V, char *found, size_t found_size)
+                                int V, bool ids, char *found, size_t found_size)
 {
     memset(io, 0, sizeof *io);
+    if (ids)
+        return FSDP_STATUS_OK;
     if (!tokenizer && fsdp_modelfile_tokenizer_of(model, found, found_size))
         tokenizer = found;
     io->tok_path = tokenizer;
@@ -281,6 +284,7 @@ int fsdp_cli_sample(int argc, char **argv)
     fsdp_infer_config *c = &io_opts.cfg;
     const char *prompt = NULL, *tokenizer = NULL, *logits_path = NULL;
     struct chat_opts co = {0};
+    bool ids_only = false;
     int n_tokens = 64;
     float temperature = 0.0f;
     uint64_t seed = 1337;
@@ -305,6 +309,8 @@ int fsdp_cli_sample(int argc, char **argv)
         "gpt2_tokenizer.bin");
     OPT("seq", FSDP_OPT_INT, &c->seq, "T",
         "context window: longer texts keep their last T tokens (default: the model's context)");
+    OPT("ids", FSDP_OPT_FLAG, &ids_only, "",
+        "--prompt is token ids and the output is ids, whatever tokenizer there is");
     OPT("logits", FSDP_OPT_STR, &logits_path, "FILE",
         "also write the fp32 logits each generated token was chosen from (tokens x vocab, raw)");
 #undef OPT
@@ -331,7 +337,7 @@ int fsdp_cli_sample(int argc, char **argv)
                             "context of %d", c->seq, maxT);
         goto fail;
     }
-    if ((st = open_text_io(&io, tokenizer, c->model_path, V, found, sizeof found)) !=
+    if ((st = open_text_io(&io, tokenizer, c->model_path, V, ids_only, found, sizeof found)) !=
         FSDP_STATUS_OK)
         goto fail;
     if ((co.on || co.system || co.format) && io.kind != TEXT_HF) {
