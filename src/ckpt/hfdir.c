@@ -461,7 +461,8 @@ static fsdp_status open_files(fsdp_modelfile *mf, hf_impl *h)
     FSDP_TRY(join(index, sizeof index, dir, FSDP_HF_INDEX));
     if (!is_file(index)) {
         char bin[FSDP_CKPT_PATH_MAX + 32];
-        bool pickle = !join(bin, sizeof bin, dir, "pytorch_model.bin") && is_file(bin);
+        bool pickle = join(bin, sizeof bin, dir, "pytorch_model.bin") == FSDP_STATUS_OK &&
+                      is_file(bin);
         snprintf(bin, sizeof bin, "%s/pytorch_model.bin.index.json", dir);
         pickle = pickle || is_file(bin);
         return fsdp_error_set(FSDP_STATUS_FORMAT, "Hugging Face directory '%s' holds neither %s "

@@ -14,7 +14,7 @@
  * to nearest even, and bf16 read back as bf16 is exact.
  *
  * A Hugging Face OUT gets the tokenizer and generation files of a Hugging
- * Face IN, or of --tokenizer's directory (with that tokenizer.json).
+ * Face IN, or those of --tokenizer's directory (with that tokenizer.json).
  */
 #include <libgen.h>
 #include <stdio.h>
@@ -160,7 +160,7 @@ int fsdp_cli_convert(int argc, char **argv)
                                     .companions = fsdp_modelfile_companions(mf),
                                     .tokenizer = tokenizer, .copied = copied,
                                     .copied_size = sizeof copied};
-    if (tokenizer && !wo.companions) {
+    if (tokenizer) { /* its configuration and template come from where it comes from */
         snprintf(tok_dir, sizeof tok_dir, "%s", tokenizer);
         wo.companions = dirname(tok_dir);
     }
