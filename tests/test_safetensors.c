@@ -25,6 +25,7 @@
 #include "core/rng.h"
 #include "model_files_util.h"
 #include "models/gpt2.h"
+#include "testutil.h"
 
 /* Metadata value of a parsed safetensors file, or NULL. */
 static const char *st_meta(const fsdp_st_file *f, const char *key)
@@ -608,9 +609,12 @@ START_TEST(test_hostile_header_memory)
         expect_error(fsdp_st_open(p, &f), FSDP_STATUS_FORMAT, cases[i].name, cases[i].name,
                      cases[i].msg, NULL);
         size_t grew = max_rss() > before ? max_rss() - before : 0;
-        /* the header itself is read into memory once */
-        REQUIRE(grew < 2 * hn, "%s: parsing a %llu-byte header raised the peak RSS by %zu bytes",
-                cases[i].name, (unsigned long long)hn, grew);
+        /* the header itself is read into memory once; under a sanitizer
+         * its shadow memory (and ASan's quarantine) comes on top, so the
+         * peak is only held to that without one */
+        REQUIRE(grew < 2 * hn || FSDP_TEST_ASAN || FSDP_TEST_TSAN, "%s: parsing a %llu-byte "
+                "header raised the peak RSS by %zu bytes", cases[i].name,
+                (unsigned long long)hn, grew);
         unlink(p);
     }
     rm_rf(dir);

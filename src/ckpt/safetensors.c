@@ -309,8 +309,9 @@ static fsdp_status parse_header(const char *path, const char *hdr, uint64_t n,
     snprintf(w.label, sizeof w.label, "safetensors file '%s': the header", path);
     FSDP_CHECK(fsdp_st_json_members(w.label, hdr, (size_t)n, NULL, NULL));
     FSDP_CHECK(fsdp_st_json_members(w.label, hdr, (size_t)n, on_header_member, &w));
-    /* names unique */
-    qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_name);
+    /* names unique (qsort wants a real array, even of nothing) */
+    if (f->n_tensors > 1)
+        qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_name);
     for (int i = 1; i < f->n_tensors; i++)
         if (!strcmp(f->tensors[i - 1].name, f->tensors[i].name)) {
             st = fsdp_st_error(path, "tensor '%.80s' appears twice in the header",
@@ -318,7 +319,8 @@ static fsdp_status parse_header(const char *path, const char *hdr, uint64_t n,
             goto fail;
         }
     /* the tensors tile the data section */
-    qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_offset);
+    if (f->n_tensors > 1)
+        qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_offset);
     uint64_t at = 0;
     for (int i = 0; i < f->n_tensors; i++) {
         const fsdp_st_tensor *t = &f->tensors[i];

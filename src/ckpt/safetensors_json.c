@@ -119,7 +119,9 @@ fsdp_status fsdp_st_json_members(const char *label, const char *text, size_t n,
         if (!key_end)
             return framing_error(label, text, n, n, "unterminated member name");
         fsdp_json *key = NULL;
-        if (fsdp_json_parse(text + i, key_end - i, &key) != FSDP_STATUS_OK) {
+        /* the framing pass allocates nothing: names are decoded (and their
+         * escapes checked) when a member is handed over */
+        if (fn && fsdp_json_parse(text + i, key_end - i, &key) != FSDP_STATUS_OK) {
             fsdp_error_prefix("%s is not valid JSON: byte %zu (a member name)", label, i);
             return FSDP_STATUS_FORMAT;
         }
@@ -134,7 +136,8 @@ fsdp_status fsdp_st_json_members(const char *label, const char *text, size_t n,
         }
         if (st == FSDP_STATUS_OK && fn)
             st = fn(arg, key->str, key->len, text + v0, v1 - v0, v0);
-        fsdp_json_free(key);
+        if (key)
+            fsdp_json_free(key);
         if (st != FSDP_STATUS_OK)
             return st;
         i = skip_ws(text, n, v1);
