@@ -39,7 +39,7 @@ int fsdp_cli_eval(int argc, char **argv)
     OPT("seed", FSDP_OPT_U64, &seed, "S", "data seed, as for train (synthetic task; default 1337)");
     OPT("per-batch", FSDP_OPT_FLAG, &per_batch, "", "also print each micro-batch's loss");
 #undef OPT
-    int rc = fsdp_args_parse("eval", "--model FILE --data DATA [options]", opts, n, argc, argv,
+    int rc = fsdp_args_parse("eval", "--model FILE|DIR --data DATA [options]", opts, n, argc, argv,
                              NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;
