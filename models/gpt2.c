@@ -585,8 +585,8 @@ static fsdp_status gpt2_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *
     FSDP_OP(ctx, layernorm_fwd, s->lnf, s->lnf_mean, s->lnf_rstd, last, lnfw,
             param_ptr(m, 0, root_params, ROOT_LNFB, dt), N, C);
     FSDP_OP(ctx, matmul_fwd, s->logits, s->lnf, wte, NULL, N, C, Vp);
-    /* The loss is the mean over the B*T tokens, so each token's share of
-     * the gradient is dloss / (B*T). */
+    /* The loss is the sum of the token losses over B*T (masked targets add
+     * 0), so each token's share of the gradient is dloss / (B*T). */
     float *dlogits = root_grads ? s->dlogits : NULL;
     FSDP_OP(ctx, xent_fwd_bwd, s->losses, dlogits, s->logits, s->targets, N, V, Vp,
             dloss / (float)N);

@@ -117,8 +117,10 @@ struct fsdp_model_i {
     fsdp_status (*unit_forward)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
                                 const void *params);
     /* Loss of the micro-batch: *loss = tree sum over the B*T tokens of
-     * their losses, divided by B*T (host float; 0 on meta). If root_grads is
-     * NULL only the forward runs. dloss scales the gradient (1/micro-batches). */
+     * their losses, divided by B*T, a token whose target is < 0 (masked)
+     * adding 0 (host float; 0 on meta). If root_grads is NULL only the
+     * forward runs. The gradient is that of dloss * *loss (the engine passes
+     * B*T / unmasked targets of the global batch: engine.c). */
     fsdp_status (*head_forward_backward)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                          const void *root_params, float *root_grads, float dloss,
                                          float *loss);

@@ -2,8 +2,10 @@
  * test_engine.c - the FSDP engine through the trainer: the determinism
  * contract (bit-identical losses and parameters for 1, 2, 4, 8 devices,
  * every strategy, prefetch on/off, offload), sharded vs unsharded training,
- * communication bytes and memory against their formulas, and the error
- * paths (OOM under a cap, bad configurations).
+ * communication bytes and memory against their formulas, the error paths
+ * (OOM under a cap, bad configurations; the trainer's stops and non-finite
+ * steps: test_train_errors.c), activation recompute, and loss masks
+ * (example rows: the mean over the global batch's trained targets).
  */
 #include <check.h>
 #include <math.h>
@@ -12,10 +14,13 @@
 #include <unistd.h>
 #include <stdlib.h>
 
+#include "ckpt/modelfile.h"
+#include "data/data.h"
 #include "fsdp/engine.h"
 #include "fsdp/shardmap.h"
 #include "models/family.h"
 #include "models/registry.h"
+#include "train/infer.h"
 #include "train/train.h"
 
 /* A tiny run. The global batch is 8 micro-batches of one sequence of 16
@@ -716,6 +721,213 @@ START_TEST(test_recompute_flops)
 }
 END_TEST
 
+/* ---- loss masks: prompt/completion rows ------------------------------------------ */
+
+static const char *const masked_models[] = {
+    "gpt2:layers=2,heads=4,channels=32,vocab=768,context=32",
+    "llama:layers=2,heads=4,kv_heads=2,hidden=32,intermediate=64,head_dim=8,vocab=768,"
+    "context=32",
+};
+
+/* Example rows of different lengths, so micro-batches hold different
+ * numbers of trained targets (and one prompt fills a whole row). */
+static void write_examples(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 12; i++) /* with tok_llama3.json: 14 or 42 + 3 or 17 tokens */
+        fprintf(f, "{\"prompt\": \"Q%d: how many %s?\", \"completion\": \"%s\"}\n", i % 10,
+                i % 5 ? "foxes" : "quick brown foxes jump over the lazy dogs today",
+                i % 2 ? " seven" : " a few, and then some more");
+    fclose(f);
+}
+
+static void masked_config(fsdp_train_config *c, const char *model, const char *data, int devices)
+{
+    tiny_config(c, devices, 4 / devices);
+    c->eng.batch = 2; /* 4 micro-batches of 2 rows of 32 tokens per step */
+    c->eng.seq = 32;
+    c->eng.clip = 1.0f;
+    c->model = model;
+    c->data = data;
+    c->tokenizer = "tests/fixtures/tok_llama3.json";
+}
+
+/* The step-0 loss computed by hand: the initial model (the engine's
+ * counter-based init) run forward on one cpu rank, every token's
+ * cross-entropy in double, and three means of it: over the unmasked targets
+ * of the global batch (what the engine reports), of the micro-batches'
+ * means, and of the rows' means. Returns the unmasked count. */
+static uint64_t hand_losses(const fsdp_train_config *c, double *global, double *of_micro,
+                            double *of_rows)
+{
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec(c->model, &m), FSDP_STATUS_OK);
+    fsdp_data_opts o = {.spec = c->data, .seed = c->eng.seed, .tokenizer = c->tokenizer};
+    fsdp_data *d = NULL;
+    ck_assert_int_eq(fsdp_data_open_opts(&d, &o), FSDP_STATUS_OK);
+    fsdp_device dev;
+    fsdp_op_ctx ctx;
+    ck_assert_int_eq(fsdp_device_init(&dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_ops_init(&ctx, &dev, FSDP_DTYPE_F32), FSDP_STATUS_OK);
+    void **params = calloc((size_t)m.n_units, sizeof *params);
+    for (int u = 0; u < m.n_units; u++) {
+        params[u] = malloc(m.units[u].numel * sizeof(float));
+        fsdp_model_init_range(&m, u, 0, m.units[u].numel, c->eng.seed, params[u]);
+    }
+    const int B = c->eng.batch, T = c->eng.seq, M = c->eng.n_ranks * c->eng.grad_accum;
+    const int V = m.vocab_size, Vp = m.padded_vocab_size;
+    void *state = NULL;
+    ck_assert_int_eq(m.iface->state_init(&m, &ctx, B, T, false, &state), FSDP_STATUS_OK);
+    double sum = 0, micro_means = 0, row_means = 0;
+    uint64_t count = 0, first_count = 0;
+    int rows = 0;
+    bool counts_differ = false;
+    for (int k = 0; k < M; k++) {
+        int *in = m.iface->state_tokens(state), *tg = m.iface->state_targets(state);
+        ck_assert_int_eq(fsdp_data_batch(d, (uint64_t)k, B, T, in, tg), FSDP_STATUS_OK);
+        ck_assert_int_eq(m.iface->root_forward(&m, &ctx, state, params[0]), FSDP_STATUS_OK);
+        for (int u = 1; u < m.n_units; u++)
+            ck_assert_int_eq(m.iface->unit_forward(&m, &ctx, state, u, params[u]),
+                             FSDP_STATUS_OK);
+        ck_assert_int_eq(m.iface->head_forward_backward(&m, &ctx, state, params[0], NULL, 1.0f,
+                                                        NULL),
+                         FSDP_STATUS_OK);
+        const float *lg = m.iface->state_logits(state);
+        double msum = 0;
+        uint64_t mcount = 0;
+        for (int b = 0; b < B; b++) {
+            double rsum = 0;
+            int rcount = 0;
+            for (int t = 0; t < T; t++) {
+                int i = b * T + t;
+                if (tg[i] < 0)
+                    continue;
+                const float *row = lg + (size_t)i * Vp;
+                double mx = row[0], se = 0;
+                for (int j = 1; j < V; j++)
+                    mx = row[j] > mx ? row[j] : mx;
+                for (int j = 0; j < V; j++)
+                    se += exp((double)row[j] - mx);
+                rsum += log(se) + mx - row[tg[i]];
+                rcount++;
+            }
+            msum += rsum;
+            mcount += (uint64_t)rcount;
+            if (rcount) {
+                row_means += rsum / rcount;
+                rows++;
+            }
+        }
+        ck_assert_uint_gt(mcount, 0);
+        sum += msum;
+        count += mcount;
+        micro_means += msum / (double)mcount;
+        if (k == 0)
+            first_count = mcount;
+        counts_differ |= mcount != first_count;
+    }
+    ck_assert_msg(counts_differ, "the micro-batches should hold different numbers of targets");
+    ck_assert_uint_lt(count, (uint64_t)M * B * T); /* prompts and padding are masked */
+    *global = sum / (double)count;
+    *of_micro = micro_means / M;
+    *of_rows = row_means / rows;
+    m.iface->state_free(&m, &ctx, state);
+    for (int u = 0; u < m.n_units; u++)
+        free(params[u]);
+    free(params);
+    fsdp_ops_fini(&ctx);
+    fsdp_device_fini(&dev);
+    fsdp_data_close(d);
+    fsdp_model_free(&m);
+    return count;
+}
+
+/* Prompt/completion rows train; the step loss is the mean over the global
+ * batch's completion targets (computed by hand), not a mean of means; the
+ * run is bit-identical on 1, 2 and 4 devices; eval of the same batches
+ * gives the trainer's loss bit for bit. For GPT-2 and Llama. */
+START_TEST(test_masked_loss)
+{
+    char dir[64] = "/tmp/fsdp_masked_XXXXXX", data[128], ck[128];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(data, sizeof data, "%s/rows.jsonl", dir);
+    write_examples(data);
+    const char *model = masked_models[_i];
+    fsdp_train_config c;
+    fsdp_train_result ref;
+    masked_config(&c, model, data, 1);
+    run_ok(&c, &ref);
+    ck_assert_msg(ref.losses[2] < ref.losses[0], "%s does not learn the completions: %g -> %g",
+                  model, ref.losses[0], ref.losses[2]);
+    double global, of_micro, of_rows;
+    uint64_t count = hand_losses(&c, &global, &of_micro, &of_rows);
+    double rel = fabs(ref.losses[0] - global) / global;
+    printf("masked %s: step-1 loss %.7f, by hand %.7f over %llu targets (rel %.1e); mean of "
+           "micro-batch means %.7f, of row means %.7f\n", model, ref.losses[0], global,
+           (unsigned long long)count, rel, of_micro, of_rows);
+    ck_assert_msg(rel <= 1e-5, "loss %.9g, masked mean by hand %.9g", ref.losses[0], global);
+    ck_assert_msg(fabs(of_micro - global) > 1e-3 * global && fabs(of_rows - global) > 1e-3 * global,
+                  "the data does not tell the means apart");
+    static const int devs[] = {2, 4};
+    for (int k = 0; k < 2; k++) {
+        fsdp_train_result r;
+        masked_config(&c, model, data, devs[k]);
+        c.eng.shard = k ? FSDP_SHARD_FULL : FSDP_SHARD_GRAD_OP;
+        c.eng.offload = k == 1;
+        run_ok(&c, &r);
+        char what[64];
+        snprintf(what, sizeof what, "masked rows on %d devices", devs[k]);
+        fsdp_model m;
+        ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
+        for (int s = 0; s < r.steps; s++)
+            ck_assert_msg(!memcmp(&r.losses[s], &ref.losses[s], 4) &&
+                              !memcmp(&r.grad_norms[s], &ref.grad_norms[s], 4),
+                          "%s: step %d loss %.9g/%.9g", what, s + 1, r.losses[s], ref.losses[s]);
+        for (int u = 0; u < m.n_units; u++)
+            ck_assert_msg(!memcmp(r.params[u], ref.params[u], m.units[u].numel * 4),
+                          "%s: unit %s differs", what, m.units[u].name);
+        fsdp_model_free(&m);
+        fsdp_train_result_free(&r);
+    }
+    /* eval of step 0's batches with the initial weights: the trainer's loss, bit for bit */
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
+    float **units = calloc((size_t)m.n_units, sizeof *units);
+    for (int u = 0; u < m.n_units; u++) {
+        units[u] = malloc(m.units[u].numel * sizeof(float));
+        fsdp_model_init_range(&m, u, 0, m.units[u].numel, c.eng.seed, units[u]);
+    }
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    ck_assert_msg(fsdp_modelfile_write(ck, fsdp_modelfile_format_find("ckpt"), &m,
+                                       (const float *const *)units, FSDP_DTYPE_F32) ==
+                      FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    fsdp_infer_config ic;
+    fsdp_infer_config_default(&ic);
+    ic.backend = FSDP_BACKEND_CPU;
+    ic.model_path = ck;
+    ic.n_ranks = 2;
+    ic.batch = c.eng.batch;
+    ic.seq = c.eng.seq;
+    ic.tokenizer = c.tokenizer;
+    float mean = 0, per[4];
+    ck_assert_msg(fsdp_infer_eval(&ic, data, c.eng.seed, 4, &mean, per) == FSDP_STATUS_OK, "%s",
+                  fsdp_error_msg());
+    ck_assert_msg(!memcmp(&mean, &ref.losses[0], 4), "eval %.9g vs train %.9g", mean,
+                  ref.losses[0]);
+    for (int k = 0; k < 4; k++)
+        ck_assert(isfinite(per[k]) && per[k] > 0.0f);
+    for (int u = 0; u < m.n_units; u++)
+        free(units[u]);
+    free(units);
+    fsdp_model_free(&m);
+    fsdp_train_result_free(&ref);
+    char rm[96];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(rm), 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine");
@@ -733,6 +945,7 @@ int main(void)
     tcase_add_test(tc, test_offload_overlap);
     tcase_add_test(tc, test_many_micro_batches);
     tcase_add_test(tc, test_eight_ranks_prefetch_offload);
+    tcase_add_loop_test(tc, test_masked_loss, 0, 2);
     suite_add_tcase(s, tc);
     tc = tcase_create("recompute");
     tcase_set_timeout(tc, 600);

@@ -201,8 +201,9 @@ static size_t ledger_allocs(const fsdp_device *d)
     return n;
 }
 
-/* init, then three steps: the allocations the steps made, those of them
- * the ledger saw, and what it saw at most at once. */
+/* init, then three steps (forwards for an inference engine): the
+ * allocations they made, those of them the ledger saw, and what it saw at
+ * most at once. */
 static fsdp_status warm_rank(fsdp_world *w, int rank, void *arg)
 {
     (void)w;
@@ -216,8 +217,11 @@ static fsdp_status warm_rank(fsdp_world *w, int rank, void *arg)
     const fsdp_device *d = fsdp_engine_device(e);
     size_t a0 = d->mem.n_allocs, r0 = ledger_allocs(d);
     fsdp_step_result res;
+    float loss;
     for (int s = 0; s < 3 && p->st == FSDP_STATUS_OK; s++)
-        p->st = fsdp_engine_step(e, (uint64_t)s, 1e-3f, &res);
+        p->st = run->sh->cfg.inference
+                    ? fsdp_engine_forward_batch(e, (uint64_t)s, &loss, NULL)
+                    : fsdp_engine_step(e, (uint64_t)s, 1e-3f, &res);
     p->n_resv = d->n_resv;
     p->misses = d->n_resv_misses;
     p->step_allocs = d->mem.n_allocs - a0;
@@ -230,14 +234,15 @@ static fsdp_status warm_rank(fsdp_world *w, int rank, void *arg)
 
 /* Every allocation a step makes has a reserved size, no size is ever live
  * more often than reserved, and nothing is reserved that is never used
- * but the one gradient buffer that prefetch adds (tiny's blocks are of one
- * size): strategies x prefetch x placement x micro-steps x precision x
- * ranks on meta, and a corner of it on cpu (the same counts: the planner
- * is byte-exact against cpu). */
-START_TEST(test_warm_up_covers_the_step)
+ * but the one gradient buffer that prefetch adds (the blocks of both
+ * models are of one size): strategies x prefetch x placement x micro-steps
+ * (or an inference engine's forwards) x precision x ranks on meta, for
+ * GPT-2 and Llama, and a corner of it on cpu (the same counts: the planner
+ * is byte-exact against cpu). Returns how many configurations ran. */
+static int warm_matrix(const char *model, bool with_cpu)
 {
     fsdp_model m;
-    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
     fsdp_data *data = NULL;
     ck_assert_int_eq(fsdp_data_open(&data, "synthetic", m.vocab_size, 7), FSDP_STATUS_OK);
     const fsdp_shard_strategy shards[] = {FSDP_SHARD_FULL, FSDP_SHARD_GRAD_OP, FSDP_SHARD_NONE};
@@ -246,19 +251,23 @@ START_TEST(test_warm_up_covers_the_step)
     for (int si = 0; si < 3; si++)
     for (int prefetch = 0; prefetch < 2; prefetch++)
     for (int offload = 0; offload < 2; offload++)
-    for (int A = 1; A <= 5; A++)
+    for (int A = 0; A <= 5; A++) /* 0: an inference engine */
     for (int prec = 0; prec < 2; prec++)
     for (int N = 1; N <= 3; N += 2) {
         fsdp_backend backend = b ? FSDP_BACKEND_CPU : FSDP_BACKEND_META;
-        if (backend == FSDP_BACKEND_CPU && (prec || A == 2 || A > 3 || (N == 1 && si)))
+        if (backend == FSDP_BACKEND_CPU &&
+            (!with_cpu || prec || A == 2 || A > 3 || (N == 1 && si)))
             continue;
+        if (A == 0 && (offload || prefetch || si))
+            continue; /* inference gathers as full does; no placement, no prefetch */
         fsdp_world *w = NULL;
         ck_assert_int_eq(fsdp_world_init(&w, N), FSDP_STATUS_OK);
         fsdp_engine_config c = {.backend = backend, .n_ranks = N, .shard = shards[si],
                                 .compute_dtype = prec ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32,
                                 .prefetch = prefetch, .offload = offload, .batch = 2,
-                                .seq = 16, .grad_accum = A, .beta1 = 0.9f, .beta2 = 0.95f,
-                                .eps = 1e-8f, .clip = 1.0f, .seed = 1};
+                                .seq = 16, .grad_accum = A ? A : 1, .inference = A == 0,
+                                .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f,
+                                .seed = 1};
         fsdp_engine_shared sh;
         ck_assert_int_eq(fsdp_engine_shared_init(&sh, &c, &m, data, w), FSDP_STATUS_OK);
         struct warm_run run = {.sh = &sh};
@@ -266,10 +275,11 @@ START_TEST(test_warm_up_covers_the_step)
                       fsdp_error_msg());
         for (int r = 0; r < N; r++) {
             const struct warm_probe *p = &run.p[r];
-            char what[160];
+            char what[200];
             snprintf(what, sizeof what,
-                     "%s, %d ranks, shard %d, prefetch %d, offload %d, A %d, %s, rank %d",
-                     fsdp_backend_name(backend), N, (int)shards[si], prefetch, offload, A,
+                     "%s on %s, %d ranks, shard %d, prefetch %d, offload %d, A %d (0: "
+                     "inference), %s, rank %d",
+                     model, fsdp_backend_name(backend), N, (int)shards[si], prefetch, offload, A,
                      fsdp_dtype_name(c.compute_dtype), r);
             ck_assert_msg(p->n_resv > 0, "%s: nothing reserved", what);
             ck_assert_msg(p->step_allocs > 0, "%s: the steps allocated nothing", what);
@@ -279,17 +289,23 @@ START_TEST(test_warm_up_covers_the_step)
             ck_assert_msg(p->misses == 0,
                           "%s: %zu allocations found every reserved buffer of their size live",
                           what, p->misses);
-            ck_assert_msg(p->slack == (size_t)prefetch,
+            ck_assert_msg(p->slack == (size_t)(prefetch && A),
                           "%s: %zu reserved buffers were never used (want %d)", what, p->slack,
-                          prefetch);
+                          prefetch && A);
         }
         fsdp_engine_shared_free(&sh);
         fsdp_world_free(w);
         n_runs++;
     }
-    ck_assert_int_gt(n_runs, 150);
     fsdp_data_close(data);
     fsdp_model_free(&m);
+    return n_runs;
+}
+
+START_TEST(test_warm_up_covers_the_step)
+{
+    ck_assert_int_gt(warm_matrix("tiny", true), 150);
+    ck_assert_int_gt(warm_matrix("llama-tiny", false), 150);
 }
 END_TEST
 

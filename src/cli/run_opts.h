@@ -1,7 +1,8 @@
 /*
  * run_opts.h - the options `fsdp train` and `fsdp plan` share (model,
- * batch, devices, sharding, precision, offload...), as one option-list
- * fragment and one validation step that fills a fsdp_train_config.
+ * data, batch, devices, sharding, precision, offload...) with the same
+ * defaults, as one option-list fragment and one validation step that fills
+ * a fsdp_train_config.
  */
 #ifndef FSDP_CLI_RUN_OPTS_H
 #define FSDP_CLI_RUN_OPTS_H
@@ -28,8 +29,9 @@ extern const fsdp_name_table fsdp_prefetch_names;
 void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l);
 
 /* Copy the choices into the config and check how they combine (backend
- * and device count, transport, model and sequence length). Returns 0, or 2
- * after printing a usage error. */
+ * and device count, transport, model and sequence length, tokens per
+ * micro-batch). Returns 0; 2 after printing a usage error; 1 when the
+ * --model file cannot be read (a runtime error, as for every command). */
 int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro);
 
 #endif /* FSDP_CLI_RUN_OPTS_H */

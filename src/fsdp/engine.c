@@ -17,6 +17,19 @@
  * u's gather (which serves both), unit_recompute rebuilds the rest and
  * unit_backward follows. No extra gather, no extra allocation.
  *
+ * Masked targets (example data: -1 where the loss must not look): the step's
+ * loss is the mean over every unmasked target of the global batch, and its
+ * gradient that mean's. The model's head returns, per micro-batch, the sum
+ * of its token losses over B*T (masked ones add 0) and scales each token's
+ * gradient by dloss / (B*T); the data is a pure function of the micro-batch
+ * index, so every rank counts the global batch's unmasked targets (count)
+ * before the step and passes dloss = B*T / count to every micro-batch, and
+ * the loss is the tree mean of the micro-batch losses times M*B*T / count.
+ * Each token then weighs 1 / count whatever micro-batch and rank it lands
+ * on (not the mean of per-micro-batch means), and with nothing masked
+ * (count = M*B*T) dloss is 1/M and the factor exactly 1: the arithmetic is
+ * the unmasked one, bit for bit.
+ *
  * Streams: ops run on the compute stream, collectives on the comm stream,
  * placement copies on the copy stream; each cross-stream dependency is an
  * event. Frees are stream-ordered (device.h): a buffer goes back while work
@@ -85,7 +98,8 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
     sh->optim_hp = (fsdp_optim_hparams){.beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
                                         .momentum = cfg->momentum,
                                         .weight_decay = cfg->weight_decay};
-    FSDP_TRY(sh->optim->check(&sh->optim_hp));
+    if (!cfg->inference)
+        FSDP_TRY(sh->optim->check(&sh->optim_hp));
     FSDP_TRY(fsdp_shardmap_init(&sh->sm, model, cfg->n_ranks, cfg->shard));
     for (int u = 0; u < sh->sm.n_units; u++)
         sh->n_local_blocks += sh->sm.units[u].shard_numel / FSDP_NORM_BLOCK;
@@ -244,9 +258,10 @@ static fsdp_status unit_init(fsdp_engine *e, int u, float *host_tmp)
     else
         fsdp_model_init_range(sh->model, u, begin, begin + n, sh->cfg.seed, host_tmp);
     FSDP_TRY(fsdp_device_memcpy(&e->dev, row->master, host_tmp, f32, e->dev.compute));
-    for (int k = 0; k < sh->optim->n_state; k++)
+    for (int k = 0; k < sh->optim->n_state && !sh->cfg.inference; k++)
         FSDP_TRY(fsdp_device_memset(&e->dev, row->optim[k], 0, f32, e->dev.compute));
-    FSDP_TRY(fsdp_device_memset(&e->dev, row->grad, 0, f32, e->dev.compute));
+    if (!sh->cfg.inference)
+        FSDP_TRY(fsdp_device_memset(&e->dev, row->grad, 0, f32, e->dev.compute));
     /* the compute copy; host_tmp is reused for the next unit: the refresh
      * waits for the copies */
     return e->place->param_refresh(e, u);
@@ -266,6 +281,7 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     int ordinal = cfg->backend == FSDP_BACKEND_CUDA ? rank / rpd : rank;
     FSDP_CHECK(fsdp_device_init(&e->dev, cfg->backend, sh->world, rank, ordinal, cfg->device_mem));
     e->dev_ready = true;
+    e->dev.oom_hint = cfg->oom_hint;
     FSDP_CHECK(comm_init(e));
     e->comm_ready = true;
     FSDP_CHECK(fsdp_ops_init(&e->ops, &e->dev, cfg->compute_dtype));
@@ -307,11 +323,13 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     /* only the device placement's norm uses it; it stays allocated in
      * both, as the planner's byte-exact figures (and the golden fixture)
      * have always counted it */
-    FSDP_CHECK(fsdp_device_alloc(&e->dev, sh->n_local_blocks * sizeof(float), FSDP_MEM_OTHER,
-                                 "gradient-norm partial sums", (void **)&e->dev_blocks));
-    if (cfg->recompute == FSDP_RECOMPUTE_NONE)
-        FSDP_CHECK(sh->model->iface->state_init(sh->model, &e->ops, cfg->batch, cfg->seq, true,
-                                                &e->state));
+    if (!cfg->inference)
+        FSDP_CHECK(fsdp_device_alloc(&e->dev, sh->n_local_blocks * sizeof(float),
+                                     FSDP_MEM_OTHER, "gradient-norm partial sums",
+                                     (void **)&e->dev_blocks));
+    if (cfg->inference || cfg->recompute == FSDP_RECOMPUTE_NONE)
+        FSDP_CHECK(sh->model->iface->state_init(sh->model, &e->ops, cfg->batch, cfg->seq,
+                                                !cfg->inference, &e->state));
     else
         FSDP_CHECK(sh->model->iface->state_init_recompute(sh->model, &e->ops, cfg->batch,
                                                           cfg->seq, cfg->recompute, &e->state));
@@ -375,12 +393,22 @@ void fsdp_engine_free(fsdp_engine *e)
     free(e);
 }
 
+fsdp_status fsdp_engine_data_error(const fsdp_engine *e, const char **msg)
+{
+    if (msg)
+        *msg = e->data_msg;
+    return e->data_st;
+}
+
 fsdp_device *fsdp_engine_device(fsdp_engine *e) { return &e->dev; }
 fsdp_comm *fsdp_engine_comm(fsdp_engine *e) { return &e->comm; }
 
 /* ---- the step -------------------------------------------------------------- */
 
-static fsdp_status load_batch(fsdp_engine *e, uint64_t index)
+/* Micro-batch `index` into the model state. With `poison`, a batch that
+ * cannot be read becomes zeros and the error is kept in e->data_st (the
+ * training step then publishes NaN losses: fsdp_engine_step). */
+static fsdp_status load_batch(fsdp_engine *e, uint64_t index, bool poison)
 {
     const fsdp_engine_config *cfg = &e->sh->cfg;
     size_t n = (size_t)cfg->batch * (size_t)cfg->seq;
@@ -391,7 +419,17 @@ static fsdp_status load_batch(fsdp_engine *e, uint64_t index)
     /* the previous copies out of the staging buffer are done (they were
      * queued before the previous micro-step's work, so this rarely waits) */
     FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tokens));
-    FSDP_TRY(fsdp_data_batch(e->sh->data, index, cfg->batch, cfg->seq, in, tg));
+    fsdp_status st = fsdp_data_batch(e->sh->data, index, cfg->batch, cfg->seq, in, tg);
+    if (st != FSDP_STATUS_OK) {
+        if (!poison)
+            return st;
+        if (e->data_st == FSDP_STATUS_OK) {
+            e->data_st = st;
+            snprintf(e->data_msg, sizeof e->data_msg, "%s", fsdp_error_msg());
+        }
+        fsdp_error_clear(); /* kept above; not this rank's failure */
+        memset(in, 0, 2 * n * sizeof(int));
+    }
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_tokens(e->state), in, n * sizeof(int),
                                 e->dev.compute));
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_targets(e->state), tg, n * sizeof(int),
@@ -411,17 +449,64 @@ static fsdp_status alloc_grad_full(fsdp_engine *e, int u)
                               e->dev.compute);
 }
 
-/* Forward and backward of one micro-batch, reducing each unit's gradient. */
-static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss)
+/* Unmasked targets (>= 0) in host targets tg[0..n). */
+static uint64_t count_unmasked(const int *tg, size_t n)
+{
+    uint64_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += tg[i] >= 0;
+    return c;
+}
+
+/* Unmasked targets of global micro-batches [first, first + n_batches):
+ * every target when the data has no masks (or there is no data: meta,
+ * plans). Reads the batches through the staging buffer, before the step's
+ * own loads. */
+static fsdp_status count_targets(fsdp_engine *e, uint64_t first, int n_batches, uint64_t *count)
+{
+    const fsdp_engine_config *cfg = &e->sh->cfg;
+    size_t n = (size_t)cfg->batch * (size_t)cfg->seq;
+    *count = (uint64_t)n * (uint64_t)n_batches;
+    if (!e->sh->data || !fsdp_data_masked(e->sh->data) || !fsdp_device_computes(&e->dev))
+        return FSDP_STATUS_OK;
+    *count = 0;
+    FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tokens)); /* the last copy out is done */
+    for (int k = 0; k < n_batches; k++) {
+        fsdp_status st = fsdp_data_batch(e->sh->data, first + (uint64_t)k, cfg->batch, cfg->seq,
+                                         e->tokens_host, e->tokens_host + n);
+        if (st != FSDP_STATUS_OK) {
+            /* as load_batch: recorded, and the step applies no update */
+            if (e->data_st == FSDP_STATUS_OK) {
+                e->data_st = st;
+                snprintf(e->data_msg, sizeof e->data_msg, "%s", fsdp_error_msg());
+            }
+            fsdp_error_clear();
+            continue;
+        }
+        *count += count_unmasked(e->tokens_host + n, n);
+    }
+    return FSDP_STATUS_OK;
+}
+
+float fsdp_engine_mean_loss(const float *losses, int n, uint64_t rows, uint64_t count)
+{
+    float loss = fsdp_tree_sum(losses, n) / (float)n;
+    if (count != (uint64_t)n * rows) /* masked targets: the mean over the unmasked ones */
+        loss = count ? loss * (float)((double)n * (double)rows / (double)count) : 0.0f;
+    return loss;
+}
+
+/* Forward and backward of one micro-batch, reducing each unit's gradient;
+ * dloss: the gradient weight of the model's micro-batch loss. */
+static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float dloss, float *loss)
 {
     const fsdp_engine_config *cfg = &e->sh->cfg;
     const fsdp_model *m = e->sh->model;
     const struct fsdp_model_i *mi = m->iface;
     int U = e->sh->sm.n_units;
     bool full = cfg->shard == FSDP_SHARD_FULL;
-    float dloss = 1.0f / (float)(cfg->n_ranks * cfg->grad_accum);
 
-    FSDP_TRY(load_batch(e, index));
+    FSDP_TRY(load_batch(e, index, true));
     fsdp_shard_row *root = fsdp_engine_row(e, 0);
 
     fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "forward", "root", 0);
@@ -519,6 +604,9 @@ static fsdp_status step_run(fsdp_engine *e, uint64_t step, float lr, fsdp_step_r
     const fsdp_engine_config *cfg = &sh->cfg;
     int U = sh->sm.n_units, N = cfg->n_ranks, A = cfg->grad_accum;
     int parity = (int)(step & 1);
+    if (cfg->inference)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "rank %d: an inference engine (forward "
+                              "only) cannot take a training step", e->rank);
     fsdp_comm_reset_stats(&e->comm);
     if (!e->norm_scratch) {
         size_t total = 0;
@@ -532,31 +620,46 @@ static fsdp_status step_run(fsdp_engine *e, uint64_t step, float lr, fsdp_step_r
     /* parameters of the previous step's update must be on the device */
     e->lr = lr;
     e->t = step + 1; /* optimizer step count of this update (host updates may start in backward) */
+    e->update_started = false;
+    /* each token's weight is 1 / (unmasked targets of the global batch) */
+    int M = N * A;
+    uint64_t rows = (uint64_t)cfg->batch * (uint64_t)cfg->seq, count;
+    FSDP_TRY(count_targets(e, step * (uint64_t)M, M, &count));
+    float dloss = count ? (float)((double)rows / (double)count) : 0.0f;
     FSDP_TRY(gather_wait(e, 0)); /* the root stays gathered for the whole step */
     for (int j = 0; j < A; j++) {
         uint64_t index = step * (uint64_t)(N * A) + (uint64_t)j * (uint64_t)N + (uint64_t)e->rank;
         e->host_losses[j] = 0.0f;
-        FSDP_TRY(micro_step(e, j, index, &e->host_losses[j]));
+        FSDP_TRY(micro_step(e, j, index, dloss, &e->host_losses[j]));
     }
     FSDP_TRY(gather_release(e, 0));
+    if (e->data_st != FSDP_STATUS_OK)
+        for (int j = 0; j < A; j++) /* a batch this rank could not read: no rank updates */
+            e->host_losses[j] = NAN;
 
     /* loss: tree over global micro-batch index m = j * N + r */
     memcpy(sh->x_losses[parity] + (size_t)e->rank * (size_t)A, e->host_losses,
            (size_t)A * sizeof(float));
     float norm = 0.0f;
     FSDP_TRY(grad_norm(e, parity, &norm)); /* contains the barrier for both slots */
-    int M = N * A;
     float *lv = e->loss_order;
     for (int r = 0; r < N; r++)
         for (int j = 0; j < A; j++)
             lv[j * N + r] = sh->x_losses[parity][(size_t)r * (size_t)A + (size_t)j];
-    float loss = fsdp_tree_sum(lv, M) / (float)M;
+    float loss = fsdp_engine_mean_loss(lv, M, rows, count);
 
-    /* clip and update */
+    /* clip and update; every rank computed the same loss and norm, so all
+     * take the same branch. A non-finite step would poison the parameters:
+     * no update, unless one started in backward already. */
+    res->finite = isfinite(loss) && isfinite(norm);
+    res->applied = res->finite || e->update_started;
     float scale = 1.0f;
     if (cfg->clip > 0.0f && norm > cfg->clip)
         scale = cfg->clip / (norm + 1e-6f);
-    FSDP_TRY(e->place->step(e, lr, scale));
+    if (res->applied)
+        FSDP_TRY(e->place->step(e, lr, scale));
+    else
+        e->t = step; /* the state is the previous step's */
 
     /* publish this rank's figures; after the barrier every rank sees all */
     fsdp_rank_stats *rs = &sh->x_stats[e->rank];
@@ -593,15 +696,23 @@ static fsdp_status forward_only(fsdp_engine *e, float *loss)
                                      loss);
 }
 
-static fsdp_status forward_batch_run(fsdp_engine *e, uint64_t index, float *loss)
+static fsdp_status forward_batch_run(fsdp_engine *e, uint64_t index, float *loss,
+                                     uint64_t *n_targets)
 {
     if (!e->sh->data)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "fsdp_engine_forward_batch: the engine has no data source");
-    FSDP_TRY(load_batch(e, index));
+    const fsdp_engine_config *cfg = &e->sh->cfg;
+    size_t rows = (size_t)cfg->batch * (size_t)cfg->seq;
+    FSDP_TRY(load_batch(e, index, false));
+    uint64_t count = rows;
+    if (fsdp_data_masked(e->sh->data) && fsdp_device_computes(&e->dev))
+        count = count_unmasked(e->tokens_host + rows, rows); /* load_batch's targets */
     float l = 0.0f;
     FSDP_TRY(forward_only(e, &l));
     *loss = l;
+    if (n_targets)
+        *n_targets = count;
     return gather_release(e, 0);
 }
 
@@ -695,9 +806,10 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
     return fsdp_engine_note(e, step_run(e, step, lr, res));
 }
 
-fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss)
+fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss,
+                                      uint64_t *n_targets)
 {
-    return fsdp_engine_note(e, forward_batch_run(e, index, loss));
+    return fsdp_engine_note(e, forward_batch_run(e, index, loss, n_targets));
 }
 
 fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,

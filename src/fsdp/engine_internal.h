@@ -43,7 +43,18 @@ struct fsdp_engine {
     float *logits_stage;         /* (Vp,) fp32, bf16 sampling only */
     uint64_t t;                  /* optimizer step count (1-based after the first step) */
     float lr;                    /* learning rate of the step in progress */
+    bool update_started;         /* a unit's update of this step has begun (in backward) */
+    fsdp_status data_st;         /* first data error of a step (fsdp_engine_data_error) */
+    char data_msg[FSDP_ERROR_MSG_MAX];
 };
+
+/* Whether a unit's update must wait for the step's global norm: with
+ * clipping (the scale depends on it) and when non-finite steps are to be
+ * skipped. Otherwise a placement may start updates during backward. */
+static inline bool fsdp_engine_update_needs_norm(const fsdp_engine *e)
+{
+    return e->sh->cfg.clip > 0.0f || e->sh->cfg.skip_nonfinite;
+}
 
 /* This rank's row of unit u in the shard map. */
 static inline fsdp_shard_row *fsdp_engine_row(fsdp_engine *e, int u)

@@ -21,8 +21,10 @@
  * made). With prefetch, one more full gradient of each block size is
  * reserved beyond what the step holds: the next unit's backward writes it
  * while the previous one is still being reduce-scattered, so the backward
- * need not wait for the collective. Op scratch, grown by the ops on first
- * use, is not reserved here. tests/test_engine_device.c checks the replay
+ * need not wait for the collective. An inference engine (config
+ * `inference`) only runs forwards: its root and one unit at a time are
+ * replayed. Op scratch, grown by the ops on first use, is not reserved
+ * here. tests/test_engine_device.c checks the replay
  * against the real step through the device's warm-up ledger, for every
  * strategy, prefetch, placement and accumulation depth.
  *
@@ -185,6 +187,18 @@ static void replay_step(struct replay *r)
     release(r, 0);
 }
 
+/* forward_only (engine.c): an inference engine's only use of the units. */
+static void replay_forward(struct replay *r)
+{
+    int U = r->e->sh->sm.n_units;
+    gather(r, 0);
+    for (int u = 1; u < U; u++) {
+        gather(r, u);
+        release(r, u);
+    }
+    release(r, 0);
+}
+
 fsdp_status fsdp_engine_warm_up(fsdp_engine *e)
 {
     int U = e->sh->sm.n_units;
@@ -201,11 +215,15 @@ fsdp_status fsdp_engine_warm_up(fsdp_engine *e)
     }
     for (int u = 0; u < U; u++)
         r.made[u] = r.lent ? 1 : 0;
-    /* two steps: buffers the counter keeps for good are made during the
-     * first one, and are live from the start of the second */
-    replay_step(&r);
-    replay_step(&r);
-    if (e->sh->cfg.prefetch) /* the reduce-scatter overlaps the next backward */
+    if (e->sh->cfg.inference) {
+        replay_forward(&r);
+    } else {
+        /* two steps: buffers the counter keeps for good are made during
+         * the first one, and are live from the start of the second */
+        replay_step(&r);
+        replay_step(&r);
+    }
+    if (e->sh->cfg.prefetch && !e->sh->cfg.inference) /* RS overlaps the next backward */
         for (int u = 1; u < U; u++) {
             struct size_count *c = size_at(&r.s, grad_bytes(&r, u));
             c->peak += !c->extra;

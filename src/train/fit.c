@@ -21,6 +21,7 @@
 #include "core/names.h"
 #include "ckpt/modelfile.h"
 #include "models/registry.h"
+#include "optim/optim.h"
 #include "train/fit.h"
 
 /* Modes that keep less activation memory have lower memory ranks. The
@@ -563,17 +564,23 @@ fsdp_status fsdp_fit_check_train(const fsdp_train_config *cfg, size_t device_tot
                  fsdp_fmt_bytes(b2, sizeof b2, (double)(gpu_bytes - rpd * peak)));
         snprintf(limit, sizeof limit, "the GPU's memory");
     }
-    char model[512], mem[32];
+    char model[512], mem[32], optim_arg[48] = "";
     shell_word(model, sizeof model, cfg->model ? cfg->model : "small");
+    if (e->optim)
+        snprintf(optim_arg, sizeof optim_arg, "%s ", e->optim->name);
     size_arg(mem, sizeof mem, limit_bytes);
     return fsdp_error_set(
         FSDP_STATUS_OOM,
         "the plan says this run does not fit: device %d would need %s, %s over the cap %s (%s); "
         "it would run out of memory during the first step. Find the fastest setting that fits "
         "with: fsdp plan --fit --target %s --model %s --devices %d --seq %d --precision %s "
-        "--global-batch %d --device-mem %s",
+        "%s%s--global-batch %llu --device-mem %s",
         who, what, fsdp_fmt_bytes(b3, sizeof b3, (double)(need - limit_bytes)),
         fsdp_fmt_bytes(b4, sizeof b4, (double)limit_bytes), limit, fsdp_backend_name(e->backend),
         model, e->n_ranks, e->seq, fsdp_dtype_name(e->compute_dtype),
-        e->n_ranks * e->batch * e->grad_accum, mem);
+        e->optim && e->optim != fsdp_optim_at(0) ? "--optimizer " : "",
+        e->optim && e->optim != fsdp_optim_at(0) ? optim_arg : "",
+        (unsigned long long)e->n_ranks * (unsigned long long)e->batch *
+            (unsigned long long)e->grad_accum,
+        mem);
 }
