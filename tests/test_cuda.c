@@ -1,8 +1,9 @@
 /*
  * test_cuda.c - the cuda device: the block cache behind its allocations
  * (with a fake driver and fences, so it runs everywhere), then on a GPU:
- * the allocator serves the engine's per-unit alloc/free pattern without a
- * single new cudaMalloc after the first round, counts exactly the bytes
+ * the allocator serves the engine's per-unit alloc/free pattern, and the
+ * engine's steps themselves, without a single cudaMalloc after the
+ * engine's warm-up (fsdp_device_reserve), counts exactly the bytes
  * asked for (as cpu and meta do) and reports the rest as reserved; copies
  * from and to pageable host memory go through pinned staging and give the
  * same bytes in any size; without a GPU (or CUDA) the backend fails
@@ -18,11 +19,16 @@
 #include <string.h>
 
 #include "comm/cuda_comm.h"
+#include "core/world.h"
 #include "cuda_test.h"
+#include "data/data.h"
 #include "device/block_cache.h"
 #include "device/cuda_device.h"
 #include "device/device.h"
+#include "fsdp/engine.h"
+#include "models/registry.h"
 #include "ops/ops.h"
+#include "train/fit.h"
 
 /* ---- the block cache with a fake driver ------------------------------------ */
 
@@ -161,8 +167,33 @@ START_TEST(test_block_cache_classes)
 END_TEST
 
 /* The engine's per-unit pattern: alloc gathered(u+1), use, free gathered(u),
- * for many units and steps. After the first step the driver is never asked
- * again; a block is reused only after its fence is done. */
+ * for many units and steps, the device lagging one piece of work behind.
+ * The cache holds exactly the blocks live at once (root + 2 units) and never
+ * asks the driver again after the first step; a pending block is reused
+ * with the streams ordered after its fence. With one more block reserved
+ * ahead, the driver is not asked during the steps at all and every
+ * request finds a done block. */
+static void steady_pattern(fsdp_block_cache *c, struct fake *f, size_t unit, int steps,
+                           int *raw_after_step1)
+{
+    for (int step = 0; step < steps; step++) {
+        void *cur = cache_alloc(c, unit, true);
+        f->issued++; /* gather(0) queued */
+        for (int u = 1; u < 12; u++) {
+            void *next = cache_alloc(c, unit, true);
+            ck_assert_ptr_ne(next, cur);
+            f->issued++; /* gather(u) and forward(u-1) queued */
+            f->done = f->issued - 1; /* the device lags one piece of work behind */
+            ck_assert_int_eq(fsdp_block_cache_free(c, cur), FSDP_STATUS_OK);
+            cur = next;
+        }
+        f->done = f->issued;
+        ck_assert_int_eq(fsdp_block_cache_free(c, cur), FSDP_STATUS_OK);
+        if (step == 0)
+            *raw_after_step1 = f->n_raw_alloc;
+    }
+}
+
 START_TEST(test_block_cache_steady_state)
 {
     struct fake f = {.limit = (size_t)1 << 30};
@@ -172,25 +203,11 @@ START_TEST(test_block_cache_steady_state)
     const size_t unit = 3000000, root = 1000000;
     void *r = cache_alloc(&c, root, true); /* stays for the whole run */
     int raw_after_step1 = 0;
-    for (int step = 0; step < 5; step++) {
-        void *cur = cache_alloc(&c, unit, true);
-        f.issued++; /* gather(0) queued */
-        for (int u = 1; u < 12; u++) {
-            void *next = cache_alloc(&c, unit, true);
-            ck_assert_ptr_ne(next, cur);
-            f.issued++; /* gather(u) and forward(u-1) queued */
-            f.done = f.issued - 1; /* the device lags one piece of work behind */
-            ck_assert_int_eq(fsdp_block_cache_free(&c, cur), FSDP_STATUS_OK);
-            cur = next;
-        }
-        f.done = f.issued;
-        ck_assert_int_eq(fsdp_block_cache_free(&c, cur), FSDP_STATUS_OK);
-        if (step == 0)
-            raw_after_step1 = f.n_raw_alloc;
-    }
+    steady_pattern(&c, &f, unit, 5, &raw_after_step1);
     ck_assert_int_eq(f.n_raw_alloc, raw_after_step1);
-    ck_assert_int_le(raw_after_step1, 1 + 3); /* root + at most 3 unit blocks */
-    ck_assert_int_eq(f.n_order, 0); /* never needed: there was memory */
+    ck_assert_int_eq(raw_after_step1, 1 + 2); /* root + the two units live at once */
+    ck_assert_int_gt(f.n_order, 0);           /* the pending one, ordered on the device */
+    ck_assert_int_eq(f.n_wait, 0);            /* never a host wait */
     /* counted bytes are exactly what was asked; the rest is reserved */
     ck_assert_uint_eq(c.counted_bytes, root);
     ck_assert_uint_eq(fsdp_block_cache_reserved(&c), c.held_bytes - root);
@@ -201,12 +218,30 @@ START_TEST(test_block_cache_steady_state)
     ck_assert_int_eq(f.n_raw_free, f.n_raw_alloc);
     ck_assert_uint_eq(f.raw_in_use, 0);
     ck_assert_int_eq(f.n_fences, 0);
+
+    /* three blocks reserved ahead: no driver call in any step, no ordering */
+    struct fake g = {.limit = (size_t)1 << 30};
+    memset(fake_sizes, 0, sizeof fake_sizes);
+    fsdp_block_cache_init(&c, &fake_i, &g);
+    ck_assert_int_eq(fsdp_block_cache_reserve(&c, unit, 3), FSDP_STATUS_OK);
+    ck_assert_int_eq(g.n_raw_alloc, 3);
+    ck_assert_uint_eq(fsdp_block_cache_reserved(&c), 3 * fsdp_block_cache_class(unit));
+    ck_assert_uint_eq(c.counted_bytes, 0);
+    steady_pattern(&c, &g, unit, 3, &raw_after_step1);
+    ck_assert_int_eq(g.n_raw_alloc, 3);
+    ck_assert_int_eq(g.n_order, 0);
+    ck_assert_int_eq(g.n_wait, 0);
+    fsdp_block_cache_fini(&c);
+    ck_assert_uint_eq(g.raw_in_use, 0);
 }
 END_TEST
 
-/* A pending block is not reused while the driver has memory; when it has
- * none, the smallest fitting pending block is taken and the streams are
- * ordered after its fence; then free blocks go back to the driver. */
+/* A pending block of the size is reused before the driver is asked (the
+ * streams ordered after its fence); the smallest fitting size wins over a
+ * larger done block, so which size a request takes never depends on the
+ * device's progress; when the driver has no memory, free blocks of other
+ * sizes go back to it (pending ones after a host wait); reserving more
+ * than the driver has fails with a message and keeps what it got. */
 START_TEST(test_block_cache_pressure)
 {
     memset(fake_sizes, 0, sizeof fake_sizes);
@@ -217,24 +252,26 @@ START_TEST(test_block_cache_pressure)
     void *a = cache_alloc(&c, 4 * MB, true);
     f.issued = 7; /* work that uses a */
     ck_assert_int_eq(fsdp_block_cache_free(&c, a), FSDP_STATUS_OK);
-    /* pending, memory left: a new block */
-    void *b = cache_alloc(&c, 4 * MB, false);
-    ck_assert_ptr_ne(a, b);
-    ck_assert_int_eq(f.n_raw_alloc, 2);
-    ck_assert_uint_eq(c.counted_bytes, 0); /* b is the backend's own */
-    ck_assert_uint_eq(fsdp_block_cache_reserved(&c), 8 * MB);
-    /* no memory left: the pending block, ordered after ticket 7 */
-    void *a2 = cache_alloc(&c, 4 * MB - 100, true);
-    ck_assert_ptr_eq(a2, a);
+    /* pending: reused at once, ordered after ticket 7, no new block */
+    void *b = cache_alloc(&c, 4 * MB - 100, false);
+    ck_assert_ptr_eq(b, a);
+    ck_assert_int_eq(f.n_raw_alloc, 1);
     ck_assert_int_eq(f.n_order, 1);
     ck_assert_int_eq(f.last_order, 7);
-    ck_assert_uint_eq(c.counted_bytes, 4 * MB - 100);
+    ck_assert_uint_eq(c.counted_bytes, 0); /* b is the backend's own */
+    ck_assert_uint_eq(fsdp_block_cache_reserved(&c), 4 * MB);
+    /* none free: a new block */
+    void *a2 = cache_alloc(&c, 4 * MB, true);
+    ck_assert_ptr_ne(a2, b);
+    ck_assert_int_eq(f.n_raw_alloc, 2);
+    ck_assert_uint_eq(c.counted_bytes, 4 * MB);
     /* a different size: the two free blocks are given back (one after a
      * host wait), then the driver has room */
-    ck_assert_int_eq(fsdp_block_cache_free(&c, a2), FSDP_STATUS_OK);
-    f.done = 7;
-    f.issued = 9;
+    f.issued = 8;
     ck_assert_int_eq(fsdp_block_cache_free(&c, b), FSDP_STATUS_OK);
+    f.done = 8;
+    f.issued = 9;
+    ck_assert_int_eq(fsdp_block_cache_free(&c, a2), FSDP_STATUS_OK);
     void *big = cache_alloc(&c, 9 * MB, true);
     ck_assert_int_eq(f.n_raw_free, 2);
     ck_assert_int_eq(f.n_wait, 1);
@@ -252,13 +289,38 @@ START_TEST(test_block_cache_pressure)
     /* trim gives back the done free blocks */
     ck_assert_int_eq(fsdp_block_cache_trim(&c), FSDP_STATUS_OK);
     ck_assert_uint_eq(c.held_bytes, 1 * MB);
+    /* the smallest fitting size, pending, beats a larger done one (a block
+     * up to a quarter larger fits too) */
+    void *x = cache_alloc(&c, MB + (200 << 10), true); /* class 1.25 MiB */
+    ck_assert_int_eq(fsdp_block_cache_free(&c, x), FSDP_STATUS_OK);
+    f.done = f.issued;        /* x done */
+    f.issued = 30;
+    ck_assert_int_eq(fsdp_block_cache_free(&c, small), FSDP_STATUS_OK); /* pending */
+    int raw = f.n_raw_alloc, orders = f.n_order;
+    void *s2 = cache_alloc(&c, 1 * MB, true);
+    ck_assert_ptr_eq(s2, small);
+    ck_assert_int_eq(f.n_order, orders + 1);
+    void *x2 = cache_alloc(&c, MB + (200 << 10), true);
+    ck_assert_ptr_eq(x2, x);
+    ck_assert_int_eq(f.n_raw_alloc, raw);
+    ck_assert_int_eq(fsdp_block_cache_free(&c, s2), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_block_cache_free(&c, x2), FSDP_STATUS_OK);
+    f.done = f.issued;
+    ck_assert_int_eq(fsdp_block_cache_trim(&c), FSDP_STATUS_OK);
+    ck_assert_uint_eq(c.held_bytes, 0);
     /* a fence that cannot be recorded retires the block */
+    void *y = cache_alloc(&c, 1 * MB, true);
     f.fail_record = 1;
-    ck_assert_int_eq(fsdp_block_cache_free(&c, small), FSDP_STATUS_CUDA);
+    ck_assert_int_eq(fsdp_block_cache_free(&c, y), FSDP_STATUS_CUDA);
     f.fail_record = 0;
     void *other = cache_alloc(&c, 1 * MB, true);
-    ck_assert_ptr_ne(other, small);
+    ck_assert_ptr_ne(other, y);
     ck_assert_int_eq(fsdp_block_cache_free(&c, other), FSDP_STATUS_OK);
+    /* reserving past the driver's memory: OOM naming the block, the rest kept */
+    size_t held = c.held_bytes;
+    ck_assert_int_eq(fsdp_block_cache_reserve(&c, 3 * MB, 4), FSDP_STATUS_OOM);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "reserve block 3 of 4"));
+    ck_assert_uint_eq(c.held_bytes, held + 6 * MB);
     fsdp_block_cache_fini(&c);
     ck_assert_uint_eq(f.raw_in_use, 0);
     ck_assert_int_eq(f.n_raw_free, f.n_raw_alloc);
@@ -268,9 +330,24 @@ END_TEST
 /* ---- the cuda device ------------------------------------------------------- */
 
 /* Without a GPU (or without CUDA) the cuda backend fails cleanly, with a
- * message; with a GPU it initialises. */
+ * message, and so does the query of its memory (simulated devices have no
+ * size: 0); with a GPU it initialises. */
 START_TEST(test_cuda_init_or_clean_error)
 {
+    size_t total = 1, free_bytes = 1;
+    ck_assert_int_eq(fsdp_backend_device_total(FSDP_BACKEND_CPU, 4, &total), FSDP_STATUS_OK);
+    ck_assert_uint_eq(total, 0);
+    ck_assert_int_eq(fsdp_backend_device_total(FSDP_BACKEND_META, 4, &total), FSDP_STATUS_OK);
+    ck_assert_uint_eq(total, 0);
+    if (fsdp_cuda_device_count() == 0) {
+        ck_assert_int_eq(fsdp_backend_device_total(FSDP_BACKEND_CUDA, 1, &total),
+                         FSDP_STATUS_UNSUPPORTED);
+        ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "no cuda device is visible"));
+        ck_assert_int_eq(fsdp_cuda_device_memory(0, &total, &free_bytes), FSDP_STATUS_UNSUPPORTED);
+        ck_assert_uint_eq(total, 0);
+        ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), built_with_cuda ? "0 GPU(s) are visible"
+                                                                       : "CUDA=0"));
+    }
     fsdp_device d;
     fsdp_status st = fsdp_device_init(&d, FSDP_BACKEND_CUDA, NULL, 0, 0, 0);
     if (!built_with_cuda) {
@@ -306,15 +383,31 @@ START_TEST(test_cuda_init_or_clean_error)
 END_TEST
 
 /* The engine's pattern (gather u+1 on the comm stream while u computes,
- * a gradient buffer per unit, accumulation slots kept, the streams synced
- * before a unit's buffers are freed, as the engine's release does) for
- * three steps on a cuda and a cpu device side by side: after the first
- * step the cuda device never asks the driver for memory again; in-use
- * bytes, peaks, kind breakdown and allocation counts equal the cpu's
- * exactly; every gathered unit still holds what was written into it. */
+ * a gradient buffer per unit, accumulation slots kept, frees stream-ordered
+ * with no host wait before them, as the engine's release does) for three
+ * steps on a cuda and a cpu device side by side, after the engine's kind
+ * of warm-up (fsdp_device_reserve): the cuda device never asks the driver
+ * for memory during the steps; in-use bytes, peaks, kind breakdown and
+ * allocation counts equal the cpu's exactly, and so do the warm-up
+ * ledgers; every gathered unit still holds what was written into it. */
+#define PAT_ROOT ((size_t)300000)
+#define PAT_UNIT ((size_t)2100000)
+#define PAT_GRAD ((size_t)4200000)
+#define PAT_ACC ((size_t)525000)
+
+/* What the pattern holds at once: the root, two units, one gradient, the
+ * twelve accumulation slots. */
+static void reserve_pattern(fsdp_device *d)
+{
+    ck_assert_int_eq(fsdp_device_reserve(d, PAT_ROOT, 1), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_device_reserve(d, PAT_UNIT, 2), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_device_reserve(d, PAT_GRAD, 1), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_device_reserve(d, PAT_ACC, 12), FSDP_STATUS_OK);
+}
+
 static void run_pattern(fsdp_device *d, void **acc, int check_data, int *bad)
 {
-    const size_t root = 300000, unit = 2100000, grad = 4200000, acc_bytes = 525000;
+    const size_t root = PAT_ROOT, unit = PAT_UNIT, grad = PAT_GRAD, acc_bytes = PAT_ACC;
     void *r = NULL, *cur = NULL, *next = NULL, *g = NULL;
     ck_assert_int_eq(fsdp_device_alloc(d, root, FSDP_MEM_GATHER, "root", &r), FSDP_STATUS_OK);
     ck_assert_int_eq(fsdp_device_alloc(d, unit, FSDP_MEM_GATHER, "unit 0", &cur), FSDP_STATUS_OK);
@@ -340,8 +433,6 @@ static void run_pattern(fsdp_device *d, void **acc, int check_data, int *bad)
             for (size_t i = 0; i < sizeof probe; i++)
                 *bad += probe[i] != (unsigned char)(u & 0xff);
         }
-        ck_assert_int_eq(fsdp_device_stream_sync(d, d->compute), FSDP_STATUS_OK);
-        ck_assert_int_eq(fsdp_device_stream_sync(d, d->comm), FSDP_STATUS_OK);
         fsdp_device_free(d, g);
         fsdp_device_free(d, cur);
         cur = next;
@@ -361,12 +452,17 @@ START_TEST(test_cuda_alloc_cached_and_counted_exactly)
     ck_assert_ptr_nonnull(cache);
     void *acc_g[12] = {0}, *acc_c[12] = {0};
     int bad = 0;
-    size_t raw_after_first = 0;
+    reserve_pattern(&g);
+    reserve_pattern(&c);
+    ck_assert_uint_eq(g.mem.n_allocs, 0);
+    ck_assert_uint_eq(g.mem.in_use_bytes, 0);
+    ck_assert_uint_eq(c.mem.reserved_bytes, 0);
+    size_t raw_after_reserve = cache->n_raw_allocs;
+    ck_assert_uint_eq(raw_after_reserve, 1 + 2 + 1 + 12);
+    ck_assert_uint_eq(g.mem.reserved_bytes, cache->held_bytes);
     for (int step = 0; step < 3; step++) {
         run_pattern(&g, acc_g, 1, &bad);
         run_pattern(&c, acc_c, 0, &bad);
-        if (step == 0)
-            raw_after_first = cache->n_raw_allocs;
         ck_assert_uint_eq(g.mem.in_use_bytes, c.mem.in_use_bytes);
         ck_assert_uint_eq(g.mem.peak_bytes, c.mem.peak_bytes);
         ck_assert_uint_eq(g.mem.n_allocs, c.mem.n_allocs);
@@ -378,11 +474,17 @@ START_TEST(test_cuda_alloc_cached_and_counted_exactly)
         ck_assert_uint_eq(c.mem.reserved_bytes, 0);
     }
     ck_assert_int_eq(bad, 0);
-    /* no driver call after the first step; every other allocation reused */
-    ck_assert_uint_eq(cache->n_raw_allocs, raw_after_first);
-    ck_assert_uint_eq(cache->n_reused + cache->n_raw_allocs, g.mem.n_allocs);
+    /* no driver call in any step: every allocation was a reserved block */
+    ck_assert_uint_eq(cache->n_raw_allocs, raw_after_reserve);
+    ck_assert_uint_eq(cache->n_reused, g.mem.n_allocs);
     ck_assert_uint_eq(cache->n_raw_frees, 0);
-    ck_assert_uint_eq(cache->n_ordered, 0);
+    ck_assert_uint_eq(g.n_resv_misses, 0);
+    ck_assert_uint_eq(c.n_resv_misses, 0);
+    ck_assert_uint_eq(g.n_resv, c.n_resv);
+    for (size_t i = 0; i < g.n_resv; i++) {
+        ck_assert_uint_eq(g.resv[i].peak_live, c.resv[i].peak_live);
+        ck_assert_uint_eq(g.resv[i].peak_live, g.resv[i].n);
+    }
     for (int u = 0; u < 12; u++) {
         fsdp_device_free(&g, acc_g[u]);
         fsdp_device_free(&c, acc_c[u]);
@@ -391,6 +493,107 @@ START_TEST(test_cuda_alloc_cached_and_counted_exactly)
     ck_assert_uint_eq(g.mem.reserved_bytes, cache->held_bytes);
     fsdp_device_fini(&g);
     fsdp_device_fini(&c);
+}
+END_TEST
+
+/* The GPU's memory as the device layer reports it, and `fsdp train`'s fit
+ * check against it: a run the plan says needs more than the GPU has is
+ * refused before anything is allocated, naming the GPU's memory. */
+START_TEST(test_cuda_memory_and_fit_check)
+{
+    NEED_GPU("test_cuda_memory_and_fit_check");
+    size_t total = 0, free_bytes = 0, least = 0;
+    ck_assert_msg(fsdp_cuda_device_memory(0, &total, &free_bytes) == FSDP_STATUS_OK, "%s",
+                  fsdp_error_msg());
+    ck_assert_uint_gt(total, (size_t)1 << 30);
+    ck_assert_uint_le(free_bytes, total);
+    int n = fsdp_cuda_device_count();
+    ck_assert_int_eq(fsdp_cuda_device_memory(n, &total, &free_bytes), FSDP_STATUS_UNSUPPORTED);
+    ck_assert_int_eq(fsdp_backend_device_total(FSDP_BACKEND_CUDA, 64, &least), FSDP_STATUS_OK);
+    ck_assert_uint_gt(least, (size_t)1 << 30);
+    fsdp_train_config c;
+    fsdp_train_config_default(&c);
+    c.model = "gpt2-xl";
+    c.eng.backend = FSDP_BACKEND_CUDA;
+    c.eng.n_ranks = 1;
+    c.eng.batch = 64; /* about 650 GiB: beyond any GPU's memory */
+    c.eng.seq = 1024;
+    c.out = NULL;
+    ck_assert_int_eq(fsdp_fit_check_train(&c, least), FSDP_STATUS_OOM);
+    ck_assert_msg(strstr(fsdp_error_msg(), "the GPU's memory") &&
+                      strstr(fsdp_error_msg(), "does not fit"),
+                  "%s", fsdp_error_msg());
+    c.eng.batch = 1;
+    c.eng.seq = 64;
+    c.model = "tiny";
+    ck_assert_msg(fsdp_fit_check_train(&c, least) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+}
+END_TEST
+
+/* The engine on a GPU (two virtual ranks, peer): after its warm-up, none
+ * of its steps asks the driver for a counted buffer (gathered units, full
+ * gradients, accumulation), the first one included, and after the first
+ * step not even for the backend's own buffers (op scratch, peer staging,
+ * which grow on first use); bf16 and fp32, with and without prefetch. */
+struct engine_raw {
+    fsdp_engine_shared *sh;
+    size_t counted[2][4], raw[2][4]; /* per rank: after init, after steps 1..3 */
+};
+
+static fsdp_status engine_raw_rank(fsdp_world *w, int rank, void *arg)
+{
+    (void)w;
+    struct engine_raw *a = arg;
+    fsdp_engine *e = NULL;
+    FSDP_TRY(fsdp_engine_init(&e, a->sh, rank));
+    const fsdp_block_cache *cache = fsdp_cuda_device_cache(fsdp_engine_device(e));
+    fsdp_status st = FSDP_STATUS_OK;
+    for (int s = 0; s <= 3 && st == FSDP_STATUS_OK; s++) {
+        if (s > 0) {
+            fsdp_step_result res;
+            st = fsdp_engine_step(e, (uint64_t)(s - 1), 1e-3f, &res);
+        }
+        a->counted[rank][s] = cache->n_raw_counted;
+        a->raw[rank][s] = cache->n_raw_allocs;
+    }
+    fsdp_engine_free(e);
+    return st;
+}
+
+START_TEST(test_cuda_engine_steps_never_ask_the_driver)
+{
+    NEED_GPU("test_cuda_engine_steps_never_ask_the_driver");
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
+    fsdp_data *data = NULL;
+    ck_assert_int_eq(fsdp_data_open(&data, "synthetic", m.vocab_size, 7), FSDP_STATUS_OK);
+    for (int v = 0; v < 4; v++) {
+        fsdp_world *w = NULL;
+        ck_assert_int_eq(fsdp_world_init(&w, 2), FSDP_STATUS_OK);
+        fsdp_engine_config c = {.backend = FSDP_BACKEND_CUDA, .comm = FSDP_COMM_PEER,
+                                .n_ranks = 2, .ranks_per_device = 2, .shard = FSDP_SHARD_FULL,
+                                .compute_dtype = (v & 1) ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32,
+                                .prefetch = (v & 2) != 0, .batch = 2, .seq = 16,
+                                .grad_accum = 2, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                .clip = 1.0f, .seed = 1};
+        fsdp_engine_shared sh;
+        ck_assert_int_eq(fsdp_engine_shared_init(&sh, &c, &m, data, w), FSDP_STATUS_OK);
+        struct engine_raw a = {.sh = &sh};
+        ck_assert_msg(fsdp_world_launch(w, engine_raw_rank, &a) == FSDP_STATUS_OK, "%s",
+                      fsdp_error_msg());
+        for (int r = 0; r < 2; r++) {
+            ck_assert_msg(a.counted[r][3] == a.counted[r][0],
+                          "variant %d rank %d: %zu counted buffers came from the driver in the "
+                          "steps", v, r, a.counted[r][3] - a.counted[r][0]);
+            ck_assert_msg(a.raw[r][3] == a.raw[r][1],
+                          "variant %d rank %d: %zu driver allocations after the first step", v,
+                          r, a.raw[r][3] - a.raw[r][1]);
+        }
+        fsdp_engine_shared_free(&sh);
+        fsdp_world_free(w);
+    }
+    fsdp_data_close(data);
+    fsdp_model_free(&m);
 }
 END_TEST
 
@@ -505,6 +708,8 @@ static Suite *cuda_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_cuda_alloc_cached_and_counted_exactly);
     tcase_add_test(tc, test_cuda_alloc_waits_for_last_user);
+    tcase_add_test(tc, test_cuda_engine_steps_never_ask_the_driver);
+    tcase_add_test(tc, test_cuda_memory_and_fit_check);
     tcase_add_test(tc, test_cuda_copies_pageable_and_pinned);
     suite_add_tcase(s, tc);
     return s;

@@ -502,6 +502,12 @@ START_TEST(test_fit_train_refuses)
                   "%s", fsdp_error_msg());
     fsdp_cost_cuda_overhead(2, FSDP_DTYPE_F32, &s, 1000, &oh); /* more allocations than tiny has */
     ck_assert_int_eq(fsdp_fit_check_train(&c, peak + oh.total_bytes), FSDP_STATUS_OK);
+    /* two ranks on one GPU need it twice, but for the one CUDA context */
+    c.eng.ranks_per_device = 2;
+    ck_assert_int_eq(fsdp_fit_check_train(&c, peak + oh.total_bytes), FSDP_STATUS_OOM);
+    ck_assert_msg(strstr(fsdp_error_msg(), "2 ranks sharing it x "), "%s", fsdp_error_msg());
+    ck_assert_int_eq(fsdp_fit_check_train(&c, 2 * (peak + oh.total_bytes)), FSDP_STATUS_OK);
+    c.eng.ranks_per_device = 1;
     c.eng.backend = FSDP_BACKEND_META; /* nothing to protect */
     c.eng.device_mem = 1;
     ck_assert_int_eq(fsdp_fit_check_train(&c, 0), FSDP_STATUS_OK);

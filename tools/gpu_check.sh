@@ -8,11 +8,15 @@
 #
 #   stage 1 (~3 min): environment report (GPU, driver, runtime, nvcc, where
 #           NCCL, cuBLAS, compute-sanitizer, Check and OpenBLAS were found);
-#           build for sm_90 only; the CUDA suites (test_cuda, test_cuda_comm,
-#           test_cuda_ops); compute-sanitizer --tool memcheck over them.
+#           build for sm_90 only (MPI=0); every CUDA suite (tests/test_cuda*.c:
+#           test_cuda, test_cuda_comm, test_cuda_llama, test_cuda_ops, ...);
+#           compute-sanitizer --tool memcheck over them, test_cuda first,
+#           as long as the stage's time lasts.
 #   stage 2 (~2 min): tiny training, cpu vs cuda (fp32, bf16): per-step
 #           losses within a tolerance, the cuda peak equal to `fsdp plan`'s
-#           to the byte; 1 rank vs 4 virtual ranks (peer, --deterministic):
+#           to the byte; the same for llama-tiny when this build has it
+#           (`fsdp train --model llama-tiny` runs on cpu; else a row says it
+#           is absent); 1 rank vs 4 virtual ranks (peer, --deterministic):
 #           bit-identical losses and gradient norms.
 #   stage 3 (~3 min): GPT-2 124M, bf16, T 1024, --eval 0, on 1 rank and on 4
 #           virtual ranks: tokens/s, step time, MFU, peak vs the planner.
@@ -22,7 +26,7 @@
 # and stageN-logs.tar.gz (every log); the device tool brings back at most 8
 # files. Logs are written under $BUILD/gpu_check/ first.
 #
-# Nothing here calls apt or any registry. NCCL is looked for in
+# Nothing here calls apt or any registry, and MPI is left out (MPI=0). NCCL is looked for in
 # $NCCL_HOME, $CUDA_HOME, /usr and the Python wheel (import nvidia.nccl,
 # a namespace package: its __path__, not __file__); without it CUDA is built
 # with NCCL=0 (peer collectives only). cuBLAS and cudart come from
@@ -246,7 +250,7 @@ EOF
 # even be attempted.
 setup_toolchain() {
     TOOL_LINES=()
-    MAKE_ARGS=(BUILD="$BUILD" CUDA=1 INSTALL_DEPS=0 CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
+    MAKE_ARGS=(BUILD="$BUILD" CUDA=1 MPI=0 INSTALL_DEPS=0 CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
     local nvcc
     nvcc=$(find_nvcc) || { TOOL_LINES+=("nvcc: NOT FOUND (set CUDA_HOME)"); return 1; }
     CUDA_HOME=$(cd "$(dirname "$nvcc")/.." && pwd)
@@ -313,7 +317,12 @@ setup_toolchain() {
     return 0
 }
 
-TESTS=(test_cuda test_cuda_comm test_cuda_ops)
+# every CUDA suite, test_cuda first (memcheck takes them in this order)
+TESTS=()
+for t in tests/test_cuda*.c; do
+    t=${t#tests/}
+    TESTS+=("${t%.c}")
+done
 BIN=$BUILD/fsdp
 
 # Build the library, the command and the CUDA suites (incremental).
@@ -540,27 +549,50 @@ peak_vs_plan() {
 }
 
 COMM1=peer
+
+# cpu_vs_cuda NAME MODEL: 8 steps of MODEL on cpu and on cuda, fp32 and
+# bf16: per-step losses within a tolerance, the cuda peak equal to the plan's.
+cpu_vs_cuda() {
+    local name=$1 model=$2 prec tol n m
+    local RUN=(--model "$model" --devices 1 --steps 8 --batch 4 --seq 64 --deterministic --eval 0 --quiet)
+    for prec in fp32 bf16; do
+        echo "== $name cpu vs cuda ($prec)"
+        tol=$([ $prec = fp32 ] && echo 1e-3 || echo 3e-2)
+        if train "${name}_cpu_$prec" 60 --backend cpu --precision $prec "${RUN[@]}" &&
+            train "${name}_cuda_$prec" 60 --backend cuda --comm $COMM1 --precision $prec "${RUN[@]}"; then
+            read -r n m _ < <(compare_field "$WORK/${name}_cuda_$prec.jsonl" "$WORK/${name}_cpu_$prec.jsonl" loss)
+            row "$name loss cpu vs cuda ($prec, $COMM1)" \
+                "$(awk -v m="$m" -v t="$tol" -v n="$n" 'BEGIN { print (n >= 8 && m <= t) ? "ok" : "FAIL" }')" \
+                "$n steps, max rel diff $m (tol $tol)"
+            peak_vs_plan "$name cuda peak = plan ($prec)" "$WORK/${name}_cuda_$prec.jsonl" \
+                --precision $prec "${RUN[@]}"
+        else
+            row "$name loss cpu vs cuda ($prec)" FAIL "a run failed: see ${name}_*_$prec.log"
+        fi
+    done
+}
+
+# Whether this build trains MODEL (one short cpu step); prints why not.
+model_trains() {
+    local out
+    out=$(timeout 60 "$BIN" train --model "$1" --backend cpu --devices 1 --steps 1 --batch 1 \
+        --seq 16 --eval 0 --quiet 2>&1) && return 0
+    echo "$out" | tail -n 1 | cut -c1-160
+    return 1
+}
+
 stage2() {
     stage_begin 2 150
     if toolchain_and_build 120; then
         [ "$NCCL_FOUND" = 1 ] && COMM1=nccl
-        local TINY=(--model tiny --devices 1 --steps 8 --batch 4 --seq 64 --deterministic --eval 0 --quiet)
-        local prec tol n m
-        for prec in fp32 bf16; do
-            echo "== tiny cpu vs cuda ($prec)"
-            tol=$([ $prec = fp32 ] && echo 1e-3 || echo 3e-2)
-            if train "tiny_cpu_$prec" 60 --backend cpu --precision $prec "${TINY[@]}" &&
-                train "tiny_cuda_$prec" 60 --backend cuda --comm $COMM1 --precision $prec "${TINY[@]}"; then
-                read -r n m _ < <(compare_field "$WORK/tiny_cuda_$prec.jsonl" "$WORK/tiny_cpu_$prec.jsonl" loss)
-                row "tiny loss cpu vs cuda ($prec, $COMM1)" \
-                    "$(awk -v m="$m" -v t="$tol" -v n="$n" 'BEGIN { print (n >= 8 && m <= t) ? "ok" : "FAIL" }')" \
-                    "$n steps, max rel diff $m (tol $tol)"
-                peak_vs_plan "tiny cuda peak = plan ($prec)" "$WORK/tiny_cuda_$prec.jsonl" \
-                    --precision $prec "${TINY[@]}"
-            else
-                row "tiny loss cpu vs cuda ($prec)" FAIL "a run failed: see tiny_*_$prec.log"
-            fi
-        done
+        cpu_vs_cuda tiny tiny
+        local why
+        if why=$(model_trains llama-tiny); then
+            cpu_vs_cuda llama llama-tiny
+        else
+            echo "== llama-tiny: absent from this build ($why)"
+            row "llama-tiny cpu vs cuda" skip "absent: fsdp train --model llama-tiny: $why"
+        fi
         echo "== 1 rank vs 4 virtual ranks (peer)"
         local VR=(--backend cuda --model tiny --steps 8 --seq 64 --batch 2 --deterministic --eval 0 --quiet)
         if train vr1 60 "${VR[@]}" --devices 1 --comm peer --grad-accum 4 &&

@@ -165,8 +165,13 @@ int fsdp_cli_train(int argc, char **argv)
     if (quiet)
         c->out = NULL;
     /* refuse before allocating anything when the plan says the run exceeds
-     * --device-mem (a GPU's own size is not known here yet: 0) */
-    fsdp_status st = fsdp_fit_check_train(c, 0);
+     * --device-mem or, on cuda, the smallest GPU's memory (0 elsewhere) */
+    int rpd = e->ranks_per_device > 0 ? e->ranks_per_device : 1;
+    size_t gpu_total = 0;
+    fsdp_status st = fsdp_backend_device_total(e->backend, (e->n_ranks + rpd - 1) / rpd,
+                                               &gpu_total);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_fit_check_train(c, gpu_total);
     if (st != FSDP_STATUS_OK)
         return fsdp_cli_status("train", st);
     struct sigaction old[2];

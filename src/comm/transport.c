@@ -5,7 +5,7 @@
  * Row order is the order AUTO prefers: host for cpu, then mpi for cpu ranks
  * in several processes, meta for meta, nccl for cuda (in one process or
  * several), then peer for cuda when ranks share a GPU (NCCL refuses two
- * ranks on one GPU).
+ * ranks on one GPU), or when the build has no NCCL.
  */
 #include <stdio.h>
 #include <string.h>
@@ -17,7 +17,7 @@
 static const fsdp_name kind_names[] = {
     {"auto", FSDP_COMM_AUTO,
      "host on cpu (mpi across processes), meta on meta; on cuda nccl, or peer with "
-     "--ranks-per-device > 1"},
+     "--ranks-per-device > 1 or in a build without NCCL"},
     {"host", FSDP_COMM_HOST, "shared memory among the rank threads (--backend cpu)"},
     {"mpi", FSDP_COMM_MPI,
      "ranks in several processes started by mpirun: shared memory inside a process, MPI "
@@ -47,6 +47,16 @@ static const fsdp_transport transports[] = {
     {FSDP_COMM_PEER, SERVES(CUDA), true, false, false, fsdp_comm_peer_init},
 };
 enum { N_TRANSPORTS = (int)(sizeof transports / sizeof transports[0]) };
+
+/* Transports this build has only as a stub (their init fails at once and
+ * says what to rebuild), by kind, with why; NULL: built in. AUTO passes
+ * over them; named, they fail at init with the stub's message. */
+static const char *const stub_only[FSDP_COMM_KIND_COUNT] = {
+#ifndef FSDP_NCCL
+    [FSDP_COMM_NCCL] = "this build has no NCCL (built with CUDA=0 or NCCL=0; rebuild with "
+                       "NCCL_HOME or NCCL_LIB pointing at NCCL)",
+#endif
+};
 
 /* What a row lacks for a request (first failing property), or FIT. */
 enum misfit { FIT = 0, MISFIT_BACKEND, MISFIT_SHARE, MISFIT_SPAN, MISFIT_ALONE };
@@ -91,12 +101,23 @@ static char *rows_having(enum misfit why, char *buf, size_t n)
     return buf;
 }
 
+/* Whether AUTO may take the row for req: it fits and is built in. */
+static bool fits(const fsdp_transport *t, const fsdp_transport_req *req)
+{
+    return misfit(t, req) == FIT && !stub_only[t->kind];
+}
+
 /* Why no row fits req (called only when none does). */
 static fsdp_status no_fit(const fsdp_transport_req *req, const char *head)
 {
     enum misfit worst = FIT;
     for (int i = 0; i < N_TRANSPORTS; i++) {
         enum misfit why = misfit(&transports[i], req);
+        if (why == FIT) /* it would, but this build has only its stub */
+            return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
+                                  "%s--comm %s would serve --backend %s here, but %s",
+                                  head, fsdp_comm_kind_name(transports[i].kind),
+                                  fsdp_backend_name(req->backend), stub_only[transports[i].kind]);
         if (why > worst)
             worst = why;
     }
@@ -131,7 +152,7 @@ fsdp_status fsdp_transport_pick(const fsdp_transport_req *req, const fsdp_transp
                               (int)req->kind);
     const fsdp_transport *first_fit = NULL, *named = NULL;
     for (int i = 0; i < N_TRANSPORTS; i++) {
-        if (!first_fit && misfit(&transports[i], req) == FIT)
+        if (!first_fit && fits(&transports[i], req))
             first_fit = &transports[i];
         if (transports[i].kind == req->kind)
             named = &transports[i];
@@ -177,7 +198,7 @@ fsdp_status fsdp_transport_pick(const fsdp_transport_req *req, const fsdp_transp
     }
     unsigned mask = 0;
     for (int i = 0; i < N_TRANSPORTS; i++)
-        if (misfit(&transports[i], req) == FIT)
+        if (fits(&transports[i], req))
             mask |= FSDP_NAME_BIT(transports[i].kind);
     return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s: use --comm %s or auto", head,
                           fsdp_names_join(&fsdp_comm_kind_names, mask, ", ", " or ", fit,

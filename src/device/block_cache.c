@@ -73,25 +73,35 @@ static void *take(fsdp_block_cache *c, size_t i, size_t bytes, bool counted)
     return b->ptr;
 }
 
-/* The smallest FREE block that fits cls (at most a quarter larger) and is
- * done (want_done) or pending (!want_done); SIZE_MAX if none. */
-static fsdp_status find_free(fsdp_block_cache *c, size_t cls, bool want_done, size_t *out)
+/* The FREE block for a request of class cls: the smallest size that fits
+ * (at most a quarter larger), and of that size a done one, else the one
+ * freed longest ago. *out = SIZE_MAX if none fits; *done says whether its
+ * fence is done. Which size is taken depends only on the host's order of
+ * allocations and frees. */
+static fsdp_status find_free(fsdp_block_cache *c, size_t cls, size_t *out, bool *done)
 {
     size_t best = SIZE_MAX;
-    *out = SIZE_MAX;
+    bool best_done = false;
     for (size_t i = 0; i < c->n_blocks; i++) {
         struct fsdp_block *b = &c->blocks[i];
         if (b->state != FSDP_BLOCK_FREE || b->bytes < cls || b->bytes > cls + cls / 4)
             continue;
-        if (best != SIZE_MAX && b->bytes >= c->blocks[best].bytes)
-            continue;
-        bool done = true;
+        if (best != SIZE_MAX) {
+            const struct fsdp_block *o = &c->blocks[best];
+            if (b->bytes > o->bytes || (b->bytes == o->bytes && best_done))
+                continue;
+        }
+        bool d = true;
         if (b->fence)
-            FSDP_TRY(c->iface->fence_query(c->ctx, b->fence, &done));
-        if (done == want_done)
-            best = i;
+            FSDP_TRY(c->iface->fence_query(c->ctx, b->fence, &d));
+        if (best != SIZE_MAX && b->bytes == c->blocks[best].bytes && !d &&
+            b->freed_at > c->blocks[best].freed_at)
+            continue; /* both pending: keep the older */
+        best = i;
+        best_done = d;
     }
     *out = best;
+    *done = best_done;
     return FSDP_STATUS_OK;
 }
 
@@ -141,13 +151,20 @@ fsdp_status fsdp_block_cache_alloc(fsdp_block_cache *c, size_t bytes, bool count
     *out = NULL;
     FSDP_ASSERT(bytes > 0);
     size_t cls = fsdp_block_cache_class(bytes), i;
-    FSDP_TRY(find_free(c, cls, true, &i));
+    bool done;
+    FSDP_TRY(find_free(c, cls, &i, &done));
     if (i != SIZE_MAX) {
+        if (!done) {
+            /* its previous users may still run: the streams wait for them */
+            FSDP_TRY(c->iface->fence_order(c->ctx, c->blocks[i].fence));
+            c->n_ordered++;
+        }
         c->n_reused++;
         *out = take(c, i, bytes, counted);
         return FSDP_STATUS_OK;
     }
     void *p = NULL;
+    c->n_raw_counted += counted;
     fsdp_status st = raw_new(c, cls, &p);
     if (st == FSDP_STATUS_OK) {
         *out = take(c, c->n_blocks - 1, bytes, counted);
@@ -155,17 +172,8 @@ fsdp_status fsdp_block_cache_alloc(fsdp_block_cache *c, size_t bytes, bool count
     }
     if (st != FSDP_STATUS_OOM)
         return st;
-    /* The driver is out of memory: a pending block of the class, ordered
-     * after its previous users on the device ... */
-    FSDP_TRY(find_free(c, cls, false, &i));
-    if (i != SIZE_MAX) {
-        FSDP_TRY(c->iface->fence_order(c->ctx, c->blocks[i].fence));
-        c->n_ordered++;
-        c->n_reused++;
-        *out = take(c, i, bytes, counted);
-        return FSDP_STATUS_OK;
-    }
-    /* ... else give cached blocks back (the done ones, then all) and retry. */
+    /* The driver is out of memory: give cached blocks of other sizes back
+     * (the done ones, then all) and retry. */
     for (int pending = 0; pending < 2; pending++) {
         size_t back = 0;
         FSDP_TRY(give_back(c, pending, &back));
@@ -188,6 +196,25 @@ fsdp_status fsdp_block_cache_alloc(fsdp_block_cache *c, size_t bytes, bool count
                           fsdp_fmt_bytes(b_live, 32, (double)(c->held_bytes - c->free_bytes)));
 }
 
+fsdp_status fsdp_block_cache_reserve(fsdp_block_cache *c, size_t bytes, size_t n)
+{
+    size_t cls = fsdp_block_cache_class(bytes);
+    for (size_t k = 0; k < n; k++) {
+        void *p = NULL;
+        fsdp_status st = raw_new(c, cls, &p);
+        if (st == FSDP_STATUS_OOM) {
+            char b_cls[32], b_held[32];
+            return fsdp_error_set(FSDP_STATUS_OOM,
+                                  "the GPU has no memory left to reserve block %zu of %zu of %s "
+                                  "(this rank holds %s)",
+                                  k + 1, n, fsdp_fmt_bytes(b_cls, 32, (double)cls),
+                                  fsdp_fmt_bytes(b_held, 32, (double)c->held_bytes));
+        }
+        FSDP_TRY(st);
+    }
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_block_cache_free(fsdp_block_cache *c, void *p)
 {
     size_t i = 0;
@@ -205,6 +232,7 @@ fsdp_status fsdp_block_cache_free(fsdp_block_cache *c, void *p)
         return st;
     }
     b->state = FSDP_BLOCK_FREE;
+    b->freed_at = ++c->n_frees;
     c->free_bytes += b->bytes;
     return FSDP_STATUS_OK;
 }

@@ -14,12 +14,19 @@
  * (cuda: one event on each of the compute, comm and copy streams; work of
  * other ranks that reads this rank's buffers is ordered into the comm
  * stream by the collectives). An allocation takes the smallest free block
- * of its size class (or up to a quarter larger) whose fence is done; if
- * none is done, it asks the driver for a new block. Only when the driver
- * is out of memory does it take a block whose fence is still pending (the
- * streams are made to wait for the fence on the device, no host wait),
- * then give free blocks back to the driver and retry, waiting for pending
- * ones last. Blocks are never split.
+ * of its size class (or up to a quarter larger); among blocks of that
+ * size, one whose fence is done, else the one freed longest ago, with the
+ * streams made to wait for its fence on the device (no host wait). Only
+ * when no free block fits does it ask the driver for a new one; when the
+ * driver is out of memory it gives free blocks back and retries, waiting
+ * for pending ones last. Blocks are never split.
+ *
+ * So the cache holds, per size class, as many blocks as were ever live at
+ * once (the host's alloc/free order decides which size a request takes,
+ * never the device's progress), and a step that repeats the previous one's
+ * allocations never calls the driver. fsdp_block_cache_reserve adds blocks
+ * ahead of time, so that even the first step does not, and so that a
+ * request can find a done block instead of waiting for a pending one.
  *
  * Accounting: the device layer (device.c) counts exactly the bytes asked
  * for, as the cpu and meta backends do; this cache knows what it holds.
@@ -70,6 +77,7 @@ struct fsdp_block {
     bool counted;        /* LIVE: counted by the device layer */
     unsigned char state; /* enum fsdp_block_state; DEAD: its fence failed, never reused */
     void *fence;         /* recorded at the last free; NULL before */
+    size_t freed_at;     /* FREE: the cache's n_frees at its free (older = smaller) */
 };
 
 typedef struct fsdp_block_cache {
@@ -80,7 +88,8 @@ typedef struct fsdp_block_cache {
     size_t held_bytes;         /* sum of block sizes */
     size_t free_bytes;         /* in FREE blocks */
     size_t counted_bytes;      /* asked for by LIVE counted allocations */
-    size_t n_raw_allocs, n_raw_frees, n_reused, n_ordered;
+    size_t n_raw_allocs, n_raw_frees, n_reused, n_ordered, n_frees;
+    size_t n_raw_counted;      /* raw allocations made for counted requests */
 } fsdp_block_cache;
 
 /* Size class of a request: multiples of 512 B up to 1 MiB, of 128 KiB up
@@ -99,6 +108,11 @@ void fsdp_block_cache_fini(fsdp_block_cache *c);
  * naming the request and what the cache holds when the driver has no
  * memory left even after every free block was given back. */
 fsdp_status fsdp_block_cache_alloc(fsdp_block_cache *c, size_t bytes, bool counted, void **out);
+/* Add n free blocks of fsdp_block_cache_class(bytes) from the driver,
+ * ready at once (no fence): the owner's later allocations of that size
+ * take them instead of calling the driver. OOM (with a message naming the
+ * request) when the driver runs out; the blocks added before stay. */
+fsdp_status fsdp_block_cache_reserve(fsdp_block_cache *c, size_t bytes, size_t n);
 /* Return p (from fsdp_block_cache_alloc) to the cache: its fence is
  * recorded now, so work already queued on the streams may still use it.
  * If the fence cannot be recorded the block is never reused (released at

@@ -12,7 +12,9 @@
  * out again once the fence is done, so after the first step the training
  * step never calls cudaMalloc or cudaFree (cudaFree waits for the whole
  * device, and allocation calls while another thread's NCCL kernel waits
- * for peers are a known hang pattern). The device layer still counts
+ * for peers are a known hang pattern); the engine reserves the step's
+ * blocks before the first step (fsdp_device_reserve), so not even the
+ * first one does. The device layer still counts
  * exactly the bytes asked for; what the cache holds beyond that is
  * d->mem.reserved_bytes. Blocks go back to the driver at fini, after the
  * communicator has been stopped.
@@ -264,6 +266,13 @@ static void cuda_free(fsdp_device *d, void *p)
     cuda_note_reserved(d);
 }
 
+static fsdp_status cuda_reserve(fsdp_device *d, size_t bytes, size_t n)
+{
+    fsdp_status st = fsdp_block_cache_reserve(&cuda_dev_of(d)->cache, bytes, n);
+    cuda_note_reserved(d);
+    return st;
+}
+
 extern "C" fsdp_status fsdp_cuda_device_alloc_own(fsdp_device *d, size_t bytes, const char *what,
                                                   void **out)
 {
@@ -495,9 +504,31 @@ static const struct fsdp_device_i cuda_device_i = {
     /* .event_record      = */ cuda_event_record,
     /* .stream_wait_event = */ cuda_stream_wait_event,
     /* .event_sync        = */ cuda_event_sync,
+    /* .reserve           = */ cuda_reserve,
 };
 
 extern "C" const struct fsdp_device_i *fsdp_device_cuda_iface(void) { return &cuda_device_i; }
+
+extern "C" fsdp_status fsdp_cuda_device_memory(int ordinal, size_t *total_bytes,
+                                               size_t *free_bytes)
+{
+    *total_bytes = *free_bytes = 0;
+    int n = fsdp_cuda_device_count();
+    if (ordinal < 0 || ordinal >= n)
+        return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
+                              "the memory of GPU %d: %d GPU(s) are visible", ordinal, n);
+    int prev = 0;
+    CUDA_TRY(cudaGetDevice(&prev));
+    CUDA_TRY(cudaSetDevice(ordinal));
+    cudaError_t rc = cudaMemGetInfo(free_bytes, total_bytes);
+    cudaSetDevice(prev);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        return fsdp_error_set(FSDP_STATUS_CUDA, "GPU %d: cudaMemGetInfo failed: %s", ordinal,
+                              cudaGetErrorString(rc));
+    }
+    return FSDP_STATUS_OK;
+}
 
 extern "C" int fsdp_cuda_device_count(void)
 {

@@ -31,10 +31,13 @@ static const struct backend {
     const struct fsdp_device_i *(*iface)(void); /* NULL result: not built in */
     int (*n_devices)(void);                     /* NULL: simulated, FSDP_MAX_RANKS */
     int default_devices;                        /* 0: every device it offers */
+    /* one device's total and free bytes; NULL: simulated, no size of its own */
+    fsdp_status (*memory)(int ordinal, size_t *total_bytes, size_t *free_bytes);
 } backends[FSDP_BACKEND_COUNT] = {
-    [FSDP_BACKEND_CPU] = {cpu_iface, NULL, 4},
-    [FSDP_BACKEND_CUDA] = {fsdp_device_cuda_iface, fsdp_cuda_device_count, 0},
-    [FSDP_BACKEND_META] = {meta_iface, NULL, 4},
+    [FSDP_BACKEND_CPU] = {cpu_iface, NULL, 4, NULL},
+    [FSDP_BACKEND_CUDA] = {fsdp_device_cuda_iface, fsdp_cuda_device_count, 0,
+                           fsdp_cuda_device_memory},
+    [FSDP_BACKEND_META] = {meta_iface, NULL, 4, NULL},
 };
 
 const char *fsdp_backend_name(fsdp_backend b)
@@ -86,6 +89,31 @@ fsdp_status fsdp_backend_check(fsdp_backend b, int n_ranks, int ranks_per_device
                               "--devices %d but only %d %s device(s) x %d rank(s) per device are "
                               "available",
                               n_ranks, n_dev, name, ranks_per_device);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_backend_device_total(fsdp_backend b, int n_devices, size_t *total_bytes)
+{
+    *total_bytes = 0;
+    if ((unsigned)b >= FSDP_BACKEND_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "backend %d is not one of this build's",
+                              (int)b);
+    if (!backends[b].memory)
+        return FSDP_STATUS_OK;
+    int n = fsdp_backend_n_devices(b);
+    if (n_devices < n)
+        n = n_devices;
+    if (n < 1)
+        return fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "--backend %s: no %s device is visible",
+                              fsdp_backend_name(b), fsdp_backend_name(b));
+    size_t least = SIZE_MAX;
+    for (int i = 0; i < n; i++) {
+        size_t total = 0, free_bytes = 0;
+        FSDP_TRY(backends[b].memory(i, &total, &free_bytes));
+        if (total < least)
+            least = total;
+    }
+    *total_bytes = least;
     return FSDP_STATUS_OK;
 }
 
@@ -166,6 +194,15 @@ static struct fsdp_alloc_rec *recs_find(fsdp_device *d, const void *p)
     return NULL;
 }
 
+/* The warm-up ledger's entry for exactly `bytes`, or NULL. */
+static struct fsdp_reservation *resv_find(fsdp_device *d, size_t bytes)
+{
+    for (size_t i = 0; i < d->n_resv; i++)
+        if (d->resv[i].bytes == bytes)
+            return &d->resv[i];
+    return NULL;
+}
+
 static void stats_add(fsdp_mem_stats *s, size_t bytes, fsdp_mem_kind kind)
 {
     s->in_use_bytes += bytes;
@@ -238,6 +275,9 @@ void fsdp_device_fini(fsdp_device *d)
     free(d->recs);
     d->recs = NULL;
     d->n_recs_cap = d->n_recs_used = 0;
+    free(d->resv);
+    d->resv = NULL;
+    d->n_resv = 0;
     if (d->iface->stream_destroy) {
         d->iface->stream_destroy(d, d->compute);
         d->iface->stream_destroy(d, d->comm);
@@ -284,6 +324,15 @@ static fsdp_status do_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, co
         return st;
     }
     stats_add(s, bytes, kind);
+    struct fsdp_reservation *rv = host ? NULL : resv_find(d, bytes);
+    if (rv) {
+        recs_find(d, p)->resv = 1;
+        rv->n_allocs++;
+        if (++rv->live > rv->n)
+            d->n_resv_misses++;
+        if (rv->live > rv->peak_live)
+            rv->peak_live = rv->live;
+    }
     FSDP_DEBUG(FSDP_SUB_ALLOC, "alloc %s %zu bytes (%s) for %s -> in use %zu",
                host ? "host" : "device", bytes, fsdp_mem_kind_name(kind), what, s->in_use_bytes);
     *out = p;
@@ -297,6 +346,8 @@ static void do_free(fsdp_device *d, void *p, int host)
     struct fsdp_alloc_rec *r = recs_find(d, p);
     FSDP_ASSERT(r && r->host == host); /* freeing a pointer this device did not allocate */
     stats_sub(host ? &d->host : &d->mem, r->bytes, (fsdp_mem_kind)r->kind);
+    if (r->resv)
+        resv_find(d, r->bytes)->live--;
     r->used = 2;
     if (host)
         d->iface->host_free(d, p);
@@ -311,6 +362,31 @@ fsdp_status fsdp_device_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, 
 }
 
 void fsdp_device_free(fsdp_device *d, void *p) { do_free(d, p, 0); }
+
+fsdp_status fsdp_device_reserve(fsdp_device *d, size_t bytes, size_t n)
+{
+    if (!bytes || !n)
+        return FSDP_STATUS_OK;
+    struct fsdp_reservation *r = resv_find(d, bytes);
+    if (!r) {
+        struct fsdp_reservation *nr = realloc(d->resv, (d->n_resv + 1) * sizeof *nr);
+        if (!nr)
+            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the warm-up ledger");
+        d->resv = nr;
+        r = &d->resv[d->n_resv++];
+        *r = (struct fsdp_reservation){.bytes = bytes};
+    }
+    r->n += n;
+    if (!d->iface->reserve)
+        return FSDP_STATUS_OK;
+    fsdp_status st = d->iface->reserve(d, bytes, n);
+    if (st != FSDP_STATUS_OK) {
+        char b[32];
+        fsdp_error_prefix("device %d: reserving %zu blocks of %s", d->rank, n,
+                          fsdp_fmt_bytes(b, sizeof b, (double)bytes));
+    }
+    return st;
+}
 
 fsdp_status fsdp_device_host_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind,
                                    const char *what, void **out)

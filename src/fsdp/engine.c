@@ -32,7 +32,9 @@
  *
  * Streams: ops run on the compute stream, collectives on the comm stream,
  * placement copies on the copy stream; each cross-stream dependency is an
- * event. Buffers are freed only after the streams that used them are done.
+ * event. Frees are stream-ordered (device.h): a buffer goes back while work
+ * queued on the streams may still use it, and the device reuses its memory
+ * only after that work, so the step never waits on the host for a free.
  */
 #include <math.h>
 #include <string.h>
@@ -182,18 +184,17 @@ static fsdp_status gather_wait(fsdp_engine *e, int u)
     return FSDP_STATUS_OK;
 }
 
-/* Free unit u's gathered buffer once the compute stream is done with it. */
+/* Free unit u's gathered buffer. The free is stream-ordered (device.h):
+ * the memory is reused only after the work already queued on the device's
+ * streams (this unit's gather and compute) is done, so the host does not
+ * wait here and the next gather overlaps this unit's compute. */
 static fsdp_status gather_release(fsdp_engine *e, int u)
 {
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     if (row->state == FSDP_UNIT_SHARDED)
         return FSDP_STATUS_OK;
-    if (sharded(e)) {
-        FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_tmp, e->dev.compute));
-        FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tmp));
-        FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_gather[u]));
+    if (sharded(e))
         fsdp_device_free(&e->dev, row->gathered);
-    }
     row->gathered = NULL;
     row->state = FSDP_UNIT_SHARDED;
     return FSDP_STATUS_OK;
@@ -220,9 +221,7 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
         FSDP_TRY(fsdp_comm_all_reduce(&e->comm, row->grad_full, dst, su->padded_numel,
                                       FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
     fsdp_trace_end(e, FSDP_TRACE_COMM);
-    /* the full gradient can go once the collective has read it */
-    FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_tmp, e->dev.comm));
-    FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tmp));
+    /* stream-ordered: reused once the collective queued above has read it */
     fsdp_device_free(&e->dev, row->grad_full);
     row->grad_full = NULL;
     fsdp_accum_push(&e->acc, u, slot, su->shard_numel);
@@ -301,6 +300,7 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
         FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_gather[u]));
     FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tmp));
     FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tmp2));
+    FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tokens));
 
     size_t max_shard = 0;
     for (int u = 0; u < U; u++)
@@ -333,16 +333,21 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     else
         FSDP_CHECK(sh->model->iface->state_init_recompute(sh->model, &e->ops, cfg->batch,
                                                           cfg->seq, cfg->recompute, &e->state));
-    e->tokens_host = calloc((size_t)cfg->batch * (size_t)cfg->seq * 2, sizeof(int));
-    if (!e->tokens_host) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for token staging");
-        goto fail;
-    }
+    /* pinned, so that the copies to the device are asynchronous */
+    size_t n_tokens = (size_t)cfg->batch * (size_t)cfg->seq;
+    FSDP_CHECK(fsdp_device_host_alloc(&e->dev, 2 * n_tokens * sizeof(int), FSDP_MEM_ACT,
+                                      "token staging (inputs and targets)",
+                                      (void **)&e->tokens_host));
+    FSDP_CHECK(fsdp_engine_warm_up(e));
     FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
+    /* every rank is done allocating before any rank's first collective */
+    if (sh->world)
+        FSDP_CHECK(fsdp_world_barrier(sh->world));
     *out = e;
     return FSDP_STATUS_OK;
 fail:
     free(host_tmp);
+    fsdp_engine_note(e, st);
     fsdp_engine_free(e);
     return st;
 }
@@ -352,6 +357,12 @@ void fsdp_engine_free(fsdp_engine *e)
     if (!e)
         return;
     const fsdp_engine_shared *sh = e->sh;
+    /* First, before any wait or free: a rank that failed, or whose world
+     * was aborted, stops its collectives (nccl: ncclCommAbort) and tells
+     * the world at once. A collective kernel still waiting for a peer
+     * would otherwise keep the stream syncs and cudaFree below from ever
+     * returning, and the peers would wait for this rank's teardown. */
+    fsdp_world_rank_stop(sh->world, e->rank, e->status);
     if (e->dev_ready)
         sync_all(e);
     if (e->place)
@@ -366,6 +377,7 @@ void fsdp_engine_free(fsdp_engine *e)
         }
         fsdp_device_event_destroy(&e->dev, e->ev_tmp);
         fsdp_device_event_destroy(&e->dev, e->ev_tmp2);
+        fsdp_device_event_destroy(&e->dev, e->ev_tokens);
     }
     if (e->ops_ready)
         fsdp_ops_fini(&e->ops);
@@ -378,7 +390,6 @@ void fsdp_engine_free(fsdp_engine *e)
     free(e->host_losses);
     free(e->loss_order);
     free(e->norm_scratch);
-    free(e->tokens_host);
     free(e);
 }
 
@@ -405,6 +416,9 @@ static fsdp_status load_batch(fsdp_engine *e, uint64_t index, bool poison)
     if (!fsdp_device_computes(&e->dev) || !e->sh->data)
         return FSDP_STATUS_OK;
     int *in = e->tokens_host, *tg = e->tokens_host + n;
+    /* the previous copies out of the staging buffer are done (they were
+     * queued before the previous micro-step's work, so this rarely waits) */
+    FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tokens));
     fsdp_status st = fsdp_data_batch(e->sh->data, index, cfg->batch, cfg->seq, in, tg);
     if (st != FSDP_STATUS_OK) {
         if (!poison)
@@ -420,8 +434,7 @@ static fsdp_status load_batch(fsdp_engine *e, uint64_t index, bool poison)
                                 e->dev.compute));
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_targets(e->state), tg, n * sizeof(int),
                                 e->dev.compute));
-    /* the staging buffer is reused next micro-step */
-    return fsdp_device_stream_sync(&e->dev, e->dev.compute);
+    return fsdp_device_event_record(&e->dev, e->ev_tokens, e->dev.compute);
 }
 
 static fsdp_status alloc_grad_full(fsdp_engine *e, int u)
@@ -457,6 +470,7 @@ static fsdp_status count_targets(fsdp_engine *e, uint64_t first, int n_batches, 
     if (!e->sh->data || !fsdp_data_masked(e->sh->data) || !fsdp_device_computes(&e->dev))
         return FSDP_STATUS_OK;
     *count = 0;
+    FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tokens)); /* the last copy out is done */
     for (int k = 0; k < n_batches; k++) {
         fsdp_status st = fsdp_data_batch(e->sh->data, first + (uint64_t)k, cfg->batch, cfg->seq,
                                          e->tokens_host, e->tokens_host + n);
@@ -584,7 +598,7 @@ static fsdp_status grad_norm(fsdp_engine *e, int parity, float *norm)
     return FSDP_STATUS_OK;
 }
 
-fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res)
+static fsdp_status step_run(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res)
 {
     fsdp_engine_shared *sh = e->sh;
     const fsdp_engine_config *cfg = &sh->cfg;
@@ -682,8 +696,8 @@ static fsdp_status forward_only(fsdp_engine *e, float *loss)
                                      loss);
 }
 
-fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss,
-                                      uint64_t *n_targets)
+static fsdp_status forward_batch_run(fsdp_engine *e, uint64_t index, float *loss,
+                                     uint64_t *n_targets)
 {
     if (!e->sh->data)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
@@ -702,8 +716,8 @@ fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *los
     return gather_release(e, 0);
 }
 
-fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
-                                float *logits_out, float *loss)
+static fsdp_status forward_run(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
+                               float *logits_out, float *loss)
 {
     fsdp_engine_shared *sh = e->sh;
     const fsdp_engine_config *cfg = &sh->cfg;
@@ -714,16 +728,18 @@ fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, c
     if (n_rows > cfg->batch)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "forward of %d rows > batch %d", n_rows,
                               cfg->batch);
-    int *in = e->tokens_host, *tg = e->tokens_host + n;
-    memset(in, 0, n * sizeof(int));
-    memcpy(in, tokens, (size_t)n_rows * (size_t)T * sizeof(int));
-    for (size_t i = 0; i < n; i++)
-        tg[i] = in[i]; /* targets are unused by the forward; keep them valid */
-    if (fsdp_device_computes(&e->dev)) {
+    if (fsdp_device_computes(&e->dev)) { /* meta's staging is not backed */
+        int *in = e->tokens_host, *tg = e->tokens_host + n;
+        FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tokens)); /* as in load_batch */
+        memset(in, 0, n * sizeof(int));
+        memcpy(in, tokens, (size_t)n_rows * (size_t)T * sizeof(int));
+        for (size_t i = 0; i < n; i++)
+            tg[i] = in[i]; /* targets are unused by the forward; keep them valid */
         FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_tokens(e->state), in, n * sizeof(int),
                                     e->dev.compute));
         FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_targets(e->state), tg, n * sizeof(int),
                                     e->dev.compute));
+        FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_tokens, e->dev.compute));
     }
     float l = 0.0f;
     FSDP_TRY(forward_only(e, &l));
@@ -756,7 +772,7 @@ fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, c
     return gather_release(e, 0);
 }
 
-fsdp_status fsdp_engine_gather_unit(fsdp_engine *e, int u, float *host_out)
+static fsdp_status gather_unit_run(fsdp_engine *e, int u, float *host_out)
 {
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     fsdp_shard_row *row = fsdp_engine_row(e, u);
@@ -781,4 +797,28 @@ fsdp_status fsdp_engine_gather_unit(fsdp_engine *e, int u, float *host_out)
         fsdp_device_free(&e->dev, shard);
     fsdp_device_free(&e->dev, full);
     return st;
+}
+
+/* ---- the public calls remember their failure ------------------------------- */
+
+fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res)
+{
+    return fsdp_engine_note(e, step_run(e, step, lr, res));
+}
+
+fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss,
+                                      uint64_t *n_targets)
+{
+    return fsdp_engine_note(e, forward_batch_run(e, index, loss, n_targets));
+}
+
+fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
+                                float *logits_out, float *loss)
+{
+    return fsdp_engine_note(e, forward_run(e, tokens, n_rows, pos, logits_out, loss));
+}
+
+fsdp_status fsdp_engine_gather_unit(fsdp_engine *e, int u, float *host_out)
+{
+    return fsdp_engine_note(e, gather_unit_run(e, u, host_out));
 }

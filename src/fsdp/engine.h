@@ -113,8 +113,15 @@ void fsdp_engine_shared_free(fsdp_engine_shared *sh);
 
 /* Per-rank init on the rank's thread: device, comm, ops, shards (params
  * initialised from the model's counter-based RNG, own shard only), model
- * activations. On failure, everything allocated is released. */
+ * activations. On failure, everything allocated is released (as by
+ * fsdp_engine_free, the rank stopped first). */
 fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank);
+/* Teardown on the rank's thread. First, before any wait or free, the rank
+ * is stopped with the first failure of a call below (fsdp_world_rank_stop:
+ * its collectives end and the world learns of the failure at once), or, on
+ * a clean exit, only if the world was aborted; then the streams are drained
+ * and everything is released. After a failed call the engine is good only
+ * for this. */
 void fsdp_engine_free(fsdp_engine *e);
 
 /* One optimizer step: grad_accum micro-steps on micro-batches

@@ -26,8 +26,11 @@ struct fsdp_engine {
     fsdp_comm comm;
     fsdp_op_ctx ops;
     bool dev_ready, comm_ready, ops_ready;
+    fsdp_status status;          /* first failure of init or of a call (step, forward, ...);
+                                  * OK so far: fsdp_engine_free stops the rank with it */
     void *state;                 /* model activations (B, T) */
-    int *tokens_host;            /* (2, B*T) inputs then targets */
+    int *tokens_host;            /* (2, B*T) inputs then targets; pinned host memory */
+    fsdp_event_t ev_tokens;      /* the last copy out of tokens_host (compute stream) */
     fsdp_accum acc;              /* micro-step partial gradient sums, per unit */
     const struct fsdp_place_i *place; /* where master, optimizer state and grad shards live */
     void *place_ctx;             /* the placement's own per-rank state */
@@ -57,6 +60,21 @@ static inline bool fsdp_engine_update_needs_norm(const fsdp_engine *e)
 static inline fsdp_shard_row *fsdp_engine_row(fsdp_engine *e, int u)
 {
     return &e->sh->sm.units[u].rows[e->rank];
+}
+
+/* Reserve, before the first step, the device buffers the step allocates
+ * and frees again, as many of each size as it holds at once (warm.c). */
+fsdp_status fsdp_engine_warm_up(fsdp_engine *e);
+
+/* Keep st as the engine's failure if it is the first one, and return it:
+ * fsdp_engine_free stops the rank's collectives with it before anything
+ * waits or frees (core/world.h). Every public call of the engine that can
+ * fail passes its status through here. */
+static inline fsdp_status fsdp_engine_note(fsdp_engine *e, fsdp_status st)
+{
+    if (st != FSDP_STATUS_OK && e->status == FSDP_STATUS_OK)
+        e->status = st;
+    return st;
 }
 
 /* Stream `dst` waits for everything issued so far on `src` (through ev). */

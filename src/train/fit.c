@@ -540,21 +540,28 @@ fsdp_status fsdp_fit_check_train(const fsdp_train_config *cfg, size_t device_tot
         fsdp_cost_cuda_overhead(e->n_ranks, e->compute_dtype, &s, p.ranks[who].mem.n_live, &oh);
     }
     fsdp_plan_free(&p);
-    char b1[32], b2[32], b3[32], b4[32], what[160], limit[32];
+    /* ranks sharing a GPU (--ranks-per-device) each hold their allocations
+     * and own buffers there, beside one CUDA context */
+    size_t rpd = e->backend == FSDP_BACKEND_CUDA && e->ranks_per_device > 1
+                     ? (size_t)e->ranks_per_device : 1;
+    size_t gpu_bytes = rpd * (peak + oh.total_bytes - oh.context_bytes) + oh.context_bytes;
+    char b1[32], b2[32], b3[32], b4[32], what[200], limit[32], ranks[48] = "";
     bool over_cap = cap && peak > cap;
-    bool over_total = !over_cap && device_total && peak + oh.total_bytes > device_total;
+    bool over_total = !over_cap && device_total && gpu_bytes > device_total;
     if (!over_cap && !over_total)
         return FSDP_STATUS_OK;
-    size_t limit_bytes = over_cap ? cap : device_total;
+    size_t limit_bytes = over_cap ? cap : device_total, need = over_cap ? peak : gpu_bytes;
     if (over_cap) {
         snprintf(what, sizeof what, "%s (the engine's allocations, exact)",
                  fsdp_fmt_bytes(b1, sizeof b1, (double)peak));
         snprintf(limit, sizeof limit, "--device-mem");
     } else {
-        snprintf(what, sizeof what, "%s (the engine's allocations, exact) + %s the CUDA context, "
+        if (rpd > 1)
+            snprintf(ranks, sizeof ranks, "%zu ranks sharing it x ", rpd);
+        snprintf(what, sizeof what, "%s%s (the engine's allocations, exact) + %s the CUDA context, "
                  "cuBLAS, op scratch and NCCL hold (estimate)",
-                 fsdp_fmt_bytes(b1, sizeof b1, (double)peak),
-                 fsdp_fmt_bytes(b2, sizeof b2, (double)oh.total_bytes));
+                 ranks, fsdp_fmt_bytes(b1, sizeof b1, (double)peak),
+                 fsdp_fmt_bytes(b2, sizeof b2, (double)(gpu_bytes - rpd * peak)));
         snprintf(limit, sizeof limit, "the GPU's memory");
     }
     char model[512], mem[32], optim_arg[48] = "";
@@ -568,7 +575,7 @@ fsdp_status fsdp_fit_check_train(const fsdp_train_config *cfg, size_t device_tot
         "it would run out of memory during the first step. Find the fastest setting that fits "
         "with: fsdp plan --fit --target %s --model %s --devices %d --seq %d --precision %s "
         "%s%s--global-batch %llu --device-mem %s",
-        who, what, fsdp_fmt_bytes(b3, sizeof b3, (double)(peak + oh.total_bytes - limit_bytes)),
+        who, what, fsdp_fmt_bytes(b3, sizeof b3, (double)(need - limit_bytes)),
         fsdp_fmt_bytes(b4, sizeof b4, (double)limit_bytes), limit, fsdp_backend_name(e->backend),
         model, e->n_ranks, e->seq, fsdp_dtype_name(e->compute_dtype),
         e->optim && e->optim != fsdp_optim_at(0) ? "--optimizer " : "",

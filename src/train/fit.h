@@ -143,7 +143,9 @@ const char *fsdp_fit_verdict_name(fsdp_fit_verdict v);
 /* Before `fsdp train` allocates anything: plan cfg on the meta backend and
  * compare its largest per-device peak with cfg->eng.device_mem (the
  * engine's cap, exact on cpu and cuda), and, when device_total > 0 (a
- * GPU's memory), the peak plus the cuda overhead with device_total. OK
+ * GPU's memory, fsdp_backend_device_total), the peak plus the cuda
+ * overhead with device_total, for each of the ranks that share a GPU
+ * (--ranks-per-device; one CUDA context among them). OK
  * when it fits or there is nothing to compare with; OOM with the plan's
  * numbers and the `fsdp plan --fit` command that finds a setting that
  * fits; other failures of the plan as they are. */
