@@ -244,4 +244,5 @@ const fsdp_safetensors_mapping fsdp_llama_safetensors = {
     /* .hf_model_types  = */ fsdp_llama_hf_model_types,
     /* .hf_config       = */ fsdp_llama_hf_config,
     /* .hf_config_write = */ fsdp_llama_hf_config_write,
+    /* .hf_prefix       = */ NULL, /* HF Llama names carry their "model." prefix already */
 };

@@ -135,7 +135,7 @@ static void fixture_load(fixture *fx, const char *dir)
     for (int u = 0; u < fx->m.n_units; u++)
         n += fx->m.units[u].n_params;
     fsdp_tensor_src *src = calloc((size_t)n, sizeof *src);
-    ck_assert_msg(fsdp_st_locate(&w.st, &fx->m, src) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    ck_assert_msg(fsdp_st_locate(&w.st, 1, "golden model.safetensors", NULL, &fx->m, src) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
     fx->init = calloc((size_t)fx->m.n_units, sizeof *fx->init);
     for (int u = 0, k = 0; u < fx->m.n_units; u++) {
         fx->init[u] = calloc(fx->m.units[u].numel, sizeof(float));

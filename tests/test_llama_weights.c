@@ -481,7 +481,7 @@ START_TEST(test_bare_hf_file_needs_its_config)
     fsdp_model m;
     ck_assert_int_eq(fsdp_model_build(&fsdp_llama_family, config, &m), FSDP_STATUS_OK);
     fsdp_tensor_src *src = calloc(64, sizeof *src);
-    ck_assert_msg(fsdp_st_locate(&st, &m, src) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    ck_assert_msg(fsdp_st_locate(&st, 1, "model.safetensors", NULL, &m, src) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
     ck_assert_ptr_nonnull(strstr(m.config, "rope=llama3,rope_factor=8,rope_low_freq=1,"
                                            "rope_high_freq=4,rope_orig_context=64"));
     free(src);

@@ -96,7 +96,8 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
     sh->optim_hp = (fsdp_optim_hparams){.beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
                                         .momentum = cfg->momentum,
                                         .weight_decay = cfg->weight_decay};
-    FSDP_TRY(sh->optim->check(&sh->optim_hp));
+    if (!cfg->inference)
+        FSDP_TRY(sh->optim->check(&sh->optim_hp));
     FSDP_TRY(fsdp_shardmap_init(&sh->sm, model, cfg->n_ranks, cfg->shard));
     for (int u = 0; u < sh->sm.n_units; u++)
         sh->n_local_blocks += sh->sm.units[u].shard_numel / FSDP_NORM_BLOCK;
@@ -258,9 +259,10 @@ static fsdp_status unit_init(fsdp_engine *e, int u, float *host_tmp)
     else
         fsdp_model_init_range(sh->model, u, begin, begin + n, sh->cfg.seed, host_tmp);
     FSDP_TRY(fsdp_device_memcpy(&e->dev, row->master, host_tmp, f32, e->dev.compute));
-    for (int k = 0; k < sh->optim->n_state; k++)
+    for (int k = 0; k < sh->optim->n_state && !sh->cfg.inference; k++)
         FSDP_TRY(fsdp_device_memset(&e->dev, row->optim[k], 0, f32, e->dev.compute));
-    FSDP_TRY(fsdp_device_memset(&e->dev, row->grad, 0, f32, e->dev.compute));
+    if (!sh->cfg.inference)
+        FSDP_TRY(fsdp_device_memset(&e->dev, row->grad, 0, f32, e->dev.compute));
     /* the compute copy; host_tmp is reused for the next unit: the refresh
      * waits for the copies */
     return e->place->param_refresh(e, u);
@@ -321,11 +323,13 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     /* only the device placement's norm uses it; it stays allocated in
      * both, as the planner's byte-exact figures (and the golden fixture)
      * have always counted it */
-    FSDP_CHECK(fsdp_device_alloc(&e->dev, sh->n_local_blocks * sizeof(float), FSDP_MEM_OTHER,
-                                 "gradient-norm partial sums", (void **)&e->dev_blocks));
-    if (cfg->recompute == FSDP_RECOMPUTE_NONE)
-        FSDP_CHECK(sh->model->iface->state_init(sh->model, &e->ops, cfg->batch, cfg->seq, true,
-                                                &e->state));
+    if (!cfg->inference)
+        FSDP_CHECK(fsdp_device_alloc(&e->dev, sh->n_local_blocks * sizeof(float),
+                                     FSDP_MEM_OTHER, "gradient-norm partial sums",
+                                     (void **)&e->dev_blocks));
+    if (cfg->inference || cfg->recompute == FSDP_RECOMPUTE_NONE)
+        FSDP_CHECK(sh->model->iface->state_init(sh->model, &e->ops, cfg->batch, cfg->seq,
+                                                !cfg->inference, &e->state));
     else
         FSDP_CHECK(sh->model->iface->state_init_recompute(sh->model, &e->ops, cfg->batch,
                                                           cfg->seq, cfg->recompute, &e->state));
@@ -586,6 +590,9 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
     const fsdp_engine_config *cfg = &sh->cfg;
     int U = sh->sm.n_units, N = cfg->n_ranks, A = cfg->grad_accum;
     int parity = (int)(step & 1);
+    if (cfg->inference)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "rank %d: an inference engine (forward "
+                              "only) cannot take a training step", e->rank);
     fsdp_comm_reset_stats(&e->comm);
     if (!e->norm_scratch) {
         size_t total = 0;

@@ -32,6 +32,11 @@ typedef struct fsdp_engine_config {
     fsdp_recompute recompute;  /* activations kept per block (models/model.h); the
                                 * others are rebuilt in backward */
     bool offload;              /* optimizer state + master + grad shards in pinned host memory */
+    bool inference;            /* forward only (eval, sample): each rank keeps its parameter
+                                * shard in the compute dtype and activations without
+                                * gradients; no master copy, optimizer state, gradient
+                                * shards or norm sums (place_infer.c); fsdp_engine_step
+                                * is refused and offload and the optimizer are ignored */
     bool deterministic;
     size_t device_mem;         /* per-device cap in bytes, 0 = none */
     int batch;                 /* B: sequences per micro-batch */

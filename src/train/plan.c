@@ -10,6 +10,7 @@
  * so 70B-parameter shapes plan in milliseconds.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -38,10 +39,24 @@ static fsdp_status plan_rank(fsdp_world *w, int rank, void *arg)
     struct planner *pl = arg;
     fsdp_engine *e = NULL;
     fsdp_status st;
+    int *tokens = NULL;
     FSDP_CHECK(fsdp_engine_init(&e, &pl->sh, rank));
+    const fsdp_engine_config *ec = &pl->sh.cfg;
+    if (ec->inference) { /* forwards of a full micro-batch (eval) */
+        tokens = calloc((size_t)ec->batch * (size_t)ec->seq, sizeof *tokens);
+        if (!tokens) {
+            st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the plan");
+            goto fail;
+        }
+    }
     for (int s = 0; s < pl->plan->steps; s++) {
         fsdp_step_result r;
-        FSDP_CHECK(fsdp_engine_step(e, (uint64_t)s, fsdp_train_lr(pl->cfg, s), &r));
+        if (ec->inference) {
+            fsdp_comm_reset_stats(fsdp_engine_comm(e));
+            FSDP_CHECK(fsdp_engine_forward(e, tokens, ec->batch, NULL, NULL, NULL));
+        } else {
+            FSDP_CHECK(fsdp_engine_step(e, (uint64_t)s, fsdp_train_lr(pl->cfg, s), &r));
+        }
     }
     fsdp_plan_rank *pr = &pl->plan->ranks[rank];
     const fsdp_device *d = fsdp_engine_device(e);
@@ -53,6 +68,7 @@ static fsdp_status plan_rank(fsdp_world *w, int rank, void *arg)
     memcpy(pr->n_calls, c->n_calls, sizeof pr->n_calls);
     st = FSDP_STATUS_OK;
 fail:
+    free(tokens);
     fsdp_engine_free(e);
     return st;
 }
@@ -149,7 +165,11 @@ void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes
     int optim = (int)fsdp_optim_state_bytes(fsdp_optim_or_default(e->optim));
     int state = 4 + copy + 4 + optim;
     double dev = 0, host = 0;
-    if (!e->offload) {
+    if (e->inference) { /* the compute-dtype parameters alone */
+        bool sharded = e->shard == FSDP_SHARD_FULL;
+        dev = dt * P / (sharded ? N : 1.0);
+        snprintf(text, n, "%d P%s", dt, sharded ? "/N" : "");
+    } else if (!e->offload) {
         switch (e->shard) {
         case FSDP_SHARD_FULL:
             dev = state * P / N;
