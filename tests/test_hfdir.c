@@ -427,6 +427,15 @@ START_TEST(test_commands)
                        "--backend cpu --tokenizer %s", st_file, txt, TOK_LLAMA3);
     REQUIRE(rc == 0 && !strncmp(e1, e2, 20), "eval of the directory '%s' vs the file '%s'", e1,
             e2);
+    /* train: the directory's tokenizer too, and the same losses as the file
+     * with --tokenizer */
+    char t1[4096], t2[4096];
+    rc = fsdp_test_cli(t1, sizeof t1, "train --model %s/hf --data %s --steps 2 --batch 2 --seq 16 "
+                       "--devices 2 --eval 0 --quiet", dir, txt);
+    REQUIRE(rc == 0 && strstr(t1, "final loss"), "train on the directory: %d: %s", rc, t1);
+    rc = fsdp_test_cli(t2, sizeof t2, "train --model %s --data %s --steps 2 --batch 2 --seq 16 "
+                       "--devices 2 --eval 0 --quiet --tokenizer %s", st_file, txt, TOK_LLAMA3);
+    REQUIRE(rc == 0 && !strcmp(t1, t2), "train on the directory '%s' vs the file '%s'", t1, t2);
     loaded_free(&src);
     rm_rf(dir);
 }

@@ -170,6 +170,9 @@ static fsdp_status ckpt_write(const char *dir, const fsdp_model *m, const float 
     if (found || fsdp_ckpt_is_complete(dir))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "'%s' already holds a checkpoint; write "
                               "the converted one to a new or empty directory", dir);
+    /* one writer at a time, as a training run (ckpt_dir.h) */
+    fsdp_ckpt_lock lock;
+    FSDP_TRY(fsdp_ckpt_dir_lock(&lock, dir));
     int U = m->n_units;
     size_t *padded = calloc((size_t)U, sizeof *padded), *zero = calloc((size_t)U, sizeof *zero);
     float *block = malloc(FSDP_CKPT_BLOCK_NUMEL * sizeof *block);
@@ -227,6 +230,7 @@ static fsdp_status ckpt_write(const char *dir, const fsdp_model *m, const float 
 fail:
     if (w)
         fsdp_ckpt_writer_abort(w);
+    fsdp_ckpt_dir_unlock(&lock);
     fsdp_ckpt_manifest_free(&man);
     free(padded);
     free(zero);

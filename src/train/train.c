@@ -578,7 +578,13 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
      * each rank reads its own shards of it (engine init_fn) */
     FSDP_CHECK(fsdp_modelfile_resolve(cfg->model, &t->model, &t->mf));
     if (cfg->data && ec->backend != FSDP_BACKEND_META) {
-        fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = cfg->tokenizer,
+        /* text and jsonl data: the --tokenizer given, else the model
+         * directory's own tokenizer.json */
+        char own_tok[FSDP_CKPT_PATH_MAX];
+        const char *tok = cfg->tokenizer;
+        if (!tok && fsdp_modelfile_tokenizer_of(cfg->model, own_tok, sizeof own_tok))
+            tok = own_tok;
+        fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = tok,
                                .chat_format = cfg->chat_format};
         FSDP_CHECK(fsdp_data_open_opts(&t->data, &dopt));
         if (fsdp_data_masked(t->data) && cfg->out) {
