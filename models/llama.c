@@ -17,16 +17,21 @@
  * row 0 of a (1, C) zero table (x + 0 = x exactly, in fp32 and in bf16),
  * and the backward (dwpe NULL) adds the rows in the same (b, t) order.
  *
- * Activations follow GPT-2's layout (gpt2.c), so activation recompute can
- * follow the same pattern: per layer what backward needs (ln1 + rstd, qkv
- * after rope, atty, att, residual2, ln2 + rstd, gate|up, swiglu output,
- * residual3); forward-only states keep one layer's set; training states add
- * fp32 gradient scratch reused across layers. The rope frequency table
- * (hd/2 floats, from rope_table.h) and the zero position row live in the
- * state, allocated through the device like the rest.
+ * Activations follow GPT-2's layout (gpt2.c): per layer what backward needs
+ * (ln1 + rstd, qkv after rope, atty, att, residual2, ln2 + rstd, gate|up,
+ * swiglu output, residual3). A recompute mode (models/model.h) keeps some
+ * of them per layer and one shared copy of the rest, which unit_recompute
+ * rebuilds before each layer's backward: block keeps residual3 (the next
+ * layer's input), elementwise keeps qkv (rotated), atty, att, residual2,
+ * gate|up and residual3 and reruns the RMSNorms and the SwiGLU.
+ * Forward-only states keep one layer's set and reuse it for every layer;
+ * training states add fp32 gradient scratch reused across layers. The rope
+ * frequency table (hd/2 floats, from rope_table.h) and the zero position
+ * row live in the state, allocated through the device like the rest.
  */
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,11 +185,66 @@ typedef struct llama_layer_acts {
     void *residual3;       /* (B,T,C) dt: the layer's output */
 } llama_layer_acts;
 
+/* The fields of llama_layer_acts in allocation order, with their width per
+ * token and the recompute modes that keep them per layer (models/model.h;
+ * gpt2.c has the same table). A field a mode does not keep is one buffer
+ * shared by every layer, written by each layer's forward and rebuilt by
+ * unit_recompute before its backward. Outputs of one op (a norm and its
+ * rstd, attention's output and softmax) share a keep set. RoPE rotates qkv
+ * in place and attention's backward reads only the rotated qkv, so keeping
+ * the rotated qkv costs no byte more than keeping the matmul's output:
+ * elementwise keeps it and never reruns RoPE. Forward-only states keep
+ * nothing per layer. */
+enum {
+    ACT_LN1 = 0, ACT_LN1_RSTD, ACT_QKV, ACT_ATTY, ACT_ATT, ACT_RESIDUAL2, ACT_LN2, ACT_LN2_RSTD,
+    ACT_GU, ACT_SWI, ACT_RESIDUAL3, ACT_N_FIELDS
+};
+
+/* Width of a field per token. */
+typedef enum act_width {
+    W_C = 0, /* C in dt */
+    W_QS,    /* (NH + 2 NKV) hd in dt */
+    W_AH,    /* NH hd in dt */
+    W_ATT,   /* NH T in dt: the softmax */
+    W_2IC,   /* 2 IC in dt */
+    W_IC,    /* IC in dt */
+    W_STAT,  /* one fp32: a norm's rstd */
+} act_width;
+
+#define KEEP(mode) (1u << (mode))
+#define K_EVERY_MODE \
+    (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_BLOCK) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
+#define K_NONE_ELEMENTWISE (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
+#define K_NONE_ONLY KEEP(FSDP_RECOMPUTE_NONE)
+
+typedef struct act_field {
+    const char *name;
+    size_t offset;    /* in llama_layer_acts */
+    act_width width;
+    unsigned keep;    /* KEEP(mode) for the modes that keep it per layer */
+} act_field;
+
+#define ACT_FIELD(f, name, width, keep) {name, offsetof(llama_layer_acts, f), width, keep}
+static const act_field act_fields[ACT_N_FIELDS] = {
+    ACT_FIELD(ln1, "ln1", W_C, K_NONE_ONLY),
+    ACT_FIELD(ln1_rstd, "ln1_rstd", W_STAT, K_NONE_ONLY),
+    ACT_FIELD(qkv, "qkv", W_QS, K_NONE_ELEMENTWISE),
+    ACT_FIELD(atty, "atty", W_AH, K_NONE_ELEMENTWISE),
+    ACT_FIELD(att, "att", W_ATT, K_NONE_ELEMENTWISE),
+    ACT_FIELD(residual2, "residual2", W_C, K_NONE_ELEMENTWISE),
+    ACT_FIELD(ln2, "ln2", W_C, K_NONE_ONLY),
+    ACT_FIELD(ln2_rstd, "ln2_rstd", W_STAT, K_NONE_ONLY),
+    ACT_FIELD(gu, "gate_up", W_2IC, K_NONE_ELEMENTWISE),
+    ACT_FIELD(swi, "swiglu", W_IC, K_NONE_ONLY),
+    ACT_FIELD(residual3, "residual3", W_C, K_EVERY_MODE),
+};
+#undef ACT_FIELD
+
 typedef struct llama_state {
     int B, T;
     bool training;
-    int n_slots;              /* layers with their own saved activations: L or 1 */
-    llama_layer_acts *layers; /* (n_slots,) */
+    fsdp_recompute mode;      /* training states: what each layer keeps (act_fields) */
+    llama_layer_acts *layers; /* (L,); fields a layer does not keep point at layers[0]'s */
 
     int *tokens;              /* (B*T) int32 */
     int *targets;             /* (B*T) int32, < 0: no loss */
@@ -215,13 +275,29 @@ static const fsdp_llama_config *cfg_of(const fsdp_model *m)
     return (const fsdp_llama_config *)m->impl;
 }
 
+/* Whether each layer has its own copy of field f (else one shared copy). */
+static bool kept(const llama_state *s, int f)
+{
+    return s->training && (act_fields[f].keep & KEEP(s->mode));
+}
+
+static void **field_ptr(llama_layer_acts *a, int f)
+{
+    return (void **)((char *)a + act_fields[f].offset);
+}
+
+/* layer >= 0: a layer's own buffer; -1: a state buffer; -2: a layer buffer
+ * shared by every layer. */
 static fsdp_status act_alloc(fsdp_op_ctx *ctx, llama_state *s, size_t bytes, const char *what,
                              int layer, void *out)
 {
-    char desc[96];
+    char desc[112];
     if (layer >= 0)
         snprintf(desc, sizeof desc, "activations '%s' of layer %d (B=%d, T=%d)", what, layer,
                  s->B, s->T);
+    else if (layer == -2)
+        snprintf(desc, sizeof desc, "activations '%s', one copy for all layers (B=%d, T=%d)",
+                 what, s->B, s->T);
     else
         snprintf(desc, sizeof desc, "activations '%s' (B=%d, T=%d)", what, s->B, s->T);
     FSDP_ASSERT(s->n_allocs < s->cap_allocs);
@@ -266,8 +342,45 @@ static fsdp_status upload_inv_freq(fsdp_op_ctx *ctx, const fsdp_llama_config *cf
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
-static fsdp_status llama_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
-                                    bool training, void **state)
+/* Bytes of field f for a micro-batch of the state's shape. */
+static size_t field_bytes(const fsdp_llama_config *cfg, const llama_state *s, int f, size_t dts)
+{
+    const size_t N = (size_t)s->B * s->T, hd = (size_t)cfg->head_dim;
+    switch (act_fields[f].width) {
+    case W_C: return N * (size_t)cfg->n_embd * dts;
+    case W_QS: return N * (size_t)(cfg->n_head + 2 * cfg->n_kv_head) * hd * dts;
+    case W_AH: return N * (size_t)cfg->n_head * hd * dts;
+    case W_ATT: return N * (size_t)cfg->n_head * (size_t)s->T * dts;
+    case W_2IC: return N * 2 * (size_t)cfg->n_inter * dts;
+    case W_IC: return N * (size_t)cfg->n_inter * dts;
+    case W_STAT: return N * sizeof(float);
+    }
+    FSDP_ASSERT(!"unknown activation width");
+    return 0;
+}
+
+/* Every layer's saved activations, layer by layer in act_fields order: a
+ * field the state keeps gets a buffer per layer, the others one buffer
+ * (allocated with layer 0) that every layer points at. */
+static fsdp_status layers_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s)
+{
+    const fsdp_llama_config *cfg = cfg_of(m);
+    const size_t dts = fsdp_dtype_size(ctx->dt);
+    for (int l = 0; l < cfg->n_layer; l++)
+        for (int f = 0; f < ACT_N_FIELDS; f++) {
+            void **dst = field_ptr(&s->layers[l], f);
+            if (l > 0 && !kept(s, f)) {
+                *dst = *field_ptr(&s->layers[0], f);
+                continue;
+            }
+            FSDP_TRY(act_alloc(ctx, s, field_bytes(cfg, s, f, dts), act_fields[f].name,
+                               kept(s, f) ? l : -2, dst));
+        }
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                               bool training, fsdp_recompute mode, void **state)
 {
     const fsdp_llama_config *cfg = cfg_of(m);
     const int L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, Vp = cfg->padded_vocab_size;
@@ -285,6 +398,9 @@ static fsdp_status llama_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B
                               "Llama micro-batch B=%d, T=%d is too large for this model; "
                               "reduce --batch or --seq",
                               B, T);
+    if ((int)mode < 0 || mode >= FSDP_RECOMPUTE_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama: unknown recompute mode %d",
+                              (int)mode);
 
     const size_t N = (size_t)B * T, dts = fsdp_dtype_size(ctx->dt), f4 = sizeof(float);
     const size_t natt = (size_t)B * NH * T * T;
@@ -295,9 +411,9 @@ static fsdp_status llama_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B
     s->B = B;
     s->T = T;
     s->training = training;
-    s->n_slots = training ? L : 1;
-    s->cap_allocs = 11 * s->n_slots + 20;
-    s->layers = calloc((size_t)s->n_slots, sizeof *s->layers);
+    s->mode = training ? mode : FSDP_RECOMPUTE_NONE;
+    s->cap_allocs = ACT_N_FIELDS * L + 20;
+    s->layers = calloc((size_t)L, sizeof *s->layers);
     s->allocs = calloc((size_t)s->cap_allocs, sizeof *s->allocs);
     if (!s->layers || !s->allocs) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a Llama state failed");
@@ -313,20 +429,7 @@ static fsdp_status llama_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B
     FSDP_CHECK(upload_inv_freq(ctx, cfg, s->inv_freq));
     FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "encoded", -1, &s->encoded));
     FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "proj", -1, &s->proj));
-    for (int l = 0; l < s->n_slots; l++) {
-        llama_layer_acts *a = &s->layers[l];
-        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "ln1", l, &a->ln1));
-        FSDP_CHECK(act_alloc(ctx, s, N * f4, "ln1_rstd", l, &a->ln1_rstd));
-        FSDP_CHECK(act_alloc(ctx, s, N * QS * dts, "qkv", l, &a->qkv));
-        FSDP_CHECK(act_alloc(ctx, s, N * AH * dts, "atty", l, &a->atty));
-        FSDP_CHECK(act_alloc(ctx, s, natt * dts, "att", l, &a->att));
-        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "residual2", l, &a->residual2));
-        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "ln2", l, &a->ln2));
-        FSDP_CHECK(act_alloc(ctx, s, N * f4, "ln2_rstd", l, &a->ln2_rstd));
-        FSDP_CHECK(act_alloc(ctx, s, N * 2 * IC * dts, "gate_up", l, &a->gu));
-        FSDP_CHECK(act_alloc(ctx, s, N * IC * dts, "swiglu", l, &a->swi));
-        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "residual3", l, &a->residual3));
-    }
+    FSDP_CHECK(layers_alloc(m, ctx, s));
     FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "lnf", -1, &s->lnf));
     FSDP_CHECK(act_alloc(ctx, s, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
     FSDP_CHECK(act_alloc(ctx, s, N * Vp * dts, "logits", -1, &s->logits));
@@ -357,6 +460,18 @@ fail:
     fsdp_error_prefix("Llama '%s' activations", m->name);
     llama_state_free(m, ctx, s);
     return st;
+}
+
+static fsdp_status llama_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                                    bool training, void **state)
+{
+    return state_alloc(m, ctx, B, T, training, FSDP_RECOMPUTE_NONE, state);
+}
+
+static fsdp_status llama_state_init_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, int B,
+                                              int T, fsdp_recompute mode, void **state)
+{
+    return state_alloc(m, ctx, B, T, true, mode, state);
 }
 
 static int *llama_state_tokens(void *state) { return ((llama_state *)state)->tokens; }
@@ -395,7 +510,7 @@ static float *grad_ptr(const fsdp_model *m, int unit, float *grads, int i)
 /* The LM head's weight: lm_head, or the embeddings when tied. */
 static int head_index(const fsdp_model *m) { return cfg_of(m)->tied ? ROOT_EMBED : ROOT_HEAD; }
 
-static llama_layer_acts *layer_acts(llama_state *s, int l) { return &s->layers[l % s->n_slots]; }
+static llama_layer_acts *layer_acts(llama_state *s, int l) { return &s->layers[l]; }
 
 /* Input of layer l: the embeddings or the previous layer's output. */
 static void *layer_input(llama_state *s, int l)
@@ -427,11 +542,17 @@ static fsdp_status llama_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
     return ops_status(ctx, m, "forward", 0);
 }
 
-static fsdp_status llama_unit_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
-                                      int unit, const void *params)
+/* Layer `unit`'s forward ops. redo=false: all of them (unit_forward);
+ * redo=true: only those whose outputs the state does not keep per layer
+ * (unit_recompute). The calls are the same on the same inputs either way,
+ * so recomputed activations are bit-identical to the forward's. An op
+ * reruns only if its output is dropped, so every mode's act_fields must
+ * let a rerun op read only kept or rerun outputs (the layer input is kept
+ * by every mode: the previous layer's residual3 or the embeddings). RoPE
+ * belongs to the qkv matmul: it rotates that output in place. */
+static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s, int unit,
+                                 const void *params, bool redo)
 {
-    FSDP_TRY(check_unit(m, state, unit, "unit_forward"));
-    llama_state *s = state;
     const fsdp_llama_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, NH = cfg->n_head, NKV = cfg->n_kv_head, hd = cfg->head_dim;
     const int IC = cfg->n_inter, QS = (NH + 2 * NKV) * hd, AH = NH * hd;
@@ -439,21 +560,67 @@ static fsdp_status llama_unit_forward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
     const float eps = (float)cfg->norm_eps;
     const fsdp_dtype dt = ctx->dt;
 #define P(i) param_ptr(m, unit, params, (i), dt)
+#define RUN(field) (!redo || !kept(s, field))
     llama_layer_acts *a = layer_acts(s, l);
     void *inp = layer_input(s, l);
-    FSDP_OP(ctx, rmsnorm_fwd, a->ln1, a->ln1_rstd, inp, P(BLK_LN1), eps, N, C);
-    FSDP_OP(ctx, matmul_fwd, a->qkv, a->ln1, P(BLK_Q), P(BLK_QB), N, C, QS);
-    FSDP_OP(ctx, rope_fwd, a->qkv, s->inv_freq, NULL, B, T, NH + NKV, hd, QS);
-    FSDP_OP(ctx, attention_gqa_fwd, a->atty, a->att, a->qkv, NULL, B, T, NH, NKV, hd);
-    FSDP_OP(ctx, matmul_fwd, s->proj, a->atty, P(BLK_O), NULL, N, AH, C);
-    FSDP_OP(ctx, residual_fwd, a->residual2, inp, s->proj, (size_t)N * C);
-    FSDP_OP(ctx, rmsnorm_fwd, a->ln2, a->ln2_rstd, a->residual2, P(BLK_LN2), eps, N, C);
-    FSDP_OP(ctx, matmul_fwd, a->gu, a->ln2, P(BLK_GATE), NULL, N, C, 2 * IC);
-    FSDP_OP(ctx, swiglu_fwd, a->swi, a->gu, N, IC);
-    FSDP_OP(ctx, matmul_fwd, s->proj, a->swi, P(BLK_DOWN), NULL, N, IC, C);
-    FSDP_OP(ctx, residual_fwd, a->residual3, a->residual2, s->proj, (size_t)N * C);
+    if (RUN(ACT_LN1))
+        FSDP_OP(ctx, rmsnorm_fwd, a->ln1, a->ln1_rstd, inp, P(BLK_LN1), eps, N, C);
+    if (RUN(ACT_QKV)) {
+        FSDP_OP(ctx, matmul_fwd, a->qkv, a->ln1, P(BLK_Q), P(BLK_QB), N, C, QS);
+        FSDP_OP(ctx, rope_fwd, a->qkv, s->inv_freq, NULL, B, T, NH + NKV, hd, QS);
+    }
+    if (RUN(ACT_ATTY))
+        FSDP_OP(ctx, attention_gqa_fwd, a->atty, a->att, a->qkv, NULL, B, T, NH, NKV, hd);
+    if (RUN(ACT_RESIDUAL2)) {
+        FSDP_OP(ctx, matmul_fwd, s->proj, a->atty, P(BLK_O), NULL, N, AH, C);
+        FSDP_OP(ctx, residual_fwd, a->residual2, inp, s->proj, (size_t)N * C);
+    }
+    if (RUN(ACT_LN2))
+        FSDP_OP(ctx, rmsnorm_fwd, a->ln2, a->ln2_rstd, a->residual2, P(BLK_LN2), eps, N, C);
+    if (RUN(ACT_GU))
+        FSDP_OP(ctx, matmul_fwd, a->gu, a->ln2, P(BLK_GATE), NULL, N, C, 2 * IC);
+    if (RUN(ACT_SWI))
+        FSDP_OP(ctx, swiglu_fwd, a->swi, a->gu, N, IC);
+    if (RUN(ACT_RESIDUAL3)) {
+        FSDP_OP(ctx, matmul_fwd, s->proj, a->swi, P(BLK_DOWN), NULL, N, IC, C);
+        FSDP_OP(ctx, residual_fwd, a->residual3, a->residual2, s->proj, (size_t)N * C);
+    }
+#undef RUN
 #undef P
-    return ops_status(ctx, m, "forward", unit);
+    return ops_status(ctx, m, redo ? "recompute" : "forward", unit);
+}
+
+static fsdp_status llama_unit_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                      int unit, const void *params)
+{
+    FSDP_TRY(check_unit(m, state, unit, "unit_forward"));
+    return layer_forward(m, ctx, state, unit, params, false);
+}
+
+static fsdp_status llama_unit_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                        int unit, const void *params)
+{
+    FSDP_TRY(check_unit(m, state, unit, "unit_recompute"));
+    llama_state *s = state;
+    if (!s->training)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "Llama unit_recompute: the state is forward-only");
+    return layer_forward(m, ctx, s, unit, params, true);
+}
+
+/* Matmul and attention FLOPs of what unit_recompute reruns (2 per
+ * multiply-add, as llama_flops_per_token counts them): BLOCK reruns a
+ * layer's forward up to the SwiGLU (qkv 2 C QS, o 2 AH C, gate|up 4 C IC
+ * per token, and attention's 4 AH T), ELEMENTWISE only norms and the
+ * SwiGLU. */
+static double llama_recompute_flops_per_token(const fsdp_model *m, int T, fsdp_recompute mode)
+{
+    const fsdp_llama_config *c = cfg_of(m);
+    if (mode != FSDP_RECOMPUTE_BLOCK)
+        return 0.0;
+    const double C = c->n_embd, AH = (double)c->n_head * c->head_dim;
+    const double QS = (double)(c->n_head + 2 * c->n_kv_head) * c->head_dim;
+    return c->n_layer * (2.0 * C * QS + 2.0 * AH * C + 4.0 * C * c->n_inter + 4.0 * AH * T);
 }
 
 /* Zero an fp32 scratch buffer on the compute stream (no-op on meta). */
@@ -579,4 +746,7 @@ static const struct fsdp_model_i llama_model_i = {
     /* .head_forward_backward = */ llama_head_forward_backward,
     /* .unit_backward         = */ llama_unit_backward,
     /* .root_backward         = */ llama_root_backward,
+    /* .state_init_recompute  = */ llama_state_init_recompute,
+    /* .unit_recompute        = */ llama_unit_recompute,
+    /* .recompute_flops_per_token = */ llama_recompute_flops_per_token,
 };

@@ -449,8 +449,18 @@ END_TEST
 
 /* ---- activation recompute ------------------------------------------------------- */
 
-/* Four blocks, so that several blocks share the recompute work buffers. */
-#define RECOMPUTE_MODEL "custom:layers=4,heads=4,channels=32,vocab=256,context=64"
+/* Four blocks, so that several blocks share the recompute work buffers;
+ * every family: a GPT-2, an untied GQA Llama with llama3 rope scaling and
+ * head_dim * heads != hidden, and a tied Qwen2 with q/k/v biases. The
+ * tests below loop over them (_i). */
+static const char *const recompute_models[] = {
+    "custom:layers=4,heads=4,channels=32,vocab=256,context=64",
+    "llama:layers=4,heads=4,kv_heads=2,hidden=32,intermediate=64,head_dim=16,rope=llama3,"
+    "rope_factor=8",
+    "llama:layers=4,heads=4,kv_heads=1,hidden=32,intermediate=80,head_dim=8,rope_theta=1000000,"
+    "qkv_bias=1,tied=1,norm_eps=1e-06",
+};
+#define N_RECOMPUTE_MODELS ((int)(sizeof recompute_models / sizeof recompute_models[0]))
 
 static const char *recompute_name(fsdp_recompute r)
 {
@@ -463,15 +473,16 @@ static const char *recompute_name(fsdp_recompute r)
  * fewer activation bytes (so the recompute path really ran). */
 START_TEST(test_recompute_identical)
 {
+    const char *model = recompute_models[_i];
     fsdp_train_config c;
     fsdp_train_result ref, ref_bf16;
     tiny_config(&c, 1, 0);
-    c.model = RECOMPUTE_MODEL;
+    c.model = model;
     run_ok(&c, &ref);
     ck_assert(ref.losses[2] < ref.losses[0]);
     size_t ref_act = ref.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT];
     tiny_config(&c, 2, 0);
-    c.model = RECOMPUTE_MODEL;
+    c.model = model;
     c.eng.compute_dtype = FSDP_DTYPE_BF16;
     run_ok(&c, &ref_bf16);
     static const int devs[] = {1, 2, 4, 8};
@@ -479,17 +490,17 @@ START_TEST(test_recompute_identical)
         for (int d = 0; d < 4; d++)
             for (int s = 0; s < FSDP_SHARD_COUNT; s++) {
                 tiny_config(&c, devs[d], 0);
-                c.model = RECOMPUTE_MODEL;
+                c.model = model;
                 c.eng.recompute = (fsdp_recompute)mode;
                 c.eng.shard = (fsdp_shard_strategy)s;
                 c.eng.prefetch = (d + s) % 2 == 0;
                 fsdp_train_result r;
                 run_ok(&c, &r);
-                char what[128];
-                snprintf(what, sizeof what, "recompute %s, %d devices, shard %s, prefetch %s",
-                         recompute_name(c.eng.recompute), devs[d],
+                char what[256];
+                snprintf(what, sizeof what, "%s: recompute %s, %d devices, shard %s, prefetch %s",
+                         model, recompute_name(c.eng.recompute), devs[d],
                          fsdp_shard_strategy_name(c.eng.shard), c.eng.prefetch ? "on" : "off");
-                assert_identical_model(&ref, &r, what, RECOMPUTE_MODEL);
+                assert_identical_model(&ref, &r, what, model);
                 if (devs[d] == 1)
                     ck_assert_msg(r.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT] < ref_act,
                                   "%s: %zu activation bytes, none keeps %zu", what,
@@ -500,18 +511,18 @@ START_TEST(test_recompute_identical)
         for (int k = 0; k < 2; k++) {
             fsdp_train_result a, b;
             tiny_config(&c, 2 * (k + 1), 0);
-            c.model = RECOMPUTE_MODEL;
+            c.model = model;
             c.eng.offload = true;
             c.eng.clip = k ? 0.5f : 0.0f;
             c.eng.shard = k ? FSDP_SHARD_GRAD_OP : FSDP_SHARD_FULL;
             run_ok(&c, &a);
             c.eng.recompute = (fsdp_recompute)mode;
             run_ok(&c, &b);
-            char what[128];
-            snprintf(what, sizeof what, "recompute %s, offload, %d devices, shard %s, clip %s",
-                     recompute_name(c.eng.recompute), 2 * (k + 1),
+            char what[256];
+            snprintf(what, sizeof what, "%s: recompute %s, offload, %d devices, shard %s, clip %s",
+                     model, recompute_name(c.eng.recompute), 2 * (k + 1),
                      fsdp_shard_strategy_name(c.eng.shard), k ? "on" : "off");
-            assert_identical_model(&a, &b, what, RECOMPUTE_MODEL);
+            assert_identical_model(&a, &b, what, model);
             fsdp_train_result_free(&a);
             fsdp_train_result_free(&b);
         }
@@ -519,14 +530,14 @@ START_TEST(test_recompute_identical)
         for (int d = 1; d < 3; d++) {
             fsdp_train_result r;
             tiny_config(&c, devs[d], 0);
-            c.model = RECOMPUTE_MODEL;
+            c.model = model;
             c.eng.compute_dtype = FSDP_DTYPE_BF16;
             c.eng.recompute = (fsdp_recompute)mode;
             run_ok(&c, &r);
-            char what[128];
-            snprintf(what, sizeof what, "recompute %s, bf16, %d devices",
-                     recompute_name(c.eng.recompute), devs[d]);
-            assert_identical_model(&ref_bf16, &r, what, RECOMPUTE_MODEL);
+            char what[256];
+            snprintf(what, sizeof what, "%s: recompute %s, bf16, %d devices",
+                     model, recompute_name(c.eng.recompute), devs[d]);
+            assert_identical_model(&ref_bf16, &r, what, model);
             fsdp_train_result_free(&r);
         }
     }
@@ -593,6 +604,10 @@ END_TEST
  * and step, before the block's backward, in the trace. */
 START_TEST(test_recompute_schedule)
 {
+    const char *model = recompute_models[_i];
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
+    const char *unit = m.units[3].name; /* the third block */
     char path[] = "/tmp/fsdp_trace_XXXXXX";
     int fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
@@ -602,7 +617,7 @@ START_TEST(test_recompute_schedule)
         fsdp_train_config c;
         fsdp_train_result r;
         tiny_config(&c, 2, 2);
-        c.model = RECOMPUTE_MODEL;
+        c.model = model;
         c.eng.recompute = (fsdp_recompute)mode;
         c.steps = 2;
         c.keep_params = false;
@@ -618,19 +633,20 @@ START_TEST(test_recompute_schedule)
             n_recompute += strstr(line, "\"name\":\"recompute\"") && strstr(line, "\"pid\":0,");
         fclose(f);
         int want = mode == FSDP_RECOMPUTE_NONE ? 0 : 4 * 2 * 2; /* blocks x micro-steps x steps */
-        ck_assert_msg(n_recompute == want, "recompute %s: %d recompute spans, want %d",
-                      recompute_name((fsdp_recompute)mode), n_recompute, want);
+        ck_assert_msg(n_recompute == want, "%s: recompute %s: %d recompute spans, want %d",
+                      model, recompute_name((fsdp_recompute)mode), n_recompute, want);
         if (want) {
             double r0, r1, b0, b1;
-            ck_assert(trace_find(path, "recompute", "h.2", &r0, &r1));
-            ck_assert(trace_find(path, "backward", "h.2", &b0, &b1));
-            ck_assert_msg(r1 <= b0, "recompute of h.2 ends at %.1f us, its backward starts at "
-                          "%.1f us", r1, b0);
+            ck_assert(trace_find(path, "recompute", unit, &r0, &r1));
+            ck_assert(trace_find(path, "backward", unit, &b0, &b1));
+            ck_assert_msg(r1 <= b0, "%s: recompute of %s ends at %.1f us, its backward "
+                          "starts at %.1f us", model, unit, r1, b0);
         }
     }
     unlink(path);
     for (int mode = 1; mode < FSDP_RECOMPUTE_COUNT; mode++)
         ck_assert_uint_eq(recv[mode], recv[FSDP_RECOMPUTE_NONE]);
+    fsdp_model_free(&m);
 }
 END_TEST
 
@@ -676,12 +692,13 @@ START_TEST(test_recompute_identical_cuda)
         fflush(stdout);
         return;
     }
+    const char *model = recompute_models[_i];
     for (int prec = 0; prec < 2; prec++) {
         fsdp_train_result ref;
         fsdp_train_config c;
         for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
             tiny_config(&c, 1, 2);
-            c.model = RECOMPUTE_MODEL;
+            c.model = model;
             c.eng.backend = FSDP_BACKEND_CUDA;
             c.eng.batch = 4;
             c.eng.compute_dtype = (fsdp_dtype)prec;
@@ -690,11 +707,11 @@ START_TEST(test_recompute_identical_cuda)
             run_ok(&c, mode ? &r : &ref);
             if (!mode)
                 continue;
-            char what[96];
-            snprintf(what, sizeof what, "cuda, %s, recompute %s",
+            char what[256];
+            snprintf(what, sizeof what, "%s: cuda, %s, recompute %s", model,
                      fsdp_dtype_name(c.eng.compute_dtype),
                      recompute_name(c.eng.recompute));
-            assert_identical_model(&ref, &r, what, RECOMPUTE_MODEL);
+            assert_identical_model(&ref, &r, what, model);
             fsdp_train_result_free(&r);
         }
         fsdp_train_result_free(&ref);
@@ -949,12 +966,12 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("recompute");
     tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_recompute_identical);
+    tcase_add_loop_test(tc, test_recompute_identical, 0, N_RECOMPUTE_MODELS);
     tcase_add_test(tc, test_recompute_memory_formula);
-    tcase_add_test(tc, test_recompute_schedule);
+    tcase_add_loop_test(tc, test_recompute_schedule, 0, N_RECOMPUTE_MODELS);
     tcase_add_test(tc, test_recompute_refused);
     tcase_add_test(tc, test_recompute_flops);
-    tcase_add_test(tc, test_recompute_identical_cuda);
+    tcase_add_loop_test(tc, test_recompute_identical_cuda, 0, N_RECOMPUTE_MODELS);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "core/json.h"
+#include "models/registry.h"
 #include "report/fit_report.h"
 #include "testutil.h"
 #include "train/fit.h"
@@ -61,7 +62,7 @@ static void candidate_config(const fsdp_fit_request *req, const fsdp_fit_candida
 
 /* ---- the memory order the search prunes by -------------------------------------------------- */
 
-/* peak of one setting, from its own meta run */
+/* peak of one setting, from its own meta run (recompute: base's) */
 static size_t peak_of(const fsdp_train_config *base, int b, int A, int shard, int off, int pf)
 {
     fsdp_train_config c = *base;
@@ -79,43 +80,61 @@ static size_t peak_of(const fsdp_train_config *base, int b, int A, int shard, in
 
 /* At a fixed micro-batch and accumulation, one step along any ordered
  * dimension (shard full -> grad-op, offload optimizer -> none, prefetch
- * off -> on) never lowers the peak: the order fit.h's pruning relies on.
+ * off -> on, a recompute mode to one of a higher memory_rank) never lowers
+ * the peak: the order fit.h's pruning relies on, for both families.
  * (NO_SHARD is not in it: on one device it holds less than grad-op.) */
 START_TEST(test_fit_memory_order)
 {
     static const char *const models[] = {
-        "tiny", "custom:layers=3,heads=2,channels=48,vocab=300,context=32"};
+        "tiny", "custom:layers=3,heads=2,channels=48,vocab=300,context=32", "llama-tiny",
+        "qwen2-tiny"};
     static const int devs[] = {1, 2, 4}, bas[][2] = {{1, 1}, {2, 3}, {4, 2}};
-    int n_dev = SMALL_RUN ? 2 : 3;
-    for (int mi = 0; mi < 2; mi++)
+    const int n_dev = SMALL_RUN ? 2 : 3, R = fsdp_fit_n_recompute_modes;
+    ck_assert_int_le(R, 4);
+    for (size_t mi = 0; mi < FSDP_TEST_LEN(models); mi++)
         for (int di = 0; di < n_dev; di++)
             for (int k = 0; k < 3; k++)
                 for (int prec = 0; prec < 2; prec++) {
                     fsdp_train_config base;
                     base_config(&base, models[mi], devs[di], 32);
                     base.eng.compute_dtype = (fsdp_dtype)prec;
-                    size_t pk[3][2][2];
-                    for (int s = 0; s < 3; s++)
-                        for (int o = 0; o < 2; o++)
-                            for (int p = 0; p < 2; p++)
-                                pk[s][o][p] = peak_of(&base, bas[k][0], bas[k][1], s, o, p);
-                    for (int s = 0; s < 3; s++)
-                        for (int o = 0; o < 2; o++)
-                            for (int p = 0; p < 2; p++) {
-                                const char *what = models[mi];
-                                if (s == FSDP_SHARD_FULL)
-                                    ck_assert_msg(pk[s][o][p] <= pk[FSDP_SHARD_GRAD_OP][o][p],
-                                                  "%s, %d devices: full > grad-op", what,
-                                                  devs[di]);
-                                if (o == 1)
-                                    ck_assert_msg(pk[s][1][p] <= pk[s][0][p],
-                                                  "%s, %d devices: offload raises the peak", what,
-                                                  devs[di]);
-                                if (p == 0)
-                                    ck_assert_msg(pk[s][o][0] <= pk[s][o][1],
-                                                  "%s, %d devices: prefetch off > on", what,
-                                                  devs[di]);
-                            }
+                    size_t pk[4][3][2][2];
+                    for (int rc = 0; rc < R; rc++)
+                        for (int s = 0; s < 3; s++)
+                            for (int o = 0; o < 2; o++)
+                                for (int p = 0; p < 2; p++) {
+                                    base.eng.recompute =
+                                        (fsdp_recompute)fsdp_fit_recompute_modes[rc].value;
+                                    pk[rc][s][o][p] =
+                                        peak_of(&base, bas[k][0], bas[k][1], s, o, p);
+                                }
+                    const char *what = models[mi];
+                    for (int rc = 0; rc < R; rc++)
+                        for (int s = 0; s < 3; s++)
+                            for (int o = 0; o < 2; o++)
+                                for (int p = 0; p < 2; p++) {
+                                    const size_t v = pk[rc][s][o][p];
+                                    if (s == FSDP_SHARD_FULL)
+                                        ck_assert_msg(v <= pk[rc][FSDP_SHARD_GRAD_OP][o][p],
+                                                      "%s, %d devices: full > grad-op", what,
+                                                      devs[di]);
+                                    if (o == 1)
+                                        ck_assert_msg(v <= pk[rc][s][0][p],
+                                                      "%s, %d devices: offload raises the peak",
+                                                      what, devs[di]);
+                                    if (p == 0)
+                                        ck_assert_msg(v <= pk[rc][s][o][1],
+                                                      "%s, %d devices: prefetch off > on", what,
+                                                      devs[di]);
+                                    for (int r2 = 0; r2 < R; r2++)
+                                        if (fsdp_fit_recompute_modes[rc].memory_rank <
+                                            fsdp_fit_recompute_modes[r2].memory_rank)
+                                            ck_assert_msg(v <= pk[r2][s][o][p],
+                                                          "%s, %d devices: recompute %s > %s",
+                                                          what, devs[di],
+                                                          fsdp_fit_recompute_modes[rc].name,
+                                                          fsdp_fit_recompute_modes[r2].name);
+                                }
                 }
 }
 END_TEST
@@ -194,6 +213,116 @@ START_TEST(test_fit_exact_vs_every_candidate)
             check_exact(&req, &r);
             fsdp_fit_free(&r);
         }
+    /* the Llama family (llama-tiny has tiny's heads, width and padded
+     * vocabulary, so check_exact's cuda shape holds too) */
+    for (size_t k = 0; k < FSDP_TEST_LEN(caps); k++) {
+        fsdp_fit_request req;
+        tiny_request(&req, caps[k]);
+        req.base.model = "llama-tiny";
+        fsdp_fit_result r;
+        ck_assert_int_eq(fsdp_fit_search(&req, &r), FSDP_STATUS_OK);
+        ck_assert_int_eq(r.n_cand, 4 * 12 * fsdp_fit_n_recompute_modes);
+        ck_assert_uint_eq(r.recompute_refused, 0);
+        check_exact(&req, &r);
+        fsdp_fit_free(&r);
+    }
+}
+END_TEST
+
+/* ---- a recompute mode the model refuses ------------------------------------------------------ */
+
+/* A family without the recompute slots runs only none: the modes it
+ * refuses are named, by the engine's message, and only they are left out
+ * (the search leaves fsdp_fit_recompute_refused's modes out of its
+ * settings, fit.c). The real families refuse none. */
+START_TEST(test_fit_recompute_refused)
+{
+    static const char *const models[] = {"tiny", "llama-tiny", "qwen2-tiny"};
+    for (size_t i = 0; i < FSDP_TEST_LEN(models); i++) {
+        fsdp_model m;
+        ck_assert_int_eq(fsdp_model_from_spec(models[i], &m), FSDP_STATUS_OK);
+        char why[256] = "x";
+        ck_assert_uint_eq(fsdp_fit_recompute_refused(&m, 0, why, sizeof why), 0);
+        ck_assert_str_eq(why, "");
+        struct fsdp_model_i no_recompute = *m.iface;
+        no_recompute.state_init_recompute = NULL;
+        no_recompute.unit_recompute = NULL;
+        no_recompute.recompute_flops_per_token = NULL;
+        const struct fsdp_model_i *own = m.iface;
+        m.iface = &no_recompute;
+        unsigned want = 0;
+        int first = -1;
+        for (int k = 0; k < fsdp_fit_n_recompute_modes; k++)
+            if (fsdp_fit_recompute_modes[k].value != FSDP_RECOMPUTE_NONE) {
+                want |= 1u << k;
+                if (first < 0)
+                    first = k;
+            }
+        ck_assert_uint_eq(fsdp_fit_recompute_refused(&m, 0, why, sizeof why), want);
+        char flag[64];
+        snprintf(flag, sizeof flag, "--recompute %s:", fsdp_fit_recompute_modes[first].name);
+        ck_assert_msg(strstr(why, flag) && strstr(why, m.name) &&
+                          strstr(why, "use --recompute none"),
+                      "%s", why);
+        /* a mask: the refused modes among those asked about, named by the first of them */
+        for (int k = 0; k < fsdp_fit_n_recompute_modes; k++) {
+            unsigned got = fsdp_fit_recompute_refused(&m, 1u << k, why, sizeof why);
+            ck_assert_uint_eq(got, want & (1u << k));
+            snprintf(flag, sizeof flag, "--recompute %s:", fsdp_fit_recompute_modes[k].name);
+            ck_assert_msg(got ? strstr(why, flag) != NULL : why[0] == '\0', "%s", why);
+        }
+        ck_assert_str_eq(fsdp_error_msg(), ""); /* the refusals leave no error behind */
+        m.iface = own;
+        fsdp_model_free(&m);
+    }
+}
+END_TEST
+
+/* Issue 13's report: Llama 3.1 70B on 8 x 141 GiB at T 4096 and a global
+ * batch of 32 once said NOTHING FITS because the family's refusal of
+ * --recompute block ruled out every setting of micro-batch 1. Micro-batch
+ * 1 is judged now in every mode, by its own meta run or by pruning (2 and
+ * 4 are too large a shape for the ops' int indexing: refused), and in bf16
+ * with offload and block recompute it fits; the search takes well under a
+ * second. */
+START_TEST(test_fit_llama_70b)
+{
+    for (int prec = 0; prec < 2; prec++) {
+        fsdp_fit_request req;
+        fsdp_fit_request_default(&req);
+        base_config(&req.base, "llama3.1-70b", 8, 4096);
+        req.base.eng.compute_dtype = (fsdp_dtype)prec;
+        req.global_batch = 32;
+        req.device_mem = (size_t)141 << 30;
+        req.host_mem = (size_t)2 << 40;
+        fsdp_fit_result r;
+        ck_assert_msg(fsdp_fit_search(&req, &r) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+        ck_assert_uint_eq(r.recompute_refused, 0);
+        /* micro-batch 1: every setting measured, or pruned by one measured over the cap */
+        int judged[8] = {0}, n_runs_1 = 0;
+        for (int i = 0; i < r.n_cand; i++) {
+            const fsdp_fit_candidate *c = &r.cand[i];
+            ck_assert_int_eq(c->verdict == FSDP_FIT_INVALID, c->batch > 1);
+            if (c->batch != 1)
+                continue;
+            judged[c->recompute]++;
+            n_runs_1 += c->pruned_by < 0;
+            if (c->pruned_by >= 0)
+                ck_assert_int_eq(r.cand[c->pruned_by].verdict, FSDP_FIT_OVER_DEVICE);
+        }
+        for (int k = 0; k < fsdp_fit_n_recompute_modes; k++)
+            ck_assert_msg(judged[k] == 12, "recompute %s: %d micro-batch-1 settings judged",
+                          fsdp_fit_recompute_modes[k].name, judged[k]);
+        ck_assert_int_ge(n_runs_1, 2); /* the least-memory sharded and NO_SHARD settings */
+        if (prec) {
+            ck_assert_int_ge(r.best, 0);
+            const fsdp_fit_candidate *b = &r.cand[r.best];
+            ck_assert_str_eq(fsdp_fit_recompute_modes[b->recompute].name, "block");
+            ck_assert_uint_le(b->device_bytes, req.device_mem);
+        }
+        ck_assert_msg(r.wall_s < (SMALL_RUN ? 20.0 : 2.0), "the search took %.2f s", r.wall_s);
+        fsdp_fit_free(&r);
+    }
 }
 END_TEST
 
@@ -434,6 +563,7 @@ START_TEST(test_fit_json)
     ck_assert(strstr(get(root, "estimate", FSDP_JSON_STRING)->str, "cost model"));
     const fsdp_json *search = get(root, "search", FSDP_JSON_OBJECT);
     ck_assert(get(search, "wall_s", FSDP_JSON_NUMBER)->number > 0);
+    ck_assert_uint_eq(get(search, "recompute_refused", FSDP_JSON_ARRAY)->n, 0);
     const fsdp_json *cands = get(root, "candidates", FSDP_JSON_ARRAY);
     /* --shard and --recompute stay fixed: 4 micro-batches x 2 offload x 2 prefetch */
     ck_assert_uint_eq(cands->n, 16);
@@ -589,6 +719,8 @@ int main(void)
     tcase_add_test(tc, test_fit_exact_vs_every_candidate);
     tcase_add_test(tc, test_fit_cap_forces_accumulation);
     tcase_add_test(tc, test_fit_nothing_fits);
+    tcase_add_test(tc, test_fit_recompute_refused);
+    tcase_add_test(tc, test_fit_llama_70b);
     suite_add_tcase(s, tc);
     tc = tcase_create("cost");
     tcase_set_timeout(tc, 600);

@@ -14,6 +14,8 @@
  *   - the determinism contract through the trainer: bit-identical losses and
  *     parameters for 1, 2, 4 and 8 devices, every strategy, prefetch,
  *     optimizer offload, for an untied GQA model and a tied biased one;
+ *   - activation recompute: the bytes each mode saves and the FLOPs it adds,
+ *     from the architecture (bit-identity to none: test_engine.c);
  *   - on a GPU (skipped without one): cuda's losses against cpu's.
  * Configs, names and files: test_llama_weights.c.
  */
@@ -577,6 +579,95 @@ START_TEST(test_determinism_devices_strategies_offload)
 }
 END_TEST
 
+/* ---- activation recompute: bytes and FLOPs from the architecture ---------------------- */
+
+/* Bit-identity of every mode to none (every strategy, offload, bf16, 1-8
+ * devices) is test_engine.c's test_recompute_identical, run on GPT-2 and
+ * on two Llama-family models. */
+
+/* Activation memory drops by what a mode does not keep, times L - 1 (one
+ * copy of it stays), and the peak by exactly as much: from a Llama layer's
+ * saved activations per token (ln1 C and its fp32 rstd, the rotated qkv
+ * (NH + 2 NKV) hd, atty NH hd, the softmax NH T, residual2 C, ln2 C and its
+ * rstd, gate|up 2 IC, the SwiGLU output IC, residual3 C), written out here
+ * from the architecture: block keeps residual3 alone; elementwise drops
+ * the norms' outputs and statistics and the SwiGLU output. Widths are all
+ * different, so a field kept or dropped by mistake shows. */
+START_TEST(test_recompute_memory_formula)
+{
+    const int L = 5, NH = 4, NKV = 2, hd = 12, C = 40, IC = 72, T = 20, B = 2;
+    const char *model = "llama:layers=5,heads=4,kv_heads=2,hidden=40,intermediate=72,"
+                        "head_dim=12,vocab=256,context=32,qkv_bias=1";
+    const size_t N = (size_t)B * T;
+    for (int prec = 0; prec < 2; prec++) {
+        const size_t dts = prec ? 2 : 4;
+        /* the device counts the bytes asked for (rounding is the backend's) */
+        const size_t c1 = N * C * dts, stat = N * sizeof(float);
+        const size_t qkv = N * (size_t)(NH + 2 * NKV) * hd * dts, atty = N * (size_t)NH * hd * dts;
+        const size_t att = N * (size_t)NH * T * dts;
+        const size_t gu = N * 2 * (size_t)IC * dts, swi = N * (size_t)IC * dts;
+        const size_t block_drop = c1 + stat + qkv + atty + att + c1 + c1 + stat + gu + swi;
+        const size_t elem_drop = c1 + stat + c1 + stat + swi;
+        size_t act[FSDP_RECOMPUTE_COUNT], peak[FSDP_RECOMPUTE_COUNT];
+        for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
+            fsdp_train_config c;
+            fsdp_train_result r;
+            det_config(&c, model, 2);
+            c.eng.batch = B;
+            c.eng.seq = T;
+            c.eng.grad_accum = 1;
+            c.eng.compute_dtype = (fsdp_dtype)prec;
+            c.eng.recompute = (fsdp_recompute)mode;
+            c.steps = 1;
+            c.keep_params = false;
+            run_ok(&c, &r, model);
+            act[mode] = r.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT];
+            peak[mode] = r.stats[0].peak_bytes;
+            fsdp_train_result_free(&r);
+        }
+        ck_assert_uint_eq(act[FSDP_RECOMPUTE_NONE] - act[FSDP_RECOMPUTE_BLOCK],
+                          (size_t)(L - 1) * block_drop);
+        ck_assert_uint_eq(act[FSDP_RECOMPUTE_NONE] - act[FSDP_RECOMPUTE_ELEMENTWISE],
+                          (size_t)(L - 1) * elem_drop);
+        for (int mode = 1; mode < FSDP_RECOMPUTE_COUNT; mode++)
+            ck_assert_msg(peak[0] - peak[mode] == act[0] - act[mode],
+                          "recompute mode %d: the peak fell by %zu, activations by %zu", mode,
+                          peak[0] - peak[mode], act[0] - act[mode]);
+    }
+}
+END_TEST
+
+/* Llama 3.1 8B's recompute FLOPs, counted from its parameter specs: block
+ * reruns every layer matrix but down_proj (2 FLOPs per weight and token)
+ * and attention's forward (QK^T and att V: 4 NH hd T); elementwise reruns
+ * no matmul. */
+START_TEST(test_recompute_flops)
+{
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec("llama3.1-8b", &m), FSDP_STATUS_OK);
+    const int T = 4096;
+    double want = 0.0;
+    for (int u = 1; u < m.n_units; u++) {
+        for (int k = 0; k < m.units[u].n_params; k++) {
+            const fsdp_param_spec *p = &m.units[u].params[k];
+            if (p->ndim == 2 && !strstr(p->name, "down_proj"))
+                want += 2.0 * (double)p->numel;
+        }
+        want += 4.0 * 32 * 128 * T; /* heads x head_dim */
+    }
+    const struct fsdp_model_i *mi = m.iface;
+    ck_assert(mi->recompute_flops_per_token(&m, T, FSDP_RECOMPUTE_NONE) == 0.0);
+    ck_assert(mi->recompute_flops_per_token(&m, T, FSDP_RECOMPUTE_ELEMENTWISE) == 0.0);
+    double block = mi->recompute_flops_per_token(&m, T, FSDP_RECOMPUTE_BLOCK);
+    ck_assert_msg(fabs(block - want) <= 1e-9 * want, "block: %.6g FLOPs per token, want %.6g",
+                  block, want);
+    /* somewhat under a third of the training FLOPs (the forward less down_proj) */
+    double train = m.family->flops_per_token(&m, T);
+    ck_assert_msg(block > 0.2 * train && block < 1.0 / 3.0 * train, "%.3g of %.3g", block, train);
+    fsdp_model_free(&m);
+}
+END_TEST
+
 /* The model on cuda (one GPU, fp32 and bf16) against the cpu backend:
  * per-step losses within 1e-3 (fp32) and 3e-2 (bf16), as tools/gpu_check.sh
  * holds GPT-2. Skips without a GPU. */
@@ -619,6 +710,8 @@ static Suite *llama_suite(void)
     tc = tcase_create("engine");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, test_determinism_devices_strategies_offload, 0, 2);
+    tcase_add_test(tc, test_recompute_memory_formula);
+    tcase_add_test(tc, test_recompute_flops);
     suite_add_tcase(s, tc);
     tc = tcase_create("cuda");
     tcase_set_timeout(tc, 300);

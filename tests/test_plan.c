@@ -91,10 +91,6 @@ static void matrix_config(int i, fsdp_train_config *c, char *desc, size_t n)
     c->eng.offload = off;
     c->eng.grad_accum = accum;
     c->eng.optim = fsdp_optim_at(opt);
-    /* the Llama family does not implement recompute yet (models/llama.c):
-     * its rows run without it until it does */
-    if (mi >= 2)
-        rc = FSDP_RECOMPUTE_NONE;
     c->eng.recompute = (fsdp_recompute)rc;
     snprintf(desc, n,
              "model %s, %d device(s), shard %s, %s, offload %s, grad-accum %d, %s, recompute %s",

@@ -59,21 +59,16 @@ static const fsdp_name recompute_names[] = {
 };
 const fsdp_name_table fsdp_recompute_names = FSDP_NAME_TABLE(recompute_names);
 
-/* The model implements cfg's recompute mode (main thread, before any
- * allocation). */
-static fsdp_status recompute_check(const fsdp_engine_config *cfg, const fsdp_model *model)
+fsdp_status fsdp_engine_recompute_check(const fsdp_model *model, fsdp_recompute mode)
 {
     const struct fsdp_model_i *mi = model->iface;
-    if ((int)cfg->recompute < 0 || cfg->recompute >= FSDP_RECOMPUTE_COUNT)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "unknown recompute mode %d",
-                              (int)cfg->recompute);
-    if (cfg->recompute != FSDP_RECOMPUTE_NONE &&
-        (!mi->state_init_recompute || !mi->unit_recompute))
+    if ((int)mode < 0 || mode >= FSDP_RECOMPUTE_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "unknown recompute mode %d", (int)mode);
+    if (mode != FSDP_RECOMPUTE_NONE && (!mi->state_init_recompute || !mi->unit_recompute))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "--recompute %s: model '%s' does not implement activation "
                               "recompute; use --recompute none",
-                              fsdp_names_name(&fsdp_recompute_names, (int)cfg->recompute),
-                              model->name);
+                              fsdp_names_name(&fsdp_recompute_names, (int)mode), model->name);
     return FSDP_STATUS_OK;
 }
 
@@ -93,7 +88,7 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "--seq %d is longer than the model's context (%d)", cfg->seq,
                               model->max_seq_len);
-    FSDP_TRY(recompute_check(cfg, model));
+    FSDP_TRY(fsdp_engine_recompute_check(model, cfg->recompute));
     sh->optim = fsdp_optim_or_default(cfg->optim);
     sh->optim_hp = (fsdp_optim_hparams){.beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
                                         .momentum = cfg->momentum,

@@ -57,6 +57,12 @@ typedef struct fsdp_engine_config {
 /* The --recompute values: none, block, elementwise (fsdp_recompute). */
 extern const fsdp_name_table fsdp_recompute_names;
 
+/* Whether the engine can run `model` with recompute `mode`: every model
+ * runs NONE, the other modes need the model's recompute slots
+ * (models/model.h). INVALID_ARG naming the --recompute value and the model
+ * otherwise (and for a mode out of range). Allocates nothing; any thread. */
+fsdp_status fsdp_engine_recompute_check(const fsdp_model *model, fsdp_recompute mode);
+
 /* Per-rank figures of one step, published to every rank through the
  * exchange slots. */
 typedef struct fsdp_rank_stats {

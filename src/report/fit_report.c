@@ -68,6 +68,13 @@ static void print_header(FILE *f, const fsdp_fit_request *req, const fsdp_fit_re
     fprintf(f, "  searched %d settings (micro-batch x shard x offload x prefetch x recompute): %d "
                "meta runs, %d pruned, in %s (%d micro-batch(es) at once)\n",
             r->n_cand, r->n_runs, n_pruned, fmt_time(t, sizeof t, r->wall_s), r->jobs);
+    if (r->recompute_refused) {
+        fprintf(f, "  left out: recompute");
+        for (int k = 0, n = 0; k < fsdp_fit_n_recompute_modes; k++)
+            if (r->recompute_refused & (1u << (unsigned)k))
+                fprintf(f, "%s %s", n++ ? "," : "", fsdp_fit_recompute_modes[k].name);
+        fprintf(f, " (%s)\n", r->refused_why);
+    }
 }
 
 static void print_fits(FILE *f, const fsdp_fit_request *req, const fsdp_fit_result *r, int top)
@@ -333,8 +340,12 @@ void fsdp_fit_write_json(FILE *f, const fsdp_fit_request *req, const fsdp_fit_re
     for (int i = 0; i < r->n_cand; i++)
         n_pruned += r->cand[i].pruned_by >= 0;
     fprintf(f, ",\"search\":{\"candidates\":%d,\"runs\":%d,\"pruned\":%d,\"fits\":%d,"
-               "\"wall_s\":%.6g,\"jobs\":%d},\"chosen\":",
+               "\"wall_s\":%.6g,\"jobs\":%d,\"recompute_refused\":[",
             r->n_cand, r->n_runs, n_pruned, r->n_fits, r->wall_s, r->jobs);
+    for (int k = 0, n = 0; k < fsdp_fit_n_recompute_modes; k++)
+        if (r->recompute_refused & (1u << (unsigned)k))
+            fprintf(f, "%s\"%s\"", n++ ? "," : "", fsdp_fit_recompute_modes[k].name);
+    fprintf(f, "]},\"chosen\":");
     if (r->best >= 0) {
         char cmd[1024];
         fsdp_fit_command(req, &r->cand[r->best], cmd, sizeof cmd);

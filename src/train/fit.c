@@ -65,15 +65,39 @@ const char *fsdp_fit_verdict_name(fsdp_fit_verdict v)
 
 /* ---- the model's figures for the cost model ---------------------------------- */
 
+unsigned fsdp_fit_recompute_refused(const fsdp_model *m, unsigned mask, char *why, size_t n)
+{
+    unsigned refused = 0;
+    if (why && n)
+        why[0] = '\0';
+    for (int k = 0; k < fsdp_fit_n_recompute_modes; k++) {
+        fsdp_recompute mode = (fsdp_recompute)fsdp_fit_recompute_modes[k].value;
+        if (mask && !(mask & (1u << (unsigned)k)))
+            continue;
+        if (fsdp_engine_recompute_check(m, mode) == FSDP_STATUS_OK)
+            continue;
+        if (!refused && why && n)
+            snprintf(why, n, "%s", fsdp_error_msg());
+        fsdp_error_clear();
+        refused |= 1u << (unsigned)k;
+    }
+    return refused;
+}
+
 /* FLOPs per token and the scratch shape, from the model's parameter count
- * and its config (the one place that reads a family's config). */
+ * and its config (the one place that reads a family's config); with
+ * `refused`, the modes of `mask` the model does not implement
+ * (fsdp_fit_recompute_refused, message in why[0..n)). */
 static fsdp_status model_figures(const fsdp_train_config *base, size_t *numel,
                                  double *flops_per_token, double *recompute_flops,
-                                 fsdp_cost_shape *shape)
+                                 fsdp_cost_shape *shape, unsigned mask, unsigned *refused,
+                                 char *why, size_t n)
 {
     fsdp_model m;
     FSDP_TRY(fsdp_modelfile_resolve(base->model, &m, NULL));
     *numel = m.numel;
+    if (refused)
+        *refused = fsdp_fit_recompute_refused(&m, mask, why, n);
     *flops_per_token = m.family->flops_per_token(&m, base->eng.seq);
     for (int k = 0; k < fsdp_fit_n_recompute_modes; k++) {
         const fsdp_recompute_mode *rm = &fsdp_fit_recompute_modes[k];
@@ -339,6 +363,11 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
     if (req->backend != FSDP_BACKEND_CPU && req->backend != FSDP_BACKEND_CUDA)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "fit: plan for a cpu or cuda run (the backend the run will use)");
+    struct fit_ctx x = {.req = req, .res = out, .st = FSDP_STATUS_OK};
+    FSDP_TRY(model_figures(&req->base, &out->numel, &x.flops_per_token, x.recompute_flops,
+                           &x.shape, req->recompute_mask, &out->recompute_refused,
+                           out->refused_why, sizeof out->refused_why));
+    out->flops_per_token = x.flops_per_token;
 
     /* the settings of one micro-batch, least memory first */
     fsdp_fit_candidate proto[FSDP_SHARD_COUNT * 2 * 2 * 8];
@@ -348,8 +377,12 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
         for (int s = 0; s < FSDP_SHARD_COUNT; s++)
             for (int off = 1; off >= 0; off--)
                 for (int pf = 0; pf <= 1; pf++) {
-                    if (!allowed(req->recompute_mask, rc) || !allowed(req->shard_mask, s) ||
-                        !allowed(req->offload_mask, off) || !allowed(req->prefetch_mask, pf))
+                    /* a mode the model does not implement is left out, not tried:
+                     * the other modes of the micro-batch stay in the search */
+                    if (!allowed(req->recompute_mask, rc) ||
+                        (out->recompute_refused & (1u << (unsigned)rc)) ||
+                        !allowed(req->shard_mask, s) || !allowed(req->offload_mask, off) ||
+                        !allowed(req->prefetch_mask, pf))
                         continue;
                     fsdp_fit_candidate *c = &proto[n_set];
                     memset(c, 0, sizeof *c);
@@ -359,6 +392,8 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
                     c->recompute = rc;
                     c->pruned_by = n_set++; /* enumeration order, for cmp_level's ties */
                 }
+    if (!n_set && req->recompute_mask && !(req->recompute_mask & ~out->recompute_refused))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "fit: %s", out->refused_why);
     if (!n_set)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "fit: the pinned --shard, --offload, --prefetch and --recompute "
@@ -389,14 +424,7 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
         chain++;
     }
 
-    struct fit_ctx x = {.req = req, .res = out, .n_settings = n_set, .st = FSDP_STATUS_OK};
-    fsdp_status st = model_figures(&req->base, &out->numel, &x.flops_per_token, x.recompute_flops,
-                                   &x.shape);
-    if (st != FSDP_STATUS_OK) {
-        fsdp_fit_free(out);
-        return st;
-    }
-    out->flops_per_token = x.flops_per_token;
+    x.n_settings = n_set;
     atomic_init(&x.next, 0);
     atomic_init(&x.runs, 0);
     atomic_init(&x.failed, false);
@@ -532,7 +560,7 @@ fsdp_status fsdp_fit_check_train(const fsdp_train_config *cfg, size_t device_tot
         size_t numel;
         double fpt, rfpt[8];
         fsdp_cost_shape s;
-        fsdp_status st = model_figures(cfg, &numel, &fpt, rfpt, &s);
+        fsdp_status st = model_figures(cfg, &numel, &fpt, rfpt, &s, 0, NULL, NULL, 0);
         if (st != FSDP_STATUS_OK) {
             fsdp_plan_free(&p);
             return st;

@@ -85,7 +85,8 @@ typedef enum fsdp_fit_verdict {
     FSDP_FIT_OVER_DEVICE,    /* measured: a device's peak (+ cuda overhead) over the cap */
     FSDP_FIT_OVER_HOST,      /* measured: fits the devices, but not the host's memory */
     FSDP_FIT_PRUNED,         /* not run: candidate pruned_by needs no more memory and is over */
-    FSDP_FIT_INVALID,        /* the model refuses this micro-batch (message in why) */
+    FSDP_FIT_INVALID,        /* the model refuses this micro-batch's shape (message in why);
+                                a recompute mode it does not implement is not a candidate */
 } fsdp_fit_verdict;
 
 typedef struct fsdp_fit_candidate {
@@ -118,13 +119,24 @@ typedef struct fsdp_fit_result {
     int jobs;                 /* micro-batches searched at once */
     size_t numel;             /* model parameters */
     double flops_per_token;   /* training, no recompute */
+    unsigned recompute_refused; /* fsdp_fit_recompute_modes (bits) the model does not
+                                   implement: left out of the search */
+    char refused_why[256];    /* the engine's message for the first of them */
 } fsdp_fit_result;
+
+/* The indices of fsdp_fit_recompute_modes in `mask` (bits; 0: every mode)
+ * whose mode the engine refuses to run m with (fsdp_engine_recompute_check:
+ * a family without the recompute slots runs only none), as bits; the
+ * engine's message for the first of them in why[0..n) ("" when none is). */
+unsigned fsdp_fit_recompute_refused(const fsdp_model *m, unsigned mask, char *why, size_t n);
 
 /* Search (see the top of this file). OK with a result whether or not
  * anything fits (best = -1 when nothing does); INVALID_ARG for a request
  * that cannot be searched (global batch not a multiple of the devices, no
- * cap, a mask that allows nothing, a model that cannot be built); other
- * failures of the meta runs as they are. */
+ * cap, a mask that allows nothing, only recompute modes the model does not
+ * implement, a model that cannot be built); other failures of the meta
+ * runs as they are. A recompute mode the model does not implement is left
+ * out (recompute_refused) and the other modes are searched. */
 fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out);
 void fsdp_fit_free(fsdp_fit_result *r);
 
