@@ -186,11 +186,6 @@ fail:
     return st;
 }
 
-int fsdp_procs_channel(fsdp_procs *p)
-{
-    return __atomic_add_fetch(&p->n_channels, 1, __ATOMIC_SEQ_CST);
-}
-
 double fsdp_procs_now(void)
 {
     struct timespec ts;
