@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "cli/run_opts.h"
+#include "comm/procs.h"
 #include "train/fit.h"
 
 int fsdp_cli_train(int argc, char **argv)
@@ -61,6 +62,9 @@ int fsdp_cli_train(int argc, char **argv)
     int rc = fsdp_args_parse("train", "[options]", l.v, l.n, argc, argv, NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;
+    /* a job of several processes (cli/main.c): --devices per process */
+    c->procs = fsdp_cli_procs();
+    ro.n_processes = c->procs ? c->procs->n_processes : 1;
     if ((rc = fsdp_run_opts_finish("train", &ro)))
         return rc;
     if (!c->ckpt_dir && (c->ckpt_every || c->ckpt_keep || c->resume))
@@ -80,7 +84,7 @@ int fsdp_cli_train(int argc, char **argv)
         fsdp_train_result_free(&res);
         return fsdp_cli_status("train", st);
     }
-    if (quiet && res.steps > 0) {
+    if (quiet && res.steps > 0 && (!c->procs || c->procs->process == 0)) {
         printf("final loss %.6f after %d steps", res.losses[res.steps - 1], res.steps);
         if (res.accuracy >= 0)
             printf(", held-out accuracy %.1f%%", 100.0 * res.accuracy);

@@ -165,6 +165,9 @@ fsdp_status fsdp_procs_mpi_init(fsdp_procs **out, const fsdp_procs_opts *o);
 fsdp_status fsdp_procs_dir_init(fsdp_procs **out, const fsdp_procs_opts *o);
 /* Whether this process was started by an MPI launcher (its environment). */
 bool fsdp_procs_mpi_launched(void);
+/* The job's processes as the launcher's environment says, before MPI is
+ * started (1 when not launched or not said). */
+int fsdp_procs_launched_size(void);
 /* Whether this build has MPI (mpi_procs.c) or its stub (mpi_stub.c). */
 extern const bool fsdp_procs_mpi_built;
 

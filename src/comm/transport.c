@@ -71,17 +71,17 @@ static fsdp_status peer_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev
 }
 
 static const fsdp_transport transports[] = {
-    /* kind          serves        share  span   needs  init */
-    {FSDP_COMM_HOST, SERVES(CPU), false, false, false, fsdp_comm_host_init_group},
-    {FSDP_COMM_MPI, SERVES(CPU), false, true, true, fsdp_comm_mpi_init_group},
-    {FSDP_COMM_META, SERVES(META), false, false, false, fsdp_comm_meta_init_group},
-    {FSDP_COMM_NCCL, SERVES(CUDA), false, true, false, nccl_init_group},
-    {FSDP_COMM_PEER, SERVES(CUDA), true, false, false, peer_init_group},
+    /* kind          serves        share  span   needs  groups init */
+    {FSDP_COMM_HOST, SERVES(CPU), false, false, false, true, fsdp_comm_host_init_group},
+    {FSDP_COMM_MPI, SERVES(CPU), false, true, true, true, fsdp_comm_mpi_init_group},
+    {FSDP_COMM_META, SERVES(META), false, false, false, true, fsdp_comm_meta_init_group},
+    {FSDP_COMM_NCCL, SERVES(CUDA), false, true, false, false, nccl_init_group},
+    {FSDP_COMM_PEER, SERVES(CUDA), true, false, false, false, peer_init_group},
 };
 enum { N_TRANSPORTS = (int)(sizeof transports / sizeof transports[0]) };
 
 /* What a row lacks for a request (first failing property), or FIT. */
-enum misfit { FIT = 0, MISFIT_BACKEND, MISFIT_SHARE, MISFIT_SPAN, MISFIT_ALONE };
+enum misfit { FIT = 0, MISFIT_BACKEND, MISFIT_SHARE, MISFIT_SPAN, MISFIT_ALONE, MISFIT_GROUPS };
 
 static enum misfit misfit(const fsdp_transport *t, const fsdp_transport_req *req)
 {
@@ -93,6 +93,8 @@ static enum misfit misfit(const fsdp_transport *t, const fsdp_transport_req *req
         return MISFIT_SPAN;
     if (req->n_processes <= 1 && t->needs_processes)
         return MISFIT_ALONE;
+    if (req->groups && !t->groups)
+        return MISFIT_GROUPS;
     return FIT;
 }
 
@@ -106,7 +108,7 @@ static char *rows_having(enum misfit why, char *buf, size_t n)
     for (int i = 0; i < N_TRANSPORTS && len < n; i++) {
         const fsdp_transport *t = &transports[i];
         if ((why == MISFIT_SHARE && !t->shares_device) ||
-            (why == MISFIT_SPAN && !t->spans_processes))
+            (why == MISFIT_SPAN && !t->spans_processes) || (why == MISFIT_GROUPS && !t->groups))
             continue;
         char b[64];
         int w = snprintf(buf + len, n - len, "%s%s on --backend %s", k ? "; " : "",
@@ -146,6 +148,11 @@ static fsdp_status no_fit(const fsdp_transport_req *req, const char *head)
                               "%sno transport on --backend %s connects ranks in several "
                               "processes (%d); %s",
                               head, b, req->n_processes, rows_having(worst, have, sizeof have));
+    case MISFIT_GROUPS:
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%sno transport on --backend %s forms communicators over part of "
+                              "the ranks, as --shard hybrid on several nodes needs; %s",
+                              head, b, rows_having(worst, have, sizeof have));
     default:
         return fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "%sno transport serves --backend %s", head,
                               b);
@@ -197,6 +204,10 @@ fsdp_status fsdp_transport_pick(const fsdp_transport_req *req, const fsdp_transp
         snprintf(head, sizeof head, "--comm %s connects ranks in several processes (started by "
                  "mpirun); this job on --backend %s is one process", k,
                  fsdp_backend_name(req->backend));
+        break;
+    case MISFIT_GROUPS:
+        snprintf(head, sizeof head, "--comm %s cannot form communicators over part of the ranks "
+                 "(--shard hybrid on several nodes)", k);
         break;
     default:
         snprintf(head, sizeof head, "--comm %s cannot connect ranks in %d processes", k,

@@ -48,6 +48,7 @@ typedef struct fsdp_transport {
     bool shares_device;    /* several ranks may share one device (ranks_per_device > 1) */
     bool spans_processes;  /* its ranks may live in several processes */
     bool needs_processes;  /* only for jobs of several processes (its own use) */
+    bool groups;           /* forms communicators over groups of ranks (hybrid sharding) */
     /* Per-rank init on the rank's thread, after fsdp_device_init, over the
      * group g (comm.h) that holds global `rank`; all its members call it
      * before the group's first collective. */
@@ -61,6 +62,7 @@ typedef struct fsdp_transport_req {
     fsdp_comm_kind kind;      /* FSDP_COMM_AUTO: let the table choose */
     int ranks_per_device;     /* <= 1: one rank per device */
     int n_processes;          /* <= 1: every rank in this process (world->n_processes) */
+    bool groups;              /* communicators over groups of ranks are needed */
 } fsdp_transport_req;
 
 /* The transport for req: the one named, if it serves req->backend with that

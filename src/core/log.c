@@ -22,6 +22,7 @@ static const struct {
     [FSDP_ENV_N_PROCESSES] = {"FSDP_N_PROCESSES", ""},
     [FSDP_ENV_PEER_TIMEOUT] = {"FSDP_PEER_TIMEOUT", "600"},
     [FSDP_ENV_ABORT_GRACE] = {"FSDP_ABORT_GRACE", "10"},
+    [FSDP_ENV_FAULT] = {"FSDP_FAULT", ""},
 };
 
 static const char *env_values[FSDP_ENV_COUNT];

@@ -23,9 +23,13 @@ struct fsdp_engine {
     fsdp_engine_shared *sh;
     int rank;
     fsdp_device dev;
-    fsdp_comm comm;
+    fsdp_comm comm;              /* every rank of the job */
+    fsdp_comm comm_node;         /* hybrid: the ranks of this rank's node */
+    fsdp_comm comm_cross;        /* hybrid: the ranks with this local index on every node */
+    fsdp_comm *shard_comm;       /* the ranks a unit is sharded over: gathers, reduce-scatters */
+    fsdp_comm *replica_comm;     /* hybrid: the replicas of this rank's shard (NULL: none) */
     fsdp_op_ctx ops;
-    bool dev_ready, comm_ready, ops_ready;
+    bool dev_ready, comm_ready, ops_ready, node_ready, cross_ready;
     void *state;                 /* model activations (B, T) */
     int *tokens_host;            /* (2, B*T) inputs then targets */
     fsdp_accum acc;              /* micro-step partial gradient sums, per unit */
@@ -36,11 +40,26 @@ struct fsdp_engine {
     float *dev_blocks;           /* (n_local_blocks,) norm partial sums on the device */
     float *host_losses;          /* (grad_accum,) this rank's micro-step losses */
     float *loss_order;           /* (n_ranks * grad_accum,) losses by global micro-batch */
-    float *norm_scratch;
+    float *norm_scratch;         /* (n_local_blocks + (n_ranks + 1) * record_len,) the norm's
+                                    block sums, this rank's record, every rank's */
+    void *x_records;             /* (n_ranks,) end-of-step records (exchange.c) */
     float *logits_stage;         /* (Vp,) fp32, bf16 sampling only */
     uint64_t t;                  /* optimizer step count (1-based after the first step) */
     float lr;                    /* learning rate of the step in progress */
 };
+
+/* engine_comms.c: the communicators (init on the rank's thread after the
+ * device; fini is safe after a failed init), their counters, and the
+ * step's exchanges (every rank of the job calls them together). */
+fsdp_status fsdp_engine_comms_init(fsdp_engine *e);
+void fsdp_engine_comms_fini(fsdp_engine *e);
+void fsdp_engine_comms_reset(fsdp_engine *e);
+/* The global gradient norm of the gradient shards (after the last
+ * micro-step). */
+fsdp_status fsdp_engine_norm(fsdp_engine *e, float *norm);
+/* After the update: exchange every rank's figures and losses, *loss the
+ * global batch's mean, sh->x_stats filled. */
+fsdp_status fsdp_engine_publish(fsdp_engine *e, float *loss);
 
 /* This rank's row of unit u in the shard map. */
 static inline fsdp_shard_row *fsdp_engine_row(fsdp_engine *e, int u)

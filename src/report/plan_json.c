@@ -88,6 +88,12 @@ void fsdp_plan_shardmap_table(FILE *f, const fsdp_shardmap *sm, const char *mode
     if (sm->strategy == FSDP_SHARD_NONE)
         fprintf(f, "  NO_SHARD: every rank holds each whole unit, padded to a multiple of %d "
                    "elements\n", FSDP_NORM_BLOCK);
+    else if (sm->strategy == FSDP_SHARD_HYBRID)
+        fprintf(f, "  HYBRID: sharded within each of %d node(s) of %d ranks and replicated across "
+                   "them; each unit's flat buffer is padded to a multiple of %d x %d elements; "
+                   "rank r owns [(r %% %d) * shard, (r %% %d + 1) * shard)\n",
+                sm->n_nodes, sm->shard_ranks, sm->shard_ranks, FSDP_NORM_BLOCK, sm->shard_ranks,
+                sm->shard_ranks);
     else
         fprintf(f, "  each unit's flat buffer is padded to a multiple of %d x %d elements; rank r "
                    "owns [r * shard, (r+1) * shard)\n", N, FSDP_NORM_BLOCK);

@@ -43,14 +43,12 @@ static fsdp_status plan_rank(fsdp_world *w, int rank, void *arg)
         fsdp_step_result r;
         FSDP_CHECK(fsdp_engine_step(e, (uint64_t)s, fsdp_train_lr(pl->cfg, s), &r));
     }
+    /* the figures each step publishes, as a run's metrics report them */
     fsdp_plan_rank *pr = &pl->plan->ranks[rank];
-    const fsdp_device *d = fsdp_engine_device(e);
-    const fsdp_comm *c = fsdp_engine_comm(e);
-    pr->mem = d->mem;
-    pr->host = d->host;
-    memcpy(pr->sent_bytes, c->bytes_sent, sizeof pr->sent_bytes);
-    memcpy(pr->recv_bytes, c->bytes_recv, sizeof pr->recv_bytes);
-    memcpy(pr->n_calls, c->n_calls, sizeof pr->n_calls);
+    pr->mem = pl->sh.x_stats[rank].mem;
+    pr->host = pl->sh.x_stats[rank].host;
+    fsdp_engine_comm_counts(e, pr->sent_bytes, pr->recv_bytes, pr->n_calls,
+                            pr->inter_sent_bytes, pr->inter_recv_bytes);
     st = FSDP_STATUS_OK;
 fail:
     fsdp_engine_free(e);

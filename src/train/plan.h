@@ -23,6 +23,10 @@ typedef struct fsdp_plan_rank {
     size_t sent_bytes[FSDP_COLL_KIND_COUNT];
     size_t recv_bytes[FSDP_COLL_KIND_COUNT];
     size_t n_calls[FSDP_COLL_KIND_COUNT];
+    /* of those, the bytes between nodes (comm.h: counted on one rank of each
+     * node per communicator, so a node's figure is the sum over its ranks) */
+    size_t inter_sent_bytes[FSDP_COLL_KIND_COUNT];
+    size_t inter_recv_bytes[FSDP_COLL_KIND_COUNT];
 } fsdp_plan_rank;
 
 typedef struct fsdp_plan {

@@ -3,15 +3,24 @@
  * held-out accuracy by greedy decoding for the synthetic task.
  *
  * All ranks run the same loop in lockstep (every engine call is
- * collective). Rank 0 prints and writes the metrics; it reads the other
- * ranks' figures from the engine's exchange slots, published before the
- * barrier that ends each step.
+ * collective). Rank 0 prints and writes the metrics; it reads every rank's
+ * figures from the engine's x_stats, filled before the barrier that ends
+ * each step.
+ *
+ * A job of several processes (cfg->procs: one per node, comm/procs.h)
+ * runs the same loop in each, on its own ranks of one global world; only
+ * process 0 (where rank 0 runs) prints, writes the metrics, the trace of
+ * its ranks (the others write theirs beside it) and the checkpoint
+ * manifest. Before the first step the processes agree on what they share:
+ * the checkpoints' run id, that the checkpoint directory is one they all
+ * see, and the checkpoint to resume from.
  */
 #include <math.h>
 #include <string.h>
 #include <time.h>
 
 #include "ckpt/modelfile.h"
+#include "comm/procs.h"
 #include "core/log.h"
 #include "core/world.h"
 #include "fsdp/engine_ckpt.h"
@@ -64,6 +73,8 @@ float fsdp_train_lr(const fsdp_train_config *cfg, int step)
 
 struct trainer {
     const fsdp_train_config *cfg;
+    FILE *out;                /* cfg->out on process 0; NULL on the others */
+    fsdp_world *world;
     fsdp_engine_shared sh;
     fsdp_model model;
     fsdp_data *data;
@@ -73,8 +84,7 @@ struct trainer {
     double peak_flops;        /* per device; 0 = unknown (no MFU) */
     double tok_s_sum;
     int tok_s_n;
-    int correct_total[FSDP_MAX_RANKS]; /* per rank */
-    int seen_total[FSDP_MAX_RANKS];
+    int eval_correct, eval_seen; /* the job's, written by rank 0 */
     fsdp_ckpt_manifest ck_base;   /* run-level part of the manifests this run writes */
     fsdp_ckpt_manifest ck_resume; /* the checkpoint resumed from */
     char ck_path[FSDP_CKPT_PATH_MAX]; /* its directory; "" when starting fresh */
@@ -111,26 +121,26 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
     int rpd = ec->ranks_per_device > 0 ? ec->ranks_per_device : 1;
     int n_gpus = (N + rpd - 1) / rpd; /* virtual ranks share a GPU */
     double mfu = t->peak_flops > 0 ? t->flops_per_token * tok_s / (t->peak_flops * n_gpus) : -1;
-    if (cfg->out) {
+    if (t->out) {
         char pb[32], hb[32], tk[32];
         if (tok_s >= 1e3)
             snprintf(tk, sizeof tk, "%.1fk", tok_s / 1e3);
         else
             snprintf(tk, sizeof tk, "%.0f", tok_s);
         if (ec->backend == FSDP_BACKEND_META) /* nothing is computed: no loss or norm */
-            fprintf(cfg->out, "step %5d/%d | meta: no math | lr %.2e | peak %s/dev", step + 1,
+            fprintf(t->out, "step %5d/%d | meta: no math | lr %.2e | peak %s/dev", step + 1,
                     cfg->steps, r->lr, fsdp_fmt_bytes(pb, sizeof pb, (double)peak));
         else
-            fprintf(cfg->out,
+            fprintf(t->out,
                     "step %5d/%d | loss %.6f | lr %.2e | norm %.3f | %s tok/s | %.1f ms | peak %s/dev",
                     step + 1, cfg->steps, r->loss, r->lr, r->grad_norm, tk, ms,
                     fsdp_fmt_bytes(pb, sizeof pb, (double)peak));
         if (ec->offload)
-            fprintf(cfg->out, " | host %s/dev", fsdp_fmt_bytes(hb, sizeof hb, (double)host));
+            fprintf(t->out, " | host %s/dev", fsdp_fmt_bytes(hb, sizeof hb, (double)host));
         if (mfu >= 0)
-            fprintf(cfg->out, " | mfu %.1f%%", 100 * mfu);
-        fputc('\n', cfg->out);
-        fflush(cfg->out);
+            fprintf(t->out, " | mfu %.1f%%", 100 * mfu);
+        fputc('\n', t->out);
+        fflush(t->out);
     }
     if (t->log) {
         FILE *f = t->log;
@@ -177,7 +187,7 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for evaluation");
         goto done;
     }
-    int printed = 0;
+    int printed = 0, counts[2] = {0, 0}; /* this rank's correct, seen */
     for (int k = 0; k < n_batches; k++) {
         int max_ans = 1;
         memset(tok, 0, (size_t)B * T * sizeof(int));
@@ -227,19 +237,32 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
                     break;
             }
             got[g] = '\0';
-            t->seen_total[rank]++;
-            t->correct_total[rank] += ok;
-            if (rank == 0 && cfg->out && printed < cfg->n_samples) {
+            counts[0] += ok;
+            counts[1]++;
+            if (rank == 0 && t->out && printed < cfg->n_samples) {
                 char prompt[72], ans[72];
                 fsdp_synth_problem(ec->seed, (uint64_t)idx, prompt, ans);
                 got[strcspn(got, "\n")] = '\0';
                 ans[strcspn(ans, "\n")] = '\0';
-                fprintf(cfg->out, "  sample: %s%-8s expected %-8s %s\n", prompt, got, ans,
+                fprintf(t->out, "  sample: %s%-8s expected %-8s %s\n", prompt, got, ans,
                         ok ? "ok" : "WRONG");
                 printed++;
             }
         }
     }
+    /* the job's totals, in every process */
+    int *all = calloc((size_t)N * 2, sizeof *all);
+    if (!all) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for evaluation");
+        goto done;
+    }
+    st = fsdp_engine_exchange(e, counts, sizeof counts, all);
+    if (st == FSDP_STATUS_OK && rank == 0)
+        for (int r = 0; r < N; r++) {
+            t->eval_correct += all[2 * r];
+            t->eval_seen += all[2 * r + 1];
+        }
+    free(all);
 done:
 fail:
     free(tok);
@@ -261,8 +284,8 @@ static fsdp_status ckpt_maybe_save(struct trainer *t, fsdp_engine *e, int rank, 
         return FSDP_STATUS_OK;
     double t0 = now_s();
     FSDP_TRY(fsdp_engine_ckpt_save(e, cfg->ckpt_dir, &t->ck_base, (uint64_t)done, cfg->ckpt_keep));
-    if (rank == 0 && cfg->out)
-        fprintf(cfg->out, "checkpoint: step %d written to %s/step_%08d (rank 0: %.0f ms)\n", done,
+    if (rank == 0 && t->out)
+        fprintf(t->out, "checkpoint: step %d written to %s/step_%08d (rank 0: %.0f ms)\n", done,
                 cfg->ckpt_dir, done, (now_s() - t0) * 1000.0);
     return FSDP_STATUS_OK;
 }
@@ -276,19 +299,23 @@ static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
     FSDP_CHECK(fsdp_engine_init(&e, &t->sh, rank));
     if (t->ck_path[0])
         FSDP_CHECK(fsdp_engine_ckpt_load(e, t->ck_path, &t->ck_resume));
-    if (rank == 0 && cfg->out) {
+    if (rank == 0 && t->out) {
         char b[32];
         const fsdp_device *d = fsdp_engine_device(e);
-        fprintf(cfg->out, "rank 0 after init: %s on the device", fsdp_fmt_bytes(b, sizeof b, (double)d->mem.in_use_bytes));
+        fprintf(t->out, "rank 0 after init: %s on the device", fsdp_fmt_bytes(b, sizeof b, (double)d->mem.in_use_bytes));
         if (cfg->eng.offload)
-            fprintf(cfg->out, ", %s pinned host", fsdp_fmt_bytes(b, sizeof b, (double)d->host.in_use_bytes));
-        fputc('\n', cfg->out);
+            fprintf(t->out, ", %s pinned host", fsdp_fmt_bytes(b, sizeof b, (double)d->host.in_use_bytes));
+        fputc('\n', t->out);
     }
     for (int step = t->start_step; step < cfg->steps; step++) {
         float lr = fsdp_train_lr(cfg, step);
         double t0 = now_s();
         fsdp_step_result r;
-        FSDP_CHECK(fsdp_engine_step(e, (uint64_t)step, lr, &r));
+        st = fsdp_engine_step(e, (uint64_t)step, lr, &r);
+        if (st != FSDP_STATUS_OK) {
+            fsdp_error_prefix("step %d", step + 1);
+            goto fail;
+        }
         double ms = (now_s() - t0) * 1000.0;
         if (rank == 0) {
             t->res->losses[step] = r.loss;
@@ -328,50 +355,195 @@ fail:
     return st;
 }
 
+/* ---- what the processes of a job agree on ------------------------------------------ */
+
+/* Every process's outcome of one step of the set-up (st, with this
+ * thread's message): OK when all are OK, else on every process the first
+ * failing process's status and message, naming it. Main thread, before
+ * the ranks start; a job of one process: st. */
+static fsdp_status agree(struct trainer *t, fsdp_status st)
+{
+    fsdp_procs *p = t->cfg->procs;
+    fsdp_world *w = t->world;
+    if (!p || p->n_processes == 1)
+        return st;
+    struct rec {
+        int32_t st;
+        char msg[FSDP_ERROR_MSG_MAX];
+    } *all = calloc((size_t)p->n_processes + 1, sizeof *all), *mine;
+    if (!all)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    mine = all + p->n_processes;
+    mine->st = (int32_t)st;
+    if (st != FSDP_STATUS_OK)
+        snprintf(mine->msg, sizeof mine->msg, "%s", fsdp_error_msg());
+    fsdp_status xst = p->iface->exchange(p, w, mine, sizeof *mine, all);
+    for (int q = 0; xst == FSDP_STATUS_OK && q < p->n_processes; q++) {
+        if (all[q].st == FSDP_STATUS_OK)
+            continue;
+        all[q].msg[sizeof all[q].msg - 1] = '\0';
+        xst = q == p->process ? st
+                              : fsdp_error_set((fsdp_status)all[q].st, "process %d (host %s): %s",
+                                               q, w->hosts[q], all[q].msg);
+    }
+    free(all);
+    return xst;
+}
+
+/* Process 0's `bytes` of buf, in every process. */
+static fsdp_status from_process0(struct trainer *t, void *buf, size_t bytes)
+{
+    fsdp_procs *p = t->cfg->procs;
+    if (!p || p->n_processes == 1)
+        return FSDP_STATUS_OK;
+    unsigned char *all = malloc((size_t)p->n_processes * bytes + 1);
+    if (!all)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    fsdp_status st = p->iface->exchange(p, t->world, buf, bytes, all);
+    if (st == FSDP_STATUS_OK)
+        memcpy(buf, all, bytes);
+    free(all);
+    return st;
+}
+
+/* Every process must see the checkpoint directory process 0 writes in:
+ * process 0 leaves a file there, the others look for it. */
+static fsdp_status ckpt_dir_shared(struct trainer *t)
+{
+    const fsdp_train_config *cfg = t->cfg;
+    fsdp_world *w = t->world;
+    char probe[FSDP_CKPT_PATH_MAX + 64], want[64], got[64] = "";
+    snprintf(want, sizeof want, "fsdp job %016llx\n", (unsigned long long)t->ck_base.run_id);
+    snprintf(probe, sizeof probe, "%s/.fsdp_shared_%016llx", cfg->ckpt_dir,
+             (unsigned long long)t->ck_base.run_id);
+    fsdp_status st = FSDP_STATUS_OK;
+    if (w->process == 0) {
+        FILE *f = fopen(probe, "w");
+        if (!f || fputs(want, f) == EOF || fclose(f) != 0)
+            st = fsdp_error_set(FSDP_STATUS_IO, "cannot write '%s' in --ckpt-dir", probe);
+    }
+    FSDP_TRY(agree(t, st));
+    if (w->process != 0) {
+        FILE *f = fopen(probe, "r");
+        if (f) {
+            if (!fgets(got, sizeof got, f))
+                got[0] = '\0';
+            fclose(f);
+        }
+        if (strcmp(got, want))
+            st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                "--ckpt-dir '%s' is not one directory shared by the job's "
+                                "processes: process %d (host %s) does not see the file process 0 "
+                                "(host %s) wrote in it (%s); every process writes its ranks' "
+                                "shard files there, so give a directory on a file system every "
+                                "node mounts (NFS, Lustre, ...)",
+                                cfg->ckpt_dir, w->process, w->hosts[w->process], w->hosts[0],
+                                probe);
+    }
+    st = agree(t, st);
+    if (w->process == 0)
+        remove(probe);
+    return st;
+}
+
 /* Checkpoints: the manifest base for saves and, with resume, the newest
  * complete checkpoint to start from. A fresh run refuses a directory that
- * already holds checkpoints, so two runs never mix in one directory. */
+ * already holds checkpoints, so two runs never mix in one directory.
+ * Process 0 holds the directory's lock; every process reads the
+ * checkpoint to resume from, and they must find the same one. */
 static fsdp_status ckpt_prepare(struct trainer *t)
 {
     const fsdp_train_config *cfg = t->cfg;
     bool found = false;
     uint64_t step = 0;
-    FSDP_TRY(fsdp_engine_ckpt_describe(&t->sh, cfg->data, cfg->steps, &t->ck_base));
-    FSDP_TRY(fsdp_ckpt_dir_lock(&t->ck_lock, cfg->ckpt_dir)); /* until the run ends */
-    if (!cfg->resume) {
-        FSDP_TRY(fsdp_ckpt_latest(cfg->ckpt_dir, &step, &found));
-        if (found)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "--ckpt-dir '%s' already holds checkpoints (newest: step %llu); "
-                                  "pass --resume to continue from it, or choose another directory",
-                                  cfg->ckpt_dir, (unsigned long long)step);
-        return FSDP_STATUS_OK;
+    fsdp_status st = fsdp_engine_ckpt_describe(&t->sh, cfg->data, cfg->steps, &t->ck_base);
+    FSDP_TRY(agree(t, st));
+    /* one run id for the job: the manifest's and every rank's shard file's */
+    FSDP_TRY(from_process0(t, &t->ck_base.run_id, sizeof t->ck_base.run_id));
+    if (t->world->process == 0) {
+        st = fsdp_ckpt_dir_lock(&t->ck_lock, cfg->ckpt_dir); /* until the run ends */
+        if (st == FSDP_STATUS_OK && !cfg->resume)
+            st = fsdp_ckpt_latest(cfg->ckpt_dir, &step, &found);
+        if (st == FSDP_STATUS_OK && found)
+            st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                "--ckpt-dir '%s' already holds checkpoints (newest: step %llu); "
+                                "pass --resume to continue from it, or choose another directory",
+                                cfg->ckpt_dir, (unsigned long long)step);
     }
-    FSDP_TRY(fsdp_engine_ckpt_find(&t->sh, cfg->ckpt_dir, &t->ck_resume, t->ck_path,
-                                   sizeof t->ck_path, &found));
+    FSDP_TRY(agree(t, st));
+    if (t->world->n_processes > 1)
+        FSDP_TRY(ckpt_dir_shared(t));
+    if (!cfg->resume)
+        return FSDP_STATUS_OK;
+    st = fsdp_engine_ckpt_find(&t->sh, cfg->ckpt_dir, &t->ck_resume, t->ck_path,
+                               sizeof t->ck_path, &found);
+    FSDP_TRY(agree(t, st));
+    uint64_t seen[2] = {found, found ? t->ck_resume.step : 0}, first[2] = {seen[0], seen[1]};
+    FSDP_TRY(from_process0(t, first, sizeof first));
+    if (memcmp(seen, first, sizeof seen))
+        st = fsdp_error_set(FSDP_STATUS_IO,
+                            "process %d finds %s in --ckpt-dir '%s' where process 0 finds %s%llu; "
+                            "was a checkpoint written or removed while the job started?",
+                            t->world->process, found ? "a checkpoint" : "no checkpoint",
+                            cfg->ckpt_dir, first[0] ? "step " : "none",
+                            (unsigned long long)first[1]);
+    FSDP_TRY(agree(t, st));
     if (!found) {
         t->ck_path[0] = '\0';
-        if (cfg->out)
-            fprintf(cfg->out, "resume: no complete checkpoint in %s; starting from step 0\n",
+        if (t->out)
+            fprintf(t->out, "resume: no complete checkpoint in %s; starting from step 0\n",
                     cfg->ckpt_dir);
         return FSDP_STATUS_OK;
     }
     const fsdp_ckpt_manifest *m = &t->ck_resume;
     t->start_step = m->step < (uint64_t)cfg->steps ? (int)m->step : cfg->steps;
-    if (cfg->out) {
-        fprintf(cfg->out, "resuming from %s: step %llu, written by %d device(s) with shard %s\n",
+    if (t->out) {
+        fprintf(t->out, "resuming from %s: step %llu, written by %d device(s) with shard %s\n",
                 t->ck_path, (unsigned long long)m->step, m->world_size, m->shard);
         if (m->steps_total != cfg->steps)
-            fprintf(cfg->out, "note: the checkpoint's run had --steps %d; the learning-rate "
+            fprintf(t->out, "note: the checkpoint's run had --steps %d; the learning-rate "
                               "schedule now spans %d steps\n", m->steps_total, cfg->steps);
         if (m->step >= (uint64_t)cfg->steps)
-            fprintf(cfg->out, "resume: the checkpoint is at or past --steps %d; no steps to run\n",
+            fprintf(t->out, "resume: the checkpoint is at or past --steps %d; no steps to run\n",
                     cfg->steps);
         if (cfg->data && strcmp(m->data, cfg->data))
-            fprintf(cfg->out, "warning: the checkpoint was trained on data '%s', this run reads "
+            fprintf(t->out, "warning: the checkpoint was trained on data '%s', this run reads "
                               "'%s'\n", m->data, cfg->data);
     }
     return FSDP_STATUS_OK;
+}
+
+/* The test hook FSDP_FAULT=KIND:RANK:K (KIND alloc or collective): the
+ * K-th such operation of global rank RANK fails (core/world.h). */
+static fsdp_status fault_from_env(fsdp_world *w)
+{
+    const char *v = fsdp_env_get(FSDP_ENV_FAULT);
+    if (!*v)
+        return FSDP_STATUS_OK;
+    char kind[16];
+    int rank;
+    long k;
+    if (sscanf(v, "%15[a-z]:%d:%ld", kind, &rank, &k) != 3 || rank < 0 || rank >= w->n_ranks ||
+        k < 1 || (strcmp(kind, "alloc") && strcmp(kind, "collective")))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "FSDP_FAULT='%s': expected alloc|collective:RANK:K with RANK in "
+                              "0..%d and K >= 1 (a test hook)", v, w->n_ranks - 1);
+    fsdp_world_set_fault(w, strcmp(kind, "alloc") ? FSDP_FAULT_COLLECTIVE : FSDP_FAULT_ALLOC,
+                         rank, k);
+    return FSDP_STATUS_OK;
+}
+
+/* Where process q writes the trace of its ranks: the path itself on
+ * process 0, "NAME.q.EXT" ("NAME.q") on the others. */
+static void trace_path_of(const char *path, int q, char *out, size_t n)
+{
+    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+    if (q == 0)
+        snprintf(out, n, "%s", path);
+    else if (dot && dot > (slash ? slash + 1 : path))
+        snprintf(out, n, "%.*s.%d%s", (int)(dot - path), path, q, dot);
+    else
+        snprintf(out, n, "%s.%d", path, q);
 }
 
 fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
@@ -385,8 +557,19 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
     t->cfg = cfg;
     t->res = res;
-    const fsdp_engine_config *ec = &cfg->eng;
-    FSDP_CHECK(fsdp_backend_check(ec->backend, ec->n_ranks, ec->ranks_per_device));
+    /* the engine's configuration: a job of several processes has a node
+     * per process, each running n_ranks / processes ranks */
+    fsdp_engine_config ecfg = cfg->eng;
+    const fsdp_engine_config *ec = &ecfg;
+    int n_procs = cfg->procs ? cfg->procs->n_processes : 1;
+    if (n_procs > 1 && ecfg.n_nodes <= 1)
+        ecfg.n_nodes = n_procs;
+    if (ecfg.n_ranks % n_procs) {
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%d rank(s) do not split over the job's %d "
+                            "processes", ecfg.n_ranks, n_procs);
+        goto fail;
+    }
+    FSDP_CHECK(fsdp_backend_check(ec->backend, ec->n_ranks / n_procs, ec->ranks_per_device));
     if (cfg->steps < 0) {
         st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--steps must be >= 0");
         goto fail;
@@ -423,7 +606,10 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
     if (ec->backend == FSDP_BACKEND_CUDA)
         t->peak_flops = ec->compute_dtype == FSDP_DTYPE_BF16 ? 989e12 : 67e12; /* H100/H200 SXM */
     t->flops_per_token = t->model.family->flops_per_token(&t->model, ec->seq);
-    FSDP_CHECK(fsdp_world_init(&w, ec->n_ranks));
+    FSDP_CHECK(fsdp_procs_world_init(&w, cfg->procs, ec->n_ranks / n_procs));
+    t->world = w;
+    t->out = w->process == 0 ? cfg->out : NULL; /* rank 0's process alone prints */
+    FSDP_CHECK(fault_from_env(w));
     FSDP_CHECK(fsdp_engine_shared_init(&t->sh, ec, &t->model, t->data, w));
     if (t->mf) {
         t->sh.init_fn = fsdp_modelfile_init_fn;
@@ -444,14 +630,15 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         goto fail;
     }
     res->first_step = res->steps = t->start_step;
-    if (cfg->log_path && !(t->log = fopen(cfg->log_path, t->ck_path[0] ? "a" : "w"))) {
+    if (cfg->log_path && w->process == 0 &&
+        !(t->log = fopen(cfg->log_path, t->ck_path[0] ? "a" : "w"))) {
         st = fsdp_error_set(FSDP_STATUS_IO, "cannot open metrics file '%s' for writing",
                             cfg->log_path);
         goto fail;
     }
-    if (cfg->out) {
+    if (t->out) {
         char b[32];
-        fprintf(cfg->out,
+        fprintf(t->out,
                 "fsdp train: model %s (%.2fM params, %d units), %d x %s device(s), shard %s, %s, "
                 "optimizer %s, batch %d x seq %d x accum %d x %d ranks = %d tokens/step, %d "
                 "steps\n",
@@ -461,26 +648,26 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
                 ec->grad_accum,
                 ec->n_ranks, ec->batch * ec->seq * ec->grad_accum * ec->n_ranks, cfg->steps);
         if (ec->device_mem)
-            fprintf(cfg->out, "device memory cap %s\n",
+            fprintf(t->out, "device memory cap %s\n",
                     fsdp_fmt_bytes(b, sizeof b, (double)ec->device_mem));
     }
     st = fsdp_world_launch(w, rank_main, t);
     if (st == FSDP_STATUS_OK) {
         res->tokens_per_s = t->tok_s_n ? t->tok_s_sum / t->tok_s_n : 0;
-        int seen = 0, correct = 0;
-        for (int r = 0; r < ec->n_ranks; r++) {
-            seen += t->seen_total[r];
-            correct += t->correct_total[r];
-        }
+        int seen = t->eval_seen, correct = t->eval_correct;
         if (seen)
             res->accuracy = (float)correct / (float)seen;
-        if (cfg->out && seen)
-            fprintf(cfg->out, "held-out accuracy: %.1f%% (%d/%d problems, greedy decoding)\n",
+        if (t->out && seen)
+            fprintf(t->out, "held-out accuracy: %.1f%% (%d/%d problems, greedy decoding)\n",
                     100.0 * res->accuracy, correct, seen);
         if (t->sh.trace) {
-            st = fsdp_trace_write(t->sh.trace, cfg->trace_path);
-            if (st == FSDP_STATUS_OK && cfg->out)
-                fprintf(cfg->out, "trace written to %s\n", cfg->trace_path);
+            char path[4096 + 16];
+            trace_path_of(cfg->trace_path, w->process, path, sizeof path);
+            st = fsdp_trace_write(t->sh.trace, path);
+            if (st == FSDP_STATUS_OK && t->out)
+                fprintf(t->out, "trace written to %s%s\n", cfg->trace_path,
+                        w->n_processes > 1 ? " (process 0's ranks; process q's beside it, "
+                                             "with .q before the extension)" : "");
         }
     }
 fail:

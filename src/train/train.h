@@ -10,8 +10,11 @@
 
 #include "fsdp/engine.h"
 
+struct fsdp_procs;
+
 typedef struct fsdp_train_config {
-    fsdp_engine_config eng;
+    fsdp_engine_config eng;   /* eng.n_ranks: the job's ranks, every process's */
+    struct fsdp_procs *procs; /* the job's processes (comm/procs.h); NULL: one process */
     const char *model;        /* --model: a spec or a model file (fsdp_modelfile_resolve) */
     const char *data;         /* "synthetic", FILE.txt, FILE.jsonl or token shard glob */
     const char *tokenizer;    /* tokenizer.json for .txt/.jsonl data, or NULL (data/data.h) */
@@ -51,7 +54,9 @@ typedef struct fsdp_train_result {
 void fsdp_train_config_default(fsdp_train_config *cfg);
 
 /* Run training. On failure the result is partial and the message says
- * which rank failed and why. */
+ * which rank failed and why. In a job of several processes every process
+ * calls it with the same configuration (and its own procs); the result's
+ * losses, figures, parameters and accuracy are process 0's (rank 0's). */
 fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res);
 void fsdp_train_result_free(fsdp_train_result *res);
 
