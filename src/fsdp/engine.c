@@ -366,7 +366,7 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss
     const fsdp_model *m = e->sh->model;
     const struct fsdp_model_i *mi = m->iface;
     int U = e->sh->sm.n_units;
-    bool full = cfg->shard == FSDP_SHARD_FULL;
+    bool full = cfg->shard == FSDP_SHARD_FULL || cfg->shard == FSDP_SHARD_HYBRID; /* reshard after forward */
     float dloss = 1.0f / (float)(cfg->n_ranks * cfg->grad_accum);
 
     FSDP_TRY(load_batch(e, index));

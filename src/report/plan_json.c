@@ -22,10 +22,10 @@ void fsdp_plan_write_json(FILE *f, const fsdp_plan *p)
     fsdp_json_write_str(f, p->model);
     fprintf(f, ",\"params\":%zu,\"padded_params\":%zu,\"units\":%d,\"devices\":%d,\"shard\":\"%s\","
                "\"precision\":\"%s\",\"offload\":\"%s\",\"batch\":%d,\"seq\":%d,\"grad_accum\":%d,"
-               "\"prefetch\":%s,\"steps_run\":%d,",
+               "\"prefetch\":%s,\"steps_run\":%d,\"node_gbs\":%g,",
             p->numel, p->padded_numel, p->n_units, p->n_ranks, fsdp_shard_strategy_name(e->shard),
             fsdp_dtype_name(e->compute_dtype), e->offload ? "optimizer" : "none", e->batch, e->seq,
-            e->grad_accum, e->prefetch ? "true" : "false", p->steps);
+            e->grad_accum, e->prefetch ? "true" : "false", p->steps, p->node_gbs);
     const fsdp_optim *o = fsdp_optim_or_default(e->optim);
     fprintf(f, "\"optimizer\":{\"name\":");
     fsdp_json_write_str(f, o->name);
@@ -63,6 +63,18 @@ void fsdp_plan_write_json(FILE *f, const fsdp_plan *p)
                     pr->sent_bytes[k]);
         fprintf(f, "},\"recv_bytes\":%zu,\"sent_bytes\":%zu}", fsdp_plan_coll_total(pr->recv_bytes),
                 fsdp_plan_coll_total(pr->sent_bytes));
+    }
+    /* what crosses between nodes: per node, by collective */
+    fprintf(f, "\n],\"nodes\":%d,\"per_node\":[", p->n_nodes);
+    for (int q = 0; q < p->n_nodes; q++) {
+        size_t sent[FSDP_COLL_KIND_COUNT], recv[FSDP_COLL_KIND_COUNT];
+        fsdp_plan_node_bytes(p, q, sent, recv);
+        fprintf(f, "%s\n{\"node\":%d,\"inter_node\":{", q ? "," : "", q);
+        for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++)
+            fprintf(f, "%s\"%s\":{\"recv_bytes\":%zu,\"sent_bytes\":%zu}", k ? "," : "",
+                    fsdp_coll_kind_name((fsdp_coll_kind)k), recv[k], sent[k]);
+        fprintf(f, "},\"inter_recv_bytes\":%zu,\"inter_sent_bytes\":%zu}",
+                fsdp_plan_coll_total(recv), fsdp_plan_coll_total(sent));
     }
     fprintf(f, "\n]}\n");
 }

@@ -100,10 +100,11 @@ struct fit_ctx {
 };
 
 /* Shard strategy a needs no more memory than b: only FULL_SHARD before
- * SHARD_GRAD_OP (fit.h). */
+ * SHARD_GRAD_OP and before HYBRID (which shards over fewer ranks) (fit.h). */
 static bool shard_no_more(fsdp_shard_strategy a, fsdp_shard_strategy b)
 {
-    return a == b || (a == FSDP_SHARD_FULL && b == FSDP_SHARD_GRAD_OP);
+    return a == b ||
+           (a == FSDP_SHARD_FULL && (b == FSDP_SHARD_GRAD_OP || b == FSDP_SHARD_HYBRID));
 }
 
 /* a needs no more memory than b (fit.h's partial order). */
@@ -155,7 +156,7 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
     }
     c->device_bytes = c->peak_bytes + c->cuda.total_bytes;
     /* host: pinned memory of every device (and the simulated devices on cpu) */
-    size_t host = 0, update = 0, pcie = 0, reduce = 0, gather = 0;
+    size_t host = 0, update = 0, pcie = 0, reduce = 0, gather = 0, igather = 0, ireduce = 0;
     size_t dt = fsdp_dtype_size(e->compute_dtype);
     for (int r = 0; r < N; r++) {
         const fsdp_plan_rank *pr = &p.ranks[r];
@@ -174,6 +175,15 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
         if (rd > reduce)
             reduce = rd;
     }
+    for (int q = 0; q < p.n_nodes; q++) { /* the busiest node's bytes from the others */
+        size_t sent[FSDP_COLL_KIND_COUNT], recv[FSDP_COLL_KIND_COUNT];
+        fsdp_plan_node_bytes(&p, q, sent, recv);
+        size_t g = recv[FSDP_COLL_ALL_GATHER], rd = fsdp_plan_coll_total(recv) - g;
+        if (g > igather)
+            igather = g;
+        if (rd > ireduce)
+            ireduce = rd;
+    }
     c->host_bytes = host;
     const fsdp_recompute_mode *rm = &fsdp_fit_recompute_modes[c->recompute];
     double tokens = (double)c->batch * (double)e->seq * (double)c->grad_accum;
@@ -184,6 +194,8 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
         .offload = c->offload,
         .gather_bytes = gather,
         .reduce_bytes = reduce,
+        .inter_gather_bytes = igather,
+        .inter_reduce_bytes = ireduce,
         .n_calls = fsdp_plan_coll_total(pk->n_calls),
         .pcie_bytes = c->offload ? pcie : 0,
         .host_update_bytes = c->offload ? update : 0,
@@ -260,7 +272,8 @@ static void *search_worker(void *arg)
  * least memory up. */
 static int setting_level(const fsdp_fit_candidate *c)
 {
-    return (c->shard == FSDP_SHARD_GRAD_OP) + (c->offload ? 0 : 1) + (c->prefetch ? 1 : 0) +
+    return (c->shard == FSDP_SHARD_GRAD_OP || c->shard == FSDP_SHARD_HYBRID) +
+           (c->offload ? 0 : 1) + (c->prefetch ? 1 : 0) +
            fsdp_fit_recompute_modes[c->recompute].memory_rank;
 }
 
@@ -334,6 +347,9 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
         for (int s = 0; s < FSDP_SHARD_COUNT; s++)
             for (int off = 1; off >= 0; off--)
                 for (int pf = 0; pf <= 1; pf++) {
+                    /* hybrid is full sharding on one node: only tried on several */
+                    if (s == FSDP_SHARD_HYBRID && e->n_nodes <= 1)
+                        continue;
                     if (!allowed(req->recompute_mask, rc) || !allowed(req->shard_mask, s) ||
                         !allowed(req->offload_mask, off) || !allowed(req->prefetch_mask, pf))
                         continue;
@@ -488,10 +504,16 @@ void fsdp_fit_command(const fsdp_fit_request *req, const fsdp_fit_candidate *c, 
     const fsdp_recompute_mode *m = &fsdp_fit_recompute_modes[c->recompute];
     if (m->value != 0)
         snprintf(rc, sizeof rc, " --recompute %s", m->name);
+    /* several nodes: one process per node, --devices each */
+    int nodes = e->n_nodes > 1 ? e->n_nodes : 1;
+    char launch[32] = "";
+    if (nodes > 1)
+        snprintf(launch, sizeof launch, "mpirun -np %d ", nodes);
     snprintf(buf, n,
-             "fsdp train --backend %s --model %s --devices %d --seq %d --batch %d --grad-accum %d "
+             "%sfsdp train --backend %s --model %s --devices %d --seq %d --batch %d --grad-accum %d "
              "--shard %s --offload %s --prefetch %s --precision %s%s --device-mem %s",
-             fsdp_backend_name(req->backend), model, e->n_ranks, e->seq, c->batch, c->grad_accum,
+             launch, fsdp_backend_name(req->backend), model, e->n_ranks / nodes, e->seq, c->batch,
+             c->grad_accum,
              fsdp_shard_strategy_name(c->shard), c->offload ? "optimizer" : "none",
              c->prefetch ? "on" : "off", fsdp_dtype_name(e->compute_dtype), rc, mem);
 }
@@ -542,17 +564,20 @@ fsdp_status fsdp_fit_check_train(const fsdp_train_config *cfg, size_t device_tot
                  fsdp_fmt_bytes(b2, sizeof b2, (double)oh.total_bytes));
         snprintf(limit, sizeof limit, "the GPU's memory");
     }
-    char model[512], mem[32];
+    char model[512], mem[32], nodes_arg[32] = "";
     shell_word(model, sizeof model, cfg->model ? cfg->model : "small");
     size_arg(mem, sizeof mem, limit_bytes);
+    if (e->n_nodes > 1)
+        snprintf(nodes_arg, sizeof nodes_arg, " --nodes %d", e->n_nodes);
     return fsdp_error_set(
         FSDP_STATUS_OOM,
         "the plan says this run does not fit: device %d would need %s, %s over the cap %s (%s); "
         "it would run out of memory during the first step. Find the fastest setting that fits "
-        "with: fsdp plan --fit --target %s --model %s --devices %d --seq %d --precision %s "
+        "with: fsdp plan --fit --target %s --model %s --devices %d%s --seq %d --precision %s "
         "--global-batch %d --device-mem %s",
         who, what, fsdp_fmt_bytes(b3, sizeof b3, (double)(peak + oh.total_bytes - limit_bytes)),
         fsdp_fmt_bytes(b4, sizeof b4, (double)limit_bytes), limit, fsdp_backend_name(e->backend),
-        model, e->n_ranks, e->seq, fsdp_dtype_name(e->compute_dtype),
+        model, e->n_ranks / (e->n_nodes > 1 ? e->n_nodes : 1), nodes_arg, e->seq,
+        fsdp_dtype_name(e->compute_dtype),
         e->n_ranks * e->batch * e->grad_accum, mem);
 }
