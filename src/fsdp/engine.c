@@ -119,8 +119,12 @@ static fsdp_status gather_issue(fsdp_engine *e, int u)
                                &row->gathered));
     fsdp_trace_begin(e, FSDP_TRACE_COMM, "all_gather", su->spec->name,
                      su->padded_numel * dt_size(e));
-    FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, row->param, row->gathered, su->shard_numel,
-                                  e->sh->cfg.compute_dtype, e->dev.comm));
+    fsdp_status st = fsdp_comm_all_gather(e->shard_comm, row->param, row->gathered,
+                                          su->shard_numel, e->sh->cfg.compute_dtype, e->dev.comm);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_error_prefix("unit '%s' all-gather", su->spec->name);
+        return st;
+    }
     fsdp_trace_end(e, FSDP_TRACE_COMM);
     FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_gather[u], e->dev.comm));
     row->state = FSDP_UNIT_GATHERING;
@@ -170,15 +174,21 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
     FSDP_TRY(fsdp_engine_order(e, e->dev.compute, e->dev.comm, e->ev_tmp));
     fsdp_trace_begin(e, FSDP_TRACE_COMM, sharded(e) ? "reduce_scatter" : "all_reduce",
                      su->spec->name, su->padded_numel * sizeof(float));
+    fsdp_status st;
     if (sharded(e)) {
-        FSDP_TRY(fsdp_comm_reduce_scatter(e->shard_comm, row->grad_full, dst, su->shard_numel,
-                                          FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
-        if (e->replica_comm) /* hybrid: the node's shard, summed over the nodes */
-            FSDP_TRY(fsdp_comm_all_reduce(e->replica_comm, dst, dst, su->shard_numel,
-                                          FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
-    } else
-        FSDP_TRY(fsdp_comm_all_reduce(&e->comm, row->grad_full, dst, su->padded_numel,
-                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
+        st = fsdp_comm_reduce_scatter(e->shard_comm, row->grad_full, dst, su->shard_numel,
+                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm);
+        if (st == FSDP_STATUS_OK && e->replica_comm) /* hybrid: the node's shard, over nodes */
+            st = fsdp_comm_all_reduce(e->replica_comm, dst, dst, su->shard_numel,
+                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm);
+    } else {
+        st = fsdp_comm_all_reduce(&e->comm, row->grad_full, dst, su->padded_numel,
+                                  FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm);
+    }
+    if (st != FSDP_STATUS_OK) {
+        fsdp_error_prefix("unit '%s' gradient reduction", su->spec->name);
+        return st;
+    }
     fsdp_trace_end(e, FSDP_TRACE_COMM);
     /* the full gradient can go once the collective has read it */
     FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_tmp, e->dev.comm));

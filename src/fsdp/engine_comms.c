@@ -156,7 +156,10 @@ fsdp_status fsdp_engine_exchange(fsdp_engine *e, const void *mine, size_t bytes,
     counters_save(&e->comm, &saved);
     st = fsdp_comm_all_gather(&e->comm, send, recv, numel, FSDP_DTYPE_F32, e->dev.comm);
     counters_restore(&e->comm, &saved);
-    FSDP_CHECK(st);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_error_prefix("exchange of %zu bytes per rank", bytes);
+        goto fail;
+    }
     if (computes) {
         FSDP_CHECK(fsdp_device_memcpy(&e->dev, host, recv, rec * (size_t)N, e->dev.comm));
         FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.comm));

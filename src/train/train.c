@@ -151,12 +151,17 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
             fprintf(f, "%.6g", mfu);
         else
             fprintf(f, "null");
-        const char *keys[3] = {"peak_bytes", "comm_bytes", "host_bytes"};
-        for (int k = 0; k < 3; k++) {
+        /* inter_bytes (jobs of several nodes): received from other nodes, on the
+         * rank of each node and communicator that counts them (comm.h) */
+        const char *keys[4] = {"peak_bytes", "comm_bytes", "host_bytes", "inter_bytes"};
+        for (int k = 0; k < (t->sh.sm.n_nodes > 1 ? 4 : 3); k++) {
             fprintf(f, ",\"%s\":[", keys[k]);
             for (int d = 0; d < N; d++) {
                 const fsdp_rank_stats *s = &t->sh.x_stats[d];
-                size_t v = k == 0 ? s->peak_bytes : k == 1 ? s->comm_recv_bytes : s->host_peak_bytes;
+                size_t v = k == 0   ? s->peak_bytes
+                           : k == 1 ? s->comm_recv_bytes
+                           : k == 2 ? s->host_peak_bytes
+                                    : s->inter_recv_bytes;
                 fprintf(f, "%s%zu", d ? "," : "", v);
             }
             fputc(']', f);
