@@ -339,6 +339,13 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "fit: plan for a cpu or cuda run (the backend the run will use)");
 
+    /* does the run's backend have a transport for hybrid's groups? */
+    const fsdp_transport *tp;
+    fsdp_transport_req treq = {.backend = req->backend, .n_processes = e->n_nodes,
+                               .groups = true};
+    bool groups_ok = fsdp_transport_pick(&treq, &tp) == FSDP_STATUS_OK;
+    if (!groups_ok)
+        fsdp_error_clear();
     /* the settings of one micro-batch, least memory first */
     fsdp_fit_candidate proto[FSDP_SHARD_COUNT * 2 * 2 * 8];
     int n_set = 0;
@@ -347,8 +354,9 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
         for (int s = 0; s < FSDP_SHARD_COUNT; s++)
             for (int off = 1; off >= 0; off--)
                 for (int pf = 0; pf <= 1; pf++) {
-                    /* hybrid is full sharding on one node: only tried on several */
-                    if (s == FSDP_SHARD_HYBRID && e->n_nodes <= 1)
+                    /* hybrid is full sharding on one node: only tried on several,
+                     * where the run's backend forms communicators over groups */
+                    if (s == FSDP_SHARD_HYBRID && (e->n_nodes <= 1 || !groups_ok))
                         continue;
                     if (!allowed(req->recompute_mask, rc) || !allowed(req->shard_mask, s) ||
                         !allowed(req->offload_mask, off) || !allowed(req->prefetch_mask, pf))
