@@ -570,11 +570,43 @@ START_TEST(test_norm_cover_equals_tree)
 }
 END_TEST
 
+/* ---- planning several nodes in one process ---------------------------------------------- */
+
+/* fsdp plan --nodes: the bytes between nodes (hybrid: the all-reduce alone
+ * leaves a node), and --fit tries hybrid where the backend can run it. */
+START_TEST(test_plan_and_fit_know_nodes)
+{
+    static char out[1 << 17];
+    int rc = fsdp_test_cli(out, sizeof out, "plan --model tiny --seq 16 --batch 2 --devices 2 "
+                           "--nodes 2 --shard hybrid --node-gbs 1");
+    ck_assert_msg(rc == 0 && strstr(out, "4 device(s) (2 nodes x 2)") &&
+                      strstr(out, "between nodes, per step and node") &&
+                      strstr(out, "only the all-reduce of gradient shards"),
+                  "exit %d:\n%s", rc, out);
+    const char *row = strstr(out, "between nodes");
+    row = row ? strstr(row, "\n  0..1 ") : NULL; /* then the all_gather column */
+    ck_assert_msg(row && !strncmp(row + 8 + strspn(row + 8, " "), "0 B / 0 B", 9),
+                  "hybrid's gathers left the node:\n%s", out);
+    rc = fsdp_test_cli(out, sizeof out, "plan --fit --target cpu --model tiny --seq 16 --devices 2 "
+                       "--nodes 2 --global-batch 8 --device-mem 1GiB --json");
+    ck_assert_msg(rc == 0 && strstr(out, "\"shard\":\"hybrid\""), "exit %d:\n%.2000s", rc, out);
+    rc = fsdp_test_cli(out, sizeof out, "plan --fit --target cuda --model tiny --seq 16 --devices "
+                       "2 --nodes 2 --global-batch 8 --device-mem 80GiB --json");
+    ck_assert_msg(rc == 0 && !strstr(out, "\"shard\":\"hybrid\""), "exit %d:\n%.2000s", rc,
+                  out);
+    rc = fsdp_test_cli(out, sizeof out, "plan --fit --target cpu --model tiny --seq 16 --devices 2 "
+                       "--nodes 2 --global-batch 8 --device-mem 1GiB --shard full");
+    ck_assert_msg(rc == 0 && strstr(out, "mpirun -np 2 fsdp train --backend cpu --model tiny "
+                                    "--devices 2 "), "exit %d:\n%.3000s", rc, out);
+}
+END_TEST
+
 static Suite *mpi_train_suite(void)
 {
     Suite *s = suite_create("mpi_train");
     TCase *tc = tcase_create("cover");
     tcase_add_test(tc, test_norm_cover_equals_tree);
+    tcase_add_test(tc, test_plan_and_fit_know_nodes);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("mpirun");
