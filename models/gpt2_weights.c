@@ -17,13 +17,24 @@
  * The number of heads is not in the tensors' shapes: it comes from the
  * "n_head" metadata entry fsdp writes, else channels / 64 (every released
  * GPT-2 size has 64-dimensional heads).
+ *
+ * Hugging Face directories (config.json, model_type "gpt2"): the shape
+ * keys n_embd, n_layer, n_head, n_positions (n_ctx in old files) and
+ * vocab_size; the keys that would change the math fsdp does (activation,
+ * inner size, epsilon, attention scaling, untied head, cross-attention)
+ * must say what fsdp computes, or the directory is refused naming the key.
+ * Written directories name tensors "transformer.*", as
+ * GPT2LMHeadModel.save_pretrained does.
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fileio.h"
+#include "core/json.h"
 #include "models/gpt2.h"
 
 /* ---- llm.c --------------------------------------------------------------- */
@@ -279,13 +290,126 @@ static int st_metadata(const fsdp_model *m, char (*key)[64], char (*val)[64], in
     return n;
 }
 
+/* ---- Hugging Face directories (config.json) ------------------------------- */
+
+static const char *const hf_types[] = {"gpt2", NULL};
+
+/* Integer member `key` (the first of keys[] present) in 1..max into *out;
+ * FORMAT naming the key when it is missing or not such an integer. */
+static fsdp_status cfg_int(const fsdp_json *c, const char *const *keys, int max, int *out)
+{
+    const fsdp_json *v = NULL;
+    const char *key = keys[0];
+    for (int i = 0; keys[i] && !v; i++)
+        if ((v = fsdp_json_get(c, keys[i])))
+            key = keys[i];
+    if (!v)
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "config.json has no \"%s\"", key);
+    if (v->type != FSDP_JSON_NUMBER || !(v->number >= 1 && v->number <= max) ||
+        v->number != (double)(int)v->number)
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "config.json key \"%s\" must be an integer in "
+                              "1..%d", key, max);
+    *out = (int)v->number;
+    return FSDP_STATUS_OK;
+}
+
+/* An optional member that, when present (and not null), must equal what
+ * fsdp computes. */
+static fsdp_status cfg_require(const fsdp_json *c, const char *key, fsdp_json_type type,
+                               const char *str, double num, bool boolean, const char *why)
+{
+    const fsdp_json *v = fsdp_json_get(c, key);
+    if (!v || v->type == FSDP_JSON_NULL)
+        return FSDP_STATUS_OK;
+    bool ok = v->type == type &&
+              (type == FSDP_JSON_STRING   ? !strcmp(v->str, str)
+               : type == FSDP_JSON_NUMBER ? fabs(v->number - num) <= 1e-3 * fabs(num)
+                                          : v->boolean == boolean);
+    if (ok)
+        return FSDP_STATUS_OK;
+    return fsdp_error_set(FSDP_STATUS_FORMAT, "config.json key \"%s\" is not what fsdp's "
+                          "GPT-2 computes: %s", key, why);
+}
+
+static fsdp_status hf_config(const fsdp_json *c, char *spec, size_t size)
+{
+    static const char *const k_embd[] = {"n_embd", "hidden_size", NULL},
+                             *const k_layer[] = {"n_layer", "num_hidden_layers", NULL},
+                             *const k_head[] = {"n_head", "num_attention_heads", NULL},
+                             *const k_pos[] = {"n_positions", "n_ctx", NULL},
+                             *const k_vocab[] = {"vocab_size", NULL};
+    int C, L, H, T, V;
+    FSDP_TRY(cfg_int(c, k_embd, 1 << 20, &C));
+    FSDP_TRY(cfg_int(c, k_layer, 1 << 16, &L));
+    FSDP_TRY(cfg_int(c, k_head, 1 << 16, &H));
+    FSDP_TRY(cfg_int(c, k_pos, 1 << 24, &T));
+    FSDP_TRY(cfg_int(c, k_vocab, 1 << 30, &V));
+    const fsdp_json *act = fsdp_json_get(c, "activation_function");
+    if (act && act->type == FSDP_JSON_STRING && !strcmp(act->str, "gelu_pytorch_tanh"))
+        act = NULL; /* the same tanh approximation */
+    if (act)
+        FSDP_TRY(cfg_require(c, "activation_function", FSDP_JSON_STRING, "gelu_new", 0, false,
+                             "fsdp uses GELU's tanh approximation (\"gelu_new\")"));
+    const fsdp_json *inner = fsdp_json_get(c, "n_inner");
+    if (inner && inner->type != FSDP_JSON_NULL)
+        FSDP_TRY(cfg_require(c, "n_inner", FSDP_JSON_NUMBER, NULL, 4.0 * C, false,
+                             "the MLP is 4 x n_embd wide (null or 4 * n_embd)"));
+    FSDP_TRY(cfg_require(c, "layer_norm_epsilon", FSDP_JSON_NUMBER, NULL, 1e-5, false,
+                         "LayerNorm's epsilon is 1e-5"));
+    FSDP_TRY(cfg_require(c, "tie_word_embeddings", FSDP_JSON_BOOL, NULL, 0, true,
+                         "the LM head is tied to wte"));
+    FSDP_TRY(cfg_require(c, "scale_attn_weights", FSDP_JSON_BOOL, NULL, 0, true,
+                         "attention scores are scaled by 1/sqrt(head size)"));
+    FSDP_TRY(cfg_require(c, "scale_attn_by_inverse_layer_idx", FSDP_JSON_BOOL, NULL, 0, false,
+                         "scores are not scaled by the layer index"));
+    FSDP_TRY(cfg_require(c, "add_cross_attention", FSDP_JSON_BOOL, NULL, 0, false,
+                         "there is no cross-attention"));
+    snprintf(spec, size, "layers=%d,heads=%d,channels=%d,vocab=%d,context=%d", L, H, C, V, T);
+    return FSDP_STATUS_OK;
+}
+
+/* config.json for model m, keys sorted and indented as transformers writes them. */
+static fsdp_status hf_config_write(const fsdp_model *m, const char *dtype, fsdp_sbuf *out)
+{
+    const fsdp_gpt2_config *c = fsdp_gpt2_config_of(m);
+    FSDP_ASSERT(c);
+    /* GPT-2's <|endoftext|> is the last id of its 50257-token vocabulary;
+     * other vocabularies have no known special token */
+    char eot[16] = "null";
+    if (c->vocab_size == 50257)
+        snprintf(eot, sizeof eot, "%d", c->vocab_size - 1);
+    fsdp_sbuf_printf(out,
+                     "{\n"
+                     "  \"activation_function\": \"gelu_new\",\n"
+                     "  \"architectures\": [\n    \"GPT2LMHeadModel\"\n  ],\n"
+                     "  \"bos_token_id\": %s,\n"
+                     "  \"eos_token_id\": %s,\n"
+                     "  \"layer_norm_epsilon\": 1e-05,\n"
+                     "  \"model_type\": \"gpt2\",\n"
+                     "  \"n_embd\": %d,\n"
+                     "  \"n_head\": %d,\n"
+                     "  \"n_inner\": null,\n"
+                     "  \"n_layer\": %d,\n"
+                     "  \"n_positions\": %d,\n"
+                     "  \"scale_attn_by_inverse_layer_idx\": false,\n"
+                     "  \"scale_attn_weights\": true,\n"
+                     "  \"tie_word_embeddings\": true,\n"
+                     "  \"torch_dtype\": \"%s\",\n"
+                     "  \"vocab_size\": %d\n"
+                     "}\n",
+                     eot, eot, c->n_embd, c->n_head, c->n_layer, c->max_seq_len, dtype,
+                     c->vocab_size);
+    return out->oom ? fsdp_error_set(FSDP_STATUS_OOM, "out of host memory") : FSDP_STATUS_OK;
+}
+
 const fsdp_safetensors_mapping fsdp_gpt2_safetensors = {
     /* .tensor   = */ st_tensor,
     /* .match    = */ st_match,
     /* .config   = */ st_config,
     /* .metadata = */ st_metadata,
     /* .examples = */ "Hugging Face GPT-2 names such as 'wte.weight' or 'h.0.attn.c_attn.weight'",
-    /* .hf_model_types  = */ NULL, /* HF directories: not yet for GPT-2 */
-    /* .hf_config       = */ NULL,
-    /* .hf_config_write = */ NULL,
+    /* .hf_model_types  = */ hf_types,
+    /* .hf_config       = */ hf_config,
+    /* .hf_config_write = */ hf_config_write,
+    /* .hf_prefix       = */ "transformer.",
 };

@@ -17,9 +17,11 @@
 #include "models/registry.h"
 
 extern const fsdp_model_family fsdp_gpt2_family; /* models/gpt2_family.c */
+extern const fsdp_model_family fsdp_llama_family; /* models/llama_family.c */
 
 static const fsdp_model_family *const families[] = {
     &fsdp_gpt2_family,
+    &fsdp_llama_family,
 };
 #define N_FAMILIES ((int)(sizeof families / sizeof families[0]))
 

@@ -125,6 +125,10 @@ typedef struct fsdp_safetensors_mapping {
     const char *const *hf_model_types;
     fsdp_status (*hf_config)(const struct fsdp_json *config, char *spec, size_t spec_size);
     fsdp_status (*hf_config_write)(const fsdp_model *m, const char *dtype, struct fsdp_sbuf *out);
+    /* hf_prefix: put before every tensor name written into a Hugging Face
+     * directory (GPT-2: "transformer.", as GPT2LMHeadModel.save_pretrained
+     * names them; match must accept the prefixed names), or NULL. */
+    const char *hf_prefix;
 } fsdp_safetensors_mapping;
 
 #ifdef __cplusplus

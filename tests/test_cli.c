@@ -30,7 +30,7 @@ START_TEST(test_usage_errors)
         {"train --backend tpu", 2, "--backend: unknown value 'tpu' (expected cpu, cuda or meta)"},
         {"train --comm carrier-pigeon", 2, "expected auto, host, mpi, meta, nccl or peer"},
         {"train --batch many", 2, "bad value 'many'"},
-        {"train --batch 0", 2, "--batch: 0 is out of range (expected >= 1)"},
+        {"train --batch 0", 2, "--batch: 0 is out of range (expected 1..65536)"},
         {"train --seq 0", 2, "--seq: 0 is out of range"},
         {"train --grad-accum -1", 2, "--grad-accum: -1 is out of range"},
         {"train --steps 0", 2, "--steps: 0 is out of range"},
@@ -42,7 +42,7 @@ START_TEST(test_usage_errors)
         {"train --comm", 2, "--comm needs a value (auto|host|mpi|meta|nccl|peer)"},
         {"train --model gpt5", 2, "gpt5"},
         {"train --model tiny --seq 4096", 2, "context"},
-        {"train --lr -1", 2, "--lr > 0"},
+        {"train --lr -1", 2, "--lr: -1 is out of range (expected > 0 and <= 10)"},
         {"train --lr inf", 2, "--lr: bad value 'inf' (expected X, a finite number)"},
         {"train --wd nan", 2, "--wd: bad value 'nan'"},
         {"train --resume", 2, "need --ckpt-dir"},
@@ -103,7 +103,7 @@ START_TEST(test_help_lists_every_flag)
         "--backend", "--devices", "--model", "--data", "--batch", "--seq", "--grad-accum",
         "--steps", "--lr", "--warmup", "--wd", "--clip", "--shard", "--precision", "--offload",
         "--prefetch", "--comm", "--deterministic", "--device-mem", "--ckpt-dir", "--ckpt-every",
-        "--resume", "--log", "--trace", "--seed",
+        "--resume", "--log", "--trace", "--seed", "--on-nonfinite", "--allow-batch-change",
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(flags); i++)
         ck_assert_msg(strstr(buf, flags[i]), "train --help does not document %s", flags[i]);
@@ -134,7 +134,7 @@ static bool has_value_line(const char *h, const char *v)
 START_TEST(test_help_and_parser_share_tables)
 {
     static const char *const opts[] = {"backend", "shard", "precision", "offload", "prefetch",
-                                       "comm"};
+                                       "comm", "on-nonfinite"};
     static char help[1 << 16], out[1 << 14];
     ck_assert_int_eq(fsdp_test_cli(help, sizeof help, "train --help"), 0);
     for (size_t i = 0; i < FSDP_TEST_LEN(opts); i++) {

@@ -290,7 +290,7 @@ START_TEST(test_v2_lines_must_agree)
     make_tmpdir(dir, sizeof dir);
     v2_copy(dir);
     static const char *const cases[][3] = {
-        {"model_family gpt2", "model_family llama", "not in this build"},
+        {"model_family gpt2", "model_family mamba", "not in this build"},
         {"model_family gpt2", "model_family gpt/2", "not a family name"},
         {"model_config layers=2,", "model_config layers=3,", "contradict"},
         {"model_config layers=2,", "model_config layers=2,,", "does not build"},

@@ -28,6 +28,7 @@
 #include "data/tokenizer.h"
 #include "model_files_util.h"
 #include "train/infer.h"
+#include "train/plan.h"
 #include "train/train.h"
 
 /* ---- round trips through a real training checkpoint ------------------------------ */
@@ -349,6 +350,69 @@ START_TEST(test_eval_equals_train_loss)
 }
 END_TEST
 
+/* Issue 15 item 16: eval allocates parameters (in the compute dtype) and
+ * activations only, no optimizer state or gradients; and the planner's
+ * inference run predicts its peak to the byte. */
+START_TEST(test_infer_allocates_no_training_state)
+{
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    const char *model = path_in(dir, "m.safetensors");
+    write_init_model(model, BYTE_SPEC, 5);
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_modelfile_resolve(model, &m, NULL), FSDP_STATUS_OK);
+    fsdp_dtype dts[2] = {FSDP_DTYPE_F32, FSDP_DTYPE_BF16};
+    for (int d = 0; d < 2; d++)
+        for (int N = 1; N <= 3; N += 2) {
+            fsdp_mem_stats mem[3];
+            memset(mem, 0, sizeof mem);
+            fsdp_infer_config ic;
+            fsdp_infer_config_default(&ic);
+            ic.backend = FSDP_BACKEND_CPU;
+            ic.model_path = model;
+            ic.n_ranks = N;
+            ic.batch = 2;
+            ic.seq = 16;
+            ic.compute_dtype = dts[d];
+            ic.mem_out = mem;
+            float mean = 0;
+            REQUIRE(fsdp_infer_eval(&ic, "synthetic", 1, 2, &mean, NULL) == FSDP_STATUS_OK,
+                    "eval: %s", fsdp_error_msg());
+            fsdp_shardmap sm;
+            ck_assert_int_eq(fsdp_shardmap_init(&sm, &m, N, FSDP_SHARD_FULL), FSDP_STATUS_OK);
+            size_t params = 0;
+            for (int u = 0; u < sm.n_units; u++)
+                params += sm.units[u].shard_numel * fsdp_dtype_size(dts[d]);
+            fsdp_shardmap_free(&sm);
+            fsdp_train_config c;
+            train_config(&c, model, N, 1);
+            c.eng.compute_dtype = dts[d];
+            c.eng.inference = true;
+            fsdp_plan plan;
+            REQUIRE(fsdp_plan_run(&c, 2, &plan) == FSDP_STATUS_OK, "plan: %s", fsdp_error_msg());
+            for (int r = 0; r < N; r++) {
+                const fsdp_mem_stats *s = &mem[r];
+                REQUIRE(s->peak_bytes > 0, "rank %d reported no memory", r);
+                REQUIRE(s->peak_kind_bytes[FSDP_MEM_OPTIM] == 0 &&
+                        s->peak_kind_bytes[FSDP_MEM_GRAD] == 0 && s->kind_bytes[FSDP_MEM_GRAD] == 0,
+                        "%s on %d devices: rank %d holds optimizer state (%zu) or gradients "
+                        "(%zu)", fsdp_dtype_name(dts[d]), N, r,
+                        s->peak_kind_bytes[FSDP_MEM_OPTIM], s->peak_kind_bytes[FSDP_MEM_GRAD]);
+                REQUIRE(s->kind_bytes[FSDP_MEM_PARAM] == params, "%s on %d devices: rank %d "
+                        "holds %zu parameter bytes, not its shards' %zu", fsdp_dtype_name(dts[d]),
+                        N, r, s->kind_bytes[FSDP_MEM_PARAM], params);
+                REQUIRE(plan.ranks[r].mem.peak_bytes == s->peak_bytes, "%s on %d devices: the "
+                        "plan says %zu bytes at the peak of rank %d, eval reached %zu",
+                        fsdp_dtype_name(dts[d]), N, plan.ranks[r].mem.peak_bytes, r,
+                        s->peak_bytes);
+            }
+            fsdp_plan_free(&plan);
+        }
+    fsdp_model_free(&m);
+    rm_rf(dir);
+}
+END_TEST
+
 START_TEST(test_train_from_file_equals_same_init)
 {
     /* weights written from the RNG init of seed S, loaded by every rank from
@@ -403,7 +467,7 @@ START_TEST(test_sample_deterministic)
     for (int k = 0; k < 3; k++) {
         ic.n_ranks = ranks[k];
         memset(out[k], 0xff, sizeof out[k]);
-        REQUIRE(fsdp_infer_sample(&ic, &sc, out[k]) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+        REQUIRE(fsdp_infer_sample(&ic, &sc, out[k], NULL) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
         for (int i = 0; i < NT; i++)
             REQUIRE(out[k][i] >= 0 && out[k][i] < 256, "token %d is %d", i, out[k][i]);
         REQUIRE(!memcmp(out[k], out[0], sizeof out[0]), "greedy run %d (%d devices) differs", k,
@@ -412,19 +476,19 @@ START_TEST(test_sample_deterministic)
     /* the context window slides: a prompt longer than --seq still works */
     ic.seq = 8;
     ic.n_ranks = 1;
-    REQUIRE(fsdp_infer_sample(&ic, &sc, out[3]) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    REQUIRE(fsdp_infer_sample(&ic, &sc, out[3], NULL) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
     ic.seq = 0;
     /* temperature: the same seed gives the same tokens on any device count */
     sc.temperature = 1.0f;
     sc.seed = 11;
     ic.n_ranks = 1;
-    REQUIRE(fsdp_infer_sample(&ic, &sc, out[1]) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    REQUIRE(fsdp_infer_sample(&ic, &sc, out[1], NULL) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
     ic.n_ranks = 2;
-    REQUIRE(fsdp_infer_sample(&ic, &sc, out[2]) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    REQUIRE(fsdp_infer_sample(&ic, &sc, out[2], NULL) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
     REQUIRE(!memcmp(out[1], out[2], sizeof out[1]), "temperature sampling differs by devices");
     /* out-of-vocabulary prompts are refused */
     prompt[0] = 300;
-    expect_error(fsdp_infer_sample(&ic, &sc, out[1]), FSDP_STATUS_INVALID_ARG, "bad prompt",
+    expect_error(fsdp_infer_sample(&ic, &sc, out[1], NULL), FSDP_STATUS_INVALID_ARG, "bad prompt",
                  "vocabulary", NULL);
     rm_rf(dir);
 }
@@ -469,7 +533,8 @@ START_TEST(test_commands)
             "reference .bin");
     free(a);
     free(b);
-    rc = run_cmd(out, sizeof out, "convert %s %s --dtype bf16", FIXTURE_BIN, path_in(dir, "ck"));
+    rc = run_cmd(out, sizeof out, "convert %s %s --dtype bf16 --to ckpt", FIXTURE_BIN,
+                 path_in(dir, "ck"));
     REQUIRE(rc == 2 && strstr(out, "fp32"), "bf16 checkpoint: rc %d: %s", rc, out);
     rc = run_cmd(out, sizeof out, "convert tests/fixtures/no_such.bin %s", path_in(dir, "x.bin"));
     REQUIRE(rc == 1 && strstr(out, "no_such.bin"), "missing input: rc %d: %s", rc, out);
@@ -520,6 +585,7 @@ static Suite *convert_suite(void)
     tc = tcase_create("infer");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_eval_equals_train_loss);
+    tcase_add_test(tc, test_infer_allocates_no_training_state);
     tcase_add_test(tc, test_train_from_file_equals_same_init);
     tcase_add_test(tc, test_sample_deterministic);
     tcase_add_test(tc, test_commands);

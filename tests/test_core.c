@@ -420,7 +420,7 @@ START_TEST(test_status_and_dtype_names)
 {
     static const char *const want[FSDP_STATUS_COUNT] = {
         "OK", "INVALID_ARG", "OOM", "IO", "FORMAT", "CUDA", "NCCL",
-        "ABORTED", "UNSUPPORTED", "INTERNAL",
+        "ABORTED", "UNSUPPORTED", "INTERNAL", "NONFINITE",
     };
     for (int st = 0; st < FSDP_STATUS_COUNT; st++)
         ck_assert_str_eq(fsdp_status_name((fsdp_status)st), want[st]);

@@ -56,6 +56,7 @@ static void candidate_config(const fsdp_fit_request *req, const fsdp_fit_candida
     cfg->eng.shard = c->shard;
     cfg->eng.offload = c->offload;
     cfg->eng.prefetch = c->prefetch;
+    cfg->eng.recompute = (fsdp_recompute)fsdp_fit_recompute_modes[c->recompute].value;
 }
 
 /* ---- the memory order the search prunes by -------------------------------------------------- */
@@ -189,7 +190,7 @@ START_TEST(test_fit_exact_vs_every_candidate)
             }
             fsdp_fit_result r;
             ck_assert_int_eq(fsdp_fit_search(&req, &r), FSDP_STATUS_OK);
-            ck_assert_int_eq(r.n_cand, 4 * 12);
+            ck_assert_int_eq(r.n_cand, 4 * 12 * fsdp_fit_n_recompute_modes);
             check_exact(&req, &r);
             fsdp_fit_free(&r);
         }
@@ -204,6 +205,7 @@ START_TEST(test_fit_cap_forces_accumulation)
 {
     fsdp_fit_request req;
     tiny_request(&req, 0);
+    req.recompute_mask = FSDP_NAME_BIT(0); /* none: the memory below is without recompute */
     fsdp_train_config base = req.base;
     /* the least memory each micro-batch can run in: shard full, offload, prefetch off */
     size_t whole = peak_of(&base, 8, 1, FSDP_SHARD_FULL, 1, 0);
@@ -313,6 +315,7 @@ START_TEST(test_fit_cost_arithmetic)
     req.shard_mask = FSDP_NAME_BIT(FSDP_SHARD_FULL);
     req.offload_mask = FSDP_NAME_BIT(0);
     req.prefetch_mask = FSDP_NAME_BIT(1);
+    req.recompute_mask = FSDP_NAME_BIT(0);
     fsdp_fit_result r;
     ck_assert_int_eq(fsdp_fit_search(&req, &r), FSDP_STATUS_OK);
     ck_assert_uint_eq(r.numel, 124475904);
@@ -428,7 +431,8 @@ START_TEST(test_fit_json)
 {
     int rc = fsdp_test_cli(out, sizeof out,
                            "plan --fit --model tiny --devices 2 --seq 64 --global-batch 16 "
-                           "--device-mem 3MiB --cuda-overhead 1MiB --shard grad-op --json");
+                           "--device-mem 3MiB --cuda-overhead 1MiB --shard grad-op --recompute none "
+                           "--json");
     ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
     fsdp_json *root;
     ck_assert_msg(fsdp_json_parse(out, strlen(out), &root) == FSDP_STATUS_OK, "%s\n%s",
@@ -439,7 +443,7 @@ START_TEST(test_fit_json)
     const fsdp_json *search = get(root, "search", FSDP_JSON_OBJECT);
     ck_assert(get(search, "wall_s", FSDP_JSON_NUMBER)->number > 0);
     const fsdp_json *cands = get(root, "candidates", FSDP_JSON_ARRAY);
-    /* --shard grad-op stays fixed: 4 micro-batches x 2 offload x 2 prefetch */
+    /* --shard and --recompute stay fixed: 4 micro-batches x 2 offload x 2 prefetch */
     ck_assert_uint_eq(cands->n, 16);
     ck_assert(get(search, "candidates", FSDP_JSON_NUMBER)->number == 16);
     int fits = 0, chosen = (int)get(get(root, "chosen", FSDP_JSON_OBJECT), "index",

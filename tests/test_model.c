@@ -584,7 +584,7 @@ START_TEST(test_config_errors)
         {"custom:,layers=2", "empty entry"},
         {"custom:layers=2,layers=3", "'layers' is given twice"},
         {"custom:heads=4,channels=32,heads=4", "'heads' is given twice"},
-        {"llama:layers=2", "unknown model"},
+        {"mamba:layers=2", "unknown model"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         fsdp_model m;

@@ -870,7 +870,7 @@ START_TEST(test_rank_failure_ends_every_process)
     ck_assert_int_eq(sims[1].st, FSDP_STATUS_INTERNAL);
     ck_assert_int_eq(sims[0].st, FSDP_STATUS_INTERNAL);
     for (int p = 0; p < 2; p++)
-        ck_assert_msg(strstr(sims[p].msg, "rank 3 (process 1 of 2, host sim1): rank 3: injected "
+        ck_assert_msg(strstr(sims[p].msg, "rank 3 (process 1 of 2, host sim1): injected "
                                           "failure in collective 3 (all_reduce)"),
                       "process %d: %s", p, sims[p].msg);
     ck_assert_int_eq(j.n_fail_calls, 1); /* process 1 told the others once */

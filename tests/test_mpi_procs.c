@@ -290,7 +290,7 @@ START_TEST(test_mpirun_rank_failure_ends_job)
     char host[FSDP_HOST_MAX];
     gethostname(host, sizeof host);
     char want[256];
-    snprintf(want, sizeof want, "rank 3 (process 1 of 2, host %.64s): rank 3: injected failure in "
+    snprintf(want, sizeof want, "rank 3 (process 1 of 2, host %.64s): injected failure in "
              "collective 3 (all_reduce)", host);
     ck_assert_msg(strstr(out, want), "no '%s' in:\n%s", want, out);
     ck_assert_msg(strstr(out, "ending every process of the job"), "%s", out);

@@ -330,12 +330,12 @@ START_TEST(test_rank_failure_ends_the_job)
     snprintf(args, sizeof args, "%s --devices 2 --steps 50", RUN_ARGS);
     char pre[512];
     double secs;
-    int rc = shell(out, sizeof out, 120, &secs, "cd %s && %s -np 2 -x FSDP_FAULT=collective:3:22 "
+    int rc = shell(out, sizeof out, 120, &secs, "cd %s && %s -np 2 -x FSDP_FAULT=3:collective:14 "
                    "%s train %s", dir, mpirun_prefix(pre, sizeof pre), fsdp_bin, args);
     char host[FSDP_HOST_MAX], want[256];
     gethostname(host, sizeof host);
-    snprintf(want, sizeof want, "rank 3 (process 1 of 2, host %.64s): step 3: unit 'h.0' "
-             "all-gather: rank 3: injected failure in collective 22 (all_gather)", host);
+    snprintf(want, sizeof want, "rank 3 (process 1 of 2, host %.64s): step 2: unit 'h.0' "
+             "all-gather: rank 3: injected failure in collective 14 (all_gather)", host);
     ck_assert_msg(rc != 0 && rc != 124 && strstr(out, want), "exit %d, want '%s':\n%s", rc, want,
                   out);
     ck_assert_msg(strstr(out, "ending every process of the job"), "%s", out);

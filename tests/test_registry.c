@@ -81,7 +81,11 @@ START_TEST(test_every_named_shape_builds)
             ck_assert_int_eq(n_keys(m.config), n_keys(f->grammar));
             ck_assert_int_gt(m.n_units, 1);
             ck_assert_uint_gt(m.numel, 0);
-            ck_assert(m.family->flops_per_token(&m, 16) > 6.0 * (double)m.numel);
+            /* at least the forward and backward of most parameters, and
+             * attention's share growing with T (an untied embedding table is
+             * a lookup: not every parameter multiplies) */
+            ck_assert(m.family->flops_per_token(&m, 16) > 4.0 * (double)m.numel);
+            ck_assert(m.family->flops_per_token(&m, 32) > m.family->flops_per_token(&m, 16));
             /* rebuilt from the family and config (what a checkpoint records) */
             ck_assert_int_eq(fsdp_model_build(f, m.config, &again), FSDP_STATUS_OK);
             same_model(&m, &again, s->name);
@@ -97,7 +101,7 @@ START_TEST(test_every_named_shape_builds)
         }
     }
     ck_assert_int_ge(shapes, 6);
-    ck_assert_ptr_null(fsdp_model_family_find("llama"));
+    ck_assert_ptr_null(fsdp_model_family_find("mamba"));
     ck_assert_ptr_null(fsdp_model_family_find(NULL));
 }
 END_TEST
@@ -139,7 +143,7 @@ START_TEST(test_what_reads_as_a_spec)
     static const char *const yes[] = {"tiny", "gpt2-xl", "custom:layers=2", "gpt2:layers=2",
                                       "custom", "custom:", "gpt2:"};
     static const char *const no[] = {"model.bin", "m.safetensors", "/tmp/ck", "gpt2x",
-                                     "llama:layers=2", "", "tiny/", "./tiny"};
+                                     "mamba:layers=2", "", "tiny/", "./tiny"};
     for (size_t i = 0; i < sizeof yes / sizeof yes[0]; i++)
         REQUIRE(fsdp_model_is_spec(yes[i]), "'%s' should read as a spec", yes[i]);
     for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "ckpt/modelfile.h"
@@ -24,6 +25,7 @@
 #include "core/rng.h"
 #include "model_files_util.h"
 #include "models/gpt2.h"
+#include "testutil.h"
 
 /* Metadata value of a parsed safetensors file, or NULL. */
 static const char *st_meta(const fsdp_st_file *f, const char *key)
@@ -550,6 +552,75 @@ START_TEST(test_hostile_safetensors_tensors)
 }
 END_TEST
 
+/* Peak resident memory of this process so far, in bytes. */
+static size_t max_rss(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (size_t)ru.ru_maxrss * 1024;
+}
+
+/* Write a safetensors file whose header is `open`, then `item` repeated
+ * until the header has about `bytes` bytes (comma-separated), then
+ * `close`: made in pieces, never held whole. Returns the header's size. */
+static uint64_t write_big_header(const char *path, const char *open, const char *item,
+                                 const char *close, size_t bytes)
+{
+    FILE *f = fopen(path, "wb");
+    REQUIRE(f, "cannot create %s", path);
+    size_t ni = strlen(item) + 1, n = (bytes - strlen(open) - strlen(close)) / ni;
+    uint64_t len = strlen(open) + n * ni - 1 + strlen(close);
+    char chunk[1 << 16];
+    size_t per = sizeof chunk / ni, k = 0;
+    fwrite(&len, 8, 1, f);
+    fputs(open, f);
+    for (size_t i = 0; i < n; i += per) {
+        size_t m = n - i < per ? n - i : per;
+        k = 0;
+        for (size_t j = 0; j < m; j++)
+            k += (size_t)snprintf(chunk + k, sizeof chunk - k, "%s%s", i + j ? "," : "", item);
+        REQUIRE(fwrite(chunk, 1, k, f) == k, "short write of %s", path);
+    }
+    fputs(close, f);
+    fclose(f);
+    return len;
+}
+
+/* Issue 15 item 13: a header of tens of MiB made of empty arrays (or of
+ * tiny members) is refused with memory of about the header's own size,
+ * not the tens of times a JSON tree of it costs. */
+START_TEST(test_hostile_header_memory)
+{
+    char dir[64];
+    make_tmpdir(dir, sizeof dir);
+    const size_t MB32 = (size_t)32 << 20;
+    struct {
+        const char *name, *open, *item, *close, *msg;
+    } cases[] = {
+        {"arrays.safetensors", "{\"a\":[", "[]", "]}", "4096"},
+        {"members.safetensors", "{", "\"t\":[]", "}", "not an object"},
+        {"meta.safetensors", "{\"__metadata__\":{", "\"k\":[]", "}}", "must be strings"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *p = path_in(dir, cases[i].name);
+        uint64_t hn = write_big_header(p, cases[i].open, cases[i].item, cases[i].close, MB32);
+        size_t before = max_rss();
+        fsdp_st_file f;
+        expect_error(fsdp_st_open(p, &f), FSDP_STATUS_FORMAT, cases[i].name, cases[i].name,
+                     cases[i].msg, NULL);
+        size_t grew = max_rss() > before ? max_rss() - before : 0;
+        /* the header itself is read into memory once; under a sanitizer
+         * its shadow memory (and ASan's quarantine) comes on top, so the
+         * peak is only held to that without one */
+        REQUIRE(grew < 2 * hn || FSDP_TEST_ASAN || FSDP_TEST_TSAN, "%s: parsing a %llu-byte "
+                "header raised the peak RSS by %zu bytes", cases[i].name,
+                (unsigned long long)hn, grew);
+        unlink(p);
+    }
+    rm_rf(dir);
+}
+END_TEST
+
 static Suite *safetensors_suite(void)
 {
     Suite *s = suite_create("safetensors");
@@ -564,6 +635,7 @@ static Suite *safetensors_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_hostile_safetensors_framing);
     tcase_add_test(tc, test_hostile_safetensors_tensors);
+    tcase_add_test(tc, test_hostile_header_memory);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,6 +1,7 @@
 /*
- * bench_model.c - forward+backward throughput of the GPT-2 model on one cpu
- * rank, against the same model in PyTorch on the CPU with one thread.
+ * bench_model.c - forward+backward throughput of the GPT-2 and Llama models
+ * on one cpu rank, against the same models in PyTorch on the CPU with one
+ * thread.
  *
  * Why: the cpu backend is what `fsdp train` runs without a GPU, so its
  * per-rank speed sets how long the demo and the tests take; PyTorch with
@@ -11,7 +12,9 @@
  * tools/bench_model_torch.py, run in the same invocation (same shapes,
  * padded vocabulary included).
  *
- * Usage: bench_model [--iters N] [--no-torch] [--python PATH] [--only small|gpt2]
+ * Llama's goal is >= 1.2x PyTorch eager (issue 12).
+ *
+ * Usage: bench_model [--iters N] [--no-torch] [--python PATH] [--only small|gpt2|llama]
  * The PyTorch interpreter is --python, else $FSDP_PYTHON, else
  * /usr/bin/python3 (Debian's python3-torch), else python3.
  */
@@ -22,6 +25,7 @@
 #include <unistd.h>
 
 #include "models/gpt2.h"
+#include "models/llama.h"
 #include "models/registry.h"
 #include "bench_torch.h"
 
@@ -34,6 +38,10 @@ typedef struct bench_case {
 static const bench_case bench_cases[] = {
     {"small", "small (L2 H4 C128 V256)", 8, 64, 20},
     {"gpt2", "gpt2 124M (L12 H12 C768)", 4, 64, 3},
+    /* Llama: 12 layers, C 768, 12 query / 4 kv heads of 64, SwiGLU 2048, a
+     * Llama 2 / Mistral-sized vocabulary (32000), untied head */
+    {"llama:layers=12,heads=12,kv_heads=4,hidden=768,intermediate=2048,head_dim=64,vocab=32000,"
+     "context=256", "llama (L12 H12/4 C768 V32k)", 2, 256, 3},
 };
 
 typedef struct bench_result {
@@ -131,24 +139,48 @@ static bench_result bench_c(const bench_case *bc, int iters)
 }
 
 
+/* The PyTorch script's model arguments for the Llama model m (its own
+ * function, apart from GPT-2's). */
+static void llama_torch_args(const fsdp_model *m, char *buf, size_t n)
+{
+    const fsdp_llama_config *c = fsdp_llama_config_of(m);
+    snprintf(buf, n,
+             "--family llama --layers %d --heads %d --kv-heads %d --channels %d "
+             "--intermediate %d --head-dim %d --vocab %d --padded-vocab %d --context %d "
+             "--rope-theta %.17g --eps %.17g%s",
+             c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->n_inter, c->head_dim,
+             c->vocab_size, c->padded_vocab_size, c->max_seq_len, c->rope.theta, c->norm_eps,
+             c->tied ? " --tied" : "");
+}
+
 static bench_result bench_torch(const bench_case *bc, int iters, const char *python)
 {
     bench_result r = {0};
     fsdp_model m;
     BENCH_TRY(fsdp_model_from_spec(bc->model, &m), "config");
-    if (!fsdp_gpt2_config_of(&m))
-        die(fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s is not a GPT-2", bc->model),
+    char args[512];
+    if (fsdp_llama_config_of(&m)) {
+        if (fsdp_llama_config_of(&m)->qkv_bias || fsdp_llama_config_of(&m)->rope.type)
+            die(fsdp_error_set(FSDP_STATUS_INVALID_ARG, "the PyTorch Llama has no biases and "
+                               "default rope: %s", bc->model), "the PyTorch reference");
+        llama_torch_args(&m, args, sizeof args);
+    } else if (fsdp_gpt2_config_of(&m)) {
+        fsdp_gpt2_config cfg = *fsdp_gpt2_config_of(&m);
+        snprintf(args, sizeof args,
+                 "--layers %d --heads %d --channels %d --vocab %d --padded-vocab %d --context %d",
+                 cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.padded_vocab_size,
+                 cfg.max_seq_len);
+    } else {
+        die(fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s has no PyTorch reference", bc->model),
             "the PyTorch reference");
-    fsdp_gpt2_config cfg = *fsdp_gpt2_config_of(&m);
+    }
     fsdp_model_free(&m);
     char script[PATH_MAX], cmd[1024 + PATH_MAX];
     bench_torch_script("bench_model_torch.py", script, sizeof script); /* if missing, python says so */
     snprintf(cmd, sizeof cmd,
-             "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 '%s' '%s' --layers %d --heads %d "
-             "--channels %d --vocab %d --padded-vocab %d --context %d --batch %d --seq %d "
+             "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 '%s' '%s' %s --batch %d --seq %d "
              "--iters %d --warmup 1 2>&1",
-             python, script, cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size,
-             cfg.padded_vocab_size, cfg.max_seq_len, bc->B, bc->T, iters);
+             python, script, args, bc->B, bc->T, iters);
     FILE *p = popen(cmd, "r");
     if (!p)
         return r;
@@ -181,20 +213,21 @@ int main(int argc, char **argv)
             only = argv[++i];
         else {
             fprintf(stderr,
-                    "usage: %s [--iters N] [--no-torch] [--python PATH] [--only small|gpt2]\n",
+                    "usage: %s [--iters N] [--no-torch] [--python PATH] [--only "
+                    "small|gpt2|llama]\n",
                     argv[0]);
             return 2;
         }
     }
     const char *python = bench_torch_python(python_arg);
-    printf("GPT-2 forward+backward, one cpu rank, fp32, 1 thread (C: OpenBLAS; torch: %s)\n",
+    printf("forward+backward, one cpu rank, fp32, 1 thread (C: OpenBLAS; torch: %s)\n",
            no_torch ? "skipped" : python);
     printf("%-26s %4s %5s | %12s %9s %9s | %12s %9s %9s | %6s\n", "model", "B", "T", "C tok/s",
            "fwd ms", "bwd ms", "torch tok/s", "fwd ms", "bwd ms", "ratio");
     int n = (int)(sizeof bench_cases / sizeof bench_cases[0]);
     for (int i = 0; i < n; i++) {
         const bench_case *bc = &bench_cases[i];
-        if (only && strcmp(only, bc->model) != 0)
+        if (only && strncmp(only, bc->model, strlen(only)) != 0)
             continue;
         int it = iters > 0 ? iters : bc->iters;
         bench_result c = bench_c(bc, it);

@@ -12,6 +12,7 @@ come from a real checkpoint written by the fsdp binary (default build/fsdp,
 skipped. The version-1 shard file (a format fsdp only reads now) is
 written here.
 """
+import json
 import os
 import struct
 import subprocess
@@ -134,8 +135,8 @@ def main():
             put("fuzz_manifest", "tiny_manifest_v1", f.read())
         if os.access(fsdp, os.X_OK):
             ck = os.path.join(tmp, "ck")
-            subprocess.run([fsdp, "convert", "--quiet", os.path.join(tmp, "model.bin"), ck],
-                           check=True)
+            subprocess.run([fsdp, "convert", "--quiet", "--to", "ckpt",
+                            os.path.join(tmp, "model.bin"), ck], check=True)
             with open(os.path.join(ck, "step_00000000", "manifest"), "rb") as f:
                 put("fuzz_manifest", "tiny_manifest_v2", f.read())
             with open(os.path.join(ck, "step_00000000", "rank_00000.bin"), "rb") as f:
@@ -144,6 +145,18 @@ def main():
             print("gen_fuzz_corpus: %s not found; the current manifest and shard seeds are "
                   "skipped" % fsdp)
     put("fuzz_shard_file", "small_v1.bin", shard_v1([1024, 1024]))
+    # Hugging Face directories' JSON: byte 0 even = an index, odd = a config.json
+    with open("tests/fixtures/hf_gpt2/config.json", "rb") as f:
+        put("fuzz_hfdir", "config_gpt2.json", b"\x01" + f.read())
+    for fam in ("llama_gqa", "llama_qwen2"):
+        with open("tests/fixtures/%s/config.json" % fam, "rb") as f:
+            put("fuzz_hfdir", "config_%s.json" % fam, b"\x01" + f.read())
+    names = ["transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
+             "transformer.ln_f.bias"]
+    index = {"metadata": {"total_parameters": 100, "total_size": 400},
+             "weight_map": {n: "model-%05d-of-00002.safetensors" % (1 + i % 2)
+                            for i, n in enumerate(names)}}
+    put("fuzz_hfdir", "index.json", b"\x00" + json.dumps(index, indent=2).encode())
     # tokenizer files: version 2 (with end-of-text) and version 1
     toks = [bytes([i]) for i in range(256)] + [b"ab", b"abc", b" the", b"<|endoftext|>"]
     put("fuzz_tokenizer", "tok_v2.bin", tokenizer(2, toks, len(toks) - 1))

@@ -39,7 +39,7 @@ static fsdp_status resolve_ckpt(const char *path, char *out, size_t n)
     snprintf(manifest, sizeof manifest, "%s/manifest", path);
     if (!is_dir(path))
         return fsdp_error_set(FSDP_STATUS_IO, "'%s' is neither a .bin or .safetensors model file "
-                              "nor a checkpoint directory", path);
+                              "nor a Hugging Face or checkpoint directory", path);
     if (stat(manifest, &sb) == 0) {
         if (!fsdp_ckpt_is_complete(path))
             return fsdp_error_set(FSDP_STATUS_FORMAT, "checkpoint '%s' is incomplete (no DONE "
@@ -53,7 +53,8 @@ static fsdp_status resolve_ckpt(const char *path, char *out, size_t n)
     FSDP_TRY(fsdp_ckpt_latest(path, &step, &found));
     if (!found)
         return fsdp_error_set(FSDP_STATUS_FORMAT, "'%s' holds no complete checkpoint (a step_N "
-                              "directory with a DONE marker) and is not one", path);
+                              "directory with a DONE marker) and is not one, nor a Hugging Face "
+                              "directory (config.json and model.safetensors)", path);
     return fsdp_ckpt_step_path(out, n, path, step, "");
 }
 
@@ -160,8 +161,9 @@ static fsdp_status ckpt_read_range(const fsdp_modelfile *mf, int unit, size_t be
 
 /* A 1-device checkpoint of the model at step 0 (optimizer state zero). */
 static fsdp_status ckpt_write(const char *dir, const fsdp_model *m, const float *const *units,
-                              fsdp_dtype dt)
+                              const fsdp_modelfile_write_opts *o)
 {
+    fsdp_dtype dt = o->dtype;
     if (dt != FSDP_DTYPE_F32)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "checkpoints hold fp32 parameters; "
                               "drop --dtype %s", fsdp_dtype_name(dt));
@@ -171,6 +173,9 @@ static fsdp_status ckpt_write(const char *dir, const fsdp_model *m, const float 
     if (found || fsdp_ckpt_is_complete(dir))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "'%s' already holds a checkpoint; write "
                               "the converted one to a new or empty directory", dir);
+    /* one writer at a time, as a training run (ckpt_dir.h) */
+    fsdp_ckpt_lock lock;
+    FSDP_TRY(fsdp_ckpt_dir_lock(&lock, dir));
     int U = m->n_units;
     size_t *padded = calloc((size_t)U, sizeof *padded), *zero = calloc((size_t)U, sizeof *zero);
     float *block = malloc(FSDP_CKPT_BLOCK_NUMEL * sizeof *block);
@@ -228,6 +233,7 @@ static fsdp_status ckpt_write(const char *dir, const fsdp_model *m, const float 
 fail:
     if (w)
         fsdp_ckpt_writer_abort(w);
+    fsdp_ckpt_dir_unlock(&lock);
     fsdp_ckpt_manifest_free(&man);
     free(padded);
     free(zero);

@@ -175,8 +175,9 @@ static fsdp_status llmc_bind(fsdp_modelfile *mf, const fsdp_model *m)
 }
 
 static fsdp_status llmc_write(const char *path, const fsdp_model *m, const float *const *units,
-                              fsdp_dtype dt)
+                              const fsdp_modelfile_write_opts *o)
 {
+    fsdp_dtype dt = o->dtype;
     if (!m->family->llmc)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "llm.c model files hold no %s models; "
                               "write '%s' as .safetensors or a checkpoint", m->family->title,

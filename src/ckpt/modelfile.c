@@ -16,6 +16,7 @@
 static const fsdp_modelfile_format *const formats[] = {
     &fsdp_format_llmc,
     &fsdp_format_safetensors,
+    &fsdp_format_hfdir,        /* before ckpt: both claim directories */
     &fsdp_format_ckpt,
 };
 #define N_FORMATS ((int)(sizeof formats / sizeof formats[0]))
@@ -38,6 +39,11 @@ const fsdp_modelfile_format *fsdp_modelfile_format_find(const char *name)
 const char *fsdp_modelfile_format_name(const fsdp_modelfile_format *f)
 {
     return f ? f->name : "?";
+}
+
+const char *fsdp_modelfile_format_short_name(const fsdp_modelfile_format *f)
+{
+    return f ? f->short_name : "?";
 }
 
 static const fsdp_modelfile_format *claimant(const char *path)
@@ -104,6 +110,13 @@ void fsdp_modelfile_close(fsdp_modelfile *mf)
         mf->format->close(mf);
     if (mf->fd >= 0)
         close(mf->fd);
+    for (int i = 0; i < mf->n_parts; i++) {
+        if (mf->part_fd[i] >= 0)
+            close(mf->part_fd[i]);
+        free(mf->part_path[i]);
+    }
+    free(mf->part_fd);
+    free(mf->part_path);
     free(mf->src);
     free(mf->unit_base);
     free(mf);
@@ -116,6 +129,10 @@ const fsdp_modelfile_format *fsdp_modelfile_format_get(const fsdp_modelfile *mf)
     return mf->format;
 }
 const char *fsdp_modelfile_path(const fsdp_modelfile *mf) { return mf->path; }
+const char *fsdp_modelfile_companions(const fsdp_modelfile *mf)
+{
+    return mf->format == &fsdp_format_hfdir ? mf->path : NULL;
+}
 const char *fsdp_modelfile_dtype_name(const fsdp_modelfile *mf) { return mf->dtype_name; }
 
 void fsdp_modelfile_describe(const fsdp_modelfile *mf, char *buf, size_t n)
@@ -177,13 +194,23 @@ fsdp_status fsdp_modelfile_init_fn(void *arg, const fsdp_model *m, int unit, siz
 
 /* ---- write -------------------------------------------------------------------- */
 
+fsdp_status fsdp_modelfile_write_with(const char *path, const fsdp_modelfile_format *format,
+                                      const fsdp_model *m, const float *const *units,
+                                      const fsdp_modelfile_write_opts *opts)
+{
+    if (!path || !format || !m || !m->family || !units || !opts)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "writing a model file needs a path, a "
+                              "format, a model's units and options");
+    if (opts->copied && opts->copied_size)
+        opts->copied[0] = '\0';
+    return format->write(path, m, units, opts);
+}
+
 fsdp_status fsdp_modelfile_write(const char *path, const fsdp_modelfile_format *format,
                                  const fsdp_model *m, const float *const *units, fsdp_dtype dt)
 {
-    if (!path || !format || !m || !m->family || !units)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "writing a model file needs a path, a "
-                              "format and a model's units");
-    return format->write(path, m, units, dt);
+    fsdp_modelfile_write_opts o = {.dtype = dt};
+    return fsdp_modelfile_write_with(path, format, m, units, &o);
 }
 
 /* ---- --model values ----------------------------------------------------------- */

@@ -1,8 +1,9 @@
 /*
  * modelfile.h - model weights on disk, in every format fsdp reads and
  * writes, behind one table of formats (modelfile_format.h): an llm.c model
- * file (.bin), a Hugging Face safetensors file (.safetensors) and an fsdp
- * checkpoint directory. Which model family a file holds, and how that
+ * file (.bin), a Hugging Face safetensors file (.safetensors), a Hugging
+ * Face model directory (config.json and one or more safetensors files) and
+ * an fsdp checkpoint directory. Which model family a file holds, and how that
  * family names its tensors, comes from the family (models/weights.h): the
  * formats know no family.
  *
@@ -35,14 +36,18 @@ typedef struct fsdp_modelfile fsdp_modelfile;
 /* The formats, in detection order. */
 int fsdp_modelfile_format_count(void);
 const fsdp_modelfile_format *fsdp_modelfile_format_at(int i);
-/* By short name ("llmc", "safetensors", "ckpt"); NULL if unknown. */
+/* By short name ("llmc", "safetensors", "hf", "ckpt"); NULL if unknown. */
 const fsdp_modelfile_format *fsdp_modelfile_format_find(const char *name);
-/* "llm.c model file", "safetensors file", "checkpoint": for messages. */
+/* "llm.c model file", "safetensors file", "Hugging Face directory",
+ * "checkpoint": for messages. */
 const char *fsdp_modelfile_format_name(const fsdp_modelfile_format *f);
+/* "llmc", "safetensors", "hf", "ckpt": the short name (--to). */
+const char *fsdp_modelfile_format_short_name(const fsdp_modelfile_format *f);
 
 /* The format `path` names by its form: a claim by extension (*.bin,
- * *.safetensors) or an existing directory; anything else is a checkpoint
- * directory (to be created, when writing). */
+ * *.safetensors), a directory holding config.json (Hugging Face) or another
+ * existing directory; anything else is a checkpoint directory (to be
+ * created, when writing). */
 const fsdp_modelfile_format *fsdp_modelfile_format_of(const char *path);
 
 /* The help text for model files, from the format table:
@@ -77,20 +82,58 @@ const char *fsdp_modelfile_dtype_name(const fsdp_modelfile *mf);
 fsdp_status fsdp_modelfile_bind(fsdp_modelfile *mf, const fsdp_model *m);
 
 /* Elements [begin, end) of unit `unit`'s flat fp32 buffer into dst;
- * elements past the unit's numel (padding) are zero. Thread-safe. */
+ * elements past the unit's numel (padding) are zero. Thread-safe. Only the
+ * stored bytes of that range are read (a transposed tensor: whole rows of
+ * its band). */
 fsdp_status fsdp_modelfile_read_range(const fsdp_modelfile *mf, int unit, size_t begin,
                                       size_t end, float *dst);
+
+/* Bytes the calling thread has read from weight files through range reads
+ * so far (each rank thread: its own shard), for tests and reports. */
+uint64_t fsdp_modelfile_thread_bytes_read(void);
+
+/* The directory whose tokenizer and generation files belong to the model
+ * (a Hugging Face directory: itself), or NULL. */
+const char *fsdp_modelfile_companions(const fsdp_modelfile *mf);
+
+/* The tokenizer.json that comes with the --model value `value` (a Hugging
+ * Face directory holding one) into buf; false if there is none. No I/O
+ * beyond stats. */
+bool fsdp_modelfile_tokenizer_of(const char *value, char *buf, size_t n);
 
 /* fsdp_engine_shared.init_fn: arg is a bound fsdp_modelfile. */
 fsdp_status fsdp_modelfile_init_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
                                    size_t end, float *dst);
 
+/* How a model is written (fsdp_modelfile_write_with). */
+typedef struct fsdp_modelfile_write_opts {
+    fsdp_dtype dtype;          /* F32 or BF16; checkpoints always hold fp32 (F32 only) */
+    uint64_t shard_bytes;      /* Hugging Face directories: the most tensor bytes per
+                                * safetensors file (a larger tensor gets a file of its
+                                * own); more than one file gets an index. 0: 5 GB */
+    const char *companions;    /* Hugging Face directories: a directory whose tokenizer and
+                                * generation files (hfdir.h) are copied along, or NULL */
+    const char *tokenizer;     /* Hugging Face directories: a tokenizer.json copied in as
+                                * tokenizer.json (over the companions' one), or NULL */
+    /* out (may be NULL): the names of the files copied along, ", "-separated */
+    char *copied;
+    size_t copied_size;
+} fsdp_modelfile_write_opts;
+
+#define FSDP_MODELFILE_SHARD_BYTES_DEFAULT ((uint64_t)5000000000) /* "5GB", as transformers 4 */
+
 /* Write the model (host fp32 unit buffers, units[u] holding
- * m->units[u].numel floats) in `format` at path. dt: F32 or BF16 for llm.c
- * and safetensors; checkpoints always hold fp32 (dt must be F32). A
- * checkpoint is written as step 0 of a 1-device run (optimizer state zero)
- * into the --ckpt-dir `path`, which must not hold checkpoints already.
- * INVALID_ARG when the model's family has no mapping for the format. */
+ * m->units[u].numel floats) in `format` at path, atomically. A checkpoint
+ * is written as step 0 of a 1-device run (optimizer state zero) into the
+ * --ckpt-dir `path`, which must not hold checkpoints already; a Hugging
+ * Face directory is built under a temporary name and renamed to path,
+ * which must not exist (or be an empty directory). INVALID_ARG when the
+ * model's family has no mapping for the format. */
+fsdp_status fsdp_modelfile_write_with(const char *path, const fsdp_modelfile_format *format,
+                                      const fsdp_model *m, const float *const *units,
+                                      const fsdp_modelfile_write_opts *opts);
+
+/* The same with default options and element type dt. */
 fsdp_status fsdp_modelfile_write(const char *path, const fsdp_modelfile_format *format,
                                  const fsdp_model *m, const float *const *units, fsdp_dtype dt);
 

@@ -84,9 +84,20 @@ fsdp_status fsdp_flat_prepare(fsdp_modelfile *mf, const fsdp_model *m)
     return FSDP_STATUS_OK;
 }
 
-static fsdp_status mf_pread(const fsdp_modelfile *mf, void *buf, size_t n, uint64_t off)
+static _Thread_local uint64_t thread_bytes_read;
+
+uint64_t fsdp_modelfile_thread_bytes_read(void) { return thread_bytes_read; }
+
+/* n bytes at `off` of the file holding tensor s. */
+static fsdp_status mf_pread(const fsdp_modelfile *mf, const fsdp_tensor_src *s, void *buf,
+                            size_t n, uint64_t off)
 {
-    return fsdp_pread_all(mf->fd, buf, n, off, "model file", mf->path);
+    bool part = mf->n_parts > 0;
+    FSDP_ASSERT(!part || (s->part >= 0 && s->part < mf->n_parts));
+    FSDP_TRY(fsdp_pread_all(part ? mf->part_fd[s->part] : mf->fd, buf, n, off, "model file",
+                            part ? mf->part_path[s->part] : mf->path));
+    thread_bytes_read += n;
+    return FSDP_STATUS_OK;
 }
 
 /* n elements at element index `first` of the stored tensor, as fp32. raw
@@ -96,10 +107,10 @@ static fsdp_status read_elems(const fsdp_modelfile *mf, const fsdp_tensor_src *s
 {
     uint64_t esz = (uint64_t)fsdp_file_dtype_size(s->dtype);
     if (s->dtype == FSDP_FILE_F32)
-        return mf_pread(mf, dst, n * 4, s->offset + first * 4);
+        return mf_pread(mf, s, dst, n * 4, s->offset + first * 4);
     while (n > 0) {
         size_t k = n < MF_RAW_NUMEL ? n : MF_RAW_NUMEL;
-        FSDP_TRY(mf_pread(mf, raw, k * esz, s->offset + first * esz));
+        FSDP_TRY(mf_pread(mf, s, raw, k * esz, s->offset + first * esz));
         fsdp_file_dtype_to_f32(s->dtype, raw, k, dst);
         dst += k;
         first += k;

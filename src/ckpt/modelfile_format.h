@@ -4,8 +4,8 @@
  * flat-file reader that llm.c and safetensors files (one tensor per
  * parameter at a byte offset) have in common.
  *
- * Adding a format (a Hugging Face directory, say): a src/ckpt/<format>.c
- * that fills an fsdp_modelfile_format, and one line in modelfile.c's table.
+ * Adding a format: a src/ckpt/<format>.c that fills an
+ * fsdp_modelfile_format, and one line in modelfile.c's table.
  * A format works out which family and config a file holds from what the
  * family's mapping (models/weights.h) says, never from a family it knows.
  */
@@ -31,6 +31,7 @@ typedef struct fsdp_tensor_src {
     bool transposed;             /* the file holds the (cols, rows) transpose of fsdp's
                                   * row-major (rows, cols) */
     uint64_t rows, cols;         /* fsdp's shape as a matrix (a vector: numel x 1) */
+    int part;                    /* multi-file formats: the file (mf->part_fd[part]) */
 } fsdp_tensor_src;
 
 struct fsdp_modelfile_format {
@@ -51,9 +52,10 @@ struct fsdp_modelfile_format {
                               float *dst);
     /* Release the format's own state (impl); NULL if there is none. */
     void (*close)(fsdp_modelfile *mf);
-    /* Write m (modelfile.h: fsdp_modelfile_write) atomically. */
+    /* Write m (modelfile.h: fsdp_modelfile_write_with) atomically; options a
+     * format has no use for are ignored. */
     fsdp_status (*write)(const char *path, const fsdp_model *m, const float *const *units,
-                         fsdp_dtype dt);
+                         const fsdp_modelfile_write_opts *o);
 };
 
 struct fsdp_modelfile {
@@ -64,6 +66,10 @@ struct fsdp_modelfile {
     const char *dtype_name;
     const fsdp_model *model;           /* after bind */
     int fd;                            /* flat formats: the open file; else -1 */
+    int n_parts;                       /* flat formats of several files (a sharded Hugging
+                                        * Face directory): src[k].part indexes these */
+    int *part_fd;                      /* [n_parts] open files */
+    char **part_path;                  /* [n_parts] their paths, for messages */
     fsdp_tensor_src *src;              /* flat formats after bind: one per parameter, in
                                         * unit order */
     int *unit_base;                    /* [n_units + 1]: index of each unit's first parameter */
@@ -72,6 +78,7 @@ struct fsdp_modelfile {
 
 extern const fsdp_modelfile_format fsdp_format_llmc;        /* llmc.c */
 extern const fsdp_modelfile_format fsdp_format_safetensors; /* safetensors_model.c */
+extern const fsdp_modelfile_format fsdp_format_hfdir;       /* hfdir.c */
 extern const fsdp_modelfile_format fsdp_format_ckpt;        /* ckpt_model.c */
 
 /* ---- helpers (modelfile_flat.c) ------------------------------------------------ */
@@ -85,7 +92,8 @@ void fsdp_file_dtype_to_f32(fsdp_file_dtype dt, const void *src, size_t n, float
 fsdp_status fsdp_flat_prepare(fsdp_modelfile *mf, const fsdp_model *m);
 
 /* The flat reader: elements [begin, hi) of unit `unit` (hi <= the unit's
- * numel) through mf->src and mf->fd. */
+ * numel) through mf->src and mf->fd (or mf->part_fd[src->part] when the
+ * format has several files). */
 fsdp_status fsdp_flat_read_range(const fsdp_modelfile *mf, int unit, size_t begin, size_t hi,
                                  float *dst);
 

@@ -90,11 +90,9 @@ static bool json_uint(const fsdp_json *v, uint64_t *out)
 }
 
 /* Tensor names end up in messages and lookups: printable, NUL-free, bounded. */
-static bool valid_name(const fsdp_json *key_owner)
+static bool valid_name(const char *s, size_t n)
 {
-    const char *s = key_owner->key;
-    size_t n = strlen(s);
-    if (n == 0 || n > ST_MAX_NAME)
+    if (n == 0 || n > ST_MAX_NAME || strlen(s) != n)
         return false;
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
@@ -102,42 +100,69 @@ static bool valid_name(const fsdp_json *key_owner)
     return true;
 }
 
-static fsdp_status parse_metadata(const char *path, const fsdp_json *md, fsdp_st_file *f)
+/* The header walk's state (parse_header). */
+struct header_walk {
+    const char *path;
+    char label[FSDP_CKPT_PATH_MAX + 64]; /* "safetensors file '<path>': the header" */
+    uint64_t data_bytes;
+    fsdp_st_file *f;
+    int cap_tensors, cap_key, cap_val; /* allocated entries of f's arrays */
+    int n_md;                  /* "__metadata__" members seen */
+};
+
+/* Room for one more element in an array of `size`-byte elements that has
+ * n of *cap; doubles, so memory stays within twice what is kept. */
+static bool grow(void **arr, int n, int *cap, size_t size)
 {
-    if (md->type != FSDP_JSON_OBJECT)
-        return fsdp_st_error(path, "\"__metadata__\" is a %s, not an object of strings",
-                   fsdp_json_type_name(md->type));
-    f->meta_key = calloc(md->n + 1, sizeof *f->meta_key);
-    f->meta_val = calloc(md->n + 1, sizeof *f->meta_val);
-    if (!f->meta_key || !f->meta_val)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", path);
-    for (const fsdp_json *e = md->child; e; e = e->next) {
-        if (e->type != FSDP_JSON_STRING)
-            return fsdp_st_error(
-                path,
-                "\"__metadata__\" entry \"%.64s\" is a %s; metadata values must be "
-                "strings",
-                e->key, fsdp_json_type_name(e->type));
-        if (strlen(e->str) != e->len)
-            return fsdp_st_error(path, "\"__metadata__\" entry \"%.64s\" holds a NUL character",
-                                 e->key);
+    if (n < *cap)
+        return true;
+    int want = *cap ? 2 * *cap : 16;
+    void *p = realloc(*arr, (size_t)want * size);
+    if (!p)
+        return false;
+    *arr = p;
+    *cap = want;
+    return true;
+}
+
+static fsdp_status on_meta_member(void *arg, const char *key, size_t key_len, const char *value,
+                                  size_t value_n, size_t offset)
+{
+    struct header_walk *w = arg;
+    fsdp_st_file *f = w->f;
+    fsdp_json *v = NULL;
+    if (value_n == 0 || value[0] != '"')
+        return fsdp_st_error(w->path,
+                             "\"__metadata__\" entry \"%.64s\" is a %s; metadata values must be "
+                             "strings",
+                             key, fsdp_st_json_raw_type(value, value_n));
+    FSDP_TRY(fsdp_st_json_value(w->label, key, value, value_n, offset,
+                                FSDP_ST_MAX_HEADER_BYTES, &v));
+    fsdp_status st = FSDP_STATUS_OK;
+    if (strlen(v->str) != v->len || strlen(key) != key_len) {
+        st = fsdp_st_error(w->path, "\"__metadata__\" entry \"%.64s\" holds a NUL character",
+                           key);
+    } else if (!grow((void **)&f->meta_key, f->n_meta, &w->cap_key, sizeof *f->meta_key) ||
+               !grow((void **)&f->meta_val, f->n_meta, &w->cap_val, sizeof *f->meta_val)) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", w->path);
+    } else {
         int i = f->n_meta;
-        f->meta_key[i] = strdup(e->key);
-        f->meta_val[i] = strdup(e->str);
+        f->meta_key[i] = strdup(key);
+        f->meta_val[i] = strdup(v->str);
         f->n_meta++;
         if (!f->meta_key[i] || !f->meta_val[i])
-            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", path);
+            st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", w->path);
     }
-    return FSDP_STATUS_OK;
+    fsdp_json_free(v);
+    return st;
 }
 
 /* One tensor's entry: {"dtype": .., "shape": [..], "data_offsets": [b, e]}. */
-static fsdp_status parse_tensor(const char *path, const fsdp_json *v, uint64_t data_bytes,
-                                fsdp_st_tensor *t)
+static fsdp_status parse_tensor(const char *path, const char *name, const fsdp_json *v,
+                                uint64_t data_bytes, fsdp_st_tensor *t)
 {
-    const char *name = v->key;
     if (v->type != FSDP_JSON_OBJECT)
-        return fsdp_st_error(path, "tensor '%.80s' is described by a %s, not an object", name,
+        return fsdp_st_error(path, "tensor '%.80s' is described by a JSON %s, not an object", name,
                    fsdp_json_type_name(v->type));
     const fsdp_json *dtype = NULL, *shape = NULL, *offs = NULL;
     for (const fsdp_json *e = v->child; e; e = e->next) {
@@ -223,63 +248,70 @@ static int cmp_offset(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-/* Parse header bytes hdr[0..n) of a file of file_bytes bytes. */
+/* The largest entry a tensor may have: a name's worth of dtype, 8
+ * dimensions and two offsets is a few hundred bytes. */
+#define ST_MAX_TENSOR_ENTRY 4096
+
+static fsdp_status on_header_member(void *arg, const char *key, size_t key_len,
+                                    const char *value, size_t value_n, size_t offset)
+{
+    struct header_walk *w = arg;
+    fsdp_st_file *f = w->f;
+    if (!strcmp(key, "__metadata__") && key_len == 12) {
+        if (++w->n_md > 1)
+            return fsdp_st_error(w->path, "\"__metadata__\" appears twice");
+        if (value[0] != '{')
+            return fsdp_st_error(w->path, "\"__metadata__\" is a %s, not an object of strings",
+                                 fsdp_st_json_raw_type(value, value_n));
+        return fsdp_st_json_members(w->label, value, value_n, on_meta_member, w);
+    }
+    if (!valid_name(key, key_len))
+        return fsdp_st_error(w->path,
+                             "a tensor name is empty, longer than %d bytes or holds control "
+                             "characters",
+                             ST_MAX_NAME);
+    fsdp_json *v = NULL;
+    FSDP_TRY(fsdp_st_json_value(w->label, key, value, value_n, offset, ST_MAX_TENSOR_ENTRY, &v));
+    fsdp_status st;
+    if (!grow((void **)&f->tensors, f->n_tensors, &w->cap_tensors, sizeof *f->tensors)) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", w->path);
+    } else {
+        fsdp_st_tensor *t = &f->tensors[f->n_tensors];
+        memset(t, 0, sizeof *t);
+        st = parse_tensor(w->path, key, v, w->data_bytes, t);
+        if (st == FSDP_STATUS_OK)
+            f->n_tensors++;
+    }
+    fsdp_json_free(v);
+    return st;
+}
+
+/* Parse header bytes hdr[0..n) of a file of file_bytes bytes. Memory: the
+ * tensors and metadata kept, at most twice over (their arrays double), and
+ * one entry's tree at a time (safetensors_json.c). */
 static fsdp_status parse_header(const char *path, const char *hdr, uint64_t n,
                                 uint64_t file_bytes, fsdp_st_file *f)
 {
     memset(f, 0, sizeof *f);
-    fsdp_json *root = NULL;
     fsdp_status st;
     f->path = strdup(path);
     if (!f->path)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", path);
     f->file_bytes = file_bytes;
     f->data_offset = 8 + n;
-    uint64_t data_bytes = file_bytes - f->data_offset;
+    struct header_walk w = {.path = path, .data_bytes = file_bytes - f->data_offset, .f = f};
+    uint64_t data_bytes = w.data_bytes;
     if (n == 0 || hdr[0] != '{') {
         st = fsdp_st_error(path,
                            "the header does not start with '{'; this is not a safetensors file");
         goto fail;
     }
-    if (fsdp_json_parse(hdr, (size_t)n, &root) != FSDP_STATUS_OK) {
-        fsdp_error_prefix("safetensors file '%s': the header is not valid JSON", path);
-        st = FSDP_STATUS_FORMAT;
-        goto fail;
-    }
-    if (root->type != FSDP_JSON_OBJECT) {
-        st = fsdp_st_error(path, "the header is a JSON %s, not an object",
-                           fsdp_json_type_name(root->type));
-        goto fail;
-    }
-    size_t n_md = 0;
-    for (const fsdp_json *e = root->child; e; e = e->next)
-        n_md += !strcmp(e->key, "__metadata__");
-    if (n_md > 1) {
-        st = fsdp_st_error(path, "\"__metadata__\" appears %zu times", n_md);
-        goto fail;
-    }
-    f->tensors = calloc(root->n - n_md + 1, sizeof *f->tensors);
-    if (!f->tensors) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", path);
-        goto fail;
-    }
-    for (const fsdp_json *e = root->child; e; e = e->next) {
-        if (!strcmp(e->key, "__metadata__")) {
-            FSDP_CHECK(parse_metadata(path, e, f));
-            continue;
-        }
-        if (!valid_name(e)) {
-            st = fsdp_st_error(path,
-                               "a tensor name is empty, longer than %d bytes or holds control "
-                               "characters",
-                               ST_MAX_NAME);
-            goto fail;
-        }
-        FSDP_CHECK(parse_tensor(path, e, data_bytes, &f->tensors[f->n_tensors]));
-        f->n_tensors++;
-    }
-    /* names unique */
-    qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_name);
+    snprintf(w.label, sizeof w.label, "safetensors file '%s': the header", path);
+    FSDP_CHECK(fsdp_st_json_members(w.label, hdr, (size_t)n, NULL, NULL));
+    FSDP_CHECK(fsdp_st_json_members(w.label, hdr, (size_t)n, on_header_member, &w));
+    /* names unique (qsort wants a real array, even of nothing) */
+    if (f->n_tensors > 1)
+        qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_name);
     for (int i = 1; i < f->n_tensors; i++)
         if (!strcmp(f->tensors[i - 1].name, f->tensors[i].name)) {
             st = fsdp_st_error(path, "tensor '%.80s' appears twice in the header",
@@ -287,7 +319,8 @@ static fsdp_status parse_header(const char *path, const char *hdr, uint64_t n,
             goto fail;
         }
     /* the tensors tile the data section */
-    qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_offset);
+    if (f->n_tensors > 1)
+        qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_offset);
     uint64_t at = 0;
     for (int i = 0; i < f->n_tensors; i++) {
         const fsdp_st_tensor *t = &f->tensors[i];
@@ -310,10 +343,8 @@ static fsdp_status parse_header(const char *path, const char *hdr, uint64_t n,
                            at, data_bytes);
         goto fail;
     }
-    fsdp_json_free(root);
     return FSDP_STATUS_OK;
 fail:
-    fsdp_json_free(root);
     fsdp_st_free(f);
     return st;
 }

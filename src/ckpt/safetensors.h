@@ -66,15 +66,72 @@ void fsdp_st_free(fsdp_st_file *f);
 fsdp_status fsdp_st_error(const char *path, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* ---- writing ------------------------------------------------------------------- */
+
+/* One tensor of a file fsdp writes: parameter `param` of unit `unit`, under
+ * `name` (its shape and transpose are the family's mapping's). */
+typedef struct fsdp_st_out {
+    int unit, param;
+    char name[FSDP_WEIGHT_NAME_MAX + 32];
+} fsdp_st_out;
+
+/* Write the safetensors file `path` atomically: the header (metadata
+ * key[i] = val[i] for i < n_meta, then the tensors out[0..n_out) in that
+ * order, compact JSON padded with spaces to a multiple of 8 bytes, as the
+ * reference writer does) and their data as dt (F32 or BF16), transposing
+ * what the mapping stores transposed. */
+fsdp_status fsdp_st_write_tensors(const char *path, const fsdp_model *m,
+                                  const float *const *units, fsdp_dtype dt,
+                                  const fsdp_st_out *out, int n_out, char (*key)[64],
+                                  char (*val)[64], int n_meta);
+
+/* The data bytes tensor o takes in a file of element type dt. */
+uint64_t fsdp_st_out_bytes(const fsdp_model *m, const fsdp_st_out *o, fsdp_dtype dt);
+
+/* ---- JSON objects read one member at a time (safetensors_json.c) --------------- */
+
+struct fsdp_json; /* core/json.h */
+
+/* Called with each member of an object: its name (decoded; key_len bytes,
+ * NUL-terminated, may hold NULs) and the raw text of its value
+ * value[0..value_n), which starts at byte `offset` of the object's text. A
+ * non-OK return stops the walk. */
+typedef fsdp_status (*fsdp_st_member_fn)(void *arg, const char *key, size_t key_len,
+                                         const char *value, size_t value_n, size_t offset);
+
+/* Walk the members of the JSON object text[0..n) in document order,
+ * without building a tree: memory stays what fn keeps. The framing is
+ * checked strictly: FORMAT "<label> is not valid JSON: byte B: expected
+ * ..." (label names the text: "safetensors file 'x': the header"). Values
+ * are handed over raw, so fn checks them (fsdp_st_json_value). fn NULL:
+ * check the framing only (a first pass, so that a mangled text is reported
+ * as such rather than by what its first member lacks). */
+fsdp_status fsdp_st_json_members(const char *label, const char *text, size_t n,
+                                 fsdp_st_member_fn fn, void *arg);
+
+/* Parse the raw value of member `key` (at byte `offset`) with core/json if
+ * it is at most max bytes long: a bounded tree. FORMAT naming label, key
+ * and offset otherwise. */
+fsdp_status fsdp_st_json_value(const char *label, const char *key, const char *value, size_t n,
+                               size_t offset, size_t max, struct fsdp_json **out);
+
+/* "object", "array", "string", ...: the JSON type a raw value starts as. */
+const char *fsdp_st_json_raw_type(const char *value, size_t n);
+
 /* The model a parsed file holds: the first family (registry order) whose
  * safetensors mapping reads a config from the tensors, that model built,
  * and every tensor checked against it (fsdp_st_locate). FORMAT naming the
  * file and the tensor otherwise. Free *m with fsdp_model_free. */
 fsdp_status fsdp_st_model(const fsdp_st_file *f, fsdp_model *m);
 
-/* Where each of m's parameters lives in the file: src[k] for the k-th
- * parameter in unit order. m must be the file's model (its family's
- * mapping is used); FORMAT naming the tensor on any mismatch. */
-fsdp_status fsdp_st_locate(const fsdp_st_file *f, const fsdp_model *m, fsdp_tensor_src *src);
+/* Where each of m's parameters lives in the files files[0..n_files) (one
+ * model split over several files: a sharded Hugging Face directory):
+ * src[k] for the k-th parameter in unit order, src[k].part the index of
+ * its file. m must be the files' model (its family's mapping is used);
+ * FORMAT naming the tensor and its file on any mismatch, and `label`
+ * ("safetensors file 'x'") for a parameter no file holds, named with
+ * `prefix` (NULL: none) before the mapping's name. */
+fsdp_status fsdp_st_locate(const fsdp_st_file *files, int n_files, const char *label,
+                           const char *prefix, const fsdp_model *m, fsdp_tensor_src *src);
 
 #endif /* FSDP_CKPT_SAFETENSORS_H */

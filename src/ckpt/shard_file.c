@@ -529,17 +529,21 @@ fsdp_status fsdp_ckpt_reader_open(fsdp_ckpt_reader **out, const char *path,
         goto fail;
     }
     memcpy(r->shard_numel, ex->shard_numel, (size_t)ex->n_units * sizeof(size_t));
-    r->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (r->fd < 0) {
-        st = fsdp_error_set(errno == ENOENT ? FSDP_STATUS_FORMAT : FSDP_STATUS_IO,
-                            "cannot open checkpoint shard file '%s': %s%s", path, errstr(),
-                            errno == ENOENT ? " (the checkpoint is missing a rank's file)" : "");
+    struct stat pre;
+    if (stat(path, &pre) != 0 && errno == ENOENT) {
+        st = fsdp_error_set(FSDP_STATUS_FORMAT, "cannot open checkpoint shard file '%s': %s (the "
+                            "checkpoint is missing a rank's file)", path, errstr());
+        goto fail;
+    }
+    st = fsdp_open_regular(path, "checkpoint shard file", &r->fd, NULL);
+    if (st != FSDP_STATUS_OK) {
+        r->fd = -1;
         goto fail;
     }
     struct stat sb;
-    if (fstat(r->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT, "checkpoint shard '%s' is not a regular file",
-                            path);
+    if (fstat(r->fd, &sb) != 0) {
+        st = fsdp_error_set(FSDP_STATUS_IO, "cannot stat checkpoint shard '%s': %s", path,
+                            errstr());
         goto fail;
     }
     int version = 0, n_arrays = 0;

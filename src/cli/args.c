@@ -109,9 +109,12 @@ static int set_value(const char *cmd, fsdp_opt *o, const char *v)
         return 0;
     }
     case FSDP_OPT_U64: {
-        unsigned long long x = strtoull(v, &end, 10);
-        if (end == v || *end || errno || *v == '-')
+        /* strtoull skips spaces and negates "-1" into 2^64 - 1: digits only */
+        if (*v < '0' || *v > '9')
             return bad_value(cmd, o, v, ", an unsigned integer");
+        unsigned long long x = strtoull(v, &end, 10);
+        if (end == v || *end || errno)
+            return bad_value(cmd, o, v, ", an unsigned integer below 2^64");
         *(uint64_t *)o->dst = (uint64_t)x;
         return 0;
     }
@@ -119,15 +122,28 @@ static int set_value(const char *cmd, fsdp_opt *o, const char *v)
         float x = strtof(v, &end);
         if (end == v || *end || errno || !isfinite(x))
             return bad_value(cmd, o, v, ", a finite number");
+        if (o->fhi > o->flo && (x < o->flo || (o->flo_open && x == o->flo) || x > o->fhi)) {
+            fprintf(stderr, "fsdp %s: --%s: %g is out of range (expected %s %g and <= %g)\n",
+                    cmd, o->name, (double)x, o->flo_open ? ">" : ">=", o->flo, o->fhi);
+            return 2;
+        }
         *(float *)o->dst = x;
         return 0;
     }
-    case FSDP_OPT_SIZE:
-        if (fsdp_parse_bytes(v, (size_t *)o->dst) != FSDP_STATUS_OK) {
+    case FSDP_OPT_SIZE: {
+        size_t x = 0;
+        if (fsdp_parse_bytes(v, &x) != FSDP_STATUS_OK) {
             fprintf(stderr, "fsdp %s: --%s: %s\n", cmd, o->name, fsdp_error_msg());
             return 2;
         }
+        if (x == 0) { /* a cap of 0 bytes fits nothing; "no cap" is leaving the option out */
+            fprintf(stderr, "fsdp %s: --%s: '%s' is 0 bytes (expected at least 1 byte; leave "
+                            "--%s out for none)\n", cmd, o->name, v, o->name);
+            return 2;
+        }
+        *(size_t *)o->dst = x;
         return 0;
+    }
     case FSDP_OPT_STR:
         *(const char **)o->dst = v;
         return 0;
@@ -220,6 +236,16 @@ fsdp_opt *fsdp_opt_add_int(fsdp_opt_list *l, const char *name, int *dst, long lo
     fsdp_opt *o = fsdp_opt_add(l, name, FSDP_OPT_INT, dst, metavar, help);
     o->lo = lo;
     o->hi = hi;
+    return o;
+}
+
+fsdp_opt *fsdp_opt_add_float(fsdp_opt_list *l, const char *name, float *dst, double lo,
+                             bool lo_open, double hi, const char *metavar, const char *help)
+{
+    fsdp_opt *o = fsdp_opt_add(l, name, FSDP_OPT_FLOAT, dst, metavar, help);
+    o->flo = lo;
+    o->flo_open = lo_open;
+    o->fhi = hi;
     return o;
 }
 

@@ -22,9 +22,9 @@
 
 typedef enum fsdp_opt_type {
     FSDP_OPT_INT,    /* int; within [lo, hi] when hi > lo */
-    FSDP_OPT_U64,    /* uint64_t */
-    FSDP_OPT_FLOAT,  /* float, finite */
-    FSDP_OPT_SIZE,   /* size_t bytes, with suffixes */
+    FSDP_OPT_U64,    /* uint64_t, digits only (no sign, no space) */
+    FSDP_OPT_FLOAT,  /* float, finite; within [flo, fhi] (or (flo, fhi]) when fhi > flo */
+    FSDP_OPT_SIZE,   /* size_t bytes, with suffixes; at least 1 */
     FSDP_OPT_STR,    /* const char * (points into argv) */
     FSDP_OPT_FLAG,   /* bool, takes no value */
     FSDP_OPT_NAME,   /* int: the value of one name of `names` */
@@ -39,6 +39,8 @@ typedef struct fsdp_opt {
     const fsdp_name_table *names; /* FSDP_OPT_NAME: the values */
     unsigned allow;      /* FSDP_OPT_NAME: FSDP_NAME_BIT mask of accepted values, 0 = all */
     long lo, hi;         /* FSDP_OPT_INT: the accepted range, when hi > lo */
+    double flo, fhi;     /* FSDP_OPT_FLOAT: the accepted range, when fhi > flo */
+    bool flo_open;       /* FSDP_OPT_FLOAT: flo itself is refused (> flo) */
     bool seen;           /* set by the parser */
 } fsdp_opt;
 
@@ -75,6 +77,9 @@ fsdp_opt *fsdp_opt_add(fsdp_opt_list *l, const char *name, fsdp_opt_type type, v
 /* An int option accepted in [lo, hi]. */
 fsdp_opt *fsdp_opt_add_int(fsdp_opt_list *l, const char *name, int *dst, long lo, long hi,
                            const char *metavar, const char *help);
+/* A float option accepted in [lo, hi], or (lo, hi] when lo_open. */
+fsdp_opt *fsdp_opt_add_float(fsdp_opt_list *l, const char *name, float *dst, double lo,
+                             bool lo_open, double hi, const char *metavar, const char *help);
 /* A choice among the names of t; *dst holds the value (and, before
  * parsing, the default that --help shows). */
 fsdp_opt *fsdp_opt_add_name(fsdp_opt_list *l, const char *name, int *dst,

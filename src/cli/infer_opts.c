@@ -19,7 +19,7 @@ int fsdp_infer_opts_table(fsdp_infer_opts *io, fsdp_opt *o)
     static char model_help[512];
     size_t k = fsdp_modelfile_help(model_help, sizeof model_help);
     snprintf(model_help + k, sizeof model_help - k, " (required)");
-    OPT("model", FSDP_OPT_STR, &io->cfg.model_path, "FILE", model_help);
+    OPT("model", FSDP_OPT_STR, &io->cfg.model_path, "FILE|DIR", model_help);
     OPT("backend", FSDP_OPT_STR, &io->backend, "cpu|cuda",
         "device backend (default: cuda when a GPU is visible, else cpu)");
     OPT("devices", FSDP_OPT_INT, &io->devices, "N",
@@ -37,7 +37,7 @@ int fsdp_infer_opts_finish(const char *cmd, fsdp_infer_opts *io)
     if (!c->model_path) {
         char files[256];
         fsdp_modelfile_help(files, sizeof files);
-        fprintf(stderr, "fsdp %s: --model FILE is required (%s)\n", cmd, files);
+        fprintf(stderr, "fsdp %s: --model FILE|DIR is required (%s)\n", cmd, files);
         return 2;
     }
     int v;

@@ -5,14 +5,15 @@
  * `fsdp plan --fit`: the fastest setting that fits a memory cap, searched
  * over many such runs (train/fit.h).
  *
- * Takes train's model, batch, sharding, precision and offload options (the
- * shared list of cli/run_opts.h) minus the transport and virtual-rank
- * choices: a plan always runs on meta, without a cap, and compares the
- * peak with --device-mem afterwards. With --fit, --target names the
- * backend the planned run will use (cuda adds what a cuda run holds beyond
- * the engine). Exit codes: plan: 0 whether or not the run fits (the report
- * says which); --fit: 0 when a setting fits, 1 when none does; both: 1 if
- * the planning itself fails, 2 for usage errors.
+ * Takes train's model, data, batch, sharding, precision and offload options
+ * (the shared list of cli/run_opts.h, with the same defaults, so a plan
+ * describes the run `fsdp train` makes) minus the transport and
+ * virtual-rank choices: a plan always runs on meta, without a cap, and
+ * compares the peak with --device-mem afterwards. With --fit, --target
+ * names the backend the planned run will use (cuda adds what a cuda run
+ * holds beyond the engine). Exit codes: plan: 0 whether or not the run fits
+ * (the report says which); --fit: 0 when a setting fits, 1 when none does;
+ * both: 1 if the planning itself fails, 2 for usage errors.
  */
 #include <stdio.h>
 
@@ -45,8 +46,9 @@ static void fit_opts_table(struct fit_opts *o, fsdp_opt_list *l)
     o->node_gbs = (float)m.node_gbs;
     o->top = 10;
     fsdp_opt_add(l, "fit", FSDP_OPT_FLAG, &o->fit, NULL,
-                 "search micro-batch (keeping the global batch), --shard, --offload and "
-                 "--prefetch for the fastest setting that fits --device-mem; a --shard, "
+                 "search micro-batch (keeping the global batch), --shard, --offload, "
+                 "--prefetch and --recompute for the fastest setting that fits --device-mem; a "
+                 "--shard, --recompute, "
                  "--offload or --prefetch given stays fixed. Exit 0 when a setting fits, 1 when "
                  "none does");
     fsdp_opt_add_int(l, "global-batch", &o->global_batch, 1, 1 << 30, "G",
@@ -130,6 +132,10 @@ static int run_fit(fsdp_run_opts *ro, struct fit_opts *o, fsdp_opt_list *l, bool
         req.offload_mask = FSDP_NAME_BIT(c->eng.offload);
     if (fsdp_opt_get(l, "prefetch")->seen)
         req.prefetch_mask = FSDP_NAME_BIT(c->eng.prefetch);
+    if (fsdp_opt_get(l, "recompute")->seen)
+        for (int k = 0; k < fsdp_fit_n_recompute_modes; k++)
+            if (fsdp_fit_recompute_modes[k].value == (int)c->eng.recompute)
+                req.recompute_mask = FSDP_NAME_BIT(k);
     fsdp_fit_result res;
     fsdp_status st = fsdp_fit_search(&req, &res);
     if (st != FSDP_STATUS_OK)
@@ -157,11 +163,15 @@ int fsdp_cli_plan(int argc, char **argv)
     fsdp_opt_remove(&l, "ranks-per-device");
     fsdp_opt_get(&l, "device-mem")->help =
         "per-device memory to check the plan against, e.g. 24GiB (default none; --fit needs it)";
+    fsdp_opt_get(&l, "data")->help =
+        "the data train would read; a plan reads none, but the default --seq depends on it "
+        "(14 on the synthetic task, as for train; else the model's context) (default "
+        "synthetic)";
     const char *svg = NULL;
     bool json = false;
     int steps = 2;
-    fsdp_opt_add(&l, "clip", FSDP_OPT_FLOAT, &c->eng.clip, "X",
-                 "gradient-norm clip, as for train (default 1.0)");
+    fsdp_opt_add_float(&l, "clip", &c->eng.clip, 0.0, false, 1e6, "X",
+                       "gradient-norm clip, as for train (default 1.0)");
     fsdp_opt_add(&l, "trace", FSDP_OPT_STR, &c->trace_path, "FILE.json",
                  "write the planned steps as a Chrome trace (Perfetto, chrome://tracing)");
     fsdp_opt_add(&l, "svg", FSDP_OPT_STR, &svg, "OUT.svg",
@@ -180,8 +190,7 @@ int fsdp_cli_plan(int argc, char **argv)
     ro.backend = FSDP_BACKEND_META;
     if ((rc = fsdp_run_opts_finish("plan", &ro)))
         return rc;
-    if (!(c->eng.clip >= 0))
-        return fsdp_cli_usage("plan", "need --clip >= 0");
+
     c->out = NULL;
     c->eval_problems = 0;
     c->log_path = NULL;

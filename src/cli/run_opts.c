@@ -1,8 +1,14 @@
 /*
- * run_opts.c - options shared by `fsdp train` and `fsdp plan`.
+ * run_opts.c - options shared by `fsdp train` and `fsdp plan`, so that a
+ * plan describes the run `fsdp train` makes with the same options
+ * (defaults included).
+ *
+ * Every count is bounded here, at parse time, well inside what the sizes
+ * computed from it (64-bit) and the int indexes of a micro-batch hold.
  */
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -40,6 +46,12 @@ static const fsdp_name offload_names[] = {
 };
 const fsdp_name_table fsdp_offload_names = FSDP_NAME_TABLE(offload_names);
 
+/* Bounds of the counts (see the file comment). */
+enum {
+    MAX_BATCH = 1 << 16,       /* sequences per micro-batch per device */
+    MAX_GRAD_ACCUM = 1 << 16,  /* micro-steps per step */
+};
+
 static const fsdp_name prefetch_names[] = {
     {"on", 1, NULL},
     {"off", 0, NULL},
@@ -57,6 +69,7 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
     ro->precision = (int)e->compute_dtype;
     ro->offload = e->offload;
     ro->prefetch = e->prefetch;
+    ro->recompute = (int)e->recompute;
     ro->comm = (int)e->comm;
     ro->devices = -1; /* unset: the backend's default */
     e->seq = 0;       /* unset: chosen from the data and model in fsdp_run_opts_finish */
@@ -80,12 +93,17 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                      "default); in one process, P simulated nodes (hybrid sharding, traffic "
                      "between nodes)");
     fsdp_opt_add(l, "model", FSDP_OPT_STR, &c->model, "NAME|SPEC|FILE", model_help());
-    fsdp_opt_add_int(l, "batch", &e->batch, 1, INT_MAX, "B",
+    fsdp_opt_add(l, "data", FSDP_OPT_STR, &c->data, "synthetic|FILE.txt|FILE.jsonl|'GLOB.bin'",
+                 "training data: the built-in addition task, a text file (bytes, or tokens with "
+                 "--tokenizer), .jsonl rows ({\"text\"}; {\"prompt\",\"completion\"} or "
+                 "{\"messages\"} once models support loss masks) or llm.c token shards (default "
+                 "synthetic)");
+    fsdp_opt_add_int(l, "batch", &e->batch, 1, MAX_BATCH, "B",
                      "sequences per micro-batch per device (default 16)");
     fsdp_opt_add_int(l, "seq", &e->seq, 1, INT_MAX, "T",
                      "sequence length (default: 14 on the synthetic task, one problem per row; "
                      "else the model's context)");
-    fsdp_opt_add_int(l, "grad-accum", &e->grad_accum, 1, INT_MAX, "A",
+    fsdp_opt_add_int(l, "grad-accum", &e->grad_accum, 1, MAX_GRAD_ACCUM, "A",
                      "micro-steps per device per step (default 1)");
     fsdp_opt_add_name(l, "shard", &ro->shard, &fsdp_shard_names, "sharding strategy");
     fsdp_opt_add_name(l, "precision", &ro->precision, &fsdp_dtype_names,
@@ -95,6 +113,9 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                       "where the optimizer's shards live");
     fsdp_opt_add_name(l, "prefetch", &ro->prefetch, &fsdp_prefetch_names,
                       "all-gather the next unit while computing this one");
+    fsdp_opt_add_name(l, "recompute", &ro->recompute, &fsdp_recompute_names,
+                      "activation recompute: what each block keeps from forward to backward "
+                      "(same losses and parameters, bit for bit, in every mode)");
     fsdp_opt_add_name(l, "comm", &ro->comm, &fsdp_comm_kind_names,
                       "collectives' transport (it must serve --backend)");
     fsdp_opt_add_int(l, "ranks-per-device", &e->ranks_per_device, 1, FSDP_MAX_RANKS, "K",
@@ -116,6 +137,7 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     e->compute_dtype = (fsdp_dtype)ro->precision;
     e->offload = ro->offload != 0;
     e->prefetch = ro->prefetch != 0;
+    e->recompute = (fsdp_recompute)ro->recompute;
     e->comm = (fsdp_comm_kind)ro->comm;
     int per_node = ro->devices != -1 ? ro->devices : fsdp_backend_default_devices(e->backend);
     int P = ro->n_processes > 1 ? ro->n_processes : 1;
@@ -154,20 +176,27 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     if (o->check(&hp) != FSDP_STATUS_OK)
         return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
     fsdp_model m; /* the shape only: a model file is validated and closed again */
-    if (fsdp_modelfile_resolve(ro->cfg.model, &m, NULL) != FSDP_STATUS_OK) {
+    fsdp_status st = fsdp_modelfile_resolve(ro->cfg.model, &m, NULL);
+    if (st != FSDP_STATUS_OK) {
+        /* a name nobody knows is a usage error; a model file that is bad is not */
         fprintf(stderr, "fsdp %s: --model: %s\n", cmd, fsdp_error_msg());
-        return 2;
+        return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
     }
     int context = m.max_seq_len;
     fsdp_model_free(&m);
-    if (e->seq == 0) /* not given: one problem per row on the synthetic task, else the context */
-        e->seq = ro->cfg.data && !strcmp(ro->cfg.data, "synthetic") && !strcmp(cmd, "train")
-                     ? 14
-                     : context;
+    /* not given: one problem per row on the synthetic task, else the
+     * context; the same for train and plan */
+    if (e->seq == 0)
+        e->seq = ro->cfg.data && !strcmp(ro->cfg.data, "synthetic") ? 14 : context;
     if (e->seq > context) {
         fprintf(stderr, "fsdp %s: --seq %d is longer than model '%s''s context of %d\n", cmd, e->seq,
                 ro->cfg.model, context);
         return 2;
     }
+    if ((int64_t)e->batch * e->seq > INT_MAX)
+        return fsdp_cli_usage(cmd, "--batch %d x --seq %d = %lld tokens per micro-batch, more than "
+                              "a device's batch can index (%d); lower --batch and raise "
+                              "--grad-accum", e->batch, e->seq,
+                              (long long)e->batch * e->seq, INT_MAX);
     return 0;
 }

@@ -1,7 +1,8 @@
 /*
  * run_opts.h - the options `fsdp train` and `fsdp plan` share (model,
- * batch, devices, sharding, precision, offload...), as one option-list
- * fragment and one validation step that fills a fsdp_train_config.
+ * data, batch, devices, sharding, precision, offload...) with the same
+ * defaults, as one option-list fragment and one validation step that fills
+ * a fsdp_train_config.
  */
 #ifndef FSDP_CLI_RUN_OPTS_H
 #define FSDP_CLI_RUN_OPTS_H
@@ -12,7 +13,7 @@
 typedef struct fsdp_run_opts {
     fsdp_train_config cfg;
     /* name-table values, copied into cfg by fsdp_run_opts_finish */
-    int backend, shard, precision, offload, prefetch, comm;
+    int backend, shard, precision, offload, prefetch, recompute, comm;
     const char *optimizer; /* a name in the optimizer registry, or NULL: the default */
     int devices;           /* per node; -1: the backend's default */
     int nodes;             /* --nodes; 0: unset (the job's processes) */
@@ -31,10 +32,11 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l);
 
 /* Copy the choices into the config and check how they combine (backend
  * and device count, nodes and processes, transport, model and sequence
- * length). The job's ranks are --devices x nodes: a job of several
- * processes has one node per process (--nodes, if given, must agree); one
- * process may simulate --nodes nodes. Returns 0, or 2 after printing a
- * usage error. */
+ * length, tokens per micro-batch). The job's ranks are --devices x nodes:
+ * a job of several processes has one node per process (--nodes, if given,
+ * must agree); one process may simulate --nodes nodes. Returns 0; 2 after
+ * printing a usage error; 1 when the --model file cannot be read (a
+ * runtime error, as for every command). */
 int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro);
 
 #endif /* FSDP_CLI_RUN_OPTS_H */

@@ -50,9 +50,9 @@ int fsdp_cli_shardmap(int argc, char **argv)
     fsdp_model m;
     fsdp_shardmap sm;
     fsdp_status st = fsdp_modelfile_resolve(model, &m, NULL);
-    if (st != FSDP_STATUS_OK) {
+    if (st != FSDP_STATUS_OK) { /* an unknown name is a usage error, a bad file is not */
         fprintf(stderr, "fsdp shardmap: --model: %s\n", fsdp_error_msg());
-        return 2;
+        return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
     }
     st = fsdp_shardmap_init(&sm, &m, devices, strategy);
     if (st != FSDP_STATUS_OK) {

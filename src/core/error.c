@@ -49,6 +49,12 @@ void fsdp_error_prefix(const char *fmt, ...)
     vsnprintf(head, sizeof head, fmt, ap);
     va_end(ap);
     memcpy(old, tls_msg, sizeof old);
+    /* a head that already ends in its separator ("...unit 'h.0': ") gets no second one */
+    size_t n = strlen(head);
+    while (n > 0 && head[n - 1] == ' ')
+        head[--n] = '\0';
+    if (n > 0 && head[n - 1] == ':')
+        head[--n] = '\0';
     snprintf(tls_msg, sizeof tls_msg, "%s: %s", head, old);
     if (tls_first.current)
         memcpy(tls_first.msg, tls_msg, sizeof tls_msg);
@@ -81,7 +87,7 @@ const char *fsdp_status_name(fsdp_status st)
 {
     static const char *const names[FSDP_STATUS_COUNT] = {
         "OK", "INVALID_ARG", "OOM", "IO", "FORMAT", "CUDA", "NCCL",
-        "ABORTED", "UNSUPPORTED", "INTERNAL",
+        "ABORTED", "UNSUPPORTED", "INTERNAL", "NONFINITE",
     };
     if ((unsigned)st >= FSDP_STATUS_COUNT)
         return "UNKNOWN";
@@ -140,6 +146,9 @@ fsdp_status fsdp_parse_bytes(const char *s, size_t *out)
     v *= mul;
     if (v > 1.8e19)
         goto bad;
+    if (v != floor(v))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "size '%s' is %.6g bytes, not a whole number of bytes", s, v);
     *out = (size_t)v;
     return FSDP_STATUS_OK;
 bad:

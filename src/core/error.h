@@ -35,7 +35,8 @@ extern "C" {
 fsdp_status fsdp_error_set(fsdp_status st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/* Prefix the calling thread's message with context ("loading 'x.bin': ..."). */
+/* Prefix the calling thread's message with context ("loading 'x.bin': ...");
+ * a head that ends in ":" or ": " is not given a second separator. */
 void fsdp_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Replace the calling thread's current message (the first error is left
@@ -81,7 +82,8 @@ char *fsdp_fmt_bytes(char *buf, size_t n, double bytes);
 
 /* Parse "24GiB", "512M", "1e9", "4096" into bytes. Suffixes K/M/G/T (powers
  * of 1024 with or without "iB"/"B"), KB/MB/GB/TB as powers of 1000.
- * Returns INVALID_ARG with a message for anything else. */
+ * Returns INVALID_ARG with a message for anything else, a fraction of a
+ * byte included ("1.5" is refused, "1.5K" is 1536). */
 fsdp_status fsdp_parse_bytes(const char *s, size_t *out);
 
 #ifdef __cplusplus

@@ -1,18 +1,55 @@
 /*
- * world.c - rank threads, the abortable barrier, the first-error record and
- * the placement of ranks in processes.
+ * world.c - rank threads, the abortable barrier (plain, or agreeing on a
+ * value), the first-error record, the placement of ranks in processes and
+ * the fault-injection hook.
  *
  * Waiters block on one condition variable with a short timeout and re-check
  * the abort flag, so an abort is seen within milliseconds even if a wake-up
  * is missed. fsdp_world_fail() also broadcasts the condition variable.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "core/log.h"
 #include "core/world.h"
+
+static const fsdp_name fault_kinds[] = {
+    {"alloc", FSDP_FAULT_ALLOC, "device and pinned host allocations"},
+    {"collective", FSDP_FAULT_COLLECTIVE, "collectives and their barriers"},
+    {"write", FSDP_FAULT_WRITE, "metrics records, checkpoint blocks, manifests and commits"},
+};
+const fsdp_name_table fsdp_fault_kind_names = FSDP_NAME_TABLE(fault_kinds);
+
+/* Arm w's hook from FSDP_FAULT=RANK:OP:K (unset or empty: nothing). */
+static fsdp_status fault_from_env(fsdp_world *w)
+{
+    const char *spec = fsdp_env_get(FSDP_ENV_FAULT);
+    if (!*spec)
+        return FSDP_STATUS_OK;
+    char op[32];
+    long rank = -1, k = 0;
+    int used = 0;
+    if (sscanf(spec, "%ld:%31[a-z]:%ld%n", &rank, op, &k, &used) != 3 || spec[used] ||
+        rank < 0 || k < 1)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "FSDP_FAULT='%s' is not RANK:OP:K with OP alloc, collective or "
+                              "write and K >= 1 (a testing hook: unset it for normal runs)",
+                              spec);
+    int kind;
+    if (fsdp_names_parse(&fsdp_fault_kind_names, 0, op, &kind) != FSDP_STATUS_OK)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "FSDP_FAULT='%s': %s", spec,
+                              fsdp_error_msg());
+    if (rank >= w->n_ranks)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "FSDP_FAULT='%s' names rank %ld, but this run has %d rank%s", spec,
+                              rank, w->n_ranks, w->n_ranks == 1 ? "" : "s");
+    fsdp_world_set_fault(w, (fsdp_fault_kind)kind, (int)rank, k);
+    w->fault_env = kind;
+    return FSDP_STATUS_OK;
+}
 
 fsdp_status fsdp_world_init(fsdp_world **out, int n_ranks)
 {
@@ -74,6 +111,12 @@ fsdp_status fsdp_world_init_span(fsdp_world **out, int n_local, const fsdp_world
     pthread_condattr_destroy(&ca);
     for (int k = 0; k < FSDP_FAULT_KIND_COUNT; k++)
         w->fault[k].rank = -1;
+    w->fault_env = -1;
+    fsdp_status st = fault_from_env(w);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_world_free(w);
+        return st;
+    }
     *out = w;
     return FSDP_STATUS_OK;
 }
@@ -82,6 +125,15 @@ void fsdp_world_free(fsdp_world *w)
 {
     if (!w)
         return;
+    if (w->fault_env >= 0) {
+        int kind = w->fault_env;
+        long seen = atomic_load(&w->fault[kind].count);
+        if (seen < w->fault[kind].k)
+            FSDP_WARN(FSDP_SUB_CORE,
+                      "FSDP_FAULT=%s: rank %d made %ld %s operation%s; none failed",
+                      fsdp_env_get(FSDP_ENV_FAULT), w->fault[kind].rank, seen,
+                      fsdp_names_name(&fsdp_fault_kind_names, kind), seen == 1 ? "" : "s");
+    }
     if (w->span_detach)
         w->span_detach(w->procs, w);
     pthread_cond_destroy(&w->cv);
@@ -173,13 +225,29 @@ void fsdp_world_wait_locked(fsdp_world *w)
 
 fsdp_status fsdp_world_barrier(fsdp_world *w)
 {
-    if (w->n_local == 1)
-        return fsdp_world_aborted(w) ? fsdp_error_set(FSDP_STATUS_ABORTED, "aborted")
-                                     : FSDP_STATUS_OK;
+    unsigned all;
+    return fsdp_world_barrier_or(w, 0, &all);
+}
+
+/* The round's OR is published by the rank that completes it; the others
+ * read it after waking. It stays valid until they leave: the next round
+ * cannot complete without them. */
+fsdp_status fsdp_world_barrier_or(fsdp_world *w, unsigned mine, unsigned *all)
+{
+    *all = 0;
+    if (w->n_local == 1) {
+        if (fsdp_world_aborted(w))
+            return fsdp_error_set(FSDP_STATUS_ABORTED, "aborted");
+        *all = mine;
+        return FSDP_STATUS_OK;
+    }
     pthread_mutex_lock(&w->mu);
     unsigned long gen = w->barrier_gen;
+    w->barrier_or |= mine;
     if (++w->barrier_waiting == w->n_local) {
         w->barrier_waiting = 0;
+        w->barrier_result = w->barrier_or;
+        w->barrier_or = 0;
         w->barrier_gen++;
         pthread_cond_broadcast(&w->cv);
     } else {
@@ -187,6 +255,8 @@ fsdp_status fsdp_world_barrier(fsdp_world *w)
             fsdp_world_wait_locked(w);
     }
     bool done = gen != w->barrier_gen;
+    if (done)
+        *all = w->barrier_result;
     pthread_mutex_unlock(&w->mu);
     if (!done)
         return fsdp_error_set(FSDP_STATUS_ABORTED,
@@ -246,6 +316,7 @@ fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg)
         w->first_msg[0] = '\0';
     }
     w->barrier_waiting = 0;
+    w->barrier_or = 0;
     w->span_failed = false;
     pthread_mutex_unlock(&w->mu);
     memset(w->stop, 0, (size_t)n * sizeof *w->stop);
@@ -275,7 +346,11 @@ fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg)
     pthread_mutex_unlock(&w->mu);
     if (st == FSDP_STATUS_OK)
         return FSDP_STATUS_OK;
-    char where[96];
+    /* messages that already name their rank ("rank 1: injected failure in
+     * collective 3") are not prefixed twice */
+    char head[32], where[96];
+    int len = snprintf(head, sizeof head, "rank %d: ", rank);
+    const char *body = strncmp(msg, head, (size_t)len) ? msg : msg + len;
     return fsdp_error_set(st, "rank %d%s: %s", rank, fsdp_world_where(w, rank, where, sizeof where),
-                          msg);
+                          body);
 }

@@ -38,14 +38,29 @@
 #include <stdbool.h>
 
 #include "core/error.h"
+#include "core/names.h"
 
 /* Test hook: make the k-th operation of a kind on one rank fail (SQLite-style
- * fault injection). Counted per rank, 1-based; k = 0 disables. */
+ * fault injection). Counted per rank, 1-based; k = 0 disables. Armed by
+ * fsdp_world_set_fault, or for every world of a process by the environment
+ * (testing only; the commands' tests use it):
+ *
+ *     FSDP_FAULT=RANK:OP:K     OP: alloc | collective | write
+ *
+ * e.g. FSDP_FAULT=1:collective:7 fails the 7th collective of rank 1. When a
+ * world armed that way is freed without the fault having fired, a warning
+ * says how many operations of that kind the rank made (so a test can count
+ * them with a K larger than any run). */
 typedef enum fsdp_fault_kind {
-    FSDP_FAULT_ALLOC = 0,     /* device/host allocations (cpu and meta backends) */
-    FSDP_FAULT_COLLECTIVE,    /* host collectives */
+    FSDP_FAULT_ALLOC = 0,     /* device and pinned host allocations (device.c, every backend) */
+    FSDP_FAULT_COLLECTIVE,    /* collectives, barriers included (host, peer, nccl) */
+    FSDP_FAULT_WRITE,         /* a run's file writes: each metrics record, each checkpoint
+                               * block of a rank file, a checkpoint's manifest and its commit */
     FSDP_FAULT_KIND_COUNT
 } fsdp_fault_kind;
+
+/* The OP names of FSDP_FAULT: alloc, collective, write. */
+extern const fsdp_name_table fsdp_fault_kind_names;
 
 typedef struct fsdp_world fsdp_world;
 
@@ -104,6 +119,9 @@ struct fsdp_world {
         long k;
         atomic_long count;         /* operations of this kind seen on `rank` */
     } fault[FSDP_FAULT_KIND_COUNT];
+    int fault_env;                 /* kind armed from FSDP_FAULT, or -1 */
+    unsigned barrier_or;           /* fsdp_world_barrier_or: OR of this round so far */
+    unsigned barrier_result;       /* ... and of the round that completed last */
 
     struct fsdp_rank_stop {
         fsdp_rank_stop_fn fn;      /* NULL: none; written and read by the rank's thread only */
@@ -114,12 +132,15 @@ struct fsdp_world {
     void *rdv_shared;              /* cuda collectives' rendezvous (comm/rdv.c) */
 };
 
-/* A world of n_ranks ranks, all in this process. */
+/* A world of n_ranks ranks (1..FSDP_MAX_RANKS), all in this process; the
+ * fault hook is armed from FSDP_FAULT when it is set (INVALID_ARG for a
+ * malformed value or a rank outside the world). */
 fsdp_status fsdp_world_init(fsdp_world **out, int n_ranks);
 /* A world of n_local ranks in each of span->n_processes processes, this
  * one being span->process (span NULL: fsdp_world_init). Every process of
  * the job makes its own with the same n_local. */
 fsdp_status fsdp_world_init_span(fsdp_world **out, int n_local, const fsdp_world_span *span);
+/* Free w (NULL is fine); warns about an FSDP_FAULT that never fired. */
 void fsdp_world_free(fsdp_world *w);
 
 /* Whether global rank `rank` runs in this process. */
@@ -141,8 +162,9 @@ const char *fsdp_world_where(const fsdp_world *w, int rank, char *buf, size_t n)
 /* Run fn(w, r, arg) for the local ranks r = rank_offset .. rank_offset +
  * n_local - 1, each on a new thread, and join them. Returns OK, or the
  * first error a rank reported (never ABORTED unless every failure was an
- * abort); its message, prefixed with the rank (and, across processes,
- * where it ran: fsdp_world_where), becomes the calling thread's
+ * abort); its message, prefixed with the rank unless it already starts
+ * so (and, across processes, where it ran: fsdp_world_where), becomes the
+ * calling thread's
  * fsdp_error_msg(). The world can be launched again afterwards (the abort
  * flag and first error are reset at the start of each launch, unless
  * another process failed: see fsdp_world_fail). */
@@ -182,6 +204,16 @@ bool fsdp_world_rank_stop(fsdp_world *w, int rank, fsdp_status st);
  * ABORTED (with a message) if the world is aborted before or while
  * waiting. Ranks of other processes meet through the collectives. */
 fsdp_status fsdp_world_barrier(fsdp_world *w);
+
+/* A barrier that also agrees on a value: each rank brings `mine`, and every
+ * rank gets the bitwise OR of all of them in *all. This is how the ranks
+ * take one decision from state only some of them see (a stop request, a
+ * failed write on rank 0): whatever each rank samples, all of them act on
+ * the same bits. ABORTED as fsdp_world_barrier (then *all is 0). Every
+ * rank must call the same barrier at the same point; fsdp_world_barrier
+ * counts as bringing 0. Like fsdp_world_barrier it covers this process's
+ * ranks only: a decision across processes goes through a collective. */
+fsdp_status fsdp_world_barrier_or(fsdp_world *w, unsigned mine, unsigned *all);
 
 /* Block on the world's condition variable until woken or ~10 ms pass; the
  * caller holds w->mu and re-checks its predicate and the abort flag. */

@@ -137,13 +137,15 @@ static uint64_t mul_add_mod(uint64_t a, uint64_t b, uint64_t c, uint64_t n)
 }
 
 /* n tokens of the source from position pos (files: taken modulo the count). */
-static void read_tokens(const fsdp_data *d, uint64_t pos, size_t n, int *dst)
+static fsdp_status read_tokens(const fsdp_data *d, uint64_t pos, size_t n, int *dst)
 {
-    if (d->kind == FSDP_DATA_SYNTH)
-        fsdp_synth_stream_read(d->seed, pos, n, dst);
-    else
-        fsdp_data_files_read(d, pos % d->n_tokens, n, dst);
+    if (d->kind != FSDP_DATA_SYNTH)
+        return fsdp_data_files_read(d, pos % d->n_tokens, n, dst);
+    fsdp_synth_stream_read(d->seed, pos, n, dst);
+    return FSDP_STATUS_OK;
 }
+
+fsdp_status fsdp_data_check(const fsdp_data *d) { return fsdp_data_files_check(d); }
 
 fsdp_status fsdp_data_batch(const fsdp_data *d, uint64_t index, int B, int T, int *inputs,
                             int *targets)
@@ -165,9 +167,9 @@ fsdp_status fsdp_data_batch(const fsdp_data *d, uint64_t index, int B, int T, in
         else
             start = mul_add_mod(index, BT, (uint64_t)r * (uint64_t)T, d->n_tokens);
         int *in = inputs + (size_t)r * T, *tg = targets + (size_t)r * T;
-        read_tokens(d, start, (size_t)T, in);
+        FSDP_TRY(read_tokens(d, start, (size_t)T, in));
         memcpy(tg, in + 1, (size_t)(T - 1) * sizeof *tg);
-        read_tokens(d, start + (uint64_t)T, 1, tg + T - 1);
+        FSDP_TRY(read_tokens(d, start + (uint64_t)T, 1, tg + T - 1));
     }
     return FSDP_STATUS_OK;
 }

@@ -78,9 +78,17 @@ void fsdp_data_truncated(const fsdp_data *d, int T, uint64_t *n_cut, uint64_t *n
 
 /* Fill micro-batch `index`: inputs[B*T] and targets[B*T] (targets =
  * inputs shifted by one; -1 where the loss must not look, on example
- * sources). Thread-safe. */
+ * sources). Thread-safe. Files are read as they are now: one truncated
+ * or rewritten since open is an IO or FORMAT error naming it, never a
+ * crash. */
 fsdp_status fsdp_data_batch(const fsdp_data *d, uint64_t index, int B, int T, int *inputs,
                             int *targets);
+
+/* Whether the files of d are as they were when opened: OK, or IO naming
+ * the first one whose size or modification time changed (truncated,
+ * emptied, rewritten). OK for sources held in memory. One fstat per file;
+ * thread-safe. The trainer calls it between steps. */
+fsdp_status fsdp_data_check(const fsdp_data *d);
 
 /* Synthetic task: held-out problem `index` (never produced by
  * fsdp_data_batch for the same seed): prompt (e.g. "123+456=") and expected

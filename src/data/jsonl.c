@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "core/fileio.h"
 #include "data/jsonl.h"
 
 #define MAX_MESSAGES 4096
@@ -206,24 +207,19 @@ out:
 fsdp_status fsdp_text_file_map(fsdp_text_file *f, const char *path)
 {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return fsdp_error_set(FSDP_STATUS_IO, "cannot open data file '%s': %s", path,
-                              strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return fsdp_error_set(FSDP_STATUS_IO, "data file '%s' is not a regular file", path);
-    }
-    f->len = (size_t)sb.st_size;
+    int fd = -1;
+    uint64_t size = 0;
+    FSDP_TRY(fsdp_open_regular(path, "data file", &fd, &size));
+    f->len = (size_t)size;
     if (f->len > 0) {
         void *p = mmap(NULL, f->len, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
             int e = errno;
             close(fd);
+            size_t len = f->len;
             f->len = 0;
             return fsdp_error_set(FSDP_STATUS_IO, "cannot map data file '%s' (%zu bytes): %s",
-                                  path, (size_t)sb.st_size, strerror(e));
+                                  path, len, strerror(e));
         }
         f->data = p;
     }

@@ -3,7 +3,7 @@
  * file loaders (tokens.c), the tokenized corpora (corpus.c), the example
  * rows (examples.c), the synthetic task (synth.c) and the batcher (data.c).
  *
- * Stream sources are a list of read-only mappings (or one in-memory array
+ * Stream sources are a list of files read with pread (or one in-memory array
  * of tokenized text) viewed as one concatenated token sequence; the
  * synthetic task is an unbounded virtual sequence computed on demand;
  * example sources are rows of tokens with per-token loss flags. Nothing is
@@ -14,6 +14,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "data/data.h"
 
@@ -27,10 +28,11 @@ typedef enum fsdp_data_kind {
 
 typedef struct fsdp_data_file {
     char *path;
-    const uint8_t *map;     /* the whole file, mapped read-only (NULL if empty or in memory) */
-    size_t map_bytes;
+    int fd;                 /* read-only descriptor (pread), or -1 (in memory) */
+    uint64_t bytes;         /* the file's size when opened */
+    struct timespec mtime;  /* and its modification time */
     void *owned;            /* in-memory tokens (int32), freed at close; else NULL */
-    const uint8_t *tokens;  /* first token inside map, or owned */
+    uint64_t first_byte;    /* offset of the first token in the file */
     int token_bytes;        /* 1 (text), 2 or 4 (shards), 4 (in memory) */
     uint64_t n_tokens;
     uint64_t first;         /* index of the first token in the concatenation */
@@ -68,8 +70,14 @@ void fsdp_data_files_close(fsdp_data *d);
 fsdp_status fsdp_data_files_adopt(fsdp_data *d, const char *label, int *tokens, uint64_t n);
 
 /* Copy n tokens of the concatenated files starting at pos (< d->n_tokens)
- * into dst, wrapping around to token 0 after the last one. */
-void fsdp_data_files_read(const fsdp_data *d, uint64_t pos, size_t n, int *dst);
+ * into dst, wrapping around to token 0 after the last one. IO when a file
+ * is shorter than it was at open, FORMAT when a token read is not below
+ * d->vocab (the file changed while open), naming the file. */
+fsdp_status fsdp_data_files_read(const fsdp_data *d, uint64_t pos, size_t n, int *dst);
+
+/* OK, or IO naming the first file whose size or modification time is not
+ * what it was at open. Cheap (one fstat per file); thread-safe. */
+fsdp_status fsdp_data_files_check(const fsdp_data *d);
 
 /* Open o->spec (a .txt or .jsonl file) through the tokenizer o->tokenizer
  * into d: a token stream (FSDP_DATA_TOKENS) or example rows

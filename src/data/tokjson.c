@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <utf8proc.h>
 
+#include "core/fileio.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "data/tokjson.h"
@@ -611,18 +612,14 @@ fsdp_status fsdp_hftok_parse(fsdp_hftok **out, const char *label, const char *js
 fsdp_status fsdp_hftok_open(fsdp_hftok **out, const char *path)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return fsdp_error_set(FSDP_STATUS_IO, "cannot open tokenizer '%s': %s", path,
-                              strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) ||
-        (uint64_t)sb.st_size > HFTOK_MAX_FILE) {
+    FILE *f = NULL;
+    uint64_t size = 0;
+    FSDP_TRY(fsdp_fopen_regular(path, "tokenizer", &f, &size));
+    if (size > HFTOK_MAX_FILE) {
         fclose(f);
-        return fsdp_error_set(FSDP_STATUS_FORMAT,
-                              "tokenizer '%s' is not a regular file of at most 256 MiB", path);
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "tokenizer '%s' is larger than 256 MiB", path);
     }
-    size_t n = (size_t)sb.st_size;
+    size_t n = (size_t)size;
     char *buf = malloc(n + 1);
     if (!buf) {
         fclose(f);

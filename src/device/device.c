@@ -258,16 +258,15 @@ static fsdp_status do_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, co
     char b_req[32], b_use[32], b_cap[32];
     if (d->world && fsdp_world_fault_hit(d->world, FSDP_FAULT_ALLOC, d->rank))
         return fsdp_error_set(FSDP_STATUS_OOM,
-                              "device %d: injected allocation failure (%s bytes for %s)",
+                              "device %d: injected allocation failure (%s for %s)",
                               d->rank, fsdp_fmt_bytes(b_req, 32, (double)bytes), what);
     if (!host && d->cap_bytes && (bytes > d->cap_bytes || s->in_use_bytes > d->cap_bytes - bytes))
         return fsdp_error_set(
-            FSDP_STATUS_OOM,
-            "device %d out of memory allocating %s for %s (cap %s, in use %s); try "
-            "--offload optimizer, --shard full, a smaller --batch, or more devices",
+            FSDP_STATUS_OOM, "device %d out of memory allocating %s for %s (cap %s, in use %s)%s%s",
             d->rank, fsdp_fmt_bytes(b_req, 32, (double)bytes), what,
             fsdp_fmt_bytes(b_cap, 32, (double)d->cap_bytes),
-            fsdp_fmt_bytes(b_use, 32, (double)s->in_use_bytes));
+            fsdp_fmt_bytes(b_use, 32, (double)s->in_use_bytes), d->oom_hint ? "; try " : "",
+            d->oom_hint ? d->oom_hint : "");
     void *p = NULL;
     fsdp_status st = host ? d->iface->host_alloc(d, bytes, &p) : d->iface->alloc(d, bytes, &p);
     if (st != FSDP_STATUS_OK) {

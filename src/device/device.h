@@ -104,6 +104,8 @@ struct fsdp_device {
     int rank;            /* the rank that owns this device */
     int ordinal;         /* physical device index (cuda); = rank on cpu/meta */
     size_t cap_bytes;    /* device memory cap; 0 = none (cpu/meta) or the GPU's size */
+    const char *oom_hint; /* what an out-of-memory message suggests ("--offload optimizer
+                             or more devices"), set by the device's user; NULL: nothing */
 
     fsdp_mem_stats mem;  /* device memory */
     fsdp_mem_stats host; /* pinned host memory */
@@ -129,7 +131,8 @@ void fsdp_device_fini(fsdp_device *d);
 
 /* Allocate `bytes` of device memory for `what` (a phrase used in the error
  * message: "unit 'h.7' gather"). Fails with OOM and a message naming the
- * device, the request, the memory in use and the cap. bytes = 0 gives NULL
+ * device, the request, the memory in use and the cap, then "; try " and
+ * d->oom_hint when one is set. bytes = 0 gives NULL
  * and OK. Accounting counts exactly `bytes`. */
 fsdp_status fsdp_device_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, const char *what,
                               void **out);

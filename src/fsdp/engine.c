@@ -20,6 +20,24 @@
  * tree, then the tree over nodes, which is the tree over every rank when
  * the number of nodes is a power of two.
  *
+ * Activation recompute (cfg.recompute, models/model.h): the model keeps
+ * only part of each block's activations; in backward, right after block
+ * u's gather (which serves both), unit_recompute rebuilds the rest and
+ * unit_backward follows. No extra gather, no extra allocation.
+ *
+ * Masked targets (example data: -1 where the loss must not look): the step's
+ * loss is the mean over every unmasked target of the global batch, and its
+ * gradient that mean's. The model's head returns, per micro-batch, the sum
+ * of its token losses over B*T (masked ones add 0) and scales each token's
+ * gradient by dloss / (B*T); the data is a pure function of the micro-batch
+ * index, so every rank counts the global batch's unmasked targets (count)
+ * before the step and passes dloss = B*T / count to every micro-batch, and
+ * the loss is the tree mean of the micro-batch losses times M*B*T / count.
+ * Each token then weighs 1 / count whatever micro-batch and rank it lands
+ * on (not the mean of per-micro-batch means), and with nothing masked
+ * (count = M*B*T) dloss is 1/M and the factor exactly 1: the arithmetic is
+ * the unmasked one, bit for bit.
+ *
  * Streams: ops run on the compute stream, collectives on the comm stream,
  * placement copies on the copy stream; each cross-stream dependency is an
  * event. Buffers are freed only after the streams that used them are done.
@@ -35,6 +53,35 @@
 #include "fsdp/place.h"
 
 /* ---- shared state ------------------------------------------------------- */
+
+static const fsdp_name recompute_names[] = {
+    {"none", FSDP_RECOMPUTE_NONE, "keep every block's activations from forward to backward"},
+    {"block", FSDP_RECOMPUTE_BLOCK,
+     "keep only each block's input; rerun the block's forward up to its MLP activation in its "
+     "backward (about a fifth more FLOPs; one block's activations instead of every block's)"},
+    {"elementwise", FSDP_RECOMPUTE_ELEMENTWISE,
+     "keep the matmul and attention outputs; rerun the norms and the activation function "
+     "(GELU/SwiGLU) in backward (little compute, less memory)"},
+};
+const fsdp_name_table fsdp_recompute_names = FSDP_NAME_TABLE(recompute_names);
+
+/* The model implements cfg's recompute mode (main thread, before any
+ * allocation). */
+static fsdp_status recompute_check(const fsdp_engine_config *cfg, const fsdp_model *model)
+{
+    const struct fsdp_model_i *mi = model->iface;
+    if ((int)cfg->recompute < 0 || cfg->recompute >= FSDP_RECOMPUTE_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "unknown recompute mode %d",
+                              (int)cfg->recompute);
+    if (cfg->recompute != FSDP_RECOMPUTE_NONE &&
+        (!mi->state_init_recompute || !mi->unit_recompute))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "--recompute %s: model '%s' does not implement activation "
+                              "recompute; use --recompute none",
+                              fsdp_names_name(&fsdp_recompute_names, (int)cfg->recompute),
+                              model->name);
+    return FSDP_STATUS_OK;
+}
 
 fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_config *cfg,
                                     const fsdp_model *model, const fsdp_data *data, fsdp_world *w)
@@ -58,11 +105,13 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
                               "the engine is configured for %d rank(s) on %d node(s), but its "
                               "world has %d rank(s) in %d process(es) (one node per process)",
                               cfg->n_ranks, nodes, w->n_ranks, w->n_processes);
+    FSDP_TRY(recompute_check(cfg, model));
     sh->optim = fsdp_optim_or_default(cfg->optim);
     sh->optim_hp = (fsdp_optim_hparams){.beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
                                         .momentum = cfg->momentum,
                                         .weight_decay = cfg->weight_decay};
-    FSDP_TRY(sh->optim->check(&sh->optim_hp));
+    if (!cfg->inference)
+        FSDP_TRY(sh->optim->check(&sh->optim_hp));
     FSDP_TRY(fsdp_shardmap_init_nodes(&sh->sm, model, cfg->n_ranks, nodes, cfg->shard));
     for (int u = 0; u < sh->sm.n_units; u++)
         sh->n_local_blocks += sh->sm.units[u].shard_numel / FSDP_NORM_BLOCK;
@@ -220,9 +269,10 @@ static fsdp_status unit_init(fsdp_engine *e, int u, float *host_tmp)
     else
         fsdp_model_init_range(sh->model, u, begin, begin + n, sh->cfg.seed, host_tmp);
     FSDP_TRY(fsdp_device_memcpy(&e->dev, row->master, host_tmp, f32, e->dev.compute));
-    for (int k = 0; k < sh->optim->n_state; k++)
+    for (int k = 0; k < sh->optim->n_state && !sh->cfg.inference; k++)
         FSDP_TRY(fsdp_device_memset(&e->dev, row->optim[k], 0, f32, e->dev.compute));
-    FSDP_TRY(fsdp_device_memset(&e->dev, row->grad, 0, f32, e->dev.compute));
+    if (!sh->cfg.inference)
+        FSDP_TRY(fsdp_device_memset(&e->dev, row->grad, 0, f32, e->dev.compute));
     /* the compute copy; host_tmp is reused for the next unit: the refresh
      * waits for the copies */
     return e->place->param_refresh(e, u);
@@ -243,6 +293,7 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     int ordinal = cfg->backend == FSDP_BACKEND_CUDA ? local / rpd : local;
     FSDP_CHECK(fsdp_device_init(&e->dev, cfg->backend, sh->world, rank, ordinal, cfg->device_mem));
     e->dev_ready = true;
+    e->dev.oom_hint = cfg->oom_hint;
     FSDP_CHECK(fsdp_engine_comms_init(e)); /* the transport is chosen in comm/transport.h */
     FSDP_CHECK(fsdp_ops_init(&e->ops, &e->dev, cfg->compute_dtype));
     e->ops_ready = true;
@@ -282,10 +333,16 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     /* only the device placement's norm uses it; it stays allocated in
      * both, as the planner's byte-exact figures (and the golden fixture)
      * have always counted it */
-    FSDP_CHECK(fsdp_device_alloc(&e->dev, sh->n_local_blocks * sizeof(float), FSDP_MEM_OTHER,
-                                 "gradient-norm partial sums", (void **)&e->dev_blocks));
-    FSDP_CHECK(sh->model->iface->state_init(sh->model, &e->ops, cfg->batch, cfg->seq, true,
-                                            &e->state));
+    if (!cfg->inference)
+        FSDP_CHECK(fsdp_device_alloc(&e->dev, sh->n_local_blocks * sizeof(float),
+                                     FSDP_MEM_OTHER, "gradient-norm partial sums",
+                                     (void **)&e->dev_blocks));
+    if (cfg->inference || cfg->recompute == FSDP_RECOMPUTE_NONE)
+        FSDP_CHECK(sh->model->iface->state_init(sh->model, &e->ops, cfg->batch, cfg->seq,
+                                                !cfg->inference, &e->state));
+    else
+        FSDP_CHECK(sh->model->iface->state_init_recompute(sh->model, &e->ops, cfg->batch,
+                                                          cfg->seq, cfg->recompute, &e->state));
     e->tokens_host = calloc((size_t)cfg->batch * (size_t)cfg->seq * 2, sizeof(int));
     if (!e->tokens_host) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for token staging");
@@ -335,12 +392,22 @@ void fsdp_engine_free(fsdp_engine *e)
     free(e);
 }
 
+fsdp_status fsdp_engine_data_error(const fsdp_engine *e, const char **msg)
+{
+    if (msg)
+        *msg = e->data_msg;
+    return e->data_st;
+}
+
 fsdp_device *fsdp_engine_device(fsdp_engine *e) { return &e->dev; }
 fsdp_comm *fsdp_engine_comm(fsdp_engine *e) { return &e->comm; }
 
 /* ---- the step -------------------------------------------------------------- */
 
-static fsdp_status load_batch(fsdp_engine *e, uint64_t index)
+/* Micro-batch `index` into the model state. With `poison`, a batch that
+ * cannot be read becomes zeros and the error is kept in e->data_st (the
+ * training step then publishes NaN losses: fsdp_engine_step). */
+static fsdp_status load_batch(fsdp_engine *e, uint64_t index, bool poison)
 {
     const fsdp_engine_config *cfg = &e->sh->cfg;
     size_t n = (size_t)cfg->batch * (size_t)cfg->seq;
@@ -348,7 +415,17 @@ static fsdp_status load_batch(fsdp_engine *e, uint64_t index)
     if (!fsdp_device_computes(&e->dev) || !e->sh->data)
         return FSDP_STATUS_OK;
     int *in = e->tokens_host, *tg = e->tokens_host + n;
-    FSDP_TRY(fsdp_data_batch(e->sh->data, index, cfg->batch, cfg->seq, in, tg));
+    fsdp_status st = fsdp_data_batch(e->sh->data, index, cfg->batch, cfg->seq, in, tg);
+    if (st != FSDP_STATUS_OK) {
+        if (!poison)
+            return st;
+        if (e->data_st == FSDP_STATUS_OK) {
+            e->data_st = st;
+            snprintf(e->data_msg, sizeof e->data_msg, "%s", fsdp_error_msg());
+        }
+        fsdp_error_clear(); /* kept above; not this rank's failure */
+        memset(in, 0, 2 * n * sizeof(int));
+    }
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_tokens(e->state), in, n * sizeof(int),
                                 e->dev.compute));
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_targets(e->state), tg, n * sizeof(int),
@@ -369,17 +446,64 @@ static fsdp_status alloc_grad_full(fsdp_engine *e, int u)
                               e->dev.compute);
 }
 
-/* Forward and backward of one micro-batch, reducing each unit's gradient. */
-static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss)
+/* Unmasked targets (>= 0) in host targets tg[0..n). */
+static uint64_t count_unmasked(const int *tg, size_t n)
+{
+    uint64_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += tg[i] >= 0;
+    return c;
+}
+
+/* Unmasked targets of global micro-batches [first, first + n_batches):
+ * every target when the data has no masks (or there is no data: meta,
+ * plans). Reads the batches through the staging buffer, before the step's
+ * own loads. */
+static fsdp_status count_targets(fsdp_engine *e, uint64_t first, int n_batches, uint64_t *count)
+{
+    const fsdp_engine_config *cfg = &e->sh->cfg;
+    size_t n = (size_t)cfg->batch * (size_t)cfg->seq;
+    *count = (uint64_t)n * (uint64_t)n_batches;
+    if (!e->sh->data || !fsdp_data_masked(e->sh->data) || !fsdp_device_computes(&e->dev))
+        return FSDP_STATUS_OK;
+    *count = 0;
+    for (int k = 0; k < n_batches; k++) {
+        fsdp_status st = fsdp_data_batch(e->sh->data, first + (uint64_t)k, cfg->batch, cfg->seq,
+                                         e->tokens_host, e->tokens_host + n);
+        if (st != FSDP_STATUS_OK) {
+            /* as load_batch: recorded, and the step applies no update */
+            if (e->data_st == FSDP_STATUS_OK) {
+                e->data_st = st;
+                snprintf(e->data_msg, sizeof e->data_msg, "%s", fsdp_error_msg());
+            }
+            fsdp_error_clear();
+            continue;
+        }
+        *count += count_unmasked(e->tokens_host + n, n);
+    }
+    return FSDP_STATUS_OK;
+}
+
+float fsdp_engine_mean_loss(const float *losses, int n, uint64_t rows, uint64_t count)
+{
+    float loss = fsdp_tree_sum(losses, n) / (float)n;
+    if (count != (uint64_t)n * rows) /* masked targets: the mean over the unmasked ones */
+        loss = count ? loss * (float)((double)n * (double)rows / (double)count) : 0.0f;
+    return loss;
+}
+
+/* Forward and backward of one micro-batch, reducing each unit's gradient;
+ * dloss: the gradient weight of the model's micro-batch loss. */
+static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float dloss, float *loss)
 {
     const fsdp_engine_config *cfg = &e->sh->cfg;
     const fsdp_model *m = e->sh->model;
     const struct fsdp_model_i *mi = m->iface;
     int U = e->sh->sm.n_units;
-    bool full = cfg->shard == FSDP_SHARD_FULL || cfg->shard == FSDP_SHARD_HYBRID; /* reshard after forward */
-    float dloss = 1.0f / (float)(cfg->n_ranks * cfg->grad_accum);
+    bool full = cfg->shard == FSDP_SHARD_FULL || cfg->shard == FSDP_SHARD_HYBRID; /* reshard
+                                                                                    * after forward */
 
-    FSDP_TRY(load_batch(e, index));
+    FSDP_TRY(load_batch(e, index, true));
     fsdp_shard_row *root = fsdp_engine_row(e, 0);
 
     fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "forward", "root", 0);
@@ -411,6 +535,13 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss
         FSDP_TRY(gather_wait(e, u));
         if (cfg->prefetch && u - 1 >= 1)
             FSDP_TRY(gather_issue(e, u - 1));
+        if (cfg->recompute != FSDP_RECOMPUTE_NONE) {
+            /* the gather above serves the re-forward and the backward */
+            fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "recompute", m->units[u].name, 0);
+            FSDP_TRY(mi->unit_recompute(m, &e->ops, e->state, u,
+                                        fsdp_engine_row(e, u)->gathered));
+            fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
+        }
         FSDP_TRY(alloc_grad_full(e, u));
         fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "backward", m->units[u].name, 0);
         FSDP_TRY(mi->unit_backward(m, &e->ops, e->state, u, fsdp_engine_row(e, u)->gathered,
@@ -435,31 +566,52 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
     fsdp_engine_shared *sh = e->sh;
     const fsdp_engine_config *cfg = &sh->cfg;
     int N = cfg->n_ranks, A = cfg->grad_accum;
+    if (cfg->inference)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "rank %d: an inference engine (forward "
+                              "only) cannot take a training step", e->rank);
     fsdp_engine_comms_reset(e);
 
     /* parameters of the previous step's update must be on the device */
     e->lr = lr;
     e->t = step + 1; /* optimizer step count of this update (host updates may start in backward) */
+    e->update_started = false;
+    /* each token's weight is 1 / (unmasked targets of the global batch) */
+    int M = N * A;
+    uint64_t rows = (uint64_t)cfg->batch * (uint64_t)cfg->seq, count;
+    FSDP_TRY(count_targets(e, step * (uint64_t)M, M, &count));
+    float dloss = count ? (float)((double)rows / (double)count) : 0.0f;
     FSDP_TRY(gather_wait(e, 0)); /* the root stays gathered for the whole step */
     for (int j = 0; j < A; j++) {
         uint64_t index = step * (uint64_t)(N * A) + (uint64_t)j * (uint64_t)N + (uint64_t)e->rank;
         e->host_losses[j] = 0.0f;
-        FSDP_TRY(micro_step(e, j, index, &e->host_losses[j]));
+        FSDP_TRY(micro_step(e, j, index, dloss, &e->host_losses[j]));
     }
     FSDP_TRY(gather_release(e, 0));
+    if (e->data_st != FSDP_STATUS_OK)
+        for (int j = 0; j < A; j++) /* a batch this rank could not read: no rank updates */
+            e->host_losses[j] = NAN;
 
     float norm = 0.0f;
+    /* the norm and every rank's losses (in e->loss_order, by the global
+     * micro-batch index m = j * N + r) */
     FSDP_TRY(fsdp_engine_norm(e, &norm));
+    float loss = fsdp_engine_mean_loss(e->loss_order, M, rows, count);
 
-    /* clip and update */
+    /* clip and update; every rank computed the same loss and norm, so all
+     * take the same branch. A non-finite step would poison the parameters:
+     * no update, unless one started in backward already. */
+    res->finite = isfinite(loss) && isfinite(norm);
+    res->applied = res->finite || e->update_started;
     float scale = 1.0f;
     if (cfg->clip > 0.0f && norm > cfg->clip)
         scale = cfg->clip / (norm + 1e-6f);
-    FSDP_TRY(e->place->step(e, lr, scale));
+    if (res->applied)
+        FSDP_TRY(e->place->step(e, lr, scale));
+    else
+        e->t = step; /* the state is the previous step's */
 
-    /* every rank's figures and losses; after the barrier x_stats holds them */
-    float loss = 0.0f;
-    FSDP_TRY(fsdp_engine_publish(e, &loss));
+    /* every rank's figures; after the barrier x_stats holds them */
+    FSDP_TRY(fsdp_engine_publish(e));
     FSDP_TRY(fsdp_world_barrier(sh->world));
     res->loss = loss;
     res->grad_norm = norm;
@@ -486,15 +638,23 @@ static fsdp_status forward_only(fsdp_engine *e, float *loss)
                                      loss);
 }
 
-fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss)
+fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss,
+                                      uint64_t *n_targets)
 {
     if (!e->sh->data)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "fsdp_engine_forward_batch: the engine has no data source");
-    FSDP_TRY(load_batch(e, index));
+    const fsdp_engine_config *cfg = &e->sh->cfg;
+    size_t rows = (size_t)cfg->batch * (size_t)cfg->seq;
+    FSDP_TRY(load_batch(e, index, false));
+    uint64_t count = rows;
+    if (fsdp_data_masked(e->sh->data) && fsdp_device_computes(&e->dev))
+        count = count_unmasked(e->tokens_host + rows, rows); /* load_batch's targets */
     float l = 0.0f;
     FSDP_TRY(forward_only(e, &l));
     *loss = l;
+    if (n_targets)
+        *n_targets = count;
     return gather_release(e, 0);
 }
 

@@ -25,6 +25,7 @@
 #include <stdbool.h>
 
 #include "comm/transport.h"
+#include "core/names.h"
 #include "data/data.h"
 #include "fsdp/norm_cover.h"
 #include "fsdp/shardmap.h"
@@ -40,7 +41,14 @@ typedef struct fsdp_engine_config {
     fsdp_shard_strategy shard;
     fsdp_dtype compute_dtype;  /* --precision: gathered params and activations */
     bool prefetch;
+    fsdp_recompute recompute;  /* activations kept per block (models/model.h); the
+                                * others are rebuilt in backward */
     bool offload;              /* optimizer state + master + grad shards in pinned host memory */
+    bool inference;            /* forward only (eval, sample): each rank keeps its parameter
+                                * shard in the compute dtype and activations without
+                                * gradients; no master copy, optimizer state, gradient
+                                * shards or norm sums (place_infer.c); fsdp_engine_step
+                                * is refused and offload and the optimizer are ignored */
     bool deterministic;
     size_t device_mem;         /* per-device cap in bytes, 0 = none */
     int batch;                 /* B: sequences per micro-batch */
@@ -52,7 +60,14 @@ typedef struct fsdp_engine_config {
     float weight_decay;
     float clip;                /* global grad-norm clip, 0 = off */
     uint64_t seed;
+    bool skip_nonfinite;       /* updates always wait for the step's loss and norm, so a
+                                * non-finite step can be dropped (fsdp_step_result.applied) */
+    const char *oom_hint;      /* what a device out-of-memory message suggests, or NULL
+                                * (device.h); the caller's, since it knows its options */
 } fsdp_engine_config;
+
+/* The --recompute values: none, block, elementwise (fsdp_recompute). */
+extern const fsdp_name_table fsdp_recompute_names;
 
 /* Per-rank figures of one step, exchanged among every rank of the job. */
 typedef struct fsdp_rank_stats {
@@ -91,9 +106,14 @@ typedef struct fsdp_engine_shared {
 } fsdp_engine_shared;
 
 typedef struct fsdp_step_result {
-    float loss;                /* mean over the global batch */
+    float loss;                /* mean over the global batch's unmasked targets; NaN if a
+                                  * rank's data failed */
     float grad_norm;           /* before clipping */
     float lr;
+    bool finite;               /* loss and grad_norm are finite */
+    bool applied;              /* the optimizer update was applied: always when finite;
+                                * otherwise only if it had started before the norm was
+                                * known (offload, no clipping, skip_nonfinite unset) */
 } fsdp_step_result;
 
 typedef struct fsdp_engine fsdp_engine;
@@ -117,8 +137,20 @@ void fsdp_engine_free(fsdp_engine *e);
  * must call it with the same step and lr.
  * Ends with a world barrier after which sh->x_stats holds every rank's
  * figures for this step. res->loss is the global batch's mean loss and
- * res->grad_norm the global norm on every rank. */
+ * res->grad_norm the global norm on every rank.
+ *
+ * A step whose global loss or gradient norm is not finite applies no
+ * update where it can (res->applied; every rank decides the same), so the
+ * parameters stay those of the previous step. A micro-batch this rank
+ * cannot read (a data file truncated or rewritten while training) does
+ * not fail the step: it is replaced by zeros, this rank's losses become
+ * NaN so that no rank applies the update, and the error is kept for
+ * fsdp_engine_data_error. */
 fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res);
+
+/* The first data error of this rank's steps (OK if none) and its message
+ * (valid while e lives). */
+fsdp_status fsdp_engine_data_error(const fsdp_engine *e, const char **msg);
 
 /* Forward only on n_rows <= B sequences of T tokens (host int32, row-major):
  * if logits_out != NULL, writes the fp32 logits of row b at position pos[b]
@@ -132,10 +164,22 @@ fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, c
 
 /* Forward only on micro-batch `index` of the shared data source (the
  * numbering fsdp_engine_step uses), with the model's real next-token
- * targets: *loss is the batch's mean loss, computed as the training
- * micro-step's forward computes it. All ranks call it in lockstep, each
- * with its own index. INVALID_ARG if the engine has no data source. */
-fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss);
+ * targets: *loss is the model's loss of the batch as the training
+ * micro-step's forward computes it (the sum of the token losses over B*T,
+ * masked targets adding 0: the mean when nothing is masked), *n_targets
+ * (may be NULL) the batch's unmasked targets (B*T for stream data).
+ * fsdp_engine_mean_loss turns these into means. All ranks call it in
+ * lockstep, each with its own index. INVALID_ARG if the engine has no data
+ * source. */
+fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss,
+                                      uint64_t *n_targets);
+
+/* The mean loss over `count` unmasked targets of n micro-batches of `rows`
+ * (B*T) tokens, from the model's micro-batch losses (sums over B*T, see
+ * fsdp_engine_forward_batch), in the step's order: the balanced tree sum
+ * over n divided by n, times n * rows / count (exactly the plain mean when
+ * count = n * rows); 0 when count is 0. fsdp_engine_step reports this. */
+float fsdp_engine_mean_loss(const float *losses, int n, uint64_t rows, uint64_t count);
 
 /* Unpadded fp32 copy of a whole unit's current master parameters on every
  * rank (an all-gather of master shards, for export/tests; host buffer of
@@ -148,6 +192,14 @@ fsdp_status fsdp_engine_gather_unit(fsdp_engine *e, int unit, float *host_out);
  * memory, freed before returning), and is not counted in the step's
  * traffic. On the meta backend nothing moves and `all` is zeroed. */
 fsdp_status fsdp_engine_exchange(fsdp_engine *e, const void *mine, size_t bytes, void *all);
+
+/* The OR of every rank's `mine` into *all, on every rank of the job (a
+ * decision all ranks take together, e.g. to stop). */
+fsdp_status fsdp_engine_or(fsdp_engine *e, unsigned mine, unsigned *all);
+
+/* Zero the byte and call counters of every communicator of e (a step does
+ * it as it starts). */
+void fsdp_engine_comms_reset(fsdp_engine *e);
 
 /* Collective bytes and calls of this rank since the step began, over every
  * communicator the engine uses (hybrid sharding has three), per kind:

@@ -25,6 +25,7 @@
  * the first node's files only: the other nodes hold the same shards.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
@@ -141,7 +142,7 @@ static fsdp_status check_optimizer(const fsdp_engine_shared *sh, const fsdp_ckpt
 }
 
 fsdp_status fsdp_engine_ckpt_check(const fsdp_engine_shared *sh, const fsdp_ckpt_manifest *man,
-                                   const char *path)
+                                   const char *path, bool allow_batch_change)
 {
     const fsdp_engine_config *cfg = &sh->cfg;
     FSDP_TRY(fsdp_ckpt_manifest_check_model(man, path, sh->model));
@@ -157,20 +158,21 @@ fsdp_status fsdp_engine_ckpt_check(const fsdp_engine_shared *sh, const fsdp_ckpt
                               path, man->seed, man->seed);
     uint64_t was = (uint64_t)man->batch * (uint64_t)man->world_size * (uint64_t)man->grad_accum;
     uint64_t now = (uint64_t)cfg->batch * (uint64_t)cfg->n_ranks * (uint64_t)cfg->grad_accum;
-    if (was != now)
+    if (was != now && !allow_batch_change)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "checkpoint '%s' was trained with a global batch of %" PRIu64
                               " sequences (--batch %d x --devices %d x --grad-accum %d), this run "
                               "has %" PRIu64 " (%d x %d x %d); choose --batch, --devices and "
-                              "--grad-accum with the same product to resume",
+                              "--grad-accum with the same product to resume, or pass "
+                              "--allow-batch-change to continue with the new global batch",
                               path, was, man->batch, man->world_size, man->grad_accum, now,
                               cfg->batch, cfg->n_ranks, cfg->grad_accum);
     return FSDP_STATUS_OK;
 }
 
 fsdp_status fsdp_engine_ckpt_find(const fsdp_engine_shared *sh, const char *dir,
-                                  fsdp_ckpt_manifest *man, char *path, size_t path_size,
-                                  bool *found)
+                                  bool allow_batch_change, fsdp_ckpt_manifest *man, char *path,
+                                  size_t path_size, bool *found)
 {
     uint64_t step = 0;
     memset(man, 0, sizeof *man);
@@ -192,7 +194,7 @@ fsdp_status fsdp_engine_ckpt_find(const fsdp_engine_shared *sh, const char *dir,
                           "older checkpoint)", path);
         return st;
     }
-    st = fsdp_engine_ckpt_check(sh, man, mpath);
+    st = fsdp_engine_ckpt_check(sh, man, mpath, allow_batch_change);
     if (st != FSDP_STATUS_OK)
         fsdp_ckpt_manifest_free(man);
     return st;
@@ -206,6 +208,31 @@ static void sleep_ms(fsdp_engine *e, int ms)
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
+}
+
+/* The test hook for file writes (core/world.h): a failure of this rank's
+ * next write of checkpoint `step`, described by `what`. */
+static fsdp_status write_fault(fsdp_engine *e, uint64_t step, const char *what)
+{
+    if (!fsdp_world_fault_hit(e->sh->world, FSDP_FAULT_WRITE, e->rank))
+        return FSDP_STATUS_OK;
+    return fsdp_error_set(FSDP_STATUS_IO, "injected write failure (checkpoint step %" PRIu64
+                          ", %s)", step, what);
+}
+
+/* A checkpoint never holds NaN or infinity: it could only restart a
+ * diverged run. The first such element of a block, as an error. */
+static fsdp_status check_finite(const fsdp_engine *e, const float *v, size_t n, int u,
+                                const char *array, size_t first)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return fsdp_error_set(FSDP_STATUS_NONFINITE,
+                                  "unit '%s' %s element %zu is %s: refusing to write a "
+                                  "checkpoint of a diverged state",
+                                  e->sh->sm.units[u].spec->name, array, first + i,
+                                  isnan(v[i]) ? "NaN" : v[i] > 0 ? "inf" : "-inf");
+    return FSDP_STATUS_OK;
 }
 
 /* Copy n floats of a state array (device, or pinned host) to host memory. */
@@ -258,7 +285,11 @@ static fsdp_status write_rank_file(fsdp_engine *e, const char *ckpt, const fsdp_
             const float *src = state_array(row, a);
             for (size_t b = 0, lo = 0; lo < S; b++, lo += FSDP_CKPT_BLOCK_NUMEL) {
                 size_t n = min_sz(S - lo, FSDP_CKPT_BLOCK_NUMEL);
+                char what[96];
+                snprintf(what, sizeof what, "unit %d %s block %zu", u, names[a], b);
                 FSDP_CHECK(get_state(e, staging, src + lo, n));
+                FSDP_CHECK(check_finite(e, staging, n, u, names[a], first[u] + lo));
+                FSDP_CHECK(write_fault(e, step, what));
                 FSDP_CHECK(fsdp_ckpt_writer_put(w, u, a, b, staging));
             }
         }
@@ -303,11 +334,13 @@ fsdp_status fsdp_engine_ckpt_save(fsdp_engine *e, const char *dir, const fsdp_ck
             step * (uint64_t)cfg->batch * (uint64_t)cfg->n_ranks * (uint64_t)cfg->grad_accum;
         char path[FSDP_CKPT_PATH_MAX + 16];
         snprintf(path, sizeof path, "%s/manifest", tmp);
+        FSDP_TRY(write_fault(e, step, "manifest"));
         FSDP_TRY(fsdp_ckpt_manifest_write(path, &m));
     }
     /* every rank's file is written and fsynced before DONE */
     FSDP_TRY(fsdp_comm_barrier(&e->comm));
     if (e->rank == 0) {
+        FSDP_TRY(write_fault(e, step, "commit"));
         FSDP_TRY(fsdp_ckpt_commit(dir, step, keep));
         FSDP_INFO(FSDP_SUB_CKPT, "checkpoint step %" PRIu64 " written to %s/step_%08" PRIu64,
                   step, dir, step);

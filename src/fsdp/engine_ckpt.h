@@ -29,21 +29,28 @@ fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *
  * manifest line otherwise); the optimizer must be the checkpoint's, seq,
  * seed and the global batch (batch x devices x grad-accum) too, since the
  * state and the data position depend on them (INVALID_ARG saying which flag
- * to change). World size, sharding, precision and offload may differ. */
+ * to change). World size, sharding, precision and offload may differ; so
+ * may the global batch with allow_batch_change (the run then continues at
+ * step x the new global batch in the data and is no longer bit-identical
+ * to an uninterrupted one). */
 fsdp_status fsdp_engine_ckpt_check(const fsdp_engine_shared *sh, const fsdp_ckpt_manifest *man,
-                                   const char *path);
+                                   const char *path, bool allow_batch_change);
 
 /* The newest complete checkpoint under dir, its manifest read and checked
  * (fsdp_engine_ckpt_check): *found = false and OK when there is none.
  * path receives the checkpoint's directory. Main thread. */
 fsdp_status fsdp_engine_ckpt_find(const fsdp_engine_shared *sh, const char *dir,
-                                  fsdp_ckpt_manifest *man, char *path, size_t path_size,
-                                  bool *found);
+                                  bool allow_batch_change, fsdp_ckpt_manifest *man, char *path,
+                                  size_t path_size, bool *found);
 
 /* Write checkpoint `step` of the current state under dir (base from
  * fsdp_engine_ckpt_describe), then keep the `keep` newest (0: all). All
  * ranks call it together, between steps; it contains world barriers. Rank
- * 0 prepares the .tmp directory, writes the manifest and commits. */
+ * 0 prepares the .tmp directory, writes the manifest and commits. A state
+ * holding NaN or infinity is never written (NONFINITE, naming the unit and
+ * element; the .tmp directory is left for the next save to remove). Each
+ * block, the manifest and the commit count as one FSDP_FAULT_WRITE
+ * operation of the rank that writes it (core/world.h). */
 fsdp_status fsdp_engine_ckpt_save(fsdp_engine *e, const char *dir, const fsdp_ckpt_manifest *base,
                                   uint64_t step, int keep);
 

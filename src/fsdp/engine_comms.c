@@ -15,8 +15,8 @@
  * job; their bytes are not counted in the step's traffic, which is the
  * training's (gathers, reductions), as the planner and the metrics report
  * it. Each step exchanges two records per rank: the gradient norm's
- * partial sums (norm_cover.h) before the update, and the rank's losses
- * and figures after it.
+ * partial sums (norm_cover.h) and the rank's losses before the update
+ * (a non-finite step applies none), and the rank's figures after it.
  */
 #include <math.h>
 #include <string.h>
@@ -178,46 +178,50 @@ fail:
     return st;
 }
 
-/* The global gradient norm (norm_cover.h): this rank's sums of squares per
- * block, its cover values as owner e->rank, every rank's, the tree's top. */
+/* The global gradient norm (norm_cover.h) and every rank's micro-step
+ * losses, in one exchange: this rank's sums of squares per block, its
+ * cover values as owner e->rank and its losses; every rank's; the tree's
+ * top, and the losses by the global micro-batch index m = j * N + r into
+ * e->loss_order. */
 fsdp_status fsdp_engine_norm(fsdp_engine *e, float *norm)
 {
     fsdp_engine_shared *sh = e->sh;
     const fsdp_norm_cover *nc = &sh->norm;
-    int N = sh->cfg.n_ranks;
-    size_t R = nc->record_len;
+    int N = sh->cfg.n_ranks, A = sh->cfg.grad_accum;
+    size_t R = nc->record_len, rec = R + (size_t)A; /* floats per rank */
     if (!e->norm_scratch) {
-        e->norm_scratch = malloc((sh->n_local_blocks + (size_t)(N + 1) * R) * sizeof(float));
+        e->norm_scratch = malloc((sh->n_local_blocks + (size_t)(N + 1) * rec) * sizeof(float));
         if (!e->norm_scratch)
             return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory for the "
                                   "gradient norm's partial sums", e->rank);
     }
-    float *blocks = e->norm_scratch, *rec = blocks + sh->n_local_blocks, *all = rec + R;
+    float *blocks = e->norm_scratch, *mine = blocks + sh->n_local_blocks, *all = mine + rec;
     bool computes = fsdp_device_computes(&e->dev);
     /* meta: host pointers are fake and nothing is computed: the norm is 0 */
     if (computes)
         FSDP_TRY(e->place->grad_sumsq(e, blocks));
     fsdp_norm_cover_record(nc, e->rank < nc->n_owners ? e->rank : nc->n_owners,
-                           computes ? blocks : NULL, rec);
-    FSDP_TRY(fsdp_engine_exchange(e, rec, R * sizeof(float), all));
-    *norm = computes ? sqrtf(fsdp_norm_cover_total(nc, all, R)) : 0.0f;
+                           computes ? blocks : NULL, mine);
+    memcpy(mine + R, e->host_losses, (size_t)A * sizeof(float));
+    FSDP_TRY(fsdp_engine_exchange(e, mine, rec * sizeof(float), all));
+    *norm = computes ? sqrtf(fsdp_norm_cover_total(nc, all, rec)) : 0.0f;
+    for (int r = 0; r < N; r++)
+        for (int j = 0; j < A; j++)
+            e->loss_order[j * N + r] = all[(size_t)r * rec + R + (size_t)j];
     return FSDP_STATUS_OK;
 }
 
-/* The end of a step: every rank's figures and micro-step losses; the mean
- * loss over the global batch (its tree over the global micro-batch index
- * m = j * N + r); every rank's figures into sh->x_stats: each local rank
- * its own, this process's first rank those of the other processes' (on
- * meta, always one process, nothing moves through the exchange). */
-fsdp_status fsdp_engine_publish(fsdp_engine *e, float *loss)
+/* The end of a step: every rank's figures into sh->x_stats: each local
+ * rank its own, this process's first rank those of the other processes'
+ * (on meta, always one process, nothing moves through the exchange). */
+fsdp_status fsdp_engine_publish(fsdp_engine *e)
 {
     fsdp_engine_shared *sh = e->sh;
-    int N = sh->cfg.n_ranks, A = sh->cfg.grad_accum;
-    size_t rec = sizeof(fsdp_rank_stats) + (size_t)A * sizeof(float);
-    if (!e->x_records && !(e->x_records = malloc(rec * (size_t)(N + 1))))
+    int N = sh->cfg.n_ranks;
+    size_t rec = sizeof(fsdp_rank_stats);
+    if (!e->x_records && !(e->x_records = malloc(rec * (size_t)N)))
         return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory for the step's "
                               "figures", e->rank);
-    unsigned char *mine = (unsigned char *)e->x_records + rec * (size_t)N;
     fsdp_rank_stats rs;
     memset(&rs, 0, sizeof rs);
     size_t sent[FSDP_COLL_KIND_COUNT], recv[FSDP_COLL_KIND_COUNT], calls[FSDP_COLL_KIND_COUNT];
@@ -234,21 +238,29 @@ fsdp_status fsdp_engine_publish(fsdp_engine *e, float *loss)
     rs.host_peak_bytes = e->dev.host.peak_bytes;
     rs.mem = e->dev.mem;
     rs.host = e->dev.host;
-    memcpy(mine, &rs, sizeof rs);
-    memcpy(mine + sizeof rs, e->host_losses, (size_t)A * sizeof(float));
-    FSDP_TRY(fsdp_engine_exchange(e, mine, rec, e->x_records));
-    float *lv = e->loss_order;
-    for (int r = 0; r < N; r++) {
-        const unsigned char *o = (const unsigned char *)e->x_records + rec * (size_t)r;
-        for (int j = 0; j < A; j++)
-            memcpy(&lv[j * N + r], o + sizeof rs + (size_t)j * sizeof(float), sizeof(float));
-    }
-    *loss = fsdp_tree_sum(lv, N * A) / (float)(N * A);
+    FSDP_TRY(fsdp_engine_exchange(e, &rs, rec, e->x_records));
     sh->x_stats[e->rank] = rs;
     if (e->rank == sh->world->rank_offset)
         for (int r = 0; r < N; r++)
             if (!fsdp_world_is_local(sh->world, r))
                 memcpy(&sh->x_stats[r], (const unsigned char *)e->x_records + rec * (size_t)r,
-                       sizeof rs);
+                       rec);
     return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_engine_or(fsdp_engine *e, unsigned mine, unsigned *all)
+{
+    fsdp_world *w = e->sh->world;
+    if (w->n_processes == 1) /* the ranks share memory (and meta moves no data) */
+        return fsdp_world_barrier_or(w, mine, all);
+    int N = e->sh->cfg.n_ranks;
+    uint32_t word = mine, *words = calloc((size_t)N, sizeof *words);
+    if (!words)
+        return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory", e->rank);
+    fsdp_status st = fsdp_engine_exchange(e, &word, sizeof word, words);
+    *all = 0;
+    for (int r = 0; st == FSDP_STATUS_OK && r < N; r++)
+        *all |= words[r];
+    free(words);
+    return st;
 }

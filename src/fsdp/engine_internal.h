@@ -40,12 +40,16 @@ struct fsdp_engine {
     float *dev_blocks;           /* (n_local_blocks,) norm partial sums on the device */
     float *host_losses;          /* (grad_accum,) this rank's micro-step losses */
     float *loss_order;           /* (n_ranks * grad_accum,) losses by global micro-batch */
-    float *norm_scratch;         /* (n_local_blocks + (n_ranks + 1) * record_len,) the norm's
-                                    block sums, this rank's record, every rank's */
-    void *x_records;             /* (n_ranks,) end-of-step records (exchange.c) */
+    float *norm_scratch;         /* (n_local_blocks + (n_ranks + 1) * (record_len +
+                                    grad_accum),) the norm's block sums, this rank's record
+                                    (cover and losses), every rank's (engine_comms.c) */
+    void *x_records;             /* (n_ranks,) fsdp_rank_stats of every rank (engine_comms.c) */
     float *logits_stage;         /* (Vp,) fp32, bf16 sampling only */
     uint64_t t;                  /* optimizer step count (1-based after the first step) */
     float lr;                    /* learning rate of the step in progress */
+    bool update_started;         /* a unit's update of this step has begun (in backward) */
+    fsdp_status data_st;         /* first data error of a step (fsdp_engine_data_error) */
+    char data_msg[FSDP_ERROR_MSG_MAX];
 };
 
 /* engine_comms.c: the communicators (init on the rank's thread after the
@@ -53,13 +57,20 @@ struct fsdp_engine {
  * step's exchanges (every rank of the job calls them together). */
 fsdp_status fsdp_engine_comms_init(fsdp_engine *e);
 void fsdp_engine_comms_fini(fsdp_engine *e);
-void fsdp_engine_comms_reset(fsdp_engine *e);
 /* The global gradient norm of the gradient shards (after the last
- * micro-step). */
+ * micro-step), and every rank's micro-step losses into e->loss_order by
+ * the global micro-batch index. */
 fsdp_status fsdp_engine_norm(fsdp_engine *e, float *norm);
-/* After the update: exchange every rank's figures and losses, *loss the
- * global batch's mean, sh->x_stats filled. */
-fsdp_status fsdp_engine_publish(fsdp_engine *e, float *loss);
+/* After the update: every rank's figures into sh->x_stats. */
+fsdp_status fsdp_engine_publish(fsdp_engine *e);
+
+/* Whether a unit's update must wait for the step's global norm: with
+ * clipping (the scale depends on it) and when non-finite steps are to be
+ * skipped. Otherwise a placement may start updates during backward. */
+static inline bool fsdp_engine_update_needs_norm(const fsdp_engine *e)
+{
+    return e->sh->cfg.clip > 0.0f || e->sh->cfg.skip_nonfinite;
+}
 
 /* This rank's row of unit u in the shard map. */
 static inline fsdp_shard_row *fsdp_engine_row(fsdp_engine *e, int u)

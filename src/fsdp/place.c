@@ -6,6 +6,8 @@
 
 const fsdp_place_i *fsdp_place_of(const fsdp_engine_config *cfg)
 {
+    if (cfg->inference)
+        return &fsdp_place_infer;
     return cfg->offload ? &fsdp_place_host : &fsdp_place_device;
 }
 

@@ -10,6 +10,8 @@
  *       it is final, the optimizer's host step runs on the CPU worker pool,
  *       and the compute-dtype shard is uploaded before the unit's next
  *       gather.
+ *   infer  (place_infer.c)   forward only: the compute-dtype parameter shard
+ *       and nothing else (no optimizer, no gradients).
  *
  * Both keep the arrays in the rank's shard row (master, state[k], grad,
  * param) in memory that the rank's device can copy to and from with
@@ -58,6 +60,7 @@ typedef struct fsdp_place_i {
 
 extern const fsdp_place_i fsdp_place_device;
 extern const fsdp_place_i fsdp_place_host;
+extern const fsdp_place_i fsdp_place_infer; /* inference: parameters only (place_infer.c) */
 
 /* The placement a configuration asks for (--offload). */
 const fsdp_place_i *fsdp_place_of(const fsdp_engine_config *cfg);

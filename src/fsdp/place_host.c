@@ -11,7 +11,8 @@
  *   -> before u is next gathered: copy the compute-dtype shard host->device.
  * Clipping stays exact: with --clip 0 nothing depends on the global norm, so
  * each unit's update starts as soon as its gradient is on the host, while
- * backward continues on earlier units. With clipping, every update needs
+ * backward continues on earlier units (unless non-finite steps are to be
+ * skipped: then the norm decides). With clipping, every update needs
  * the norm of the whole gradient, so the updates start right after the norm
  * is known, and overlap the next step's forward instead (unit u's forward
  * waits only for u's own update).
@@ -185,8 +186,10 @@ static fsdp_status host_unit_ready(fsdp_engine *e, int u)
     FSDP_TRY(fsdp_device_event_sync(&e->dev, h->ev_copy[u]));
     fsdp_trace_end(e, FSDP_TRACE_COPY);
     fsdp_accum_release(&e->acc, u);
-    if (e->sh->cfg.clip <= 0.0f)
+    if (!fsdp_engine_update_needs_norm(e)) {
+        e->update_started = true;
         FSDP_TRY(submit(e, u, e->lr, 1.0f));
+    }
     return FSDP_STATUS_OK;
 }
 

@@ -74,7 +74,8 @@ struct fsdp_ops_i {
     /* Fused softmax + cross-entropy over the first V of Vp columns:
      * losses[i] = -log softmax(logits[i])[targets[i]]; if dlogits != NULL,
      * dlogits[i] = (softmax(logits[i]) - onehot(targets[i])) * dloss for
-     * columns < V, 0 for padding columns. No probability buffer is kept;
+     * columns < V, 0 for padding columns. A target < 0 is masked: loss 0
+     * and a zero dlogits row. No probability buffer is kept;
      * dlogits may alias logits when ctx->dt is fp32. */
     void (*xent_fwd_bwd)(fsdp_op_ctx *ctx, float *losses, float *dlogits, const void *logits,
                          const int *targets, int N, int V, int Vp, float dloss);

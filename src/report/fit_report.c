@@ -78,7 +78,7 @@ static void print_fits(FILE *f, const fsdp_fit_request *req, const fsdp_fit_resu
     bool cuda = req->backend == FSDP_BACKEND_CUDA;
     fprintf(f, "\nfits, fastest first (memory: exact; step time: an ESTIMATE from the cost model "
                "below):\n");
-    fprintf(f, "  %3s %6s %6s  %-8s %-10s %-8s %-9s %11s %9s %10s %10s %9s %7s\n", "#", "batch",
+    fprintf(f, "  %3s %6s %6s  %-8s %-10s %-8s %-11s %11s %9s %10s %10s %9s %7s\n", "#", "batch",
             "accum", "shard", "offload", "prefetch", "recompute", "peak/dev", cuda ? "+cuda" : "",
             cuda ? "pinned" : "host", "step", "tokens/s", "vs #1");
     double best = r->cand[r->best].cost.step_s;
@@ -87,7 +87,7 @@ static void print_fits(FILE *f, const fsdp_fit_request *req, const fsdp_fit_resu
         char vs[16] = "-";
         if (i)
             snprintf(vs, sizeof vs, "+%.0f%%", 100.0 * (c->cost.step_s / best - 1.0));
-        fprintf(f, "  %3d %6d %6d  %-8s %-10s %-8s %-9s %11s %9s %10s %10s %9s %7s\n", i + 1,
+        fprintf(f, "  %3d %6d %6d  %-8s %-10s %-8s %-11s %11s %9s %10s %10s %9s %7s\n", i + 1,
                 c->batch, c->grad_accum, fsdp_shard_strategy_name(c->shard),
                 c->offload ? "optimizer" : "none", c->prefetch ? "on" : "off",
                 fsdp_fit_recompute_modes[c->recompute].name, fmtb(b1, c->peak_bytes),

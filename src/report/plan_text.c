@@ -105,9 +105,10 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
             p->numel >= 1000000000 ? "B" : "M", p->n_units, N, nodes,
             fsdp_shard_strategy_name(e->shard), fsdp_dtype_name(e->compute_dtype), o->name,
             e->offload ? "optimizer" : "none");
-    fprintf(f, "  per device and micro-step: batch %d x seq %d, grad-accum %d, prefetch %s; "
-               "%d step(s) run on the meta backend in %.2f s\n",
-            e->batch, e->seq, e->grad_accum, e->prefetch ? "on" : "off", p->steps, p->wall_s);
+    fprintf(f, "  per device and micro-step: batch %d x seq %d, grad-accum %d, prefetch %s, "
+               "recompute %s; %d step(s) run on the meta backend in %.2f s\n",
+            e->batch, e->seq, e->grad_accum, e->prefetch ? "on" : "off",
+            fsdp_names_name(&fsdp_recompute_names, (int)e->recompute), p->steps, p->wall_s);
 
     /* memory table: kinds that are zero everywhere are left out */
     bool used[FSDP_MEM_KIND_COUNT] = {0};
@@ -222,11 +223,12 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
         for (int r = 0; r < N; r++)
             over += p->ranks[r].mem.peak_bytes > p->device_mem;
         fprintf(f, "DOES NOT FIT under --device-mem %s: largest peak %s (device %d) is %s over "
-                   "(%d of %d device(s) over)\n  try %s%sa smaller --batch or --seq, or more "
+                   "(%d of %d device(s) over)\n  try %s%s%sa smaller --batch or --seq, or more "
                    "--devices\n",
                 fmtb(b1, p->device_mem), fmtb(b2, peak), who, fmtb(b3, peak - p->device_mem), over,
                 N, e->offload ? "" : "--offload optimizer, ",
-                e->shard == FSDP_SHARD_FULL ? "" : "--shard full, ");
+                e->shard == FSDP_SHARD_FULL ? "" : "--shard full, ",
+                e->recompute == FSDP_RECOMPUTE_BLOCK ? "" : "--recompute block, ");
     }
 }
 

@@ -21,11 +21,20 @@
 #include "core/names.h"
 #include "ckpt/modelfile.h"
 #include "models/registry.h"
+#include "optim/optim.h"
 #include "train/fit.h"
 
-/* Modes that keep less activation memory have lower memory ranks. */
+/* Modes that keep less activation memory have lower memory ranks. The
+ * FLOPs a mode adds come from the model (its recompute_flops_per_token),
+ * at least forward_rerun / 3 of the step's: the floor stands for what FLOPs
+ * do not count (rerunning norms and activations is memory-bound work) and is
+ * the estimate for a model that does not say. */
 const fsdp_recompute_mode fsdp_fit_recompute_modes[] = {
-    {"none", 0, 0.0, 2, "keep every activation backward needs"},
+    {"none", FSDP_RECOMPUTE_NONE, 0.0, 2, "keep every activation backward needs"},
+    {"elementwise", FSDP_RECOMPUTE_ELEMENTWISE, 0.05, 1,
+     "keep the matmul and attention outputs, rerun norms and activations in backward"},
+    {"block", FSDP_RECOMPUTE_BLOCK, 0.5, 0,
+     "keep each block's input, rerun the block's forward in backward"},
 };
 const int fsdp_fit_n_recompute_modes =
     (int)(sizeof fsdp_fit_recompute_modes / sizeof fsdp_fit_recompute_modes[0]);
@@ -33,10 +42,7 @@ const int fsdp_fit_n_recompute_modes =
 /* Tell the engine which recompute mode to run. */
 static void apply_recompute(fsdp_engine_config *e, const fsdp_recompute_mode *m)
 {
-    (void)e;
-    /* The engine has no recompute field yet: only "none" can be listed.
-     * A mode added to the table sets the engine's field here. */
-    FSDP_ASSERT(m->value == 0);
+    e->recompute = (fsdp_recompute)m->value;
 }
 
 void fsdp_fit_request_default(fsdp_fit_request *req)
@@ -62,12 +68,20 @@ const char *fsdp_fit_verdict_name(fsdp_fit_verdict v)
 /* FLOPs per token and the scratch shape, from the model's parameter count
  * and its config (the one place that reads a family's config). */
 static fsdp_status model_figures(const fsdp_train_config *base, size_t *numel,
-                                 double *flops_per_token, fsdp_cost_shape *shape)
+                                 double *flops_per_token, double *recompute_flops,
+                                 fsdp_cost_shape *shape)
 {
     fsdp_model m;
     FSDP_TRY(fsdp_modelfile_resolve(base->model, &m, NULL));
     *numel = m.numel;
     *flops_per_token = m.family->flops_per_token(&m, base->eng.seq);
+    for (int k = 0; k < fsdp_fit_n_recompute_modes; k++) {
+        const fsdp_recompute_mode *rm = &fsdp_fit_recompute_modes[k];
+        double floor = *flops_per_token * rm->forward_rerun / 3.0, said = 0.0;
+        if (m.iface->recompute_flops_per_token)
+            said = m.iface->recompute_flops_per_token(&m, base->eng.seq, (fsdp_recompute)rm->value);
+        recompute_flops[k] = said > floor ? said : floor;
+    }
     shape->batch = base->eng.batch;
     shape->seq = base->eng.seq;
     shape->n_head = m.n_head;
@@ -89,6 +103,7 @@ struct fit_ctx {
     const fsdp_fit_request *req;
     fsdp_fit_result *res;
     double flops_per_token;
+    double recompute_flops[8];      /* per token, per fsdp_fit_recompute_modes entry */
     fsdp_cost_shape shape;
     int n_settings;                 /* candidates per micro-batch */
     atomic_int next;                /* next micro-batch chain to take */
@@ -185,10 +200,9 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
             ireduce = rd;
     }
     c->host_bytes = host;
-    const fsdp_recompute_mode *rm = &fsdp_fit_recompute_modes[c->recompute];
     double tokens = (double)c->batch * (double)e->seq * (double)c->grad_accum;
     fsdp_cost_input in = {
-        .flops = tokens * x->flops_per_token * (1.0 + rm->forward_rerun / 3.0),
+        .flops = tokens * (x->flops_per_token + x->recompute_flops[c->recompute]),
         .dtype = e->compute_dtype,
         .prefetch = c->prefetch,
         .offload = c->offload,
@@ -400,7 +414,8 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
     }
 
     struct fit_ctx x = {.req = req, .res = out, .n_settings = n_set, .st = FSDP_STATUS_OK};
-    fsdp_status st = model_figures(&req->base, &out->numel, &x.flops_per_token, &x.shape);
+    fsdp_status st = model_figures(&req->base, &out->numel, &x.flops_per_token, x.recompute_flops,
+                                   &x.shape);
     if (st != FSDP_STATUS_OK) {
         fsdp_fit_free(out);
         return st;
@@ -545,9 +560,9 @@ fsdp_status fsdp_fit_check_train(const fsdp_train_config *cfg, size_t device_tot
     memset(&oh, 0, sizeof oh);
     if (device_total && e->backend == FSDP_BACKEND_CUDA) {
         size_t numel;
-        double fpt;
+        double fpt, rfpt[8];
         fsdp_cost_shape s;
-        fsdp_status st = model_figures(cfg, &numel, &fpt, &s);
+        fsdp_status st = model_figures(cfg, &numel, &fpt, rfpt, &s);
         if (st != FSDP_STATUS_OK) {
             fsdp_plan_free(&p);
             return st;
@@ -572,8 +587,10 @@ fsdp_status fsdp_fit_check_train(const fsdp_train_config *cfg, size_t device_tot
                  fsdp_fmt_bytes(b2, sizeof b2, (double)oh.total_bytes));
         snprintf(limit, sizeof limit, "the GPU's memory");
     }
-    char model[512], mem[32], nodes_arg[32] = "";
+    char model[512], mem[32], optim_arg[48] = "", nodes_arg[32] = "";
     shell_word(model, sizeof model, cfg->model ? cfg->model : "small");
+    if (e->optim)
+        snprintf(optim_arg, sizeof optim_arg, "%s ", e->optim->name);
     size_arg(mem, sizeof mem, limit_bytes);
     if (e->n_nodes > 1)
         snprintf(nodes_arg, sizeof nodes_arg, " --nodes %d", e->n_nodes);
@@ -582,10 +599,14 @@ fsdp_status fsdp_fit_check_train(const fsdp_train_config *cfg, size_t device_tot
         "the plan says this run does not fit: device %d would need %s, %s over the cap %s (%s); "
         "it would run out of memory during the first step. Find the fastest setting that fits "
         "with: fsdp plan --fit --target %s --model %s --devices %d%s --seq %d --precision %s "
-        "--global-batch %d --device-mem %s",
+        "%s%s--global-batch %llu --device-mem %s",
         who, what, fsdp_fmt_bytes(b3, sizeof b3, (double)(peak + oh.total_bytes - limit_bytes)),
         fsdp_fmt_bytes(b4, sizeof b4, (double)limit_bytes), limit, fsdp_backend_name(e->backend),
         model, e->n_ranks / (e->n_nodes > 1 ? e->n_nodes : 1), nodes_arg, e->seq,
         fsdp_dtype_name(e->compute_dtype),
-        e->n_ranks * e->batch * e->grad_accum, mem);
+        e->optim && e->optim != fsdp_optim_at(0) ? "--optimizer " : "",
+        e->optim && e->optim != fsdp_optim_at(0) ? optim_arg : "",
+        (unsigned long long)e->n_ranks * (unsigned long long)e->batch *
+            (unsigned long long)e->grad_accum,
+        mem);
 }

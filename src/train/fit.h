@@ -40,14 +40,14 @@ typedef struct fsdp_recompute_mode {
     const char *name;      /* the --recompute value */
     int value;             /* what the engine is told */
     double forward_rerun;  /* forward passes rerun during backward, as a fraction of one
-                              forward (cost.h: FLOPs x (1 + forward_rerun / 3)) */
+                              forward: the least the mode adds (FLOPs x forward_rerun / 3)
+                              whatever the model's own figure says */
     int memory_rank;       /* activation memory order: a lower rank keeps no more */
     const char *help;
 } fsdp_recompute_mode;
 
-/* The modes the search can try. Today the engine has none but "none";
- * a mode the engine gains is one row here (and the line in fit.c that
- * sets the engine's field from `value`). */
+/* The modes the search can try (the engine's fsdp_recompute values); a
+ * mode the engine gains is one row here. */
 extern const fsdp_recompute_mode fsdp_fit_recompute_modes[];
 extern const int fsdp_fit_n_recompute_modes;
 

@@ -34,7 +34,7 @@ void fsdp_infer_config_default(fsdp_infer_config *cfg)
     cfg->n_ranks = 1;
     cfg->compute_dtype = FSDP_DTYPE_F32;
     cfg->batch = 8;
-    cfg->seq = 64;
+    cfg->seq = 0; /* by the model: see infer.h */
 }
 
 struct infer {
@@ -49,10 +49,12 @@ struct infer {
     /* eval */
     int n_batches;
     float *losses;             /* [n_batches], slot m written by rank m % N */
+    uint64_t *counts;          /* [n_batches]: unmasked targets of batch m */
     /* sample */
     const fsdp_sample_config *sc;
     int *ctx;                  /* prompt then generated tokens; appended by rank 0 */
     int *out;
+    int n_out;                 /* tokens generated (every rank counts the same) */
 };
 
 static void infer_free(struct infer *r)
@@ -102,12 +104,6 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
     if (data) {
         fsdp_data_opts dopt = {.spec = data, .seed = seed, .tokenizer = cfg->tokenizer};
         FSDP_TRY(fsdp_data_open_opts(&r->data, &dopt));
-        if (fsdp_data_masked(r->data))
-            return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
-                                  "'%s' holds prompt/completion or chat examples, whose loss "
-                                  "skips prompt tokens through targets of -1, which the models' "
-                                  "loss does not support yet; evaluate on {\"text\"} rows, a "
-                                  ".txt file or token shards", data);
         int dv = fsdp_data_vocab(r->data);
         if (dv > m->vocab_size)
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
@@ -123,14 +119,12 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
         .shard = FSDP_SHARD_FULL,
         .compute_dtype = cfg->compute_dtype,
         .prefetch = true,
+        .inference = true,     /* parameters and activations only */
         .deterministic = true,
         .device_mem = cfg->device_mem,
         .batch = B,
         .seq = T,
         .grad_accum = 1,
-        .beta1 = 0.9f,
-        .beta2 = 0.95f,
-        .eps = 1e-8f,
         .seed = seed,
     };
     FSDP_TRY(fsdp_world_init(&r->w, cfg->n_ranks));
@@ -145,6 +139,13 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
     return FSDP_STATUS_OK;
 }
 
+/* After a rank's last forward: its device memory figures, if asked for. */
+static void publish_mem(struct infer *r, fsdp_engine *e, int rank)
+{
+    if (r->cfg->mem_out && e)
+        r->cfg->mem_out[rank] = fsdp_engine_device(e)->mem;
+}
+
 /* ---- eval -------------------------------------------------------------------- */
 
 static fsdp_status eval_rank(fsdp_world *w, int rank, void *arg)
@@ -157,10 +158,14 @@ static fsdp_status eval_rank(fsdp_world *w, int rank, void *arg)
     for (int k = 0; k * N < S; k++) {
         int m = k * N + rank;
         float loss = 0.0f;
-        FSDP_CHECK(fsdp_engine_forward_batch(e, (uint64_t)(m < S ? m : m % S), &loss));
-        if (m < S)
+        uint64_t count = 0;
+        FSDP_CHECK(fsdp_engine_forward_batch(e, (uint64_t)(m < S ? m : m % S), &loss, &count));
+        if (m < S) {
             r->losses[m] = loss;
+            r->counts[m] = count;
+        }
     }
+    publish_mem(r, e, rank);
     st = FSDP_STATUS_OK;
 fail:
     fsdp_engine_free(e);
@@ -176,17 +181,23 @@ fsdp_status fsdp_infer_eval(const fsdp_infer_config *cfg, const char *data, uint
     struct infer r = {.cfg = cfg, .n_batches = n_batches};
     fsdp_status st;
     r.losses = calloc((size_t)n_batches, sizeof *r.losses);
-    if (!r.losses) {
+    r.counts = calloc((size_t)n_batches, sizeof *r.counts);
+    if (!r.losses || !r.counts) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for %d losses", n_batches);
         goto fail;
     }
     FSDP_CHECK(infer_open(&r));
     FSDP_CHECK(infer_setup(&r, data, seed, cfg->batch, cfg->seq));
     FSDP_CHECK(fsdp_world_launch(r.w, eval_rank, &r));
-    *mean_loss = fsdp_tree_sum(r.losses, n_batches) / (float)n_batches;
-    if (losses)
-        memcpy(losses, r.losses, (size_t)n_batches * sizeof *losses);
+    /* masked targets (example rows): means over the unmasked ones, as the trainer takes them */
+    uint64_t rows = (uint64_t)r.sh.cfg.batch * (uint64_t)r.sh.cfg.seq, total = 0;
+    for (int m = 0; m < n_batches; m++)
+        total += r.counts[m];
+    *mean_loss = fsdp_engine_mean_loss(r.losses, n_batches, rows, total);
+    for (int m = 0; losses && m < n_batches; m++)
+        losses[m] = fsdp_engine_mean_loss(&r.losses[m], 1, rows, r.counts[m]);
 fail:
+    free(r.counts);
     free(r.losses);
     infer_free(&r);
     return st;
@@ -216,6 +227,14 @@ static int pick_token(const float *logits, int V, float temperature, float u)
     return best; /* rounding left target just above the total */
 }
 
+static bool is_stop(const fsdp_sample_config *sc, int tok)
+{
+    for (int i = 0; i < sc->n_stop; i++)
+        if (sc->stop[i] == tok)
+            return true;
+    return false;
+}
+
 static fsdp_status sample_rank(fsdp_world *w, int rank, void *arg)
 {
     struct infer *r = arg;
@@ -241,11 +260,17 @@ static fsdp_status sample_rank(fsdp_world *w, int rank, void *arg)
             int tok = pick_token(logits, V, sc->temperature, u);
             r->ctx[len] = tok;
             r->out[k] = tok;
+            r->n_out = k + 1;
+            if (sc->logits)
+                memcpy(sc->logits + (size_t)k * (size_t)V, logits, (size_t)V * sizeof *logits);
             if (sc->on_token)
                 sc->on_token(sc->arg, tok);
         }
         FSDP_CHECK(fsdp_world_barrier(w)); /* the new token is visible to every rank */
+        if (is_stop(sc, r->ctx[len]))
+            break;                         /* every rank reads the same token */
     }
+    publish_mem(r, e, rank);
     st = FSDP_STATUS_OK;
 fail:
     fsdp_engine_free(e);
@@ -255,8 +280,10 @@ fail:
 }
 
 fsdp_status fsdp_infer_sample(const fsdp_infer_config *cfg, const fsdp_sample_config *sc,
-                              int *out)
+                              int *out, int *n_out)
 {
+    if (n_out)
+        *n_out = 0;
     if (!cfg || !sc || !out || !sc->prompt || sc->n_prompt < 1 || sc->n_tokens < 0 ||
         !(sc->temperature >= 0.0f))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
@@ -273,8 +300,13 @@ fsdp_status fsdp_infer_sample(const fsdp_infer_config *cfg, const fsdp_sample_co
                                 "vocabulary of %d", sc->prompt[i], i, V);
             goto fail;
         }
+    if (cfg->seq > maxT) {
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--seq %d is longer than the model's "
+                            "context of %d (%s)", cfg->seq, maxT, cfg->model_path);
+        goto fail;
+    }
     /* the context: the model's, or --seq, never more than the text needs */
-    int T = cfg->seq > 0 && cfg->seq < maxT ? cfg->seq : maxT;
+    int T = cfg->seq > 0 ? cfg->seq : maxT;
     int64_t need = (int64_t)sc->n_prompt + sc->n_tokens - 1;
     if (need < T)
         T = need > 0 ? (int)need : 1;
@@ -289,6 +321,8 @@ fsdp_status fsdp_infer_sample(const fsdp_infer_config *cfg, const fsdp_sample_co
     memcpy(r.ctx, sc->prompt, (size_t)sc->n_prompt * sizeof *r.ctx);
     FSDP_CHECK(infer_setup(&r, NULL, sc->seed, 1, T));
     FSDP_CHECK(fsdp_world_launch(r.w, sample_rank, &r));
+    if (n_out)
+        *n_out = r.n_out;
 fail:
     free(r.ctx);
     infer_free(&r);

@@ -10,6 +10,7 @@
  * so 70B-parameter shapes plan in milliseconds.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -38,19 +39,36 @@ static fsdp_status plan_rank(fsdp_world *w, int rank, void *arg)
     struct planner *pl = arg;
     fsdp_engine *e = NULL;
     fsdp_status st;
+    int *tokens = NULL;
     FSDP_CHECK(fsdp_engine_init(&e, &pl->sh, rank));
+    const fsdp_engine_config *ec = &pl->sh.cfg;
+    if (ec->inference) { /* forwards of a full micro-batch (eval) */
+        tokens = calloc((size_t)ec->batch * (size_t)ec->seq, sizeof *tokens);
+        if (!tokens) {
+            st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the plan");
+            goto fail;
+        }
+    }
     for (int s = 0; s < pl->plan->steps; s++) {
         fsdp_step_result r;
-        FSDP_CHECK(fsdp_engine_step(e, (uint64_t)s, fsdp_train_lr(pl->cfg, s), &r));
+        if (ec->inference) {
+            fsdp_engine_comms_reset(e);
+            FSDP_CHECK(fsdp_engine_forward(e, tokens, ec->batch, NULL, NULL, NULL));
+        } else {
+            FSDP_CHECK(fsdp_engine_step(e, (uint64_t)s, fsdp_train_lr(pl->cfg, s), &r));
+        }
     }
-    /* the figures each step publishes, as a run's metrics report them */
+    /* training: the figures each step publishes, as a run's metrics report
+     * them; forwards publish none: the device's own */
     fsdp_plan_rank *pr = &pl->plan->ranks[rank];
-    pr->mem = pl->sh.x_stats[rank].mem;
-    pr->host = pl->sh.x_stats[rank].host;
+    const fsdp_device *d = fsdp_engine_device(e);
+    pr->mem = ec->inference ? d->mem : pl->sh.x_stats[rank].mem;
+    pr->host = ec->inference ? d->host : pl->sh.x_stats[rank].host;
     fsdp_engine_comm_counts(e, pr->sent_bytes, pr->recv_bytes, pr->n_calls,
                             pr->inter_sent_bytes, pr->inter_recv_bytes);
     st = FSDP_STATUS_OK;
 fail:
+    free(tokens);
     fsdp_engine_free(e);
     return st;
 }
@@ -165,7 +183,10 @@ void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes
     int state = 4 + copy + 4 + optim;
     bool full = e->shard == FSDP_SHARD_FULL || e->shard == FSDP_SHARD_HYBRID;
     double dev = 0, host = 0;
-    if (!e->offload) {
+    if (e->inference) { /* the compute-dtype parameters alone */
+        dev = dt * P / (full ? N : 1.0);
+        snprintf(text, n, "%d P%s%s", dt, full ? "/" : "", full ? over : "");
+    } else if (!e->offload) {
         if (full) {
             dev = state * P / N;
             snprintf(text, n, "%d P/%s", state, over);

@@ -57,7 +57,9 @@ typedef struct fsdp_plan {
  * communicator and the memory cap of cfg->eng are ignored (meta, no cap:
  * a capped run would stop at the first allocation over it; compare with
  * fsdp_plan_fits afterwards). Writes a Chrome trace if cfg->trace_path is
- * set. cfg->out, log_path, eval and data are ignored. */
+ * set. cfg->out, log_path, eval and data are ignored. With
+ * cfg->eng.inference, each step is a forward of a full micro-batch on an
+ * inference engine (what fsdp eval runs). */
 fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *out);
 void fsdp_plan_free(fsdp_plan *p);
 

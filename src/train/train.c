@@ -14,8 +14,17 @@
  * manifest. Before the first step the processes agree on what they share:
  * the checkpoints' run id, that the checkpoint directory is one they all
  * see, and the checkpoint to resume from.
+ *
+ * Stopping early is a decision all ranks take together: after each step
+ * they meet in an exchange that ORs what each of them saw, in every
+ * process of the job (fsdp_engine_or: a stop request,
+ * a failed metrics write, a data file that changed or could not be read),
+ * so every rank leaves at the same step, and the final checkpoint, a
+ * collective, is written by all of them. An error found this way is kept
+ * (first one wins) and returned after that checkpoint.
  */
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
 
@@ -25,6 +34,7 @@
 #include "core/world.h"
 #include "fsdp/engine_ckpt.h"
 #include "fsdp/trace.h"
+#include "train/outputs.h"
 #include "train/train.h"
 
 void fsdp_train_config_default(fsdp_train_config *cfg)
@@ -71,15 +81,29 @@ float fsdp_train_lr(const fsdp_train_config *cfg, int step)
     return (float)(lo + 0.5 * (1.0 + cos(M_PI * progress)) * ((double)cfg->lr - lo));
 }
 
+/* Why the ranks stop early (the bits of the barrier after each step). */
+enum {
+    STOP_REQUEST = 1u << 0, /* cfg->stop: finish, checkpoint, return OK */
+    STOP_ERROR = 1u << 1,   /* t->stop_st: the step counts; stop after it */
+    STOP_DATA = 1u << 2,    /* a rank could not read this step's batch: it does not count */
+};
+
 struct trainer {
     const fsdp_train_config *cfg;
-    FILE *out;                /* cfg->out on process 0; NULL on the others */
+    FILE *out;                /* t->out on process 0; NULL on the others */
     fsdp_world *world;
     fsdp_engine_shared sh;
     fsdp_model model;
     fsdp_data *data;
     fsdp_train_result *res;
-    FILE *log;
+    fsdp_metrics log;         /* --log (log.f NULL: none); rank 0 writes */
+    char oom_hint[192];       /* what a device out-of-memory message suggests */
+    pthread_mutex_t mu;       /* guards stop_st and stop_msg */
+    fsdp_status stop_st;      /* the error that stops the run early (first wins), or OK */
+    char stop_msg[FSDP_ERROR_MSG_MAX];
+    int saved_step;           /* the newest step whose state is on disk (resumed from, or
+                               * written by this run); rank 0 writes, every rank reads after
+                               * the save's barriers */
     double flops_per_token;   /* 6 P + attention, for MFU */
     double peak_flops;        /* per device; 0 = unknown (no MFU) */
     double tok_s_sum;
@@ -100,14 +124,36 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void log_step(struct trainer *t, int step, const fsdp_step_result *r, double ms)
+/* Keep the first error that stops the run early (any rank). */
+static void stop_error(struct trainer *t, fsdp_status st, const char *msg)
+{
+    pthread_mutex_lock(&t->mu);
+    if (t->stop_st == FSDP_STATUS_OK) {
+        t->stop_st = st;
+        snprintf(t->stop_msg, sizeof t->stop_msg, "%s", msg);
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* Tokens per step, in 64 bits (each factor is bounded, their product is not
+ * by an int). */
+static uint64_t tokens_per_step(const fsdp_engine_config *ec)
+{
+    return (uint64_t)ec->batch * (uint64_t)ec->seq * (uint64_t)ec->grad_accum *
+           (uint64_t)ec->n_ranks;
+}
+
+/* Rank 0 after a step that counts: the progress line and the metrics
+ * record (a failed write stops the run at the next step boundary). */
+static void log_step(struct trainer *t, int step, const fsdp_step_result *r, double ms,
+                     bool skipped)
 {
     const fsdp_train_config *cfg = t->cfg;
     const fsdp_engine_config *ec = &cfg->eng;
     int N = ec->n_ranks;
-    double tokens = (double)ec->batch * ec->seq * ec->grad_accum * N;
+    double tokens = (double)tokens_per_step(ec);
     double tok_s = tokens / (ms / 1000.0);
-    if (step > 0) {
+    if (step > t->start_step) {
         t->tok_s_sum += tok_s;
         t->tok_s_n++;
     }
@@ -139,36 +185,48 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
             fprintf(t->out, " | host %s/dev", fsdp_fmt_bytes(hb, sizeof hb, (double)host));
         if (mfu >= 0)
             fprintf(t->out, " | mfu %.1f%%", 100 * mfu);
+        if (skipped)
+            fprintf(t->out, " | not finite: update skipped");
         fputc('\n', t->out);
         fflush(t->out);
     }
-    if (t->log) {
-        FILE *f = t->log;
-        fprintf(f, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens\":%.0f,"
-                   "\"tokens_per_s\":%.6g,\"step_ms\":%.6g,\"mfu\":",
-                step + 1, r->loss, r->lr, r->grad_norm, tokens, tok_s, ms);
-        if (mfu >= 0)
-            fprintf(f, "%.6g", mfu);
-        else
-            fprintf(f, "null");
-        /* inter_bytes (jobs of several nodes): received from other nodes, on the
-         * rank of each node and communicator that counts them (comm.h) */
-        const char *keys[4] = {"peak_bytes", "comm_bytes", "host_bytes", "inter_bytes"};
-        for (int k = 0; k < (t->sh.sm.n_nodes > 1 ? 4 : 3); k++) {
-            fprintf(f, ",\"%s\":[", keys[k]);
-            for (int d = 0; d < N; d++) {
-                const fsdp_rank_stats *s = &t->sh.x_stats[d];
-                size_t v = k == 0   ? s->peak_bytes
-                           : k == 1 ? s->comm_recv_bytes
-                           : k == 2 ? s->host_peak_bytes
-                                    : s->inter_recv_bytes;
-                fprintf(f, "%s%zu", d ? "," : "", v);
-            }
-            fputc(']', f);
-        }
-        fprintf(f, "}\n");
-        fflush(f);
+    if (t->log.f && !t->log.failed) {
+        fsdp_metrics_record rec = {.step = step + 1, .loss = r->loss, .lr = r->lr,
+                                   .grad_norm = r->grad_norm, .tokens = tokens,
+                                   .tokens_per_s = tok_s, .step_ms = ms, .mfu = mfu,
+                                   .skipped = skipped, .n_ranks = N, .stats = t->sh.x_stats,
+                                   .inter = t->sh.sm.n_nodes > 1};
+        fsdp_status st = fsdp_metrics_write(&t->log, &rec);
+        if (st != FSDP_STATUS_OK)
+            stop_error(t, st, fsdp_error_msg());
     }
+}
+
+/* This rank's reasons to stop, brought to the barrier after each step (and
+ * before the first): its engine's data error; on rank 0 also a stop
+ * request, a failed metrics write and a data file that changed. */
+static unsigned stop_bits(struct trainer *t, fsdp_engine *e, int rank)
+{
+    const fsdp_train_config *cfg = t->cfg;
+    unsigned bits = 0;
+    const char *msg = NULL;
+    fsdp_status st = fsdp_engine_data_error(e, &msg);
+    if (st != FSDP_STATUS_OK) {
+        stop_error(t, st, msg);
+        bits |= STOP_DATA;
+    }
+    if (rank != 0)
+        return bits;
+    if (cfg->stop && atomic_load(cfg->stop))
+        bits |= STOP_REQUEST;
+    if (t->log.failed)
+        bits |= STOP_ERROR;
+    if (t->data && (st = fsdp_data_check(t->data)) != FSDP_STATUS_OK) {
+        stop_error(t, st, fsdp_error_msg());
+        fsdp_error_clear();
+        bits |= STOP_ERROR;
+    }
+    return bits;
 }
 
 /* Greedy decoding of held-out synthetic problems: rank r takes rows
@@ -180,8 +238,8 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
     const fsdp_engine_config *ec = &cfg->eng;
     int N = ec->n_ranks, B = ec->batch, T = ec->seq, V = t->model.vocab_size;
     int Vp = t->model.padded_vocab_size;
-    int total = cfg->eval_problems;
-    int n_batches = (total + N * B - 1) / (N * B);
+    int64_t total = cfg->eval_problems, per_batch = (int64_t)N * B;
+    int64_t n_batches = (total + per_batch - 1) / per_batch;
     int *tok = calloc((size_t)B * T, sizeof(int));
     int *len = calloc((size_t)B, sizeof(int)), *pos = calloc((size_t)B, sizeof(int));
     int *start = calloc((size_t)B, sizeof(int));
@@ -193,11 +251,21 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
         goto done;
     }
     int printed = 0, counts[2] = {0, 0}; /* this rank's correct, seen */
-    for (int k = 0; k < n_batches; k++) {
+    for (int64_t k = 0; k < n_batches; k++) {
+        unsigned stop = 0; /* a stop request ends the evaluation too */
+        FSDP_CHECK(fsdp_engine_or(e, rank == 0 && cfg->stop && atomic_load(cfg->stop)
+                                         ? STOP_REQUEST
+                                         : 0u,
+                                  &stop));
+        if (stop) {
+            if (rank == 0)
+                t->res->interrupted = true;
+            break;
+        }
         int max_ans = 1;
         memset(tok, 0, (size_t)B * T * sizeof(int));
         for (int b = 0; b < B; b++) {
-            int idx = (k * N + rank) * B + b;
+            int64_t idx = (k * N + rank) * B + b;
             char prompt[72];
             fsdp_synth_problem(ec->seed, (uint64_t)idx, prompt, answers[b]);
             /* a newline first, as a problem follows one in the training stream */
@@ -226,7 +294,7 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
             }
         }
         for (int b = 0; b < B; b++) {
-            int idx = (k * N + rank) * B + b;
+            int64_t idx = (k * N + rank) * B + b;
             if (idx >= total)
                 continue;
             int al = (int)strlen(answers[b]);
@@ -255,7 +323,8 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
             }
         }
     }
-    /* the job's totals, in every process */
+    /* the job's totals, in every process (every rank left the loop at the
+     * same batch: the stop decision is the job's) */
     int *all = calloc((size_t)N * 2, sizeof *all);
     if (!all) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for evaluation");
@@ -279,20 +348,47 @@ fail:
     return st;
 }
 
-/* After step `step` (0-based): save a checkpoint every ckpt_every steps and
- * after the last one. Collective: every rank calls it. */
-static fsdp_status ckpt_maybe_save(struct trainer *t, fsdp_engine *e, int rank, int step)
+/* Write the checkpoint of the state after `done` steps. Collective: every
+ * rank calls it, with the same `done`. */
+static fsdp_status ckpt_save(struct trainer *t, fsdp_engine *e, int rank, int done)
 {
     const fsdp_train_config *cfg = t->cfg;
-    int done = step + 1;
-    if (!cfg->ckpt_dir || (done != cfg->steps && (cfg->ckpt_every <= 0 || done % cfg->ckpt_every)))
-        return FSDP_STATUS_OK;
     double t0 = now_s();
     FSDP_TRY(fsdp_engine_ckpt_save(e, cfg->ckpt_dir, &t->ck_base, (uint64_t)done, cfg->ckpt_keep));
-    if (rank == 0 && t->out)
-        fprintf(t->out, "checkpoint: step %d written to %s/step_%08d (rank 0: %.0f ms)\n", done,
-                cfg->ckpt_dir, done, (now_s() - t0) * 1000.0);
+    if (rank == 0) {
+        t->res->ckpt_step = done;
+        if (t->out)
+            fprintf(t->out, "checkpoint: step %d written to %s/step_%08d (rank 0: %.0f ms)\n",
+                    done, cfg->ckpt_dir, done, (now_s() - t0) * 1000.0);
+    }
     return FSDP_STATUS_OK;
+}
+
+/* v as %g, but NaN as "NaN" whatever its sign bit. */
+static const char *fmt_num(char *buf, size_t n, float v)
+{
+    if (isnan(v))
+        snprintf(buf, n, "NaN");
+    else
+        snprintf(buf, n, "%g", (double)v);
+    return buf;
+}
+
+/* Rank 0: the error of a step whose loss or norm is not finite. */
+static void nonfinite_error(struct trainer *t, int step, const fsdp_step_result *r)
+{
+    char msg[FSDP_ERROR_MSG_MAX], l[32], g[32];
+    snprintf(msg, sizeof msg,
+             "step %d: the loss is %s and the gradient norm %s (lr %.3g): training diverged "
+             "or the data holds a bad batch; %s. Lower --lr (or raise --warmup) and resume "
+             "from the last checkpoint, or pass --on-nonfinite skip to drop such steps",
+             step + 1, fmt_num(l, sizeof l, r->loss), fmt_num(g, sizeof g, r->grad_norm),
+             (double)r->lr,
+             r->applied ? "the update had started before the norm was known (--offload "
+                          "optimizer with --clip 0), so the parameters are not finite and no "
+                          "checkpoint is written"
+                        : "its update was not applied");
+    stop_error(t, FSDP_STATUS_NONFINITE, msg);
 }
 
 static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
@@ -312,7 +408,13 @@ static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
             fprintf(t->out, ", %s pinned host", fsdp_fmt_bytes(b, sizeof b, (double)d->host.in_use_bytes));
         fputc('\n', t->out);
     }
-    for (int step = t->start_step; step < cfg->steps; step++) {
+    /* `done` steps are reflected in the state; `saved` of them are on disk;
+     * `clean`: the state may be saved (no update of non-finite values) */
+    int done = t->start_step, saved = t->start_step;
+    bool clean = true;
+    unsigned why = 0;
+    FSDP_CHECK(fsdp_engine_or(e, stop_bits(t, e, rank), &why)); /* a stop during init */
+    for (int step = t->start_step; step < cfg->steps && !why; step++) {
         float lr = fsdp_train_lr(cfg, step);
         double t0 = now_s();
         fsdp_step_result r;
@@ -322,15 +424,41 @@ static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
             goto fail;
         }
         double ms = (now_s() - t0) * 1000.0;
-        if (rank == 0) {
-            t->res->losses[step] = r.loss;
-            t->res->grad_norms[step] = r.grad_norm;
-            t->res->steps = step + 1;
-            log_step(t, step, &r, ms);
+        /* every rank decides from the same r and the same bits */
+        FSDP_CHECK(fsdp_engine_or(e, stop_bits(t, e, rank), &why));
+        bool skipped = false;
+        if (why & STOP_DATA) {
+            clean = !r.applied; /* the batch was zeros: the step does not count */
+        } else if (!r.finite && (r.applied || !cfg->eng.skip_nonfinite)) {
+            clean = !r.applied;
+            if (rank == 0)
+                nonfinite_error(t, step, &r);
+            why |= STOP_ERROR;
+        } else {
+            skipped = !r.finite;
+            done = step + 1;
+            if (rank == 0) {
+                t->res->losses[step] = r.loss;
+                t->res->grad_norms[step] = r.grad_norm;
+                t->res->steps = done;
+                t->res->n_skipped += skipped;
+                log_step(t, step, &r, ms, skipped);
+            }
+            if (cfg->ckpt_dir && (done == cfg->steps || (cfg->ckpt_every > 0 &&
+                                                         done % cfg->ckpt_every == 0))) {
+                FSDP_CHECK(ckpt_save(t, e, rank, done));
+                saved = done;
+            }
         }
-        FSDP_CHECK(ckpt_maybe_save(t, e, rank, step));
-        if (cfg->stop_after > 0 && step + 1 >= cfg->stop_after)
-            break;
+        if (!why && cfg->stop_after > 0 && done >= cfg->stop_after)
+            break; /* tests: as a crash would, without a final checkpoint */
+    }
+    if (why) {
+        if (rank == 0 && (why & STOP_REQUEST))
+            t->res->interrupted = true;
+        /* the final checkpoint: the state after the last step that counts */
+        if (cfg->ckpt_dir && clean && done > saved)
+            FSDP_CHECK(ckpt_save(t, e, rank, done));
     }
     if (rank == 0)
         memcpy(t->res->stats, t->sh.x_stats, sizeof(fsdp_rank_stats) * (size_t)cfg->eng.n_ranks);
@@ -351,8 +479,9 @@ static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
                 goto fail;
         }
     }
-    if (cfg->eval_problems > 0 && t->data && !strcmp(cfg->data, "synthetic") &&
-        cfg->eng.backend != FSDP_BACKEND_META)
+    bool nothing_ran = t->ck_path[0] && t->start_step >= cfg->steps;
+    if (!why && !nothing_ran && cfg->eval_problems > 0 && t->data &&
+        !strcmp(cfg->data, "synthetic") && cfg->eng.backend != FSDP_BACKEND_META)
         FSDP_CHECK(eval_synthetic(t, e, rank));
     st = FSDP_STATUS_OK;
 fail:
@@ -480,8 +609,8 @@ static fsdp_status ckpt_prepare(struct trainer *t)
         FSDP_TRY(ckpt_dir_shared(t));
     if (!cfg->resume)
         return FSDP_STATUS_OK;
-    st = fsdp_engine_ckpt_find(&t->sh, cfg->ckpt_dir, &t->ck_resume, t->ck_path,
-                               sizeof t->ck_path, &found);
+    st = fsdp_engine_ckpt_find(&t->sh, cfg->ckpt_dir, cfg->allow_batch_change, &t->ck_resume,
+                               t->ck_path, sizeof t->ck_path, &found);
     FSDP_TRY(agree(t, st));
     uint64_t seen[2] = {found, found ? t->ck_resume.step : 0}, first[2] = {seen[0], seen[1]};
     FSDP_TRY(from_process0(t, first, sizeof first));
@@ -501,40 +630,26 @@ static fsdp_status ckpt_prepare(struct trainer *t)
         return FSDP_STATUS_OK;
     }
     const fsdp_ckpt_manifest *m = &t->ck_resume;
+    const fsdp_engine_config *ec = &cfg->eng;
     t->start_step = m->step < (uint64_t)cfg->steps ? (int)m->step : cfg->steps;
     if (t->out) {
         fprintf(t->out, "resuming from %s: step %llu, written by %d device(s) with shard %s\n",
                 t->ck_path, (unsigned long long)m->step, m->world_size, m->shard);
-        if (m->steps_total != cfg->steps)
+        if (m->steps_total != cfg->steps && m->step < (uint64_t)cfg->steps)
             fprintf(t->out, "note: the checkpoint's run had --steps %d; the learning-rate "
-                              "schedule now spans %d steps\n", m->steps_total, cfg->steps);
-        if (m->step >= (uint64_t)cfg->steps)
-            fprintf(t->out, "resume: the checkpoint is at or past --steps %d; no steps to run\n",
-                    cfg->steps);
+                            "schedule now spans %d steps\n", m->steps_total, cfg->steps);
+        uint64_t was = (uint64_t)m->batch * (uint64_t)m->world_size * (uint64_t)m->grad_accum;
+        uint64_t now = (uint64_t)ec->batch * (uint64_t)ec->n_ranks * (uint64_t)ec->grad_accum;
+        if (was != now && m->step < (uint64_t)cfg->steps)
+            fprintf(t->out, "note: --allow-batch-change: the global batch was %llu sequences "
+                            "and is now %llu; the data continues at step x %llu sequences, "
+                            "and this run is no longer bit-identical to one that kept the "
+                            "batch\n", (unsigned long long)was, (unsigned long long)now,
+                    (unsigned long long)now);
         if (cfg->data && strcmp(m->data, cfg->data))
             fprintf(t->out, "warning: the checkpoint was trained on data '%s', this run reads "
-                              "'%s'\n", m->data, cfg->data);
+                            "'%s'\n", m->data, cfg->data);
     }
-    return FSDP_STATUS_OK;
-}
-
-/* The test hook FSDP_FAULT=KIND:RANK:K (KIND alloc or collective): the
- * K-th such operation of global rank RANK fails (core/world.h). */
-static fsdp_status fault_from_env(fsdp_world *w)
-{
-    const char *v = fsdp_env_get(FSDP_ENV_FAULT);
-    if (!*v)
-        return FSDP_STATUS_OK;
-    char kind[16];
-    int rank;
-    long k;
-    if (sscanf(v, "%15[a-z]:%d:%ld", kind, &rank, &k) != 3 || rank < 0 || rank >= w->n_ranks ||
-        k < 1 || (strcmp(kind, "alloc") && strcmp(kind, "collective")))
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "FSDP_FAULT='%s': expected alloc|collective:RANK:K with RANK in "
-                              "0..%d and K >= 1 (a test hook)", v, w->n_ranks - 1);
-    fsdp_world_set_fault(w, strcmp(kind, "alloc") ? FSDP_FAULT_COLLECTIVE : FSDP_FAULT_ALLOC,
-                         rank, k);
     return FSDP_STATUS_OK;
 }
 
@@ -551,21 +666,66 @@ static void trace_path_of(const char *path, int q, char *out, size_t n)
         snprintf(out, n, "%s.%d", path, q);
 }
 
+/* Everything the run will write can be written, before any step runs. */
+static fsdp_status outputs_check(const fsdp_train_config *cfg)
+{
+    if (cfg->ckpt_dir)
+        FSDP_TRY(fsdp_output_dir_check(cfg->ckpt_dir, "--ckpt-dir"));
+    if (cfg->trace_path)
+        FSDP_TRY(fsdp_output_file_check(cfg->trace_path, "--trace"));
+    if (cfg->log_path)
+        FSDP_TRY(fsdp_output_file_check(cfg->log_path, "--log"));
+    return FSDP_STATUS_OK;
+}
+
+/* What a device out-of-memory message suggests: the settings that lower
+ * the peak and are not set already. */
+static void oom_hint(const fsdp_train_config *cfg, char *buf, size_t n)
+{
+    const fsdp_engine_config *e = &cfg->eng;
+    const char *items[6];
+    int k = 0;
+    if (!e->offload)
+        items[k++] = "--offload optimizer";
+    if (e->shard != FSDP_SHARD_FULL)
+        items[k++] = "--shard full";
+    if (e->compute_dtype == FSDP_DTYPE_F32)
+        items[k++] = "--precision bf16";
+    if (e->batch > 1)
+        items[k++] = "a smaller --batch (with more --grad-accum to keep the global batch)";
+    if (e->n_ranks < fsdp_backend_n_devices(e->backend))
+        items[k++] = "more --devices";
+    if (e->device_mem && e->backend != FSDP_BACKEND_CUDA)
+        items[k++] = "a larger --device-mem";
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < k && at < n; i++)
+        at += (size_t)snprintf(buf + at, n - at, "%s%s", i == 0 ? "" : i == k - 1 ? " or " : ", ",
+                               items[i]);
+}
+
 fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
 {
     memset(res, 0, sizeof *res);
     res->accuracy = -1.0f;
+    res->ckpt_step = -1;
     fsdp_status st;
     struct trainer *t = calloc(1, sizeof *t);
     fsdp_world *w = NULL;
+    bool launched = false;
     if (!t)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    pthread_mutex_init(&t->mu, NULL);
     t->cfg = cfg;
     t->res = res;
-    /* the engine's configuration: a job of several processes has a node
-     * per process, each running n_ranks / processes ranks */
+    t->out = !cfg->procs || cfg->procs->process == 0 ? cfg->out : NULL; /* rank 0's process */
+    /* the engine's configuration, with the OOM hint; a job of several
+     * processes has a node per process, each running n_ranks / processes */
     fsdp_engine_config ecfg = cfg->eng;
     const fsdp_engine_config *ec = &ecfg;
+    oom_hint(cfg, t->oom_hint, sizeof t->oom_hint);
+    if (!ecfg.oom_hint && t->oom_hint[0])
+        ecfg.oom_hint = t->oom_hint;
     int n_procs = cfg->procs ? cfg->procs->n_processes : 1;
     if (n_procs > 1 && ecfg.n_nodes <= 1)
         ecfg.n_nodes = n_procs;
@@ -583,21 +743,27 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
      * each rank reads its own shards of it (engine init_fn) */
     FSDP_CHECK(fsdp_modelfile_resolve(cfg->model, &t->model, &t->mf));
     if (cfg->data && ec->backend != FSDP_BACKEND_META) {
-        fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = cfg->tokenizer,
+        /* text and jsonl data: the --tokenizer given, else the model
+         * directory's own tokenizer.json */
+        char own_tok[FSDP_CKPT_PATH_MAX];
+        const char *tok = cfg->tokenizer;
+        if (!tok && fsdp_modelfile_tokenizer_of(cfg->model, own_tok, sizeof own_tok))
+            tok = own_tok;
+        fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = tok,
                                .chat_format = cfg->chat_format};
         FSDP_CHECK(fsdp_data_open_opts(&t->data, &dopt));
-        if (fsdp_data_masked(t->data)) {
+        if (fsdp_data_masked(t->data) && t->out) {
+            /* the loss is the mean over completion/assistant targets (engine.c) */
             uint64_t cut, none;
             fsdp_data_truncated(t->data, ec->seq, &cut, &none);
-            st = fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
-                                "'%s' holds %llu prompt/completion or chat examples (one per row "
-                                "of --seq %d: %llu would be cut, %llu left with no target); "
-                                "their loss skips prompt tokens through targets of -1, which "
-                                "the models' loss does not support yet; train on {\"text\"} "
-                                "rows, a .txt file or token shards for now",
-                                cfg->data, (unsigned long long)fsdp_data_n_examples(t->data),
-                                ec->seq, (unsigned long long)cut, (unsigned long long)none);
-            goto fail;
+            fprintf(t->out, "data: %llu examples from '%s', one per row of --seq %d, loss on "
+                    "completion/assistant tokens only",
+                    (unsigned long long)fsdp_data_n_examples(t->data), cfg->data, ec->seq);
+            if (cut || none)
+                fprintf(t->out, "; %llu are cut at %d tokens, %llu of them left with no "
+                        "target (raise --seq)", (unsigned long long)cut, ec->seq + 1,
+                        (unsigned long long)none);
+            fprintf(t->out, "\n");
         }
         int dv = fsdp_data_vocab(t->data);
         if (dv > t->model.vocab_size) {
@@ -611,10 +777,9 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
     if (ec->backend == FSDP_BACKEND_CUDA)
         t->peak_flops = ec->compute_dtype == FSDP_DTYPE_BF16 ? 989e12 : 67e12; /* H100/H200 SXM */
     t->flops_per_token = t->model.family->flops_per_token(&t->model, ec->seq);
+    FSDP_CHECK(outputs_check(cfg));
     FSDP_CHECK(fsdp_procs_world_init(&w, cfg->procs, ec->n_ranks / n_procs));
     t->world = w;
-    t->out = w->process == 0 ? cfg->out : NULL; /* rank 0's process alone prints */
-    FSDP_CHECK(fault_from_env(w));
     FSDP_CHECK(fsdp_engine_shared_init(&t->sh, ec, &t->model, t->data, w));
     if (t->mf) {
         t->sh.init_fn = fsdp_modelfile_init_fn;
@@ -622,8 +787,6 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
     }
     if (cfg->ckpt_dir)
         FSDP_CHECK(ckpt_prepare(t));
-    if (cfg->trace_path)
-        FSDP_CHECK(fsdp_trace_init(&t->sh.trace, ec->n_ranks));
     res->n_ranks = ec->n_ranks;
     res->n_units = t->model.n_units;
     res->losses = calloc((size_t)cfg->steps + 1, sizeof(float));
@@ -635,49 +798,76 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         goto fail;
     }
     res->first_step = res->steps = t->start_step;
-    if (cfg->log_path && w->process == 0 &&
-        !(t->log = fopen(cfg->log_path, t->ck_path[0] ? "a" : "w"))) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "cannot open metrics file '%s' for writing",
-                            cfg->log_path);
-        goto fail;
-    }
+    if (t->ck_path[0] && t->start_step >= cfg->steps && t->out) /* loaded, then nothing runs */
+        fprintf(t->out, "resume: checkpoint step %llu already reached --steps %d: nothing left "
+                          "to do (raise --steps to train further)\n",
+                (unsigned long long)t->ck_resume.step, cfg->steps);
+    if (cfg->trace_path)
+        FSDP_CHECK(fsdp_trace_init(&t->sh.trace, ec->n_ranks));
+    if (cfg->log_path && w->process == 0) /* rank 0 writes the metrics */
+        FSDP_CHECK(fsdp_metrics_open(&t->log, cfg->log_path, t->ck_path[0] != '\0', w));
     if (t->out) {
         char b[32];
         fprintf(t->out,
                 "fsdp train: model %s (%.2fM params, %d units), %d x %s device(s), shard %s, %s, "
-                "optimizer %s, batch %d x seq %d x accum %d x %d ranks = %d tokens/step, %d "
-                "steps\n",
+                "optimizer %s, recompute %s, batch %d x seq %d x accum %d x %d ranks = %llu "
+                "tokens/step, %d steps\n",
                 cfg->model, (double)t->model.numel / 1e6, t->model.n_units, ec->n_ranks,
                 fsdp_backend_name(ec->backend), fsdp_shard_strategy_name(ec->shard),
-                fsdp_dtype_name(ec->compute_dtype), t->sh.optim->name, ec->batch, ec->seq,
-                ec->grad_accum,
-                ec->n_ranks, ec->batch * ec->seq * ec->grad_accum * ec->n_ranks, cfg->steps);
+                fsdp_dtype_name(ec->compute_dtype), t->sh.optim->name,
+                fsdp_names_name(&fsdp_recompute_names, (int)ec->recompute), ec->batch, ec->seq,
+                ec->grad_accum, ec->n_ranks, (unsigned long long)tokens_per_step(ec),
+                cfg->steps);
         if (ec->device_mem)
             fprintf(t->out, "device memory cap %s\n",
                     fsdp_fmt_bytes(b, sizeof b, (double)ec->device_mem));
     }
+    launched = true;
     st = fsdp_world_launch(w, rank_main, t);
+    if (t->stop_st != FSDP_STATUS_OK) {
+        /* stopped early by an error: it comes first, the checkpoint's fate after */
+        if (st != FSDP_STATUS_OK)
+            fsdp_error_set(t->stop_st, "%s; the final checkpoint could not be written: %s",
+                           t->stop_msg, fsdp_error_msg());
+        else if (cfg->ckpt_dir && res->ckpt_step >= 0)
+            fsdp_error_set(t->stop_st, "%s (checkpoint step %d in '%s' holds the last complete "
+                           "step: fix the cause, then resume with --resume)", t->stop_msg,
+                           res->ckpt_step, cfg->ckpt_dir);
+        else
+            fsdp_error_set(t->stop_st, "%s", t->stop_msg);
+        st = t->stop_st;
+    }
     if (st == FSDP_STATUS_OK) {
         res->tokens_per_s = t->tok_s_n ? t->tok_s_sum / t->tok_s_n : 0;
         int seen = t->eval_seen, correct = t->eval_correct;
-        if (seen)
+        if (seen && !res->interrupted)
             res->accuracy = (float)correct / (float)seen;
-        if (t->out && seen)
+        if (t->out && seen && !res->interrupted)
             fprintf(t->out, "held-out accuracy: %.1f%% (%d/%d problems, greedy decoding)\n",
                     100.0 * res->accuracy, correct, seen);
-        if (t->sh.trace) {
-            char path[4096 + 16];
-            trace_path_of(cfg->trace_path, w->process, path, sizeof path);
-            st = fsdp_trace_write(t->sh.trace, path);
-            if (st == FSDP_STATUS_OK && t->out)
-                fprintf(t->out, "trace written to %s%s\n", cfg->trace_path,
-                        w->n_processes > 1 ? " (process 0's ranks; process q's beside it, "
-                                             "with .q before the extension)" : "");
-        }
     }
-fail:
-    if (t->log && fclose(t->log) != 0 && st == FSDP_STATUS_OK)
-        st = fsdp_error_set(FSDP_STATUS_IO, "error writing metrics file '%s'", cfg->log_path);
+fail:;
+    /* what was recorded is written whether or not the run succeeded; the
+     * run's own error stays the message */
+    char *keep = st != FSDP_STATUS_OK ? strdup(fsdp_error_msg()) : NULL;
+    if (launched && t->sh.trace) {
+        char path[4096 + 16];
+        trace_path_of(cfg->trace_path, w->process, path, sizeof path);
+        fsdp_status ts = fsdp_trace_write(t->sh.trace, path);
+        if (ts != FSDP_STATUS_OK && st == FSDP_STATUS_OK)
+            st = ts;
+        else if (ts == FSDP_STATUS_OK && t->out)
+            fprintf(t->out, "trace written to %s%s\n", cfg->trace_path,
+                    w->n_processes > 1 ? " (process 0's ranks; process q's beside it, with .q "
+                                         "before the extension)" : "");
+    }
+    fsdp_status ls = fsdp_metrics_close(&t->log);
+    if (ls != FSDP_STATUS_OK && st == FSDP_STATUS_OK)
+        st = ls;
+    if (keep) {
+        fsdp_error_copy(keep);
+        free(keep);
+    }
     fsdp_trace_free(t->sh.trace);
     t->sh.trace = NULL;
     fsdp_ckpt_dir_unlock(&t->ck_lock);
@@ -690,6 +880,7 @@ fail:
     if (t->data)
         fsdp_data_close(t->data);
     fsdp_world_free(w);
+    pthread_mutex_destroy(&t->mu);
     free(t);
     return st;
 }

@@ -37,9 +37,14 @@ static inline float exp_poly(float x)
     return p * scale;
 }
 
+/* The clamp also sends NaN to 9 (both compares are false for it), so
+ * exp_poly never converts NaN or infinity to an integer (undefined
+ * behaviour); NaN still propagates through gelu's factor x. Finite
+ * inputs give the same bits as a plain clamp. */
 static inline float tanh_fast(float u)
 {
-    u = u > 9.0f ? 9.0f : (u < -9.0f ? -9.0f : u);
+    u = u < 9.0f ? u : 9.0f;
+    u = u > -9.0f ? u : -9.0f;
     return 1.0f - 2.0f / (exp_poly(2.0f * u) + 1.0f);
 }
 

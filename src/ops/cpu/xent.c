@@ -5,6 +5,7 @@
  *   losses[i]  = log(sum_j exp(l_j - max)) - (l_target - max)
  *   dlogits[i] = (exp(l_j - max) / sum - [j == target]) * dloss,  j < V
  *   dlogits[i][V..Vp) = 0.
+ * A target < 0 masks its row: loss 0 and a zero gradient row.
  * dlogits is written (=), not accumulated: it is the head's output gradient
  * and may alias logits when ctx->dt is fp32. Each row's max and exp-sum are
  * finished (reads only) before the row is written, element j is read before
@@ -38,7 +39,15 @@ void fsdp_cpu_xent_fwd_bwd(fsdp_op_ctx *ctx, float *losses, float *dlogits, cons
             row = (const float *)logits + off;
         }
         int tgt = targets[i];
-        FSDP_ASSERT(tgt >= 0 && tgt < V);
+        FSDP_ASSERT(tgt < V);
+        if (tgt < 0) { /* masked: no loss, no gradient */
+            if (losses)
+                losses[i] = 0.0f;
+            if (dlogits)
+                for (int j = 0; j < Vp; j++)
+                    dlogits[off + j] = 0.0f;
+            continue;
+        }
 
         float maxv = row[0];
         for (int j = 1; j < V; j++)
