@@ -270,7 +270,8 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
                               "every rank must issue the same collectives in the same order "
                               "with the same sizes",
                               c->global_rank, k, kind_name(kind), numel, fsdp_dtype_name(dt),
-                              (int)op, root, fsdp_comm_group_rank(&c->group, q), kind_name(o->kind), o->numel, fsdp_dtype_name(o->dt),
+                              (int)op, root, fsdp_comm_group_rank(&c->group, q),
+                              kind_name(o->kind), o->numel, fsdp_dtype_name(o->dt),
                               (int)o->op, o->root);
     }
     return FSDP_STATUS_OK;

@@ -159,7 +159,8 @@ static void prepare_locked(fsdp_comm *c)
                  "issued %s(%zu x %s, op %d, root %d); every rank must issue the same "
                  "collectives in the same order with the same sizes",
                  r0, kind_name(a->kind), a->numel, fsdp_dtype_name(a->dt), (int)a->op, a->root,
-                 r0 + j * sh->g.stride, kind_name(o->kind), o->numel, fsdp_dtype_name(o->dt), (int)o->op,
+                 r0 + j * sh->g.stride, kind_name(o->kind), o->numel, fsdp_dtype_name(o->dt),
+                 (int)o->op,
                  o->root);
         return;
     }
@@ -263,7 +264,8 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
     me->recv = recv;
     FSDP_TRY(meet(c, true));
     if (sh->prep_st != FSDP_STATUS_OK)
-        return fsdp_error_set(sh->prep_st, "rank %d: collective %ld: %s", c->global_rank, k, sh->msg);
+        return fsdp_error_set(sh->prep_st, "rank %d: collective %ld: %s", c->global_rank, k,
+                              sh->msg);
     return FSDP_STATUS_OK;
 }
 
@@ -336,7 +338,8 @@ static fsdp_status leader_headers(fsdp_comm *c, const char *what)
             x->n_coll, sh->procs_of[sh->me],
             kind_name(me->kind), (unsigned long long)me->numel,
             fsdp_dtype_name((fsdp_dtype)me->dt), me->op, me->root, (long long)me->seq,
-            sh->procs_of[q], c->world->hosts[sh->procs_of[q]], sane ? kind_name(o->kind) : "garbage",
+            sh->procs_of[q], c->world->hosts[sh->procs_of[q]],
+            sane ? kind_name(o->kind) : "garbage",
             (unsigned long long)o->numel, sane ? fsdp_dtype_name((fsdp_dtype)o->dt) : "?",
             o->op, o->root, (long long)o->seq);
     }
@@ -394,7 +397,8 @@ static fsdp_status cross(fsdp_comm *c, int round)
     if (leader)
         return sh->x_st;
     return fsdp_error_set(FSDP_STATUS_ABORTED,
-                          "rank %d: collective %ld (%s) failed between processes: %s", c->global_rank,
+                          "rank %d: collective %ld (%s) failed between processes: %s",
+                          c->global_rank,
                           x->n_coll, kind_name(sh->slots[0].kind), sh->msg);
 }
 

@@ -99,8 +99,8 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
     char nodes[48] = "";
     if (p->n_nodes > 1)
         snprintf(nodes, sizeof nodes, " (%d nodes x %d)", p->n_nodes, N / p->n_nodes);
-    fprintf(f, "fsdp plan: model %s, %zu parameters (%.2f%s) in %d units, %d device(s)%s, shard %s, "
-               "%s, optimizer %s, offload %s\n",
+    fprintf(f, "fsdp plan: model %s, %zu parameters (%.2f%s) in %d units, %d device(s)%s, "
+               "shard %s, %s, optimizer %s, offload %s\n",
             p->model, p->numel, (double)p->numel / (p->numel >= 1000000000 ? 1e9 : 1e6),
             p->numel >= 1000000000 ? "B" : "M", p->n_units, N, nodes,
             fsdp_shard_strategy_name(e->shard), fsdp_dtype_name(e->compute_dtype), o->name,

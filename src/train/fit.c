@@ -533,7 +533,8 @@ void fsdp_fit_command(const fsdp_fit_request *req, const fsdp_fit_candidate *c, 
     if (nodes > 1)
         snprintf(launch, sizeof launch, "mpirun -np %d ", nodes);
     snprintf(buf, n,
-             "%sfsdp train --backend %s --model %s --devices %d --seq %d --batch %d --grad-accum %d "
+             "%sfsdp train --backend %s --model %s --devices %d --seq %d --batch %d "
+             "--grad-accum %d "
              "--shard %s --offload %s --prefetch %s --precision %s%s --device-mem %s",
              launch, fsdp_backend_name(req->backend), model, e->n_ranks / nodes, e->seq, c->batch,
              c->grad_accum,

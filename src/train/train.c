@@ -34,6 +34,7 @@
 #include "core/world.h"
 #include "fsdp/engine_ckpt.h"
 #include "fsdp/trace.h"
+#include "train/job.h"
 #include "train/outputs.h"
 #include "train/train.h"
 
@@ -489,97 +490,6 @@ fail:
     return st;
 }
 
-/* ---- what the processes of a job agree on ------------------------------------------ */
-
-/* Every process's outcome of one step of the set-up (st, with this
- * thread's message): OK when all are OK, else on every process the first
- * failing process's status and message, naming it. Main thread, before
- * the ranks start; a job of one process: st. */
-static fsdp_status agree(struct trainer *t, fsdp_status st)
-{
-    fsdp_procs *p = t->cfg->procs;
-    fsdp_world *w = t->world;
-    if (!p || p->n_processes == 1)
-        return st;
-    struct rec {
-        int32_t st;
-        char msg[FSDP_ERROR_MSG_MAX];
-    } *all = calloc((size_t)p->n_processes + 1, sizeof *all), *mine;
-    if (!all)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
-    mine = all + p->n_processes;
-    mine->st = (int32_t)st;
-    if (st != FSDP_STATUS_OK)
-        snprintf(mine->msg, sizeof mine->msg, "%s", fsdp_error_msg());
-    fsdp_status xst = p->iface->exchange(p, w, mine, sizeof *mine, all);
-    for (int q = 0; xst == FSDP_STATUS_OK && q < p->n_processes; q++) {
-        if (all[q].st == FSDP_STATUS_OK)
-            continue;
-        all[q].msg[sizeof all[q].msg - 1] = '\0';
-        xst = q == p->process ? st
-                              : fsdp_error_set((fsdp_status)all[q].st, "process %d (host %s): %s",
-                                               q, w->hosts[q], all[q].msg);
-    }
-    free(all);
-    return xst;
-}
-
-/* Process 0's `bytes` of buf, in every process. */
-static fsdp_status from_process0(struct trainer *t, void *buf, size_t bytes)
-{
-    fsdp_procs *p = t->cfg->procs;
-    if (!p || p->n_processes == 1)
-        return FSDP_STATUS_OK;
-    unsigned char *all = malloc((size_t)p->n_processes * bytes + 1);
-    if (!all)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
-    fsdp_status st = p->iface->exchange(p, t->world, buf, bytes, all);
-    if (st == FSDP_STATUS_OK)
-        memcpy(buf, all, bytes);
-    free(all);
-    return st;
-}
-
-/* Every process must see the checkpoint directory process 0 writes in:
- * process 0 leaves a file there, the others look for it. */
-static fsdp_status ckpt_dir_shared(struct trainer *t)
-{
-    const fsdp_train_config *cfg = t->cfg;
-    fsdp_world *w = t->world;
-    char probe[FSDP_CKPT_PATH_MAX + 64], want[64], got[64] = "";
-    snprintf(want, sizeof want, "fsdp job %016llx\n", (unsigned long long)t->ck_base.run_id);
-    snprintf(probe, sizeof probe, "%s/.fsdp_shared_%016llx", cfg->ckpt_dir,
-             (unsigned long long)t->ck_base.run_id);
-    fsdp_status st = FSDP_STATUS_OK;
-    if (w->process == 0) {
-        FILE *f = fopen(probe, "w");
-        if (!f || fputs(want, f) == EOF || fclose(f) != 0)
-            st = fsdp_error_set(FSDP_STATUS_IO, "cannot write '%s' in --ckpt-dir", probe);
-    }
-    FSDP_TRY(agree(t, st));
-    if (w->process != 0) {
-        FILE *f = fopen(probe, "r");
-        if (f) {
-            if (!fgets(got, sizeof got, f))
-                got[0] = '\0';
-            fclose(f);
-        }
-        if (strcmp(got, want))
-            st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                "--ckpt-dir '%s' is not one directory shared by the job's "
-                                "processes: process %d (host %s) does not see the file process 0 "
-                                "(host %s) wrote in it (%s); every process writes its ranks' "
-                                "shard files there, so give a directory on a file system every "
-                                "node mounts (NFS, Lustre, ...)",
-                                cfg->ckpt_dir, w->process, w->hosts[w->process], w->hosts[0],
-                                probe);
-    }
-    st = agree(t, st);
-    if (w->process == 0)
-        remove(probe);
-    return st;
-}
-
 /* Checkpoints: the manifest base for saves and, with resume, the newest
  * complete checkpoint to start from. A fresh run refuses a directory that
  * already holds checkpoints, so two runs never mix in one directory.
@@ -591,9 +501,10 @@ static fsdp_status ckpt_prepare(struct trainer *t)
     bool found = false;
     uint64_t step = 0;
     fsdp_status st = fsdp_engine_ckpt_describe(&t->sh, cfg->data, cfg->steps, &t->ck_base);
-    FSDP_TRY(agree(t, st));
+    FSDP_TRY(fsdp_job_agree(t->cfg->procs, t->world, st));
     /* one run id for the job: the manifest's and every rank's shard file's */
-    FSDP_TRY(from_process0(t, &t->ck_base.run_id, sizeof t->ck_base.run_id));
+    FSDP_TRY(fsdp_job_from_process0(t->cfg->procs, t->world, &t->ck_base.run_id,
+                                    sizeof t->ck_base.run_id));
     if (t->world->process == 0) {
         st = fsdp_ckpt_dir_lock(&t->ck_lock, cfg->ckpt_dir); /* until the run ends */
         if (st == FSDP_STATUS_OK && !cfg->resume)
@@ -604,16 +515,16 @@ static fsdp_status ckpt_prepare(struct trainer *t)
                                 "pass --resume to continue from it, or choose another directory",
                                 cfg->ckpt_dir, (unsigned long long)step);
     }
-    FSDP_TRY(agree(t, st));
-    if (t->world->n_processes > 1)
-        FSDP_TRY(ckpt_dir_shared(t));
+    FSDP_TRY(fsdp_job_agree(t->cfg->procs, t->world, st));
+    FSDP_TRY(fsdp_job_dir_shared(t->cfg->procs, t->world, cfg->ckpt_dir, t->ck_base.run_id,
+                                 "--ckpt-dir"));
     if (!cfg->resume)
         return FSDP_STATUS_OK;
     st = fsdp_engine_ckpt_find(&t->sh, cfg->ckpt_dir, cfg->allow_batch_change, &t->ck_resume,
                                t->ck_path, sizeof t->ck_path, &found);
-    FSDP_TRY(agree(t, st));
+    FSDP_TRY(fsdp_job_agree(t->cfg->procs, t->world, st));
     uint64_t seen[2] = {found, found ? t->ck_resume.step : 0}, first[2] = {seen[0], seen[1]};
-    FSDP_TRY(from_process0(t, first, sizeof first));
+    FSDP_TRY(fsdp_job_from_process0(t->cfg->procs, t->world, first, sizeof first));
     if (memcmp(seen, first, sizeof seen))
         st = fsdp_error_set(FSDP_STATUS_IO,
                             "process %d finds %s in --ckpt-dir '%s' where process 0 finds %s%llu; "
@@ -621,7 +532,7 @@ static fsdp_status ckpt_prepare(struct trainer *t)
                             t->world->process, found ? "a checkpoint" : "no checkpoint",
                             cfg->ckpt_dir, first[0] ? "step " : "none",
                             (unsigned long long)first[1]);
-    FSDP_TRY(agree(t, st));
+    FSDP_TRY(fsdp_job_agree(t->cfg->procs, t->world, st));
     if (!found) {
         t->ck_path[0] = '\0';
         if (t->out)
