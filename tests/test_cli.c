@@ -23,7 +23,7 @@ START_TEST(test_usage_errors)
         {"train --devices 0", 2, "--devices: 0 is out of range (expected 1..1024)"},
         {"train --devices 1025", 2, "--devices: 1025 is out of range"},
         {"train --shard sideways", 2,
-         "--shard: unknown value 'sideways' (expected full, grad-op or none)"},
+         "--shard: unknown value 'sideways' (expected full, grad-op, none or hybrid)"},
         {"train --precision fp8", 2, "--precision: unknown value 'fp8' (expected fp32 or bf16)"},
         {"train --offload everything", 2, "unknown value 'everything' (expected none or optimizer)"},
         {"train --prefetch maybe", 2, "unknown value 'maybe' (expected on or off)"},

@@ -126,7 +126,6 @@ static void launch_ok(int n, fsdp_rank_fn fn, void *arg)
     ck_assert_msg(st == FSDP_STATUS_OK, "%d ranks: %s: %s", n, fsdp_status_name(st),
                   fsdp_error_msg());
     ck_assert_ptr_null(w->comm_shared);
-    ck_assert_ptr_null(w->mpi_shared);
     fsdp_world_free(w);
 }
 
@@ -811,7 +810,7 @@ START_TEST(test_transport_pick_matrix)
             for (size_t i = 0; i < FSDP_TEST_LEN(rpds); i++)
                 for (size_t j = 0; j < FSDP_TEST_LEN(procs); j++, n_checked++) {
                     fsdp_transport_req req = {(fsdp_backend)b, (fsdp_comm_kind)k, rpds[i],
-                                              procs[j]};
+                                              procs[j], false};
                     const fsdp_transport *t = (const fsdp_transport *)1;
                     fsdp_status st = fsdp_transport_pick(&req, &t);
                     int want = expected_transport(req.backend, req.kind, rpds[i], procs[j]);
@@ -869,15 +868,34 @@ START_TEST(test_transport_pick_matrix)
     ck_assert_int_eq(n_checked, FSDP_BACKEND_COUNT * FSDP_COMM_KIND_COUNT * 3 * 2);
     /* out-of-range requests are refused, not read past the tables */
     const fsdp_transport *t;
-    fsdp_transport_req bad_b = {FSDP_BACKEND_COUNT, FSDP_COMM_AUTO, 1, 1};
+    fsdp_transport_req bad_b = {FSDP_BACKEND_COUNT, FSDP_COMM_AUTO, 1, 1, false};
     ck_assert_int_eq(fsdp_transport_pick(&bad_b, &t), FSDP_STATUS_INVALID_ARG);
-    fsdp_transport_req bad_k = {FSDP_BACKEND_CPU, FSDP_COMM_KIND_COUNT, 1, 1};
+    fsdp_transport_req bad_k = {FSDP_BACKEND_CPU, FSDP_COMM_KIND_COUNT, 1, 1, false};
     ck_assert_int_eq(fsdp_transport_pick(&bad_k, &t), FSDP_STATUS_INVALID_ARG);
 }
 END_TEST
 
 /* Each transport's help line (what --help prints) names exactly the
  * backends the table lets it serve. */
+/* Hybrid sharding's communicators over groups: the cpu and meta
+ * transports form them, the cuda ones do not (yet), and say so. */
+START_TEST(test_transport_groups)
+{
+    const fsdp_transport *t;
+    fsdp_transport_req cpu = {FSDP_BACKEND_CPU, FSDP_COMM_AUTO, 1, 2, true};
+    ck_assert_int_eq(fsdp_transport_pick(&cpu, &t), FSDP_STATUS_OK);
+    ck_assert_int_eq(t->kind, FSDP_COMM_MPI);
+    fsdp_transport_req meta = {FSDP_BACKEND_META, FSDP_COMM_AUTO, 1, 1, true};
+    ck_assert_int_eq(fsdp_transport_pick(&meta, &t), FSDP_STATUS_OK);
+    fsdp_transport_req cuda = {FSDP_BACKEND_CUDA, FSDP_COMM_AUTO, 1, 2, true};
+    ck_assert_int_eq(fsdp_transport_pick(&cuda, &t), FSDP_STATUS_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "forms communicators over part of the ranks"));
+    cuda.kind = FSDP_COMM_NCCL;
+    ck_assert_int_eq(fsdp_transport_pick(&cuda, &t), FSDP_STATUS_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "--comm nccl cannot form communicators"));
+}
+END_TEST
+
 START_TEST(test_transport_help_names_its_backends)
 {
     const fsdp_name_table *kt = &fsdp_comm_kind_names;
@@ -890,8 +908,8 @@ START_TEST(test_transport_help_names_its_backends)
             continue;
         for (int b = 0; b < FSDP_BACKEND_COUNT; b++) {
             /* in a job of one process or of several (mpi needs several) */
-            fsdp_transport_req one = {(fsdp_backend)b, (fsdp_comm_kind)e->value, 1, 1};
-            fsdp_transport_req two = {(fsdp_backend)b, (fsdp_comm_kind)e->value, 1, 2};
+            fsdp_transport_req one = {(fsdp_backend)b, (fsdp_comm_kind)e->value, 1, 1, false};
+            fsdp_transport_req two = {(fsdp_backend)b, (fsdp_comm_kind)e->value, 1, 2, false};
             const fsdp_transport *t;
             bool serves = fsdp_transport_pick(&one, &t) == FSDP_STATUS_OK ||
                           fsdp_transport_pick(&two, &t) == FSDP_STATUS_OK;
@@ -975,6 +993,7 @@ static Suite *comm_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_transport_pick_matrix);
     tcase_add_test(tc, test_transport_help_names_its_backends);
+    tcase_add_test(tc, test_transport_groups);
     tcase_add_test(tc, test_comm_init_refuses_misfit);
     suite_add_tcase(s, tc);
 

@@ -250,7 +250,8 @@ START_TEST(test_comm_bytes_formula)
                 size_t b = fsdp_dtype_size(c.eng.compute_dtype), expect = 0;
                 for (int u = 0; u < sm.n_units; u++) {
                     size_t pad = sm.units[u].padded_numel;
-                    size_t gathers = u == 0 ? 1 : (s == FSDP_SHARD_FULL ? 2 * A : A);
+                    bool reshards = s == FSDP_SHARD_FULL || s == FSDP_SHARD_HYBRID;
+                    size_t gathers = u == 0 ? 1 : (reshards ? 2 * A : A);
                     if (s != FSDP_SHARD_NONE)
                         expect += gathers * pad * b * (N - 1) / N + A * pad * 4 * (N - 1) / N;
                     else

@@ -413,6 +413,14 @@ START_TEST(test_fit_cost_arithmetic)
     in.prefetch = false;
     fsdp_cost_estimate(&m, &in, &k);
     ck_assert(fabs(k.step_s - 0.051) < 1e-12);
+    /* bytes between nodes go over the node's network too, added */
+    m.node_gbs = 2;
+    in.inter_gather_bytes = 10000000;
+    in.inter_reduce_bytes = 30000000;
+    fsdp_cost_estimate(&m, &in, &k);
+    ck_assert(fabs(k.inter_s - 0.02) < 1e-12 && fabs(k.gather_s - 0.015) < 1e-12);
+    ck_assert(fabs(k.step_s - 0.071) < 1e-12);
+    in.inter_gather_bytes = in.inter_reduce_bytes = 0;
     in.offload = true;
     in.pcie_bytes = 1000000000;
     in.host_update_bytes = 2000000000;

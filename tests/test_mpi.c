@@ -27,7 +27,7 @@
 #include "testutil.h"
 
 #define LOOP_MAX 8      /* simulated processes */
-#define LOOP_CHANNELS 8 /* 0: exchanges; communicators from 1 */
+#define LOOP_CHANNELS 16 /* channels in use at once (slot 0: exchanges) */
 
 /* ---- the loopback procs ---------------------------------------------------------- */
 
@@ -46,7 +46,22 @@ struct loop_job {
     struct loop_msg *tail[LOOP_MAX][LOOP_MAX][LOOP_CHANNELS];
     fsdp_world *worlds[LOOP_MAX];
     int n_fail_calls;
+    int channel_ids[LOOP_CHANNELS]; /* the channel numbers of slots 1.. (0: free) */
 };
+
+/* The slot of channel ch (mu held): 0 for the exchanges' channel 0, else
+ * the slot already given to ch or a new one. */
+static int loop_slot_locked(struct loop_job *j, int ch)
+{
+    if (ch == 0)
+        return 0;
+    int k = 1;
+    while (k < LOOP_CHANNELS && j->channel_ids[k] && j->channel_ids[k] != ch)
+        k++;
+    FSDP_ASSERT(k < LOOP_CHANNELS);
+    j->channel_ids[k] = ch;
+    return k;
+}
 
 static fsdp_status loop_xfer(fsdp_procs *p, fsdp_world *w, int ch, const fsdp_procs_msg *msgs,
                              int n, const char *what, bool *pending)
@@ -54,8 +69,9 @@ static fsdp_status loop_xfer(fsdp_procs *p, fsdp_world *w, int ch, const fsdp_pr
     *pending = false; /* sends are copied at once; receives end here */
     struct loop_job *j = p->ctx;
     int me = p->process;
-    FSDP_ASSERT(ch >= 0 && ch < LOOP_CHANNELS);
+    FSDP_ASSERT(ch >= 0);
     pthread_mutex_lock(&j->mu);
+    ch = loop_slot_locked(j, ch);
     for (int i = 0; i < n; i++) {
         if (!msgs[i].send)
             continue;
@@ -223,7 +239,7 @@ static void *sim_main(void *p)
     if (s->st == FSDP_STATUS_OK)
         s->st = fsdp_world_launch(w, s->fn, s->arg);
     snprintf(s->msg, sizeof s->msg, "%s", fsdp_error_msg());
-    s->leaked = w && (w->mpi_shared || w->rdv_shared);
+    s->leaked = w && (w->comm_shared || w->rdv_shared);
     fsdp_world_free(w);
     fsdp_procs_fini(pr, FSDP_STATUS_OK);
     return NULL;
@@ -279,7 +295,8 @@ static fsdp_status env_init(struct rank_env *e, fsdp_world *w, int rank)
         FSDP_TRY(fsdp_comm_mpi_init(&e->comm, w, &e->dev, rank));
     }
     e->have_comm = true;
-    if (strcmp(e->comm.iface->name, "mpi"))
+    /* a job of one process gets mpi's in-process form: host */
+    if (strcmp(e->comm.iface->name, w->n_processes > 1 ? "mpi" : "host"))
         return fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: got transport %s", rank,
                               e->comm.iface->name);
     return FSDP_STATUS_OK;
@@ -636,6 +653,162 @@ START_TEST(test_counts_follow_the_layout)
 }
 END_TEST
 
+/* ---- groups ---------------------------------------------------------------------- */
+
+/* Hybrid sharding's communicators on P nodes of L ranks: the ranks of a
+ * node, and the ranks with one local index on every node. A node's
+ * reduce-scatter followed by an all-reduce across nodes adds each element
+ * in the two-level tree (nodes' sums, then across nodes), which is comm.h's
+ * tree over all N ranks when P is a power of two. The node group's
+ * all-gather and the cross group's broadcast move the right bytes; the
+ * cross group's bytes between processes (mpi) follow the layout formula
+ * for P processes of one member. Runs as P processes (the loopback) or as
+ * P simulated nodes in one process (host), with the same results. */
+struct groups_arg {
+    int P, L;
+    fsdp_backend backend;
+};
+
+static fsdp_status groups_check(int rank, const char *what, size_t i, float got, float want)
+{
+    if (memcmp(&got, &want, sizeof got))
+        return fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: %s element %zu is %a, want %a",
+                              rank, what, i, (double)got, (double)want);
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status groups_rank(fsdp_world *w, int rank, void *p)
+{
+    const struct groups_arg *a = p;
+    int P = a->P, L = a->L, N = P * L, q = rank / L, j = rank % L;
+    const size_t shard = 3001, S = (size_t)L * shard;
+    fsdp_device dev;
+    fsdp_comm node, cross;
+    bool have_node = false, have_cross = false;
+    float *in = malloc(S * sizeof *in), *out = malloc(S * sizeof *out);
+    float *sh = malloc(shard * sizeof *sh);
+    fsdp_status st = in && out && sh ? FSDP_STATUS_OK : fsdp_error_set(FSDP_STATUS_OOM, "buffers");
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_device_init(&dev, a->backend, w, rank, rank - w->rank_offset, 0);
+    if (st != FSDP_STATUS_OK) {
+        free(in), free(out), free(sh);
+        return st;
+    }
+    fsdp_transport_req req = {.backend = a->backend, .n_processes = w->n_processes};
+    fsdp_comm_group gn = {q * L, 1, L, L}, gc = {j, L, P, L};
+    st = fsdp_comm_init_group(&node, &req, w, &dev, &gn, rank);
+    have_node = st == FSDP_STATUS_OK;
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_comm_init_group(&cross, &req, w, &dev, &gc, rank);
+    have_cross = st == FSDP_STATUS_OK;
+    if (st == FSDP_STATUS_OK && (node.rank != j || node.n_ranks != L || cross.rank != q ||
+                                 cross.n_ranks != P || cross.global_rank != rank))
+        st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: group ranks %d/%d and %d/%d", rank,
+                            node.rank, node.n_ranks, cross.rank, cross.n_ranks);
+    bool computes = fsdp_device_computes(&dev);
+    for (size_t i = 0; i < S; i++)
+        in[i] = sweep_gen(7, rank, i);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_comm_reduce_scatter(&node, in, sh, shard, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_comm_all_reduce(&cross, sh, sh, shard, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+    for (size_t e = 0; computes && e < shard && st == FSDP_STATUS_OK; e++) {
+        size_t i = (size_t)j * shard + e;
+        float nodes[64], all[64];
+        for (int n = 0; n < P; n++) {
+            float mine[64];
+            for (int k = 0; k < L; k++)
+                all[n * L + k] = mine[k] = sweep_gen(7, n * L + k, i);
+            nodes[n] = fsdp_tree_sum(mine, L);
+        }
+        float two_level = fsdp_tree_sum(nodes, P), flat = fsdp_tree_sum(all, N);
+        st = groups_check(rank, "hybrid sum", i, sh[e], two_level);
+        if (st == FSDP_STATUS_OK && !(P & (P - 1)))
+            st = groups_check(rank, "hybrid sum vs one tree over every rank", i, sh[e], flat);
+    }
+    /* the node's all-gather of its shards, the cross group's broadcast */
+    for (size_t e = 0; e < shard; e++)
+        sh[e] = (float)(rank * 100000 + (int)e);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_comm_all_gather(&node, sh, out, shard, FSDP_DTYPE_F32, NULL);
+    for (size_t i = 0; computes && i < S && st == FSDP_STATUS_OK; i++)
+        st = groups_check(rank, "node all_gather", i, out[i],
+                          (float)((q * L + (int)(i / shard)) * 100000 + (int)(i % shard)));
+    fsdp_comm_reset_stats(&cross);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_comm_broadcast(&cross, sh, shard, FSDP_DTYPE_F32, P - 1, NULL);
+    for (size_t e = 0; computes && e < shard && st == FSDP_STATUS_OK; e++)
+        st = groups_check(rank, "cross broadcast", e, sh[e],
+                          (float)(((P - 1) * L + j) * 100000 + (int)e));
+    /* bytes between processes (nodes, on meta): the layout of P x 1 */
+    size_t want_s = 0, want_r = 0;
+    if (st == FSDP_STATUS_OK && (w->n_processes > 1 || a->backend == FSDP_BACKEND_META))
+        st = fsdp_comm_mpi_inter_bytes(FSDP_COLL_BROADCAST, shard, FSDP_DTYPE_F32, P, 1, q, P - 1,
+                                       &want_s, &want_r);
+    if (st == FSDP_STATUS_OK && (cross.bytes_inter_sent[FSDP_COLL_BROADCAST] != want_s ||
+                                 cross.bytes_inter_recv[FSDP_COLL_BROADCAST] != want_r))
+        st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: broadcast across nodes: %zu/%zu "
+                            "bytes between nodes, want %zu/%zu", rank,
+                            cross.bytes_inter_sent[FSDP_COLL_BROADCAST],
+                            cross.bytes_inter_recv[FSDP_COLL_BROADCAST], want_s, want_r);
+    if (have_cross)
+        fsdp_comm_fini(&cross);
+    if (have_node)
+        fsdp_comm_fini(&node);
+    fsdp_device_fini(&dev);
+    free(in), free(out), free(sh);
+    return st;
+}
+
+static const int group_layouts[][2] = {{2, 2}, {2, 3}, {4, 2}, {3, 2}};
+
+START_TEST(test_groups_hybrid_sums)
+{
+    int P = group_layouts[_i][0], L = group_layouts[_i][1];
+    struct groups_arg a = {P, L, FSDP_BACKEND_CPU};
+    run_job_ok(P, L, groups_rank, &a); /* P processes: mpi across them */
+    for (int k = 0; k < 2; k++) {      /* P simulated nodes in one process: host, meta */
+        a.backend = k ? FSDP_BACKEND_META : FSDP_BACKEND_CPU;
+        fsdp_world *w;
+        ck_assert_int_eq(fsdp_world_init(&w, P * L), FSDP_STATUS_OK);
+        fsdp_status st = fsdp_world_launch(w, groups_rank, &a);
+        ck_assert_msg(st == FSDP_STATUS_OK, "%s, %d x %d in one process: %s",
+                      k ? "meta" : "host", P, L, fsdp_error_msg());
+        ck_assert_ptr_null(w->comm_shared);
+        fsdp_world_free(w);
+    }
+}
+END_TEST
+
+/* Groups must sit alike on every process; members of a group refuse it. */
+START_TEST(test_groups_refuse_bad_layouts)
+{
+    fsdp_comm_group g = {0, 2, 3, 0};
+    int nodes[8], P, L;
+    ck_assert_int_eq(fsdp_comm_group_index(&g, 4), 2);
+    ck_assert_int_eq(fsdp_comm_group_index(&g, 3), -1);
+    ck_assert_int_eq(fsdp_comm_group_index(&g, 6), -1);
+    ck_assert_int_eq(fsdp_comm_group_layout(&g, 2, &P, &L, nodes), FSDP_STATUS_OK);
+    ck_assert_int_eq(P, 3);
+    ck_assert_int_eq(L, 1);
+    ck_assert_int_eq(nodes[2], 2);
+    g = (fsdp_comm_group){1, 1, 4, 0}; /* ranks 1..4 on nodes of 2: 1 + 2 + 1 */
+    ck_assert_int_eq(fsdp_comm_group_layout(&g, 2, &P, &L, nodes), FSDP_STATUS_INVALID_ARG);
+    g = (fsdp_comm_group){0, 1, 4, 0};
+    ck_assert_int_eq(fsdp_comm_group_layout(&g, 2, &P, &L, nodes), FSDP_STATUS_OK);
+    ck_assert_int_eq(P * 10 + L, 22);
+    fsdp_world *w;
+    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
+    g = (fsdp_comm_group){0, 2, 3, 0};
+    ck_assert_int_eq(fsdp_comm_group_check(&g, w, 0, "test"), FSDP_STATUS_INVALID_ARG);
+    g = (fsdp_comm_group){0, 2, 2, 0};
+    ck_assert_int_eq(fsdp_comm_group_check(&g, w, 1, "test"), FSDP_STATUS_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "rank 1 is not a member"));
+    ck_assert_int_eq(fsdp_comm_group_check(&g, w, 2, "test"), FSDP_STATUS_OK);
+    fsdp_world_free(w);
+}
+END_TEST
+
 /* ---- failures -------------------------------------------------------------------- */
 
 /* Process 1 issues a different size: every rank of both processes fails,
@@ -819,6 +992,8 @@ static Suite *mpi_suite(void)
     tcase_add_loop_test(tc, test_collectives_match_tree_and_host, 0,
                         (int)FSDP_TEST_LEN(sweep_layouts));
     tcase_add_test(tc, test_counts_follow_the_layout);
+    tcase_add_loop_test(tc, test_groups_hybrid_sums, 0, (int)FSDP_TEST_LEN(group_layouts));
+    tcase_add_test(tc, test_groups_refuse_bad_layouts);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("failures");

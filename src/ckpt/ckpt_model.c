@@ -121,7 +121,10 @@ static fsdp_status ckpt_bind(fsdp_modelfile *mf, const fsdp_model *m)
     if (!first)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
     fsdp_status st = FSDP_STATUS_OK;
-    for (int r = 0; r < c->man.world_size && st == FSDP_STATUS_OK; r++) {
+    /* every rank file (a replicated checkpoint's are whole copies; a hybrid
+     * one's are the first node's) */
+    int n_files = c->man.replicated ? c->man.world_size : fsdp_ckpt_n_shards(&c->man);
+    for (int r = 0; r < n_files && st == FSDP_STATUS_OK; r++) {
         fsdp_ckpt_reader *rd = NULL;
         st = open_rank_reader(mf, r, first, &rd);
         fsdp_ckpt_reader_close(rd);
@@ -135,7 +138,7 @@ static fsdp_status ckpt_read_range(const fsdp_modelfile *mf, int unit, size_t be
 {
     const fsdp_ckpt_manifest *man = &((const ckpt_impl *)mf->impl)->man;
     size_t S = man->units[unit].shard_numel;
-    int n_files = man->replicated ? 1 : man->world_size;
+    int n_files = fsdp_ckpt_n_shards(man);
     size_t *first = calloc((size_t)man->n_units, sizeof *first);
     if (!first)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");

@@ -65,6 +65,8 @@ fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest 
     fsdp_sbuf_printf(&b, "step %" PRIu64 "\nadam_t %" PRIu64 "\ndata_sequences %" PRIu64 "\n", m->step,
               m->adam_t, m->data_sequences);
     fsdp_sbuf_printf(&b, "seed %" PRIu64 "\nworld_size %d\nshard %s\n", m->seed, m->world_size, m->shard);
+    if (!m->replicated && m->shard_ranks > 0 && m->shard_ranks != m->world_size)
+        fsdp_sbuf_printf(&b, "shard_ranks %d\n", m->shard_ranks);
     fsdp_sbuf_printf(&b, "batch %d\nseq %d\ngrad_accum %d\nsteps_total %d\n", m->batch, m->seq,
               m->grad_accum, m->steps_total);
     fsdp_sbuf_printf(&b, "compute_dtype %s\nmaster_dtype fp32\noptim_dtype fp32\n", m->compute_dtype);
@@ -219,7 +221,7 @@ enum mkey {
     K_SHARD, K_BATCH, K_SEQ, K_GRAD_ACCUM, K_STEPS_TOTAL, K_COMPUTE_DTYPE, K_MASTER_DTYPE,
     K_OPTIM_DTYPE, K_MODEL_NAME, K_MODEL_SPEC, K_GPT2, K_VOCAB_SIZE, K_PADDED_VOCAB_SIZE,
     K_MAX_SEQ_LEN, K_MODEL_FAMILY, K_MODEL_CONFIG, K_DATA, K_BLOCK_NUMEL, K_OPTIMIZER,
-    K_OPTIM_STATE, K_COUNT
+    K_OPTIM_STATE, K_SHARD_RANKS, K_COUNT
 };
 
 static const char *const mkey_names[K_COUNT] = {
@@ -227,8 +229,11 @@ static const char *const mkey_names[K_COUNT] = {
     "shard", "batch", "seq", "grad_accum", "steps_total", "compute_dtype", "master_dtype",
     "optim_dtype", "model_name", "model_spec", "gpt2", "vocab_size", "padded_vocab_size",
     "max_seq_len", "model_family", "model_config", "data", "block_numel", "optimizer",
-    "optim_state",
+    "optim_state", "shard_ranks",
 };
+
+/* Keys a manifest may leave out (their meaning when absent is in manifest.h). */
+static const bool mkey_optional[K_COUNT] = {[K_SHARD_RANKS] = true};
 
 /* The versions each key belongs to (bit v set: version v has it, once). */
 #define V1 (1u << 1)
@@ -374,8 +379,8 @@ static fsdp_status parse_header_line(parser *ps, enum mkey k, char *v, fsdp_ckpt
             return bad(ps, "world_size '%s' is not in 1..%d", v, MAX_WORLD);
         return FSDP_STATUS_OK;
     case K_SHARD:
-        if (strcmp(v, "full") && strcmp(v, "grad-op") && strcmp(v, "none"))
-            return bad(ps, "shard '%s' is not full, grad-op or none", v);
+        if (strcmp(v, "full") && strcmp(v, "grad-op") && strcmp(v, "none") && strcmp(v, "hybrid"))
+            return bad(ps, "shard '%s' is not full, grad-op, none or hybrid", v);
         snprintf(m->shard, sizeof m->shard, "%s", v);
         m->replicated = !strcmp(v, "none");
         return FSDP_STATUS_OK;
@@ -437,6 +442,10 @@ static fsdp_status parse_header_line(parser *ps, enum mkey k, char *v, fsdp_ckpt
         snprintf(m->optimizer, sizeof m->optimizer, "%s", v);
         return FSDP_STATUS_OK;
     case K_OPTIM_STATE: return parse_optim_state(ps, v, m);
+    case K_SHARD_RANKS:
+        if (!parse_int(v, 1, MAX_WORLD, &m->shard_ranks))
+            return bad(ps, "shard_ranks '%s' is not in 1..%d", v, MAX_WORLD);
+        return FSDP_STATUS_OK;
     case K_BLOCK_NUMEL:
         if (!parse_u64(v, UINT64_MAX, &x) || x != FSDP_CKPT_BLOCK_NUMEL)
             return bad(ps, "block_numel '%s' is not supported (this build uses %zu)", v,
@@ -447,8 +456,15 @@ static fsdp_status parse_header_line(parser *ps, enum mkey k, char *v, fsdp_ckpt
 }
 
 /* Cross-field checks once the header is complete. */
-static fsdp_status check_header(const parser *ps, const fsdp_ckpt_manifest *m)
+static fsdp_status check_header(const parser *ps, fsdp_ckpt_manifest *m)
 {
+    if (!m->shard_ranks)
+        m->shard_ranks = m->replicated ? 1 : m->world_size;
+    if (m->replicated ? m->shard_ranks != 1
+                      : m->world_size % m->shard_ranks ||
+                            (m->shard_ranks != m->world_size && strcmp(m->shard, "hybrid")))
+        return bad(ps, "shard_ranks %d does not fit world_size %d with shard %s", m->shard_ranks,
+                   m->world_size, m->shard);
     uint64_t per_step = (uint64_t)m->batch * (uint64_t)m->world_size * (uint64_t)m->grad_accum;
     uint64_t seqs;
     if (__builtin_mul_overflow(per_step, m->step, &seqs) || seqs != m->data_sequences)
@@ -480,11 +496,11 @@ static fsdp_status parse_unit_line(const parser *ps, char *line, int index, int 
         return bad(ps, "unit '%s' padded numel '%s' is not in numel..2^48", cu->name, t[6]);
     if (!parse_u64(t[8], MAX_NUMEL, &shard) || shard == 0)
         return bad(ps, "unit '%s' shard numel '%s' is not in 1..2^48", cu->name, t[8]);
-    if (m->replicated ? shard != padded
-                      : padded % (uint64_t)m->world_size || padded / (uint64_t)m->world_size != shard)
+    uint64_t parts = (uint64_t)fsdp_ckpt_n_shards(m);
+    if (padded % parts || padded / parts != shard)
         return bad(ps, "unit '%s': shard numel %" PRIu64 " does not split padded numel %" PRIu64
-                       " over world_size %d with shard %s",
-                   cu->name, shard, padded, m->world_size, m->shard);
+                       " over %d rank(s) (world_size %d, shard %s)",
+                   cu->name, shard, padded, (int)parts, m->world_size, m->shard);
     if (!parse_int(t[10], 1, lines_left > 0 ? lines_left : 1, &cu->n_params) ||
         cu->n_params > lines_left)
         return bad(ps, "unit '%s' params '%s' is not in 1..%d (the lines left in the file)",
@@ -630,7 +646,8 @@ fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
                 *sp = '\0';
             if (!strcmp(key, "units")) {
                 for (int k = 0; k < K_COUNT; k++) /* no version: every key is missing */
-                    if (!seen[k] && (!seen[K_VERSION] || KEY_IN(k, m->version))) {
+                    if (!seen[k] && !mkey_optional[k] &&
+                        (!seen[K_VERSION] || KEY_IN(k, m->version))) {
                         st = bad(&ps, "key '%s' is missing before 'units'", mkey_names[k]);
                         goto fail;
                     }

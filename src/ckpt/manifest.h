@@ -58,9 +58,15 @@ typedef struct fsdp_ckpt_manifest {
     uint64_t adam_t;          /* the optimizer's step count (key named when AdamW was the only one) */
     uint64_t data_sequences;  /* sequences consumed = step * batch * world * accum */
     uint64_t seed;            /* parameter init, data and sampling */
-    int world_size;
-    char shard[16];           /* full | grad-op | none */
+    int world_size;           /* ranks of the run (the global batch is batch x world_size x
+                                 grad_accum) */
+    char shard[16];           /* full | grad-op | none | hybrid */
     bool replicated;          /* shard none: every file holds whole units */
+    int shard_ranks;          /* ranks each unit is split over: world_size, 1 when
+                                 replicated, a node's ranks for hybrid (whose other nodes
+                                 hold copies and write no files); 0 when writing: the
+                                 default. Written as `shard_ranks` only when it is not the
+                                 default, so other manifests read as before */
     int batch, seq, grad_accum;
     int steps_total;          /* --steps of the run that wrote it (lr schedule) */
     char compute_dtype[8];    /* fp32 | bf16 (informational: state is fp32) */
@@ -117,6 +123,13 @@ fsdp_status fsdp_ckpt_manifest_check_model(const fsdp_ckpt_manifest *m, const ch
  * line contradicts the model. Free *out with fsdp_model_free. */
 fsdp_status fsdp_ckpt_manifest_model(const fsdp_ckpt_manifest *m, const char *path,
                                      fsdp_model *out);
+
+/* The shard files that hold each unit once: rank files 0 .. n - 1 (a
+ * replicated checkpoint has world_size files, each a whole copy). */
+static inline int fsdp_ckpt_n_shards(const fsdp_ckpt_manifest *m)
+{
+    return m->replicated ? 1 : m->shard_ranks > 0 ? m->shard_ranks : m->world_size;
+}
 
 /* First element of rank r's shard of unit u in the unit's padded buffer. */
 static inline size_t fsdp_ckpt_shard_first(const fsdp_ckpt_manifest *m, int u, int r)

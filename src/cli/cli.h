@@ -8,6 +8,8 @@
 #ifndef FSDP_CLI_CLI_H
 #define FSDP_CLI_CLI_H
 
+#include <stdbool.h>
+
 #include "fsdp/fsdp.h"
 
 int fsdp_cli_train(int argc, char **argv);
@@ -18,6 +20,11 @@ int fsdp_cli_sample(int argc, char **argv);
 int fsdp_cli_convert(int argc, char **argv);
 int fsdp_cli_plot(int argc, char **argv);
 int fsdp_cli_tokenize(int argc, char **argv);
+
+/* The processes of the job this `fsdp` process belongs to (comm/procs.h),
+ * met by main before a subcommand that runs ranks (train) starts; NULL:
+ * a job of one process. */
+struct fsdp_procs *fsdp_cli_procs(void);
 
 /* ---- shared helpers (cli/common.c) ------------------------------------------ */
 

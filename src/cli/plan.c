@@ -29,7 +29,7 @@ struct fit_opts {
     size_t host_mem;
     int target;
     size_t cuda_overhead;
-    float gpu_tflops, mfu, link_gbs, link_latency_us, pcie_gbs, host_gbs;
+    float gpu_tflops, mfu, link_gbs, link_latency_us, pcie_gbs, host_gbs, node_gbs;
     int jobs, top;
 };
 
@@ -43,6 +43,7 @@ static void fit_opts_table(struct fit_opts *o, fsdp_opt_list *l)
     o->link_latency_us = (float)m.link_latency_us;
     o->pcie_gbs = (float)m.pcie_gbs;
     o->host_gbs = (float)m.host_gbs;
+    o->node_gbs = (float)m.node_gbs;
     o->top = 10;
     fsdp_opt_add(l, "fit", FSDP_OPT_FLAG, &o->fit, NULL,
                  "search micro-batch (keeping the global batch), --shard, --offload, "
@@ -79,6 +80,10 @@ static void fit_opts_table(struct fit_opts *o, fsdp_opt_list *l)
     fsdp_opt_add(l, "host-gbs", FSDP_OPT_FLOAT, &o->host_gbs, "X",
                  "--fit: host memory bandwidth of the CPU optimizer, all devices, in GB/s "
                  "(default 100; build/tools/bench_adam measures yours)");
+    fsdp_opt_add(l, "node-gbs", FSDP_OPT_FLOAT, &o->node_gbs, "X",
+                 "with --nodes: each node's network bandwidth to the others in GB/s, each "
+                 "direction, for the time of the bytes between nodes (default 50: one 400 Gb/s "
+                 "NIC per node)");
     fsdp_opt_add_int(l, "jobs", &o->jobs, 1, 64, "J",
                      "--fit: micro-batches searched at once (default: CPUs / devices)");
     fsdp_opt_add_int(l, "top", &o->top, 1, 1000000, "K",
@@ -114,10 +119,12 @@ static int run_fit(fsdp_run_opts *ro, struct fit_opts *o, fsdp_opt_list *l, bool
     m->link_latency_us = o->link_latency_us;
     m->pcie_gbs = o->pcie_gbs;
     m->host_gbs = o->host_gbs;
+    m->node_gbs = o->node_gbs;
     if (!(m->mfu > 0 && m->mfu <= 1) || !(m->link_gbs > 0) || !(m->link_latency_us >= 0) ||
-        !(m->pcie_gbs > 0) || !(m->host_gbs > 0) || o->gpu_tflops < 0)
+        !(m->pcie_gbs > 0) || !(m->host_gbs > 0) || !(m->node_gbs > 0) || o->gpu_tflops < 0)
         return fsdp_cli_usage("plan", "need 0 < --mfu <= 1, --gpu-tflops, --link-gbs, "
-                                      "--pcie-gbs, --host-gbs > 0 and --link-latency-us >= 0");
+                                      "--pcie-gbs, --host-gbs, --node-gbs > 0 and "
+                                      "--link-latency-us >= 0");
     /* a strategy, offload or prefetch the user named is kept fixed */
     if (fsdp_opt_get(l, "shard")->seen)
         req.shard_mask = FSDP_NAME_BIT(c->eng.shard);
@@ -202,10 +209,13 @@ int fsdp_cli_plan(int argc, char **argv)
     for (size_t i = 0; i < sizeof fit_only / sizeof fit_only[0]; i++)
         if (fsdp_opt_get(&l, fit_only[i])->seen)
             return fsdp_cli_usage("plan", "--%s is an option of --fit", fit_only[i]);
+    if (!(fo.node_gbs > 0))
+        return fsdp_cli_usage("plan", "need --node-gbs > 0");
     fsdp_plan plan;
     fsdp_status st = fsdp_plan_run(c, steps, &plan);
     if (st != FSDP_STATUS_OK)
         return fsdp_cli_status("plan", st);
+    plan.node_gbs = fo.node_gbs;
     if (json)
         fsdp_plan_write_json(stdout, &plan);
     else

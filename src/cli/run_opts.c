@@ -32,6 +32,9 @@ static const fsdp_name shard_names[] = {
     {"grad-op", FSDP_SHARD_GRAD_OP,
      "as full, but gathered parameters stay from forward to backward (SHARD_GRAD_OP, ZeRO-2)"},
     {"none", FSDP_SHARD_NONE, "everything replicated, gradients all-reduced (NO_SHARD, DDP)"},
+    {"hybrid", FSDP_SHARD_HYBRID,
+     "as full within each node, replicated across nodes: gradients reduce-scattered in the "
+     "node, then all-reduced across nodes (HYBRID_SHARD, HSDP); the same as full on one node"},
 };
 const fsdp_name_table fsdp_shard_names = FSDP_NAME_TABLE(shard_names);
 
@@ -83,7 +86,12 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
     fsdp_opt_add_name(l, "backend", &ro->backend, &fsdp_backend_names,
                       "device backend; cuda when a GPU is visible, else cpu");
     fsdp_opt_add_int(l, "devices", &ro->devices, 1, FSDP_MAX_RANKS, "N",
-                     "number of devices = ranks (default: 4 simulated cpu devices, or every GPU)");
+                     "devices = ranks of each node (default: 4 simulated cpu devices, or every "
+                     "GPU)");
+    fsdp_opt_add_int(l, "nodes", &ro->nodes, 1, FSDP_MAX_RANKS, "P",
+                     "nodes of the job, --devices ranks each: under mpirun one per process (the "
+                     "default); in one process, P simulated nodes (hybrid sharding, traffic "
+                     "between nodes)");
     fsdp_opt_add(l, "model", FSDP_OPT_STR, &c->model, "NAME|SPEC|FILE", model_help());
     fsdp_opt_add(l, "data", FSDP_OPT_STR, &c->data, "synthetic|FILE.txt|FILE.jsonl|'GLOB.bin'",
                  "training data: the built-in addition task, a text file (bytes, or tokens with "
@@ -131,12 +139,25 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     e->prefetch = ro->prefetch != 0;
     e->recompute = (fsdp_recompute)ro->recompute;
     e->comm = (fsdp_comm_kind)ro->comm;
-    e->n_ranks = ro->devices != -1 ? ro->devices : fsdp_backend_default_devices(e->backend);
-    if (fsdp_backend_check(e->backend, e->n_ranks, e->ranks_per_device) != FSDP_STATUS_OK)
+    int per_node = ro->devices != -1 ? ro->devices : fsdp_backend_default_devices(e->backend);
+    int P = ro->n_processes > 1 ? ro->n_processes : 1;
+    if (P > 1 && ro->nodes && ro->nodes != P)
+        return fsdp_cli_usage(cmd, "--nodes %d, but the job has %d processes: one node per "
+                              "process (leave --nodes out under mpirun)", ro->nodes, P);
+    int nodes = P > 1 ? P : ro->nodes ? ro->nodes : 1;
+    if ((long)per_node * nodes > FSDP_MAX_RANKS)
+        return fsdp_cli_usage(cmd, "%d nodes x %d devices: at most %d ranks", nodes, per_node,
+                              FSDP_MAX_RANKS);
+    e->n_nodes = nodes;
+    e->n_ranks = per_node * nodes;
+    /* the ranks this process runs need devices here */
+    if (fsdp_backend_check(e->backend, P > 1 ? per_node : e->n_ranks, e->ranks_per_device) !=
+        FSDP_STATUS_OK)
         return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
     const fsdp_transport *t;
     fsdp_transport_req req = {.backend = e->backend, .kind = e->comm,
-                              .ranks_per_device = e->ranks_per_device, .n_processes = 1};
+                              .ranks_per_device = e->ranks_per_device, .n_processes = P,
+                              .groups = e->shard == FSDP_SHARD_HYBRID && nodes > 1};
     if (fsdp_transport_pick(&req, &t) != FSDP_STATUS_OK)
         return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
     const fsdp_optim *o = fsdp_optim_at(0);

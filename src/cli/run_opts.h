@@ -15,7 +15,9 @@ typedef struct fsdp_run_opts {
     /* name-table values, copied into cfg by fsdp_run_opts_finish */
     int backend, shard, precision, offload, prefetch, recompute, comm;
     const char *optimizer; /* a name in the optimizer registry, or NULL: the default */
-    int devices;           /* -1: the backend's default */
+    int devices;           /* per node; -1: the backend's default */
+    int nodes;             /* --nodes; 0: unset (the job's processes) */
+    int n_processes;       /* the job's processes (set by the caller; <= 1: one) */
 } fsdp_run_opts;
 
 /* The --shard, --offload and --prefetch values. (The shard table belongs
@@ -29,9 +31,12 @@ extern const fsdp_name_table fsdp_prefetch_names;
 void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l);
 
 /* Copy the choices into the config and check how they combine (backend
- * and device count, transport, model and sequence length, tokens per
- * micro-batch). Returns 0; 2 after printing a usage error; 1 when the
- * --model file cannot be read (a runtime error, as for every command). */
+ * and device count, nodes and processes, transport, model and sequence
+ * length, tokens per micro-batch). The job's ranks are --devices x nodes:
+ * a job of several processes has one node per process (--nodes, if given,
+ * must agree); one process may simulate --nodes nodes. Returns 0; 2 after
+ * printing a usage error; 1 when the --model file cannot be read (a
+ * runtime error, as for every command). */
 int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro);
 
 #endif /* FSDP_CLI_RUN_OPTS_H */

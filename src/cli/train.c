@@ -16,6 +16,7 @@
 
 #include "cli/cli.h"
 #include "cli/run_opts.h"
+#include "comm/procs.h"
 #include "train/fit.h"
 
 /* ---- stopping on a signal --------------------------------------------------- */
@@ -151,6 +152,9 @@ int fsdp_cli_train(int argc, char **argv)
                              l.v, l.n, argc, argv, NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;
+    /* a job of several processes (cli/main.c): --devices per process */
+    c->procs = fsdp_cli_procs();
+    ro.n_processes = c->procs ? c->procs->n_processes : 1;
     if ((rc = fsdp_run_opts_finish("train", &ro)))
         return rc;
     if (!c->ckpt_dir && (c->ckpt_every || c->ckpt_keep || c->resume))
@@ -186,11 +190,12 @@ int fsdp_cli_train(int argc, char **argv)
         fsdp_train_result_free(&res);
         return fsdp_cli_status("train", st);
     }
+    bool speaks = !c->procs || c->procs->process == 0; /* rank 0's process */
     if (res.first_step >= c->steps) {
-        if (quiet)
+        if (quiet && speaks)
             printf("nothing left to do: checkpoint step %d in %s already reached --steps %d\n",
                    res.first_step, c->ckpt_dir, c->steps);
-    } else if (quiet && res.steps > res.first_step) {
+    } else if (quiet && speaks && res.steps > res.first_step) {
         printf("final loss %.6f after %d steps", res.losses[res.steps - 1], res.steps);
         if (res.n_skipped)
             printf(" (%d skipped)", res.n_skipped);

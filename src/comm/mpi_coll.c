@@ -42,9 +42,20 @@
  * the payload its process sends and receives (bytes_inter_*, headers
  * excluded), which fsdp_comm_mpi_inter_bytes computes from the layout.
  *
+ * Groups (comm.h): a communicator spans any group that holds the same
+ * number of consecutive members in each of the processes it touches (the
+ * whole job; the ranks with one local index on every node, one member per
+ * process). Everything above then reads with the group's members for
+ * "ranks", the processes it touches for "processes" and its first member
+ * in this process as the leader. A group inside one process gets the host
+ * transport (comm/host.c: the same sums). Each group's leader moves its
+ * data on its own channel, so groups work side by side; the channel is a
+ * function of the group, the same in every process whatever order the
+ * communicators are created in.
+ *
  * Fault hook: as host.c, each collective (barrier included) is one
  * FSDP_FAULT_COLLECTIVE operation of its rank, failing before it
- * publishes anything.
+ * publishes anything. Messages name global ranks.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -81,7 +92,9 @@ struct mpi_header {
 };
 
 struct mpi_shared {
-    int n_local, n_procs, me;
+    int n_local, n_procs, me;    /* the group's: members per process, processes, this one */
+    fsdp_comm_group g;
+    int *procs_of;               /* (n_procs,) the job's index of each of its processes */
     int channel;
     fsdp_procs *procs;           /* NULL: a world of one process */
     int n_refs;                  /* w->mu */
@@ -139,14 +152,15 @@ static void prepare_locked(fsdp_comm *c)
             (a->kind != FSDP_COLL_BROADCAST || o->root == a->root) &&
             (!fsdp_mpi_is_reduction(a->kind) || o->op == a->op))
             continue;
-        int r0 = c->world->rank_offset;
+        int r0 = fsdp_comm_group_rank(&sh->g, sh->me * sh->n_local);
         sh->prep_st = FSDP_STATUS_INVALID_ARG;
         snprintf(sh->msg, sizeof sh->msg,
                  "collective mismatch: rank %d issued %s(%zu x %s, op %d, root %d) but rank %d "
                  "issued %s(%zu x %s, op %d, root %d); every rank must issue the same "
                  "collectives in the same order with the same sizes",
                  r0, kind_name(a->kind), a->numel, fsdp_dtype_name(a->dt), (int)a->op, a->root,
-                 r0 + j, kind_name(o->kind), o->numel, fsdp_dtype_name(o->dt), (int)o->op,
+                 r0 + j * sh->g.stride, kind_name(o->kind), o->numel, fsdp_dtype_name(o->dt),
+                 (int)o->op,
                  o->root);
         return;
     }
@@ -203,7 +217,7 @@ static fsdp_status meet(fsdp_comm *c, bool first)
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: aborted in collective %ld while waiting for the other "
                               "ranks: another rank failed",
-                              c->rank, ((struct mpi_ctx *)c->ctx)->n_coll);
+                              c->global_rank, ((struct mpi_ctx *)c->ctx)->n_coll);
     return FSDP_STATUS_OK;
 }
 
@@ -214,33 +228,33 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
     struct mpi_ctx *x = c->ctx;
     struct mpi_shared *sh = x->sh;
     long k = ++x->n_coll;
-    if (fsdp_world_fault_hit(c->world, FSDP_FAULT_COLLECTIVE, c->rank))
+    if (fsdp_world_fault_hit(c->world, FSDP_FAULT_COLLECTIVE, c->global_rank))
         return fsdp_error_set(FSDP_STATUS_INTERNAL,
-                              "rank %d: injected failure in collective %ld (%s)", c->rank, k,
+                              "rank %d: injected failure in collective %ld (%s)", c->global_rank, k,
                               kind_name(kind));
     if (kind != MPI_BARRIER) {
         if ((unsigned)dt >= FSDP_DTYPE_COUNT || (unsigned)op > FSDP_REDUCE_AVG)
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "rank %d: %s: unknown dtype %d or reduce op %d", c->rank,
+                                  "rank %d: %s: unknown dtype %d or reduce op %d", c->global_rank,
                                   kind_name(kind), (int)dt, (int)op);
         if (root < 0 || root >= c->n_ranks)
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                                   "rank %d: broadcast root %d is not a rank of this world "
-                                  "(0..%d)", c->rank, root, c->n_ranks - 1);
+                                  "(0..%d)", c->global_rank, root, c->n_ranks - 1);
         if (numel && (!recv || (kind != FSDP_COLL_BROADCAST && !send)))
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "rank %d: %s of %zu elements given a NULL buffer", c->rank,
+                                  "rank %d: %s of %zu elements given a NULL buffer", c->global_rank,
                                   kind_name(kind), numel);
     }
     if (sh->broken)
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: collective %ld (%s) not started: an earlier transfer "
-                              "between processes failed", c->rank, k, kind_name(kind));
+                              "between processes failed", c->global_rank, k, kind_name(kind));
     if (fsdp_world_aborted(c->world))
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: collective %ld (%s) not started: another rank failed",
-                              c->rank, k, kind_name(kind));
-    struct mpi_slot *me = &sh->slots[c->rank - c->world->rank_offset];
+                              c->global_rank, k, kind_name(kind));
+    struct mpi_slot *me = &sh->slots[c->rank - sh->me * sh->n_local];
     me->kind = kind;
     me->dt = dt;
     me->op = op;
@@ -250,7 +264,8 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
     me->recv = recv;
     FSDP_TRY(meet(c, true));
     if (sh->prep_st != FSDP_STATUS_OK)
-        return fsdp_error_set(sh->prep_st, "rank %d: collective %ld: %s", c->rank, k, sh->msg);
+        return fsdp_error_set(sh->prep_st, "rank %d: collective %ld: %s", c->global_rank, k,
+                              sh->msg);
     return FSDP_STATUS_OK;
 }
 
@@ -301,8 +316,9 @@ static fsdp_status leader_headers(fsdp_comm *c, const char *what)
     for (int q = 0; q < sh->n_procs; q++) {
         if (q == sh->me)
             continue;
-        sh->msgs[n++] = (fsdp_procs_msg){q, true, &sh->mine, sizeof sh->mine};
-        sh->msgs[n++] = (fsdp_procs_msg){q, false, &sh->hdrs[q], sizeof sh->hdrs[q]};
+        int peer = sh->procs_of[q];
+        sh->msgs[n++] = (fsdp_procs_msg){peer, true, &sh->mine, sizeof sh->mine};
+        sh->msgs[n++] = (fsdp_procs_msg){peer, false, &sh->hdrs[q], sizeof sh->hdrs[q]};
     }
     FSDP_TRY(leader_xfer(c, n, MPI_BARRIER, what));
     for (int q = 0; q < sh->n_procs; q++) {
@@ -318,10 +334,12 @@ static fsdp_status leader_headers(fsdp_comm *c, const char *what)
             "%s(%llu x %s, op %d, root %d) as its collective %lld but process %d (host %s) "
             "issued %s(%llu x %s, op %d, root %d) as its collective %lld; every rank must "
             "issue the same collectives in the same order with the same sizes",
-            c->rank, fsdp_world_where(c->world, c->rank, where, sizeof where), x->n_coll, sh->me,
+            c->global_rank, fsdp_world_where(c->world, c->global_rank, where, sizeof where),
+            x->n_coll, sh->procs_of[sh->me],
             kind_name(me->kind), (unsigned long long)me->numel,
-            fsdp_dtype_name((fsdp_dtype)me->dt), me->op, me->root, (long long)me->seq, q,
-            c->world->hosts[q], sane ? kind_name(o->kind) : "garbage",
+            fsdp_dtype_name((fsdp_dtype)me->dt), me->op, me->root, (long long)me->seq,
+            sh->procs_of[q], c->world->hosts[sh->procs_of[q]],
+            sane ? kind_name(o->kind) : "garbage",
             (unsigned long long)o->numel, sane ? fsdp_dtype_name((fsdp_dtype)o->dt) : "?",
             o->op, o->root, (long long)o->seq);
     }
@@ -348,10 +366,11 @@ static fsdp_status leader_exchange(fsdp_comm *c, int round)
         size_t s_len = round == 1 ? l->s_len[q] : l->s2_len;
         size_t r_off = round == 1 ? l->r_off[q] : l->r2_off[q];
         size_t r_len = round == 1 ? l->r_len[q] : l->r2_len[q];
+        int peer = sh->procs_of[q];
         if (s_len)
-            sh->msgs[n++] = (fsdp_procs_msg){q, true, sh->send_stage + s_off, s_len};
+            sh->msgs[n++] = (fsdp_procs_msg){peer, true, sh->send_stage + s_off, s_len};
         if (r_len)
-            sh->msgs[n++] = (fsdp_procs_msg){q, false, sh->recv_stage + r_off, r_len};
+            sh->msgs[n++] = (fsdp_procs_msg){peer, false, sh->recv_stage + r_off, r_len};
     }
     return leader_xfer(c, n, sh->slots[0].kind, what);
 }
@@ -362,7 +381,7 @@ static fsdp_status cross(fsdp_comm *c, int round)
 {
     struct mpi_ctx *x = c->ctx;
     struct mpi_shared *sh = x->sh;
-    bool leader = c->rank == c->world->rank_offset;
+    bool leader = c->rank == sh->me * sh->n_local;
     FSDP_TRY(meet(c, false));
     if (leader) {
         sh->x_st = FSDP_STATUS_OK;
@@ -378,7 +397,8 @@ static fsdp_status cross(fsdp_comm *c, int round)
     if (leader)
         return sh->x_st;
     return fsdp_error_set(FSDP_STATUS_ABORTED,
-                          "rank %d: collective %ld (%s) failed between processes: %s", c->rank,
+                          "rank %d: collective %ld (%s) failed between processes: %s",
+                          c->global_rank,
                           x->n_coll, kind_name(sh->slots[0].kind), sh->msg);
 }
 
@@ -429,7 +449,7 @@ static void stage_payloads(fsdp_comm *c, int kind)
     struct mpi_shared *sh = x->sh;
     const struct mpi_slot *a = &sh->slots[0];
     const fsdp_mpi_cover *cv = &sh->cover;
-    int j = c->rank - c->world->rank_offset, L = sh->n_local, me = sh->me;
+    int L = sh->n_local, me = sh->me, j = c->rank - me * L;
     size_t es = fsdp_dtype_size(a->dt);
     for (int q = 0; q < sh->n_procs; q++) {
         if (q == me)
@@ -457,7 +477,7 @@ static void finish_sum(fsdp_comm *c, int kind, void *out)
     struct mpi_ctx *x = c->ctx;
     struct mpi_shared *sh = x->sh;
     const struct mpi_slot *a = &sh->slots[0];
-    int j = c->rank - c->world->rank_offset, N = c->n_ranks;
+    int j = c->rank - sh->me * sh->n_local, N = c->n_ranks;
     fsdp_mpi_tree_job jb;
     job_for(x, &jb, a, kind, c->rank);
     for (int q = 0; q < sh->n_procs; q++)
@@ -476,7 +496,7 @@ static fsdp_status mpi_all_gather(fsdp_comm *c, const void *send, void *recv, si
     (void)s;
     struct mpi_shared *sh = ((struct mpi_ctx *)c->ctx)->sh;
     FSDP_TRY(begin(c, FSDP_COLL_ALL_GATHER, send, recv, numel, dt, FSDP_REDUCE_SUM, 0));
-    int j = c->rank - c->world->rank_offset, L = sh->n_local;
+    int L = sh->n_local, j = c->rank - sh->me * L;
     size_t chunk = numel * fsdp_dtype_size(dt);
     copy(sh->send_stage + (size_t)j * chunk, send, chunk);
     FSDP_TRY(cross(c, 1));
@@ -550,6 +570,9 @@ static fsdp_status mpi_barrier(fsdp_comm *c)
 
 /* ---- lifetime ------------------------------------------------------------------- */
 
+/* This transport's key in the world's registry of shared states (comm.h). */
+static const char mpi_tag = 'm';
+
 static void shared_free(struct mpi_shared *sh)
 {
     if (!sh)
@@ -561,6 +584,7 @@ static void shared_free(struct mpi_shared *sh)
     free(sh->slots);
     free(sh->msgs);
     free(sh->hdrs);
+    free(sh->procs_of);
     fsdp_mpi_layout_free(&sh->lay);
     fsdp_mpi_cover_fini(&sh->cover);
     free(sh);
@@ -574,9 +598,9 @@ static void mpi_fini(fsdp_comm *c)
     fsdp_world *w = c->world;
     pthread_mutex_lock(&w->mu);
     struct mpi_shared *sh = x->sh;
-    sh->slots[c->rank - w->rank_offset].attached = 0;
+    sh->slots[c->rank - sh->me * sh->n_local].attached = 0;
     if (--sh->n_refs == 0) {
-        w->mpi_shared = NULL;
+        fsdp_comm_shared_drop_locked(w, &mpi_tag, &c->group);
         shared_free(sh);
     }
     pthread_mutex_unlock(&w->mu);
@@ -598,68 +622,110 @@ static const struct fsdp_comm_i mpi_comm_i = {
     /* .fini           = */ mpi_fini,
 };
 
-/* The world's shared state, created by the first local rank (w->mu held). */
-static fsdp_status shared_attach_locked(fsdp_world *w, int rank, struct mpi_shared **out)
+/* The channel of group g's transfers: a function of the group alone, the
+ * same in every process (comm.h's groups of one job differ in first or
+ * stride; first < FSDP_MAX_RANKS, stride <= FSDP_MAX_RANKS: well inside
+ * MPI's tag range). */
+static int group_channel(const fsdp_comm_group *g)
 {
-    struct mpi_shared *sh = w->mpi_shared;
+    return 1 + g->first + FSDP_MAX_RANKS * g->stride;
+}
+
+/* The group's shared state, created by its first member here (w->mu held):
+ * P processes (procs_of) of L members each, this process being block me. */
+static fsdp_status shared_attach_locked(fsdp_world *w, const fsdp_comm_group *g, int P, int L,
+                                        const int *procs_of, int me, int index,
+                                        struct mpi_shared **out)
+{
+    void **where = fsdp_comm_shared_slot_locked(w, &mpi_tag, g);
+    if (!where)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for collectives between "
+                              "processes");
+    struct mpi_shared *sh = *where;
     if (!sh) {
         sh = calloc(1, sizeof *sh);
-        if (!sh)
+        if (!sh) {
+            fsdp_comm_shared_drop_locked(w, &mpi_tag, g);
             return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for collectives "
                                   "between processes");
-        sh->n_local = w->n_local;
-        sh->n_procs = w->n_processes;
-        sh->me = w->process;
+        }
+        sh->n_local = L;
+        sh->n_procs = P;
+        sh->me = me;
+        sh->g = *g;
         sh->procs = w->procs;
-        sh->slots = calloc((size_t)w->n_local, sizeof *sh->slots);
-        sh->msgs = calloc(2 * (size_t)w->n_processes, sizeof *sh->msgs);
-        sh->hdrs = calloc((size_t)w->n_processes, sizeof *sh->hdrs);
-        fsdp_status st = !sh->slots || !sh->msgs || !sh->hdrs
+        sh->slots = calloc((size_t)L, sizeof *sh->slots);
+        sh->msgs = calloc(2 * (size_t)P, sizeof *sh->msgs);
+        sh->hdrs = calloc((size_t)P, sizeof *sh->hdrs);
+        sh->procs_of = calloc((size_t)P, sizeof *sh->procs_of);
+        fsdp_status st = !sh->slots || !sh->msgs || !sh->hdrs || !sh->procs_of
                              ? fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for "
-                                              "collectives between %d processes", sh->n_procs)
-                             : fsdp_mpi_layout_alloc(&sh->lay, sh->n_procs);
+                                              "collectives between %d processes", P)
+                             : fsdp_mpi_layout_alloc(&sh->lay, P);
         if (st == FSDP_STATUS_OK)
-            st = fsdp_mpi_cover_init(&sh->cover, sh->n_procs, sh->n_local);
+            st = fsdp_mpi_cover_init(&sh->cover, P, L);
         if (st != FSDP_STATUS_OK) {
             shared_free(sh);
+            fsdp_comm_shared_drop_locked(w, &mpi_tag, g);
             return st;
         }
-        sh->channel = sh->procs ? fsdp_procs_channel(sh->procs) : 0;
-        w->mpi_shared = sh;
+        memcpy(sh->procs_of, procs_of, (size_t)P * sizeof *procs_of);
+        sh->channel = group_channel(g);
+        *where = sh;
     }
-    struct mpi_slot *slot = &sh->slots[rank - w->rank_offset];
+    struct mpi_slot *slot = &sh->slots[index - me * L];
     if (slot->attached)
         return fsdp_error_set(FSDP_STATUS_INTERNAL,
                               "rank %d: mpi collectives initialised twice; call fsdp_comm_fini "
                               "on every rank (also after a failure) before initialising again",
-                              rank);
+                              fsdp_comm_group_rank(g, index));
     slot->attached = 1;
     sh->n_refs++;
     *out = sh;
     return FSDP_STATUS_OK;
 }
 
-fsdp_status fsdp_comm_mpi_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank)
+fsdp_status fsdp_comm_mpi_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
+                                     const fsdp_comm_group *g, int rank)
 {
     memset(c, 0, sizeof *c);
-    if (!w || !fsdp_world_is_local(w, rank))
+    FSDP_TRY(fsdp_comm_group_check(g, w, rank, "mpi collectives"));
+    if (!fsdp_world_is_local(w, rank))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "mpi collectives: rank %d does not run in this process", rank);
+    int *procs_of = calloc((size_t)g->count, sizeof *procs_of), P = 0, L = 0;
+    if (!procs_of)
+        return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory", rank);
+    fsdp_status st = fsdp_comm_group_layout(g, w->n_local, &P, &L, procs_of);
+    if (st != FSDP_STATUS_OK || P == 1) {
+        free(procs_of);
+        if (st != FSDP_STATUS_OK) {
+            fsdp_error_prefix("rank %d: mpi collectives", rank);
+            return st;
+        }
+        /* inside one process: the host transport is this one's local half */
+        return fsdp_comm_host_init_group(c, w, dev, g, rank);
+    }
     fsdp_procs *p = w->procs;
-    if (w->n_processes > 1 && (!p || !p->iface->xfer))
+    if (!p || !p->iface->xfer) {
+        free(procs_of);
         return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
                               "rank %d: the cpu backend's collectives across %d processes need "
                               "MPI, but this job's processes met through %s, which carries no "
                               "collective data: launch them with mpirun (a build with MPI)",
                               rank, w->n_processes,
                               p ? fsdp_names_name(&fsdp_procs_kind_names, (int)p->kind) : "?");
+    }
+    int index = fsdp_comm_group_index(g, rank), me = index / L;
     struct mpi_ctx *x = calloc(1, sizeof *x);
-    fsdp_status st = FSDP_STATUS_OK;
-    if (!x)
+    if (!x) {
+        free(procs_of);
         return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory", rank);
+    }
     pthread_mutex_lock(&w->mu);
-    st = shared_attach_locked(w, rank, &x->sh);
+    st = shared_attach_locked(w, g, P, L, procs_of, me, index, &x->sh);
     pthread_mutex_unlock(&w->mu);
+    free(procs_of);
     if (st != FSDP_STATUS_OK) {
         free(x);
         return st;
@@ -667,13 +733,15 @@ fsdp_status fsdp_comm_mpi_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, in
     int depth = x->sh->cover.depth + 1;
     x->tmp = calloc((size_t)depth, sizeof *x->tmp);
     x->tmp_mem = aligned_alloc(64, (size_t)depth * FSDP_MPI_BLOCK * sizeof(float));
-    x->leaf = calloc((size_t)w->n_local, sizeof *x->leaf);
-    x->remote = calloc((size_t)w->n_processes, sizeof *x->remote);
+    x->leaf = calloc((size_t)L, sizeof *x->leaf);
+    x->remote = calloc((size_t)P, sizeof *x->remote);
     c->iface = &mpi_comm_i;
     c->world = w;
     c->dev = dev;
-    c->rank = rank;
-    c->n_ranks = w->n_ranks;
+    c->group = *g;
+    c->rank = index;
+    c->n_ranks = g->count;
+    c->global_rank = rank;
     c->ctx = x;
     if (!x->tmp || !x->tmp_mem || !x->leaf || !x->remote) {
         mpi_fini(c);
@@ -684,4 +752,10 @@ fsdp_status fsdp_comm_mpi_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, in
     for (int i = 0; i < depth; i++)
         x->tmp[i] = x->tmp_mem + (size_t)i * FSDP_MPI_BLOCK;
     return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_comm_mpi_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank)
+{
+    fsdp_comm_group g = fsdp_comm_group_all(w ? w->n_ranks : 0);
+    return fsdp_comm_mpi_init_group(c, w, dev, &g, rank);
 }

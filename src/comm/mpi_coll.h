@@ -18,6 +18,12 @@ extern "C" {
  * (procs xfer): under a rendezvous directory it is UNSUPPORTED. A world
  * of one process works too (nothing leaves the process). */
 fsdp_status fsdp_comm_mpi_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
+/* The same over group g (comm.h), `rank` global: every member calls it.
+ * The group must hold the same number of consecutive members in each
+ * process it touches (INVALID_ARG otherwise); one inside a single process
+ * gets the host transport. */
+fsdp_status fsdp_comm_mpi_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
+                                     const fsdp_comm_group *g, int rank);
 
 /* The payload bytes one process sends to and receives from the others
  * for one collective (what the `mpi` transport counts in bytes_inter_*;

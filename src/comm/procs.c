@@ -30,6 +30,16 @@ const fsdp_name_table fsdp_procs_kind_names = FSDP_NAME_TABLE(kind_names);
  * mpirun, PMI (MPICH, Slurm's srun --mpi=pmi2) and PMIx. */
 static const char *const launcher_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"};
 
+int fsdp_procs_launched_size(void)
+{
+    for (size_t i = 0; i < 2; i++) { /* the variables that hold the job's size */
+        const char *v = getenv(launcher_vars[i]);
+        if (v && atoi(v) > 0)
+            return atoi(v);
+    }
+    return 1;
+}
+
 bool fsdp_procs_mpi_launched(void)
 {
     for (size_t i = 0; i < sizeof launcher_vars / sizeof launcher_vars[0]; i++)
@@ -184,11 +194,6 @@ fail:
     free(all);
     free(hosts);
     return st;
-}
-
-int fsdp_procs_channel(fsdp_procs *p)
-{
-    return __atomic_add_fetch(&p->n_channels, 1, __ATOMIC_SEQ_CST);
 }
 
 double fsdp_procs_now(void)

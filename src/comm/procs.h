@@ -103,7 +103,9 @@ struct fsdp_procs_i {
                             void *all);
     /* Optional (NULL: this kind carries no collective data). Post every
      * message and wait until all are done, polling w's abort flag and the
-     * timeout. Messages between two processes on one channel match in the
+     * timeout. A channel (0 .. 2^30) separates message matching: each user
+     * of xfer (a communicator) takes one that every process gives it alike.
+     * Messages between two processes on one channel match in the
      * order they were posted; a received message must have exactly the
      * size posted. On failure *pending says whether posted operations may
      * still use the buffers: then the caller must never free or reuse them
@@ -127,7 +129,6 @@ struct fsdp_procs {
     int process, n_processes;
     char host[FSDP_HOST_MAX];
     double timeout_s;
-    int n_channels;           /* channels handed out by fsdp_procs_channel */
     void *ctx;                /* implementation private */
 };
 
@@ -142,10 +143,6 @@ fsdp_status fsdp_procs_init(fsdp_procs **out, const fsdp_procs_opts *opts);
  * n_local; a different one, on any process, is INVALID_ARG on all of them.
  * The world learns every process's host, and its failures reach p. */
 fsdp_status fsdp_procs_world_init(fsdp_world **out, fsdp_procs *p, int n_local);
-
-/* A channel (separate message matching) for one user of xfer, e.g. one
- * communicator. Every process must take channels in the same order. */
-int fsdp_procs_channel(fsdp_procs *p);
 
 /* A wait on another process: naps between polls (spins briefly first)
  * and says when to give up. *spins counts polls (start at 0); t0 is when
@@ -168,6 +165,9 @@ fsdp_status fsdp_procs_mpi_init(fsdp_procs **out, const fsdp_procs_opts *o);
 fsdp_status fsdp_procs_dir_init(fsdp_procs **out, const fsdp_procs_opts *o);
 /* Whether this process was started by an MPI launcher (its environment). */
 bool fsdp_procs_mpi_launched(void);
+/* The job's processes as the launcher's environment says, before MPI is
+ * started (1 when not launched or not said). */
+int fsdp_procs_launched_size(void);
 /* Whether this build has MPI (mpi_procs.c) or its stub (mpi_stub.c). */
 extern const bool fsdp_procs_mpi_built;
 

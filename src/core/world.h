@@ -128,9 +128,8 @@ struct fsdp_world {
         void *arg;
     } *stop;                       /* [n_local], by local index */
 
-    void *comm_shared;             /* host collectives' rendezvous (comm/host.c) */
+    void *comm_shared;             /* the communicators' shared states, per group (comm/comm.c) */
     void *rdv_shared;              /* cuda collectives' rendezvous (comm/rdv.c) */
-    void *mpi_shared;              /* collectives across processes (comm/mpi_coll.c) */
 };
 
 /* A world of n_ranks ranks (1..FSDP_MAX_RANKS), all in this process; the

@@ -10,7 +10,15 @@
  * balanced tree too (a binary counter of partial shards), so for power-of-
  * two N and A the gradient is the same balanced tree over the M = N*A global
  * micro-batches whatever N is. Losses and norm partial sums are exchanged
- * through host slots and added in the same tree over a fixed global order.
+ * among all ranks (engine_comms.c) and added in the same tree over a fixed
+ * global order. Ranks are the job's: a job of several processes numbers
+ * them globally, only the device ordinal is local.
+ *
+ * Hybrid sharding: a unit is sharded over a node's ranks (gathers and
+ * reduce-scatters on the node's communicator) and its gradient shard is
+ * then all-reduced across the nodes; the sum per element is the node's
+ * tree, then the tree over nodes, which is the tree over every rank when
+ * the number of nodes is a power of two.
  *
  * Activation recompute (cfg.recompute, models/model.h): the model keeps
  * only part of each block's activations; in backward, right after block
@@ -88,6 +96,12 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "--seq %d is longer than the model's context (%d)", cfg->seq,
                               model->max_seq_len);
+    int nodes = cfg->n_nodes > 1 ? cfg->n_nodes : 1;
+    if (w && (w->n_ranks != cfg->n_ranks || (w->n_processes > 1 && nodes != w->n_processes)))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "the engine is configured for %d rank(s) on %d node(s), but its "
+                              "world has %d rank(s) in %d process(es) (one node per process)",
+                              cfg->n_ranks, nodes, w->n_ranks, w->n_processes);
     FSDP_TRY(fsdp_engine_recompute_check(model, cfg->recompute));
     sh->optim = fsdp_optim_or_default(cfg->optim);
     sh->optim_hp = (fsdp_optim_hparams){.beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
@@ -95,30 +109,22 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
                                         .weight_decay = cfg->weight_decay};
     if (!cfg->inference)
         FSDP_TRY(sh->optim->check(&sh->optim_hp));
-    FSDP_TRY(fsdp_shardmap_init(&sh->sm, model, cfg->n_ranks, cfg->shard));
+    FSDP_TRY(fsdp_shardmap_init_nodes(&sh->sm, model, cfg->n_ranks, nodes, cfg->shard));
     for (int u = 0; u < sh->sm.n_units; u++)
         sh->n_local_blocks += sh->sm.units[u].shard_numel / FSDP_NORM_BLOCK;
-    size_t n = (size_t)cfg->n_ranks;
-    for (int k = 0; k < 2; k++) {
-        sh->x_losses[k] = calloc(n * (size_t)cfg->grad_accum, sizeof(float));
-        sh->x_blocks[k] = calloc(n * sh->n_local_blocks, sizeof(float));
-    }
-    sh->x_stats = calloc(n, sizeof *sh->x_stats);
-    if (!sh->x_losses[0] || !sh->x_losses[1] || !sh->x_blocks[0] || !sh->x_blocks[1] ||
-        !sh->x_stats) {
+    fsdp_status st = fsdp_norm_cover_init(&sh->norm, &sh->sm);
+    sh->x_stats = calloc((size_t)cfg->n_ranks, sizeof *sh->x_stats);
+    if (st == FSDP_STATUS_OK && !sh->x_stats)
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the ranks' figures");
+    if (st != FSDP_STATUS_OK)
         fsdp_engine_shared_free(sh);
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the exchange slots");
-    }
-    return FSDP_STATUS_OK;
+    return st;
 }
 
 void fsdp_engine_shared_free(fsdp_engine_shared *sh)
 {
-    for (int k = 0; k < 2; k++) {
-        free(sh->x_losses[k]);
-        free(sh->x_blocks[k]);
-    }
     free(sh->x_stats);
+    fsdp_norm_cover_free(&sh->norm);
     fsdp_shardmap_free(&sh->sm);
     memset(sh, 0, sizeof *sh);
 }
@@ -159,8 +165,12 @@ static fsdp_status gather_issue(fsdp_engine *e, int u)
                                &row->gathered));
     fsdp_trace_begin(e, FSDP_TRACE_COMM, "all_gather", su->spec->name,
                      su->padded_numel * dt_size(e));
-    FSDP_TRY(fsdp_comm_all_gather(&e->comm, row->param, row->gathered, su->shard_numel,
-                                  e->sh->cfg.compute_dtype, e->dev.comm));
+    fsdp_status st = fsdp_comm_all_gather(e->shard_comm, row->param, row->gathered,
+                                          su->shard_numel, e->sh->cfg.compute_dtype, e->dev.comm);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_error_prefix("unit '%s' all-gather", su->spec->name);
+        return st;
+    }
     fsdp_trace_end(e, FSDP_TRACE_COMM);
     FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_gather[u], e->dev.comm));
     row->state = FSDP_UNIT_GATHERING;
@@ -209,12 +219,21 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
     FSDP_TRY(fsdp_engine_order(e, e->dev.compute, e->dev.comm, e->ev_tmp));
     fsdp_trace_begin(e, FSDP_TRACE_COMM, sharded(e) ? "reduce_scatter" : "all_reduce",
                      su->spec->name, su->padded_numel * sizeof(float));
-    if (sharded(e))
-        FSDP_TRY(fsdp_comm_reduce_scatter(&e->comm, row->grad_full, dst, su->shard_numel,
-                                          FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
-    else
-        FSDP_TRY(fsdp_comm_all_reduce(&e->comm, row->grad_full, dst, su->padded_numel,
-                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
+    fsdp_status st;
+    if (sharded(e)) {
+        st = fsdp_comm_reduce_scatter(e->shard_comm, row->grad_full, dst, su->shard_numel,
+                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm);
+        if (st == FSDP_STATUS_OK && e->replica_comm) /* hybrid: the node's shard, over nodes */
+            st = fsdp_comm_all_reduce(e->replica_comm, dst, dst, su->shard_numel,
+                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm);
+    } else {
+        st = fsdp_comm_all_reduce(&e->comm, row->grad_full, dst, su->padded_numel,
+                                  FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm);
+    }
+    if (st != FSDP_STATUS_OK) {
+        fsdp_error_prefix("unit '%s' gradient reduction", su->spec->name);
+        return st;
+    }
     fsdp_trace_end(e, FSDP_TRACE_COMM);
     /* stream-ordered: reused once the collective queued above has read it */
     fsdp_device_free(&e->dev, row->grad_full);
@@ -224,15 +243,6 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
 }
 
 /* ---- per-rank init ------------------------------------------------------- */
-
-/* The transport is chosen in one place (comm/transport.h). */
-static fsdp_status comm_init(fsdp_engine *e)
-{
-    const fsdp_engine_config *cfg = &e->sh->cfg;
-    fsdp_transport_req req = {.backend = cfg->backend, .kind = cfg->comm,
-                              .ranks_per_device = cfg->ranks_per_device, .n_processes = 1};
-    return fsdp_comm_init(&e->comm, &req, e->sh->world, &e->dev, e->rank);
-}
 
 /* Allocate the rank's shards of unit u (where the placement keeps them)
  * and initialise them: parameters from init_fn or the model's counter-based
@@ -273,12 +283,12 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     e->sh = sh;
     e->rank = rank;
     int rpd = cfg->ranks_per_device > 0 ? cfg->ranks_per_device : 1;
-    int ordinal = cfg->backend == FSDP_BACKEND_CUDA ? rank / rpd : rank;
+    int local = rank - sh->world->rank_offset; /* the device ordinal is this process's */
+    int ordinal = cfg->backend == FSDP_BACKEND_CUDA ? local / rpd : local;
     FSDP_CHECK(fsdp_device_init(&e->dev, cfg->backend, sh->world, rank, ordinal, cfg->device_mem));
     e->dev_ready = true;
     e->dev.oom_hint = cfg->oom_hint;
-    FSDP_CHECK(comm_init(e));
-    e->comm_ready = true;
+    FSDP_CHECK(fsdp_engine_comms_init(e)); /* the transport is chosen in comm/transport.h */
     FSDP_CHECK(fsdp_ops_init(&e->ops, &e->dev, cfg->compute_dtype));
     e->ops_ready = true;
 
@@ -376,8 +386,7 @@ void fsdp_engine_free(fsdp_engine *e)
     }
     if (e->ops_ready)
         fsdp_ops_fini(&e->ops);
-    if (e->comm_ready)
-        fsdp_comm_fini(&e->comm);
+    fsdp_engine_comms_fini(e);
     if (e->dev_ready)
         fsdp_device_fini(&e->dev); /* releases every shard and buffer */
     fsdp_accum_free(&e->acc);
@@ -385,6 +394,7 @@ void fsdp_engine_free(fsdp_engine *e)
     free(e->host_losses);
     free(e->loss_order);
     free(e->norm_scratch);
+    free(e->x_records);
     free(e);
 }
 
@@ -499,7 +509,8 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float dloss
     const fsdp_model *m = e->sh->model;
     const struct fsdp_model_i *mi = m->iface;
     int U = e->sh->sm.n_units;
-    bool full = cfg->shard == FSDP_SHARD_FULL;
+    bool full = cfg->shard == FSDP_SHARD_FULL || cfg->shard == FSDP_SHARD_HYBRID; /* reshard
+                                                                                    * after forward */
 
     FSDP_TRY(load_batch(e, index, true));
     fsdp_shard_row *root = fsdp_engine_row(e, 0);
@@ -559,58 +570,15 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float dloss
     return FSDP_STATUS_OK;
 }
 
-/* Global gradient norm: per-block sums of squares of the own shards,
- * exchanged through host slots, added in one fixed global order. */
-static fsdp_status grad_norm(fsdp_engine *e, int parity, float *norm)
-{
-    fsdp_engine_shared *sh = e->sh;
-    int U = sh->sm.n_units;
-    if (!fsdp_device_computes(&e->dev)) {
-        /* meta: nothing is computed and host pointers are fake, so the norm
-         * is 0; skip the block exchange, whose host work grows with the
-         * parameter count (`fsdp plan` of 70B shapes), keep the barrier */
-        FSDP_TRY(fsdp_world_barrier(sh->world));
-        *norm = 0.0f;
-        return FSDP_STATUS_OK;
-    }
-    float *mine = sh->x_blocks[parity] + (size_t)e->rank * sh->n_local_blocks;
-    FSDP_TRY(e->place->grad_sumsq(e, mine));
-    FSDP_TRY(fsdp_world_barrier(sh->world));
-    /* global order: unit by unit, block by block, real blocks only */
-    float *ordered = e->norm_scratch;
-    size_t n = 0, base = 0;
-    for (int u = 0; u < U; u++) {
-        fsdp_shard_unit *su = &sh->sm.units[u];
-        size_t local = su->shard_numel / FSDP_NORM_BLOCK;
-        for (size_t b = 0; b < su->n_blocks; b++) {
-            int r = sharded(e) ? (int)(b / local) : 0;
-            size_t i = sharded(e) ? b % local : b;
-            ordered[n++] = sh->x_blocks[parity][(size_t)r * sh->n_local_blocks + base + i];
-        }
-        base += local;
-    }
-    *norm = sqrtf(fsdp_tree_sum(ordered, (int)n));
-    return FSDP_STATUS_OK;
-}
-
 static fsdp_status step_run(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res)
 {
     fsdp_engine_shared *sh = e->sh;
     const fsdp_engine_config *cfg = &sh->cfg;
-    int U = sh->sm.n_units, N = cfg->n_ranks, A = cfg->grad_accum;
-    int parity = (int)(step & 1);
+    int N = cfg->n_ranks, A = cfg->grad_accum;
     if (cfg->inference)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "rank %d: an inference engine (forward "
                               "only) cannot take a training step", e->rank);
-    fsdp_comm_reset_stats(&e->comm);
-    if (!e->norm_scratch) {
-        size_t total = 0;
-        for (int u = 0; u < U; u++)
-            total += sh->sm.units[u].n_blocks;
-        e->norm_scratch = malloc((total + 1) * sizeof(float));
-        if (!e->norm_scratch)
-            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for norm partial sums");
-    }
+    fsdp_engine_comms_reset(e);
 
     /* parameters of the previous step's update must be on the device */
     e->lr = lr;
@@ -632,16 +600,11 @@ static fsdp_status step_run(fsdp_engine *e, uint64_t step, float lr, fsdp_step_r
         for (int j = 0; j < A; j++) /* a batch this rank could not read: no rank updates */
             e->host_losses[j] = NAN;
 
-    /* loss: tree over global micro-batch index m = j * N + r */
-    memcpy(sh->x_losses[parity] + (size_t)e->rank * (size_t)A, e->host_losses,
-           (size_t)A * sizeof(float));
     float norm = 0.0f;
-    FSDP_TRY(grad_norm(e, parity, &norm)); /* contains the barrier for both slots */
-    float *lv = e->loss_order;
-    for (int r = 0; r < N; r++)
-        for (int j = 0; j < A; j++)
-            lv[j * N + r] = sh->x_losses[parity][(size_t)r * (size_t)A + (size_t)j];
-    float loss = fsdp_engine_mean_loss(lv, M, rows, count);
+    /* the norm and every rank's losses (in e->loss_order, by the global
+     * micro-batch index m = j * N + r) */
+    FSDP_TRY(fsdp_engine_norm(e, &norm));
+    float loss = fsdp_engine_mean_loss(e->loss_order, M, rows, count);
 
     /* clip and update; every rank computed the same loss and norm, so all
      * take the same branch. A non-finite step would poison the parameters:
@@ -656,15 +619,8 @@ static fsdp_status step_run(fsdp_engine *e, uint64_t step, float lr, fsdp_step_r
     else
         e->t = step; /* the state is the previous step's */
 
-    /* publish this rank's figures; after the barrier every rank sees all */
-    fsdp_rank_stats *rs = &sh->x_stats[e->rank];
-    rs->peak_bytes = e->dev.mem.peak_bytes;
-    rs->in_use_bytes = e->dev.mem.in_use_bytes;
-    rs->host_peak_bytes = e->dev.host.peak_bytes;
-    rs->comm_recv_bytes = fsdp_comm_total_recv(&e->comm);
-    rs->comm_sent_bytes = fsdp_comm_total_sent(&e->comm);
-    rs->mem = e->dev.mem;
-    rs->host = e->dev.host;
+    /* every rank's figures; after the barrier x_stats holds them */
+    FSDP_TRY(fsdp_engine_publish(e));
     FSDP_TRY(fsdp_world_barrier(sh->world));
     res->loss = loss;
     res->grad_norm = norm;
@@ -778,8 +734,8 @@ static fsdp_status gather_unit_run(fsdp_engine *e, int u, float *host_out)
     fsdp_status st = e->place->master_on_device(e, u, &shard);
     if (st == FSDP_STATUS_OK) {
         if (sharded(e))
-            st = fsdp_comm_all_gather(&e->comm, shard, full, su->shard_numel, FSDP_DTYPE_F32,
-                                      e->dev.comm);
+            st = fsdp_comm_all_gather(e->shard_comm, shard, full, su->shard_numel,
+                                      FSDP_DTYPE_F32, e->dev.comm);
         else
             st = fsdp_device_memcpy(&e->dev, full, shard, su->padded_numel * sizeof(float),
                                     e->dev.comm);

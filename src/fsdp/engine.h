@@ -6,10 +6,18 @@
  * gradient and optimizer shards). It never knows which model it runs: it
  * drives the model's units through models/model.h.
  *
+ * Ranks are the job's (core/world.h): a job of several processes runs
+ * n_ranks ranks in all, this process's at world->rank_offset..; rank
+ * numbers, micro-batch dealing and loss scaling are global, only the
+ * device ordinal is local. What ranks tell each other each step (losses,
+ * the gradient norm's partial sums, memory and traffic figures) goes
+ * through the world's communicator (fsdp_engine_exchange), so it reaches
+ * every process.
+ *
  * Threading: fsdp_engine_shared is built on the main thread before the
- * ranks start and is read-only afterwards, except the exchange slots,
- * written by each rank into its own slot and read by the others after a
- * world barrier. Each fsdp_engine is used by its rank's thread only.
+ * ranks start and is read-only afterwards, except x_stats (written by the
+ * process's first rank before the barrier that ends a step). Each
+ * fsdp_engine is used by its rank's thread only.
  */
 #ifndef FSDP_FSDP_ENGINE_H
 #define FSDP_FSDP_ENGINE_H
@@ -19,12 +27,16 @@
 #include "comm/transport.h"
 #include "core/names.h"
 #include "data/data.h"
+#include "fsdp/norm_cover.h"
 #include "fsdp/shardmap.h"
 
 typedef struct fsdp_engine_config {
     fsdp_backend backend;
     fsdp_comm_kind comm;       /* transport (comm/transport.h); AUTO: the backend's */
-    int n_ranks;
+    int n_ranks;               /* ranks of the whole job */
+    int n_nodes;               /* nodes of n_ranks / n_nodes ranks (<= 1: one); a job of
+                                  several processes has one node per process, one process
+                                  may simulate several (hybrid sharding, plans) */
     int ranks_per_device;      /* cuda + peer: virtual ranks sharing one GPU */
     fsdp_shard_strategy shard;
     fsdp_dtype compute_dtype;  /* --precision: gathered params and activations */
@@ -63,14 +75,16 @@ extern const fsdp_name_table fsdp_recompute_names;
  * otherwise (and for a mode out of range). Allocates nothing; any thread. */
 fsdp_status fsdp_engine_recompute_check(const fsdp_model *model, fsdp_recompute mode);
 
-/* Per-rank figures of one step, published to every rank through the
- * exchange slots. */
+/* Per-rank figures of one step, exchanged among every rank of the job. */
 typedef struct fsdp_rank_stats {
     size_t peak_bytes;         /* device high-water mark since init */
     size_t in_use_bytes;
     size_t host_peak_bytes;    /* pinned host memory high-water mark */
     size_t comm_recv_bytes;    /* received by collectives during the step */
     size_t comm_sent_bytes;
+    size_t inter_recv_bytes;   /* of which between nodes (comm.h: counted on one rank per node
+                                  and group; 0 in a job of one node) */
+    size_t inter_sent_bytes;
     fsdp_mem_stats mem;        /* full device statistics (for plan) */
     fsdp_mem_stats host;
 } fsdp_rank_stats;
@@ -84,10 +98,8 @@ typedef struct fsdp_engine_shared {
     fsdp_optim_hparams optim_hp; /* from cfg */
     fsdp_shardmap sm;
     size_t n_local_blocks;     /* norm blocks per rank, all units */
-    /* exchange slots, double-buffered by step parity */
-    float *x_losses[2];        /* [n_ranks * grad_accum] */
-    float *x_blocks[2];        /* [n_ranks * n_local_blocks] */
-    fsdp_rank_stats *x_stats;  /* [n_ranks], written before the end-of-step barrier */
+    fsdp_norm_cover norm;      /* the norm's partial sums (norm_cover.h) */
+    fsdp_rank_stats *x_stats;  /* [n_ranks] every rank's, after each step (see above) */
     /* Initial parameters: fills dst with elements [begin, end) of unit
      * `unit`'s flat fp32 buffer (zeros past the unit's numel). NULL: the
      * model's counter-based RNG (fsdp_model_init_range with cfg.seed).
@@ -112,7 +124,9 @@ typedef struct fsdp_step_result {
 
 typedef struct fsdp_engine fsdp_engine;
 
-/* Build the shared part (shard map, exchange slots); main thread. */
+/* Build the shared part (shard map, norm cover, stats); main thread. w is
+ * the job's world: its n_ranks must be cfg->n_ranks, and a world of
+ * several processes has cfg->n_nodes = its processes (or n_nodes <= 1). */
 fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_config *cfg,
                                     const fsdp_model *model, const fsdp_data *data, fsdp_world *w);
 void fsdp_engine_shared_free(fsdp_engine_shared *sh);
@@ -135,7 +149,8 @@ void fsdp_engine_free(fsdp_engine *e);
  * configured optimizer's update (cfg.optim) at learning rate lr. Every rank
  * must call it with the same step and lr.
  * Ends with a world barrier after which sh->x_stats holds every rank's
- * figures for this step.
+ * figures for this step. res->loss is the global batch's mean loss and
+ * res->grad_norm the global norm on every rank.
  *
  * A step whose global loss or gradient norm is not finite applies no
  * update where it can (res->applied; every rank decides the same), so the
@@ -184,7 +199,30 @@ float fsdp_engine_mean_loss(const float *losses, int n, uint64_t rows, uint64_t 
  * units[u].numel floats). */
 fsdp_status fsdp_engine_gather_unit(fsdp_engine *e, int unit, float *host_out);
 
+/* An all-gather of one small host record per rank among every rank of the
+ * job: all[r * bytes ..] = rank r's `mine`. Every rank calls it with the
+ * same bytes; it goes through the world's communicator (staged in device
+ * memory, freed before returning), and is not counted in the step's
+ * traffic. On the meta backend nothing moves and `all` is zeroed. */
+fsdp_status fsdp_engine_exchange(fsdp_engine *e, const void *mine, size_t bytes, void *all);
+
+/* The OR of every rank's `mine` into *all, on every rank of the job (a
+ * decision all ranks take together, e.g. to stop). */
+fsdp_status fsdp_engine_or(fsdp_engine *e, unsigned mine, unsigned *all);
+
+/* Zero the byte and call counters of every communicator of e (a step does
+ * it as it starts). */
+void fsdp_engine_comms_reset(fsdp_engine *e);
+
+/* Collective bytes and calls of this rank since the step began, over every
+ * communicator the engine uses (hybrid sharding has three), per kind:
+ * logical bytes (comm.h) and bytes between nodes. Arrays of
+ * FSDP_COLL_KIND_COUNT. */
+void fsdp_engine_comm_counts(const fsdp_engine *e, size_t *sent, size_t *recv, size_t *calls,
+                             size_t *inter_sent, size_t *inter_recv);
+
 fsdp_device *fsdp_engine_device(fsdp_engine *e);
+/* The communicator over every rank of the job. */
 fsdp_comm *fsdp_engine_comm(fsdp_engine *e);
 
 #endif /* FSDP_FSDP_ENGINE_H */

@@ -10,11 +10,19 @@
  * No device memory is allocated, so the device peak is the training peak.
  *
  * Resharding: unit u's padded flat buffer is split the same way in every
- * world (rank r of N owns [r*S, (r+1)*S), or all of it with shard none),
- * so the new range of a rank intersects a contiguous run of old files;
- * each intersection is read through fsdp_ckpt_reader_read, which verifies
- * the checksum of every block it touches. Elements past the unit's real
- * numel are padding and are zero in every state.
+ * world (rank r of the K ranks a unit is split over owns [r*S, (r+1)*S),
+ * or all of it with shard none), so the new range of a rank intersects a
+ * contiguous run of old files; each intersection is read through
+ * fsdp_ckpt_reader_read, which verifies the checksum of every block it
+ * touches. Elements past the unit's real numel are padding and are zero in
+ * every state.
+ *
+ * Processes: in a job of several processes each rank writes its own file
+ * into the directory every process shares (the trainer checks that it is
+ * shared before the first step); the job's communicator's barriers order
+ * the steps (process 0's rank 0 creates the .tmp directory, every file is
+ * written, rank 0 writes the manifest and DONE). Hybrid sharding writes
+ * the first node's files only: the other nodes hold the same shards.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -71,6 +79,7 @@ fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *
     out->world_size = cfg->n_ranks;
     snprintf(out->shard, sizeof out->shard, "%s", fsdp_shard_strategy_name(cfg->shard));
     out->replicated = cfg->shard == FSDP_SHARD_NONE;
+    out->shard_ranks = sh->sm.shard_ranks;
     out->batch = cfg->batch;
     out->seq = cfg->seq;
     out->grad_accum = cfg->grad_accum;
@@ -309,8 +318,10 @@ fsdp_status fsdp_engine_ckpt_save(fsdp_engine *e, const char *dir, const fsdp_ck
     FSDP_TRY(fsdp_ckpt_step_path(tmp, sizeof tmp, dir, step, ".tmp"));
     if (e->rank == 0)
         FSDP_TRY(fsdp_ckpt_begin(dir, step));
-    FSDP_TRY(fsdp_world_barrier(sh->world));
-    fsdp_status st = write_rank_file(e, tmp, base, step);
+    FSDP_TRY(fsdp_comm_barrier(&e->comm)); /* every rank of the job */
+    /* one copy of each shard: hybrid's other nodes hold the first node's */
+    bool writes = cfg->shard == FSDP_SHARD_NONE || e->rank < sh->sm.shard_ranks;
+    fsdp_status st = writes ? write_rank_file(e, tmp, base, step) : FSDP_STATUS_OK;
     if (st != FSDP_STATUS_OK) {
         fsdp_error_prefix("saving checkpoint step %" PRIu64, step);
         return st;
@@ -327,7 +338,7 @@ fsdp_status fsdp_engine_ckpt_save(fsdp_engine *e, const char *dir, const fsdp_ck
         FSDP_TRY(fsdp_ckpt_manifest_write(path, &m));
     }
     /* every rank's file is written and fsynced before DONE */
-    FSDP_TRY(fsdp_world_barrier(sh->world));
+    FSDP_TRY(fsdp_comm_barrier(&e->comm));
     if (e->rank == 0) {
         FSDP_TRY(write_fault(e, step, "commit"));
         FSDP_TRY(fsdp_ckpt_commit(dir, step, keep));
@@ -411,6 +422,8 @@ fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_c
 {
     fsdp_engine_shared *sh = e->sh;
     int U = sh->sm.n_units, N_old = man->world_size;
+    /* the files: every shard once, or (replicated) world_size whole copies */
+    int n_files = man->replicated ? N_old : fsdp_ckpt_n_shards(man);
     if (!fsdp_device_computes(&e->dev))
         return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
                               "checkpoints need the cpu or cuda backend (meta holds no values)");
@@ -431,7 +444,7 @@ fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_c
         FSDP_CHECK(e->place->params_ready(e, u)); /* no update may be in flight */
     }
     FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
-    for (int k = 0; k < N_old; k++) {
+    for (int k = 0; k < n_files; k++) {
         /* with shard none every old file holds everything: spread the reads */
         if (man->replicated && k != e->rank % N_old)
             continue;

@@ -23,9 +23,13 @@ struct fsdp_engine {
     fsdp_engine_shared *sh;
     int rank;
     fsdp_device dev;
-    fsdp_comm comm;
+    fsdp_comm comm;              /* every rank of the job */
+    fsdp_comm comm_node;         /* hybrid: the ranks of this rank's node */
+    fsdp_comm comm_cross;        /* hybrid: the ranks with this local index on every node */
+    fsdp_comm *shard_comm;       /* the ranks a unit is sharded over: gathers, reduce-scatters */
+    fsdp_comm *replica_comm;     /* hybrid: the replicas of this rank's shard (NULL: none) */
     fsdp_op_ctx ops;
-    bool dev_ready, comm_ready, ops_ready;
+    bool dev_ready, comm_ready, ops_ready, node_ready, cross_ready;
     fsdp_status status;          /* first failure of init or of a call (step, forward, ...);
                                   * OK so far: fsdp_engine_free stops the rank with it */
     void *state;                 /* model activations (B, T) */
@@ -39,7 +43,10 @@ struct fsdp_engine {
     float *dev_blocks;           /* (n_local_blocks,) norm partial sums on the device */
     float *host_losses;          /* (grad_accum,) this rank's micro-step losses */
     float *loss_order;           /* (n_ranks * grad_accum,) losses by global micro-batch */
-    float *norm_scratch;
+    float *norm_scratch;         /* (n_local_blocks + (n_ranks + 1) * (record_len +
+                                    grad_accum),) the norm's block sums, this rank's record
+                                    (cover and losses), every rank's (engine_comms.c) */
+    void *x_records;             /* (n_ranks,) fsdp_rank_stats of every rank (engine_comms.c) */
     float *logits_stage;         /* (Vp,) fp32, bf16 sampling only */
     uint64_t t;                  /* optimizer step count (1-based after the first step) */
     float lr;                    /* learning rate of the step in progress */
@@ -47,6 +54,18 @@ struct fsdp_engine {
     fsdp_status data_st;         /* first data error of a step (fsdp_engine_data_error) */
     char data_msg[FSDP_ERROR_MSG_MAX];
 };
+
+/* engine_comms.c: the communicators (init on the rank's thread after the
+ * device; fini is safe after a failed init), their counters, and the
+ * step's exchanges (every rank of the job calls them together). */
+fsdp_status fsdp_engine_comms_init(fsdp_engine *e);
+void fsdp_engine_comms_fini(fsdp_engine *e);
+/* The global gradient norm of the gradient shards (after the last
+ * micro-step), and every rank's micro-step losses into e->loss_order by
+ * the global micro-batch index. */
+fsdp_status fsdp_engine_norm(fsdp_engine *e, float *norm);
+/* After the update: every rank's figures into sh->x_stats. */
+fsdp_status fsdp_engine_publish(fsdp_engine *e);
 
 /* Whether a unit's update must wait for the step's global norm: with
  * clipping (the scale depends on it) and when non-finite steps are to be

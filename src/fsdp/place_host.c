@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/world.h"
 #include "fsdp/place.h"
 #include "optim/job.h"
 #include "optim/pool.h"
@@ -57,7 +58,7 @@ static fsdp_status host_init(fsdp_engine *e)
     if (!fsdp_device_computes(&e->dev))
         return FSDP_STATUS_OK;
     /* on cpu, the rank threads keep the cores busy; GPU ranks mostly wait */
-    int busy = sh->cfg.backend == FSDP_BACKEND_CPU ? sh->cfg.n_ranks : 0;
+    int busy = sh->cfg.backend == FSDP_BACKEND_CPU ? sh->world->n_local : 0;
     return fsdp_pool_acquire(busy, &h->pool);
 }
 

@@ -200,6 +200,8 @@ fsdp_status fsdp_trace_write(const fsdp_trace *t, const char *path)
     int first = 1;
     for (int r = 0; r < t->n_ranks; r++) {
         const struct rank_buf *b = &t->ranks[r];
+        if (!b->n)
+            continue; /* a rank of another process (its process writes its track) */
         uint8_t *lane = malloc(b->n + 1);
         uint32_t used[FSDP_TRACE_TRACK_COUNT];
         if (!lane || !assign_lanes(b, lane, used)) {

@@ -204,6 +204,9 @@ static void print_chosen(FILE *f, const fsdp_fit_request *req, const fsdp_fit_re
             fmt_time(t2, sizeof t2, k0->compute_s), fmt_time(t3, sizeof t3, k0->gather_s),
             c->prefetch ? " (overlapped by prefetch)" : "", fmt_time(t4, sizeof t4, k0->reduce_s),
             fmt_time(t5, sizeof t5, k0->latency_s));
+    if (k0->inter_s > 0)
+        fprintf(f, " (of the all-gather and reduce, %s between nodes at --node-gbs %g)",
+                fmt_time(t2, sizeof t2, k0->inter_s), req->machine.node_gbs);
     if (c->offload)
         fprintf(f, ", PCIe %s + CPU optimizer %s beside the device",
                 fmt_time(t2, sizeof t2, k0->pcie_s), fmt_time(t3, sizeof t3, k0->cpu_opt_s));
@@ -232,9 +235,13 @@ static void print_model(FILE *f, const fsdp_fit_request *req, const fsdp_fit_res
     fprintf(f, "\ncost model (src/train/cost.h; flags override each figure): %s peak %.0f "
                "TFLOP/s x %.2f achieved (--gpu-tflops, --mfu), %.3g GFLOP per token; "
                "collectives %.0f GB/s + %.0f us per call (--link-gbs, --link-latency-us); PCIe "
-               "%.0f GB/s (--pcie-gbs); CPU optimizer at %.0f GB/s of host memory (--host-gbs)\n",
+               "%.0f GB/s (--pcie-gbs); CPU optimizer at %.0f GB/s of host memory (--host-gbs)",
             fsdp_dtype_name(e->compute_dtype), fsdp_machine_tflops(m, e->compute_dtype), m->mfu,
             r->flops_per_token / 1e9, m->link_gbs, m->link_latency_us, m->pcie_gbs, m->host_gbs);
+    if (e->n_nodes > 1)
+        fprintf(f, "; %d nodes, bytes between them at %.0f GB/s per node (--node-gbs)",
+                e->n_nodes, m->node_gbs);
+    fputc('\n', f);
     if (req->backend != FSDP_BACKEND_CUDA) {
         fprintf(f, "(the cpu backend simulates the devices: the step times are those of the "
                    "machine figures above, not of this CPU)\n");
@@ -269,9 +276,10 @@ void fsdp_fit_print(FILE *f, const fsdp_fit_request *req, const fsdp_fit_result 
 static void json_cost(FILE *f, const fsdp_cost *k)
 {
     fprintf(f, "{\"step_s\":%.6g,\"device_s\":%.6g,\"compute_s\":%.6g,\"gather_s\":%.6g,"
-               "\"reduce_s\":%.6g,\"latency_s\":%.6g,\"pcie_s\":%.6g,\"cpu_opt_s\":%.6g}",
-            k->step_s, k->device_s, k->compute_s, k->gather_s, k->reduce_s, k->latency_s,
-            k->pcie_s, k->cpu_opt_s);
+               "\"reduce_s\":%.6g,\"inter_node_s\":%.6g,\"latency_s\":%.6g,\"pcie_s\":%.6g,"
+               "\"cpu_opt_s\":%.6g}",
+            k->step_s, k->device_s, k->compute_s, k->gather_s, k->reduce_s, k->inter_s,
+            k->latency_s, k->pcie_s, k->cpu_opt_s);
 }
 
 static void json_cuda(FILE *f, const fsdp_cuda_overhead *o)

@@ -15,6 +15,7 @@ void fsdp_machine_default(fsdp_machine *m)
     m->link_latency_us = 20.0;
     m->pcie_gbs = 25.0;
     m->host_gbs = 100.0;
+    m->node_gbs = 50.0;
 }
 
 double fsdp_machine_tflops(const fsdp_machine *m, fsdp_dtype dt)
@@ -34,8 +35,12 @@ void fsdp_cost_estimate(const fsdp_machine *m, const fsdp_cost_input *in, fsdp_c
     double flops_s = fsdp_machine_tflops(m, in->dtype) * 1e12 * m->mfu;
     double link = m->link_gbs * 1e9;
     out->compute_s = in->flops / flops_s;
-    out->gather_s = (double)in->gather_bytes / link;
-    out->reduce_s = (double)in->reduce_bytes / link;
+    double node = m->node_gbs * 1e9; /* only asked for with bytes between nodes */
+    double inter_g = in->inter_gather_bytes ? (double)in->inter_gather_bytes / node : 0.0;
+    double inter_r = in->inter_reduce_bytes ? (double)in->inter_reduce_bytes / node : 0.0;
+    out->inter_s = inter_g + inter_r;
+    out->gather_s = (double)in->gather_bytes / link + inter_g;
+    out->reduce_s = (double)in->reduce_bytes / link + inter_r;
     out->latency_s = (double)in->n_calls * m->link_latency_us * 1e-6;
     double exposed = in->prefetch ? max2(out->compute_s, out->gather_s)
                                   : out->compute_s + out->gather_s;

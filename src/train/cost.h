@@ -13,7 +13,12 @@
  *               r = forward passes rerun by activation recompute (0: none,
  *               1: a whole block); a forward is 1/3 of forward + backward
  *   gather    = all-gather bytes received / link bandwidth
+ *               + the busiest node's all-gather bytes from other nodes / node bandwidth
  *   reduce    = reduce-scatter + all-reduce bytes received / link bandwidth
+ *               + the busiest node's reduction bytes from other nodes / node bandwidth
+ *     (a job of several nodes: the bytes that cross between nodes go over each
+ *     node's network as well as the devices' links; the two are added, not
+ *     overlapped, an upper bound)
  *   latency   = collective calls x per-call latency
  *   device    = prefetch on:  max(compute, gather) + reduce + latency
  *               prefetch off: compute + gather + reduce + latency
@@ -59,6 +64,9 @@ typedef struct fsdp_machine {
     double host_gbs;       /* host memory bandwidth the CPU optimizer reaches, GB/s,
                               all devices together (100; build/tools/bench_adam
                               measures it on your machine) */
+    double node_gbs;       /* a node's network bandwidth to the other nodes, GB/s, each
+                              direction (50: one 400 Gb/s InfiniBand NDR or RoCE NIC;
+                              an 8-GPU H100 node with a NIC per GPU has 8x that) */
 } fsdp_machine;
 
 /* The defaults above. */
@@ -75,6 +83,8 @@ typedef struct fsdp_cost_input {
     bool offload;
     size_t gather_bytes;       /* all-gather bytes received by this device, one step */
     size_t reduce_bytes;       /* reduce-scatter + all-reduce bytes received */
+    size_t inter_gather_bytes; /* all-gather bytes the busiest node receives from others */
+    size_t inter_reduce_bytes; /* reduction bytes the busiest node receives from others */
     size_t n_calls;            /* collective calls, one step */
     size_t pcie_bytes;         /* offload: host <-> device bytes of this device, one step */
     size_t host_update_bytes;  /* offload: bytes the CPU optimizer moves, all devices */
@@ -83,6 +93,7 @@ typedef struct fsdp_cost_input {
 /* The estimate, in seconds, with its terms (see the top of this file). */
 typedef struct fsdp_cost {
     double compute_s, gather_s, reduce_s, latency_s, pcie_s, cpu_opt_s;
+    double inter_s;            /* of gather_s + reduce_s: the part between nodes */
     double device_s;           /* compute with the collectives the schedule exposes */
     double step_s;
 } fsdp_cost;

@@ -139,10 +139,11 @@ struct fit_ctx {
 };
 
 /* Shard strategy a needs no more memory than b: only FULL_SHARD before
- * SHARD_GRAD_OP (fit.h). */
+ * SHARD_GRAD_OP and before HYBRID (which shards over fewer ranks) (fit.h). */
 static bool shard_no_more(fsdp_shard_strategy a, fsdp_shard_strategy b)
 {
-    return a == b || (a == FSDP_SHARD_FULL && b == FSDP_SHARD_GRAD_OP);
+    return a == b ||
+           (a == FSDP_SHARD_FULL && (b == FSDP_SHARD_GRAD_OP || b == FSDP_SHARD_HYBRID));
 }
 
 /* a needs no more memory than b (fit.h's partial order). */
@@ -194,7 +195,7 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
     }
     c->device_bytes = c->peak_bytes + c->cuda.total_bytes;
     /* host: pinned memory of every device (and the simulated devices on cpu) */
-    size_t host = 0, update = 0, pcie = 0, reduce = 0, gather = 0;
+    size_t host = 0, update = 0, pcie = 0, reduce = 0, gather = 0, igather = 0, ireduce = 0;
     size_t dt = fsdp_dtype_size(e->compute_dtype);
     for (int r = 0; r < N; r++) {
         const fsdp_plan_rank *pr = &p.ranks[r];
@@ -213,6 +214,15 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
         if (rd > reduce)
             reduce = rd;
     }
+    for (int q = 0; q < p.n_nodes; q++) { /* the busiest node's bytes from the others */
+        size_t sent[FSDP_COLL_KIND_COUNT], recv[FSDP_COLL_KIND_COUNT];
+        fsdp_plan_node_bytes(&p, q, sent, recv);
+        size_t g = recv[FSDP_COLL_ALL_GATHER], rd = fsdp_plan_coll_total(recv) - g;
+        if (g > igather)
+            igather = g;
+        if (rd > ireduce)
+            ireduce = rd;
+    }
     c->host_bytes = host;
     double tokens = (double)c->batch * (double)e->seq * (double)c->grad_accum;
     fsdp_cost_input in = {
@@ -222,6 +232,8 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
         .offload = c->offload,
         .gather_bytes = gather,
         .reduce_bytes = reduce,
+        .inter_gather_bytes = igather,
+        .inter_reduce_bytes = ireduce,
         .n_calls = fsdp_plan_coll_total(pk->n_calls),
         .pcie_bytes = c->offload ? pcie : 0,
         .host_update_bytes = c->offload ? update : 0,
@@ -298,7 +310,8 @@ static void *search_worker(void *arg)
  * least memory up. */
 static int setting_level(const fsdp_fit_candidate *c)
 {
-    return (c->shard == FSDP_SHARD_GRAD_OP) + (c->offload ? 0 : 1) + (c->prefetch ? 1 : 0) +
+    return (c->shard == FSDP_SHARD_GRAD_OP || c->shard == FSDP_SHARD_HYBRID) +
+           (c->offload ? 0 : 1) + (c->prefetch ? 1 : 0) +
            fsdp_fit_recompute_modes[c->recompute].memory_rank;
 }
 
@@ -369,6 +382,13 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
                            out->refused_why, sizeof out->refused_why));
     out->flops_per_token = x.flops_per_token;
 
+    /* does the run's backend have a transport for hybrid's groups? */
+    const fsdp_transport *tp;
+    fsdp_transport_req treq = {.backend = req->backend, .n_processes = e->n_nodes,
+                               .groups = true};
+    bool groups_ok = fsdp_transport_pick(&treq, &tp) == FSDP_STATUS_OK;
+    if (!groups_ok)
+        fsdp_error_clear();
     /* the settings of one micro-batch, least memory first */
     fsdp_fit_candidate proto[FSDP_SHARD_COUNT * 2 * 2 * 8];
     int n_set = 0;
@@ -377,6 +397,10 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
         for (int s = 0; s < FSDP_SHARD_COUNT; s++)
             for (int off = 1; off >= 0; off--)
                 for (int pf = 0; pf <= 1; pf++) {
+                    /* hybrid is full sharding on one node: only tried on several,
+                     * where the run's backend forms communicators over groups */
+                    if (s == FSDP_SHARD_HYBRID && (e->n_nodes <= 1 || !groups_ok))
+                        continue;
                     /* a mode the model does not implement is left out, not tried:
                      * the other modes of the micro-batch stay in the search */
                     if (!allowed(req->recompute_mask, rc) ||
@@ -531,10 +555,17 @@ void fsdp_fit_command(const fsdp_fit_request *req, const fsdp_fit_candidate *c, 
     const fsdp_recompute_mode *m = &fsdp_fit_recompute_modes[c->recompute];
     if (m->value != 0)
         snprintf(rc, sizeof rc, " --recompute %s", m->name);
+    /* several nodes: one process per node, --devices each */
+    int nodes = e->n_nodes > 1 ? e->n_nodes : 1;
+    char launch[32] = "";
+    if (nodes > 1)
+        snprintf(launch, sizeof launch, "mpirun -np %d ", nodes);
     snprintf(buf, n,
-             "fsdp train --backend %s --model %s --devices %d --seq %d --batch %d --grad-accum %d "
+             "%sfsdp train --backend %s --model %s --devices %d --seq %d --batch %d "
+             "--grad-accum %d "
              "--shard %s --offload %s --prefetch %s --precision %s%s --device-mem %s",
-             fsdp_backend_name(req->backend), model, e->n_ranks, e->seq, c->batch, c->grad_accum,
+             launch, fsdp_backend_name(req->backend), model, e->n_ranks / nodes, e->seq, c->batch,
+             c->grad_accum,
              fsdp_shard_strategy_name(c->shard), c->offload ? "optimizer" : "none",
              c->prefetch ? "on" : "off", fsdp_dtype_name(e->compute_dtype), rc, mem);
 }
@@ -592,20 +623,23 @@ fsdp_status fsdp_fit_check_train(const fsdp_train_config *cfg, size_t device_tot
                  fsdp_fmt_bytes(b2, sizeof b2, (double)(gpu_bytes - rpd * peak)));
         snprintf(limit, sizeof limit, "the GPU's memory");
     }
-    char model[512], mem[32], optim_arg[48] = "";
+    char model[512], mem[32], optim_arg[48] = "", nodes_arg[32] = "";
     shell_word(model, sizeof model, cfg->model ? cfg->model : "small");
     if (e->optim)
         snprintf(optim_arg, sizeof optim_arg, "%s ", e->optim->name);
     size_arg(mem, sizeof mem, limit_bytes);
+    if (e->n_nodes > 1)
+        snprintf(nodes_arg, sizeof nodes_arg, " --nodes %d", e->n_nodes);
     return fsdp_error_set(
         FSDP_STATUS_OOM,
         "the plan says this run does not fit: device %d would need %s, %s over the cap %s (%s); "
         "it would run out of memory during the first step. Find the fastest setting that fits "
-        "with: fsdp plan --fit --target %s --model %s --devices %d --seq %d --precision %s "
+        "with: fsdp plan --fit --target %s --model %s --devices %d%s --seq %d --precision %s "
         "%s%s--global-batch %llu --device-mem %s",
         who, what, fsdp_fmt_bytes(b3, sizeof b3, (double)(need - limit_bytes)),
         fsdp_fmt_bytes(b4, sizeof b4, (double)limit_bytes), limit, fsdp_backend_name(e->backend),
-        model, e->n_ranks, e->seq, fsdp_dtype_name(e->compute_dtype),
+        model, e->n_ranks / (e->n_nodes > 1 ? e->n_nodes : 1), nodes_arg, e->seq,
+        fsdp_dtype_name(e->compute_dtype),
         e->optim && e->optim != fsdp_optim_at(0) ? "--optimizer " : "",
         e->optim && e->optim != fsdp_optim_at(0) ? optim_arg : "",
         (unsigned long long)e->n_ranks * (unsigned long long)e->batch *

@@ -130,12 +130,15 @@ fsdp_status fsdp_metrics_write(fsdp_metrics *m, const fsdp_metrics_record *r)
     num(&b, "tokens_per_s", "%.6g", r->tokens_per_s);
     num(&b, "step_ms", "%.6g", r->step_ms);
     num(&b, "mfu", "%.6g", r->mfu >= 0 ? r->mfu : NAN);
-    static const char *const keys[3] = {"peak_bytes", "comm_bytes", "host_bytes"};
-    for (int k = 0; k < 3; k++) {
+    static const char *const keys[4] = {"peak_bytes", "comm_bytes", "host_bytes", "inter_bytes"};
+    for (int k = 0; k < (r->inter ? 4 : 3); k++) {
         fsdp_sbuf_printf(&b, ",\"%s\":[", keys[k]);
         for (int d = 0; d < r->n_ranks; d++) {
             const fsdp_rank_stats *s = &r->stats[d];
-            size_t v = k == 0 ? s->peak_bytes : k == 1 ? s->comm_recv_bytes : s->host_peak_bytes;
+            size_t v = k == 0   ? s->peak_bytes
+                       : k == 1 ? s->comm_recv_bytes
+                       : k == 2 ? s->host_peak_bytes
+                                : s->inter_recv_bytes;
             fsdp_sbuf_printf(&b, "%s%zu", d ? "," : "", v);
         }
         fsdp_sbuf_printf(&b, "]");

@@ -42,6 +42,8 @@ typedef struct fsdp_metrics_record {
     bool skipped;
     int n_ranks;
     const fsdp_rank_stats *stats; /* [n_ranks] */
+    bool inter;           /* a job of several nodes: inter_bytes[] too (each device's bytes
+                             received from other nodes; comm.h says which rank counts them) */
 } fsdp_metrics_record;
 
 /* Open (append: keep what is there, for a resumed run). IO naming the path. */

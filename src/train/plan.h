@@ -8,6 +8,12 @@
  * Because the meta run issues the same allocations, frees and collectives
  * in the same order as a cpu or cuda run, its figures are the real run's to
  * the byte (tests/test_plan.c checks this against the cpu backend).
+ *
+ * A job of several nodes (eng.n_nodes, --devices ranks each) is planned in
+ * one process: the meta communicators count, beside every collective's
+ * bytes, those that cross between nodes, as a job of one process per node
+ * moves them with the `mpi` transport (comm.h; tests/test_mpi_train.c
+ * checks them against such a job under mpirun).
  */
 #ifndef FSDP_TRAIN_PLAN_H
 #define FSDP_TRAIN_PLAN_H
@@ -23,6 +29,10 @@ typedef struct fsdp_plan_rank {
     size_t sent_bytes[FSDP_COLL_KIND_COUNT];
     size_t recv_bytes[FSDP_COLL_KIND_COUNT];
     size_t n_calls[FSDP_COLL_KIND_COUNT];
+    /* of those, the bytes between nodes (comm.h: counted on one rank of each
+     * node per communicator, so a node's figure is the sum over its ranks) */
+    size_t inter_sent_bytes[FSDP_COLL_KIND_COUNT];
+    size_t inter_recv_bytes[FSDP_COLL_KIND_COUNT];
 } fsdp_plan_rank;
 
 typedef struct fsdp_plan {
@@ -35,7 +45,11 @@ typedef struct fsdp_plan {
     int steps;                /* steps run */
     double wall_s;            /* time the meta run took */
     int n_ranks;
+    int n_nodes;              /* nodes of n_ranks / n_nodes ranks (1: one) */
     fsdp_plan_rank *ranks;    /* [n_ranks] */
+    double node_gbs;          /* for the reports: each node's network bandwidth to the
+                                 others, GB/s, to turn bytes between nodes into time (0:
+                                 not shown); set by the caller */
 } fsdp_plan;
 
 /* Run `steps` (>= 1) steps of cfg on the meta backend with cfg's model,
@@ -57,6 +71,11 @@ static inline size_t fsdp_plan_coll_total(const size_t *v)
         s += v[k];
     return s;
 }
+
+/* The bytes node `node` sends to and receives from the other nodes in one
+ * step, per collective kind (arrays of FSDP_COLL_KIND_COUNT): the sum of
+ * its ranks' inter-node counts. */
+void fsdp_plan_node_bytes(const fsdp_plan *p, int node, size_t *sent, size_t *recv);
 
 /* Largest peak over devices and the device that has it. */
 size_t fsdp_plan_max_peak(const fsdp_plan *p, int *rank);

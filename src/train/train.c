@@ -3,12 +3,21 @@
  * held-out accuracy by greedy decoding for the synthetic task.
  *
  * All ranks run the same loop in lockstep (every engine call is
- * collective). Rank 0 prints and writes the metrics; it reads the other
- * ranks' figures from the engine's exchange slots, published before the
- * barrier that ends each step.
+ * collective). Rank 0 prints and writes the metrics; it reads every rank's
+ * figures from the engine's x_stats, filled before the barrier that ends
+ * each step.
+ *
+ * A job of several processes (cfg->procs: one per node, comm/procs.h)
+ * runs the same loop in each, on its own ranks of one global world; only
+ * process 0 (where rank 0 runs) prints, writes the metrics, the trace of
+ * its ranks (the others write theirs beside it) and the checkpoint
+ * manifest. Before the first step the processes agree on what they share:
+ * the checkpoints' run id, that the checkpoint directory is one they all
+ * see, and the checkpoint to resume from.
  *
  * Stopping early is a decision all ranks take together: after each step
- * they meet in a barrier that ORs what each of them saw (a stop request,
+ * they meet in an exchange that ORs what each of them saw, in every
+ * process of the job (fsdp_engine_or: a stop request,
  * a failed metrics write, a data file that changed or could not be read),
  * so every rank leaves at the same step, and the final checkpoint, a
  * collective, is written by all of them. An error found this way is kept
@@ -20,10 +29,12 @@
 #include <time.h>
 
 #include "ckpt/modelfile.h"
+#include "comm/procs.h"
 #include "core/log.h"
 #include "core/world.h"
 #include "fsdp/engine_ckpt.h"
 #include "fsdp/trace.h"
+#include "train/job.h"
 #include "train/outputs.h"
 #include "train/train.h"
 
@@ -80,6 +91,8 @@ enum {
 
 struct trainer {
     const fsdp_train_config *cfg;
+    FILE *out;                /* t->out on process 0; NULL on the others */
+    fsdp_world *world;
     fsdp_engine_shared sh;
     fsdp_model model;
     fsdp_data *data;
@@ -96,8 +109,7 @@ struct trainer {
     double peak_flops;        /* per device; 0 = unknown (no MFU) */
     double tok_s_sum;
     int tok_s_n;
-    int correct_total[FSDP_MAX_RANKS]; /* per rank */
-    int seen_total[FSDP_MAX_RANKS];
+    int eval_correct, eval_seen; /* the job's, written by rank 0 */
     fsdp_ckpt_manifest ck_base;   /* run-level part of the manifests this run writes */
     fsdp_ckpt_manifest ck_resume; /* the checkpoint resumed from */
     char ck_path[FSDP_CKPT_PATH_MAX]; /* its directory; "" when starting fresh */
@@ -156,34 +168,35 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
     int rpd = ec->ranks_per_device > 0 ? ec->ranks_per_device : 1;
     int n_gpus = (N + rpd - 1) / rpd; /* virtual ranks share a GPU */
     double mfu = t->peak_flops > 0 ? t->flops_per_token * tok_s / (t->peak_flops * n_gpus) : -1;
-    if (cfg->out) {
+    if (t->out) {
         char pb[32], hb[32], tk[32];
         if (tok_s >= 1e3)
             snprintf(tk, sizeof tk, "%.1fk", tok_s / 1e3);
         else
             snprintf(tk, sizeof tk, "%.0f", tok_s);
         if (ec->backend == FSDP_BACKEND_META) /* nothing is computed: no loss or norm */
-            fprintf(cfg->out, "step %5d/%d | meta: no math | lr %.2e | peak %s/dev", step + 1,
+            fprintf(t->out, "step %5d/%d | meta: no math | lr %.2e | peak %s/dev", step + 1,
                     cfg->steps, r->lr, fsdp_fmt_bytes(pb, sizeof pb, (double)peak));
         else
-            fprintf(cfg->out,
+            fprintf(t->out,
                     "step %5d/%d | loss %.6f | lr %.2e | norm %.3f | %s tok/s | %.1f ms | peak %s/dev",
                     step + 1, cfg->steps, r->loss, r->lr, r->grad_norm, tk, ms,
                     fsdp_fmt_bytes(pb, sizeof pb, (double)peak));
         if (ec->offload)
-            fprintf(cfg->out, " | host %s/dev", fsdp_fmt_bytes(hb, sizeof hb, (double)host));
+            fprintf(t->out, " | host %s/dev", fsdp_fmt_bytes(hb, sizeof hb, (double)host));
         if (mfu >= 0)
-            fprintf(cfg->out, " | mfu %.1f%%", 100 * mfu);
+            fprintf(t->out, " | mfu %.1f%%", 100 * mfu);
         if (skipped)
-            fprintf(cfg->out, " | not finite: update skipped");
-        fputc('\n', cfg->out);
-        fflush(cfg->out);
+            fprintf(t->out, " | not finite: update skipped");
+        fputc('\n', t->out);
+        fflush(t->out);
     }
     if (t->log.f && !t->log.failed) {
         fsdp_metrics_record rec = {.step = step + 1, .loss = r->loss, .lr = r->lr,
                                    .grad_norm = r->grad_norm, .tokens = tokens,
                                    .tokens_per_s = tok_s, .step_ms = ms, .mfu = mfu,
-                                   .skipped = skipped, .n_ranks = N, .stats = t->sh.x_stats};
+                                   .skipped = skipped, .n_ranks = N, .stats = t->sh.x_stats,
+                                   .inter = t->sh.sm.n_nodes > 1};
         fsdp_status st = fsdp_metrics_write(&t->log, &rec);
         if (st != FSDP_STATUS_OK)
             stop_error(t, st, fsdp_error_msg());
@@ -238,14 +251,13 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for evaluation");
         goto done;
     }
-    int printed = 0;
+    int printed = 0, counts[2] = {0, 0}; /* this rank's correct, seen */
     for (int64_t k = 0; k < n_batches; k++) {
         unsigned stop = 0; /* a stop request ends the evaluation too */
-        FSDP_CHECK(fsdp_world_barrier_or(t->sh.world, rank == 0 && cfg->stop &&
-                                                          atomic_load(cfg->stop)
-                                                          ? STOP_REQUEST
-                                                          : 0u,
-                                         &stop));
+        FSDP_CHECK(fsdp_engine_or(e, rank == 0 && cfg->stop && atomic_load(cfg->stop)
+                                         ? STOP_REQUEST
+                                         : 0u,
+                                  &stop));
         if (stop) {
             if (rank == 0)
                 t->res->interrupted = true;
@@ -299,19 +311,33 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
                     break;
             }
             got[g] = '\0';
-            t->seen_total[rank]++;
-            t->correct_total[rank] += ok;
-            if (rank == 0 && cfg->out && printed < cfg->n_samples) {
+            counts[0] += ok;
+            counts[1]++;
+            if (rank == 0 && t->out && printed < cfg->n_samples) {
                 char prompt[72], ans[72];
                 fsdp_synth_problem(ec->seed, (uint64_t)idx, prompt, ans);
                 got[strcspn(got, "\n")] = '\0';
                 ans[strcspn(ans, "\n")] = '\0';
-                fprintf(cfg->out, "  sample: %s%-8s expected %-8s %s\n", prompt, got, ans,
+                fprintf(t->out, "  sample: %s%-8s expected %-8s %s\n", prompt, got, ans,
                         ok ? "ok" : "WRONG");
                 printed++;
             }
         }
     }
+    /* the job's totals, in every process (every rank left the loop at the
+     * same batch: the stop decision is the job's) */
+    int *all = calloc((size_t)N * 2, sizeof *all);
+    if (!all) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for evaluation");
+        goto done;
+    }
+    st = fsdp_engine_exchange(e, counts, sizeof counts, all);
+    if (st == FSDP_STATUS_OK && rank == 0)
+        for (int r = 0; r < N; r++) {
+            t->eval_correct += all[2 * r];
+            t->eval_seen += all[2 * r + 1];
+        }
+    free(all);
 done:
 fail:
     free(tok);
@@ -332,8 +358,8 @@ static fsdp_status ckpt_save(struct trainer *t, fsdp_engine *e, int rank, int do
     FSDP_TRY(fsdp_engine_ckpt_save(e, cfg->ckpt_dir, &t->ck_base, (uint64_t)done, cfg->ckpt_keep));
     if (rank == 0) {
         t->res->ckpt_step = done;
-        if (cfg->out)
-            fprintf(cfg->out, "checkpoint: step %d written to %s/step_%08d (rank 0: %.0f ms)\n",
+        if (t->out)
+            fprintf(t->out, "checkpoint: step %d written to %s/step_%08d (rank 0: %.0f ms)\n",
                     done, cfg->ckpt_dir, done, (now_s() - t0) * 1000.0);
     }
     return FSDP_STATUS_OK;
@@ -375,28 +401,32 @@ static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
     FSDP_CHECK(fsdp_engine_init(&e, &t->sh, rank));
     if (t->ck_path[0])
         FSDP_CHECK(fsdp_engine_ckpt_load(e, t->ck_path, &t->ck_resume));
-    if (rank == 0 && cfg->out) {
+    if (rank == 0 && t->out) {
         char b[32];
         const fsdp_device *d = fsdp_engine_device(e);
-        fprintf(cfg->out, "rank 0 after init: %s on the device", fsdp_fmt_bytes(b, sizeof b, (double)d->mem.in_use_bytes));
+        fprintf(t->out, "rank 0 after init: %s on the device", fsdp_fmt_bytes(b, sizeof b, (double)d->mem.in_use_bytes));
         if (cfg->eng.offload)
-            fprintf(cfg->out, ", %s pinned host", fsdp_fmt_bytes(b, sizeof b, (double)d->host.in_use_bytes));
-        fputc('\n', cfg->out);
+            fprintf(t->out, ", %s pinned host", fsdp_fmt_bytes(b, sizeof b, (double)d->host.in_use_bytes));
+        fputc('\n', t->out);
     }
     /* `done` steps are reflected in the state; `saved` of them are on disk;
      * `clean`: the state may be saved (no update of non-finite values) */
     int done = t->start_step, saved = t->start_step;
     bool clean = true;
     unsigned why = 0;
-    FSDP_CHECK(fsdp_world_barrier_or(w, stop_bits(t, e, rank), &why)); /* a stop during init */
+    FSDP_CHECK(fsdp_engine_or(e, stop_bits(t, e, rank), &why)); /* a stop during init */
     for (int step = t->start_step; step < cfg->steps && !why; step++) {
         float lr = fsdp_train_lr(cfg, step);
         double t0 = now_s();
         fsdp_step_result r;
-        FSDP_CHECK(fsdp_engine_step(e, (uint64_t)step, lr, &r));
+        st = fsdp_engine_step(e, (uint64_t)step, lr, &r);
+        if (st != FSDP_STATUS_OK) {
+            fsdp_error_prefix("step %d", step + 1);
+            goto fail;
+        }
         double ms = (now_s() - t0) * 1000.0;
         /* every rank decides from the same r and the same bits */
-        FSDP_CHECK(fsdp_world_barrier_or(w, stop_bits(t, e, rank), &why));
+        FSDP_CHECK(fsdp_engine_or(e, stop_bits(t, e, rank), &why));
         bool skipped = false;
         if (why & STOP_DATA) {
             clean = !r.applied; /* the batch was zeros: the step does not count */
@@ -462,54 +492,89 @@ fail:
 
 /* Checkpoints: the manifest base for saves and, with resume, the newest
  * complete checkpoint to start from. A fresh run refuses a directory that
- * already holds checkpoints, so two runs never mix in one directory. */
+ * already holds checkpoints, so two runs never mix in one directory.
+ * Process 0 holds the directory's lock; every process reads the
+ * checkpoint to resume from, and they must find the same one. */
 static fsdp_status ckpt_prepare(struct trainer *t)
 {
     const fsdp_train_config *cfg = t->cfg;
     bool found = false;
     uint64_t step = 0;
-    FSDP_TRY(fsdp_engine_ckpt_describe(&t->sh, cfg->data, cfg->steps, &t->ck_base));
-    FSDP_TRY(fsdp_ckpt_dir_lock(&t->ck_lock, cfg->ckpt_dir)); /* until the run ends */
-    if (!cfg->resume) {
-        FSDP_TRY(fsdp_ckpt_latest(cfg->ckpt_dir, &step, &found));
-        if (found)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "--ckpt-dir '%s' already holds checkpoints (newest: step %llu); "
-                                  "pass --resume to continue from it, or choose another directory",
-                                  cfg->ckpt_dir, (unsigned long long)step);
-        return FSDP_STATUS_OK;
+    fsdp_status st = fsdp_engine_ckpt_describe(&t->sh, cfg->data, cfg->steps, &t->ck_base);
+    FSDP_TRY(fsdp_job_agree(t->cfg->procs, t->world, st));
+    /* one run id for the job: the manifest's and every rank's shard file's */
+    FSDP_TRY(fsdp_job_from_process0(t->cfg->procs, t->world, &t->ck_base.run_id,
+                                    sizeof t->ck_base.run_id));
+    if (t->world->process == 0) {
+        st = fsdp_ckpt_dir_lock(&t->ck_lock, cfg->ckpt_dir); /* until the run ends */
+        if (st == FSDP_STATUS_OK && !cfg->resume)
+            st = fsdp_ckpt_latest(cfg->ckpt_dir, &step, &found);
+        if (st == FSDP_STATUS_OK && found)
+            st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                "--ckpt-dir '%s' already holds checkpoints (newest: step %llu); "
+                                "pass --resume to continue from it, or choose another directory",
+                                cfg->ckpt_dir, (unsigned long long)step);
     }
-    FSDP_TRY(fsdp_engine_ckpt_find(&t->sh, cfg->ckpt_dir, cfg->allow_batch_change, &t->ck_resume,
-                                   t->ck_path, sizeof t->ck_path, &found));
+    FSDP_TRY(fsdp_job_agree(t->cfg->procs, t->world, st));
+    FSDP_TRY(fsdp_job_dir_shared(t->cfg->procs, t->world, cfg->ckpt_dir, t->ck_base.run_id,
+                                 "--ckpt-dir"));
+    if (!cfg->resume)
+        return FSDP_STATUS_OK;
+    st = fsdp_engine_ckpt_find(&t->sh, cfg->ckpt_dir, cfg->allow_batch_change, &t->ck_resume,
+                               t->ck_path, sizeof t->ck_path, &found);
+    FSDP_TRY(fsdp_job_agree(t->cfg->procs, t->world, st));
+    uint64_t seen[2] = {found, found ? t->ck_resume.step : 0}, first[2] = {seen[0], seen[1]};
+    FSDP_TRY(fsdp_job_from_process0(t->cfg->procs, t->world, first, sizeof first));
+    if (memcmp(seen, first, sizeof seen))
+        st = fsdp_error_set(FSDP_STATUS_IO,
+                            "process %d finds %s in --ckpt-dir '%s' where process 0 finds %s%llu; "
+                            "was a checkpoint written or removed while the job started?",
+                            t->world->process, found ? "a checkpoint" : "no checkpoint",
+                            cfg->ckpt_dir, first[0] ? "step " : "none",
+                            (unsigned long long)first[1]);
+    FSDP_TRY(fsdp_job_agree(t->cfg->procs, t->world, st));
     if (!found) {
         t->ck_path[0] = '\0';
-        if (cfg->out)
-            fprintf(cfg->out, "resume: no complete checkpoint in %s; starting from step 0\n",
+        if (t->out)
+            fprintf(t->out, "resume: no complete checkpoint in %s; starting from step 0\n",
                     cfg->ckpt_dir);
         return FSDP_STATUS_OK;
     }
     const fsdp_ckpt_manifest *m = &t->ck_resume;
     const fsdp_engine_config *ec = &cfg->eng;
     t->start_step = m->step < (uint64_t)cfg->steps ? (int)m->step : cfg->steps;
-    if (cfg->out) {
-        fprintf(cfg->out, "resuming from %s: step %llu, written by %d device(s) with shard %s\n",
+    if (t->out) {
+        fprintf(t->out, "resuming from %s: step %llu, written by %d device(s) with shard %s\n",
                 t->ck_path, (unsigned long long)m->step, m->world_size, m->shard);
         if (m->steps_total != cfg->steps && m->step < (uint64_t)cfg->steps)
-            fprintf(cfg->out, "note: the checkpoint's run had --steps %d; the learning-rate "
-                              "schedule now spans %d steps\n", m->steps_total, cfg->steps);
+            fprintf(t->out, "note: the checkpoint's run had --steps %d; the learning-rate "
+                            "schedule now spans %d steps\n", m->steps_total, cfg->steps);
         uint64_t was = (uint64_t)m->batch * (uint64_t)m->world_size * (uint64_t)m->grad_accum;
         uint64_t now = (uint64_t)ec->batch * (uint64_t)ec->n_ranks * (uint64_t)ec->grad_accum;
         if (was != now && m->step < (uint64_t)cfg->steps)
-            fprintf(cfg->out, "note: --allow-batch-change: the global batch was %llu sequences "
-                              "and is now %llu; the data continues at step x %llu sequences, "
-                              "and this run is no longer bit-identical to one that kept the "
-                              "batch\n", (unsigned long long)was, (unsigned long long)now,
+            fprintf(t->out, "note: --allow-batch-change: the global batch was %llu sequences "
+                            "and is now %llu; the data continues at step x %llu sequences, "
+                            "and this run is no longer bit-identical to one that kept the "
+                            "batch\n", (unsigned long long)was, (unsigned long long)now,
                     (unsigned long long)now);
         if (cfg->data && strcmp(m->data, cfg->data))
-            fprintf(cfg->out, "warning: the checkpoint was trained on data '%s', this run reads "
-                              "'%s'\n", m->data, cfg->data);
+            fprintf(t->out, "warning: the checkpoint was trained on data '%s', this run reads "
+                            "'%s'\n", m->data, cfg->data);
     }
     return FSDP_STATUS_OK;
+}
+
+/* Where process q writes the trace of its ranks: the path itself on
+ * process 0, "NAME.q.EXT" ("NAME.q") on the others. */
+static void trace_path_of(const char *path, int q, char *out, size_t n)
+{
+    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+    if (q == 0)
+        snprintf(out, n, "%s", path);
+    else if (dot && dot > (slash ? slash + 1 : path))
+        snprintf(out, n, "%.*s.%d%s", (int)(dot - path), path, q, dot);
+    else
+        snprintf(out, n, "%s.%d", path, q);
 }
 
 /* Everything the run will write can be written, before any step runs. */
@@ -564,12 +629,23 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
     pthread_mutex_init(&t->mu, NULL);
     t->cfg = cfg;
     t->res = res;
-    fsdp_engine_config ecfg = cfg->eng; /* with the OOM hint */
+    t->out = !cfg->procs || cfg->procs->process == 0 ? cfg->out : NULL; /* rank 0's process */
+    /* the engine's configuration, with the OOM hint; a job of several
+     * processes has a node per process, each running n_ranks / processes */
+    fsdp_engine_config ecfg = cfg->eng;
     const fsdp_engine_config *ec = &ecfg;
     oom_hint(cfg, t->oom_hint, sizeof t->oom_hint);
     if (!ecfg.oom_hint && t->oom_hint[0])
         ecfg.oom_hint = t->oom_hint;
-    FSDP_CHECK(fsdp_backend_check(ec->backend, ec->n_ranks, ec->ranks_per_device));
+    int n_procs = cfg->procs ? cfg->procs->n_processes : 1;
+    if (n_procs > 1 && ecfg.n_nodes <= 1)
+        ecfg.n_nodes = n_procs;
+    if (ecfg.n_ranks % n_procs) {
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%d rank(s) do not split over the job's %d "
+                            "processes", ecfg.n_ranks, n_procs);
+        goto fail;
+    }
+    FSDP_CHECK(fsdp_backend_check(ec->backend, ec->n_ranks / n_procs, ec->ranks_per_device));
     if (cfg->steps < 0) {
         st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--steps must be >= 0");
         goto fail;
@@ -587,18 +663,18 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = tok,
                                .chat_format = cfg->chat_format};
         FSDP_CHECK(fsdp_data_open_opts(&t->data, &dopt));
-        if (fsdp_data_masked(t->data) && cfg->out) {
+        if (fsdp_data_masked(t->data) && t->out) {
             /* the loss is the mean over completion/assistant targets (engine.c) */
             uint64_t cut, none;
             fsdp_data_truncated(t->data, ec->seq, &cut, &none);
-            fprintf(cfg->out, "data: %llu examples from '%s', one per row of --seq %d, loss on "
+            fprintf(t->out, "data: %llu examples from '%s', one per row of --seq %d, loss on "
                     "completion/assistant tokens only",
                     (unsigned long long)fsdp_data_n_examples(t->data), cfg->data, ec->seq);
             if (cut || none)
-                fprintf(cfg->out, "; %llu are cut at %d tokens, %llu of them left with no "
+                fprintf(t->out, "; %llu are cut at %d tokens, %llu of them left with no "
                         "target (raise --seq)", (unsigned long long)cut, ec->seq + 1,
                         (unsigned long long)none);
-            fprintf(cfg->out, "\n");
+            fprintf(t->out, "\n");
         }
         int dv = fsdp_data_vocab(t->data);
         if (dv > t->model.vocab_size) {
@@ -613,7 +689,8 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         t->peak_flops = ec->compute_dtype == FSDP_DTYPE_BF16 ? 989e12 : 67e12; /* H100/H200 SXM */
     t->flops_per_token = t->model.family->flops_per_token(&t->model, ec->seq);
     FSDP_CHECK(outputs_check(cfg));
-    FSDP_CHECK(fsdp_world_init(&w, ec->n_ranks));
+    FSDP_CHECK(fsdp_procs_world_init(&w, cfg->procs, ec->n_ranks / n_procs));
+    t->world = w;
     FSDP_CHECK(fsdp_engine_shared_init(&t->sh, ec, &t->model, t->data, w));
     if (t->mf) {
         t->sh.init_fn = fsdp_modelfile_init_fn;
@@ -632,17 +709,17 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         goto fail;
     }
     res->first_step = res->steps = t->start_step;
-    if (t->ck_path[0] && t->start_step >= cfg->steps && cfg->out) /* loaded, then nothing runs */
-        fprintf(cfg->out, "resume: checkpoint step %llu already reached --steps %d: nothing left "
+    if (t->ck_path[0] && t->start_step >= cfg->steps && t->out) /* loaded, then nothing runs */
+        fprintf(t->out, "resume: checkpoint step %llu already reached --steps %d: nothing left "
                           "to do (raise --steps to train further)\n",
                 (unsigned long long)t->ck_resume.step, cfg->steps);
     if (cfg->trace_path)
         FSDP_CHECK(fsdp_trace_init(&t->sh.trace, ec->n_ranks));
-    if (cfg->log_path)
+    if (cfg->log_path && w->process == 0) /* rank 0 writes the metrics */
         FSDP_CHECK(fsdp_metrics_open(&t->log, cfg->log_path, t->ck_path[0] != '\0', w));
-    if (cfg->out) {
+    if (t->out) {
         char b[32];
-        fprintf(cfg->out,
+        fprintf(t->out,
                 "fsdp train: model %s (%.2fM params, %d units), %d x %s device(s), shard %s, %s, "
                 "optimizer %s, recompute %s, batch %d x seq %d x accum %d x %d ranks = %llu "
                 "tokens/step, %d steps\n",
@@ -653,7 +730,7 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
                 ec->grad_accum, ec->n_ranks, (unsigned long long)tokens_per_step(ec),
                 cfg->steps);
         if (ec->device_mem)
-            fprintf(cfg->out, "device memory cap %s\n",
+            fprintf(t->out, "device memory cap %s\n",
                     fsdp_fmt_bytes(b, sizeof b, (double)ec->device_mem));
     }
     launched = true;
@@ -673,15 +750,11 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
     }
     if (st == FSDP_STATUS_OK) {
         res->tokens_per_s = t->tok_s_n ? t->tok_s_sum / t->tok_s_n : 0;
-        int seen = 0, correct = 0;
-        for (int r = 0; r < ec->n_ranks; r++) {
-            seen += t->seen_total[r];
-            correct += t->correct_total[r];
-        }
+        int seen = t->eval_seen, correct = t->eval_correct;
         if (seen && !res->interrupted)
             res->accuracy = (float)correct / (float)seen;
-        if (cfg->out && seen && !res->interrupted)
-            fprintf(cfg->out, "held-out accuracy: %.1f%% (%d/%d problems, greedy decoding)\n",
+        if (t->out && seen && !res->interrupted)
+            fprintf(t->out, "held-out accuracy: %.1f%% (%d/%d problems, greedy decoding)\n",
                     100.0 * res->accuracy, correct, seen);
     }
 fail:;
@@ -689,11 +762,15 @@ fail:;
      * run's own error stays the message */
     char *keep = st != FSDP_STATUS_OK ? strdup(fsdp_error_msg()) : NULL;
     if (launched && t->sh.trace) {
-        fsdp_status ts = fsdp_trace_write(t->sh.trace, cfg->trace_path);
+        char path[4096 + 16];
+        trace_path_of(cfg->trace_path, w->process, path, sizeof path);
+        fsdp_status ts = fsdp_trace_write(t->sh.trace, path);
         if (ts != FSDP_STATUS_OK && st == FSDP_STATUS_OK)
             st = ts;
-        else if (ts == FSDP_STATUS_OK && cfg->out)
-            fprintf(cfg->out, "trace written to %s\n", cfg->trace_path);
+        else if (ts == FSDP_STATUS_OK && t->out)
+            fprintf(t->out, "trace written to %s%s\n", cfg->trace_path,
+                    w->n_processes > 1 ? " (process 0's ranks; process q's beside it, with .q "
+                                         "before the extension)" : "");
     }
     fsdp_status ls = fsdp_metrics_close(&t->log);
     if (ls != FSDP_STATUS_OK && st == FSDP_STATUS_OK)

@@ -11,8 +11,11 @@
 
 #include "fsdp/engine.h"
 
+struct fsdp_procs;
+
 typedef struct fsdp_train_config {
-    fsdp_engine_config eng;
+    fsdp_engine_config eng;   /* eng.n_ranks: the job's ranks, every process's */
+    struct fsdp_procs *procs; /* the job's processes (comm/procs.h); NULL: one process */
     const char *model;        /* --model: a spec or a model file (fsdp_modelfile_resolve) */
     const char *data;         /* "synthetic", FILE.txt, FILE.jsonl or token shard glob */
     const char *tokenizer;    /* tokenizer.json for .txt/.jsonl data, or NULL (data/data.h) */
@@ -62,20 +65,22 @@ typedef struct fsdp_train_result {
 void fsdp_train_config_default(fsdp_train_config *cfg);
 
 /* Run training. On failure the result is partial and the message says
- * which rank failed and why.
+ * which rank failed and why. In a job of several processes every process
+ * calls it with the same configuration (and its own procs); the result's
+ * losses, figures, parameters and accuracy are process 0's (rank 0's).
  *
  * Outputs are checked before step 1: ckpt_dir is created and must take a
  * file, trace_path and log_path must be writable. Between steps the ranks
- * agree whether to stop (fsdp_world_barrier_or): on cfg->stop, when a
- * write of the metrics file failed, when a data file changed or could not
- * be read. Stopping writes a final checkpoint of the last complete step
- * (with ckpt_dir) before returning the error (or OK with res->interrupted
- * for cfg->stop). A step whose loss or gradient norm is not finite
- * stops the run with NONFINITE naming the step, after a checkpoint of the
- * state before it, or with eng.skip_nonfinite is dropped (its update not
- * applied) and counted in res->n_skipped; a checkpoint of non-finite
- * parameters is never written. A resume from a checkpoint at or past
- * cfg->steps runs nothing (res->first_step == res->steps == its step). */
+ * agree whether to stop (fsdp_engine_or, every process of the job): on
+ * cfg->stop, when a write of the metrics file failed, when a data file
+ * changed or could not be read. Stopping writes a final checkpoint of the
+ * last complete step (with ckpt_dir) before returning the error (or OK
+ * with res->interrupted for cfg->stop). A step whose loss or gradient norm
+ * is not finite stops the run with NONFINITE naming the step, after a
+ * checkpoint of the state before it, or with eng.skip_nonfinite is dropped
+ * (its update not applied) and counted in res->n_skipped; a checkpoint of
+ * non-finite parameters is never written. A resume from a checkpoint at or
+ * past cfg->steps runs nothing (res->first_step == res->steps == its step). */
 fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res);
 void fsdp_train_result_free(fsdp_train_result *res);
 
