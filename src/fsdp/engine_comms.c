@@ -132,6 +132,20 @@ static void counters_restore(fsdp_comm *c, const struct counters *k)
     memcpy(c->bytes_inter_recv, k->v[4], sizeof k->v[4]);
 }
 
+void fsdp_engine_exchange_bytes(const fsdp_engine *e, size_t bytes, size_t *send, size_t *recv)
+{
+    size_t rec = (bytes + sizeof(float) - 1) / sizeof(float) * sizeof(float);
+    *send = rec;
+    *recv = rec * (size_t)e->comm.n_ranks;
+}
+
+size_t fsdp_engine_norm_record_bytes(const fsdp_engine *e)
+{
+    return (e->sh->norm.record_len + (size_t)e->sh->cfg.grad_accum) * sizeof(float);
+}
+
+size_t fsdp_engine_publish_record_bytes(void) { return sizeof(fsdp_rank_stats); }
+
 fsdp_status fsdp_engine_exchange(fsdp_engine *e, const void *mine, size_t bytes, void *all)
 {
     int N = e->comm.n_ranks;
@@ -188,7 +202,7 @@ fsdp_status fsdp_engine_norm(fsdp_engine *e, float *norm)
     fsdp_engine_shared *sh = e->sh;
     const fsdp_norm_cover *nc = &sh->norm;
     int N = sh->cfg.n_ranks, A = sh->cfg.grad_accum;
-    size_t R = nc->record_len, rec = R + (size_t)A; /* floats per rank */
+    size_t R = nc->record_len, rec = fsdp_engine_norm_record_bytes(e) / sizeof(float);
     if (!e->norm_scratch) {
         e->norm_scratch = malloc((sh->n_local_blocks + (size_t)(N + 1) * rec) * sizeof(float));
         if (!e->norm_scratch)
@@ -218,7 +232,7 @@ fsdp_status fsdp_engine_publish(fsdp_engine *e)
 {
     fsdp_engine_shared *sh = e->sh;
     int N = sh->cfg.n_ranks;
-    size_t rec = sizeof(fsdp_rank_stats);
+    size_t rec = fsdp_engine_publish_record_bytes();
     if (!e->x_records && !(e->x_records = malloc(rec * (size_t)N)))
         return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory for the step's "
                               "figures", e->rank);

@@ -66,6 +66,13 @@ void fsdp_engine_comms_fini(fsdp_engine *e);
 fsdp_status fsdp_engine_norm(fsdp_engine *e, float *norm);
 /* After the update: every rank's figures into sh->x_stats. */
 fsdp_status fsdp_engine_publish(fsdp_engine *e);
+/* The device buffers an exchange of `bytes` per rank allocates (and frees
+ * again before it returns): *send and *recv bytes. */
+void fsdp_engine_exchange_bytes(const fsdp_engine *e, size_t bytes, size_t *send, size_t *recv);
+/* The bytes per rank of the step's two exchanges: fsdp_engine_norm's
+ * record, fsdp_engine_publish's. */
+size_t fsdp_engine_norm_record_bytes(const fsdp_engine *e);
+size_t fsdp_engine_publish_record_bytes(void);
 
 /* Whether a unit's update must wait for the step's global norm: with
  * clipping (the scale depends on it) and when non-finite steps are to be

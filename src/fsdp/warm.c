@@ -23,8 +23,9 @@
  * while the previous one is still being reduce-scattered, so the backward
  * need not wait for the collective. An inference engine (config
  * `inference`) only runs forwards: its root and one unit at a time are
- * replayed. Op scratch, grown by the ops on first use, is not reserved
- * here. tests/test_engine_device.c checks the replay
+ * replayed. The step's exchanges (engine_comms.c: the norm and losses,
+ * the figures, a job's stop word) come after its last micro-step. Op
+ * scratch, grown by the ops on first use, is not reserved here. tests/test_engine_device.c checks the replay
  * against the real step through the device's warm-up ledger, for every
  * strategy, prefetch, placement and accumulation depth.
  *
@@ -47,6 +48,7 @@
 #include <stdlib.h>
 
 #include "core/log.h"
+#include "core/world.h"
 #include "fsdp/engine_internal.h"
 
 /* Live and most-live counts per size. */
@@ -154,12 +156,25 @@ static void reduce(struct replay *r, int u, int j, int A)
     }
 }
 
-/* One step of micro_step (engine.c), sizes only. */
+/* fsdp_engine_exchange (engine_comms.c): its send and receive buffers,
+ * live together, freed before it returns. */
+static void exchange(struct replay *r, size_t bytes)
+{
+    size_t send, recv;
+    fsdp_engine_exchange_bytes(r->e, bytes, &send, &recv);
+    take(&r->s, send, 1);
+    take(&r->s, recv, 1);
+    give(&r->s, recv, 1);
+    give(&r->s, send, 1);
+}
+
+/* One step of micro_step (engine.c), sizes only, then the step's
+ * exchanges: the norm's and losses', the figures'. */
 static void replay_step(struct replay *r)
 {
     const fsdp_engine_config *cfg = &r->e->sh->cfg;
     int U = r->e->sh->sm.n_units, A = cfg->grad_accum;
-    bool full = cfg->shard == FSDP_SHARD_FULL;
+    bool full = cfg->shard == FSDP_SHARD_FULL || cfg->shard == FSDP_SHARD_HYBRID;
     gather(r, 0);
     for (int j = 0; j < A; j++) {
         if (U > 1)
@@ -185,6 +200,10 @@ static void replay_step(struct replay *r)
         reduce(r, 0, j, A);
     }
     release(r, 0);
+    exchange(r, fsdp_engine_norm_record_bytes(r->e));
+    exchange(r, fsdp_engine_publish_record_bytes());
+    if (r->e->sh->world && r->e->sh->world->n_processes > 1) /* train.c's fsdp_engine_or */
+        exchange(r, sizeof(uint32_t));
 }
 
 /* forward_only (engine.c): an inference engine's only use of the units. */
@@ -203,7 +222,7 @@ fsdp_status fsdp_engine_warm_up(fsdp_engine *e)
 {
     int U = e->sh->sm.n_units;
     struct replay r = {.e = e, .lent = e->acc.units[0].buf[0] != NULL};
-    r.s.cap = 3 * U + 1;
+    r.s.cap = 3 * U + 7; /* + the exchanges' send and receive sizes */
     r.s.v = calloc((size_t)r.s.cap, sizeof *r.s.v);
     r.gathered = calloc((size_t)U, sizeof *r.gathered);
     r.made = calloc((size_t)U, sizeof *r.made);
