@@ -128,10 +128,10 @@ void fsdp_world_free(fsdp_world *w)
     if (w->fault_env >= 0) {
         int kind = w->fault_env;
         long seen = atomic_load(&w->fault[kind].count);
-        if (seen < w->fault[kind].k)
+        if (seen < atomic_load(&w->fault[kind].k))
             FSDP_WARN(FSDP_SUB_CORE,
                       "FSDP_FAULT=%s: rank %d made %ld %s operation%s; none failed",
-                      fsdp_env_get(FSDP_ENV_FAULT), w->fault[kind].rank, seen,
+                      fsdp_env_get(FSDP_ENV_FAULT), atomic_load(&w->fault[kind].rank), seen,
                       fsdp_names_name(&fsdp_fault_kind_names, kind), seen == 1 ? "" : "s");
     }
     if (w->span_detach)
@@ -264,18 +264,22 @@ fsdp_status fsdp_world_barrier_or(fsdp_world *w, unsigned mine, unsigned *all)
     return FSDP_STATUS_OK;
 }
 
+/* Disarmed while it changes: a rank counting at the same time sees the old
+ * fault or the new one, never a mix. */
 void fsdp_world_set_fault(fsdp_world *w, fsdp_fault_kind kind, int rank, long k)
 {
-    w->fault[kind].rank = rank;
-    w->fault[kind].k = k;
+    atomic_store(&w->fault[kind].k, 0);
+    atomic_store(&w->fault[kind].rank, rank);
     atomic_store(&w->fault[kind].count, 0);
+    atomic_store(&w->fault[kind].k, k);
 }
 
 bool fsdp_world_fault_hit(fsdp_world *w, fsdp_fault_kind kind, int rank)
 {
-    if (w->fault[kind].k <= 0 || w->fault[kind].rank != rank)
+    long k = atomic_load(&w->fault[kind].k);
+    if (k <= 0 || atomic_load(&w->fault[kind].rank) != rank)
         return false;
-    return atomic_fetch_add(&w->fault[kind].count, 1) + 1 == w->fault[kind].k;
+    return atomic_fetch_add(&w->fault[kind].count, 1) + 1 == k;
 }
 
 struct rank_thread {

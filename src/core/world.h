@@ -114,9 +114,9 @@ struct fsdp_world {
     int first_rank;
     char first_msg[FSDP_ERROR_MSG_MAX];
 
-    struct {
-        int rank;
-        long k;
+    struct {                       /* armed from any thread, while ranks run */
+        atomic_int rank;
+        atomic_long k;
         atomic_long count;         /* operations of this kind seen on `rank` */
     } fault[FSDP_FAULT_KIND_COUNT];
     int fault_env;                 /* kind armed from FSDP_FAULT, or -1 */
