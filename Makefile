@@ -271,9 +271,9 @@ fuzz: fuzz-build
 	        $(if $(filter-out 1,$(FUZZ_JOBS)),-fork=$(FUZZ_JOBS)) -print_final_stats=1 \
 	        -artifact_prefix=$(FUZZ_DIR)/ $(FUZZ_DIR)/corpus/$$n tests/fuzz/corpus/$$n \
 	        2>&1 | grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::new_units_added|==[0-9]+==ERROR|SUMMARY|INFO: seed corpus)' || true; \
-	    if ls $(FUZZ_DIR)/crash-* $(FUZZ_DIR)/leak-* $(FUZZ_DIR)/timeout-* $(FUZZ_DIR)/oom-* >/dev/null 2>&1; then \
-	        echo "fuzz: $$n found a failing input:"; ls $(FUZZ_DIR)/crash-* $(FUZZ_DIR)/leak-* \
-	        $(FUZZ_DIR)/timeout-* $(FUZZ_DIR)/oom-* 2>/dev/null; exit 1; fi; \
+	    found=$$(ls $(FUZZ_DIR)/crash-* $(FUZZ_DIR)/leak-* $(FUZZ_DIR)/timeout-* \
+	        $(FUZZ_DIR)/oom-* 2>/dev/null || true); \
+	    if [ -n "$$found" ]; then echo "fuzz: $$n found a failing input:"; echo "$$found"; exit 1; fi; \
 	done; echo "fuzz: every target ran $(FUZZ_SECONDS) s without a failure"
 
 $(FUZZ_DIR)/obj/%.o: %.c
