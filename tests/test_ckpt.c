@@ -29,6 +29,7 @@
 #include "core/rng.h"
 #include "file_util.h"
 #include "fsdp/shardmap.h"
+#include "testutil.h"
 #include "train/train.h"
 
 /* 3 units: root (wte 256x16 ...) and two blocks of 3312 elements. */
@@ -842,9 +843,5 @@ static Suite *ckpt_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(ckpt_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(ckpt_suite());
 }

@@ -25,6 +25,7 @@
 #include "ckpt/modelfile.h"
 #include "core/error.h"
 #include "model_files_util.h"
+#include "testutil.h"
 #include "train/infer.h"
 #include "train/train.h"
 
@@ -461,9 +462,5 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_v1_fixture_equals_a_fresh_run);
     tcase_add_test(tc, test_v2_copy_behaves_like_the_v1_fixture);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(s);
 }

@@ -27,6 +27,7 @@
 #include "core/rng.h"
 #include "data/tokenizer.h"
 #include "model_files_util.h"
+#include "testutil.h"
 #include "train/infer.h"
 #include "train/plan.h"
 #include "train/train.h"
@@ -595,9 +596,5 @@ static Suite *convert_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(convert_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(convert_suite());
 }

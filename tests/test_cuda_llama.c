@@ -23,6 +23,7 @@
 #include "device/device.h"
 #include "ops/ops.h"
 #include "ops/rope_table.h"
+#include "testutil.h"
 
 #define SEED 4321u
 
@@ -402,9 +403,5 @@ int main(void)
 {
     /* Nothing CUDA here: Check forks each test, and CUDA must not be
      * initialised in the parent. */
-    SRunner *sr = srunner_create(cuda_llama_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(cuda_llama_suite());
 }

@@ -24,6 +24,7 @@
 #include "cuda_test.h"
 #include "device/device.h"
 #include "ops/ops.h"
+#include "testutil.h"
 
 /* ---- a cpu device and a cuda device side by side ------------------------- */
 
@@ -795,9 +796,5 @@ int main(void)
 {
     /* Nothing CUDA here: Check forks each test, and CUDA must not be
      * initialised in the parent. */
-    SRunner *sr = srunner_create(cuda_ops_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(cuda_ops_suite());
 }

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "data/data.h"
+#include "testutil.h"
 
 #define MAGIC 20240520
 
@@ -712,9 +713,5 @@ static Suite *data_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(data_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(data_suite());
 }

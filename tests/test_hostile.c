@@ -42,6 +42,7 @@
 #include "core/json.h"
 #include "report/plot.h"
 #include "report/svg.h"
+#include "testutil.h"
 #include "train/train.h"
 
 #ifndef FSDP_BIN
@@ -1067,9 +1068,5 @@ static Suite *hostile_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(hostile_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(hostile_suite());
 }

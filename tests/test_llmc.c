@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "models/gpt2.h"
+#include "testutil.h"
 
 /* A passing REQUIRE costs nothing (Check reports every passing ck_assert). */
 #define REQUIRE(cond, ...)             \
@@ -513,9 +514,5 @@ static Suite *llmc_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(llmc_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(llmc_suite());
 }

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "file_util.h"
 #include "models/registry.h"
+#include "testutil.h"
 #include "train/train.h"
 
 #define GOLDEN_DIR "tests/fixtures/sgd_golden"
@@ -317,9 +318,5 @@ int main(void)
     tcase_add_test(tc, test_sgd_checkpoint_resume_reshard);
     tcase_add_test(tc, test_sgd_trace_names_the_step);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(s);
 }

@@ -17,6 +17,7 @@
 #include "ckpt/modelfile.h"
 #include "core/error.h"
 #include "models/registry.h"
+#include "testutil.h"
 
 #define REQUIRE(cond, ...)             \
     do {                               \
@@ -409,9 +410,5 @@ static Suite *registry_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(registry_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(registry_suite());
 }

@@ -642,9 +642,5 @@ static Suite *safetensors_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(safetensors_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(safetensors_suite());
 }

@@ -19,6 +19,7 @@
 #include "data/data.h"
 #include "data/hftok.h"
 #include "data/shard.h"
+#include "testutil.h"
 
 #define TOK_GPT2 "tests/fixtures/tok_gpt2.json"
 #define TOK_LLAMA3 "tests/fixtures/tok_llama3.json"
@@ -391,9 +392,5 @@ static Suite *shard_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(shard_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(shard_suite());
 }

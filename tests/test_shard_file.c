@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "file_util.h"
 #include "models/registry.h"
+#include "testutil.h"
 #include "train/train.h"
 
 #ifndef FSDP_BIN
@@ -527,9 +528,5 @@ int main(void)
     tcase_add_test(tc, test_v1_fixture_resumes);
     tcase_add_test(tc, test_sign_flips_refused);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(s);
 }
