@@ -22,12 +22,6 @@
 
 /* Check in hot loops: unlike ck_assert, a passing REQUIRE costs nothing
  * (Check reports every passing ck_assert to its parent process). */
-#define REQUIRE(cond, ...)                  \
-    do {                                    \
-        if (!(cond))                        \
-            ck_abort_msg(__VA_ARGS__);      \
-    } while (0)
-
 /* ---- fixtures -------------------------------------------------------------- */
 
 /* Write an llm.c shard: header (magic, version, count) then n tokens, minus

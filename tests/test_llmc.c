@@ -22,13 +22,6 @@
 #include "models/gpt2.h"
 #include "testutil.h"
 
-/* A passing REQUIRE costs nothing (Check reports every passing ck_assert). */
-#define REQUIRE(cond, ...)             \
-    do {                               \
-        if (!(cond))                   \
-            ck_abort_msg(__VA_ARGS__); \
-    } while (0)
-
 #define SMALL_SPEC "custom:layers=3,heads=2,channels=16,vocab=100,context=8"
 
 /* The format under test, through the generic weight-file API. */

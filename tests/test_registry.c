@@ -19,12 +19,6 @@
 #include "models/registry.h"
 #include "testutil.h"
 
-#define REQUIRE(cond, ...)             \
-    do {                               \
-        if (!(cond))                   \
-            ck_abort_msg(__VA_ARGS__); \
-    } while (0)
-
 static void build_ok(const char *spec, fsdp_model *m)
 {
     fsdp_status st = fsdp_model_from_spec(spec, m);

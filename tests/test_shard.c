@@ -24,10 +24,6 @@
 #define TOK_GPT2 "tests/fixtures/tok_gpt2.json"
 #define TOK_LLAMA3 "tests/fixtures/tok_llama3.json"
 
-#ifndef FSDP_BIN
-#define FSDP_BIN "build/fsdp"
-#endif
-
 /* A fresh path /tmp/fsdp_test_shard_XXXXXX<suffix> (the file exists, empty). */
 static void temp_path(char *path, size_t n, const char *suffix)
 {
@@ -53,22 +49,6 @@ static void check_batch_against(const fsdp_data *d, const int *all, uint64_t n, 
         }
     free(in);
     free(tg);
-}
-
-static int run_cmd(char *out, size_t n, const char *fmt, ...)
-{
-    char args[2048], cmd[2300];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", FSDP_BIN, args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t k = fread(out, 1, n - 1, p);
-    out[k] = '\0';
-    int rc = pclose(p);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 static fsdp_hftok *tok_open(const char *path)
@@ -267,7 +247,7 @@ START_TEST(test_tokenize_files)
     enc(t, "c", want, &n);
     want[n++] = fsdp_hftok_eot(t);
     snprintf(out, sizeof out, "%s/o.bin", dir);
-    int rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s", in, out, TOK_LLAMA3);
+    int rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s", in, out, TOK_LLAMA3);
     ck_assert_msg(rc == 0 && strstr(msg, "from 4 documents"), "rc %d: %s", rc, msg);
     size_t got_n;
     int tb;
@@ -277,7 +257,7 @@ START_TEST(test_tokenize_files)
     ck_assert(!memcmp(got, want, n * sizeof *got));
     free(got);
     /* split into shards of 7 tokens, then read back as a glob */
-    rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 7 --quiet", in,
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 7 --quiet", in,
                  out, TOK_LLAMA3);
     ck_assert_msg(rc == 0 && !*msg, "rc %d: %s", rc, msg);
     size_t at = 0;
@@ -322,7 +302,7 @@ START_TEST(test_tokenize_files)
     fclose(f);
     free(json);
     snprintf(out, sizeof out, "%s/t.bin", dir);
-    rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s", in, out, p);
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s", in, out, p);
     ck_assert_msg(rc == 0 && strstr(msg, "(uint32)"), "rc %d: %s", rc, msg);
     got = read_shard(out, &got_n, &tb);
     ck_assert_int_eq(tb, 4);
@@ -349,7 +329,7 @@ START_TEST(test_tokenize_errors)
     fprintf(f, "{\"text\": 5}\n");
     fclose(f);
     snprintf(out, sizeof out, "%s/o.bin", dir);
-    int rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 10", in, out,
+    int rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 10", in, out,
                      TOK_GPT2);
     ck_assert_msg(rc == 1 && strstr(msg, "line 51") && strstr(msg, "must be a string"),
                   "rc %d: %s", rc, msg);
@@ -359,14 +339,14 @@ START_TEST(test_tokenize_errors)
     ck_assert_int_eq(fscanf(ls, "%d", &files), 1);
     pclose(ls);
     ck_assert_int_eq(files, 1); /* only the input: every shard written was removed */
-    rc = run_cmd(msg, sizeof msg, "tokenize %s %s", in, out);
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s", in, out);
     ck_assert_msg(rc == 2 && strstr(msg, "--tokenizer"), "rc %d: %s", rc, msg);
-    rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s --format csv", in, out,
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s --format csv", in, out,
                  TOK_GPT2);
     ck_assert_msg(rc == 2 && strstr(msg, "csv"), "rc %d: %s", rc, msg);
-    rc = run_cmd(msg, sizeof msg, "tokenize --help");
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize --help");
     ck_assert_msg(rc == 0 && strstr(msg, "--shard-tokens") && strstr(msg, "chatml"), "%s", msg);
-    rc = run_cmd(msg, sizeof msg, "tokenize %s/none.txt %s --tokenizer %s", dir, out, TOK_GPT2);
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s/none.txt %s --tokenizer %s", dir, out, TOK_GPT2);
     ck_assert_msg(rc == 1 && strstr(msg, "none.txt"), "rc %d: %s", rc, msg);
     ck_assert_int_ne(access(out, F_OK), 0);
     remove(in);
