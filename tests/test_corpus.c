@@ -24,6 +24,7 @@
 #include "data/chat.h"
 #include "data/data.h"
 #include "data/hftok.h"
+#include "data_util.h"
 #include "testutil.h"
 
 #define TOK_GPT2 "tests/fixtures/tok_gpt2.json"
@@ -38,26 +39,6 @@ static void write_file(char *path, size_t n, const char *suffix, const char *tex
     size_t len = strlen(text);
     ck_assert_int_eq(write(fd, text, len), (ssize_t)len);
     close(fd);
-}
-
-static fsdp_hftok *tok_open(const char *path)
-{
-    fsdp_hftok *t = NULL;
-    ck_assert_int_eq(fsdp_hftok_open(&t, path), FSDP_STATUS_OK);
-    return t;
-}
-
-/* Append the tokens of s (special tokens left as text) to v[*n..]. */
-static void enc(fsdp_hftok *t, const char *s, int *v, size_t *n)
-{
-    int *ids;
-    size_t k;
-    ck_assert_int_eq(fsdp_hftok_encode(t, s, strlen(s), FSDP_HFTOK_SPLIT_SPECIAL, &ids, &k),
-                     FSDP_STATUS_OK);
-    if (k)
-        memcpy(v + *n, ids, k * sizeof *ids);
-    *n += k;
-    free(ids);
 }
 
 static fsdp_data *open_data(const char *spec, const char *tok, const char *chat, uint64_t seed)

@@ -19,6 +19,7 @@
 #include "data/data.h"
 #include "data/hftok.h"
 #include "data/shard.h"
+#include "data_util.h"
 #include "testutil.h"
 
 #define TOK_GPT2 "tests/fixtures/tok_gpt2.json"
@@ -51,44 +52,7 @@ static void check_batch_against(const fsdp_data *d, const int *all, uint64_t n, 
     free(tg);
 }
 
-static fsdp_hftok *tok_open(const char *path)
-{
-    fsdp_hftok *t = NULL;
-    ck_assert_int_eq(fsdp_hftok_open(&t, path), FSDP_STATUS_OK);
-    return t;
-}
-
-/* Append the tokens of s (special tokens left as text) to v[*n..]. */
-static void enc(fsdp_hftok *t, const char *s, int *v, size_t *n)
-{
-    int *ids;
-    size_t k;
-    ck_assert_int_eq(fsdp_hftok_encode(t, s, strlen(s), FSDP_HFTOK_SPLIT_SPECIAL, &ids, &k),
-                     FSDP_STATUS_OK);
-    if (k)
-        memcpy(v + *n, ids, k * sizeof *ids);
-    *n += k;
-    free(ids);
-}
-
 /* ---- uint32 shards and the writer ------------------------------------------ */
-
-/* An llm.c Llama 3 shard: magic 20240801, version 7, uint32 tokens. */
-static void write_shard32(const char *path, int magic, int version, int count,
-                          const uint32_t *tok, size_t n, size_t cut)
-{
-    size_t bytes = 1024 + 4 * n;
-    uint8_t *buf = calloc(1, bytes);
-    int32_t h[3] = {magic, version, count};
-    memcpy(buf, h, sizeof h);
-    if (n)
-        memcpy(buf + 1024, tok, 4 * n);
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(buf, 1, bytes - cut, f), bytes - cut);
-    ck_assert_int_eq(fclose(f), 0);
-    free(buf);
-}
 
 START_TEST(test_shard_uint32)
 {
@@ -101,7 +65,7 @@ START_TEST(test_shard_uint32)
         all[i] = (int)(tok[i] = (uint32_t)((i * 7919 + 11) % 128256)); /* Llama 3's vocabulary */
     tok[17] = 128255;
     all[17] = 128255;
-    write_shard32(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, n, 0);
+    write_token_shard(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, 4, n, 0);
     fsdp_data *d = NULL;
     ck_assert_int_eq(fsdp_data_open(&d, path, 128256, 1), FSDP_STATUS_OK);
     ck_assert_uint_eq(fsdp_data_n_tokens(d), n);
@@ -113,17 +77,17 @@ START_TEST(test_shard_uint32)
     /* a token past the vocabulary, a short file, the wrong version */
     ck_assert_int_eq(fsdp_data_open(&d, path, 128255, 1), FSDP_STATUS_FORMAT);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "128255"));
-    write_shard32(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, n, 2);
+    write_token_shard(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, 4, n, 2);
     ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "of 4 bytes"));
-    write_shard32(path, FSDP_SHARD_MAGIC_U32, 1, (int)n, tok, n, 0);
+    write_token_shard(path, FSDP_SHARD_MAGIC_U32, 1, (int)n, tok, 4, n, 0);
     ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "version 7"));
-    write_shard32(path, FSDP_SHARD_MAGIC_U16, 7, (int)n, tok, n, 0);
+    write_token_shard(path, FSDP_SHARD_MAGIC_U16, 7, (int)n, tok, 4, n, 0);
     ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
     /* a uint32 shard whose token does not fit an int */
     tok[3] = 0x80000000u;
-    write_shard32(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, n, 0);
+    write_token_shard(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, 4, n, 0);
     ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
     free(tok);
     free(all);
