@@ -514,16 +514,18 @@ START_TEST(test_commands)
     free(a);
     free(b);
     rc = fsdp_test_cli(out, sizeof out, "convert %s %s --dtype bf16 --to ckpt", FIXTURE_BIN,
-                 path_in(dir, "ck"));
+                       path_in(dir, "ck"));
     REQUIRE(rc == 2 && strstr(out, "fp32"), "bf16 checkpoint: rc %d: %s", rc, out);
-    rc = fsdp_test_cli(out, sizeof out, "convert tests/fixtures/no_such.bin %s", path_in(dir, "x.bin"));
+    rc = fsdp_test_cli(out, sizeof out,
+                       "convert tests/fixtures/no_such.bin %s", path_in(dir, "x.bin"));
     REQUIRE(rc == 1 && strstr(out, "no_such.bin"), "missing input: rc %d: %s", rc, out);
     rc = fsdp_test_cli(out, sizeof out, "convert %s", FIXTURE_BIN);
     REQUIRE(rc == 2, "one positional: rc %d", rc);
 
     write_init_model(path_in(dir, "m.bin"), BYTE_SPEC, 1);
-    rc = fsdp_test_cli(out, sizeof out, "eval --model %s --data synthetic --batch 2 --seq 16 --steps 3 "
-                 "--devices 2 --backend cpu", path_in(dir, "m.bin"));
+    rc = fsdp_test_cli(out, sizeof out,
+                       "eval --model %s --data synthetic --batch 2 --seq 16 --steps 3 "
+                       "--devices 2 --backend cpu", path_in(dir, "m.bin"));
     REQUIRE(rc == 0 && !strncmp(out, "mean loss ", 10), "eval: rc %d: %s", rc, out);
     float loss = strtof(out + 10, NULL);
     REQUIRE(loss > 4.0f && loss < 7.0f, "an untrained byte model should be near ln 256: %s",
@@ -532,20 +534,22 @@ START_TEST(test_commands)
     REQUIRE(rc == 2 && strstr(out, "--data"), "eval without data: rc %d: %s", rc, out);
     char s1[8192], s2[8192];
     rc = fsdp_test_cli(s1, sizeof s1, "sample --model %s --prompt 'ab' --tokens 8 --backend cpu",
-                 path_in(dir, "m.bin"));
+                       path_in(dir, "m.bin"));
     REQUIRE(rc == 0 && !strncmp(s1, "ab", 2), "sample: rc %d: %s", rc, s1);
     rc = fsdp_test_cli(s2, sizeof s2, "sample --model %s --prompt 'ab' --tokens 8 --devices 3 "
-                 "--backend cpu", path_in(dir, "m.bin"));
+                       "--backend cpu", path_in(dir, "m.bin"));
     REQUIRE(rc == 0 && !strcmp(s1, s2), "sample on 3 devices differs: '%s' vs '%s'", s1, s2);
-    rc = fsdp_test_cli(out, sizeof out, "sample --model %s --prompt 'hello' --backend cpu", FIXTURE_BIN);
+    rc = fsdp_test_cli(out, sizeof out,
+                       "sample --model %s --prompt 'hello' --backend cpu", FIXTURE_BIN);
     REQUIRE(rc == 2 && strstr(out, "token ids"), "text prompt, vocab 200: rc %d: %s", rc, out);
-    rc = fsdp_test_cli(out, sizeof out, "sample --model %s --prompt '5,17' --tokens 4 --backend cpu",
-                 FIXTURE_BIN);
+    rc = fsdp_test_cli(out, sizeof out,
+                       "sample --model %s --prompt '5,17' --tokens 4 --backend cpu",
+                       FIXTURE_BIN);
     int ids[6], k = sscanf(out, "%d %d %d %d %d %d", &ids[0], &ids[1], &ids[2], &ids[3], &ids[4],
                            &ids[5]);
     REQUIRE(rc == 0 && k == 6 && ids[0] == 5 && ids[1] == 17, "token ids: rc %d: %s", rc, out);
     rc = fsdp_test_cli(out, sizeof out, "train --model %s --steps 1 --devices 2 --batch 2 --seq 16 "
-                 "--eval 0 --backend cpu --quiet", path_in(dir, "m.bin"));
+                       "--eval 0 --backend cpu --quiet", path_in(dir, "m.bin"));
     REQUIRE(rc == 0 && strstr(out, "final loss"), "train --model FILE: rc %d: %s", rc, out);
     fsdp_test_rm_rf(dir);
 }

@@ -457,13 +457,14 @@ START_TEST(test_train_command)
     for (int i = 0; i < 200; i++)
         fprintf(f, "{\"text\": \"The quick brown fox jumps over the lazy dog %d times.\"}\n", i % 7);
     fclose(f);
-    int rc = fsdp_test_cli(msg, sizeof msg, "train --model custom:layers=1,heads=2,channels=32,vocab=704,"
-                     "context=32 --data %s --tokenizer %s --steps 30 --lr 1e-2 --devices 2 "
-                     "--batch 4 --seq 32 --log %s/m.jsonl --ckpt-dir %s/ck --quiet", in, TOK_GPT2,
-                     dir, dir);
+    int rc = fsdp_test_cli(msg, sizeof msg,
+                           "train --model custom:layers=1,heads=2,channels=32,vocab=704,"
+                           "context=32 --data %s --tokenizer %s --steps 30 --lr 1e-2 --devices 2 "
+                           "--batch 4 --seq 32 --log %s/m.jsonl --ckpt-dir %s/ck --quiet", in,
+                           TOK_GPT2, dir, dir);
     ck_assert_msg(rc == 0, "rc %d: %s", rc, msg);
     rc = fsdp_test_cli(msg, sizeof msg, "eval --model %s/ck/step_00000030 --data %s --tokenizer %s "
-                 "--batch 4 --seq 32 --steps 2", dir, in, TOK_GPT2);
+                       "--batch 4 --seq 32 --steps 2", dir, in, TOK_GPT2);
     ck_assert_msg(rc == 0 && strstr(msg, "mean loss"), "eval: rc %d: %s", rc, msg);
     float first = 0, last = 0;
     char path[160], line[1024];
@@ -483,20 +484,22 @@ START_TEST(test_train_command)
     ck_assert_msg(last < first - 1.0f, "loss %.3f -> %.3f", first, last);
     /* a vocabulary the model cannot hold */
     rc = fsdp_test_cli(msg, sizeof msg, "train --model tiny --data %s --tokenizer %s --steps 1", in,
-                 TOK_GPT2);
+                       TOK_GPT2);
     ck_assert_msg(rc == 2 && strstr(msg, "vocabulary"), "rc %d: %s", rc, msg);
     /* example rows: the loss looks at the completions only */
     f = fopen(in, "w");
     fprintf(f, "{\"prompt\": \"a\", \"completion\": \"b\"}\n");
     fclose(f);
-    rc = fsdp_test_cli(msg, sizeof msg, "train --model custom:layers=1,heads=2,channels=32,vocab=704,"
-                 "context=32 --data %s --tokenizer %s --steps 1", in, TOK_GPT2);
+    rc = fsdp_test_cli(msg, sizeof msg,
+                       "train --model custom:layers=1,heads=2,channels=32,vocab=704,"
+                       "context=32 --data %s --tokenizer %s --steps 1", in, TOK_GPT2);
     ck_assert_msg(rc == 0 && strstr(msg, "1 examples") && strstr(msg, "completion/assistant"),
                   "rc %d: %s", rc, msg);
     rc = fsdp_test_cli(msg, sizeof msg, "train --model tiny --data %s --steps 1", in);
     ck_assert_msg(rc == 2 && strstr(msg, "--tokenizer"), "rc %d: %s", rc, msg);
-    rc = fsdp_test_cli(msg, sizeof msg, "eval --model %s/ck/step_00000030 --data %s --tokenizer %s", dir,
-                 in, TOK_GPT2);
+    rc = fsdp_test_cli(msg, sizeof msg,
+                       "eval --model %s/ck/step_00000030 --data %s --tokenizer %s", dir,
+                       in, TOK_GPT2);
     ck_assert_msg(rc == 0 && strstr(msg, "mean loss"), "eval: rc %d: %s", rc, msg);
     char rm[128];
     snprintf(rm, sizeof rm, "rm -rf '%s'", dir);

@@ -221,8 +221,9 @@ START_TEST(test_tokenize_files)
     ck_assert(!memcmp(got, want, n * sizeof *got));
     free(got);
     /* split into shards of 7 tokens, then read back as a glob */
-    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 7 --quiet", in,
-                 out, TOK_LLAMA3);
+    rc = fsdp_test_cli(msg, sizeof msg,
+                       "tokenize %s %s --tokenizer %s --shard-tokens 7 --quiet", in,
+                       out, TOK_LLAMA3);
     ck_assert_msg(rc == 0 && !*msg, "rc %d: %s", rc, msg);
     size_t at = 0;
     int k = 0;
@@ -293,8 +294,9 @@ START_TEST(test_tokenize_errors)
     fprintf(f, "{\"text\": 5}\n");
     fclose(f);
     snprintf(out, sizeof out, "%s/o.bin", dir);
-    int rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 10", in, out,
-                     TOK_GPT2);
+    int rc = fsdp_test_cli(msg, sizeof msg,
+                           "tokenize %s %s --tokenizer %s --shard-tokens 10", in, out,
+                           TOK_GPT2);
     ck_assert_msg(rc == 1 && strstr(msg, "line 51") && strstr(msg, "must be a string"),
                   "rc %d: %s", rc, msg);
     snprintf(p, sizeof p, "ls %s | wc -l", dir);
@@ -306,11 +308,12 @@ START_TEST(test_tokenize_errors)
     rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s", in, out);
     ck_assert_msg(rc == 2 && strstr(msg, "--tokenizer"), "rc %d: %s", rc, msg);
     rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s --format csv", in, out,
-                 TOK_GPT2);
+                       TOK_GPT2);
     ck_assert_msg(rc == 2 && strstr(msg, "csv"), "rc %d: %s", rc, msg);
     rc = fsdp_test_cli(msg, sizeof msg, "tokenize --help");
     ck_assert_msg(rc == 0 && strstr(msg, "--shard-tokens") && strstr(msg, "chatml"), "%s", msg);
-    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s/none.txt %s --tokenizer %s", dir, out, TOK_GPT2);
+    rc = fsdp_test_cli(msg, sizeof msg,
+                       "tokenize %s/none.txt %s --tokenizer %s", dir, out, TOK_GPT2);
     ck_assert_msg(rc == 1 && strstr(msg, "none.txt"), "rc %d: %s", rc, msg);
     ck_assert_int_ne(access(out, F_OK), 0);
     remove(in);
