@@ -20,45 +20,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* A passing REQUIRE costs nothing (Check reports every passing ck_assert). */
-#define REQUIRE(cond, ...)             \
-    do {                               \
-        if (!(cond))                   \
-            ck_abort_msg(__VA_ARGS__); \
-    } while (0)
-
-/* A fresh directory /tmp/fsdp_test_<tag>_XXXXXX in buf. */
-static inline void make_tmpdir_tag(char *buf, size_t n, const char *tag)
-{
-    snprintf(buf, n, "/tmp/fsdp_test_%s_XXXXXX", tag);
-    ck_assert_ptr_nonnull(mkdtemp(buf));
-}
-
-static inline int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-/* Remove dir and everything below it (no symlinks followed). */
-static inline void rm_rf(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+#include "testutil.h"
 
 static inline bool exists(const char *path)
 {
     struct stat sb;
     return stat(path, &sb) == 0;
-}
-
-/* snprintf that fails the test instead of truncating. */
-static inline void pathf(char *out, size_t n, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static inline void pathf(char *out, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(out, n, fmt, ap);
-    va_end(ap);
-    REQUIRE(k > 0 && (size_t)k < n, "path too long");
 }
 
 /* XOR one byte (0x5a), counted from the start or the end of the file. */

@@ -18,36 +18,16 @@
 
 #include "ckpt/modelfile.h"
 #include "core/error.h"
+#include "testutil.h"
 #include "train/train.h"
 
 #define UTIL static __attribute__((unused))
-
-/* A passing REQUIRE costs nothing (Check reports every passing ck_assert). */
-#define REQUIRE(cond, ...)             \
-    do {                               \
-        if (!(cond))                   \
-            ck_abort_msg(__VA_ARGS__); \
-    } while (0)
 
 #define FIXTURE_ST "tests/fixtures/tiny_gpt2.safetensors"
 #define FIXTURE_BIN "tests/fixtures/tiny_gpt2.bin"
 /* a byte-level GPT-2 small enough for training runs in a test */
 #define BYTE_SPEC "custom:layers=2,heads=2,channels=32,vocab=256,context=16"
 
-
-UTIL void make_tmpdir(char *buf, size_t n)
-{
-    snprintf(buf, n, "/tmp/fsdp_test_files_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(buf));
-}
-
-UTIL int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-UTIL void rm_rf(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* "dir/name" in one of 8 rotating buffers: for immediate use */
 UTIL char *path_in(const char *dir, const char *name)

@@ -29,14 +29,13 @@
 #include "core/rng.h"
 #include "file_util.h"
 #include "fsdp/shardmap.h"
+#include "testutil.h"
 #include "train/train.h"
 
 /* 3 units: root (wte 256x16 ...) and two blocks of 3312 elements. */
 #define SPEC "custom:layers=2,heads=2,channels=16,vocab=256,context=16"
 
 /* ---- helpers ---------------------------------------------------------------- */
-
-static void make_tmpdir(char *buf, size_t n) { make_tmpdir_tag(buf, n, "ckpt"); }
 
 static void cfg_init(fsdp_train_config *c, int devices, int batch)
 {
@@ -155,7 +154,7 @@ static char *mutate(const char *text, const char *old, const char *new);
 START_TEST(test_manifest_roundtrip)
 {
     char dir[64], path[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
     pathf(path, sizeof path, "%s/manifest", dir);
     fsdp_ckpt_manifest m, r;
     fsdp_model model;
@@ -237,7 +236,7 @@ START_TEST(test_manifest_roundtrip)
     fsdp_ckpt_manifest_free(&r);
     fsdp_ckpt_manifest_free(&m);
     fsdp_model_free(&model);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -257,7 +256,7 @@ static char *mutate(const char *text, const char *old, const char *new)
 START_TEST(test_manifest_hostile)
 {
     char dir[64], good[128], bad[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
     pathf(good, sizeof good, "%s/manifest", dir);
     pathf(bad, sizeof bad, "%s/bad_manifest", dir);
     fsdp_ckpt_manifest m;
@@ -349,7 +348,7 @@ START_TEST(test_manifest_hostile)
     free(text);
     fsdp_ckpt_manifest_free(&m);
     fsdp_model_free(&model);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -374,7 +373,7 @@ START_TEST(test_resume_exact)
     };
     for (size_t k = 0; k < sizeof variants / sizeof variants[0]; k++) {
         char dir[64], ck[96];
-        make_tmpdir(dir, sizeof dir);
+        fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
         pathf(ck, sizeof ck, "%s/ck", dir);
         fsdp_train_config c;
         cfg_init(&c, 4, 2 / variants[k].accum);
@@ -407,7 +406,7 @@ START_TEST(test_resume_exact)
         fsdp_train_result_free(&straight);
         fsdp_train_result_free(&first);
         fsdp_train_result_free(&second);
-        rm_rf(dir);
+        fsdp_test_rm_rf(dir);
     }
 }
 END_TEST
@@ -421,7 +420,7 @@ END_TEST
 START_TEST(test_reshard_continue)
 {
     char dir[64], ck[96], ck_none[96];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
     pathf(ck, sizeof ck, "%s/ck4", dir);
     pathf(ck_none, sizeof ck_none, "%s/ck_none", dir);
     fsdp_train_config c;
@@ -489,7 +488,7 @@ START_TEST(test_reshard_continue)
         fsdp_train_result_free(&r);
     }
     fsdp_train_result_free(&straight);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -505,7 +504,7 @@ START_TEST(test_reshard_load_exact)
     static const int worlds[][2] = {{4, 6}, {1, 24}, {3, 8}, {6, 4}, {8, 3}, {12, 2}};
     for (int sp = 0; sp < 2; sp++) {
         char dir[64], ck[96];
-        make_tmpdir(dir, sizeof dir);
+        fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
         pathf(ck, sizeof ck, "%s/ck", dir);
         fsdp_train_config c;
         fsdp_train_result saved, r;
@@ -529,7 +528,7 @@ START_TEST(test_reshard_load_exact)
             fsdp_train_result_free(&r);
         }
         fsdp_train_result_free(&saved);
-        rm_rf(dir);
+        fsdp_test_rm_rf(dir);
     }
 }
 END_TEST
@@ -539,7 +538,7 @@ END_TEST
 START_TEST(test_crash_during_save)
 {
     char dir[64], ck[96], part[160], p[160];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
     pathf(ck, sizeof ck, "%s/ck", dir);
     pathf(part, sizeof part, "%s/step_00000010.tmp/rank_00000.bin", ck);
     fsdp_train_config c;
@@ -608,7 +607,7 @@ START_TEST(test_crash_during_save)
     ck_assert(fsdp_ckpt_is_complete(p));
     fsdp_train_result_free(&resumed);
     fsdp_train_result_free(&straight);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -622,7 +621,7 @@ enum corruption {
 START_TEST(test_hostile_checkpoints)
 {
     char dir[64], other[96];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
     pathf(other, sizeof other, "%s/other", dir);
     make_fixture(other, 1337); /* another run, same settings */
     static const struct {
@@ -693,7 +692,7 @@ START_TEST(test_hostile_checkpoints)
         /* nothing was committed on top of the damaged checkpoint */
         pathf(f, sizeof f, "%s/step_00000020", ck);
         REQUIRE(!exists(f), "case %d: training went on after a failed load", k);
-        rm_rf(ck);
+        fsdp_test_rm_rf(ck);
     }
 
     /* a manifest that does not match the model: FORMAT naming the line */
@@ -751,7 +750,7 @@ START_TEST(test_hostile_checkpoints)
     ck_assert(!exists(p));
     pathf(p, sizeof p, "%s/step_00000012", ck);
     ck_assert(fsdp_ckpt_is_complete(p));
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -772,7 +771,7 @@ static int count_entries(const char *dir)
 START_TEST(test_retention_and_memory)
 {
     char dir[64], ck[96], p[160];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
     pathf(ck, sizeof ck, "%s/a/b/ck", dir); /* parents are created */
     fsdp_train_config c;
     fsdp_train_result plain, saved;
@@ -816,7 +815,7 @@ START_TEST(test_retention_and_memory)
     c.eng.backend = FSDP_BACKEND_META;
     c.ckpt_dir = ck;
     run_fail(&c, FSDP_STATUS_UNSUPPORTED, "meta", NULL);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -842,9 +841,5 @@ static Suite *ckpt_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(ckpt_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(ckpt_suite());
 }

@@ -25,6 +25,7 @@
 #include "ckpt/modelfile.h"
 #include "core/error.h"
 #include "model_files_util.h"
+#include "testutil.h"
 #include "train/infer.h"
 #include "train/train.h"
 
@@ -189,7 +190,7 @@ START_TEST(test_v1_reads_into_the_v2_form)
 
     /* written back: version 2, the model as family + config only */
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     ck_assert_int_eq(fsdp_ckpt_manifest_write(path_in(dir, "manifest"), &v1), FSDP_STATUS_OK);
     char *text = slurp(path_in(dir, "manifest"), NULL);
     REQUIRE(strstr(text, "\nversion 2\n") && strstr(text, "\nmodel_family gpt2\n") &&
@@ -230,7 +231,7 @@ START_TEST(test_v1_reads_into_the_v2_form)
     fsdp_ckpt_manifest_free(&v1);
     fsdp_ckpt_manifest_free(&v2);
     fsdp_model_free(&tiny);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -239,7 +240,7 @@ END_TEST
 static void refuse_edits(const char *good_path, const char *const (*cases)[3], int n)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     char *good = slurp(good_path, NULL);
     for (int i = 0; i < n; i++) {
         char *t = mutate(good, cases[i][0], cases[i][1]);
@@ -256,7 +257,7 @@ static void refuse_edits(const char *good_path, const char *const (*cases)[3], i
         free(t);
     }
     free(good);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 
 START_TEST(test_v1_lines_must_agree)
@@ -287,7 +288,7 @@ END_TEST
 START_TEST(test_v2_lines_must_agree)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     v2_copy(dir);
     static const char *const cases[][3] = {
         {"model_family gpt2", "model_family mamba", "not in this build"},
@@ -332,7 +333,7 @@ START_TEST(test_v2_lines_must_agree)
     fsdp_ckpt_manifest_free(&r);
     free(t);
     free(good);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -341,7 +342,7 @@ END_TEST
 START_TEST(test_v1_fixture_equals_a_fresh_run)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     path fp = path_of(dir, "fresh"), op = path_of(dir, "old");
     const char *fresh = fp.s, *old = op.s;
     fsdp_train_config c;
@@ -400,7 +401,7 @@ START_TEST(test_v1_fixture_equals_a_fresh_run)
     fsdp_train_result_free(&rb);
     loaded_free(&a);
     loaded_free(&b);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -408,7 +409,7 @@ START_TEST(test_v2_copy_behaves_like_the_v1_fixture)
 {
     /* the same shard files under either manifest: everything bit-identical */
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     path p1 = path_of(dir, "v1"), p2 = path_of(dir, "v2");
     const char *v1 = p1.s, *v2 = p2.s;
     run("cp -r " FIXTURE " '%s'%s", v1, "");
@@ -428,7 +429,7 @@ START_TEST(test_v2_copy_behaves_like_the_v1_fixture)
     fsdp_train_result_free(&rb);
     loaded_free(&a);
     loaded_free(&b);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -461,9 +462,5 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_v1_fixture_equals_a_fresh_run);
     tcase_add_test(tc, test_v2_copy_behaves_like_the_v1_fixture);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(s);
 }

@@ -27,6 +27,7 @@
 #include "core/rng.h"
 #include "data/tokenizer.h"
 #include "model_files_util.h"
+#include "testutil.h"
 #include "train/infer.h"
 #include "train/plan.h"
 #include "train/train.h"
@@ -47,7 +48,7 @@ static void trained_checkpoint(const char *dir, fsdp_train_result *res)
 START_TEST(test_roundtrip_ckpt_bin_ckpt)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     fsdp_train_result res;
     trained_checkpoint(dir, &res);
     loaded a, b, c;
@@ -86,14 +87,14 @@ START_TEST(test_roundtrip_ckpt_bin_ckpt)
     loaded_free(&b);
     loaded_free(&c);
     fsdp_train_result_free(&res);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_roundtrip_ckpt_safetensors_ckpt)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     fsdp_train_result res;
     trained_checkpoint(dir, &res);
     char step[512];
@@ -118,7 +119,7 @@ START_TEST(test_roundtrip_ckpt_safetensors_ckpt)
     loaded_free(&b);
     loaded_free(&c);
     fsdp_train_result_free(&res);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -127,7 +128,7 @@ START_TEST(test_converted_ckpt_resumes)
     /* a checkpoint written from a model file resumes like training from
      * the file: same losses, bit for bit */
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     write_init_model(path_in(dir, "m.safetensors"), BYTE_SPEC, 99);
     loaded l;
     load_ok(path_in(dir, "m.safetensors"), &l);
@@ -154,7 +155,7 @@ START_TEST(test_converted_ckpt_resumes)
     fsdp_train_result_free(&r1);
     fsdp_train_result_free(&r2);
     loaded_free(&l);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -163,7 +164,7 @@ END_TEST
 START_TEST(test_hostile_model_files)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     fsdp_modelfile *mf = NULL;
     size_t n;
     /* llm.c file truncated */
@@ -242,7 +243,7 @@ START_TEST(test_hostile_model_files)
     fsdp_model_free(&m);
     fsdp_model_free(&other);
     loaded_free(&l);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -321,7 +322,7 @@ END_TEST
 START_TEST(test_eval_equals_train_loss)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     const char *model = path_in(dir, "m.bin");
     write_init_model(model, BYTE_SPEC, 5);
     /* the trainer's first step: micro-batches 0..3 (2 devices x accum 2) */
@@ -346,7 +347,7 @@ START_TEST(test_eval_equals_train_loss)
         REQUIRE(losses[0] != losses[1], "batches 0 and 1 give the same loss");
     }
     fsdp_train_result_free(&r);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -356,7 +357,7 @@ END_TEST
 START_TEST(test_infer_allocates_no_training_state)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     const char *model = path_in(dir, "m.safetensors");
     write_init_model(model, BYTE_SPEC, 5);
     fsdp_model m;
@@ -409,7 +410,7 @@ START_TEST(test_infer_allocates_no_training_state)
             fsdp_plan_free(&plan);
         }
     fsdp_model_free(&m);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -418,7 +419,7 @@ START_TEST(test_train_from_file_equals_same_init)
     /* weights written from the RNG init of seed S, loaded by every rank from
      * the file, train exactly like a run initialised from seed S */
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     const char *files[2] = {path_in(dir, "m.bin"), path_in(dir, "m.safetensors")};
     fsdp_train_config c;
     fsdp_train_result ref, r;
@@ -435,14 +436,14 @@ START_TEST(test_train_from_file_equals_same_init)
         fsdp_train_result_free(&r);
     }
     fsdp_train_result_free(&ref);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_sample_deterministic)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     /* a briefly trained byte-level model, so greedy decoding is not flat */
     fsdp_train_config c;
     fsdp_train_result r;
@@ -490,32 +491,11 @@ START_TEST(test_sample_deterministic)
     prompt[0] = 300;
     expect_error(fsdp_infer_sample(&ic, &sc, out[1], NULL), FSDP_STATUS_INVALID_ARG, "bad prompt",
                  "vocabulary", NULL);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 /* ---- the commands ------------------------------------------------------------------------ */
-
-#ifndef FSDP_BIN
-#define FSDP_BIN "build/fsdp"
-#endif
-
-/* Run `fsdp args`; returns the exit code and the output (stdout+stderr). */
-static int run_cmd(char *out, size_t n, const char *fmt, ...)
-{
-    char args[2048], cmd[2300];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", FSDP_BIN, args);
-    FILE *p = popen(cmd, "r");
-    REQUIRE(p, "cannot run %s", cmd);
-    size_t k = fread(out, 1, n - 1, p);
-    out[k] = '\0';
-    int rc = pclose(p);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
 
 START_TEST(test_commands)
 {
@@ -524,8 +504,8 @@ START_TEST(test_commands)
         return;
     }
     char dir[64], out[8192];
-    make_tmpdir(dir, sizeof dir);
-    int rc = run_cmd(out, sizeof out, "convert %s %s", FIXTURE_ST, path_in(dir, "a.bin"));
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    int rc = fsdp_test_cli(out, sizeof out, "convert %s %s", FIXTURE_ST, path_in(dir, "a.bin"));
     REQUIRE(rc == 0 && strstr(out, "converted"), "convert: rc %d: %s", rc, out);
     size_t na, nb;
     unsigned char *a = read_file(path_in(dir, "a.bin"), &na), *b = read_file(FIXTURE_BIN, &nb);
@@ -533,41 +513,45 @@ START_TEST(test_commands)
             "reference .bin");
     free(a);
     free(b);
-    rc = run_cmd(out, sizeof out, "convert %s %s --dtype bf16 --to ckpt", FIXTURE_BIN,
-                 path_in(dir, "ck"));
+    rc = fsdp_test_cli(out, sizeof out, "convert %s %s --dtype bf16 --to ckpt", FIXTURE_BIN,
+                       path_in(dir, "ck"));
     REQUIRE(rc == 2 && strstr(out, "fp32"), "bf16 checkpoint: rc %d: %s", rc, out);
-    rc = run_cmd(out, sizeof out, "convert tests/fixtures/no_such.bin %s", path_in(dir, "x.bin"));
+    rc = fsdp_test_cli(out, sizeof out,
+                       "convert tests/fixtures/no_such.bin %s", path_in(dir, "x.bin"));
     REQUIRE(rc == 1 && strstr(out, "no_such.bin"), "missing input: rc %d: %s", rc, out);
-    rc = run_cmd(out, sizeof out, "convert %s", FIXTURE_BIN);
+    rc = fsdp_test_cli(out, sizeof out, "convert %s", FIXTURE_BIN);
     REQUIRE(rc == 2, "one positional: rc %d", rc);
 
     write_init_model(path_in(dir, "m.bin"), BYTE_SPEC, 1);
-    rc = run_cmd(out, sizeof out, "eval --model %s --data synthetic --batch 2 --seq 16 --steps 3 "
-                 "--devices 2 --backend cpu", path_in(dir, "m.bin"));
+    rc = fsdp_test_cli(out, sizeof out,
+                       "eval --model %s --data synthetic --batch 2 --seq 16 --steps 3 "
+                       "--devices 2 --backend cpu", path_in(dir, "m.bin"));
     REQUIRE(rc == 0 && !strncmp(out, "mean loss ", 10), "eval: rc %d: %s", rc, out);
     float loss = strtof(out + 10, NULL);
     REQUIRE(loss > 4.0f && loss < 7.0f, "an untrained byte model should be near ln 256: %s",
             out);
-    rc = run_cmd(out, sizeof out, "eval --model %s --backend cpu", path_in(dir, "m.bin"));
+    rc = fsdp_test_cli(out, sizeof out, "eval --model %s --backend cpu", path_in(dir, "m.bin"));
     REQUIRE(rc == 2 && strstr(out, "--data"), "eval without data: rc %d: %s", rc, out);
     char s1[8192], s2[8192];
-    rc = run_cmd(s1, sizeof s1, "sample --model %s --prompt 'ab' --tokens 8 --backend cpu",
-                 path_in(dir, "m.bin"));
+    rc = fsdp_test_cli(s1, sizeof s1, "sample --model %s --prompt 'ab' --tokens 8 --backend cpu",
+                       path_in(dir, "m.bin"));
     REQUIRE(rc == 0 && !strncmp(s1, "ab", 2), "sample: rc %d: %s", rc, s1);
-    rc = run_cmd(s2, sizeof s2, "sample --model %s --prompt 'ab' --tokens 8 --devices 3 "
-                 "--backend cpu", path_in(dir, "m.bin"));
+    rc = fsdp_test_cli(s2, sizeof s2, "sample --model %s --prompt 'ab' --tokens 8 --devices 3 "
+                       "--backend cpu", path_in(dir, "m.bin"));
     REQUIRE(rc == 0 && !strcmp(s1, s2), "sample on 3 devices differs: '%s' vs '%s'", s1, s2);
-    rc = run_cmd(out, sizeof out, "sample --model %s --prompt 'hello' --backend cpu", FIXTURE_BIN);
+    rc = fsdp_test_cli(out, sizeof out,
+                       "sample --model %s --prompt 'hello' --backend cpu", FIXTURE_BIN);
     REQUIRE(rc == 2 && strstr(out, "token ids"), "text prompt, vocab 200: rc %d: %s", rc, out);
-    rc = run_cmd(out, sizeof out, "sample --model %s --prompt '5,17' --tokens 4 --backend cpu",
-                 FIXTURE_BIN);
+    rc = fsdp_test_cli(out, sizeof out,
+                       "sample --model %s --prompt '5,17' --tokens 4 --backend cpu",
+                       FIXTURE_BIN);
     int ids[6], k = sscanf(out, "%d %d %d %d %d %d", &ids[0], &ids[1], &ids[2], &ids[3], &ids[4],
                            &ids[5]);
     REQUIRE(rc == 0 && k == 6 && ids[0] == 5 && ids[1] == 17, "token ids: rc %d: %s", rc, out);
-    rc = run_cmd(out, sizeof out, "train --model %s --steps 1 --devices 2 --batch 2 --seq 16 "
-                 "--eval 0 --backend cpu --quiet", path_in(dir, "m.bin"));
+    rc = fsdp_test_cli(out, sizeof out, "train --model %s --steps 1 --devices 2 --batch 2 --seq 16 "
+                       "--eval 0 --backend cpu --quiet", path_in(dir, "m.bin"));
     REQUIRE(rc == 0 && strstr(out, "final loss"), "train --model FILE: rc %d: %s", rc, out);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -595,9 +579,5 @@ static Suite *convert_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(convert_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(convert_suite());
 }

@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "core/world.h"
 #include "device/device.h"
+#include "testutil.h"
 
 static double now_s(void)
 {
@@ -745,9 +746,5 @@ static Suite *core_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(core_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(core_suite());
 }

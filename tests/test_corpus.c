@@ -24,6 +24,8 @@
 #include "data/chat.h"
 #include "data/data.h"
 #include "data/hftok.h"
+#include "data_util.h"
+#include "testutil.h"
 
 #define TOK_GPT2 "tests/fixtures/tok_gpt2.json"
 #define TOK_LLAMA3 "tests/fixtures/tok_llama3.json"
@@ -37,26 +39,6 @@ static void write_file(char *path, size_t n, const char *suffix, const char *tex
     size_t len = strlen(text);
     ck_assert_int_eq(write(fd, text, len), (ssize_t)len);
     close(fd);
-}
-
-static fsdp_hftok *tok_open(const char *path)
-{
-    fsdp_hftok *t = NULL;
-    ck_assert_int_eq(fsdp_hftok_open(&t, path), FSDP_STATUS_OK);
-    return t;
-}
-
-/* Append the tokens of s (special tokens left as text) to v[*n..]. */
-static void enc(fsdp_hftok *t, const char *s, int *v, size_t *n)
-{
-    int *ids;
-    size_t k;
-    ck_assert_int_eq(fsdp_hftok_encode(t, s, strlen(s), FSDP_HFTOK_SPLIT_SPECIAL, &ids, &k),
-                     FSDP_STATUS_OK);
-    if (k)
-        memcpy(v + *n, ids, k * sizeof *ids);
-    *n += k;
-    free(ids);
 }
 
 static fsdp_data *open_data(const char *spec, const char *tok, const char *chat, uint64_t seed)
@@ -463,26 +445,6 @@ END_TEST
 
 /* ---- fsdp tokenize ---------------------------------------------------------------- */
 
-#ifndef FSDP_BIN
-#define FSDP_BIN "build/fsdp"
-#endif
-
-static int run_cmd(char *out, size_t n, const char *fmt, ...)
-{
-    char args[2048], cmd[2300];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", FSDP_BIN, args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t k = fread(out, 1, n - 1, p);
-    out[k] = '\0';
-    int rc = pclose(p);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
 /* `fsdp train` and `fsdp eval` read .jsonl text rows through --tokenizer
  * (training lowers the loss), and example rows (the loss on completions
  * only: the masked mean itself is tested in test_engine.c). */
@@ -495,13 +457,14 @@ START_TEST(test_train_command)
     for (int i = 0; i < 200; i++)
         fprintf(f, "{\"text\": \"The quick brown fox jumps over the lazy dog %d times.\"}\n", i % 7);
     fclose(f);
-    int rc = run_cmd(msg, sizeof msg, "train --model custom:layers=1,heads=2,channels=32,vocab=704,"
-                     "context=32 --data %s --tokenizer %s --steps 30 --lr 1e-2 --devices 2 "
-                     "--batch 4 --seq 32 --log %s/m.jsonl --ckpt-dir %s/ck --quiet", in, TOK_GPT2,
-                     dir, dir);
+    int rc = fsdp_test_cli(msg, sizeof msg,
+                           "train --model custom:layers=1,heads=2,channels=32,vocab=704,"
+                           "context=32 --data %s --tokenizer %s --steps 30 --lr 1e-2 --devices 2 "
+                           "--batch 4 --seq 32 --log %s/m.jsonl --ckpt-dir %s/ck --quiet", in,
+                           TOK_GPT2, dir, dir);
     ck_assert_msg(rc == 0, "rc %d: %s", rc, msg);
-    rc = run_cmd(msg, sizeof msg, "eval --model %s/ck/step_00000030 --data %s --tokenizer %s "
-                 "--batch 4 --seq 32 --steps 2", dir, in, TOK_GPT2);
+    rc = fsdp_test_cli(msg, sizeof msg, "eval --model %s/ck/step_00000030 --data %s --tokenizer %s "
+                       "--batch 4 --seq 32 --steps 2", dir, in, TOK_GPT2);
     ck_assert_msg(rc == 0 && strstr(msg, "mean loss"), "eval: rc %d: %s", rc, msg);
     float first = 0, last = 0;
     char path[160], line[1024];
@@ -520,21 +483,23 @@ START_TEST(test_train_command)
     ck_assert_int_eq(steps, 30);
     ck_assert_msg(last < first - 1.0f, "loss %.3f -> %.3f", first, last);
     /* a vocabulary the model cannot hold */
-    rc = run_cmd(msg, sizeof msg, "train --model tiny --data %s --tokenizer %s --steps 1", in,
-                 TOK_GPT2);
+    rc = fsdp_test_cli(msg, sizeof msg, "train --model tiny --data %s --tokenizer %s --steps 1", in,
+                       TOK_GPT2);
     ck_assert_msg(rc == 2 && strstr(msg, "vocabulary"), "rc %d: %s", rc, msg);
     /* example rows: the loss looks at the completions only */
     f = fopen(in, "w");
     fprintf(f, "{\"prompt\": \"a\", \"completion\": \"b\"}\n");
     fclose(f);
-    rc = run_cmd(msg, sizeof msg, "train --model custom:layers=1,heads=2,channels=32,vocab=704,"
-                 "context=32 --data %s --tokenizer %s --steps 1", in, TOK_GPT2);
+    rc = fsdp_test_cli(msg, sizeof msg,
+                       "train --model custom:layers=1,heads=2,channels=32,vocab=704,"
+                       "context=32 --data %s --tokenizer %s --steps 1", in, TOK_GPT2);
     ck_assert_msg(rc == 0 && strstr(msg, "1 examples") && strstr(msg, "completion/assistant"),
                   "rc %d: %s", rc, msg);
-    rc = run_cmd(msg, sizeof msg, "train --model tiny --data %s --steps 1", in);
+    rc = fsdp_test_cli(msg, sizeof msg, "train --model tiny --data %s --steps 1", in);
     ck_assert_msg(rc == 2 && strstr(msg, "--tokenizer"), "rc %d: %s", rc, msg);
-    rc = run_cmd(msg, sizeof msg, "eval --model %s/ck/step_00000030 --data %s --tokenizer %s", dir,
-                 in, TOK_GPT2);
+    rc = fsdp_test_cli(msg, sizeof msg,
+                       "eval --model %s/ck/step_00000030 --data %s --tokenizer %s", dir,
+                       in, TOK_GPT2);
     ck_assert_msg(rc == 0 && strstr(msg, "mean loss"), "eval: rc %d: %s", rc, msg);
     char rm[128];
     snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
@@ -566,9 +531,5 @@ static Suite *corpus_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(corpus_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(corpus_suite());
 }

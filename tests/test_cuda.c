@@ -28,6 +28,7 @@
 #include "fsdp/engine.h"
 #include "models/registry.h"
 #include "ops/ops.h"
+#include "testutil.h"
 #include "train/fit.h"
 
 /* ---- the block cache with a fake driver ------------------------------------ */
@@ -719,9 +720,5 @@ int main(void)
 {
     /* Nothing CUDA here: Check forks each test, and CUDA must not be
      * initialised in the parent. */
-    SRunner *sr = srunner_create(cuda_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(cuda_suite());
 }

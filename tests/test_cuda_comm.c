@@ -20,6 +20,7 @@
 #include "core/world.h"
 #include "cuda_test.h"
 #include "device/device.h"
+#include "testutil.h"
 
 /* The rendezvous: 4 rank threads, many exchanges, every record seen by
  * every rank in rank order; then an abort while ranks wait. */
@@ -470,9 +471,5 @@ int main(void)
 {
     /* Nothing CUDA here: Check forks each test, and CUDA must not be
      * initialised in the parent. */
-    SRunner *sr = srunner_create(cuda_comm_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(cuda_comm_suite());
 }

@@ -7,10 +7,8 @@
  * accumulation is checked; the same op twice gives the same bits; bad
  * shapes are reported through sync_error.
  *
- * Tests that need a GPU look for one inside the forked test, never in
- * main() (CUDA must not be initialised in Check's parent process), and
- * without one print exactly "SKIP: <test>: no CUDA device" and pass; the
- * table test runs everywhere. Builds with CUDA=0 compile the same file.
+ * Without a GPU every test but the table test prints a SKIP line and
+ * passes (cuda_test.h). Builds with CUDA=0 compile the same file.
  */
 #include <check.h>
 #include <math.h>
@@ -20,57 +18,13 @@
 
 #include "core/bf16.h"
 #include "core/rng.h"
+#include "cuda_test.h"
 #include "device/device.h"
 #include "ops/ops.h"
 #include "ops/rope_table.h"
+#include "testutil.h"
 
-#define SEED 4321u
-
-#define NEED_GPU(name)                                               \
-    do {                                                             \
-        if (fsdp_cuda_device_count() == 0) {                         \
-            printf("SKIP: %s: no CUDA device\n", name);              \
-            fflush(stdout);                                          \
-            return;                                                  \
-        }                                                            \
-    } while (0)
-
-/* ---- a cpu and a cuda device side by side ------------------------------------- */
-
-typedef struct pair {
-    fsdp_device cpu, gpu;
-    fsdp_op_ctx oc, og;
-    fsdp_dtype dt;
-} pair;
-
-static void pair_init(pair *P, fsdp_dtype dt)
-{
-    memset(P, 0, sizeof *P);
-    P->dt = dt;
-    ck_assert_msg(fsdp_device_init(&P->cpu, FSDP_BACKEND_CPU, NULL, 0, 0, 0) == FSDP_STATUS_OK,
-                  "%s", fsdp_error_msg());
-    ck_assert_msg(fsdp_device_init(&P->gpu, FSDP_BACKEND_CUDA, NULL, 0, 0, 0) == FSDP_STATUS_OK,
-                  "%s", fsdp_error_msg());
-    ck_assert_msg(fsdp_ops_init(&P->oc, &P->cpu, dt) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-    ck_assert_msg(fsdp_ops_init(&P->og, &P->gpu, dt) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-}
-
-static void pair_fini(pair *P)
-{
-    fsdp_ops_fini(&P->og);
-    fsdp_ops_fini(&P->oc);
-    fsdp_device_fini(&P->gpu);
-    fsdp_device_fini(&P->cpu);
-}
-
-/* Wait for the GPU; no op may have recorded a failure. */
-static void gpu_done(pair *P)
-{
-    ck_assert_msg(fsdp_device_stream_sync(&P->gpu, P->gpu.compute) == FSDP_STATUS_OK, "%s",
-                  fsdp_error_msg());
-    fsdp_status st = P->og.iface->sync_error(&P->og);
-    ck_assert_msg(st == FSDP_STATUS_OK, "cuda op failed: %s", fsdp_error_msg());
-}
+#define LLAMA_SEED 4321u
 
 /* A tensor on both devices. init holds its fp32 values (representable in
  * dt); poisoned tensors start as NaN on the GPU and zero on the cpu. */
@@ -107,7 +61,7 @@ static tens t_new(pair *P, size_t n, fsdp_dtype dt, float std, uint64_t stream)
     t.init = calloc(n ? n : 1, sizeof(float));
     ck_assert_ptr_nonnull(t.init);
     for (size_t i = 0; std > 0.0f && i < n; i++) {
-        float v = std * fsdp_rng_normal(SEED, stream, i);
+        float v = std * fsdp_rng_normal(LLAMA_SEED, stream, i);
         t.init[i] = dt == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(fsdp_f32_to_bf16(v)) : v;
     }
     ck_assert_int_eq(fsdp_device_alloc(&P->cpu, t_bytes(&t), FSDP_MEM_OTHER, "t", &t.c),
@@ -402,9 +356,5 @@ int main(void)
 {
     /* Nothing CUDA here: Check forks each test, and CUDA must not be
      * initialised in the parent. */
-    SRunner *sr = srunner_create(cuda_llama_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(cuda_llama_suite());
 }

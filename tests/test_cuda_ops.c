@@ -24,44 +24,7 @@
 #include "cuda_test.h"
 #include "device/device.h"
 #include "ops/ops.h"
-
-/* ---- a cpu device and a cuda device side by side ------------------------- */
-
-typedef struct pair {
-    fsdp_device cpu, gpu;
-    fsdp_op_ctx oc, og;
-    fsdp_dtype dt;
-} pair;
-
-static void pair_init(pair *P, fsdp_dtype dt)
-{
-    memset(P, 0, sizeof *P);
-    P->dt = dt;
-    ck_assert_msg(fsdp_device_init(&P->cpu, FSDP_BACKEND_CPU, NULL, 0, 0, 0) == FSDP_STATUS_OK,
-                  "%s", fsdp_error_msg());
-    ck_assert_msg(fsdp_device_init(&P->gpu, FSDP_BACKEND_CUDA, NULL, 0, 0, 0) == FSDP_STATUS_OK,
-                  "%s", fsdp_error_msg());
-    ck_assert_msg(fsdp_ops_init(&P->oc, &P->cpu, dt) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-    ck_assert_msg(fsdp_ops_init(&P->og, &P->gpu, dt) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-}
-
-static void pair_fini(pair *P)
-{
-    fsdp_ops_fini(&P->og);
-    fsdp_ops_fini(&P->oc);
-    fsdp_device_fini(&P->gpu);
-    fsdp_device_fini(&P->cpu);
-}
-
-/* Wait for the GPU and check that no op recorded a failure. */
-static void gpu_done(pair *P)
-{
-    ck_assert_msg(fsdp_device_stream_sync(&P->gpu, P->gpu.compute) == FSDP_STATUS_OK, "%s",
-                  fsdp_error_msg());
-    ck_assert_ptr_nonnull(P->og.iface->sync_error);
-    fsdp_status st = P->og.iface->sync_error(&P->og);
-    ck_assert_msg(st == FSDP_STATUS_OK, "cuda op failed: %s", fsdp_error_msg());
-}
+#include "testutil.h"
 
 /* A tensor on both devices with the same initial contents. */
 typedef struct tens {
@@ -795,9 +758,5 @@ int main(void)
 {
     /* Nothing CUDA here: Check forks each test, and CUDA must not be
      * initialised in the parent. */
-    SRunner *sr = srunner_create(cuda_ops_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(cuda_ops_suite());
 }

@@ -16,41 +16,18 @@
 
 #include "core/error.h"
 #include "data/data.h"
+#include "data_util.h"
+#include "testutil.h"
 
 #define MAGIC 20240520
 
 /* Check in hot loops: unlike ck_assert, a passing REQUIRE costs nothing
  * (Check reports every passing ck_assert to its parent process). */
-#define REQUIRE(cond, ...)                  \
-    do {                                    \
-        if (!(cond))                        \
-            ck_abort_msg(__VA_ARGS__);      \
-    } while (0)
-
 /* ---- fixtures -------------------------------------------------------------- */
-
-/* Write an llm.c shard: header (magic, version, count) then n tokens, minus
- * the last `cut` bytes of the file. */
-static void write_shard_raw(const char *path, int magic, int version, int count,
-                            const uint16_t *tok, size_t n, size_t cut)
-{
-    size_t bytes = 1024 + 2 * n;
-    uint8_t *buf = calloc(1, bytes);
-    ck_assert_ptr_nonnull(buf);
-    int32_t h[3] = {magic, version, count};
-    memcpy(buf, h, sizeof h);
-    if (n)
-        memcpy(buf + 1024, tok, 2 * n);
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(buf, 1, bytes - cut, f), bytes - cut);
-    ck_assert_int_eq(fclose(f), 0);
-    free(buf);
-}
 
 static void write_shard(const char *path, const uint16_t *tok, size_t n)
 {
-    write_shard_raw(path, MAGIC, 1, (int)n, tok, n, 0);
+    write_token_shard(path, MAGIC, 1, (int)n, tok, 2, n, 0);
 }
 
 /* A fresh path /tmp/fsdp_test_data_XXXXXX<suffix> (the file exists, empty). */
@@ -320,26 +297,26 @@ START_TEST(test_shard_corrupt)
     temp_path(path, sizeof path, ".bin");
     uint16_t *tok = pattern_tokens(100, 3, 0, 300);
 
-    write_shard_raw(path, 12345, 1, 100, tok, 100, 0);
+    write_token_shard(path, 12345, 1, 100, tok, 2, 100, 0);
     expect_fail(path, 0, FSDP_STATUS_FORMAT, path, "12345");
 
-    write_shard_raw(path, MAGIC, 2, 100, tok, 100, 0);
+    write_token_shard(path, MAGIC, 2, 100, tok, 2, 100, 0);
     expect_fail(path, 0, FSDP_STATUS_FORMAT, path, "version 2");
 
-    write_shard_raw(path, MAGIC, 1, 100, tok, 100, 1); /* truncated by a byte */
+    write_token_shard(path, MAGIC, 1, 100, tok, 2, 100, 1); /* truncated by a byte */
     expect_fail(path, 0, FSDP_STATUS_FORMAT, path, "1223 bytes"); /* actual; expected 1224 */
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "1224"));
 
-    write_shard_raw(path, MAGIC, 1, 101, tok, 100, 0); /* count says more than is there */
+    write_token_shard(path, MAGIC, 1, 101, tok, 2, 100, 0); /* count says more than is there */
     expect_fail(path, 0, FSDP_STATUS_FORMAT, path, "1226");
 
-    write_shard_raw(path, MAGIC, 1, -5, tok, 100, 0);
+    write_token_shard(path, MAGIC, 1, -5, tok, 2, 100, 0);
     expect_fail(path, 0, FSDP_STATUS_FORMAT, path, "-5");
 
-    write_shard_raw(path, MAGIC, 1, 100, tok, 100, 1024); /* header cut short */
+    write_token_shard(path, MAGIC, 1, 100, tok, 2, 100, 1024); /* header cut short */
     expect_fail(path, 0, FSDP_STATUS_FORMAT, path, "header");
 
-    write_shard_raw(path, MAGIC, 1, 0, tok, 0, 0); /* valid but no tokens */
+    write_token_shard(path, MAGIC, 1, 0, tok, 2, 0, 0); /* valid but no tokens */
     expect_fail(path, 0, FSDP_STATUS_FORMAT, path, "no tokens");
 
     /* token 299 (the largest) at index 73 -> byte offset 1024 + 146 */
@@ -369,7 +346,7 @@ START_TEST(test_shard_corrupt)
     snprintf(good, sizeof good, "%s/train_0.bin", dir);
     snprintf(bad, sizeof bad, "%s/train_1.bin", dir);
     write_shard(good, tok, 100);
-    write_shard_raw(bad, MAGIC, 1, 100, tok, 100, 7);
+    write_token_shard(bad, MAGIC, 1, 100, tok, 2, 100, 7);
     expect_fail(spec, 0, FSDP_STATUS_FORMAT, bad, "truncated");
     unlink(good);
     unlink(bad);
@@ -388,7 +365,7 @@ START_TEST(test_hostile_headers)
     int32_t counts[] = {0, 1, 63, 64, 65, 1 << 30, -1, (int32_t)0x80000000, 0x7fffffff};
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
         for (size_t cut = 0; cut < 4; cut++) {
-            write_shard_raw(path, MAGIC, 1, counts[i], tok, 64, cut);
+            write_token_shard(path, MAGIC, 1, counts[i], tok, 2, 64, cut);
             fsdp_data *d = NULL;
             fsdp_status st = fsdp_data_open(&d, path, 0, 0);
             int64_t size = 1024 + 128 - (int64_t)cut;
@@ -712,9 +689,5 @@ static Suite *data_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(data_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(data_suite());
 }

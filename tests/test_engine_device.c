@@ -24,6 +24,7 @@
 #include "device/device.h"
 #include "fsdp/engine.h"
 #include "models/registry.h"
+#include "testutil.h"
 
 #define N_RANKS 2
 #define MAX_RANKS 4
@@ -321,9 +322,5 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_warm_up_covers_the_step);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(s);
 }

@@ -120,7 +120,7 @@ START_TEST(test_transformers_directory)
 
     /* read and written back: transformers' model.safetensors byte for byte */
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     via_checkpoint(HF_FIXTURE, path_in(dir, "ck"), path_in(dir, "back"), FSDP_DTYPE_F32, 0);
     REQUIRE(same_file(HF_FIXTURE "/model.safetensors", path_in(dir, "back/model.safetensors")),
             "transformers' model.safetensors is not written back byte for byte");
@@ -130,7 +130,7 @@ START_TEST(test_transformers_directory)
     require_same(&a, &b, "transformers' directory written back");
     loaded_free(&a);
     loaded_free(&b);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -139,7 +139,7 @@ END_TEST
 START_TEST(test_write_read_roundtrip)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     loaded src;
     quantized(SPEC, &src);
     const uint64_t shards[2] = {0, 20000}; /* one file; files of at most 20 kB */
@@ -186,7 +186,7 @@ START_TEST(test_write_read_roundtrip)
             require_same_dir(hf, path_in(dir, back), back);
         }
     loaded_free(&src);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -248,7 +248,7 @@ static uint64_t expected_bytes(const fsdp_model *m, const fsdp_shardmap *sm, int
 START_TEST(test_ranks_read_their_shards)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     loaded src;
     quantized(SPEC, &src);
     char hf[128], st_file[128];
@@ -312,7 +312,7 @@ START_TEST(test_ranks_read_their_shards)
     REQUIRE(!memcmp(&loss[0], &loss[1], 4), "eval of the directory %.9g, of the file %.9g",
             (double)loss[0], (double)loss[1]);
     loaded_free(&src);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -323,7 +323,7 @@ END_TEST
 START_TEST(test_commands)
 {
     char dir[64], out[1 << 14];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     /* a model whose vocabulary holds the llama3 test tokenizer (665 ids),
      * and a tokenizer directory with the companions */
     loaded src;
@@ -437,7 +437,7 @@ START_TEST(test_commands)
                        "--devices 2 --eval 0 --quiet --tokenizer %s", st_file, txt, TOK_LLAMA3);
     REQUIRE(rc == 0 && !strcmp(t1, t2), "train on the directory '%s' vs the file '%s'", t1, t2);
     loaded_free(&src);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -453,7 +453,7 @@ START_TEST(test_llama_directories)
         fsdp_modelfile_close(mf);
     }
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     for (int i = 0; i < 2; i++) {
         char ck[32], back[32];
         snprintf(ck, sizeof ck, "ck%d", i);
@@ -465,7 +465,7 @@ START_TEST(test_llama_directories)
         REQUIRE(same_file(a, path_in(dir, b)), "%s: transformers' model.safetensors is not "
                 "written back byte for byte", dirs[i]);
     }
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 

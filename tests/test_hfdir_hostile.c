@@ -27,7 +27,7 @@
 START_TEST(test_mixed_dtypes)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     loaded src, l;
     quantized(SPEC, &src);
     static const char *const dts[] = {"F32", "BF16", "F16"};
@@ -40,7 +40,7 @@ START_TEST(test_mixed_dtypes)
     loaded_free(&l);
     tdir_free(&d);
     loaded_free(&src);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -61,7 +61,7 @@ static void expect_dir_error(tdir *d, const char *dir, const char *name, fsdp_st
 START_TEST(test_hostile_directories)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     loaded src;
     quantized(SPEC, &src);
     static const char *const f32[] = {"F32"};
@@ -185,14 +185,14 @@ START_TEST(test_hostile_directories)
                  "config.json", "more than", NULL);
     tdir_free(&d);
     loaded_free(&src);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_writer_refuses)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     loaded src;
     quantized(SPEC, &src);
     /* a file at OUT is never replaced */
@@ -229,7 +229,7 @@ START_TEST(test_writer_refuses)
             dir);
     pclose(p);
     loaded_free(&src);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 

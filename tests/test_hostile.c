@@ -42,44 +42,10 @@
 #include "core/json.h"
 #include "report/plot.h"
 #include "report/svg.h"
+#include "testutil.h"
 #include "train/train.h"
 
-#ifndef FSDP_BIN
-#define FSDP_BIN "build/fsdp"
-#endif
-
-/* A passing REQUIRE costs nothing (Check reports every passing ck_assert). */
-#define REQUIRE(cond, ...)             \
-    do {                               \
-        if (!(cond))                   \
-            ck_abort_msg(__VA_ARGS__); \
-    } while (0)
-
 /* ---- helpers ------------------------------------------------------------------ */
-
-static void make_tmpdir(char *buf, size_t n)
-{
-    snprintf(buf, n, "/tmp/fsdp_test_hostile_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(buf));
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static void rm_rf(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-static void pathf(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void pathf(char *out, size_t n, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(out, n, fmt, ap);
-    va_end(ap);
-    ck_assert(k > 0 && (size_t)k < n);
-}
 
 static void write_bytes(const char *path, const void *data, size_t n)
 {
@@ -155,22 +121,6 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Run `fsdp ARGS` (stdout+stderr into out); returns the exit code. */
-static int run_cli(const char *args, char *out, size_t cap)
-{
-    char cmd[2048];
-    pathf(cmd, sizeof cmd, "%s %s 2>&1", FSDP_BIN, args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    while (fgetc(p) != EOF)
-        ;
-    int st = pclose(p);
-    ck_assert(WIFEXITED(st));
-    return WEXITSTATUS(st);
-}
-
 static const char *const METRICS_OK =
     "{\"step\":1,\"loss\":5.5,\"tokens_per_s\":100,\"peak_bytes\":[1000,1000]}\n"
     "{\"step\":2,\"loss\":4.5,\"tokens_per_s\":200,\"peak_bytes\":[1000,1000]}\n"
@@ -195,7 +145,7 @@ static char *render(const fsdp_metrics *m)
 START_TEST(test_open_regular)
 {
     char dir[64], p[128], q[128], fifo[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(p, sizeof p, "%s/file", dir);
     write_text(p, "hello");
     int fd;
@@ -246,7 +196,7 @@ START_TEST(test_open_regular)
     pathf(q, sizeof q, "%s/missing", dir);
     expect_error(fsdp_open_regular(q, "test file", &fd, NULL), FSDP_STATUS_IO,
                  "cannot open test file", q, "No such file", NULL);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -255,7 +205,7 @@ END_TEST
 START_TEST(test_readers_refuse_special_files)
 {
     char dir[64], fifo[128], svg[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(fifo, sizeof fifo, "%s/metrics.jsonl", dir);
     pathf(svg, sizeof svg, "%s/out.svg", dir);
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
@@ -279,7 +229,7 @@ START_TEST(test_readers_refuse_special_files)
     REQUIRE(now_s() - t0 < 5, "refusing took %.1f s", now_s() - t0);
     ck_assert_int_eq(access(svg, F_OK), -1); /* no SVG from a failed plot */
     ck_assert_int_eq(count_entries(dir), 1);  /* and no temporary file */
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -288,7 +238,7 @@ END_TEST
 START_TEST(test_line_reader)
 {
     char dir[64], p[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(p, sizeof p, "%s/lines", dir);
     /* NUL bytes kept, CRLF left to the caller, a line of exactly the limit,
      * an empty line, a last line without '\n' */
@@ -356,7 +306,7 @@ START_TEST(test_line_reader)
                 "long line %d", i);
     }
     fsdp_line_reader_close(&lr);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -365,7 +315,7 @@ END_TEST
 START_TEST(test_bounded_inputs)
 {
     char dir[64], p[128], svg[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(p, sizeof p, "%s/zeros.jsonl", dir);
     pathf(svg, sizeof svg, "%s/out.svg", dir);
     fsdp_plot_info info;
@@ -390,7 +340,7 @@ START_TEST(test_bounded_inputs)
     ck_assert_int_eq(fsdp_json_parse_file(p, &v), FSDP_STATUS_OK);
     ck_assert(isinf(fsdp_json_get(v, "a")->number) && fsdp_json_get(v, "b")->number < 0);
     fsdp_json_free(v);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -399,7 +349,7 @@ END_TEST
 START_TEST(test_metrics_nulls_and_gaps)
 {
     char dir[64], p[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(p, sizeof p, "%s/m.jsonl", dir);
     /* null is how the trainer writes a non-finite number; 1e999 parses
      * as infinity; blank and CRLF lines; peaks of varying length */
@@ -458,7 +408,7 @@ START_TEST(test_metrics_nulls_and_gaps)
     ck_assert_ptr_null(strstr(svg, "all equal"));
     free(svg);
     fsdp_metrics_free(&m);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -467,7 +417,7 @@ END_TEST
 START_TEST(test_metrics_incomplete_last_line)
 {
     char dir[64], p[128], svg[128], out[4096];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(p, sizeof p, "%s/m.jsonl", dir);
     pathf(svg, sizeof svg, "%s/m.svg", dir);
     char text[1024];
@@ -480,7 +430,7 @@ START_TEST(test_metrics_incomplete_last_line)
     ck_assert(info.skipped_last_line);
     char args[512];
     pathf(args, sizeof args, "plot %s %s", p, svg);
-    ck_assert_int_eq(run_cli(args, out, sizeof out), 0);
+    ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "%s", args), 0);
     REQUIRE(strstr(out, "the last line of") && strstr(out, "is incomplete") &&
                 strstr(out, "3 step(s), 2 device(s)"),
             "%s", out);
@@ -492,14 +442,14 @@ START_TEST(test_metrics_incomplete_last_line)
     pathf(text, sizeof text, "{\"step\":1,\"lo\n%s", METRICS_OK);
     write_text(p, text);
     expect_error(fsdp_plot_metrics(p, svg, &info), FSDP_STATUS_FORMAT, "line 1, column", NULL);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_metrics_malformed)
 {
     char dir[64], p[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(p, sizeof p, "%s/m.jsonl", dir);
     static const struct {
         const char *text, *frag1, *frag2;
@@ -550,7 +500,7 @@ START_TEST(test_metrics_malformed)
     fclose(f);
     fsdp_metrics m;
     expect_error(fsdp_metrics_read(p, &m), FSDP_STATUS_FORMAT, "lists 1025 devices", NULL);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -559,7 +509,7 @@ END_TEST
 START_TEST(test_metrics_extreme_values)
 {
     char dir[64], p[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(p, sizeof p, "%s/m.jsonl", dir);
     static const char *const files[] = {
         "{\"step\":-1.7e308,\"loss\":-1.7e308,\"tokens_per_s\":1.7e308,\"peak_bytes\":[1.7e308]}\n"
@@ -589,7 +539,7 @@ START_TEST(test_metrics_extreme_values)
     hi = 1e-323;
     step = fsdp_svg_nice_range(&lo, &hi, 5);
     ck_assert(isfinite(step) && step > 0 && lo <= 5e-324 && hi >= 1e-323);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -609,7 +559,7 @@ static fsdp_status atomic_write(const char *path, const char *text)
 START_TEST(test_atomic_regular_and_symlink)
 {
     char dir[64], p[128], link[128], target[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(p, sizeof p, "%s/out", dir);
     /* new file */
     ck_assert_int_eq(atomic_write(p, "one"), FSDP_STATUS_OK);
@@ -654,14 +604,14 @@ START_TEST(test_atomic_regular_and_symlink)
     /* a parent directory that does not exist */
     pathf(p, sizeof p, "%s/no/such/dir/out", dir);
     expect_error(atomic_write(p, "x"), FSDP_STATUS_IO, "cannot create", "test output", p, NULL);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_atomic_refuses_special_paths)
 {
     char dir[64], fifo[128], sub[128], l1[128], l2[128], l3[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(fifo, sizeof fifo, "%s/fifo", dir);
     pathf(sub, sizeof sub, "%s/sub", dir);
     pathf(l1, sizeof l1, "%s/to_fifo", dir);
@@ -727,7 +677,7 @@ START_TEST(test_atomic_refuses_special_paths)
     ck_assert_int_eq(lstat(p, &sb), 0);
     ck_assert(S_ISFIFO(sb.st_mode));
     ck_assert_int_eq(count_entries(dir), 6);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -736,7 +686,7 @@ END_TEST
 START_TEST(test_atomic_failed_write_keeps_old)
 {
     char dir[64], m[128], svg[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(m, sizeof m, "%s/m.jsonl", dir);
     pathf(svg, sizeof svg, "%s/m.svg", dir);
     write_text(m, METRICS_OK);
@@ -768,7 +718,7 @@ START_TEST(test_atomic_failed_write_keeps_old)
     s = slurp(svg);
     ck_assert_ptr_nonnull(strstr(s, "fsdp metrics: m.jsonl"));
     free(s);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -777,7 +727,7 @@ END_TEST
 START_TEST(test_cli_plot_outputs)
 {
     char dir[64], m[128], args[512], out[4096], fifo[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(m, sizeof m, "%s/m.jsonl", dir);
     pathf(fifo, sizeof fifo, "%s/fifo.svg", dir);
     write_text(m, METRICS_OK);
@@ -787,7 +737,7 @@ START_TEST(test_cli_plot_outputs)
     const char *outs[] = {"/dev/full", "/dev/null", fifo, dir};
     for (int i = 0; i < 4; i++) {
         pathf(args, sizeof args, "plot %s %s", m, outs[i]);
-        ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+        ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "%s", args), 1);
         REQUIRE(strstr(out, "fsdp plot: error: SVG file") && strstr(out, outs[i]) &&
                     strstr(out, "not a regular file"),
                 "%s: %s", outs[i], out);
@@ -798,23 +748,23 @@ START_TEST(test_cli_plot_outputs)
     ck_assert(S_ISFIFO(sb.st_mode));
     /* a FIFO as the metrics file: refused at once, not waited on */
     pathf(args, sizeof args, "plot %s %s/x.svg", fifo, dir);
-    ck_assert_int_eq(run_cli(args, out, sizeof out), 1);
+    ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "%s", args), 1);
     REQUIRE(strstr(out, "metrics file") && strstr(out, "FIFO"), "%s", out);
     /* the SVG path naming the metrics file is a usage error; the metrics stay */
     pathf(args, sizeof args, "plot %s %s", m, m);
-    ck_assert_int_eq(run_cli(args, out, sizeof out), 2);
+    ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "%s", args), 2);
     REQUIRE(strstr(out, "is the metrics file"), "%s", out);
     char *s = slurp(m);
     ck_assert_str_eq(s, METRICS_OK);
     free(s);
     ck_assert_int_eq(count_entries(dir), 2);
     /* and the plan's SVG */
-    ck_assert_int_eq(run_cli("plan --devices 2 --svg /dev/full", out, sizeof out),
+    ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "plan --devices 2 --svg /dev/full"),
                      1);
     REQUIRE(strstr(out, "/dev/full") && strstr(out, "not a regular file"), "%s", out);
     ck_assert_int_eq(stat("/dev/full", &sb), 0);
     ck_assert(S_ISCHR(sb.st_mode));
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -864,7 +814,7 @@ static void release_child(pid_t pid, int ready_rd, int go_wr, char how)
 START_TEST(test_lock_two_processes)
 {
     char dir[64], ck[128], lockp[160], host[256], frag[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(ck, sizeof ck, "%s/a/ck", dir); /* created with its parents */
     pathf(lockp, sizeof lockp, "%s/" FSDP_CKPT_LOCK_NAME, ck);
     int rd, wr;
@@ -895,7 +845,7 @@ START_TEST(test_lock_two_processes)
     fsdp_ckpt_dir_unlock(&lk);
     ck_assert(!lk.held);
     ck_assert_int_eq(count_entries(ck), 0);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -904,7 +854,7 @@ END_TEST
 START_TEST(test_lock_stale)
 {
     char dir[64], lockp[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(lockp, sizeof lockp, "%s/" FSDP_CKPT_LOCK_NAME, dir);
     int rd, wr;
     pid_t pid = lock_holder_child(dir, &rd, &wr);
@@ -919,14 +869,14 @@ START_TEST(test_lock_stale)
     ck_assert_ptr_null(strstr(s, "garbage")); /* rewritten by the new holder */
     free(s);
     fsdp_ckpt_dir_unlock(&lk);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_lock_hostile_paths)
 {
     char dir[64], lockp[128], p[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(lockp, sizeof lockp, "%s/" FSDP_CKPT_LOCK_NAME, dir);
     fsdp_ckpt_lock lk = {0};
     /* a FIFO as LOCK: refused, not waited on */
@@ -943,7 +893,7 @@ START_TEST(test_lock_hostile_paths)
     expect_error(fsdp_ckpt_dir_lock(&lk, "/proc/nope/ck"), FSDP_STATUS_IO, "/proc/nope", NULL);
     expect_error(fsdp_ckpt_dir_lock(&lk, p), FSDP_STATUS_IO, "not a directory", NULL);
     ck_assert(!lk.held);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -953,7 +903,7 @@ END_TEST
 START_TEST(test_lock_mutual_exclusion)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     int *shared = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ck_assert(shared != MAP_FAILED);
     enum { N_PROC = 3, ROUNDS = 150 };
@@ -984,7 +934,7 @@ START_TEST(test_lock_mutual_exclusion)
     REQUIRE(shared[1] == 0, "two processes held the lock at once");
     munmap(shared, 4096);
     ck_assert_int_eq(count_entries(dir), 0);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -993,7 +943,7 @@ END_TEST
 START_TEST(test_lock_trainer)
 {
     char dir[64], ck[128], frag[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(ck, sizeof ck, "%s/ck", dir);
     fsdp_train_config c;
     fsdp_train_config_default(&c);
@@ -1026,7 +976,7 @@ START_TEST(test_lock_trainer)
     pathf(p, sizeof p, "%s/step_00000002", ck);
     ck_assert(fsdp_ckpt_is_complete(p));
     ck_assert_int_eq(count_entries(ck), 1); /* the lock file is gone with the run */
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -1067,9 +1017,5 @@ static Suite *hostile_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(hostile_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(hostile_suite());
 }

@@ -20,13 +20,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "models/gpt2.h"
-
-/* A passing REQUIRE costs nothing (Check reports every passing ck_assert). */
-#define REQUIRE(cond, ...)             \
-    do {                               \
-        if (!(cond))                   \
-            ck_abort_msg(__VA_ARGS__); \
-    } while (0)
+#include "testutil.h"
 
 #define SMALL_SPEC "custom:layers=3,heads=2,channels=16,vocab=100,context=8"
 
@@ -513,9 +507,5 @@ static Suite *llmc_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(llmc_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(llmc_suite());
 }

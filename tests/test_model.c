@@ -21,6 +21,7 @@
 #include "models/gpt2.h"
 #include "models/registry.h"
 #include "ops/cpu/optim_kernels.h"
+#include "testutil.h"
 
 /* The GPT-2 config a spec names, built through the registry. */
 static void parse_spec(const char *spec, fsdp_gpt2_config *c)
@@ -918,9 +919,5 @@ static Suite *model_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(model_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(model_suite());
 }

@@ -25,6 +25,7 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #include "ops/rope_table.h"
+#include "testutil.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
 
@@ -861,9 +862,5 @@ static Suite *ops_llama_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(ops_llama_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(ops_llama_suite());
 }

@@ -34,6 +34,7 @@
 #include "optim/job.h"
 #include "optim/optim.h"
 #include "optim/pool.h"
+#include "testutil.h"
 
 /* ---- fixtures -------------------------------------------------------------- */
 
@@ -877,9 +878,5 @@ static Suite *optim_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(optim_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(optim_suite());
 }

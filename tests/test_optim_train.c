@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "file_util.h"
 #include "models/registry.h"
+#include "testutil.h"
 #include "train/train.h"
 
 #define GOLDEN_DIR "tests/fixtures/sgd_golden"
@@ -220,7 +221,7 @@ START_TEST(test_sgd_checkpoint_resume_reshard)
     golden g;
     golden_read(&g);
     char dir[64], ck[96], ck2[96];
-    make_tmpdir_tag(dir, sizeof dir, "optim");
+    fsdp_test_mkdtemp(dir, sizeof dir, "optim");
     pathf(ck, sizeof ck, "%s/sgd", dir);
     pathf(ck2, sizeof ck2, "%s/adamw", dir);
     fsdp_train_config c;
@@ -275,7 +276,7 @@ START_TEST(test_sgd_checkpoint_resume_reshard)
     REQUIRE(st == FSDP_STATUS_INVALID_ARG && strstr(fsdp_error_msg(), "--optimizer adamw"),
             "%s: %s", fsdp_status_name(st), fsdp_error_msg());
     fsdp_train_result_free(&ref);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -286,7 +287,7 @@ START_TEST(test_sgd_trace_names_the_step)
     golden g;
     golden_read(&g);
     char dir[64], path[128];
-    make_tmpdir_tag(dir, sizeof dir, "optim");
+    fsdp_test_mkdtemp(dir, sizeof dir, "optim");
     pathf(path, sizeof path, "%s/trace.json", dir);
     fsdp_train_config c;
     fsdp_train_result r;
@@ -303,7 +304,7 @@ START_TEST(test_sgd_trace_names_the_step)
     REQUIRE(n == 2 * 3, "%d sgd events in the trace (want 2 steps x 3 units)", n);
     REQUIRE(!strstr(t, "\"name\":\"adamw\""), "an adamw event in an sgd run");
     free(t);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -317,9 +318,5 @@ int main(void)
     tcase_add_test(tc, test_sgd_checkpoint_resume_reshard);
     tcase_add_test(tc, test_sgd_trace_names_the_step);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(s);
 }

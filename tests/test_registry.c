@@ -17,12 +17,7 @@
 #include "ckpt/modelfile.h"
 #include "core/error.h"
 #include "models/registry.h"
-
-#define REQUIRE(cond, ...)             \
-    do {                               \
-        if (!(cond))                   \
-            ck_abort_msg(__VA_ARGS__); \
-    } while (0)
+#include "testutil.h"
 
 static void build_ok(const char *spec, fsdp_model *m)
 {
@@ -409,9 +404,5 @@ static Suite *registry_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(registry_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(registry_suite());
 }

@@ -253,7 +253,7 @@ END_TEST
 START_TEST(test_export_matches_reference_layout)
 {
     char dir[64], *out;
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     out = path_in(dir, "export.safetensors");
     loaded l;
     load_ok(FIXTURE_BIN, &l);
@@ -305,7 +305,7 @@ START_TEST(test_export_matches_reference_layout)
     fsdp_st_free(&ref);
     fsdp_st_free(&got);
     loaded_free(&l);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -324,7 +324,7 @@ static uint16_t to_f16(float f)
 START_TEST(test_safetensors_variants)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     loaded ref;
     load_ok(FIXTURE_BIN, &ref);
     unsigned char *buf;
@@ -428,7 +428,7 @@ START_TEST(test_safetensors_variants)
     free(units);
     fsdp_model_free(&m);
     loaded_free(&ref);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -592,7 +592,7 @@ static uint64_t write_big_header(const char *path, const char *open, const char 
 START_TEST(test_hostile_header_memory)
 {
     char dir[64];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "files");
     const size_t MB32 = (size_t)32 << 20;
     struct {
         const char *name, *open, *item, *close, *msg;
@@ -617,7 +617,7 @@ START_TEST(test_hostile_header_memory)
                 (unsigned long long)hn, grew);
         unlink(p);
     }
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -642,9 +642,5 @@ static Suite *safetensors_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(safetensors_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(safetensors_suite());
 }

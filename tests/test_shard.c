@@ -19,13 +19,11 @@
 #include "data/data.h"
 #include "data/hftok.h"
 #include "data/shard.h"
+#include "data_util.h"
+#include "testutil.h"
 
 #define TOK_GPT2 "tests/fixtures/tok_gpt2.json"
 #define TOK_LLAMA3 "tests/fixtures/tok_llama3.json"
-
-#ifndef FSDP_BIN
-#define FSDP_BIN "build/fsdp"
-#endif
 
 /* A fresh path /tmp/fsdp_test_shard_XXXXXX<suffix> (the file exists, empty). */
 static void temp_path(char *path, size_t n, const char *suffix)
@@ -54,60 +52,7 @@ static void check_batch_against(const fsdp_data *d, const int *all, uint64_t n, 
     free(tg);
 }
 
-static int run_cmd(char *out, size_t n, const char *fmt, ...)
-{
-    char args[2048], cmd[2300];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", FSDP_BIN, args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t k = fread(out, 1, n - 1, p);
-    out[k] = '\0';
-    int rc = pclose(p);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static fsdp_hftok *tok_open(const char *path)
-{
-    fsdp_hftok *t = NULL;
-    ck_assert_int_eq(fsdp_hftok_open(&t, path), FSDP_STATUS_OK);
-    return t;
-}
-
-/* Append the tokens of s (special tokens left as text) to v[*n..]. */
-static void enc(fsdp_hftok *t, const char *s, int *v, size_t *n)
-{
-    int *ids;
-    size_t k;
-    ck_assert_int_eq(fsdp_hftok_encode(t, s, strlen(s), FSDP_HFTOK_SPLIT_SPECIAL, &ids, &k),
-                     FSDP_STATUS_OK);
-    if (k)
-        memcpy(v + *n, ids, k * sizeof *ids);
-    *n += k;
-    free(ids);
-}
-
 /* ---- uint32 shards and the writer ------------------------------------------ */
-
-/* An llm.c Llama 3 shard: magic 20240801, version 7, uint32 tokens. */
-static void write_shard32(const char *path, int magic, int version, int count,
-                          const uint32_t *tok, size_t n, size_t cut)
-{
-    size_t bytes = 1024 + 4 * n;
-    uint8_t *buf = calloc(1, bytes);
-    int32_t h[3] = {magic, version, count};
-    memcpy(buf, h, sizeof h);
-    if (n)
-        memcpy(buf + 1024, tok, 4 * n);
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(buf, 1, bytes - cut, f), bytes - cut);
-    ck_assert_int_eq(fclose(f), 0);
-    free(buf);
-}
 
 START_TEST(test_shard_uint32)
 {
@@ -120,7 +65,7 @@ START_TEST(test_shard_uint32)
         all[i] = (int)(tok[i] = (uint32_t)((i * 7919 + 11) % 128256)); /* Llama 3's vocabulary */
     tok[17] = 128255;
     all[17] = 128255;
-    write_shard32(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, n, 0);
+    write_token_shard(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, 4, n, 0);
     fsdp_data *d = NULL;
     ck_assert_int_eq(fsdp_data_open(&d, path, 128256, 1), FSDP_STATUS_OK);
     ck_assert_uint_eq(fsdp_data_n_tokens(d), n);
@@ -132,17 +77,17 @@ START_TEST(test_shard_uint32)
     /* a token past the vocabulary, a short file, the wrong version */
     ck_assert_int_eq(fsdp_data_open(&d, path, 128255, 1), FSDP_STATUS_FORMAT);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "128255"));
-    write_shard32(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, n, 2);
+    write_token_shard(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, 4, n, 2);
     ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "of 4 bytes"));
-    write_shard32(path, FSDP_SHARD_MAGIC_U32, 1, (int)n, tok, n, 0);
+    write_token_shard(path, FSDP_SHARD_MAGIC_U32, 1, (int)n, tok, 4, n, 0);
     ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "version 7"));
-    write_shard32(path, FSDP_SHARD_MAGIC_U16, 7, (int)n, tok, n, 0);
+    write_token_shard(path, FSDP_SHARD_MAGIC_U16, 7, (int)n, tok, 4, n, 0);
     ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
     /* a uint32 shard whose token does not fit an int */
     tok[3] = 0x80000000u;
-    write_shard32(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, n, 0);
+    write_token_shard(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, 4, n, 0);
     ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
     free(tok);
     free(all);
@@ -266,7 +211,7 @@ START_TEST(test_tokenize_files)
     enc(t, "c", want, &n);
     want[n++] = fsdp_hftok_eot(t);
     snprintf(out, sizeof out, "%s/o.bin", dir);
-    int rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s", in, out, TOK_LLAMA3);
+    int rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s", in, out, TOK_LLAMA3);
     ck_assert_msg(rc == 0 && strstr(msg, "from 4 documents"), "rc %d: %s", rc, msg);
     size_t got_n;
     int tb;
@@ -276,8 +221,9 @@ START_TEST(test_tokenize_files)
     ck_assert(!memcmp(got, want, n * sizeof *got));
     free(got);
     /* split into shards of 7 tokens, then read back as a glob */
-    rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 7 --quiet", in,
-                 out, TOK_LLAMA3);
+    rc = fsdp_test_cli(msg, sizeof msg,
+                       "tokenize %s %s --tokenizer %s --shard-tokens 7 --quiet", in,
+                       out, TOK_LLAMA3);
     ck_assert_msg(rc == 0 && !*msg, "rc %d: %s", rc, msg);
     size_t at = 0;
     int k = 0;
@@ -321,7 +267,7 @@ START_TEST(test_tokenize_files)
     fclose(f);
     free(json);
     snprintf(out, sizeof out, "%s/t.bin", dir);
-    rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s", in, out, p);
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s", in, out, p);
     ck_assert_msg(rc == 0 && strstr(msg, "(uint32)"), "rc %d: %s", rc, msg);
     got = read_shard(out, &got_n, &tb);
     ck_assert_int_eq(tb, 4);
@@ -348,8 +294,9 @@ START_TEST(test_tokenize_errors)
     fprintf(f, "{\"text\": 5}\n");
     fclose(f);
     snprintf(out, sizeof out, "%s/o.bin", dir);
-    int rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 10", in, out,
-                     TOK_GPT2);
+    int rc = fsdp_test_cli(msg, sizeof msg,
+                           "tokenize %s %s --tokenizer %s --shard-tokens 10", in, out,
+                           TOK_GPT2);
     ck_assert_msg(rc == 1 && strstr(msg, "line 51") && strstr(msg, "must be a string"),
                   "rc %d: %s", rc, msg);
     snprintf(p, sizeof p, "ls %s | wc -l", dir);
@@ -358,14 +305,15 @@ START_TEST(test_tokenize_errors)
     ck_assert_int_eq(fscanf(ls, "%d", &files), 1);
     pclose(ls);
     ck_assert_int_eq(files, 1); /* only the input: every shard written was removed */
-    rc = run_cmd(msg, sizeof msg, "tokenize %s %s", in, out);
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s", in, out);
     ck_assert_msg(rc == 2 && strstr(msg, "--tokenizer"), "rc %d: %s", rc, msg);
-    rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s --format csv", in, out,
-                 TOK_GPT2);
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s --format csv", in, out,
+                       TOK_GPT2);
     ck_assert_msg(rc == 2 && strstr(msg, "csv"), "rc %d: %s", rc, msg);
-    rc = run_cmd(msg, sizeof msg, "tokenize --help");
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize --help");
     ck_assert_msg(rc == 0 && strstr(msg, "--shard-tokens") && strstr(msg, "chatml"), "%s", msg);
-    rc = run_cmd(msg, sizeof msg, "tokenize %s/none.txt %s --tokenizer %s", dir, out, TOK_GPT2);
+    rc = fsdp_test_cli(msg, sizeof msg,
+                       "tokenize %s/none.txt %s --tokenizer %s", dir, out, TOK_GPT2);
     ck_assert_msg(rc == 1 && strstr(msg, "none.txt"), "rc %d: %s", rc, msg);
     ck_assert_int_ne(access(out, F_OK), 0);
     remove(in);
@@ -391,9 +339,5 @@ static Suite *shard_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(shard_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(shard_suite());
 }

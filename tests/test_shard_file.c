@@ -18,18 +18,13 @@
 #include "core/rng.h"
 #include "file_util.h"
 #include "models/registry.h"
+#include "testutil.h"
 #include "train/train.h"
-
-#ifndef FSDP_BIN
-#define FSDP_BIN "build/fsdp"
-#endif
 
 #define V1_FIXTURE "tests/fixtures/ckpt_v1_tiny"
 #define V1_STEP V1_FIXTURE "/step_00000002"
 /* the fixture's run: fsdp train --model tiny --devices 2 --steps 2 --batch 2 --seq 16 */
 #define SPEC "custom:layers=2,heads=2,channels=16,vocab=256,context=16"
-
-static void make_tmpdir(char *buf, size_t n) { make_tmpdir_tag(buf, n, "shard"); }
 
 /* Element i of array a of unit u: distinct everywhere. */
 static float val(int u, int a, size_t i) { return fsdp_rng_normal(7, (uint64_t)(u * 3 + a), i); }
@@ -57,7 +52,7 @@ static void write_file(const char *path, const fsdp_ckpt_shard_info *info)
 START_TEST(test_shard_file_blocks)
 {
     char dir[64], path[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "shard");
     pathf(path, sizeof path, "%s/rank_00001.bin", dir);
     const size_t B = FSDP_CKPT_BLOCK_NUMEL;
     size_t shard[2] = {2 * B + 12345, 7}, first[2] = {shard[0], 7};
@@ -160,7 +155,7 @@ START_TEST(test_shard_file_blocks)
     REQUIRE(strstr(fsdp_error_msg(), "missing.bin"), "%s", fsdp_error_msg());
     free(out);
     free(buf);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -169,7 +164,7 @@ END_TEST
 START_TEST(test_shard_file_named_arrays)
 {
     char dir[64], path[128];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "shard");
     pathf(path, sizeof path, "%s/rank_00000.bin", dir);
     size_t shard[2] = {1000, 70000}, first[2] = {0, 0};
     const char *sgd[] = {"master", "momentum"};
@@ -240,7 +235,7 @@ START_TEST(test_shard_file_named_arrays)
     flip_byte(path, 72 + 20, false);
     ck_assert_int_eq(fsdp_ckpt_reader_open(&r, path, &info), FSDP_STATUS_FORMAT);
     REQUIRE(strstr(fsdp_error_msg(), "header checksum"), "%s", fsdp_error_msg());
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -363,7 +358,7 @@ static void reencode(const char *dir)
 START_TEST(test_v1_fixture_resumes)
 {
     char dir[64], a[96], b[96], c[96];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "shard");
     pathf(a, sizeof a, "%s/v1", dir);
     pathf(b, sizeof b, "%s/v2", dir);
     pathf(c, sizeof c, "%s/v1_offload", dir);
@@ -404,7 +399,7 @@ START_TEST(test_v1_fixture_resumes)
     ck_assert_int_eq(st, FSDP_STATUS_INVALID_ARG);
     REQUIRE(strstr(fsdp_error_msg(), "--optimizer adamw"), "%s", fsdp_error_msg());
     fsdp_train_result_free(&ra);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -423,29 +418,13 @@ static uint64_t v1_sum(const void *p, size_t n)
     return h; /* n is a multiple of 8 here */
 }
 
-/* Run `fsdp ARGS`; the exit code, with the output in out. */
-static int run_cli(const char *args, char *out, size_t cap)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", FSDP_BIN, args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    while (fgetc(p) != EOF)
-        ;
-    int st = pclose(p);
-    ck_assert(WIFEXITED(st));
-    return WEXITSTATUS(st);
-}
-
 /* Negate 1000 parameters (every other one, so each 8-byte word's high
  * float) in the first block of unit 0's master in rank 0's file: an even
  * number of sign flips, which the version-1 sum cannot see. */
 START_TEST(test_sign_flips_refused)
 {
     char dir[64], ck[96], p[192], out[8192];
-    make_tmpdir(dir, sizeof dir);
+    fsdp_test_mkdtemp(dir, sizeof dir, "shard");
     pathf(ck, sizeof ck, "%s/ck", dir);
     fsdp_train_config cfg;
     fsdp_train_result r;
@@ -489,13 +468,13 @@ START_TEST(test_sign_flips_refused)
     /* convert, eval and resume all refuse, naming the file and the checksum */
     char args[512];
     pathf(args, sizeof args, "convert %s %s/out.bin", ck, dir);
-    int rc = run_cli(args, out, sizeof out);
+    int rc = fsdp_test_cli(out, sizeof out, "%s", args);
     REQUIRE(rc != 0 && strstr(out, "checksum") && strstr(out, "rank_00000.bin"),
             "convert exited %d:\n%s", rc, out);
     pathf(args, sizeof args, "%s/out.bin", dir);
     REQUIRE(!exists(args), "convert left %s behind", args);
     pathf(args, sizeof args, "eval --model %s --data synthetic --batch 2 --seq 16 --steps 2", ck);
-    rc = run_cli(args, out, sizeof out);
+    rc = fsdp_test_cli(out, sizeof out, "%s", args);
     REQUIRE(rc != 0 && strstr(out, "checksum") && strstr(out, "rank_00000.bin"),
             "eval exited %d:\n%s", rc, out);
     cfg_tiny(&cfg, ck, 2, 2, 1);
@@ -508,9 +487,9 @@ START_TEST(test_sign_flips_refused)
             "resume: %s: %s", fsdp_status_name(st), fsdp_error_msg());
     pathf(args, sizeof args, "train --model %s --devices 2 --batch 2 --seq 16 --steps 4 --eval 0 "
           "--ckpt-dir %s --resume", SPEC, ck);
-    rc = run_cli(args, out, sizeof out);
+    rc = fsdp_test_cli(out, sizeof out, "%s", args);
     REQUIRE(rc != 0 && strstr(out, "checksum"), "train --resume exited %d:\n%s", rc, out);
-    rm_rf(dir);
+    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -527,9 +506,5 @@ int main(void)
     tcase_add_test(tc, test_v1_fixture_resumes);
     tcase_add_test(tc, test_sign_flips_refused);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(s);
 }

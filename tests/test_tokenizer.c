@@ -21,6 +21,7 @@
 #include "core/json.h"
 #include "data/chat.h"
 #include "data/hftok.h"
+#include "testutil.h"
 
 #define FIX "tests/fixtures/"
 
@@ -534,9 +535,5 @@ static Suite *tokenizer_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(tokenizer_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return fsdp_test_run_suite(tokenizer_suite());
 }

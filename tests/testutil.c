@@ -112,6 +112,21 @@ void fsdp_test_write_file(const char *path, const char *text)
     ck_assert_msg(fwrite(text, 1, n, f) == n && fclose(f) == 0, "cannot write %s", path);
 }
 
+void fsdp_test_mkdtemp(char *buf, size_t n, const char *tag)
+{
+    snprintf(buf, n, "/tmp/fsdp_test_%s_XXXXXX", tag);
+    ck_assert_ptr_nonnull(mkdtemp(buf));
+}
+
+void pathf(char *out, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(out, n, fmt, ap);
+    va_end(ap);
+    REQUIRE(k > 0 && (size_t)k < n, "path too long");
+}
+
 static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st, (void)flag, (void)ftw;

@@ -19,6 +19,14 @@
 #define FSDP_BIN "build/fsdp" /* the Makefile passes the build's own */
 #endif
 
+/* Fail the running test with a printf-style message unless cond holds. A
+ * passing REQUIRE costs nothing (Check reports every passing ck_assert). */
+#define REQUIRE(cond, ...)             \
+    do {                               \
+        if (!(cond))                   \
+            ck_abort_msg(__VA_ARGS__); \
+    } while (0)
+
 /* Elements of a static array. */
 #define FSDP_TEST_LEN(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -83,6 +91,14 @@ char *fsdp_test_read_file(const char *path, size_t *len);
 
 /* Write text to path (replacing it); asserts success. */
 void fsdp_test_write_file(const char *path, const char *text);
+
+/* A fresh directory /tmp/fsdp_test_<tag>_XXXXXX, its path in buf (for
+ * tests that manage their own directories; remove it with
+ * fsdp_test_rm_rf). Asserts success. */
+void fsdp_test_mkdtemp(char *buf, size_t n, const char *tag);
+
+/* snprintf into out[0..n) that fails the test instead of truncating. */
+void pathf(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Remove path and, if it is a directory, everything below it (a missing
  * path is fine). */
