@@ -11,6 +11,7 @@ DEBUG     ?= 0
 ASAN      ?= 0
 TSAN      ?= 0
 CUDA      ?= auto
+ONEDNN    ?= auto
 CUDA_HOME ?= /usr/local/cuda
 NCCL_HOME ?= $(CUDA_HOME)
 BUILD     ?= build
@@ -53,6 +54,27 @@ ifneq ($(HAVE_PKGS),1)
   endif
 endif
 
+# The cpu backend's GEMMs (src/ops/cpu/blas.h): OpenBLAS is loaded at run
+# time (dlopen, so that its kernel can be chosen), never linked; oneDNN 2.x,
+# when found, runs bf16 GEMMs on CPUs with bf16 dot products (dnnl.c, else
+# dnnl_none.c).
+DNNL_H := $(firstword $(wildcard /usr/include/oneapi/dnnl/dnnl_version.h \
+            /usr/local/include/oneapi/dnnl/dnnl_version.h))
+DNNL_VERSION := $(if $(DNNL_H),$(shell sed -n 's/^\#define DNNL_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' $(DNNL_H) | paste -sd.))
+ifeq ($(ONEDNN),auto)
+  ONEDNN := $(if $(filter 2.%,$(DNNL_VERSION)),1,0)
+endif
+ifeq ($(ONEDNN),1)
+  ifeq ($(filter 2.%,$(DNNL_VERSION)),)
+    $(error ONEDNN=1 but oneDNN 2.x headers were not found (found: '$(DNNL_VERSION)'); install libdnnl-dev or set ONEDNN=0)
+  endif
+  DNNL_SKIP := src/ops/cpu/dnnl_none.c
+  DNNL_LIBS := -ldnnl -lgomp
+else
+  DNNL_SKIP := src/ops/cpu/dnnl.c
+  DNNL_LIBS :=
+endif
+
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -pthread \
                -I. -Iinclude -Isrc -Imodels -Itests
 ifeq ($(DEBUG),1)
@@ -71,12 +93,12 @@ endif
 # the scalar and vectorised paths and every build agree bit for bit.
 CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SAN) -ffp-contract=off \
            $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(EXTRA_CFLAGS)
-LDLIBS  := $(shell pkg-config --libs openblas 2>/dev/null) -lm -lpthread
+LDLIBS  := $(DNNL_LIBS) -ldl -lm -lpthread
 TEST_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 LDFLAGS := $(SAN)
 
 SRC_C := $(wildcard src/*/*.c src/*/*/*.c models/*.c)
-SRC_C := $(filter-out src/cli/%,$(SRC_C))
+SRC_C := $(filter-out src/cli/% $(DNNL_SKIP),$(SRC_C))
 SRC_CU :=
 ifeq ($(CUDA),1)
   SRC_C  := $(filter-out %_stub.c,$(SRC_C))
@@ -103,7 +125,7 @@ TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 all: info $(LIB) $(BIN)
 
 info:
-	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | check+openblas: $(if $(HAVE_PKGS),found,MISSING)"
+	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | check+openblas: $(if $(HAVE_PKGS),found,MISSING) | onednn: $(if $(filter 1,$(ONEDNN)),$(DNNL_VERSION),off (bf16 GEMMs in fp32))"
 
 # The cpu op kernels are auto-vectorised. Neither flag lets the compiler
 # reassociate or contract arithmetic, so results stay bit-identical.
@@ -169,12 +191,12 @@ FUZZ_JOBS    ?= 1
 FUZZ_DIR     := build-fuzz
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN     := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_DIR)/%)
-FUZZ_LIB_SRC := $(filter-out src/cli/%,$(wildcard src/*/*.c src/*/*/*.c models/*.c))
+FUZZ_LIB_SRC := $(filter-out src/cli/% $(DNNL_SKIP),$(wildcard src/*/*.c src/*/*/*.c models/*.c))
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o)
 FUZZ_CFLAGS  := $(CFLAGS_BASE) -Wno-unknown-warning-option -O1 -g -fno-omit-frame-pointer -ffp-contract=off \
                 -fsanitize=address,undefined -fno-sanitize-recover=undefined \
                 $(shell pkg-config --cflags openblas 2>/dev/null)
-FUZZ_LIBS    := $(shell pkg-config --libs openblas 2>/dev/null) -lm -lpthread
+FUZZ_LIBS    := $(DNNL_LIBS) -ldl -lm -lpthread
 
 .PHONY: fuzz fuzz-build
 .SECONDARY: $(FUZZ_LIB_OBJ)

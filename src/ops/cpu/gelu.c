@@ -6,6 +6,7 @@
  * tanh comes from a branch-free exp (range reduction to |r| <= ln2/2 and a
  * degree-6 polynomial, ~2 ulp) so the loops vectorise: libm's tanhf was
  * half the small model's step time. Absolute error of tanh < 3e-7.
+ * Element-wise, so the rank's team takes it in fixed-size ranges.
  */
 #include <math.h>
 #include <stdint.h>
@@ -76,31 +77,59 @@ static inline float gelu_grad_one(float x)
 GELU_LOOPS(base, )
 GELU_LOOPS(avx2, __attribute__((target("avx2"))))
 
-void fsdp_cpu_gelu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, size_t n)
+typedef struct gelu_job {
+    void *out;
+    float *dinp;
+    const void *inp;
+    const float *dout;
+    fsdp_dtype dt;
+    bool avx2;
+} gelu_job;
+
+static void gelu_fwd_range(void *arg, size_t begin, size_t end, int worker)
 {
-    const fsdp_dtype dt = ctx->dt;
-    if (dt == FSDP_DTYPE_F32) {
-        if (__builtin_cpu_supports("avx2"))
-            gelu_fwd_f32_avx2(out, inp, n);
+    const gelu_job *j = arg;
+    size_t n = end - begin;
+    if (j->dt == FSDP_DTYPE_F32) {
+        float *y = (float *)j->out + begin;
+        const float *x = (const float *)j->inp + begin;
+        if (j->avx2)
+            gelu_fwd_f32_avx2(y, x, n);
         else
-            gelu_fwd_f32_base(out, inp, n);
+            gelu_fwd_f32_base(y, x, n);
         return;
     }
-    for (size_t i = 0; i < n; i++)
-        fsdp_cpu_st(out, dt, i, gelu_one(fsdp_cpu_ld(inp, dt, i)));
+    for (size_t i = begin; i < end; i++)
+        fsdp_cpu_st(j->out, j->dt, i, gelu_one(fsdp_cpu_ld(j->inp, j->dt, i)));
+}
+
+static void gelu_bwd_range(void *arg, size_t begin, size_t end, int worker)
+{
+    const gelu_job *j = arg;
+    size_t n = end - begin;
+    if (j->dt == FSDP_DTYPE_F32) {
+        float *dx = j->dinp + begin;
+        const float *x = (const float *)j->inp + begin, *dy = j->dout + begin;
+        if (j->avx2)
+            gelu_bwd_f32_avx2(dx, x, dy, n);
+        else
+            gelu_bwd_f32_base(dx, x, dy, n);
+        return;
+    }
+    for (size_t i = begin; i < end; i++)
+        j->dinp[i] += gelu_grad_one(fsdp_cpu_ld(j->inp, j->dt, i)) * j->dout[i];
+}
+
+void fsdp_cpu_gelu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, size_t n)
+{
+    gelu_job j = {.out = out, .inp = inp, .dt = ctx->dt, .avx2 = __builtin_cpu_supports("avx2")};
+    fsdp_cpu_parallel_range(ctx, n, FSDP_CPU_GRAIN, gelu_fwd_range, &j);
 }
 
 void fsdp_cpu_gelu_bwd(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout,
                        size_t n)
 {
-    const fsdp_dtype dt = ctx->dt;
-    if (dt == FSDP_DTYPE_F32) {
-        if (__builtin_cpu_supports("avx2"))
-            gelu_bwd_f32_avx2(dinp, inp, dout, n);
-        else
-            gelu_bwd_f32_base(dinp, inp, dout, n);
-        return;
-    }
-    for (size_t i = 0; i < n; i++)
-        dinp[i] += gelu_grad_one(fsdp_cpu_ld(inp, dt, i)) * dout[i];
+    gelu_job j = {.dinp = dinp, .inp = inp, .dout = dout, .dt = ctx->dt,
+                  .avx2 = __builtin_cpu_supports("avx2")};
+    fsdp_cpu_parallel_range(ctx, n, FSDP_CPU_GRAIN, gelu_bwd_range, &j);
 }
