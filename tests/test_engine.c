@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <stdlib.h>
 
+#include "device/cpu.h"
 #include "fsdp/shardmap.h"
 #include "models/gpt2.h"
 #include "train/train.h"
@@ -442,6 +443,54 @@ START_TEST(test_eight_ranks_prefetch_offload)
 }
 END_TEST
 
+/* Threads per device never change the math: 1, 2 and 3 threads per device
+ * (2 devices; the test hook lifts the cap at the machine's cores) give the
+ * same losses, gradient norms and parameters, in fp32 and bf16. "small"
+ * with 8 x 64 tokens per micro-batch is big enough that GEMMs are tiled and
+ * element-wise ops split into several chunks. */
+START_TEST(test_threads_per_device_bit_identical)
+{
+    fsdp_device_cpu_test_cores(64);
+    fsdp_gpt2_config gc;
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_gpt2_config_parse("small", &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        fsdp_train_result ref;
+        for (int t = 1; t <= 3; t++) {
+            fsdp_train_config c;
+            tiny_config(&c, 2, 1);
+            c.model = "small";
+            c.eng.batch = 8;
+            c.eng.seq = 64;
+            c.steps = 2;
+            c.eng.threads_per_device = t;
+            c.eng.compute_dtype = bf16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+            fsdp_train_result r;
+            run_ok(&c, t == 1 ? &ref : &r);
+            if (t == 1)
+                continue;
+            for (int s = 0; s < 2; s++)
+                ck_assert_msg(!memcmp(&ref.losses[s], &r.losses[s], sizeof(float)) &&
+                                  !memcmp(&ref.grad_norms[s], &r.grad_norms[s], sizeof(float)),
+                              "%s, %d threads: step %d loss %.9g norm %.9g vs %.9g %.9g on 1",
+                              bf16 ? "bf16" : "fp32", t, s + 1, r.losses[s], r.grad_norms[s],
+                              ref.losses[s], ref.grad_norms[s]);
+            for (int u = 0; u < m.n_units; u++)
+                ck_assert_msg(!memcmp(ref.params[u], r.params[u],
+                                      m.units[u].numel * sizeof(float)),
+                              "%s, %d threads: parameters of unit %s differ from 1 thread's",
+                              bf16 ? "bf16" : "fp32", t, m.units[u].name);
+            fsdp_train_result_free(&r);
+        }
+        ck_assert(isfinite(ref.losses[1]) && ref.losses[1] < ref.losses[0]);
+        fsdp_train_result_free(&ref);
+    }
+    fsdp_model_free(&m);
+    fsdp_device_cpu_test_cores(0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine");
@@ -459,6 +508,7 @@ int main(void)
     tcase_add_test(tc, test_offload_overlap);
     tcase_add_test(tc, test_many_micro_batches);
     tcase_add_test(tc, test_eight_ranks_prefetch_offload);
+    tcase_add_test(tc, test_threads_per_device_bit_identical);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -46,6 +46,9 @@ int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *o)
         "cuda + peer: K virtual ranks share each GPU (default 1)");
     OPT("device-mem", FSDP_OPT_SIZE, &e->device_mem, "BYTES",
         "per-device memory cap, e.g. 24GiB (default none on cpu/meta)");
+    OPT("threads-per-device", FSDP_OPT_INT, &e->threads_per_device, "N",
+        "cpu: threads each device computes with (default: cores / devices, at least 1; lowered "
+        "if devices x N would exceed the cores)");
     OPT("seed", FSDP_OPT_U64, &e->seed, "S", "seed for initialisation and data (default 1337)");
 #undef OPT
     return n;
@@ -127,6 +130,12 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     if (e->ranks_per_device > 1 && (e->backend != FSDP_BACKEND_CUDA || e->comm == FSDP_COMM_NCCL)) {
         fprintf(stderr, "fsdp %s: --ranks-per-device needs --backend cuda with --comm peer "
                         "(NCCL refuses two ranks on one GPU)\n", cmd);
+        return 2;
+    }
+    if (e->threads_per_device < 0 || e->threads_per_device > 4096 ||
+        (e->threads_per_device > 0 && e->backend == FSDP_BACKEND_CUDA)) {
+        fprintf(stderr, "fsdp %s: --threads-per-device must be 1..4096, on the cpu backend\n",
+                cmd);
         return 2;
     }
     if (e->comm == FSDP_COMM_HOST && e->backend != FSDP_BACKEND_CPU) {

@@ -14,9 +14,11 @@
 #include "ckpt/modelfile.h"
 #include "core/log.h"
 #include "core/world.h"
+#include "device/cpu.h"
 #include "fsdp/engine_ckpt.h"
 #include "fsdp/trace.h"
 #include "models/gpt2.h"
+#include "ops/cpu/blas.h"
 #include "train/train.h"
 
 void fsdp_train_config_default(fsdp_train_config *cfg)
@@ -458,7 +460,10 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         if (ec->device_mem)
             fprintf(cfg->out, "device memory cap %s\n",
                     fsdp_fmt_bytes(b, sizeof b, (double)ec->device_mem));
+        if (ec->backend == FSDP_BACKEND_CPU)
+            fsdp_cpu_print_header(cfg->out, ec->n_ranks, ec->threads_per_device);
     }
+    fsdp_device_cpu_set_threads(ec->threads_per_device); /* read as the cpu devices start */
     st = fsdp_world_launch(w, rank_main, t);
     if (st == FSDP_STATUS_OK) {
         res->tokens_per_s = t->tok_s_n ? t->tok_s_sum / t->tok_s_n : 0;

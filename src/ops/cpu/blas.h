@@ -29,6 +29,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include "core/error.h"
 
@@ -76,6 +77,12 @@ const char *fsdp_cpu_blas_core(void);
 /* Whether bf16 GEMMs use bf16 dot-product instructions (oneDNN), rather
  * than widening to fp32. */
 bool fsdp_cpu_blas_bf16_dot(void);
+
+/* Print the cpu backend's lines of a run header to out (NULL: nothing):
+ * threads per device for n_devices devices given --threads-per-device
+ * requested_threads (0: default) and whether that was capped, the GEMM
+ * kernels (fsdp_cpu_blas_describe) and fsdp_cpu_blas_warning (header.c). */
+void fsdp_cpu_print_header(FILE *out, int n_devices, int requested_threads);
 
 /* Row-major single-threaded sgemm on the calling thread:
  * C (M, N) = alpha op(A) op(B) + beta C; op(A) is (M, K): A is (M, K) with
