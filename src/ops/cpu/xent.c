@@ -6,14 +6,81 @@
  *   dlogits[i] = (exp(l_j - max) / sum - [j == target]) * dloss,  j < V
  *   dlogits[i][V..Vp) = 0.
  * dlogits is written (=), not accumulated: it is the head's output gradient
- * and may alias logits when ctx->dt is fp32. Each row's max and exp-sum are
- * finished (reads only) before the row is written, element j is read before
- * it is overwritten, and no probability buffer is kept. The exp-sum is taken
- * in double, in column order. Rows go to the rank's team.
+ * and may alias logits when ctx->dt is fp32.
+ *
+ * A row takes three passes, each vectorised: the max; e_j = exp(l_j - max)
+ * (vexp.h; arguments below -87 count as e^-87, nothing next to the max's 1)
+ * stored into dlogits (element j is read before it is overwritten, so
+ * aliasing is fine) and summed in double over 16 fixed lanes (lane j mod
+ * 16, lanes then combined in a fixed tree, the tail last); then the
+ * gradient in place. The order is fixed by V alone, so the bits are the same
+ * on every build and thread count. Rows go to the rank's team.
  */
 #include <math.h>
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/vexp.h"
+
+#define XENT_LANES 16
+#define XENT_EXP_MIN -87.0f
+
+/* The row kernels, compiled for the build's baseline and for AVX2 and
+ * picked at run time (as gelu.c: no ifunc, which breaks the sanitizers). */
+#define XENT_KERNELS(sfx, attr)                                                              \
+    attr static float row_max_##sfx(const float *x, int V)                                   \
+    {                                                                                        \
+        float m[XENT_LANES];                                                                 \
+        for (int l = 0; l < XENT_LANES; l++)                                                 \
+            m[l] = x[0];                                                                     \
+        int j = 0;                                                                           \
+        for (; j + XENT_LANES <= V; j += XENT_LANES)                                         \
+            for (int l = 0; l < XENT_LANES; l++)                                             \
+                m[l] = x[j + l] > m[l] ? x[j + l] : m[l];                                    \
+        float r = m[0];                                                                      \
+        for (int l = 1; l < XENT_LANES; l++)                                                 \
+            r = m[l] > r ? m[l] : r;                                                         \
+        for (; j < V; j++)                                                                   \
+            r = x[j] > r ? x[j] : r;                                                         \
+        return r;                                                                            \
+    }                                                                                        \
+    /* e[j] = exp(x[j] - maxv) (e may be x, or NULL: not stored); returns the sum. */        \
+    attr static double exp_sum_##sfx(const float *x, float *e, int V, float maxv)            \
+    {                                                                                        \
+        double s[XENT_LANES] = {0};                                                          \
+        float buf[XENT_LANES];                                                               \
+        int j = 0;                                                                           \
+        for (; j + XENT_LANES <= V; j += XENT_LANES) {                                       \
+            for (int l = 0; l < XENT_LANES; l++) {                                           \
+                float a = x[j + l] - maxv;                                                   \
+                buf[l] = fsdp_cpu_exp(a < XENT_EXP_MIN ? XENT_EXP_MIN : a);                  \
+            }                                                                                \
+            for (int l = 0; l < XENT_LANES; l++)                                             \
+                s[l] += (double)buf[l];                                                      \
+            if (e)                                                                           \
+                for (int l = 0; l < XENT_LANES; l++)                                         \
+                    e[j + l] = buf[l];                                                       \
+        }                                                                                    \
+        for (int w = XENT_LANES / 2; w > 0; w /= 2)                                          \
+            for (int l = 0; l < w; l++)                                                      \
+                s[l] += s[l + w];                                                            \
+        double sum = s[0];                                                                   \
+        for (; j < V; j++) {                                                                 \
+            float a = x[j] - maxv;                                                           \
+            float v = fsdp_cpu_exp(a < XENT_EXP_MIN ? XENT_EXP_MIN : a);                     \
+            sum += (double)v;                                                                \
+            if (e)                                                                           \
+                e[j] = v;                                                                    \
+        }                                                                                    \
+        return sum;                                                                          \
+    }                                                                                        \
+    /* d[j] = (d[j] * inv - [j == tgt]) * dloss, d holding the exps */                       \
+    attr static void grad_##sfx(float *d, int V, int tgt, float inv, float dloss)            \
+    {                                                                                        \
+        for (int j = 0; j < V; j++)                                                          \
+            d[j] = (d[j] * inv - (j == tgt ? 1.0f : 0.0f)) * dloss;                          \
+    }
+XENT_KERNELS(base, )
+XENT_KERNELS(avx2, __attribute__((target("avx2"))))
 
 typedef struct xent_job {
     float *losses, *dlogits;
@@ -23,6 +90,7 @@ typedef struct xent_job {
     int V, Vp;
     float dloss;
     int bf16;
+    bool avx2;
 } xent_job;
 
 static void xent_rows(void *arg, size_t begin, size_t end, int worker)
@@ -43,25 +111,19 @@ static void xent_rows(void *arg, size_t begin, size_t end, int worker)
         }
         int tgt = j->targets[i];
         FSDP_ASSERT(tgt >= 0 && tgt < V);
-
-        float maxv = row[0];
-        for (int c = 1; c < V; c++)
-            if (row[c] > maxv)
-                maxv = row[c];
-        double sum = 0.0;
-        for (int c = 0; c < V; c++)
-            sum += expf(row[c] - maxv);
-        float lt = row[tgt] - maxv;
+        float *d = j->dlogits ? j->dlogits + off : NULL;
+        float maxv = j->avx2 ? row_max_avx2(row, V) : row_max_base(row, V);
+        float lt = row[tgt] - maxv; /* before d (maybe row) is overwritten */
+        double sum = j->avx2 ? exp_sum_avx2(row, d, V, maxv) : exp_sum_base(row, d, V, maxv);
         if (j->losses)
             j->losses[i] = (float)(log(sum) - (double)lt);
-        if (!j->dlogits)
+        if (!d)
             continue;
         float inv = (float)(1.0 / sum);
-        float *d = j->dlogits + off;
-        for (int c = 0; c < V; c++) {
-            float p = expf(row[c] - maxv) * inv; /* read row[c] before writing d[c] */
-            d[c] = (p - (c == tgt ? 1.0f : 0.0f)) * j->dloss;
-        }
+        if (j->avx2)
+            grad_avx2(d, V, tgt, inv, j->dloss);
+        else
+            grad_base(d, V, tgt, inv, j->dloss);
         for (int c = V; c < Vp; c++)
             d[c] = 0.0f;
     }
@@ -74,7 +136,8 @@ void fsdp_cpu_xent_fwd_bwd(fsdp_op_ctx *ctx, float *losses, float *dlogits, cons
         return;
     FSDP_ASSERT(V <= Vp);
     xent_job j = {.losses = losses, .dlogits = dlogits, .logits = logits, .targets = targets,
-                  .V = V, .Vp = Vp, .dloss = dloss, .bf16 = ctx->dt == FSDP_DTYPE_BF16};
+                  .V = V, .Vp = Vp, .dloss = dloss, .bf16 = ctx->dt == FSDP_DTYPE_BF16,
+                  .avx2 = __builtin_cpu_supports("avx2")};
     /* One widened row per worker at a time when logits are bf16. */
     if (j.bf16) {
         j.row_tmp = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_0, (size_t)fsdp_cpu_threads(ctx) * V);
