@@ -222,6 +222,12 @@ static void blas_load(void)
     const char *name = NULL, *first = NULL;
     char first_buf[64] = "";
     g_blas.status = FSDP_STATUS_UNSUPPORTED; /* until loaded */
+    /* Linked into the program (or loaded by another library) already: its
+     * constructor has run, and unloading it is impossible. */
+    void *early = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_NOLOAD);
+    bool preloaded = early != NULL;
+    if (early)
+        dlclose(early);
     bool ok = openblas_load(pin, &name);
     if (ok && !pin) {
         const char *want = fsdp_cpu_openblas_override(name, cpu);
@@ -245,7 +251,7 @@ static void blas_load(void)
     snprintf(g_blas.core, sizeof g_blas.core, "%s", name);
     fsdp_cpu_gemm_isa got = fsdp_cpu_openblas_core_isa(name);
     char how[96] = "";
-    if (first)
+    if (first && !fsdp_cpu_openblas_override(name, cpu))
         snprintf(how, sizeof how, ", chosen from the CPU's features: %s %s", user_asked ?
                  "OPENBLAS_CORETYPE asked for" : "OpenBLAS picked", first);
     else if (pin || openblas_only)
@@ -258,9 +264,11 @@ static void blas_load(void)
                  "that core, or this CPU lacks its instructions)", pin, name);
     else if (!pin && fsdp_cpu_openblas_override(name, cpu))
         snprintf(g_blas.warn, sizeof g_blas.warn,
-                 "OpenBLAS runs its slow %s kernel and would not load %s, which this CPU (%s) "
-                 "could run: GEMMs run at a fraction of the CPU's speed; try a newer OpenBLAS",
-                 name, core_for_isa[cpu], isa_name(cpu));
+                 "OpenBLAS runs its slow %s kernel although this CPU (%s) could run %s: GEMMs "
+                 "run at a fraction of the CPU's speed; %s", name, isa_name(cpu),
+                 core_for_isa[cpu], preloaded ? "OpenBLAS was loaded before fsdp could choose "
+                 "its kernel (is the program linked with -lopenblas? fsdp loads it itself)" :
+                 "this OpenBLAS refused that kernel: try a newer OpenBLAS");
     else if (got != FSDP_CPU_GEMM_ISA_UNKNOWN && got < FSDP_CPU_GEMM_ISA_AVX2)
         snprintf(g_blas.warn, sizeof g_blas.warn,
                  "the GEMM kernel is OpenBLAS's slow %s fallback (%s): %s",

@@ -40,8 +40,10 @@ typedef struct fsdp_cpu_dnnl_shape {
 
 typedef struct fsdp_cpu_dnnl_prim fsdp_cpu_dnnl_prim;
 
-/* The primitive for `shape`, created on first use, valid until
- * fsdp_cpu_dnnl_free; n_workers: how many threads may run it at once.
+/* The primitive for `shape`, created on first use; n_workers: how many
+ * threads may run it at once. Each context keeps the 64 primitives used
+ * most recently, so one stays valid at least until 63 other shapes have
+ * been prepared (or fsdp_cpu_dnnl_free).
  * Call on the context's own thread, never concurrently for one *state.
  * Failure (oneDNN refused the shape, out of memory) returns the status
  * with a message. */
