@@ -9,9 +9,17 @@
  * per worker, so concurrent runs never share oneDNN's memory. oneDNN here
  * uses OpenMP; every thread that calls it sets its own OpenMP thread count
  * to 1 first, so no OpenMP team is ever started.
+ *
+ * Ranks never share oneDNN objects: its global primitive cache is turned
+ * off (each context caches its own), and engines and primitives are
+ * created under one process mutex. oneDNN synchronises its internal state
+ * with primitives ThreadSanitizer cannot see (it is not instrumented); the
+ * mutex makes that order visible, and creation is rare (once per shape and
+ * rank), so it costs nothing.
  */
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +48,7 @@ struct fsdp_cpu_dnnl {
 };
 
 static _Thread_local bool omp_single;
+static pthread_mutex_t create_mu = PTHREAD_MUTEX_INITIALIZER; /* engine/primitive creation */
 
 /* oneDNN on this thread uses one OpenMP thread (our team is the parallelism). */
 static void omp_one_thread(void)
@@ -66,9 +75,9 @@ static fsdp_status dnnl_fail(dnnl_status_t s, const char *what)
         }                                         \
     } while (0)
 
-/* A matmul primitive for `sh` on engine e. */
-static fsdp_status prim_create(dnnl_engine_t e, const fsdp_cpu_dnnl_shape *sh,
-                               fsdp_cpu_dnnl_prim **out)
+/* A matmul primitive for `sh` on engine e; create_mu held. */
+static fsdp_status prim_create_locked(dnnl_engine_t e, const fsdp_cpu_dnnl_shape *sh,
+                                      fsdp_cpu_dnnl_prim **out)
 {
     fsdp_status st = FSDP_STATUS_OK;
     dnnl_primitive_attr_t attr = NULL;
@@ -114,18 +123,42 @@ fail:
     return st;
 }
 
+static fsdp_status prim_create(dnnl_engine_t e, const fsdp_cpu_dnnl_shape *sh,
+                               fsdp_cpu_dnnl_prim **out)
+{
+    pthread_mutex_lock(&create_mu);
+    fsdp_status st = prim_create_locked(e, sh, out);
+    pthread_mutex_unlock(&create_mu);
+    return st;
+}
+
+/* An engine; false if oneDNN refuses. */
+static bool engine_create(dnnl_engine_t *e)
+{
+    pthread_mutex_lock(&create_mu);
+    bool ok = dnnl_engine_create(e, dnnl_cpu, 0) == dnnl_success;
+    pthread_mutex_unlock(&create_mu);
+    return ok;
+}
+
 static void prim_free(fsdp_cpu_dnnl_prim *p)
 {
     if (!p)
         return;
-    if (p->prim)
+    if (p->prim) {
+        pthread_mutex_lock(&create_mu);
         dnnl_primitive_destroy(p->prim);
+        pthread_mutex_unlock(&create_mu);
+    }
     free(p);
 }
 
 bool fsdp_cpu_dnnl_probe(char *desc, size_t cap)
 {
     omp_one_thread();
+    pthread_mutex_lock(&create_mu);
+    dnnl_set_primitive_cache_capacity(0); /* each context caches its own */
+    pthread_mutex_unlock(&create_mu);
     const dnnl_version_t *v = dnnl_version();
     dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
     const unsigned bf16_bits = (unsigned)dnnl_cpu_isa_avx512_core_bf16;
@@ -137,7 +170,7 @@ bool fsdp_cpu_dnnl_probe(char *desc, size_t cap)
     fsdp_cpu_dnnl_prim *p = NULL;
     bool ok = false;
     fsdp_cpu_dnnl_shape sh = {.M = 64, .N = 64, .K = 64, .lda = 64, .ldb = 64, .ldc = 64};
-    if (dnnl_engine_create(&e, dnnl_cpu, 0) == dnnl_success && prim_create(e, &sh, &p) == 0) {
+    if (engine_create(&e) && prim_create(e, &sh, &p) == FSDP_STATUS_OK) {
         const_dnnl_primitive_desc_t pd = NULL;
         const char *impl = "?";
         if (dnnl_primitive_get_primitive_desc(p->prim, &pd) == dnnl_success)
@@ -151,8 +184,11 @@ bool fsdp_cpu_dnnl_probe(char *desc, size_t cap)
         snprintf(desc, cap, "widened to fp32 (oneDNN could not build a bf16 matmul)");
     }
     prim_free(p);
-    if (e)
+    if (e) {
+        pthread_mutex_lock(&create_mu);
         dnnl_engine_destroy(e);
+        pthread_mutex_unlock(&create_mu);
+    }
     return ok;
 }
 
@@ -170,8 +206,11 @@ static fsdp_status workers_reserve(fsdp_cpu_dnnl *s, int n, size_t bytes)
         s->scratch = sc;
         for (int w = s->n_workers; w < n; w++) {
             s->scratch[w] = NULL;
-            if (dnnl_stream_create(&s->streams[w], s->engine, dnnl_stream_default_flags) !=
-                dnnl_success) {
+            pthread_mutex_lock(&create_mu);
+            dnnl_status_t ds = dnnl_stream_create(&s->streams[w], s->engine,
+                                                  dnnl_stream_default_flags);
+            pthread_mutex_unlock(&create_mu);
+            if (ds != dnnl_success) {
                 s->n_workers = w;
                 return fsdp_error_set(FSDP_STATUS_INTERNAL, "cpu ops: oneDNN stream creation "
                                                             "failed");
@@ -215,7 +254,7 @@ fsdp_status fsdp_cpu_dnnl_prepare(fsdp_cpu_dnnl **state, const fsdp_cpu_dnnl_sha
         s = calloc(1, sizeof *s);
         if (!s)
             return fsdp_error_set(FSDP_STATUS_OOM, "cpu ops: out of host memory for oneDNN");
-        if (dnnl_engine_create(&s->engine, dnnl_cpu, 0) != dnnl_success) {
+        if (!engine_create(&s->engine)) {
             free(s);
             return fsdp_error_set(FSDP_STATUS_INTERNAL, "cpu ops: oneDNN cpu engine creation "
                                                         "failed");
@@ -279,12 +318,14 @@ void fsdp_cpu_dnnl_free(fsdp_cpu_dnnl *s)
         return;
     for (int i = 0; i < s->n_prims; i++)
         prim_free(s->prims[i]);
-    for (int w = 0; w < s->n_workers; w++) {
+    pthread_mutex_lock(&create_mu);
+    for (int w = 0; w < s->n_workers; w++)
         dnnl_stream_destroy(s->streams[w]);
+    dnnl_engine_destroy(s->engine);
+    pthread_mutex_unlock(&create_mu);
+    for (int w = 0; w < s->n_workers; w++)
         free(s->scratch[w]);
-    }
     free(s->streams);
     free(s->scratch);
-    dnnl_engine_destroy(s->engine);
     free(s);
 }
