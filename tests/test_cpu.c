@@ -167,6 +167,7 @@ START_TEST(test_pin_and_bad_setting)
     ck_assert_msg(strstr(out, "status INVALID_ARG"), "%s", out);
     ck_assert_msg(strstr(out, "FSDP_CPU_GEMM='fastest' is not auto, openblas or openblas:CORE"),
                   "%s", out);
+    ck_assert_msg(strstr(out, "op_status INVALID_ARG"), "ops report it: %s", out);
 }
 END_TEST
 
@@ -558,6 +559,17 @@ int main(int argc, char **argv)
         printf("status %s\n", fsdp_status_name(st));
         if (st != FSDP_STATUS_OK) {
             printf("error %s\n", fsdp_error_msg());
+            /* an op then fails cleanly, through sync_error */
+            fsdp_device d;
+            fsdp_op_ctx ctx;
+            float a[4] = {1, 2, 3, 4}, y[4];
+            if (fsdp_device_init(&d, FSDP_BACKEND_CPU, NULL, 0, 0, 0) == FSDP_STATUS_OK &&
+                fsdp_ops_init(&ctx, &d, FSDP_DTYPE_F32) == FSDP_STATUS_OK) {
+                FSDP_OP(&ctx, matmul_fwd, y, a, a, NULL, 2, 2, 2);
+                printf("op_status %s\n", fsdp_status_name(ctx.iface->sync_error(&ctx)));
+                fsdp_ops_fini(&ctx);
+                fsdp_device_fini(&d);
+            }
             return 0;
         }
         const char *warn = fsdp_cpu_blas_warning();

@@ -118,10 +118,16 @@ def run_fsdp(a, data):
         log = os.path.join(d, "metrics.jsonl")
         model = "custom:layers=%d,heads=%d,channels=%d,vocab=%d,context=%d" % (
             a.layers, a.heads, a.channels, a.vocab, a.seq)
-        cmd = [a.fsdp, "train", "--backend", "cpu", "--devices", str(a.ranks),
-               "--threads-per-device", str(a.threads), "--model", model, "--data", data,
-               "--batch", str(a.batch), "--seq", str(a.seq), "--steps", str(a.warmup + a.steps),
-               "--precision", a.precision, "--log", log]
+        cmd = [a.fsdp, "train", "--backend", "cpu", "--devices", str(a.ranks), "--model", model,
+               "--data", data, "--batch", str(a.batch), "--seq", str(a.seq),
+               "--steps", str(a.warmup + a.steps), "--precision", a.precision, "--log", log]
+        # builds before --threads-per-device ran one thread per rank
+        help_text = subprocess.run([a.fsdp, "train", "--help"], capture_output=True,
+                                   text=True).stdout
+        if "--threads-per-device" in help_text:
+            cmd += ["--threads-per-device", str(a.threads)]
+        elif a.threads != 1:
+            sys.exit("bench_fsdp2_torch: %s has no --threads-per-device" % a.fsdp)
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             sys.exit("bench_fsdp2_torch: %s failed:\n%s%s" % (" ".join(cmd), r.stdout, r.stderr))

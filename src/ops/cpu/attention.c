@@ -78,7 +78,7 @@ static void att_fwd_head(void *arg, size_t bh, int worker)
 void fsdp_cpu_attention_fwd(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv, int B,
                             int T, int C, int NH)
 {
-    if (B <= 0 || T <= 0 || C <= 0)
+    if (B <= 0 || T <= 0 || C <= 0 || !fsdp_cpu_gemm_ready(ctx))
         return;
     FSDP_ASSERT(NH > 0 && C % NH == 0);
     const size_t TT = (size_t)T * T;
@@ -141,7 +141,7 @@ static void att_bwd_head(void *arg, size_t bh, int worker)
 void fsdp_cpu_attention_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt, const float *dout,
                             const void *qkv, const void *att, int B, int T, int C, int NH)
 {
-    if (B <= 0 || T <= 0 || C <= 0)
+    if (B <= 0 || T <= 0 || C <= 0 || !fsdp_cpu_gemm_ready(ctx))
         return;
     FSDP_ASSERT(NH > 0 && C % NH == 0);
     const size_t TT = (size_t)T * T;

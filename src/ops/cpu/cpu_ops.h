@@ -86,6 +86,10 @@ void fsdp_cpu_parallel_range(fsdp_op_ctx *ctx, size_t n, size_t grain, fsdp_cpu_
  * thread (microseconds) is small against the work. */
 #define FSDP_CPU_GRAIN ((size_t)1 << 15)
 
+/* Whether the GEMM libraries loaded (blas.h); if not, records the error for
+ * sync_error and returns false: the op must return at once. */
+bool fsdp_cpu_gemm_ready(fsdp_op_ctx *ctx);
+
 /* GEMMs on ctx's team (gemm.c). Row-major C (M, N) = alpha op(A) op(B) +
  * beta C, op(A) (M, K) (A stored (K, M) when ta), op(B) (K, N) (B stored
  * (N, K) when tb). The larger of M and N is split into tiles fixed by the

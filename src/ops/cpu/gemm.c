@@ -39,6 +39,15 @@ void fsdp_cpu_gemm_tiles(int M, int N, int K, bool *along_m, int *tile, int *n_t
     *n_tiles = (L + t - 1) / t;
 }
 
+bool fsdp_cpu_gemm_ready(fsdp_op_ctx *ctx)
+{
+    fsdp_status st = fsdp_cpu_blas_status();
+    if (st == FSDP_STATUS_OK)
+        return true;
+    fsdp_cpu_ops_fail(ctx, st);
+    return false;
+}
+
 /* ---- fp32 ---------------------------------------------------------------- */
 
 typedef struct gemm_job {
@@ -93,7 +102,7 @@ static void sgemm_tile(void *arg, size_t k, int worker)
 void fsdp_cpu_gemm(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K, float alpha,
                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
-    if (M <= 0 || N <= 0)
+    if (M <= 0 || N <= 0 || !fsdp_cpu_gemm_ready(ctx))
         return;
     gemm_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb,
                   .ldc = ldc, .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C,

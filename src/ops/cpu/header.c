@@ -26,5 +26,6 @@ void fsdp_cpu_print_header(FILE *out, int n_devices, int requested_threads)
                 n_devices, cores);
     const char *warn = fsdp_cpu_blas_warning();
     if (warn)
-        fprintf(out, "warning: %s\n", warn);
+        fprintf(out, "%s: %s\n", fsdp_cpu_blas_status() == FSDP_STATUS_OK ? "warning" : "error",
+                warn);
 }
