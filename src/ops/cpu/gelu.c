@@ -63,38 +63,61 @@ typedef struct gelu_job {
     bool avx2;
 } gelu_job;
 
+/* bf16 storage goes through the fp32 loops a block at a time. */
+#define GELU_BLOCK 512
+
+static void gelu_fwd_f32(const gelu_job *j, float *y, const float *x, size_t n)
+{
+    if (j->avx2)
+        gelu_fwd_f32_avx2(y, x, n);
+    else
+        gelu_fwd_f32_base(y, x, n);
+}
+
+static void gelu_bwd_f32(const gelu_job *j, float *dx, const float *x, const float *dy, size_t n)
+{
+    if (j->avx2)
+        gelu_bwd_f32_avx2(dx, x, dy, n);
+    else
+        gelu_bwd_f32_base(dx, x, dy, n);
+}
+
 static void gelu_fwd_range(void *arg, size_t begin, size_t end, int worker)
 {
     const gelu_job *j = arg;
-    size_t n = end - begin;
     if (j->dt == FSDP_DTYPE_F32) {
-        float *y = (float *)j->out + begin;
-        const float *x = (const float *)j->inp + begin;
-        if (j->avx2)
-            gelu_fwd_f32_avx2(y, x, n);
-        else
-            gelu_fwd_f32_base(y, x, n);
+        gelu_fwd_f32(j, (float *)j->out + begin, (const float *)j->inp + begin, end - begin);
         return;
     }
-    for (size_t i = begin; i < end; i++)
-        fsdp_cpu_st(j->out, j->dt, i, gelu_one(fsdp_cpu_ld(j->inp, j->dt, i)));
+    float x[GELU_BLOCK], y[GELU_BLOCK];
+    const fsdp_bf16 *in = j->inp;
+    fsdp_bf16 *out = j->out;
+    for (size_t i = begin; i < end; i += GELU_BLOCK) {
+        size_t n = end - i < GELU_BLOCK ? end - i : GELU_BLOCK;
+        for (size_t k = 0; k < n; k++)
+            x[k] = fsdp_bf16_to_f32(in[i + k]);
+        gelu_fwd_f32(j, y, x, n);
+        for (size_t k = 0; k < n; k++)
+            out[i + k] = fsdp_f32_to_bf16(y[k]);
+    }
 }
 
 static void gelu_bwd_range(void *arg, size_t begin, size_t end, int worker)
 {
     const gelu_job *j = arg;
-    size_t n = end - begin;
     if (j->dt == FSDP_DTYPE_F32) {
-        float *dx = j->dinp + begin;
-        const float *x = (const float *)j->inp + begin, *dy = j->dout + begin;
-        if (j->avx2)
-            gelu_bwd_f32_avx2(dx, x, dy, n);
-        else
-            gelu_bwd_f32_base(dx, x, dy, n);
+        gelu_bwd_f32(j, j->dinp + begin, (const float *)j->inp + begin, j->dout + begin,
+                     end - begin);
         return;
     }
-    for (size_t i = begin; i < end; i++)
-        j->dinp[i] += gelu_grad_one(fsdp_cpu_ld(j->inp, j->dt, i)) * j->dout[i];
+    float x[GELU_BLOCK];
+    const fsdp_bf16 *in = j->inp;
+    for (size_t i = begin; i < end; i += GELU_BLOCK) {
+        size_t n = end - i < GELU_BLOCK ? end - i : GELU_BLOCK;
+        for (size_t k = 0; k < n; k++)
+            x[k] = fsdp_bf16_to_f32(in[i + k]);
+        gelu_bwd_f32(j, j->dinp + i, x, j->dout + i, n);
+    }
 }
 
 void fsdp_cpu_gelu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, size_t n)
