@@ -11,11 +11,21 @@ typedef struct residual_job {
     fsdp_dtype dt;
 } residual_job;
 
+/* One loop per dtype, so that each vectorises. */
 static void residual_range(void *arg, size_t begin, size_t end, int worker)
 {
     const residual_job *j = arg;
+    if (j->dt == FSDP_DTYPE_BF16) {
+        fsdp_bf16 *o = j->out;
+        const fsdp_bf16 *a = j->a, *b = j->b;
+        for (size_t i = begin; i < end; i++)
+            o[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(a[i]) + fsdp_bf16_to_f32(b[i]));
+        return;
+    }
+    float *o = j->out;
+    const float *a = j->a, *b = j->b;
     for (size_t i = begin; i < end; i++)
-        fsdp_cpu_st(j->out, j->dt, i, fsdp_cpu_ld(j->a, j->dt, i) + fsdp_cpu_ld(j->b, j->dt, i));
+        o[i] = a[i] + b[i];
 }
 
 void fsdp_cpu_residual_fwd(fsdp_op_ctx *ctx, void *out, const void *a, const void *b, size_t n)
