@@ -175,8 +175,9 @@ bool fsdp_cpu_dnnl_probe(char *desc, size_t cap)
         const char *impl = "?";
         if (dnnl_primitive_get_primitive_desc(p->prim, &pd) == dnnl_success)
             dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
-        /* a reference or emulated kernel would be slower than fp32 OpenBLAS */
-        ok = strstr(impl, "ref") == NULL && strstr(impl, "bf16") != NULL;
+        /* brg:avx512_core_bf16 or brg:avx512_core_amx; a reference or
+         * emulated kernel would be slower than fp32 OpenBLAS */
+        ok = !strstr(impl, "ref") && (strstr(impl, "bf16") || strstr(impl, "amx"));
         snprintf(desc, cap, ok ? "oneDNN %d.%d.%d %s" : "widened to fp32 (oneDNN %d.%d.%d has "
                                                       "only %s for bf16 here)",
                  v->major, v->minor, v->patch, impl);
