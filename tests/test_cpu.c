@@ -168,6 +168,12 @@ START_TEST(test_pin_and_bad_setting)
     ck_assert_msg(strstr(out, "FSDP_CPU_GEMM='fastest' is not auto, openblas or openblas:CORE"),
                   "%s", out);
     ck_assert_msg(strstr(out, "op_status INVALID_ARG"), "ops report it: %s", out);
+    /* oneDNN capped below bf16 dot products: bf16 GEMMs widen to fp32 */
+    if (fsdp_cpu_blas_bf16_dot()) {
+        run_capture("DNNL_MAX_CPU_ISA=AVX2", out, sizeof out);
+        ck_assert_msg(strstr(out, "bf16_dot 0"), "%s", out);
+        ck_assert_msg(strstr(out, "no bf16 dot-product instructions"), "%s", out);
+    }
 }
 END_TEST
 
