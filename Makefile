@@ -13,7 +13,23 @@ TSAN      ?= 0
 CUDA      ?= auto
 ONEDNN    ?= auto
 CUDA_HOME ?= /usr/local/cuda
+# NCCL: auto (on when $(NCCL_HOME)/include/nccl.h exists), 1, or 0 (CUDA
+# without NCCL: the peer collectives only). NCCL_LIB: the library to link by
+# full path (a wheel's libnccl.so.2; its folder becomes the rpath), else
+# -lnccl from $(NCCL_HOME)/lib.
+NCCL      ?= auto
 NCCL_HOME ?= $(CUDA_HOME)
+NCCL_LIB  ?=
+# Where cudart, cuBLAS and cuBLASLt are linked from (and found at run time).
+CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
+# MPI: auto (on when $(MPICC), Open MPI's compiler wrapper, is found), 1, or 0
+# (one process per job; `mpirun -np 1` still runs). MPIRUN: the launcher the
+# tests use (`make test` runs 2-process jobs on loopback).
+MPI       ?= auto
+MPICC     ?= mpicc
+MPIRUN    ?= mpirun
+# INSTALL_DEPS=0: never run tools/install-deps.sh (offline machines).
+INSTALL_DEPS ?= 1
 BUILD     ?= build
 CC        ?= cc
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
@@ -36,20 +52,56 @@ ifeq ($(CUDA),1)
   ifeq ($(wildcard $(NVCC)),)
     $(error CUDA=1 but nvcc was not found at $(NVCC); set CUDA_HOME or CUDA=0)
   endif
-  ifeq ($(wildcard $(NCCL_HOME)/include/nccl.h),)
-    $(error CUDA=1 but nccl.h was not found under $(NCCL_HOME)/include; set NCCL_HOME)
+  ifeq ($(NCCL),auto)
+    NCCL := $(if $(wildcard $(NCCL_HOME)/include/nccl.h),1,0)
   endif
+  ifeq ($(NCCL),1)
+    ifeq ($(wildcard $(NCCL_HOME)/include/nccl.h),)
+      $(error NCCL=1 but nccl.h was not found under $(NCCL_HOME)/include; set NCCL_HOME, or NCCL=0 for the peer collectives only)
+    endif
+    ifneq ($(NCCL_LIB),)
+      ifeq ($(wildcard $(NCCL_LIB)),)
+        $(error NCCL_LIB=$(NCCL_LIB) does not exist)
+      endif
+    endif
+  endif
+else
+  NCCL := 0
 endif
 
-PKGS := check openblas
+MPICC_PATH := $(shell command -v $(MPICC) 2>/dev/null)
+ifeq ($(MPI),auto)
+  MPI := $(if $(MPICC_PATH),1,0)
+endif
+ifeq ($(MPI),1)
+  ifeq ($(MPICC_PATH),)
+    $(error MPI=1 but $(MPICC) was not found; install Open MPI (tools/install-deps.sh) or MPI=0)
+  endif
+  # Open MPI's wrapper says what it would add: its include and link flags.
+  MPI_CFLAGS := $(shell $(MPICC) --showme:compile 2>/dev/null)
+  MPI_LDLIBS := $(shell $(MPICC) --showme:link 2>/dev/null)
+  ifeq ($(strip $(MPI_LDLIBS)),)
+    $(error MPI=1 but '$(MPICC) --showme:link' says nothing: fsdp builds against Open MPI's wrapper)
+  endif
+  MPIRUN_PATH := $(shell command -v $(MPIRUN) 2>/dev/null)
+endif
+
+# libraries the library needs (cpu kernels, tokenizer patterns, Unicode
+# normalization, checkpoint checksums) and, for the tests, Check. OpenBLAS is
+# required but not linked: the cpu backend loads it at run time (below).
+LIB_PKGS := openblas libpcre2-8 libutf8proc libxxhash
+LINK_PKGS := $(filter-out openblas,$(LIB_PKGS))
+PKGS := check $(LIB_PKGS)
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 ifneq ($(HAVE_PKGS),1)
   ifeq ($(filter clean,$(MAKECMDGOALS)),)
-    $(info fsdp: pkg-config does not find '$(PKGS)'; running tools/install-deps.sh)
-    DEPS_RC := $(shell tools/install-deps.sh >&2; echo $$?)
-    HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
+    ifeq ($(INSTALL_DEPS),1)
+      $(info fsdp: pkg-config does not find '$(PKGS)'; running tools/install-deps.sh)
+      DEPS_RC := $(shell tools/install-deps.sh >&2; echo $$?)
+      HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
+    endif
     ifneq ($(HAVE_PKGS),1)
-      $(error missing build dependencies: run 'sudo tools/install-deps.sh' (Debian/Ubuntu))
+      $(error missing build dependencies: run 'sudo tools/install-deps.sh' (Debian/Ubuntu), or point PKG_CONFIG_PATH at Check and OpenBLAS)
     endif
   endif
 endif
@@ -93,22 +145,44 @@ endif
 # the scalar and vectorised paths and every build agree bit for bit.
 CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SAN) -ffp-contract=off \
            $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(EXTRA_CFLAGS)
-LDLIBS  := $(DNNL_LIBS) -ldl -lm -lpthread
+LDLIBS  := $(DNNL_LIBS) $(shell pkg-config --libs $(LINK_PKGS) 2>/dev/null) -ldl -lm -lpthread
 TEST_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 LDFLAGS := $(SAN)
 
 SRC_C := $(wildcard src/*/*.c src/*/*/*.c models/*.c)
 SRC_C := $(filter-out src/cli/% $(DNNL_SKIP),$(SRC_C))
 SRC_CU :=
+NCCL_LDLIBS :=
 ifeq ($(CUDA),1)
   SRC_C  := $(filter-out %_stub.c,$(SRC_C))
   SRC_CU := $(wildcard src/*/*.cu src/*/*/*.cu)
-  CFLAGS += -DFSDP_CUDA=1 -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
-  LDLIBS += -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 \
-            -lcublasLt -lcublas -lnccl -lcudart -lstdc++
+  ifeq ($(NCCL),1)
+    CFLAGS += -DFSDP_NCCL=1
+    ifneq ($(NCCL_LIB),)
+      NCCL_LDLIBS := $(abspath $(NCCL_LIB)) -Wl,-rpath,$(abspath $(dir $(NCCL_LIB)))
+    else
+      NCCL_LDLIBS := -L$(NCCL_HOME)/lib -Wl,-rpath,$(NCCL_HOME)/lib -lnccl
+    endif
+  else
+    SRC_CU := $(filter-out src/comm/nccl.cu,$(SRC_CU))
+    SRC_C  += src/comm/nccl_stub.c
+  endif
+  CFLAGS += -DFSDP_CUDA=1 -I$(CUDA_HOME)/include
+  LDLIBS += $(NCCL_LDLIBS) -L$(CUDA_LIBDIR) -Wl,-rpath,$(abspath $(CUDA_LIBDIR)) \
+            -lcublasLt -lcublas -lcudart -lstdc++
+endif
+# MPI: mpi_procs.c against Open MPI, or mpi_stub.c (after the CUDA filter,
+# which drops every *_stub.c).
+SRC_C := $(filter-out src/comm/mpi_procs.c src/comm/mpi_stub.c,$(SRC_C))
+ifeq ($(MPI),1)
+  SRC_C += src/comm/mpi_procs.c
+  LDLIBS += $(MPI_LDLIBS)
+else
+  SRC_C += src/comm/mpi_stub.c
 endif
 NVFLAGS := -O3 -std=c++17 $(CUDA_ARCH) -I. -Iinclude -Isrc -Imodels -DFSDP_CUDA=1 \
-           -I$(NCCL_HOME)/include -Xcompiler -fPIC,-Wall -lineinfo $(EXTRA_NVFLAGS)
+           $(if $(filter 1,$(NCCL)),-I$(NCCL_HOME)/include) -Xcompiler -fPIC,-Wall -lineinfo \
+           $(EXTRA_NVFLAGS)
 
 OBJ := $(SRC_C:%.c=$(BUILD)/obj/%.o) $(SRC_CU:%.cu=$(BUILD)/obj/%.cu.o)
 LIB := $(BUILD)/libfsdp.a
@@ -117,7 +191,9 @@ CLI_SRC := $(wildcard src/cli/*.c)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# Helpers every suite links (tests/testutil.c), built once.
 TEST_COMMON := $(filter-out $(TEST_SRC),$(wildcard tests/*.c))
+TEST_COMMON_OBJ := $(TEST_COMMON:%.c=$(BUILD)/obj/%.o)
 TOOL_SRC := $(wildcard tools/*.c)
 TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 
@@ -125,11 +201,14 @@ TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 all: info $(LIB) $(BIN)
 
 info:
-	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | check+openblas: $(if $(HAVE_PKGS),found,MISSING) | onednn: $(if $(filter 1,$(ONEDNN)),$(DNNL_VERSION),off (bf16 GEMMs in fp32))"
+	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | nccl: $(if $(filter 1,$(NCCL)),$(or $(NCCL_LIB),$(NCCL_HOME)),off) | mpi: $(if $(filter 1,$(MPI)),found ($(MPICC_PATH)$(if $(MPIRUN_PATH),,; no $(MPIRUN): multi-process tests skip)),off) | $(PKGS): $(if $(HAVE_PKGS),found,MISSING) | onednn: $(if $(filter 1,$(ONEDNN)),$(DNNL_VERSION),off (bf16 GEMMs in fp32))"
 
 # The cpu op kernels are auto-vectorised. Neither flag lets the compiler
 # reassociate or contract arithmetic, so results stay bit-identical.
 $(BUILD)/obj/src/ops/cpu/%.o: CFLAGS += -ftree-vectorize -fvect-cost-model=dynamic -fno-trapping-math
+$(BUILD)/obj/src/comm/mpi_procs.o: CFLAGS += $(MPI_CFLAGS)
+# The multi-process suites launch jobs with this mpirun ("" without MPI: skipped).
+$(BUILD)/tests/test_mpi_procs $(BUILD)/tests/test_mpi_train: CFLAGS += -DFSDP_MPIRUN='"$(MPIRUN_PATH)"'
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -148,9 +227,10 @@ $(BIN): $(CLI_OBJ) $(LIB)
 
 # Tests may run the command itself (test_cli): it is built first and its
 # path is passed in.
-$(BUILD)/tests/%: tests/%.c $(TEST_COMMON) $(LIB) $(BIN)
+$(TEST_COMMON_OBJ): CFLAGS += -DFSDP_BIN='"$(BIN)"'
+$(BUILD)/tests/%: tests/%.c $(TEST_COMMON_OBJ) $(wildcard tests/*.h) $(LIB) $(BIN)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DFSDP_BIN='"$(BIN)"' $< $(TEST_COMMON) $(LIB) $(LDFLAGS) $(TEST_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) -DFSDP_BIN='"$(BIN)"' $< $(TEST_COMMON_OBJ) $(LIB) $(LDFLAGS) $(TEST_LIBS) $(LDLIBS) -o $@
 
 $(BUILD)/tools/%: tools/%.c $(LIB)
 	@mkdir -p $(dir $@)
@@ -175,7 +255,7 @@ bench: all $(TOOL_BIN)
 clean:
 	rm -rf build build-asan build-tsan
 
--include $(OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+-include $(OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_COMMON_OBJ:.o=.d)
 
 # ---- fuzzing ---------------------------------------------------------------
 # make fuzz [FUZZ_SECONDS=60] [FUZZ_JOBS=N]: one libFuzzer target per file
@@ -191,12 +271,12 @@ FUZZ_JOBS    ?= 1
 FUZZ_DIR     := build-fuzz
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN     := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_DIR)/%)
-FUZZ_LIB_SRC := $(filter-out src/cli/% $(DNNL_SKIP),$(wildcard src/*/*.c src/*/*/*.c models/*.c))
+FUZZ_LIB_SRC := $(filter-out src/cli/% src/comm/mpi_procs.c $(DNNL_SKIP),$(wildcard src/*/*.c src/*/*/*.c models/*.c))
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o)
 FUZZ_CFLAGS  := $(CFLAGS_BASE) -Wno-unknown-warning-option -O1 -g -fno-omit-frame-pointer -ffp-contract=off \
                 -fsanitize=address,undefined -fno-sanitize-recover=undefined \
-                $(shell pkg-config --cflags openblas 2>/dev/null)
-FUZZ_LIBS    := $(DNNL_LIBS) -ldl -lm -lpthread
+                $(shell pkg-config --cflags $(LIB_PKGS) 2>/dev/null)
+FUZZ_LIBS    := $(DNNL_LIBS) $(shell pkg-config --libs $(LINK_PKGS) 2>/dev/null) -ldl -lm -lpthread
 
 .PHONY: fuzz fuzz-build
 .SECONDARY: $(FUZZ_LIB_OBJ)

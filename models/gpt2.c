@@ -1,6 +1,8 @@
 /*
- * gpt2.c - GPT-2 on the op interface: named configurations, the unit and
- * parameter layout (models/gpt2.h), and forward/backward per unit.
+ * gpt2.c - GPT-2 on the op interface: the unit and parameter layout
+ * (models/gpt2.h) and forward/backward per unit. Configs, named shapes and
+ * the family entry are in gpt2_family.c, the weight-file names in
+ * gpt2_weights.c.
  *
  * The math is llm.c's GPT-2 (pre-LayerNorm blocks, tanh GELU, causal
  * attention, LM head tied to wte, padded vocabulary), expressed only through
@@ -10,181 +12,29 @@
  * Activations. A state holds, per layer, what backward needs (llm.c's saved
  * activations less the projection outputs, which only feed the residual
  * adds): ln1 + stats, qkv, atty, att, residual2, ln2 + stats, fch, fch_gelu,
- * residual3. Forward-only states (eval, sampling) keep one layer's set and
- * reuse it for every layer. Training states add fp32 gradient scratch that
- * is reused across layers (llm.c's grads_acts idea): the residual-stream
- * gradient and a few per-layer temporaries.
+ * residual3. A recompute mode (models/model.h) keeps some of them per layer
+ * and one shared copy of the rest, which unit_recompute rebuilds before
+ * each block's backward: block keeps residual3 (the next block's input),
+ * elementwise keeps qkv, atty, att, residual2, fch and residual3 and reruns
+ * the LayerNorms and the GELU. Forward-only states (eval, sampling) keep
+ * one layer's set and reuse it for every layer. Training states add fp32
+ * gradient scratch that is reused across layers (llm.c's grads_acts idea):
+ * the residual-stream gradient and a few per-layer temporaries.
  *
  * Sampling: a forward-only state of (1, T) works for any prompt of length
  * <= T: fill the rest of the tokens with anything; logits at position t
  * depend only on tokens 0..t (causal attention).
  */
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm/comm.h"
 #include "models/gpt2.h"
-
-/* ---- configurations ------------------------------------------------------ */
-
-typedef struct gpt2_preset {
-    const char *name;
-    int n_layer, n_head, n_embd, vocab_size, max_seq_len;
-} gpt2_preset;
-
-/* "tiny" is the golden-test model: n_embd 32 keeps the PyTorch fixture (all
- * weights and all gradients) near 300 KiB. "small" is the default demo
- * (0.44M parameters): with the trainer's defaults it learns the synthetic
- * addition task to ~99% held-out accuracy in about half a minute of 2 cores
- * (600 steps of 64 problems on 4 simulated devices). Measured: 4 layers
- * (0.83M) also reach 100% but take ~95 CPU-seconds instead of ~50; 2 layers
- * of 64 channels take ~20 and reach ~98%. */
-static const gpt2_preset gpt2_presets[] = {
-    {"tiny", 2, 4, 32, 256, 64},
-    {"small", 2, 4, 128, 256, 64},
-    {"gpt2", 12, 12, 768, 50257, 1024},
-    {"gpt2-medium", 24, 16, 1024, 50257, 1024},
-    {"gpt2-large", 36, 20, 1280, 50257, 1024},
-    {"gpt2-xl", 48, 25, 1600, 50257, 1024},
-};
-#define GPT2_N_PRESETS ((int)(sizeof gpt2_presets / sizeof gpt2_presets[0]))
-
-/* Upper bounds that keep every size computation far from overflow. */
-#define GPT2_MAX_LAYERS 4096
-#define GPT2_MAX_HEADS 4096
-#define GPT2_MAX_CHANNELS 65536
-#define GPT2_MAX_VOCAB (1 << 24)
-#define GPT2_MAX_CONTEXT (1 << 20)
-
-static int round_vocab(int v) { return (v + 127) / 128 * 128; }
-
-static void preset_to_config(const gpt2_preset *p, fsdp_gpt2_config *cfg)
-{
-    cfg->n_layer = p->n_layer;
-    cfg->n_head = p->n_head;
-    cfg->n_embd = p->n_embd;
-    cfg->vocab_size = p->vocab_size;
-    cfg->padded_vocab_size = round_vocab(p->vocab_size);
-    cfg->max_seq_len = p->max_seq_len;
-}
-
-fsdp_status fsdp_gpt2_config_validate(const fsdp_gpt2_config *cfg)
-{
-    if (!cfg)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 config is NULL");
-    struct {
-        const char *key;
-        int v, max;
-    } f[] = {
-        {"layers", cfg->n_layer, GPT2_MAX_LAYERS},
-        {"heads", cfg->n_head, GPT2_MAX_HEADS},
-        {"channels", cfg->n_embd, GPT2_MAX_CHANNELS},
-        {"vocab", cfg->vocab_size, GPT2_MAX_VOCAB},
-        {"context", cfg->max_seq_len, GPT2_MAX_CONTEXT},
-    };
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-        if (f[i].v < 1 || f[i].v > f[i].max)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "GPT-2 config: %s=%d is out of range; use 1..%d", f[i].key,
-                                  f[i].v, f[i].max);
-    }
-    if (cfg->n_embd % cfg->n_head != 0)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 config: channels=%d is not divisible by heads=%d; pick "
-                              "channels as a multiple of heads",
-                              cfg->n_embd, cfg->n_head);
-    if (cfg->padded_vocab_size < cfg->vocab_size || cfg->padded_vocab_size % 128 != 0 ||
-        cfg->padded_vocab_size > GPT2_MAX_VOCAB + 128)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 config: padded vocab %d must be a multiple of 128 and at "
-                              "least vocab=%d (fsdp_gpt2_config_parse fills it)",
-                              cfg->padded_vocab_size, cfg->vocab_size);
-    return FSDP_STATUS_OK;
-}
-
-/* Parse one "key=value" of a custom spec into cfg. */
-static fsdp_status parse_custom_kv(const char *kv, size_t len, fsdp_gpt2_config *cfg)
-{
-    static const char *const keys = "layers, heads, channels, vocab, context";
-    const char *eq = memchr(kv, '=', len);
-    if (!eq)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 custom config: '%.*s' is not key=value (keys: %s)",
-                              (int)len, kv, keys);
-    size_t klen = (size_t)(eq - kv);
-    char val[32];
-    size_t vlen = len - klen - 1;
-    if (vlen == 0 || vlen >= sizeof val)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 custom config: '%.*s' needs a positive integer value",
-                              (int)len, kv);
-    memcpy(val, eq + 1, vlen);
-    val[vlen] = '\0';
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(val, &end, 10);
-    if (errno || *end || end == val || v < 1 || v > INT_MAX)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 custom config: '%.*s' needs a positive integer value",
-                              (int)len, kv);
-    int *slot = NULL;
-    if (klen == 6 && !strncmp(kv, "layers", 6))
-        slot = &cfg->n_layer;
-    else if (klen == 5 && !strncmp(kv, "heads", 5))
-        slot = &cfg->n_head;
-    else if (klen == 8 && !strncmp(kv, "channels", 8))
-        slot = &cfg->n_embd;
-    else if (klen == 5 && !strncmp(kv, "vocab", 5))
-        slot = &cfg->vocab_size;
-    else if (klen == 7 && !strncmp(kv, "context", 7))
-        slot = &cfg->max_seq_len;
-    if (!slot)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 custom config: unknown key '%.*s' (keys: %s)", (int)klen, kv,
-                              keys);
-    *slot = (int)v;
-    return FSDP_STATUS_OK;
-}
-
-fsdp_status fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config *cfg)
-{
-    if (!spec || !cfg)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 config: no model name given");
-    for (int i = 0; i < GPT2_N_PRESETS; i++) {
-        if (!strcmp(spec, gpt2_presets[i].name)) {
-            preset_to_config(&gpt2_presets[i], cfg);
-            return FSDP_STATUS_OK;
-        }
-    }
-    if (strncmp(spec, "custom:", 7) != 0 && strcmp(spec, "custom") != 0)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "unknown model '%s'; use tiny, small, gpt2, gpt2-medium, "
-                              "gpt2-large, gpt2-xl or "
-                              "custom:layers=L,heads=H,channels=C,vocab=V,context=T",
-                              spec);
-    fsdp_gpt2_config c;
-    preset_to_config(&gpt2_presets[1], &c); /* keys not given default to small's */
-    const char *p = spec[6] == ':' ? spec + 7 : spec + 6;
-    while (*p) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        if (len > 0)
-            FSDP_TRY(parse_custom_kv(p, len, &c));
-        p += len;
-        if (*p == ',')
-            p++;
-    }
-    /* clamp before rounding so an out-of-range vocab fails validation, not int overflow */
-    c.padded_vocab_size =
-        round_vocab(c.vocab_size < GPT2_MAX_VOCAB ? c.vocab_size : GPT2_MAX_VOCAB);
-    FSDP_TRY(fsdp_gpt2_config_validate(&c));
-    *cfg = c;
-    return FSDP_STATUS_OK;
-}
+#include "models/registry.h"
 
 /* ---- parameter layout ---------------------------------------------------- */
 
@@ -225,21 +75,6 @@ static void add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d
 
 static const struct fsdp_model_i gpt2_model_i;
 
-/* Name a config so that fsdp_gpt2_config_parse(name) rebuilds it. */
-static void config_name(const fsdp_gpt2_config *cfg, char *buf, size_t n)
-{
-    for (int i = 0; i < GPT2_N_PRESETS; i++) {
-        fsdp_gpt2_config c;
-        preset_to_config(&gpt2_presets[i], &c);
-        if (!memcmp(&c, cfg, sizeof c)) {
-            snprintf(buf, n, "%s", gpt2_presets[i].name);
-            return;
-        }
-    }
-    snprintf(buf, n, "custom:layers=%d,heads=%d,channels=%d,vocab=%d,context=%d", cfg->n_layer,
-             cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->max_seq_len);
-}
-
 fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
 {
     if (!m)
@@ -262,10 +97,15 @@ fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
     m->impl = impl;
     m->n_units = L + 1;
     m->iface = &gpt2_model_i;
-    config_name(cfg, m->name, sizeof m->name);
+    m->family = &fsdp_gpt2_family;
+    fsdp_gpt2_config_format(cfg, m->config, sizeof m->config);
+    fsdp_model_spec_of(m, m->name, sizeof m->name);
     m->vocab_size = cfg->vocab_size;
     m->padded_vocab_size = cfg->padded_vocab_size;
     m->max_seq_len = cfg->max_seq_len;
+    m->n_layer = cfg->n_layer;
+    m->n_head = cfg->n_head;
+    m->n_embd = cfg->n_embd;
 
     fsdp_unit_spec *root = &m->units[0];
     snprintf(root->name, sizeof root->name, "root");
@@ -324,7 +164,9 @@ const fsdp_gpt2_config *fsdp_gpt2_config_of(const fsdp_model *m)
 
 /* ---- activations --------------------------------------------------------- */
 
-/* Saved activations of one block; shapes per micro-batch (B, T). */
+/* Saved activations of one block; shapes per micro-batch (B, T). Which of
+ * them a block owns and which are one copy shared by every block depends
+ * on the state's mode (act_fields). */
 typedef struct gpt2_layer_acts {
     void *ln1;             /* (B,T,C) dt */
     float *ln1_mean;       /* (B,T) */
@@ -341,11 +183,54 @@ typedef struct gpt2_layer_acts {
     void *residual3;       /* (B,T,C) dt: the block's output */
 } gpt2_layer_acts;
 
+/* The fields of gpt2_layer_acts in allocation order, with their size per
+ * token and the recompute modes that keep them per block. A field a mode
+ * does not keep is one buffer shared by every block, written by each
+ * block's forward and rebuilt by unit_recompute before its backward.
+ * Outputs of one op (a norm and its statistics, attention's output and
+ * softmax) share a keep set. Forward-only states keep nothing per block. */
+enum {
+    ACT_LN1 = 0, ACT_LN1_MEAN, ACT_LN1_RSTD, ACT_QKV, ACT_ATTY, ACT_ATT, ACT_RESIDUAL2, ACT_LN2,
+    ACT_LN2_MEAN, ACT_LN2_RSTD, ACT_FCH, ACT_FCH_GELU, ACT_RESIDUAL3, ACT_N_FIELDS
+};
+
+#define KEEP(mode) (1u << (mode))
+#define K_EVERY_MODE \
+    (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_BLOCK) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
+#define K_NONE_ELEMENTWISE (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
+#define K_NONE_ONLY KEEP(FSDP_RECOMPUTE_NONE)
+
+typedef struct act_field {
+    const char *name;
+    size_t offset;  /* in gpt2_layer_acts */
+    int width;      /* per token: width * C elements in dt; 0: NH * T in dt (the softmax); -1:
+                     * one fp32 (norm statistics) */
+    unsigned keep;  /* KEEP(mode) for the modes that keep it per block */
+} act_field;
+
+#define ACT_FIELD(f, width, keep) {#f, offsetof(gpt2_layer_acts, f), width, keep}
+static const act_field act_fields[ACT_N_FIELDS] = {
+    ACT_FIELD(ln1, 1, K_NONE_ONLY),
+    ACT_FIELD(ln1_mean, -1, K_NONE_ONLY),
+    ACT_FIELD(ln1_rstd, -1, K_NONE_ONLY),
+    ACT_FIELD(qkv, 3, K_NONE_ELEMENTWISE),
+    ACT_FIELD(atty, 1, K_NONE_ELEMENTWISE),
+    ACT_FIELD(att, 0, K_NONE_ELEMENTWISE),
+    ACT_FIELD(residual2, 1, K_NONE_ELEMENTWISE),
+    ACT_FIELD(ln2, 1, K_NONE_ONLY),
+    ACT_FIELD(ln2_mean, -1, K_NONE_ONLY),
+    ACT_FIELD(ln2_rstd, -1, K_NONE_ONLY),
+    ACT_FIELD(fch, 4, K_NONE_ELEMENTWISE),
+    ACT_FIELD(fch_gelu, 4, K_NONE_ONLY),
+    ACT_FIELD(residual3, 1, K_EVERY_MODE),
+};
+#undef ACT_FIELD
+
 typedef struct gpt2_state {
     int B, T;
     bool training;
-    int n_slots;              /* layers with their own saved activations: L or 1 */
-    gpt2_layer_acts *layers;  /* (n_slots,) */
+    fsdp_recompute mode;      /* training states: what each block keeps (act_fields) */
+    gpt2_layer_acts *layers;  /* (L,); fields a block does not keep point at layers[0]'s */
 
     int *tokens;              /* (B*T) int32 */
     int *targets;             /* (B*T) int32 */
@@ -375,13 +260,29 @@ static const fsdp_gpt2_config *cfg_of(const fsdp_model *m)
     return (const fsdp_gpt2_config *)m->impl;
 }
 
+/* Whether each block has its own copy of field f (else one shared copy). */
+static bool kept(const gpt2_state *s, int f)
+{
+    return s->training && (act_fields[f].keep & KEEP(s->mode));
+}
+
+static void **field_ptr(gpt2_layer_acts *a, int f)
+{
+    return (void **)((char *)a + act_fields[f].offset);
+}
+
+/* layer >= 0: a block's own buffer; -1: a state buffer; -2: a block buffer
+ * shared by every block. */
 static fsdp_status act_alloc(fsdp_op_ctx *ctx, gpt2_state *s, size_t bytes, const char *what,
                              int layer, void *out)
 {
-    char desc[96];
+    char desc[112];
     if (layer >= 0)
         snprintf(desc, sizeof desc, "activations '%s' of layer %d (B=%d, T=%d)", what, layer,
                  s->B, s->T);
+    else if (layer == -2)
+        snprintf(desc, sizeof desc, "activations '%s', one copy for all layers (B=%d, T=%d)",
+                 what, s->B, s->T);
     else
         snprintf(desc, sizeof desc, "activations '%s' (B=%d, T=%d)", what, s->B, s->T);
     FSDP_ASSERT(s->n_allocs < s->cap_allocs);
@@ -407,8 +308,31 @@ static void gpt2_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state)
     free(s);
 }
 
-static fsdp_status gpt2_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
-                                   bool training, void **state)
+/* Every block's saved activations, layer by layer in act_fields order:
+ * a field the state keeps gets a buffer per block, the others one buffer
+ * (allocated with block 0) that every block points at. */
+static fsdp_status layers_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, gpt2_state *s)
+{
+    const fsdp_gpt2_config *cfg = cfg_of(m);
+    const size_t N = (size_t)s->B * s->T, dts = fsdp_dtype_size(ctx->dt);
+    for (int l = 0; l < cfg->n_layer; l++)
+        for (int f = 0; f < ACT_N_FIELDS; f++) {
+            const act_field *af = &act_fields[f];
+            void **dst = field_ptr(&s->layers[l], f);
+            if (l > 0 && !kept(s, f)) {
+                *dst = *field_ptr(&s->layers[0], f);
+                continue;
+            }
+            size_t bytes = af->width > 0   ? N * (size_t)af->width * cfg->n_embd * dts
+                           : af->width == 0 ? N * (size_t)cfg->n_head * s->T * dts
+                                            : N * sizeof(float);
+            FSDP_TRY(act_alloc(ctx, s, bytes, af->name, kept(s, f) ? l : -2, dst));
+        }
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                               bool training, fsdp_recompute mode, void **state)
 {
     const fsdp_gpt2_config *cfg = cfg_of(m);
     const int L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, Vp = cfg->padded_vocab_size;
@@ -423,6 +347,9 @@ static fsdp_status gpt2_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B,
                               "GPT-2 micro-batch B=%d, T=%d is too large for this model; "
                               "reduce --batch or --seq",
                               B, T);
+    if ((int)mode < 0 || mode >= FSDP_RECOMPUTE_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2: unknown recompute mode %d",
+                              (int)mode);
 
     const size_t N = (size_t)B * T, dts = fsdp_dtype_size(ctx->dt), f4 = sizeof(float);
     const size_t natt = (size_t)B * NH * T * T;
@@ -433,9 +360,9 @@ static fsdp_status gpt2_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B,
     s->B = B;
     s->T = T;
     s->training = training;
-    s->n_slots = training ? L : 1;
-    s->cap_allocs = 13 * s->n_slots + 16;
-    s->layers = calloc((size_t)s->n_slots, sizeof *s->layers);
+    s->mode = training ? mode : FSDP_RECOMPUTE_NONE;
+    s->cap_allocs = ACT_N_FIELDS * L + 16;
+    s->layers = calloc((size_t)L, sizeof *s->layers);
     s->allocs = calloc((size_t)s->cap_allocs, sizeof *s->allocs);
     if (!s->layers || !s->allocs) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a GPT-2 state failed");
@@ -446,22 +373,7 @@ static fsdp_status gpt2_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B,
     FSDP_CHECK(act_alloc(ctx, s, N * sizeof(int), "targets", -1, &s->targets));
     FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "encoded", -1, &s->encoded));
     FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "proj", -1, &s->proj));
-    for (int l = 0; l < s->n_slots; l++) {
-        gpt2_layer_acts *a = &s->layers[l];
-        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "ln1", l, &a->ln1));
-        FSDP_CHECK(act_alloc(ctx, s, N * f4, "ln1_mean", l, &a->ln1_mean));
-        FSDP_CHECK(act_alloc(ctx, s, N * f4, "ln1_rstd", l, &a->ln1_rstd));
-        FSDP_CHECK(act_alloc(ctx, s, N * 3 * C * dts, "qkv", l, &a->qkv));
-        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "atty", l, &a->atty));
-        FSDP_CHECK(act_alloc(ctx, s, natt * dts, "att", l, &a->att));
-        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "residual2", l, &a->residual2));
-        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "ln2", l, &a->ln2));
-        FSDP_CHECK(act_alloc(ctx, s, N * f4, "ln2_mean", l, &a->ln2_mean));
-        FSDP_CHECK(act_alloc(ctx, s, N * f4, "ln2_rstd", l, &a->ln2_rstd));
-        FSDP_CHECK(act_alloc(ctx, s, N * 4 * C * dts, "fch", l, &a->fch));
-        FSDP_CHECK(act_alloc(ctx, s, N * 4 * C * dts, "fch_gelu", l, &a->fch_gelu));
-        FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "residual3", l, &a->residual3));
-    }
+    FSDP_CHECK(layers_alloc(m, ctx, s));
     FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "lnf", -1, &s->lnf));
     FSDP_CHECK(act_alloc(ctx, s, N * f4, "lnf_mean", -1, &s->lnf_mean));
     FSDP_CHECK(act_alloc(ctx, s, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
@@ -488,9 +400,21 @@ static fsdp_status gpt2_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B,
     return FSDP_STATUS_OK;
 
 fail:
-    fsdp_error_prefix("GPT-2 '%s' activations: ", m->name);
+    fsdp_error_prefix("GPT-2 '%s' activations", m->name);
     gpt2_state_free(m, ctx, s);
     return st;
+}
+
+static fsdp_status gpt2_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                                   bool training, void **state)
+{
+    return state_alloc(m, ctx, B, T, training, FSDP_RECOMPUTE_NONE, state);
+}
+
+static fsdp_status gpt2_state_init_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                                             fsdp_recompute mode, void **state)
+{
+    return state_alloc(m, ctx, B, T, true, mode, state);
 }
 
 static int *gpt2_state_tokens(void *state) { return ((gpt2_state *)state)->tokens; }
@@ -524,7 +448,7 @@ static float *grad_ptr(const fsdp_model *m, int unit, float *grads, int i)
     return grads + m->units[unit].params[i].offset;
 }
 
-static gpt2_layer_acts *layer_acts(gpt2_state *s, int l) { return &s->layers[l % s->n_slots]; }
+static gpt2_layer_acts *layer_acts(gpt2_state *s, int l) { return &s->layers[l]; }
 
 /* Input of block l: the embeddings or the previous block's output. */
 static void *block_input(gpt2_state *s, int l)
@@ -556,31 +480,81 @@ static fsdp_status gpt2_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void
     return ops_status(ctx, m, "forward", 0);
 }
 
-static fsdp_status gpt2_unit_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
-                                     const void *params)
+/* Block `unit`'s forward ops. redo=false: all of them (unit_forward);
+ * redo=true: only those whose outputs the state does not keep per block
+ * (unit_recompute). The calls are the same on the same inputs either way,
+ * so recomputed activations are bit-identical to the forward's. An op
+ * reruns only if its output is dropped, so every mode's act_fields must
+ * let a rerun op read only kept or rerun outputs (the block input is kept
+ * by every mode: it is the previous block's residual3 or the embeddings). */
+static fsdp_status block_forward(const fsdp_model *m, fsdp_op_ctx *ctx, gpt2_state *s, int unit,
+                                 const void *params, bool redo)
 {
-    FSDP_TRY(check_unit(m, state, unit, "unit_forward"));
-    gpt2_state *s = state;
     const fsdp_gpt2_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, NH = cfg->n_head, B = s->B, T = s->T, N = B * T, l = unit - 1;
     const fsdp_dtype dt = ctx->dt;
 #define P(i) param_ptr(m, unit, params, (i), dt)
+#define RUN(field) (!redo || !kept(s, field))
     gpt2_layer_acts *a = layer_acts(s, l);
     void *inp = block_input(s, l);
-    FSDP_OP(ctx, layernorm_fwd, a->ln1, a->ln1_mean, a->ln1_rstd, inp, P(BLK_LN1W), P(BLK_LN1B),
-            N, C);
-    FSDP_OP(ctx, matmul_fwd, a->qkv, a->ln1, P(BLK_QKVW), P(BLK_QKVB), N, C, 3 * C);
-    FSDP_OP(ctx, attention_fwd, a->atty, a->att, a->qkv, B, T, C, NH);
-    FSDP_OP(ctx, matmul_fwd, s->proj, a->atty, P(BLK_ATTPROJW), P(BLK_ATTPROJB), N, C, C);
-    FSDP_OP(ctx, residual_fwd, a->residual2, inp, s->proj, (size_t)N * C);
-    FSDP_OP(ctx, layernorm_fwd, a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, P(BLK_LN2W),
-            P(BLK_LN2B), N, C);
-    FSDP_OP(ctx, matmul_fwd, a->fch, a->ln2, P(BLK_FCW), P(BLK_FCB), N, C, 4 * C);
-    FSDP_OP(ctx, gelu_fwd, a->fch_gelu, a->fch, (size_t)N * 4 * C);
-    FSDP_OP(ctx, matmul_fwd, s->proj, a->fch_gelu, P(BLK_FCPROJW), P(BLK_FCPROJB), N, 4 * C, C);
-    FSDP_OP(ctx, residual_fwd, a->residual3, a->residual2, s->proj, (size_t)N * C);
+    if (RUN(ACT_LN1))
+        FSDP_OP(ctx, layernorm_fwd, a->ln1, a->ln1_mean, a->ln1_rstd, inp, P(BLK_LN1W),
+                P(BLK_LN1B), N, C);
+    if (RUN(ACT_QKV))
+        FSDP_OP(ctx, matmul_fwd, a->qkv, a->ln1, P(BLK_QKVW), P(BLK_QKVB), N, C, 3 * C);
+    if (RUN(ACT_ATTY))
+        FSDP_OP(ctx, attention_fwd, a->atty, a->att, a->qkv, B, T, C, NH);
+    if (RUN(ACT_RESIDUAL2)) {
+        FSDP_OP(ctx, matmul_fwd, s->proj, a->atty, P(BLK_ATTPROJW), P(BLK_ATTPROJB), N, C, C);
+        FSDP_OP(ctx, residual_fwd, a->residual2, inp, s->proj, (size_t)N * C);
+    }
+    if (RUN(ACT_LN2))
+        FSDP_OP(ctx, layernorm_fwd, a->ln2, a->ln2_mean, a->ln2_rstd, a->residual2, P(BLK_LN2W),
+                P(BLK_LN2B), N, C);
+    if (RUN(ACT_FCH))
+        FSDP_OP(ctx, matmul_fwd, a->fch, a->ln2, P(BLK_FCW), P(BLK_FCB), N, C, 4 * C);
+    if (RUN(ACT_FCH_GELU))
+        FSDP_OP(ctx, gelu_fwd, a->fch_gelu, a->fch, (size_t)N * 4 * C);
+    if (RUN(ACT_RESIDUAL3)) {
+        FSDP_OP(ctx, matmul_fwd, s->proj, a->fch_gelu, P(BLK_FCPROJW), P(BLK_FCPROJB), N, 4 * C,
+                C);
+        FSDP_OP(ctx, residual_fwd, a->residual3, a->residual2, s->proj, (size_t)N * C);
+    }
+#undef RUN
 #undef P
-    return ops_status(ctx, m, "forward", unit);
+    return ops_status(ctx, m, redo ? "recompute" : "forward", unit);
+}
+
+static fsdp_status gpt2_unit_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
+                                     const void *params)
+{
+    FSDP_TRY(check_unit(m, state, unit, "unit_forward"));
+    return block_forward(m, ctx, state, unit, params, false);
+}
+
+static fsdp_status gpt2_unit_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                       int unit, const void *params)
+{
+    FSDP_TRY(check_unit(m, state, unit, "unit_recompute"));
+    gpt2_state *s = state;
+    if (!s->training)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "GPT-2 unit_recompute: the state is forward-only");
+    return block_forward(m, ctx, s, unit, params, true);
+}
+
+/* Matmul and attention FLOPs of what unit_recompute reruns (2 per
+ * multiply-add, as gpt2_flops_per_token counts them): BLOCK reruns a
+ * block's forward up to the GELU (qkv 6C^2, attention projection 2C^2,
+ * fc 8C^2 per token, and attention's 4CT), ELEMENTWISE only norms and
+ * the GELU. */
+static double gpt2_recompute_flops_per_token(const fsdp_model *m, int T, fsdp_recompute mode)
+{
+    const fsdp_gpt2_config *c = cfg_of(m);
+    double C = c->n_embd;
+    if (mode != FSDP_RECOMPUTE_BLOCK)
+        return 0.0;
+    return c->n_layer * (16.0 * C * C + 4.0 * C * T);
 }
 
 /* Zero an fp32 scratch buffer on the compute stream (no-op on meta). */
@@ -611,8 +585,8 @@ static fsdp_status gpt2_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *
     FSDP_OP(ctx, layernorm_fwd, s->lnf, s->lnf_mean, s->lnf_rstd, last, lnfw,
             param_ptr(m, 0, root_params, ROOT_LNFB, dt), N, C);
     FSDP_OP(ctx, matmul_fwd, s->logits, s->lnf, wte, NULL, N, C, Vp);
-    /* The loss is the mean over the B*T tokens, so each token's share of
-     * the gradient is dloss / (B*T). */
+    /* The loss is the sum of the token losses over B*T (masked targets add
+     * 0), so each token's share of the gradient is dloss / (B*T). */
     float *dlogits = root_grads ? s->dlogits : NULL;
     FSDP_OP(ctx, xent_fwd_bwd, s->losses, dlogits, s->logits, s->targets, N, V, Vp,
             dloss / (float)N);
@@ -713,4 +687,7 @@ static const struct fsdp_model_i gpt2_model_i = {
     /* .head_forward_backward = */ gpt2_head_forward_backward,
     /* .unit_backward         = */ gpt2_unit_backward,
     /* .root_backward         = */ gpt2_root_backward,
+    /* .state_init_recompute  = */ gpt2_state_init_recompute,
+    /* .unit_recompute        = */ gpt2_unit_recompute,
+    /* .recompute_flops_per_token = */ gpt2_recompute_flops_per_token,
 };

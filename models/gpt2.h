@@ -1,5 +1,9 @@
 /*
- * gpt2.h - the GPT-2 model: configurations and the model constructor.
+ * gpt2.h - the GPT-2 family's own header: its config, the layout builder
+ * (models/gpt2.c), and the pieces models/gpt2_family.c and
+ * models/gpt2_weights.c share. Nothing outside models/ (and GPT-2's own
+ * tests) includes it: the rest of fsdp reaches GPT-2 through the registry
+ * (models/registry.h) and fsdp_model.family.
  *
  * Units: unit 0 = root (wte (Vp, C), wpe (maxT, C), ln_f.weight, ln_f.bias);
  * unit 1 + l = transformer block l (h.l.ln_1.{weight,bias},
@@ -12,7 +16,7 @@
 #ifndef FSDP_MODELS_GPT2_H
 #define FSDP_MODELS_GPT2_H
 
-#include "models/model.h"
+#include "models/family.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,24 +31,32 @@ typedef struct fsdp_gpt2_config {
     int max_seq_len;       /* maxT */
 } fsdp_gpt2_config;
 
-/* A named config: "tiny", "small", "gpt2" (124M), "gpt2-medium",
- * "gpt2-large", "gpt2-xl", or a custom shape
- * "custom:layers=L,heads=H,channels=C,vocab=V,context=T" (any subset of
- * keys; the rest default to "small"'s). Fills padded_vocab_size. */
-fsdp_status fsdp_gpt2_config_parse(const char *spec, fsdp_gpt2_config *cfg);
+extern const fsdp_model_family fsdp_gpt2_family;           /* gpt2_family.c */
+extern const fsdp_llmc_mapping fsdp_gpt2_llmc;             /* gpt2_weights.c */
+extern const fsdp_safetensors_mapping fsdp_gpt2_safetensors;
 
-/* Check a config's values (positive, C divisible by heads, ...). */
+/* A config key list ("layers=3,vocab=1000": keys of
+ * fsdp_gpt2_family.grammar; keys not given take "small"'s values), parsed
+ * strictly and validated; fills padded_vocab_size. */
+fsdp_status fsdp_gpt2_config_from_keys(const char *keys, fsdp_gpt2_config *cfg);
+
+/* The canonical key list of cfg (every key, in grammar order). */
+void fsdp_gpt2_config_format(const fsdp_gpt2_config *cfg, char *buf, size_t n);
+
+/* Check a config's values (positive, C divisible by heads, Vp = V rounded up). */
 fsdp_status fsdp_gpt2_config_validate(const fsdp_gpt2_config *cfg);
 
-/* Build the model (units, parameter specs, interface); free with fsdp_model_free. */
+/* Build the model (units, parameter specs, interface; family, config and
+ * a spec-form name); free with fsdp_model_free. */
 fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg);
 
-/* The config a GPT-2 model was built from. */
+/* The config a GPT-2 model was built from; NULL for any other model. */
 const fsdp_gpt2_config *fsdp_gpt2_config_of(const fsdp_model *m);
 
 /* Notes on the model's fsdp_model_i (models/gpt2.c):
- * - head_forward_backward's gradient is that of the mean loss over the B*T
- *   tokens, times dloss.
+ * - head_forward_backward's loss is the sum of the B*T token losses over
+ *   B*T, masked targets (< 0) adding 0; its gradient is that loss's, times
+ *   dloss.
  * - Sampling / eval: a forward-only state (training=false) of (1, T) serves
  *   any prompt of length <= T; fill the positions after the prompt with any
  *   token: the logits at position t depend only on tokens 0..t (causal), so

@@ -4,8 +4,8 @@
  * unit on the unit's gathered flat parameters.
  *
  * Unit 0 is the root: it holds the parameters used before the first block
- * and after the last (GPT-2: token and position embeddings, the tied LM
- * head, the final LayerNorm). The engine keeps it gathered for the whole
+ * and after the last (e.g. token and position embeddings, a tied LM head,
+ * the final norm). The engine keeps it gathered for the whole
  * step. A training micro-step on one rank is:
  *
  *   root_forward(root)                         embeddings
@@ -20,6 +20,31 @@
  * are device memory of the rank; activations live in the model's state,
  * allocated once per rank through the device (kind FSDP_MEM_ACT), so they
  * are accounted and capped.
+ *
+ * Activation recompute (--recompute, fsdp_recompute below). A training
+ * state keeps, per block, the activations its backward reads. A recompute
+ * mode keeps only some of them per block; the others live in ONE block's
+ * work buffers shared by all blocks, and the backward rebuilds them:
+ *
+ *   unit_recompute(u)  then  unit_backward(u)      u = U-1..1
+ *
+ * so activation memory is (kept per block) x L + (dropped per block) x 1
+ * instead of (all per block) x L. How a family implements it (models/gpt2.c
+ * is the example):
+ *   - one table of the block's saved buffers, each with the set of modes
+ *     that keep it per block; state_init_recompute allocates a kept buffer
+ *     per block and a dropped one once, in the same order for every mode
+ *     (mode NONE gives state_init(training=true)'s state, allocation for
+ *     allocation, so plans and golden figures do not move);
+ *   - one function for the block's forward ops; unit_forward runs all of
+ *     them, unit_recompute only those whose output the mode drops (an op
+ *     whose output is dropped must read only kept or rerun outputs). The
+ *     same ops on the same inputs in the same order give the same bits, so
+ *     losses and parameters are bit-identical to FSDP_RECOMPUTE_NONE;
+ *   - forward-only states (eval, sampling) keep nothing per block.
+ * The modes are named by the engine's table (fsdp_recompute_names in
+ * fsdp/engine.h); a family without the recompute slots supports only
+ * FSDP_RECOMPUTE_NONE, and the engine refuses the others by name.
  */
 #ifndef FSDP_MODELS_MODEL_H
 #define FSDP_MODELS_MODEL_H
@@ -40,7 +65,7 @@ typedef enum fsdp_init_kind {
 } fsdp_init_kind;
 
 typedef struct fsdp_param_spec {
-    char name[64];        /* HF GPT-2 name, e.g. "h.3.attn.c_attn.weight" */
+    char name[64];        /* unique in the model, e.g. "h.3.attn.c_attn.weight" */
     int ndim;
     int64_t shape[4];
     size_t numel;
@@ -57,7 +82,22 @@ typedef struct fsdp_unit_spec {
     size_t numel;         /* sum of the parameters' numel (unpadded) */
 } fsdp_unit_spec;
 
+/* What a training state keeps per block between forward and backward;
+ * the rest is rebuilt by unit_recompute (see the top of this file). */
+typedef enum fsdp_recompute {
+    FSDP_RECOMPUTE_NONE = 0,     /* every block's activations kept */
+    FSDP_RECOMPUTE_BLOCK,        /* only each block's input (the previous block's output);
+                                  * the block's forward reruns in its backward */
+    FSDP_RECOMPUTE_ELEMENTWISE,  /* matmul and attention outputs kept; norms and the
+                                  * activation function (GELU/SwiGLU) rerun in backward */
+    FSDP_RECOMPUTE_COUNT
+} fsdp_recompute;
+
 typedef struct fsdp_model fsdp_model;
+typedef struct fsdp_model_family fsdp_model_family; /* models/family.h */
+
+#define FSDP_MODEL_CONFIG_MAX 256 /* a canonical config string, NUL included */
+#define FSDP_MODEL_NAME_MAX 320   /* "<family>:<config>" fits */
 
 struct fsdp_model_i {
     /* Per-rank activations for micro-batches of (B, T); training=false
@@ -77,8 +117,10 @@ struct fsdp_model_i {
     fsdp_status (*unit_forward)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
                                 const void *params);
     /* Loss of the micro-batch: *loss = tree sum over the B*T tokens of
-     * their losses, divided by B*T (host float; 0 on meta). If root_grads is
-     * NULL only the forward runs. dloss scales the gradient (1/micro-batches). */
+     * their losses, divided by B*T, a token whose target is < 0 (masked)
+     * adding 0 (host float; 0 on meta). If root_grads is NULL only the
+     * forward runs. The gradient is that of dloss * *loss (the engine passes
+     * B*T / unmasked targets of the global batch: engine.c). */
     fsdp_status (*head_forward_backward)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                          const void *root_params, float *root_grads, float dloss,
                                          float *loss);
@@ -86,18 +128,44 @@ struct fsdp_model_i {
                                  const void *params, float *grads);
     fsdp_status (*root_backward)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                  const void *root_params, float *root_grads);
+
+    /* ---- activation recompute: optional, all three slots or none ---- */
+    /* A training state (as state_init with training=true) that keeps per
+     * block only what `mode` keeps; mode NONE must allocate exactly what
+     * state_init(training=true) allocates, in the same order. */
+    fsdp_status (*state_init_recompute)(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                                        fsdp_recompute mode, void **state);
+    /* Rebuild block `unit`'s dropped activations from what its forward
+     * kept, on ctx's stream, with the gathered parameters its forward used;
+     * called between head_forward_backward and unit_backward(unit), for
+     * blocks in backward order. Allocates nothing; a no-op for mode NONE.
+     * FLOPs it adds per token: recompute_flops_per_token. */
+    fsdp_status (*unit_recompute)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
+                                  const void *params);
+    /* Training FLOPs per token that `mode`'s unit_recompute adds at
+     * sequence length T (matmuls and attention; 0 for NONE). For cost
+     * models: MFU keeps counting model FLOPs only. */
+    double (*recompute_flops_per_token)(const fsdp_model *m, int T, fsdp_recompute mode);
 };
 
 struct fsdp_model {
     const struct fsdp_model_i *iface;
-    char name[64];
+    const fsdp_model_family *family;   /* what built it (models/registry.h) */
+    char config[FSDP_MODEL_CONFIG_MAX]; /* canonical config: the family rebuilds
+                                         * this model from it */
+    char name[FSDP_MODEL_NAME_MAX];     /* for messages: a named shape ("tiny"), or
+                                         * "<family>:<config>" */
     int n_units;
     fsdp_unit_spec *units;  /* units[0] is the root */
     size_t numel;           /* all parameters */
     int vocab_size;         /* V: real vocabulary (256 for byte-level) */
     int padded_vocab_size;  /* Vp: V rounded up to a multiple of 128 */
     int max_seq_len;
-    void *impl;             /* model-specific config */
+    /* The transformer's shape, for estimates outside the family (the
+     * planner's cost model, MFU): decoder layers, attention heads, hidden
+     * size. Every family sets them. */
+    int n_layer, n_head, n_embd;
+    void *impl;             /* the family's own config (malloc'd, freed with the model) */
 };
 
 /* Initial value of elements [begin, end) of unit `unit`'s flat buffer

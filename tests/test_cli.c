@@ -1,87 +1,202 @@
 /*
  * test_cli.c - the fsdp command as a user runs it: exit codes (0 ok, 1
- * runtime error, 2 usage error), messages, --help, the metrics file.
- * Runs the built binary (FSDP_BIN, set by the Makefile).
+ * runtime error, 2 usage error), messages, --help read from the same name
+ * tables as the parser, transports that do not fit the backend, the
+ * metrics file. Runs the built binary (FSDP_BIN, set by the Makefile).
  */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#ifndef FSDP_BIN
-#define FSDP_BIN "build/fsdp"
-#endif
-
-/* Run `fsdp ARGS` capturing stdout+stderr into out; returns the exit code. */
-static int run(const char *args, char *out, size_t cap)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", FSDP_BIN, args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    while (fgetc(p) != EOF) /* drain */
-        ;
-    int st = pclose(p);
-    ck_assert(WIFEXITED(st));
-    return WEXITSTATUS(st);
-}
+#include "comm/transport.h"
+#include "testutil.h"
+#include "train/train.h"
 
 static char buf[1 << 16];
 
 START_TEST(test_usage_errors)
 {
-    static const struct {
-        const char *args, *expect;
-    } cases[] = {
-        {"", "usage"},
-        {"frobnicate", "unknown command"},
-        {"train --devices 0", "--devices"},
-        {"train --shard sideways", "unknown value 'sideways'"},
-        {"train --precision fp8", "unknown value 'fp8'"},
-        {"train --offload everything", "unknown value"},
-        {"train --batch many", "bad value 'many'"},
-        {"train --device-mem 12 parsecs", "unexpected argument"},
-        {"train --device-mem lots", "bad size"},
-        {"train --no-such-flag", "unknown option '--no-such-flag'"},
-        {"train --steps", "needs a value"},
-        {"train --ranks-per-device 2", "--ranks-per-device needs --backend cuda"},
-        {"train --comm nccl", "needs --backend cuda"},
-        {"train --model gpt5", "gpt5"},
-        {"train --model tiny --seq 4096", "context"},
-        {"train --lr -1", "--lr > 0"},
+    static const fsdp_test_cli_case cases[] = {
+        {"", 2, "usage"},
+        {"frobnicate", 2, "unknown command"},
+        {"train --devices 0", 2, "--devices: 0 is out of range (expected 1..1024)"},
+        {"train --devices 1025", 2, "--devices: 1025 is out of range"},
+        {"train --shard sideways", 2,
+         "--shard: unknown value 'sideways' (expected full, grad-op, none or hybrid)"},
+        {"train --precision fp8", 2, "--precision: unknown value 'fp8' (expected fp32 or bf16)"},
+        {"train --offload everything", 2, "unknown value 'everything' (expected none or optimizer)"},
+        {"train --prefetch maybe", 2, "unknown value 'maybe' (expected on or off)"},
+        {"train --backend tpu", 2, "--backend: unknown value 'tpu' (expected cpu, cuda or meta)"},
+        {"train --comm carrier-pigeon", 2, "expected auto, host, mpi, meta, nccl or peer"},
+        {"train --batch many", 2, "bad value 'many'"},
+        {"train --batch 0", 2, "--batch: 0 is out of range (expected 1..65536)"},
+        {"train --seq 0", 2, "--seq: 0 is out of range"},
+        {"train --grad-accum -1", 2, "--grad-accum: -1 is out of range"},
+        {"train --steps 0", 2, "--steps: 0 is out of range"},
+        {"train --ckpt-every -1", 2, "--ckpt-every: -1 is out of range (expected >= 0)"},
+        {"train --device-mem 12 parsecs", 2, "unexpected argument"},
+        {"train --device-mem lots", 2, "bad size"},
+        {"train --no-such-flag", 2, "unknown option '--no-such-flag'"},
+        {"train --steps", 2, "needs a value"},
+        {"train --comm", 2, "--comm needs a value (auto|host|mpi|meta|nccl|peer)"},
+        {"train --model gpt5", 2, "gpt5"},
+        {"train --model tiny --seq 4096", 2, "context"},
+        {"train --lr -1", 2, "--lr: -1 is out of range (expected > 0 and <= 10)"},
+        {"train --lr inf", 2, "--lr: bad value 'inf' (expected X, a finite number)"},
+        {"train --wd nan", 2, "--wd: bad value 'nan'"},
+        {"train --resume", 2, "need --ckpt-dir"},
+        {"eval --model x.bin --backend meta", 2, "'meta' is not accepted here (expected cpu or cuda)"},
+        {"plan --devices 0", 2, "--devices: 0 is out of range"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int rc = run(cases[i].args, buf, sizeof buf);
-        ck_assert_msg(rc == 2, "'fsdp %s' exited %d, want 2:\n%.600s", cases[i].args, rc, buf);
-        ck_assert_msg(strstr(buf, cases[i].expect), "'fsdp %s' said:\n%.600s\nwant '%s'",
-                      cases[i].args, buf, cases[i].expect);
-    }
+    fsdp_test_cli_cases(cases, FSDP_TEST_LEN(cases));
+}
+END_TEST
+
+/* Issue 15, item 1: `--comm meta` on the cpu backend used to train nothing
+ * and exit 0. Every transport that does not fit the backend is now a usage
+ * error naming the ones that do. */
+START_TEST(test_transport_must_fit_backend)
+{
+    static const fsdp_test_cli_case cases[] = {
+        {"train --comm meta --steps 1", 2,
+         "--comm meta does not run on --backend cpu: use --comm host or auto"},
+        {"train --backend cpu --comm nccl", 2,
+         "--comm nccl does not run on --backend cpu: use --comm host or auto"},
+        {"train --comm peer", 2, "--comm peer does not run on --backend cpu"},
+        {"train --backend meta --comm host", 2,
+         "--comm host does not run on --backend meta: use --comm meta or auto"},
+        {"train --ranks-per-device 2", 2,
+         "no transport on --backend cpu lets ranks share a device (--ranks-per-device 2); "
+         "peer on --backend cuda does"},
+        {"train --comm host --ranks-per-device 3", 2,
+         "--comm host cannot put 3 ranks on one device: no transport on --backend cpu"},
+        {"train --comm meta --backend meta --model tiny --steps 1 --eval 0", 0, "meta: no math"},
+        {"train --comm host --model tiny --devices 2 --batch 2 --seq 8 --steps 1 --eval 0", 0,
+         "step     1/1"},
+    };
+    fsdp_test_cli_cases(cases, FSDP_TEST_LEN(cases));
+    /* the library refuses the same request, before any step is run */
+    fsdp_train_config c;
+    fsdp_train_config_default(&c);
+    c.eng.backend = FSDP_BACKEND_CPU;
+    c.eng.comm = FSDP_COMM_META;
+    c.eng.n_ranks = 2;
+    c.model = "tiny";
+    c.steps = 1;
+    c.eval_problems = 0;
+    c.out = NULL;
+    fsdp_train_result res;
+    fsdp_status st = fsdp_train_run(&c, &res);
+    ck_assert_int_eq(st, FSDP_STATUS_INVALID_ARG);
+    ck_assert_msg(strstr(fsdp_error_msg(), "--comm meta does not run on --backend cpu"), "%s",
+                  fsdp_error_msg());
+    ck_assert_int_eq(res.steps, 0);
+    fsdp_train_result_free(&res);
 }
 END_TEST
 
 START_TEST(test_help_lists_every_flag)
 {
-    ck_assert_int_eq(run("train --help", buf, sizeof buf), 0);
+    ck_assert_int_eq(fsdp_test_cli(buf, sizeof buf, "train --help"), 0);
     static const char *const flags[] = {
         "--backend", "--devices", "--model", "--data", "--batch", "--seq", "--grad-accum",
         "--steps", "--lr", "--warmup", "--wd", "--clip", "--shard", "--precision", "--offload",
-        "--prefetch", "--deterministic", "--device-mem", "--ckpt-dir", "--ckpt-every",
-        "--resume", "--log", "--trace", "--seed",
+        "--prefetch", "--comm", "--deterministic", "--device-mem", "--ckpt-dir", "--ckpt-every",
+        "--resume", "--log", "--trace", "--seed", "--on-nonfinite", "--allow-batch-change",
     };
-    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++)
+    for (size_t i = 0; i < FSDP_TEST_LEN(flags); i++)
         ck_assert_msg(strstr(buf, flags[i]), "train --help does not document %s", flags[i]);
-    ck_assert_int_eq(run("--help", buf, sizeof buf), 0);
+    ck_assert_int_eq(fsdp_test_cli(buf, sizeof buf, "--help"), 0);
     ck_assert_ptr_nonnull(strstr(buf, "train"));
+}
+END_TEST
+
+/* Whether the option block that starts at h (its "  --name ..." line) has
+ * a value line "<spaces>v  help" before the next option. */
+static bool has_value_line(const char *h, const char *v)
+{
+    size_t n = strlen(v);
+    for (const char *l = strchr(h, '\n'); l && strncmp(l, "\n  --", 5); l = strchr(l + 1, '\n')) {
+        const char *t = l + 1;
+        while (*t == ' ')
+            t++;
+        if (t - l > 6 && !strncmp(t, v, n) && t[n] == ' ')
+            return true;
+    }
+    return false;
+}
+
+/* Every choice option: the values --help lists are exactly the values the
+ * parser accepts and the ones its error message lists, each value has its
+ * help line, and the default shown is a listed value. Transports and
+ * backends are checked against the library's tables too. */
+START_TEST(test_help_and_parser_share_tables)
+{
+    static const char *const opts[] = {"backend", "shard", "precision", "offload", "prefetch",
+                                       "comm", "on-nonfinite"};
+    static char help[1 << 16], out[1 << 14];
+    ck_assert_int_eq(fsdp_test_cli(help, sizeof help, "train --help"), 0);
+    for (size_t i = 0; i < FSDP_TEST_LEN(opts); i++) {
+        char head[64], values[256];
+        snprintf(head, sizeof head, "  --%s ", opts[i]);
+        const char *h = strstr(help, head);
+        ck_assert_msg(h, "train --help lacks %s", head);
+        ck_assert_int_eq(sscanf(h + strlen(head), "%255s", values), 1);
+        /* the parser accepts each listed value, and lists the same ones */
+        char listed[256] = "";
+        int n_values = 0;
+        for (char *save, *v = strtok_r(values, "|", &save); v; v = strtok_r(NULL, "|", &save)) {
+            int rc = fsdp_test_cli(out, sizeof out, "train --%s %s --help", opts[i], v);
+            ck_assert_msg(rc == 0, "--%s %s (listed in --help) is refused:\n%s", opts[i], v, out);
+            ck_assert_msg(!strcmp(opts[i], "prefetch") || has_value_line(h, v),
+                          "--%s: value '%s' has no help line", opts[i], v);
+            size_t len = strlen(listed);
+            snprintf(listed + len, sizeof listed - len, "%s%s", n_values ? "," : "", v);
+            n_values++;
+        }
+        ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "train --%s bogus", opts[i]), 2);
+        ck_assert_msg(strstr(out, "expected"), "--%s bogus: %s", opts[i], out);
+        for (char *save, *v = strtok_r(listed, ",", &save); v; v = strtok_r(NULL, ",", &save)) {
+            char want[64];
+            snprintf(want, sizeof want, "%s", v);
+            ck_assert_msg(strstr(strstr(out, "expected"), want), "--%s bogus: %s lacks '%s'",
+                          opts[i], out, want);
+        }
+        /* the default shown is one of the values */
+        const char *eol = strchr(h, '\n');
+        const char *def = strstr(h, "(default ");
+        ck_assert_msg(def && def < eol, "--%s shows no default", opts[i]);
+    }
+    /* the --shard values are the engine's strategies, each spelled as the
+     * engine spells it (the CLI's table sits apart from the enum for now) */
+    const char *h = strstr(help, "  --shard ");
+    char values[128];
+    ck_assert_int_eq(sscanf(h + strlen("  --shard "), "%127s", values), 1);
+    int n_strategies = 0;
+    for (char *save, *v = strtok_r(values, "|", &save); v; v = strtok_r(NULL, "|", &save)) {
+        fsdp_shard_strategy st;
+        ck_assert_msg(fsdp_shard_strategy_parse(v, &st) == FSDP_STATUS_OK, "--shard %s: %s", v,
+                      fsdp_error_msg());
+        ck_assert_str_eq(fsdp_shard_strategy_name(st), v);
+        n_strategies++;
+    }
+    ck_assert_int_eq(n_strategies, FSDP_SHARD_COUNT);
+    /* the transport values are the library's table, in its order */
+    char want[128];
+    snprintf(want, sizeof want, "--comm %s ",
+             fsdp_names_join(&fsdp_comm_kind_names, 0, "|", "|", (char[96]){0}, 96));
+    ck_assert_msg(strstr(help, want), "train --help lacks '%s'", want);
+    snprintf(want, sizeof want, "--backend %s ",
+             fsdp_names_join(&fsdp_backend_names, 0, "|", "|", (char[96]){0}, 96));
+    ck_assert_msg(strstr(help, want), "train --help lacks '%s'", want);
 }
 END_TEST
 
 START_TEST(test_oom_exit_1)
 {
-    int rc = run("train --model small --device-mem 2MiB --steps 1 --eval 0", buf, sizeof buf);
+    int rc = fsdp_test_cli(buf, sizeof buf,
+                           "train --model small --device-mem 2MiB --steps 1 --eval 0");
     ck_assert_msg(rc == 1, "exit %d:\n%.600s", rc, buf);
     ck_assert_ptr_nonnull(strstr(buf, "out of memory"));
     ck_assert_ptr_nonnull(strstr(buf, "cap 2.00 MiB"));
@@ -90,42 +205,38 @@ END_TEST
 
 START_TEST(test_train_writes_metrics)
 {
-    char path[] = "/tmp/fsdp_cli_XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-    char args[256];
-    snprintf(args, sizeof args,
-             "train --model tiny --devices 2 --batch 2 --seq 16 --steps 3 --eval 8 --log %s", path);
-    int rc = run(args, buf, sizeof buf);
+    char path[512];
+    fsdp_test_path(path, sizeof path, "metrics.jsonl");
+    int rc = fsdp_test_cli(buf, sizeof buf,
+                           "train --model tiny --devices 2 --batch 2 --seq 16 --steps 3 --eval 8 "
+                           "--log %s", path);
     ck_assert_msg(rc == 0, "exit %d:\n%.600s", rc, buf);
     ck_assert_ptr_nonnull(strstr(buf, "step     3/3"));
     ck_assert_ptr_nonnull(strstr(buf, "held-out accuracy"));
-    FILE *f = fopen(path, "r");
-    ck_assert_ptr_nonnull(f);
-    char line[4096];
-    int n = 0;
+    char *text = fsdp_test_read_file(path, NULL);
     static const char *const keys[] = {"\"step\":", "\"loss\":", "\"lr\":", "\"grad_norm\":",
                                        "\"tokens\":", "\"tokens_per_s\":", "\"step_ms\":",
                                        "\"mfu\":", "\"peak_bytes\":[", "\"comm_bytes\":["};
-    while (fgets(line, sizeof line, f)) {
+    int n = 0;
+    for (char *save, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         n++;
-        ck_assert(line[0] == '{' && strstr(line, "}\n"));
-        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+        size_t len = strlen(line);
+        ck_assert(line[0] == '{' && line[len - 1] == '}');
+        for (size_t k = 0; k < FSDP_TEST_LEN(keys); k++)
             ck_assert_msg(strstr(line, keys[k]), "metrics line %d lacks %s: %s", n, keys[k], line);
         int step = 0;
         ck_assert_int_eq(sscanf(strstr(line, "\"step\":"), "\"step\":%d", &step), 1);
         ck_assert_int_eq(step, n);
     }
-    fclose(f);
-    unlink(path);
+    free(text);
     ck_assert_int_eq(n, 3);
 }
 END_TEST
 
 START_TEST(test_bad_data_file)
 {
-    int rc = run("train --model tiny --data /nonexistent/shard_*.bin --steps 1", buf, sizeof buf);
+    int rc = fsdp_test_cli(buf, sizeof buf,
+                           "train --model tiny --data '/nonexistent/shard_*.bin' --steps 1");
     ck_assert_msg(rc == 1 || rc == 2, "exit %d", rc);
     ck_assert_ptr_nonnull(strstr(buf, "/nonexistent/shard_*.bin"));
 }
@@ -136,15 +247,14 @@ int main(void)
     Suite *s = suite_create("cli");
     TCase *tc = tcase_create("cli");
     tcase_set_timeout(tc, 300);
+    fsdp_test_add_tmpdir(tc);
     tcase_add_test(tc, test_usage_errors);
+    tcase_add_test(tc, test_transport_must_fit_backend);
     tcase_add_test(tc, test_help_lists_every_flag);
+    tcase_add_test(tc, test_help_and_parser_share_tables);
     tcase_add_test(tc, test_oom_exit_1);
     tcase_add_test(tc, test_train_writes_metrics);
     tcase_add_test(tc, test_bad_data_file);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(s);
 }

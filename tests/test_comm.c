@@ -1,5 +1,6 @@
 /*
- * test_comm.c - the host collectives (comm/host.c) and the meta communicator.
+ * test_comm.c - the host collectives (comm/host.c), the meta communicator,
+ * and the transport table that picks between them (comm/transport.c).
  *
  * Every collective runs on 1, 2, 3, 4 and 8 rank threads (8 oversubscribes a
  * 2-core machine, which exercises the sleeping path of the meetings), for
@@ -14,29 +15,21 @@
  */
 #include <check.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-#include "comm/comm.h"
+#include "comm/transport.h"
 #include "core/bf16.h"
+#include "core/clock.h"
 #include "core/rng.h"
 #include "core/world.h"
 #include "device/device.h"
+#include "testutil.h"
 
 #define SEED 0x5eedc0ffeeull
 
 /* ThreadSanitizer makes every memory access ~10x dearer; it is after the
  * synchronisation, which the smaller buffers exercise just as well. */
-#if defined(__SANITIZE_THREAD__)
-#define TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TEST_TSAN 1
-#endif
-#endif
-#ifndef TEST_TSAN
-#define TEST_TSAN 0
-#endif
+#define TEST_TSAN FSDP_TEST_TSAN
 
 /* ---- inputs and the reference ------------------------------------------- */
 
@@ -100,15 +93,17 @@ struct rank_env {
     int have_dev, have_comm;
 };
 
+/* A device of backend `be` and the transport the table picks for it. */
 static fsdp_status env_init(struct rank_env *e, fsdp_world *w, int rank, fsdp_backend be)
 {
     memset(e, 0, sizeof *e);
     FSDP_TRY(fsdp_device_init(&e->dev, be, w, rank, rank, 0));
     e->have_dev = 1;
-    if (be == FSDP_BACKEND_META)
-        FSDP_TRY(fsdp_comm_meta_init(&e->comm, w, &e->dev, rank));
-    else
-        FSDP_TRY(fsdp_comm_host_init(&e->comm, w, &e->dev, rank));
+    fsdp_transport_req req = {.backend = be, .kind = FSDP_COMM_AUTO};
+    FSDP_TRY(fsdp_comm_init(&e->comm, &req, w, &e->dev, rank));
+    if (strcmp(e->comm.iface->name, be == FSDP_BACKEND_META ? "meta" : "host"))
+        return fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: auto picked '%s' for --backend %s",
+                              rank, e->comm.iface->name, fsdp_backend_name(be));
     e->have_comm = 1;
     return FSDP_STATUS_OK;
 }
@@ -119,6 +114,19 @@ static void env_fini(struct rank_env *e)
         fsdp_comm_fini(&e->comm);
     if (e->have_dev)
         fsdp_device_fini(&e->dev);
+}
+
+/* Run fn on n rank threads; assert that every rank succeeded and that the
+ * host collectives' shared state went away with the last fini. */
+static void launch_ok(int n, fsdp_rank_fn fn, void *arg)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, n), FSDP_STATUS_OK);
+    fsdp_status st = fsdp_world_launch(w, fn, arg);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%d ranks: %s: %s", n, fsdp_status_name(st),
+                  fsdp_error_msg());
+    ck_assert_ptr_null(w->comm_shared);
+    fsdp_world_free(w);
 }
 
 /* Compare bytes; on a difference return INTERNAL naming the first element. */
@@ -259,13 +267,7 @@ static void run_sweep(int n, const size_t *sizes, int n_sizes)
     a.want_gather = malloc(a.max_full * 4);
     a.want_red[0] = malloc(a.max_full * 4);
     a.want_red[1] = malloc(a.max_full * 4);
-    fsdp_world *w = NULL;
-    ck_assert_int_eq(fsdp_world_init(&w, n), FSDP_STATUS_OK);
-    fsdp_status st = fsdp_world_launch(w, sweep_rank, &a);
-    ck_assert_msg(st == FSDP_STATUS_OK, "%d ranks: %s: %s", n, fsdp_status_name(st),
-                  fsdp_error_msg());
-    ck_assert_ptr_null(w->comm_shared); /* every rank finalised: shared table freed */
-    fsdp_world_free(w);
+    launch_ok(n, sweep_rank, &a);
     free(a.want_gather);
     free(a.want_red[0]);
     free(a.want_red[1]);
@@ -277,7 +279,7 @@ START_TEST(test_collectives_match_tree_reference)
 {
     /* 2048 is the block of the tree reduction: sizes around it cross blocks. */
     static const size_t sizes[] = {1, 2, 3, 17, 2047, 2049, 5000};
-    run_sweep(world_sizes[_i], sizes, (int)(sizeof sizes / sizeof sizes[0]));
+    run_sweep(world_sizes[_i], sizes, (int)FSDP_TEST_LEN(sizes));
 }
 END_TEST
 
@@ -460,15 +462,7 @@ fail:
     return st;
 }
 
-START_TEST(test_meta_moves_nothing)
-{
-    fsdp_world *w = NULL;
-    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
-    fsdp_status st = fsdp_world_launch(w, meta_rank, NULL);
-    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-    ck_assert_ptr_null(w->comm_shared);
-    fsdp_world_free(w);
-}
+START_TEST(test_meta_moves_nothing) { launch_ok(4, meta_rank, NULL); }
 END_TEST
 
 /* ---- faults, aborts, mismatches ------------------------------------------ */
@@ -530,13 +524,6 @@ fail:
     return st;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 START_TEST(test_fault_in_kth_collective_aborts_others)
 {
     static const char *const kinds[FAULT_SEQ + 1] = {
@@ -548,9 +535,9 @@ START_TEST(test_fault_in_kth_collective_aborts_others)
         int bad = (k * 3) % n;
         struct fault_arg a = {.late_rank = k % 2 ? -1 : (bad + 1) % n};
         fsdp_world_set_fault(w, FSDP_FAULT_COLLECTIVE, bad, k);
-        double t0 = now_s();
+        double t0 = fsdp_now_s();
         fsdp_status st = fsdp_world_launch(w, fault_rank, &a);
-        double dt = now_s() - t0;
+        double dt = fsdp_now_s() - t0;
         ck_assert_msg(st == FSDP_STATUS_INTERNAL, "k=%d: launcher returned %s: %s", k,
                       fsdp_status_name(st), fsdp_error_msg());
         char want[128];
@@ -675,9 +662,9 @@ START_TEST(test_abort_while_waiting)
     fsdp_world *w = NULL;
     ck_assert_int_eq(fsdp_world_init(&w, 8), FSDP_STATUS_OK);
     struct fault_arg a = {.late_rank = -1};
-    double t0 = now_s();
+    double t0 = fsdp_now_s();
     fsdp_status st = fsdp_world_launch(w, early_fail_rank, &a);
-    double dt = now_s() - t0;
+    double dt = fsdp_now_s() - t0;
     ck_assert_int_eq(st, FSDP_STATUS_IO);
     ck_assert_str_eq(fsdp_error_msg(), "rank 0: cannot open 'x.bin'");
     for (int r = 1; r < 8; r++)
@@ -782,20 +769,209 @@ fail:
     return st;
 }
 
-START_TEST(test_many_small_collectives)
+START_TEST(test_many_small_collectives) { launch_ok(world_sizes[_i], pingpong_rank, NULL); }
+END_TEST
+
+/* ---- the transport table -------------------------------------------------- */
+
+#ifdef FSDP_NCCL
+static const bool nccl_built = true;
+#else
+static const bool nccl_built = false; /* auto passes over its stub */
+#endif
+
+/* The rule, written out apart from the table: the transport each request
+ * gets, or -1 where it must be refused. */
+static int expected_transport(fsdp_backend b, fsdp_comm_kind k, int rpd, int n_proc)
 {
-    fsdp_world *w = NULL;
-    ck_assert_int_eq(fsdp_world_init(&w, world_sizes[_i]), FSDP_STATUS_OK);
-    fsdp_status st = fsdp_world_launch(w, pingpong_rank, NULL);
-    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-    fsdp_world_free(w);
+    bool one = rpd == 1, alone = n_proc <= 1; /* one rank per device; one process */
+    switch (k) {
+    case FSDP_COMM_AUTO:
+        return b == FSDP_BACKEND_CPU    ? (one ? (alone ? FSDP_COMM_HOST : FSDP_COMM_MPI) : -1)
+               : b == FSDP_BACKEND_META ? (one && alone ? FSDP_COMM_META : -1)
+               : one && nccl_built      ? FSDP_COMM_NCCL
+               : alone                  ? FSDP_COMM_PEER
+                                        : -1;
+    case FSDP_COMM_HOST: return b == FSDP_BACKEND_CPU && one && alone ? FSDP_COMM_HOST : -1;
+    case FSDP_COMM_MPI: return b == FSDP_BACKEND_CPU && one && !alone ? FSDP_COMM_MPI : -1;
+    case FSDP_COMM_META: return b == FSDP_BACKEND_META && one && alone ? FSDP_COMM_META : -1;
+    case FSDP_COMM_NCCL: return b == FSDP_BACKEND_CUDA && one ? FSDP_COMM_NCCL : -1;
+    case FSDP_COMM_PEER: return b == FSDP_BACKEND_CUDA && alone ? FSDP_COMM_PEER : -1;
+    default: return -1;
+    }
+}
+
+START_TEST(test_transport_pick_matrix)
+{
+    static const int rpds[] = {1, 2, 4}, procs[] = {1, 2};
+    int n_checked = 0;
+    for (int b = 0; b < FSDP_BACKEND_COUNT; b++)
+        for (int k = 0; k < FSDP_COMM_KIND_COUNT; k++)
+            for (size_t i = 0; i < FSDP_TEST_LEN(rpds); i++)
+                for (size_t j = 0; j < FSDP_TEST_LEN(procs); j++, n_checked++) {
+                    fsdp_transport_req req = {(fsdp_backend)b, (fsdp_comm_kind)k, rpds[i],
+                                              procs[j], false};
+                    const fsdp_transport *t = (const fsdp_transport *)1;
+                    fsdp_status st = fsdp_transport_pick(&req, &t);
+                    int want = expected_transport(req.backend, req.kind, rpds[i], procs[j]);
+                    char desc[128];
+                    snprintf(desc, sizeof desc, "--backend %s --comm %s, %d rank(s)/device, %d "
+                             "process(es)", fsdp_backend_name(req.backend),
+                             fsdp_comm_kind_name(req.kind), rpds[i], procs[j]);
+                    if (want >= 0) {
+                        ck_assert_msg(st == FSDP_STATUS_OK, "%s: refused: %s", desc,
+                                      fsdp_error_msg());
+                        ck_assert_msg(t && (int)t->kind == want, "%s: picked %s, want %s", desc,
+                                      t ? fsdp_comm_kind_name(t->kind) : "nothing",
+                                      fsdp_comm_kind_name((fsdp_comm_kind)want));
+                        ck_assert_ptr_nonnull(t->init);
+                        continue;
+                    }
+                    ck_assert_ptr_null(t);
+                    const char *msg = fsdp_error_msg();
+                    if (!nccl_built && req.backend == FSDP_BACKEND_CUDA && rpds[i] == 1 &&
+                        procs[j] > 1 && k != FSDP_COMM_NCCL) {
+                        /* only nccl would do, and this build has its stub */
+                        ck_assert_msg(st == FSDP_STATUS_UNSUPPORTED &&
+                                          strstr(msg, "--comm nccl would serve --backend cuda") &&
+                                          strstr(msg, "no NCCL"),
+                                      "%s: %s", desc, msg);
+                        continue;
+                    }
+                    ck_assert_msg(st == FSDP_STATUS_INVALID_ARG, "%s: %s (%s)", desc,
+                                  fsdp_status_name(st), fsdp_error_msg());
+                    char want_b[32];
+                    snprintf(want_b, sizeof want_b, "--backend %s", fsdp_backend_name(req.backend));
+                    ck_assert_msg(strstr(msg, want_b) || procs[j] > 1 || rpds[i] > 1,
+                                  "%s: '%s' does not name the backend", desc, msg);
+                    /* a refused explicit choice names what would fit */
+                    int alt = expected_transport(req.backend, FSDP_COMM_AUTO, rpds[i], procs[j]);
+                    if (k != FSDP_COMM_AUTO && alt >= 0) {
+                        char use[64];
+                        snprintf(use, sizeof use, "use --comm %s",
+                                 fsdp_comm_kind_name((fsdp_comm_kind)alt));
+                        ck_assert_msg(strstr(msg, use), "%s: '%s' lacks '%s'", desc, msg, use);
+                    }
+                    /* where nothing fits, it says the first property missing:
+                     * sharing a device (only cuda's peer can), then processes
+                     * (mpi on cpu and nccl on cuda can) */
+                    if (alt < 0 && rpds[i] > 1 && req.backend != FSDP_BACKEND_CUDA)
+                        ck_assert_msg(strstr(msg, "share a device") &&
+                                          strstr(msg, "peer on --backend cuda does"),
+                                      "%s: %s", desc, msg);
+                    else if (alt < 0)
+                        ck_assert_msg(strstr(msg, "processes") &&
+                                          strstr(msg, "mpi on --backend cpu; nccl on --backend "
+                                                      "cuda do"),
+                                      "%s: %s", desc, msg);
+                }
+    ck_assert_int_eq(n_checked, FSDP_BACKEND_COUNT * FSDP_COMM_KIND_COUNT * 3 * 2);
+    /* out-of-range requests are refused, not read past the tables */
+    const fsdp_transport *t;
+    fsdp_transport_req bad_b = {FSDP_BACKEND_COUNT, FSDP_COMM_AUTO, 1, 1, false};
+    ck_assert_int_eq(fsdp_transport_pick(&bad_b, &t), FSDP_STATUS_INVALID_ARG);
+    fsdp_transport_req bad_k = {FSDP_BACKEND_CPU, FSDP_COMM_KIND_COUNT, 1, 1, false};
+    ck_assert_int_eq(fsdp_transport_pick(&bad_k, &t), FSDP_STATUS_INVALID_ARG);
+}
+END_TEST
+
+/* Each transport's help line (what --help prints) names exactly the
+ * backends the table lets it serve. */
+/* Hybrid sharding's communicators over groups: the cpu and meta
+ * transports form them, the cuda ones do not (yet), and say so. */
+START_TEST(test_transport_groups)
+{
+    const fsdp_transport *t;
+    fsdp_transport_req cpu = {FSDP_BACKEND_CPU, FSDP_COMM_AUTO, 1, 2, true};
+    ck_assert_int_eq(fsdp_transport_pick(&cpu, &t), FSDP_STATUS_OK);
+    ck_assert_int_eq(t->kind, FSDP_COMM_MPI);
+    fsdp_transport_req meta = {FSDP_BACKEND_META, FSDP_COMM_AUTO, 1, 1, true};
+    ck_assert_int_eq(fsdp_transport_pick(&meta, &t), FSDP_STATUS_OK);
+    fsdp_transport_req cuda = {FSDP_BACKEND_CUDA, FSDP_COMM_AUTO, 1, 2, true};
+    ck_assert_int_eq(fsdp_transport_pick(&cuda, &t), FSDP_STATUS_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "forms communicators over part of the ranks"));
+    cuda.kind = FSDP_COMM_NCCL;
+    ck_assert_int_eq(fsdp_transport_pick(&cuda, &t), FSDP_STATUS_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "--comm nccl cannot form communicators"));
+}
+END_TEST
+
+START_TEST(test_transport_help_names_its_backends)
+{
+    const fsdp_name_table *kt = &fsdp_comm_kind_names;
+    ck_assert_int_eq(kt->n, FSDP_COMM_KIND_COUNT);
+    for (int i = 0; i < kt->n; i++) {
+        const fsdp_name *e = &kt->v[i];
+        ck_assert_str_eq(fsdp_comm_kind_name((fsdp_comm_kind)e->value), e->name);
+        ck_assert_ptr_nonnull(e->help);
+        if (e->value == FSDP_COMM_AUTO)
+            continue;
+        for (int b = 0; b < FSDP_BACKEND_COUNT; b++) {
+            /* in a job of one process or of several (mpi needs several) */
+            fsdp_transport_req one = {(fsdp_backend)b, (fsdp_comm_kind)e->value, 1, 1, false};
+            fsdp_transport_req two = {(fsdp_backend)b, (fsdp_comm_kind)e->value, 1, 2, false};
+            const fsdp_transport *t;
+            bool serves = fsdp_transport_pick(&one, &t) == FSDP_STATUS_OK ||
+                          fsdp_transport_pick(&two, &t) == FSDP_STATUS_OK;
+            char want[32];
+            snprintf(want, sizeof want, "--backend %s", fsdp_backend_name((fsdp_backend)b));
+            ck_assert_msg(serves == (strstr(e->help, want) != NULL),
+                          "transport %s: serves %s = %d, but its help says '%s'", e->name,
+                          fsdp_backend_name((fsdp_backend)b), serves, e->help);
+        }
+    }
+}
+END_TEST
+
+struct misfit_arg {
+    fsdp_status st_meta[4], st_wrong_dev[4];
+    char msg[4][FSDP_ERROR_MSG_MAX];
+};
+
+/* On cpu devices: --comm meta is refused on every rank, a request for
+ * another backend than the device's is an internal error, auto works. */
+static fsdp_status misfit_rank(fsdp_world *w, int rank, void *p)
+{
+    struct misfit_arg *a = p;
+    fsdp_device dev;
+    fsdp_comm c;
+    FSDP_TRY(fsdp_device_init(&dev, FSDP_BACKEND_CPU, w, rank, rank, 0));
+    fsdp_transport_req meta = {.backend = FSDP_BACKEND_CPU, .kind = FSDP_COMM_META};
+    a->st_meta[rank] = fsdp_comm_init(&c, &meta, w, &dev, rank);
+    snprintf(a->msg[rank], sizeof a->msg[rank], "%s", fsdp_error_msg());
+    fsdp_transport_req other = {.backend = FSDP_BACKEND_META, .kind = FSDP_COMM_AUTO};
+    a->st_wrong_dev[rank] = fsdp_comm_init(&c, &other, w, &dev, rank);
+    fsdp_transport_req ok = {.backend = FSDP_BACKEND_CPU, .kind = FSDP_COMM_AUTO};
+    fsdp_status st = fsdp_comm_init(&c, &ok, w, &dev, rank);
+    if (st == FSDP_STATUS_OK) {
+        float x = (float)rank, sum = 0;
+        st = fsdp_comm_all_reduce(&c, &x, &sum, 1, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+        if (st == FSDP_STATUS_OK && sum != 6.0f)
+            st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: sum %g, want 6", rank, sum);
+        fsdp_comm_fini(&c);
+    }
+    fsdp_device_fini(&dev);
+    return st;
+}
+
+START_TEST(test_comm_init_refuses_misfit)
+{
+    struct misfit_arg a;
+    memset(&a, 0, sizeof a);
+    launch_ok(4, misfit_rank, &a);
+    for (int r = 0; r < 4; r++) {
+        ck_assert_int_eq(a.st_meta[r], FSDP_STATUS_INVALID_ARG);
+        ck_assert_msg(strstr(a.msg[r], "--comm meta does not run on --backend cpu: use --comm "
+                                       "host or auto"), "rank %d: %s", r, a.msg[r]);
+        ck_assert_int_eq(a.st_wrong_dev[r], FSDP_STATUS_INTERNAL);
+    }
 }
 END_TEST
 
 static Suite *comm_suite(void)
 {
     Suite *s = suite_create("comm");
-    int n_worlds = (int)(sizeof world_sizes / sizeof world_sizes[0]);
+    int n_worlds = (int)FSDP_TEST_LEN(world_sizes);
 
     TCase *tc = tcase_create("host");
     tcase_set_timeout(tc, 120);
@@ -813,6 +989,14 @@ static Suite *comm_suite(void)
     tcase_add_test(tc, test_meta_moves_nothing);
     suite_add_tcase(s, tc);
 
+    tc = tcase_create("transport");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_transport_pick_matrix);
+    tcase_add_test(tc, test_transport_help_names_its_backends);
+    tcase_add_test(tc, test_transport_groups);
+    tcase_add_test(tc, test_comm_init_refuses_misfit);
+    suite_add_tcase(s, tc);
+
     tc = tcase_create("failures");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_fault_in_kth_collective_aborts_others);
@@ -824,11 +1008,4 @@ static Suite *comm_suite(void)
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(comm_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return fsdp_test_run_suite(comm_suite()); }

@@ -1,7 +1,8 @@
 /*
  * test_core.c - the runtime under everything: rank threads and their world
- * (launch/join, barrier, first error, abort, relaunch, fault hook), status
- * and dtype names, per-thread error messages, byte sizes, logging settings.
+ * (launch/join, barrier, first error, abort, relaunch, fault hook, stop
+ * hooks), status and dtype names, per-thread error messages and the first
+ * error kept through teardown, byte sizes, logging settings.
  *
  * Rank threads never call Check's assertions: they record what they saw in
  * the test's argument struct (or return an error with a message) and the
@@ -17,6 +18,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/world.h"
+#include "device/device.h"
 
 static double now_s(void)
 {
@@ -271,6 +273,108 @@ START_TEST(test_relaunch_after_failure)
 }
 END_TEST
 
+/* ---- teardown after a failure: stop hooks and the first error -------------- */
+
+struct teardown_arg {
+    int fail_rank;                /* -1: nobody fails */
+    int n_stop[8];                /* stop hook runs per rank */
+    int stop_on_own_thread[8];
+    pthread_t tid[8];
+    int stop_ret[8][2];           /* fsdp_world_rank_stop's results */
+    int aborted_after_stop[8];    /* the world knew of the failure right after the stop */
+    fsdp_status st[8];
+};
+
+struct stop_ctx {
+    struct teardown_arg *a;
+    int rank;
+};
+
+static void count_stop(void *p)
+{
+    struct stop_ctx *c = p;
+    c->a->n_stop[c->rank]++;
+    c->a->stop_on_own_thread[c->rank] = pthread_equal(pthread_self(), c->a->tid[c->rank]);
+}
+
+/* Each rank: a cpu device, three allocations, a barrier; the fault hook
+ * fails the failing rank's second allocation. Teardown then does what a
+ * real one does after a failure: stop first, then hit errors of its own
+ * (an allocation over the cap with the same status, a failed "sync"),
+ * then release the device, and return the status of the failure. */
+static fsdp_status teardown_rank(fsdp_world *w, int rank, void *p)
+{
+    struct teardown_arg *a = p;
+    struct stop_ctx sc = {.a = a, .rank = rank};
+    a->tid[rank] = pthread_self();
+    fsdp_world_set_rank_stop(w, rank, count_stop, &sc);
+    fsdp_device d;
+    fsdp_status st = fsdp_device_init(&d, FSDP_BACKEND_CPU, w, rank, rank, (size_t)1 << 20);
+    if (st != FSDP_STATUS_OK)
+        return st;
+    void *bufs[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3 && st == FSDP_STATUS_OK; i++)
+        st = fsdp_device_alloc(&d, 1024, FSDP_MEM_PARAM, "unit 'h.0' shard", &bufs[i]);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_world_barrier(w);
+    a->stop_ret[rank][0] = fsdp_world_rank_stop(w, rank, st);
+    a->stop_ret[rank][1] = fsdp_world_rank_stop(w, rank, st);
+    a->aborted_after_stop[rank] = fsdp_world_aborted(w);
+    if (st != FSDP_STATUS_OK) {
+        void *big = NULL;
+        fsdp_device_alloc(&d, (size_t)2 << 20, FSDP_MEM_ACT, "teardown scratch", &big);
+        fsdp_error_set(FSDP_STATUS_CUDA, "rank %d: teardown: stream sync failed", rank);
+    }
+    for (int i = 0; i < 3; i++)
+        fsdp_device_free(&d, bufs[i]);
+    fsdp_device_fini(&d);
+    a->st[rank] = st;
+    return st;
+}
+
+START_TEST(test_teardown_keeps_first_error_and_stops_once)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 3), FSDP_STATUS_OK);
+    fsdp_world_set_fault(w, FSDP_FAULT_ALLOC, 1, 2);
+    struct teardown_arg a;
+    memset(&a, 0, sizeof a);
+    a.fail_rank = 1;
+    fsdp_status st = fsdp_world_launch(w, teardown_rank, &a);
+    ck_assert_int_eq(st, FSDP_STATUS_OOM);
+    /* the failure the user sees is the injected one, not the teardown's */
+    ck_assert_msg(strncmp(fsdp_error_msg(), "rank 1: device 1: injected allocation failure", 45) == 0,
+                  "%s", fsdp_error_msg());
+    ck_assert_ptr_null(strstr(fsdp_error_msg(), "teardown"));
+    ck_assert_int_eq(a.st[1], FSDP_STATUS_OOM);
+    for (int r = 0; r < 3; r++) {
+        if (r != 1)
+            ck_assert_int_eq(a.st[r], FSDP_STATUS_ABORTED);
+        /* every rank stopped, once, on its own thread */
+        ck_assert_int_eq(a.n_stop[r], 1);
+        ck_assert_int_eq(a.stop_on_own_thread[r], 1);
+        ck_assert_int_eq(a.stop_ret[r][0], 1);
+        ck_assert_int_eq(a.stop_ret[r][1], 1);
+        /* the failing rank's stop told the world before it returned */
+        ck_assert_int_eq(a.aborted_after_stop[r], 1);
+    }
+
+    /* a clean run: nobody stops, and the hooks are gone after the launch */
+    fsdp_world_set_fault(w, FSDP_FAULT_ALLOC, 1, 0);
+    memset(&a, 0, sizeof a);
+    a.fail_rank = -1;
+    ck_assert_msg(fsdp_world_launch(w, teardown_rank, &a) == FSDP_STATUS_OK, "%s",
+                  fsdp_error_msg());
+    for (int r = 0; r < 3; r++) {
+        ck_assert_int_eq(a.n_stop[r], 0);
+        ck_assert_int_eq(a.stop_ret[r][0], 0);
+        ck_assert_ptr_null(w->stop[r].fn);
+    }
+    ck_assert(!fsdp_world_rank_stop(NULL, 0, FSDP_STATUS_INTERNAL));
+    fsdp_world_free(w);
+}
+END_TEST
+
 /* ---- the fault hook ------------------------------------------------------- */
 
 static fsdp_status fault_count_rank(fsdp_world *w, int rank, void *p)
@@ -316,7 +420,7 @@ START_TEST(test_status_and_dtype_names)
 {
     static const char *const want[FSDP_STATUS_COUNT] = {
         "OK", "INVALID_ARG", "OOM", "IO", "FORMAT", "CUDA", "NCCL",
-        "ABORTED", "UNSUPPORTED", "INTERNAL",
+        "ABORTED", "UNSUPPORTED", "INTERNAL", "NONFINITE",
     };
     for (int st = 0; st < FSDP_STATUS_COUNT; st++)
         ck_assert_str_eq(fsdp_status_name((fsdp_status)st), want[st]);
@@ -380,6 +484,38 @@ START_TEST(test_error_messages_and_macros)
     fsdp_error_prefix("p");
     ck_assert_uint_eq(strlen(fsdp_error_msg()), FSDP_ERROR_MSG_MAX - 1);
     ck_assert(!strncmp(fsdp_error_msg(), "p: xxx", 6));
+}
+END_TEST
+
+/* The first error since the last clear survives later errors, takes
+ * prefixes and wraps that extend it, and is forgotten by a clear. */
+START_TEST(test_first_error_kept)
+{
+    const char *m = NULL;
+    fsdp_error_clear();
+    ck_assert_int_eq(fsdp_error_first(&m), FSDP_STATUS_OK);
+    ck_assert_str_eq(m, "");
+    fsdp_error_set(FSDP_STATUS_OK, "not an error");
+    ck_assert_int_eq(fsdp_error_first(NULL), FSDP_STATUS_OK);
+    fsdp_error_set(FSDP_STATUS_CUDA, "kernel fault");
+    fsdp_error_prefix("unit 'h.3' forward");
+    /* a wrap of the current message extends the first error */
+    fsdp_error_set(FSDP_STATUS_CUDA, "rank 2: %s", fsdp_error_msg());
+    ck_assert_int_eq(fsdp_error_first(&m), FSDP_STATUS_CUDA);
+    ck_assert_str_eq(m, "rank 2: unit 'h.3' forward: kernel fault");
+    /* teardown errors replace the current message only */
+    fsdp_error_set(FSDP_STATUS_ABORTED, "stream sync gave up");
+    fsdp_error_prefix("freeing the engine");
+    fsdp_error_copy("copied");
+    ck_assert_str_eq(fsdp_error_msg(), "copied");
+    ck_assert_int_eq(fsdp_error_first(&m), FSDP_STATUS_CUDA);
+    ck_assert_str_eq(m, "rank 2: unit 'h.3' forward: kernel fault");
+    fsdp_error_clear();
+    ck_assert_int_eq(fsdp_error_first(&m), FSDP_STATUS_OK);
+    fsdp_error_set(FSDP_STATUS_IO, "later failure");
+    ck_assert_int_eq(fsdp_error_first(&m), FSDP_STATUS_IO);
+    ck_assert_str_eq(m, "later failure");
+    fsdp_error_clear();
 }
 END_TEST
 
@@ -588,12 +724,14 @@ static Suite *core_suite(void)
     tcase_add_test(tc, test_fail_from_inside_a_rank);
     tcase_add_test(tc, test_relaunch_after_failure);
     tcase_add_test(tc, test_fault_hook_hits_kth_on_one_rank);
+    tcase_add_test(tc, test_teardown_keeps_first_error_and_stops_once);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("errors");
     tcase_add_test(tc, test_status_and_dtype_names);
     tcase_add_test(tc, test_error_messages_and_macros);
     tcase_add_test(tc, test_error_messages_are_per_thread);
+    tcase_add_test(tc, test_first_error_kept);
     tcase_add_test(tc, test_parse_bytes);
     tcase_add_test(tc, test_fmt_bytes);
     suite_add_tcase(s, tc);

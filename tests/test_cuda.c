@@ -1,255 +1,353 @@
 /*
- * test_cuda.c - the cuda backend: every op against the cpu backend on the
- * same inputs (per-op tolerance; AdamW, cast and sumsq_blocks bit for bit),
- * determinism (the same op twice gives the same bits), the op error path
- * (sync_error), the nccl and peer collectives against a host reference
- * (peer: exactly, in comm.h's tree order) for 1 and 4 virtual ranks and for
- * the GPUs present, and the abort path (a fault on one rank makes the
- * others return ABORTED, no hang).
+ * test_cuda.c - the cuda device: the block cache behind its allocations
+ * (with a fake driver and fences, so it runs everywhere), then on a GPU:
+ * the allocator serves the engine's per-unit alloc/free pattern, and the
+ * engine's steps themselves, without a single cudaMalloc after the
+ * engine's warm-up (fsdp_device_reserve), counts exactly the bytes
+ * asked for (as cpu and meta do) and reports the rest as reserved; copies
+ * from and to pageable host memory go through pinned staging and give the
+ * same bytes in any size; without a GPU (or CUDA) the backend fails
+ * cleanly with a message.
  *
- * Tests that need a GPU look for one inside the forked test, never in
- * main() (CUDA must not be initialised in Check's parent process), and
- * without one print exactly "SKIP: <test>: no CUDA device" and pass; the
- * rendezvous, table and no-GPU error tests run everywhere. Builds with
- * CUDA=0 compile the same file: the cuda entry points are then stubs.
+ * The op comparisons live in test_cuda_ops.c, the collectives in
+ * test_cuda_comm.c. GPU tests skip cleanly without a device (cuda_test.h).
  */
 #include <check.h>
-#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "comm/cuda_comm.h"
-#include "core/bf16.h"
-#include "core/rng.h"
 #include "core/world.h"
+#include "cuda_test.h"
+#include "data/data.h"
+#include "device/block_cache.h"
+#include "device/cuda_device.h"
 #include "device/device.h"
+#include "fsdp/engine.h"
+#include "models/registry.h"
 #include "ops/ops.h"
+#include "train/fit.h"
 
-#ifdef FSDP_CUDA
-static const int built_with_cuda = 1;
-#else
-static const int built_with_cuda = 0;
-#endif
+/* ---- the block cache with a fake driver ------------------------------------ */
 
-#define SEED 1234u
+/* Fences are tickets: a fence records the number of the last piece of
+ * "stream work" issued; the fake device has finished work up to `done`. */
+struct fake {
+    size_t limit;       /* bytes the fake driver can hand out */
+    size_t raw_in_use;
+    long issued, done;
+    int n_raw_alloc, n_raw_free, n_order, n_wait, n_fences;
+    long last_order;    /* the ticket the streams were last made to wait for */
+    int fail_record;    /* fence_record fails when set */
+};
 
-/* Inside a test: pass with a SKIP line when no GPU is visible. */
-#define NEED_GPU(name)                                               \
-    do {                                                             \
-        if (fsdp_cuda_device_count() == 0) {                         \
-            printf("SKIP: %s: no CUDA device\n", name);              \
-            fflush(stdout);                                          \
-            return;                                                  \
-        }                                                            \
-    } while (0)
-
-static double now_s(void)
+static fsdp_status fake_raw_alloc(void *ctx, size_t bytes, void **out)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    struct fake *f = ctx;
+    if (f->raw_in_use + bytes > f->limit)
+        return FSDP_STATUS_OOM;
+    *out = malloc(bytes);
+    if (!*out)
+        return FSDP_STATUS_OOM;
+    memset(*out, 0xA5, bytes < 64 ? bytes : 64);
+    f->raw_in_use += bytes;
+    f->n_raw_alloc++;
+    return FSDP_STATUS_OK;
 }
 
-/* ---- a cpu device and a cuda device side by side ------------------------- */
+/* The fake stores each block's size in front of nothing: track by a
+ * side table instead of reading the block. */
+static struct { void *p; size_t bytes; } fake_sizes[256];
 
-typedef struct pair {
-    fsdp_device cpu, gpu;
-    fsdp_op_ctx oc, og;
-    fsdp_dtype dt;
-} pair;
-
-static void pair_init(pair *P, fsdp_dtype dt)
+static void fake_note(void *p, size_t bytes)
 {
-    memset(P, 0, sizeof *P);
-    P->dt = dt;
-    ck_assert_msg(fsdp_device_init(&P->cpu, FSDP_BACKEND_CPU, NULL, 0, 0, 0) == FSDP_STATUS_OK,
-                  "%s", fsdp_error_msg());
-    ck_assert_msg(fsdp_device_init(&P->gpu, FSDP_BACKEND_CUDA, NULL, 0, 0, 0) == FSDP_STATUS_OK,
-                  "%s", fsdp_error_msg());
-    ck_assert_msg(fsdp_ops_init(&P->oc, &P->cpu, dt) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-    ck_assert_msg(fsdp_ops_init(&P->og, &P->gpu, dt) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-}
-
-static void pair_fini(pair *P)
-{
-    fsdp_ops_fini(&P->og);
-    fsdp_ops_fini(&P->oc);
-    fsdp_device_fini(&P->gpu);
-    fsdp_device_fini(&P->cpu);
-}
-
-/* Wait for the GPU and check that no op recorded a failure. */
-static void gpu_done(pair *P)
-{
-    ck_assert_msg(fsdp_device_stream_sync(&P->gpu, P->gpu.compute) == FSDP_STATUS_OK, "%s",
-                  fsdp_error_msg());
-    ck_assert_ptr_nonnull(P->og.iface->sync_error);
-    fsdp_status st = P->og.iface->sync_error(&P->og);
-    ck_assert_msg(st == FSDP_STATUS_OK, "cuda op failed: %s", fsdp_error_msg());
-}
-
-/* A tensor on both devices with the same initial contents. */
-typedef struct tens {
-    void *c, *g;
-    size_t n;
-    fsdp_dtype dt;
-    float *init; /* values exactly representable in dt */
-} tens;
-
-static void to_dt(void *dst, fsdp_dtype dt, const float *src, size_t n)
-{
-    if (dt == FSDP_DTYPE_BF16)
-        for (size_t i = 0; i < n; i++)
-            ((fsdp_bf16 *)dst)[i] = fsdp_f32_to_bf16(src[i]);
-    else
-        memcpy(dst, src, n * sizeof(float));
-}
-
-static void t_upload(pair *P, tens *t)
-{
-    size_t bytes = t->n * fsdp_dtype_size(t->dt);
-    to_dt(t->c, t->dt, t->init, t->n);
-    ck_assert_int_eq(fsdp_device_memcpy(&P->gpu, t->g, t->c, bytes, NULL), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_device_stream_sync(&P->gpu, P->gpu.compute), FSDP_STATUS_OK);
-}
-
-/* n values std * N(0, 1) (std 0: zeros), rounded to dt. */
-static tens t_new(pair *P, size_t n, fsdp_dtype dt, float std, uint64_t stream)
-{
-    tens t = {.n = n, .dt = dt};
-    size_t bytes = n * fsdp_dtype_size(dt);
-    t.init = malloc(n * sizeof(float));
-    ck_assert_ptr_nonnull(t.init);
-    for (size_t i = 0; i < n; i++) {
-        float v = std ? std * fsdp_rng_normal(SEED, stream, i) : 0.0f;
-        t.init[i] = dt == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(fsdp_f32_to_bf16(v)) : v;
-    }
-    ck_assert_int_eq(fsdp_device_alloc(&P->cpu, bytes, FSDP_MEM_OTHER, "test", &t.c), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_device_alloc(&P->gpu, bytes, FSDP_MEM_OTHER, "test", &t.g), FSDP_STATUS_OK);
-    t_upload(P, &t);
-    return t;
-}
-
-/* Integers in [0, maxv) on both devices. */
-static tens t_ints(pair *P, size_t n, int maxv, uint64_t stream)
-{
-    tens t = {.n = n, .dt = FSDP_DTYPE_F32};
-    ck_assert_int_eq(fsdp_device_alloc(&P->cpu, n * 4, FSDP_MEM_OTHER, "ints", &t.c), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_device_alloc(&P->gpu, n * 4, FSDP_MEM_OTHER, "ints", &t.g), FSDP_STATUS_OK);
-    int *v = t.c;
-    for (size_t i = 0; i < n; i++)
-        v[i] = (int)(fsdp_rng_u64(SEED, stream, i) % (uint64_t)maxv);
-    ck_assert_int_eq(fsdp_device_memcpy(&P->gpu, t.g, t.c, n * 4, NULL), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_device_stream_sync(&P->gpu, P->gpu.compute), FSDP_STATUS_OK);
-    return t;
-}
-
-/* Contents as fp32 (malloc'd): the cpu copy, or the gpu copy. */
-static float *t_get(pair *P, const tens *t, int gpu)
-{
-    size_t bytes = t->n * fsdp_dtype_size(t->dt);
-    void *raw = malloc(bytes ? bytes : 1);
-    float *out = malloc(t->n * sizeof(float) + 1);
-    ck_assert(raw && out);
-    if (gpu) {
-        ck_assert_int_eq(fsdp_device_memcpy(&P->gpu, raw, t->g, bytes, NULL), FSDP_STATUS_OK);
-        ck_assert_int_eq(fsdp_device_stream_sync(&P->gpu, P->gpu.compute), FSDP_STATUS_OK);
-    } else {
-        memcpy(raw, t->c, bytes);
-    }
-    if (t->dt == FSDP_DTYPE_BF16)
-        for (size_t i = 0; i < t->n; i++)
-            out[i] = fsdp_bf16_to_f32(((fsdp_bf16 *)raw)[i]);
-    else
-        memcpy(out, raw, bytes);
-    free(raw);
-    return out;
-}
-
-static void t_free(pair *P, tens *t)
-{
-    fsdp_device_free(&P->cpu, t->c);
-    fsdp_device_free(&P->gpu, t->g);
-    free(t->init);
-    t->c = t->g = NULL;
-    t->init = NULL;
-}
-
-/* |got - want| <= rtol * (|want| + max|want|) everywhere. */
-static void expect_close(const char *what, const float *got, const float *want, size_t n,
-                         double rtol)
-{
-    double mx = 0.0;
-    for (size_t i = 0; i < n; i++)
-        mx = fmax(mx, fabs((double)want[i]));
-    size_t bad = 0, first = 0;
-    double worst = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double err = fabs((double)got[i] - (double)want[i]);
-        double tol = rtol * (fabs((double)want[i]) + mx) + 1e-30;
-        if (!(err <= tol)) {
-            if (!bad++)
-                first = i;
+    for (int i = 0; i < 256; i++)
+        if (!fake_sizes[i].p) {
+            fake_sizes[i].p = p;
+            fake_sizes[i].bytes = bytes;
+            return;
         }
-        if (err / (fabs((double)want[i]) + mx + 1e-30) > worst)
-            worst = err / (fabs((double)want[i]) + mx + 1e-30);
+    ck_abort_msg("fake size table full");
+}
+
+static fsdp_status fake_raw_alloc_noted(void *ctx, size_t bytes, void **out)
+{
+    FSDP_TRY(fake_raw_alloc(ctx, bytes, out));
+    fake_note(*out, bytes);
+    return FSDP_STATUS_OK;
+}
+
+static void fake_raw_free(void *ctx, void *p)
+{
+    struct fake *f = ctx;
+    for (int i = 0; i < 256; i++)
+        if (fake_sizes[i].p == p) {
+            f->raw_in_use -= fake_sizes[i].bytes;
+            fake_sizes[i].p = NULL;
+        }
+    free(p);
+    f->n_raw_free++;
+}
+
+static fsdp_status fake_record(void *ctx, void **fence)
+{
+    struct fake *f = ctx;
+    if (f->fail_record)
+        return fsdp_error_set(FSDP_STATUS_CUDA, "fake: cannot record");
+    if (!*fence) {
+        *fence = malloc(sizeof(long));
+        f->n_fences++;
     }
-    ck_assert_msg(bad == 0,
-                  "%s: %zu of %zu elements differ beyond rtol %g (first [%zu]: cuda %.9g vs cpu "
-                  "%.9g; worst relative %.3g)",
-                  what, bad, n, rtol, first, got[first], want[first], worst);
+    *(long *)*fence = f->issued;
+    return FSDP_STATUS_OK;
 }
 
-/* Compare tensor t on both sides; gpu_copy receives the gpu values. */
-static void expect_pair(pair *P, const char *what, const tens *t, double rtol, float **gpu_copy)
+static fsdp_status fake_query(void *ctx, void *fence, bool *done)
 {
-    float *c = t_get(P, t, 0), *g = t_get(P, t, 1);
-    expect_close(what, g, c, t->n, rtol);
-    if (gpu_copy)
-        *gpu_copy = g;
-    else
-        free(g);
-    free(c);
+    struct fake *f = ctx;
+    *done = *(long *)fence <= f->done;
+    return FSDP_STATUS_OK;
 }
 
-/* The gpu contents of t equal `prev` bit for bit (frees prev). */
-static void expect_same_bits(pair *P, const char *what, const tens *t, float *prev)
+static fsdp_status fake_order(void *ctx, void *fence)
 {
-    float *g = t_get(P, t, 1);
-    ck_assert_msg(memcmp(g, prev, t->n * sizeof(float)) == 0,
-                  "%s: running the same cuda op twice gave different bits", what);
-    free(g);
-    free(prev);
+    struct fake *f = ctx;
+    f->n_order++;
+    f->last_order = *(long *)fence;
+    return FSDP_STATUS_OK;
 }
 
-static double tol_for(fsdp_dtype dt, double f32_tol) { return dt == FSDP_DTYPE_BF16 ? 1e-2 : f32_tol; }
-
-/* ---- tests that run everywhere ------------------------------------------- */
-
-START_TEST(test_ops_table_complete)
+static fsdp_status fake_wait(void *ctx, void *fence)
 {
-    const struct fsdp_ops_i *t = fsdp_ops_cuda_iface();
-    if (!built_with_cuda) {
-        ck_assert_ptr_null(t);
-        return;
-    }
-    ck_assert_ptr_nonnull(t);
-    ck_assert_str_eq(t->name, "cuda");
-    /* every slot after the name is a function */
-    const void *const *slots = (const void *const *)((const char *)t + sizeof(const char *));
-    size_t n_slots = (sizeof *t - sizeof(const char *)) / sizeof(void *);
-    ck_assert_uint_ge(n_slots, 18); /* fini, 16 ops, sync_error */
-    for (size_t i = 0; i < n_slots; i++)
-        ck_assert_msg(slots[i] != NULL, "cuda op table slot %zu is NULL", i);
+    struct fake *f = ctx;
+    f->n_wait++;
+    if (f->done < *(long *)fence)
+        f->done = *(long *)fence;
+    return FSDP_STATUS_OK;
+}
+
+static void fake_destroy(void *ctx, void *fence)
+{
+    struct fake *f = ctx;
+    f->n_fences--;
+    free(fence);
+}
+
+static const fsdp_block_cache_i fake_i = {
+    .raw_alloc = fake_raw_alloc_noted,
+    .raw_free = fake_raw_free,
+    .fence_record = fake_record,
+    .fence_query = fake_query,
+    .fence_order = fake_order,
+    .fence_wait = fake_wait,
+    .fence_destroy = fake_destroy,
+};
+
+static void *cache_alloc(fsdp_block_cache *c, size_t bytes, bool counted)
+{
+    void *p = NULL;
+    fsdp_status st = fsdp_block_cache_alloc(c, bytes, counted, &p);
+    ck_assert_msg(st == FSDP_STATUS_OK, "alloc %zu: %s", bytes, fsdp_error_msg());
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+
+START_TEST(test_block_cache_classes)
+{
+    ck_assert_uint_eq(fsdp_block_cache_class(1), 512);
+    ck_assert_uint_eq(fsdp_block_cache_class(512), 512);
+    ck_assert_uint_eq(fsdp_block_cache_class(513), 1024);
+    ck_assert_uint_eq(fsdp_block_cache_class((size_t)1 << 20), (size_t)1 << 20);
+    ck_assert_uint_eq(fsdp_block_cache_class(((size_t)1 << 20) + 1), ((size_t)1 << 20) + (128 << 10));
+    ck_assert_uint_eq(fsdp_block_cache_class((size_t)33 << 20), (size_t)34 << 20);
+    ck_assert_uint_eq(fsdp_block_cache_class(((size_t)64 << 20) + 1), (size_t)66 << 20);
 }
 END_TEST
 
+/* The engine's per-unit pattern: alloc gathered(u+1), use, free gathered(u),
+ * for many units and steps, the device lagging one piece of work behind.
+ * The cache holds exactly the blocks live at once (root + 2 units) and never
+ * asks the driver again after the first step; a pending block is reused
+ * with the streams ordered after its fence. With one more block reserved
+ * ahead, the driver is not asked during the steps at all and every
+ * request finds a done block. */
+static void steady_pattern(fsdp_block_cache *c, struct fake *f, size_t unit, int steps,
+                           int *raw_after_step1)
+{
+    for (int step = 0; step < steps; step++) {
+        void *cur = cache_alloc(c, unit, true);
+        f->issued++; /* gather(0) queued */
+        for (int u = 1; u < 12; u++) {
+            void *next = cache_alloc(c, unit, true);
+            ck_assert_ptr_ne(next, cur);
+            f->issued++; /* gather(u) and forward(u-1) queued */
+            f->done = f->issued - 1; /* the device lags one piece of work behind */
+            ck_assert_int_eq(fsdp_block_cache_free(c, cur), FSDP_STATUS_OK);
+            cur = next;
+        }
+        f->done = f->issued;
+        ck_assert_int_eq(fsdp_block_cache_free(c, cur), FSDP_STATUS_OK);
+        if (step == 0)
+            *raw_after_step1 = f->n_raw_alloc;
+    }
+}
+
+START_TEST(test_block_cache_steady_state)
+{
+    struct fake f = {.limit = (size_t)1 << 30};
+    memset(fake_sizes, 0, sizeof fake_sizes);
+    fsdp_block_cache c;
+    fsdp_block_cache_init(&c, &fake_i, &f);
+    const size_t unit = 3000000, root = 1000000;
+    void *r = cache_alloc(&c, root, true); /* stays for the whole run */
+    int raw_after_step1 = 0;
+    steady_pattern(&c, &f, unit, 5, &raw_after_step1);
+    ck_assert_int_eq(f.n_raw_alloc, raw_after_step1);
+    ck_assert_int_eq(raw_after_step1, 1 + 2); /* root + the two units live at once */
+    ck_assert_int_gt(f.n_order, 0);           /* the pending one, ordered on the device */
+    ck_assert_int_eq(f.n_wait, 0);            /* never a host wait */
+    /* counted bytes are exactly what was asked; the rest is reserved */
+    ck_assert_uint_eq(c.counted_bytes, root);
+    ck_assert_uint_eq(fsdp_block_cache_reserved(&c), c.held_bytes - root);
+    ck_assert_uint_eq(c.free_bytes, c.held_bytes - fsdp_block_cache_class(root));
+    ck_assert_int_eq(fsdp_block_cache_free(&c, r), FSDP_STATUS_OK);
+    ck_assert_uint_eq(c.counted_bytes, 0);
+    fsdp_block_cache_fini(&c);
+    ck_assert_int_eq(f.n_raw_free, f.n_raw_alloc);
+    ck_assert_uint_eq(f.raw_in_use, 0);
+    ck_assert_int_eq(f.n_fences, 0);
+
+    /* three blocks reserved ahead: no driver call in any step, no ordering */
+    struct fake g = {.limit = (size_t)1 << 30};
+    memset(fake_sizes, 0, sizeof fake_sizes);
+    fsdp_block_cache_init(&c, &fake_i, &g);
+    ck_assert_int_eq(fsdp_block_cache_reserve(&c, unit, 3), FSDP_STATUS_OK);
+    ck_assert_int_eq(g.n_raw_alloc, 3);
+    ck_assert_uint_eq(fsdp_block_cache_reserved(&c), 3 * fsdp_block_cache_class(unit));
+    ck_assert_uint_eq(c.counted_bytes, 0);
+    steady_pattern(&c, &g, unit, 3, &raw_after_step1);
+    ck_assert_int_eq(g.n_raw_alloc, 3);
+    ck_assert_int_eq(g.n_order, 0);
+    ck_assert_int_eq(g.n_wait, 0);
+    fsdp_block_cache_fini(&c);
+    ck_assert_uint_eq(g.raw_in_use, 0);
+}
+END_TEST
+
+/* A pending block of the size is reused before the driver is asked (the
+ * streams ordered after its fence); the smallest fitting size wins over a
+ * larger done block, so which size a request takes never depends on the
+ * device's progress; when the driver has no memory, free blocks of other
+ * sizes go back to it (pending ones after a host wait); reserving more
+ * than the driver has fails with a message and keeps what it got. */
+START_TEST(test_block_cache_pressure)
+{
+    memset(fake_sizes, 0, sizeof fake_sizes);
+    const size_t MB = (size_t)1 << 20;
+    struct fake f = {.limit = 10 * MB};
+    fsdp_block_cache c;
+    fsdp_block_cache_init(&c, &fake_i, &f);
+    void *a = cache_alloc(&c, 4 * MB, true);
+    f.issued = 7; /* work that uses a */
+    ck_assert_int_eq(fsdp_block_cache_free(&c, a), FSDP_STATUS_OK);
+    /* pending: reused at once, ordered after ticket 7, no new block */
+    void *b = cache_alloc(&c, 4 * MB - 100, false);
+    ck_assert_ptr_eq(b, a);
+    ck_assert_int_eq(f.n_raw_alloc, 1);
+    ck_assert_int_eq(f.n_order, 1);
+    ck_assert_int_eq(f.last_order, 7);
+    ck_assert_uint_eq(c.counted_bytes, 0); /* b is the backend's own */
+    ck_assert_uint_eq(fsdp_block_cache_reserved(&c), 4 * MB);
+    /* none free: a new block */
+    void *a2 = cache_alloc(&c, 4 * MB, true);
+    ck_assert_ptr_ne(a2, b);
+    ck_assert_int_eq(f.n_raw_alloc, 2);
+    ck_assert_uint_eq(c.counted_bytes, 4 * MB);
+    /* a different size: the two free blocks are given back (one after a
+     * host wait), then the driver has room */
+    f.issued = 8;
+    ck_assert_int_eq(fsdp_block_cache_free(&c, b), FSDP_STATUS_OK);
+    f.done = 8;
+    f.issued = 9;
+    ck_assert_int_eq(fsdp_block_cache_free(&c, a2), FSDP_STATUS_OK);
+    void *big = cache_alloc(&c, 9 * MB, true);
+    ck_assert_int_eq(f.n_raw_free, 2);
+    ck_assert_int_eq(f.n_wait, 1);
+    ck_assert_uint_eq(c.held_bytes, 9 * MB);
+    /* nothing fits at all: OOM with a message */
+    void *none = NULL;
+    ck_assert_int_eq(fsdp_block_cache_alloc(&c, 2 * MB, true, &none), FSDP_STATUS_OOM);
+    ck_assert_ptr_null(none);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "no memory left"));
+    /* a block much larger than asked is not handed out */
+    ck_assert_int_eq(fsdp_block_cache_free(&c, big), FSDP_STATUS_OK);
+    f.done = f.issued;
+    void *small = cache_alloc(&c, 1 * MB, true);
+    ck_assert_ptr_ne(small, big);
+    /* trim gives back the done free blocks */
+    ck_assert_int_eq(fsdp_block_cache_trim(&c), FSDP_STATUS_OK);
+    ck_assert_uint_eq(c.held_bytes, 1 * MB);
+    /* the smallest fitting size, pending, beats a larger done one (a block
+     * up to a quarter larger fits too) */
+    void *x = cache_alloc(&c, MB + (200 << 10), true); /* class 1.25 MiB */
+    ck_assert_int_eq(fsdp_block_cache_free(&c, x), FSDP_STATUS_OK);
+    f.done = f.issued;        /* x done */
+    f.issued = 30;
+    ck_assert_int_eq(fsdp_block_cache_free(&c, small), FSDP_STATUS_OK); /* pending */
+    int raw = f.n_raw_alloc, orders = f.n_order;
+    void *s2 = cache_alloc(&c, 1 * MB, true);
+    ck_assert_ptr_eq(s2, small);
+    ck_assert_int_eq(f.n_order, orders + 1);
+    void *x2 = cache_alloc(&c, MB + (200 << 10), true);
+    ck_assert_ptr_eq(x2, x);
+    ck_assert_int_eq(f.n_raw_alloc, raw);
+    ck_assert_int_eq(fsdp_block_cache_free(&c, s2), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_block_cache_free(&c, x2), FSDP_STATUS_OK);
+    f.done = f.issued;
+    ck_assert_int_eq(fsdp_block_cache_trim(&c), FSDP_STATUS_OK);
+    ck_assert_uint_eq(c.held_bytes, 0);
+    /* a fence that cannot be recorded retires the block */
+    void *y = cache_alloc(&c, 1 * MB, true);
+    f.fail_record = 1;
+    ck_assert_int_eq(fsdp_block_cache_free(&c, y), FSDP_STATUS_CUDA);
+    f.fail_record = 0;
+    void *other = cache_alloc(&c, 1 * MB, true);
+    ck_assert_ptr_ne(other, y);
+    ck_assert_int_eq(fsdp_block_cache_free(&c, other), FSDP_STATUS_OK);
+    /* reserving past the driver's memory: OOM naming the block, the rest kept */
+    size_t held = c.held_bytes;
+    ck_assert_int_eq(fsdp_block_cache_reserve(&c, 3 * MB, 4), FSDP_STATUS_OOM);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "reserve block 3 of 4"));
+    ck_assert_uint_eq(c.held_bytes, held + 6 * MB);
+    fsdp_block_cache_fini(&c);
+    ck_assert_uint_eq(f.raw_in_use, 0);
+    ck_assert_int_eq(f.n_raw_free, f.n_raw_alloc);
+}
+END_TEST
+
+/* ---- the cuda device ------------------------------------------------------- */
+
 /* Without a GPU (or without CUDA) the cuda backend fails cleanly, with a
- * message; with a GPU it initialises. */
+ * message, and so does the query of its memory (simulated devices have no
+ * size: 0); with a GPU it initialises. */
 START_TEST(test_cuda_init_or_clean_error)
 {
+    size_t total = 1, free_bytes = 1;
+    ck_assert_int_eq(fsdp_backend_device_total(FSDP_BACKEND_CPU, 4, &total), FSDP_STATUS_OK);
+    ck_assert_uint_eq(total, 0);
+    ck_assert_int_eq(fsdp_backend_device_total(FSDP_BACKEND_META, 4, &total), FSDP_STATUS_OK);
+    ck_assert_uint_eq(total, 0);
+    if (fsdp_cuda_device_count() == 0) {
+        ck_assert_int_eq(fsdp_backend_device_total(FSDP_BACKEND_CUDA, 1, &total),
+                         FSDP_STATUS_UNSUPPORTED);
+        ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "no cuda device is visible"));
+        ck_assert_int_eq(fsdp_cuda_device_memory(0, &total, &free_bytes), FSDP_STATUS_UNSUPPORTED);
+        ck_assert_uint_eq(total, 0);
+        ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), built_with_cuda ? "0 GPU(s) are visible"
+                                                                       : "CUDA=0"));
+    }
     fsdp_device d;
     fsdp_status st = fsdp_device_init(&d, FSDP_BACKEND_CUDA, NULL, 0, 0, 0);
     if (!built_with_cuda) {
@@ -262,6 +360,7 @@ START_TEST(test_cuda_init_or_clean_error)
         ck_assert(strstr(fsdp_error_msg(), "CUDA=0") != NULL);
         fsdp_op_ctx ctx = {0};
         ck_assert_int_eq(fsdp_ops_cuda_init(&ctx), FSDP_STATUS_UNSUPPORTED);
+        ck_assert_ptr_null(fsdp_cuda_device_cache(&d));
         return;
     }
     if (fsdp_cuda_device_count() == 0) {
@@ -274,753 +373,323 @@ START_TEST(test_cuda_init_or_clean_error)
     ck_assert_msg(fsdp_ops_init(&ctx, &d, FSDP_DTYPE_BF16) == FSDP_STATUS_OK, "%s",
                   fsdp_error_msg());
     ck_assert_ptr_nonnull(ctx.backend);
-    /* the cuBLAS workspace is counted on the device */
-    ck_assert_uint_ge(d.mem.in_use_bytes, (size_t)1 << 20);
+    /* the cuBLAS workspace is the backend's own: reserved, not in use
+     * (cpu and meta have none, and the planner counts none) */
+    ck_assert_uint_eq(d.mem.in_use_bytes, 0);
+    ck_assert_uint_ge(d.mem.reserved_bytes, (size_t)32 << 20);
     fsdp_ops_fini(&ctx);
     fsdp_device_fini(&d);
 }
 END_TEST
 
-/* The rendezvous: 4 rank threads, many exchanges, every record seen by
- * every rank in rank order; then an abort while ranks wait. */
-struct rdv_arg {
-    int rounds;
-    int fail_rank, fail_round; /* -1: none */
-    int bad[8];
-    fsdp_status st[8];
-};
+/* The engine's pattern (gather u+1 on the comm stream while u computes,
+ * a gradient buffer per unit, accumulation slots kept, frees stream-ordered
+ * with no host wait before them, as the engine's release does) for three
+ * steps on a cuda and a cpu device side by side, after the engine's kind
+ * of warm-up (fsdp_device_reserve): the cuda device never asks the driver
+ * for memory during the steps; in-use bytes, peaks, kind breakdown and
+ * allocation counts equal the cpu's exactly, and so do the warm-up
+ * ledgers; every gathered unit still holds what was written into it. */
+#define PAT_ROOT ((size_t)300000)
+#define PAT_UNIT ((size_t)2100000)
+#define PAT_GRAD ((size_t)4200000)
+#define PAT_ACC ((size_t)525000)
 
-static fsdp_status rdv_rank(fsdp_world *w, int rank, void *arg)
+/* What the pattern holds at once: the root, two units, one gradient, the
+ * twelve accumulation slots. */
+static void reserve_pattern(fsdp_device *d)
 {
-    struct rdv_arg *a = arg;
-    fsdp_comm_rdv *r;
-    FSDP_TRY(fsdp_comm_rdv_attach(w, &r));
-    fsdp_status st = FSDP_STATUS_OK;
-    for (int k = 0; k < a->rounds && st == FSDP_STATUS_OK; k++) {
-        if (rank == a->fail_rank && k == a->fail_round) {
-            st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d fails on purpose", rank);
-            break;
+    ck_assert_int_eq(fsdp_device_reserve(d, PAT_ROOT, 1), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_device_reserve(d, PAT_UNIT, 2), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_device_reserve(d, PAT_GRAD, 1), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_device_reserve(d, PAT_ACC, 12), FSDP_STATUS_OK);
+}
+
+static void run_pattern(fsdp_device *d, void **acc, int check_data, int *bad)
+{
+    const size_t root = PAT_ROOT, unit = PAT_UNIT, grad = PAT_GRAD, acc_bytes = PAT_ACC;
+    void *r = NULL, *cur = NULL, *next = NULL, *g = NULL;
+    ck_assert_int_eq(fsdp_device_alloc(d, root, FSDP_MEM_GATHER, "root", &r), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_device_alloc(d, unit, FSDP_MEM_GATHER, "unit 0", &cur), FSDP_STATUS_OK);
+    fsdp_device_memset(d, cur, 1, unit, d->comm);
+    for (int u = 1; u <= 12; u++) {
+        if (u < 12) {
+            ck_assert_int_eq(fsdp_device_alloc(d, unit, FSDP_MEM_GATHER, "unit", &next),
+                             FSDP_STATUS_OK);
+            fsdp_device_memset(d, next, (u + 1) & 0xff, unit, d->comm); /* the "gather" */
         }
-        long mine[3] = {rank, k, rank * 1000 + k}, all[8][3];
-        st = fsdp_comm_rdv_exchange(r, w, rank, mine, sizeof mine, all, true);
-        if (st != FSDP_STATUS_OK)
-            break;
-        for (int q = 0; q < w->n_ranks; q++)
-            if (all[q][0] != q || all[q][1] != k || all[q][2] != q * 1000 + k)
-                a->bad[rank]++;
+        ck_assert_int_eq(fsdp_device_alloc(d, grad, FSDP_MEM_GRAD, "grad", &g), FSDP_STATUS_OK);
+        fsdp_device_memset(d, g, 0x40 + u, grad, d->compute);
+        if (!acc[u - 1])
+            ck_assert_int_eq(fsdp_device_alloc(d, acc_bytes, FSDP_MEM_GRAD, "acc", &acc[u - 1]),
+                             FSDP_STATUS_OK);
+        if (check_data) {
+            /* the gathered unit holds its own bytes (read in order after
+             * its writer, on the comm stream) */
+            unsigned char probe[4096];
+            ck_assert_int_eq(fsdp_device_memcpy(d, probe, (char *)cur + unit - sizeof probe,
+                                                sizeof probe, d->comm),
+                             FSDP_STATUS_OK);
+            for (size_t i = 0; i < sizeof probe; i++)
+                *bad += probe[i] != (unsigned char)(u & 0xff);
+        }
+        fsdp_device_free(d, g);
+        fsdp_device_free(d, cur);
+        cur = next;
+        next = NULL;
     }
-    fsdp_comm_rdv_detach(w, r);
-    a->st[rank] = st;
-    return st;
+    fsdp_device_free(d, r);
 }
 
-START_TEST(test_rdv_exchange_and_abort)
+START_TEST(test_cuda_alloc_cached_and_counted_exactly)
 {
-    fsdp_world *w;
-    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
-    struct rdv_arg a = {.rounds = 300, .fail_rank = -1, .fail_round = -1};
-    ck_assert_msg(fsdp_world_launch(w, rdv_rank, &a) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-    for (int r = 0; r < 4; r++)
-        ck_assert_int_eq(a.bad[r], 0);
-    ck_assert_ptr_null(w->rdv_shared); /* the last rank to leave freed it */
-
-    struct rdv_arg b = {.rounds = 300, .fail_rank = 2, .fail_round = 57};
-    double t0 = now_s();
-    fsdp_status st = fsdp_world_launch(w, rdv_rank, &b);
-    ck_assert_int_eq(st, FSDP_STATUS_INTERNAL);
-    ck_assert(strstr(fsdp_error_msg(), "on purpose") != NULL);
-    for (int r = 0; r < 4; r++) {
-        ck_assert_int_eq(b.bad[r], 0);
-        if (r != 2)
-            ck_assert_int_eq(b.st[r], FSDP_STATUS_ABORTED);
+    NEED_GPU("test_cuda_alloc_cached_and_counted_exactly");
+    fsdp_device g, c;
+    ck_assert_msg(fsdp_device_init(&g, FSDP_BACKEND_CUDA, NULL, 0, 0, 0) == FSDP_STATUS_OK, "%s",
+                  fsdp_error_msg());
+    ck_assert_int_eq(fsdp_device_init(&c, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
+    const fsdp_block_cache *cache = fsdp_cuda_device_cache(&g);
+    ck_assert_ptr_nonnull(cache);
+    void *acc_g[12] = {0}, *acc_c[12] = {0};
+    int bad = 0;
+    reserve_pattern(&g);
+    reserve_pattern(&c);
+    ck_assert_uint_eq(g.mem.n_allocs, 0);
+    ck_assert_uint_eq(g.mem.in_use_bytes, 0);
+    ck_assert_uint_eq(c.mem.reserved_bytes, 0);
+    size_t raw_after_reserve = cache->n_raw_allocs;
+    ck_assert_uint_eq(raw_after_reserve, 1 + 2 + 1 + 12);
+    ck_assert_uint_eq(g.mem.reserved_bytes, cache->held_bytes);
+    for (int step = 0; step < 3; step++) {
+        run_pattern(&g, acc_g, 1, &bad);
+        run_pattern(&c, acc_c, 0, &bad);
+        ck_assert_uint_eq(g.mem.in_use_bytes, c.mem.in_use_bytes);
+        ck_assert_uint_eq(g.mem.peak_bytes, c.mem.peak_bytes);
+        ck_assert_uint_eq(g.mem.n_allocs, c.mem.n_allocs);
+        for (int k = 0; k < FSDP_MEM_KIND_COUNT; k++) {
+            ck_assert_uint_eq(g.mem.kind_bytes[k], c.mem.kind_bytes[k]);
+            ck_assert_uint_eq(g.mem.peak_kind_bytes[k], c.mem.peak_kind_bytes[k]);
+        }
+        ck_assert_uint_eq(g.mem.reserved_bytes, cache->held_bytes - g.mem.in_use_bytes);
+        ck_assert_uint_eq(c.mem.reserved_bytes, 0);
     }
-    ck_assert(now_s() - t0 < 5.0);
-    ck_assert_ptr_null(w->rdv_shared);
-
-    /* the world is usable again after the abort */
-    struct rdv_arg c = {.rounds = 20, .fail_rank = -1, .fail_round = -1};
-    ck_assert_int_eq(fsdp_world_launch(w, rdv_rank, &c), FSDP_STATUS_OK);
-    fsdp_world_free(w);
-}
-END_TEST
-
-/* ---- ops against the cpu backend ------------------------------------------ */
-
-START_TEST(test_embed)
-{
-    NEED_GPU(_i ? "test_embed(bf16)" : "test_embed(f32)");
-    pair P;
-    fsdp_dtype dt = (fsdp_dtype)_i;
-    pair_init(&P, dt);
-    const int B = 3, T = 17, C = 72, V = 50, maxT = 20;
-    tens tok = t_ints(&P, (size_t)B * T, V, 1);
-    tens wte = t_new(&P, (size_t)V * C, dt, 0.5f, 2), wpe = t_new(&P, (size_t)maxT * C, dt, 0.5f, 3);
-    tens out = t_new(&P, (size_t)B * T * C, dt, 0.0f, 0);
-    tens dout = t_new(&P, (size_t)B * T * C, FSDP_DTYPE_F32, 1.0f, 4);
-    tens dwte = t_new(&P, (size_t)V * C, FSDP_DTYPE_F32, 0.1f, 5);
-    tens dwpe = t_new(&P, (size_t)maxT * C, FSDP_DTYPE_F32, 0.1f, 6);
-    FSDP_OP(&P.oc, embed_fwd, out.c, tok.c, wte.c, wpe.c, B, T, C);
-    FSDP_OP(&P.og, embed_fwd, out.g, tok.g, wte.g, wpe.g, B, T, C);
-    FSDP_OP(&P.oc, embed_bwd, dwte.c, dwpe.c, dout.c, tok.c, B, T, C);
-    FSDP_OP(&P.og, embed_bwd, dwte.g, dwpe.g, dout.g, tok.g, B, T, C);
-    gpu_done(&P);
-    float *g_out, *g_dwte, *g_dwpe;
-    expect_pair(&P, "embed_fwd out", &out, dt == FSDP_DTYPE_BF16 ? 4e-3 : 0.0, &g_out);
-    /* same adds in the same order as the cpu: exact */
-    expect_pair(&P, "embed_bwd dwte", &dwte, 0.0, &g_dwte);
-    expect_pair(&P, "embed_bwd dwpe", &dwpe, 0.0, &g_dwpe);
-    t_upload(&P, &dwte);
-    t_upload(&P, &dwpe);
-    FSDP_OP(&P.og, embed_fwd, out.g, tok.g, wte.g, wpe.g, B, T, C);
-    FSDP_OP(&P.og, embed_bwd, dwte.g, dwpe.g, dout.g, tok.g, B, T, C);
-    gpu_done(&P);
-    expect_same_bits(&P, "embed_fwd", &out, g_out);
-    expect_same_bits(&P, "embed_bwd dwte", &dwte, g_dwte);
-    expect_same_bits(&P, "embed_bwd dwpe", &dwpe, g_dwpe);
-    tens *all[] = {&tok, &wte, &wpe, &out, &dout, &dwte, &dwpe};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        t_free(&P, all[i]);
-    pair_fini(&P);
-}
-END_TEST
-
-START_TEST(test_layernorm)
-{
-    NEED_GPU(_i ? "test_layernorm(bf16)" : "test_layernorm(f32)");
-    pair P;
-    fsdp_dtype dt = (fsdp_dtype)_i;
-    pair_init(&P, dt);
-    const int N = 150, C = 200; /* > 64 rows: several column-sum chunks */
-    tens inp = t_new(&P, (size_t)N * C, dt, 2.0f, 10), w = t_new(&P, C, dt, 1.0f, 11);
-    tens b = t_new(&P, C, dt, 1.0f, 12), out = t_new(&P, (size_t)N * C, dt, 0.0f, 0);
-    tens mean = t_new(&P, N, FSDP_DTYPE_F32, 0.0f, 0), rstd = t_new(&P, N, FSDP_DTYPE_F32, 0.0f, 0);
-    tens dout = t_new(&P, (size_t)N * C, FSDP_DTYPE_F32, 1.0f, 13);
-    tens dinp = t_new(&P, (size_t)N * C, FSDP_DTYPE_F32, 0.5f, 14);
-    tens dw = t_new(&P, C, FSDP_DTYPE_F32, 0.5f, 15), db = t_new(&P, C, FSDP_DTYPE_F32, 0.5f, 16);
-    FSDP_OP(&P.oc, layernorm_fwd, out.c, mean.c, rstd.c, inp.c, w.c, b.c, N, C);
-    FSDP_OP(&P.og, layernorm_fwd, out.g, mean.g, rstd.g, inp.g, w.g, b.g, N, C);
-    FSDP_OP(&P.oc, layernorm_bwd, dinp.c, dw.c, db.c, dout.c, inp.c, w.c, mean.c, rstd.c, N, C);
-    FSDP_OP(&P.og, layernorm_bwd, dinp.g, dw.g, db.g, dout.g, inp.g, w.g, mean.g, rstd.g, N, C);
-    gpu_done(&P);
-    float *g[6];
-    expect_pair(&P, "layernorm_fwd out", &out, tol_for(dt, 1e-5), &g[0]);
-    expect_pair(&P, "layernorm_fwd mean", &mean, 1e-6, &g[1]);
-    expect_pair(&P, "layernorm_fwd rstd", &rstd, 1e-6, &g[2]);
-    expect_pair(&P, "layernorm_bwd dinp", &dinp, 1e-4, &g[3]);
-    expect_pair(&P, "layernorm_bwd dw", &dw, 1e-4, &g[4]);
-    expect_pair(&P, "layernorm_bwd db", &db, 1e-5, &g[5]);
-    t_upload(&P, &dinp);
-    t_upload(&P, &dw);
-    t_upload(&P, &db);
-    FSDP_OP(&P.og, layernorm_fwd, out.g, mean.g, rstd.g, inp.g, w.g, b.g, N, C);
-    FSDP_OP(&P.og, layernorm_bwd, dinp.g, dw.g, db.g, dout.g, inp.g, w.g, mean.g, rstd.g, N, C);
-    gpu_done(&P);
-    expect_same_bits(&P, "layernorm_fwd out", &out, g[0]);
-    expect_same_bits(&P, "layernorm_fwd mean", &mean, g[1]);
-    expect_same_bits(&P, "layernorm_fwd rstd", &rstd, g[2]);
-    expect_same_bits(&P, "layernorm_bwd dinp", &dinp, g[3]);
-    expect_same_bits(&P, "layernorm_bwd dw", &dw, g[4]);
-    expect_same_bits(&P, "layernorm_bwd db", &db, g[5]);
-    tens *all[] = {&inp, &w, &b, &out, &mean, &rstd, &dout, &dinp, &dw, &db};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        t_free(&P, all[i]);
-    pair_fini(&P);
-}
-END_TEST
-
-START_TEST(test_matmul)
-{
-    NEED_GPU(_i ? "test_matmul(bf16)" : "test_matmul(f32)");
-    pair P;
-    fsdp_dtype dt = (fsdp_dtype)_i;
-    pair_init(&P, dt);
-    const int N = 70, C = 96, OC = 136;
-    tens inp = t_new(&P, (size_t)N * C, dt, 1.0f, 20), w = t_new(&P, (size_t)OC * C, dt, 0.2f, 21);
-    tens bias = t_new(&P, OC, dt, 1.0f, 22);
-    tens out = t_new(&P, (size_t)N * OC, dt, 0.0f, 0), out2 = t_new(&P, (size_t)N * OC, dt, 0.0f, 0);
-    tens dout = t_new(&P, (size_t)N * OC, FSDP_DTYPE_F32, 1.0f, 23);
-    tens dinp = t_new(&P, (size_t)N * C, FSDP_DTYPE_F32, 0.5f, 24);
-    tens dw = t_new(&P, (size_t)OC * C, FSDP_DTYPE_F32, 0.5f, 25);
-    tens dbias = t_new(&P, OC, FSDP_DTYPE_F32, 0.5f, 26);
-    FSDP_OP(&P.oc, matmul_fwd, out.c, inp.c, w.c, bias.c, N, C, OC);
-    FSDP_OP(&P.og, matmul_fwd, out.g, inp.g, w.g, bias.g, N, C, OC);
-    FSDP_OP(&P.oc, matmul_fwd, out2.c, inp.c, w.c, NULL, N, C, OC);
-    FSDP_OP(&P.og, matmul_fwd, out2.g, inp.g, w.g, NULL, N, C, OC);
-    FSDP_OP(&P.oc, matmul_bwd, dinp.c, dw.c, dbias.c, dout.c, inp.c, w.c, N, C, OC);
-    FSDP_OP(&P.og, matmul_bwd, dinp.g, dw.g, dbias.g, dout.g, inp.g, w.g, N, C, OC);
-    gpu_done(&P);
-    float *g[5];
-    expect_pair(&P, "matmul_fwd out", &out, tol_for(dt, 1e-4), &g[0]);
-    expect_pair(&P, "matmul_fwd out (no bias)", &out2, tol_for(dt, 1e-4), &g[1]);
-    expect_pair(&P, "matmul_bwd dinp", &dinp, tol_for(dt, 1e-4), &g[2]);
-    expect_pair(&P, "matmul_bwd dw", &dw, tol_for(dt, 1e-4), &g[3]);
-    expect_pair(&P, "matmul_bwd dbias", &dbias, 1e-5, &g[4]);
-    t_upload(&P, &dinp);
-    t_upload(&P, &dw);
-    t_upload(&P, &dbias);
-    FSDP_OP(&P.og, matmul_fwd, out.g, inp.g, w.g, bias.g, N, C, OC);
-    FSDP_OP(&P.og, matmul_fwd, out2.g, inp.g, w.g, NULL, N, C, OC);
-    FSDP_OP(&P.og, matmul_bwd, dinp.g, dw.g, dbias.g, dout.g, inp.g, w.g, N, C, OC);
-    gpu_done(&P);
-    expect_same_bits(&P, "matmul_fwd", &out, g[0]);
-    expect_same_bits(&P, "matmul_fwd (no bias)", &out2, g[1]);
-    expect_same_bits(&P, "matmul_bwd dinp", &dinp, g[2]);
-    expect_same_bits(&P, "matmul_bwd dw", &dw, g[3]);
-    expect_same_bits(&P, "matmul_bwd dbias", &dbias, g[4]);
-    /* NULL gradients are skipped: only dinp changes */
-    t_upload(&P, &dinp);
-    t_upload(&P, &dw);
-    FSDP_OP(&P.og, matmul_bwd, dinp.g, NULL, NULL, dout.g, inp.g, w.g, N, C, OC);
-    gpu_done(&P);
-    float *gw = t_get(&P, &dw, 1);
-    ck_assert(memcmp(gw, dw.init, dw.n * sizeof(float)) == 0);
-    free(gw);
-    tens *all[] = {&inp, &w, &bias, &out, &out2, &dout, &dinp, &dw, &dbias};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        t_free(&P, all[i]);
-    pair_fini(&P);
-}
-END_TEST
-
-START_TEST(test_gelu_residual_add)
-{
-    NEED_GPU(_i ? "test_gelu_residual_add(bf16)" : "test_gelu_residual_add(f32)");
-    pair P;
-    fsdp_dtype dt = (fsdp_dtype)_i;
-    pair_init(&P, dt);
-    const size_t n = 5000;
-    tens x = t_new(&P, n, dt, 3.0f, 30), y = t_new(&P, n, dt, 1.0f, 31);
-    tens out = t_new(&P, n, dt, 0.0f, 0), res = t_new(&P, n, dt, 0.0f, 0);
-    tens dout = t_new(&P, n, FSDP_DTYPE_F32, 1.0f, 32), dinp = t_new(&P, n, FSDP_DTYPE_F32, 1.0f, 33);
-    tens a32 = t_new(&P, n, FSDP_DTYPE_F32, 1.0f, 34);
-    FSDP_OP(&P.oc, gelu_fwd, out.c, x.c, n);
-    FSDP_OP(&P.og, gelu_fwd, out.g, x.g, n);
-    FSDP_OP(&P.oc, gelu_bwd, dinp.c, x.c, dout.c, n);
-    FSDP_OP(&P.og, gelu_bwd, dinp.g, x.g, dout.g, n);
-    FSDP_OP(&P.oc, residual_fwd, res.c, x.c, y.c, n);
-    FSDP_OP(&P.og, residual_fwd, res.g, x.g, y.g, n);
-    FSDP_OP(&P.oc, add, a32.c, a32.c, dout.c, n); /* in place */
-    FSDP_OP(&P.og, add, a32.g, a32.g, dout.g, n);
-    gpu_done(&P);
-    float *g[4];
-    expect_pair(&P, "gelu_fwd", &out, tol_for(dt, 1e-5), &g[0]);
-    expect_pair(&P, "gelu_bwd", &dinp, 1e-5, &g[1]);
-    expect_pair(&P, "residual_fwd", &res, 0.0, &g[2]);
-    expect_pair(&P, "add", &a32, 0.0, &g[3]);
-    t_upload(&P, &dinp);
-    t_upload(&P, &a32);
-    FSDP_OP(&P.og, gelu_fwd, out.g, x.g, n);
-    FSDP_OP(&P.og, gelu_bwd, dinp.g, x.g, dout.g, n);
-    FSDP_OP(&P.og, residual_fwd, res.g, x.g, y.g, n);
-    FSDP_OP(&P.og, add, a32.g, a32.g, dout.g, n);
-    gpu_done(&P);
-    expect_same_bits(&P, "gelu_fwd", &out, g[0]);
-    expect_same_bits(&P, "gelu_bwd", &dinp, g[1]);
-    expect_same_bits(&P, "residual_fwd", &res, g[2]);
-    expect_same_bits(&P, "add", &a32, g[3]);
-    tens *all[] = {&x, &y, &out, &res, &dout, &dinp, &a32};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        t_free(&P, all[i]);
-    pair_fini(&P);
-}
-END_TEST
-
-START_TEST(test_attention)
-{
-    NEED_GPU(_i ? "test_attention(bf16)" : "test_attention(f32)");
-    pair P;
-    fsdp_dtype dt = (fsdp_dtype)_i;
-    pair_init(&P, dt);
-    const int B = 2, T = 33, C = 64, NH = 4;
-    const size_t nqkv = (size_t)B * T * 3 * C, natt = (size_t)B * NH * T * T, nout = (size_t)B * T * C;
-    tens qkv = t_new(&P, nqkv, dt, 1.0f, 40);
-    tens att = t_new(&P, natt, dt, 0.0f, 0), out = t_new(&P, nout, dt, 0.0f, 0);
-    tens dout = t_new(&P, nout, FSDP_DTYPE_F32, 1.0f, 41);
-    tens dqkv = t_new(&P, nqkv, FSDP_DTYPE_F32, 0.5f, 42);
-    tens datt = t_new(&P, natt, FSDP_DTYPE_F32, 0.0f, 0);
-    FSDP_OP(&P.oc, attention_fwd, out.c, att.c, qkv.c, B, T, C, NH);
-    FSDP_OP(&P.og, attention_fwd, out.g, att.g, qkv.g, B, T, C, NH);
-    FSDP_OP(&P.oc, attention_bwd, dqkv.c, datt.c, dout.c, qkv.c, att.c, B, T, C, NH);
-    FSDP_OP(&P.og, attention_bwd, dqkv.g, datt.g, dout.g, qkv.g, att.g, B, T, C, NH);
-    gpu_done(&P);
-    float *g[3];
-    expect_pair(&P, "attention_fwd att", &att, tol_for(dt, 1e-5), &g[0]);
-    expect_pair(&P, "attention_fwd out", &out, tol_for(dt, 1e-4), &g[1]);
-    expect_pair(&P, "attention_bwd dqkv", &dqkv, tol_for(dt, 1e-4), &g[2]);
-    /* causal: zeros above the diagonal */
-    float *ga = t_get(&P, &att, 1);
-    for (int bh = 0; bh < B * NH; bh++)
-        for (int t = 0; t < T; t++)
-            for (int j = t + 1; j < T; j++)
-                ck_assert(ga[((size_t)bh * T + t) * T + j] == 0.0f);
-    free(ga);
-    t_upload(&P, &dqkv);
-    FSDP_OP(&P.og, attention_fwd, out.g, att.g, qkv.g, B, T, C, NH);
-    FSDP_OP(&P.og, attention_bwd, dqkv.g, datt.g, dout.g, qkv.g, att.g, B, T, C, NH);
-    gpu_done(&P);
-    expect_same_bits(&P, "attention_fwd att", &att, g[0]);
-    expect_same_bits(&P, "attention_fwd out", &out, g[1]);
-    expect_same_bits(&P, "attention_bwd dqkv", &dqkv, g[2]);
-    /* a bad head count is reported through sync_error, then cleared */
-    FSDP_OP(&P.og, attention_fwd, out.g, att.g, qkv.g, B, T, C, 5);
-    ck_assert_int_eq(fsdp_device_stream_sync(&P.gpu, P.gpu.compute), FSDP_STATUS_OK);
-    ck_assert_int_eq(P.og.iface->sync_error(&P.og), FSDP_STATUS_INVALID_ARG);
-    ck_assert(strstr(fsdp_error_msg(), "heads") != NULL);
-    ck_assert_int_eq(P.og.iface->sync_error(&P.og), FSDP_STATUS_OK);
-    tens *all[] = {&qkv, &att, &out, &dout, &dqkv, &datt};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        t_free(&P, all[i]);
-    pair_fini(&P);
-}
-END_TEST
-
-START_TEST(test_xent)
-{
-    NEED_GPU(_i ? "test_xent(bf16)" : "test_xent(f32)");
-    pair P;
-    fsdp_dtype dt = (fsdp_dtype)_i;
-    pair_init(&P, dt);
-    const int N = 40, V = 1000, Vp = 1024; /* also the >= 4096 path below */
-    tens logits = t_new(&P, (size_t)N * Vp, dt, 3.0f, 50);
-    tens tgt = t_ints(&P, N, V, 51);
-    tens losses = t_new(&P, N, FSDP_DTYPE_F32, 0.0f, 0);
-    tens dlogits = t_new(&P, (size_t)N * Vp, FSDP_DTYPE_F32, 1.0f, 52); /* overwritten */
-    const float dloss = 1.0f / N;
-    FSDP_OP(&P.oc, xent_fwd_bwd, losses.c, dlogits.c, logits.c, tgt.c, N, V, Vp, dloss);
-    FSDP_OP(&P.og, xent_fwd_bwd, losses.g, dlogits.g, logits.g, tgt.g, N, V, Vp, dloss);
-    gpu_done(&P);
-    float *g[2];
-    expect_pair(&P, "xent losses", &losses, 1e-5, &g[0]);
-    expect_pair(&P, "xent dlogits", &dlogits, 1e-5, &g[1]);
-    float *gd = t_get(&P, &dlogits, 1);
-    for (int i = 0; i < N; i++)
-        for (int j = V; j < Vp; j++)
-            ck_assert(gd[(size_t)i * Vp + j] == 0.0f);
-    free(gd);
-    FSDP_OP(&P.og, xent_fwd_bwd, losses.g, dlogits.g, logits.g, tgt.g, N, V, Vp, dloss);
-    gpu_done(&P);
-    expect_same_bits(&P, "xent losses", &losses, g[0]);
-    expect_same_bits(&P, "xent dlogits", &dlogits, g[1]);
-    if (dt == FSDP_DTYPE_F32) {
-        /* dlogits aliasing logits: same results as separate buffers */
-        float *sep = t_get(&P, &dlogits, 1);
-        FSDP_OP(&P.og, xent_fwd_bwd, losses.g, (float *)logits.g, logits.g, tgt.g, N, V, Vp,
-                dloss);
-        gpu_done(&P);
-        float *inplace = t_get(&P, &logits, 1);
-        ck_assert(memcmp(sep, inplace, logits.n * sizeof(float)) == 0);
-        free(sep);
-        free(inplace);
+    ck_assert_int_eq(bad, 0);
+    /* no driver call in any step: every allocation was a reserved block */
+    ck_assert_uint_eq(cache->n_raw_allocs, raw_after_reserve);
+    ck_assert_uint_eq(cache->n_reused, g.mem.n_allocs);
+    ck_assert_uint_eq(cache->n_raw_frees, 0);
+    ck_assert_uint_eq(g.n_resv_misses, 0);
+    ck_assert_uint_eq(c.n_resv_misses, 0);
+    ck_assert_uint_eq(g.n_resv, c.n_resv);
+    for (size_t i = 0; i < g.n_resv; i++) {
+        ck_assert_uint_eq(g.resv[i].peak_live, c.resv[i].peak_live);
+        ck_assert_uint_eq(g.resv[i].peak_live, g.resv[i].n);
     }
-    /* a vocabulary large enough for the wide block, forward only */
-    const int N2 = 6, V2 = 50257, Vp2 = 50304;
-    tens l2 = t_new(&P, (size_t)N2 * Vp2, dt, 2.0f, 53), t2 = t_ints(&P, N2, V2, 54);
-    tens loss2 = t_new(&P, N2, FSDP_DTYPE_F32, 0.0f, 0);
-    FSDP_OP(&P.oc, xent_fwd_bwd, loss2.c, NULL, l2.c, t2.c, N2, V2, Vp2, 1.0f);
-    FSDP_OP(&P.og, xent_fwd_bwd, loss2.g, NULL, l2.g, t2.g, N2, V2, Vp2, 1.0f);
-    gpu_done(&P);
-    expect_pair(&P, "xent losses (V=50257)", &loss2, 1e-5, NULL);
-    tens *all[] = {&logits, &tgt, &losses, &dlogits, &l2, &t2, &loss2};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        t_free(&P, all[i]);
-    pair_fini(&P);
+    for (int u = 0; u < 12; u++) {
+        fsdp_device_free(&g, acc_g[u]);
+        fsdp_device_free(&c, acc_c[u]);
+    }
+    ck_assert_uint_eq(g.mem.in_use_bytes, 0);
+    ck_assert_uint_eq(g.mem.reserved_bytes, cache->held_bytes);
+    fsdp_device_fini(&g);
+    fsdp_device_fini(&c);
 }
 END_TEST
 
-/* AdamW: bit-identical to the cpu (fsdp_adamw_ref), p_out fp32 or bf16. */
-START_TEST(test_adamw_bit_exact)
+/* The GPU's memory as the device layer reports it, and `fsdp train`'s fit
+ * check against it: a run the plan says needs more than the GPU has is
+ * refused before anything is allocated, naming the GPU's memory. */
+START_TEST(test_cuda_memory_and_fit_check)
 {
-    NEED_GPU(_i ? "test_adamw_bit_exact(bf16 out)" : "test_adamw_bit_exact(f32 out)");
-    pair P;
-    fsdp_dtype out_dt = (fsdp_dtype)_i;
-    pair_init(&P, FSDP_DTYPE_F32);
-    const size_t n = 10007;
-    tens p = t_new(&P, n, FSDP_DTYPE_F32, 1.0f, 60), g = t_new(&P, n, FSDP_DTYPE_F32, 0.3f, 61);
-    tens m = t_new(&P, n, FSDP_DTYPE_F32, 0.01f, 62), v = t_new(&P, n, FSDP_DTYPE_F32, 0.0f, 0);
-    tens po = t_new(&P, n, out_dt, 0.0f, 0);
-    for (int step = 1; step <= 3; step++) {
-        float b1 = 0.9f, b2 = 0.95f;
-        float bc1 = 1.0f - powf(b1, (float)step), bc2 = 1.0f - powf(b2, (float)step);
-        FSDP_OP(&P.oc, adamw, p.c, g.c, m.c, v.c, n, 3e-4f, b1, b2, 1e-8f, 0.1f, bc1, bc2, 0.7f,
-                po.c, out_dt);
-        FSDP_OP(&P.og, adamw, p.g, g.g, m.g, v.g, n, 3e-4f, b1, b2, 1e-8f, 0.1f, bc1, bc2, 0.7f,
-                po.g, out_dt);
-    }
-    gpu_done(&P);
-    tens *chk[] = {&p, &m, &v, &po};
-    const char *names[] = {"p", "m", "v", "p_out"};
-    for (int k = 0; k < 4; k++) {
-        float *c = t_get(&P, chk[k], 0), *gg = t_get(&P, chk[k], 1);
-        for (size_t i = 0; i < n; i++)
-            ck_assert_msg(memcmp(&c[i], &gg[i], 4) == 0, "adamw %s[%zu]: cuda %.9g vs cpu %.9g",
-                          names[k], i, gg[i], c[i]);
-        free(c);
-        free(gg);
-    }
-    tens *all[] = {&p, &g, &m, &v, &po};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        t_free(&P, all[i]);
-    pair_fini(&P);
+    NEED_GPU("test_cuda_memory_and_fit_check");
+    size_t total = 0, free_bytes = 0, least = 0;
+    ck_assert_msg(fsdp_cuda_device_memory(0, &total, &free_bytes) == FSDP_STATUS_OK, "%s",
+                  fsdp_error_msg());
+    ck_assert_uint_gt(total, (size_t)1 << 30);
+    ck_assert_uint_le(free_bytes, total);
+    int n = fsdp_cuda_device_count();
+    ck_assert_int_eq(fsdp_cuda_device_memory(n, &total, &free_bytes), FSDP_STATUS_UNSUPPORTED);
+    ck_assert_int_eq(fsdp_backend_device_total(FSDP_BACKEND_CUDA, 64, &least), FSDP_STATUS_OK);
+    ck_assert_uint_gt(least, (size_t)1 << 30);
+    fsdp_train_config c;
+    fsdp_train_config_default(&c);
+    c.model = "gpt2-xl";
+    c.eng.backend = FSDP_BACKEND_CUDA;
+    c.eng.n_ranks = 1;
+    c.eng.batch = 64; /* about 650 GiB: beyond any GPU's memory */
+    c.eng.seq = 1024;
+    c.out = NULL;
+    ck_assert_int_eq(fsdp_fit_check_train(&c, least), FSDP_STATUS_OOM);
+    ck_assert_msg(strstr(fsdp_error_msg(), "the GPU's memory") &&
+                      strstr(fsdp_error_msg(), "does not fit"),
+                  "%s", fsdp_error_msg());
+    c.eng.batch = 1;
+    c.eng.seq = 64;
+    c.model = "tiny";
+    ck_assert_msg(fsdp_fit_check_train(&c, least) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
 }
 END_TEST
 
-/* cast (both directions, ties, NaN, inf) and sumsq_blocks: bit-identical. */
-START_TEST(test_cast_sumsq_bit_exact)
-{
-    NEED_GPU("test_cast_sumsq_bit_exact");
-    pair P;
-    pair_init(&P, FSDP_DTYPE_F32);
-    const size_t n = 3 * FSDP_NORM_BLOCK + 77; /* a short last block */
-    tens x = t_new(&P, n, FSDP_DTYPE_F32, 10.0f, 70);
-    /* specials: ties to even, NaN, infinities, denormals */
-    uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0x7fc00001u, 0xffa00000u, 0x7f800000u,
-                           0xff800000u, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0x3f80ffffu};
-    for (size_t k = 0; k < sizeof specials / sizeof *specials; k++)
-        memcpy(&x.init[k], &specials[k], 4);
-    t_upload(&P, &x);
-    tens h = t_new(&P, n, FSDP_DTYPE_BF16, 0.0f, 0), back = t_new(&P, n, FSDP_DTYPE_F32, 0.0f, 0);
-    tens same = t_new(&P, n, FSDP_DTYPE_F32, 0.0f, 0);
-    FSDP_OP(&P.oc, cast, h.c, FSDP_DTYPE_BF16, x.c, FSDP_DTYPE_F32, n);
-    FSDP_OP(&P.og, cast, h.g, FSDP_DTYPE_BF16, x.g, FSDP_DTYPE_F32, n);
-    FSDP_OP(&P.oc, cast, back.c, FSDP_DTYPE_F32, h.c, FSDP_DTYPE_BF16, n);
-    FSDP_OP(&P.og, cast, back.g, FSDP_DTYPE_F32, h.g, FSDP_DTYPE_BF16, n);
-    FSDP_OP(&P.oc, cast, same.c, FSDP_DTYPE_F32, x.c, FSDP_DTYPE_F32, n);
-    FSDP_OP(&P.og, cast, same.g, FSDP_DTYPE_F32, x.g, FSDP_DTYPE_F32, n);
-    gpu_done(&P);
-    void *hb = malloc(n * 2);
-    ck_assert_int_eq(fsdp_device_memcpy(&P.gpu, hb, h.g, n * 2, NULL), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_device_stream_sync(&P.gpu, P.gpu.compute), FSDP_STATUS_OK);
-    ck_assert_msg(memcmp(hb, h.c, n * 2) == 0, "cast f32->bf16 differs from the cpu");
-    free(hb);
-    tens *cmp[] = {&back, &same};
-    for (int k = 0; k < 2; k++) {
-        float *c = t_get(&P, cmp[k], 0), *g = t_get(&P, cmp[k], 1);
-        ck_assert_msg(memcmp(c, g, n * 4) == 0, "cast %d differs from the cpu", k);
-        free(c);
-        free(g);
-    }
-    /* sums of squares of finite values only */
-    tens y = t_new(&P, n, FSDP_DTYPE_F32, 10.0f, 71);
-    size_t nb = (n + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
-    tens sq = t_new(&P, nb, FSDP_DTYPE_F32, 0.0f, 0);
-    FSDP_OP(&P.oc, sumsq_blocks, sq.c, y.c, n);
-    FSDP_OP(&P.og, sumsq_blocks, sq.g, y.g, n);
-    gpu_done(&P);
-    float *c = t_get(&P, &sq, 0), *g = t_get(&P, &sq, 1);
-    ck_assert_msg(memcmp(c, g, nb * 4) == 0, "sumsq_blocks differs from the cpu (%.9g vs %.9g)",
-                  g[0], c[0]);
-    free(c);
-    free(g);
-    tens *all[] = {&x, &h, &back, &same, &y, &sq};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        t_free(&P, all[i]);
-    pair_fini(&P);
-}
-END_TEST
-
-/* ---- collectives ---------------------------------------------------------- */
-
-enum { COMM_PEER = 0, COMM_NCCL = 1 };
-
-struct coll_arg {
-    int comm;                 /* COMM_PEER / COMM_NCCL */
-    int spread;               /* rank r on GPU r % n_gpus (else all on GPU 0) */
-    int n_gpus;
-    fsdp_dtype dt;
-    size_t numel;             /* per-rank chunk */
-    int fault_rank;           /* -1: none */
-    long fault_k;
-    int big;                  /* one large all_reduce/reduce_scatter (chunked staging) */
-    int issue_then_wait;      /* abort test: issue an all_reduce, then sync the stream */
-    long mismatches[8];
-    fsdp_status st[8];
+/* The engine on a GPU (two virtual ranks, peer): after its warm-up, none
+ * of its steps asks the driver for a counted buffer (gathered units, full
+ * gradients, accumulation), the first one included, and after the first
+ * step not even for the backend's own buffers (op scratch, peer staging,
+ * which grow on first use); bf16 and fp32, with and without prefetch. */
+struct engine_raw {
+    fsdp_engine_shared *sh;
+    size_t counted[2][4], raw[2][4]; /* per rank: after init, after steps 1..3 */
 };
 
-/* The value rank r holds at element i. */
-static float coll_val(fsdp_dtype dt, int r, size_t i)
+static fsdp_status engine_raw_rank(fsdp_world *w, int rank, void *arg)
 {
-    float v = fsdp_rng_normal(SEED, 100 + (uint64_t)r, i);
-    return dt == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(fsdp_f32_to_bf16(v)) : v;
-}
-
-static float coll_round(fsdp_dtype dt, float v)
-{
-    return dt == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(fsdp_f32_to_bf16(v)) : v;
-}
-
-/* Reference: the tree sum over ranks of element i (AVG: times 1/N). */
-static float coll_ref(fsdp_dtype dt, int n, size_t i, int avg)
-{
-    float v[8];
-    for (int r = 0; r < n; r++)
-        v[r] = coll_val(dt, r, i);
-    float s = fsdp_tree_sum(v, n);
-    if (avg)
-        s = s * (1.0f / (float)n);
-    return coll_round(dt, s);
-}
-
-static void host_to_dt(void *dst, fsdp_dtype dt, size_t i, float v)
-{
-    if (dt == FSDP_DTYPE_BF16)
-        ((fsdp_bf16 *)dst)[i] = fsdp_f32_to_bf16(v);
-    else
-        ((float *)dst)[i] = v;
-}
-
-static float host_from_dt(const void *src, fsdp_dtype dt, size_t i)
-{
-    return dt == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(((const fsdp_bf16 *)src)[i])
-                                 : ((const float *)src)[i];
-}
-
-/* Upload host values f(i) for i < n into device buffer d. */
-static fsdp_status upload(fsdp_device *dev, void *d, fsdp_dtype dt, size_t n, int rank,
-                          size_t base)
-{
-    size_t es = fsdp_dtype_size(dt);
-    void *h = malloc(n * es + 1);
-    if (!h)
-        return fsdp_error_set(FSDP_STATUS_OOM, "test host buffer");
-    for (size_t i = 0; i < n; i++)
-        host_to_dt(h, dt, i, coll_val(dt, rank, base + i));
-    fsdp_status st = fsdp_device_memcpy(dev, d, h, n * es, dev->comm);
-    if (st == FSDP_STATUS_OK)
-        st = fsdp_device_stream_sync(dev, dev->comm);
-    free(h);
-    return st;
-}
-
-static fsdp_status download(fsdp_device *dev, void *h, const void *d, size_t bytes)
-{
-    FSDP_TRY(fsdp_device_memcpy(dev, h, d, bytes, dev->comm));
-    return fsdp_device_stream_sync(dev, dev->comm);
-}
-
-static fsdp_status coll_checks(struct coll_arg *a, fsdp_comm *c, fsdp_device *dev, int rank)
-{
-    const int N = c->n_ranks;
-    const fsdp_dtype dt = a->dt;
-    const size_t es = fsdp_dtype_size(dt), n = a->numel, full = n * (size_t)N;
+    (void)w;
+    struct engine_raw *a = arg;
+    fsdp_engine *e = NULL;
+    FSDP_TRY(fsdp_engine_init(&e, a->sh, rank));
+    const fsdp_block_cache *cache = fsdp_cuda_device_cache(fsdp_engine_device(e));
     fsdp_status st = FSDP_STATUS_OK;
-    void *send = NULL, *recv = NULL, *h = malloc(full * es + 1);
-    long *bad = &a->mismatches[rank];
-    const int exact = a->comm == COMM_PEER || N == 1;
-    const float tol = dt == FSDP_DTYPE_BF16 ? 1e-2f : 1e-5f;
-#define EXPECT(got, want)                                                                     \
-    do {                                                                                      \
-        float g_ = (got), w_ = (want);                                                        \
-        if (exact ? memcmp(&g_, &w_, 4) != 0 : !(fabsf(g_ - w_) <= tol * (1.0f + fabsf(w_)))) \
-            (*bad)++;                                                                         \
-    } while (0)
-    if (!h)
-        return fsdp_error_set(FSDP_STATUS_OOM, "test host buffer");
-    FSDP_CHECK(fsdp_device_alloc(dev, full * es, FSDP_MEM_COMM, "test send", &send));
-    FSDP_CHECK(fsdp_device_alloc(dev, full * es, FSDP_MEM_COMM, "test recv", &recv));
+    for (int s = 0; s <= 3 && st == FSDP_STATUS_OK; s++) {
+        if (s > 0) {
+            fsdp_step_result res;
+            st = fsdp_engine_step(e, (uint64_t)(s - 1), 1e-3f, &res);
+        }
+        a->counted[rank][s] = cache->n_raw_counted;
+        a->raw[rank][s] = cache->n_raw_allocs;
+    }
+    fsdp_engine_free(e);
+    return st;
+}
 
-    if (a->issue_then_wait) {
-        /* abort test: queue a collective, then wait for it */
-        FSDP_CHECK(upload(dev, send, dt, full, rank, 0));
-        FSDP_CHECK(fsdp_comm_all_reduce(c, send, recv, full, dt, FSDP_REDUCE_SUM, NULL));
-        FSDP_CHECK(fsdp_device_stream_sync(dev, dev->comm));
-        FSDP_CHECK(fsdp_comm_all_reduce(c, send, recv, full, dt, FSDP_REDUCE_SUM, NULL));
-        FSDP_CHECK(fsdp_device_stream_sync(dev, dev->comm));
-        goto done;
+START_TEST(test_cuda_engine_steps_never_ask_the_driver)
+{
+    NEED_GPU("test_cuda_engine_steps_never_ask_the_driver");
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
+    fsdp_data *data = NULL;
+    ck_assert_int_eq(fsdp_data_open(&data, "synthetic", m.vocab_size, 7), FSDP_STATUS_OK);
+    for (int v = 0; v < 4; v++) {
+        fsdp_world *w = NULL;
+        ck_assert_int_eq(fsdp_world_init(&w, 2), FSDP_STATUS_OK);
+        fsdp_engine_config c = {.backend = FSDP_BACKEND_CUDA, .comm = FSDP_COMM_PEER,
+                                .n_ranks = 2, .ranks_per_device = 2, .shard = FSDP_SHARD_FULL,
+                                .compute_dtype = (v & 1) ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32,
+                                .prefetch = (v & 2) != 0, .batch = 2, .seq = 16,
+                                .grad_accum = 2, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                .clip = 1.0f, .seed = 1};
+        fsdp_engine_shared sh;
+        ck_assert_int_eq(fsdp_engine_shared_init(&sh, &c, &m, data, w), FSDP_STATUS_OK);
+        struct engine_raw a = {.sh = &sh};
+        ck_assert_msg(fsdp_world_launch(w, engine_raw_rank, &a) == FSDP_STATUS_OK, "%s",
+                      fsdp_error_msg());
+        for (int r = 0; r < 2; r++) {
+            ck_assert_msg(a.counted[r][3] == a.counted[r][0],
+                          "variant %d rank %d: %zu counted buffers came from the driver in the "
+                          "steps", v, r, a.counted[r][3] - a.counted[r][0]);
+            ck_assert_msg(a.raw[r][3] == a.raw[r][1],
+                          "variant %d rank %d: %zu driver allocations after the first step", v,
+                          r, a.raw[r][3] - a.raw[r][1]);
+        }
+        fsdp_engine_shared_free(&sh);
+        fsdp_world_free(w);
     }
-    if (a->big) {
-        FSDP_CHECK(upload(dev, send, dt, full, rank, 0));
-        FSDP_CHECK(fsdp_comm_reduce_scatter(c, send, recv, n, dt, FSDP_REDUCE_SUM, NULL));
-        FSDP_CHECK(download(dev, h, recv, n * es));
-        for (size_t i = 0; i < n; i += 997)
-            EXPECT(host_from_dt(h, dt, i), coll_ref(dt, N, (size_t)rank * n + i, 0));
-        FSDP_CHECK(fsdp_comm_all_reduce(c, send, send, full, dt, FSDP_REDUCE_SUM, NULL));
-        FSDP_CHECK(download(dev, h, send, full * es));
-        for (size_t i = 0; i < full; i += 997)
-            EXPECT(host_from_dt(h, dt, i), coll_ref(dt, N, i, 0));
-        goto done;
+    fsdp_data_close(data);
+    fsdp_model_free(&m);
+}
+END_TEST
+
+/* A block freed while a stream still writes it is not handed out before
+ * that write is done: the copy stream is kept busy writing 0x11 into a
+ * block that is freed at once; a block of the same size is then filled
+ * with 0x22 on the compute stream and must read back as 0x22 everywhere. */
+START_TEST(test_cuda_alloc_waits_for_last_user)
+{
+    NEED_GPU("test_cuda_alloc_waits_for_last_user");
+    fsdp_device d;
+    ck_assert_msg(fsdp_device_init(&d, FSDP_BACKEND_CUDA, NULL, 0, 0, 0) == FSDP_STATUS_OK, "%s",
+                  fsdp_error_msg());
+    const size_t n = (size_t)256 << 20;
+    unsigned char *h = malloc(n);
+    ck_assert_ptr_nonnull(h);
+    size_t bad = 0;
+    for (int round = 0; round < 4; round++) {
+        void *a = NULL, *b = NULL;
+        ck_assert_int_eq(fsdp_device_alloc(&d, n, FSDP_MEM_ACT, "busy", &a), FSDP_STATUS_OK);
+        for (int k = 0; k < 16; k++) /* ~4 GiB of writes queued */
+            ck_assert_int_eq(fsdp_device_memset(&d, a, 0x11, n, d.copy), FSDP_STATUS_OK);
+        fsdp_device_free(&d, a);
+        ck_assert_int_eq(fsdp_device_alloc(&d, n, FSDP_MEM_ACT, "next", &b), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_memset(&d, b, 0x22, n, d.compute), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_memcpy(&d, h, b, n, d.compute), FSDP_STATUS_OK);
+        for (size_t i = 0; i < n; i++)
+            bad += h[i] != 0x22;
+        ck_assert_int_eq(fsdp_device_stream_sync(&d, d.copy), FSDP_STATUS_OK);
+        fsdp_device_free(&d, b);
     }
-    /* all_gather: out of place, then in place */
-    FSDP_CHECK(upload(dev, send, dt, n, rank, 0));
-    FSDP_CHECK(fsdp_comm_all_gather(c, send, recv, n, dt, NULL));
-    FSDP_CHECK(download(dev, h, recv, full * es));
-    for (int r = 0; r < N; r++)
-        for (size_t i = 0; i < n; i++)
-            EXPECT(host_from_dt(h, dt, (size_t)r * n + i), coll_val(dt, r, i));
-    FSDP_CHECK(fsdp_device_memset(dev, recv, 0, full * es, dev->comm));
-    FSDP_CHECK(upload(dev, (char *)recv + (size_t)rank * n * es, dt, n, rank, 0));
-    FSDP_CHECK(fsdp_comm_all_gather(c, (char *)recv + (size_t)rank * n * es, recv, n, dt, NULL));
-    FSDP_CHECK(download(dev, h, recv, full * es));
-    for (int r = 0; r < N; r++)
-        for (size_t i = 0; i < n; i++)
-            EXPECT(host_from_dt(h, dt, (size_t)r * n + i), coll_val(dt, r, i));
-    /* reduce_scatter, sum and avg */
-    for (int avg = 0; avg < 2; avg++) {
-        FSDP_CHECK(upload(dev, send, dt, full, rank, 0));
-        FSDP_CHECK(fsdp_comm_reduce_scatter(c, send, recv, n, dt,
-                                            avg ? FSDP_REDUCE_AVG : FSDP_REDUCE_SUM, NULL));
-        FSDP_CHECK(download(dev, h, recv, n * es));
-        for (size_t i = 0; i < n; i++)
-            EXPECT(host_from_dt(h, dt, i), coll_ref(dt, N, (size_t)rank * n + i, avg));
-    }
-    /* all_reduce: out of place (sum), in place (avg); an odd size */
-    size_t odd = full - 1 > 0 ? full - 1 : 1;
-    FSDP_CHECK(upload(dev, send, dt, odd, rank, 0));
-    FSDP_CHECK(fsdp_comm_all_reduce(c, send, recv, odd, dt, FSDP_REDUCE_SUM, NULL));
-    FSDP_CHECK(download(dev, h, recv, odd * es));
-    for (size_t i = 0; i < odd; i++)
-        EXPECT(host_from_dt(h, dt, i), coll_ref(dt, N, i, 0));
-    FSDP_CHECK(fsdp_comm_all_reduce(c, send, send, odd, dt, FSDP_REDUCE_AVG, NULL));
-    FSDP_CHECK(download(dev, h, send, odd * es));
-    for (size_t i = 0; i < odd; i++)
-        EXPECT(host_from_dt(h, dt, i), coll_ref(dt, N, i, 1));
-    /* broadcast from the last rank */
-    FSDP_CHECK(upload(dev, send, dt, n, rank, 0));
-    FSDP_CHECK(fsdp_comm_broadcast(c, send, n, dt, N - 1, NULL));
-    FSDP_CHECK(download(dev, h, send, n * es));
-    for (size_t i = 0; i < n; i++)
-        EXPECT(host_from_dt(h, dt, i), coll_val(dt, N - 1, i));
-    FSDP_CHECK(fsdp_comm_barrier(c));
-#undef EXPECT
-done:
-fail:
-    fsdp_device_free(dev, send);
-    fsdp_device_free(dev, recv);
+    ck_assert_msg(bad == 0, "%zu bytes of a reused block were overwritten by its previous user", bad);
     free(h);
-    return st;
+    fsdp_device_fini(&d);
 }
+END_TEST
 
-static fsdp_status coll_rank(fsdp_world *w, int rank, void *arg)
+/* Copies from and to pageable host memory (staged through pinned buffers)
+ * and pinned memory, of sizes around the staging buffer's, in stream order
+ * with device work, give exactly the bytes; the source of a host-to-device
+ * copy may be reused as soon as the call returns. */
+START_TEST(test_cuda_copies_pageable_and_pinned)
 {
-    struct coll_arg *a = arg;
-    fsdp_device dev;
-    fsdp_comm c = {0};
-    int have_comm = 0;
-    int ordinal = a->spread ? rank % a->n_gpus : 0;
-    fsdp_status st = fsdp_device_init(&dev, FSDP_BACKEND_CUDA, w, rank, ordinal, 0);
-    if (st != FSDP_STATUS_OK) {
-        a->st[rank] = st;
-        return st;
+    NEED_GPU("test_cuda_copies_pageable_and_pinned");
+    fsdp_device d;
+    ck_assert_msg(fsdp_device_init(&d, FSDP_BACKEND_CUDA, NULL, 0, 0, 0) == FSDP_STATUS_OK, "%s",
+                  fsdp_error_msg());
+    const size_t MB = (size_t)1 << 20;
+    const size_t sizes[] = {1, 4097, 8 * MB - 3, 8 * MB, 8 * MB + 5, 20 * MB + 7};
+    const size_t max = 20 * MB + 7;
+    unsigned char *src = malloc(max), *back = malloc(max), *pinned = NULL;
+    ck_assert(src && back);
+    ck_assert_int_eq(fsdp_device_host_alloc(&d, max, FSDP_MEM_OTHER, "test pinned", (void **)&pinned),
+                     FSDP_STATUS_OK);
+    void *dev = NULL;
+    ck_assert_int_eq(fsdp_device_alloc(&d, max, FSDP_MEM_OTHER, "test", &dev), FSDP_STATUS_OK);
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        size_t n = sizes[k];
+        for (size_t i = 0; i < n; i++)
+            src[i] = (unsigned char)(i * 131 + k * 7 + (i >> 13));
+        /* pageable -> device, then the source is overwritten at once */
+        ck_assert_int_eq(fsdp_device_memset(&d, dev, 0xEE, max, d.copy), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_stream_sync(&d, d.copy), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_memcpy(&d, dev, src, n, d.copy), FSDP_STATUS_OK);
+        unsigned char keep0 = src[0];
+        memset(src, 0x11, n);
+        /* device -> pageable: returns with the data there */
+        memset(back, 0, max);
+        ck_assert_int_eq(fsdp_device_memcpy(&d, back, dev, n, d.copy), FSDP_STATUS_OK);
+        ck_assert_int_eq(back[0], keep0);
+        for (size_t i = 0; i < n; i++)
+            if (back[i] != (unsigned char)(i * 131 + k * 7 + (i >> 13)))
+                ck_abort_msg("size %zu: byte %zu is %d after a pageable round trip", n, i, back[i]);
+        /* after device work on the same stream, in order */
+        ck_assert_int_eq(fsdp_device_memset(&d, dev, 0x5A, n, d.compute), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_memcpy(&d, back, dev, n, d.compute), FSDP_STATUS_OK);
+        for (size_t i = 0; i < n; i++)
+            if (back[i] != 0x5A)
+                ck_abort_msg("size %zu: byte %zu read before the memset finished", n, i);
+        /* pinned: asynchronous, complete after a sync */
+        memset(pinned, 0, n);
+        ck_assert_int_eq(fsdp_device_memcpy(&d, pinned, dev, n, d.compute), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_stream_sync(&d, d.compute), FSDP_STATUS_OK);
+        for (size_t i = 0; i < n; i++)
+            if (pinned[i] != 0x5A)
+                ck_abort_msg("size %zu: pinned byte %zu is %d", n, i, pinned[i]);
     }
-    st = a->comm == COMM_NCCL ? fsdp_comm_nccl_init(&c, w, &dev, rank)
-                              : fsdp_comm_peer_init(&c, w, &dev, rank);
-    if (st == FSDP_STATUS_OK) {
-        have_comm = 1;
-        st = coll_checks(a, &c, &dev, rank);
-    }
-    if (have_comm)
-        fsdp_comm_fini(&c); /* before the device: NCCL kernels must be stopped first */
-    fsdp_device_fini(&dev);
-    a->st[rank] = st;
-    return st;
-}
-
-static void run_coll(struct coll_arg *a, int n_ranks, fsdp_status want)
-{
-    fsdp_world *w;
-    ck_assert_int_eq(fsdp_world_init(&w, n_ranks), FSDP_STATUS_OK);
-    a->n_gpus = fsdp_cuda_device_count();
-    if (a->fault_rank >= 0)
-        fsdp_world_set_fault(w, FSDP_FAULT_COLLECTIVE, a->fault_rank, a->fault_k);
-    double t0 = now_s();
-    fsdp_status st = fsdp_world_launch(w, coll_rank, a);
-    ck_assert_msg(st == want, "collectives over %d ranks: got %s, want %s: %s", n_ranks,
-                  fsdp_status_name(st), fsdp_status_name(want), fsdp_error_msg());
-    ck_assert_msg(now_s() - t0 < 60.0, "collectives took %.1f s", now_s() - t0);
-    if (want == FSDP_STATUS_OK)
-        for (int r = 0; r < n_ranks; r++)
-            ck_assert_msg(a->mismatches[r] == 0, "rank %d: %ld values differ from the reference",
-                          r, a->mismatches[r]);
-    ck_assert_ptr_null(w->rdv_shared);
-    fsdp_world_free(w);
-}
-
-/* _i: bit 0 = dtype, bit 1 = 4 ranks (else 1). */
-START_TEST(test_peer_collectives)
-{
-    char name[64];
-    snprintf(name, sizeof name, "test_peer_collectives(%d ranks, %s)", _i & 2 ? 4 : 1,
-             _i & 1 ? "bf16" : "f32");
-    NEED_GPU(name);
-    struct coll_arg a = {.comm = COMM_PEER, .dt = (fsdp_dtype)(_i & 1), .numel = 1001,
-                         .fault_rank = -1};
-    run_coll(&a, _i & 2 ? 4 : 1, FSDP_STATUS_OK);
-    if (fsdp_cuda_device_count() > 1) { /* the same across GPUs */
-        struct coll_arg b = {.comm = COMM_PEER, .spread = 1, .dt = (fsdp_dtype)(_i & 1),
-                             .numel = 1001, .fault_rank = -1};
-        run_coll(&b, _i & 2 ? 4 : 1, FSDP_STATUS_OK);
-    }
-}
-END_TEST
-
-/* Larger than the staging buffer: the reduction goes in chunks. */
-START_TEST(test_peer_collectives_chunked)
-{
-    NEED_GPU("test_peer_collectives_chunked");
-    struct coll_arg a = {.comm = COMM_PEER, .dt = FSDP_DTYPE_F32, .numel = (size_t)9 << 20 >> 1,
-                         .fault_rank = -1, .big = 1};
-    run_coll(&a, 4, FSDP_STATUS_OK);
-}
-END_TEST
-
-START_TEST(test_nccl_collectives)
-{
-    NEED_GPU(_i ? "test_nccl_collectives(bf16)" : "test_nccl_collectives(f32)");
-    int n = fsdp_cuda_device_count();
-    if (n > 4)
-        n = 4;
-    struct coll_arg a = {.comm = COMM_NCCL, .spread = 1, .dt = (fsdp_dtype)_i, .numel = 1001,
-                         .fault_rank = -1};
-    run_coll(&a, n, FSDP_STATUS_OK);
-}
-END_TEST
-
-/* NCCL refuses two ranks on one GPU on every rank alike, without hanging. */
-START_TEST(test_nccl_two_ranks_one_gpu_refused)
-{
-    NEED_GPU("test_nccl_two_ranks_one_gpu_refused");
-    struct coll_arg a = {.comm = COMM_NCCL, .spread = 0, .dt = FSDP_DTYPE_F32, .numel = 16,
-                         .fault_rank = -1};
-    run_coll(&a, 2, FSDP_STATUS_UNSUPPORTED);
-    ck_assert(strstr(fsdp_error_msg(), "--comm peer") != NULL);
-    ck_assert_int_eq(a.st[0], FSDP_STATUS_UNSUPPORTED);
-    ck_assert_int_eq(a.st[1], FSDP_STATUS_UNSUPPORTED);
-}
-END_TEST
-
-START_TEST(test_peer_abort)
-{
-    NEED_GPU("test_peer_abort");
-    struct coll_arg a = {.comm = COMM_PEER, .dt = FSDP_DTYPE_F32, .numel = 1001,
-                         .fault_rank = 2, .fault_k = 3};
-    run_coll(&a, 4, FSDP_STATUS_INTERNAL);
-    ck_assert(strstr(fsdp_error_msg(), "injected") != NULL);
-    for (int r = 0; r < 4; r++)
-        if (r != 2)
-            ck_assert_msg(a.st[r] == FSDP_STATUS_ABORTED, "rank %d: %s", r,
-                          fsdp_status_name(a.st[r]));
-}
-END_TEST
-
-/* NCCL abort: a rank fails while the others have queued their half of a
- * collective and wait for it on the GPU. Needs two GPUs. */
-START_TEST(test_nccl_abort)
-{
-    NEED_GPU("test_nccl_abort");
-    int n = fsdp_cuda_device_count();
-    if (n < 2) {
-        printf("SKIP: test_nccl_abort: needs 2 GPUs\n");
-        fflush(stdout);
-        return;
-    }
-    if (n > 4)
-        n = 4;
-    struct coll_arg a = {.comm = COMM_NCCL, .spread = 1, .dt = FSDP_DTYPE_F32, .numel = 4096,
-                         .fault_rank = 1, .fault_k = 2, .issue_then_wait = 1};
-    run_coll(&a, n, FSDP_STATUS_INTERNAL);
-    for (int r = 0; r < n; r++)
-        if (r != 1)
-            ck_assert_msg(a.st[r] == FSDP_STATUS_ABORTED, "rank %d: %s", r,
-                          fsdp_status_name(a.st[r]));
+    /* host to host */
+    memset(src, 0x33, 100);
+    ck_assert_int_eq(fsdp_device_memcpy(&d, back, src, 100, d.compute), FSDP_STATUS_OK);
+    ck_assert_int_eq(back[99], 0x33);
+    fsdp_device_free(&d, dev);
+    fsdp_device_host_free(&d, pinned);
+    free(src);
+    free(back);
+    fsdp_device_fini(&d);
 }
 END_TEST
 
@@ -1029,31 +698,19 @@ static Suite *cuda_suite(void)
     Suite *s = suite_create("cuda");
     TCase *tc = tcase_create("everywhere");
     tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_ops_table_complete);
+    tcase_add_test(tc, test_block_cache_classes);
+    tcase_add_test(tc, test_block_cache_steady_state);
+    tcase_add_test(tc, test_block_cache_pressure);
     tcase_add_test(tc, test_cuda_init_or_clean_error);
-    tcase_add_test(tc, test_rdv_exchange_and_abort);
     suite_add_tcase(s, tc);
 
-    tc = tcase_create("ops");
+    tc = tcase_create("device");
     tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_embed, 0, 2);
-    tcase_add_loop_test(tc, test_layernorm, 0, 2);
-    tcase_add_loop_test(tc, test_matmul, 0, 2);
-    tcase_add_loop_test(tc, test_gelu_residual_add, 0, 2);
-    tcase_add_loop_test(tc, test_attention, 0, 2);
-    tcase_add_loop_test(tc, test_xent, 0, 2);
-    tcase_add_loop_test(tc, test_adamw_bit_exact, 0, 2);
-    tcase_add_test(tc, test_cast_sumsq_bit_exact);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("collectives");
-    tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_peer_collectives, 0, 4);
-    tcase_add_test(tc, test_peer_collectives_chunked);
-    tcase_add_loop_test(tc, test_nccl_collectives, 0, 2);
-    tcase_add_test(tc, test_nccl_two_ranks_one_gpu_refused);
-    tcase_add_test(tc, test_peer_abort);
-    tcase_add_test(tc, test_nccl_abort);
+    tcase_add_test(tc, test_cuda_alloc_cached_and_counted_exactly);
+    tcase_add_test(tc, test_cuda_alloc_waits_for_last_user);
+    tcase_add_test(tc, test_cuda_engine_steps_never_ask_the_driver);
+    tcase_add_test(tc, test_cuda_memory_and_fit_check);
+    tcase_add_test(tc, test_cuda_copies_pageable_and_pinned);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -3,7 +3,8 @@
  * memory accounting (in use, peak, live count, by kind, the by-kind
  * snapshot at the peak), alignment, the memory cap and its error message,
  * pinned host memory, injected allocation failures in a launched world,
- * meta's unbacked allocations, and the NULL stream/event slots.
+ * meta's unbacked allocations, the NULL stream/event slots, and the backend
+ * table (names, devices offered, defaults, fsdp_backend_check).
  */
 #include <check.h>
 #include <stdint.h>
@@ -11,7 +12,9 @@
 
 #include "core/world.h"
 #include "device/device.h"
+#include "testutil.h"
 
+/* The simulated backends, which run here (the _i of the loop tests). */
 static const fsdp_backend backends[] = {FSDP_BACKEND_CPU, FSDP_BACKEND_META};
 
 static void dev_init(fsdp_device *d, fsdp_backend be, size_t cap)
@@ -387,6 +390,84 @@ START_TEST(test_names_and_unbuilt_backend)
 }
 END_TEST
 
+/* ---- the backend table ------------------------------------------------------ */
+
+START_TEST(test_backend_table)
+{
+    const fsdp_name_table *t = &fsdp_backend_names;
+    ck_assert_int_eq(t->n, FSDP_BACKEND_COUNT);
+    int n_gpu = fsdp_cuda_device_count();
+    for (int i = 0; i < t->n; i++) {
+        fsdp_backend b = (fsdp_backend)t->v[i].value;
+        ck_assert_str_eq(fsdp_backend_name(b), t->v[i].name);
+        int v = -1;
+        ck_assert_int_eq(fsdp_names_parse(t, 0, t->v[i].name, &v), FSDP_STATUS_OK);
+        ck_assert_int_eq(v, (int)b);
+        ck_assert_ptr_nonnull(t->v[i].help);
+        bool simulated = b != FSDP_BACKEND_CUDA;
+        ck_assert_int_eq(fsdp_backend_n_devices(b), simulated ? FSDP_MAX_RANKS : n_gpu);
+        ck_assert_int_eq(fsdp_backend_default_devices(b), simulated ? 4 : n_gpu);
+        /* a backend that offers devices initialises one whose table bears its name */
+        if (fsdp_backend_n_devices(b) > 0 && simulated) {
+            fsdp_device d;
+            dev_init(&d, b, 0);
+            ck_assert_str_eq(d.iface->name, t->v[i].name);
+            fsdp_device_fini(&d);
+        }
+    }
+    ck_assert_str_eq(fsdp_backend_name(FSDP_BACKEND_COUNT), "unknown");
+    ck_assert_int_eq(fsdp_backend_n_devices(FSDP_BACKEND_COUNT), 0);
+    ck_assert_int_eq(fsdp_backend_default(), n_gpu > 0 ? FSDP_BACKEND_CUDA : FSDP_BACKEND_CPU);
+    int v;
+    ck_assert_int_eq(fsdp_names_parse(t, 0, "tpu", &v), FSDP_STATUS_INVALID_ARG);
+    ck_assert_str_eq(fsdp_error_msg(), "unknown value 'tpu' (expected cpu, cuda or meta)");
+}
+END_TEST
+
+START_TEST(test_backend_check)
+{
+    static const struct {
+        fsdp_backend b;
+        int n, rpd;
+        fsdp_status want;
+        const char *msg;
+    } cases[] = {
+        {FSDP_BACKEND_CPU, 4, 1, FSDP_STATUS_OK, NULL},
+        {FSDP_BACKEND_META, FSDP_MAX_RANKS, 1, FSDP_STATUS_OK, NULL},
+        {FSDP_BACKEND_CPU, 0, 1, FSDP_STATUS_INVALID_ARG, "--devices must be 1..1024 (got 0)"},
+        {FSDP_BACKEND_META, FSDP_MAX_RANKS + 1, 1, FSDP_STATUS_INVALID_ARG,
+         "--devices must be 1..1024 (got 1025)"},
+        {FSDP_BACKEND_CPU, 2, 0, FSDP_STATUS_INVALID_ARG, "--ranks-per-device must be 1..1024"},
+        {FSDP_BACKEND_COUNT, 1, 1, FSDP_STATUS_INVALID_ARG, "not one of this build's"},
+    };
+    for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {
+        fsdp_status st = fsdp_backend_check(cases[i].b, cases[i].n, cases[i].rpd);
+        ck_assert_msg(st == cases[i].want, "case %zu: %s (%s)", i, fsdp_status_name(st),
+                      fsdp_error_msg());
+        if (cases[i].msg)
+            ck_assert_msg(strstr(fsdp_error_msg(), cases[i].msg), "case %zu: %s", i,
+                          fsdp_error_msg());
+    }
+    /* cuda: refused without a GPU (saying whether the build has CUDA at
+     * all), else bounded by GPUs x ranks per device */
+    int n_gpu = fsdp_cuda_device_count();
+    fsdp_status st = fsdp_backend_check(FSDP_BACKEND_CUDA, 1, 1);
+    if (n_gpu == 0) {
+        ck_assert_int_eq(st, FSDP_STATUS_UNSUPPORTED);
+        ck_assert_msg(strstr(fsdp_error_msg(), "--backend cuda: no CUDA device is visible"), "%s",
+                      fsdp_error_msg());
+        ck_assert(!strstr(fsdp_error_msg(), "CUDA=0") == (fsdp_device_cuda_iface() != NULL));
+    } else {
+        ck_assert_int_eq(st, FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_backend_check(FSDP_BACKEND_CUDA, 2 * n_gpu, 1),
+                         FSDP_STATUS_INVALID_ARG);
+        ck_assert_msg(strstr(fsdp_error_msg(), "rank(s) per device are available"), "%s",
+                      fsdp_error_msg());
+        ck_assert_int_eq(fsdp_backend_check(FSDP_BACKEND_CUDA, 2 * n_gpu, 2), FSDP_STATUS_OK);
+    }
+}
+END_TEST
+
 /* ---- injected allocation failure in a launched world --------------------- */
 
 struct alloc_fault_arg {
@@ -466,33 +547,32 @@ END_TEST
 static Suite *device_suite(void)
 {
     Suite *s = suite_create("device");
+    int nb = (int)FSDP_TEST_LEN(backends);
     TCase *tc = tcase_create("memory");
     tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, test_accounting_exact, 0, 2);
-    tcase_add_loop_test(tc, test_zero_bytes_is_null, 0, 2);
+    tcase_add_loop_test(tc, test_accounting_exact, 0, nb);
+    tcase_add_loop_test(tc, test_zero_bytes_is_null, 0, nb);
     tcase_add_test(tc, test_cpu_alignment_and_backing);
-    tcase_add_loop_test(tc, test_cap_refuses_with_message, 0, 2);
-    tcase_add_loop_test(tc, test_host_memory_separate_from_cap, 0, 2);
+    tcase_add_loop_test(tc, test_cap_refuses_with_message, 0, nb);
+    tcase_add_loop_test(tc, test_host_memory_separate_from_cap, 0, nb);
     tcase_add_test(tc, test_meta_terabyte);
-    tcase_add_loop_test(tc, test_impossible_sizes_fail, 0, 2);
-    tcase_add_loop_test(tc, test_allocation_table_churn, 0, 2);
-    tcase_add_loop_test(tc, test_fini_releases_leaks, 0, 2);
-    tcase_add_loop_test(tc, test_inline_streams_and_events, 0, 2);
+    tcase_add_loop_test(tc, test_impossible_sizes_fail, 0, nb);
+    tcase_add_loop_test(tc, test_allocation_table_churn, 0, nb);
+    tcase_add_loop_test(tc, test_fini_releases_leaks, 0, nb);
+    tcase_add_loop_test(tc, test_inline_streams_and_events, 0, nb);
     tcase_add_test(tc, test_names_and_unbuilt_backend);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("backends");
+    tcase_add_test(tc, test_backend_table);
+    tcase_add_test(tc, test_backend_check);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("faults");
     tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, test_injected_alloc_failure_aborts_world, 0, 2);
+    tcase_add_loop_test(tc, test_injected_alloc_failure_aborts_world, 0, nb);
     suite_add_tcase(s, tc);
     return s;
 }
 
-int main(void)
-{
-    SRunner *sr = srunner_create(device_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
-}
+int main(void) { return fsdp_test_run_suite(device_suite()); }

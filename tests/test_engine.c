@@ -2,8 +2,10 @@
  * test_engine.c - the FSDP engine through the trainer: the determinism
  * contract (bit-identical losses and parameters for 1, 2, 4, 8 devices,
  * every strategy, prefetch on/off, offload), sharded vs unsharded training,
- * communication bytes and memory against their formulas, and the error
- * paths (OOM under a cap, bad configurations).
+ * communication bytes and memory against their formulas, the error paths
+ * (OOM under a cap, bad configurations; the trainer's stops and non-finite
+ * steps: test_train_errors.c), activation recompute, and loss masks
+ * (example rows: the mean over the global batch's trained targets).
  */
 #include <check.h>
 #include <math.h>
@@ -12,9 +14,14 @@
 #include <unistd.h>
 #include <stdlib.h>
 
+#include "ckpt/modelfile.h"
 #include "device/cpu.h"
+#include "data/data.h"
+#include "fsdp/engine.h"
 #include "fsdp/shardmap.h"
-#include "models/gpt2.h"
+#include "models/family.h"
+#include "models/registry.h"
+#include "train/infer.h"
 #include "train/train.h"
 
 /* A tiny run. The global batch is 8 micro-batches of one sequence of 16
@@ -46,9 +53,9 @@ static void run_ok(const fsdp_train_config *c, fsdp_train_result *r)
     ck_assert_msg(st == FSDP_STATUS_OK, "train failed: %s", fsdp_error_msg());
 }
 
-/* Same losses and same final parameters, bit for bit. */
-static void assert_identical(const fsdp_train_result *a, const fsdp_train_result *b,
-                             const char *what)
+/* Same losses and same final parameters of `model`, bit for bit. */
+static void assert_identical_model(const fsdp_train_result *a, const fsdp_train_result *b,
+                                   const char *what, const char *model)
 {
     ck_assert_int_eq(a->steps, b->steps);
     for (int s = 0; s < a->steps; s++) {
@@ -60,10 +67,8 @@ static void assert_identical(const fsdp_train_result *a, const fsdp_train_result
                       "%s: step %d grad norm %.9g vs %.9g", what, s + 1, a->grad_norms[s],
                       b->grad_norms[s]);
     }
-    fsdp_gpt2_config gc;
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("tiny", &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
     ck_assert_int_eq(a->n_units, m.n_units);
     for (int u = 0; u < m.n_units; u++) {
         ck_assert_ptr_nonnull(a->params[u]);
@@ -72,6 +77,12 @@ static void assert_identical(const fsdp_train_result *a, const fsdp_train_result
                       "%s: final parameters of unit %s differ", what, m.units[u].name);
     }
     fsdp_model_free(&m);
+}
+
+static void assert_identical(const fsdp_train_result *a, const fsdp_train_result *b,
+                             const char *what)
+{
+    assert_identical_model(a, b, what, "tiny");
 }
 
 START_TEST(test_determinism_matrix)
@@ -168,10 +179,8 @@ START_TEST(test_offload_identical)
                  * memory (16 bytes per shard element); the device keeps an
                  * fp32 parameter shard (4) and gradient buffers in flight,
                  * at most one unit's accumulation slot at a time */
-                fsdp_gpt2_config gc;
                 fsdp_model m;
-                ck_assert_int_eq(fsdp_gpt2_config_parse("tiny", &gc), FSDP_STATUS_OK);
-                ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+                ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
                 fsdp_shardmap sm;
                 ck_assert_int_eq(fsdp_shardmap_init(&sm, &m, devs[d], c.eng.shard),
                                  FSDP_STATUS_OK);
@@ -224,10 +233,8 @@ END_TEST
  * reduce-scattered once per micro-step (DESIGN: 2 P b (N-1)/N + P g (N-1)/N). */
 START_TEST(test_comm_bytes_formula)
 {
-    fsdp_gpt2_config gc;
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("tiny", &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
     static const int devs[] = {2, 4, 8};
     for (int d = 0; d < 3; d++)
         for (int s = 0; s < FSDP_SHARD_COUNT; s++)
@@ -244,7 +251,8 @@ START_TEST(test_comm_bytes_formula)
                 size_t b = fsdp_dtype_size(c.eng.compute_dtype), expect = 0;
                 for (int u = 0; u < sm.n_units; u++) {
                     size_t pad = sm.units[u].padded_numel;
-                    size_t gathers = u == 0 ? 1 : (s == FSDP_SHARD_FULL ? 2 * A : A);
+                    bool reshards = s == FSDP_SHARD_FULL || s == FSDP_SHARD_HYBRID;
+                    size_t gathers = u == 0 ? 1 : (reshards ? 2 * A : A);
                     if (s != FSDP_SHARD_NONE)
                         expect += gathers * pad * b * (N - 1) / N + A * pad * 4 * (N - 1) / N;
                     else
@@ -267,10 +275,8 @@ END_TEST
  * 8), so the peak falls as devices are added, by that amount. */
 START_TEST(test_peak_memory_falls)
 {
-    fsdp_gpt2_config gc;
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("small", &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec("small", &m), FSDP_STATUS_OK);
     size_t prev = 0;
     static const int devs[] = {1, 2, 4, 8};
     for (int d = 0; d < 4; d++) {
@@ -443,24 +449,528 @@ START_TEST(test_eight_ranks_prefetch_offload)
 }
 END_TEST
 
+/* ---- activation recompute ------------------------------------------------------- */
+
+/* Four blocks, so that several blocks share the recompute work buffers;
+ * every family: a GPT-2, an untied GQA Llama with llama3 rope scaling and
+ * head_dim * heads != hidden, and a tied Qwen2 with q/k/v biases. The
+ * tests below loop over them (_i). */
+static const char *const recompute_models[] = {
+    "custom:layers=4,heads=4,channels=32,vocab=256,context=64",
+    "llama:layers=4,heads=4,kv_heads=2,hidden=32,intermediate=64,head_dim=16,rope=llama3,"
+    "rope_factor=8",
+    "llama:layers=4,heads=4,kv_heads=1,hidden=32,intermediate=80,head_dim=8,rope_theta=1000000,"
+    "qkv_bias=1,tied=1,norm_eps=1e-06",
+};
+#define N_RECOMPUTE_MODELS ((int)(sizeof recompute_models / sizeof recompute_models[0]))
+
+static const char *recompute_name(fsdp_recompute r)
+{
+    return fsdp_names_name(&fsdp_recompute_names, (int)r);
+}
+
+/* Every recompute mode gives none's losses, gradient norms and parameters,
+ * bit for bit: 1, 2, 4 and 8 devices (8, 4, 2, 1 micro-steps each), every
+ * strategy, prefetch on and off, offload, clipping and bf16; and keeps
+ * fewer activation bytes (so the recompute path really ran). */
+START_TEST(test_recompute_identical)
+{
+    const char *model = recompute_models[_i];
+    fsdp_train_config c;
+    fsdp_train_result ref, ref_bf16;
+    tiny_config(&c, 1, 0);
+    c.model = model;
+    run_ok(&c, &ref);
+    ck_assert(ref.losses[2] < ref.losses[0]);
+    size_t ref_act = ref.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT];
+    tiny_config(&c, 2, 0);
+    c.model = model;
+    c.eng.compute_dtype = FSDP_DTYPE_BF16;
+    run_ok(&c, &ref_bf16);
+    static const int devs[] = {1, 2, 4, 8};
+    for (int mode = FSDP_RECOMPUTE_BLOCK; mode < FSDP_RECOMPUTE_COUNT; mode++) {
+        for (int d = 0; d < 4; d++)
+            for (int s = 0; s < FSDP_SHARD_COUNT; s++) {
+                tiny_config(&c, devs[d], 0);
+                c.model = model;
+                c.eng.recompute = (fsdp_recompute)mode;
+                c.eng.shard = (fsdp_shard_strategy)s;
+                c.eng.prefetch = (d + s) % 2 == 0;
+                fsdp_train_result r;
+                run_ok(&c, &r);
+                char what[256];
+                snprintf(what, sizeof what, "%s: recompute %s, %d devices, shard %s, prefetch %s",
+                         model, recompute_name(c.eng.recompute), devs[d],
+                         fsdp_shard_strategy_name(c.eng.shard), c.eng.prefetch ? "on" : "off");
+                assert_identical_model(&ref, &r, what, model);
+                if (devs[d] == 1)
+                    ck_assert_msg(r.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT] < ref_act,
+                                  "%s: %zu activation bytes, none keeps %zu", what,
+                                  r.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT], ref_act);
+                fsdp_train_result_free(&r);
+            }
+        /* offload (with and without clipping), against the same run without recompute */
+        for (int k = 0; k < 2; k++) {
+            fsdp_train_result a, b;
+            tiny_config(&c, 2 * (k + 1), 0);
+            c.model = model;
+            c.eng.offload = true;
+            c.eng.clip = k ? 0.5f : 0.0f;
+            c.eng.shard = k ? FSDP_SHARD_GRAD_OP : FSDP_SHARD_FULL;
+            run_ok(&c, &a);
+            c.eng.recompute = (fsdp_recompute)mode;
+            run_ok(&c, &b);
+            char what[256];
+            snprintf(what, sizeof what, "%s: recompute %s, offload, %d devices, shard %s, clip %s",
+                     model, recompute_name(c.eng.recompute), 2 * (k + 1),
+                     fsdp_shard_strategy_name(c.eng.shard), k ? "on" : "off");
+            assert_identical_model(&a, &b, what, model);
+            fsdp_train_result_free(&a);
+            fsdp_train_result_free(&b);
+        }
+        /* bf16: the recomputed bf16 activations are the forward's */
+        for (int d = 1; d < 3; d++) {
+            fsdp_train_result r;
+            tiny_config(&c, devs[d], 0);
+            c.model = model;
+            c.eng.compute_dtype = FSDP_DTYPE_BF16;
+            c.eng.recompute = (fsdp_recompute)mode;
+            run_ok(&c, &r);
+            char what[256];
+            snprintf(what, sizeof what, "%s: recompute %s, bf16, %d devices",
+                     model, recompute_name(c.eng.recompute), devs[d]);
+            assert_identical_model(&ref_bf16, &r, what, model);
+            fsdp_train_result_free(&r);
+        }
+    }
+    fsdp_train_result_free(&ref);
+    fsdp_train_result_free(&ref_bf16);
+}
+END_TEST
+
+static size_t align_up(size_t n)
+{
+    return (n + FSDP_DEVICE_ALIGN - 1) / FSDP_DEVICE_ALIGN * FSDP_DEVICE_ALIGN;
+}
+
+/* Activation memory drops by what a mode does not keep, times L - 1 (one
+ * copy of it stays), and the peak by exactly as much: from GPT-2's saved
+ * activations per block (ln1 C, its mean and rstd, qkv 3C, atty C, the
+ * softmax NH*T, residual2 C, ln2 C + stats, fch 4C, fch_gelu 4C,
+ * residual3 C per token), written out here from the architecture. */
+START_TEST(test_recompute_memory_formula)
+{
+    const int L = 5, NH = 2, C = 64, T = 32, B = 2;
+    const size_t N = (size_t)B * T;
+    for (int prec = 0; prec < 2; prec++) {
+        const size_t dts = prec ? 2 : 4;
+        size_t c1 = align_up(N * C * dts), stat = align_up(N * 4);
+        size_t att = align_up(N * NH * T * dts), c3 = align_up(N * 3 * C * dts);
+        size_t c4 = align_up(N * 4 * C * dts);
+        /* block keeps residual3: everything else is one copy */
+        size_t block_drop = c1 + 2 * stat + c3 + c1 + att + c1 + c1 + 2 * stat + c4 + c4;
+        /* elementwise drops ln1, ln2 (with their statistics) and fch_gelu */
+        size_t elem_drop = c1 + 2 * stat + c1 + 2 * stat + c4;
+        size_t act[FSDP_RECOMPUTE_COUNT], peak[FSDP_RECOMPUTE_COUNT];
+        for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
+            fsdp_train_config c;
+            fsdp_train_result r;
+            tiny_config(&c, 2, 1);
+            c.model = "custom:layers=5,heads=2,channels=64,vocab=256,context=32";
+            c.eng.batch = B;
+            c.eng.seq = T;
+            c.eng.compute_dtype = (fsdp_dtype)prec;
+            c.eng.recompute = (fsdp_recompute)mode;
+            c.steps = 1;
+            c.keep_params = false;
+            run_ok(&c, &r);
+            act[mode] = r.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT];
+            peak[mode] = r.stats[0].peak_bytes;
+            fsdp_train_result_free(&r);
+        }
+        ck_assert_uint_eq(act[FSDP_RECOMPUTE_NONE] - act[FSDP_RECOMPUTE_BLOCK],
+                          (size_t)(L - 1) * block_drop);
+        ck_assert_uint_eq(act[FSDP_RECOMPUTE_NONE] - act[FSDP_RECOMPUTE_ELEMENTWISE],
+                          (size_t)(L - 1) * elem_drop);
+        for (int mode = 1; mode < FSDP_RECOMPUTE_COUNT; mode++)
+            ck_assert_msg(peak[0] - peak[mode] == act[0] - act[mode],
+                          "%s: the peak fell by %zu, activations by %zu",
+                          recompute_name((fsdp_recompute)mode), peak[0] - peak[mode],
+                          act[0] - act[mode]);
+    }
+}
+END_TEST
+
+/* Recompute adds no traffic (the block's one gather in backward serves the
+ * re-forward too) and one "recompute" compute span per block, micro-step
+ * and step, before the block's backward, in the trace. */
+START_TEST(test_recompute_schedule)
+{
+    const char *model = recompute_models[_i];
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
+    const char *unit = m.units[3].name; /* the third block */
+    char path[] = "/tmp/fsdp_trace_XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+    size_t recv[FSDP_RECOMPUTE_COUNT];
+    for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
+        fsdp_train_config c;
+        fsdp_train_result r;
+        tiny_config(&c, 2, 2);
+        c.model = model;
+        c.eng.recompute = (fsdp_recompute)mode;
+        c.steps = 2;
+        c.keep_params = false;
+        c.trace_path = path;
+        run_ok(&c, &r);
+        recv[mode] = r.stats[0].comm_recv_bytes;
+        fsdp_train_result_free(&r);
+        FILE *f = fopen(path, "r");
+        ck_assert_ptr_nonnull(f);
+        char line[512];
+        int n_recompute = 0;
+        while (fgets(line, sizeof line, f))
+            n_recompute += strstr(line, "\"name\":\"recompute\"") && strstr(line, "\"pid\":0,");
+        fclose(f);
+        int want = mode == FSDP_RECOMPUTE_NONE ? 0 : 4 * 2 * 2; /* blocks x micro-steps x steps */
+        ck_assert_msg(n_recompute == want, "%s: recompute %s: %d recompute spans, want %d",
+                      model, recompute_name((fsdp_recompute)mode), n_recompute, want);
+        if (want) {
+            double r0, r1, b0, b1;
+            ck_assert(trace_find(path, "recompute", unit, &r0, &r1));
+            ck_assert(trace_find(path, "backward", unit, &b0, &b1));
+            ck_assert_msg(r1 <= b0, "%s: recompute of %s ends at %.1f us, its backward "
+                          "starts at %.1f us", model, unit, r1, b0);
+        }
+    }
+    unlink(path);
+    for (int mode = 1; mode < FSDP_RECOMPUTE_COUNT; mode++)
+        ck_assert_uint_eq(recv[mode], recv[FSDP_RECOMPUTE_NONE]);
+    fsdp_model_free(&m);
+}
+END_TEST
+
+/* A model without the recompute slots, and a mode out of range, are
+ * refused before anything is allocated, naming the option. */
+START_TEST(test_recompute_refused)
+{
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
+    struct fsdp_model_i no_recompute = *m.iface;
+    no_recompute.state_init_recompute = NULL;
+    no_recompute.unit_recompute = NULL;
+    no_recompute.recompute_flops_per_token = NULL;
+    const struct fsdp_model_i *gpt2_iface = m.iface;
+    m.iface = &no_recompute;
+    fsdp_train_config c;
+    tiny_config(&c, 2, 1);
+    fsdp_engine_shared sh;
+    c.eng.recompute = FSDP_RECOMPUTE_NONE;
+    ck_assert_int_eq(fsdp_engine_shared_init(&sh, &c.eng, &m, NULL, NULL), FSDP_STATUS_OK);
+    fsdp_engine_shared_free(&sh);
+    c.eng.recompute = FSDP_RECOMPUTE_ELEMENTWISE;
+    ck_assert_int_eq(fsdp_engine_shared_init(&sh, &c.eng, &m, NULL, NULL),
+                     FSDP_STATUS_INVALID_ARG);
+    ck_assert_msg(strstr(fsdp_error_msg(), "--recompute elementwise") &&
+                      strstr(fsdp_error_msg(), "tiny") &&
+                      strstr(fsdp_error_msg(), "use --recompute none"),
+                  "%s", fsdp_error_msg());
+    m.iface = gpt2_iface;
+    c.eng.recompute = (fsdp_recompute)7;
+    ck_assert_int_eq(fsdp_engine_shared_init(&sh, &c.eng, &m, NULL, NULL),
+                     FSDP_STATUS_INVALID_ARG);
+    fsdp_model_free(&m);
+}
+END_TEST
+
+/* On cuda too, every mode reruns the forward's kernels on the same inputs:
+ * the same bits as none (fp32 and bf16, one GPU). Skips without a GPU. */
+START_TEST(test_recompute_identical_cuda)
+{
+    if (fsdp_cuda_device_count() == 0) {
+        printf("SKIP: test_recompute_identical_cuda: no CUDA device\n");
+        fflush(stdout);
+        return;
+    }
+    const char *model = recompute_models[_i];
+    for (int prec = 0; prec < 2; prec++) {
+        fsdp_train_result ref;
+        fsdp_train_config c;
+        for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
+            tiny_config(&c, 1, 2);
+            c.model = model;
+            c.eng.backend = FSDP_BACKEND_CUDA;
+            c.eng.batch = 4;
+            c.eng.compute_dtype = (fsdp_dtype)prec;
+            c.eng.recompute = (fsdp_recompute)mode;
+            fsdp_train_result r;
+            run_ok(&c, mode ? &r : &ref);
+            if (!mode)
+                continue;
+            char what[256];
+            snprintf(what, sizeof what, "%s: cuda, %s, recompute %s", model,
+                     fsdp_dtype_name(c.eng.compute_dtype),
+                     recompute_name(c.eng.recompute));
+            assert_identical_model(&ref, &r, what, model);
+            fsdp_train_result_free(&r);
+        }
+        fsdp_train_result_free(&ref);
+    }
+}
+END_TEST
+
+/* GPT-2's recompute FLOPs: block reruns a block's forward up to the GELU
+ * (16 C^2 + 4 C T per layer and token), elementwise no matmul. */
+START_TEST(test_recompute_flops)
+{
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec("gpt2", &m), FSDP_STATUS_OK);
+    const struct fsdp_model_i *mi = m.iface;
+    double C = 768, T = 1024, L = 12;
+    ck_assert(mi->recompute_flops_per_token(&m, 1024, FSDP_RECOMPUTE_NONE) == 0.0);
+    ck_assert(mi->recompute_flops_per_token(&m, 1024, FSDP_RECOMPUTE_ELEMENTWISE) == 0.0);
+    double block = mi->recompute_flops_per_token(&m, 1024, FSDP_RECOMPUTE_BLOCK);
+    ck_assert(fabs(block - L * (16 * C * C + 4 * C * T)) < 1.0);
+    /* a bit more than a fifth of the training FLOPs (6 P + 12 L C T) */
+    double train = m.family->flops_per_token(&m, 1024);
+    ck_assert(block > 0.15 * train && block < 0.3 * train);
+    fsdp_model_free(&m);
+}
+END_TEST
+
+/* ---- loss masks: prompt/completion rows ------------------------------------------ */
+
+static const char *const masked_models[] = {
+    "gpt2:layers=2,heads=4,channels=32,vocab=768,context=32",
+    "llama:layers=2,heads=4,kv_heads=2,hidden=32,intermediate=64,head_dim=8,vocab=768,"
+    "context=32",
+};
+
+/* Example rows of different lengths, so micro-batches hold different
+ * numbers of trained targets (and one prompt fills a whole row). */
+static void write_examples(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 12; i++) /* with tok_llama3.json: 14 or 42 + 3 or 17 tokens */
+        fprintf(f, "{\"prompt\": \"Q%d: how many %s?\", \"completion\": \"%s\"}\n", i % 10,
+                i % 5 ? "foxes" : "quick brown foxes jump over the lazy dogs today",
+                i % 2 ? " seven" : " a few, and then some more");
+    fclose(f);
+}
+
+static void masked_config(fsdp_train_config *c, const char *model, const char *data, int devices)
+{
+    tiny_config(c, devices, 4 / devices);
+    c->eng.batch = 2; /* 4 micro-batches of 2 rows of 32 tokens per step */
+    c->eng.seq = 32;
+    c->eng.clip = 1.0f;
+    c->model = model;
+    c->data = data;
+    c->tokenizer = "tests/fixtures/tok_llama3.json";
+}
+
+/* The step-0 loss computed by hand: the initial model (the engine's
+ * counter-based init) run forward on one cpu rank, every token's
+ * cross-entropy in double, and three means of it: over the unmasked targets
+ * of the global batch (what the engine reports), of the micro-batches'
+ * means, and of the rows' means. Returns the unmasked count. */
+static uint64_t hand_losses(const fsdp_train_config *c, double *global, double *of_micro,
+                            double *of_rows)
+{
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec(c->model, &m), FSDP_STATUS_OK);
+    fsdp_data_opts o = {.spec = c->data, .seed = c->eng.seed, .tokenizer = c->tokenizer};
+    fsdp_data *d = NULL;
+    ck_assert_int_eq(fsdp_data_open_opts(&d, &o), FSDP_STATUS_OK);
+    fsdp_device dev;
+    fsdp_op_ctx ctx;
+    ck_assert_int_eq(fsdp_device_init(&dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_ops_init(&ctx, &dev, FSDP_DTYPE_F32), FSDP_STATUS_OK);
+    void **params = calloc((size_t)m.n_units, sizeof *params);
+    for (int u = 0; u < m.n_units; u++) {
+        params[u] = malloc(m.units[u].numel * sizeof(float));
+        fsdp_model_init_range(&m, u, 0, m.units[u].numel, c->eng.seed, params[u]);
+    }
+    const int B = c->eng.batch, T = c->eng.seq, M = c->eng.n_ranks * c->eng.grad_accum;
+    const int V = m.vocab_size, Vp = m.padded_vocab_size;
+    void *state = NULL;
+    ck_assert_int_eq(m.iface->state_init(&m, &ctx, B, T, false, &state), FSDP_STATUS_OK);
+    double sum = 0, micro_means = 0, row_means = 0;
+    uint64_t count = 0, first_count = 0;
+    int rows = 0;
+    bool counts_differ = false;
+    for (int k = 0; k < M; k++) {
+        int *in = m.iface->state_tokens(state), *tg = m.iface->state_targets(state);
+        ck_assert_int_eq(fsdp_data_batch(d, (uint64_t)k, B, T, in, tg), FSDP_STATUS_OK);
+        ck_assert_int_eq(m.iface->root_forward(&m, &ctx, state, params[0]), FSDP_STATUS_OK);
+        for (int u = 1; u < m.n_units; u++)
+            ck_assert_int_eq(m.iface->unit_forward(&m, &ctx, state, u, params[u]),
+                             FSDP_STATUS_OK);
+        ck_assert_int_eq(m.iface->head_forward_backward(&m, &ctx, state, params[0], NULL, 1.0f,
+                                                        NULL),
+                         FSDP_STATUS_OK);
+        const float *lg = m.iface->state_logits(state);
+        double msum = 0;
+        uint64_t mcount = 0;
+        for (int b = 0; b < B; b++) {
+            double rsum = 0;
+            int rcount = 0;
+            for (int t = 0; t < T; t++) {
+                int i = b * T + t;
+                if (tg[i] < 0)
+                    continue;
+                const float *row = lg + (size_t)i * Vp;
+                double mx = row[0], se = 0;
+                for (int j = 1; j < V; j++)
+                    mx = row[j] > mx ? row[j] : mx;
+                for (int j = 0; j < V; j++)
+                    se += exp((double)row[j] - mx);
+                rsum += log(se) + mx - row[tg[i]];
+                rcount++;
+            }
+            msum += rsum;
+            mcount += (uint64_t)rcount;
+            if (rcount) {
+                row_means += rsum / rcount;
+                rows++;
+            }
+        }
+        ck_assert_uint_gt(mcount, 0);
+        sum += msum;
+        count += mcount;
+        micro_means += msum / (double)mcount;
+        if (k == 0)
+            first_count = mcount;
+        counts_differ |= mcount != first_count;
+    }
+    ck_assert_msg(counts_differ, "the micro-batches should hold different numbers of targets");
+    ck_assert_uint_lt(count, (uint64_t)M * B * T); /* prompts and padding are masked */
+    *global = sum / (double)count;
+    *of_micro = micro_means / M;
+    *of_rows = row_means / rows;
+    m.iface->state_free(&m, &ctx, state);
+    for (int u = 0; u < m.n_units; u++)
+        free(params[u]);
+    free(params);
+    fsdp_ops_fini(&ctx);
+    fsdp_device_fini(&dev);
+    fsdp_data_close(d);
+    fsdp_model_free(&m);
+    return count;
+}
+
+/* Prompt/completion rows train; the step loss is the mean over the global
+ * batch's completion targets (computed by hand), not a mean of means; the
+ * run is bit-identical on 1, 2 and 4 devices; eval of the same batches
+ * gives the trainer's loss bit for bit. For GPT-2 and Llama. */
+START_TEST(test_masked_loss)
+{
+    char dir[64] = "/tmp/fsdp_masked_XXXXXX", data[128], ck[128];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(data, sizeof data, "%s/rows.jsonl", dir);
+    write_examples(data);
+    const char *model = masked_models[_i];
+    fsdp_train_config c;
+    fsdp_train_result ref;
+    masked_config(&c, model, data, 1);
+    run_ok(&c, &ref);
+    ck_assert_msg(ref.losses[2] < ref.losses[0], "%s does not learn the completions: %g -> %g",
+                  model, ref.losses[0], ref.losses[2]);
+    double global, of_micro, of_rows;
+    uint64_t count = hand_losses(&c, &global, &of_micro, &of_rows);
+    double rel = fabs(ref.losses[0] - global) / global;
+    printf("masked %s: step-1 loss %.7f, by hand %.7f over %llu targets (rel %.1e); mean of "
+           "micro-batch means %.7f, of row means %.7f\n", model, ref.losses[0], global,
+           (unsigned long long)count, rel, of_micro, of_rows);
+    ck_assert_msg(rel <= 1e-5, "loss %.9g, masked mean by hand %.9g", ref.losses[0], global);
+    ck_assert_msg(fabs(of_micro - global) > 1e-3 * global && fabs(of_rows - global) > 1e-3 * global,
+                  "the data does not tell the means apart");
+    static const int devs[] = {2, 4};
+    for (int k = 0; k < 2; k++) {
+        fsdp_train_result r;
+        masked_config(&c, model, data, devs[k]);
+        c.eng.shard = k ? FSDP_SHARD_FULL : FSDP_SHARD_GRAD_OP;
+        c.eng.offload = k == 1;
+        run_ok(&c, &r);
+        char what[64];
+        snprintf(what, sizeof what, "masked rows on %d devices", devs[k]);
+        fsdp_model m;
+        ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
+        for (int s = 0; s < r.steps; s++)
+            ck_assert_msg(!memcmp(&r.losses[s], &ref.losses[s], 4) &&
+                              !memcmp(&r.grad_norms[s], &ref.grad_norms[s], 4),
+                          "%s: step %d loss %.9g/%.9g", what, s + 1, r.losses[s], ref.losses[s]);
+        for (int u = 0; u < m.n_units; u++)
+            ck_assert_msg(!memcmp(r.params[u], ref.params[u], m.units[u].numel * 4),
+                          "%s: unit %s differs", what, m.units[u].name);
+        fsdp_model_free(&m);
+        fsdp_train_result_free(&r);
+    }
+    /* eval of step 0's batches with the initial weights: the trainer's loss, bit for bit */
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
+    float **units = calloc((size_t)m.n_units, sizeof *units);
+    for (int u = 0; u < m.n_units; u++) {
+        units[u] = malloc(m.units[u].numel * sizeof(float));
+        fsdp_model_init_range(&m, u, 0, m.units[u].numel, c.eng.seed, units[u]);
+    }
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    ck_assert_msg(fsdp_modelfile_write(ck, fsdp_modelfile_format_find("ckpt"), &m,
+                                       (const float *const *)units, FSDP_DTYPE_F32) ==
+                      FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    fsdp_infer_config ic;
+    fsdp_infer_config_default(&ic);
+    ic.backend = FSDP_BACKEND_CPU;
+    ic.model_path = ck;
+    ic.n_ranks = 2;
+    ic.batch = c.eng.batch;
+    ic.seq = c.eng.seq;
+    ic.tokenizer = c.tokenizer;
+    float mean = 0, per[4];
+    ck_assert_msg(fsdp_infer_eval(&ic, data, c.eng.seed, 4, &mean, per) == FSDP_STATUS_OK, "%s",
+                  fsdp_error_msg());
+    ck_assert_msg(!memcmp(&mean, &ref.losses[0], 4), "eval %.9g vs train %.9g", mean,
+                  ref.losses[0]);
+    for (int k = 0; k < 4; k++)
+        ck_assert(isfinite(per[k]) && per[k] > 0.0f);
+    for (int u = 0; u < m.n_units; u++)
+        free(units[u]);
+    free(units);
+    fsdp_model_free(&m);
+    fsdp_train_result_free(&ref);
+    char rm[96];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(rm), 0);
+}
+END_TEST
+
+/* ---- threads per device ------------------------------------------------------- */
+
+/* A GPT-2 and a GQA Llama (rope, rmsnorm, swiglu, grouped attention) big
+ * enough that GEMMs are tiled and element-wise ops split into several
+ * chunks at 8 x 64 tokens per micro-batch. */
+static const char *const thread_models[] = {
+    "small",
+    "llama:layers=2,heads=8,kv_heads=2,hidden=256,intermediate=688,head_dim=32,vocab=512,"
+    "context=64",
+};
+
 /* Threads per device never change the math: 1, 2 and 3 threads per device
  * (2 devices; the test hook lifts the cap at the machine's cores) give the
- * same losses, gradient norms and parameters, in fp32 and bf16. "small"
- * with 8 x 64 tokens per micro-batch is big enough that GEMMs are tiled and
- * element-wise ops split into several chunks. */
+ * same losses, gradient norms and parameters, in fp32 and bf16. */
 START_TEST(test_threads_per_device_bit_identical)
 {
+    const char *model = thread_models[_i];
     fsdp_device_cpu_test_cores(64);
-    fsdp_gpt2_config gc;
-    fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("small", &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
     for (int bf16 = 0; bf16 < 2; bf16++) {
         fsdp_train_result ref;
         for (int t = 1; t <= 3; t++) {
             fsdp_train_config c;
             tiny_config(&c, 2, 1);
-            c.model = "small";
+            c.model = model;
             c.eng.batch = 8;
             c.eng.seq = 64;
             c.steps = 2;
@@ -470,23 +980,15 @@ START_TEST(test_threads_per_device_bit_identical)
             run_ok(&c, t == 1 ? &ref : &r);
             if (t == 1)
                 continue;
-            for (int s = 0; s < 2; s++)
-                ck_assert_msg(!memcmp(&ref.losses[s], &r.losses[s], sizeof(float)) &&
-                                  !memcmp(&ref.grad_norms[s], &r.grad_norms[s], sizeof(float)),
-                              "%s, %d threads: step %d loss %.9g norm %.9g vs %.9g %.9g on 1",
-                              bf16 ? "bf16" : "fp32", t, s + 1, r.losses[s], r.grad_norms[s],
-                              ref.losses[s], ref.grad_norms[s]);
-            for (int u = 0; u < m.n_units; u++)
-                ck_assert_msg(!memcmp(ref.params[u], r.params[u],
-                                      m.units[u].numel * sizeof(float)),
-                              "%s, %d threads: parameters of unit %s differ from 1 thread's",
-                              bf16 ? "bf16" : "fp32", t, m.units[u].name);
+            char what[160];
+            snprintf(what, sizeof what, "%.40s, %s, %d threads vs 1", model,
+                     bf16 ? "bf16" : "fp32", t);
+            assert_identical_model(&ref, &r, what, model);
             fsdp_train_result_free(&r);
         }
         ck_assert(isfinite(ref.losses[1]) && ref.losses[1] < ref.losses[0]);
         fsdp_train_result_free(&ref);
     }
-    fsdp_model_free(&m);
     fsdp_device_cpu_test_cores(0);
 }
 END_TEST
@@ -508,7 +1010,18 @@ int main(void)
     tcase_add_test(tc, test_offload_overlap);
     tcase_add_test(tc, test_many_micro_batches);
     tcase_add_test(tc, test_eight_ranks_prefetch_offload);
-    tcase_add_test(tc, test_threads_per_device_bit_identical);
+    tcase_add_loop_test(tc, test_masked_loss, 0, 2);
+    tcase_add_loop_test(tc, test_threads_per_device_bit_identical, 0,
+                        (int)(sizeof thread_models / sizeof thread_models[0]));
+    suite_add_tcase(s, tc);
+    tc = tcase_create("recompute");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, test_recompute_identical, 0, N_RECOMPUTE_MODELS);
+    tcase_add_test(tc, test_recompute_memory_formula);
+    tcase_add_loop_test(tc, test_recompute_schedule, 0, N_RECOMPUTE_MODELS);
+    tcase_add_test(tc, test_recompute_refused);
+    tcase_add_test(tc, test_recompute_flops);
+    tcase_add_loop_test(tc, test_recompute_identical_cuda, 0, N_RECOMPUTE_MODELS);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -25,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "models/gpt2.h"
+#include "models/registry.h"
 #include "train/plan.h"
 #include "train/train.h"
 
@@ -139,10 +139,8 @@ static void run_case(const golden_case *g, char *buf, size_t cap)
     for (int s = r.first_step; s < r.steps; s++)
         n += (size_t)snprintf(buf + n, cap - n, "%s step%d %08" PRIx32 " %08" PRIx32 "\n",
                               g->name, s + 1, bits(r.losses[s]), bits(r.grad_norms[s]));
-    fsdp_gpt2_config gc;
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("tiny", &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
     ck_assert_int_eq(r.n_units, m.n_units);
     for (int u = 0; u < r.n_units; u++) {
         ck_assert_ptr_nonnull(r.params[u]);

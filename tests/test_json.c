@@ -8,9 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "core/json.h"
+#include "testutil.h"
 
 static fsdp_json *parse_ok(const char *text)
 {
@@ -81,7 +81,7 @@ START_TEST(test_rejects)
         "\"\\q\"", "\"\\u12\"", "\"\\udc00\"", "\"\\ud83d\"", "\"\\ud83d\\u0041\"", "{\"a\" 1}",
         "{a:1}", "{'a':1}", "[1 2]", "{} x", "[1]]", "{\"a\":}", "0x10", "\"tab\there\"",
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    for (size_t i = 0; i < FSDP_TEST_LEN(bad); i++) {
         fsdp_json *v = (fsdp_json *)1;
         fsdp_status st = fsdp_json_parse(bad[i], strlen(bad[i]), &v);
         ck_assert_msg(st == FSDP_STATUS_FORMAT, "'%s' was accepted", bad[i]);
@@ -139,29 +139,28 @@ START_TEST(test_file)
     fsdp_json *v;
     ck_assert_int_eq(fsdp_json_parse_file("/nonexistent/x.json", &v), FSDP_STATUS_IO);
     ck_assert(strstr(fsdp_error_msg(), "/nonexistent/x.json"));
-    char path[128];
-    snprintf(path, sizeof path, "/tmp/fsdp_test_json_%d.json", (int)getpid());
+    char path[512];
+    fsdp_test_path(path, sizeof path, "big.json");
     /* larger than the reader's first buffer */
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputc('[', f);
+    size_t cap = 400000, len = 0;
+    char *text = malloc(cap);
+    ck_assert_ptr_nonnull(text);
+    len += (size_t)snprintf(text, cap, "[");
     for (int i = 0; i < 50000; i++)
-        fprintf(f, "%s%d", i ? "," : "", i);
-    fputs("]\n", f);
-    fclose(f);
+        len += (size_t)snprintf(text + len, cap - len, "%s%d", i ? "," : "", i);
+    snprintf(text + len, cap - len, "]\n");
+    fsdp_test_write_file(path, text);
+    free(text);
     ck_assert_int_eq(fsdp_json_parse_file(path, &v), FSDP_STATUS_OK);
     ck_assert_uint_eq(v->n, 50000);
     size_t i = 0;
     for (const fsdp_json *c = v->child; c; c = c->next, i++)
         ck_assert(c->number == (double)i);
     fsdp_json_free(v);
-    f = fopen(path, "w");
-    fputs("{\"a\":\n[1,2,,3]}", f);
-    fclose(f);
+    fsdp_test_write_file(path, "{\"a\":\n[1,2,,3]}");
     ck_assert_int_eq(fsdp_json_parse_file(path, &v), FSDP_STATUS_FORMAT);
     ck_assert_msg(strstr(fsdp_error_msg(), path) && strstr(fsdp_error_msg(), "line 2, column 6"),
                   "%s", fsdp_error_msg());
-    unlink(path);
 }
 END_TEST
 
@@ -175,10 +174,7 @@ int main(void)
     tcase_add_test(tc, test_error_position);
     tcase_add_test(tc, test_depth);
     tcase_add_test(tc, test_file);
+    fsdp_test_add_tmpdir(tc);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(s);
 }

@@ -1,8 +1,9 @@
 /*
- * test_llmc.c - llm.c model files: fp32 and bf16 round trips through the
- * unit layout, the exact file layout (header and llm.c's tensor order,
- * checked against an independent reference), atomic writes, and rejection
- * of corrupt or mismatched files with messages that name the file.
+ * test_llmc.c - llm.c model files (the "llmc" weight format with GPT-2's
+ * llm.c mapping): fp32 and bf16 round trips through the unit layout, the
+ * exact file layout (header and llm.c's tensor order, checked against an
+ * independent reference), atomic writes, and rejection of corrupt or
+ * mismatched files with messages that name the file.
  *
  * Fixtures live in a mkdtemp directory under /tmp, removed by each test.
  */
@@ -14,10 +15,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ckpt/llmc.h"
+#include "ckpt/modelfile.h"
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "models/gpt2.h"
 
 /* A passing REQUIRE costs nothing (Check reports every passing ck_assert). */
 #define REQUIRE(cond, ...)             \
@@ -27,6 +29,38 @@
     } while (0)
 
 #define SMALL_SPEC "custom:layers=3,heads=2,channels=16,vocab=100,context=8"
+
+/* The format under test, through the generic weight-file API. */
+static fsdp_status llmc_write(const char *path, const fsdp_model *m, const float *const *units,
+                              fsdp_dtype dt)
+{
+    return fsdp_modelfile_write(path, fsdp_modelfile_format_find("llmc"), m, units, dt);
+}
+
+/* What opening the file says it holds: the config and "fp32" or "bf16". */
+static fsdp_status llmc_read_config(const char *path, char *config, size_t n, char *dtype)
+{
+    fsdp_modelfile *mf = NULL;
+    FSDP_TRY(fsdp_modelfile_open(&mf, path));
+    ck_assert_str_eq(fsdp_modelfile_family(mf)->name, "gpt2");
+    ck_assert_ptr_eq(fsdp_modelfile_format_get(mf), fsdp_modelfile_format_find("llmc"));
+    snprintf(config, n, "%s", fsdp_modelfile_config(mf));
+    snprintf(dtype, 8, "%s", fsdp_modelfile_dtype_name(mf));
+    fsdp_modelfile_close(mf);
+    return FSDP_STATUS_OK;
+}
+
+/* Every unit of model m from the file, through the range reader. */
+static fsdp_status llmc_read(const char *path, const fsdp_model *m, float *const *units)
+{
+    fsdp_modelfile *mf = NULL;
+    FSDP_TRY(fsdp_modelfile_open(&mf, path));
+    fsdp_status st = fsdp_modelfile_bind(mf, m);
+    for (int u = 0; u < m->n_units && st == FSDP_STATUS_OK; u++)
+        st = fsdp_modelfile_read_range(mf, u, 0, m->units[u].numel, units[u]);
+    fsdp_modelfile_close(mf);
+    return st;
+}
 
 typedef struct fixture {
     char dir[64];
@@ -58,9 +92,7 @@ static void fixture_init(fixture *fx, const char *spec, uint64_t seed)
     snprintf(fx->dir, sizeof fx->dir, "/tmp/fsdp_test_llmc_XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(fx->dir));
     snprintf(fx->path, sizeof fx->path, "%s/model.bin", fx->dir);
-    fsdp_gpt2_config cfg;
-    ck_assert_int_eq(fsdp_gpt2_config_parse(spec, &cfg), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&fx->m, &cfg), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec(spec, &fx->m), FSDP_STATUS_OK);
     fx->units = alloc_units(&fx->m);
     /* every element distinct and random, so a misplaced slab shows */
     for (int u = 0; u < fx->m.n_units; u++)
@@ -183,7 +215,7 @@ static void roundtrip_f32(const char *spec)
 {
     fixture fx;
     fixture_init(&fx, spec, 1);
-    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
+    ck_assert_int_eq(llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
                                      FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
     ck_assert_int_eq(dir_entries(fx.dir), 1); /* no temporary left behind */
@@ -195,14 +227,13 @@ static void roundtrip_f32(const char *spec)
     check_header(file, 3, fsdp_gpt2_config_of(&fx.m));
     ck_assert_int_eq(memcmp(file + 1024, ref, 4 * n_ref), 0);
 
-    fsdp_gpt2_config cfg;
-    fsdp_dtype dt = FSDP_DTYPE_BF16;
-    ck_assert_int_eq(fsdp_llmc_read_config(fx.path, &cfg, &dt), FSDP_STATUS_OK);
-    ck_assert_int_eq(dt, FSDP_DTYPE_F32);
-    ck_assert_int_eq(memcmp(&cfg, fsdp_gpt2_config_of(&fx.m), sizeof cfg), 0);
+    char cfg[FSDP_MODEL_CONFIG_MAX], dt[8];
+    ck_assert_int_eq(llmc_read_config(fx.path, cfg, sizeof cfg, dt), FSDP_STATUS_OK);
+    ck_assert_str_eq(dt, "fp32");
+    ck_assert_str_eq(cfg, fx.m.config);
 
     float **back = alloc_units(&fx.m);
-    ck_assert_int_eq(fsdp_llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
+    ck_assert_int_eq(llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
     for (int u = 0; u < fx.m.n_units; u++)
         ck_assert_int_eq(memcmp(back[u], fx.units[u], fx.m.units[u].numel * 4), 0);
     free_units(&fx.m, back);
@@ -230,7 +261,7 @@ START_TEST(test_roundtrip_bf16)
     v[1] = 1.0f + 3 * 0x1p-8f;         /* tie: even is 1+2^-6 */
     v[2] = 1.0f + 0x1p-8f + 0x1p-20f;  /* just above the tie: rounds up */
     v[3] = -0.0f;
-    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
+    ck_assert_int_eq(llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
                                      FSDP_DTYPE_BF16),
                      FSDP_STATUS_OK);
     size_t n_file, n_ref;
@@ -244,13 +275,12 @@ START_TEST(test_roundtrip_bf16)
         REQUIRE(h == fsdp_f32_to_bf16(ref[i]), "element %zu: bf16 0x%04x, want 0x%04x", i, h,
                 fsdp_f32_to_bf16(ref[i]));
     }
-    fsdp_gpt2_config cfg;
-    fsdp_dtype dt = FSDP_DTYPE_F32;
-    ck_assert_int_eq(fsdp_llmc_read_config(fx.path, &cfg, &dt), FSDP_STATUS_OK);
-    ck_assert_int_eq(dt, FSDP_DTYPE_BF16);
+    char cfg[FSDP_MODEL_CONFIG_MAX], dt[8];
+    ck_assert_int_eq(llmc_read_config(fx.path, cfg, sizeof cfg, dt), FSDP_STATUS_OK);
+    ck_assert_str_eq(dt, "bf16");
 
     float **back = alloc_units(&fx.m);
-    ck_assert_int_eq(fsdp_llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
+    ck_assert_int_eq(llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
     for (int u = 0; u < fx.m.n_units; u++)
         for (size_t i = 0; i < fx.m.units[u].numel; i++) {
             float want = fsdp_bf16_to_f32(fsdp_f32_to_bf16(fx.units[u][i]));
@@ -274,21 +304,20 @@ START_TEST(test_write_atomic)
     fixture fx;
     fixture_init(&fx, SMALL_SPEC, 3);
     const float *const *units = (const float *const *)fx.units;
-    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, units, FSDP_DTYPE_BF16), FSDP_STATUS_OK);
+    ck_assert_int_eq(llmc_write(fx.path, &fx.m, units, FSDP_DTYPE_BF16), FSDP_STATUS_OK);
     /* overwrite in place: the new file replaces the old one whole */
-    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, units, FSDP_DTYPE_F32), FSDP_STATUS_OK);
+    ck_assert_int_eq(llmc_write(fx.path, &fx.m, units, FSDP_DTYPE_F32), FSDP_STATUS_OK);
     ck_assert_int_eq(dir_entries(fx.dir), 1);
-    fsdp_dtype dt;
-    fsdp_gpt2_config cfg;
-    ck_assert_int_eq(fsdp_llmc_read_config(fx.path, &cfg, &dt), FSDP_STATUS_OK);
-    ck_assert_int_eq(dt, FSDP_DTYPE_F32);
+    char cfg[FSDP_MODEL_CONFIG_MAX], dt[8];
+    ck_assert_int_eq(llmc_read_config(fx.path, cfg, sizeof cfg, dt), FSDP_STATUS_OK);
+    ck_assert_str_eq(dt, "fp32");
     /* a directory that does not exist: IO naming the path, nothing created */
     char bad[192];
     snprintf(bad, sizeof bad, "%s/missing/model.bin", fx.dir);
-    ck_assert_int_eq(fsdp_llmc_write(bad, &fx.m, units, FSDP_DTYPE_F32), FSDP_STATUS_IO);
+    ck_assert_int_eq(llmc_write(bad, &fx.m, units, FSDP_DTYPE_F32), FSDP_STATUS_IO);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), bad));
     ck_assert_int_eq(dir_entries(fx.dir), 1);
-    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, units, FSDP_DTYPE_COUNT),
+    ck_assert_int_eq(llmc_write(fx.path, &fx.m, units, FSDP_DTYPE_COUNT),
                      FSDP_STATUS_INVALID_ARG);
     fixture_free(&fx);
 }
@@ -300,9 +329,8 @@ END_TEST
 static void expect_reject(const char *path, const fsdp_model *m, float **units,
                           fsdp_status want, const char *needle)
 {
-    fsdp_gpt2_config cfg;
-    fsdp_dtype dt;
-    fsdp_status st = fsdp_llmc_read_config(path, &cfg, &dt);
+    char cfg[FSDP_MODEL_CONFIG_MAX], dt[8];
+    fsdp_status st = llmc_read_config(path, cfg, sizeof cfg, dt);
     ck_assert_msg(st == want, "read_config: %s, want %s (%s)", fsdp_status_name(st),
                   fsdp_status_name(want), fsdp_error_msg());
     ck_assert_msg(strstr(fsdp_error_msg(), path), "message '%s' lacks the path",
@@ -310,7 +338,7 @@ static void expect_reject(const char *path, const fsdp_model *m, float **units,
     if (needle)
         ck_assert_msg(strstr(fsdp_error_msg(), needle), "message '%s' lacks '%s'",
                       fsdp_error_msg(), needle);
-    st = fsdp_llmc_read(path, m, units);
+    st = llmc_read(path, m, units);
     ck_assert_msg(st == want, "read: %s, want %s (%s)", fsdp_status_name(st),
                   fsdp_status_name(want), fsdp_error_msg());
     ck_assert_msg(strstr(fsdp_error_msg(), path), "message '%s' lacks the path",
@@ -333,7 +361,7 @@ START_TEST(test_reject_corrupt)
 {
     fixture fx;
     fixture_init(&fx, SMALL_SPEC, 4);
-    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
+    ck_assert_int_eq(llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
                                      FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
     size_t n;
@@ -378,7 +406,7 @@ START_TEST(test_reject_corrupt)
     expect_reject(bad, &fx.m, back, FSDP_STATUS_IO, NULL);
 
     /* the untouched file still loads */
-    ck_assert_int_eq(fsdp_llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
+    ck_assert_int_eq(llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
     free_units(&fx.m, back);
     free(good);
     fixture_free(&fx);
@@ -392,7 +420,7 @@ START_TEST(test_reject_hostile_headers)
      * allocates what the header asks for. */
     fixture fx;
     fixture_init(&fx, SMALL_SPEC, 5);
-    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
+    ck_assert_int_eq(llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
                                      FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
     size_t n;
@@ -419,12 +447,11 @@ START_TEST(test_reject_hostile_headers)
         memcpy(b, h, sizeof h);
         spit(bad, b, n);
         free(b);
-        fsdp_gpt2_config cfg;
-        fsdp_dtype dt;
-        fsdp_status st = fsdp_llmc_read_config(bad, &cfg, &dt);
+        char cfg[FSDP_MODEL_CONFIG_MAX], dt[8];
+        fsdp_status st = llmc_read_config(bad, cfg, sizeof cfg, dt);
         if (st == FSDP_STATUS_OK) { /* only a header that describes this exact size */
-            ck_assert_int_eq(fsdp_llmc_read(bad, &fx.m, back) == FSDP_STATUS_OK,
-                             memcmp(&cfg, fsdp_gpt2_config_of(&fx.m), sizeof cfg) == 0);
+            ck_assert_int_eq(llmc_read(bad, &fx.m, back) == FSDP_STATUS_OK,
+                             strcmp(cfg, fx.m.config) == 0);
             continue;
         }
         REQUIRE(st == FSDP_STATUS_FORMAT, "case %llu: %s (%s)", (unsigned long long)i,
@@ -442,7 +469,7 @@ START_TEST(test_reject_config_mismatch)
 {
     fixture fx;
     fixture_init(&fx, SMALL_SPEC, 6);
-    ck_assert_int_eq(fsdp_llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
+    ck_assert_int_eq(llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
                                      FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
     const char *others[] = {
@@ -452,14 +479,12 @@ START_TEST(test_reject_config_mismatch)
         "custom:layers=3,heads=2,channels=16,vocab=100,context=16", /* maxT */
     };
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
-        fsdp_gpt2_config cfg;
         fsdp_model m2;
-        ck_assert_int_eq(fsdp_gpt2_config_parse(others[i], &cfg), FSDP_STATUS_OK);
-        ck_assert_int_eq(fsdp_gpt2_init(&m2, &cfg), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_model_from_spec(others[i], &m2), FSDP_STATUS_OK);
         float **u2 = alloc_units(&m2);
-        ck_assert_int_eq(fsdp_llmc_read(fx.path, &m2, u2), FSDP_STATUS_INVALID_ARG);
+        ck_assert_int_eq(llmc_read(fx.path, &m2, u2), FSDP_STATUS_INVALID_ARG);
         ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), fx.path));
-        ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "built as"));
+        ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "holds GPT-2 'layers=3,heads=2"));
         free_units(&m2, u2);
         fsdp_model_free(&m2);
     }

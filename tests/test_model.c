@@ -1,6 +1,6 @@
 /*
- * test_model.c - the GPT-2 model (models/gpt2.c, models/model.c): configs,
- * parameter layout, deterministic init, and the forward/backward against a
+ * test_model.c - the GPT-2 family (models/gpt2*.c, models/model.c): configs
+ * and their strict parsing, parameter layout, deterministic init, and the forward/backward against a
  * PyTorch golden file (tools/gen_golden.py -> tests/fixtures/gpt2_*_golden.bin).
  *
  * The golden tests drive the model only through its fsdp_model_i table, the
@@ -19,7 +19,19 @@
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "models/gpt2.h"
-#include "optim/adamw.h"
+#include "models/registry.h"
+#include "ops/cpu/optim_kernels.h"
+
+/* The GPT-2 config a spec names, built through the registry. */
+static void parse_spec(const char *spec, fsdp_gpt2_config *c)
+{
+    fsdp_model m;
+    fsdp_status st = fsdp_model_from_spec(spec, &m);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s: %s", spec, fsdp_error_msg());
+    ck_assert_ptr_nonnull(fsdp_gpt2_config_of(&m));
+    *c = *fsdp_gpt2_config_of(&m);
+    fsdp_model_free(&m);
+}
 
 /* ---- golden file --------------------------------------------------------- */
 
@@ -277,7 +289,7 @@ static void golden_case_load(golden_case *gc, const char *file)
     char spec[160];
     snprintf(spec, sizeof spec, "custom:layers=%d,heads=%d,channels=%d,vocab=%d,context=%d", c[0],
              c[1], c[2], c[3], c[4]);
-    ck_assert_int_eq(fsdp_gpt2_config_parse(spec, &gc->cfg), FSDP_STATUS_OK);
+    parse_spec(spec, &gc->cfg);
     gc->B = c[5];
     gc->T = c[6];
     gc->steps = c[7];
@@ -483,7 +495,7 @@ END_TEST
 START_TEST(test_config_presets)
 {
     fsdp_gpt2_config c;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("gpt2", &c), FSDP_STATUS_OK);
+    parse_spec("gpt2", &c);
     ck_assert_int_eq(c.n_layer, 12);
     ck_assert_int_eq(c.n_head, 12);
     ck_assert_int_eq(c.n_embd, 768);
@@ -499,40 +511,47 @@ START_TEST(test_config_presets)
         {"gpt2-xl", 48, 25, 1600},
     };
     for (int i = 0; i < 3; i++) {
-        ck_assert_int_eq(fsdp_gpt2_config_parse(big[i].n, &c), FSDP_STATUS_OK);
+        parse_spec(big[i].n, &c);
         ck_assert_int_eq(c.n_layer, big[i].L);
         ck_assert_int_eq(c.n_head, big[i].H);
         ck_assert_int_eq(c.n_embd, big[i].C);
         ck_assert_int_eq(c.padded_vocab_size, 50304);
     }
-    ck_assert_int_eq(fsdp_gpt2_config_parse("tiny", &c), FSDP_STATUS_OK);
+    parse_spec("tiny", &c);
     ck_assert_int_eq(c.vocab_size, 256);
     ck_assert_int_eq(c.padded_vocab_size, 256);
     fsdp_gpt2_config small;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("small", &small), FSDP_STATUS_OK);
+    parse_spec("small", &small);
     ck_assert_int_eq(small.vocab_size, 256);
 
-    /* custom: given keys override small's */
-    ck_assert_int_eq(fsdp_gpt2_config_parse("custom:layers=3,vocab=1000", &c), FSDP_STATUS_OK);
+    /* custom: given keys override small's; "gpt2:" is the same grammar */
+    parse_spec("custom:layers=3,vocab=1000", &c);
     ck_assert_int_eq(c.n_layer, 3);
     ck_assert_int_eq(c.vocab_size, 1000);
     ck_assert_int_eq(c.padded_vocab_size, 1024);
     ck_assert_int_eq(c.n_embd, small.n_embd);
     ck_assert_int_eq(c.n_head, small.n_head);
     ck_assert_int_eq(c.max_seq_len, small.max_seq_len);
+    fsdp_gpt2_config same;
+    parse_spec("gpt2:vocab=1000,layers=3", &same);
+    ck_assert(!memcmp(&same, &c, sizeof c));
     const char *spec = "custom:layers=1,heads=2,channels=16,vocab=129,context=8";
-    ck_assert_int_eq(fsdp_gpt2_config_parse(spec, &c), FSDP_STATUS_OK);
+    parse_spec(spec, &c);
     ck_assert_int_eq(c.padded_vocab_size, 256);
 
-    /* a model's name parses back to its config */
+    /* a model carries its family and canonical config; its name rebuilds it */
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &c), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec(spec, &m), FSDP_STATUS_OK);
+    ck_assert_ptr_eq(m.family, &fsdp_gpt2_family);
+    ck_assert_str_eq(m.config, "layers=1,heads=2,channels=16,vocab=129,context=8");
+    ck_assert_str_eq(m.name, "gpt2:layers=1,heads=2,channels=16,vocab=129,context=8");
     fsdp_gpt2_config back;
-    ck_assert_int_eq(fsdp_gpt2_config_parse(m.name, &back), FSDP_STATUS_OK);
+    parse_spec(m.name, &back);
     ck_assert(!memcmp(&back, &c, sizeof c));
     ck_assert(!memcmp(fsdp_gpt2_config_of(&m), &c, sizeof c));
     fsdp_model_free(&m);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &small), FSDP_STATUS_OK);
+    /* a custom spec that equals a named shape is named so */
+    ck_assert_int_eq(fsdp_model_from_spec("custom:channels=128", &m), FSDP_STATUS_OK);
     ck_assert_str_eq(m.name, "small");
     fsdp_model_free(&m);
 }
@@ -540,35 +559,47 @@ END_TEST
 
 START_TEST(test_config_errors)
 {
-    fsdp_gpt2_config c;
-    const char *bad[] = {
-        "gpt3",                          /* unknown name */
-        "",                              /* empty */
-        "custom:layers=0",               /* not positive */
-        "custom:heads=-2",
-        "custom:channels=abc",
-        "custom:channels=100,heads=3",   /* not divisible */
-        "custom:depth=4",                /* unknown key */
-        "custom:layers",                 /* no value */
-        "custom:layers=4x",
-        "custom:vocab=99999999999",
-        "custom:context=",
+    const struct {
+        const char *spec, *frag;
+    } bad[] = {
+        {"gpt3", "unknown model 'gpt3'"},
+        {"", "no model given"},
+        {"custom:layers=0", "layers=0 is out of range"},
+        {"custom:heads=-2", "heads=-2 is out of range"},
+        {"custom:channels=abc", "needs an integer"},
+        {"custom:channels=100,heads=3", "not divisible"},
+        {"custom:depth=4", "unknown key 'depth'"},
+        {"custom:layers", "not key=value"},
+        {"custom:layers=4x", "needs an integer"},
+        {"custom:layers=+4", "needs an integer"},
+        {"custom:layers= 4", "needs an integer"},
+        {"custom:vocab=99999999999", "out of range"},
+        {"custom:context=", "needs an integer"},
+        /* issue 15: a strict custom: */
+        {"custom:", "is empty"},
+        {"custom", "needs a config"},
+        {"gpt2:", "is empty"},
+        {"custom:layers=2,,heads=4", "empty entry"},
+        {"custom:layers=2,", "empty entry"},
+        {"custom:,layers=2", "empty entry"},
+        {"custom:layers=2,layers=3", "'layers' is given twice"},
+        {"custom:heads=4,channels=32,heads=4", "'heads' is given twice"},
+        {"mamba:layers=2", "unknown model"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        fsdp_model m;
         fsdp_error_clear();
-        ck_assert_msg(fsdp_gpt2_config_parse(bad[i], &c) == FSDP_STATUS_INVALID_ARG,
-                      "'%s' was accepted", bad[i]);
-        ck_assert_msg(strlen(fsdp_error_msg()) > 10, "'%s': no message", bad[i]);
+        fsdp_status st = fsdp_model_from_spec(bad[i].spec, &m);
+        ck_assert_msg(st == FSDP_STATUS_INVALID_ARG, "'%s' was accepted", bad[i].spec);
+        ck_assert_msg(strstr(fsdp_error_msg(), bad[i].frag), "'%s': message '%s' lacks '%s'",
+                      bad[i].spec, fsdp_error_msg(), bad[i].frag);
+        ck_assert_ptr_null(m.units);
     }
-    ck_assert_int_eq(fsdp_gpt2_config_parse("gpt3", &c), FSDP_STATUS_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "gpt3"));
-    ck_assert_int_eq(fsdp_gpt2_config_parse("custom:depth=4", &c), FSDP_STATUS_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "depth"));
-    ck_assert_int_eq(fsdp_gpt2_config_parse(NULL, &c), FSDP_STATUS_INVALID_ARG);
-
-    fsdp_gpt2_config v = {2, 4, 32, 256, 200, 64}; /* padded vocab not a multiple of 128 */
-    ck_assert_int_eq(fsdp_gpt2_config_validate(&v), FSDP_STATUS_INVALID_ARG);
     fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec(NULL, &m), FSDP_STATUS_INVALID_ARG);
+
+    fsdp_gpt2_config v = {2, 4, 32, 256, 200, 64}; /* padded vocab not 256 rounded up */
+    ck_assert_int_eq(fsdp_gpt2_config_validate(&v), FSDP_STATUS_INVALID_ARG);
     ck_assert_int_eq(fsdp_gpt2_init(&m, &v), FSDP_STATUS_INVALID_ARG);
     ck_assert_ptr_null(m.units);
 }
@@ -577,7 +608,7 @@ END_TEST
 START_TEST(test_param_specs_gpt2_124m)
 {
     fsdp_gpt2_config c;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("gpt2", &c), FSDP_STATUS_OK);
+    parse_spec("gpt2", &c);
     fsdp_model m;
     ck_assert_int_eq(fsdp_gpt2_init(&m, &c), FSDP_STATUS_OK);
     /* llm.c's figure for GPT-2 124M with the padded vocabulary */
@@ -645,7 +676,7 @@ END_TEST
 START_TEST(test_init_range_slices_match_whole)
 {
     fsdp_gpt2_config c;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("tiny", &c), FSDP_STATUS_OK);
+    parse_spec("tiny", &c);
     fsdp_model m;
     ck_assert_int_eq(fsdp_gpt2_init(&m, &c), FSDP_STATUS_OK);
     for (int u = 0; u < m.n_units; u++) {
@@ -688,7 +719,7 @@ END_TEST
 START_TEST(test_init_statistics)
 {
     fsdp_gpt2_config c;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("small", &c), FSDP_STATUS_OK);
+    parse_spec("small", &c);
     fsdp_model m;
     ck_assert_int_eq(fsdp_gpt2_init(&m, &c), FSDP_STATUS_OK);
     for (int u = 0; u < 2; u++) {
@@ -799,7 +830,7 @@ static size_t expected_act_bytes(const fsdp_gpt2_config *c, int B, int T, fsdp_d
 START_TEST(test_meta_gpt2_124m_step)
 {
     fsdp_gpt2_config c;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("gpt2", &c), FSDP_STATUS_OK);
+    parse_spec("gpt2", &c);
     const int B = 1, T = 64;
     rig r;
     rig_init(&r, FSDP_BACKEND_META, &c, FSDP_DTYPE_BF16, B, T, true);
@@ -818,7 +849,7 @@ END_TEST
 START_TEST(test_meta_accounting_equals_cpu)
 {
     fsdp_gpt2_config c;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("tiny", &c), FSDP_STATUS_OK);
+    parse_spec("tiny", &c);
     for (int dti = 0; dti < 2; dti++) {
         for (int training = 0; training < 2; training++) {
             fsdp_dtype dt = dti ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
@@ -842,7 +873,7 @@ END_TEST
 START_TEST(test_state_oom_is_clean)
 {
     fsdp_gpt2_config c;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("gpt2", &c), FSDP_STATUS_OK);
+    parse_spec("gpt2", &c);
     fsdp_device d;
     fsdp_op_ctx ctx;
     fsdp_model m;

@@ -1,11 +1,15 @@
 /*
- * test_optim.c - the CPU optimizer-offload path: every vectorised AdamW
- * kernel (each one this CPU runs) against the scalar reference, bit for bit,
- * on inputs full of the values that break sloppy vector code (denormals,
- * signed zeros, overflow to inf, bf16 rounding ties, odd lengths); the worker
- * pool (generic jobs, zero workers, the refcounted process pool and
- * FSDP_CPU_THREADS); pool-run AdamW against single-threaded, including
- * several threads submitting at once; argument errors.
+ * test_optim.c - the optimizer layer below the engine: every vectorised
+ * AdamW and SGD kernel (each one this CPU runs) against its scalar
+ * reference, bit for bit, on inputs full of the values that break sloppy
+ * vector code (denormals, signed zeros, overflow to inf, bf16 rounding
+ * ties, odd lengths); the optimizer registry and interface (names, state
+ * arrays, hyper-parameter checks, per-step constants, the device step on
+ * the cpu op table equal to the host step); the worker pool (generic jobs,
+ * zero workers, the refcounted process pool and FSDP_CPU_THREADS); host
+ * steps on the pool over ranges against single-threaded, including several
+ * threads submitting at once; argument errors. Optimizers through the
+ * engine are in test_optim_train.c.
  *
  * Kernels this CPU cannot run print "SKIP: ..." (tools/run_tests.sh counts
  * them) instead of passing silently.
@@ -21,12 +25,14 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include "ckpt/shard_file.h"
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
-#include "optim/adamw.h"
-#include "optim/adamw_cpu.h"
+#include "ops/cpu/optim_kernels.h"
+#include "optim/job.h"
+#include "optim/optim.h"
 #include "optim/pool.h"
 
 /* ---- fixtures -------------------------------------------------------------- */
@@ -138,16 +144,51 @@ static void shard_free(shard *s)
 static void *out_ptr(const shard *s, int mode) { return mode ? s->out : NULL; }
 static fsdp_dtype out_dt(int mode) { return mode == 2 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32; }
 
-static void run_ref(shard *s, const hparams *h, int mode)
+/* Kernels under test: AdamW on (p, m, v), SGD on (p, buf = m) with
+ * momentum b1 (v untouched). */
+enum { OPT_ADAMW = 0, OPT_SGD, OPT_COUNT };
+static const char *const OPT_NAMES[OPT_COUNT] = {"AdamW", "SGD"};
+
+static void run_ref_opt(int opt, shard *s, const hparams *h, int mode)
 {
-    fsdp_adamw_ref(s->p, s->g, s->m, s->v, s->n, h->lr, h->b1, h->b2, h->eps, h->wd, h->bc1,
-                   h->bc2, h->gs, out_ptr(s, mode), out_dt(mode));
+    if (opt == OPT_SGD)
+        fsdp_sgd_ref(s->p, s->g, s->m, s->n, h->lr, h->b1, h->wd, h->gs, out_ptr(s, mode),
+                     out_dt(mode));
+    else
+        fsdp_adamw_ref(s->p, s->g, s->m, s->v, s->n, h->lr, h->b1, h->b2, h->eps, h->wd, h->bc1,
+                       h->bc2, h->gs, out_ptr(s, mode), out_dt(mode));
 }
 
-static void run_isa(fsdp_cpu_isa isa, shard *s, const hparams *h, int mode)
+static void run_isa_opt(int opt, fsdp_cpu_isa isa, shard *s, const hparams *h, int mode)
 {
-    fsdp_adamw_cpu_isa(isa, s->p, s->g, s->m, s->v, s->n, h->lr, h->b1, h->b2, h->eps, h->wd,
+    if (opt == OPT_SGD)
+        fsdp_sgd_cpu(isa, s->p, s->g, s->m, s->n, h->lr, h->b1, h->wd, h->gs, out_ptr(s, mode),
+                     out_dt(mode));
+    else
+        fsdp_adamw_cpu(isa, s->p, s->g, s->m, s->v, s->n, h->lr, h->b1, h->b2, h->eps, h->wd,
                        h->bc1, h->bc2, h->gs, out_ptr(s, mode), out_dt(mode));
+}
+
+static void run_ref(shard *s, const hparams *h, int mode) { run_ref_opt(OPT_ADAMW, s, h, mode); }
+
+/* The same AdamW step as the optimizer interface takes it. */
+static fsdp_optim_hparams adamw_hp(const hparams *h)
+{
+    return (fsdp_optim_hparams){.beta1 = h->b1, .beta2 = h->b2, .eps = h->eps,
+                                .weight_decay = h->wd};
+}
+
+static fsdp_optim_consts adamw_consts(const hparams *h)
+{
+    return (fsdp_optim_consts){.lr = h->lr, .grad_scale = h->gs, .k = {h->bc1, h->bc2}};
+}
+
+/* The whole shard as one AdamW range (decay h->wd). */
+static fsdp_optim_range adamw_range(shard *s, const hparams *h, int mode)
+{
+    return (fsdp_optim_range){.p = s->p, .grad = s->g, .state = {s->m, s->v},
+                              .p_out = out_ptr(s, mode), .out_dt = out_dt(mode), .n = s->n,
+                              .wd = h->wd};
 }
 
 /* Assert two arrays hold the same bits; name the first differing element. */
@@ -191,12 +232,14 @@ static const hparams HP_SETS[] = {
     {1e-2f, 0.0f, 0.0f, 0.0f, 1e-3f, 1.0f, 1.0f, 1e-30f},             /* betas 0, eps 0 */
 };
 
-/* Loop index: the ISA under test. */
+/* Loop index: optimizer * FSDP_CPU_ISA_COUNT + the ISA under test. */
 START_TEST(test_isa_matches_reference)
 {
-    fsdp_cpu_isa isa = (fsdp_cpu_isa)_i;
+    fsdp_cpu_isa isa = (fsdp_cpu_isa)(_i % FSDP_CPU_ISA_COUNT);
+    int opt = _i / FSDP_CPU_ISA_COUNT;
     if (!fsdp_cpu_isa_supported(isa)) {
-        printf("SKIP: %s AdamW kernel: this CPU or build cannot run it\n", fsdp_cpu_isa_name(isa));
+        printf("SKIP: %s %s kernel: this CPU or build cannot run it\n", fsdp_cpu_isa_name(isa),
+               OPT_NAMES[opt]);
         return;
     }
     char ctx[128];
@@ -206,10 +249,10 @@ START_TEST(test_isa_matches_reference)
             for (int mode = 0; mode < 3; mode++) {
                 shard ref = shard_new(ODD_LENGTHS[k], seed++);
                 shard got = shard_copy(&ref);
-                run_ref(&ref, &HP_SETS[h], mode);
-                run_isa(isa, &got, &HP_SETS[h], mode);
-                snprintf(ctx, sizeof ctx, "%s, hparams %zu, n=%zu, out mode %d",
-                         fsdp_cpu_isa_name(isa), h, ODD_LENGTHS[k], mode);
+                run_ref_opt(opt, &ref, &HP_SETS[h], mode);
+                run_isa_opt(opt, isa, &got, &HP_SETS[h], mode);
+                snprintf(ctx, sizeof ctx, "%s %s, hparams %zu, n=%zu, out mode %d",
+                         OPT_NAMES[opt], fsdp_cpu_isa_name(isa), h, ODD_LENGTHS[k], mode);
                 expect_same_shard(&ref, &got, mode, ctx);
                 shard_free(&ref);
                 shard_free(&got);
@@ -221,10 +264,11 @@ END_TEST
  * each step leaves is the next step's input), on misaligned pointers. */
 START_TEST(test_isa_multi_step_misaligned)
 {
-    fsdp_cpu_isa isa = (fsdp_cpu_isa)_i;
+    fsdp_cpu_isa isa = (fsdp_cpu_isa)(_i % FSDP_CPU_ISA_COUNT);
+    int opt = _i / FSDP_CPU_ISA_COUNT;
     if (!fsdp_cpu_isa_supported(isa)) {
-        printf("SKIP: %s AdamW kernel (multi-step): this CPU or build cannot run it\n",
-               fsdp_cpu_isa_name(isa));
+        printf("SKIP: %s %s kernel (multi-step): this CPU or build cannot run it\n",
+               fsdp_cpu_isa_name(isa), OPT_NAMES[opt]);
         return;
     }
     const size_t n = 2053, off = 3; /* element offset 3: 12-byte misalignment */
@@ -235,11 +279,11 @@ START_TEST(test_isa_multi_step_misaligned)
         h.bc1 = 1.0f - powf(h.b1, (float)t);
         h.bc2 = 1.0f - powf(h.b2, (float)t);
         int mode = t % 3;
-        fsdp_adamw_ref(ref.p + off, ref.g + off, ref.m + off, ref.v + off, n, h.lr, h.b1, h.b2,
-                       h.eps, h.wd, h.bc1, h.bc2, h.gs, mode ? ref.out + off : NULL, out_dt(mode));
-        fsdp_adamw_cpu_isa(isa, got.p + off, got.g + off, got.m + off, got.v + off, n, h.lr, h.b1,
-                           h.b2, h.eps, h.wd, h.bc1, h.bc2, h.gs, mode ? got.out + off : NULL,
-                           out_dt(mode));
+        shard r = ref, g = got; /* views at the offset */
+        r.p += off, r.g += off, r.m += off, r.v += off, r.out += off, r.n = n;
+        g.p += off, g.g += off, g.m += off, g.v += off, g.out += off, g.n = n;
+        run_ref_opt(opt, &r, &h, mode);
+        run_isa_opt(opt, isa, &g, &h, mode);
         expect_same_shard(&ref, &got, 2, "multi-step, misaligned");
     }
     shard_free(&ref);
@@ -264,7 +308,8 @@ START_TEST(test_bf16_out_rounding)
     };
     const size_t n_pat = sizeof patterns / sizeof patterns[0];
     const size_t n = 3 * 64 + 5; /* each pattern at several lane positions, plus a tail */
-    for (int isa = 0; isa < FSDP_CPU_ISA_COUNT; isa++) {
+    for (int k = 0; k < OPT_COUNT * FSDP_CPU_ISA_COUNT; k++) {
+        int isa = k % FSDP_CPU_ISA_COUNT, opt = k / FSDP_CPU_ISA_COUNT;
         if (!fsdp_cpu_isa_supported((fsdp_cpu_isa)isa))
             continue;
         shard ref = shard_new(n, 3);
@@ -278,8 +323,8 @@ START_TEST(test_bf16_out_rounding)
         hparams h = HP_DEFAULT;
         h.lr = 0.0f;
         h.wd = 0.0f;
-        run_ref(&ref, &h, 2);
-        run_isa((fsdp_cpu_isa)isa, &got, &h, 2);
+        run_ref_opt(opt, &ref, &h, 2);
+        run_isa_opt(opt, (fsdp_cpu_isa)isa, &got, &h, 2);
         expect_same_shard(&ref, &got, 2, fsdp_cpu_isa_name((fsdp_cpu_isa)isa));
         const fsdp_bf16 *o = (const fsdp_bf16 *)got.out;
         for (size_t i = 0; i < n; i++) {
@@ -324,12 +369,176 @@ START_TEST(test_best_isa_and_names)
     shard ref = shard_new(777, 11);
     shard got = shard_copy(&ref);
     run_ref(&ref, &HP_DEFAULT, 1);
-    fsdp_adamw_cpu(got.p, got.g, got.m, got.v, got.n, HP_DEFAULT.lr, HP_DEFAULT.b1, HP_DEFAULT.b2,
-                   HP_DEFAULT.eps, HP_DEFAULT.wd, HP_DEFAULT.bc1, HP_DEFAULT.bc2, HP_DEFAULT.gs,
-                   got.out, FSDP_DTYPE_F32);
+    fsdp_adamw_cpu(FSDP_CPU_ISA_COUNT, got.p, got.g, got.m, got.v, got.n, HP_DEFAULT.lr,
+                   HP_DEFAULT.b1, HP_DEFAULT.b2, HP_DEFAULT.eps, HP_DEFAULT.wd, HP_DEFAULT.bc1,
+                   HP_DEFAULT.bc2, HP_DEFAULT.gs, got.out, FSDP_DTYPE_F32);
     expect_same_shard(&ref, &got, 1, "fsdp_adamw_cpu");
     shard_free(&ref);
     shard_free(&got);
+}
+END_TEST
+
+/* ---- the optimizer interface -------------------------------------------- */
+
+START_TEST(test_registry_and_interface)
+{
+    ck_assert_int_eq(fsdp_optim_count(), 2);
+    ck_assert_ptr_eq(fsdp_optim_at(0), &fsdp_optim_adamw); /* the default */
+    ck_assert_ptr_eq(fsdp_optim_or_default(NULL), &fsdp_optim_adamw);
+    ck_assert_ptr_eq(fsdp_optim_or_default(&fsdp_optim_sgd), &fsdp_optim_sgd);
+    ck_assert_ptr_null(fsdp_optim_at(2));
+    char buf[128];
+    ck_assert_str_eq(fsdp_optim_names(buf, sizeof buf, "|"), "adamw|sgd");
+    const fsdp_optim *o = NULL;
+    ck_assert_int_eq(fsdp_optim_find("sgd", &o), FSDP_STATUS_OK);
+    ck_assert_ptr_eq(o, &fsdp_optim_sgd);
+    ck_assert_int_eq(fsdp_optim_find("Adam", &o), FSDP_STATUS_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "'Adam' (expected adamw, sgd)"));
+    ck_assert_int_eq(fsdp_optim_find(NULL, &o), FSDP_STATUS_INVALID_ARG);
+    /* AdamW's state names are the ones checkpoints have always stored */
+    ck_assert_int_eq(fsdp_optim_adamw.n_state, 2);
+    ck_assert_str_eq(fsdp_optim_state_list(&fsdp_optim_adamw, buf, sizeof buf, ", "),
+                     "adam_m, adam_v");
+    ck_assert_uint_eq(fsdp_optim_state_bytes(&fsdp_optim_adamw), 8);
+    ck_assert_str_eq(fsdp_optim_state_list(&fsdp_optim_sgd, buf, sizeof buf, ","), "momentum");
+    ck_assert_uint_eq(fsdp_optim_state_bytes(&fsdp_optim_sgd), 4);
+    for (int i = 0; i < fsdp_optim_count(); i++) {
+        const fsdp_optim *x = fsdp_optim_at(i);
+        ck_assert(x->n_state >= 0 && x->n_state <= FSDP_OPTIM_MAX_STATE);
+        ck_assert(x->help && x->help[0] && x->check && x->consts && x->device_step &&
+                  x->host_step);
+        for (int k = 0; k < x->n_state; k++) { /* names a shard file can store */
+            ck_assert(strlen(x->state_names[k]) < FSDP_OPTIM_NAME_MAX);
+            ck_assert(fsdp_ckpt_array_name_valid(x->state_names[k]));
+            ck_assert_str_ne(x->state_names[k], "master");
+        }
+        ck_assert(fsdp_ckpt_array_name_valid(x->name)); /* the manifest's optimizer line */
+    }
+
+    /* hyper-parameter checks */
+    const fsdp_optim_hparams ok = {0.9f, 0.95f, 1e-8f, 0.9f, 0.1f};
+    ck_assert_int_eq(fsdp_optim_adamw.check(&ok), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_optim_sgd.check(&ok), FSDP_STATUS_OK);
+    static const struct {
+        const fsdp_optim *o;
+        fsdp_optim_hparams hp;
+        const char *expect;
+    } bad[] = {
+        {&fsdp_optim_adamw, {1.0f, 0.95f, 1e-8f, 0, 0.1f}, "beta1"},
+        {&fsdp_optim_adamw, {0.9f, -0.1f, 1e-8f, 0, 0.1f}, "beta2"},
+        {&fsdp_optim_adamw, {NAN, 0.95f, 1e-8f, 0, 0.1f}, "beta1"},
+        {&fsdp_optim_adamw, {0.9f, 0.95f, 0.0f, 0, 0.1f}, "eps"},
+        {&fsdp_optim_adamw, {0.9f, 0.95f, INFINITY, 0, 0.1f}, "eps"},
+        {&fsdp_optim_adamw, {0.9f, 0.95f, 1e-8f, 0, -1.0f}, "weight decay"},
+        {&fsdp_optim_adamw, {0.9f, 0.95f, 1e-8f, 0, INFINITY}, "weight decay"},
+        {&fsdp_optim_sgd, {0, 0, 0, 1.0f, 0.1f}, "momentum"},
+        {&fsdp_optim_sgd, {0, 0, 0, -0.5f, 0.1f}, "momentum"},
+        {&fsdp_optim_sgd, {0, 0, 0, NAN, 0.1f}, "momentum"},
+        {&fsdp_optim_sgd, {0, 0, 0, 0.9f, NAN}, "weight decay"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(bad[i].o->check(&bad[i].hp), FSDP_STATUS_INVALID_ARG);
+        ck_assert_msg(strstr(fsdp_error_msg(), bad[i].expect), "case %zu: %s", i,
+                      fsdp_error_msg());
+    }
+    fsdp_optim_hparams sgd_only = ok; /* SGD reads no betas or eps */
+    sgd_only.beta1 = 7.0f;
+    sgd_only.eps = 0.0f;
+    ck_assert_int_eq(fsdp_optim_sgd.check(&sgd_only), FSDP_STATUS_OK);
+
+    /* per-step constants: AdamW's bias corrections in double, rounded once */
+    fsdp_optim_consts c;
+    ck_assert_int_eq(fsdp_optim_adamw.consts(&ok, 0, 1e-3f, 1.0f, &c), FSDP_STATUS_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "t = 1"));
+    ck_assert_int_eq(fsdp_optim_adamw.consts(&ok, 3, 1e-3f, 0.5f, &c), FSDP_STATUS_OK);
+    ck_assert(c.lr == 1e-3f && c.grad_scale == 0.5f);
+    ck_assert(c.k[0] == (float)(1.0 - pow((double)0.9f, 3.0)));
+    ck_assert(c.k[1] == (float)(1.0 - pow((double)0.95f, 3.0)));
+    ck_assert_int_eq(fsdp_optim_sgd.consts(&ok, 0, 1e-3f, 1.0f, &c), FSDP_STATUS_INVALID_ARG);
+    ck_assert_int_eq(fsdp_optim_sgd.consts(&ok, 9, 0.1f, 0.25f, &c), FSDP_STATUS_OK);
+    ck_assert(c.lr == 0.1f && c.grad_scale == 0.25f);
+}
+END_TEST
+
+/* The device step through the cpu op table and the host step (the best
+ * vector kernel) give the same bits, p_out included; with no op table
+ * (meta) the device step changes nothing. */
+START_TEST(test_device_step_equals_host_step)
+{
+    fsdp_op_ctx ops = {.iface = &fsdp_ops_cpu_i, .dt = FSDP_DTYPE_F32};
+    fsdp_op_ctx meta = {.iface = NULL, .dt = FSDP_DTYPE_F32};
+    const fsdp_optim_hparams hp = {0.9f, 0.95f, 1e-8f, 0.85f, 0.1f};
+    for (int i = 0; i < fsdp_optim_count(); i++) {
+        const fsdp_optim *o = fsdp_optim_at(i);
+        for (int mode = 0; mode < 3; mode++) {
+            shard a = shard_new(10007, 300 + (uint64_t)(3 * i + mode)), b = shard_copy(&a);
+            shard untouched = shard_copy(&a);
+            for (int t = 1; t <= 3; t++) {
+                fsdp_optim_consts c;
+                ck_assert_int_eq(o->consts(&hp, (uint64_t)t, 1e-3f * (float)t, 0.7f, &c),
+                                 FSDP_STATUS_OK);
+                const hparams h = {.wd = 0.05f};
+                fsdp_optim_range ra = adamw_range(&a, &h, mode), rb = adamw_range(&b, &h, mode);
+                o->device_step(&ops, &hp, &c, &ra);
+                o->host_step(FSDP_CPU_ISA_COUNT, &hp, &c, &rb);
+                fsdp_optim_range rm = adamw_range(&untouched, &h, mode);
+                o->device_step(&meta, &hp, &c, &rm);
+            }
+            char ctx[64];
+            snprintf(ctx, sizeof ctx, "%s device vs host step, out mode %d", o->name, mode);
+            expect_same_shard(&a, &b, mode, ctx);
+            shard fresh = shard_new(10007, 300 + (uint64_t)(3 * i + mode));
+            expect_same_shard(&fresh, &untouched, 0, "meta device step");
+            ck_assert(memcmp(a.p, fresh.p, 10007 * 4) != 0); /* the step did something */
+            shard_free(&a);
+            shard_free(&b);
+            shard_free(&untouched);
+            shard_free(&fresh);
+        }
+    }
+}
+END_TEST
+
+/* A job over several ranges of one shard, each with its own weight decay,
+ * cut into chunks across range ends, equals the ranges stepped one by one
+ * on one thread. */
+START_TEST(test_job_ranges)
+{
+    fsdp_pool *pool;
+    ck_assert_int_eq(fsdp_pool_create(2, &pool), FSDP_STATUS_OK);
+    const size_t C = FSDP_OPTIM_CHUNK_NUMEL, n = 3 * C + 777;
+    const size_t cut[] = {0, 100, 100, C + 5, 2 * C, n}; /* [100, 100) is empty */
+    const float wd[] = {0.1f, 0.0f, 0.0f, 0.3f, 0.02f};
+    const int n_ranges = 5;
+    const fsdp_optim_hparams hp = {0.9f, 0.999f, 1e-8f, 0.9f, 0.0f};
+    for (int i = 0; i < fsdp_optim_count(); i++) {
+        const fsdp_optim *o = fsdp_optim_at(i);
+        shard ref = shard_new(n, 800 + (uint64_t)i), got = shard_copy(&ref);
+        fsdp_optim_consts c;
+        ck_assert_int_eq(o->consts(&hp, 2, 1e-2f, 1.0f, &c), FSDP_STATUS_OK);
+        fsdp_optim_range rr[5], rg[5];
+        for (int k = 0; k < n_ranges; k++) {
+            size_t lo = cut[k], len = cut[k + 1] - cut[k];
+            const hparams h = {.wd = wd[k]};
+            shard a = ref, b = got;
+            a.p += lo, a.g += lo, a.m += lo, a.v += lo, a.out += lo / 2, a.n = len;
+            b.p += lo, b.g += lo, b.m += lo, b.v += lo, b.out += lo / 2, b.n = len;
+            rr[k] = adamw_range(&a, &h, 2);
+            rg[k] = adamw_range(&b, &h, 2);
+            rr[k].p_out = (fsdp_bf16 *)ref.out + lo; /* bf16: 2 bytes per element */
+            rg[k].p_out = (fsdp_bf16 *)got.out + lo;
+            o->host_step(FSDP_CPU_ISA_SCALAR, &hp, &c, &rr[k]);
+        }
+        fsdp_optim_job *job;
+        ck_assert_int_eq(fsdp_optim_job_submit(pool, o, &hp, &c, rg, n_ranges, FSDP_CPU_ISA_COUNT,
+                                               &job),
+                         FSDP_STATUS_OK);
+        fsdp_optim_job_wait(job, NULL, NULL);
+        expect_same_shard(&ref, &got, 2, o->name);
+        shard_free(&ref);
+        shard_free(&got);
+    }
+    fsdp_pool_destroy(pool);
 }
 END_TEST
 
@@ -456,7 +665,7 @@ END_TEST
 
 START_TEST(test_pool_adamw_matches_single)
 {
-    const size_t n = 5 * FSDP_ADAMW_CPU_CHUNK_NUMEL + 123;
+    const size_t n = 5 * FSDP_OPTIM_CHUNK_NUMEL + 123;
     fsdp_pool *pool;
     ck_assert_int_eq(fsdp_pool_create(3, &pool), FSDP_STATUS_OK);
     for (int mode = 0; mode < 3; mode++) {
@@ -464,16 +673,16 @@ START_TEST(test_pool_adamw_matches_single)
         shard got = shard_copy(&ref);
         const hparams *h = &HP_SETS[mode % 2];
         run_ref(&ref, h, mode);
-        ck_assert_int_eq(fsdp_adamw_cpu_parallel(pool, got.p, got.g, got.m, got.v, n, h->lr,
-                                                 h->b1, h->b2, h->eps, h->wd, h->bc1, h->bc2,
-                                                 h->gs, out_ptr(&got, mode), out_dt(mode)),
+        fsdp_optim_hparams hp = adamw_hp(h);
+        fsdp_optim_consts c = adamw_consts(h);
+        fsdp_optim_range r = adamw_range(&got, h, mode);
+        ck_assert_int_eq(fsdp_optim_host_step_parallel(pool, &fsdp_optim_adamw, &hp, &c, &r, 1),
                          FSDP_STATUS_OK);
         expect_same_shard(&ref, &got, mode, "pool of 3");
         /* pool NULL: the calling thread alone, same bits. */
         shard solo = shard_new(n, 40 + mode);
-        ck_assert_int_eq(fsdp_adamw_cpu_parallel(NULL, solo.p, solo.g, solo.m, solo.v, n, h->lr,
-                                                 h->b1, h->b2, h->eps, h->wd, h->bc1, h->bc2,
-                                                 h->gs, out_ptr(&solo, mode), out_dt(mode)),
+        r = adamw_range(&solo, h, mode);
+        ck_assert_int_eq(fsdp_optim_host_step_parallel(NULL, &fsdp_optim_adamw, &hp, &c, &r, 1),
                          FSDP_STATUS_OK);
         expect_same_shard(&ref, &solo, mode, "pool NULL");
         shard_free(&ref);
@@ -488,8 +697,8 @@ END_TEST
  * through a two-worker pool, with several jobs in flight from one thread. */
 START_TEST(test_pool_adamw_jobs_in_flight)
 {
-    const size_t sizes[] = {0, 1, FSDP_ADAMW_CPU_CHUNK_NUMEL, FSDP_ADAMW_CPU_CHUNK_NUMEL + 1,
-                            3 * FSDP_ADAMW_CPU_CHUNK_NUMEL - 5};
+    const size_t sizes[] = {0, 1, FSDP_OPTIM_CHUNK_NUMEL, FSDP_OPTIM_CHUNK_NUMEL + 1,
+                            3 * FSDP_OPTIM_CHUNK_NUMEL - 5};
     const size_t n_jobs = sizeof sizes / sizeof sizes[0];
     for (int workers = 0; workers <= 2; workers += 2) {
         fsdp_pool *pool;
@@ -498,21 +707,23 @@ START_TEST(test_pool_adamw_jobs_in_flight)
             if (!fsdp_cpu_isa_supported((fsdp_cpu_isa)isa))
                 continue;
             shard ref[5], got[5];
-            fsdp_adamw_job *jobs[5];
+            fsdp_optim_job *jobs[5];
+            const hparams *h = &HP_DEFAULT;
+            fsdp_optim_hparams hp = adamw_hp(h);
+            fsdp_optim_consts c = adamw_consts(h);
             for (size_t j = 0; j < n_jobs; j++) {
                 ref[j] = shard_new(sizes[j], 500 + j);
                 got[j] = shard_copy(&ref[j]);
-                run_ref(&ref[j], &HP_DEFAULT, 2);
-                const hparams *h = &HP_DEFAULT;
-                ck_assert_int_eq(fsdp_adamw_job_submit(pool, (fsdp_cpu_isa)isa, got[j].p,
-                                                       got[j].g, got[j].m, got[j].v, sizes[j],
-                                                       h->lr, h->b1, h->b2, h->eps, h->wd, h->bc1,
-                                                       h->bc2, h->gs, got[j].out, FSDP_DTYPE_BF16,
-                                                       &jobs[j]),
+                run_ref(&ref[j], h, 2);
+                fsdp_optim_range r = adamw_range(&got[j], h, 2);
+                ck_assert_int_eq(fsdp_optim_job_submit(pool, &fsdp_optim_adamw, &hp, &c, &r, 1,
+                                                       (fsdp_cpu_isa)isa, &jobs[j]),
                                  FSDP_STATUS_OK);
             }
             for (size_t j = n_jobs; j-- > 0;) { /* wait in reverse order */
-                fsdp_adamw_job_wait(jobs[j]);
+                uint64_t t0 = 1, t1 = 1;
+                fsdp_optim_job_wait(jobs[j], &t0, &t1);
+                ck_assert(sizes[j] == 0 ? t0 == 0 && t1 == 0 : t0 > 0 && t1 >= t0);
                 expect_same_shard(&ref[j], &got[j], 2, fsdp_cpu_isa_name((fsdp_cpu_isa)isa));
                 shard_free(&ref[j]);
                 shard_free(&got[j]);
@@ -536,18 +747,20 @@ static void *submitter_main(void *arg)
     fsdp_pool *pool;
     if (fsdp_pool_acquire(4, &pool) != FSDP_STATUS_OK)
         return NULL;
-    const size_t n = 2 * FSDP_ADAMW_CPU_CHUNK_NUMEL + 1000 * (size_t)sb->id + 7;
+    const size_t n = 2 * FSDP_OPTIM_CHUNK_NUMEL + 1000 * (size_t)sb->id + 7;
     shard ref = shard_new(n, 900 + sb->id);
     shard got = shard_copy(&ref);
     for (int t = 1; t <= 3; t++) {
         hparams h = HP_SETS[(sb->id + t) % 2];
         run_ref(&ref, &h, t % 3);
-        fsdp_adamw_job *job;
-        if (fsdp_adamw_job_submit(pool, FSDP_CPU_ISA_COUNT, got.p, got.g, got.m, got.v, n, h.lr,
-                                  h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2, h.gs,
-                                  out_ptr(&got, t % 3), out_dt(t % 3), &job) != FSDP_STATUS_OK)
+        fsdp_optim_job *job;
+        fsdp_optim_hparams hp = adamw_hp(&h);
+        fsdp_optim_consts c = adamw_consts(&h);
+        fsdp_optim_range r = adamw_range(&got, &h, t % 3);
+        if (fsdp_optim_job_submit(pool, &fsdp_optim_adamw, &hp, &c, &r, 1, FSDP_CPU_ISA_COUNT,
+                                  &job) != FSDP_STATUS_OK)
             break;
-        fsdp_adamw_job_wait(job);
+        fsdp_optim_job_wait(job, NULL, NULL);
         size_t out_bytes = (t % 3) ? n * ((t % 3) == 2 ? 2 : 4) : 0;
         if (memcmp(ref.p, got.p, n * 4) || memcmp(ref.m, got.m, n * 4) ||
             memcmp(ref.v, got.v, n * 4) || memcmp(ref.out, got.out, out_bytes))
@@ -582,57 +795,52 @@ START_TEST(test_pool_concurrent_submitters)
 }
 END_TEST
 
-START_TEST(test_adamw_invalid_args)
+START_TEST(test_job_invalid_args)
 {
     fsdp_pool *pool;
     ck_assert_int_eq(fsdp_pool_create(1, &pool), FSDP_STATUS_OK);
     shard s = shard_new(10, 1);
     const hparams h = HP_DEFAULT;
-    fsdp_adamw_job *job = (fsdp_adamw_job *)(uintptr_t)1; /* reset to NULL on failure */
+    fsdp_optim_hparams hp = adamw_hp(&h);
+    fsdp_optim_consts c = adamw_consts(&h);
+    const fsdp_optim *o = &fsdp_optim_adamw;
+    fsdp_optim_job *job = (fsdp_optim_job *)(uintptr_t)1; /* reset to NULL on failure */
 
     fsdp_error_clear();
-    ck_assert_int_eq(fsdp_adamw_job_submit(pool, FSDP_CPU_ISA_COUNT, s.p, NULL, s.m, s.v, 10, h.lr,
-                                           h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2, h.gs, NULL,
-                                           FSDP_DTYPE_F32, &job),
+    fsdp_optim_range r = adamw_range(&s, &h, 0);
+    r.grad = NULL;
+    ck_assert_int_eq(fsdp_optim_job_submit(pool, o, &hp, &c, &r, 1, FSDP_CPU_ISA_COUNT, &job),
                      FSDP_STATUS_INVALID_ARG);
     ck_assert_ptr_null(job);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "NULL"));
+    r = adamw_range(&s, &h, 0);
+    r.state[1] = NULL; /* AdamW's second array */
+    ck_assert_int_eq(fsdp_optim_host_step_parallel(NULL, o, &hp, &c, &r, 1),
+                     FSDP_STATUS_INVALID_ARG);
 
-    ck_assert_int_eq(fsdp_adamw_job_submit(pool, FSDP_CPU_ISA_COUNT, s.p, s.g, s.m, s.v, 10, h.lr,
-                                           h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2, h.gs, s.out,
-                                           FSDP_DTYPE_COUNT, &job),
+    r = adamw_range(&s, &h, 1);
+    r.out_dt = FSDP_DTYPE_COUNT;
+    ck_assert_int_eq(fsdp_optim_job_submit(pool, o, &hp, &c, &r, 1, FSDP_CPU_ISA_COUNT, &job),
                      FSDP_STATUS_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "dtype"));
 
-    ck_assert_int_eq(fsdp_adamw_cpu_parallel(pool, s.p, s.g, s.m, s.v, 10, h.lr, h.b1, h.b2,
-                                             h.eps, h.wd, 0.0f, h.bc2, h.gs, NULL,
-                                             FSDP_DTYPE_F32),
-                     FSDP_STATUS_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "bias correction"));
-    ck_assert_int_eq(fsdp_adamw_cpu_parallel(NULL, s.p, s.g, s.m, s.v, 10, h.lr, h.b1, h.b2,
-                                             h.eps, h.wd, h.bc1, NAN, h.gs, NULL, FSDP_DTYPE_F32),
-                     FSDP_STATUS_INVALID_ARG);
-
-    ck_assert_int_eq(fsdp_adamw_job_submit(pool, (fsdp_cpu_isa)(FSDP_CPU_ISA_COUNT + 1), s.p, s.g,
-                                           s.m, s.v, 10, h.lr, h.b1, h.b2, h.eps, h.wd, h.bc1,
-                                           h.bc2, h.gs, NULL, FSDP_DTYPE_F32, &job),
+    r = adamw_range(&s, &h, 0);
+    ck_assert_int_eq(fsdp_optim_job_submit(pool, o, &hp, &c, &r, 1,
+                                           (fsdp_cpu_isa)(FSDP_CPU_ISA_COUNT + 1), &job),
                      FSDP_STATUS_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "best supported"));
 
-    ck_assert_int_eq(fsdp_adamw_job_submit(NULL, FSDP_CPU_ISA_COUNT, s.p, s.g, s.m, s.v, 10, h.lr,
-                                           h.b1, h.b2, h.eps, h.wd, h.bc1, h.bc2, h.gs, NULL,
-                                           FSDP_DTYPE_F32, &job),
+    ck_assert_int_eq(fsdp_optim_job_submit(NULL, o, &hp, &c, &r, 1, FSDP_CPU_ISA_COUNT, &job),
                      FSDP_STATUS_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "fsdp_pool_acquire"));
 
     /* Nothing was changed by the failed calls. */
     shard fresh = shard_new(10, 1);
     expect_same_shard(&fresh, &s, 0, "after rejected calls");
-    /* n == 0 with NULL arrays is a valid empty step. */
-    ck_assert_int_eq(fsdp_adamw_cpu_parallel(pool, NULL, NULL, NULL, NULL, 0, h.lr, h.b1, h.b2,
-                                             h.eps, h.wd, h.bc1, h.bc2, h.gs, NULL,
-                                             FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    /* n == 0 with NULL arrays is a valid empty step, and so is no range */
+    fsdp_optim_range empty = {.out_dt = FSDP_DTYPE_F32};
+    ck_assert_int_eq(fsdp_optim_host_step_parallel(pool, o, &hp, &c, &empty, 1), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_optim_host_step_parallel(pool, o, &hp, &c, NULL, 0), FSDP_STATUS_OK);
     shard_free(&fresh);
     shard_free(&s);
     fsdp_pool_destroy(pool);
@@ -643,11 +851,12 @@ static Suite *optim_suite(void)
 {
     Suite *s = suite_create("optim");
     TCase *tc = tcase_create("kernels");
-    tcase_add_loop_test(tc, test_isa_matches_reference, FSDP_CPU_ISA_SSE41, FSDP_CPU_ISA_COUNT);
-    tcase_add_loop_test(tc, test_isa_multi_step_misaligned, FSDP_CPU_ISA_SSE41,
-                        FSDP_CPU_ISA_COUNT);
+    tcase_add_loop_test(tc, test_isa_matches_reference, 0, OPT_COUNT * FSDP_CPU_ISA_COUNT);
+    tcase_add_loop_test(tc, test_isa_multi_step_misaligned, 0, OPT_COUNT * FSDP_CPU_ISA_COUNT);
     tcase_add_test(tc, test_bf16_out_rounding);
     tcase_add_test(tc, test_best_isa_and_names);
+    tcase_add_test(tc, test_registry_and_interface);
+    tcase_add_test(tc, test_device_step_equals_host_step);
     tcase_set_timeout(tc, 60);
     suite_add_tcase(s, tc);
 
@@ -659,7 +868,8 @@ static Suite *optim_suite(void)
     tcase_add_test(tp, test_pool_adamw_matches_single);
     tcase_add_test(tp, test_pool_adamw_jobs_in_flight);
     tcase_add_test(tp, test_pool_concurrent_submitters);
-    tcase_add_test(tp, test_adamw_invalid_args);
+    tcase_add_test(tp, test_job_ranges);
+    tcase_add_test(tp, test_job_invalid_args);
     tcase_set_timeout(tp, 60);
     suite_add_tcase(s, tp);
     return s;

@@ -12,20 +12,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/json.h"
 #include "fsdp/shardmap.h"
-#include "models/gpt2.h"
+#include "models/registry.h"
 #include "report/plan_report.h"
 #include "report/plot.h"
+#include "testutil.h"
 #include "train/train.h"
-
-#ifndef FSDP_BIN
-#define FSDP_BIN "build/fsdp"
-#endif
 
 /* ---- helpers ---------------------------------------------------------------- */
 
@@ -45,71 +41,62 @@ static void base_config(fsdp_train_config *c, const char *model, int devices)
     c->out = NULL;
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    ck_assert_ptr_nonnull(buf);
-    ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
-    buf[n] = '\0';
-    fclose(f);
-    if (len)
-        *len = (size_t)n;
-    return buf;
-}
-
-static void tmp_path(char *buf, size_t n, const char *suffix)
-{
-    static int k;
-    snprintf(buf, n, "/tmp/fsdp_test_plan_%d_%d%s", (int)getpid(), k++, suffix);
-}
-
 /* ---- exactness: meta plan == cpu run, to the byte ------------------------------ */
 
-static const char *const models[] = {"tiny", "custom:layers=3,heads=2,channels=48,vocab=300,context=32"};
+static const char *const models[] = {"tiny", "custom:layers=3,heads=2,channels=48,vocab=300,context=32",
+                                     "llama-tiny", "qwen2-tiny"};
+#define N_MODELS ((int)(sizeof models / sizeof models[0]))
 static const int devices[] = {1, 2, 4};
 
-/* The full product: 2 models x 3 device counts x 3 strategies x precision
- * x offload x grad-accum. Sanitizer builds (10-20x slower) run every
- * model/devices/strategy with the 4 rows of an L4 orthogonal array over the
- * three binary factors, which still covers every pair of values. */
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+/* The full product: 4 models (GPT-2 x 2, an untied GQA Llama, a tied Qwen2
+ * with biases) x 3 device counts x 3 strategies x precision x offload x
+ * grad-accum x optimizer (AdamW, SGD) x recompute (none, block,
+ * elementwise). Sanitizer builds (10-20x slower) run every model/devices/
+ * strategy with the 8 rows of an L8 orthogonal array over the four binary
+ * factors, which still covers every pair of values, and the recompute mode
+ * cycling along them (every mode meets every model, device count and
+ * strategy). */
+#if FSDP_TEST_TSAN || FSDP_TEST_ASAN
 #define MATRIX_FULL 0
-#define N_MATRIX (2 * 3 * 3 * 4)
+#define N_MATRIX (N_MODELS * 3 * 3 * 8)
 #else
 #define MATRIX_FULL 1
-#define N_MATRIX (2 * 3 * 3 * 2 * 2 * 2)
+#define N_MATRIX (N_MODELS * 3 * 3 * 2 * 2 * 2 * 2 * FSDP_RECOMPUTE_COUNT)
 #endif
 
 static void matrix_config(int i, fsdp_train_config *c, char *desc, size_t n)
 {
     int k = i;
-    int mi = k % 2; k /= 2;
+    int mi = k % N_MODELS; k /= N_MODELS;
     int di = k % 3; k /= 3;
     int shard = k % 3; k /= 3;
-    int prec, off, accum;
+    int prec, off, accum, opt, rc;
     if (MATRIX_FULL) {
         prec = k % 2; k /= 2;
         off = k % 2; k /= 2;
-        accum = 1 + k % 2;
+        accum = 1 + k % 2; k /= 2;
+        opt = k % 2; k /= 2;
+        rc = k;
     } else {
-        static const int l4[4][3] = {{0, 0, 0}, {0, 1, 1}, {1, 0, 1}, {1, 1, 0}};
-        prec = l4[k][0];
-        off = l4[k][1];
-        accum = 1 + l4[k][2];
+        /* columns 1, 2, 4 and 7 of L8: the fourth is the xor of the others */
+        prec = k >> 2 & 1;
+        off = k >> 1 & 1;
+        accum = 1 + (k & 1);
+        opt = prec ^ off ^ (k & 1);
+        rc = (k + mi + di + shard) % FSDP_RECOMPUTE_COUNT;
     }
     base_config(c, models[mi], devices[di]);
     c->eng.shard = (fsdp_shard_strategy)shard;
     c->eng.compute_dtype = (fsdp_dtype)prec;
     c->eng.offload = off;
     c->eng.grad_accum = accum;
-    snprintf(desc, n, "model %s, %d device(s), shard %s, %s, offload %s, grad-accum %d",
+    c->eng.optim = fsdp_optim_at(opt);
+    c->eng.recompute = (fsdp_recompute)rc;
+    snprintf(desc, n,
+             "model %s, %d device(s), shard %s, %s, offload %s, grad-accum %d, %s, recompute %s",
              models[mi], devices[di], fsdp_shard_strategy_name(c->eng.shard),
-             fsdp_dtype_name(c->eng.compute_dtype), off ? "optimizer" : "none", accum);
+             fsdp_dtype_name(c->eng.compute_dtype), off ? "optimizer" : "none", accum,
+             c->eng.optim->name, fsdp_names_name(&fsdp_recompute_names, rc));
 }
 
 START_TEST(test_plan_equals_cpu_run)
@@ -185,12 +172,10 @@ START_TEST(test_plan_70b_fast_and_formulas)
     c.eng.batch = 1;
     c.eng.seq = 4096;
     fsdp_plan plan;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = fsdp_now_s();
     fsdp_status st = fsdp_plan_run(&c, 2, &plan);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double s = fsdp_now_s() - t0;
     ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-    double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     /* "a couple of seconds"; generous for sanitizer builds on a loaded machine */
     ck_assert_msg(s < 10.0, "planning a 70B shape took %.2f s", s);
 
@@ -244,6 +229,17 @@ START_TEST(test_plan_70b_fast_and_formulas)
         ck_assert_uint_eq(pr->mem.peak_kind_bytes[FSDP_MEM_PARAM], 4 * shards);
     }
     fsdp_plan_free(&plan);
+
+    /* SGD keeps one state array: 4 bytes per shard element, and the formula
+     * asks the optimizer */
+    c.eng.offload = false;
+    c.eng.optim = &fsdp_optim_sgd;
+    ck_assert_int_eq(fsdp_plan_run(&c, 2, &plan), FSDP_STATUS_OK);
+    for (int r = 0; r < N; r++)
+        ck_assert_uint_eq(plan.ranks[r].mem.peak_kind_bytes[FSDP_MEM_OPTIM], 4 * shards);
+    fsdp_plan_formula(&plan, &f_dev, &f_host, text, sizeof text);
+    ck_assert_str_eq(text, "12 P/N");
+    fsdp_plan_free(&plan);
 }
 END_TEST
 
@@ -254,17 +250,23 @@ START_TEST(test_plan_formula_text)
         fsdp_shard_strategy shard;
         fsdp_dtype dt;
         bool offload;
+        const fsdp_optim *optim; /* NULL: the default, AdamW */
         const char *text;
         double dev_per_p, dev_per_p_n, host_per_p_n;
     } cases[] = {
-        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, "16 P/N", 0, 16, 0},
-        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_F32, false, "4 P + 12 P/N", 4, 12, 0},
-        {FSDP_SHARD_NONE, FSDP_DTYPE_F32, false, "16 P", 16, 0, 0},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, false, "18 P/N", 0, 18, 0},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, true, "device 4 P/N + host 16 P/N", 0, 4, 16},
-        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, true, "device 2 P + host 16 P/N", 2, 0, 16},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, NULL, "16 P/N", 0, 16, 0},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_F32, false, NULL, "4 P + 12 P/N", 4, 12, 0},
+        {FSDP_SHARD_NONE, FSDP_DTYPE_F32, false, NULL, "16 P", 16, 0, 0},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, false, NULL, "18 P/N", 0, 18, 0},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, true, NULL, "device 4 P/N + host 16 P/N", 0, 4, 16},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, true, NULL, "device 2 P + host 16 P/N", 2, 0, 16},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, &fsdp_optim_adamw, "16 P/N", 0, 16, 0},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, &fsdp_optim_sgd, "12 P/N", 0, 12, 0},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, false, &fsdp_optim_sgd, "2 P + 12 P/N", 2, 12, 0},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, true, &fsdp_optim_sgd, "device 2 P/N + host 12 P/N", 0,
+         2, 12},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {
         fsdp_plan p;
         memset(&p, 0, sizeof p);
         p.numel = 1000000;
@@ -272,6 +274,7 @@ START_TEST(test_plan_formula_text)
         p.eng.shard = cases[i].shard;
         p.eng.compute_dtype = cases[i].dt;
         p.eng.offload = cases[i].offload;
+        p.eng.optim = cases[i].optim;
         size_t dev, host;
         char text[64];
         fsdp_plan_formula(&p, &dev, &host, text, sizeof text);
@@ -362,6 +365,10 @@ START_TEST(test_plan_json)
     ck_assert_uint_eq(json_uint(root, "params"), plan.numel);
     ck_assert_uint_eq(json_uint(root, "devices"), 2);
     ck_assert_str_eq(fsdp_json_get(root, "offload")->str, "optimizer");
+    const fsdp_json *opt = fsdp_json_get(root, "optimizer");
+    ck_assert_str_eq(fsdp_json_get(opt, "name")->str, "adamw");
+    ck_assert_str_eq(fsdp_json_at(fsdp_json_get(opt, "state"), 1)->str, "adam_v");
+    ck_assert_uint_eq(json_uint(opt, "state_bytes_per_param"), 8);
     ck_assert(fsdp_json_get(root, "fits")->type == FSDP_JSON_BOOL);
     ck_assert(fsdp_json_get(root, "fits")->boolean);
     const fsdp_json *devs = fsdp_json_get(root, "per_device");
@@ -446,10 +453,10 @@ START_TEST(test_plan_svg)
     fsdp_plan plan;
     ck_assert_int_eq(fsdp_plan_run(&c, 1, &plan), FSDP_STATUS_OK);
     plan.device_mem = 64 << 20;
-    char path[256];
-    tmp_path(path, sizeof path, ".svg");
+    char path[512];
+    fsdp_test_path(path, sizeof path, "f.svg");
     ck_assert_int_eq(fsdp_plan_write_svg(&plan, path), FSDP_STATUS_OK);
-    char *svg = slurp(path, NULL);
+    char *svg = fsdp_test_read_file(path, NULL);
     ck_assert(!strncmp(svg, "<?xml", 5));
     check_xml(svg, "rect");
     /* one bar segment per non-zero kind per device, each with a tooltip */
@@ -465,7 +472,6 @@ START_TEST(test_plan_svg)
     ck_assert(strstr(svg, "cap 64.0 MiB"));
     ck_assert(strstr(svg, "ZeRO device 4 P/N + host 16 P/N"));
     free(svg);
-    unlink(path);
     /* an unwritable path is an IO error, not a crash */
     ck_assert_int_eq(fsdp_plan_write_svg(&plan, "/nonexistent-dir/x.svg"), FSDP_STATUS_IO);
     ck_assert(strstr(fsdp_error_msg(), "/nonexistent-dir/x.svg"));
@@ -479,12 +485,10 @@ START_TEST(test_shardmap_json)
 {
     static const int ns[] = {1, 3, 8};
     for (int s = 0; s < FSDP_SHARD_COUNT; s++)
-        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
-            fsdp_gpt2_config gc;
+        for (size_t i = 0; i < FSDP_TEST_LEN(ns); i++) {
             fsdp_model m;
             fsdp_shardmap sm;
-            ck_assert_int_eq(fsdp_gpt2_config_parse("gpt2", &gc), FSDP_STATUS_OK);
-            ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+            ck_assert_int_eq(fsdp_model_from_spec("gpt2", &m), FSDP_STATUS_OK);
             ck_assert_int_eq(fsdp_shardmap_init(&sm, &m, ns[i], (fsdp_shard_strategy)s),
                              FSDP_STATUS_OK);
             char *buf = NULL;
@@ -554,11 +558,9 @@ END_TEST
 
 START_TEST(test_shardmap_table)
 {
-    fsdp_gpt2_config gc;
     fsdp_model m;
     fsdp_shardmap sm;
-    ck_assert_int_eq(fsdp_gpt2_config_parse("tiny", &gc), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &gc), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
     ck_assert_int_eq(fsdp_shardmap_init(&sm, &m, 4, FSDP_SHARD_FULL), FSDP_STATUS_OK);
     char *buf = NULL;
     size_t n = 0;
@@ -685,6 +687,18 @@ static void check_trace(const char *path, int n_ranks, int *n_track, int *n_coun
     fsdp_json_free(root);
 }
 
+/* Train c (2 ranks) with a trace and check it; n_track[r * 4 + stream]. */
+static void train_traced(fsdp_train_config *c, int *n_track, int *n_counters)
+{
+    char path[512];
+    fsdp_test_path(path, sizeof path, "trace.json");
+    c->trace_path = path;
+    fsdp_train_result res;
+    ck_assert_msg(fsdp_train_run(c, &res) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    fsdp_train_result_free(&res);
+    check_trace(path, 2, n_track, n_counters);
+}
+
 START_TEST(test_trace_train)
 {
     static const bool offload[] = {false, true};
@@ -693,14 +707,8 @@ START_TEST(test_trace_train)
         base_config(&c, "tiny", 2);
         c.eng.offload = offload[k];
         c.eng.grad_accum = 2;
-        char path[256];
-        tmp_path(path, sizeof path, ".json");
-        c.trace_path = path;
-        fsdp_train_result res;
-        ck_assert_msg(fsdp_train_run(&c, &res) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-        fsdp_train_result_free(&res);
         int n_track[8], n_counters;
-        check_trace(path, 2, n_track, &n_counters);
+        train_traced(&c, n_track, &n_counters);
         for (int r = 0; r < 2; r++) {
             ck_assert_int_gt(n_track[r * 4 + 0], 0); /* compute */
             ck_assert_int_gt(n_track[r * 4 + 1], 0); /* comm */
@@ -710,7 +718,6 @@ START_TEST(test_trace_train)
             }
         }
         ck_assert_int_gt(n_counters, 0);
-        unlink(path);
     }
 }
 END_TEST
@@ -719,8 +726,7 @@ END_TEST
  * once: the trace must still nest properly on every track it declares. */
 START_TEST(test_trace_offload_workers)
 {
-    const char *fork_env = getenv("CK_FORK");
-    if (fork_env && !strcmp(fork_env, "no")) {
+    if (!fsdp_test_forks()) {
         printf("SKIP: FSDP_CPU_THREADS is read once per process; needs Check's fork\n");
         return;
     }
@@ -730,17 +736,10 @@ START_TEST(test_trace_offload_workers)
     c.eng.batch = 1;
     c.eng.offload = true;
     c.steps = 2;
-    char path[256];
-    tmp_path(path, sizeof path, ".json");
-    c.trace_path = path;
-    fsdp_train_result res;
-    ck_assert_msg(fsdp_train_run(&c, &res) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-    fsdp_train_result_free(&res);
     int n_track[8], n_counters;
-    check_trace(path, 2, n_track, &n_counters);
+    train_traced(&c, n_track, &n_counters);
     for (int r = 0; r < 2; r++)
         ck_assert_int_eq(n_track[r * 4 + 3], 2 * 5); /* one update per unit and step */
-    unlink(path);
 }
 END_TEST
 
@@ -748,8 +747,8 @@ START_TEST(test_trace_plan)
 {
     fsdp_train_config c;
     base_config(&c, "gpt2", 4);
-    char path[256];
-    tmp_path(path, sizeof path, ".json");
+    char path[512];
+    fsdp_test_path(path, sizeof path, "f.json");
     c.trace_path = path;
     fsdp_plan plan;
     ck_assert_int_eq(fsdp_plan_run(&c, 2, &plan), FSDP_STATUS_OK);
@@ -759,7 +758,6 @@ START_TEST(test_trace_plan)
     /* two steps: 12 blocks gathered in forward and backward + the root, per step */
     for (int r = 0; r < 4; r++)
         ck_assert_int_eq(n_track[r * 4 + 1], 2 * ((1 + 2 * 12) + 13));
-    unlink(path);
     /* an unwritable trace path fails the plan with IO */
     c.trace_path = "/nonexistent-dir/t.json";
     ck_assert_int_eq(fsdp_plan_run(&c, 1, &plan), FSDP_STATUS_IO);
@@ -768,23 +766,15 @@ END_TEST
 
 /* ---- fsdp plot ------------------------------------------------------------------- */
 
-static void write_file(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 START_TEST(test_plot_metrics)
 {
     /* a real metrics file from a short run */
     fsdp_train_config c;
     base_config(&c, "tiny", 3);
     c.steps = 6;
-    char log[256], svgp[256];
-    tmp_path(log, sizeof log, ".jsonl");
-    tmp_path(svgp, sizeof svgp, ".svg");
+    char log[512], svgp[512];
+    fsdp_test_path(log, sizeof log, "f.jsonl");
+    fsdp_test_path(svgp, sizeof svgp, "f.svg");
     c.log_path = log;
     fsdp_train_result res;
     ck_assert_int_eq(fsdp_train_run(&c, &res), FSDP_STATUS_OK);
@@ -794,7 +784,7 @@ START_TEST(test_plot_metrics)
     ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
     ck_assert_int_eq(info.n_steps, 6);
     ck_assert_int_eq(info.n_devices, 3);
-    char *svg = slurp(svgp, NULL);
+    char *svg = fsdp_test_read_file(svgp, NULL);
     /* series: loss, tokens/s, and the devices' peaks (equal: one line); axis titles */
     ck_assert_int_eq(check_xml(svg, "polyline"), 2 + 1);
     ck_assert(strstr(svg, ">loss<"));
@@ -804,102 +794,89 @@ START_TEST(test_plot_metrics)
     ck_assert(strstr(svg, "peak memory (KiB)") || strstr(svg, "peak memory (MiB)"));
     free(svg);
     /* devices that differ get a line each */
-    write_file(log, "{\"step\":1,\"loss\":3,\"tokens_per_s\":50,\"peak_bytes\":[100,200,300]}\n"
+    fsdp_test_write_file(log, "{\"step\":1,\"loss\":3,\"tokens_per_s\":50,\"peak_bytes\":[100,200,300]}\n"
                     "{\"step\":2,\"loss\":2,\"tokens_per_s\":60,\"peak_bytes\":[100,200,300]}\n");
     ck_assert_int_eq(fsdp_plot_metrics(log, svgp, &info), FSDP_STATUS_OK);
-    svg = slurp(svgp, NULL);
+    svg = fsdp_test_read_file(svgp, NULL);
     ck_assert_int_eq(check_xml(svg, "polyline"), 2 + 3);
     ck_assert(strstr(svg, ">device 2<"));
     ck_assert(strstr(svg, "peak memory (B)"));
     free(svg);
-    unlink(log);
-    unlink(svgp);
 }
 END_TEST
 
 START_TEST(test_plot_bad_inputs)
 {
-    char in[256], out[256];
-    tmp_path(in, sizeof in, ".jsonl");
-    tmp_path(out, sizeof out, ".svg");
+    char in[512], out[512];
+    fsdp_test_path(in, sizeof in, "f.jsonl");
+    fsdp_test_path(out, sizeof out, "f.svg");
     fsdp_plot_info info;
     /* missing file */
     ck_assert_int_eq(fsdp_plot_metrics("/nonexistent/m.jsonl", out, &info), FSDP_STATUS_IO);
     ck_assert(strstr(fsdp_error_msg(), "/nonexistent/m.jsonl"));
     ck_assert(access(out, F_OK) != 0);
     /* malformed line: named by number, no output left behind */
-    write_file(in, "{\"step\":1,\"loss\":2.5,\"tokens_per_s\":100,\"peak_bytes\":[10]}\n"
+    fsdp_test_write_file(in, "{\"step\":1,\"loss\":2.5,\"tokens_per_s\":100,\"peak_bytes\":[10]}\n"
                    "{\"step\":2,\"loss\":2.4,,}\n");
     ck_assert_int_eq(fsdp_plot_metrics(in, out, &info), FSDP_STATUS_FORMAT);
     ck_assert_msg(strstr(fsdp_error_msg(), "line 2"), "%s", fsdp_error_msg());
     ck_assert(access(out, F_OK) != 0);
     /* a line without a loss */
-    write_file(in, "{\"step\":1,\"tokens_per_s\":100}\n");
+    fsdp_test_write_file(in, "{\"step\":1,\"tokens_per_s\":100}\n");
     ck_assert_int_eq(fsdp_plot_metrics(in, out, &info), FSDP_STATUS_FORMAT);
     ck_assert_msg(strstr(fsdp_error_msg(), "loss"), "%s", fsdp_error_msg());
     /* nan is not JSON */
-    write_file(in, "{\"step\":1,\"loss\":nan}\n");
+    fsdp_test_write_file(in, "{\"step\":1,\"loss\":nan}\n");
     ck_assert_int_eq(fsdp_plot_metrics(in, out, &info), FSDP_STATUS_FORMAT);
     /* empty file */
-    write_file(in, "\n\n");
+    fsdp_test_write_file(in, "\n\n");
     ck_assert_int_eq(fsdp_plot_metrics(in, out, &info), FSDP_STATUS_FORMAT);
     ck_assert_msg(strstr(fsdp_error_msg(), "no metrics"), "%s", fsdp_error_msg());
     /* one step and blank lines are fine */
-    write_file(in, "\n{\"step\":1,\"loss\":3,\"tokens_per_s\":5,\"peak_bytes\":[1,2]}\n\n");
+    fsdp_test_write_file(in, "\n{\"step\":1,\"loss\":3,\"tokens_per_s\":5,\"peak_bytes\":[1,2]}\n\n");
     ck_assert_int_eq(fsdp_plot_metrics(in, out, &info), FSDP_STATUS_OK);
     ck_assert_int_eq(info.n_steps, 1);
-    char *svg = slurp(out, NULL);
+    char *svg = fsdp_test_read_file(out, NULL);
     check_xml(svg, "circle");
     free(svg);
-    unlink(in);
-    unlink(out);
 }
 END_TEST
 
 /* ---- the commands ---------------------------------------------------------------- */
 
-static int run_cmd(const char *args, char *out, size_t cap)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", FSDP_BIN, args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    while (fgetc(p) != EOF)
-        ;
-    int st = pclose(p);
-    ck_assert(WIFEXITED(st));
-    return WEXITSTATUS(st);
-}
-
 static char cmd_out[1 << 17];
 
 START_TEST(test_commands)
 {
-    if (access(FSDP_BIN, X_OK) != 0) {
-        printf("SKIP: %s not built\n", FSDP_BIN);
-        return;
-    }
-    static const struct {
-        const char *args;
-        int rc;
-        const char *expect;
-    } cases[] = {
+    static const fsdp_test_cli_case cases[] = {
         {"plan --help", 0, "--device-mem"},
         {"plan --model tiny --devices 2", 0, "give --device-mem"},
         {"plan --model tiny --devices 2 --device-mem 1GiB", 0, "FITS under"},
         {"plan --model tiny --devices 2 --device-mem 1MiB", 0, "DOES NOT FIT"},
         {"plan --model tiny --json", 0, "\"per_device\""},
+        {"plan --model tiny --optimizer sgd", 0, "optim: optimizer state (momentum)"},
+        {"plan --model tiny --optimizer sgd --offload optimizer", 0, "host 12 P/N"},
+        {"plan --model tiny", 0, "optim: optimizer state (adam_m, adam_v)"},
+        {"plan --help", 0, "--recompute none|block|elementwise"},
+        {"plan --model tiny --recompute block", 0, "recompute block;"},
+        {"plan --model tiny --recompute elementwise --json", 0, "\"recompute\":\"elementwise\""},
+        {"plan --model tiny --recompute full", 2,
+         "--recompute: unknown value 'full' (expected none, block or elementwise)"},
+        {"plan --model tiny --device-mem 1MiB", 0, "--recompute block, a smaller --batch"},
+        {"plan --model tiny --optimizer lion", 2, "unknown optimizer 'lion' (expected adamw, sgd)"},
+        {"plan --model tiny --momentum 0.5", 2, "--momentum is not a setting of --optimizer adamw"},
+        {"plan --model tiny --optimizer sgd --momentum 1", 2, "momentum 1 must be in [0, 1)"},
         {"plan --backend cpu", 2, "unknown option '--backend'"},
+        {"plan --comm host", 2, "unknown option '--comm'"},
         {"plan --devices 0", 2, "--devices"},
+        {"plan --steps 1001", 2, "--steps: 1001 is out of range (expected 1..1000)"},
         {"plan --model tiny --seq 65", 2, "context"},
         {"plan --model tiny --svg /nonexistent-dir/p.svg", 1, "/nonexistent-dir/p.svg"},
         {"plan --model tests/fixtures/tiny_gpt2.bin --devices 2 --seq 8", 0, "10816 parameters"},
-        {"plan --model /nonexistent/m.bin", 2, "/nonexistent/m.bin"},
+        {"plan --model /nonexistent/m.bin", 1, "/nonexistent/m.bin"},
         {"shardmap --help", 0, "--json"},
         {"shardmap --model tests/fixtures/tiny_gpt2.safetensors", 0, "10816 parameters"},
-        {"shardmap --model /nonexistent/m.safetensors", 2, "/nonexistent/m.safetensors"},
+        {"shardmap --model /nonexistent/m.safetensors", 1, "/nonexistent/m.safetensors"},
         {"shardmap --model tiny --devices 3", 0, "h.1"},
         {"shardmap --model tiny --json", 0, "\"units\""},
         {"shardmap --model nope", 2, "unknown model"},
@@ -907,34 +884,28 @@ START_TEST(test_commands)
         {"plot --help", 0, "METRICS.jsonl"},
         {"plot", 2, "usage"},
         {"plot a.jsonl", 2, "usage"},
-        {"plot /nonexistent/m.jsonl /tmp/x.svg", 1, "/nonexistent/m.jsonl"},
+        {"plot /nonexistent/m.jsonl /nonexistent/x.svg", 1, "/nonexistent/x.svg"}, /* output first */
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int rc = run_cmd(cases[i].args, cmd_out, sizeof cmd_out);
-        ck_assert_msg(rc == cases[i].rc, "'fsdp %s' exited %d, want %d:\n%s", cases[i].args, rc,
-                      cases[i].rc, cmd_out);
-        ck_assert_msg(strstr(cmd_out, cases[i].expect), "'fsdp %s' said:\n%s\nwant '%s'",
-                      cases[i].args, cmd_out, cases[i].expect);
-    }
+    fsdp_test_cli_cases(cases, FSDP_TEST_LEN(cases));
     /* the JSON outputs parse */
     const char *json_cmds[] = {"plan --model tiny --devices 3 --offload optimizer --json",
                                "shardmap --model gpt2 --devices 8 --shard grad-op --json"};
-    for (int k = 0; k < 2; k++) {
-        ck_assert_int_eq(run_cmd(json_cmds[k], cmd_out, sizeof cmd_out), 0);
+    for (size_t k = 0; k < FSDP_TEST_LEN(json_cmds); k++) {
+        ck_assert_int_eq(fsdp_test_cli(cmd_out, sizeof cmd_out, "%s", json_cmds[k]), 0);
         fsdp_json *root;
         fsdp_status st = fsdp_json_parse(cmd_out, strlen(cmd_out), &root);
         ck_assert_msg(st == FSDP_STATUS_OK, "'fsdp %s': %s", json_cmds[k], fsdp_error_msg());
         fsdp_json_free(root);
     }
     /* a malformed metrics line: exit 1 naming the line */
-    char in[256];
-    tmp_path(in, sizeof in, ".jsonl");
-    write_file(in, "{\"step\":1,\"loss\":1}\n{oops}\n");
-    char args[600];
-    snprintf(args, sizeof args, "plot %s /tmp/fsdp_test_plan_never.svg", in);
-    ck_assert_int_eq(run_cmd(args, cmd_out, sizeof cmd_out), 1);
+    char in[512];
+    fsdp_test_path(in, sizeof in, "f.jsonl");
+    fsdp_test_write_file(in, "{\"step\":1,\"loss\":1}\n{oops}\n");
+    char never[512];
+    fsdp_test_path(never, sizeof never, "never.svg");
+    ck_assert_int_eq(fsdp_test_cli(cmd_out, sizeof cmd_out, "plot %s %s", in, never), 1);
     ck_assert_msg(strstr(cmd_out, "line 2"), "%s", cmd_out);
-    unlink(in);
+    ck_assert(access(never, F_OK) != 0);
 }
 END_TEST
 
@@ -947,6 +918,7 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("plan");
     tcase_set_timeout(tc, 600);
+    fsdp_test_add_tmpdir(tc);
     tcase_add_test(tc, test_plan_70b_fast_and_formulas);
     tcase_add_test(tc, test_plan_formula_text);
     tcase_add_test(tc, test_plan_fit_verdict);
@@ -959,19 +931,17 @@ int main(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("trace");
     tcase_set_timeout(tc, 600);
+    fsdp_test_add_tmpdir(tc);
     tcase_add_test(tc, test_trace_train);
     tcase_add_test(tc, test_trace_offload_workers);
     tcase_add_test(tc, test_trace_plan);
     suite_add_tcase(s, tc);
     tc = tcase_create("plot");
     tcase_set_timeout(tc, 600);
+    fsdp_test_add_tmpdir(tc);
     tcase_add_test(tc, test_plot_metrics);
     tcase_add_test(tc, test_plot_bad_inputs);
     tcase_add_test(tc, test_commands);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return fsdp_test_run_suite(s);
 }

@@ -10,7 +10,8 @@
  *  1. a STREAM-like triad a = b + s*c on three arrays of N floats, with
  *     streaming stores where the CPU has AVX2 (so the bytes counted, 12 per
  *     element, are the bytes moved) and with plain stores;
- *  2. fsdp's AdamW (fsdp_adamw_job_submit, the best kernel or --isa) on N
+ *  2. fsdp's AdamW (the optimizer interface's host step on the pool,
+ *     fsdp_optim_job_submit, the best kernel or --isa) on N
  *     fp32 parameters: p, grad, m, v = 16 bytes per parameter resident, 28
  *     bytes per parameter moved (read p, g, m, v; write p, m, v), plus 2 with
  *     --bf16-out;
@@ -42,7 +43,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "optim/adamw_cpu.h"
+#include "optim/job.h"
 #include "optim/pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -53,7 +54,7 @@
 #define BENCH_X86 0
 #endif
 
-#define CHUNK FSDP_ADAMW_CPU_CHUNK_NUMEL
+#define CHUNK FSDP_OPTIM_CHUNK_NUMEL
 
 typedef struct options {
     size_t n;          /* parameters */
@@ -224,15 +225,19 @@ static timing time_adamw(fsdp_pool *pool, size_t n, int iters, fsdp_cpu_isa isa,
     for (int k = -1; k < iters; k++) {
         int step = k + 2;
         float bc1 = 1.0f - powf(b1, (float)step), bc2 = 1.0f - powf(b2, (float)step);
-        fsdp_adamw_job *job;
+        const fsdp_optim_hparams hp = {.beta1 = b1, .beta2 = b2, .eps = 1e-8f,
+                                       .weight_decay = 0.1f};
+        const fsdp_optim_consts c = {.lr = 1e-3f, .grad_scale = 1.0f, .k = {bc1, bc2}};
+        const fsdp_optim_range r = {.p = p, .grad = g, .state = {m, v}, .p_out = out,
+                                    .out_dt = FSDP_DTYPE_BF16, .n = n, .wd = 0.1f};
+        fsdp_optim_job *job;
         double t0 = now_s();
-        fsdp_status st = fsdp_adamw_job_submit(pool, isa, p, g, m, v, n, 1e-3f, b1, b2, 1e-8f,
-                                               0.1f, bc1, bc2, 1.0f, out, FSDP_DTYPE_BF16, &job);
+        fsdp_status st = fsdp_optim_job_submit(pool, &fsdp_optim_adamw, &hp, &c, &r, 1, isa, &job);
         if (st != FSDP_STATUS_OK) {
             fprintf(stderr, "bench_adam: %s\n", fsdp_error_msg());
             exit(1);
         }
-        fsdp_adamw_job_wait(job);
+        fsdp_optim_job_wait(job, NULL, NULL);
         if (k >= 0)
             t[k] = now_s() - t0;
     }

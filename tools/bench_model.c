@@ -1,6 +1,7 @@
 /*
- * bench_model.c - forward+backward throughput of the GPT-2 model on one cpu
- * rank, against the same model in PyTorch on the CPU with one thread.
+ * bench_model.c - forward+backward throughput of the GPT-2 and Llama models
+ * on one cpu rank, against the same models in PyTorch on the CPU with one
+ * thread.
  *
  * Why: the cpu backend is what `fsdp train` runs without a GPU, so its
  * per-rank speed sets how long the demo and the tests take; PyTorch on the
@@ -13,8 +14,10 @@
  * padded vocabulary included, torch.set_num_threads(--threads); bf16 under
  * torch.autocast).
  *
+ * Llama's goal is >= 1.2x PyTorch eager (issue 12).
+ *
  * Usage: bench_model [--iters N] [--threads N] [--precision fp32|bf16] [--no-torch]
- *                    [--python PATH] [--only small|gpt2]
+ *                    [--python PATH] [--only small|gpt2|llama]
  * The PyTorch interpreter is --python, else $FSDP_PYTHON, else the first of
  * python3 on PATH and /usr/bin/python3 that imports torch.
  */
@@ -26,11 +29,13 @@
 
 #include "device/cpu.h"
 #include "models/gpt2.h"
+#include "models/llama.h"
+#include "models/registry.h"
 #include "ops/cpu/blas.h"
 #include "bench_torch.h"
 
 typedef struct bench_case {
-    const char *model; /* config name for fsdp_gpt2_config_parse */
+    const char *model; /* a GPT-2 spec (fsdp_model_from_spec) */
     const char *label;
     int B, T, iters;
 } bench_case;
@@ -38,6 +43,10 @@ typedef struct bench_case {
 static const bench_case bench_cases[] = {
     {"small", "small (L2 H4 C128 V256)", 8, 64, 20},
     {"gpt2", "gpt2 124M (L12 H12 C768)", 4, 64, 3},
+    /* Llama: 12 layers, C 768, 12 query / 4 kv heads of 64, SwiGLU 2048, a
+     * Llama 2 / Mistral-sized vocabulary (32000), untied head */
+    {"llama:layers=12,heads=12,kv_heads=4,hidden=768,intermediate=2048,head_dim=64,vocab=32000,"
+     "context=256", "llama (L12 H12/4 C768 V32k)", 2, 256, 3},
 };
 
 typedef struct bench_result {
@@ -67,14 +76,12 @@ static void die(fsdp_status st, const char *what)
 
 static bench_result bench_c(const bench_case *bc, int iters, fsdp_dtype dt)
 {
-    fsdp_gpt2_config cfg;
     fsdp_device dev;
     fsdp_op_ctx ctx;
     fsdp_model m;
-    BENCH_TRY(fsdp_gpt2_config_parse(bc->model, &cfg), "config");
     BENCH_TRY(fsdp_device_init(&dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), "device");
     BENCH_TRY(fsdp_ops_init(&ctx, &dev, dt), "ops");
-    BENCH_TRY(fsdp_gpt2_init(&m, &cfg), "model");
+    BENCH_TRY(fsdp_model_from_spec(bc->model, &m), "model");
     const struct fsdp_model_i *mi = m.iface;
     void **params = calloc((size_t)m.n_units, sizeof *params);
     float **grads = calloc((size_t)m.n_units, sizeof *grads);
@@ -97,8 +104,8 @@ static bench_result bench_c(const bench_case *bc, int iters, fsdp_dtype dt)
     BENCH_TRY(mi->state_init(&m, &ctx, bc->B, bc->T, true, &state), "state");
     int *tok = mi->state_tokens(state), *tgt = mi->state_targets(state);
     for (int i = 0; i < bc->B * bc->T; i++) { /* cpu device memory is host memory */
-        tok[i] = (int)((i * 2654435761u) % (unsigned)cfg.vocab_size);
-        tgt[i] = (int)((i * 40503u + 7) % (unsigned)cfg.vocab_size);
+        tok[i] = (int)((i * 2654435761u) % (unsigned)m.vocab_size);
+        tgt[i] = (int)((i * 40503u + 7) % (unsigned)m.vocab_size);
     }
 
     double fwd = 0, bwd = 0;
@@ -143,20 +150,49 @@ static bench_result bench_c(const bench_case *bc, int iters, fsdp_dtype dt)
 }
 
 
+/* The PyTorch script's model arguments for the Llama model m (its own
+ * function, apart from GPT-2's). */
+static void llama_torch_args(const fsdp_model *m, char *buf, size_t n)
+{
+    const fsdp_llama_config *c = fsdp_llama_config_of(m);
+    snprintf(buf, n,
+             "--family llama --layers %d --heads %d --kv-heads %d --channels %d "
+             "--intermediate %d --head-dim %d --vocab %d --padded-vocab %d --context %d "
+             "--rope-theta %.17g --eps %.17g%s",
+             c->n_layer, c->n_head, c->n_kv_head, c->n_embd, c->n_inter, c->head_dim,
+             c->vocab_size, c->padded_vocab_size, c->max_seq_len, c->rope.theta, c->norm_eps,
+             c->tied ? " --tied" : "");
+}
+
 static bench_result bench_torch(const bench_case *bc, int iters, const char *python,
                                 int threads, fsdp_dtype dt)
 {
     bench_result r = {0};
-    fsdp_gpt2_config cfg;
-    BENCH_TRY(fsdp_gpt2_config_parse(bc->model, &cfg), "config");
+    fsdp_model m;
+    BENCH_TRY(fsdp_model_from_spec(bc->model, &m), "config");
+    char args[512];
+    if (fsdp_llama_config_of(&m)) {
+        if (fsdp_llama_config_of(&m)->qkv_bias || fsdp_llama_config_of(&m)->rope.type)
+            die(fsdp_error_set(FSDP_STATUS_INVALID_ARG, "the PyTorch Llama has no biases and "
+                               "default rope: %s", bc->model), "the PyTorch reference");
+        llama_torch_args(&m, args, sizeof args);
+    } else if (fsdp_gpt2_config_of(&m)) {
+        fsdp_gpt2_config cfg = *fsdp_gpt2_config_of(&m);
+        snprintf(args, sizeof args,
+                 "--layers %d --heads %d --channels %d --vocab %d --padded-vocab %d --context %d",
+                 cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.padded_vocab_size,
+                 cfg.max_seq_len);
+    } else {
+        die(fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s has no PyTorch reference", bc->model),
+            "the PyTorch reference");
+    }
+    fsdp_model_free(&m);
     char script[PATH_MAX], cmd[1024 + PATH_MAX];
     bench_torch_script("bench_model_torch.py", script, sizeof script); /* if missing, python says so */
     snprintf(cmd, sizeof cmd,
-             "OMP_NUM_THREADS=%d MKL_NUM_THREADS=%d '%s' '%s' --layers %d --heads %d "
-             "--channels %d --vocab %d --padded-vocab %d --context %d --batch %d --seq %d "
+             "OMP_NUM_THREADS=%d MKL_NUM_THREADS=%d '%s' '%s' %s --batch %d --seq %d "
              "--iters %d --warmup 1 --threads %d --dtype %s 2>&1",
-             threads, threads, python, script, cfg.n_layer, cfg.n_head, cfg.n_embd,
-             cfg.vocab_size, cfg.padded_vocab_size, cfg.max_seq_len, bc->B, bc->T, iters, threads,
+             threads, threads, python, script, args, bc->B, bc->T, iters, threads,
              fsdp_dtype_name(dt));
     FILE *p = popen(cmd, "r");
     if (!p)
@@ -199,7 +235,7 @@ int main(int argc, char **argv)
     if (threads < 1 || (dt == FSDP_DTYPE_F32 && strcmp(precision, "fp32"))) {
         fprintf(stderr,
                 "usage: %s [--iters N] [--threads N] [--precision fp32|bf16] [--no-torch]\n"
-                "       [--python PATH] [--only small|gpt2]\n",
+                "       [--python PATH] [--only small|gpt2|llama]\n",
                 argv[0]);
         return 2;
     }
@@ -209,7 +245,7 @@ int main(int argc, char **argv)
     }
     const char *python = no_torch ? "skipped" : bench_torch_python(python_arg);
     fsdp_device_cpu_set_threads(threads);
-    printf("GPT-2 forward+backward, one cpu rank, %s, %d thread(s) (torch: %s)\n",
+    printf("forward+backward, one cpu rank, %s, %d thread(s) (torch: %s)\n",
            fsdp_dtype_name(dt), threads, python);
     fsdp_cpu_print_header(stdout, 1, threads);
     printf("%-26s %4s %5s | %12s %9s %9s | %12s %9s %9s | %6s\n", "model", "B", "T", "C tok/s",
@@ -217,7 +253,7 @@ int main(int argc, char **argv)
     int n = (int)(sizeof bench_cases / sizeof bench_cases[0]);
     for (int i = 0; i < n; i++) {
         const bench_case *bc = &bench_cases[i];
-        if (only && strcmp(only, bc->model) != 0)
+        if (only && strncmp(only, bc->model, strlen(only)) != 0)
             continue;
         int it = iters > 0 ? iters : bc->iters;
         bench_result c = bench_c(bc, it, dt);

@@ -43,6 +43,7 @@
 
 #include "core/error.h"
 #include "models/gpt2.h"
+#include "models/registry.h"
 #include "ops/cpu/blas.h"
 #include "train/train.h"
 #include "bench_torch.h"
@@ -249,10 +250,15 @@ int main(int argc, char **argv)
         return 2;
     }
     fsdp_gpt2_config gc;
-    if (fsdp_gpt2_config_parse(model, &gc) != FSDP_STATUS_OK) {
-        fprintf(stderr, "bench_train: %s\n", fsdp_error_msg());
+    fsdp_model m;
+    if (fsdp_model_from_spec(model, &m) != FSDP_STATUS_OK || !fsdp_gpt2_config_of(&m)) {
+        fprintf(stderr, "bench_train: %s\n", m.units ? "the PyTorch reference is a GPT-2"
+                                                     : fsdp_error_msg());
+        fsdp_model_free(&m);
         return 2;
     }
+    gc = *fsdp_gpt2_config_of(&m);
+    fsdp_model_free(&m);
     const char *python = bench_torch_python(python_arg);
     printf("fsdp train step, model %s (L%d H%d C%d V%d), global batch %d x seq %d = %d tokens, "
            "%d steps,\ncpu devices = threads of one process (FULL_SHARD, fp32); PyTorch: %s, "

@@ -10,12 +10,16 @@
 # (pthread flavour) with their run-time dependencies that a bare
 # gcc/CUDA image may lack (apt-cache depends: check -> libsubunit-dev ->
 # libsubunit0; libopenblas-pthread-dev -> libopenblas0-pthread ->
-# libgfortran5 -> libquadmath0). The packages must match the GPU machine's
-# Debian release and architecture (this one: see /etc/os-release).
+# libgfortran5 -> libquadmath0), xxHash (libxxhash-dev -> libxxhash0, the
+# checkpoint checksums), PCRE2 and utf8proc (the tokenizers). The packages must suit the GPU machine's
+# release and architecture (this one: see /etc/os-release; gpu_check's
+# stage 1 prints the GPU machine's): Debian 12's need glibc 2.34 or newer,
+# which newer Debian and Ubuntu releases have. About 13 MB to carry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(check libsubunit0 libsubunit-dev libopenblas0-pthread libopenblas-pthread-dev
-      libgfortran5 libquadmath0)
+      libgfortran5 libquadmath0 libxxhash0 libxxhash-dev libpcre2-8-0 libpcre2-dev
+      libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc2 libutf8proc-dev)
 mkdir -p third_party/debs
 cd third_party/debs
 if ! apt-get download "${PKGS[@]}" 2>/dev/null; then

@@ -25,6 +25,7 @@ typedef enum fsdp_status {
     FSDP_STATUS_ABORTED,      /* another rank failed; this one stopped waiting */
     FSDP_STATUS_UNSUPPORTED,  /* valid request this build or backend cannot do */
     FSDP_STATUS_INTERNAL,     /* a broken invariant reported instead of aborting */
+    FSDP_STATUS_NONFINITE,    /* the loss or a gradient became NaN or infinite (divergence) */
     FSDP_STATUS_COUNT
 } fsdp_status;
 
@@ -43,6 +44,8 @@ typedef enum fsdp_dtype {
 
 /* Bytes per element of a dtype. */
 size_t fsdp_dtype_size(fsdp_dtype dt);
+/* "fp32", "bf16" (the name table in core/names.c); "unknown" for other
+ * values. */
 const char *fsdp_dtype_name(fsdp_dtype dt);
 
 typedef enum fsdp_backend {
@@ -52,7 +55,13 @@ typedef enum fsdp_backend {
     FSDP_BACKEND_COUNT
 } fsdp_backend;
 
+/* "cpu", "cuda", "meta" (the backend table in device/device.c); "unknown"
+ * for other values. */
 const char *fsdp_backend_name(fsdp_backend b);
+
+/* Most ranks (devices) one world runs: every count of ranks, devices or
+ * world size is checked against this one bound. */
+#define FSDP_MAX_RANKS 1024
 
 /* Opaque handles. */
 typedef struct fsdp_world *fsdp_world_t;

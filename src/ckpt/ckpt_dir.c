@@ -1,15 +1,18 @@
 /*
  * ckpt_dir.c - checkpoint directories: paths, finding the newest complete
- * checkpoint, the atomic begin/commit protocol and retention (described in
- * ckpt_dir.h), and run ids.
+ * checkpoint, the atomic begin/commit protocol and retention, the lock
+ * that keeps one run per directory (all described in ckpt_dir.h), and run
+ * ids.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -276,6 +279,138 @@ fsdp_status fsdp_ckpt_commit(const char *dir, uint64_t step, int keep)
     free(steps);
     return removed ? fsdp_fsync_dir(dir) : FSDP_STATUS_OK;
 }
+
+/* ---- one run per directory ------------------------------------------------------- */
+
+/* Who holds the lock whose file is open as fd: "pid P on host H, since T"
+ * from the text its holder wrote. The holder writes right after it takes
+ * the lock, so an empty file is read again for a moment. */
+static void lock_holder(int fd, char *out, size_t n)
+{
+    char text[512];
+    ssize_t k = 0;
+    for (int tries = 0; tries < 20; tries++) {
+        k = pread(fd, text, sizeof text - 1, 0);
+        if (k > 0)
+            break;
+        usleep(5000);
+    }
+    if (k <= 0) {
+        snprintf(out, n, "which has not written its pid yet");
+        return;
+    }
+    text[k] = '\0';
+    int pid;
+    char host[256], since[64];
+    if (sscanf(text, "pid %d host %255s since %63s", &pid, host, since) == 3) {
+        snprintf(out, n, "pid %d on host %s, since %s", pid, host, since);
+        return;
+    }
+    for (char *c = text; *c; c++) /* someone else's text: printable only */
+        if (*c < 0x20 || *c > 0x7e)
+            *c = ' ';
+    snprintf(out, n, "whose lock file says '%.200s'", text);
+}
+
+/* "pid P host H since T\n" into the lock file we hold. */
+static fsdp_status lock_write_holder(int fd, const char *path)
+{
+    char host[256] = "unknown", since[64] = "unknown", text[512];
+    if (gethostname(host, sizeof host) != 0)
+        snprintf(host, sizeof host, "unknown");
+    host[sizeof host - 1] = '\0';
+    for (char *c = host; *c; c++) /* one word, so it reads back */
+        if (*c <= 0x20 || *c > 0x7e)
+            *c = '_';
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm))
+        strftime(since, sizeof since, "%Y-%m-%dT%H:%M:%S%z", &tm);
+    int n = snprintf(text, sizeof text, "pid %ld host %s since %s\n", (long)getpid(), host, since);
+    if (ftruncate(fd, 0) != 0)
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot write lock file '%s': %s", path, errstr());
+    return fsdp_pwrite_all(fd, text, (size_t)n, 0, "lock file", path);
+}
+
+fsdp_status fsdp_ckpt_dir_lock(fsdp_ckpt_lock *lk, const char *dir)
+{
+    memset(lk, 0, sizeof *lk);
+    lk->fd = -1;
+    FSDP_TRY(mkdir_p(dir));
+    if (snprintf(lk->path, sizeof lk->path, "%s/%s", dir, FSDP_CKPT_LOCK_NAME) >=
+        (int)sizeof lk->path)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--ckpt-dir '%s' is too long", dir);
+    /* each pass: open, lock, and check the path still names the file
+     * locked (a holder unlinks it as it releases); a few passes at most */
+    for (int pass = 0; pass < 100; pass++) {
+        /* O_NONBLOCK: a FIFO planted as LOCK cannot block the open */
+        int fd = open(lk->path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return fsdp_error_set(FSDP_STATUS_IO,
+                                  "cannot create lock file '%s' in the checkpoint directory: %s%s",
+                                  lk->path, errstr(),
+                                  errno == ELOOP ? " (it is a symbolic link: remove it)" : "");
+        struct stat locked, now;
+        if (fstat(fd, &locked) != 0 || !S_ISREG(locked.st_mode)) {
+            close(fd);
+            return fsdp_error_set(FSDP_STATUS_IO,
+                                  "lock file '%s' is not a regular file; remove it (fsdp creates "
+                                  "it) and run again",
+                                  lk->path);
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            int err = errno;
+            if (err == EINTR) {
+                close(fd);
+                continue;
+            }
+            fsdp_status st;
+            if (err == EWOULDBLOCK) {
+                char who[384];
+                lock_holder(fd, who, sizeof who);
+                st = fsdp_error_set(FSDP_STATUS_IO,
+                                    "checkpoint directory '%s' is in use by another fsdp run "
+                                    "(%s); wait for it to finish or choose another --ckpt-dir",
+                                    dir, who);
+            } else {
+                st = fsdp_error_set(FSDP_STATUS_IO,
+                                    "cannot lock '%s': %s (does this filesystem support file "
+                                    "locks? choose a --ckpt-dir on a local disk)",
+                                    lk->path, strerror(err));
+            }
+            close(fd);
+            return st;
+        }
+        if (stat(lk->path, &now) != 0 || now.st_dev != locked.st_dev ||
+            now.st_ino != locked.st_ino) {
+            close(fd); /* released and removed meanwhile: start over */
+            continue;
+        }
+        lk->fd = fd;
+        lk->held = true;
+        fsdp_status st = lock_write_holder(fd, lk->path);
+        if (st != FSDP_STATUS_OK)
+            fsdp_ckpt_dir_unlock(lk);
+        return st;
+    }
+    return fsdp_error_set(FSDP_STATUS_IO,
+                          "cannot lock '%s': it keeps being replaced by another process", lk->path);
+}
+
+void fsdp_ckpt_dir_unlock(fsdp_ckpt_lock *lk)
+{
+    if (!lk->held)
+        return;
+    /* unlink while still holding: see fsdp_ckpt_dir_lock. Should it fail,
+     * the file stays behind, which is harmless: a lock file nobody holds
+     * blocks nobody */
+    (void)unlink(lk->path);
+    close(lk->fd);
+    lk->fd = -1;
+    lk->held = false;
+}
+
+/* ---- run ids --------------------------------------------------------------------- */
 
 uint64_t fsdp_ckpt_new_run_id(void)
 {

@@ -10,6 +10,10 @@
  * directory without DONE) is ignored by fsdp_ckpt_latest, and *.tmp / *.old
  * are removed by the next fsdp_ckpt_begin. A crash at any point therefore
  * leaves every earlier complete checkpoint loadable.
+ *
+ * One run at a time: a run holds DIR/LOCK (fsdp_ckpt_dir_lock) while it
+ * writes checkpoints, so a second run into the same directory fails at
+ * once, naming the first one's pid and host.
  */
 #ifndef FSDP_CKPT_CKPT_DIR_H
 #define FSDP_CKPT_CKPT_DIR_H
@@ -49,6 +53,45 @@ fsdp_status fsdp_ckpt_begin(const char *dir, uint64_t step);
  * dir; then keep only the `keep` newest complete checkpoints (0: all).
  * Rank 0 only. */
 fsdp_status fsdp_ckpt_commit(const char *dir, uint64_t step, int keep);
+
+/* ---- one run per directory ----------------------------------------------------- */
+
+/* The lock file inside a checkpoint directory. */
+#define FSDP_CKPT_LOCK_NAME "LOCK"
+
+/* An exclusive lock on a checkpoint directory, held by an open descriptor
+ * of DIR/LOCK (flock). Zero-initialised means "not held". */
+typedef struct fsdp_ckpt_lock {
+    int fd;
+    bool held;
+    char path[FSDP_CKPT_PATH_MAX]; /* DIR/LOCK */
+} fsdp_ckpt_lock;
+
+/* Take the lock on `dir` (created with its parents if needed) for the
+ * lifetime of a run that writes checkpoints there, so two runs never write
+ * (or prune) one directory at once. Never blocks: when another process
+ * holds it, fails at once with IO "checkpoint directory 'D' is in use by
+ * another fsdp run (pid P on host H, since T); wait for it to finish or
+ * choose another --ckpt-dir". The holder writes "pid P host H since T"
+ * into the lock file once it has the lock.
+ *
+ * The kernel drops a flock when its holder dies, so the LOCK file a
+ * killed run leaves behind never blocks the next run. fsdp_ckpt_dir_unlock
+ * removes the file while still holding the lock; a process that opened
+ * the file just before then finds, once it gets the lock, that the path no
+ * longer names what it locked, and starts over.
+ *
+ * Also refused: a LOCK that is not a regular file (IO), a directory that
+ * cannot be created or written (IO, naming it: the run would fail at its
+ * first checkpoint otherwise), a filesystem without flock (IO). The lock
+ * is per open file: a second lock of the same directory in the same
+ * process also fails. The descriptor is close-on-exec. */
+fsdp_status fsdp_ckpt_dir_lock(fsdp_ckpt_lock *lk, const char *dir);
+
+/* Remove the lock file and release the lock; no-op when not held. */
+void fsdp_ckpt_dir_unlock(fsdp_ckpt_lock *lk);
+
+/* ---- run ids ------------------------------------------------------------------- */
 
 /* A fresh random 64-bit run id (never 0). */
 uint64_t fsdp_ckpt_new_run_id(void);

@@ -1,36 +1,32 @@
 /*
- * llmc.c - import and export of llm.c's GPT-2 model files (gpt2_*.bin).
+ * llmc.c - llm.c's model files (gpt2_*.bin) as a weight format.
  *
- * Layout: int32[256] header {20240326, version (3 = fp32, 5 = bf16), maxT,
- * V, L, NH, C, Vp, 0...}, then every parameter in llm.c's order: whole
- * tensors stacked over layers (all L ln_1 weights, then all L ln_1 biases,
- * ...). fsdp keeps one flat buffer per unit (root, h.0, h.1, ...), so each
- * llm.c tensor is split into L slabs that go to different units. The slabs'
- * places come from the model's parameter specs, looked up by HF name
- * (fsdp_model_find_param), never from a hard-coded layout. Linear weights
- * are (OC, C) in both, so no transposes are needed.
+ * Layout: int32[256] header {20240326, version (3 = fp32, 5 = bf16), then
+ * the family's words (GPT-2: maxT, V, L, NH, C, Vp), zeros}, then every
+ * parameter whole, in the family's file order (models/weights.h:
+ * fsdp_llmc_mapping), each tensor in fsdp's own layout (no transposes).
+ * Integers and floats are little-endian, as in llm.c. The file does not say
+ * which family it holds: the families with an llm.c mapping are asked in
+ * registry order, and the first whose header reading succeeds owns it.
  *
- * A file is validated before anything is allocated or read: magic, version,
- * every shape positive and within the GPT-2 model's bounds, and the exact
- * file size, computed in 64 bits with overflow checks, so a hostile header
- * can neither crash us nor make us allocate more than the file holds.
- * Writes go to "<path>.tmp.<pid>", are fsynced, renamed over path, and the
- * directory is fsynced: a crash leaves either the old file or the new one.
- * Integers and floats are little-endian, as in llm.c.
+ * A file is validated before anything is read past its header: magic,
+ * version, the family's header words (a model it can build), and the exact
+ * file size for that model in overflow-checked 64-bit arithmetic, so a
+ * hostile header can neither crash us nor make us allocate more than the
+ * file holds. Writes go through core/fileio's atomic file.
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt/llmc.h"
-#include "core/fileio.h"
+#include "ckpt/modelfile_format.h"
 #include "core/bf16.h"
-#include "core/error.h"
+#include "core/fileio.h"
 #include "core/log.h"
 
 #define LLMC_MAGIC 20240326
@@ -38,365 +34,197 @@
 #define LLMC_VERSION_BF16 5
 #define LLMC_HEADER_INTS 256
 #define LLMC_HEADER_BYTES (LLMC_HEADER_INTS * 4)
-#define LLMC_CHUNK 65536 /* elements converted per bf16 read/write */
+#define LLMC_CHUNK 65536 /* elements converted per bf16 write */
 
-/* ---- the llm.c parameter order ------------------------------------------ */
-
-/* llm.c's tensors in file order; per_layer tensors are (L, rows, cols) and
- * map to "h.<l>.<name>". rows/cols are multiples of C or the named dims. */
-typedef enum { DIM_ONE = 0, DIM_C, DIM_3C, DIM_4C, DIM_VP, DIM_MAXT } llmc_dim;
-
-static const struct llmc_tensor {
-    const char *name;
-    bool per_layer;
-    llmc_dim rows, cols;
-} llmc_tensors[] = {
-    {"wte.weight", false, DIM_VP, DIM_C},
-    {"wpe.weight", false, DIM_MAXT, DIM_C},
-    {"ln_1.weight", true, DIM_C, DIM_ONE},
-    {"ln_1.bias", true, DIM_C, DIM_ONE},
-    {"attn.c_attn.weight", true, DIM_3C, DIM_C},
-    {"attn.c_attn.bias", true, DIM_3C, DIM_ONE},
-    {"attn.c_proj.weight", true, DIM_C, DIM_C},
-    {"attn.c_proj.bias", true, DIM_C, DIM_ONE},
-    {"ln_2.weight", true, DIM_C, DIM_ONE},
-    {"ln_2.bias", true, DIM_C, DIM_ONE},
-    {"mlp.c_fc.weight", true, DIM_4C, DIM_C},
-    {"mlp.c_fc.bias", true, DIM_4C, DIM_ONE},
-    {"mlp.c_proj.weight", true, DIM_C, DIM_4C},
-    {"mlp.c_proj.bias", true, DIM_C, DIM_ONE},
-    {"ln_f.weight", false, DIM_C, DIM_ONE},
-    {"ln_f.bias", false, DIM_C, DIM_ONE},
-};
-#define LLMC_N_TENSORS ((int)(sizeof llmc_tensors / sizeof llmc_tensors[0]))
-
-static uint64_t dim_value(llmc_dim d, const fsdp_gpt2_config *c)
+static bool llmc_claims(const char *path)
 {
-    switch (d) {
-    case DIM_C: return (uint64_t)c->n_embd;
-    case DIM_3C: return 3 * (uint64_t)c->n_embd;
-    case DIM_4C: return 4 * (uint64_t)c->n_embd;
-    case DIM_VP: return (uint64_t)c->padded_vocab_size;
-    case DIM_MAXT: return (uint64_t)c->max_seq_len;
-    case DIM_ONE:
-    default: return 1;
-    }
+    size_t n = strlen(path);
+    return n >= 4 && !strcmp(path + n - 4, ".bin");
 }
 
-/* a*b and a+b into *out; false on 64-bit overflow. */
-static bool mul_ok(uint64_t a, uint64_t b, uint64_t *out)
+/* Bytes of the whole file for m in element size esz; false on overflow. */
+static bool file_bytes(const fsdp_model *m, uint64_t esz, uint64_t *out)
 {
-    return !__builtin_mul_overflow(a, b, out);
-}
-
-static bool add_ok(uint64_t a, uint64_t b, uint64_t *out)
-{
-    return !__builtin_add_overflow(a, b, out);
-}
-
-/* Elements of all parameters for cfg, with overflow checks. */
-static bool llmc_numel(const fsdp_gpt2_config *c, uint64_t *out)
-{
-    uint64_t total = 0;
-    for (int i = 0; i < LLMC_N_TENSORS; i++) {
-        const struct llmc_tensor *t = &llmc_tensors[i];
-        uint64_t n;
-        if (!mul_ok(dim_value(t->rows, c), dim_value(t->cols, c), &n))
-            return false;
-        if (t->per_layer && !mul_ok(n, (uint64_t)c->n_layer, &n))
-            return false;
-        if (!add_ok(total, n, &total))
-            return false;
-    }
-    *out = total;
+    uint64_t bytes;
+    if (__builtin_mul_overflow((uint64_t)m->numel, esz, &bytes) ||
+        __builtin_add_overflow(bytes, (uint64_t)LLMC_HEADER_BYTES, &bytes))
+        return false;
+    *out = bytes;
     return true;
 }
 
-/* One contiguous piece of the file: numel elements that belong at
- * units[unit][offset ...]. */
-typedef struct llmc_slab {
-    int unit;
-    size_t offset, numel;
-} llmc_slab;
-
-/* The file's slabs in file order (2 + 12 L + 2 of them), located through the
- * model's parameter specs. Caller frees *out. */
-static fsdp_status llmc_plan(const fsdp_model *m, const fsdp_gpt2_config *c, llmc_slab **out,
-                             int *n_out)
+/* The family whose llm.c header words h[2..] read; its config into mf. */
+static fsdp_status find_family(fsdp_modelfile *mf, const int32_t *h)
 {
-    int L = c->n_layer, n = 0;
-    llmc_slab *plan = malloc(sizeof *plan * (size_t)(4 + 12 * L));
-    if (!plan)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of memory planning a %d-layer model file", L);
-    for (int i = 0; i < LLMC_N_TENSORS; i++) {
-        const struct llmc_tensor *t = &llmc_tensors[i];
-        uint64_t want = dim_value(t->rows, c) * dim_value(t->cols, c);
-        for (int l = 0; l < (t->per_layer ? L : 1); l++) {
-            char name[64];
-            if (t->per_layer)
-                snprintf(name, sizeof name, "h.%d.%s", l, t->name);
-            else
-                snprintf(name, sizeof name, "%s", t->name);
-            int unit = -1;
-            const fsdp_param_spec *p = fsdp_model_find_param(m, name, &unit);
-            if (!p || p->numel != want) {
-                free(plan);
-                return fsdp_error_set(FSDP_STATUS_INTERNAL,
-                                      "model '%s' %s parameter '%s' (%zu elements) that the "
-                                      "llm.c layout needs with %llu elements",
-                                      m->name, p ? "has a mis-sized" : "lacks the", name,
-                                      p ? p->numel : (size_t)0, (unsigned long long)want);
-            }
-            plan[n++] = (llmc_slab){.unit = unit, .offset = p->offset, .numel = p->numel};
+    char first[FSDP_ERROR_MSG_MAX] = "";
+    for (int i = 0; i < fsdp_model_family_count(); i++) {
+        const fsdp_model_family *f = fsdp_model_family_at(i);
+        if (!f->llmc)
+            continue;
+        if (f->llmc->config(h + 2, LLMC_HEADER_INTS - 2, mf->config, sizeof mf->config) ==
+            FSDP_STATUS_OK) {
+            mf->family = f;
+            return FSDP_STATUS_OK;
         }
+        if (!first[0])
+            snprintf(first, sizeof first, "%s", fsdp_error_msg());
     }
-    *out = plan;
-    *n_out = n;
-    return FSDP_STATUS_OK;
+    return fsdp_error_set(FSDP_STATUS_FORMAT, "model file '%s': %s", mf->path,
+                          first[0] ? first : "no model family reads llm.c files");
 }
 
-/* ---- header -------------------------------------------------------------- */
-
-/* Read and validate path's header against its size; fills cfg, dt and the
- * open file (positioned after the header) on success. */
-static fsdp_status llmc_open(const char *path, fsdp_gpt2_config *cfg, fsdp_dtype *dt, FILE **out)
+static fsdp_status llmc_open(fsdp_modelfile *mf, const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    if (snprintf(mf->path, sizeof mf->path, "%s", path) >= (int)sizeof mf->path)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "path '%.64s...' is too long", path);
+    /* O_NONBLOCK: a FIFO must not hang the open; it is refused below */
+    mf->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (mf->fd < 0)
         return fsdp_error_set(FSDP_STATUS_IO, "cannot open model file '%s': %s", path,
                               strerror(errno));
-    fsdp_status st;
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "cannot stat model file '%s': %s", path,
-                            strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "model file '%s' is not a regular file", path);
-        goto fail;
-    }
+    if (fstat(mf->fd, &sb) != 0)
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot stat model file '%s': %s", path,
+                              strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return fsdp_error_set(FSDP_STATUS_IO, "model file '%s' is not a regular file", path);
     uint64_t size = (uint64_t)sb.st_size;
-    if (size < LLMC_HEADER_BYTES) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                            "model file '%s' is %llu bytes, shorter than the %d-byte llm.c "
-                            "header; it is truncated or not an llm.c model file",
-                            path, (unsigned long long)size, LLMC_HEADER_BYTES);
-        goto fail;
-    }
+    if (size < LLMC_HEADER_BYTES)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "model file '%s' is %" PRIu64 " bytes, shorter than the %d-byte "
+                              "llm.c header; it is truncated or not an llm.c model file",
+                              path, size, LLMC_HEADER_BYTES);
     int32_t h[LLMC_HEADER_INTS];
-    if (fread(h, 4, LLMC_HEADER_INTS, f) != LLMC_HEADER_INTS) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "cannot read the header of model file '%s': %s",
-                            path, ferror(f) ? strerror(errno) : "unexpected end of file");
-        goto fail;
-    }
-    if (h[0] != LLMC_MAGIC) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                            "model file '%s' has magic %d, expected %d; it is not an llm.c "
-                            "GPT-2 model file (gpt2_*.bin)",
-                            path, (int)h[0], LLMC_MAGIC);
-        goto fail;
-    }
-    if (h[1] != LLMC_VERSION_F32 && h[1] != LLMC_VERSION_BF16) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                            "model file '%s' has version %d; supported are %d (fp32) and %d "
-                            "(bf16)",
-                            path, (int)h[1], LLMC_VERSION_F32, LLMC_VERSION_BF16);
-        goto fail;
-    }
-    fsdp_gpt2_config c = {
-        .max_seq_len = h[2],
-        .vocab_size = h[3],
-        .n_layer = h[4],
-        .n_head = h[5],
-        .n_embd = h[6],
-        .padded_vocab_size = h[7],
-    };
-    if (c.max_seq_len <= 0 || c.vocab_size <= 0 || c.n_layer <= 0 || c.n_head <= 0 ||
-        c.n_embd <= 0 || c.padded_vocab_size < c.vocab_size) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                            "model file '%s' has impossible shapes maxT=%d V=%d L=%d NH=%d C=%d "
-                            "Vp=%d (all must be positive and Vp >= V); the header is corrupt",
-                            path, c.max_seq_len, c.vocab_size, c.n_layer, c.n_head, c.n_embd,
-                            c.padded_vocab_size);
-        goto fail;
-    }
-    if (fsdp_gpt2_config_validate(&c) != FSDP_STATUS_OK) {
-        fsdp_error_prefix("model file '%s' describes a GPT-2 fsdp cannot build", path);
-        st = FSDP_STATUS_FORMAT;
-        goto fail;
-    }
-    fsdp_dtype d = h[1] == LLMC_VERSION_BF16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
-    uint64_t numel, expected;
-    if (!llmc_numel(&c, &numel) || !mul_ok(numel, fsdp_dtype_size(d), &expected) ||
-        !add_ok(expected, LLMC_HEADER_BYTES, &expected)) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                            "model file '%s': its shapes (L=%d C=%d Vp=%d maxT=%d) overflow a "
-                            "64-bit size; the header is corrupt",
-                            path, c.n_layer, c.n_embd, c.padded_vocab_size, c.max_seq_len);
-        goto fail;
-    }
-    if (size != expected) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                            "model file '%s' is %llu bytes but its header (%s, maxT=%d V=%d "
-                            "L=%d NH=%d C=%d Vp=%d) needs %llu bytes; the file is truncated or "
-                            "corrupt",
-                            path, (unsigned long long)size, fsdp_dtype_name(d), c.max_seq_len,
-                            c.vocab_size, c.n_layer, c.n_head, c.n_embd, c.padded_vocab_size,
-                            (unsigned long long)expected);
-        goto fail;
-    }
-    *cfg = c;
-    *dt = d;
-    *out = f;
-    return FSDP_STATUS_OK;
-fail:
-    fclose(f);
-    return st;
-}
-
-fsdp_status fsdp_llmc_read_config(const char *path, fsdp_gpt2_config *cfg, fsdp_dtype *file_dt)
-{
-    if (!path || !cfg)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "fsdp_llmc_read_config: NULL argument");
-    FILE *f;
-    fsdp_dtype dt;
-    FSDP_TRY(llmc_open(path, cfg, &dt, &f));
-    fclose(f);
-    if (file_dt)
-        *file_dt = dt;
+    FSDP_TRY(fsdp_pread_all(mf->fd, h, sizeof h, 0, "model file", path));
+    if (h[0] != LLMC_MAGIC)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "model file '%s' has magic %d, expected %d; it is not an llm.c "
+                              "model file (gpt2_*.bin)", path, (int)h[0], LLMC_MAGIC);
+    if (h[1] != LLMC_VERSION_F32 && h[1] != LLMC_VERSION_BF16)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "model file '%s' has version %d; supported are %d (fp32) and %d "
+                              "(bf16)", path, (int)h[1], LLMC_VERSION_F32, LLMC_VERSION_BF16);
+    bool bf16 = h[1] == LLMC_VERSION_BF16;
+    static const fsdp_file_dtype dtypes[2] = {FSDP_FILE_F32, FSDP_FILE_BF16};
+    mf->impl = (void *)&dtypes[bf16]; /* the file's element type, for bind (static: no close) */
+    mf->dtype_name = bf16 ? "bf16" : "fp32";
+    FSDP_TRY(find_family(mf, h));
+    fsdp_model m;
+    FSDP_TRY(fsdp_modelfile_build("model file", path, mf->family, mf->config, &m));
+    uint64_t expected = 0;
+    bool ok = file_bytes(&m, bf16 ? 2 : 4, &expected);
+    fsdp_model_free(&m);
+    char held[FSDP_MODEL_NAME_MAX + 32];
+    fsdp_modelfile_describe(mf, held, sizeof held);
+    if (!ok)
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "model file '%s': the size of its %s "
+                              "overflows 64 bits; the header is corrupt", path, held);
+    if (size != expected)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "model file '%s' is %" PRIu64 " bytes but its header (%s, %s) "
+                              "needs %" PRIu64 " bytes; the file is truncated or corrupt",
+                              path, size, mf->dtype_name, held, expected);
     return FSDP_STATUS_OK;
 }
 
-static bool config_equal(const fsdp_gpt2_config *a, const fsdp_gpt2_config *b)
+static fsdp_status llmc_bind(fsdp_modelfile *mf, const fsdp_model *m)
 {
-    return a->n_layer == b->n_layer && a->n_head == b->n_head && a->n_embd == b->n_embd &&
-           a->vocab_size == b->vocab_size && a->padded_vocab_size == b->padded_vocab_size &&
-           a->max_seq_len == b->max_seq_len;
-}
-
-/* The model's GPT-2 config, or INVALID_ARG if it is not a GPT-2. */
-static fsdp_status model_config(const fsdp_model *m, const char *path,
-                                const fsdp_gpt2_config **out)
-{
-    *out = m ? fsdp_gpt2_config_of(m) : NULL;
-    if (!*out)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "model file '%s': llm.c files hold GPT-2 models only, and model "
-                              "'%s' is not one",
-                              path, m ? m->name : "(null)");
-    return FSDP_STATUS_OK;
-}
-
-/* ---- read ---------------------------------------------------------------- */
-
-fsdp_status fsdp_llmc_read(const char *path, const fsdp_model *m, float *const *units)
-{
-    if (!path || !units)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "fsdp_llmc_read: NULL argument");
-    const fsdp_gpt2_config *mc;
-    FSDP_TRY(model_config(m, path, &mc));
-    fsdp_gpt2_config fc;
-    fsdp_dtype dt;
-    FILE *f = NULL;
-    FSDP_TRY(llmc_open(path, &fc, &dt, &f));
+    FSDP_TRY(fsdp_flat_prepare(mf, m));
+    int n = mf->unit_base[m->n_units];
+    int *order = malloc(((size_t)n + 1) * sizeof *order);
+    int *unit_of = malloc(((size_t)n + 1) * sizeof *unit_of);
+    if (!order || !unit_of) {
+        free(order);
+        free(unit_of);
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    }
+    for (int u = 0; u < m->n_units; u++)
+        for (int i = 0; i < m->units[u].n_params; i++)
+            unit_of[mf->unit_base[u] + i] = u;
+    m->family->llmc->order(m, order);
+    fsdp_file_dtype dt = *(const fsdp_file_dtype *)mf->impl;
+    uint64_t esz = (uint64_t)fsdp_file_dtype_size(dt), at = LLMC_HEADER_BYTES;
     fsdp_status st = FSDP_STATUS_OK;
-    llmc_slab *plan = NULL;
-    uint16_t *buf = NULL;
-    if (!config_equal(&fc, mc)) {
-        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                            "model file '%s' holds L=%d NH=%d C=%d V=%d Vp=%d maxT=%d but the "
-                            "model was built as L=%d NH=%d C=%d V=%d Vp=%d maxT=%d; build the "
-                            "model from the file's config (fsdp_llmc_read_config)",
-                            path, fc.n_layer, fc.n_head, fc.n_embd, fc.vocab_size,
-                            fc.padded_vocab_size, fc.max_seq_len, mc->n_layer, mc->n_head,
-                            mc->n_embd, mc->vocab_size, mc->padded_vocab_size, mc->max_seq_len);
-        goto fail;
-    }
-    int n_slabs;
-    FSDP_CHECK(llmc_plan(m, &fc, &plan, &n_slabs));
-    if (dt == FSDP_DTYPE_BF16 && !(buf = malloc(LLMC_CHUNK * sizeof *buf))) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "out of memory reading model file '%s'", path);
-        goto fail;
-    }
-    for (int s = 0; s < n_slabs; s++) {
-        float *dst = units[plan[s].unit] + plan[s].offset;
-        size_t left = plan[s].numel;
-        while (left > 0) {
-            size_t n = dt == FSDP_DTYPE_F32 ? left : (left < LLMC_CHUNK ? left : LLMC_CHUNK);
-            size_t got = dt == FSDP_DTYPE_F32 ? fread(dst, 4, n, f) : fread(buf, 2, n, f);
-            if (got != n) {
-                st = fsdp_error_set(FSDP_STATUS_IO,
-                                    "reading model file '%s' failed at byte %ld: %s (did the "
-                                    "file change while loading?)",
-                                    path, ftell(f),
-                                    ferror(f) ? strerror(errno) : "unexpected end of file");
-                goto fail;
-            }
-            if (dt == FSDP_DTYPE_BF16)
-                for (size_t i = 0; i < n; i++)
-                    dst[i] = fsdp_bf16_to_f32(buf[i]);
-            dst += n;
-            left -= n;
+    for (int k = 0; k < n && st == FSDP_STATUS_OK; k++) {
+        int idx = order[k];
+        fsdp_tensor_src *s = idx >= 0 && idx < n ? &mf->src[idx] : NULL;
+        if (!s || s->rows) { /* rows stays 0 until the parameter is placed */
+            st = fsdp_error_set(FSDP_STATUS_INTERNAL, "the %s llm.c order lists parameter %d "
+                                "twice or out of range", m->family->title, idx);
+            break;
         }
+        const fsdp_param_spec *p =
+            &m->units[unit_of[idx]].params[idx - mf->unit_base[unit_of[idx]]];
+        *s = (fsdp_tensor_src){
+            .offset = at,
+            .dtype = dt,
+            .file_numel = p->numel,
+            .rows = (uint64_t)p->shape[0],
+            .cols = p->ndim == 2 ? (uint64_t)p->shape[1] : 1,
+        };
+        at += (uint64_t)p->numel * esz;
     }
-    FSDP_INFO(FSDP_SUB_CKPT, "loaded '%s' (%s, %zu parameters) into model '%s'", path,
-              fsdp_dtype_name(dt), m->numel, m->name);
-fail:
-    free(buf);
-    free(plan);
-    fclose(f);
-    return st;
+    free(order);
+    free(unit_of);
+    FSDP_TRY(st);
+    struct stat sb;
+    if (fstat(mf->fd, &sb) != 0 || (uint64_t)sb.st_size != at)
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "model file '%s' changed size while open (it "
+                              "should be %" PRIu64 " bytes)", mf->path, at);
+    return FSDP_STATUS_OK;
 }
 
-/* ---- write --------------------------------------------------------------- */
-
-fsdp_status fsdp_llmc_write(const char *path, const fsdp_model *m, const float *const *units,
-                            fsdp_dtype dt)
+static fsdp_status llmc_write(const char *path, const fsdp_model *m, const float *const *units,
+                              const fsdp_modelfile_write_opts *o)
 {
-    if (!path || !units)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "fsdp_llmc_write: NULL argument");
+    fsdp_dtype dt = o->dtype;
+    if (!m->family->llmc)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "llm.c model files hold no %s models; "
+                              "write '%s' as .safetensors or a checkpoint", m->family->title,
+                              path);
     if (dt != FSDP_DTYPE_F32 && dt != FSDP_DTYPE_BF16)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "llm.c model files hold fp32 or bf16, not dtype %d", (int)dt);
-    const fsdp_gpt2_config *c;
-    FSDP_TRY(model_config(m, path, &c));
-    fsdp_status st = FSDP_STATUS_OK;
-    llmc_slab *plan = NULL;
-    uint16_t *buf = NULL;
+    int n = 0;
+    for (int u = 0; u < m->n_units; u++)
+        n += m->units[u].n_params;
+    int *order = malloc(((size_t)n + 1) * sizeof *order);
+    const float **at = malloc(((size_t)n + 1) * sizeof *at);
+    size_t *numel = malloc(((size_t)n + 1) * sizeof *numel);
+    uint16_t *buf = malloc(LLMC_CHUNK * sizeof *buf);
     fsdp_atomic_file af = {0};
-    int n_slabs;
-    FSDP_CHECK(llmc_plan(m, c, &plan, &n_slabs));
-    if (dt == FSDP_DTYPE_BF16 && !(buf = malloc(LLMC_CHUNK * sizeof *buf))) {
+    fsdp_status st = FSDP_STATUS_OK;
+    if (!order || !at || !numel || !buf) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of memory writing model file '%s'", path);
         goto fail;
     }
+    for (int u = 0, k = 0; u < m->n_units; u++)
+        for (int i = 0; i < m->units[u].n_params; i++, k++) {
+            at[k] = units[u] + m->units[u].params[i].offset;
+            numel[k] = m->units[u].params[i].numel;
+        }
+    m->family->llmc->order(m, order);
     FSDP_CHECK(fsdp_atomic_open(&af, path, "model file"));
     FILE *f = af.f;
     int32_t h[LLMC_HEADER_INTS] = {0};
     h[0] = LLMC_MAGIC;
     h[1] = dt == FSDP_DTYPE_BF16 ? LLMC_VERSION_BF16 : LLMC_VERSION_F32;
-    h[2] = c->max_seq_len;
-    h[3] = c->vocab_size;
-    h[4] = c->n_layer;
-    h[5] = c->n_head;
-    h[6] = c->n_embd;
-    h[7] = c->padded_vocab_size;
+    m->family->llmc->header(m, h + 2, LLMC_HEADER_INTS - 2);
     bool ok = fwrite(h, 4, LLMC_HEADER_INTS, f) == LLMC_HEADER_INTS;
-    for (int s = 0; ok && s < n_slabs; s++) {
-        const float *src = units[plan[s].unit] + plan[s].offset;
-        size_t left = plan[s].numel;
+    for (int k = 0; ok && k < n; k++) {
+        const float *src = at[order[k]];
+        size_t left = numel[order[k]];
         if (dt == FSDP_DTYPE_F32) {
             ok = fwrite(src, 4, left, f) == left;
             continue;
         }
         while (ok && left > 0) {
-            size_t n = left < LLMC_CHUNK ? left : LLMC_CHUNK;
-            for (size_t i = 0; i < n; i++)
+            size_t c = left < LLMC_CHUNK ? left : LLMC_CHUNK;
+            for (size_t i = 0; i < c; i++)
                 buf[i] = fsdp_f32_to_bf16(src[i]);
-            ok = fwrite(buf, 2, n, f) == n;
-            src += n;
-            left -= n;
+            ok = fwrite(buf, 2, c, f) == c;
+            src += c;
+            left -= c;
         }
     }
     FSDP_CHECK(fsdp_atomic_commit(&af, ok));
@@ -405,6 +233,20 @@ fsdp_status fsdp_llmc_write(const char *path, const fsdp_model *m, const float *
 fail:
     fsdp_atomic_abort(&af);
     free(buf);
-    free(plan);
+    free(numel);
+    free(at);
+    free(order);
     return st;
 }
+
+const fsdp_modelfile_format fsdp_format_llmc = {
+    /* .short_name = */ "llmc",
+    /* .name       = */ "llm.c model file",
+    /* .help       = */ "FILE.bin (llm.c)",
+    /* .claims     = */ llmc_claims,
+    /* .open       = */ llmc_open,
+    /* .bind       = */ llmc_bind,
+    /* .read_range = */ NULL, /* the flat reader */
+    /* .close      = */ NULL,
+    /* .write      = */ llmc_write,
+};

@@ -1,7 +1,9 @@
 /*
- * manifest.c - the checkpoint manifest: built from a model and an engine's
- * shard sizes, written as text, and read back with every field validated
- * (the format is described in manifest.h).
+ * manifest.c - the checkpoint manifest as text: written (always the
+ * current version) and read back (versions 1 and 2) with every field
+ * validated (the format is described in manifest.h; the model part,
+ * building the recorded model and checking against it, is in
+ * manifest_model.c).
  *
  * Everything read from disk is treated as hostile: the parser bounds every
  * number before it sizes an allocation or a computation (all size
@@ -9,12 +11,14 @@
  * exactly once.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt/manifest.h"
 #include "core/error.h"
@@ -41,46 +45,6 @@ void fsdp_ckpt_manifest_free(fsdp_ckpt_manifest *m)
     memset(m, 0, sizeof *m);
 }
 
-fsdp_status fsdp_ckpt_manifest_set_units(fsdp_ckpt_manifest *m, const fsdp_model *model,
-                                         const size_t *padded_numel, const size_t *shard_numel)
-{
-    fsdp_ckpt_unit *units = calloc((size_t)model->n_units, sizeof *units);
-    if (!units)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for a checkpoint manifest");
-    for (int u = 0; u < model->n_units; u++) {
-        const fsdp_unit_spec *us = &model->units[u];
-        fsdp_ckpt_unit *cu = &units[u];
-        snprintf(cu->name, sizeof cu->name, "%s", us->name);
-        cu->numel = us->numel;
-        cu->padded_numel = padded_numel[u];
-        cu->shard_numel = shard_numel[u];
-        cu->n_params = us->n_params;
-        cu->params = calloc((size_t)us->n_params, sizeof *cu->params);
-        if (!cu->params) {
-            for (int k = 0; k < u; k++)
-                free(units[k].params);
-            free(units);
-            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for a checkpoint manifest");
-        }
-        for (int i = 0; i < us->n_params; i++) {
-            const fsdp_param_spec *ps = &us->params[i];
-            fsdp_ckpt_param *cp = &cu->params[i];
-            snprintf(cp->name, sizeof cp->name, "%s", ps->name);
-            cp->ndim = ps->ndim;
-            memcpy(cp->shape, ps->shape, sizeof cp->shape);
-            cp->numel = ps->numel;
-            cp->offset = ps->offset;
-        }
-    }
-    if (m->units)
-        for (int u = 0; u < m->n_units; u++)
-            free(m->units[u].params);
-    free(m->units);
-    m->units = units;
-    m->n_units = model->n_units;
-    return FSDP_STATUS_OK;
-}
-
 /* Free text as one line: control characters become '?', empty becomes "-". */
 static void sb_text(fsdp_sbuf *b, const char *key, const char *s)
 {
@@ -101,19 +65,22 @@ fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest 
     fsdp_sbuf_printf(&b, "step %" PRIu64 "\nadam_t %" PRIu64 "\ndata_sequences %" PRIu64 "\n", m->step,
               m->adam_t, m->data_sequences);
     fsdp_sbuf_printf(&b, "seed %" PRIu64 "\nworld_size %d\nshard %s\n", m->seed, m->world_size, m->shard);
+    if (!m->replicated && m->shard_ranks > 0 && m->shard_ranks != m->world_size)
+        fsdp_sbuf_printf(&b, "shard_ranks %d\n", m->shard_ranks);
     fsdp_sbuf_printf(&b, "batch %d\nseq %d\ngrad_accum %d\nsteps_total %d\n", m->batch, m->seq,
               m->grad_accum, m->steps_total);
     fsdp_sbuf_printf(&b, "compute_dtype %s\nmaster_dtype fp32\noptim_dtype fp32\n", m->compute_dtype);
+    if (m->optimizer[0]) {
+        fsdp_sbuf_printf(&b, "optimizer %s\noptim_state ", m->optimizer);
+        for (int k = 0; k < m->n_optim_state; k++)
+            fsdp_sbuf_printf(&b, "%s%s", k ? "," : "", m->optim_state[k]);
+        fsdp_sbuf_printf(&b, "%s\n", m->n_optim_state ? "" : "-");
+    } else {
+        fsdp_sbuf_printf(&b, "optimizer adamw\noptim_state adam_m,adam_v\n");
+    }
     sb_text(&b, "model_name", m->model_name);
-    sb_text(&b, "model_spec", m->model_spec);
-    if (m->has_gpt2)
-        fsdp_sbuf_printf(&b, "gpt2 layers=%d heads=%d channels=%d vocab=%d context=%d\n",
-                  m->gpt2.n_layer, m->gpt2.n_head, m->gpt2.n_embd, m->gpt2.vocab_size,
-                  m->gpt2.max_seq_len);
-    else
-        fsdp_sbuf_printf(&b, "gpt2 -\n");
-    fsdp_sbuf_printf(&b, "vocab_size %d\npadded_vocab_size %d\nmax_seq_len %d\n", m->vocab_size,
-              m->padded_vocab_size, m->max_seq_len);
+    sb_text(&b, "model_family", m->model_family);
+    sb_text(&b, "model_config", m->model_config);
     sb_text(&b, "data", m->data);
     fsdp_sbuf_printf(&b, "block_numel %zu\nunits %d\n", FSDP_CKPT_BLOCK_NUMEL, m->n_units);
     for (int u = 0; u < m->n_units; u++) {
@@ -140,9 +107,22 @@ fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest 
 
 /* ---- manifest: parsing ---------------------------------------------------------- */
 
+/* What a version-1 manifest says about its model, held until the header
+ * is complete and its lines can be checked against each other. */
+typedef struct v1_model {
+    char spec[FSDP_MODEL_NAME_MAX];   /* model_spec; "" for '-' */
+    char gpt2[FSDP_MODEL_CONFIG_MAX]; /* the 'gpt2' line as a config key list; "" for '-' */
+    int vocab_size, padded_vocab_size, max_seq_len;
+    int spec_line, gpt2_line, sizes_line;
+} v1_model;
+
+/* Version 1 knew one model family; its 'gpt2' line named it. */
+#define V1_FAMILY "gpt2"
+
 typedef struct parser {
     const char *path;
     int line;
+    v1_model v1;
 } parser;
 
 static fsdp_status bad(const parser *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -240,51 +220,130 @@ enum mkey {
     K_FORMAT, K_VERSION, K_RUN_ID, K_STEP, K_ADAM_T, K_DATA_SEQUENCES, K_SEED, K_WORLD_SIZE,
     K_SHARD, K_BATCH, K_SEQ, K_GRAD_ACCUM, K_STEPS_TOTAL, K_COMPUTE_DTYPE, K_MASTER_DTYPE,
     K_OPTIM_DTYPE, K_MODEL_NAME, K_MODEL_SPEC, K_GPT2, K_VOCAB_SIZE, K_PADDED_VOCAB_SIZE,
-    K_MAX_SEQ_LEN, K_DATA, K_BLOCK_NUMEL, K_COUNT
+    K_MAX_SEQ_LEN, K_MODEL_FAMILY, K_MODEL_CONFIG, K_DATA, K_BLOCK_NUMEL, K_OPTIMIZER,
+    K_OPTIM_STATE, K_SHARD_RANKS, K_COUNT
 };
 
 static const char *const mkey_names[K_COUNT] = {
     "format", "version", "run_id", "step", "adam_t", "data_sequences", "seed", "world_size",
     "shard", "batch", "seq", "grad_accum", "steps_total", "compute_dtype", "master_dtype",
     "optim_dtype", "model_name", "model_spec", "gpt2", "vocab_size", "padded_vocab_size",
-    "max_seq_len", "data", "block_numel",
+    "max_seq_len", "model_family", "model_config", "data", "block_numel", "optimizer",
+    "optim_state", "shard_ranks",
 };
+
+/* Keys a manifest may leave out (their meaning when absent is in manifest.h). */
+static const bool mkey_optional[K_COUNT] = {[K_SHARD_RANKS] = true};
+
+/* The versions each key belongs to (bit v set: version v has it, once). */
+#define V1 (1u << 1)
+#define V2 (1u << 2)
+static const unsigned mkey_versions[K_COUNT] = {
+    [K_MODEL_SPEC] = V1, [K_GPT2] = V1, [K_VOCAB_SIZE] = V1, [K_PADDED_VOCAB_SIZE] = V1,
+    [K_MAX_SEQ_LEN] = V1, [K_MODEL_FAMILY] = V2, [K_MODEL_CONFIG] = V2,
+    [K_OPTIMIZER] = V2, [K_OPTIM_STATE] = V2, /* version 1 is AdamW */
+};
+#define KEY_IN(k, version) ((mkey_versions[k] ? mkey_versions[k] : V1 | V2) >> (version) & 1)
 
 static void copy_text(char *dst, size_t n, const char *v)
 {
     snprintf(dst, n, "%s", strcmp(v, "-") ? v : "");
 }
 
-static fsdp_status parse_gpt2(const parser *ps, char *v, fsdp_ckpt_manifest *m)
+/* Version 1's 'gpt2 layers=L heads=H channels=C vocab=V context=T' (or
+ * '-'): kept as the config key list "layers=L,heads=H,...". */
+static fsdp_status parse_v1_gpt2(parser *ps, char *v)
 {
-    if (!strcmp(v, "-")) {
-        m->has_gpt2 = false;
+    ps->v1.gpt2_line = ps->line;
+    if (!strcmp(v, "-"))
         return FSDP_STATUS_OK;
-    }
     char *tok[8];
     int n = tokenize(v, tok, 8);
     static const char *const keys[5] = {"layers", "heads", "channels", "vocab", "context"};
-    int vals[5];
     if (n != 5)
         return bad(ps, "'gpt2' needs layers=L heads=H channels=C vocab=V context=T");
+    size_t k = 0;
     for (int i = 0; i < 5; i++) {
         size_t kl = strlen(keys[i]);
+        int val;
         if (strncmp(tok[i], keys[i], kl) || tok[i][kl] != '=' ||
-            !parse_int(tok[i] + kl + 1, 1, MAX_SMALL, &vals[i]))
+            !parse_int(tok[i] + kl + 1, 1, MAX_SMALL, &val))
             return bad(ps, "'gpt2': expected %s=<1..%d>, got '%s'", keys[i], MAX_SMALL, tok[i]);
+        k += (size_t)snprintf(ps->v1.gpt2 + k, sizeof ps->v1.gpt2 - k, "%s%s=%d", i ? "," : "",
+                              keys[i], val);
     }
-    fsdp_gpt2_config c = {.n_layer = vals[0], .n_head = vals[1], .n_embd = vals[2],
-                          .vocab_size = vals[3], .max_seq_len = vals[4],
-                          .padded_vocab_size = (vals[3] + 127) / 128 * 128};
-    if (fsdp_gpt2_config_validate(&c) != FSDP_STATUS_OK)
-        return bad(ps, "'gpt2': %s", fsdp_error_msg());
-    m->gpt2 = c;
-    m->has_gpt2 = true;
     return FSDP_STATUS_OK;
 }
 
+/* Version 1: the 'gpt2' line gives the family and config; model_spec and
+ * the vocabulary and context sizes must say the same. */
+static fsdp_status finish_v1_model(parser *ps, fsdp_ckpt_manifest *m)
+{
+    v1_model *v = &ps->v1;
+    ps->line = v->gpt2_line;
+    if (!v->gpt2[0])
+        return bad(ps, "'gpt2 -': the checkpoint records no model this build can rebuild");
+    snprintf(m->model_family, sizeof m->model_family, "%s", V1_FAMILY);
+    m->model_line = v->gpt2_line;
+    fsdp_model built, named;
+    if (fsdp_model_build(fsdp_model_family_find(V1_FAMILY), v->gpt2, &built) != FSDP_STATUS_OK)
+        return bad(ps, "'gpt2': %s", fsdp_error_msg());
+    snprintf(m->model_config, sizeof m->model_config, "%s", built.config);
+    fsdp_status st = FSDP_STATUS_OK;
+    if (v->spec[0]) {
+        ps->line = v->spec_line;
+        if (fsdp_model_from_spec(v->spec, &named) != FSDP_STATUS_OK) {
+            st = bad(ps, "model_spec '%.160s' does not name a model: %s", v->spec,
+                     fsdp_error_msg());
+        } else {
+            if (named.family != built.family || strcmp(named.config, built.config))
+                st = bad(ps, "model_spec '%.160s' (%s) and the 'gpt2' line %d (%s) describe "
+                             "different models; the manifest was edited or is corrupt",
+                         v->spec, named.config, v->gpt2_line, built.config);
+            fsdp_model_free(&named);
+        }
+    }
+    if (st == FSDP_STATUS_OK &&
+        (v->vocab_size != built.vocab_size || v->padded_vocab_size != built.padded_vocab_size ||
+         v->max_seq_len != built.max_seq_len)) {
+        ps->line = v->sizes_line;
+        st = bad(ps, "vocab_size %d, padded_vocab_size %d, max_seq_len %d disagree with the "
+                     "'gpt2' line %d (%d, %d, %d); the manifest was edited or is corrupt",
+                 v->vocab_size, v->padded_vocab_size, v->max_seq_len, v->gpt2_line,
+                 built.vocab_size, built.padded_vocab_size, built.max_seq_len);
+    }
+    fsdp_model_free(&built);
+    return st;
+}
+
+/* `optim_state A,B,...` or `-`: names valid for shard files, unique, not
+ * "master". */
+static fsdp_status parse_optim_state(const parser *ps, char *v, fsdp_ckpt_manifest *m)
+{
+    m->n_optim_state = 0;
+    if (!strcmp(v, "-"))
+        return FSDP_STATUS_OK;
+    for (char *name = v;;) {
+        char *comma = strchr(name, ',');
+        if (comma)
+            *comma = '\0';
+        if (m->n_optim_state == FSDP_CKPT_MAX_ARRAYS - 1)
+            return bad(ps, "optim_state lists more than %d arrays", FSDP_CKPT_MAX_ARRAYS - 1);
+        if (!fsdp_ckpt_array_name_valid(name) || !strcmp(name, "master"))
+            return bad(ps, "optim_state name '%.32s' is not a [a-z0-9_] name of at most %d "
+                           "characters other than 'master'", name, FSDP_CKPT_ARRAY_NAME_MAX - 1);
+        for (int k = 0; k < m->n_optim_state; k++)
+            if (!strcmp(m->optim_state[k], name))
+                return bad(ps, "optim_state names '%s' twice", name);
+        snprintf(m->optim_state[m->n_optim_state++], FSDP_CKPT_ARRAY_NAME_MAX, "%s", name);
+        if (!comma)
+            return FSDP_STATUS_OK;
+        name = comma + 1;
+    }
+}
+
 /* One `key value` line of the header part. */
-static fsdp_status parse_header_line(const parser *ps, enum mkey k, char *v, fsdp_ckpt_manifest *m)
+static fsdp_status parse_header_line(parser *ps, enum mkey k, char *v, fsdp_ckpt_manifest *m)
 {
     uint64_t x;
     switch (k) {
@@ -295,9 +354,10 @@ static fsdp_status parse_header_line(const parser *ps, enum mkey k, char *v, fsd
     case K_VERSION:
         if (!parse_int(v, 0, 1 << 30, &m->version))
             return bad(ps, "version '%s' is not a number", v);
-        if (m->version != FSDP_CKPT_VERSION)
+        if (m->version < FSDP_CKPT_VERSION_MIN || m->version > FSDP_CKPT_VERSION)
             return bad(ps, "checkpoint format version %d is not supported (this build reads "
-                           "version %d)", m->version, FSDP_CKPT_VERSION);
+                           "versions %d to %d)", m->version, FSDP_CKPT_VERSION_MIN,
+                       FSDP_CKPT_VERSION);
         return FSDP_STATUS_OK;
     case K_RUN_ID:
         if (!parse_hex64(v, &m->run_id) || m->run_id == 0)
@@ -319,8 +379,8 @@ static fsdp_status parse_header_line(const parser *ps, enum mkey k, char *v, fsd
             return bad(ps, "world_size '%s' is not in 1..%d", v, MAX_WORLD);
         return FSDP_STATUS_OK;
     case K_SHARD:
-        if (strcmp(v, "full") && strcmp(v, "grad-op") && strcmp(v, "none"))
-            return bad(ps, "shard '%s' is not full, grad-op or none", v);
+        if (strcmp(v, "full") && strcmp(v, "grad-op") && strcmp(v, "none") && strcmp(v, "hybrid"))
+            return bad(ps, "shard '%s' is not full, grad-op, none or hybrid", v);
         snprintf(m->shard, sizeof m->shard, "%s", v);
         m->replicated = !strcmp(v, "none");
         return FSDP_STATUS_OK;
@@ -333,11 +393,13 @@ static fsdp_status parse_header_line(const parser *ps, enum mkey k, char *v, fsd
         int *dst = k == K_BATCH            ? &m->batch
                    : k == K_SEQ            ? &m->seq
                    : k == K_GRAD_ACCUM     ? &m->grad_accum
-                   : k == K_VOCAB_SIZE     ? &m->vocab_size
-                   : k == K_PADDED_VOCAB_SIZE ? &m->padded_vocab_size
-                                           : &m->max_seq_len;
+                   : k == K_VOCAB_SIZE     ? &ps->v1.vocab_size
+                   : k == K_PADDED_VOCAB_SIZE ? &ps->v1.padded_vocab_size
+                                           : &ps->v1.max_seq_len;
         if (!parse_int(v, 1, MAX_SMALL, dst))
             return bad(ps, "%s '%s' is not in 1..%d", mkey_names[k], v, MAX_SMALL);
+        if (k == K_VOCAB_SIZE)
+            ps->v1.sizes_line = ps->line;
         return FSDP_STATUS_OK;
     }
     case K_STEPS_TOTAL:
@@ -356,9 +418,34 @@ static fsdp_status parse_header_line(const parser *ps, enum mkey k, char *v, fsd
                        mkey_names[k], v);
         return FSDP_STATUS_OK;
     case K_MODEL_NAME: copy_text(m->model_name, sizeof m->model_name, v); return FSDP_STATUS_OK;
-    case K_MODEL_SPEC: copy_text(m->model_spec, sizeof m->model_spec, v); return FSDP_STATUS_OK;
+    case K_MODEL_SPEC:
+        copy_text(ps->v1.spec, sizeof ps->v1.spec, v);
+        ps->v1.spec_line = ps->line;
+        return FSDP_STATUS_OK;
+    case K_GPT2: return parse_v1_gpt2(ps, v);
+    case K_MODEL_FAMILY:
+        if (!valid_name(v, sizeof m->model_family))
+            return bad(ps, "model_family '%.64s' is not a family name", v);
+        snprintf(m->model_family, sizeof m->model_family, "%s", v);
+        return FSDP_STATUS_OK;
+    case K_MODEL_CONFIG:
+        if (strlen(v) >= sizeof m->model_config)
+            return bad(ps, "model_config is longer than %zu characters",
+                       sizeof m->model_config - 1);
+        snprintf(m->model_config, sizeof m->model_config, "%s", v);
+        m->model_line = ps->line;
+        return FSDP_STATUS_OK;
     case K_DATA: copy_text(m->data, sizeof m->data, v); return FSDP_STATUS_OK;
-    case K_GPT2: return parse_gpt2(ps, v, m);
+    case K_OPTIMIZER:
+        if (!fsdp_ckpt_array_name_valid(v))
+            return bad(ps, "optimizer '%.32s' is not a [a-z0-9_] name", v);
+        snprintf(m->optimizer, sizeof m->optimizer, "%s", v);
+        return FSDP_STATUS_OK;
+    case K_OPTIM_STATE: return parse_optim_state(ps, v, m);
+    case K_SHARD_RANKS:
+        if (!parse_int(v, 1, MAX_WORLD, &m->shard_ranks))
+            return bad(ps, "shard_ranks '%s' is not in 1..%d", v, MAX_WORLD);
+        return FSDP_STATUS_OK;
     case K_BLOCK_NUMEL:
         if (!parse_u64(v, UINT64_MAX, &x) || x != FSDP_CKPT_BLOCK_NUMEL)
             return bad(ps, "block_numel '%s' is not supported (this build uses %zu)", v,
@@ -369,17 +456,21 @@ static fsdp_status parse_header_line(const parser *ps, enum mkey k, char *v, fsd
 }
 
 /* Cross-field checks once the header is complete. */
-static fsdp_status check_header(const parser *ps, const fsdp_ckpt_manifest *m)
+static fsdp_status check_header(const parser *ps, fsdp_ckpt_manifest *m)
 {
+    if (!m->shard_ranks)
+        m->shard_ranks = m->replicated ? 1 : m->world_size;
+    if (m->replicated ? m->shard_ranks != 1
+                      : m->world_size % m->shard_ranks ||
+                            (m->shard_ranks != m->world_size && strcmp(m->shard, "hybrid")))
+        return bad(ps, "shard_ranks %d does not fit world_size %d with shard %s", m->shard_ranks,
+                   m->world_size, m->shard);
     uint64_t per_step = (uint64_t)m->batch * (uint64_t)m->world_size * (uint64_t)m->grad_accum;
     uint64_t seqs;
     if (__builtin_mul_overflow(per_step, m->step, &seqs) || seqs != m->data_sequences)
         return bad(ps, "data_sequences %" PRIu64 " is not step %" PRIu64 " x batch %d x "
                        "world_size %d x grad_accum %d",
                    m->data_sequences, m->step, m->batch, m->world_size, m->grad_accum);
-    if (m->padded_vocab_size < m->vocab_size)
-        return bad(ps, "padded_vocab_size %d is smaller than vocab_size %d",
-                   m->padded_vocab_size, m->vocab_size);
     return FSDP_STATUS_OK;
 }
 
@@ -405,11 +496,11 @@ static fsdp_status parse_unit_line(const parser *ps, char *line, int index, int 
         return bad(ps, "unit '%s' padded numel '%s' is not in numel..2^48", cu->name, t[6]);
     if (!parse_u64(t[8], MAX_NUMEL, &shard) || shard == 0)
         return bad(ps, "unit '%s' shard numel '%s' is not in 1..2^48", cu->name, t[8]);
-    if (m->replicated ? shard != padded
-                      : padded % (uint64_t)m->world_size || padded / (uint64_t)m->world_size != shard)
+    uint64_t parts = (uint64_t)fsdp_ckpt_n_shards(m);
+    if (padded % parts || padded / parts != shard)
         return bad(ps, "unit '%s': shard numel %" PRIu64 " does not split padded numel %" PRIu64
-                       " over world_size %d with shard %s",
-                   cu->name, shard, padded, m->world_size, m->shard);
+                       " over %d rank(s) (world_size %d, shard %s)",
+                   cu->name, shard, padded, (int)parts, m->world_size, m->shard);
     if (!parse_int(t[10], 1, lines_left > 0 ? lines_left : 1, &cu->n_params) ||
         cu->n_params > lines_left)
         return bad(ps, "unit '%s' params '%s' is not in 1..%d (the lines left in the file)",
@@ -479,18 +570,19 @@ fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
     memset(m, 0, sizeof *m);
     fsdp_status st = FSDP_STATUS_OK;
     char *text = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* O_NONBLOCK: a FIFO must not hang the open; it is refused below */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
         return fsdp_error_set(errno == ENOENT ? FSDP_STATUS_FORMAT : FSDP_STATUS_IO,
                               "cannot open checkpoint manifest '%s': %s", path, errstr());
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
         return fsdp_error_set(FSDP_STATUS_FORMAT, "checkpoint manifest '%s' is not a regular file",
                               path);
     }
     if ((uint64_t)sb.st_size > MANIFEST_MAX_BYTES) {
-        fclose(f);
+        close(fd);
         return fsdp_error_set(FSDP_STATUS_FORMAT,
                               "checkpoint manifest '%s' is %lld bytes, more than the %zu MiB a "
                               "manifest can be", path, (long long)sb.st_size,
@@ -499,14 +591,14 @@ fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
     size_t size = (size_t)sb.st_size;
     text = malloc(size + 1);
     if (!text) {
-        fclose(f);
+        close(fd);
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading manifest '%s'", path);
     }
-    size_t got = fread(text, 1, size, f);
-    fclose(f);
-    if (got != size) {
+    st = fsdp_pread_all(fd, text, size, 0, "checkpoint manifest", path);
+    close(fd);
+    if (st != FSDP_STATUS_OK) {
         free(text);
-        return fsdp_error_set(FSDP_STATUS_IO, "cannot read checkpoint manifest '%s'", path);
+        return st;
     }
     text[size] = '\0';
 
@@ -525,6 +617,11 @@ fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
         ps.line++;
         if (len > MANIFEST_LINE_MAX) {
             st = bad(&ps, "line is longer than %d characters", MANIFEST_LINE_MAX);
+            goto fail;
+        }
+        if (len > 0 && line[len - 1] == '\r') {
+            st = bad(&ps, "the line ends in a carriage return (CRLF line endings); a manifest "
+                          "uses LF line endings only");
             goto fail;
         }
         for (size_t i = 0; i < len; i++)
@@ -548,12 +645,24 @@ fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
             if (sp)
                 *sp = '\0';
             if (!strcmp(key, "units")) {
-                for (int k = 0; k < K_COUNT; k++)
-                    if (!seen[k]) {
+                for (int k = 0; k < K_COUNT; k++) /* no version: every key is missing */
+                    if (!seen[k] && !mkey_optional[k] &&
+                        (!seen[K_VERSION] || KEY_IN(k, m->version))) {
                         st = bad(&ps, "key '%s' is missing before 'units'", mkey_names[k]);
                         goto fail;
                     }
+                if (m->version == 1) { /* version 1 predates optimizers other than AdamW */
+                    snprintf(m->optimizer, sizeof m->optimizer, "adamw");
+                    m->n_optim_state = 2;
+                    snprintf(m->optim_state[0], sizeof m->optim_state[0], "adam_m");
+                    snprintf(m->optim_state[1], sizeof m->optim_state[1], "adam_v");
+                }
                 FSDP_CHECK(check_header(&ps, m));
+                if (m->version == 1) {
+                    int at = ps.line;
+                    FSDP_CHECK(finish_v1_model(&ps, m));
+                    ps.line = at;
+                }
                 if (!parse_int(val, 1, lines_left > 0 ? lines_left : 1, &m->n_units) ||
                     m->n_units > lines_left) {
                     st = bad(&ps, "units '%s' is not in 1..%d (the lines left in the file)", val,
@@ -586,6 +695,10 @@ fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
             }
             if (k != K_VERSION && k != K_FORMAT && !seen[K_VERSION]) {
                 st = bad(&ps, "'format' and 'version' must come first");
+                goto fail;
+            }
+            if (k != K_VERSION && k != K_FORMAT && !KEY_IN(k, m->version)) {
+                st = bad(&ps, "key '%s' is not part of a version-%d manifest", key, m->version);
                 goto fail;
             }
             seen[k] = true;
@@ -625,6 +738,10 @@ fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
                              : bad(&ps, "the file ends before 'end' (truncated?)");
         goto fail;
     }
+    /* the recorded model builds, and the unit lines are its units */
+    fsdp_model model;
+    FSDP_CHECK(fsdp_ckpt_manifest_model(m, path, &model));
+    fsdp_model_free(&model);
     free(text);
     return FSDP_STATUS_OK;
 fail:
@@ -632,58 +749,3 @@ fail:
     fsdp_ckpt_manifest_free(m);
     return st;
 }
-
-static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape)
-{
-    size_t k = (size_t)snprintf(buf, n, "(");
-    for (int d = 0; d < ndim && k < n; d++)
-        k += (size_t)snprintf(buf + k, n - k, "%s%" PRId64, d ? ", " : "", shape[d]);
-    if (k < n)
-        snprintf(buf + k, n - k, ")");
-}
-
-fsdp_status fsdp_ckpt_manifest_check_model(const fsdp_ckpt_manifest *m, const char *path,
-                                           const fsdp_model *model)
-{
-    char hint[320];
-    if (m->model_spec[0])
-        snprintf(hint, sizeof hint, "; the checkpoint was written for model '%s': resume with "
-                                    "--model '%s'", m->model_name, m->model_spec);
-    else
-        snprintf(hint, sizeof hint, "; the checkpoint was written for model '%s'", m->model_name);
-    if (m->n_units != model->n_units)
-        return fsdp_error_set(FSDP_STATUS_FORMAT,
-                              "checkpoint manifest '%s': %d units, but model '%s' has %d%s", path,
-                              m->n_units, model->name, model->n_units, hint);
-    for (int u = 0; u < m->n_units; u++) {
-        const fsdp_ckpt_unit *cu = &m->units[u];
-        const fsdp_unit_spec *us = &model->units[u];
-        if (strcmp(cu->name, us->name) || cu->numel != us->numel || cu->n_params != us->n_params)
-            return fsdp_error_set(FSDP_STATUS_FORMAT,
-                                  "checkpoint manifest '%s' line %d: unit %d is '%s' (%zu "
-                                  "elements, %d parameters), but model '%s' has '%s' (%zu, %d)%s",
-                                  path, cu->line, u, cu->name, cu->numel, cu->n_params,
-                                  model->name, us->name, us->numel, us->n_params, hint);
-        for (int i = 0; i < cu->n_params; i++) {
-            const fsdp_ckpt_param *p = &cu->params[i];
-            const fsdp_param_spec *q = &us->params[i];
-            bool same = !strcmp(p->name, q->name) && p->ndim == q->ndim &&
-                        p->offset == q->offset && p->numel == q->numel;
-            for (int d = 0; same && d < p->ndim; d++)
-                same = p->shape[d] == q->shape[d];
-            if (!same) {
-                char a[96], b[96];
-                fmt_shape(a, sizeof a, p->ndim, p->shape);
-                fmt_shape(b, sizeof b, q->ndim, q->shape);
-                return fsdp_error_set(FSDP_STATUS_FORMAT,
-                                      "checkpoint manifest '%s' line %d: parameter '%s' %s at "
-                                      "offset %zu does not match model '%s''s '%s' %s at offset "
-                                      "%zu%s",
-                                      path, p->line, p->name, a, p->offset, model->name, q->name,
-                                      b, q->offset, hint);
-            }
-        }
-    }
-    return FSDP_STATUS_OK;
-}
-

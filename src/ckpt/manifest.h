@@ -3,6 +3,15 @@
  * that says what was trained (model, every parameter's name, shape and
  * offset, every unit's shard sizes), where (world size, sharding) and how
  * far (step, optimizer step count, data position).
+ *
+ * Versions. 2 (written now) records the model as `model_family <name>` and
+ * `model_config <the family's canonical config>`: one source of truth,
+ * rebuilt through the model registry. 1 (written before the registry)
+ * recorded a GPT-2 as `model_spec`, a `gpt2 layers=.. heads=..` line and
+ * vocab_size / padded_vocab_size / max_seq_len; it is read into the same
+ * in-memory form, and its lines must agree with each other. Either way the
+ * reader builds the recorded model and refuses unit or parameter lines that
+ * contradict it.
  */
 #ifndef FSDP_CKPT_MANIFEST_H
 #define FSDP_CKPT_MANIFEST_H
@@ -12,10 +21,10 @@
 #include <stdint.h>
 
 #include "ckpt/shard_file.h"
-#include "models/gpt2.h"
+#include "models/registry.h"
 
-#define FSDP_CKPT_VERSION 1
-
+#define FSDP_CKPT_VERSION 2     /* what this build writes */
+#define FSDP_CKPT_VERSION_MIN 1 /* the oldest it reads */
 
 typedef struct fsdp_ckpt_param {
     char name[64];
@@ -43,23 +52,35 @@ typedef struct fsdp_ckpt_unit {
  * elements [r * S, (r + 1) * S) of the padded flat buffer (S = shard_numel),
  * or all of it when replicated (shard none). */
 typedef struct fsdp_ckpt_manifest {
-    int version;
+    int version;              /* as read (1 or 2); written as FSDP_CKPT_VERSION */
     uint64_t run_id;          /* random per training process; in every shard file */
     uint64_t step;            /* optimizer steps completed */
-    uint64_t adam_t;          /* AdamW step count */
+    uint64_t adam_t;          /* the optimizer's step count (key named when AdamW was the only one) */
     uint64_t data_sequences;  /* sequences consumed = step * batch * world * accum */
     uint64_t seed;            /* parameter init, data and sampling */
-    int world_size;
-    char shard[16];           /* full | grad-op | none */
+    int world_size;           /* ranks of the run (the global batch is batch x world_size x
+                                 grad_accum) */
+    char shard[16];           /* full | grad-op | none | hybrid */
     bool replicated;          /* shard none: every file holds whole units */
+    int shard_ranks;          /* ranks each unit is split over: world_size, 1 when
+                                 replicated, a node's ranks for hybrid (whose other nodes
+                                 hold copies and write no files); 0 when writing: the
+                                 default. Written as `shard_ranks` only when it is not the
+                                 default, so other manifests read as before */
     int batch, seq, grad_accum;
     int steps_total;          /* --steps of the run that wrote it (lr schedule) */
     char compute_dtype[8];    /* fp32 | bf16 (informational: state is fp32) */
-    char model_name[64];
-    char model_spec[192];     /* re-parseable by fsdp_gpt2_config_parse, or "" */
-    bool has_gpt2;
-    fsdp_gpt2_config gpt2;    /* when has_gpt2 */
-    int vocab_size, padded_vocab_size, max_seq_len;
+    /* The optimizer and the names of its state arrays, stored after the
+     * master in every shard file. Written as the lines `optimizer NAME` and
+     * `optim_state A,B` (or `-`); a version-1 manifest (without them) is
+     * AdamW's: adam_m, adam_v. An empty name when writing means the same. */
+    char optimizer[FSDP_CKPT_ARRAY_NAME_MAX];
+    int n_optim_state;
+    char optim_state[FSDP_CKPT_MAX_ARRAYS - 1][FSDP_CKPT_ARRAY_NAME_MAX];
+    char model_name[FSDP_MODEL_NAME_MAX];     /* for messages: "tiny" */
+    char model_family[32];                    /* registry name: "gpt2" */
+    char model_config[FSDP_MODEL_CONFIG_MAX]; /* the family's canonical config */
+    int model_line;           /* manifest line of the model's config (0: built in memory) */
     char data[512];           /* data spec (informational) */
     int n_units;
     fsdp_ckpt_unit *units;    /* [n_units], owned */
@@ -67,6 +88,9 @@ typedef struct fsdp_ckpt_manifest {
 
 /* Release what the manifest owns and zero it. */
 void fsdp_ckpt_manifest_free(fsdp_ckpt_manifest *m);
+
+/* Record which model this is (name, family, canonical config). */
+void fsdp_ckpt_manifest_set_model(fsdp_ckpt_manifest *m, const fsdp_model *model);
 
 /* Describe a model's units and parameters in m->units (allocated; the rest
  * of m is left alone) for a world of n_ranks with the given shard numel per
@@ -77,17 +101,35 @@ fsdp_status fsdp_ckpt_manifest_set_units(fsdp_ckpt_manifest *m, const fsdp_model
 /* Write the manifest to `path` and fsync it. IO error naming the path. */
 fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest *m);
 
-/* Read and validate a manifest: every key present once, every number in
- * range and consistent (shard sizes vs world size, parameter offsets tiling
- * each unit). A malformed file is FSDP_STATUS_FORMAT naming the file and
- * the line. On failure *m is left zeroed. */
+/* Read and validate a manifest of version FSDP_CKPT_VERSION_MIN ..
+ * FSDP_CKPT_VERSION: every key of its version present once, every number
+ * in range and consistent (shard sizes vs world size, parameter offsets
+ * tiling each unit), the recorded model one this build can build, and the
+ * unit and parameter lines that model's. A malformed or self-contradicting
+ * file is FSDP_STATUS_FORMAT naming the file and the line. On failure *m is
+ * left zeroed. */
 fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m);
 
-/* The manifest's units and parameters (names, shapes, offsets, unpadded
- * sizes) must be the model's: FSDP_STATUS_FORMAT naming `path` and the line
- * of the first difference otherwise. */
+/* The manifest's model must be `model`: the same units and parameters
+ * (names, shapes, offsets, unpadded sizes) and the same family and config
+ * (a GPT-2 with other heads has the same shapes). FSDP_STATUS_FORMAT naming
+ * `path`, the line of the first difference and the --model to use. */
 fsdp_status fsdp_ckpt_manifest_check_model(const fsdp_ckpt_manifest *m, const char *path,
                                            const fsdp_model *model);
+
+/* Build the model the manifest records (family and config) and check the
+ * unit and parameter lines against it: FORMAT naming `path` and the line
+ * when the family is not in this build, the config does not build, or a
+ * line contradicts the model. Free *out with fsdp_model_free. */
+fsdp_status fsdp_ckpt_manifest_model(const fsdp_ckpt_manifest *m, const char *path,
+                                     fsdp_model *out);
+
+/* The shard files that hold each unit once: rank files 0 .. n - 1 (a
+ * replicated checkpoint has world_size files, each a whole copy). */
+static inline int fsdp_ckpt_n_shards(const fsdp_ckpt_manifest *m)
+{
+    return m->replicated ? 1 : m->shard_ranks > 0 ? m->shard_ranks : m->world_size;
+}
 
 /* First element of rank r's shard of unit u in the unit's padded buffer. */
 static inline size_t fsdp_ckpt_shard_first(const fsdp_ckpt_manifest *m, int u, int r)

@@ -1,18 +1,26 @@
 /*
- * modelfile.h - one reader and one writer for every form a GPT-2's weights
- * can take on disk: an llm.c model file (.bin), a Hugging Face safetensors
- * file (.safetensors) and an fsdp checkpoint directory.
+ * modelfile.h - model weights on disk, in every format fsdp reads and
+ * writes, behind one table of formats (modelfile_format.h): an llm.c model
+ * file (.bin), a Hugging Face safetensors file (.safetensors), a Hugging
+ * Face model directory (config.json and one or more safetensors files) and
+ * an fsdp checkpoint directory. Which model family a file holds, and how that
+ * family names its tensors, comes from the family (models/weights.h): the
+ * formats know no family.
+ *
+ * And the one entry point for --model values: fsdp_modelfile_resolve turns
+ * a named shape, a spec or a path into a model (plus the open file for a
+ * path), so no command resolves --model itself.
  *
  * Reading is by range: fsdp_modelfile_read_range fills elements
- * [begin, end) of one unit's flat fp32 buffer straight from the file (pread,
- * converting dtypes and undoing transposes on the fly), so each rank of an
+ * [begin, end) of one unit's flat fp32 buffer straight from the file
+ * (converting dtypes and undoing transposes on the fly), so each rank of an
  * engine reads only its own shard and no rank ever holds the whole model
  * (fsdp_modelfile_init_fn has the engine's init_fn signature). Files are
  * validated completely when opened and bound to a model, before any
  * parameter is read; reads are thread-safe.
  *
  * Writing takes whole host units (fsdp convert holds the model in host
- * memory) and is atomic for every kind (temporary name, fsync, rename).
+ * memory) and is atomic for every format (temporary name, fsync, rename).
  */
 #ifndef FSDP_CKPT_MODELFILE_H
 #define FSDP_CKPT_MODELFILE_H
@@ -20,89 +28,124 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "models/gpt2.h"
+#include "models/registry.h"
 
-typedef enum fsdp_modelfile_kind {
-    FSDP_MODELFILE_LLMC = 0,     /* llm.c gpt2_*.bin */
-    FSDP_MODELFILE_SAFETENSORS,  /* HF GPT-2 .safetensors */
-    FSDP_MODELFILE_CKPT,         /* fsdp checkpoint directory (src/ckpt/ckpt.h) */
-    FSDP_MODELFILE_KIND_COUNT
-} fsdp_modelfile_kind;
-
-/* Element types found in model files. */
-typedef enum fsdp_file_dtype {
-    FSDP_FILE_F32 = 0,
-    FSDP_FILE_BF16,
-    FSDP_FILE_F16,
-    FSDP_FILE_OTHER,             /* valid in the format, not convertible by fsdp */
-} fsdp_file_dtype;
-
-/* Where one parameter lives in a flat file. */
-typedef struct fsdp_tensor_src {
-    uint64_t offset;             /* absolute byte offset of the stored tensor's element 0 */
-    fsdp_file_dtype dtype;
-    uint64_t file_numel;         /* elements stored; fsdp's elements past them are zero
-                                  * (the pad rows of wte) */
-    bool transposed;             /* the file holds the (cols, rows) transpose of fsdp's
-                                  * row-major (rows, cols) */
-    uint64_t rows, cols;         /* fsdp's shape as a matrix (a vector: numel x 1) */
-} fsdp_tensor_src;
-
-const char *fsdp_modelfile_kind_name(fsdp_modelfile_kind k);
-
-/* Which kind `path` names: an existing directory or a path without a
- * .bin/.safetensors extension is a checkpoint directory, "*.safetensors"
- * safetensors, "*.bin" llm.c. */
-fsdp_modelfile_kind fsdp_modelfile_kind_of(const char *path);
-
-/* True if a --model value names a file or directory rather than a config
- * ("small", "custom:..."): it ends in .bin or .safetensors, or is an
- * existing directory. */
-bool fsdp_modelfile_is_path(const char *spec);
-
+typedef struct fsdp_modelfile_format fsdp_modelfile_format; /* modelfile_format.h */
 typedef struct fsdp_modelfile fsdp_modelfile;
 
-/* Open and validate `path`. For a checkpoint, path is either one complete
- * checkpoint (DIR/step_N holding DONE) or a --ckpt-dir, whose newest complete
- * checkpoint is used. FORMAT/IO errors name the file and what is wrong. */
+/* The formats, in detection order. */
+int fsdp_modelfile_format_count(void);
+const fsdp_modelfile_format *fsdp_modelfile_format_at(int i);
+/* By short name ("llmc", "safetensors", "hf", "ckpt"); NULL if unknown. */
+const fsdp_modelfile_format *fsdp_modelfile_format_find(const char *name);
+/* "llm.c model file", "safetensors file", "Hugging Face directory",
+ * "checkpoint": for messages. */
+const char *fsdp_modelfile_format_name(const fsdp_modelfile_format *f);
+/* "llmc", "safetensors", "hf", "ckpt": the short name (--to). */
+const char *fsdp_modelfile_format_short_name(const fsdp_modelfile_format *f);
+
+/* The format `path` names by its form: a claim by extension (*.bin,
+ * *.safetensors), a directory holding config.json (Hugging Face) or another
+ * existing directory; anything else is a checkpoint directory (to be
+ * created, when writing). */
+const fsdp_modelfile_format *fsdp_modelfile_format_of(const char *path);
+
+/* The help text for model files, from the format table:
+ * "FILE.bin (llm.c), FILE.safetensors (Hugging Face) or a checkpoint
+ * directory". */
+size_t fsdp_modelfile_help(char *buf, size_t n);
+
+/* What a --model value may be, for --help and messages: the registry's
+ * specs, then "or a model file: " and fsdp_modelfile_help. */
+size_t fsdp_modelfile_value_help(char *buf, size_t n);
+
+/* Open and validate `path` (format by fsdp_modelfile_format_of). For a
+ * checkpoint, path is either one complete checkpoint (DIR/step_N holding
+ * DONE) or a --ckpt-dir, whose newest complete checkpoint is used.
+ * FORMAT/IO errors name the file and what is wrong. */
 fsdp_status fsdp_modelfile_open(fsdp_modelfile **out, const char *path);
 void fsdp_modelfile_close(fsdp_modelfile *mf);
 
-/* The GPT-2 the file holds (build the model from it). */
-const fsdp_gpt2_config *fsdp_modelfile_config(const fsdp_modelfile *mf);
-fsdp_modelfile_kind fsdp_modelfile_kind_get(const fsdp_modelfile *mf);
+/* The model the file holds: its family and canonical config (build it with
+ * fsdp_model_build, or use fsdp_modelfile_resolve). */
+const fsdp_model_family *fsdp_modelfile_family(const fsdp_modelfile *mf);
+const char *fsdp_modelfile_config(const fsdp_modelfile *mf);
+const fsdp_modelfile_format *fsdp_modelfile_format_get(const fsdp_modelfile *mf);
 /* The file actually read (for a --ckpt-dir: its newest checkpoint). */
 const char *fsdp_modelfile_path(const fsdp_modelfile *mf);
 /* "fp32", "bf16", "fp16" or "mixed": how the parameters are stored. */
 const char *fsdp_modelfile_dtype_name(const fsdp_modelfile *mf);
-/* Checkpoints: the step it was written at (0 for other kinds). */
-uint64_t fsdp_modelfile_step(const fsdp_modelfile *mf);
 
-/* Check the file against a model built from fsdp_modelfile_config and
+/* Check the file against a model built from its family and config and
  * locate every parameter; must precede reads. The model must outlive the
- * reads. */
+ * reads. INVALID_ARG if m is another model. */
 fsdp_status fsdp_modelfile_bind(fsdp_modelfile *mf, const fsdp_model *m);
 
 /* Elements [begin, end) of unit `unit`'s flat fp32 buffer into dst;
- * elements past the unit's numel (padding) are zero. Thread-safe. */
+ * elements past the unit's numel (padding) are zero. Thread-safe. Only the
+ * stored bytes of that range are read (a transposed tensor: whole rows of
+ * its band). */
 fsdp_status fsdp_modelfile_read_range(const fsdp_modelfile *mf, int unit, size_t begin,
                                       size_t end, float *dst);
+
+/* Bytes the calling thread has read from weight files through range reads
+ * so far (each rank thread: its own shard), for tests and reports. */
+uint64_t fsdp_modelfile_thread_bytes_read(void);
+
+/* The directory whose tokenizer and generation files belong to the model
+ * (a Hugging Face directory: itself), or NULL. */
+const char *fsdp_modelfile_companions(const fsdp_modelfile *mf);
+
+/* The tokenizer.json that comes with the --model value `value` (a Hugging
+ * Face directory holding one) into buf; false if there is none. No I/O
+ * beyond stats. */
+bool fsdp_modelfile_tokenizer_of(const char *value, char *buf, size_t n);
 
 /* fsdp_engine_shared.init_fn: arg is a bound fsdp_modelfile. */
 fsdp_status fsdp_modelfile_init_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
                                    size_t end, float *dst);
 
+/* How a model is written (fsdp_modelfile_write_with). */
+typedef struct fsdp_modelfile_write_opts {
+    fsdp_dtype dtype;          /* F32 or BF16; checkpoints always hold fp32 (F32 only) */
+    uint64_t shard_bytes;      /* Hugging Face directories: the most tensor bytes per
+                                * safetensors file (a larger tensor gets a file of its
+                                * own); more than one file gets an index. 0: 5 GB */
+    const char *companions;    /* Hugging Face directories: a directory whose tokenizer and
+                                * generation files (hfdir.h) are copied along, or NULL */
+    const char *tokenizer;     /* Hugging Face directories: a tokenizer.json copied in as
+                                * tokenizer.json (over the companions' one), or NULL */
+    /* out (may be NULL): the names of the files copied along, ", "-separated */
+    char *copied;
+    size_t copied_size;
+} fsdp_modelfile_write_opts;
+
+#define FSDP_MODELFILE_SHARD_BYTES_DEFAULT ((uint64_t)5000000000) /* "5GB", as transformers 4 */
+
 /* Write the model (host fp32 unit buffers, units[u] holding
- * m->units[u].numel floats) as `kind` at path. dt: F32 or BF16 for llm.c
- * and safetensors; checkpoints always hold fp32 (dt must be F32). A
- * checkpoint is written as step 0 of a 1-device run (Adam moments zero)
- * into the --ckpt-dir `path`, which must not hold checkpoints already. */
-fsdp_status fsdp_modelfile_write(const char *path, fsdp_modelfile_kind kind,
+ * m->units[u].numel floats) in `format` at path, atomically. A checkpoint
+ * is written as step 0 of a 1-device run (optimizer state zero) into the
+ * --ckpt-dir `path`, which must not hold checkpoints already; a Hugging
+ * Face directory is built under a temporary name and renamed to path,
+ * which must not exist (or be an empty directory). INVALID_ARG when the
+ * model's family has no mapping for the format. */
+fsdp_status fsdp_modelfile_write_with(const char *path, const fsdp_modelfile_format *format,
+                                      const fsdp_model *m, const float *const *units,
+                                      const fsdp_modelfile_write_opts *opts);
+
+/* The same with default options and element type dt. */
+fsdp_status fsdp_modelfile_write(const char *path, const fsdp_modelfile_format *format,
                                  const fsdp_model *m, const float *const *units, fsdp_dtype dt);
 
-/* Convert one element type to fp32 (n elements, little-endian storage). */
-void fsdp_file_dtype_to_f32(fsdp_file_dtype dt, const void *src, size_t n, float *dst);
-/* Bytes per element (0 for FSDP_FILE_OTHER). */
-int fsdp_file_dtype_size(fsdp_file_dtype dt);
+/* The one way a --model value becomes a model. A named shape or spec
+ * ("small", "gpt2:layers=4", "custom:...") is built by the registry; a
+ * path is opened, validated, and the model it holds is built. With
+ * file != NULL, a path's file is returned bound to the model (NULL for a
+ * spec): read weights from it, and close it before freeing the model. With
+ * file == NULL only the shape is wanted and the file is closed again.
+ * INVALID_ARG for a spec that does not parse and for a value that is
+ * neither a spec nor a path; FORMAT/IO for a bad file. On failure *m is
+ * zeroed and *file NULL. */
+fsdp_status fsdp_modelfile_resolve(const char *value, fsdp_model *m, fsdp_modelfile **file);
 
 #endif /* FSDP_CKPT_MODELFILE_H */

@@ -1,6 +1,7 @@
 /*
- * safetensors.c - read and write Hugging Face safetensors files holding
- * GPT-2 weights (the layout and the name mapping are in safetensors.h).
+ * safetensors.c - the safetensors container: header parsing and validation
+ * (safetensors.h). Which model a file holds and where its parameters are is
+ * safetensors_model.c's business.
  *
  * The header is hostile input: its length is bounded before anything is
  * allocated, the JSON goes through the strict reader of core/json.h, and
@@ -15,7 +16,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <libgen.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,18 +24,14 @@
 #include <unistd.h>
 
 #include "ckpt/safetensors.h"
-#include "core/fileio.h"
-#include "core/bf16.h"
 #include "core/error.h"
 #include "core/json.h"
-#include "core/log.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "safetensors files are little-endian; add byte swapping for this host");
 
 #define ST_MAX_NAME 256            /* longest tensor name accepted */
 #define ST_MAX_INT ((uint64_t)1 << 53)
-#define ST_CHUNK 65536             /* elements converted per write */
 
 /* ---- dtypes ---------------------------------------------------------------- */
 
@@ -55,8 +51,7 @@ static const struct st_dtype {
 
 /* ---- errors ---------------------------------------------------------------- */
 
-static fsdp_status bad(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static fsdp_status bad(const char *path, const char *fmt, ...)
+fsdp_status fsdp_st_error(const char *path, const char *fmt, ...)
 {
     char msg[FSDP_ERROR_MSG_MAX / 2];
     va_list ap;
@@ -74,6 +69,12 @@ void fsdp_st_free(fsdp_st_file *f)
         for (int i = 0; i < f->n_tensors; i++)
             free(f->tensors[i].name);
     free(f->tensors);
+    for (int i = 0; i < f->n_meta; i++) {
+        free(f->meta_key[i]);
+        free(f->meta_val[i]);
+    }
+    free(f->meta_key);
+    free(f->meta_val);
     free(f->path);
     memset(f, 0, sizeof *f);
 }
@@ -89,11 +90,9 @@ static bool json_uint(const fsdp_json *v, uint64_t *out)
 }
 
 /* Tensor names end up in messages and lookups: printable, NUL-free, bounded. */
-static bool valid_name(const fsdp_json *key_owner)
+static bool valid_name(const char *s, size_t n)
 {
-    const char *s = key_owner->key;
-    size_t n = strlen(s);
-    if (n == 0 || n > ST_MAX_NAME)
+    if (n == 0 || n > ST_MAX_NAME || strlen(s) != n)
         return false;
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f)
@@ -101,35 +100,69 @@ static bool valid_name(const fsdp_json *key_owner)
     return true;
 }
 
-static fsdp_status parse_metadata(const char *path, const fsdp_json *md, fsdp_st_file *f)
+/* The header walk's state (parse_header). */
+struct header_walk {
+    const char *path;
+    char label[FSDP_CKPT_PATH_MAX + 64]; /* "safetensors file '<path>': the header" */
+    uint64_t data_bytes;
+    fsdp_st_file *f;
+    int cap_tensors, cap_key, cap_val; /* allocated entries of f's arrays */
+    int n_md;                  /* "__metadata__" members seen */
+};
+
+/* Room for one more element in an array of `size`-byte elements that has
+ * n of *cap; doubles, so memory stays within twice what is kept. */
+static bool grow(void **arr, int n, int *cap, size_t size)
 {
-    if (md->type != FSDP_JSON_OBJECT)
-        return bad(path, "\"__metadata__\" is a %s, not an object of strings",
-                   fsdp_json_type_name(md->type));
-    for (const fsdp_json *e = md->child; e; e = e->next) {
-        if (e->type != FSDP_JSON_STRING)
-            return bad(path, "\"__metadata__\" entry \"%.64s\" is a %s; metadata values must be "
-                             "strings", e->key, fsdp_json_type_name(e->type));
-        if (strcmp(e->key, "n_head"))
-            continue;
-        char *end = NULL;
-        errno = 0;
-        long h = strtol(e->str, &end, 10);
-        if (errno || end == e->str || *end || strlen(e->str) != e->len || h < 1 || h > 4096)
-            return bad(path, "metadata \"n_head\" is \"%.32s\", not a head count in 1..4096",
-                       e->str);
-        f->n_head = (int)h;
+    if (n < *cap)
+        return true;
+    int want = *cap ? 2 * *cap : 16;
+    void *p = realloc(*arr, (size_t)want * size);
+    if (!p)
+        return false;
+    *arr = p;
+    *cap = want;
+    return true;
+}
+
+static fsdp_status on_meta_member(void *arg, const char *key, size_t key_len, const char *value,
+                                  size_t value_n, size_t offset)
+{
+    struct header_walk *w = arg;
+    fsdp_st_file *f = w->f;
+    fsdp_json *v = NULL;
+    if (value_n == 0 || value[0] != '"')
+        return fsdp_st_error(w->path,
+                             "\"__metadata__\" entry \"%.64s\" is a %s; metadata values must be "
+                             "strings",
+                             key, fsdp_st_json_raw_type(value, value_n));
+    FSDP_TRY(fsdp_st_json_value(w->label, key, value, value_n, offset,
+                                FSDP_ST_MAX_HEADER_BYTES, &v));
+    fsdp_status st = FSDP_STATUS_OK;
+    if (strlen(v->str) != v->len || strlen(key) != key_len) {
+        st = fsdp_st_error(w->path, "\"__metadata__\" entry \"%.64s\" holds a NUL character",
+                           key);
+    } else if (!grow((void **)&f->meta_key, f->n_meta, &w->cap_key, sizeof *f->meta_key) ||
+               !grow((void **)&f->meta_val, f->n_meta, &w->cap_val, sizeof *f->meta_val)) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", w->path);
+    } else {
+        int i = f->n_meta;
+        f->meta_key[i] = strdup(key);
+        f->meta_val[i] = strdup(v->str);
+        f->n_meta++;
+        if (!f->meta_key[i] || !f->meta_val[i])
+            st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", w->path);
     }
-    return FSDP_STATUS_OK;
+    fsdp_json_free(v);
+    return st;
 }
 
 /* One tensor's entry: {"dtype": .., "shape": [..], "data_offsets": [b, e]}. */
-static fsdp_status parse_tensor(const char *path, const fsdp_json *v, uint64_t data_bytes,
-                                fsdp_st_tensor *t)
+static fsdp_status parse_tensor(const char *path, const char *name, const fsdp_json *v,
+                                uint64_t data_bytes, fsdp_st_tensor *t)
 {
-    const char *name = v->key;
     if (v->type != FSDP_JSON_OBJECT)
-        return bad(path, "tensor '%.80s' is described by a %s, not an object", name,
+        return fsdp_st_error(path, "tensor '%.80s' is described by a JSON %s, not an object", name,
                    fsdp_json_type_name(v->type));
     const fsdp_json *dtype = NULL, *shape = NULL, *offs = NULL;
     for (const fsdp_json *e = v->child; e; e = e->next) {
@@ -138,53 +171,62 @@ static fsdp_status parse_tensor(const char *path, const fsdp_json *v, uint64_t d
                                  : !strcmp(e->key, "data_offsets") ? &offs
                                                                    : NULL;
         if (!slot)
-            return bad(path, "tensor '%.80s' has an unknown field \"%.32s\" (expected dtype, "
-                             "shape, data_offsets)", name, e->key);
+            return fsdp_st_error(path,
+                                 "tensor '%.80s' has an unknown field \"%.32s\" (expected dtype, "
+                                 "shape, data_offsets)",
+                                 name, e->key);
         if (*slot)
-            return bad(path, "tensor '%.80s' has field \"%s\" twice", name, e->key);
+            return fsdp_st_error(path, "tensor '%.80s' has field \"%s\" twice", name, e->key);
         *slot = e;
     }
     if (!dtype || !shape || !offs)
-        return bad(path, "tensor '%.80s' lacks its \"%s\"", name,
+        return fsdp_st_error(path, "tensor '%.80s' lacks its \"%s\"", name,
                    !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
     if (dtype->type != FSDP_JSON_STRING)
-        return bad(path, "tensor '%.80s': dtype is not a string", name);
+        return fsdp_st_error(path, "tensor '%.80s': dtype is not a string", name);
     int k = 0;
     while (k < ST_N_DTYPES && strcmp(dtype->str, st_dtypes[k].name))
         k++;
     if (k == ST_N_DTYPES || strlen(dtype->str) != dtype->len)
-        return bad(path, "tensor '%.80s' has unknown dtype \"%.16s\"", name, dtype->str);
+        return fsdp_st_error(path, "tensor '%.80s' has unknown dtype \"%.16s\"", name, dtype->str);
     snprintf(t->dtype_name, sizeof t->dtype_name, "%s", st_dtypes[k].name);
     t->dtype = st_dtypes[k].dt;
     t->elem_bytes = st_dtypes[k].bytes;
     if (shape->type != FSDP_JSON_ARRAY || shape->n > FSDP_ST_MAX_DIMS)
-        return bad(path, "tensor '%.80s': shape must be an array of at most %d dimensions", name,
-                   FSDP_ST_MAX_DIMS);
+        return fsdp_st_error(path,
+                             "tensor '%.80s': shape must be an array of at most %d dimensions",
+                             name, FSDP_ST_MAX_DIMS);
     t->ndim = (int)shape->n;
     t->numel = 1;
     int d = 0;
     for (const fsdp_json *e = shape->child; e; e = e->next, d++) {
         if (!json_uint(e, &t->shape[d]))
-            return bad(path, "tensor '%.80s': shape dimension %d is not an integer in 0..2^53",
-                       name, d);
+            return fsdp_st_error(
+                path, "tensor '%.80s': shape dimension %d is not an integer in 0..2^53", name, d);
         if (__builtin_mul_overflow(t->numel, t->shape[d], &t->numel))
-            return bad(path, "tensor '%.80s': its shape overflows 64 bits", name);
+            return fsdp_st_error(path, "tensor '%.80s': its shape overflows 64 bits", name);
     }
     if (offs->type != FSDP_JSON_ARRAY || offs->n != 2 || !json_uint(offs->child, &t->begin) ||
         !json_uint(offs->child->next, &t->end) || t->end < t->begin)
-        return bad(path, "tensor '%.80s': data_offsets must be [begin, end] with integers "
-                         "0 <= begin <= end", name);
+        return fsdp_st_error(path,
+                             "tensor '%.80s': data_offsets must be [begin, end] with integers "
+                             "0 <= begin <= end",
+                             name);
     uint64_t bytes;
     if (__builtin_mul_overflow(t->numel, (uint64_t)t->elem_bytes, &bytes) ||
         bytes != t->end - t->begin)
-        return bad(path, "tensor '%.80s': %s of %" PRIu64 " elements needs %" PRIu64 " bytes, but "
-                         "its data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64, name,
-                   t->dtype_name, t->numel, t->numel * (uint64_t)t->elem_bytes, t->begin,
-                   t->end, t->end - t->begin);
+        return fsdp_st_error(path,
+                             "tensor '%.80s': %s of %" PRIu64 " elements needs %" PRIu64
+                             " bytes, but "
+                             "its data_offsets [%" PRIu64 ", %" PRIu64 "] span %" PRIu64,
+                             name, t->dtype_name, t->numel, t->numel * (uint64_t)t->elem_bytes,
+                             t->begin, t->end, t->end - t->begin);
     if (t->end > data_bytes)
-        return bad(path, "tensor '%.80s' ends at byte %" PRIu64 " of the data section, which has "
-                         "only %" PRIu64 " bytes; the file is truncated or its header is corrupt",
-                   name, t->end, data_bytes);
+        return fsdp_st_error(
+            path,
+            "tensor '%.80s' ends at byte %" PRIu64 " of the data section, which has "
+            "only %" PRIu64 " bytes; the file is truncated or its header is corrupt",
+            name, t->end, data_bytes);
     t->name = strdup(name);
     if (!t->name)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", path);
@@ -206,87 +248,103 @@ static int cmp_offset(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-/* Parse header bytes hdr[0..n) of a file of file_bytes bytes. */
+/* The largest entry a tensor may have: a name's worth of dtype, 8
+ * dimensions and two offsets is a few hundred bytes. */
+#define ST_MAX_TENSOR_ENTRY 4096
+
+static fsdp_status on_header_member(void *arg, const char *key, size_t key_len,
+                                    const char *value, size_t value_n, size_t offset)
+{
+    struct header_walk *w = arg;
+    fsdp_st_file *f = w->f;
+    if (!strcmp(key, "__metadata__") && key_len == 12) {
+        if (++w->n_md > 1)
+            return fsdp_st_error(w->path, "\"__metadata__\" appears twice");
+        if (value[0] != '{')
+            return fsdp_st_error(w->path, "\"__metadata__\" is a %s, not an object of strings",
+                                 fsdp_st_json_raw_type(value, value_n));
+        return fsdp_st_json_members(w->label, value, value_n, on_meta_member, w);
+    }
+    if (!valid_name(key, key_len))
+        return fsdp_st_error(w->path,
+                             "a tensor name is empty, longer than %d bytes or holds control "
+                             "characters",
+                             ST_MAX_NAME);
+    fsdp_json *v = NULL;
+    FSDP_TRY(fsdp_st_json_value(w->label, key, value, value_n, offset, ST_MAX_TENSOR_ENTRY, &v));
+    fsdp_status st;
+    if (!grow((void **)&f->tensors, f->n_tensors, &w->cap_tensors, sizeof *f->tensors)) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", w->path);
+    } else {
+        fsdp_st_tensor *t = &f->tensors[f->n_tensors];
+        memset(t, 0, sizeof *t);
+        st = parse_tensor(w->path, key, v, w->data_bytes, t);
+        if (st == FSDP_STATUS_OK)
+            f->n_tensors++;
+    }
+    fsdp_json_free(v);
+    return st;
+}
+
+/* Parse header bytes hdr[0..n) of a file of file_bytes bytes. Memory: the
+ * tensors and metadata kept, at most twice over (their arrays double), and
+ * one entry's tree at a time (safetensors_json.c). */
 static fsdp_status parse_header(const char *path, const char *hdr, uint64_t n,
                                 uint64_t file_bytes, fsdp_st_file *f)
 {
     memset(f, 0, sizeof *f);
-    fsdp_json *root = NULL;
     fsdp_status st;
     f->path = strdup(path);
     if (!f->path)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", path);
     f->file_bytes = file_bytes;
     f->data_offset = 8 + n;
-    uint64_t data_bytes = file_bytes - f->data_offset;
+    struct header_walk w = {.path = path, .data_bytes = file_bytes - f->data_offset, .f = f};
+    uint64_t data_bytes = w.data_bytes;
     if (n == 0 || hdr[0] != '{') {
-        st = bad(path, "the header does not start with '{'; this is not a safetensors file");
+        st = fsdp_st_error(path,
+                           "the header does not start with '{'; this is not a safetensors file");
         goto fail;
     }
-    if (fsdp_json_parse(hdr, (size_t)n, &root) != FSDP_STATUS_OK) {
-        fsdp_error_prefix("safetensors file '%s': the header is not valid JSON", path);
-        st = FSDP_STATUS_FORMAT;
-        goto fail;
-    }
-    if (root->type != FSDP_JSON_OBJECT) {
-        st = bad(path, "the header is a JSON %s, not an object", fsdp_json_type_name(root->type));
-        goto fail;
-    }
-    size_t n_md = 0;
-    for (const fsdp_json *e = root->child; e; e = e->next)
-        n_md += !strcmp(e->key, "__metadata__");
-    if (n_md > 1) {
-        st = bad(path, "\"__metadata__\" appears %zu times", n_md);
-        goto fail;
-    }
-    f->tensors = calloc(root->n - n_md + 1, sizeof *f->tensors);
-    if (!f->tensors) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", path);
-        goto fail;
-    }
-    for (const fsdp_json *e = root->child; e; e = e->next) {
-        if (!strcmp(e->key, "__metadata__")) {
-            FSDP_CHECK(parse_metadata(path, e, f));
-            continue;
-        }
-        if (!valid_name(e)) {
-            st = bad(path, "a tensor name is empty, longer than %d bytes or holds control "
-                           "characters", ST_MAX_NAME);
-            goto fail;
-        }
-        FSDP_CHECK(parse_tensor(path, e, data_bytes, &f->tensors[f->n_tensors]));
-        f->n_tensors++;
-    }
-    /* names unique */
-    qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_name);
+    snprintf(w.label, sizeof w.label, "safetensors file '%s': the header", path);
+    FSDP_CHECK(fsdp_st_json_members(w.label, hdr, (size_t)n, NULL, NULL));
+    FSDP_CHECK(fsdp_st_json_members(w.label, hdr, (size_t)n, on_header_member, &w));
+    /* names unique (qsort wants a real array, even of nothing) */
+    if (f->n_tensors > 1)
+        qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_name);
     for (int i = 1; i < f->n_tensors; i++)
         if (!strcmp(f->tensors[i - 1].name, f->tensors[i].name)) {
-            st = bad(path, "tensor '%.80s' appears twice in the header", f->tensors[i].name);
+            st = fsdp_st_error(path, "tensor '%.80s' appears twice in the header",
+                               f->tensors[i].name);
             goto fail;
         }
     /* the tensors tile the data section */
-    qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_offset);
+    if (f->n_tensors > 1)
+        qsort(f->tensors, (size_t)f->n_tensors, sizeof *f->tensors, cmp_offset);
     uint64_t at = 0;
     for (int i = 0; i < f->n_tensors; i++) {
         const fsdp_st_tensor *t = &f->tensors[i];
         if (t->begin != at) {
-            st = bad(path, "tensor '%.80s' starts at byte %" PRIu64 " of the data section, but "
-                           "the data before it ends at %" PRIu64 " (tensors must not overlap or "
-                           "leave gaps); the header is corrupt", t->name, t->begin, at);
+            st =
+                fsdp_st_error(path,
+                              "tensor '%.80s' starts at byte %" PRIu64 " of the data section, but "
+                              "the data before it ends at %" PRIu64 " (tensors must not overlap or "
+                              "leave gaps); the header is corrupt",
+                              t->name, t->begin, at);
             goto fail;
         }
         at = t->end;
     }
     if (at != data_bytes) {
-        st = bad(path, "the tensors end at byte %" PRIu64 " of the data section but the file "
-                       "holds %" PRIu64 " data bytes; it was modified or is not a safetensors "
-                       "file", at, data_bytes);
+        st = fsdp_st_error(path,
+                           "the tensors end at byte %" PRIu64 " of the data section but the file "
+                           "holds %" PRIu64 " data bytes; it was modified or is not a safetensors "
+                           "file",
+                           at, data_bytes);
         goto fail;
     }
-    fsdp_json_free(root);
     return FSDP_STATUS_OK;
 fail:
-    fsdp_json_free(root);
     fsdp_st_free(f);
     return st;
 }
@@ -294,12 +352,18 @@ fail:
 static fsdp_status check_length(const char *path, uint64_t file_bytes, uint64_t n)
 {
     if (file_bytes < 8)
-        return bad(path, "it is %" PRIu64 " bytes, shorter than the 8-byte header length; it is "
-                         "truncated or not a safetensors file", file_bytes);
+        return fsdp_st_error(path,
+                             "it is %" PRIu64
+                             " bytes, shorter than the 8-byte header length; it is "
+                             "truncated or not a safetensors file",
+                             file_bytes);
     if (n > FSDP_ST_MAX_HEADER_BYTES || n > file_bytes - 8 || n < 2)
-        return bad(path, "its header length field says %" PRIu64 " bytes, but the file has %" PRIu64
-                         " bytes after it (and headers are 2 bytes to 100 MiB); it is truncated "
-                         "or not a safetensors file", n, file_bytes - 8);
+        return fsdp_st_error(
+            path,
+            "its header length field says %" PRIu64 " bytes, but the file has %" PRIu64
+            " bytes after it (and headers are 2 bytes to 100 MiB); it is truncated "
+            "or not a safetensors file",
+            n, file_bytes - 8);
     return FSDP_STATUS_OK;
 }
 
@@ -316,7 +380,8 @@ fsdp_status fsdp_st_parse_buffer(const char *label, const void *data, size_t n, 
 fsdp_status fsdp_st_open(const char *path, fsdp_st_file *out)
 {
     memset(out, 0, sizeof *out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO must not hang the open; it is refused below */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return fsdp_error_set(FSDP_STATUS_IO, "cannot open safetensors file '%s': %s", path,
                               strerror(errno));
@@ -355,368 +420,5 @@ fsdp_status fsdp_st_open(const char *path, fsdp_st_file *out)
 fail:
     free(hdr);
     close(fd);
-    return st;
-}
-
-/* ---- the GPT-2 mapping ------------------------------------------------------- */
-
-/* Per-block parameters: HF shape in multiples of C (d1 = 0: a vector);
- * `conv` marks HF Conv1D weights, stored as the transpose of fsdp's. */
-static const struct hf_param {
-    const char *suffix;
-    int d0, d1;
-    bool conv;
-} hf_block[] = {
-    {"ln_1.weight", 1, 0, false},       {"ln_1.bias", 1, 0, false},
-    {"attn.c_attn.weight", 1, 3, true}, {"attn.c_attn.bias", 3, 0, false},
-    {"attn.c_proj.weight", 1, 1, true}, {"attn.c_proj.bias", 1, 0, false},
-    {"ln_2.weight", 1, 0, false},       {"ln_2.bias", 1, 0, false},
-    {"mlp.c_fc.weight", 1, 4, true},    {"mlp.c_fc.bias", 4, 0, false},
-    {"mlp.c_proj.weight", 4, 1, true},  {"mlp.c_proj.bias", 1, 0, false},
-};
-#define HF_BLOCK_N ((int)(sizeof hf_block / sizeof hf_block[0]))
-
-enum { ROOT_WTE = 0, ROOT_WPE, ROOT_LNF_W, ROOT_LNF_B, ROOT_N };
-static const char *const hf_root[ROOT_N] = {"wte.weight", "wpe.weight", "ln_f.weight",
-                                            "ln_f.bias"};
-
-/* What a tensor name denotes. */
-typedef struct hf_name {
-    enum { HF_ROOT, HF_BLOCK, HF_IGNORED, HF_UNKNOWN } kind;
-    int index;   /* HF_ROOT: ROOT_*; HF_BLOCK: into hf_block */
-    int layer;   /* HF_BLOCK */
-} hf_name;
-
-/* Strip the optional "transformer." prefix. */
-static const char *canonical(const char *name)
-{
-    return strncmp(name, "transformer.", 12) ? name : name + 12;
-}
-
-static hf_name classify(const char *full)
-{
-    const char *s = canonical(full);
-    hf_name r = {.kind = HF_UNKNOWN};
-    if (!strcmp(full, "lm_head.weight"))
-        return (hf_name){.kind = HF_IGNORED};
-    for (int i = 0; i < ROOT_N; i++)
-        if (!strcmp(s, hf_root[i]))
-            return (hf_name){.kind = HF_ROOT, .index = i};
-    if (strncmp(s, "h.", 2))
-        return r;
-    s += 2;
-    /* layer index: decimal, no leading zeros, < 4096 */
-    int l = 0, digits = 0;
-    while (*s >= '0' && *s <= '9' && digits < 5) {
-        l = l * 10 + (*s++ - '0');
-        digits++;
-    }
-    if (digits == 0 || digits > 4 || (digits > 1 && s[-digits] == '0') || l >= 4096 || *s != '.')
-        return r;
-    s++;
-    if (!strcmp(s, "attn.bias") || !strcmp(s, "attn.masked_bias"))
-        return (hf_name){.kind = HF_IGNORED, .layer = l};
-    for (int i = 0; i < HF_BLOCK_N; i++)
-        if (!strcmp(s, hf_block[i].suffix))
-            return (hf_name){.kind = HF_BLOCK, .index = i, .layer = l};
-    return r;
-}
-
-/* Expected HF shape of a tensor for cfg: ndim and dims. */
-static int expected_shape(hf_name h, const fsdp_gpt2_config *c, uint64_t *d)
-{
-    uint64_t C = (uint64_t)c->n_embd;
-    if (h.kind == HF_ROOT) {
-        switch (h.index) {
-        case ROOT_WTE: d[0] = (uint64_t)c->vocab_size; d[1] = C; return 2;
-        case ROOT_WPE: d[0] = (uint64_t)c->max_seq_len; d[1] = C; return 2;
-        default: d[0] = C; return 1;
-        }
-    }
-    const struct hf_param *p = &hf_block[h.index];
-    d[0] = (uint64_t)p->d0 * C;
-    d[1] = (uint64_t)p->d1 * C;
-    return p->d1 ? 2 : 1;
-}
-
-static void fmt_shape(char *buf, size_t n, int ndim, const uint64_t *d)
-{
-    size_t k = (size_t)snprintf(buf, n, "[");
-    for (int i = 0; i < ndim && k < n; i++)
-        k += (size_t)snprintf(buf + k, n - k, "%s%" PRIu64, i ? ", " : "", d[i]);
-    if (k < n)
-        snprintf(buf + k, n - k, "]");
-}
-
-fsdp_status fsdp_st_gpt2_config(const fsdp_st_file *f, fsdp_gpt2_config *cfg)
-{
-    const char *path = f->path;
-    const fsdp_st_tensor *root[ROOT_N] = {NULL};
-    int max_layer = -1;
-    for (int i = 0; i < f->n_tensors; i++) {
-        const fsdp_st_tensor *t = &f->tensors[i];
-        hf_name h = classify(t->name);
-        if (h.kind == HF_UNKNOWN)
-            return bad(path, "tensor '%.80s' is not a GPT-2 parameter (expected Hugging Face "
-                             "GPT-2 names such as 'wte.weight' or 'h.0.attn.c_attn.weight')",
-                       t->name);
-        if (h.kind == HF_ROOT) {
-            if (root[h.index])
-                return bad(path, "tensors '%.80s' and '%.80s' are both '%s'", root[h.index]->name,
-                           t->name, hf_root[h.index]);
-            root[h.index] = t;
-        }
-        if (h.kind == HF_BLOCK && h.layer > max_layer)
-            max_layer = h.layer;
-    }
-    for (int i = 0; i < ROOT_N; i++)
-        if (!root[i])
-            return bad(path, "tensor '%s' is missing; this is not a complete GPT-2", hf_root[i]);
-    const fsdp_st_tensor *wte = root[ROOT_WTE], *wpe = root[ROOT_WPE];
-    if (wte->ndim != 2 || wpe->ndim != 2 || wte->shape[1] != wpe->shape[1])
-        return bad(path, "'%.80s' and '%.80s' must be matrices (vocab, channels) and (context, "
-                         "channels) with the same channels", wte->name, wpe->name);
-    if (max_layer < 0)
-        return bad(path, "it holds no transformer blocks (no 'h.0.*' tensors)");
-    uint64_t C = wte->shape[1];
-    fsdp_gpt2_config c = {
-        .n_layer = max_layer + 1,
-        .n_embd = C <= 65536 ? (int)C : 0,
-        .vocab_size = wte->shape[0] <= (1u << 24) ? (int)wte->shape[0] : 0,
-        .max_seq_len = wpe->shape[0] <= (1u << 20) ? (int)wpe->shape[0] : 0,
-    };
-    c.padded_vocab_size = (c.vocab_size + 127) / 128 * 128;
-    if (f->n_head)
-        c.n_head = f->n_head;
-    else if (C % 64 == 0 && C > 0)
-        c.n_head = (int)(C / 64);
-    else
-        return bad(path, "cannot tell the number of attention heads: the header has no "
-                         "\"n_head\" in \"__metadata__\" and channels=%" PRIu64 " is not a "
-                         "multiple of 64; add \"n_head\": \"<heads>\" to \"__metadata__\"", C);
-    if (fsdp_gpt2_config_validate(&c) != FSDP_STATUS_OK) {
-        fsdp_error_prefix("safetensors file '%s' describes a GPT-2 fsdp cannot build (vocab "
-                          "%" PRIu64 ", context %" PRIu64 ", channels %" PRIu64 ")",
-                          path, wte->shape[0], wpe->shape[0], C);
-        return FSDP_STATUS_FORMAT;
-    }
-    /* every tensor's shape and dtype; every parameter present once */
-    size_t n_block = (size_t)c.n_layer * HF_BLOCK_N;
-    const fsdp_st_tensor **seen = calloc(n_block + 1, sizeof *seen);
-    if (!seen)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory checking '%s'", path);
-    fsdp_status st = FSDP_STATUS_OK;
-    for (int i = 0; i < f->n_tensors && st == FSDP_STATUS_OK; i++) {
-        const fsdp_st_tensor *t = &f->tensors[i];
-        hf_name h = classify(t->name);
-        if (h.kind == HF_IGNORED)
-            continue;
-        if (h.kind == HF_BLOCK) {
-            const fsdp_st_tensor **slot = &seen[(size_t)h.layer * HF_BLOCK_N + (size_t)h.index];
-            if (*slot) {
-                st = bad(path, "tensors '%.80s' and '%.80s' are the same parameter", (*slot)->name,
-                         t->name);
-                break;
-            }
-            *slot = t;
-        }
-        uint64_t d[2];
-        int nd = expected_shape(h, &c, d);
-        bool same = t->ndim == nd;
-        for (int k = 0; same && k < nd; k++)
-            same = t->shape[k] == d[k];
-        if (!same) {
-            char a[128], b[64];
-            fmt_shape(a, sizeof a, t->ndim, t->shape);
-            fmt_shape(b, sizeof b, nd, d);
-            st = bad(path, "tensor '%.80s' has shape %s, but a GPT-2 with channels=%d, vocab=%d, "
-                           "context=%d needs %s", t->name, a, c.n_embd, c.vocab_size,
-                     c.max_seq_len, b);
-            break;
-        }
-        if (t->dtype == FSDP_FILE_OTHER) {
-            st = bad(path, "tensor '%.80s' is %s; fsdp imports F32, BF16 and F16 weights",
-                     t->name, t->dtype_name);
-            break;
-        }
-    }
-    for (size_t k = 0; k < n_block && st == FSDP_STATUS_OK; k++)
-        if (!seen[k])
-            st = bad(path, "tensor 'h.%zu.%s' is missing (the file has blocks up to h.%d)",
-                     k / HF_BLOCK_N, hf_block[k % HF_BLOCK_N].suffix, c.n_layer - 1);
-    free(seen);
-    if (st == FSDP_STATUS_OK)
-        *cfg = c;
-    return st;
-}
-
-static bool config_equal(const fsdp_gpt2_config *a, const fsdp_gpt2_config *b)
-{
-    return a->n_layer == b->n_layer && a->n_head == b->n_head && a->n_embd == b->n_embd &&
-           a->vocab_size == b->vocab_size && a->padded_vocab_size == b->padded_vocab_size &&
-           a->max_seq_len == b->max_seq_len;
-}
-
-fsdp_status fsdp_st_gpt2_locate(const fsdp_st_file *f, const fsdp_model *m, fsdp_tensor_src *src)
-{
-    fsdp_gpt2_config fc;
-    FSDP_TRY(fsdp_st_gpt2_config(f, &fc));
-    const fsdp_gpt2_config *mc = fsdp_gpt2_config_of(m);
-    if (!mc || !config_equal(&fc, mc))
-        return bad(f->path, "it holds L=%d NH=%d C=%d V=%d maxT=%d but the model is '%s'; build "
-                            "the model from the file's config", fc.n_layer, fc.n_head, fc.n_embd,
-                   fc.vocab_size, fc.max_seq_len, m->name);
-    int *base = calloc((size_t)m->n_units + 1, sizeof *base);
-    char *filled = NULL;
-    if (!base)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
-    int n_params = 0;
-    for (int u = 0; u < m->n_units; u++) {
-        base[u] = n_params;
-        n_params += m->units[u].n_params;
-    }
-    filled = calloc((size_t)n_params + 1, 1);
-    fsdp_status st = FSDP_STATUS_OK;
-    if (!filled) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
-        goto done;
-    }
-    for (int i = 0; i < f->n_tensors; i++) {
-        const fsdp_st_tensor *t = &f->tensors[i];
-        hf_name h = classify(t->name);
-        if (h.kind == HF_IGNORED)
-            continue;
-        int unit = -1;
-        const fsdp_param_spec *p = fsdp_model_find_param(m, canonical(t->name), &unit);
-        if (!p || p->numel < t->numel) {
-            st = fsdp_error_set(FSDP_STATUS_INTERNAL, "model '%s' has no parameter for tensor "
-                                "'%.80s' of '%s'", m->name, t->name, f->path);
-            goto done;
-        }
-        int k = base[unit] + (int)(p - m->units[unit].params);
-        bool conv = h.kind == HF_BLOCK && hf_block[h.index].conv;
-        src[k] = (fsdp_tensor_src){
-            .offset = f->data_offset + t->begin,
-            .dtype = t->dtype,
-            .file_numel = t->numel,
-            .transposed = conv,
-            .rows = (uint64_t)p->shape[0],
-            .cols = p->ndim == 2 ? (uint64_t)p->shape[1] : 1,
-        };
-        filled[k] = 1;
-    }
-    for (int u = 0; u < m->n_units; u++)
-        for (int i = 0; i < m->units[u].n_params; i++)
-            if (!filled[base[u] + i]) {
-                st = bad(f->path, "it has no tensor for parameter '%s'",
-                         m->units[u].params[i].name);
-                goto done;
-            }
-done:
-    free(filled);
-    free(base);
-    return st;
-}
-
-/* ---- write ------------------------------------------------------------------- */
-
-/* Writes n fp32 values as dt into f, converting through buf (ST_CHUNK). */
-static bool put_values(FILE *f, const float *x, size_t n, fsdp_dtype dt, uint16_t *buf)
-{
-    if (dt == FSDP_DTYPE_F32)
-        return fwrite(x, 4, n, f) == n;
-    while (n > 0) {
-        size_t k = n < ST_CHUNK ? n : ST_CHUNK;
-        for (size_t i = 0; i < k; i++)
-            buf[i] = fsdp_f32_to_bf16(x[i]);
-        if (fwrite(buf, 2, k, f) != k)
-            return false;
-        x += k;
-        n -= k;
-    }
-    return true;
-}
-
-fsdp_status fsdp_st_write(const char *path, const fsdp_model *m, const float *const *units,
-                          fsdp_dtype dt)
-{
-    const fsdp_gpt2_config *c = m ? fsdp_gpt2_config_of(m) : NULL;
-    if (!path || !units || !c)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "safetensors export of '%s' needs a GPT-2 model and its units",
-                              path ? path : "(null)");
-    if (dt != FSDP_DTYPE_F32 && dt != FSDP_DTYPE_BF16)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "safetensors export writes F32 or BF16, not dtype %d", (int)dt);
-    size_t esz = fsdp_dtype_size(dt);
-    const char *dname = dt == FSDP_DTYPE_F32 ? "F32" : "BF16";
-    int V = c->vocab_size, C = c->n_embd;
-
-    /* header: metadata, then the parameters in model order */
-    fsdp_sbuf h = {0};
-    fsdp_sbuf_printf(&h, "{\"__metadata__\":{\"format\":\"pt\",\"n_head\":\"%d\",\"n_layer\":\"%d\","
-                  "\"n_embd\":\"%d\",\"n_ctx\":\"%d\",\"vocab_size\":\"%d\"}",
-              c->n_head, c->n_layer, c->n_embd, c->max_seq_len, V);
-    uint64_t at = 0;
-    for (int u = 0; u < m->n_units; u++)
-        for (int i = 0; i < m->units[u].n_params; i++) {
-            const fsdp_param_spec *p = &m->units[u].params[i];
-            hf_name hn = classify(p->name);
-            uint64_t d[2];
-            int nd = expected_shape(hn, c, d);
-            uint64_t numel = nd == 2 ? d[0] * d[1] : d[0];
-            fsdp_sbuf_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%" PRIu64, p->name, dname, d[0]);
-            if (nd == 2)
-                fsdp_sbuf_printf(&h, ",%" PRIu64, d[1]);
-            fsdp_sbuf_printf(&h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", at, at + numel * esz);
-            at += numel * esz;
-        }
-    fsdp_sbuf_printf(&h, "}");
-    while (!h.oom && h.n % 8) /* pad with spaces so the data section is 8-aligned */
-        fsdp_sbuf_printf(&h, " ");
-    if (h.oom) {
-        free(h.p);
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory writing '%s'", path);
-    }
-
-    fsdp_status st = FSDP_STATUS_OK;
-    fsdp_atomic_file af = {0};
-    uint16_t *buf = malloc(ST_CHUNK * sizeof *buf);
-    float *row = malloc((size_t)4 * C * sizeof *row);
-    if (!buf || !row) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory writing '%s'", path);
-        goto fail;
-    }
-    FSDP_CHECK(fsdp_atomic_open(&af, path, "safetensors file"));
-    FILE *f = af.f;
-    uint64_t hn = h.n;
-    bool ok = fwrite(&hn, 8, 1, f) == 1 && fwrite(h.p, 1, h.n, f) == h.n;
-    for (int u = 0; ok && u < m->n_units; u++)
-        for (int i = 0; ok && i < m->units[u].n_params; i++) {
-            const fsdp_param_spec *p = &m->units[u].params[i];
-            const float *x = units[u] + p->offset;
-            hf_name hn2 = classify(p->name);
-            if (hn2.kind == HF_BLOCK && hf_block[hn2.index].conv) {
-                /* fsdp (OC, IC) -> HF (IC, OC): one HF row at a time */
-                size_t OC = (size_t)p->shape[0], IC = (size_t)p->shape[1];
-                for (size_t k = 0; ok && k < IC; k++) {
-                    for (size_t o = 0; o < OC; o++)
-                        row[o] = x[o * IC + k];
-                    ok = put_values(f, row, OC, dt, buf);
-                }
-            } else {
-                /* wte: only the V real rows */
-                size_t n = hn2.kind == HF_ROOT && hn2.index == ROOT_WTE ? (size_t)V * C : p->numel;
-                ok = put_values(f, x, n, dt, buf);
-            }
-        }
-    FSDP_CHECK(fsdp_atomic_commit(&af, ok));
-    FSDP_INFO(FSDP_SUB_CKPT, "wrote '%s' (%s, %zu parameters) from model '%s'", path, dname,
-              m->numel, m->name);
-fail:
-    fsdp_atomic_abort(&af);
-    free(row);
-    free(buf);
-    free(h.p);
     return st;
 }

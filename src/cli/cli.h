@@ -1,10 +1,16 @@
 /*
- * cli.h - the subcommands of the fsdp command. Each takes argv with argv[0]
- * = the subcommand name and returns the process exit code (0 ok, 1 runtime
- * error, 2 usage error).
+ * cli.h - the subcommands of the fsdp command, and the few helpers they
+ * share to report errors and exit codes the same way.
+ *
+ * Each subcommand takes argv with argv[0] = the subcommand name and returns
+ * the process exit code: 0 ok, 1 runtime error, 2 usage error.
  */
 #ifndef FSDP_CLI_CLI_H
 #define FSDP_CLI_CLI_H
+
+#include <stdbool.h>
+
+#include "fsdp/fsdp.h"
 
 int fsdp_cli_train(int argc, char **argv);
 int fsdp_cli_plan(int argc, char **argv);
@@ -13,5 +19,26 @@ int fsdp_cli_eval(int argc, char **argv);
 int fsdp_cli_sample(int argc, char **argv);
 int fsdp_cli_convert(int argc, char **argv);
 int fsdp_cli_plot(int argc, char **argv);
+int fsdp_cli_tokenize(int argc, char **argv);
+
+/* The processes of the job this `fsdp` process belongs to (comm/procs.h),
+ * met by main before a subcommand that runs ranks (train) starts; NULL:
+ * a job of one process. */
+struct fsdp_procs *fsdp_cli_procs(void);
+
+/* ---- shared helpers (cli/common.c) ------------------------------------------ */
+
+/* Print "fsdp <cmd>: <message>" to stderr; returns 2, the usage-error exit
+ * code: `return fsdp_cli_usage(cmd, "--steps must be >= 1");`. */
+int fsdp_cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The exit code for a library status: 0 for OK; otherwise prints "fsdp
+ * <cmd>: error: <the calling thread's fsdp_error_msg()>" and returns 2 for
+ * INVALID_ARG (the user's input was wrong), else 1. */
+int fsdp_cli_status(const char *cmd, fsdp_status st);
+
+/* Flush stdout: 0, or 1 after saying the output could not be written (a
+ * full disk, a closed pipe). Call last, after everything was printed. */
+int fsdp_cli_flush(const char *cmd);
 
 #endif /* FSDP_CLI_CLI_H */

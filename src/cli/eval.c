@@ -2,6 +2,8 @@
  * eval.c - `fsdp eval`: the mean next-token loss of a model file on a data
  * set, over the first S micro-batches the trainer would read (same
  * numbering, so it matches a training run's loss on the same batches).
+ * Text and jsonl data are tokenized with --tokenizer, else with the
+ * tokenizer.json of a Hugging Face model directory.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,9 +25,12 @@ int fsdp_cli_eval(int argc, char **argv)
     c->seq = 0;
 #define OPT(name_, type_, dst_, meta_, help_) \
     opts[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
-    OPT("data", FSDP_OPT_STR, &data, "synthetic|FILE.txt|'GLOB.bin'",
-        "evaluation data: the synthetic task, bytes of a text file, or llm.c token shards "
-        "(required)");
+    OPT("data", FSDP_OPT_STR, &data, "synthetic|FILE.txt|FILE.jsonl|'GLOB.bin'",
+        "evaluation data: the synthetic task, a text file (bytes, or tokens with --tokenizer), "
+        ".jsonl {\"text\"} rows, or llm.c token shards (required)");
+    OPT("tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
+        "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families; "
+        "default: the model directory's)");
     OPT("batch", FSDP_OPT_INT, &c->batch, "B", "sequences per micro-batch (default 8)");
     OPT("seq", FSDP_OPT_INT, &c->seq, "T", "sequence length (default 64, or the model's context)");
     OPT("steps", FSDP_OPT_INT, &steps, "S",
@@ -34,7 +39,7 @@ int fsdp_cli_eval(int argc, char **argv)
     OPT("seed", FSDP_OPT_U64, &seed, "S", "data seed, as for train (synthetic task; default 1337)");
     OPT("per-batch", FSDP_OPT_FLAG, &per_batch, "", "also print each micro-batch's loss");
 #undef OPT
-    int rc = fsdp_args_parse("eval", "--model FILE --data DATA [options]", opts, n, argc, argv,
+    int rc = fsdp_args_parse("eval", "--model FILE|DIR --data DATA [options]", opts, n, argc, argv,
                              NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;
@@ -44,19 +49,22 @@ int fsdp_cli_eval(int argc, char **argv)
         fprintf(stderr, "fsdp eval: --data is required (synthetic, FILE.txt or token shards)\n");
         return 2;
     }
+    char found[4096];
+    if (!c->tokenizer && fsdp_modelfile_tokenizer_of(c->model_path, found, sizeof found))
+        c->tokenizer = found;
     if (steps < 1 || c->batch < 1 || c->seq < 0) {
         fprintf(stderr, "fsdp eval: need --steps >= 1, --batch >= 1 and --seq >= 1\n");
         return 2;
     }
     if (c->seq == 0) { /* 64, or the model's context if shorter */
-        fsdp_modelfile *mf = NULL;
-        if (fsdp_modelfile_open(&mf, c->model_path) != FSDP_STATUS_OK) {
+        fsdp_model m;
+        fsdp_status st = fsdp_modelfile_resolve(c->model_path, &m, NULL);
+        if (st != FSDP_STATUS_OK) {
             fprintf(stderr, "fsdp eval: error: %s\n", fsdp_error_msg());
-            return 1;
+            return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
         }
-        int maxT = fsdp_modelfile_config(mf)->max_seq_len;
-        c->seq = maxT < 64 ? maxT : 64;
-        fsdp_modelfile_close(mf);
+        c->seq = m.max_seq_len < 64 ? m.max_seq_len : 64;
+        fsdp_model_free(&m);
     }
     float *losses = malloc((size_t)steps * sizeof *losses);
     if (!losses) {

@@ -1,78 +1,221 @@
 /*
  * plan.c - `fsdp plan`: per-device peak memory (by kind), pinned host
  * memory and collective traffic of a training configuration, measured by
- * running its real step schedule on the meta backend (train/plan.h).
+ * running its real step schedule on the meta backend (train/plan.h); and
+ * `fsdp plan --fit`: the fastest setting that fits a memory cap, searched
+ * over many such runs (train/fit.h).
  *
- * Takes train's model, batch, sharding, precision and offload options (the
- * shared table of cli/run_opts.h) minus the backend choice: a plan always
- * runs on meta, without a cap, and compares the peak with --device-mem
- * afterwards. Exit 0 whether or not the run fits (the report says which),
- * 1 if the plan itself fails, 2 for usage errors.
+ * Takes train's model, data, batch, sharding, precision and offload options
+ * (the shared list of cli/run_opts.h, with the same defaults, so a plan
+ * describes the run `fsdp train` makes) minus the transport and
+ * virtual-rank choices: a plan always runs on meta, without a cap, and
+ * compares the peak with --device-mem afterwards. With --fit, --target
+ * names the backend the planned run will use (cuda adds what a cuda run
+ * holds beyond the engine). Exit codes: plan: 0 whether or not the run fits
+ * (the report says which); --fit: 0 when a setting fits, 1 when none does;
+ * both: 1 if the planning itself fails, 2 for usage errors.
  */
 #include <stdio.h>
-#include <string.h>
 
 #include "cli/cli.h"
 #include "cli/run_opts.h"
+#include "report/fit_report.h"
 #include "report/plan_report.h"
+
+/* The options only --fit reads, and the request they fill. */
+struct fit_opts {
+    bool fit;
+    int global_batch;
+    size_t host_mem;
+    int target;
+    size_t cuda_overhead;
+    float gpu_tflops, mfu, link_gbs, link_latency_us, pcie_gbs, host_gbs, node_gbs;
+    int jobs, top;
+};
+
+static void fit_opts_table(struct fit_opts *o, fsdp_opt_list *l)
+{
+    fsdp_machine m;
+    fsdp_machine_default(&m);
+    o->target = FSDP_BACKEND_CUDA;
+    o->mfu = (float)m.mfu;
+    o->link_gbs = (float)m.link_gbs;
+    o->link_latency_us = (float)m.link_latency_us;
+    o->pcie_gbs = (float)m.pcie_gbs;
+    o->host_gbs = (float)m.host_gbs;
+    o->node_gbs = (float)m.node_gbs;
+    o->top = 10;
+    fsdp_opt_add(l, "fit", FSDP_OPT_FLAG, &o->fit, NULL,
+                 "search micro-batch (keeping the global batch), --shard, --offload, "
+                 "--prefetch and --recompute for the fastest setting that fits --device-mem; a "
+                 "--shard, --recompute, "
+                 "--offload or --prefetch given stays fixed. Exit 0 when a setting fits, 1 when "
+                 "none does");
+    fsdp_opt_add_int(l, "global-batch", &o->global_batch, 1, 1 << 30, "G",
+                     "--fit: sequences per optimizer step = devices x batch x grad-accum "
+                     "(default: devices x --batch x --grad-accum)");
+    fsdp_opt_add(l, "host-mem", FSDP_OPT_SIZE, &o->host_mem, "BYTES",
+                 "--fit: host memory the run may use: pinned memory of every device (and the "
+                 "simulated devices on cpu) (default: this machine's memory)");
+    fsdp_opt_add_name(l, "target", &o->target, &fsdp_backend_names,
+                      "--fit: the backend the run will use (train's --backend); cuda adds what "
+                      "a cuda run holds beyond the engine (CUDA context, cuBLAS, op scratch, "
+                      "NCCL) to each device")
+        ->allow = FSDP_NAME_BIT(FSDP_BACKEND_CPU) | FSDP_NAME_BIT(FSDP_BACKEND_CUDA);
+    fsdp_opt_add(l, "cuda-overhead", FSDP_OPT_SIZE, &o->cuda_overhead, "BYTES",
+                 "--fit, cuda: what a run holds beyond the engine per device, measured "
+                 "(default: the estimate of src/train/cost.h)");
+    fsdp_opt_add(l, "gpu-tflops", FSDP_OPT_FLOAT, &o->gpu_tflops, "X",
+                 "--fit: dense peak TFLOP/s of one device at --precision (default 67 fp32, "
+                 "989 bf16: H100/H200 SXM)");
+    fsdp_opt_add(l, "mfu", FSDP_OPT_FLOAT, &o->mfu, "F",
+                 "--fit: fraction of the peak the step achieves (default 0.4)");
+    fsdp_opt_add(l, "link-gbs", FSDP_OPT_FLOAT, &o->link_gbs, "X",
+                 "--fit: collective bus bandwidth per device in GB/s, as nccl-tests report "
+                 "it (default 360: NVLink 4)");
+    fsdp_opt_add(l, "link-latency-us", FSDP_OPT_FLOAT, &o->link_latency_us, "X",
+                 "--fit: time per collective call in us (default 20)");
+    fsdp_opt_add(l, "pcie-gbs", FSDP_OPT_FLOAT, &o->pcie_gbs, "X",
+                 "--fit: pinned host<->device copy bandwidth per device in GB/s (default 25)");
+    fsdp_opt_add(l, "host-gbs", FSDP_OPT_FLOAT, &o->host_gbs, "X",
+                 "--fit: host memory bandwidth of the CPU optimizer, all devices, in GB/s "
+                 "(default 100; build/tools/bench_adam measures yours)");
+    fsdp_opt_add(l, "node-gbs", FSDP_OPT_FLOAT, &o->node_gbs, "X",
+                 "with --nodes: each node's network bandwidth to the others in GB/s, each "
+                 "direction, for the time of the bytes between nodes (default 50: one 400 Gb/s "
+                 "NIC per node)");
+    fsdp_opt_add_int(l, "jobs", &o->jobs, 1, 64, "J",
+                     "--fit: micro-batches searched at once (default: CPUs / devices)");
+    fsdp_opt_add_int(l, "top", &o->top, 1, 1000000, "K",
+                     "--fit: settings listed in the text report (default 10)");
+}
+
+/* --fit: fill the request from the parsed options and answer. */
+static int run_fit(fsdp_run_opts *ro, struct fit_opts *o, fsdp_opt_list *l, bool json, int steps)
+{
+    fsdp_train_config *c = &ro->cfg;
+    fsdp_fit_request req;
+    fsdp_fit_request_default(&req);
+    req.base = *c;
+    req.global_batch = o->global_batch
+                           ? o->global_batch
+                           : c->eng.n_ranks * c->eng.batch * c->eng.grad_accum;
+    req.device_mem = c->eng.device_mem;
+    if (o->host_mem)
+        req.host_mem = o->host_mem;
+    req.backend = (fsdp_backend)o->target;
+    req.cuda_overhead = o->cuda_overhead;
+    req.steps = steps;
+    req.jobs = o->jobs;
+    fsdp_machine *m = &req.machine;
+    if (o->gpu_tflops > 0) {
+        if (c->eng.compute_dtype == FSDP_DTYPE_BF16)
+            m->tflops_bf16 = o->gpu_tflops;
+        else
+            m->tflops_fp32 = o->gpu_tflops;
+    }
+    m->mfu = o->mfu;
+    m->link_gbs = o->link_gbs;
+    m->link_latency_us = o->link_latency_us;
+    m->pcie_gbs = o->pcie_gbs;
+    m->host_gbs = o->host_gbs;
+    m->node_gbs = o->node_gbs;
+    if (!(m->mfu > 0 && m->mfu <= 1) || !(m->link_gbs > 0) || !(m->link_latency_us >= 0) ||
+        !(m->pcie_gbs > 0) || !(m->host_gbs > 0) || !(m->node_gbs > 0) || o->gpu_tflops < 0)
+        return fsdp_cli_usage("plan", "need 0 < --mfu <= 1, --gpu-tflops, --link-gbs, "
+                                      "--pcie-gbs, --host-gbs, --node-gbs > 0 and "
+                                      "--link-latency-us >= 0");
+    /* a strategy, offload or prefetch the user named is kept fixed */
+    if (fsdp_opt_get(l, "shard")->seen)
+        req.shard_mask = FSDP_NAME_BIT(c->eng.shard);
+    if (fsdp_opt_get(l, "offload")->seen)
+        req.offload_mask = FSDP_NAME_BIT(c->eng.offload);
+    if (fsdp_opt_get(l, "prefetch")->seen)
+        req.prefetch_mask = FSDP_NAME_BIT(c->eng.prefetch);
+    if (fsdp_opt_get(l, "recompute")->seen)
+        for (int k = 0; k < fsdp_fit_n_recompute_modes; k++)
+            if (fsdp_fit_recompute_modes[k].value == (int)c->eng.recompute)
+                req.recompute_mask = FSDP_NAME_BIT(k);
+    fsdp_fit_result res;
+    fsdp_status st = fsdp_fit_search(&req, &res);
+    if (st != FSDP_STATUS_OK)
+        return fsdp_cli_status("plan", st);
+    if (json)
+        fsdp_fit_write_json(stdout, &req, &res);
+    else
+        fsdp_fit_print(stdout, &req, &res, o->top);
+    int rc = res.best >= 0 ? 0 : 1;
+    fsdp_fit_free(&res);
+    int flush = fsdp_cli_flush("plan");
+    return flush ? flush : rc;
+}
 
 int fsdp_cli_plan(int argc, char **argv)
 {
     fsdp_run_opts ro;
-    fsdp_opt opts[FSDP_RUN_OPTS_MAX];
-    int n = fsdp_run_opts_table(&ro, opts);
+    fsdp_opt_list l = {0};
+    fsdp_run_opts_table(&ro, &l);
     fsdp_train_config *c = &ro.cfg;
-    /* meta only: the backend, communicator and virtual-rank options do not apply */
-    static const char *const dropped[] = {"backend", "comm", "ranks-per-device"};
-    for (size_t i = 0; i < sizeof dropped / sizeof dropped[0]; i++) {
-        int k = fsdp_args_find(opts, n, dropped[i]);
-        if (k >= 0) {
-            memmove(&opts[k], &opts[k + 1], (size_t)(n - k - 1) * sizeof opts[0]);
-            n--;
-        }
-    }
-    int k = fsdp_args_find(opts, n, "device-mem");
-    if (k >= 0)
-        opts[k].help = "per-device memory to check the plan against, e.g. 24GiB (default none)";
+    /* meta only: the backend, transport and virtual-rank options do not apply
+     * (--fit's --target names the backend the run will use) */
+    fsdp_opt_remove(&l, "backend");
+    fsdp_opt_remove(&l, "comm");
+    fsdp_opt_remove(&l, "ranks-per-device");
+    fsdp_opt_get(&l, "device-mem")->help =
+        "per-device memory to check the plan against, e.g. 24GiB (default none; --fit needs it)";
+    fsdp_opt_get(&l, "data")->help =
+        "the data train would read; a plan reads none, but the default --seq depends on it "
+        "(14 on the synthetic task, as for train; else the model's context) (default "
+        "synthetic)";
     const char *svg = NULL;
     bool json = false;
     int steps = 2;
-#define OPT(name_, type_, dst_, meta_, help_) \
-    opts[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
-    OPT("clip", FSDP_OPT_FLOAT, &c->eng.clip, "X", "gradient-norm clip, as for train (default 1.0)");
-    OPT("trace", FSDP_OPT_STR, &c->trace_path, "FILE.json",
-        "write the planned steps as a Chrome trace (Perfetto, chrome://tracing)");
-    OPT("svg", FSDP_OPT_STR, &svg, "OUT.svg", "draw each device's memory at its peak as stacked bars");
-    OPT("json", FSDP_OPT_FLAG, &json, "", "print the plan as JSON (exact byte counts) instead of text");
-    OPT("steps", FSDP_OPT_INT, &steps, "S", "steps to run on the meta backend (default 2)");
-#undef OPT
+    fsdp_opt_add_float(&l, "clip", &c->eng.clip, 0.0, false, 1e6, "X",
+                       "gradient-norm clip, as for train (default 1.0)");
+    fsdp_opt_add(&l, "trace", FSDP_OPT_STR, &c->trace_path, "FILE.json",
+                 "write the planned steps as a Chrome trace (Perfetto, chrome://tracing)");
+    fsdp_opt_add(&l, "svg", FSDP_OPT_STR, &svg, "OUT.svg",
+                 "draw each device's memory at its peak as stacked bars");
+    fsdp_opt_add(&l, "json", FSDP_OPT_FLAG, &json, NULL,
+                 "print the plan as JSON (exact byte counts) instead of text");
+    fsdp_opt_add_int(&l, "steps", &steps, 1, 1000, "S",
+                     "steps to run on the meta backend (default 2)");
+    struct fit_opts fo = {0};
+    fit_opts_table(&fo, &l);
     int rc = fsdp_args_parse("plan", "[options]   (runs on the meta backend: nothing is allocated "
                                      "or computed)",
-                             opts, n, argc, argv, NULL, 0, NULL);
+                             l.v, l.n, argc, argv, NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;
-    /* run_opts reads --devices 0 as "the default": refuse it here */
-    k = fsdp_args_find(opts, n, "devices");
-    if (k >= 0 && opts[k].seen && ro.devices < 1) {
-        fprintf(stderr, "fsdp plan: --devices must be 1..1024 (got %d)\n", ro.devices);
-        return 2;
-    }
-    ro.backend = "meta";
+    ro.backend = FSDP_BACKEND_META;
     if ((rc = fsdp_run_opts_finish("plan", &ro)))
         return rc;
-    if (steps < 1 || steps > 1000 || !(c->eng.clip >= 0)) {
-        fprintf(stderr, "fsdp plan: need --steps 1..1000 and --clip >= 0\n");
-        return 2;
-    }
+
     c->out = NULL;
     c->eval_problems = 0;
     c->log_path = NULL;
+    if (fo.fit) {
+        if (svg || c->trace_path)
+            return fsdp_cli_usage("plan", "--svg and --trace draw one plan; run them without "
+                                          "--fit on the setting it chose");
+        if (!c->eng.device_mem)
+            return fsdp_cli_usage("plan", "--fit needs --device-mem BYTES: the memory of each "
+                                          "device (e.g. 80GiB)");
+        return run_fit(&ro, &fo, &l, json, steps);
+    }
+    static const char *const fit_only[] = {"global-batch", "host-mem", "target", "cuda-overhead",
+                                           "gpu-tflops", "mfu", "link-gbs", "link-latency-us",
+                                           "pcie-gbs", "host-gbs", "jobs", "top"};
+    for (size_t i = 0; i < sizeof fit_only / sizeof fit_only[0]; i++)
+        if (fsdp_opt_get(&l, fit_only[i])->seen)
+            return fsdp_cli_usage("plan", "--%s is an option of --fit", fit_only[i]);
+    if (!(fo.node_gbs > 0))
+        return fsdp_cli_usage("plan", "need --node-gbs > 0");
     fsdp_plan plan;
     fsdp_status st = fsdp_plan_run(c, steps, &plan);
-    if (st != FSDP_STATUS_OK) {
-        fprintf(stderr, "fsdp plan: error: %s\n", fsdp_error_msg());
-        return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
-    }
+    if (st != FSDP_STATUS_OK)
+        return fsdp_cli_status("plan", st);
+    plan.node_gbs = fo.node_gbs;
     if (json)
         fsdp_plan_write_json(stdout, &plan);
     else
@@ -80,9 +223,8 @@ int fsdp_cli_plan(int argc, char **argv)
     if (svg) {
         st = fsdp_plan_write_svg(&plan, svg);
         if (st != FSDP_STATUS_OK) {
-            fprintf(stderr, "fsdp plan: error: %s\n", fsdp_error_msg());
             fsdp_plan_free(&plan);
-            return 1;
+            return fsdp_cli_status("plan", st);
         }
         if (!json)
             printf("memory chart written to %s\n", svg);
@@ -90,9 +232,5 @@ int fsdp_cli_plan(int argc, char **argv)
     if (c->trace_path && !json)
         printf("trace written to %s\n", c->trace_path);
     fsdp_plan_free(&plan);
-    if (fflush(stdout) != 0) {
-        fprintf(stderr, "fsdp plan: error writing the report\n");
-        return 1;
-    }
-    return 0;
+    return fsdp_cli_flush("plan");
 }

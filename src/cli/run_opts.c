@@ -1,178 +1,208 @@
 /*
- * run_opts.c - options shared by `fsdp train` and `fsdp plan`.
+ * run_opts.c - options shared by `fsdp train` and `fsdp plan`, so that a
+ * plan describes the run `fsdp train` makes with the same options
+ * (defaults included).
+ *
+ * Every count is bounded here, at parse time, well inside what the sizes
+ * computed from it (64-bit) and the int indexes of a micro-batch hold.
  */
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "ckpt/modelfile.h"
+#include "cli/cli.h"
 #include "cli/run_opts.h"
-#include "models/gpt2.h"
 
-int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *o)
+/* --model's help, from the model registry and the weight-format table. */
+static const char *model_help(void)
+{
+    static char help[2048];
+    size_t k = fsdp_modelfile_value_help(help, sizeof help);
+    snprintf(help + k, sizeof help - k, " (default small; a model file also gives the starting weights)");
+    return help;
+}
+
+static const fsdp_name shard_names[] = {
+    {"full", FSDP_SHARD_FULL,
+     "parameters, gradients and optimizer state sharded; units gathered just in time "
+     "(FULL_SHARD, ZeRO-3)"},
+    {"grad-op", FSDP_SHARD_GRAD_OP,
+     "as full, but gathered parameters stay from forward to backward (SHARD_GRAD_OP, ZeRO-2)"},
+    {"none", FSDP_SHARD_NONE, "everything replicated, gradients all-reduced (NO_SHARD, DDP)"},
+    {"hybrid", FSDP_SHARD_HYBRID,
+     "as full within each node, replicated across nodes: gradients reduce-scattered in the "
+     "node, then all-reduced across nodes (HYBRID_SHARD, HSDP); the same as full on one node"},
+};
+const fsdp_name_table fsdp_shard_names = FSDP_NAME_TABLE(shard_names);
+
+static const fsdp_name offload_names[] = {
+    {"none", 0, "master weights, optimizer state and gradient shards on the device"},
+    {"optimizer", 1,
+     "master weights, optimizer state and gradient shards in pinned host memory, updated by "
+     "the CPU optimizer"},
+};
+const fsdp_name_table fsdp_offload_names = FSDP_NAME_TABLE(offload_names);
+
+/* Bounds of the counts (see the file comment). */
+enum {
+    MAX_BATCH = 1 << 16,       /* sequences per micro-batch per device */
+    MAX_GRAD_ACCUM = 1 << 16,  /* micro-steps per step */
+};
+
+static const fsdp_name prefetch_names[] = {
+    {"on", 1, NULL},
+    {"off", 0, NULL},
+};
+const fsdp_name_table fsdp_prefetch_names = FSDP_NAME_TABLE(prefetch_names);
+
+void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
 {
     memset(ro, 0, sizeof *ro);
     fsdp_train_config_default(&ro->cfg);
     fsdp_train_config *c = &ro->cfg;
     fsdp_engine_config *e = &c->eng;
+    ro->backend = (int)e->backend;
+    ro->shard = (int)e->shard;
+    ro->precision = (int)e->compute_dtype;
+    ro->offload = e->offload;
+    ro->prefetch = e->prefetch;
+    ro->recompute = (int)e->recompute;
+    ro->comm = (int)e->comm;
     ro->devices = -1; /* unset: the backend's default */
     e->seq = 0;       /* unset: chosen from the data and model in fsdp_run_opts_finish */
-    int n = 0;
-#define OPT(name_, type_, dst_, meta_, help_) \
-    o[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
-    OPT("backend", FSDP_OPT_STR, &ro->backend, "cpu|cuda|meta",
-        "device backend (default: cuda when a GPU is visible, else cpu)");
-    OPT("devices", FSDP_OPT_INT, &ro->devices, "N",
-        "number of devices = ranks (default: 4 simulated cpu devices, or every GPU)");
-    OPT("model", FSDP_OPT_STR, &c->model, "NAME|FILE",
-        "tiny|small|gpt2|gpt2-medium|gpt2-large|gpt2-xl|custom:layers=L,heads=H,channels=C,"
-        "vocab=V,context=T (default small), or a model to start from: FILE.bin (llm.c), "
-        "FILE.safetensors (HF GPT-2) or a checkpoint directory");
-    OPT("batch", FSDP_OPT_INT, &e->batch, "B", "sequences per micro-batch per device (default 16)");
-    OPT("seq", FSDP_OPT_INT, &e->seq, "T",
-        "sequence length (default: 14 on the synthetic task, one problem per row; else the "
-        "model's context)");
-    OPT("grad-accum", FSDP_OPT_INT, &e->grad_accum, "A", "micro-steps per device per step (default 1)");
-    OPT("shard", FSDP_OPT_STR, &ro->shard, "full|grad-op|none",
-        "FULL_SHARD (ZeRO-3), SHARD_GRAD_OP (ZeRO-2) or NO_SHARD (DDP) (default full)");
-    OPT("precision", FSDP_OPT_STR, &ro->precision, "fp32|bf16",
-        "compute dtype: gathered parameters and activations; master weights stay fp32 (default fp32)");
-    OPT("offload", FSDP_OPT_STR, &ro->offload, "none|optimizer",
-        "keep master weights, Adam state and gradient shards in pinned host memory (default none)");
-    OPT("prefetch", FSDP_OPT_STR, &ro->prefetch, "on|off",
-        "all-gather the next unit while computing this one (default on)");
-    OPT("comm", FSDP_OPT_STR, &ro->comm, "auto|host|nccl|peer",
-        "collectives: host (cpu), nccl or peer (cuda) (default auto)");
-    OPT("ranks-per-device", FSDP_OPT_INT, &e->ranks_per_device, "K",
-        "cuda + peer: K virtual ranks share each GPU (default 1)");
-    OPT("device-mem", FSDP_OPT_SIZE, &e->device_mem, "BYTES",
-        "per-device memory cap, e.g. 24GiB (default none on cpu/meta)");
-    OPT("threads-per-device", FSDP_OPT_INT, &e->threads_per_device, "N",
-        "cpu: threads each device computes with (default: cores / devices, at least 1; lowered "
-        "if devices x N would exceed the cores)");
-    OPT("seed", FSDP_OPT_U64, &e->seed, "S", "seed for initialisation and data (default 1337)");
-#undef OPT
-    return n;
-}
-
-static int pick(const char *cmd, const char *flag, const char *v, const char *const *names, int n,
-                int *out)
-{
-    for (int i = 0; i < n; i++)
-        if (!strcmp(v, names[i])) {
-            *out = i;
-            return 0;
-        }
-    fprintf(stderr, "fsdp %s: --%s: unknown value '%s' (expected", cmd, flag, v);
-    for (int i = 0; i < n; i++)
-        fprintf(stderr, "%s%s", i ? "|" : " ", names[i]);
-    fprintf(stderr, ")\n");
-    return 2;
+    e->momentum = NAN; /* unset: the default, if the optimizer takes it */
+    /* --optimizer's values and help, from the registry */
+    static char optim_names[96], optim_help[640];
+    fsdp_optim_names(optim_names, sizeof optim_names, "|");
+    size_t at = (size_t)snprintf(optim_help, sizeof optim_help, "the optimizer:");
+    for (int i = 0; i < fsdp_optim_count() && at < sizeof optim_help; i++)
+        at += (size_t)snprintf(optim_help + at, sizeof optim_help - at, "%s %s = %s",
+                               i ? ";" : "", fsdp_optim_at(i)->name, fsdp_optim_at(i)->help);
+    if (at < sizeof optim_help)
+        snprintf(optim_help + at, sizeof optim_help - at, " (default %s)", fsdp_optim_at(0)->name);
+    fsdp_opt_add_name(l, "backend", &ro->backend, &fsdp_backend_names,
+                      "device backend; cuda when a GPU is visible, else cpu");
+    fsdp_opt_add_int(l, "devices", &ro->devices, 1, FSDP_MAX_RANKS, "N",
+                     "devices = ranks of each node (default: 4 simulated cpu devices, or every "
+                     "GPU)");
+    fsdp_opt_add_int(l, "nodes", &ro->nodes, 1, FSDP_MAX_RANKS, "P",
+                     "nodes of the job, --devices ranks each: under mpirun one per process (the "
+                     "default); in one process, P simulated nodes (hybrid sharding, traffic "
+                     "between nodes)");
+    fsdp_opt_add(l, "model", FSDP_OPT_STR, &c->model, "NAME|SPEC|FILE", model_help());
+    fsdp_opt_add(l, "data", FSDP_OPT_STR, &c->data, "synthetic|FILE.txt|FILE.jsonl|'GLOB.bin'",
+                 "training data: the built-in addition task, a text file (bytes, or tokens with "
+                 "--tokenizer), .jsonl rows ({\"text\"}; {\"prompt\",\"completion\"} or "
+                 "{\"messages\"} once models support loss masks) or llm.c token shards (default "
+                 "synthetic)");
+    fsdp_opt_add_int(l, "batch", &e->batch, 1, MAX_BATCH, "B",
+                     "sequences per micro-batch per device (default 16)");
+    fsdp_opt_add_int(l, "seq", &e->seq, 1, INT_MAX, "T",
+                     "sequence length (default: 14 on the synthetic task, one problem per row; "
+                     "else the model's context)");
+    fsdp_opt_add_int(l, "grad-accum", &e->grad_accum, 1, MAX_GRAD_ACCUM, "A",
+                     "micro-steps per device per step (default 1)");
+    fsdp_opt_add_name(l, "shard", &ro->shard, &fsdp_shard_names, "sharding strategy");
+    fsdp_opt_add_name(l, "precision", &ro->precision, &fsdp_dtype_names,
+                      "compute dtype: gathered parameters and activations; master weights, "
+                      "gradients and optimizer state stay fp32");
+    fsdp_opt_add_name(l, "offload", &ro->offload, &fsdp_offload_names,
+                      "where the optimizer's shards live");
+    fsdp_opt_add_name(l, "prefetch", &ro->prefetch, &fsdp_prefetch_names,
+                      "all-gather the next unit while computing this one");
+    fsdp_opt_add_name(l, "recompute", &ro->recompute, &fsdp_recompute_names,
+                      "activation recompute: what each block keeps from forward to backward "
+                      "(same losses and parameters, bit for bit, in every mode)");
+    fsdp_opt_add_name(l, "comm", &ro->comm, &fsdp_comm_kind_names,
+                      "collectives' transport (it must serve --backend)");
+    fsdp_opt_add_int(l, "ranks-per-device", &e->ranks_per_device, 1, FSDP_MAX_RANKS, "K",
+                     "cuda + peer: K virtual ranks share each GPU (default 1)");
+    fsdp_opt_add(l, "device-mem", FSDP_OPT_SIZE, &e->device_mem, "BYTES",
+                 "per-device memory cap, e.g. 24GiB (default none on cpu/meta)");
+    fsdp_opt_add_int(l, "threads-per-device", &e->threads_per_device, 1, 4096, "N",
+                     "cpu: threads each device computes with (default: cores / devices, at least "
+                     "1; lowered if devices x N would exceed the cores)");
+    fsdp_opt_add(l, "optimizer", FSDP_OPT_STR, &ro->optimizer, optim_names, optim_help);
+    fsdp_opt_add(l, "momentum", FSDP_OPT_FLOAT, &e->momentum, "X",
+                 "momentum of --optimizer sgd, in [0, 1) (default 0.9)");
+    fsdp_opt_add(l, "seed", FSDP_OPT_U64, &e->seed, "S",
+                 "seed for initialisation and data (default 1337)");
 }
 
 int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
 {
     fsdp_engine_config *e = &ro->cfg.eng;
-    int k;
-    if (ro->backend) {
-        static const char *const b[] = {"cpu", "cuda", "meta"};
-        if (pick(cmd, "backend", ro->backend, b, 3, &k))
-            return 2;
-        e->backend = (fsdp_backend)k;
-        if (e->backend == FSDP_BACKEND_CUDA && fsdp_cuda_device_count() == 0) {
-            fprintf(stderr, "fsdp %s: --backend cuda: no CUDA device is visible%s\n", cmd,
-                    fsdp_device_cuda_iface() ? "" : " (this build has no CUDA: built with CUDA=0)");
-            return 2;
-        }
+    e->backend = (fsdp_backend)ro->backend;
+    e->shard = (fsdp_shard_strategy)ro->shard;
+    e->compute_dtype = (fsdp_dtype)ro->precision;
+    e->offload = ro->offload != 0;
+    e->prefetch = ro->prefetch != 0;
+    e->recompute = (fsdp_recompute)ro->recompute;
+    e->comm = (fsdp_comm_kind)ro->comm;
+    if (e->threads_per_device > 0 && e->backend == FSDP_BACKEND_CUDA)
+        return fsdp_cli_usage(cmd, "--threads-per-device sets the cpu backend's threads; a CUDA "
+                              "device computes on its GPU (leave it out with --backend cuda)");
+    int per_node = ro->devices != -1 ? ro->devices : fsdp_backend_default_devices(e->backend);
+    int P = ro->n_processes > 1 ? ro->n_processes : 1;
+    if (P > 1 && ro->nodes && ro->nodes != P)
+        return fsdp_cli_usage(cmd, "--nodes %d, but the job has %d processes: one node per "
+                              "process (leave --nodes out under mpirun)", ro->nodes, P);
+    int nodes = P > 1 ? P : ro->nodes ? ro->nodes : 1;
+    if ((long)per_node * nodes > FSDP_MAX_RANKS)
+        return fsdp_cli_usage(cmd, "%d nodes x %d devices: at most %d ranks", nodes, per_node,
+                              FSDP_MAX_RANKS);
+    e->n_nodes = nodes;
+    e->n_ranks = per_node * nodes;
+    /* the ranks this process runs need devices here */
+    if (fsdp_backend_check(e->backend, P > 1 ? per_node : e->n_ranks, e->ranks_per_device) !=
+        FSDP_STATUS_OK)
+        return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
+    const fsdp_transport *t;
+    fsdp_transport_req req = {.backend = e->backend, .kind = e->comm,
+                              .ranks_per_device = e->ranks_per_device, .n_processes = P,
+                              .groups = e->shard == FSDP_SHARD_HYBRID && nodes > 1};
+    if (fsdp_transport_pick(&req, &t) != FSDP_STATUS_OK)
+        return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
+    const fsdp_optim *o = fsdp_optim_at(0);
+    if (ro->optimizer && fsdp_optim_find(ro->optimizer, &o) != FSDP_STATUS_OK)
+        return fsdp_cli_usage(cmd, "--optimizer: %s", fsdp_error_msg());
+    e->optim = o;
+    if (isnan(e->momentum)) {
+        fsdp_train_config def;
+        fsdp_train_config_default(&def);
+        e->momentum = def.eng.momentum;
+    } else if (!(o->uses & FSDP_OPTIM_USES_MOMENTUM)) {
+        return fsdp_cli_usage(cmd, "--momentum is not a setting of --optimizer %s", o->name);
     }
-    if (ro->devices != -1)
-        e->n_ranks = ro->devices;
-    else
-        e->n_ranks = e->backend == FSDP_BACKEND_CUDA ? fsdp_cuda_device_count() : 4;
-    if (ro->shard) {
-        static const char *const s[] = {"full", "grad-op", "none"};
-        if (pick(cmd, "shard", ro->shard, s, 3, &k))
-            return 2;
-        e->shard = (fsdp_shard_strategy)k;
-    }
-    if (ro->precision) {
-        static const char *const p[] = {"fp32", "bf16"};
-        if (pick(cmd, "precision", ro->precision, p, 2, &k))
-            return 2;
-        e->compute_dtype = (fsdp_dtype)k;
-    }
-    if (ro->offload) {
-        static const char *const o[] = {"none", "optimizer"};
-        if (pick(cmd, "offload", ro->offload, o, 2, &k))
-            return 2;
-        e->offload = k == 1;
-    }
-    if (ro->prefetch) {
-        static const char *const p[] = {"off", "on"};
-        if (pick(cmd, "prefetch", ro->prefetch, p, 2, &k))
-            return 2;
-        e->prefetch = k == 1;
-    }
-    if (ro->comm) {
-        static const char *const c[] = {"auto", "host", "meta", "nccl", "peer"};
-        if (pick(cmd, "comm", ro->comm, c, 5, &k))
-            return 2;
-        e->comm = (fsdp_comm_kind)k;
-    }
-    if (e->n_ranks < 1 || e->n_ranks > 1024) {
-        fprintf(stderr, "fsdp %s: --devices must be 1..1024 (got %d)\n", cmd, e->n_ranks);
-        return 2;
-    }
-    if (e->batch < 1 || e->seq < 0 || e->grad_accum < 1 || e->ranks_per_device < 1) {
-        fprintf(stderr, "fsdp %s: --batch, --seq, --grad-accum and --ranks-per-device must be >= 1\n",
-                cmd);
-        return 2;
-    }
-    if (e->ranks_per_device > 1 && (e->backend != FSDP_BACKEND_CUDA || e->comm == FSDP_COMM_NCCL)) {
-        fprintf(stderr, "fsdp %s: --ranks-per-device needs --backend cuda with --comm peer "
-                        "(NCCL refuses two ranks on one GPU)\n", cmd);
-        return 2;
-    }
-    if (e->threads_per_device < 0 || e->threads_per_device > 4096 ||
-        (e->threads_per_device > 0 && e->backend == FSDP_BACKEND_CUDA)) {
-        fprintf(stderr, "fsdp %s: --threads-per-device must be 1..4096, on the cpu backend\n",
-                cmd);
-        return 2;
-    }
-    if (e->comm == FSDP_COMM_HOST && e->backend != FSDP_BACKEND_CPU) {
-        fprintf(stderr, "fsdp %s: --comm host needs --backend cpu\n", cmd);
-        return 2;
-    }
-    if ((e->comm == FSDP_COMM_NCCL || e->comm == FSDP_COMM_PEER) && e->backend != FSDP_BACKEND_CUDA) {
-        fprintf(stderr, "fsdp %s: --comm %s needs --backend cuda\n", cmd, ro->comm);
-        return 2;
-    }
-    if (e->backend == FSDP_BACKEND_CUDA && e->n_ranks > fsdp_cuda_device_count() * e->ranks_per_device) {
-        fprintf(stderr, "fsdp %s: --devices %d but only %d GPU(s) x %d rank(s) per device are available\n",
-                cmd, e->n_ranks, fsdp_cuda_device_count(), e->ranks_per_device);
-        return 2;
-    }
-    fsdp_gpt2_config gc;
-    if (fsdp_modelfile_is_path(ro->cfg.model)) {
-        /* a model file (fine-tuning): its header gives the shape */
-        fsdp_modelfile *mf = NULL;
-        if (fsdp_modelfile_open(&mf, ro->cfg.model) != FSDP_STATUS_OK) {
-            fprintf(stderr, "fsdp %s: --model: %s\n", cmd, fsdp_error_msg());
-            return 2;
-        }
-        gc = *fsdp_modelfile_config(mf);
-        fsdp_modelfile_close(mf);
-    } else if (fsdp_gpt2_config_parse(ro->cfg.model, &gc) != FSDP_STATUS_OK) {
+    fsdp_optim_hparams hp = {.beta1 = e->beta1, .beta2 = e->beta2, .eps = e->eps,
+                             .momentum = e->momentum, .weight_decay = e->weight_decay};
+    if (o->check(&hp) != FSDP_STATUS_OK)
+        return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
+    fsdp_model m; /* the shape only: a model file is validated and closed again */
+    fsdp_status st = fsdp_modelfile_resolve(ro->cfg.model, &m, NULL);
+    if (st != FSDP_STATUS_OK) {
+        /* a name nobody knows is a usage error; a model file that is bad is not */
         fprintf(stderr, "fsdp %s: --model: %s\n", cmd, fsdp_error_msg());
-        return 2;
+        return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
     }
-    if (e->seq == 0) /* not given: one problem per row on the synthetic task, else the context */
-        e->seq = ro->cfg.data && !strcmp(ro->cfg.data, "synthetic") && !strcmp(cmd, "train")
-                     ? 14
-                     : gc.max_seq_len;
-    if (e->seq > gc.max_seq_len) {
+    int context = m.max_seq_len;
+    fsdp_model_free(&m);
+    /* not given: one problem per row on the synthetic task, else the
+     * context; the same for train and plan */
+    if (e->seq == 0)
+        e->seq = ro->cfg.data && !strcmp(ro->cfg.data, "synthetic") ? 14 : context;
+    if (e->seq > context) {
         fprintf(stderr, "fsdp %s: --seq %d is longer than model '%s''s context of %d\n", cmd, e->seq,
-                ro->cfg.model, gc.max_seq_len);
+                ro->cfg.model, context);
         return 2;
     }
+    if ((int64_t)e->batch * e->seq > INT_MAX)
+        return fsdp_cli_usage(cmd, "--batch %d x --seq %d = %lld tokens per micro-batch, more than "
+                              "a device's batch can index (%d); lower --batch and raise "
+                              "--grad-accum", e->batch, e->seq,
+                              (long long)e->batch * e->seq, INT_MAX);
     return 0;
 }

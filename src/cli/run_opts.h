@@ -1,7 +1,8 @@
 /*
  * run_opts.h - the options `fsdp train` and `fsdp plan` share (model,
- * batch, devices, sharding, precision, offload...), as one option table
- * fragment and one validation step that fills a fsdp_train_config.
+ * data, batch, devices, sharding, precision, offload...) with the same
+ * defaults, as one option-list fragment and one validation step that fills
+ * a fsdp_train_config.
  */
 #ifndef FSDP_CLI_RUN_OPTS_H
 #define FSDP_CLI_RUN_OPTS_H
@@ -11,17 +12,31 @@
 
 typedef struct fsdp_run_opts {
     fsdp_train_config cfg;
-    const char *backend, *shard, *precision, *offload, *prefetch, *comm;
-    int devices;
+    /* name-table values, copied into cfg by fsdp_run_opts_finish */
+    int backend, shard, precision, offload, prefetch, recompute, comm;
+    const char *optimizer; /* a name in the optimizer registry, or NULL: the default */
+    int devices;           /* per node; -1: the backend's default */
+    int nodes;             /* --nodes; 0: unset (the job's processes) */
+    int n_processes;       /* the job's processes (set by the caller; <= 1: one) */
 } fsdp_run_opts;
 
-#define FSDP_RUN_OPTS_MAX 48
+/* The --shard, --offload and --prefetch values. (The shard table belongs
+ * beside its enum in fsdp/shardmap.h; it lives here until that file reads
+ * it, and test_cli checks that the two agree.) */
+extern const fsdp_name_table fsdp_shard_names;
+extern const fsdp_name_table fsdp_offload_names;
+extern const fsdp_name_table fsdp_prefetch_names;
 
-/* Defaults, and the shared option entries appended to opts (returns count). */
-int fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt *opts);
+/* Defaults, and the shared options appended to l. */
+void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l);
 
-/* Turn the strings into the config; checks combinations. Returns 0 or 2
- * (usage error, message printed). */
+/* Copy the choices into the config and check how they combine (backend
+ * and device count, nodes and processes, transport, model and sequence
+ * length, tokens per micro-batch). The job's ranks are --devices x nodes:
+ * a job of several processes has one node per process (--nodes, if given,
+ * must agree); one process may simulate --nodes nodes. Returns 0; 2 after
+ * printing a usage error; 1 when the --model file cannot be read (a
+ * runtime error, as for every command). */
 int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro);
 
 #endif /* FSDP_CLI_RUN_OPTS_H */

@@ -1,16 +1,24 @@
 /*
- * sample.c - `fsdp sample`: generate tokens from a model file, greedily or
+ * sample.c - `fsdp sample`: generate text from a model file, greedily or
  * with temperature sampling.
  *
- * Byte-level models (vocabulary 256) take the prompt as text and print
- * text. Other vocabularies have no encoder here: without --tokenizer the
- * prompt is a list of token ids and the output is token ids; with llm.c's
- * tokenizer file (gpt2_tokenizer.bin) the output is decoded text and a
- * text prompt is encoded by greedy longest match over the tokenizer's
- * table (valid ids, though not always the ids GPT-2's BPE would choose).
- * With no prompt, generation starts from a newline (byte-level) or the
- * end-of-text token (the tokenizer's, else the last id of the vocabulary,
- * which is GPT-2's <|endoftext|>).
+ * How text becomes tokens, by what the model comes with:
+ * - a Hugging Face tokenizer.json (--tokenizer, or the model directory's
+ *   own): the prompt is encoded as transformers encodes it (with the
+ *   tokenizer's BOS when it adds one) and the output decoded; generation
+ *   stops at the end-of-text token. With --chat the prompt is a user
+ *   message (after an optional --system one) rendered in the family's
+ *   chat format (data/chat.h) with the assistant's header after it, as a
+ *   chat template's generation prompt does, and generation stops at the
+ *   end of the assistant's turn.
+ * - byte-level models (vocabulary 256): the prompt's bytes.
+ * - llm.c's tokenizer file (gpt2_tokenizer.bin, --tokenizer): decoded
+ *   output, and a prompt encoded by greedy longest match over its table
+ *   (valid ids, not always the ids GPT-2's BPE would choose).
+ * - nothing, or --ids: the prompt is a list of token ids and so is the
+ *   output.
+ * With no prompt, generation starts from a newline (byte-level), the BOS
+ * or end-of-text token.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -20,31 +28,56 @@
 #include "cli/cli.h"
 #include "cli/infer_opts.h"
 #include "ckpt/modelfile.h"
+#include "data/chat.h"
+#include "data/hftok.h"
 #include "data/tokenizer.h"
 
-struct printer {
-    const fsdp_tokenizer *tok;
-    bool bytes;     /* byte-level model: print the byte */
-    int n;
+typedef enum { TEXT_IDS = 0, TEXT_BYTES, TEXT_LLMC, TEXT_HF } text_kind;
+
+/* How the prompt is read and the output printed. */
+struct text_io {
+    text_kind kind;
+    fsdp_tokenizer *llmc;
+    fsdp_hftok *hf;
+    const char *tok_path;
+    const int *stop; /* tokens that end the generation: not printed */
+    int n_stop;
+    int n;          /* tokens printed (ids: separators) */
+};
+
+struct chat_opts {
+    bool on;
+    const char *system, *format;
 };
 
 /* Print one token as it is generated (rank 0's thread). */
 static void print_token(void *arg, int id)
 {
-    struct printer *p = arg;
-    if (p->bytes) {
-        putchar(id);
-    } else if (p->tok) {
-        size_t len = 0;
-        const uint8_t *b = fsdp_tokenizer_decode(p->tok, id, &len);
+    struct text_io *io = arg;
+    size_t len = 0;
+    const uint8_t *b = NULL;
+    for (int i = 0; i < io->n_stop; i++)
+        if (id == io->stop[i])
+            return;
+    switch (io->kind) {
+    case TEXT_BYTES: putchar(id); break;
+    case TEXT_HF:
+        b = fsdp_hftok_token_bytes(io->hf, id, &len);
+        if (b)
+            fwrite(b, 1, len, stdout);
+        else
+            printf("<%d>", id);
+        break;
+    case TEXT_LLMC:
+        b = fsdp_tokenizer_decode(io->llmc, id, &len);
         if (!b)
             printf("<%d>", id);
         else if (!(len == 1 && b[0] < 0x20 && b[0] != '\n' && b[0] != '\t'))
             fwrite(b, 1, len, stdout); /* control bytes alone are dropped, as llm.c does */
-    } else {
-        printf("%s%d", p->n ? " " : "", id);
+        break;
+    default: printf("%s%d", io->n ? " " : "", id); break;
     }
-    p->n++;
+    io->n++;
     fflush(stdout);
 }
 
@@ -80,13 +113,178 @@ static bool parse_ids(const char *s, int **ids, int *n)
     return true;
 }
 
+static bool has_suffix(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* The tokenizer: --tokenizer, else the model directory's tokenizer.json,
+ * else bytes (V = 256) or ids; ids whatever there is with --ids. */
+static fsdp_status open_text_io(struct text_io *io, const char *tokenizer, const char *model,
+                                int V, bool ids, char *found, size_t found_size)
+{
+    memset(io, 0, sizeof *io);
+    if (ids)
+        return FSDP_STATUS_OK;
+    if (!tokenizer && fsdp_modelfile_tokenizer_of(model, found, found_size))
+        tokenizer = found;
+    io->tok_path = tokenizer;
+    if (tokenizer && has_suffix(tokenizer, ".json")) {
+        FSDP_TRY(fsdp_hftok_open(&io->hf, tokenizer));
+        io->kind = TEXT_HF;
+        if (fsdp_hftok_vocab(io->hf) > V)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "tokenizer '%s' has %d tokens but "
+                                  "the model's vocabulary is %d: it is another model's "
+                                  "tokenizer", tokenizer, fsdp_hftok_vocab(io->hf), V);
+    } else if (V == 256) {
+        io->kind = TEXT_BYTES; /* a tokenizer file is not needed (nor used) */
+    } else if (tokenizer) {
+        FSDP_TRY(fsdp_tokenizer_open(&io->llmc, tokenizer));
+        io->kind = TEXT_LLMC;
+        if (fsdp_tokenizer_vocab(io->llmc) < V)
+            fprintf(stderr, "fsdp sample: warning: tokenizer '%s' has %d tokens, the model %d; "
+                            "ids past the table print as <id>\n",
+                    tokenizer, fsdp_tokenizer_vocab(io->llmc), V);
+    }
+    return FSDP_STATUS_OK;
+}
+
+static void close_text_io(struct text_io *io)
+{
+    fsdp_tokenizer_free(io->llmc);
+    fsdp_hftok_free(io->hf);
+}
+
+/* The prompt as a chat: [system,] user, then the assistant's header; the
+ * end of the turn (the format's close) stops the generation. */
+static fsdp_status encode_chat(struct text_io *io, const struct chat_opts *co, const char *prompt,
+                               fsdp_ids *ids, int *stop, int *n_stop)
+{
+    const fsdp_chat_format *f = co->format ? fsdp_chat_format_find(co->format)
+                                           : fsdp_chat_format_for(io->hf);
+    if (!f)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, co->format ? "--chat-format: no chat "
+                              "format '%s'" : "tokenizer '%s' has the special tokens of no chat "
+                              "format fsdp knows (llama3, chatml)", co->format ? co->format
+                                                                               : io->tok_path);
+    FSDP_TRY(fsdp_chat_format_check(f, io->hf, io->tok_path));
+    fsdp_chat_msg msgs[2];
+    int n = 0;
+    if (co->system)
+        msgs[n++] = (fsdp_chat_msg){"system", co->system, strlen(co->system)};
+    msgs[n++] = (fsdp_chat_msg){"user", prompt ? prompt : "", prompt ? strlen(prompt) : 0};
+    fsdp_flags trained = {0};
+    fsdp_status st = fsdp_chat_render(io->hf, f, msgs, n, ids, &trained);
+    fsdp_flags_free(&trained);
+    FSDP_TRY(st);
+    char header[160];
+    snprintf(header, sizeof header, f->header, "assistant");
+    int *h = NULL, *c = NULL;
+    size_t nh = 0, nc = 0;
+    st = fsdp_hftok_encode(io->hf, header, strlen(header), 0, &h, &nh);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_ids_append(ids, h, nh);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_hftok_encode(io->hf, f->close, strlen(f->close), 0, &c, &nc);
+    if (st == FSDP_STATUS_OK && nc >= 1)
+        stop[(*n_stop)++] = c[0]; /* the end-of-turn token (<|eot_id|>, <|im_end|>) */
+    free(h);
+    free(c);
+    return st;
+}
+
+/* The prompt's token ids into *ids (n >= 1), and the tokens that stop
+ * the generation. INVALID_ARG for a prompt the model cannot take. */
+static fsdp_status encode_prompt(struct text_io *io, const struct chat_opts *co,
+                                 const char *prompt, int V, int **out, int *n_out, int *stop,
+                                 int *n_stop)
+{
+    fsdp_ids ids = {0};
+    fsdp_status st = FSDP_STATUS_OK;
+    *n_stop = 0;
+    if (io->kind == TEXT_HF) {
+        int eot = fsdp_hftok_eot(io->hf), bos = fsdp_hftok_bos(io->hf);
+        if (co->on) {
+            st = encode_chat(io, co, prompt, &ids, stop, n_stop);
+        } else {
+            int *p = NULL;
+            size_t np = 0;
+            if (bos >= 0)
+                st = fsdp_ids_append(&ids, &bos, 1);
+            if (st == FSDP_STATUS_OK && prompt)
+                st = fsdp_hftok_encode(io->hf, prompt, strlen(prompt), 0, &p, &np);
+            if (st == FSDP_STATUS_OK)
+                st = fsdp_ids_append(&ids, p, np);
+            free(p);
+        }
+        if (eot >= 0 && (*n_stop == 0 || stop[0] != eot))
+            stop[(*n_stop)++] = eot;
+        if (st == FSDP_STATUS_OK && ids.n == 0 && eot >= 0)
+            st = fsdp_ids_append(&ids, &eot, 1);
+    } else if (prompt && io->kind == TEXT_BYTES) {
+        for (const char *s = prompt; *s && st == FSDP_STATUS_OK; s++) {
+            int b = (unsigned char)*s;
+            st = fsdp_ids_append(&ids, &b, 1);
+        }
+    } else if (prompt && io->kind == TEXT_LLMC) {
+        int *p = NULL, np = 0;
+        st = fsdp_tokenizer_encode(io->llmc, prompt, &p, &np);
+        if (st == FSDP_STATUS_OK)
+            st = fsdp_ids_append(&ids, p, (size_t)np);
+        free(p);
+    } else if (prompt) {
+        int *p = NULL, np = 0;
+        if (!parse_ids(prompt, &p, &np))
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "the model's vocabulary has %d "
+                                  "tokens and no tokenizer came with it, so --prompt must be "
+                                  "token ids such as '15496,11,995'; pass --tokenizer "
+                                  "(tokenizer.json or llm.c's gpt2_tokenizer.bin) to give text",
+                                  V);
+        st = fsdp_ids_append(&ids, p, (size_t)np);
+        free(p);
+    }
+    if (st == FSDP_STATUS_OK && ids.n == 0) { /* no prompt: start from a separator */
+        int start = io->kind == TEXT_BYTES                              ? '\n'
+                    : io->llmc && fsdp_tokenizer_eot(io->llmc) >= 0 ? fsdp_tokenizer_eot(io->llmc)
+                                                                    : V - 1;
+        st = fsdp_ids_append(&ids, &start, 1);
+    }
+    for (size_t i = 0; i < ids.n && st == FSDP_STATUS_OK; i++)
+        if (ids.p[i] < 0 || ids.p[i] >= V)
+            st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "prompt token %d (at position %zu) is "
+                                "outside the model's vocabulary of %d", ids.p[i], i, V);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_ids_free(&ids);
+        return st;
+    }
+    *out = ids.p;
+    *n_out = (int)ids.n;
+    return FSDP_STATUS_OK;
+}
+
+/* Write the logits rows of the generated tokens (fp32, raw) to path. */
+static fsdp_status write_logits(const char *path, const float *logits, int n, int V)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot create '%s': %s", path, strerror(errno));
+    size_t k = (size_t)n * (size_t)V;
+    bool ok = fwrite(logits, sizeof *logits, k, f) == k;
+    if (fclose(f) != 0 || !ok)
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot write '%s'", path);
+    return FSDP_STATUS_OK;
+}
+
 int fsdp_cli_sample(int argc, char **argv)
 {
-    fsdp_infer_opts io;
+    fsdp_infer_opts io_opts;
     fsdp_opt opts[FSDP_INFER_OPTS_MAX];
-    int n = fsdp_infer_opts_table(&io, opts);
-    fsdp_infer_config *c = &io.cfg;
-    const char *prompt = NULL, *tokenizer = NULL;
+    int n = fsdp_infer_opts_table(&io_opts, opts);
+    fsdp_infer_config *c = &io_opts.cfg;
+    const char *prompt = NULL, *tokenizer = NULL, *logits_path = NULL;
+    struct chat_opts co = {0};
+    bool ids_only = false;
     int n_tokens = 64;
     float temperature = 0.0f;
     uint64_t seed = 1337;
@@ -94,100 +292,91 @@ int fsdp_cli_sample(int argc, char **argv)
 #define OPT(name_, type_, dst_, meta_, help_) \
     opts[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
     OPT("prompt", FSDP_OPT_STR, &prompt, "TEXT",
-        "text to continue (byte-level models, or with --tokenizer); token ids such as "
+        "text to continue (with a tokenizer, or a byte-level model); token ids such as "
         "'15496,11' otherwise");
-    OPT("tokens", FSDP_OPT_INT, &n_tokens, "N", "tokens to generate (default 64)");
+    OPT("chat", FSDP_OPT_FLAG, &co.on, "",
+        "the prompt is a user message: render it in the model's chat format and answer as the "
+        "assistant, stopping at the end of the turn (needs a tokenizer.json)");
+    OPT("system", FSDP_OPT_STR, &co.system, "TEXT", "with --chat: a system message first");
+    OPT("chat-format", FSDP_OPT_STR, &co.format, "llama3|chatml",
+        "with --chat: the format (default: the one whose special tokens the tokenizer has)");
+    OPT("tokens", FSDP_OPT_INT, &n_tokens, "N", "most tokens to generate (default 64)");
     OPT("temperature", FSDP_OPT_FLOAT, &temperature, "X",
         "0 = greedy (argmax); > 0 samples from softmax(logits / X) (default 0)");
     OPT("seed", FSDP_OPT_U64, &seed, "S", "sampling seed (default 1337)");
     OPT("tokenizer", FSDP_OPT_STR, &tokenizer, "FILE",
-        "llm.c tokenizer file (gpt2_tokenizer.bin): print text for GPT-2 vocabularies");
+        "tokenizer.json (Hugging Face; default: the model directory's) or llm.c's "
+        "gpt2_tokenizer.bin");
     OPT("seq", FSDP_OPT_INT, &c->seq, "T",
         "context window: longer texts keep their last T tokens (default: the model's context)");
+    OPT("ids", FSDP_OPT_FLAG, &ids_only, "",
+        "--prompt is token ids and the output is ids, whatever tokenizer there is");
+    OPT("logits", FSDP_OPT_STR, &logits_path, "FILE",
+        "also write the fp32 logits each generated token was chosen from (tokens x vocab, raw)");
 #undef OPT
-    int rc = fsdp_args_parse("sample", "--model FILE [--prompt TEXT] [options]", opts, n, argc,
-                             argv, NULL, 0, NULL);
+    int rc = fsdp_args_parse("sample", "--model DIR|FILE [--prompt TEXT] [--chat] [options]",
+                             opts, n, argc, argv, NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;
-    if ((rc = fsdp_infer_opts_finish("sample", &io)))
+    if ((rc = fsdp_infer_opts_finish("sample", &io_opts)))
         return rc;
-    if (n_tokens < 0 || !(temperature >= 0.0f) || c->seq < 0) {
-        fprintf(stderr, "fsdp sample: need --tokens >= 0, --temperature >= 0 and --seq >= 1\n");
-        return 2;
-    }
-    fsdp_modelfile *mf = NULL;
-    fsdp_tokenizer *tok = NULL;
-    int *ids = NULL, *out = NULL, n_ids = 0;
-    fsdp_status st = fsdp_modelfile_open(&mf, c->model_path);
+    if (n_tokens < 0 || !(temperature >= 0.0f) || c->seq < 0)
+        return fsdp_cli_usage("sample", "need --tokens >= 0, --temperature >= 0 and --seq >= 1");
+    struct text_io io = {0};
+    int *ids = NULL, *out = NULL, n_ids = 0, n_out = 0, stop[4], n_stop = 0;
+    float *logits = NULL;
+    char found[4096];
+    fsdp_model m; /* its vocabulary decides how the prompt is read */
+    fsdp_status st = fsdp_modelfile_resolve(c->model_path, &m, NULL);
     if (st != FSDP_STATUS_OK)
         goto fail;
-    int V = fsdp_modelfile_config(mf)->vocab_size;
-    fsdp_modelfile_close(mf);
-    mf = NULL;
-    bool bytes = V == 256;
-    if (tokenizer && !bytes) {
-        if ((st = fsdp_tokenizer_open(&tok, tokenizer)) != FSDP_STATUS_OK)
-            goto fail;
-        if (fsdp_tokenizer_vocab(tok) < V)
-            fprintf(stderr, "fsdp sample: warning: tokenizer '%s' has %d tokens, the model %d; "
-                            "ids past the table print as <id>\n",
-                    tokenizer, fsdp_tokenizer_vocab(tok), V);
+    int V = m.vocab_size, maxT = m.max_seq_len;
+    fsdp_model_free(&m);
+    if (c->seq > maxT) {
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--seq %d is longer than the model's "
+                            "context of %d", c->seq, maxT);
+        goto fail;
     }
-    if (prompt && bytes) {
-        n_ids = (int)strlen(prompt);
-        ids = malloc(((size_t)n_ids + 1) * sizeof *ids);
-        if (!ids) {
-            st = fsdp_error_set(FSDP_STATUS_OOM, "out of memory");
-            goto fail;
-        }
-        for (int i = 0; i < n_ids; i++)
-            ids[i] = (unsigned char)prompt[i];
-    } else if (prompt && tok) {
-        if ((st = fsdp_tokenizer_encode(tok, prompt, &ids, &n_ids)) != FSDP_STATUS_OK)
-            goto fail;
-    } else if (prompt && !parse_ids(prompt, &ids, &n_ids)) {
-        fprintf(stderr, "fsdp sample: the model's vocabulary has %d tokens, so --prompt must be "
-                        "token ids such as '15496,11,995'; pass --tokenizer gpt2_tokenizer.bin "
-                        "to give text\n", V);
-        return 2;
+    if ((st = open_text_io(&io, tokenizer, c->model_path, V, ids_only, found, sizeof found)) !=
+        FSDP_STATUS_OK)
+        goto fail;
+    if ((co.on || co.system || co.format) && io.kind != TEXT_HF) {
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--chat needs a Hugging Face tokenizer "
+                            "(tokenizer.json: --tokenizer, or a model directory that has one)");
+        goto fail;
     }
-    if (n_ids == 0) {
-        free(ids);
-        ids = malloc(sizeof *ids);
-        if (!ids) {
-            st = fsdp_error_set(FSDP_STATUS_OOM, "out of memory");
-            goto fail;
-        }
-        ids[0] = bytes ? '\n' : tok && fsdp_tokenizer_eot(tok) >= 0 ? fsdp_tokenizer_eot(tok)
-                                                                     : V - 1;
-        n_ids = 1;
-    }
+    if ((st = encode_prompt(&io, &co, prompt, V, &ids, &n_ids, stop, &n_stop)) != FSDP_STATUS_OK)
+        goto fail;
     out = malloc(((size_t)n_tokens + 1) * sizeof *out);
-    if (!out) {
+    if (logits_path)
+        logits = malloc(((size_t)n_tokens + 1) * (size_t)V * sizeof *logits);
+    if (!out || (logits_path && !logits)) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of memory");
         goto fail;
     }
-    struct printer pr = {.tok = tok, .bytes = bytes};
-    /* echo the prompt, then stream the continuation */
-    if (prompt && (bytes || tok))
+    /* echo the prompt (not a chat template), then stream the continuation */
+    if (prompt && io.kind != TEXT_IDS && !co.on)
         fputs(prompt, stdout);
-    else if (prompt)
+    else if (prompt && io.kind == TEXT_IDS)
         for (int i = 0; i < n_ids; i++)
-            printf("%s%d", i ? " " : "", ids[i]), pr.n++;
+            printf("%s%d", i ? " " : "", ids[i]), io.n++;
     fflush(stdout);
+    io.stop = stop;
+    io.n_stop = n_stop;
     fsdp_sample_config sc = {.prompt = ids, .n_prompt = n_ids, .n_tokens = n_tokens,
-                             .temperature = temperature, .seed = seed,
-                             .on_token = print_token, .arg = &pr};
-    st = fsdp_infer_sample(c, &sc, out);
+                             .temperature = temperature, .seed = seed, .stop = stop,
+                             .n_stop = n_stop, .on_token = print_token, .arg = &io,
+                             .logits = logits};
+    st = fsdp_infer_sample(c, &sc, out, &n_out);
     putchar('\n');
+    if (st == FSDP_STATUS_OK && logits_path)
+        st = write_logits(logits_path, logits, n_out, V);
 fail:
-    if (st != FSDP_STATUS_OK)
-        fprintf(stderr, "fsdp sample: error: %s\n", fsdp_error_msg());
-    fsdp_modelfile_close(mf);
-    fsdp_tokenizer_free(tok);
+    close_text_io(&io);
     free(ids);
     free(out);
+    free(logits);
     if (st != FSDP_STATUS_OK)
-        return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
+        return fsdp_cli_status("sample", st);
     return fflush(stdout) == 0 ? 0 : 1;
 }

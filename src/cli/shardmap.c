@@ -7,22 +7,23 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli/cli.h"
+#include "ckpt/modelfile.h"
 #include "cli/args.h"
+#include "cli/cli.h"
 #include "fsdp/shardmap.h"
-#include "models/gpt2.h"
 #include "report/plan_report.h"
 
 int fsdp_cli_shardmap(int argc, char **argv)
 {
+    static char model_help[2048];
+    size_t k = fsdp_modelfile_value_help(model_help, sizeof model_help);
+    snprintf(model_help + k, sizeof model_help - k, " whose shape to use (default small)");
     const char *model = "small", *shard = "full";
     int devices = 4;
     bool json = false, params = false;
     fsdp_opt opts[] = {
-        {.name = "model", .type = FSDP_OPT_STR, .dst = &model, .metavar = "NAME|FILE",
-         .help = "tiny|small|gpt2|gpt2-medium|gpt2-large|gpt2-xl|custom:layers=L,heads=H,"
-                 "channels=C,vocab=V,context=T (default small), or a model file (.bin, "
-                 ".safetensors, checkpoint directory) whose shape to use"},
+        {.name = "model", .type = FSDP_OPT_STR, .dst = &model, .metavar = "NAME|SPEC|FILE",
+         .help = model_help},
         {.name = "devices", .type = FSDP_OPT_INT, .dst = &devices, .metavar = "N",
          .help = "number of devices = ranks (default 4)"},
         {.name = "shard", .type = FSDP_OPT_STR, .dst = &shard, .metavar = "full|grad-op|none",
@@ -36,8 +37,9 @@ int fsdp_cli_shardmap(int argc, char **argv)
     int rc = fsdp_args_parse("shardmap", "[options]", opts, n, argc, argv, NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;
-    if (devices < 1 || devices > 1024) {
-        fprintf(stderr, "fsdp shardmap: --devices must be 1..1024 (got %d)\n", devices);
+    if (devices < 1 || devices > FSDP_MAX_RANKS) {
+        fprintf(stderr, "fsdp shardmap: --devices must be 1..%d (got %d)\n", FSDP_MAX_RANKS,
+                devices);
         return 2;
     }
     fsdp_shard_strategy strategy;
@@ -45,17 +47,12 @@ int fsdp_cli_shardmap(int argc, char **argv)
         fprintf(stderr, "fsdp shardmap: --shard: %s\n", fsdp_error_msg());
         return 2;
     }
-    fsdp_gpt2_config gc;
-    if (fsdp_plan_model_config(model, &gc) != FSDP_STATUS_OK) {
-        fprintf(stderr, "fsdp shardmap: --model: %s\n", fsdp_error_msg());
-        return 2;
-    }
     fsdp_model m;
     fsdp_shardmap sm;
-    fsdp_status st = fsdp_gpt2_init(&m, &gc);
-    if (st != FSDP_STATUS_OK) {
-        fprintf(stderr, "fsdp shardmap: error: %s\n", fsdp_error_msg());
-        return 1;
+    fsdp_status st = fsdp_modelfile_resolve(model, &m, NULL);
+    if (st != FSDP_STATUS_OK) { /* an unknown name is a usage error, a bad file is not */
+        fprintf(stderr, "fsdp shardmap: --model: %s\n", fsdp_error_msg());
+        return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
     }
     st = fsdp_shardmap_init(&sm, &m, devices, strategy);
     if (st != FSDP_STATUS_OK) {

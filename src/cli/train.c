@@ -1,85 +1,213 @@
 /*
- * train.c - `fsdp train`.
+ * train.c - `fsdp train`, and how it stops on SIGINT and SIGTERM.
+ *
+ * The first signal asks the trainer to stop (fsdp_train_config.stop): the
+ * step in progress finishes, a checkpoint is written with --ckpt-dir, the
+ * metrics and the trace are flushed, and the command exits 128 + the
+ * signal (130 for SIGINT, 143 for SIGTERM). A second signal exits at once
+ * with the same code, losing what was not written yet.
  */
+#include <limits.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "cli/run_opts.h"
+#include "comm/procs.h"
+#include "train/fit.h"
+
+/* ---- stopping on a signal --------------------------------------------------- */
+
+static atomic_int g_stop_signal; /* the first signal received, or 0 */
+
+/* Async-signal-safe: a lock-free atomic, write(2) and _exit(2) only. */
+static void on_stop_signal(int sig)
+{
+    int none = 0;
+    if (!atomic_compare_exchange_strong(&g_stop_signal, &none, sig))
+        _exit(128 + sig); /* the second signal */
+    static const char msg[] = "\nfsdp train: stopping after the current step (checkpoint, "
+                              "metrics and trace are written); signal again to exit at once\n";
+    ssize_t rc = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)rc;
+}
+
+static const int stop_signals[] = {SIGINT, SIGTERM};
+
+static void stop_handlers_install(struct sigaction *old)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART; /* reads and writes in flight carry on */
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
+        sigaction(stop_signals[i], &sa, &old[i]);
+}
+
+static void stop_handlers_restore(const struct sigaction *old)
+{
+    for (size_t i = 0; i < sizeof stop_signals / sizeof stop_signals[0]; i++)
+        sigaction(stop_signals[i], &old[i], NULL);
+}
+
+/* ---- the command ---------------------------------------------------------- */
+
+static const fsdp_name nonfinite_names[] = {
+    {"stop", 0,
+     "stop the run with an error naming the step, after a checkpoint of the state before it"},
+    {"skip", 1,
+     "drop that step's update and go on (the step still counts; the metrics mark it "
+     "\"skipped\")"},
+};
+static const fsdp_name_table fsdp_nonfinite_names = FSDP_NAME_TABLE(nonfinite_names);
+
+enum {
+    MAX_STEPS = 100000000,   /* the result keeps a loss per step */
+    MAX_EVAL = 1 << 24,      /* held-out problems */
+};
+
+/* The user-facing summary of a run that did not run to its last step. */
+static void report_early_end(const fsdp_train_config *c, const fsdp_train_result *res)
+{
+    int sig = atomic_load(&g_stop_signal);
+    if (res->interrupted) {
+        fprintf(stderr, "fsdp train: stopped by %s after step %d of %d", sig == SIGTERM ? "SIGTERM"
+                                                                         : "SIGINT",
+                res->steps, c->steps);
+        if (res->ckpt_step >= 0)
+            fprintf(stderr, "; checkpoint step %d is in %s: continue with --resume\n",
+                    res->ckpt_step, c->ckpt_dir);
+        else if (c->ckpt_dir)
+            fprintf(stderr, "; %s already holds the state of step %d: continue with --resume\n",
+                    c->ckpt_dir, res->steps);
+        else
+            fprintf(stderr, " (no --ckpt-dir: nothing was saved)\n");
+    }
+}
 
 int fsdp_cli_train(int argc, char **argv)
 {
     fsdp_run_opts ro;
-    fsdp_opt opts[FSDP_RUN_OPTS_MAX];
-    int n = fsdp_run_opts_table(&ro, opts);
+    fsdp_opt_list l = {0};
+    fsdp_run_opts_table(&ro, &l);
     fsdp_train_config *c = &ro.cfg;
     fsdp_engine_config *e = &c->eng;
     bool quiet = false;
-#define OPT(name_, type_, dst_, meta_, help_) \
-    opts[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
-    OPT("data", FSDP_OPT_STR, &c->data, "synthetic|FILE.txt|'GLOB.bin'",
-        "training data: the built-in addition task, bytes of a text file, or llm.c token shards "
-        "(default synthetic)");
-    OPT("steps", FSDP_OPT_INT, &c->steps, "S", "optimizer steps (default 600)");
-    OPT("lr", FSDP_OPT_FLOAT, &c->lr, "X", "peak learning rate (default 3e-3)");
-    OPT("warmup", FSDP_OPT_INT, &c->warmup, "S", "linear warmup steps, then cosine decay to 10% (default 20)");
-    OPT("wd", FSDP_OPT_FLOAT, &e->weight_decay, "X",
-        "AdamW weight decay, applied to wte and the linear weights only (default 0.1)");
-    OPT("clip", FSDP_OPT_FLOAT, &e->clip, "X", "clip the global gradient norm to X; 0 = off (default 1.0)");
-    OPT("deterministic", FSDP_OPT_FLAG, &e->deterministic, "",
-        "bit-identical losses and parameters for any device count and strategy");
-    OPT("eval", FSDP_OPT_INT, &c->eval_problems, "N",
-        "synthetic task: held-out problems decoded greedily at the end (default 512; 0 = none)");
-    OPT("log", FSDP_OPT_STR, &c->log_path, "FILE.jsonl", "write per-step metrics as JSON Lines");
-    OPT("trace", FSDP_OPT_STR, &c->trace_path, "FILE.json",
-        "write a Chrome trace (Perfetto, chrome://tracing): one track per rank and stream");
-    OPT("ckpt-dir", FSDP_OPT_STR, &c->ckpt_dir, "DIR",
-        "write sharded checkpoints to DIR/step_NNNNNNNN (after the last step, and every "
-        "--ckpt-every steps)");
-    OPT("ckpt-every", FSDP_OPT_INT, &c->ckpt_every, "S", "checkpoint every S steps (default 0: "
-        "after the last step only)");
-    OPT("ckpt-keep", FSDP_OPT_INT, &c->ckpt_keep, "K",
-        "keep the K newest checkpoints, removing older ones once a newer one is complete "
-        "(default 0: keep all)");
-    OPT("resume", FSDP_OPT_FLAG, &c->resume, "",
-        "continue from the newest complete checkpoint in --ckpt-dir (any --devices and --shard; "
-        "same --model, --seq, --seed and batch x devices x grad-accum)");
-    OPT("quiet", FSDP_OPT_FLAG, &quiet, "", "print only errors and the final summary");
-#undef OPT
-    int rc = fsdp_args_parse("train", "[options]", opts, n, argc, argv, NULL, 0, NULL);
+    int on_nonfinite = 0;
+    fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
+                 "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
+    fsdp_opt_add(&l, "chat-format", FSDP_OPT_STR, &c->chat_format, "llama3|chatml",
+                 "how {\"messages\"} rows are rendered (default: from the tokenizer's special "
+                 "tokens)");
+    fsdp_opt_add_int(&l, "steps", &c->steps, 1, MAX_STEPS, "S", "optimizer steps (default 600)");
+    fsdp_opt_add_float(&l, "lr", &c->lr, 0.0, true, 10.0, "X",
+                       "peak learning rate, in (0, 10] (default 3e-3)");
+    fsdp_opt_add_int(&l, "warmup", &c->warmup, 0, INT_MAX, "S",
+                     "linear warmup steps, then cosine decay to 10% (default 20)");
+    fsdp_opt_add_float(&l, "wd", &e->weight_decay, 0.0, false, 10.0, "X",
+                       "weight decay, applied to wte and the linear weights only, with "
+                       "--lr x --wd <= 1 (default 0.1)");
+    fsdp_opt_add_float(&l, "clip", &e->clip, 0.0, false, 1e6, "X",
+                       "clip the global gradient norm to X; 0 = off (default 1.0)");
+    fsdp_opt_add_name(&l, "on-nonfinite", &on_nonfinite, &fsdp_nonfinite_names,
+                      "what a step whose loss or gradient norm is NaN or infinite does");
+    fsdp_opt_add(&l, "deterministic", FSDP_OPT_FLAG, &e->deterministic, NULL,
+                 "bit-identical losses and parameters for any device count and strategy");
+    fsdp_opt_add_int(&l, "eval", &c->eval_problems, 0, MAX_EVAL, "N",
+                     "synthetic task: held-out problems decoded greedily at the end (default "
+                     "512; 0 = none)");
+    fsdp_opt_add(&l, "log", FSDP_OPT_STR, &c->log_path, "FILE.jsonl",
+                 "write per-step metrics as JSON Lines (a failed write stops the run)");
+    fsdp_opt_add(&l, "trace", FSDP_OPT_STR, &c->trace_path, "FILE.json",
+                 "write a Chrome trace (Perfetto, chrome://tracing): one track per rank and "
+                 "stream");
+    fsdp_opt_add(&l, "ckpt-dir", FSDP_OPT_STR, &c->ckpt_dir, "DIR",
+                 "write sharded checkpoints to DIR/step_NNNNNNNN (after the last step, every "
+                 "--ckpt-every steps, and when the run stops early)");
+    fsdp_opt_add_int(&l, "ckpt-every", &c->ckpt_every, 0, INT_MAX, "S",
+                     "checkpoint every S steps (default 0: after the last step only)");
+    fsdp_opt_add_int(&l, "ckpt-keep", &c->ckpt_keep, 0, INT_MAX, "K",
+                     "keep the K newest checkpoints, removing older ones once a newer one is "
+                     "complete (default 0: keep all)");
+    fsdp_opt_add(&l, "resume", FSDP_OPT_FLAG, &c->resume, NULL,
+                 "continue from the newest complete checkpoint in --ckpt-dir (any --devices "
+                 "and --shard; same --model, --seq, --seed and batch x devices x grad-accum)");
+    fsdp_opt_add(&l, "allow-batch-change", FSDP_OPT_FLAG, &c->allow_batch_change, NULL,
+                 "with --resume: accept another global batch (batch x devices x grad-accum); "
+                 "the data continues at step x the new batch, and the run is no longer "
+                 "bit-identical to an uninterrupted one");
+    fsdp_opt_add(&l, "quiet", FSDP_OPT_FLAG, &quiet, NULL,
+                 "print only errors and the final summary");
+    int rc = fsdp_args_parse("train",
+                             "[options]\n\n"
+                             "SIGINT or SIGTERM stop after the current step, with a checkpoint "
+                             "(--ckpt-dir), the metrics\nand the trace written, and exit 130 or "
+                             "143; a second signal exits at once.\n"
+                             "FSDP_FAULT=RANK:alloc|collective|write:K (testing only) fails the "
+                             "K-th such operation\nof rank RANK.",
+                             l.v, l.n, argc, argv, NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;
+    /* a job of several processes (cli/main.c): --devices per process */
+    c->procs = fsdp_cli_procs();
+    ro.n_processes = c->procs ? c->procs->n_processes : 1;
     if ((rc = fsdp_run_opts_finish("train", &ro)))
         return rc;
-    if (!c->ckpt_dir && (c->ckpt_every || c->ckpt_keep || c->resume)) {
-        fprintf(stderr, "fsdp train: --ckpt-every, --ckpt-keep and --resume need --ckpt-dir DIR\n");
-        return 2;
-    }
-    if (c->ckpt_every < 0 || c->ckpt_keep < 0) {
-        fprintf(stderr, "fsdp train: --ckpt-every and --ckpt-keep must be >= 0\n");
-        return 2;
-    }
-    if (c->steps < 1 || c->warmup < 0 || !(c->lr > 0) || !(e->clip >= 0) ||
-        !(e->weight_decay >= 0) || c->eval_problems < 0) {
-        fprintf(stderr, "fsdp train: need --steps >= 1, --warmup >= 0, --lr > 0, --clip >= 0, "
-                        "--wd >= 0, --eval >= 0\n");
-        return 2;
-    }
+    if (!c->ckpt_dir && (c->ckpt_every || c->ckpt_keep || c->resume))
+        return fsdp_cli_usage("train", "--ckpt-every, --ckpt-keep and --resume need --ckpt-dir DIR");
+    if (c->allow_batch_change && !c->resume)
+        return fsdp_cli_usage("train", "--allow-batch-change only applies with --resume");
+    if ((double)c->lr * (double)e->weight_decay > 1.0)
+        return fsdp_cli_usage("train", "--lr %g x --wd %g = %g: each step would multiply the "
+                              "weights by 1 - lr x wd < 0; keep lr x wd <= 1", (double)c->lr,
+                              (double)e->weight_decay, (double)c->lr * e->weight_decay);
+    e->skip_nonfinite = on_nonfinite == 1;
     if (quiet)
         c->out = NULL;
+    /* refuse before allocating anything when the plan says the run exceeds
+     * --device-mem or, on cuda, the smallest GPU's memory (0 elsewhere) */
+    int rpd = e->ranks_per_device > 0 ? e->ranks_per_device : 1;
+    size_t gpu_total = 0;
+    fsdp_status st = fsdp_backend_device_total(e->backend, (e->n_ranks + rpd - 1) / rpd,
+                                               &gpu_total);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_fit_check_train(c, gpu_total);
+    if (st != FSDP_STATUS_OK)
+        return fsdp_cli_status("train", st);
+    struct sigaction old[2];
+    atomic_store(&g_stop_signal, 0);
+    c->stop = &g_stop_signal;
+    stop_handlers_install(old);
     fsdp_train_result res;
-    fsdp_status st = fsdp_train_run(c, &res);
-    if (st != FSDP_STATUS_OK) {
-        fprintf(stderr, "fsdp train: error: %s\n", fsdp_error_msg());
+    st = fsdp_train_run(c, &res);
+    stop_handlers_restore(old);
+    int sig = atomic_load(&g_stop_signal);
+    if (st != FSDP_STATUS_OK) { /* a failure outranks a signal: its exit code and message */
         fsdp_train_result_free(&res);
-        return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
+        return fsdp_cli_status("train", st);
     }
-    if (quiet && res.steps > 0) {
+    bool speaks = !c->procs || c->procs->process == 0; /* rank 0's process */
+    if (res.first_step >= c->steps) {
+        if (quiet && speaks)
+            printf("nothing left to do: checkpoint step %d in %s already reached --steps %d\n",
+                   res.first_step, c->ckpt_dir, c->steps);
+    } else if (quiet && speaks && res.steps > res.first_step) {
         printf("final loss %.6f after %d steps", res.losses[res.steps - 1], res.steps);
+        if (res.n_skipped)
+            printf(" (%d skipped)", res.n_skipped);
         if (res.accuracy >= 0)
             printf(", held-out accuracy %.1f%%", 100.0 * res.accuracy);
         printf("\n");
     }
+    report_early_end(c, &res);
+    bool interrupted = res.interrupted;
     fsdp_train_result_free(&res);
-    return 0;
+    rc = fsdp_cli_flush("train");
+    if (interrupted || sig)
+        return 128 + (sig ? sig : SIGINT);
+    return rc;
 }

@@ -1,12 +1,113 @@
 /*
- * comm.c - generic collective wrappers (byte counting, NULL slots), the
- * meta communicator, and the reference tree sum.
+ * comm.c - generic collective wrappers (byte counting, NULL slots),
+ * groups and the registry of their shared state, the meta communicator,
+ * and the reference tree sum.
  */
 #include <string.h>
 
 #include "comm/comm.h"
+#include "comm/mpi_layout.h"
 #include "core/log.h"
 #include "core/world.h"
+
+/* ---- groups ---------------------------------------------------------------------- */
+
+int fsdp_comm_group_index(const fsdp_comm_group *g, int rank)
+{
+    int d = rank - g->first;
+    if (d < 0 || g->stride < 1 || d % g->stride)
+        return -1;
+    return d / g->stride < g->count ? d / g->stride : -1;
+}
+
+fsdp_status fsdp_comm_group_check(const fsdp_comm_group *g, const fsdp_world *w, int rank,
+                                  const char *who)
+{
+    if (!w || g->count < 1 || g->stride < 1 || g->first < 0 ||
+        (long)g->first + (long)(g->count - 1) * g->stride >= w->n_ranks)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%s: group {first %d, stride %d, count %d} is not a group of the "
+                              "world's %d ranks", who, g->first, g->stride, g->count,
+                              w ? w->n_ranks : 0);
+    if (fsdp_comm_group_index(g, rank) < 0)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%s: rank %d is not a member of group {first %d, stride %d, count "
+                              "%d}", who, rank, g->first, g->stride, g->count);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_comm_group_layout(const fsdp_comm_group *g, int node_ranks, int *n_blocks,
+                                   int *per_block, int *nodes)
+{
+    int P = 0, L = -1, run = 0;
+    for (int i = 0; i < g->count; i++) {
+        int node = fsdp_comm_group_rank(g, i) / node_ranks;
+        if (P > 0 && node == nodes[P - 1]) {
+            run++;
+            continue;
+        }
+        if (P > 0 && L >= 0 && run != L)
+            goto irregular;
+        if (P > 0 && L < 0)
+            L = run;
+        for (int k = 0; k < P; k++)
+            if (nodes[k] == node)
+                goto irregular;
+        nodes[P++] = node;
+        run = 1;
+    }
+    if (L >= 0 && run != L)
+        goto irregular;
+    *n_blocks = P;
+    *per_block = run;
+    return FSDP_STATUS_OK;
+irregular:
+    return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                          "group {first %d, stride %d, count %d} does not hold the same number "
+                          "of consecutive members on each node of %d ranks",
+                          g->first, g->stride, g->count, node_ranks);
+}
+
+/* One entry of the registry of shared states (w->comm_shared). */
+struct shared_entry {
+    struct shared_entry *next;
+    const void *tag;
+    fsdp_comm_group g;
+    void *state;
+};
+
+static bool same_group(const fsdp_comm_group *a, const fsdp_comm_group *b)
+{
+    return a->first == b->first && a->stride == b->stride && a->count == b->count;
+}
+
+void **fsdp_comm_shared_slot_locked(fsdp_world *w, const void *tag, const fsdp_comm_group *g)
+{
+    for (struct shared_entry *e = w->comm_shared; e; e = e->next)
+        if (e->tag == tag && same_group(&e->g, g))
+            return &e->state;
+    struct shared_entry *e = calloc(1, sizeof *e);
+    if (!e)
+        return NULL;
+    e->tag = tag;
+    e->g = *g;
+    e->next = w->comm_shared;
+    w->comm_shared = e;
+    return &e->state;
+}
+
+void fsdp_comm_shared_drop_locked(fsdp_world *w, const void *tag, const fsdp_comm_group *g)
+{
+    for (struct shared_entry **pe = (struct shared_entry **)&w->comm_shared; *pe;
+         pe = &(*pe)->next) {
+        struct shared_entry *e = *pe;
+        if (e->tag == tag && same_group(&e->g, g)) {
+            *pe = e->next;
+            free(e);
+            return;
+        }
+    }
+}
 
 const char *fsdp_coll_kind_name(fsdp_coll_kind k)
 {
@@ -100,6 +201,8 @@ void fsdp_comm_reset_stats(fsdp_comm *c)
     memset(c->bytes_sent, 0, sizeof c->bytes_sent);
     memset(c->bytes_recv, 0, sizeof c->bytes_recv);
     memset(c->n_calls, 0, sizeof c->n_calls);
+    memset(c->bytes_inter_sent, 0, sizeof c->bytes_inter_sent);
+    memset(c->bytes_inter_recv, 0, sizeof c->bytes_inter_recv);
 }
 
 size_t fsdp_comm_total_sent(const fsdp_comm *c)
@@ -118,27 +221,127 @@ size_t fsdp_comm_total_recv(const fsdp_comm *c)
     return t;
 }
 
-/* Meta: count only. The barrier still synchronises so that schedules that
+/* ---- meta: count only ------------------------------------------------------------ */
+
+/* The inter-node figures of a meta communicator: the layout of its group
+ * on nodes, counted on each node's first member (as the mpi transport's
+ * leader counts what it moves). */
+struct meta_ctx {
+    bool counts;             /* a node's first member of a group on several nodes */
+    int node;                /* this member's block (node index within the group) */
+    fsdp_mpi_cover cover;
+    fsdp_mpi_layout lay;
+};
+
+static void meta_count(fsdp_comm *c, fsdp_coll_kind kind, size_t numel, fsdp_dtype dt, int root)
+{
+    struct meta_ctx *m = c->ctx;
+    if (!m || !m->counts)
+        return;
+    fsdp_mpi_layout_of(&m->cover, m->node, (int)kind, numel, dt, root, &m->lay);
+    for (int q = 0; q < m->cover.n_procs; q++) {
+        if (q == m->node)
+            continue;
+        c->bytes_inter_sent[kind] += m->lay.s_len[q] + m->lay.s2_len;
+        c->bytes_inter_recv[kind] += m->lay.r_len[q] + m->lay.r2_len[q];
+    }
+}
+
+static fsdp_status meta_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,
+                                   fsdp_dtype dt, fsdp_stream_t s)
+{
+    meta_count(c, FSDP_COLL_ALL_GATHER, numel, dt, 0);
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status meta_reduce_scatter(fsdp_comm *c, const void *send, void *recv, size_t numel,
+                                       fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream_t s)
+{
+    meta_count(c, FSDP_COLL_REDUCE_SCATTER, numel, dt, 0);
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status meta_all_reduce(fsdp_comm *c, const void *send, void *recv, size_t numel,
+                                   fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream_t s)
+{
+    meta_count(c, FSDP_COLL_ALL_REDUCE, numel, dt, 0);
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status meta_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtype dt, int root,
+                                  fsdp_stream_t s)
+{
+    meta_count(c, FSDP_COLL_BROADCAST, numel, dt, root);
+    return FSDP_STATUS_OK;
+}
+
+/* The barrier still synchronises the local ranks so that schedules that
  * rely on it behave as on real backends. */
 static fsdp_status meta_barrier(fsdp_comm *c) { return fsdp_world_barrier(c->world); }
 
+static void meta_fini(fsdp_comm *c)
+{
+    struct meta_ctx *m = c->ctx;
+    if (!m)
+        return;
+    fsdp_mpi_layout_free(&m->lay);
+    fsdp_mpi_cover_fini(&m->cover);
+    free(m);
+    c->ctx = NULL;
+}
+
 static const struct fsdp_comm_i meta_comm_i = {
     /* .name           = */ "meta",
-    /* .all_gather     = */ NULL, /* optional: count only */
-    /* .reduce_scatter = */ NULL,
-    /* .all_reduce     = */ NULL,
-    /* .broadcast      = */ NULL,
+    /* .all_gather     = */ meta_all_gather,
+    /* .reduce_scatter = */ meta_reduce_scatter,
+    /* .all_reduce     = */ meta_all_reduce,
+    /* .broadcast      = */ meta_broadcast,
     /* .barrier        = */ meta_barrier,
-    /* .fini           = */ NULL,
+    /* .fini           = */ meta_fini,
 };
 
-fsdp_status fsdp_comm_meta_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank)
+fsdp_status fsdp_comm_meta_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
+                                      const fsdp_comm_group *g, int rank)
 {
     memset(c, 0, sizeof *c);
+    FSDP_TRY(fsdp_comm_group_check(g, w, rank, "meta collectives"));
     c->iface = &meta_comm_i;
     c->world = w;
     c->dev = dev;
-    c->rank = rank;
-    c->n_ranks = w->n_ranks;
-    return FSDP_STATUS_OK;
+    c->group = *g;
+    c->rank = fsdp_comm_group_index(g, rank);
+    c->n_ranks = g->count;
+    c->global_rank = rank;
+    int node_ranks = g->node_ranks > 0 ? g->node_ranks : w->n_local;
+    int *nodes = calloc((size_t)g->count, sizeof *nodes), P = 1, L = g->count;
+    if (!nodes)
+        return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory", rank);
+    fsdp_status st = fsdp_comm_group_layout(g, node_ranks, &P, &L, nodes);
+    free(nodes);
+    if (st != FSDP_STATUS_OK) { /* counted as one node: no inter-node bytes */
+        fsdp_error_clear();
+        P = 1;
+    }
+    if (P < 2)
+        return FSDP_STATUS_OK;
+    struct meta_ctx *m = calloc(1, sizeof *m);
+    if (!m)
+        return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory", rank);
+    c->ctx = m;
+    m->node = c->rank / L;
+    m->counts = c->rank % L == 0;
+    st = fsdp_mpi_cover_init(&m->cover, P, L);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_mpi_layout_alloc(&m->lay, P);
+    if (st != FSDP_STATUS_OK) {
+        meta_fini(c);
+        c->iface = NULL;
+    }
+    return st;
+}
+
+fsdp_status fsdp_comm_meta_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank)
+{
+    fsdp_comm_group g = fsdp_comm_group_all(w ? w->n_ranks : 0);
+    return fsdp_comm_meta_init_group(c, w, dev, &g, rank);
 }

@@ -1,10 +1,12 @@
 /*
  * comm.h - the collectives interface, bound to one rank.
  *
- * Implementations: `host` (cpu ranks: shared memory among the rank threads,
- * comm/host.c), `meta` (counts bytes, moves nothing), and on cuda `nccl` and
- * `peer`. The generic wrappers count bytes (one formula for every backend,
- * below), call the fault hook through the backend, and skip NULL slots.
+ * Implementations ("transports"): `host` (cpu ranks: shared memory among
+ * the rank threads, comm/host.c), `meta` (counts bytes, moves nothing), and
+ * on cuda `nccl` and `peer` (comm/cuda_comm.h). Which one a run uses is
+ * decided in one place, comm/transport.h. The generic wrappers count bytes
+ * (one formula for every backend, below), call the fault hook through the
+ * backend, and skip NULL slots.
  *
  * Buffers live on the rank's device. Calls are asynchronous on stream s
  * (NULL = the device's comm stream) and complete in issue order on that
@@ -16,11 +18,27 @@
  * accumulated in fp32 for bf16 data (then rounded once), so results do not
  * depend on timing and match fsdp_tree_sum() exactly.
  *
+ * Groups: a communicator spans a group of the job's ranks, the global ranks
+ * first + i * stride for i = 0 .. count - 1 (fsdp_comm_group); its `rank`
+ * is i and its n_ranks is count, so everything below speaks of group
+ * ranks. The group of every rank (first 0, stride 1, count n_ranks) is
+ * the usual one; hybrid sharding uses the ranks of one node (stride 1)
+ * and the ranks with the same local index on every node (stride = ranks
+ * per node). Collectives of different groups may run at the same time.
+ *
  * Bytes counted per rank (S = bytes of the full buffer, c = S / N):
  *   all_gather      sent c(N-1)      recv c(N-1)       (recv buffer is S)
  *   reduce_scatter  sent c(N-1)      recv c(N-1)       (send buffer is S)
  *   all_reduce      sent 2c(N-1)     recv 2c(N-1)      (c = S / N, integer division of S(N-1))
  *   broadcast       root sent S, others recv S
+ * These are the logical counts, whatever the ranks' processes. Bytes that
+ * really cross between processes (the `mpi` transport) are counted apart,
+ * in bytes_inter_*, once per process on its first local rank (the one that
+ * moves them), so their sum over ranks is the job's inter-process traffic;
+ * fsdp_comm_mpi_inter_bytes (comm/mpi_coll.h) gives them for any layout.
+ * The `meta` transport counts the same for the nodes its group says
+ * (node_ranks), so a plan of P nodes in one process shows the bytes a job
+ * of P processes moves between them.
  */
 #ifndef FSDP_COMM_COMM_H
 #define FSDP_COMM_COMM_H
@@ -42,6 +60,42 @@ typedef enum fsdp_coll_kind {
 } fsdp_coll_kind;
 
 const char *fsdp_coll_kind_name(fsdp_coll_kind k);
+
+/* The ranks of a communicator: global ranks first + i * stride, i = 0 ..
+ * count - 1; member i is the communicator's rank i. node_ranks: ranks per
+ * node of the job, for the inter-node byte counts of `meta` (0: a node
+ * per process of the world). */
+typedef struct fsdp_comm_group {
+    int first, stride, count;
+    int node_ranks;
+} fsdp_comm_group;
+
+/* Every rank of a job of n_ranks. */
+static inline fsdp_comm_group fsdp_comm_group_all(int n_ranks)
+{
+    return (fsdp_comm_group){0, 1, n_ranks, 0};
+}
+
+/* Global rank of member i. */
+static inline int fsdp_comm_group_rank(const fsdp_comm_group *g, int i)
+{
+    return g->first + i * g->stride;
+}
+
+/* Member index of global rank `rank`, or -1 if it is not a member. */
+int fsdp_comm_group_index(const fsdp_comm_group *g, int rank);
+
+/* How g's members sit on nodes of node_ranks ranks each (node of global
+ * rank r: r / node_ranks): *n_blocks blocks of *per_block consecutive
+ * members, block k on node nodes[k] (nodes: room for g->count), each node
+ * holding one block. INVALID_ARG for a group not laid out so. */
+fsdp_status fsdp_comm_group_layout(const fsdp_comm_group *g, int node_ranks, int *n_blocks,
+                                   int *per_block, int *nodes);
+
+/* INVALID_ARG unless g is a group of w's n_ranks ranks (count >= 1,
+ * stride >= 1, every member in range) that holds `rank`; names `who`. */
+fsdp_status fsdp_comm_group_check(const fsdp_comm_group *g, const fsdp_world *w, int rank,
+                                  const char *who);
 
 typedef struct fsdp_comm fsdp_comm;
 
@@ -69,24 +123,37 @@ struct fsdp_comm {
     const struct fsdp_comm_i *iface;
     fsdp_world *world;
     fsdp_device *dev;
-    int rank, n_ranks;
+    int rank, n_ranks;                         /* within the group */
+    fsdp_comm_group group;
+    int global_rank;                           /* the job's rank of this member */
     size_t bytes_sent[FSDP_COLL_KIND_COUNT];  /* since init or the last reset */
     size_t bytes_recv[FSDP_COLL_KIND_COUNT];
     size_t n_calls[FSDP_COLL_KIND_COUNT];
+    size_t bytes_inter_sent[FSDP_COLL_KIND_COUNT]; /* to other processes (see above) */
+    size_t bytes_inter_recv[FSDP_COLL_KIND_COUNT]; /* from other processes */
     void *ctx;                                 /* implementation private */
 };
 
-/* Host collectives among cpu rank threads. All ranks of `w` must call it
- * (on their own threads) before the first collective. */
+/* Host collectives among cpu rank threads of one process. All ranks of `w`
+ * must call it (on their own threads) before the first collective. */
 fsdp_status fsdp_comm_host_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
-/* Meta collectives: count bytes only. */
+/* The same over group g (every member in this process); `rank` is global.
+ * Every member calls it; groups of one world live side by side. */
+fsdp_status fsdp_comm_host_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
+                                      const fsdp_comm_group *g, int rank);
+/* Meta collectives: count bytes only (inter-node bytes as comm.h says). */
 fsdp_status fsdp_comm_meta_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
-/* CUDA collectives (comm/nccl.cu, comm/peer.cu; UNSUPPORTED without CUDA):
- * NCCL among the ranks' GPUs, or device-to-device peer copies between the
- * ranks' buffers (several virtual ranks may share a GPU). */
-fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
-fsdp_status fsdp_comm_peer_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
+fsdp_status fsdp_comm_meta_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
+                                      const fsdp_comm_group *g, int rank);
 void fsdp_comm_fini(fsdp_comm *c);
+
+/* The shared state of one group's communicators on one transport (`tag`:
+ * any address the transport owns), kept in a registry hung off
+ * w->comm_shared. Caller holds w->mu. slot: the state's address for (tag,
+ * g), created NULL when new (NULL return: out of host memory); drop:
+ * forget the entry (the transport frees the state). */
+void **fsdp_comm_shared_slot_locked(fsdp_world *w, const void *tag, const fsdp_comm_group *g);
+void fsdp_comm_shared_drop_locked(fsdp_world *w, const void *tag, const fsdp_comm_group *g);
 
 fsdp_status fsdp_comm_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,
                                  fsdp_dtype dt, fsdp_stream_t s);
@@ -98,7 +165,7 @@ fsdp_status fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtyp
                                 fsdp_stream_t s);
 fsdp_status fsdp_comm_barrier(fsdp_comm *c);
 
-/* Zero the byte and call counters. */
+/* Zero the byte and call counters (inter-process ones included). */
 void fsdp_comm_reset_stats(fsdp_comm *c);
 size_t fsdp_comm_total_sent(const fsdp_comm *c);
 size_t fsdp_comm_total_recv(const fsdp_comm *c);

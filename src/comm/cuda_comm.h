@@ -7,8 +7,9 @@
  * Rendezvous: one object per world, hung off world->rdv_shared, created by
  * the first rank that attaches and freed by the last one that detaches.
  * fsdp_comm_rdv_exchange is an all-gather of one small record per rank
- * among the world's rank threads: every rank must call it the same number
- * of times, in the same order.
+ * among every rank of the job: this process's rank threads and, in a job
+ * of several processes, the others' (through comm/procs.h). Every rank
+ * must call it the same number of times, in the same order.
  */
 #ifndef FSDP_COMM_CUDA_COMM_H
 #define FSDP_COMM_CUDA_COMM_H
@@ -39,12 +40,14 @@ fsdp_status fsdp_comm_rdv_attach(fsdp_world *w, fsdp_comm_rdv **out);
 /* Leave it; the last rank to leave frees it. NULL is a no-op. */
 void fsdp_comm_rdv_detach(fsdp_world *w, fsdp_comm_rdv *r);
 
-/* Publish `bytes` (<= FSDP_RDV_REC_MAX) from `mine` as this rank's record,
- * wait for every rank's record of the same exchange, and copy them to
- * all[0 .. n_ranks * bytes) in rank order. abortable: return ABORTED (this
- * rank's record withdrawn) if the world is aborted before every rank
- * arrived; non-abortable waits are for exchanges that every rank is certain
- * to reach (see peer.cu). */
+/* Publish `bytes` (<= FSDP_RDV_REC_MAX) from `mine` as this (local) rank's
+ * record, wait for every rank's record of the same exchange, and copy them
+ * to all[0 .. n_ranks * bytes) in global rank order. abortable: return
+ * ABORTED (this rank's record withdrawn) if the world is aborted before
+ * every local rank arrived; non-abortable waits are for exchanges that
+ * every rank is certain to reach (see peer.cu). The part with the other
+ * processes always polls the abort flag and the peer timeout; its failure
+ * is every local rank's. */
 fsdp_status fsdp_comm_rdv_exchange(fsdp_comm_rdv *r, fsdp_world *w, int rank, const void *mine,
                                    size_t bytes, void *all, bool abortable);
 

@@ -3,7 +3,7 @@
  *
  * The ranks of a world are threads of one process, so a collective needs no
  * transport: each rank publishes its buffer pointers in its own slot of a
- * table hung off world->comm_shared, all ranks meet, the work is done by
+ * table kept in the world's registry (comm.h), all ranks meet, the work is done by
  * reading the other ranks' buffers directly, and all ranks meet again
  * before anyone returns (so no buffer is reused or freed while another rank
  * still reads it). Rank r's share of the work is its own output:
@@ -54,10 +54,16 @@
  * anything, and the other ranks return ABORTED once the launcher sets the
  * abort flag on that rank's return.
  *
- * Lifetime: the first rank to call fsdp_comm_host_init creates the shared
- * table under world->mu; every fsdp_comm_fini drops a reference and the last
- * one frees it, so every rank that initialised must also call
- * fsdp_comm_fini, including after a failure.
+ * Groups (comm.h): a communicator over a group of the process's ranks
+ * works the same way among its members (slots by member index); each
+ * group has its own table, so collectives of different groups may run at
+ * once. Messages and the fault hook name global ranks.
+ *
+ * Lifetime: the first member to call fsdp_comm_host_init_group creates the
+ * group's shared table under world->mu (in the world's registry, comm.h);
+ * every fsdp_comm_fini drops a reference and the last one frees it, so
+ * every rank that initialised must also call fsdp_comm_fini, including
+ * after a failure.
  */
 #include <sched.h>
 #include <stdint.h>
@@ -94,6 +100,9 @@ struct host_slot {
 };
 
 #define HOST_BARRIER FSDP_COLL_KIND_COUNT
+
+/* This transport's key in the world's registry of shared states (comm.h). */
+static const char host_tag = 'h';
 
 /* Rank r's work counters (one cache line: stealers hammer it):
  * next[phase] is the next unclaimed piece of r's share in that phase. */
@@ -197,7 +206,7 @@ static fsdp_status meet(fsdp_comm *c, bool abortable)
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: aborted in collective %ld (%s) while waiting for the "
                               "other ranks: another rank failed",
-                              c->rank, h->n_coll, kind_name(sh->slots[c->rank].kind));
+                              c->global_rank, h->n_coll, kind_name(sh->slots[c->rank].kind));
     return FSDP_STATUS_OK;
 }
 
@@ -210,32 +219,32 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
     struct host_ctx *h = c->ctx;
     struct host_shared *sh = h->sh;
     long k = ++h->n_coll;
-    if (fsdp_world_fault_hit(c->world, FSDP_FAULT_COLLECTIVE, c->rank))
+    if (fsdp_world_fault_hit(c->world, FSDP_FAULT_COLLECTIVE, c->global_rank))
         return fsdp_error_set(FSDP_STATUS_INTERNAL,
                               "rank %d: injected failure in collective %ld (%s)",
-                              c->rank, k, kind_name(kind));
+                              c->global_rank, k, kind_name(kind));
     if (kind != HOST_BARRIER) {
         if ((unsigned)dt >= FSDP_DTYPE_COUNT)
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                                   "rank %d: %s: unknown dtype %d; use FSDP_DTYPE_F32 or "
-                                  "FSDP_DTYPE_BF16", c->rank, kind_name(kind), (int)dt);
+                                  "FSDP_DTYPE_BF16", c->global_rank, kind_name(kind), (int)dt);
         if ((unsigned)op > FSDP_REDUCE_AVG)
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                                   "rank %d: %s: unknown reduce op %d; use FSDP_REDUCE_SUM or "
-                                  "FSDP_REDUCE_AVG", c->rank, kind_name(kind), (int)op);
+                                  "FSDP_REDUCE_AVG", c->global_rank, kind_name(kind), (int)op);
         if (root < 0 || root >= c->n_ranks)
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                                   "rank %d: broadcast root %d is not a rank of this world "
-                                  "(0..%d)", c->rank, root, c->n_ranks - 1);
+                                  "(0..%d)", c->global_rank, root, c->n_ranks - 1);
         if (numel && (!recv || (kind != FSDP_COLL_BROADCAST && !send)))
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "rank %d: %s of %zu elements given a NULL buffer", c->rank,
+                                  "rank %d: %s of %zu elements given a NULL buffer", c->global_rank,
                                   kind_name(kind), numel);
     }
     if (fsdp_world_aborted(c->world)) {
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: collective %ld (%s) not started: another rank failed",
-                              c->rank, k, kind_name(kind));
+                              c->global_rank, k, kind_name(kind));
     }
     struct host_slot *me = &sh->slots[c->rank];
     me->kind = kind;
@@ -260,8 +269,9 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
                               "op %d, root %d) but rank %d issued %s(%zu x %s, op %d, root %d); "
                               "every rank must issue the same collectives in the same order "
                               "with the same sizes",
-                              c->rank, k, kind_name(kind), numel, fsdp_dtype_name(dt), (int)op,
-                              root, q, kind_name(o->kind), o->numel, fsdp_dtype_name(o->dt),
+                              c->global_rank, k, kind_name(kind), numel, fsdp_dtype_name(dt),
+                              (int)op, root, fsdp_comm_group_rank(&c->group, q),
+                              kind_name(o->kind), o->numel, fsdp_dtype_name(o->dt),
                               (int)o->op, o->root);
     }
     return FSDP_STATUS_OK;
@@ -624,7 +634,7 @@ static void host_fini(fsdp_comm *c)
         free(sh->slots);
         free(sh->work);
         free(sh);
-        w->comm_shared = NULL;
+        fsdp_comm_shared_drop_locked(w, &host_tag, &c->group);
     }
     pthread_mutex_unlock(&w->mu);
     free(h->src);
@@ -644,62 +654,73 @@ static const struct fsdp_comm_i host_comm_i = {
     /* .fini           = */ host_fini,
 };
 
-/* Take a reference on the world's shared table, creating it if this is the
- * first rank. Fails if this rank is already attached (a previous comm of
- * this rank was never finalised). Caller holds w->mu. */
-static fsdp_status shared_attach_locked(fsdp_world *w, int rank, struct host_shared **out)
+/* Take a reference on the group's shared table, creating it if this is the
+ * first member. Fails if this member is already attached (a previous comm
+ * of it was never finalised). Caller holds w->mu. */
+static fsdp_status shared_attach_locked(fsdp_world *w, const fsdp_comm_group *g, int index,
+                                        struct host_shared **out)
 {
-    struct host_shared *sh = w->comm_shared;
+    void **slot = fsdp_comm_shared_slot_locked(w, &host_tag, g);
+    if (!slot)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the host collectives");
+    struct host_shared *sh = *slot;
     if (!sh) {
         sh = calloc(1, sizeof *sh);
         void *slots = NULL, *work = NULL;
-        size_t n = (size_t)w->n_ranks;
+        size_t n = (size_t)g->count;
         if (!sh || posix_memalign(&slots, 64, n * sizeof(struct host_slot)) ||
             posix_memalign(&work, 64, n * sizeof(struct host_work))) {
             free(slots);
             free(sh);
+            fsdp_comm_shared_drop_locked(w, &host_tag, g);
             return fsdp_error_set(FSDP_STATUS_OOM,
                                   "out of host memory for the host collectives of %d ranks",
-                                  w->n_ranks);
+                                  g->count);
         }
         memset(slots, 0, n * sizeof(struct host_slot));
         memset(work, 0, n * sizeof(struct host_work));
         sh->slots = slots;
         sh->work = work;
-        sh->n_ranks = w->n_ranks;
-        for (int q = 0; q < w->n_ranks; q++) {
+        sh->n_ranks = g->count;
+        for (int q = 0; q < g->count; q++) {
             atomic_init(&sh->slots[q].arrived, 0);
             atomic_init(&sh->work[q].next[0], 0);
             atomic_init(&sh->work[q].next[1], 0);
         }
         atomic_init(&sh->n_sleepers, 0);
-        w->comm_shared = sh;
+        *slot = sh;
     }
-    if (sh->slots[rank].attached)
+    if (sh->slots[index].attached)
         return fsdp_error_set(FSDP_STATUS_INTERNAL,
                               "rank %d: host collectives initialised twice; call fsdp_comm_fini "
                               "on every rank (also after a failure) before initialising again",
-                              rank);
-    sh->slots[rank].attached = 1;
+                              fsdp_comm_group_rank(g, index));
+    sh->slots[index].attached = 1;
     sh->n_refs++;
     *out = sh;
     return FSDP_STATUS_OK;
 }
 
-fsdp_status fsdp_comm_host_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank)
+fsdp_status fsdp_comm_host_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
+                                      const fsdp_comm_group *g, int rank)
 {
     memset(c, 0, sizeof *c);
-    if (!w || rank < 0 || rank >= w->n_ranks)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "host collectives: rank %d is not a rank of the world (0..%d)",
-                              rank, w ? w->n_ranks - 1 : -1);
+    FSDP_TRY(fsdp_comm_group_check(g, w, rank, "host collectives"));
+    for (int i = 0; i < g->count; i++)
+        if (!fsdp_world_is_local(w, fsdp_comm_group_rank(g, i)))
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "host collectives: rank %d of the group runs in another "
+                                  "process; the host transport connects the rank threads of one "
+                                  "process (use the mpi transport across processes)",
+                                  fsdp_comm_group_rank(g, i));
+    int index = fsdp_comm_group_index(g, rank);
     int n_tmp = 2;
-    for (int span = 1; span < w->n_ranks; span *= 2)
+    for (int span = 1; span < g->count; span *= 2)
         n_tmp++;
     struct host_ctx *h = calloc(1, sizeof *h);
     if (h) {
         h->n_tmp = n_tmp;
-        h->src = calloc((size_t)w->n_ranks, sizeof *h->src);
+        h->src = calloc((size_t)g->count, sizeof *h->src);
         h->tmp = calloc((size_t)n_tmp, sizeof *h->tmp);
         h->tmp_mem = aligned_alloc(64, (size_t)n_tmp * HOST_BLOCK * sizeof(float));
     }
@@ -716,11 +737,11 @@ fsdp_status fsdp_comm_host_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, i
     for (int i = 0; i < n_tmp; i++)
         h->tmp[i] = h->tmp_mem + (size_t)i * HOST_BLOCK;
     long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    h->oversubscribed = n_cpus > 0 && w->n_ranks > n_cpus;
+    h->oversubscribed = n_cpus > 0 && w->n_local > n_cpus;
     h->n_spin = h->oversubscribed ? HOST_YIELDS : HOST_SPIN;
 
     pthread_mutex_lock(&w->mu);
-    fsdp_status st = shared_attach_locked(w, rank, &h->sh);
+    fsdp_status st = shared_attach_locked(w, g, index, &h->sh);
     pthread_mutex_unlock(&w->mu);
     if (st != FSDP_STATUS_OK) {
         free(h->src);
@@ -731,12 +752,20 @@ fsdp_status fsdp_comm_host_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, i
     }
     /* A fresh table starts every counter at 0; a table shared with ranks
      * that already issued collectives would make this rank's count wrong. */
-    h->seq = atomic_load(&h->sh->slots[rank].arrived);
+    h->seq = atomic_load(&h->sh->slots[index].arrived);
     c->iface = &host_comm_i;
     c->world = w;
     c->dev = dev;
-    c->rank = rank;
-    c->n_ranks = w->n_ranks;
+    c->group = *g;
+    c->rank = index;
+    c->n_ranks = g->count;
+    c->global_rank = rank;
     c->ctx = h;
     return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_comm_host_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank)
+{
+    fsdp_comm_group g = fsdp_comm_group_all(w ? w->n_ranks : 0);
+    return fsdp_comm_host_init_group(c, w, dev, &g, rank);
 }

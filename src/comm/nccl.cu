@@ -3,19 +3,38 @@
  * one rank per GPU (NCCL cannot put two ranks of a communicator on one
  * GPU; use `peer` for virtual ranks).
  *
- * Setup: rank 0 creates the ncclUniqueId and hands it to the other rank
- * threads through the host rendezvous (comm/rdv.c), together with every
- * rank's GPU ordinal, so a duplicate GPU is refused by every rank alike
- * before NCCL sees it. Each rank thread then calls ncclCommInitRankConfig
+ * Setup: rank 0 creates the ncclUniqueId and hands it to every other rank
+ * through the host rendezvous (comm/rdv.c): the rank threads of this
+ * process and, in a job of several processes (one per node), the other
+ * processes through MPI or the rendezvous directory (comm/procs.h), so one
+ * communicator spans the whole job. Every rank's host and GPU (PCI bus id)
+ * travel with it, so a GPU given to two ranks is refused by every rank
+ * alike before NCCL sees it. Each rank thread then calls ncclCommInitRankConfig
  * on its own device with a NON-BLOCKING config, so no host thread ever
  * blocks inside NCCL: init, every call and finalisation return at once (or
  * ncclInProgress) and this file polls ncclCommGetAsyncError, checking the
- * world's abort flag between polls. On abort (another rank failed), or
- * after an NCCL error, the communicator is ended with ncclCommAbort, which
- * also stops this rank's queued NCCL kernels that wait for a rank that will
- * never come; the cuda device's stream/event syncs poll the abort flag too,
- * so a rank blocked on such a kernel returns ABORTED instead of hanging.
- * Call order at teardown: fsdp_comm_fini before fsdp_device_fini.
+ * world's abort flag between polls. After init every rank passes a world
+ * barrier, so no rank queues work while another is still setting up.
+ *
+ * Abort: a queued NCCL kernel that waits for a rank that will never come
+ * spins for ever, and cudaFree (which waits for the whole device) would
+ * then hang teardown. So the communicator is aborted (ncclCommAbort, which
+ * ends such kernels) the moment this rank sees the world's abort flag or
+ * an NCCL error: in this file's polls, and, through the rank's stop hook
+ * registered at init (core/world.h), in the cuda device's stream and event
+ * waits and in teardown's fsdp_world_rank_stop, which runs before any
+ * device memory is freed. Later calls on an aborted communicator fail.
+ * When this rank's own failure ends its communicator (an NCCL error, the
+ * fault hook, a failed rank's teardown), the world is failed first, so the
+ * other ranks abort theirs at the same time: some NCCL versions make
+ * ncclCommAbort wait for every rank of the node.
+ * Teardown order: fsdp_world_rank_stop (after a failure or abort), then
+ * fsdp_comm_fini, then free device memory and fsdp_device_fini. fini ends
+ * the communicator gracefully (ncclCommFinalize, which waits for every
+ * rank) unless the world is aborted or this communicator failed; so a rank
+ * whose step failed must tell the world before its teardown
+ * (fsdp_world_rank_stop with its status), or fini waits for ranks that
+ * wait for it.
  *
  * Sums are NCCL's (ring/tree order chosen by NCCL): deterministic for a
  * fixed topology, size and NCCL version, but not comm.h's fixed tree, so
@@ -25,25 +44,42 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+
+#include <nccl.h>
 
 #include "comm/cuda_comm.h"
+#include "core/log.h"
 #include "device/cuda_check.h"
 #include "device/cuda_world.h"
 
 struct nccl_ctx {
-    ncclComm_t comm;
+    ncclComm_t comm;     /* NULL once aborted */
     fsdp_comm_rdv *rdv;
-    bool broken; /* an NCCL error or an abort: end with ncclCommAbort */
+    char *tokens;        /* (n_ranks,) the barrier's records */
+    bool broken;         /* an NCCL error or an abort: no more calls */
+    bool stop_hook;      /* registered as the rank's stop hook */
     long n_coll;
 };
 
-/* What a rank publishes at setup. */
+/* What a rank publishes at setup (at most FSDP_RDV_REC_MAX bytes). */
 struct nccl_rec {
     int ordinal;
     int backend;
     int status;          /* rank 0: whether ncclGetUniqueId worked */
     ncclUniqueId id;     /* rank 0's */
+    char host[64];       /* where the rank runs */
+    char bus[32];        /* its GPU's PCI bus id ("" if unknown) */
 };
+static_assert(sizeof(struct nccl_rec) <= FSDP_RDV_REC_MAX, "nccl_rec outgrew the rendezvous");
+
+/* Whether ranks a and b were given the same GPU. */
+static bool same_gpu(const struct nccl_rec *a, const struct nccl_rec *b)
+{
+    if (strcmp(a->host, b->host))
+        return false;
+    return a->bus[0] && b->bus[0] ? !strcmp(a->bus, b->bus) : a->ordinal == b->ordinal;
+}
 
 static void nccl_nap(unsigned *spins)
 {
@@ -51,6 +87,33 @@ static void nccl_nap(unsigned *spins)
         return;
     struct timespec ts = {0, *spins < 2000 ? 20 * 1000 : 200 * 1000};
     nanosleep(&ts, NULL);
+}
+
+/* End the communicator now (ncclCommAbort also ends this rank's queued
+ * NCCL kernels); every later call fails. Idempotent. */
+static void nccl_abort_now(fsdp_comm *c)
+{
+    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
+    p->broken = true;
+    if (p->comm) {
+        ncclCommAbort(p->comm);
+        p->comm = NULL;
+    }
+}
+
+/* The rank's stop hook (core/world.h): runs on this rank's thread. */
+static void nccl_stop_hook(void *arg) { nccl_abort_now((fsdp_comm *)arg); }
+
+/* This rank failed with st (its message set): tell the world first, so the
+ * other ranks abort their communicators too (some NCCL versions make
+ * ncclCommAbort wait for every rank of the node), then end this one. The
+ * world's stop call runs the stop hook; without a world, or before the
+ * hook is registered, the abort is direct. Returns st. */
+static fsdp_status nccl_fail(fsdp_comm *c, fsdp_status st)
+{
+    fsdp_cuda_world_rank_stop(c->world, c->rank, st);
+    nccl_abort_now(c);
+    return st;
 }
 
 static ncclDataType_t nccl_type(fsdp_dtype dt)
@@ -64,30 +127,41 @@ static fsdp_status nccl_settle(fsdp_comm *c, const char *what)
 {
     struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
     unsigned spins = 0;
+    time_t t0 = time(NULL);
+    bool warned = false;
     for (;;) {
         ncclResult_t state = ncclSuccess;
+        if (!p->comm)
+            return fsdp_error_set(FSDP_STATUS_ABORTED,
+                                  "rank %d: NCCL %s: the communicator was aborted", c->rank, what);
         ncclResult_t rc = ncclCommGetAsyncError(p->comm, &state);
-        if (rc != ncclSuccess) {
-            p->broken = true;
-            return fsdp_error_set(FSDP_STATUS_NCCL, "rank %d (GPU %d): NCCL %s: querying the "
-                                  "communicator failed: %s", c->rank, c->dev->ordinal, what,
-                                  ncclGetErrorString(rc));
-        }
+        if (rc != ncclSuccess)
+            return nccl_fail(c, fsdp_error_set(FSDP_STATUS_NCCL,
+                                               "rank %d (GPU %d): NCCL %s: querying the "
+                                               "communicator failed: %s",
+                                               c->rank, c->dev->ordinal, what,
+                                               ncclGetErrorString(rc)));
         if (state == ncclSuccess)
             return FSDP_STATUS_OK;
-        if (state != ncclInProgress) {
-            p->broken = true;
-            return fsdp_error_set(FSDP_STATUS_NCCL,
-                                  "rank %d (GPU %d): NCCL %s failed: %s (%s); set NCCL_DEBUG=WARN "
-                                  "for NCCL's own report",
-                                  c->rank, c->dev->ordinal, what, ncclGetErrorString(state),
-                                  ncclGetLastError(p->comm));
-        }
+        if (state != ncclInProgress)
+            return nccl_fail(c, fsdp_error_set(FSDP_STATUS_NCCL,
+                                               "rank %d (GPU %d): NCCL %s failed: %s (%s); set "
+                                               "NCCL_DEBUG=WARN for NCCL's own report",
+                                               c->rank, c->dev->ordinal, what,
+                                               ncclGetErrorString(state),
+                                               ncclGetLastError(p->comm)));
         if (fsdp_cuda_world_aborted(c->world)) {
-            p->broken = true;
+            nccl_abort_now(c);
             return fsdp_error_set(FSDP_STATUS_ABORTED,
                                   "rank %d: NCCL %s abandoned: another rank failed", c->rank,
                                   what);
+        }
+        if (!warned && time(NULL) - t0 >= 60) {
+            warned = true;
+            FSDP_WARN(FSDP_SUB_COMM,
+                      "rank %d: NCCL %s has waited 60 s for the other ranks; if one of them "
+                      "failed without telling the world (fsdp_world_rank_stop), it never ends",
+                      c->rank, what);
         }
         nccl_nap(&spins);
     }
@@ -98,13 +172,10 @@ static fsdp_status nccl_begin(fsdp_comm *c, const char *what, fsdp_dtype dt, fsd
 {
     struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
     long k = ++p->n_coll;
-    if (fsdp_cuda_world_fault_hit_collective(c->world, c->rank)) {
-        /* The other ranks may have queued their half of this collective:
-         * only ncclCommAbort releases them. */
-        p->broken = true;
-        return fsdp_error_set(FSDP_STATUS_INTERNAL,
-                              "rank %d: injected failure in collective %ld (%s)", c->rank, k, what);
-    }
+    if (fsdp_cuda_world_fault_hit_collective(c->world, c->rank))
+        return nccl_fail(c, fsdp_error_set(FSDP_STATUS_INTERNAL,
+                                           "rank %d: injected failure in collective %ld (%s)",
+                                           c->rank, k, what));
     if ((unsigned)dt >= FSDP_DTYPE_COUNT || (unsigned)op > FSDP_REDUCE_AVG)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "rank %d: %s: unknown dtype %d or reduce op %d", c->rank, what,
@@ -113,10 +184,12 @@ static fsdp_status nccl_begin(fsdp_comm *c, const char *what, fsdp_dtype dt, fsd
         return fsdp_error_set(FSDP_STATUS_NCCL,
                               "rank %d: %s on a communicator that already failed or was aborted",
                               c->rank, what);
-    if (fsdp_cuda_world_aborted(c->world))
+    if (fsdp_cuda_world_aborted(c->world)) {
+        nccl_abort_now(c);
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: collective %ld (%s) not started: another rank failed",
                               c->rank, k, what);
+    }
     return FSDP_STATUS_OK;
 }
 
@@ -124,12 +197,11 @@ static fsdp_status nccl_begin(fsdp_comm *c, const char *what, fsdp_dtype dt, fsd
 static fsdp_status nccl_issued(fsdp_comm *c, const char *what, ncclResult_t rc)
 {
     struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
-    if (rc != ncclSuccess && rc != ncclInProgress) {
-        p->broken = true;
-        return fsdp_error_set(FSDP_STATUS_NCCL, "rank %d (GPU %d): NCCL %s failed: %s (%s)",
-                              c->rank, c->dev->ordinal, what, ncclGetErrorString(rc),
-                              ncclGetLastError(p->comm));
-    }
+    if (rc != ncclSuccess && rc != ncclInProgress)
+        return nccl_fail(c, fsdp_error_set(FSDP_STATUS_NCCL,
+                                           "rank %d (GPU %d): NCCL %s failed: %s (%s)", c->rank,
+                                           c->dev->ordinal, what, ncclGetErrorString(rc),
+                                           ncclGetLastError(p->comm)));
     return nccl_settle(c, what);
 }
 
@@ -178,13 +250,17 @@ static fsdp_status nccl_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dt
                                      (cudaStream_t)s));
 }
 
+/* Every rank of the job, in every process, meets on the host (the
+ * rendezvous: an exchange of one byte). */
 static fsdp_status nccl_barrier(fsdp_comm *c)
 {
+    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
     FSDP_TRY(nccl_begin(c, "barrier", FSDP_DTYPE_F32, FSDP_REDUCE_SUM));
     FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->compute));
     FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->comm));
     FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->copy));
-    return fsdp_cuda_world_barrier(c->world);
+    char token = 1;
+    return fsdp_comm_rdv_exchange(p->rdv, c->world, c->rank, &token, 1, p->tokens, true);
 }
 
 static void nccl_fini(fsdp_comm *c)
@@ -192,20 +268,25 @@ static void nccl_fini(fsdp_comm *c)
     struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
     if (!p)
         return;
-    if (p->comm) {
-        bool clean = !p->broken && !fsdp_cuda_world_aborted(c->world);
-        if (clean) {
-            ncclResult_t rc = ncclCommFinalize(p->comm);
-            clean = (rc == ncclSuccess || rc == ncclInProgress) &&
-                    nccl_settle(c, "finalize") == FSDP_STATUS_OK;
-        }
-        if (clean)
+    /* Every rank must choose alike: ncclCommFinalize waits until every
+     * rank's communicator is quiescent, and ncclCommAbort may wait for every
+     * rank of the node. The world's abort flag is what all ranks see; a rank
+     * that failed sets it first (fsdp_world_rank_stop with its status). */
+    bool clean = !p->broken && !fsdp_cuda_world_aborted(c->world);
+    if (p->comm && clean) {
+        ncclResult_t rc = ncclCommFinalize(p->comm);
+        if ((rc == ncclSuccess || rc == ncclInProgress) &&
+            nccl_settle(c, "finalize") == FSDP_STATUS_OK) {
             ncclCommDestroy(p->comm);
-        else
-            ncclCommAbort(p->comm);
-        p->comm = NULL;
+            p->comm = NULL;
+        }
     }
+    if (p->comm) /* an abort, or a failed finalize */
+        nccl_fail(c, fsdp_cuda_world_aborted(c->world) ? FSDP_STATUS_OK : fsdp_error_first(NULL));
+    if (p->stop_hook)
+        fsdp_cuda_world_set_rank_stop(c->world, c->rank, NULL, NULL);
     fsdp_comm_rdv_detach(c->world, p->rdv);
+    free(p->tokens);
     free(p);
     c->ctx = NULL;
 }
@@ -241,7 +322,8 @@ extern "C" fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
     }
     c->ctx = p;
     all = (struct nccl_rec *)calloc((size_t)c->n_ranks, sizeof *all);
-    if (!all) {
+    p->tokens = (char *)calloc((size_t)c->n_ranks, 1);
+    if (!all || !p->tokens) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating the NCCL communicator");
         goto fail;
     }
@@ -249,6 +331,14 @@ extern "C" fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
     memset(&me, 0, sizeof me);
     me.ordinal = dev->ordinal;
     me.backend = (int)dev->backend;
+    if (gethostname(me.host, sizeof me.host))
+        snprintf(me.host, sizeof me.host, "?");
+    me.host[sizeof me.host - 1] = '\0';
+    if (dev->backend == FSDP_BACKEND_CUDA &&
+        cudaDeviceGetPCIBusId(me.bus, (int)sizeof me.bus, dev->ordinal) != cudaSuccess) {
+        cudaGetLastError(); /* unknown: compare ordinals on one host */
+        me.bus[0] = '\0';
+    }
     if (rank == 0) {
         rc = ncclGetUniqueId(&me.id);
         if (rc != ncclSuccess) {
@@ -273,12 +363,14 @@ extern "C" fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
             goto fail;
         }
         for (int o = 0; o < q; o++)
-            if (all[o].ordinal == all[q].ordinal) {
+            if (same_gpu(&all[o], &all[q])) {
                 st = fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
                                     "rank %d: NCCL cannot run two ranks on one GPU (ranks %d and "
-                                    "%d are both on GPU %d); use --comm peer for several ranks "
-                                    "per GPU, or one rank per GPU",
-                                    rank, o, q, all[q].ordinal);
+                                    "%d are both on GPU %d%s%s of host %s); use --comm peer for "
+                                    "several ranks per GPU, or one rank per GPU (two processes "
+                                    "on one host: give each its own CUDA_VISIBLE_DEVICES)",
+                                    rank, o, q, all[q].ordinal, all[q].bus[0] ? ", bus " : "",
+                                    all[q].bus, all[q].host);
                 goto fail;
             }
     }
@@ -296,13 +388,16 @@ extern "C" fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
     config.blocking = 0;
     rc = ncclCommInitRankConfig(&p->comm, c->n_ranks, all[0].id, rank, &config);
     if (rc != ncclSuccess && rc != ncclInProgress) {
-        p->broken = true;
         st = fsdp_error_set(FSDP_STATUS_NCCL,
                             "rank %d (GPU %d): ncclCommInitRankConfig over %d ranks failed: %s",
                             rank, dev->ordinal, c->n_ranks, ncclGetErrorString(rc));
         goto fail;
     }
     FSDP_CHECK(nccl_settle(c, "communicator setup"));
+    fsdp_cuda_world_set_rank_stop(w, rank, nccl_stop_hook, c);
+    p->stop_hook = true;
+    /* Nobody queues work before every communicator is up. */
+    FSDP_CHECK(fsdp_cuda_world_barrier(w));
     free(all);
     return FSDP_STATUS_OK;
 fail:

@@ -23,9 +23,11 @@
  * event is recorded before it is published, so an abort never hangs a
  * stream.
  *
- * Sums: the N source slices are copied into a staging buffer (device
- * memory of kind FSDP_MEM_COMM, at most PEER_STAGING_MAX bytes, reused;
- * larger collectives go in chunks) and a kernel adds them per element in
+ * Sums: the N source slices are copied into a staging buffer (the
+ * device's own memory, fsdp_cuda_device_alloc_own: reserved, not counted in
+ * use, as the host collectives count none; at most PEER_STAGING_MAX bytes,
+ * reused; larger collectives go in chunks; growing it hands the old one
+ * back stream-ordered, no sync) and a kernel adds them per element in
  * comm.h's fixed balanced tree over ranks, in fp32 (bf16 widened exactly,
  * rounded once), so results are bit-identical to fsdp_tree_sum() and to
  * the host collectives. AVG = tree sum * (1.0f / N), one multiply.
@@ -45,6 +47,7 @@
 
 #include "comm/cuda_comm.h"
 #include "device/cuda_check.h"
+#include "device/cuda_device.h"
 #include "device/cuda_world.h"
 
 #define PEER_STAGING_MAX ((size_t)64 << 20) /* bytes of staging per rank */
@@ -269,18 +272,21 @@ static void *peer_staging(fsdp_comm *c, size_t bytes, cudaStream_t s, fsdp_statu
     if (*local != FSDP_STATUS_OK)
         return NULL;
     if (bytes > p->staging_bytes) {
+        /* The old buffer's last use may be on a stream other than the
+         * device's three, whose state the cache's fence records: order it
+         * into the comm stream before handing the buffer back. */
         if (p->staging_used) {
-            cudaError_t rc = cudaEventSynchronize(p->ev_staging);
-            peer_note(c, local, rc, "waiting for the staging buffer");
+            cudaError_t rc = cudaStreamWaitEvent((cudaStream_t)c->dev->comm, p->ev_staging, 0);
+            peer_note(c, local, rc, "ordering the old staging buffer");
             if (rc != cudaSuccess)
                 return NULL;
         }
-        fsdp_device_free(c->dev, p->staging);
+        fsdp_cuda_device_free_own(c->dev, p->staging);
         p->staging = NULL;
         p->staging_bytes = 0;
         p->staging_used = false;
-        fsdp_status st = fsdp_device_alloc(c->dev, bytes, FSDP_MEM_COMM,
-                                           "peer collective staging", &p->staging);
+        fsdp_status st = fsdp_cuda_device_alloc_own(c->dev, bytes, "peer collective staging",
+                                                    &p->staging);
         if (st != FSDP_STATUS_OK) {
             *local = st;
             return NULL;
@@ -443,7 +449,9 @@ static void peer_fini(fsdp_comm *c)
     struct peer_ctx *p = (struct peer_ctx *)c->ctx;
     if (!p)
         return;
-    fsdp_device_free(c->dev, p->staging); /* cudaFree waits for queued work */
+    if (p->staging_used)
+        cudaStreamWaitEvent((cudaStream_t)c->dev->comm, p->ev_staging, 0);
+    fsdp_cuda_device_free_own(c->dev, p->staging); /* stream-ordered */
     cudaEvent_t evs[4] = {p->ev_ready, p->ev_mid, p->ev_done, p->ev_staging};
     for (int i = 0; i < 4; i++)
         if (evs[i])

@@ -1,38 +1,49 @@
 /*
  * rdv.c - the host rendezvous of the CUDA collectives (contract in
- * comm/cuda_comm.h): an all-gather of one small record per rank among the
- * rank threads of a world.
+ * comm/cuda_comm.h): an all-gather of one small record per rank among
+ * every rank of a job, its own threads and, in a job of several processes,
+ * the other processes' (through comm/procs.h: MPI or the rendezvous
+ * directory; that is how NCCL's unique id reaches every process).
  *
- * Exchange g writes its records into buffer g % 2 and completes when the
- * last rank arrives (it bumps the generation and wakes the others). Waiters
- * copy the records out under the world's mutex. Two buffers suffice: a rank
- * can only start writing exchange g + 2 into buffer g % 2 after exchange
- * g + 1 completed, which needs every rank, so every rank has already copied
- * out exchange g. A waiter that gives up on abort withdraws its arrival, so
- * the counts stay right for a later launch of the same world.
+ * Exchange g writes its records into buffer g % 2 (laid out by global
+ * rank) and completes when the last local rank arrives: in a job of one
+ * process it bumps the generation and wakes the others at once; otherwise
+ * it first trades this process's block of records for the others' through
+ * the procs exchange, the mutex released meanwhile. Waiters copy the
+ * records out under the world's mutex. Two buffers suffice: a rank can
+ * only start writing exchange g + 2 into buffer g % 2 after exchange g + 1
+ * completed, which needs every local rank, so every one has already copied
+ * out exchange g. A waiter that gives up on abort withdraws its arrival,
+ * unless the last rank is already trading with the other processes (that
+ * trade polls the abort flag itself), so the counts stay right for a
+ * later launch of the same world.
  */
 #include <string.h>
 
 #include "comm/cuda_comm.h"
+#include "comm/procs.h"
 #include "core/world.h"
 
 struct fsdp_comm_rdv {
-    int n_ranks;
+    int n_local, n_ranks;
     int refs;               /* attached ranks */
     unsigned long gen;      /* completed exchanges */
     int arrived;            /* ranks arrived at exchange `gen` */
-    unsigned char *recs;    /* [2][n_ranks][FSDP_RDV_REC_MAX] */
+    bool trading;           /* the last arriver trades with the other processes */
+    fsdp_status trade_st[2];/* per buffer: the trade's outcome */
+    char trade_msg[2][FSDP_ERROR_MSG_MAX];
+    unsigned char *recs;    /* [2][n_ranks][FSDP_RDV_REC_MAX], by global rank */
+    unsigned char *theirs;  /* [n_ranks][FSDP_RDV_REC_MAX]: what the trade brings */
 };
 
 fsdp_status fsdp_comm_rdv_attach(fsdp_world *w, fsdp_comm_rdv **out)
 {
-    fsdp_status st = FSDP_STATUS_OK;
     *out = NULL;
     pthread_mutex_lock(&w->mu);
     fsdp_comm_rdv *r = w->rdv_shared;
     if (!r) {
         r = calloc(1, sizeof *r);
-        unsigned char *recs = calloc(2 * (size_t)w->n_ranks, FSDP_RDV_REC_MAX);
+        unsigned char *recs = calloc(3 * (size_t)w->n_ranks, FSDP_RDV_REC_MAX);
         if (!r || !recs) {
             free(r);
             free(recs);
@@ -41,14 +52,16 @@ fsdp_status fsdp_comm_rdv_attach(fsdp_world *w, fsdp_comm_rdv **out)
                                   "out of host memory creating the rendezvous of %d ranks",
                                   w->n_ranks);
         }
+        r->n_local = w->n_local;
         r->n_ranks = w->n_ranks;
         r->recs = recs;
+        r->theirs = recs + 2 * (size_t)w->n_ranks * FSDP_RDV_REC_MAX;
         w->rdv_shared = r;
     }
     r->refs++;
     *out = r;
     pthread_mutex_unlock(&w->mu);
-    return st;
+    return FSDP_STATUS_OK;
 }
 
 void fsdp_comm_rdv_detach(fsdp_world *w, fsdp_comm_rdv *r)
@@ -65,28 +78,54 @@ void fsdp_comm_rdv_detach(fsdp_world *w, fsdp_comm_rdv *r)
     pthread_mutex_unlock(&w->mu);
 }
 
+/* The last local rank of exchange g, w->mu held: trade this process's
+ * block of buf with the other processes' (released meanwhile). */
+static void trade_locked(fsdp_comm_rdv *r, fsdp_world *w, unsigned char *buf, unsigned long g)
+{
+    fsdp_procs *p = w->procs;
+    const size_t block = (size_t)r->n_local * FSDP_RDV_REC_MAX;
+    r->trading = true;
+    pthread_mutex_unlock(&w->mu);
+    fsdp_status st = p->iface->exchange(p, w, buf + (size_t)w->rank_offset * FSDP_RDV_REC_MAX,
+                                        block, r->theirs);
+    pthread_mutex_lock(&w->mu);
+    r->trading = false;
+    r->trade_st[g & 1] = st;
+    if (st == FSDP_STATUS_OK)
+        memcpy(buf, r->theirs, (size_t)r->n_ranks * FSDP_RDV_REC_MAX);
+    else
+        snprintf(r->trade_msg[g & 1], sizeof r->trade_msg[g & 1], "%s", fsdp_error_msg());
+}
+
 fsdp_status fsdp_comm_rdv_exchange(fsdp_comm_rdv *r, fsdp_world *w, int rank, const void *mine,
                                    size_t bytes, void *all, bool abortable)
 {
-    FSDP_ASSERT(bytes <= FSDP_RDV_REC_MAX && rank >= 0 && rank < r->n_ranks);
+    FSDP_ASSERT(bytes <= FSDP_RDV_REC_MAX && fsdp_world_is_local(w, rank));
     const size_t half = (size_t)r->n_ranks * FSDP_RDV_REC_MAX;
     pthread_mutex_lock(&w->mu);
     unsigned long g = r->gen;
     unsigned char *buf = r->recs + (g & 1) * half;
     memcpy(buf + (size_t)rank * FSDP_RDV_REC_MAX, mine, bytes);
-    if (++r->arrived == r->n_ranks) {
+    if (++r->arrived == r->n_local) {
+        r->trade_st[g & 1] = FSDP_STATUS_OK;
+        if (w->n_processes > 1)
+            trade_locked(r, w, buf, g);
         r->arrived = 0;
         r->gen++;
         pthread_cond_broadcast(&w->cv);
     } else {
-        while (r->gen == g && !(abortable && fsdp_world_aborted(w)))
+        while (r->gen == g && !(abortable && fsdp_world_aborted(w) && !r->trading))
             fsdp_world_wait_locked(w);
     }
     bool done = r->gen != g;
-    if (done) {
+    fsdp_status st = done ? r->trade_st[g & 1] : FSDP_STATUS_ABORTED;
+    char msg[FSDP_ERROR_MSG_MAX];
+    if (done && st == FSDP_STATUS_OK) {
         for (int q = 0; q < r->n_ranks; q++)
             memcpy((unsigned char *)all + (size_t)q * bytes, buf + (size_t)q * FSDP_RDV_REC_MAX,
                    bytes);
+    } else if (done) {
+        snprintf(msg, sizeof msg, "%s", r->trade_msg[g & 1]);
     } else {
         r->arrived--;
     }
@@ -96,5 +135,8 @@ fsdp_status fsdp_comm_rdv_exchange(fsdp_comm_rdv *r, fsdp_world *w, int rank, co
                               "rank %d: aborted while waiting for the other ranks' collective "
                               "handshake: another rank failed",
                               rank);
+    if (st != FSDP_STATUS_OK)
+        return fsdp_error_set(st, "rank %d: collective handshake with the other processes "
+                              "failed: %s", rank, msg);
     return FSDP_STATUS_OK;
 }

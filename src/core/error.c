@@ -1,9 +1,11 @@
 /*
- * error.c - per-thread error messages, status and dtype names, byte sizes.
+ * error.c - per-thread error messages (the current one and the first one
+ * since the last clear, see error.h), status names, dtype sizes, byte sizes.
  */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <string.h>
 #include <strings.h>
@@ -12,12 +14,30 @@
 
 static _Thread_local char tls_msg[FSDP_ERROR_MSG_MAX];
 
+/* The first error since the last clear; `current`: tls_msg still is it (a
+ * prefix then applies to both). */
+static _Thread_local struct {
+    fsdp_status st;
+    bool current;
+    char msg[FSDP_ERROR_MSG_MAX];
+} tls_first;
+
 fsdp_status fsdp_error_set(fsdp_status st, const char *fmt, ...)
 {
+    /* Through a copy: the arguments may include fsdp_error_msg() itself. */
+    char msg[FSDP_ERROR_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tls_msg, sizeof tls_msg, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(tls_msg, msg, sizeof msg);
+    bool take = st != FSDP_STATUS_OK &&
+                (tls_first.st == FSDP_STATUS_OK || strstr(tls_msg, tls_first.msg) != NULL);
+    if (take) {
+        tls_first.st = st;
+        memcpy(tls_first.msg, tls_msg, sizeof tls_msg);
+    }
+    tls_first.current = take;
     return st;
 }
 
@@ -29,15 +49,37 @@ void fsdp_error_prefix(const char *fmt, ...)
     vsnprintf(head, sizeof head, fmt, ap);
     va_end(ap);
     memcpy(old, tls_msg, sizeof old);
+    /* a head that already ends in its separator ("...unit 'h.0': ") gets no second one */
+    size_t n = strlen(head);
+    while (n > 0 && head[n - 1] == ' ')
+        head[--n] = '\0';
+    if (n > 0 && head[n - 1] == ':')
+        head[--n] = '\0';
     snprintf(tls_msg, sizeof tls_msg, "%s: %s", head, old);
+    if (tls_first.current)
+        memcpy(tls_first.msg, tls_msg, sizeof tls_msg);
 }
 
 void fsdp_error_copy(const char *msg)
 {
     snprintf(tls_msg, sizeof tls_msg, "%s", msg ? msg : "");
+    tls_first.current = false;
 }
 
-void fsdp_error_clear(void) { tls_msg[0] = '\0'; }
+void fsdp_error_clear(void)
+{
+    tls_msg[0] = '\0';
+    tls_first.st = FSDP_STATUS_OK;
+    tls_first.current = false;
+    tls_first.msg[0] = '\0';
+}
+
+fsdp_status fsdp_error_first(const char **msg)
+{
+    if (msg)
+        *msg = tls_first.msg;
+    return tls_first.st;
+}
 
 const char *fsdp_error_msg(void) { return tls_msg; }
 
@@ -45,7 +87,7 @@ const char *fsdp_status_name(fsdp_status st)
 {
     static const char *const names[FSDP_STATUS_COUNT] = {
         "OK", "INVALID_ARG", "OOM", "IO", "FORMAT", "CUDA", "NCCL",
-        "ABORTED", "UNSUPPORTED", "INTERNAL",
+        "ABORTED", "UNSUPPORTED", "INTERNAL", "NONFINITE",
     };
     if ((unsigned)st >= FSDP_STATUS_COUNT)
         return "UNKNOWN";
@@ -53,18 +95,6 @@ const char *fsdp_status_name(fsdp_status st)
 }
 
 size_t fsdp_dtype_size(fsdp_dtype dt) { return dt == FSDP_DTYPE_BF16 ? 2 : 4; }
-
-const char *fsdp_dtype_name(fsdp_dtype dt) { return dt == FSDP_DTYPE_BF16 ? "bf16" : "fp32"; }
-
-const char *fsdp_backend_name(fsdp_backend b)
-{
-    switch (b) {
-    case FSDP_BACKEND_CPU: return "cpu";
-    case FSDP_BACKEND_CUDA: return "cuda";
-    case FSDP_BACKEND_META: return "meta";
-    default: return "unknown";
-    }
-}
 
 char *fsdp_fmt_bytes(char *buf, size_t n, double bytes)
 {
@@ -116,6 +146,9 @@ fsdp_status fsdp_parse_bytes(const char *s, size_t *out)
     v *= mul;
     if (v > 1.8e19)
         goto bad;
+    if (v != floor(v))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "size '%s' is %.6g bytes, not a whole number of bytes", s, v);
     *out = (size_t)v;
     return FSDP_STATUS_OK;
 bad:

@@ -6,6 +6,15 @@
  * FSDP_TRY (return at once) or FSDP_CHECK (goto fail for cleanup). Messages
  * are per thread, so rank threads never overwrite each other's. Broken
  * invariants use FSDP_ASSERT: file:line, then abort().
+ *
+ * The first error is kept. After a failure, teardown (stream syncs, freeing
+ * handles) often fails too and sets messages of its own; the user must see
+ * the failure that started it. So each thread also keeps its first error
+ * since the last fsdp_error_clear(): later errors replace the current
+ * message (fsdp_error_msg) but not the first one, unless they extend it
+ * (a message that contains the first one's text, the wrap pattern
+ * fsdp_error_set(st, "loading 'x': %s", fsdp_error_msg())). The world reads
+ * the first error when a rank function returns a failure (core/world.c).
  */
 #ifndef FSDP_CORE_ERROR_H
 #define FSDP_CORE_ERROR_H
@@ -26,14 +35,21 @@ extern "C" {
 fsdp_status fsdp_error_set(fsdp_status st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
-/* Prefix the calling thread's message with context ("loading 'x.bin': ..."). */
+/* Prefix the calling thread's message with context ("loading 'x.bin': ...");
+ * a head that ends in ":" or ": " is not given a second separator. */
 void fsdp_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Replace the calling thread's message (used to hand a rank's error to the
- * launching thread). */
+/* Replace the calling thread's current message (the first error is left
+ * as it is). */
 void fsdp_error_copy(const char *msg);
 
+/* The error was handled: forget the current message and the first error. */
 void fsdp_error_clear(void);
+
+/* The calling thread's first error since the last fsdp_error_clear() (see
+ * above): its status (OK if none) and, if msg is not NULL, its message
+ * (valid until the thread's next error call). */
+fsdp_status fsdp_error_first(const char **msg);
 
 /* Propagate: return the status if it is not OK. */
 #define FSDP_TRY(expr)                                  \
@@ -66,7 +82,8 @@ char *fsdp_fmt_bytes(char *buf, size_t n, double bytes);
 
 /* Parse "24GiB", "512M", "1e9", "4096" into bytes. Suffixes K/M/G/T (powers
  * of 1024 with or without "iB"/"B"), KB/MB/GB/TB as powers of 1000.
- * Returns INVALID_ARG with a message for anything else. */
+ * Returns INVALID_ARG with a message for anything else, a fraction of a
+ * byte included ("1.5" is refused, "1.5K" is 1536). */
 fsdp_status fsdp_parse_bytes(const char *s, size_t *out);
 
 #ifdef __cplusplus

@@ -1,15 +1,218 @@
 /*
- * fileio.c - atomic file writes, directory fsync, growing strings.
+ * fileio.c - opening regular files only, bounded line reading, positional
+ * I/O, atomic file writes, directory fsync, growing strings (fileio.h).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/fileio.h"
+
+/* "a FIFO (named pipe)" etc., for "<what> '<path>' is ..., not a regular file" */
+static const char *file_kind(mode_t mode)
+{
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISFIFO(mode))
+        return "a FIFO (named pipe)";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    return "a special file";
+}
+
+static fsdp_status not_regular(const char *what, const char *path, mode_t mode, bool writing)
+{
+    return fsdp_error_set(FSDP_STATUS_IO,
+                          "%s '%s' is %s, not a regular file; %s", what, path, file_kind(mode),
+                          writing ? "fsdp left it untouched: give the path of a regular file "
+                                    "to create or replace"
+                                  : "fsdp reads only regular files: give the path of one");
+}
+
+/* ---- reading ----------------------------------------------------------------- */
+
+fsdp_status fsdp_open_regular(const char *path, const char *what, int *fd, uint64_t *size_bytes)
+{
+    *fd = -1;
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot open %s '%s': %s", what, path,
+                              strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return not_regular(what, path, sb.st_mode, false);
+    int k = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (k < 0)
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot open %s '%s': %s", what, path,
+                              strerror(errno));
+    /* the path may have been replaced between stat and open */
+    int rc = fstat(k, &sb);
+    if (rc != 0 || !S_ISREG(sb.st_mode)) {
+        fsdp_status st = rc != 0 ? fsdp_error_set(FSDP_STATUS_IO, "cannot stat %s '%s': %s",
+                                                  what, path, strerror(errno))
+                                 : not_regular(what, path, sb.st_mode, false);
+        close(k);
+        return st;
+    }
+    int fl = fcntl(k, F_GETFL);
+    if (fl < 0 || fcntl(k, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        fsdp_status st = fsdp_error_set(FSDP_STATUS_IO, "cannot set up %s '%s' for reading: %s",
+                                        what, path, strerror(errno));
+        close(k);
+        return st;
+    }
+    if (size_bytes)
+        *size_bytes = (uint64_t)sb.st_size;
+    *fd = k;
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_fopen_regular(const char *path, const char *what, FILE **f, uint64_t *size_bytes)
+{
+    int fd;
+    *f = NULL;
+    FSDP_TRY(fsdp_open_regular(path, what, &fd, size_bytes));
+    if (!(*f = fdopen(fd, "rb"))) {
+        fsdp_status st = fsdp_error_set(FSDP_STATUS_OOM, "cannot open a stream on %s '%s': %s",
+                                        what, path, strerror(errno));
+        close(fd);
+        return st;
+    }
+    return FSDP_STATUS_OK;
+}
+
+/* size: the file's size, or (growing) what was read of it so far */
+static fsdp_status too_large(const fsdp_line_reader *lr, uint64_t size, bool growing)
+{
+    char a[32], b[32];
+    return fsdp_error_set(FSDP_STATUS_FORMAT,
+                          "%s '%s' is %s%s, larger than the limit of %s; is it the right file?",
+                          lr->what, lr->path, growing ? "at least " : "",
+                          fsdp_fmt_bytes(a, sizeof a, (double)size),
+                          fsdp_fmt_bytes(b, sizeof b, (double)lr->max_bytes));
+}
+
+fsdp_status fsdp_line_reader_open(fsdp_line_reader *lr, const char *path, const char *what,
+                                  size_t max_line_bytes, uint64_t max_bytes)
+{
+    memset(lr, 0, sizeof *lr);
+    lr->fd = -1;
+    lr->path = path;
+    lr->what = what;
+    lr->max_line_bytes = max_line_bytes;
+    lr->max_bytes = max_bytes;
+    uint64_t size;
+    FSDP_TRY(fsdp_open_regular(path, what, &lr->fd, &size));
+    lr->open = true;
+    if (size > max_bytes) {
+        fsdp_status st = too_large(lr, size, false);
+        fsdp_line_reader_close(lr);
+        return st;
+    }
+    lr->cap = max_line_bytes < (1u << 16) ? max_line_bytes + 1 : (1u << 16);
+    if (!(lr->buf = malloc(lr->cap))) {
+        fsdp_line_reader_close(lr);
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading %s '%s'", what, path);
+    }
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status line_too_long(const fsdp_line_reader *lr)
+{
+    char b[32];
+    return fsdp_error_set(FSDP_STATUS_FORMAT,
+                          "%s '%s' line %d is longer than %s (the limit for one line); is it "
+                          "the right file?",
+                          lr->what, lr->path, lr->line_no + 1,
+                          fsdp_fmt_bytes(b, sizeof b, (double)lr->max_line_bytes));
+}
+
+/* Read more bytes after lr->end, moving the unread ones to the front or
+ * growing the buffer (up to one line and its '\n') first. */
+static fsdp_status fill(fsdp_line_reader *lr)
+{
+    if (lr->beg > 0) {
+        memmove(lr->buf, lr->buf + lr->beg, lr->end - lr->beg);
+        lr->end -= lr->beg;
+        lr->beg = 0;
+    }
+    if (lr->end == lr->cap) {
+        size_t most = lr->max_line_bytes + 1;
+        size_t cap = lr->cap * 2 < most ? lr->cap * 2 : most;
+        char *b = realloc(lr->buf, cap);
+        if (!b)
+            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading %s '%s'",
+                                  lr->what, lr->path);
+        lr->buf = b;
+        lr->cap = cap;
+    }
+    ssize_t k;
+    do
+        k = read(lr->fd, lr->buf + lr->end, lr->cap - lr->end);
+    while (k < 0 && errno == EINTR);
+    if (k < 0)
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot read %s '%s' (line %d): %s", lr->what,
+                              lr->path, lr->line_no + 1, strerror(errno));
+    if (k == 0)
+        lr->eof = true;
+    lr->end += (size_t)k;
+    lr->n_read += (uint64_t)k;
+    if (lr->n_read > lr->max_bytes) /* it grew while being read */
+        return too_large(lr, lr->n_read, true);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_line_reader_next(fsdp_line_reader *lr, const char **line, size_t *len,
+                                  bool *terminated)
+{
+    *line = NULL;
+    *len = 0;
+    *terminated = false;
+    if (!lr->open)
+        return FSDP_STATUS_OK;
+    for (;;) {
+        char *start = lr->buf + lr->beg;
+        size_t avail = lr->end - lr->beg;
+        char *nl = memchr(start, '\n', avail);
+        size_t n = nl ? (size_t)(nl - start) : avail; /* the line so far */
+        if (n > lr->max_line_bytes)
+            return line_too_long(lr);
+        if (!nl && !lr->eof) {
+            FSDP_TRY(fill(lr));
+            continue;
+        }
+        if (!nl && avail == 0)
+            return FSDP_STATUS_OK; /* the end */
+        *line = start;
+        *len = n;
+        *terminated = nl != NULL;
+        lr->beg += n + (nl != NULL);
+        lr->line_no++;
+        return FSDP_STATUS_OK;
+    }
+}
+
+void fsdp_line_reader_close(fsdp_line_reader *lr)
+{
+    if (lr->open)
+        close(lr->fd);
+    lr->open = false;
+    lr->fd = -1;
+    free(lr->buf);
+    lr->buf = NULL;
+    lr->cap = lr->beg = lr->end = 0;
+}
+
+/* ---- positional I/O ----------------------------------------------------------- */
 
 fsdp_status fsdp_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *what,
                            const char *path)
@@ -85,19 +288,88 @@ fsdp_status fsdp_fsync_dir(const char *dir)
     return FSDP_STATUS_OK;
 }
 
-fsdp_status fsdp_atomic_open(fsdp_atomic_file *af, const char *path, const char *what)
+/* ---- writing ----------------------------------------------------------------- */
+
+/* Where a writer of `path` may put its file: dst = path when nothing is
+ * there or a regular file is, the file a symlink names when it names a
+ * regular file; anything else is refused (see fsdp_atomic_open). *mode is
+ * the replaced file's mode, 0 when there is none. */
+static fsdp_status output_target(const char *path, const char *what, char *dst, size_t n,
+                                 mode_t *mode)
 {
-    af->f = NULL;
-    af->path = path;
-    if (snprintf(af->tmp, sizeof af->tmp, "%s.tmp.%ld", path, (long)getpid()) >=
-        (int)sizeof af->tmp) {
-        af->tmp[0] = '\0';
+    struct stat sb;
+    *mode = 0;
+    if (lstat(path, &sb) != 0) {
+        if (errno != ENOENT)
+            return fsdp_error_set(FSDP_STATUS_IO, "cannot check %s path '%s': %s", what, path,
+                                  strerror(errno));
+        if (snprintf(dst, n, "%s", path) >= (int)n)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s path '%.64s...' is too long",
+                                  what, path);
+        return FSDP_STATUS_OK;
+    }
+    if (S_ISLNK(sb.st_mode)) {
+        char *real = realpath(path, NULL);
+        if (!real)
+            return fsdp_error_set(FSDP_STATUS_IO,
+                                  "%s '%s' is a symbolic link that cannot be followed (%s); "
+                                  "fsdp left it untouched: give the path of a regular file",
+                                  what, path, strerror(errno));
+        int k = snprintf(dst, n, "%s", real);
+        free(real);
+        if (k >= (int)n)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s path '%.64s...' is too long",
+                                  what, path);
+        if (stat(dst, &sb) != 0)
+            return fsdp_error_set(FSDP_STATUS_IO, "cannot check %s path '%s': %s", what, dst,
+                                  strerror(errno));
+    } else if (snprintf(dst, n, "%s", path) >= (int)n) {
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s path '%.64s...' is too long", what,
                               path);
     }
-    if (!(af->f = fopen(af->tmp, "wb"))) {
+    if (!S_ISREG(sb.st_mode))
+        return not_regular(what, path, sb.st_mode, true);
+    *mode = sb.st_mode;
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_atomic_open(fsdp_atomic_file *af, const char *path, const char *what)
+{
+    static atomic_uint counter;
+    memset(af, 0, sizeof *af);
+    af->path = path;
+    af->what = what;
+    mode_t mode;
+    FSDP_TRY(output_target(path, what, af->dst, sizeof af->dst, &mode));
+    /* exclusive creation: never writes through a name that already exists
+     * (a leftover of a crash, a link planted there) */
+    int fd = -1;
+    for (int tries = 0; fd < 0 && tries < 16; tries++) {
+        if (snprintf(af->tmp, sizeof af->tmp, "%s.tmp.%ld.%u", af->dst, (long)getpid(),
+                     atomic_fetch_add(&counter, 1)) >= (int)sizeof af->tmp) {
+            af->tmp[0] = '\0';
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s path '%.64s...' is too long",
+                                  what, path);
+        }
+        fd = open(af->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST)
+            break;
+    }
+    if (fd < 0) {
         fsdp_status st = fsdp_error_set(FSDP_STATUS_IO, "cannot create '%s' to write %s '%s': %s",
                                         af->tmp, what, path, strerror(errno));
+        af->tmp[0] = '\0';
+        return st;
+    }
+    /* the new file keeps the permissions of the one it replaces (best
+     * effort: the default mode is a fine fallback) */
+    if (mode)
+        (void)fchmod(fd, mode & 07777);
+    if (!(af->f = fdopen(fd, "wb"))) {
+        fsdp_status st = fsdp_error_set(FSDP_STATUS_OOM, "cannot open a stream on '%s': %s",
+                                        af->tmp, strerror(errno));
+        close(fd);
+        unlink(af->tmp);
         af->tmp[0] = '\0';
         return st;
     }
@@ -110,36 +382,58 @@ void fsdp_atomic_abort(fsdp_atomic_file *af)
         fclose(af->f);
     af->f = NULL;
     if (af->tmp[0])
-        unlink(af->tmp);
+        unlink(af->tmp); /* our own file: created exclusively by fsdp_atomic_open */
     af->tmp[0] = '\0';
 }
 
 fsdp_status fsdp_atomic_commit(fsdp_atomic_file *af, bool write_ok)
 {
     fsdp_status st;
-    if (!write_ok || fflush(af->f) != 0 || fsync(fileno(af->f)) != 0) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "writing '%s' failed: %s (disk full?)", af->tmp,
-                            strerror(errno));
+    int err = errno; /* the caller's failed write, if it failed */
+    if (!af->f)
+        return fsdp_error_set(FSDP_STATUS_INTERNAL, "%s '%s' committed without being open",
+                              af->what, af->path);
+    if (fflush(af->f) != 0) { /* after an error: retried, so errno is fresh */
+        write_ok = false;
+        err = errno;
+    }
+    if (!write_ok || ferror(af->f)) {
+        st = fsdp_error_set(FSDP_STATUS_IO,
+                            "cannot write %s '%s': %s (disk full? free some space or write "
+                            "elsewhere); '%s' was left as it was",
+                            af->what, af->path, err ? strerror(err) : "write error", af->path);
+        goto fail;
+    }
+    if (fsync(fileno(af->f)) != 0) {
+        st = fsdp_error_set(FSDP_STATUS_IO, "cannot fsync %s '%s': %s; '%s' was left as it was",
+                            af->what, af->tmp, strerror(errno), af->path);
         goto fail;
     }
     int rc = fclose(af->f);
     af->f = NULL;
     if (rc != 0) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "closing '%s' failed: %s", af->tmp, strerror(errno));
+        st = fsdp_error_set(FSDP_STATUS_IO, "cannot close %s '%s': %s; '%s' was left as it was",
+                            af->what, af->tmp, strerror(errno), af->path);
         goto fail;
     }
-    if (rename(af->tmp, af->path) != 0) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "cannot rename '%s' to '%s': %s", af->tmp, af->path,
+    /* something else may have appeared at the path while we wrote */
+    char dst[sizeof af->dst];
+    mode_t mode;
+    if ((st = output_target(af->path, af->what, dst, sizeof dst, &mode)) != FSDP_STATUS_OK)
+        goto fail;
+    if (strcmp(dst, af->dst)) {
+        st = fsdp_error_set(FSDP_STATUS_IO, "%s '%s' changed while it was written (it now "
+                            "leads to '%s'); fsdp left it untouched",
+                            af->what, af->path, dst);
+        goto fail;
+    }
+    if (rename(af->tmp, af->dst) != 0) {
+        st = fsdp_error_set(FSDP_STATUS_IO, "cannot rename '%s' to '%s': %s", af->tmp, af->dst,
                             strerror(errno));
         goto fail;
     }
     af->tmp[0] = '\0';
-    char *copy = strdup(af->path);
-    if (!copy)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
-    st = fsdp_fsync_dir(dirname(copy));
-    free(copy);
-    return st;
+    return fsdp_fsync_dir(dirname(dst));
 fail:
     fsdp_atomic_abort(af);
     return st;

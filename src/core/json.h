@@ -53,7 +53,15 @@ struct fsdp_json {
  * expected"; *out is NULL. */
 fsdp_status fsdp_json_parse(const char *text, size_t len, fsdp_json **out);
 
-/* Read and parse a whole file (IO error names the path). */
+/* Largest file fsdp_json_parse_file reads (the tree takes more: up to tens
+ * of bytes per input byte for a file of tiny values). */
+#define FSDP_JSON_MAX_FILE_BYTES ((unsigned long long)256 << 20) /* 256 MiB */
+
+/* Read and parse a whole file. Only regular files are read (a FIFO is
+ * refused, never waited on: core/fileio.h fsdp_open_regular). Errors: IO
+ * naming the path (missing, unreadable, not a regular file), FORMAT for a
+ * file over FSDP_JSON_MAX_FILE_BYTES (naming the limit) or bad JSON
+ * ("JSON file 'PATH': line L, column C: ..."), OOM. */
 fsdp_status fsdp_json_parse_file(const char *path, fsdp_json **out);
 
 void fsdp_json_free(fsdp_json *v);

@@ -17,6 +17,12 @@ static const struct {
     [FSDP_ENV_LOG] = {"FSDP_LOG", "warn"},
     [FSDP_ENV_LOG_SUBSYS] = {"FSDP_LOG_SUBSYS", "all"},
     [FSDP_ENV_CPU_THREADS] = {"FSDP_CPU_THREADS", "0"},
+    [FSDP_ENV_RDV_DIR] = {"FSDP_RDV_DIR", ""},
+    [FSDP_ENV_PROCESS] = {"FSDP_PROCESS", ""},
+    [FSDP_ENV_N_PROCESSES] = {"FSDP_N_PROCESSES", ""},
+    [FSDP_ENV_PEER_TIMEOUT] = {"FSDP_PEER_TIMEOUT", "600"},
+    [FSDP_ENV_ABORT_GRACE] = {"FSDP_ABORT_GRACE", "10"},
+    [FSDP_ENV_FAULT] = {"FSDP_FAULT", ""},
 };
 
 static const char *env_values[FSDP_ENV_COUNT];

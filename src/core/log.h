@@ -41,6 +41,12 @@ typedef enum fsdp_env_key {
     FSDP_ENV_LOG = 0,        /* FSDP_LOG */
     FSDP_ENV_LOG_SUBSYS,     /* FSDP_LOG_SUBSYS */
     FSDP_ENV_CPU_THREADS,    /* FSDP_CPU_THREADS: CPU optimizer worker threads */
+    FSDP_ENV_RDV_DIR,        /* FSDP_RDV_DIR: rendezvous directory of a job's processes */
+    FSDP_ENV_PROCESS,        /* FSDP_PROCESS: this process's index (with FSDP_RDV_DIR) */
+    FSDP_ENV_N_PROCESSES,    /* FSDP_N_PROCESSES: the job's processes (with FSDP_RDV_DIR) */
+    FSDP_ENV_PEER_TIMEOUT,   /* FSDP_PEER_TIMEOUT: seconds a wait on another process may last */
+    FSDP_ENV_ABORT_GRACE,    /* FSDP_ABORT_GRACE: seconds a failing MPI process has to end the job */
+    FSDP_ENV_FAULT,          /* FSDP_FAULT=RANK:OP:K: testing only, core/world.h */
     FSDP_ENV_COUNT
 } fsdp_env_key;
 

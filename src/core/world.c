@@ -1,26 +1,108 @@
 /*
- * world.c - rank threads, the abortable barrier and the first-error record.
+ * world.c - rank threads, the abortable barrier (plain, or agreeing on a
+ * value), the first-error record, the placement of ranks in processes and
+ * the fault-injection hook.
  *
  * Waiters block on one condition variable with a short timeout and re-check
  * the abort flag, so an abort is seen within milliseconds even if a wake-up
  * is missed. fsdp_world_fail() also broadcasts the condition variable.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/log.h"
 #include "core/world.h"
 
+static const fsdp_name fault_kinds[] = {
+    {"alloc", FSDP_FAULT_ALLOC, "device and pinned host allocations"},
+    {"collective", FSDP_FAULT_COLLECTIVE, "collectives and their barriers"},
+    {"write", FSDP_FAULT_WRITE, "metrics records, checkpoint blocks, manifests and commits"},
+};
+const fsdp_name_table fsdp_fault_kind_names = FSDP_NAME_TABLE(fault_kinds);
+
+/* Arm w's hook from FSDP_FAULT=RANK:OP:K (unset or empty: nothing). */
+static fsdp_status fault_from_env(fsdp_world *w)
+{
+    const char *spec = fsdp_env_get(FSDP_ENV_FAULT);
+    if (!*spec)
+        return FSDP_STATUS_OK;
+    char op[32];
+    long rank = -1, k = 0;
+    int used = 0;
+    if (sscanf(spec, "%ld:%31[a-z]:%ld%n", &rank, op, &k, &used) != 3 || spec[used] ||
+        rank < 0 || k < 1)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "FSDP_FAULT='%s' is not RANK:OP:K with OP alloc, collective or "
+                              "write and K >= 1 (a testing hook: unset it for normal runs)",
+                              spec);
+    int kind;
+    if (fsdp_names_parse(&fsdp_fault_kind_names, 0, op, &kind) != FSDP_STATUS_OK)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "FSDP_FAULT='%s': %s", spec,
+                              fsdp_error_msg());
+    if (rank >= w->n_ranks)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "FSDP_FAULT='%s' names rank %ld, but this run has %d rank%s", spec,
+                              rank, w->n_ranks, w->n_ranks == 1 ? "" : "s");
+    fsdp_world_set_fault(w, (fsdp_fault_kind)kind, (int)rank, k);
+    w->fault_env = kind;
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_world_init(fsdp_world **out, int n_ranks)
 {
-    if (n_ranks < 1 || n_ranks > 1024)
+    return fsdp_world_init_span(out, n_ranks, NULL);
+}
+
+fsdp_status fsdp_world_init_span(fsdp_world **out, int n_local, const fsdp_world_span *span)
+{
+    *out = NULL;
+    int n_proc = span ? span->n_processes : 1, proc = span ? span->process : 0;
+    if (n_proc < 1 || n_proc > FSDP_MAX_RANKS || proc < 0 || proc >= n_proc)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "world size must be 1..1024, got %d", n_ranks);
+                              "process %d of %d: a job has 1..%d processes, numbered from 0",
+                              proc, n_proc, FSDP_MAX_RANKS);
+    if (n_local < 1 || (long)n_local * n_proc > FSDP_MAX_RANKS) {
+        if (n_proc == 1)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "world size must be 1..%d, got %d",
+                                  FSDP_MAX_RANKS, n_local);
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "world size must be 1..%d, got %d rank(s) in each of %d processes",
+                              FSDP_MAX_RANKS, n_local, n_proc);
+    }
     fsdp_world *w = calloc(1, sizeof *w);
-    if (!w)
+    if (w) {
+        w->stop = calloc((size_t)n_local, sizeof *w->stop);
+        w->hosts = calloc((size_t)n_proc, sizeof *w->hosts);
+    }
+    if (!w || !w->stop || !w->hosts) {
+        if (w) {
+            free(w->stop);
+            free(w->hosts);
+        }
+        free(w);
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating a world");
-    w->n_ranks = n_ranks;
+    }
+    w->n_ranks = n_local * n_proc;
+    w->n_local = n_local;
+    w->process = proc;
+    w->n_processes = n_proc;
+    w->rank_offset = proc * n_local;
+    for (int p = 0; p < n_proc; p++) {
+        if (span && span->hosts && span->hosts[p])
+            snprintf(w->hosts[p], FSDP_HOST_MAX, "%s", span->hosts[p]);
+        else if (p == proc && gethostname(w->hosts[p], FSDP_HOST_MAX) == 0)
+            w->hosts[p][FSDP_HOST_MAX - 1] = '\0';
+        else
+            snprintf(w->hosts[p], FSDP_HOST_MAX, "?");
+    }
+    if (span) {
+        w->span_fail = span->fail;
+        w->span_detach = span->detach;
+        w->procs = span->ctx;
+    }
     pthread_mutex_init(&w->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -29,6 +111,12 @@ fsdp_status fsdp_world_init(fsdp_world **out, int n_ranks)
     pthread_condattr_destroy(&ca);
     for (int k = 0; k < FSDP_FAULT_KIND_COUNT; k++)
         w->fault[k].rank = -1;
+    w->fault_env = -1;
+    fsdp_status st = fault_from_env(w);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_world_free(w);
+        return st;
+    }
     *out = w;
     return FSDP_STATUS_OK;
 }
@@ -37,9 +125,65 @@ void fsdp_world_free(fsdp_world *w)
 {
     if (!w)
         return;
+    if (w->fault_env >= 0) {
+        int kind = w->fault_env;
+        long seen = atomic_load(&w->fault[kind].count);
+        if (seen < atomic_load(&w->fault[kind].k))
+            FSDP_WARN(FSDP_SUB_CORE,
+                      "FSDP_FAULT=%s: rank %d made %ld %s operation%s; none failed",
+                      fsdp_env_get(FSDP_ENV_FAULT), atomic_load(&w->fault[kind].rank), seen,
+                      fsdp_names_name(&fsdp_fault_kind_names, kind), seen == 1 ? "" : "s");
+    }
+    if (w->span_detach)
+        w->span_detach(w->procs, w);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
+    free(w->stop);
+    free(w->hosts);
     free(w);
+}
+
+const char *fsdp_world_where(const fsdp_world *w, int rank, char *buf, size_t n)
+{
+    if (!w || w->n_processes == 1 || rank < 0 || rank >= w->n_ranks)
+        snprintf(buf, n, "%s", "");
+    else {
+        int p = fsdp_world_process_of(w, rank);
+        snprintf(buf, n, " (process %d of %d, host %s)", p, w->n_processes, w->hosts[p]);
+    }
+    return buf;
+}
+
+void fsdp_world_set_rank_stop(fsdp_world *w, int rank, fsdp_rank_stop_fn fn, void *arg)
+{
+    FSDP_ASSERT(w && fsdp_world_is_local(w, rank));
+    struct fsdp_rank_stop *s = &w->stop[rank - w->rank_offset];
+    s->fn = fn;
+    s->arg = fn ? arg : NULL;
+}
+
+/* The message of a rank that failed with st: its thread's first error when
+ * that has the same status (teardown errors come later), else the current
+ * one. */
+static const char *rank_failure_msg(fsdp_status st)
+{
+    const char *first = NULL;
+    return fsdp_error_first(&first) == st ? first : fsdp_error_msg();
+}
+
+bool fsdp_world_rank_stop(fsdp_world *w, int rank, fsdp_status st)
+{
+    if (!w || (st == FSDP_STATUS_OK && !fsdp_world_aborted(w)))
+        return false;
+    FSDP_ASSERT(fsdp_world_is_local(w, rank));
+    if (st != FSDP_STATUS_OK && !fsdp_world_aborted(w))
+        fsdp_world_fail(w, rank, st, rank_failure_msg(st));
+    struct fsdp_rank_stop *slot = &w->stop[rank - w->rank_offset], s = *slot;
+    slot->fn = NULL;
+    slot->arg = NULL;
+    if (s.fn)
+        s.fn(s.arg);
+    return true;
 }
 
 void fsdp_world_fail(fsdp_world *w, int rank, fsdp_status st, const char *msg)
@@ -53,9 +197,18 @@ void fsdp_world_fail(fsdp_world *w, int rank, fsdp_status st, const char *msg)
         w->first_rank = rank;
         snprintf(w->first_msg, sizeof w->first_msg, "%s", msg ? msg : "");
     }
+    if (!fsdp_world_is_local(w, rank))
+        w->peer_failed = true;
+    /* The other processes hear of this process's first real failure. */
+    bool tell = w->span_fail && !w->span_failed && st != FSDP_STATUS_ABORTED &&
+                fsdp_world_is_local(w, rank);
+    if (tell)
+        w->span_failed = true;
     atomic_store_explicit(&w->aborted, 1, memory_order_release);
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
+    if (tell)
+        w->span_fail(w->procs, w, rank, st, msg ? msg : "");
 }
 
 void fsdp_world_wait_locked(fsdp_world *w)
@@ -72,13 +225,29 @@ void fsdp_world_wait_locked(fsdp_world *w)
 
 fsdp_status fsdp_world_barrier(fsdp_world *w)
 {
-    if (w->n_ranks == 1)
-        return fsdp_world_aborted(w) ? fsdp_error_set(FSDP_STATUS_ABORTED, "aborted")
-                                     : FSDP_STATUS_OK;
+    unsigned all;
+    return fsdp_world_barrier_or(w, 0, &all);
+}
+
+/* The round's OR is published by the rank that completes it; the others
+ * read it after waking. It stays valid until they leave: the next round
+ * cannot complete without them. */
+fsdp_status fsdp_world_barrier_or(fsdp_world *w, unsigned mine, unsigned *all)
+{
+    *all = 0;
+    if (w->n_local == 1) {
+        if (fsdp_world_aborted(w))
+            return fsdp_error_set(FSDP_STATUS_ABORTED, "aborted");
+        *all = mine;
+        return FSDP_STATUS_OK;
+    }
     pthread_mutex_lock(&w->mu);
     unsigned long gen = w->barrier_gen;
-    if (++w->barrier_waiting == w->n_ranks) {
+    w->barrier_or |= mine;
+    if (++w->barrier_waiting == w->n_local) {
         w->barrier_waiting = 0;
+        w->barrier_result = w->barrier_or;
+        w->barrier_or = 0;
         w->barrier_gen++;
         pthread_cond_broadcast(&w->cv);
     } else {
@@ -86,6 +255,8 @@ fsdp_status fsdp_world_barrier(fsdp_world *w)
             fsdp_world_wait_locked(w);
     }
     bool done = gen != w->barrier_gen;
+    if (done)
+        *all = w->barrier_result;
     pthread_mutex_unlock(&w->mu);
     if (!done)
         return fsdp_error_set(FSDP_STATUS_ABORTED,
@@ -93,18 +264,22 @@ fsdp_status fsdp_world_barrier(fsdp_world *w)
     return FSDP_STATUS_OK;
 }
 
+/* Disarmed while it changes: a rank counting at the same time sees the old
+ * fault or the new one, never a mix. */
 void fsdp_world_set_fault(fsdp_world *w, fsdp_fault_kind kind, int rank, long k)
 {
-    w->fault[kind].rank = rank;
-    w->fault[kind].k = k;
+    atomic_store(&w->fault[kind].k, 0);
+    atomic_store(&w->fault[kind].rank, rank);
     atomic_store(&w->fault[kind].count, 0);
+    atomic_store(&w->fault[kind].k, k);
 }
 
 bool fsdp_world_fault_hit(fsdp_world *w, fsdp_fault_kind kind, int rank)
 {
-    if (w->fault[kind].k <= 0 || w->fault[kind].rank != rank)
+    long k = atomic_load(&w->fault[kind].k);
+    if (k <= 0 || atomic_load(&w->fault[kind].rank) != rank)
         return false;
-    return atomic_fetch_add(&w->fault[kind].count, 1) + 1 == w->fault[kind].k;
+    return atomic_fetch_add(&w->fault[kind].count, 1) + 1 == k;
 }
 
 struct rank_thread {
@@ -122,32 +297,44 @@ static void *rank_main(void *p)
     fsdp_log_set_rank(t->rank);
     fsdp_error_clear();
     t->st = t->fn(t->w, t->rank, t->arg);
+    /* A hook left registered may point into the rank function's frame. */
+    t->w->stop[t->rank - t->w->rank_offset].fn = NULL;
     if (t->st != FSDP_STATUS_OK)
-        fsdp_world_fail(t->w, t->rank, t->st, fsdp_error_msg());
+        fsdp_world_fail(t->w, t->rank, t->st, rank_failure_msg(t->st));
+    fsdp_error_clear();
     return NULL;
 }
 
 fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg)
 {
-    int n = w->n_ranks;
+    int n = w->n_local;
     struct rank_thread *ts = calloc((size_t)n, sizeof *ts);
     if (!ts)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory launching %d ranks", n);
-    atomic_store(&w->aborted, 0);
-    w->first_status = FSDP_STATUS_OK;
-    w->first_rank = -1;
-    w->first_msg[0] = '\0';
+    /* Under the mutex: another process's failure may arrive any time. */
+    pthread_mutex_lock(&w->mu);
+    if (!w->peer_failed) {
+        atomic_store(&w->aborted, 0);
+        w->first_status = FSDP_STATUS_OK;
+        w->first_rank = -1;
+        w->first_msg[0] = '\0';
+    }
     w->barrier_waiting = 0;
+    w->barrier_or = 0;
+    w->span_failed = false;
+    pthread_mutex_unlock(&w->mu);
+    memset(w->stop, 0, (size_t)n * sizeof *w->stop);
 
     int started = 0;
     for (; started < n; started++) {
-        ts[started] = (struct rank_thread){.w = w, .rank = started, .fn = fn, .arg = arg};
+        int rank = w->rank_offset + started;
+        ts[started] = (struct rank_thread){.w = w, .rank = rank, .fn = fn, .arg = arg};
         int rc = pthread_create(&ts[started].tid, NULL, rank_main, &ts[started]);
         if (rc) {
             char msg[128];
-            snprintf(msg, sizeof msg, "cannot start the thread of rank %d: %s", started,
+            snprintf(msg, sizeof msg, "cannot start the thread of rank %d: %s", rank,
                      strerror(rc));
-            fsdp_world_fail(w, started, FSDP_STATUS_INTERNAL, msg);
+            fsdp_world_fail(w, rank, FSDP_STATUS_INTERNAL, msg);
             break;
         }
     }
@@ -155,10 +342,19 @@ fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg)
         pthread_join(ts[r].tid, NULL);
     free(ts);
 
-    if (w->first_status == FSDP_STATUS_OK)
-        return FSDP_STATUS_OK;
+    pthread_mutex_lock(&w->mu);
+    fsdp_status st = w->first_status;
+    int rank = w->first_rank;
     char msg[FSDP_ERROR_MSG_MAX];
-    snprintf(msg, sizeof msg, "rank %d: %s", w->first_rank, w->first_msg);
-    fsdp_error_copy(msg);
-    return w->first_status;
+    snprintf(msg, sizeof msg, "%s", w->first_msg);
+    pthread_mutex_unlock(&w->mu);
+    if (st == FSDP_STATUS_OK)
+        return FSDP_STATUS_OK;
+    /* messages that already name their rank ("rank 1: injected failure in
+     * collective 3") are not prefixed twice */
+    char head[32], where[96];
+    int len = snprintf(head, sizeof head, "rank %d: ", rank);
+    const char *body = strncmp(msg, head, (size_t)len) ? msg : msg + len;
+    return fsdp_error_set(st, "rank %d%s: %s", rank, fsdp_world_where(w, rank, where, sizeof where),
+                          body);
 }

@@ -1,13 +1,34 @@
 /*
- * world.h - the ranks of one process: rank threads, barrier, abort flag,
- * first error, and the fault-injection test hook.
+ * world.h - the ranks of one job as this process sees them: rank threads,
+ * barrier, abort flag, first error, the fault-injection test hook, and
+ * where every rank lives when the job spans several processes.
  *
- * A world holds N ranks, each run on its own POSIX thread by
- * fsdp_world_launch(). When a rank's function returns an error, the world
- * keeps the first such error (status, rank, message), sets the abort flag
- * and wakes every waiter; every wait in the runtime (barrier, host
- * collectives, engine waits) polls the flag, so the other ranks return
- * FSDP_STATUS_ABORTED promptly instead of hanging.
+ * A world holds n_ranks ranks. A job of one process runs them all on its
+ * own POSIX threads. A job of P processes (one per node, started by mpirun
+ * or through a rendezvous directory: comm/procs.h) runs n_local = n_ranks
+ * / P of them in each process: global rank = process * n_local + local
+ * index, so the ranks of a process are [rank_offset, rank_offset + n_local).
+ * Ranks are global everywhere (rank functions, messages, the fault hook);
+ * only this process's threads run here. fsdp_world_launch() runs the
+ * local ranks, each on its own thread.
+ *
+ * When a rank's function returns an error, the world keeps the first such
+ * error (status, rank, message), sets the abort flag and wakes every
+ * waiter; every wait in the runtime (barrier, host collectives, engine
+ * waits) polls the flag, so the other ranks return FSDP_STATUS_ABORTED
+ * promptly instead of hanging. In a job of several processes the failure
+ * of a local rank is also handed to the span's fail hook (comm/procs.c),
+ * which tells the other processes; they record it (as the failure of a
+ * rank that is not theirs) through fsdp_world_fail, which sets their abort
+ * flag in turn.
+ *
+ * Waiting on the host is not all: a GPU may be running a collective kernel
+ * that waits for a rank that will never come, and such a kernel keeps
+ * every later cudaFree (which waits for the whole device) from returning.
+ * So each rank can register a stop hook (nccl: ncclCommAbort) that its own
+ * thread runs as soon as it sees the abort flag in a device wait, and that
+ * teardown runs first, before any device memory is freed
+ * (fsdp_world_rank_stop).
  */
 #ifndef FSDP_CORE_WORLD_H
 #define FSDP_CORE_WORLD_H
@@ -17,22 +38,71 @@
 #include <stdbool.h>
 
 #include "core/error.h"
+#include "core/names.h"
 
 /* Test hook: make the k-th operation of a kind on one rank fail (SQLite-style
- * fault injection). Counted per rank, 1-based; k = 0 disables. */
+ * fault injection). Counted per rank, 1-based; k = 0 disables. Armed by
+ * fsdp_world_set_fault, or for every world of a process by the environment
+ * (testing only; the commands' tests use it):
+ *
+ *     FSDP_FAULT=RANK:OP:K     OP: alloc | collective | write
+ *
+ * e.g. FSDP_FAULT=1:collective:7 fails the 7th collective of rank 1. When a
+ * world armed that way is freed without the fault having fired, a warning
+ * says how many operations of that kind the rank made (so a test can count
+ * them with a K larger than any run). */
 typedef enum fsdp_fault_kind {
-    FSDP_FAULT_ALLOC = 0,     /* device/host allocations (cpu and meta backends) */
-    FSDP_FAULT_COLLECTIVE,    /* host collectives */
+    FSDP_FAULT_ALLOC = 0,     /* device and pinned host allocations (device.c, every backend) */
+    FSDP_FAULT_COLLECTIVE,    /* collectives, barriers included (host, peer, nccl) */
+    FSDP_FAULT_WRITE,         /* a run's file writes: each metrics record, each checkpoint
+                               * block of a rank file, a checkpoint's manifest and its commit */
     FSDP_FAULT_KIND_COUNT
 } fsdp_fault_kind;
 
+/* The OP names of FSDP_FAULT: alloc, collective, write. */
+extern const fsdp_name_table fsdp_fault_kind_names;
+
 typedef struct fsdp_world fsdp_world;
+
+/* Longest host name kept (longer ones are cut). */
+#define FSDP_HOST_MAX 64
 
 /* Per-rank entry point run by fsdp_world_launch on the rank's thread. */
 typedef fsdp_status (*fsdp_rank_fn)(fsdp_world *w, int rank, void *arg);
 
+/* A rank's stop hook: end this rank's device work that may wait for other
+ * ranks (see above). Runs on the rank's own thread, at most once per
+ * registration; must not block on the device. */
+typedef void (*fsdp_rank_stop_fn)(void *arg);
+
+/* Where a world's processes are and how a local failure reaches them;
+ * filled by the layer that connects the processes (comm/procs.c). */
+typedef struct fsdp_world_span {
+    int process, n_processes;      /* this process's index; processes in the job */
+    const char *const *hosts;      /* (n_processes,) host names, copied */
+    /* The first failure of a local rank (never ABORTED, never a rank of
+     * another process): tell the other processes. Called on the failing
+     * thread, without the world's mutex held, at most once per launch.
+     * May be NULL. */
+    void (*fail)(void *ctx, fsdp_world *w, int rank, fsdp_status st, const char *msg);
+    /* fsdp_world_free is about to free w. May be NULL. */
+    void (*detach)(void *ctx, fsdp_world *w);
+    void *ctx;                     /* the hooks' argument; also kept as w->procs */
+} fsdp_world_span;
+
 struct fsdp_world {
-    int n_ranks;
+    int n_ranks;                   /* ranks of the whole job, every process */
+    int n_local;                   /* ranks run here: n_ranks / n_processes */
+    int rank_offset;               /* global rank of the first local one */
+    int process, n_processes;      /* 0 and 1 for a job of one process */
+    char (*hosts)[FSDP_HOST_MAX];  /* (n_processes,) host of every process */
+    void (*span_fail)(void *ctx, fsdp_world *w, int rank, fsdp_status st, const char *msg);
+    void (*span_detach)(void *ctx, fsdp_world *w);
+    void *procs;                   /* the span's ctx (comm/procs.h); NULL: one process */
+    bool span_failed;              /* the fail hook ran in this launch; mu */
+    bool peer_failed;              /* a rank of another process failed: the job is over,
+                                    * every later launch fails at once with it; mu */
+
     atomic_int aborted;            /* set once any rank failed */
 
     pthread_mutex_t mu;            /* guards the barrier and first error */
@@ -44,29 +114,69 @@ struct fsdp_world {
     int first_rank;
     char first_msg[FSDP_ERROR_MSG_MAX];
 
-    struct {
-        int rank;
-        long k;
+    struct {                       /* armed from any thread, while ranks run */
+        atomic_int rank;
+        atomic_long k;
         atomic_long count;         /* operations of this kind seen on `rank` */
     } fault[FSDP_FAULT_KIND_COUNT];
+    int fault_env;                 /* kind armed from FSDP_FAULT, or -1 */
+    unsigned barrier_or;           /* fsdp_world_barrier_or: OR of this round so far */
+    unsigned barrier_result;       /* ... and of the round that completed last */
 
-    void *comm_shared;             /* host collectives' rendezvous (comm/host.c) */
+    struct fsdp_rank_stop {
+        fsdp_rank_stop_fn fn;      /* NULL: none; written and read by the rank's thread only */
+        void *arg;
+    } *stop;                       /* [n_local], by local index */
+
+    void *comm_shared;             /* the communicators' shared states, per group (comm/comm.c) */
     void *rdv_shared;              /* cuda collectives' rendezvous (comm/rdv.c) */
 };
 
+/* A world of n_ranks ranks (1..FSDP_MAX_RANKS), all in this process; the
+ * fault hook is armed from FSDP_FAULT when it is set (INVALID_ARG for a
+ * malformed value or a rank outside the world). */
 fsdp_status fsdp_world_init(fsdp_world **out, int n_ranks);
+/* A world of n_local ranks in each of span->n_processes processes, this
+ * one being span->process (span NULL: fsdp_world_init). Every process of
+ * the job makes its own with the same n_local. */
+fsdp_status fsdp_world_init_span(fsdp_world **out, int n_local, const fsdp_world_span *span);
+/* Free w (NULL is fine); warns about an FSDP_FAULT that never fired. */
 void fsdp_world_free(fsdp_world *w);
 
-/* Run fn(w, r, arg) on N new threads, r = 0..N-1, and join them. Returns OK,
- * or the first error a rank reported (never ABORTED unless every failure
- * was an abort); its message, prefixed with the rank, becomes the calling
- * thread's fsdp_error_msg(). The world can be launched again afterwards
- * (the abort flag and first error are reset at the start of each launch). */
+/* Whether global rank `rank` runs in this process. */
+static inline bool fsdp_world_is_local(const fsdp_world *w, int rank)
+{
+    return rank >= w->rank_offset && rank < w->rank_offset + w->n_local;
+}
+
+/* The process that runs global rank `rank`. */
+static inline int fsdp_world_process_of(const fsdp_world *w, int rank)
+{
+    return rank / w->n_local;
+}
+
+/* Where rank lives, for messages: "" in a job of one process, else
+ * " (process 1 of 2, host nodeb)". Returns buf (at least 96 bytes). */
+const char *fsdp_world_where(const fsdp_world *w, int rank, char *buf, size_t n);
+
+/* Run fn(w, r, arg) for the local ranks r = rank_offset .. rank_offset +
+ * n_local - 1, each on a new thread, and join them. Returns OK, or the
+ * first error a rank reported (never ABORTED unless every failure was an
+ * abort); its message, prefixed with the rank unless it already starts
+ * so (and, across processes, where it ran: fsdp_world_where), becomes the
+ * calling thread's
+ * fsdp_error_msg(). The world can be launched again afterwards (the abort
+ * flag and first error are reset at the start of each launch, unless
+ * another process failed: see fsdp_world_fail). */
 fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg);
 
-/* Record a failure of `rank` (first one wins), set the abort flag and wake
- * every waiter. Called by the launcher; callable by code that must fail the
- * world from inside a rank before returning. */
+/* Record a failure of global `rank` (first one wins), set the abort flag
+ * and wake every waiter. Called by the launcher; callable by code that
+ * must fail the world from inside a rank before returning, and by the
+ * layer connecting the processes for a failure reported by another
+ * process, at any time (then rank is not local, the span's fail hook is
+ * not called, and the failure outlives the launch: the job cannot go on
+ * without that process, so later launches return it at once). */
 void fsdp_world_fail(fsdp_world *w, int rank, fsdp_status st, const char *msg);
 
 static inline bool fsdp_world_aborted(fsdp_world *w)
@@ -74,15 +184,43 @@ static inline bool fsdp_world_aborted(fsdp_world *w)
     return atomic_load_explicit(&w->aborted, memory_order_acquire) != 0;
 }
 
-/* Wait until all ranks arrive. Returns ABORTED (with a message) if the world
- * is aborted before or while waiting. */
+/* Register (fn != NULL) or remove (fn == NULL) rank's stop hook. Call on
+ * the rank's own thread; one hook per rank (a later one replaces it). */
+void fsdp_world_set_rank_stop(fsdp_world *w, int rank, fsdp_rank_stop_fn fn, void *arg);
+
+/* On rank's own thread, with st = this rank's status so far (OK unless it
+ * failed): if st is a failure or the world is aborted, run the rank's stop
+ * hook, if any, once (it is removed first) and return true; else return
+ * false and leave it. A failure that the world has not seen yet is
+ * recorded first (fsdp_world_fail, with the thread's message as the
+ * launcher would take it), so every other rank stops too: stopping
+ * collectives may need all ranks (ncclCommAbort waits for the ranks of
+ * its node in some NCCL versions). Teardown calls this first, before
+ * freeing any device memory; the cuda device's waits call it (st = OK)
+ * when they see the abort flag. w may be NULL (false). */
+bool fsdp_world_rank_stop(fsdp_world *w, int rank, fsdp_status st);
+
+/* Wait until all local ranks (this process's threads) arrive. Returns
+ * ABORTED (with a message) if the world is aborted before or while
+ * waiting. Ranks of other processes meet through the collectives. */
 fsdp_status fsdp_world_barrier(fsdp_world *w);
+
+/* A barrier that also agrees on a value: each rank brings `mine`, and every
+ * rank gets the bitwise OR of all of them in *all. This is how the ranks
+ * take one decision from state only some of them see (a stop request, a
+ * failed write on rank 0): whatever each rank samples, all of them act on
+ * the same bits. ABORTED as fsdp_world_barrier (then *all is 0). Every
+ * rank must call the same barrier at the same point; fsdp_world_barrier
+ * counts as bringing 0. Like fsdp_world_barrier it covers this process's
+ * ranks only: a decision across processes goes through a collective. */
+fsdp_status fsdp_world_barrier_or(fsdp_world *w, unsigned mine, unsigned *all);
 
 /* Block on the world's condition variable until woken or ~10 ms pass; the
  * caller holds w->mu and re-checks its predicate and the abort flag. */
 void fsdp_world_wait_locked(fsdp_world *w);
 
-/* Arm the fault hook (test only). */
+/* Arm the fault hook (test only); rank is global (a rank of another
+ * process never fails here). */
 void fsdp_world_set_fault(fsdp_world *w, fsdp_fault_kind kind, int rank, long k);
 
 /* Count one operation of `kind` on `rank`; true if it is the one to fail. */

@@ -17,11 +17,14 @@
  * thread asks or in what order, so the global batch is the same for any
  * number of devices. The seed selects the synthetic problems; files are read
  * in order whatever the seed, so eval sees the same tokens every time.
+ * Example sources (.jsonl prompt/completion or messages rows) are cut one
+ * example per row instead: examples.c.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
+#include "data/hftok.h"
 #include "data/source.h"
 
 static bool ends_with(const char *s, const char *suffix)
@@ -32,6 +35,29 @@ static bool ends_with(const char *s, const char *suffix)
 
 fsdp_status fsdp_data_open(fsdp_data **out, const char *spec, int vocab_size, uint64_t seed)
 {
+    fsdp_data_opts o = {.spec = spec, .vocab_size = vocab_size, .seed = seed};
+    return fsdp_data_open_opts(out, &o);
+}
+
+/* Token shards; with a tokenizer, their tokens must be in its vocabulary. */
+static fsdp_status shards_open(fsdp_data *d, const fsdp_data_opts *o)
+{
+    int vocab = o->vocab_size;
+    if (o->tokenizer) {
+        fsdp_hftok *t = NULL;
+        FSDP_TRY(fsdp_hftok_open(&t, o->tokenizer));
+        int tv = fsdp_hftok_vocab(t);
+        fsdp_hftok_free(t);
+        if (vocab <= 0 || tv < vocab)
+            vocab = tv;
+    }
+    return fsdp_data_files_open(d, o->spec, vocab);
+}
+
+fsdp_status fsdp_data_open_opts(fsdp_data **out, const fsdp_data_opts *o)
+{
+    const char *spec = o->spec;
+    int vocab_size = o->vocab_size;
     if (!out || !spec || !*spec)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "no data given: pass --data synthetic, a .txt file or llm.c token "
@@ -43,7 +69,13 @@ fsdp_status fsdp_data_open(fsdp_data **out, const char *spec, int vocab_size, ui
     fsdp_data *d = calloc(1, sizeof *d);
     if (!d)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of memory opening data '%s'", spec);
-    d->seed = seed;
+    d->seed = o->seed;
+    if (strcmp(spec, "synthetic") == 0 && o->tokenizer) {
+        free(d);
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "the synthetic task is byte-level text; --tokenizer does not apply "
+                              "to it");
+    }
     if (strcmp(spec, "synthetic") == 0) {
         d->kind = FSDP_DATA_SYNTH;
         d->vocab = 256;
@@ -58,8 +90,21 @@ fsdp_status fsdp_data_open(fsdp_data **out, const char *spec, int vocab_size, ui
         *out = d;
         return FSDP_STATUS_OK;
     }
-    d->kind = ends_with(spec, ".txt") ? FSDP_DATA_TEXT : FSDP_DATA_SHARDS;
-    fsdp_status st = fsdp_data_files_open(d, spec, vocab_size);
+    fsdp_status st;
+    bool jsonl = ends_with(spec, ".jsonl");
+    if (jsonl && !o->tokenizer)
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                            "'%s' is a .jsonl file: pass --tokenizer tokenizer.json to tokenize "
+                            "its rows", spec);
+    else if (jsonl || (o->tokenizer && ends_with(spec, ".txt")))
+        st = fsdp_data_corpus_open(d, o);
+    else if (ends_with(spec, ".txt")) {
+        d->kind = FSDP_DATA_TEXT;
+        st = fsdp_data_files_open(d, spec, vocab_size);
+    } else {
+        d->kind = FSDP_DATA_SHARDS;
+        st = shards_open(d, o);
+    }
     if (st != FSDP_STATUS_OK) {
         fsdp_data_close(d);
         return st;
@@ -72,14 +117,18 @@ void fsdp_data_close(fsdp_data *d)
 {
     if (!d)
         return;
-    if (d->kind != FSDP_DATA_SYNTH)
-        fsdp_data_files_close(d);
+    fsdp_data_files_close(d);
+    fsdp_data_examples_free(&d->ex);
     free(d);
 }
 
 int fsdp_data_vocab(const fsdp_data *d) { return d->vocab; }
 
 uint64_t fsdp_data_n_tokens(const fsdp_data *d) { return d->n_tokens; }
+
+bool fsdp_data_masked(const fsdp_data *d) { return d->kind == FSDP_DATA_EXAMPLES; }
+
+uint64_t fsdp_data_n_examples(const fsdp_data *d) { return d->ex.n; }
 
 /* (a*b + c) mod n without overflow. */
 static uint64_t mul_add_mod(uint64_t a, uint64_t b, uint64_t c, uint64_t n)
@@ -88,13 +137,15 @@ static uint64_t mul_add_mod(uint64_t a, uint64_t b, uint64_t c, uint64_t n)
 }
 
 /* n tokens of the source from position pos (files: taken modulo the count). */
-static void read_tokens(const fsdp_data *d, uint64_t pos, size_t n, int *dst)
+static fsdp_status read_tokens(const fsdp_data *d, uint64_t pos, size_t n, int *dst)
 {
-    if (d->kind == FSDP_DATA_SYNTH)
-        fsdp_synth_stream_read(d->seed, pos, n, dst);
-    else
-        fsdp_data_files_read(d, pos % d->n_tokens, n, dst);
+    if (d->kind != FSDP_DATA_SYNTH)
+        return fsdp_data_files_read(d, pos % d->n_tokens, n, dst);
+    fsdp_synth_stream_read(d->seed, pos, n, dst);
+    return FSDP_STATUS_OK;
 }
+
+fsdp_status fsdp_data_check(const fsdp_data *d) { return fsdp_data_files_check(d); }
 
 fsdp_status fsdp_data_batch(const fsdp_data *d, uint64_t index, int B, int T, int *inputs,
                             int *targets)
@@ -104,6 +155,10 @@ fsdp_status fsdp_data_batch(const fsdp_data *d, uint64_t index, int B, int T, in
     if (B <= 0 || T <= 0)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "batch shape B=%d T=%d: both must be positive", B, T);
+    if (d->kind == FSDP_DATA_EXAMPLES) {
+        fsdp_data_examples_batch(d, index, B, T, inputs, targets);
+        return FSDP_STATUS_OK;
+    }
     uint64_t BT = (uint64_t)B * (uint64_t)T;
     for (int r = 0; r < B; r++) {
         uint64_t start;
@@ -112,9 +167,9 @@ fsdp_status fsdp_data_batch(const fsdp_data *d, uint64_t index, int B, int T, in
         else
             start = mul_add_mod(index, BT, (uint64_t)r * (uint64_t)T, d->n_tokens);
         int *in = inputs + (size_t)r * T, *tg = targets + (size_t)r * T;
-        read_tokens(d, start, (size_t)T, in);
+        FSDP_TRY(read_tokens(d, start, (size_t)T, in));
         memcpy(tg, in + 1, (size_t)(T - 1) * sizeof *tg);
-        read_tokens(d, start + (uint64_t)T, 1, tg + T - 1);
+        FSDP_TRY(read_tokens(d, start + (uint64_t)T, 1, tg + T - 1));
     }
     return FSDP_STATUS_OK;
 }

@@ -1,12 +1,29 @@
 /*
- * data.h - training data: llm.c token shards, byte-level text, and the
- * built-in synthetic task.
+ * data.h - training data: llm.c token shards, text (bytes, or tokenized
+ * with a tokenizer.json), .jsonl rows (documents, prompt/completion
+ * examples, chat conversations), and the built-in synthetic task.
  *
  * A data source is opened once and then read-only, so every rank thread may
  * call fsdp_data_batch() concurrently. Micro-batches are numbered globally
  * (DESIGN: rank r takes micro-batches r, r+N, r+2N, ...); micro-batch m is a
  * pure function of (source, seed, m, B, T), so the global batch does not
  * depend on the number of devices.
+ *
+ * Two shapes of source:
+ * - streams (shards, text, {"text"} rows, the synthetic task): one long
+ *   token sequence cut into consecutive rows (data.c); every target is a
+ *   real next token. Tokenized documents are separated by the tokenizer's
+ *   BOS (Llama 3: <|begin_of_text|>) or, when it adds none, its
+ *   end-of-text token (GPT-2, Qwen2: <|endoftext|>), put before each
+ *   document as llm.c does.
+ * - examples (prompt/completion and messages rows): padded, one example per
+ *   batch row (no packing: attention never crosses examples, and no
+ *   position or document ids are needed). Row r of micro-batch m is
+ *   example k = m*B + r of an endless sequence of epochs, each a
+ *   permutation of the rows keyed by (seed, epoch); an example longer than
+ *   T+1 tokens keeps its first T+1. Targets of prompt, header and padding
+ *   positions are -1 (fsdp_data_masked): the loss must skip them and
+ *   average over the targets that are not -1; a row may have none.
  */
 #ifndef FSDP_DATA_DATA_H
 #define FSDP_DATA_DATA_H
@@ -23,6 +40,22 @@ typedef struct fsdp_data fsdp_data;
  * (magic 20240520, version 1, token count vs size, every token < vocab_size
  * when vocab_size > 0): a clear error names the file and the offset. */
 fsdp_status fsdp_data_open(fsdp_data **out, const char *spec, int vocab_size, uint64_t seed);
+
+typedef struct fsdp_data_opts {
+    const char *spec;         /* as for fsdp_data_open, or FILE.jsonl */
+    int vocab_size;           /* > 0: every token must be below it */
+    uint64_t seed;            /* synthetic problems; the order of example rows */
+    const char *tokenizer;    /* tokenizer.json: .txt and .jsonl are tokenized with it
+                               * (NULL: .txt is bytes, .jsonl is refused); with shards it
+                               * bounds their tokens by its vocabulary */
+    const char *chat_format;  /* messages rows (chat.h); NULL: the first format whose
+                               * special tokens the tokenizer has */
+} fsdp_data_opts;
+
+/* fsdp_data_open with a tokenizer and chat format. Bad rows are FORMAT
+ * errors naming the file and line (jsonl.h). */
+fsdp_status fsdp_data_open_opts(fsdp_data **out, const fsdp_data_opts *opts);
+
 void fsdp_data_close(fsdp_data *d);
 
 /* Vocabulary the data needs (256 for text and synthetic; for token shards,
@@ -31,10 +64,31 @@ int fsdp_data_vocab(const fsdp_data *d);
 /* Total tokens available (0 for the synthetic task: unbounded). */
 uint64_t fsdp_data_n_tokens(const fsdp_data *d);
 
+/* True when targets can be -1 (example rows: loss on completions and
+ * assistant turns only). */
+bool fsdp_data_masked(const fsdp_data *d);
+
+/* Example rows (0 for streams). */
+uint64_t fsdp_data_n_examples(const fsdp_data *d);
+
+/* With rows of T tokens: how many examples are longer than T+1 tokens
+ * and get cut, and how many examples have no target left at all (their
+ * trained tokens all fall past the cut). Both 0 for streams. */
+void fsdp_data_truncated(const fsdp_data *d, int T, uint64_t *n_cut, uint64_t *n_no_target);
+
 /* Fill micro-batch `index`: inputs[B*T] and targets[B*T] (targets =
- * inputs shifted by one). Thread-safe. */
+ * inputs shifted by one; -1 where the loss must not look, on example
+ * sources). Thread-safe. Files are read as they are now: one truncated
+ * or rewritten since open is an IO or FORMAT error naming it, never a
+ * crash. */
 fsdp_status fsdp_data_batch(const fsdp_data *d, uint64_t index, int B, int T, int *inputs,
                             int *targets);
+
+/* Whether the files of d are as they were when opened: OK, or IO naming
+ * the first one whose size or modification time changed (truncated,
+ * emptied, rewritten). OK for sources held in memory. One fstat per file;
+ * thread-safe. The trainer calls it between steps. */
+fsdp_status fsdp_data_check(const fsdp_data *d);
 
 /* Synthetic task: held-out problem `index` (never produced by
  * fsdp_data_batch for the same seed): prompt (e.g. "123+456=") and expected

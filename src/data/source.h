@@ -1,18 +1,20 @@
 /*
  * source.h - internal to src/data: the data source object shared by the
- * file loaders (tokens.c), the synthetic task (synth.c) and the batcher
- * (data.c).
+ * file loaders (tokens.c), the tokenized corpora (corpus.c), the example
+ * rows (examples.c), the synthetic task (synth.c) and the batcher (data.c).
  *
- * File-backed sources are a list of read-only mappings viewed as one
- * concatenated token sequence; the synthetic task is an unbounded virtual
- * sequence computed on demand. Nothing is written after open, so any number
- * of threads may read a source at once.
+ * Stream sources are a list of files read with pread (or one in-memory array
+ * of tokenized text) viewed as one concatenated token sequence; the
+ * synthetic task is an unbounded virtual sequence computed on demand;
+ * example sources are rows of tokens with per-token loss flags. Nothing is
+ * written after open, so any number of threads may read a source at once.
  */
 #ifndef FSDP_DATA_SOURCE_H
 #define FSDP_DATA_SOURCE_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "data/data.h"
 
@@ -20,17 +22,31 @@ typedef enum fsdp_data_kind {
     FSDP_DATA_SHARDS = 0, /* llm.c token shards: uint16 after a 1 KiB header */
     FSDP_DATA_TEXT,       /* a .txt file: one token per byte */
     FSDP_DATA_SYNTH,      /* the built-in synthetic task */
+    FSDP_DATA_TOKENS,     /* .txt or {"text"} .jsonl tokenized at open: one in-memory file */
+    FSDP_DATA_EXAMPLES,   /* prompt/completion or chat rows: one example per batch row */
 } fsdp_data_kind;
 
 typedef struct fsdp_data_file {
     char *path;
-    const uint8_t *map;     /* the whole file, mapped read-only (NULL if empty) */
-    size_t map_bytes;
-    const uint8_t *tokens;  /* first token inside map */
-    int token_bytes;        /* 2 (shards) or 1 (text) */
+    int fd;                 /* read-only descriptor (pread), or -1 (in memory) */
+    uint64_t bytes;         /* the file's size when opened */
+    struct timespec mtime;  /* and its modification time */
+    void *owned;            /* in-memory tokens (int32), freed at close; else NULL */
+    uint64_t first_byte;    /* offset of the first token in the file */
+    int token_bytes;        /* 1 (text), 2 or 4 (shards), 4 (in memory) */
     uint64_t n_tokens;
     uint64_t first;         /* index of the first token in the concatenation */
 } fsdp_data_file;
+
+/* Example rows: example i is tokens[start[i] .. start[i+1]); trained[j]
+ * says whether token j is a target the loss uses. */
+typedef struct fsdp_examples {
+    int *tokens;
+    uint8_t *trained;
+    uint64_t *start;        /* [n + 1] */
+    uint64_t n;
+    int pad;                /* input id at padded positions */
+} fsdp_examples;
 
 struct fsdp_data {
     fsdp_data_kind kind;
@@ -38,7 +54,8 @@ struct fsdp_data {
     int vocab;              /* what fsdp_data_vocab() returns */
     int n_files;
     fsdp_data_file *files;  /* sorted by path; files[i].first ascending */
-    uint64_t n_tokens;      /* sum over files; 0 for the synthetic task */
+    uint64_t n_tokens;      /* sum over files or examples; 0 for the synthetic task */
+    fsdp_examples ex;       /* FSDP_DATA_EXAMPLES */
 };
 
 /* Map and validate the files of `spec` (a path or a glob of token shards, or
@@ -47,9 +64,30 @@ struct fsdp_data {
 fsdp_status fsdp_data_files_open(fsdp_data *d, const char *spec, int vocab_size);
 void fsdp_data_files_close(fsdp_data *d);
 
+/* Make d one in-memory token sequence named `label`: takes ownership of
+ * tokens[0..n) (malloc'd; freed at close, also on failure); sets
+ * d->n_tokens and d->vocab (1 + the largest token). */
+fsdp_status fsdp_data_files_adopt(fsdp_data *d, const char *label, int *tokens, uint64_t n);
+
 /* Copy n tokens of the concatenated files starting at pos (< d->n_tokens)
- * into dst, wrapping around to token 0 after the last one. */
-void fsdp_data_files_read(const fsdp_data *d, uint64_t pos, size_t n, int *dst);
+ * into dst, wrapping around to token 0 after the last one. IO when a file
+ * is shorter than it was at open, FORMAT when a token read is not below
+ * d->vocab (the file changed while open), naming the file. */
+fsdp_status fsdp_data_files_read(const fsdp_data *d, uint64_t pos, size_t n, int *dst);
+
+/* OK, or IO naming the first file whose size or modification time is not
+ * what it was at open. Cheap (one fstat per file); thread-safe. */
+fsdp_status fsdp_data_files_check(const fsdp_data *d);
+
+/* Open o->spec (a .txt or .jsonl file) through the tokenizer o->tokenizer
+ * into d: a token stream (FSDP_DATA_TOKENS) or example rows
+ * (FSDP_DATA_EXAMPLES); corpus.c. On failure the caller closes d. */
+fsdp_status fsdp_data_corpus_open(fsdp_data *d, const fsdp_data_opts *o);
+
+/* Fill micro-batch `index` of an example source (data.h); examples.c. */
+void fsdp_data_examples_batch(const fsdp_data *d, uint64_t index, int B, int T, int *inputs,
+                              int *targets);
+void fsdp_data_examples_free(fsdp_examples *ex);
 
 /* Synthetic task: byte at position pos of the training stream for seed
  * (an endless concatenation of problems; pos may be any 64-bit value). */

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "core/error.h"
+#include "core/fileio.h"
 #include "data/tokenizer.h"
 
 #define TOK_MAGIC 20240328u
@@ -158,18 +159,15 @@ fail:
 fsdp_status fsdp_tokenizer_open(fsdp_tokenizer **out, const char *path)
 {
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return fsdp_error_set(FSDP_STATUS_IO, "cannot open tokenizer file '%s': %s", path,
-                              strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) ||
-        (uint64_t)sb.st_size > TOK_MAX_FILE) {
+    FILE *f = NULL;
+    uint64_t size = 0;
+    FSDP_TRY(fsdp_fopen_regular(path, "tokenizer file", &f, &size));
+    if (size > TOK_MAX_FILE) {
         fclose(f);
-        return fsdp_error_set(FSDP_STATUS_FORMAT, "tokenizer file '%s' is not a regular file of "
-                              "at most 64 MiB", path);
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "tokenizer file '%s' is larger than 64 MiB",
+                              path);
     }
-    size_t n = (size_t)sb.st_size;
+    size_t n = (size_t)size;
     void *buf = malloc(n + 1);
     if (!buf) {
         fclose(f);

@@ -223,12 +223,20 @@ void fsdp_device_cpu_parallel(fsdp_device *d, size_t n_chunks, fsdp_device_cpu_t
     pthread_mutex_unlock(&t->mu);
 }
 
+int fsdp_device_cpu_devices_on_host(const fsdp_world *w)
+{
+    int same = 0;
+    for (int p = 0; p < w->n_processes; p++)
+        same += !strcmp(w->hosts[p], w->hosts[w->process]);
+    return w->n_local * (same > 0 ? same : 1);
+}
+
 static fsdp_status cpu_init(fsdp_device *d)
 {
     cpu_dev *c = calloc(1, sizeof *c);
     if (!c)
         return fsdp_error_set(FSDP_STATUS_OOM, "device %d: out of host memory", d->rank);
-    int n_devices = d->world ? d->world->n_ranks : 1;
+    int n_devices = d->world ? fsdp_device_cpu_devices_on_host(d->world) : 1;
     c->n_threads = fsdp_device_cpu_threads_for(fsdp_device_cpu_get_threads(), n_devices,
                                                fsdp_device_cpu_cores(), NULL);
     d->ctx = c;
@@ -300,4 +308,5 @@ const struct fsdp_device_i fsdp_device_cpu_i = {
     /* .event_record      = */ NULL,
     /* .stream_wait_event = */ NULL,
     /* .event_sync        = */ NULL,
+    /* .reserve           = */ NULL, /* optional: nothing to prepare */
 };

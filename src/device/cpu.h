@@ -41,6 +41,12 @@ void fsdp_device_cpu_test_cores(int n);
  * the cores (*capped then says a request was lowered; may be NULL). */
 int fsdp_device_cpu_threads_for(int requested, int n_devices, int n_cores, bool *capped);
 
+/* The cpu devices of world w that share this machine's cores, the count the
+ * default divides them by: this process's ranks times the job's processes on
+ * the same host (mpirun -np P on one machine), so that P processes do not
+ * each take every core. */
+int fsdp_device_cpu_devices_on_host(const fsdp_world *w);
+
 /* The thread count of device d (1 for devices of other backends). */
 int fsdp_device_cpu_threads(const fsdp_device *d);
 

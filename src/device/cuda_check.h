@@ -1,14 +1,14 @@
 /*
- * cuda_check.h - one macro family turning CUDA, cuBLAS and NCCL failures
- * into fsdp_status with file:line and the library's own error string.
- * Include only from .cu files.
+ * cuda_check.h - one macro family turning CUDA and cuBLAS failures into
+ * fsdp_status with file:line and the library's own error string (nccl.cu
+ * checks its own calls: a build without NCCL has no nccl.h). Include only from
+ * .cu files.
  */
 #ifndef FSDP_DEVICE_CUDA_CHECK_H
 #define FSDP_DEVICE_CUDA_CHECK_H
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <nccl.h>
 
 #include "core/error.h"
 
@@ -37,6 +37,5 @@ static inline const char *fsdp_cublas_str(cublasStatus_t s)
 
 #define CUDA_TRY(expr) FSDP_GPU_TRY(FSDP_STATUS_CUDA, cudaSuccess, cudaGetErrorString, expr)
 #define CUBLAS_TRY(expr) FSDP_GPU_TRY(FSDP_STATUS_CUDA, CUBLAS_STATUS_SUCCESS, fsdp_cublas_str, expr)
-#define NCCL_TRY(expr) FSDP_GPU_TRY(FSDP_STATUS_NCCL, ncclSuccess, ncclGetErrorString, expr)
 
 #endif /* FSDP_DEVICE_CUDA_CHECK_H */

@@ -15,3 +15,14 @@ bool fsdp_cuda_world_fault_hit_collective(fsdp_world *w, int rank)
 }
 
 fsdp_status fsdp_cuda_world_barrier(fsdp_world *w) { return fsdp_world_barrier(w); }
+
+void fsdp_cuda_world_set_rank_stop(fsdp_world *w, int rank, void (*fn)(void *), void *arg)
+{
+    if (w)
+        fsdp_world_set_rank_stop(w, rank, fn, arg);
+}
+
+bool fsdp_cuda_world_rank_stop(fsdp_world *w, int rank, fsdp_status st)
+{
+    return fsdp_world_rank_stop(w, rank, st);
+}

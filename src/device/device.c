@@ -1,6 +1,7 @@
 /*
- * device.c - the generic device wrappers: accounting by kind, the memory
- * cap, the allocation table, the fault hook, and NULL-slot handling.
+ * device.c - the backend table, and the generic device wrappers:
+ * accounting by kind, the memory cap, the allocation table, the fault hook,
+ * and NULL-slot handling.
  *
  * Every allocation is recorded in an open-addressed table keyed by pointer,
  * so frees need no size, leaks can be listed, and meta's fake pointers are
@@ -12,6 +13,111 @@
 #include "core/log.h"
 #include "core/world.h"
 #include "device/device.h"
+
+/* ---- the backends ---------------------------------------------------------- */
+
+static const fsdp_name backend_names[] = {
+    {"cpu", FSDP_BACKEND_CPU,
+     "simulated devices in host memory: real math (OpenBLAS), memory capped by --device-mem"},
+    {"cuda", FSDP_BACKEND_CUDA, "one GPU per rank (or --ranks-per-device ranks per GPU)"},
+    {"meta", FSDP_BACKEND_META, "accounting only: nothing is allocated or computed"},
+};
+const fsdp_name_table fsdp_backend_names = FSDP_NAME_TABLE(backend_names);
+
+static const struct fsdp_device_i *cpu_iface(void) { return &fsdp_device_cpu_i; }
+static const struct fsdp_device_i *meta_iface(void) { return &fsdp_device_meta_i; }
+
+static const struct backend {
+    const struct fsdp_device_i *(*iface)(void); /* NULL result: not built in */
+    int (*n_devices)(void);                     /* NULL: simulated, FSDP_MAX_RANKS */
+    int default_devices;                        /* 0: every device it offers */
+    /* one device's total and free bytes; NULL: simulated, no size of its own */
+    fsdp_status (*memory)(int ordinal, size_t *total_bytes, size_t *free_bytes);
+} backends[FSDP_BACKEND_COUNT] = {
+    [FSDP_BACKEND_CPU] = {cpu_iface, NULL, 4, NULL},
+    [FSDP_BACKEND_CUDA] = {fsdp_device_cuda_iface, fsdp_cuda_device_count, 0,
+                           fsdp_cuda_device_memory},
+    [FSDP_BACKEND_META] = {meta_iface, NULL, 4, NULL},
+};
+
+const char *fsdp_backend_name(fsdp_backend b)
+{
+    const fsdp_name *e = fsdp_names_of(&fsdp_backend_names, (int)b);
+    return e ? e->name : "unknown";
+}
+
+fsdp_backend fsdp_backend_default(void)
+{
+    return fsdp_backend_n_devices(FSDP_BACKEND_CUDA) > 0 ? FSDP_BACKEND_CUDA : FSDP_BACKEND_CPU;
+}
+
+int fsdp_backend_n_devices(fsdp_backend b)
+{
+    if ((unsigned)b >= FSDP_BACKEND_COUNT)
+        return 0;
+    return backends[b].n_devices ? backends[b].n_devices() : FSDP_MAX_RANKS;
+}
+
+int fsdp_backend_default_devices(fsdp_backend b)
+{
+    if ((unsigned)b >= FSDP_BACKEND_COUNT)
+        return 0;
+    return backends[b].default_devices ? backends[b].default_devices : fsdp_backend_n_devices(b);
+}
+
+fsdp_status fsdp_backend_check(fsdp_backend b, int n_ranks, int ranks_per_device)
+{
+    if ((unsigned)b >= FSDP_BACKEND_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "backend %d is not one of this build's",
+                              (int)b);
+    const char *name = fsdp_backend_name(b);
+    int n_dev = fsdp_backend_n_devices(b);
+    if (n_dev == 0)
+        return fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "--backend %s: no %s device is visible%s",
+                              name, b == FSDP_BACKEND_CUDA ? "CUDA" : name,
+                              backends[b].iface()
+                                  ? ""
+                                  : " (this build has no CUDA: built with CUDA=0)");
+    if (n_ranks < 1 || n_ranks > FSDP_MAX_RANKS)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--devices must be 1..%d (got %d)",
+                              FSDP_MAX_RANKS, n_ranks);
+    if (ranks_per_device < 1 || ranks_per_device > FSDP_MAX_RANKS)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--ranks-per-device must be 1..%d (got %d)",
+                              FSDP_MAX_RANKS, ranks_per_device);
+    if (backends[b].n_devices && (long)n_ranks > (long)n_dev * ranks_per_device)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "--devices %d but only %d %s device(s) x %d rank(s) per device are "
+                              "available",
+                              n_ranks, n_dev, name, ranks_per_device);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_backend_device_total(fsdp_backend b, int n_devices, size_t *total_bytes)
+{
+    *total_bytes = 0;
+    if ((unsigned)b >= FSDP_BACKEND_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "backend %d is not one of this build's",
+                              (int)b);
+    if (!backends[b].memory)
+        return FSDP_STATUS_OK;
+    int n = fsdp_backend_n_devices(b);
+    if (n_devices < n)
+        n = n_devices;
+    if (n < 1)
+        return fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "--backend %s: no %s device is visible",
+                              fsdp_backend_name(b), fsdp_backend_name(b));
+    size_t least = SIZE_MAX;
+    for (int i = 0; i < n; i++) {
+        size_t total = 0, free_bytes = 0;
+        FSDP_TRY(backends[b].memory(i, &total, &free_bytes));
+        if (total < least)
+            least = total;
+    }
+    *total_bytes = least;
+    return FSDP_STATUS_OK;
+}
+
+/* ---- accounting ------------------------------------------------------------ */
 
 const char *fsdp_mem_kind_name(fsdp_mem_kind k)
 {
@@ -88,6 +194,15 @@ static struct fsdp_alloc_rec *recs_find(fsdp_device *d, const void *p)
     return NULL;
 }
 
+/* The warm-up ledger's entry for exactly `bytes`, or NULL. */
+static struct fsdp_reservation *resv_find(fsdp_device *d, size_t bytes)
+{
+    for (size_t i = 0; i < d->n_resv; i++)
+        if (d->resv[i].bytes == bytes)
+            return &d->resv[i];
+    return NULL;
+}
+
 static void stats_add(fsdp_mem_stats *s, size_t bytes, fsdp_mem_kind kind)
 {
     s->in_use_bytes += bytes;
@@ -120,12 +235,8 @@ fsdp_status fsdp_device_init(fsdp_device *d, fsdp_backend backend, fsdp_world *w
                              int ordinal, size_t cap_bytes)
 {
     memset(d, 0, sizeof *d);
-    switch (backend) {
-    case FSDP_BACKEND_CPU: d->iface = &fsdp_device_cpu_i; break;
-    case FSDP_BACKEND_META: d->iface = &fsdp_device_meta_i; break;
-    case FSDP_BACKEND_CUDA: d->iface = fsdp_device_cuda_iface(); break;
-    default: break;
-    }
+    if ((unsigned)backend < FSDP_BACKEND_COUNT)
+        d->iface = backends[backend].iface();
     if (!d->iface)
         return fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "backend '%s' is not built in",
                               fsdp_backend_name(backend));
@@ -164,6 +275,9 @@ void fsdp_device_fini(fsdp_device *d)
     free(d->recs);
     d->recs = NULL;
     d->n_recs_cap = d->n_recs_used = 0;
+    free(d->resv);
+    d->resv = NULL;
+    d->n_resv = 0;
     if (d->iface->stream_destroy) {
         d->iface->stream_destroy(d, d->compute);
         d->iface->stream_destroy(d, d->comm);
@@ -184,16 +298,15 @@ static fsdp_status do_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, co
     char b_req[32], b_use[32], b_cap[32];
     if (d->world && fsdp_world_fault_hit(d->world, FSDP_FAULT_ALLOC, d->rank))
         return fsdp_error_set(FSDP_STATUS_OOM,
-                              "device %d: injected allocation failure (%s bytes for %s)",
+                              "device %d: injected allocation failure (%s for %s)",
                               d->rank, fsdp_fmt_bytes(b_req, 32, (double)bytes), what);
     if (!host && d->cap_bytes && (bytes > d->cap_bytes || s->in_use_bytes > d->cap_bytes - bytes))
         return fsdp_error_set(
-            FSDP_STATUS_OOM,
-            "device %d out of memory allocating %s for %s (cap %s, in use %s); try "
-            "--offload optimizer, --shard full, a smaller --batch, or more devices",
+            FSDP_STATUS_OOM, "device %d out of memory allocating %s for %s (cap %s, in use %s)%s%s",
             d->rank, fsdp_fmt_bytes(b_req, 32, (double)bytes), what,
             fsdp_fmt_bytes(b_cap, 32, (double)d->cap_bytes),
-            fsdp_fmt_bytes(b_use, 32, (double)s->in_use_bytes));
+            fsdp_fmt_bytes(b_use, 32, (double)s->in_use_bytes), d->oom_hint ? "; try " : "",
+            d->oom_hint ? d->oom_hint : "");
     void *p = NULL;
     fsdp_status st = host ? d->iface->host_alloc(d, bytes, &p) : d->iface->alloc(d, bytes, &p);
     if (st != FSDP_STATUS_OK) {
@@ -211,6 +324,15 @@ static fsdp_status do_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, co
         return st;
     }
     stats_add(s, bytes, kind);
+    struct fsdp_reservation *rv = host ? NULL : resv_find(d, bytes);
+    if (rv) {
+        recs_find(d, p)->resv = 1;
+        rv->n_allocs++;
+        if (++rv->live > rv->n)
+            d->n_resv_misses++;
+        if (rv->live > rv->peak_live)
+            rv->peak_live = rv->live;
+    }
     FSDP_DEBUG(FSDP_SUB_ALLOC, "alloc %s %zu bytes (%s) for %s -> in use %zu",
                host ? "host" : "device", bytes, fsdp_mem_kind_name(kind), what, s->in_use_bytes);
     *out = p;
@@ -224,6 +346,8 @@ static void do_free(fsdp_device *d, void *p, int host)
     struct fsdp_alloc_rec *r = recs_find(d, p);
     FSDP_ASSERT(r && r->host == host); /* freeing a pointer this device did not allocate */
     stats_sub(host ? &d->host : &d->mem, r->bytes, (fsdp_mem_kind)r->kind);
+    if (r->resv)
+        resv_find(d, r->bytes)->live--;
     r->used = 2;
     if (host)
         d->iface->host_free(d, p);
@@ -238,6 +362,31 @@ fsdp_status fsdp_device_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, 
 }
 
 void fsdp_device_free(fsdp_device *d, void *p) { do_free(d, p, 0); }
+
+fsdp_status fsdp_device_reserve(fsdp_device *d, size_t bytes, size_t n)
+{
+    if (!bytes || !n)
+        return FSDP_STATUS_OK;
+    struct fsdp_reservation *r = resv_find(d, bytes);
+    if (!r) {
+        struct fsdp_reservation *nr = realloc(d->resv, (d->n_resv + 1) * sizeof *nr);
+        if (!nr)
+            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the warm-up ledger");
+        d->resv = nr;
+        r = &d->resv[d->n_resv++];
+        *r = (struct fsdp_reservation){.bytes = bytes};
+    }
+    r->n += n;
+    if (!d->iface->reserve)
+        return FSDP_STATUS_OK;
+    fsdp_status st = d->iface->reserve(d, bytes, n);
+    if (st != FSDP_STATUS_OK) {
+        char b[32];
+        fsdp_error_prefix("device %d: reserving %zu blocks of %s", d->rank, n,
+                          fsdp_fmt_bytes(b, sizeof b, (double)bytes));
+    }
+    return st;
+}
 
 fsdp_status fsdp_device_host_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind,
                                    const char *what, void **out)

@@ -20,6 +20,7 @@
 #include <stddef.h>
 
 #include "core/error.h"
+#include "core/names.h"
 #include "fsdp/fsdp.h"
 
 #ifdef __cplusplus
@@ -54,6 +55,8 @@ typedef struct fsdp_mem_stats {
     size_t n_allocs;                              /* allocations ever made */
     size_t kind_bytes[FSDP_MEM_KIND_COUNT];       /* in use now, by kind */
     size_t peak_kind_bytes[FSDP_MEM_KIND_COUNT];  /* by kind, at the moment of the peak */
+    size_t reserved_bytes;  /* held by the backend beyond in_use_bytes, now: cached free
+                               blocks, rounding, its own buffers (cuda); 0 on cpu/meta */
 } fsdp_mem_stats;
 
 struct fsdp_device_i {
@@ -83,6 +86,10 @@ struct fsdp_device_i {
     fsdp_status (*event_record)(fsdp_device *d, fsdp_event_t e, fsdp_stream_t s);
     fsdp_status (*stream_wait_event)(fsdp_device *d, fsdp_stream_t s, fsdp_event_t e);
     fsdp_status (*event_sync)(fsdp_device *d, fsdp_event_t e);
+    /* Make ready n blocks for later allocations of `bytes` without
+     * counting them (optional: NULL = nothing to prepare; cuda: its block
+     * cache). */
+    fsdp_status (*reserve)(fsdp_device *d, size_t bytes, size_t n);
 };
 
 /* One live allocation (open-addressed table keyed by pointer). */
@@ -92,6 +99,14 @@ struct fsdp_alloc_rec {
     unsigned char kind;  /* fsdp_mem_kind */
     unsigned char host;  /* 1: pinned host allocation */
     unsigned char used;  /* 0 empty, 1 live, 2 tombstone */
+    unsigned char resv;  /* counted in the warm-up ledger's live count of its size */
+};
+
+/* The warm-up ledger: a size given to fsdp_device_reserve, how many were
+ * reserved, how many allocations of exactly that size (made since the
+ * first reservation) are live, were live at most, and were made. */
+struct fsdp_reservation {
+    size_t bytes, n, live, peak_live, n_allocs;
 };
 
 struct fsdp_device {
@@ -101,6 +116,8 @@ struct fsdp_device {
     int rank;            /* the rank that owns this device */
     int ordinal;         /* physical device index (cuda); = rank on cpu/meta */
     size_t cap_bytes;    /* device memory cap; 0 = none (cpu/meta) or the GPU's size */
+    const char *oom_hint; /* what an out-of-memory message suggests ("--offload optimizer
+                             or more devices"), set by the device's user; NULL: nothing */
 
     fsdp_mem_stats mem;  /* device memory */
     fsdp_mem_stats host; /* pinned host memory */
@@ -109,6 +126,11 @@ struct fsdp_device {
     size_t n_recs_cap;   /* table size (power of two) */
     size_t n_recs_used;  /* live + tombstones */
     uintptr_t meta_next; /* next fake address handed out by meta */
+
+    struct fsdp_reservation *resv; /* the warm-up ledger (fsdp_device_reserve) */
+    size_t n_resv;
+    size_t n_resv_misses; /* allocations of a reserved size made while as many of
+                           * it as were reserved were live already */
 
     fsdp_stream_t compute, comm, copy; /* created by fsdp_device_init */
 
@@ -126,12 +148,29 @@ void fsdp_device_fini(fsdp_device *d);
 
 /* Allocate `bytes` of device memory for `what` (a phrase used in the error
  * message: "unit 'h.7' gather"). Fails with OOM and a message naming the
- * device, the request, the memory in use and the cap. bytes = 0 gives NULL
+ * device, the request, the memory in use and the cap, then "; try " and
+ * d->oom_hint when one is set. bytes = 0 gives NULL
  * and OK. Accounting counts exactly `bytes`. */
 fsdp_status fsdp_device_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, const char *what,
                               void **out);
-/* Free a pointer from fsdp_device_alloc (NULL is a no-op). */
+/* Free a pointer from fsdp_device_alloc (NULL is a no-op). Stream-ordered:
+ * work already queued on the device's streams may still use p (cpu and
+ * meta run stream work inline; cuda hands the memory out again only after
+ * that work, device/block_cache.h), so no host wait is needed before it.
+ * The accounting drops the bytes at once. */
 void fsdp_device_free(fsdp_device *d, void *p);
+
+/* Warm-up: prepare the backend to serve n allocations of `bytes` live at
+ * once without asking its driver (cuda: n blocks added to the block cache,
+ * shown in mem.reserved_bytes; cpu and meta: nothing). Counts nothing: in
+ * use bytes, peaks and allocation counts stay as they were on every
+ * backend. Every backend keeps a ledger of it: d->n_resv_misses counts the
+ * later allocations of exactly a reserved size made while n of that size
+ * (allocated after the reservation) were live, so a cpu or meta run shows
+ * whether a reservation covers what a cuda run would hold. Calls add up.
+ * OOM with a message when the GPU has no room (what was reserved before
+ * stays: the allocations themselves will then ask the driver). */
+fsdp_status fsdp_device_reserve(fsdp_device *d, size_t bytes, size_t n);
 
 /* Pinned host memory, counted in d->host (never against the device cap). */
 fsdp_status fsdp_device_host_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind,
@@ -154,12 +193,53 @@ fsdp_status fsdp_device_event_sync(fsdp_device *d, fsdp_event_t e);
 /* Reset peak to the current use (per-step peaks). */
 void fsdp_device_reset_peak(fsdp_device *d);
 
-/* Backend tables. cuda's is NULL when built without CUDA; fsdp_cuda_device_count()
- * returns 0 then, or when no GPU is visible. */
+/* ---- the backends ----------------------------------------------------------
+ * One table (device.c) says, per backend, its name and help line, its
+ * function table, how many devices it offers and how many a run uses by
+ * default. fsdp_device_init, fsdp_backend_name and the CLI's --backend read
+ * it; nothing else switches on which backends exist. */
+
+/* The --backend values: cpu, cuda, meta. */
+extern const fsdp_name_table fsdp_backend_names;
+
+/* The backend a run uses when none is named: cuda when a GPU is visible,
+ * else cpu. */
+fsdp_backend fsdp_backend_default(void);
+
+/* Devices `b` offers here: FSDP_MAX_RANKS simulated devices on cpu and meta,
+ * the visible GPUs on cuda (0 without a GPU or in a build without CUDA). */
+int fsdp_backend_n_devices(fsdp_backend b);
+
+/* Devices a run on `b` uses when --devices is not given: 4 simulated
+ * devices on cpu and meta, every visible GPU on cuda. */
+int fsdp_backend_default_devices(fsdp_backend b);
+
+/* Whether `b` can run n_ranks ranks with ranks_per_device of them sharing
+ * each device: OK, or INVALID_ARG (a count out of range) or UNSUPPORTED
+ * (a backend this build or machine lacks) with a message that names the
+ * option to change. Whether the transport lets ranks share a device is
+ * fsdp_transport_pick's question (comm/transport.h). */
+fsdp_status fsdp_backend_check(fsdp_backend b, int n_ranks, int ranks_per_device);
+
+/* The memory of the devices a run on `b` uses, devices 0 .. n_devices-1
+ * (those visible, if fewer): *total_bytes the smallest one's size. cuda:
+ * each GPU's total from cudaMemGetInfo (which creates the GPU's primary
+ * context, shared later by the rank threads; the calling thread's current
+ * device is kept). cpu and meta: OK with 0, as simulated devices have no
+ * size of their own (--device-mem caps them). UNSUPPORTED when the backend
+ * has no device here, CUDA with the driver's message. Call it before the
+ * ranks start (it is for the checks that run first, not the step). */
+fsdp_status fsdp_backend_device_total(fsdp_backend b, int n_devices, size_t *total_bytes);
+
+/* Backend function tables. cuda's is NULL when built without CUDA;
+ * fsdp_cuda_device_count() returns 0 then, or when no GPU is visible, and
+ * fsdp_cuda_device_memory (one GPU's total and free bytes) UNSUPPORTED
+ * (device/cuda.cu, or device/cuda_device_stub.c in a build without CUDA). */
 extern const struct fsdp_device_i fsdp_device_cpu_i;
 extern const struct fsdp_device_i fsdp_device_meta_i;
 const struct fsdp_device_i *fsdp_device_cuda_iface(void);
 int fsdp_cuda_device_count(void);
+fsdp_status fsdp_cuda_device_memory(int ordinal, size_t *total_bytes, size_t *free_bytes);
 
 /* True when the backend computes (cpu, cuda), false for meta. */
 static inline bool fsdp_device_computes(const fsdp_device *d)

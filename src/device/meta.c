@@ -46,4 +46,5 @@ const struct fsdp_device_i fsdp_device_meta_i = {
     /* .event_record      = */ NULL,
     /* .stream_wait_event = */ NULL,
     /* .event_sync        = */ NULL,
+    /* .reserve           = */ NULL, /* optional: nothing to prepare */
 };

@@ -1,7 +1,8 @@
 /*
  * engine.c - the FSDP step on one rank: just-in-time all-gathers with
- * prefetch, reduce-scatter of unit gradients, deterministic accumulation,
- * global-norm clipping and AdamW on the rank's shards.
+ * prefetch, reduce-scatter of unit gradients into the accumulation counter
+ * (accum.h), global-norm clipping and the optimizer step, through the
+ * placement table (place.h) that says where the optimizer state lives.
  *
  * Determinism (DESIGN): rank r runs micro-batches r, r+N, ... so micro-step
  * j covers global micro-batches jN .. jN+N-1; the reduce-scatter sums them
@@ -9,11 +10,39 @@
  * balanced tree too (a binary counter of partial shards), so for power-of-
  * two N and A the gradient is the same balanced tree over the M = N*A global
  * micro-batches whatever N is. Losses and norm partial sums are exchanged
- * through host slots and added in the same tree over a fixed global order.
+ * among all ranks (engine_comms.c) and added in the same tree over a fixed
+ * global order. Ranks are the job's: a job of several processes numbers
+ * them globally, only the device ordinal is local.
+ *
+ * Hybrid sharding: a unit is sharded over a node's ranks (gathers and
+ * reduce-scatters on the node's communicator) and its gradient shard is
+ * then all-reduced across the nodes; the sum per element is the node's
+ * tree, then the tree over nodes, which is the tree over every rank when
+ * the number of nodes is a power of two.
+ *
+ * Activation recompute (cfg.recompute, models/model.h): the model keeps
+ * only part of each block's activations; in backward, right after block
+ * u's gather (which serves both), unit_recompute rebuilds the rest and
+ * unit_backward follows. No extra gather, no extra allocation.
+ *
+ * Masked targets (example data: -1 where the loss must not look): the step's
+ * loss is the mean over every unmasked target of the global batch, and its
+ * gradient that mean's. The model's head returns, per micro-batch, the sum
+ * of its token losses over B*T (masked ones add 0) and scales each token's
+ * gradient by dloss / (B*T); the data is a pure function of the micro-batch
+ * index, so every rank counts the global batch's unmasked targets (count)
+ * before the step and passes dloss = B*T / count to every micro-batch, and
+ * the loss is the tree mean of the micro-batch losses times M*B*T / count.
+ * Each token then weighs 1 / count whatever micro-batch and rank it lands
+ * on (not the mean of per-micro-batch means), and with nothing masked
+ * (count = M*B*T) dloss is 1/M and the factor exactly 1: the arithmetic is
+ * the unmasked one, bit for bit.
  *
  * Streams: ops run on the compute stream, collectives on the comm stream,
- * offload copies on the copy stream; each cross-stream dependency is an
- * event. Buffers are freed only after the streams that used them are done.
+ * placement copies on the copy stream; each cross-stream dependency is an
+ * event. Frees are stream-ordered (device.h): a buffer goes back while work
+ * queued on the streams may still use it, and the device reuses its memory
+ * only after that work, so the step never waits on the host for a free.
  */
 #include <math.h>
 #include <string.h>
@@ -23,26 +52,33 @@
 #include "core/world.h"
 #include "fsdp/engine.h"
 #include "fsdp/engine_internal.h"
-
-const char *fsdp_comm_kind_name(fsdp_comm_kind k)
-{
-    static const char *const names[FSDP_COMM_KIND_COUNT] = {"auto", "host", "meta", "nccl",
-                                                            "peer"};
-    return (unsigned)k < FSDP_COMM_KIND_COUNT ? names[k] : "?";
-}
-
-fsdp_status fsdp_comm_kind_parse(const char *s, fsdp_comm_kind *out)
-{
-    for (int i = 0; i < FSDP_COMM_KIND_COUNT; i++)
-        if (!strcmp(s, fsdp_comm_kind_name((fsdp_comm_kind)i))) {
-            *out = (fsdp_comm_kind)i;
-            return FSDP_STATUS_OK;
-        }
-    return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                          "unknown communicator '%s' (expected auto, host, nccl or peer)", s);
-}
+#include "fsdp/place.h"
 
 /* ---- shared state ------------------------------------------------------- */
+
+static const fsdp_name recompute_names[] = {
+    {"none", FSDP_RECOMPUTE_NONE, "keep every block's activations from forward to backward"},
+    {"block", FSDP_RECOMPUTE_BLOCK,
+     "keep only each block's input; rerun the block's forward up to its MLP activation in its "
+     "backward (about a fifth more FLOPs; one block's activations instead of every block's)"},
+    {"elementwise", FSDP_RECOMPUTE_ELEMENTWISE,
+     "keep the matmul and attention outputs; rerun the norms and the activation function "
+     "(GELU/SwiGLU) in backward (little compute, less memory)"},
+};
+const fsdp_name_table fsdp_recompute_names = FSDP_NAME_TABLE(recompute_names);
+
+fsdp_status fsdp_engine_recompute_check(const fsdp_model *model, fsdp_recompute mode)
+{
+    const struct fsdp_model_i *mi = model->iface;
+    if ((int)mode < 0 || mode >= FSDP_RECOMPUTE_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "unknown recompute mode %d", (int)mode);
+    if (mode != FSDP_RECOMPUTE_NONE && (!mi->state_init_recompute || !mi->unit_recompute))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "--recompute %s: model '%s' does not implement activation "
+                              "recompute; use --recompute none",
+                              fsdp_names_name(&fsdp_recompute_names, (int)mode), model->name);
+    return FSDP_STATUS_OK;
+}
 
 fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_config *cfg,
                                     const fsdp_model *model, const fsdp_data *data, fsdp_world *w)
@@ -60,56 +96,44 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "--seq %d is longer than the model's context (%d)", cfg->seq,
                               model->max_seq_len);
-    FSDP_TRY(fsdp_shardmap_init(&sh->sm, model, cfg->n_ranks, cfg->shard));
+    int nodes = cfg->n_nodes > 1 ? cfg->n_nodes : 1;
+    if (w && (w->n_ranks != cfg->n_ranks || (w->n_processes > 1 && nodes != w->n_processes)))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "the engine is configured for %d rank(s) on %d node(s), but its "
+                              "world has %d rank(s) in %d process(es) (one node per process)",
+                              cfg->n_ranks, nodes, w->n_ranks, w->n_processes);
+    FSDP_TRY(fsdp_engine_recompute_check(model, cfg->recompute));
+    sh->optim = fsdp_optim_or_default(cfg->optim);
+    sh->optim_hp = (fsdp_optim_hparams){.beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
+                                        .momentum = cfg->momentum,
+                                        .weight_decay = cfg->weight_decay};
+    if (!cfg->inference)
+        FSDP_TRY(sh->optim->check(&sh->optim_hp));
+    FSDP_TRY(fsdp_shardmap_init_nodes(&sh->sm, model, cfg->n_ranks, nodes, cfg->shard));
     for (int u = 0; u < sh->sm.n_units; u++)
         sh->n_local_blocks += sh->sm.units[u].shard_numel / FSDP_NORM_BLOCK;
-    size_t n = (size_t)cfg->n_ranks;
-    for (int k = 0; k < 2; k++) {
-        sh->x_losses[k] = calloc(n * (size_t)cfg->grad_accum, sizeof(float));
-        sh->x_blocks[k] = calloc(n * sh->n_local_blocks, sizeof(float));
-    }
-    sh->x_stats = calloc(n, sizeof *sh->x_stats);
-    if (!sh->x_losses[0] || !sh->x_losses[1] || !sh->x_blocks[0] || !sh->x_blocks[1] ||
-        !sh->x_stats) {
+    fsdp_status st = fsdp_norm_cover_init(&sh->norm, &sh->sm);
+    sh->x_stats = calloc((size_t)cfg->n_ranks, sizeof *sh->x_stats);
+    if (st == FSDP_STATUS_OK && !sh->x_stats)
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the ranks' figures");
+    if (st != FSDP_STATUS_OK)
         fsdp_engine_shared_free(sh);
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the exchange slots");
-    }
-    return FSDP_STATUS_OK;
+    return st;
 }
 
 void fsdp_engine_shared_free(fsdp_engine_shared *sh)
 {
-    for (int k = 0; k < 2; k++) {
-        free(sh->x_losses[k]);
-        free(sh->x_blocks[k]);
-    }
     free(sh->x_stats);
+    fsdp_norm_cover_free(&sh->norm);
     fsdp_shardmap_free(&sh->sm);
     memset(sh, 0, sizeof *sh);
 }
 
 /* ---- helpers ------------------------------------------------------------ */
 
-static fsdp_shard_row *row_of(fsdp_engine *e, int u)
-{
-    return &e->sh->sm.units[u].rows[e->rank];
-}
-
 static size_t dt_size(fsdp_engine *e) { return fsdp_dtype_size(e->sh->cfg.compute_dtype); }
 
 static bool sharded(const fsdp_engine *e) { return e->sh->cfg.shard != FSDP_SHARD_NONE; }
-
-/* Grad-accumulation buffers needed at once: max over j < A of popcount(j) + 1. */
-static int acc_depth(int A)
-{
-    int best = 1;
-    for (int j = 0; j < A; j++) {
-        int d = __builtin_popcount((unsigned)j) + 1;
-        if (d > best)
-            best = d;
-    }
-    return best;
-}
 
 /* Wait for all work on every stream of the device (end of a phase). */
 static fsdp_status sync_all(fsdp_engine *e)
@@ -120,23 +144,16 @@ static fsdp_status sync_all(fsdp_engine *e)
     return FSDP_STATUS_OK;
 }
 
-/* `dst` stream waits for everything issued so far on `src`. */
-static fsdp_status order(fsdp_engine *e, fsdp_stream_t src, fsdp_stream_t dst, fsdp_event_t ev)
-{
-    FSDP_TRY(fsdp_device_event_record(&e->dev, ev, src));
-    return fsdp_device_stream_wait_event(&e->dev, dst, ev);
-}
-
 /* ---- gather / release ---------------------------------------------------- */
 
 /* Issue the all-gather of unit u on the comm stream (no-op if resident). */
 static fsdp_status gather_issue(fsdp_engine *e, int u)
 {
-    fsdp_shard_row *row = row_of(e, u);
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     if (row->state != FSDP_UNIT_SHARDED)
         return FSDP_STATUS_OK;
-    FSDP_TRY(fsdp_offload_params_ready(e, u));
+    FSDP_TRY(e->place->params_ready(e, u));
     if (!sharded(e)) {
         row->gathered = row->param;
         row->state = FSDP_UNIT_GATHERED;
@@ -148,8 +165,12 @@ static fsdp_status gather_issue(fsdp_engine *e, int u)
                                &row->gathered));
     fsdp_trace_begin(e, FSDP_TRACE_COMM, "all_gather", su->spec->name,
                      su->padded_numel * dt_size(e));
-    FSDP_TRY(fsdp_comm_all_gather(&e->comm, row->param, row->gathered, su->shard_numel,
-                                  e->sh->cfg.compute_dtype, e->dev.comm));
+    fsdp_status st = fsdp_comm_all_gather(e->shard_comm, row->param, row->gathered,
+                                          su->shard_numel, e->sh->cfg.compute_dtype, e->dev.comm);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_error_prefix("unit '%s' all-gather", su->spec->name);
+        return st;
+    }
     fsdp_trace_end(e, FSDP_TRACE_COMM);
     FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_gather[u], e->dev.comm));
     row->state = FSDP_UNIT_GATHERING;
@@ -160,7 +181,7 @@ static fsdp_status gather_issue(fsdp_engine *e, int u)
 static fsdp_status gather_wait(fsdp_engine *e, int u)
 {
     FSDP_TRY(gather_issue(e, u));
-    fsdp_shard_row *row = row_of(e, u);
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
     if (row->state == FSDP_UNIT_GATHERING) {
         FSDP_TRY(fsdp_device_stream_wait_event(&e->dev, e->dev.compute, e->ev_gather[u]));
         row->state = FSDP_UNIT_GATHERED;
@@ -168,18 +189,17 @@ static fsdp_status gather_wait(fsdp_engine *e, int u)
     return FSDP_STATUS_OK;
 }
 
-/* Free unit u's gathered buffer once the compute stream is done with it. */
+/* Free unit u's gathered buffer. The free is stream-ordered (device.h):
+ * the memory is reused only after the work already queued on the device's
+ * streams (this unit's gather and compute) is done, so the host does not
+ * wait here and the next gather overlaps this unit's compute. */
 static fsdp_status gather_release(fsdp_engine *e, int u)
 {
-    fsdp_shard_row *row = row_of(e, u);
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
     if (row->state == FSDP_UNIT_SHARDED)
         return FSDP_STATUS_OK;
-    if (sharded(e)) {
-        FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_tmp, e->dev.compute));
-        FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tmp));
-        FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_gather[u]));
+    if (sharded(e))
         fsdp_device_free(&e->dev, row->gathered);
-    }
     row->gathered = NULL;
     row->state = FSDP_UNIT_SHARDED;
     return FSDP_STATUS_OK;
@@ -187,190 +207,69 @@ static fsdp_status gather_release(fsdp_engine *e, int u)
 
 /* ---- gradient reduction and accumulation --------------------------------- */
 
-/* Reduce unit u's full gradient over ranks into a fresh accumulation slot
- * and fold it into the binary counter of micro-step partial sums. */
+/* Reduce unit u's full gradient over ranks into a free accumulation slot
+ * and enter it in the counter of micro-step partial sums. */
 static fsdp_status grad_reduce(fsdp_engine *e, int u)
 {
-    fsdp_shard_row *row = row_of(e, u);
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
-    struct fsdp_acc *acc = &e->acc[u];
-    /* a free slot for this micro-step's value */
-    int slot = -1;
-    for (int k = 0; k < e->n_acc; k++)
-        if (!(acc->busy & (1u << k))) {
-            slot = k;
-            break;
-        }
-    FSDP_ASSERT(slot >= 0);
-    if (!acc->buf[slot]) {
-        char what[96];
-        snprintf(what, sizeof what, "unit '%s' gradient accumulation", su->spec->name);
-        FSDP_TRY(fsdp_device_alloc(&e->dev, su->shard_numel * sizeof(float), FSDP_MEM_GRAD, what,
-                                   (void **)&acc->buf[slot]));
-    }
-    float *dst = acc->buf[slot];
-    FSDP_TRY(order(e, e->dev.compute, e->dev.comm, e->ev_tmp));
+    float *dst;
+    int slot;
+    FSDP_TRY(fsdp_accum_slot(&e->acc, u, su->shard_numel, su->spec->name, &dst, &slot));
+    FSDP_TRY(fsdp_engine_order(e, e->dev.compute, e->dev.comm, e->ev_tmp));
     fsdp_trace_begin(e, FSDP_TRACE_COMM, sharded(e) ? "reduce_scatter" : "all_reduce",
                      su->spec->name, su->padded_numel * sizeof(float));
-    if (sharded(e))
-        FSDP_TRY(fsdp_comm_reduce_scatter(&e->comm, row->grad_full, dst, su->shard_numel,
-                                          FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
-    else
-        FSDP_TRY(fsdp_comm_all_reduce(&e->comm, row->grad_full, dst, su->padded_numel,
-                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
+    fsdp_status st;
+    if (sharded(e)) {
+        st = fsdp_comm_reduce_scatter(e->shard_comm, row->grad_full, dst, su->shard_numel,
+                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm);
+        if (st == FSDP_STATUS_OK && e->replica_comm) /* hybrid: the node's shard, over nodes */
+            st = fsdp_comm_all_reduce(e->replica_comm, dst, dst, su->shard_numel,
+                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm);
+    } else {
+        st = fsdp_comm_all_reduce(&e->comm, row->grad_full, dst, su->padded_numel,
+                                  FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm);
+    }
+    if (st != FSDP_STATUS_OK) {
+        fsdp_error_prefix("unit '%s' gradient reduction", su->spec->name);
+        return st;
+    }
     fsdp_trace_end(e, FSDP_TRACE_COMM);
-    /* the full gradient can go once the collective has read it */
-    FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_tmp, e->dev.comm));
-    FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tmp));
+    /* stream-ordered: reused once the collective queued above has read it */
     fsdp_device_free(&e->dev, row->grad_full);
     row->grad_full = NULL;
-
-    /* binary counter: merge equal levels, older partial on the left */
-    int level = 0;
-    acc->busy |= 1u << slot;
-    while (acc->depth > 0 && acc->level[acc->depth - 1] == level) {
-        int top = acc->stack[acc->depth - 1];
-        FSDP_OP(&e->ops, add, acc->buf[top], acc->buf[top], acc->buf[slot], su->shard_numel);
-        acc->busy &= ~(1u << slot);
-        slot = top;
-        acc->depth--;
-        level++;
-    }
-    acc->stack[acc->depth] = slot;
-    acc->level[acc->depth] = level;
-    acc->depth++;
-    return FSDP_STATUS_OK;
-}
-
-/* After the last micro-step: fold what is left of the counter (one entry
- * when A is a power of two); *result is the device buffer holding the sum. */
-fsdp_status fsdp_engine_grad_fold(fsdp_engine *e, int u, float **result)
-{
-    fsdp_shard_unit *su = &e->sh->sm.units[u];
-    struct fsdp_acc *acc = &e->acc[u];
-    FSDP_ASSERT(acc->depth >= 1);
-    FSDP_TRY(order(e, e->dev.comm, e->dev.compute, e->ev_tmp));
-    int top = acc->stack[--acc->depth];
-    while (acc->depth > 0) {
-        int below = acc->stack[--acc->depth];
-        FSDP_OP(&e->ops, add, acc->buf[below], acc->buf[below], acc->buf[top], su->shard_numel);
-        top = below;
-    }
-    acc->busy = 0;
-    *result = acc->buf[top];
-    return FSDP_STATUS_OK;
-}
-
-/* Without offload: the step's gradient ends in row->grad. */
-static fsdp_status grad_finish(fsdp_engine *e, int u)
-{
-    fsdp_shard_row *row = row_of(e, u);
-    float *result;
-    FSDP_TRY(fsdp_engine_grad_fold(e, u, &result));
-    if (result != row->grad)
-        FSDP_TRY(fsdp_device_memcpy(&e->dev, row->grad, result,
-                                    e->sh->sm.units[u].shard_numel * sizeof(float),
-                                    e->dev.compute));
+    fsdp_accum_push(&e->acc, u, slot, su->shard_numel);
     return FSDP_STATUS_OK;
 }
 
 /* ---- per-rank init ------------------------------------------------------- */
 
-static fsdp_status comm_init(fsdp_engine *e)
+/* Allocate the rank's shards of unit u (where the placement keeps them)
+ * and initialise them: parameters from init_fn or the model's counter-based
+ * RNG (own shard only), zero optimizer state and gradient, the compute copy
+ * from the master. host_tmp holds a shard of fp32 (reused per unit). */
+static fsdp_status unit_init(fsdp_engine *e, int u, float *host_tmp)
 {
-    const fsdp_engine_config *cfg = &e->sh->cfg;
-    fsdp_comm_kind k = cfg->comm;
-    if (k == FSDP_COMM_AUTO)
-        k = cfg->backend == FSDP_BACKEND_CPU    ? FSDP_COMM_HOST
-            : cfg->backend == FSDP_BACKEND_META ? FSDP_COMM_META
-            : cfg->ranks_per_device > 1         ? FSDP_COMM_PEER
-                                                : FSDP_COMM_NCCL;
-    switch (k) {
-    case FSDP_COMM_HOST:
-        if (cfg->backend != FSDP_BACKEND_CPU)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--comm host needs --backend cpu");
-        return fsdp_comm_host_init(&e->comm, e->sh->world, &e->dev, e->rank);
-    case FSDP_COMM_META:
-        return fsdp_comm_meta_init(&e->comm, e->sh->world, &e->dev, e->rank);
-    case FSDP_COMM_NCCL:
-    case FSDP_COMM_PEER:
-        if (cfg->backend != FSDP_BACKEND_CUDA)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--comm %s needs --backend cuda",
-                                  fsdp_comm_kind_name(k));
-        return k == FSDP_COMM_NCCL ? fsdp_comm_nccl_init(&e->comm, e->sh->world, &e->dev, e->rank)
-                                   : fsdp_comm_peer_init(&e->comm, e->sh->world, &e->dev, e->rank);
-    default: return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "bad communicator");
-    }
-}
-
-/* Allocate the rank's shards of unit u and initialise its parameters. */
-static fsdp_status unit_alloc(fsdp_engine *e, int u, float *host_tmp)
-{
-    const fsdp_engine_config *cfg = &e->sh->cfg;
-    fsdp_shard_unit *su = &e->sh->sm.units[u];
-    fsdp_shard_row *row = row_of(e, u);
-    size_t n = su->shard_numel, f32 = n * sizeof(float);
-    char what[96];
-    const char *name = su->spec->name;
-    bool off = cfg->offload;
-    /* master, optimizer state and the final gradient: device, or pinned host */
-#define ALLOC_STATE(ptr, kind, label)                                                         \
-    do {                                                                                      \
-        snprintf(what, sizeof what, "unit '%s' %s", name, label);                             \
-        if (off)                                                                              \
-            FSDP_TRY(fsdp_device_host_alloc(&e->dev, f32, kind, what, (void **)&(ptr)));       \
-        else                                                                                  \
-            FSDP_TRY(fsdp_device_alloc(&e->dev, f32, kind, what, (void **)&(ptr)));            \
-    } while (0)
-    ALLOC_STATE(row->master, FSDP_MEM_PARAM, "master parameter shard");
-    ALLOC_STATE(row->adam_m, FSDP_MEM_OPTIM, "Adam m");
-    ALLOC_STATE(row->adam_v, FSDP_MEM_OPTIM, "Adam v");
-    ALLOC_STATE(row->grad, FSDP_MEM_GRAD, "gradient shard");
-#undef ALLOC_STATE
-    if (cfg->compute_dtype == FSDP_DTYPE_F32 && !off) {
-        row->param = row->master;
-    } else {
-        snprintf(what, sizeof what, "unit '%s' %s parameter shard", name,
-                 fsdp_dtype_name(cfg->compute_dtype));
-        FSDP_TRY(fsdp_device_alloc(&e->dev, n * dt_size(e), FSDP_MEM_PARAM, what, &row->param));
-    }
-    /* accumulation slots are allocated on first use (grad_reduce); without
-     * offload, slot 0 is the gradient shard itself */
-    if (!off)
-        e->acc[u].buf[0] = row->grad;
+    const fsdp_engine_shared *sh = e->sh;
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    size_t n = sh->sm.units[u].shard_numel, f32 = n * sizeof(float);
+    FSDP_TRY(e->place->unit_alloc(e, u));
     row->state = FSDP_UNIT_SHARDED;
-
     if (!fsdp_device_computes(&e->dev))
         return FSDP_STATUS_OK;
-    /* parameters from the counter-based RNG: own shard only */
-    size_t begin = fsdp_shardmap_offset(&e->sh->sm, u, e->rank);
-    if (e->sh->init_fn)
-        FSDP_TRY(e->sh->init_fn(e->sh->init_arg, e->sh->model, u, begin, begin + n, host_tmp));
+    size_t begin = fsdp_shardmap_offset(&sh->sm, u, e->rank);
+    if (sh->init_fn)
+        FSDP_TRY(sh->init_fn(sh->init_arg, sh->model, u, begin, begin + n, host_tmp));
     else
-        fsdp_model_init_range(e->sh->model, u, begin, begin + n, cfg->seed, host_tmp);
+        fsdp_model_init_range(sh->model, u, begin, begin + n, sh->cfg.seed, host_tmp);
     FSDP_TRY(fsdp_device_memcpy(&e->dev, row->master, host_tmp, f32, e->dev.compute));
-    FSDP_TRY(fsdp_device_memset(&e->dev, row->adam_m, 0, f32, e->dev.compute));
-    FSDP_TRY(fsdp_device_memset(&e->dev, row->adam_v, 0, f32, e->dev.compute));
-    if (row->param != row->master) {
-        if (off && cfg->compute_dtype == FSDP_DTYPE_F32) {
-            FSDP_TRY(fsdp_device_memcpy(&e->dev, row->param, host_tmp, f32, e->dev.compute));
-        } else if (off) {
-            /* cast on the host into the staging buffer, then upload */
-            fsdp_ops_cpu_i.cast(&e->ops, e->param_host[u], cfg->compute_dtype, host_tmp,
-                                FSDP_DTYPE_F32, n);
-            FSDP_TRY(fsdp_device_memcpy(&e->dev, row->param, e->param_host[u],
-                                        n * dt_size(e), e->dev.compute));
-        } else {
-            /* cast on the device, staging the fp32 values in the gradient
-             * shard (zeroed again below) */
-            FSDP_TRY(fsdp_device_memcpy(&e->dev, row->grad, host_tmp, f32, e->dev.compute));
-            FSDP_OP(&e->ops, cast, row->param, cfg->compute_dtype, row->grad, FSDP_DTYPE_F32, n);
-            FSDP_TRY(fsdp_device_memset(&e->dev, row->grad, 0, f32, e->dev.compute));
-        }
-    }
-    FSDP_TRY(fsdp_device_memset(&e->dev, row->grad, 0, f32, e->dev.compute));
-    /* host_tmp is reused for the next unit: wait for the copies */
-    return fsdp_device_stream_sync(&e->dev, e->dev.compute);
+    for (int k = 0; k < sh->optim->n_state && !sh->cfg.inference; k++)
+        FSDP_TRY(fsdp_device_memset(&e->dev, row->optim[k], 0, f32, e->dev.compute));
+    if (!sh->cfg.inference)
+        FSDP_TRY(fsdp_device_memset(&e->dev, row->grad, 0, f32, e->dev.compute));
+    /* the compute copy; host_tmp is reused for the next unit: the refresh
+     * waits for the copies */
+    return e->place->param_refresh(e, u);
 }
 
 fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank)
@@ -384,34 +283,29 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     e->sh = sh;
     e->rank = rank;
     int rpd = cfg->ranks_per_device > 0 ? cfg->ranks_per_device : 1;
-    int ordinal = cfg->backend == FSDP_BACKEND_CUDA ? rank / rpd : rank;
+    int local = rank - sh->world->rank_offset; /* the device ordinal is this process's */
+    int ordinal = cfg->backend == FSDP_BACKEND_CUDA ? local / rpd : local;
     FSDP_CHECK(fsdp_device_init(&e->dev, cfg->backend, sh->world, rank, ordinal, cfg->device_mem));
     e->dev_ready = true;
-    FSDP_CHECK(comm_init(e));
-    e->comm_ready = true;
+    e->dev.oom_hint = cfg->oom_hint;
+    FSDP_CHECK(fsdp_engine_comms_init(e)); /* the transport is chosen in comm/transport.h */
     FSDP_CHECK(fsdp_ops_init(&e->ops, &e->dev, cfg->compute_dtype));
     e->ops_ready = true;
 
     int U = sh->sm.n_units;
-    e->n_acc = acc_depth(cfg->grad_accum);
-    e->acc = calloc((size_t)U, sizeof *e->acc);
+    FSDP_CHECK(fsdp_accum_init(&e->acc, &e->dev, &e->ops, U, cfg->grad_accum));
     e->ev_gather = calloc((size_t)U, sizeof *e->ev_gather);
-    e->ev_update = calloc((size_t)U, sizeof *e->ev_update);
-    e->jobs = calloc((size_t)U, sizeof *e->jobs);
-    e->host_blocks = calloc(sh->n_local_blocks + 1, sizeof(float));
     e->host_losses = calloc((size_t)cfg->grad_accum, sizeof(float));
     e->loss_order = calloc((size_t)cfg->grad_accum * (size_t)cfg->n_ranks, sizeof(float));
-    if (!e->acc || !e->ev_gather || !e->ev_update || !e->jobs || !e->host_blocks ||
-        !e->host_losses || !e->loss_order) {
+    if (!e->ev_gather || !e->host_losses || !e->loss_order) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for rank %d's engine", rank);
         goto fail;
     }
-    for (int u = 0; u < U; u++) {
+    for (int u = 0; u < U; u++)
         FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_gather[u]));
-        FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_update[u]));
-    }
     FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tmp));
     FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tmp2));
+    FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tokens));
 
     size_t max_shard = 0;
     for (int u = 0; u < U; u++)
@@ -424,27 +318,41 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
             goto fail;
         }
     }
-    if (cfg->offload)
-        FSDP_CHECK(fsdp_offload_init(e));
+    e->place = fsdp_place_of(cfg);
+    FSDP_CHECK(e->place->init(e));
     for (int u = 0; u < U; u++)
-        FSDP_CHECK(unit_alloc(e, u, host_tmp));
+        FSDP_CHECK(unit_init(e, u, host_tmp));
     free(host_tmp);
     host_tmp = NULL;
 
-    FSDP_CHECK(fsdp_device_alloc(&e->dev, sh->n_local_blocks * sizeof(float), FSDP_MEM_OTHER,
-                                 "gradient-norm partial sums", (void **)&e->dev_blocks));
-    FSDP_CHECK(sh->model->iface->state_init(sh->model, &e->ops, cfg->batch, cfg->seq, true,
-                                            &e->state));
-    e->tokens_host = calloc((size_t)cfg->batch * (size_t)cfg->seq * 2, sizeof(int));
-    if (!e->tokens_host) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for token staging");
-        goto fail;
-    }
+    /* only the device placement's norm uses it; it stays allocated in
+     * both, as the planner's byte-exact figures (and the golden fixture)
+     * have always counted it */
+    if (!cfg->inference)
+        FSDP_CHECK(fsdp_device_alloc(&e->dev, sh->n_local_blocks * sizeof(float),
+                                     FSDP_MEM_OTHER, "gradient-norm partial sums",
+                                     (void **)&e->dev_blocks));
+    if (cfg->inference || cfg->recompute == FSDP_RECOMPUTE_NONE)
+        FSDP_CHECK(sh->model->iface->state_init(sh->model, &e->ops, cfg->batch, cfg->seq,
+                                                !cfg->inference, &e->state));
+    else
+        FSDP_CHECK(sh->model->iface->state_init_recompute(sh->model, &e->ops, cfg->batch,
+                                                          cfg->seq, cfg->recompute, &e->state));
+    /* pinned, so that the copies to the device are asynchronous */
+    size_t n_tokens = (size_t)cfg->batch * (size_t)cfg->seq;
+    FSDP_CHECK(fsdp_device_host_alloc(&e->dev, 2 * n_tokens * sizeof(int), FSDP_MEM_ACT,
+                                      "token staging (inputs and targets)",
+                                      (void **)&e->tokens_host));
+    FSDP_CHECK(fsdp_engine_warm_up(e));
     FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
+    /* every rank is done allocating before any rank's first collective */
+    if (sh->world)
+        FSDP_CHECK(fsdp_world_barrier(sh->world));
     *out = e;
     return FSDP_STATUS_OK;
 fail:
     free(host_tmp);
+    fsdp_engine_note(e, st);
     fsdp_engine_free(e);
     return st;
 }
@@ -454,39 +362,47 @@ void fsdp_engine_free(fsdp_engine *e)
     if (!e)
         return;
     const fsdp_engine_shared *sh = e->sh;
+    /* First, before any wait or free: a rank that failed, or whose world
+     * was aborted, stops its collectives (nccl: ncclCommAbort) and tells
+     * the world at once. A collective kernel still waiting for a peer
+     * would otherwise keep the stream syncs and cudaFree below from ever
+     * returning, and the peers would wait for this rank's teardown. */
+    fsdp_world_rank_stop(sh->world, e->rank, e->status);
     if (e->dev_ready)
         sync_all(e);
-    if (sh->cfg.offload)
-        fsdp_offload_fini(e);
+    if (e->place)
+        e->place->fini(e);
     if (e->state)
         sh->model->iface->state_free(sh->model, &e->ops, e->state);
     if (e->dev_ready) {
         for (int u = 0; u < sh->sm.n_units; u++) {
             if (e->ev_gather)
                 fsdp_device_event_destroy(&e->dev, e->ev_gather[u]);
-            if (e->ev_update)
-                fsdp_device_event_destroy(&e->dev, e->ev_update[u]);
             memset(&sh->sm.units[u].rows[e->rank], 0, sizeof(fsdp_shard_row));
         }
         fsdp_device_event_destroy(&e->dev, e->ev_tmp);
         fsdp_device_event_destroy(&e->dev, e->ev_tmp2);
+        fsdp_device_event_destroy(&e->dev, e->ev_tokens);
     }
     if (e->ops_ready)
         fsdp_ops_fini(&e->ops);
-    if (e->comm_ready)
-        fsdp_comm_fini(&e->comm);
+    fsdp_engine_comms_fini(e);
     if (e->dev_ready)
         fsdp_device_fini(&e->dev); /* releases every shard and buffer */
-    free(e->acc);
+    fsdp_accum_free(&e->acc);
     free(e->ev_gather);
-    free(e->ev_update);
-    free(e->jobs);
-    free(e->host_blocks);
     free(e->host_losses);
     free(e->loss_order);
     free(e->norm_scratch);
-    free(e->tokens_host);
+    free(e->x_records);
     free(e);
+}
+
+fsdp_status fsdp_engine_data_error(const fsdp_engine *e, const char **msg)
+{
+    if (msg)
+        *msg = e->data_msg;
+    return e->data_st;
 }
 
 fsdp_device *fsdp_engine_device(fsdp_engine *e) { return &e->dev; }
@@ -494,7 +410,10 @@ fsdp_comm *fsdp_engine_comm(fsdp_engine *e) { return &e->comm; }
 
 /* ---- the step -------------------------------------------------------------- */
 
-static fsdp_status load_batch(fsdp_engine *e, uint64_t index)
+/* Micro-batch `index` into the model state. With `poison`, a batch that
+ * cannot be read becomes zeros and the error is kept in e->data_st (the
+ * training step then publishes NaN losses: fsdp_engine_step). */
+static fsdp_status load_batch(fsdp_engine *e, uint64_t index, bool poison)
 {
     const fsdp_engine_config *cfg = &e->sh->cfg;
     size_t n = (size_t)cfg->batch * (size_t)cfg->seq;
@@ -502,18 +421,30 @@ static fsdp_status load_batch(fsdp_engine *e, uint64_t index)
     if (!fsdp_device_computes(&e->dev) || !e->sh->data)
         return FSDP_STATUS_OK;
     int *in = e->tokens_host, *tg = e->tokens_host + n;
-    FSDP_TRY(fsdp_data_batch(e->sh->data, index, cfg->batch, cfg->seq, in, tg));
+    /* the previous copies out of the staging buffer are done (they were
+     * queued before the previous micro-step's work, so this rarely waits) */
+    FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tokens));
+    fsdp_status st = fsdp_data_batch(e->sh->data, index, cfg->batch, cfg->seq, in, tg);
+    if (st != FSDP_STATUS_OK) {
+        if (!poison)
+            return st;
+        if (e->data_st == FSDP_STATUS_OK) {
+            e->data_st = st;
+            snprintf(e->data_msg, sizeof e->data_msg, "%s", fsdp_error_msg());
+        }
+        fsdp_error_clear(); /* kept above; not this rank's failure */
+        memset(in, 0, 2 * n * sizeof(int));
+    }
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_tokens(e->state), in, n * sizeof(int),
                                 e->dev.compute));
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_targets(e->state), tg, n * sizeof(int),
                                 e->dev.compute));
-    /* the staging buffer is reused next micro-step */
-    return fsdp_device_stream_sync(&e->dev, e->dev.compute);
+    return fsdp_device_event_record(&e->dev, e->ev_tokens, e->dev.compute);
 }
 
 static fsdp_status alloc_grad_full(fsdp_engine *e, int u)
 {
-    fsdp_shard_row *row = row_of(e, u);
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     char what[96];
     snprintf(what, sizeof what, "unit '%s' gradient", su->spec->name);
@@ -523,18 +454,66 @@ static fsdp_status alloc_grad_full(fsdp_engine *e, int u)
                               e->dev.compute);
 }
 
-/* Forward and backward of one micro-batch, reducing each unit's gradient. */
-static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss)
+/* Unmasked targets (>= 0) in host targets tg[0..n). */
+static uint64_t count_unmasked(const int *tg, size_t n)
+{
+    uint64_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += tg[i] >= 0;
+    return c;
+}
+
+/* Unmasked targets of global micro-batches [first, first + n_batches):
+ * every target when the data has no masks (or there is no data: meta,
+ * plans). Reads the batches through the staging buffer, before the step's
+ * own loads. */
+static fsdp_status count_targets(fsdp_engine *e, uint64_t first, int n_batches, uint64_t *count)
+{
+    const fsdp_engine_config *cfg = &e->sh->cfg;
+    size_t n = (size_t)cfg->batch * (size_t)cfg->seq;
+    *count = (uint64_t)n * (uint64_t)n_batches;
+    if (!e->sh->data || !fsdp_data_masked(e->sh->data) || !fsdp_device_computes(&e->dev))
+        return FSDP_STATUS_OK;
+    *count = 0;
+    FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tokens)); /* the last copy out is done */
+    for (int k = 0; k < n_batches; k++) {
+        fsdp_status st = fsdp_data_batch(e->sh->data, first + (uint64_t)k, cfg->batch, cfg->seq,
+                                         e->tokens_host, e->tokens_host + n);
+        if (st != FSDP_STATUS_OK) {
+            /* as load_batch: recorded, and the step applies no update */
+            if (e->data_st == FSDP_STATUS_OK) {
+                e->data_st = st;
+                snprintf(e->data_msg, sizeof e->data_msg, "%s", fsdp_error_msg());
+            }
+            fsdp_error_clear();
+            continue;
+        }
+        *count += count_unmasked(e->tokens_host + n, n);
+    }
+    return FSDP_STATUS_OK;
+}
+
+float fsdp_engine_mean_loss(const float *losses, int n, uint64_t rows, uint64_t count)
+{
+    float loss = fsdp_tree_sum(losses, n) / (float)n;
+    if (count != (uint64_t)n * rows) /* masked targets: the mean over the unmasked ones */
+        loss = count ? loss * (float)((double)n * (double)rows / (double)count) : 0.0f;
+    return loss;
+}
+
+/* Forward and backward of one micro-batch, reducing each unit's gradient;
+ * dloss: the gradient weight of the model's micro-batch loss. */
+static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float dloss, float *loss)
 {
     const fsdp_engine_config *cfg = &e->sh->cfg;
     const fsdp_model *m = e->sh->model;
     const struct fsdp_model_i *mi = m->iface;
     int U = e->sh->sm.n_units;
-    bool full = cfg->shard == FSDP_SHARD_FULL;
-    float dloss = 1.0f / (float)(cfg->n_ranks * cfg->grad_accum);
+    bool full = cfg->shard == FSDP_SHARD_FULL || cfg->shard == FSDP_SHARD_HYBRID; /* reshard
+                                                                                    * after forward */
 
-    FSDP_TRY(load_batch(e, index));
-    fsdp_shard_row *root = row_of(e, 0);
+    FSDP_TRY(load_batch(e, index, true));
+    fsdp_shard_row *root = fsdp_engine_row(e, 0);
 
     fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "forward", "root", 0);
     FSDP_TRY(mi->root_forward(m, &e->ops, e->state, root->gathered));
@@ -546,7 +525,7 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss
         if (cfg->prefetch && u + 1 < U)
             FSDP_TRY(gather_issue(e, u + 1));
         fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "forward", m->units[u].name, 0);
-        FSDP_TRY(mi->unit_forward(m, &e->ops, e->state, u, row_of(e, u)->gathered));
+        FSDP_TRY(mi->unit_forward(m, &e->ops, e->state, u, fsdp_engine_row(e, u)->gathered));
         fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
         if (full)
             FSDP_TRY(gather_release(e, u));
@@ -565,200 +544,88 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float *loss
         FSDP_TRY(gather_wait(e, u));
         if (cfg->prefetch && u - 1 >= 1)
             FSDP_TRY(gather_issue(e, u - 1));
+        if (cfg->recompute != FSDP_RECOMPUTE_NONE) {
+            /* the gather above serves the re-forward and the backward */
+            fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "recompute", m->units[u].name, 0);
+            FSDP_TRY(mi->unit_recompute(m, &e->ops, e->state, u,
+                                        fsdp_engine_row(e, u)->gathered));
+            fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
+        }
         FSDP_TRY(alloc_grad_full(e, u));
         fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "backward", m->units[u].name, 0);
-        FSDP_TRY(mi->unit_backward(m, &e->ops, e->state, u, row_of(e, u)->gathered,
-                                   row_of(e, u)->grad_full));
+        FSDP_TRY(mi->unit_backward(m, &e->ops, e->state, u, fsdp_engine_row(e, u)->gathered,
+                                   fsdp_engine_row(e, u)->grad_full));
         fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
         FSDP_TRY(gather_release(e, u));
         FSDP_TRY(grad_reduce(e, u));
         if (last_micro)
-            FSDP_TRY(fsdp_offload_unit_ready(e, u));
+            FSDP_TRY(e->place->unit_ready(e, u));
     }
     fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "backward", "root", 0);
     FSDP_TRY(mi->root_backward(m, &e->ops, e->state, root->gathered, root->grad_full));
     fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
     FSDP_TRY(grad_reduce(e, 0));
     if (last_micro)
-        FSDP_TRY(fsdp_offload_unit_ready(e, 0));
+        FSDP_TRY(e->place->unit_ready(e, 0));
     return FSDP_STATUS_OK;
 }
 
-/* Global gradient norm: per-block sums of squares of the own shards,
- * exchanged through host slots, added in one fixed global order. */
-static fsdp_status grad_norm(fsdp_engine *e, int parity, float *norm)
-{
-    fsdp_engine_shared *sh = e->sh;
-    int U = sh->sm.n_units;
-    if (!fsdp_device_computes(&e->dev)) {
-        /* meta: nothing is computed and host pointers are fake, so the norm
-         * is 0; skip the block exchange, whose host work grows with the
-         * parameter count (`fsdp plan` of 70B shapes), keep the barrier */
-        FSDP_TRY(fsdp_world_barrier(sh->world));
-        *norm = 0.0f;
-        return FSDP_STATUS_OK;
-    }
-    size_t off = 0;
-    for (int u = 0; u < U; u++) {
-        fsdp_shard_unit *su = &sh->sm.units[u];
-        if (!sh->cfg.offload)
-            FSDP_OP(&e->ops, sumsq_blocks, e->dev_blocks + off, row_of(e, u)->grad,
-                    su->shard_numel);
-        off += su->shard_numel / FSDP_NORM_BLOCK;
-    }
-    float *mine = sh->x_blocks[parity] + (size_t)e->rank * sh->n_local_blocks;
-    if (sh->cfg.offload) {
-        /* gradient shards are in host memory: sum them here */
-        FSDP_TRY(fsdp_offload_wait_grads(e));
-        off = 0;
-        for (int u = 0; u < U; u++) {
-            fsdp_shard_unit *su = &sh->sm.units[u];
-            fsdp_ops_cpu_i.sumsq_blocks(&e->ops, mine + off, row_of(e, u)->grad, su->shard_numel);
-            off += su->shard_numel / FSDP_NORM_BLOCK;
-        }
-    } else {
-        memset(e->host_blocks, 0, sh->n_local_blocks * sizeof(float));
-        FSDP_TRY(fsdp_device_memcpy(&e->dev, e->host_blocks, e->dev_blocks,
-                                    sh->n_local_blocks * sizeof(float), e->dev.compute));
-        FSDP_TRY(fsdp_device_stream_sync(&e->dev, e->dev.compute));
-        memcpy(mine, e->host_blocks, sh->n_local_blocks * sizeof(float));
-    }
-    FSDP_TRY(fsdp_world_barrier(sh->world));
-    /* global order: unit by unit, block by block, real blocks only */
-    float *ordered = e->norm_scratch;
-    size_t n = 0, base = 0;
-    for (int u = 0; u < U; u++) {
-        fsdp_shard_unit *su = &sh->sm.units[u];
-        size_t local = su->shard_numel / FSDP_NORM_BLOCK;
-        for (size_t b = 0; b < su->n_blocks; b++) {
-            int r = sharded(e) ? (int)(b / local) : 0;
-            size_t i = sharded(e) ? b % local : b;
-            ordered[n++] = sh->x_blocks[parity][(size_t)r * sh->n_local_blocks + base + i];
-        }
-        base += local;
-    }
-    *norm = sqrtf(fsdp_tree_sum(ordered, (int)n));
-    return FSDP_STATUS_OK;
-}
-
-fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res)
+static fsdp_status step_run(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res)
 {
     fsdp_engine_shared *sh = e->sh;
     const fsdp_engine_config *cfg = &sh->cfg;
-    int U = sh->sm.n_units, N = cfg->n_ranks, A = cfg->grad_accum;
-    int parity = (int)(step & 1);
-    fsdp_comm_reset_stats(&e->comm);
-    if (!e->norm_scratch) {
-        size_t total = 0;
-        for (int u = 0; u < U; u++)
-            total += sh->sm.units[u].n_blocks;
-        e->norm_scratch = malloc((total + 1) * sizeof(float));
-        if (!e->norm_scratch)
-            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for norm partial sums");
-    }
+    int N = cfg->n_ranks, A = cfg->grad_accum;
+    if (cfg->inference)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "rank %d: an inference engine (forward "
+                              "only) cannot take a training step", e->rank);
+    fsdp_engine_comms_reset(e);
 
     /* parameters of the previous step's update must be on the device */
     e->lr = lr;
-    e->t = step + 1; /* AdamW step of this update (offloaded updates may start in backward) */
+    e->t = step + 1; /* optimizer step count of this update (host updates may start in backward) */
+    e->update_started = false;
+    /* each token's weight is 1 / (unmasked targets of the global batch) */
+    int M = N * A;
+    uint64_t rows = (uint64_t)cfg->batch * (uint64_t)cfg->seq, count;
+    FSDP_TRY(count_targets(e, step * (uint64_t)M, M, &count));
+    float dloss = count ? (float)((double)rows / (double)count) : 0.0f;
     FSDP_TRY(gather_wait(e, 0)); /* the root stays gathered for the whole step */
     for (int j = 0; j < A; j++) {
         uint64_t index = step * (uint64_t)(N * A) + (uint64_t)j * (uint64_t)N + (uint64_t)e->rank;
         e->host_losses[j] = 0.0f;
-        FSDP_TRY(micro_step(e, j, index, &e->host_losses[j]));
+        FSDP_TRY(micro_step(e, j, index, dloss, &e->host_losses[j]));
     }
     FSDP_TRY(gather_release(e, 0));
-    for (int u = 0; u < U; u++)
-        if (!cfg->offload)
-            FSDP_TRY(grad_finish(e, u));
+    if (e->data_st != FSDP_STATUS_OK)
+        for (int j = 0; j < A; j++) /* a batch this rank could not read: no rank updates */
+            e->host_losses[j] = NAN;
 
-    /* loss: tree over global micro-batch index m = j * N + r */
-    memcpy(sh->x_losses[parity] + (size_t)e->rank * (size_t)A, e->host_losses,
-           (size_t)A * sizeof(float));
     float norm = 0.0f;
-    FSDP_TRY(grad_norm(e, parity, &norm)); /* contains the barrier for both slots */
-    int M = N * A;
-    float *lv = e->loss_order;
-    for (int r = 0; r < N; r++)
-        for (int j = 0; j < A; j++)
-            lv[j * N + r] = sh->x_losses[parity][(size_t)r * (size_t)A + (size_t)j];
-    float loss = fsdp_tree_sum(lv, M) / (float)M;
+    /* the norm and every rank's losses (in e->loss_order, by the global
+     * micro-batch index m = j * N + r) */
+    FSDP_TRY(fsdp_engine_norm(e, &norm));
+    float loss = fsdp_engine_mean_loss(e->loss_order, M, rows, count);
 
-    /* clip and update */
+    /* clip and update; every rank computed the same loss and norm, so all
+     * take the same branch. A non-finite step would poison the parameters:
+     * no update, unless one started in backward already. */
+    res->finite = isfinite(loss) && isfinite(norm);
+    res->applied = res->finite || e->update_started;
     float scale = 1.0f;
     if (cfg->clip > 0.0f && norm > cfg->clip)
         scale = cfg->clip / (norm + 1e-6f);
-    FSDP_TRY(fsdp_optim_step(e, lr, scale));
+    if (res->applied)
+        FSDP_TRY(e->place->step(e, lr, scale));
+    else
+        e->t = step; /* the state is the previous step's */
 
-    /* publish this rank's figures; after the barrier every rank sees all */
-    fsdp_rank_stats *rs = &sh->x_stats[e->rank];
-    rs->peak_bytes = e->dev.mem.peak_bytes;
-    rs->in_use_bytes = e->dev.mem.in_use_bytes;
-    rs->host_peak_bytes = e->dev.host.peak_bytes;
-    rs->comm_recv_bytes = fsdp_comm_total_recv(&e->comm);
-    rs->comm_sent_bytes = fsdp_comm_total_sent(&e->comm);
-    rs->mem = e->dev.mem;
-    rs->host = e->dev.host;
+    /* every rank's figures; after the barrier x_stats holds them */
+    FSDP_TRY(fsdp_engine_publish(e));
     FSDP_TRY(fsdp_world_barrier(sh->world));
     res->loss = loss;
     res->grad_norm = norm;
     res->lr = lr;
     return FSDP_STATUS_OK;
-}
-
-/* ---- optimizer ----------------------------------------------------------- */
-
-/* Visit the parameter ranges of unit u inside the rank's shard: calls
- * fn(e, u, local_begin, n, decay) for each piece. */
-void fsdp_engine_for_each_range(fsdp_engine *e, int u,
-                                void (*fn)(fsdp_engine *, int, size_t, size_t, bool, void *),
-                                void *arg)
-{
-    fsdp_shard_unit *su = &e->sh->sm.units[u];
-    size_t lo = fsdp_shardmap_offset(&e->sh->sm, u, e->rank), hi = lo + su->shard_numel;
-    for (int i = 0; i < su->spec->n_params; i++) {
-        const fsdp_param_spec *p = &su->spec->params[i];
-        size_t a = p->offset > lo ? p->offset : lo;
-        size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-        if (a < b)
-            fn(e, u, a - lo, b - a, p->decay, arg);
-    }
-}
-
-void fsdp_engine_adam_consts(const fsdp_engine *e, float *bc1, float *bc2)
-{
-    const fsdp_engine_config *cfg = &e->sh->cfg;
-    *bc1 = (float)(1.0 - pow((double)cfg->beta1, (double)e->t));
-    *bc2 = (float)(1.0 - pow((double)cfg->beta2, (double)e->t));
-}
-
-struct dev_update {
-    float lr, scale, bc1, bc2;
-};
-
-static void device_update_range(fsdp_engine *e, int u, size_t off, size_t n, bool decay, void *arg)
-{
-    const struct dev_update *a = arg;
-    const fsdp_engine_config *cfg = &e->sh->cfg;
-    fsdp_shard_row *row = row_of(e, u);
-    void *p_out = NULL;
-    if (row->param != row->master)
-        p_out = (char *)row->param + off * dt_size(e);
-    FSDP_OP(&e->ops, adamw, row->master + off, row->grad + off, row->adam_m + off,
-            row->adam_v + off, n, a->lr, cfg->beta1, cfg->beta2, cfg->eps,
-            decay ? cfg->weight_decay : 0.0f, a->bc1, a->bc2, a->scale, p_out,
-            cfg->compute_dtype);
-}
-
-fsdp_status fsdp_optim_step(fsdp_engine *e, float lr, float scale)
-{
-    if (e->sh->cfg.offload)
-        return fsdp_offload_step(e, lr, scale);
-    struct dev_update a = {.lr = lr, .scale = scale};
-    fsdp_engine_adam_consts(e, &a.bc1, &a.bc2);
-    for (int u = 0; u < e->sh->sm.n_units; u++)
-        fsdp_engine_for_each_range(e, u, device_update_range, &a);
-    /* the next step's gathers read the updated shards */
-    return order(e, e->dev.compute, e->dev.comm, e->ev_tmp2);
 }
 
 /* ---- forward only (evaluation, sampling) ----------------------------------- */
@@ -770,30 +637,38 @@ static fsdp_status forward_only(fsdp_engine *e, float *loss)
     const fsdp_model *m = e->sh->model;
     const struct fsdp_model_i *mi = m->iface;
     FSDP_TRY(gather_wait(e, 0));
-    FSDP_TRY(mi->root_forward(m, &e->ops, e->state, row_of(e, 0)->gathered));
+    FSDP_TRY(mi->root_forward(m, &e->ops, e->state, fsdp_engine_row(e, 0)->gathered));
     for (int u = 1; u < e->sh->sm.n_units; u++) {
         FSDP_TRY(gather_wait(e, u));
-        FSDP_TRY(mi->unit_forward(m, &e->ops, e->state, u, row_of(e, u)->gathered));
+        FSDP_TRY(mi->unit_forward(m, &e->ops, e->state, u, fsdp_engine_row(e, u)->gathered));
         FSDP_TRY(gather_release(e, u));
     }
-    return mi->head_forward_backward(m, &e->ops, e->state, row_of(e, 0)->gathered, NULL, 1.0f,
+    return mi->head_forward_backward(m, &e->ops, e->state, fsdp_engine_row(e, 0)->gathered, NULL, 1.0f,
                                      loss);
 }
 
-fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss)
+static fsdp_status forward_batch_run(fsdp_engine *e, uint64_t index, float *loss,
+                                     uint64_t *n_targets)
 {
     if (!e->sh->data)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "fsdp_engine_forward_batch: the engine has no data source");
-    FSDP_TRY(load_batch(e, index));
+    const fsdp_engine_config *cfg = &e->sh->cfg;
+    size_t rows = (size_t)cfg->batch * (size_t)cfg->seq;
+    FSDP_TRY(load_batch(e, index, false));
+    uint64_t count = rows;
+    if (fsdp_data_masked(e->sh->data) && fsdp_device_computes(&e->dev))
+        count = count_unmasked(e->tokens_host + rows, rows); /* load_batch's targets */
     float l = 0.0f;
     FSDP_TRY(forward_only(e, &l));
     *loss = l;
+    if (n_targets)
+        *n_targets = count;
     return gather_release(e, 0);
 }
 
-fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
-                                float *logits_out, float *loss)
+static fsdp_status forward_run(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
+                               float *logits_out, float *loss)
 {
     fsdp_engine_shared *sh = e->sh;
     const fsdp_engine_config *cfg = &sh->cfg;
@@ -804,16 +679,18 @@ fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, c
     if (n_rows > cfg->batch)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "forward of %d rows > batch %d", n_rows,
                               cfg->batch);
-    int *in = e->tokens_host, *tg = e->tokens_host + n;
-    memset(in, 0, n * sizeof(int));
-    memcpy(in, tokens, (size_t)n_rows * (size_t)T * sizeof(int));
-    for (size_t i = 0; i < n; i++)
-        tg[i] = in[i]; /* targets are unused by the forward; keep them valid */
-    if (fsdp_device_computes(&e->dev)) {
+    if (fsdp_device_computes(&e->dev)) { /* meta's staging is not backed */
+        int *in = e->tokens_host, *tg = e->tokens_host + n;
+        FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tokens)); /* as in load_batch */
+        memset(in, 0, n * sizeof(int));
+        memcpy(in, tokens, (size_t)n_rows * (size_t)T * sizeof(int));
+        for (size_t i = 0; i < n; i++)
+            tg[i] = in[i]; /* targets are unused by the forward; keep them valid */
         FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_tokens(e->state), in, n * sizeof(int),
                                     e->dev.compute));
         FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_targets(e->state), tg, n * sizeof(int),
                                     e->dev.compute));
+        FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_tokens, e->dev.compute));
     }
     float l = 0.0f;
     FSDP_TRY(forward_only(e, &l));
@@ -846,29 +723,19 @@ fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, c
     return gather_release(e, 0);
 }
 
-fsdp_status fsdp_engine_gather_unit(fsdp_engine *e, int u, float *host_out)
+static fsdp_status gather_unit_run(fsdp_engine *e, int u, float *host_out)
 {
     fsdp_shard_unit *su = &e->sh->sm.units[u];
-    fsdp_shard_row *row = row_of(e, u);
-    float *full = NULL, *shard = row->master;
-    FSDP_TRY(fsdp_offload_params_ready(e, u));
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    float *full = NULL, *shard = NULL;
+    FSDP_TRY(e->place->params_ready(e, u));
     FSDP_TRY(fsdp_device_alloc(&e->dev, su->padded_numel * sizeof(float), FSDP_MEM_OTHER,
                                "unit export", (void **)&full));
-    fsdp_status st = FSDP_STATUS_OK;
-    float *dev_shard = NULL;
-    if (e->sh->cfg.offload) {
-        /* master lives in host memory: stage it on the device */
-        st = fsdp_device_alloc(&e->dev, su->shard_numel * sizeof(float), FSDP_MEM_OTHER,
-                               "unit export shard", (void **)&dev_shard);
-        if (st == FSDP_STATUS_OK)
-            st = fsdp_device_memcpy(&e->dev, dev_shard, row->master,
-                                    su->shard_numel * sizeof(float), e->dev.comm);
-        shard = dev_shard;
-    }
+    fsdp_status st = e->place->master_on_device(e, u, &shard);
     if (st == FSDP_STATUS_OK) {
         if (sharded(e))
-            st = fsdp_comm_all_gather(&e->comm, shard, full, su->shard_numel, FSDP_DTYPE_F32,
-                                      e->dev.comm);
+            st = fsdp_comm_all_gather(e->shard_comm, shard, full, su->shard_numel,
+                                      FSDP_DTYPE_F32, e->dev.comm);
         else
             st = fsdp_device_memcpy(&e->dev, full, shard, su->padded_numel * sizeof(float),
                                     e->dev.comm);
@@ -877,7 +744,32 @@ fsdp_status fsdp_engine_gather_unit(fsdp_engine *e, int u, float *host_out)
         st = fsdp_device_memcpy(&e->dev, host_out, full, su->numel * sizeof(float), e->dev.comm);
     if (st == FSDP_STATUS_OK)
         st = fsdp_device_stream_sync(&e->dev, e->dev.comm);
-    fsdp_device_free(&e->dev, dev_shard);
+    if (shard != row->master)
+        fsdp_device_free(&e->dev, shard);
     fsdp_device_free(&e->dev, full);
     return st;
+}
+
+/* ---- the public calls remember their failure ------------------------------- */
+
+fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res)
+{
+    return fsdp_engine_note(e, step_run(e, step, lr, res));
+}
+
+fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss,
+                                      uint64_t *n_targets)
+{
+    return fsdp_engine_note(e, forward_batch_run(e, index, loss, n_targets));
+}
+
+fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
+                                float *logits_out, float *loss)
+{
+    return fsdp_engine_note(e, forward_run(e, tokens, n_rows, pos, logits_out, loss));
+}
+
+fsdp_status fsdp_engine_gather_unit(fsdp_engine *e, int u, float *host_out)
+{
+    return fsdp_engine_note(e, gather_unit_run(e, u, host_out));
 }

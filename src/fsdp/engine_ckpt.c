@@ -1,22 +1,31 @@
 /*
  * engine_ckpt.c - the engine side of checkpoints: each rank streams its
- * shards (master, Adam m, Adam v of every unit) to its own file, and on
- * load reads its new shard range back from the old world's files.
+ * shards (the master and the optimizer's named state arrays of every unit)
+ * to its own file, and on load reads its new shard range back from the old
+ * world's files.
  *
- * Memory: shards on the device are copied to the host one checksum block
- * (FSDP_CKPT_BLOCK_NUMEL floats) at a time through a small host staging
- * buffer; with optimizer offload they already live in pinned host memory
- * and are written from there. No device memory is allocated, so the
- * device peak is the training peak.
+ * Memory: wherever the placement keeps the arrays (device, or pinned host
+ * memory), they are copied through the device one checksum block
+ * (FSDP_CKPT_BLOCK_NUMEL floats) at a time via a small host staging buffer.
+ * No device memory is allocated, so the device peak is the training peak.
  *
  * Resharding: unit u's padded flat buffer is split the same way in every
- * world (rank r of N owns [r*S, (r+1)*S), or all of it with shard none),
- * so the new range of a rank intersects a contiguous run of old files;
- * each intersection is read through fsdp_ckpt_reader_read, which verifies
- * the checksum of every block it touches. Elements past the unit's real
- * numel are padding and are zero in every state.
+ * world (rank r of the K ranks a unit is split over owns [r*S, (r+1)*S),
+ * or all of it with shard none), so the new range of a rank intersects a
+ * contiguous run of old files; each intersection is read through
+ * fsdp_ckpt_reader_read, which verifies the checksum of every block it
+ * touches. Elements past the unit's real numel are padding and are zero in
+ * every state.
+ *
+ * Processes: in a job of several processes each rank writes its own file
+ * into the directory every process shares (the trainer checks that it is
+ * shared before the first step); the job's communicator's barriers order
+ * the steps (process 0's rank 0 creates the .tmp directory, every file is
+ * written, rank 0 writes the manifest and DONE). Hybrid sharding writes
+ * the first node's files only: the other nodes hold the same shards.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
@@ -24,24 +33,38 @@
 #include "core/world.h"
 #include "fsdp/engine_ckpt.h"
 #include "fsdp/engine_internal.h"
+#include "fsdp/place.h"
 
-static fsdp_shard_row *row_of(fsdp_engine *e, int u)
-{
-    return &e->sh->sm.units[u].rows[e->rank];
-}
+/* Every optimizer's state fits a shard file: its arrays after the master,
+ * under their own names. */
+_Static_assert(FSDP_OPTIM_MAX_STATE + 1 <= FSDP_CKPT_MAX_ARRAYS,
+               "shard files hold the master and every state array of an optimizer");
+_Static_assert(FSDP_OPTIM_NAME_MAX <= FSDP_CKPT_ARRAY_NAME_MAX,
+               "state array names fit a shard file's name table");
 
-static float *state_array(fsdp_shard_row *row, fsdp_ckpt_array a)
+/* Array a of a unit's checkpoint: 0 the master, then the optimizer's state
+ * arrays in its order. */
+static float *state_array(fsdp_shard_row *row, int a)
 {
-    return a == FSDP_CKPT_MASTER ? row->master : a == FSDP_CKPT_ADAM_M ? row->adam_m : row->adam_v;
+    return a == 0 ? row->master : row->optim[a - 1];
 }
 
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
+/* The arrays of every unit in this engine's files: "master", then the
+ * optimizer's state arrays. Returns the count. */
+static int array_names(const fsdp_engine_shared *sh, const char **names)
+{
+    names[0] = "master";
+    for (int k = 0; k < sh->optim->n_state; k++)
+        names[1 + k] = sh->optim->state_names[k];
+    return 1 + sh->optim->n_state;
+}
+
 /* ---- describing and checking --------------------------------------------- */
 
-fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *model_spec,
-                                      const char *data_spec, int steps_total,
-                                      fsdp_ckpt_manifest *out)
+fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *data_spec,
+                                      int steps_total, fsdp_ckpt_manifest *out)
 {
     const fsdp_engine_config *cfg = &sh->cfg;
     const fsdp_model *model = sh->model;
@@ -56,26 +79,19 @@ fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *
     out->world_size = cfg->n_ranks;
     snprintf(out->shard, sizeof out->shard, "%s", fsdp_shard_strategy_name(cfg->shard));
     out->replicated = cfg->shard == FSDP_SHARD_NONE;
+    out->shard_ranks = sh->sm.shard_ranks;
     out->batch = cfg->batch;
     out->seq = cfg->seq;
     out->grad_accum = cfg->grad_accum;
     out->steps_total = steps_total;
     snprintf(out->compute_dtype, sizeof out->compute_dtype, "%s",
              fsdp_dtype_name(cfg->compute_dtype));
-    snprintf(out->model_name, sizeof out->model_name, "%s", model->name);
-    const fsdp_gpt2_config *g = fsdp_gpt2_config_of(model);
-    if (g) {
-        out->has_gpt2 = true;
-        out->gpt2 = *g;
-        snprintf(out->model_spec, sizeof out->model_spec,
-                 "custom:layers=%d,heads=%d,channels=%d,vocab=%d,context=%d", g->n_layer,
-                 g->n_head, g->n_embd, g->vocab_size, g->max_seq_len);
-    } else {
-        snprintf(out->model_spec, sizeof out->model_spec, "%s", model_spec ? model_spec : "");
-    }
-    out->vocab_size = model->vocab_size;
-    out->padded_vocab_size = model->padded_vocab_size;
-    out->max_seq_len = model->max_seq_len;
+    const fsdp_optim *o = sh->optim;
+    snprintf(out->optimizer, sizeof out->optimizer, "%s", o->name);
+    out->n_optim_state = o->n_state;
+    for (int k = 0; k < o->n_state; k++)
+        snprintf(out->optim_state[k], sizeof out->optim_state[k], "%s", o->state_names[k]);
+    fsdp_ckpt_manifest_set_model(out, model);
     snprintf(out->data, sizeof out->data, "%s", data_spec ? data_spec : "");
 
     int U = sh->sm.n_units;
@@ -96,11 +112,41 @@ fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *
     return st;
 }
 
-fsdp_status fsdp_engine_ckpt_check(const fsdp_engine_shared *sh, const fsdp_ckpt_manifest *man,
+/* The checkpoint's optimizer state must be this run's: same optimizer,
+ * same state arrays. */
+static fsdp_status check_optimizer(const fsdp_engine_shared *sh, const fsdp_ckpt_manifest *man,
                                    const char *path)
+{
+    const fsdp_optim *o = sh->optim;
+    char have[160], want[160];
+    for (int k = 0, at = 0; k < man->n_optim_state && at < (int)sizeof have; k++)
+        at += snprintf(have + at, sizeof have - (size_t)at, "%s%s", k ? ", " : "",
+                       man->optim_state[k]);
+    if (!man->n_optim_state)
+        snprintf(have, sizeof have, "none");
+    fsdp_optim_state_list(o, want, sizeof want, ", ");
+    if (strcmp(man->optimizer, o->name))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "checkpoint '%s' was trained with --optimizer %s (state: %s); this "
+                              "run uses %s (state: %s): resume with --optimizer %s, or start a "
+                              "fresh run in another --ckpt-dir",
+                              path, man->optimizer, have, o->name, want, man->optimizer);
+    bool same = man->n_optim_state == o->n_state;
+    for (int k = 0; same && k < o->n_state; k++)
+        same = !strcmp(man->optim_state[k], o->state_names[k]);
+    if (!same)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint manifest '%s': optimizer %s keeps the state arrays (%s), "
+                              "the manifest lists (%s)", path, o->name, want, have);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_engine_ckpt_check(const fsdp_engine_shared *sh, const fsdp_ckpt_manifest *man,
+                                   const char *path, bool allow_batch_change)
 {
     const fsdp_engine_config *cfg = &sh->cfg;
     FSDP_TRY(fsdp_ckpt_manifest_check_model(man, path, sh->model));
+    FSDP_TRY(check_optimizer(sh, man, path));
     if (man->seq != cfg->seq)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "checkpoint '%s' was trained with --seq %d; resume with --seq %d "
@@ -112,20 +158,21 @@ fsdp_status fsdp_engine_ckpt_check(const fsdp_engine_shared *sh, const fsdp_ckpt
                               path, man->seed, man->seed);
     uint64_t was = (uint64_t)man->batch * (uint64_t)man->world_size * (uint64_t)man->grad_accum;
     uint64_t now = (uint64_t)cfg->batch * (uint64_t)cfg->n_ranks * (uint64_t)cfg->grad_accum;
-    if (was != now)
+    if (was != now && !allow_batch_change)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "checkpoint '%s' was trained with a global batch of %" PRIu64
                               " sequences (--batch %d x --devices %d x --grad-accum %d), this run "
                               "has %" PRIu64 " (%d x %d x %d); choose --batch, --devices and "
-                              "--grad-accum with the same product to resume",
+                              "--grad-accum with the same product to resume, or pass "
+                              "--allow-batch-change to continue with the new global batch",
                               path, was, man->batch, man->world_size, man->grad_accum, now,
                               cfg->batch, cfg->n_ranks, cfg->grad_accum);
     return FSDP_STATUS_OK;
 }
 
 fsdp_status fsdp_engine_ckpt_find(const fsdp_engine_shared *sh, const char *dir,
-                                  fsdp_ckpt_manifest *man, char *path, size_t path_size,
-                                  bool *found)
+                                  bool allow_batch_change, fsdp_ckpt_manifest *man, char *path,
+                                  size_t path_size, bool *found)
 {
     uint64_t step = 0;
     memset(man, 0, sizeof *man);
@@ -147,7 +194,7 @@ fsdp_status fsdp_engine_ckpt_find(const fsdp_engine_shared *sh, const char *dir,
                           "older checkpoint)", path);
         return st;
     }
-    st = fsdp_engine_ckpt_check(sh, man, mpath);
+    st = fsdp_engine_ckpt_check(sh, man, mpath, allow_batch_change);
     if (st != FSDP_STATUS_OK)
         fsdp_ckpt_manifest_free(man);
     return st;
@@ -163,19 +210,51 @@ static void sleep_ms(fsdp_engine *e, int ms)
     }
 }
 
-/* This rank's file: every unit's master, m and v, block by block. */
+/* The test hook for file writes (core/world.h): a failure of this rank's
+ * next write of checkpoint `step`, described by `what`. */
+static fsdp_status write_fault(fsdp_engine *e, uint64_t step, const char *what)
+{
+    if (!fsdp_world_fault_hit(e->sh->world, FSDP_FAULT_WRITE, e->rank))
+        return FSDP_STATUS_OK;
+    return fsdp_error_set(FSDP_STATUS_IO, "injected write failure (checkpoint step %" PRIu64
+                          ", %s)", step, what);
+}
+
+/* A checkpoint never holds NaN or infinity: it could only restart a
+ * diverged run. The first such element of a block, as an error. */
+static fsdp_status check_finite(const fsdp_engine *e, const float *v, size_t n, int u,
+                                const char *array, size_t first)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return fsdp_error_set(FSDP_STATUS_NONFINITE,
+                                  "unit '%s' %s element %zu is %s: refusing to write a "
+                                  "checkpoint of a diverged state",
+                                  e->sh->sm.units[u].spec->name, array, first + i,
+                                  isnan(v[i]) ? "NaN" : v[i] > 0 ? "inf" : "-inf");
+    return FSDP_STATUS_OK;
+}
+
+/* Copy n floats of a state array (device, or pinned host) to host memory. */
+static fsdp_status get_state(fsdp_engine *e, float *dst, const float *src, size_t n)
+{
+    FSDP_TRY(fsdp_device_memcpy(&e->dev, dst, src, n * sizeof(float), e->dev.compute));
+    return fsdp_device_stream_sync(&e->dev, e->dev.compute);
+}
+
+/* This rank's file: every unit's master and optimizer state, block by block
+ * through one host staging block. */
 static fsdp_status write_rank_file(fsdp_engine *e, const char *ckpt, const fsdp_ckpt_manifest *base,
                                    uint64_t step)
 {
     fsdp_engine_shared *sh = e->sh;
     int U = sh->sm.n_units;
-    bool host_state = sh->cfg.offload; /* master/m/v in pinned host memory */
     fsdp_status st = FSDP_STATUS_OK;
     fsdp_ckpt_writer *w = NULL;
-    float *staging = NULL;
+    float *staging = malloc(FSDP_CKPT_BLOCK_NUMEL * sizeof(float));
     size_t *shard = malloc((size_t)U * sizeof(size_t) + 1);
     size_t *first = malloc((size_t)U * sizeof(size_t) + 1);
-    if (!shard || !first || (!host_state && !(staging = malloc(FSDP_CKPT_BLOCK_NUMEL * 4)))) {
+    if (!shard || !first || !staging) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory staging a checkpoint",
                             e->rank);
         goto fail;
@@ -186,31 +265,32 @@ static fsdp_status write_rank_file(fsdp_engine *e, const char *ckpt, const fsdp_
     }
     char path[FSDP_CKPT_PATH_MAX];
     FSDP_CHECK(fsdp_ckpt_rank_path(path, sizeof path, ckpt, e->rank));
+    const char *names[FSDP_CKPT_MAX_ARRAYS];
+    int n_arrays = array_names(sh, names);
     fsdp_ckpt_shard_info info = {.run_id = base->run_id, .step = step, .adam_t = e->t,
                                  .rank = e->rank, .world_size = sh->cfg.n_ranks, .n_units = U,
-                                 .shard_numel = shard, .first = first};
+                                 .shard_numel = shard, .first = first, .n_arrays = n_arrays,
+                                 .array_names = names};
     FSDP_CHECK(fsdp_ckpt_writer_open(&w, path, &info));
-    /* the last step's device AdamW ran on the compute stream */
+    /* the last step's device update ran on the compute stream */
     FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
     int stall = fsdp_ckpt_test_stall_ms(step);
     for (int u = 0; u < U; u++) {
-        /* offload: wait for the unit's CPU update (it also uploads the
-         * compute copy the next gather would upload anyway) */
-        FSDP_CHECK(fsdp_offload_params_ready(e, u));
-        fsdp_shard_row *row = row_of(e, u);
+        /* the unit's last update is complete (a host update is waited for;
+         * it also uploads the compute copy the next gather would upload) */
+        FSDP_CHECK(e->place->params_ready(e, u));
+        fsdp_shard_row *row = fsdp_engine_row(e, u);
         size_t S = shard[u];
-        for (int a = 0; a < FSDP_CKPT_N_ARRAYS; a++) {
-            const float *src = state_array(row, (fsdp_ckpt_array)a);
+        for (int a = 0; a < n_arrays; a++) {
+            const float *src = state_array(row, a);
             for (size_t b = 0, lo = 0; lo < S; b++, lo += FSDP_CKPT_BLOCK_NUMEL) {
                 size_t n = min_sz(S - lo, FSDP_CKPT_BLOCK_NUMEL);
-                const float *blk = src + lo;
-                if (!host_state) {
-                    FSDP_CHECK(fsdp_device_memcpy(&e->dev, staging, src + lo, n * 4,
-                                                  e->dev.compute));
-                    FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
-                    blk = staging;
-                }
-                FSDP_CHECK(fsdp_ckpt_writer_put(w, u, (fsdp_ckpt_array)a, b, blk));
+                char what[96];
+                snprintf(what, sizeof what, "unit %d %s block %zu", u, names[a], b);
+                FSDP_CHECK(get_state(e, staging, src + lo, n));
+                FSDP_CHECK(check_finite(e, staging, n, u, names[a], first[u] + lo));
+                FSDP_CHECK(write_fault(e, step, what));
+                FSDP_CHECK(fsdp_ckpt_writer_put(w, u, a, b, staging));
             }
         }
         if (u == 0 && stall > 0)
@@ -238,8 +318,10 @@ fsdp_status fsdp_engine_ckpt_save(fsdp_engine *e, const char *dir, const fsdp_ck
     FSDP_TRY(fsdp_ckpt_step_path(tmp, sizeof tmp, dir, step, ".tmp"));
     if (e->rank == 0)
         FSDP_TRY(fsdp_ckpt_begin(dir, step));
-    FSDP_TRY(fsdp_world_barrier(sh->world));
-    fsdp_status st = write_rank_file(e, tmp, base, step);
+    FSDP_TRY(fsdp_comm_barrier(&e->comm)); /* every rank of the job */
+    /* one copy of each shard: hybrid's other nodes hold the first node's */
+    bool writes = cfg->shard == FSDP_SHARD_NONE || e->rank < sh->sm.shard_ranks;
+    fsdp_status st = writes ? write_rank_file(e, tmp, base, step) : FSDP_STATUS_OK;
     if (st != FSDP_STATUS_OK) {
         fsdp_error_prefix("saving checkpoint step %" PRIu64, step);
         return st;
@@ -252,11 +334,13 @@ fsdp_status fsdp_engine_ckpt_save(fsdp_engine *e, const char *dir, const fsdp_ck
             step * (uint64_t)cfg->batch * (uint64_t)cfg->n_ranks * (uint64_t)cfg->grad_accum;
         char path[FSDP_CKPT_PATH_MAX + 16];
         snprintf(path, sizeof path, "%s/manifest", tmp);
+        FSDP_TRY(write_fault(e, step, "manifest"));
         FSDP_TRY(fsdp_ckpt_manifest_write(path, &m));
     }
     /* every rank's file is written and fsynced before DONE */
-    FSDP_TRY(fsdp_world_barrier(sh->world));
+    FSDP_TRY(fsdp_comm_barrier(&e->comm));
     if (e->rank == 0) {
+        FSDP_TRY(write_fault(e, step, "commit"));
         FSDP_TRY(fsdp_ckpt_commit(dir, step, keep));
         FSDP_INFO(FSDP_SUB_CKPT, "checkpoint step %" PRIu64 " written to %s/step_%08" PRIu64,
                   step, dir, step);
@@ -298,14 +382,16 @@ static fsdp_status load_from_file(fsdp_engine *e, const char *ckpt, const fsdp_c
 {
     fsdp_engine_shared *sh = e->sh;
     int U = sh->sm.n_units;
-    bool host_state = sh->cfg.offload;
     for (int u = 0; u < U; u++)
         old_first[u] = fsdp_ckpt_shard_first(man, u, k);
     char path[FSDP_CKPT_PATH_MAX];
     FSDP_TRY(fsdp_ckpt_rank_path(path, sizeof path, ckpt, k));
+    const char *names[FSDP_CKPT_MAX_ARRAYS];
+    int n_arrays = array_names(sh, names);
     fsdp_ckpt_shard_info info = {.run_id = man->run_id, .step = man->step, .adam_t = man->adam_t,
                                  .rank = k, .world_size = man->world_size, .n_units = U,
-                                 .shard_numel = old_shard, .first = old_first};
+                                 .shard_numel = old_shard, .first = old_first,
+                                 .n_arrays = n_arrays, .array_names = names};
     fsdp_ckpt_reader *r = NULL;
     FSDP_TRY(fsdp_ckpt_reader_open(&r, path, &info));
     fsdp_status st = FSDP_STATUS_OK;
@@ -314,19 +400,14 @@ static fsdp_status load_from_file(fsdp_engine *e, const char *ckpt, const fsdp_c
         new_range(e, u, &lo, &hi, &real_hi);
         old_range(man, u, k, &olo, &ohi);
         size_t a0 = lo > olo ? lo : olo, a1 = real_hi < ohi ? real_hi : ohi;
-        fsdp_shard_row *row = row_of(e, u);
-        for (int a = 0; a < FSDP_CKPT_N_ARRAYS && st == FSDP_STATUS_OK; a++) {
-            float *dst = state_array(row, (fsdp_ckpt_array)a);
+        fsdp_shard_row *row = fsdp_engine_row(e, u);
+        for (int a = 0; a < n_arrays && st == FSDP_STATUS_OK; a++) {
+            float *dst = state_array(row, a);
             for (size_t x = a0; x < a1 && st == FSDP_STATUS_OK;) {
                 size_t n = min_sz(a1 - x, FSDP_CKPT_BLOCK_NUMEL);
-                if (host_state) {
-                    st = fsdp_ckpt_reader_read(r, u, (fsdp_ckpt_array)a, x - olo, n,
-                                               dst + (x - lo));
-                } else {
-                    st = fsdp_ckpt_reader_read(r, u, (fsdp_ckpt_array)a, x - olo, n, staging);
-                    if (st == FSDP_STATUS_OK)
-                        st = put_state(e, dst + (x - lo), staging, n);
-                }
+                st = fsdp_ckpt_reader_read(r, u, a, x - olo, n, staging);
+                if (st == FSDP_STATUS_OK)
+                    st = put_state(e, dst + (x - lo), staging, n);
                 x += n;
             }
         }
@@ -337,31 +418,12 @@ static fsdp_status load_from_file(fsdp_engine *e, const char *ckpt, const fsdp_c
     return st;
 }
 
-/* The compute-dtype copy of unit u's shard from its master, as at init. */
-static fsdp_status refresh_param(fsdp_engine *e, int u)
-{
-    const fsdp_engine_config *cfg = &e->sh->cfg;
-    fsdp_shard_row *row = row_of(e, u);
-    size_t n = e->sh->sm.units[u].shard_numel;
-    if (row->param == row->master)
-        return FSDP_STATUS_OK;
-    if (cfg->offload && cfg->compute_dtype == FSDP_DTYPE_F32)
-        return put_state(e, row->param, row->master, n);
-    if (cfg->offload) {
-        fsdp_ops_cpu_i.cast(&e->ops, e->param_host[u], cfg->compute_dtype, row->master,
-                            FSDP_DTYPE_F32, n);
-        FSDP_TRY(fsdp_device_memcpy(&e->dev, row->param, e->param_host[u],
-                                    n * fsdp_dtype_size(cfg->compute_dtype), e->dev.compute));
-        return fsdp_device_stream_sync(&e->dev, e->dev.compute);
-    }
-    FSDP_OP(&e->ops, cast, row->param, cfg->compute_dtype, row->master, FSDP_DTYPE_F32, n);
-    return FSDP_STATUS_OK;
-}
-
 fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_ckpt_manifest *man)
 {
     fsdp_engine_shared *sh = e->sh;
     int U = sh->sm.n_units, N_old = man->world_size;
+    /* the files: every shard once, or (replicated) world_size whole copies */
+    int n_files = man->replicated ? N_old : fsdp_ckpt_n_shards(man);
     if (!fsdp_device_computes(&e->dev))
         return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
                               "checkpoints need the cpu or cuda backend (meta holds no values)");
@@ -372,18 +434,17 @@ fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_c
     float *staging = NULL;
     size_t *old_shard = malloc((size_t)U * sizeof(size_t) + 1);
     size_t *old_first = malloc((size_t)U * sizeof(size_t) + 1);
-    if (!old_shard || !old_first ||
-        (!sh->cfg.offload && !(staging = malloc(FSDP_CKPT_BLOCK_NUMEL * 4)))) {
+    if (!old_shard || !old_first || !(staging = malloc(FSDP_CKPT_BLOCK_NUMEL * 4))) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory loading a checkpoint",
                             e->rank);
         goto fail;
     }
     for (int u = 0; u < U; u++) {
         old_shard[u] = man->units[u].shard_numel;
-        FSDP_CHECK(fsdp_offload_params_ready(e, u)); /* no CPU update may be in flight */
+        FSDP_CHECK(e->place->params_ready(e, u)); /* no update may be in flight */
     }
     FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
-    for (int k = 0; k < N_old; k++) {
+    for (int k = 0; k < n_files; k++) {
         /* with shard none every old file holds everything: spread the reads */
         if (man->replicated && k != e->rank % N_old)
             continue;
@@ -401,16 +462,12 @@ fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_c
         /* padding past the unit's real elements is zero in every state */
         size_t lo, hi, real_hi;
         new_range(e, u, &lo, &hi, &real_hi);
-        fsdp_shard_row *row = row_of(e, u);
-        for (int a = 0; a < FSDP_CKPT_N_ARRAYS && real_hi < hi; a++) {
-            float *pad = state_array(row, (fsdp_ckpt_array)a) + (real_hi - lo);
-            if (sh->cfg.offload)
-                memset(pad, 0, (hi - real_hi) * 4); /* pinned host memory */
-            else
-                FSDP_CHECK(fsdp_device_memset(&e->dev, pad, 0, (hi - real_hi) * 4,
-                                              e->dev.compute));
+        fsdp_shard_row *row = fsdp_engine_row(e, u);
+        for (int a = 0; a < 1 + sh->optim->n_state && real_hi < hi; a++) {
+            float *pad = state_array(row, a) + (real_hi - lo);
+            FSDP_CHECK(fsdp_device_memset(&e->dev, pad, 0, (hi - real_hi) * 4, e->dev.compute));
         }
-        FSDP_CHECK(refresh_param(e, u));
+        FSDP_CHECK(e->place->param_refresh(e, u));
     }
     e->t = man->adam_t;
     st = fsdp_device_stream_sync(&e->dev, e->dev.compute);

@@ -1,80 +1,114 @@
 /*
  * engine_internal.h - the per-rank engine object, shared by the engine's
- * files (engine.c: the step; offload.c: optimizer offload; trace.c: the
- * Chrome trace). Not part of the engine's API.
+ * files (engine.c: the step; engine_ckpt.c: checkpoints; place_*.c: where
+ * optimizer state lives; trace.c: the Chrome trace). Not part of the
+ * engine's API.
+ *
+ * Dependencies: engine.c calls the placement table (place.h), the
+ * accumulation counter (accum.h) and the optimizer (optim/optim.h); the
+ * placements call accumulation, the optimizer, the trace and the inline
+ * helpers below, never a function of engine.c.
  */
 #ifndef FSDP_FSDP_ENGINE_INTERNAL_H
 #define FSDP_FSDP_ENGINE_INTERNAL_H
 
+#include "fsdp/accum.h"
 #include "fsdp/engine.h"
 #include "fsdp/trace.h"
 #include "ops/ops.h"
 
-#define FSDP_ACC_MAX 32
-
-/* Micro-step partial gradient sums of one unit: a binary counter whose
- * entries are shard buffers (stack[i] = buffer index, level[i] = how many
- * micro-steps it sums, as log2). */
-struct fsdp_acc {
-    float *buf[FSDP_ACC_MAX]; /* shard-sized fp32 buffers on the device */
-    int stack[FSDP_ACC_MAX];
-    int level[FSDP_ACC_MAX];
-    int depth;
-    unsigned busy;            /* bit k: buf[k] holds a live partial sum */
-};
-
-struct fsdp_unit_update;
+struct fsdp_place_i;
 
 struct fsdp_engine {
     fsdp_engine_shared *sh;
     int rank;
     fsdp_device dev;
-    fsdp_comm comm;
+    fsdp_comm comm;              /* every rank of the job */
+    fsdp_comm comm_node;         /* hybrid: the ranks of this rank's node */
+    fsdp_comm comm_cross;        /* hybrid: the ranks with this local index on every node */
+    fsdp_comm *shard_comm;       /* the ranks a unit is sharded over: gathers, reduce-scatters */
+    fsdp_comm *replica_comm;     /* hybrid: the replicas of this rank's shard (NULL: none) */
     fsdp_op_ctx ops;
-    bool dev_ready, comm_ready, ops_ready;
+    bool dev_ready, comm_ready, ops_ready, node_ready, cross_ready;
+    fsdp_status status;          /* first failure of init or of a call (step, forward, ...);
+                                  * OK so far: fsdp_engine_free stops the rank with it */
     void *state;                 /* model activations (B, T) */
-    int *tokens_host;            /* (2, B*T) inputs then targets */
-    struct fsdp_acc *acc;        /* [n_units] */
-    int n_acc;                   /* accumulation buffers per unit */
+    int *tokens_host;            /* (2, B*T) inputs then targets; pinned host memory */
+    fsdp_event_t ev_tokens;      /* the last copy out of tokens_host (compute stream) */
+    fsdp_accum acc;              /* micro-step partial gradient sums, per unit */
+    const struct fsdp_place_i *place; /* where master, optimizer state and grad shards live */
+    void *place_ctx;             /* the placement's own per-rank state */
     fsdp_event_t *ev_gather;     /* [n_units] gather done (comm stream) */
-    fsdp_event_t *ev_update;     /* [n_units] offload: gradient copied to host */
     fsdp_event_t ev_tmp, ev_tmp2;
     float *dev_blocks;           /* (n_local_blocks,) norm partial sums on the device */
-    float *host_blocks;
     float *host_losses;          /* (grad_accum,) this rank's micro-step losses */
     float *loss_order;           /* (n_ranks * grad_accum,) losses by global micro-batch */
-    float *norm_scratch;
+    float *norm_scratch;         /* (n_local_blocks + (n_ranks + 1) * (record_len +
+                                    grad_accum),) the norm's block sums, this rank's record
+                                    (cover and losses), every rank's (engine_comms.c) */
+    void *x_records;             /* (n_ranks,) fsdp_rank_stats of every rank (engine_comms.c) */
     float *logits_stage;         /* (Vp,) fp32, bf16 sampling only */
-    uint64_t t;                  /* AdamW step count (1-based after the first step) */
+    uint64_t t;                  /* optimizer step count (1-based after the first step) */
     float lr;                    /* learning rate of the step in progress */
-    struct fsdp_unit_update **jobs; /* [n_units] offload: CPU update in flight */
-    void **param_host;           /* [n_units] offload: compute-dtype staging (bf16) */
-    struct fsdp_pool *pool;      /* offload: the process CPU pool */
+    bool update_started;         /* a unit's update of this step has begun (in backward) */
+    fsdp_status data_st;         /* first data error of a step (fsdp_engine_data_error) */
+    char data_msg[FSDP_ERROR_MSG_MAX];
 };
 
-/* Optimizer step on every unit of the rank (device AdamW, or offload). */
-fsdp_status fsdp_optim_step(fsdp_engine *e, float lr, float scale);
+/* engine_comms.c: the communicators (init on the rank's thread after the
+ * device; fini is safe after a failed init), their counters, and the
+ * step's exchanges (every rank of the job calls them together). */
+fsdp_status fsdp_engine_comms_init(fsdp_engine *e);
+void fsdp_engine_comms_fini(fsdp_engine *e);
+/* The global gradient norm of the gradient shards (after the last
+ * micro-step), and every rank's micro-step losses into e->loss_order by
+ * the global micro-batch index. */
+fsdp_status fsdp_engine_norm(fsdp_engine *e, float *norm);
+/* After the update: every rank's figures into sh->x_stats. */
+fsdp_status fsdp_engine_publish(fsdp_engine *e);
+/* The device buffers an exchange of `bytes` per rank allocates (and frees
+ * again before it returns): *send and *recv bytes. */
+void fsdp_engine_exchange_bytes(const fsdp_engine *e, size_t bytes, size_t *send, size_t *recv);
+/* The bytes per rank of the step's two exchanges: fsdp_engine_norm's
+ * record, fsdp_engine_publish's. */
+size_t fsdp_engine_norm_record_bytes(const fsdp_engine *e);
+size_t fsdp_engine_publish_record_bytes(void);
 
-/* Visit the parameter ranges of unit u inside the rank's shard. */
-void fsdp_engine_for_each_range(fsdp_engine *e, int u,
-                                void (*fn)(fsdp_engine *, int, size_t, size_t, bool, void *),
-                                void *arg);
-void fsdp_engine_adam_consts(const fsdp_engine *e, float *bc1, float *bc2);
+/* Whether a unit's update must wait for the step's global norm: with
+ * clipping (the scale depends on it) and when non-finite steps are to be
+ * skipped. Otherwise a placement may start updates during backward. */
+static inline bool fsdp_engine_update_needs_norm(const fsdp_engine *e)
+{
+    return e->sh->cfg.clip > 0.0f || e->sh->cfg.skip_nonfinite;
+}
 
-/* Offload hooks (offload.c); no-ops without --offload optimizer.
- * unit_ready: unit u's gradient for the step is reduced (last micro-step):
- *   copy it to host and, when no clipping is needed, start its CPU update.
- * params_ready: before unit u is gathered: its updated shard is on the device.
- * wait_grads: every gradient shard has reached host memory.
- * step: start the CPU updates not started yet, with the clip scale. */
-fsdp_status fsdp_offload_unit_ready(fsdp_engine *e, int u);
-fsdp_status fsdp_offload_params_ready(fsdp_engine *e, int u);
-fsdp_status fsdp_offload_wait_grads(fsdp_engine *e);
-fsdp_status fsdp_offload_step(fsdp_engine *e, float lr, float scale);
-fsdp_status fsdp_offload_init(fsdp_engine *e);
-void fsdp_offload_fini(fsdp_engine *e);
+/* This rank's row of unit u in the shard map. */
+static inline fsdp_shard_row *fsdp_engine_row(fsdp_engine *e, int u)
+{
+    return &e->sh->sm.units[u].rows[e->rank];
+}
 
-/* Fold unit u's micro-step partial sums into dst (device, shard-sized). */
-fsdp_status fsdp_engine_grad_fold(fsdp_engine *e, int u, float **result);
+/* Reserve, before the first step, the device buffers the step allocates
+ * and frees again, as many of each size as it holds at once (warm.c). */
+fsdp_status fsdp_engine_warm_up(fsdp_engine *e);
+
+/* Keep st as the engine's failure if it is the first one, and return it:
+ * fsdp_engine_free stops the rank's collectives with it before anything
+ * waits or frees (core/world.h). Every public call of the engine that can
+ * fail passes its status through here. */
+static inline fsdp_status fsdp_engine_note(fsdp_engine *e, fsdp_status st)
+{
+    if (st != FSDP_STATUS_OK && e->status == FSDP_STATUS_OK)
+        e->status = st;
+    return st;
+}
+
+/* Stream `dst` waits for everything issued so far on `src` (through ev). */
+static inline fsdp_status fsdp_engine_order(fsdp_engine *e, fsdp_stream_t src, fsdp_stream_t dst,
+                                            fsdp_event_t ev)
+{
+    FSDP_TRY(fsdp_device_event_record(&e->dev, ev, src));
+    return fsdp_device_stream_wait_event(&e->dev, dst, ev);
+}
 
 #endif /* FSDP_FSDP_ENGINE_INTERNAL_H */

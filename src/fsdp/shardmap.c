@@ -7,7 +7,7 @@
 
 const char *fsdp_shard_strategy_name(fsdp_shard_strategy s)
 {
-    static const char *const names[FSDP_SHARD_COUNT] = {"full", "grad-op", "none"};
+    static const char *const names[FSDP_SHARD_COUNT] = {"full", "grad-op", "none", "hybrid"};
     return (unsigned)s < FSDP_SHARD_COUNT ? names[s] : "?";
 }
 
@@ -19,29 +19,46 @@ fsdp_status fsdp_shard_strategy_parse(const char *s, fsdp_shard_strategy *out)
             return FSDP_STATUS_OK;
         }
     return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                          "unknown sharding strategy '%s' (expected full, grad-op or none)", s);
+                          "unknown sharding strategy '%s' (expected full, grad-op, none or hybrid)",
+                          s);
 }
 
 fsdp_status fsdp_shardmap_init(fsdp_shardmap *sm, const fsdp_model *m, int n_ranks,
                                fsdp_shard_strategy strategy)
 {
+    return fsdp_shardmap_init_nodes(sm, m, n_ranks, 1, strategy);
+}
+
+fsdp_status fsdp_shardmap_init_nodes(fsdp_shardmap *sm, const fsdp_model *m, int n_ranks,
+                                     int n_nodes, fsdp_shard_strategy strategy)
+{
     memset(sm, 0, sizeof *sm);
     if (n_ranks < 1)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "need at least one rank");
+    if (n_nodes < 1 || n_ranks % n_nodes)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%d rank(s) do not split over %d node(s): give every node the same "
+                              "number of devices", n_ranks, n_nodes);
+    if ((unsigned)strategy >= FSDP_SHARD_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "unknown sharding strategy %d",
+                              (int)strategy);
     sm->n_ranks = n_ranks;
+    sm->n_nodes = n_nodes;
+    sm->shard_ranks = strategy == FSDP_SHARD_NONE     ? 1
+                      : strategy == FSDP_SHARD_HYBRID ? n_ranks / n_nodes
+                                                      : n_ranks;
     sm->n_units = m->n_units;
     sm->strategy = strategy;
     sm->units = calloc((size_t)m->n_units, sizeof *sm->units);
     if (!sm->units)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the shard map");
-    size_t align = FSDP_NORM_BLOCK * (strategy == FSDP_SHARD_NONE ? 1 : (size_t)n_ranks);
+    size_t align = FSDP_NORM_BLOCK * (size_t)sm->shard_ranks;
     for (int u = 0; u < m->n_units; u++) {
         fsdp_shard_unit *su = &sm->units[u];
         su->spec = &m->units[u];
         su->numel = m->units[u].numel;
         su->padded_numel = (su->numel + align - 1) / align * align;
-        su->shard_numel = strategy == FSDP_SHARD_NONE ? su->padded_numel
-                                                      : su->padded_numel / (size_t)n_ranks;
+        su->shard_numel = su->padded_numel / (size_t)sm->shard_ranks;
         su->n_blocks = (su->numel + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
         su->rows = calloc((size_t)n_ranks, sizeof *su->rows);
         if (!su->rows) {

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/fileio.h"
 #include "core/error.h"
 #include "fsdp/engine_internal.h"
 #include "fsdp/trace.h"
@@ -191,18 +192,21 @@ fsdp_status fsdp_trace_write(const fsdp_trace *t, const char *path)
 {
     static const char *const tracks[FSDP_TRACE_TRACK_COUNT] = {"compute", "comm", "copy",
                                                                "cpu optimizer"};
-    FILE *f = fopen(path, "w");
-    if (!f)
-        return fsdp_error_set(FSDP_STATUS_IO, "cannot write trace '%s'", path);
+    /* atomic: never a half-written trace, never over a device node or FIFO */
+    fsdp_atomic_file af;
+    FSDP_TRY(fsdp_atomic_open(&af, path, "trace"));
+    FILE *f = af.f;
     fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
     int first = 1;
     for (int r = 0; r < t->n_ranks; r++) {
         const struct rank_buf *b = &t->ranks[r];
+        if (!b->n)
+            continue; /* a rank of another process (its process writes its track) */
         uint8_t *lane = malloc(b->n + 1);
         uint32_t used[FSDP_TRACE_TRACK_COUNT];
         if (!lane || !assign_lanes(b, lane, used)) {
             free(lane);
-            fclose(f);
+            fsdp_atomic_abort(&af);
             return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory writing trace '%s'", path);
         }
         fprintf(f, "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
@@ -241,9 +245,5 @@ fsdp_status fsdp_trace_write(const fsdp_trace *t, const char *path)
         free(lane);
     }
     fprintf(f, "\n]}\n");
-    int bad = ferror(f);
-    bad |= fclose(f) != 0;
-    if (bad)
-        return fsdp_error_set(FSDP_STATUS_IO, "error writing trace '%s'", path);
-    return FSDP_STATUS_OK;
+    return fsdp_atomic_commit(&af, !ferror(f));
 }

@@ -74,20 +74,28 @@ struct fsdp_ops_i {
     /* Fused softmax + cross-entropy over the first V of Vp columns:
      * losses[i] = -log softmax(logits[i])[targets[i]]; if dlogits != NULL,
      * dlogits[i] = (softmax(logits[i]) - onehot(targets[i])) * dloss for
-     * columns < V, 0 for padding columns. No probability buffer is kept;
+     * columns < V, 0 for padding columns. A target < 0 is masked: loss 0
+     * and a zero dlogits row. No probability buffer is kept;
      * dlogits may alias logits when ctx->dt is fp32. */
     void (*xent_fwd_bwd)(fsdp_op_ctx *ctx, float *losses, float *dlogits, const void *logits,
                          const int *targets, int N, int V, int Vp, float dloss);
 
-    /* AdamW on n elements (decoupled weight decay):
+    /* Optimizer updates on n elements of fp32 state, in place; if p_out is
+     * not NULL the new p is also written there in dtype out_dt (the compute
+     * copy). The exact operation order is the cpu reference's
+     * (ops/cpu/optim_kernels.h); the optimizer layer (src/optim) computes
+     * the per-step constants and decides which slot a rule uses. */
+    /* AdamW (decoupled weight decay):
      *   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
      *   p -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd * p)
-     * with bc1 = 1 - b1^t, bc2 = 1 - b2^t computed by the caller. If p_out is
-     * not NULL, the new p is also written there in dtype out_dt. The exact
-     * operation order is fsdp_adamw_ref (optim/adamw.h). */
+     * with bc1 = 1 - b1^t, bc2 = 1 - b2^t. */
     void (*adamw)(fsdp_op_ctx *ctx, float *p, const float *grad, float *m, float *v, size_t n,
                   float lr, float b1, float b2, float eps, float wd, float bc1, float bc2,
                   float grad_scale, void *p_out, fsdp_dtype out_dt);
+    /* SGD with momentum (L2 weight decay added to the gradient):
+     *   g = grad * grad_scale + wd p; buf = mu buf + g; p -= lr * buf */
+    void (*sgd)(fsdp_op_ctx *ctx, float *p, const float *grad, float *buf, size_t n, float lr,
+                float mu, float wd, float grad_scale, void *p_out, fsdp_dtype out_dt);
 
     /* dst (ddt) = src (sdt), n elements, rounding to nearest even into bf16. */
     void (*cast)(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void *src, fsdp_dtype sdt,
@@ -106,6 +114,67 @@ struct fsdp_ops_i {
      * clears it, or OK. It does not synchronise ctx->stream: a fault inside
      * a running kernel surfaces at the next stream or event sync. */
     fsdp_status (*sync_error)(fsdp_op_ctx *ctx);
+
+    /* ---- the Llama family: RMSNorm, rotary embeddings, SwiGLU, grouped-
+     * query attention (Hugging Face LlamaForCausalLM semantics). ---- */
+
+    /* RMSNorm over the last dimension: out = inp * rstd * w with
+     * rstd = 1 / sqrt(mean(inp^2) + eps), in fp32 (the row's sum of squares
+     * in double). inp, out (N, C) and w (C,) in ctx->dt; rstd (N,) fp32 is
+     * saved for the backward (NULL: not saved). */
+    void (*rmsnorm_fwd)(fsdp_op_ctx *ctx, void *out, float *rstd, const void *inp, const void *w,
+                        float eps, int N, int C);
+    /* dinp (N, C) += rstd * (dn - n * mean(dn * n)) with n = inp * rstd and
+     * dn = w * dout; dw (C,) += sum over rows of n * dout. dinp or dw may be
+     * NULL (not needed). */
+    void (*rmsnorm_bwd)(fsdp_op_ctx *ctx, float *dinp, float *dw, const float *dout,
+                        const void *inp, const void *w, const float *rstd, int N, int C);
+
+    /* Rotary position embeddings, in place, HF's "rotate_half" convention:
+     * in a head of hd channels, channel i < hd/2 pairs with i + hd/2 and
+     *   x[i] = x[i] cos a - x[i+hd/2] sin a,  x[i+hd/2] = x[i+hd/2] cos a + x[i] sin a
+     * with a = pos * inv_freq[i] (the product in fp32, as HF). x (ctx->dt)
+     * holds B*T rows of `stride` elements; the first n_heads heads of each
+     * row are rotated (for attention_gqa's fused rows: n_heads = NH + NKV,
+     * stride = (NH + 2 NKV) hd rotates q and k, not v). inv_freq (hd/2,)
+     * fp32 comes from fsdp_rope_inv_freq (ops/rope_table.h). pos (B*T,)
+     * int32 holds each token's position (packed documents restart at 0), or
+     * is NULL: position t for row t of every sequence. inv_freq and pos are
+     * device memory. */
+    void (*rope_fwd)(fsdp_op_ctx *ctx, void *x, const float *inv_freq, const int *pos, int B,
+                     int T, int n_heads, int hd, int stride);
+    /* The backward rotates the fp32 gradient dx (same layout) by -a in place:
+     * the gradient of rope's output becomes the gradient of its input. It
+     * replaces rather than accumulates (the input and output are one buffer). */
+    void (*rope_bwd)(fsdp_op_ctx *ctx, float *dx, const float *inv_freq, const int *pos, int B,
+                     int T, int n_heads, int hd, int stride);
+
+    /* SwiGLU on a fused projection: inp (N, 2 IC) = [gate | up] per row,
+     * out (N, IC) = silu(gate) * up, silu(g) = g / (1 + e^-g). */
+    void (*swiglu_fwd)(fsdp_op_ctx *ctx, void *out, const void *inp, int N, int IC);
+    /* dinp (N, 2 IC) += [dout * up * silu'(gate) | dout * silu(gate)]. */
+    void (*swiglu_bwd)(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout, int N,
+                       int IC);
+
+    /* Causal grouped-query self-attention. qkv (B, T, (NH + 2 NKV) hd) holds
+     * [q | k | v] per position, as one fused projection writes it: NH query
+     * heads, NKV key/value heads (NH % NKV == 0; query head h reads kv head
+     * h / (NH / NKV)), head size hd independent of the model width. out
+     * (B, T, NH hd); att (B, NH, T, T) keeps the softmax for the backward,
+     * exactly 0 outside the mask. Scores are scaled by 1/sqrt(hd). Token t
+     * attends to t' in [t - pos[t], t]: with positions restarting at 0 at
+     * each document start (rope's pos array), packed documents do not see
+     * each other; pos NULL is plain causal (pos[t] = t), and values are
+     * clamped to [0, t]. NKV == NH with hd = C / NH is attention_fwd's
+     * GPT-2 layout. */
+    void (*attention_gqa_fwd)(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv,
+                              const int *pos, int B, int T, int NH, int NKV, int hd);
+    /* dqkv (B, T, (NH + 2 NKV) hd) += the gradient for q, k and v (a kv
+     * head's gradient sums its query heads' in head order). datt is fp32
+     * scratch (B, NH, T, T) owned by the caller. The mask comes from att. */
+    void (*attention_gqa_bwd)(fsdp_op_ctx *ctx, float *dqkv, float *datt, const float *dout,
+                              const void *qkv, const void *att, int B, int T, int NH, int NKV,
+                              int hd);
 };
 
 struct fsdp_op_ctx {

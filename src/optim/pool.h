@@ -2,9 +2,9 @@
  * pool.h - a CPU worker pool for chunked, embarrassingly parallel host work.
  *
  * Exists for the optimizer-offload path: every rank thread hands its host
- * AdamW shard to one pool shared by the whole process, so the CPU cores that
- * are not driving devices update all shards together instead of each rank
- * updating its own shard on its own thread.
+ * optimizer step (optim/job.h) to one pool shared by the whole process, so
+ * the CPU cores that are not driving devices update all shards together
+ * instead of each rank updating its own shard on its own thread.
  *
  * A job is a function called once per chunk index 0..n_chunks-1; chunks are
  * independent and may run in any order, on any thread. Workers take chunks

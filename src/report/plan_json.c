@@ -22,10 +22,20 @@ void fsdp_plan_write_json(FILE *f, const fsdp_plan *p)
     fsdp_json_write_str(f, p->model);
     fprintf(f, ",\"params\":%zu,\"padded_params\":%zu,\"units\":%d,\"devices\":%d,\"shard\":\"%s\","
                "\"precision\":\"%s\",\"offload\":\"%s\",\"batch\":%d,\"seq\":%d,\"grad_accum\":%d,"
-               "\"prefetch\":%s,\"steps_run\":%d,",
+               "\"prefetch\":%s,\"recompute\":\"%s\",\"steps_run\":%d,\"node_gbs\":%g,",
             p->numel, p->padded_numel, p->n_units, p->n_ranks, fsdp_shard_strategy_name(e->shard),
             fsdp_dtype_name(e->compute_dtype), e->offload ? "optimizer" : "none", e->batch, e->seq,
-            e->grad_accum, e->prefetch ? "true" : "false", p->steps);
+            e->grad_accum, e->prefetch ? "true" : "false",
+            fsdp_names_name(&fsdp_recompute_names, (int)e->recompute), p->steps, p->node_gbs);
+    const fsdp_optim *o = fsdp_optim_or_default(e->optim);
+    fprintf(f, "\"optimizer\":{\"name\":");
+    fsdp_json_write_str(f, o->name);
+    fprintf(f, ",\"state\":[");
+    for (int k = 0; k < o->n_state; k++) {
+        fprintf(f, "%s", k ? "," : "");
+        fsdp_json_write_str(f, o->state_names[k]);
+    }
+    fprintf(f, "],\"state_bytes_per_param\":%zu},", fsdp_optim_state_bytes(o));
     fprintf(f, "\"formula\":{\"text\":");
     fsdp_json_write_str(f, formula);
     fprintf(f, ",\"device_bytes\":%zu,\"host_bytes\":%zu},", f_dev, f_host);
@@ -55,6 +65,18 @@ void fsdp_plan_write_json(FILE *f, const fsdp_plan *p)
         fprintf(f, "},\"recv_bytes\":%zu,\"sent_bytes\":%zu}", fsdp_plan_coll_total(pr->recv_bytes),
                 fsdp_plan_coll_total(pr->sent_bytes));
     }
+    /* what crosses between nodes: per node, by collective */
+    fprintf(f, "\n],\"nodes\":%d,\"per_node\":[", p->n_nodes);
+    for (int q = 0; q < p->n_nodes; q++) {
+        size_t sent[FSDP_COLL_KIND_COUNT], recv[FSDP_COLL_KIND_COUNT];
+        fsdp_plan_node_bytes(p, q, sent, recv);
+        fprintf(f, "%s\n{\"node\":%d,\"inter_node\":{", q ? "," : "", q);
+        for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++)
+            fprintf(f, "%s\"%s\":{\"recv_bytes\":%zu,\"sent_bytes\":%zu}", k ? "," : "",
+                    fsdp_coll_kind_name((fsdp_coll_kind)k), recv[k], sent[k]);
+        fprintf(f, "},\"inter_recv_bytes\":%zu,\"inter_sent_bytes\":%zu}",
+                fsdp_plan_coll_total(recv), fsdp_plan_coll_total(sent));
+    }
     fprintf(f, "\n]}\n");
 }
 
@@ -79,6 +101,12 @@ void fsdp_plan_shardmap_table(FILE *f, const fsdp_shardmap *sm, const char *mode
     if (sm->strategy == FSDP_SHARD_NONE)
         fprintf(f, "  NO_SHARD: every rank holds each whole unit, padded to a multiple of %d "
                    "elements\n", FSDP_NORM_BLOCK);
+    else if (sm->strategy == FSDP_SHARD_HYBRID)
+        fprintf(f, "  HYBRID: sharded within each of %d node(s) of %d ranks and replicated across "
+                   "them; each unit's flat buffer is padded to a multiple of %d x %d elements; "
+                   "rank r owns [(r %% %d) * shard, (r %% %d + 1) * shard)\n",
+                sm->n_nodes, sm->shard_ranks, sm->shard_ranks, FSDP_NORM_BLOCK, sm->shard_ranks,
+                sm->shard_ranks);
     else
         fprintf(f, "  each unit's flat buffer is padded to a multiple of %d x %d elements; rank r "
                    "owns [r * shard, (r+1) * shard)\n", N, FSDP_NORM_BLOCK);

@@ -61,9 +61,10 @@ fsdp_status fsdp_plan_write_svg(const fsdp_plan *p, const char *path)
     pan.x_hi = N;
 
     char title[256], ylabel[64], b1[32];
-    snprintf(title, sizeof title, "fsdp plan: %s on %d device(s), shard %s, %s, offload %s",
+    snprintf(title, sizeof title, "fsdp plan: %s on %d device(s), shard %s, %s, %s, offload %s",
              p->model, N, fsdp_shard_strategy_name(p->eng.shard),
-             fsdp_dtype_name(p->eng.compute_dtype), p->eng.offload ? "optimizer" : "none");
+             fsdp_dtype_name(p->eng.compute_dtype), fsdp_optim_or_default(p->eng.optim)->name,
+             p->eng.offload ? "optimizer" : "none");
     fsdp_svg s;
     FSDP_TRY(fsdp_svg_open(&s, path, width, height, title));
     fsdp_svg_text(&s, left, 22, 14, "start", 0, "black", "%s", title);

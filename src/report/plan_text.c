@@ -39,20 +39,76 @@ static void range_label(char *buf, size_t n, int lo, int hi)
 }
 
 
+/* The bytes each node sends to the others and receives from them per step,
+ * by collective, and their time over the node's network (p->node_gbs). */
+static void print_nodes(FILE *f, const fsdp_plan *p, const bool *kind_used)
+{
+    char b1[32], b2[32], lab[32];
+    int P = p->n_nodes, L = p->n_ranks / P;
+    size_t sent[FSDP_MAX_RANKS][FSDP_COLL_KIND_COUNT], recv[FSDP_MAX_RANKS][FSDP_COLL_KIND_COUNT];
+    for (int q = 0; q < P && q < FSDP_MAX_RANKS; q++)
+        fsdp_plan_node_bytes(p, q, sent[q], recv[q]);
+    fprintf(f, "\nbetween nodes, per step and node (%d nodes of %d devices; received / sent, as "
+               "the mpi transport moves them):\n  %-10s", P, L, "node");
+    for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++)
+        if (kind_used[k])
+            fprintf(f, " %23s", fsdp_coll_kind_name((fsdp_coll_kind)k));
+    fprintf(f, " %23s", "total");
+    if (p->node_gbs > 0)
+        fprintf(f, " %14s", "time");
+    fputc('\n', f);
+    for (int lo = 0; lo < P;) {
+        int hi = lo;
+        while (hi + 1 < P && !memcmp(sent[lo], sent[hi + 1], sizeof sent[lo]) &&
+               !memcmp(recv[lo], recv[hi + 1], sizeof recv[lo]))
+            hi++;
+        range_label(lab, sizeof lab, lo, hi);
+        fprintf(f, "  %-10s", lab);
+        for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++) {
+            if (!kind_used[k])
+                continue;
+            char cell[64];
+            snprintf(cell, sizeof cell, "%s / %s", fmtb(b1, recv[lo][k]), fmtb(b2, sent[lo][k]));
+            fprintf(f, " %23s", cell);
+        }
+        size_t r = fsdp_plan_coll_total(recv[lo]), s = fsdp_plan_coll_total(sent[lo]);
+        char cell[64];
+        snprintf(cell, sizeof cell, "%s / %s", fmtb(b1, r), fmtb(b2, s));
+        fprintf(f, " %23s", cell);
+        if (p->node_gbs > 0)
+            fprintf(f, " %11.1f ms", 1e3 * (double)(r > s ? r : s) / (p->node_gbs * 1e9));
+        fputc('\n', f);
+        lo = hi + 1;
+    }
+    if (p->node_gbs > 0)
+        fprintf(f, "  (time: the larger direction over --node-gbs %g GB/s per node, not hidden "
+                   "behind compute)\n", p->node_gbs);
+    if (p->eng.shard == FSDP_SHARD_HYBRID)
+        fprintf(f, "  hybrid: gathers and reduce-scatters stay in the node; only the all-reduce "
+                   "of gradient shards\n  across nodes leaves it\n");
+}
+
 void fsdp_plan_print(FILE *f, const fsdp_plan *p)
 {
     const fsdp_engine_config *e = &p->eng;
     char b1[32], b2[32], b3[32], b4[32], lab[32];
     int N = p->n_ranks;
-    fprintf(f, "fsdp plan: model %s, %zu parameters (%.2f%s) in %d units, %d device(s), shard %s, "
-               "%s, offload %s\n",
+    const fsdp_optim *o = fsdp_optim_or_default(e->optim);
+    char state_names[96];
+    fsdp_optim_state_list(o, state_names, sizeof state_names, ", ");
+    char nodes[48] = "";
+    if (p->n_nodes > 1)
+        snprintf(nodes, sizeof nodes, " (%d nodes x %d)", p->n_nodes, N / p->n_nodes);
+    fprintf(f, "fsdp plan: model %s, %zu parameters (%.2f%s) in %d units, %d device(s)%s, "
+               "shard %s, %s, optimizer %s, offload %s\n",
             p->model, p->numel, (double)p->numel / (p->numel >= 1000000000 ? 1e9 : 1e6),
-            p->numel >= 1000000000 ? "B" : "M", p->n_units, N,
-            fsdp_shard_strategy_name(e->shard), fsdp_dtype_name(e->compute_dtype),
+            p->numel >= 1000000000 ? "B" : "M", p->n_units, N, nodes,
+            fsdp_shard_strategy_name(e->shard), fsdp_dtype_name(e->compute_dtype), o->name,
             e->offload ? "optimizer" : "none");
-    fprintf(f, "  per device and micro-step: batch %d x seq %d, grad-accum %d, prefetch %s; "
-               "%d step(s) run on the meta backend in %.2f s\n",
-            e->batch, e->seq, e->grad_accum, e->prefetch ? "on" : "off", p->steps, p->wall_s);
+    fprintf(f, "  per device and micro-step: batch %d x seq %d, grad-accum %d, prefetch %s, "
+               "recompute %s; %d step(s) run on the meta backend in %.2f s\n",
+            e->batch, e->seq, e->grad_accum, e->prefetch ? "on" : "off",
+            fsdp_names_name(&fsdp_recompute_names, (int)e->recompute), p->steps, p->wall_s);
 
     /* memory table: kinds that are zero everywhere are left out */
     bool used[FSDP_MEM_KIND_COUNT] = {0};
@@ -85,8 +141,8 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
         lo = hi + 1;
     }
     fprintf(f, "  (param: parameter shards; grad: gradient shards and the unit gradient being "
-               "reduced; optim: Adam m, v;\n   gather: gathered units; act: activations; "
-               "other: norm partial sums, staging)\n");
+               "reduced;\n   optim: optimizer state (%s); gather: gathered units; act: "
+               "activations;\n   other: norm partial sums, staging)\n", state_names);
 
     /* traffic */
     fprintf(f, "\ncollectives per step and device (received / sent):\n  %-10s", "device");
@@ -121,6 +177,8 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
     }
     if (N == 1)
         fprintf(f, "  (one device: collectives move nothing)\n");
+    if (p->n_nodes > 1)
+        print_nodes(f, p, kind_used);
 
     /* the ZeRO formula and what it leaves out */
     int who;
@@ -143,7 +201,7 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
         fprintf(f, " + other %s", fmtb(b1, pk[FSDP_MEM_COMM] + pk[FSDP_MEM_OTHER]));
     fprintf(f, "\n  the formula leaves out %sactivations, shard padding (%zu elements), the fp32 "
                "gradient\n  of the unit being reduced and small buffers\n",
-            e->shard == FSDP_SHARD_FULL ? "the gathered units (root + current + prefetched), " : "",
+            e->shard == FSDP_SHARD_FULL || e->shard == FSDP_SHARD_HYBRID ? "the gathered units (root + current + prefetched), " : "",
             p->padded_numel - p->numel);
 
     /* fit */
@@ -165,11 +223,12 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
         for (int r = 0; r < N; r++)
             over += p->ranks[r].mem.peak_bytes > p->device_mem;
         fprintf(f, "DOES NOT FIT under --device-mem %s: largest peak %s (device %d) is %s over "
-                   "(%d of %d device(s) over)\n  try %s%sa smaller --batch or --seq, or more "
+                   "(%d of %d device(s) over)\n  try %s%s%sa smaller --batch or --seq, or more "
                    "--devices\n",
                 fmtb(b1, p->device_mem), fmtb(b2, peak), who, fmtb(b3, peak - p->device_mem), over,
                 N, e->offload ? "" : "--offload optimizer, ",
-                e->shard == FSDP_SHARD_FULL ? "" : "--shard full, ");
+                e->shard == FSDP_SHARD_FULL ? "" : "--shard full, ",
+                e->recompute == FSDP_RECOMPUTE_BLOCK ? "" : "--recompute block, ");
     }
 }
 

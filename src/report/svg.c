@@ -1,5 +1,6 @@
 /*
- * svg.c - the tiny SVG writer (svg.h). Plain fprintf into one file; the
+ * svg.c - the tiny SVG writer (svg.h). Plain fprintf into one stream (a
+ * file written through the atomic writer, or the caller's stream); the
  * caller decides the layout. Numbers are written with two decimals, enough
  * for sub-pixel placement and short files.
  */
@@ -7,18 +8,13 @@
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "report/svg.h"
 
-fsdp_status fsdp_svg_open(fsdp_svg *s, const char *path, double width, double height,
-                          const char *title)
+void fsdp_svg_begin(fsdp_svg *s, FILE *f, double width, double height, const char *title)
 {
-    memset(s, 0, sizeof *s);
-    s->f = fopen(path, "w");
-    if (!s->f)
-        return fsdp_error_set(FSDP_STATUS_IO, "cannot create '%s': %s", path, strerror(errno));
-    snprintf(s->path, sizeof s->path, "%s", path);
+    s->f = f;
+    s->own = false;
     s->width = width;
     s->height = height;
     fprintf(s->f,
@@ -34,26 +30,39 @@ fsdp_status fsdp_svg_open(fsdp_svg *s, const char *path, double width, double he
     }
     fprintf(s->f, "<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"white\"/>\n", width,
             height);
+}
+
+fsdp_status fsdp_svg_end(fsdp_svg *s)
+{
+    fputs("</svg>\n", s->f);
+    if (fflush(s->f) != 0 || ferror(s->f))
+        return fsdp_error_set(FSDP_STATUS_IO, "error writing an SVG document: %s",
+                              strerror(errno));
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_svg_open(fsdp_svg *s, const char *path, double width, double height,
+                          const char *title)
+{
+    memset(s, 0, sizeof *s);
+    FSDP_TRY(fsdp_atomic_open(&s->af, path, "SVG file"));
+    fsdp_svg_begin(s, s->af.f, width, height, title);
+    s->own = true;
     return FSDP_STATUS_OK;
 }
 
 fsdp_status fsdp_svg_close(fsdp_svg *s, bool keep)
 {
-    if (!s->f)
+    if (!s->own)
         return FSDP_STATUS_OK;
-    fputs("</svg>\n", s->f);
-    int bad = ferror(s->f);
-    bad |= fclose(s->f) != 0;
+    s->own = false;
     s->f = NULL;
     if (!keep) {
-        unlink(s->path);
+        fsdp_atomic_abort(&s->af);
         return FSDP_STATUS_OK;
     }
-    if (bad) {
-        unlink(s->path);
-        return fsdp_error_set(FSDP_STATUS_IO, "error writing '%s' (disk full?)", s->path);
-    }
-    return FSDP_STATUS_OK;
+    fputs("</svg>\n", s->af.f);
+    return fsdp_atomic_commit(&s->af, !ferror(s->af.f));
 }
 
 void fsdp_svg_escape(FILE *f, const char *text)
@@ -107,12 +116,12 @@ void fsdp_svg_polyline(fsdp_svg *s, const double *x, const double *y, size_t n,
 {
     size_t i = 0;
     while (i < n) {
-        while (i < n && (isnan(x[i]) || isnan(y[i])))
+        while (i < n && !(isfinite(x[i]) && isfinite(y[i])))
             i++;
         if (i >= n)
             break;
         size_t j = i;
-        while (j < n && !isnan(x[j]) && !isnan(y[j]))
+        while (j < n && isfinite(x[j]) && isfinite(y[j]))
             j++;
         if (j - i == 1) { /* a lone point: a dot */
             fprintf(s->f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"%.2f\" fill=\"%s\"/>\n", x[i], y[i],
@@ -156,11 +165,16 @@ double fsdp_svg_nice_range(double *lo, double *hi, int target)
         *lo = *hi;
         *hi = t;
     }
+    if (!isfinite(*hi - *lo)) {
+        *lo = fmax(*lo, -1e300);
+        *hi = fmin(*hi, 1e300);
+    }
     if (*hi == *lo) {
         double pad = *lo != 0 ? fabs(*lo) * 0.1 : 1.0;
         *lo -= pad;
         *hi += pad;
     }
+    double lo0 = *lo;
     if (target < 1)
         target = 1;
     double raw = (*hi - *lo) / target;
@@ -182,6 +196,12 @@ double fsdp_svg_nice_range(double *lo, double *hi, int target)
     *hi = ceil(*hi / step - 1e-9) * step;
     if (*hi <= *lo)
         *hi = *lo + step;
+    if (!(step > 0 && isfinite(step) && isfinite(*lo) && isfinite(*hi) && *lo < *hi)) {
+        /* a span too small for the arithmetic (subnormal numbers) */
+        *lo = floor(lo0);
+        *hi = *lo + 1;
+        step = 0.25;
+    }
     return step;
 }
 
@@ -221,7 +241,7 @@ void fsdp_svg_axes(fsdp_svg *s, const fsdp_svg_panel *p, const char *title, cons
     const double fs = 11.0;
     /* grid and tick labels */
     if (p->y_step > 0) {
-        int n = (int)floor((p->y_hi - p->y_lo) / p->y_step + 1e-6);
+        double n = floor((p->y_hi - p->y_lo) / p->y_step + 1e-6); /* NaN: no ticks */
         for (int i = 0; i <= n && i <= 1000; i++) {
             double v = p->y_lo + i * p->y_step, py = fsdp_svg_py(p, v);
             fsdp_svg_line(s, p->x, py, p->x + p->w, py, "#e3e3e3", 1, NULL);
@@ -231,7 +251,7 @@ void fsdp_svg_axes(fsdp_svg *s, const fsdp_svg_panel *p, const char *title, cons
         }
     }
     if (p->x_step > 0) {
-        int n = (int)floor((p->x_hi - p->x_lo) / p->x_step + 1e-6);
+        double n = floor((p->x_hi - p->x_lo) / p->x_step + 1e-6); /* NaN: no ticks */
         for (int i = 0; i <= n && i <= 1000; i++) {
             double v = p->x_lo + i * p->x_step, px = fsdp_svg_px(p, v);
             fsdp_svg_line(s, px, p->y, px, p->y + p->h, "#f0f0f0", 1, NULL);

@@ -18,21 +18,31 @@
 #include <stdio.h>
 
 #include "core/error.h"
+#include "core/fileio.h"
 
 typedef struct fsdp_svg {
-    FILE *f;
-    char path[512];
+    FILE *f;                /* where drawing calls write */
+    fsdp_atomic_file af;    /* fsdp_svg_open's file; unused after fsdp_svg_begin */
+    bool own;               /* f belongs to af (opened by fsdp_svg_open) */
     double width, height;
 } fsdp_svg;
 
-/* Create `path` and write the header and a white background; `title` is
- * the document's <title> (may be NULL). */
+/* Create `path` through the atomic writer (core/fileio.h: nothing at the
+ * path changes until fsdp_svg_close succeeds; a device node, FIFO or
+ * directory there is refused) and write the header and a white background;
+ * `title` is the document's <title> (may be NULL). */
 fsdp_status fsdp_svg_open(fsdp_svg *s, const char *path, double width, double height,
                           const char *title);
-/* Write the closing tag and close the file. Returns IO if any write failed
- * (the file is then removed). With keep = false the file is removed (error
- * paths of the caller) and OK is returned. */
+/* Write the closing tag and finish the file: with keep, commit it (IO if
+ * any write failed: the path then holds what it held before); without keep
+ * (error paths of the caller) drop it and return OK. */
 fsdp_status fsdp_svg_close(fsdp_svg *s, bool keep);
+
+/* The same document written to a stream the caller owns (a memory stream,
+ * a pipe, a test's /dev/null): begin writes the header, end the closing tag
+ * and returns IO if the stream has an error; neither closes f. */
+void fsdp_svg_begin(fsdp_svg *s, FILE *f, double width, double height, const char *title);
+fsdp_status fsdp_svg_end(fsdp_svg *s);
 
 /* Filled rectangle; tooltip (may be NULL) becomes a <title> child, shown on
  * hover in browsers. */
@@ -41,8 +51,8 @@ void fsdp_svg_rect(fsdp_svg *s, double x, double y, double w, double h, const ch
 /* dash: NULL for solid, else an SVG dash array ("4 3"). */
 void fsdp_svg_line(fsdp_svg *s, double x1, double y1, double x2, double y2, const char *stroke,
                    double width, const char *dash);
-/* Open polyline through n points (n >= 1; NaN coordinates split the line
- * into separate pieces). */
+/* Open polyline through n points (n >= 1; a non-finite coordinate splits
+ * the line into separate pieces, a piece of one point is a dot). */
 void fsdp_svg_polyline(fsdp_svg *s, const double *x, const double *y, size_t n,
                        const char *stroke, double width);
 /* Text at (x, y) (baseline); anchor: "start", "middle" or "end"; rotate:
@@ -56,7 +66,9 @@ void fsdp_svg_escape(FILE *f, const char *text);
 
 /* Extend [*lo, *hi] to multiples of a "nice" step (1, 2, 2.5 or 5 times a
  * power of ten) giving about `target` intervals; returns the step. An
- * empty or inverted range is widened first. */
+ * empty or inverted range is widened first, a non-finite one becomes
+ * [0, 1], and one wider than the doubles can subtract is clipped to
+ * [-1e300, 1e300], so every result is finite and *lo < *hi. */
 double fsdp_svg_nice_range(double *lo, double *hi, int target);
 
 typedef struct fsdp_svg_panel {

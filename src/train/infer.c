@@ -23,7 +23,6 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/world.h"
-#include "models/gpt2.h"
 #include "train/infer.h"
 
 #define SAMPLE_RNG_STREAM 0x73616d706c65ull /* "sample" */
@@ -31,11 +30,11 @@
 void fsdp_infer_config_default(fsdp_infer_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
-    cfg->backend = fsdp_cuda_device_count() > 0 ? FSDP_BACKEND_CUDA : FSDP_BACKEND_CPU;
+    cfg->backend = fsdp_backend_default();
     cfg->n_ranks = 1;
     cfg->compute_dtype = FSDP_DTYPE_F32;
     cfg->batch = 8;
-    cfg->seq = 64;
+    cfg->seq = 0; /* by the model: see infer.h */
 }
 
 struct infer {
@@ -50,10 +49,12 @@ struct infer {
     /* eval */
     int n_batches;
     float *losses;             /* [n_batches], slot m written by rank m % N */
+    uint64_t *counts;          /* [n_batches]: unmasked targets of batch m */
     /* sample */
     const fsdp_sample_config *sc;
     int *ctx;                  /* prompt then generated tokens; appended by rank 0 */
     int *out;
+    int n_out;                 /* tokens generated (every rank counts the same) */
 };
 
 static void infer_free(struct infer *r)
@@ -63,42 +64,52 @@ static void infer_free(struct infer *r)
     fsdp_world_free(r->w);
     if (r->data)
         fsdp_data_close(r->data);
+    fsdp_modelfile_close(r->mf); /* bound to the model: closed first */
     if (r->model_ready)
         fsdp_model_free(&r->model);
-    fsdp_modelfile_close(r->mf);
 }
 
-/* Open the model file, build the model and the engine's shared part for
- * micro-batches of (B, T); data may be NULL. */
-static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed, int B, int T)
+/* Open the model file and build the model it holds, bound to the file. */
+static fsdp_status infer_open(struct infer *r)
 {
     const fsdp_infer_config *cfg = r->cfg;
-    if (cfg->n_ranks < 1 || cfg->n_ranks > 1024)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--devices must be 1..1024, got %d",
-                              cfg->n_ranks);
+    FSDP_TRY(fsdp_backend_check(cfg->backend, cfg->n_ranks, 1));
     if (cfg->backend == FSDP_BACKEND_META)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "the meta backend computes nothing; evaluate or sample on cpu or "
                               "cuda");
-    FSDP_TRY(fsdp_modelfile_open(&r->mf, cfg->model_path));
-    const fsdp_gpt2_config *gc = fsdp_modelfile_config(r->mf);
+    FSDP_TRY(fsdp_modelfile_resolve(cfg->model_path, &r->model, &r->mf));
+    r->model_ready = true;
+    if (!r->mf) {
+        char files[256];
+        fsdp_modelfile_help(files, sizeof files);
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--model '%s' names a model shape, not "
+                              "trained weights; give a model file: %s", cfg->model_path, files);
+    }
+    return FSDP_STATUS_OK;
+}
+
+/* The engine's shared part for micro-batches of (B, T) (T = 0: 64 or the
+ * context if shorter) over the opened model; data may be NULL. */
+static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed, int B, int T)
+{
+    const fsdp_infer_config *cfg = r->cfg;
+    const fsdp_model *m = &r->model;
     if (T == 0)
-        T = gc->max_seq_len < 64 ? gc->max_seq_len : 64;
-    if (T > gc->max_seq_len)
+        T = m->max_seq_len < 64 ? m->max_seq_len : 64;
+    if (T > m->max_seq_len)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "--seq %d is longer than the model's context of %d (%s)", T,
-                              gc->max_seq_len, cfg->model_path);
-    FSDP_TRY(fsdp_gpt2_init(&r->model, gc));
-    r->model_ready = true;
-    FSDP_TRY(fsdp_modelfile_bind(r->mf, &r->model));
+                              m->max_seq_len, cfg->model_path);
     if (data) {
-        FSDP_TRY(fsdp_data_open(&r->data, data, 0, seed));
+        fsdp_data_opts dopt = {.spec = data, .seed = seed, .tokenizer = cfg->tokenizer};
+        FSDP_TRY(fsdp_data_open_opts(&r->data, &dopt));
         int dv = fsdp_data_vocab(r->data);
-        if (dv > gc->vocab_size)
+        if (dv > m->vocab_size)
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                                   "the data '%s' uses token ids up to %d but the model in '%s' "
                                   "has a vocabulary of %d", data, dv - 1, cfg->model_path,
-                                  gc->vocab_size);
+                                  m->vocab_size);
     }
     fsdp_engine_config ec = {
         .backend = cfg->backend,
@@ -108,14 +119,12 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
         .shard = FSDP_SHARD_FULL,
         .compute_dtype = cfg->compute_dtype,
         .prefetch = true,
+        .inference = true,     /* parameters and activations only */
         .deterministic = true,
         .device_mem = cfg->device_mem,
         .batch = B,
         .seq = T,
         .grad_accum = 1,
-        .beta1 = 0.9f,
-        .beta2 = 0.95f,
-        .eps = 1e-8f,
         .seed = seed,
     };
     FSDP_TRY(fsdp_world_init(&r->w, cfg->n_ranks));
@@ -124,10 +133,17 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
     r->sh.init_fn = fsdp_modelfile_init_fn;
     r->sh.init_arg = r->mf;
     FSDP_INFO(FSDP_SUB_TRAIN, "loaded %s '%s' (%s, model %s) on %d rank(s)",
-              fsdp_modelfile_kind_name(fsdp_modelfile_kind_get(r->mf)),
+              fsdp_modelfile_format_name(fsdp_modelfile_format_get(r->mf)),
               fsdp_modelfile_path(r->mf), fsdp_modelfile_dtype_name(r->mf), r->model.name,
               cfg->n_ranks);
     return FSDP_STATUS_OK;
+}
+
+/* After a rank's last forward: its device memory figures, if asked for. */
+static void publish_mem(struct infer *r, fsdp_engine *e, int rank)
+{
+    if (r->cfg->mem_out && e)
+        r->cfg->mem_out[rank] = fsdp_engine_device(e)->mem;
 }
 
 /* ---- eval -------------------------------------------------------------------- */
@@ -142,10 +158,14 @@ static fsdp_status eval_rank(fsdp_world *w, int rank, void *arg)
     for (int k = 0; k * N < S; k++) {
         int m = k * N + rank;
         float loss = 0.0f;
-        FSDP_CHECK(fsdp_engine_forward_batch(e, (uint64_t)(m < S ? m : m % S), &loss));
-        if (m < S)
+        uint64_t count = 0;
+        FSDP_CHECK(fsdp_engine_forward_batch(e, (uint64_t)(m < S ? m : m % S), &loss, &count));
+        if (m < S) {
             r->losses[m] = loss;
+            r->counts[m] = count;
+        }
     }
+    publish_mem(r, e, rank);
     st = FSDP_STATUS_OK;
 fail:
     fsdp_engine_free(e);
@@ -161,16 +181,23 @@ fsdp_status fsdp_infer_eval(const fsdp_infer_config *cfg, const char *data, uint
     struct infer r = {.cfg = cfg, .n_batches = n_batches};
     fsdp_status st;
     r.losses = calloc((size_t)n_batches, sizeof *r.losses);
-    if (!r.losses) {
+    r.counts = calloc((size_t)n_batches, sizeof *r.counts);
+    if (!r.losses || !r.counts) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for %d losses", n_batches);
         goto fail;
     }
+    FSDP_CHECK(infer_open(&r));
     FSDP_CHECK(infer_setup(&r, data, seed, cfg->batch, cfg->seq));
     FSDP_CHECK(fsdp_world_launch(r.w, eval_rank, &r));
-    *mean_loss = fsdp_tree_sum(r.losses, n_batches) / (float)n_batches;
-    if (losses)
-        memcpy(losses, r.losses, (size_t)n_batches * sizeof *losses);
+    /* masked targets (example rows): means over the unmasked ones, as the trainer takes them */
+    uint64_t rows = (uint64_t)r.sh.cfg.batch * (uint64_t)r.sh.cfg.seq, total = 0;
+    for (int m = 0; m < n_batches; m++)
+        total += r.counts[m];
+    *mean_loss = fsdp_engine_mean_loss(r.losses, n_batches, rows, total);
+    for (int m = 0; losses && m < n_batches; m++)
+        losses[m] = fsdp_engine_mean_loss(&r.losses[m], 1, rows, r.counts[m]);
 fail:
+    free(r.counts);
     free(r.losses);
     infer_free(&r);
     return st;
@@ -200,6 +227,14 @@ static int pick_token(const float *logits, int V, float temperature, float u)
     return best; /* rounding left target just above the total */
 }
 
+static bool is_stop(const fsdp_sample_config *sc, int tok)
+{
+    for (int i = 0; i < sc->n_stop; i++)
+        if (sc->stop[i] == tok)
+            return true;
+    return false;
+}
+
 static fsdp_status sample_rank(fsdp_world *w, int rank, void *arg)
 {
     struct infer *r = arg;
@@ -225,11 +260,17 @@ static fsdp_status sample_rank(fsdp_world *w, int rank, void *arg)
             int tok = pick_token(logits, V, sc->temperature, u);
             r->ctx[len] = tok;
             r->out[k] = tok;
+            r->n_out = k + 1;
+            if (sc->logits)
+                memcpy(sc->logits + (size_t)k * (size_t)V, logits, (size_t)V * sizeof *logits);
             if (sc->on_token)
                 sc->on_token(sc->arg, tok);
         }
         FSDP_CHECK(fsdp_world_barrier(w)); /* the new token is visible to every rank */
+        if (is_stop(sc, r->ctx[len]))
+            break;                         /* every rank reads the same token */
     }
+    publish_mem(r, e, rank);
     st = FSDP_STATUS_OK;
 fail:
     fsdp_engine_free(e);
@@ -239,8 +280,10 @@ fail:
 }
 
 fsdp_status fsdp_infer_sample(const fsdp_infer_config *cfg, const fsdp_sample_config *sc,
-                              int *out)
+                              int *out, int *n_out)
 {
+    if (n_out)
+        *n_out = 0;
     if (!cfg || !sc || !out || !sc->prompt || sc->n_prompt < 1 || sc->n_tokens < 0 ||
         !(sc->temperature >= 0.0f))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
@@ -248,32 +291,38 @@ fsdp_status fsdp_infer_sample(const fsdp_infer_config *cfg, const fsdp_sample_co
                               "--temperature >= 0");
     struct infer r = {.cfg = cfg, .sc = sc, .out = out};
     fsdp_status st;
-    fsdp_gpt2_config gc;
-    /* the context: the model's, or --seq, never more than the text needs */
-    {
-        fsdp_modelfile *probe = NULL;
-        FSDP_TRY(fsdp_modelfile_open(&probe, cfg->model_path));
-        gc = *fsdp_modelfile_config(probe);
-        fsdp_modelfile_close(probe);
-    }
+    FSDP_CHECK(infer_open(&r));
+    const int V = r.model.vocab_size, maxT = r.model.max_seq_len;
     for (int i = 0; i < sc->n_prompt; i++)
-        if (sc->prompt[i] < 0 || sc->prompt[i] >= gc.vocab_size)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "prompt token %d (at position %d) is outside the model's "
-                                  "vocabulary of %d", sc->prompt[i], i, gc.vocab_size);
-    int T = cfg->seq > 0 && cfg->seq < gc.max_seq_len ? cfg->seq : gc.max_seq_len;
+        if (sc->prompt[i] < 0 || sc->prompt[i] >= V) {
+            st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                "prompt token %d (at position %d) is outside the model's "
+                                "vocabulary of %d", sc->prompt[i], i, V);
+            goto fail;
+        }
+    if (cfg->seq > maxT) {
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--seq %d is longer than the model's "
+                            "context of %d (%s)", cfg->seq, maxT, cfg->model_path);
+        goto fail;
+    }
+    /* the context: the model's, or --seq, never more than the text needs */
+    int T = cfg->seq > 0 ? cfg->seq : maxT;
     int64_t need = (int64_t)sc->n_prompt + sc->n_tokens - 1;
     if (need < T)
         T = need > 0 ? (int)need : 1;
     if (sc->n_tokens == 0)
-        return FSDP_STATUS_OK;
+        goto fail; /* st is OK: nothing to generate */
     r.ctx = malloc(((size_t)sc->n_prompt + (size_t)sc->n_tokens) * sizeof *r.ctx);
-    if (!r.ctx)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for %d tokens",
-                              sc->n_prompt + sc->n_tokens);
+    if (!r.ctx) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for %d tokens",
+                            sc->n_prompt + sc->n_tokens);
+        goto fail;
+    }
     memcpy(r.ctx, sc->prompt, (size_t)sc->n_prompt * sizeof *r.ctx);
     FSDP_CHECK(infer_setup(&r, NULL, sc->seed, 1, T));
     FSDP_CHECK(fsdp_world_launch(r.w, sample_rank, &r));
+    if (n_out)
+        *n_out = r.n_out;
 fail:
     free(r.ctx);
     infer_free(&r);

@@ -3,9 +3,12 @@
  * `fsdp eval` (mean loss over a data set) and `fsdp sample` (generation).
  *
  * The model comes from a model file (llm.c .bin, .safetensors or a
- * checkpoint, src/ckpt/modelfile.h) loaded straight into a sharded engine:
+ * checkpoint: any format of src/ckpt/modelfile.h, resolved by
+ * fsdp_modelfile_resolve) loaded straight into a sharded engine:
  * each rank reads only its own shard of every unit, as in training, so a
- * model that does not fit one device can still be evaluated.
+ * model that does not fit one device can still be evaluated. The engine is
+ * an inference engine (engine.h: inference): parameters in the compute
+ * dtype and activations, no optimizer state or gradients.
  */
 #ifndef FSDP_TRAIN_INFER_H
 #define FSDP_TRAIN_INFER_H
@@ -15,7 +18,7 @@
 #include "fsdp/engine.h"
 
 typedef struct fsdp_infer_config {
-    const char *model_path;    /* .bin, .safetensors or checkpoint directory */
+    const char *model_path;    /* a model file (modelfile.h), not a bare spec */
     fsdp_backend backend;
     int n_ranks;
     fsdp_dtype compute_dtype;
@@ -23,9 +26,13 @@ typedef struct fsdp_infer_config {
     int batch;                 /* eval: sequences per micro-batch */
     int seq;                   /* eval: T (0: 64 or the model's context if shorter);
                                 * sample: context window (0: the model's) */
+    const char *tokenizer;     /* eval: tokenizer.json for .txt/.jsonl data, or NULL */
+    fsdp_mem_stats *mem_out;   /* optional [n_ranks]: each rank's device memory figures
+                                * after its last forward */
 } fsdp_infer_config;
 
-/* Defaults: cpu (cuda if visible), 1 rank, fp32, batch 8, seq 64. */
+/* Defaults: cpu (cuda if visible), 1 rank, fp32, batch 8, seq 0 (eval: 64
+ * or the model's context if shorter; sample: the model's context). */
 void fsdp_infer_config_default(fsdp_infer_config *cfg);
 
 /* Mean next-token loss over micro-batches 0 .. n_batches-1 of `data` (a
@@ -33,7 +40,9 @@ void fsdp_infer_config_default(fsdp_infer_config *cfg);
  * m holds the tokens the trainer's micro-batch m holds for the same B, T
  * and seed), summed in the trainer's balanced tree over m: for the same
  * batches the result equals the trainer's step loss bit for bit, for any
- * number of ranks. losses (optional) receives each batch's loss. */
+ * number of ranks. Example rows (prompt/completion, chat) count only
+ * their unmasked targets: the mean is over those (fsdp_engine_mean_loss).
+ * losses (optional) receives each batch's loss (its own unmasked mean). */
 fsdp_status fsdp_infer_eval(const fsdp_infer_config *cfg, const char *data, uint64_t seed,
                             int n_batches, float *mean_loss, float *losses);
 
@@ -43,16 +52,23 @@ typedef struct fsdp_sample_config {
     int n_tokens;              /* tokens to generate */
     float temperature;         /* 0: greedy (argmax); > 0: sample softmax(logits / T) */
     uint64_t seed;             /* sampling: token k draws uniform (seed, k) */
+    const int *stop;           /* n_stop token ids that end the generation (end of turn,
+                                * end of text); may be NULL */
+    int n_stop;
     /* called on rank 0's thread with each new token as it is chosen (may be NULL) */
     void (*on_token)(void *arg, int token);
     void *arg;
+    float *logits;             /* optional (n_tokens, vocab): row k receives the fp32
+                                * logits token k was chosen from */
 } fsdp_sample_config;
 
-/* Generate sc->n_tokens tokens after the prompt into out[0..n_tokens).
- * Prompts longer than the context keep their last `seq` tokens (a sliding
- * window). Deterministic for a given model, prompt, temperature and seed,
- * for any number of ranks. */
+/* Generate up to sc->n_tokens tokens after the prompt into out[0..): it
+ * stops after a token of sc->stop (which is kept in out). *n_out (may be
+ * NULL) receives how many were generated. Prompts longer than the context
+ * keep their last `seq` tokens (a sliding window); cfg->seq beyond the
+ * model's context is INVALID_ARG. Deterministic for a given model, prompt,
+ * temperature and seed, for any number of ranks. */
 fsdp_status fsdp_infer_sample(const fsdp_infer_config *cfg, const fsdp_sample_config *sc,
-                              int *out);
+                              int *out, int *n_out);
 
 #endif /* FSDP_TRAIN_INFER_H */

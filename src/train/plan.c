@@ -10,13 +10,13 @@
  * so 70B-parameter shapes plan in milliseconds.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "ckpt/modelfile.h"
 #include "core/world.h"
 #include "fsdp/trace.h"
-#include "models/gpt2.h"
 #include "train/plan.h"
 
 struct planner {
@@ -32,17 +32,6 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-fsdp_status fsdp_plan_model_config(const char *model, fsdp_gpt2_config *out)
-{
-    if (!model || !fsdp_modelfile_is_path(model))
-        return fsdp_gpt2_config_parse(model, out);
-    fsdp_modelfile *mf = NULL;
-    FSDP_TRY(fsdp_modelfile_open(&mf, model));
-    *out = *fsdp_modelfile_config(mf);
-    fsdp_modelfile_close(mf);
-    return FSDP_STATUS_OK;
-}
-
 /* One rank: the engine's init and `steps` steps, then this rank's figures. */
 static fsdp_status plan_rank(fsdp_world *w, int rank, void *arg)
 {
@@ -50,21 +39,36 @@ static fsdp_status plan_rank(fsdp_world *w, int rank, void *arg)
     struct planner *pl = arg;
     fsdp_engine *e = NULL;
     fsdp_status st;
+    int *tokens = NULL;
     FSDP_CHECK(fsdp_engine_init(&e, &pl->sh, rank));
+    const fsdp_engine_config *ec = &pl->sh.cfg;
+    if (ec->inference) { /* forwards of a full micro-batch (eval) */
+        tokens = calloc((size_t)ec->batch * (size_t)ec->seq, sizeof *tokens);
+        if (!tokens) {
+            st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the plan");
+            goto fail;
+        }
+    }
     for (int s = 0; s < pl->plan->steps; s++) {
         fsdp_step_result r;
-        FSDP_CHECK(fsdp_engine_step(e, (uint64_t)s, fsdp_train_lr(pl->cfg, s), &r));
+        if (ec->inference) {
+            fsdp_engine_comms_reset(e);
+            FSDP_CHECK(fsdp_engine_forward(e, tokens, ec->batch, NULL, NULL, NULL));
+        } else {
+            FSDP_CHECK(fsdp_engine_step(e, (uint64_t)s, fsdp_train_lr(pl->cfg, s), &r));
+        }
     }
+    /* training: the figures each step publishes, as a run's metrics report
+     * them; forwards publish none: the device's own */
     fsdp_plan_rank *pr = &pl->plan->ranks[rank];
     const fsdp_device *d = fsdp_engine_device(e);
-    const fsdp_comm *c = fsdp_engine_comm(e);
-    pr->mem = d->mem;
-    pr->host = d->host;
-    memcpy(pr->sent_bytes, c->bytes_sent, sizeof pr->sent_bytes);
-    memcpy(pr->recv_bytes, c->bytes_recv, sizeof pr->recv_bytes);
-    memcpy(pr->n_calls, c->n_calls, sizeof pr->n_calls);
+    pr->mem = ec->inference ? d->mem : pl->sh.x_stats[rank].mem;
+    pr->host = ec->inference ? d->host : pl->sh.x_stats[rank].host;
+    fsdp_engine_comm_counts(e, pr->sent_bytes, pr->recv_bytes, pr->n_calls,
+                            pr->inter_sent_bytes, pr->inter_recv_bytes);
     st = FSDP_STATUS_OK;
 fail:
+    free(tokens);
     fsdp_engine_free(e);
     return st;
 }
@@ -75,9 +79,7 @@ fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *ou
     if (steps < 1)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "plan: need at least 1 step (got %d)",
                               steps);
-    if (cfg->eng.n_ranks < 1 || cfg->eng.n_ranks > 1024)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--devices must be 1..1024, got %d",
-                              cfg->eng.n_ranks);
+    FSDP_TRY(fsdp_backend_check(FSDP_BACKEND_META, cfg->eng.n_ranks, 1));
     double t0 = now_s();
     struct planner pl = {.cfg = cfg, .plan = out};
     fsdp_train_config run = *cfg;
@@ -90,15 +92,15 @@ fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *ou
     fsdp_model model;
     memset(&model, 0, sizeof model);
     fsdp_world *w = NULL;
-    fsdp_gpt2_config gc;
     fsdp_status st;
     out->eng = *ec;
     out->device_mem = cfg->eng.device_mem;
     out->steps = steps;
     out->n_ranks = ec->n_ranks;
+    out->n_nodes = ec->n_nodes > 1 ? ec->n_nodes : 1;
     snprintf(out->model, sizeof out->model, "%s", cfg->model ? cfg->model : "?");
-    FSDP_CHECK(fsdp_plan_model_config(cfg->model, &gc));
-    FSDP_CHECK(fsdp_gpt2_init(&model, &gc));
+    /* a model file gives only its shape here: nothing is read */
+    FSDP_CHECK(fsdp_modelfile_resolve(cfg->model, &model, NULL));
     out->numel = model.numel;
     out->n_units = model.n_units;
     out->ranks = calloc((size_t)ec->n_ranks, sizeof *out->ranks);
@@ -125,10 +127,23 @@ fail:
         fsdp_model_free(&model);
     fsdp_world_free(w);
     if (st != FSDP_STATUS_OK) {
-        fsdp_error_prefix("plan of model '%s' on %d device(s)", out->model, ec->n_ranks);
+        fsdp_error_prefix("plan of model '%s' on %d device(s)%s", out->model, ec->n_ranks,
+                          ec->n_nodes > 1 ? " over several nodes" : "");
         fsdp_plan_free(out);
     }
     return st;
+}
+
+void fsdp_plan_node_bytes(const fsdp_plan *p, int node, size_t *sent, size_t *recv)
+{
+    int L = p->n_ranks / p->n_nodes;
+    for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++) {
+        sent[k] = recv[k] = 0;
+        for (int r = node * L; r < (node + 1) * L; r++) {
+            sent[k] += p->ranks[r].inter_sent_bytes[k];
+            recv[k] += p->ranks[r].inter_recv_bytes[k];
+        }
+    }
 }
 
 void fsdp_plan_free(fsdp_plan *p)
@@ -155,43 +170,49 @@ void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes
                        size_t n)
 {
     const fsdp_engine_config *e = &p->eng;
-    double P = (double)p->numel, N = (double)p->n_ranks;
+    /* hybrid shards over a node's L ranks as full shards over all N */
+    bool hybrid = e->shard == FSDP_SHARD_HYBRID && p->n_nodes > 1;
+    double P = (double)p->numel, N = (double)p->n_ranks / (hybrid ? p->n_nodes : 1);
+    const char *over = hybrid ? "L" : "N";
     int dt = (int)fsdp_dtype_size(e->compute_dtype);
-    /* state per parameter: fp32 master 4, fp32 gradient 4, Adam m and v 8,
-     * plus a compute-dtype copy when it differs from the master */
+    /* state per parameter: fp32 master 4, fp32 gradient 4, the optimizer's
+     * state (AdamW m and v: 8), plus a compute-dtype copy when it differs
+     * from the master */
     int copy = e->compute_dtype != FSDP_DTYPE_F32 ? dt : 0;
-    int state = 4 + copy + 4 + 8;
+    int optim = (int)fsdp_optim_state_bytes(fsdp_optim_or_default(e->optim));
+    int state = 4 + copy + 4 + optim;
+    bool full = e->shard == FSDP_SHARD_FULL || e->shard == FSDP_SHARD_HYBRID;
     double dev = 0, host = 0;
-    if (!e->offload) {
-        switch (e->shard) {
-        case FSDP_SHARD_FULL:
+    if (e->inference) { /* the compute-dtype parameters alone */
+        dev = dt * P / (full ? N : 1.0);
+        snprintf(text, n, "%d P%s%s", dt, full ? "/" : "", full ? over : "");
+    } else if (!e->offload) {
+        if (full) {
             dev = state * P / N;
-            snprintf(text, n, "%d P/N", state);
-            break;
-        case FSDP_SHARD_GRAD_OP:
+            snprintf(text, n, "%d P/%s", state, over);
+        } else if (e->shard == FSDP_SHARD_GRAD_OP) {
             /* ZeRO-2: parameters replicated, gradients and optimizer sharded */
             dev = dt * P + (state - dt) * P / N;
             snprintf(text, n, "%d P + %d P/N", dt, state - dt);
-            break;
-        default:
+        } else {
             dev = state * P;
             snprintf(text, n, "%d P", state);
-            break;
         }
     } else {
-        /* master, gradient and Adam state in host memory; the device keeps
-         * the compute-dtype parameters, sharded as the strategy shards them */
-        host = 16.0 * P / (e->shard == FSDP_SHARD_NONE ? 1.0 : N);
-        if (e->shard == FSDP_SHARD_FULL) {
+        /* master, gradient and optimizer state in host memory; the device
+         * keeps the compute-dtype parameters, sharded as the strategy
+         * shards them */
+        int host_state = 4 + 4 + optim;
+        host = host_state * P / (e->shard == FSDP_SHARD_NONE ? 1.0 : N);
+        if (full) {
             dev = dt * P / N;
-            snprintf(text, n, "device %d P/N + host 16 P/N", dt);
+            snprintf(text, n, "device %d P/%s + host %d P/%s", dt, over, host_state, over);
         } else {
             dev = dt * P;
-            snprintf(text, n, "device %d P + host 16 P%s", dt,
+            snprintf(text, n, "device %d P + host %d P%s", dt, host_state,
                      e->shard == FSDP_SHARD_NONE ? "" : "/N");
         }
     }
     *dev_bytes = (size_t)dev;
     *host_bytes = (size_t)host;
 }
-

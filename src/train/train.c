@@ -3,31 +3,50 @@
  * held-out accuracy by greedy decoding for the synthetic task.
  *
  * All ranks run the same loop in lockstep (every engine call is
- * collective). Rank 0 prints and writes the metrics; it reads the other
- * ranks' figures from the engine's exchange slots, published before the
- * barrier that ends each step.
+ * collective). Rank 0 prints and writes the metrics; it reads every rank's
+ * figures from the engine's x_stats, filled before the barrier that ends
+ * each step.
+ *
+ * A job of several processes (cfg->procs: one per node, comm/procs.h)
+ * runs the same loop in each, on its own ranks of one global world; only
+ * process 0 (where rank 0 runs) prints, writes the metrics, the trace of
+ * its ranks (the others write theirs beside it) and the checkpoint
+ * manifest. Before the first step the processes agree on what they share:
+ * the checkpoints' run id, that the checkpoint directory is one they all
+ * see, and the checkpoint to resume from.
+ *
+ * Stopping early is a decision all ranks take together: after each step
+ * they meet in an exchange that ORs what each of them saw, in every
+ * process of the job (fsdp_engine_or: a stop request,
+ * a failed metrics write, a data file that changed or could not be read),
+ * so every rank leaves at the same step, and the final checkpoint, a
+ * collective, is written by all of them. An error found this way is kept
+ * (first one wins) and returned after that checkpoint.
  */
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 #include <time.h>
 
 #include "ckpt/modelfile.h"
+#include "comm/procs.h"
 #include "core/log.h"
 #include "core/world.h"
 #include "device/cpu.h"
 #include "fsdp/engine_ckpt.h"
 #include "fsdp/trace.h"
-#include "models/gpt2.h"
 #include "ops/cpu/blas.h"
+#include "train/job.h"
+#include "train/outputs.h"
 #include "train/train.h"
 
 void fsdp_train_config_default(fsdp_train_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     fsdp_engine_config *e = &cfg->eng;
-    e->backend = fsdp_cuda_device_count() > 0 ? FSDP_BACKEND_CUDA : FSDP_BACKEND_CPU;
+    e->backend = fsdp_backend_default();
     e->comm = FSDP_COMM_AUTO;
-    e->n_ranks = e->backend == FSDP_BACKEND_CUDA ? fsdp_cuda_device_count() : 4;
+    e->n_ranks = fsdp_backend_default_devices(e->backend);
     e->ranks_per_device = 1;
     e->shard = FSDP_SHARD_FULL;
     e->compute_dtype = FSDP_DTYPE_F32;
@@ -38,6 +57,7 @@ void fsdp_train_config_default(fsdp_train_config *cfg)
     e->beta1 = 0.9f;
     e->beta2 = 0.95f;
     e->eps = 1e-8f;
+    e->momentum = 0.9f; /* --optimizer sgd */
     e->weight_decay = 0.1f;
     e->clip = 1.0f;
     e->seed = 1337;
@@ -64,24 +84,40 @@ float fsdp_train_lr(const fsdp_train_config *cfg, int step)
     return (float)(lo + 0.5 * (1.0 + cos(M_PI * progress)) * ((double)cfg->lr - lo));
 }
 
+/* Why the ranks stop early (the bits of the barrier after each step). */
+enum {
+    STOP_REQUEST = 1u << 0, /* cfg->stop: finish, checkpoint, return OK */
+    STOP_ERROR = 1u << 1,   /* t->stop_st: the step counts; stop after it */
+    STOP_DATA = 1u << 2,    /* a rank could not read this step's batch: it does not count */
+};
+
 struct trainer {
     const fsdp_train_config *cfg;
+    FILE *out;                /* t->out on process 0; NULL on the others */
+    fsdp_world *world;
     fsdp_engine_shared sh;
     fsdp_model model;
     fsdp_data *data;
     fsdp_train_result *res;
-    FILE *log;
+    fsdp_metrics log;         /* --log (log.f NULL: none); rank 0 writes */
+    char oom_hint[192];       /* what a device out-of-memory message suggests */
+    pthread_mutex_t mu;       /* guards stop_st and stop_msg */
+    fsdp_status stop_st;      /* the error that stops the run early (first wins), or OK */
+    char stop_msg[FSDP_ERROR_MSG_MAX];
+    int saved_step;           /* the newest step whose state is on disk (resumed from, or
+                               * written by this run); rank 0 writes, every rank reads after
+                               * the save's barriers */
     double flops_per_token;   /* 6 P + attention, for MFU */
     double peak_flops;        /* per device; 0 = unknown (no MFU) */
     double tok_s_sum;
     int tok_s_n;
-    int correct_total[1024];  /* per rank */
-    int seen_total[1024];
+    int eval_correct, eval_seen; /* the job's, written by rank 0 */
     fsdp_ckpt_manifest ck_base;   /* run-level part of the manifests this run writes */
     fsdp_ckpt_manifest ck_resume; /* the checkpoint resumed from */
     char ck_path[FSDP_CKPT_PATH_MAX]; /* its directory; "" when starting fresh */
     int start_step;
     fsdp_modelfile *mf;       /* --model FILE: the initial weights, or NULL */
+    fsdp_ckpt_lock ck_lock;   /* --ckpt-dir held for the run: one run per directory */
 };
 
 static double now_s(void)
@@ -91,14 +127,36 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void log_step(struct trainer *t, int step, const fsdp_step_result *r, double ms)
+/* Keep the first error that stops the run early (any rank). */
+static void stop_error(struct trainer *t, fsdp_status st, const char *msg)
+{
+    pthread_mutex_lock(&t->mu);
+    if (t->stop_st == FSDP_STATUS_OK) {
+        t->stop_st = st;
+        snprintf(t->stop_msg, sizeof t->stop_msg, "%s", msg);
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+/* Tokens per step, in 64 bits (each factor is bounded, their product is not
+ * by an int). */
+static uint64_t tokens_per_step(const fsdp_engine_config *ec)
+{
+    return (uint64_t)ec->batch * (uint64_t)ec->seq * (uint64_t)ec->grad_accum *
+           (uint64_t)ec->n_ranks;
+}
+
+/* Rank 0 after a step that counts: the progress line and the metrics
+ * record (a failed write stops the run at the next step boundary). */
+static void log_step(struct trainer *t, int step, const fsdp_step_result *r, double ms,
+                     bool skipped)
 {
     const fsdp_train_config *cfg = t->cfg;
     const fsdp_engine_config *ec = &cfg->eng;
     int N = ec->n_ranks;
-    double tokens = (double)ec->batch * ec->seq * ec->grad_accum * N;
+    double tokens = (double)tokens_per_step(ec);
     double tok_s = tokens / (ms / 1000.0);
-    if (step > 0) {
+    if (step > t->start_step) {
         t->tok_s_sum += tok_s;
         t->tok_s_n++;
     }
@@ -112,49 +170,66 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
     int rpd = ec->ranks_per_device > 0 ? ec->ranks_per_device : 1;
     int n_gpus = (N + rpd - 1) / rpd; /* virtual ranks share a GPU */
     double mfu = t->peak_flops > 0 ? t->flops_per_token * tok_s / (t->peak_flops * n_gpus) : -1;
-    if (cfg->out) {
+    if (t->out) {
         char pb[32], hb[32], tk[32];
         if (tok_s >= 1e3)
             snprintf(tk, sizeof tk, "%.1fk", tok_s / 1e3);
         else
             snprintf(tk, sizeof tk, "%.0f", tok_s);
         if (ec->backend == FSDP_BACKEND_META) /* nothing is computed: no loss or norm */
-            fprintf(cfg->out, "step %5d/%d | meta: no math | lr %.2e | peak %s/dev", step + 1,
+            fprintf(t->out, "step %5d/%d | meta: no math | lr %.2e | peak %s/dev", step + 1,
                     cfg->steps, r->lr, fsdp_fmt_bytes(pb, sizeof pb, (double)peak));
         else
-            fprintf(cfg->out,
+            fprintf(t->out,
                     "step %5d/%d | loss %.6f | lr %.2e | norm %.3f | %s tok/s | %.1f ms | peak %s/dev",
                     step + 1, cfg->steps, r->loss, r->lr, r->grad_norm, tk, ms,
                     fsdp_fmt_bytes(pb, sizeof pb, (double)peak));
         if (ec->offload)
-            fprintf(cfg->out, " | host %s/dev", fsdp_fmt_bytes(hb, sizeof hb, (double)host));
+            fprintf(t->out, " | host %s/dev", fsdp_fmt_bytes(hb, sizeof hb, (double)host));
         if (mfu >= 0)
-            fprintf(cfg->out, " | mfu %.1f%%", 100 * mfu);
-        fputc('\n', cfg->out);
-        fflush(cfg->out);
+            fprintf(t->out, " | mfu %.1f%%", 100 * mfu);
+        if (skipped)
+            fprintf(t->out, " | not finite: update skipped");
+        fputc('\n', t->out);
+        fflush(t->out);
     }
-    if (t->log) {
-        FILE *f = t->log;
-        fprintf(f, "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens\":%.0f,"
-                   "\"tokens_per_s\":%.6g,\"step_ms\":%.6g,\"mfu\":",
-                step + 1, r->loss, r->lr, r->grad_norm, tokens, tok_s, ms);
-        if (mfu >= 0)
-            fprintf(f, "%.6g", mfu);
-        else
-            fprintf(f, "null");
-        const char *keys[3] = {"peak_bytes", "comm_bytes", "host_bytes"};
-        for (int k = 0; k < 3; k++) {
-            fprintf(f, ",\"%s\":[", keys[k]);
-            for (int d = 0; d < N; d++) {
-                const fsdp_rank_stats *s = &t->sh.x_stats[d];
-                size_t v = k == 0 ? s->peak_bytes : k == 1 ? s->comm_recv_bytes : s->host_peak_bytes;
-                fprintf(f, "%s%zu", d ? "," : "", v);
-            }
-            fputc(']', f);
-        }
-        fprintf(f, "}\n");
-        fflush(f);
+    if (t->log.f && !t->log.failed) {
+        fsdp_metrics_record rec = {.step = step + 1, .loss = r->loss, .lr = r->lr,
+                                   .grad_norm = r->grad_norm, .tokens = tokens,
+                                   .tokens_per_s = tok_s, .step_ms = ms, .mfu = mfu,
+                                   .skipped = skipped, .n_ranks = N, .stats = t->sh.x_stats,
+                                   .inter = t->sh.sm.n_nodes > 1};
+        fsdp_status st = fsdp_metrics_write(&t->log, &rec);
+        if (st != FSDP_STATUS_OK)
+            stop_error(t, st, fsdp_error_msg());
     }
+}
+
+/* This rank's reasons to stop, brought to the barrier after each step (and
+ * before the first): its engine's data error; on rank 0 also a stop
+ * request, a failed metrics write and a data file that changed. */
+static unsigned stop_bits(struct trainer *t, fsdp_engine *e, int rank)
+{
+    const fsdp_train_config *cfg = t->cfg;
+    unsigned bits = 0;
+    const char *msg = NULL;
+    fsdp_status st = fsdp_engine_data_error(e, &msg);
+    if (st != FSDP_STATUS_OK) {
+        stop_error(t, st, msg);
+        bits |= STOP_DATA;
+    }
+    if (rank != 0)
+        return bits;
+    if (cfg->stop && atomic_load(cfg->stop))
+        bits |= STOP_REQUEST;
+    if (t->log.failed)
+        bits |= STOP_ERROR;
+    if (t->data && (st = fsdp_data_check(t->data)) != FSDP_STATUS_OK) {
+        stop_error(t, st, fsdp_error_msg());
+        fsdp_error_clear();
+        bits |= STOP_ERROR;
+    }
+    return bits;
 }
 
 /* Greedy decoding of held-out synthetic problems: rank r takes rows
@@ -166,8 +241,8 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
     const fsdp_engine_config *ec = &cfg->eng;
     int N = ec->n_ranks, B = ec->batch, T = ec->seq, V = t->model.vocab_size;
     int Vp = t->model.padded_vocab_size;
-    int total = cfg->eval_problems;
-    int n_batches = (total + N * B - 1) / (N * B);
+    int64_t total = cfg->eval_problems, per_batch = (int64_t)N * B;
+    int64_t n_batches = (total + per_batch - 1) / per_batch;
     int *tok = calloc((size_t)B * T, sizeof(int));
     int *len = calloc((size_t)B, sizeof(int)), *pos = calloc((size_t)B, sizeof(int));
     int *start = calloc((size_t)B, sizeof(int));
@@ -178,12 +253,22 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for evaluation");
         goto done;
     }
-    int printed = 0;
-    for (int k = 0; k < n_batches; k++) {
+    int printed = 0, counts[2] = {0, 0}; /* this rank's correct, seen */
+    for (int64_t k = 0; k < n_batches; k++) {
+        unsigned stop = 0; /* a stop request ends the evaluation too */
+        FSDP_CHECK(fsdp_engine_or(e, rank == 0 && cfg->stop && atomic_load(cfg->stop)
+                                         ? STOP_REQUEST
+                                         : 0u,
+                                  &stop));
+        if (stop) {
+            if (rank == 0)
+                t->res->interrupted = true;
+            break;
+        }
         int max_ans = 1;
         memset(tok, 0, (size_t)B * T * sizeof(int));
         for (int b = 0; b < B; b++) {
-            int idx = (k * N + rank) * B + b;
+            int64_t idx = (k * N + rank) * B + b;
             char prompt[72];
             fsdp_synth_problem(ec->seed, (uint64_t)idx, prompt, answers[b]);
             /* a newline first, as a problem follows one in the training stream */
@@ -212,7 +297,7 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
             }
         }
         for (int b = 0; b < B; b++) {
-            int idx = (k * N + rank) * B + b;
+            int64_t idx = (k * N + rank) * B + b;
             if (idx >= total)
                 continue;
             int al = (int)strlen(answers[b]);
@@ -228,19 +313,33 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
                     break;
             }
             got[g] = '\0';
-            t->seen_total[rank]++;
-            t->correct_total[rank] += ok;
-            if (rank == 0 && cfg->out && printed < cfg->n_samples) {
+            counts[0] += ok;
+            counts[1]++;
+            if (rank == 0 && t->out && printed < cfg->n_samples) {
                 char prompt[72], ans[72];
                 fsdp_synth_problem(ec->seed, (uint64_t)idx, prompt, ans);
                 got[strcspn(got, "\n")] = '\0';
                 ans[strcspn(ans, "\n")] = '\0';
-                fprintf(cfg->out, "  sample: %s%-8s expected %-8s %s\n", prompt, got, ans,
+                fprintf(t->out, "  sample: %s%-8s expected %-8s %s\n", prompt, got, ans,
                         ok ? "ok" : "WRONG");
                 printed++;
             }
         }
     }
+    /* the job's totals, in every process (every rank left the loop at the
+     * same batch: the stop decision is the job's) */
+    int *all = calloc((size_t)N * 2, sizeof *all);
+    if (!all) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for evaluation");
+        goto done;
+    }
+    st = fsdp_engine_exchange(e, counts, sizeof counts, all);
+    if (st == FSDP_STATUS_OK && rank == 0)
+        for (int r = 0; r < N; r++) {
+            t->eval_correct += all[2 * r];
+            t->eval_seen += all[2 * r + 1];
+        }
+    free(all);
 done:
 fail:
     free(tok);
@@ -252,20 +351,47 @@ fail:
     return st;
 }
 
-/* After step `step` (0-based): save a checkpoint every ckpt_every steps and
- * after the last one. Collective: every rank calls it. */
-static fsdp_status ckpt_maybe_save(struct trainer *t, fsdp_engine *e, int rank, int step)
+/* Write the checkpoint of the state after `done` steps. Collective: every
+ * rank calls it, with the same `done`. */
+static fsdp_status ckpt_save(struct trainer *t, fsdp_engine *e, int rank, int done)
 {
     const fsdp_train_config *cfg = t->cfg;
-    int done = step + 1;
-    if (!cfg->ckpt_dir || (done != cfg->steps && (cfg->ckpt_every <= 0 || done % cfg->ckpt_every)))
-        return FSDP_STATUS_OK;
     double t0 = now_s();
     FSDP_TRY(fsdp_engine_ckpt_save(e, cfg->ckpt_dir, &t->ck_base, (uint64_t)done, cfg->ckpt_keep));
-    if (rank == 0 && cfg->out)
-        fprintf(cfg->out, "checkpoint: step %d written to %s/step_%08d (rank 0: %.0f ms)\n", done,
-                cfg->ckpt_dir, done, (now_s() - t0) * 1000.0);
+    if (rank == 0) {
+        t->res->ckpt_step = done;
+        if (t->out)
+            fprintf(t->out, "checkpoint: step %d written to %s/step_%08d (rank 0: %.0f ms)\n",
+                    done, cfg->ckpt_dir, done, (now_s() - t0) * 1000.0);
+    }
     return FSDP_STATUS_OK;
+}
+
+/* v as %g, but NaN as "NaN" whatever its sign bit. */
+static const char *fmt_num(char *buf, size_t n, float v)
+{
+    if (isnan(v))
+        snprintf(buf, n, "NaN");
+    else
+        snprintf(buf, n, "%g", (double)v);
+    return buf;
+}
+
+/* Rank 0: the error of a step whose loss or norm is not finite. */
+static void nonfinite_error(struct trainer *t, int step, const fsdp_step_result *r)
+{
+    char msg[FSDP_ERROR_MSG_MAX], l[32], g[32];
+    snprintf(msg, sizeof msg,
+             "step %d: the loss is %s and the gradient norm %s (lr %.3g): training diverged "
+             "or the data holds a bad batch; %s. Lower --lr (or raise --warmup) and resume "
+             "from the last checkpoint, or pass --on-nonfinite skip to drop such steps",
+             step + 1, fmt_num(l, sizeof l, r->loss), fmt_num(g, sizeof g, r->grad_norm),
+             (double)r->lr,
+             r->applied ? "the update had started before the norm was known (--offload "
+                          "optimizer with --clip 0), so the parameters are not finite and no "
+                          "checkpoint is written"
+                        : "its update was not applied");
+    stop_error(t, FSDP_STATUS_NONFINITE, msg);
 }
 
 static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
@@ -277,29 +403,65 @@ static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
     FSDP_CHECK(fsdp_engine_init(&e, &t->sh, rank));
     if (t->ck_path[0])
         FSDP_CHECK(fsdp_engine_ckpt_load(e, t->ck_path, &t->ck_resume));
-    if (rank == 0 && cfg->out) {
+    if (rank == 0 && t->out) {
         char b[32];
         const fsdp_device *d = fsdp_engine_device(e);
-        fprintf(cfg->out, "rank 0 after init: %s on the device", fsdp_fmt_bytes(b, sizeof b, (double)d->mem.in_use_bytes));
+        fprintf(t->out, "rank 0 after init: %s on the device", fsdp_fmt_bytes(b, sizeof b, (double)d->mem.in_use_bytes));
         if (cfg->eng.offload)
-            fprintf(cfg->out, ", %s pinned host", fsdp_fmt_bytes(b, sizeof b, (double)d->host.in_use_bytes));
-        fputc('\n', cfg->out);
+            fprintf(t->out, ", %s pinned host", fsdp_fmt_bytes(b, sizeof b, (double)d->host.in_use_bytes));
+        fputc('\n', t->out);
     }
-    for (int step = t->start_step; step < cfg->steps; step++) {
+    /* `done` steps are reflected in the state; `saved` of them are on disk;
+     * `clean`: the state may be saved (no update of non-finite values) */
+    int done = t->start_step, saved = t->start_step;
+    bool clean = true;
+    unsigned why = 0;
+    FSDP_CHECK(fsdp_engine_or(e, stop_bits(t, e, rank), &why)); /* a stop during init */
+    for (int step = t->start_step; step < cfg->steps && !why; step++) {
         float lr = fsdp_train_lr(cfg, step);
         double t0 = now_s();
         fsdp_step_result r;
-        FSDP_CHECK(fsdp_engine_step(e, (uint64_t)step, lr, &r));
-        double ms = (now_s() - t0) * 1000.0;
-        if (rank == 0) {
-            t->res->losses[step] = r.loss;
-            t->res->grad_norms[step] = r.grad_norm;
-            t->res->steps = step + 1;
-            log_step(t, step, &r, ms);
+        st = fsdp_engine_step(e, (uint64_t)step, lr, &r);
+        if (st != FSDP_STATUS_OK) {
+            fsdp_error_prefix("step %d", step + 1);
+            goto fail;
         }
-        FSDP_CHECK(ckpt_maybe_save(t, e, rank, step));
-        if (cfg->stop_after > 0 && step + 1 >= cfg->stop_after)
-            break;
+        double ms = (now_s() - t0) * 1000.0;
+        /* every rank decides from the same r and the same bits */
+        FSDP_CHECK(fsdp_engine_or(e, stop_bits(t, e, rank), &why));
+        bool skipped = false;
+        if (why & STOP_DATA) {
+            clean = !r.applied; /* the batch was zeros: the step does not count */
+        } else if (!r.finite && (r.applied || !cfg->eng.skip_nonfinite)) {
+            clean = !r.applied;
+            if (rank == 0)
+                nonfinite_error(t, step, &r);
+            why |= STOP_ERROR;
+        } else {
+            skipped = !r.finite;
+            done = step + 1;
+            if (rank == 0) {
+                t->res->losses[step] = r.loss;
+                t->res->grad_norms[step] = r.grad_norm;
+                t->res->steps = done;
+                t->res->n_skipped += skipped;
+                log_step(t, step, &r, ms, skipped);
+            }
+            if (cfg->ckpt_dir && (done == cfg->steps || (cfg->ckpt_every > 0 &&
+                                                         done % cfg->ckpt_every == 0))) {
+                FSDP_CHECK(ckpt_save(t, e, rank, done));
+                saved = done;
+            }
+        }
+        if (!why && cfg->stop_after > 0 && done >= cfg->stop_after)
+            break; /* tests: as a crash would, without a final checkpoint */
+    }
+    if (why) {
+        if (rank == 0 && (why & STOP_REQUEST))
+            t->res->interrupted = true;
+        /* the final checkpoint: the state after the last step that counts */
+        if (cfg->ckpt_dir && clean && done > saved)
+            FSDP_CHECK(ckpt_save(t, e, rank, done));
     }
     if (rank == 0)
         memcpy(t->res->stats, t->sh.x_stats, sizeof(fsdp_rank_stats) * (size_t)cfg->eng.n_ranks);
@@ -320,8 +482,9 @@ static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
                 goto fail;
         }
     }
-    if (cfg->eval_problems > 0 && t->data && !strcmp(cfg->data, "synthetic") &&
-        cfg->eng.backend != FSDP_BACKEND_META)
+    bool nothing_ran = t->ck_path[0] && t->start_step >= cfg->steps;
+    if (!why && !nothing_ran && cfg->eval_problems > 0 && t->data &&
+        !strcmp(cfg->data, "synthetic") && cfg->eng.backend != FSDP_BACKEND_META)
         FSDP_CHECK(eval_synthetic(t, e, rank));
     st = FSDP_STATUS_OK;
 fail:
@@ -331,98 +494,205 @@ fail:
 
 /* Checkpoints: the manifest base for saves and, with resume, the newest
  * complete checkpoint to start from. A fresh run refuses a directory that
- * already holds checkpoints, so two runs never mix in one directory. */
+ * already holds checkpoints, so two runs never mix in one directory.
+ * Process 0 holds the directory's lock; every process reads the
+ * checkpoint to resume from, and they must find the same one. */
 static fsdp_status ckpt_prepare(struct trainer *t)
 {
     const fsdp_train_config *cfg = t->cfg;
     bool found = false;
     uint64_t step = 0;
-    FSDP_TRY(fsdp_engine_ckpt_describe(&t->sh, cfg->model, cfg->data, cfg->steps, &t->ck_base));
-    if (!cfg->resume) {
-        FSDP_TRY(fsdp_ckpt_latest(cfg->ckpt_dir, &step, &found));
-        if (found)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "--ckpt-dir '%s' already holds checkpoints (newest: step %llu); "
-                                  "pass --resume to continue from it, or choose another directory",
-                                  cfg->ckpt_dir, (unsigned long long)step);
-        return FSDP_STATUS_OK;
+    fsdp_status st = fsdp_engine_ckpt_describe(&t->sh, cfg->data, cfg->steps, &t->ck_base);
+    FSDP_TRY(fsdp_job_agree(t->cfg->procs, t->world, st));
+    /* one run id for the job: the manifest's and every rank's shard file's */
+    FSDP_TRY(fsdp_job_from_process0(t->cfg->procs, t->world, &t->ck_base.run_id,
+                                    sizeof t->ck_base.run_id));
+    if (t->world->process == 0) {
+        st = fsdp_ckpt_dir_lock(&t->ck_lock, cfg->ckpt_dir); /* until the run ends */
+        if (st == FSDP_STATUS_OK && !cfg->resume)
+            st = fsdp_ckpt_latest(cfg->ckpt_dir, &step, &found);
+        if (st == FSDP_STATUS_OK && found)
+            st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                "--ckpt-dir '%s' already holds checkpoints (newest: step %llu); "
+                                "pass --resume to continue from it, or choose another directory",
+                                cfg->ckpt_dir, (unsigned long long)step);
     }
-    FSDP_TRY(fsdp_engine_ckpt_find(&t->sh, cfg->ckpt_dir, &t->ck_resume, t->ck_path,
-                                   sizeof t->ck_path, &found));
+    FSDP_TRY(fsdp_job_agree(t->cfg->procs, t->world, st));
+    FSDP_TRY(fsdp_job_dir_shared(t->cfg->procs, t->world, cfg->ckpt_dir, t->ck_base.run_id,
+                                 "--ckpt-dir"));
+    if (!cfg->resume)
+        return FSDP_STATUS_OK;
+    st = fsdp_engine_ckpt_find(&t->sh, cfg->ckpt_dir, cfg->allow_batch_change, &t->ck_resume,
+                               t->ck_path, sizeof t->ck_path, &found);
+    FSDP_TRY(fsdp_job_agree(t->cfg->procs, t->world, st));
+    uint64_t seen[2] = {found, found ? t->ck_resume.step : 0}, first[2] = {seen[0], seen[1]};
+    FSDP_TRY(fsdp_job_from_process0(t->cfg->procs, t->world, first, sizeof first));
+    if (memcmp(seen, first, sizeof seen))
+        st = fsdp_error_set(FSDP_STATUS_IO,
+                            "process %d finds %s in --ckpt-dir '%s' where process 0 finds %s%llu; "
+                            "was a checkpoint written or removed while the job started?",
+                            t->world->process, found ? "a checkpoint" : "no checkpoint",
+                            cfg->ckpt_dir, first[0] ? "step " : "none",
+                            (unsigned long long)first[1]);
+    FSDP_TRY(fsdp_job_agree(t->cfg->procs, t->world, st));
     if (!found) {
         t->ck_path[0] = '\0';
-        if (cfg->out)
-            fprintf(cfg->out, "resume: no complete checkpoint in %s; starting from step 0\n",
+        if (t->out)
+            fprintf(t->out, "resume: no complete checkpoint in %s; starting from step 0\n",
                     cfg->ckpt_dir);
         return FSDP_STATUS_OK;
     }
     const fsdp_ckpt_manifest *m = &t->ck_resume;
+    const fsdp_engine_config *ec = &cfg->eng;
     t->start_step = m->step < (uint64_t)cfg->steps ? (int)m->step : cfg->steps;
-    if (cfg->out) {
-        fprintf(cfg->out, "resuming from %s: step %llu, written by %d device(s) with shard %s\n",
+    if (t->out) {
+        fprintf(t->out, "resuming from %s: step %llu, written by %d device(s) with shard %s\n",
                 t->ck_path, (unsigned long long)m->step, m->world_size, m->shard);
-        if (m->steps_total != cfg->steps)
-            fprintf(cfg->out, "note: the checkpoint's run had --steps %d; the learning-rate "
-                              "schedule now spans %d steps\n", m->steps_total, cfg->steps);
-        if (m->step >= (uint64_t)cfg->steps)
-            fprintf(cfg->out, "resume: the checkpoint is at or past --steps %d; no steps to run\n",
-                    cfg->steps);
+        if (m->steps_total != cfg->steps && m->step < (uint64_t)cfg->steps)
+            fprintf(t->out, "note: the checkpoint's run had --steps %d; the learning-rate "
+                            "schedule now spans %d steps\n", m->steps_total, cfg->steps);
+        uint64_t was = (uint64_t)m->batch * (uint64_t)m->world_size * (uint64_t)m->grad_accum;
+        uint64_t now = (uint64_t)ec->batch * (uint64_t)ec->n_ranks * (uint64_t)ec->grad_accum;
+        if (was != now && m->step < (uint64_t)cfg->steps)
+            fprintf(t->out, "note: --allow-batch-change: the global batch was %llu sequences "
+                            "and is now %llu; the data continues at step x %llu sequences, "
+                            "and this run is no longer bit-identical to one that kept the "
+                            "batch\n", (unsigned long long)was, (unsigned long long)now,
+                    (unsigned long long)now);
         if (cfg->data && strcmp(m->data, cfg->data))
-            fprintf(cfg->out, "warning: the checkpoint was trained on data '%s', this run reads "
-                              "'%s'\n", m->data, cfg->data);
+            fprintf(t->out, "warning: the checkpoint was trained on data '%s', this run reads "
+                            "'%s'\n", m->data, cfg->data);
     }
     return FSDP_STATUS_OK;
+}
+
+/* Where process q writes the trace of its ranks: the path itself on
+ * process 0, "NAME.q.EXT" ("NAME.q") on the others. */
+static void trace_path_of(const char *path, int q, char *out, size_t n)
+{
+    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+    if (q == 0)
+        snprintf(out, n, "%s", path);
+    else if (dot && dot > (slash ? slash + 1 : path))
+        snprintf(out, n, "%.*s.%d%s", (int)(dot - path), path, q, dot);
+    else
+        snprintf(out, n, "%s.%d", path, q);
+}
+
+/* Everything the run will write can be written, before any step runs. */
+static fsdp_status outputs_check(const fsdp_train_config *cfg)
+{
+    if (cfg->ckpt_dir)
+        FSDP_TRY(fsdp_output_dir_check(cfg->ckpt_dir, "--ckpt-dir"));
+    if (cfg->trace_path)
+        FSDP_TRY(fsdp_output_file_check(cfg->trace_path, "--trace"));
+    if (cfg->log_path)
+        FSDP_TRY(fsdp_output_file_check(cfg->log_path, "--log"));
+    return FSDP_STATUS_OK;
+}
+
+/* What a device out-of-memory message suggests: the settings that lower
+ * the peak and are not set already. */
+static void oom_hint(const fsdp_train_config *cfg, char *buf, size_t n)
+{
+    const fsdp_engine_config *e = &cfg->eng;
+    const char *items[6];
+    int k = 0;
+    if (!e->offload)
+        items[k++] = "--offload optimizer";
+    if (e->shard != FSDP_SHARD_FULL)
+        items[k++] = "--shard full";
+    if (e->compute_dtype == FSDP_DTYPE_F32)
+        items[k++] = "--precision bf16";
+    if (e->batch > 1)
+        items[k++] = "a smaller --batch (with more --grad-accum to keep the global batch)";
+    if (e->n_ranks < fsdp_backend_n_devices(e->backend))
+        items[k++] = "more --devices";
+    if (e->device_mem && e->backend != FSDP_BACKEND_CUDA)
+        items[k++] = "a larger --device-mem";
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < k && at < n; i++)
+        at += (size_t)snprintf(buf + at, n - at, "%s%s", i == 0 ? "" : i == k - 1 ? " or " : ", ",
+                               items[i]);
 }
 
 fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
 {
     memset(res, 0, sizeof *res);
     res->accuracy = -1.0f;
+    res->ckpt_step = -1;
     fsdp_status st;
     struct trainer *t = calloc(1, sizeof *t);
     fsdp_world *w = NULL;
-    fsdp_gpt2_config gc;
+    bool launched = false;
     if (!t)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    pthread_mutex_init(&t->mu, NULL);
     t->cfg = cfg;
     t->res = res;
-    const fsdp_engine_config *ec = &cfg->eng;
-    if (ec->n_ranks < 1 || ec->n_ranks > 1024) {
-        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--devices must be 1..1024, got %d",
-                            ec->n_ranks);
+    t->out = !cfg->procs || cfg->procs->process == 0 ? cfg->out : NULL; /* rank 0's process */
+    /* the engine's configuration, with the OOM hint; a job of several
+     * processes has a node per process, each running n_ranks / processes */
+    fsdp_engine_config ecfg = cfg->eng;
+    const fsdp_engine_config *ec = &ecfg;
+    oom_hint(cfg, t->oom_hint, sizeof t->oom_hint);
+    if (!ecfg.oom_hint && t->oom_hint[0])
+        ecfg.oom_hint = t->oom_hint;
+    int n_procs = cfg->procs ? cfg->procs->n_processes : 1;
+    if (n_procs > 1 && ecfg.n_nodes <= 1)
+        ecfg.n_nodes = n_procs;
+    if (ecfg.n_ranks % n_procs) {
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%d rank(s) do not split over the job's %d "
+                            "processes", ecfg.n_ranks, n_procs);
         goto fail;
     }
+    FSDP_CHECK(fsdp_backend_check(ec->backend, ec->n_ranks / n_procs, ec->ranks_per_device));
     if (cfg->steps < 0) {
         st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--steps must be >= 0");
         goto fail;
     }
-    if (fsdp_modelfile_is_path(cfg->model)) {
-        /* fine-tuning: shape and initial weights from the file; each rank
-         * reads its own shards of it (engine init_fn) */
-        FSDP_CHECK(fsdp_modelfile_open(&t->mf, cfg->model));
-        gc = *fsdp_modelfile_config(t->mf);
-    } else {
-        FSDP_CHECK(fsdp_gpt2_config_parse(cfg->model, &gc));
-    }
+    /* a model file (fine-tuning) gives the shape and the initial weights;
+     * each rank reads its own shards of it (engine init_fn) */
+    FSDP_CHECK(fsdp_modelfile_resolve(cfg->model, &t->model, &t->mf));
     if (cfg->data && ec->backend != FSDP_BACKEND_META) {
-        FSDP_CHECK(fsdp_data_open(&t->data, cfg->data, 0, ec->seed));
+        /* text and jsonl data: the --tokenizer given, else the model
+         * directory's own tokenizer.json */
+        char own_tok[FSDP_CKPT_PATH_MAX];
+        const char *tok = cfg->tokenizer;
+        if (!tok && fsdp_modelfile_tokenizer_of(cfg->model, own_tok, sizeof own_tok))
+            tok = own_tok;
+        fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = tok,
+                               .chat_format = cfg->chat_format};
+        FSDP_CHECK(fsdp_data_open_opts(&t->data, &dopt));
+        if (fsdp_data_masked(t->data) && t->out) {
+            /* the loss is the mean over completion/assistant targets (engine.c) */
+            uint64_t cut, none;
+            fsdp_data_truncated(t->data, ec->seq, &cut, &none);
+            fprintf(t->out, "data: %llu examples from '%s', one per row of --seq %d, loss on "
+                    "completion/assistant tokens only",
+                    (unsigned long long)fsdp_data_n_examples(t->data), cfg->data, ec->seq);
+            if (cut || none)
+                fprintf(t->out, "; %llu are cut at %d tokens, %llu of them left with no "
+                        "target (raise --seq)", (unsigned long long)cut, ec->seq + 1,
+                        (unsigned long long)none);
+            fprintf(t->out, "\n");
+        }
         int dv = fsdp_data_vocab(t->data);
-        if (dv > gc.vocab_size) {
+        if (dv > t->model.vocab_size) {
             st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                                 "the data uses token ids up to %d but model '%s' has a vocabulary "
                                 "of %d; pick a model with a larger vocabulary",
-                                dv - 1, cfg->model, gc.vocab_size);
+                                dv - 1, cfg->model, t->model.vocab_size);
             goto fail;
         }
     }
-    FSDP_CHECK(fsdp_gpt2_init(&t->model, &gc));
-    if (t->mf)
-        FSDP_CHECK(fsdp_modelfile_bind(t->mf, &t->model));
     if (ec->backend == FSDP_BACKEND_CUDA)
         t->peak_flops = ec->compute_dtype == FSDP_DTYPE_BF16 ? 989e12 : 67e12; /* H100/H200 SXM */
-    t->flops_per_token = 6.0 * (double)t->model.numel +
-                         12.0 * gc.n_layer * (double)gc.n_embd * ec->seq;
-    FSDP_CHECK(fsdp_world_init(&w, ec->n_ranks));
+    t->flops_per_token = t->model.family->flops_per_token(&t->model, ec->seq);
+    FSDP_CHECK(outputs_check(cfg));
+    FSDP_CHECK(fsdp_procs_world_init(&w, cfg->procs, ec->n_ranks / n_procs));
+    t->world = w;
     FSDP_CHECK(fsdp_engine_shared_init(&t->sh, ec, &t->model, t->data, w));
     if (t->mf) {
         t->sh.init_fn = fsdp_modelfile_init_fn;
@@ -430,8 +700,6 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
     }
     if (cfg->ckpt_dir)
         FSDP_CHECK(ckpt_prepare(t));
-    if (cfg->trace_path)
-        FSDP_CHECK(fsdp_trace_init(&t->sh.trace, ec->n_ranks));
     res->n_ranks = ec->n_ranks;
     res->n_units = t->model.n_units;
     res->losses = calloc((size_t)cfg->steps + 1, sizeof(float));
@@ -443,60 +711,93 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         goto fail;
     }
     res->first_step = res->steps = t->start_step;
-    if (cfg->log_path && !(t->log = fopen(cfg->log_path, t->ck_path[0] ? "a" : "w"))) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "cannot open metrics file '%s' for writing",
-                            cfg->log_path);
-        goto fail;
-    }
-    if (cfg->out) {
+    if (t->ck_path[0] && t->start_step >= cfg->steps && t->out) /* loaded, then nothing runs */
+        fprintf(t->out, "resume: checkpoint step %llu already reached --steps %d: nothing left "
+                          "to do (raise --steps to train further)\n",
+                (unsigned long long)t->ck_resume.step, cfg->steps);
+    if (cfg->trace_path)
+        FSDP_CHECK(fsdp_trace_init(&t->sh.trace, ec->n_ranks));
+    if (cfg->log_path && w->process == 0) /* rank 0 writes the metrics */
+        FSDP_CHECK(fsdp_metrics_open(&t->log, cfg->log_path, t->ck_path[0] != '\0', w));
+    if (t->out) {
         char b[32];
-        fprintf(cfg->out,
+        fprintf(t->out,
                 "fsdp train: model %s (%.2fM params, %d units), %d x %s device(s), shard %s, %s, "
-                "batch %d x seq %d x accum %d x %d ranks = %d tokens/step, %d steps\n",
+                "optimizer %s, recompute %s, batch %d x seq %d x accum %d x %d ranks = %llu "
+                "tokens/step, %d steps\n",
                 cfg->model, (double)t->model.numel / 1e6, t->model.n_units, ec->n_ranks,
                 fsdp_backend_name(ec->backend), fsdp_shard_strategy_name(ec->shard),
-                fsdp_dtype_name(ec->compute_dtype), ec->batch, ec->seq, ec->grad_accum,
-                ec->n_ranks, ec->batch * ec->seq * ec->grad_accum * ec->n_ranks, cfg->steps);
+                fsdp_dtype_name(ec->compute_dtype), t->sh.optim->name,
+                fsdp_names_name(&fsdp_recompute_names, (int)ec->recompute), ec->batch, ec->seq,
+                ec->grad_accum, ec->n_ranks, (unsigned long long)tokens_per_step(ec),
+                cfg->steps);
         if (ec->device_mem)
-            fprintf(cfg->out, "device memory cap %s\n",
+            fprintf(t->out, "device memory cap %s\n",
                     fsdp_fmt_bytes(b, sizeof b, (double)ec->device_mem));
         if (ec->backend == FSDP_BACKEND_CPU)
-            fsdp_cpu_print_header(cfg->out, ec->n_ranks, ec->threads_per_device);
+            fsdp_cpu_print_header(t->out, fsdp_device_cpu_devices_on_host(w),
+                                  ec->threads_per_device);
     }
     fsdp_device_cpu_set_threads(ec->threads_per_device); /* read as the cpu devices start */
+    launched = true;
     st = fsdp_world_launch(w, rank_main, t);
+    if (t->stop_st != FSDP_STATUS_OK) {
+        /* stopped early by an error: it comes first, the checkpoint's fate after */
+        if (st != FSDP_STATUS_OK)
+            fsdp_error_set(t->stop_st, "%s; the final checkpoint could not be written: %s",
+                           t->stop_msg, fsdp_error_msg());
+        else if (cfg->ckpt_dir && res->ckpt_step >= 0)
+            fsdp_error_set(t->stop_st, "%s (checkpoint step %d in '%s' holds the last complete "
+                           "step: fix the cause, then resume with --resume)", t->stop_msg,
+                           res->ckpt_step, cfg->ckpt_dir);
+        else
+            fsdp_error_set(t->stop_st, "%s", t->stop_msg);
+        st = t->stop_st;
+    }
     if (st == FSDP_STATUS_OK) {
         res->tokens_per_s = t->tok_s_n ? t->tok_s_sum / t->tok_s_n : 0;
-        int seen = 0, correct = 0;
-        for (int r = 0; r < ec->n_ranks && r < 1024; r++) {
-            seen += t->seen_total[r];
-            correct += t->correct_total[r];
-        }
-        if (seen)
+        int seen = t->eval_seen, correct = t->eval_correct;
+        if (seen && !res->interrupted)
             res->accuracy = (float)correct / (float)seen;
-        if (cfg->out && seen)
-            fprintf(cfg->out, "held-out accuracy: %.1f%% (%d/%d problems, greedy decoding)\n",
+        if (t->out && seen && !res->interrupted)
+            fprintf(t->out, "held-out accuracy: %.1f%% (%d/%d problems, greedy decoding)\n",
                     100.0 * res->accuracy, correct, seen);
-        if (t->sh.trace) {
-            st = fsdp_trace_write(t->sh.trace, cfg->trace_path);
-            if (st == FSDP_STATUS_OK && cfg->out)
-                fprintf(cfg->out, "trace written to %s\n", cfg->trace_path);
-        }
     }
-fail:
-    if (t->log && fclose(t->log) != 0 && st == FSDP_STATUS_OK)
-        st = fsdp_error_set(FSDP_STATUS_IO, "error writing metrics file '%s'", cfg->log_path);
+fail:;
+    /* what was recorded is written whether or not the run succeeded; the
+     * run's own error stays the message */
+    char *keep = st != FSDP_STATUS_OK ? strdup(fsdp_error_msg()) : NULL;
+    if (launched && t->sh.trace) {
+        char path[4096 + 16];
+        trace_path_of(cfg->trace_path, w->process, path, sizeof path);
+        fsdp_status ts = fsdp_trace_write(t->sh.trace, path);
+        if (ts != FSDP_STATUS_OK && st == FSDP_STATUS_OK)
+            st = ts;
+        else if (ts == FSDP_STATUS_OK && t->out)
+            fprintf(t->out, "trace written to %s%s\n", cfg->trace_path,
+                    w->n_processes > 1 ? " (process 0's ranks; process q's beside it, with .q "
+                                         "before the extension)" : "");
+    }
+    fsdp_status ls = fsdp_metrics_close(&t->log);
+    if (ls != FSDP_STATUS_OK && st == FSDP_STATUS_OK)
+        st = ls;
+    if (keep) {
+        fsdp_error_copy(keep);
+        free(keep);
+    }
     fsdp_trace_free(t->sh.trace);
     t->sh.trace = NULL;
+    fsdp_ckpt_dir_unlock(&t->ck_lock);
     fsdp_ckpt_manifest_free(&t->ck_base);
     fsdp_ckpt_manifest_free(&t->ck_resume);
     fsdp_engine_shared_free(&t->sh);
+    fsdp_modelfile_close(t->mf); /* bound to the model: closed first */
     if (t->model.units)
         fsdp_model_free(&t->model);
     if (t->data)
         fsdp_data_close(t->data);
-    fsdp_modelfile_close(t->mf);
     fsdp_world_free(w);
+    pthread_mutex_destroy(&t->mu);
     free(t);
     return st;
 }

@@ -5,15 +5,21 @@
 #ifndef FSDP_TRAIN_TRAIN_H
 #define FSDP_TRAIN_TRAIN_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 
 #include "fsdp/engine.h"
 
+struct fsdp_procs;
+
 typedef struct fsdp_train_config {
-    fsdp_engine_config eng;
-    const char *model;        /* config name or custom spec (models/gpt2.h) */
-    const char *data;         /* "synthetic", FILE.txt or token shard glob */
+    fsdp_engine_config eng;   /* eng.n_ranks: the job's ranks, every process's */
+    struct fsdp_procs *procs; /* the job's processes (comm/procs.h); NULL: one process */
+    const char *model;        /* --model: a spec or a model file (fsdp_modelfile_resolve) */
+    const char *data;         /* "synthetic", FILE.txt, FILE.jsonl or token shard glob */
+    const char *tokenizer;    /* tokenizer.json for .txt/.jsonl data, or NULL (data/data.h) */
+    const char *chat_format;  /* messages rows: a chat format name, or NULL (data/chat.h) */
     int steps;
     float lr;                 /* peak learning rate */
     int warmup;               /* linear warmup steps */
@@ -29,7 +35,14 @@ typedef struct fsdp_train_config {
     int ckpt_every;           /* save every S steps and after the last; 0: after the last only */
     int ckpt_keep;            /* keep the K newest complete checkpoints; 0: all */
     bool resume;              /* start from the newest complete checkpoint in ckpt_dir, if any */
-    int stop_after;           /* tests: leave the loop after this global step (0: run to steps) */
+    bool allow_batch_change;  /* resume with another global batch (fsdp/engine_ckpt.h) */
+    int stop_after;           /* tests: leave the loop after this global step as a crash
+                               * would, without a final checkpoint (0: run to steps) */
+    const atomic_int *stop;   /* set (nonzero) to stop early: the step in progress finishes,
+                               * a checkpoint is written (with ckpt_dir), the metrics and the
+                               * trace are flushed, and the run returns OK with
+                               * res->interrupted. Read between steps (and between evaluation
+                               * batches); a signal handler may set it. NULL: none. */
 } fsdp_train_config;
 
 typedef struct fsdp_train_result {
@@ -43,13 +56,31 @@ typedef struct fsdp_train_result {
     int n_units;
     int n_ranks;
     double tokens_per_s;      /* mean over steps after the first */
+    bool interrupted;         /* stopped early by cfg->stop */
+    int n_skipped;            /* steps whose update was dropped (eng.skip_nonfinite) */
+    int ckpt_step;            /* the newest checkpoint this run wrote (its step), or -1 */
 } fsdp_train_result;
 
 /* Defaults for every field (the `fsdp train` defaults). */
 void fsdp_train_config_default(fsdp_train_config *cfg);
 
 /* Run training. On failure the result is partial and the message says
- * which rank failed and why. */
+ * which rank failed and why. In a job of several processes every process
+ * calls it with the same configuration (and its own procs); the result's
+ * losses, figures, parameters and accuracy are process 0's (rank 0's).
+ *
+ * Outputs are checked before step 1: ckpt_dir is created and must take a
+ * file, trace_path and log_path must be writable. Between steps the ranks
+ * agree whether to stop (fsdp_engine_or, every process of the job): on
+ * cfg->stop, when a write of the metrics file failed, when a data file
+ * changed or could not be read. Stopping writes a final checkpoint of the
+ * last complete step (with ckpt_dir) before returning the error (or OK
+ * with res->interrupted for cfg->stop). A step whose loss or gradient norm
+ * is not finite stops the run with NONFINITE naming the step, after a
+ * checkpoint of the state before it, or with eng.skip_nonfinite is dropped
+ * (its update not applied) and counted in res->n_skipped; a checkpoint of
+ * non-finite parameters is never written. A resume from a checkpoint at or
+ * past cfg->steps runs nothing (res->first_step == res->steps == its step). */
 fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res);
 void fsdp_train_result_free(fsdp_train_result *res);
 

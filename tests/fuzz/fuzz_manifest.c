@@ -1,25 +1,52 @@
 /*
- * fuzz_manifest.c - libFuzzer target for checkpoint manifests
- * (fsdp_ckpt_manifest_read), and for manifests that parse and describe a
- * GPT-2, the check against the model built from them.
+ * fuzz_manifest.c - libFuzzer target for checkpoint manifests of every
+ * version (fsdp_ckpt_manifest_read). Whatever the reader accepts must hold
+ * together: the model it records builds and its unit lines are that
+ * model's, the model checks against the manifest, and writing the manifest
+ * back (always the current version) and reading it again gives the same
+ * model, units and run fields.
  */
 #include "ckpt/ckpt.h"
 #include "fuzz_common.h"
 
+static const char *second_path(void)
+{
+    static char p[256];
+    if (!p[0])
+        snprintf(p, sizeof p, "/tmp/fsdp_fuzz_%ld.rewritten", (long)getpid());
+    return p;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *path = fuzz_temp_file(data, size, ".manifest");
-    fsdp_ckpt_manifest man;
+    fsdp_ckpt_manifest man, back;
     if (fsdp_ckpt_manifest_read(path, &man) != FSDP_STATUS_OK)
         return 0;
     fsdp_model m;
-    if (man.has_gpt2 && fsdp_gpt2_init(&m, &man.gpt2) == FSDP_STATUS_OK) {
-        (void)fsdp_ckpt_manifest_check_model(&man, path, &m);
-        fsdp_model_free(&m);
-    }
+    if (fsdp_ckpt_manifest_model(&man, path, &m) != FSDP_STATUS_OK)
+        abort(); /* the reader accepted a model it cannot rebuild */
+    if (fsdp_ckpt_manifest_check_model(&man, path, &m) != FSDP_STATUS_OK)
+        abort(); /* ... or one that does not match its own lines */
     for (int u = 0; u < man.n_units; u++)
         for (int r = 0; r < 3; r++)
             (void)fsdp_ckpt_shard_first(&man, u, r);
+    const char *again = second_path();
+    if (fsdp_ckpt_manifest_write(again, &man) != FSDP_STATUS_OK ||
+        fsdp_ckpt_manifest_read(again, &back) != FSDP_STATUS_OK)
+        abort(); /* an accepted manifest must survive a rewrite */
+    if (strcmp(back.model_family, man.model_family) ||
+        strcmp(back.model_config, man.model_config) || back.n_units != man.n_units ||
+        back.step != man.step || back.world_size != man.world_size ||
+        back.data_sequences != man.data_sequences || back.version != FSDP_CKPT_VERSION)
+        abort();
+    for (int u = 0; u < man.n_units; u++)
+        if (back.units[u].shard_numel != man.units[u].shard_numel ||
+            back.units[u].n_params != man.units[u].n_params)
+            abort();
+    unlink(again);
+    fsdp_ckpt_manifest_free(&back);
+    fsdp_model_free(&m);
     fsdp_ckpt_manifest_free(&man);
     return 0;
 }

@@ -170,9 +170,27 @@ void fsdp_cpu_xent_fwd_bwd(fsdp_op_ctx *ctx, float *losses, float *dlogits, cons
 void fsdp_cpu_adamw(fsdp_op_ctx *ctx, float *p, const float *grad, float *m, float *v, size_t n,
                     float lr, float b1, float b2, float eps, float wd, float bc1, float bc2,
                     float grad_scale, void *p_out, fsdp_dtype out_dt);
+void fsdp_cpu_sgd(fsdp_op_ctx *ctx, float *p, const float *grad, float *buf, size_t n, float lr,
+                  float mu, float wd, float grad_scale, void *p_out, fsdp_dtype out_dt);
 void fsdp_cpu_cast(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void *src, fsdp_dtype sdt,
                    size_t n);
 void fsdp_cpu_add(fsdp_op_ctx *ctx, float *dst, const float *a, const float *b, size_t n);
 void fsdp_cpu_sumsq_blocks(fsdp_op_ctx *ctx, float *out, const float *x, size_t n);
+void fsdp_cpu_rmsnorm_fwd(fsdp_op_ctx *ctx, void *out, float *rstd, const void *inp,
+                          const void *w, float eps, int N, int C);
+void fsdp_cpu_rmsnorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, const float *dout,
+                          const void *inp, const void *w, const float *rstd, int N, int C);
+void fsdp_cpu_rope_fwd(fsdp_op_ctx *ctx, void *x, const float *inv_freq, const int *pos, int B,
+                       int T, int n_heads, int hd, int stride);
+void fsdp_cpu_rope_bwd(fsdp_op_ctx *ctx, float *dx, const float *inv_freq, const int *pos, int B,
+                       int T, int n_heads, int hd, int stride);
+void fsdp_cpu_swiglu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, int N, int IC);
+void fsdp_cpu_swiglu_bwd(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout, int N,
+                         int IC);
+void fsdp_cpu_attention_gqa_fwd(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv,
+                                const int *pos, int B, int T, int NH, int NKV, int hd);
+void fsdp_cpu_attention_gqa_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt, const float *dout,
+                                const void *qkv, const void *att, int B, int T, int NH, int NKV,
+                                int hd);
 
 #endif /* FSDP_OPS_CPU_CPU_OPS_H */

@@ -15,9 +15,14 @@
 #define GELU_S 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_A 0.044715f
 
+/* The clamp also sends NaN to 9 (both compares are false for it), so
+ * fsdp_cpu_exp never converts NaN or infinity to an integer (undefined
+ * behaviour); NaN still propagates through gelu's factor x. Finite
+ * inputs give the same bits as a plain clamp. */
 static inline float tanh_fast(float u)
 {
-    u = u > 9.0f ? 9.0f : (u < -9.0f ? -9.0f : u);
+    u = u < 9.0f ? u : 9.0f;
+    u = u > -9.0f ? u : -9.0f;
     return 1.0f - 2.0f / (fsdp_cpu_exp(2.0f * u) + 1.0f);
 }
 

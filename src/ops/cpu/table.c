@@ -20,8 +20,17 @@ const struct fsdp_ops_i fsdp_ops_cpu_i = {
     /* .residual_fwd   = */ fsdp_cpu_residual_fwd,
     /* .xent_fwd_bwd   = */ fsdp_cpu_xent_fwd_bwd,
     /* .adamw          = */ fsdp_cpu_adamw,
+    /* .sgd            = */ fsdp_cpu_sgd,
     /* .cast           = */ fsdp_cpu_cast,
     /* .add            = */ fsdp_cpu_add,
     /* .sumsq_blocks   = */ fsdp_cpu_sumsq_blocks,
     /* .sync_error     = */ fsdp_cpu_ops_sync_error, /* scratch OOM */
+    /* .rmsnorm_fwd    = */ fsdp_cpu_rmsnorm_fwd,
+    /* .rmsnorm_bwd    = */ fsdp_cpu_rmsnorm_bwd,
+    /* .rope_fwd       = */ fsdp_cpu_rope_fwd,
+    /* .rope_bwd       = */ fsdp_cpu_rope_bwd,
+    /* .swiglu_fwd     = */ fsdp_cpu_swiglu_fwd,
+    /* .swiglu_bwd     = */ fsdp_cpu_swiglu_bwd,
+    /* .attention_gqa_fwd = */ fsdp_cpu_attention_gqa_fwd,
+    /* .attention_gqa_bwd = */ fsdp_cpu_attention_gqa_bwd,
 };

@@ -5,6 +5,7 @@
  *   losses[i]  = log(sum_j exp(l_j - max)) - (l_target - max)
  *   dlogits[i] = (exp(l_j - max) / sum - [j == target]) * dloss,  j < V
  *   dlogits[i][V..Vp) = 0.
+ * A target < 0 masks its row: loss 0 and a zero gradient row.
  * dlogits is written (=), not accumulated: it is the head's output gradient
  * and may alias logits when ctx->dt is fp32.
  *
@@ -23,6 +24,16 @@
 
 #define XENT_LANES 16
 #define XENT_EXP_MIN -87.0f
+
+/* e^a for a = l_j - max <= 0: below -87 as e^-87; NaN stays NaN (the
+ * clamp's compare sends it to -87 first, so fsdp_cpu_exp never converts NaN
+ * to an integer, which is undefined behaviour), so the loss is NaN as with
+ * libm and the trainer sees it. */
+static inline float exp_arg(float a)
+{
+    float v = fsdp_cpu_exp(a > XENT_EXP_MIN ? a : XENT_EXP_MIN);
+    return a == a ? v : a;
+}
 
 /* The row kernels, compiled for the build's baseline and for AVX2 and
  * picked at run time (as gelu.c: no ifunc, which breaks the sanitizers). */
@@ -50,10 +61,8 @@
         float buf[XENT_LANES];                                                               \
         int j = 0;                                                                           \
         for (; j + XENT_LANES <= V; j += XENT_LANES) {                                       \
-            for (int l = 0; l < XENT_LANES; l++) {                                           \
-                float a = x[j + l] - maxv;                                                   \
-                buf[l] = fsdp_cpu_exp(a < XENT_EXP_MIN ? XENT_EXP_MIN : a);                  \
-            }                                                                                \
+            for (int l = 0; l < XENT_LANES; l++)                                             \
+                buf[l] = exp_arg(x[j + l] - maxv);                                           \
             for (int l = 0; l < XENT_LANES; l++)                                             \
                 s[l] += (double)buf[l];                                                      \
             if (e)                                                                           \
@@ -65,8 +74,7 @@
                 s[l] += s[l + w];                                                            \
         double sum = s[0];                                                                   \
         for (; j < V; j++) {                                                                 \
-            float a = x[j] - maxv;                                                           \
-            float v = fsdp_cpu_exp(a < XENT_EXP_MIN ? XENT_EXP_MIN : a);                     \
+            float v = exp_arg(x[j] - maxv);                                                  \
             sum += (double)v;                                                                \
             if (e)                                                                           \
                 e[j] = v;                                                                    \
@@ -110,8 +118,16 @@ static void xent_rows(void *arg, size_t begin, size_t end, int worker)
             row = (const float *)j->logits + off;
         }
         int tgt = j->targets[i];
-        FSDP_ASSERT(tgt >= 0 && tgt < V);
+        FSDP_ASSERT(tgt < V);
         float *d = j->dlogits ? j->dlogits + off : NULL;
+        if (tgt < 0) { /* masked: no loss, no gradient */
+            if (j->losses)
+                j->losses[i] = 0.0f;
+            if (d)
+                for (int c = 0; c < Vp; c++)
+                    d[c] = 0.0f;
+            continue;
+        }
         float maxv = j->avx2 ? row_max_avx2(row, V) : row_max_base(row, V);
         float lt = row[tgt] - maxv; /* before d (maybe row) is overwritten */
         double sum = j->avx2 ? exp_sum_avx2(row, d, V, maxv) : exp_sum_base(row, d, V, maxv);

@@ -30,8 +30,8 @@
 
 typedef struct fsdp_ops_cuda_state {
     cublasHandle_t blas;        /* bound to ctx->stream */
-    void *blas_ws;              /* cuBLAS workspace (device), FSDP_CUDA_BLAS_WS_BYTES */
-    void *scratch;              /* op scratch (device), grown on demand */
+    void *blas_ws;              /* cuBLAS workspace (device, own), FSDP_CUDA_BLAS_WS_BYTES */
+    void *scratch;              /* op scratch (device, own), grown on demand */
     size_t scratch_bytes;
     int n_sms;
     fsdp_status err;            /* first failure, FSDP_STATUS_OK if none */
@@ -63,9 +63,9 @@ static inline bool fsdp_ops_cuda_ok(fsdp_op_ctx *ctx)
 bool fsdp_ops_cuda_launched(fsdp_op_ctx *ctx, const char *op);
 
 /* Device scratch of at least `bytes` for the op running now, valid until
- * the next op on ctx->stream. Growing synchronises ctx->stream first (so
- * the old buffer is idle), which only happens in the first steps. Returns
- * NULL (and records OOM) on failure. */
+ * the next op on ctx->stream. Growing (first steps only) hands the old
+ * buffer back to the device's cache, stream-ordered, without a sync.
+ * Returns NULL (and records OOM) on failure. */
 void *fsdp_ops_cuda_scratch(fsdp_op_ctx *ctx, size_t bytes, const char *op);
 
 /* C (m x n, column-major, ldc, type ctype) = alpha op(A) op(B) + beta C for
@@ -190,8 +190,27 @@ void fsdp_ops_cuda_xent_fwd_bwd(fsdp_op_ctx *ctx, float *losses, float *dlogits,
 void fsdp_ops_cuda_adamw(fsdp_op_ctx *ctx, float *p, const float *grad, float *m, float *v,
                          size_t n, float lr, float b1, float b2, float eps, float wd, float bc1,
                          float bc2, float grad_scale, void *p_out, fsdp_dtype out_dt);
+void fsdp_ops_cuda_sgd(fsdp_op_ctx *ctx, float *p, const float *grad, float *buf, size_t n,
+                       float lr, float mu, float wd, float grad_scale, void *p_out,
+                       fsdp_dtype out_dt);
 void fsdp_ops_cuda_cast(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void *src,
                         fsdp_dtype sdt, size_t n);
 void fsdp_ops_cuda_sumsq_blocks(fsdp_op_ctx *ctx, float *out, const float *x, size_t n);
+void fsdp_ops_cuda_rmsnorm_fwd(fsdp_op_ctx *ctx, void *out, float *rstd, const void *inp,
+                               const void *w, float eps, int N, int C);
+void fsdp_ops_cuda_rmsnorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, const float *dout,
+                               const void *inp, const void *w, const float *rstd, int N, int C);
+void fsdp_ops_cuda_rope_fwd(fsdp_op_ctx *ctx, void *x, const float *inv_freq, const int *pos,
+                            int B, int T, int n_heads, int hd, int stride);
+void fsdp_ops_cuda_rope_bwd(fsdp_op_ctx *ctx, float *dx, const float *inv_freq, const int *pos,
+                            int B, int T, int n_heads, int hd, int stride);
+void fsdp_ops_cuda_swiglu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, int N, int IC);
+void fsdp_ops_cuda_swiglu_bwd(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout,
+                              int N, int IC);
+void fsdp_ops_cuda_attention_gqa_fwd(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv,
+                                     const int *pos, int B, int T, int NH, int NKV, int hd);
+void fsdp_ops_cuda_attention_gqa_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt,
+                                     const float *dout, const void *qkv, const void *att, int B,
+                                     int T, int NH, int NKV, int hd);
 
 #endif /* FSDP_OPS_CUDA_COMMON_CUH */

@@ -6,14 +6,17 @@
  * staging).
  *
  * One state per fsdp_op_ctx, created by fsdp_ops_cuda_init on the rank's
- * thread after fsdp_device_init (which called cudaSetDevice). Memory comes
- * from fsdp_device_alloc, so it is counted against the device like every
- * other allocation (kind "other").
+ * thread after fsdp_device_init (which called cudaSetDevice). The cuBLAS
+ * workspace and the scratch are the backend's own buffers
+ * (fsdp_cuda_device_alloc_own): they come from the device's block cache
+ * and show in its reserved bytes, not in the bytes in use, which stay
+ * exactly what the cpu backend and the planner count.
  */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "device/cuda_device.h"
 #include "ops/cuda/common.cuh"
 
 /* ---- kernels -------------------------------------------------------------- */
@@ -95,19 +98,14 @@ void *fsdp_ops_cuda_scratch(fsdp_op_ctx *ctx, size_t bytes, const char *op)
         return NULL;
     if (bytes <= s->scratch_bytes)
         return s->scratch;
-    /* The old buffer may still be read by queued kernels of ctx->stream.
-     * The device's sync gives up (ABORTED) if another rank fails meanwhile. */
-    fsdp_status sst = fsdp_device_stream_sync(ctx->dev, ctx->stream);
-    if (sst != FSDP_STATUS_OK) {
-        fsdp_ops_cuda_fail(ctx, sst, op, "before growing the scratch: %s", fsdp_error_msg());
-        return NULL;
-    }
-    fsdp_device_free(ctx->dev, s->scratch);
+    /* Queued kernels may still read the old buffer: the device's cache
+     * keeps it until they are done (stream-ordered free, no sync here). */
+    fsdp_cuda_device_free_own(ctx->dev, s->scratch);
     s->scratch = NULL;
     s->scratch_bytes = 0;
     size_t want = bytes + bytes / 4; /* some headroom: shapes grow in steps */
     void *p = NULL;
-    fsdp_status st = fsdp_device_alloc(ctx->dev, want, FSDP_MEM_OTHER, "cuda op scratch", &p);
+    fsdp_status st = fsdp_cuda_device_alloc_own(ctx->dev, want, "cuda op scratch", &p);
     if (st != FSDP_STATUS_OK) {
         fsdp_ops_cuda_fail(ctx, st, op, "%s", fsdp_error_msg());
         return NULL;
@@ -196,20 +194,17 @@ static void cuda_ops_fini(fsdp_op_ctx *ctx)
     fsdp_ops_cuda_state *s = fsdp_ops_cuda_st(ctx);
     if (!s)
         return;
-    /* Queued ops may still use the workspace and scratch. If the stream
-     * cannot finish (another rank failed and this GPU waits on a collective
-     * that will never complete), do not block: cublasDestroy and cudaFree
-     * would wait for the whole device. The handle is then left behind and
-     * the buffers are released by fsdp_device_fini, after the communicator
-     * has been aborted. */
-    if (fsdp_device_stream_sync(ctx->dev, ctx->stream) == FSDP_STATUS_OK) {
-        if (s->blas)
-            cublasDestroy(s->blas);
-        fsdp_device_free(ctx->dev, s->blas_ws);
-        fsdp_device_free(ctx->dev, s->scratch);
-    } else {
-        fsdp_error_clear();
-    }
+    /* Queued ops may still use the handle. If the stream cannot finish
+     * (another rank failed; the device's wait then stopped this rank's
+     * collectives and gave up), the handle is left behind rather than
+     * risk cublasDestroy waiting for the device. The buffers go back to
+     * the device's cache either way (stream-ordered). The error of a
+     * failed sync stays on the thread; the thread's first error, the one
+     * the user sees, is not replaced by it (core/error.h). */
+    if (fsdp_device_stream_sync(ctx->dev, ctx->stream) == FSDP_STATUS_OK && s->blas)
+        cublasDestroy(s->blas);
+    fsdp_cuda_device_free_own(ctx->dev, s->blas_ws);
+    fsdp_cuda_device_free_own(ctx->dev, s->scratch);
     free(s);
     ctx->backend = NULL;
 }
@@ -242,10 +237,19 @@ static const struct fsdp_ops_i cuda_ops_i = {
     /* .residual_fwd  = */ fsdp_ops_cuda_residual_fwd,
     /* .xent_fwd_bwd  = */ fsdp_ops_cuda_xent_fwd_bwd,
     /* .adamw         = */ fsdp_ops_cuda_adamw,
+    /* .sgd           = */ fsdp_ops_cuda_sgd,
     /* .cast          = */ fsdp_ops_cuda_cast,
     /* .add           = */ fsdp_ops_cuda_add,
     /* .sumsq_blocks  = */ fsdp_ops_cuda_sumsq_blocks,
     /* .sync_error    = */ cuda_ops_sync_error,
+    /* .rmsnorm_fwd   = */ fsdp_ops_cuda_rmsnorm_fwd,
+    /* .rmsnorm_bwd   = */ fsdp_ops_cuda_rmsnorm_bwd,
+    /* .rope_fwd      = */ fsdp_ops_cuda_rope_fwd,
+    /* .rope_bwd      = */ fsdp_ops_cuda_rope_bwd,
+    /* .swiglu_fwd    = */ fsdp_ops_cuda_swiglu_fwd,
+    /* .swiglu_bwd    = */ fsdp_ops_cuda_swiglu_bwd,
+    /* .attention_gqa_fwd = */ fsdp_ops_cuda_attention_gqa_fwd,
+    /* .attention_gqa_bwd = */ fsdp_ops_cuda_attention_gqa_bwd,
 };
 
 extern "C" const struct fsdp_ops_i *fsdp_ops_cuda_iface(void) { return &cuda_ops_i; }
@@ -279,8 +283,8 @@ extern "C" fsdp_status fsdp_ops_cuda_init(fsdp_op_ctx *ctx)
                             dev->rank, dev->ordinal, fsdp_cublas_str(brc));
         goto fail;
     }
-    FSDP_CHECK(fsdp_device_alloc(dev, FSDP_CUDA_BLAS_WS_BYTES, FSDP_MEM_OTHER, "cuBLAS workspace",
-                                 &s->blas_ws));
+    FSDP_CHECK(fsdp_cuda_device_alloc_own(dev, FSDP_CUDA_BLAS_WS_BYTES, "cuBLAS workspace",
+                                          &s->blas_ws));
     /* cublasSetStream resets the workspace, so the stream comes first. */
     brc = cublasSetStream(s->blas, fsdp_ops_cuda_stream(ctx));
     if (brc == CUBLAS_STATUS_SUCCESS)
@@ -300,7 +304,7 @@ extern "C" fsdp_status fsdp_ops_cuda_init(fsdp_op_ctx *ctx)
 fail:
     if (s->blas)
         cublasDestroy(s->blas);
-    fsdp_device_free(dev, s->blas_ws);
+    fsdp_cuda_device_free_own(dev, s->blas_ws);
     free(s);
     ctx->backend = NULL;
     return st;

@@ -5,6 +5,7 @@
  *   losses[i]  = log(sum_j exp(l_j - max)) - (l_target - max)
  *   dlogits[i] = (exp(l_j - max) / sum - [j == target]) * dloss,  j < V
  *   dlogits[i][V..Vp) = 0.
+ * A target < 0 masks its row: loss 0 and a zero gradient row.
  * Written (=), not accumulated. No probability buffer: the row is read
  * once for the max, once for the exp-sum (taken in double, like the cpu),
  * and once more to write the gradient. dlogits may alias logits (fp32):
@@ -65,6 +66,14 @@ __global__ void xent_kernel(float *losses, float *dlogits, const T *logits, cons
     size_t off = (size_t)blockIdx.x * Vp;
     const T *x = logits + off;
     int tgt = targets[blockIdx.x];
+    if (tgt < 0) { /* masked, the whole block alike: no loss, no gradient, no barrier */
+        if (losses && threadIdx.x == 0)
+            losses[blockIdx.x] = 0.0f;
+        if (dlogits)
+            for (int j = threadIdx.x; j < Vp; j += blockDim.x)
+                dlogits[off + j] = 0.0f;
+        return;
+    }
 
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < V; j += blockDim.x)

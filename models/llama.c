@@ -1,0 +1,752 @@
+/*
+ * llama.c - the Llama family on the op interface: the unit and parameter
+ * layout (models/llama.h) and forward/backward per unit. Configs, named
+ * shapes and the family entry are in llama_family.c, the weight-file names
+ * and Hugging Face config.json in llama_weights.c.
+ *
+ * The math is transformers' LlamaForCausalLM (Qwen2ForCausalLM with q/k/v
+ * biases), expressed only through src/ops calls so the same code runs on
+ * cpu, cuda and meta; the model never reads or writes buffer contents
+ * itself. The fused layouts of the unit (q|k|v rows, gate|up rows, and the
+ * q|k|v biases) make each projection one matmul: the fused qkv rows are
+ * exactly what rope_fwd and attention_gqa_fwd read, and [gate | up] is
+ * swiglu_fwd's input.
+ *
+ * Token embeddings are the embed op with one all-zero position row: the
+ * B*T tokens are passed as B*T sequences of length 1, so every token adds
+ * row 0 of a (1, C) zero table (x + 0 = x exactly, in fp32 and in bf16),
+ * and the backward (dwpe NULL) adds the rows in the same (b, t) order.
+ *
+ * Activations follow GPT-2's layout (gpt2.c): per layer what backward needs
+ * (ln1 + rstd, qkv after rope, atty, att, residual2, ln2 + rstd, gate|up,
+ * swiglu output, residual3). A recompute mode (models/model.h) keeps some
+ * of them per layer and one shared copy of the rest, which unit_recompute
+ * rebuilds before each layer's backward: block keeps residual3 (the next
+ * layer's input), elementwise keeps qkv (rotated), atty, att, residual2,
+ * gate|up and residual3 and reruns the RMSNorms and the SwiGLU.
+ * Forward-only states keep one layer's set and reuse it for every layer;
+ * training states add fp32 gradient scratch reused across layers. The rope
+ * frequency table (hd/2 floats, from rope_table.h) and the zero position
+ * row live in the state, allocated through the device like the rest.
+ */
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "models/llama.h"
+#include "models/registry.h"
+
+/* ---- parameter layout ---------------------------------------------------- */
+
+enum { ROOT_EMBED = 0, ROOT_NORM, ROOT_HEAD, ROOT_N_PARAMS };
+enum {
+    BLK_LN1 = 0,
+    BLK_Q,    /* q, k, v: one (QS, C) matrix */
+    BLK_K,
+    BLK_V,
+    BLK_O,
+    BLK_LN2,
+    BLK_GATE, /* gate, up: one (2 IC, C) matrix */
+    BLK_UP,
+    BLK_DOWN,
+    BLK_QB,   /* q, k, v biases (qkv_bias only): one (QS,) vector */
+    BLK_KB,
+    BLK_VB,
+    BLK_N_PARAMS
+};
+
+static void add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d1,
+                      fsdp_init_kind init, bool decay)
+{
+    fsdp_param_spec *p = &u->params[u->n_params++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = d1 ? 2 : 1;
+    p->shape[0] = d0;
+    p->shape[1] = d1;
+    p->numel = (size_t)d0 * (size_t)(d1 ? d1 : 1);
+    p->offset = u->numel;
+    p->init = init;
+    p->std = init == FSDP_INIT_NORMAL ? 0.02f : 0.0f; /* HF initializer_range */
+    p->decay = decay;
+    u->numel += p->numel;
+}
+
+static const struct fsdp_model_i llama_model_i;
+
+fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
+{
+    if (!m)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "fsdp_llama_init: model is NULL");
+    memset(m, 0, sizeof *m);
+    FSDP_TRY(fsdp_llama_config_validate(cfg));
+    const int L = cfg->n_layer, C = cfg->n_embd, hd = cfg->head_dim, IC = cfg->n_inter;
+    const int64_t QH = (int64_t)cfg->n_head * hd, KVH = (int64_t)cfg->n_kv_head * hd;
+    fsdp_status st = FSDP_STATUS_OK;
+
+    fsdp_llama_config *impl = malloc(sizeof *impl);
+    m->units = calloc((size_t)L + 1, sizeof *m->units);
+    if (!impl || !m->units) {
+        free(impl);
+        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation for a %d-layer Llama failed", L);
+        goto fail;
+    }
+    *impl = *cfg;
+    m->impl = impl;
+    m->n_units = L + 1;
+    m->iface = &llama_model_i;
+    m->family = &fsdp_llama_family;
+    fsdp_llama_config_format(cfg, m->config, sizeof m->config);
+    fsdp_model_spec_of(m, m->name, sizeof m->name);
+    m->vocab_size = cfg->vocab_size;
+    m->padded_vocab_size = cfg->padded_vocab_size;
+    m->max_seq_len = cfg->max_seq_len;
+    m->n_layer = cfg->n_layer;
+    m->n_head = cfg->n_head;
+    m->n_embd = cfg->n_embd;
+
+    fsdp_unit_spec *root = &m->units[0];
+    snprintf(root->name, sizeof root->name, "root");
+    root->params = calloc(ROOT_N_PARAMS, sizeof *root->params);
+    if (!root->params) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of Llama parameter specs failed");
+        goto fail;
+    }
+    add_param(root, "model.embed_tokens.weight", cfg->padded_vocab_size, C, FSDP_INIT_NORMAL,
+              true);
+    add_param(root, "model.norm.weight", C, 0, FSDP_INIT_ONES, false);
+    if (!cfg->tied)
+        add_param(root, "lm_head.weight", cfg->padded_vocab_size, C, FSDP_INIT_NORMAL, true);
+    m->numel = root->numel;
+
+    for (int l = 0; l < L; l++) {
+        fsdp_unit_spec *u = &m->units[1 + l];
+        snprintf(u->name, sizeof u->name, "layers.%d", l);
+        u->params = calloc(BLK_N_PARAMS, sizeof *u->params);
+        if (!u->params) {
+            st = fsdp_error_set(FSDP_STATUS_OOM,
+                                "host allocation of Llama parameter specs failed");
+            goto fail;
+        }
+        char name[64];
+#define BLK_PARAM(suffix, d0, d1, init, decay)                                           \
+    do {                                                                                 \
+        snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);                    \
+        add_param(u, name, d0, d1, init, decay);                                         \
+    } while (0)
+        BLK_PARAM("input_layernorm.weight", C, 0, FSDP_INIT_ONES, false);
+        BLK_PARAM("self_attn.q_proj.weight", QH, C, FSDP_INIT_NORMAL, true);
+        BLK_PARAM("self_attn.k_proj.weight", KVH, C, FSDP_INIT_NORMAL, true);
+        BLK_PARAM("self_attn.v_proj.weight", KVH, C, FSDP_INIT_NORMAL, true);
+        BLK_PARAM("self_attn.o_proj.weight", C, QH, FSDP_INIT_NORMAL, true);
+        BLK_PARAM("post_attention_layernorm.weight", C, 0, FSDP_INIT_ONES, false);
+        BLK_PARAM("mlp.gate_proj.weight", IC, C, FSDP_INIT_NORMAL, true);
+        BLK_PARAM("mlp.up_proj.weight", IC, C, FSDP_INIT_NORMAL, true);
+        BLK_PARAM("mlp.down_proj.weight", C, IC, FSDP_INIT_NORMAL, true);
+        if (cfg->qkv_bias) {
+            BLK_PARAM("self_attn.q_proj.bias", QH, 0, FSDP_INIT_ZEROS, false);
+            BLK_PARAM("self_attn.k_proj.bias", KVH, 0, FSDP_INIT_ZEROS, false);
+            BLK_PARAM("self_attn.v_proj.bias", KVH, 0, FSDP_INIT_ZEROS, false);
+        }
+#undef BLK_PARAM
+        m->numel += u->numel;
+    }
+    return FSDP_STATUS_OK;
+
+fail:
+    fsdp_model_free(m);
+    return st;
+}
+
+const fsdp_llama_config *fsdp_llama_config_of(const fsdp_model *m)
+{
+    return m && m->iface == &llama_model_i ? (const fsdp_llama_config *)m->impl : NULL;
+}
+
+/* ---- activations --------------------------------------------------------- */
+
+/* Saved activations of one decoder layer; shapes per micro-batch (B, T),
+ * QS = (NH + 2 NKV) hd, AH = NH hd. */
+typedef struct llama_layer_acts {
+    void *ln1;             /* (B,T,C) dt */
+    float *ln1_rstd;       /* (B,T) */
+    void *qkv;             /* (B,T,QS) dt, q and k rotated */
+    void *atty;            /* (B,T,AH) dt */
+    void *att;             /* (B,NH,T,T) dt, softmax */
+    void *residual2;       /* (B,T,C) dt */
+    void *ln2;             /* (B,T,C) dt */
+    float *ln2_rstd;       /* (B,T) */
+    void *gu;              /* (B,T,2IC) dt: [gate | up] */
+    void *swi;             /* (B,T,IC) dt: silu(gate) * up */
+    void *residual3;       /* (B,T,C) dt: the layer's output */
+} llama_layer_acts;
+
+/* The fields of llama_layer_acts in allocation order, with their width per
+ * token and the recompute modes that keep them per layer (models/model.h;
+ * gpt2.c has the same table). A field a mode does not keep is one buffer
+ * shared by every layer, written by each layer's forward and rebuilt by
+ * unit_recompute before its backward. Outputs of one op (a norm and its
+ * rstd, attention's output and softmax) share a keep set. RoPE rotates qkv
+ * in place and attention's backward reads only the rotated qkv, so keeping
+ * the rotated qkv costs no byte more than keeping the matmul's output:
+ * elementwise keeps it and never reruns RoPE. Forward-only states keep
+ * nothing per layer. */
+enum {
+    ACT_LN1 = 0, ACT_LN1_RSTD, ACT_QKV, ACT_ATTY, ACT_ATT, ACT_RESIDUAL2, ACT_LN2, ACT_LN2_RSTD,
+    ACT_GU, ACT_SWI, ACT_RESIDUAL3, ACT_N_FIELDS
+};
+
+/* Width of a field per token. */
+typedef enum act_width {
+    W_C = 0, /* C in dt */
+    W_QS,    /* (NH + 2 NKV) hd in dt */
+    W_AH,    /* NH hd in dt */
+    W_ATT,   /* NH T in dt: the softmax */
+    W_2IC,   /* 2 IC in dt */
+    W_IC,    /* IC in dt */
+    W_STAT,  /* one fp32: a norm's rstd */
+} act_width;
+
+#define KEEP(mode) (1u << (mode))
+#define K_EVERY_MODE \
+    (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_BLOCK) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
+#define K_NONE_ELEMENTWISE (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
+#define K_NONE_ONLY KEEP(FSDP_RECOMPUTE_NONE)
+
+typedef struct act_field {
+    const char *name;
+    size_t offset;    /* in llama_layer_acts */
+    act_width width;
+    unsigned keep;    /* KEEP(mode) for the modes that keep it per layer */
+} act_field;
+
+#define ACT_FIELD(f, name, width, keep) {name, offsetof(llama_layer_acts, f), width, keep}
+static const act_field act_fields[ACT_N_FIELDS] = {
+    ACT_FIELD(ln1, "ln1", W_C, K_NONE_ONLY),
+    ACT_FIELD(ln1_rstd, "ln1_rstd", W_STAT, K_NONE_ONLY),
+    ACT_FIELD(qkv, "qkv", W_QS, K_NONE_ELEMENTWISE),
+    ACT_FIELD(atty, "atty", W_AH, K_NONE_ELEMENTWISE),
+    ACT_FIELD(att, "att", W_ATT, K_NONE_ELEMENTWISE),
+    ACT_FIELD(residual2, "residual2", W_C, K_NONE_ELEMENTWISE),
+    ACT_FIELD(ln2, "ln2", W_C, K_NONE_ONLY),
+    ACT_FIELD(ln2_rstd, "ln2_rstd", W_STAT, K_NONE_ONLY),
+    ACT_FIELD(gu, "gate_up", W_2IC, K_NONE_ELEMENTWISE),
+    ACT_FIELD(swi, "swiglu", W_IC, K_NONE_ONLY),
+    ACT_FIELD(residual3, "residual3", W_C, K_EVERY_MODE),
+};
+#undef ACT_FIELD
+
+typedef struct llama_state {
+    int B, T;
+    bool training;
+    fsdp_recompute mode;      /* training states: what each layer keeps (act_fields) */
+    llama_layer_acts *layers; /* (L,); fields a layer does not keep point at layers[0]'s */
+
+    int *tokens;              /* (B*T) int32 */
+    int *targets;             /* (B*T) int32, < 0: no loss */
+    void *zero_pos;           /* (1,C) dt, zeros: the embed op's position row */
+    float *inv_freq;          /* (hd/2) rope frequencies */
+    void *encoded;            /* (B,T,C) dt: embeddings, input of layer 0 */
+    void *proj;               /* (B,T,C) dt scratch: a projection before its residual add */
+    void *lnf;                /* (B,T,C) dt */
+    float *lnf_rstd;          /* (B,T) */
+    void *logits;             /* (B*T,Vp) dt */
+    float *losses;            /* (B*T) per-token losses, device */
+    float *host_losses;       /* (B*T) pinned host copy for the loss */
+
+    /* training only (fp32) */
+    float *dlogits;           /* (B*T,Vp); aliases logits when dt is fp32 */
+    float *dres;              /* (B,T,C) gradient of the residual stream */
+    float *dC;                /* (B,T,C) scratch: dln1, dln2, dlnf */
+    float *dwide;             /* (B,T,max(QS,2IC)) scratch: dgu, then dqkv */
+    float *dmid;              /* (B,T,max(IC,AH)) scratch: dswi, then datty */
+    float *datt;              /* (B,NH,T,T) scratch for attention backward */
+
+    void **allocs;            /* every device allocation, for state_free */
+    int n_allocs, cap_allocs;
+} llama_state;
+
+static const fsdp_llama_config *cfg_of(const fsdp_model *m)
+{
+    return (const fsdp_llama_config *)m->impl;
+}
+
+/* Whether each layer has its own copy of field f (else one shared copy). */
+static bool kept(const llama_state *s, int f)
+{
+    return s->training && (act_fields[f].keep & KEEP(s->mode));
+}
+
+static void **field_ptr(llama_layer_acts *a, int f)
+{
+    return (void **)((char *)a + act_fields[f].offset);
+}
+
+/* layer >= 0: a layer's own buffer; -1: a state buffer; -2: a layer buffer
+ * shared by every layer. */
+static fsdp_status act_alloc(fsdp_op_ctx *ctx, llama_state *s, size_t bytes, const char *what,
+                             int layer, void *out)
+{
+    char desc[112];
+    if (layer >= 0)
+        snprintf(desc, sizeof desc, "activations '%s' of layer %d (B=%d, T=%d)", what, layer,
+                 s->B, s->T);
+    else if (layer == -2)
+        snprintf(desc, sizeof desc, "activations '%s', one copy for all layers (B=%d, T=%d)",
+                 what, s->B, s->T);
+    else
+        snprintf(desc, sizeof desc, "activations '%s' (B=%d, T=%d)", what, s->B, s->T);
+    FSDP_ASSERT(s->n_allocs < s->cap_allocs);
+    void *p = NULL;
+    FSDP_TRY(fsdp_device_alloc(ctx->dev, bytes, FSDP_MEM_ACT, desc, &p));
+    s->allocs[s->n_allocs++] = p;
+    *(void **)out = p;
+    return FSDP_STATUS_OK;
+}
+
+static void llama_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state)
+{
+    (void)m;
+    llama_state *s = state;
+    if (!s)
+        return;
+    for (int i = s->n_allocs - 1; i >= 0; i--)
+        fsdp_device_free(ctx->dev, s->allocs[i]);
+    if (s->host_losses)
+        fsdp_device_host_free(ctx->dev, s->host_losses);
+    free(s->allocs);
+    free(s->layers);
+    free(s);
+}
+
+/* The rope table, computed on the host and copied to the device (the copy
+ * finishes before the host buffer goes). */
+static fsdp_status upload_inv_freq(fsdp_op_ctx *ctx, const fsdp_llama_config *cfg, float *dst)
+{
+    const int half = cfg->head_dim / 2;
+    float *host = malloc((size_t)half * sizeof *host);
+    if (!host)
+        return fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a rope table failed");
+    fsdp_status st = fsdp_rope_inv_freq(&cfg->rope, cfg->head_dim, host);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_device_memcpy(ctx->dev, dst, host, (size_t)half * sizeof *host, ctx->stream);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_device_stream_sync(ctx->dev, ctx->stream);
+    free(host);
+    return st;
+}
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+/* Bytes of field f for a micro-batch of the state's shape. */
+static size_t field_bytes(const fsdp_llama_config *cfg, const llama_state *s, int f, size_t dts)
+{
+    const size_t N = (size_t)s->B * s->T, hd = (size_t)cfg->head_dim;
+    switch (act_fields[f].width) {
+    case W_C: return N * (size_t)cfg->n_embd * dts;
+    case W_QS: return N * (size_t)(cfg->n_head + 2 * cfg->n_kv_head) * hd * dts;
+    case W_AH: return N * (size_t)cfg->n_head * hd * dts;
+    case W_ATT: return N * (size_t)cfg->n_head * (size_t)s->T * dts;
+    case W_2IC: return N * 2 * (size_t)cfg->n_inter * dts;
+    case W_IC: return N * (size_t)cfg->n_inter * dts;
+    case W_STAT: return N * sizeof(float);
+    }
+    FSDP_ASSERT(!"unknown activation width");
+    return 0;
+}
+
+/* Every layer's saved activations, layer by layer in act_fields order: a
+ * field the state keeps gets a buffer per layer, the others one buffer
+ * (allocated with layer 0) that every layer points at. */
+static fsdp_status layers_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s)
+{
+    const fsdp_llama_config *cfg = cfg_of(m);
+    const size_t dts = fsdp_dtype_size(ctx->dt);
+    for (int l = 0; l < cfg->n_layer; l++)
+        for (int f = 0; f < ACT_N_FIELDS; f++) {
+            void **dst = field_ptr(&s->layers[l], f);
+            if (l > 0 && !kept(s, f)) {
+                *dst = *field_ptr(&s->layers[0], f);
+                continue;
+            }
+            FSDP_TRY(act_alloc(ctx, s, field_bytes(cfg, s, f, dts), act_fields[f].name,
+                               kept(s, f) ? l : -2, dst));
+        }
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                               bool training, fsdp_recompute mode, void **state)
+{
+    const fsdp_llama_config *cfg = cfg_of(m);
+    const int L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, Vp = cfg->padded_vocab_size;
+    const size_t QS = (size_t)(NH + 2 * cfg->n_kv_head) * cfg->head_dim;
+    const size_t AH = (size_t)NH * cfg->head_dim, IC = (size_t)cfg->n_inter;
+    *state = NULL;
+    if (B < 1 || T < 1 || T > cfg->max_seq_len)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "Llama micro-batch B=%d, T=%d is invalid; need B >= 1 and "
+                              "1 <= T <= context (%d)",
+                              B, T, cfg->max_seq_len);
+    const double rows = (double)B * T; /* ops index attention rows and widths in int */
+    if (rows * NH * T > (double)INT_MAX || rows * max_sz(QS, 2 * IC) > (double)INT_MAX)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "Llama micro-batch B=%d, T=%d is too large for this model; "
+                              "reduce --batch or --seq",
+                              B, T);
+    if ((int)mode < 0 || mode >= FSDP_RECOMPUTE_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama: unknown recompute mode %d",
+                              (int)mode);
+
+    const size_t N = (size_t)B * T, dts = fsdp_dtype_size(ctx->dt), f4 = sizeof(float);
+    const size_t natt = (size_t)B * NH * T * T;
+    fsdp_status st = FSDP_STATUS_OK;
+    llama_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a Llama state failed");
+    s->B = B;
+    s->T = T;
+    s->training = training;
+    s->mode = training ? mode : FSDP_RECOMPUTE_NONE;
+    s->cap_allocs = ACT_N_FIELDS * L + 20;
+    s->layers = calloc((size_t)L, sizeof *s->layers);
+    s->allocs = calloc((size_t)s->cap_allocs, sizeof *s->allocs);
+    if (!s->layers || !s->allocs) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a Llama state failed");
+        goto fail;
+    }
+
+    FSDP_CHECK(act_alloc(ctx, s, N * sizeof(int), "tokens", -1, &s->tokens));
+    FSDP_CHECK(act_alloc(ctx, s, N * sizeof(int), "targets", -1, &s->targets));
+    FSDP_CHECK(act_alloc(ctx, s, (size_t)C * dts, "zero position row", -1, &s->zero_pos));
+    FSDP_CHECK(fsdp_device_memset(ctx->dev, s->zero_pos, 0, (size_t)C * dts, ctx->stream));
+    FSDP_CHECK(act_alloc(ctx, s, (size_t)cfg->head_dim / 2 * f4, "rope frequencies", -1,
+                         &s->inv_freq));
+    FSDP_CHECK(upload_inv_freq(ctx, cfg, s->inv_freq));
+    FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "encoded", -1, &s->encoded));
+    FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "proj", -1, &s->proj));
+    FSDP_CHECK(layers_alloc(m, ctx, s));
+    FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "lnf", -1, &s->lnf));
+    FSDP_CHECK(act_alloc(ctx, s, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
+    FSDP_CHECK(act_alloc(ctx, s, N * Vp * dts, "logits", -1, &s->logits));
+    FSDP_CHECK(act_alloc(ctx, s, N * f4, "losses", -1, &s->losses));
+    {
+        char desc[96];
+        snprintf(desc, sizeof desc, "host copy of the losses (B=%d, T=%d)", B, T);
+        FSDP_CHECK(fsdp_device_host_alloc(ctx->dev, N * f4, FSDP_MEM_ACT, desc,
+                                          (void **)&s->host_losses));
+    }
+    if (training) {
+        if (ctx->dt == FSDP_DTYPE_F32)
+            s->dlogits = (float *)s->logits; /* xent writes dlogits in place */
+        else
+            FSDP_CHECK(act_alloc(ctx, s, N * Vp * f4, "dlogits", -1, &s->dlogits));
+        FSDP_CHECK(act_alloc(ctx, s, N * C * f4, "dresidual", -1, &s->dres));
+        FSDP_CHECK(act_alloc(ctx, s, N * C * f4, "dC scratch", -1, &s->dC));
+        FSDP_CHECK(act_alloc(ctx, s, N * max_sz(QS, 2 * IC) * f4, "dqkv/dgate_up scratch", -1,
+                             &s->dwide));
+        FSDP_CHECK(act_alloc(ctx, s, N * max_sz(IC, AH) * f4, "datty/dswiglu scratch", -1,
+                             &s->dmid));
+        FSDP_CHECK(act_alloc(ctx, s, natt * f4, "datt scratch", -1, &s->datt));
+    }
+    *state = s;
+    return FSDP_STATUS_OK;
+
+fail:
+    fsdp_error_prefix("Llama '%s' activations", m->name);
+    llama_state_free(m, ctx, s);
+    return st;
+}
+
+static fsdp_status llama_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                                    bool training, void **state)
+{
+    return state_alloc(m, ctx, B, T, training, FSDP_RECOMPUTE_NONE, state);
+}
+
+static fsdp_status llama_state_init_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, int B,
+                                              int T, fsdp_recompute mode, void **state)
+{
+    return state_alloc(m, ctx, B, T, true, mode, state);
+}
+
+static int *llama_state_tokens(void *state) { return ((llama_state *)state)->tokens; }
+static int *llama_state_targets(void *state) { return ((llama_state *)state)->targets; }
+static const void *llama_state_logits(void *state) { return ((llama_state *)state)->logits; }
+
+/* ---- forward / backward -------------------------------------------------- */
+
+/* The first op failure since the last check (cuda launches can fail),
+ * reported at the end of each model step so the error names the unit. */
+static fsdp_status ops_status(fsdp_op_ctx *ctx, const fsdp_model *m, const char *what, int unit)
+{
+    if (!ctx->iface || !ctx->iface->sync_error)
+        return FSDP_STATUS_OK;
+    fsdp_status st = ctx->iface->sync_error(ctx);
+    if (st != FSDP_STATUS_OK)
+        fsdp_error_prefix("Llama %s of unit '%s': ", what, m->units[unit].name);
+    return st;
+}
+
+/* Parameter i of a unit's flat buffer in dtype dt; NULL when the unit has
+ * no such parameter (the biases of a model without them). */
+static const void *param_ptr(const fsdp_model *m, int unit, const void *params, int i,
+                             fsdp_dtype dt)
+{
+    if (i >= m->units[unit].n_params)
+        return NULL;
+    return (const char *)params + m->units[unit].params[i].offset * fsdp_dtype_size(dt);
+}
+
+static float *grad_ptr(const fsdp_model *m, int unit, float *grads, int i)
+{
+    return i < m->units[unit].n_params ? grads + m->units[unit].params[i].offset : NULL;
+}
+
+/* The LM head's weight: lm_head, or the embeddings when tied. */
+static int head_index(const fsdp_model *m) { return cfg_of(m)->tied ? ROOT_EMBED : ROOT_HEAD; }
+
+static llama_layer_acts *layer_acts(llama_state *s, int l) { return &s->layers[l]; }
+
+/* Input of layer l: the embeddings or the previous layer's output. */
+static void *layer_input(llama_state *s, int l)
+{
+    return l == 0 ? s->encoded : layer_acts(s, l - 1)->residual3;
+}
+
+static fsdp_status check_unit(const fsdp_model *m, void *state, int unit, const char *what)
+{
+    if (!state)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama %s: no state (call state_init)",
+                              what);
+    if (unit < 1 || unit >= m->n_units)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "Llama %s: unit %d is not a decoder layer (layers are 1..%d)",
+                              what, unit, m->n_units - 1);
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status llama_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                      const void *root_params)
+{
+    llama_state *s = state;
+    if (!s)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama root_forward: no state");
+    FSDP_OP(ctx, embed_fwd, s->encoded, s->tokens,
+            param_ptr(m, 0, root_params, ROOT_EMBED, ctx->dt), s->zero_pos, s->B * s->T, 1,
+            cfg_of(m)->n_embd);
+    return ops_status(ctx, m, "forward", 0);
+}
+
+/* Layer `unit`'s forward ops. redo=false: all of them (unit_forward);
+ * redo=true: only those whose outputs the state does not keep per layer
+ * (unit_recompute). The calls are the same on the same inputs either way,
+ * so recomputed activations are bit-identical to the forward's. An op
+ * reruns only if its output is dropped, so every mode's act_fields must
+ * let a rerun op read only kept or rerun outputs (the layer input is kept
+ * by every mode: the previous layer's residual3 or the embeddings). RoPE
+ * belongs to the qkv matmul: it rotates that output in place. */
+static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s, int unit,
+                                 const void *params, bool redo)
+{
+    const fsdp_llama_config *cfg = cfg_of(m);
+    const int C = cfg->n_embd, NH = cfg->n_head, NKV = cfg->n_kv_head, hd = cfg->head_dim;
+    const int IC = cfg->n_inter, QS = (NH + 2 * NKV) * hd, AH = NH * hd;
+    const int B = s->B, T = s->T, N = B * T, l = unit - 1;
+    const float eps = (float)cfg->norm_eps;
+    const fsdp_dtype dt = ctx->dt;
+#define P(i) param_ptr(m, unit, params, (i), dt)
+#define RUN(field) (!redo || !kept(s, field))
+    llama_layer_acts *a = layer_acts(s, l);
+    void *inp = layer_input(s, l);
+    if (RUN(ACT_LN1))
+        FSDP_OP(ctx, rmsnorm_fwd, a->ln1, a->ln1_rstd, inp, P(BLK_LN1), eps, N, C);
+    if (RUN(ACT_QKV)) {
+        FSDP_OP(ctx, matmul_fwd, a->qkv, a->ln1, P(BLK_Q), P(BLK_QB), N, C, QS);
+        FSDP_OP(ctx, rope_fwd, a->qkv, s->inv_freq, NULL, B, T, NH + NKV, hd, QS);
+    }
+    if (RUN(ACT_ATTY))
+        FSDP_OP(ctx, attention_gqa_fwd, a->atty, a->att, a->qkv, NULL, B, T, NH, NKV, hd);
+    if (RUN(ACT_RESIDUAL2)) {
+        FSDP_OP(ctx, matmul_fwd, s->proj, a->atty, P(BLK_O), NULL, N, AH, C);
+        FSDP_OP(ctx, residual_fwd, a->residual2, inp, s->proj, (size_t)N * C);
+    }
+    if (RUN(ACT_LN2))
+        FSDP_OP(ctx, rmsnorm_fwd, a->ln2, a->ln2_rstd, a->residual2, P(BLK_LN2), eps, N, C);
+    if (RUN(ACT_GU))
+        FSDP_OP(ctx, matmul_fwd, a->gu, a->ln2, P(BLK_GATE), NULL, N, C, 2 * IC);
+    if (RUN(ACT_SWI))
+        FSDP_OP(ctx, swiglu_fwd, a->swi, a->gu, N, IC);
+    if (RUN(ACT_RESIDUAL3)) {
+        FSDP_OP(ctx, matmul_fwd, s->proj, a->swi, P(BLK_DOWN), NULL, N, IC, C);
+        FSDP_OP(ctx, residual_fwd, a->residual3, a->residual2, s->proj, (size_t)N * C);
+    }
+#undef RUN
+#undef P
+    return ops_status(ctx, m, redo ? "recompute" : "forward", unit);
+}
+
+static fsdp_status llama_unit_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                      int unit, const void *params)
+{
+    FSDP_TRY(check_unit(m, state, unit, "unit_forward"));
+    return layer_forward(m, ctx, state, unit, params, false);
+}
+
+static fsdp_status llama_unit_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                        int unit, const void *params)
+{
+    FSDP_TRY(check_unit(m, state, unit, "unit_recompute"));
+    llama_state *s = state;
+    if (!s->training)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "Llama unit_recompute: the state is forward-only");
+    return layer_forward(m, ctx, s, unit, params, true);
+}
+
+/* Matmul and attention FLOPs of what unit_recompute reruns (2 per
+ * multiply-add, as llama_flops_per_token counts them): BLOCK reruns a
+ * layer's forward up to the SwiGLU (qkv 2 C QS, o 2 AH C, gate|up 4 C IC
+ * per token, and attention's 4 AH T), ELEMENTWISE only norms and the
+ * SwiGLU. */
+static double llama_recompute_flops_per_token(const fsdp_model *m, int T, fsdp_recompute mode)
+{
+    const fsdp_llama_config *c = cfg_of(m);
+    if (mode != FSDP_RECOMPUTE_BLOCK)
+        return 0.0;
+    const double C = c->n_embd, AH = (double)c->n_head * c->head_dim;
+    const double QS = (double)(c->n_head + 2 * c->n_kv_head) * c->head_dim;
+    return c->n_layer * (2.0 * C * QS + 2.0 * AH * C + 4.0 * C * c->n_inter + 4.0 * AH * T);
+}
+
+/* Zero an fp32 scratch buffer on the compute stream (no-op on meta). */
+static fsdp_status zero_f32(fsdp_op_ctx *ctx, float *p, size_t n)
+{
+    return fsdp_device_memset(ctx->dev, p, 0, n * sizeof(float), ctx->stream);
+}
+
+static fsdp_status llama_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *ctx,
+                                               void *state, const void *root_params,
+                                               float *root_grads, float dloss, float *loss)
+{
+    llama_state *s = state;
+    if (!s)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama head_forward_backward: no state");
+    if (root_grads && !s->training)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "Llama head_forward_backward: gradients requested from a "
+                              "forward-only state (state_init with training=true)");
+    const fsdp_llama_config *cfg = cfg_of(m);
+    const int C = cfg->n_embd, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
+    const int N = s->B * s->T;
+    const fsdp_dtype dt = ctx->dt;
+    const void *head = param_ptr(m, 0, root_params, head_index(m), dt);
+    const void *normw = param_ptr(m, 0, root_params, ROOT_NORM, dt);
+    void *last = layer_acts(s, cfg->n_layer - 1)->residual3;
+
+    FSDP_OP(ctx, rmsnorm_fwd, s->lnf, s->lnf_rstd, last, normw, (float)cfg->norm_eps, N, C);
+    FSDP_OP(ctx, matmul_fwd, s->logits, s->lnf, head, NULL, N, C, Vp);
+    /* The loss is the sum of the token losses over B*T (masked targets add
+     * 0), so each token's share of the gradient is dloss / (B*T). */
+    float *dlogits = root_grads ? s->dlogits : NULL;
+    FSDP_OP(ctx, xent_fwd_bwd, s->losses, dlogits, s->logits, s->targets, N, V, Vp,
+            dloss / (float)N);
+
+    /* Loss on the host, summed in the fixed tree order. */
+    FSDP_TRY(fsdp_device_memcpy(ctx->dev, s->host_losses, s->losses, (size_t)N * sizeof(float),
+                                ctx->stream));
+    FSDP_TRY(fsdp_device_stream_sync(ctx->dev, ctx->stream));
+    FSDP_TRY(ops_status(ctx, m, "head forward", 0));
+    if (loss)
+        *loss = fsdp_device_computes(ctx->dev) ? fsdp_tree_sum(s->host_losses, N) / (float)N : 0.0f;
+    if (!root_grads)
+        return FSDP_STATUS_OK;
+
+    /* Backward: logits = lnf @ head^T, then the final RMSNorm; dres starts here. */
+    FSDP_TRY(zero_f32(ctx, s->dC, (size_t)N * C));
+    FSDP_OP(ctx, matmul_bwd, s->dC, grad_ptr(m, 0, root_grads, head_index(m)), NULL, dlogits,
+            s->lnf, head, N, C, Vp);
+    FSDP_TRY(zero_f32(ctx, s->dres, (size_t)N * C));
+    FSDP_OP(ctx, rmsnorm_bwd, s->dres, grad_ptr(m, 0, root_grads, ROOT_NORM), s->dC, last, normw,
+            s->lnf_rstd, N, C);
+    return ops_status(ctx, m, "head backward", 0);
+}
+
+static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                       int unit, const void *params, float *grads)
+{
+    FSDP_TRY(check_unit(m, state, unit, "unit_backward"));
+    llama_state *s = state;
+    if (!s->training)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "Llama unit_backward: the state is forward-only (state_init with "
+                              "training=true)");
+    const fsdp_llama_config *cfg = cfg_of(m);
+    const int C = cfg->n_embd, NH = cfg->n_head, NKV = cfg->n_kv_head, hd = cfg->head_dim;
+    const int IC = cfg->n_inter, QS = (NH + 2 * NKV) * hd, AH = NH * hd;
+    const int B = s->B, T = s->T, N = B * T, l = unit - 1;
+    const fsdp_dtype dt = ctx->dt;
+#define P(i) param_ptr(m, unit, params, (i), dt)
+#define G(i) grad_ptr(m, unit, grads, (i))
+    llama_layer_acts *a = layer_acts(s, l);
+    void *inp = layer_input(s, l);
+    /* s->dres holds d(residual3); it is also d(residual2) through the skip
+     * connection, and each RMSNorm backward adds its branch's share. */
+    float *dswi = s->dmid, *dgu = s->dwide, *datty = s->dmid, *dqkv = s->dwide;
+
+    /* MLP: residual3 = residual2 + down(swiglu(gate_up(ln2(residual2)))) */
+    FSDP_TRY(zero_f32(ctx, dswi, (size_t)N * IC));
+    FSDP_OP(ctx, matmul_bwd, dswi, G(BLK_DOWN), NULL, s->dres, a->swi, P(BLK_DOWN), N, IC, C);
+    FSDP_TRY(zero_f32(ctx, dgu, (size_t)N * 2 * IC));
+    FSDP_OP(ctx, swiglu_bwd, dgu, a->gu, dswi, N, IC);
+    FSDP_TRY(zero_f32(ctx, s->dC, (size_t)N * C));
+    FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_GATE), NULL, dgu, a->ln2, P(BLK_GATE), N, C, 2 * IC);
+    FSDP_OP(ctx, rmsnorm_bwd, s->dres, G(BLK_LN2), s->dC, a->residual2, P(BLK_LN2), a->ln2_rstd,
+            N, C);
+
+    /* Attention: residual2 = inp + o(attention(rope(qkv(ln1(inp))))) */
+    FSDP_TRY(zero_f32(ctx, datty, (size_t)N * AH));
+    FSDP_OP(ctx, matmul_bwd, datty, G(BLK_O), NULL, s->dres, a->atty, P(BLK_O), N, AH, C);
+    FSDP_TRY(zero_f32(ctx, dqkv, (size_t)N * QS));
+    FSDP_OP(ctx, attention_gqa_bwd, dqkv, s->datt, datty, a->qkv, a->att, B, T, NH, NKV, hd);
+    FSDP_OP(ctx, rope_bwd, dqkv, s->inv_freq, NULL, B, T, NH + NKV, hd, QS);
+    FSDP_TRY(zero_f32(ctx, s->dC, (size_t)N * C));
+    FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_Q), G(BLK_QB), dqkv, a->ln1, P(BLK_Q), N, C, QS);
+    FSDP_OP(ctx, rmsnorm_bwd, s->dres, G(BLK_LN1), s->dC, inp, P(BLK_LN1), a->ln1_rstd, N, C);
+#undef P
+#undef G
+    return ops_status(ctx, m, "backward", unit);
+}
+
+static fsdp_status llama_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
+                                       const void *root_params, float *root_grads)
+{
+    llama_state *s = state;
+    if (!s || !s->training)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "Llama root_backward: needs a training state (state_init with "
+                              "training=true)");
+    FSDP_OP(ctx, embed_bwd, grad_ptr(m, 0, root_grads, ROOT_EMBED), NULL, s->dres, s->tokens,
+            s->B * s->T, 1, cfg_of(m)->n_embd);
+    return ops_status(ctx, m, "backward", 0);
+}
+
+static const struct fsdp_model_i llama_model_i = {
+    /* .state_init            = */ llama_state_init,
+    /* .state_free            = */ llama_state_free,
+    /* .state_tokens          = */ llama_state_tokens,
+    /* .state_targets         = */ llama_state_targets,
+    /* .state_logits          = */ llama_state_logits,
+    /* .root_forward          = */ llama_root_forward,
+    /* .unit_forward          = */ llama_unit_forward,
+    /* .head_forward_backward = */ llama_head_forward_backward,
+    /* .unit_backward         = */ llama_unit_backward,
+    /* .root_backward         = */ llama_root_backward,
+    /* .state_init_recompute  = */ llama_state_init_recompute,
+    /* .unit_recompute        = */ llama_unit_recompute,
+    /* .recompute_flops_per_token = */ llama_recompute_flops_per_token,
+};

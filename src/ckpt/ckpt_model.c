@@ -1,0 +1,255 @@
+/*
+ * ckpt_model.c - an fsdp checkpoint directory as a weight format: the
+ * model its manifest records (model_family, model_config) and its master
+ * parameters, read by unit range through the shard readers of
+ * shard_file.h, which check every block's checksum. The unit range is cut
+ * at the writing world's shard boundaries, so a checkpoint written by N
+ * devices loads into any number of ranks. Export writes a 1-device
+ * checkpoint at step 0.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt/ckpt.h"
+#include "ckpt/modelfile_format.h"
+#include "core/log.h"
+#include "ops/ops.h"
+
+typedef struct ckpt_impl {
+    fsdp_ckpt_manifest man;
+    size_t *shard;                     /* [n_units] shard numel per rank file */
+} ckpt_impl;
+
+static bool is_dir(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static bool ckpt_claims(const char *path) { return is_dir(path); }
+
+/* A checkpoint path: one complete checkpoint, or a --ckpt-dir (its newest). */
+static fsdp_status resolve_ckpt(const char *path, char *out, size_t n)
+{
+    char manifest[FSDP_CKPT_PATH_MAX + 16];
+    struct stat sb;
+    snprintf(manifest, sizeof manifest, "%s/manifest", path);
+    if (!is_dir(path))
+        return fsdp_error_set(FSDP_STATUS_IO, "'%s' is neither a .bin or .safetensors model file "
+                              "nor a Hugging Face or checkpoint directory", path);
+    if (stat(manifest, &sb) == 0) {
+        if (!fsdp_ckpt_is_complete(path))
+            return fsdp_error_set(FSDP_STATUS_FORMAT, "checkpoint '%s' is incomplete (no DONE "
+                                  "marker: its save was interrupted); use an earlier one", path);
+        if (snprintf(out, n, "%s", path) >= (int)n)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "path '%.64s...' is too long", path);
+        return FSDP_STATUS_OK;
+    }
+    bool found = false;
+    uint64_t step = 0;
+    FSDP_TRY(fsdp_ckpt_latest(path, &step, &found));
+    if (!found)
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "'%s' holds no complete checkpoint (a step_N "
+                              "directory with a DONE marker) and is not one, nor a Hugging Face "
+                              "directory (config.json and model.safetensors)", path);
+    return fsdp_ckpt_step_path(out, n, path, step, "");
+}
+
+static fsdp_status ckpt_open(fsdp_modelfile *mf, const char *path)
+{
+    ckpt_impl *c = calloc(1, sizeof *c);
+    if (!c)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    mf->impl = c;
+    FSDP_TRY(resolve_ckpt(path, mf->path, sizeof mf->path));
+    char manifest[FSDP_CKPT_PATH_MAX + 16];
+    snprintf(manifest, sizeof manifest, "%s/manifest", mf->path);
+    FSDP_TRY(fsdp_ckpt_manifest_read(manifest, &c->man));
+    /* the reader has checked the family, its config and the unit lines */
+    mf->family = fsdp_model_family_find(c->man.model_family);
+    snprintf(mf->config, sizeof mf->config, "%s", c->man.model_config);
+    c->shard = calloc((size_t)c->man.n_units, sizeof *c->shard);
+    if (!c->shard)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    for (int u = 0; u < c->man.n_units; u++)
+        c->shard[u] = c->man.units[u].shard_numel;
+    mf->dtype_name = "fp32";
+    return FSDP_STATUS_OK;
+}
+
+static void ckpt_close(fsdp_modelfile *mf)
+{
+    ckpt_impl *c = mf->impl;
+    if (!c)
+        return;
+    fsdp_ckpt_manifest_free(&c->man);
+    free(c->shard);
+    free(c);
+    mf->impl = NULL;
+}
+
+/* Open rank r's shard file of the checkpoint, validated against the
+ * manifest; first is scratch of n_units entries. */
+static fsdp_status open_rank_reader(const fsdp_modelfile *mf, int r, size_t *first,
+                                    fsdp_ckpt_reader **out)
+{
+    const ckpt_impl *c = mf->impl;
+    const fsdp_ckpt_manifest *man = &c->man;
+    char p[FSDP_CKPT_PATH_MAX];
+    FSDP_TRY(fsdp_ckpt_rank_path(p, sizeof p, mf->path, r));
+    for (int u = 0; u < man->n_units; u++)
+        first[u] = fsdp_ckpt_shard_first(man, u, r);
+    fsdp_ckpt_shard_info info = {
+        .run_id = man->run_id, .step = man->step, .adam_t = man->adam_t, .rank = r,
+        .world_size = man->world_size, .n_units = man->n_units,
+        .shard_numel = c->shard, .first = first,
+    };
+    return fsdp_ckpt_reader_open(out, p, &info);
+}
+
+/* The manifest matches m, and every rank file opens and matches it. */
+static fsdp_status ckpt_bind(fsdp_modelfile *mf, const fsdp_model *m)
+{
+    const ckpt_impl *c = mf->impl;
+    char manifest[FSDP_CKPT_PATH_MAX + 16];
+    snprintf(manifest, sizeof manifest, "%s/manifest", mf->path);
+    FSDP_TRY(fsdp_ckpt_manifest_check_model(&c->man, manifest, m));
+    size_t *first = calloc((size_t)c->man.n_units, sizeof *first);
+    if (!first)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    fsdp_status st = FSDP_STATUS_OK;
+    /* every rank file (a replicated checkpoint's are whole copies; a hybrid
+     * one's are the first node's) */
+    int n_files = c->man.replicated ? c->man.world_size : fsdp_ckpt_n_shards(&c->man);
+    for (int r = 0; r < n_files && st == FSDP_STATUS_OK; r++) {
+        fsdp_ckpt_reader *rd = NULL;
+        st = open_rank_reader(mf, r, first, &rd);
+        fsdp_ckpt_reader_close(rd);
+    }
+    free(first);
+    return st;
+}
+
+static fsdp_status ckpt_read_range(const fsdp_modelfile *mf, int unit, size_t begin, size_t end,
+                                   float *dst)
+{
+    const fsdp_ckpt_manifest *man = &((const ckpt_impl *)mf->impl)->man;
+    size_t S = man->units[unit].shard_numel;
+    int n_files = fsdp_ckpt_n_shards(man);
+    size_t *first = calloc((size_t)man->n_units, sizeof *first);
+    if (!first)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    fsdp_status st = FSDP_STATUS_OK;
+    for (int r = 0; r < n_files && st == FSDP_STATUS_OK; r++) {
+        size_t lo = man->replicated ? 0 : (size_t)r * S, hi = lo + S;
+        size_t a = begin > lo ? begin : lo, b = end < hi ? end : hi;
+        if (a >= b)
+            continue;
+        fsdp_ckpt_reader *rd = NULL;
+        st = open_rank_reader(mf, r, first, &rd);
+        if (st == FSDP_STATUS_OK)
+            st = fsdp_ckpt_reader_read(rd, unit, FSDP_CKPT_MASTER, a - lo, b - a,
+                                       dst + (a - begin));
+        fsdp_ckpt_reader_close(rd);
+    }
+    free(first);
+    return st;
+}
+
+/* A 1-device checkpoint of the model at step 0 (optimizer state zero). */
+static fsdp_status ckpt_write(const char *dir, const fsdp_model *m, const float *const *units,
+                              const fsdp_modelfile_write_opts *o)
+{
+    fsdp_dtype dt = o->dtype;
+    if (dt != FSDP_DTYPE_F32)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "checkpoints hold fp32 parameters; "
+                              "drop --dtype %s", fsdp_dtype_name(dt));
+    bool found = false;
+    uint64_t step = 0;
+    FSDP_TRY(fsdp_ckpt_latest(dir, &step, &found));
+    if (found || fsdp_ckpt_is_complete(dir))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "'%s' already holds a checkpoint; write "
+                              "the converted one to a new or empty directory", dir);
+    /* one writer at a time, as a training run (ckpt_dir.h) */
+    fsdp_ckpt_lock lock;
+    FSDP_TRY(fsdp_ckpt_dir_lock(&lock, dir));
+    int U = m->n_units;
+    size_t *padded = calloc((size_t)U, sizeof *padded), *zero = calloc((size_t)U, sizeof *zero);
+    float *block = malloc(FSDP_CKPT_BLOCK_NUMEL * sizeof *block);
+    float *zeros = calloc(FSDP_CKPT_BLOCK_NUMEL, sizeof *zeros);
+    fsdp_ckpt_manifest man = {0};
+    fsdp_ckpt_writer *w = NULL;
+    fsdp_status st = FSDP_STATUS_OK;
+    if (!padded || !zero || !block || !zeros) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory writing checkpoint '%s'", dir);
+        goto fail;
+    }
+    /* what a 1-device engine pads each unit to (fsdp/shardmap.h) */
+    for (int u = 0; u < U; u++)
+        padded[u] = (m->units[u].numel + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK * FSDP_NORM_BLOCK;
+    man.version = FSDP_CKPT_VERSION;
+    man.run_id = fsdp_ckpt_new_run_id();
+    man.seed = 1337;
+    man.world_size = 1;
+    snprintf(man.shard, sizeof man.shard, "full");
+    man.batch = 8;
+    man.seq = m->max_seq_len < 64 ? m->max_seq_len : 64;
+    man.grad_accum = 1;
+    snprintf(man.compute_dtype, sizeof man.compute_dtype, "fp32");
+    fsdp_ckpt_manifest_set_model(&man, m);
+    FSDP_CHECK(fsdp_ckpt_manifest_set_units(&man, m, padded, padded));
+    FSDP_CHECK(fsdp_ckpt_begin(dir, 0));
+    char tmp[FSDP_CKPT_PATH_MAX], p[FSDP_CKPT_PATH_MAX + 16];
+    FSDP_CHECK(fsdp_ckpt_step_path(tmp, sizeof tmp, dir, 0, ".tmp"));
+    snprintf(p, sizeof p, "%s/manifest", tmp);
+    FSDP_CHECK(fsdp_ckpt_manifest_write(p, &man));
+    FSDP_CHECK(fsdp_ckpt_rank_path(p, sizeof p, tmp, 0));
+    fsdp_ckpt_shard_info info = {.run_id = man.run_id, .rank = 0, .world_size = 1, .n_units = U,
+                                 .shard_numel = padded, .first = zero};
+    FSDP_CHECK(fsdp_ckpt_writer_open(&w, p, &info));
+    for (int u = 0; u < U; u++) {
+        size_t numel = m->units[u].numel;
+        for (size_t b = 0; b * FSDP_CKPT_BLOCK_NUMEL < padded[u]; b++) {
+            size_t lo = b * FSDP_CKPT_BLOCK_NUMEL;
+            size_t len = padded[u] - lo < FSDP_CKPT_BLOCK_NUMEL ? padded[u] - lo
+                                                                : FSDP_CKPT_BLOCK_NUMEL;
+            size_t real = lo >= numel ? 0 : numel - lo < len ? numel - lo : len;
+            memcpy(block, units[u] + lo, real * sizeof *block);
+            memset(block + real, 0, (len - real) * sizeof *block);
+            FSDP_CHECK(fsdp_ckpt_writer_put(w, u, FSDP_CKPT_MASTER, b, block));
+            FSDP_CHECK(fsdp_ckpt_writer_put(w, u, FSDP_CKPT_ADAM_M, b, zeros));
+            FSDP_CHECK(fsdp_ckpt_writer_put(w, u, FSDP_CKPT_ADAM_V, b, zeros));
+        }
+    }
+    st = fsdp_ckpt_writer_close(w);
+    w = NULL;
+    FSDP_CHECK(st);
+    FSDP_CHECK(fsdp_ckpt_commit(dir, 0, 0));
+    FSDP_INFO(FSDP_SUB_CKPT, "wrote checkpoint '%s' (step 0, 1 device) from model '%s'", dir,
+              m->name);
+fail:
+    if (w)
+        fsdp_ckpt_writer_abort(w);
+    fsdp_ckpt_dir_unlock(&lock);
+    fsdp_ckpt_manifest_free(&man);
+    free(padded);
+    free(zero);
+    free(block);
+    free(zeros);
+    return st;
+}
+
+const fsdp_modelfile_format fsdp_format_ckpt = {
+    /* .short_name = */ "ckpt",
+    /* .name       = */ "checkpoint",
+    /* .help       = */ "a checkpoint directory",
+    /* .claims     = */ ckpt_claims,
+    /* .open       = */ ckpt_open,
+    /* .bind       = */ ckpt_bind,
+    /* .read_range = */ ckpt_read_range,
+    /* .close      = */ ckpt_close,
+    /* .write      = */ ckpt_write,
+};

@@ -1,0 +1,88 @@
+/*
+ * hfdir.h - Hugging Face model directories as a weight format (the "hf"
+ * entry of modelfile.h's table): what `save_pretrained` writes and the Hub
+ * serves.
+ *
+ *   DIR/config.json                     model_type picks the family (its
+ *                                       hf_model_types), whose hf_config
+ *                                       reads the shape (models/weights.h)
+ *   DIR/model.safetensors               the weights in one file, or
+ *   DIR/model.safetensors.index.json    {"metadata": {...}, "weight_map":
+ *                                       {tensor: file}} naming the
+ *   DIR/model-0000K-of-0000N.safetensors  files that hold them
+ *   DIR/tokenizer.json, ...             companions (fsdp_hfdir_companions)
+ *
+ * Reading (hfdir.c): config.json and the index are bounded in size and
+ * parsed before anything else; every shard's header is validated
+ * (safetensors.c) and held against the index both ways, then every tensor
+ * against the model the family builds from config.json, so a bad
+ * directory is refused at open, naming the file and the tensor. Reads are
+ * the flat reader's (modelfile_flat.c): each rank preads only its shard's
+ * byte ranges, straight from the right file.
+ *
+ * Writing (hfdir_write.c): config.json from the family's hf_config_write,
+ * the tensors in files of at most `shard_bytes` (assigned in model order,
+ * each file's tensors sorted by name, as transformers and the reference
+ * safetensors writer lay them out) with an index when there is more than
+ * one, and the companions copied; all under a temporary name, renamed into
+ * place at the end.
+ */
+#ifndef FSDP_CKPT_HFDIR_H
+#define FSDP_CKPT_HFDIR_H
+
+#include <stdint.h>
+
+#include "ckpt/modelfile_format.h"
+
+#define FSDP_HF_CONFIG "config.json"
+#define FSDP_HF_WEIGHTS "model.safetensors"
+#define FSDP_HF_INDEX "model.safetensors.index.json"
+#define FSDP_HF_CONFIG_MAX_BYTES ((size_t)1 << 20) /* config.json: a few KiB in practice */
+#define FSDP_HF_INDEX_MAX_BYTES ((size_t)64 << 20) /* 100k tensors: about 10 MiB */
+#define FSDP_HF_MAX_FILES 4096                      /* shard files (405B models: 191) */
+
+/* Files that travel with a model's weights and are copied by the writer
+ * when present: tokenizer, its configuration and chat template, and the
+ * generation settings. NULL-terminated. */
+extern const char *const fsdp_hfdir_companions[];
+
+/* The family and canonical config that config.json text[0..n) describes:
+ * model_type through the families' hf_model_types, an architectures entry
+ * that is a causal language model, then the family's hf_config.
+ * FORMAT/UNSUPPORTED with a message that starts with `label` (which names
+ * the file) and names the key. */
+fsdp_status fsdp_hfdir_parse_config(const char *label, const char *text, size_t n,
+                                    const fsdp_model_family **family, char *config,
+                                    size_t config_size);
+
+/* A parsed model.safetensors.index.json. */
+typedef struct fsdp_hfdir_index {
+    int n_files;
+    char **files;             /* [n_files] distinct shard file names, sorted */
+    int n_tensors;
+    char **tensors;           /* [n_tensors] tensor names, sorted */
+    int *file_of;             /* [n_tensors] index into files */
+    uint64_t total_size;      /* metadata.total_size (0 if absent) */
+} fsdp_hfdir_index;
+
+/* Parse index text[0..n): weight_map is read one member at a time
+ * (safetensors_json.c), so memory follows the entries kept. File names
+ * must be plain names in the directory ending in ".safetensors"; a tensor
+ * listed twice, a missing weight_map or more than FSDP_HF_MAX_FILES files
+ * are FORMAT errors starting with `label`. On failure *out is zeroed. */
+fsdp_status fsdp_hfdir_parse_index(const char *label, const char *text, size_t n,
+                                   fsdp_hfdir_index *out);
+void fsdp_hfdir_index_free(fsdp_hfdir_index *x);
+
+/* The format's write slot (hfdir_write.c): modelfile.h's
+ * fsdp_modelfile_write_with for a Hugging Face directory. */
+fsdp_status fsdp_hfdir_write(const char *path, const fsdp_model *m, const float *const *units,
+                             const fsdp_modelfile_write_opts *o);
+
+/* Read a whole small file (a regular file of at most max bytes; FIFOs and
+ * devices are refused without blocking) into *buf (malloc'd,
+ * NUL-terminated). `what` names it in messages. */
+fsdp_status fsdp_hfdir_read_file(const char *path, size_t max, const char *what, char **buf,
+                                 size_t *n);
+
+#endif /* FSDP_CKPT_HFDIR_H */

@@ -1,0 +1,108 @@
+/*
+ * accum.c - the binary counter of micro-step partial gradient sums
+ * (contract in accum.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "fsdp/accum.h"
+
+int fsdp_accum_depth(int A)
+{
+    if (A <= 1)
+        return 1;
+    /* the most ones among 0..m: all b bits of m if m = 2^b - 1, else b - 1 */
+    unsigned m = (unsigned)A - 1;
+    int b = 32 - __builtin_clz(m);
+    int ones = m == (1u << b) - 1u ? b : b - 1;
+    return ones + 1;
+}
+
+fsdp_status fsdp_accum_init(fsdp_accum *a, fsdp_device *dev, fsdp_op_ctx *ops, int n_units,
+                            int grad_accum)
+{
+    memset(a, 0, sizeof *a);
+    a->n_buf = fsdp_accum_depth(grad_accum);
+    if (a->n_buf > FSDP_ACCUM_MAX)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "--grad-accum %d needs %d accumulation buffers per unit, more than "
+                              "%d", grad_accum, a->n_buf, FSDP_ACCUM_MAX);
+    a->units = calloc((size_t)n_units + 1, sizeof *a->units);
+    if (!a->units)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for accumulation counters");
+    a->dev = dev;
+    a->ops = ops;
+    a->n_units = n_units;
+    return FSDP_STATUS_OK;
+}
+
+void fsdp_accum_free(fsdp_accum *a)
+{
+    free(a->units);
+    memset(a, 0, sizeof *a);
+}
+
+void fsdp_accum_adopt(fsdp_accum *a, int u, float *buf) { a->units[u].buf[0] = buf; }
+
+fsdp_status fsdp_accum_slot(fsdp_accum *a, int u, size_t numel, const char *unit_name,
+                            float **buf, int *slot)
+{
+    fsdp_accum_unit *au = &a->units[u];
+    int k = 0;
+    while (k < a->n_buf && (au->busy & (1u << k)))
+        k++;
+    FSDP_ASSERT(k < a->n_buf); /* fsdp_accum_depth bounds the live entries */
+    if (!au->buf[k]) {
+        char what[96];
+        snprintf(what, sizeof what, "unit '%s' gradient accumulation", unit_name);
+        FSDP_TRY(fsdp_device_alloc(a->dev, numel * sizeof(float), FSDP_MEM_GRAD, what,
+                                   (void **)&au->buf[k]));
+    }
+    *buf = au->buf[k];
+    *slot = k;
+    return FSDP_STATUS_OK;
+}
+
+void fsdp_accum_push(fsdp_accum *a, int u, int slot, size_t numel)
+{
+    fsdp_accum_unit *au = &a->units[u];
+    int level = 0;
+    au->busy |= 1u << slot;
+    /* merge equal levels, the older partial sum on the left */
+    while (au->depth > 0 && au->level[au->depth - 1] == level) {
+        int top = au->stack[au->depth - 1];
+        FSDP_OP(a->ops, add, au->buf[top], au->buf[top], au->buf[slot], numel);
+        au->busy &= ~(1u << slot);
+        slot = top;
+        au->depth--;
+        level++;
+    }
+    au->stack[au->depth] = slot;
+    au->level[au->depth] = level;
+    au->depth++;
+}
+
+float *fsdp_accum_fold(fsdp_accum *a, int u, size_t numel)
+{
+    fsdp_accum_unit *au = &a->units[u];
+    FSDP_ASSERT(au->depth >= 1);
+    int top = au->stack[--au->depth];
+    while (au->depth > 0) {
+        int below = au->stack[--au->depth];
+        FSDP_OP(a->ops, add, au->buf[below], au->buf[below], au->buf[top], numel);
+        top = below;
+    }
+    au->busy = 0;
+    return au->buf[top];
+}
+
+void fsdp_accum_release(fsdp_accum *a, int u)
+{
+    fsdp_accum_unit *au = &a->units[u];
+    for (int k = 0; k < a->n_buf; k++) {
+        fsdp_device_free(a->dev, au->buf[k]);
+        au->buf[k] = NULL;
+    }
+}

@@ -1,0 +1,76 @@
+/*
+ * place.h - where a rank's optimizer state lives: one small table that the
+ * engine calls, two implementations.
+ *
+ *   device (place_device.c)  fp32 master, optimizer state and the final
+ *       gradient shard in device memory; the optimizer's device step runs
+ *       on the compute stream after the global norm is known.
+ *   host   (place_host.c)    the same arrays in pinned host memory
+ *       (--offload optimizer); each unit's gradient is copied out as soon as
+ *       it is final, the optimizer's host step runs on the CPU worker pool,
+ *       and the compute-dtype shard is uploaded before the unit's next
+ *       gather.
+ *   infer  (place_infer.c)   forward only: the compute-dtype parameter shard
+ *       and nothing else (no optimizer, no gradients).
+ *
+ * Both keep the arrays in the rank's shard row (master, state[k], grad,
+ * param) in memory that the rank's device can copy to and from with
+ * fsdp_device_memcpy / fsdp_device_memset, which is all checkpoints need.
+ * Placements use the engine object, accumulation (accum.h), the optimizer
+ * (optim/) and the trace; never a function of engine.c. Every slot is
+ * called on the rank's thread.
+ */
+#ifndef FSDP_FSDP_PLACE_H
+#define FSDP_FSDP_PLACE_H
+
+#include "fsdp/engine_internal.h"
+
+typedef struct fsdp_place_i {
+    const char *name;
+    /* Per-rank state (e->place_ctx), before the units are allocated. */
+    fsdp_status (*init)(fsdp_engine *e);
+    /* Wait for work in flight and release what init made (the device
+     * releases the buffers). Safe after a failed init. */
+    void (*fini)(fsdp_engine *e);
+    /* Allocate unit u's master, optimizer state, gradient shard and
+     * compute-dtype shard (row->param, which may be row->master). */
+    fsdp_status (*unit_alloc)(fsdp_engine *e, int u);
+    /* Rewrite unit u's compute-dtype shard from its master (after init or
+     * a checkpoint load wrote the master). Synchronous. */
+    fsdp_status (*param_refresh)(fsdp_engine *e, int u);
+    /* Last micro-step: unit u's gradient is reduced into the accumulation
+     * counter; make it the step's gradient shard (row->grad). */
+    fsdp_status (*unit_ready)(fsdp_engine *e, int u);
+    /* Before unit u is gathered, or its master or state read or written:
+     * its last update is complete and row->param holds it. */
+    fsdp_status (*params_ready)(fsdp_engine *e, int u);
+    /* Per norm block, the sum of squares of every unit's gradient shard, in
+     * unit order, into host memory out (n_local_blocks floats). */
+    fsdp_status (*grad_sumsq)(fsdp_engine *e, float *out);
+    /* The optimizer step of every unit at learning rate lr, gradients
+     * scaled by `scale`, with step count e->t (may run asynchronously: the
+     * next gathers wait through params_ready or the streams). */
+    fsdp_status (*step)(fsdp_engine *e, float lr, float scale);
+    /* Unit u's fp32 master shard in device memory (for collectives): the
+     * master itself, or a temporary copy (FSDP_MEM_OTHER) that the caller
+     * frees with fsdp_device_free when it is not row->master. Complete on
+     * the comm stream. */
+    fsdp_status (*master_on_device)(fsdp_engine *e, int u, float **out);
+} fsdp_place_i;
+
+extern const fsdp_place_i fsdp_place_device;
+extern const fsdp_place_i fsdp_place_host;
+extern const fsdp_place_i fsdp_place_infer; /* inference: parameters only (place_infer.c) */
+
+/* The placement a configuration asks for (--offload). */
+const fsdp_place_i *fsdp_place_of(const fsdp_engine_config *cfg);
+
+/* The optimizer ranges of unit u's shard on this rank: one per parameter
+ * that overlaps the shard, with its weight decay, pointing into master,
+ * grad and state (each indexed like the shard) and p_out (compute dtype,
+ * or NULL). ranges must have room for the unit's parameter count. Returns
+ * how many were written. */
+int fsdp_place_ranges(const fsdp_engine *e, int u, float *master, const float *grad,
+                      float *const *state, void *p_out, fsdp_optim_range *ranges);
+
+#endif /* FSDP_FSDP_PLACE_H */

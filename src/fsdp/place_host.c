@@ -1,0 +1,265 @@
+/*
+ * place_host.c - optimizer state in pinned host memory (--offload
+ * optimizer): the fp32 master, the optimizer's state arrays and the step's
+ * gradient shard live in host memory and are updated by the optimizer's
+ * host step (vectorised) on the process's CPU worker pool; the device keeps
+ * only the compute-dtype shard, gathered units and gradients in flight.
+ *
+ * Pipeline per step, per unit u (last micro-step):
+ *   backward(u) -> reduce-scatter -> fold partial sums (device) -> copy the
+ *   gradient shard device->host (copy stream) -> host step of u (pool)
+ *   -> before u is next gathered: copy the compute-dtype shard host->device.
+ * Clipping stays exact: with --clip 0 nothing depends on the global norm, so
+ * each unit's update starts as soon as its gradient is on the host, while
+ * backward continues on earlier units (unless non-finite steps are to be
+ * skipped: then the norm decides). With clipping, every update needs
+ * the norm of the whole gradient, so the updates start right after the norm
+ * is known, and overlap the next step's forward instead (unit u's forward
+ * waits only for u's own update).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/world.h"
+#include "fsdp/place.h"
+#include "optim/job.h"
+#include "optim/pool.h"
+
+typedef struct host_ctx {
+    fsdp_pool *pool;              /* the process CPU pool (NULL on meta) */
+    fsdp_optim_job **jobs;        /* [n_units] host step in flight, or NULL */
+    fsdp_event_t *ev_copy;        /* [n_units] last copy of the unit (copy stream) */
+    void **param_host;            /* [n_units] bf16 staging of the compute shard, or NULL */
+    fsdp_optim_range *ranges;     /* (max params per unit,) scratch for submit */
+} host_ctx;
+
+static host_ctx *ctx_of(fsdp_engine *e) { return e->place_ctx; }
+
+static fsdp_status host_init(fsdp_engine *e)
+{
+    const fsdp_engine_shared *sh = e->sh;
+    int U = sh->sm.n_units, max_params = 1;
+    for (int u = 0; u < U; u++)
+        if (sh->sm.units[u].spec->n_params > max_params)
+            max_params = sh->sm.units[u].spec->n_params;
+    host_ctx *h = calloc(1, sizeof *h);
+    if (h) {
+        e->place_ctx = h;
+        h->jobs = calloc((size_t)U, sizeof *h->jobs);
+        h->ev_copy = calloc((size_t)U, sizeof *h->ev_copy);
+        h->param_host = calloc((size_t)U, sizeof *h->param_host);
+        h->ranges = calloc((size_t)max_params, sizeof *h->ranges);
+    }
+    if (!h || !h->jobs || !h->ev_copy || !h->param_host || !h->ranges)
+        return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory for offload state",
+                              e->rank);
+    for (int u = 0; u < U; u++)
+        FSDP_TRY(fsdp_device_event_create(&e->dev, &h->ev_copy[u]));
+    if (!fsdp_device_computes(&e->dev))
+        return FSDP_STATUS_OK;
+    /* on cpu, the rank threads keep the cores busy; GPU ranks mostly wait */
+    int busy = sh->cfg.backend == FSDP_BACKEND_CPU ? sh->world->n_local : 0;
+    return fsdp_pool_acquire(busy, &h->pool);
+}
+
+/* Wait for unit u's host step (if any) and record it in the trace. */
+static void job_finish(fsdp_engine *e, int u)
+{
+    host_ctx *h = ctx_of(e);
+    if (!h->jobs[u])
+        return;
+    uint64_t t0, t1;
+    fsdp_optim_job_wait(h->jobs[u], &t0, &t1);
+    h->jobs[u] = NULL;
+    const fsdp_shard_unit *su = &e->sh->sm.units[u];
+    /* bytes moved: the gradient read, master and every state array read and written */
+    size_t bytes = su->shard_numel * sizeof(float) * (1 + 2 * (1 + (size_t)e->sh->optim->n_state));
+    fsdp_trace_span(e, FSDP_TRACE_OPTIM, e->sh->optim->name, su->spec->name, bytes, t0, t1);
+}
+
+static void host_fini(fsdp_engine *e)
+{
+    host_ctx *h = ctx_of(e);
+    if (!h)
+        return;
+    if (h->jobs)
+        for (int u = 0; u < e->sh->sm.n_units; u++)
+            job_finish(e, u);
+    if (h->ev_copy)
+        for (int u = 0; u < e->sh->sm.n_units; u++)
+            fsdp_device_event_destroy(&e->dev, h->ev_copy[u]);
+    if (h->pool)
+        fsdp_pool_release(h->pool);
+    free(h->jobs);
+    free(h->ev_copy);
+    free(h->param_host); /* the buffers themselves go with the device */
+    free(h->ranges);
+    free(h);
+    e->place_ctx = NULL;
+}
+
+static fsdp_status host_alloc(fsdp_engine *e, size_t bytes, fsdp_mem_kind kind, const char *unit,
+                              const char *label, void **out)
+{
+    char what[128];
+    snprintf(what, sizeof what, "unit '%s' %s", unit, label);
+    return fsdp_device_host_alloc(&e->dev, bytes, kind, what, out);
+}
+
+static fsdp_status host_unit_alloc(fsdp_engine *e, int u)
+{
+    const fsdp_engine_shared *sh = e->sh;
+    const fsdp_optim *o = sh->optim;
+    const fsdp_shard_unit *su = &sh->sm.units[u];
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    const char *name = su->spec->name;
+    size_t f32 = su->shard_numel * sizeof(float);
+    fsdp_dtype dt = sh->cfg.compute_dtype;
+    char label[96];
+    if (dt != FSDP_DTYPE_F32) {
+        snprintf(label, sizeof label, "host %s parameter staging", fsdp_dtype_name(dt));
+        FSDP_TRY(host_alloc(e, su->shard_numel * fsdp_dtype_size(dt), FSDP_MEM_PARAM, name, label,
+                            &ctx_of(e)->param_host[u]));
+    }
+    FSDP_TRY(host_alloc(e, f32, FSDP_MEM_PARAM, name, "master parameter shard",
+                        (void **)&row->master));
+    for (int k = 0; k < o->n_state; k++) {
+        snprintf(label, sizeof label, "%s state %s", o->name, o->state_names[k]);
+        FSDP_TRY(host_alloc(e, f32, FSDP_MEM_OPTIM, name, label, (void **)&row->optim[k]));
+    }
+    FSDP_TRY(host_alloc(e, f32, FSDP_MEM_GRAD, name, "gradient shard", (void **)&row->grad));
+    snprintf(label, sizeof label, "unit '%s' %s parameter shard", name, fsdp_dtype_name(dt));
+    return fsdp_device_alloc(&e->dev, su->shard_numel * fsdp_dtype_size(dt), FSDP_MEM_PARAM,
+                             label, &row->param);
+}
+
+/* Upload src (host, compute dtype) into unit u's device shard; waits. */
+static fsdp_status upload(fsdp_engine *e, int u, const void *src, fsdp_stream_t s)
+{
+    const fsdp_shard_unit *su = &e->sh->sm.units[u];
+    size_t bytes = su->shard_numel * fsdp_dtype_size(e->sh->cfg.compute_dtype);
+    FSDP_TRY(fsdp_device_memcpy(&e->dev, fsdp_engine_row(e, u)->param, src, bytes, s));
+    return fsdp_device_stream_sync(&e->dev, s);
+}
+
+static fsdp_status host_param_refresh(fsdp_engine *e, int u)
+{
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    fsdp_dtype dt = e->sh->cfg.compute_dtype;
+    void *staging = ctx_of(e)->param_host[u];
+    if (dt == FSDP_DTYPE_F32)
+        return upload(e, u, row->master, e->dev.compute);
+    /* cast on the host into the staging buffer, then upload */
+    fsdp_ops_cpu_i.cast(&e->ops, staging, dt, row->master, FSDP_DTYPE_F32,
+                        e->sh->sm.units[u].shard_numel);
+    return upload(e, u, staging, e->dev.compute);
+}
+
+static fsdp_status submit(fsdp_engine *e, int u, float lr, float scale)
+{
+    host_ctx *h = ctx_of(e);
+    const fsdp_engine_shared *sh = e->sh;
+    if (h->jobs[u] || !fsdp_device_computes(&e->dev))
+        return FSDP_STATUS_OK;
+    fsdp_optim_consts c;
+    FSDP_TRY(sh->optim->consts(&sh->optim_hp, e->t, lr, scale, &c));
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    int n = fsdp_place_ranges(e, u, row->master, row->grad, row->optim, h->param_host[u],
+                              h->ranges);
+    return fsdp_optim_job_submit(h->pool, sh->optim, &sh->optim_hp, &c, h->ranges, n,
+                                 FSDP_CPU_ISA_COUNT, &h->jobs[u]);
+}
+
+static fsdp_status host_unit_ready(fsdp_engine *e, int u)
+{
+    host_ctx *h = ctx_of(e);
+    const fsdp_shard_unit *su = &e->sh->sm.units[u];
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    size_t n = su->shard_numel;
+    FSDP_TRY(fsdp_engine_order(e, e->dev.comm, e->dev.compute, e->ev_tmp));
+    float *sum = fsdp_accum_fold(&e->acc, u, n);
+    FSDP_TRY(fsdp_engine_order(e, e->dev.compute, e->dev.copy, e->ev_tmp));
+    fsdp_trace_begin(e, FSDP_TRACE_COPY, "grad d2h", su->spec->name, n * sizeof(float));
+    FSDP_TRY(fsdp_device_memcpy(&e->dev, row->grad, sum, n * sizeof(float), e->dev.copy));
+    FSDP_TRY(fsdp_device_event_record(&e->dev, h->ev_copy[u], e->dev.copy));
+    /* the device partial sums can go once the copy has read them */
+    FSDP_TRY(fsdp_device_event_sync(&e->dev, h->ev_copy[u]));
+    fsdp_trace_end(e, FSDP_TRACE_COPY);
+    fsdp_accum_release(&e->acc, u);
+    if (!fsdp_engine_update_needs_norm(e)) {
+        e->update_started = true;
+        FSDP_TRY(submit(e, u, e->lr, 1.0f));
+    }
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status host_params_ready(fsdp_engine *e, int u)
+{
+    host_ctx *h = ctx_of(e);
+    if (!h->jobs[u])
+        return FSDP_STATUS_OK;
+    job_finish(e, u);
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    const fsdp_shard_unit *su = &e->sh->sm.units[u];
+    fsdp_dtype dt = e->sh->cfg.compute_dtype;
+    const void *src = dt == FSDP_DTYPE_F32 ? (const void *)row->master : h->param_host[u];
+    size_t bytes = su->shard_numel * fsdp_dtype_size(dt);
+    fsdp_trace_begin(e, FSDP_TRACE_COPY, "param h2d", su->spec->name, bytes);
+    FSDP_TRY(fsdp_device_memcpy(&e->dev, row->param, src, bytes, e->dev.copy));
+    /* gathers (comm stream) read the shard; the host source is reused by the
+     * next update, so the copy must be complete */
+    FSDP_TRY(fsdp_device_event_record(&e->dev, h->ev_copy[u], e->dev.copy));
+    FSDP_TRY(fsdp_device_event_sync(&e->dev, h->ev_copy[u]));
+    fsdp_trace_end(e, FSDP_TRACE_COPY);
+    return FSDP_STATUS_OK;
+}
+
+/* The gradient shards are in host memory: sum them here, once every copy
+ * has landed. */
+static fsdp_status host_grad_sumsq(fsdp_engine *e, float *out)
+{
+    FSDP_TRY(fsdp_device_stream_sync(&e->dev, e->dev.copy));
+    size_t off = 0;
+    for (int u = 0; u < e->sh->sm.n_units; u++) {
+        size_t n = e->sh->sm.units[u].shard_numel;
+        fsdp_ops_cpu_i.sumsq_blocks(&e->ops, out + off, fsdp_engine_row(e, u)->grad, n);
+        off += n / FSDP_NORM_BLOCK;
+    }
+    return FSDP_STATUS_OK;
+}
+
+/* Start the host steps not started yet (all of them when clipping). */
+static fsdp_status host_step(fsdp_engine *e, float lr, float scale)
+{
+    for (int u = 0; u < e->sh->sm.n_units; u++)
+        FSDP_TRY(submit(e, u, lr, scale));
+    return FSDP_STATUS_OK;
+}
+
+/* Stage the host master on the device (comm stream). */
+static fsdp_status host_master_on_device(fsdp_engine *e, int u, float **out)
+{
+    size_t bytes = e->sh->sm.units[u].shard_numel * sizeof(float);
+    FSDP_TRY(fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_OTHER, "unit export shard",
+                               (void **)out));
+    fsdp_status st = fsdp_device_memcpy(&e->dev, *out, fsdp_engine_row(e, u)->master, bytes,
+                                        e->dev.comm);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_device_free(&e->dev, *out);
+        *out = NULL;
+    }
+    return st;
+}
+
+const fsdp_place_i fsdp_place_host = {
+    /* .name             = */ "host",
+    /* .init             = */ host_init,
+    /* .fini             = */ host_fini,
+    /* .unit_alloc       = */ host_unit_alloc,
+    /* .param_refresh    = */ host_param_refresh,
+    /* .unit_ready       = */ host_unit_ready,
+    /* .params_ready     = */ host_params_ready,
+    /* .grad_sumsq       = */ host_grad_sumsq,
+    /* .step             = */ host_step,
+    /* .master_on_device = */ host_master_on_device,
+};

@@ -1,0 +1,264 @@
+/*
+ * warm.c - the engine's warm-up: before the first step, reserve on the
+ * device (fsdp_device_reserve) the buffers that the step allocates and
+ * frees again, as many of each size as the step holds at once.
+ *
+ * Why: on cuda every allocation comes from the device's block cache, which
+ * otherwise learns the step's sizes during the first step by asking the
+ * driver; a cudaMalloc while another rank's collective kernel waits for its
+ * peers is a known hang pattern, and a cudaFree waits for the whole device.
+ * With the reservation not even the first step asks the driver. cpu and
+ * meta prepare nothing, and nothing is counted on any backend: in-use
+ * bytes, peaks and the planner's figures stay exact.
+ *
+ * How many: two steps' allocations and frees of the buffers that come and
+ * go (gathered units, full gradients, accumulation buffers) are replayed
+ * here on sizes alone, in the order micro_step in engine.c makes them, and
+ * the most live at once of each size is reserved (the second step starts
+ * with the accumulation buffers the first one made and kept). Replaying the order, not
+ * adding up kinds, lets one size serve several kinds when they alternate
+ * (a block's gathered buffer goes just before its accumulation buffer is
+ * made). With prefetch, one more full gradient of each block size is
+ * reserved beyond what the step holds: the next unit's backward writes it
+ * while the previous one is still being reduce-scattered, so the backward
+ * need not wait for the collective. An inference engine (config
+ * `inference`) only runs forwards: its root and one unit at a time are
+ * replayed. The step's exchanges (engine_comms.c: the norm and losses,
+ * the figures, a job's stop word) come after its last micro-step. Op
+ * scratch, grown by the ops on first use, is not reserved here. tests/test_engine_device.c checks the replay
+ * against the real step through the device's warm-up ledger, for every
+ * strategy, prefetch, placement and accumulation depth.
+ *
+ * What it costs on a GPU: the planner's peak (mem.peak_bytes) is the bytes
+ * the engine asks for, exact as on cpu and meta, reservation or not. What
+ * the device holds beyond them is mem.reserved_bytes: at the peak, the
+ * size classes' rounding of the live blocks (under 512 B each up to 1 MiB,
+ * 128 KiB up to 32 MiB, 2 MiB above), the reserved blocks of a size whose
+ * most-live moment is not the peak's, the prefetch's extra full gradient
+ * of each block size, and the backend's own buffers (cuBLAS workspace, op
+ * scratch, peer staging). fsdp plan --fit's cuda overhead estimates the
+ * rounding, the workspace and the scratch; the extra full gradient (one
+ * block's padded numel x 4 bytes) is the part it does not count yet.
+ *
+ * Placements: one that lends its gradient shard to the accumulation
+ * counter (fsdp_accum_adopt; device) keeps the counter's other buffers for
+ * good; one that lends none (host) releases them once each unit's last
+ * micro-step is out (place.h's unit_ready).
+ */
+#include <stdlib.h>
+
+#include "core/log.h"
+#include "core/world.h"
+#include "fsdp/engine_internal.h"
+
+/* Live and most-live counts per size. */
+struct sizes {
+    struct size_count {
+        size_t bytes, live, peak;
+        bool extra; /* the full gradient added for the overlap */
+    } *v;
+    int n, cap;
+};
+
+static struct size_count *size_at(struct sizes *s, size_t bytes)
+{
+    for (int i = 0; i < s->n; i++)
+        if (s->v[i].bytes == bytes)
+            return &s->v[i];
+    FSDP_ASSERT(s->n < s->cap);
+    s->v[s->n] = (struct size_count){.bytes = bytes};
+    return &s->v[s->n++];
+}
+
+static void take(struct sizes *s, size_t bytes, size_t n)
+{
+    struct size_count *c = size_at(s, bytes);
+    c->live += n;
+    if (c->live > c->peak)
+        c->peak = c->live;
+}
+
+static void give(struct sizes *s, size_t bytes, size_t n)
+{
+    struct size_count *c = size_at(s, bytes);
+    FSDP_ASSERT(c->live >= n);
+    c->live -= n;
+}
+
+/* The replay's view of the engine. */
+struct replay {
+    fsdp_engine *e;
+    struct sizes s;
+    bool *gathered;  /* [U] */
+    int *made;       /* [U] accumulation buffers made (the lent shard counts) */
+    bool lent;       /* the placement lends its gradient shard as buffer 0 */
+};
+
+static const fsdp_shard_unit *unit(const struct replay *r, int u)
+{
+    return &r->e->sh->sm.units[u];
+}
+
+static bool sharded(const struct replay *r)
+{
+    return r->e->sh->cfg.shard != FSDP_SHARD_NONE;
+}
+
+static size_t gather_bytes(const struct replay *r, int u)
+{
+    return unit(r, u)->padded_numel * fsdp_dtype_size(r->e->sh->cfg.compute_dtype);
+}
+
+static size_t grad_bytes(const struct replay *r, int u)
+{
+    return unit(r, u)->padded_numel * sizeof(float);
+}
+
+static size_t accum_bytes(const struct replay *r, int u)
+{
+    return unit(r, u)->shard_numel * sizeof(float);
+}
+
+/* gather_issue / gather_release */
+static void gather(struct replay *r, int u)
+{
+    if (r->gathered[u])
+        return;
+    r->gathered[u] = true;
+    if (sharded(r))
+        take(&r->s, gather_bytes(r, u), 1);
+}
+
+static void release(struct replay *r, int u)
+{
+    if (!r->gathered[u])
+        return;
+    r->gathered[u] = false;
+    if (sharded(r))
+        give(&r->s, gather_bytes(r, u), 1);
+}
+
+/* grad_reduce(u) in micro-step j of A: the counter takes its first free
+ * buffer, index popcount(j) (accum.c), made on first use; the full
+ * gradient goes; after the last micro-step a placement that lends no
+ * buffer releases the unit's. */
+static void reduce(struct replay *r, int u, int j, int A)
+{
+    int k = __builtin_popcount((unsigned)j);
+    if (k >= r->made[u]) {
+        take(&r->s, accum_bytes(r, u), (size_t)(k + 1 - r->made[u]));
+        r->made[u] = k + 1;
+    }
+    give(&r->s, grad_bytes(r, u), 1);
+    if (j == A - 1 && !r->lent) {
+        give(&r->s, accum_bytes(r, u), (size_t)r->made[u]);
+        r->made[u] = 0;
+    }
+}
+
+/* fsdp_engine_exchange (engine_comms.c): its send and receive buffers,
+ * live together, freed before it returns. */
+static void exchange(struct replay *r, size_t bytes)
+{
+    size_t send, recv;
+    fsdp_engine_exchange_bytes(r->e, bytes, &send, &recv);
+    take(&r->s, send, 1);
+    take(&r->s, recv, 1);
+    give(&r->s, recv, 1);
+    give(&r->s, send, 1);
+}
+
+/* One step of micro_step (engine.c), sizes only, then the step's
+ * exchanges: the norm's and losses', the figures'. */
+static void replay_step(struct replay *r)
+{
+    const fsdp_engine_config *cfg = &r->e->sh->cfg;
+    int U = r->e->sh->sm.n_units, A = cfg->grad_accum;
+    bool full = cfg->shard == FSDP_SHARD_FULL || cfg->shard == FSDP_SHARD_HYBRID;
+    gather(r, 0);
+    for (int j = 0; j < A; j++) {
+        if (U > 1)
+            gather(r, 1);
+        for (int u = 1; u < U; u++) {
+            gather(r, u);
+            if (cfg->prefetch && u + 1 < U)
+                gather(r, u + 1);
+            if (full)
+                release(r, u);
+        }
+        take(&r->s, grad_bytes(r, 0), 1);
+        if (U > 1)
+            gather(r, U - 1);
+        for (int u = U - 1; u >= 1; u--) {
+            gather(r, u);
+            if (cfg->prefetch && u - 1 >= 1)
+                gather(r, u - 1);
+            take(&r->s, grad_bytes(r, u), 1);
+            release(r, u);
+            reduce(r, u, j, A);
+        }
+        reduce(r, 0, j, A);
+    }
+    release(r, 0);
+    exchange(r, fsdp_engine_norm_record_bytes(r->e));
+    exchange(r, fsdp_engine_publish_record_bytes());
+    if (r->e->sh->world && r->e->sh->world->n_processes > 1) /* train.c's fsdp_engine_or */
+        exchange(r, sizeof(uint32_t));
+}
+
+/* forward_only (engine.c): an inference engine's only use of the units. */
+static void replay_forward(struct replay *r)
+{
+    int U = r->e->sh->sm.n_units;
+    gather(r, 0);
+    for (int u = 1; u < U; u++) {
+        gather(r, u);
+        release(r, u);
+    }
+    release(r, 0);
+}
+
+fsdp_status fsdp_engine_warm_up(fsdp_engine *e)
+{
+    int U = e->sh->sm.n_units;
+    struct replay r = {.e = e, .lent = e->acc.units[0].buf[0] != NULL};
+    r.s.cap = 3 * U + 7; /* + the exchanges' send and receive sizes */
+    r.s.v = calloc((size_t)r.s.cap, sizeof *r.s.v);
+    r.gathered = calloc((size_t)U, sizeof *r.gathered);
+    r.made = calloc((size_t)U, sizeof *r.made);
+    fsdp_status st = FSDP_STATUS_OK;
+    if (!r.s.v || !r.gathered || !r.made) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory planning rank %d's warm-up",
+                            e->rank);
+        goto out;
+    }
+    for (int u = 0; u < U; u++)
+        r.made[u] = r.lent ? 1 : 0;
+    if (e->sh->cfg.inference) {
+        replay_forward(&r);
+    } else {
+        /* two steps: buffers the counter keeps for good are made during
+         * the first one, and are live from the start of the second */
+        replay_step(&r);
+        replay_step(&r);
+    }
+    if (e->sh->cfg.prefetch && !e->sh->cfg.inference) /* RS overlaps the next backward */
+        for (int u = 1; u < U; u++) {
+            struct size_count *c = size_at(&r.s, grad_bytes(&r, u));
+            c->peak += !c->extra;
+            c->extra = true;
+        }
+    for (int i = 0; i < r.s.n && st == FSDP_STATUS_OK; i++)
+        st = fsdp_device_reserve(&e->dev, r.s.v[i].bytes, r.s.v[i].peak);
+    if (st == FSDP_STATUS_OOM) {
+        FSDP_WARN(FSDP_SUB_ALLOC, "rank %d: %s; the first step will ask the driver as it goes",
+                  e->rank, fsdp_error_msg());
+        fsdp_error_clear();
+        st = FSDP_STATUS_OK;
+    }
+out:
+    free(r.s.v);
+    free(r.gathered);
+    free(r.made);
+    return st;
+}

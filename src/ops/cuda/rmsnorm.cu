@@ -1,0 +1,155 @@
+/*
+ * rmsnorm.cu - RMSNorm over the last dimension on the GPU (HF Llama):
+ *   out = inp * rstd * w,  rstd = 1 / sqrt(mean(inp^2) + eps).
+ *
+ * inp, out (N, C) and w (C,) in ctx->dt; rstd (N,) fp32 (NULL in the
+ * forward: not saved). One warp per row; the sum of squares runs in double
+ * (as on the cpu, whose lane order differs only in how the double partial
+ * sums are grouped), products are explicitly rounded (no FMA contraction).
+ *
+ * Backward: dinp += (dn - n * mean(dn * n)) * rstd with n = inp * rstd,
+ * dn = w * dout, one warp per row. dw += sum_i n_i * dout_i is
+ * deterministic: fixed row chunks give per-chunk partials (rows in order
+ * per thread, 8 threads per column added in order), then a second pass adds
+ * the chunks in order and adds the total to dw once.
+ */
+#include "ops/cuda/common.cuh"
+
+static __device__ __forceinline__ double rms_warp_sum_d(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <typename T>
+__global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const T *inp, const T *w, float eps,
+                                   int N, int C)
+{
+    int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32);
+    int lane = threadIdx.x % 32;
+    if (row >= N)
+        return;
+    size_t off = (size_t)row * C;
+    double ss = 0.0;
+    for (int c = lane; c < C; c += 32) {
+        double x = (double)fsdp_cu_ld(inp, off + c);
+        ss = __dadd_rn(ss, __dmul_rn(x, x));
+    }
+    ss = rms_warp_sum_d(ss);
+    float rs = (float)(1.0 / sqrt(ss / C + (double)eps));
+    for (int c = lane; c < C; c += 32)
+        fsdp_cu_st(out, off + c, __fmul_rn(__fmul_rn(fsdp_cu_ld(inp, off + c), rs),
+                                           fsdp_cu_ld(w, c)));
+    if (lane == 0 && rstd)
+        rstd[row] = rs;
+}
+
+template <typename T>
+__global__ void rmsnorm_bwd_dinp_kernel(float *dinp, const float *dout, const T *inp, const T *w,
+                                        const float *rstd, int N, int C)
+{
+    int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32);
+    int lane = threadIdx.x % 32;
+    if (row >= N)
+        return;
+    size_t off = (size_t)row * C;
+    const float rs = rstd[row];
+    float a = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float n = __fmul_rn(fsdp_cu_ld(inp, off + c), rs);
+        float dn = __fmul_rn(fsdp_cu_ld(w, c), dout[off + c]);
+        a = __fadd_rn(a, __fmul_rn(dn, n));
+    }
+    const float m = fsdp_cu_warp_sum(a) / (float)C;
+    for (int c = lane; c < C; c += 32) {
+        float n = __fmul_rn(fsdp_cu_ld(inp, off + c), rs);
+        float dn = __fmul_rn(fsdp_cu_ld(w, c), dout[off + c]);
+        dinp[off + c] += __fmul_rn(__fsub_rn(dn, __fmul_rn(n, m)), rs);
+    }
+}
+
+/* Block (bx, by): columns [32bx, 32bx+32), rows [by*rows_per, ...). */
+template <typename T>
+__global__ void rmsnorm_bwd_partial_kernel(float *pdw, const float *dout, const T *inp,
+                                           const float *rstd, int N, int C, int rows_per)
+{
+    __shared__ float sw[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    int r0 = blockIdx.y * rows_per;
+    int r1 = min(N, r0 + rows_per);
+    float aw = 0.0f;
+    if (c < C)
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) {
+            size_t e = (size_t)r * C + c;
+            aw = __fadd_rn(aw, __fmul_rn(__fmul_rn(fsdp_cu_ld(inp, e), rstd[r]), dout[e]));
+        }
+    sw[threadIdx.y][threadIdx.x] = aw;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        float t = sw[0][threadIdx.x];
+        for (int k = 1; k < 8; k++)
+            t += sw[k][threadIdx.x];
+        pdw[(size_t)blockIdx.y * C + c] = t;
+    }
+}
+
+__global__ void rmsnorm_bwd_finish_kernel(float *dw, const float *pdw, int n_chunks, int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    float t = 0.0f;
+    for (int k = 0; k < n_chunks; k++)
+        t += pdw[(size_t)k * C + c];
+    dw[c] += t;
+}
+
+void fsdp_ops_cuda_rmsnorm_fwd(fsdp_op_ctx *ctx, void *out, float *rstd, const void *inp,
+                               const void *w, float eps, int N, int C)
+{
+    if (N <= 0 || C <= 0 || !fsdp_ops_cuda_ok(ctx))
+        return;
+    unsigned grid = (unsigned)(((size_t)N * 32 + 255) / 256);
+    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
+    FSDP_CUDA_DISPATCH(ctx->dt, E,
+                       rmsnorm_fwd_kernel<E><<<grid, 256, 0, s>>>(
+                           (E *)out, rstd, (const E *)inp, (const E *)w, eps, N, C));
+    fsdp_ops_cuda_launched(ctx, "rmsnorm_fwd");
+}
+
+void fsdp_ops_cuda_rmsnorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, const float *dout,
+                               const void *inp, const void *w, const float *rstd, int N, int C)
+{
+    if (N <= 0 || C <= 0 || !fsdp_ops_cuda_ok(ctx))
+        return;
+    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
+    if (dinp) {
+        unsigned grid = (unsigned)(((size_t)N * 32 + 255) / 256);
+        FSDP_CUDA_DISPATCH(ctx->dt, E,
+                           rmsnorm_bwd_dinp_kernel<E><<<grid, 256, 0, s>>>(
+                               dinp, dout, (const E *)inp, (const E *)w, rstd, N, C));
+        if (!fsdp_ops_cuda_launched(ctx, "rmsnorm_bwd"))
+            return;
+    }
+    if (!dw)
+        return;
+    /* Chunking depends on the shape only (same sums on every GPU model). */
+    int n_chunks = (N + 63) / 64;
+    if (n_chunks > 256)
+        n_chunks = 256;
+    int rows_per = (N + n_chunks - 1) / n_chunks;
+    n_chunks = (N + rows_per - 1) / rows_per;
+    float *pdw = (float *)fsdp_ops_cuda_scratch(ctx, (size_t)n_chunks * C * sizeof(float),
+                                                "rmsnorm_bwd");
+    if (!pdw)
+        return;
+    dim3 grid((unsigned)((C + 31) / 32), (unsigned)n_chunks);
+    FSDP_CUDA_DISPATCH(ctx->dt, E,
+                       rmsnorm_bwd_partial_kernel<E><<<grid, dim3(32, 8), 0, s>>>(
+                           pdw, dout, (const E *)inp, rstd, N, C, rows_per));
+    if (!fsdp_ops_cuda_launched(ctx, "rmsnorm_bwd"))
+        return;
+    rmsnorm_bwd_finish_kernel<<<(C + 255) / 256, 256, 0, s>>>(dw, pdw, n_chunks, C);
+    fsdp_ops_cuda_launched(ctx, "rmsnorm_bwd");
+}

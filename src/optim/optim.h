@@ -1,0 +1,129 @@
+/*
+ * optim.h - the optimizer interface and the registry of optimizers by name.
+ *
+ * An optimizer is a table (struct fsdp_optim): its name, the fp32 state
+ * arrays it keeps per parameter (named: checkpoints store them under these
+ * names), a check of its hyper-parameters, the constants of step t (AdamW's
+ * bias corrections), a device step through the op table and a host step
+ * (the vectorised CPU kernel; optim/job.h runs it on the worker pool for
+ * optimizer offload). The engine (src/fsdp) drives whichever one the
+ * configuration names through this table and never names one itself.
+ *
+ * Who owns what: the arithmetic of each update rule is in src/ops (the cpu
+ * reference and vector kernels in ops/cpu/optim_kernels.h, the CUDA kernels
+ * in ops/cuda); this layer decides which kernel a rule uses, with which
+ * constants, on which state arrays.
+ *
+ * Adding an optimizer: its kernels in src/ops (cpu reference + vectorised,
+ * a CUDA kernel, an op slot), one file here filling a struct fsdp_optim,
+ * and one line in the registry (optim.c). The CLI's --optimizer parsing and
+ * help, the planner's byte counts and the checkpoint format follow from
+ * the table.
+ */
+#ifndef FSDP_OPTIM_OPTIM_H
+#define FSDP_OPTIM_OPTIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops/cpu/optim_kernels.h"
+#include "ops/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FSDP_OPTIM_MAX_STATE 4  /* state arrays per parameter, at most */
+#define FSDP_OPTIM_NAME_MAX 24  /* optimizer and state array names, with the NUL */
+
+/* Hyper-parameters of a run. Each optimizer reads the ones it uses. */
+typedef struct fsdp_optim_hparams {
+    float beta1, beta2, eps;   /* AdamW */
+    float momentum;            /* SGD */
+    float weight_decay;        /* for the parameters that decay (the model marks them) */
+} fsdp_optim_hparams;
+
+/* The constants of one step, the same for every element of every shard:
+ * computed once per step by the optimizer's consts slot. */
+typedef struct fsdp_optim_consts {
+    float lr;
+    float grad_scale;          /* multiplies every gradient (global-norm clipping) */
+    float k[2];                /* optimizer-specific (AdamW: 1 - beta1^t, 1 - beta2^t) */
+} fsdp_optim_consts;
+
+/* A contiguous run of one shard's parameters that share a weight decay:
+ * what a step updates. Pointers are device memory for device_step and host
+ * memory for host_step. */
+typedef struct fsdp_optim_range {
+    float *p;                               /* (n,) fp32 master parameters, in place */
+    const float *grad;                      /* (n,) fp32 gradient; aliases nothing written */
+    float *state[FSDP_OPTIM_MAX_STATE];     /* (n,) each: the optimizer's arrays, in its order */
+    void *p_out;                            /* (n,) the new parameters again in out_dt, or NULL */
+    fsdp_dtype out_dt;                      /* fp32 or bf16 (p_out may alias p only for fp32) */
+    size_t n;
+    float wd;                               /* weight decay of these parameters (0: none) */
+} fsdp_optim_range;
+
+/* Hyper-parameters an optimizer reads, beyond the learning rate and weight
+ * decay every one takes (the CLI refuses a setting the optimizer would
+ * ignore). */
+enum {
+    FSDP_OPTIM_USES_BETAS = 1u << 0,
+    FSDP_OPTIM_USES_EPS = 1u << 1,
+    FSDP_OPTIM_USES_MOMENTUM = 1u << 2,
+};
+
+typedef struct fsdp_optim {
+    const char *name;                       /* "adamw": --optimizer, manifests */
+    const char *help;                       /* one line for --help */
+    unsigned uses;                          /* FSDP_OPTIM_USES_* */
+    int n_state;                            /* fp32 state arrays per parameter */
+    const char *state_names[FSDP_OPTIM_MAX_STATE]; /* checkpoints store them by these names */
+    /* INVALID_ARG naming the hyper-parameter and its valid range. */
+    fsdp_status (*check)(const fsdp_optim_hparams *hp);
+    /* The constants of step t (1-based) at learning rate lr; INVALID_ARG
+     * if t is out of range. */
+    fsdp_status (*consts)(const fsdp_optim_hparams *hp, uint64_t t, float lr, float grad_scale,
+                          fsdp_optim_consts *out);
+    /* One step on device memory through the op table, asynchronous on
+     * ops' stream (a no-op on meta). */
+    void (*device_step)(fsdp_op_ctx *ops, const fsdp_optim_hparams *hp,
+                        const fsdp_optim_consts *c, const fsdp_optim_range *r);
+    /* One step on host memory on the calling thread with the kernel of isa
+     * (FSDP_CPU_ISA_COUNT: the best; others must be supported), bit-identical
+     * to device_step on the cpu backend. */
+    void (*host_step)(fsdp_cpu_isa isa, const fsdp_optim_hparams *hp, const fsdp_optim_consts *c,
+                      const fsdp_optim_range *r);
+} fsdp_optim;
+
+extern const fsdp_optim fsdp_optim_adamw;
+extern const fsdp_optim fsdp_optim_sgd;
+
+/* The registry, in --help order; entry 0 is the default (AdamW). */
+int fsdp_optim_count(void);
+const fsdp_optim *fsdp_optim_at(int i);
+
+/* o, or the default when o is NULL (a zeroed configuration means AdamW). */
+const fsdp_optim *fsdp_optim_or_default(const fsdp_optim *o);
+
+/* The optimizer called `name`; INVALID_ARG listing the known names if none. */
+fsdp_status fsdp_optim_find(const char *name, const fsdp_optim **out);
+
+/* The known names joined by sep ("adamw|sgd"), for help texts; truncated
+ * to fit n. Returns buf. */
+const char *fsdp_optim_names(char *buf, size_t n, const char *sep);
+
+/* Bytes of optimizer state per parameter (fp32 arrays). */
+static inline size_t fsdp_optim_state_bytes(const fsdp_optim *o)
+{
+    return (size_t)o->n_state * sizeof(float);
+}
+
+/* The state names joined by sep ("adam_m, adam_v"); "none" without state. */
+const char *fsdp_optim_state_list(const fsdp_optim *o, char *buf, size_t n, const char *sep);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FSDP_OPTIM_OPTIM_H */

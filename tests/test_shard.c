@@ -1,0 +1,399 @@
+/*
+ * test_shard.c - llm.c token shards beyond test_data.c's uint16 files: the
+ * uint32 layout (llm.c's Llama 3 shards: magic 20240801, version 7), the
+ * shard writer (data/shard.h), and `fsdp tokenize` turning text and .jsonl
+ * corpora into shards through a tokenizer.json (tests/fixtures/tok_*.json).
+ * Files go to /tmp and are removed by each test. Runs from the repository
+ * root.
+ */
+#include <check.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "data/chat.h"
+#include "data/data.h"
+#include "data/hftok.h"
+#include "data/shard.h"
+
+#define TOK_GPT2 "tests/fixtures/tok_gpt2.json"
+#define TOK_LLAMA3 "tests/fixtures/tok_llama3.json"
+
+#ifndef FSDP_BIN
+#define FSDP_BIN "build/fsdp"
+#endif
+
+/* A fresh path /tmp/fsdp_test_shard_XXXXXX<suffix> (the file exists, empty). */
+static void temp_path(char *path, size_t n, const char *suffix)
+{
+    snprintf(path, n, "/tmp/fsdp_test_shard_XXXXXX%s", suffix);
+    int fd = mkstemps(path, (int)strlen(suffix));
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+}
+
+/* The batch contract for a stream, from the concatenated tokens. */
+static void check_batch_against(const fsdp_data *d, const int *all, uint64_t n, uint64_t m,
+                                int B, int T)
+{
+    int *in = malloc(sizeof(int) * B * T), *tg = malloc(sizeof(int) * B * T);
+    ck_assert_int_eq(fsdp_data_batch(d, m, B, T, in, tg), FSDP_STATUS_OK);
+    for (int r = 0; r < B; r++)
+        for (int j = 0; j < T; j++) {
+            uint64_t p = (uint64_t)((((unsigned __int128)m * B + r) * T + j) % n);
+            if (in[r * T + j] != all[p] || tg[r * T + j] != all[(p + 1) % n])
+                ck_abort_msg("batch %llu row %d col %d: got (%d, %d), want (%d, %d)",
+                             (unsigned long long)m, r, j, in[r * T + j], tg[r * T + j], all[p],
+                             all[(p + 1) % n]);
+        }
+    free(in);
+    free(tg);
+}
+
+static int run_cmd(char *out, size_t n, const char *fmt, ...)
+{
+    char args[2048], cmd[2300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", FSDP_BIN, args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t k = fread(out, 1, n - 1, p);
+    out[k] = '\0';
+    int rc = pclose(p);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static fsdp_hftok *tok_open(const char *path)
+{
+    fsdp_hftok *t = NULL;
+    ck_assert_int_eq(fsdp_hftok_open(&t, path), FSDP_STATUS_OK);
+    return t;
+}
+
+/* Append the tokens of s (special tokens left as text) to v[*n..]. */
+static void enc(fsdp_hftok *t, const char *s, int *v, size_t *n)
+{
+    int *ids;
+    size_t k;
+    ck_assert_int_eq(fsdp_hftok_encode(t, s, strlen(s), FSDP_HFTOK_SPLIT_SPECIAL, &ids, &k),
+                     FSDP_STATUS_OK);
+    if (k)
+        memcpy(v + *n, ids, k * sizeof *ids);
+    *n += k;
+    free(ids);
+}
+
+/* ---- uint32 shards and the writer ------------------------------------------ */
+
+/* An llm.c Llama 3 shard: magic 20240801, version 7, uint32 tokens. */
+static void write_shard32(const char *path, int magic, int version, int count,
+                          const uint32_t *tok, size_t n, size_t cut)
+{
+    size_t bytes = 1024 + 4 * n;
+    uint8_t *buf = calloc(1, bytes);
+    int32_t h[3] = {magic, version, count};
+    memcpy(buf, h, sizeof h);
+    if (n)
+        memcpy(buf + 1024, tok, 4 * n);
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(buf, 1, bytes - cut, f), bytes - cut);
+    ck_assert_int_eq(fclose(f), 0);
+    free(buf);
+}
+
+START_TEST(test_shard_uint32)
+{
+    char path[64];
+    temp_path(path, sizeof path, ".bin");
+    size_t n = 3000;
+    uint32_t *tok = malloc(n * sizeof *tok);
+    int *all = malloc(n * sizeof *all);
+    for (size_t i = 0; i < n; i++)
+        all[i] = (int)(tok[i] = (uint32_t)((i * 7919 + 11) % 128256)); /* Llama 3's vocabulary */
+    tok[17] = 128255;
+    all[17] = 128255;
+    write_shard32(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, n, 0);
+    fsdp_data *d = NULL;
+    ck_assert_int_eq(fsdp_data_open(&d, path, 128256, 1), FSDP_STATUS_OK);
+    ck_assert_uint_eq(fsdp_data_n_tokens(d), n);
+    ck_assert_int_eq(fsdp_data_vocab(d), 128256);
+    ck_assert(!fsdp_data_masked(d));
+    for (uint64_t m = 0; m < 12; m++)
+        check_batch_against(d, all, n, m, 3, 100);
+    fsdp_data_close(d);
+    /* a token past the vocabulary, a short file, the wrong version */
+    ck_assert_int_eq(fsdp_data_open(&d, path, 128255, 1), FSDP_STATUS_FORMAT);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "128255"));
+    write_shard32(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, n, 2);
+    ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "of 4 bytes"));
+    write_shard32(path, FSDP_SHARD_MAGIC_U32, 1, (int)n, tok, n, 0);
+    ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "version 7"));
+    write_shard32(path, FSDP_SHARD_MAGIC_U16, 7, (int)n, tok, n, 0);
+    ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
+    /* a uint32 shard whose token does not fit an int */
+    tok[3] = 0x80000000u;
+    write_shard32(path, FSDP_SHARD_MAGIC_U32, FSDP_SHARD_VERSION_U32, (int)n, tok, n, 0);
+    ck_assert_int_eq(fsdp_data_open(&d, path, 0, 1), FSDP_STATUS_FORMAT);
+    free(tok);
+    free(all);
+    unlink(path);
+}
+END_TEST
+
+/* The writer picks uint16 up to 65536 ids and uint32 past it; the reader
+ * gets back every token, also across a glob of a uint16 and a uint32
+ * shard; nothing is at the path until commit; bad ids are refused. */
+START_TEST(test_shard_writer)
+{
+    char dir[64] = "/tmp/fsdp_test_shard_XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char p16[128], p32[128], glob[128];
+    snprintf(p16, sizeof p16, "%s/a_0.bin", dir);
+    snprintf(p32, sizeof p32, "%s/a_1.bin", dir);
+    snprintf(glob, sizeof glob, "%s/a_*.bin", dir);
+    size_t n = 70000;
+    int *ids = malloc(2 * n * sizeof *ids);
+    for (size_t i = 0; i < n; i++) {
+        ids[i] = (int)((i * 31) % 65536);
+        ids[n + i] = (int)((i * 131071) % 151936); /* Qwen2's vocabulary */
+    }
+    const char *paths[2] = {p16, p32};
+    int vocab[2] = {65536, 151936};
+    long sizes[2] = {1024 + 2 * (long)n, 1024 + 4 * (long)n};
+    for (int k = 0; k < 2; k++) {
+        fsdp_shard_writer *w = NULL;
+        ck_assert_int_eq(fsdp_shard_writer_open(&w, paths[k], vocab[k]), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_shard_writer_add(w, ids + k * n, 1000), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_shard_writer_add(w, ids + k * n + 1000, n - 1000), FSDP_STATUS_OK);
+        int bad = vocab[k];
+        ck_assert_int_eq(fsdp_shard_writer_add(w, &bad, 1), FSDP_STATUS_INVALID_ARG);
+        bad = -1;
+        ck_assert_int_eq(fsdp_shard_writer_add(w, &bad, 1), FSDP_STATUS_INVALID_ARG);
+        ck_assert_uint_eq(fsdp_shard_writer_count(w), n);
+        ck_assert_int_ne(access(paths[k], F_OK), 0); /* not there before commit */
+        ck_assert_int_eq(fsdp_shard_writer_close(w, true), FSDP_STATUS_OK);
+        FILE *f = fopen(paths[k], "rb");
+        fseek(f, 0, SEEK_END);
+        ck_assert_int_eq(ftell(f), sizes[k]);
+        fclose(f);
+    }
+    fsdp_data *d = NULL;
+    ck_assert_int_eq(fsdp_data_open(&d, glob, 0, 1), FSDP_STATUS_OK);
+    ck_assert_uint_eq(fsdp_data_n_tokens(d), 2 * n);
+    for (uint64_t m = 0; m < 20; m++)
+        check_batch_against(d, ids, 2 * n, m * 97, 4, 512);
+    fsdp_data_close(d);
+    /* an abandoned writer leaves nothing behind */
+    char p3[128];
+    snprintf(p3, sizeof p3, "%s/b.bin", dir);
+    fsdp_shard_writer *w = NULL;
+    ck_assert_int_eq(fsdp_shard_writer_open(&w, p3, 1000), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_shard_writer_add(w, ids, 10), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_shard_writer_close(w, false), FSDP_STATUS_OK);
+    ck_assert_int_ne(access(p3, F_OK), 0);
+    ck_assert_int_eq(fsdp_shard_writer_open(&w, p3, 0), FSDP_STATUS_INVALID_ARG);
+    snprintf(p3, sizeof p3, "%s/no/such/dir.bin", dir);
+    ck_assert_int_eq(fsdp_shard_writer_open(&w, p3, 10), FSDP_STATUS_IO);
+    unlink(p16);
+    unlink(p32);
+    rmdir(dir);
+    free(ids);
+}
+END_TEST
+
+/* The tokens of a shard file (its header checked). */
+static int *read_shard(const char *path, size_t *n, int *token_bytes)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s missing", path);
+    int32_t h[256];
+    ck_assert_uint_eq(fread(h, sizeof h, 1, f), 1);
+    *token_bytes = h[0] == FSDP_SHARD_MAGIC_U16 ? 2 : 4;
+    ck_assert_int_eq(h[1], *token_bytes == 2 ? FSDP_SHARD_VERSION_U16 : FSDP_SHARD_VERSION_U32);
+    *n = (size_t)h[2];
+    int *ids = malloc((*n + 1) * sizeof *ids);
+    for (size_t i = 0; i < *n; i++) {
+        uint32_t v = 0;
+        ck_assert_uint_eq(fread(&v, (size_t)*token_bytes, 1, f), 1);
+        ids[i] = (int)v;
+    }
+    ck_assert_int_eq(fgetc(f), EOF);
+    fclose(f);
+    return ids;
+}
+
+/* Text and jsonl into shards: the documents with their separators, split
+ * at --shard-tokens; a vocabulary past 65536 ids gives uint32 shards. */
+START_TEST(test_tokenize_files)
+{
+    char dir[64] = "/tmp/fsdp_test_shard_XXXXXX", in[128], out[128], p[160], msg[4096];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    fsdp_hftok *t = tok_open(TOK_LLAMA3);
+    int bos = fsdp_hftok_bos(t);
+    snprintf(in, sizeof in, "%s/c.jsonl", dir);
+    FILE *f = fopen(in, "w");
+    fprintf(f, "{\"text\": \"one <|eot_id|> \\u00e9\"}\n{\"text\": \"two\"}\n"
+               "{\"messages\": [{\"role\": \"user\", \"content\": \"q\"}, "
+               "{\"role\": \"assistant\", \"content\": \"a\"}]}\n"
+               "{\"prompt\": \"p\", \"completion\": \"c\"}\n");
+    fclose(f);
+    int want[256];
+    size_t n = 0;
+    want[n++] = bos;
+    enc(t, "one <|eot_id|> \xc3\xa9", want, &n);
+    want[n++] = bos;
+    enc(t, "two", want, &n);
+    fsdp_chat_msg m[2] = {{"user", "q", 1}, {"assistant", "a", 1}};
+    fsdp_ids ids = {0};
+    fsdp_flags tr = {0};
+    ck_assert_int_eq(fsdp_chat_render(t, fsdp_chat_format_find("llama3"), m, 2, &ids, &tr),
+                     FSDP_STATUS_OK);
+    ck_assert_int_eq(ids.p[0], bos); /* begins with BOS: no second one */
+    memcpy(want + n, ids.p, ids.n * sizeof(int));
+    n += ids.n;
+    want[n++] = bos;
+    enc(t, "p", want, &n);
+    enc(t, "c", want, &n);
+    want[n++] = fsdp_hftok_eot(t);
+    snprintf(out, sizeof out, "%s/o.bin", dir);
+    int rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s", in, out, TOK_LLAMA3);
+    ck_assert_msg(rc == 0 && strstr(msg, "from 4 documents"), "rc %d: %s", rc, msg);
+    size_t got_n;
+    int tb;
+    int *got = read_shard(out, &got_n, &tb);
+    ck_assert_int_eq(tb, 2);
+    ck_assert_uint_eq(got_n, n);
+    ck_assert(!memcmp(got, want, n * sizeof *got));
+    free(got);
+    /* split into shards of 7 tokens, then read back as a glob */
+    rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 7 --quiet", in,
+                 out, TOK_LLAMA3);
+    ck_assert_msg(rc == 0 && !*msg, "rc %d: %s", rc, msg);
+    size_t at = 0;
+    int k = 0;
+    for (;; k++) {
+        snprintf(p, sizeof p, "%s/o_%06d.bin", dir, k);
+        if (access(p, F_OK) != 0)
+            break;
+        got = read_shard(p, &got_n, &tb);
+        ck_assert_uint_le(got_n, 7);
+        ck_assert(!memcmp(got, want + at, got_n * sizeof *got));
+        at += got_n;
+        free(got);
+    }
+    ck_assert_uint_eq(at, n);
+    ck_assert_int_eq(k, (int)((n + 6) / 7));
+    snprintf(p, sizeof p, "%s/o_*.bin", dir);
+    fsdp_data *d = NULL;
+    ck_assert_int_eq(fsdp_data_open(&d, p, 0, 1), FSDP_STATUS_OK);
+    ck_assert_uint_eq(fsdp_data_n_tokens(d), n);
+    fsdp_data_close(d);
+    /* a text file with a tokenizer past 65536 ids: uint32 tokens */
+    snprintf(in, sizeof in, "%s/t.txt", dir);
+    f = fopen(in, "w");
+    fprintf(f, "hello world\n");
+    fclose(f);
+    snprintf(p, sizeof p, "%s/big.json", dir);
+    size_t len;
+    FILE *src = fopen(TOK_GPT2, "rb");
+    fseek(src, 0, SEEK_END);
+    len = (size_t)ftell(src);
+    fseek(src, 0, SEEK_SET);
+    char *json = malloc(len + 1);
+    ck_assert_uint_eq(fread(json, 1, len, src), len);
+    fclose(src);
+    char *id = strstr(json, "\"id\": 656");
+    ck_assert_ptr_nonnull(id);
+    f = fopen(p, "wb");
+    fwrite(json, 1, (size_t)(id - json), f);
+    fprintf(f, "\"id\": 100000");
+    fwrite(id + 9, 1, len - (size_t)(id + 9 - json), f);
+    fclose(f);
+    free(json);
+    snprintf(out, sizeof out, "%s/t.bin", dir);
+    rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s", in, out, p);
+    ck_assert_msg(rc == 0 && strstr(msg, "(uint32)"), "rc %d: %s", rc, msg);
+    got = read_shard(out, &got_n, &tb);
+    ck_assert_int_eq(tb, 4);
+    ck_assert_int_eq(got[0], 100000); /* <|endoftext|> before the document */
+    free(got);
+    fsdp_ids_free(&ids);
+    fsdp_flags_free(&tr);
+    fsdp_hftok_free(t);
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(rm), 0);
+}
+END_TEST
+
+/* Failures leave no output; usage errors exit 2 and say what is needed. */
+START_TEST(test_tokenize_errors)
+{
+    char dir[64] = "/tmp/fsdp_test_shard_XXXXXX", in[128], out[128], msg[4096], p[160];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(in, sizeof in, "%s/c.jsonl", dir);
+    FILE *f = fopen(in, "w");
+    for (int i = 0; i < 50; i++)
+        fprintf(f, "{\"text\": \"row %d\"}\n", i);
+    fprintf(f, "{\"text\": 5}\n");
+    fclose(f);
+    snprintf(out, sizeof out, "%s/o.bin", dir);
+    int rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 10", in, out,
+                     TOK_GPT2);
+    ck_assert_msg(rc == 1 && strstr(msg, "line 51") && strstr(msg, "must be a string"),
+                  "rc %d: %s", rc, msg);
+    snprintf(p, sizeof p, "ls %s | wc -l", dir);
+    FILE *ls = popen(p, "r");
+    int files = -1;
+    ck_assert_int_eq(fscanf(ls, "%d", &files), 1);
+    pclose(ls);
+    ck_assert_int_eq(files, 1); /* only the input: every shard written was removed */
+    rc = run_cmd(msg, sizeof msg, "tokenize %s %s", in, out);
+    ck_assert_msg(rc == 2 && strstr(msg, "--tokenizer"), "rc %d: %s", rc, msg);
+    rc = run_cmd(msg, sizeof msg, "tokenize %s %s --tokenizer %s --format csv", in, out,
+                 TOK_GPT2);
+    ck_assert_msg(rc == 2 && strstr(msg, "csv"), "rc %d: %s", rc, msg);
+    rc = run_cmd(msg, sizeof msg, "tokenize --help");
+    ck_assert_msg(rc == 0 && strstr(msg, "--shard-tokens") && strstr(msg, "chatml"), "%s", msg);
+    rc = run_cmd(msg, sizeof msg, "tokenize %s/none.txt %s --tokenizer %s", dir, out, TOK_GPT2);
+    ck_assert_msg(rc == 1 && strstr(msg, "none.txt"), "rc %d: %s", rc, msg);
+    ck_assert_int_ne(access(out, F_OK), 0);
+    remove(in);
+    rmdir(dir);
+}
+END_TEST
+
+static Suite *shard_suite(void)
+{
+    Suite *s = suite_create("shard");
+    TCase *tc = tcase_create("files");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_shard_uint32);
+    tcase_add_test(tc, test_shard_writer);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("tokenize");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_tokenize_files);
+    tcase_add_test(tc, test_tokenize_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(shard_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
