@@ -403,7 +403,7 @@ static void inputs_make(all_inputs *in)
     in->tgt = malloc(TN * sizeof(int));
     for (int i = 0; i < TN; i++) {
         in->tok[i] = (i * 7 + i / 3) % TV; /* repeats, for the embedding backward */
-        in->tgt[i] = (i * 13 + 5) % TV;
+        in->tgt[i] = i % 11 == 3 ? -1 : (i * 13 + 5) % TV; /* some rows masked */
     }
 }
 
@@ -496,6 +496,45 @@ static blob run_all_ops(const all_inputs *in, fsdp_dtype dt, int threads)
     FSDP_OP(c, xent_fwd_bwd, losses, dlogits, logits, in->tgt, TN, TV, TVP, 0.25f);
     blob_add(&b, losses, TN * 4);
     blob_add(&b, dlogits, (size_t)TN * TVP * 4);
+    /* the Llama ops: rmsnorm, rope (plain and with positions), swiglu and
+     * grouped-query attention (4 query heads on 2 kv heads of 33, windowed) */
+    FSDP_OP(c, rmsnorm_fwd, o_c, rstd, x, lw, 1e-5f, TN, TC);
+    blob_add(&b, o_c, nc * es);
+    blob_add(&b, rstd, TN * 4);
+    memset(g_c, 0, nc * 4);
+    memset(g_lw, 0, TC * 4);
+    FSDP_OP(c, rmsnorm_bwd, g_c, g_lw, in->dy_c, x, lw, rstd, TN, TC);
+    blob_add(&b, g_c, nc * 4);
+    blob_add(&b, g_lw, TC * 4);
+    float inv_freq[16];
+    for (int i = 0; i < 16; i++)
+        inv_freq[i] = powf(10000.0f, -(float)i / 16.0f);
+    int *pos = malloc(TN * sizeof(int));
+    for (int i = 0; i < TN; i++)
+        pos[i] = (i % TT) % 37;
+    for (int k = 0; k < 2; k++) {
+        FSDP_OP(c, rope_fwd, x, inv_freq, k ? pos : NULL, TB, TT, 4, 32, TC);
+        blob_add(&b, x, nc * es);
+        memcpy(g_c, in->dy_c, nc * 4);
+        FSDP_OP(c, rope_bwd, g_c, inv_freq, k ? pos : NULL, TB, TT, 4, 32, TC);
+        blob_add(&b, g_c, nc * 4);
+    }
+    const int IC = 3 * TC / 2;
+    FSDP_OP(c, swiglu_fwd, o_3c, big, TN, IC);
+    blob_add(&b, o_3c, (size_t)TN * IC * es);
+    memset(g_3c, 0, n3 * 4);
+    FSDP_OP(c, swiglu_bwd, g_3c, big, in->dy_3c, TN, IC);
+    blob_add(&b, g_3c, n3 * 4);
+    const int hd = TC / TNH, qs = (TNH + 2 * 2) * hd;
+    for (int k = 0; k < 2; k++) {
+        FSDP_OP(c, attention_gqa_fwd, o_c, att, big, k ? pos : NULL, TB, TT, TNH, 2, hd);
+        blob_add(&b, o_c, nc * es);
+        blob_add(&b, att, natt * es);
+        memset(g_3c, 0, n3 * 4);
+        FSDP_OP(c, attention_gqa_bwd, g_3c, datt, in->dy_c, big, att, TB, TT, TNH, 2, hd);
+        blob_add(&b, g_3c, (size_t)TN * qs * 4);
+    }
+    free(pos);
     FSDP_OP(c, cast, f32, FSDP_DTYPE_F32, o_3c, dt, n3);
     FSDP_OP(c, cast, o_3c, dt, g_3c, FSDP_DTYPE_F32, n3);
     blob_add(&b, f32, n3 * 4);
