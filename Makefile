@@ -11,6 +11,7 @@ DEBUG     ?= 0
 ASAN      ?= 0
 TSAN      ?= 0
 CUDA      ?= auto
+ONEDNN    ?= auto
 CUDA_HOME ?= /usr/local/cuda
 # NCCL: auto (on when $(NCCL_HOME)/include/nccl.h exists), 1, or 0 (CUDA
 # without NCCL: the peer collectives only). NCCL_LIB: the library to link by
@@ -85,9 +86,11 @@ ifeq ($(MPI),1)
   MPIRUN_PATH := $(shell command -v $(MPIRUN) 2>/dev/null)
 endif
 
-# libraries the library links (cpu kernels, tokenizer patterns, Unicode
-# normalization, checkpoint checksums) and, for the tests, Check
+# libraries the library needs (cpu kernels, tokenizer patterns, Unicode
+# normalization, checkpoint checksums) and, for the tests, Check. OpenBLAS is
+# required but not linked: the cpu backend loads it at run time (below).
 LIB_PKGS := openblas libpcre2-8 libutf8proc libxxhash
+LINK_PKGS := $(filter-out openblas,$(LIB_PKGS))
 PKGS := check $(LIB_PKGS)
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) 2>/dev/null && echo 1)
 ifneq ($(HAVE_PKGS),1)
@@ -101,6 +104,27 @@ ifneq ($(HAVE_PKGS),1)
       $(error missing build dependencies: run 'sudo tools/install-deps.sh' (Debian/Ubuntu), or point PKG_CONFIG_PATH at Check and OpenBLAS)
     endif
   endif
+endif
+
+# The cpu backend's GEMMs (src/ops/cpu/blas.h): OpenBLAS is loaded at run
+# time (dlopen, so that its kernel can be chosen), never linked; oneDNN 2.x,
+# when found, runs bf16 GEMMs on CPUs with bf16 dot products (dnnl.c, else
+# dnnl_none.c).
+DNNL_H := $(firstword $(wildcard /usr/include/oneapi/dnnl/dnnl_version.h \
+            /usr/local/include/oneapi/dnnl/dnnl_version.h))
+DNNL_VERSION := $(if $(DNNL_H),$(shell sed -n 's/^\#define DNNL_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\).*/\2/p' $(DNNL_H) | paste -sd.))
+ifeq ($(ONEDNN),auto)
+  ONEDNN := $(if $(filter 2.%,$(DNNL_VERSION)),1,0)
+endif
+ifeq ($(ONEDNN),1)
+  ifeq ($(filter 2.%,$(DNNL_VERSION)),)
+    $(error ONEDNN=1 but oneDNN 2.x headers were not found (found: '$(DNNL_VERSION)'); install libdnnl-dev or set ONEDNN=0)
+  endif
+  DNNL_SKIP := src/ops/cpu/dnnl_none.c
+  DNNL_LIBS := -ldnnl -lgomp
+else
+  DNNL_SKIP := src/ops/cpu/dnnl.c
+  DNNL_LIBS :=
 endif
 
 CFLAGS_BASE := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Wno-format-truncation -pthread \
@@ -121,12 +145,12 @@ endif
 # the scalar and vectorised paths and every build agree bit for bit.
 CFLAGS  := $(CFLAGS_BASE) $(OPT) $(SAN) -ffp-contract=off \
            $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(EXTRA_CFLAGS)
-LDLIBS  := $(shell pkg-config --libs $(LIB_PKGS) 2>/dev/null) -lm -lpthread
+LDLIBS  := $(DNNL_LIBS) $(shell pkg-config --libs $(LINK_PKGS) 2>/dev/null) -ldl -lm -lpthread
 TEST_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 LDFLAGS := $(SAN)
 
 SRC_C := $(wildcard src/*/*.c src/*/*/*.c models/*.c)
-SRC_C := $(filter-out src/cli/%,$(SRC_C))
+SRC_C := $(filter-out src/cli/% $(DNNL_SKIP),$(SRC_C))
 SRC_CU :=
 NCCL_LDLIBS :=
 ifeq ($(CUDA),1)
@@ -177,7 +201,7 @@ TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/tools/%)
 all: info $(LIB) $(BIN)
 
 info:
-	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | nccl: $(if $(filter 1,$(NCCL)),$(or $(NCCL_LIB),$(NCCL_HOME)),off) | mpi: $(if $(filter 1,$(MPI)),found ($(MPICC_PATH)$(if $(MPIRUN_PATH),,; no $(MPIRUN): multi-process tests skip)),off) | $(PKGS): $(if $(HAVE_PKGS),found,MISSING)"
+	@echo "fsdp: cc $(shell $(CC) -dumpversion 2>/dev/null) | cuda: $(if $(filter 1,$(CUDA)),found ($(NVCC)),off) | nccl: $(if $(filter 1,$(NCCL)),$(or $(NCCL_LIB),$(NCCL_HOME)),off) | mpi: $(if $(filter 1,$(MPI)),found ($(MPICC_PATH)$(if $(MPIRUN_PATH),,; no $(MPIRUN): multi-process tests skip)),off) | $(PKGS): $(if $(HAVE_PKGS),found,MISSING) | onednn: $(if $(filter 1,$(ONEDNN)),$(DNNL_VERSION),off (bf16 GEMMs in fp32))"
 
 # The cpu op kernels are auto-vectorised. Neither flag lets the compiler
 # reassociate or contract arithmetic, so results stay bit-identical.
@@ -247,12 +271,12 @@ FUZZ_JOBS    ?= 1
 FUZZ_DIR     := build-fuzz
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN     := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_DIR)/%)
-FUZZ_LIB_SRC := $(filter-out src/cli/% src/comm/mpi_procs.c,$(wildcard src/*/*.c src/*/*/*.c models/*.c))
+FUZZ_LIB_SRC := $(filter-out src/cli/% src/comm/mpi_procs.c $(DNNL_SKIP),$(wildcard src/*/*.c src/*/*/*.c models/*.c))
 FUZZ_LIB_OBJ := $(FUZZ_LIB_SRC:%.c=$(FUZZ_DIR)/obj/%.o)
 FUZZ_CFLAGS  := $(CFLAGS_BASE) -Wno-unknown-warning-option -O1 -g -fno-omit-frame-pointer -ffp-contract=off \
                 -fsanitize=address,undefined -fno-sanitize-recover=undefined \
                 $(shell pkg-config --cflags $(LIB_PKGS) 2>/dev/null)
-FUZZ_LIBS    := $(shell pkg-config --libs $(LIB_PKGS) 2>/dev/null) -lm -lpthread
+FUZZ_LIBS    := $(DNNL_LIBS) $(shell pkg-config --libs $(LINK_PKGS) 2>/dev/null) -ldl -lm -lpthread
 
 .PHONY: fuzz fuzz-build
 .SECONDARY: $(FUZZ_LIB_OBJ)

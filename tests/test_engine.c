@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "ckpt/modelfile.h"
+#include "device/cpu.h"
 #include "data/data.h"
 #include "fsdp/engine.h"
 #include "fsdp/shardmap.h"
@@ -946,6 +947,52 @@ START_TEST(test_masked_loss)
 }
 END_TEST
 
+/* ---- threads per device ------------------------------------------------------- */
+
+/* A GPT-2 and a GQA Llama (rope, rmsnorm, swiglu, grouped attention) big
+ * enough that GEMMs are tiled and element-wise ops split into several
+ * chunks at 8 x 64 tokens per micro-batch. */
+static const char *const thread_models[] = {
+    "small",
+    "llama:layers=2,heads=8,kv_heads=2,hidden=256,intermediate=688,head_dim=32,vocab=512,"
+    "context=64",
+};
+
+/* Threads per device never change the math: 1, 2 and 3 threads per device
+ * (2 devices; the test hook lifts the cap at the machine's cores) give the
+ * same losses, gradient norms and parameters, in fp32 and bf16. */
+START_TEST(test_threads_per_device_bit_identical)
+{
+    const char *model = thread_models[_i];
+    fsdp_device_cpu_test_cores(64);
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        fsdp_train_result ref;
+        for (int t = 1; t <= 3; t++) {
+            fsdp_train_config c;
+            tiny_config(&c, 2, 1);
+            c.model = model;
+            c.eng.batch = 8;
+            c.eng.seq = 64;
+            c.steps = 2;
+            c.eng.threads_per_device = t;
+            c.eng.compute_dtype = bf16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+            fsdp_train_result r;
+            run_ok(&c, t == 1 ? &ref : &r);
+            if (t == 1)
+                continue;
+            char what[160];
+            snprintf(what, sizeof what, "%.40s, %s, %d threads vs 1", model,
+                     bf16 ? "bf16" : "fp32", t);
+            assert_identical_model(&ref, &r, what, model);
+            fsdp_train_result_free(&r);
+        }
+        ck_assert(isfinite(ref.losses[1]) && ref.losses[1] < ref.losses[0]);
+        fsdp_train_result_free(&ref);
+    }
+    fsdp_device_cpu_test_cores(0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine");
@@ -964,6 +1011,8 @@ int main(void)
     tcase_add_test(tc, test_many_micro_batches);
     tcase_add_test(tc, test_eight_ranks_prefetch_offload);
     tcase_add_loop_test(tc, test_masked_loss, 0, 2);
+    tcase_add_loop_test(tc, test_threads_per_device_bit_identical, 0,
+                        (int)(sizeof thread_models / sizeof thread_models[0]));
     suite_add_tcase(s, tc);
     tc = tcase_create("recompute");
     tcase_set_timeout(tc, 600);

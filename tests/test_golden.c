@@ -8,10 +8,12 @@
  * Restructuring must not change a single bit: the fixture
  * tests/fixtures/trajectory_golden.txt was produced before the model and
  * optimizer registries existed, and this suite fails on any difference.
- * The GEMM kernel is part of the math: OpenBLAS picks one per CPU model,
- * and different kernels sum in different orders. So that the fixture holds
- * on any AVX2 machine (CI's included), the suite re-executes itself with
- * OPENBLAS_CORETYPE=Haswell and one BLAS thread before any test runs.
+ * The GEMM kernel is part of the math: the cpu backend picks the widest one
+ * the CPU allows, and different kernels sum in different orders. So that
+ * the fixture holds on any AVX2 machine (CI's included), the suite
+ * re-executes itself with FSDP_CPU_GEMM=openblas:Haswell (OpenBLAS's AVX2
+ * kernel for every dtype, ops/cpu/blas.h) before any test runs. Threads
+ * per device need no pinning: they never change the bits.
  * A change that is meant to alter the math regenerates it on purpose:
  *   FSDP_GOLDEN_WRITE=tests/fixtures/trajectory_golden.txt build/tests/test_golden
  * and says why in its commit.
@@ -247,9 +249,8 @@ int main(int argc, char **argv)
 {
     (void)argc;
     if (!getenv("FSDP_GOLDEN_PINNED")) {
-        /* OpenBLAS reads these when it is loaded, before main: re-exec */
-        setenv("OPENBLAS_CORETYPE", "Haswell", 1);
-        setenv("OPENBLAS_NUM_THREADS", "1", 1);
+        /* the GEMM library is loaded before main: re-exec */
+        setenv("FSDP_CPU_GEMM", "openblas:Haswell", 1);
         setenv("FSDP_GOLDEN_PINNED", "1", 1);
         execv("/proc/self/exe", argv);
         perror("test_golden: re-exec with a pinned GEMM kernel failed");

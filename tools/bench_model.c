@@ -4,19 +4,22 @@
  * thread.
  *
  * Why: the cpu backend is what `fsdp train` runs without a GPU, so its
- * per-rank speed sets how long the demo and the tests take; PyTorch with
- * torch.set_num_threads(1) is the yardstick (goal: >= 0.8x). The C side runs
- * the model through its fsdp_model_i table exactly as the engine does
- * (embeddings, blocks, head with loss, blocks' backward, embeddings'
- * backward), fp32, one OpenBLAS thread. The PyTorch side is
+ * per-rank speed sets how long the demo and the tests take; PyTorch on the
+ * same number of threads is the yardstick (issue 14's goal: >= 1.5x at one
+ * thread, fp32). The C side runs the model through its fsdp_model_i table
+ * exactly as the engine does (embeddings, blocks, head with loss, blocks'
+ * backward, embeddings' backward) on one cpu device with --threads threads;
+ * the header says which GEMM kernels ran. The PyTorch side is
  * tools/bench_model_torch.py, run in the same invocation (same shapes,
- * padded vocabulary included).
+ * padded vocabulary included, torch.set_num_threads(--threads); bf16 under
+ * torch.autocast).
  *
  * Llama's goal is >= 1.2x PyTorch eager (issue 12).
  *
- * Usage: bench_model [--iters N] [--no-torch] [--python PATH] [--only small|gpt2|llama]
- * The PyTorch interpreter is --python, else $FSDP_PYTHON, else
- * /usr/bin/python3 (Debian's python3-torch), else python3.
+ * Usage: bench_model [--iters N] [--threads N] [--precision fp32|bf16] [--no-torch]
+ *                    [--python PATH] [--only small|gpt2|llama]
+ * The PyTorch interpreter is --python, else $FSDP_PYTHON, else the first of
+ * python3 on PATH and /usr/bin/python3 that imports torch.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,9 +27,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "device/cpu.h"
 #include "models/gpt2.h"
 #include "models/llama.h"
 #include "models/registry.h"
+#include "ops/cpu/blas.h"
 #include "bench_torch.h"
 
 typedef struct bench_case {
@@ -69,26 +74,31 @@ static void die(fsdp_status st, const char *what)
             die(bst_, what);                  \
     } while (0)
 
-static bench_result bench_c(const bench_case *bc, int iters)
+static bench_result bench_c(const bench_case *bc, int iters, fsdp_dtype dt)
 {
     fsdp_device dev;
     fsdp_op_ctx ctx;
     fsdp_model m;
     BENCH_TRY(fsdp_device_init(&dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), "device");
-    BENCH_TRY(fsdp_ops_init(&ctx, &dev, FSDP_DTYPE_F32), "ops");
+    BENCH_TRY(fsdp_ops_init(&ctx, &dev, dt), "ops");
     BENCH_TRY(fsdp_model_from_spec(bc->model, &m), "model");
     const struct fsdp_model_i *mi = m.iface;
     void **params = calloc((size_t)m.n_units, sizeof *params);
     float **grads = calloc((size_t)m.n_units, sizeof *grads);
     for (int u = 0; u < m.n_units; u++) {
         size_t n = m.units[u].numel;
-        BENCH_TRY(fsdp_device_alloc(&dev, n * sizeof(float), FSDP_MEM_GATHER, "params",
+        BENCH_TRY(fsdp_device_alloc(&dev, n * fsdp_dtype_size(dt), FSDP_MEM_GATHER, "params",
                                     &params[u]),
                   "params");
         BENCH_TRY(fsdp_device_alloc(&dev, n * sizeof(float), FSDP_MEM_GRAD, "grads",
                                     (void **)&grads[u]),
                   "grads");
-        fsdp_model_init_range(&m, u, 0, n, 1234, params[u]);
+        float *p32 = malloc(n * sizeof(float));
+        if (!p32)
+            die(FSDP_STATUS_OOM, "params");
+        fsdp_model_init_range(&m, u, 0, n, 1234, p32);
+        FSDP_OP(&ctx, cast, params[u], dt, p32, FSDP_DTYPE_F32, n);
+        free(p32);
     }
     void *state = NULL;
     BENCH_TRY(mi->state_init(&m, &ctx, bc->B, bc->T, true, &state), "state");
@@ -125,6 +135,7 @@ static bench_result bench_c(const bench_case *bc, int iters)
         .bwd_ms = 1e3 * bwd / iters,
         .ok = loss > 0,
     };
+    BENCH_TRY(ctx.iface->sync_error(&ctx), "ops");
     mi->state_free(&m, &ctx, state);
     for (int u = 0; u < m.n_units; u++) {
         fsdp_device_free(&dev, params[u]);
@@ -153,7 +164,8 @@ static void llama_torch_args(const fsdp_model *m, char *buf, size_t n)
              c->tied ? " --tied" : "");
 }
 
-static bench_result bench_torch(const bench_case *bc, int iters, const char *python)
+static bench_result bench_torch(const bench_case *bc, int iters, const char *python,
+                                int threads, fsdp_dtype dt)
 {
     bench_result r = {0};
     fsdp_model m;
@@ -178,9 +190,10 @@ static bench_result bench_torch(const bench_case *bc, int iters, const char *pyt
     char script[PATH_MAX], cmd[1024 + PATH_MAX];
     bench_torch_script("bench_model_torch.py", script, sizeof script); /* if missing, python says so */
     snprintf(cmd, sizeof cmd,
-             "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 '%s' '%s' %s --batch %d --seq %d "
-             "--iters %d --warmup 1 2>&1",
-             python, script, args, bc->B, bc->T, iters);
+             "OMP_NUM_THREADS=%d MKL_NUM_THREADS=%d '%s' '%s' %s --batch %d --seq %d "
+             "--iters %d --warmup 1 --threads %d --dtype %s 2>&1",
+             threads, threads, python, script, args, bc->B, bc->T, iters, threads,
+             fsdp_dtype_name(dt));
     FILE *p = popen(cmd, "r");
     if (!p)
         return r;
@@ -200,28 +213,41 @@ static bench_result bench_torch(const bench_case *bc, int iters, const char *pyt
 
 int main(int argc, char **argv)
 {
-    int iters = 0, no_torch = 0;
-    const char *python_arg = NULL, *only = NULL;
+    int iters = 0, no_torch = 0, threads = 1;
+    const char *python_arg = NULL, *only = NULL, *precision = "fp32";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc)
             iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc)
+            precision = argv[++i];
         else if (!strcmp(argv[i], "--no-torch"))
             no_torch = 1;
         else if (!strcmp(argv[i], "--python") && i + 1 < argc)
             python_arg = argv[++i];
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
-        else {
-            fprintf(stderr,
-                    "usage: %s [--iters N] [--no-torch] [--python PATH] [--only "
-                    "small|gpt2|llama]\n",
-                    argv[0]);
-            return 2;
-        }
+        else
+            threads = 0; /* usage below */
     }
-    const char *python = bench_torch_python(python_arg);
-    printf("forward+backward, one cpu rank, fp32, 1 thread (C: OpenBLAS; torch: %s)\n",
-           no_torch ? "skipped" : python);
+    fsdp_dtype dt = !strcmp(precision, "bf16") ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+    if (threads < 1 || (dt == FSDP_DTYPE_F32 && strcmp(precision, "fp32"))) {
+        fprintf(stderr,
+                "usage: %s [--iters N] [--threads N] [--precision fp32|bf16] [--no-torch]\n"
+                "       [--python PATH] [--only small|gpt2|llama]\n",
+                argv[0]);
+        return 2;
+    }
+    if (fsdp_cpu_blas_status() != FSDP_STATUS_OK) {
+        fprintf(stderr, "bench_model: %s\n", fsdp_error_msg());
+        return 1;
+    }
+    const char *python = no_torch ? "skipped" : bench_torch_python(python_arg);
+    fsdp_device_cpu_set_threads(threads);
+    printf("forward+backward, one cpu rank, %s, %d thread(s) (torch: %s)\n",
+           fsdp_dtype_name(dt), threads, python);
+    fsdp_cpu_print_header(stdout, 1, threads);
     printf("%-26s %4s %5s | %12s %9s %9s | %12s %9s %9s | %6s\n", "model", "B", "T", "C tok/s",
            "fwd ms", "bwd ms", "torch tok/s", "fwd ms", "bwd ms", "ratio");
     int n = (int)(sizeof bench_cases / sizeof bench_cases[0]);
@@ -230,8 +256,8 @@ int main(int argc, char **argv)
         if (only && strncmp(only, bc->model, strlen(only)) != 0)
             continue;
         int it = iters > 0 ? iters : bc->iters;
-        bench_result c = bench_c(bc, it);
-        bench_result t = no_torch ? (bench_result){0} : bench_torch(bc, it, python);
+        bench_result c = bench_c(bc, it, dt);
+        bench_result t = no_torch ? (bench_result){0} : bench_torch(bc, it, python, threads, dt);
         printf("%-26s %4d %5d | %12.0f %9.1f %9.1f | ", bc->label, bc->B, bc->T, c.tok_s,
                c.fwd_ms, c.bwd_ms);
         if (t.ok)

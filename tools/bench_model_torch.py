@@ -2,9 +2,11 @@
 """bench_model_torch.py - the PyTorch side of tools/bench_model.c.
 
 Why: bench_model compares the C model's forward+backward throughput on one
-rank with the same model in PyTorch on the CPU, with the same thread count
-(1), batch, sequence length and padded vocabulary (the C head computes Vp
-logit columns, so this one does too; the loss uses the first V).
+rank with the same model in PyTorch on the CPU, with the same thread count,
+batch, sequence length and padded vocabulary (the C head computes Vp logit
+columns, so this one does too; the loss uses the first V). --dtype bf16
+runs the model under torch.autocast (bf16 matmuls, fp32 weights), the
+closest PyTorch counterpart of fsdp's bf16 compute dtype.
 
 Models: GPT-2 (the default), and with --family llama the Llama of
 models/llama.c written as PyTorch eager code the way transformers' eager
@@ -18,6 +20,7 @@ timed iterations after --warmup untimed ones).
 
 Usage: bench_model_torch.py [--family gpt2|llama] --layers L --heads H --channels C
        --vocab V --padded-vocab Vp --context T --batch B --seq T [--iters N] [--warmup N]
+       [--threads N] [--dtype fp32|bf16]
        llama: --kv-heads K --intermediate I --head-dim D [--rope-theta X] [--eps E] [--tied]
 """
 import argparse
@@ -165,8 +168,10 @@ def main():
     ap.add_argument("--tied", action="store_true")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     a = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     if a.family == "llama":
         if None in (a.kv_heads, a.intermediate, a.head_dim):
@@ -180,7 +185,8 @@ def main():
     for i in range(a.warmup + a.iters):
         model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
-        loss = model(idx, tgt)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            loss = model(idx, tgt)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()

@@ -36,8 +36,17 @@ static inline bool bench_torch_script(const char *name, char *path, size_t size)
     return access(path, R_OK) == 0;
 }
 
-/* The interpreter: --python, else $FSDP_PYTHON, else /usr/bin/python3
- * (Debian's python3-torch), else python3. */
+/* Whether `python` can import torch (its own output discarded). */
+static inline bool bench_torch_importable(const char *python)
+{
+    char cmd[PATH_MAX + 64];
+    snprintf(cmd, sizeof cmd, "'%s' -c 'import torch' >/dev/null 2>&1", python);
+    return system(cmd) == 0;
+}
+
+/* The interpreter: --python, else $FSDP_PYTHON (both taken as given), else
+ * the first of python3 on PATH and /usr/bin/python3 that imports torch,
+ * else python3 (whose error then says what is missing). */
 static inline const char *bench_torch_python(const char *arg)
 {
     if (arg)
@@ -45,8 +54,10 @@ static inline const char *bench_torch_python(const char *arg)
     const char *env = getenv("FSDP_PYTHON");
     if (env && *env)
         return env;
-    if (access("/usr/bin/python3", X_OK) == 0)
-        return "/usr/bin/python3";
+    static const char *const candidates[] = {"python3", "/usr/bin/python3"};
+    for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++)
+        if (bench_torch_importable(candidates[i]))
+            return candidates[i];
     return "python3";
 }
 

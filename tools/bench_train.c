@@ -24,10 +24,16 @@
  * peak is the largest device high-water mark over the ranks (params, grads,
  * optimizer shards, gathered units, activations, collective scratch).
  *
+ * Each cpu device computes with --threads-per-device threads (default 1,
+ * capped at the cores as in `fsdp train`); the header says which GEMM
+ * kernels ran. For PyTorch FSDP2 itself (fully_shard, one process per rank)
+ * against `fsdp train`, see tools/bench_fsdp2_torch.py.
+ *
  * Usage: bench_train [--steps N] [--batch G] [--seq T] [--model NAME]
- *                    [--devices 1,2,4,8] [--threads 1,2] [--no-torch] [--python PATH]
- * The PyTorch interpreter is --python, else $FSDP_PYTHON, else
- * /usr/bin/python3 (Debian's python3-torch), else python3.
+ *                    [--devices 1,2,4,8] [--threads-per-device N] [--threads 1,2]
+ *                    [--no-torch] [--python PATH]
+ * The PyTorch interpreter is --python, else $FSDP_PYTHON, else the first of
+ * python3 on PATH and /usr/bin/python3 that imports torch.
  */
 #include <math.h>
 #include <stdio.h>
@@ -38,6 +44,7 @@
 #include "core/error.h"
 #include "models/gpt2.h"
 #include "models/registry.h"
+#include "ops/cpu/blas.h"
 #include "train/train.h"
 #include "bench_torch.h"
 
@@ -85,7 +92,8 @@ typedef struct bench_row {
 
 /* One trainer run on n cpu devices; exits with the library's message on
  * failure (a tool, not library code). */
-static bench_row bench_c(const char *model, int n, int global_batch, int seq, int steps)
+static bench_row bench_c(const char *model, int n, int global_batch, int seq, int steps,
+                         int threads)
 {
     fsdp_train_config cfg;
     fsdp_train_config_default(&cfg);
@@ -95,6 +103,7 @@ static bench_row bench_c(const char *model, int n, int global_batch, int seq, in
     cfg.eng.batch = global_batch / n;
     cfg.eng.seq = seq;
     cfg.eng.grad_accum = 1;
+    cfg.eng.threads_per_device = threads;
     cfg.model = model;
     cfg.steps = steps;
     cfg.warmup = 0;
@@ -184,7 +193,7 @@ static void usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--steps N] [--batch G] [--seq T] [--model NAME] [--devices 1,2,4,8]\n"
-            "       [--threads 1,2] [--no-torch] [--python PATH]\n"
+            "       [--threads-per-device N] [--threads 1,2] [--no-torch] [--python PATH]\n"
             "  G is the global batch in sequences, split G/N over N devices (default: the demo's, 64)\n",
             argv0);
 }
@@ -194,7 +203,7 @@ int main(int argc, char **argv)
     fsdp_train_config def;
     fsdp_train_config_default(&def);
     /* the default demo's global batch: per-device batch x 4 simulated devices */
-    int steps = 20, global_batch = def.eng.batch * 4, seq = def.eng.seq, no_torch = 0;
+    int steps = 20, global_batch = def.eng.batch * 4, seq = def.eng.seq, no_torch = 0, tpd = 1;
     const char *model = def.model, *python_arg = NULL, *devices = "1,2,4,8", *threads = "1,2";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -218,6 +227,8 @@ int main(int argc, char **argv)
             devices = v;
         else if (!strcmp(a, "--threads"))
             threads = v;
+        else if (!strcmp(a, "--threads-per-device"))
+            tpd = atoi(v);
         else if (!strcmp(a, "--python"))
             python_arg = v;
         else {
@@ -226,9 +237,9 @@ int main(int argc, char **argv)
         }
         i++;
     }
-    if (steps < 2 || global_batch < 1 || seq < 1) {
+    if (steps < 2 || global_batch < 1 || seq < 1 || tpd < 1) {
         fprintf(stderr, "bench_train: need --steps >= 2 (the first is not timed), --batch and "
-                        "--seq >= 1\n");
+                        "--seq and --threads-per-device >= 1\n");
         return 2;
     }
     int dev[BENCH_MAX_LIST], thr[BENCH_MAX_LIST];
@@ -254,6 +265,10 @@ int main(int argc, char **argv)
            "threads %s\n",
            model, gc.n_layer, gc.n_head, gc.n_embd, gc.vocab_size, global_batch, seq,
            global_batch * seq, steps, no_torch ? "skipped" : python, threads);
+    printf("cpu: %d thread(s) per device (fewer where devices x threads > cores); GEMM: %s\n", tpd,
+           fsdp_cpu_blas_describe());
+    if (fsdp_cpu_blas_warning())
+        printf("warning: %s\n", fsdp_cpu_blas_warning());
     printf("%7s %9s | %10s %8s | %12s %14s | %9s\n", "devices", "batch/dev", "tok/s", "vs 1 dev",
            "peak/dev", "recv/dev/step", "vs torch");
     fflush(stdout);
@@ -271,7 +286,7 @@ int main(int argc, char **argv)
                    "-", global_batch, dev[i]);
             continue;
         }
-        bench_row r = bench_c(model, dev[i], global_batch, seq, steps);
+        bench_row r = bench_c(model, dev[i], global_batch, seq, steps, tpd);
         if (!r.ok) {
             printf("%7d %9d | failed (see above)\n", dev[i], global_batch / dev[i]);
             continue;

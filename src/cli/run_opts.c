@@ -122,6 +122,9 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                      "cuda + peer: K virtual ranks share each GPU (default 1)");
     fsdp_opt_add(l, "device-mem", FSDP_OPT_SIZE, &e->device_mem, "BYTES",
                  "per-device memory cap, e.g. 24GiB (default none on cpu/meta)");
+    fsdp_opt_add_int(l, "threads-per-device", &e->threads_per_device, 1, 4096, "N",
+                     "cpu: threads each device computes with (default: cores / devices, at least "
+                     "1; lowered if devices x N would exceed the cores)");
     fsdp_opt_add(l, "optimizer", FSDP_OPT_STR, &ro->optimizer, optim_names, optim_help);
     fsdp_opt_add(l, "momentum", FSDP_OPT_FLOAT, &e->momentum, "X",
                  "momentum of --optimizer sgd, in [0, 1) (default 0.9)");
@@ -139,6 +142,9 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     e->prefetch = ro->prefetch != 0;
     e->recompute = (fsdp_recompute)ro->recompute;
     e->comm = (fsdp_comm_kind)ro->comm;
+    if (e->threads_per_device > 0 && e->backend == FSDP_BACKEND_CUDA)
+        return fsdp_cli_usage(cmd, "--threads-per-device sets the cpu backend's threads; a CUDA "
+                              "device computes on its GPU (leave it out with --backend cuda)");
     int per_node = ro->devices != -1 ? ro->devices : fsdp_backend_default_devices(e->backend);
     int P = ro->n_processes > 1 ? ro->n_processes : 1;
     if (P > 1 && ro->nodes && ro->nodes != P)

@@ -51,6 +51,8 @@ typedef struct fsdp_engine_config {
                                 * is refused and offload and the optimizer are ignored */
     bool deterministic;
     size_t device_mem;         /* per-device cap in bytes, 0 = none */
+    int threads_per_device;    /* cpu backend: threads each device computes with; 0 = cores /
+                                * devices (device/cpu.h, applied by the trainer) */
     int batch;                 /* B: sequences per micro-batch */
     int seq;                   /* T */
     int grad_accum;            /* A: micro-steps per rank per step */

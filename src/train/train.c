@@ -32,8 +32,10 @@
 #include "comm/procs.h"
 #include "core/log.h"
 #include "core/world.h"
+#include "device/cpu.h"
 #include "fsdp/engine_ckpt.h"
 #include "fsdp/trace.h"
+#include "ops/cpu/blas.h"
 #include "train/job.h"
 #include "train/outputs.h"
 #include "train/train.h"
@@ -732,7 +734,11 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         if (ec->device_mem)
             fprintf(t->out, "device memory cap %s\n",
                     fsdp_fmt_bytes(b, sizeof b, (double)ec->device_mem));
+        if (ec->backend == FSDP_BACKEND_CPU)
+            fsdp_cpu_print_header(t->out, fsdp_device_cpu_devices_on_host(w),
+                                  ec->threads_per_device);
     }
+    fsdp_device_cpu_set_threads(ec->threads_per_device); /* read as the cpu devices start */
     launched = true;
     st = fsdp_world_launch(w, rank_main, t);
     if (t->stop_st != FSDP_STATUS_OK) {

@@ -16,10 +16,16 @@
  * the one attention.c makes for GPT-2, so the results are bit-identical
  * (the test checks it), and GPT-2 can move onto this op without changing a
  * bit of its trajectory.
+ *
+ * The rank's team takes (batch, query head) pairs in forward and (batch,
+ * kv head) groups in backward: a group's query heads run in head order on
+ * one worker, since they accumulate into the same dk and dv. Every product
+ * is one single-threaded library call, so the result does not depend on the
+ * thread count. With bf16 storage each worker has its own (T, T) buffer.
  */
-#include <cblas.h>
 #include <math.h>
 
+#include "ops/cpu/blas.h"
 #include "ops/cpu/cpu_ops.h"
 
 /* The first key row t attends to: t - pos[t] clamped to [0, t]. */
@@ -56,112 +62,137 @@ static void window_softmax(float *a, const int *pos, int T)
     }
 }
 
+typedef struct gqa_job {
+    const float *x;  /* qkv as fp32 (B, T, QS) */
+    float *y;        /* out as fp32 (B, T, OS); fwd */
+    void *att;       /* (B, NH, T, T) in dt */
+    float *a_tmp;    /* bf16: (workers, T, T) */
+    const int *pos;  /* (B, T) or NULL; fwd */
+    float *dqkv;     /* bwd */
+    float *datt;
+    const float *dout;
+    int T, NH, NKV, hd, bf16;
+    float scale;
+} gqa_job;
+
+static void gqa_fwd_head(void *arg, size_t bh, int worker)
+{
+    const gqa_job *j = arg;
+    const int T = j->T, NH = j->NH, NKV = j->NKV, hd = j->hd;
+    const int QS = (NH + 2 * NKV) * hd, OS = NH * hd, rep = NH / NKV;
+    const size_t TT = (size_t)T * T;
+    const size_t b = bh / (size_t)NH, h = bh % (size_t)NH, g = h / (size_t)rep;
+    const float *xb = j->x + b * T * QS;
+    const float *q = xb + h * hd;
+    const float *k = xb + (NH + g) * hd;
+    const float *v = xb + (NH + NKV + g) * hd;
+    float *a = j->bf16 ? j->a_tmp + (size_t)worker * TT : (float *)j->att + bh * TT;
+    /* a (T, T) = scale * q (T, hd) @ k^T (hd, T) */
+    fsdp_cpu_blas_sgemm(false, true, T, T, hd, j->scale, q, QS, k, QS, 0.0f, a, T);
+    window_softmax(a, j->pos ? j->pos + b * T : NULL, T);
+    /* out (T, hd), row stride OS = a (T, T) @ v (T, hd) */
+    fsdp_cpu_blas_sgemm(false, false, T, hd, T, 1.0f, a, T, v, QS, 0.0f,
+                        j->y + b * T * OS + h * hd, OS);
+    if (j->bf16) {
+        fsdp_bf16 *dst = (fsdp_bf16 *)j->att + bh * TT;
+        for (size_t i = 0; i < TT; i++)
+            dst[i] = fsdp_f32_to_bf16(a[i]);
+    }
+}
+
 void fsdp_cpu_attention_gqa_fwd(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv,
                                 const int *pos, int B, int T, int NH, int NKV, int hd)
 {
-    if (B <= 0 || T <= 0)
+    if (B <= 0 || T <= 0 || !fsdp_cpu_gemm_ready(ctx))
         return;
     FSDP_ASSERT(NH > 0 && NKV > 0 && NH % NKV == 0 && hd > 0);
-    fsdp_cpu_blas_init();
-    const int QS = (NH + 2 * NKV) * hd, OS = NH * hd, rep = NH / NKV;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const int QS = (NH + 2 * NKV) * hd, OS = NH * hd;
     const size_t TT = (size_t)T * T;
-    const float *x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, qkv, (size_t)B * T * QS);
-    float *y = fsdp_cpu_out(ctx, FSDP_CPU_SLOT_1, out, (size_t)B * T * OS);
     const int bf16 = ctx->dt == FSDP_DTYPE_BF16;
-    float *a_tmp = bf16 ? fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2, TT) : NULL;
-    if (!x || !y || (bf16 && !a_tmp))
+    gqa_job j = {.att = att, .pos = pos, .T = T, .NH = NH, .NKV = NKV, .hd = hd, .bf16 = bf16,
+                 .scale = 1.0f / sqrtf((float)hd)};
+    j.x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, qkv, (size_t)B * T * QS);
+    j.y = fsdp_cpu_out(ctx, FSDP_CPU_SLOT_1, out, (size_t)B * T * OS);
+    if (bf16)
+        j.a_tmp = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2, (size_t)fsdp_cpu_threads(ctx) * TT);
+    if (!j.x || !j.y || (bf16 && !j.a_tmp))
         return; /* scratch OOM, reported by sync_error */
+    fsdp_cpu_parallel(ctx, (size_t)B * NH, gqa_fwd_head, &j);
+    fsdp_cpu_out_done(ctx, out, j.y, (size_t)B * T * OS);
+}
 
-    for (int b = 0; b < B; b++) {
-        const float *xb = x + (size_t)b * T * QS;
-        const int *pb = pos ? pos + (size_t)b * T : NULL;
-        for (int h = 0; h < NH; h++) {
-            const int g = h / rep;
-            const float *q = xb + (size_t)h * hd;
-            const float *k = xb + (size_t)(NH + g) * hd;
-            const float *v = xb + (size_t)(NH + NKV + g) * hd;
-            const size_t bh = (size_t)b * NH + h;
-            float *a = bf16 ? a_tmp : (float *)att + bh * TT;
-            /* a (T, T) = scale * q (T, hd) @ k^T (hd, T) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, scale, q, QS, k, QS,
-                        0.0f, a, T);
-            window_softmax(a, pb, T);
-            /* out (T, hd), row stride OS = a (T, T) @ v (T, hd) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, a, T, v, QS,
-                        0.0f, y + (size_t)b * T * OS + (size_t)h * hd, OS);
-            if (bf16) {
-                fsdp_bf16 *dst = (fsdp_bf16 *)att + bh * TT;
-                for (size_t i = 0; i < TT; i++)
-                    dst[i] = fsdp_f32_to_bf16(a[i]);
-            }
-        }
+/* The backward of query head h of batch b (its kv head's dk, dv += its
+ * share). */
+static void gqa_bwd_head(const gqa_job *j, size_t b, size_t h, int worker)
+{
+    const int T = j->T, NH = j->NH, NKV = j->NKV, hd = j->hd;
+    const int QS = (NH + 2 * NKV) * hd, OS = NH * hd, rep = NH / NKV;
+    const size_t TT = (size_t)T * T, g = h / (size_t)rep, bh = b * NH + h;
+    const size_t xb = b * T * QS;
+    const size_t qo = xb + h * hd, ko = xb + (NH + g) * hd, vo = xb + (NH + NKV + g) * hd;
+    const float *q = j->x + qo, *k = j->x + ko, *v = j->x + vo;
+    float *dq = j->dqkv + qo, *dk = j->dqkv + ko, *dv = j->dqkv + vo;
+    const float *dy = j->dout + b * T * OS + h * hd;
+    float *da = j->datt + bh * TT;
+    const float *a;
+    if (j->bf16) {
+        float *tmp = j->a_tmp + (size_t)worker * TT;
+        const fsdp_bf16 *src = (const fsdp_bf16 *)j->att + bh * TT;
+        for (size_t i = 0; i < TT; i++)
+            tmp[i] = fsdp_bf16_to_f32(src[i]);
+        a = tmp;
+    } else {
+        a = (const float *)j->att + bh * TT;
     }
-    fsdp_cpu_out_done(ctx, out, y, (size_t)B * T * OS);
+    /* da (T, T) = dout (T, hd) @ v^T */
+    fsdp_cpu_blas_sgemm(false, true, T, T, hd, 1.0f, dy, OS, v, QS, 0.0f, da, T);
+    /* dv (T, hd) += a^T (T, T) @ dout (T, hd) */
+    fsdp_cpu_blas_sgemm(true, false, T, hd, T, 1.0f, a, T, dy, OS, 1.0f, dv, QS);
+    /* softmax backward, row by row: dpre = a * (da - sum(a * da)). Entries
+     * outside the window have a = 0 and add nothing to the sum; the future
+     * ones are set to exactly 0. */
+    for (int t = 0; t < T; t++) {
+        const float *arow = a + (size_t)t * T;
+        float *drow = da + (size_t)t * T;
+        float s = 0.0f;
+        for (int i = 0; i <= t; i++)
+            s += arow[i] * drow[i];
+        for (int i = 0; i <= t; i++)
+            drow[i] = arow[i] * (drow[i] - s);
+        for (int i = t + 1; i < T; i++)
+            drow[i] = 0.0f;
+    }
+    /* dq += scale * dpre @ k;  dk += scale * dpre^T @ q */
+    fsdp_cpu_blas_sgemm(false, false, T, hd, T, j->scale, da, T, k, QS, 1.0f, dq, QS);
+    fsdp_cpu_blas_sgemm(true, false, T, hd, T, j->scale, da, T, q, QS, 1.0f, dk, QS);
+}
+
+/* Chunk bg = (batch, kv head): its query heads in head order. */
+static void gqa_bwd_group(void *arg, size_t bg, int worker)
+{
+    const gqa_job *j = arg;
+    const size_t rep = (size_t)(j->NH / j->NKV);
+    const size_t b = bg / (size_t)j->NKV, g = bg % (size_t)j->NKV;
+    for (size_t h = g * rep; h < (g + 1) * rep; h++)
+        gqa_bwd_head(j, b, h, worker);
 }
 
 void fsdp_cpu_attention_gqa_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt, const float *dout,
                                 const void *qkv, const void *att, int B, int T, int NH, int NKV,
                                 int hd)
 {
-    if (B <= 0 || T <= 0)
+    if (B <= 0 || T <= 0 || !fsdp_cpu_gemm_ready(ctx))
         return;
     FSDP_ASSERT(NH > 0 && NKV > 0 && NH % NKV == 0 && hd > 0);
-    fsdp_cpu_blas_init();
-    const int QS = (NH + 2 * NKV) * hd, OS = NH * hd, rep = NH / NKV;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const int QS = (NH + 2 * NKV) * hd;
     const size_t TT = (size_t)T * T;
-    const float *x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, qkv, (size_t)B * T * QS);
     const int bf16 = ctx->dt == FSDP_DTYPE_BF16;
-    float *a_tmp = bf16 ? fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2, TT) : NULL;
-    if (!x || (bf16 && !a_tmp))
+    gqa_job j = {.att = (void *)att, .dqkv = dqkv, .datt = datt, .dout = dout, .T = T, .NH = NH,
+                 .NKV = NKV, .hd = hd, .bf16 = bf16, .scale = 1.0f / sqrtf((float)hd)};
+    j.x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, qkv, (size_t)B * T * QS);
+    if (bf16)
+        j.a_tmp = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2, (size_t)fsdp_cpu_threads(ctx) * TT);
+    if (!j.x || (bf16 && !j.a_tmp))
         return; /* scratch OOM, reported by sync_error */
-
-    for (int b = 0; b < B; b++) {
-        const size_t xb = (size_t)b * T * QS;
-        for (int h = 0; h < NH; h++) {
-            const int g = h / rep;
-            const size_t bh = (size_t)b * NH + h;
-            const size_t qo = xb + (size_t)h * hd, ko = xb + (size_t)(NH + g) * hd,
-                         vo = xb + (size_t)(NH + NKV + g) * hd;
-            const float *q = x + qo, *k = x + ko, *v = x + vo;
-            float *dq = dqkv + qo, *dk = dqkv + ko, *dv = dqkv + vo;
-            const float *dy = dout + (size_t)b * T * OS + (size_t)h * hd;
-            float *da = datt + bh * TT;
-            const float *a;
-            if (bf16) {
-                const fsdp_bf16 *src = (const fsdp_bf16 *)att + bh * TT;
-                for (size_t i = 0; i < TT; i++)
-                    a_tmp[i] = fsdp_bf16_to_f32(src[i]);
-                a = a_tmp;
-            } else {
-                a = (const float *)att + bh * TT;
-            }
-            /* da (T, T) = dout (T, hd) @ v^T */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hd, 1.0f, dy, OS, v, QS,
-                        0.0f, da, T);
-            /* dv (T, hd) += a^T (T, T) @ dout (T, hd) */
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, 1.0f, a, T, dy, OS,
-                        1.0f, dv, QS);
-            /* softmax backward, row by row: dpre = a * (da - sum(a * da)).
-             * Entries outside the window have a = 0 and add nothing to the
-             * sum; the future ones are set to exactly 0. */
-            for (int t = 0; t < T; t++) {
-                const float *arow = a + (size_t)t * T;
-                float *drow = da + (size_t)t * T;
-                float s = 0.0f;
-                for (int j = 0; j <= t; j++)
-                    s += arow[j] * drow[j];
-                for (int j = 0; j <= t; j++)
-                    drow[j] = arow[j] * (drow[j] - s);
-                for (int j = t + 1; j < T; j++)
-                    drow[j] = 0.0f;
-            }
-            /* dq += scale * dpre @ k;  dk += scale * dpre^T @ q */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, scale, da, T, k, QS,
-                        1.0f, dq, QS);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hd, T, scale, da, T, q, QS,
-                        1.0f, dk, QS);
-        }
-    }
+    fsdp_cpu_parallel(ctx, (size_t)B * NKV, gqa_bwd_group, &j);
 }

@@ -1,28 +1,36 @@
 /*
  * cpu_ops.h - internal header shared by the cpu op files (src/ops/cpu/).
  *
- * The cpu backend computes every op in fp32 on the rank's own thread, with
- * OpenBLAS sgemm for the matrix products (one BLAS thread per rank: the ranks
- * are the parallelism). Storage may be bf16 (ctx->dt); such inputs are
+ * The cpu backend computes every op in fp32 on the rank's team of threads
+ * (device/cpu.h: --threads-per-device), with the GEMM libraries of blas.h
+ * for the matrix products. Storage may be bf16 (ctx->dt); such inputs are
  * widened to fp32, computed in fp32, and outputs are rounded back to bf16 to
- * nearest even.
+ * nearest even; where the CPU has bf16 dot-product instructions the linear
+ * layers' products take the bf16 operands directly (fp32 accumulation).
+ *
+ * Threads never change results: an op splits its work into chunks fixed by
+ * the shapes alone (rows, columns, heads, GEMM tiles along M or N, never
+ * along a reduction), every chunk computes its outputs in a fixed order, and
+ * the team only decides which thread runs which chunk. So the same inputs
+ * give the same bits whatever the thread count, the call history or the
+ * number of ranks.
  *
  * Scratch: widened bf16 operands and fp32 results waiting to be rounded live
  * in per-context host buffers held in ctx->backend, created lazily on first
  * use, grown as needed and freed by the table's fini slot. They are a
  * simulation artifact, not device memory: the device accounting (caps, peak
- * bytes) does not count them. A context belongs to one rank thread, so its
- * scratch needs no locking.
- *
- * Every loop runs in a fixed order, so the same inputs give the same bits
- * whatever the call history or the number of ranks.
+ * bytes) does not count them. Scratch is requested on the rank's thread,
+ * before a parallel region; chunks that need their own share index it by
+ * their worker number.
  */
 #ifndef FSDP_OPS_CPU_CPU_OPS_H
 #define FSDP_OPS_CPU_CPU_OPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "core/bf16.h"
+#include "device/cpu.h"
 #include "ops/ops.h"
 
 /* Scratch slots; an op uses distinct slots for buffers alive at once. */
@@ -50,9 +58,55 @@ fsdp_status fsdp_cpu_ops_sync_error(fsdp_op_ctx *ctx);
 /* Free the scratch state (the table's fini slot). */
 void fsdp_cpu_ops_fini(fsdp_op_ctx *ctx);
 
-/* Make OpenBLAS run on the calling thread only (idempotent, thread safe).
- * Every cpu op calls it before its first sgemm. */
-void fsdp_cpu_blas_init(void);
+/* Record an op failure for sync_error (the first one since the last
+ * sync_error wins), with the calling thread's error message. Rank thread
+ * only. */
+void fsdp_cpu_ops_fail(fsdp_op_ctx *ctx, fsdp_status st);
+
+/* Threads of ctx's device team (1 outside the cpu backend). */
+static inline int fsdp_cpu_threads(const fsdp_op_ctx *ctx)
+{
+    return ctx->dev ? fsdp_device_cpu_threads(ctx->dev) : 1;
+}
+
+/* Run task over n_chunks chunks on ctx's team (device/cpu.h); in order on
+ * the calling thread when ctx has no device. */
+void fsdp_cpu_parallel(fsdp_op_ctx *ctx, size_t n_chunks, fsdp_device_cpu_task task, void *arg);
+
+/* A loop body over [begin, end) of an index range, run by `worker`. */
+typedef void (*fsdp_cpu_range_fn)(void *arg, size_t begin, size_t end, int worker);
+
+/* fn over [0, n) in chunks of `grain` indices (the last may be short) on
+ * ctx's team; n <= grain runs inline. Chunk bounds depend on n and grain
+ * only. */
+void fsdp_cpu_parallel_range(fsdp_op_ctx *ctx, size_t n, size_t grain, fsdp_cpu_range_fn fn,
+                             void *arg);
+
+/* Elements per chunk for element-wise loops: big enough that waking a
+ * thread (microseconds) is small against the work. */
+#define FSDP_CPU_GRAIN ((size_t)1 << 15)
+
+/* Whether the GEMM libraries loaded (blas.h); if not, records the error for
+ * sync_error and returns false: the op must return at once. */
+bool fsdp_cpu_gemm_ready(fsdp_op_ctx *ctx);
+
+/* GEMMs on ctx's team (gemm.c). Row-major C (M, N) = alpha op(A) op(B) +
+ * beta C, op(A) (M, K) (A stored (K, M) when ta), op(B) (K, N) (B stored
+ * (N, K) when tb). The larger of M and N is split into tiles fixed by the
+ * shape, each a single-threaded library call; K is never split. */
+void fsdp_cpu_gemm(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K, float alpha,
+                   const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+/* The same with bf16 A and B and fp32 C, alpha = 1, beta 0 or 1, through
+ * bf16 dot products (only when fsdp_cpu_blas_bf16_dot()). A failure is
+ * recorded for sync_error (C unspecified). */
+void fsdp_cpu_gemm_bf16(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K,
+                        const fsdp_bf16 *A, int lda, const fsdp_bf16 *B, int ldb, float beta,
+                        float *C, int ldc);
+
+/* How fsdp_cpu_gemm tiles an (M, N, K) product: along M (*along_m) or N,
+ * *n_tiles tiles of *tile rows or columns (the last may be short). */
+void fsdp_cpu_gemm_tiles(int M, int N, int K, bool *along_m, int *tile, int *n_tiles);
 
 /* Element i of a ctx->dt buffer, as fp32. */
 static inline float fsdp_cpu_ld(const void *p, fsdp_dtype dt, size_t i)
@@ -70,6 +124,11 @@ static inline void fsdp_cpu_st(void *p, fsdp_dtype dt, size_t i, float x)
     else
         ((float *)p)[i] = x;
 }
+
+/* dst = src widened (bf16 -> fp32) / rounded to nearest even (fp32 ->
+ * bf16), n elements, on ctx's team. */
+void fsdp_cpu_widen(fsdp_op_ctx *ctx, float *dst, const fsdp_bf16 *src, size_t n);
+void fsdp_cpu_round(fsdp_op_ctx *ctx, fsdp_bf16 *dst, const float *src, size_t n);
 
 /* An input of n elements in ctx->dt as fp32: src itself when fp32, else
  * its widened copy in scratch slot `slot` (NULL if scratch failed). */

@@ -8,6 +8,9 @@
  * tree, so the loop vectorises and the bits never depend on the machine;
  * the per-element loops are plain fp32 loops the compiler vectorises
  * without reassociating (bf16 operands are widened into scratch first).
+ * The rank's team takes rows in fixed ranges, and for the weight gradient
+ * column ranges that each sum every row in row order, so the bits do not
+ * depend on the thread count.
  */
 #include <math.h>
 
@@ -41,27 +44,87 @@ static float row_dot(const float *a, const float *b, int C)
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+typedef struct rms_job {
+    const float *x, *wf, *rstd_in, *dout;
+    float *y, *rstd, *dinp, *dw_acc;
+    float *rows; /* bwd: (workers, 2 C): n and dn of a row */
+    float eps;
+    int N, C;
+} rms_job;
+
+static void rms_fwd_rows(void *arg, size_t begin, size_t end, int worker)
+{
+    const rms_job *j = arg;
+    const int C = j->C;
+    for (size_t i = begin; i < end; i++) {
+        const float *xr = j->x + i * C;
+        float *yr = j->y + i * C;
+        float rs = (float)(1.0 / sqrt(row_sumsq(xr, C) / C + (double)j->eps));
+        for (int c = 0; c < C; c++)
+            yr[c] = (xr[c] * rs) * j->wf[c];
+        if (j->rstd)
+            j->rstd[i] = rs;
+    }
+}
+
+/* Rows per chunk: about FSDP_CPU_GRAIN elements. */
+static size_t rms_grain(int C)
+{
+    return FSDP_CPU_GRAIN / (size_t)C + 1;
+}
+
 void fsdp_cpu_rmsnorm_fwd(fsdp_op_ctx *ctx, void *out, float *rstd, const void *inp,
                           const void *w, float eps, int N, int C)
 {
     if (N <= 0 || C <= 0)
         return;
     const size_t n = (size_t)N * C;
-    const float *x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, inp, n);
-    const float *wf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_1, w, (size_t)C);
-    float *y = fsdp_cpu_out(ctx, FSDP_CPU_SLOT_2, out, n);
-    if (!x || !wf || !y)
+    rms_job j = {.rstd = rstd, .eps = eps, .N = N, .C = C};
+    j.x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, inp, n);
+    j.wf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_1, w, (size_t)C);
+    j.y = fsdp_cpu_out(ctx, FSDP_CPU_SLOT_2, out, n);
+    if (!j.x || !j.wf || !j.y)
         return; /* scratch OOM, reported by sync_error */
-    for (int i = 0; i < N; i++) {
-        const float *xr = x + (size_t)i * C;
-        float *yr = y + (size_t)i * C;
-        float rs = (float)(1.0 / sqrt(row_sumsq(xr, C) / C + (double)eps));
+    fsdp_cpu_parallel_range(ctx, (size_t)N, rms_grain(C), rms_fwd_rows, &j);
+    fsdp_cpu_out_done(ctx, out, j.y, n);
+}
+
+/* dinp rows: n = x * rstd and dn = w * dout, dx += (dn - n mean(dn n)) rstd. */
+static void rms_bwd_rows(void *arg, size_t begin, size_t end, int worker)
+{
+    const rms_job *j = arg;
+    const int C = j->C;
+    float *nrow = j->rows + (size_t)worker * 2 * C, *dnrow = nrow + C;
+    for (size_t i = begin; i < end; i++) {
+        const size_t off = i * C;
+        const float *xr = j->x + off, *dy = j->dout + off;
+        const float rs = j->rstd_in[i];
+        for (int c = 0; c < C; c++) {
+            nrow[c] = xr[c] * rs;
+            dnrow[c] = j->wf[c] * dy[c];
+        }
+        const float m = row_dot(dnrow, nrow, C) / (float)C;
+        float *dx = j->dinp + off;
         for (int c = 0; c < C; c++)
-            yr[c] = (xr[c] * rs) * wf[c];
-        if (rstd)
-            rstd[i] = rs;
+            dx[c] += (dnrow[c] - nrow[c] * m) * rs;
     }
-    fsdp_cpu_out_done(ctx, out, y, n);
+}
+
+/* dw columns [begin, end): summed over every row in row order (the same
+ * order for any chunking). */
+static void rms_bwd_cols(void *arg, size_t begin, size_t end, int worker)
+{
+    const rms_job *j = arg;
+    const size_t C = (size_t)j->C;
+    float *acc = j->dw_acc;
+    for (size_t c = begin; c < end; c++)
+        acc[c] = 0.0f;
+    for (int i = 0; i < j->N; i++) {
+        const float *xr = j->x + i * C, *dy = j->dout + i * C;
+        const float rs = j->rstd_in[i];
+        for (size_t c = begin; c < end; c++)
+            acc[c] += (xr[c] * rs) * dy[c];
+    }
 }
 
 void fsdp_cpu_rmsnorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, const float *dout,
@@ -69,35 +132,28 @@ void fsdp_cpu_rmsnorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, const float 
 {
     if (N <= 0 || C <= 0 || (!dinp && !dw))
         return;
-    const float *x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, inp, (size_t)N * C);
-    const float *wf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_1, w, (size_t)C);
-    /* per row: n = x * rstd and dn = w * dout; then this call's dw, summed
-     * over rows in scratch and added to dw once (independent of what dw held) */
-    float *nrow = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2, (size_t)C);
-    float *dnrow = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_3, (size_t)C);
-    float *dw_acc = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_4, (size_t)C);
-    if (!x || !wf || !nrow || !dnrow || !dw_acc)
+    rms_job j = {.rstd_in = rstd, .dout = dout, .dinp = dinp, .N = N, .C = C};
+    j.x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, inp, (size_t)N * C);
+    j.wf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_1, w, (size_t)C);
+    if (!j.x || !j.wf)
         return; /* scratch OOM, reported by sync_error */
-    for (int c = 0; c < C; c++)
-        dw_acc[c] = 0.0f;
-    for (int i = 0; i < N; i++) {
-        const size_t off = (size_t)i * C;
-        const float *xr = x + off, *dy = dout + off;
-        const float rs = rstd[i];
-        for (int c = 0; c < C; c++) {
-            nrow[c] = xr[c] * rs;
-            dnrow[c] = wf[c] * dy[c];
-        }
+    if (dw) {
+        /* this call's dw, summed in scratch and added to dw once
+         * (independent of what dw held) */
+        j.dw_acc = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_4, (size_t)C);
+        if (!j.dw_acc)
+            return;
+        size_t cols = FSDP_CPU_GRAIN / (size_t)N + 1;
+        cols = (cols + 15) / 16 * 16; /* whole vectors per chunk */
+        fsdp_cpu_parallel_range(ctx, (size_t)C, cols, rms_bwd_cols, &j);
         for (int c = 0; c < C; c++)
-            dw_acc[c] += nrow[c] * dy[c];
-        if (!dinp)
-            continue;
-        const float m = row_dot(dnrow, nrow, C) / (float)C;
-        float *dx = dinp + off;
-        for (int c = 0; c < C; c++)
-            dx[c] += (dnrow[c] - nrow[c] * m) * rs;
+            dw[c] += j.dw_acc[c];
     }
-    if (dw)
-        for (int c = 0; c < C; c++)
-            dw[c] += dw_acc[c];
+    if (dinp) {
+        j.rows = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2,
+                                  (size_t)fsdp_cpu_threads(ctx) * 2 * (size_t)C);
+        if (!j.rows)
+            return;
+        fsdp_cpu_parallel_range(ctx, (size_t)N, rms_grain(C), rms_bwd_rows, &j);
+    }
 }

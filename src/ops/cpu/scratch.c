@@ -1,5 +1,6 @@
 /*
- * scratch.c - per-context host scratch and BLAS setup for the cpu ops.
+ * scratch.c - per-context host scratch and failure record for the cpu ops,
+ * and the dtype conversions of their inputs and outputs.
  *
  * Scratch holds fp32 copies of bf16 operands and fp32 results before they
  * are rounded to bf16. It is plain malloc'd host memory kept in ctx->backend
@@ -8,8 +9,6 @@
  * allocated, the op that needed it does nothing and the failure (OOM, with
  * a message) is held for the sync_error slot, as cuda holds launch errors.
  */
-#include <cblas.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,15 +16,9 @@
 
 #include "core/log.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/cpu_state.h"
 
-struct fsdp_cpu_ops_state {
-    float *buf[FSDP_CPU_SLOT_COUNT];
-    size_t numel[FSDP_CPU_SLOT_COUNT]; /* capacity of buf[k], elements */
-    fsdp_status err;                   /* first failure since fsdp_cpu_ops_sync_error */
-    char err_msg[256];
-};
-
-static struct fsdp_cpu_ops_state *cpu_state(fsdp_op_ctx *ctx)
+struct fsdp_cpu_ops_state *fsdp_cpu_state(fsdp_op_ctx *ctx)
 {
     struct fsdp_cpu_ops_state *s = ctx->backend;
     if (!s) {
@@ -43,7 +36,7 @@ static struct fsdp_cpu_ops_state *cpu_state(fsdp_op_ctx *ctx)
 float *fsdp_cpu_scratch(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, size_t numel)
 {
     FSDP_ASSERT(slot >= 0 && slot < FSDP_CPU_SLOT_COUNT);
-    struct fsdp_cpu_ops_state *s = cpu_state(ctx);
+    struct fsdp_cpu_ops_state *s = fsdp_cpu_state(ctx);
     if (numel == 0)
         numel = 1;
     if (s->numel[slot] >= numel)
@@ -75,6 +68,17 @@ float *fsdp_cpu_scratch(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, size_t numel)
     return p;
 }
 
+void fsdp_cpu_ops_fail(fsdp_op_ctx *ctx, fsdp_status st)
+{
+    struct fsdp_cpu_ops_state *s = fsdp_cpu_state(ctx);
+    if (st == FSDP_STATUS_OK || s->err != FSDP_STATUS_OK)
+        return;
+    s->err = st;
+    snprintf(s->err_msg, sizeof s->err_msg, "rank %d: %s", ctx->dev ? ctx->dev->rank : -1,
+             fsdp_error_msg());
+    FSDP_ERR(FSDP_SUB_OPS, "%s", s->err_msg);
+}
+
 fsdp_status fsdp_cpu_ops_sync_error(fsdp_op_ctx *ctx)
 {
     struct fsdp_cpu_ops_state *s = ctx->backend;
@@ -93,26 +97,53 @@ void fsdp_cpu_ops_fini(fsdp_op_ctx *ctx)
         return;
     for (int k = 0; k < FSDP_CPU_SLOT_COUNT; k++)
         free(s->buf[k]);
+    fsdp_cpu_dnnl_free(s->dnnl);
     free(s);
     ctx->backend = NULL;
 }
 
-static pthread_once_t blas_once = PTHREAD_ONCE_INIT;
+typedef struct cvt_job {
+    const void *src;
+    void *dst;
+} cvt_job;
 
-static void blas_one_thread(void) { openblas_set_num_threads(1); }
+static void widen_range(void *arg, size_t begin, size_t end, int worker)
+{
+    const cvt_job *j = arg;
+    const fsdp_bf16 *h = j->src;
+    float *f = j->dst;
+    for (size_t i = begin; i < end; i++)
+        f[i] = fsdp_bf16_to_f32(h[i]);
+}
 
-void fsdp_cpu_blas_init(void) { pthread_once(&blas_once, blas_one_thread); }
+static void round_range(void *arg, size_t begin, size_t end, int worker)
+{
+    const cvt_job *j = arg;
+    const float *f = j->src;
+    fsdp_bf16 *h = j->dst;
+    for (size_t i = begin; i < end; i++)
+        h[i] = fsdp_f32_to_bf16(f[i]);
+}
+
+void fsdp_cpu_widen(fsdp_op_ctx *ctx, float *dst, const fsdp_bf16 *src, size_t n)
+{
+    cvt_job j = {.src = src, .dst = dst};
+    fsdp_cpu_parallel_range(ctx, n, FSDP_CPU_GRAIN, widen_range, &j);
+}
+
+void fsdp_cpu_round(fsdp_op_ctx *ctx, fsdp_bf16 *dst, const float *src, size_t n)
+{
+    cvt_job j = {.src = src, .dst = dst};
+    fsdp_cpu_parallel_range(ctx, n, FSDP_CPU_GRAIN, round_range, &j);
+}
 
 const float *fsdp_cpu_in(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, const void *src, size_t n)
 {
     if (ctx->dt != FSDP_DTYPE_BF16)
         return src;
     float *buf = fsdp_cpu_scratch(ctx, slot, n);
-    if (!buf)
-        return NULL;
-    const fsdp_bf16 *h = src;
-    for (size_t i = 0; i < n; i++)
-        buf[i] = fsdp_bf16_to_f32(h[i]);
+    if (buf)
+        fsdp_cpu_widen(ctx, buf, src, n);
     return buf;
 }
 
@@ -125,9 +156,6 @@ float *fsdp_cpu_out(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, void *dst, size_t n)
 
 void fsdp_cpu_out_done(fsdp_op_ctx *ctx, void *dst, const float *buf, size_t n)
 {
-    if (ctx->dt != FSDP_DTYPE_BF16)
-        return;
-    fsdp_bf16 *h = dst;
-    for (size_t i = 0; i < n; i++)
-        h[i] = fsdp_f32_to_bf16(buf[i]);
+    if (ctx->dt == FSDP_DTYPE_BF16)
+        fsdp_cpu_round(ctx, dst, buf, n);
 }

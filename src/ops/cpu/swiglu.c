@@ -9,8 +9,10 @@
  * degree 6, ~2 ulp) so the loops vectorise: libm's expf does not. The fp32
  * loops are compiled for the baseline and for AVX2 and picked at run time
  * (as gelu.c); bf16 rows go through the same element functions one at a
- * time, so every path computes the same fp32 values.
+ * time, so every path computes the same fp32 values. Rows are independent:
+ * the rank's team takes them in fixed ranges.
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -78,25 +80,73 @@ static inline void swiglu_grad_one(float g, float u, float dy, float *dg, float 
 SWIGLU_LOOPS(base, )
 SWIGLU_LOOPS(avx2, __attribute__((target("avx2"))))
 
+typedef struct swiglu_job {
+    void *out;         /* fwd: (N, IC) in dt */
+    float *dinp;       /* bwd: (N, 2 IC) fp32, accumulated */
+    const void *inp;   /* (N, 2 IC) in dt */
+    const float *dout; /* bwd: (N, IC) */
+    int IC;
+    fsdp_dtype dt;
+    bool avx2;
+} swiglu_job;
+
+static void swiglu_fwd_rows(void *arg, size_t begin, size_t end, int worker)
+{
+    const swiglu_job *j = arg;
+    const int IC = j->IC, n = (int)(end - begin);
+    if (j->dt == FSDP_DTYPE_F32) {
+        float *y = (float *)j->out + begin * IC;
+        const float *x = (const float *)j->inp + begin * 2 * IC;
+        if (j->avx2)
+            swiglu_fwd_f32_avx2(y, x, n, IC);
+        else
+            swiglu_fwd_f32_base(y, x, n, IC);
+        return;
+    }
+    for (size_t r = begin; r < end; r++) {
+        const size_t gx = r * 2 * IC, y = r * IC;
+        for (int c = 0; c < IC; c++)
+            fsdp_cpu_st(j->out, j->dt, y + c,
+                        swiglu_one(fsdp_cpu_ld(j->inp, j->dt, gx + c),
+                                   fsdp_cpu_ld(j->inp, j->dt, gx + IC + c)));
+    }
+}
+
+static void swiglu_bwd_rows(void *arg, size_t begin, size_t end, int worker)
+{
+    const swiglu_job *j = arg;
+    const int IC = j->IC, n = (int)(end - begin);
+    if (j->dt == FSDP_DTYPE_F32) {
+        float *dx = j->dinp + begin * 2 * IC;
+        const float *x = (const float *)j->inp + begin * 2 * IC, *dy = j->dout + begin * IC;
+        if (j->avx2)
+            swiglu_bwd_f32_avx2(dx, x, dy, n, IC);
+        else
+            swiglu_bwd_f32_base(dx, x, dy, n, IC);
+        return;
+    }
+    for (size_t r = begin; r < end; r++) {
+        const size_t gx = r * 2 * IC, y = r * IC;
+        for (int c = 0; c < IC; c++)
+            swiglu_grad_one(fsdp_cpu_ld(j->inp, j->dt, gx + c),
+                            fsdp_cpu_ld(j->inp, j->dt, gx + IC + c), j->dout[y + c],
+                            &j->dinp[gx + c], &j->dinp[gx + IC + c]);
+    }
+}
+
+/* Rows per chunk: about FSDP_CPU_GRAIN outputs. */
+static size_t swiglu_grain(int IC)
+{
+    return FSDP_CPU_GRAIN / (size_t)IC + 1;
+}
+
 void fsdp_cpu_swiglu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, int N, int IC)
 {
     if (N <= 0 || IC <= 0)
         return;
-    const fsdp_dtype dt = ctx->dt;
-    if (dt == FSDP_DTYPE_F32) {
-        if (__builtin_cpu_supports("avx2"))
-            swiglu_fwd_f32_avx2(out, inp, N, IC);
-        else
-            swiglu_fwd_f32_base(out, inp, N, IC);
-        return;
-    }
-    for (int r = 0; r < N; r++) {
-        const size_t gx = (size_t)r * 2 * IC, y = (size_t)r * IC;
-        for (int j = 0; j < IC; j++)
-            fsdp_cpu_st(out, dt, y + j,
-                        swiglu_one(fsdp_cpu_ld(inp, dt, gx + j),
-                                   fsdp_cpu_ld(inp, dt, gx + IC + j)));
-    }
+    swiglu_job j = {.out = out, .inp = inp, .IC = IC, .dt = ctx->dt,
+                    .avx2 = __builtin_cpu_supports("avx2")};
+    fsdp_cpu_parallel_range(ctx, (size_t)N, swiglu_grain(IC), swiglu_fwd_rows, &j);
 }
 
 void fsdp_cpu_swiglu_bwd(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout, int N,
@@ -104,18 +154,7 @@ void fsdp_cpu_swiglu_bwd(fsdp_op_ctx *ctx, float *dinp, const void *inp, const f
 {
     if (N <= 0 || IC <= 0)
         return;
-    const fsdp_dtype dt = ctx->dt;
-    if (dt == FSDP_DTYPE_F32) {
-        if (__builtin_cpu_supports("avx2"))
-            swiglu_bwd_f32_avx2(dinp, inp, dout, N, IC);
-        else
-            swiglu_bwd_f32_base(dinp, inp, dout, N, IC);
-        return;
-    }
-    for (int r = 0; r < N; r++) {
-        const size_t gx = (size_t)r * 2 * IC, y = (size_t)r * IC;
-        for (int j = 0; j < IC; j++)
-            swiglu_grad_one(fsdp_cpu_ld(inp, dt, gx + j), fsdp_cpu_ld(inp, dt, gx + IC + j),
-                            dout[y + j], &dinp[gx + j], &dinp[gx + IC + j]);
-    }
+    swiglu_job j = {.dinp = dinp, .inp = inp, .dout = dout, .IC = IC, .dt = ctx->dt,
+                    .avx2 = __builtin_cpu_supports("avx2")};
+    fsdp_cpu_parallel_range(ctx, (size_t)N, swiglu_grain(IC), swiglu_bwd_rows, &j);
 }

@@ -7,14 +7,143 @@
  *   dlogits[i][V..Vp) = 0.
  * A target < 0 masks its row: loss 0 and a zero gradient row.
  * dlogits is written (=), not accumulated: it is the head's output gradient
- * and may alias logits when ctx->dt is fp32. Each row's max and exp-sum are
- * finished (reads only) before the row is written, element j is read before
- * it is overwritten, and no probability buffer is kept. The exp-sum is taken
- * in double, in column order.
+ * and may alias logits when ctx->dt is fp32.
+ *
+ * A row takes three passes, each vectorised: the max; e_j = exp(l_j - max)
+ * (vexp.h; arguments below -87 count as e^-87, nothing next to the max's 1)
+ * stored into dlogits (element j is read before it is overwritten, so
+ * aliasing is fine) and summed in double over 16 fixed lanes (lane j mod
+ * 16, lanes then combined in a fixed tree, the tail last); then the
+ * gradient in place. The order is fixed by V alone, so the bits are the same
+ * on every build and thread count. Rows go to the rank's team.
  */
 #include <math.h>
 
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/vexp.h"
+
+#define XENT_LANES 16
+#define XENT_EXP_MIN -87.0f
+
+/* e^a for a = l_j - max <= 0: below -87 as e^-87; NaN stays NaN (the
+ * clamp's compare sends it to -87 first, so fsdp_cpu_exp never converts NaN
+ * to an integer, which is undefined behaviour), so the loss is NaN as with
+ * libm and the trainer sees it. */
+static inline float exp_arg(float a)
+{
+    float v = fsdp_cpu_exp(a > XENT_EXP_MIN ? a : XENT_EXP_MIN);
+    return a == a ? v : a;
+}
+
+/* The row kernels, compiled for the build's baseline and for AVX2 and
+ * picked at run time (as gelu.c: no ifunc, which breaks the sanitizers). */
+#define XENT_KERNELS(sfx, attr)                                                              \
+    attr static float row_max_##sfx(const float *x, int V)                                   \
+    {                                                                                        \
+        float m[XENT_LANES];                                                                 \
+        for (int l = 0; l < XENT_LANES; l++)                                                 \
+            m[l] = x[0];                                                                     \
+        int j = 0;                                                                           \
+        for (; j + XENT_LANES <= V; j += XENT_LANES)                                         \
+            for (int l = 0; l < XENT_LANES; l++)                                             \
+                m[l] = x[j + l] > m[l] ? x[j + l] : m[l];                                    \
+        float r = m[0];                                                                      \
+        for (int l = 1; l < XENT_LANES; l++)                                                 \
+            r = m[l] > r ? m[l] : r;                                                         \
+        for (; j < V; j++)                                                                   \
+            r = x[j] > r ? x[j] : r;                                                         \
+        return r;                                                                            \
+    }                                                                                        \
+    /* e[j] = exp(x[j] - maxv) (e may be x, or NULL: not stored); returns the sum. */        \
+    attr static double exp_sum_##sfx(const float *x, float *e, int V, float maxv)            \
+    {                                                                                        \
+        double s[XENT_LANES] = {0};                                                          \
+        float buf[XENT_LANES];                                                               \
+        int j = 0;                                                                           \
+        for (; j + XENT_LANES <= V; j += XENT_LANES) {                                       \
+            for (int l = 0; l < XENT_LANES; l++)                                             \
+                buf[l] = exp_arg(x[j + l] - maxv);                                           \
+            for (int l = 0; l < XENT_LANES; l++)                                             \
+                s[l] += (double)buf[l];                                                      \
+            if (e)                                                                           \
+                for (int l = 0; l < XENT_LANES; l++)                                         \
+                    e[j + l] = buf[l];                                                       \
+        }                                                                                    \
+        for (int w = XENT_LANES / 2; w > 0; w /= 2)                                          \
+            for (int l = 0; l < w; l++)                                                      \
+                s[l] += s[l + w];                                                            \
+        double sum = s[0];                                                                   \
+        for (; j < V; j++) {                                                                 \
+            float v = exp_arg(x[j] - maxv);                                                  \
+            sum += (double)v;                                                                \
+            if (e)                                                                           \
+                e[j] = v;                                                                    \
+        }                                                                                    \
+        return sum;                                                                          \
+    }                                                                                        \
+    /* d[j] = (d[j] * inv - [j == tgt]) * dloss, d holding the exps */                       \
+    attr static void grad_##sfx(float *d, int V, int tgt, float inv, float dloss)            \
+    {                                                                                        \
+        for (int j = 0; j < V; j++)                                                          \
+            d[j] = (d[j] * inv - (j == tgt ? 1.0f : 0.0f)) * dloss;                          \
+    }
+XENT_KERNELS(base, )
+XENT_KERNELS(avx2, __attribute__((target("avx2"))))
+
+typedef struct xent_job {
+    float *losses, *dlogits;
+    const void *logits;
+    const int *targets;
+    float *row_tmp; /* bf16: (workers, V) */
+    int V, Vp;
+    float dloss;
+    int bf16;
+    bool avx2;
+} xent_job;
+
+static void xent_rows(void *arg, size_t begin, size_t end, int worker)
+{
+    const xent_job *j = arg;
+    const int V = j->V, Vp = j->Vp;
+    for (size_t i = begin; i < end; i++) {
+        size_t off = i * Vp;
+        const float *row;
+        if (j->bf16) {
+            float *tmp = j->row_tmp + (size_t)worker * V;
+            const fsdp_bf16 *src = (const fsdp_bf16 *)j->logits + off;
+            for (int c = 0; c < V; c++)
+                tmp[c] = fsdp_bf16_to_f32(src[c]);
+            row = tmp;
+        } else {
+            row = (const float *)j->logits + off;
+        }
+        int tgt = j->targets[i];
+        FSDP_ASSERT(tgt < V);
+        float *d = j->dlogits ? j->dlogits + off : NULL;
+        if (tgt < 0) { /* masked: no loss, no gradient */
+            if (j->losses)
+                j->losses[i] = 0.0f;
+            if (d)
+                for (int c = 0; c < Vp; c++)
+                    d[c] = 0.0f;
+            continue;
+        }
+        float maxv = j->avx2 ? row_max_avx2(row, V) : row_max_base(row, V);
+        float lt = row[tgt] - maxv; /* before d (maybe row) is overwritten */
+        double sum = j->avx2 ? exp_sum_avx2(row, d, V, maxv) : exp_sum_base(row, d, V, maxv);
+        if (j->losses)
+            j->losses[i] = (float)(log(sum) - (double)lt);
+        if (!d)
+            continue;
+        float inv = (float)(1.0 / sum);
+        if (j->avx2)
+            grad_avx2(d, V, tgt, inv, j->dloss);
+        else
+            grad_base(d, V, tgt, inv, j->dloss);
+        for (int c = V; c < Vp; c++)
+            d[c] = 0.0f;
+    }
+}
 
 void fsdp_cpu_xent_fwd_bwd(fsdp_op_ctx *ctx, float *losses, float *dlogits, const void *logits,
                            const int *targets, int N, int V, int Vp, float dloss)
@@ -22,52 +151,14 @@ void fsdp_cpu_xent_fwd_bwd(fsdp_op_ctx *ctx, float *losses, float *dlogits, cons
     if (N <= 0 || V <= 0)
         return;
     FSDP_ASSERT(V <= Vp);
-    const int bf16 = ctx->dt == FSDP_DTYPE_BF16;
-    /* One widened row at a time when logits are bf16. */
-    float *row_tmp = bf16 ? fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_0, (size_t)V) : NULL;
-    if (bf16 && !row_tmp)
-        return; /* scratch OOM, reported by sync_error */
-    for (int i = 0; i < N; i++) {
-        size_t off = (size_t)i * Vp;
-        const float *row;
-        if (bf16) {
-            const fsdp_bf16 *src = (const fsdp_bf16 *)logits + off;
-            for (int j = 0; j < V; j++)
-                row_tmp[j] = fsdp_bf16_to_f32(src[j]);
-            row = row_tmp;
-        } else {
-            row = (const float *)logits + off;
-        }
-        int tgt = targets[i];
-        FSDP_ASSERT(tgt < V);
-        if (tgt < 0) { /* masked: no loss, no gradient */
-            if (losses)
-                losses[i] = 0.0f;
-            if (dlogits)
-                for (int j = 0; j < Vp; j++)
-                    dlogits[off + j] = 0.0f;
-            continue;
-        }
-
-        float maxv = row[0];
-        for (int j = 1; j < V; j++)
-            if (row[j] > maxv)
-                maxv = row[j];
-        double sum = 0.0;
-        for (int j = 0; j < V; j++)
-            sum += expf(row[j] - maxv);
-        float lt = row[tgt] - maxv;
-        if (losses)
-            losses[i] = (float)(log(sum) - (double)lt);
-        if (!dlogits)
-            continue;
-        float inv = (float)(1.0 / sum);
-        float *d = dlogits + off;
-        for (int j = 0; j < V; j++) {
-            float p = expf(row[j] - maxv) * inv; /* read row[j] before writing d[j] */
-            d[j] = (p - (j == tgt ? 1.0f : 0.0f)) * dloss;
-        }
-        for (int j = V; j < Vp; j++)
-            d[j] = 0.0f;
+    xent_job j = {.losses = losses, .dlogits = dlogits, .logits = logits, .targets = targets,
+                  .V = V, .Vp = Vp, .dloss = dloss, .bf16 = ctx->dt == FSDP_DTYPE_BF16,
+                  .avx2 = __builtin_cpu_supports("avx2")};
+    /* One widened row per worker at a time when logits are bf16. */
+    if (j.bf16) {
+        j.row_tmp = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_0, (size_t)fsdp_cpu_threads(ctx) * V);
+        if (!j.row_tmp)
+            return; /* scratch OOM, reported by sync_error */
     }
+    fsdp_cpu_parallel_range(ctx, (size_t)N, FSDP_CPU_GRAIN / (size_t)V + 1, xent_rows, &j);
 }

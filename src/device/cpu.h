@@ -1,0 +1,67 @@
+/*
+ * cpu.h - the threads of a simulated cpu device.
+ *
+ * Each cpu device (rank) computes with a team of threads: its rank thread
+ * plus helpers, started on the first parallel call and joined by
+ * fsdp_device_fini. The count is a process setting read when a device is
+ * created: --threads-per-device N, or by default the online cores divided
+ * by the ranks of the device's world (at least 1). It is capped so that
+ * devices x threads never exceeds the cores (no oversubscription); with
+ * more devices than cores each device gets one thread and the ranks share
+ * the cores.
+ *
+ * Work is split into chunks fixed by the caller; the team only decides which
+ * thread runs which chunk. So as long as a chunk's result does not depend on
+ * the thread that runs it, results are bit-identical for any thread count.
+ */
+#ifndef FSDP_DEVICE_CPU_H
+#define FSDP_DEVICE_CPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "device/device.h"
+
+/* Threads per cpu device for devices created from now on: n >= 1, or 0 for
+ * the default. Call while no device is being created (before the ranks
+ * start). */
+void fsdp_device_cpu_set_threads(int n);
+int fsdp_device_cpu_get_threads(void);
+
+/* Online cores available to this process (its CPU affinity mask). */
+int fsdp_device_cpu_cores(void);
+
+/* Test hook: make fsdp_device_cpu_cores() report n (0: the real count), so
+ * that tests can run 3 threads per device on a 2-core machine. */
+void fsdp_device_cpu_test_cores(int n);
+
+/* Threads each of n_devices cpu devices gets when `requested` (0: the
+ * default) are asked for on n_cores cores: requested or n_cores / n_devices,
+ * lowered to max(1, n_cores / n_devices) if devices x threads would exceed
+ * the cores (*capped then says a request was lowered; may be NULL). */
+int fsdp_device_cpu_threads_for(int requested, int n_devices, int n_cores, bool *capped);
+
+/* The cpu devices of world w that share this machine's cores, the count the
+ * default divides them by: this process's ranks times the job's processes on
+ * the same host (mpirun -np P on one machine), so that P processes do not
+ * each take every core. */
+int fsdp_device_cpu_devices_on_host(const fsdp_world *w);
+
+/* The thread count of device d (1 for devices of other backends). */
+int fsdp_device_cpu_threads(const fsdp_device *d);
+
+/* A unit of parallel work: chunk `chunk` of a job, run by team member
+ * `worker` (0 = the calling thread, < fsdp_device_cpu_threads(d)). */
+typedef void (*fsdp_device_cpu_task)(void *arg, size_t chunk, int worker);
+
+/* Run task(arg, c, w) once for every chunk c in [0, n_chunks) on d's team,
+ * the calling thread (d's rank thread) included; returns when every chunk
+ * is done, and their writes are visible to the caller. Which worker runs
+ * which chunk varies from call to call. A call from inside a task, or on a
+ * device of another backend or with one thread, runs the chunks in order on
+ * the calling thread; so does any call if the helper threads could not be
+ * started (logged once as a warning). */
+void fsdp_device_cpu_parallel(fsdp_device *d, size_t n_chunks, fsdp_device_cpu_task task,
+                              void *arg);
+
+#endif /* FSDP_DEVICE_CPU_H */

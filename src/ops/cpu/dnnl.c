@@ -1,0 +1,332 @@
+/*
+ * dnnl.c - bf16 GEMMs through oneDNN 2.x matmul primitives (contract in
+ * dnnl.h).
+ *
+ * A primitive is made per GEMM shape (sizes, strides, transposes, beta) and
+ * kept in the context's small cache: creating one compiles its kernel
+ * (milliseconds), running one is the GEMM. beta = 1 is a "sum" post-op, so
+ * the fp32 product is added to C once. Scratchpads are user-managed, one
+ * per worker, so concurrent runs never share oneDNN's memory. oneDNN here
+ * uses OpenMP; every thread that calls it sets its own OpenMP thread count
+ * to 1 first, so no OpenMP team is ever started.
+ *
+ * Ranks never share oneDNN objects: its global primitive cache is turned
+ * off (each context caches its own), and engines and primitives are
+ * created under one process mutex. oneDNN synchronises its internal state
+ * with primitives ThreadSanitizer cannot see (it is not instrumented); the
+ * mutex makes that order visible, and creation is rare (once per shape and
+ * rank), so it costs nothing.
+ */
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops/cpu/dnnl.h"
+
+#define DNNL_MAX_PRIMS 64
+
+struct fsdp_cpu_dnnl_prim {
+    fsdp_cpu_dnnl_shape shape;
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t a_md, b_md, c_md, scratch_md;
+    size_t scratch_bytes;
+};
+
+struct fsdp_cpu_dnnl {
+    dnnl_engine_t engine;
+    fsdp_cpu_dnnl_prim *prims[DNNL_MAX_PRIMS];
+    unsigned long last_use[DNNL_MAX_PRIMS];    /* for evicting the least recently used */
+    unsigned long clock;
+    int n_prims;
+    int n_workers;
+    dnnl_stream_t *streams;  /* (n_workers,) */
+    void **scratch;          /* (n_workers,) */
+    size_t scratch_bytes;    /* capacity of each scratch[w] */
+};
+
+static _Thread_local bool omp_single;
+static pthread_mutex_t create_mu = PTHREAD_MUTEX_INITIALIZER; /* engine/primitive creation */
+
+/* oneDNN on this thread uses one OpenMP thread (our team is the parallelism). */
+static void omp_one_thread(void)
+{
+    if (!omp_single) {
+        omp_set_num_threads(1);
+        omp_single = true;
+    }
+}
+
+static fsdp_status dnnl_fail(dnnl_status_t s, const char *what)
+{
+    return fsdp_error_set(s == dnnl_out_of_memory ? FSDP_STATUS_OOM : FSDP_STATUS_INTERNAL,
+                          "cpu ops: oneDNN %s failed (dnnl_status %d); set FSDP_CPU_GEMM=openblas "
+                          "to run bf16 GEMMs in fp32 instead", what, (int)s);
+}
+
+#define DNNL_TRY(call, what)                      \
+    do {                                          \
+        dnnl_status_t ds_ = (call);               \
+        if (ds_ != dnnl_success) {                \
+            st = dnnl_fail(ds_, what);            \
+            goto fail;                            \
+        }                                         \
+    } while (0)
+
+/* A matmul primitive for `sh` on engine e; create_mu held. */
+static fsdp_status prim_create_locked(dnnl_engine_t e, const fsdp_cpu_dnnl_shape *sh,
+                                      fsdp_cpu_dnnl_prim **out)
+{
+    fsdp_status st = FSDP_STATUS_OK;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    fsdp_cpu_dnnl_prim *p = calloc(1, sizeof *p);
+    if (!p)
+        return fsdp_error_set(FSDP_STATUS_OOM, "cpu ops: out of host memory for a oneDNN matmul");
+    p->shape = *sh;
+    dnnl_dims_t a_dims = {sh->M, sh->K}, b_dims = {sh->K, sh->N}, c_dims = {sh->M, sh->N};
+    dnnl_dims_t a_str = {sh->ta ? 1 : sh->lda, sh->ta ? sh->lda : 1};
+    dnnl_dims_t b_str = {sh->tb ? 1 : sh->ldb, sh->tb ? sh->ldb : 1};
+    dnnl_dims_t c_str = {sh->ldc, 1};
+    DNNL_TRY(dnnl_memory_desc_init_by_strides(&p->a_md, 2, a_dims, dnnl_bf16, a_str), "memory desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_strides(&p->b_md, 2, b_dims, dnnl_bf16, b_str), "memory desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_strides(&p->c_md, 2, c_dims, dnnl_f32, c_str), "memory desc");
+    dnnl_matmul_desc_t md;
+    DNNL_TRY(dnnl_matmul_desc_init(&md, &p->a_md, &p->b_md, NULL, &p->c_md), "matmul desc");
+    DNNL_TRY(dnnl_primitive_attr_create(&attr), "attr");
+    DNNL_TRY(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "attr");
+    if (sh->beta != 0.0f) {
+        DNNL_TRY(dnnl_post_ops_create(&po), "post-ops");
+        DNNL_TRY(dnnl_post_ops_append_sum(po, 1.0f), "post-ops");
+        DNNL_TRY(dnnl_primitive_attr_set_post_ops(attr, po), "post-ops");
+    }
+    DNNL_TRY(dnnl_primitive_desc_create(&pd, &md, attr, e, NULL), "matmul primitive desc");
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    if (smd) {
+        p->scratch_md = *smd;
+        p->scratch_bytes = dnnl_memory_desc_get_size(smd);
+    }
+    DNNL_TRY(dnnl_primitive_create(&p->prim, pd), "matmul primitive");
+    *out = p;
+    p = NULL;
+fail:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    if (po)
+        dnnl_post_ops_destroy(po);
+    if (attr)
+        dnnl_primitive_attr_destroy(attr);
+    free(p);
+    return st;
+}
+
+static fsdp_status prim_create(dnnl_engine_t e, const fsdp_cpu_dnnl_shape *sh,
+                               fsdp_cpu_dnnl_prim **out)
+{
+    pthread_mutex_lock(&create_mu);
+    fsdp_status st = prim_create_locked(e, sh, out);
+    pthread_mutex_unlock(&create_mu);
+    return st;
+}
+
+/* An engine; false if oneDNN refuses. */
+static bool engine_create(dnnl_engine_t *e)
+{
+    pthread_mutex_lock(&create_mu);
+    bool ok = dnnl_engine_create(e, dnnl_cpu, 0) == dnnl_success;
+    pthread_mutex_unlock(&create_mu);
+    return ok;
+}
+
+static void prim_free(fsdp_cpu_dnnl_prim *p)
+{
+    if (!p)
+        return;
+    if (p->prim) {
+        pthread_mutex_lock(&create_mu);
+        dnnl_primitive_destroy(p->prim);
+        pthread_mutex_unlock(&create_mu);
+    }
+    free(p);
+}
+
+bool fsdp_cpu_dnnl_probe(char *desc, size_t cap)
+{
+    omp_one_thread();
+    pthread_mutex_lock(&create_mu);
+    dnnl_set_primitive_cache_capacity(0); /* each context caches its own */
+    pthread_mutex_unlock(&create_mu);
+    const dnnl_version_t *v = dnnl_version();
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    const unsigned bf16_bits = (unsigned)dnnl_cpu_isa_avx512_core_bf16;
+    if (((unsigned)isa & bf16_bits) != bf16_bits) {
+        snprintf(desc, cap, "widened to fp32 (this CPU has no bf16 dot-product instructions)");
+        return false;
+    }
+    dnnl_engine_t e = NULL;
+    fsdp_cpu_dnnl_prim *p = NULL;
+    bool ok = false;
+    fsdp_cpu_dnnl_shape sh = {.M = 64, .N = 64, .K = 64, .lda = 64, .ldb = 64, .ldc = 64};
+    if (engine_create(&e) && prim_create(e, &sh, &p) == FSDP_STATUS_OK) {
+        const_dnnl_primitive_desc_t pd = NULL;
+        const char *impl = "?";
+        if (dnnl_primitive_get_primitive_desc(p->prim, &pd) == dnnl_success)
+            dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+        /* brg:avx512_core_bf16 or brg:avx512_core_amx; a reference or
+         * emulated kernel would be slower than fp32 OpenBLAS */
+        ok = !strstr(impl, "ref") && (strstr(impl, "bf16") || strstr(impl, "amx"));
+        snprintf(desc, cap, ok ? "oneDNN %d.%d.%d %s" : "widened to fp32 (oneDNN %d.%d.%d has "
+                                                      "only %s for bf16 here)",
+                 v->major, v->minor, v->patch, impl);
+    } else {
+        snprintf(desc, cap, "widened to fp32 (oneDNN could not build a bf16 matmul)");
+    }
+    prim_free(p);
+    if (e) {
+        pthread_mutex_lock(&create_mu);
+        dnnl_engine_destroy(e);
+        pthread_mutex_unlock(&create_mu);
+    }
+    return ok;
+}
+
+/* Streams and scratchpads for n workers of at least `bytes` each. */
+static fsdp_status workers_reserve(fsdp_cpu_dnnl *s, int n, size_t bytes)
+{
+    if (n > s->n_workers) {
+        dnnl_stream_t *st = realloc(s->streams, (size_t)n * sizeof *st);
+        void **sc = st ? realloc(s->scratch, (size_t)n * sizeof *sc) : NULL;
+        if (st)
+            s->streams = st;
+        if (!st || !sc)
+            return fsdp_error_set(FSDP_STATUS_OOM, "cpu ops: out of host memory for oneDNN "
+                                                   "streams");
+        s->scratch = sc;
+        for (int w = s->n_workers; w < n; w++) {
+            s->scratch[w] = NULL;
+            pthread_mutex_lock(&create_mu);
+            dnnl_status_t ds = dnnl_stream_create(&s->streams[w], s->engine,
+                                                  dnnl_stream_default_flags);
+            pthread_mutex_unlock(&create_mu);
+            if (ds != dnnl_success) {
+                s->n_workers = w;
+                return fsdp_error_set(FSDP_STATUS_INTERNAL, "cpu ops: oneDNN stream creation "
+                                                            "failed");
+            }
+            if (s->scratch_bytes > 0 && !(s->scratch[w] = malloc(s->scratch_bytes))) {
+                dnnl_stream_destroy(s->streams[w]);
+                s->n_workers = w;
+                return fsdp_error_set(FSDP_STATUS_OOM, "cpu ops: out of host memory for "
+                                                       "oneDNN scratchpads");
+            }
+        }
+        s->n_workers = n;
+    }
+    if (bytes > s->scratch_bytes) {
+        for (int w = 0; w < s->n_workers; w++) {
+            free(s->scratch[w]);
+            s->scratch[w] = NULL;
+        }
+        s->scratch_bytes = 0;
+        for (int w = 0; w < s->n_workers; w++)
+            if (!(s->scratch[w] = malloc(bytes)))
+                return fsdp_error_set(FSDP_STATUS_OOM, "cpu ops: out of host memory for %d "
+                                      "oneDNN scratchpads of %zu bytes", s->n_workers, bytes);
+        s->scratch_bytes = bytes;
+    }
+    return FSDP_STATUS_OK;
+}
+
+static bool shape_eq(const fsdp_cpu_dnnl_shape *a, const fsdp_cpu_dnnl_shape *b)
+{
+    return a->ta == b->ta && a->tb == b->tb && a->M == b->M && a->N == b->N && a->K == b->K &&
+           a->lda == b->lda && a->ldb == b->ldb && a->ldc == b->ldc && a->beta == b->beta;
+}
+
+fsdp_status fsdp_cpu_dnnl_prepare(fsdp_cpu_dnnl **state, const fsdp_cpu_dnnl_shape *shape,
+                                  int n_workers, fsdp_cpu_dnnl_prim **out)
+{
+    omp_one_thread();
+    fsdp_cpu_dnnl *s = *state;
+    if (!s) {
+        s = calloc(1, sizeof *s);
+        if (!s)
+            return fsdp_error_set(FSDP_STATUS_OOM, "cpu ops: out of host memory for oneDNN");
+        if (!engine_create(&s->engine)) {
+            free(s);
+            return fsdp_error_set(FSDP_STATUS_INTERNAL, "cpu ops: oneDNN cpu engine creation "
+                                                        "failed");
+        }
+        *state = s;
+    }
+    fsdp_cpu_dnnl_prim *p = NULL;
+    int slot = -1;
+    for (int i = 0; i < s->n_prims && slot < 0; i++)
+        if (shape_eq(&s->prims[i]->shape, shape))
+            slot = i;
+    if (slot < 0) {
+        FSDP_TRY(prim_create(s->engine, shape, &p));
+        if (s->n_prims < DNNL_MAX_PRIMS) {
+            slot = s->n_prims++;
+        } else { /* replace the least recently used: never one prepared just before */
+            slot = 0;
+            for (int i = 1; i < DNNL_MAX_PRIMS; i++)
+                if (s->last_use[i] < s->last_use[slot])
+                    slot = i;
+            prim_free(s->prims[slot]);
+        }
+        s->prims[slot] = p;
+    }
+    p = s->prims[slot];
+    s->last_use[slot] = ++s->clock;
+    FSDP_TRY(workers_reserve(s, n_workers, p->scratch_bytes));
+    *out = p;
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_cpu_dnnl_run(fsdp_cpu_dnnl *s, const fsdp_cpu_dnnl_prim *p, int worker,
+                              const fsdp_bf16 *A, const fsdp_bf16 *B, float *C)
+{
+    omp_one_thread();
+    fsdp_status st = FSDP_STATUS_OK;
+    dnnl_memory_t m[4] = {NULL, NULL, NULL, NULL};
+    DNNL_TRY(dnnl_memory_create(&m[0], &p->a_md, s->engine, (void *)A), "memory");
+    DNNL_TRY(dnnl_memory_create(&m[1], &p->b_md, s->engine, (void *)B), "memory");
+    DNNL_TRY(dnnl_memory_create(&m[2], &p->c_md, s->engine, C), "memory");
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, m[0]}, {DNNL_ARG_WEIGHTS, m[1]},
+                               {DNNL_ARG_DST, m[2]}};
+    int n_args = 3;
+    if (p->scratch_bytes > 0) {
+        DNNL_TRY(dnnl_memory_create(&m[3], &p->scratch_md, s->engine, s->scratch[worker]),
+                 "memory");
+        args[n_args++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, m[3]};
+    }
+    DNNL_TRY(dnnl_primitive_execute(p->prim, s->streams[worker], n_args, args), "matmul");
+    DNNL_TRY(dnnl_stream_wait(s->streams[worker]), "stream wait");
+fail:
+    for (int i = 0; i < 4; i++)
+        if (m[i])
+            dnnl_memory_destroy(m[i]);
+    return st;
+}
+
+void fsdp_cpu_dnnl_free(fsdp_cpu_dnnl *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < s->n_prims; i++)
+        prim_free(s->prims[i]);
+    pthread_mutex_lock(&create_mu);
+    for (int w = 0; w < s->n_workers; w++)
+        dnnl_stream_destroy(s->streams[w]);
+    dnnl_engine_destroy(s->engine);
+    pthread_mutex_unlock(&create_mu);
+    for (int w = 0; w < s->n_workers; w++)
+        free(s->scratch[w]);
+    free(s->streams);
+    free(s->scratch);
+    free(s);
+}
