@@ -95,9 +95,9 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
     fsdp_opt_add(l, "model", FSDP_OPT_STR, &c->model, "NAME|SPEC|FILE", model_help());
     fsdp_opt_add(l, "data", FSDP_OPT_STR, &c->data, "synthetic|FILE.txt|FILE.jsonl|'GLOB.bin'",
                  "training data: the built-in addition task, a text file (bytes, or tokens with "
-                 "--tokenizer), .jsonl rows ({\"text\"}; {\"prompt\",\"completion\"} or "
-                 "{\"messages\"} once models support loss masks) or llm.c token shards (default "
-                 "synthetic)");
+                 "--tokenizer), .jsonl rows ({\"text\"}, or {\"prompt\",\"completion\"} and "
+                 "{\"messages\"} with the loss on the completion/assistant tokens only) or llm.c "
+                 "token shards (default synthetic)");
     fsdp_opt_add_int(l, "batch", &e->batch, 1, MAX_BATCH, "B",
                      "sequences per micro-batch per device (default 16)");
     fsdp_opt_add_int(l, "seq", &e->seq, 1, INT_MAX, "T",
