@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "models/act.h"
 #include "models/gpt2.h"
 #include "models/registry.h"
 
@@ -241,7 +242,6 @@ typedef struct gpt2_state {
     float *lnf_rstd;          /* (B,T) */
     void *logits;             /* (B*T,Vp) dt */
     float *losses;            /* (B*T) per-token losses, device */
-    float *host_losses;       /* (B*T) pinned host copy for the loss */
 
     /* training only (fp32) */
     float *dlogits;           /* (B*T,Vp); aliases logits when dt is fp32 */
@@ -251,8 +251,7 @@ typedef struct gpt2_state {
     float *d4C_b;             /* (B,T,4C) scratch: dfch */
     float *datt;              /* (B,NH,T,T) scratch for attention backward */
 
-    void **allocs;            /* every device allocation, for state_free */
-    int n_allocs, cap_allocs;
+    fsdp_act_set act;         /* every device allocation, the host copy of the losses */
 } gpt2_state;
 
 static const fsdp_gpt2_config *cfg_of(const fsdp_model *m)
@@ -271,39 +270,13 @@ static void **field_ptr(gpt2_layer_acts *a, int f)
     return (void **)((char *)a + act_fields[f].offset);
 }
 
-/* layer >= 0: a block's own buffer; -1: a state buffer; -2: a block buffer
- * shared by every block. */
-static fsdp_status act_alloc(fsdp_op_ctx *ctx, gpt2_state *s, size_t bytes, const char *what,
-                             int layer, void *out)
-{
-    char desc[112];
-    if (layer >= 0)
-        snprintf(desc, sizeof desc, "activations '%s' of layer %d (B=%d, T=%d)", what, layer,
-                 s->B, s->T);
-    else if (layer == -2)
-        snprintf(desc, sizeof desc, "activations '%s', one copy for all layers (B=%d, T=%d)",
-                 what, s->B, s->T);
-    else
-        snprintf(desc, sizeof desc, "activations '%s' (B=%d, T=%d)", what, s->B, s->T);
-    FSDP_ASSERT(s->n_allocs < s->cap_allocs);
-    void *p = NULL;
-    FSDP_TRY(fsdp_device_alloc(ctx->dev, bytes, FSDP_MEM_ACT, desc, &p));
-    s->allocs[s->n_allocs++] = p;
-    *(void **)out = p;
-    return FSDP_STATUS_OK;
-}
-
 static void gpt2_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state)
 {
     (void)m;
     gpt2_state *s = state;
     if (!s)
         return;
-    for (int i = s->n_allocs - 1; i >= 0; i--)
-        fsdp_device_free(ctx->dev, s->allocs[i]);
-    if (s->host_losses)
-        fsdp_device_host_free(ctx->dev, s->host_losses);
-    free(s->allocs);
+    fsdp_act_set_free(ctx, &s->act);
     free(s->layers);
     free(s);
 }
@@ -326,7 +299,7 @@ static fsdp_status layers_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, gpt2_stat
             size_t bytes = af->width > 0   ? N * (size_t)af->width * cfg->n_embd * dts
                            : af->width == 0 ? N * (size_t)cfg->n_head * s->T * dts
                                             : N * sizeof(float);
-            FSDP_TRY(act_alloc(ctx, s, bytes, af->name, kept(s, f) ? l : -2, dst));
+            FSDP_TRY(fsdp_act_alloc(ctx, &s->act, bytes, af->name, kept(s, f) ? l : -2, dst));
         }
     return FSDP_STATUS_OK;
 }
@@ -361,40 +334,34 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     s->T = T;
     s->training = training;
     s->mode = training ? mode : FSDP_RECOMPUTE_NONE;
-    s->cap_allocs = ACT_N_FIELDS * L + 16;
+    FSDP_CHECK(fsdp_act_set_init(&s->act, "GPT-2", B, T, ACT_N_FIELDS * L + 16));
     s->layers = calloc((size_t)L, sizeof *s->layers);
-    s->allocs = calloc((size_t)s->cap_allocs, sizeof *s->allocs);
-    if (!s->layers || !s->allocs) {
+    if (!s->layers) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a GPT-2 state failed");
         goto fail;
     }
 
-    FSDP_CHECK(act_alloc(ctx, s, N * sizeof(int), "tokens", -1, &s->tokens));
-    FSDP_CHECK(act_alloc(ctx, s, N * sizeof(int), "targets", -1, &s->targets));
-    FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "encoded", -1, &s->encoded));
-    FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "proj", -1, &s->proj));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * sizeof(int), "tokens", -1, &s->tokens));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * sizeof(int), "targets", -1, &s->targets));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "encoded", -1, &s->encoded));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "proj", -1, &s->proj));
     FSDP_CHECK(layers_alloc(m, ctx, s));
-    FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "lnf", -1, &s->lnf));
-    FSDP_CHECK(act_alloc(ctx, s, N * f4, "lnf_mean", -1, &s->lnf_mean));
-    FSDP_CHECK(act_alloc(ctx, s, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
-    FSDP_CHECK(act_alloc(ctx, s, N * Vp * dts, "logits", -1, &s->logits));
-    FSDP_CHECK(act_alloc(ctx, s, N * f4, "losses", -1, &s->losses));
-    {
-        char desc[96];
-        snprintf(desc, sizeof desc, "host copy of the losses (B=%d, T=%d)", B, T);
-        FSDP_CHECK(fsdp_device_host_alloc(ctx->dev, N * f4, FSDP_MEM_ACT, desc,
-                                          (void **)&s->host_losses));
-    }
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "lnf", -1, &s->lnf));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "lnf_mean", -1, &s->lnf_mean));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * Vp * dts, "logits", -1, &s->logits));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "losses", -1, &s->losses));
+    FSDP_CHECK(fsdp_act_host_losses(ctx, &s->act));
     if (training) {
         if (ctx->dt == FSDP_DTYPE_F32)
             s->dlogits = (float *)s->logits; /* xent writes dlogits in place */
         else
-            FSDP_CHECK(act_alloc(ctx, s, N * Vp * f4, "dlogits", -1, &s->dlogits));
-        FSDP_CHECK(act_alloc(ctx, s, N * C * f4, "dresidual", -1, &s->dres));
-        FSDP_CHECK(act_alloc(ctx, s, N * C * f4, "dC scratch", -1, &s->dC));
-        FSDP_CHECK(act_alloc(ctx, s, N * 4 * C * f4, "d4C scratch a", -1, &s->d4C_a));
-        FSDP_CHECK(act_alloc(ctx, s, N * 4 * C * f4, "d4C scratch b", -1, &s->d4C_b));
-        FSDP_CHECK(act_alloc(ctx, s, natt * f4, "datt scratch", -1, &s->datt));
+            FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * Vp * f4, "dlogits", -1, &s->dlogits));
+        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * f4, "dresidual", -1, &s->dres));
+        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * f4, "dC scratch", -1, &s->dC));
+        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * 4 * C * f4, "d4C scratch a", -1, &s->d4C_a));
+        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * 4 * C * f4, "d4C scratch b", -1, &s->d4C_b));
+        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, natt * f4, "datt scratch", -1, &s->datt));
     }
     *state = s;
     return FSDP_STATUS_OK;
@@ -428,24 +395,7 @@ static const void *gpt2_state_logits(void *state) { return ((gpt2_state *)state)
  * model step so the error names the unit. */
 static fsdp_status ops_status(fsdp_op_ctx *ctx, const fsdp_model *m, const char *what, int unit)
 {
-    if (!ctx->iface || !ctx->iface->sync_error)
-        return FSDP_STATUS_OK;
-    fsdp_status st = ctx->iface->sync_error(ctx);
-    if (st != FSDP_STATUS_OK)
-        fsdp_error_prefix("GPT-2 %s of unit '%s': ", what, m->units[unit].name);
-    return st;
-}
-
-/* Pointer to parameter i of a unit's flat buffer in dtype dt. */
-static const void *param_ptr(const fsdp_model *m, int unit, const void *params, int i,
-                             fsdp_dtype dt)
-{
-    return (const char *)params + m->units[unit].params[i].offset * fsdp_dtype_size(dt);
-}
-
-static float *grad_ptr(const fsdp_model *m, int unit, float *grads, int i)
-{
-    return grads + m->units[unit].params[i].offset;
+    return fsdp_act_ops_status(ctx, "GPT-2", m, what, unit);
 }
 
 static gpt2_layer_acts *layer_acts(gpt2_state *s, int l) { return &s->layers[l]; }
@@ -458,14 +408,7 @@ static void *block_input(gpt2_state *s, int l)
 
 static fsdp_status check_unit(const fsdp_model *m, void *state, int unit, const char *what)
 {
-    if (!state)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 %s: no state (call state_init)",
-                              what);
-    if (unit < 1 || unit >= m->n_units)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 %s: unit %d is not a block (blocks are 1..%d)", what, unit,
-                              m->n_units - 1);
-    return FSDP_STATUS_OK;
+    return fsdp_act_check_unit("GPT-2", m, state, unit, what);
 }
 
 static fsdp_status gpt2_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
@@ -475,8 +418,9 @@ static fsdp_status gpt2_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void
     if (!s)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 root_forward: no state");
     const int C = cfg_of(m)->n_embd;
-    FSDP_OP(ctx, embed_fwd, s->encoded, s->tokens, param_ptr(m, 0, root_params, ROOT_WTE, ctx->dt),
-            param_ptr(m, 0, root_params, ROOT_WPE, ctx->dt), s->B, s->T, C);
+    FSDP_OP(ctx, embed_fwd, s->encoded, s->tokens,
+            fsdp_unit_param(m, 0, root_params, ROOT_WTE, ctx->dt),
+            fsdp_unit_param(m, 0, root_params, ROOT_WPE, ctx->dt), s->B, s->T, C);
     return ops_status(ctx, m, "forward", 0);
 }
 
@@ -493,7 +437,7 @@ static fsdp_status block_forward(const fsdp_model *m, fsdp_op_ctx *ctx, gpt2_sta
     const fsdp_gpt2_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, NH = cfg->n_head, B = s->B, T = s->T, N = B * T, l = unit - 1;
     const fsdp_dtype dt = ctx->dt;
-#define P(i) param_ptr(m, unit, params, (i), dt)
+#define P(i) fsdp_unit_param(m, unit, params, (i), dt)
 #define RUN(field) (!redo || !kept(s, field))
     gpt2_layer_acts *a = layer_acts(s, l);
     void *inp = block_input(s, l);
@@ -557,12 +501,6 @@ static double gpt2_recompute_flops_per_token(const fsdp_model *m, int T, fsdp_re
     return c->n_layer * (16.0 * C * C + 4.0 * C * T);
 }
 
-/* Zero an fp32 scratch buffer on the compute stream (no-op on meta). */
-static fsdp_status zero_f32(fsdp_op_ctx *ctx, float *p, size_t n)
-{
-    return fsdp_device_memset(ctx->dev, p, 0, n * sizeof(float), ctx->stream);
-}
-
 static fsdp_status gpt2_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                               const void *root_params, float *root_grads,
                                               float dloss, float *loss)
@@ -578,12 +516,12 @@ static fsdp_status gpt2_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *
     const int C = cfg->n_embd, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     const int N = s->B * s->T;
     const fsdp_dtype dt = ctx->dt;
-    const void *wte = param_ptr(m, 0, root_params, ROOT_WTE, dt);
-    const void *lnfw = param_ptr(m, 0, root_params, ROOT_LNFW, dt);
+    const void *wte = fsdp_unit_param(m, 0, root_params, ROOT_WTE, dt);
+    const void *lnfw = fsdp_unit_param(m, 0, root_params, ROOT_LNFW, dt);
     void *last = layer_acts(s, cfg->n_layer - 1)->residual3;
 
     FSDP_OP(ctx, layernorm_fwd, s->lnf, s->lnf_mean, s->lnf_rstd, last, lnfw,
-            param_ptr(m, 0, root_params, ROOT_LNFB, dt), N, C);
+            fsdp_unit_param(m, 0, root_params, ROOT_LNFB, dt), N, C);
     FSDP_OP(ctx, matmul_fwd, s->logits, s->lnf, wte, NULL, N, C, Vp);
     /* The loss is the sum of the token losses over B*T (masked targets add
      * 0), so each token's share of the gradient is dloss / (B*T). */
@@ -592,23 +530,18 @@ static fsdp_status gpt2_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *
             dloss / (float)N);
 
     /* Mean loss on the host, summed in the fixed tree order. */
-    FSDP_TRY(fsdp_device_memcpy(ctx->dev, s->host_losses, s->losses, (size_t)N * sizeof(float),
-                                ctx->stream));
-    FSDP_TRY(fsdp_device_stream_sync(ctx->dev, ctx->stream));
-    FSDP_TRY(ops_status(ctx, m, "head forward", 0));
-    if (loss)
-        *loss = fsdp_device_computes(ctx->dev) ? fsdp_tree_sum(s->host_losses, N) / (float)N : 0.0f;
+    FSDP_TRY(fsdp_act_read_loss(ctx, &s->act, m, s->losses, loss));
     if (!root_grads)
         return FSDP_STATUS_OK;
 
     /* Backward: logits = lnf @ wte^T, then the final LayerNorm; dres starts here. */
-    FSDP_TRY(zero_f32(ctx, s->dC, (size_t)N * C));
-    FSDP_OP(ctx, matmul_bwd, s->dC, grad_ptr(m, 0, root_grads, ROOT_WTE), NULL, dlogits, s->lnf,
-            wte, N, C, Vp);
-    FSDP_TRY(zero_f32(ctx, s->dres, (size_t)N * C));
-    FSDP_OP(ctx, layernorm_bwd, s->dres, grad_ptr(m, 0, root_grads, ROOT_LNFW),
-            grad_ptr(m, 0, root_grads, ROOT_LNFB), s->dC, last, lnfw, s->lnf_mean, s->lnf_rstd, N,
-            C);
+    FSDP_TRY(fsdp_act_zero(ctx, s->dC, (size_t)N * C));
+    FSDP_OP(ctx, matmul_bwd, s->dC, fsdp_unit_grad(m, 0, root_grads, ROOT_WTE), NULL, dlogits,
+            s->lnf, wte, N, C, Vp);
+    FSDP_TRY(fsdp_act_zero(ctx, s->dres, (size_t)N * C));
+    FSDP_OP(ctx, layernorm_bwd, s->dres, fsdp_unit_grad(m, 0, root_grads, ROOT_LNFW),
+            fsdp_unit_grad(m, 0, root_grads, ROOT_LNFB), s->dC, last, lnfw, s->lnf_mean,
+            s->lnf_rstd, N, C);
     return ops_status(ctx, m, "head backward", 0);
 }
 
@@ -625,8 +558,8 @@ static fsdp_status gpt2_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
     const int C = cfg->n_embd, NH = cfg->n_head, B = s->B, T = s->T, N = B * T, l = unit - 1;
     const size_t NC = (size_t)N * C;
     const fsdp_dtype dt = ctx->dt;
-#define P(i) param_ptr(m, unit, params, (i), dt)
-#define G(i) grad_ptr(m, unit, grads, (i))
+#define P(i) fsdp_unit_param(m, unit, params, (i), dt)
+#define G(i) fsdp_unit_grad(m, unit, grads, (i))
     gpt2_layer_acts *a = layer_acts(s, l);
     void *inp = block_input(s, l);
     /* s->dres holds d(residual3); it is also d(residual2) through the skip
@@ -634,25 +567,25 @@ static fsdp_status gpt2_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
     float *dfch_gelu = s->d4C_a, *dfch = s->d4C_b, *dqkv = s->d4C_a;
 
     /* MLP: residual3 = residual2 + fcproj(gelu(fc(ln2(residual2)))) */
-    FSDP_TRY(zero_f32(ctx, dfch_gelu, 4 * NC));
+    FSDP_TRY(fsdp_act_zero(ctx, dfch_gelu, 4 * NC));
     FSDP_OP(ctx, matmul_bwd, dfch_gelu, G(BLK_FCPROJW), G(BLK_FCPROJB), s->dres, a->fch_gelu,
             P(BLK_FCPROJW), N, 4 * C, C);
-    FSDP_TRY(zero_f32(ctx, dfch, 4 * NC));
+    FSDP_TRY(fsdp_act_zero(ctx, dfch, 4 * NC));
     FSDP_OP(ctx, gelu_bwd, dfch, a->fch, dfch_gelu, 4 * NC);
-    FSDP_TRY(zero_f32(ctx, s->dC, NC));
+    FSDP_TRY(fsdp_act_zero(ctx, s->dC, NC));
     FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_FCW), G(BLK_FCB), dfch, a->ln2, P(BLK_FCW), N, C,
             4 * C);
     FSDP_OP(ctx, layernorm_bwd, s->dres, G(BLK_LN2W), G(BLK_LN2B), s->dC, a->residual2,
             P(BLK_LN2W), a->ln2_mean, a->ln2_rstd, N, C);
 
     /* Attention: residual2 = inp + attproj(attention(qkv(ln1(inp)))) */
-    FSDP_TRY(zero_f32(ctx, s->dC, NC));
+    FSDP_TRY(fsdp_act_zero(ctx, s->dC, NC));
     FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_ATTPROJW), G(BLK_ATTPROJB), s->dres, a->atty,
             P(BLK_ATTPROJW), N, C, C);
-    FSDP_TRY(zero_f32(ctx, dqkv, 3 * NC));
-    FSDP_TRY(zero_f32(ctx, s->datt, (size_t)B * NH * T * T));
+    FSDP_TRY(fsdp_act_zero(ctx, dqkv, 3 * NC));
+    FSDP_TRY(fsdp_act_zero(ctx, s->datt, (size_t)B * NH * T * T));
     FSDP_OP(ctx, attention_bwd, dqkv, s->datt, s->dC, a->qkv, a->att, B, T, C, NH);
-    FSDP_TRY(zero_f32(ctx, s->dC, NC));
+    FSDP_TRY(fsdp_act_zero(ctx, s->dC, NC));
     FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_QKVW), G(BLK_QKVB), dqkv, a->ln1, P(BLK_QKVW), N, C,
             3 * C);
     FSDP_OP(ctx, layernorm_bwd, s->dres, G(BLK_LN1W), G(BLK_LN1B), s->dC, inp, P(BLK_LN1W),
@@ -671,8 +604,8 @@ static fsdp_status gpt2_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
                               "GPT-2 root_backward: needs a training state (state_init with "
                               "training=true)");
     const int C = cfg_of(m)->n_embd;
-    FSDP_OP(ctx, embed_bwd, grad_ptr(m, 0, root_grads, ROOT_WTE),
-            grad_ptr(m, 0, root_grads, ROOT_WPE), s->dres, s->tokens, s->B, s->T, C);
+    FSDP_OP(ctx, embed_bwd, fsdp_unit_grad(m, 0, root_grads, ROOT_WTE),
+            fsdp_unit_grad(m, 0, root_grads, ROOT_WPE), s->dres, s->tokens, s->B, s->T, C);
     return ops_status(ctx, m, "backward", 0);
 }
 

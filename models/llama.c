@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "models/act.h"
 #include "models/llama.h"
 #include "models/registry.h"
 
@@ -256,7 +257,6 @@ typedef struct llama_state {
     float *lnf_rstd;          /* (B,T) */
     void *logits;             /* (B*T,Vp) dt */
     float *losses;            /* (B*T) per-token losses, device */
-    float *host_losses;       /* (B*T) pinned host copy for the loss */
 
     /* training only (fp32) */
     float *dlogits;           /* (B*T,Vp); aliases logits when dt is fp32 */
@@ -266,8 +266,7 @@ typedef struct llama_state {
     float *dmid;              /* (B,T,max(IC,AH)) scratch: dswi, then datty */
     float *datt;              /* (B,NH,T,T) scratch for attention backward */
 
-    void **allocs;            /* every device allocation, for state_free */
-    int n_allocs, cap_allocs;
+    fsdp_act_set act;         /* every device allocation, the host copy of the losses */
 } llama_state;
 
 static const fsdp_llama_config *cfg_of(const fsdp_model *m)
@@ -288,37 +287,13 @@ static void **field_ptr(llama_layer_acts *a, int f)
 
 /* layer >= 0: a layer's own buffer; -1: a state buffer; -2: a layer buffer
  * shared by every layer. */
-static fsdp_status act_alloc(fsdp_op_ctx *ctx, llama_state *s, size_t bytes, const char *what,
-                             int layer, void *out)
-{
-    char desc[112];
-    if (layer >= 0)
-        snprintf(desc, sizeof desc, "activations '%s' of layer %d (B=%d, T=%d)", what, layer,
-                 s->B, s->T);
-    else if (layer == -2)
-        snprintf(desc, sizeof desc, "activations '%s', one copy for all layers (B=%d, T=%d)",
-                 what, s->B, s->T);
-    else
-        snprintf(desc, sizeof desc, "activations '%s' (B=%d, T=%d)", what, s->B, s->T);
-    FSDP_ASSERT(s->n_allocs < s->cap_allocs);
-    void *p = NULL;
-    FSDP_TRY(fsdp_device_alloc(ctx->dev, bytes, FSDP_MEM_ACT, desc, &p));
-    s->allocs[s->n_allocs++] = p;
-    *(void **)out = p;
-    return FSDP_STATUS_OK;
-}
-
 static void llama_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state)
 {
     (void)m;
     llama_state *s = state;
     if (!s)
         return;
-    for (int i = s->n_allocs - 1; i >= 0; i--)
-        fsdp_device_free(ctx->dev, s->allocs[i]);
-    if (s->host_losses)
-        fsdp_device_host_free(ctx->dev, s->host_losses);
-    free(s->allocs);
+    fsdp_act_set_free(ctx, &s->act);
     free(s->layers);
     free(s);
 }
@@ -373,7 +348,7 @@ static fsdp_status layers_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, llama_sta
                 *dst = *field_ptr(&s->layers[0], f);
                 continue;
             }
-            FSDP_TRY(act_alloc(ctx, s, field_bytes(cfg, s, f, dts), act_fields[f].name,
+            FSDP_TRY(fsdp_act_alloc(ctx, &s->act, field_bytes(cfg, s, f, dts), act_fields[f].name,
                                kept(s, f) ? l : -2, dst));
         }
     return FSDP_STATUS_OK;
@@ -412,46 +387,41 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     s->T = T;
     s->training = training;
     s->mode = training ? mode : FSDP_RECOMPUTE_NONE;
-    s->cap_allocs = ACT_N_FIELDS * L + 20;
+    FSDP_CHECK(fsdp_act_set_init(&s->act, "Llama", B, T, ACT_N_FIELDS * L + 20));
     s->layers = calloc((size_t)L, sizeof *s->layers);
-    s->allocs = calloc((size_t)s->cap_allocs, sizeof *s->allocs);
-    if (!s->layers || !s->allocs) {
+    if (!s->layers) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a Llama state failed");
         goto fail;
     }
 
-    FSDP_CHECK(act_alloc(ctx, s, N * sizeof(int), "tokens", -1, &s->tokens));
-    FSDP_CHECK(act_alloc(ctx, s, N * sizeof(int), "targets", -1, &s->targets));
-    FSDP_CHECK(act_alloc(ctx, s, (size_t)C * dts, "zero position row", -1, &s->zero_pos));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * sizeof(int), "tokens", -1, &s->tokens));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * sizeof(int), "targets", -1, &s->targets));
+    FSDP_CHECK(
+        fsdp_act_alloc(ctx, &s->act, (size_t)C * dts, "zero position row", -1, &s->zero_pos));
     FSDP_CHECK(fsdp_device_memset(ctx->dev, s->zero_pos, 0, (size_t)C * dts, ctx->stream));
-    FSDP_CHECK(act_alloc(ctx, s, (size_t)cfg->head_dim / 2 * f4, "rope frequencies", -1,
-                         &s->inv_freq));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, (size_t)cfg->head_dim / 2 * f4, "rope frequencies", -1,
+                              &s->inv_freq));
     FSDP_CHECK(upload_inv_freq(ctx, cfg, s->inv_freq));
-    FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "encoded", -1, &s->encoded));
-    FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "proj", -1, &s->proj));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "encoded", -1, &s->encoded));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "proj", -1, &s->proj));
     FSDP_CHECK(layers_alloc(m, ctx, s));
-    FSDP_CHECK(act_alloc(ctx, s, N * C * dts, "lnf", -1, &s->lnf));
-    FSDP_CHECK(act_alloc(ctx, s, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
-    FSDP_CHECK(act_alloc(ctx, s, N * Vp * dts, "logits", -1, &s->logits));
-    FSDP_CHECK(act_alloc(ctx, s, N * f4, "losses", -1, &s->losses));
-    {
-        char desc[96];
-        snprintf(desc, sizeof desc, "host copy of the losses (B=%d, T=%d)", B, T);
-        FSDP_CHECK(fsdp_device_host_alloc(ctx->dev, N * f4, FSDP_MEM_ACT, desc,
-                                          (void **)&s->host_losses));
-    }
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "lnf", -1, &s->lnf));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * Vp * dts, "logits", -1, &s->logits));
+    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "losses", -1, &s->losses));
+    FSDP_CHECK(fsdp_act_host_losses(ctx, &s->act));
     if (training) {
         if (ctx->dt == FSDP_DTYPE_F32)
             s->dlogits = (float *)s->logits; /* xent writes dlogits in place */
         else
-            FSDP_CHECK(act_alloc(ctx, s, N * Vp * f4, "dlogits", -1, &s->dlogits));
-        FSDP_CHECK(act_alloc(ctx, s, N * C * f4, "dresidual", -1, &s->dres));
-        FSDP_CHECK(act_alloc(ctx, s, N * C * f4, "dC scratch", -1, &s->dC));
-        FSDP_CHECK(act_alloc(ctx, s, N * max_sz(QS, 2 * IC) * f4, "dqkv/dgate_up scratch", -1,
-                             &s->dwide));
-        FSDP_CHECK(act_alloc(ctx, s, N * max_sz(IC, AH) * f4, "datty/dswiglu scratch", -1,
-                             &s->dmid));
-        FSDP_CHECK(act_alloc(ctx, s, natt * f4, "datt scratch", -1, &s->datt));
+            FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * Vp * f4, "dlogits", -1, &s->dlogits));
+        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * f4, "dresidual", -1, &s->dres));
+        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * f4, "dC scratch", -1, &s->dC));
+        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * max_sz(QS, 2 * IC) * f4,
+                                  "dqkv/dgate_up scratch", -1, &s->dwide));
+        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * max_sz(IC, AH) * f4, "datty/dswiglu scratch",
+                                  -1, &s->dmid));
+        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, natt * f4, "datt scratch", -1, &s->datt));
     }
     *state = s;
     return FSDP_STATUS_OK;
@@ -484,27 +454,7 @@ static const void *llama_state_logits(void *state) { return ((llama_state *)stat
  * reported at the end of each model step so the error names the unit. */
 static fsdp_status ops_status(fsdp_op_ctx *ctx, const fsdp_model *m, const char *what, int unit)
 {
-    if (!ctx->iface || !ctx->iface->sync_error)
-        return FSDP_STATUS_OK;
-    fsdp_status st = ctx->iface->sync_error(ctx);
-    if (st != FSDP_STATUS_OK)
-        fsdp_error_prefix("Llama %s of unit '%s': ", what, m->units[unit].name);
-    return st;
-}
-
-/* Parameter i of a unit's flat buffer in dtype dt; NULL when the unit has
- * no such parameter (the biases of a model without them). */
-static const void *param_ptr(const fsdp_model *m, int unit, const void *params, int i,
-                             fsdp_dtype dt)
-{
-    if (i >= m->units[unit].n_params)
-        return NULL;
-    return (const char *)params + m->units[unit].params[i].offset * fsdp_dtype_size(dt);
-}
-
-static float *grad_ptr(const fsdp_model *m, int unit, float *grads, int i)
-{
-    return i < m->units[unit].n_params ? grads + m->units[unit].params[i].offset : NULL;
+    return fsdp_act_ops_status(ctx, "Llama", m, what, unit);
 }
 
 /* The LM head's weight: lm_head, or the embeddings when tied. */
@@ -520,14 +470,7 @@ static void *layer_input(llama_state *s, int l)
 
 static fsdp_status check_unit(const fsdp_model *m, void *state, int unit, const char *what)
 {
-    if (!state)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama %s: no state (call state_init)",
-                              what);
-    if (unit < 1 || unit >= m->n_units)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "Llama %s: unit %d is not a decoder layer (layers are 1..%d)",
-                              what, unit, m->n_units - 1);
-    return FSDP_STATUS_OK;
+    return fsdp_act_check_unit("Llama", m, state, unit, what);
 }
 
 static fsdp_status llama_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
@@ -537,7 +480,7 @@ static fsdp_status llama_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
     if (!s)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama root_forward: no state");
     FSDP_OP(ctx, embed_fwd, s->encoded, s->tokens,
-            param_ptr(m, 0, root_params, ROOT_EMBED, ctx->dt), s->zero_pos, s->B * s->T, 1,
+            fsdp_unit_param(m, 0, root_params, ROOT_EMBED, ctx->dt), s->zero_pos, s->B * s->T, 1,
             cfg_of(m)->n_embd);
     return ops_status(ctx, m, "forward", 0);
 }
@@ -559,7 +502,7 @@ static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, llama_st
     const int B = s->B, T = s->T, N = B * T, l = unit - 1;
     const float eps = (float)cfg->norm_eps;
     const fsdp_dtype dt = ctx->dt;
-#define P(i) param_ptr(m, unit, params, (i), dt)
+#define P(i) fsdp_unit_param(m, unit, params, (i), dt)
 #define RUN(field) (!redo || !kept(s, field))
     llama_layer_acts *a = layer_acts(s, l);
     void *inp = layer_input(s, l);
@@ -623,12 +566,6 @@ static double llama_recompute_flops_per_token(const fsdp_model *m, int T, fsdp_r
     return c->n_layer * (2.0 * C * QS + 2.0 * AH * C + 4.0 * C * c->n_inter + 4.0 * AH * T);
 }
 
-/* Zero an fp32 scratch buffer on the compute stream (no-op on meta). */
-static fsdp_status zero_f32(fsdp_op_ctx *ctx, float *p, size_t n)
-{
-    return fsdp_device_memset(ctx->dev, p, 0, n * sizeof(float), ctx->stream);
-}
-
 static fsdp_status llama_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *ctx,
                                                void *state, const void *root_params,
                                                float *root_grads, float dloss, float *loss)
@@ -644,8 +581,8 @@ static fsdp_status llama_head_forward_backward(const fsdp_model *m, fsdp_op_ctx 
     const int C = cfg->n_embd, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     const int N = s->B * s->T;
     const fsdp_dtype dt = ctx->dt;
-    const void *head = param_ptr(m, 0, root_params, head_index(m), dt);
-    const void *normw = param_ptr(m, 0, root_params, ROOT_NORM, dt);
+    const void *head = fsdp_unit_param(m, 0, root_params, head_index(m), dt);
+    const void *normw = fsdp_unit_param(m, 0, root_params, ROOT_NORM, dt);
     void *last = layer_acts(s, cfg->n_layer - 1)->residual3;
 
     FSDP_OP(ctx, rmsnorm_fwd, s->lnf, s->lnf_rstd, last, normw, (float)cfg->norm_eps, N, C);
@@ -657,22 +594,17 @@ static fsdp_status llama_head_forward_backward(const fsdp_model *m, fsdp_op_ctx 
             dloss / (float)N);
 
     /* Loss on the host, summed in the fixed tree order. */
-    FSDP_TRY(fsdp_device_memcpy(ctx->dev, s->host_losses, s->losses, (size_t)N * sizeof(float),
-                                ctx->stream));
-    FSDP_TRY(fsdp_device_stream_sync(ctx->dev, ctx->stream));
-    FSDP_TRY(ops_status(ctx, m, "head forward", 0));
-    if (loss)
-        *loss = fsdp_device_computes(ctx->dev) ? fsdp_tree_sum(s->host_losses, N) / (float)N : 0.0f;
+    FSDP_TRY(fsdp_act_read_loss(ctx, &s->act, m, s->losses, loss));
     if (!root_grads)
         return FSDP_STATUS_OK;
 
     /* Backward: logits = lnf @ head^T, then the final RMSNorm; dres starts here. */
-    FSDP_TRY(zero_f32(ctx, s->dC, (size_t)N * C));
-    FSDP_OP(ctx, matmul_bwd, s->dC, grad_ptr(m, 0, root_grads, head_index(m)), NULL, dlogits,
+    FSDP_TRY(fsdp_act_zero(ctx, s->dC, (size_t)N * C));
+    FSDP_OP(ctx, matmul_bwd, s->dC, fsdp_unit_grad(m, 0, root_grads, head_index(m)), NULL, dlogits,
             s->lnf, head, N, C, Vp);
-    FSDP_TRY(zero_f32(ctx, s->dres, (size_t)N * C));
-    FSDP_OP(ctx, rmsnorm_bwd, s->dres, grad_ptr(m, 0, root_grads, ROOT_NORM), s->dC, last, normw,
-            s->lnf_rstd, N, C);
+    FSDP_TRY(fsdp_act_zero(ctx, s->dres, (size_t)N * C));
+    FSDP_OP(ctx, rmsnorm_bwd, s->dres, fsdp_unit_grad(m, 0, root_grads, ROOT_NORM), s->dC, last,
+            normw, s->lnf_rstd, N, C);
     return ops_status(ctx, m, "head backward", 0);
 }
 
@@ -690,8 +622,8 @@ static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
     const int IC = cfg->n_inter, QS = (NH + 2 * NKV) * hd, AH = NH * hd;
     const int B = s->B, T = s->T, N = B * T, l = unit - 1;
     const fsdp_dtype dt = ctx->dt;
-#define P(i) param_ptr(m, unit, params, (i), dt)
-#define G(i) grad_ptr(m, unit, grads, (i))
+#define P(i) fsdp_unit_param(m, unit, params, (i), dt)
+#define G(i) fsdp_unit_grad(m, unit, grads, (i))
     llama_layer_acts *a = layer_acts(s, l);
     void *inp = layer_input(s, l);
     /* s->dres holds d(residual3); it is also d(residual2) through the skip
@@ -699,22 +631,22 @@ static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
     float *dswi = s->dmid, *dgu = s->dwide, *datty = s->dmid, *dqkv = s->dwide;
 
     /* MLP: residual3 = residual2 + down(swiglu(gate_up(ln2(residual2)))) */
-    FSDP_TRY(zero_f32(ctx, dswi, (size_t)N * IC));
+    FSDP_TRY(fsdp_act_zero(ctx, dswi, (size_t)N * IC));
     FSDP_OP(ctx, matmul_bwd, dswi, G(BLK_DOWN), NULL, s->dres, a->swi, P(BLK_DOWN), N, IC, C);
-    FSDP_TRY(zero_f32(ctx, dgu, (size_t)N * 2 * IC));
+    FSDP_TRY(fsdp_act_zero(ctx, dgu, (size_t)N * 2 * IC));
     FSDP_OP(ctx, swiglu_bwd, dgu, a->gu, dswi, N, IC);
-    FSDP_TRY(zero_f32(ctx, s->dC, (size_t)N * C));
+    FSDP_TRY(fsdp_act_zero(ctx, s->dC, (size_t)N * C));
     FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_GATE), NULL, dgu, a->ln2, P(BLK_GATE), N, C, 2 * IC);
     FSDP_OP(ctx, rmsnorm_bwd, s->dres, G(BLK_LN2), s->dC, a->residual2, P(BLK_LN2), a->ln2_rstd,
             N, C);
 
     /* Attention: residual2 = inp + o(attention(rope(qkv(ln1(inp))))) */
-    FSDP_TRY(zero_f32(ctx, datty, (size_t)N * AH));
+    FSDP_TRY(fsdp_act_zero(ctx, datty, (size_t)N * AH));
     FSDP_OP(ctx, matmul_bwd, datty, G(BLK_O), NULL, s->dres, a->atty, P(BLK_O), N, AH, C);
-    FSDP_TRY(zero_f32(ctx, dqkv, (size_t)N * QS));
+    FSDP_TRY(fsdp_act_zero(ctx, dqkv, (size_t)N * QS));
     FSDP_OP(ctx, attention_gqa_bwd, dqkv, s->datt, datty, a->qkv, a->att, B, T, NH, NKV, hd);
     FSDP_OP(ctx, rope_bwd, dqkv, s->inv_freq, NULL, B, T, NH + NKV, hd, QS);
-    FSDP_TRY(zero_f32(ctx, s->dC, (size_t)N * C));
+    FSDP_TRY(fsdp_act_zero(ctx, s->dC, (size_t)N * C));
     FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_Q), G(BLK_QB), dqkv, a->ln1, P(BLK_Q), N, C, QS);
     FSDP_OP(ctx, rmsnorm_bwd, s->dres, G(BLK_LN1), s->dC, inp, P(BLK_LN1), a->ln1_rstd, N, C);
 #undef P
@@ -730,7 +662,7 @@ static fsdp_status llama_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "Llama root_backward: needs a training state (state_init with "
                               "training=true)");
-    FSDP_OP(ctx, embed_bwd, grad_ptr(m, 0, root_grads, ROOT_EMBED), NULL, s->dres, s->tokens,
+    FSDP_OP(ctx, embed_bwd, fsdp_unit_grad(m, 0, root_grads, ROOT_EMBED), NULL, s->dres, s->tokens,
             s->B * s->T, 1, cfg_of(m)->n_embd);
     return ops_status(ctx, m, "backward", 0);
 }

@@ -74,6 +74,19 @@ const fsdp_param_spec *fsdp_model_find_param(const fsdp_model *m, const char *na
     return NULL;
 }
 
+const void *fsdp_unit_param(const fsdp_model *m, int unit, const void *params, int i,
+                            fsdp_dtype dt)
+{
+    if (i >= m->units[unit].n_params)
+        return NULL;
+    return (const char *)params + m->units[unit].params[i].offset * fsdp_dtype_size(dt);
+}
+
+float *fsdp_unit_grad(const fsdp_model *m, int unit, float *grads, int i)
+{
+    return i < m->units[unit].n_params ? grads + m->units[unit].params[i].offset : NULL;
+}
+
 void fsdp_model_free(fsdp_model *m)
 {
     if (!m)

@@ -179,6 +179,13 @@ void fsdp_model_init_range(const fsdp_model *m, int unit, size_t begin, size_t e
 /* Find a parameter by name; returns its unit and spec, or NULL. */
 const fsdp_param_spec *fsdp_model_find_param(const fsdp_model *m, const char *name, int *unit);
 
+/* Parameter i of unit `unit` inside the unit's flat buffer: in `params`
+ * of dtype dt, or in the fp32 gradient buffer `grads`; NULL when the unit
+ * has no parameter i (the biases of a model without them). */
+const void *fsdp_unit_param(const fsdp_model *m, int unit, const void *params, int i,
+                            fsdp_dtype dt);
+float *fsdp_unit_grad(const fsdp_model *m, int unit, float *grads, int i);
+
 void fsdp_model_free(fsdp_model *m);
 
 #ifdef __cplusplus

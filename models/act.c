@@ -1,0 +1,98 @@
+/*
+ * act.c - the step plumbing every model family shares (contract in act.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "comm/comm.h"
+#include "device/device.h"
+#include "models/act.h"
+
+fsdp_status fsdp_act_set_init(fsdp_act_set *a, const char *family, int B, int T, int cap)
+{
+    *a = (fsdp_act_set){.family = family, .B = B, .T = T, .cap = cap};
+    a->allocs = calloc((size_t)cap, sizeof *a->allocs);
+    if (!a->allocs)
+        return fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a %s state failed", family);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_act_alloc(fsdp_op_ctx *ctx, fsdp_act_set *a, size_t bytes, const char *what,
+                           int layer, void *out)
+{
+    char desc[112];
+    if (layer >= 0)
+        snprintf(desc, sizeof desc, "activations '%s' of layer %d (B=%d, T=%d)", what, layer,
+                 a->B, a->T);
+    else if (layer == -2)
+        snprintf(desc, sizeof desc, "activations '%s', one copy for all layers (B=%d, T=%d)",
+                 what, a->B, a->T);
+    else
+        snprintf(desc, sizeof desc, "activations '%s' (B=%d, T=%d)", what, a->B, a->T);
+    FSDP_ASSERT(a->n < a->cap);
+    void *p = NULL;
+    FSDP_TRY(fsdp_device_alloc(ctx->dev, bytes, FSDP_MEM_ACT, desc, &p));
+    a->allocs[a->n++] = p;
+    *(void **)out = p;
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_act_host_losses(fsdp_op_ctx *ctx, fsdp_act_set *a)
+{
+    char desc[96];
+    snprintf(desc, sizeof desc, "host copy of the losses (B=%d, T=%d)", a->B, a->T);
+    return fsdp_device_host_alloc(ctx->dev, (size_t)a->B * a->T * sizeof(float), FSDP_MEM_ACT,
+                                  desc, (void **)&a->host_losses);
+}
+
+void fsdp_act_set_free(fsdp_op_ctx *ctx, fsdp_act_set *a)
+{
+    for (int i = a->n - 1; i >= 0; i--)
+        fsdp_device_free(ctx->dev, a->allocs[i]);
+    if (a->host_losses)
+        fsdp_device_host_free(ctx->dev, a->host_losses);
+    free(a->allocs);
+    *a = (fsdp_act_set){0};
+}
+
+fsdp_status fsdp_act_ops_status(fsdp_op_ctx *ctx, const char *family, const fsdp_model *m,
+                                const char *what, int unit)
+{
+    if (!ctx->iface || !ctx->iface->sync_error)
+        return FSDP_STATUS_OK;
+    fsdp_status st = ctx->iface->sync_error(ctx);
+    if (st != FSDP_STATUS_OK)
+        fsdp_error_prefix("%s %s of unit '%s': ", family, what, m->units[unit].name);
+    return st;
+}
+
+fsdp_status fsdp_act_read_loss(fsdp_op_ctx *ctx, const fsdp_act_set *a, const fsdp_model *m,
+                               const float *losses, float *loss)
+{
+    const int N = a->B * a->T;
+    FSDP_TRY(fsdp_device_memcpy(ctx->dev, a->host_losses, losses, (size_t)N * sizeof(float),
+                                ctx->stream));
+    FSDP_TRY(fsdp_device_stream_sync(ctx->dev, ctx->stream));
+    FSDP_TRY(fsdp_act_ops_status(ctx, a->family, m, "head forward", 0));
+    if (loss)
+        *loss = fsdp_device_computes(ctx->dev) ? fsdp_tree_sum(a->host_losses, N) / (float)N : 0.0f;
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_act_check_unit(const char *family, const fsdp_model *m, const void *state,
+                                int unit, const char *what)
+{
+    if (!state)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s %s: no state (call state_init)",
+                              family, what);
+    if (unit < 1 || unit >= m->n_units)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%s %s: unit %d is not a layer unit (layers are units 1..%d)",
+                              family, what, unit, m->n_units - 1);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_act_zero(fsdp_op_ctx *ctx, float *p, size_t n)
+{
+    return fsdp_device_memset(ctx->dev, p, 0, n * sizeof(float), ctx->stream);
+}
