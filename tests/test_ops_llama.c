@@ -618,8 +618,9 @@ START_TEST(test_backward_accumulates)
 }
 END_TEST
 
-/* NKV == NH, hd = C / NH, no positions: GPT-2's attention op, bit for bit
- * (so GPT-2 can move onto attention_gqa without changing its trajectory). */
+/* NKV == NH, hd = C / NH, no positions: GPT-2's attention slots, bit for
+ * bit (on the cpu they are wrappers over attention_gqa: this checks the
+ * mapping of C and NH; on cuda the two kernels are separate). */
 START_TEST(test_attention_gqa_is_gpt2_attention)
 {
     const fsdp_dtype dt = _i ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;

@@ -12,10 +12,10 @@
  *
  * Scores are scaled by 1/sqrt(hd); the softmax over the window
  * [t - pos[t], t] of row t is saved in att (B, NH, T, T), zeros elsewhere.
- * With NKV == NH, hd = C / NH and no position array, every call and loop is
- * the one attention.c makes for GPT-2, so the results are bit-identical
- * (the test checks it), and GPT-2 can move onto this op without changing a
- * bit of its trajectory.
+ * With NKV == NH, hd = C / NH and no position array it is GPT-2's causal
+ * multi-head attention, whose op slots (attention_fwd/bwd) are the two
+ * wrappers at the end of this file; GPT-2's trajectory did not move by a
+ * bit when it moved onto this code (tests/test_golden.c).
  *
  * The rank's team takes (batch, query head) pairs in forward and (batch,
  * kv head) groups in backward: a group's query heads run in head order on
@@ -195,4 +195,24 @@ void fsdp_cpu_attention_gqa_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt, cons
     if (!j.x || (bf16 && !j.a_tmp))
         return; /* scratch OOM, reported by sync_error */
     fsdp_cpu_parallel(ctx, (size_t)B * NKV, gqa_bwd_group, &j);
+}
+
+/* GPT-2's slots: qkv (B, T, 3C) is [q | k | v] with NH heads of C / NH
+ * channels each and one kv head per query head. */
+void fsdp_cpu_attention_fwd(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv, int B,
+                            int T, int C, int NH)
+{
+    if (C <= 0)
+        return;
+    FSDP_ASSERT(NH > 0 && C % NH == 0);
+    fsdp_cpu_attention_gqa_fwd(ctx, out, att, qkv, NULL, B, T, NH, NH, C / NH);
+}
+
+void fsdp_cpu_attention_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt, const float *dout,
+                            const void *qkv, const void *att, int B, int T, int C, int NH)
+{
+    if (C <= 0)
+        return;
+    FSDP_ASSERT(NH > 0 && C % NH == 0);
+    fsdp_cpu_attention_gqa_bwd(ctx, dqkv, datt, dout, qkv, att, B, T, NH, NH, C / NH);
 }
