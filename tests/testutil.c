@@ -155,3 +155,29 @@ int fsdp_test_run_suite(Suite *s)
     srunner_free(sr);
     return failed ? 1 : 0;
 }
+
+int fsdp_test_main(const char *name, const fsdp_test_tcase *tcases, size_t n_tcases)
+{
+    Suite *s = suite_create(name);
+    for (size_t i = 0; i < n_tcases; i++) {
+        const fsdp_test_tcase *c = &tcases[i];
+        TCase *tc = tcase_create(c->name);
+        if (c->timeout_s > 0)
+            tcase_set_timeout(tc, c->timeout_s);
+        if (c->tmpdir)
+            fsdp_test_add_tmpdir(tc);
+        if (c->checked_setup || c->checked_teardown)
+            tcase_add_checked_fixture(tc, c->checked_setup, c->checked_teardown);
+        for (size_t k = 0; k < c->n_tests; k++) {
+            const TTest *t = c->tests[k];
+            if (t->fn) {
+                tcase_add_test(tc, t);
+            } else { /* head is the first member: t is the fsdp_test_loop */
+                const fsdp_test_loop *loop = (const fsdp_test_loop *)t;
+                tcase_add_loop_test(tc, loop->test, 0, loop->n);
+            }
+        }
+        suite_add_tcase(s, tc);
+    }
+    return fsdp_test_run_suite(s);
+}

@@ -2,7 +2,8 @@
  * testutil.h - helpers the Check suites share: running the fsdp command
  * and checking its exit code and output, table-driven command cases,
  * scratch directories that are removed even when a test fails, whole-file
- * reads and writes, the suite runner, and which sanitizer the build uses.
+ * reads and writes, the suite runner and the table a suite is declared
+ * by, and which sanitizer the build uses.
  *
  * Linked into every suite (TEST_COMMON in the Makefile). The assertions
  * here are Check's, so call these from a test's own process (the forked
@@ -112,5 +113,53 @@ bool fsdp_test_forks(void);
 
 /* Run the suite and free it; returns the process exit code (0: all passed). */
 int fsdp_test_run_suite(Suite *s);
+
+/* A suite is declared as a table of its test cases, in the order they
+ * run, that main hands to fsdp_test_main:
+ *
+ *     const fsdp_test_tcase tcases[] = {
+ *         {"format", 60, FSDP_TESTS(test_read, test_write)},
+ *         {"files", 120, .tmpdir = true,
+ *          FSDP_TESTS(test_roundtrip, FSDP_TEST_LOOP(test_hostile, n_hostile))},
+ *     };
+ *     return fsdp_test_main("ckpt", tcases, FSDP_TEST_LEN(tcases));
+ *
+ * START_TEST names are not constant expressions, so the table and its
+ * lists live in automatic storage, inside main. */
+
+/* One Check TCase. Name and tests are required, the rest may be left out. */
+typedef struct fsdp_test_tcase {
+    const char *name;
+    int timeout_s;             /* per test; 0 or left out: Check's default (4 s) */
+    bool tmpdir;               /* fsdp_test_add_tmpdir: one scratch directory for the case */
+    SFun checked_setup;        /* optional checked fixture: runs in each test's own */
+    SFun checked_teardown;     /* process, before / after the test */
+    const TTest *const *tests; /* (n_tests,) in the order they run; fill both with FSDP_TESTS */
+    size_t n_tests;
+} fsdp_test_tcase;
+
+/* .tests and .n_tests of a fsdp_test_tcase from a list of START_TEST names
+ * and FSDP_TEST_LOOPs. */
+#define FSDP_TESTS(...)                            \
+    .tests = (const TTest *const[]){__VA_ARGS__}, \
+    .n_tests = FSDP_TEST_LEN(((const TTest *const[]){__VA_ARGS__}))
+
+/* A loop test in a FSDP_TESTS list: Check runs test once for each _i in
+ * [0, n) (tcase_add_loop_test(tc, test, 0, n)); n may be computed at run
+ * time. The list holds TTest pointers, so that a plain test is just its
+ * name; a loop is one too: the head of a fsdp_test_loop, marked by its
+ * NULL fn. fsdp_test_main unwraps it; Check never sees it. */
+typedef struct fsdp_test_loop {
+    TTest head; /* fn NULL: not a test */
+    const TTest *test;
+    int n;
+} fsdp_test_loop;
+
+#define FSDP_TEST_LOOP(test, n) \
+    (&(const fsdp_test_loop){{#test, NULL, __FILE__, __LINE__}, (test), (n)}.head)
+
+/* Build the suite `name` from the test cases, in order, run it with
+ * fsdp_test_run_suite and return its exit code. */
+int fsdp_test_main(const char *name, const fsdp_test_tcase *tcases, size_t n_tcases);
 
 #endif /* FSDP_TESTS_TESTUTIL_H */
