@@ -819,27 +819,13 @@ START_TEST(test_retention_and_memory)
 }
 END_TEST
 
-static Suite *ckpt_suite(void)
-{
-    Suite *s = suite_create("ckpt");
-    TCase *tc = tcase_create("format");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_manifest_roundtrip);
-    tcase_add_test(tc, test_manifest_hostile);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("train");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_resume_exact);
-    tcase_add_test(tc, test_reshard_continue);
-    tcase_add_test(tc, test_reshard_load_exact);
-    tcase_add_test(tc, test_crash_during_save);
-    tcase_add_test(tc, test_hostile_checkpoints);
-    tcase_add_test(tc, test_retention_and_memory);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(ckpt_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"format", 120, FSDP_TESTS(test_manifest_roundtrip, test_manifest_hostile)},
+        {"train", 600,
+         FSDP_TESTS(test_resume_exact, test_reshard_continue, test_reshard_load_exact,
+                    test_crash_during_save, test_hostile_checkpoints, test_retention_and_memory)},
+    };
+    return fsdp_test_main("ckpt", tcases, FSDP_TEST_LEN(tcases));
 }

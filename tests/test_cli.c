@@ -244,17 +244,11 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("cli");
-    TCase *tc = tcase_create("cli");
-    tcase_set_timeout(tc, 300);
-    fsdp_test_add_tmpdir(tc);
-    tcase_add_test(tc, test_usage_errors);
-    tcase_add_test(tc, test_transport_must_fit_backend);
-    tcase_add_test(tc, test_help_lists_every_flag);
-    tcase_add_test(tc, test_help_and_parser_share_tables);
-    tcase_add_test(tc, test_oom_exit_1);
-    tcase_add_test(tc, test_train_writes_metrics);
-    tcase_add_test(tc, test_bad_data_file);
-    suite_add_tcase(s, tc);
-    return fsdp_test_run_suite(s);
+    const fsdp_test_tcase tcases[] = {
+        {"cli", 300, .tmpdir = true,
+         FSDP_TESTS(test_usage_errors, test_transport_must_fit_backend, test_help_lists_every_flag,
+                    test_help_and_parser_share_tables, test_oom_exit_1, test_train_writes_metrics,
+                    test_bad_data_file)},
+    };
+    return fsdp_test_main("cli", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -968,44 +968,26 @@ START_TEST(test_comm_init_refuses_misfit)
 }
 END_TEST
 
-static Suite *comm_suite(void)
+int main(void)
 {
-    Suite *s = suite_create("comm");
     int n_worlds = (int)FSDP_TEST_LEN(world_sizes);
-
-    TCase *tc = tcase_create("host");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_inputs_detect_summation_order);
-    tcase_add_loop_test(tc, test_collectives_match_tree_reference, 0, n_worlds);
-    tcase_add_loop_test(tc, test_collectives_large, 0, 2);
-    tcase_add_test(tc, test_collectives_streamed);
-    tcase_add_loop_test(tc, test_byte_counters_follow_formulas, 0, n_worlds);
-    tcase_add_loop_test(tc, test_many_small_collectives, 0, n_worlds);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("meta");
-    tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, test_meta_counts_same_bytes, 0, n_worlds);
-    tcase_add_test(tc, test_meta_moves_nothing);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("transport");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_transport_pick_matrix);
-    tcase_add_test(tc, test_transport_help_names_its_backends);
-    tcase_add_test(tc, test_transport_groups);
-    tcase_add_test(tc, test_comm_init_refuses_misfit);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("failures");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_fault_in_kth_collective_aborts_others);
-    tcase_add_test(tc, test_abort_while_waiting);
-    tcase_add_test(tc, test_comm_survives_failed_launch);
-    tcase_add_test(tc, test_mismatched_collectives_fail_cleanly);
-    tcase_add_test(tc, test_init_twice_refused);
-    suite_add_tcase(s, tc);
-    return s;
+    const fsdp_test_tcase tcases[] = {
+        {"host", 120,
+         FSDP_TESTS(test_inputs_detect_summation_order,
+                    FSDP_TEST_LOOP(test_collectives_match_tree_reference, n_worlds),
+                    FSDP_TEST_LOOP(test_collectives_large, 2), test_collectives_streamed,
+                    FSDP_TEST_LOOP(test_byte_counters_follow_formulas, n_worlds),
+                    FSDP_TEST_LOOP(test_many_small_collectives, n_worlds))},
+        {"meta", 60,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_meta_counts_same_bytes, n_worlds),
+                    test_meta_moves_nothing)},
+        {"transport", 60,
+         FSDP_TESTS(test_transport_pick_matrix, test_transport_help_names_its_backends,
+                    test_transport_groups, test_comm_init_refuses_misfit)},
+        {"failures", 60,
+         FSDP_TESTS(test_fault_in_kth_collective_aborts_others, test_abort_while_waiting,
+                    test_comm_survives_failed_launch, test_mismatched_collectives_fail_cleanly,
+                    test_init_twice_refused)},
+    };
+    return fsdp_test_main("comm", tcases, FSDP_TEST_LEN(tcases));
 }
-
-int main(void) { return fsdp_test_run_suite(comm_suite()); }

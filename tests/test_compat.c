@@ -450,17 +450,12 @@ int main(int argc, char **argv)
     if (!exact)
         printf("test_compat: this CPU cannot run the SkylakeX kernel that wrote the v1 fixture; "
                "the fresh-run comparison is to a relative 1e-5\n");
-    Suite *s = suite_create("compat");
-    TCase *tc = tcase_create("manifest");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_v1_reads_into_the_v2_form);
-    tcase_add_test(tc, test_v1_lines_must_agree);
-    tcase_add_test(tc, test_v2_lines_must_agree);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("fixture");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_v1_fixture_equals_a_fresh_run);
-    tcase_add_test(tc, test_v2_copy_behaves_like_the_v1_fixture);
-    suite_add_tcase(s, tc);
-    return fsdp_test_run_suite(s);
+    const fsdp_test_tcase tcases[] = {
+        {"manifest", 60,
+         FSDP_TESTS(test_v1_reads_into_the_v2_form, test_v1_lines_must_agree,
+                    test_v2_lines_must_agree)},
+        {"fixture", 600,
+         FSDP_TESTS(test_v1_fixture_equals_a_fresh_run, test_v2_copy_behaves_like_the_v1_fixture)},
+    };
+    return fsdp_test_main("compat", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -555,29 +555,16 @@ START_TEST(test_commands)
 }
 END_TEST
 
-static Suite *convert_suite(void)
-{
-    Suite *s = suite_create("convert");
-    TCase *tc = tcase_create("files");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_roundtrip_ckpt_bin_ckpt);
-    tcase_add_test(tc, test_roundtrip_ckpt_safetensors_ckpt);
-    tcase_add_test(tc, test_converted_ckpt_resumes);
-    tcase_add_test(tc, test_hostile_model_files);
-    tcase_add_test(tc, test_tokenizer);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("infer");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_eval_equals_train_loss);
-    tcase_add_test(tc, test_infer_allocates_no_training_state);
-    tcase_add_test(tc, test_train_from_file_equals_same_init);
-    tcase_add_test(tc, test_sample_deterministic);
-    tcase_add_test(tc, test_commands);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(convert_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"files", 120,
+         FSDP_TESTS(test_roundtrip_ckpt_bin_ckpt, test_roundtrip_ckpt_safetensors_ckpt,
+                    test_converted_ckpt_resumes, test_hostile_model_files, test_tokenizer)},
+        {"infer", 120,
+         FSDP_TESTS(test_eval_equals_train_loss, test_infer_allocates_no_training_state,
+                    test_train_from_file_equals_same_init, test_sample_deterministic,
+                    test_commands)},
+    };
+    return fsdp_test_main("convert", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -711,40 +711,21 @@ START_TEST(test_log_settings)
 }
 END_TEST
 
-static Suite *core_suite(void)
-{
-    Suite *s = suite_create("core");
-    TCase *tc = tcase_create("world");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_launch_runs_every_rank_once);
-    tcase_add_test(tc, test_world_init_rejects_bad_sizes);
-    tcase_add_test(tc, test_barrier_separates_rounds);
-    tcase_add_test(tc, test_failing_rank_aborts_barrier_waiters);
-    tcase_add_test(tc, test_first_real_error_wins);
-    tcase_add_test(tc, test_only_aborts_return_aborted);
-    tcase_add_test(tc, test_fail_from_inside_a_rank);
-    tcase_add_test(tc, test_relaunch_after_failure);
-    tcase_add_test(tc, test_fault_hook_hits_kth_on_one_rank);
-    tcase_add_test(tc, test_teardown_keeps_first_error_and_stops_once);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("errors");
-    tcase_add_test(tc, test_status_and_dtype_names);
-    tcase_add_test(tc, test_error_messages_and_macros);
-    tcase_add_test(tc, test_error_messages_are_per_thread);
-    tcase_add_test(tc, test_first_error_kept);
-    tcase_add_test(tc, test_parse_bytes);
-    tcase_add_test(tc, test_fmt_bytes);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("log");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, test_log_settings);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(core_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"world", 60,
+         FSDP_TESTS(test_launch_runs_every_rank_once, test_world_init_rejects_bad_sizes,
+                    test_barrier_separates_rounds, test_failing_rank_aborts_barrier_waiters,
+                    test_first_real_error_wins, test_only_aborts_return_aborted,
+                    test_fail_from_inside_a_rank, test_relaunch_after_failure,
+                    test_fault_hook_hits_kth_on_one_rank,
+                    test_teardown_keeps_first_error_and_stops_once)},
+        {"errors",
+         FSDP_TESTS(test_status_and_dtype_names, test_error_messages_and_macros,
+                    test_error_messages_are_per_thread, test_first_error_kept, test_parse_bytes,
+                    test_fmt_bytes)},
+        {"log", 30, FSDP_TESTS(test_log_settings)},
+    };
+    return fsdp_test_main("core", tcases, FSDP_TEST_LEN(tcases));
 }

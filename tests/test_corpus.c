@@ -507,29 +507,17 @@ START_TEST(test_train_command)
 }
 END_TEST
 
-static Suite *corpus_suite(void)
-{
-    Suite *s = suite_create("corpus");
-    TCase *tc = tcase_create("sources");
-    tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, test_text_streams, 0, 3);
-    tcase_add_loop_test(tc, test_prompt_completion_rows, 0, 2);
-    tcase_add_loop_test(tc, test_chat_rows, 0, 2);
-    tcase_add_test(tc, test_example_threads);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("errors");
-    tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, test_bad_rows, 0, (int)(sizeof BAD_ROWS / sizeof *BAD_ROWS));
-    tcase_add_test(tc, test_open_errors);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("commands");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_train_command);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(corpus_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"sources", 60,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_text_streams, 3),
+                    FSDP_TEST_LOOP(test_prompt_completion_rows, 2),
+                    FSDP_TEST_LOOP(test_chat_rows, 2), test_example_threads)},
+        {"errors", 60,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_bad_rows, (int)(sizeof BAD_ROWS / sizeof *BAD_ROWS)),
+                    test_open_errors)},
+        {"commands", 120, FSDP_TESTS(test_train_command)},
+    };
+    return fsdp_test_main("corpus", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -23,6 +23,7 @@
 #include "ops/cpu/blas.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
+#include "testutil.h"
 
 /* ---- helpers --------------------------------------------------------------- */
 
@@ -576,26 +577,6 @@ END_TEST
 START_TEST(test_ops_bit_identical_across_threads_bf16) { check_threads(FSDP_DTYPE_BF16); }
 END_TEST
 
-static Suite *cpu_suite(void)
-{
-    Suite *s = suite_create("cpu");
-    TCase *tc = tcase_create("cpu");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_openblas_override_from_features);
-    tcase_add_test(tc, test_loaded_kernel_is_the_cpus_widest);
-    tcase_add_test(tc, test_fallback_core_is_replaced);
-    tcase_add_test(tc, test_pin_and_bad_setting);
-    tcase_add_test(tc, test_threads_for);
-    tcase_add_test(tc, test_team_runs_every_chunk_once);
-    tcase_add_test(tc, test_gemm_tiles);
-    tcase_add_test(tc, test_gemm_tiled_matches_double);
-    tcase_add_test(tc, test_matmul_bf16_products_match_double);
-    tcase_add_test(tc, test_ops_bit_identical_across_threads_fp32);
-    tcase_add_test(tc, test_ops_bit_identical_across_threads_bf16);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--describe-gemm")) {
@@ -624,9 +605,14 @@ int main(int argc, char **argv)
         printf("coretype_env %s\n", ct ? ct : "-");
         return 0;
     }
-    SRunner *sr = srunner_create(cpu_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int n_failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return n_failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    const fsdp_test_tcase tcases[] = {
+        {"cpu", 120,
+         FSDP_TESTS(test_openblas_override_from_features, test_loaded_kernel_is_the_cpus_widest,
+                    test_fallback_core_is_replaced, test_pin_and_bad_setting, test_threads_for,
+                    test_team_runs_every_chunk_once, test_gemm_tiles,
+                    test_gemm_tiled_matches_double, test_matmul_bf16_products_match_double,
+                    test_ops_bit_identical_across_threads_fp32,
+                    test_ops_bit_identical_across_threads_bf16)},
+    };
+    return fsdp_test_main("cpu", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -694,31 +694,18 @@ START_TEST(test_cuda_copies_pageable_and_pinned)
 }
 END_TEST
 
-static Suite *cuda_suite(void)
-{
-    Suite *s = suite_create("cuda");
-    TCase *tc = tcase_create("everywhere");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_block_cache_classes);
-    tcase_add_test(tc, test_block_cache_steady_state);
-    tcase_add_test(tc, test_block_cache_pressure);
-    tcase_add_test(tc, test_cuda_init_or_clean_error);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("device");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_cuda_alloc_cached_and_counted_exactly);
-    tcase_add_test(tc, test_cuda_alloc_waits_for_last_user);
-    tcase_add_test(tc, test_cuda_engine_steps_never_ask_the_driver);
-    tcase_add_test(tc, test_cuda_memory_and_fit_check);
-    tcase_add_test(tc, test_cuda_copies_pageable_and_pinned);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
     /* Nothing CUDA here: Check forks each test, and CUDA must not be
      * initialised in the parent. */
-    return fsdp_test_run_suite(cuda_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"everywhere", 60,
+         FSDP_TESTS(test_block_cache_classes, test_block_cache_steady_state,
+                    test_block_cache_pressure, test_cuda_init_or_clean_error)},
+        {"device", 120,
+         FSDP_TESTS(test_cuda_alloc_cached_and_counted_exactly, test_cuda_alloc_waits_for_last_user,
+                    test_cuda_engine_steps_never_ask_the_driver, test_cuda_memory_and_fit_check,
+                    test_cuda_copies_pageable_and_pinned)},
+    };
+    return fsdp_test_main("cuda", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -446,30 +446,16 @@ START_TEST(test_nccl_abort)
 }
 END_TEST
 
-static Suite *cuda_comm_suite(void)
-{
-    Suite *s = suite_create("cuda_comm");
-    TCase *tc = tcase_create("everywhere");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_rdv_exchange_and_abort);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("collectives");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_nccl_smoke);
-    tcase_add_loop_test(tc, test_peer_collectives, 0, 4);
-    tcase_add_test(tc, test_peer_collectives_chunked);
-    tcase_add_loop_test(tc, test_nccl_collectives, 0, 2);
-    tcase_add_test(tc, test_nccl_two_ranks_one_gpu_refused);
-    tcase_add_test(tc, test_peer_abort);
-    tcase_add_test(tc, test_nccl_abort);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
     /* Nothing CUDA here: Check forks each test, and CUDA must not be
      * initialised in the parent. */
-    return fsdp_test_run_suite(cuda_comm_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"everywhere", 60, FSDP_TESTS(test_rdv_exchange_and_abort)},
+        {"collectives", 120,
+         FSDP_TESTS(test_nccl_smoke, FSDP_TEST_LOOP(test_peer_collectives, 4),
+                    test_peer_collectives_chunked, FSDP_TEST_LOOP(test_nccl_collectives, 2),
+                    test_nccl_two_ranks_one_gpu_refused, test_peer_abort, test_nccl_abort)},
+    };
+    return fsdp_test_main("cuda_comm", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -336,25 +336,15 @@ START_TEST(test_attention_gqa)
 }
 END_TEST
 
-static Suite *cuda_llama_suite(void)
-{
-    Suite *s = suite_create("cuda_llama");
-    TCase *tc = tcase_create("everywhere");
-    tcase_add_test(tc, test_table_has_llama_ops);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("ops");
-    tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_rmsnorm, 0, 2);
-    tcase_add_loop_test(tc, test_rope, 0, 4);
-    tcase_add_loop_test(tc, test_swiglu, 0, 2);
-    tcase_add_loop_test(tc, test_attention_gqa, 0, 8);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
     /* Nothing CUDA here: Check forks each test, and CUDA must not be
      * initialised in the parent. */
-    return fsdp_test_run_suite(cuda_llama_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"everywhere", FSDP_TESTS(test_table_has_llama_ops)},
+        {"ops", 120,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_rmsnorm, 2), FSDP_TEST_LOOP(test_rope, 4),
+                    FSDP_TEST_LOOP(test_swiglu, 2), FSDP_TEST_LOOP(test_attention_gqa, 8))},
+    };
+    return fsdp_test_main("cuda_llama", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -728,35 +728,20 @@ START_TEST(test_cast_sumsq_bit_exact)
 }
 END_TEST
 
-static Suite *cuda_ops_suite(void)
-{
-    Suite *s = suite_create("cuda_ops");
-    TCase *tc = tcase_create("everywhere");
-    tcase_add_test(tc, test_ops_table_complete);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("ops");
-    tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_embed, 0, 2);
-    tcase_add_loop_test(tc, test_layernorm, 0, 2);
-    tcase_add_loop_test(tc, test_matmul, 0, 2);
-    tcase_add_test(tc, test_matmul_bwd_head_chunks);
-    tcase_add_test(tc, test_colsum_many_rows);
-    tcase_add_loop_test(tc, test_gelu_residual_add, 0, 2);
-    tcase_add_loop_test(tc, test_attention, 0, 2);
-    tcase_add_loop_test(tc, test_attention_gpt2_shape, 0, 2);
-    tcase_add_loop_test(tc, test_xent, 0, 2);
-    tcase_add_loop_test(tc, test_xent_gpt2_vocab, 0, 2);
-    tcase_add_loop_test(tc, test_adamw_bit_exact, 0, 2);
-    tcase_add_loop_test(tc, test_sgd_bit_exact, 0, 2);
-    tcase_add_test(tc, test_cast_sumsq_bit_exact);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
     /* Nothing CUDA here: Check forks each test, and CUDA must not be
      * initialised in the parent. */
-    return fsdp_test_run_suite(cuda_ops_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"everywhere", FSDP_TESTS(test_ops_table_complete)},
+        {"ops", 120,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_embed, 2), FSDP_TEST_LOOP(test_layernorm, 2),
+                    FSDP_TEST_LOOP(test_matmul, 2), test_matmul_bwd_head_chunks,
+                    test_colsum_many_rows, FSDP_TEST_LOOP(test_gelu_residual_add, 2),
+                    FSDP_TEST_LOOP(test_attention, 2), FSDP_TEST_LOOP(test_attention_gpt2_shape, 2),
+                    FSDP_TEST_LOOP(test_xent, 2), FSDP_TEST_LOOP(test_xent_gpt2_vocab, 2),
+                    FSDP_TEST_LOOP(test_adamw_bit_exact, 2), FSDP_TEST_LOOP(test_sgd_bit_exact, 2),
+                    test_cast_sumsq_bit_exact)},
+    };
+    return fsdp_test_main("cuda_ops", tcases, FSDP_TEST_LEN(tcases));
 }

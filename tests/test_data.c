@@ -662,32 +662,16 @@ START_TEST(test_synth_digit_skew)
 }
 END_TEST
 
-static Suite *data_suite(void)
-{
-    Suite *s = suite_create("data");
-    TCase *tc = tcase_create("shards");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_shard_single);
-    tcase_add_test(tc, test_shard_glob);
-    tcase_add_test(tc, test_global_numbering);
-    tcase_add_test(tc, test_threads_deterministic);
-    tcase_add_test(tc, test_shard_corrupt);
-    tcase_add_test(tc, test_hostile_headers);
-    tcase_add_test(tc, test_bad_args);
-    tcase_add_test(tc, test_text);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("synthetic");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_synth_problems);
-    tcase_add_test(tc, test_synth_train_disjoint);
-    tcase_add_test(tc, test_synth_unaligned_rows);
-    tcase_add_test(tc, test_synth_rows_of_one_problem);
-    tcase_add_test(tc, test_synth_digit_skew);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(data_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"shards", 60,
+         FSDP_TESTS(test_shard_single, test_shard_glob, test_global_numbering,
+                    test_threads_deterministic, test_shard_corrupt, test_hostile_headers,
+                    test_bad_args, test_text)},
+        {"synthetic", 60,
+         FSDP_TESTS(test_synth_problems, test_synth_train_disjoint, test_synth_unaligned_rows,
+                    test_synth_rows_of_one_problem, test_synth_digit_skew)},
+    };
+    return fsdp_test_main("data", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -544,35 +544,22 @@ START_TEST(test_injected_alloc_failure_aborts_world)
 }
 END_TEST
 
-static Suite *device_suite(void)
+int main(void)
 {
-    Suite *s = suite_create("device");
     int nb = (int)FSDP_TEST_LEN(backends);
-    TCase *tc = tcase_create("memory");
-    tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, test_accounting_exact, 0, nb);
-    tcase_add_loop_test(tc, test_zero_bytes_is_null, 0, nb);
-    tcase_add_test(tc, test_cpu_alignment_and_backing);
-    tcase_add_loop_test(tc, test_cap_refuses_with_message, 0, nb);
-    tcase_add_loop_test(tc, test_host_memory_separate_from_cap, 0, nb);
-    tcase_add_test(tc, test_meta_terabyte);
-    tcase_add_loop_test(tc, test_impossible_sizes_fail, 0, nb);
-    tcase_add_loop_test(tc, test_allocation_table_churn, 0, nb);
-    tcase_add_loop_test(tc, test_fini_releases_leaks, 0, nb);
-    tcase_add_loop_test(tc, test_inline_streams_and_events, 0, nb);
-    tcase_add_test(tc, test_names_and_unbuilt_backend);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("backends");
-    tcase_add_test(tc, test_backend_table);
-    tcase_add_test(tc, test_backend_check);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("faults");
-    tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, test_injected_alloc_failure_aborts_world, 0, nb);
-    suite_add_tcase(s, tc);
-    return s;
+    const fsdp_test_tcase tcases[] = {
+        {"memory", 60,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_accounting_exact, nb),
+                    FSDP_TEST_LOOP(test_zero_bytes_is_null, nb), test_cpu_alignment_and_backing,
+                    FSDP_TEST_LOOP(test_cap_refuses_with_message, nb),
+                    FSDP_TEST_LOOP(test_host_memory_separate_from_cap, nb), test_meta_terabyte,
+                    FSDP_TEST_LOOP(test_impossible_sizes_fail, nb),
+                    FSDP_TEST_LOOP(test_allocation_table_churn, nb),
+                    FSDP_TEST_LOOP(test_fini_releases_leaks, nb),
+                    FSDP_TEST_LOOP(test_inline_streams_and_events, nb),
+                    test_names_and_unbuilt_backend)},
+        {"backends", FSDP_TESTS(test_backend_table, test_backend_check)},
+        {"faults", 60, FSDP_TESTS(FSDP_TEST_LOOP(test_injected_alloc_failure_aborts_world, nb))},
+    };
+    return fsdp_test_main("device", tcases, FSDP_TEST_LEN(tcases));
 }
-
-int main(void) { return fsdp_test_run_suite(device_suite()); }

@@ -21,6 +21,7 @@
 #include "fsdp/shardmap.h"
 #include "models/family.h"
 #include "models/registry.h"
+#include "testutil.h"
 #include "train/infer.h"
 #include "train/train.h"
 
@@ -995,37 +996,21 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("engine");
-    TCase *tc = tcase_create("engine");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_determinism_matrix);
-    tcase_add_test(tc, test_grad_accum_matches);
-    tcase_add_test(tc, test_sharded_matches_unsharded);
-    tcase_add_test(tc, test_offload_identical);
-    tcase_add_test(tc, test_bf16_trains_close);
-    tcase_add_test(tc, test_comm_bytes_formula);
-    tcase_add_test(tc, test_peak_memory_falls);
-    tcase_add_test(tc, test_oom_under_cap);
-    tcase_add_test(tc, test_bad_configs);
-    tcase_add_test(tc, test_offload_overlap);
-    tcase_add_test(tc, test_many_micro_batches);
-    tcase_add_test(tc, test_eight_ranks_prefetch_offload);
-    tcase_add_loop_test(tc, test_masked_loss, 0, 2);
-    tcase_add_loop_test(tc, test_threads_per_device_bit_identical, 0,
-                        (int)(sizeof thread_models / sizeof thread_models[0]));
-    suite_add_tcase(s, tc);
-    tc = tcase_create("recompute");
-    tcase_set_timeout(tc, 600);
-    tcase_add_loop_test(tc, test_recompute_identical, 0, N_RECOMPUTE_MODELS);
-    tcase_add_test(tc, test_recompute_memory_formula);
-    tcase_add_loop_test(tc, test_recompute_schedule, 0, N_RECOMPUTE_MODELS);
-    tcase_add_test(tc, test_recompute_refused);
-    tcase_add_test(tc, test_recompute_flops);
-    tcase_add_loop_test(tc, test_recompute_identical_cuda, 0, N_RECOMPUTE_MODELS);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    const fsdp_test_tcase tcases[] = {
+        {"engine", 600,
+         FSDP_TESTS(test_determinism_matrix, test_grad_accum_matches,
+                    test_sharded_matches_unsharded, test_offload_identical, test_bf16_trains_close,
+                    test_comm_bytes_formula, test_peak_memory_falls, test_oom_under_cap,
+                    test_bad_configs, test_offload_overlap, test_many_micro_batches,
+                    test_eight_ranks_prefetch_offload, FSDP_TEST_LOOP(test_masked_loss, 2),
+                    FSDP_TEST_LOOP(test_threads_per_device_bit_identical,
+                                   (int)(sizeof thread_models / sizeof thread_models[0])))},
+        {"recompute", 600,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_recompute_identical, N_RECOMPUTE_MODELS),
+                    test_recompute_memory_formula,
+                    FSDP_TEST_LOOP(test_recompute_schedule, N_RECOMPUTE_MODELS),
+                    test_recompute_refused, test_recompute_flops,
+                    FSDP_TEST_LOOP(test_recompute_identical_cuda, N_RECOMPUTE_MODELS))},
+    };
+    return fsdp_test_main("engine", tcases, FSDP_TEST_LEN(tcases));
 }

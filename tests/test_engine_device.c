@@ -312,15 +312,11 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("engine_device");
-    TCase *tc = tcase_create("teardown");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_step_failure_stops_before_any_free);
-    tcase_add_test(tc, test_init_failure_stops_before_any_free);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("warm_up");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_warm_up_covers_the_step);
-    suite_add_tcase(s, tc);
-    return fsdp_test_run_suite(s);
+    const fsdp_test_tcase tcases[] = {
+        {"teardown", 120,
+         FSDP_TESTS(test_step_failure_stops_before_any_free,
+                    test_init_failure_stops_before_any_free)},
+        {"warm_up", 300, FSDP_TESTS(test_warm_up_covers_the_step)},
+    };
+    return fsdp_test_main("engine_device", tcases, FSDP_TEST_LEN(tcases));
 }

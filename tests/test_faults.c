@@ -642,23 +642,13 @@ static void report_count(void)
 
 int main(void)
 {
-    Suite *s = suite_create("faults");
-    TCase *tc = tcase_create("faults");
-    tcase_set_timeout(tc, 1200);
-    fsdp_test_add_tmpdir(tc);
-    tcase_add_checked_fixture(tc, NULL, report_count);
-    tcase_add_test(tc, test_fault_matrix);
-    tcase_add_test(tc, test_fault_spec_errors);
-    tcase_add_test(tc, test_signal_stops_with_checkpoint);
-    tcase_add_test(tc, test_second_signal_exits_at_once);
-    tcase_add_test(tc, test_data_truncated_under_a_run);
-    tcase_add_test(tc, test_nonfinite_from_the_command);
-    tcase_add_test(tc, test_corrupt_model_exits_1);
-    tcase_add_test(tc, test_hostile_arguments);
-    tcase_add_test(tc, test_outputs_fail_before_step_1);
-    tcase_add_test(tc, test_resume_cases);
-    tcase_add_test(tc, test_plan_and_train_defaults_agree);
-    tcase_add_test(tc, test_messages);
-    suite_add_tcase(s, tc);
-    return fsdp_test_run_suite(s);
+    const fsdp_test_tcase tcases[] = {
+        {"faults", 1200, .tmpdir = true, .checked_teardown = report_count,
+         FSDP_TESTS(test_fault_matrix, test_fault_spec_errors, test_signal_stops_with_checkpoint,
+                    test_second_signal_exits_at_once, test_data_truncated_under_a_run,
+                    test_nonfinite_from_the_command, test_corrupt_model_exits_1,
+                    test_hostile_arguments, test_outputs_fail_before_step_1, test_resume_cases,
+                    test_plan_and_train_defaults_agree, test_messages)},
+    };
+    return fsdp_test_main("faults", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -720,29 +720,17 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("fit");
-    TCase *tc = tcase_create("search");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_fit_memory_order);
-    tcase_add_test(tc, test_fit_exact_vs_every_candidate);
-    tcase_add_test(tc, test_fit_cap_forces_accumulation);
-    tcase_add_test(tc, test_fit_nothing_fits);
-    tcase_add_test(tc, test_fit_recompute_refused);
-    tcase_add_test(tc, test_fit_llama_70b);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("cost");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_fit_cost_arithmetic);
-    tcase_add_test(tc, test_fit_ranking_follows_cost);
-    tcase_add_test(tc, test_fit_cuda_constants);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("cli");
-    tcase_set_timeout(tc, 600);
-    fsdp_test_add_tmpdir(tc);
-    tcase_add_test(tc, test_fit_command_runs_within_cap);
-    tcase_add_test(tc, test_fit_json);
-    tcase_add_test(tc, test_fit_train_refuses);
-    tcase_add_test(tc, test_fit_usage);
-    suite_add_tcase(s, tc);
-    return fsdp_test_run_suite(s);
+    const fsdp_test_tcase tcases[] = {
+        {"search", 600,
+         FSDP_TESTS(test_fit_memory_order, test_fit_exact_vs_every_candidate,
+                    test_fit_cap_forces_accumulation, test_fit_nothing_fits,
+                    test_fit_recompute_refused, test_fit_llama_70b)},
+        {"cost", 600,
+         FSDP_TESTS(test_fit_cost_arithmetic, test_fit_ranking_follows_cost,
+                    test_fit_cuda_constants)},
+        {"cli", 600, .tmpdir = true,
+         FSDP_TESTS(test_fit_command_runs_within_cap, test_fit_json, test_fit_train_refuses,
+                    test_fit_usage)},
+    };
+    return fsdp_test_main("fit", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "models/registry.h"
+#include "testutil.h"
 #include "train/plan.h"
 #include "train/train.h"
 
@@ -256,14 +257,8 @@ int main(int argc, char **argv)
         perror("test_golden: re-exec with a pinned GEMM kernel failed");
         return 1;
     }
-    Suite *s = suite_create("golden");
-    TCase *tc = tcase_create("golden");
-    tcase_set_timeout(tc, 600);
-    tcase_add_test(tc, test_trajectories_and_plans);
-    suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    const fsdp_test_tcase tcases[] = {
+        {"golden", 600, FSDP_TESTS(test_trajectories_and_plans)},
+    };
+    return fsdp_test_main("golden", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -469,21 +469,13 @@ START_TEST(test_llama_directories)
 }
 END_TEST
 
-static Suite *hfdir_suite(void)
+int main(void)
 {
-    Suite *s = suite_create("hfdir");
-    TCase *tc = tcase_create("files");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_transformers_directory);
-    tcase_add_test(tc, test_write_read_roundtrip);
-    tcase_add_test(tc, test_ranks_read_their_shards);
-    tcase_add_test(tc, test_llama_directories);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("commands");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_commands);
-    suite_add_tcase(s, tc);
-    return s;
+    const fsdp_test_tcase tcases[] = {
+        {"files", 120,
+         FSDP_TESTS(test_transformers_directory, test_write_read_roundtrip,
+                    test_ranks_read_their_shards, test_llama_directories)},
+        {"commands", 300, FSDP_TESTS(test_commands)},
+    };
+    return fsdp_test_main("hfdir", tcases, FSDP_TEST_LEN(tcases));
 }
-
-int main(void) { return fsdp_test_run_suite(hfdir_suite()); }

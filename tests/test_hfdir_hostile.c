@@ -233,16 +233,11 @@ START_TEST(test_writer_refuses)
 }
 END_TEST
 
-static Suite *hfdir_hostile_suite(void)
+int main(void)
 {
-    Suite *s = suite_create("hfdir_hostile");
-    TCase *tc = tcase_create("hostile");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_mixed_dtypes);
-    tcase_add_test(tc, test_hostile_directories);
-    tcase_add_test(tc, test_writer_refuses);
-    suite_add_tcase(s, tc);
-    return s;
+    const fsdp_test_tcase tcases[] = {
+        {"hostile", 120,
+         FSDP_TESTS(test_mixed_dtypes, test_hostile_directories, test_writer_refuses)},
+    };
+    return fsdp_test_main("hfdir_hostile", tcases, FSDP_TEST_LEN(tcases));
 }
-
-int main(void) { return fsdp_test_run_suite(hfdir_hostile_suite()); }

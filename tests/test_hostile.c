@@ -980,42 +980,21 @@ START_TEST(test_lock_trainer)
 }
 END_TEST
 
-static Suite *hostile_suite(void)
-{
-    Suite *s = suite_create("hostile");
-    TCase *tc = tcase_create("read");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_open_regular);
-    tcase_add_test(tc, test_readers_refuse_special_files);
-    tcase_add_test(tc, test_line_reader);
-    tcase_add_test(tc, test_bounded_inputs);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("metrics");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_metrics_nulls_and_gaps);
-    tcase_add_test(tc, test_metrics_incomplete_last_line);
-    tcase_add_test(tc, test_metrics_malformed);
-    tcase_add_test(tc, test_metrics_extreme_values);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("write");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_atomic_regular_and_symlink);
-    tcase_add_test(tc, test_atomic_refuses_special_paths);
-    tcase_add_test(tc, test_atomic_failed_write_keeps_old);
-    tcase_add_test(tc, test_cli_plot_outputs);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("lock");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_lock_two_processes);
-    tcase_add_test(tc, test_lock_stale);
-    tcase_add_test(tc, test_lock_hostile_paths);
-    tcase_add_test(tc, test_lock_mutual_exclusion);
-    tcase_add_test(tc, test_lock_trainer);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(hostile_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"read", 60,
+         FSDP_TESTS(test_open_regular, test_readers_refuse_special_files, test_line_reader,
+                    test_bounded_inputs)},
+        {"metrics", 60,
+         FSDP_TESTS(test_metrics_nulls_and_gaps, test_metrics_incomplete_last_line,
+                    test_metrics_malformed, test_metrics_extreme_values)},
+        {"write", 60,
+         FSDP_TESTS(test_atomic_regular_and_symlink, test_atomic_refuses_special_paths,
+                    test_atomic_failed_write_keeps_old, test_cli_plot_outputs)},
+        {"lock", 120,
+         FSDP_TESTS(test_lock_two_processes, test_lock_stale, test_lock_hostile_paths,
+                    test_lock_mutual_exclusion, test_lock_trainer)},
+    };
+    return fsdp_test_main("hostile", tcases, FSDP_TEST_LEN(tcases));
 }

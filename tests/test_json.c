@@ -166,15 +166,10 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("json");
-    TCase *tc = tcase_create("json");
-    tcase_add_test(tc, test_values);
-    tcase_add_test(tc, test_unicode);
-    tcase_add_test(tc, test_rejects);
-    tcase_add_test(tc, test_error_position);
-    tcase_add_test(tc, test_depth);
-    tcase_add_test(tc, test_file);
-    fsdp_test_add_tmpdir(tc);
-    suite_add_tcase(s, tc);
-    return fsdp_test_run_suite(s);
+    const fsdp_test_tcase tcases[] = {
+        {"json", .tmpdir = true,
+         FSDP_TESTS(test_values, test_unicode, test_rejects, test_error_position, test_depth,
+                    test_file)},
+    };
+    return fsdp_test_main("json", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -698,26 +698,17 @@ START_TEST(test_cuda_matches_cpu)
 }
 END_TEST
 
-static Suite *llama_suite(void)
+int main(void)
 {
-    Suite *s = suite_create("llama");
-    TCase *tc = tcase_create("golden");
-    tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_golden_forward_backward, 0, 2);
-    tcase_add_loop_test(tc, test_golden_adamw_trajectory, 0, 2);
-    tcase_add_loop_test(tc, test_golden_bf16_close, 0, 2);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("engine");
-    tcase_set_timeout(tc, 600);
-    tcase_add_loop_test(tc, test_determinism_devices_strategies_offload, 0, 2);
-    tcase_add_test(tc, test_recompute_memory_formula);
-    tcase_add_test(tc, test_recompute_flops);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("cuda");
-    tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, test_cuda_matches_cpu, 0, 2);
-    suite_add_tcase(s, tc);
-    return s;
+    const fsdp_test_tcase tcases[] = {
+        {"golden", 120,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_golden_forward_backward, 2),
+                    FSDP_TEST_LOOP(test_golden_adamw_trajectory, 2),
+                    FSDP_TEST_LOOP(test_golden_bf16_close, 2))},
+        {"engine", 600,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_determinism_devices_strategies_offload, 2),
+                    test_recompute_memory_formula, test_recompute_flops)},
+        {"cuda", 300, FSDP_TESTS(FSDP_TEST_LOOP(test_cuda_matches_cpu, 2))},
+    };
+    return fsdp_test_main("llama", tcases, FSDP_TEST_LEN(tcases));
 }
-
-int main(void) { return fsdp_test_run_suite(llama_suite()); }

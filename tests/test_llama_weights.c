@@ -535,27 +535,16 @@ START_TEST(test_commands)
 }
 END_TEST
 
-static Suite *llama_weights_suite(void)
+int main(void)
 {
-    Suite *s = suite_create("llama_weights");
-    TCase *tc = tcase_create("configs");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_released_shapes);
-    tcase_add_test(tc, test_fused_layout_decay_init);
-    tcase_add_test(tc, test_spec_errors);
-    tcase_add_test(tc, test_spec_defaults_and_canonical);
-    tcase_add_test(tc, test_hf_config_read);
-    tcase_add_test(tc, test_hf_config_refusals);
-    tcase_add_test(tc, test_hf_config_write_reads_back);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("files");
-    tcase_set_timeout(tc, 120);
-    fsdp_test_add_tmpdir(tc);
-    tcase_add_test(tc, test_safetensors_round_trip);
-    tcase_add_test(tc, test_bare_hf_file_needs_its_config);
-    tcase_add_test(tc, test_commands);
-    suite_add_tcase(s, tc);
-    return s;
+    const fsdp_test_tcase tcases[] = {
+        {"configs", 60,
+         FSDP_TESTS(test_released_shapes, test_fused_layout_decay_init, test_spec_errors,
+                    test_spec_defaults_and_canonical, test_hf_config_read, test_hf_config_refusals,
+                    test_hf_config_write_reads_back)},
+        {"files", 120, .tmpdir = true,
+         FSDP_TESTS(test_safetensors_round_trip, test_bare_hf_file_needs_its_config,
+                    test_commands)},
+    };
+    return fsdp_test_main("llama_weights", tcases, FSDP_TEST_LEN(tcases));
 }
-
-int main(void) { return fsdp_test_run_suite(llama_weights_suite()); }

@@ -486,26 +486,14 @@ START_TEST(test_reject_config_mismatch)
 }
 END_TEST
 
-static Suite *llmc_suite(void)
-{
-    Suite *s = suite_create("llmc");
-    TCase *tc = tcase_create("roundtrip");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_roundtrip_f32_small);
-    tcase_add_test(tc, test_roundtrip_f32_tiny);
-    tcase_add_test(tc, test_roundtrip_bf16);
-    tcase_add_test(tc, test_write_atomic);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("reject");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_reject_corrupt);
-    tcase_add_test(tc, test_reject_hostile_headers);
-    tcase_add_test(tc, test_reject_config_mismatch);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(llmc_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"roundtrip", 60,
+         FSDP_TESTS(test_roundtrip_f32_small, test_roundtrip_f32_tiny, test_roundtrip_bf16,
+                    test_write_atomic)},
+        {"reject", 60,
+         FSDP_TESTS(test_reject_corrupt, test_reject_hostile_headers, test_reject_config_mismatch)},
+    };
+    return fsdp_test_main("llmc", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -894,30 +894,16 @@ START_TEST(test_state_oom_is_clean)
 }
 END_TEST
 
-static Suite *model_suite(void)
-{
-    Suite *s = suite_create("model");
-    TCase *tc = tcase_create("gpt2");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_config_presets);
-    tcase_add_test(tc, test_config_errors);
-    tcase_add_test(tc, test_param_specs_gpt2_124m);
-    tcase_add_test(tc, test_init_range_slices_match_whole);
-    tcase_add_test(tc, test_init_statistics);
-    tcase_add_test(tc, test_golden_tiny);
-    tcase_add_test(tc, test_golden_padded_vocab);
-    tcase_add_test(tc, test_golden_adamw_steps);
-    tcase_add_test(tc, test_grad_accumulation_and_dloss);
-    tcase_add_test(tc, test_golden_bf16_close);
-    tcase_add_test(tc, test_forward_only_and_causal);
-    tcase_add_test(tc, test_meta_gpt2_124m_step);
-    tcase_add_test(tc, test_meta_accounting_equals_cpu);
-    tcase_add_test(tc, test_state_oom_is_clean);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(model_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"gpt2", 120,
+         FSDP_TESTS(test_config_presets, test_config_errors, test_param_specs_gpt2_124m,
+                    test_init_range_slices_match_whole, test_init_statistics, test_golden_tiny,
+                    test_golden_padded_vocab, test_golden_adamw_steps,
+                    test_grad_accumulation_and_dloss, test_golden_bf16_close,
+                    test_forward_only_and_causal, test_meta_gpt2_124m_step,
+                    test_meta_accounting_equals_cpu, test_state_oom_is_clean)},
+    };
+    return fsdp_test_main("model", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -975,36 +975,23 @@ START_TEST(test_rdv_exchange_spans_processes)
 }
 END_TEST
 
-static Suite *mpi_suite(void)
+int main(void)
 {
-    Suite *s = suite_create("mpi");
-    TCase *tc = tcase_create("layout");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_world_places_ranks_in_processes);
-    tcase_add_test(tc, test_world_keeps_a_peer_failure);
-    tcase_add_test(tc, test_world_span_refuses_bad_layouts);
-    tcase_add_test(tc, test_cover_cuts_the_global_tree);
-    tcase_add_test(tc, test_inter_bytes_balance);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("collectives");
-    tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, test_collectives_match_tree_and_host, 0,
-                        (int)FSDP_TEST_LEN(sweep_layouts));
-    tcase_add_test(tc, test_counts_follow_the_layout);
-    tcase_add_loop_test(tc, test_groups_hybrid_sums, 0, (int)FSDP_TEST_LEN(group_layouts));
-    tcase_add_test(tc, test_groups_refuse_bad_layouts);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("failures");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_mismatch_between_processes_fails_everywhere);
-    tcase_add_test(tc, test_rank_failure_ends_every_process);
-    tcase_add_test(tc, test_processes_must_agree_on_devices);
-    tcase_add_test(tc, test_mpi_needs_procs_that_carry_data);
-    tcase_add_test(tc, test_rdv_exchange_spans_processes);
-    suite_add_tcase(s, tc);
-    return s;
+    const fsdp_test_tcase tcases[] = {
+        {"layout", 120,
+         FSDP_TESTS(test_world_places_ranks_in_processes, test_world_keeps_a_peer_failure,
+                    test_world_span_refuses_bad_layouts, test_cover_cuts_the_global_tree,
+                    test_inter_bytes_balance)},
+        {"collectives", 300,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_collectives_match_tree_and_host,
+                                   (int)FSDP_TEST_LEN(sweep_layouts)),
+                    test_counts_follow_the_layout,
+                    FSDP_TEST_LOOP(test_groups_hybrid_sums, (int)FSDP_TEST_LEN(group_layouts)),
+                    test_groups_refuse_bad_layouts)},
+        {"failures", 120,
+         FSDP_TESTS(test_mismatch_between_processes_fails_everywhere,
+                    test_rank_failure_ends_every_process, test_processes_must_agree_on_devices,
+                    test_mpi_needs_procs_that_carry_data, test_rdv_exchange_spans_processes)},
+    };
+    return fsdp_test_main("mpi", tcases, FSDP_TEST_LEN(tcases));
 }
-
-int main(void) { return fsdp_test_run_suite(mpi_suite()); }

@@ -584,37 +584,23 @@ START_TEST(test_settings_from_the_environment)
 }
 END_TEST
 
-static Suite *procs_suite(void)
-{
-    Suite *s = suite_create("mpi_procs");
-    TCase *tc = tcase_create("dir");
-    fsdp_test_add_tmpdir(tc);
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_single_process_needs_nothing);
-    tcase_add_test(tc, test_settings_from_the_environment);
-    tcase_add_test(tc, test_dir_refuses_a_used_directory);
-    tcase_add_test(tc, test_dir_job_exchanges_and_leaves_dir_empty);
-    tcase_add_test(tc, test_dir_job_failure_reaches_every_process);
-    tcase_add_test(tc, test_dir_job_notices_a_dead_process);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("mpirun");
-    tcase_set_timeout(tc, 90);
-    tcase_add_test(tc, test_mpirun_2x2_matches_1x4);
-    tcase_add_test(tc, test_mpirun_4x1_matches_1x4);
-    tcase_add_test(tc, test_mpirun_rank_failure_ends_job);
-    tcase_add_test(tc, test_mpirun_killed_process_ends_job);
-    tcase_add_test(tc, test_mpirun_watchdog_ends_stuck_process);
-    tcase_add_test(tc, test_mpirun_processes_agree_on_devices);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "--worker"))
         return worker_main(argv[2], atoi(argv[3]));
     if (argc == 2 && !strcmp(argv[1], "--env"))
         return env_main();
-    return fsdp_test_run_suite(procs_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"dir", 60, .tmpdir = true,
+         FSDP_TESTS(test_single_process_needs_nothing, test_settings_from_the_environment,
+                    test_dir_refuses_a_used_directory, test_dir_job_exchanges_and_leaves_dir_empty,
+                    test_dir_job_failure_reaches_every_process,
+                    test_dir_job_notices_a_dead_process)},
+        {"mpirun", 90,
+         FSDP_TESTS(test_mpirun_2x2_matches_1x4, test_mpirun_4x1_matches_1x4,
+                    test_mpirun_rank_failure_ends_job, test_mpirun_killed_process_ends_job,
+                    test_mpirun_watchdog_ends_stuck_process,
+                    test_mpirun_processes_agree_on_devices)},
+    };
+    return fsdp_test_main("mpi_procs", tcases, FSDP_TEST_LEN(tcases));
 }

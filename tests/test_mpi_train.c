@@ -601,34 +601,20 @@ START_TEST(test_plan_and_fit_know_nodes)
 }
 END_TEST
 
-static Suite *mpi_train_suite(void)
-{
-    Suite *s = suite_create("mpi_train");
-    TCase *tc = tcase_create("cover");
-    tcase_add_test(tc, test_norm_cover_equals_tree);
-    tcase_add_test(tc, test_plan_and_fit_know_nodes);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("mpirun");
-    fsdp_test_add_tmpdir(tc);
-    tcase_set_timeout(tc, FSDP_TEST_TSAN || FSDP_TEST_ASAN ? 600 : 120);
-    tcase_add_loop_test(tc, test_2x2_equals_1x4, 0, (int)FSDP_TEST_LEN(strategies));
-    tcase_add_test(tc, test_checkpoint_2x2_resumes_on_1x3_and_3x1);
-    tcase_add_test(tc, test_hybrid_checkpoint_resumes_full);
-    tcase_add_test(tc, test_unshared_checkpoint_dir_is_refused);
-    tcase_add_test(tc, test_rank_failure_ends_the_job);
-    tcase_add_test(tc, test_killed_process_ends_the_job);
-    tcase_add_test(tc, test_metrics_traces_and_planned_inter_bytes);
-    tcase_add_test(tc, test_usage_across_processes);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
     if (!realpath(FSDP_BIN, fsdp_bin)) {
         perror("test_mpi_train: " FSDP_BIN);
         return 1;
     }
-    return fsdp_test_run_suite(mpi_train_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"cover", FSDP_TESTS(test_norm_cover_equals_tree, test_plan_and_fit_know_nodes)},
+        {"mpirun", FSDP_TEST_TSAN || FSDP_TEST_ASAN ? 600 : 120, .tmpdir = true,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_2x2_equals_1x4, (int)FSDP_TEST_LEN(strategies)),
+                    test_checkpoint_2x2_resumes_on_1x3_and_3x1, test_hybrid_checkpoint_resumes_full,
+                    test_unshared_checkpoint_dir_is_refused, test_rank_failure_ends_the_job,
+                    test_killed_process_ends_the_job, test_metrics_traces_and_planned_inter_bytes,
+                    test_usage_across_processes)},
+    };
+    return fsdp_test_main("mpi_train", tcases, FSDP_TEST_LEN(tcases));
 }

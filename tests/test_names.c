@@ -98,12 +98,8 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("names");
-    TCase *tc = tcase_create("names");
-    tcase_add_test(tc, test_lookups);
-    tcase_add_test(tc, test_parse);
-    tcase_add_test(tc, test_join);
-    tcase_add_test(tc, test_dtype_table);
-    suite_add_tcase(s, tc);
-    return fsdp_test_run_suite(s);
+    const fsdp_test_tcase tcases[] = {
+        {"names", FSDP_TESTS(test_lookups, test_parse, test_join, test_dtype_table)},
+    };
+    return fsdp_test_main("names", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -19,6 +19,7 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #include "ops/cpu/optim_kernels.h"
+#include "testutil.h"
 
 /* ---- fixtures and helpers ------------------------------------------------ */
 
@@ -1188,45 +1189,21 @@ START_TEST(test_table_complete)
 }
 END_TEST
 
-static Suite *ops_suite(void)
-{
-    Suite *s = suite_create("ops");
-    TCase *tc = tcase_create("cpu");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_table_complete);
-    tcase_add_test(tc, test_matmul_fwd_matches_naive);
-    tcase_add_test(tc, test_matmul_grad_fd);
-    tcase_add_test(tc, test_matmul_bf16_close_to_fp32);
-    tcase_add_test(tc, test_layernorm_fwd_matches_double);
-    tcase_add_test(tc, test_layernorm_grad_fd);
-    tcase_add_test(tc, test_layernorm_bf16_close_to_fp32);
-    tcase_add_test(tc, test_gelu_fwd_and_grad);
-    tcase_add_test(tc, test_attention_fwd_matches_naive);
-    tcase_add_test(tc, test_attention_grad_fd);
-    tcase_add_test(tc, test_attention_causal);
-    tcase_add_test(tc, test_attention_bf16_close_to_fp32);
-    tcase_add_test(tc, test_xent_matches_log_softmax);
-    tcase_add_test(tc, test_xent_in_place);
-    tcase_add_test(tc, test_xent_bf16_close_to_fp32);
-    tcase_add_test(tc, test_embed_fwd_bwd);
-    tcase_add_test(tc, test_residual_add_cast);
-    tcase_add_test(tc, test_bf16_rounding);
-    tcase_add_test(tc, test_backward_accumulates);
-    tcase_add_test(tc, test_deterministic_across_call_history);
-    tcase_add_test(tc, test_concurrent_ranks_bit_identical);
-    tcase_add_test(tc, test_adamw_hand_step);
-    tcase_add_test(tc, test_adamw_matches_double_and_op);
-    tcase_add_test(tc, test_sumsq_blocks);
-    tcase_add_test(tc, test_scratch_oom_reported);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    SRunner *sr = srunner_create(ops_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int n_failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return n_failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    const fsdp_test_tcase tcases[] = {
+        {"cpu", 60,
+         FSDP_TESTS(test_table_complete, test_matmul_fwd_matches_naive, test_matmul_grad_fd,
+                    test_matmul_bf16_close_to_fp32, test_layernorm_fwd_matches_double,
+                    test_layernorm_grad_fd, test_layernorm_bf16_close_to_fp32,
+                    test_gelu_fwd_and_grad, test_attention_fwd_matches_naive,
+                    test_attention_grad_fd, test_attention_causal,
+                    test_attention_bf16_close_to_fp32, test_xent_matches_log_softmax,
+                    test_xent_in_place, test_xent_bf16_close_to_fp32, test_embed_fwd_bwd,
+                    test_residual_add_cast, test_bf16_rounding, test_backward_accumulates,
+                    test_deterministic_across_call_history, test_concurrent_ranks_bit_identical,
+                    test_adamw_hand_step, test_adamw_matches_double_and_op, test_sumsq_blocks,
+                    test_scratch_oom_reported)},
+    };
+    return fsdp_test_main("ops", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -836,32 +836,20 @@ START_TEST(test_concurrent_ranks_bit_identical)
 }
 END_TEST
 
-static Suite *ops_llama_suite(void)
-{
-    Suite *s = suite_create("ops_llama");
-    TCase *tc = tcase_create("golden");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_rope_table_matches_transformers);
-    tcase_add_test(tc, test_rope_table_errors);
-    tcase_add_loop_test(tc, test_golden, 0, N_GOLDEN);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("contracts");
-    tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, test_grad_fd, 0, OP_COUNT);
-    tcase_add_loop_test(tc, test_bf16_storage, 0, OP_COUNT);
-    tcase_add_loop_test(tc, test_backward_accumulates, 0, OP_COUNT);
-    tcase_add_loop_test(tc, test_attention_gqa_is_gpt2_attention, 0, 2);
-    tcase_add_test(tc, test_attention_gqa_is_replicated_mha);
-    tcase_add_test(tc, test_packed_equals_separate);
-    tcase_add_test(tc, test_rope_inverse_and_default_positions);
-    tcase_add_test(tc, test_empty_shapes);
-    tcase_add_test(tc, test_concurrent_ranks_bit_identical);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(ops_llama_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"golden", 60,
+         FSDP_TESTS(test_rope_table_matches_transformers, test_rope_table_errors,
+                    FSDP_TEST_LOOP(test_golden, N_GOLDEN))},
+        {"contracts", 60,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_grad_fd, OP_COUNT),
+                    FSDP_TEST_LOOP(test_bf16_storage, OP_COUNT),
+                    FSDP_TEST_LOOP(test_backward_accumulates, OP_COUNT),
+                    FSDP_TEST_LOOP(test_attention_gqa_is_gpt2_attention, 2),
+                    test_attention_gqa_is_replicated_mha, test_packed_equals_separate,
+                    test_rope_inverse_and_default_positions, test_empty_shapes,
+                    test_concurrent_ranks_bit_identical)},
+    };
+    return fsdp_test_main("ops_llama", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -848,35 +848,19 @@ START_TEST(test_job_invalid_args)
 }
 END_TEST
 
-static Suite *optim_suite(void)
-{
-    Suite *s = suite_create("optim");
-    TCase *tc = tcase_create("kernels");
-    tcase_add_loop_test(tc, test_isa_matches_reference, 0, OPT_COUNT * FSDP_CPU_ISA_COUNT);
-    tcase_add_loop_test(tc, test_isa_multi_step_misaligned, 0, OPT_COUNT * FSDP_CPU_ISA_COUNT);
-    tcase_add_test(tc, test_bf16_out_rounding);
-    tcase_add_test(tc, test_best_isa_and_names);
-    tcase_add_test(tc, test_registry_and_interface);
-    tcase_add_test(tc, test_device_step_equals_host_step);
-    tcase_set_timeout(tc, 60);
-    suite_add_tcase(s, tc);
-
-    TCase *tp = tcase_create("pool");
-    tcase_add_test(tp, test_pool_generic_jobs);
-    tcase_add_test(tp, test_pool_async_progress);
-    tcase_add_test(tp, test_pool_process_pool_env);
-    tcase_add_test(tp, test_pool_default_threads);
-    tcase_add_test(tp, test_pool_adamw_matches_single);
-    tcase_add_test(tp, test_pool_adamw_jobs_in_flight);
-    tcase_add_test(tp, test_pool_concurrent_submitters);
-    tcase_add_test(tp, test_job_ranges);
-    tcase_add_test(tp, test_job_invalid_args);
-    tcase_set_timeout(tp, 60);
-    suite_add_tcase(s, tp);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(optim_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"kernels", 60,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_isa_matches_reference, OPT_COUNT * FSDP_CPU_ISA_COUNT),
+                    FSDP_TEST_LOOP(test_isa_multi_step_misaligned, OPT_COUNT * FSDP_CPU_ISA_COUNT),
+                    test_bf16_out_rounding, test_best_isa_and_names, test_registry_and_interface,
+                    test_device_step_equals_host_step)},
+        {"pool", 60,
+         FSDP_TESTS(test_pool_generic_jobs, test_pool_async_progress, test_pool_process_pool_env,
+                    test_pool_default_threads, test_pool_adamw_matches_single,
+                    test_pool_adamw_jobs_in_flight, test_pool_concurrent_submitters,
+                    test_job_ranges, test_job_invalid_args)},
+    };
+    return fsdp_test_main("optim", tcases, FSDP_TEST_LEN(tcases));
 }

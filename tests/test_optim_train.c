@@ -310,13 +310,10 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("optim_train");
-    TCase *tc = tcase_create("sgd");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_sgd_matches_pytorch);
-    tcase_add_test(tc, test_sgd_offload_and_sharding_identical);
-    tcase_add_test(tc, test_sgd_checkpoint_resume_reshard);
-    tcase_add_test(tc, test_sgd_trace_names_the_step);
-    suite_add_tcase(s, tc);
-    return fsdp_test_run_suite(s);
+    const fsdp_test_tcase tcases[] = {
+        {"sgd", 300,
+         FSDP_TESTS(test_sgd_matches_pytorch, test_sgd_offload_and_sharding_identical,
+                    test_sgd_checkpoint_resume_reshard, test_sgd_trace_names_the_step)},
+    };
+    return fsdp_test_main("optim_train", tcases, FSDP_TEST_LEN(tcases));
 }

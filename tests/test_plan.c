@@ -911,37 +911,16 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("plan");
-    TCase *tc = tcase_create("exact");
-    tcase_set_timeout(tc, 600);
-    tcase_add_loop_test(tc, test_plan_equals_cpu_run, 0, N_MATRIX);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("plan");
-    tcase_set_timeout(tc, 600);
-    fsdp_test_add_tmpdir(tc);
-    tcase_add_test(tc, test_plan_70b_fast_and_formulas);
-    tcase_add_test(tc, test_plan_formula_text);
-    tcase_add_test(tc, test_plan_fit_verdict);
-    tcase_add_test(tc, test_plan_json);
-    tcase_add_test(tc, test_plan_svg);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("shardmap");
-    tcase_add_test(tc, test_shardmap_json);
-    tcase_add_test(tc, test_shardmap_table);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("trace");
-    tcase_set_timeout(tc, 600);
-    fsdp_test_add_tmpdir(tc);
-    tcase_add_test(tc, test_trace_train);
-    tcase_add_test(tc, test_trace_offload_workers);
-    tcase_add_test(tc, test_trace_plan);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("plot");
-    tcase_set_timeout(tc, 600);
-    fsdp_test_add_tmpdir(tc);
-    tcase_add_test(tc, test_plot_metrics);
-    tcase_add_test(tc, test_plot_bad_inputs);
-    tcase_add_test(tc, test_commands);
-    suite_add_tcase(s, tc);
-    return fsdp_test_run_suite(s);
+    const fsdp_test_tcase tcases[] = {
+        {"exact", 600, FSDP_TESTS(FSDP_TEST_LOOP(test_plan_equals_cpu_run, N_MATRIX))},
+        {"plan", 600, .tmpdir = true,
+         FSDP_TESTS(test_plan_70b_fast_and_formulas, test_plan_formula_text, test_plan_fit_verdict,
+                    test_plan_json, test_plan_svg)},
+        {"shardmap", FSDP_TESTS(test_shardmap_json, test_shardmap_table)},
+        {"trace", 600, .tmpdir = true,
+         FSDP_TESTS(test_trace_train, test_trace_offload_workers, test_trace_plan)},
+        {"plot", 600, .tmpdir = true,
+         FSDP_TESTS(test_plot_metrics, test_plot_bad_inputs, test_commands)},
+    };
+    return fsdp_test_main("plan", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -386,23 +386,13 @@ START_TEST(test_weight_mappings_contract)
 }
 END_TEST
 
-static Suite *registry_suite(void)
-{
-    Suite *s = suite_create("registry");
-    TCase *tc = tcase_create("registry");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_every_named_shape_builds);
-    tcase_add_test(tc, test_canonical_configs_round_trip);
-    tcase_add_test(tc, test_what_reads_as_a_spec);
-    tcase_add_test(tc, test_key_reader);
-    tcase_add_test(tc, test_help_names_every_shape_once);
-    tcase_add_test(tc, test_resolve);
-    tcase_add_test(tc, test_weight_mappings_contract);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(registry_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"registry", 120,
+         FSDP_TESTS(test_every_named_shape_builds, test_canonical_configs_round_trip,
+                    test_what_reads_as_a_spec, test_key_reader, test_help_names_every_shape_once,
+                    test_resolve, test_weight_mappings_contract)},
+    };
+    return fsdp_test_main("registry", tcases, FSDP_TEST_LEN(tcases));
 }

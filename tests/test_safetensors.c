@@ -621,26 +621,15 @@ START_TEST(test_hostile_header_memory)
 }
 END_TEST
 
-static Suite *safetensors_suite(void)
-{
-    Suite *s = suite_create("safetensors");
-    TCase *tc = tcase_create("layout");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_fixture_safetensors_equals_llmc);
-    tcase_add_test(tc, test_range_reads_match_whole);
-    tcase_add_test(tc, test_export_matches_reference_layout);
-    tcase_add_test(tc, test_safetensors_variants);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("hostile");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_hostile_safetensors_framing);
-    tcase_add_test(tc, test_hostile_safetensors_tensors);
-    tcase_add_test(tc, test_hostile_header_memory);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(safetensors_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"layout", 120,
+         FSDP_TESTS(test_fixture_safetensors_equals_llmc, test_range_reads_match_whole,
+                    test_export_matches_reference_layout, test_safetensors_variants)},
+        {"hostile", 120,
+         FSDP_TESTS(test_hostile_safetensors_framing, test_hostile_safetensors_tensors,
+                    test_hostile_header_memory)},
+    };
+    return fsdp_test_main("safetensors", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -321,23 +321,11 @@ START_TEST(test_tokenize_errors)
 }
 END_TEST
 
-static Suite *shard_suite(void)
-{
-    Suite *s = suite_create("shard");
-    TCase *tc = tcase_create("files");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, test_shard_uint32);
-    tcase_add_test(tc, test_shard_writer);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("tokenize");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_tokenize_files);
-    tcase_add_test(tc, test_tokenize_errors);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(shard_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"files", 60, FSDP_TESTS(test_shard_uint32, test_shard_writer)},
+        {"tokenize", 120, FSDP_TESTS(test_tokenize_files, test_tokenize_errors)},
+    };
+    return fsdp_test_main("shard", tcases, FSDP_TEST_LEN(tcases));
 }

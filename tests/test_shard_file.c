@@ -495,16 +495,9 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("shard_file");
-    TCase *tc = tcase_create("format");
-    tcase_set_timeout(tc, 120);
-    tcase_add_test(tc, test_shard_file_blocks);
-    tcase_add_test(tc, test_shard_file_named_arrays);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("compat");
-    tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_v1_fixture_resumes);
-    tcase_add_test(tc, test_sign_flips_refused);
-    suite_add_tcase(s, tc);
-    return fsdp_test_run_suite(s);
+    const fsdp_test_tcase tcases[] = {
+        {"format", 120, FSDP_TESTS(test_shard_file_blocks, test_shard_file_named_arrays)},
+        {"compat", 300, FSDP_TESTS(test_v1_fixture_resumes, test_sign_flips_refused)},
+    };
+    return fsdp_test_main("shard_file", tcases, FSDP_TEST_LEN(tcases));
 }

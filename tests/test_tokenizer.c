@@ -511,29 +511,18 @@ START_TEST(test_long_inputs_and_stream)
 }
 END_TEST
 
-static Suite *tokenizer_suite(void)
-{
-    Suite *s = suite_create("tokenizer");
-    TCase *tc = tcase_create("reference");
-    tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, test_reference_encode_decode, 0, 3);
-    suite_add_tcase(s, tc);
-    tcase_add_loop_test(tc, test_chat_reference, 0, 2);
-    tc = tcase_create("files");
-    tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, test_hostile_files, 0, (int)(sizeof HOSTILE / sizeof *HOSTILE));
-    tcase_add_test(tc, test_lookups);
-    tcase_add_test(tc, test_non_bytelevel_entry_and_ignore_merges);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("inputs");
-    tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_any_bytes_round_trip, 0, 2);
-    tcase_add_loop_test(tc, test_long_inputs_and_stream, 0, 3);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
-    return fsdp_test_run_suite(tokenizer_suite());
+    const fsdp_test_tcase tcases[] = {
+        {"reference", 60,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_reference_encode_decode, 3),
+                    FSDP_TEST_LOOP(test_chat_reference, 2))},
+        {"files", 60,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_hostile_files, (int)(sizeof HOSTILE / sizeof *HOSTILE)),
+                    test_lookups, test_non_bytelevel_entry_and_ignore_merges)},
+        {"inputs", 120,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_any_bytes_round_trip, 2),
+                    FSDP_TEST_LOOP(test_long_inputs_and_stream, 3))},
+    };
+    return fsdp_test_main("tokenizer", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -569,19 +569,13 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("train_errors");
-    TCase *te = tcase_create("errors");
-    tcase_set_timeout(te, 600);
-    tcase_add_test(te, test_nonfinite_stops_before_update);
-    tcase_add_test(te, test_nonfinite_skip);
-    tcase_add_test(te, test_ckpt_refuses_nonfinite_state);
-    tcase_add_test(te, test_data_changed_under_a_step);
-    tcase_add_test(te, test_data_truncated_stops_with_checkpoint);
-    tcase_add_test(te, test_stop_request);
-    tcase_add_test(te, test_outputs_checked_before_step_1);
-    tcase_add_test(te, test_metrics_write_failure);
-    tcase_add_test(te, test_resume_nothing_left_and_batch_change);
-    tcase_add_test(te, test_oom_hint_names_unset_settings);
-    suite_add_tcase(s, te);
-    return fsdp_test_run_suite(s);
+    const fsdp_test_tcase tcases[] = {
+        {"errors", 600,
+         FSDP_TESTS(test_nonfinite_stops_before_update, test_nonfinite_skip,
+                    test_ckpt_refuses_nonfinite_state, test_data_changed_under_a_step,
+                    test_data_truncated_stops_with_checkpoint, test_stop_request,
+                    test_outputs_checked_before_step_1, test_metrics_write_failure,
+                    test_resume_nothing_left_and_batch_change, test_oom_hint_names_unset_settings)},
+    };
+    return fsdp_test_main("train_errors", tcases, FSDP_TEST_LEN(tcases));
 }
