@@ -113,12 +113,7 @@ fsdp_status fsdp_world_init_span(fsdp_world **out, int n_local, const fsdp_world
         w->fault[k].rank = -1;
     w->fault_env = -1;
     fsdp_status st = fault_from_env(w);
-    if (st != FSDP_STATUS_OK) {
-        fsdp_world_free(w);
-        return st;
-    }
-    *out = w;
-    return FSDP_STATUS_OK;
+    return FSDP_OUT_OR_FREE(st, out, w, fsdp_world_free);
 }
 
 void fsdp_world_free(fsdp_world *w)

@@ -601,12 +601,7 @@ fsdp_status fsdp_hftok_parse(fsdp_hftok **out, const char *label, const char *js
         st = read_root(&r, root);
     fsdp_json_free(root);
     free(r.buf);
-    if (st != FSDP_STATUS_OK) {
-        fsdp_hftok_free(t);
-        return st;
-    }
-    *out = t;
-    return FSDP_STATUS_OK;
+    return FSDP_OUT_OR_FREE(st, out, t, fsdp_hftok_free);
 }
 
 fsdp_status fsdp_hftok_open(fsdp_hftok **out, const char *path)
