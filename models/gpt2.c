@@ -57,23 +57,6 @@ enum {
     BLK_N_PARAMS
 };
 
-static void add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d1,
-                      fsdp_init_kind init, float std, bool decay)
-{
-    fsdp_param_spec *p = &u->params[u->n_params++];
-    memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "%s", name);
-    p->ndim = d1 ? 2 : 1;
-    p->shape[0] = d0;
-    p->shape[1] = d1;
-    p->numel = (size_t)d0 * (size_t)(d1 ? d1 : 1);
-    p->offset = u->numel;
-    p->init = init;
-    p->std = std;
-    p->decay = decay;
-    u->numel += p->numel;
-}
-
 static const struct fsdp_model_i gpt2_model_i;
 
 fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
@@ -85,18 +68,8 @@ fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
     const int L = cfg->n_layer, C = cfg->n_embd;
     const float std = 0.02f;
     const float std_proj = 0.02f / sqrtf(2.0f * (float)L); /* GPT-2's scaled residual init */
-    fsdp_status st = FSDP_STATUS_OK;
-
-    fsdp_gpt2_config *impl = malloc(sizeof *impl);
-    m->units = calloc((size_t)L + 1, sizeof *m->units);
-    if (!impl || !m->units) {
-        free(impl);
-        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation for a %d-layer GPT-2 failed", L);
-        goto fail;
-    }
-    *impl = *cfg;
-    m->impl = impl;
-    m->n_units = L + 1;
+    FSDP_TRY(fsdp_model_alloc_units(m, "GPT-2", cfg, sizeof *cfg, L, ROOT_N_PARAMS, BLK_N_PARAMS,
+                                    "h"));
     m->iface = &gpt2_model_i;
     m->family = &fsdp_gpt2_family;
     fsdp_gpt2_config_format(cfg, m->config, sizeof m->config);
@@ -109,32 +82,20 @@ fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
     m->n_embd = cfg->n_embd;
 
     fsdp_unit_spec *root = &m->units[0];
-    snprintf(root->name, sizeof root->name, "root");
-    root->params = calloc(ROOT_N_PARAMS, sizeof *root->params);
-    if (!root->params) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of GPT-2 parameter specs failed");
-        goto fail;
-    }
-    add_param(root, "wte.weight", cfg->padded_vocab_size, C, FSDP_INIT_NORMAL, std, true);
-    add_param(root, "wpe.weight", cfg->max_seq_len, C, FSDP_INIT_NORMAL, std, false);
-    add_param(root, "ln_f.weight", C, 0, FSDP_INIT_ONES, 0, false);
-    add_param(root, "ln_f.bias", C, 0, FSDP_INIT_ZEROS, 0, false);
+    fsdp_unit_add_param(root, "wte.weight", cfg->padded_vocab_size, C, FSDP_INIT_NORMAL, std,
+                        true);
+    fsdp_unit_add_param(root, "wpe.weight", cfg->max_seq_len, C, FSDP_INIT_NORMAL, std, false);
+    fsdp_unit_add_param(root, "ln_f.weight", C, 0, FSDP_INIT_ONES, 0, false);
+    fsdp_unit_add_param(root, "ln_f.bias", C, 0, FSDP_INIT_ZEROS, 0, false);
     m->numel = root->numel;
 
     for (int l = 0; l < L; l++) {
         fsdp_unit_spec *u = &m->units[1 + l];
-        snprintf(u->name, sizeof u->name, "h.%d", l);
-        u->params = calloc(BLK_N_PARAMS, sizeof *u->params);
-        if (!u->params) {
-            st = fsdp_error_set(FSDP_STATUS_OOM,
-                                "host allocation of GPT-2 parameter specs failed");
-            goto fail;
-        }
         char name[64];
 #define BLK_PARAM(suffix, d0, d1, init, sd, decay)                                       \
     do {                                                                                 \
         snprintf(name, sizeof name, "h.%d.%s", l, suffix);                               \
-        add_param(u, name, d0, d1, init, sd, decay);                                     \
+        fsdp_unit_add_param(u, name, d0, d1, init, sd, decay);                           \
     } while (0)
         BLK_PARAM("ln_1.weight", C, 0, FSDP_INIT_ONES, 0, false);
         BLK_PARAM("ln_1.bias", C, 0, FSDP_INIT_ZEROS, 0, false);
@@ -152,10 +113,6 @@ fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
         m->numel += u->numel;
     }
     return FSDP_STATUS_OK;
-
-fail:
-    fsdp_model_free(m);
-    return st;
 }
 
 const fsdp_gpt2_config *fsdp_gpt2_config_of(const fsdp_model *m)

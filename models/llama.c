@@ -63,18 +63,8 @@ enum {
 static void add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d1,
                       fsdp_init_kind init, bool decay)
 {
-    fsdp_param_spec *p = &u->params[u->n_params++];
-    memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "%s", name);
-    p->ndim = d1 ? 2 : 1;
-    p->shape[0] = d0;
-    p->shape[1] = d1;
-    p->numel = (size_t)d0 * (size_t)(d1 ? d1 : 1);
-    p->offset = u->numel;
-    p->init = init;
-    p->std = init == FSDP_INIT_NORMAL ? 0.02f : 0.0f; /* HF initializer_range */
-    p->decay = decay;
-    u->numel += p->numel;
+    float std = init == FSDP_INIT_NORMAL ? 0.02f : 0.0f; /* HF initializer_range */
+    fsdp_unit_add_param(u, name, d0, d1, init, std, decay);
 }
 
 static const struct fsdp_model_i llama_model_i;
@@ -87,18 +77,8 @@ fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
     FSDP_TRY(fsdp_llama_config_validate(cfg));
     const int L = cfg->n_layer, C = cfg->n_embd, hd = cfg->head_dim, IC = cfg->n_inter;
     const int64_t QH = (int64_t)cfg->n_head * hd, KVH = (int64_t)cfg->n_kv_head * hd;
-    fsdp_status st = FSDP_STATUS_OK;
-
-    fsdp_llama_config *impl = malloc(sizeof *impl);
-    m->units = calloc((size_t)L + 1, sizeof *m->units);
-    if (!impl || !m->units) {
-        free(impl);
-        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation for a %d-layer Llama failed", L);
-        goto fail;
-    }
-    *impl = *cfg;
-    m->impl = impl;
-    m->n_units = L + 1;
+    FSDP_TRY(fsdp_model_alloc_units(m, "Llama", cfg, sizeof *cfg, L, ROOT_N_PARAMS, BLK_N_PARAMS,
+                                    "layers"));
     m->iface = &llama_model_i;
     m->family = &fsdp_llama_family;
     fsdp_llama_config_format(cfg, m->config, sizeof m->config);
@@ -111,12 +91,6 @@ fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
     m->n_embd = cfg->n_embd;
 
     fsdp_unit_spec *root = &m->units[0];
-    snprintf(root->name, sizeof root->name, "root");
-    root->params = calloc(ROOT_N_PARAMS, sizeof *root->params);
-    if (!root->params) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of Llama parameter specs failed");
-        goto fail;
-    }
     add_param(root, "model.embed_tokens.weight", cfg->padded_vocab_size, C, FSDP_INIT_NORMAL,
               true);
     add_param(root, "model.norm.weight", C, 0, FSDP_INIT_ONES, false);
@@ -126,13 +100,6 @@ fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
 
     for (int l = 0; l < L; l++) {
         fsdp_unit_spec *u = &m->units[1 + l];
-        snprintf(u->name, sizeof u->name, "layers.%d", l);
-        u->params = calloc(BLK_N_PARAMS, sizeof *u->params);
-        if (!u->params) {
-            st = fsdp_error_set(FSDP_STATUS_OOM,
-                                "host allocation of Llama parameter specs failed");
-            goto fail;
-        }
         char name[64];
 #define BLK_PARAM(suffix, d0, d1, init, decay)                                           \
     do {                                                                                 \
@@ -157,10 +124,6 @@ fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
         m->numel += u->numel;
     }
     return FSDP_STATUS_OK;
-
-fail:
-    fsdp_model_free(m);
-    return st;
 }
 
 const fsdp_llama_config *fsdp_llama_config_of(const fsdp_model *m)
