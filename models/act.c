@@ -37,6 +37,31 @@ fsdp_status fsdp_act_alloc(fsdp_op_ctx *ctx, fsdp_act_set *a, size_t bytes, cons
     return FSDP_STATUS_OK;
 }
 
+/* The buffer pointer of field f in layer l's struct. */
+static void **field_slot(const fsdp_act_layout *lay, void *layers, int l, int f)
+{
+    return (void **)((char *)layers + (size_t)l * lay->layer_bytes + lay->fields[f].offset);
+}
+
+fsdp_status fsdp_act_layers_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, fsdp_act_set *a,
+                                  const fsdp_act_layout *lay, const void *state, void *layers,
+                                  bool training, fsdp_recompute mode)
+{
+    const size_t dts = fsdp_dtype_size(ctx->dt);
+    for (int l = 0; l < m->n_layer; l++)
+        for (int f = 0; f < lay->n_fields; f++) {
+            void **dst = field_slot(lay, layers, l, f);
+            bool kept = fsdp_act_kept(lay, f, training, mode);
+            if (l > 0 && !kept) {
+                *dst = *field_slot(lay, layers, 0, f);
+                continue;
+            }
+            size_t bytes = lay->field_bytes(m, state, lay->fields[f].width, dts);
+            FSDP_TRY(fsdp_act_alloc(ctx, a, bytes, lay->fields[f].name, kept ? l : -2, dst));
+        }
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_act_host_losses(fsdp_op_ctx *ctx, fsdp_act_set *a)
 {
     char desc[96];

@@ -152,35 +152,23 @@ enum {
     ACT_LN2_MEAN, ACT_LN2_RSTD, ACT_FCH, ACT_FCH_GELU, ACT_RESIDUAL3, ACT_N_FIELDS
 };
 
-#define KEEP(mode) (1u << (mode))
-#define K_EVERY_MODE \
-    (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_BLOCK) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
-#define K_NONE_ELEMENTWISE (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
-#define K_NONE_ONLY KEEP(FSDP_RECOMPUTE_NONE)
-
-typedef struct act_field {
-    const char *name;
-    size_t offset;  /* in gpt2_layer_acts */
-    int width;      /* per token: width * C elements in dt; 0: NH * T in dt (the softmax); -1:
-                     * one fp32 (norm statistics) */
-    unsigned keep;  /* KEEP(mode) for the modes that keep it per block */
-} act_field;
-
+/* width: per token, width * C elements in dt; 0: NH * T in dt (the
+ * softmax); -1: one fp32 (norm statistics) */
 #define ACT_FIELD(f, width, keep) {#f, offsetof(gpt2_layer_acts, f), width, keep}
-static const act_field act_fields[ACT_N_FIELDS] = {
-    ACT_FIELD(ln1, 1, K_NONE_ONLY),
-    ACT_FIELD(ln1_mean, -1, K_NONE_ONLY),
-    ACT_FIELD(ln1_rstd, -1, K_NONE_ONLY),
-    ACT_FIELD(qkv, 3, K_NONE_ELEMENTWISE),
-    ACT_FIELD(atty, 1, K_NONE_ELEMENTWISE),
-    ACT_FIELD(att, 0, K_NONE_ELEMENTWISE),
-    ACT_FIELD(residual2, 1, K_NONE_ELEMENTWISE),
-    ACT_FIELD(ln2, 1, K_NONE_ONLY),
-    ACT_FIELD(ln2_mean, -1, K_NONE_ONLY),
-    ACT_FIELD(ln2_rstd, -1, K_NONE_ONLY),
-    ACT_FIELD(fch, 4, K_NONE_ELEMENTWISE),
-    ACT_FIELD(fch_gelu, 4, K_NONE_ONLY),
-    ACT_FIELD(residual3, 1, K_EVERY_MODE),
+static const fsdp_act_field act_fields[ACT_N_FIELDS] = {
+    ACT_FIELD(ln1, 1, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(ln1_mean, -1, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(ln1_rstd, -1, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(qkv, 3, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(atty, 1, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(att, 0, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(residual2, 1, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(ln2, 1, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(ln2_mean, -1, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(ln2_rstd, -1, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(fch, 4, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(fch_gelu, 4, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(residual3, 1, FSDP_ACT_KEEP_ALL),
 };
 #undef ACT_FIELD
 
@@ -216,15 +204,15 @@ static const fsdp_gpt2_config *cfg_of(const fsdp_model *m)
     return (const fsdp_gpt2_config *)m->impl;
 }
 
+static size_t field_bytes(const fsdp_model *m, const void *state, int width, size_t dts);
+
+static const fsdp_act_layout act_layout = {act_fields, ACT_N_FIELDS, sizeof(gpt2_layer_acts),
+                                           field_bytes};
+
 /* Whether each block has its own copy of field f (else one shared copy). */
 static bool kept(const gpt2_state *s, int f)
 {
-    return s->training && (act_fields[f].keep & KEEP(s->mode));
-}
-
-static void **field_ptr(gpt2_layer_acts *a, int f)
-{
-    return (void **)((char *)a + act_fields[f].offset);
+    return fsdp_act_kept(&act_layout, f, s->training, s->mode);
 }
 
 static void gpt2_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state)
@@ -238,27 +226,15 @@ static void gpt2_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state)
     free(s);
 }
 
-/* Every block's saved activations, layer by layer in act_fields order:
- * a field the state keeps gets a buffer per block, the others one buffer
- * (allocated with block 0) that every block points at. */
-static fsdp_status layers_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, gpt2_state *s)
+/* Bytes of a saved activation of `width` (act_fields) for s's micro-batch. */
+static size_t field_bytes(const fsdp_model *m, const void *state, int width, size_t dts)
 {
     const fsdp_gpt2_config *cfg = cfg_of(m);
-    const size_t N = (size_t)s->B * s->T, dts = fsdp_dtype_size(ctx->dt);
-    for (int l = 0; l < cfg->n_layer; l++)
-        for (int f = 0; f < ACT_N_FIELDS; f++) {
-            const act_field *af = &act_fields[f];
-            void **dst = field_ptr(&s->layers[l], f);
-            if (l > 0 && !kept(s, f)) {
-                *dst = *field_ptr(&s->layers[0], f);
-                continue;
-            }
-            size_t bytes = af->width > 0   ? N * (size_t)af->width * cfg->n_embd * dts
-                           : af->width == 0 ? N * (size_t)cfg->n_head * s->T * dts
-                                            : N * sizeof(float);
-            FSDP_TRY(fsdp_act_alloc(ctx, &s->act, bytes, af->name, kept(s, f) ? l : -2, dst));
-        }
-    return FSDP_STATUS_OK;
+    const gpt2_state *s = state;
+    const size_t N = (size_t)s->B * s->T;
+    return width > 0   ? N * (size_t)width * cfg->n_embd * dts
+           : width == 0 ? N * (size_t)cfg->n_head * s->T * dts
+                        : N * sizeof(float);
 }
 
 static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
@@ -302,7 +278,8 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * sizeof(int), "targets", -1, &s->targets));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "encoded", -1, &s->encoded));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "proj", -1, &s->proj));
-    FSDP_CHECK(layers_alloc(m, ctx, s));
+    FSDP_CHECK(fsdp_act_layers_alloc(m, ctx, &s->act, &act_layout, s, s->layers, s->training,
+                                     s->mode));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "lnf", -1, &s->lnf));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "lnf_mean", -1, &s->lnf_mean));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "lnf_rstd", -1, &s->lnf_rstd));

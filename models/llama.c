@@ -175,32 +175,19 @@ typedef enum act_width {
     W_STAT,  /* one fp32: a norm's rstd */
 } act_width;
 
-#define KEEP(mode) (1u << (mode))
-#define K_EVERY_MODE \
-    (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_BLOCK) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
-#define K_NONE_ELEMENTWISE (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
-#define K_NONE_ONLY KEEP(FSDP_RECOMPUTE_NONE)
-
-typedef struct act_field {
-    const char *name;
-    size_t offset;    /* in llama_layer_acts */
-    act_width width;
-    unsigned keep;    /* KEEP(mode) for the modes that keep it per layer */
-} act_field;
-
 #define ACT_FIELD(f, name, width, keep) {name, offsetof(llama_layer_acts, f), width, keep}
-static const act_field act_fields[ACT_N_FIELDS] = {
-    ACT_FIELD(ln1, "ln1", W_C, K_NONE_ONLY),
-    ACT_FIELD(ln1_rstd, "ln1_rstd", W_STAT, K_NONE_ONLY),
-    ACT_FIELD(qkv, "qkv", W_QS, K_NONE_ELEMENTWISE),
-    ACT_FIELD(atty, "atty", W_AH, K_NONE_ELEMENTWISE),
-    ACT_FIELD(att, "att", W_ATT, K_NONE_ELEMENTWISE),
-    ACT_FIELD(residual2, "residual2", W_C, K_NONE_ELEMENTWISE),
-    ACT_FIELD(ln2, "ln2", W_C, K_NONE_ONLY),
-    ACT_FIELD(ln2_rstd, "ln2_rstd", W_STAT, K_NONE_ONLY),
-    ACT_FIELD(gu, "gate_up", W_2IC, K_NONE_ELEMENTWISE),
-    ACT_FIELD(swi, "swiglu", W_IC, K_NONE_ONLY),
-    ACT_FIELD(residual3, "residual3", W_C, K_EVERY_MODE),
+static const fsdp_act_field act_fields[ACT_N_FIELDS] = {
+    ACT_FIELD(ln1, "ln1", W_C, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(ln1_rstd, "ln1_rstd", W_STAT, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(qkv, "qkv", W_QS, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(atty, "atty", W_AH, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(att, "att", W_ATT, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(residual2, "residual2", W_C, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(ln2, "ln2", W_C, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(ln2_rstd, "ln2_rstd", W_STAT, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(gu, "gate_up", W_2IC, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(swi, "swiglu", W_IC, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(residual3, "residual3", W_C, FSDP_ACT_KEEP_ALL),
 };
 #undef ACT_FIELD
 
@@ -237,15 +224,15 @@ static const fsdp_llama_config *cfg_of(const fsdp_model *m)
     return (const fsdp_llama_config *)m->impl;
 }
 
+static size_t field_bytes(const fsdp_model *m, const void *state, int width, size_t dts);
+
+static const fsdp_act_layout act_layout = {act_fields, ACT_N_FIELDS, sizeof(llama_layer_acts),
+                                           field_bytes};
+
 /* Whether each layer has its own copy of field f (else one shared copy). */
 static bool kept(const llama_state *s, int f)
 {
-    return s->training && (act_fields[f].keep & KEEP(s->mode));
-}
-
-static void **field_ptr(llama_layer_acts *a, int f)
-{
-    return (void **)((char *)a + act_fields[f].offset);
+    return fsdp_act_kept(&act_layout, f, s->training, s->mode);
 }
 
 /* layer >= 0: a layer's own buffer; -1: a state buffer; -2: a layer buffer
@@ -280,11 +267,13 @@ static fsdp_status upload_inv_freq(fsdp_op_ctx *ctx, const fsdp_llama_config *cf
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
-/* Bytes of field f for a micro-batch of the state's shape. */
-static size_t field_bytes(const fsdp_llama_config *cfg, const llama_state *s, int f, size_t dts)
+/* Bytes of a saved activation of `width` (act_width) for s's micro-batch. */
+static size_t field_bytes(const fsdp_model *m, const void *state, int width, size_t dts)
 {
+    const fsdp_llama_config *cfg = cfg_of(m);
+    const llama_state *s = state;
     const size_t N = (size_t)s->B * s->T, hd = (size_t)cfg->head_dim;
-    switch (act_fields[f].width) {
+    switch ((act_width)width) {
     case W_C: return N * (size_t)cfg->n_embd * dts;
     case W_QS: return N * (size_t)(cfg->n_head + 2 * cfg->n_kv_head) * hd * dts;
     case W_AH: return N * (size_t)cfg->n_head * hd * dts;
@@ -295,26 +284,6 @@ static size_t field_bytes(const fsdp_llama_config *cfg, const llama_state *s, in
     }
     FSDP_ASSERT(!"unknown activation width");
     return 0;
-}
-
-/* Every layer's saved activations, layer by layer in act_fields order: a
- * field the state keeps gets a buffer per layer, the others one buffer
- * (allocated with layer 0) that every layer points at. */
-static fsdp_status layers_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s)
-{
-    const fsdp_llama_config *cfg = cfg_of(m);
-    const size_t dts = fsdp_dtype_size(ctx->dt);
-    for (int l = 0; l < cfg->n_layer; l++)
-        for (int f = 0; f < ACT_N_FIELDS; f++) {
-            void **dst = field_ptr(&s->layers[l], f);
-            if (l > 0 && !kept(s, f)) {
-                *dst = *field_ptr(&s->layers[0], f);
-                continue;
-            }
-            FSDP_TRY(fsdp_act_alloc(ctx, &s->act, field_bytes(cfg, s, f, dts), act_fields[f].name,
-                               kept(s, f) ? l : -2, dst));
-        }
-    return FSDP_STATUS_OK;
 }
 
 static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
@@ -367,7 +336,8 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     FSDP_CHECK(upload_inv_freq(ctx, cfg, s->inv_freq));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "encoded", -1, &s->encoded));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "proj", -1, &s->proj));
-    FSDP_CHECK(layers_alloc(m, ctx, s));
+    FSDP_CHECK(fsdp_act_layers_alloc(m, ctx, &s->act, &act_layout, s, s->layers, s->training,
+                                     s->mode));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "lnf", -1, &s->lnf));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * Vp * dts, "logits", -1, &s->logits));
