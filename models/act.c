@@ -104,6 +104,25 @@ fsdp_status fsdp_act_read_loss(fsdp_op_ctx *ctx, const fsdp_act_set *a, const fs
     return FSDP_STATUS_OK;
 }
 
+fsdp_status fsdp_act_check_batch(const char *family, int B, int T, int max_seq_len, bool fits,
+                                 fsdp_recompute mode)
+{
+    if (B < 1 || T < 1 || T > max_seq_len)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%s micro-batch B=%d, T=%d is invalid; need B >= 1 and "
+                              "1 <= T <= context (%d)",
+                              family, B, T, max_seq_len);
+    if (!fits)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%s micro-batch B=%d, T=%d is too large for this model; "
+                              "reduce --batch or --seq",
+                              family, B, T);
+    if ((int)mode < 0 || mode >= FSDP_RECOMPUTE_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s: unknown recompute mode %d", family,
+                              (int)mode);
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_act_check_unit(const char *family, const fsdp_model *m, const void *state,
                                 int unit, const char *what)
 {

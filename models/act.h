@@ -99,6 +99,12 @@ fsdp_status fsdp_act_ops_status(fsdp_op_ctx *ctx, const char *family, const fsdp
 fsdp_status fsdp_act_read_loss(fsdp_op_ctx *ctx, const fsdp_act_set *a, const fsdp_model *m,
                                const float *losses, float *loss);
 
+/* The checks of a state's shape: INVALID_ARG unless B >= 1, 1 <= T <=
+ * max_seq_len, `fits` (the family's bound for the ops' int indices holds
+ * for this B and T) and mode is a recompute mode. */
+fsdp_status fsdp_act_check_batch(const char *family, int B, int T, int max_seq_len, bool fits,
+                                 fsdp_recompute mode);
+
 /* INVALID_ARG unless `state` exists and `unit` is one of the model's layer
  * units (1 .. n_units - 1); `what` names the call. */
 fsdp_status fsdp_act_check_unit(const char *family, const fsdp_model *m, const void *state,

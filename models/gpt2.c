@@ -243,19 +243,8 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     const fsdp_gpt2_config *cfg = cfg_of(m);
     const int L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, Vp = cfg->padded_vocab_size;
     *state = NULL;
-    if (B < 1 || T < 1 || T > cfg->max_seq_len)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 micro-batch B=%d, T=%d is invalid; need B >= 1 and "
-                              "1 <= T <= context (%d)",
-                              B, T, cfg->max_seq_len);
-    if ((double)B * T * NH * T > (double)INT_MAX)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 micro-batch B=%d, T=%d is too large for this model; "
-                              "reduce --batch or --seq",
-                              B, T);
-    if ((int)mode < 0 || mode >= FSDP_RECOMPUTE_COUNT)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2: unknown recompute mode %d",
-                              (int)mode);
+    FSDP_TRY(fsdp_act_check_batch("GPT-2", B, T, cfg->max_seq_len,
+                                  (double)B * T * NH * T <= (double)INT_MAX, mode));
 
     const size_t N = (size_t)B * T, dts = fsdp_dtype_size(ctx->dt), f4 = sizeof(float);
     const size_t natt = (size_t)B * NH * T * T;

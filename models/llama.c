@@ -294,20 +294,11 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     const size_t QS = (size_t)(NH + 2 * cfg->n_kv_head) * cfg->head_dim;
     const size_t AH = (size_t)NH * cfg->head_dim, IC = (size_t)cfg->n_inter;
     *state = NULL;
-    if (B < 1 || T < 1 || T > cfg->max_seq_len)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "Llama micro-batch B=%d, T=%d is invalid; need B >= 1 and "
-                              "1 <= T <= context (%d)",
-                              B, T, cfg->max_seq_len);
     const double rows = (double)B * T; /* ops index attention rows and widths in int */
-    if (rows * NH * T > (double)INT_MAX || rows * max_sz(QS, 2 * IC) > (double)INT_MAX)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "Llama micro-batch B=%d, T=%d is too large for this model; "
-                              "reduce --batch or --seq",
-                              B, T);
-    if ((int)mode < 0 || mode >= FSDP_RECOMPUTE_COUNT)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama: unknown recompute mode %d",
-                              (int)mode);
+    FSDP_TRY(fsdp_act_check_batch("Llama", B, T, cfg->max_seq_len,
+                                  rows * NH * T <= (double)INT_MAX &&
+                                      rows * max_sz(QS, 2 * IC) <= (double)INT_MAX,
+                                  mode));
 
     const size_t N = (size_t)B * T, dts = fsdp_dtype_size(ctx->dt), f4 = sizeof(float);
     const size_t natt = (size_t)B * NH * T * T;
