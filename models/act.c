@@ -37,6 +37,31 @@ fsdp_status fsdp_act_alloc(fsdp_op_ctx *ctx, fsdp_act_set *a, size_t bytes, cons
     return FSDP_STATUS_OK;
 }
 
+/* The buffer pointer of field f in layer l's struct. */
+static void **field_slot(const fsdp_act_layout *lay, void *layers, int l, int f)
+{
+    return (void **)((char *)layers + (size_t)l * lay->layer_bytes + lay->fields[f].offset);
+}
+
+fsdp_status fsdp_act_layers_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, fsdp_act_set *a,
+                                  const fsdp_act_layout *lay, const void *state, void *layers,
+                                  bool training, fsdp_recompute mode)
+{
+    const size_t dts = fsdp_dtype_size(ctx->dt);
+    for (int l = 0; l < m->n_layer; l++)
+        for (int f = 0; f < lay->n_fields; f++) {
+            void **dst = field_slot(lay, layers, l, f);
+            bool kept = fsdp_act_kept(lay, f, training, mode);
+            if (l > 0 && !kept) {
+                *dst = *field_slot(lay, layers, 0, f);
+                continue;
+            }
+            size_t bytes = lay->field_bytes(m, state, lay->fields[f].width, dts);
+            FSDP_TRY(fsdp_act_alloc(ctx, a, bytes, lay->fields[f].name, kept ? l : -2, dst));
+        }
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_act_host_losses(fsdp_op_ctx *ctx, fsdp_act_set *a)
 {
     char desc[96];
@@ -76,6 +101,25 @@ fsdp_status fsdp_act_read_loss(fsdp_op_ctx *ctx, const fsdp_act_set *a, const fs
     FSDP_TRY(fsdp_act_ops_status(ctx, a->family, m, "head forward", 0));
     if (loss)
         *loss = fsdp_device_computes(ctx->dev) ? fsdp_tree_sum(a->host_losses, N) / (float)N : 0.0f;
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_act_check_batch(const char *family, int B, int T, int max_seq_len, bool fits,
+                                 fsdp_recompute mode)
+{
+    if (B < 1 || T < 1 || T > max_seq_len)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%s micro-batch B=%d, T=%d is invalid; need B >= 1 and "
+                              "1 <= T <= context (%d)",
+                              family, B, T, max_seq_len);
+    if (!fits)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%s micro-batch B=%d, T=%d is too large for this model; "
+                              "reduce --batch or --seq",
+                              family, B, T);
+    if ((int)mode < 0 || mode >= FSDP_RECOMPUTE_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s: unknown recompute mode %d", family,
+                              (int)mode);
     return FSDP_STATUS_OK;
 }
 

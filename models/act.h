@@ -1,7 +1,8 @@
 /*
  * act.h - what every model family's step shares: the ledger of a training
- * or inference state's activation buffers, the per-token losses read back
- * to the host, op failures reported per unit, and unit checks.
+ * or inference state's activation buffers, the per-layer saved activations
+ * and which recompute modes keep them, the per-token losses read back to
+ * the host, op failures reported per unit, and unit checks.
  *
  * Why: a family's model file (models/gpt2.c, models/llama.c) should hold
  * its architecture (which buffers, which ops in which order), not the
@@ -34,6 +35,51 @@ fsdp_status fsdp_act_set_init(fsdp_act_set *a, const char *family, int B, int T,
 fsdp_status fsdp_act_alloc(fsdp_op_ctx *ctx, fsdp_act_set *a, size_t bytes, const char *what,
                            int layer, void *out);
 
+/* ---- per-layer saved activations ----
+ * A family keeps one struct of buffer pointers per layer and describes it
+ * with a table of fields in allocation order. Each field names the
+ * recompute modes (models/model.h) that keep it per layer; in the others
+ * it is one buffer that every layer shares, written by each layer's
+ * forward and rebuilt by unit_recompute before its backward. Forward-only
+ * states keep nothing per layer. */
+#define FSDP_ACT_KEEP(mode) (1u << (mode))
+#define FSDP_ACT_KEEP_ALL                                                       \
+    (FSDP_ACT_KEEP(FSDP_RECOMPUTE_NONE) | FSDP_ACT_KEEP(FSDP_RECOMPUTE_BLOCK) | \
+     FSDP_ACT_KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
+#define FSDP_ACT_KEEP_NONE_ELEMENTWISE \
+    (FSDP_ACT_KEEP(FSDP_RECOMPUTE_NONE) | FSDP_ACT_KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
+#define FSDP_ACT_KEEP_NONE_ONLY FSDP_ACT_KEEP(FSDP_RECOMPUTE_NONE)
+
+typedef struct fsdp_act_field {
+    const char *name; /* in the device accounting */
+    size_t offset;    /* of the buffer pointer in the family's layer struct */
+    int width;        /* the family's size code (its field_bytes reads it) */
+    unsigned keep;    /* FSDP_ACT_KEEP(mode) of the modes that keep it per layer */
+} fsdp_act_field;
+
+typedef struct fsdp_act_layout {
+    const fsdp_act_field *fields;
+    int n_fields;
+    size_t layer_bytes; /* sizeof the family's layer struct */
+    /* Bytes of a field of `width` for the micro-batch of the family's
+     * state, dts bytes per compute-dtype element. */
+    size_t (*field_bytes)(const fsdp_model *m, const void *state, int width, size_t dts);
+} fsdp_act_layout;
+
+/* Whether a state (training, mode) keeps field f per layer. */
+static inline bool fsdp_act_kept(const fsdp_act_layout *lay, int f, bool training,
+                                 fsdp_recompute mode)
+{
+    return training && (lay->fields[f].keep & FSDP_ACT_KEEP(mode));
+}
+
+/* Every layer's saved activations into layers (m->n_layer structs),
+ * layer by layer in field order: a kept field gets a buffer per layer, the
+ * others one buffer, allocated with layer 0, that every layer points at. */
+fsdp_status fsdp_act_layers_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, fsdp_act_set *a,
+                                  const fsdp_act_layout *lay, const void *state, void *layers,
+                                  bool training, fsdp_recompute mode);
+
 /* The pinned host copy of the (B*T) per-token losses, a->host_losses. */
 fsdp_status fsdp_act_host_losses(fsdp_op_ctx *ctx, fsdp_act_set *a);
 
@@ -52,6 +98,12 @@ fsdp_status fsdp_act_ops_status(fsdp_op_ctx *ctx, const char *family, const fsdp
  * summed in the fixed tree order (0 on meta, which computes nothing). */
 fsdp_status fsdp_act_read_loss(fsdp_op_ctx *ctx, const fsdp_act_set *a, const fsdp_model *m,
                                const float *losses, float *loss);
+
+/* The checks of a state's shape: INVALID_ARG unless B >= 1, 1 <= T <=
+ * max_seq_len, `fits` (the family's bound for the ops' int indices holds
+ * for this B and T) and mode is a recompute mode. */
+fsdp_status fsdp_act_check_batch(const char *family, int B, int T, int max_seq_len, bool fits,
+                                 fsdp_recompute mode);
 
 /* INVALID_ARG unless `state` exists and `unit` is one of the model's layer
  * units (1 .. n_units - 1); `what` names the call. */

@@ -57,23 +57,6 @@ enum {
     BLK_N_PARAMS
 };
 
-static void add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d1,
-                      fsdp_init_kind init, float std, bool decay)
-{
-    fsdp_param_spec *p = &u->params[u->n_params++];
-    memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "%s", name);
-    p->ndim = d1 ? 2 : 1;
-    p->shape[0] = d0;
-    p->shape[1] = d1;
-    p->numel = (size_t)d0 * (size_t)(d1 ? d1 : 1);
-    p->offset = u->numel;
-    p->init = init;
-    p->std = std;
-    p->decay = decay;
-    u->numel += p->numel;
-}
-
 static const struct fsdp_model_i gpt2_model_i;
 
 fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
@@ -85,18 +68,8 @@ fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
     const int L = cfg->n_layer, C = cfg->n_embd;
     const float std = 0.02f;
     const float std_proj = 0.02f / sqrtf(2.0f * (float)L); /* GPT-2's scaled residual init */
-    fsdp_status st = FSDP_STATUS_OK;
-
-    fsdp_gpt2_config *impl = malloc(sizeof *impl);
-    m->units = calloc((size_t)L + 1, sizeof *m->units);
-    if (!impl || !m->units) {
-        free(impl);
-        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation for a %d-layer GPT-2 failed", L);
-        goto fail;
-    }
-    *impl = *cfg;
-    m->impl = impl;
-    m->n_units = L + 1;
+    FSDP_TRY(fsdp_model_alloc_units(m, "GPT-2", cfg, sizeof *cfg, L, ROOT_N_PARAMS, BLK_N_PARAMS,
+                                    "h"));
     m->iface = &gpt2_model_i;
     m->family = &fsdp_gpt2_family;
     fsdp_gpt2_config_format(cfg, m->config, sizeof m->config);
@@ -109,32 +82,20 @@ fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
     m->n_embd = cfg->n_embd;
 
     fsdp_unit_spec *root = &m->units[0];
-    snprintf(root->name, sizeof root->name, "root");
-    root->params = calloc(ROOT_N_PARAMS, sizeof *root->params);
-    if (!root->params) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of GPT-2 parameter specs failed");
-        goto fail;
-    }
-    add_param(root, "wte.weight", cfg->padded_vocab_size, C, FSDP_INIT_NORMAL, std, true);
-    add_param(root, "wpe.weight", cfg->max_seq_len, C, FSDP_INIT_NORMAL, std, false);
-    add_param(root, "ln_f.weight", C, 0, FSDP_INIT_ONES, 0, false);
-    add_param(root, "ln_f.bias", C, 0, FSDP_INIT_ZEROS, 0, false);
+    fsdp_unit_add_param(root, "wte.weight", cfg->padded_vocab_size, C, FSDP_INIT_NORMAL, std,
+                        true);
+    fsdp_unit_add_param(root, "wpe.weight", cfg->max_seq_len, C, FSDP_INIT_NORMAL, std, false);
+    fsdp_unit_add_param(root, "ln_f.weight", C, 0, FSDP_INIT_ONES, 0, false);
+    fsdp_unit_add_param(root, "ln_f.bias", C, 0, FSDP_INIT_ZEROS, 0, false);
     m->numel = root->numel;
 
     for (int l = 0; l < L; l++) {
         fsdp_unit_spec *u = &m->units[1 + l];
-        snprintf(u->name, sizeof u->name, "h.%d", l);
-        u->params = calloc(BLK_N_PARAMS, sizeof *u->params);
-        if (!u->params) {
-            st = fsdp_error_set(FSDP_STATUS_OOM,
-                                "host allocation of GPT-2 parameter specs failed");
-            goto fail;
-        }
         char name[64];
 #define BLK_PARAM(suffix, d0, d1, init, sd, decay)                                       \
     do {                                                                                 \
         snprintf(name, sizeof name, "h.%d.%s", l, suffix);                               \
-        add_param(u, name, d0, d1, init, sd, decay);                                     \
+        fsdp_unit_add_param(u, name, d0, d1, init, sd, decay);                           \
     } while (0)
         BLK_PARAM("ln_1.weight", C, 0, FSDP_INIT_ONES, 0, false);
         BLK_PARAM("ln_1.bias", C, 0, FSDP_INIT_ZEROS, 0, false);
@@ -152,10 +113,6 @@ fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
         m->numel += u->numel;
     }
     return FSDP_STATUS_OK;
-
-fail:
-    fsdp_model_free(m);
-    return st;
 }
 
 const fsdp_gpt2_config *fsdp_gpt2_config_of(const fsdp_model *m)
@@ -195,35 +152,23 @@ enum {
     ACT_LN2_MEAN, ACT_LN2_RSTD, ACT_FCH, ACT_FCH_GELU, ACT_RESIDUAL3, ACT_N_FIELDS
 };
 
-#define KEEP(mode) (1u << (mode))
-#define K_EVERY_MODE \
-    (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_BLOCK) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
-#define K_NONE_ELEMENTWISE (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
-#define K_NONE_ONLY KEEP(FSDP_RECOMPUTE_NONE)
-
-typedef struct act_field {
-    const char *name;
-    size_t offset;  /* in gpt2_layer_acts */
-    int width;      /* per token: width * C elements in dt; 0: NH * T in dt (the softmax); -1:
-                     * one fp32 (norm statistics) */
-    unsigned keep;  /* KEEP(mode) for the modes that keep it per block */
-} act_field;
-
+/* width: per token, width * C elements in dt; 0: NH * T in dt (the
+ * softmax); -1: one fp32 (norm statistics) */
 #define ACT_FIELD(f, width, keep) {#f, offsetof(gpt2_layer_acts, f), width, keep}
-static const act_field act_fields[ACT_N_FIELDS] = {
-    ACT_FIELD(ln1, 1, K_NONE_ONLY),
-    ACT_FIELD(ln1_mean, -1, K_NONE_ONLY),
-    ACT_FIELD(ln1_rstd, -1, K_NONE_ONLY),
-    ACT_FIELD(qkv, 3, K_NONE_ELEMENTWISE),
-    ACT_FIELD(atty, 1, K_NONE_ELEMENTWISE),
-    ACT_FIELD(att, 0, K_NONE_ELEMENTWISE),
-    ACT_FIELD(residual2, 1, K_NONE_ELEMENTWISE),
-    ACT_FIELD(ln2, 1, K_NONE_ONLY),
-    ACT_FIELD(ln2_mean, -1, K_NONE_ONLY),
-    ACT_FIELD(ln2_rstd, -1, K_NONE_ONLY),
-    ACT_FIELD(fch, 4, K_NONE_ELEMENTWISE),
-    ACT_FIELD(fch_gelu, 4, K_NONE_ONLY),
-    ACT_FIELD(residual3, 1, K_EVERY_MODE),
+static const fsdp_act_field act_fields[ACT_N_FIELDS] = {
+    ACT_FIELD(ln1, 1, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(ln1_mean, -1, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(ln1_rstd, -1, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(qkv, 3, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(atty, 1, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(att, 0, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(residual2, 1, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(ln2, 1, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(ln2_mean, -1, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(ln2_rstd, -1, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(fch, 4, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(fch_gelu, 4, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(residual3, 1, FSDP_ACT_KEEP_ALL),
 };
 #undef ACT_FIELD
 
@@ -259,15 +204,15 @@ static const fsdp_gpt2_config *cfg_of(const fsdp_model *m)
     return (const fsdp_gpt2_config *)m->impl;
 }
 
+static size_t field_bytes(const fsdp_model *m, const void *state, int width, size_t dts);
+
+static const fsdp_act_layout act_layout = {act_fields, ACT_N_FIELDS, sizeof(gpt2_layer_acts),
+                                           field_bytes};
+
 /* Whether each block has its own copy of field f (else one shared copy). */
 static bool kept(const gpt2_state *s, int f)
 {
-    return s->training && (act_fields[f].keep & KEEP(s->mode));
-}
-
-static void **field_ptr(gpt2_layer_acts *a, int f)
-{
-    return (void **)((char *)a + act_fields[f].offset);
+    return fsdp_act_kept(&act_layout, f, s->training, s->mode);
 }
 
 static void gpt2_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state)
@@ -281,27 +226,15 @@ static void gpt2_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state)
     free(s);
 }
 
-/* Every block's saved activations, layer by layer in act_fields order:
- * a field the state keeps gets a buffer per block, the others one buffer
- * (allocated with block 0) that every block points at. */
-static fsdp_status layers_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, gpt2_state *s)
+/* Bytes of a saved activation of `width` (act_fields) for s's micro-batch. */
+static size_t field_bytes(const fsdp_model *m, const void *state, int width, size_t dts)
 {
     const fsdp_gpt2_config *cfg = cfg_of(m);
-    const size_t N = (size_t)s->B * s->T, dts = fsdp_dtype_size(ctx->dt);
-    for (int l = 0; l < cfg->n_layer; l++)
-        for (int f = 0; f < ACT_N_FIELDS; f++) {
-            const act_field *af = &act_fields[f];
-            void **dst = field_ptr(&s->layers[l], f);
-            if (l > 0 && !kept(s, f)) {
-                *dst = *field_ptr(&s->layers[0], f);
-                continue;
-            }
-            size_t bytes = af->width > 0   ? N * (size_t)af->width * cfg->n_embd * dts
-                           : af->width == 0 ? N * (size_t)cfg->n_head * s->T * dts
-                                            : N * sizeof(float);
-            FSDP_TRY(fsdp_act_alloc(ctx, &s->act, bytes, af->name, kept(s, f) ? l : -2, dst));
-        }
-    return FSDP_STATUS_OK;
+    const gpt2_state *s = state;
+    const size_t N = (size_t)s->B * s->T;
+    return width > 0   ? N * (size_t)width * cfg->n_embd * dts
+           : width == 0 ? N * (size_t)cfg->n_head * s->T * dts
+                        : N * sizeof(float);
 }
 
 static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
@@ -310,19 +243,8 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     const fsdp_gpt2_config *cfg = cfg_of(m);
     const int L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, Vp = cfg->padded_vocab_size;
     *state = NULL;
-    if (B < 1 || T < 1 || T > cfg->max_seq_len)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 micro-batch B=%d, T=%d is invalid; need B >= 1 and "
-                              "1 <= T <= context (%d)",
-                              B, T, cfg->max_seq_len);
-    if ((double)B * T * NH * T > (double)INT_MAX)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 micro-batch B=%d, T=%d is too large for this model; "
-                              "reduce --batch or --seq",
-                              B, T);
-    if ((int)mode < 0 || mode >= FSDP_RECOMPUTE_COUNT)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2: unknown recompute mode %d",
-                              (int)mode);
+    FSDP_TRY(fsdp_act_check_batch("GPT-2", B, T, cfg->max_seq_len,
+                                  (double)B * T * NH * T <= (double)INT_MAX, mode));
 
     const size_t N = (size_t)B * T, dts = fsdp_dtype_size(ctx->dt), f4 = sizeof(float);
     const size_t natt = (size_t)B * NH * T * T;
@@ -345,7 +267,8 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * sizeof(int), "targets", -1, &s->targets));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "encoded", -1, &s->encoded));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "proj", -1, &s->proj));
-    FSDP_CHECK(layers_alloc(m, ctx, s));
+    FSDP_CHECK(fsdp_act_layers_alloc(m, ctx, &s->act, &act_layout, s, s->layers, s->training,
+                                     s->mode));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "lnf", -1, &s->lnf));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "lnf_mean", -1, &s->lnf_mean));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "lnf_rstd", -1, &s->lnf_rstd));

@@ -63,18 +63,8 @@ enum {
 static void add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d1,
                       fsdp_init_kind init, bool decay)
 {
-    fsdp_param_spec *p = &u->params[u->n_params++];
-    memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "%s", name);
-    p->ndim = d1 ? 2 : 1;
-    p->shape[0] = d0;
-    p->shape[1] = d1;
-    p->numel = (size_t)d0 * (size_t)(d1 ? d1 : 1);
-    p->offset = u->numel;
-    p->init = init;
-    p->std = init == FSDP_INIT_NORMAL ? 0.02f : 0.0f; /* HF initializer_range */
-    p->decay = decay;
-    u->numel += p->numel;
+    float std = init == FSDP_INIT_NORMAL ? 0.02f : 0.0f; /* HF initializer_range */
+    fsdp_unit_add_param(u, name, d0, d1, init, std, decay);
 }
 
 static const struct fsdp_model_i llama_model_i;
@@ -87,18 +77,8 @@ fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
     FSDP_TRY(fsdp_llama_config_validate(cfg));
     const int L = cfg->n_layer, C = cfg->n_embd, hd = cfg->head_dim, IC = cfg->n_inter;
     const int64_t QH = (int64_t)cfg->n_head * hd, KVH = (int64_t)cfg->n_kv_head * hd;
-    fsdp_status st = FSDP_STATUS_OK;
-
-    fsdp_llama_config *impl = malloc(sizeof *impl);
-    m->units = calloc((size_t)L + 1, sizeof *m->units);
-    if (!impl || !m->units) {
-        free(impl);
-        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation for a %d-layer Llama failed", L);
-        goto fail;
-    }
-    *impl = *cfg;
-    m->impl = impl;
-    m->n_units = L + 1;
+    FSDP_TRY(fsdp_model_alloc_units(m, "Llama", cfg, sizeof *cfg, L, ROOT_N_PARAMS, BLK_N_PARAMS,
+                                    "layers"));
     m->iface = &llama_model_i;
     m->family = &fsdp_llama_family;
     fsdp_llama_config_format(cfg, m->config, sizeof m->config);
@@ -111,12 +91,6 @@ fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
     m->n_embd = cfg->n_embd;
 
     fsdp_unit_spec *root = &m->units[0];
-    snprintf(root->name, sizeof root->name, "root");
-    root->params = calloc(ROOT_N_PARAMS, sizeof *root->params);
-    if (!root->params) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of Llama parameter specs failed");
-        goto fail;
-    }
     add_param(root, "model.embed_tokens.weight", cfg->padded_vocab_size, C, FSDP_INIT_NORMAL,
               true);
     add_param(root, "model.norm.weight", C, 0, FSDP_INIT_ONES, false);
@@ -126,13 +100,6 @@ fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
 
     for (int l = 0; l < L; l++) {
         fsdp_unit_spec *u = &m->units[1 + l];
-        snprintf(u->name, sizeof u->name, "layers.%d", l);
-        u->params = calloc(BLK_N_PARAMS, sizeof *u->params);
-        if (!u->params) {
-            st = fsdp_error_set(FSDP_STATUS_OOM,
-                                "host allocation of Llama parameter specs failed");
-            goto fail;
-        }
         char name[64];
 #define BLK_PARAM(suffix, d0, d1, init, decay)                                           \
     do {                                                                                 \
@@ -157,10 +124,6 @@ fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
         m->numel += u->numel;
     }
     return FSDP_STATUS_OK;
-
-fail:
-    fsdp_model_free(m);
-    return st;
 }
 
 const fsdp_llama_config *fsdp_llama_config_of(const fsdp_model *m)
@@ -212,32 +175,19 @@ typedef enum act_width {
     W_STAT,  /* one fp32: a norm's rstd */
 } act_width;
 
-#define KEEP(mode) (1u << (mode))
-#define K_EVERY_MODE \
-    (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_BLOCK) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
-#define K_NONE_ELEMENTWISE (KEEP(FSDP_RECOMPUTE_NONE) | KEEP(FSDP_RECOMPUTE_ELEMENTWISE))
-#define K_NONE_ONLY KEEP(FSDP_RECOMPUTE_NONE)
-
-typedef struct act_field {
-    const char *name;
-    size_t offset;    /* in llama_layer_acts */
-    act_width width;
-    unsigned keep;    /* KEEP(mode) for the modes that keep it per layer */
-} act_field;
-
 #define ACT_FIELD(f, name, width, keep) {name, offsetof(llama_layer_acts, f), width, keep}
-static const act_field act_fields[ACT_N_FIELDS] = {
-    ACT_FIELD(ln1, "ln1", W_C, K_NONE_ONLY),
-    ACT_FIELD(ln1_rstd, "ln1_rstd", W_STAT, K_NONE_ONLY),
-    ACT_FIELD(qkv, "qkv", W_QS, K_NONE_ELEMENTWISE),
-    ACT_FIELD(atty, "atty", W_AH, K_NONE_ELEMENTWISE),
-    ACT_FIELD(att, "att", W_ATT, K_NONE_ELEMENTWISE),
-    ACT_FIELD(residual2, "residual2", W_C, K_NONE_ELEMENTWISE),
-    ACT_FIELD(ln2, "ln2", W_C, K_NONE_ONLY),
-    ACT_FIELD(ln2_rstd, "ln2_rstd", W_STAT, K_NONE_ONLY),
-    ACT_FIELD(gu, "gate_up", W_2IC, K_NONE_ELEMENTWISE),
-    ACT_FIELD(swi, "swiglu", W_IC, K_NONE_ONLY),
-    ACT_FIELD(residual3, "residual3", W_C, K_EVERY_MODE),
+static const fsdp_act_field act_fields[ACT_N_FIELDS] = {
+    ACT_FIELD(ln1, "ln1", W_C, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(ln1_rstd, "ln1_rstd", W_STAT, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(qkv, "qkv", W_QS, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(atty, "atty", W_AH, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(att, "att", W_ATT, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(residual2, "residual2", W_C, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(ln2, "ln2", W_C, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(ln2_rstd, "ln2_rstd", W_STAT, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(gu, "gate_up", W_2IC, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(swi, "swiglu", W_IC, FSDP_ACT_KEEP_NONE_ONLY),
+    ACT_FIELD(residual3, "residual3", W_C, FSDP_ACT_KEEP_ALL),
 };
 #undef ACT_FIELD
 
@@ -274,15 +224,15 @@ static const fsdp_llama_config *cfg_of(const fsdp_model *m)
     return (const fsdp_llama_config *)m->impl;
 }
 
+static size_t field_bytes(const fsdp_model *m, const void *state, int width, size_t dts);
+
+static const fsdp_act_layout act_layout = {act_fields, ACT_N_FIELDS, sizeof(llama_layer_acts),
+                                           field_bytes};
+
 /* Whether each layer has its own copy of field f (else one shared copy). */
 static bool kept(const llama_state *s, int f)
 {
-    return s->training && (act_fields[f].keep & KEEP(s->mode));
-}
-
-static void **field_ptr(llama_layer_acts *a, int f)
-{
-    return (void **)((char *)a + act_fields[f].offset);
+    return fsdp_act_kept(&act_layout, f, s->training, s->mode);
 }
 
 /* layer >= 0: a layer's own buffer; -1: a state buffer; -2: a layer buffer
@@ -317,11 +267,13 @@ static fsdp_status upload_inv_freq(fsdp_op_ctx *ctx, const fsdp_llama_config *cf
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
-/* Bytes of field f for a micro-batch of the state's shape. */
-static size_t field_bytes(const fsdp_llama_config *cfg, const llama_state *s, int f, size_t dts)
+/* Bytes of a saved activation of `width` (act_width) for s's micro-batch. */
+static size_t field_bytes(const fsdp_model *m, const void *state, int width, size_t dts)
 {
+    const fsdp_llama_config *cfg = cfg_of(m);
+    const llama_state *s = state;
     const size_t N = (size_t)s->B * s->T, hd = (size_t)cfg->head_dim;
-    switch (act_fields[f].width) {
+    switch ((act_width)width) {
     case W_C: return N * (size_t)cfg->n_embd * dts;
     case W_QS: return N * (size_t)(cfg->n_head + 2 * cfg->n_kv_head) * hd * dts;
     case W_AH: return N * (size_t)cfg->n_head * hd * dts;
@@ -334,26 +286,6 @@ static size_t field_bytes(const fsdp_llama_config *cfg, const llama_state *s, in
     return 0;
 }
 
-/* Every layer's saved activations, layer by layer in act_fields order: a
- * field the state keeps gets a buffer per layer, the others one buffer
- * (allocated with layer 0) that every layer points at. */
-static fsdp_status layers_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s)
-{
-    const fsdp_llama_config *cfg = cfg_of(m);
-    const size_t dts = fsdp_dtype_size(ctx->dt);
-    for (int l = 0; l < cfg->n_layer; l++)
-        for (int f = 0; f < ACT_N_FIELDS; f++) {
-            void **dst = field_ptr(&s->layers[l], f);
-            if (l > 0 && !kept(s, f)) {
-                *dst = *field_ptr(&s->layers[0], f);
-                continue;
-            }
-            FSDP_TRY(fsdp_act_alloc(ctx, &s->act, field_bytes(cfg, s, f, dts), act_fields[f].name,
-                               kept(s, f) ? l : -2, dst));
-        }
-    return FSDP_STATUS_OK;
-}
-
 static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
                                bool training, fsdp_recompute mode, void **state)
 {
@@ -362,20 +294,11 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     const size_t QS = (size_t)(NH + 2 * cfg->n_kv_head) * cfg->head_dim;
     const size_t AH = (size_t)NH * cfg->head_dim, IC = (size_t)cfg->n_inter;
     *state = NULL;
-    if (B < 1 || T < 1 || T > cfg->max_seq_len)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "Llama micro-batch B=%d, T=%d is invalid; need B >= 1 and "
-                              "1 <= T <= context (%d)",
-                              B, T, cfg->max_seq_len);
     const double rows = (double)B * T; /* ops index attention rows and widths in int */
-    if (rows * NH * T > (double)INT_MAX || rows * max_sz(QS, 2 * IC) > (double)INT_MAX)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "Llama micro-batch B=%d, T=%d is too large for this model; "
-                              "reduce --batch or --seq",
-                              B, T);
-    if ((int)mode < 0 || mode >= FSDP_RECOMPUTE_COUNT)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama: unknown recompute mode %d",
-                              (int)mode);
+    FSDP_TRY(fsdp_act_check_batch("Llama", B, T, cfg->max_seq_len,
+                                  rows * NH * T <= (double)INT_MAX &&
+                                      rows * max_sz(QS, 2 * IC) <= (double)INT_MAX,
+                                  mode));
 
     const size_t N = (size_t)B * T, dts = fsdp_dtype_size(ctx->dt), f4 = sizeof(float);
     const size_t natt = (size_t)B * NH * T * T;
@@ -404,7 +327,8 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     FSDP_CHECK(upload_inv_freq(ctx, cfg, s->inv_freq));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "encoded", -1, &s->encoded));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "proj", -1, &s->proj));
-    FSDP_CHECK(layers_alloc(m, ctx, s));
+    FSDP_CHECK(fsdp_act_layers_alloc(m, ctx, &s->act, &act_layout, s, s->layers, s->training,
+                                     s->mode));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "lnf", -1, &s->lnf));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
     FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * Vp * dts, "logits", -1, &s->logits));

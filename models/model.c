@@ -1,6 +1,7 @@
 /*
- * model.c - model-independent helpers over a model's unit list: parameter
- * initialisation of any slice of a unit, lookup by name, and teardown.
+ * model.c - model-independent helpers over a model's unit list: building
+ * it (for the families), parameter initialisation of any slice of a unit,
+ * lookup by name, and teardown.
  *
  * Initialisation is a pure function of (seed, parameter name, element index
  * within the parameter) through the counter-based RNG of core/rng.h, so a
@@ -10,11 +11,59 @@
  * Assumes a unit's parameters are listed in increasing offset order and
  * tile [0, unit numel) without gaps (every model builder lays them out so).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/rng.h"
 #include "models/model.h"
+
+fsdp_status fsdp_model_alloc_units(fsdp_model *m, const char *title, const void *cfg,
+                                   size_t cfg_bytes, int n_layer, int n_root,
+                                   int n_layer_params, const char *layer_prefix)
+{
+    memset(m, 0, sizeof *m);
+    m->impl = malloc(cfg_bytes);
+    m->units = calloc((size_t)n_layer + 1, sizeof *m->units);
+    if (!m->impl || !m->units) {
+        fsdp_model_free(m);
+        return fsdp_error_set(FSDP_STATUS_OOM, "host allocation for a %d-layer %s failed",
+                              n_layer, title);
+    }
+    memcpy(m->impl, cfg, cfg_bytes);
+    m->n_units = n_layer + 1;
+    for (int u = 0; u < m->n_units; u++) {
+        fsdp_unit_spec *us = &m->units[u];
+        if (u == 0)
+            snprintf(us->name, sizeof us->name, "root");
+        else
+            snprintf(us->name, sizeof us->name, "%s.%d", layer_prefix, u - 1);
+        us->params = calloc(u == 0 ? n_root : n_layer_params, sizeof *us->params);
+        if (!us->params) {
+            fsdp_model_free(m);
+            return fsdp_error_set(FSDP_STATUS_OOM,
+                                  "host allocation of %s parameter specs failed", title);
+        }
+    }
+    return FSDP_STATUS_OK;
+}
+
+void fsdp_unit_add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d1,
+                         fsdp_init_kind init, float std, bool decay)
+{
+    fsdp_param_spec *p = &u->params[u->n_params++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = d1 ? 2 : 1;
+    p->shape[0] = d0;
+    p->shape[1] = d1;
+    p->numel = (size_t)d0 * (size_t)(d1 ? d1 : 1);
+    p->offset = u->numel;
+    p->init = init;
+    p->std = std;
+    p->decay = decay;
+    u->numel += p->numel;
+}
 
 /* Fill dst[0 .. n) with elements [first, first + n) of parameter p. */
 static void init_param_slice(const fsdp_param_spec *p, size_t first, size_t n, uint64_t seed,

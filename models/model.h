@@ -188,6 +188,23 @@ float *fsdp_unit_grad(const fsdp_model *m, int unit, float *grads, int i);
 
 void fsdp_model_free(fsdp_model *m);
 
+/* ---- for the families' builders ---- */
+
+/* The start of a family's init: m zeroed, given a malloc'd copy of the
+ * family's config (cfg_bytes) as m->impl and n_layer + 1 units: the root
+ * ("root", room for n_root parameter specs), then layer l as unit 1 + l
+ * ("<layer_prefix>.<l>", room for n_layer_params). The caller adds the
+ * parameters (fsdp_unit_add_param) and fills the other fields. OOM naming
+ * `title` ("GPT-2"), m freed, on failure. */
+fsdp_status fsdp_model_alloc_units(fsdp_model *m, const char *title, const void *cfg,
+                                   size_t cfg_bytes, int n_layer, int n_root,
+                                   int n_layer_params, const char *layer_prefix);
+
+/* Append a parameter of shape (d0) (d1 == 0) or (d0, d1) to u, at the end
+ * of its flat buffer (u->numel grows); u has room for it. */
+void fsdp_unit_add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d1,
+                         fsdp_init_kind init, float std, bool decay);
+
 #ifdef __cplusplus
 }
 #endif

@@ -42,12 +42,7 @@
 #include "models/registry.h"
 #include "train/plan.h"
 #include "train/train.h"
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "bench_run.h"
 
 #define MAX_SAMPLES 1024
 
@@ -77,14 +72,7 @@ static void read_step_ms(const char *path, samples *out)
     fclose(f);
 }
 
-static double median(samples *s)
-{
-    int n = s->n;
-    if (n == 0)
-        return 0;
-    qsort(s->ms, (size_t)n, sizeof *s->ms, cmp_double);
-    return n % 2 ? s->ms[n / 2] : 0.5 * (s->ms[n / 2 - 1] + s->ms[n / 2]);
-}
+static double median(samples *s) { return bench_median(s->ms, s->n); }
 
 static void die(const char *what)
 {
@@ -140,26 +128,14 @@ static double train_once(const char *model, int devices, int batch, int seq, int
                          fsdp_train_result *res, samples *wall)
 {
     fsdp_train_config cfg;
-    fsdp_train_config_default(&cfg);
-    cfg.eng.backend = FSDP_BACKEND_CPU;
+    bench_train_config(&cfg, model, steps);
     cfg.eng.n_ranks = devices;
     cfg.eng.batch = batch;
     cfg.eng.seq = seq;
     cfg.eng.deterministic = true;
     cfg.eng.recompute = (fsdp_recompute)mode;
-    cfg.model = model;
-    cfg.steps = steps;
-    cfg.warmup = 0;
-    cfg.eval_problems = 0;
-    cfg.n_samples = 0;
-    cfg.out = NULL;
     char log_path[] = "/tmp/fsdp_bench_recompute_XXXXXX";
-    int fd = mkstemp(log_path);
-    if (fd < 0) {
-        perror("bench_recompute: mkstemp in /tmp");
-        exit(1);
-    }
-    close(fd);
+    bench_log_tmp("bench_recompute", log_path);
     cfg.log_path = log_path;
     double cpu0 = process_cpu_s();
     fsdp_status st = fsdp_train_run(&cfg, res);

@@ -46,15 +46,10 @@
 #include "models/registry.h"
 #include "ops/cpu/blas.h"
 #include "train/train.h"
+#include "bench_run.h"
 #include "bench_torch.h"
 
 #define BENCH_MAX_LIST 16
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* Median step_ms over the steps after the first in a metrics JSONL file,
  * or 0 if it has fewer than two steps. */
@@ -72,11 +67,7 @@ static double median_step_ms(const char *path, int steps)
             ms[n++] = strtod(p + 10, NULL);
     }
     fclose(f);
-    double med = 0;
-    if (n > 0) {
-        qsort(ms, (size_t)n, sizeof *ms, cmp_double);
-        med = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
-    }
+    double med = ms ? bench_median(ms, n) : 0;
     free(ms);
     return med;
 }
@@ -96,27 +87,15 @@ static bench_row bench_c(const char *model, int n, int global_batch, int seq, in
                          int threads)
 {
     fsdp_train_config cfg;
-    fsdp_train_config_default(&cfg);
-    cfg.eng.backend = FSDP_BACKEND_CPU;
+    bench_train_config(&cfg, model, steps);
     cfg.eng.comm = FSDP_COMM_AUTO;
     cfg.eng.n_ranks = n;
     cfg.eng.batch = global_batch / n;
     cfg.eng.seq = seq;
     cfg.eng.grad_accum = 1;
     cfg.eng.threads_per_device = threads;
-    cfg.model = model;
-    cfg.steps = steps;
-    cfg.warmup = 0;
-    cfg.eval_problems = 0;
-    cfg.n_samples = 0;
-    cfg.out = NULL;
     char log_path[] = "/tmp/fsdp_bench_train_XXXXXX";
-    int fd = mkstemp(log_path);
-    if (fd < 0) {
-        perror("bench_train: mkstemp in /tmp");
-        exit(1);
-    }
-    close(fd);
+    bench_log_tmp("bench_train", log_path);
     cfg.log_path = log_path;
     fsdp_train_result res;
     fsdp_status st = fsdp_train_run(&cfg, &res);

@@ -94,12 +94,7 @@ fsdp_status fsdp_modelfile_open(fsdp_modelfile **out, const char *path)
     if (st == FSDP_STATUS_OK && (!mf->family || !mf->config[0]))
         st = fsdp_error_set(FSDP_STATUS_INTERNAL, "%s '%s': opened without a model family",
                             mf->format->name, path);
-    if (st != FSDP_STATUS_OK) {
-        fsdp_modelfile_close(mf);
-        return st;
-    }
-    *out = mf;
-    return FSDP_STATUS_OK;
+    return FSDP_OUT_OR_FREE(st, out, mf, fsdp_modelfile_close);
 }
 
 void fsdp_modelfile_close(fsdp_modelfile *mf)

@@ -109,12 +109,54 @@ void fsdp_comm_shared_drop_locked(fsdp_world *w, const void *tag, const fsdp_com
     }
 }
 
-const char *fsdp_coll_kind_name(fsdp_coll_kind k)
+const char *fsdp_coll_kind_name(int kind)
 {
-    static const char *const names[FSDP_COLL_KIND_COUNT] = {
-        "all_gather", "reduce_scatter", "all_reduce", "broadcast",
+    static const char *const names[FSDP_COLL_KIND_COUNT + 1] = {
+        "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier",
     };
-    return (unsigned)k < FSDP_COLL_KIND_COUNT ? names[k] : "?";
+    return (unsigned)kind <= FSDP_COLL_BARRIER ? names[kind] : "?";
+}
+
+void fsdp_comm_bind(fsdp_comm *c, const struct fsdp_comm_i *iface, fsdp_world *w,
+                    fsdp_device *dev, const fsdp_comm_group *g, int rank, void *ctx)
+{
+    c->iface = iface;
+    c->world = w;
+    c->dev = dev;
+    c->group = *g;
+    c->rank = fsdp_comm_group_index(g, rank);
+    c->n_ranks = g->count;
+    c->global_rank = rank;
+    c->ctx = ctx;
+}
+
+fsdp_status fsdp_comm_begin_check(const fsdp_comm *c, int rank, long k, int kind,
+                                  const void *send, const void *recv, size_t numel,
+                                  fsdp_dtype dt, fsdp_reduce_op op, int root)
+{
+    const char *what = fsdp_coll_kind_name(kind);
+    if (c->world && fsdp_world_fault_hit(c->world, FSDP_FAULT_COLLECTIVE, rank))
+        return fsdp_error_set(FSDP_STATUS_INTERNAL,
+                              "rank %d: injected failure in collective %ld (%s)", rank, k, what);
+    if (kind == FSDP_COLL_BARRIER)
+        return FSDP_STATUS_OK;
+    if ((unsigned)dt >= FSDP_DTYPE_COUNT)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "rank %d: %s: unknown dtype %d; use FSDP_DTYPE_F32 or "
+                              "FSDP_DTYPE_BF16", rank, what, (int)dt);
+    if ((unsigned)op > FSDP_REDUCE_AVG)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "rank %d: %s: unknown reduce op %d; use FSDP_REDUCE_SUM or "
+                              "FSDP_REDUCE_AVG", rank, what, (int)op);
+    if (root < 0 || root >= c->n_ranks)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "rank %d: broadcast root %d is not a rank of this world "
+                              "(0..%d)", rank, root, c->n_ranks - 1);
+    if (numel && (!recv || (kind != FSDP_COLL_BROADCAST && !send)))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "rank %d: %s of %zu elements given a NULL buffer", rank, what,
+                              numel);
+    return FSDP_STATUS_OK;
 }
 
 float fsdp_tree_sum(const float *x, int n)
@@ -305,13 +347,7 @@ fsdp_status fsdp_comm_meta_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *
 {
     memset(c, 0, sizeof *c);
     FSDP_TRY(fsdp_comm_group_check(g, w, rank, "meta collectives"));
-    c->iface = &meta_comm_i;
-    c->world = w;
-    c->dev = dev;
-    c->group = *g;
-    c->rank = fsdp_comm_group_index(g, rank);
-    c->n_ranks = g->count;
-    c->global_rank = rank;
+    fsdp_comm_bind(c, &meta_comm_i, w, dev, g, rank, NULL);
     int node_ranks = g->node_ranks > 0 ? g->node_ranks : w->n_local;
     int *nodes = calloc((size_t)g->count, sizeof *nodes), P = 1, L = g->count;
     if (!nodes)

@@ -56,10 +56,15 @@ typedef enum fsdp_coll_kind {
     FSDP_COLL_REDUCE_SCATTER,
     FSDP_COLL_ALL_REDUCE,
     FSDP_COLL_BROADCAST,
-    FSDP_COLL_KIND_COUNT
+    FSDP_COLL_KIND_COUNT,
+    /* not counted in the per-kind statistics: the kind a transport gives a
+     * barrier in its records and messages */
+    FSDP_COLL_BARRIER = FSDP_COLL_KIND_COUNT
 } fsdp_coll_kind;
 
-const char *fsdp_coll_kind_name(fsdp_coll_kind k);
+/* "all_gather", ..., "broadcast", "barrier" (FSDP_COLL_BARRIER); "?" for
+ * anything else. */
+const char *fsdp_coll_kind_name(int kind);
 
 /* The ranks of a communicator: global ranks first + i * stride, i = 0 ..
  * count - 1; member i is the communicator's rank i. node_ranks: ranks per
@@ -133,6 +138,23 @@ struct fsdp_comm {
     size_t bytes_inter_recv[FSDP_COLL_KIND_COUNT]; /* from other processes */
     void *ctx;                                 /* implementation private */
 };
+
+/* Fill c for a transport's communicator over group g, for member `rank`
+ * (a global rank of g): c->rank is its index in g; ctx is the transport's
+ * own state. The statistics are left as they are. */
+void fsdp_comm_bind(fsdp_comm *c, const struct fsdp_comm_i *iface, fsdp_world *w,
+                    fsdp_device *dev, const fsdp_comm_group *g, int rank, void *ctx);
+
+/* The first checks every transport makes as its collective number k, of
+ * `kind` (FSDP_COLL_BARRIER included), starts on c's member `rank` (the
+ * rank its messages name): the world's fault hook (FSDP_FAULT_COLLECTIVE:
+ * INTERNAL, "injected failure in collective k (kind)"), then, but for a
+ * barrier, the arguments: a known dtype and reduce op, a root inside the
+ * world, no NULL buffer under a non-empty collective (a broadcast reads
+ * only recv): INVALID_ARG. Nothing is published; OK lets it go on. */
+fsdp_status fsdp_comm_begin_check(const fsdp_comm *c, int rank, long k, int kind,
+                                  const void *send, const void *recv, size_t numel,
+                                  fsdp_dtype dt, fsdp_reduce_op op, int root);
 
 /* Host collectives among cpu rank threads of one process. All ranks of `w`
  * must call it (on their own threads) before the first collective. */

@@ -89,7 +89,7 @@
  * first and last meetings. One cache line per slot: `arrived` is polled. */
 struct host_slot {
     _Alignas(64) atomic_ulong arrived; /* meetings this rank has reached */
-    int kind;                          /* fsdp_coll_kind, or HOST_BARRIER */
+    int kind;                          /* fsdp_coll_kind, or FSDP_COLL_BARRIER */
     fsdp_dtype dt;
     fsdp_reduce_op op;
     int root;
@@ -99,7 +99,6 @@ struct host_slot {
     int attached;                      /* guarded by world->mu */
 };
 
-#define HOST_BARRIER FSDP_COLL_KIND_COUNT
 
 /* This transport's key in the world's registry of shared states (comm.h). */
 static const char host_tag = 'h';
@@ -129,11 +128,6 @@ struct host_ctx {
     int n_tmp;
     float *tmp_mem;      /* backing of tmp: (n_tmp, HOST_BLOCK) */
 };
-
-static const char *kind_name(int kind)
-{
-    return kind == HOST_BARRIER ? "barrier" : fsdp_coll_kind_name((fsdp_coll_kind)kind);
-}
 
 static inline void cpu_relax(void)
 {
@@ -206,7 +200,8 @@ static fsdp_status meet(fsdp_comm *c, bool abortable)
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: aborted in collective %ld (%s) while waiting for the "
                               "other ranks: another rank failed",
-                              c->global_rank, h->n_coll, kind_name(sh->slots[c->rank].kind));
+                              c->global_rank, h->n_coll,
+                              fsdp_coll_kind_name(sh->slots[c->rank].kind));
     return FSDP_STATUS_OK;
 }
 
@@ -219,32 +214,11 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
     struct host_ctx *h = c->ctx;
     struct host_shared *sh = h->sh;
     long k = ++h->n_coll;
-    if (fsdp_world_fault_hit(c->world, FSDP_FAULT_COLLECTIVE, c->global_rank))
-        return fsdp_error_set(FSDP_STATUS_INTERNAL,
-                              "rank %d: injected failure in collective %ld (%s)",
-                              c->global_rank, k, kind_name(kind));
-    if (kind != HOST_BARRIER) {
-        if ((unsigned)dt >= FSDP_DTYPE_COUNT)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "rank %d: %s: unknown dtype %d; use FSDP_DTYPE_F32 or "
-                                  "FSDP_DTYPE_BF16", c->global_rank, kind_name(kind), (int)dt);
-        if ((unsigned)op > FSDP_REDUCE_AVG)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "rank %d: %s: unknown reduce op %d; use FSDP_REDUCE_SUM or "
-                                  "FSDP_REDUCE_AVG", c->global_rank, kind_name(kind), (int)op);
-        if (root < 0 || root >= c->n_ranks)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "rank %d: broadcast root %d is not a rank of this world "
-                                  "(0..%d)", c->global_rank, root, c->n_ranks - 1);
-        if (numel && (!recv || (kind != FSDP_COLL_BROADCAST && !send)))
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "rank %d: %s of %zu elements given a NULL buffer", c->global_rank,
-                                  kind_name(kind), numel);
-    }
+    FSDP_TRY(fsdp_comm_begin_check(c, c->global_rank, k, kind, send, recv, numel, dt, op, root));
     if (fsdp_world_aborted(c->world)) {
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: collective %ld (%s) not started: another rank failed",
-                              c->global_rank, k, kind_name(kind));
+                              c->global_rank, k, fsdp_coll_kind_name(kind));
     }
     struct host_slot *me = &sh->slots[c->rank];
     me->kind = kind;
@@ -262,17 +236,17 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
         if (o->kind == kind && o->numel == numel && o->dt == dt &&
             (kind != FSDP_COLL_BROADCAST || o->root == root) &&
             (kind == FSDP_COLL_ALL_GATHER || kind == FSDP_COLL_BROADCAST ||
-             kind == HOST_BARRIER || o->op == op))
+             kind == FSDP_COLL_BARRIER || o->op == op))
             continue;
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "rank %d: collective %ld mismatch: this rank issued %s(%zu x %s, "
                               "op %d, root %d) but rank %d issued %s(%zu x %s, op %d, root %d); "
                               "every rank must issue the same collectives in the same order "
                               "with the same sizes",
-                              c->global_rank, k, kind_name(kind), numel, fsdp_dtype_name(dt),
-                              (int)op, root, fsdp_comm_group_rank(&c->group, q),
-                              kind_name(o->kind), o->numel, fsdp_dtype_name(o->dt),
-                              (int)o->op, o->root);
+                              c->global_rank, k, fsdp_coll_kind_name(kind), numel,
+                              fsdp_dtype_name(dt), (int)op, root,
+                              fsdp_comm_group_rank(&c->group, q), fsdp_coll_kind_name(o->kind),
+                              o->numel, fsdp_dtype_name(o->dt), (int)o->op, o->root);
     }
     return FSDP_STATUS_OK;
 }
@@ -613,7 +587,7 @@ static fsdp_status host_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dt
  * until all ranks have checked it against their own. */
 static fsdp_status host_barrier(fsdp_comm *c)
 {
-    FSDP_TRY(begin(c, HOST_BARRIER, NULL, NULL, 0, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, 0));
+    FSDP_TRY(begin(c, FSDP_COLL_BARRIER, NULL, NULL, 0, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, 0));
     if (c->n_ranks == 1)
         return FSDP_STATUS_OK;
     return meet(c, false);
@@ -753,14 +727,7 @@ fsdp_status fsdp_comm_host_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *
     /* A fresh table starts every counter at 0; a table shared with ranks
      * that already issued collectives would make this rank's count wrong. */
     h->seq = atomic_load(&h->sh->slots[index].arrived);
-    c->iface = &host_comm_i;
-    c->world = w;
-    c->dev = dev;
-    c->group = *g;
-    c->rank = index;
-    c->n_ranks = g->count;
-    c->global_rank = rank;
-    c->ctx = h;
+    fsdp_comm_bind(c, &host_comm_i, w, dev, g, rank, h);
     return FSDP_STATUS_OK;
 }
 

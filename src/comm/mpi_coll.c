@@ -69,7 +69,6 @@
 #include "core/log.h"
 #include "core/world.h"
 
-#define MPI_BARRIER FSDP_COLL_KIND_COUNT /* slot kind of a barrier */
 #define MPI_HDR_MAGIC 0x66736470u         /* "fsdp" */
 
 struct mpi_slot {
@@ -123,11 +122,6 @@ struct mpi_ctx {
     const unsigned char **remote; /* (n_procs,) */
 };
 
-static const char *kind_name(int kind)
-{
-    return kind == MPI_BARRIER ? "barrier" : fsdp_coll_kind_name((fsdp_coll_kind)kind);
-}
-
 /* memcpy that takes NULL for an empty copy. */
 static void copy(void *dst, const void *src, size_t bytes)
 {
@@ -158,13 +152,12 @@ static void prepare_locked(fsdp_comm *c)
                  "collective mismatch: rank %d issued %s(%zu x %s, op %d, root %d) but rank %d "
                  "issued %s(%zu x %s, op %d, root %d); every rank must issue the same "
                  "collectives in the same order with the same sizes",
-                 r0, kind_name(a->kind), a->numel, fsdp_dtype_name(a->dt), (int)a->op, a->root,
-                 r0 + j * sh->g.stride, kind_name(o->kind), o->numel, fsdp_dtype_name(o->dt),
-                 (int)o->op,
-                 o->root);
+                 r0, fsdp_coll_kind_name(a->kind), a->numel, fsdp_dtype_name(a->dt), (int)a->op,
+                 a->root, r0 + j * sh->g.stride, fsdp_coll_kind_name(o->kind), o->numel,
+                 fsdp_dtype_name(o->dt), (int)o->op, o->root);
         return;
     }
-    if (a->kind == MPI_BARRIER)
+    if (a->kind == FSDP_COLL_BARRIER)
         return;
     fsdp_mpi_layout_of(&sh->cover, sh->me, a->kind, a->numel, a->dt, a->root, &sh->lay);
     /* never NULL, even for empty collectives */
@@ -181,7 +174,8 @@ static void prepare_locked(fsdp_comm *c)
             sh->prep_st = FSDP_STATUS_OOM;
             snprintf(sh->msg, sizeof sh->msg,
                      "out of host memory for %zu bytes of staging for a %s of %zu x %s between "
-                     "processes", n, kind_name(a->kind), a->numel, fsdp_dtype_name(a->dt));
+                     "processes", n, fsdp_coll_kind_name(a->kind), a->numel,
+                     fsdp_dtype_name(a->dt));
             return;
         }
         free(*buf[i]);
@@ -228,32 +222,16 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
     struct mpi_ctx *x = c->ctx;
     struct mpi_shared *sh = x->sh;
     long k = ++x->n_coll;
-    if (fsdp_world_fault_hit(c->world, FSDP_FAULT_COLLECTIVE, c->global_rank))
-        return fsdp_error_set(FSDP_STATUS_INTERNAL,
-                              "rank %d: injected failure in collective %ld (%s)", c->global_rank, k,
-                              kind_name(kind));
-    if (kind != MPI_BARRIER) {
-        if ((unsigned)dt >= FSDP_DTYPE_COUNT || (unsigned)op > FSDP_REDUCE_AVG)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "rank %d: %s: unknown dtype %d or reduce op %d", c->global_rank,
-                                  kind_name(kind), (int)dt, (int)op);
-        if (root < 0 || root >= c->n_ranks)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "rank %d: broadcast root %d is not a rank of this world "
-                                  "(0..%d)", c->global_rank, root, c->n_ranks - 1);
-        if (numel && (!recv || (kind != FSDP_COLL_BROADCAST && !send)))
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "rank %d: %s of %zu elements given a NULL buffer", c->global_rank,
-                                  kind_name(kind), numel);
-    }
+    FSDP_TRY(fsdp_comm_begin_check(c, c->global_rank, k, kind, send, recv, numel, dt, op, root));
     if (sh->broken)
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: collective %ld (%s) not started: an earlier transfer "
-                              "between processes failed", c->global_rank, k, kind_name(kind));
+                              "between processes failed", c->global_rank, k,
+                              fsdp_coll_kind_name(kind));
     if (fsdp_world_aborted(c->world))
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: collective %ld (%s) not started: another rank failed",
-                              c->global_rank, k, kind_name(kind));
+                              c->global_rank, k, fsdp_coll_kind_name(kind));
     struct mpi_slot *me = &sh->slots[c->rank - sh->me * sh->n_local];
     me->kind = kind;
     me->dt = dt;
@@ -320,12 +298,12 @@ static fsdp_status leader_headers(fsdp_comm *c, const char *what)
         sh->msgs[n++] = (fsdp_procs_msg){peer, true, &sh->mine, sizeof sh->mine};
         sh->msgs[n++] = (fsdp_procs_msg){peer, false, &sh->hdrs[q], sizeof sh->hdrs[q]};
     }
-    FSDP_TRY(leader_xfer(c, n, MPI_BARRIER, what));
+    FSDP_TRY(leader_xfer(c, n, FSDP_COLL_BARRIER, what));
     for (int q = 0; q < sh->n_procs; q++) {
         const struct mpi_header *o = &sh->hdrs[q];
         if (q == sh->me || header_matches(me, o))
             continue;
-        bool sane = o->magic == MPI_HDR_MAGIC && (unsigned)o->kind <= MPI_BARRIER &&
+        bool sane = o->magic == MPI_HDR_MAGIC && (unsigned)o->kind <= FSDP_COLL_BARRIER &&
                     (unsigned)o->dt < FSDP_DTYPE_COUNT;
         char where[96];
         return fsdp_error_set(
@@ -336,10 +314,10 @@ static fsdp_status leader_headers(fsdp_comm *c, const char *what)
             "issue the same collectives in the same order with the same sizes",
             c->global_rank, fsdp_world_where(c->world, c->global_rank, where, sizeof where),
             x->n_coll, sh->procs_of[sh->me],
-            kind_name(me->kind), (unsigned long long)me->numel,
+            fsdp_coll_kind_name(me->kind), (unsigned long long)me->numel,
             fsdp_dtype_name((fsdp_dtype)me->dt), me->op, me->root, (long long)me->seq,
             sh->procs_of[q], c->world->hosts[sh->procs_of[q]],
-            sane ? kind_name(o->kind) : "garbage",
+            sane ? fsdp_coll_kind_name(o->kind) : "garbage",
             (unsigned long long)o->numel, sane ? fsdp_dtype_name((fsdp_dtype)o->dt) : "?",
             o->op, o->root, (long long)o->seq);
     }
@@ -356,7 +334,8 @@ static fsdp_status leader_exchange(fsdp_comm *c, int round)
     const fsdp_mpi_layout *l = &sh->lay;
     int n = 0;
     char what[96];
-    snprintf(what, sizeof what, "%s (collective %ld)", kind_name(sh->slots[0].kind), x->n_coll);
+    snprintf(what, sizeof what, "%s (collective %ld)", fsdp_coll_kind_name(sh->slots[0].kind),
+             x->n_coll);
     if (round == 1)
         FSDP_TRY(leader_headers(c, what));
     for (int q = 0; q < sh->n_procs; q++) {
@@ -399,7 +378,7 @@ static fsdp_status cross(fsdp_comm *c, int round)
     return fsdp_error_set(FSDP_STATUS_ABORTED,
                           "rank %d: collective %ld (%s) failed between processes: %s",
                           c->global_rank,
-                          x->n_coll, kind_name(sh->slots[0].kind), sh->msg);
+                          x->n_coll, fsdp_coll_kind_name(sh->slots[0].kind), sh->msg);
 }
 
 /* ---- sums --------------------------------------------------------------------- */
@@ -564,7 +543,7 @@ static fsdp_status mpi_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dty
 
 static fsdp_status mpi_barrier(fsdp_comm *c)
 {
-    FSDP_TRY(begin(c, MPI_BARRIER, NULL, NULL, 0, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, 0));
+    FSDP_TRY(begin(c, FSDP_COLL_BARRIER, NULL, NULL, 0, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, 0));
     return cross(c, 1);
 }
 
@@ -735,14 +714,7 @@ fsdp_status fsdp_comm_mpi_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *d
     x->tmp_mem = aligned_alloc(64, (size_t)depth * FSDP_MPI_BLOCK * sizeof(float));
     x->leaf = calloc((size_t)L, sizeof *x->leaf);
     x->remote = calloc((size_t)P, sizeof *x->remote);
-    c->iface = &mpi_comm_i;
-    c->world = w;
-    c->dev = dev;
-    c->group = *g;
-    c->rank = index;
-    c->n_ranks = g->count;
-    c->global_rank = rank;
-    c->ctx = x;
+    fsdp_comm_bind(c, &mpi_comm_i, w, dev, g, rank, x);
     if (!x->tmp || !x->tmp_mem || !x->leaf || !x->remote) {
         mpi_fini(c);
         c->iface = NULL;

@@ -28,12 +28,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <mpi.h>
 
 #include "comm/procs.h"
+#include "core/clock.h"
 #include "core/log.h"
 
 /* Largest piece of one message (MPI counts are int). */
@@ -90,7 +90,7 @@ static void *watchdog_main(void *arg)
             pthread_cond_wait(&m->dog_cv, &m->dog_mu);
             continue;
         }
-        double left = m->dog_deadline - fsdp_procs_now();
+        double left = m->dog_deadline - fsdp_now_s();
         if (left <= 0) {
             fprintf(stderr, "fsdp: %s\nfsdp: this process did not end within %g s of that "
                     "failure (FSDP_ABORT_GRACE); ending every process of the job\n",
@@ -98,12 +98,7 @@ static void *watchdog_main(void *arg)
             pthread_mutex_unlock(&m->dog_mu);
             abort_job(m);
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + (left < 0.5 ? left : 0.5);
-        ts.tv_sec = (time_t)t;
-        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
-        pthread_cond_timedwait(&m->dog_cv, &m->dog_mu, &ts);
+        fsdp_cond_wait_ns(&m->dog_cv, &m->dog_mu, (long)((left < 0.5 ? left : 0.5) * 1e9));
     }
     pthread_mutex_unlock(&m->dog_mu);
     return NULL;
@@ -117,7 +112,7 @@ static void mpi_fail(fsdp_procs *p, fsdp_world *w, int rank, fsdp_status st, con
     if (!m->dog_armed) {
         snprintf(m->dog_msg, sizeof m->dog_msg, "rank %d%s failed (%s): %s", rank,
                  fsdp_world_where(w, rank, where, sizeof where), fsdp_status_name(st), msg);
-        m->dog_deadline = fsdp_procs_now() + m->grace_s;
+        m->dog_deadline = fsdp_now_s() + m->grace_s;
         m->dog_armed = true;
         pthread_cond_broadcast(&m->dog_cv);
     }
@@ -131,7 +126,7 @@ static fsdp_status wait_all(fsdp_procs *p, fsdp_world *w, int n, MPI_Request *re
 {
     struct mpi_ctx *m = p->ctx;
     unsigned spins = 0;
-    double t0 = fsdp_procs_now();
+    double t0 = fsdp_now_s();
     for (;;) {
         int done = 0;
         pthread_mutex_lock(&m->mu);
@@ -331,11 +326,7 @@ fsdp_status fsdp_procs_mpi_init(fsdp_procs **out, const fsdp_procs_opts *o)
     p->ctx = m;
     pthread_mutex_init(&m->mu, NULL);
     pthread_mutex_init(&m->dog_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&m->dog_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    fsdp_cond_init_monotonic(&m->dog_cv);
     if (!inited) {
         rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
         if (rc != MPI_SUCCESS) {

@@ -52,7 +52,6 @@
 
 #define PEER_STAGING_MAX ((size_t)64 << 20) /* bytes of staging per rank */
 #define PEER_TREE_DEPTH 16                  /* enough for 2^15 ranks */
-#define PEER_BARRIER FSDP_COLL_KIND_COUNT   /* a kind for the fault message */
 
 /* ---- kernels -------------------------------------------------------------- */
 
@@ -155,11 +154,6 @@ struct peer_ctx {
     struct peer_rec *all2; /* later exchanges */
 };
 
-static const char *peer_kind_name(int kind)
-{
-    return kind == PEER_BARRIER ? "barrier" : fsdp_coll_kind_name((fsdp_coll_kind)kind);
-}
-
 static size_t peer_es(fsdp_dtype dt) { return fsdp_dtype_size(dt); }
 
 /* Record a CUDA failure into *local unless one is there already. */
@@ -178,31 +172,12 @@ static fsdp_status peer_begin(fsdp_comm *c, int kind, const void *send, void *re
 {
     struct peer_ctx *p = (struct peer_ctx *)c->ctx;
     long k = ++p->n_coll;
-    if (fsdp_cuda_world_fault_hit_collective(c->world, c->rank))
-        return fsdp_error_set(FSDP_STATUS_INTERNAL,
-                              "rank %d: injected failure in collective %ld (%s)", c->rank, k,
-                              peer_kind_name(kind));
-    if ((unsigned)dt >= FSDP_DTYPE_COUNT)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "rank %d: %s: unknown dtype %d; use FSDP_DTYPE_F32 or "
-                              "FSDP_DTYPE_BF16",
-                              c->rank, peer_kind_name(kind), (int)dt);
-    if ((unsigned)op > FSDP_REDUCE_AVG)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "rank %d: %s: unknown reduce op %d; use FSDP_REDUCE_SUM or "
-                              "FSDP_REDUCE_AVG",
-                              c->rank, peer_kind_name(kind), (int)op);
-    if (root < 0 || root >= c->n_ranks)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "rank %d: broadcast root %d is not a rank of this world (0..%d)",
-                              c->rank, root, c->n_ranks - 1);
-    if (numel && (!recv || !send))
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "rank %d: %s of %zu elements given a NULL "
-                              "buffer", c->rank, peer_kind_name(kind), numel);
+    /* a broadcast passes its one buffer as both send and recv */
+    FSDP_TRY(fsdp_comm_begin_check(c, c->rank, k, kind, send, recv, numel, dt, op, root));
     if (fsdp_cuda_world_aborted(c->world))
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: collective %ld (%s) not started: another rank failed",
-                              c->rank, k, peer_kind_name(kind));
+                              c->rank, k, fsdp_coll_kind_name(kind));
     CUDA_TRY(cudaEventRecord(p->ev_ready, s));
     struct peer_rec me;
     memset(&me, 0, sizeof me);
@@ -227,8 +202,8 @@ static fsdp_status peer_begin(fsdp_comm *c, int kind, const void *send, void *re
                               "%d, root %d) but rank %d issued %s(%zu x %s, op %d, root %d); "
                               "every rank must issue the same collectives in the same order "
                               "with the same sizes",
-                              c->rank, k, peer_kind_name(kind), numel,
-                              fsdp_dtype_name(dt), (int)op, root, q, peer_kind_name(o->kind),
+                              c->rank, k, fsdp_coll_kind_name(kind), numel,
+                              fsdp_dtype_name(dt), (int)op, root, q, fsdp_coll_kind_name(o->kind),
                               o->numel, fsdp_dtype_name((fsdp_dtype)o->dt), o->op, o->root);
     }
     return FSDP_STATUS_OK;
@@ -435,9 +410,8 @@ static fsdp_status peer_barrier(fsdp_comm *c)
 {
     struct peer_ctx *p = (struct peer_ctx *)c->ctx;
     long k = ++p->n_coll;
-    if (fsdp_cuda_world_fault_hit_collective(c->world, c->rank))
-        return fsdp_error_set(FSDP_STATUS_INTERNAL,
-                              "rank %d: injected failure in collective %ld (barrier)", c->rank, k);
+    FSDP_TRY(fsdp_comm_begin_check(c, c->rank, k, FSDP_COLL_BARRIER, NULL, NULL, 0,
+                                   FSDP_DTYPE_F32, FSDP_REDUCE_SUM, 0));
     FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->compute));
     FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->comm));
     FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->copy));

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "comm/procs.h"
+#include "core/clock.h"
 #include "core/log.h"
 
 static const fsdp_name kind_names[] = {
@@ -196,13 +197,6 @@ fail:
     return st;
 }
 
-double fsdp_procs_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 fsdp_status fsdp_procs_wait(fsdp_procs *p, fsdp_world *w, unsigned *spins, double t0,
                             const char *what, const char *whom)
 {
@@ -215,7 +209,7 @@ fsdp_status fsdp_procs_wait(fsdp_procs *p, fsdp_world *w, unsigned *spins, doubl
         sched_yield(); /* the answer is often microseconds away */
         return FSDP_STATUS_OK;
     }
-    if ((k & 63) == 0 && p->timeout_s > 0 && fsdp_procs_now() - t0 > p->timeout_s)
+    if ((k & 63) == 0 && p->timeout_s > 0 && fsdp_now_s() - t0 > p->timeout_s)
         return fsdp_error_set(FSDP_STATUS_INTERNAL,
                               "process %d (host %s): %s: %s has not answered for %.0f s; it may "
                               "have died or hung (raise FSDP_PEER_TIMEOUT if its steps are that "

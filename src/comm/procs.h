@@ -146,12 +146,11 @@ fsdp_status fsdp_procs_world_init(fsdp_world **out, fsdp_procs *p, int n_local);
 
 /* A wait on another process: naps between polls (spins briefly first)
  * and says when to give up. *spins counts polls (start at 0); t0 is when
- * the wait began (fsdp_procs_now). Returns OK to poll again, ABORTED if
+ * the wait began (fsdp_now_s, core/clock.h). Returns OK to poll again, ABORTED if
  * w's abort flag is set, or INTERNAL after the timeout, each with a
  * message naming `what` and `whom` ("process 1 (host nodeb)"). */
 fsdp_status fsdp_procs_wait(fsdp_procs *p, fsdp_world *w, unsigned *spins, double t0,
                             const char *what, const char *whom);
-double fsdp_procs_now(void);
 
 /* The last call of a job's process: st OK ends it in order (every process
  * calls it); a failure ends every process of the job: under MPI through

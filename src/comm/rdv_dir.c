@@ -28,10 +28,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "comm/procs.h"
+#include "core/clock.h"
 #include "core/log.h"
 
 #define HB_PERIOD_MS 250
@@ -217,14 +217,9 @@ static void *watcher_main(void *arg)
                      p->process) != FSDP_STATUS_OK)
             FSDP_WARN(FSDP_SUB_COMM, "process %d: %s", p->process, fsdp_error_msg());
         pthread_mutex_lock(&d->mu);
-        check_peers_locked(p, fsdp_procs_now());
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += HB_PERIOD_MS * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
+        check_peers_locked(p, fsdp_now_s());
         if (!d->stop)
-            pthread_cond_timedwait(&d->cv, &d->mu, &ts);
+            fsdp_cond_wait_ns(&d->cv, &d->mu, HB_PERIOD_MS * 1000000L);
     }
     pthread_mutex_unlock(&d->mu);
     return NULL;
@@ -266,7 +261,7 @@ static fsdp_status dir_exchange(fsdp_procs *p, fsdp_world *w, const void *mine, 
         if (q == p->process)
             continue;
         unsigned spins = 0;
-        double t0 = fsdp_procs_now();
+        double t0 = fsdp_now_s();
         snprintf(whom, sizeof whom, "process %d", q);
         for (;;) {
             long n = get_file(dir_path(d, path, sizeof path, "rec.%lu.%d", g, q),
@@ -279,7 +274,7 @@ static fsdp_status dir_exchange(fsdp_procs *p, fsdp_world *w, const void *mine, 
                                       "shared by two jobs? give each job an empty directory",
                                       path, n, bytes, d->dir);
             pthread_mutex_lock(&d->mu);
-            check_peers_locked(p, fsdp_procs_now());
+            check_peers_locked(p, fsdp_now_s());
             fsdp_status rst = d->remote_st;
             pthread_mutex_unlock(&d->mu);
             if (rst != FSDP_STATUS_OK)
@@ -362,7 +357,7 @@ static fsdp_status dir_end(fsdp_procs *p)
         return FSDP_STATUS_OK;
     for (int q = 0; q < p->n_processes; q++) {
         unsigned spins = 0;
-        double t0 = fsdp_procs_now();
+        double t0 = fsdp_now_s();
         char whom[64];
         snprintf(whom, sizeof whom, "process %d", q);
         while (access(dir_path(d, path, sizeof path, "done.%d", q), F_OK) != 0)
@@ -416,11 +411,7 @@ fsdp_status fsdp_procs_dir_init(fsdp_procs **out, const fsdp_procs_opts *o)
         d->hb_seen = calloc((size_t)o->n_processes, sizeof *d->hb_seen);
         d->hb_when = calloc((size_t)o->n_processes, sizeof *d->hb_when);
         pthread_mutex_init(&d->mu, NULL);
-        pthread_condattr_t ca;
-        pthread_condattr_init(&ca);
-        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        pthread_cond_init(&d->cv, &ca);
-        pthread_condattr_destroy(&ca);
+        fsdp_cond_init_monotonic(&d->cv);
     }
     if (!p || !d || !d->dir || !d->hb_seen || !d->hb_when) {
         if (p)

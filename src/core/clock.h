@@ -1,10 +1,12 @@
 /*
  * clock.h - the one clock used for durations (step times, plan wall time,
- * test timeouts): CLOCK_MONOTONIC, immune to wall-clock changes.
+ * test timeouts, timed waits on condition variables): CLOCK_MONOTONIC,
+ * immune to wall-clock changes.
  */
 #ifndef FSDP_CORE_CLOCK_H
 #define FSDP_CORE_CLOCK_H
 
+#include <pthread.h>
 #include <time.h>
 
 /* Seconds since an arbitrary fixed point; only differences mean anything. */
@@ -13,6 +15,33 @@ static inline double fsdp_now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Initialise cv so that its timed waits (fsdp_cond_wait_ns) count on this
+ * clock. */
+static inline void fsdp_cond_init_monotonic(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+/* With mu held, wait on cv (made by fsdp_cond_init_monotonic) until it is
+ * signalled or ns nanoseconds have passed; like any condition wait it may
+ * also return early, so callers re-check their condition. */
+static inline void fsdp_cond_wait_ns(pthread_cond_t *cv, pthread_mutex_t *mu, long ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += ns / 1000000000L;
+    ts.tv_nsec += ns % 1000000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(cv, mu, &ts);
 }
 
 #endif /* FSDP_CORE_CLOCK_H */

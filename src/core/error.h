@@ -67,6 +67,13 @@ fsdp_status fsdp_error_first(const char **msg);
             goto fail;                                  \
     } while (0)
 
+/* A constructor's last step: on success store obj in *out and return OK;
+ * otherwise release the half-built obj with free_fn and return st.
+ * Usage: return FSDP_OUT_OR_FREE(st, out, w, fsdp_world_free); */
+#define FSDP_OUT_OR_FREE(st, out, obj, free_fn)                                \
+    ((st) == FSDP_STATUS_OK ? (*(out) = (obj), FSDP_STATUS_OK)                 \
+                            : ((free_fn)(obj), (st)))
+
 /* Broken invariant: a bug in fsdp, not a user error. */
 #define FSDP_ASSERT(cond)                                                      \
     do {                                                                       \

@@ -90,6 +90,38 @@ fsdp_status fsdp_fopen_regular(const char *path, const char *what, FILE **f, uin
     return FSDP_STATUS_OK;
 }
 
+fsdp_status fsdp_read_file(const char *path, const char *what, size_t max_bytes, char **buf,
+                           size_t *n)
+{
+    FILE *f = NULL;
+    uint64_t size = 0;
+    *buf = NULL;
+    *n = 0;
+    FSDP_TRY(fsdp_fopen_regular(path, what, &f, &size));
+    if (size > max_bytes) {
+        fclose(f);
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "%s '%s' is larger than %zu MiB", what, path,
+                              max_bytes >> 20);
+    }
+    size_t len = (size_t)size;
+    char *b = malloc(len + 1);
+    if (!b) {
+        fclose(f);
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s' (%zu bytes)",
+                              path, len);
+    }
+    size_t got = fread(b, 1, len, f);
+    fclose(f);
+    if (got != len) {
+        free(b);
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot read %s '%s'", what, path);
+    }
+    b[len] = '\0';
+    *buf = b;
+    *n = len;
+    return FSDP_STATUS_OK;
+}
+
 /* size: the file's size, or (growing) what was read of it so far */
 static fsdp_status too_large(const fsdp_line_reader *lr, uint64_t size, bool growing)
 {

@@ -49,6 +49,14 @@ fsdp_status fsdp_open_regular(const char *path, const char *what, int *fd, uint6
 fsdp_status fsdp_fopen_regular(const char *path, const char *what, FILE **f,
                                uint64_t *size_bytes);
 
+/* The whole of the regular file `path` (opened as fsdp_fopen_regular
+ * does) in a new buffer *buf of *n bytes and a NUL after them; the caller
+ * frees it. FORMAT "<what> '<path>' is larger than <N> MiB" when its size
+ * is over max_bytes (a whole number of MiB), OOM, or IO when it could not
+ * be read whole. *buf is NULL on error. */
+fsdp_status fsdp_read_file(const char *path, const char *what, size_t max_bytes, char **buf,
+                           size_t *n);
+
 /* Lines of a regular file, read in chunks with two bounds, so a hostile
  * or wrong file (a disk image, one endless line) costs at most about
  * max_line_bytes of memory and max_bytes of reading before a clear error.

@@ -10,9 +10,9 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/world.h"
 
@@ -104,21 +104,12 @@ fsdp_status fsdp_world_init_span(fsdp_world **out, int n_local, const fsdp_world
         w->procs = span->ctx;
     }
     pthread_mutex_init(&w->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&w->cv, &ca);
-    pthread_condattr_destroy(&ca);
+    fsdp_cond_init_monotonic(&w->cv);
     for (int k = 0; k < FSDP_FAULT_KIND_COUNT; k++)
         w->fault[k].rank = -1;
     w->fault_env = -1;
     fsdp_status st = fault_from_env(w);
-    if (st != FSDP_STATUS_OK) {
-        fsdp_world_free(w);
-        return st;
-    }
-    *out = w;
-    return FSDP_STATUS_OK;
+    return FSDP_OUT_OR_FREE(st, out, w, fsdp_world_free);
 }
 
 void fsdp_world_free(fsdp_world *w)
@@ -213,14 +204,7 @@ void fsdp_world_fail(fsdp_world *w, int rank, fsdp_status st, const char *msg)
 
 void fsdp_world_wait_locked(fsdp_world *w)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_nsec += 10 * 1000 * 1000;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    fsdp_cond_wait_ns(&w->cv, &w->mu, 10 * 1000 * 1000);
 }
 
 fsdp_status fsdp_world_barrier(fsdp_world *w)

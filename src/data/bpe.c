@@ -176,12 +176,7 @@ fsdp_status fsdp_bpe_init(fsdp_bpe **out, size_t n_tokens_hint, size_t n_merges_
         st = pairs_resize(b, pow2_at_least(2 * n_merges_hint + 2));
     if (st == FSDP_STATUS_OK && !(b->cache = calloc(CACHE_SLOTS, sizeof *b->cache)))
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the tokenizer's cache");
-    if (st != FSDP_STATUS_OK) {
-        fsdp_bpe_free(b);
-        return st;
-    }
-    *out = b;
-    return FSDP_STATUS_OK;
+    return FSDP_OUT_OR_FREE(st, out, b, fsdp_bpe_free);
 }
 
 void fsdp_bpe_free(fsdp_bpe *b)

@@ -105,12 +105,7 @@ fsdp_status fsdp_data_open_opts(fsdp_data **out, const fsdp_data_opts *o)
         d->kind = FSDP_DATA_SHARDS;
         st = shards_open(d, o);
     }
-    if (st != FSDP_STATUS_OK) {
-        fsdp_data_close(d);
-        return st;
-    }
-    *out = d;
-    return FSDP_STATUS_OK;
+    return FSDP_OUT_OR_FREE(st, out, d, fsdp_data_close);
 }
 
 void fsdp_data_close(fsdp_data *d)

@@ -159,25 +159,10 @@ fail:
 fsdp_status fsdp_tokenizer_open(fsdp_tokenizer **out, const char *path)
 {
     *out = NULL;
-    FILE *f = NULL;
-    uint64_t size = 0;
-    FSDP_TRY(fsdp_fopen_regular(path, "tokenizer file", &f, &size));
-    if (size > TOK_MAX_FILE) {
-        fclose(f);
-        return fsdp_error_set(FSDP_STATUS_FORMAT, "tokenizer file '%s' is larger than 64 MiB",
-                              path);
-    }
-    size_t n = (size_t)size;
-    void *buf = malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", path);
-    }
-    size_t got = fread(buf, 1, n, f);
-    fclose(f);
-    fsdp_status st = got == n ? fsdp_tokenizer_parse(out, path, buf, n)
-                              : fsdp_error_set(FSDP_STATUS_IO, "cannot read tokenizer file '%s'",
-                                               path);
+    char *buf = NULL;
+    size_t n = 0;
+    FSDP_TRY(fsdp_read_file(path, "tokenizer file", TOK_MAX_FILE, &buf, &n));
+    fsdp_status st = fsdp_tokenizer_parse(out, path, buf, n);
     free(buf);
     return st;
 }

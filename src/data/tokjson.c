@@ -601,35 +601,16 @@ fsdp_status fsdp_hftok_parse(fsdp_hftok **out, const char *label, const char *js
         st = read_root(&r, root);
     fsdp_json_free(root);
     free(r.buf);
-    if (st != FSDP_STATUS_OK) {
-        fsdp_hftok_free(t);
-        return st;
-    }
-    *out = t;
-    return FSDP_STATUS_OK;
+    return FSDP_OUT_OR_FREE(st, out, t, fsdp_hftok_free);
 }
 
 fsdp_status fsdp_hftok_open(fsdp_hftok **out, const char *path)
 {
     *out = NULL;
-    FILE *f = NULL;
-    uint64_t size = 0;
-    FSDP_TRY(fsdp_fopen_regular(path, "tokenizer", &f, &size));
-    if (size > HFTOK_MAX_FILE) {
-        fclose(f);
-        return fsdp_error_set(FSDP_STATUS_FORMAT, "tokenizer '%s' is larger than 256 MiB", path);
-    }
-    size_t n = (size_t)size;
-    char *buf = malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s' (%zu bytes)",
-                              path, n);
-    }
-    size_t got = fread(buf, 1, n, f);
-    fclose(f);
-    fsdp_status st = got == n ? fsdp_hftok_parse(out, path, buf, n)
-                              : fsdp_error_set(FSDP_STATUS_IO, "cannot read tokenizer '%s'", path);
+    char *buf = NULL;
+    size_t n = 0;
+    FSDP_TRY(fsdp_read_file(path, "tokenizer", HFTOK_MAX_FILE, &buf, &n));
+    fsdp_status st = fsdp_hftok_parse(out, path, buf, n);
     free(buf);
     return st;
 }

@@ -1,7 +1,10 @@
 /*
- * place.c - what both placements share: choosing one from the
- * configuration, and cutting a unit's shard into the optimizer's ranges.
+ * place.c - what the placements share: choosing one from the
+ * configuration, allocating a unit's shards, and cutting a unit's shard
+ * into the optimizer's ranges.
  */
+#include <stdio.h>
+
 #include "fsdp/place.h"
 
 const fsdp_place_i *fsdp_place_of(const fsdp_engine_config *cfg)
@@ -9,6 +12,31 @@ const fsdp_place_i *fsdp_place_of(const fsdp_engine_config *cfg)
     if (cfg->inference)
         return &fsdp_place_infer;
     return cfg->offload ? &fsdp_place_host : &fsdp_place_device;
+}
+
+fsdp_status fsdp_place_alloc(fsdp_engine *e, int u, bool host, size_t bytes, fsdp_mem_kind kind,
+                             const char *label, void **out)
+{
+    char what[128];
+    snprintf(what, sizeof what, "unit '%s' %s", e->sh->sm.units[u].spec->name, label);
+    return host ? fsdp_device_host_alloc(&e->dev, bytes, kind, what, out)
+                : fsdp_device_alloc(&e->dev, bytes, kind, what, out);
+}
+
+fsdp_status fsdp_place_alloc_fp32(fsdp_engine *e, int u, bool host)
+{
+    const fsdp_optim *o = e->sh->optim;
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    size_t f32 = e->sh->sm.units[u].shard_numel * sizeof(float);
+    FSDP_TRY(fsdp_place_alloc(e, u, host, f32, FSDP_MEM_PARAM, "master parameter shard",
+                              (void **)&row->master));
+    for (int k = 0; k < o->n_state; k++) {
+        char label[96];
+        snprintf(label, sizeof label, "%s state %s", o->name, o->state_names[k]);
+        FSDP_TRY(fsdp_place_alloc(e, u, host, f32, FSDP_MEM_OPTIM, label, (void **)&row->optim[k]));
+    }
+    return fsdp_place_alloc(e, u, host, f32, FSDP_MEM_GRAD, "gradient shard",
+                            (void **)&row->grad);
 }
 
 int fsdp_place_ranges(const fsdp_engine *e, int u, float *master, const float *grad,

@@ -62,6 +62,15 @@ extern const fsdp_place_i fsdp_place_device;
 extern const fsdp_place_i fsdp_place_host;
 extern const fsdp_place_i fsdp_place_infer; /* inference: parameters only (place_infer.c) */
 
+/* One of unit u's shard buffers, of `bytes`, accounted as "unit '<name>'
+ * <label>": in device memory, or in pinned host memory when `host`. */
+fsdp_status fsdp_place_alloc(fsdp_engine *e, int u, bool host, size_t bytes, fsdp_mem_kind kind,
+                             const char *label, void **out);
+
+/* Unit u's fp32 shards in its row, in this order: the master, each
+ * optimizer state array, the gradient (fsdp_place_alloc). */
+fsdp_status fsdp_place_alloc_fp32(fsdp_engine *e, int u, bool host);
+
 /* The placement a configuration asks for (--offload). */
 const fsdp_place_i *fsdp_place_of(const fsdp_engine_config *cfg);
 

@@ -21,37 +21,19 @@ static fsdp_status dev_init(fsdp_engine *e)
 
 static void dev_fini(fsdp_engine *e) { (void)e; }
 
-static fsdp_status dev_alloc(fsdp_engine *e, size_t bytes, fsdp_mem_kind kind, const char *unit,
-                             const char *label, void **out)
-{
-    char what[128];
-    snprintf(what, sizeof what, "unit '%s' %s", unit, label);
-    return fsdp_device_alloc(&e->dev, bytes, kind, what, out);
-}
-
 static fsdp_status dev_unit_alloc(fsdp_engine *e, int u)
 {
-    const fsdp_engine_shared *sh = e->sh;
-    const fsdp_optim *o = sh->optim;
-    const fsdp_shard_unit *su = &sh->sm.units[u];
+    const fsdp_shard_unit *su = &e->sh->sm.units[u];
     fsdp_shard_row *row = fsdp_engine_row(e, u);
-    const char *name = su->spec->name;
-    size_t f32 = su->shard_numel * sizeof(float);
-    char label[96];
-    FSDP_TRY(dev_alloc(e, f32, FSDP_MEM_PARAM, name, "master parameter shard",
-                       (void **)&row->master));
-    for (int k = 0; k < o->n_state; k++) {
-        snprintf(label, sizeof label, "%s state %s", o->name, o->state_names[k]);
-        FSDP_TRY(dev_alloc(e, f32, FSDP_MEM_OPTIM, name, label, (void **)&row->optim[k]));
-    }
-    FSDP_TRY(dev_alloc(e, f32, FSDP_MEM_GRAD, name, "gradient shard", (void **)&row->grad));
-    fsdp_dtype dt = sh->cfg.compute_dtype;
+    FSDP_TRY(fsdp_place_alloc_fp32(e, u, false));
+    fsdp_dtype dt = e->sh->cfg.compute_dtype;
     if (dt == FSDP_DTYPE_F32) {
         row->param = row->master;
     } else {
+        char label[96];
         snprintf(label, sizeof label, "%s parameter shard", fsdp_dtype_name(dt));
-        FSDP_TRY(dev_alloc(e, su->shard_numel * fsdp_dtype_size(dt), FSDP_MEM_PARAM, name, label,
-                           &row->param));
+        FSDP_TRY(fsdp_place_alloc(e, u, false, su->shard_numel * fsdp_dtype_size(dt),
+                                  FSDP_MEM_PARAM, label, &row->param));
     }
     fsdp_accum_adopt(&e->acc, u, row->grad);
     return FSDP_STATUS_OK;

@@ -98,39 +98,21 @@ static void host_fini(fsdp_engine *e)
     e->place_ctx = NULL;
 }
 
-static fsdp_status host_alloc(fsdp_engine *e, size_t bytes, fsdp_mem_kind kind, const char *unit,
-                              const char *label, void **out)
-{
-    char what[128];
-    snprintf(what, sizeof what, "unit '%s' %s", unit, label);
-    return fsdp_device_host_alloc(&e->dev, bytes, kind, what, out);
-}
-
 static fsdp_status host_unit_alloc(fsdp_engine *e, int u)
 {
-    const fsdp_engine_shared *sh = e->sh;
-    const fsdp_optim *o = sh->optim;
-    const fsdp_shard_unit *su = &sh->sm.units[u];
-    fsdp_shard_row *row = fsdp_engine_row(e, u);
-    const char *name = su->spec->name;
-    size_t f32 = su->shard_numel * sizeof(float);
-    fsdp_dtype dt = sh->cfg.compute_dtype;
+    const fsdp_shard_unit *su = &e->sh->sm.units[u];
+    fsdp_dtype dt = e->sh->cfg.compute_dtype;
+    size_t bytes = su->shard_numel * fsdp_dtype_size(dt);
     char label[96];
     if (dt != FSDP_DTYPE_F32) {
         snprintf(label, sizeof label, "host %s parameter staging", fsdp_dtype_name(dt));
-        FSDP_TRY(host_alloc(e, su->shard_numel * fsdp_dtype_size(dt), FSDP_MEM_PARAM, name, label,
-                            &ctx_of(e)->param_host[u]));
+        FSDP_TRY(fsdp_place_alloc(e, u, true, bytes, FSDP_MEM_PARAM, label,
+                                  &ctx_of(e)->param_host[u]));
     }
-    FSDP_TRY(host_alloc(e, f32, FSDP_MEM_PARAM, name, "master parameter shard",
-                        (void **)&row->master));
-    for (int k = 0; k < o->n_state; k++) {
-        snprintf(label, sizeof label, "%s state %s", o->name, o->state_names[k]);
-        FSDP_TRY(host_alloc(e, f32, FSDP_MEM_OPTIM, name, label, (void **)&row->optim[k]));
-    }
-    FSDP_TRY(host_alloc(e, f32, FSDP_MEM_GRAD, name, "gradient shard", (void **)&row->grad));
-    snprintf(label, sizeof label, "unit '%s' %s parameter shard", name, fsdp_dtype_name(dt));
-    return fsdp_device_alloc(&e->dev, su->shard_numel * fsdp_dtype_size(dt), FSDP_MEM_PARAM,
-                             label, &row->param);
+    FSDP_TRY(fsdp_place_alloc_fp32(e, u, true));
+    snprintf(label, sizeof label, "%s parameter shard", fsdp_dtype_name(dt));
+    return fsdp_place_alloc(e, u, false, bytes, FSDP_MEM_PARAM, label,
+                            &fsdp_engine_row(e, u)->param);
 }
 
 /* Upload src (host, compute dtype) into unit u's device shard; waits. */

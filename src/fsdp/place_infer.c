@@ -25,14 +25,6 @@ static void inf_fini(fsdp_engine *e) { (void)e; }
 
 static fsdp_status inf_param_refresh(fsdp_engine *e, int u);
 
-static fsdp_status inf_alloc(fsdp_engine *e, size_t bytes, const char *unit, const char *label,
-                             void **out)
-{
-    char what[128];
-    snprintf(what, sizeof what, "unit '%s' %s", unit, label);
-    return fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_PARAM, what, out);
-}
-
 static fsdp_status inf_unit_alloc(fsdp_engine *e, int u)
 {
     const fsdp_shard_unit *su = &e->sh->sm.units[u];
@@ -40,17 +32,17 @@ static fsdp_status inf_unit_alloc(fsdp_engine *e, int u)
     fsdp_dtype dt = e->sh->cfg.compute_dtype;
     size_t f32 = su->shard_numel * sizeof(float);
     if (dt == FSDP_DTYPE_F32) {
-        FSDP_TRY(inf_alloc(e, f32, su->spec->name, "fp32 parameter shard",
-                           (void **)&row->master));
+        FSDP_TRY(fsdp_place_alloc(e, u, false, f32, FSDP_MEM_PARAM, "fp32 parameter shard",
+                                  (void **)&row->master));
         row->param = row->master;
         return FSDP_STATUS_OK;
     }
     char label[64];
     snprintf(label, sizeof label, "%s parameter shard", fsdp_dtype_name(dt));
-    FSDP_TRY(inf_alloc(e, su->shard_numel * fsdp_dtype_size(dt), su->spec->name, label,
-                       &row->param));
-    FSDP_TRY(inf_alloc(e, f32, su->spec->name, "fp32 parameters while loading",
-                       (void **)&row->master));
+    FSDP_TRY(fsdp_place_alloc(e, u, false, su->shard_numel * fsdp_dtype_size(dt), FSDP_MEM_PARAM,
+                              label, &row->param));
+    FSDP_TRY(fsdp_place_alloc(e, u, false, f32, FSDP_MEM_PARAM, "fp32 parameters while loading",
+                              (void **)&row->master));
     /* meta: the engine writes no values and refreshes nothing; drop the
      * transient here, as a computing run does after loading */
     return fsdp_device_computes(&e->dev) ? FSDP_STATUS_OK : inf_param_refresh(e, u);
