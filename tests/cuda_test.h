@@ -14,6 +14,7 @@
 #define FSDP_TESTS_CUDA_TEST_H
 
 #include <check.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -71,12 +72,14 @@ typedef struct pair {
     fsdp_device cpu, gpu;
     fsdp_op_ctx oc, og;
     fsdp_dtype dt;
+    uint64_t seed; /* of the values cuda_tens.h's t_new draws; SEED */
 } pair;
 
 static inline void pair_init(pair *P, fsdp_dtype dt)
 {
     memset(P, 0, sizeof *P);
     P->dt = dt;
+    P->seed = SEED;
     ck_assert_msg(fsdp_device_init(&P->cpu, FSDP_BACKEND_CPU, NULL, 0, 0, 0) == FSDP_STATUS_OK,
                   "%s", fsdp_error_msg());
     ck_assert_msg(fsdp_device_init(&P->gpu, FSDP_BACKEND_CUDA, NULL, 0, 0, 0) == FSDP_STATUS_OK,
