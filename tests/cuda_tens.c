@@ -177,8 +177,8 @@ void expect_sync_error(pair *P, const char *needle, const char *needle2)
 void t_compare(pair *P, t_run_fn run, const void *arg, const t_check *chk, size_t n,
                float **keep)
 {
-    run(P, 0, arg);
-    run(P, 1, arg);
+    run(&P->oc, 0, arg);
+    run(&P->og, 1, arg);
     gpu_done(P);
     for (size_t k = 0; k < n; k++)
         expect_pair(P, chk[k].what, chk[k].t, chk[k].rtol, keep ? &keep[k] : NULL);
@@ -189,8 +189,17 @@ void t_rerun_same_bits(pair *P, t_run_fn run, const void *arg, const t_check *ch
 {
     for (size_t k = 0; k < n; k++)
         t_upload(P, chk[k].t);
-    run(P, 1, arg);
+    run(&P->og, 1, arg);
     gpu_done(P);
     for (size_t k = 0; k < n; k++)
         expect_same_bits(P, chk[k].what, chk[k].t, keep[k]);
+}
+
+void t_check_op(pair *P, t_run_fn run, const void *arg, const t_check *chk, size_t n)
+{
+    float **keep = malloc(n * sizeof *keep);
+    ck_assert_ptr_nonnull(keep);
+    t_compare(P, run, arg, chk, n, keep);
+    t_rerun_same_bits(P, run, arg, chk, n, keep);
+    free(keep);
 }

@@ -79,9 +79,9 @@ void expect_sync_error(pair *P, const char *needle, const char *needle2);
 
 /* ---- an op under test, run on both sides ------------------------------------ */
 
-/* Runs the op(s) under test on side gpu (0: P->oc and the .c copies,
- * 1: P->og and the .g copies); arg is the test's own. */
-typedef void (*t_run_fn)(pair *P, int gpu, const void *arg);
+/* Runs the op(s) under test on side gpu through o (0: P->oc and the .c
+ * copies, 1: P->og and the .g copies); arg is the test's own. */
+typedef void (*t_run_fn)(fsdp_op_ctx *o, int gpu, const void *arg);
 
 /* One output the op writes or accumulates into, compared at rtol. */
 typedef struct t_check {
@@ -99,5 +99,8 @@ void t_compare(pair *P, t_run_fn run, const void *arg, const t_check *chk, size_
  * poisoned), runs on the gpu again and expects keep[k]'s bits (freed). */
 void t_rerun_same_bits(pair *P, t_run_fn run, const void *arg, const t_check *chk, size_t n,
                        float **keep);
+/* t_compare, then t_rerun_same_bits: the whole check of an op whose test
+ * looks at nothing in between. */
+void t_check_op(pair *P, t_run_fn run, const void *arg, const t_check *chk, size_t n);
 
 #endif /* FSDP_TESTS_CUDA_TENS_H */

@@ -56,10 +56,9 @@ typedef struct rmsnorm_args {
     int N, C;
 } rmsnorm_args;
 
-static void run_rmsnorm(pair *P, int gpu, const void *arg)
+static void run_rmsnorm(fsdp_op_ctx *o, int gpu, const void *arg)
 {
     const rmsnorm_args *a = arg;
-    fsdp_op_ctx *o = pair_ops(P, gpu);
     FSDP_OP(o, rmsnorm_fwd, t_on(a->out, gpu), t_on(a->rstd, gpu), t_on(a->inp, gpu),
             t_on(a->w, gpu), 1e-5f, a->N, a->C);
     FSDP_OP(o, rmsnorm_bwd, t_on(a->dinp, gpu), t_on(a->dw, gpu), t_on(a->dout, gpu),
@@ -85,9 +84,7 @@ START_TEST(test_rmsnorm)
         {"rmsnorm dinp", &dinp, 1e-4},
         {"rmsnorm dw", &dw, 1e-4},
     };
-    float *k[FSDP_TEST_LEN(chk)];
-    t_compare(&P, run_rmsnorm, &a, chk, FSDP_TEST_LEN(chk), k);
-    t_rerun_same_bits(&P, run_rmsnorm, &a, chk, FSDP_TEST_LEN(chk), k);
+    t_check_op(&P, run_rmsnorm, &a, chk, FSDP_TEST_LEN(chk));
     T_FREE_ALL(&P, &inp, &w, &out, &rstd, &dout, &dinp, &dw);
     pair_fini(&P);
 }
@@ -98,10 +95,9 @@ typedef struct rope_args {
     int B, T, NHKV, hd, QS;
 } rope_args;
 
-static void run_rope(pair *P, int gpu, const void *arg)
+static void run_rope(fsdp_op_ctx *o, int gpu, const void *arg)
 {
     const rope_args *a = arg;
-    fsdp_op_ctx *o = pair_ops(P, gpu);
     const int *pos = a->pos ? t_on(a->pos, gpu) : NULL;
     FSDP_OP(o, rope_fwd, t_on(a->x, gpu), t_on(a->inv, gpu), pos, a->B, a->T, a->NHKV, a->hd,
             a->QS);
@@ -136,9 +132,7 @@ START_TEST(test_rope)
         {"rope x", &x, tol_for(dt, 1e-5)},
         {"rope dx", &dx, 1e-5},
     };
-    float *k[FSDP_TEST_LEN(chk)];
-    t_compare(&P, run_rope, &a, chk, FSDP_TEST_LEN(chk), k);
-    t_rerun_same_bits(&P, run_rope, &a, chk, FSDP_TEST_LEN(chk), k);
+    t_check_op(&P, run_rope, &a, chk, FSDP_TEST_LEN(chk));
     /* an odd head size is reported, then cleared */
     FSDP_OP(&P.og, rope_fwd, x.g, inv.g, use_pos ? pos.g : NULL, B, T, NH + NKV, hd - 1, QS);
     expect_sync_error(&P, "rope_fwd", "even");
@@ -152,10 +146,9 @@ typedef struct swiglu_args {
     int N, IC;
 } swiglu_args;
 
-static void run_swiglu(pair *P, int gpu, const void *arg)
+static void run_swiglu(fsdp_op_ctx *o, int gpu, const void *arg)
 {
     const swiglu_args *a = arg;
-    fsdp_op_ctx *o = pair_ops(P, gpu);
     FSDP_OP(o, swiglu_fwd, t_on(a->out, gpu), t_on(a->inp, gpu), a->N, a->IC);
     FSDP_OP(o, swiglu_bwd, t_on(a->dinp, gpu), t_on(a->inp, gpu), t_on(a->dout, gpu), a->N,
             a->IC);
@@ -177,9 +170,7 @@ START_TEST(test_swiglu)
         {"swiglu out", &out, tol_for(dt, 1e-5)},
         {"swiglu dinp", &dinp, 1e-5},
     };
-    float *k[FSDP_TEST_LEN(chk)];
-    t_compare(&P, run_swiglu, &a, chk, FSDP_TEST_LEN(chk), k);
-    t_rerun_same_bits(&P, run_swiglu, &a, chk, FSDP_TEST_LEN(chk), k);
+    t_check_op(&P, run_swiglu, &a, chk, FSDP_TEST_LEN(chk));
     T_FREE_ALL(&P, &inp, &out, &dout, &dinp);
     pair_fini(&P);
 }
@@ -190,10 +181,9 @@ typedef struct gqa_args {
     int B, T, NH, NKV, hd;
 } gqa_args;
 
-static void run_gqa(pair *P, int gpu, const void *arg)
+static void run_gqa(fsdp_op_ctx *o, int gpu, const void *arg)
 {
     const gqa_args *a = arg;
-    fsdp_op_ctx *o = pair_ops(P, gpu);
     FSDP_OP(o, attention_gqa_fwd, t_on(a->out, gpu), t_on(a->att, gpu), t_on(a->qkv, gpu),
             a->pos ? t_on(a->pos, gpu) : NULL, a->B, a->T, a->NH, a->NKV, a->hd);
     FSDP_OP(o, attention_gqa_bwd, t_on(a->dqkv, gpu), t_on(a->datt, gpu), t_on(a->dout, gpu),

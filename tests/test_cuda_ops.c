@@ -69,10 +69,9 @@ typedef struct embed_args {
     int B, T, C;
 } embed_args;
 
-static void run_embed(pair *P, int gpu, const void *arg)
+static void run_embed(fsdp_op_ctx *o, int gpu, const void *arg)
 {
     const embed_args *a = arg;
-    fsdp_op_ctx *o = pair_ops(P, gpu);
     FSDP_OP(o, embed_fwd, t_on(a->out, gpu), t_on(a->tok, gpu), t_on(a->wte, gpu),
             t_on(a->wpe, gpu), a->B, a->T, a->C);
     FSDP_OP(o, embed_bwd, t_on(a->dwte, gpu), t_on(a->dwpe, gpu), t_on(a->dout, gpu),
@@ -99,9 +98,7 @@ START_TEST(test_embed)
         {"embed_bwd dwte", &dwte, 0.0},
         {"embed_bwd dwpe", &dwpe, 0.0},
     };
-    float *g[FSDP_TEST_LEN(chk)];
-    t_compare(&P, run_embed, &a, chk, FSDP_TEST_LEN(chk), g);
-    t_rerun_same_bits(&P, run_embed, &a, chk, FSDP_TEST_LEN(chk), g);
+    t_check_op(&P, run_embed, &a, chk, FSDP_TEST_LEN(chk));
     T_FREE_ALL(&P, &tok, &wte, &wpe, &out, &dout, &dwte, &dwpe);
     pair_fini(&P);
 }
@@ -112,10 +109,9 @@ typedef struct layernorm_args {
     int N, C;
 } layernorm_args;
 
-static void run_layernorm(pair *P, int gpu, const void *arg)
+static void run_layernorm(fsdp_op_ctx *o, int gpu, const void *arg)
 {
     const layernorm_args *a = arg;
-    fsdp_op_ctx *o = pair_ops(P, gpu);
     FSDP_OP(o, layernorm_fwd, t_on(a->out, gpu), t_on(a->mean, gpu), t_on(a->rstd, gpu),
             t_on(a->inp, gpu), t_on(a->w, gpu), t_on(a->b, gpu), a->N, a->C);
     FSDP_OP(o, layernorm_bwd, a->dinp ? t_on(a->dinp, gpu) : NULL, t_on(a->dw, gpu),
@@ -145,21 +141,19 @@ START_TEST(test_layernorm)
         {"layernorm_bwd dw", &dw, 1e-4},
         {"layernorm_bwd db", &db, 1e-5},
     };
-    float *g[FSDP_TEST_LEN(chk)];
-    t_compare(&P, run_layernorm, &a, chk, FSDP_TEST_LEN(chk), g);
-    t_rerun_same_bits(&P, run_layernorm, &a, chk, FSDP_TEST_LEN(chk), g);
+    t_check_op(&P, run_layernorm, &a, chk, FSDP_TEST_LEN(chk));
     T_FREE_ALL(&P, &inp, &w, &b, &out, &mean, &rstd, &dout, &dinp, &dw, &db);
     pair_fini(&P);
 }
 END_TEST
 
 /* matmul_bwd on side gpu; NULL tensors are NULL gradients (skipped). */
-static void matmul_bwd_on(pair *P, int gpu, tens *dinp, tens *dw, tens *dbias, const tens *dout,
-                          const tens *inp, const tens *w, int N, int C, int OC)
+static void matmul_bwd_on(fsdp_op_ctx *o, int gpu, tens *dinp, tens *dw, tens *dbias,
+                          const tens *dout, const tens *inp, const tens *w, int N, int C, int OC)
 {
-    FSDP_OP(pair_ops(P, gpu), matmul_bwd, dinp ? t_on(dinp, gpu) : NULL,
-            dw ? t_on(dw, gpu) : NULL, dbias ? t_on(dbias, gpu) : NULL, t_on(dout, gpu),
-            t_on(inp, gpu), t_on(w, gpu), N, C, OC);
+    FSDP_OP(o, matmul_bwd, dinp ? t_on(dinp, gpu) : NULL, dw ? t_on(dw, gpu) : NULL,
+            dbias ? t_on(dbias, gpu) : NULL, t_on(dout, gpu), t_on(inp, gpu), t_on(w, gpu), N, C,
+            OC);
 }
 
 typedef struct matmul_args {
@@ -168,17 +162,16 @@ typedef struct matmul_args {
 } matmul_args;
 
 /* Forward with and without bias (unless out is NULL), then backward. */
-static void run_matmul(pair *P, int gpu, const void *arg)
+static void run_matmul(fsdp_op_ctx *o, int gpu, const void *arg)
 {
     const matmul_args *a = arg;
-    fsdp_op_ctx *o = pair_ops(P, gpu);
     if (a->out) {
         FSDP_OP(o, matmul_fwd, t_on(a->out, gpu), t_on(a->inp, gpu), t_on(a->w, gpu),
                 t_on(a->bias, gpu), a->N, a->C, a->OC);
         FSDP_OP(o, matmul_fwd, t_on(a->out2, gpu), t_on(a->inp, gpu), t_on(a->w, gpu), NULL,
                 a->N, a->C, a->OC);
     }
-    matmul_bwd_on(P, gpu, a->dinp, a->dw, a->dbias, a->dout, a->inp, a->w, a->N, a->C, a->OC);
+    matmul_bwd_on(o, gpu, a->dinp, a->dw, a->dbias, a->dout, a->inp, a->w, a->N, a->C, a->OC);
 }
 
 START_TEST(test_matmul)
@@ -203,13 +196,11 @@ START_TEST(test_matmul)
         {"matmul_bwd dw", &dw, tol_for(dt, 1e-4)},
         {"matmul_bwd dbias", &dbias, 1e-5},
     };
-    float *g[FSDP_TEST_LEN(chk)];
-    t_compare(&P, run_matmul, &a, chk, FSDP_TEST_LEN(chk), g);
-    t_rerun_same_bits(&P, run_matmul, &a, chk, FSDP_TEST_LEN(chk), g);
+    t_check_op(&P, run_matmul, &a, chk, FSDP_TEST_LEN(chk));
     /* NULL gradients are skipped: only dinp changes */
     t_upload(&P, &dinp);
     t_upload(&P, &dw);
-    matmul_bwd_on(&P, 1, &dinp, NULL, NULL, &dout, &inp, &w, N, C, OC);
+    matmul_bwd_on(&P.og, 1, &dinp, NULL, NULL, &dout, &inp, &w, N, C, OC);
     gpu_done(&P);
     float *gw = t_get(&P, &dw, 1);
     ck_assert(memcmp(gw, dw.init, dw.n * sizeof(float)) == 0);
@@ -270,11 +261,11 @@ typedef struct colsum_args {
     layernorm_args ln;
 } colsum_args;
 
-static void run_colsum(pair *P, int gpu, const void *arg)
+static void run_colsum(fsdp_op_ctx *o, int gpu, const void *arg)
 {
     const colsum_args *a = arg;
-    run_matmul(P, gpu, &a->mm);
-    run_layernorm(P, gpu, &a->ln);
+    run_matmul(o, gpu, &a->mm);
+    run_layernorm(o, gpu, &a->ln);
 }
 
 /* Column sums over more rows than 256 chunks of 64 (16,384), where the
@@ -321,10 +312,9 @@ typedef struct gelu_args {
     size_t n;
 } gelu_args;
 
-static void run_gelu_residual_add(pair *P, int gpu, const void *arg)
+static void run_gelu_residual_add(fsdp_op_ctx *o, int gpu, const void *arg)
 {
     const gelu_args *a = arg;
-    fsdp_op_ctx *o = pair_ops(P, gpu);
     FSDP_OP(o, gelu_fwd, t_on(a->out, gpu), t_on(a->x, gpu), a->n);
     FSDP_OP(o, gelu_bwd, t_on(a->dinp, gpu), t_on(a->x, gpu), t_on(a->dout, gpu), a->n);
     FSDP_OP(o, residual_fwd, t_on(a->res, gpu), t_on(a->x, gpu), t_on(a->y, gpu), a->n);
@@ -350,9 +340,7 @@ START_TEST(test_gelu_residual_add)
         {"residual_fwd", &res, 0.0},
         {"add", &a32, 0.0},
     };
-    float *g[FSDP_TEST_LEN(chk)];
-    t_compare(&P, run_gelu_residual_add, &a, chk, FSDP_TEST_LEN(chk), g);
-    t_rerun_same_bits(&P, run_gelu_residual_add, &a, chk, FSDP_TEST_LEN(chk), g);
+    t_check_op(&P, run_gelu_residual_add, &a, chk, FSDP_TEST_LEN(chk));
     T_FREE_ALL(&P, &x, &y, &out, &res, &dout, &dinp, &a32);
     pair_fini(&P);
 }
@@ -363,10 +351,9 @@ typedef struct attention_args {
     int B, T, C, NH;
 } attention_args;
 
-static void run_attention(pair *P, int gpu, const void *arg)
+static void run_attention(fsdp_op_ctx *o, int gpu, const void *arg)
 {
     const attention_args *a = arg;
-    fsdp_op_ctx *o = pair_ops(P, gpu);
     FSDP_OP(o, attention_fwd, t_on(a->out, gpu), t_on(a->att, gpu), t_on(a->qkv, gpu), a->B,
             a->T, a->C, a->NH);
     FSDP_OP(o, attention_bwd, t_on(a->dqkv, gpu), t_on(a->datt, gpu), t_on(a->dout, gpu),
@@ -429,10 +416,10 @@ typedef struct xent_args {
     int N, V, Vp;
 } xent_args;
 
-static void run_xent(pair *P, int gpu, const void *arg)
+static void run_xent(fsdp_op_ctx *o, int gpu, const void *arg)
 {
     const xent_args *a = arg;
-    FSDP_OP(pair_ops(P, gpu), xent_fwd_bwd, t_on(a->losses, gpu), t_on(a->dlogits, gpu),
+    FSDP_OP(o, xent_fwd_bwd, t_on(a->losses, gpu), t_on(a->dlogits, gpu),
             t_on(a->logits, gpu), t_on(a->tgt, gpu), a->N, a->V, a->Vp, 1.0f / a->N);
 }
 
@@ -463,7 +450,7 @@ static void check_xent(fsdp_dtype dt, int N, int V, int Vp, uint64_t seed)
     if (dt == FSDP_DTYPE_F32) {
         float *sep = t_get(&P, &dlogits, 1);
         const xent_args inplace_args = {&losses, &logits, &logits, &tgt, N, V, Vp};
-        run_xent(&P, 1, &inplace_args);
+        run_xent(&P.og, 1, &inplace_args);
         gpu_done(&P);
         float *inplace = t_get(&P, &logits, 1);
         ck_assert_msg(memcmp(sep, inplace, logits.n * sizeof(float)) == 0,
@@ -490,32 +477,59 @@ START_TEST(test_xent_gpt2_vocab)
 }
 END_TEST
 
+/* What the optimizer tests share: a pair, n parameters p (N(0, 1)) with
+ * gradients g (0.3 N(0, 1)) from streams stream and stream + 1, and the
+ * output copy po in out_dt (_i: 0 fp32, 1 bf16). */
+typedef struct optim_case {
+    pair P;
+    tens p, g, po;
+    fsdp_dtype out_dt;
+    size_t n;
+} optim_case;
+
+static void optim_case_init(optim_case *c, fsdp_dtype out_dt, uint64_t stream)
+{
+    pair_init(&c->P, FSDP_DTYPE_F32);
+    c->out_dt = out_dt;
+    c->n = 10007;
+    c->p = t_new(&c->P, c->n, FSDP_DTYPE_F32, 1.0f, stream);
+    c->g = t_new(&c->P, c->n, FSDP_DTYPE_F32, 0.3f, stream + 1);
+    c->po = t_out(&c->P, c->n, out_dt);
+}
+
+/* p and p_out bit for bit, then frees what optim_case_init made. */
+static void optim_case_check_fini(optim_case *c, const char *opt)
+{
+    char what[64];
+    pathf(what, sizeof what, "%s p", opt);
+    expect_bits_equal(&c->P, what, &c->p);
+    pathf(what, sizeof what, "%s p_out", opt);
+    expect_bits_equal(&c->P, what, &c->po);
+    T_FREE_ALL(&c->P, &c->p, &c->g, &c->po);
+    pair_fini(&c->P);
+}
+
 /* AdamW: bit-identical to the cpu (the AdamW reference in ops/cpu/optim_kernels.h), p_out fp32 or bf16. */
 START_TEST(test_adamw_bit_exact)
 {
     NEED_GPU(_i ? "test_adamw_bit_exact(bf16 out)" : "test_adamw_bit_exact(f32 out)");
-    pair P;
-    fsdp_dtype out_dt = (fsdp_dtype)_i;
-    pair_init(&P, FSDP_DTYPE_F32);
-    const size_t n = 10007;
-    tens p = t_new(&P, n, FSDP_DTYPE_F32, 1.0f, 60), g = t_new(&P, n, FSDP_DTYPE_F32, 0.3f, 61);
-    tens m = t_new(&P, n, FSDP_DTYPE_F32, 0.01f, 62), v = t_new(&P, n, FSDP_DTYPE_F32, 0.0f, 0);
-    tens po = t_out(&P, n, out_dt);
+    optim_case c;
+    optim_case_init(&c, (fsdp_dtype)_i, 60);
+    tens m = t_new(&c.P, c.n, FSDP_DTYPE_F32, 0.01f, 62);
+    tens v = t_new(&c.P, c.n, FSDP_DTYPE_F32, 0.0f, 0);
     for (int step = 1; step <= 3; step++) {
         float b1 = 0.9f, b2 = 0.95f;
         float bc1 = 1.0f - powf(b1, (float)step), bc2 = 1.0f - powf(b2, (float)step);
         for (int gpu = 0; gpu < 2; gpu++)
-            FSDP_OP(pair_ops(&P, gpu), adamw, t_on(&p, gpu), t_on(&g, gpu), t_on(&m, gpu),
-                    t_on(&v, gpu), n, 3e-4f, b1, b2, 1e-8f, 0.1f, bc1, bc2, 0.7f, t_on(&po, gpu),
-                    out_dt);
+            FSDP_OP(pair_ops(&c.P, gpu), adamw, t_on(&c.p, gpu), t_on(&c.g, gpu), t_on(&m, gpu),
+                    t_on(&v, gpu), c.n, 3e-4f, b1, b2, 1e-8f, 0.1f, bc1, bc2, 0.7f,
+                    t_on(&c.po, gpu), c.out_dt);
     }
-    gpu_done(&P);
-    expect_bits_equal(&P, "adamw p", &p);
-    expect_bits_equal(&P, "adamw m", &m);
-    expect_bits_equal(&P, "adamw v", &v);
-    expect_bits_equal(&P, "adamw p_out", &po);
-    T_FREE_ALL(&P, &p, &g, &m, &v, &po);
-    pair_fini(&P);
+    gpu_done(&c.P);
+    expect_bits_equal(&c.P, "adamw m", &m);
+    expect_bits_equal(&c.P, "adamw v", &v);
+    T_FREE_ALL(&c.P, &m, &v);
+    optim_case_check_fini(&c, "adamw");
 }
 END_TEST
 
@@ -523,24 +537,19 @@ END_TEST
 START_TEST(test_sgd_bit_exact)
 {
     NEED_GPU(_i ? "test_sgd_bit_exact(bf16 out)" : "test_sgd_bit_exact(f32 out)");
-    pair P;
-    fsdp_dtype out_dt = (fsdp_dtype)_i;
-    pair_init(&P, FSDP_DTYPE_F32);
-    const size_t n = 10007;
-    tens p = t_new(&P, n, FSDP_DTYPE_F32, 1.0f, 63), g = t_new(&P, n, FSDP_DTYPE_F32, 0.3f, 64);
-    tens buf = t_new(&P, n, FSDP_DTYPE_F32, 0.0f, 0), po = t_out(&P, n, out_dt);
+    optim_case c;
+    optim_case_init(&c, (fsdp_dtype)_i, 63);
+    tens buf = t_new(&c.P, c.n, FSDP_DTYPE_F32, 0.0f, 0);
     for (int step = 1; step <= 3; step++) {
         float wd = step == 2 ? 0.0f : 0.1f;
         for (int gpu = 0; gpu < 2; gpu++)
-            FSDP_OP(pair_ops(&P, gpu), sgd, t_on(&p, gpu), t_on(&g, gpu), t_on(&buf, gpu), n,
-                    0.05f, 0.9f, wd, 0.7f, t_on(&po, gpu), out_dt);
+            FSDP_OP(pair_ops(&c.P, gpu), sgd, t_on(&c.p, gpu), t_on(&c.g, gpu), t_on(&buf, gpu),
+                    c.n, 0.05f, 0.9f, wd, 0.7f, t_on(&c.po, gpu), c.out_dt);
     }
-    gpu_done(&P);
-    expect_bits_equal(&P, "sgd p", &p);
-    expect_bits_equal(&P, "sgd buf", &buf);
-    expect_bits_equal(&P, "sgd p_out", &po);
-    T_FREE_ALL(&P, &p, &g, &buf, &po);
-    pair_fini(&P);
+    gpu_done(&c.P);
+    expect_bits_equal(&c.P, "sgd buf", &buf);
+    t_free(&c.P, &buf);
+    optim_case_check_fini(&c, "sgd");
 }
 END_TEST
 
