@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "testutil.h"
 #include "train/train.h"
+#include "train_util.h"
 
 #define UTIL static __attribute__((unused))
 
@@ -39,21 +40,10 @@ UTIL char *path_in(const char *dir, const char *name)
     return p;
 }
 
+/* The whole file, NUL-terminated (text files can be used as strings). */
 UTIL unsigned char *read_file(const char *path, size_t *n)
 {
-    FILE *f = fopen(path, "rb");
-    REQUIRE(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)len + 1);
-    ck_assert_ptr_nonnull(b);
-    REQUIRE(fread(b, 1, (size_t)len, f) == (size_t)len, "short read of %s", path);
-    fclose(f);
-    b[len] = '\0'; /* text files can be used as strings */
-    if (n)
-        *n = (size_t)len;
-    return b;
+    return (unsigned char *)fsdp_test_read_file(path, n);
 }
 
 UTIL void write_file(const char *path, const void *b, size_t n)
@@ -149,25 +139,12 @@ UTIL void write_init_model(const char *path, const char *spec, uint64_t seed)
 
 UTIL void train_config(fsdp_train_config *c, const char *model, int devices, int steps)
 {
-    fsdp_train_config_default(c);
-    c->eng.backend = FSDP_BACKEND_CPU;
-    c->eng.n_ranks = devices;
+    train_config_cpu(c, model, devices);
     c->eng.batch = 2;
-    c->eng.seq = 16;
     c->eng.deterministic = true;
-    c->model = model;
-    c->data = "synthetic";
     c->steps = steps;
     c->warmup = 1;
-    c->eval_problems = 0;
     c->n_samples = 0;
-    c->out = NULL;
-}
-
-UTIL void train_ok(const fsdp_train_config *c, fsdp_train_result *r)
-{
-    fsdp_status st = fsdp_train_run(c, r);
-    REQUIRE(st == FSDP_STATUS_OK, "training %s: %s", c->model, fsdp_error_msg());
 }
 
 /* Expect a failure with `want` status whose message holds every fragment. */

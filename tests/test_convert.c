@@ -42,7 +42,7 @@ static void trained_checkpoint(const char *dir, fsdp_train_result *res)
     train_config(&c, BYTE_SPEC, 3, 3);
     c.ckpt_dir = path_in(dir, "ckpt");
     c.keep_params = true;
-    train_ok(&c, res);
+    run_ok(&c, res);
 }
 
 START_TEST(test_roundtrip_ckpt_bin_ckpt)
@@ -141,12 +141,12 @@ START_TEST(test_converted_ckpt_resumes)
      * model's context) and seed 1337; resuming needs the same global batch */
     train_config(&c, path_in(dir, "m.safetensors"), 2, 2);
     c.eng.batch = 4;
-    train_ok(&c, &r1);
+    run_ok(&c, &r1);
     train_config(&c, BYTE_SPEC, 1, 2);
     c.eng.batch = 8;
     c.ckpt_dir = path_in(dir, "ck");
     c.resume = true;
-    train_ok(&c, &r2);
+    run_ok(&c, &r2);
     ck_assert_int_eq(r2.first_step, 0);
     for (int s = 0; s < 2; s++)
         REQUIRE(!memcmp(&r1.losses[s], &r2.losses[s], 4), "step %d: %.9g from the file, %.9g "
@@ -330,7 +330,7 @@ START_TEST(test_eval_equals_train_loss)
     fsdp_train_result r;
     train_config(&c, model, 2, 1);
     c.eng.grad_accum = 2;
-    train_ok(&c, &r);
+    run_ok(&c, &r);
     for (int N = 1; N <= 3; N++) {
         fsdp_infer_config ic;
         fsdp_infer_config_default(&ic);
@@ -424,12 +424,12 @@ START_TEST(test_train_from_file_equals_same_init)
     fsdp_train_config c;
     fsdp_train_result ref, r;
     train_config(&c, BYTE_SPEC, 4, 2);
-    train_ok(&c, &ref);
+    run_ok(&c, &ref);
     for (int f = 0; f < 2; f++) {
         write_init_model(files[f], BYTE_SPEC, c.eng.seed);
         fsdp_train_config cf;
         train_config(&cf, files[f], 4, 2);
-        train_ok(&cf, &r);
+        run_ok(&cf, &r);
         for (int s = 0; s < 2; s++)
             REQUIRE(!memcmp(&r.losses[s], &ref.losses[s], 4), "%s step %d: %.9g vs %.9g",
                     files[f], s, (double)r.losses[s], (double)ref.losses[s]);
@@ -450,7 +450,7 @@ START_TEST(test_sample_deterministic)
     train_config(&c, BYTE_SPEC, 2, 4);
     c.ckpt_dir = path_in(dir, "ck");
     c.lr = 1e-2f;
-    train_ok(&c, &r);
+    run_ok(&c, &r);
     fsdp_train_result_free(&r);
     const char *text = "123+456=";
     int prompt[32], n_prompt = (int)strlen(text);

@@ -23,35 +23,12 @@
 #include "models/registry.h"
 #include "train/infer.h"
 #include "train/train.h"
+#include "train_util.h"
 
-/* A tiny run. The global batch is 8 micro-batches of one sequence of 16
- * tokens for every device count: N devices run 8/N micro-steps each. The
- * determinism contract holds for the same micro-batches, so the micro-batch
- * size stays fixed. */
-static void tiny_config(fsdp_train_config *c, int devices, int accum)
-{
-    fsdp_train_config_default(c);
-    c->eng.backend = FSDP_BACKEND_CPU;
-    c->eng.n_ranks = devices;
-    c->eng.grad_accum = accum ? accum : 8 / devices;
-    c->eng.batch = 8 / (devices * c->eng.grad_accum);
-    c->eng.seq = 16;
-    c->eng.deterministic = true;
-    c->model = "tiny";
-    c->data = "synthetic";
-    c->steps = 3;
-    c->warmup = 1;
-    c->lr = 1e-2f;
-    c->eval_problems = 0;
-    c->keep_params = true;
-    c->out = NULL;
-}
-
-static void run_ok(const fsdp_train_config *c, fsdp_train_result *r)
-{
-    fsdp_status st = fsdp_train_run(c, r);
-    ck_assert_msg(st == FSDP_STATUS_OK, "train failed: %s", fsdp_error_msg());
-}
+/* Runs are train_config_tiny's (train_util.h): the global batch is 8
+ * micro-batches of one sequence of 16 tokens for every device count, N
+ * devices running 8/N micro-steps each. The determinism contract holds for
+ * the same micro-batches, so the micro-batch size stays fixed. */
 
 /* Same losses and same final parameters of `model`, bit for bit. */
 static void assert_identical_model(const fsdp_train_result *a, const fsdp_train_result *b,
@@ -89,7 +66,7 @@ START_TEST(test_determinism_matrix)
 {
     fsdp_train_config c;
     fsdp_train_result ref;
-    tiny_config(&c, 1, 0);
+    train_config_tiny(&c, 1, 0);
     run_ok(&c, &ref);
     ck_assert(ref.losses[2] < ref.losses[0]); /* it trains */
     static const int devs[] = {1, 2, 4, 8};
@@ -98,7 +75,7 @@ START_TEST(test_determinism_matrix)
             for (int p = 0; p < 2; p++) {
                 if (d == 0 && s == 0 && p == 1)
                     continue; /* the reference itself */
-                tiny_config(&c, devs[d], 0);
+                train_config_tiny(&c, devs[d], 0);
                 c.eng.shard = (fsdp_shard_strategy)s;
                 c.eng.prefetch = p == 1;
                 fsdp_train_result r;
@@ -119,16 +96,16 @@ START_TEST(test_grad_accum_matches)
 {
     fsdp_train_config c;
     fsdp_train_result a, b;
-    tiny_config(&c, 4, 1);
+    train_config_tiny(&c, 4, 1);
     c.eng.batch = 1;
     run_ok(&c, &a);
-    tiny_config(&c, 2, 2);
+    train_config_tiny(&c, 2, 2);
     c.eng.batch = 1;
     run_ok(&c, &b);
     assert_identical(&a, &b, "2 devices x 2 micro-steps vs 4 devices");
     fsdp_train_result_free(&b);
     /* three micro-steps (not a power of two) still train and stay finite */
-    tiny_config(&c, 1, 3);
+    train_config_tiny(&c, 1, 3);
     c.eng.batch = 2;
     run_ok(&c, &b);
     ck_assert(isfinite(b.losses[2]) && b.losses[2] < b.losses[0]);
@@ -142,11 +119,11 @@ START_TEST(test_sharded_matches_unsharded)
 {
     fsdp_train_config c;
     fsdp_train_result a, b;
-    tiny_config(&c, 4, 0);
+    train_config_tiny(&c, 4, 0);
     c.steps = 10;
     c.eng.shard = FSDP_SHARD_FULL;
     run_ok(&c, &a);
-    tiny_config(&c, 1, 0);
+    train_config_tiny(&c, 1, 0);
     c.steps = 10;
     c.eng.shard = FSDP_SHARD_NONE;
     run_ok(&c, &b);
@@ -165,7 +142,7 @@ START_TEST(test_offload_identical)
             for (int clip = 0; clip < 2; clip++) {
                 fsdp_train_config c;
                 fsdp_train_result a, b;
-                tiny_config(&c, devs[d], 0);
+                train_config_tiny(&c, devs[d], 0);
                 c.eng.shard = (fsdp_shard_strategy)s;
                 c.eng.clip = clip ? 0.5f : 0.0f;
                 run_ok(&c, &a);
@@ -208,7 +185,7 @@ START_TEST(test_bf16_trains_close)
 {
     fsdp_train_config c;
     fsdp_train_result a, b, d;
-    tiny_config(&c, 2, 0);
+    train_config_tiny(&c, 2, 0);
     c.steps = 5;
     run_ok(&c, &a);
     c.eng.compute_dtype = FSDP_DTYPE_BF16;
@@ -217,7 +194,7 @@ START_TEST(test_bf16_trains_close)
         ck_assert_msg(fabsf(a.losses[s] - b.losses[s]) < 0.02f * a.losses[s],
                       "bf16 loss %g vs fp32 %g at step %d", b.losses[s], a.losses[s], s + 1);
     /* bf16 is also deterministic across device counts */
-    tiny_config(&c, 4, 0);
+    train_config_tiny(&c, 4, 0);
     c.steps = 5;
     c.eng.compute_dtype = FSDP_DTYPE_BF16;
     run_ok(&c, &d);
@@ -241,7 +218,7 @@ START_TEST(test_comm_bytes_formula)
             for (int prec = 0; prec < 2; prec++) {
                 int N = devs[d], A = 1;
                 fsdp_train_config c;
-                tiny_config(&c, N, A);
+                train_config_tiny(&c, N, A);
                 c.steps = 2;
                 c.keep_params = false;
                 c.eng.shard = (fsdp_shard_strategy)s;
@@ -283,7 +260,7 @@ START_TEST(test_peak_memory_falls)
         int N = devs[d];
         fsdp_train_config c;
         fsdp_train_result r;
-        tiny_config(&c, N, 1);
+        train_config_tiny(&c, N, 1);
         c.model = "small";
         c.eng.batch = 1;
         c.steps = 1;
@@ -321,7 +298,7 @@ START_TEST(test_oom_under_cap)
 {
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 4, 1);
+    train_config_tiny(&c, 4, 1);
     c.model = "small";
     c.eng.device_mem = 2u << 20; /* 2 MiB: params fit, a gathered unit + activations don't */
     double t0 = now_s();
@@ -341,16 +318,16 @@ START_TEST(test_bad_configs)
 {
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 2, 1);
+    train_config_tiny(&c, 2, 1);
     c.eng.seq = 100000;
     ck_assert_int_eq(fsdp_train_run(&c, &r), FSDP_STATUS_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "context"));
     fsdp_train_result_free(&r);
-    tiny_config(&c, 2, 1);
+    train_config_tiny(&c, 2, 1);
     c.model = "no-such-model";
     ck_assert_int_eq(fsdp_train_run(&c, &r), FSDP_STATUS_INVALID_ARG);
     fsdp_train_result_free(&r);
-    tiny_config(&c, 2, 1);
+    train_config_tiny(&c, 2, 1);
     c.data = "/nonexistent/file.bin";
     ck_assert_int_ne(fsdp_train_run(&c, &r), FSDP_STATUS_OK);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "/nonexistent/file.bin"));
@@ -396,7 +373,7 @@ START_TEST(test_offload_overlap)
     close(fd);
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 1, 1);
+    train_config_tiny(&c, 1, 1);
     c.model = "custom:layers=4,heads=4,channels=128,vocab=256,context=64";
     c.eng.batch = 8;
     c.eng.seq = 64;
@@ -422,7 +399,7 @@ START_TEST(test_many_micro_batches)
 {
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 4, 1);
+    train_config_tiny(&c, 4, 1);
     c.eng.grad_accum = 260; /* M = 1040 micro-batches, tiny has 35 norm blocks */
     c.eng.batch = 1;
     c.eng.seq = 4;
@@ -439,7 +416,7 @@ START_TEST(test_eight_ranks_prefetch_offload)
 {
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 8, 1);
+    train_config_tiny(&c, 8, 1);
     c.eng.offload = true;
     c.eng.compute_dtype = FSDP_DTYPE_BF16;
     c.steps = 2;
@@ -478,12 +455,12 @@ START_TEST(test_recompute_identical)
     const char *model = recompute_models[_i];
     fsdp_train_config c;
     fsdp_train_result ref, ref_bf16;
-    tiny_config(&c, 1, 0);
+    train_config_tiny(&c, 1, 0);
     c.model = model;
     run_ok(&c, &ref);
     ck_assert(ref.losses[2] < ref.losses[0]);
     size_t ref_act = ref.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT];
-    tiny_config(&c, 2, 0);
+    train_config_tiny(&c, 2, 0);
     c.model = model;
     c.eng.compute_dtype = FSDP_DTYPE_BF16;
     run_ok(&c, &ref_bf16);
@@ -491,7 +468,7 @@ START_TEST(test_recompute_identical)
     for (int mode = FSDP_RECOMPUTE_BLOCK; mode < FSDP_RECOMPUTE_COUNT; mode++) {
         for (int d = 0; d < 4; d++)
             for (int s = 0; s < FSDP_SHARD_COUNT; s++) {
-                tiny_config(&c, devs[d], 0);
+                train_config_tiny(&c, devs[d], 0);
                 c.model = model;
                 c.eng.recompute = (fsdp_recompute)mode;
                 c.eng.shard = (fsdp_shard_strategy)s;
@@ -512,7 +489,7 @@ START_TEST(test_recompute_identical)
         /* offload (with and without clipping), against the same run without recompute */
         for (int k = 0; k < 2; k++) {
             fsdp_train_result a, b;
-            tiny_config(&c, 2 * (k + 1), 0);
+            train_config_tiny(&c, 2 * (k + 1), 0);
             c.model = model;
             c.eng.offload = true;
             c.eng.clip = k ? 0.5f : 0.0f;
@@ -531,7 +508,7 @@ START_TEST(test_recompute_identical)
         /* bf16: the recomputed bf16 activations are the forward's */
         for (int d = 1; d < 3; d++) {
             fsdp_train_result r;
-            tiny_config(&c, devs[d], 0);
+            train_config_tiny(&c, devs[d], 0);
             c.model = model;
             c.eng.compute_dtype = FSDP_DTYPE_BF16;
             c.eng.recompute = (fsdp_recompute)mode;
@@ -575,7 +552,7 @@ START_TEST(test_recompute_memory_formula)
         for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
             fsdp_train_config c;
             fsdp_train_result r;
-            tiny_config(&c, 2, 1);
+            train_config_tiny(&c, 2, 1);
             c.model = "custom:layers=5,heads=2,channels=64,vocab=256,context=32";
             c.eng.batch = B;
             c.eng.seq = T;
@@ -618,7 +595,7 @@ START_TEST(test_recompute_schedule)
     for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
         fsdp_train_config c;
         fsdp_train_result r;
-        tiny_config(&c, 2, 2);
+        train_config_tiny(&c, 2, 2);
         c.model = model;
         c.eng.recompute = (fsdp_recompute)mode;
         c.steps = 2;
@@ -665,7 +642,7 @@ START_TEST(test_recompute_refused)
     const struct fsdp_model_i *gpt2_iface = m.iface;
     m.iface = &no_recompute;
     fsdp_train_config c;
-    tiny_config(&c, 2, 1);
+    train_config_tiny(&c, 2, 1);
     fsdp_engine_shared sh;
     c.eng.recompute = FSDP_RECOMPUTE_NONE;
     ck_assert_int_eq(fsdp_engine_shared_init(&sh, &c.eng, &m, NULL, NULL), FSDP_STATUS_OK);
@@ -699,7 +676,7 @@ START_TEST(test_recompute_identical_cuda)
         fsdp_train_result ref;
         fsdp_train_config c;
         for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
-            tiny_config(&c, 1, 2);
+            train_config_tiny(&c, 1, 2);
             c.model = model;
             c.eng.backend = FSDP_BACKEND_CUDA;
             c.eng.batch = 4;
@@ -763,7 +740,7 @@ static void write_examples(const char *path)
 
 static void masked_config(fsdp_train_config *c, const char *model, const char *data, int devices)
 {
-    tiny_config(c, devices, 4 / devices);
+    train_config_tiny(c, devices, 4 / devices);
     c->eng.batch = 2; /* 4 micro-batches of 2 rows of 32 tokens per step */
     c->eng.seq = 32;
     c->eng.clip = 1.0f;
@@ -969,7 +946,7 @@ START_TEST(test_threads_per_device_bit_identical)
         fsdp_train_result ref;
         for (int t = 1; t <= 3; t++) {
             fsdp_train_config c;
-            tiny_config(&c, 2, 1);
+            train_config_tiny(&c, 2, 1);
             c.model = model;
             c.eng.batch = 8;
             c.eng.seq = 64;

@@ -26,6 +26,7 @@
 
 #include "ckpt/ckpt_dir.h"
 #include "ckpt/modelfile.h"
+#include "file_util.h"
 #include "models/model.h"
 #include "models/registry.h"
 #include "testutil.h"
@@ -129,18 +130,6 @@ static void assert_ckpt_loads(const char *dir, const char *context)
     ck_assert_msg(rc == 0, "%s: the newest checkpoint in %s does not load (exit %d):\n%.2000s",
                   context, dir, rc, out);
     unlink(bin);
-}
-
-static int count_lines(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    int n = 0, ch;
-    while ((ch = fgetc(f)) != EOF)
-        n += ch == '\n';
-    fclose(f);
-    return n;
 }
 
 /* ---- FSDP_FAULT: every operation of a training step --------------------------- */

@@ -44,6 +44,7 @@
 #include "report/svg.h"
 #include "testutil.h"
 #include "train/train.h"
+#include "train_util.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -946,18 +947,12 @@ START_TEST(test_lock_trainer)
     fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(ck, sizeof ck, "%s/ck", dir);
     fsdp_train_config c;
-    fsdp_train_config_default(&c);
-    c.eng.backend = FSDP_BACKEND_CPU;
-    c.eng.n_ranks = 2;
+    train_config_cpu(&c, "custom:layers=1,heads=2,channels=16,vocab=256,context=16", 2);
     c.eng.batch = 2;
     c.eng.seq = 8;
-    c.model = "custom:layers=1,heads=2,channels=16,vocab=256,context=16";
-    c.data = "synthetic";
     c.steps = 2;
     c.warmup = 0;
-    c.eval_problems = 0;
     c.n_samples = 0;
-    c.out = NULL;
     c.ckpt_dir = ck;
     c.resume = true;
     int rd, wr;

@@ -34,6 +34,7 @@
 #include "cuda_test.h"
 #include "testutil.h"
 #include "train/train.h"
+#include "train_util.h"
 
 /* ---- fixtures ------------------------------------------------------------------ */
 
@@ -495,30 +496,17 @@ static const char *const det_models[] = {"llama-tiny", "qwen2-tiny"};
  * count (the contract is for the same micro-batches). */
 static void det_config(fsdp_train_config *c, const char *model, int devices)
 {
-    fsdp_train_config_default(c);
-    c->eng.backend = FSDP_BACKEND_CPU;
-    c->eng.n_ranks = devices;
+    train_config_cpu(c, model, devices);
     c->eng.grad_accum = 8 / devices;
     c->eng.batch = 1;
-    c->eng.seq = 16;
     c->eng.deterministic = true;
     c->eng.clip = 1.0f;
     c->eng.weight_decay = 0.1f;
-    c->model = model;
-    c->data = "synthetic";
     c->steps = 3;
     c->warmup = 1;
     c->lr = 1e-2f;
-    c->eval_problems = 0;
     c->n_samples = 0;
     c->keep_params = true;
-    c->out = NULL;
-}
-
-static void run_ok(const fsdp_train_config *c, fsdp_train_result *r, const char *what)
-{
-    fsdp_status st = fsdp_train_run(c, r);
-    ck_assert_msg(st == FSDP_STATUS_OK, "%s: %s", what, fsdp_error_msg());
 }
 
 static void assert_identical(const fsdp_train_result *a, const fsdp_train_result *b,
@@ -545,7 +533,7 @@ START_TEST(test_determinism_devices_strategies_offload)
     fsdp_train_config c;
     fsdp_train_result ref;
     det_config(&c, model, 1);
-    run_ok(&c, &ref, model);
+    run_ok_as(&c, &ref, model);
     ck_assert_msg(ref.losses[2] < ref.losses[0], "%s does not train: %g -> %g", model,
                   ref.losses[0], ref.losses[2]);
     static const int devs[] = {1, 2, 4, 8};
@@ -566,7 +554,7 @@ START_TEST(test_determinism_devices_strategies_offload)
                          model, devs[d], fsdp_shard_strategy_name(c.eng.shard),
                          v ? "on" : "off", v == 2 ? "optimizer" : "none");
                 fsdp_train_result r;
-                run_ok(&c, &r, what);
+                run_ok_as(&c, &r, what);
                 assert_identical(&ref, &r, &m, what);
                 fsdp_train_result_free(&r);
                 n_runs++;
@@ -620,7 +608,7 @@ START_TEST(test_recompute_memory_formula)
             c.eng.recompute = (fsdp_recompute)mode;
             c.steps = 1;
             c.keep_params = false;
-            run_ok(&c, &r, model);
+            run_ok_as(&c, &r, model);
             act[mode] = r.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT];
             peak[mode] = r.stats[0].peak_bytes;
             fsdp_train_result_free(&r);
@@ -681,9 +669,9 @@ START_TEST(test_cuda_matches_cpu)
         det_config(&c, model, 1);
         c.steps = 4;
         c.eng.compute_dtype = prec ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
-        run_ok(&c, &cpu, "cpu");
+        run_ok_as(&c, &cpu, "cpu");
         c.eng.backend = FSDP_BACKEND_CUDA;
-        run_ok(&c, &gpu, "cuda");
+        run_ok_as(&c, &gpu, "cuda");
         const double tol = prec ? 3e-2 : 1e-3;
         for (int s = 0; s < c.steps; s++) {
             double rel = fabs((double)gpu.losses[s] - cpu.losses[s]) / cpu.losses[s];

@@ -1,0 +1,59 @@
+/*
+ * train_util.c - training runs for the suites (train_util.h).
+ */
+#include "train_util.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "testutil.h"
+
+void train_config_cpu(fsdp_train_config *c, const char *model, int devices)
+{
+    fsdp_train_config_default(c);
+    c->eng.backend = FSDP_BACKEND_CPU;
+    c->eng.n_ranks = devices;
+    c->eng.seq = 16;
+    c->model = model;
+    c->data = "synthetic";
+    c->eval_problems = 0;
+    c->out = NULL;
+}
+
+void train_config_tiny(fsdp_train_config *c, int devices, int accum)
+{
+    train_config_cpu(c, "tiny", devices);
+    c->eng.grad_accum = accum ? accum : 8 / devices;
+    c->eng.batch = 8 / (devices * c->eng.grad_accum);
+    c->eng.deterministic = true;
+    c->steps = 3;
+    c->warmup = 1;
+    c->lr = 1e-2f;
+    c->keep_params = true;
+}
+
+void run_ok_as(const fsdp_train_config *c, fsdp_train_result *r, const char *what)
+{
+    fsdp_status st = fsdp_train_run(c, r);
+    REQUIRE(st == FSDP_STATUS_OK, "%s: %s: %s", what, fsdp_status_name(st), fsdp_error_msg());
+}
+
+void run_ok(const fsdp_train_config *c, fsdp_train_result *r)
+{
+    char what[256];
+    snprintf(what, sizeof what, "training %s failed", c->model);
+    run_ok_as(c, r, what);
+}
+
+void run_fail(const fsdp_train_config *c, fsdp_status want, const char *a, const char *b)
+{
+    fsdp_train_result r;
+    fsdp_status st = fsdp_train_run(c, &r);
+    char msg[FSDP_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", fsdp_error_msg());
+    fsdp_train_result_free(&r);
+    REQUIRE(st == want, "expected %s, got %s: %s", fsdp_status_name(want), fsdp_status_name(st),
+            msg);
+    REQUIRE(!a || strstr(msg, a), "message lacks '%s': %s", a, msg);
+    REQUIRE(!b || strstr(msg, b), "message lacks '%s': %s", b, msg);
+}
