@@ -19,71 +19,14 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #include "ops/cpu/optim_kernels.h"
+#include "ops_util.h"
 
 /* ---- fixtures and helpers ------------------------------------------------ */
 
-typedef struct env {
-    fsdp_device dev;
-    fsdp_op_ctx ctx;
-} env;
-
-static void env_init(env *e, fsdp_dtype dt)
-{
-    ck_assert_int_eq(fsdp_device_init(&e->dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_ops_init(&e->ctx, &e->dev, dt), FSDP_STATUS_OK);
-    ck_assert_ptr_eq(e->ctx.iface, &fsdp_ops_cpu_i);
-}
-
-static void env_fini(env *e)
-{
-    fsdp_ops_fini(&e->ctx);
-    ck_assert_ptr_null(e->ctx.backend); /* scratch released */
-    fsdp_device_fini(&e->dev);
-}
-
-static float *fbuf(size_t n)
-{
-    float *p = calloc(n ? n : 1, sizeof(float));
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
-
-/* Uniform in [-scale, scale), keyed by seed: reproducible test data. */
+/* This suite's test data: uniform in [-scale, scale), keyed by seed. */
 static float *frand(size_t n, uint64_t seed, float scale)
 {
-    float *p = fbuf(n);
-    for (size_t i = 0; i < n; i++)
-        p[i] = scale * (2.0f * fsdp_rng_uniform(seed, 7, i) - 1.0f);
-    return p;
-}
-
-/* Round an fp32 array to bf16 in place (so bf16 and fp32 runs see the same
- * values), and return its bf16 copy. */
-static fsdp_bf16 *to_bf16(float *x, size_t n)
-{
-    fsdp_bf16 *h = calloc(n ? n : 1, sizeof *h);
-    ck_assert_ptr_nonnull(h);
-    for (size_t i = 0; i < n; i++) {
-        h[i] = fsdp_f32_to_bf16(x[i]);
-        x[i] = fsdp_bf16_to_f32(h[i]);
-    }
-    return h;
-}
-
-static float *from_bf16(const fsdp_bf16 *h, size_t n)
-{
-    float *x = fbuf(n);
-    for (size_t i = 0; i < n; i++)
-        x[i] = fsdp_bf16_to_f32(h[i]);
-    return x;
-}
-
-static double dot_d(const float *a, const float *b, size_t n)
-{
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)a[i] * b[i];
-    return s;
+    return frand_stream(n, seed, 7, scale);
 }
 
 static double max_abs(const float *a, size_t n)
@@ -118,35 +61,12 @@ static void assert_close_scaled(const char *what, const float *got, const float 
                       scale);
 }
 
-/* Finite differences. A loss function recomputes the forward from the
- * current inputs and returns L = sum(out * R) in double. */
-typedef double (*loss_fn)(void *st);
-
 /* Check g = dL/dx at n_checks coordinates spread over x by central
- * differences with step eps: |num - ana| / max(|num|, |ana|, floor) < 1e-2. */
+ * differences with step eps (ops_util.h). */
 static void fd_check(const char *what, loss_fn loss, void *st, float *x, const float *g, size_t n,
                      int n_checks, float eps)
 {
-    const double floor_ = 0.02;
-    for (int k = 0; k < n_checks; k++) {
-        size_t i = (size_t)(((uint64_t)k * 2654435761u + 11) % n);
-        if (k == 0)
-            i = 0;
-        if (k == 1)
-            i = n - 1;
-        float x0 = x[i];
-        float xp = x0 + eps, xm = x0 - eps;
-        x[i] = xp;
-        double lp = loss(st);
-        x[i] = xm;
-        double lm = loss(st);
-        x[i] = x0;
-        double num = (lp - lm) / ((double)xp - (double)xm);
-        double ana = g[i];
-        double err = fabs(num - ana) / fmax(fmax(fabs(num), fabs(ana)), floor_);
-        ck_assert_msg(err < 1e-2, "%s[%zu]: analytic %.7g, finite difference %.7g (rel err %.3g)",
-                      what, i, ana, num, err);
-    }
+    fd_check_spread(what, loss, st, x, g, n, n_checks, eps, 11);
 }
 
 /* ---- matmul --------------------------------------------------------------- */
