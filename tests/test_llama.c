@@ -28,6 +28,7 @@
 #include "ckpt/safetensors.h"
 #include "core/bf16.h"
 #include "core/json.h"
+#include "fixture_util.h"
 #include "models/llama.h"
 #include "models/registry.h"
 #include "ops/cpu/optim_kernels.h"
@@ -38,29 +39,12 @@
 
 /* ---- fixtures ------------------------------------------------------------------ */
 
-/* Path of fixture file `name` (in directory `dir`): $FSDP_FIXTURES,
- * tests/fixtures (runs from the repository root) or beside this file. */
-static void fixture_path(char *path, size_t n, const char *dir, const char *name)
+/* Path of fixture file `name` in directory `dir` (fixture_util.h finds it). */
+static void llama_fixture(char *path, size_t n, const char *dir, const char *name)
 {
-    const char *slash = strrchr(__FILE__, '/');
-    for (int k = 0; k < 3; k++) {
-        if (k == 0 && getenv("FSDP_FIXTURES"))
-            snprintf(path, n, "%s/%s/%s", getenv("FSDP_FIXTURES"), dir, name);
-        else if (k == 1)
-            snprintf(path, n, "tests/fixtures/%s/%s", dir, name);
-        else if (k == 2 && slash)
-            snprintf(path, n, "%.*s/fixtures/%s/%s", (int)(slash - __FILE__), __FILE__, dir,
-                     name);
-        else
-            continue;
-        FILE *f = fopen(path, "rb");
-        if (f) {
-            fclose(f);
-            return;
-        }
-    }
-    ck_abort_msg("cannot find fixture %s/%s; regenerate with tools/gen_llama_golden.py", dir,
-                 name);
+    char rel[256];
+    pathf(rel, sizeof rel, "%s/%s", dir, name);
+    fixture_path(path, n, rel, "tools/gen_llama_golden.py");
 }
 
 /* A safetensors file held in memory. */
@@ -121,7 +105,7 @@ static void fixture_load(fixture *fx, const char *dir)
     char path[700], config[FSDP_MODEL_CONFIG_MAX];
     const fsdp_model_family *f = fsdp_model_family_find("llama");
     ck_assert_ptr_nonnull(f);
-    fixture_path(path, sizeof path, dir, "config.json");
+    llama_fixture(path, sizeof path, dir, "config.json");
     fsdp_json *js = NULL;
     ck_assert_int_eq(fsdp_json_parse_file(path, &js), FSDP_STATUS_OK);
     ck_assert_msg(f->safetensors->hf_config(js, config, sizeof config) == FSDP_STATUS_OK, "%s",
@@ -130,7 +114,7 @@ static void fixture_load(fixture *fx, const char *dir)
     ck_assert_msg(fsdp_model_build(f, config, &fx->m) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
 
     stfile w;
-    fixture_path(path, sizeof path, dir, "model.safetensors");
+    llama_fixture(path, sizeof path, dir, "model.safetensors");
     stfile_load(&w, path);
     int n = 0;
     for (int u = 0; u < fx->m.n_units; u++)
@@ -149,7 +133,7 @@ static void fixture_load(fixture *fx, const char *dir)
     free(src);
     stfile_free(&w);
 
-    fixture_path(path, sizeof path, dir, "golden.safetensors");
+    llama_fixture(path, sizeof path, dir, "golden.safetensors");
     stfile_load(&fx->golden, path);
     const fsdp_st_tensor *tok = NULL;
     for (int i = 0; i < fx->golden.st.n_tensors; i++)

@@ -18,6 +18,7 @@
 
 #include "core/bf16.h"
 #include "core/rng.h"
+#include "fixture_util.h"
 #include "models/gpt2.h"
 #include "models/registry.h"
 #include "ops/cpu/optim_kernels.h"
@@ -49,39 +50,13 @@ typedef struct golden {
     unsigned char *blob;
 } golden;
 
-static FILE *open_fixture(const char *name)
-{
-    char path[512];
-    const char *dir = getenv("FSDP_FIXTURES");
-    if (dir) {
-        snprintf(path, sizeof path, "%s/%s", dir, name);
-        FILE *f = fopen(path, "rb");
-        if (f)
-            return f;
-    }
-    snprintf(path, sizeof path, "tests/fixtures/%s", name);
-    FILE *f = fopen(path, "rb");
-    if (f)
-        return f;
-    /* relative to this source file, for runs from another directory */
-    const char *src = __FILE__;
-    const char *slash = strrchr(src, '/');
-    snprintf(path, sizeof path, "%.*s/fixtures/%s", slash ? (int)(slash - src) : 1,
-             slash ? src : ".", name);
-    return fopen(path, "rb");
-}
-
 static void golden_load(golden *g, const char *name)
 {
     memset(g, 0, sizeof *g);
-    FILE *f = open_fixture(name);
-    ck_assert_msg(f, "cannot open fixture %s; regenerate with tools/gen_golden.py", name);
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    g->blob = malloc((size_t)size);
-    ck_assert(g->blob && fread(g->blob, 1, (size_t)size, f) == (size_t)size);
-    fclose(f);
+    char path[600];
+    size_t n = 0;
+    g->blob = fixture_read(name, "tools/gen_golden.py", &n, path, sizeof path);
+    const long size = (long)n;
     ck_assert_msg(size >= 16 && !memcmp(g->blob, "FSDPGOLD", 8), "%s: bad magic", name);
     int32_t version, count;
     memcpy(&version, g->blob + 8, 4);

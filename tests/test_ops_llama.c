@@ -22,6 +22,7 @@
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "core/world.h"
+#include "fixture_util.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #include "ops/rope_table.h"
@@ -89,36 +90,15 @@ typedef struct gold {
     fsdp_st_file st;
 } gold;
 
-/* The fixture from $FSDP_FIXTURES, tests/fixtures (runs from the repository
- * root, as make test does) or beside this source file. */
+/* The golden file (fixture_util.h finds it). */
 static void gold_load(gold *g)
 {
-    static const char name[] = "llama_ops_golden.safetensors";
-    const char *slash = strrchr(__FILE__, '/');
     char path[600];
-    FILE *f = NULL;
-    for (int k = 0; k < 3 && !f; k++) {
-        if (k == 0 && getenv("FSDP_FIXTURES"))
-            snprintf(path, sizeof path, "%s/%s", getenv("FSDP_FIXTURES"), name);
-        else if (k == 1)
-            snprintf(path, sizeof path, "tests/fixtures/%s", name);
-        else if (k == 2 && slash)
-            snprintf(path, sizeof path, "%.*s/fixtures/%s", (int)(slash - __FILE__), __FILE__,
-                     name);
-        else
-            continue;
-        f = fopen(path, "rb");
-    }
-    ck_assert_msg(f, "cannot open fixture %s; regenerate with tools/gen_llama_ops_golden.py",
-                  name);
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    g->blob = malloc((size_t)size);
-    ck_assert(g->blob && fread(g->blob, 1, (size_t)size, f) == (size_t)size);
-    fclose(f);
-    ck_assert_msg(fsdp_st_parse_buffer(path, g->blob, (size_t)size, &g->st) == FSDP_STATUS_OK,
-                  "%s", fsdp_error_msg());
+    size_t size = 0;
+    g->blob = fixture_read("llama_ops_golden.safetensors", "tools/gen_llama_ops_golden.py", &size,
+                           path, sizeof path);
+    ck_assert_msg(fsdp_st_parse_buffer(path, g->blob, size, &g->st) == FSDP_STATUS_OK, "%s",
+                  fsdp_error_msg());
 }
 
 static void gold_free(gold *g)
