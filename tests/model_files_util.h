@@ -19,6 +19,7 @@
 #include "ckpt/modelfile.h"
 #include "core/error.h"
 #include "testutil.h"
+#include "train/infer.h"
 #include "train/train.h"
 #include "train_util.h"
 
@@ -135,6 +136,27 @@ UTIL void write_init_model(const char *path, const char *spec, uint64_t seed)
         free(units[u]);
     free(units);
     fsdp_model_free(&m);
+}
+
+/* l's parameters written to path in weight format fmt (a name in the
+ * format table) and dtype dt; the write must succeed. */
+UTIL void write_loaded(const char *path, const char *fmt, const loaded *l, fsdp_dtype dt)
+{
+    fsdp_status st =
+        fsdp_modelfile_write(path, FMT(fmt), &l->m, (const float *const *)l->units, dt);
+    REQUIRE(st == FSDP_STATUS_OK, "writing %s as %s: %s", path, fmt, fsdp_error_msg());
+}
+
+/* Inference on the cpu from the model file at path on `devices` ranks,
+ * batches of 2 sequences of 16 tokens. */
+UTIL void infer_config_cpu(fsdp_infer_config *ic, const char *path, int devices)
+{
+    fsdp_infer_config_default(ic);
+    ic->backend = FSDP_BACKEND_CPU;
+    ic->model_path = path;
+    ic->n_ranks = devices;
+    ic->batch = 2;
+    ic->seq = 16;
 }
 
 UTIL void train_config(fsdp_train_config *c, const char *model, int devices, int steps)

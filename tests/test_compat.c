@@ -92,12 +92,7 @@ static void same_models(const loaded *a, const loaded *b, bool bits, const char 
 static float eval_loss(const char *path)
 {
     fsdp_infer_config ic;
-    fsdp_infer_config_default(&ic);
-    ic.backend = FSDP_BACKEND_CPU;
-    ic.model_path = path;
-    ic.n_ranks = 2;
-    ic.batch = 2;
-    ic.seq = 16;
+    infer_config_cpu(&ic, path, 2);
     float mean = 0;
     fsdp_status st = fsdp_infer_eval(&ic, "synthetic", 1337, 6, &mean, NULL);
     REQUIRE(st == FSDP_STATUS_OK, "eval of %s: %s", path, fsdp_error_msg());

@@ -56,20 +56,14 @@ START_TEST(test_roundtrip_ckpt_bin_ckpt)
     int u = -1;
     long i = units_diff(&a.m, a.units, res.params, &u);
     REQUIRE(i < 0, "checkpoint unit %d element %ld differs from the trained parameters", u, i);
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "m.bin"), FMT("llmc"), &a.m,
-                                          (const float *const *)a.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "m.bin"), "llmc", &a, FSDP_DTYPE_F32);
     load_ok(path_in(dir, "m.bin"), &b);
     require_same(&a, &b, "checkpoint -> .bin");
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "back"), FMT("ckpt"), &b.m,
-                                          (const float *const *)b.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "back"), "ckpt", &b, FSDP_DTYPE_F32);
     load_ok(path_in(dir, "back"), &c);
     require_same(&a, &c, "checkpoint -> .bin -> checkpoint");
     /* bf16 llm.c export: version 5, rounded */
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "m16.bin"), FMT("llmc"), &a.m,
-                                          (const float *const *)a.units, FSDP_DTYPE_BF16),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "m16.bin"), "llmc", &a, FSDP_DTYPE_BF16);
     loaded_free(&c);
     load_ok(path_in(dir, "m16.bin"), &c);
     ck_assert_str_eq(c.kind_dtype, "bf16");
@@ -102,15 +96,10 @@ START_TEST(test_roundtrip_ckpt_safetensors_ckpt)
                      FSDP_STATUS_OK);
     loaded a, b, c;
     load_ok(step, &a); /* one checkpoint named directly */
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "m.safetensors"),
-                                          FMT("safetensors"), &a.m,
-                                          (const float *const *)a.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "m.safetensors"), "safetensors", &a, FSDP_DTYPE_F32);
     load_ok(path_in(dir, "m.safetensors"), &b);
     require_same(&a, &b, "checkpoint -> .safetensors");
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "back"), FMT("ckpt"), &b.m,
-                                          (const float *const *)b.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "back"), "ckpt", &b, FSDP_DTYPE_F32);
     load_ok(path_in(dir, "back"), &c);
     require_same(&a, &c, "checkpoint -> .safetensors -> checkpoint");
     int u = -1;
@@ -132,9 +121,7 @@ START_TEST(test_converted_ckpt_resumes)
     write_init_model(path_in(dir, "m.safetensors"), BYTE_SPEC, 99);
     loaded l;
     load_ok(path_in(dir, "m.safetensors"), &l);
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "ck"), FMT("ckpt"), &l.m,
-                                          (const float *const *)l.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "ck"), "ckpt", &l, FSDP_DTYPE_F32);
     fsdp_train_config c;
     fsdp_train_result r1, r2;
     /* the converted checkpoint records a 1-device run of batch 8, seq 16 (the
@@ -198,9 +185,7 @@ START_TEST(test_hostile_model_files)
     /* checkpoints: none complete, incomplete, a rank file missing or corrupted */
     loaded l;
     load_ok(FIXTURE_BIN, &l);
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "ck"), FMT("ckpt"), &l.m,
-                                          (const float *const *)l.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "ck"), "ckpt", &l, FSDP_DTYPE_F32);
     mkdir(path_in(dir, "empty"), 0755);
     expect_error(fsdp_modelfile_open(&mf, path_in(dir, "empty")), FSDP_STATUS_FORMAT,
                  "empty ckpt dir", "no complete checkpoint", NULL);
@@ -333,12 +318,7 @@ START_TEST(test_eval_equals_train_loss)
     run_ok(&c, &r);
     for (int N = 1; N <= 3; N++) {
         fsdp_infer_config ic;
-        fsdp_infer_config_default(&ic);
-        ic.backend = FSDP_BACKEND_CPU;
-        ic.model_path = model;
-        ic.n_ranks = N;
-        ic.batch = 2;
-        ic.seq = 16;
+        infer_config_cpu(&ic, model, N);
         float mean = 0, losses[4];
         fsdp_status st = fsdp_infer_eval(&ic, "synthetic", c.eng.seed, 4, &mean, losses);
         REQUIRE(st == FSDP_STATUS_OK, "eval on %d devices: %s", N, fsdp_error_msg());
@@ -368,12 +348,7 @@ START_TEST(test_infer_allocates_no_training_state)
             fsdp_mem_stats mem[3];
             memset(mem, 0, sizeof mem);
             fsdp_infer_config ic;
-            fsdp_infer_config_default(&ic);
-            ic.backend = FSDP_BACKEND_CPU;
-            ic.model_path = model;
-            ic.n_ranks = N;
-            ic.batch = 2;
-            ic.seq = 16;
+            infer_config_cpu(&ic, model, N);
             ic.compute_dtype = dts[d];
             ic.mem_out = mem;
             float mean = 0;

@@ -257,9 +257,7 @@ START_TEST(test_export_matches_reference_layout)
     out = path_in(dir, "export.safetensors");
     loaded l;
     load_ok(FIXTURE_BIN, &l);
-    ck_assert_int_eq(fsdp_modelfile_write(out, FMT("safetensors"), &l.m,
-                                          (const float *const *)l.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(out, "safetensors", &l, FSDP_DTYPE_F32);
     fsdp_st_file ref, got;
     ck_assert_int_eq(fsdp_st_open(FIXTURE_ST, &ref), FSDP_STATUS_OK);
     ck_assert_int_eq(fsdp_st_open(out, &got), FSDP_STATUS_OK);
@@ -377,10 +375,7 @@ START_TEST(test_safetensors_variants)
     free(buf);
 
     /* BF16 export: round to nearest even, read back exactly */
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "bf16.safetensors"), FMT("safetensors"),
-                                          &ref.m, (const float *const *)ref.units,
-                                          FSDP_DTYPE_BF16),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "bf16.safetensors"), "safetensors", &ref, FSDP_DTYPE_BF16);
     load_ok(path_in(dir, "bf16.safetensors"), &l);
     ck_assert_str_eq(l.kind_dtype, "bf16");
     for (int u = 0; u < ref.m.n_units; u++)
