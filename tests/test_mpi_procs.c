@@ -44,21 +44,11 @@
 #include "comm/transport.h"
 #include "core/world.h"
 #include "device/device.h"
+#include "mpirun_util.h"
 #include "testutil.h"
-
-#ifndef FSDP_MPIRUN
-#define FSDP_MPIRUN "" /* the Makefile passes the mpirun it found */
-#endif
 
 static const size_t sweep_sizes[] = {1, 7, 2049, 30001};
 static const int n_sweep_sizes = (int)FSDP_TEST_LEN(sweep_sizes);
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- one process of a job under mpirun --------------------------------------- */
 
@@ -179,25 +169,6 @@ static int worker_main(const char *mode, int n_local)
 
 /* ---- launching jobs ------------------------------------------------------------ */
 
-/* Why the mpirun tests cannot run here, or NULL. */
-static const char *mpirun_skip_reason(void)
-{
-    if (!fsdp_procs_mpi_built)
-        return "built without MPI (MPI=0 or no Open MPI found)";
-    if (!*FSDP_MPIRUN)
-        return "no mpirun found at build time";
-    return NULL;
-}
-
-#define SKIP_UNLESS_MPIRUN()                                       \
-    do {                                                           \
-        const char *why_ = mpirun_skip_reason();                   \
-        if (why_) {                                                \
-            printf("SKIP: %s: %s\n", __func__, why_);              \
-            return;                                                \
-        }                                                          \
-    } while (0)
-
 /* Run `mpirun -np P <this binary> --worker mode L` (env before it), at
  * most limit_s seconds; output in out. Returns the exit code (124: timed
  * out); *secs how long it ran. */
@@ -208,42 +179,10 @@ static int mpirun(char *out, size_t cap, int P, const char *mode, int L, const c
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     ck_assert_int_gt(n, 0);
     self[n] = '\0';
-    const char *san = FSDP_TEST_ASAN   ? "-x ASAN_OPTIONS=detect_leaks=0"
-                      : FSDP_TEST_TSAN ? "-x TSAN_OPTIONS=halt_on_error=1 --mca btl self,vader"
-                                       : "";
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd,
-             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 %s timeout -k 5 %d %s "
-             "--oversubscribe --bind-to none %s -np %d %s --worker %s %d 2>&1",
-             env ? env : "", limit_s, FSDP_MPIRUN, san, P, self, mode, L);
-    double t0 = now_s();
-    FILE *f = popen(cmd, "r");
-    ck_assert_ptr_nonnull(f);
-    size_t len = fread(out, 1, cap - 1, f);
-    out[len] = '\0';
-    char drop[4096];
-    while (fread(drop, 1, sizeof drop, f) > 0)
-        ;
-    int rc = pclose(f);
-    *secs = now_s() - t0;
-    ck_assert_msg(!strstr(out, "Sanitizer"), "a sanitizer spoke in the job:\n%s", out);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
-}
-
-/* The host transport's digests for N ranks in one process. */
-static fsdp_status host_rank(fsdp_world *w, int rank, void *arg)
-{
-    struct worker *k = arg;
-    fsdp_device dev;
-    fsdp_comm c;
-    FSDP_TRY(fsdp_device_init(&dev, FSDP_BACKEND_CPU, w, rank, rank, 0));
-    fsdp_status st = fsdp_comm_host_init(&c, w, &dev, rank);
-    if (st == FSDP_STATUS_OK) {
-        st = coll_sweep_rank(&c, sweep_sizes, n_sweep_sizes, &k->digest[rank]);
-        fsdp_comm_fini(&c);
-    }
-    fsdp_device_fini(&dev);
-    return st;
+    char mpi[512], cmd[8192];
+    pathf(cmd, sizeof cmd, MPIRUN_ENV " %s timeout -k 5 %d %s -np %d %s --worker %s %d 2>&1",
+          env ? env : "", limit_s, mpirun_cmd(mpi, sizeof mpi), P, self, mode, L);
+    return run_captured(cmd, out, cap, secs);
 }
 
 static void sweep_job(int P, int L)
@@ -258,14 +197,12 @@ static void sweep_job(int P, int L)
     int rc = mpirun(out, sizeof out, P, "sweep", L, NULL, 60, &secs);
     ck_assert_msg(rc == 0, "mpirun -np %d, %d rank(s) each: exit %d after %.1f s:\n%s", P, L, rc,
                   secs, out);
-    struct worker h = {.mode = "sweep"};
-    fsdp_world *w;
-    ck_assert_int_eq(fsdp_world_init(&w, P * L), FSDP_STATUS_OK);
-    ck_assert_msg(fsdp_world_launch(w, host_rank, &h) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-    fsdp_world_free(w);
+    uint64_t host[FSDP_MAX_RANKS] = {0};
+    ck_assert_msg(coll_sweep_host_digests(P * L, sweep_sizes, n_sweep_sizes, host) ==
+                      FSDP_STATUS_OK, "%s", fsdp_error_msg());
     for (int r = 0; r < P * L; r++) {
         char want[64];
-        snprintf(want, sizeof want, "digest %d %016llx\n", r, (unsigned long long)h.digest[r]);
+        snprintf(want, sizeof want, "digest %d %016llx\n", r, (unsigned long long)host[r]);
         ck_assert_msg(strstr(out, want), "%d x %d: rank %d's outputs differ from the host "
                       "transport's with %d ranks in one process (want '%.*s'):\n%s", P, L, r,
                       P * L, (int)strlen(want) - 1, want, out);

@@ -38,11 +38,8 @@
 #include "core/rng.h"
 #include "fsdp/norm_cover.h"
 #include "models/registry.h"
+#include "mpirun_util.h"
 #include "testutil.h"
-
-#ifndef FSDP_MPIRUN
-#define FSDP_MPIRUN "" /* the Makefile passes the mpirun it found */
-#endif
 
 /* The model and data of every run: the tiny GPT on the synthetic task,
  * 3 steps, global batch 16 (4 devices x batch 2 x accumulation 2). */
@@ -50,31 +47,6 @@
 
 /* The fsdp binary by its absolute path: jobs run in their own directories. */
 static char fsdp_bin[4096];
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static const char *mpirun_skip_reason(void)
-{
-    if (!fsdp_procs_mpi_built)
-        return "built without MPI (MPI=0 or no Open MPI found)";
-    if (!*FSDP_MPIRUN)
-        return "no mpirun found at build time";
-    return NULL;
-}
-
-#define SKIP_UNLESS_MPIRUN()                                       \
-    do {                                                           \
-        const char *why_ = mpirun_skip_reason();                   \
-        if (why_) {                                                \
-            printf("SKIP: %s: %s\n", __func__, why_);              \
-            return;                                                \
-        }                                                          \
-    } while (0)
 
 /* Run a shell command line (printf-style) for at most limit_s seconds;
  * its output in out. Returns the exit code (124: timed out); *secs how
@@ -88,30 +60,15 @@ static int shell(char *out, size_t cap, int limit_s, double *secs, const char *f
     va_end(ap);
     ck_assert(n > 0 && (size_t)n < sizeof line);
     snprintf(cmd, sizeof cmd, "timeout -k 5 %d sh -c '%s' 2>&1", limit_s, line);
-    double t0 = now_s();
-    FILE *f = popen(cmd, "r");
-    ck_assert_ptr_nonnull(f);
-    size_t len = fread(out, 1, cap - 1, f);
-    out[len] = '\0';
-    char drop[4096];
-    while (fread(drop, 1, sizeof drop, f) > 0)
-        ;
-    int rc = pclose(f);
-    if (secs)
-        *secs = now_s() - t0;
-    ck_assert_msg(!strstr(out, "Sanitizer"), "a sanitizer spoke:\n%s", out);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+    return run_captured(cmd, out, cap, secs);
 }
 
 /* The mpirun in front of `fsdp`: loopback on one machine, and the
  * sanitizer allowances (test_mpi_procs.c says why). */
 static const char *mpirun_prefix(char *buf, size_t n)
 {
-    const char *san = FSDP_TEST_ASAN   ? "-x ASAN_OPTIONS=detect_leaks=0"
-                      : FSDP_TEST_TSAN ? "-x TSAN_OPTIONS=halt_on_error=1 --mca btl self,vader"
-                                       : "";
-    snprintf(buf, n, "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 %s "
-             "--oversubscribe --bind-to none %s", FSDP_MPIRUN, san);
+    char mpi[480];
+    snprintf(buf, n, MPIRUN_ENV " %s", mpirun_cmd(mpi, sizeof mpi));
     return buf;
 }
 
