@@ -9,6 +9,7 @@
 #define FSDP_TESTS_FILE_UTIL_H
 
 #include <check.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdarg.h>
@@ -70,11 +71,25 @@ static inline char *slurp_n(const char *path, size_t *size)
 
 static inline char *slurp(const char *path) { return slurp_n(path, NULL); }
 
-static inline void spit(const char *path, const char *text, size_t n)
+/* path replaced by the n bytes at data. */
+static inline void spit(const char *path, const void *data, size_t n)
 {
     FILE *f = fopen(path, "wb");
-    REQUIRE(f && fwrite(text, 1, n, f) == n, "write %s", path);
+    REQUIRE(f && fwrite(data, 1, n, f) == n, "write %s", path);
     ck_assert_int_eq(fclose(f), 0);
+}
+
+/* Entries in dir other than . and .. */
+static inline int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    REQUIRE(d, "open directory %s", dir);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
 }
 
 /* text with its first `old` replaced by `new` (malloc'd); text must hold

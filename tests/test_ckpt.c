@@ -717,18 +717,6 @@ END_TEST
 
 /* ---- retention, memory, fresh starts -------------------------------------------------- */
 
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    ck_assert_ptr_nonnull(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
-}
-
 START_TEST(test_retention_and_memory)
 {
     char dir[64], ck[96], p[160];

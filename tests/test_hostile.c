@@ -40,6 +40,7 @@
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "file_util.h"
 #include "report/plot.h"
 #include "report/svg.h"
 #include "testutil.h"
@@ -48,38 +49,8 @@
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static void write_bytes(const char *path, const void *data, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
-    ck_assert_int_eq(fclose(f), 0);
-}
-
-static void write_text(const char *path, const char *text) { write_bytes(path, text, strlen(text)); }
-
-/* The whole file as a NUL-terminated string (caller frees). */
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            buf = realloc(buf, cap);
-            ck_assert_ptr_nonnull(buf);
-        }
-        size_t k = fread(buf + n, 1, 4096, f);
-        n += k;
-        if (k == 0)
-            break;
-    }
-    fclose(f);
-    buf[n] = '\0';
-    return buf;
-}
+/* Files are written and read with file_util.h's spit and slurp. */
+static void write_text(const char *path, const char *text) { spit(path, text, strlen(text)); }
 
 /* A sparse file of `size` zero bytes (costs no disk). */
 static void sparse_file(const char *path, off_t size)
@@ -88,18 +59,6 @@ static void sparse_file(const char *path, off_t size)
     ck_assert_int_ge(fd, 0);
     ck_assert_int_eq(ftruncate(fd, size), 0);
     close(fd);
-}
-
-static int count_entries(const char *dir)
-{
-    char cmd[512];
-    pathf(cmd, sizeof cmd, "ls -A '%s' | wc -l", dir);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    int n = -1;
-    ck_assert_int_eq(fscanf(p, "%d", &n), 1);
-    pclose(p);
-    return n;
 }
 
 /* st must be `want`, and the message must hold every fragment (NULL-ended). */
@@ -244,7 +203,7 @@ START_TEST(test_line_reader)
     /* NUL bytes kept, CRLF left to the caller, a line of exactly the limit,
      * an empty line, a last line without '\n' */
     static const char text[] = "ab\0c\r\n0123456789\n\nlast";
-    write_bytes(p, text, sizeof text - 1);
+    spit(p, text, sizeof text - 1);
     fsdp_line_reader lr;
     ck_assert_int_eq(fsdp_line_reader_open(&lr, p, "text file", 10, 1000), FSDP_STATUS_OK);
     static const struct {
@@ -481,7 +440,7 @@ START_TEST(test_metrics_malformed)
         size_t n = strlen(t);
         if (i == 17)
             n += 1 + strlen(t + n + 1);
-        write_bytes(p, t, n);
+        spit(p, t, n);
         fsdp_metrics m;
         fsdp_status st = fsdp_metrics_read(p, &m);
         const char *msg = fsdp_error_msg();

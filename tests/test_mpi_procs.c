@@ -44,6 +44,7 @@
 #include "comm/transport.h"
 #include "core/world.h"
 #include "device/device.h"
+#include "file_util.h"
 #include "mpirun_util.h"
 #include "testutil.h"
 
@@ -364,17 +365,6 @@ static double dir_job(struct dir_case *dc, char results[][FSDP_ERROR_MSG_MAX + 3
     return now_s() - t0;
 }
 
-static int dir_entries(const char *dir)
-{
-    char cmd[4200], out[64];
-    snprintf(cmd, sizeof cmd, "ls -A '%s' | wc -l", dir);
-    FILE *f = popen(cmd, "r");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_ptr_nonnull(fgets(out, sizeof out, f));
-    pclose(f);
-    return atoi(out);
-}
-
 START_TEST(test_dir_job_exchanges_and_leaves_dir_empty)
 {
     struct dir_case dc = {.P = 3, .n_local = 2, .fail_rank = -1, .kill_proc = -1};
@@ -382,7 +372,7 @@ START_TEST(test_dir_job_exchanges_and_leaves_dir_empty)
     dir_job(&dc, results);
     for (int p = 0; p < 3; p++)
         ck_assert_msg(results[p][0] == '0', "process %d: %s", p, results[p]);
-    ck_assert_int_eq(dir_entries(dc.dir), 0);
+    ck_assert_int_eq(count_entries(dc.dir), 0);
 }
 END_TEST
 
@@ -517,7 +507,7 @@ START_TEST(test_settings_from_the_environment)
         ck_assert_msg(strstr(out, cases[i].want), "%s: got '%s', want '%s'", env, out,
                       cases[i].want);
     }
-    ck_assert_int_eq(dir_entries(dir), 0); /* the job of one left its directory empty */
+    ck_assert_int_eq(count_entries(dir), 0); /* the job of one left its directory empty */
 }
 END_TEST
 
