@@ -580,31 +580,13 @@ START_TEST(test_recompute_memory_formula)
         const size_t gu = N * 2 * (size_t)IC * dts, swi = N * (size_t)IC * dts;
         const size_t block_drop = c1 + stat + qkv + atty + att + c1 + c1 + stat + gu + swi;
         const size_t elem_drop = c1 + stat + c1 + stat + swi;
-        size_t act[FSDP_RECOMPUTE_COUNT], peak[FSDP_RECOMPUTE_COUNT];
-        for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
-            fsdp_train_config c;
-            fsdp_train_result r;
-            det_config(&c, model, 2);
-            c.eng.batch = B;
-            c.eng.seq = T;
-            c.eng.grad_accum = 1;
-            c.eng.compute_dtype = (fsdp_dtype)prec;
-            c.eng.recompute = (fsdp_recompute)mode;
-            c.steps = 1;
-            c.keep_params = false;
-            run_ok_as(&c, &r, model);
-            act[mode] = r.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT];
-            peak[mode] = r.stats[0].peak_bytes;
-            fsdp_train_result_free(&r);
-        }
-        ck_assert_uint_eq(act[FSDP_RECOMPUTE_NONE] - act[FSDP_RECOMPUTE_BLOCK],
-                          (size_t)(L - 1) * block_drop);
-        ck_assert_uint_eq(act[FSDP_RECOMPUTE_NONE] - act[FSDP_RECOMPUTE_ELEMENTWISE],
-                          (size_t)(L - 1) * elem_drop);
-        for (int mode = 1; mode < FSDP_RECOMPUTE_COUNT; mode++)
-            ck_assert_msg(peak[0] - peak[mode] == act[0] - act[mode],
-                          "recompute mode %d: the peak fell by %zu, activations by %zu", mode,
-                          peak[0] - peak[mode], act[0] - act[mode]);
+        fsdp_train_config c;
+        det_config(&c, model, 2);
+        c.eng.batch = B;
+        c.eng.seq = T;
+        c.eng.grad_accum = 1;
+        c.eng.compute_dtype = (fsdp_dtype)prec;
+        expect_recompute_savings(&c, L, block_drop, elem_drop);
     }
 }
 END_TEST

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/names.h"
+#include "fsdp/engine.h"
 #include "testutil.h"
 
 void train_config_cpu(fsdp_train_config *c, const char *model, int devices)
@@ -43,6 +45,31 @@ void run_ok(const fsdp_train_config *c, fsdp_train_result *r)
     char what[256];
     snprintf(what, sizeof what, "training %s failed", c->model);
     run_ok_as(c, r, what);
+}
+
+void expect_recompute_savings(fsdp_train_config *c, int L, size_t block_drop, size_t elem_drop)
+{
+    size_t act[FSDP_RECOMPUTE_COUNT], peak[FSDP_RECOMPUTE_COUNT];
+    for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
+        fsdp_train_result r;
+        c->eng.recompute = (fsdp_recompute)mode;
+        c->steps = 1;
+        c->keep_params = false;
+        run_ok(c, &r);
+        act[mode] = r.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT];
+        peak[mode] = r.stats[0].peak_bytes;
+        fsdp_train_result_free(&r);
+    }
+    ck_assert_uint_eq(act[FSDP_RECOMPUTE_NONE] - act[FSDP_RECOMPUTE_BLOCK],
+                      (size_t)(L - 1) * block_drop);
+    ck_assert_uint_eq(act[FSDP_RECOMPUTE_NONE] - act[FSDP_RECOMPUTE_ELEMENTWISE],
+                      (size_t)(L - 1) * elem_drop);
+    for (int mode = 1; mode < FSDP_RECOMPUTE_COUNT; mode++)
+        REQUIRE(peak[0] - peak[mode] == act[0] - act[mode],
+                "%s, %s, recompute %s: the peak fell by %zu, activations by %zu", c->model,
+                fsdp_dtype_name(c->eng.compute_dtype),
+                fsdp_names_name(&fsdp_recompute_names, mode), peak[0] - peak[mode],
+                act[0] - act[mode]);
 }
 
 void run_fail(const fsdp_train_config *c, fsdp_status want, const char *a, const char *b)

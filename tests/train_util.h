@@ -31,6 +31,13 @@ void run_ok(const fsdp_train_config *c, fsdp_train_result *r);
 /* The same, the failure naming `what` instead of the model. */
 void run_ok_as(const fsdp_train_config *c, fsdp_train_result *r, const char *what);
 
+/* The activation-recompute memory contract for a model of L blocks: c
+ * run once per recompute mode (one step, parameters not kept) saves, against
+ * none, (L - 1) * block_drop activation bytes with block and
+ * (L - 1) * elem_drop with elementwise (one copy stays), and its peak falls
+ * by exactly as much. c's recompute, steps and keep_params are changed. */
+void expect_recompute_savings(fsdp_train_config *c, int L, size_t block_drop, size_t elem_drop);
+
 /* fsdp_train_run(c, ...) must fail with `want`, its message holding a and
  * b (either NULL: not checked); the result is freed. */
 void run_fail(const fsdp_train_config *c, fsdp_status want, const char *a, const char *b);
