@@ -29,6 +29,7 @@
 #include "core/bf16.h"
 #include "core/json.h"
 #include "fixture_util.h"
+#include "model_rig.h"
 #include "models/llama.h"
 #include "models/registry.h"
 #include "ops/cpu/optim_kernels.h"
@@ -194,95 +195,12 @@ static double expect_rel(const char *what, const float *got, const float *want, 
 
 /* ---- a one-rank rig driving the model through its interface ---------------------- */
 
-typedef struct rig {
-    fsdp_device dev;
-    fsdp_op_ctx ctx;
-    const fsdp_model *m;
-    void *state;
-    void **params; /* per unit, ctx.dt */
-    float **grads; /* per unit, fp32 */
-    int B, T;
-} rig;
-
-static void rig_init(rig *r, const fsdp_model *m, fsdp_dtype dt, int B, int T, bool training)
+/* One micro-step on the rig (model_rig.h) into zeroed gradients, dloss 1;
+ * the micro-batch loss. */
+static float llama_step(rig *r, const int *tokens, const int *targets, bool train)
 {
-    memset(r, 0, sizeof *r);
-    r->m = m;
-    r->B = B;
-    r->T = T;
-    ck_assert_int_eq(fsdp_device_init(&r->dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_ops_init(&r->ctx, &r->dev, dt), FSDP_STATUS_OK);
-    r->params = calloc((size_t)m->n_units, sizeof *r->params);
-    r->grads = calloc((size_t)m->n_units, sizeof *r->grads);
-    for (int u = 0; u < m->n_units; u++) {
-        size_t n = m->units[u].numel;
-        ck_assert_int_eq(fsdp_device_alloc(&r->dev, n * fsdp_dtype_size(dt), FSDP_MEM_GATHER,
-                                           "test params", &r->params[u]),
-                         FSDP_STATUS_OK);
-        ck_assert_int_eq(fsdp_device_alloc(&r->dev, n * sizeof(float), FSDP_MEM_GRAD,
-                                           "test grads", (void **)&r->grads[u]),
-                         FSDP_STATUS_OK);
-    }
-    ck_assert_msg(m->iface->state_init(m, &r->ctx, B, T, training, &r->state) == FSDP_STATUS_OK,
-                  "%s", fsdp_error_msg());
-}
-
-static void rig_free(rig *r)
-{
-    r->m->iface->state_free(r->m, &r->ctx, r->state);
-    for (int u = 0; u < r->m->n_units; u++) {
-        fsdp_device_free(&r->dev, r->params[u]);
-        fsdp_device_free(&r->dev, r->grads[u]);
-    }
-    ck_assert_int_eq(r->dev.mem.in_use_bytes, 0);
-    ck_assert_int_eq(r->dev.host.in_use_bytes, 0);
-    free(r->params);
-    free(r->grads);
-    fsdp_ops_fini(&r->ctx);
-    fsdp_device_fini(&r->dev);
-}
-
-/* Parameters from fp32 unit buffers, stored in the rig's dtype. */
-static void rig_put(rig *r, float *const *units)
-{
-    for (int u = 0; u < r->m->n_units; u++) {
-        size_t n = r->m->units[u].numel;
-        if (r->ctx.dt == FSDP_DTYPE_F32) {
-            memcpy(r->params[u], units[u], n * sizeof(float));
-        } else {
-            fsdp_bf16 *p = r->params[u];
-            for (size_t i = 0; i < n; i++)
-                p[i] = fsdp_f32_to_bf16(units[u][i]);
-        }
-    }
-}
-
-/* One micro-step as the engine runs it (backward when `train`, into zeroed
- * gradients); the micro-batch loss. */
-static float rig_step(rig *r, const int *tokens, const int *targets, bool train)
-{
-    const fsdp_model *m = r->m;
-    const struct fsdp_model_i *mi = m->iface;
-    size_t nb = (size_t)r->B * r->T * sizeof(int);
-    memcpy(mi->state_tokens(r->state), tokens, nb); /* cpu device memory is host memory */
-    memcpy(mi->state_targets(r->state), targets, nb);
-    for (int u = 0; u < m->n_units; u++)
-        memset(r->grads[u], 0, m->units[u].numel * sizeof(float));
-    float loss = -1.0f;
-    ck_assert_int_eq(mi->root_forward(m, &r->ctx, r->state, r->params[0]), FSDP_STATUS_OK);
-    for (int u = 1; u < m->n_units; u++)
-        ck_assert_int_eq(mi->unit_forward(m, &r->ctx, r->state, u, r->params[u]),
-                         FSDP_STATUS_OK);
-    ck_assert_int_eq(mi->head_forward_backward(m, &r->ctx, r->state, r->params[0],
-                                               train ? r->grads[0] : NULL, 1.0f, &loss),
-                     FSDP_STATUS_OK);
-    for (int u = m->n_units - 1; train && u >= 1; u--)
-        ck_assert_int_eq(mi->unit_backward(m, &r->ctx, r->state, u, r->params[u], r->grads[u]),
-                         FSDP_STATUS_OK);
-    if (train)
-        ck_assert_int_eq(mi->root_backward(m, &r->ctx, r->state, r->params[0], r->grads[0]),
-                         FSDP_STATUS_OK);
-    return loss;
+    rig_zero_grads(r);
+    return rig_step(r, tokens, targets, train, 1.0f);
 }
 
 /* ---- golden: forward and gradients ------------------------------------------------ */
@@ -296,10 +214,10 @@ START_TEST(test_golden_forward_backward)
     const fsdp_model *m = &fx.m;
     const size_t N = (size_t)fx.B * fx.T, V = (size_t)m->vocab_size, Vp = m->padded_vocab_size;
     rig r;
-    rig_init(&r, m, FSDP_DTYPE_F32, fx.B, fx.T, true);
-    rig_put(&r, fx.init);
+    rig_init(&r, FSDP_BACKEND_CPU, m, FSDP_DTYPE_F32, fx.B, fx.T, true);
+    rig_put_units(&r, fx.init);
 
-    float loss = rig_step(&r, fx.tokens, fx.targets, false);
+    float loss = llama_step(&r, fx.tokens, fx.targets, false);
     const float *logits = m->iface->state_logits(r.state);
     float *got = malloc(N * V * sizeof *got);
     for (size_t i = 0; i < N; i++)
@@ -311,7 +229,7 @@ START_TEST(test_golden_forward_backward)
     ck_assert_msg(e_loss <= 1e-5, "loss %.9g vs transformers %.9g", loss, *want_loss);
 
     /* forward + backward: the same loss bit for bit, then every gradient */
-    float loss2 = rig_step(&r, fx.tokens, fx.targets, true);
+    float loss2 = llama_step(&r, fx.tokens, fx.targets, true);
     ck_assert_msg(loss2 == loss, "training loss %.9g != forward-only loss %.9g", loss2, loss);
     double worst = 0;
     const char *worst_name = "";
@@ -355,8 +273,8 @@ START_TEST(test_golden_adamw_trajectory)
     fixture_load(&fx, fixtures[_i]);
     const fsdp_model *m = &fx.m;
     rig r;
-    rig_init(&r, m, FSDP_DTYPE_F32, fx.B, fx.T, true);
-    rig_put(&r, fx.init);
+    rig_init(&r, FSDP_BACKEND_CPU, m, FSDP_DTYPE_F32, fx.B, fx.T, true);
+    rig_put_units(&r, fx.init);
     float *hp = stfile_get(&fx.golden, "adamw", "F32", 6);
     const float lr = hp[0], b1 = hp[1], b2 = hp[2], eps = hp[3], wd = hp[4], clip = hp[5];
     const fsdp_st_tensor *sl = NULL;
@@ -375,7 +293,7 @@ START_TEST(test_golden_adamw_trajectory)
     }
     int clipped = 0;
     for (int t = 1; t <= steps; t++) {
-        float loss = rig_step(&r, fx.tokens, fx.targets, true);
+        float loss = llama_step(&r, fx.tokens, fx.targets, true);
         double ss = 0.0;
         for (int u = 0; u < m->n_units; u++)
             for (size_t k = 0; k < m->units[u].numel; k++)
@@ -440,9 +358,9 @@ START_TEST(test_golden_bf16_close)
     fixture fx;
     fixture_load(&fx, fixtures[_i]);
     rig r;
-    rig_init(&r, &fx.m, FSDP_DTYPE_BF16, fx.B, fx.T, true);
-    rig_put(&r, fx.init);
-    float loss = rig_step(&r, fx.tokens, fx.targets, true);
+    rig_init(&r, FSDP_BACKEND_CPU, &fx.m, FSDP_DTYPE_BF16, fx.B, fx.T, true);
+    rig_put_units(&r, fx.init);
+    float loss = llama_step(&r, fx.tokens, fx.targets, true);
     float *want_loss = stfile_get(&fx.golden, "loss", "F32", 1);
     double el = fabs((double)loss - *want_loss) / *want_loss;
     ck_assert_msg(el <= 2e-2, "bf16 loss %.6f vs %.6f", loss, *want_loss);
