@@ -189,15 +189,28 @@ static void golden_case_free(golden_case *gc)
     golden_free(&gc->g);
 }
 
+/* The golden case in `file` and a cpu rig in dt for its batch, holding
+ * the case's weights; free both with golden_rig_free. */
+static void golden_rig_init(golden_case *gc, rig *r, const char *file, fsdp_dtype dt)
+{
+    golden_case_load(gc, file);
+    rig_init_gpt2(r, FSDP_BACKEND_CPU, &gc->cfg, dt, gc->B, gc->T, true);
+    rig_load_golden(r, &gc->g, gc->cfg.vocab_size);
+}
+
+static void golden_rig_free(golden_case *gc, rig *r)
+{
+    rig_free(r);
+    golden_case_free(gc);
+}
+
 static void check_golden_forward_backward(const char *file)
 {
     golden_case gc;
-    golden_case_load(&gc, file);
+    rig r;
+    golden_rig_init(&gc, &r, file, FSDP_DTYPE_F32);
     const int V = gc.cfg.vocab_size, Vp = gc.cfg.padded_vocab_size;
     const size_t N = (size_t)gc.B * gc.T;
-    rig r;
-    rig_init_gpt2(&r, FSDP_BACKEND_CPU, &gc.cfg, FSDP_DTYPE_F32, gc.B, gc.T, true);
-    rig_load_golden(&r, &gc.g, V);
 
     /* Forward only first: logits are valid then. */
     float loss = rig_step(&r, gc.tokens, gc.targets, false, 1.0f);
@@ -244,8 +257,7 @@ static void check_golden_forward_backward(const char *file)
     }
     printf("%s: loss %.6f, worst gradient rel err %.2e (%s)\n", file, loss, worst, worst_name);
     free(want_loss);
-    rig_free(&r);
-    golden_case_free(&gc);
+    golden_rig_free(&gc, &r);
 }
 
 START_TEST(test_golden_tiny)
@@ -264,10 +276,8 @@ END_TEST
 static void check_golden_adamw(const char *file)
 {
     golden_case gc;
-    golden_case_load(&gc, file);
     rig r;
-    rig_init_gpt2(&r, FSDP_BACKEND_CPU, &gc.cfg, FSDP_DTYPE_F32, gc.B, gc.T, true);
-    rig_load_golden(&r, &gc.g, gc.cfg.vocab_size);
+    golden_rig_init(&gc, &r, file, FSDP_DTYPE_F32);
     float *want = golden_get(&gc.g, "step_losses", 0, (size_t)gc.steps);
     float **m = calloc((size_t)r.m->n_units, sizeof *m);
     float **v = calloc((size_t)r.m->n_units, sizeof *v);
@@ -303,8 +313,7 @@ static void check_golden_adamw(const char *file)
     free(m);
     free(v);
     free(want);
-    rig_free(&r);
-    golden_case_free(&gc);
+    golden_rig_free(&gc, &r);
 }
 
 START_TEST(test_golden_adamw_steps)
@@ -319,10 +328,8 @@ END_TEST
 START_TEST(test_grad_accumulation_and_dloss)
 {
     golden_case gc;
-    golden_case_load(&gc, "gpt2_tiny_golden.bin");
     rig r;
-    rig_init_gpt2(&r, FSDP_BACKEND_CPU, &gc.cfg, FSDP_DTYPE_F32, gc.B, gc.T, true);
-    rig_load_golden(&r, &gc.g, gc.cfg.vocab_size);
+    golden_rig_init(&gc, &r, "gpt2_tiny_golden.bin", FSDP_DTYPE_F32);
     rig_zero_grads(&r);
     rig_step(&r, gc.tokens, gc.targets, true, 1.0f);
     float **full = calloc((size_t)r.m->n_units, sizeof *full);
@@ -339,8 +346,7 @@ START_TEST(test_grad_accumulation_and_dloss)
         free(full[u]);
     }
     free(full);
-    rig_free(&r);
-    golden_case_free(&gc);
+    golden_rig_free(&gc, &r);
 }
 END_TEST
 
@@ -349,10 +355,8 @@ END_TEST
 START_TEST(test_golden_bf16_close)
 {
     golden_case gc;
-    golden_case_load(&gc, "gpt2_tiny_golden.bin");
     rig r;
-    rig_init_gpt2(&r, FSDP_BACKEND_CPU, &gc.cfg, FSDP_DTYPE_BF16, gc.B, gc.T, true);
-    rig_load_golden(&r, &gc.g, gc.cfg.vocab_size);
+    golden_rig_init(&gc, &r, "gpt2_tiny_golden.bin", FSDP_DTYPE_BF16);
     rig_zero_grads(&r);
     float loss = rig_step(&r, gc.tokens, gc.targets, true, 1.0f);
     float *want_loss = golden_get(&gc.g, "loss", 0, 1);
@@ -365,8 +369,7 @@ START_TEST(test_golden_bf16_close)
     ck_assert_msg(e <= 0.1, "bf16 gradient rel err %g", e);
     free(wg);
     free(want_loss);
-    rig_free(&r);
-    golden_case_free(&gc);
+    golden_rig_free(&gc, &r);
 }
 END_TEST
 
