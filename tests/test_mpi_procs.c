@@ -218,13 +218,22 @@ END_TEST
 START_TEST(test_mpirun_4x1_matches_1x4) { sweep_job(4, 1); }
 END_TEST
 
+/* A job of 2 processes x L ranks running worker `mode` (env before it)
+ * that must fail by itself, not be ended by the 60 s limit. Its output
+ * (a static buffer); *secs how long it ran. */
+static const char *failing_job(const char *mode, int L, const char *env, double *secs)
+{
+    static char out[1 << 16];
+    int rc = mpirun(out, sizeof out, 2, mode, L, env, 60, secs);
+    ck_assert_msg(rc != 0 && rc != 124, "%s job: exit %d after %.1f s:\n%s", mode, rc, *secs, out);
+    return out;
+}
+
 START_TEST(test_mpirun_rank_failure_ends_job)
 {
     SKIP_UNLESS_MPIRUN();
-    static char out[1 << 16];
     double secs;
-    int rc = mpirun(out, sizeof out, 2, "fail", 2, NULL, 60, &secs);
-    ck_assert_msg(rc != 0 && rc != 124, "exit %d after %.1f s:\n%s", rc, secs, out);
+    const char *out = failing_job("fail", 2, NULL, &secs);
     char host[FSDP_HOST_MAX];
     gethostname(host, sizeof host);
     char want[256];
@@ -239,10 +248,8 @@ END_TEST
 START_TEST(test_mpirun_killed_process_ends_job)
 {
     SKIP_UNLESS_MPIRUN();
-    static char out[1 << 16];
     double secs;
-    int rc = mpirun(out, sizeof out, 2, "kill", 2, NULL, 60, &secs);
-    ck_assert_msg(rc != 0 && rc != 124, "exit %d after %.1f s:\n%s", rc, secs, out);
+    const char *out = failing_job("kill", 2, NULL, &secs);
     ck_assert_msg(strstr(out, "signal 9"), "%s", out);
     /* process 1 dies after ~20 collectives of 20 ms */
     ck_assert_msg(secs < 12, "process 0 outlived process 1 by too much: %.1f s:\n%s", secs, out);
@@ -252,10 +259,8 @@ END_TEST
 START_TEST(test_mpirun_watchdog_ends_stuck_process)
 {
     SKIP_UNLESS_MPIRUN();
-    static char out[1 << 16];
     double secs;
-    int rc = mpirun(out, sizeof out, 2, "stuck", 2, "FSDP_ABORT_GRACE=1", 60, &secs);
-    ck_assert_msg(rc != 0 && rc != 124, "exit %d after %.1f s:\n%s", rc, secs, out);
+    const char *out = failing_job("stuck", 2, "FSDP_ABORT_GRACE=1", &secs);
     ck_assert_msg(strstr(out, "injected failure in collective 3") &&
                       strstr(out, "did not end within 1 s"), "%s", out);
     ck_assert_msg(secs < 15, "the job took %.1f s (rank 2 sleeps 60 s):\n%s", secs, out);
@@ -265,10 +270,8 @@ END_TEST
 START_TEST(test_mpirun_processes_agree_on_devices)
 {
     SKIP_UNLESS_MPIRUN();
-    static char out[1 << 16];
     double secs;
-    int rc = mpirun(out, sizeof out, 2, "devices", 1, NULL, 60, &secs);
-    ck_assert_msg(rc != 0 && rc != 124, "exit %d:\n%s", rc, out);
+    const char *out = failing_job("devices", 1, NULL, &secs);
     ck_assert_msg(strstr(out, "give every process the same --devices"), "%s", out);
 }
 END_TEST
