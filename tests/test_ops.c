@@ -357,6 +357,7 @@ END_TEST
 typedef struct att_case {
     env e;
     int B, T, C, NH;
+    size_t nq, no, na; /* elements of qkv, out (and R), att */
     float *qkv, *out, *att, *R;
 } att_case;
 
@@ -364,10 +365,13 @@ static void att_setup(att_case *a, fsdp_dtype dt, int B, int T, int C, int NH, u
 {
     env_init(&a->e, dt);
     a->B = B, a->T = T, a->C = C, a->NH = NH;
-    a->qkv = frand((size_t)B * T * 3 * C, seed, 1.0f);
-    a->out = fbuf((size_t)B * T * C);
-    a->att = fbuf((size_t)B * NH * T * T);
-    a->R = frand((size_t)B * T * C, seed + 1, 1.0f);
+    a->nq = (size_t)B * T * 3 * C;
+    a->no = (size_t)B * T * C;
+    a->na = (size_t)B * NH * T * T;
+    a->qkv = frand(a->nq, seed, 1.0f);
+    a->out = fbuf(a->no);
+    a->att = fbuf(a->na);
+    a->R = frand(a->no, seed + 1, 1.0f);
 }
 
 static void att_teardown(att_case *a)
@@ -380,7 +384,7 @@ static double att_loss(void *st)
 {
     att_case *a = st;
     FSDP_OP(&a->e.ctx, attention_fwd, a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH);
-    return dot_d(a->out, a->R, (size_t)a->B * a->T * a->C);
+    return dot_d(a->out, a->R, a->no);
 }
 
 /* Per-element attention in double: out (B,T,C), att (B,NH,T,T). */
@@ -451,7 +455,7 @@ START_TEST(test_attention_grad_fd)
 {
     att_case a;
     att_setup(&a, FSDP_DTYPE_F32, 2, 5, 8, 2, 900);
-    size_t nq = (size_t)a.B * a.T * 3 * a.C;
+    const size_t nq = a.nq;
     float *dqkv = fbuf(nq), *datt = fbuf((size_t)a.B * a.NH * a.T * a.T);
     att_loss(&a);
     FSDP_OP(&a.e.ctx, attention_bwd, dqkv, datt, a.R, a.qkv, a.att, a.B, a.T, a.C, a.NH);
@@ -513,8 +517,7 @@ START_TEST(test_attention_bf16_close_to_fp32)
     att_case a, h;
     att_setup(&a, FSDP_DTYPE_F32, 2, 8, 16, 4, 1100);
     att_setup(&h, FSDP_DTYPE_BF16, 2, 8, 16, 4, 1100);
-    size_t nq = (size_t)a.B * a.T * 3 * a.C, no = (size_t)a.B * a.T * a.C;
-    size_t na = (size_t)a.B * a.NH * a.T * a.T;
+    const size_t nq = a.nq, no = a.no, na = a.na;
     fsdp_bf16 *q16 = to_bf16(a.qkv, nq);
     fsdp_bf16 *o16 = calloc(no, sizeof *o16), *a16 = calloc(na, sizeof *a16);
     att_loss(&a);
@@ -838,7 +841,7 @@ START_TEST(test_backward_accumulates)
     att_case a;
     att_setup(&a, FSDP_DTYPE_F32, 1, 6, 8, 2, 1900);
     att_loss(&a);
-    size_t nq = (size_t)a.B * a.T * 3 * a.C;
+    const size_t nq = a.nq;
     float *q1 = fbuf(nq), *q2 = fbuf(nq), *datt = fbuf((size_t)a.B * a.NH * a.T * a.T);
     FSDP_OP(&a.e.ctx, attention_bwd, q1, datt, a.R, a.qkv, a.att, a.B, a.T, a.C, a.NH);
     for (int r = 0; r < 2; r++)
@@ -877,8 +880,7 @@ START_TEST(test_deterministic_across_call_history)
     att_case a, b;
     att_setup(&a, FSDP_DTYPE_BF16, 2, 6, 8, 2, 2100);
     att_setup(&b, FSDP_DTYPE_BF16, 2, 6, 8, 2, 2100);
-    size_t nq = (size_t)a.B * a.T * 3 * a.C, no = (size_t)a.B * a.T * a.C;
-    size_t na = (size_t)a.B * a.NH * a.T * a.T;
+    const size_t nq = a.nq, no = a.no, na = a.na;
     fsdp_bf16 *q16 = to_bf16(a.qkv, nq);
     fsdp_bf16 *o1 = calloc(no, 2), *o2 = calloc(no, 2), *a1 = calloc(na, 2), *a2 = calloc(na, 2);
     float *d1 = fbuf(nq), *d2 = fbuf(nq), *datt = fbuf(na);
