@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "case_util.h"
 #include "ckpt/ckpt_dir.h"
 #include "ckpt/modelfile.h"
 #include "file_util.h"
@@ -166,9 +167,7 @@ static long count_ops(const char *kind, int rank, int steps)
  * 2's, if it was committed before the fault) must load. */
 START_TEST(test_fault_matrix)
 {
-    static const struct {
-        const char *kind, *expect;
-    } kinds[] = {
+    static const text_case kinds[] = {
         {"alloc", "injected allocation failure"},
         {"collective", "injected failure in collective"},
         {"write", "injected write failure"},
@@ -176,20 +175,20 @@ START_TEST(test_fault_matrix)
     int runs = 0;
     for (size_t k = 0; k < FSDP_TEST_LEN(kinds); k++) {
         for (int rank = 0; rank < 2; rank++) {
-            long first = count_ops(kinds[k].kind, rank, 1), last = count_ops(kinds[k].kind, rank, 2);
+            long first = count_ops(kinds[k].in, rank, 1), last = count_ops(kinds[k].in, rank, 2);
             ck_assert_msg(last > first, "%s on rank %d: step 2 made no operation (%ld, %ld)",
-                          kinds[k].kind, rank, first, last);
+                          kinds[k].in, rank, first, last);
             for (long op = first + 1; op <= last; op++) {
                 char dir[512], log[512], spec[64], ctx[96];
                 fsdp_test_path(dir, sizeof dir, "ck");
                 fsdp_test_path(log, sizeof log, "m.jsonl");
-                snprintf(spec, sizeof spec, "%d:%s:%ld", rank, kinds[k].kind, op);
+                snprintf(spec, sizeof spec, "%d:%s:%ld", rank, kinds[k].in, op);
                 snprintf(ctx, sizeof ctx, "FSDP_FAULT=%s", spec);
                 setenv("FSDP_FAULT", spec, 1);
                 int rc = fsdp_test_cli(out, sizeof out, MATRIX_ARGS, dir, log, 2);
                 unsetenv("FSDP_FAULT");
                 ck_assert_msg(rc == 1, "%s: exit %d:\n%.2000s", ctx, rc, out);
-                ck_assert_msg(strstr(out, kinds[k].expect), "%s:\n%.2000s", ctx, out);
+                ck_assert_msg(strstr(out, kinds[k].want), "%s:\n%.2000s", ctx, out);
                 char dup[32], head[32];
                 snprintf(dup, sizeof dup, "rank %d: rank %d:", rank, rank);
                 snprintf(head, sizeof head, "error: rank %d: ", rank);
@@ -210,9 +209,7 @@ END_TEST
 /* The hook's own errors: a malformed value and a rank outside the run. */
 START_TEST(test_fault_spec_errors)
 {
-    static const struct {
-        const char *spec, *expect;
-    } cases[] = {
+    static const text_case cases[] = {
         {"1:alloc", "is not RANK:OP:K"},
         {"x:alloc:1", "is not RANK:OP:K"},
         {"0:disk:1", "unknown value 'disk' (expected alloc, collective or write)"},
@@ -221,12 +218,12 @@ START_TEST(test_fault_spec_errors)
         {"5:alloc:1", "names rank 5, but this run has 2 ranks"},
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {
-        setenv("FSDP_FAULT", cases[i].spec, 1);
+        setenv("FSDP_FAULT", cases[i].in, 1);
         int rc = fsdp_test_cli(out, sizeof out,
                                "train --model tiny --devices 2 --steps 1 --eval 0");
         unsetenv("FSDP_FAULT");
-        ck_assert_msg(rc == 2 && strstr(out, cases[i].expect), "FSDP_FAULT=%s: exit %d:\n%s",
-                      cases[i].spec, rc, out);
+        ck_assert_msg(rc == 2 && strstr(out, cases[i].want), "FSDP_FAULT=%s: exit %d:\n%s",
+                      cases[i].in, rc, out);
         n_cases++;
     }
 }

@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "case_util.h"
 #include "ckpt/ckpt_dir.h"
 #include "core/error.h"
 #include "core/fileio.h"
@@ -133,22 +134,20 @@ START_TEST(test_open_regular)
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
     pathf(q, sizeof q, "%s/fifo_link", dir);
     ck_assert_int_eq(symlink(fifo, q), 0);
-    static const struct {
-        const char *path, *kind;
-    } bad[] = {{NULL, "a FIFO (named pipe), not a regular file"},
+    static const text_case bad[] = {{NULL, "a FIFO (named pipe), not a regular file"},
                {NULL, "a FIFO (named pipe)"},
                {"/dev/null", "a character device, not a regular file"},
                {"/dev/zero", "a character device"},
                {"/tmp", "a directory, not a regular file"}};
     double t0 = now_s();
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        const char *path = bad[i].path ? bad[i].path : i == 0 ? fifo : q;
+        const char *path = bad[i].in ? bad[i].in : i == 0 ? fifo : q;
         fd = 7;
         expect_error(fsdp_open_regular(path, "test file", &fd, NULL), FSDP_STATUS_IO, "test file",
-                     path, bad[i].kind, "fsdp reads only regular files", NULL);
+                     path, bad[i].want, "fsdp reads only regular files", NULL);
         ck_assert_int_eq(fd, -1);
         f = (FILE *)1;
-        expect_error(fsdp_fopen_regular(path, "test file", &f, NULL), FSDP_STATUS_IO, bad[i].kind,
+        expect_error(fsdp_fopen_regular(path, "test file", &f, NULL), FSDP_STATUS_IO, bad[i].want,
                      NULL);
         ck_assert_ptr_null(f);
     }
@@ -585,9 +584,7 @@ START_TEST(test_atomic_refuses_special_paths)
     struct stat full0, null0;
     ck_assert_int_eq(stat("/dev/full", &full0), 0);
     ck_assert_int_eq(stat("/dev/null", &null0), 0);
-    static const struct {
-        const char *path, *frag;
-    } cases[] = {
+    static const text_case cases[] = {
         {"/dev/full", "is a character device, not a regular file"},
         {"/dev/null", "is a character device"},
         {NULL, "is a FIFO (named pipe)"},
@@ -600,7 +597,7 @@ START_TEST(test_atomic_refuses_special_paths)
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
         fsdp_atomic_file af;
         expect_error(fsdp_atomic_open(&af, paths[i], "test output"), FSDP_STATUS_IO, "test output",
-                     paths[i], cases[i].frag, "left it untouched", NULL);
+                     paths[i], cases[i].want, "left it untouched", NULL);
         ck_assert_ptr_null(af.f);
         fsdp_atomic_abort(&af); /* a no-op after a refused open */
     }

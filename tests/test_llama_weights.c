@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "case_util.h"
 #include "ckpt/modelfile.h"
 #include "ckpt/safetensors.h"
 #include "core/bf16.h"
@@ -138,9 +139,7 @@ END_TEST
 
 START_TEST(test_spec_errors)
 {
-    static const struct {
-        const char *spec, *frag;
-    } bad[] = {
+    static const text_case bad[] = {
         {"llama:", "is empty"},
         {"llama", "needs a config"},
         {"llama:foo=1", "unknown key 'foo'"},
@@ -164,7 +163,7 @@ START_TEST(test_spec_errors)
         {"llama:context=0", "out of range"},
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(bad); i++)
-        expect_spec_rejected(bad[i].spec, bad[i].frag);
+        expect_spec_rejected(bad[i].in, bad[i].want);
 }
 END_TEST
 
@@ -285,9 +284,7 @@ END_TEST
 
 START_TEST(test_hf_config_refusals)
 {
-    static const struct {
-        const char *json, *frag;
-    } bad[] = {
+    static const text_case bad[] = {
         {"{\"model_type\": \"gpt2\"}", "\"model_type\" is \"gpt2\""},
         {"[]", "not a JSON object"},
         {"{\"model_type\": \"llama\", \"intermediate_size\": 80}", "no \"num_hidden_layers\""},
@@ -316,10 +313,10 @@ START_TEST(test_hf_config_refusals)
     for (size_t i = 0; i < FSDP_TEST_LEN(bad); i++) {
         char config[FSDP_MODEL_CONFIG_MAX];
         fsdp_error_clear();
-        fsdp_status st = hf_read(bad[i].json, config, sizeof config);
-        ck_assert_msg(st == FSDP_STATUS_FORMAT, "%s: %s", bad[i].json, fsdp_status_name(st));
-        ck_assert_msg(strstr(fsdp_error_msg(), bad[i].frag), "%s: message '%s' lacks '%s'",
-                      bad[i].json, fsdp_error_msg(), bad[i].frag);
+        fsdp_status st = hf_read(bad[i].in, config, sizeof config);
+        ck_assert_msg(st == FSDP_STATUS_FORMAT, "%s: %s", bad[i].in, fsdp_status_name(st));
+        ck_assert_msg(strstr(fsdp_error_msg(), bad[i].want), "%s: message '%s' lacks '%s'",
+                      bad[i].in, fsdp_error_msg(), bad[i].want);
     }
 }
 END_TEST

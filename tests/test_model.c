@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "case_util.h"
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "fixture_util.h"
@@ -442,9 +443,7 @@ END_TEST
 
 START_TEST(test_config_errors)
 {
-    const struct {
-        const char *spec, *frag;
-    } bad[] = {
+    static const text_case bad[] = {
         {"gpt3", "unknown model 'gpt3'"},
         {"", "no model given"},
         {"custom:layers=0", "layers=0 is out of range"},
@@ -470,7 +469,7 @@ START_TEST(test_config_errors)
         {"mamba:layers=2", "unknown model"},
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(bad); i++)
-        expect_spec_rejected(bad[i].spec, bad[i].frag);
+        expect_spec_rejected(bad[i].in, bad[i].want);
     fsdp_model m;
     ck_assert_int_eq(fsdp_model_from_spec(NULL, &m), FSDP_STATUS_INVALID_ARG);
 

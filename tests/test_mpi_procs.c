@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "case_util.h"
 #include "coll_sweep.h"
 #include "comm/cuda_comm.h"
 #include "comm/procs.h"
@@ -485,9 +486,7 @@ START_TEST(test_settings_from_the_environment)
     self[n] = '\0';
     fsdp_test_path(dir, sizeof dir, "envdir");
     ck_assert_int_eq(mkdir(dir, 0755), 0);
-    struct {
-        const char *env, *want;
-    } cases[] = {
+    static const text_case cases[] = {
         {"", "single 0/1 timeout 600 grace 10"},
         {"FSDP_PEER_TIMEOUT=5 FSDP_ABORT_GRACE=2.5", "single 0/1 timeout 5 grace 2.5"},
         {"FSDP_RDV_DIR=%s FSDP_PROCESS=0 FSDP_N_PROCESSES=1", "dir 0/1 timeout 600"},
@@ -498,7 +497,7 @@ START_TEST(test_settings_from_the_environment)
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {
         char env[4400], cmd[9000];
-        snprintf(env, sizeof env, cases[i].env, dir);
+        snprintf(env, sizeof env, cases[i].in, dir);
         snprintf(cmd, sizeof cmd, "env -u OMPI_COMM_WORLD_SIZE -u PMI_SIZE -u PMIX_RANK "
                  "-u FSDP_RDV_DIR -u FSDP_PROCESS -u FSDP_N_PROCESSES -u FSDP_PEER_TIMEOUT "
                  "-u FSDP_ABORT_GRACE %s %s --env 2>&1", env, self);
