@@ -31,6 +31,7 @@
 #include "models/model.h"
 #include "models/registry.h"
 #include "testutil.h"
+#include "train_util.h"
 
 static char out[1 << 17];
 
@@ -347,23 +348,6 @@ START_TEST(test_data_truncated_under_a_run)
 }
 END_TEST
 
-/* An llm.c model file of the tiny shape whose weights are zeros and a NaN. */
-static void write_nan_model(const char *path)
-{
-    fsdp_model m;
-    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
-    float *units[16] = {0};
-    for (int u = 0; u < m.n_units; u++)
-        ck_assert_ptr_nonnull(units[u] = calloc(m.units[u].numel, sizeof(float)));
-    units[1][3] = NAN;
-    ck_assert_int_eq(fsdp_modelfile_write(path, fsdp_modelfile_format_of(path), &m,
-                                          (const float *const *)units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
-    for (int u = 0; u < m.n_units; u++)
-        free(units[u]);
-    fsdp_model_free(&m);
-}
-
 /* Divergence from the first step: the run stops naming it (exit 1); with
  * --on-nonfinite skip it runs on, its metrics stay JSON (null, "skipped"),
  * and a checkpoint of the NaN parameters is refused. */
@@ -373,7 +357,7 @@ START_TEST(test_nonfinite_from_the_command)
     fsdp_test_path(model, sizeof model, "nan.bin");
     fsdp_test_path(log, sizeof log, "nan.jsonl");
     fsdp_test_path(dir, sizeof dir, "nan_ck");
-    write_nan_model(model);
+    write_nan_tiny_model(model, 1, 3);
     int rc = fsdp_test_cli(out, sizeof out, "train --model %s --steps 3 --eval 0", model);
     ck_assert_msg(rc == 1 && strstr(out, "error: step 1: the loss is NaN") &&
                       strstr(out, "--on-nonfinite skip") && !strstr(out, "step     1/3"),

@@ -144,21 +144,7 @@ START_TEST(test_ckpt_refuses_nonfinite_state)
     char model[512], ck[512];
     snprintf(model, sizeof model, "%s/nan.bin", dir);
     snprintf(ck, sizeof ck, "%s/ck", dir);
-    fsdp_model m;
-    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
-    float *units[16] = {0};
-    ck_assert_int_le(m.n_units, 16);
-    for (int u = 0; u < m.n_units; u++) {
-        units[u] = calloc(m.units[u].numel, sizeof(float));
-        ck_assert_ptr_nonnull(units[u]);
-    }
-    units[1][7] = NAN;
-    ck_assert_int_eq(fsdp_modelfile_write(model, fsdp_modelfile_format_of(model), &m,
-                                          (const float *const *)units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
-    for (int u = 0; u < m.n_units; u++)
-        free(units[u]);
-    fsdp_model_free(&m);
+    write_nan_tiny_model(model, 1, 7);
 
     fsdp_train_config c;
     fsdp_train_result r;

@@ -3,11 +3,15 @@
  */
 #include "train_util.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/modelfile.h"
 #include "core/names.h"
 #include "fsdp/engine.h"
+#include "models/registry.h"
 #include "testutil.h"
 
 void train_config_cpu(fsdp_train_config *c, const char *model, int devices)
@@ -70,6 +74,25 @@ void expect_recompute_savings(fsdp_train_config *c, int L, size_t block_drop, si
                 fsdp_dtype_name(c->eng.compute_dtype),
                 fsdp_names_name(&fsdp_recompute_names, mode), peak[0] - peak[mode],
                 act[0] - act[mode]);
+}
+
+void write_nan_tiny_model(const char *path, int unit, size_t index)
+{
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
+    float **units = calloc((size_t)m.n_units, sizeof *units);
+    ck_assert_ptr_nonnull(units);
+    for (int u = 0; u < m.n_units; u++)
+        ck_assert_ptr_nonnull(units[u] = calloc(m.units[u].numel, sizeof(float)));
+    ck_assert(unit < m.n_units && index < m.units[unit].numel);
+    units[unit][index] = NAN;
+    ck_assert_int_eq(fsdp_modelfile_write(path, fsdp_modelfile_format_of(path), &m,
+                                          (const float *const *)units, FSDP_DTYPE_F32),
+                     FSDP_STATUS_OK);
+    for (int u = 0; u < m.n_units; u++)
+        free(units[u]);
+    free(units);
+    fsdp_model_free(&m);
 }
 
 void run_fail(const fsdp_train_config *c, fsdp_status want, const char *a, const char *b)

@@ -38,6 +38,11 @@ void run_ok_as(const fsdp_train_config *c, fsdp_train_result *r, const char *wha
  * by exactly as much. c's recompute, steps and keep_params are changed. */
 void expect_recompute_savings(fsdp_train_config *c, int L, size_t block_drop, size_t elem_drop);
 
+/* A model file at path (its format from the name) of the tiny model whose
+ * weights are zeros but element `index` of unit `unit`, a NaN: every step
+ * from it is non-finite. */
+void write_nan_tiny_model(const char *path, int unit, size_t index);
+
 /* fsdp_train_run(c, ...) must fail with `want`, its message holding a and
  * b (either NULL: not checked); the result is freed. */
 void run_fail(const fsdp_train_config *c, fsdp_status want, const char *a, const char *b);
