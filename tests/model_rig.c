@@ -123,13 +123,15 @@ void rig_put_units(rig *r, float *const *units)
         rig_put(r, u, 0, units[u], r->m->units[u].numel);
 }
 
-void expect_spec_rejected(const char *spec, const char *frag)
+void expect_specs_rejected(const text_case *bad, size_t n)
 {
-    fsdp_model m;
-    fsdp_error_clear();
-    fsdp_status st = fsdp_model_from_spec(spec, &m);
-    ck_assert_msg(st == FSDP_STATUS_INVALID_ARG, "'%s' was accepted", spec);
-    ck_assert_msg(strstr(fsdp_error_msg(), frag), "'%s': message '%s' lacks '%s'", spec,
-                  fsdp_error_msg(), frag);
-    ck_assert_ptr_null(m.units);
+    for (size_t i = 0; i < n; i++) {
+        fsdp_model m;
+        fsdp_error_clear();
+        fsdp_status st = fsdp_model_from_spec(bad[i].in, &m);
+        ck_assert_msg(st == FSDP_STATUS_INVALID_ARG, "'%s' was accepted", bad[i].in);
+        ck_assert_msg(strstr(fsdp_error_msg(), bad[i].want), "'%s': message '%s' lacks '%s'",
+                      bad[i].in, fsdp_error_msg(), bad[i].want);
+        ck_assert_ptr_null(m.units);
+    }
 }

@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "case_util.h"
 #include "device/device.h"
 #include "models/gpt2.h"
 #include "models/model.h"
@@ -59,8 +60,8 @@ void rig_put_units(rig *r, float *const *units);
 
 /* ---- model specs ---------------------------------------------------------------- */
 
-/* fsdp_model_from_spec(spec) fails with INVALID_ARG, its message holding
- * frag, and leaves no units behind. */
-void expect_spec_rejected(const char *spec, const char *frag);
+/* For every row: fsdp_model_from_spec(in) fails with INVALID_ARG, its
+ * message holding want, and leaves no units behind. */
+void expect_specs_rejected(const text_case *bad, size_t n);
 
 #endif /* FSDP_TESTS_MODEL_RIG_H */

@@ -162,8 +162,7 @@ START_TEST(test_spec_errors)
         {"llama:heads=4096,head_dim=4096", "heads * head_dim"},
         {"llama:context=0", "out of range"},
     };
-    for (size_t i = 0; i < FSDP_TEST_LEN(bad); i++)
-        expect_spec_rejected(bad[i].in, bad[i].want);
+    expect_specs_rejected(bad, FSDP_TEST_LEN(bad));
 }
 END_TEST
 

@@ -468,8 +468,7 @@ START_TEST(test_config_errors)
         {"custom:heads=4,channels=32,heads=4", "'heads' is given twice"},
         {"mamba:layers=2", "unknown model"},
     };
-    for (size_t i = 0; i < FSDP_TEST_LEN(bad); i++)
-        expect_spec_rejected(bad[i].in, bad[i].want);
+    expect_specs_rejected(bad, FSDP_TEST_LEN(bad));
     fsdp_model m;
     ck_assert_int_eq(fsdp_model_from_spec(NULL, &m), FSDP_STATUS_INVALID_ARG);
 
