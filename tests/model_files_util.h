@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 
 #include "ckpt/modelfile.h"
+#include "core/bf16.h"
 #include "core/error.h"
 #include "testutil.h"
 #include "train/infer.h"
@@ -145,6 +146,22 @@ UTIL void write_loaded(const char *path, const char *fmt, const loaded *l, fsdp_
     fsdp_status st =
         fsdp_modelfile_write(path, FMT(fmt), &l->m, (const float *const *)l->units, dt);
     REQUIRE(st == FSDP_STATUS_OK, "writing %s as %s: %s", path, fmt, fsdp_error_msg());
+}
+
+/* src exported to path in format fmt as bf16 reads back as bf16 (into
+ * *out, which the caller frees) holding every value rounded to nearest
+ * even, bit for bit; a failure names `what` and the element. */
+UTIL void expect_bf16_export(const char *path, const char *fmt, const loaded *src, loaded *out,
+                             const char *what)
+{
+    write_loaded(path, fmt, src, FSDP_DTYPE_BF16);
+    load_ok(path, out);
+    ck_assert_str_eq(out->kind_dtype, "bf16");
+    for (int u = 0; u < src->m.n_units; u++)
+        for (size_t i = 0; i < src->m.units[u].numel; i++) {
+            float want = fsdp_bf16_to_f32(fsdp_f32_to_bf16(src->units[u][i]));
+            REQUIRE(!memcmp(&want, &out->units[u][i], 4), "%s unit %d element %zu", what, u, i);
+        }
 }
 
 /* Inference on the cpu from the model file at path on `devices` ranks,

@@ -63,15 +63,8 @@ START_TEST(test_roundtrip_ckpt_bin_ckpt)
     load_ok(path_in(dir, "back"), &c);
     require_same(&a, &c, "checkpoint -> .bin -> checkpoint");
     /* bf16 llm.c export: version 5, rounded */
-    write_loaded(path_in(dir, "m16.bin"), "llmc", &a, FSDP_DTYPE_BF16);
     loaded_free(&c);
-    load_ok(path_in(dir, "m16.bin"), &c);
-    ck_assert_str_eq(c.kind_dtype, "bf16");
-    for (int k = 0; k < a.m.n_units; k++)
-        for (size_t e = 0; e < a.m.units[k].numel; e++) {
-            float want = fsdp_bf16_to_f32(fsdp_f32_to_bf16(a.units[k][e]));
-            REQUIRE(!memcmp(&want, &c.units[k][e], 4), "bf16 .bin unit %d element %zu", k, e);
-        }
+    expect_bf16_export(path_in(dir, "m16.bin"), "llmc", &a, &c, "bf16 .bin");
     /* a checkpoint directory is never overwritten */
     fsdp_status st = fsdp_modelfile_write(path_in(dir, "back"), FMT("ckpt"), &b.m,
                                           (const float *const *)b.units, FSDP_DTYPE_F32);

@@ -375,14 +375,7 @@ START_TEST(test_safetensors_variants)
     free(buf);
 
     /* BF16 export: round to nearest even, read back exactly */
-    write_loaded(path_in(dir, "bf16.safetensors"), "safetensors", &ref, FSDP_DTYPE_BF16);
-    load_ok(path_in(dir, "bf16.safetensors"), &l);
-    ck_assert_str_eq(l.kind_dtype, "bf16");
-    for (int u = 0; u < ref.m.n_units; u++)
-        for (size_t i = 0; i < ref.m.units[u].numel; i++) {
-            float want = fsdp_bf16_to_f32(fsdp_f32_to_bf16(ref.units[u][i]));
-            REQUIRE(!memcmp(&want, &l.units[u][i], 4), "bf16 unit %d element %zu", u, i);
-        }
+    expect_bf16_export(path_in(dir, "bf16.safetensors"), "safetensors", &ref, &l, "bf16");
     loaded_free(&l);
 
     /* no n_head metadata: heads = channels / 64 */
