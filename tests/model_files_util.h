@@ -19,6 +19,7 @@
 #include "ckpt/modelfile.h"
 #include "core/bf16.h"
 #include "core/error.h"
+#include "model_rig.h"
 #include "testutil.h"
 #include "train/infer.h"
 #include "train/train.h"
@@ -125,17 +126,11 @@ UTIL void write_init_model(const char *path, const char *spec, uint64_t seed)
 {
     fsdp_model m;
     ck_assert_int_eq(fsdp_model_from_spec(spec, &m), FSDP_STATUS_OK);
-    float **units = calloc((size_t)m.n_units, sizeof *units);
-    for (int u = 0; u < m.n_units; u++) {
-        units[u] = malloc(m.units[u].numel * sizeof(float));
-        fsdp_model_init_range(&m, u, 0, m.units[u].numel, seed, units[u]);
-    }
+    float **units = units_init(&m, seed);
     fsdp_status st = fsdp_modelfile_write(path, fsdp_modelfile_format_of(path), &m,
                                           (const float *const *)units, FSDP_DTYPE_F32);
     REQUIRE(st == FSDP_STATUS_OK, "writing %s: %s", path, fsdp_error_msg());
-    for (int u = 0; u < m.n_units; u++)
-        free(units[u]);
-    free(units);
+    units_free(&m, units);
     fsdp_model_free(&m);
 }
 

@@ -135,3 +135,29 @@ void expect_specs_rejected(const text_case *bad, size_t n)
         ck_assert_ptr_null(m.units);
     }
 }
+
+float **units_alloc(const fsdp_model *m)
+{
+    float **u = calloc((size_t)m->n_units, sizeof *u);
+    ck_assert_ptr_nonnull(u);
+    for (int i = 0; i < m->n_units; i++) {
+        u[i] = calloc(m->units[i].numel, sizeof **u);
+        ck_assert_ptr_nonnull(u[i]);
+    }
+    return u;
+}
+
+float **units_init(const fsdp_model *m, uint64_t seed)
+{
+    float **u = units_alloc(m);
+    for (int i = 0; i < m->n_units; i++)
+        fsdp_model_init_range(m, i, 0, m->units[i].numel, seed, u[i]);
+    return u;
+}
+
+void units_free(const fsdp_model *m, float **units)
+{
+    for (int i = 0; i < m->n_units; i++)
+        free(units[i]);
+    free(units);
+}

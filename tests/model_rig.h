@@ -5,7 +5,8 @@
  * the model's activation state. The model suites (test_model for GPT-2,
  * test_llama for the Llama family) check forward, backward and memory
  * accounting with it. Also the model suites' check of a refused model
- * spec (test_model, test_llama_weights).
+ * spec (test_model, test_llama_weights) and the per-unit host buffers
+ * many suites fill, write and compare.
  *
  * Linked into every suite (TEST_COMMON in the Makefile). Every helper
  * asserts with Check: call them from the forked test.
@@ -15,6 +16,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "case_util.h"
 #include "device/device.h"
@@ -57,6 +59,14 @@ float rig_step(rig *r, const int *tokens, const int *targets, bool train, float 
 void rig_put(rig *r, int unit, size_t offset, const float *src, size_t n);
 /* Every parameter from whole fp32 unit buffers. */
 void rig_put_units(rig *r, float *const *units);
+
+/* ---- per-unit host buffers ----------------------------------------------------- */
+
+/* A zeroed fp32 buffer per unit of m (units_free frees them). */
+float **units_alloc(const fsdp_model *m);
+/* The same holding m's own initial values for seed (fsdp_model_init_range). */
+float **units_init(const fsdp_model *m, uint64_t seed);
+void units_free(const fsdp_model *m, float **units);
 
 /* ---- model specs ---------------------------------------------------------------- */
 

@@ -19,6 +19,7 @@
 #include "data/data.h"
 #include "fsdp/engine.h"
 #include "fsdp/shardmap.h"
+#include "model_rig.h"
 #include "models/family.h"
 #include "models/registry.h"
 #include "train/infer.h"
@@ -870,11 +871,7 @@ START_TEST(test_masked_loss)
     /* eval of step 0's batches with the initial weights: the trainer's loss, bit for bit */
     fsdp_model m;
     ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
-    float **units = calloc((size_t)m.n_units, sizeof *units);
-    for (int u = 0; u < m.n_units; u++) {
-        units[u] = malloc(m.units[u].numel * sizeof(float));
-        fsdp_model_init_range(&m, u, 0, m.units[u].numel, c.eng.seed, units[u]);
-    }
+    float **units = units_init(&m, c.eng.seed);
     snprintf(ck, sizeof ck, "%s/ck", dir);
     ck_assert_msg(fsdp_modelfile_write(ck, fsdp_modelfile_format_find("ckpt"), &m,
                                        (const float *const *)units, FSDP_DTYPE_F32) ==
@@ -894,9 +891,7 @@ START_TEST(test_masked_loss)
                   ref.losses[0]);
     for (int k = 0; k < 4; k++)
         ck_assert(isfinite(per[k]) && per[k] > 0.0f);
-    for (int u = 0; u < m.n_units; u++)
-        free(units[u]);
-    free(units);
+    units_free(&m, units);
     fsdp_model_free(&m);
     fsdp_train_result_free(&ref);
     char rm[96];

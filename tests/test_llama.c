@@ -285,12 +285,7 @@ START_TEST(test_golden_adamw_trajectory)
     const int steps = (int)sl->numel;
     float *want_loss = stfile_get(&fx.golden, "step_losses", "F32", (size_t)steps);
     float *want_norm = stfile_get(&fx.golden, "step_grad_norms", "F32", (size_t)steps);
-    float **mom = calloc((size_t)m->n_units, sizeof *mom), **var = calloc((size_t)m->n_units,
-                                                                          sizeof *var);
-    for (int u = 0; u < m->n_units; u++) {
-        mom[u] = calloc(m->units[u].numel, sizeof(float));
-        var[u] = calloc(m->units[u].numel, sizeof(float));
-    }
+    float **mom = units_alloc(m), **var = units_alloc(m);
     int clipped = 0;
     for (int t = 1; t <= steps; t++) {
         float loss = llama_step(&r, fx.tokens, fx.targets, true);
@@ -335,12 +330,8 @@ START_TEST(test_golden_adamw_trajectory)
             free(wp);
         }
     printf("%s: after %d steps, worst parameter rel err %.1e\n", fixtures[_i], steps, worst);
-    for (int u = 0; u < m->n_units; u++) {
-        free(mom[u]);
-        free(var[u]);
-    }
-    free(mom);
-    free(var);
+    units_free(m, mom);
+    units_free(m, var);
     free(hp);
     free(want_loss);
     free(want_norm);

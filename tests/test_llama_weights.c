@@ -373,11 +373,7 @@ START_TEST(test_safetensors_round_trip)
         for (int d = 0; d < 2; d++) {
             fsdp_model m;
             build_ok(specs[s], &m);
-            float **units = calloc((size_t)m.n_units, sizeof *units);
-            for (int u = 0; u < m.n_units; u++) {
-                units[u] = malloc(m.units[u].numel * sizeof(float));
-                fsdp_model_init_range(&m, u, 0, m.units[u].numel, 7, units[u]);
-            }
+            float **units = units_init(&m, 7);
             /* the vocabulary padding is not written: give it values that would show */
             const fsdp_param_spec *e = fsdp_model_find_param(&m, "model.embed_tokens.weight",
                                                              NULL);
@@ -430,9 +426,7 @@ START_TEST(test_safetensors_round_trip)
                 free(back);
             }
             fsdp_modelfile_close(mf);
-            for (int u = 0; u < m.n_units; u++)
-                free(units[u]);
-            free(units);
+            units_free(&m, units);
             fsdp_model_free(&m);
         }
 }

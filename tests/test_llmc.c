@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "file_util.h"
+#include "model_rig.h"
 #include "models/gpt2.h"
 #include "testutil.h"
 
@@ -64,31 +65,13 @@ typedef struct fixture {
     float **units; /* random values, one buffer per unit */
 } fixture;
 
-static float **alloc_units(const fsdp_model *m)
-{
-    float **u = calloc((size_t)m->n_units, sizeof *u);
-    ck_assert_ptr_nonnull(u);
-    for (int i = 0; i < m->n_units; i++) {
-        u[i] = calloc(m->units[i].numel, sizeof **u);
-        ck_assert_ptr_nonnull(u[i]);
-    }
-    return u;
-}
-
-static void free_units(const fsdp_model *m, float **u)
-{
-    for (int i = 0; i < m->n_units; i++)
-        free(u[i]);
-    free(u);
-}
-
 static void fixture_init(fixture *fx, const char *spec, uint64_t seed)
 {
     snprintf(fx->dir, sizeof fx->dir, "/tmp/fsdp_test_llmc_XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(fx->dir));
     snprintf(fx->path, sizeof fx->path, "%s/model.bin", fx->dir);
     ck_assert_int_eq(fsdp_model_from_spec(spec, &fx->m), FSDP_STATUS_OK);
-    fx->units = alloc_units(&fx->m);
+    fx->units = units_alloc(&fx->m);
     /* every element distinct and random, so a misplaced slab shows */
     for (int u = 0; u < fx->m.n_units; u++)
         for (size_t i = 0; i < fx->m.units[u].numel; i++)
@@ -110,7 +93,7 @@ static void fixture_free(fixture *fx)
         closedir(d);
     }
     rmdir(fx->dir);
-    free_units(&fx->m, fx->units);
+    units_free(&fx->m, fx->units);
     fsdp_model_free(&fx->m);
 }
 
@@ -198,11 +181,11 @@ static void roundtrip_f32(const char *spec)
     ck_assert_str_eq(dt, "fp32");
     ck_assert_str_eq(cfg, fx.m.config);
 
-    float **back = alloc_units(&fx.m);
+    float **back = units_alloc(&fx.m);
     ck_assert_int_eq(llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
     for (int u = 0; u < fx.m.n_units; u++)
         ck_assert_int_eq(memcmp(back[u], fx.units[u], fx.m.units[u].numel * 4), 0);
-    free_units(&fx.m, back);
+    units_free(&fx.m, back);
     free(ref);
     free(file);
     fixture_free(&fx);
@@ -243,7 +226,7 @@ START_TEST(test_roundtrip_bf16)
     ck_assert_int_eq(llmc_read_config(fx.path, cfg, sizeof cfg, dt), FSDP_STATUS_OK);
     ck_assert_str_eq(dt, "bf16");
 
-    float **back = alloc_units(&fx.m);
+    float **back = units_alloc(&fx.m);
     ck_assert_int_eq(llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
     for (int u = 0; u < fx.m.n_units; u++)
         for (size_t i = 0; i < fx.m.units[u].numel; i++) {
@@ -256,7 +239,7 @@ START_TEST(test_roundtrip_bf16)
     ck_assert_float_eq(b[1], 1.0f + 0x1p-6f);
     ck_assert_float_eq(b[2], 1.0f + 0x1p-7f);
     ck_assert(b[3] == 0.0f && signbit(b[3]));
-    free_units(&fx.m, back);
+    units_free(&fx.m, back);
     free(ref);
     free(file);
     fixture_free(&fx);
@@ -330,7 +313,7 @@ START_TEST(test_reject_corrupt)
     uint8_t *good = (uint8_t *)slurp_n(fx.path, &n);
     char bad[160];
     snprintf(bad, sizeof bad, "%s/bad.bin", fx.dir);
-    float **back = alloc_units(&fx.m);
+    float **back = units_alloc(&fx.m);
     const fsdp_status F = FSDP_STATUS_FORMAT;
     char size_now[32];
 
@@ -369,7 +352,7 @@ START_TEST(test_reject_corrupt)
 
     /* the untouched file still loads */
     ck_assert_int_eq(llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
-    free_units(&fx.m, back);
+    units_free(&fx.m, back);
     free(good);
     fixture_free(&fx);
 }
@@ -387,7 +370,7 @@ START_TEST(test_reject_hostile_headers)
     uint8_t *good = (uint8_t *)slurp_n(fx.path, &n);
     char bad[160];
     snprintf(bad, sizeof bad, "%s/bad.bin", fx.dir);
-    float **back = alloc_units(&fx.m);
+    float **back = units_alloc(&fx.m);
     for (uint64_t i = 0; i < 300; i++) {
         int32_t h[8];
         memcpy(h, good, sizeof h);
@@ -419,7 +402,7 @@ START_TEST(test_reject_hostile_headers)
         REQUIRE(strstr(fsdp_error_msg(), bad), "case %llu: message '%s' lacks the path",
                 (unsigned long long)i, fsdp_error_msg());
     }
-    free_units(&fx.m, back);
+    units_free(&fx.m, back);
     free(good);
     fixture_free(&fx);
 }
@@ -439,11 +422,11 @@ START_TEST(test_reject_config_mismatch)
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
         fsdp_model m2;
         ck_assert_int_eq(fsdp_model_from_spec(others[i], &m2), FSDP_STATUS_OK);
-        float **u2 = alloc_units(&m2);
+        float **u2 = units_alloc(&m2);
         ck_assert_int_eq(llmc_read(fx.path, &m2, u2), FSDP_STATUS_INVALID_ARG);
         ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), fx.path));
         ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "holds GPT-2 'layers=3,heads=2"));
-        free_units(&m2, u2);
+        units_free(&m2, u2);
         fsdp_model_free(&m2);
     }
     fixture_free(&fx);

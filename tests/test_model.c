@@ -280,12 +280,7 @@ static void check_golden_adamw(const char *file)
     rig r;
     golden_rig_init(&gc, &r, file, FSDP_DTYPE_F32);
     float *want = golden_get(&gc.g, "step_losses", 0, (size_t)gc.steps);
-    float **m = calloc((size_t)r.m->n_units, sizeof *m);
-    float **v = calloc((size_t)r.m->n_units, sizeof *v);
-    for (int u = 0; u < r.m->n_units; u++) {
-        m[u] = calloc(r.m->units[u].numel, sizeof(float));
-        v[u] = calloc(r.m->units[u].numel, sizeof(float));
-    }
+    float **m = units_alloc(r.m), **v = units_alloc(r.m); /* AdamW's moments */
     const float lr = gc.hp[0], b1 = gc.hp[1], b2 = gc.hp[2], eps = gc.hp[3], wd = gc.hp[4];
     for (int t = 1; t <= gc.steps; t++) {
         rig_zero_grads(&r);
@@ -307,12 +302,8 @@ static void check_golden_adamw(const char *file)
         }
     }
     ck_assert_msg(want[gc.steps - 1] < want[0] - 0.1f, "the golden loss should fall");
-    for (int u = 0; u < r.m->n_units; u++) {
-        free(m[u]);
-        free(v[u]);
-    }
-    free(m);
-    free(v);
+    units_free(r.m, m);
+    units_free(r.m, v);
     free(want);
     golden_rig_free(&gc, &r);
 }

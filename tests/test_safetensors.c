@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model_files_util.h"
+#include "model_rig.h"
 #include "models/gpt2.h"
 #include "testutil.h"
 
@@ -383,11 +384,7 @@ START_TEST(test_safetensors_variants)
     ck_assert_int_eq(fsdp_model_from_spec("custom:layers=1,heads=4,channels=64,vocab=8,"
                                           "context=4", &m),
                      FSDP_STATUS_OK);
-    float **units = calloc((size_t)m.n_units, sizeof *units);
-    for (int u = 0; u < m.n_units; u++) {
-        units[u] = malloc(m.units[u].numel * sizeof(float));
-        fsdp_model_init_range(&m, u, 0, m.units[u].numel, 3, units[u]);
-    }
+    float **units = units_init(&m, 3);
     ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "c64.safetensors"), FMT("safetensors"),
                                           &m, (const float *const *)units, FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
@@ -411,9 +408,7 @@ START_TEST(test_safetensors_variants)
     fsdp_st_free(&f);
     free(b);
     free(buf);
-    for (int u = 0; u < m.n_units; u++)
-        free(units[u]);
-    free(units);
+    units_free(&m, units);
     fsdp_model_free(&m);
     loaded_free(&ref);
     fsdp_test_rm_rf(dir);

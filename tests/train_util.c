@@ -11,6 +11,7 @@
 #include "ckpt/modelfile.h"
 #include "core/names.h"
 #include "fsdp/engine.h"
+#include "model_rig.h"
 #include "models/registry.h"
 #include "testutil.h"
 
@@ -80,18 +81,13 @@ void write_nan_tiny_model(const char *path, int unit, size_t index)
 {
     fsdp_model m;
     ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
-    float **units = calloc((size_t)m.n_units, sizeof *units);
-    ck_assert_ptr_nonnull(units);
-    for (int u = 0; u < m.n_units; u++)
-        ck_assert_ptr_nonnull(units[u] = calloc(m.units[u].numel, sizeof(float)));
+    float **units = units_alloc(&m);
     ck_assert(unit < m.n_units && index < m.units[unit].numel);
     units[unit][index] = NAN;
     ck_assert_int_eq(fsdp_modelfile_write(path, fsdp_modelfile_format_of(path), &m,
                                           (const float *const *)units, FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
-    for (int u = 0; u < m.n_units; u++)
-        free(units[u]);
-    free(units);
+    units_free(&m, units);
     fsdp_model_free(&m);
 }
 
