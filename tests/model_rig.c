@@ -161,3 +161,14 @@ void units_free(const fsdp_model *m, float **units)
         free(units[i]);
     free(units);
 }
+
+const struct fsdp_model_i *model_drop_recompute(fsdp_model *m, struct fsdp_model_i *without)
+{
+    const struct fsdp_model_i *own = m->iface;
+    *without = *own;
+    without->state_init_recompute = NULL;
+    without->unit_recompute = NULL;
+    without->recompute_flops_per_token = NULL;
+    m->iface = without;
+    return own;
+}

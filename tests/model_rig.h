@@ -60,6 +60,13 @@ void rig_put(rig *r, int unit, size_t offset, const float *src, size_t n);
 /* Every parameter from whole fp32 unit buffers. */
 void rig_put_units(rig *r, float *const *units);
 
+/* ---- model interfaces ------------------------------------------------------------ */
+
+/* Points m at *without: a copy of its interface with the recompute slots
+ * removed (a family that runs only recompute none). Returns the interface
+ * to put back before fsdp_model_free. */
+const struct fsdp_model_i *model_drop_recompute(fsdp_model *m, struct fsdp_model_i *without);
+
 /* ---- per-unit host buffers ----------------------------------------------------- */
 
 /* A zeroed fp32 buffer per unit of m (units_free frees them). */

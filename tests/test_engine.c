@@ -617,12 +617,8 @@ START_TEST(test_recompute_refused)
 {
     fsdp_model m;
     ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
-    struct fsdp_model_i no_recompute = *m.iface;
-    no_recompute.state_init_recompute = NULL;
-    no_recompute.unit_recompute = NULL;
-    no_recompute.recompute_flops_per_token = NULL;
-    const struct fsdp_model_i *gpt2_iface = m.iface;
-    m.iface = &no_recompute;
+    struct fsdp_model_i no_recompute;
+    const struct fsdp_model_i *gpt2_iface = model_drop_recompute(&m, &no_recompute);
     fsdp_train_config c;
     train_config_tiny(&c, 2, 1);
     fsdp_engine_shared sh;
