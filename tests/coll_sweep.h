@@ -21,6 +21,8 @@
 #include "comm/comm.h"
 #include "core/bf16.h"
 #include "core/rng.h"
+#include "core/world.h"
+#include "device/device.h"
 
 #define SWEEP_SEED 0x5eedc0ffeeull
 
@@ -167,6 +169,42 @@ out:
     free(b);
     free(want);
     *digest = h;
+    return st;
+}
+
+struct coll_sweep_host {
+    const size_t *sizes;
+    int n_sizes;
+    uint64_t *digest; /* (n_ranks,) */
+};
+
+static inline fsdp_status coll_sweep_host_rank(fsdp_world *w, int rank, void *arg)
+{
+    struct coll_sweep_host *h = arg;
+    fsdp_device dev;
+    fsdp_comm c;
+    FSDP_TRY(fsdp_device_init(&dev, FSDP_BACKEND_CPU, w, rank, rank, 0));
+    fsdp_status st = fsdp_comm_host_init(&c, w, &dev, rank);
+    if (st == FSDP_STATUS_OK) {
+        st = coll_sweep_rank(&c, h->sizes, h->n_sizes, &h->digest[rank]);
+        fsdp_comm_fini(&c);
+    }
+    fsdp_device_fini(&dev);
+    return st;
+}
+
+/* The reference a job laid out across processes must match: the sweep's
+ * digests (digest[0..n_ranks)) over the host transport with n_ranks cpu
+ * ranks in this process. Called from the test's thread; returns the first
+ * rank's failure. */
+static inline fsdp_status coll_sweep_host_digests(int n_ranks, const size_t *sizes, int n_sizes,
+                                                  uint64_t *digest)
+{
+    struct coll_sweep_host h = {.sizes = sizes, .n_sizes = n_sizes, .digest = digest};
+    fsdp_world *w;
+    FSDP_TRY(fsdp_world_init(&w, n_ranks));
+    fsdp_status st = fsdp_world_launch(w, coll_sweep_host_rank, &h);
+    fsdp_world_free(w);
     return st;
 }
 

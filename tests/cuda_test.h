@@ -14,6 +14,7 @@
 #define FSDP_TESTS_CUDA_TEST_H
 
 #include <check.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -64,6 +65,14 @@ static inline double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* A standalone device of backend be (rank 0, no world); fails the test
+ * with the reason when it cannot start. */
+static inline void device_init_ok(fsdp_device *d, fsdp_backend be)
+{
+    ck_assert_msg(fsdp_device_init(d, be, NULL, 0, 0, 0) == FSDP_STATUS_OK, "%s",
+                  fsdp_error_msg());
+}
+
 /* ---- a cpu device and a cuda device side by side ---------------------------- */
 
 /* The same ops run on both, for comparison in dtype dt. */
@@ -71,16 +80,16 @@ typedef struct pair {
     fsdp_device cpu, gpu;
     fsdp_op_ctx oc, og;
     fsdp_dtype dt;
+    uint64_t seed; /* of the values cuda_tens.h's t_new draws; SEED */
 } pair;
 
 static inline void pair_init(pair *P, fsdp_dtype dt)
 {
     memset(P, 0, sizeof *P);
     P->dt = dt;
-    ck_assert_msg(fsdp_device_init(&P->cpu, FSDP_BACKEND_CPU, NULL, 0, 0, 0) == FSDP_STATUS_OK,
-                  "%s", fsdp_error_msg());
-    ck_assert_msg(fsdp_device_init(&P->gpu, FSDP_BACKEND_CUDA, NULL, 0, 0, 0) == FSDP_STATUS_OK,
-                  "%s", fsdp_error_msg());
+    P->seed = SEED;
+    device_init_ok(&P->cpu, FSDP_BACKEND_CPU);
+    device_init_ok(&P->gpu, FSDP_BACKEND_CUDA);
     ck_assert_msg(fsdp_ops_init(&P->oc, &P->cpu, dt) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
     ck_assert_msg(fsdp_ops_init(&P->og, &P->gpu, dt) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
 }

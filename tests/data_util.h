@@ -14,8 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "core/error.h"
+#include "data/data.h"
 #include "data/hftok.h"
+#include "testutil.h"
 
 #define DATA_UTIL static __attribute__((unused))
 
@@ -37,6 +41,36 @@ DATA_UTIL void write_token_shard(const char *path, int magic, int version, int c
     ck_assert_uint_eq(fwrite(buf, 1, bytes - cut, f), bytes - cut);
     ck_assert_int_eq(fclose(f), 0);
     free(buf);
+}
+
+/* A fresh path /tmp/fsdp_test_<tag>_XXXXXX<suffix> (the file exists,
+ * empty). */
+DATA_UTIL void temp_path(char *path, size_t n, const char *tag, const char *suffix)
+{
+    snprintf(path, n, "/tmp/fsdp_test_%s_XXXXXX%s", tag, suffix);
+    int fd = mkstemps(path, (int)strlen(suffix));
+    ck_assert_int_ge(fd, 0);
+    close(fd);
+}
+
+/* The batch contract, computed directly from the concatenated tokens all
+ * (n): batch m of B rows of T holds all[(m * B + r) * T + j] (mod n) and
+ * its successor as the target. */
+DATA_UTIL void check_batch_against(const fsdp_data *d, const int *all, uint64_t n, uint64_t m,
+                                   int B, int T)
+{
+    int *in = malloc(sizeof(int) * B * T), *tg = malloc(sizeof(int) * B * T);
+    ck_assert_int_eq(fsdp_data_batch(d, m, B, T, in, tg), FSDP_STATUS_OK);
+    for (int r = 0; r < B; r++)
+        for (int j = 0; j < T; j++) {
+            uint64_t p = (uint64_t)((((unsigned __int128)m * B + r) * T + j) % n);
+            REQUIRE(in[r * T + j] == all[p] && tg[r * T + j] == all[(p + 1) % n],
+                    "batch %llu row %d col %d: got (%d, %d), want (%d, %d)",
+                    (unsigned long long)m, r, j, in[r * T + j], tg[r * T + j], all[p],
+                    all[(p + 1) % n]);
+        }
+    free(in);
+    free(tg);
 }
 
 DATA_UTIL fsdp_hftok *tok_open(const char *path)

@@ -9,6 +9,7 @@
 #define FSDP_TESTS_FILE_UTIL_H
 
 #include <check.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdarg.h>
@@ -65,27 +66,58 @@ static inline void copy_file(const char *src, const char *dst)
 /* The whole file, NUL-terminated (malloc'd); its size in *size if given. */
 static inline char *slurp_n(const char *path, size_t *size)
 {
-    FILE *f = fopen(path, "rb");
-    REQUIRE(f, "open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    REQUIRE(b && fread(b, 1, (size_t)n, f) == (size_t)n, "read %s", path);
-    b[n] = '\0';
-    fclose(f);
-    if (size)
-        *size = (size_t)n;
-    return b;
+    return fsdp_test_read_file(path, size);
 }
 
 static inline char *slurp(const char *path) { return slurp_n(path, NULL); }
 
-static inline void spit(const char *path, const char *text, size_t n)
+/* path replaced by the n bytes at data. */
+static inline void spit(const char *path, const void *data, size_t n)
 {
     FILE *f = fopen(path, "wb");
-    REQUIRE(f && fwrite(text, 1, n, f) == n, "write %s", path);
+    REQUIRE(f && fwrite(data, 1, n, f) == n, "write %s", path);
     ck_assert_int_eq(fclose(f), 0);
+}
+
+/* Entries in dir other than . and .. */
+static inline int count_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    REQUIRE(d, "open directory %s", dir);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+/* text with its first `old` replaced by `new` (malloc'd); text must hold
+ * old. */
+static inline char *mutate(const char *text, const char *old, const char *new)
+{
+    const char *p = strstr(text, old);
+    REQUIRE(p, "text lacks '%s'", old);
+    size_t a = (size_t)(p - text), n = strlen(text), lo = strlen(old), ln = strlen(new);
+    char *out = malloc(n - lo + ln + 1);
+    ck_assert_ptr_nonnull(out);
+    memcpy(out, text, a);
+    memcpy(out + a, new, ln);
+    memcpy(out + a + ln, p + lo, n - a - lo + 1);
+    return out;
+}
+
+/* Newlines in the file (0 if it cannot be opened: not written yet). */
+static inline int count_lines(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    int n = 0, ch;
+    while ((ch = fgetc(f)) != EOF)
+        n += ch == '\n';
+    fclose(f);
+    return n;
 }
 
 #endif /* FSDP_TESTS_FILE_UTIL_H */

@@ -17,9 +17,13 @@
 #include <sys/stat.h>
 
 #include "ckpt/modelfile.h"
+#include "core/bf16.h"
 #include "core/error.h"
+#include "model_rig.h"
 #include "testutil.h"
+#include "train/infer.h"
 #include "train/train.h"
+#include "train_util.h"
 
 #define UTIL static __attribute__((unused))
 
@@ -39,21 +43,10 @@ UTIL char *path_in(const char *dir, const char *name)
     return p;
 }
 
+/* The whole file, NUL-terminated (text files can be used as strings). */
 UTIL unsigned char *read_file(const char *path, size_t *n)
 {
-    FILE *f = fopen(path, "rb");
-    REQUIRE(f, "cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)len + 1);
-    ck_assert_ptr_nonnull(b);
-    REQUIRE(fread(b, 1, (size_t)len, f) == (size_t)len, "short read of %s", path);
-    fclose(f);
-    b[len] = '\0'; /* text files can be used as strings */
-    if (n)
-        *n = (size_t)len;
-    return b;
+    return (unsigned char *)fsdp_test_read_file(path, n);
 }
 
 UTIL void write_file(const char *path, const void *b, size_t n)
@@ -133,41 +126,59 @@ UTIL void write_init_model(const char *path, const char *spec, uint64_t seed)
 {
     fsdp_model m;
     ck_assert_int_eq(fsdp_model_from_spec(spec, &m), FSDP_STATUS_OK);
-    float **units = calloc((size_t)m.n_units, sizeof *units);
-    for (int u = 0; u < m.n_units; u++) {
-        units[u] = malloc(m.units[u].numel * sizeof(float));
-        fsdp_model_init_range(&m, u, 0, m.units[u].numel, seed, units[u]);
-    }
+    float **units = units_init(&m, seed);
     fsdp_status st = fsdp_modelfile_write(path, fsdp_modelfile_format_of(path), &m,
                                           (const float *const *)units, FSDP_DTYPE_F32);
     REQUIRE(st == FSDP_STATUS_OK, "writing %s: %s", path, fsdp_error_msg());
-    for (int u = 0; u < m.n_units; u++)
-        free(units[u]);
-    free(units);
+    units_free(&m, units);
     fsdp_model_free(&m);
+}
+
+/* l's parameters written to path in weight format fmt (a name in the
+ * format table) and dtype dt; the write must succeed. */
+UTIL void write_loaded(const char *path, const char *fmt, const loaded *l, fsdp_dtype dt)
+{
+    fsdp_status st =
+        fsdp_modelfile_write(path, FMT(fmt), &l->m, (const float *const *)l->units, dt);
+    REQUIRE(st == FSDP_STATUS_OK, "writing %s as %s: %s", path, fmt, fsdp_error_msg());
+}
+
+/* src exported to path in format fmt as bf16 reads back as bf16 (into
+ * *out, which the caller frees) holding every value rounded to nearest
+ * even, bit for bit; a failure names `what` and the element. */
+UTIL void expect_bf16_export(const char *path, const char *fmt, const loaded *src, loaded *out,
+                             const char *what)
+{
+    write_loaded(path, fmt, src, FSDP_DTYPE_BF16);
+    load_ok(path, out);
+    ck_assert_str_eq(out->kind_dtype, "bf16");
+    for (int u = 0; u < src->m.n_units; u++)
+        for (size_t i = 0; i < src->m.units[u].numel; i++) {
+            float want = fsdp_bf16_to_f32(fsdp_f32_to_bf16(src->units[u][i]));
+            REQUIRE(!memcmp(&want, &out->units[u][i], 4), "%s unit %d element %zu", what, u, i);
+        }
+}
+
+/* Inference on the cpu from the model file at path on `devices` ranks,
+ * batches of 2 sequences of 16 tokens. */
+UTIL void infer_config_cpu(fsdp_infer_config *ic, const char *path, int devices)
+{
+    fsdp_infer_config_default(ic);
+    ic->backend = FSDP_BACKEND_CPU;
+    ic->model_path = path;
+    ic->n_ranks = devices;
+    ic->batch = 2;
+    ic->seq = 16;
 }
 
 UTIL void train_config(fsdp_train_config *c, const char *model, int devices, int steps)
 {
-    fsdp_train_config_default(c);
-    c->eng.backend = FSDP_BACKEND_CPU;
-    c->eng.n_ranks = devices;
+    train_config_cpu(c, model, devices);
     c->eng.batch = 2;
-    c->eng.seq = 16;
     c->eng.deterministic = true;
-    c->model = model;
-    c->data = "synthetic";
     c->steps = steps;
     c->warmup = 1;
-    c->eval_problems = 0;
     c->n_samples = 0;
-    c->out = NULL;
-}
-
-UTIL void train_ok(const fsdp_train_config *c, fsdp_train_result *r)
-{
-    fsdp_status st = fsdp_train_run(c, r);
-    REQUIRE(st == FSDP_STATUS_OK, "training %s: %s", c->model, fsdp_error_msg());
 }
 
 /* Expect a failure with `want` status whose message holds every fragment. */

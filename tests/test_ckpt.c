@@ -31,49 +31,24 @@
 #include "fsdp/shardmap.h"
 #include "testutil.h"
 #include "train/train.h"
+#include "train_util.h"
 
 /* 3 units: root (wte 256x16 ...) and two blocks of 3312 elements. */
 #define SPEC "custom:layers=2,heads=2,channels=16,vocab=256,context=16"
 
 /* ---- helpers ---------------------------------------------------------------- */
 
+/* 20 deterministic steps of SPEC, warm-up 4, the parameters kept (runs
+ * through train_util.h's run_ok and run_fail). */
 static void cfg_init(fsdp_train_config *c, int devices, int batch)
 {
-    fsdp_train_config_default(c);
-    c->eng.backend = FSDP_BACKEND_CPU;
-    c->eng.n_ranks = devices;
+    train_config_cpu(c, SPEC, devices);
     c->eng.batch = batch;
-    c->eng.seq = 16;
     c->eng.deterministic = true;
-    c->model = SPEC;
-    c->data = "synthetic";
     c->steps = 20;
     c->warmup = 4;
-    c->eval_problems = 0;
     c->n_samples = 0;
     c->keep_params = true;
-    c->out = NULL;
-}
-
-static void run_ok(const fsdp_train_config *c, fsdp_train_result *r)
-{
-    fsdp_status st = fsdp_train_run(c, r);
-    REQUIRE(st == FSDP_STATUS_OK, "training failed: %s: %s", fsdp_status_name(st),
-            fsdp_error_msg());
-}
-
-/* Run, expect status `want` and a message containing every given fragment. */
-static void run_fail(const fsdp_train_config *c, fsdp_status want, const char *a, const char *b)
-{
-    fsdp_train_result r;
-    fsdp_status st = fsdp_train_run(c, &r);
-    char msg[FSDP_ERROR_MSG_MAX];
-    snprintf(msg, sizeof msg, "%s", fsdp_error_msg());
-    fsdp_train_result_free(&r);
-    REQUIRE(st == want, "expected %s, got %s: %s", fsdp_status_name(want), fsdp_status_name(st),
-            msg);
-    REQUIRE(!a || strstr(msg, a), "message lacks '%s': %s", a, msg);
-    REQUIRE(!b || strstr(msg, b), "message lacks '%s': %s", b, msg);
 }
 
 static void same_losses(const fsdp_train_result *x, const fsdp_train_result *y, int from, int to)
@@ -149,7 +124,6 @@ static void manifest_for(fsdp_ckpt_manifest *m, fsdp_model *model, int world)
     fsdp_shardmap_free(&sm);
 }
 
-static char *mutate(const char *text, const char *old, const char *new);
 
 START_TEST(test_manifest_roundtrip)
 {
@@ -239,19 +213,6 @@ START_TEST(test_manifest_roundtrip)
     fsdp_test_rm_rf(dir);
 }
 END_TEST
-
-/* Replace the first occurrence of `old` in text (which must hold it). */
-static char *mutate(const char *text, const char *old, const char *new)
-{
-    const char *p = strstr(text, old);
-    REQUIRE(p, "fixture lacks '%s'", old);
-    size_t a = (size_t)(p - text), n = strlen(text), lo = strlen(old), ln = strlen(new);
-    char *out = malloc(n - lo + ln + 1);
-    memcpy(out, text, a);
-    memcpy(out + a, new, ln);
-    memcpy(out + a + ln, p + lo, n - a - lo + 1);
-    return out;
-}
 
 START_TEST(test_manifest_hostile)
 {
@@ -755,18 +716,6 @@ START_TEST(test_hostile_checkpoints)
 END_TEST
 
 /* ---- retention, memory, fresh starts -------------------------------------------------- */
-
-static int count_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    ck_assert_ptr_nonnull(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
-}
 
 START_TEST(test_retention_and_memory)
 {

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "comm/transport.h"
+#include "comm_util.h"
 #include "core/bf16.h"
 #include "core/clock.h"
 #include "core/rng.h"
@@ -87,33 +88,19 @@ static void reference_reduce(void *expected, fsdp_dtype dt, fsdp_reduce_op op, u
 
 /* ---- a rank's harness ---------------------------------------------------- */
 
-struct rank_env {
-    fsdp_device dev;
-    fsdp_comm comm;
-    int have_dev, have_comm;
-};
-
 /* A device of backend `be` and the transport the table picks for it. */
 static fsdp_status env_init(struct rank_env *e, fsdp_world *w, int rank, fsdp_backend be)
 {
     memset(e, 0, sizeof *e);
     FSDP_TRY(fsdp_device_init(&e->dev, be, w, rank, rank, 0));
-    e->have_dev = 1;
+    e->have_dev = true;
     fsdp_transport_req req = {.backend = be, .kind = FSDP_COMM_AUTO};
     FSDP_TRY(fsdp_comm_init(&e->comm, &req, w, &e->dev, rank));
     if (strcmp(e->comm.iface->name, be == FSDP_BACKEND_META ? "meta" : "host"))
         return fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: auto picked '%s' for --backend %s",
                               rank, e->comm.iface->name, fsdp_backend_name(be));
-    e->have_comm = 1;
+    e->have_comm = true;
     return FSDP_STATUS_OK;
-}
-
-static void env_fini(struct rank_env *e)
-{
-    if (e->have_comm)
-        fsdp_comm_fini(&e->comm);
-    if (e->have_dev)
-        fsdp_device_fini(&e->dev);
 }
 
 /* Run fn on n rank threads; assert that every rank succeeded and that the

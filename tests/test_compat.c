@@ -24,6 +24,7 @@
 #include "ckpt/ckpt.h"
 #include "ckpt/modelfile.h"
 #include "core/error.h"
+#include "file_util.h"
 #include "model_files_util.h"
 #include "testutil.h"
 #include "train/infer.h"
@@ -56,38 +57,15 @@ static void run(const char *fmt, const char *a, const char *b)
     REQUIRE(system(cmd) == 0, "'%s' failed", cmd);
 }
 
-static char *slurp(const char *path, size_t *n) { return (char *)read_file(path, n); }
-
-static void spit(const char *path, const char *text) { write_file(path, text, strlen(text)); }
-
-/* text with the first `old` replaced by `new` (which must be there) */
-static char *mutate(const char *text, const char *old, const char *new)
-{
-    const char *p = strstr(text, old);
-    REQUIRE(p, "text lacks '%s'", old);
-    size_t a = (size_t)(p - text), n = strlen(text), lo = strlen(old), ln = strlen(new);
-    char *out = malloc(n - lo + ln + 1);
-    memcpy(out, text, a);
-    memcpy(out + a, new, ln);
-    memcpy(out + a + ln, p + lo, n - a - lo + 1);
-    return out;
-}
-
 /* The README's command: fsdp train --model tiny --devices 2 --steps S
  * --batch 2 --seq 16 --ckpt-dir DIR --eval 0 */
 static void readme_config(fsdp_train_config *c, const char *dir, int steps)
 {
-    fsdp_train_config_default(c);
-    c->eng.backend = FSDP_BACKEND_CPU;
-    c->eng.n_ranks = 2;
+    train_config_cpu(c, "tiny", 2);
     c->eng.batch = 2;
-    c->eng.seq = 16;
-    c->model = "tiny";
     c->steps = steps;
-    c->eval_problems = 0;
     c->n_samples = 0;
     c->ckpt_dir = dir;
-    c->out = NULL;
 }
 
 /* a and b equal: bit for bit when `bits`, else to a relative 1e-5 */
@@ -114,12 +92,7 @@ static void same_models(const loaded *a, const loaded *b, bool bits, const char 
 static float eval_loss(const char *path)
 {
     fsdp_infer_config ic;
-    fsdp_infer_config_default(&ic);
-    ic.backend = FSDP_BACKEND_CPU;
-    ic.model_path = path;
-    ic.n_ranks = 2;
-    ic.batch = 2;
-    ic.seq = 16;
+    infer_config_cpu(&ic, path, 2);
     float mean = 0;
     fsdp_status st = fsdp_infer_eval(&ic, "synthetic", 1337, 6, &mean, NULL);
     REQUIRE(st == FSDP_STATUS_OK, "eval of %s: %s", path, fsdp_error_msg());
@@ -133,7 +106,7 @@ static void resume_to_4(const char *dir, fsdp_train_result *r)
     readme_config(&c, dir, 4);
     c.resume = true;
     c.keep_params = true;
-    train_ok(&c, r);
+    run_ok(&c, r);
     REQUIRE(r->first_step == 2 && r->steps == 4, "%s resumed at step %d to %d", dir,
             r->first_step, r->steps);
 }
@@ -192,7 +165,7 @@ START_TEST(test_v1_reads_into_the_v2_form)
     char dir[64];
     fsdp_test_mkdtemp(dir, sizeof dir, "files");
     ck_assert_int_eq(fsdp_ckpt_manifest_write(path_in(dir, "manifest"), &v1), FSDP_STATUS_OK);
-    char *text = slurp(path_in(dir, "manifest"), NULL);
+    char *text = slurp(path_in(dir, "manifest"));
     REQUIRE(strstr(text, "\nversion 2\n") && strstr(text, "\nmodel_family gpt2\n") &&
                 strstr(text, "\nmodel_config layers=2,heads=4,channels=32,vocab=256,context=64\n"),
             "rewritten manifest:\n%s", text);
@@ -241,10 +214,10 @@ static void refuse_edits(const char *good_path, const char *const (*cases)[3], i
 {
     char dir[64];
     fsdp_test_mkdtemp(dir, sizeof dir, "files");
-    char *good = slurp(good_path, NULL);
+    char *good = slurp(good_path);
     for (int i = 0; i < n; i++) {
         char *t = mutate(good, cases[i][0], cases[i][1]);
-        spit(path_in(dir, "manifest"), t);
+        fsdp_test_write_file(path_in(dir, "manifest"), t);
         fsdp_ckpt_manifest r;
         fsdp_status st = fsdp_ckpt_manifest_read(path_in(dir, "manifest"), &r);
         const char *msg = fsdp_error_msg();
@@ -307,8 +280,8 @@ START_TEST(test_v2_lines_must_agree)
 
     /* no header at all (a fuzzer found the version-less case): every key is missing */
     {
-        char *full = slurp(path_in(dir, "step_00000002/manifest"), NULL);
-        spit(path_in(dir, "m"), strstr(full, "units 3\n"));
+        char *full = slurp(path_in(dir, "step_00000002/manifest"));
+        fsdp_test_write_file(path_in(dir, "m"), strstr(full, "units 3\n"));
         fsdp_ckpt_manifest r;
         ck_assert_int_eq(fsdp_ckpt_manifest_read(path_in(dir, "m"), &r), FSDP_STATUS_FORMAT);
         REQUIRE(strstr(fsdp_error_msg(), "key 'format' is missing"), "%s", fsdp_error_msg());
@@ -317,9 +290,9 @@ START_TEST(test_v2_lines_must_agree)
 
     /* heads change no shape: such a manifest reads, and a resume with the
      * real model refuses it, naming the --model that fits */
-    char *good = slurp(path_in(dir, "step_00000002/manifest"), NULL);
+    char *good = slurp(path_in(dir, "step_00000002/manifest"));
     char *t = mutate(good, "model_config layers=2,heads=4", "model_config layers=2,heads=2");
-    spit(path_in(dir, "m"), t);
+    fsdp_test_write_file(path_in(dir, "m"), t);
     fsdp_ckpt_manifest r;
     ck_assert_int_eq(fsdp_ckpt_manifest_read(path_in(dir, "m"), &r), FSDP_STATUS_OK);
     fsdp_model tiny;
@@ -348,7 +321,7 @@ START_TEST(test_v1_fixture_equals_a_fresh_run)
     fsdp_train_config c;
     fsdp_train_result r, ra, rb;
     readme_config(&c, fresh, 2);
-    train_ok(&c, &r);
+    run_ok(&c, &r);
     fsdp_train_result_free(&r);
 
     /* loads: the same model and parameters */
@@ -373,7 +346,8 @@ START_TEST(test_v1_fixture_equals_a_fresh_run)
                                   &b.m, (const float *const *)b.units, FSDP_DTYPE_F32);
         REQUIRE(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
         size_t na, nb;
-        char *fa = slurp(path_in(dir, outs[k]), &na), *fb = slurp(path_in(dir, outs[k + 1]), &nb);
+        char *fa = slurp_n(path_in(dir, outs[k]), &na);
+        char *fb = slurp_n(path_in(dir, outs[k + 1]), &nb);
         REQUIRE(na == nb && (!exact || !memcmp(fa, fb, na)), "%s and %s differ", outs[k],
                 outs[k + 1]);
         free(fa);

@@ -42,7 +42,7 @@ static void trained_checkpoint(const char *dir, fsdp_train_result *res)
     train_config(&c, BYTE_SPEC, 3, 3);
     c.ckpt_dir = path_in(dir, "ckpt");
     c.keep_params = true;
-    train_ok(&c, res);
+    run_ok(&c, res);
 }
 
 START_TEST(test_roundtrip_ckpt_bin_ckpt)
@@ -56,28 +56,15 @@ START_TEST(test_roundtrip_ckpt_bin_ckpt)
     int u = -1;
     long i = units_diff(&a.m, a.units, res.params, &u);
     REQUIRE(i < 0, "checkpoint unit %d element %ld differs from the trained parameters", u, i);
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "m.bin"), FMT("llmc"), &a.m,
-                                          (const float *const *)a.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "m.bin"), "llmc", &a, FSDP_DTYPE_F32);
     load_ok(path_in(dir, "m.bin"), &b);
     require_same(&a, &b, "checkpoint -> .bin");
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "back"), FMT("ckpt"), &b.m,
-                                          (const float *const *)b.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "back"), "ckpt", &b, FSDP_DTYPE_F32);
     load_ok(path_in(dir, "back"), &c);
     require_same(&a, &c, "checkpoint -> .bin -> checkpoint");
     /* bf16 llm.c export: version 5, rounded */
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "m16.bin"), FMT("llmc"), &a.m,
-                                          (const float *const *)a.units, FSDP_DTYPE_BF16),
-                     FSDP_STATUS_OK);
     loaded_free(&c);
-    load_ok(path_in(dir, "m16.bin"), &c);
-    ck_assert_str_eq(c.kind_dtype, "bf16");
-    for (int k = 0; k < a.m.n_units; k++)
-        for (size_t e = 0; e < a.m.units[k].numel; e++) {
-            float want = fsdp_bf16_to_f32(fsdp_f32_to_bf16(a.units[k][e]));
-            REQUIRE(!memcmp(&want, &c.units[k][e], 4), "bf16 .bin unit %d element %zu", k, e);
-        }
+    expect_bf16_export(path_in(dir, "m16.bin"), "llmc", &a, &c, "bf16 .bin");
     /* a checkpoint directory is never overwritten */
     fsdp_status st = fsdp_modelfile_write(path_in(dir, "back"), FMT("ckpt"), &b.m,
                                           (const float *const *)b.units, FSDP_DTYPE_F32);
@@ -102,15 +89,10 @@ START_TEST(test_roundtrip_ckpt_safetensors_ckpt)
                      FSDP_STATUS_OK);
     loaded a, b, c;
     load_ok(step, &a); /* one checkpoint named directly */
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "m.safetensors"),
-                                          FMT("safetensors"), &a.m,
-                                          (const float *const *)a.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "m.safetensors"), "safetensors", &a, FSDP_DTYPE_F32);
     load_ok(path_in(dir, "m.safetensors"), &b);
     require_same(&a, &b, "checkpoint -> .safetensors");
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "back"), FMT("ckpt"), &b.m,
-                                          (const float *const *)b.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "back"), "ckpt", &b, FSDP_DTYPE_F32);
     load_ok(path_in(dir, "back"), &c);
     require_same(&a, &c, "checkpoint -> .safetensors -> checkpoint");
     int u = -1;
@@ -132,21 +114,19 @@ START_TEST(test_converted_ckpt_resumes)
     write_init_model(path_in(dir, "m.safetensors"), BYTE_SPEC, 99);
     loaded l;
     load_ok(path_in(dir, "m.safetensors"), &l);
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "ck"), FMT("ckpt"), &l.m,
-                                          (const float *const *)l.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "ck"), "ckpt", &l, FSDP_DTYPE_F32);
     fsdp_train_config c;
     fsdp_train_result r1, r2;
     /* the converted checkpoint records a 1-device run of batch 8, seq 16 (the
      * model's context) and seed 1337; resuming needs the same global batch */
     train_config(&c, path_in(dir, "m.safetensors"), 2, 2);
     c.eng.batch = 4;
-    train_ok(&c, &r1);
+    run_ok(&c, &r1);
     train_config(&c, BYTE_SPEC, 1, 2);
     c.eng.batch = 8;
     c.ckpt_dir = path_in(dir, "ck");
     c.resume = true;
-    train_ok(&c, &r2);
+    run_ok(&c, &r2);
     ck_assert_int_eq(r2.first_step, 0);
     for (int s = 0; s < 2; s++)
         REQUIRE(!memcmp(&r1.losses[s], &r2.losses[s], 4), "step %d: %.9g from the file, %.9g "
@@ -198,9 +178,7 @@ START_TEST(test_hostile_model_files)
     /* checkpoints: none complete, incomplete, a rank file missing or corrupted */
     loaded l;
     load_ok(FIXTURE_BIN, &l);
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "ck"), FMT("ckpt"), &l.m,
-                                          (const float *const *)l.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(path_in(dir, "ck"), "ckpt", &l, FSDP_DTYPE_F32);
     mkdir(path_in(dir, "empty"), 0755);
     expect_error(fsdp_modelfile_open(&mf, path_in(dir, "empty")), FSDP_STATUS_FORMAT,
                  "empty ckpt dir", "no complete checkpoint", NULL);
@@ -330,15 +308,10 @@ START_TEST(test_eval_equals_train_loss)
     fsdp_train_result r;
     train_config(&c, model, 2, 1);
     c.eng.grad_accum = 2;
-    train_ok(&c, &r);
+    run_ok(&c, &r);
     for (int N = 1; N <= 3; N++) {
         fsdp_infer_config ic;
-        fsdp_infer_config_default(&ic);
-        ic.backend = FSDP_BACKEND_CPU;
-        ic.model_path = model;
-        ic.n_ranks = N;
-        ic.batch = 2;
-        ic.seq = 16;
+        infer_config_cpu(&ic, model, N);
         float mean = 0, losses[4];
         fsdp_status st = fsdp_infer_eval(&ic, "synthetic", c.eng.seed, 4, &mean, losses);
         REQUIRE(st == FSDP_STATUS_OK, "eval on %d devices: %s", N, fsdp_error_msg());
@@ -368,12 +341,7 @@ START_TEST(test_infer_allocates_no_training_state)
             fsdp_mem_stats mem[3];
             memset(mem, 0, sizeof mem);
             fsdp_infer_config ic;
-            fsdp_infer_config_default(&ic);
-            ic.backend = FSDP_BACKEND_CPU;
-            ic.model_path = model;
-            ic.n_ranks = N;
-            ic.batch = 2;
-            ic.seq = 16;
+            infer_config_cpu(&ic, model, N);
             ic.compute_dtype = dts[d];
             ic.mem_out = mem;
             float mean = 0;
@@ -424,12 +392,12 @@ START_TEST(test_train_from_file_equals_same_init)
     fsdp_train_config c;
     fsdp_train_result ref, r;
     train_config(&c, BYTE_SPEC, 4, 2);
-    train_ok(&c, &ref);
+    run_ok(&c, &ref);
     for (int f = 0; f < 2; f++) {
         write_init_model(files[f], BYTE_SPEC, c.eng.seed);
         fsdp_train_config cf;
         train_config(&cf, files[f], 4, 2);
-        train_ok(&cf, &r);
+        run_ok(&cf, &r);
         for (int s = 0; s < 2; s++)
             REQUIRE(!memcmp(&r.losses[s], &ref.losses[s], 4), "%s step %d: %.9g vs %.9g",
                     files[f], s, (double)r.losses[s], (double)ref.losses[s]);
@@ -450,7 +418,7 @@ START_TEST(test_sample_deterministic)
     train_config(&c, BYTE_SPEC, 2, 4);
     c.ckpt_dir = path_in(dir, "ck");
     c.lr = 1e-2f;
-    train_ok(&c, &r);
+    run_ok(&c, &r);
     fsdp_train_result_free(&r);
     const char *text = "123+456=";
     int prompt[32], n_prompt = (int)strlen(text);

@@ -23,53 +23,26 @@
 #include "ops/cpu/blas.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
+#include "ops_util.h"
 #include "testutil.h"
 
 /* ---- helpers --------------------------------------------------------------- */
 
-typedef struct env {
-    fsdp_device dev;
-    fsdp_op_ctx ctx;
-} env;
-
 /* A standalone cpu device with `threads` threads and an op context. */
-static void env_init(env *e, fsdp_dtype dt, int threads)
+static void env_init_threads(env *e, fsdp_dtype dt, int threads)
 {
     fsdp_device_cpu_test_cores(64);
     fsdp_device_cpu_set_threads(threads);
-    ck_assert_int_eq(fsdp_device_init(&e->dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
+    env_init(e, dt);
     ck_assert_int_eq(fsdp_device_cpu_threads(&e->dev), threads);
-    ck_assert_int_eq(fsdp_ops_init(&e->ctx, &e->dev, dt), FSDP_STATUS_OK);
     fsdp_device_cpu_set_threads(0);
     fsdp_device_cpu_test_cores(0);
 }
 
-static void env_fini(env *e)
-{
-    ck_assert_int_eq(e->ctx.iface->sync_error(&e->ctx), FSDP_STATUS_OK);
-    fsdp_ops_fini(&e->ctx);
-    fsdp_device_fini(&e->dev);
-}
-
+/* This suite's test data: uniform in [-scale, scale), keyed by seed. */
 static float *frand(size_t n, uint64_t seed, float scale)
 {
-    float *p = calloc(n ? n : 1, sizeof(float));
-    ck_assert_ptr_nonnull(p);
-    for (size_t i = 0; i < n; i++)
-        p[i] = scale * (2.0f * fsdp_rng_uniform(seed, 3, i) - 1.0f);
-    return p;
-}
-
-/* Round x to bf16 in place; return the bf16 copy. */
-static fsdp_bf16 *bf16_of(float *x, size_t n)
-{
-    fsdp_bf16 *h = calloc(n ? n : 1, sizeof *h);
-    ck_assert_ptr_nonnull(h);
-    for (size_t i = 0; i < n; i++) {
-        h[i] = fsdp_f32_to_bf16(x[i]);
-        x[i] = fsdp_bf16_to_f32(h[i]);
-    }
-    return h;
+    return frand_stream(n, seed, 3, scale);
 }
 
 /* Output of this executable run as `env_prefix <self> --describe-gemm`. */
@@ -230,7 +203,7 @@ static void count_task(void *arg, size_t chunk, int worker)
 START_TEST(test_team_runs_every_chunk_once)
 {
     env e;
-    env_init(&e, FSDP_DTYPE_F32, 3);
+    env_init_threads(&e, FSDP_DTYPE_F32, 3);
     enum { N = 1000 };
     atomic_int *hits = calloc(N, sizeof *hits);
     ck_assert_ptr_nonnull(hits);
@@ -296,7 +269,7 @@ static void gemm_ref(bool ta, bool tb, int M, int N, int K, float alpha, const f
 START_TEST(test_gemm_tiled_matches_double)
 {
     env e;
-    env_init(&e, FSDP_DTYPE_F32, 3);
+    env_init_threads(&e, FSDP_DTYPE_F32, 3);
     /* tiled along M (300 x 260) and along N (260 x 300); padded leading dims */
     static const int shapes[][3] = {{300, 260, 70}, {260, 300, 70}, {20, 30, 7}};
     for (size_t s = 0; s < 3; s++) {
@@ -334,12 +307,12 @@ END_TEST
 START_TEST(test_matmul_bf16_products_match_double)
 {
     env e;
-    env_init(&e, FSDP_DTYPE_BF16, 2);
+    env_init_threads(&e, FSDP_DTYPE_BF16, 2);
     const int N = 300, C = 70, OC = 260;
     float *x = frand((size_t)N * C, 40, 1.0f), *w = frand((size_t)OC * C, 41, 0.5f);
     float *dout = frand((size_t)N * OC, 42, 1.0f);
-    fsdp_bf16 *x16 = bf16_of(x, (size_t)N * C), *w16 = bf16_of(w, (size_t)OC * C);
-    fsdp_bf16 *d16 = bf16_of(dout, (size_t)N * OC);
+    fsdp_bf16 *x16 = to_bf16(x, (size_t)N * C), *w16 = to_bf16(w, (size_t)OC * C);
+    fsdp_bf16 *d16 = to_bf16(dout, (size_t)N * OC);
     fsdp_bf16 *out16 = calloc((size_t)N * OC, sizeof *out16);
     float *dinp = frand((size_t)N * C, 43, 1.0f), *dw = frand((size_t)OC * C, 44, 1.0f);
     double *want = malloc((size_t)N * OC * sizeof *want);
@@ -446,7 +419,7 @@ static void blob_add(blob *b, const void *src, size_t bytes)
 static blob run_all_ops(const all_inputs *in, fsdp_dtype dt, int threads)
 {
     env e;
-    env_init(&e, dt, threads);
+    env_init_threads(&e, dt, threads);
     fsdp_op_ctx *c = &e.ctx;
     const size_t es = fsdp_dtype_size(dt), nc = (size_t)TN * TC, n3 = nc * 3;
     const size_t natt = (size_t)TB * TNH * TT * TT;

@@ -446,8 +446,7 @@ START_TEST(test_cuda_alloc_cached_and_counted_exactly)
 {
     NEED_GPU("test_cuda_alloc_cached_and_counted_exactly");
     fsdp_device g, c;
-    ck_assert_msg(fsdp_device_init(&g, FSDP_BACKEND_CUDA, NULL, 0, 0, 0) == FSDP_STATUS_OK, "%s",
-                  fsdp_error_msg());
+    device_init_ok(&g, FSDP_BACKEND_CUDA);
     ck_assert_int_eq(fsdp_device_init(&c, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
     const fsdp_block_cache *cache = fsdp_cuda_device_cache(&g);
     ck_assert_ptr_nonnull(cache);
@@ -606,8 +605,7 @@ START_TEST(test_cuda_alloc_waits_for_last_user)
 {
     NEED_GPU("test_cuda_alloc_waits_for_last_user");
     fsdp_device d;
-    ck_assert_msg(fsdp_device_init(&d, FSDP_BACKEND_CUDA, NULL, 0, 0, 0) == FSDP_STATUS_OK, "%s",
-                  fsdp_error_msg());
+    device_init_ok(&d, FSDP_BACKEND_CUDA);
     const size_t n = (size_t)256 << 20;
     unsigned char *h = malloc(n);
     ck_assert_ptr_nonnull(h);
@@ -640,8 +638,7 @@ START_TEST(test_cuda_copies_pageable_and_pinned)
 {
     NEED_GPU("test_cuda_copies_pageable_and_pinned");
     fsdp_device d;
-    ck_assert_msg(fsdp_device_init(&d, FSDP_BACKEND_CUDA, NULL, 0, 0, 0) == FSDP_STATUS_OK, "%s",
-                  fsdp_error_msg());
+    device_init_ok(&d, FSDP_BACKEND_CUDA);
     const size_t MB = (size_t)1 << 20;
     const size_t sizes[] = {1, 4097, 8 * MB - 3, 8 * MB, 8 * MB + 5, 20 * MB + 7};
     const size_t max = 20 * MB + 7;

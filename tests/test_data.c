@@ -30,14 +30,6 @@ static void write_shard(const char *path, const uint16_t *tok, size_t n)
     write_token_shard(path, MAGIC, 1, (int)n, tok, 2, n, 0);
 }
 
-/* A fresh path /tmp/fsdp_test_data_XXXXXX<suffix> (the file exists, empty). */
-static void temp_path(char *path, size_t n, const char *suffix)
-{
-    snprintf(path, n, "/tmp/fsdp_test_data_XXXXXX%s", suffix);
-    int fd = mkstemps(path, (int)strlen(suffix));
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-}
 
 static uint16_t *pattern_tokens(size_t n, unsigned mul, unsigned add, unsigned mod)
 {
@@ -48,30 +40,12 @@ static uint16_t *pattern_tokens(size_t n, unsigned mul, unsigned add, unsigned m
     return t;
 }
 
-/* The batch contract, computed directly from the concatenated tokens. */
-static void check_batch_against(const fsdp_data *d, const int *all, uint64_t n, uint64_t m,
-                                int B, int T)
-{
-    int *in = malloc(sizeof(int) * B * T), *tg = malloc(sizeof(int) * B * T);
-    ck_assert_int_eq(fsdp_data_batch(d, m, B, T, in, tg), FSDP_STATUS_OK);
-    for (int r = 0; r < B; r++)
-        for (int j = 0; j < T; j++) {
-            uint64_t p = (uint64_t)((((unsigned __int128)m * B + r) * T + j) % n);
-            REQUIRE(in[r * T + j] == all[p] && tg[r * T + j] == all[(p + 1) % n],
-                    "batch %llu row %d col %d: got (%d, %d), want (%d, %d)",
-                    (unsigned long long)m, r, j, in[r * T + j], tg[r * T + j], all[p],
-                    all[(p + 1) % n]);
-        }
-    free(in);
-    free(tg);
-}
-
 /* ---- token shards -------------------------------------------------------- */
 
 START_TEST(test_shard_single)
 {
     char path[64];
-    temp_path(path, sizeof path, ".bin");
+    temp_path(path, sizeof path, "data", ".bin");
     size_t n = 1000;
     uint16_t *tok = pattern_tokens(n, 7, 3, 501); /* max token 500 */
     write_shard(path, tok, n);
@@ -170,7 +144,7 @@ static void check_global_numbering(const fsdp_data *d, uint64_t m, int B, int T)
 START_TEST(test_global_numbering)
 {
     char path[64];
-    temp_path(path, sizeof path, ".bin");
+    temp_path(path, sizeof path, "data", ".bin");
     size_t n = 5003;
     uint16_t *tok = pattern_tokens(n, 31, 5, 65535);
     write_shard(path, tok, n);
@@ -294,7 +268,7 @@ static void expect_fail(const char *spec, int vocab, fsdp_status want, const cha
 START_TEST(test_shard_corrupt)
 {
     char path[64];
-    temp_path(path, sizeof path, ".bin");
+    temp_path(path, sizeof path, "data", ".bin");
     uint16_t *tok = pattern_tokens(100, 3, 0, 300);
 
     write_token_shard(path, 12345, 1, 100, tok, 2, 100, 0);
@@ -360,7 +334,7 @@ START_TEST(test_hostile_headers)
     /* Random header words and sizes: every open either succeeds with a
      * consistent source or fails cleanly; none crashes. */
     char path[64];
-    temp_path(path, sizeof path, ".bin");
+    temp_path(path, sizeof path, "data", ".bin");
     uint16_t tok[64] = {0};
     int32_t counts[] = {0, 1, 63, 64, 65, 1 << 30, -1, (int32_t)0x80000000, 0x7fffffff};
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
@@ -406,7 +380,7 @@ END_TEST
 START_TEST(test_text)
 {
     char path[64];
-    temp_path(path, sizeof path, ".txt");
+    temp_path(path, sizeof path, "data", ".txt");
     const char text[] = "To be, or not to be, that is the question:\n\xc3\xa9t\xc3\xa9\n";
     size_t n = sizeof text - 1;
     FILE *f = fopen(path, "wb");

@@ -19,40 +19,18 @@
 #include "data/data.h"
 #include "fsdp/engine.h"
 #include "fsdp/shardmap.h"
+#include "model_rig.h"
 #include "models/family.h"
 #include "models/registry.h"
 #include "testutil.h"
 #include "train/infer.h"
 #include "train/train.h"
+#include "train_util.h"
 
-/* A tiny run. The global batch is 8 micro-batches of one sequence of 16
- * tokens for every device count: N devices run 8/N micro-steps each. The
- * determinism contract holds for the same micro-batches, so the micro-batch
- * size stays fixed. */
-static void tiny_config(fsdp_train_config *c, int devices, int accum)
-{
-    fsdp_train_config_default(c);
-    c->eng.backend = FSDP_BACKEND_CPU;
-    c->eng.n_ranks = devices;
-    c->eng.grad_accum = accum ? accum : 8 / devices;
-    c->eng.batch = 8 / (devices * c->eng.grad_accum);
-    c->eng.seq = 16;
-    c->eng.deterministic = true;
-    c->model = "tiny";
-    c->data = "synthetic";
-    c->steps = 3;
-    c->warmup = 1;
-    c->lr = 1e-2f;
-    c->eval_problems = 0;
-    c->keep_params = true;
-    c->out = NULL;
-}
-
-static void run_ok(const fsdp_train_config *c, fsdp_train_result *r)
-{
-    fsdp_status st = fsdp_train_run(c, r);
-    ck_assert_msg(st == FSDP_STATUS_OK, "train failed: %s", fsdp_error_msg());
-}
+/* Runs are train_config_tiny's (train_util.h): the global batch is 8
+ * micro-batches of one sequence of 16 tokens for every device count, N
+ * devices running 8/N micro-steps each. The determinism contract holds for
+ * the same micro-batches, so the micro-batch size stays fixed. */
 
 /* Same losses and same final parameters of `model`, bit for bit. */
 static void assert_identical_model(const fsdp_train_result *a, const fsdp_train_result *b,
@@ -90,7 +68,7 @@ START_TEST(test_determinism_matrix)
 {
     fsdp_train_config c;
     fsdp_train_result ref;
-    tiny_config(&c, 1, 0);
+    train_config_tiny(&c, 1, 0);
     run_ok(&c, &ref);
     ck_assert(ref.losses[2] < ref.losses[0]); /* it trains */
     static const int devs[] = {1, 2, 4, 8};
@@ -99,7 +77,7 @@ START_TEST(test_determinism_matrix)
             for (int p = 0; p < 2; p++) {
                 if (d == 0 && s == 0 && p == 1)
                     continue; /* the reference itself */
-                tiny_config(&c, devs[d], 0);
+                train_config_tiny(&c, devs[d], 0);
                 c.eng.shard = (fsdp_shard_strategy)s;
                 c.eng.prefetch = p == 1;
                 fsdp_train_result r;
@@ -120,16 +98,16 @@ START_TEST(test_grad_accum_matches)
 {
     fsdp_train_config c;
     fsdp_train_result a, b;
-    tiny_config(&c, 4, 1);
+    train_config_tiny(&c, 4, 1);
     c.eng.batch = 1;
     run_ok(&c, &a);
-    tiny_config(&c, 2, 2);
+    train_config_tiny(&c, 2, 2);
     c.eng.batch = 1;
     run_ok(&c, &b);
     assert_identical(&a, &b, "2 devices x 2 micro-steps vs 4 devices");
     fsdp_train_result_free(&b);
     /* three micro-steps (not a power of two) still train and stay finite */
-    tiny_config(&c, 1, 3);
+    train_config_tiny(&c, 1, 3);
     c.eng.batch = 2;
     run_ok(&c, &b);
     ck_assert(isfinite(b.losses[2]) && b.losses[2] < b.losses[0]);
@@ -143,11 +121,11 @@ START_TEST(test_sharded_matches_unsharded)
 {
     fsdp_train_config c;
     fsdp_train_result a, b;
-    tiny_config(&c, 4, 0);
+    train_config_tiny(&c, 4, 0);
     c.steps = 10;
     c.eng.shard = FSDP_SHARD_FULL;
     run_ok(&c, &a);
-    tiny_config(&c, 1, 0);
+    train_config_tiny(&c, 1, 0);
     c.steps = 10;
     c.eng.shard = FSDP_SHARD_NONE;
     run_ok(&c, &b);
@@ -166,7 +144,7 @@ START_TEST(test_offload_identical)
             for (int clip = 0; clip < 2; clip++) {
                 fsdp_train_config c;
                 fsdp_train_result a, b;
-                tiny_config(&c, devs[d], 0);
+                train_config_tiny(&c, devs[d], 0);
                 c.eng.shard = (fsdp_shard_strategy)s;
                 c.eng.clip = clip ? 0.5f : 0.0f;
                 run_ok(&c, &a);
@@ -209,7 +187,7 @@ START_TEST(test_bf16_trains_close)
 {
     fsdp_train_config c;
     fsdp_train_result a, b, d;
-    tiny_config(&c, 2, 0);
+    train_config_tiny(&c, 2, 0);
     c.steps = 5;
     run_ok(&c, &a);
     c.eng.compute_dtype = FSDP_DTYPE_BF16;
@@ -218,7 +196,7 @@ START_TEST(test_bf16_trains_close)
         ck_assert_msg(fabsf(a.losses[s] - b.losses[s]) < 0.02f * a.losses[s],
                       "bf16 loss %g vs fp32 %g at step %d", b.losses[s], a.losses[s], s + 1);
     /* bf16 is also deterministic across device counts */
-    tiny_config(&c, 4, 0);
+    train_config_tiny(&c, 4, 0);
     c.steps = 5;
     c.eng.compute_dtype = FSDP_DTYPE_BF16;
     run_ok(&c, &d);
@@ -242,7 +220,7 @@ START_TEST(test_comm_bytes_formula)
             for (int prec = 0; prec < 2; prec++) {
                 int N = devs[d], A = 1;
                 fsdp_train_config c;
-                tiny_config(&c, N, A);
+                train_config_tiny(&c, N, A);
                 c.steps = 2;
                 c.keep_params = false;
                 c.eng.shard = (fsdp_shard_strategy)s;
@@ -284,7 +262,7 @@ START_TEST(test_peak_memory_falls)
         int N = devs[d];
         fsdp_train_config c;
         fsdp_train_result r;
-        tiny_config(&c, N, 1);
+        train_config_tiny(&c, N, 1);
         c.model = "small";
         c.eng.batch = 1;
         c.steps = 1;
@@ -322,7 +300,7 @@ START_TEST(test_oom_under_cap)
 {
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 4, 1);
+    train_config_tiny(&c, 4, 1);
     c.model = "small";
     c.eng.device_mem = 2u << 20; /* 2 MiB: params fit, a gathered unit + activations don't */
     double t0 = now_s();
@@ -342,16 +320,16 @@ START_TEST(test_bad_configs)
 {
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 2, 1);
+    train_config_tiny(&c, 2, 1);
     c.eng.seq = 100000;
     ck_assert_int_eq(fsdp_train_run(&c, &r), FSDP_STATUS_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "context"));
     fsdp_train_result_free(&r);
-    tiny_config(&c, 2, 1);
+    train_config_tiny(&c, 2, 1);
     c.model = "no-such-model";
     ck_assert_int_eq(fsdp_train_run(&c, &r), FSDP_STATUS_INVALID_ARG);
     fsdp_train_result_free(&r);
-    tiny_config(&c, 2, 1);
+    train_config_tiny(&c, 2, 1);
     c.data = "/nonexistent/file.bin";
     ck_assert_int_ne(fsdp_train_run(&c, &r), FSDP_STATUS_OK);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "/nonexistent/file.bin"));
@@ -397,7 +375,7 @@ START_TEST(test_offload_overlap)
     close(fd);
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 1, 1);
+    train_config_tiny(&c, 1, 1);
     c.model = "custom:layers=4,heads=4,channels=128,vocab=256,context=64";
     c.eng.batch = 8;
     c.eng.seq = 64;
@@ -423,7 +401,7 @@ START_TEST(test_many_micro_batches)
 {
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 4, 1);
+    train_config_tiny(&c, 4, 1);
     c.eng.grad_accum = 260; /* M = 1040 micro-batches, tiny has 35 norm blocks */
     c.eng.batch = 1;
     c.eng.seq = 4;
@@ -440,7 +418,7 @@ START_TEST(test_eight_ranks_prefetch_offload)
 {
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 8, 1);
+    train_config_tiny(&c, 8, 1);
     c.eng.offload = true;
     c.eng.compute_dtype = FSDP_DTYPE_BF16;
     c.steps = 2;
@@ -479,12 +457,12 @@ START_TEST(test_recompute_identical)
     const char *model = recompute_models[_i];
     fsdp_train_config c;
     fsdp_train_result ref, ref_bf16;
-    tiny_config(&c, 1, 0);
+    train_config_tiny(&c, 1, 0);
     c.model = model;
     run_ok(&c, &ref);
     ck_assert(ref.losses[2] < ref.losses[0]);
     size_t ref_act = ref.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT];
-    tiny_config(&c, 2, 0);
+    train_config_tiny(&c, 2, 0);
     c.model = model;
     c.eng.compute_dtype = FSDP_DTYPE_BF16;
     run_ok(&c, &ref_bf16);
@@ -492,7 +470,7 @@ START_TEST(test_recompute_identical)
     for (int mode = FSDP_RECOMPUTE_BLOCK; mode < FSDP_RECOMPUTE_COUNT; mode++) {
         for (int d = 0; d < 4; d++)
             for (int s = 0; s < FSDP_SHARD_COUNT; s++) {
-                tiny_config(&c, devs[d], 0);
+                train_config_tiny(&c, devs[d], 0);
                 c.model = model;
                 c.eng.recompute = (fsdp_recompute)mode;
                 c.eng.shard = (fsdp_shard_strategy)s;
@@ -513,7 +491,7 @@ START_TEST(test_recompute_identical)
         /* offload (with and without clipping), against the same run without recompute */
         for (int k = 0; k < 2; k++) {
             fsdp_train_result a, b;
-            tiny_config(&c, 2 * (k + 1), 0);
+            train_config_tiny(&c, 2 * (k + 1), 0);
             c.model = model;
             c.eng.offload = true;
             c.eng.clip = k ? 0.5f : 0.0f;
@@ -532,7 +510,7 @@ START_TEST(test_recompute_identical)
         /* bf16: the recomputed bf16 activations are the forward's */
         for (int d = 1; d < 3; d++) {
             fsdp_train_result r;
-            tiny_config(&c, devs[d], 0);
+            train_config_tiny(&c, devs[d], 0);
             c.model = model;
             c.eng.compute_dtype = FSDP_DTYPE_BF16;
             c.eng.recompute = (fsdp_recompute)mode;
@@ -572,32 +550,13 @@ START_TEST(test_recompute_memory_formula)
         size_t block_drop = c1 + 2 * stat + c3 + c1 + att + c1 + c1 + 2 * stat + c4 + c4;
         /* elementwise drops ln1, ln2 (with their statistics) and fch_gelu */
         size_t elem_drop = c1 + 2 * stat + c1 + 2 * stat + c4;
-        size_t act[FSDP_RECOMPUTE_COUNT], peak[FSDP_RECOMPUTE_COUNT];
-        for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
-            fsdp_train_config c;
-            fsdp_train_result r;
-            tiny_config(&c, 2, 1);
-            c.model = "custom:layers=5,heads=2,channels=64,vocab=256,context=32";
-            c.eng.batch = B;
-            c.eng.seq = T;
-            c.eng.compute_dtype = (fsdp_dtype)prec;
-            c.eng.recompute = (fsdp_recompute)mode;
-            c.steps = 1;
-            c.keep_params = false;
-            run_ok(&c, &r);
-            act[mode] = r.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT];
-            peak[mode] = r.stats[0].peak_bytes;
-            fsdp_train_result_free(&r);
-        }
-        ck_assert_uint_eq(act[FSDP_RECOMPUTE_NONE] - act[FSDP_RECOMPUTE_BLOCK],
-                          (size_t)(L - 1) * block_drop);
-        ck_assert_uint_eq(act[FSDP_RECOMPUTE_NONE] - act[FSDP_RECOMPUTE_ELEMENTWISE],
-                          (size_t)(L - 1) * elem_drop);
-        for (int mode = 1; mode < FSDP_RECOMPUTE_COUNT; mode++)
-            ck_assert_msg(peak[0] - peak[mode] == act[0] - act[mode],
-                          "%s: the peak fell by %zu, activations by %zu",
-                          recompute_name((fsdp_recompute)mode), peak[0] - peak[mode],
-                          act[0] - act[mode]);
+        fsdp_train_config c;
+        train_config_tiny(&c, 2, 1);
+        c.model = "custom:layers=5,heads=2,channels=64,vocab=256,context=32";
+        c.eng.batch = B;
+        c.eng.seq = T;
+        c.eng.compute_dtype = (fsdp_dtype)prec;
+        expect_recompute_savings(&c, L, block_drop, elem_drop);
     }
 }
 END_TEST
@@ -619,7 +578,7 @@ START_TEST(test_recompute_schedule)
     for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
         fsdp_train_config c;
         fsdp_train_result r;
-        tiny_config(&c, 2, 2);
+        train_config_tiny(&c, 2, 2);
         c.model = model;
         c.eng.recompute = (fsdp_recompute)mode;
         c.steps = 2;
@@ -659,14 +618,10 @@ START_TEST(test_recompute_refused)
 {
     fsdp_model m;
     ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
-    struct fsdp_model_i no_recompute = *m.iface;
-    no_recompute.state_init_recompute = NULL;
-    no_recompute.unit_recompute = NULL;
-    no_recompute.recompute_flops_per_token = NULL;
-    const struct fsdp_model_i *gpt2_iface = m.iface;
-    m.iface = &no_recompute;
+    struct fsdp_model_i no_recompute;
+    const struct fsdp_model_i *gpt2_iface = model_drop_recompute(&m, &no_recompute);
     fsdp_train_config c;
-    tiny_config(&c, 2, 1);
+    train_config_tiny(&c, 2, 1);
     fsdp_engine_shared sh;
     c.eng.recompute = FSDP_RECOMPUTE_NONE;
     ck_assert_int_eq(fsdp_engine_shared_init(&sh, &c.eng, &m, NULL, NULL), FSDP_STATUS_OK);
@@ -700,7 +655,7 @@ START_TEST(test_recompute_identical_cuda)
         fsdp_train_result ref;
         fsdp_train_config c;
         for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
-            tiny_config(&c, 1, 2);
+            train_config_tiny(&c, 1, 2);
             c.model = model;
             c.eng.backend = FSDP_BACKEND_CUDA;
             c.eng.batch = 4;
@@ -764,7 +719,7 @@ static void write_examples(const char *path)
 
 static void masked_config(fsdp_train_config *c, const char *model, const char *data, int devices)
 {
-    tiny_config(c, devices, 4 / devices);
+    train_config_tiny(c, devices, 4 / devices);
     c->eng.batch = 2; /* 4 micro-batches of 2 rows of 32 tokens per step */
     c->eng.seq = 32;
     c->eng.clip = 1.0f;
@@ -913,11 +868,7 @@ START_TEST(test_masked_loss)
     /* eval of step 0's batches with the initial weights: the trainer's loss, bit for bit */
     fsdp_model m;
     ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
-    float **units = calloc((size_t)m.n_units, sizeof *units);
-    for (int u = 0; u < m.n_units; u++) {
-        units[u] = malloc(m.units[u].numel * sizeof(float));
-        fsdp_model_init_range(&m, u, 0, m.units[u].numel, c.eng.seed, units[u]);
-    }
+    float **units = units_init(&m, c.eng.seed);
     snprintf(ck, sizeof ck, "%s/ck", dir);
     ck_assert_msg(fsdp_modelfile_write(ck, fsdp_modelfile_format_find("ckpt"), &m,
                                        (const float *const *)units, FSDP_DTYPE_F32) ==
@@ -937,9 +888,7 @@ START_TEST(test_masked_loss)
                   ref.losses[0]);
     for (int k = 0; k < 4; k++)
         ck_assert(isfinite(per[k]) && per[k] > 0.0f);
-    for (int u = 0; u < m.n_units; u++)
-        free(units[u]);
-    free(units);
+    units_free(&m, units);
     fsdp_model_free(&m);
     fsdp_train_result_free(&ref);
     char rm[96];
@@ -970,7 +919,7 @@ START_TEST(test_threads_per_device_bit_identical)
         fsdp_train_result ref;
         for (int t = 1; t <= 3; t++) {
             fsdp_train_config c;
-            tiny_config(&c, 2, 1);
+            train_config_tiny(&c, 2, 1);
             c.model = model;
             c.eng.batch = 8;
             c.eng.seq = 64;

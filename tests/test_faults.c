@@ -24,11 +24,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "case_util.h"
 #include "ckpt/ckpt_dir.h"
 #include "ckpt/modelfile.h"
+#include "file_util.h"
 #include "models/model.h"
 #include "models/registry.h"
 #include "testutil.h"
+#include "train_util.h"
 
 static char out[1 << 17];
 
@@ -131,18 +134,6 @@ static void assert_ckpt_loads(const char *dir, const char *context)
     unlink(bin);
 }
 
-static int count_lines(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    int n = 0, ch;
-    while ((ch = fgetc(f)) != EOF)
-        n += ch == '\n';
-    fclose(f);
-    return n;
-}
-
 /* ---- FSDP_FAULT: every operation of a training step --------------------------- */
 
 #define MATRIX_ARGS                                                                         \
@@ -177,9 +168,7 @@ static long count_ops(const char *kind, int rank, int steps)
  * 2's, if it was committed before the fault) must load. */
 START_TEST(test_fault_matrix)
 {
-    static const struct {
-        const char *kind, *expect;
-    } kinds[] = {
+    static const text_case kinds[] = {
         {"alloc", "injected allocation failure"},
         {"collective", "injected failure in collective"},
         {"write", "injected write failure"},
@@ -187,20 +176,20 @@ START_TEST(test_fault_matrix)
     int runs = 0;
     for (size_t k = 0; k < FSDP_TEST_LEN(kinds); k++) {
         for (int rank = 0; rank < 2; rank++) {
-            long first = count_ops(kinds[k].kind, rank, 1), last = count_ops(kinds[k].kind, rank, 2);
+            long first = count_ops(kinds[k].in, rank, 1), last = count_ops(kinds[k].in, rank, 2);
             ck_assert_msg(last > first, "%s on rank %d: step 2 made no operation (%ld, %ld)",
-                          kinds[k].kind, rank, first, last);
+                          kinds[k].in, rank, first, last);
             for (long op = first + 1; op <= last; op++) {
                 char dir[512], log[512], spec[64], ctx[96];
                 fsdp_test_path(dir, sizeof dir, "ck");
                 fsdp_test_path(log, sizeof log, "m.jsonl");
-                snprintf(spec, sizeof spec, "%d:%s:%ld", rank, kinds[k].kind, op);
+                snprintf(spec, sizeof spec, "%d:%s:%ld", rank, kinds[k].in, op);
                 snprintf(ctx, sizeof ctx, "FSDP_FAULT=%s", spec);
                 setenv("FSDP_FAULT", spec, 1);
                 int rc = fsdp_test_cli(out, sizeof out, MATRIX_ARGS, dir, log, 2);
                 unsetenv("FSDP_FAULT");
                 ck_assert_msg(rc == 1, "%s: exit %d:\n%.2000s", ctx, rc, out);
-                ck_assert_msg(strstr(out, kinds[k].expect), "%s:\n%.2000s", ctx, out);
+                ck_assert_msg(strstr(out, kinds[k].want), "%s:\n%.2000s", ctx, out);
                 char dup[32], head[32];
                 snprintf(dup, sizeof dup, "rank %d: rank %d:", rank, rank);
                 snprintf(head, sizeof head, "error: rank %d: ", rank);
@@ -221,9 +210,7 @@ END_TEST
 /* The hook's own errors: a malformed value and a rank outside the run. */
 START_TEST(test_fault_spec_errors)
 {
-    static const struct {
-        const char *spec, *expect;
-    } cases[] = {
+    static const text_case cases[] = {
         {"1:alloc", "is not RANK:OP:K"},
         {"x:alloc:1", "is not RANK:OP:K"},
         {"0:disk:1", "unknown value 'disk' (expected alloc, collective or write)"},
@@ -232,12 +219,12 @@ START_TEST(test_fault_spec_errors)
         {"5:alloc:1", "names rank 5, but this run has 2 ranks"},
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {
-        setenv("FSDP_FAULT", cases[i].spec, 1);
+        setenv("FSDP_FAULT", cases[i].in, 1);
         int rc = fsdp_test_cli(out, sizeof out,
                                "train --model tiny --devices 2 --steps 1 --eval 0");
         unsetenv("FSDP_FAULT");
-        ck_assert_msg(rc == 2 && strstr(out, cases[i].expect), "FSDP_FAULT=%s: exit %d:\n%s",
-                      cases[i].spec, rc, out);
+        ck_assert_msg(rc == 2 && strstr(out, cases[i].want), "FSDP_FAULT=%s: exit %d:\n%s",
+                      cases[i].in, rc, out);
         n_cases++;
     }
 }
@@ -361,23 +348,6 @@ START_TEST(test_data_truncated_under_a_run)
 }
 END_TEST
 
-/* An llm.c model file of the tiny shape whose weights are zeros and a NaN. */
-static void write_nan_model(const char *path)
-{
-    fsdp_model m;
-    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
-    float *units[16] = {0};
-    for (int u = 0; u < m.n_units; u++)
-        ck_assert_ptr_nonnull(units[u] = calloc(m.units[u].numel, sizeof(float)));
-    units[1][3] = NAN;
-    ck_assert_int_eq(fsdp_modelfile_write(path, fsdp_modelfile_format_of(path), &m,
-                                          (const float *const *)units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
-    for (int u = 0; u < m.n_units; u++)
-        free(units[u]);
-    fsdp_model_free(&m);
-}
-
 /* Divergence from the first step: the run stops naming it (exit 1); with
  * --on-nonfinite skip it runs on, its metrics stay JSON (null, "skipped"),
  * and a checkpoint of the NaN parameters is refused. */
@@ -387,7 +357,7 @@ START_TEST(test_nonfinite_from_the_command)
     fsdp_test_path(model, sizeof model, "nan.bin");
     fsdp_test_path(log, sizeof log, "nan.jsonl");
     fsdp_test_path(dir, sizeof dir, "nan_ck");
-    write_nan_model(model);
+    write_nan_tiny_model(model, 1, 3);
     int rc = fsdp_test_cli(out, sizeof out, "train --model %s --steps 3 --eval 0", model);
     ck_assert_msg(rc == 1 && strstr(out, "error: step 1: the loss is NaN") &&
                       strstr(out, "--on-nonfinite skip") && !strstr(out, "step     1/3"),

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "core/json.h"
+#include "model_rig.h"
 #include "models/registry.h"
 #include "report/fit_report.h"
 #include "testutil.h"
@@ -244,12 +245,8 @@ START_TEST(test_fit_recompute_refused)
         char why[256] = "x";
         ck_assert_uint_eq(fsdp_fit_recompute_refused(&m, 0, why, sizeof why), 0);
         ck_assert_str_eq(why, "");
-        struct fsdp_model_i no_recompute = *m.iface;
-        no_recompute.state_init_recompute = NULL;
-        no_recompute.unit_recompute = NULL;
-        no_recompute.recompute_flops_per_token = NULL;
-        const struct fsdp_model_i *own = m.iface;
-        m.iface = &no_recompute;
+        struct fsdp_model_i no_recompute;
+        const struct fsdp_model_i *own = model_drop_recompute(&m, &no_recompute);
         unsigned want = 0;
         int first = -1;
         for (int k = 0; k < fsdp_fit_n_recompute_modes; k++)

@@ -29,6 +29,7 @@
 #include "testutil.h"
 #include "train/plan.h"
 #include "train/train.h"
+#include "train_util.h"
 
 #define GOLDEN_PATH "tests/fixtures/trajectory_golden.txt"
 
@@ -91,12 +92,9 @@ static uint32_t bits(float x)
 
 static void base_config(fsdp_train_config *c, const golden_case *g)
 {
-    fsdp_train_config_default(c);
-    c->eng.backend = FSDP_BACKEND_CPU;
-    c->eng.n_ranks = g->devices;
+    train_config_cpu(c, "tiny", g->devices);
     c->eng.grad_accum = g->accum;
     c->eng.batch = g->batch;
-    c->eng.seq = 16;
     c->eng.shard = g->shard;
     c->eng.offload = g->offload;
     c->eng.prefetch = g->prefetch;
@@ -104,15 +102,11 @@ static void base_config(fsdp_train_config *c, const golden_case *g)
     c->eng.deterministic = true;
     c->eng.compute_dtype = g->bf16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
     c->eng.weight_decay = 0.1f;
-    c->model = "tiny";
-    c->data = "synthetic";
     c->steps = STEPS;
     c->warmup = 2;
     c->lr = 1e-2f;
-    c->eval_problems = 0;
     c->n_samples = 0;
     c->keep_params = true;
-    c->out = NULL;
 }
 
 /* Append the case's lines ("name key value") to buf. */

@@ -50,8 +50,7 @@ static void via_checkpoint(const char *in, const char *ck, const char *out, fsdp
 {
     loaded a, b;
     load_ok(in, &a);
-    ck_assert_int_eq(fsdp_modelfile_write(ck, FMT("ckpt"), &a.m, (const float *const *)a.units,
-                                          FSDP_DTYPE_F32), FSDP_STATUS_OK);
+    write_loaded(ck, "ckpt", &a, FSDP_DTYPE_F32);
     load_ok(ck, &b);
     require_same(&a, &b, "Hugging Face directory -> checkpoint");
     write_hf_ok(out, &b, dt, shard);
@@ -293,19 +292,12 @@ START_TEST(test_ranks_read_their_shards)
     fsdp_model_free(&m);
 
     /* and an evaluation reads the same model as the single file does */
-    ck_assert_int_eq(fsdp_modelfile_write(st_file, FMT("safetensors"), &src.m,
-                                          (const float *const *)src.units, FSDP_DTYPE_BF16),
-                     FSDP_STATUS_OK);
+    write_loaded(st_file, "safetensors", &src, FSDP_DTYPE_BF16);
     float loss[2];
     const char *paths[2] = {hf, st_file};
     for (int k = 0; k < 2; k++) {
         fsdp_infer_config ic;
-        fsdp_infer_config_default(&ic);
-        ic.backend = FSDP_BACKEND_CPU;
-        ic.model_path = paths[k];
-        ic.n_ranks = N;
-        ic.batch = 2;
-        ic.seq = 16;
+        infer_config_cpu(&ic, paths[k], N);
         REQUIRE(fsdp_infer_eval(&ic, "synthetic", 3, 3, &loss[k], NULL) == FSDP_STATUS_OK, "%s",
                 fsdp_error_msg());
     }
@@ -331,9 +323,7 @@ START_TEST(test_commands)
     char st_file[128], tokdir[128];
     snprintf(st_file, sizeof st_file, "%s/m.safetensors", dir);
     snprintf(tokdir, sizeof tokdir, "%s/tok", dir);
-    ck_assert_int_eq(fsdp_modelfile_write(st_file, FMT("safetensors"), &src.m,
-                                          (const float *const *)src.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(st_file, "safetensors", &src, FSDP_DTYPE_F32);
     mkdir(tokdir, 0755);
     size_t n;
     unsigned char *tok = read_file(TOK_LLAMA3, &n);

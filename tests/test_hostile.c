@@ -36,49 +36,22 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "case_util.h"
 #include "ckpt/ckpt_dir.h"
 #include "core/error.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "file_util.h"
 #include "report/plot.h"
 #include "report/svg.h"
 #include "testutil.h"
 #include "train/train.h"
+#include "train_util.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static void write_bytes(const char *path, const void *data, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
-    ck_assert_int_eq(fclose(f), 0);
-}
-
-static void write_text(const char *path, const char *text) { write_bytes(path, text, strlen(text)); }
-
-/* The whole file as a NUL-terminated string (caller frees). */
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            buf = realloc(buf, cap);
-            ck_assert_ptr_nonnull(buf);
-        }
-        size_t k = fread(buf + n, 1, 4096, f);
-        n += k;
-        if (k == 0)
-            break;
-    }
-    fclose(f);
-    buf[n] = '\0';
-    return buf;
-}
+/* Files are written and read with file_util.h's spit and slurp. */
+static void write_text(const char *path, const char *text) { spit(path, text, strlen(text)); }
 
 /* A sparse file of `size` zero bytes (costs no disk). */
 static void sparse_file(const char *path, off_t size)
@@ -87,18 +60,6 @@ static void sparse_file(const char *path, off_t size)
     ck_assert_int_ge(fd, 0);
     ck_assert_int_eq(ftruncate(fd, size), 0);
     close(fd);
-}
-
-static int count_entries(const char *dir)
-{
-    char cmd[512];
-    pathf(cmd, sizeof cmd, "ls -A '%s' | wc -l", dir);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    int n = -1;
-    ck_assert_int_eq(fscanf(p, "%d", &n), 1);
-    pclose(p);
-    return n;
 }
 
 /* st must be `want`, and the message must hold every fragment (NULL-ended). */
@@ -173,22 +134,20 @@ START_TEST(test_open_regular)
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
     pathf(q, sizeof q, "%s/fifo_link", dir);
     ck_assert_int_eq(symlink(fifo, q), 0);
-    static const struct {
-        const char *path, *kind;
-    } bad[] = {{NULL, "a FIFO (named pipe), not a regular file"},
+    static const text_case bad[] = {{NULL, "a FIFO (named pipe), not a regular file"},
                {NULL, "a FIFO (named pipe)"},
                {"/dev/null", "a character device, not a regular file"},
                {"/dev/zero", "a character device"},
                {"/tmp", "a directory, not a regular file"}};
     double t0 = now_s();
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        const char *path = bad[i].path ? bad[i].path : i == 0 ? fifo : q;
+        const char *path = bad[i].in ? bad[i].in : i == 0 ? fifo : q;
         fd = 7;
         expect_error(fsdp_open_regular(path, "test file", &fd, NULL), FSDP_STATUS_IO, "test file",
-                     path, bad[i].kind, "fsdp reads only regular files", NULL);
+                     path, bad[i].want, "fsdp reads only regular files", NULL);
         ck_assert_int_eq(fd, -1);
         f = (FILE *)1;
-        expect_error(fsdp_fopen_regular(path, "test file", &f, NULL), FSDP_STATUS_IO, bad[i].kind,
+        expect_error(fsdp_fopen_regular(path, "test file", &f, NULL), FSDP_STATUS_IO, bad[i].want,
                      NULL);
         ck_assert_ptr_null(f);
     }
@@ -243,7 +202,7 @@ START_TEST(test_line_reader)
     /* NUL bytes kept, CRLF left to the caller, a line of exactly the limit,
      * an empty line, a last line without '\n' */
     static const char text[] = "ab\0c\r\n0123456789\n\nlast";
-    write_bytes(p, text, sizeof text - 1);
+    spit(p, text, sizeof text - 1);
     fsdp_line_reader lr;
     ck_assert_int_eq(fsdp_line_reader_open(&lr, p, "text file", 10, 1000), FSDP_STATUS_OK);
     static const struct {
@@ -480,7 +439,7 @@ START_TEST(test_metrics_malformed)
         size_t n = strlen(t);
         if (i == 17)
             n += 1 + strlen(t + n + 1);
-        write_bytes(p, t, n);
+        spit(p, t, n);
         fsdp_metrics m;
         fsdp_status st = fsdp_metrics_read(p, &m);
         const char *msg = fsdp_error_msg();
@@ -625,9 +584,7 @@ START_TEST(test_atomic_refuses_special_paths)
     struct stat full0, null0;
     ck_assert_int_eq(stat("/dev/full", &full0), 0);
     ck_assert_int_eq(stat("/dev/null", &null0), 0);
-    static const struct {
-        const char *path, *frag;
-    } cases[] = {
+    static const text_case cases[] = {
         {"/dev/full", "is a character device, not a regular file"},
         {"/dev/null", "is a character device"},
         {NULL, "is a FIFO (named pipe)"},
@@ -640,7 +597,7 @@ START_TEST(test_atomic_refuses_special_paths)
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
         fsdp_atomic_file af;
         expect_error(fsdp_atomic_open(&af, paths[i], "test output"), FSDP_STATUS_IO, "test output",
-                     paths[i], cases[i].frag, "left it untouched", NULL);
+                     paths[i], cases[i].want, "left it untouched", NULL);
         ck_assert_ptr_null(af.f);
         fsdp_atomic_abort(&af); /* a no-op after a refused open */
     }
@@ -946,18 +903,12 @@ START_TEST(test_lock_trainer)
     fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
     pathf(ck, sizeof ck, "%s/ck", dir);
     fsdp_train_config c;
-    fsdp_train_config_default(&c);
-    c.eng.backend = FSDP_BACKEND_CPU;
-    c.eng.n_ranks = 2;
+    train_config_cpu(&c, "custom:layers=1,heads=2,channels=16,vocab=256,context=16", 2);
     c.eng.batch = 2;
     c.eng.seq = 8;
-    c.model = "custom:layers=1,heads=2,channels=16,vocab=256,context=16";
-    c.data = "synthetic";
     c.steps = 2;
     c.warmup = 0;
-    c.eval_problems = 0;
     c.n_samples = 0;
-    c.out = NULL;
     c.ckpt_dir = ck;
     c.resume = true;
     int rd, wr;

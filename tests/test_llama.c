@@ -28,38 +28,24 @@
 #include "ckpt/safetensors.h"
 #include "core/bf16.h"
 #include "core/json.h"
+#include "fixture_util.h"
+#include "model_rig.h"
 #include "models/llama.h"
 #include "models/registry.h"
 #include "ops/cpu/optim_kernels.h"
 #include "cuda_test.h"
 #include "testutil.h"
 #include "train/train.h"
+#include "train_util.h"
 
 /* ---- fixtures ------------------------------------------------------------------ */
 
-/* Path of fixture file `name` (in directory `dir`): $FSDP_FIXTURES,
- * tests/fixtures (runs from the repository root) or beside this file. */
-static void fixture_path(char *path, size_t n, const char *dir, const char *name)
+/* Path of fixture file `name` in directory `dir` (fixture_util.h finds it). */
+static void llama_fixture(char *path, size_t n, const char *dir, const char *name)
 {
-    const char *slash = strrchr(__FILE__, '/');
-    for (int k = 0; k < 3; k++) {
-        if (k == 0 && getenv("FSDP_FIXTURES"))
-            snprintf(path, n, "%s/%s/%s", getenv("FSDP_FIXTURES"), dir, name);
-        else if (k == 1)
-            snprintf(path, n, "tests/fixtures/%s/%s", dir, name);
-        else if (k == 2 && slash)
-            snprintf(path, n, "%.*s/fixtures/%s/%s", (int)(slash - __FILE__), __FILE__, dir,
-                     name);
-        else
-            continue;
-        FILE *f = fopen(path, "rb");
-        if (f) {
-            fclose(f);
-            return;
-        }
-    }
-    ck_abort_msg("cannot find fixture %s/%s; regenerate with tools/gen_llama_golden.py", dir,
-                 name);
+    char rel[256];
+    pathf(rel, sizeof rel, "%s/%s", dir, name);
+    fixture_path(path, n, rel, "tools/gen_llama_golden.py");
 }
 
 /* A safetensors file held in memory. */
@@ -120,7 +106,7 @@ static void fixture_load(fixture *fx, const char *dir)
     char path[700], config[FSDP_MODEL_CONFIG_MAX];
     const fsdp_model_family *f = fsdp_model_family_find("llama");
     ck_assert_ptr_nonnull(f);
-    fixture_path(path, sizeof path, dir, "config.json");
+    llama_fixture(path, sizeof path, dir, "config.json");
     fsdp_json *js = NULL;
     ck_assert_int_eq(fsdp_json_parse_file(path, &js), FSDP_STATUS_OK);
     ck_assert_msg(f->safetensors->hf_config(js, config, sizeof config) == FSDP_STATUS_OK, "%s",
@@ -129,7 +115,7 @@ static void fixture_load(fixture *fx, const char *dir)
     ck_assert_msg(fsdp_model_build(f, config, &fx->m) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
 
     stfile w;
-    fixture_path(path, sizeof path, dir, "model.safetensors");
+    llama_fixture(path, sizeof path, dir, "model.safetensors");
     stfile_load(&w, path);
     int n = 0;
     for (int u = 0; u < fx->m.n_units; u++)
@@ -148,7 +134,7 @@ static void fixture_load(fixture *fx, const char *dir)
     free(src);
     stfile_free(&w);
 
-    fixture_path(path, sizeof path, dir, "golden.safetensors");
+    llama_fixture(path, sizeof path, dir, "golden.safetensors");
     stfile_load(&fx->golden, path);
     const fsdp_st_tensor *tok = NULL;
     for (int i = 0; i < fx->golden.st.n_tensors; i++)
@@ -209,95 +195,12 @@ static double expect_rel(const char *what, const float *got, const float *want, 
 
 /* ---- a one-rank rig driving the model through its interface ---------------------- */
 
-typedef struct rig {
-    fsdp_device dev;
-    fsdp_op_ctx ctx;
-    const fsdp_model *m;
-    void *state;
-    void **params; /* per unit, ctx.dt */
-    float **grads; /* per unit, fp32 */
-    int B, T;
-} rig;
-
-static void rig_init(rig *r, const fsdp_model *m, fsdp_dtype dt, int B, int T, bool training)
+/* One micro-step on the rig (model_rig.h) into zeroed gradients, dloss 1;
+ * the micro-batch loss. */
+static float llama_step(rig *r, const int *tokens, const int *targets, bool train)
 {
-    memset(r, 0, sizeof *r);
-    r->m = m;
-    r->B = B;
-    r->T = T;
-    ck_assert_int_eq(fsdp_device_init(&r->dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_ops_init(&r->ctx, &r->dev, dt), FSDP_STATUS_OK);
-    r->params = calloc((size_t)m->n_units, sizeof *r->params);
-    r->grads = calloc((size_t)m->n_units, sizeof *r->grads);
-    for (int u = 0; u < m->n_units; u++) {
-        size_t n = m->units[u].numel;
-        ck_assert_int_eq(fsdp_device_alloc(&r->dev, n * fsdp_dtype_size(dt), FSDP_MEM_GATHER,
-                                           "test params", &r->params[u]),
-                         FSDP_STATUS_OK);
-        ck_assert_int_eq(fsdp_device_alloc(&r->dev, n * sizeof(float), FSDP_MEM_GRAD,
-                                           "test grads", (void **)&r->grads[u]),
-                         FSDP_STATUS_OK);
-    }
-    ck_assert_msg(m->iface->state_init(m, &r->ctx, B, T, training, &r->state) == FSDP_STATUS_OK,
-                  "%s", fsdp_error_msg());
-}
-
-static void rig_free(rig *r)
-{
-    r->m->iface->state_free(r->m, &r->ctx, r->state);
-    for (int u = 0; u < r->m->n_units; u++) {
-        fsdp_device_free(&r->dev, r->params[u]);
-        fsdp_device_free(&r->dev, r->grads[u]);
-    }
-    ck_assert_int_eq(r->dev.mem.in_use_bytes, 0);
-    ck_assert_int_eq(r->dev.host.in_use_bytes, 0);
-    free(r->params);
-    free(r->grads);
-    fsdp_ops_fini(&r->ctx);
-    fsdp_device_fini(&r->dev);
-}
-
-/* Parameters from fp32 unit buffers, stored in the rig's dtype. */
-static void rig_put(rig *r, float *const *units)
-{
-    for (int u = 0; u < r->m->n_units; u++) {
-        size_t n = r->m->units[u].numel;
-        if (r->ctx.dt == FSDP_DTYPE_F32) {
-            memcpy(r->params[u], units[u], n * sizeof(float));
-        } else {
-            fsdp_bf16 *p = r->params[u];
-            for (size_t i = 0; i < n; i++)
-                p[i] = fsdp_f32_to_bf16(units[u][i]);
-        }
-    }
-}
-
-/* One micro-step as the engine runs it (backward when `train`, into zeroed
- * gradients); the micro-batch loss. */
-static float rig_step(rig *r, const int *tokens, const int *targets, bool train)
-{
-    const fsdp_model *m = r->m;
-    const struct fsdp_model_i *mi = m->iface;
-    size_t nb = (size_t)r->B * r->T * sizeof(int);
-    memcpy(mi->state_tokens(r->state), tokens, nb); /* cpu device memory is host memory */
-    memcpy(mi->state_targets(r->state), targets, nb);
-    for (int u = 0; u < m->n_units; u++)
-        memset(r->grads[u], 0, m->units[u].numel * sizeof(float));
-    float loss = -1.0f;
-    ck_assert_int_eq(mi->root_forward(m, &r->ctx, r->state, r->params[0]), FSDP_STATUS_OK);
-    for (int u = 1; u < m->n_units; u++)
-        ck_assert_int_eq(mi->unit_forward(m, &r->ctx, r->state, u, r->params[u]),
-                         FSDP_STATUS_OK);
-    ck_assert_int_eq(mi->head_forward_backward(m, &r->ctx, r->state, r->params[0],
-                                               train ? r->grads[0] : NULL, 1.0f, &loss),
-                     FSDP_STATUS_OK);
-    for (int u = m->n_units - 1; train && u >= 1; u--)
-        ck_assert_int_eq(mi->unit_backward(m, &r->ctx, r->state, u, r->params[u], r->grads[u]),
-                         FSDP_STATUS_OK);
-    if (train)
-        ck_assert_int_eq(mi->root_backward(m, &r->ctx, r->state, r->params[0], r->grads[0]),
-                         FSDP_STATUS_OK);
-    return loss;
+    rig_zero_grads(r);
+    return rig_step(r, tokens, targets, train, 1.0f);
 }
 
 /* ---- golden: forward and gradients ------------------------------------------------ */
@@ -311,10 +214,10 @@ START_TEST(test_golden_forward_backward)
     const fsdp_model *m = &fx.m;
     const size_t N = (size_t)fx.B * fx.T, V = (size_t)m->vocab_size, Vp = m->padded_vocab_size;
     rig r;
-    rig_init(&r, m, FSDP_DTYPE_F32, fx.B, fx.T, true);
-    rig_put(&r, fx.init);
+    rig_init(&r, FSDP_BACKEND_CPU, m, FSDP_DTYPE_F32, fx.B, fx.T, true);
+    rig_put_units(&r, fx.init);
 
-    float loss = rig_step(&r, fx.tokens, fx.targets, false);
+    float loss = llama_step(&r, fx.tokens, fx.targets, false);
     const float *logits = m->iface->state_logits(r.state);
     float *got = malloc(N * V * sizeof *got);
     for (size_t i = 0; i < N; i++)
@@ -326,7 +229,7 @@ START_TEST(test_golden_forward_backward)
     ck_assert_msg(e_loss <= 1e-5, "loss %.9g vs transformers %.9g", loss, *want_loss);
 
     /* forward + backward: the same loss bit for bit, then every gradient */
-    float loss2 = rig_step(&r, fx.tokens, fx.targets, true);
+    float loss2 = llama_step(&r, fx.tokens, fx.targets, true);
     ck_assert_msg(loss2 == loss, "training loss %.9g != forward-only loss %.9g", loss2, loss);
     double worst = 0;
     const char *worst_name = "";
@@ -370,8 +273,8 @@ START_TEST(test_golden_adamw_trajectory)
     fixture_load(&fx, fixtures[_i]);
     const fsdp_model *m = &fx.m;
     rig r;
-    rig_init(&r, m, FSDP_DTYPE_F32, fx.B, fx.T, true);
-    rig_put(&r, fx.init);
+    rig_init(&r, FSDP_BACKEND_CPU, m, FSDP_DTYPE_F32, fx.B, fx.T, true);
+    rig_put_units(&r, fx.init);
     float *hp = stfile_get(&fx.golden, "adamw", "F32", 6);
     const float lr = hp[0], b1 = hp[1], b2 = hp[2], eps = hp[3], wd = hp[4], clip = hp[5];
     const fsdp_st_tensor *sl = NULL;
@@ -382,15 +285,10 @@ START_TEST(test_golden_adamw_trajectory)
     const int steps = (int)sl->numel;
     float *want_loss = stfile_get(&fx.golden, "step_losses", "F32", (size_t)steps);
     float *want_norm = stfile_get(&fx.golden, "step_grad_norms", "F32", (size_t)steps);
-    float **mom = calloc((size_t)m->n_units, sizeof *mom), **var = calloc((size_t)m->n_units,
-                                                                          sizeof *var);
-    for (int u = 0; u < m->n_units; u++) {
-        mom[u] = calloc(m->units[u].numel, sizeof(float));
-        var[u] = calloc(m->units[u].numel, sizeof(float));
-    }
+    float **mom = units_alloc(m), **var = units_alloc(m);
     int clipped = 0;
     for (int t = 1; t <= steps; t++) {
-        float loss = rig_step(&r, fx.tokens, fx.targets, true);
+        float loss = llama_step(&r, fx.tokens, fx.targets, true);
         double ss = 0.0;
         for (int u = 0; u < m->n_units; u++)
             for (size_t k = 0; k < m->units[u].numel; k++)
@@ -432,12 +330,8 @@ START_TEST(test_golden_adamw_trajectory)
             free(wp);
         }
     printf("%s: after %d steps, worst parameter rel err %.1e\n", fixtures[_i], steps, worst);
-    for (int u = 0; u < m->n_units; u++) {
-        free(mom[u]);
-        free(var[u]);
-    }
-    free(mom);
-    free(var);
+    units_free(m, mom);
+    units_free(m, var);
     free(hp);
     free(want_loss);
     free(want_norm);
@@ -455,9 +349,9 @@ START_TEST(test_golden_bf16_close)
     fixture fx;
     fixture_load(&fx, fixtures[_i]);
     rig r;
-    rig_init(&r, &fx.m, FSDP_DTYPE_BF16, fx.B, fx.T, true);
-    rig_put(&r, fx.init);
-    float loss = rig_step(&r, fx.tokens, fx.targets, true);
+    rig_init(&r, FSDP_BACKEND_CPU, &fx.m, FSDP_DTYPE_BF16, fx.B, fx.T, true);
+    rig_put_units(&r, fx.init);
+    float loss = llama_step(&r, fx.tokens, fx.targets, true);
     float *want_loss = stfile_get(&fx.golden, "loss", "F32", 1);
     double el = fabs((double)loss - *want_loss) / *want_loss;
     ck_assert_msg(el <= 2e-2, "bf16 loss %.6f vs %.6f", loss, *want_loss);
@@ -495,30 +389,17 @@ static const char *const det_models[] = {"llama-tiny", "qwen2-tiny"};
  * count (the contract is for the same micro-batches). */
 static void det_config(fsdp_train_config *c, const char *model, int devices)
 {
-    fsdp_train_config_default(c);
-    c->eng.backend = FSDP_BACKEND_CPU;
-    c->eng.n_ranks = devices;
+    train_config_cpu(c, model, devices);
     c->eng.grad_accum = 8 / devices;
     c->eng.batch = 1;
-    c->eng.seq = 16;
     c->eng.deterministic = true;
     c->eng.clip = 1.0f;
     c->eng.weight_decay = 0.1f;
-    c->model = model;
-    c->data = "synthetic";
     c->steps = 3;
     c->warmup = 1;
     c->lr = 1e-2f;
-    c->eval_problems = 0;
     c->n_samples = 0;
     c->keep_params = true;
-    c->out = NULL;
-}
-
-static void run_ok(const fsdp_train_config *c, fsdp_train_result *r, const char *what)
-{
-    fsdp_status st = fsdp_train_run(c, r);
-    ck_assert_msg(st == FSDP_STATUS_OK, "%s: %s", what, fsdp_error_msg());
 }
 
 static void assert_identical(const fsdp_train_result *a, const fsdp_train_result *b,
@@ -545,7 +426,7 @@ START_TEST(test_determinism_devices_strategies_offload)
     fsdp_train_config c;
     fsdp_train_result ref;
     det_config(&c, model, 1);
-    run_ok(&c, &ref, model);
+    run_ok_as(&c, &ref, model);
     ck_assert_msg(ref.losses[2] < ref.losses[0], "%s does not train: %g -> %g", model,
                   ref.losses[0], ref.losses[2]);
     static const int devs[] = {1, 2, 4, 8};
@@ -566,7 +447,7 @@ START_TEST(test_determinism_devices_strategies_offload)
                          model, devs[d], fsdp_shard_strategy_name(c.eng.shard),
                          v ? "on" : "off", v == 2 ? "optimizer" : "none");
                 fsdp_train_result r;
-                run_ok(&c, &r, what);
+                run_ok_as(&c, &r, what);
                 assert_identical(&ref, &r, &m, what);
                 fsdp_train_result_free(&r);
                 n_runs++;
@@ -608,31 +489,13 @@ START_TEST(test_recompute_memory_formula)
         const size_t gu = N * 2 * (size_t)IC * dts, swi = N * (size_t)IC * dts;
         const size_t block_drop = c1 + stat + qkv + atty + att + c1 + c1 + stat + gu + swi;
         const size_t elem_drop = c1 + stat + c1 + stat + swi;
-        size_t act[FSDP_RECOMPUTE_COUNT], peak[FSDP_RECOMPUTE_COUNT];
-        for (int mode = 0; mode < FSDP_RECOMPUTE_COUNT; mode++) {
-            fsdp_train_config c;
-            fsdp_train_result r;
-            det_config(&c, model, 2);
-            c.eng.batch = B;
-            c.eng.seq = T;
-            c.eng.grad_accum = 1;
-            c.eng.compute_dtype = (fsdp_dtype)prec;
-            c.eng.recompute = (fsdp_recompute)mode;
-            c.steps = 1;
-            c.keep_params = false;
-            run_ok(&c, &r, model);
-            act[mode] = r.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT];
-            peak[mode] = r.stats[0].peak_bytes;
-            fsdp_train_result_free(&r);
-        }
-        ck_assert_uint_eq(act[FSDP_RECOMPUTE_NONE] - act[FSDP_RECOMPUTE_BLOCK],
-                          (size_t)(L - 1) * block_drop);
-        ck_assert_uint_eq(act[FSDP_RECOMPUTE_NONE] - act[FSDP_RECOMPUTE_ELEMENTWISE],
-                          (size_t)(L - 1) * elem_drop);
-        for (int mode = 1; mode < FSDP_RECOMPUTE_COUNT; mode++)
-            ck_assert_msg(peak[0] - peak[mode] == act[0] - act[mode],
-                          "recompute mode %d: the peak fell by %zu, activations by %zu", mode,
-                          peak[0] - peak[mode], act[0] - act[mode]);
+        fsdp_train_config c;
+        det_config(&c, model, 2);
+        c.eng.batch = B;
+        c.eng.seq = T;
+        c.eng.grad_accum = 1;
+        c.eng.compute_dtype = (fsdp_dtype)prec;
+        expect_recompute_savings(&c, L, block_drop, elem_drop);
     }
 }
 END_TEST
@@ -681,9 +544,9 @@ START_TEST(test_cuda_matches_cpu)
         det_config(&c, model, 1);
         c.steps = 4;
         c.eng.compute_dtype = prec ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
-        run_ok(&c, &cpu, "cpu");
+        run_ok_as(&c, &cpu, "cpu");
         c.eng.backend = FSDP_BACKEND_CUDA;
-        run_ok(&c, &gpu, "cuda");
+        run_ok_as(&c, &gpu, "cuda");
         const double tol = prec ? 3e-2 : 1e-3;
         for (int s = 0; s < c.steps; s++) {
             double rel = fabs((double)gpu.losses[s] - cpu.losses[s]) / cpu.losses[s];

@@ -21,11 +21,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "case_util.h"
 #include "ckpt/modelfile.h"
 #include "ckpt/safetensors.h"
 #include "core/bf16.h"
 #include "core/fileio.h"
 #include "core/json.h"
+#include "model_rig.h"
 #include "models/llama.h"
 #include "models/registry.h"
 #include "testutil.h"
@@ -137,9 +139,7 @@ END_TEST
 
 START_TEST(test_spec_errors)
 {
-    static const struct {
-        const char *spec, *frag;
-    } bad[] = {
+    static const text_case bad[] = {
         {"llama:", "is empty"},
         {"llama", "needs a config"},
         {"llama:foo=1", "unknown key 'foo'"},
@@ -162,15 +162,7 @@ START_TEST(test_spec_errors)
         {"llama:heads=4096,head_dim=4096", "heads * head_dim"},
         {"llama:context=0", "out of range"},
     };
-    for (size_t i = 0; i < FSDP_TEST_LEN(bad); i++) {
-        fsdp_model m;
-        fsdp_error_clear();
-        fsdp_status st = fsdp_model_from_spec(bad[i].spec, &m);
-        ck_assert_msg(st == FSDP_STATUS_INVALID_ARG, "'%s' was accepted", bad[i].spec);
-        ck_assert_msg(strstr(fsdp_error_msg(), bad[i].frag), "'%s': message '%s' lacks '%s'",
-                      bad[i].spec, fsdp_error_msg(), bad[i].frag);
-        ck_assert_ptr_null(m.units);
-    }
+    expect_specs_rejected(bad, FSDP_TEST_LEN(bad));
 }
 END_TEST
 
@@ -291,9 +283,7 @@ END_TEST
 
 START_TEST(test_hf_config_refusals)
 {
-    static const struct {
-        const char *json, *frag;
-    } bad[] = {
+    static const text_case bad[] = {
         {"{\"model_type\": \"gpt2\"}", "\"model_type\" is \"gpt2\""},
         {"[]", "not a JSON object"},
         {"{\"model_type\": \"llama\", \"intermediate_size\": 80}", "no \"num_hidden_layers\""},
@@ -322,10 +312,10 @@ START_TEST(test_hf_config_refusals)
     for (size_t i = 0; i < FSDP_TEST_LEN(bad); i++) {
         char config[FSDP_MODEL_CONFIG_MAX];
         fsdp_error_clear();
-        fsdp_status st = hf_read(bad[i].json, config, sizeof config);
-        ck_assert_msg(st == FSDP_STATUS_FORMAT, "%s: %s", bad[i].json, fsdp_status_name(st));
-        ck_assert_msg(strstr(fsdp_error_msg(), bad[i].frag), "%s: message '%s' lacks '%s'",
-                      bad[i].json, fsdp_error_msg(), bad[i].frag);
+        fsdp_status st = hf_read(bad[i].in, config, sizeof config);
+        ck_assert_msg(st == FSDP_STATUS_FORMAT, "%s: %s", bad[i].in, fsdp_status_name(st));
+        ck_assert_msg(strstr(fsdp_error_msg(), bad[i].want), "%s: message '%s' lacks '%s'",
+                      bad[i].in, fsdp_error_msg(), bad[i].want);
     }
 }
 END_TEST
@@ -383,11 +373,7 @@ START_TEST(test_safetensors_round_trip)
         for (int d = 0; d < 2; d++) {
             fsdp_model m;
             build_ok(specs[s], &m);
-            float **units = calloc((size_t)m.n_units, sizeof *units);
-            for (int u = 0; u < m.n_units; u++) {
-                units[u] = malloc(m.units[u].numel * sizeof(float));
-                fsdp_model_init_range(&m, u, 0, m.units[u].numel, 7, units[u]);
-            }
+            float **units = units_init(&m, 7);
             /* the vocabulary padding is not written: give it values that would show */
             const fsdp_param_spec *e = fsdp_model_find_param(&m, "model.embed_tokens.weight",
                                                              NULL);
@@ -440,9 +426,7 @@ START_TEST(test_safetensors_round_trip)
                 free(back);
             }
             fsdp_modelfile_close(mf);
-            for (int u = 0; u < m.n_units; u++)
-                free(units[u]);
-            free(units);
+            units_free(&m, units);
             fsdp_model_free(&m);
         }
 }

@@ -19,6 +19,8 @@
 #include "core/bf16.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "file_util.h"
+#include "model_rig.h"
 #include "models/gpt2.h"
 #include "testutil.h"
 
@@ -63,31 +65,13 @@ typedef struct fixture {
     float **units; /* random values, one buffer per unit */
 } fixture;
 
-static float **alloc_units(const fsdp_model *m)
-{
-    float **u = calloc((size_t)m->n_units, sizeof *u);
-    ck_assert_ptr_nonnull(u);
-    for (int i = 0; i < m->n_units; i++) {
-        u[i] = calloc(m->units[i].numel, sizeof **u);
-        ck_assert_ptr_nonnull(u[i]);
-    }
-    return u;
-}
-
-static void free_units(const fsdp_model *m, float **u)
-{
-    for (int i = 0; i < m->n_units; i++)
-        free(u[i]);
-    free(u);
-}
-
 static void fixture_init(fixture *fx, const char *spec, uint64_t seed)
 {
     snprintf(fx->dir, sizeof fx->dir, "/tmp/fsdp_test_llmc_XXXXXX");
     ck_assert_ptr_nonnull(mkdtemp(fx->dir));
     snprintf(fx->path, sizeof fx->path, "%s/model.bin", fx->dir);
     ck_assert_int_eq(fsdp_model_from_spec(spec, &fx->m), FSDP_STATUS_OK);
-    fx->units = alloc_units(&fx->m);
+    fx->units = units_alloc(&fx->m);
     /* every element distinct and random, so a misplaced slab shows */
     for (int u = 0; u < fx->m.n_units; u++)
         for (size_t i = 0; i < fx->m.units[u].numel; i++)
@@ -109,42 +93,15 @@ static void fixture_free(fixture *fx)
         closedir(d);
     }
     rmdir(fx->dir);
-    free_units(&fx->m, fx->units);
+    units_free(&fx->m, fx->units);
     fsdp_model_free(&fx->m);
 }
 
-/* Number of entries in dir other than . and .. */
-static int dir_entries(const char *dir)
+/* The fixture's parameters written to its path in dtype dt (must succeed). */
+static void fixture_write(const fixture *fx, fsdp_dtype dt)
 {
-    DIR *d = opendir(dir);
-    ck_assert_ptr_nonnull(d);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
-}
-
-static uint8_t *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(*n ? *n : 1);
-    ck_assert_uint_eq(fread(b, 1, *n, f), *n);
-    fclose(f);
-    return b;
-}
-
-static void spit(const char *path, const void *b, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(b, 1, n, f), n);
-    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(llmc_write(fx->path, &fx->m, (const float *const *)fx->units, dt),
+                     FSDP_STATUS_OK);
 }
 
 /* The fp32 values of the whole model in llm.c's file order, built here from
@@ -209,13 +166,11 @@ static void roundtrip_f32(const char *spec)
 {
     fixture fx;
     fixture_init(&fx, spec, 1);
-    ck_assert_int_eq(llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
-                                     FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
-    ck_assert_int_eq(dir_entries(fx.dir), 1); /* no temporary left behind */
+    fixture_write(&fx, FSDP_DTYPE_F32);
+    ck_assert_int_eq(count_entries(fx.dir), 1); /* no temporary left behind */
 
     size_t n_file, n_ref;
-    uint8_t *file = slurp(fx.path, &n_file);
+    uint8_t *file = (uint8_t *)slurp_n(fx.path, &n_file);
     float *ref = reference_order(&fx, &n_ref);
     ck_assert_uint_eq(n_file, 1024 + 4 * n_ref);
     check_header(file, 3, fsdp_gpt2_config_of(&fx.m));
@@ -226,11 +181,11 @@ static void roundtrip_f32(const char *spec)
     ck_assert_str_eq(dt, "fp32");
     ck_assert_str_eq(cfg, fx.m.config);
 
-    float **back = alloc_units(&fx.m);
+    float **back = units_alloc(&fx.m);
     ck_assert_int_eq(llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
     for (int u = 0; u < fx.m.n_units; u++)
         ck_assert_int_eq(memcmp(back[u], fx.units[u], fx.m.units[u].numel * 4), 0);
-    free_units(&fx.m, back);
+    units_free(&fx.m, back);
     free(ref);
     free(file);
     fixture_free(&fx);
@@ -255,11 +210,9 @@ START_TEST(test_roundtrip_bf16)
     v[1] = 1.0f + 3 * 0x1p-8f;         /* tie: even is 1+2^-6 */
     v[2] = 1.0f + 0x1p-8f + 0x1p-20f;  /* just above the tie: rounds up */
     v[3] = -0.0f;
-    ck_assert_int_eq(llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
-                                     FSDP_DTYPE_BF16),
-                     FSDP_STATUS_OK);
+    fixture_write(&fx, FSDP_DTYPE_BF16);
     size_t n_file, n_ref;
-    uint8_t *file = slurp(fx.path, &n_file);
+    uint8_t *file = (uint8_t *)slurp_n(fx.path, &n_file);
     float *ref = reference_order(&fx, &n_ref);
     ck_assert_uint_eq(n_file, 1024 + 2 * n_ref);
     check_header(file, 5, fsdp_gpt2_config_of(&fx.m));
@@ -273,7 +226,7 @@ START_TEST(test_roundtrip_bf16)
     ck_assert_int_eq(llmc_read_config(fx.path, cfg, sizeof cfg, dt), FSDP_STATUS_OK);
     ck_assert_str_eq(dt, "bf16");
 
-    float **back = alloc_units(&fx.m);
+    float **back = units_alloc(&fx.m);
     ck_assert_int_eq(llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
     for (int u = 0; u < fx.m.n_units; u++)
         for (size_t i = 0; i < fx.m.units[u].numel; i++) {
@@ -286,7 +239,7 @@ START_TEST(test_roundtrip_bf16)
     ck_assert_float_eq(b[1], 1.0f + 0x1p-6f);
     ck_assert_float_eq(b[2], 1.0f + 0x1p-7f);
     ck_assert(b[3] == 0.0f && signbit(b[3]));
-    free_units(&fx.m, back);
+    units_free(&fx.m, back);
     free(ref);
     free(file);
     fixture_free(&fx);
@@ -301,7 +254,7 @@ START_TEST(test_write_atomic)
     ck_assert_int_eq(llmc_write(fx.path, &fx.m, units, FSDP_DTYPE_BF16), FSDP_STATUS_OK);
     /* overwrite in place: the new file replaces the old one whole */
     ck_assert_int_eq(llmc_write(fx.path, &fx.m, units, FSDP_DTYPE_F32), FSDP_STATUS_OK);
-    ck_assert_int_eq(dir_entries(fx.dir), 1);
+    ck_assert_int_eq(count_entries(fx.dir), 1);
     char cfg[FSDP_MODEL_CONFIG_MAX], dt[8];
     ck_assert_int_eq(llmc_read_config(fx.path, cfg, sizeof cfg, dt), FSDP_STATUS_OK);
     ck_assert_str_eq(dt, "fp32");
@@ -310,7 +263,7 @@ START_TEST(test_write_atomic)
     snprintf(bad, sizeof bad, "%s/missing/model.bin", fx.dir);
     ck_assert_int_eq(llmc_write(bad, &fx.m, units, FSDP_DTYPE_F32), FSDP_STATUS_IO);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), bad));
-    ck_assert_int_eq(dir_entries(fx.dir), 1);
+    ck_assert_int_eq(count_entries(fx.dir), 1);
     ck_assert_int_eq(llmc_write(fx.path, &fx.m, units, FSDP_DTYPE_COUNT),
                      FSDP_STATUS_INVALID_ARG);
     fixture_free(&fx);
@@ -355,14 +308,12 @@ START_TEST(test_reject_corrupt)
 {
     fixture fx;
     fixture_init(&fx, SMALL_SPEC, 4);
-    ck_assert_int_eq(llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
-                                     FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    fixture_write(&fx, FSDP_DTYPE_F32);
     size_t n;
-    uint8_t *good = slurp(fx.path, &n);
+    uint8_t *good = (uint8_t *)slurp_n(fx.path, &n);
     char bad[160];
     snprintf(bad, sizeof bad, "%s/bad.bin", fx.dir);
-    float **back = alloc_units(&fx.m);
+    float **back = units_alloc(&fx.m);
     const fsdp_status F = FSDP_STATUS_FORMAT;
     char size_now[32];
 
@@ -401,7 +352,7 @@ START_TEST(test_reject_corrupt)
 
     /* the untouched file still loads */
     ck_assert_int_eq(llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
-    free_units(&fx.m, back);
+    units_free(&fx.m, back);
     free(good);
     fixture_free(&fx);
 }
@@ -414,14 +365,12 @@ START_TEST(test_reject_hostile_headers)
      * allocates what the header asks for. */
     fixture fx;
     fixture_init(&fx, SMALL_SPEC, 5);
-    ck_assert_int_eq(llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
-                                     FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    fixture_write(&fx, FSDP_DTYPE_F32);
     size_t n;
-    uint8_t *good = slurp(fx.path, &n);
+    uint8_t *good = (uint8_t *)slurp_n(fx.path, &n);
     char bad[160];
     snprintf(bad, sizeof bad, "%s/bad.bin", fx.dir);
-    float **back = alloc_units(&fx.m);
+    float **back = units_alloc(&fx.m);
     for (uint64_t i = 0; i < 300; i++) {
         int32_t h[8];
         memcpy(h, good, sizeof h);
@@ -453,7 +402,7 @@ START_TEST(test_reject_hostile_headers)
         REQUIRE(strstr(fsdp_error_msg(), bad), "case %llu: message '%s' lacks the path",
                 (unsigned long long)i, fsdp_error_msg());
     }
-    free_units(&fx.m, back);
+    units_free(&fx.m, back);
     free(good);
     fixture_free(&fx);
 }
@@ -463,9 +412,7 @@ START_TEST(test_reject_config_mismatch)
 {
     fixture fx;
     fixture_init(&fx, SMALL_SPEC, 6);
-    ck_assert_int_eq(llmc_write(fx.path, &fx.m, (const float *const *)fx.units,
-                                     FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    fixture_write(&fx, FSDP_DTYPE_F32);
     const char *others[] = {
         "custom:layers=2,heads=2,channels=16,vocab=100,context=8",  /* L */
         "custom:layers=3,heads=4,channels=16,vocab=100,context=8",  /* NH only: same size */
@@ -475,11 +422,11 @@ START_TEST(test_reject_config_mismatch)
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
         fsdp_model m2;
         ck_assert_int_eq(fsdp_model_from_spec(others[i], &m2), FSDP_STATUS_OK);
-        float **u2 = alloc_units(&m2);
+        float **u2 = units_alloc(&m2);
         ck_assert_int_eq(llmc_read(fx.path, &m2, u2), FSDP_STATUS_INVALID_ARG);
         ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), fx.path));
         ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "holds GPT-2 'layers=3,heads=2"));
-        free_units(&m2, u2);
+        units_free(&m2, u2);
         fsdp_model_free(&m2);
     }
     fixture_free(&fx);

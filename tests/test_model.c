@@ -16,8 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "case_util.h"
 #include "core/bf16.h"
 #include "core/rng.h"
+#include "fixture_util.h"
+#include "model_rig.h"
 #include "models/gpt2.h"
 #include "models/registry.h"
 #include "ops/cpu/optim_kernels.h"
@@ -49,39 +52,13 @@ typedef struct golden {
     unsigned char *blob;
 } golden;
 
-static FILE *open_fixture(const char *name)
-{
-    char path[512];
-    const char *dir = getenv("FSDP_FIXTURES");
-    if (dir) {
-        snprintf(path, sizeof path, "%s/%s", dir, name);
-        FILE *f = fopen(path, "rb");
-        if (f)
-            return f;
-    }
-    snprintf(path, sizeof path, "tests/fixtures/%s", name);
-    FILE *f = fopen(path, "rb");
-    if (f)
-        return f;
-    /* relative to this source file, for runs from another directory */
-    const char *src = __FILE__;
-    const char *slash = strrchr(src, '/');
-    snprintf(path, sizeof path, "%.*s/fixtures/%s", slash ? (int)(slash - src) : 1,
-             slash ? src : ".", name);
-    return fopen(path, "rb");
-}
-
 static void golden_load(golden *g, const char *name)
 {
     memset(g, 0, sizeof *g);
-    FILE *f = open_fixture(name);
-    ck_assert_msg(f, "cannot open fixture %s; regenerate with tools/gen_golden.py", name);
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    g->blob = malloc((size_t)size);
-    ck_assert(g->blob && fread(g->blob, 1, (size_t)size, f) == (size_t)size);
-    fclose(f);
+    char path[600];
+    size_t n = 0;
+    g->blob = fixture_read(name, "tools/gen_golden.py", &n, path, sizeof path);
+    const long size = (long)n;
     ck_assert_msg(size >= 16 && !memcmp(g->blob, "FSDPGOLD", 8), "%s: bad magic", name);
     int32_t version, count;
     memcpy(&version, g->blob + 8, 4);
@@ -136,111 +113,14 @@ static void *golden_get(const golden *g, const char *name, int kind, size_t nume
 
 /* ---- a one-rank rig driving the model through its interface -------------- */
 
-typedef struct rig {
-    fsdp_device dev;
-    fsdp_op_ctx ctx;
-    fsdp_model m;
-    void *state;
-    void **params; /* per unit, device memory in ctx.dt */
-    float **grads; /* per unit, fp32 */
-    int B, T;
-} rig;
-
-static void rig_init(rig *r, fsdp_backend be, const fsdp_gpt2_config *cfg, fsdp_dtype dt, int B,
-                     int T, bool training)
-{
-    memset(r, 0, sizeof *r);
-    r->B = B;
-    r->T = T;
-    ck_assert_int_eq(fsdp_device_init(&r->dev, be, NULL, 0, 0, 0), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_ops_init(&r->ctx, &r->dev, dt), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_gpt2_init(&r->m, cfg), FSDP_STATUS_OK);
-    r->params = calloc((size_t)r->m.n_units, sizeof *r->params);
-    r->grads = calloc((size_t)r->m.n_units, sizeof *r->grads);
-    for (int u = 0; u < r->m.n_units; u++) {
-        size_t n = r->m.units[u].numel;
-        ck_assert_int_eq(fsdp_device_alloc(&r->dev, n * fsdp_dtype_size(dt), FSDP_MEM_GATHER,
-                                           "test params", &r->params[u]),
-                         FSDP_STATUS_OK);
-        if (training)
-            ck_assert_int_eq(fsdp_device_alloc(&r->dev, n * sizeof(float), FSDP_MEM_GRAD,
-                                               "test grads", (void **)&r->grads[u]),
-                             FSDP_STATUS_OK);
-    }
-    ck_assert_int_eq(r->m.iface->state_init(&r->m, &r->ctx, B, T, training, &r->state),
-                     FSDP_STATUS_OK);
-}
-
-static void rig_free(rig *r)
-{
-    r->m.iface->state_free(&r->m, &r->ctx, r->state);
-    for (int u = 0; u < r->m.n_units; u++) {
-        fsdp_device_free(&r->dev, r->params[u]);
-        fsdp_device_free(&r->dev, r->grads[u]);
-    }
-    ck_assert_int_eq(r->dev.mem.in_use_bytes, 0);
-    ck_assert_int_eq(r->dev.host.in_use_bytes, 0);
-    free(r->params);
-    free(r->grads);
-    fsdp_model_free(&r->m);
-    fsdp_ops_fini(&r->ctx);
-    fsdp_device_fini(&r->dev);
-}
-
-static void rig_zero_grads(rig *r)
-{
-    for (int u = 0; u < r->m.n_units; u++)
-        ck_assert_int_eq(fsdp_device_memset(&r->dev, r->grads[u], 0,
-                                            r->m.units[u].numel * sizeof(float), NULL),
-                         FSDP_STATUS_OK);
-}
-
-/* One micro-step as the engine runs it; backward when `train`. */
-static float rig_step(rig *r, const int *tokens, const int *targets, bool train, float dloss)
-{
-    const struct fsdp_model_i *mi = r->m.iface;
-    size_t nb = (size_t)r->B * r->T * sizeof(int);
-    ck_assert_int_eq(fsdp_device_memcpy(&r->dev, mi->state_tokens(r->state), tokens, nb, NULL),
-                     FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_device_memcpy(&r->dev, mi->state_targets(r->state), targets, nb, NULL),
-                     FSDP_STATUS_OK);
-    float loss = -1.0f;
-    ck_assert_int_eq(mi->root_forward(&r->m, &r->ctx, r->state, r->params[0]), FSDP_STATUS_OK);
-    for (int u = 1; u < r->m.n_units; u++)
-        ck_assert_int_eq(mi->unit_forward(&r->m, &r->ctx, r->state, u, r->params[u]),
-                         FSDP_STATUS_OK);
-    ck_assert_int_eq(mi->head_forward_backward(&r->m, &r->ctx, r->state, r->params[0],
-                                               train ? r->grads[0] : NULL, dloss, &loss),
-                     FSDP_STATUS_OK);
-    if (!train)
-        return loss;
-    for (int u = r->m.n_units - 1; u >= 1; u--)
-        ck_assert_int_eq(mi->unit_backward(&r->m, &r->ctx, r->state, u, r->params[u],
-                                           r->grads[u]),
-                         FSDP_STATUS_OK);
-    ck_assert_int_eq(mi->root_backward(&r->m, &r->ctx, r->state, r->params[0], r->grads[0]),
-                     FSDP_STATUS_OK);
-    return loss;
-}
-
-/* Store fp32 values as parameter elements of the rig's dtype. */
-static void rig_put(rig *r, int unit, size_t offset, const float *src, size_t n)
-{
-    if (r->ctx.dt == FSDP_DTYPE_F32) {
-        memcpy((float *)r->params[unit] + offset, src, n * sizeof(float));
-    } else {
-        fsdp_bf16 *p = (fsdp_bf16 *)r->params[unit] + offset;
-        for (size_t i = 0; i < n; i++)
-            p[i] = fsdp_f32_to_bf16(src[i]);
-    }
-}
+/* The rig is model_rig.h's (rig_init_gpt2: it builds and holds the model). */
 
 /* Load the fixture's weights; wte's padding rows get a value that would
  * show up in the loss if padding columns leaked into it. */
 static void rig_load_golden(rig *r, const golden *g, int V)
 {
-    for (int u = 0; u < r->m.n_units; u++) {
-        const fsdp_unit_spec *us = &r->m.units[u];
+    for (int u = 0; u < r->m->n_units; u++) {
+        const fsdp_unit_spec *us = &r->m->units[u];
         for (int i = 0; i < us->n_params; i++) {
             const fsdp_param_spec *p = &us->params[i];
             char key[96];
@@ -310,19 +190,32 @@ static void golden_case_free(golden_case *gc)
     golden_free(&gc->g);
 }
 
+/* The golden case in `file` and a cpu rig in dt for its batch, holding
+ * the case's weights; free both with golden_rig_free. */
+static void golden_rig_init(golden_case *gc, rig *r, const char *file, fsdp_dtype dt)
+{
+    golden_case_load(gc, file);
+    rig_init_gpt2(r, FSDP_BACKEND_CPU, &gc->cfg, dt, gc->B, gc->T, true);
+    rig_load_golden(r, &gc->g, gc->cfg.vocab_size);
+}
+
+static void golden_rig_free(golden_case *gc, rig *r)
+{
+    rig_free(r);
+    golden_case_free(gc);
+}
+
 static void check_golden_forward_backward(const char *file)
 {
     golden_case gc;
-    golden_case_load(&gc, file);
+    rig r;
+    golden_rig_init(&gc, &r, file, FSDP_DTYPE_F32);
     const int V = gc.cfg.vocab_size, Vp = gc.cfg.padded_vocab_size;
     const size_t N = (size_t)gc.B * gc.T;
-    rig r;
-    rig_init(&r, FSDP_BACKEND_CPU, &gc.cfg, FSDP_DTYPE_F32, gc.B, gc.T, true);
-    rig_load_golden(&r, &gc.g, V);
 
     /* Forward only first: logits are valid then. */
     float loss = rig_step(&r, gc.tokens, gc.targets, false, 1.0f);
-    const float *logits = r.m.iface->state_logits(r.state);
+    const float *logits = r.m->iface->state_logits(r.state);
     float *want = golden_get(&gc.g, "logits", 0, N * V);
     float *got = malloc(N * V * sizeof *got);
     for (size_t i = 0; i < N; i++)
@@ -342,8 +235,8 @@ static void check_golden_forward_backward(const char *file)
     ck_assert_msg(loss2 == loss, "training loss %.9g != forward-only loss %.9g", loss2, loss);
     double worst = 0;
     const char *worst_name = "";
-    for (int u = 0; u < r.m.n_units; u++) {
-        const fsdp_unit_spec *us = &r.m.units[u];
+    for (int u = 0; u < r.m->n_units; u++) {
+        const fsdp_unit_spec *us = &r.m->units[u];
         for (int i = 0; i < us->n_params; i++) {
             const fsdp_param_spec *p = &us->params[i];
             char key[96];
@@ -365,8 +258,7 @@ static void check_golden_forward_backward(const char *file)
     }
     printf("%s: loss %.6f, worst gradient rel err %.2e (%s)\n", file, loss, worst, worst_name);
     free(want_loss);
-    rig_free(&r);
-    golden_case_free(&gc);
+    golden_rig_free(&gc, &r);
 }
 
 START_TEST(test_golden_tiny)
@@ -385,17 +277,10 @@ END_TEST
 static void check_golden_adamw(const char *file)
 {
     golden_case gc;
-    golden_case_load(&gc, file);
     rig r;
-    rig_init(&r, FSDP_BACKEND_CPU, &gc.cfg, FSDP_DTYPE_F32, gc.B, gc.T, true);
-    rig_load_golden(&r, &gc.g, gc.cfg.vocab_size);
+    golden_rig_init(&gc, &r, file, FSDP_DTYPE_F32);
     float *want = golden_get(&gc.g, "step_losses", 0, (size_t)gc.steps);
-    float **m = calloc((size_t)r.m.n_units, sizeof *m);
-    float **v = calloc((size_t)r.m.n_units, sizeof *v);
-    for (int u = 0; u < r.m.n_units; u++) {
-        m[u] = calloc(r.m.units[u].numel, sizeof(float));
-        v[u] = calloc(r.m.units[u].numel, sizeof(float));
-    }
+    float **m = units_alloc(r.m), **v = units_alloc(r.m); /* AdamW's moments */
     const float lr = gc.hp[0], b1 = gc.hp[1], b2 = gc.hp[2], eps = gc.hp[3], wd = gc.hp[4];
     for (int t = 1; t <= gc.steps; t++) {
         rig_zero_grads(&r);
@@ -405,8 +290,8 @@ static void check_golden_adamw(const char *file)
                rel);
         ck_assert_msg(rel <= 1e-4, "step %d: loss %.7f vs torch %.7f", t, loss, want[t - 1]);
         const float bc1 = 1.0f - powf(b1, (float)t), bc2 = 1.0f - powf(b2, (float)t);
-        for (int u = 0; u < r.m.n_units; u++) {
-            const fsdp_unit_spec *us = &r.m.units[u];
+        for (int u = 0; u < r.m->n_units; u++) {
+            const fsdp_unit_spec *us = &r.m->units[u];
             for (int i = 0; i < us->n_params; i++) {
                 const fsdp_param_spec *p = &us->params[i];
                 size_t o = p->offset;
@@ -417,15 +302,10 @@ static void check_golden_adamw(const char *file)
         }
     }
     ck_assert_msg(want[gc.steps - 1] < want[0] - 0.1f, "the golden loss should fall");
-    for (int u = 0; u < r.m.n_units; u++) {
-        free(m[u]);
-        free(v[u]);
-    }
-    free(m);
-    free(v);
+    units_free(r.m, m);
+    units_free(r.m, v);
     free(want);
-    rig_free(&r);
-    golden_case_free(&gc);
+    golden_rig_free(&gc, &r);
 }
 
 START_TEST(test_golden_adamw_steps)
@@ -440,28 +320,25 @@ END_TEST
 START_TEST(test_grad_accumulation_and_dloss)
 {
     golden_case gc;
-    golden_case_load(&gc, "gpt2_tiny_golden.bin");
     rig r;
-    rig_init(&r, FSDP_BACKEND_CPU, &gc.cfg, FSDP_DTYPE_F32, gc.B, gc.T, true);
-    rig_load_golden(&r, &gc.g, gc.cfg.vocab_size);
+    golden_rig_init(&gc, &r, "gpt2_tiny_golden.bin", FSDP_DTYPE_F32);
     rig_zero_grads(&r);
     rig_step(&r, gc.tokens, gc.targets, true, 1.0f);
-    float **full = calloc((size_t)r.m.n_units, sizeof *full);
-    for (int u = 0; u < r.m.n_units; u++) {
-        full[u] = malloc(r.m.units[u].numel * sizeof(float));
-        memcpy(full[u], r.grads[u], r.m.units[u].numel * sizeof(float));
+    float **full = calloc((size_t)r.m->n_units, sizeof *full);
+    for (int u = 0; u < r.m->n_units; u++) {
+        full[u] = malloc(r.m->units[u].numel * sizeof(float));
+        memcpy(full[u], r.grads[u], r.m->units[u].numel * sizeof(float));
     }
     rig_zero_grads(&r);
     rig_step(&r, gc.tokens, gc.targets, true, 0.5f);
     rig_step(&r, gc.tokens, gc.targets, true, 0.5f);
-    for (int u = 0; u < r.m.n_units; u++) {
-        double e = max_rel_err(r.grads[u], full[u], r.m.units[u].numel);
+    for (int u = 0; u < r.m->n_units; u++) {
+        double e = max_rel_err(r.grads[u], full[u], r.m->units[u].numel);
         ck_assert_msg(e <= 1e-6, "unit %d: accumulated gradient rel err %g", u, e);
         free(full[u]);
     }
     free(full);
-    rig_free(&r);
-    golden_case_free(&gc);
+    golden_rig_free(&gc, &r);
 }
 END_TEST
 
@@ -470,24 +347,21 @@ END_TEST
 START_TEST(test_golden_bf16_close)
 {
     golden_case gc;
-    golden_case_load(&gc, "gpt2_tiny_golden.bin");
     rig r;
-    rig_init(&r, FSDP_BACKEND_CPU, &gc.cfg, FSDP_DTYPE_BF16, gc.B, gc.T, true);
-    rig_load_golden(&r, &gc.g, gc.cfg.vocab_size);
+    golden_rig_init(&gc, &r, "gpt2_tiny_golden.bin", FSDP_DTYPE_BF16);
     rig_zero_grads(&r);
     float loss = rig_step(&r, gc.tokens, gc.targets, true, 1.0f);
     float *want_loss = golden_get(&gc.g, "loss", 0, 1);
     ck_assert_msg(fabsf(loss - *want_loss) <= 2e-2f * *want_loss, "bf16 loss %f vs %f", loss,
                   *want_loss);
-    const fsdp_param_spec *p = fsdp_model_find_param(&r.m, "h.1.mlp.c_fc.weight", NULL);
+    const fsdp_param_spec *p = fsdp_model_find_param(r.m, "h.1.mlp.c_fc.weight", NULL);
     float *wg = golden_get(&gc.g, "grad/h.1.mlp.c_fc.weight", 0, p->numel);
     double e = max_rel_err(r.grads[2] + p->offset, wg, p->numel);
     printf("bf16: loss %.4f (fp64 %.4f), c_fc grad rel err %.2e\n", loss, *want_loss, e);
     ck_assert_msg(e <= 0.1, "bf16 gradient rel err %g", e);
     free(wg);
     free(want_loss);
-    rig_free(&r);
-    golden_case_free(&gc);
+    golden_rig_free(&gc, &r);
 }
 END_TEST
 
@@ -560,9 +434,7 @@ END_TEST
 
 START_TEST(test_config_errors)
 {
-    const struct {
-        const char *spec, *frag;
-    } bad[] = {
+    static const text_case bad[] = {
         {"gpt3", "unknown model 'gpt3'"},
         {"", "no model given"},
         {"custom:layers=0", "layers=0 is out of range"},
@@ -587,15 +459,7 @@ START_TEST(test_config_errors)
         {"custom:heads=4,channels=32,heads=4", "'heads' is given twice"},
         {"mamba:layers=2", "unknown model"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        fsdp_model m;
-        fsdp_error_clear();
-        fsdp_status st = fsdp_model_from_spec(bad[i].spec, &m);
-        ck_assert_msg(st == FSDP_STATUS_INVALID_ARG, "'%s' was accepted", bad[i].spec);
-        ck_assert_msg(strstr(fsdp_error_msg(), bad[i].frag), "'%s': message '%s' lacks '%s'",
-                      bad[i].spec, fsdp_error_msg(), bad[i].frag);
-        ck_assert_ptr_null(m.units);
-    }
+    expect_specs_rejected(bad, FSDP_TEST_LEN(bad));
     fsdp_model m;
     ck_assert_int_eq(fsdp_model_from_spec(NULL, &m), FSDP_STATUS_INVALID_ARG);
 
@@ -765,8 +629,8 @@ START_TEST(test_forward_only_and_causal)
     golden_case_load(&gc, "gpt2_tiny_golden.bin");
     const int Vp = gc.cfg.padded_vocab_size, T = gc.T;
     rig tr, fw;
-    rig_init(&tr, FSDP_BACKEND_CPU, &gc.cfg, FSDP_DTYPE_F32, 1, T, true);
-    rig_init(&fw, FSDP_BACKEND_CPU, &gc.cfg, FSDP_DTYPE_F32, 1, T, false);
+    rig_init_gpt2(&tr, FSDP_BACKEND_CPU, &gc.cfg, FSDP_DTYPE_F32, 1, T, true);
+    rig_init_gpt2(&fw, FSDP_BACKEND_CPU, &gc.cfg, FSDP_DTYPE_F32, 1, T, false);
     ck_assert_uint_lt(fw.dev.mem.kind_bytes[FSDP_MEM_ACT], tr.dev.mem.kind_bytes[FSDP_MEM_ACT]);
     rig_load_golden(&tr, &gc.g, gc.cfg.vocab_size);
     rig_load_golden(&fw, &gc.g, gc.cfg.vocab_size);
@@ -775,8 +639,8 @@ START_TEST(test_forward_only_and_causal)
     ck_assert(l1 == l2);
     size_t bytes = (size_t)T * Vp * sizeof(float);
     float *a = malloc(bytes);
-    memcpy(a, tr.m.iface->state_logits(tr.state), bytes);
-    ck_assert(!memcmp(a, fw.m.iface->state_logits(fw.state), bytes));
+    memcpy(a, tr.m->iface->state_logits(tr.state), bytes);
+    ck_assert(!memcmp(a, fw.m->iface->state_logits(fw.state), bytes));
 
     /* change the tokens after position k: logits up to k stay bit-identical */
     const int k = T / 2;
@@ -785,20 +649,20 @@ START_TEST(test_forward_only_and_causal)
     for (int t = k + 1; t < T; t++)
         tok[t] = (tok[t] + 17) % gc.cfg.vocab_size;
     rig_step(&fw, tok, gc.targets, false, 1.0f);
-    const float *b = fw.m.iface->state_logits(fw.state);
+    const float *b = fw.m->iface->state_logits(fw.state);
     ck_assert(!memcmp(a, b, (size_t)(k + 1) * Vp * sizeof(float)));
     ck_assert(memcmp(a + (size_t)(k + 1) * Vp, b + (size_t)(k + 1) * Vp,
                      (size_t)(T - k - 1) * Vp * sizeof(float)) != 0);
 
     /* backward on a forward-only state is a clear error */
     fsdp_error_clear();
-    ck_assert_int_eq(fw.m.iface->unit_backward(&fw.m, &fw.ctx, fw.state, 1, fw.params[1], NULL),
+    ck_assert_int_eq(fw.m->iface->unit_backward(fw.m, &fw.ctx, fw.state, 1, fw.params[1], NULL),
                      FSDP_STATUS_INVALID_ARG);
     ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "training"));
-    ck_assert_int_eq(fw.m.iface->unit_forward(&fw.m, &fw.ctx, fw.state, 0, fw.params[0]),
+    ck_assert_int_eq(fw.m->iface->unit_forward(fw.m, &fw.ctx, fw.state, 0, fw.params[0]),
                      FSDP_STATUS_INVALID_ARG);
     void *st = NULL;
-    ck_assert_int_eq(fw.m.iface->state_init(&fw.m, &fw.ctx, 1, gc.cfg.max_seq_len + 1, false, &st),
+    ck_assert_int_eq(fw.m->iface->state_init(fw.m, &fw.ctx, 1, gc.cfg.max_seq_len + 1, false, &st),
                      FSDP_STATUS_INVALID_ARG);
     ck_assert_ptr_null(st);
     free(tok);
@@ -834,7 +698,7 @@ START_TEST(test_meta_gpt2_124m_step)
     parse_spec("gpt2", &c);
     const int B = 1, T = 64;
     rig r;
-    rig_init(&r, FSDP_BACKEND_META, &c, FSDP_DTYPE_BF16, B, T, true);
+    rig_init_gpt2(&r, FSDP_BACKEND_META, &c, FSDP_DTYPE_BF16, B, T, true);
     ck_assert_uint_eq(r.dev.mem.kind_bytes[FSDP_MEM_ACT],
                       expected_act_bytes(&c, B, T, FSDP_DTYPE_BF16, true));
     ck_assert_uint_eq(r.dev.mem.kind_bytes[FSDP_MEM_GATHER], 124475904u * 2);
@@ -855,8 +719,8 @@ START_TEST(test_meta_accounting_equals_cpu)
         for (int training = 0; training < 2; training++) {
             fsdp_dtype dt = dti ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
             rig cpu, meta;
-            rig_init(&cpu, FSDP_BACKEND_CPU, &c, dt, 2, 32, training);
-            rig_init(&meta, FSDP_BACKEND_META, &c, dt, 2, 32, training);
+            rig_init_gpt2(&cpu, FSDP_BACKEND_CPU, &c, dt, 2, 32, training);
+            rig_init_gpt2(&meta, FSDP_BACKEND_META, &c, dt, 2, 32, training);
             ck_assert_uint_eq(cpu.dev.mem.kind_bytes[FSDP_MEM_ACT],
                               meta.dev.mem.kind_bytes[FSDP_MEM_ACT]);
             ck_assert_uint_eq(cpu.dev.mem.kind_bytes[FSDP_MEM_ACT],

@@ -38,27 +38,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "case_util.h"
 #include "coll_sweep.h"
 #include "comm/cuda_comm.h"
 #include "comm/procs.h"
 #include "comm/transport.h"
 #include "core/world.h"
 #include "device/device.h"
+#include "file_util.h"
+#include "mpirun_util.h"
 #include "testutil.h"
-
-#ifndef FSDP_MPIRUN
-#define FSDP_MPIRUN "" /* the Makefile passes the mpirun it found */
-#endif
 
 static const size_t sweep_sizes[] = {1, 7, 2049, 30001};
 static const int n_sweep_sizes = (int)FSDP_TEST_LEN(sweep_sizes);
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- one process of a job under mpirun --------------------------------------- */
 
@@ -179,25 +171,6 @@ static int worker_main(const char *mode, int n_local)
 
 /* ---- launching jobs ------------------------------------------------------------ */
 
-/* Why the mpirun tests cannot run here, or NULL. */
-static const char *mpirun_skip_reason(void)
-{
-    if (!fsdp_procs_mpi_built)
-        return "built without MPI (MPI=0 or no Open MPI found)";
-    if (!*FSDP_MPIRUN)
-        return "no mpirun found at build time";
-    return NULL;
-}
-
-#define SKIP_UNLESS_MPIRUN()                                       \
-    do {                                                           \
-        const char *why_ = mpirun_skip_reason();                   \
-        if (why_) {                                                \
-            printf("SKIP: %s: %s\n", __func__, why_);              \
-            return;                                                \
-        }                                                          \
-    } while (0)
-
 /* Run `mpirun -np P <this binary> --worker mode L` (env before it), at
  * most limit_s seconds; output in out. Returns the exit code (124: timed
  * out); *secs how long it ran. */
@@ -208,42 +181,10 @@ static int mpirun(char *out, size_t cap, int P, const char *mode, int L, const c
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     ck_assert_int_gt(n, 0);
     self[n] = '\0';
-    const char *san = FSDP_TEST_ASAN   ? "-x ASAN_OPTIONS=detect_leaks=0"
-                      : FSDP_TEST_TSAN ? "-x TSAN_OPTIONS=halt_on_error=1 --mca btl self,vader"
-                                       : "";
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd,
-             "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 %s timeout -k 5 %d %s "
-             "--oversubscribe --bind-to none %s -np %d %s --worker %s %d 2>&1",
-             env ? env : "", limit_s, FSDP_MPIRUN, san, P, self, mode, L);
-    double t0 = now_s();
-    FILE *f = popen(cmd, "r");
-    ck_assert_ptr_nonnull(f);
-    size_t len = fread(out, 1, cap - 1, f);
-    out[len] = '\0';
-    char drop[4096];
-    while (fread(drop, 1, sizeof drop, f) > 0)
-        ;
-    int rc = pclose(f);
-    *secs = now_s() - t0;
-    ck_assert_msg(!strstr(out, "Sanitizer"), "a sanitizer spoke in the job:\n%s", out);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
-}
-
-/* The host transport's digests for N ranks in one process. */
-static fsdp_status host_rank(fsdp_world *w, int rank, void *arg)
-{
-    struct worker *k = arg;
-    fsdp_device dev;
-    fsdp_comm c;
-    FSDP_TRY(fsdp_device_init(&dev, FSDP_BACKEND_CPU, w, rank, rank, 0));
-    fsdp_status st = fsdp_comm_host_init(&c, w, &dev, rank);
-    if (st == FSDP_STATUS_OK) {
-        st = coll_sweep_rank(&c, sweep_sizes, n_sweep_sizes, &k->digest[rank]);
-        fsdp_comm_fini(&c);
-    }
-    fsdp_device_fini(&dev);
-    return st;
+    char mpi[512], cmd[8192];
+    pathf(cmd, sizeof cmd, MPIRUN_ENV " %s timeout -k 5 %d %s -np %d %s --worker %s %d 2>&1",
+          env ? env : "", limit_s, mpirun_cmd(mpi, sizeof mpi), P, self, mode, L);
+    return run_captured(cmd, out, cap, secs);
 }
 
 static void sweep_job(int P, int L)
@@ -258,14 +199,12 @@ static void sweep_job(int P, int L)
     int rc = mpirun(out, sizeof out, P, "sweep", L, NULL, 60, &secs);
     ck_assert_msg(rc == 0, "mpirun -np %d, %d rank(s) each: exit %d after %.1f s:\n%s", P, L, rc,
                   secs, out);
-    struct worker h = {.mode = "sweep"};
-    fsdp_world *w;
-    ck_assert_int_eq(fsdp_world_init(&w, P * L), FSDP_STATUS_OK);
-    ck_assert_msg(fsdp_world_launch(w, host_rank, &h) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
-    fsdp_world_free(w);
+    uint64_t host[FSDP_MAX_RANKS] = {0};
+    ck_assert_msg(coll_sweep_host_digests(P * L, sweep_sizes, n_sweep_sizes, host) ==
+                      FSDP_STATUS_OK, "%s", fsdp_error_msg());
     for (int r = 0; r < P * L; r++) {
         char want[64];
-        snprintf(want, sizeof want, "digest %d %016llx\n", r, (unsigned long long)h.digest[r]);
+        snprintf(want, sizeof want, "digest %d %016llx\n", r, (unsigned long long)host[r]);
         ck_assert_msg(strstr(out, want), "%d x %d: rank %d's outputs differ from the host "
                       "transport's with %d ranks in one process (want '%.*s'):\n%s", P, L, r,
                       P * L, (int)strlen(want) - 1, want, out);
@@ -280,13 +219,22 @@ END_TEST
 START_TEST(test_mpirun_4x1_matches_1x4) { sweep_job(4, 1); }
 END_TEST
 
+/* A job of 2 processes x L ranks running worker `mode` (env before it)
+ * that must fail by itself, not be ended by the 60 s limit. Its output
+ * (a static buffer); *secs how long it ran. */
+static const char *failing_job(const char *mode, int L, const char *env, double *secs)
+{
+    static char out[1 << 16];
+    int rc = mpirun(out, sizeof out, 2, mode, L, env, 60, secs);
+    ck_assert_msg(rc != 0 && rc != 124, "%s job: exit %d after %.1f s:\n%s", mode, rc, *secs, out);
+    return out;
+}
+
 START_TEST(test_mpirun_rank_failure_ends_job)
 {
     SKIP_UNLESS_MPIRUN();
-    static char out[1 << 16];
     double secs;
-    int rc = mpirun(out, sizeof out, 2, "fail", 2, NULL, 60, &secs);
-    ck_assert_msg(rc != 0 && rc != 124, "exit %d after %.1f s:\n%s", rc, secs, out);
+    const char *out = failing_job("fail", 2, NULL, &secs);
     char host[FSDP_HOST_MAX];
     gethostname(host, sizeof host);
     char want[256];
@@ -301,10 +249,8 @@ END_TEST
 START_TEST(test_mpirun_killed_process_ends_job)
 {
     SKIP_UNLESS_MPIRUN();
-    static char out[1 << 16];
     double secs;
-    int rc = mpirun(out, sizeof out, 2, "kill", 2, NULL, 60, &secs);
-    ck_assert_msg(rc != 0 && rc != 124, "exit %d after %.1f s:\n%s", rc, secs, out);
+    const char *out = failing_job("kill", 2, NULL, &secs);
     ck_assert_msg(strstr(out, "signal 9"), "%s", out);
     /* process 1 dies after ~20 collectives of 20 ms */
     ck_assert_msg(secs < 12, "process 0 outlived process 1 by too much: %.1f s:\n%s", secs, out);
@@ -314,10 +260,8 @@ END_TEST
 START_TEST(test_mpirun_watchdog_ends_stuck_process)
 {
     SKIP_UNLESS_MPIRUN();
-    static char out[1 << 16];
     double secs;
-    int rc = mpirun(out, sizeof out, 2, "stuck", 2, "FSDP_ABORT_GRACE=1", 60, &secs);
-    ck_assert_msg(rc != 0 && rc != 124, "exit %d after %.1f s:\n%s", rc, secs, out);
+    const char *out = failing_job("stuck", 2, "FSDP_ABORT_GRACE=1", &secs);
     ck_assert_msg(strstr(out, "injected failure in collective 3") &&
                       strstr(out, "did not end within 1 s"), "%s", out);
     ck_assert_msg(secs < 15, "the job took %.1f s (rank 2 sleeps 60 s):\n%s", secs, out);
@@ -327,10 +271,8 @@ END_TEST
 START_TEST(test_mpirun_processes_agree_on_devices)
 {
     SKIP_UNLESS_MPIRUN();
-    static char out[1 << 16];
     double secs;
-    int rc = mpirun(out, sizeof out, 2, "devices", 1, NULL, 60, &secs);
-    ck_assert_msg(rc != 0 && rc != 124, "exit %d:\n%s", rc, out);
+    const char *out = failing_job("devices", 1, NULL, &secs);
     ck_assert_msg(strstr(out, "give every process the same --devices"), "%s", out);
 }
 END_TEST
@@ -427,17 +369,6 @@ static double dir_job(struct dir_case *dc, char results[][FSDP_ERROR_MSG_MAX + 3
     return now_s() - t0;
 }
 
-static int dir_entries(const char *dir)
-{
-    char cmd[4200], out[64];
-    snprintf(cmd, sizeof cmd, "ls -A '%s' | wc -l", dir);
-    FILE *f = popen(cmd, "r");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_ptr_nonnull(fgets(out, sizeof out, f));
-    pclose(f);
-    return atoi(out);
-}
-
 START_TEST(test_dir_job_exchanges_and_leaves_dir_empty)
 {
     struct dir_case dc = {.P = 3, .n_local = 2, .fail_rank = -1, .kill_proc = -1};
@@ -445,7 +376,7 @@ START_TEST(test_dir_job_exchanges_and_leaves_dir_empty)
     dir_job(&dc, results);
     for (int p = 0; p < 3; p++)
         ck_assert_msg(results[p][0] == '0', "process %d: %s", p, results[p]);
-    ck_assert_int_eq(dir_entries(dc.dir), 0);
+    ck_assert_int_eq(count_entries(dc.dir), 0);
 }
 END_TEST
 
@@ -555,9 +486,7 @@ START_TEST(test_settings_from_the_environment)
     self[n] = '\0';
     fsdp_test_path(dir, sizeof dir, "envdir");
     ck_assert_int_eq(mkdir(dir, 0755), 0);
-    struct {
-        const char *env, *want;
-    } cases[] = {
+    static const text_case cases[] = {
         {"", "single 0/1 timeout 600 grace 10"},
         {"FSDP_PEER_TIMEOUT=5 FSDP_ABORT_GRACE=2.5", "single 0/1 timeout 5 grace 2.5"},
         {"FSDP_RDV_DIR=%s FSDP_PROCESS=0 FSDP_N_PROCESSES=1", "dir 0/1 timeout 600"},
@@ -568,7 +497,7 @@ START_TEST(test_settings_from_the_environment)
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {
         char env[4400], cmd[9000];
-        snprintf(env, sizeof env, cases[i].env, dir);
+        snprintf(env, sizeof env, cases[i].in, dir);
         snprintf(cmd, sizeof cmd, "env -u OMPI_COMM_WORLD_SIZE -u PMI_SIZE -u PMIX_RANK "
                  "-u FSDP_RDV_DIR -u FSDP_PROCESS -u FSDP_N_PROCESSES -u FSDP_PEER_TIMEOUT "
                  "-u FSDP_ABORT_GRACE %s %s --env 2>&1", env, self);
@@ -580,7 +509,7 @@ START_TEST(test_settings_from_the_environment)
         ck_assert_msg(strstr(out, cases[i].want), "%s: got '%s', want '%s'", env, out,
                       cases[i].want);
     }
-    ck_assert_int_eq(dir_entries(dir), 0); /* the job of one left its directory empty */
+    ck_assert_int_eq(count_entries(dir), 0); /* the job of one left its directory empty */
 }
 END_TEST
 

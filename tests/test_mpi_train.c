@@ -38,11 +38,8 @@
 #include "core/rng.h"
 #include "fsdp/norm_cover.h"
 #include "models/registry.h"
+#include "mpirun_util.h"
 #include "testutil.h"
-
-#ifndef FSDP_MPIRUN
-#define FSDP_MPIRUN "" /* the Makefile passes the mpirun it found */
-#endif
 
 /* The model and data of every run: the tiny GPT on the synthetic task,
  * 3 steps, global batch 16 (4 devices x batch 2 x accumulation 2). */
@@ -50,31 +47,6 @@
 
 /* The fsdp binary by its absolute path: jobs run in their own directories. */
 static char fsdp_bin[4096];
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static const char *mpirun_skip_reason(void)
-{
-    if (!fsdp_procs_mpi_built)
-        return "built without MPI (MPI=0 or no Open MPI found)";
-    if (!*FSDP_MPIRUN)
-        return "no mpirun found at build time";
-    return NULL;
-}
-
-#define SKIP_UNLESS_MPIRUN()                                       \
-    do {                                                           \
-        const char *why_ = mpirun_skip_reason();                   \
-        if (why_) {                                                \
-            printf("SKIP: %s: %s\n", __func__, why_);              \
-            return;                                                \
-        }                                                          \
-    } while (0)
 
 /* Run a shell command line (printf-style) for at most limit_s seconds;
  * its output in out. Returns the exit code (124: timed out); *secs how
@@ -88,30 +60,15 @@ static int shell(char *out, size_t cap, int limit_s, double *secs, const char *f
     va_end(ap);
     ck_assert(n > 0 && (size_t)n < sizeof line);
     snprintf(cmd, sizeof cmd, "timeout -k 5 %d sh -c '%s' 2>&1", limit_s, line);
-    double t0 = now_s();
-    FILE *f = popen(cmd, "r");
-    ck_assert_ptr_nonnull(f);
-    size_t len = fread(out, 1, cap - 1, f);
-    out[len] = '\0';
-    char drop[4096];
-    while (fread(drop, 1, sizeof drop, f) > 0)
-        ;
-    int rc = pclose(f);
-    if (secs)
-        *secs = now_s() - t0;
-    ck_assert_msg(!strstr(out, "Sanitizer"), "a sanitizer spoke:\n%s", out);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+    return run_captured(cmd, out, cap, secs);
 }
 
 /* The mpirun in front of `fsdp`: loopback on one machine, and the
  * sanitizer allowances (test_mpi_procs.c says why). */
 static const char *mpirun_prefix(char *buf, size_t n)
 {
-    const char *san = FSDP_TEST_ASAN   ? "-x ASAN_OPTIONS=detect_leaks=0"
-                      : FSDP_TEST_TSAN ? "-x TSAN_OPTIONS=halt_on_error=1 --mca btl self,vader"
-                                       : "";
-    snprintf(buf, n, "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 %s "
-             "--oversubscribe --bind-to none %s", FSDP_MPIRUN, san);
+    char mpi[480];
+    snprintf(buf, n, MPIRUN_ENV " %s", mpirun_cmd(mpi, sizeof mpi));
     return buf;
 }
 
@@ -122,6 +79,20 @@ static int train_job(char *out, size_t cap, const char *dir, int P, double *secs
     char pre[512];
     return shell(out, cap, 120, secs, "cd %s && %s -np %d %s train %s", dir,
                  mpirun_prefix(pre, sizeof pre), P, fsdp_bin, args);
+}
+
+/* train_job that must succeed; its output (a static buffer), *secs (if
+ * not NULL) how long it ran. */
+static const char *train_job_ok(const char *dir, int P, double *secs, const char *args)
+{
+    static char out[1 << 16];
+    double s;
+    int rc = train_job(out, sizeof out, dir, P, &s, args);
+    ck_assert_msg(rc == 0, "mpirun -np %d fsdp train %s: exit %d after %.1f s:\n%s", P, args, rc,
+                  s, out);
+    if (secs)
+        *secs = s;
+    return out;
 }
 
 /* `fsdp train ARGS` in one process, in dir; asserts it succeeds. */
@@ -203,7 +174,6 @@ START_TEST(test_2x2_equals_1x4)
 {
     SKIP_UNLESS_MPIRUN();
     const struct strategy *s = &strategies[_i];
-    static char out[1 << 16];
     char ref[4096], job[4096], args[1024];
     run_dir(ref, sizeof ref, "ref");
     run_dir(job, sizeof job, "job");
@@ -214,8 +184,7 @@ START_TEST(test_2x2_equals_1x4)
     snprintf(args, sizeof args, "%s --devices 2 %s --log m.jsonl --ckpt-dir ck", RUN_ARGS,
              s->args);
     double secs;
-    int rc = train_job(out, sizeof out, job, 2, &secs, args);
-    ck_assert_msg(rc == 0, "%s: mpirun -np 2: exit %d after %.1f s:\n%s", s->name, rc, secs, out);
+    const char *out = train_job_ok(job, 2, &secs, args);
     assert_same_run(ref, job, s->name);
     /* one process printed: one header, one line per step */
     const char *first = strstr(out, "step     1/3");
@@ -244,9 +213,8 @@ START_TEST(test_checkpoint_2x2_resumes_on_1x3_and_3x1)
     snprintf(args, sizeof args, "%s --devices 4 --grad-accum 3 --steps 2", common);
     train_here(ref, args);
     snprintf(args, sizeof args, "%s --devices 2 --grad-accum 3 --steps 2", common);
-    int rc = train_job(out, sizeof out, a, 2, NULL, args);
-    ck_assert_msg(rc == 0, "mpirun 2 x 2: exit %d:\n%s", rc, out);
-    rc = shell(out, sizeof out, 30, NULL, "cp -r %s %s", a, b);
+    train_job_ok(a, 2, NULL, args);
+    int rc = shell(out, sizeof out, 30, NULL, "cp -r %s %s", a, b);
     ck_assert_int_eq(rc, 0);
     /* every rank's file, one manifest */
     char path[4200];
@@ -259,9 +227,9 @@ START_TEST(test_checkpoint_2x2_resumes_on_1x3_and_3x1)
     train_here(a, args);
     assert_same_run(ref, a, "2 x 2 resumed on 1 x 3");
     snprintf(args, sizeof args, "%s --devices 1 --grad-accum 4 --steps 4 --resume", common);
-    rc = train_job(out, sizeof out, b, 3, NULL, args);
-    ck_assert_msg(rc == 0 && strstr(out, "resuming from ck/step_00000002"),
-                  "mpirun 3 x 1 --resume: exit %d:\n%s", rc, out);
+    const char *resumed = train_job_ok(b, 3, NULL, args);
+    ck_assert_msg(strstr(resumed, "resuming from ck/step_00000002"), "mpirun 3 x 1 --resume:\n%s",
+                  resumed);
     assert_same_run(ref, b, "2 x 2 resumed on 3 x 1");
 }
 END_TEST
@@ -270,7 +238,6 @@ END_TEST
 START_TEST(test_hybrid_checkpoint_resumes_full)
 {
     SKIP_UNLESS_MPIRUN();
-    static char out[1 << 16];
     char ref[4096], a[4096];
     run_dir(ref, sizeof ref, "ref");
     run_dir(a, sizeof a, "a");
@@ -280,8 +247,7 @@ START_TEST(test_hybrid_checkpoint_resumes_full)
     snprintf(args, sizeof args, "%s --devices 4 --steps 2", common);
     train_here(ref, args);
     snprintf(args, sizeof args, "%s --devices 2 --shard hybrid --steps 2", common);
-    int rc = train_job(out, sizeof out, a, 2, NULL, args);
-    ck_assert_msg(rc == 0, "mpirun 2 x 2 hybrid: exit %d:\n%s", rc, out);
+    train_job_ok(a, 2, NULL, args);
     char path[4200];
     snprintf(path, sizeof path, "%s/ck/step_00000002/manifest", a);
     char *man = fsdp_test_read_file(path, NULL);
@@ -426,13 +392,11 @@ END_TEST
  * nodes equal to the bytes the job moved between processes. */
 static void inter_bytes_match_plan(const char *shard)
 {
-    static char out[1 << 16];
     char dir[4096], args[1024];
     run_dir(dir, sizeof dir, "inter");
     snprintf(args, sizeof args, "%s --devices 2 --shard %s --log m.jsonl --trace t.json",
              RUN_ARGS, shard);
-    int rc = train_job(out, sizeof out, dir, 2, NULL, args);
-    ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+    train_job_ok(dir, 2, NULL, args);
     char path[4200];
     snprintf(path, sizeof path, "%s/m.jsonl", dir);
     char *log = fsdp_test_read_file(path, NULL);
@@ -463,7 +427,7 @@ static void inter_bytes_match_plan(const char *shard)
     snprintf(args, sizeof args, "plan --model tiny --seq 16 --batch 2 --devices 2 --nodes 2 "
              "--shard %s --steps 3 --json", shard);
     static char plan[1 << 17];
-    rc = fsdp_test_cli(plan, sizeof plan, "%s", args);
+    int rc = fsdp_test_cli(plan, sizeof plan, "%s", args);
     ck_assert_msg(rc == 0, "fsdp %s: exit %d:\n%s", args, rc, plan);
     for (int q = 0; q < 2; q++) {
         char want[64];

@@ -19,72 +19,15 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #include "ops/cpu/optim_kernels.h"
+#include "ops_util.h"
 #include "testutil.h"
 
 /* ---- fixtures and helpers ------------------------------------------------ */
 
-typedef struct env {
-    fsdp_device dev;
-    fsdp_op_ctx ctx;
-} env;
-
-static void env_init(env *e, fsdp_dtype dt)
-{
-    ck_assert_int_eq(fsdp_device_init(&e->dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_ops_init(&e->ctx, &e->dev, dt), FSDP_STATUS_OK);
-    ck_assert_ptr_eq(e->ctx.iface, &fsdp_ops_cpu_i);
-}
-
-static void env_fini(env *e)
-{
-    fsdp_ops_fini(&e->ctx);
-    ck_assert_ptr_null(e->ctx.backend); /* scratch released */
-    fsdp_device_fini(&e->dev);
-}
-
-static float *fbuf(size_t n)
-{
-    float *p = calloc(n ? n : 1, sizeof(float));
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
-
-/* Uniform in [-scale, scale), keyed by seed: reproducible test data. */
+/* This suite's test data: uniform in [-scale, scale), keyed by seed. */
 static float *frand(size_t n, uint64_t seed, float scale)
 {
-    float *p = fbuf(n);
-    for (size_t i = 0; i < n; i++)
-        p[i] = scale * (2.0f * fsdp_rng_uniform(seed, 7, i) - 1.0f);
-    return p;
-}
-
-/* Round an fp32 array to bf16 in place (so bf16 and fp32 runs see the same
- * values), and return its bf16 copy. */
-static fsdp_bf16 *to_bf16(float *x, size_t n)
-{
-    fsdp_bf16 *h = calloc(n ? n : 1, sizeof *h);
-    ck_assert_ptr_nonnull(h);
-    for (size_t i = 0; i < n; i++) {
-        h[i] = fsdp_f32_to_bf16(x[i]);
-        x[i] = fsdp_bf16_to_f32(h[i]);
-    }
-    return h;
-}
-
-static float *from_bf16(const fsdp_bf16 *h, size_t n)
-{
-    float *x = fbuf(n);
-    for (size_t i = 0; i < n; i++)
-        x[i] = fsdp_bf16_to_f32(h[i]);
-    return x;
-}
-
-static double dot_d(const float *a, const float *b, size_t n)
-{
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)a[i] * b[i];
-    return s;
+    return frand_stream(n, seed, 7, scale);
 }
 
 static double max_abs(const float *a, size_t n)
@@ -119,35 +62,12 @@ static void assert_close_scaled(const char *what, const float *got, const float 
                       scale);
 }
 
-/* Finite differences. A loss function recomputes the forward from the
- * current inputs and returns L = sum(out * R) in double. */
-typedef double (*loss_fn)(void *st);
-
 /* Check g = dL/dx at n_checks coordinates spread over x by central
- * differences with step eps: |num - ana| / max(|num|, |ana|, floor) < 1e-2. */
+ * differences with step eps (ops_util.h). */
 static void fd_check(const char *what, loss_fn loss, void *st, float *x, const float *g, size_t n,
                      int n_checks, float eps)
 {
-    const double floor_ = 0.02;
-    for (int k = 0; k < n_checks; k++) {
-        size_t i = (size_t)(((uint64_t)k * 2654435761u + 11) % n);
-        if (k == 0)
-            i = 0;
-        if (k == 1)
-            i = n - 1;
-        float x0 = x[i];
-        float xp = x0 + eps, xm = x0 - eps;
-        x[i] = xp;
-        double lp = loss(st);
-        x[i] = xm;
-        double lm = loss(st);
-        x[i] = x0;
-        double num = (lp - lm) / ((double)xp - (double)xm);
-        double ana = g[i];
-        double err = fabs(num - ana) / fmax(fmax(fabs(num), fabs(ana)), floor_);
-        ck_assert_msg(err < 1e-2, "%s[%zu]: analytic %.7g, finite difference %.7g (rel err %.3g)",
-                      what, i, ana, num, err);
-    }
+    fd_check_spread(what, loss, st, x, g, n, n_checks, eps, 11);
 }
 
 /* ---- matmul --------------------------------------------------------------- */
@@ -438,6 +358,7 @@ END_TEST
 typedef struct att_case {
     env e;
     int B, T, C, NH;
+    size_t nq, no, na; /* elements of qkv, out (and R), att */
     float *qkv, *out, *att, *R;
 } att_case;
 
@@ -445,10 +366,13 @@ static void att_setup(att_case *a, fsdp_dtype dt, int B, int T, int C, int NH, u
 {
     env_init(&a->e, dt);
     a->B = B, a->T = T, a->C = C, a->NH = NH;
-    a->qkv = frand((size_t)B * T * 3 * C, seed, 1.0f);
-    a->out = fbuf((size_t)B * T * C);
-    a->att = fbuf((size_t)B * NH * T * T);
-    a->R = frand((size_t)B * T * C, seed + 1, 1.0f);
+    a->nq = (size_t)B * T * 3 * C;
+    a->no = (size_t)B * T * C;
+    a->na = (size_t)B * NH * T * T;
+    a->qkv = frand(a->nq, seed, 1.0f);
+    a->out = fbuf(a->no);
+    a->att = fbuf(a->na);
+    a->R = frand(a->no, seed + 1, 1.0f);
 }
 
 static void att_teardown(att_case *a)
@@ -461,7 +385,7 @@ static double att_loss(void *st)
 {
     att_case *a = st;
     FSDP_OP(&a->e.ctx, attention_fwd, a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH);
-    return dot_d(a->out, a->R, (size_t)a->B * a->T * a->C);
+    return dot_d(a->out, a->R, a->no);
 }
 
 /* Per-element attention in double: out (B,T,C), att (B,NH,T,T). */
@@ -532,7 +456,7 @@ START_TEST(test_attention_grad_fd)
 {
     att_case a;
     att_setup(&a, FSDP_DTYPE_F32, 2, 5, 8, 2, 900);
-    size_t nq = (size_t)a.B * a.T * 3 * a.C;
+    const size_t nq = a.nq;
     float *dqkv = fbuf(nq), *datt = fbuf((size_t)a.B * a.NH * a.T * a.T);
     att_loss(&a);
     FSDP_OP(&a.e.ctx, attention_bwd, dqkv, datt, a.R, a.qkv, a.att, a.B, a.T, a.C, a.NH);
@@ -594,8 +518,7 @@ START_TEST(test_attention_bf16_close_to_fp32)
     att_case a, h;
     att_setup(&a, FSDP_DTYPE_F32, 2, 8, 16, 4, 1100);
     att_setup(&h, FSDP_DTYPE_BF16, 2, 8, 16, 4, 1100);
-    size_t nq = (size_t)a.B * a.T * 3 * a.C, no = (size_t)a.B * a.T * a.C;
-    size_t na = (size_t)a.B * a.NH * a.T * a.T;
+    const size_t nq = a.nq, no = a.no, na = a.na;
     fsdp_bf16 *q16 = to_bf16(a.qkv, nq);
     fsdp_bf16 *o16 = calloc(no, sizeof *o16), *a16 = calloc(na, sizeof *a16);
     att_loss(&a);
@@ -919,7 +842,7 @@ START_TEST(test_backward_accumulates)
     att_case a;
     att_setup(&a, FSDP_DTYPE_F32, 1, 6, 8, 2, 1900);
     att_loss(&a);
-    size_t nq = (size_t)a.B * a.T * 3 * a.C;
+    const size_t nq = a.nq;
     float *q1 = fbuf(nq), *q2 = fbuf(nq), *datt = fbuf((size_t)a.B * a.NH * a.T * a.T);
     FSDP_OP(&a.e.ctx, attention_bwd, q1, datt, a.R, a.qkv, a.att, a.B, a.T, a.C, a.NH);
     for (int r = 0; r < 2; r++)
@@ -958,8 +881,7 @@ START_TEST(test_deterministic_across_call_history)
     att_case a, b;
     att_setup(&a, FSDP_DTYPE_BF16, 2, 6, 8, 2, 2100);
     att_setup(&b, FSDP_DTYPE_BF16, 2, 6, 8, 2, 2100);
-    size_t nq = (size_t)a.B * a.T * 3 * a.C, no = (size_t)a.B * a.T * a.C;
-    size_t na = (size_t)a.B * a.NH * a.T * a.T;
+    const size_t nq = a.nq, no = a.no, na = a.na;
     fsdp_bf16 *q16 = to_bf16(a.qkv, nq);
     fsdp_bf16 *o1 = calloc(no, 2), *o2 = calloc(no, 2), *a1 = calloc(na, 2), *a2 = calloc(na, 2);
     float *d1 = fbuf(nq), *d2 = fbuf(nq), *datt = fbuf(na);

@@ -22,73 +22,19 @@
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "core/world.h"
+#include "fixture_util.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #include "ops/rope_table.h"
+#include "ops_util.h"
 #include "testutil.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
 
-typedef struct env {
-    fsdp_device dev;
-    fsdp_op_ctx ctx;
-} env;
-
-static void env_init(env *e, fsdp_dtype dt)
-{
-    ck_assert_int_eq(fsdp_device_init(&e->dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_ops_init(&e->ctx, &e->dev, dt), FSDP_STATUS_OK);
-}
-
-static void env_fini(env *e)
-{
-    ck_assert_int_eq(fsdp_cpu_ops_sync_error(&e->ctx), FSDP_STATUS_OK);
-    fsdp_ops_fini(&e->ctx);
-    fsdp_device_fini(&e->dev);
-}
-
-static float *fbuf(size_t n)
-{
-    float *p = calloc(n ? n : 1, sizeof(float));
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
-
-static float *fcopy(const float *x, size_t n)
-{
-    float *p = fbuf(n);
-    memcpy(p, x, n * sizeof *p);
-    return p;
-}
-
-/* Uniform in [-scale, scale), keyed by seed. */
+/* This suite's test data: uniform in [-scale, scale), keyed by seed. */
 static float *frand(size_t n, uint64_t seed, float scale)
 {
-    float *p = fbuf(n);
-    for (size_t i = 0; i < n; i++)
-        p[i] = scale * (2.0f * fsdp_rng_uniform(seed, 11, i) - 1.0f);
-    return p;
-}
-
-/* Round x to bf16 in place (fp32 and bf16 runs then see the same values);
- * returns the bf16 copy. */
-static fsdp_bf16 *to_bf16(float *x, size_t n)
-{
-    fsdp_bf16 *h = calloc(n ? n : 1, sizeof *h);
-    ck_assert_ptr_nonnull(h);
-    for (size_t i = 0; i < n; i++) {
-        h[i] = fsdp_f32_to_bf16(x[i]);
-        x[i] = fsdp_bf16_to_f32(h[i]);
-    }
-    return h;
-}
-
-static double dot_d(const float *a, const float *b, size_t n)
-{
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)a[i] * b[i];
-    return s;
+    return frand_stream(n, seed, 11, scale);
 }
 
 /* The relative error the golden tests bound: every element satisfies
@@ -129,26 +75,12 @@ static void expect_rounded(const char *what, const fsdp_bf16 *h, const float *f,
                       what, i, h[i], f[i], fsdp_f32_to_bf16(f[i]));
 }
 
-/* Central differences of loss() at n_checks coordinates of x against g:
- * |num - ana| / max(|num|, |ana|, 0.02) < 1e-2. */
-typedef double (*loss_fn)(void *st);
-
+/* Central differences of loss() at n_checks coordinates of x against g
+ * (ops_util.h). */
 static void fd_check(const char *what, loss_fn loss, void *st, float *x, const float *g, size_t n,
                      int n_checks, float eps)
 {
-    for (int k = 0; k < n_checks; k++) {
-        size_t i = k == 0 ? 0 : k == 1 ? n - 1 : (size_t)(((uint64_t)k * 2654435761u + 7) % n);
-        float x0 = x[i], xp = x0 + eps, xm = x0 - eps;
-        x[i] = xp;
-        double lp = loss(st);
-        x[i] = xm;
-        double lm = loss(st);
-        x[i] = x0;
-        double num = (lp - lm) / ((double)xp - (double)xm), ana = g[i];
-        double err = fabs(num - ana) / fmax(fmax(fabs(num), fabs(ana)), 0.02);
-        ck_assert_msg(err < 1e-2, "%s[%zu]: analytic %.7g, finite difference %.7g (rel %.3g)",
-                      what, i, ana, num, err);
-    }
+    fd_check_spread(what, loss, st, x, g, n, n_checks, eps, 7);
 }
 
 /* ---- the golden file ----------------------------------------------------------- */
@@ -158,36 +90,15 @@ typedef struct gold {
     fsdp_st_file st;
 } gold;
 
-/* The fixture from $FSDP_FIXTURES, tests/fixtures (runs from the repository
- * root, as make test does) or beside this source file. */
+/* The golden file (fixture_util.h finds it). */
 static void gold_load(gold *g)
 {
-    static const char name[] = "llama_ops_golden.safetensors";
-    const char *slash = strrchr(__FILE__, '/');
     char path[600];
-    FILE *f = NULL;
-    for (int k = 0; k < 3 && !f; k++) {
-        if (k == 0 && getenv("FSDP_FIXTURES"))
-            snprintf(path, sizeof path, "%s/%s", getenv("FSDP_FIXTURES"), name);
-        else if (k == 1)
-            snprintf(path, sizeof path, "tests/fixtures/%s", name);
-        else if (k == 2 && slash)
-            snprintf(path, sizeof path, "%.*s/fixtures/%s", (int)(slash - __FILE__), __FILE__,
-                     name);
-        else
-            continue;
-        f = fopen(path, "rb");
-    }
-    ck_assert_msg(f, "cannot open fixture %s; regenerate with tools/gen_llama_ops_golden.py",
-                  name);
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    g->blob = malloc((size_t)size);
-    ck_assert(g->blob && fread(g->blob, 1, (size_t)size, f) == (size_t)size);
-    fclose(f);
-    ck_assert_msg(fsdp_st_parse_buffer(path, g->blob, (size_t)size, &g->st) == FSDP_STATUS_OK,
-                  "%s", fsdp_error_msg());
+    size_t size = 0;
+    g->blob = fixture_read("llama_ops_golden.safetensors", "tools/gen_llama_ops_golden.py", &size,
+                           path, sizeof path);
+    ck_assert_msg(fsdp_st_parse_buffer(path, g->blob, size, &g->st) == FSDP_STATUS_OK, "%s",
+                  fsdp_error_msg());
 }
 
 static void gold_free(gold *g)

@@ -21,6 +21,7 @@
 #include "models/registry.h"
 #include "testutil.h"
 #include "train/train.h"
+#include "train_util.h"
 
 #define GOLDEN_DIR "tests/fixtures/sgd_golden"
 #define MAX_STEPS 16
@@ -89,12 +90,6 @@ static void sgd_config(fsdp_train_config *c, const golden *g, int devices)
     c->out = NULL;
 }
 
-static void run_ok(const fsdp_train_config *c, fsdp_train_result *r, const char *what)
-{
-    fsdp_status st = fsdp_train_run(c, r);
-    REQUIRE(st == FSDP_STATUS_OK, "%s: %s: %s", what, fsdp_status_name(st), fsdp_error_msg());
-}
-
 /* Bit-identical losses from `from` on, and final parameters. */
 static void expect_identical(const fsdp_train_result *a, const fsdp_train_result *b, int from,
                              const char *what)
@@ -135,7 +130,7 @@ START_TEST(test_sgd_matches_pytorch)
     fsdp_train_config c;
     fsdp_train_result r;
     sgd_config(&c, &g, 1);
-    run_ok(&c, &r, "sgd, 1 device");
+    run_ok_as(&c, &r, "sgd, 1 device");
     ck_assert_int_eq(r.steps, g.steps);
     for (int s = 0; s < g.steps; s++) {
         double lerr = fabs(r.losses[s] - g.loss[s]) / g.loss[s];
@@ -185,7 +180,7 @@ START_TEST(test_sgd_offload_and_sharding_identical)
     fsdp_train_config c;
     fsdp_train_result ref, r;
     sgd_config(&c, &g, 1);
-    run_ok(&c, &ref, "reference");
+    run_ok_as(&c, &ref, "reference");
     for (int k = 0; k < 4; k++) {
         sgd_config(&c, &g, k == 0 ? 1 : 2);
         c.eng.offload = k != 2;
@@ -193,7 +188,7 @@ START_TEST(test_sgd_offload_and_sharding_identical)
         char what[96];
         snprintf(what, sizeof what, "%d device(s), shard %s, offload %s", c.eng.n_ranks,
                  fsdp_shard_strategy_name(c.eng.shard), c.eng.offload ? "optimizer" : "none");
-        run_ok(&c, &r, what);
+        run_ok_as(&c, &r, what);
         expect_identical(&ref, &r, 0, what);
         fsdp_train_result_free(&r);
     }
@@ -201,11 +196,11 @@ START_TEST(test_sgd_offload_and_sharding_identical)
     /* bf16: the compute copy written by the device step and by the host step */
     sgd_config(&c, &g, 1);
     c.eng.compute_dtype = FSDP_DTYPE_BF16;
-    run_ok(&c, &ref, "bf16");
+    run_ok_as(&c, &ref, "bf16");
     sgd_config(&c, &g, 2);
     c.eng.compute_dtype = FSDP_DTYPE_BF16;
     c.eng.offload = true;
-    run_ok(&c, &r, "bf16, offload");
+    run_ok_as(&c, &r, "bf16, offload");
     expect_identical(&ref, &r, 0, "bf16: device vs offload");
     ck_assert(fabsf(ref.losses[g.steps - 1] - (float)g.loss[g.steps - 1]) < 0.05f);
     fsdp_train_result_free(&ref);
@@ -227,18 +222,18 @@ START_TEST(test_sgd_checkpoint_resume_reshard)
     fsdp_train_config c;
     fsdp_train_result ref, a, b;
     sgd_config(&c, &g, 1);
-    run_ok(&c, &ref, "reference");
+    run_ok_as(&c, &ref, "reference");
     sgd_config(&c, &g, 2);
     c.ckpt_dir = ck;
     c.stop_after = g.steps / 2;
     c.ckpt_every = g.steps / 2;
-    run_ok(&c, &a, "first half");
+    run_ok_as(&c, &a, "first half");
     sgd_config(&c, &g, 1);
     c.ckpt_dir = ck;
     c.resume = true;
     c.eng.shard = FSDP_SHARD_GRAD_OP;
     c.eng.offload = true;
-    run_ok(&c, &b, "resumed on 1 device");
+    run_ok_as(&c, &b, "resumed on 1 device");
     ck_assert_int_eq(b.first_step, g.steps / 2);
     expect_identical(&ref, &b, g.steps / 2, "uninterrupted vs saved on 2, resumed on 1");
     /* the manifest names the optimizer and its one state array */
@@ -266,7 +261,7 @@ START_TEST(test_sgd_checkpoint_resume_reshard)
     c.ckpt_dir = ck2;
     c.stop_after = 2;
     c.ckpt_every = 2;
-    run_ok(&c, &a, "adamw first half");
+    run_ok_as(&c, &a, "adamw first half");
     fsdp_train_result_free(&a);
     sgd_config(&c, &g, 2);
     c.ckpt_dir = ck2;
@@ -295,7 +290,7 @@ START_TEST(test_sgd_trace_names_the_step)
     c.eng.offload = true;
     c.steps = 2;
     c.trace_path = path;
-    run_ok(&c, &r, "traced");
+    run_ok_as(&c, &r, "traced");
     fsdp_train_result_free(&r);
     char *t = slurp(path);
     int n = 0;

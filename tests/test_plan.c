@@ -22,23 +22,17 @@
 #include "report/plot.h"
 #include "testutil.h"
 #include "train/train.h"
+#include "train_util.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
 
 static void base_config(fsdp_train_config *c, const char *model, int devices)
 {
-    fsdp_train_config_default(c);
-    c->eng.backend = FSDP_BACKEND_CPU;
-    c->eng.n_ranks = devices;
+    train_config_cpu(c, model, devices);
     c->eng.batch = 2;
-    c->eng.seq = 16;
-    c->model = model;
-    c->data = "synthetic";
     c->steps = 2;
     c->warmup = 1;
-    c->eval_problems = 0;
     c->n_samples = 0;
-    c->out = NULL;
 }
 
 /* ---- exactness: meta plan == cpu run, to the byte ------------------------------ */

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "case_util.h"
 #include "ckpt/modelfile.h"
 #include "core/error.h"
 #include "models/registry.h"
@@ -172,9 +173,7 @@ START_TEST(test_key_reader)
     ck_assert_int_eq(fsdp_model_keys_parse(&fake, "n=100,eps=0.25", keys, 2), FSDP_STATUS_OK);
     ck_assert_int_eq(n, 100);
     ck_assert(eps == 0.25);
-    const struct {
-        const char *config, *frag;
-    } bad[] = {
+    static const text_case bad[] = {
         {"", "empty"},
         {"n=1,,eps=0", "empty entry"},
         {",n=1", "empty entry"},
@@ -198,13 +197,13 @@ START_TEST(test_key_reader)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         n = 7;
         eps = 0.5;
-        fsdp_status st = fsdp_model_keys_parse(&fake, bad[i].config, keys, 2);
-        REQUIRE(st == FSDP_STATUS_INVALID_ARG, "'%s' was accepted", bad[i].config);
-        REQUIRE(strstr(fsdp_error_msg(), bad[i].frag) && strstr(fsdp_error_msg(), "Fake config") &&
+        fsdp_status st = fsdp_model_keys_parse(&fake, bad[i].in, keys, 2);
+        REQUIRE(st == FSDP_STATUS_INVALID_ARG, "'%s' was accepted", bad[i].in);
+        REQUIRE(strstr(fsdp_error_msg(), bad[i].want) && strstr(fsdp_error_msg(), "Fake config") &&
                     strstr(fsdp_error_msg(), "n=N,eps=E"),
-                "'%s': message '%s' lacks '%s' or the grammar", bad[i].config, fsdp_error_msg(),
-                bad[i].frag);
-        REQUIRE(n == 7 && eps == 0.5, "'%s': a refused config changed the values", bad[i].config);
+                "'%s': message '%s' lacks '%s' or the grammar", bad[i].in, fsdp_error_msg(),
+                bad[i].want);
+        REQUIRE(n == 7 && eps == 0.5, "'%s': a refused config changed the values", bad[i].in);
     }
 }
 END_TEST

@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model_files_util.h"
+#include "model_rig.h"
 #include "models/gpt2.h"
 #include "testutil.h"
 
@@ -257,9 +258,7 @@ START_TEST(test_export_matches_reference_layout)
     out = path_in(dir, "export.safetensors");
     loaded l;
     load_ok(FIXTURE_BIN, &l);
-    ck_assert_int_eq(fsdp_modelfile_write(out, FMT("safetensors"), &l.m,
-                                          (const float *const *)l.units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
+    write_loaded(out, "safetensors", &l, FSDP_DTYPE_F32);
     fsdp_st_file ref, got;
     ck_assert_int_eq(fsdp_st_open(FIXTURE_ST, &ref), FSDP_STATUS_OK);
     ck_assert_int_eq(fsdp_st_open(out, &got), FSDP_STATUS_OK);
@@ -377,17 +376,7 @@ START_TEST(test_safetensors_variants)
     free(buf);
 
     /* BF16 export: round to nearest even, read back exactly */
-    ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "bf16.safetensors"), FMT("safetensors"),
-                                          &ref.m, (const float *const *)ref.units,
-                                          FSDP_DTYPE_BF16),
-                     FSDP_STATUS_OK);
-    load_ok(path_in(dir, "bf16.safetensors"), &l);
-    ck_assert_str_eq(l.kind_dtype, "bf16");
-    for (int u = 0; u < ref.m.n_units; u++)
-        for (size_t i = 0; i < ref.m.units[u].numel; i++) {
-            float want = fsdp_bf16_to_f32(fsdp_f32_to_bf16(ref.units[u][i]));
-            REQUIRE(!memcmp(&want, &l.units[u][i], 4), "bf16 unit %d element %zu", u, i);
-        }
+    expect_bf16_export(path_in(dir, "bf16.safetensors"), "safetensors", &ref, &l, "bf16");
     loaded_free(&l);
 
     /* no n_head metadata: heads = channels / 64 */
@@ -395,11 +384,7 @@ START_TEST(test_safetensors_variants)
     ck_assert_int_eq(fsdp_model_from_spec("custom:layers=1,heads=4,channels=64,vocab=8,"
                                           "context=4", &m),
                      FSDP_STATUS_OK);
-    float **units = calloc((size_t)m.n_units, sizeof *units);
-    for (int u = 0; u < m.n_units; u++) {
-        units[u] = malloc(m.units[u].numel * sizeof(float));
-        fsdp_model_init_range(&m, u, 0, m.units[u].numel, 3, units[u]);
-    }
+    float **units = units_init(&m, 3);
     ck_assert_int_eq(fsdp_modelfile_write(path_in(dir, "c64.safetensors"), FMT("safetensors"),
                                           &m, (const float *const *)units, FSDP_DTYPE_F32),
                      FSDP_STATUS_OK);
@@ -423,9 +408,7 @@ START_TEST(test_safetensors_variants)
     fsdp_st_free(&f);
     free(b);
     free(buf);
-    for (int u = 0; u < m.n_units; u++)
-        free(units[u]);
-    free(units);
+    units_free(&m, units);
     fsdp_model_free(&m);
     loaded_free(&ref);
     fsdp_test_rm_rf(dir);

@@ -25,39 +25,12 @@
 #define TOK_GPT2 "tests/fixtures/tok_gpt2.json"
 #define TOK_LLAMA3 "tests/fixtures/tok_llama3.json"
 
-/* A fresh path /tmp/fsdp_test_shard_XXXXXX<suffix> (the file exists, empty). */
-static void temp_path(char *path, size_t n, const char *suffix)
-{
-    snprintf(path, n, "/tmp/fsdp_test_shard_XXXXXX%s", suffix);
-    int fd = mkstemps(path, (int)strlen(suffix));
-    ck_assert_int_ge(fd, 0);
-    close(fd);
-}
-
-/* The batch contract for a stream, from the concatenated tokens. */
-static void check_batch_against(const fsdp_data *d, const int *all, uint64_t n, uint64_t m,
-                                int B, int T)
-{
-    int *in = malloc(sizeof(int) * B * T), *tg = malloc(sizeof(int) * B * T);
-    ck_assert_int_eq(fsdp_data_batch(d, m, B, T, in, tg), FSDP_STATUS_OK);
-    for (int r = 0; r < B; r++)
-        for (int j = 0; j < T; j++) {
-            uint64_t p = (uint64_t)((((unsigned __int128)m * B + r) * T + j) % n);
-            if (in[r * T + j] != all[p] || tg[r * T + j] != all[(p + 1) % n])
-                ck_abort_msg("batch %llu row %d col %d: got (%d, %d), want (%d, %d)",
-                             (unsigned long long)m, r, j, in[r * T + j], tg[r * T + j], all[p],
-                             all[(p + 1) % n]);
-        }
-    free(in);
-    free(tg);
-}
-
 /* ---- uint32 shards and the writer ------------------------------------------ */
 
 START_TEST(test_shard_uint32)
 {
     char path[64];
-    temp_path(path, sizeof path, ".bin");
+    temp_path(path, sizeof path, "shard", ".bin");
     size_t n = 3000;
     uint32_t *tok = malloc(n * sizeof *tok);
     int *all = malloc(n * sizeof *all);

@@ -20,6 +20,7 @@
 #include "models/registry.h"
 #include "testutil.h"
 #include "train/train.h"
+#include "train_util.h"
 
 #define V1_FIXTURE "tests/fixtures/ckpt_v1_tiny"
 #define V1_STEP V1_FIXTURE "/step_00000002"
@@ -243,29 +244,15 @@ END_TEST
 
 static void cfg_tiny(fsdp_train_config *c, const char *ck, int devices, int batch, int accum)
 {
-    fsdp_train_config_default(c);
-    c->eng.backend = FSDP_BACKEND_CPU;
-    c->eng.n_ranks = devices;
+    train_config_cpu(c, "tiny", devices);
     c->eng.batch = batch;
     c->eng.grad_accum = accum;
-    c->eng.seq = 16;
     c->eng.deterministic = true;
-    c->model = "tiny";
-    c->data = "synthetic";
     c->steps = 4;
-    c->eval_problems = 0;
     c->n_samples = 0;
     c->keep_params = true;
-    c->out = NULL;
     c->ckpt_dir = ck;
     c->resume = true;
-}
-
-static void run_ok(const fsdp_train_config *c, fsdp_train_result *r)
-{
-    fsdp_status st = fsdp_train_run(c, r);
-    REQUIRE(st == FSDP_STATUS_OK, "training failed: %s: %s", fsdp_status_name(st),
-            fsdp_error_msg());
 }
 
 static void expect_identical(const fsdp_train_result *a, const fsdp_train_result *b,

@@ -19,37 +19,15 @@
 #include "ckpt/ckpt_dir.h"
 #include "ckpt/modelfile.h"
 #include "core/world.h"
+#include "file_util.h"
 #include "fsdp/engine.h"
 #include "models/registry.h"
 #include "testutil.h"
 #include "train/train.h"
+#include "train_util.h"
 
-/* A tiny run (as test_engine.c's): 8 micro-batches of one sequence of 16
- * tokens per step over N devices. */
-static void tiny_config(fsdp_train_config *c, int devices, int accum)
-{
-    fsdp_train_config_default(c);
-    c->eng.backend = FSDP_BACKEND_CPU;
-    c->eng.n_ranks = devices;
-    c->eng.grad_accum = accum ? accum : 8 / devices;
-    c->eng.batch = 8 / (devices * c->eng.grad_accum);
-    c->eng.seq = 16;
-    c->eng.deterministic = true;
-    c->model = "tiny";
-    c->data = "synthetic";
-    c->steps = 3;
-    c->warmup = 1;
-    c->lr = 1e-2f;
-    c->eval_problems = 0;
-    c->keep_params = true;
-    c->out = NULL;
-}
-
-static void run_ok(const fsdp_train_config *c, fsdp_train_result *r)
-{
-    fsdp_status st = fsdp_train_run(c, r);
-    ck_assert_msg(st == FSDP_STATUS_OK, "train failed: %s", fsdp_error_msg());
-}
+/* Runs are train_config_tiny's (train_util.h): 8 micro-batches of one
+ * sequence of 16 tokens per step over N devices. */
 /* ---- error paths: non-finite steps ----------------------------------------- */
 
 /* Whether two results hold the same final parameters, bit for bit. */
@@ -92,7 +70,7 @@ START_TEST(test_nonfinite_stops_before_update)
         ck_assert_ptr_nonnull(mkdtemp(dir));
         fsdp_train_config c;
         fsdp_train_result one, r;
-        tiny_config(&c, 2, 1);
+        train_config_tiny(&c, 2, 1);
         c.lr = 1e30f;
         c.eng.offload = v[k].offload;
         c.eng.clip = v[k].clip;
@@ -134,7 +112,7 @@ START_TEST(test_nonfinite_skip)
     for (int offload = 0; offload < 2; offload++) {
         fsdp_train_config c;
         fsdp_train_result one, r;
-        tiny_config(&c, 2, 1);
+        train_config_tiny(&c, 2, 1);
         c.lr = 1e30f;
         c.eng.offload = offload;
         c.eng.clip = 0.0f;
@@ -166,25 +144,11 @@ START_TEST(test_ckpt_refuses_nonfinite_state)
     char model[512], ck[512];
     snprintf(model, sizeof model, "%s/nan.bin", dir);
     snprintf(ck, sizeof ck, "%s/ck", dir);
-    fsdp_model m;
-    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
-    float *units[16] = {0};
-    ck_assert_int_le(m.n_units, 16);
-    for (int u = 0; u < m.n_units; u++) {
-        units[u] = calloc(m.units[u].numel, sizeof(float));
-        ck_assert_ptr_nonnull(units[u]);
-    }
-    units[1][7] = NAN;
-    ck_assert_int_eq(fsdp_modelfile_write(model, fsdp_modelfile_format_of(model), &m,
-                                          (const float *const *)units, FSDP_DTYPE_F32),
-                     FSDP_STATUS_OK);
-    for (int u = 0; u < m.n_units; u++)
-        free(units[u]);
-    fsdp_model_free(&m);
+    write_nan_tiny_model(model, 1, 7);
 
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 2, 1);
+    train_config_tiny(&c, 2, 1);
     c.model = model;
     c.steps = 2;
     c.keep_params = false;
@@ -297,7 +261,7 @@ START_TEST(test_data_changed_under_a_step)
     fsdp_data *d = NULL;
     ck_assert_int_eq(fsdp_data_open(&d, path, 256, 1), FSDP_STATUS_OK);
     fsdp_train_config c;
-    tiny_config(&c, 2, 1);
+    train_config_tiny(&c, 2, 1);
     fsdp_world *w = NULL;
     ck_assert_int_eq(fsdp_world_init(&w, 2), FSDP_STATUS_OK);
     fsdp_engine_shared sh;
@@ -339,18 +303,6 @@ static void *bg_main(void *p)
     return NULL;
 }
 
-static int count_lines(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    int n = 0, ch;
-    while ((ch = fgetc(f)) != EOF)
-        n += ch == '\n';
-    fclose(f);
-    return n;
-}
-
 /* Wait until the metrics file has k lines (the run logged k steps). */
 static void wait_lines(const char *path, int k)
 {
@@ -372,7 +324,7 @@ START_TEST(test_data_truncated_stops_with_checkpoint)
     snprintf(ck, sizeof ck, "%s/ck", dir);
     write_shard(data, 1 << 16, 200);
     struct bg_run *b = calloc(1, sizeof *b);
-    tiny_config(&b->c, 2, 1);
+    train_config_tiny(&b->c, 2, 1);
     b->c.data = data;
     b->c.steps = 100000;
     b->c.keep_params = false;
@@ -416,7 +368,7 @@ START_TEST(test_stop_request)
     static atomic_int stop;
     atomic_store(&stop, 0);
     struct bg_run *b = calloc(1, sizeof *b);
-    tiny_config(&b->c, 2, 1);
+    train_config_tiny(&b->c, 2, 1);
     b->c.steps = 100000;
     b->c.keep_params = false;
     b->c.log_path = log;
@@ -458,7 +410,7 @@ START_TEST(test_outputs_checked_before_step_1)
     for (size_t k = 0; k < FSDP_TEST_LEN(cases); k++) {
         fsdp_train_config c;
         fsdp_train_result r;
-        tiny_config(&c, 2, 1);
+        train_config_tiny(&c, 2, 1);
         c.ckpt_dir = cases[k].ckpt;
         c.trace_path = cases[k].trace;
         c.log_path = cases[k].log;
@@ -483,7 +435,7 @@ START_TEST(test_metrics_write_failure)
     snprintf(ck, sizeof ck, "%s/ck", dir);
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 2, 1);
+    train_config_tiny(&c, 2, 1);
     c.steps = 50;
     c.keep_params = false;
     c.log_path = "/dev/full";
@@ -507,7 +459,7 @@ START_TEST(test_resume_nothing_left_and_batch_change)
     ck_assert_ptr_nonnull(mkdtemp(dir));
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 4, 1); /* batch 2 x 4 devices */
+    train_config_tiny(&c, 4, 1); /* batch 2 x 4 devices */
     c.steps = 2;
     c.ckpt_dir = dir;
     c.eval_problems = 8;
@@ -519,7 +471,7 @@ START_TEST(test_resume_nothing_left_and_batch_change)
     ck_assert_int_eq(r.steps, 2);
     ck_assert(r.accuracy < 0); /* nothing ran: no evaluation either */
     fsdp_train_result_free(&r);
-    tiny_config(&c, 2, 1); /* batch 4 x 2 devices: same global batch of 8 */
+    train_config_tiny(&c, 2, 1); /* batch 4 x 2 devices: same global batch of 8 */
     c.eng.batch = 1;       /* now 2 */
     c.steps = 4;
     c.ckpt_dir = dir;
@@ -543,7 +495,7 @@ START_TEST(test_oom_hint_names_unset_settings)
 {
     fsdp_train_config c;
     fsdp_train_result r;
-    tiny_config(&c, 4, 1);
+    train_config_tiny(&c, 4, 1);
     c.model = "small";
     c.eng.device_mem = 2u << 20;
     ck_assert_int_eq(fsdp_train_run(&c, &r), FSDP_STATUS_OOM);
