@@ -89,11 +89,7 @@
  * first and last meetings. One cache line per slot: `arrived` is polled. */
 struct host_slot {
     _Alignas(64) atomic_ulong arrived; /* meetings this rank has reached */
-    int kind;                          /* fsdp_coll_kind, or FSDP_COLL_BARRIER */
-    fsdp_dtype dt;
-    fsdp_reduce_op op;
-    int root;
-    size_t numel;
+    fsdp_coll_args args;
     const void *send;
     void *recv;
     int attached;                      /* guarded by world->mu */
@@ -201,7 +197,7 @@ static fsdp_status meet(fsdp_comm *c, bool abortable)
                               "rank %d: aborted in collective %ld (%s) while waiting for the "
                               "other ranks: another rank failed",
                               c->global_rank, h->n_coll,
-                              fsdp_coll_kind_name(sh->slots[c->rank].kind));
+                              fsdp_coll_kind_name(sh->slots[c->rank].args.kind));
     return FSDP_STATUS_OK;
 }
 
@@ -221,33 +217,15 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
                               c->global_rank, k, fsdp_coll_kind_name(kind));
     }
     struct host_slot *me = &sh->slots[c->rank];
-    me->kind = kind;
-    me->dt = dt;
-    me->op = op;
-    me->root = root;
-    me->numel = numel;
+    me->args = (fsdp_coll_args){kind, dt, op, root, numel};
     me->send = send;
     me->recv = recv;
     atomic_store_explicit(&sh->work[c->rank].next[0], 0, memory_order_relaxed);
     atomic_store_explicit(&sh->work[c->rank].next[1], 0, memory_order_relaxed);
     FSDP_TRY(meet(c, true));
-    for (int q = 0; q < c->n_ranks; q++) {
-        const struct host_slot *o = &sh->slots[q];
-        if (o->kind == kind && o->numel == numel && o->dt == dt &&
-            (kind != FSDP_COLL_BROADCAST || o->root == root) &&
-            (kind == FSDP_COLL_ALL_GATHER || kind == FSDP_COLL_BROADCAST ||
-             kind == FSDP_COLL_BARRIER || o->op == op))
-            continue;
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "rank %d: collective %ld mismatch: this rank issued %s(%zu x %s, "
-                              "op %d, root %d) but rank %d issued %s(%zu x %s, op %d, root %d); "
-                              "every rank must issue the same collectives in the same order "
-                              "with the same sizes",
-                              c->global_rank, k, fsdp_coll_kind_name(kind), numel,
-                              fsdp_dtype_name(dt), (int)op, root,
-                              fsdp_comm_group_rank(&c->group, q), fsdp_coll_kind_name(o->kind),
-                              o->numel, fsdp_dtype_name(o->dt), (int)o->op, o->root);
-    }
+    for (int q = 0; q < c->n_ranks; q++)
+        FSDP_TRY(fsdp_coll_args_check(c->global_rank, k, &me->args,
+                                      fsdp_comm_group_rank(&c->group, q), &sh->slots[q].args));
     return FSDP_STATUS_OK;
 }
 
@@ -458,7 +436,7 @@ static void slice(size_t numel, int n_ranks, int r, fsdp_dtype dt, size_t *lo, s
 static bool piece_all_gather(fsdp_comm *c, int r, size_t p)
 {
     const struct host_slot *slots = ((struct host_ctx *)c->ctx)->sh->slots;
-    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt);
+    size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt);
     size_t per_src = n_pieces(numel);
     if (p >= per_src * (size_t)c->n_ranks)
         return false;
@@ -476,14 +454,14 @@ static bool piece_reduce_scatter(fsdp_comm *c, int r, size_t p)
 {
     struct host_ctx *h = c->ctx;
     const struct host_slot *slots = h->sh->slots;
-    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt);
+    size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt);
     if (p >= n_pieces(numel))
         return false;
     size_t lo = p * HOST_PIECE, n = numel - lo < HOST_PIECE ? numel - lo : HOST_PIECE;
     for (int q = 0; q < c->n_ranks; q++)
         h->src[q] = (const char *)slots[q].send + ((size_t)r * numel + lo) * es;
-    reduce_range(h, c->n_ranks, h->src, (char *)slots[r].recv + lo * es, n, slots[r].dt,
-                 slots[r].op, numel * es >= HOST_STREAM_BYTES);
+    reduce_range(h, c->n_ranks, h->src, (char *)slots[r].recv + lo * es, n, slots[r].args.dt,
+                 slots[r].args.op, numel * es >= HOST_STREAM_BYTES);
     return true;
 }
 
@@ -492,15 +470,15 @@ static bool piece_all_reduce_sum(fsdp_comm *c, int r, size_t p)
 {
     struct host_ctx *h = c->ctx;
     const struct host_slot *slots = h->sh->slots;
-    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt), lo, hi;
-    slice(numel, c->n_ranks, r, slots[r].dt, &lo, &hi);
+    size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt), lo, hi;
+    slice(numel, c->n_ranks, r, slots[r].args.dt, &lo, &hi);
     if (p >= n_pieces(hi - lo))
         return false;
     size_t a = lo + p * HOST_PIECE, n = hi - a < HOST_PIECE ? hi - a : HOST_PIECE;
     for (int q = 0; q < c->n_ranks; q++)
         h->src[q] = (const char *)slots[q].send + a * es;
-    reduce_range(h, c->n_ranks, h->src, (char *)slots[r].recv + a * es, n, slots[r].dt,
-                 slots[r].op, (hi - lo) * es >= HOST_STREAM_BYTES);
+    reduce_range(h, c->n_ranks, h->src, (char *)slots[r].recv + a * es, n, slots[r].args.dt,
+                 slots[r].args.op, (hi - lo) * es >= HOST_STREAM_BYTES);
     return true;
 }
 
@@ -509,11 +487,11 @@ static bool piece_all_reduce_sum(fsdp_comm *c, int r, size_t p)
 static bool piece_all_reduce_copy(fsdp_comm *c, int r, size_t p)
 {
     const struct host_slot *slots = ((struct host_ctx *)c->ctx)->sh->slots;
-    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt);
+    size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt);
     if (p >= n_pieces(numel))
         return false;
     size_t a = p * HOST_PIECE, b = numel - a < HOST_PIECE ? numel : a + HOST_PIECE;
-    size_t per = slice_len(numel, c->n_ranks, slots[r].dt);
+    size_t per = slice_len(numel, c->n_ranks, slots[r].args.dt);
     for (size_t q = a / per; q * per < b; q++) {
         size_t lo = q * per > a ? q * per : a, hi = (q + 1) * per < b ? (q + 1) * per : b;
         if ((int)q != r)
@@ -527,8 +505,8 @@ static bool piece_all_reduce_copy(fsdp_comm *c, int r, size_t p)
 static bool piece_broadcast(fsdp_comm *c, int r, size_t p)
 {
     const struct host_slot *slots = ((struct host_ctx *)c->ctx)->sh->slots;
-    int root = slots[r].root;
-    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt);
+    int root = slots[r].args.root;
+    size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt);
     if (r == root || p >= n_pieces(numel))
         return false;
     size_t lo = p * HOST_PIECE, n = numel - lo < HOST_PIECE ? numel - lo : HOST_PIECE;
