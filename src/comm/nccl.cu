@@ -309,12 +309,9 @@ extern "C" fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ncclResult_t rc;
     cudaError_t crc;
+    fsdp_comm_group every = {0, 1, fsdp_cuda_world_n_ranks(w), 0}; /* the whole job */
     memset(c, 0, sizeof *c);
-    c->iface = &nccl_comm_i;
-    c->world = w;
-    c->dev = dev;
-    c->rank = rank;
-    c->n_ranks = fsdp_cuda_world_n_ranks(w);
+    fsdp_comm_bind(c, &nccl_comm_i, w, dev, &every, rank, NULL);
     struct nccl_ctx *p = (struct nccl_ctx *)calloc(1, sizeof *p);
     if (!p) {
         c->iface = NULL;

@@ -456,12 +456,9 @@ extern "C" fsdp_status fsdp_comm_peer_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
                                            int rank)
 {
     fsdp_status st = FSDP_STATUS_OK;
+    fsdp_comm_group every = {0, 1, fsdp_cuda_world_n_ranks(w), 0}; /* the whole job */
     memset(c, 0, sizeof *c);
-    c->iface = &peer_comm_i;
-    c->world = w;
-    c->dev = dev;
-    c->rank = rank;
-    c->n_ranks = fsdp_cuda_world_n_ranks(w);
+    fsdp_comm_bind(c, &peer_comm_i, w, dev, &every, rank, NULL);
     if (dev->backend != FSDP_BACKEND_CUDA) {
         c->iface = NULL;
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
