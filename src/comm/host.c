@@ -233,20 +233,30 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
 
 typedef float host_v4f __attribute__((vector_size(16)));
 
+/* p[0..8) as two vectors, and back; p need not be aligned. */
+static inline void load8(host_v4f v[2], const float *p)
+{
+    memcpy(&v[0], p, 16);
+    memcpy(&v[1], p + 4, 16);
+}
+
+static inline void store8(float *p, const host_v4f v[2])
+{
+    memcpy(p, &v[0], 16);
+    memcpy(p + 4, &v[1], 16);
+}
+
 /* d[i] = a[i] + b[i]; d may equal a or b. */
 static void add_f32(float *d, const float *a, const float *b, size_t n)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        host_v4f a0, a1, b0, b1;
-        memcpy(&a0, a + i, 16);
-        memcpy(&a1, a + i + 4, 16);
-        memcpy(&b0, b + i, 16);
-        memcpy(&b1, b + i + 4, 16);
-        a0 += b0;
-        a1 += b1;
-        memcpy(d + i, &a0, 16);
-        memcpy(d + i + 4, &a1, 16);
+        host_v4f x[2], y[2];
+        load8(x, a + i);
+        load8(y, b + i);
+        x[0] += y[0];
+        x[1] += y[1];
+        store8(d + i, x);
     }
     for (; i < n; i++)
         d[i] = a[i] + b[i];
@@ -258,15 +268,12 @@ static void add_scale_f32(float *d, const float *a, const float *b, float s, siz
     host_v4f sv = {s, s, s, s};
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        host_v4f a0, a1, b0, b1;
-        memcpy(&a0, a + i, 16);
-        memcpy(&a1, a + i + 4, 16);
-        memcpy(&b0, b + i, 16);
-        memcpy(&b1, b + i + 4, 16);
-        a0 = (a0 + b0) * sv;
-        a1 = (a1 + b1) * sv;
-        memcpy(d + i, &a0, 16);
-        memcpy(d + i + 4, &a1, 16);
+        host_v4f x[2], y[2];
+        load8(x, a + i);
+        load8(y, b + i);
+        x[0] = (x[0] + y[0]) * sv;
+        x[1] = (x[1] + y[1]) * sv;
+        store8(d + i, x);
     }
     for (; i < n; i++)
         d[i] = (a[i] + b[i]) * s;
@@ -519,13 +526,27 @@ static bool piece_broadcast(fsdp_comm *c, int r, size_t p)
 
 /* ---- the collectives ----------------------------------------------------- */
 
+/* What a collective does once begun: phase 0's pieces, then phase 1's where
+ * there is one, each followed by a meeting so that no rank's buffers are
+ * reused before every rank is done with them (a lone rank meets nobody). */
+static fsdp_status run_phases(fsdp_comm *c, host_piece_fn first, host_piece_fn second)
+{
+    run_shares(c, 0, first);
+    if (c->n_ranks == 1)
+        return FSDP_STATUS_OK;
+    FSDP_TRY(meet(c, false));
+    if (!second)
+        return FSDP_STATUS_OK;
+    run_shares(c, 1, second);
+    return meet(c, false);
+}
+
 static fsdp_status host_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,
                                    fsdp_dtype dt, fsdp_stream_t s)
 {
     (void)s;
     FSDP_TRY(begin(c, FSDP_COLL_ALL_GATHER, send, recv, numel, dt, FSDP_REDUCE_SUM, 0));
-    run_shares(c, 0, piece_all_gather);
-    return c->n_ranks > 1 ? meet(c, false) : FSDP_STATUS_OK;
+    return run_phases(c, piece_all_gather, NULL);
 }
 
 static fsdp_status host_reduce_scatter(fsdp_comm *c, const void *send, void *recv, size_t numel,
@@ -533,8 +554,7 @@ static fsdp_status host_reduce_scatter(fsdp_comm *c, const void *send, void *rec
 {
     (void)s;
     FSDP_TRY(begin(c, FSDP_COLL_REDUCE_SCATTER, send, recv, numel, dt, op, 0));
-    run_shares(c, 0, piece_reduce_scatter);
-    return c->n_ranks > 1 ? meet(c, false) : FSDP_STATUS_OK;
+    return run_phases(c, piece_reduce_scatter, NULL);
 }
 
 static fsdp_status host_all_reduce(fsdp_comm *c, const void *send, void *recv, size_t numel,
@@ -542,23 +562,16 @@ static fsdp_status host_all_reduce(fsdp_comm *c, const void *send, void *recv, s
 {
     (void)s;
     FSDP_TRY(begin(c, FSDP_COLL_ALL_REDUCE, send, recv, numel, dt, op, 0));
-    run_shares(c, 0, piece_all_reduce_sum);
-    if (c->n_ranks == 1)
-        return FSDP_STATUS_OK;
-    FSDP_TRY(meet(c, false));
-    run_shares(c, 1, piece_all_reduce_copy);
-    return meet(c, false);
+    return run_phases(c, piece_all_reduce_sum, piece_all_reduce_copy);
 }
 
+/* A lone rank is its own root: piece_broadcast copies nothing. */
 static fsdp_status host_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtype dt, int root,
                                   fsdp_stream_t s)
 {
     (void)s;
     FSDP_TRY(begin(c, FSDP_COLL_BROADCAST, NULL, buf, numel, dt, FSDP_REDUCE_SUM, root));
-    if (c->n_ranks == 1)
-        return FSDP_STATUS_OK;
-    run_shares(c, 0, piece_broadcast);
-    return meet(c, false);
+    return run_phases(c, piece_broadcast, NULL);
 }
 
 /* Two meetings, like the others: the second keeps every rank's slot stable
