@@ -139,22 +139,10 @@ static const struct {
 };
 #define HF_BLOCK_N ((int)(sizeof hf_block / sizeof hf_block[0]))
 
-/* "h.<l>.<rest>": the layer (decimal, no leading zeros, < 4096) and rest,
- * or -1. */
+/* "h.<l>.<rest>": the layer and rest, or -1. */
 static int block_layer(const char *s, const char **rest)
 {
-    if (strncmp(s, "h.", 2))
-        return -1;
-    s += 2;
-    int l = 0, digits = 0;
-    while (*s >= '0' && *s <= '9' && digits < 5) {
-        l = l * 10 + (*s++ - '0');
-        digits++;
-    }
-    if (digits == 0 || digits > 4 || (digits > 1 && s[-digits] == '0') || l >= 4096 || *s != '.')
-        return -1;
-    *rest = s + 1;
-    return l;
+    return fsdp_weight_layer_of(s, "h.", rest);
 }
 
 static fsdp_weight_match st_match(const char *name, char *param, size_t n)
@@ -196,12 +184,7 @@ static void st_tensor(const fsdp_model *m, int unit, int param, fsdp_weight_tens
     const fsdp_gpt2_config *c = fsdp_gpt2_config_of(m);
     const fsdp_param_spec *p = &m->units[unit].params[param];
     FSDP_ASSERT(c);
-    memset(out, 0, sizeof *out);
-    snprintf(out->name, sizeof out->name, "%s", p->name);
-    out->ndim = p->ndim;
-    for (int d = 0; d < p->ndim; d++)
-        out->shape[d] = (uint64_t)p->shape[d];
-    out->stored_numel = p->numel;
+    fsdp_weight_tensor_of_param(p, out);
     if (p->ndim == 2 && is_conv(p->name)) {
         out->transposed = true;
         out->shape[0] = (uint64_t)p->shape[1];
