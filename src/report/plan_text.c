@@ -30,6 +30,17 @@ static bool same_comm(const fsdp_plan_rank *a, const fsdp_plan_rank *b)
            !memcmp(a->n_calls, b->n_calls, sizeof a->n_calls);
 }
 
+/* The last device of the row that starts at device lo: devices whose
+ * figures same() finds equal share a row. */
+static int row_end(const fsdp_plan *p, int lo,
+                   bool (*same)(const fsdp_plan_rank *, const fsdp_plan_rank *))
+{
+    int hi = lo;
+    while (hi + 1 < p->n_ranks && same(&p->ranks[lo], &p->ranks[hi + 1]))
+        hi++;
+    return hi;
+}
+
 /* The first cell of a row of devices (or nodes) lo..hi: "3", "0..7". */
 static void row_label(FILE *f, int lo, int hi)
 {
@@ -134,10 +145,8 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
     if (any_host)
         fprintf(f, " | %11s", "host pinned");
     fputc('\n', f);
-    for (int lo = 0; lo < N;) {
-        int hi = lo;
-        while (hi + 1 < N && same_mem(&p->ranks[lo], &p->ranks[hi + 1]))
-            hi++;
+    for (int lo = 0, hi; lo < N; lo = hi + 1) {
+        hi = row_end(p, lo, same_mem);
         const fsdp_plan_rank *pr = &p->ranks[lo];
         row_label(f, lo, hi);
         fprintf(f, " %11s", fmtb(b1, pr->mem.peak_bytes));
@@ -147,7 +156,6 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
         if (any_host)
             fprintf(f, " | %11s", fmtb(b1, pr->host.peak_bytes));
         fputc('\n', f);
-        lo = hi + 1;
     }
     fprintf(f, "  (param: parameter shards; grad: gradient shards and the unit gradient being "
                "reduced;\n   optim: optimizer state (%s); gather: gathered units; act: "
@@ -161,10 +169,8 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
             kind_used[k] |= p->ranks[r].n_calls[k] != 0;
     kind_header(f, kind_used, 27);
     fprintf(f, " %23s\n", "total");
-    for (int lo = 0; lo < N;) {
-        int hi = lo;
-        while (hi + 1 < N && same_comm(&p->ranks[lo], &p->ranks[hi + 1]))
-            hi++;
+    for (int lo = 0, hi; lo < N; lo = hi + 1) {
+        hi = row_end(p, lo, same_comm);
         const fsdp_plan_rank *pr = &p->ranks[lo];
         row_label(f, lo, hi);
         for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++) {
@@ -177,7 +183,6 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
         traffic_cell(f, 23, "", fsdp_plan_coll_total(pr->recv_bytes),
                      fsdp_plan_coll_total(pr->sent_bytes));
         fputc('\n', f);
-        lo = hi + 1;
     }
     if (N == 1)
         fprintf(f, "  (one device: collectives move nothing)\n");
