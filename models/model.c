@@ -95,9 +95,8 @@ void fsdp_model_init_range(const fsdp_model *m, int unit, size_t begin, size_t e
     const fsdp_unit_spec *u = &m->units[unit];
     for (int i = 0; i < u->n_params; i++) {
         const fsdp_param_spec *p = &u->params[i];
-        size_t lo = p->offset > begin ? p->offset : begin;
-        size_t hi = p->offset + p->numel < end ? p->offset + p->numel : end;
-        if (lo < hi)
+        size_t lo, hi;
+        if (fsdp_param_overlap(p, begin, end, &lo, &hi))
             init_param_slice(p, lo - p->offset, hi - lo, seed, dst + (lo - begin));
     }
     /* Padding past the unit's parameters (shards are padded to a multiple
