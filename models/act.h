@@ -1,8 +1,10 @@
 /*
- * act.h - what every model family's step shares: the ledger of a training
- * or inference state's activation buffers, the per-layer saved activations
- * and which recompute modes keep them, the per-token losses read back to
- * the host, op failures reported per unit, and unit checks.
+ * act.h - what every model family's step shares: the start of every
+ * family's state (fsdp_act_state: micro-batch, mode, tokens, targets,
+ * logits, losses) with its allocation, loss and free, the ledger of a
+ * training or inference state's activation buffers, the per-layer saved
+ * activations and which recompute modes keep them, the per-token losses
+ * read back to the host, op failures reported per unit, and unit checks.
  *
  * Why: a family's model file (models/gpt2.c, models/llama.c) should hold
  * its architecture (which buffers, which ops in which order), not the
