@@ -140,3 +140,82 @@ fsdp_status fsdp_act_zero(fsdp_op_ctx *ctx, float *p, size_t n)
 {
     return fsdp_device_memset(ctx->dev, p, 0, n * sizeof(float), ctx->stream);
 }
+
+fsdp_status fsdp_act_state_new(const fsdp_model *m, const char *family, size_t state_bytes,
+                               size_t layer_bytes, int B, int T, bool training,
+                               fsdp_recompute mode, int cap, void **out)
+{
+    *out = NULL;
+    fsdp_act_state *s = calloc(1, state_bytes);
+    if (!s)
+        return fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a %s state failed", family);
+    s->B = B;
+    s->T = T;
+    s->training = training;
+    s->mode = training ? mode : FSDP_RECOMPUTE_NONE;
+    fsdp_status st = fsdp_act_set_init(&s->act, family, B, T, cap);
+    if (st != FSDP_STATUS_OK)
+        return fsdp_act_state_fail(m, NULL, s, st);
+    s->layers = calloc((size_t)m->n_layer, layer_bytes);
+    if (!s->layers)
+        return fsdp_act_state_fail(
+            m, NULL, s,
+            fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a %s state failed", family));
+    *out = s;
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_act_state_alloc_io(fsdp_op_ctx *ctx, fsdp_act_state *s)
+{
+    const size_t N = (size_t)s->B * s->T;
+    FSDP_TRY(fsdp_act_alloc(ctx, &s->act, N * sizeof(int), "tokens", -1, &s->tokens));
+    return fsdp_act_alloc(ctx, &s->act, N * sizeof(int), "targets", -1, &s->targets);
+}
+
+fsdp_status fsdp_act_state_alloc_head(fsdp_op_ctx *ctx, fsdp_act_state *s, int Vp)
+{
+    const size_t N = (size_t)s->B * s->T, dts = fsdp_dtype_size(ctx->dt), f4 = sizeof(float);
+    FSDP_TRY(fsdp_act_alloc(ctx, &s->act, N * Vp * dts, "logits", -1, &s->logits));
+    FSDP_TRY(fsdp_act_alloc(ctx, &s->act, N * f4, "losses", -1, &s->losses));
+    FSDP_TRY(fsdp_act_host_losses(ctx, &s->act));
+    if (!s->training)
+        return FSDP_STATUS_OK;
+    if (ctx->dt == FSDP_DTYPE_F32) {
+        s->dlogits = (float *)s->logits; /* xent writes dlogits in place */
+        return FSDP_STATUS_OK;
+    }
+    return fsdp_act_alloc(ctx, &s->act, N * Vp * f4, "dlogits", -1, &s->dlogits);
+}
+
+fsdp_status fsdp_act_state_fail(const fsdp_model *m, fsdp_op_ctx *ctx, void *s, fsdp_status st)
+{
+    fsdp_act_state *base = s;
+    fsdp_error_prefix("%s '%s' activations", base->act.family, m->name);
+    fsdp_act_state_free(m, ctx, s);
+    return st;
+}
+
+void fsdp_act_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state)
+{
+    (void)m;
+    fsdp_act_state *s = state;
+    if (!s)
+        return;
+    fsdp_act_set_free(ctx, &s->act);
+    free(s->layers);
+    free(s);
+}
+
+int *fsdp_act_state_tokens(void *state) { return ((fsdp_act_state *)state)->tokens; }
+int *fsdp_act_state_targets(void *state) { return ((fsdp_act_state *)state)->targets; }
+const void *fsdp_act_state_logits(void *state) { return ((fsdp_act_state *)state)->logits; }
+
+fsdp_status fsdp_act_state_loss(fsdp_op_ctx *ctx, const fsdp_model *m, fsdp_act_state *s, int V,
+                                int Vp, float dloss, bool grads, float *loss)
+{
+    const int N = s->B * s->T;
+    FSDP_OP(ctx, xent_fwd_bwd, s->losses, grads ? s->dlogits : NULL, s->logits, s->targets, N, V,
+            Vp, dloss / (float)N);
+    /* mean loss on the host, summed in the fixed tree order */
+    return fsdp_act_read_loss(ctx, &s->act, m, s->losses, loss);
+}

@@ -1,8 +1,10 @@
 /*
- * act.h - what every model family's step shares: the ledger of a training
- * or inference state's activation buffers, the per-layer saved activations
- * and which recompute modes keep them, the per-token losses read back to
- * the host, op failures reported per unit, and unit checks.
+ * act.h - what every model family's step shares: the start of every
+ * family's state (fsdp_act_state: micro-batch, mode, tokens, targets,
+ * logits, losses) with its allocation, loss and free, the ledger of a
+ * training or inference state's activation buffers, the per-layer saved
+ * activations and which recompute modes keep them, the per-token losses
+ * read back to the host, op failures reported per unit, and unit checks.
  *
  * Why: a family's model file (models/gpt2.c, models/llama.c) should hold
  * its architecture (which buffers, which ops in which order), not the
@@ -109,6 +111,59 @@ fsdp_status fsdp_act_check_batch(const char *family, int B, int T, int max_seq_l
  * units (1 .. n_units - 1); `what` names the call. */
 fsdp_status fsdp_act_check_unit(const char *family, const fsdp_model *m, const void *state,
                                 int unit, const char *what);
+
+/* ---- the state of a step ----
+ * What every family's state holds whatever its architecture. A family's
+ * state struct starts with one (so the engine's void *state is also an
+ * fsdp_act_state *) and adds its own buffers after it. */
+typedef struct fsdp_act_state {
+    int B, T;
+    bool training;
+    fsdp_recompute mode; /* training states: what each layer keeps (the family's fields) */
+    void *layers;        /* (L,) the family's layer structs; fields a layer does not keep
+                            point at layers[0]'s */
+    int *tokens;         /* (B*T) int32 */
+    int *targets;        /* (B*T) int32, < 0: no loss */
+    void *logits;        /* (B*T,Vp) dt */
+    float *losses;       /* (B*T) per-token losses, device */
+    float *dlogits;      /* training only: (B*T,Vp) fp32; aliases logits when dt is fp32 */
+    fsdp_act_set act;    /* every device allocation, the host copy of the losses */
+} fsdp_act_state;
+
+/* A zeroed state of state_bytes (the family's struct) for (B, T) in *out,
+ * with the fields above set (mode NONE unless training), room for `cap`
+ * device buffers and m->n_layer zeroed layer structs of layer_bytes. OOM
+ * "host allocation of a <family> state failed", once the state exists
+ * prefixed as fsdp_act_state_fail does; nothing is left allocated. */
+fsdp_status fsdp_act_state_new(const fsdp_model *m, const char *family, size_t state_bytes,
+                               size_t layer_bytes, int B, int T, bool training,
+                               fsdp_recompute mode, int cap, void **out);
+
+/* The state's first device buffers: tokens, then targets. */
+fsdp_status fsdp_act_state_alloc_io(fsdp_op_ctx *ctx, fsdp_act_state *s);
+
+/* The head's buffers: logits (Vp wide, dt), losses, their host copy and,
+ * in a training state, dlogits (fp32: the logits themselves when dt is
+ * fp32, which xent overwrites in place). */
+fsdp_status fsdp_act_state_alloc_head(fsdp_op_ctx *ctx, fsdp_act_state *s, int Vp);
+
+/* A failed state_init's end: prefixes the message ("<family> '<model>'
+ * activations"), frees s and returns st. */
+fsdp_status fsdp_act_state_fail(const fsdp_model *m, fsdp_op_ctx *ctx, void *s, fsdp_status st);
+
+/* The model interface's state_free, state_tokens, state_targets and
+ * state_logits for every family (models/model.h). */
+void fsdp_act_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state);
+int *fsdp_act_state_tokens(void *state);
+int *fsdp_act_state_targets(void *state);
+const void *fsdp_act_state_logits(void *state);
+
+/* The head's loss: per-token cross-entropy of the logits against the
+ * targets over V of the Vp columns (and, when grads, dlogits scaled by
+ * dloss / (B*T): the loss is the sum of the token losses, masked targets
+ * adding 0), then the mean read back as fsdp_act_read_loss does. */
+fsdp_status fsdp_act_state_loss(fsdp_op_ctx *ctx, const fsdp_model *m, fsdp_act_state *s, int V,
+                                int Vp, float dloss, bool grads, float *loss);
 
 /* Zeroes n floats on the compute stream (nothing on meta). */
 fsdp_status fsdp_act_zero(fsdp_op_ctx *ctx, float *p, size_t n);

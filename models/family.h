@@ -53,6 +53,24 @@ struct fsdp_model_family {
     const fsdp_safetensors_mapping *safetensors;
 };
 
+/* ---- checks every family's config validation makes (registry.c) ---- */
+
+/* A config's padded vocabulary: vocab rounded up to a multiple of 128. */
+int fsdp_model_round_vocab(int vocab);
+
+/* One int setting of a config and its upper bound (the lower one is 1). */
+typedef struct fsdp_model_int_field {
+    const char *key;
+    int v, max;
+} fsdp_model_int_field;
+
+/* INVALID_ARG "<title> config: <key>=<v> is out of range; use 1..<max>" for
+ * the first of f[0..n) outside its range. */
+fsdp_status fsdp_model_check_ints(const char *title, const fsdp_model_int_field *f, int n);
+
+/* INVALID_ARG unless padded == fsdp_model_round_vocab(vocab). */
+fsdp_status fsdp_model_check_padded_vocab(const char *title, int vocab, int padded);
+
 /* One key of a config: its value is read into *dst (int or double, in
  * [min, max]); *dst keeps its default when the key is left out. */
 typedef enum fsdp_model_key_type { FSDP_MODEL_KEY_INT = 0, FSDP_MODEL_KEY_FLOAT } fsdp_model_key_type;

@@ -173,30 +173,21 @@ static const fsdp_act_field act_fields[ACT_N_FIELDS] = {
 #undef ACT_FIELD
 
 typedef struct gpt2_state {
-    int B, T;
-    bool training;
-    fsdp_recompute mode;      /* training states: what each block keeps (act_fields) */
-    gpt2_layer_acts *layers;  /* (L,); fields a block does not keep point at layers[0]'s */
+    fsdp_act_state base;      /* B, T, mode, layers, tokens, targets, logits, losses, dlogits */
 
-    int *tokens;              /* (B*T) int32 */
     int *targets;             /* (B*T) int32 */
     void *encoded;            /* (B,T,C) dt: embeddings, input of block 0 */
     void *proj;               /* (B,T,C) dt scratch: projection output before a residual add */
     void *lnf;                /* (B,T,C) dt */
     float *lnf_mean;          /* (B,T) */
     float *lnf_rstd;          /* (B,T) */
-    void *logits;             /* (B*T,Vp) dt */
-    float *losses;            /* (B*T) per-token losses, device */
 
     /* training only (fp32) */
-    float *dlogits;           /* (B*T,Vp); aliases logits when dt is fp32 */
     float *dres;              /* (B,T,C) gradient of the residual stream */
     float *dC;                /* (B,T,C) scratch: dln1, datty, dln2, dlnf */
     float *d4C_a;             /* (B,T,4C) scratch: dfch_gelu, then dqkv (3C) */
     float *d4C_b;             /* (B,T,4C) scratch: dfch */
     float *datt;              /* (B,NH,T,T) scratch for attention backward */
-
-    fsdp_act_set act;         /* every device allocation, the host copy of the losses */
 } gpt2_state;
 
 static const fsdp_gpt2_config *cfg_of(const fsdp_model *m)
@@ -212,28 +203,18 @@ static const fsdp_act_layout act_layout = {act_fields, ACT_N_FIELDS, sizeof(gpt2
 /* Whether each block has its own copy of field f (else one shared copy). */
 static bool kept(const gpt2_state *s, int f)
 {
-    return fsdp_act_kept(&act_layout, f, s->training, s->mode);
+    return fsdp_act_kept(&act_layout, f, s->base.training, s->base.mode);
 }
 
-static void gpt2_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state)
-{
-    (void)m;
-    gpt2_state *s = state;
-    if (!s)
-        return;
-    fsdp_act_set_free(ctx, &s->act);
-    free(s->layers);
-    free(s);
-}
 
 /* Bytes of a saved activation of `width` (act_fields) for s's micro-batch. */
 static size_t field_bytes(const fsdp_model *m, const void *state, int width, size_t dts)
 {
     const fsdp_gpt2_config *cfg = cfg_of(m);
     const gpt2_state *s = state;
-    const size_t N = (size_t)s->B * s->T;
+    const size_t N = (size_t)s->base.B * s->base.T;
     return width > 0   ? N * (size_t)width * cfg->n_embd * dts
-           : width == 0 ? N * (size_t)cfg->n_head * s->T * dts
+           : width == 0 ? N * (size_t)cfg->n_head * s->base.T * dts
                         : N * sizeof(float);
 }
 
@@ -248,51 +229,33 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
 
     const size_t N = (size_t)B * T, dts = fsdp_dtype_size(ctx->dt), f4 = sizeof(float);
     const size_t natt = (size_t)B * NH * T * T;
+    void *p;
+    FSDP_TRY(fsdp_act_state_new(m, "GPT-2", sizeof(gpt2_state), sizeof(gpt2_layer_acts), B, T,
+                                training, mode, ACT_N_FIELDS * L + 16, &p));
+    gpt2_state *s = p;
+    fsdp_act_set *a = &s->base.act;
     fsdp_status st = FSDP_STATUS_OK;
-    gpt2_state *s = calloc(1, sizeof *s);
-    if (!s)
-        return fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a GPT-2 state failed");
-    s->B = B;
-    s->T = T;
-    s->training = training;
-    s->mode = training ? mode : FSDP_RECOMPUTE_NONE;
-    FSDP_CHECK(fsdp_act_set_init(&s->act, "GPT-2", B, T, ACT_N_FIELDS * L + 16));
-    s->layers = calloc((size_t)L, sizeof *s->layers);
-    if (!s->layers) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a GPT-2 state failed");
-        goto fail;
-    }
-
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * sizeof(int), "tokens", -1, &s->tokens));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * sizeof(int), "targets", -1, &s->targets));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "encoded", -1, &s->encoded));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "proj", -1, &s->proj));
-    FSDP_CHECK(fsdp_act_layers_alloc(m, ctx, &s->act, &act_layout, s, s->layers, s->training,
-                                     s->mode));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "lnf", -1, &s->lnf));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "lnf_mean", -1, &s->lnf_mean));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * Vp * dts, "logits", -1, &s->logits));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "losses", -1, &s->losses));
-    FSDP_CHECK(fsdp_act_host_losses(ctx, &s->act));
+    FSDP_CHECK(fsdp_act_state_alloc_io(ctx, &s->base));
+    FSDP_CHECK(fsdp_act_alloc(ctx, a, N * C * dts, "encoded", -1, &s->encoded));
+    FSDP_CHECK(fsdp_act_alloc(ctx, a, N * C * dts, "proj", -1, &s->proj));
+    FSDP_CHECK(fsdp_act_layers_alloc(m, ctx, a, &act_layout, s, s->base.layers, training,
+                                     s->base.mode));
+    FSDP_CHECK(fsdp_act_alloc(ctx, a, N * C * dts, "lnf", -1, &s->lnf));
+    FSDP_CHECK(fsdp_act_alloc(ctx, a, N * f4, "lnf_mean", -1, &s->lnf_mean));
+    FSDP_CHECK(fsdp_act_alloc(ctx, a, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
+    FSDP_CHECK(fsdp_act_state_alloc_head(ctx, &s->base, Vp));
     if (training) {
-        if (ctx->dt == FSDP_DTYPE_F32)
-            s->dlogits = (float *)s->logits; /* xent writes dlogits in place */
-        else
-            FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * Vp * f4, "dlogits", -1, &s->dlogits));
-        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * f4, "dresidual", -1, &s->dres));
-        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * f4, "dC scratch", -1, &s->dC));
-        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * 4 * C * f4, "d4C scratch a", -1, &s->d4C_a));
-        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * 4 * C * f4, "d4C scratch b", -1, &s->d4C_b));
-        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, natt * f4, "datt scratch", -1, &s->datt));
+        FSDP_CHECK(fsdp_act_alloc(ctx, a, N * C * f4, "dresidual", -1, &s->dres));
+        FSDP_CHECK(fsdp_act_alloc(ctx, a, N * C * f4, "dC scratch", -1, &s->dC));
+        FSDP_CHECK(fsdp_act_alloc(ctx, a, N * 4 * C * f4, "d4C scratch a", -1, &s->d4C_a));
+        FSDP_CHECK(fsdp_act_alloc(ctx, a, N * 4 * C * f4, "d4C scratch b", -1, &s->d4C_b));
+        FSDP_CHECK(fsdp_act_alloc(ctx, a, natt * f4, "datt scratch", -1, &s->datt));
     }
     *state = s;
     return FSDP_STATUS_OK;
 
 fail:
-    fsdp_error_prefix("GPT-2 '%s' activations", m->name);
-    gpt2_state_free(m, ctx, s);
-    return st;
+    return fsdp_act_state_fail(m, ctx, s, st);
 }
 
 static fsdp_status gpt2_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
@@ -307,9 +270,6 @@ static fsdp_status gpt2_state_init_recompute(const fsdp_model *m, fsdp_op_ctx *c
     return state_alloc(m, ctx, B, T, true, mode, state);
 }
 
-static int *gpt2_state_tokens(void *state) { return ((gpt2_state *)state)->tokens; }
-static int *gpt2_state_targets(void *state) { return ((gpt2_state *)state)->targets; }
-static const void *gpt2_state_logits(void *state) { return ((gpt2_state *)state)->logits; }
 
 /* ---- forward / backward -------------------------------------------------- */
 
@@ -321,7 +281,10 @@ static fsdp_status ops_status(fsdp_op_ctx *ctx, const fsdp_model *m, const char 
     return fsdp_act_ops_status(ctx, "GPT-2", m, what, unit);
 }
 
-static gpt2_layer_acts *layer_acts(gpt2_state *s, int l) { return &s->layers[l]; }
+static gpt2_layer_acts *layer_acts(gpt2_state *s, int l)
+{
+    return (gpt2_layer_acts *)s->base.layers + l;
+}
 
 /* Input of block l: the embeddings or the previous block's output. */
 static void *block_input(gpt2_state *s, int l)
@@ -341,9 +304,9 @@ static fsdp_status gpt2_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void
     if (!s)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 root_forward: no state");
     const int C = cfg_of(m)->n_embd;
-    FSDP_OP(ctx, embed_fwd, s->encoded, s->tokens,
+    FSDP_OP(ctx, embed_fwd, s->encoded, s->base.tokens,
             fsdp_unit_param(m, 0, root_params, ROOT_WTE, ctx->dt),
-            fsdp_unit_param(m, 0, root_params, ROOT_WPE, ctx->dt), s->B, s->T, C);
+            fsdp_unit_param(m, 0, root_params, ROOT_WPE, ctx->dt), s->base.B, s->base.T, C);
     return ops_status(ctx, m, "forward", 0);
 }
 
@@ -358,7 +321,8 @@ static fsdp_status block_forward(const fsdp_model *m, fsdp_op_ctx *ctx, gpt2_sta
                                  const void *params, bool redo)
 {
     const fsdp_gpt2_config *cfg = cfg_of(m);
-    const int C = cfg->n_embd, NH = cfg->n_head, B = s->B, T = s->T, N = B * T, l = unit - 1;
+    const int C = cfg->n_embd, NH = cfg->n_head, B = s->base.B, T = s->base.T, N = B * T,
+              l = unit - 1;
     const fsdp_dtype dt = ctx->dt;
 #define P(i) fsdp_unit_param(m, unit, params, (i), dt)
 #define RUN(field) (!redo || !kept(s, field))
@@ -404,7 +368,7 @@ static fsdp_status gpt2_unit_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, vo
 {
     FSDP_TRY(check_unit(m, state, unit, "unit_recompute"));
     gpt2_state *s = state;
-    if (!s->training)
+    if (!s->base.training)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "GPT-2 unit_recompute: the state is forward-only");
     return block_forward(m, ctx, s, unit, params, true);
@@ -431,13 +395,13 @@ static fsdp_status gpt2_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *
     gpt2_state *s = state;
     if (!s)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 head_forward_backward: no state");
-    if (root_grads && !s->training)
+    if (root_grads && !s->base.training)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "GPT-2 head_forward_backward: gradients requested from a "
                               "forward-only state (state_init with training=true)");
     const fsdp_gpt2_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
-    const int N = s->B * s->T;
+    const int N = s->base.B * s->base.T;
     const fsdp_dtype dt = ctx->dt;
     const void *wte = fsdp_unit_param(m, 0, root_params, ROOT_WTE, dt);
     const void *lnfw = fsdp_unit_param(m, 0, root_params, ROOT_LNFW, dt);
@@ -445,21 +409,15 @@ static fsdp_status gpt2_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *
 
     FSDP_OP(ctx, layernorm_fwd, s->lnf, s->lnf_mean, s->lnf_rstd, last, lnfw,
             fsdp_unit_param(m, 0, root_params, ROOT_LNFB, dt), N, C);
-    FSDP_OP(ctx, matmul_fwd, s->logits, s->lnf, wte, NULL, N, C, Vp);
-    /* The loss is the sum of the token losses over B*T (masked targets add
-     * 0), so each token's share of the gradient is dloss / (B*T). */
-    float *dlogits = root_grads ? s->dlogits : NULL;
-    FSDP_OP(ctx, xent_fwd_bwd, s->losses, dlogits, s->logits, s->targets, N, V, Vp,
-            dloss / (float)N);
-
-    /* Mean loss on the host, summed in the fixed tree order. */
-    FSDP_TRY(fsdp_act_read_loss(ctx, &s->act, m, s->losses, loss));
+    FSDP_OP(ctx, matmul_fwd, s->base.logits, s->lnf, wte, NULL, N, C, Vp);
+    FSDP_TRY(fsdp_act_state_loss(ctx, m, &s->base, V, Vp, dloss, root_grads != NULL, loss));
     if (!root_grads)
         return FSDP_STATUS_OK;
 
     /* Backward: logits = lnf @ wte^T, then the final LayerNorm; dres starts here. */
     FSDP_TRY(fsdp_act_zero(ctx, s->dC, (size_t)N * C));
-    FSDP_OP(ctx, matmul_bwd, s->dC, fsdp_unit_grad(m, 0, root_grads, ROOT_WTE), NULL, dlogits,
+    FSDP_OP(ctx, matmul_bwd, s->dC, fsdp_unit_grad(m, 0, root_grads, ROOT_WTE), NULL,
+            s->base.dlogits,
             s->lnf, wte, N, C, Vp);
     FSDP_TRY(fsdp_act_zero(ctx, s->dres, (size_t)N * C));
     FSDP_OP(ctx, layernorm_bwd, s->dres, fsdp_unit_grad(m, 0, root_grads, ROOT_LNFW),
@@ -473,12 +431,13 @@ static fsdp_status gpt2_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
 {
     FSDP_TRY(check_unit(m, state, unit, "unit_backward"));
     gpt2_state *s = state;
-    if (!s->training)
+    if (!s->base.training)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "GPT-2 unit_backward: the state is forward-only (state_init with "
                               "training=true)");
     const fsdp_gpt2_config *cfg = cfg_of(m);
-    const int C = cfg->n_embd, NH = cfg->n_head, B = s->B, T = s->T, N = B * T, l = unit - 1;
+    const int C = cfg->n_embd, NH = cfg->n_head, B = s->base.B, T = s->base.T, N = B * T,
+              l = unit - 1;
     const size_t NC = (size_t)N * C;
     const fsdp_dtype dt = ctx->dt;
 #define P(i) fsdp_unit_param(m, unit, params, (i), dt)
@@ -522,22 +481,23 @@ static fsdp_status gpt2_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
                                       const void *root_params, float *root_grads)
 {
     gpt2_state *s = state;
-    if (!s || !s->training)
+    if (!s || !s->base.training)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "GPT-2 root_backward: needs a training state (state_init with "
                               "training=true)");
     const int C = cfg_of(m)->n_embd;
     FSDP_OP(ctx, embed_bwd, fsdp_unit_grad(m, 0, root_grads, ROOT_WTE),
-            fsdp_unit_grad(m, 0, root_grads, ROOT_WPE), s->dres, s->tokens, s->B, s->T, C);
+            fsdp_unit_grad(m, 0, root_grads, ROOT_WPE), s->dres, s->base.tokens, s->base.B,
+            s->base.T, C);
     return ops_status(ctx, m, "backward", 0);
 }
 
 static const struct fsdp_model_i gpt2_model_i = {
     /* .state_init            = */ gpt2_state_init,
-    /* .state_free            = */ gpt2_state_free,
-    /* .state_tokens          = */ gpt2_state_tokens,
-    /* .state_targets         = */ gpt2_state_targets,
-    /* .state_logits          = */ gpt2_state_logits,
+    /* .state_free            = */ fsdp_act_state_free,
+    /* .state_tokens          = */ fsdp_act_state_tokens,
+    /* .state_targets         = */ fsdp_act_state_targets,
+    /* .state_logits          = */ fsdp_act_state_logits,
     /* .root_forward          = */ gpt2_root_forward,
     /* .unit_forward          = */ gpt2_unit_forward,
     /* .head_forward_backward = */ gpt2_head_forward_backward,

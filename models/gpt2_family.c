@@ -41,40 +41,24 @@ static const fsdp_gpt2_config gpt2_defaults = {
 #define GPT2_MAX_VOCAB (1 << 24)
 #define GPT2_MAX_CONTEXT (1 << 20)
 
-static int round_vocab(int v) { return (v + 127) / 128 * 128; }
-
 fsdp_status fsdp_gpt2_config_validate(const fsdp_gpt2_config *cfg)
 {
     if (!cfg)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 config is NULL");
-    struct {
-        const char *key;
-        int v, max;
-    } f[] = {
+    const fsdp_model_int_field f[] = {
         {"layers", cfg->n_layer, GPT2_MAX_LAYERS},
         {"heads", cfg->n_head, GPT2_MAX_HEADS},
         {"channels", cfg->n_embd, GPT2_MAX_CHANNELS},
         {"vocab", cfg->vocab_size, GPT2_MAX_VOCAB},
         {"context", cfg->max_seq_len, GPT2_MAX_CONTEXT},
     };
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
-        if (f[i].v < 1 || f[i].v > f[i].max)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "GPT-2 config: %s=%d is out of range; use 1..%d", f[i].key,
-                                  f[i].v, f[i].max);
-    }
+    FSDP_TRY(fsdp_model_check_ints("GPT-2", f, (int)(sizeof f / sizeof f[0])));
     if (cfg->n_embd % cfg->n_head != 0)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "GPT-2 config: channels=%d is not divisible by heads=%d; pick "
                               "channels as a multiple of heads",
                               cfg->n_embd, cfg->n_head);
-    if (cfg->padded_vocab_size != round_vocab(cfg->vocab_size))
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 config: padded vocab %d is not vocab=%d rounded up to a "
-                              "multiple of 128 (%d)",
-                              cfg->padded_vocab_size, cfg->vocab_size,
-                              round_vocab(cfg->vocab_size));
-    return FSDP_STATUS_OK;
+    return fsdp_model_check_padded_vocab("GPT-2", cfg->vocab_size, cfg->padded_vocab_size);
 }
 
 fsdp_status fsdp_gpt2_config_from_keys(const char *keys, fsdp_gpt2_config *cfg)
@@ -89,7 +73,7 @@ fsdp_status fsdp_gpt2_config_from_keys(const char *keys, fsdp_gpt2_config *cfg)
     };
     FSDP_TRY(fsdp_model_keys_parse(&fsdp_gpt2_family, keys, table,
                                    (int)(sizeof table / sizeof table[0])));
-    c.padded_vocab_size = round_vocab(c.vocab_size);
+    c.padded_vocab_size = fsdp_model_round_vocab(c.vocab_size);
     FSDP_TRY(fsdp_gpt2_config_validate(&c));
     *cfg = c;
     return FSDP_STATUS_OK;

@@ -4,7 +4,7 @@
  *
  * llm.c (gpt2_*.bin): header words {maxT, V, L, NH, C, Vp} after magic and
  * version; then every parameter, whole tensors stacked over layers (all L
- * ln_1 weights, then all L ln_1 biases, ...) in the order of llmc_order
+ * ln_1 weights, then all L ln_1 biases, ...) in the order of `tensors`
  * below. Linear weights are (OC, C) as in fsdp, wte is padded to Vp rows.
  *
  * Hugging Face (safetensors): fsdp's names ("wte.weight",
@@ -37,21 +37,34 @@
 #include "core/json.h"
 #include "models/gpt2.h"
 
-/* ---- llm.c --------------------------------------------------------------- */
-
-/* llm.c's tensors in file order; per_layer ones map to "h.<l>.<name>". */
-static const struct {
+/* GPT-2's tensors in llm.c's file order. per_layer ones are "h.<l>.<name>"
+ * in fsdp and in Hugging Face files (which may prefix "transformer."),
+ * where `conv` marks the Conv1D weights HF stores transposed. */
+static const struct gpt2_tensor {
     const char *name;
-    bool per_layer;
-} llmc_order[] = {
-    {"wte.weight", false},         {"wpe.weight", false},        {"ln_1.weight", true},
-    {"ln_1.bias", true},           {"attn.c_attn.weight", true}, {"attn.c_attn.bias", true},
-    {"attn.c_proj.weight", true},  {"attn.c_proj.bias", true},   {"ln_2.weight", true},
-    {"ln_2.bias", true},           {"mlp.c_fc.weight", true},    {"mlp.c_fc.bias", true},
-    {"mlp.c_proj.weight", true},   {"mlp.c_proj.bias", true},    {"ln_f.weight", false},
-    {"ln_f.bias", false},
+    bool per_layer, conv;
+} tensors[] = {
+    {"wte.weight", false, false},         {"wpe.weight", false, false},
+    {"ln_1.weight", true, false},         {"ln_1.bias", true, false},
+    {"attn.c_attn.weight", true, true},   {"attn.c_attn.bias", true, false},
+    {"attn.c_proj.weight", true, true},   {"attn.c_proj.bias", true, false},
+    {"ln_2.weight", true, false},         {"ln_2.bias", true, false},
+    {"mlp.c_fc.weight", true, true},      {"mlp.c_fc.bias", true, false},
+    {"mlp.c_proj.weight", true, true},    {"mlp.c_proj.bias", true, false},
+    {"ln_f.weight", false, false},        {"ln_f.bias", false, false},
 };
-#define LLMC_N ((int)(sizeof llmc_order / sizeof llmc_order[0]))
+#define N_TENSORS ((int)(sizeof tensors / sizeof tensors[0]))
+
+/* The root (per_layer false) or per-layer tensor called name, or NULL. */
+static const struct gpt2_tensor *find_tensor(const char *name, bool per_layer)
+{
+    for (int i = 0; i < N_TENSORS; i++)
+        if (tensors[i].per_layer == per_layer && !strcmp(name, tensors[i].name))
+            return &tensors[i];
+    return NULL;
+}
+
+/* ---- llm.c --------------------------------------------------------------- */
 
 enum { H_MAXT = 0, H_V, H_L, H_NH, H_C, H_VP, H_WORDS };
 
@@ -106,12 +119,12 @@ static void llmc_file_order(const fsdp_model *m, int *order)
     FSDP_ASSERT(c);
     int n = 0;
     char name[64];
-    for (int i = 0; i < LLMC_N; i++)
-        for (int l = 0; l < (llmc_order[i].per_layer ? c->n_layer : 1); l++) {
-            if (llmc_order[i].per_layer)
-                snprintf(name, sizeof name, "h.%d.%s", l, llmc_order[i].name);
+    for (int i = 0; i < N_TENSORS; i++)
+        for (int l = 0; l < (tensors[i].per_layer ? c->n_layer : 1); l++) {
+            if (tensors[i].per_layer)
+                snprintf(name, sizeof name, "h.%d.%s", l, tensors[i].name);
             else
-                snprintf(name, sizeof name, "%s", llmc_order[i].name);
+                snprintf(name, sizeof name, "%s", tensors[i].name);
             order[n++] = param_index(m, name);
         }
 }
@@ -124,37 +137,10 @@ const fsdp_llmc_mapping fsdp_gpt2_llmc = {
 
 /* ---- Hugging Face names -------------------------------------------------- */
 
-static const char *const hf_root[] = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"};
-#define HF_ROOT_N ((int)(sizeof hf_root / sizeof hf_root[0]))
-
-/* Per-block parameters; `conv` marks HF Conv1D weights (stored transposed). */
-static const struct {
-    const char *suffix;
-    bool conv;
-} hf_block[] = {
-    {"ln_1.weight", false},       {"ln_1.bias", false},         {"attn.c_attn.weight", true},
-    {"attn.c_attn.bias", false},  {"attn.c_proj.weight", true}, {"attn.c_proj.bias", false},
-    {"ln_2.weight", false},       {"ln_2.bias", false},         {"mlp.c_fc.weight", true},
-    {"mlp.c_fc.bias", false},     {"mlp.c_proj.weight", true},  {"mlp.c_proj.bias", false},
-};
-#define HF_BLOCK_N ((int)(sizeof hf_block / sizeof hf_block[0]))
-
-/* "h.<l>.<rest>": the layer (decimal, no leading zeros, < 4096) and rest,
- * or -1. */
+/* "h.<l>.<rest>": the layer and rest, or -1. */
 static int block_layer(const char *s, const char **rest)
 {
-    if (strncmp(s, "h.", 2))
-        return -1;
-    s += 2;
-    int l = 0, digits = 0;
-    while (*s >= '0' && *s <= '9' && digits < 5) {
-        l = l * 10 + (*s++ - '0');
-        digits++;
-    }
-    if (digits == 0 || digits > 4 || (digits > 1 && s[-digits] == '0') || l >= 4096 || *s != '.')
-        return -1;
-    *rest = s + 1;
-    return l;
+    return fsdp_weight_layer_of(s, "h.", rest);
 }
 
 static fsdp_weight_match st_match(const char *name, char *param, size_t n)
@@ -162,21 +148,19 @@ static fsdp_weight_match st_match(const char *name, char *param, size_t n)
     if (!strcmp(name, "lm_head.weight"))
         return FSDP_WEIGHT_IGNORED;
     const char *s = strncmp(name, "transformer.", 12) ? name : name + 12;
-    for (int i = 0; i < HF_ROOT_N; i++)
-        if (!strcmp(s, hf_root[i])) {
-            snprintf(param, n, "%s", s);
-            return FSDP_WEIGHT_PARAM;
-        }
+    if (find_tensor(s, false)) {
+        snprintf(param, n, "%s", s);
+        return FSDP_WEIGHT_PARAM;
+    }
     const char *rest;
     if (block_layer(s, &rest) < 0)
         return FSDP_WEIGHT_UNKNOWN;
     if (!strcmp(rest, "attn.bias") || !strcmp(rest, "attn.masked_bias"))
         return FSDP_WEIGHT_IGNORED;
-    for (int i = 0; i < HF_BLOCK_N; i++)
-        if (!strcmp(rest, hf_block[i].suffix)) {
-            snprintf(param, n, "%s", s);
-            return FSDP_WEIGHT_PARAM;
-        }
+    if (find_tensor(rest, true)) {
+        snprintf(param, n, "%s", s);
+        return FSDP_WEIGHT_PARAM;
+    }
     return FSDP_WEIGHT_UNKNOWN;
 }
 
@@ -185,10 +169,8 @@ static bool is_conv(const char *param)
     const char *rest;
     if (block_layer(param, &rest) < 0)
         return false;
-    for (int i = 0; i < HF_BLOCK_N; i++)
-        if (!strcmp(rest, hf_block[i].suffix))
-            return hf_block[i].conv;
-    return false;
+    const struct gpt2_tensor *t = find_tensor(rest, true);
+    return t && t->conv;
 }
 
 static void st_tensor(const fsdp_model *m, int unit, int param, fsdp_weight_tensor *out)
@@ -196,12 +178,7 @@ static void st_tensor(const fsdp_model *m, int unit, int param, fsdp_weight_tens
     const fsdp_gpt2_config *c = fsdp_gpt2_config_of(m);
     const fsdp_param_spec *p = &m->units[unit].params[param];
     FSDP_ASSERT(c);
-    memset(out, 0, sizeof *out);
-    snprintf(out->name, sizeof out->name, "%s", p->name);
-    out->ndim = p->ndim;
-    for (int d = 0; d < p->ndim; d++)
-        out->shape[d] = (uint64_t)p->shape[d];
-    out->stored_numel = p->numel;
+    fsdp_weight_tensor_of_param(p, out);
     if (p->ndim == 2 && is_conv(p->name)) {
         out->transposed = true;
         out->shape[0] = (uint64_t)p->shape[1];

@@ -192,12 +192,8 @@ static const fsdp_act_field act_fields[ACT_N_FIELDS] = {
 #undef ACT_FIELD
 
 typedef struct llama_state {
-    int B, T;
-    bool training;
-    fsdp_recompute mode;      /* training states: what each layer keeps (act_fields) */
-    llama_layer_acts *layers; /* (L,); fields a layer does not keep point at layers[0]'s */
+    fsdp_act_state base;      /* B, T, mode, layers, tokens, targets, logits, losses, dlogits */
 
-    int *tokens;              /* (B*T) int32 */
     int *targets;             /* (B*T) int32, < 0: no loss */
     void *zero_pos;           /* (1,C) dt, zeros: the embed op's position row */
     float *inv_freq;          /* (hd/2) rope frequencies */
@@ -205,18 +201,13 @@ typedef struct llama_state {
     void *proj;               /* (B,T,C) dt scratch: a projection before its residual add */
     void *lnf;                /* (B,T,C) dt */
     float *lnf_rstd;          /* (B,T) */
-    void *logits;             /* (B*T,Vp) dt */
-    float *losses;            /* (B*T) per-token losses, device */
 
     /* training only (fp32) */
-    float *dlogits;           /* (B*T,Vp); aliases logits when dt is fp32 */
     float *dres;              /* (B,T,C) gradient of the residual stream */
     float *dC;                /* (B,T,C) scratch: dln1, dln2, dlnf */
     float *dwide;             /* (B,T,max(QS,2IC)) scratch: dgu, then dqkv */
     float *dmid;              /* (B,T,max(IC,AH)) scratch: dswi, then datty */
     float *datt;              /* (B,NH,T,T) scratch for attention backward */
-
-    fsdp_act_set act;         /* every device allocation, the host copy of the losses */
 } llama_state;
 
 static const fsdp_llama_config *cfg_of(const fsdp_model *m)
@@ -232,20 +223,7 @@ static const fsdp_act_layout act_layout = {act_fields, ACT_N_FIELDS, sizeof(llam
 /* Whether each layer has its own copy of field f (else one shared copy). */
 static bool kept(const llama_state *s, int f)
 {
-    return fsdp_act_kept(&act_layout, f, s->training, s->mode);
-}
-
-/* layer >= 0: a layer's own buffer; -1: a state buffer; -2: a layer buffer
- * shared by every layer. */
-static void llama_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state)
-{
-    (void)m;
-    llama_state *s = state;
-    if (!s)
-        return;
-    fsdp_act_set_free(ctx, &s->act);
-    free(s->layers);
-    free(s);
+    return fsdp_act_kept(&act_layout, f, s->base.training, s->base.mode);
 }
 
 /* The rope table, computed on the host and copied to the device (the copy
@@ -272,12 +250,12 @@ static size_t field_bytes(const fsdp_model *m, const void *state, int width, siz
 {
     const fsdp_llama_config *cfg = cfg_of(m);
     const llama_state *s = state;
-    const size_t N = (size_t)s->B * s->T, hd = (size_t)cfg->head_dim;
+    const size_t N = (size_t)s->base.B * s->base.T, hd = (size_t)cfg->head_dim;
     switch ((act_width)width) {
     case W_C: return N * (size_t)cfg->n_embd * dts;
     case W_QS: return N * (size_t)(cfg->n_head + 2 * cfg->n_kv_head) * hd * dts;
     case W_AH: return N * (size_t)cfg->n_head * hd * dts;
-    case W_ATT: return N * (size_t)cfg->n_head * (size_t)s->T * dts;
+    case W_ATT: return N * (size_t)cfg->n_head * (size_t)s->base.T * dts;
     case W_2IC: return N * 2 * (size_t)cfg->n_inter * dts;
     case W_IC: return N * (size_t)cfg->n_inter * dts;
     case W_STAT: return N * sizeof(float);
@@ -302,58 +280,39 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
 
     const size_t N = (size_t)B * T, dts = fsdp_dtype_size(ctx->dt), f4 = sizeof(float);
     const size_t natt = (size_t)B * NH * T * T;
+    void *p;
+    FSDP_TRY(fsdp_act_state_new(m, "Llama", sizeof(llama_state), sizeof(llama_layer_acts), B, T,
+                                training, mode, ACT_N_FIELDS * L + 20, &p));
+    llama_state *s = p;
+    fsdp_act_set *a = &s->base.act;
     fsdp_status st = FSDP_STATUS_OK;
-    llama_state *s = calloc(1, sizeof *s);
-    if (!s)
-        return fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a Llama state failed");
-    s->B = B;
-    s->T = T;
-    s->training = training;
-    s->mode = training ? mode : FSDP_RECOMPUTE_NONE;
-    FSDP_CHECK(fsdp_act_set_init(&s->act, "Llama", B, T, ACT_N_FIELDS * L + 20));
-    s->layers = calloc((size_t)L, sizeof *s->layers);
-    if (!s->layers) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "host allocation of a Llama state failed");
-        goto fail;
-    }
-
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * sizeof(int), "tokens", -1, &s->tokens));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * sizeof(int), "targets", -1, &s->targets));
-    FSDP_CHECK(
-        fsdp_act_alloc(ctx, &s->act, (size_t)C * dts, "zero position row", -1, &s->zero_pos));
+    FSDP_CHECK(fsdp_act_state_alloc_io(ctx, &s->base));
+    FSDP_CHECK(fsdp_act_alloc(ctx, a, (size_t)C * dts, "zero position row", -1, &s->zero_pos));
     FSDP_CHECK(fsdp_device_memset(ctx->dev, s->zero_pos, 0, (size_t)C * dts, ctx->stream));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, (size_t)cfg->head_dim / 2 * f4, "rope frequencies", -1,
+    FSDP_CHECK(fsdp_act_alloc(ctx, a, (size_t)cfg->head_dim / 2 * f4, "rope frequencies", -1,
                               &s->inv_freq));
     FSDP_CHECK(upload_inv_freq(ctx, cfg, s->inv_freq));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "encoded", -1, &s->encoded));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "proj", -1, &s->proj));
-    FSDP_CHECK(fsdp_act_layers_alloc(m, ctx, &s->act, &act_layout, s, s->layers, s->training,
-                                     s->mode));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * dts, "lnf", -1, &s->lnf));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * Vp * dts, "logits", -1, &s->logits));
-    FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * f4, "losses", -1, &s->losses));
-    FSDP_CHECK(fsdp_act_host_losses(ctx, &s->act));
+    FSDP_CHECK(fsdp_act_alloc(ctx, a, N * C * dts, "encoded", -1, &s->encoded));
+    FSDP_CHECK(fsdp_act_alloc(ctx, a, N * C * dts, "proj", -1, &s->proj));
+    FSDP_CHECK(fsdp_act_layers_alloc(m, ctx, a, &act_layout, s, s->base.layers, training,
+                                     s->base.mode));
+    FSDP_CHECK(fsdp_act_alloc(ctx, a, N * C * dts, "lnf", -1, &s->lnf));
+    FSDP_CHECK(fsdp_act_alloc(ctx, a, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
+    FSDP_CHECK(fsdp_act_state_alloc_head(ctx, &s->base, Vp));
     if (training) {
-        if (ctx->dt == FSDP_DTYPE_F32)
-            s->dlogits = (float *)s->logits; /* xent writes dlogits in place */
-        else
-            FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * Vp * f4, "dlogits", -1, &s->dlogits));
-        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * f4, "dresidual", -1, &s->dres));
-        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * C * f4, "dC scratch", -1, &s->dC));
-        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * max_sz(QS, 2 * IC) * f4,
-                                  "dqkv/dgate_up scratch", -1, &s->dwide));
-        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, N * max_sz(IC, AH) * f4, "datty/dswiglu scratch",
-                                  -1, &s->dmid));
-        FSDP_CHECK(fsdp_act_alloc(ctx, &s->act, natt * f4, "datt scratch", -1, &s->datt));
+        FSDP_CHECK(fsdp_act_alloc(ctx, a, N * C * f4, "dresidual", -1, &s->dres));
+        FSDP_CHECK(fsdp_act_alloc(ctx, a, N * C * f4, "dC scratch", -1, &s->dC));
+        FSDP_CHECK(fsdp_act_alloc(ctx, a, N * max_sz(QS, 2 * IC) * f4, "dqkv/dgate_up scratch",
+                                  -1, &s->dwide));
+        FSDP_CHECK(fsdp_act_alloc(ctx, a, N * max_sz(IC, AH) * f4, "datty/dswiglu scratch", -1,
+                                  &s->dmid));
+        FSDP_CHECK(fsdp_act_alloc(ctx, a, natt * f4, "datt scratch", -1, &s->datt));
     }
     *state = s;
     return FSDP_STATUS_OK;
 
 fail:
-    fsdp_error_prefix("Llama '%s' activations", m->name);
-    llama_state_free(m, ctx, s);
-    return st;
+    return fsdp_act_state_fail(m, ctx, s, st);
 }
 
 static fsdp_status llama_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
@@ -368,9 +327,6 @@ static fsdp_status llama_state_init_recompute(const fsdp_model *m, fsdp_op_ctx *
     return state_alloc(m, ctx, B, T, true, mode, state);
 }
 
-static int *llama_state_tokens(void *state) { return ((llama_state *)state)->tokens; }
-static int *llama_state_targets(void *state) { return ((llama_state *)state)->targets; }
-static const void *llama_state_logits(void *state) { return ((llama_state *)state)->logits; }
 
 /* ---- forward / backward -------------------------------------------------- */
 
@@ -384,7 +340,10 @@ static fsdp_status ops_status(fsdp_op_ctx *ctx, const fsdp_model *m, const char 
 /* The LM head's weight: lm_head, or the embeddings when tied. */
 static int head_index(const fsdp_model *m) { return cfg_of(m)->tied ? ROOT_EMBED : ROOT_HEAD; }
 
-static llama_layer_acts *layer_acts(llama_state *s, int l) { return &s->layers[l]; }
+static llama_layer_acts *layer_acts(llama_state *s, int l)
+{
+    return (llama_layer_acts *)s->base.layers + l;
+}
 
 /* Input of layer l: the embeddings or the previous layer's output. */
 static void *layer_input(llama_state *s, int l)
@@ -403,9 +362,9 @@ static fsdp_status llama_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
     llama_state *s = state;
     if (!s)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama root_forward: no state");
-    FSDP_OP(ctx, embed_fwd, s->encoded, s->tokens,
-            fsdp_unit_param(m, 0, root_params, ROOT_EMBED, ctx->dt), s->zero_pos, s->B * s->T, 1,
-            cfg_of(m)->n_embd);
+    FSDP_OP(ctx, embed_fwd, s->encoded, s->base.tokens,
+            fsdp_unit_param(m, 0, root_params, ROOT_EMBED, ctx->dt), s->zero_pos,
+            s->base.B * s->base.T, 1, cfg_of(m)->n_embd);
     return ops_status(ctx, m, "forward", 0);
 }
 
@@ -423,7 +382,7 @@ static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, llama_st
     const fsdp_llama_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, NH = cfg->n_head, NKV = cfg->n_kv_head, hd = cfg->head_dim;
     const int IC = cfg->n_inter, QS = (NH + 2 * NKV) * hd, AH = NH * hd;
-    const int B = s->B, T = s->T, N = B * T, l = unit - 1;
+    const int B = s->base.B, T = s->base.T, N = B * T, l = unit - 1;
     const float eps = (float)cfg->norm_eps;
     const fsdp_dtype dt = ctx->dt;
 #define P(i) fsdp_unit_param(m, unit, params, (i), dt)
@@ -469,7 +428,7 @@ static fsdp_status llama_unit_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, v
 {
     FSDP_TRY(check_unit(m, state, unit, "unit_recompute"));
     llama_state *s = state;
-    if (!s->training)
+    if (!s->base.training)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "Llama unit_recompute: the state is forward-only");
     return layer_forward(m, ctx, s, unit, params, true);
@@ -497,34 +456,28 @@ static fsdp_status llama_head_forward_backward(const fsdp_model *m, fsdp_op_ctx 
     llama_state *s = state;
     if (!s)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama head_forward_backward: no state");
-    if (root_grads && !s->training)
+    if (root_grads && !s->base.training)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "Llama head_forward_backward: gradients requested from a "
                               "forward-only state (state_init with training=true)");
     const fsdp_llama_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
-    const int N = s->B * s->T;
+    const int N = s->base.B * s->base.T;
     const fsdp_dtype dt = ctx->dt;
     const void *head = fsdp_unit_param(m, 0, root_params, head_index(m), dt);
     const void *normw = fsdp_unit_param(m, 0, root_params, ROOT_NORM, dt);
     void *last = layer_acts(s, cfg->n_layer - 1)->residual3;
 
     FSDP_OP(ctx, rmsnorm_fwd, s->lnf, s->lnf_rstd, last, normw, (float)cfg->norm_eps, N, C);
-    FSDP_OP(ctx, matmul_fwd, s->logits, s->lnf, head, NULL, N, C, Vp);
-    /* The loss is the sum of the token losses over B*T (masked targets add
-     * 0), so each token's share of the gradient is dloss / (B*T). */
-    float *dlogits = root_grads ? s->dlogits : NULL;
-    FSDP_OP(ctx, xent_fwd_bwd, s->losses, dlogits, s->logits, s->targets, N, V, Vp,
-            dloss / (float)N);
-
-    /* Loss on the host, summed in the fixed tree order. */
-    FSDP_TRY(fsdp_act_read_loss(ctx, &s->act, m, s->losses, loss));
+    FSDP_OP(ctx, matmul_fwd, s->base.logits, s->lnf, head, NULL, N, C, Vp);
+    FSDP_TRY(fsdp_act_state_loss(ctx, m, &s->base, V, Vp, dloss, root_grads != NULL, loss));
     if (!root_grads)
         return FSDP_STATUS_OK;
 
     /* Backward: logits = lnf @ head^T, then the final RMSNorm; dres starts here. */
     FSDP_TRY(fsdp_act_zero(ctx, s->dC, (size_t)N * C));
-    FSDP_OP(ctx, matmul_bwd, s->dC, fsdp_unit_grad(m, 0, root_grads, head_index(m)), NULL, dlogits,
+    FSDP_OP(ctx, matmul_bwd, s->dC, fsdp_unit_grad(m, 0, root_grads, head_index(m)), NULL,
+            s->base.dlogits,
             s->lnf, head, N, C, Vp);
     FSDP_TRY(fsdp_act_zero(ctx, s->dres, (size_t)N * C));
     FSDP_OP(ctx, rmsnorm_bwd, s->dres, fsdp_unit_grad(m, 0, root_grads, ROOT_NORM), s->dC, last,
@@ -537,14 +490,14 @@ static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
 {
     FSDP_TRY(check_unit(m, state, unit, "unit_backward"));
     llama_state *s = state;
-    if (!s->training)
+    if (!s->base.training)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "Llama unit_backward: the state is forward-only (state_init with "
                               "training=true)");
     const fsdp_llama_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, NH = cfg->n_head, NKV = cfg->n_kv_head, hd = cfg->head_dim;
     const int IC = cfg->n_inter, QS = (NH + 2 * NKV) * hd, AH = NH * hd;
-    const int B = s->B, T = s->T, N = B * T, l = unit - 1;
+    const int B = s->base.B, T = s->base.T, N = B * T, l = unit - 1;
     const fsdp_dtype dt = ctx->dt;
 #define P(i) fsdp_unit_param(m, unit, params, (i), dt)
 #define G(i) fsdp_unit_grad(m, unit, grads, (i))
@@ -582,21 +535,21 @@ static fsdp_status llama_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
                                        const void *root_params, float *root_grads)
 {
     llama_state *s = state;
-    if (!s || !s->training)
+    if (!s || !s->base.training)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "Llama root_backward: needs a training state (state_init with "
                               "training=true)");
-    FSDP_OP(ctx, embed_bwd, fsdp_unit_grad(m, 0, root_grads, ROOT_EMBED), NULL, s->dres, s->tokens,
-            s->B * s->T, 1, cfg_of(m)->n_embd);
+    FSDP_OP(ctx, embed_bwd, fsdp_unit_grad(m, 0, root_grads, ROOT_EMBED), NULL, s->dres,
+            s->base.tokens, s->base.B * s->base.T, 1, cfg_of(m)->n_embd);
     return ops_status(ctx, m, "backward", 0);
 }
 
 static const struct fsdp_model_i llama_model_i = {
     /* .state_init            = */ llama_state_init,
-    /* .state_free            = */ llama_state_free,
-    /* .state_tokens          = */ llama_state_tokens,
-    /* .state_targets         = */ llama_state_targets,
-    /* .state_logits          = */ llama_state_logits,
+    /* .state_free            = */ fsdp_act_state_free,
+    /* .state_tokens          = */ fsdp_act_state_tokens,
+    /* .state_targets         = */ fsdp_act_state_targets,
+    /* .state_logits          = */ fsdp_act_state_logits,
     /* .root_forward          = */ llama_root_forward,
     /* .unit_forward          = */ llama_unit_forward,
     /* .head_forward_backward = */ llama_head_forward_backward,

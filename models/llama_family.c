@@ -73,16 +73,11 @@ static const fsdp_model_shape llama_shapes[] = {
 #define LLAMA_MAX_VOCAB (1 << 24)
 #define LLAMA_MAX_CONTEXT (1 << 24)
 
-static int round_vocab(int v) { return (v + 127) / 128 * 128; }
-
 fsdp_status fsdp_llama_config_validate(const fsdp_llama_config *c)
 {
     if (!c)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama config is NULL");
-    const struct {
-        const char *key;
-        int v, max;
-    } f[] = {
+    const fsdp_model_int_field f[] = {
         {"layers", c->n_layer, LLAMA_MAX_LAYERS},
         {"heads", c->n_head, LLAMA_MAX_HEADS},
         {"kv_heads", c->n_kv_head, LLAMA_MAX_HEADS},
@@ -92,11 +87,7 @@ fsdp_status fsdp_llama_config_validate(const fsdp_llama_config *c)
         {"vocab", c->vocab_size, LLAMA_MAX_VOCAB},
         {"context", c->max_seq_len, LLAMA_MAX_CONTEXT},
     };
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        if (f[i].v < 1 || f[i].v > f[i].max)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                                  "Llama config: %s=%d is out of range; use 1..%d", f[i].key,
-                                  f[i].v, f[i].max);
+    FSDP_TRY(fsdp_model_check_ints("Llama", f, (int)(sizeof f / sizeof f[0])));
     if (c->n_head % c->n_kv_head)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "Llama config: heads=%d is not a multiple of kv_heads=%d; every "
@@ -110,11 +101,7 @@ fsdp_status fsdp_llama_config_validate(const fsdp_llama_config *c)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "Llama config: heads * head_dim = %lld is more than %d",
                               (long long)c->n_head * c->head_dim, LLAMA_MAX_WIDTH);
-    if (c->padded_vocab_size != round_vocab(c->vocab_size))
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "Llama config: padded vocab %d is not vocab=%d rounded up to a "
-                              "multiple of 128 (%d)",
-                              c->padded_vocab_size, c->vocab_size, round_vocab(c->vocab_size));
+    FSDP_TRY(fsdp_model_check_padded_vocab("Llama", c->vocab_size, c->padded_vocab_size));
     if (!(c->norm_eps > 0.0 && c->norm_eps <= 1.0))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "Llama config: norm_eps=%g must be in (0, 1]", c->norm_eps);
@@ -275,7 +262,7 @@ fsdp_status fsdp_llama_config_from_keys(const char *keys, fsdp_llama_config *cfg
     c.qkv_bias = qkv_bias;
     c.tied = tied;
     c.norm_eps = eps;
-    c.padded_vocab_size = round_vocab(c.vocab_size);
+    c.padded_vocab_size = fsdp_model_round_vocab(c.vocab_size);
     FSDP_TRY(fsdp_llama_config_validate(&c));
     *cfg = c;
     return FSDP_STATUS_OK;

@@ -240,7 +240,7 @@ fsdp_status fsdp_llama_hf_config(const struct fsdp_json *cfg, char *spec, size_t
             c.max_seq_len = w;
     }
 
-    c.padded_vocab_size = (c.vocab_size + 127) / 128 * 128;
+    c.padded_vocab_size = fsdp_model_round_vocab(c.vocab_size);
     fsdp_status st = fsdp_llama_config_validate(&c);
     if (st != FSDP_STATUS_OK)
         return fsdp_error_set(FSDP_STATUS_FORMAT, "config.json describes a model fsdp cannot "

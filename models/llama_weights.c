@@ -39,23 +39,10 @@ static const char *const layer_suffix[] = {
 };
 #define N_SUFFIX ((int)(sizeof layer_suffix / sizeof layer_suffix[0]))
 
-/* "model.layers.<l>.<rest>": the layer (decimal, no leading zeros,
- * < 4096) and rest, or -1. */
+/* "model.layers.<l>.<rest>": the layer and rest, or -1. */
 static int layer_of(const char *s, const char **rest)
 {
-    static const char prefix[] = "model.layers.";
-    if (strncmp(s, prefix, sizeof prefix - 1))
-        return -1;
-    s += sizeof prefix - 1;
-    int l = 0, digits = 0;
-    while (*s >= '0' && *s <= '9' && digits < 5) {
-        l = l * 10 + (*s++ - '0');
-        digits++;
-    }
-    if (digits == 0 || digits > 4 || (digits > 1 && s[-digits] == '0') || l >= 4096 || *s != '.')
-        return -1;
-    *rest = s + 1;
-    return l;
+    return fsdp_weight_layer_of(s, "model.layers.", rest);
 }
 
 static fsdp_weight_match st_match(const char *name, char *param, size_t n)
@@ -83,12 +70,7 @@ static void st_tensor(const fsdp_model *m, int unit, int param, fsdp_weight_tens
     const fsdp_llama_config *c = fsdp_llama_config_of(m);
     const fsdp_param_spec *p = &m->units[unit].params[param];
     FSDP_ASSERT(c);
-    memset(out, 0, sizeof *out);
-    snprintf(out->name, sizeof out->name, "%s", p->name);
-    out->ndim = p->ndim;
-    for (int d = 0; d < p->ndim; d++)
-        out->shape[d] = (uint64_t)p->shape[d];
-    out->stored_numel = p->numel;
+    fsdp_weight_tensor_of_param(p, out);
     if (unit == 0 && p->ndim == 2) { /* embeddings, LM head: the real rows only */
         out->shape[0] = (uint64_t)c->vocab_size;
         out->stored_numel = out->shape[0] * out->shape[1];

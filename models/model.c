@@ -17,6 +17,7 @@
 
 #include "core/rng.h"
 #include "models/model.h"
+#include "models/weights.h"
 
 fsdp_status fsdp_model_alloc_units(fsdp_model *m, const char *title, const void *cfg,
                                    size_t cfg_bytes, int n_layer, int n_root,
@@ -94,9 +95,8 @@ void fsdp_model_init_range(const fsdp_model *m, int unit, size_t begin, size_t e
     const fsdp_unit_spec *u = &m->units[unit];
     for (int i = 0; i < u->n_params; i++) {
         const fsdp_param_spec *p = &u->params[i];
-        size_t lo = p->offset > begin ? p->offset : begin;
-        size_t hi = p->offset + p->numel < end ? p->offset + p->numel : end;
-        if (lo < hi)
+        size_t lo, hi;
+        if (fsdp_param_overlap(p, begin, end, &lo, &hi))
             init_param_slice(p, lo - p->offset, hi - lo, seed, dst + (lo - begin));
     }
     /* Padding past the unit's parameters (shards are padded to a multiple
@@ -147,4 +147,31 @@ void fsdp_model_free(fsdp_model *m)
     }
     free(m->impl); /* model builders allocate impl with malloc, self-contained */
     memset(m, 0, sizeof *m);
+}
+
+void fsdp_weight_tensor_of_param(const fsdp_param_spec *p, fsdp_weight_tensor *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->name, sizeof out->name, "%s", p->name);
+    out->ndim = p->ndim;
+    for (int d = 0; d < p->ndim; d++)
+        out->shape[d] = (uint64_t)p->shape[d];
+    out->stored_numel = p->numel;
+}
+
+int fsdp_weight_layer_of(const char *s, const char *prefix, const char **rest)
+{
+    size_t k = strlen(prefix);
+    if (strncmp(s, prefix, k))
+        return -1;
+    s += k;
+    int l = 0, digits = 0;
+    while (*s >= '0' && *s <= '9' && digits < 5) {
+        l = l * 10 + (*s++ - '0');
+        digits++;
+    }
+    if (digits == 0 || digits > 4 || (digits > 1 && s[-digits] == '0') || l >= 4096 || *s != '.')
+        return -1;
+    *rest = s + 1;
+    return l;
 }

@@ -75,6 +75,16 @@ typedef struct fsdp_param_spec {
     bool decay;           /* AdamW weight decay applies (matrices only) */
 } fsdp_param_spec;
 
+/* The part of p inside elements [lo, hi) of its unit's flat buffer:
+ * [*a, *b) in the same unit coordinates; false when they do not overlap. */
+static inline bool fsdp_param_overlap(const fsdp_param_spec *p, size_t lo, size_t hi, size_t *a,
+                                      size_t *b)
+{
+    *a = p->offset > lo ? p->offset : lo;
+    *b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+    return *a < *b;
+}
+
 typedef struct fsdp_unit_spec {
     char name[32];        /* "root", "h.0", ... */
     int n_params;

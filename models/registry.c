@@ -249,3 +249,25 @@ fsdp_status fsdp_model_keys_parse(const fsdp_model_family *f, const char *config
     }
     return FSDP_STATUS_OK;
 }
+
+int fsdp_model_round_vocab(int vocab) { return (vocab + 127) / 128 * 128; }
+
+fsdp_status fsdp_model_check_ints(const char *title, const fsdp_model_int_field *f, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (f[i].v < 1 || f[i].v > f[i].max)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "%s config: %s=%d is out of range; use 1..%d", title, f[i].key,
+                                  f[i].v, f[i].max);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_model_check_padded_vocab(const char *title, int vocab, int padded)
+{
+    if (padded != fsdp_model_round_vocab(vocab))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%s config: padded vocab %d is not vocab=%d rounded up to a "
+                              "multiple of 128 (%d)",
+                              title, padded, vocab, fsdp_model_round_vocab(vocab));
+    return FSDP_STATUS_OK;
+}

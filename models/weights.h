@@ -42,6 +42,15 @@ typedef struct fsdp_weight_tensor {
                               * export; all of them when transposed */
 } fsdp_weight_tensor;
 
+/* out as p is kept: p's name, shape and numel, not transposed; a family's
+ * mapping then changes what its file stores otherwise (models/model.c). */
+struct fsdp_param_spec;
+void fsdp_weight_tensor_of_param(const struct fsdp_param_spec *p, fsdp_weight_tensor *out);
+
+/* "<prefix><l>.<rest>" (prefix "h.", "model.layers."): the layer l
+ * (decimal, no leading zeros, < 4096) with *rest after its dot, or -1. */
+int fsdp_weight_layer_of(const char *s, const char *prefix, const char **rest);
+
 /* A tensor found in a file, as the family sees it when it works out which
  * config the file holds. */
 typedef struct fsdp_file_tensor {

@@ -92,6 +92,22 @@ static timing summarize(double *t, int n)
     return (timing){n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]), t[0]};
 }
 
+/* Times run(args, k) for k = 0 .. iters - 1 after an untimed run(args, -1)
+ * (first touch, warm caches). */
+static timing time_runs(int iters, void (*run)(void *args, int k), void *args)
+{
+    double *t = calloc((size_t)iters, sizeof *t);
+    for (int k = -1; k < iters; k++) {
+        double t0 = now_s();
+        run(args, k);
+        if (k >= 0)
+            t[k] = now_s() - t0;
+    }
+    timing med = summarize(t, iters);
+    free(t);
+    return med;
+}
+
 /* 64-byte aligned, huge-page-advised buffer (not touched: first touch happens
  * in parallel in fill()). Exits on failure: this is a tool. */
 static void *big_alloc(size_t bytes)
@@ -181,73 +197,85 @@ static void triad_chunk(void *arg, size_t chunk)
         a[i] = x[i] + t->s * y[i];
 }
 
+struct triad_run {
+    fsdp_pool *pool;
+    float *a, *b, *c;
+    size_t n;
+    bool stream_stores;
+};
+
+static void triad_run(void *args, int k)
+{
+    struct triad_run *r = args;
+    triad_job tj = {r->a, r->b, r->c, r->n, 0.5f + 0.001f * (float)k, r->stream_stores};
+    fsdp_pool_job job;
+    fsdp_pool_submit(r->pool, &job, triad_chunk, &tj, (r->n + CHUNK - 1) / CHUNK);
+    fsdp_pool_wait(r->pool, &job);
+}
+
 /* Seconds of one triad pass over n elements. */
 static timing time_triad(fsdp_pool *pool, size_t n, int iters, bool stream_stores)
 {
-    float *a = big_alloc(n * 4), *b = big_alloc(n * 4), *c = big_alloc(n * 4);
-    fill(pool, a, n, 0.0f, 1.0f, 1);
-    fill(pool, b, n, 0.0f, 1.0f, 2);
-    fill(pool, c, n, 0.0f, 1.0f, 3);
-    double *t = calloc((size_t)iters, sizeof *t);
-    for (int k = -1; k < iters; k++) {
-        triad_job tj = {a, b, c, n, 0.5f + 0.001f * (float)k, stream_stores};
-        fsdp_pool_job job;
-        double t0 = now_s();
-        fsdp_pool_submit(pool, &job, triad_chunk, &tj, (n + CHUNK - 1) / CHUNK);
-        fsdp_pool_wait(pool, &job);
-        if (k >= 0)
-            t[k] = now_s() - t0;
-    }
-    timing med = summarize(t, iters);
-    free(t);
-    free(a);
-    free(b);
-    free(c);
+    struct triad_run r = {pool, big_alloc(n * 4), big_alloc(n * 4), big_alloc(n * 4), n,
+                          stream_stores};
+    fill(pool, r.a, n, 0.0f, 1.0f, 1);
+    fill(pool, r.b, n, 0.0f, 1.0f, 2);
+    fill(pool, r.c, n, 0.0f, 1.0f, 3);
+    timing med = time_runs(iters, triad_run, &r);
+    free(r.a);
+    free(r.b);
+    free(r.c);
     return med;
 }
 
 /* ---- AdamW ---------------------------------------------------------------- */
 
+struct adamw_run {
+    fsdp_pool *pool;
+    float *p, *g, *m, *v;
+    void *out;
+    size_t n;
+    fsdp_cpu_isa isa;
+};
+
+/* Step k + 2 (bias corrections past the first step). */
+static void adamw_run(void *args, int k)
+{
+    const struct adamw_run *a = args;
+    const float b1 = 0.9f, b2 = 0.999f;
+    int step = k + 2;
+    float bc1 = 1.0f - powf(b1, (float)step), bc2 = 1.0f - powf(b2, (float)step);
+    const fsdp_optim_hparams hp = {.beta1 = b1, .beta2 = b2, .eps = 1e-8f, .weight_decay = 0.1f};
+    const fsdp_optim_consts c = {.lr = 1e-3f, .grad_scale = 1.0f, .k = {bc1, bc2}};
+    const fsdp_optim_range r = {.p = a->p, .grad = a->g, .state = {a->m, a->v}, .p_out = a->out,
+                                .out_dt = FSDP_DTYPE_BF16, .n = a->n, .wd = 0.1f};
+    fsdp_optim_job *job;
+    fsdp_status st =
+        fsdp_optim_job_submit(a->pool, &fsdp_optim_adamw, &hp, &c, &r, 1, a->isa, &job);
+    if (st != FSDP_STATUS_OK) {
+        fprintf(stderr, "bench_adam: %s\n", fsdp_error_msg());
+        exit(1);
+    }
+    fsdp_optim_job_wait(job, NULL, NULL);
+}
+
 /* Seconds of one AdamW step on n parameters with the given kernel. */
 static timing time_adamw(fsdp_pool *pool, size_t n, int iters, fsdp_cpu_isa isa, bool bf16_out)
 {
-    float *p = big_alloc(n * 4), *g = big_alloc(n * 4), *m = big_alloc(n * 4),
-          *v = big_alloc(n * 4);
-    void *out = bf16_out ? big_alloc(n * 2) : NULL;
-    fill(pool, p, n, -0.05f, 0.1f, 11);
-    fill(pool, g, n, -0.01f, 0.02f, 12);
-    fill(pool, m, n, -1e-3f, 2e-3f, 13);
-    fill(pool, v, n, 1e-8f, 1e-6f, 14);
-    if (out)
-        memset(out, 0, n * 2);
-    double *t = calloc((size_t)iters, sizeof *t);
-    const float b1 = 0.9f, b2 = 0.999f;
-    for (int k = -1; k < iters; k++) {
-        int step = k + 2;
-        float bc1 = 1.0f - powf(b1, (float)step), bc2 = 1.0f - powf(b2, (float)step);
-        const fsdp_optim_hparams hp = {.beta1 = b1, .beta2 = b2, .eps = 1e-8f,
-                                       .weight_decay = 0.1f};
-        const fsdp_optim_consts c = {.lr = 1e-3f, .grad_scale = 1.0f, .k = {bc1, bc2}};
-        const fsdp_optim_range r = {.p = p, .grad = g, .state = {m, v}, .p_out = out,
-                                    .out_dt = FSDP_DTYPE_BF16, .n = n, .wd = 0.1f};
-        fsdp_optim_job *job;
-        double t0 = now_s();
-        fsdp_status st = fsdp_optim_job_submit(pool, &fsdp_optim_adamw, &hp, &c, &r, 1, isa, &job);
-        if (st != FSDP_STATUS_OK) {
-            fprintf(stderr, "bench_adam: %s\n", fsdp_error_msg());
-            exit(1);
-        }
-        fsdp_optim_job_wait(job, NULL, NULL);
-        if (k >= 0)
-            t[k] = now_s() - t0;
-    }
-    timing med = summarize(t, iters);
-    free(t);
-    free(p);
-    free(g);
-    free(m);
-    free(v);
-    free(out);
+    struct adamw_run a = {pool, big_alloc(n * 4), big_alloc(n * 4), big_alloc(n * 4),
+                          big_alloc(n * 4), bf16_out ? big_alloc(n * 2) : NULL, n, isa};
+    fill(pool, a.p, n, -0.05f, 0.1f, 11);
+    fill(pool, a.g, n, -0.01f, 0.02f, 12);
+    fill(pool, a.m, n, -1e-3f, 2e-3f, 13);
+    fill(pool, a.v, n, 1e-8f, 1e-6f, 14);
+    if (a.out)
+        memset(a.out, 0, n * 2);
+    timing med = time_runs(iters, adamw_run, &a);
+    free(a.p);
+    free(a.g);
+    free(a.m);
+    free(a.v);
+    free(a.out);
     return med;
 }
 

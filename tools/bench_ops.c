@@ -44,71 +44,117 @@ static void *rand_buf(size_t n, fsdp_dtype dt, uint64_t seed)
     return p;
 }
 
+/* A cpu device and its op context for dt; exits on failure. */
+static void open_ctx(fsdp_device *d, fsdp_op_ctx *ctx, fsdp_dtype dt)
+{
+    if (fsdp_device_init(d, FSDP_BACKEND_CPU, NULL, 0, 0, 0) != FSDP_STATUS_OK ||
+        fsdp_ops_init(ctx, d, dt) != FSDP_STATUS_OK) {
+        fprintf(stderr, "bench_ops: %s\n", fsdp_error_msg());
+        exit(1);
+    }
+}
+
+/* The best forward and backward times of reps passes, after one untimed
+ * pass that warms up (scratch, BLAS buffers); fwd and bwd run one op each
+ * on args. */
+static void best_times(int reps, void (*fwd)(void *), void (*bwd)(void *), void *args,
+                       double *best_fwd, double *best_bwd)
+{
+    *best_fwd = *best_bwd = 1e30;
+    for (int r = 0; r < reps + 1; r++) {
+        double t0 = now_s();
+        fwd(args);
+        double t1 = now_s();
+        bwd(args);
+        double t2 = now_s();
+        if (r > 0) {
+            *best_fwd = t1 - t0 < *best_fwd ? t1 - t0 : *best_fwd;
+            *best_bwd = t2 - t1 < *best_bwd ? t2 - t1 : *best_bwd;
+        }
+    }
+}
+
+struct matmul_args {
+    fsdp_op_ctx *ctx;
+    void *inp, *w, *bias, *out;
+    float *dout, *dinp, *dw, *db;
+    int N, C, OC;
+};
+
+static void matmul_fwd(void *p)
+{
+    struct matmul_args *a = p;
+    FSDP_OP(a->ctx, matmul_fwd, a->out, a->inp, a->w, a->bias, a->N, a->C, a->OC);
+}
+
+static void matmul_bwd(void *p)
+{
+    struct matmul_args *a = p;
+    FSDP_OP(a->ctx, matmul_bwd, a->dinp, a->dw, a->db, a->dout, a->inp, a->w, a->N, a->C, a->OC);
+}
+
 static void bench_matmul(fsdp_dtype dt, int N, int C, int OC, int reps)
 {
     fsdp_device d;
     fsdp_op_ctx ctx;
-    if (fsdp_device_init(&d, FSDP_BACKEND_CPU, NULL, 0, 0, 0) != FSDP_STATUS_OK ||
-        fsdp_ops_init(&ctx, &d, dt) != FSDP_STATUS_OK) {
-        fprintf(stderr, "bench_ops: %s\n", fsdp_error_msg());
-        exit(1);
-    }
-    void *inp = rand_buf((size_t)N * C, dt, 1), *w = rand_buf((size_t)OC * C, dt, 2);
-    void *bias = rand_buf(OC, dt, 3), *out = rand_buf((size_t)N * OC, dt, 4);
-    float *dout = rand_buf((size_t)N * OC, FSDP_DTYPE_F32, 5);
-    float *dinp = calloc((size_t)N * C, 4), *dw = calloc((size_t)OC * C, 4), *db = calloc(OC, 4);
-    double fwd = 1e30, bwd = 1e30;
-    for (int r = 0; r < reps + 1; r++) { /* first rep warms up (scratch, BLAS buffers) */
-        double t0 = now_s();
-        FSDP_OP(&ctx, matmul_fwd, out, inp, w, bias, N, C, OC);
-        double t1 = now_s();
-        FSDP_OP(&ctx, matmul_bwd, dinp, dw, db, dout, inp, w, N, C, OC);
-        double t2 = now_s();
-        if (r > 0) {
-            fwd = t1 - t0 < fwd ? t1 - t0 : fwd;
-            bwd = t2 - t1 < bwd ? t2 - t1 : bwd;
-        }
-    }
+    open_ctx(&d, &ctx, dt);
+    struct matmul_args a = {
+        .ctx = &ctx, .N = N, .C = C, .OC = OC,
+        .inp = rand_buf((size_t)N * C, dt, 1), .w = rand_buf((size_t)OC * C, dt, 2),
+        .bias = rand_buf(OC, dt, 3), .out = rand_buf((size_t)N * OC, dt, 4),
+        .dout = rand_buf((size_t)N * OC, FSDP_DTYPE_F32, 5), .dinp = calloc((size_t)N * C, 4),
+        .dw = calloc((size_t)OC * C, 4), .db = calloc(OC, 4)};
+    double fwd, bwd;
+    best_times(reps, matmul_fwd, matmul_bwd, &a, &fwd, &bwd);
     double flop = 2.0 * N * C * OC;
     printf("matmul %-4s N=%d C=%d OC=%d: fwd %.2f ms (%.1f GFLOP/s), bwd %.2f ms (%.1f GFLOP/s), "
            "fwd+bwd %.2f ms\n",
            fsdp_dtype_name(dt), N, C, OC, fwd * 1e3, flop / fwd * 1e-9, bwd * 1e3,
            2 * flop / bwd * 1e-9, (fwd + bwd) * 1e3);
-    free(inp), free(w), free(bias), free(out), free(dout), free(dinp), free(dw), free(db);
+    free(a.inp), free(a.w), free(a.bias), free(a.out), free(a.dout), free(a.dinp), free(a.dw),
+        free(a.db);
     fsdp_ops_fini(&ctx);
     fsdp_device_fini(&d);
+}
+
+struct attention_args {
+    fsdp_op_ctx *ctx;
+    void *qkv, *out, *att;
+    float *dout, *datt, *dqkv;
+    int B, T, C, NH;
+};
+
+static void attention_fwd(void *p)
+{
+    struct attention_args *a = p;
+    FSDP_OP(a->ctx, attention_fwd, a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH);
+}
+
+static void attention_bwd(void *p)
+{
+    struct attention_args *a = p;
+    FSDP_OP(a->ctx, attention_bwd, a->dqkv, a->datt, a->dout, a->qkv, a->att, a->B, a->T, a->C,
+            a->NH);
 }
 
 static void bench_attention(fsdp_dtype dt, int B, int T, int C, int NH, int reps)
 {
     fsdp_device d;
     fsdp_op_ctx ctx;
-    if (fsdp_device_init(&d, FSDP_BACKEND_CPU, NULL, 0, 0, 0) != FSDP_STATUS_OK ||
-        fsdp_ops_init(&ctx, &d, dt) != FSDP_STATUS_OK) {
-        fprintf(stderr, "bench_ops: %s\n", fsdp_error_msg());
-        exit(1);
-    }
+    open_ctx(&d, &ctx, dt);
     size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
-    void *qkv = rand_buf(nq, dt, 6), *out = rand_buf(no, dt, 7), *att = rand_buf(na, dt, 8);
-    float *dout = rand_buf(no, FSDP_DTYPE_F32, 9), *datt = calloc(na, 4), *dqkv = calloc(nq, 4);
-    double fwd = 1e30, bwd = 1e30;
-    for (int r = 0; r < reps + 1; r++) {
-        double t0 = now_s();
-        FSDP_OP(&ctx, attention_fwd, out, att, qkv, B, T, C, NH);
-        double t1 = now_s();
-        FSDP_OP(&ctx, attention_bwd, dqkv, datt, dout, qkv, att, B, T, C, NH);
-        double t2 = now_s();
-        if (r > 0) {
-            fwd = t1 - t0 < fwd ? t1 - t0 : fwd;
-            bwd = t2 - t1 < bwd ? t2 - t1 : bwd;
-        }
-    }
+    struct attention_args a = {
+        .ctx = &ctx, .B = B, .T = T, .C = C, .NH = NH,
+        .qkv = rand_buf(nq, dt, 6), .out = rand_buf(no, dt, 7), .att = rand_buf(na, dt, 8),
+        .dout = rand_buf(no, FSDP_DTYPE_F32, 9), .datt = calloc(na, 4), .dqkv = calloc(nq, 4)};
+    double fwd, bwd;
+    best_times(reps, attention_fwd, attention_bwd, &a, &fwd, &bwd);
     double flop = 4.0 * B * T * T * C; /* QK^T and att@V, full (unmasked) products */
     printf("attention %-4s B=%d T=%d C=%d NH=%d: fwd %.2f ms (%.1f GFLOP/s), bwd %.2f ms "
            "(%.1f GFLOP/s)\n",
            fsdp_dtype_name(dt), B, T, C, NH, fwd * 1e3, flop / fwd * 1e-9, bwd * 1e3,
            2 * flop / bwd * 1e-9);
-    free(qkv), free(out), free(att), free(dout), free(datt), free(dqkv);
+    free(a.qkv), free(a.out), free(a.att), free(a.dout), free(a.datt), free(a.dqkv);
     fsdp_ops_fini(&ctx);
     fsdp_device_fini(&d);
 }

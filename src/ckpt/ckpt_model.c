@@ -60,10 +60,8 @@ static fsdp_status resolve_ckpt(const char *path, char *out, size_t n)
 
 static fsdp_status ckpt_open(fsdp_modelfile *mf, const char *path)
 {
-    ckpt_impl *c = calloc(1, sizeof *c);
-    if (!c)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
-    mf->impl = c;
+    FSDP_TRY(fsdp_modelfile_impl_alloc(mf, sizeof(ckpt_impl)));
+    ckpt_impl *c = mf->impl;
     FSDP_TRY(resolve_ckpt(path, mf->path, sizeof mf->path));
     char manifest[FSDP_CKPT_PATH_MAX + 16];
     snprintf(manifest, sizeof manifest, "%s/manifest", mf->path);

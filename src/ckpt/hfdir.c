@@ -527,12 +527,9 @@ static fsdp_status open_parts(fsdp_modelfile *mf, const hf_impl *h)
 
 static fsdp_status hf_open(fsdp_modelfile *mf, const char *path)
 {
-    if (snprintf(mf->path, sizeof mf->path, "%s", path) >= (int)sizeof mf->path)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "path '%.64s...' is too long", path);
-    hf_impl *h = calloc(1, sizeof *h);
-    if (!h)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
-    mf->impl = h;
+    FSDP_TRY(fsdp_modelfile_set_path(mf, path));
+    FSDP_TRY(fsdp_modelfile_impl_alloc(mf, sizeof(hf_impl)));
+    hf_impl *h = mf->impl;
     char cfg[FSDP_CKPT_PATH_MAX + 16], label[FSDP_CKPT_PATH_MAX + 64], *text = NULL;
     size_t n = 0;
     FSDP_TRY(join(cfg, sizeof cfg, path, FSDP_HF_CONFIG));

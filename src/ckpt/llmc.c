@@ -75,8 +75,7 @@ static fsdp_status find_family(fsdp_modelfile *mf, const int32_t *h)
 
 static fsdp_status llmc_open(fsdp_modelfile *mf, const char *path)
 {
-    if (snprintf(mf->path, sizeof mf->path, "%s", path) >= (int)sizeof mf->path)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "path '%.64s...' is too long", path);
+    FSDP_TRY(fsdp_modelfile_set_path(mf, path));
     /* O_NONBLOCK: a FIFO must not hang the open; it is refused below */
     mf->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (mf->fd < 0)

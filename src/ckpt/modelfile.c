@@ -80,6 +80,21 @@ size_t fsdp_modelfile_value_help(char *buf, size_t n)
 
 /* ---- open, bind, read ------------------------------------------------------------ */
 
+fsdp_status fsdp_modelfile_set_path(fsdp_modelfile *mf, const char *path)
+{
+    if (snprintf(mf->path, sizeof mf->path, "%s", path) >= (int)sizeof mf->path)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "path '%.64s...' is too long", path);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_modelfile_impl_alloc(fsdp_modelfile *mf, size_t bytes)
+{
+    mf->impl = calloc(1, bytes);
+    if (!mf->impl)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_modelfile_open(fsdp_modelfile **out, const char *path)
 {
     *out = NULL;

@@ -81,6 +81,14 @@ extern const fsdp_modelfile_format fsdp_format_safetensors; /* safetensors_model
 extern const fsdp_modelfile_format fsdp_format_hfdir;       /* hfdir.c */
 extern const fsdp_modelfile_format fsdp_format_ckpt;        /* ckpt_model.c */
 
+/* ---- helpers for a format's open (modelfile.c) ------------------------------------ */
+
+/* mf->path = path; INVALID_ARG "path '...' is too long" if it does not fit. */
+fsdp_status fsdp_modelfile_set_path(fsdp_modelfile *mf, const char *path);
+/* mf->impl = `bytes` zeroed bytes, the format's own state (its close frees
+ * it); OOM "out of host memory". */
+fsdp_status fsdp_modelfile_impl_alloc(fsdp_modelfile *mf, size_t bytes);
+
 /* ---- helpers (modelfile_flat.c) ------------------------------------------------ */
 
 /* Bytes per element (0 for FSDP_FILE_OTHER). */

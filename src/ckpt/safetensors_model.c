@@ -206,12 +206,9 @@ static bool st_claims(const char *path)
 
 static fsdp_status st_open(fsdp_modelfile *mf, const char *path)
 {
-    if (snprintf(mf->path, sizeof mf->path, "%s", path) >= (int)sizeof mf->path)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "path '%.64s...' is too long", path);
-    fsdp_st_file *f = calloc(1, sizeof *f);
-    if (!f)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
-    mf->impl = f;
+    FSDP_TRY(fsdp_modelfile_set_path(mf, path));
+    FSDP_TRY(fsdp_modelfile_impl_alloc(mf, sizeof(fsdp_st_file)));
+    fsdp_st_file *f = mf->impl;
     FSDP_TRY(fsdp_st_open(path, f));
     fsdp_model m;
     fsdp_tensor_src *src = NULL;

@@ -15,31 +15,33 @@
 int fsdp_cli_eval(int argc, char **argv)
 {
     fsdp_infer_opts io;
-    fsdp_opt opts[FSDP_INFER_OPTS_MAX];
-    int n = fsdp_infer_opts_table(&io, opts);
+    fsdp_opt_list l = {.n = 0};
+    fsdp_infer_opts_table(&io, &l);
     fsdp_infer_config *c = &io.cfg;
     const char *data = NULL;
     int steps = 10;
     uint64_t seed = 1337;
     bool per_batch = false;
     c->seq = 0;
-#define OPT(name_, type_, dst_, meta_, help_) \
-    opts[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
-    OPT("data", FSDP_OPT_STR, &data, "synthetic|FILE.txt|FILE.jsonl|'GLOB.bin'",
+    fsdp_opt_add(
+        &l, "data", FSDP_OPT_STR, &data, "synthetic|FILE.txt|FILE.jsonl|'GLOB.bin'",
         "evaluation data: the synthetic task, a text file (bytes, or tokens with --tokenizer), "
         ".jsonl {\"text\"} rows, or llm.c token shards (required)");
-    OPT("tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
-        "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families; "
-        "default: the model directory's)");
-    OPT("batch", FSDP_OPT_INT, &c->batch, "B", "sequences per micro-batch (default 8)");
-    OPT("seq", FSDP_OPT_INT, &c->seq, "T", "sequence length (default 64, or the model's context)");
-    OPT("steps", FSDP_OPT_INT, &steps, "S",
-        "micro-batches to average over: 0 .. S-1, numbered as the trainer numbers them "
-        "(default 10)");
-    OPT("seed", FSDP_OPT_U64, &seed, "S", "data seed, as for train (synthetic task; default 1337)");
-    OPT("per-batch", FSDP_OPT_FLAG, &per_batch, "", "also print each micro-batch's loss");
-#undef OPT
-    int rc = fsdp_args_parse("eval", "--model FILE|DIR --data DATA [options]", opts, n, argc, argv,
+    fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
+                 "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families; "
+                 "default: the model directory's)");
+    fsdp_opt_add(&l, "batch", FSDP_OPT_INT, &c->batch, "B",
+                 "sequences per micro-batch (default 8)");
+    fsdp_opt_add(&l, "seq", FSDP_OPT_INT, &c->seq, "T",
+                 "sequence length (default 64, or the model's context)");
+    fsdp_opt_add(&l, "steps", FSDP_OPT_INT, &steps, "S",
+                 "micro-batches to average over: 0 .. S-1, numbered as the trainer numbers them "
+                 "(default 10)");
+    fsdp_opt_add(&l, "seed", FSDP_OPT_U64, &seed, "S",
+                 "data seed, as for train (synthetic task; default 1337)");
+    fsdp_opt_add(&l, "per-batch", FSDP_OPT_FLAG, &per_batch, "",
+                 "also print each micro-batch's loss");
+    int rc = fsdp_args_parse("eval", "--model FILE|DIR --data DATA [options]", l.v, l.n, argc, argv,
                              NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;

@@ -9,26 +9,22 @@
 #include "cli/infer_opts.h"
 #include "device/device.h"
 
-int fsdp_infer_opts_table(fsdp_infer_opts *io, fsdp_opt *o)
+void fsdp_infer_opts_table(fsdp_infer_opts *io, fsdp_opt_list *l)
 {
     memset(io, 0, sizeof *io);
     fsdp_infer_config_default(&io->cfg);
-    int n = 0;
-#define OPT(name_, type_, dst_, meta_, help_) \
-    o[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
     static char model_help[512];
     size_t k = fsdp_modelfile_help(model_help, sizeof model_help);
     snprintf(model_help + k, sizeof model_help - k, " (required)");
-    OPT("model", FSDP_OPT_STR, &io->cfg.model_path, "FILE|DIR", model_help);
-    OPT("backend", FSDP_OPT_STR, &io->backend, "cpu|cuda",
-        "device backend (default: cuda when a GPU is visible, else cpu)");
-    OPT("devices", FSDP_OPT_INT, &io->devices, "N",
-        "shard the model over N devices = ranks (default 1)");
-    OPT("precision", FSDP_OPT_STR, &io->precision, "fp32|bf16", "compute dtype (default fp32)");
-    OPT("device-mem", FSDP_OPT_SIZE, &io->cfg.device_mem, "BYTES",
-        "per-device memory cap, e.g. 24GiB (default none)");
-#undef OPT
-    return n;
+    fsdp_opt_add(l, "model", FSDP_OPT_STR, &io->cfg.model_path, "FILE|DIR", model_help);
+    fsdp_opt_add(l, "backend", FSDP_OPT_STR, &io->backend, "cpu|cuda",
+                 "device backend (default: cuda when a GPU is visible, else cpu)");
+    fsdp_opt_add(l, "devices", FSDP_OPT_INT, &io->devices, "N",
+                 "shard the model over N devices = ranks (default 1)");
+    fsdp_opt_add(l, "precision", FSDP_OPT_STR, &io->precision, "fp32|bf16",
+                 "compute dtype (default fp32)");
+    fsdp_opt_add(l, "device-mem", FSDP_OPT_SIZE, &io->cfg.device_mem, "BYTES",
+                 "per-device memory cap, e.g. 24GiB (default none)");
 }
 
 int fsdp_infer_opts_finish(const char *cmd, fsdp_infer_opts *io)

@@ -14,10 +14,8 @@ typedef struct fsdp_infer_opts {
     int devices;
 } fsdp_infer_opts;
 
-#define FSDP_INFER_OPTS_MAX 24
-
-/* Defaults, and the shared entries appended to opts (returns the count). */
-int fsdp_infer_opts_table(fsdp_infer_opts *io, fsdp_opt *opts);
+/* Defaults, and the shared entries appended to l. */
+void fsdp_infer_opts_table(fsdp_infer_opts *io, fsdp_opt_list *l);
 
 /* Check --model and turn the strings into the config. Returns 0, or 2
  * after printing a usage error. */

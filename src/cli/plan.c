@@ -15,12 +15,18 @@
  * (the report says which); --fit: 0 when a setting fits, 1 when none does;
  * both: 1 if the planning itself fails, 2 for usage errors.
  */
+#include <stddef.h>
 #include <stdio.h>
 
 #include "cli/cli.h"
 #include "cli/run_opts.h"
 #include "report/fit_report.h"
 #include "report/plan_report.h"
+
+/* The options that set one field of the request's fsdp_machine (all but
+ * node-gbs only with --fit), in --help order. */
+enum { MO_MFU, MO_LINK_GBS, MO_LINK_LATENCY_US, MO_PCIE_GBS, MO_HOST_GBS, MO_NODE_GBS,
+       N_MACHINE_OPTS };
 
 /* The options only --fit reads, and the request they fill. */
 struct fit_opts {
@@ -29,21 +35,47 @@ struct fit_opts {
     size_t host_mem;
     int target;
     size_t cuda_overhead;
-    float gpu_tflops, mfu, link_gbs, link_latency_us, pcie_gbs, host_gbs, node_gbs;
+    float gpu_tflops;
+    float machine[N_MACHINE_OPTS]; /* machine_opts[i]; fsdp_machine holds doubles */
     int jobs, top;
 };
+
+/* Each defaults to fsdp_machine_default's value. */
+static const struct machine_opt {
+    const char *name, *metavar;
+    size_t off; /* of a double in fsdp_machine */
+    const char *help;
+} machine_opts[] = {
+    [MO_MFU] = {"mfu", "F", offsetof(fsdp_machine, mfu),
+     "--fit: fraction of the peak the step achieves (default 0.4)"},
+    [MO_LINK_GBS] = {"link-gbs", "X", offsetof(fsdp_machine, link_gbs),
+     "--fit: collective bus bandwidth per device in GB/s, as nccl-tests report "
+     "it (default 360: NVLink 4)"},
+    [MO_LINK_LATENCY_US] = {"link-latency-us", "X", offsetof(fsdp_machine, link_latency_us),
+     "--fit: time per collective call in us (default 20)"},
+    [MO_PCIE_GBS] = {"pcie-gbs", "X", offsetof(fsdp_machine, pcie_gbs),
+     "--fit: pinned host<->device copy bandwidth per device in GB/s (default 25)"},
+    [MO_HOST_GBS] = {"host-gbs", "X", offsetof(fsdp_machine, host_gbs),
+     "--fit: host memory bandwidth of the CPU optimizer, all devices, in GB/s "
+     "(default 100; build/tools/bench_adam measures yours)"},
+    [MO_NODE_GBS] = {"node-gbs", "X", offsetof(fsdp_machine, node_gbs),
+     "with --nodes: each node's network bandwidth to the others in GB/s, each "
+     "direction, for the time of the bytes between nodes (default 50: one 400 Gb/s "
+     "NIC per node)"},
+};
+
+static double *machine_field(fsdp_machine *m, size_t i)
+{
+    return (double *)((char *)m + machine_opts[i].off);
+}
 
 static void fit_opts_table(struct fit_opts *o, fsdp_opt_list *l)
 {
     fsdp_machine m;
     fsdp_machine_default(&m);
     o->target = FSDP_BACKEND_CUDA;
-    o->mfu = (float)m.mfu;
-    o->link_gbs = (float)m.link_gbs;
-    o->link_latency_us = (float)m.link_latency_us;
-    o->pcie_gbs = (float)m.pcie_gbs;
-    o->host_gbs = (float)m.host_gbs;
-    o->node_gbs = (float)m.node_gbs;
+    for (size_t i = 0; i < N_MACHINE_OPTS; i++)
+        o->machine[i] = (float)*machine_field(&m, i);
     o->top = 10;
     fsdp_opt_add(l, "fit", FSDP_OPT_FLAG, &o->fit, NULL,
                  "search micro-batch (keeping the global batch), --shard, --offload, "
@@ -68,22 +100,9 @@ static void fit_opts_table(struct fit_opts *o, fsdp_opt_list *l)
     fsdp_opt_add(l, "gpu-tflops", FSDP_OPT_FLOAT, &o->gpu_tflops, "X",
                  "--fit: dense peak TFLOP/s of one device at --precision (default 67 fp32, "
                  "989 bf16: H100/H200 SXM)");
-    fsdp_opt_add(l, "mfu", FSDP_OPT_FLOAT, &o->mfu, "F",
-                 "--fit: fraction of the peak the step achieves (default 0.4)");
-    fsdp_opt_add(l, "link-gbs", FSDP_OPT_FLOAT, &o->link_gbs, "X",
-                 "--fit: collective bus bandwidth per device in GB/s, as nccl-tests report "
-                 "it (default 360: NVLink 4)");
-    fsdp_opt_add(l, "link-latency-us", FSDP_OPT_FLOAT, &o->link_latency_us, "X",
-                 "--fit: time per collective call in us (default 20)");
-    fsdp_opt_add(l, "pcie-gbs", FSDP_OPT_FLOAT, &o->pcie_gbs, "X",
-                 "--fit: pinned host<->device copy bandwidth per device in GB/s (default 25)");
-    fsdp_opt_add(l, "host-gbs", FSDP_OPT_FLOAT, &o->host_gbs, "X",
-                 "--fit: host memory bandwidth of the CPU optimizer, all devices, in GB/s "
-                 "(default 100; build/tools/bench_adam measures yours)");
-    fsdp_opt_add(l, "node-gbs", FSDP_OPT_FLOAT, &o->node_gbs, "X",
-                 "with --nodes: each node's network bandwidth to the others in GB/s, each "
-                 "direction, for the time of the bytes between nodes (default 50: one 400 Gb/s "
-                 "NIC per node)");
+    for (size_t i = 0; i < N_MACHINE_OPTS; i++)
+        fsdp_opt_add(l, machine_opts[i].name, FSDP_OPT_FLOAT, &o->machine[i],
+                     machine_opts[i].metavar, machine_opts[i].help);
     fsdp_opt_add_int(l, "jobs", &o->jobs, 1, 64, "J",
                      "--fit: micro-batches searched at once (default: CPUs / devices)");
     fsdp_opt_add_int(l, "top", &o->top, 1, 1000000, "K",
@@ -114,12 +133,8 @@ static int run_fit(fsdp_run_opts *ro, struct fit_opts *o, fsdp_opt_list *l, bool
         else
             m->tflops_fp32 = o->gpu_tflops;
     }
-    m->mfu = o->mfu;
-    m->link_gbs = o->link_gbs;
-    m->link_latency_us = o->link_latency_us;
-    m->pcie_gbs = o->pcie_gbs;
-    m->host_gbs = o->host_gbs;
-    m->node_gbs = o->node_gbs;
+    for (size_t i = 0; i < N_MACHINE_OPTS; i++)
+        *machine_field(m, i) = o->machine[i];
     if (!(m->mfu > 0 && m->mfu <= 1) || !(m->link_gbs > 0) || !(m->link_latency_us >= 0) ||
         !(m->pcie_gbs > 0) || !(m->host_gbs > 0) || !(m->node_gbs > 0) || o->gpu_tflops < 0)
         return fsdp_cli_usage("plan", "need 0 < --mfu <= 1, --gpu-tflops, --link-gbs, "
@@ -209,13 +224,13 @@ int fsdp_cli_plan(int argc, char **argv)
     for (size_t i = 0; i < sizeof fit_only / sizeof fit_only[0]; i++)
         if (fsdp_opt_get(&l, fit_only[i])->seen)
             return fsdp_cli_usage("plan", "--%s is an option of --fit", fit_only[i]);
-    if (!(fo.node_gbs > 0))
+    if (!(fo.machine[MO_NODE_GBS] > 0))
         return fsdp_cli_usage("plan", "need --node-gbs > 0");
     fsdp_plan plan;
     fsdp_status st = fsdp_plan_run(c, steps, &plan);
     if (st != FSDP_STATUS_OK)
         return fsdp_cli_status("plan", st);
-    plan.node_gbs = fo.node_gbs;
+    plan.node_gbs = fo.machine[MO_NODE_GBS];
     if (json)
         fsdp_plan_write_json(stdout, &plan);
     else

@@ -279,8 +279,8 @@ static fsdp_status write_logits(const char *path, const float *logits, int n, in
 int fsdp_cli_sample(int argc, char **argv)
 {
     fsdp_infer_opts io_opts;
-    fsdp_opt opts[FSDP_INFER_OPTS_MAX];
-    int n = fsdp_infer_opts_table(&io_opts, opts);
+    fsdp_opt_list l = {.n = 0};
+    fsdp_infer_opts_table(&io_opts, &l);
     fsdp_infer_config *c = &io_opts.cfg;
     const char *prompt = NULL, *tokenizer = NULL, *logits_path = NULL;
     struct chat_opts co = {0};
@@ -289,33 +289,36 @@ int fsdp_cli_sample(int argc, char **argv)
     float temperature = 0.0f;
     uint64_t seed = 1337;
     c->seq = 0;
-#define OPT(name_, type_, dst_, meta_, help_) \
-    opts[n++] = (fsdp_opt){.name = name_, .type = type_, .dst = dst_, .metavar = meta_, .help = help_}
-    OPT("prompt", FSDP_OPT_STR, &prompt, "TEXT",
-        "text to continue (with a tokenizer, or a byte-level model); token ids such as "
-        "'15496,11' otherwise");
-    OPT("chat", FSDP_OPT_FLAG, &co.on, "",
+    fsdp_opt_add(&l, "prompt", FSDP_OPT_STR, &prompt, "TEXT",
+                 "text to continue (with a tokenizer, or a byte-level model); token ids such as "
+                 "'15496,11' otherwise");
+    fsdp_opt_add(
+        &l, "chat", FSDP_OPT_FLAG, &co.on, "",
         "the prompt is a user message: render it in the model's chat format and answer as the "
         "assistant, stopping at the end of the turn (needs a tokenizer.json)");
-    OPT("system", FSDP_OPT_STR, &co.system, "TEXT", "with --chat: a system message first");
-    OPT("chat-format", FSDP_OPT_STR, &co.format, "llama3|chatml",
+    fsdp_opt_add(&l, "system", FSDP_OPT_STR, &co.system, "TEXT",
+                 "with --chat: a system message first");
+    fsdp_opt_add(
+        &l, "chat-format", FSDP_OPT_STR, &co.format, "llama3|chatml",
         "with --chat: the format (default: the one whose special tokens the tokenizer has)");
-    OPT("tokens", FSDP_OPT_INT, &n_tokens, "N", "most tokens to generate (default 64)");
-    OPT("temperature", FSDP_OPT_FLOAT, &temperature, "X",
-        "0 = greedy (argmax); > 0 samples from softmax(logits / X) (default 0)");
-    OPT("seed", FSDP_OPT_U64, &seed, "S", "sampling seed (default 1337)");
-    OPT("tokenizer", FSDP_OPT_STR, &tokenizer, "FILE",
-        "tokenizer.json (Hugging Face; default: the model directory's) or llm.c's "
-        "gpt2_tokenizer.bin");
-    OPT("seq", FSDP_OPT_INT, &c->seq, "T",
+    fsdp_opt_add(&l, "tokens", FSDP_OPT_INT, &n_tokens, "N",
+                 "most tokens to generate (default 64)");
+    fsdp_opt_add(&l, "temperature", FSDP_OPT_FLOAT, &temperature, "X",
+                 "0 = greedy (argmax); > 0 samples from softmax(logits / X) (default 0)");
+    fsdp_opt_add(&l, "seed", FSDP_OPT_U64, &seed, "S", "sampling seed (default 1337)");
+    fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &tokenizer, "FILE",
+                 "tokenizer.json (Hugging Face; default: the model directory's) or llm.c's "
+                 "gpt2_tokenizer.bin");
+    fsdp_opt_add(
+        &l, "seq", FSDP_OPT_INT, &c->seq, "T",
         "context window: longer texts keep their last T tokens (default: the model's context)");
-    OPT("ids", FSDP_OPT_FLAG, &ids_only, "",
-        "--prompt is token ids and the output is ids, whatever tokenizer there is");
-    OPT("logits", FSDP_OPT_STR, &logits_path, "FILE",
+    fsdp_opt_add(&l, "ids", FSDP_OPT_FLAG, &ids_only, "",
+                 "--prompt is token ids and the output is ids, whatever tokenizer there is");
+    fsdp_opt_add(
+        &l, "logits", FSDP_OPT_STR, &logits_path, "FILE",
         "also write the fp32 logits each generated token was chosen from (tokens x vocab, raw)");
-#undef OPT
-    int rc = fsdp_args_parse("sample", "--model DIR|FILE [--prompt TEXT] [--chat] [options]",
-                             opts, n, argc, argv, NULL, 0, NULL);
+    int rc = fsdp_args_parse("sample", "--model DIR|FILE [--prompt TEXT] [--chat] [options]", l.v,
+                             l.n, argc, argv, NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;
     if ((rc = fsdp_infer_opts_finish("sample", &io_opts)))

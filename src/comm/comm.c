@@ -1,8 +1,10 @@
 /*
  * comm.c - generic collective wrappers (byte counting, NULL slots),
- * groups and the registry of their shared state, the meta communicator,
- * and the reference tree sum.
+ * groups and the registry of their shared state, the check that every rank
+ * issued the same collective, the meta communicator, and the reference tree
+ * sum.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "comm/comm.h"
@@ -115,6 +117,34 @@ const char *fsdp_coll_kind_name(int kind)
         "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier",
     };
     return (unsigned)kind <= FSDP_COLL_BARRIER ? names[kind] : "?";
+}
+
+bool fsdp_coll_args_match(const fsdp_coll_args *a, const fsdp_coll_args *b)
+{
+    return a->kind == b->kind && a->numel == b->numel && a->dt == b->dt &&
+           (a->kind != FSDP_COLL_BROADCAST || a->root == b->root) &&
+           (!fsdp_mpi_is_reduction(a->kind) || a->op == b->op);
+}
+
+void fsdp_coll_args_format(const fsdp_coll_args *a, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s(%zu x %s, op %d, root %d)", fsdp_coll_kind_name(a->kind), a->numel,
+             fsdp_dtype_name(a->dt), (int)a->op, a->root);
+}
+
+fsdp_status fsdp_coll_args_check(int rank, long k, const fsdp_coll_args *mine, int other,
+                                 const fsdp_coll_args *theirs)
+{
+    if (fsdp_coll_args_match(mine, theirs))
+        return FSDP_STATUS_OK;
+    char a[96], b[96];
+    fsdp_coll_args_format(mine, a, sizeof a);
+    fsdp_coll_args_format(theirs, b, sizeof b);
+    return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                          "rank %d: collective %ld mismatch: this rank issued %s but rank %d "
+                          "issued %s; every rank must issue the same collectives in the same "
+                          "order with the same sizes",
+                          rank, k, a, other, b);
 }
 
 void fsdp_comm_bind(fsdp_comm *c, const struct fsdp_comm_i *iface, fsdp_world *w,

@@ -156,6 +156,30 @@ fsdp_status fsdp_comm_begin_check(const fsdp_comm *c, int rank, long k, int kind
                                   const void *send, const void *recv, size_t numel,
                                   fsdp_dtype dt, fsdp_reduce_op op, int root);
 
+/* What every rank of a collective must issue alike (buffers aside): a
+ * transport publishes its rank's and compares them with
+ * fsdp_coll_args_check once all have arrived. */
+typedef struct fsdp_coll_args {
+    int kind;          /* fsdp_coll_kind, or FSDP_COLL_BARRIER */
+    fsdp_dtype dt;
+    fsdp_reduce_op op; /* compared for reductions only */
+    int root;          /* compared for broadcasts only */
+    size_t numel;
+} fsdp_coll_args;
+
+/* Whether a and b are the same collective: kind, numel and dtype, the root
+ * of a broadcast, the op of a reduce_scatter or all_reduce. */
+bool fsdp_coll_args_match(const fsdp_coll_args *a, const fsdp_coll_args *b);
+
+/* "all_reduce(1024 x f32, op 0, root 0)" into buf (n bytes, truncated). */
+void fsdp_coll_args_format(const fsdp_coll_args *a, char *buf, size_t n);
+
+/* OK if theirs matches mine; else INVALID_ARG, "rank <rank>: collective k
+ * mismatch: this rank issued <mine> but rank <other> issued <theirs>; every
+ * rank must issue ...". rank and other are the ranks the message names. */
+fsdp_status fsdp_coll_args_check(int rank, long k, const fsdp_coll_args *mine, int other,
+                                 const fsdp_coll_args *theirs);
+
 /* Host collectives among cpu rank threads of one process. All ranks of `w`
  * must call it (on their own threads) before the first collective. */
 fsdp_status fsdp_comm_host_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);

@@ -89,11 +89,7 @@
  * first and last meetings. One cache line per slot: `arrived` is polled. */
 struct host_slot {
     _Alignas(64) atomic_ulong arrived; /* meetings this rank has reached */
-    int kind;                          /* fsdp_coll_kind, or FSDP_COLL_BARRIER */
-    fsdp_dtype dt;
-    fsdp_reduce_op op;
-    int root;
-    size_t numel;
+    fsdp_coll_args args;
     const void *send;
     void *recv;
     int attached;                      /* guarded by world->mu */
@@ -201,7 +197,7 @@ static fsdp_status meet(fsdp_comm *c, bool abortable)
                               "rank %d: aborted in collective %ld (%s) while waiting for the "
                               "other ranks: another rank failed",
                               c->global_rank, h->n_coll,
-                              fsdp_coll_kind_name(sh->slots[c->rank].kind));
+                              fsdp_coll_kind_name(sh->slots[c->rank].args.kind));
     return FSDP_STATUS_OK;
 }
 
@@ -221,33 +217,15 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
                               c->global_rank, k, fsdp_coll_kind_name(kind));
     }
     struct host_slot *me = &sh->slots[c->rank];
-    me->kind = kind;
-    me->dt = dt;
-    me->op = op;
-    me->root = root;
-    me->numel = numel;
+    me->args = (fsdp_coll_args){kind, dt, op, root, numel};
     me->send = send;
     me->recv = recv;
     atomic_store_explicit(&sh->work[c->rank].next[0], 0, memory_order_relaxed);
     atomic_store_explicit(&sh->work[c->rank].next[1], 0, memory_order_relaxed);
     FSDP_TRY(meet(c, true));
-    for (int q = 0; q < c->n_ranks; q++) {
-        const struct host_slot *o = &sh->slots[q];
-        if (o->kind == kind && o->numel == numel && o->dt == dt &&
-            (kind != FSDP_COLL_BROADCAST || o->root == root) &&
-            (kind == FSDP_COLL_ALL_GATHER || kind == FSDP_COLL_BROADCAST ||
-             kind == FSDP_COLL_BARRIER || o->op == op))
-            continue;
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "rank %d: collective %ld mismatch: this rank issued %s(%zu x %s, "
-                              "op %d, root %d) but rank %d issued %s(%zu x %s, op %d, root %d); "
-                              "every rank must issue the same collectives in the same order "
-                              "with the same sizes",
-                              c->global_rank, k, fsdp_coll_kind_name(kind), numel,
-                              fsdp_dtype_name(dt), (int)op, root,
-                              fsdp_comm_group_rank(&c->group, q), fsdp_coll_kind_name(o->kind),
-                              o->numel, fsdp_dtype_name(o->dt), (int)o->op, o->root);
-    }
+    for (int q = 0; q < c->n_ranks; q++)
+        FSDP_TRY(fsdp_coll_args_check(c->global_rank, k, &me->args,
+                                      fsdp_comm_group_rank(&c->group, q), &sh->slots[q].args));
     return FSDP_STATUS_OK;
 }
 
@@ -255,20 +233,30 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
 
 typedef float host_v4f __attribute__((vector_size(16)));
 
+/* p[0..8) as two vectors, and back; p need not be aligned. */
+static inline void load8(host_v4f v[2], const float *p)
+{
+    memcpy(&v[0], p, 16);
+    memcpy(&v[1], p + 4, 16);
+}
+
+static inline void store8(float *p, const host_v4f v[2])
+{
+    memcpy(p, &v[0], 16);
+    memcpy(p + 4, &v[1], 16);
+}
+
 /* d[i] = a[i] + b[i]; d may equal a or b. */
 static void add_f32(float *d, const float *a, const float *b, size_t n)
 {
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        host_v4f a0, a1, b0, b1;
-        memcpy(&a0, a + i, 16);
-        memcpy(&a1, a + i + 4, 16);
-        memcpy(&b0, b + i, 16);
-        memcpy(&b1, b + i + 4, 16);
-        a0 += b0;
-        a1 += b1;
-        memcpy(d + i, &a0, 16);
-        memcpy(d + i + 4, &a1, 16);
+        host_v4f x[2], y[2];
+        load8(x, a + i);
+        load8(y, b + i);
+        x[0] += y[0];
+        x[1] += y[1];
+        store8(d + i, x);
     }
     for (; i < n; i++)
         d[i] = a[i] + b[i];
@@ -280,15 +268,12 @@ static void add_scale_f32(float *d, const float *a, const float *b, float s, siz
     host_v4f sv = {s, s, s, s};
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        host_v4f a0, a1, b0, b1;
-        memcpy(&a0, a + i, 16);
-        memcpy(&a1, a + i + 4, 16);
-        memcpy(&b0, b + i, 16);
-        memcpy(&b1, b + i + 4, 16);
-        a0 = (a0 + b0) * sv;
-        a1 = (a1 + b1) * sv;
-        memcpy(d + i, &a0, 16);
-        memcpy(d + i + 4, &a1, 16);
+        host_v4f x[2], y[2];
+        load8(x, a + i);
+        load8(y, b + i);
+        x[0] = (x[0] + y[0]) * sv;
+        x[1] = (x[1] + y[1]) * sv;
+        store8(d + i, x);
     }
     for (; i < n; i++)
         d[i] = (a[i] + b[i]) * s;
@@ -458,7 +443,7 @@ static void slice(size_t numel, int n_ranks, int r, fsdp_dtype dt, size_t *lo, s
 static bool piece_all_gather(fsdp_comm *c, int r, size_t p)
 {
     const struct host_slot *slots = ((struct host_ctx *)c->ctx)->sh->slots;
-    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt);
+    size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt);
     size_t per_src = n_pieces(numel);
     if (p >= per_src * (size_t)c->n_ranks)
         return false;
@@ -476,14 +461,14 @@ static bool piece_reduce_scatter(fsdp_comm *c, int r, size_t p)
 {
     struct host_ctx *h = c->ctx;
     const struct host_slot *slots = h->sh->slots;
-    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt);
+    size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt);
     if (p >= n_pieces(numel))
         return false;
     size_t lo = p * HOST_PIECE, n = numel - lo < HOST_PIECE ? numel - lo : HOST_PIECE;
     for (int q = 0; q < c->n_ranks; q++)
         h->src[q] = (const char *)slots[q].send + ((size_t)r * numel + lo) * es;
-    reduce_range(h, c->n_ranks, h->src, (char *)slots[r].recv + lo * es, n, slots[r].dt,
-                 slots[r].op, numel * es >= HOST_STREAM_BYTES);
+    reduce_range(h, c->n_ranks, h->src, (char *)slots[r].recv + lo * es, n, slots[r].args.dt,
+                 slots[r].args.op, numel * es >= HOST_STREAM_BYTES);
     return true;
 }
 
@@ -492,15 +477,15 @@ static bool piece_all_reduce_sum(fsdp_comm *c, int r, size_t p)
 {
     struct host_ctx *h = c->ctx;
     const struct host_slot *slots = h->sh->slots;
-    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt), lo, hi;
-    slice(numel, c->n_ranks, r, slots[r].dt, &lo, &hi);
+    size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt), lo, hi;
+    slice(numel, c->n_ranks, r, slots[r].args.dt, &lo, &hi);
     if (p >= n_pieces(hi - lo))
         return false;
     size_t a = lo + p * HOST_PIECE, n = hi - a < HOST_PIECE ? hi - a : HOST_PIECE;
     for (int q = 0; q < c->n_ranks; q++)
         h->src[q] = (const char *)slots[q].send + a * es;
-    reduce_range(h, c->n_ranks, h->src, (char *)slots[r].recv + a * es, n, slots[r].dt,
-                 slots[r].op, (hi - lo) * es >= HOST_STREAM_BYTES);
+    reduce_range(h, c->n_ranks, h->src, (char *)slots[r].recv + a * es, n, slots[r].args.dt,
+                 slots[r].args.op, (hi - lo) * es >= HOST_STREAM_BYTES);
     return true;
 }
 
@@ -509,11 +494,11 @@ static bool piece_all_reduce_sum(fsdp_comm *c, int r, size_t p)
 static bool piece_all_reduce_copy(fsdp_comm *c, int r, size_t p)
 {
     const struct host_slot *slots = ((struct host_ctx *)c->ctx)->sh->slots;
-    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt);
+    size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt);
     if (p >= n_pieces(numel))
         return false;
     size_t a = p * HOST_PIECE, b = numel - a < HOST_PIECE ? numel : a + HOST_PIECE;
-    size_t per = slice_len(numel, c->n_ranks, slots[r].dt);
+    size_t per = slice_len(numel, c->n_ranks, slots[r].args.dt);
     for (size_t q = a / per; q * per < b; q++) {
         size_t lo = q * per > a ? q * per : a, hi = (q + 1) * per < b ? (q + 1) * per : b;
         if ((int)q != r)
@@ -527,8 +512,8 @@ static bool piece_all_reduce_copy(fsdp_comm *c, int r, size_t p)
 static bool piece_broadcast(fsdp_comm *c, int r, size_t p)
 {
     const struct host_slot *slots = ((struct host_ctx *)c->ctx)->sh->slots;
-    int root = slots[r].root;
-    size_t numel = slots[r].numel, es = fsdp_dtype_size(slots[r].dt);
+    int root = slots[r].args.root;
+    size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt);
     if (r == root || p >= n_pieces(numel))
         return false;
     size_t lo = p * HOST_PIECE, n = numel - lo < HOST_PIECE ? numel - lo : HOST_PIECE;
@@ -541,13 +526,27 @@ static bool piece_broadcast(fsdp_comm *c, int r, size_t p)
 
 /* ---- the collectives ----------------------------------------------------- */
 
+/* What a collective does once begun: phase 0's pieces, then phase 1's where
+ * there is one, each followed by a meeting so that no rank's buffers are
+ * reused before every rank is done with them (a lone rank meets nobody). */
+static fsdp_status run_phases(fsdp_comm *c, host_piece_fn first, host_piece_fn second)
+{
+    run_shares(c, 0, first);
+    if (c->n_ranks == 1)
+        return FSDP_STATUS_OK;
+    FSDP_TRY(meet(c, false));
+    if (!second)
+        return FSDP_STATUS_OK;
+    run_shares(c, 1, second);
+    return meet(c, false);
+}
+
 static fsdp_status host_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,
                                    fsdp_dtype dt, fsdp_stream_t s)
 {
     (void)s;
     FSDP_TRY(begin(c, FSDP_COLL_ALL_GATHER, send, recv, numel, dt, FSDP_REDUCE_SUM, 0));
-    run_shares(c, 0, piece_all_gather);
-    return c->n_ranks > 1 ? meet(c, false) : FSDP_STATUS_OK;
+    return run_phases(c, piece_all_gather, NULL);
 }
 
 static fsdp_status host_reduce_scatter(fsdp_comm *c, const void *send, void *recv, size_t numel,
@@ -555,8 +554,7 @@ static fsdp_status host_reduce_scatter(fsdp_comm *c, const void *send, void *rec
 {
     (void)s;
     FSDP_TRY(begin(c, FSDP_COLL_REDUCE_SCATTER, send, recv, numel, dt, op, 0));
-    run_shares(c, 0, piece_reduce_scatter);
-    return c->n_ranks > 1 ? meet(c, false) : FSDP_STATUS_OK;
+    return run_phases(c, piece_reduce_scatter, NULL);
 }
 
 static fsdp_status host_all_reduce(fsdp_comm *c, const void *send, void *recv, size_t numel,
@@ -564,23 +562,16 @@ static fsdp_status host_all_reduce(fsdp_comm *c, const void *send, void *recv, s
 {
     (void)s;
     FSDP_TRY(begin(c, FSDP_COLL_ALL_REDUCE, send, recv, numel, dt, op, 0));
-    run_shares(c, 0, piece_all_reduce_sum);
-    if (c->n_ranks == 1)
-        return FSDP_STATUS_OK;
-    FSDP_TRY(meet(c, false));
-    run_shares(c, 1, piece_all_reduce_copy);
-    return meet(c, false);
+    return run_phases(c, piece_all_reduce_sum, piece_all_reduce_copy);
 }
 
+/* A lone rank is its own root: piece_broadcast copies nothing. */
 static fsdp_status host_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtype dt, int root,
                                   fsdp_stream_t s)
 {
     (void)s;
     FSDP_TRY(begin(c, FSDP_COLL_BROADCAST, NULL, buf, numel, dt, FSDP_REDUCE_SUM, root));
-    if (c->n_ranks == 1)
-        return FSDP_STATUS_OK;
-    run_shares(c, 0, piece_broadcast);
-    return meet(c, false);
+    return run_phases(c, piece_broadcast, NULL);
 }
 
 /* Two meetings, like the others: the second keeps every rank's slot stable

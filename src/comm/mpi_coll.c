@@ -72,11 +72,7 @@
 #define MPI_HDR_MAGIC 0x66736470u         /* "fsdp" */
 
 struct mpi_slot {
-    int kind;
-    fsdp_dtype dt;
-    fsdp_reduce_op op;
-    int root;
-    size_t numel;
+    fsdp_coll_args args;
     const void *send;
     void *recv;
     int attached; /* w->mu */
@@ -138,23 +134,21 @@ static void copy(void *dst, const void *src, size_t bytes)
 static void prepare_locked(fsdp_comm *c)
 {
     struct mpi_shared *sh = ((struct mpi_ctx *)c->ctx)->sh;
-    const struct mpi_slot *a = &sh->slots[0];
+    const fsdp_coll_args *a = &sh->slots[0].args;
     sh->prep_st = FSDP_STATUS_OK;
     for (int j = 1; j < sh->n_local; j++) {
-        const struct mpi_slot *o = &sh->slots[j];
-        if (o->kind == a->kind && o->numel == a->numel && o->dt == a->dt &&
-            (a->kind != FSDP_COLL_BROADCAST || o->root == a->root) &&
-            (!fsdp_mpi_is_reduction(a->kind) || o->op == a->op))
+        const fsdp_coll_args *o = &sh->slots[j].args;
+        if (fsdp_coll_args_match(o, a))
             continue;
         int r0 = fsdp_comm_group_rank(&sh->g, sh->me * sh->n_local);
+        char mine[96], theirs[96];
+        fsdp_coll_args_format(a, mine, sizeof mine);
+        fsdp_coll_args_format(o, theirs, sizeof theirs);
         sh->prep_st = FSDP_STATUS_INVALID_ARG;
         snprintf(sh->msg, sizeof sh->msg,
-                 "collective mismatch: rank %d issued %s(%zu x %s, op %d, root %d) but rank %d "
-                 "issued %s(%zu x %s, op %d, root %d); every rank must issue the same "
-                 "collectives in the same order with the same sizes",
-                 r0, fsdp_coll_kind_name(a->kind), a->numel, fsdp_dtype_name(a->dt), (int)a->op,
-                 a->root, r0 + j * sh->g.stride, fsdp_coll_kind_name(o->kind), o->numel,
-                 fsdp_dtype_name(o->dt), (int)o->op, o->root);
+                 "collective mismatch: rank %d issued %s but rank %d issued %s; every rank must "
+                 "issue the same collectives in the same order with the same sizes",
+                 r0, mine, r0 + j * sh->g.stride, theirs);
         return;
     }
     if (a->kind == FSDP_COLL_BARRIER)
@@ -233,11 +227,7 @@ static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, s
                               "rank %d: collective %ld (%s) not started: another rank failed",
                               c->global_rank, k, fsdp_coll_kind_name(kind));
     struct mpi_slot *me = &sh->slots[c->rank - sh->me * sh->n_local];
-    me->kind = kind;
-    me->dt = dt;
-    me->op = op;
-    me->root = root;
-    me->numel = numel;
+    me->args = (fsdp_coll_args){kind, dt, op, root, numel};
     me->send = send;
     me->recv = recv;
     FSDP_TRY(meet(c, true));
@@ -285,7 +275,7 @@ static fsdp_status leader_headers(fsdp_comm *c, const char *what)
 {
     struct mpi_ctx *x = c->ctx;
     struct mpi_shared *sh = x->sh;
-    const struct mpi_slot *a = &sh->slots[0];
+    const fsdp_coll_args *a = &sh->slots[0].args;
     const struct mpi_header *me = &sh->mine;
     int n = 0;
     /* kept in sh: it outlives a transfer given up on, like the staging */
@@ -334,7 +324,7 @@ static fsdp_status leader_exchange(fsdp_comm *c, int round)
     const fsdp_mpi_layout *l = &sh->lay;
     int n = 0;
     char what[96];
-    snprintf(what, sizeof what, "%s (collective %ld)", fsdp_coll_kind_name(sh->slots[0].kind),
+    snprintf(what, sizeof what, "%s (collective %ld)", fsdp_coll_kind_name(sh->slots[0].args.kind),
              x->n_coll);
     if (round == 1)
         FSDP_TRY(leader_headers(c, what));
@@ -351,7 +341,7 @@ static fsdp_status leader_exchange(fsdp_comm *c, int round)
         if (r_len)
             sh->msgs[n++] = (fsdp_procs_msg){peer, false, sh->recv_stage + r_off, r_len};
     }
-    return leader_xfer(c, n, sh->slots[0].kind, what);
+    return leader_xfer(c, n, sh->slots[0].args.kind, what);
 }
 
 /* The middle of a collective: M2, the leader's round, M3. Every local
@@ -378,7 +368,7 @@ static fsdp_status cross(fsdp_comm *c, int round)
     return fsdp_error_set(FSDP_STATUS_ABORTED,
                           "rank %d: collective %ld (%s) failed between processes: %s",
                           c->global_rank,
-                          x->n_coll, fsdp_coll_kind_name(sh->slots[0].kind), sh->msg);
+                          x->n_coll, fsdp_coll_kind_name(sh->slots[0].args.kind), sh->msg);
 }
 
 /* ---- sums --------------------------------------------------------------------- */
@@ -404,7 +394,7 @@ static void sum_chunk(struct mpi_ctx *x, fsdp_mpi_tree_job *jb, int lo, int hi, 
 }
 
 /* A tree job over chunk g of every local rank's send buffer. */
-static void job_for(struct mpi_ctx *x, fsdp_mpi_tree_job *jb, const struct mpi_slot *a, int kind,
+static void job_for(struct mpi_ctx *x, fsdp_mpi_tree_job *jb, const fsdp_coll_args *a, int kind,
                     int g)
 {
     struct mpi_shared *sh = x->sh;
@@ -426,7 +416,7 @@ static void stage_payloads(fsdp_comm *c, int kind)
 {
     struct mpi_ctx *x = c->ctx;
     struct mpi_shared *sh = x->sh;
-    const struct mpi_slot *a = &sh->slots[0];
+    const fsdp_coll_args *a = &sh->slots[0].args;
     const fsdp_mpi_cover *cv = &sh->cover;
     int L = sh->n_local, me = sh->me, j = c->rank - me * L;
     size_t es = fsdp_dtype_size(a->dt);
@@ -455,7 +445,7 @@ static void finish_sum(fsdp_comm *c, int kind, void *out)
 {
     struct mpi_ctx *x = c->ctx;
     struct mpi_shared *sh = x->sh;
-    const struct mpi_slot *a = &sh->slots[0];
+    const fsdp_coll_args *a = &sh->slots[0].args;
     int j = c->rank - sh->me * sh->n_local, N = c->n_ranks;
     fsdp_mpi_tree_job jb;
     job_for(x, &jb, a, kind, c->rank);

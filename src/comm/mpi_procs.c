@@ -35,6 +35,7 @@
 #include "comm/procs.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/threads.h"
 
 /* Largest piece of one message (MPI counts are int). */
 #define MPI_PIECE ((size_t)1 << 30)
@@ -259,11 +260,7 @@ static void stop_watchdog(struct mpi_ctx *m)
 {
     if (!m->have_dog)
         return;
-    pthread_mutex_lock(&m->dog_mu);
-    m->dog_stop = true;
-    pthread_cond_broadcast(&m->dog_cv);
-    pthread_mutex_unlock(&m->dog_mu);
-    pthread_join(m->dog, NULL);
+    fsdp_threads_stop(&m->dog_mu, &m->dog_cv, &m->dog_stop, &m->dog, 1);
     m->have_dog = false;
 }
 

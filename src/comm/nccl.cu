@@ -216,24 +216,30 @@ static fsdp_status nccl_all_gather(fsdp_comm *c, const void *send, void *recv, s
 
 static ncclRedOp_t nccl_op(fsdp_reduce_op op) { return op == FSDP_REDUCE_AVG ? ncclAvg : ncclSum; }
 
+/* The two reductions: the same arguments, a different NCCL call. */
+typedef ncclResult_t (*nccl_reduce_fn)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
+                                       ncclComm_t, cudaStream_t);
+
+static fsdp_status nccl_reduce(fsdp_comm *c, const char *what, nccl_reduce_fn fn, const void *send,
+                               void *recv, size_t numel, fsdp_dtype dt, fsdp_reduce_op op,
+                               fsdp_stream_t s)
+{
+    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
+    FSDP_TRY(nccl_begin(c, what, dt, op));
+    return nccl_issued(c, what,
+                       fn(send, recv, numel, nccl_type(dt), nccl_op(op), p->comm, (cudaStream_t)s));
+}
+
 static fsdp_status nccl_reduce_scatter(fsdp_comm *c, const void *send, void *recv, size_t numel,
                                        fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream_t s)
 {
-    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
-    FSDP_TRY(nccl_begin(c, "reduce_scatter", dt, op));
-    return nccl_issued(c, "reduce_scatter",
-                       ncclReduceScatter(send, recv, numel, nccl_type(dt), nccl_op(op), p->comm,
-                                         (cudaStream_t)s));
+    return nccl_reduce(c, "reduce_scatter", ncclReduceScatter, send, recv, numel, dt, op, s);
 }
 
 static fsdp_status nccl_all_reduce(fsdp_comm *c, const void *send, void *recv, size_t numel,
                                    fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream_t s)
 {
-    struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
-    FSDP_TRY(nccl_begin(c, "all_reduce", dt, op));
-    return nccl_issued(c, "all_reduce",
-                       ncclAllReduce(send, recv, numel, nccl_type(dt), nccl_op(op), p->comm,
-                                     (cudaStream_t)s));
+    return nccl_reduce(c, "all_reduce", ncclAllReduce, send, recv, numel, dt, op, s);
 }
 
 static fsdp_status nccl_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtype dt, int root,
@@ -309,12 +315,9 @@ extern "C" fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ncclResult_t rc;
     cudaError_t crc;
+    fsdp_comm_group every = {0, 1, fsdp_cuda_world_n_ranks(w), 0}; /* the whole job */
     memset(c, 0, sizeof *c);
-    c->iface = &nccl_comm_i;
-    c->world = w;
-    c->dev = dev;
-    c->rank = rank;
-    c->n_ranks = fsdp_cuda_world_n_ranks(w);
+    fsdp_comm_bind(c, &nccl_comm_i, w, dev, &every, rank, NULL);
     struct nccl_ctx *p = (struct nccl_ctx *)calloc(1, sizeof *p);
     if (!p) {
         c->iface = NULL;

@@ -131,8 +131,7 @@ __global__ void peer_reduce_kernel(T *dst, const T *stage, size_t cn, int n_src,
 
 /* What a rank publishes at each exchange. */
 struct peer_rec {
-    int kind, dt, op, root;
-    size_t numel;
+    fsdp_coll_args args; /* args.kind -1: the exchange at init */
     const void *send;
     void *recv;
     cudaEvent_t ev;
@@ -179,33 +178,17 @@ static fsdp_status peer_begin(fsdp_comm *c, int kind, const void *send, void *re
                               "rank %d: collective %ld (%s) not started: another rank failed",
                               c->rank, k, fsdp_coll_kind_name(kind));
     CUDA_TRY(cudaEventRecord(p->ev_ready, s));
+    fsdp_coll_args args = {kind, dt, op, root, numel};
     struct peer_rec me;
     memset(&me, 0, sizeof me);
-    me.kind = kind;
-    me.dt = dt;
-    me.op = op;
-    me.root = root;
-    me.numel = numel;
+    me.args = args;
     me.send = send;
     me.recv = recv;
     me.ev = p->ev_ready;
     me.ordinal = c->dev->ordinal;
     FSDP_TRY(fsdp_comm_rdv_exchange(p->rdv, c->world, c->rank, &me, sizeof me, p->all, true));
-    for (int q = 0; q < c->n_ranks; q++) {
-        const struct peer_rec *o = &p->all[q];
-        bool reduces = kind == FSDP_COLL_REDUCE_SCATTER || kind == FSDP_COLL_ALL_REDUCE;
-        if (o->kind == kind && o->numel == numel && o->dt == dt &&
-            (kind != FSDP_COLL_BROADCAST || o->root == root) && (!reduces || o->op == op))
-            continue;
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "rank %d: collective %ld mismatch: this rank issued %s(%zu x %s, op "
-                              "%d, root %d) but rank %d issued %s(%zu x %s, op %d, root %d); "
-                              "every rank must issue the same collectives in the same order "
-                              "with the same sizes",
-                              c->rank, k, fsdp_coll_kind_name(kind), numel,
-                              fsdp_dtype_name(dt), (int)op, root, q, fsdp_coll_kind_name(o->kind),
-                              o->numel, fsdp_dtype_name((fsdp_dtype)o->dt), o->op, o->root);
-    }
+    for (int q = 0; q < c->n_ranks; q++)
+        FSDP_TRY(fsdp_coll_args_check(c->rank, k, &me.args, q, &p->all[q].args));
     return FSDP_STATUS_OK;
 }
 
@@ -473,12 +456,9 @@ extern "C" fsdp_status fsdp_comm_peer_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
                                            int rank)
 {
     fsdp_status st = FSDP_STATUS_OK;
+    fsdp_comm_group every = {0, 1, fsdp_cuda_world_n_ranks(w), 0}; /* the whole job */
     memset(c, 0, sizeof *c);
-    c->iface = &peer_comm_i;
-    c->world = w;
-    c->dev = dev;
-    c->rank = rank;
-    c->n_ranks = fsdp_cuda_world_n_ranks(w);
+    fsdp_comm_bind(c, &peer_comm_i, w, dev, &every, rank, NULL);
     if (dev->backend != FSDP_BACKEND_CUDA) {
         c->iface = NULL;
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
@@ -517,7 +497,7 @@ extern "C" fsdp_status fsdp_comm_peer_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
     }
     FSDP_CHECK(fsdp_comm_rdv_attach(w, &p->rdv));
     memset(&me, 0, sizeof me);
-    me.kind = -1;
+    me.args.kind = -1;
     me.ordinal = dev->ordinal;
     me.backend = (int)dev->backend;
     FSDP_CHECK(fsdp_comm_rdv_exchange(p->rdv, w, rank, &me, sizeof me, p->all, true));

@@ -33,6 +33,7 @@
 #include "comm/procs.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/threads.h"
 
 #define HB_PERIOD_MS 250
 
@@ -312,11 +313,7 @@ static void stop_watcher(struct dir_ctx *d)
 {
     if (!d->have_thread)
         return;
-    pthread_mutex_lock(&d->mu);
-    d->stop = true;
-    pthread_cond_broadcast(&d->cv);
-    pthread_mutex_unlock(&d->mu);
-    pthread_join(d->watcher, NULL);
+    fsdp_threads_stop(&d->mu, &d->cv, &d->stop, &d->watcher, 1);
     d->have_thread = false;
 }
 

@@ -24,12 +24,18 @@ static _Thread_local struct {
 
 fsdp_status fsdp_error_set(fsdp_status st, const char *fmt, ...)
 {
-    /* Through a copy: the arguments may include fsdp_error_msg() itself. */
-    char msg[FSDP_ERROR_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    fsdp_error_setv(st, fmt, ap);
     va_end(ap);
+    return st;
+}
+
+fsdp_status fsdp_error_setv(fsdp_status st, const char *fmt, va_list ap)
+{
+    /* Through a copy: the arguments may include fsdp_error_msg() itself. */
+    char msg[FSDP_ERROR_MSG_MAX];
+    vsnprintf(msg, sizeof msg, fmt, ap);
     memcpy(tls_msg, msg, sizeof msg);
     bool take = st != FSDP_STATUS_OK &&
                 (tls_first.st == FSDP_STATUS_OK || strstr(tls_msg, tls_first.msg) != NULL);

@@ -19,6 +19,7 @@
 #ifndef FSDP_CORE_ERROR_H
 #define FSDP_CORE_ERROR_H
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -34,6 +35,11 @@ extern "C" {
  * Usage: return fsdp_error_set(FSDP_STATUS_IO, "cannot open '%s'", path); */
 fsdp_status fsdp_error_set(fsdp_status st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* fsdp_error_set with the arguments as a va_list (for wrappers that then
+ * add context with fsdp_error_prefix). */
+fsdp_status fsdp_error_setv(fsdp_status st, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
 
 /* Prefix the calling thread's message with context ("loading 'x.bin': ...");
  * a head that ends in ":" or ": " is not given a second separator. */

@@ -214,6 +214,18 @@ bad:
 
 static bool is_digit(int c) { return c >= '0' && c <= '9'; }
 
+/* One or more digits, else fail(p, what). */
+static bool digits(struct parser *p, const char *what)
+{
+    if (!is_digit(peek(p))) {
+        fail(p, what);
+        return false;
+    }
+    while (is_digit(peek(p)))
+        p->pos++;
+    return true;
+}
+
 static bool parse_number(struct parser *p, double *out)
 {
     size_t start = p->pos;
@@ -225,32 +237,20 @@ static bool parse_number(struct parser *p, double *out)
             fail(p, "leading zeros are not allowed in a number");
             return false;
         }
-    } else if (is_digit(peek(p))) {
-        while (is_digit(peek(p)))
-            p->pos++;
-    } else {
-        fail(p, "expected a digit");
+    } else if (!digits(p, "expected a digit")) {
         return false;
     }
     if (peek(p) == '.') {
         p->pos++;
-        if (!is_digit(peek(p))) {
-            fail(p, "expected a digit after '.'");
+        if (!digits(p, "expected a digit after '.'"))
             return false;
-        }
-        while (is_digit(peek(p)))
-            p->pos++;
     }
     if (peek(p) == 'e' || peek(p) == 'E') {
         p->pos++;
         if (peek(p) == '+' || peek(p) == '-')
             p->pos++;
-        if (!is_digit(peek(p))) {
-            fail(p, "expected a digit in the exponent");
+        if (!digits(p, "expected a digit in the exponent"))
             return false;
-        }
-        while (is_digit(peek(p)))
-            p->pos++;
     }
     char buf[64];
     size_t n = p->pos - start;

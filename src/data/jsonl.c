@@ -26,13 +26,12 @@ __attribute__((format(printf, 3, 4))) static fsdp_status row_err(const fsdp_row_
                                                                  uint64_t line,
                                                                  const char *fmt, ...)
 {
-    char msg[768];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    fsdp_error_setv(FSDP_STATUS_FORMAT, fmt, ap);
     va_end(ap);
-    return fsdp_error_set(FSDP_STATUS_FORMAT, "'%s' line %llu: %s", c->path,
-                          (unsigned long long)line, msg);
+    fsdp_error_prefix("'%s' line %llu", c->path, (unsigned long long)line);
+    return FSDP_STATUS_FORMAT;
 }
 
 /* obj[key] as a string: NULL when absent; FORMAT when not a string. */

@@ -40,12 +40,12 @@ static const char *const EOT_NAMES[] = {"<|endoftext|>", "<|end_of_text|>"};
 fsdp_status tokjson_bad(const tokjson_reader *r, fsdp_status st, const char *field,
                         const char *fmt, ...)
 {
-    char msg[768];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    fsdp_error_setv(st, fmt, ap);
     va_end(ap);
-    return fsdp_error_set(st, "tokenizer '%s': %s: %s", r->t->label, field, msg);
+    fsdp_error_prefix("tokenizer '%s': %s", r->t->label, field);
+    return st;
 }
 
 fsdp_status tokjson_unsupported(const tokjson_reader *r, const char *field, const char *what)

@@ -16,6 +16,35 @@ static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+"
 
 /* ---- normalizer, pre-tokenizer, post-processor, decoder ------------------------------ */
 
+/* The sections that may hold a "Sequence" of their own kind, and the key
+ * of its list. */
+enum seq_section { SEQ_NORMALIZER, SEQ_PRETOK, SEQ_POST };
+static const char *const seq_key[] = {"normalizers", "pretokenizers", "processors"};
+
+/* A "Sequence" of section sec: v[key] must be an array (FORMAT naming
+ * field.key); each item is read as "field.key[i]" in order, stopping at the
+ * first error. A pre-tokenizer item is last only as the last item of a last
+ * Sequence. */
+static fsdp_status read_sequence(tokjson_reader *r, enum seq_section sec, const fsdp_json *v,
+                                 const char *field, bool last, bool *have_bytelevel)
+{
+    char f[160];
+    snprintf(f, sizeof f, "%s.%s", field, seq_key[sec]);
+    const fsdp_json *list = fsdp_json_get(v, seq_key[sec]);
+    FSDP_TRY(tokjson_want(r, list, FSDP_JSON_ARRAY, f));
+    size_t i = 0;
+    for (const fsdp_json *c = list->child; c; c = c->next, i++) {
+        snprintf(f, sizeof f, "%s.%s[%zu]", field, seq_key[sec], i);
+        if (sec == SEQ_NORMALIZER)
+            FSDP_TRY(tokjson_read_normalizer(r, c, f));
+        else if (sec == SEQ_PRETOK)
+            FSDP_TRY(tokjson_read_pretok(r, c, f, last && !c->next, have_bytelevel));
+        else
+            FSDP_TRY(tokjson_read_post(r, c, f));
+    }
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status tokjson_read_normalizer(tokjson_reader *r, const fsdp_json *v, const char *field)
 {
     if (!v || v->type == FSDP_JSON_NULL)
@@ -26,18 +55,8 @@ fsdp_status tokjson_read_normalizer(tokjson_reader *r, const fsdp_json *v, const
         r->t->nfc = true;
         return FSDP_STATUS_OK;
     }
-    if (!strcmp(type, "Sequence")) {
-        char f[128];
-        snprintf(f, sizeof f, "%s.normalizers", field);
-        const fsdp_json *list = fsdp_json_get(v, "normalizers");
-        FSDP_TRY(tokjson_want(r, list, FSDP_JSON_ARRAY, f));
-        size_t i = 0;
-        for (const fsdp_json *c = list->child; c; c = c->next, i++) {
-            snprintf(f, sizeof f, "%s.normalizers[%zu]", field, i);
-            FSDP_TRY(tokjson_read_normalizer(r, c, f));
-        }
-        return FSDP_STATUS_OK;
-    }
+    if (!strcmp(type, "Sequence"))
+        return read_sequence(r, SEQ_NORMALIZER, v, field, true, NULL);
     char what[96];
     snprintf(what, sizeof what, "normalizer '%.40s' (null and NFC are)", type);
     return tokjson_unsupported(r, field, what);
@@ -98,17 +117,8 @@ fsdp_status tokjson_read_pretok(tokjson_reader *r, const fsdp_json *v, const cha
     const char *type;
     char f[160];
     FSDP_TRY(tokjson_type_of(r, v, field, &type));
-    if (!strcmp(type, "Sequence")) {
-        snprintf(f, sizeof f, "%s.pretokenizers", field);
-        const fsdp_json *list = fsdp_json_get(v, "pretokenizers");
-        FSDP_TRY(tokjson_want(r, list, FSDP_JSON_ARRAY, f));
-        size_t i = 0;
-        for (const fsdp_json *c = list->child; c; c = c->next, i++) {
-            snprintf(f, sizeof f, "%s.pretokenizers[%zu]", field, i);
-            FSDP_TRY(tokjson_read_pretok(r, c, f, last && !c->next, have_bytelevel));
-        }
-        return FSDP_STATUS_OK;
-    }
+    if (!strcmp(type, "Sequence"))
+        return read_sequence(r, SEQ_PRETOK, v, field, last, have_bytelevel);
     if (*have_bytelevel)
         return tokjson_bad(r, FSDP_STATUS_UNSUPPORTED, field,
                    "a pre-tokenizer after ByteLevel is not supported (ByteLevel must come last)");
@@ -186,23 +196,13 @@ fsdp_status tokjson_read_post(tokjson_reader *r, const fsdp_json *v, const char 
     if (!v || v->type == FSDP_JSON_NULL)
         return FSDP_STATUS_OK;
     const char *type;
-    char f[160];
     FSDP_TRY(tokjson_type_of(r, v, field, &type));
     if (!strcmp(type, "ByteLevel"))
         return FSDP_STATUS_OK; /* offsets only */
     if (!strcmp(type, "TemplateProcessing"))
         return read_template(r, v, field);
-    if (!strcmp(type, "Sequence")) {
-        snprintf(f, sizeof f, "%s.processors", field);
-        const fsdp_json *list = fsdp_json_get(v, "processors");
-        FSDP_TRY(tokjson_want(r, list, FSDP_JSON_ARRAY, f));
-        size_t i = 0;
-        for (const fsdp_json *c = list->child; c; c = c->next, i++) {
-            snprintf(f, sizeof f, "%s.processors[%zu]", field, i);
-            FSDP_TRY(tokjson_read_post(r, c, f));
-        }
-        return FSDP_STATUS_OK;
-    }
+    if (!strcmp(type, "Sequence"))
+        return read_sequence(r, SEQ_POST, v, field, true, NULL);
     char what[128];
     snprintf(what, sizeof what, "post-processor '%.40s' (ByteLevel, TemplateProcessing are)",
              type);

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "core/threads.h"
 #include "core/world.h"
 #include "device/cpu.h"
 
@@ -136,12 +137,7 @@ static void team_free(cpu_team *t)
 {
     if (!t)
         return;
-    pthread_mutex_lock(&t->mu);
-    t->stop = true;
-    pthread_cond_broadcast(&t->work_cv);
-    pthread_mutex_unlock(&t->mu);
-    for (int i = 0; i < t->n_helpers; i++)
-        pthread_join(t->helpers[i], NULL);
+    fsdp_threads_stop(&t->mu, &t->work_cv, &t->stop, t->helpers, t->n_helpers);
     pthread_cond_destroy(&t->work_cv);
     pthread_cond_destroy(&t->done_cv);
     pthread_mutex_destroy(&t->mu);

@@ -49,9 +49,8 @@ int fsdp_place_ranges(const fsdp_engine *e, int u, float *master, const float *g
     int n = 0;
     for (int i = 0; i < su->spec->n_params; i++) {
         const fsdp_param_spec *p = &su->spec->params[i];
-        size_t a = p->offset > lo ? p->offset : lo;
-        size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-        if (a >= b)
+        size_t a, b;
+        if (!fsdp_param_overlap(p, lo, hi, &a, &b))
             continue;
         size_t off = a - lo;
         fsdp_optim_range *r = &ranges[n++];

@@ -19,11 +19,7 @@ static fsdp_status adamw_check(const fsdp_optim_hparams *hp)
     if (!(hp->eps > 0.0f) || !isfinite(hp->eps))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "adamw: eps %g must be finite and > 0",
                               (double)hp->eps);
-    if (!(hp->weight_decay >= 0.0f) || !isfinite(hp->weight_decay))
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "adamw: weight decay %g must be finite and >= 0",
-                              (double)hp->weight_decay);
-    return FSDP_STATUS_OK;
+    return fsdp_optim_check_weight_decay("adamw", hp);
 }
 
 /* k[0] = 1 - beta1^t, k[1] = 1 - beta2^t, in double, rounded once. */

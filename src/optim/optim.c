@@ -2,6 +2,7 @@
  * optim.c - the registry of optimizers: one table, read by the CLI's
  * --optimizer parsing and help, by the engine and by the planner.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -67,4 +68,12 @@ fsdp_status fsdp_optim_find(const char *name, const fsdp_optim **out)
     char names[128];
     return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "unknown optimizer '%s' (expected %s)",
                           name ? name : "(null)", fsdp_optim_names(names, sizeof names, ", "));
+}
+
+fsdp_status fsdp_optim_check_weight_decay(const char *name, const fsdp_optim_hparams *hp)
+{
+    if (!(hp->weight_decay >= 0.0f) || !isfinite(hp->weight_decay))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s: weight decay %g must be finite and >= 0",
+                              name, (double)hp->weight_decay);
+    return FSDP_STATUS_OK;
 }

@@ -113,6 +113,10 @@ fsdp_status fsdp_optim_find(const char *name, const fsdp_optim **out);
  * to fit n. Returns buf. */
 const char *fsdp_optim_names(char *buf, size_t n, const char *sep);
 
+/* The check every optimizer's check slot makes of the weight decay all of
+ * them take: INVALID_ARG "<name>: weight decay X must be finite and >= 0". */
+fsdp_status fsdp_optim_check_weight_decay(const char *name, const fsdp_optim_hparams *hp);
+
 /* Bytes of optimizer state per parameter (fp32 arrays). */
 static inline size_t fsdp_optim_state_bytes(const fsdp_optim *o)
 {

@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/threads.h"
 #include "optim/pool.h"
 
 struct fsdp_pool {
@@ -131,12 +132,7 @@ static void *worker_main(void *arg)
 
 static void pool_stop_join(fsdp_pool *pool)
 {
-    pthread_mutex_lock(&pool->mu);
-    pool->stop = true;
-    pthread_cond_broadcast(&pool->work_cv);
-    pthread_mutex_unlock(&pool->mu);
-    for (int i = 0; i < pool->n_started; i++)
-        pthread_join(pool->threads[i], NULL);
+    fsdp_threads_stop(&pool->mu, &pool->work_cv, &pool->stop, pool->threads, pool->n_started);
     pool->n_started = 0;
 }
 

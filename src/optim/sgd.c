@@ -6,8 +6,6 @@
  * buffer the gradient itself, as PyTorch initialises it). The learning rate
  * is used as given: no per-step constants beyond it.
  */
-#include <math.h>
-
 #include "core/error.h"
 #include "optim/optim.h"
 
@@ -16,11 +14,7 @@ static fsdp_status sgd_check(const fsdp_optim_hparams *hp)
     if (!(hp->momentum >= 0.0f && hp->momentum < 1.0f))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "sgd: momentum %g must be in [0, 1)",
                               (double)hp->momentum);
-    if (!(hp->weight_decay >= 0.0f) || !isfinite(hp->weight_decay))
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "sgd: weight decay %g must be finite and >= 0",
-                              (double)hp->weight_decay);
-    return FSDP_STATUS_OK;
+    return fsdp_optim_check_weight_decay("sgd", hp);
 }
 
 static fsdp_status sgd_consts(const fsdp_optim_hparams *hp, uint64_t t, float lr, float grad_scale,

@@ -134,9 +134,8 @@ void fsdp_plan_shardmap_table(FILE *f, const fsdp_shardmap *sm, const char *mode
             int col = 0;
             for (int i = 0; i < su->spec->n_params; i++) {
                 const fsdp_param_spec *p = &su->spec->params[i];
-                size_t lo = p->offset > b ? p->offset : b;
-                size_t hi = p->offset + p->numel < e ? p->offset + p->numel : e;
-                if (lo >= hi)
+                size_t lo, hi;
+                if (!fsdp_param_overlap(p, b, e, &lo, &hi))
                     continue;
                 char slice[128];
                 int len = snprintf(slice, sizeof slice, "%s[%zu:%zu)", p->name, lo - p->offset,

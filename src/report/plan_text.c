@@ -30,12 +30,42 @@ static bool same_comm(const fsdp_plan_rank *a, const fsdp_plan_rank *b)
            !memcmp(a->n_calls, b->n_calls, sizeof a->n_calls);
 }
 
-static void range_label(char *buf, size_t n, int lo, int hi)
+/* The last device of the row that starts at device lo: devices whose
+ * figures same() finds equal share a row. */
+static int row_end(const fsdp_plan *p, int lo,
+                   bool (*same)(const fsdp_plan_rank *, const fsdp_plan_rank *))
 {
+    int hi = lo;
+    while (hi + 1 < p->n_ranks && same(&p->ranks[lo], &p->ranks[hi + 1]))
+        hi++;
+    return hi;
+}
+
+/* The first cell of a row of devices (or nodes) lo..hi: "3", "0..7". */
+static void row_label(FILE *f, int lo, int hi)
+{
+    char lab[32];
     if (lo == hi)
-        snprintf(buf, n, "%d", lo);
+        snprintf(lab, sizeof lab, "%d", lo);
     else
-        snprintf(buf, n, "%d..%d", lo, hi);
+        snprintf(lab, sizeof lab, "%d..%d", lo, hi);
+    fprintf(f, "  %-10s", lab);
+}
+
+/* The header cells of the collectives in use, right-aligned in width. */
+static void kind_header(FILE *f, const bool *kind_used, int width)
+{
+    for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++)
+        if (kind_used[k])
+            fprintf(f, " %*s", width, fsdp_coll_kind_name((fsdp_coll_kind)k));
+}
+
+/* A cell "<pre><received> / <sent>", right-aligned in width. */
+static void traffic_cell(FILE *f, int width, const char *pre, size_t recv, size_t sent)
+{
+    char cell[64], b1[32], b2[32];
+    snprintf(cell, sizeof cell, "%s%s / %s", pre, fmtb(b1, recv), fmtb(b2, sent));
+    fprintf(f, " %*s", width, cell);
 }
 
 
@@ -43,16 +73,13 @@ static void range_label(char *buf, size_t n, int lo, int hi)
  * by collective, and their time over the node's network (p->node_gbs). */
 static void print_nodes(FILE *f, const fsdp_plan *p, const bool *kind_used)
 {
-    char b1[32], b2[32], lab[32];
     int P = p->n_nodes, L = p->n_ranks / P;
     size_t sent[FSDP_MAX_RANKS][FSDP_COLL_KIND_COUNT], recv[FSDP_MAX_RANKS][FSDP_COLL_KIND_COUNT];
     for (int q = 0; q < P && q < FSDP_MAX_RANKS; q++)
         fsdp_plan_node_bytes(p, q, sent[q], recv[q]);
     fprintf(f, "\nbetween nodes, per step and node (%d nodes of %d devices; received / sent, as "
                "the mpi transport moves them):\n  %-10s", P, L, "node");
-    for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++)
-        if (kind_used[k])
-            fprintf(f, " %23s", fsdp_coll_kind_name((fsdp_coll_kind)k));
+    kind_header(f, kind_used, 23);
     fprintf(f, " %23s", "total");
     if (p->node_gbs > 0)
         fprintf(f, " %14s", "time");
@@ -62,19 +89,12 @@ static void print_nodes(FILE *f, const fsdp_plan *p, const bool *kind_used)
         while (hi + 1 < P && !memcmp(sent[lo], sent[hi + 1], sizeof sent[lo]) &&
                !memcmp(recv[lo], recv[hi + 1], sizeof recv[lo]))
             hi++;
-        range_label(lab, sizeof lab, lo, hi);
-        fprintf(f, "  %-10s", lab);
-        for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++) {
-            if (!kind_used[k])
-                continue;
-            char cell[64];
-            snprintf(cell, sizeof cell, "%s / %s", fmtb(b1, recv[lo][k]), fmtb(b2, sent[lo][k]));
-            fprintf(f, " %23s", cell);
-        }
+        row_label(f, lo, hi);
+        for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++)
+            if (kind_used[k])
+                traffic_cell(f, 23, "", recv[lo][k], sent[lo][k]);
         size_t r = fsdp_plan_coll_total(recv[lo]), s = fsdp_plan_coll_total(sent[lo]);
-        char cell[64];
-        snprintf(cell, sizeof cell, "%s / %s", fmtb(b1, r), fmtb(b2, s));
-        fprintf(f, " %23s", cell);
+        traffic_cell(f, 23, "", r, s);
         if (p->node_gbs > 0)
             fprintf(f, " %11.1f ms", 1e3 * (double)(r > s ? r : s) / (p->node_gbs * 1e9));
         fputc('\n', f);
@@ -91,7 +111,7 @@ static void print_nodes(FILE *f, const fsdp_plan *p, const bool *kind_used)
 void fsdp_plan_print(FILE *f, const fsdp_plan *p)
 {
     const fsdp_engine_config *e = &p->eng;
-    char b1[32], b2[32], b3[32], b4[32], lab[32];
+    char b1[32], b2[32], b3[32], b4[32];
     int N = p->n_ranks;
     const fsdp_optim *o = fsdp_optim_or_default(e->optim);
     char state_names[96];
@@ -125,20 +145,17 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
     if (any_host)
         fprintf(f, " | %11s", "host pinned");
     fputc('\n', f);
-    for (int lo = 0; lo < N;) {
-        int hi = lo;
-        while (hi + 1 < N && same_mem(&p->ranks[lo], &p->ranks[hi + 1]))
-            hi++;
+    for (int lo = 0, hi; lo < N; lo = hi + 1) {
+        hi = row_end(p, lo, same_mem);
         const fsdp_plan_rank *pr = &p->ranks[lo];
-        range_label(lab, sizeof lab, lo, hi);
-        fprintf(f, "  %-10s %11s", lab, fmtb(b1, pr->mem.peak_bytes));
+        row_label(f, lo, hi);
+        fprintf(f, " %11s", fmtb(b1, pr->mem.peak_bytes));
         for (int k = 0; k < FSDP_MEM_KIND_COUNT; k++)
             if (used[k])
                 fprintf(f, " %11s", fmtb(b1, pr->mem.peak_kind_bytes[k]));
         if (any_host)
             fprintf(f, " | %11s", fmtb(b1, pr->host.peak_bytes));
         fputc('\n', f);
-        lo = hi + 1;
     }
     fprintf(f, "  (param: parameter shards; grad: gradient shards and the unit gradient being "
                "reduced;\n   optim: optimizer state (%s); gather: gathered units; act: "
@@ -150,30 +167,22 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
     for (int r = 0; r < N; r++)
         for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++)
             kind_used[k] |= p->ranks[r].n_calls[k] != 0;
-    for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++)
-        if (kind_used[k])
-            fprintf(f, " %27s", fsdp_coll_kind_name((fsdp_coll_kind)k));
+    kind_header(f, kind_used, 27);
     fprintf(f, " %23s\n", "total");
-    for (int lo = 0; lo < N;) {
-        int hi = lo;
-        while (hi + 1 < N && same_comm(&p->ranks[lo], &p->ranks[hi + 1]))
-            hi++;
+    for (int lo = 0, hi; lo < N; lo = hi + 1) {
+        hi = row_end(p, lo, same_comm);
         const fsdp_plan_rank *pr = &p->ranks[lo];
-        range_label(lab, sizeof lab, lo, hi);
-        fprintf(f, "  %-10s", lab);
+        row_label(f, lo, hi);
         for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++) {
             if (!kind_used[k])
                 continue;
-            char cell[64];
-            snprintf(cell, sizeof cell, "%zux %s / %s", pr->n_calls[k], fmtb(b1, pr->recv_bytes[k]),
-                     fmtb(b2, pr->sent_bytes[k]));
-            fprintf(f, " %27s", cell);
+            char calls[32];
+            snprintf(calls, sizeof calls, "%zux ", pr->n_calls[k]);
+            traffic_cell(f, 27, calls, pr->recv_bytes[k], pr->sent_bytes[k]);
         }
-        char cell[64];
-        snprintf(cell, sizeof cell, "%s / %s", fmtb(b1, fsdp_plan_coll_total(pr->recv_bytes)),
-                 fmtb(b2, fsdp_plan_coll_total(pr->sent_bytes)));
-        fprintf(f, " %23s\n", cell);
-        lo = hi + 1;
+        traffic_cell(f, 23, "", fsdp_plan_coll_total(pr->recv_bytes),
+                     fsdp_plan_coll_total(pr->sent_bytes));
+        fputc('\n', f);
     }
     if (N == 1)
         fprintf(f, "  (one device: collectives move nothing)\n");

@@ -32,6 +32,17 @@ static fsdp_status out_of_memory(const struct metrics_fill *mf)
                           mf->path);
 }
 
+/* *p resized to cap doubles (contents kept); false, *p untouched, if the
+ * memory is not there. */
+static bool grow_doubles(double **p, size_t cap)
+{
+    double *q = realloc(*p, cap * sizeof *q);
+    if (!q)
+        return false;
+    *p = q;
+    return true;
+}
+
 /* Room for one more line in every per-line array (peak_first holds one
  * more entry than there are lines). A failed realloc leaves the arrays
  * already grown larger than cap_lines, which is harmless. */
@@ -42,12 +53,9 @@ static fsdp_status reserve_line(struct metrics_fill *mf)
         return FSDP_STATUS_OK;
     size_t cap = mf->cap_lines ? mf->cap_lines * 2 : 256;
     double **arrays[3] = {&m->step, &m->loss, &m->tokens_per_s};
-    for (int k = 0; k < 3; k++) {
-        double *p = realloc(*arrays[k], cap * sizeof **arrays[k]);
-        if (!p)
+    for (int k = 0; k < 3; k++)
+        if (!grow_doubles(arrays[k], cap))
             return out_of_memory(mf);
-        *arrays[k] = p;
-    }
     int *first = realloc(m->peak_first, cap * sizeof *first);
     if (!first)
         return out_of_memory(mf);
@@ -65,10 +73,8 @@ static fsdp_status reserve_peaks(struct metrics_fill *mf, size_t more)
     size_t cap = mf->cap_peak ? mf->cap_peak : 1024;
     while (cap < need)
         cap *= 2;
-    double *p = realloc(m->peak, cap * sizeof *p);
-    if (!p)
+    if (!grow_doubles(&m->peak, cap))
         return out_of_memory(mf);
-    m->peak = p;
     mf->cap_peak = cap;
     return FSDP_STATUS_OK;
 }
