@@ -1,6 +1,7 @@
 /*
  * testutil.c - the shared test helpers (testutil.h).
  */
+#include <errno.h>
 #include <ftw.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -77,6 +78,13 @@ char *fsdp_test_path(char *buf, size_t n, const char *name)
     ck_assert_msg(g_tmpdir[0], "fsdp_test_path needs fsdp_test_add_tmpdir on the test case");
     int w = snprintf(buf, n, "%s/%ld_%d_%s", g_tmpdir, (long)getpid(), k++, name);
     ck_assert_msg(w > 0 && (size_t)w < n, "path buffer of %zu bytes too small for '%s'", n, name);
+    return buf;
+}
+
+char *fsdp_test_mkdir(char *buf, size_t n, const char *name)
+{
+    fsdp_test_path(buf, n, name);
+    ck_assert_msg(mkdir(buf, 0700) == 0, "cannot create directory %s: %s", buf, strerror(errno));
     return buf;
 }
 
