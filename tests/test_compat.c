@@ -162,8 +162,8 @@ START_TEST(test_v1_reads_into_the_v2_form)
                      FSDP_STATUS_OK);
 
     /* written back: version 2, the model as family + config only */
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     ck_assert_int_eq(fsdp_ckpt_manifest_write(path_in(dir, "manifest"), &v1), FSDP_STATUS_OK);
     char *text = slurp(path_in(dir, "manifest"));
     REQUIRE(strstr(text, "\nversion 2\n") && strstr(text, "\nmodel_family gpt2\n") &&
@@ -204,7 +204,6 @@ START_TEST(test_v1_reads_into_the_v2_form)
     fsdp_ckpt_manifest_free(&v1);
     fsdp_ckpt_manifest_free(&v2);
     fsdp_model_free(&tiny);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -212,8 +211,8 @@ END_TEST
  * with FORMAT naming the file, a line, and what is wrong. */
 static void refuse_edits(const char *good_path, const char *const (*cases)[3], int n)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     char *good = slurp(good_path);
     for (int i = 0; i < n; i++) {
         char *t = mutate(good, cases[i][0], cases[i][1]);
@@ -230,7 +229,6 @@ static void refuse_edits(const char *good_path, const char *const (*cases)[3], i
         free(t);
     }
     free(good);
-    fsdp_test_rm_rf(dir);
 }
 
 START_TEST(test_v1_lines_must_agree)
@@ -260,8 +258,8 @@ END_TEST
 
 START_TEST(test_v2_lines_must_agree)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     v2_copy(dir);
     static const char *const cases[][3] = {
         {"model_family gpt2", "model_family mamba", "not in this build"},
@@ -306,7 +304,6 @@ START_TEST(test_v2_lines_must_agree)
     fsdp_ckpt_manifest_free(&r);
     free(t);
     free(good);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -314,8 +311,8 @@ END_TEST
 
 START_TEST(test_v1_fixture_equals_a_fresh_run)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     path fp = path_of(dir, "fresh"), op = path_of(dir, "old");
     const char *fresh = fp.s, *old = op.s;
     fsdp_train_config c;
@@ -375,15 +372,14 @@ START_TEST(test_v1_fixture_equals_a_fresh_run)
     fsdp_train_result_free(&rb);
     loaded_free(&a);
     loaded_free(&b);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_v2_copy_behaves_like_the_v1_fixture)
 {
     /* the same shard files under either manifest: everything bit-identical */
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     path p1 = path_of(dir, "v1"), p2 = path_of(dir, "v2");
     const char *v1 = p1.s, *v2 = p2.s;
     run("cp -r " FIXTURE " '%s'%s", v1, "");
@@ -403,7 +399,6 @@ START_TEST(test_v2_copy_behaves_like_the_v1_fixture)
     fsdp_train_result_free(&rb);
     loaded_free(&a);
     loaded_free(&b);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -425,10 +420,10 @@ int main(int argc, char **argv)
         printf("test_compat: this CPU cannot run the SkylakeX kernel that wrote the v1 fixture; "
                "the fresh-run comparison is to a relative 1e-5\n");
     const fsdp_test_tcase tcases[] = {
-        {"manifest", 60,
+        {"manifest", 60, .tmpdir = true,
          FSDP_TESTS(test_v1_reads_into_the_v2_form, test_v1_lines_must_agree,
                     test_v2_lines_must_agree)},
-        {"fixture", 600,
+        {"fixture", 600, .tmpdir = true,
          FSDP_TESTS(test_v1_fixture_equals_a_fresh_run, test_v2_copy_behaves_like_the_v1_fixture)},
     };
     return fsdp_test_main("compat", tcases, FSDP_TEST_LEN(tcases));
