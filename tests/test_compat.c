@@ -29,6 +29,7 @@
 #include "testutil.h"
 #include "train/infer.h"
 #include "train/train.h"
+#include "train_util.h"
 
 #define FIXTURE "tests/fixtures/ckpt_v1_tiny"
 #define FIXTURE_CKPT FIXTURE "/step_00000002"
@@ -192,14 +193,7 @@ START_TEST(test_v1_reads_into_the_v2_form)
     ck_assert_int_eq(v2.batch * v2.seq * v2.grad_accum * v2.steps_total,
                      v1.batch * v1.seq * v1.grad_accum * v1.steps_total);
     ck_assert_str_eq(v2.data, v1.data);
-    ck_assert_int_eq(v2.n_units, v1.n_units);
-    for (int u = 0; u < v1.n_units; u++) {
-        ck_assert_str_eq(v2.units[u].name, v1.units[u].name);
-        ck_assert_uint_eq(v2.units[u].shard_numel, v1.units[u].shard_numel);
-        ck_assert_uint_eq(v2.units[u].padded_numel, v1.units[u].padded_numel);
-        for (int i = 0; i < v1.units[u].n_params; i++)
-            ck_assert_str_eq(v2.units[u].params[i].name, v1.units[u].params[i].name);
-    }
+    expect_same_units(&v2, &v1);
     free(text);
     fsdp_ckpt_manifest_free(&v1);
     fsdp_ckpt_manifest_free(&v2);
