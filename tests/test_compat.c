@@ -112,9 +112,27 @@ static void resume_to_4(const char *dir, fsdp_train_result *r)
             r->first_step, r->steps);
 }
 
-static void same_runs(const fsdp_train_result *a, const fsdp_train_result *b, bool bits,
-                      const char *what)
+/* x and y load to the same model and parameters and evaluate to the same
+ * loss; a and b hold what was loaded (the caller frees). */
+static void same_loads(const char *x, const char *y, bool bits, const char *what, loaded *a,
+                       loaded *b)
 {
+    load_ok(x, a);
+    load_ok(y, b);
+    same_models(a, b, bits, what);
+    float la = eval_loss(x), lb = eval_loss(y);
+    char w[160];
+    snprintf(w, sizeof w, "eval loss, %s", what);
+    same_floats(&la, &lb, 1, bits, w);
+}
+
+/* The checkpoints under x and y, resumed to step 4, give the same losses
+ * and parameters. */
+static void same_resumes(const char *x, const char *y, bool bits, const char *what)
+{
+    fsdp_train_result ra, rb, *a = &ra, *b = &rb;
+    resume_to_4(x, a);
+    resume_to_4(y, b);
     char w[160];
     snprintf(w, sizeof w, "%s: losses of steps 3-4", what);
     same_floats(a->losses + 2, b->losses + 2, 2, bits, w);
@@ -125,6 +143,8 @@ static void same_runs(const fsdp_train_result *a, const fsdp_train_result *b, bo
         same_floats(a->params[u], b->params[u], m.units[u].numel, bits, w);
         fsdp_model_free(&m);
     }
+    fsdp_train_result_free(a);
+    fsdp_train_result_free(b);
 }
 
 /* A version-2 copy of the fixture: the same shard files, the manifest
@@ -310,21 +330,15 @@ START_TEST(test_v1_fixture_equals_a_fresh_run)
     path fp = path_of(dir, "fresh"), op = path_of(dir, "old");
     const char *fresh = fp.s, *old = op.s;
     fsdp_train_config c;
-    fsdp_train_result r, ra, rb;
+    fsdp_train_result r;
     readme_config(&c, fresh, 2);
     run_ok(&c, &r);
     fsdp_train_result_free(&r);
 
-    /* loads: the same model and parameters */
+    /* loads to the same model and parameters, evaluates to the same loss */
     loaded a, b;
-    load_ok(FIXTURE, &a);
-    load_ok(fresh, &b);
+    same_loads(FIXTURE, fresh, exact, "v1 fixture vs fresh run", &a, &b);
     ck_assert_str_eq(a.m.name, "tiny");
-    same_models(&a, &b, exact, "v1 fixture vs fresh run");
-
-    /* evaluates to the same loss */
-    float la = eval_loss(FIXTURE), lb = eval_loss(fresh);
-    same_floats(&la, &lb, 1, exact, "eval loss, v1 fixture vs fresh run");
 
     /* converts to the same files (the model's values, not the run's ids) */
     const char *outs[] = {"a.bin", "b.bin", "a.safetensors", "b.safetensors"};
@@ -353,17 +367,13 @@ START_TEST(test_v1_fixture_equals_a_fresh_run)
 
     /* resumes: two more steps from either give the same losses and parameters */
     run("cp -r " FIXTURE " '%s'%s", old, "");
-    resume_to_4(old, &ra);
-    resume_to_4(fresh, &rb);
-    same_runs(&ra, &rb, exact, "resumed v1 fixture vs resumed fresh run");
+    same_resumes(old, fresh, exact, "resumed v1 fixture vs resumed fresh run");
     /* and the checkpoint the resume wrote is version 2 */
     fsdp_ckpt_manifest man;
     ck_assert_int_eq(fsdp_ckpt_manifest_read(path_in(old, "step_00000004/manifest"), &man),
                      FSDP_STATUS_OK);
     ck_assert_int_eq(man.version, FSDP_CKPT_VERSION);
     fsdp_ckpt_manifest_free(&man);
-    fsdp_train_result_free(&ra);
-    fsdp_train_result_free(&rb);
     loaded_free(&a);
     loaded_free(&b);
 }
@@ -380,17 +390,8 @@ START_TEST(test_v2_copy_behaves_like_the_v1_fixture)
     mkdir(v2, 0755);
     v2_copy(v2);
     loaded a, b;
-    load_ok(v1, &a);
-    load_ok(v2, &b);
-    same_models(&a, &b, true, "v1 vs v2 manifest");
-    float la = eval_loss(v1), lb = eval_loss(v2);
-    same_floats(&la, &lb, 1, true, "eval loss, v1 vs v2 manifest");
-    fsdp_train_result ra, rb;
-    resume_to_4(v1, &ra);
-    resume_to_4(v2, &rb);
-    same_runs(&ra, &rb, true, "resumed from a v1 vs a v2 manifest");
-    fsdp_train_result_free(&ra);
-    fsdp_train_result_free(&rb);
+    same_loads(v1, v2, true, "v1 vs v2 manifest", &a, &b);
+    same_resumes(v1, v2, true, "resumed from a v1 vs a v2 manifest");
     loaded_free(&a);
     loaded_free(&b);
 }
