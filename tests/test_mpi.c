@@ -294,6 +294,16 @@ static void every_process_ended(const struct sim *sims, int P, fsdp_status st, c
                       fsdp_status_name(sims[p].st), sims[p].msg);
 }
 
+/* Run fn as job j (j->P processes of L ranks each, or n_local[p]): every
+ * process must end with st and a message holding frag. */
+static void run_job_ending(struct loop_job *j, int L, const int *n_local, fsdp_rank_fn fn,
+                           fsdp_status st, const char *frag)
+{
+    struct sim sims[LOOP_MAX];
+    run_job(j, j->P, L, n_local, fn, NULL, sims);
+    every_process_ended(sims, j->P, st, frag);
+}
+
 /* A cpu device and the mpi transport for a rank (comm picked by the table
  * for a job of w->n_processes). */
 static fsdp_status env_init(struct rank_env *e, fsdp_world *w, int rank)
@@ -848,12 +858,10 @@ static fsdp_status fault_rank(fsdp_world *w, int rank, void *p)
 START_TEST(test_rank_failure_ends_every_process)
 {
     struct loop_job j;
-    struct sim sims[2];
     job_init(&j, 2);
-    run_job(&j, 2, 2, NULL, fault_rank, NULL, sims);
-    every_process_ended(sims, 2, FSDP_STATUS_INTERNAL,
-                        "rank 3 (process 1 of 2, host sim1): injected failure in collective 3 "
-                        "(all_reduce)");
+    run_job_ending(&j, 2, NULL, fault_rank, FSDP_STATUS_INTERNAL,
+                   "rank 3 (process 1 of 2, host sim1): injected failure in collective 3 "
+                   "(all_reduce)");
     ck_assert_int_eq(j.n_fail_calls, 1); /* process 1 told the others once */
     job_fini(&j, false);
 }
@@ -868,11 +876,10 @@ static fsdp_status devices_rank(fsdp_world *w, int rank, void *p)
 START_TEST(test_processes_must_agree_on_devices)
 {
     struct loop_job j;
-    struct sim sims[2];
     int n_local[2] = {2, 3};
     job_init(&j, 2);
-    run_job(&j, 2, 0, n_local, devices_rank, NULL, sims);
-    every_process_ended(sims, 2, FSDP_STATUS_INVALID_ARG, "give every process the same --devices");
+    run_job_ending(&j, 0, n_local, devices_rank, FSDP_STATUS_INVALID_ARG,
+                   "give every process the same --devices");
     job_fini(&j, true);
 }
 END_TEST
@@ -891,11 +898,9 @@ static fsdp_status no_data_rank(fsdp_world *w, int rank, void *p)
 START_TEST(test_mpi_needs_procs_that_carry_data)
 {
     struct loop_job j;
-    struct sim sims[2];
     job_init(&j, 2);
     j.no_xfer = true;
-    run_job(&j, 2, 1, NULL, no_data_rank, NULL, sims);
-    every_process_ended(sims, 2, FSDP_STATUS_UNSUPPORTED, "launch them with mpirun");
+    run_job_ending(&j, 1, NULL, no_data_rank, FSDP_STATUS_UNSUPPORTED, "launch them with mpirun");
     job_fini(&j, true);
 }
 END_TEST
