@@ -120,12 +120,6 @@ void fsdp_test_write_file(const char *path, const char *text)
     ck_assert_msg(fwrite(text, 1, n, f) == n && fclose(f) == 0, "cannot write %s", path);
 }
 
-void fsdp_test_mkdtemp(char *buf, size_t n, const char *tag)
-{
-    snprintf(buf, n, "/tmp/fsdp_test_%s_XXXXXX", tag);
-    ck_assert_ptr_nonnull(mkdtemp(buf));
-}
-
 void pathf(char *out, size_t n, const char *fmt, ...)
 {
     va_list ap;

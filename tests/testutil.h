@@ -99,11 +99,6 @@ char *fsdp_test_read_file(const char *path, size_t *len);
 /* Write text to path (replacing it); asserts success. */
 void fsdp_test_write_file(const char *path, const char *text);
 
-/* A fresh directory /tmp/fsdp_test_<tag>_XXXXXX, its path in buf (for
- * tests that manage their own directories; remove it with
- * fsdp_test_rm_rf). Asserts success. */
-void fsdp_test_mkdtemp(char *buf, size_t n, const char *tag);
-
 /* snprintf into out[0..n) that fails the test instead of truncating. */
 void pathf(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
