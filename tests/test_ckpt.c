@@ -7,8 +7,8 @@
  *
  * Training runs use a very small GPT-2 on the synthetic task through
  * fsdp_train_run, under --deterministic, so "exact" means bit for bit.
- * Every test works in its own mkdtemp directory under /tmp, removed at the
- * end.
+ * Every test works in the suite's scratch directory (testutil.h), removed
+ * even when a test fails.
  */
 #include <check.h>
 #include <dirent.h>
@@ -127,9 +127,8 @@ static void manifest_for(fsdp_ckpt_manifest *m, fsdp_model *model, int world)
 
 START_TEST(test_manifest_roundtrip)
 {
-    char dir[64], path[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
-    pathf(path, sizeof path, "%s/manifest", dir);
+    char path[128];
+    fsdp_test_path(path, sizeof path, "manifest");
     fsdp_ckpt_manifest m, r;
     fsdp_model model;
     manifest_for(&m, &model, 4);
@@ -149,20 +148,10 @@ START_TEST(test_manifest_roundtrip)
     ck_assert_str_eq(r.model_family, "gpt2");
     ck_assert_str_eq(r.model_config, model.config);
     ck_assert_str_eq(r.data, m.data);
-    ck_assert_int_eq(r.n_units, m.n_units);
-    for (int u = 0; u < m.n_units; u++) {
-        ck_assert_str_eq(r.units[u].name, m.units[u].name);
-        ck_assert_uint_eq(r.units[u].shard_numel, m.units[u].shard_numel);
-        ck_assert_uint_eq(r.units[u].padded_numel, m.units[u].padded_numel);
-        ck_assert_int_eq(r.units[u].n_params, m.units[u].n_params);
-        for (int i = 0; i < m.units[u].n_params; i++) {
-            ck_assert_str_eq(r.units[u].params[i].name, m.units[u].params[i].name);
-            ck_assert_uint_eq(r.units[u].params[i].offset, m.units[u].params[i].offset);
-            ck_assert_int_eq(r.units[u].params[i].ndim, m.units[u].params[i].ndim);
-            ck_assert_int_eq(r.units[u].params[i].shape[0], m.units[u].params[i].shape[0]);
+    expect_same_units(&r, &m);
+    for (int u = 0; u < r.n_units; u++) /* every parameter was read from its line */
+        for (int i = 0; i < r.units[u].n_params; i++)
             ck_assert_int_gt(r.units[u].params[i].line, 0);
-        }
-    }
     ck_assert_int_eq(fsdp_ckpt_manifest_check_model(&r, path, &model), FSDP_STATUS_OK);
     /* no optimizer given: AdamW's lines are written */
     ck_assert_str_eq(r.optimizer, "adamw");
@@ -210,16 +199,14 @@ START_TEST(test_manifest_roundtrip)
     fsdp_ckpt_manifest_free(&r);
     fsdp_ckpt_manifest_free(&m);
     fsdp_model_free(&model);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_manifest_hostile)
 {
-    char dir[64], good[128], bad[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
-    pathf(good, sizeof good, "%s/manifest", dir);
-    pathf(bad, sizeof bad, "%s/bad_manifest", dir);
+    char good[128], bad[128];
+    fsdp_test_path(good, sizeof good, "manifest");
+    fsdp_test_path(bad, sizeof bad, "bad_manifest");
     fsdp_ckpt_manifest m;
     fsdp_model model;
     manifest_for(&m, &model, 4);
@@ -302,14 +289,13 @@ START_TEST(test_manifest_hostile)
         free(t);
     }
     /* missing file: a clear error, not a crash */
-    pathf(bad, sizeof bad, "%s/nope", dir);
+    fsdp_test_path(bad, sizeof bad, "nope");
     fsdp_ckpt_manifest r;
     ck_assert_int_ne(fsdp_ckpt_manifest_read(bad, &r), FSDP_STATUS_OK);
     REQUIRE(strstr(fsdp_error_msg(), bad), "%s", fsdp_error_msg());
     free(text);
     fsdp_ckpt_manifest_free(&m);
     fsdp_model_free(&model);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -333,9 +319,8 @@ START_TEST(test_resume_exact)
         {"grad-op, accum 2", false, FSDP_DTYPE_F32, FSDP_SHARD_GRAD_OP, 2, 1.0f},
     };
     for (size_t k = 0; k < sizeof variants / sizeof variants[0]; k++) {
-        char dir[64], ck[96];
-        fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
-        pathf(ck, sizeof ck, "%s/ck", dir);
+        char ck[96];
+        fsdp_test_path(ck, sizeof ck, "ck");
         fsdp_train_config c;
         cfg_init(&c, 4, 2 / variants[k].accum);
         c.eng.offload = variants[k].offload;
@@ -367,7 +352,6 @@ START_TEST(test_resume_exact)
         fsdp_train_result_free(&straight);
         fsdp_train_result_free(&first);
         fsdp_train_result_free(&second);
-        fsdp_test_rm_rf(dir);
     }
 }
 END_TEST
@@ -380,8 +364,8 @@ END_TEST
  * so 4 devices x accum 2 continue as 1 x 8, 2 x 4 or 8 x 1. */
 START_TEST(test_reshard_continue)
 {
-    char dir[64], ck[96], ck_none[96];
-    fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
+    char dir[128], ck[96], ck_none[96];
+    fsdp_test_mkdir(dir, sizeof dir, "ckpt");
     pathf(ck, sizeof ck, "%s/ck4", dir);
     pathf(ck_none, sizeof ck_none, "%s/ck_none", dir);
     fsdp_train_config c;
@@ -449,7 +433,6 @@ START_TEST(test_reshard_continue)
         fsdp_train_result_free(&r);
     }
     fsdp_train_result_free(&straight);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -464,9 +447,8 @@ START_TEST(test_reshard_load_exact)
         SPEC, "custom:layers=1,heads=2,channels=80,vocab=256,context=16"};
     static const int worlds[][2] = {{4, 6}, {1, 24}, {3, 8}, {6, 4}, {8, 3}, {12, 2}};
     for (int sp = 0; sp < 2; sp++) {
-        char dir[64], ck[96];
-        fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
-        pathf(ck, sizeof ck, "%s/ck", dir);
+        char ck[96];
+        fsdp_test_path(ck, sizeof ck, "ck");
         fsdp_train_config c;
         fsdp_train_result saved, r;
         cfg_init(&c, worlds[sp][0], worlds[sp][1]);
@@ -489,7 +471,6 @@ START_TEST(test_reshard_load_exact)
             fsdp_train_result_free(&r);
         }
         fsdp_train_result_free(&saved);
-        fsdp_test_rm_rf(dir);
     }
 }
 END_TEST
@@ -498,9 +479,8 @@ END_TEST
 
 START_TEST(test_crash_during_save)
 {
-    char dir[64], ck[96], part[160], p[160];
-    fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
-    pathf(ck, sizeof ck, "%s/ck", dir);
+    char ck[96], part[160], p[160];
+    fsdp_test_path(ck, sizeof ck, "ck");
     pathf(part, sizeof part, "%s/step_00000010.tmp/rank_00000.bin", ck);
     fsdp_train_config c;
     cfg_init(&c, 4, 2);
@@ -568,7 +548,6 @@ START_TEST(test_crash_during_save)
     ck_assert(fsdp_ckpt_is_complete(p));
     fsdp_train_result_free(&resumed);
     fsdp_train_result_free(&straight);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -581,8 +560,8 @@ enum corruption {
 
 START_TEST(test_hostile_checkpoints)
 {
-    char dir[64], other[96];
-    fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
+    char dir[128], other[96];
+    fsdp_test_mkdir(dir, sizeof dir, "ckpt");
     pathf(other, sizeof other, "%s/other", dir);
     make_fixture(other, 1337); /* another run, same settings */
     static const struct {
@@ -711,7 +690,6 @@ START_TEST(test_hostile_checkpoints)
     ck_assert(!exists(p));
     pathf(p, sizeof p, "%s/step_00000012", ck);
     ck_assert(fsdp_ckpt_is_complete(p));
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -719,9 +697,8 @@ END_TEST
 
 START_TEST(test_retention_and_memory)
 {
-    char dir[64], ck[96], p[160];
-    fsdp_test_mkdtemp(dir, sizeof dir, "ckpt");
-    pathf(ck, sizeof ck, "%s/a/b/ck", dir); /* parents are created */
+    char ck[96], p[160];
+    fsdp_test_path(ck, sizeof ck, "a/b/ck"); /* parents are created */
     fsdp_train_config c;
     fsdp_train_result plain, saved;
     cfg_init(&c, 4, 2);
@@ -750,7 +727,7 @@ START_TEST(test_retention_and_memory)
     fsdp_train_result_free(&saved);
 
     /* --resume with no checkpoint starts from step 0 */
-    pathf(ck, sizeof ck, "%s/empty", dir);
+    fsdp_test_path(ck, sizeof ck, "empty");
     cfg_init(&c, 2, 4);
     c.steps = 3;
     c.ckpt_dir = ck;
@@ -764,15 +741,14 @@ START_TEST(test_retention_and_memory)
     c.eng.backend = FSDP_BACKEND_META;
     c.ckpt_dir = ck;
     run_fail(&c, FSDP_STATUS_UNSUPPORTED, "meta", NULL);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
-        {"format", 120, FSDP_TESTS(test_manifest_roundtrip, test_manifest_hostile)},
-        {"train", 600,
+        {"format", 120, .tmpdir = true, FSDP_TESTS(test_manifest_roundtrip, test_manifest_hostile)},
+        {"train", 600, .tmpdir = true,
          FSDP_TESTS(test_resume_exact, test_reshard_continue, test_reshard_load_exact,
                     test_crash_during_save, test_hostile_checkpoints, test_retention_and_memory)},
     };

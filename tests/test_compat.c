@@ -29,6 +29,7 @@
 #include "testutil.h"
 #include "train/infer.h"
 #include "train/train.h"
+#include "train_util.h"
 
 #define FIXTURE "tests/fixtures/ckpt_v1_tiny"
 #define FIXTURE_CKPT FIXTURE "/step_00000002"
@@ -111,9 +112,27 @@ static void resume_to_4(const char *dir, fsdp_train_result *r)
             r->first_step, r->steps);
 }
 
-static void same_runs(const fsdp_train_result *a, const fsdp_train_result *b, bool bits,
-                      const char *what)
+/* x and y load to the same model and parameters and evaluate to the same
+ * loss; a and b hold what was loaded (the caller frees). */
+static void same_loads(const char *x, const char *y, bool bits, const char *what, loaded *a,
+                       loaded *b)
 {
+    load_ok(x, a);
+    load_ok(y, b);
+    same_models(a, b, bits, what);
+    float la = eval_loss(x), lb = eval_loss(y);
+    char w[160];
+    snprintf(w, sizeof w, "eval loss, %s", what);
+    same_floats(&la, &lb, 1, bits, w);
+}
+
+/* The checkpoints under x and y, resumed to step 4, give the same losses
+ * and parameters. */
+static void same_resumes(const char *x, const char *y, bool bits, const char *what)
+{
+    fsdp_train_result ra, rb, *a = &ra, *b = &rb;
+    resume_to_4(x, a);
+    resume_to_4(y, b);
     char w[160];
     snprintf(w, sizeof w, "%s: losses of steps 3-4", what);
     same_floats(a->losses + 2, b->losses + 2, 2, bits, w);
@@ -124,6 +143,8 @@ static void same_runs(const fsdp_train_result *a, const fsdp_train_result *b, bo
         same_floats(a->params[u], b->params[u], m.units[u].numel, bits, w);
         fsdp_model_free(&m);
     }
+    fsdp_train_result_free(a);
+    fsdp_train_result_free(b);
 }
 
 /* A version-2 copy of the fixture: the same shard files, the manifest
@@ -162,8 +183,8 @@ START_TEST(test_v1_reads_into_the_v2_form)
                      FSDP_STATUS_OK);
 
     /* written back: version 2, the model as family + config only */
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     ck_assert_int_eq(fsdp_ckpt_manifest_write(path_in(dir, "manifest"), &v1), FSDP_STATUS_OK);
     char *text = slurp(path_in(dir, "manifest"));
     REQUIRE(strstr(text, "\nversion 2\n") && strstr(text, "\nmodel_family gpt2\n") &&
@@ -192,19 +213,11 @@ START_TEST(test_v1_reads_into_the_v2_form)
     ck_assert_int_eq(v2.batch * v2.seq * v2.grad_accum * v2.steps_total,
                      v1.batch * v1.seq * v1.grad_accum * v1.steps_total);
     ck_assert_str_eq(v2.data, v1.data);
-    ck_assert_int_eq(v2.n_units, v1.n_units);
-    for (int u = 0; u < v1.n_units; u++) {
-        ck_assert_str_eq(v2.units[u].name, v1.units[u].name);
-        ck_assert_uint_eq(v2.units[u].shard_numel, v1.units[u].shard_numel);
-        ck_assert_uint_eq(v2.units[u].padded_numel, v1.units[u].padded_numel);
-        for (int i = 0; i < v1.units[u].n_params; i++)
-            ck_assert_str_eq(v2.units[u].params[i].name, v1.units[u].params[i].name);
-    }
+    expect_same_units(&v2, &v1);
     free(text);
     fsdp_ckpt_manifest_free(&v1);
     fsdp_ckpt_manifest_free(&v2);
     fsdp_model_free(&tiny);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -212,8 +225,8 @@ END_TEST
  * with FORMAT naming the file, a line, and what is wrong. */
 static void refuse_edits(const char *good_path, const char *const (*cases)[3], int n)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     char *good = slurp(good_path);
     for (int i = 0; i < n; i++) {
         char *t = mutate(good, cases[i][0], cases[i][1]);
@@ -230,7 +243,6 @@ static void refuse_edits(const char *good_path, const char *const (*cases)[3], i
         free(t);
     }
     free(good);
-    fsdp_test_rm_rf(dir);
 }
 
 START_TEST(test_v1_lines_must_agree)
@@ -260,8 +272,8 @@ END_TEST
 
 START_TEST(test_v2_lines_must_agree)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     v2_copy(dir);
     static const char *const cases[][3] = {
         {"model_family gpt2", "model_family mamba", "not in this build"},
@@ -306,7 +318,6 @@ START_TEST(test_v2_lines_must_agree)
     fsdp_ckpt_manifest_free(&r);
     free(t);
     free(good);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -314,26 +325,20 @@ END_TEST
 
 START_TEST(test_v1_fixture_equals_a_fresh_run)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     path fp = path_of(dir, "fresh"), op = path_of(dir, "old");
     const char *fresh = fp.s, *old = op.s;
     fsdp_train_config c;
-    fsdp_train_result r, ra, rb;
+    fsdp_train_result r;
     readme_config(&c, fresh, 2);
     run_ok(&c, &r);
     fsdp_train_result_free(&r);
 
-    /* loads: the same model and parameters */
+    /* loads to the same model and parameters, evaluates to the same loss */
     loaded a, b;
-    load_ok(FIXTURE, &a);
-    load_ok(fresh, &b);
+    same_loads(FIXTURE, fresh, exact, "v1 fixture vs fresh run", &a, &b);
     ck_assert_str_eq(a.m.name, "tiny");
-    same_models(&a, &b, exact, "v1 fixture vs fresh run");
-
-    /* evaluates to the same loss */
-    float la = eval_loss(FIXTURE), lb = eval_loss(fresh);
-    same_floats(&la, &lb, 1, exact, "eval loss, v1 fixture vs fresh run");
 
     /* converts to the same files (the model's values, not the run's ids) */
     const char *outs[] = {"a.bin", "b.bin", "a.safetensors", "b.safetensors"};
@@ -362,48 +367,33 @@ START_TEST(test_v1_fixture_equals_a_fresh_run)
 
     /* resumes: two more steps from either give the same losses and parameters */
     run("cp -r " FIXTURE " '%s'%s", old, "");
-    resume_to_4(old, &ra);
-    resume_to_4(fresh, &rb);
-    same_runs(&ra, &rb, exact, "resumed v1 fixture vs resumed fresh run");
+    same_resumes(old, fresh, exact, "resumed v1 fixture vs resumed fresh run");
     /* and the checkpoint the resume wrote is version 2 */
     fsdp_ckpt_manifest man;
     ck_assert_int_eq(fsdp_ckpt_manifest_read(path_in(old, "step_00000004/manifest"), &man),
                      FSDP_STATUS_OK);
     ck_assert_int_eq(man.version, FSDP_CKPT_VERSION);
     fsdp_ckpt_manifest_free(&man);
-    fsdp_train_result_free(&ra);
-    fsdp_train_result_free(&rb);
     loaded_free(&a);
     loaded_free(&b);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_v2_copy_behaves_like_the_v1_fixture)
 {
     /* the same shard files under either manifest: everything bit-identical */
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     path p1 = path_of(dir, "v1"), p2 = path_of(dir, "v2");
     const char *v1 = p1.s, *v2 = p2.s;
     run("cp -r " FIXTURE " '%s'%s", v1, "");
     mkdir(v2, 0755);
     v2_copy(v2);
     loaded a, b;
-    load_ok(v1, &a);
-    load_ok(v2, &b);
-    same_models(&a, &b, true, "v1 vs v2 manifest");
-    float la = eval_loss(v1), lb = eval_loss(v2);
-    same_floats(&la, &lb, 1, true, "eval loss, v1 vs v2 manifest");
-    fsdp_train_result ra, rb;
-    resume_to_4(v1, &ra);
-    resume_to_4(v2, &rb);
-    same_runs(&ra, &rb, true, "resumed from a v1 vs a v2 manifest");
-    fsdp_train_result_free(&ra);
-    fsdp_train_result_free(&rb);
+    same_loads(v1, v2, true, "v1 vs v2 manifest", &a, &b);
+    same_resumes(v1, v2, true, "resumed from a v1 vs a v2 manifest");
     loaded_free(&a);
     loaded_free(&b);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -425,10 +415,10 @@ int main(int argc, char **argv)
         printf("test_compat: this CPU cannot run the SkylakeX kernel that wrote the v1 fixture; "
                "the fresh-run comparison is to a relative 1e-5\n");
     const fsdp_test_tcase tcases[] = {
-        {"manifest", 60,
+        {"manifest", 60, .tmpdir = true,
          FSDP_TESTS(test_v1_reads_into_the_v2_form, test_v1_lines_must_agree,
                     test_v2_lines_must_agree)},
-        {"fixture", 600,
+        {"fixture", 600, .tmpdir = true,
          FSDP_TESTS(test_v1_fixture_equals_a_fresh_run, test_v2_copy_behaves_like_the_v1_fixture)},
     };
     return fsdp_test_main("compat", tcases, FSDP_TEST_LEN(tcases));

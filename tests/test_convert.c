@@ -8,7 +8,8 @@
  * of devices, and the commands (convert, eval, sample).
  *
  * Runs from the repository root (fixtures in tests/fixtures). Each test
- * works in its own mkdtemp directory under /tmp, removed at the end.
+ * works in a directory of its own in the suite's scratch directory
+ * (testutil.h), removed even when a test fails.
  */
 #include <check.h>
 #include <fcntl.h>
@@ -47,8 +48,8 @@ static void trained_checkpoint(const char *dir, fsdp_train_result *res)
 
 START_TEST(test_roundtrip_ckpt_bin_ckpt)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     fsdp_train_result res;
     trained_checkpoint(dir, &res);
     loaded a, b, c;
@@ -74,14 +75,13 @@ START_TEST(test_roundtrip_ckpt_bin_ckpt)
     loaded_free(&b);
     loaded_free(&c);
     fsdp_train_result_free(&res);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_roundtrip_ckpt_safetensors_ckpt)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     fsdp_train_result res;
     trained_checkpoint(dir, &res);
     char step[512];
@@ -101,7 +101,6 @@ START_TEST(test_roundtrip_ckpt_safetensors_ckpt)
     loaded_free(&b);
     loaded_free(&c);
     fsdp_train_result_free(&res);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -109,8 +108,8 @@ START_TEST(test_converted_ckpt_resumes)
 {
     /* a checkpoint written from a model file resumes like training from
      * the file: same losses, bit for bit */
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     write_init_model(path_in(dir, "m.safetensors"), BYTE_SPEC, 99);
     loaded l;
     load_ok(path_in(dir, "m.safetensors"), &l);
@@ -135,7 +134,6 @@ START_TEST(test_converted_ckpt_resumes)
     fsdp_train_result_free(&r1);
     fsdp_train_result_free(&r2);
     loaded_free(&l);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -143,8 +141,8 @@ END_TEST
 
 START_TEST(test_hostile_model_files)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     fsdp_modelfile *mf = NULL;
     size_t n;
     /* llm.c file truncated */
@@ -221,7 +219,6 @@ START_TEST(test_hostile_model_files)
     fsdp_model_free(&m);
     fsdp_model_free(&other);
     loaded_free(&l);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -299,8 +296,8 @@ END_TEST
 
 START_TEST(test_eval_equals_train_loss)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     const char *model = path_in(dir, "m.bin");
     write_init_model(model, BYTE_SPEC, 5);
     /* the trainer's first step: micro-batches 0..3 (2 devices x accum 2) */
@@ -320,7 +317,6 @@ START_TEST(test_eval_equals_train_loss)
         REQUIRE(losses[0] != losses[1], "batches 0 and 1 give the same loss");
     }
     fsdp_train_result_free(&r);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -329,8 +325,8 @@ END_TEST
  * inference run predicts its peak to the byte. */
 START_TEST(test_infer_allocates_no_training_state)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     const char *model = path_in(dir, "m.safetensors");
     write_init_model(model, BYTE_SPEC, 5);
     fsdp_model m;
@@ -378,7 +374,6 @@ START_TEST(test_infer_allocates_no_training_state)
             fsdp_plan_free(&plan);
         }
     fsdp_model_free(&m);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -386,8 +381,8 @@ START_TEST(test_train_from_file_equals_same_init)
 {
     /* weights written from the RNG init of seed S, loaded by every rank from
      * the file, train exactly like a run initialised from seed S */
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     const char *files[2] = {path_in(dir, "m.bin"), path_in(dir, "m.safetensors")};
     fsdp_train_config c;
     fsdp_train_result ref, r;
@@ -404,14 +399,13 @@ START_TEST(test_train_from_file_equals_same_init)
         fsdp_train_result_free(&r);
     }
     fsdp_train_result_free(&ref);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_sample_deterministic)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     /* a briefly trained byte-level model, so greedy decoding is not flat */
     fsdp_train_config c;
     fsdp_train_result r;
@@ -459,7 +453,6 @@ START_TEST(test_sample_deterministic)
     prompt[0] = 300;
     expect_error(fsdp_infer_sample(&ic, &sc, out[1], NULL), FSDP_STATUS_INVALID_ARG, "bad prompt",
                  "vocabulary", NULL);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -471,8 +464,8 @@ START_TEST(test_commands)
         printf("SKIP: %s not built\n", FSDP_BIN);
         return;
     }
-    char dir[64], out[8192];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128], out[8192];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     int rc = fsdp_test_cli(out, sizeof out, "convert %s %s", FIXTURE_ST, path_in(dir, "a.bin"));
     REQUIRE(rc == 0 && strstr(out, "converted"), "convert: rc %d: %s", rc, out);
     size_t na, nb;
@@ -519,17 +512,16 @@ START_TEST(test_commands)
     rc = fsdp_test_cli(out, sizeof out, "train --model %s --steps 1 --devices 2 --batch 2 --seq 16 "
                        "--eval 0 --backend cpu --quiet", path_in(dir, "m.bin"));
     REQUIRE(rc == 0 && strstr(out, "final loss"), "train --model FILE: rc %d: %s", rc, out);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
-        {"files", 120,
+        {"files", 120, .tmpdir = true,
          FSDP_TESTS(test_roundtrip_ckpt_bin_ckpt, test_roundtrip_ckpt_safetensors_ckpt,
                     test_converted_ckpt_resumes, test_hostile_model_files, test_tokenizer)},
-        {"infer", 120,
+        {"infer", 120, .tmpdir = true,
          FSDP_TESTS(test_eval_equals_train_loss, test_infer_allocates_no_training_state,
                     test_train_from_file_equals_same_init, test_sample_deterministic,
                     test_commands)},

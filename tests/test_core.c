@@ -276,6 +276,15 @@ END_TEST
 
 /* ---- teardown after a failure: stop hooks and the first error -------------- */
 
+/* A world of n ranks in which rank's k-th operation of kind fails. */
+static fsdp_world *world_with_fault(int n, fsdp_fault_kind kind, int rank, long k)
+{
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, n), FSDP_STATUS_OK);
+    fsdp_world_set_fault(w, kind, rank, k);
+    return w;
+}
+
 struct teardown_arg {
     int fail_rank;                /* -1: nobody fails */
     int n_stop[8];                /* stop hook runs per rank */
@@ -335,12 +344,8 @@ static fsdp_status teardown_rank(fsdp_world *w, int rank, void *p)
 
 START_TEST(test_teardown_keeps_first_error_and_stops_once)
 {
-    fsdp_world *w = NULL;
-    ck_assert_int_eq(fsdp_world_init(&w, 3), FSDP_STATUS_OK);
-    fsdp_world_set_fault(w, FSDP_FAULT_ALLOC, 1, 2);
-    struct teardown_arg a;
-    memset(&a, 0, sizeof a);
-    a.fail_rank = 1;
+    fsdp_world *w = world_with_fault(3, FSDP_FAULT_ALLOC, 1, 2);
+    struct teardown_arg a = {.fail_rank = 1};
     fsdp_status st = fsdp_world_launch(w, teardown_rank, &a);
     ck_assert_int_eq(st, FSDP_STATUS_OOM);
     /* the failure the user sees is the injected one, not the teardown's */
@@ -392,11 +397,8 @@ static fsdp_status fault_count_rank(fsdp_world *w, int rank, void *p)
 
 START_TEST(test_fault_hook_hits_kth_on_one_rank)
 {
-    fsdp_world *w = NULL;
-    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
-    fsdp_world_set_fault(w, FSDP_FAULT_ALLOC, 2, 7);
-    struct ranks_seen s;
-    memset(&s, 0, sizeof s);
+    fsdp_world *w = world_with_fault(4, FSDP_FAULT_ALLOC, 2, 7);
+    struct ranks_seen s = {0};
     ck_assert_int_eq(fsdp_world_launch(w, fault_count_rank, &s), FSDP_STATUS_OK);
     for (int r = 0; r < 4; r++) {
         ck_assert_int_eq(s.log_rank[r], r == 2 ? 7 : 0);

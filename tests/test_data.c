@@ -5,7 +5,9 @@
  * never in training batches, 14-byte blocks aligned to rows of 14, skewed
  * training digits and uniform held-out ones).
  *
- * Fixtures are written to /tmp (mkstemp/mkdtemp) and removed by each test.
+ * Single-file fixtures are written to /tmp (mkstemp) and removed by each
+ * test; the directories of globs are in the suite's scratch directory
+ * (testutil.h), removed even when a test fails.
  */
 #include <check.h>
 #include <pthread.h>
@@ -71,8 +73,8 @@ END_TEST
 
 START_TEST(test_shard_glob)
 {
-    char dir[64] = "/tmp/fsdp_test_data_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "glob");
     /* written out of order; one empty shard that must be skipped */
     size_t lens[4] = {300, 0, 77, 1200};
     const char *names[4] = {"tr_002.bin", "tr_001.bin", "tr_000.bin", "tr_003.bin"};
@@ -110,14 +112,8 @@ START_TEST(test_shard_glob)
         check_batch_against(d, all, n, m, 2, 64);
     check_batch_against(d, all, n, 0, 1, (int)n + 5); /* one row longer than the data */
     fsdp_data_close(d);
-    for (int i = 0; i < 4; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        unlink(path);
+    for (int i = 0; i < 4; i++)
         free(toks[i]);
-    }
-    snprintf(path, sizeof path, "%s/other.bin", dir);
-    unlink(path);
-    rmdir(dir);
     free(all);
 }
 END_TEST
@@ -220,9 +216,8 @@ static void check_threads_match(const fsdp_data *d)
 
 START_TEST(test_threads_deterministic)
 {
-    char dir[64] = "/tmp/fsdp_test_data_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char path[128], spec[128];
+    char dir[128], path[160], spec[160];
+    fsdp_test_mkdir(dir, sizeof dir, "threads");
     uint16_t *tok = pattern_tokens(997, 17, 1, 1000);
     for (int i = 0; i < 3; i++) {
         snprintf(path, sizeof path, "%s/s%d.bin", dir, i);
@@ -236,11 +231,6 @@ START_TEST(test_threads_deterministic)
     ck_assert_int_eq(fsdp_data_open(&d, "synthetic", 256, 3), FSDP_STATUS_OK);
     check_threads_match(d);
     fsdp_data_close(d);
-    for (int i = 0; i < 3; i++) {
-        snprintf(path, sizeof path, "%s/s%d.bin", dir, i);
-        unlink(path);
-    }
-    rmdir(dir);
     free(tok);
 }
 END_TEST
@@ -309,22 +299,19 @@ START_TEST(test_shard_corrupt)
     unlink(path);
     expect_fail(path, 0, FSDP_STATUS_IO, path, "No such file");
 
-    char dir[64] = "/tmp/fsdp_test_data_XXXXXX", spec[128];
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char dir[128], spec[160];
+    fsdp_test_mkdir(dir, sizeof dir, "glob");
     snprintf(spec, sizeof spec, "%s/train_*.bin", dir);
     expect_fail(spec, 0, FSDP_STATUS_IO, spec, "no files match");
     expect_fail(dir, 0, FSDP_STATUS_IO, dir, "not a regular file");
 
     /* one bad shard in a glob is named, not the pattern */
-    char good[128], bad[128];
+    char good[160], bad[160];
     snprintf(good, sizeof good, "%s/train_0.bin", dir);
     snprintf(bad, sizeof bad, "%s/train_1.bin", dir);
     write_shard(good, tok, 100);
     write_token_shard(bad, MAGIC, 1, 100, tok, 2, 100, 7);
     expect_fail(spec, 0, FSDP_STATUS_FORMAT, bad, "truncated");
-    unlink(good);
-    unlink(bad);
-    rmdir(dir);
     free(tok);
 }
 END_TEST
@@ -639,7 +626,7 @@ END_TEST
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
-        {"shards", 60,
+        {"shards", 60, .tmpdir = true,
          FSDP_TESTS(test_shard_single, test_shard_glob, test_global_numbering,
                     test_threads_deterministic, test_shard_corrupt, test_hostile_headers,
                     test_bad_args, test_text)},

@@ -9,8 +9,8 @@
  * directories once a family reads them. Hostile directories:
  * test_hfdir_hostile.c.
  *
- * Runs from the repository root. Each test works in its own directory
- * under /tmp (model_files_util.h).
+ * Runs from the repository root. Each test works in a directory of its
+ * own in the suite's scratch directory (testutil.h).
  */
 #include <check.h>
 #include <fcntl.h>
@@ -118,8 +118,8 @@ START_TEST(test_transformers_directory)
     fsdp_st_free(&g);
 
     /* read and written back: transformers' model.safetensors byte for byte */
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     via_checkpoint(HF_FIXTURE, path_in(dir, "ck"), path_in(dir, "back"), FSDP_DTYPE_F32, 0);
     REQUIRE(same_file(HF_FIXTURE "/model.safetensors", path_in(dir, "back/model.safetensors")),
             "transformers' model.safetensors is not written back byte for byte");
@@ -129,7 +129,6 @@ START_TEST(test_transformers_directory)
     require_same(&a, &b, "transformers' directory written back");
     loaded_free(&a);
     loaded_free(&b);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -137,8 +136,8 @@ END_TEST
 
 START_TEST(test_write_read_roundtrip)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     loaded src;
     quantized(SPEC, &src);
     const uint64_t shards[2] = {0, 20000}; /* one file; files of at most 20 kB */
@@ -185,7 +184,6 @@ START_TEST(test_write_read_roundtrip)
             require_same_dir(hf, path_in(dir, back), back);
         }
     loaded_free(&src);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -246,8 +244,8 @@ static uint64_t expected_bytes(const fsdp_model *m, const fsdp_shardmap *sm, int
 
 START_TEST(test_ranks_read_their_shards)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     loaded src;
     quantized(SPEC, &src);
     char hf[128], st_file[128];
@@ -304,7 +302,6 @@ START_TEST(test_ranks_read_their_shards)
     REQUIRE(!memcmp(&loss[0], &loss[1], 4), "eval of the directory %.9g, of the file %.9g",
             (double)loss[0], (double)loss[1]);
     loaded_free(&src);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -314,8 +311,8 @@ END_TEST
 
 START_TEST(test_commands)
 {
-    char dir[64], out[1 << 14];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128], out[1 << 14];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     /* a model whose vocabulary holds the llama3 test tokenizer (665 ids),
      * and a tokenizer directory with the companions */
     loaded src;
@@ -427,7 +424,6 @@ START_TEST(test_commands)
                        "--devices 2 --eval 0 --quiet --tokenizer %s", st_file, txt, TOK_LLAMA3);
     REQUIRE(rc == 0 && !strcmp(t1, t2), "train on the directory '%s' vs the file '%s'", t1, t2);
     loaded_free(&src);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -442,8 +438,8 @@ START_TEST(test_llama_directories)
         REQUIRE(st == FSDP_STATUS_OK, "%s: %s", dirs[i], fsdp_error_msg());
         fsdp_modelfile_close(mf);
     }
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     for (int i = 0; i < 2; i++) {
         char ck[32], back[32];
         snprintf(ck, sizeof ck, "ck%d", i);
@@ -455,17 +451,16 @@ START_TEST(test_llama_directories)
         REQUIRE(same_file(a, path_in(dir, b)), "%s: transformers' model.safetensors is not "
                 "written back byte for byte", dirs[i]);
     }
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
-        {"files", 120,
+        {"files", 120, .tmpdir = true,
          FSDP_TESTS(test_transformers_directory, test_write_read_roundtrip,
                     test_ranks_read_their_shards, test_llama_directories)},
-        {"commands", 300, FSDP_TESTS(test_commands)},
+        {"commands", 300, .tmpdir = true, FSDP_TESTS(test_commands)},
     };
     return fsdp_test_main("hfdir", tcases, FSDP_TEST_LEN(tcases));
 }

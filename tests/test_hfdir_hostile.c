@@ -10,7 +10,8 @@
  * writer never replacing a file or a non-empty directory, nor leaving
  * anything behind when it fails.
  *
- * Runs from the repository root; each test in its own /tmp directory.
+ * Runs from the repository root; each test in a directory of its own in
+ * the suite's scratch directory (testutil.h).
  */
 #include <check.h>
 #include <stdio.h>
@@ -26,8 +27,8 @@
 
 START_TEST(test_mixed_dtypes)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     loaded src, l;
     quantized(SPEC, &src);
     static const char *const dts[] = {"F32", "BF16", "F16"};
@@ -40,7 +41,6 @@ START_TEST(test_mixed_dtypes)
     loaded_free(&l);
     tdir_free(&d);
     loaded_free(&src);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -60,8 +60,8 @@ static void expect_dir_error(tdir *d, const char *dir, const char *name, fsdp_st
 
 START_TEST(test_hostile_directories)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     loaded src;
     quantized(SPEC, &src);
     static const char *const f32[] = {"F32"};
@@ -185,14 +185,13 @@ START_TEST(test_hostile_directories)
                  "config.json", "more than", NULL);
     tdir_free(&d);
     loaded_free(&src);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_writer_refuses)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     loaded src;
     quantized(SPEC, &src);
     /* a file at OUT is never replaced */
@@ -229,14 +228,13 @@ START_TEST(test_writer_refuses)
             dir);
     pclose(p);
     loaded_free(&src);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
-        {"hostile", 120,
+        {"hostile", 120, .tmpdir = true,
          FSDP_TESTS(test_mixed_dtypes, test_hostile_directories, test_writer_refuses)},
     };
     return fsdp_test_main("hfdir_hostile", tcases, FSDP_TEST_LEN(tcases));

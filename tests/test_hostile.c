@@ -16,7 +16,8 @@
  *   stale lock files never block.
  *
  * Every hostile file is made by the test, small (sparse where it must look
- * large), in its own mkdtemp directory under /tmp, removed at the end.
+ * large), in the suite's scratch directory (testutil.h), which is removed
+ * even when a test fails.
  */
 #include <check.h>
 #include <errno.h>
@@ -105,9 +106,8 @@ static char *render(const fsdp_metrics *m)
 
 START_TEST(test_open_regular)
 {
-    char dir[64], p[128], q[128], fifo[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
-    pathf(p, sizeof p, "%s/file", dir);
+    char p[128], q[128], fifo[128];
+    fsdp_test_path(p, sizeof p, "file");
     write_text(p, "hello");
     int fd;
     uint64_t size = 0;
@@ -120,7 +120,7 @@ START_TEST(test_open_regular)
     ck_assert_int_eq(read(fd, b, sizeof b), 5);
     close(fd);
     /* through a symlink to a regular file */
-    pathf(q, sizeof q, "%s/link", dir);
+    fsdp_test_path(q, sizeof q, "link");
     ck_assert_int_eq(symlink(p, q), 0);
     ck_assert_int_eq(fsdp_open_regular(q, "test file", &fd, NULL), FSDP_STATUS_OK);
     close(fd);
@@ -130,9 +130,9 @@ START_TEST(test_open_regular)
     fclose(f);
 
     /* refused, each at once, with one message form */
-    pathf(fifo, sizeof fifo, "%s/fifo", dir);
+    fsdp_test_path(fifo, sizeof fifo, "fifo");
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
-    pathf(q, sizeof q, "%s/fifo_link", dir);
+    fsdp_test_path(q, sizeof q, "fifo_link");
     ck_assert_int_eq(symlink(fifo, q), 0);
     static const text_case bad[] = {{NULL, "a FIFO (named pipe), not a regular file"},
                {NULL, "a FIFO (named pipe)"},
@@ -152,10 +152,9 @@ START_TEST(test_open_regular)
         ck_assert_ptr_null(f);
     }
     REQUIRE(now_s() - t0 < 5, "refusing took %.1f s", now_s() - t0);
-    pathf(q, sizeof q, "%s/missing", dir);
+    fsdp_test_path(q, sizeof q, "missing");
     expect_error(fsdp_open_regular(q, "test file", &fd, NULL), FSDP_STATUS_IO,
                  "cannot open test file", q, "No such file", NULL);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -163,8 +162,8 @@ END_TEST
  * hang forever) and /dev/zero (it used to grow without bound). */
 START_TEST(test_readers_refuse_special_files)
 {
-    char dir[64], fifo[128], svg[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
+    char dir[128], fifo[128], svg[128];
+    fsdp_test_mkdir(dir, sizeof dir, "hostile");
     pathf(fifo, sizeof fifo, "%s/metrics.jsonl", dir);
     pathf(svg, sizeof svg, "%s/out.svg", dir);
     ck_assert_int_eq(mkfifo(fifo, 0600), 0);
@@ -188,7 +187,6 @@ START_TEST(test_readers_refuse_special_files)
     REQUIRE(now_s() - t0 < 5, "refusing took %.1f s", now_s() - t0);
     ck_assert_int_eq(access(svg, F_OK), -1); /* no SVG from a failed plot */
     ck_assert_int_eq(count_entries(dir), 1);  /* and no temporary file */
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -196,9 +194,8 @@ END_TEST
 
 START_TEST(test_line_reader)
 {
-    char dir[64], p[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
-    pathf(p, sizeof p, "%s/lines", dir);
+    char p[128];
+    fsdp_test_path(p, sizeof p, "lines");
     /* NUL bytes kept, CRLF left to the caller, a line of exactly the limit,
      * an empty line, a last line without '\n' */
     static const char text[] = "ab\0c\r\n0123456789\n\nlast";
@@ -265,7 +262,6 @@ START_TEST(test_line_reader)
                 "long line %d", i);
     }
     fsdp_line_reader_close(&lr);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -273,10 +269,9 @@ END_TEST
  * the size limit at once; both read at most about a line. */
 START_TEST(test_bounded_inputs)
 {
-    char dir[64], p[128], svg[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
-    pathf(p, sizeof p, "%s/zeros.jsonl", dir);
-    pathf(svg, sizeof svg, "%s/out.svg", dir);
+    char p[128], svg[128];
+    fsdp_test_path(p, sizeof p, "zeros.jsonl");
+    fsdp_test_path(svg, sizeof svg, "out.svg");
     fsdp_plot_info info;
     sparse_file(p, (off_t)64 << 20);
     double t0 = now_s();
@@ -299,7 +294,6 @@ START_TEST(test_bounded_inputs)
     ck_assert_int_eq(fsdp_json_parse_file(p, &v), FSDP_STATUS_OK);
     ck_assert(isinf(fsdp_json_get(v, "a")->number) && fsdp_json_get(v, "b")->number < 0);
     fsdp_json_free(v);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -307,9 +301,8 @@ END_TEST
 
 START_TEST(test_metrics_nulls_and_gaps)
 {
-    char dir[64], p[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
-    pathf(p, sizeof p, "%s/m.jsonl", dir);
+    char p[128];
+    fsdp_test_path(p, sizeof p, "m.jsonl");
     /* null is how the trainer writes a non-finite number; 1e999 parses
      * as infinity; blank and CRLF lines; peaks of varying length */
     write_text(p, "\n"
@@ -367,7 +360,6 @@ START_TEST(test_metrics_nulls_and_gaps)
     ck_assert_ptr_null(strstr(svg, "all equal"));
     free(svg);
     fsdp_metrics_free(&m);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -375,10 +367,9 @@ END_TEST
  * out and reported; an incomplete line anywhere else is an error. */
 START_TEST(test_metrics_incomplete_last_line)
 {
-    char dir[64], p[128], svg[128], out[4096];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
-    pathf(p, sizeof p, "%s/m.jsonl", dir);
-    pathf(svg, sizeof svg, "%s/m.svg", dir);
+    char p[128], svg[128], out[4096];
+    fsdp_test_path(p, sizeof p, "m.jsonl");
+    fsdp_test_path(svg, sizeof svg, "m.svg");
     char text[1024];
     pathf(text, sizeof text, "%s{\"step\":4,\"loss\":3.1,\"tokens_p", METRICS_OK);
     write_text(p, text);
@@ -401,15 +392,13 @@ START_TEST(test_metrics_incomplete_last_line)
     pathf(text, sizeof text, "{\"step\":1,\"lo\n%s", METRICS_OK);
     write_text(p, text);
     expect_error(fsdp_plot_metrics(p, svg, &info), FSDP_STATUS_FORMAT, "line 1, column", NULL);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_metrics_malformed)
 {
-    char dir[64], p[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
-    pathf(p, sizeof p, "%s/m.jsonl", dir);
+    char p[128];
+    fsdp_test_path(p, sizeof p, "m.jsonl");
     static const struct {
         const char *text, *frag1, *frag2;
     } cases[] = {
@@ -459,7 +448,6 @@ START_TEST(test_metrics_malformed)
     fclose(f);
     fsdp_metrics m;
     expect_error(fsdp_metrics_read(p, &m), FSDP_STATUS_FORMAT, "lists 1025 devices", NULL);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -467,9 +455,8 @@ END_TEST
  * no float-to-int overflow under UBSan). */
 START_TEST(test_metrics_extreme_values)
 {
-    char dir[64], p[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
-    pathf(p, sizeof p, "%s/m.jsonl", dir);
+    char p[128];
+    fsdp_test_path(p, sizeof p, "m.jsonl");
     static const char *const files[] = {
         "{\"step\":-1.7e308,\"loss\":-1.7e308,\"tokens_per_s\":1.7e308,\"peak_bytes\":[1.7e308]}\n"
         "{\"step\":1.7e308,\"loss\":1.7e308,\"tokens_per_s\":1.7e308,\"peak_bytes\":[-1.7e308]}\n"
@@ -498,7 +485,6 @@ START_TEST(test_metrics_extreme_values)
     hi = 1e-323;
     step = fsdp_svg_nice_range(&lo, &hi, 5);
     ck_assert(isfinite(step) && step > 0 && lo <= 5e-324 && hi >= 1e-323);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -517,8 +503,8 @@ static fsdp_status atomic_write(const char *path, const char *text)
 
 START_TEST(test_atomic_regular_and_symlink)
 {
-    char dir[64], p[128], link[128], target[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
+    char dir[128], p[128], link[128], target[128];
+    fsdp_test_mkdir(dir, sizeof dir, "hostile");
     pathf(p, sizeof p, "%s/out", dir);
     /* new file */
     ck_assert_int_eq(atomic_write(p, "one"), FSDP_STATUS_OK);
@@ -563,14 +549,13 @@ START_TEST(test_atomic_regular_and_symlink)
     /* a parent directory that does not exist */
     pathf(p, sizeof p, "%s/no/such/dir/out", dir);
     expect_error(atomic_write(p, "x"), FSDP_STATUS_IO, "cannot create", "test output", p, NULL);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_atomic_refuses_special_paths)
 {
-    char dir[64], fifo[128], sub[128], l1[128], l2[128], l3[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
+    char dir[128], fifo[128], sub[128], l1[128], l2[128], l3[128];
+    fsdp_test_mkdir(dir, sizeof dir, "hostile");
     pathf(fifo, sizeof fifo, "%s/fifo", dir);
     pathf(sub, sizeof sub, "%s/sub", dir);
     pathf(l1, sizeof l1, "%s/to_fifo", dir);
@@ -634,7 +619,6 @@ START_TEST(test_atomic_refuses_special_paths)
     ck_assert_int_eq(lstat(p, &sb), 0);
     ck_assert(S_ISFIFO(sb.st_mode));
     ck_assert_int_eq(count_entries(dir), 6);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -642,8 +626,8 @@ END_TEST
  * disk): the SVG already at the path is unchanged, no temporary is left. */
 START_TEST(test_atomic_failed_write_keeps_old)
 {
-    char dir[64], m[128], svg[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
+    char dir[128], m[128], svg[128];
+    fsdp_test_mkdir(dir, sizeof dir, "hostile");
     pathf(m, sizeof m, "%s/m.jsonl", dir);
     pathf(svg, sizeof svg, "%s/m.svg", dir);
     write_text(m, METRICS_OK);
@@ -675,7 +659,6 @@ START_TEST(test_atomic_failed_write_keeps_old)
     s = slurp(svg);
     ck_assert_ptr_nonnull(strstr(s, "fsdp metrics: m.jsonl"));
     free(s);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -683,8 +666,8 @@ END_TEST
  * report the error and then unlink /dev/full. */
 START_TEST(test_cli_plot_outputs)
 {
-    char dir[64], m[128], args[512], out[4096], fifo[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
+    char dir[128], m[128], args[512], out[4096], fifo[128];
+    fsdp_test_mkdir(dir, sizeof dir, "hostile");
     pathf(m, sizeof m, "%s/m.jsonl", dir);
     pathf(fifo, sizeof fifo, "%s/fifo.svg", dir);
     write_text(m, METRICS_OK);
@@ -721,7 +704,6 @@ START_TEST(test_cli_plot_outputs)
     REQUIRE(strstr(out, "/dev/full") && strstr(out, "not a regular file"), "%s", out);
     ck_assert_int_eq(stat("/dev/full", &sb), 0);
     ck_assert(S_ISCHR(sb.st_mode));
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -770,8 +752,8 @@ static void release_child(pid_t pid, int ready_rd, int go_wr, char how)
 
 START_TEST(test_lock_two_processes)
 {
-    char dir[64], ck[128], lockp[160], host[256], frag[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
+    char dir[128], ck[128], lockp[160], host[256], frag[64];
+    fsdp_test_mkdir(dir, sizeof dir, "hostile");
     pathf(ck, sizeof ck, "%s/a/ck", dir); /* created with its parents */
     pathf(lockp, sizeof lockp, "%s/" FSDP_CKPT_LOCK_NAME, ck);
     int rd, wr;
@@ -802,7 +784,6 @@ START_TEST(test_lock_two_processes)
     fsdp_ckpt_dir_unlock(&lk);
     ck_assert(!lk.held);
     ck_assert_int_eq(count_entries(ck), 0);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -810,8 +791,8 @@ END_TEST
  * nobody; neither does one with someone else's text in it. */
 START_TEST(test_lock_stale)
 {
-    char dir[64], lockp[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
+    char dir[128], lockp[128];
+    fsdp_test_mkdir(dir, sizeof dir, "hostile");
     pathf(lockp, sizeof lockp, "%s/" FSDP_CKPT_LOCK_NAME, dir);
     int rd, wr;
     pid_t pid = lock_holder_child(dir, &rd, &wr);
@@ -826,14 +807,13 @@ START_TEST(test_lock_stale)
     ck_assert_ptr_null(strstr(s, "garbage")); /* rewritten by the new holder */
     free(s);
     fsdp_ckpt_dir_unlock(&lk);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 START_TEST(test_lock_hostile_paths)
 {
-    char dir[64], lockp[128], p[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
+    char dir[128], lockp[128], p[128];
+    fsdp_test_mkdir(dir, sizeof dir, "hostile");
     pathf(lockp, sizeof lockp, "%s/" FSDP_CKPT_LOCK_NAME, dir);
     fsdp_ckpt_lock lk = {0};
     /* a FIFO as LOCK: refused, not waited on */
@@ -850,7 +830,6 @@ START_TEST(test_lock_hostile_paths)
     expect_error(fsdp_ckpt_dir_lock(&lk, "/proc/nope/ck"), FSDP_STATUS_IO, "/proc/nope", NULL);
     expect_error(fsdp_ckpt_dir_lock(&lk, p), FSDP_STATUS_IO, "not a directory", NULL);
     ck_assert(!lk.held);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -859,8 +838,8 @@ END_TEST
  * still exclude a process that opened the old file). */
 START_TEST(test_lock_mutual_exclusion)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "hostile");
     int *shared = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ck_assert(shared != MAP_FAILED);
     enum { N_PROC = 3, ROUNDS = 150 };
@@ -891,7 +870,6 @@ START_TEST(test_lock_mutual_exclusion)
     REQUIRE(shared[1] == 0, "two processes held the lock at once");
     munmap(shared, 4096);
     ck_assert_int_eq(count_entries(dir), 0);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -899,9 +877,8 @@ END_TEST
  * directory fails at once naming the first; afterwards it runs. */
 START_TEST(test_lock_trainer)
 {
-    char dir[64], ck[128], frag[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "hostile");
-    pathf(ck, sizeof ck, "%s/ck", dir);
+    char ck[128], frag[64];
+    fsdp_test_path(ck, sizeof ck, "ck");
     fsdp_train_config c;
     train_config_cpu(&c, "custom:layers=1,heads=2,channels=16,vocab=256,context=16", 2);
     c.eng.batch = 2;
@@ -927,23 +904,22 @@ START_TEST(test_lock_trainer)
     pathf(p, sizeof p, "%s/step_00000002", ck);
     ck_assert(fsdp_ckpt_is_complete(p));
     ck_assert_int_eq(count_entries(ck), 1); /* the lock file is gone with the run */
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
-        {"read", 60,
+        {"read", 60, .tmpdir = true,
          FSDP_TESTS(test_open_regular, test_readers_refuse_special_files, test_line_reader,
                     test_bounded_inputs)},
-        {"metrics", 60,
+        {"metrics", 60, .tmpdir = true,
          FSDP_TESTS(test_metrics_nulls_and_gaps, test_metrics_incomplete_last_line,
                     test_metrics_malformed, test_metrics_extreme_values)},
-        {"write", 60,
+        {"write", 60, .tmpdir = true,
          FSDP_TESTS(test_atomic_regular_and_symlink, test_atomic_refuses_special_paths,
                     test_atomic_failed_write_keeps_old, test_cli_plot_outputs)},
-        {"lock", 120,
+        {"lock", 120, .tmpdir = true,
          FSDP_TESTS(test_lock_two_processes, test_lock_stale, test_lock_hostile_paths,
                     test_lock_mutual_exclusion, test_lock_trainer)},
     };

@@ -5,10 +5,10 @@
  * independent reference), atomic writes, and rejection of corrupt or
  * mismatched files with messages that name the file.
  *
- * Fixtures live in a mkdtemp directory under /tmp, removed by each test.
+ * Each fixture has a directory of its own in the suite's scratch directory
+ * (testutil.h), removed even when a test fails.
  */
 #include <check.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,16 +59,15 @@ static fsdp_status llmc_read(const char *path, const fsdp_model *m, float *const
 }
 
 typedef struct fixture {
-    char dir[64];
-    char path[128];
+    char dir[128]; /* of its own, in the scratch directory */
+    char path[160];
     fsdp_model m;
     float **units; /* random values, one buffer per unit */
 } fixture;
 
 static void fixture_init(fixture *fx, const char *spec, uint64_t seed)
 {
-    snprintf(fx->dir, sizeof fx->dir, "/tmp/fsdp_test_llmc_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(fx->dir));
+    fsdp_test_mkdir(fx->dir, sizeof fx->dir, "llmc");
     snprintf(fx->path, sizeof fx->path, "%s/model.bin", fx->dir);
     ck_assert_int_eq(fsdp_model_from_spec(spec, &fx->m), FSDP_STATUS_OK);
     fx->units = units_alloc(&fx->m);
@@ -78,21 +77,9 @@ static void fixture_init(fixture *fx, const char *spec, uint64_t seed)
             fx->units[u][i] = fsdp_rng_normal(seed, (uint64_t)u, i);
 }
 
-/* Remove every file in the fixture directory, then the directory. */
+/* Free the fixture's buffers (its files go with the scratch directory). */
 static void fixture_free(fixture *fx)
 {
-    DIR *d = opendir(fx->dir);
-    if (d) {
-        struct dirent *e;
-        char p[512];
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", fx->dir, e->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    rmdir(fx->dir);
     units_free(&fx->m, fx->units);
     fsdp_model_free(&fx->m);
 }
@@ -272,10 +259,39 @@ END_TEST
 
 /* ---- rejection --------------------------------------------------------------- */
 
-/* Both entry points must reject path with `want` and a message naming it. */
-static void expect_reject(const char *path, const fsdp_model *m, float **units,
-                          fsdp_status want, const char *needle)
+/* What the rejection tests start from: a fixture of SMALL_SPEC written in
+ * fp32, the bytes of its file, a path for damaged copies next to it, and
+ * buffers to read into. */
+typedef struct reject_rig {
+    fixture fx;
+    uint8_t *good; /* (n,) the file as written */
+    size_t n;
+    char bad[192];
+    float **back;
+} reject_rig;
+
+static void reject_rig_init(reject_rig *r, uint64_t seed)
 {
+    fixture_init(&r->fx, SMALL_SPEC, seed);
+    fixture_write(&r->fx, FSDP_DTYPE_F32);
+    r->good = (uint8_t *)slurp_n(r->fx.path, &r->n);
+    snprintf(r->bad, sizeof r->bad, "%s/bad.bin", r->fx.dir);
+    r->back = units_alloc(&r->fx.m);
+}
+
+static void reject_rig_free(reject_rig *r)
+{
+    units_free(&r->fx.m, r->back);
+    free(r->good);
+    fixture_free(&r->fx);
+}
+
+/* Both entry points must reject r->bad with `want` and a message naming it. */
+static void expect_reject(const reject_rig *r, fsdp_status want, const char *needle)
+{
+    const char *path = r->bad;
+    const fsdp_model *m = &r->fx.m;
+    float **units = r->back;
     char cfg[FSDP_MODEL_CONFIG_MAX], dt[8];
     fsdp_status st = llmc_read_config(path, cfg, sizeof cfg, dt);
     ck_assert_msg(st == want, "read_config: %s, want %s (%s)", fsdp_status_name(st),
@@ -292,69 +308,58 @@ static void expect_reject(const char *path, const fsdp_model *m, float **units,
                   fsdp_error_msg());
 }
 
-/* A copy of a good file with header word i set to v, or cut short. */
-static void write_variant(const char *path, const uint8_t *good, size_t n, int word, int32_t v,
-                          size_t cut)
+/* At r->bad, a copy of the good file with header word `word` set to v (none
+ * if word < 0), cut short by `cut` bytes. */
+static void write_variant(const reject_rig *r, int word, int32_t v, size_t cut)
 {
-    uint8_t *b = malloc(n);
-    memcpy(b, good, n);
+    uint8_t *b = malloc(r->n);
+    memcpy(b, r->good, r->n);
     if (word >= 0)
         memcpy(b + 4 * word, &v, 4);
-    spit(path, b, n - cut);
+    spit(r->bad, b, r->n - cut);
     free(b);
 }
 
 START_TEST(test_reject_corrupt)
 {
-    fixture fx;
-    fixture_init(&fx, SMALL_SPEC, 4);
-    fixture_write(&fx, FSDP_DTYPE_F32);
-    size_t n;
-    uint8_t *good = (uint8_t *)slurp_n(fx.path, &n);
-    char bad[160];
-    snprintf(bad, sizeof bad, "%s/bad.bin", fx.dir);
-    float **back = units_alloc(&fx.m);
-    const fsdp_status F = FSDP_STATUS_FORMAT;
+    reject_rig rig;
+    reject_rig_init(&rig, 4);
     char size_now[32];
+    write_variant(&rig, -1, 0, 1); /* truncated by one byte */
+    snprintf(size_now, sizeof size_now, "%zu bytes", rig.n - 1);
+    expect_reject(&rig, FSDP_STATUS_FORMAT, size_now);
+    write_variant(&rig, -1, 0, rig.n - 100); /* shorter than the header */
+    expect_reject(&rig, FSDP_STATUS_FORMAT, "header");
 
-    write_variant(bad, good, n, -1, 0, 1); /* truncated by one byte */
-    snprintf(size_now, sizeof size_now, "%zu bytes", n - 1);
-    expect_reject(bad, &fx.m, back, F, size_now);
+    /* one header word changed; the message must hold needle (if any) */
+    static const struct {
+        int word;
+        int32_t v;
+        const char *needle;
+    } words[] = {
+        {0, 20240520, "20240520"}, /* a token shard's magic */
+        {1, 4, "version 4"},
+        {6, 32, "needs"},          /* C: consistent shapes, wrong size */
+        {2, 9, "needs"},           /* maxT */
+        {4, 1 << 30, NULL},        /* absurd L */
+        {6, 0x7fffffff, NULL},     /* absurd C */
+        {7, 0x7fffff80, NULL},     /* absurd Vp */
+        {5, 3, "divisible"},       /* C=16 not divisible by NH=3 */
+        {5, 0, NULL},              /* NH = 0 */
+        {4, -2, NULL},             /* negative L */
+        {3, 129, "Vp"},            /* V > Vp = 128 */
+    };
+    for (size_t i = 0; i < FSDP_TEST_LEN(words); i++) {
+        write_variant(&rig, words[i].word, words[i].v, 0);
+        expect_reject(&rig, FSDP_STATUS_FORMAT, words[i].needle);
+    }
 
-    write_variant(bad, good, n, -1, 0, n - 100); /* shorter than the header */
-    expect_reject(bad, &fx.m, back, F, "header");
-
-    write_variant(bad, good, n, 0, 20240520, 0); /* a token shard's magic */
-    expect_reject(bad, &fx.m, back, F, "20240520");
-    write_variant(bad, good, n, 1, 4, 0);
-    expect_reject(bad, &fx.m, back, F, "version 4");
-    write_variant(bad, good, n, 6, 32, 0); /* C: consistent shapes, wrong size */
-    expect_reject(bad, &fx.m, back, F, "needs");
-    write_variant(bad, good, n, 2, 9, 0); /* maxT */
-    expect_reject(bad, &fx.m, back, F, "needs");
-    write_variant(bad, good, n, 4, 1 << 30, 0); /* absurd L */
-    expect_reject(bad, &fx.m, back, F, NULL);
-    write_variant(bad, good, n, 6, 0x7fffffff, 0); /* absurd C */
-    expect_reject(bad, &fx.m, back, F, NULL);
-    write_variant(bad, good, n, 7, 0x7fffff80, 0); /* absurd Vp */
-    expect_reject(bad, &fx.m, back, F, NULL);
-    write_variant(bad, good, n, 5, 3, 0); /* C=16 not divisible by NH=3 */
-    expect_reject(bad, &fx.m, back, F, "divisible");
-    write_variant(bad, good, n, 5, 0, 0); /* NH = 0 */
-    expect_reject(bad, &fx.m, back, F, NULL);
-    write_variant(bad, good, n, 4, -2, 0); /* negative L */
-    expect_reject(bad, &fx.m, back, F, NULL);
-    write_variant(bad, good, n, 3, 129, 0); /* V > Vp = 128 */
-    expect_reject(bad, &fx.m, back, F, "Vp");
-
-    snprintf(bad, sizeof bad, "%s/none.bin", fx.dir);
-    expect_reject(bad, &fx.m, back, FSDP_STATUS_IO, NULL);
+    snprintf(rig.bad, sizeof rig.bad, "%s/none.bin", rig.fx.dir);
+    expect_reject(&rig, FSDP_STATUS_IO, NULL);
 
     /* the untouched file still loads */
-    ck_assert_int_eq(llmc_read(fx.path, &fx.m, back), FSDP_STATUS_OK);
-    units_free(&fx.m, back);
-    free(good);
-    fixture_free(&fx);
+    ck_assert_int_eq(llmc_read(rig.fx.path, &rig.fx.m, rig.back), FSDP_STATUS_OK);
+    reject_rig_free(&rig);
 }
 END_TEST
 
@@ -363,17 +368,11 @@ START_TEST(test_reject_hostile_headers)
     /* Random header words in and around every plausible range: each read
      * fails with FORMAT (the size cannot match) and never crashes or
      * allocates what the header asks for. */
-    fixture fx;
-    fixture_init(&fx, SMALL_SPEC, 5);
-    fixture_write(&fx, FSDP_DTYPE_F32);
-    size_t n;
-    uint8_t *good = (uint8_t *)slurp_n(fx.path, &n);
-    char bad[160];
-    snprintf(bad, sizeof bad, "%s/bad.bin", fx.dir);
-    float **back = units_alloc(&fx.m);
+    reject_rig rig;
+    reject_rig_init(&rig, 5);
     for (uint64_t i = 0; i < 300; i++) {
         int32_t h[8];
-        memcpy(h, good, sizeof h);
+        memcpy(h, rig.good, sizeof h);
         for (int w = 2; w < 8; w++) {
             uint64_t r = fsdp_rng_u64(77, (uint64_t)w, i);
             switch (r % 4) {
@@ -383,28 +382,26 @@ START_TEST(test_reject_hostile_headers)
             default: h[w] = (int32_t)1 << (int)((r >> 32) % 31); break; /* power of 2 */
             }
         }
-        if (!memcmp(h, good, sizeof h))
+        if (!memcmp(h, rig.good, sizeof h))
             continue;
-        uint8_t *b = malloc(n);
-        memcpy(b, good, n);
+        uint8_t *b = malloc(rig.n);
+        memcpy(b, rig.good, rig.n);
         memcpy(b, h, sizeof h);
-        spit(bad, b, n);
+        spit(rig.bad, b, rig.n);
         free(b);
         char cfg[FSDP_MODEL_CONFIG_MAX], dt[8];
-        fsdp_status st = llmc_read_config(bad, cfg, sizeof cfg, dt);
+        fsdp_status st = llmc_read_config(rig.bad, cfg, sizeof cfg, dt);
         if (st == FSDP_STATUS_OK) { /* only a header that describes this exact size */
-            ck_assert_int_eq(llmc_read(bad, &fx.m, back) == FSDP_STATUS_OK,
-                             strcmp(cfg, fx.m.config) == 0);
+            ck_assert_int_eq(llmc_read(rig.bad, &rig.fx.m, rig.back) == FSDP_STATUS_OK,
+                             strcmp(cfg, rig.fx.m.config) == 0);
             continue;
         }
         REQUIRE(st == FSDP_STATUS_FORMAT, "case %llu: %s (%s)", (unsigned long long)i,
                 fsdp_status_name(st), fsdp_error_msg());
-        REQUIRE(strstr(fsdp_error_msg(), bad), "case %llu: message '%s' lacks the path",
+        REQUIRE(strstr(fsdp_error_msg(), rig.bad), "case %llu: message '%s' lacks the path",
                 (unsigned long long)i, fsdp_error_msg());
     }
-    units_free(&fx.m, back);
-    free(good);
-    fixture_free(&fx);
+    reject_rig_free(&rig);
 }
 END_TEST
 
@@ -436,10 +433,10 @@ END_TEST
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
-        {"roundtrip", 60,
+        {"roundtrip", 60, .tmpdir = true,
          FSDP_TESTS(test_roundtrip_f32_small, test_roundtrip_f32_tiny, test_roundtrip_bf16,
                     test_write_atomic)},
-        {"reject", 60,
+        {"reject", 60, .tmpdir = true,
          FSDP_TESTS(test_reject_corrupt, test_reject_hostile_headers, test_reject_config_mismatch)},
     };
     return fsdp_test_main("llmc", tcases, FSDP_TEST_LEN(tcases));

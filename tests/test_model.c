@@ -37,6 +37,14 @@ static void parse_spec(const char *spec, fsdp_gpt2_config *c)
     fsdp_model_free(&m);
 }
 
+/* The GPT-2 of spec, built by fsdp_gpt2_init from its parsed config. */
+static void gpt2_model(fsdp_model *m, const char *spec)
+{
+    fsdp_gpt2_config c;
+    parse_spec(spec, &c);
+    ck_assert_int_eq(fsdp_gpt2_init(m, &c), FSDP_STATUS_OK);
+}
+
 /* ---- golden file --------------------------------------------------------- */
 
 typedef struct golden_rec {
@@ -115,6 +123,17 @@ static void *golden_get(const golden *g, const char *name, int kind, size_t nume
 
 /* The rig is model_rig.h's (rig_init_gpt2: it builds and holds the model). */
 
+/* The fixture's values of p under `what` ("param" or "grad"): wte's only
+ * for its V real rows, the rest whole; *n: how many. The caller frees. */
+static float *golden_param(const golden *g, const char *what, const fsdp_param_spec *p, int V,
+                           size_t *n)
+{
+    char key[96];
+    snprintf(key, sizeof key, "%s/%s", what, p->name);
+    *n = !strcmp(p->name, "wte.weight") ? (size_t)V * p->shape[1] : p->numel;
+    return golden_get(g, key, 0, *n);
+}
+
 /* Load the fixture's weights; wte's padding rows get a value that would
  * show up in the loss if padding columns leaked into it. */
 static void rig_load_golden(rig *r, const golden *g, int V)
@@ -123,14 +142,11 @@ static void rig_load_golden(rig *r, const golden *g, int V)
         const fsdp_unit_spec *us = &r->m->units[u];
         for (int i = 0; i < us->n_params; i++) {
             const fsdp_param_spec *p = &us->params[i];
-            char key[96];
-            snprintf(key, sizeof key, "param/%s", p->name);
-            bool wte = !strcmp(p->name, "wte.weight");
-            size_t n = wte ? (size_t)V * p->shape[1] : p->numel;
-            float *v = golden_get(g, key, 0, n);
+            size_t n;
+            float *v = golden_param(g, "param", p, V, &n);
             rig_put(r, u, p->offset, v, n);
             free(v);
-            if (wte) {
+            if (n < p->numel) { /* wte's padding rows */
                 size_t pad = p->numel - n;
                 float *junk = malloc((pad + 1) * sizeof *junk);
                 for (size_t k = 0; k < pad; k++)
@@ -239,11 +255,8 @@ static void check_golden_forward_backward(const char *file)
         const fsdp_unit_spec *us = &r.m->units[u];
         for (int i = 0; i < us->n_params; i++) {
             const fsdp_param_spec *p = &us->params[i];
-            char key[96];
-            snprintf(key, sizeof key, "grad/%s", p->name);
-            bool wte = !strcmp(p->name, "wte.weight");
-            size_t n = wte ? (size_t)V * p->shape[1] : p->numel;
-            float *wg = golden_get(&gc.g, key, 0, n);
+            size_t n;
+            float *wg = golden_param(&gc.g, "grad", p, V, &n);
             const float *gg = r.grads[u] + p->offset;
             double pe = max_rel_err(gg, wg, n);
             ck_assert_msg(pe <= 1e-4, "%s: gradient of %s rel err %g", file, p->name, pe);
@@ -472,10 +485,8 @@ END_TEST
 
 START_TEST(test_param_specs_gpt2_124m)
 {
-    fsdp_gpt2_config c;
-    parse_spec("gpt2", &c);
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &c), FSDP_STATUS_OK);
+    gpt2_model(&m, "gpt2");
     /* llm.c's figure for GPT-2 124M with the padded vocabulary */
     ck_assert_uint_eq(m.numel, 124475904);
     ck_assert_int_eq(m.n_units, 13);
@@ -540,10 +551,8 @@ END_TEST
 
 START_TEST(test_init_range_slices_match_whole)
 {
-    fsdp_gpt2_config c;
-    parse_spec("tiny", &c);
     fsdp_model m;
-    ck_assert_int_eq(fsdp_gpt2_init(&m, &c), FSDP_STATUS_OK);
+    gpt2_model(&m, "tiny");
     for (int u = 0; u < m.n_units; u++) {
         size_t n = m.units[u].numel, padded = n + 777;
         float *whole = malloc(padded * sizeof *whole);

@@ -275,6 +275,35 @@ static void run_job_ok(int P, int L, fsdp_rank_fn fn, void *arg)
     job_fini(&j, true);
 }
 
+/* Run fn as a job of P processes of L ranks each that is to fail; sims[p]
+ * gets each process's status and message. Messages the failure left
+ * unreceived are freed. */
+static void run_job_failing(int P, int L, fsdp_rank_fn fn, void *arg, struct sim *sims)
+{
+    struct loop_job j;
+    job_init(&j, P);
+    run_job(&j, P, L, NULL, fn, arg, sims);
+    job_fini(&j, false);
+}
+
+/* Every one of the P processes ended with st and a message holding frag. */
+static void every_process_ended(const struct sim *sims, int P, fsdp_status st, const char *frag)
+{
+    for (int p = 0; p < P; p++)
+        ck_assert_msg(sims[p].st == st && strstr(sims[p].msg, frag), "process %d: %s: %s", p,
+                      fsdp_status_name(sims[p].st), sims[p].msg);
+}
+
+/* Run fn as job j (j->P processes of L ranks each, or n_local[p]): every
+ * process must end with st and a message holding frag. */
+static void run_job_ending(struct loop_job *j, int L, const int *n_local, fsdp_rank_fn fn,
+                           fsdp_status st, const char *frag)
+{
+    struct sim sims[LOOP_MAX];
+    run_job(j, j->P, L, n_local, fn, NULL, sims);
+    every_process_ended(sims, j->P, st, frag);
+}
+
 /* A cpu device and the mpi transport for a rank (comm picked by the table
  * for a job of w->n_processes). */
 static fsdp_status env_init(struct rank_env *e, fsdp_world *w, int rank)
@@ -796,10 +825,8 @@ static fsdp_status mismatch_rank(fsdp_world *w, int rank, void *p)
 
 START_TEST(test_mismatch_between_processes_fails_everywhere)
 {
-    struct loop_job j;
     struct sim sims[2];
-    job_init(&j, 2);
-    run_job(&j, 2, 2, NULL, mismatch_rank, NULL, sims);
+    run_job_failing(2, 2, mismatch_rank, NULL, sims);
     for (int p = 0; p < 2; p++) {
         ck_assert_int_ne(sims[p].st, FSDP_STATUS_OK);
         ck_assert_msg(strstr(sims[p].msg, "mismatch between processes") &&
@@ -808,7 +835,6 @@ START_TEST(test_mismatch_between_processes_fails_everywhere)
                           strstr(sims[p].msg, "host sim"),
                       "process %d: %s", p, sims[p].msg);
     }
-    job_fini(&j, false);
 }
 END_TEST
 
@@ -832,15 +858,10 @@ static fsdp_status fault_rank(fsdp_world *w, int rank, void *p)
 START_TEST(test_rank_failure_ends_every_process)
 {
     struct loop_job j;
-    struct sim sims[2];
     job_init(&j, 2);
-    run_job(&j, 2, 2, NULL, fault_rank, NULL, sims);
-    ck_assert_int_eq(sims[1].st, FSDP_STATUS_INTERNAL);
-    ck_assert_int_eq(sims[0].st, FSDP_STATUS_INTERNAL);
-    for (int p = 0; p < 2; p++)
-        ck_assert_msg(strstr(sims[p].msg, "rank 3 (process 1 of 2, host sim1): injected "
-                                          "failure in collective 3 (all_reduce)"),
-                      "process %d: %s", p, sims[p].msg);
+    run_job_ending(&j, 2, NULL, fault_rank, FSDP_STATUS_INTERNAL,
+                   "rank 3 (process 1 of 2, host sim1): injected failure in collective 3 "
+                   "(all_reduce)");
     ck_assert_int_eq(j.n_fail_calls, 1); /* process 1 told the others once */
     job_fini(&j, false);
 }
@@ -855,15 +876,10 @@ static fsdp_status devices_rank(fsdp_world *w, int rank, void *p)
 START_TEST(test_processes_must_agree_on_devices)
 {
     struct loop_job j;
-    struct sim sims[2];
     int n_local[2] = {2, 3};
     job_init(&j, 2);
-    run_job(&j, 2, 0, n_local, devices_rank, NULL, sims);
-    for (int p = 0; p < 2; p++) {
-        ck_assert_int_eq(sims[p].st, FSDP_STATUS_INVALID_ARG);
-        ck_assert_msg(strstr(sims[p].msg, "give every process the same --devices"), "%s",
-                      sims[p].msg);
-    }
+    run_job_ending(&j, 0, n_local, devices_rank, FSDP_STATUS_INVALID_ARG,
+                   "give every process the same --devices");
     job_fini(&j, true);
 }
 END_TEST
@@ -882,14 +898,9 @@ static fsdp_status no_data_rank(fsdp_world *w, int rank, void *p)
 START_TEST(test_mpi_needs_procs_that_carry_data)
 {
     struct loop_job j;
-    struct sim sims[2];
     job_init(&j, 2);
     j.no_xfer = true;
-    run_job(&j, 2, 1, NULL, no_data_rank, NULL, sims);
-    for (int p = 0; p < 2; p++) {
-        ck_assert_int_eq(sims[p].st, FSDP_STATUS_UNSUPPORTED);
-        ck_assert_msg(strstr(sims[p].msg, "launch them with mpirun"), "%s", sims[p].msg);
-    }
+    run_job_ending(&j, 1, NULL, no_data_rank, FSDP_STATUS_UNSUPPORTED, "launch them with mpirun");
     job_fini(&j, true);
 }
 END_TEST
@@ -929,17 +940,11 @@ START_TEST(test_rdv_exchange_spans_processes)
     for (int r = 0; r < 6; r++)
         ck_assert_int_eq(a.bad[r], 0);
     /* a rank that fails mid-way: every process ends, none hangs */
-    struct loop_job j;
     struct sim sims[3];
-    job_init(&j, 3);
     a.fail_rank = 4;
-    run_job(&j, 3, 2, NULL, rdv_rank, &a, sims);
-    for (int p = 0; p < 3; p++)
-        ck_assert_msg(sims[p].st == FSDP_STATUS_INTERNAL &&
-                          strstr(sims[p].msg, "rank 4 (process 2 of 3, host sim2): rank 4 fails "
-                                              "on purpose"),
-                      "process %d: %s", p, sims[p].msg);
-    job_fini(&j, false);
+    run_job_failing(3, 2, rdv_rank, &a, sims);
+    every_process_ended(sims, 3, FSDP_STATUS_INTERNAL,
+                        "rank 4 (process 2 of 3, host sim2): rank 4 fails on purpose");
 }
 END_TEST
 

@@ -246,34 +246,39 @@ START_TEST(test_mpirun_rank_failure_ends_job)
 }
 END_TEST
 
-START_TEST(test_mpirun_killed_process_ends_job)
-{
-    SKIP_UNLESS_MPIRUN();
-    double secs;
-    const char *out = failing_job("kill", 2, NULL, &secs);
-    ck_assert_msg(strstr(out, "signal 9"), "%s", out);
-    /* process 1 dies after ~20 collectives of 20 ms */
-    ck_assert_msg(secs < 12, "process 0 outlived process 1 by too much: %.1f s:\n%s", secs, out);
-}
-END_TEST
+/* Jobs that end by themselves, each for its own reason: the output must
+ * hold every fragment, and the job must end within max_secs (why: what
+ * the time bounds). */
+static const struct {
+    const char *mode;
+    int L;
+    const char *env;
+    const char *expect[2]; /* the second may be NULL */
+    double max_secs;
+    const char *why;
+} ending_jobs[] = {
+    /* a killed process: the other ends too */
+    {"kill", 2, NULL, {"signal 9"}, 12,
+     "process 0 outlived process 1 (which dies after ~20 collectives of 20 ms) by too much"},
+    /* a rank stuck after another failed: the watchdog ends its process */
+    {"stuck", 2, "FSDP_ABORT_GRACE=1",
+     {"injected failure in collective 3", "did not end within 1 s"}, 15,
+     "rank 2 sleeps 60 s"},
+    /* processes that disagree on --devices */
+    {"devices", 1, NULL, {"give every process the same --devices"}, 60, "the job's limit"},
+};
 
-START_TEST(test_mpirun_watchdog_ends_stuck_process)
+START_TEST(test_mpirun_job_ends_by_itself)
 {
     SKIP_UNLESS_MPIRUN();
     double secs;
-    const char *out = failing_job("stuck", 2, "FSDP_ABORT_GRACE=1", &secs);
-    ck_assert_msg(strstr(out, "injected failure in collective 3") &&
-                      strstr(out, "did not end within 1 s"), "%s", out);
-    ck_assert_msg(secs < 15, "the job took %.1f s (rank 2 sleeps 60 s):\n%s", secs, out);
-}
-END_TEST
-
-START_TEST(test_mpirun_processes_agree_on_devices)
-{
-    SKIP_UNLESS_MPIRUN();
-    double secs;
-    const char *out = failing_job("devices", 1, NULL, &secs);
-    ck_assert_msg(strstr(out, "give every process the same --devices"), "%s", out);
+    const char *out = failing_job(ending_jobs[_i].mode, ending_jobs[_i].L, ending_jobs[_i].env,
+                                  &secs);
+    for (int k = 0; k < 2 && ending_jobs[_i].expect[k]; k++)
+        ck_assert_msg(strstr(out, ending_jobs[_i].expect[k]), "%s job: no '%s' in:\n%s",
+                      ending_jobs[_i].mode, ending_jobs[_i].expect[k], out);
+    ck_assert_msg(secs < ending_jobs[_i].max_secs, "%s job took %.1f s (%s):\n%s",
+                  ending_jobs[_i].mode, secs, ending_jobs[_i].why, out);
 }
 END_TEST
 
@@ -527,9 +532,9 @@ int main(int argc, char **argv)
                     test_dir_job_notices_a_dead_process)},
         {"mpirun", 90,
          FSDP_TESTS(test_mpirun_2x2_matches_1x4, test_mpirun_4x1_matches_1x4,
-                    test_mpirun_rank_failure_ends_job, test_mpirun_killed_process_ends_job,
-                    test_mpirun_watchdog_ends_stuck_process,
-                    test_mpirun_processes_agree_on_devices)},
+                    test_mpirun_rank_failure_ends_job,
+                    FSDP_TEST_LOOP(test_mpirun_job_ends_by_itself,
+                                   (int)FSDP_TEST_LEN(ending_jobs)))},
     };
     return fsdp_test_main("mpi_procs", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -157,6 +157,33 @@ static void assert_same_run(const char *a, const char *b, const char *what)
     free(la), free(lb), free(pa), free(pb);
 }
 
+/* One run written twice: `fsdp train <common> <here>` in one process in
+ * a fresh run_dir ref, and `<common> <job>` as a job of 2 processes in a
+ * fresh run_dir a (both (n,) buffers). */
+static void train_ref_and_job(char *ref, char *a, size_t n, const char *common, const char *here,
+                              const char *job)
+{
+    run_dir(ref, n, "ref");
+    run_dir(a, n, "a");
+    char args[1024];
+    snprintf(args, sizeof args, "%s %s", common, here);
+    train_here(ref, args);
+    snprintf(args, sizeof args, "%s %s", common, job);
+    train_job_ok(a, 2, NULL, args);
+}
+
+/* `fsdp train <common> <extra>` here in ref and in a, and the two runs
+ * are the same (what names them in a failure). */
+static void train_both_here_same(const char *ref, const char *a, const char *common,
+                                 const char *extra, const char *what)
+{
+    char args[1024];
+    snprintf(args, sizeof args, "%s %s", common, extra);
+    train_here(ref, args);
+    train_here(a, args);
+    assert_same_run(ref, a, what);
+}
+
 /* ---- 2 processes x 2 devices = 1 x 4, bit for bit ------------------------------------ */
 
 static const struct strategy {
@@ -204,16 +231,11 @@ START_TEST(test_checkpoint_2x2_resumes_on_1x3_and_3x1)
     SKIP_UNLESS_MPIRUN();
     static char out[1 << 16];
     char ref[4096], a[4096], b[4096];
-    run_dir(ref, sizeof ref, "ref");
-    run_dir(a, sizeof a, "a");
-    fsdp_test_path(b, sizeof b, "b");
     const char *common = "--model tiny --seq 16 --batch 2 --eval 0 --lr 1e-2 --log m.jsonl "
                          "--ckpt-dir ck";
-    char args[1024];
-    snprintf(args, sizeof args, "%s --devices 4 --grad-accum 3 --steps 2", common);
-    train_here(ref, args);
-    snprintf(args, sizeof args, "%s --devices 2 --grad-accum 3 --steps 2", common);
-    train_job_ok(a, 2, NULL, args);
+    train_ref_and_job(ref, a, sizeof ref, common, "--devices 4 --grad-accum 3 --steps 2",
+                      "--devices 2 --grad-accum 3 --steps 2");
+    fsdp_test_path(b, sizeof b, "b");
     int rc = shell(out, sizeof out, 30, NULL, "cp -r %s %s", a, b);
     ck_assert_int_eq(rc, 0);
     /* every rank's file, one manifest */
@@ -222,10 +244,9 @@ START_TEST(test_checkpoint_2x2_resumes_on_1x3_and_3x1)
         snprintf(path, sizeof path, "%s/ck/step_00000002/rank_%05d.bin", a, r);
         ck_assert_msg(access(path, R_OK) == 0, "no %s", path);
     }
-    snprintf(args, sizeof args, "%s --devices 3 --grad-accum 4 --steps 4 --resume", common);
-    train_here(ref, args);
-    train_here(a, args);
-    assert_same_run(ref, a, "2 x 2 resumed on 1 x 3");
+    train_both_here_same(ref, a, common, "--devices 3 --grad-accum 4 --steps 4 --resume",
+                         "2 x 2 resumed on 1 x 3");
+    char args[1024];
     snprintf(args, sizeof args, "%s --devices 1 --grad-accum 4 --steps 4 --resume", common);
     const char *resumed = train_job_ok(b, 3, NULL, args);
     ck_assert_msg(strstr(resumed, "resuming from ck/step_00000002"), "mpirun 3 x 1 --resume:\n%s",
@@ -239,15 +260,10 @@ START_TEST(test_hybrid_checkpoint_resumes_full)
 {
     SKIP_UNLESS_MPIRUN();
     char ref[4096], a[4096];
-    run_dir(ref, sizeof ref, "ref");
-    run_dir(a, sizeof a, "a");
     const char *common = "--model tiny --seq 16 --batch 2 --eval 0 --lr 1e-2 --log m.jsonl "
                          "--ckpt-dir ck --grad-accum 2";
-    char args[1024];
-    snprintf(args, sizeof args, "%s --devices 4 --steps 2", common);
-    train_here(ref, args);
-    snprintf(args, sizeof args, "%s --devices 2 --shard hybrid --steps 2", common);
-    train_job_ok(a, 2, NULL, args);
+    train_ref_and_job(ref, a, sizeof ref, common, "--devices 4 --steps 2",
+                      "--devices 2 --shard hybrid --steps 2");
     char path[4200];
     snprintf(path, sizeof path, "%s/ck/step_00000002/manifest", a);
     char *man = fsdp_test_read_file(path, NULL);
@@ -256,10 +272,8 @@ START_TEST(test_hybrid_checkpoint_resumes_full)
     free(man);
     snprintf(path, sizeof path, "%s/ck/step_00000002/rank_00002.bin", a);
     ck_assert_msg(access(path, F_OK) != 0, "the second node wrote %s", path);
-    snprintf(args, sizeof args, "%s --devices 4 --steps 3 --resume", common);
-    train_here(ref, args);
-    train_here(a, args);
-    assert_same_run(ref, a, "hybrid 2 x 2 resumed on 1 x 4 full");
+    train_both_here_same(ref, a, common, "--devices 4 --steps 3 --resume",
+                         "hybrid 2 x 2 resumed on 1 x 4 full");
 }
 END_TEST
 

@@ -154,6 +154,37 @@ START_TEST(test_matmul_grad_fd)
 }
 END_TEST
 
+/* The input, weight and bias gradients of one backward run in fp32 and in
+ * bf16 (the bf16 tests): (n_inp,), (n_w,), (n_b,) floats each. */
+typedef struct bwd_pair {
+    float *dinp, *dw, *db;       /* fp32 run */
+    float *dinp16, *dw16, *db16; /* bf16 run, fp32 gradients */
+    size_t n_inp, n_w, n_b;
+} bwd_pair;
+
+static void bwd_pair_init(bwd_pair *g, size_t n_inp, size_t n_w, size_t n_b)
+{
+    *g = (bwd_pair){.dinp = fbuf(n_inp), .dw = fbuf(n_w), .db = fbuf(n_b),
+                    .dinp16 = fbuf(n_inp), .dw16 = fbuf(n_w), .db16 = fbuf(n_b),
+                    .n_inp = n_inp, .n_w = n_w, .n_b = n_b};
+}
+
+/* The bf16 run's gradients are the fp32 run's: the input's and weight's to
+ * tol, the bias's to tol_b (messages "bf16 <op> dinp", "bf16 <op> dw",
+ * "bf16 <op> <b_name>"). Frees the buffers. */
+static void bwd_pair_check_free(bwd_pair *g, const char *op, const char *b_name, double tol,
+                                double tol_b)
+{
+    char what[64];
+    snprintf(what, sizeof what, "bf16 %s dinp", op);
+    assert_close_scaled(what, g->dinp16, g->dinp, g->n_inp, tol);
+    snprintf(what, sizeof what, "bf16 %s dw", op);
+    assert_close_scaled(what, g->dw16, g->dw, g->n_w, tol);
+    snprintf(what, sizeof what, "bf16 %s %s", op, b_name);
+    assert_close_scaled(what, g->db16, g->db, g->n_b, tol_b);
+    free(g->dinp), free(g->dw), free(g->db), free(g->dinp16), free(g->dw16), free(g->db16);
+}
+
 START_TEST(test_matmul_bf16_close_to_fp32)
 {
     mm_case m, h;
@@ -167,19 +198,16 @@ START_TEST(test_matmul_bf16_close_to_fp32)
     float *o = from_bf16(out16, no);
     assert_close_scaled("bf16 matmul out", o, m.out, no, 1e-2);
 
-    float *dinp = fbuf(ni), *dw = fbuf(nw), *db = fbuf(m.OC);
-    float *dinp16 = fbuf(ni), *dw16 = fbuf(nw), *db16 = fbuf(m.OC);
-    FSDP_OP(&m.e.ctx, matmul_bwd, dinp, dw, db, m.R, m.inp, m.w, m.N, m.C, m.OC);
-    FSDP_OP(&h.e.ctx, matmul_bwd, dinp16, dw16, db16, m.R, inp16, w16, m.N, m.C, m.OC);
+    bwd_pair g;
+    bwd_pair_init(&g, ni, nw, m.OC);
+    FSDP_OP(&m.e.ctx, matmul_bwd, g.dinp, g.dw, g.db, m.R, m.inp, m.w, m.N, m.C, m.OC);
+    FSDP_OP(&h.e.ctx, matmul_bwd, g.dinp16, g.dw16, g.db16, m.R, inp16, w16, m.N, m.C, m.OC);
     /* Same operands, but with bf16 dot products dout is rounded to bf16 for
      * the products (as on cuda); widened to fp32, the backward agrees to fp32
      * rounding. dbias sums the fp32 dout either way. */
     double tol = fsdp_cpu_blas_bf16_dot() ? 1e-2 : 1e-5;
-    assert_close_scaled("bf16 matmul dinp", dinp16, dinp, ni, tol);
-    assert_close_scaled("bf16 matmul dw", dw16, dw, nw, tol);
-    assert_close_scaled("bf16 matmul dbias", db16, db, m.OC, 1e-5);
+    bwd_pair_check_free(&g, "matmul", "dbias", tol, 1e-5);
     free(inp16), free(w16), free(b16), free(out16), free(o);
-    free(dinp), free(dw), free(db), free(dinp16), free(dw16), free(db16);
     mm_teardown(&m);
     mm_teardown(&h);
 }
@@ -279,15 +307,14 @@ START_TEST(test_layernorm_bf16_close_to_fp32)
     FSDP_OP(&h.e.ctx, layernorm_fwd, o16, h.mean, h.rstd, x16, w16, b16, l.N, l.C);
     float *o = from_bf16(o16, n);
     assert_close_scaled("bf16 layernorm out", o, l.out, n, 1e-2);
-    float *dinp = fbuf(n), *dw = fbuf(l.C), *db = fbuf(l.C);
-    float *dinp16 = fbuf(n), *dw16 = fbuf(l.C), *db16 = fbuf(l.C);
-    FSDP_OP(&l.e.ctx, layernorm_bwd, dinp, dw, db, l.R, l.inp, l.w, l.mean, l.rstd, l.N, l.C);
-    FSDP_OP(&h.e.ctx, layernorm_bwd, dinp16, dw16, db16, l.R, x16, w16, h.mean, h.rstd, l.N, l.C);
-    assert_close_scaled("bf16 layernorm dinp", dinp16, dinp, n, 1e-4);
-    assert_close_scaled("bf16 layernorm dw", dw16, dw, l.C, 1e-4);
-    assert_close_scaled("bf16 layernorm db", db16, db, l.C, 1e-6);
+    bwd_pair g;
+    bwd_pair_init(&g, n, l.C, l.C);
+    FSDP_OP(&l.e.ctx, layernorm_bwd, g.dinp, g.dw, g.db, l.R, l.inp, l.w, l.mean, l.rstd, l.N,
+            l.C);
+    FSDP_OP(&h.e.ctx, layernorm_bwd, g.dinp16, g.dw16, g.db16, l.R, x16, w16, h.mean, h.rstd,
+            l.N, l.C);
+    bwd_pair_check_free(&g, "layernorm", "db", 1e-4, 1e-6);
     free(x16), free(w16), free(b16), free(o16), free(o);
-    free(dinp), free(dw), free(db), free(dinp16), free(dw16), free(db16);
     ln_teardown(&l);
     ln_teardown(&h);
 }

@@ -215,10 +215,9 @@ START_TEST(test_sgd_checkpoint_resume_reshard)
 {
     golden g;
     golden_read(&g);
-    char dir[64], ck[96], ck2[96];
-    fsdp_test_mkdtemp(dir, sizeof dir, "optim");
-    pathf(ck, sizeof ck, "%s/sgd", dir);
-    pathf(ck2, sizeof ck2, "%s/adamw", dir);
+    char ck[96], ck2[96];
+    fsdp_test_path(ck, sizeof ck, "sgd");
+    fsdp_test_path(ck2, sizeof ck2, "adamw");
     fsdp_train_config c;
     fsdp_train_result ref, a, b;
     sgd_config(&c, &g, 1);
@@ -271,7 +270,6 @@ START_TEST(test_sgd_checkpoint_resume_reshard)
     REQUIRE(st == FSDP_STATUS_INVALID_ARG && strstr(fsdp_error_msg(), "--optimizer adamw"),
             "%s: %s", fsdp_status_name(st), fsdp_error_msg());
     fsdp_train_result_free(&ref);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -281,9 +279,8 @@ START_TEST(test_sgd_trace_names_the_step)
 {
     golden g;
     golden_read(&g);
-    char dir[64], path[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "optim");
-    pathf(path, sizeof path, "%s/trace.json", dir);
+    char path[128];
+    fsdp_test_path(path, sizeof path, "trace.json");
     fsdp_train_config c;
     fsdp_train_result r;
     sgd_config(&c, &g, 1);
@@ -299,14 +296,13 @@ START_TEST(test_sgd_trace_names_the_step)
     REQUIRE(n == 2 * 3, "%d sgd events in the trace (want 2 steps x 3 units)", n);
     REQUIRE(!strstr(t, "\"name\":\"adamw\""), "an adamw event in an sgd run");
     free(t);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
-        {"sgd", 300,
+        {"sgd", 300, .tmpdir = true,
          FSDP_TESTS(test_sgd_matches_pytorch, test_sgd_offload_and_sharding_identical,
                     test_sgd_checkpoint_resume_reshard, test_sgd_trace_names_the_step)},
     };

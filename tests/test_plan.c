@@ -35,6 +35,17 @@ static void base_config(fsdp_train_config *c, const char *model, int devices)
     c->n_samples = 0;
 }
 
+/* The plan of tiny with the optimizer offloaded over `devices`, for
+ * `steps` steps, against a device of device_mem bytes (the reports' input). */
+static void offload_plan(fsdp_plan *plan, int devices, int steps, size_t device_mem)
+{
+    fsdp_train_config c;
+    base_config(&c, "tiny", devices);
+    c.eng.offload = true;
+    ck_assert_int_eq(fsdp_plan_run(&c, steps, plan), FSDP_STATUS_OK);
+    plan->device_mem = device_mem;
+}
+
 /* ---- exactness: meta plan == cpu run, to the byte ------------------------------ */
 
 static const char *const models[] = {"tiny", "custom:layers=3,heads=2,channels=48,vocab=300,context=32",
@@ -346,12 +357,8 @@ static size_t json_uint(const fsdp_json *obj, const char *key)
 
 START_TEST(test_plan_json)
 {
-    fsdp_train_config c;
-    base_config(&c, "tiny", 2);
-    c.eng.offload = true;
     fsdp_plan plan;
-    ck_assert_int_eq(fsdp_plan_run(&c, 2, &plan), FSDP_STATUS_OK);
-    plan.device_mem = (size_t)1 << 30;
+    offload_plan(&plan, 2, 2, (size_t)1 << 30);
     char *out = print_plan(&plan, true);
     fsdp_json *root;
     fsdp_status st = fsdp_json_parse(out, strlen(out), &root);
@@ -441,12 +448,8 @@ static int check_xml(const char *s, const char *count_name)
 
 START_TEST(test_plan_svg)
 {
-    fsdp_train_config c;
-    base_config(&c, "tiny", 4);
-    c.eng.offload = true;
     fsdp_plan plan;
-    ck_assert_int_eq(fsdp_plan_run(&c, 1, &plan), FSDP_STATUS_OK);
-    plan.device_mem = 64 << 20;
+    offload_plan(&plan, 4, 1, 64 << 20);
     char path[512];
     fsdp_test_path(path, sizeof path, "f.svg");
     ck_assert_int_eq(fsdp_plan_write_svg(&plan, path), FSDP_STATUS_OK);

@@ -9,7 +9,8 @@
  * with messages naming the file and the tensor.
  *
  * Runs from the repository root (fixtures in tests/fixtures). Each test
- * works in its own mkdtemp directory under /tmp, removed at the end.
+ * works in a directory of its own in the suite's scratch directory
+ * (testutil.h), removed even when a test fails.
  */
 #include <check.h>
 #include <stdio.h>
@@ -253,8 +254,8 @@ END_TEST
 
 START_TEST(test_export_matches_reference_layout)
 {
-    char dir[64], *out;
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128], *out;
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     out = path_in(dir, "export.safetensors");
     loaded l;
     load_ok(FIXTURE_BIN, &l);
@@ -304,7 +305,6 @@ START_TEST(test_export_matches_reference_layout)
     fsdp_st_free(&ref);
     fsdp_st_free(&got);
     loaded_free(&l);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -322,8 +322,8 @@ static uint16_t to_f16(float f)
 
 START_TEST(test_safetensors_variants)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     loaded ref;
     load_ok(FIXTURE_BIN, &ref);
     unsigned char *buf;
@@ -411,7 +411,6 @@ START_TEST(test_safetensors_variants)
     units_free(&m, units);
     fsdp_model_free(&m);
     loaded_free(&ref);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -574,8 +573,8 @@ static uint64_t write_big_header(const char *path, const char *open, const char 
  * not the tens of times a JSON tree of it costs. */
 START_TEST(test_hostile_header_memory)
 {
-    char dir[64];
-    fsdp_test_mkdtemp(dir, sizeof dir, "files");
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
     const size_t MB32 = (size_t)32 << 20;
     struct {
         const char *name, *open, *item, *close, *msg;
@@ -600,17 +599,16 @@ START_TEST(test_hostile_header_memory)
                 (unsigned long long)hn, grew);
         unlink(p);
     }
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
-        {"layout", 120,
+        {"layout", 120, .tmpdir = true,
          FSDP_TESTS(test_fixture_safetensors_equals_llmc, test_range_reads_match_whole,
                     test_export_matches_reference_layout, test_safetensors_variants)},
-        {"hostile", 120,
+        {"hostile", 120, .tmpdir = true,
          FSDP_TESTS(test_hostile_safetensors_framing, test_hostile_safetensors_tensors,
                     test_hostile_header_memory)},
     };

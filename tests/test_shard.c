@@ -3,8 +3,9 @@
  * uint32 layout (llm.c's Llama 3 shards: magic 20240801, version 7), the
  * shard writer (data/shard.h), and `fsdp tokenize` turning text and .jsonl
  * corpora into shards through a tokenizer.json (tests/fixtures/tok_*.json).
- * Files go to /tmp and are removed by each test. Runs from the repository
- * root.
+ * A single file goes to /tmp and is removed by its test; directories are
+ * in the suite's scratch directory (testutil.h), removed even when a test
+ * fails. Runs from the repository root.
  */
 #include <check.h>
 #include <stdarg.h>
@@ -73,9 +74,8 @@ END_TEST
  * shard; nothing is at the path until commit; bad ids are refused. */
 START_TEST(test_shard_writer)
 {
-    char dir[64] = "/tmp/fsdp_test_shard_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char p16[128], p32[128], glob[128];
+    char dir[128], p16[160], p32[160], glob[160];
+    fsdp_test_mkdir(dir, sizeof dir, "writer");
     snprintf(p16, sizeof p16, "%s/a_0.bin", dir);
     snprintf(p32, sizeof p32, "%s/a_1.bin", dir);
     snprintf(glob, sizeof glob, "%s/a_*.bin", dir);
@@ -112,7 +112,7 @@ START_TEST(test_shard_writer)
         check_batch_against(d, ids, 2 * n, m * 97, 4, 512);
     fsdp_data_close(d);
     /* an abandoned writer leaves nothing behind */
-    char p3[128];
+    char p3[160];
     snprintf(p3, sizeof p3, "%s/b.bin", dir);
     fsdp_shard_writer *w = NULL;
     ck_assert_int_eq(fsdp_shard_writer_open(&w, p3, 1000), FSDP_STATUS_OK);
@@ -122,9 +122,6 @@ START_TEST(test_shard_writer)
     ck_assert_int_eq(fsdp_shard_writer_open(&w, p3, 0), FSDP_STATUS_INVALID_ARG);
     snprintf(p3, sizeof p3, "%s/no/such/dir.bin", dir);
     ck_assert_int_eq(fsdp_shard_writer_open(&w, p3, 10), FSDP_STATUS_IO);
-    unlink(p16);
-    unlink(p32);
-    rmdir(dir);
     free(ids);
 }
 END_TEST
@@ -154,8 +151,8 @@ static int *read_shard(const char *path, size_t *n, int *token_bytes)
  * at --shard-tokens; a vocabulary past 65536 ids gives uint32 shards. */
 START_TEST(test_tokenize_files)
 {
-    char dir[64] = "/tmp/fsdp_test_shard_XXXXXX", in[128], out[128], p[160], msg[4096];
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char dir[128], in[160], out[160], p[192], msg[4096];
+    fsdp_test_mkdir(dir, sizeof dir, "tokenize");
     fsdp_hftok *t = tok_open(TOK_LLAMA3);
     int bos = fsdp_hftok_bos(t);
     snprintf(in, sizeof in, "%s/c.jsonl", dir);
@@ -249,17 +246,14 @@ START_TEST(test_tokenize_files)
     fsdp_ids_free(&ids);
     fsdp_flags_free(&tr);
     fsdp_hftok_free(t);
-    char rm[128];
-    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
-    ck_assert_int_eq(system(rm), 0);
 }
 END_TEST
 
 /* Failures leave no output; usage errors exit 2 and say what is needed. */
 START_TEST(test_tokenize_errors)
 {
-    char dir[64] = "/tmp/fsdp_test_shard_XXXXXX", in[128], out[128], msg[4096], p[160];
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char dir[128], in[160], out[160], msg[4096], p[192];
+    fsdp_test_mkdir(dir, sizeof dir, "tokenize");
     snprintf(in, sizeof in, "%s/c.jsonl", dir);
     FILE *f = fopen(in, "w");
     for (int i = 0; i < 50; i++)
@@ -289,16 +283,15 @@ START_TEST(test_tokenize_errors)
                        "tokenize %s/none.txt %s --tokenizer %s", dir, out, TOK_GPT2);
     ck_assert_msg(rc == 1 && strstr(msg, "none.txt"), "rc %d: %s", rc, msg);
     ck_assert_int_ne(access(out, F_OK), 0);
-    remove(in);
-    rmdir(dir);
 }
 END_TEST
 
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
-        {"files", 60, FSDP_TESTS(test_shard_uint32, test_shard_writer)},
-        {"tokenize", 120, FSDP_TESTS(test_tokenize_files, test_tokenize_errors)},
+        {"files", 60, .tmpdir = true, FSDP_TESTS(test_shard_uint32, test_shard_writer)},
+        {"tokenize", 120, .tmpdir = true,
+         FSDP_TESTS(test_tokenize_files, test_tokenize_errors)},
     };
     return fsdp_test_main("shard", tcases, FSDP_TEST_LEN(tcases));
 }

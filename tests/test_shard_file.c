@@ -52,9 +52,8 @@ static void write_file(const char *path, const fsdp_ckpt_shard_info *info)
 
 START_TEST(test_shard_file_blocks)
 {
-    char dir[64], path[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "shard");
-    pathf(path, sizeof path, "%s/rank_00001.bin", dir);
+    char path[128];
+    fsdp_test_path(path, sizeof path, "rank_00001.bin");
     const size_t B = FSDP_CKPT_BLOCK_NUMEL;
     size_t shard[2] = {2 * B + 12345, 7}, first[2] = {shard[0], 7};
     fsdp_ckpt_shard_info info = {.run_id = 42, .step = 3, .adam_t = 3, .rank = 1,
@@ -94,7 +93,7 @@ START_TEST(test_shard_file_blocks)
      * (144..175), 12 checksums (176..271); the payload starts at 320 with
      * unit 0's master */
     char bad[128];
-    pathf(bad, sizeof bad, "%s/bad.bin", dir);
+    fsdp_test_path(bad, sizeof bad, "bad.bin");
     copy_file(path, bad);
     flip_byte(bad, (long)(320 + 4 * (B + 10)), false);
     ck_assert_int_eq(fsdp_ckpt_reader_open(&r, bad, &info), FSDP_STATUS_OK);
@@ -151,12 +150,11 @@ START_TEST(test_shard_file_blocks)
     fsdp_ckpt_shard_info ex = info;
     ex.shard_numel = other;
     ck_assert_int_eq(fsdp_ckpt_reader_open(&r, path, &ex), FSDP_STATUS_FORMAT);
-    pathf(bad, sizeof bad, "%s/missing.bin", dir);
+    fsdp_test_path(bad, sizeof bad, "missing.bin");
     ck_assert_int_ne(fsdp_ckpt_reader_open(&r, bad, &info), FSDP_STATUS_OK);
     REQUIRE(strstr(fsdp_error_msg(), "missing.bin"), "%s", fsdp_error_msg());
     free(out);
     free(buf);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -164,9 +162,8 @@ END_TEST
  * names none takes the file's. */
 START_TEST(test_shard_file_named_arrays)
 {
-    char dir[64], path[128];
-    fsdp_test_mkdtemp(dir, sizeof dir, "shard");
-    pathf(path, sizeof path, "%s/rank_00000.bin", dir);
+    char path[128];
+    fsdp_test_path(path, sizeof path, "rank_00000.bin");
     size_t shard[2] = {1000, 70000}, first[2] = {0, 0};
     const char *sgd[] = {"master", "momentum"};
     fsdp_ckpt_shard_info info = {.run_id = 9, .step = 5, .adam_t = 5, .rank = 0,
@@ -236,7 +233,6 @@ START_TEST(test_shard_file_named_arrays)
     flip_byte(path, 72 + 20, false);
     ck_assert_int_eq(fsdp_ckpt_reader_open(&r, path, &info), FSDP_STATUS_FORMAT);
     REQUIRE(strstr(fsdp_error_msg(), "header checksum"), "%s", fsdp_error_msg());
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -344,11 +340,10 @@ static void reencode(const char *dir)
  * offload (the determinism contract), and it refuses another optimizer. */
 START_TEST(test_v1_fixture_resumes)
 {
-    char dir[64], a[96], b[96], c[96];
-    fsdp_test_mkdtemp(dir, sizeof dir, "shard");
-    pathf(a, sizeof a, "%s/v1", dir);
-    pathf(b, sizeof b, "%s/v2", dir);
-    pathf(c, sizeof c, "%s/v1_offload", dir);
+    char a[96], b[96], c[96];
+    fsdp_test_path(a, sizeof a, "v1");
+    fsdp_test_path(b, sizeof b, "v2");
+    fsdp_test_path(c, sizeof c, "v1_offload");
     copy_fixture(a);
     copy_fixture(b);
     copy_fixture(c);
@@ -378,7 +373,7 @@ START_TEST(test_v1_fixture_resumes)
     fsdp_train_result_free(&rb);
     fsdp_train_result_free(&rc);
     /* a version-1 checkpoint is AdamW's: SGD may not resume from it */
-    pathf(p, sizeof p, "%s/v1_sgd", dir);
+    fsdp_test_path(p, sizeof p, "v1_sgd");
     copy_fixture(p);
     cfg_tiny(&cfg, p, 2, 2, 1);
     cfg.eng.optim = &fsdp_optim_sgd;
@@ -386,7 +381,6 @@ START_TEST(test_v1_fixture_resumes)
     ck_assert_int_eq(st, FSDP_STATUS_INVALID_ARG);
     REQUIRE(strstr(fsdp_error_msg(), "--optimizer adamw"), "%s", fsdp_error_msg());
     fsdp_train_result_free(&ra);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -410,8 +404,8 @@ static uint64_t v1_sum(const void *p, size_t n)
  * number of sign flips, which the version-1 sum cannot see. */
 START_TEST(test_sign_flips_refused)
 {
-    char dir[64], ck[96], p[192], out[8192];
-    fsdp_test_mkdtemp(dir, sizeof dir, "shard");
+    char dir[128], ck[96], p[192], out[8192];
+    fsdp_test_mkdir(dir, sizeof dir, "shard");
     pathf(ck, sizeof ck, "%s/ck", dir);
     fsdp_train_config cfg;
     fsdp_train_result r;
@@ -476,15 +470,16 @@ START_TEST(test_sign_flips_refused)
           "--ckpt-dir %s --resume", SPEC, ck);
     rc = fsdp_test_cli(out, sizeof out, "%s", args);
     REQUIRE(rc != 0 && strstr(out, "checksum"), "train --resume exited %d:\n%s", rc, out);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
-        {"format", 120, FSDP_TESTS(test_shard_file_blocks, test_shard_file_named_arrays)},
-        {"compat", 300, FSDP_TESTS(test_v1_fixture_resumes, test_sign_flips_refused)},
+        {"format", 120, .tmpdir = true,
+         FSDP_TESTS(test_shard_file_blocks, test_shard_file_named_arrays)},
+        {"compat", 300, .tmpdir = true,
+         FSDP_TESTS(test_v1_fixture_resumes, test_sign_flips_refused)},
     };
     return fsdp_test_main("shard_file", tcases, FSDP_TEST_LEN(tcases));
 }

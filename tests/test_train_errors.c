@@ -66,8 +66,8 @@ START_TEST(test_nonfinite_stops_before_update)
         bool applied;
     } v[] = {{false, 1.0f, false}, {true, 1.0f, false}, {false, 0.0f, false}, {true, 0.0f, true}};
     for (size_t k = 0; k < FSDP_TEST_LEN(v); k++) {
-        char dir[] = "/tmp/fsdp_nonfinite_XXXXXX";
-        ck_assert_ptr_nonnull(mkdtemp(dir));
+        char ck[512];
+        fsdp_test_path(ck, sizeof ck, "ck");
         fsdp_train_config c;
         fsdp_train_result one, r;
         train_config_tiny(&c, 2, 1);
@@ -77,7 +77,7 @@ START_TEST(test_nonfinite_stops_before_update)
         c.steps = 1;
         run_ok(&c, &one);
         c.steps = 4;
-        c.ckpt_dir = dir;
+        c.ckpt_dir = ck;
         fsdp_status st = fsdp_train_run(&c, &r);
         const char *msg = fsdp_error_msg();
         ck_assert_msg(st == FSDP_STATUS_NONFINITE, "variant %zu: %s: %s", k,
@@ -89,17 +89,16 @@ START_TEST(test_nonfinite_stops_before_update)
         if (v[k].applied) {
             ck_assert_msg(strstr(msg, "had started"), "variant %zu: %s", k, msg);
             ck_assert_int_eq(r.ckpt_step, -1);
-            ck_assert(!ckpt_exists(dir, 1));
+            ck_assert(!ckpt_exists(ck, 1));
         } else {
             ck_assert_msg(strstr(msg, "not applied") && strstr(msg, "checkpoint step 1"),
                           "variant %zu: %s", k, msg);
             ck_assert_msg(same_params(&one, &r), "variant %zu: step 2's update was applied", k);
             ck_assert_int_eq(r.ckpt_step, 1);
-            ck_assert(ckpt_exists(dir, 1));
+            ck_assert(ckpt_exists(ck, 1));
         }
         fsdp_train_result_free(&one);
         fsdp_train_result_free(&r);
-        fsdp_test_rm_rf(dir);
     }
 }
 END_TEST
@@ -139,11 +138,9 @@ END_TEST
  * refused (NONFINITE naming the unit), so no complete checkpoint exists. */
 START_TEST(test_ckpt_refuses_nonfinite_state)
 {
-    char dir[] = "/tmp/fsdp_nanmodel_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
     char model[512], ck[512];
-    snprintf(model, sizeof model, "%s/nan.bin", dir);
-    snprintf(ck, sizeof ck, "%s/ck", dir);
+    fsdp_test_path(model, sizeof model, "nan.bin");
+    fsdp_test_path(ck, sizeof ck, "ck");
     write_nan_tiny_model(model, 1, 7);
 
     fsdp_train_config c;
@@ -173,7 +170,6 @@ START_TEST(test_ckpt_refuses_nonfinite_state)
                   fsdp_error_msg());
     ck_assert_int_eq(r.ckpt_step, -1);
     fsdp_train_result_free(&r);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -250,10 +246,8 @@ fail:
 
 START_TEST(test_data_changed_under_a_step)
 {
-    char dir[] = "/tmp/fsdp_poison_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
     char path[512];
-    snprintf(path, sizeof path, "%s/shard.bin", dir);
+    fsdp_test_path(path, sizeof path, "shard.bin");
     int n_tokens = 4096;
     write_shard(path, n_tokens, 200);
     fsdp_model m;
@@ -282,15 +276,16 @@ START_TEST(test_data_changed_under_a_step)
     fsdp_world_free(w);
     fsdp_data_close(d);
     fsdp_model_free(&m);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
-/* A run on its own thread, and a hook that acts once it has logged k steps. */
+/* A long tiny run (2 devices, 100000 steps) on its own thread, logging to
+ * log and checkpointing into ck, for a test to act on while it trains. */
 struct bg_run {
     fsdp_train_config c;
     fsdp_train_result r;
     fsdp_status st;
+    char log[512], ck[512];
     char msg[1024];
     pthread_t tid;
 };
@@ -303,6 +298,21 @@ static void *bg_main(void *p)
     return NULL;
 }
 
+/* A run configured but not started; the caller may set more of b->c. */
+static struct bg_run *bg_new(void)
+{
+    struct bg_run *b = calloc(1, sizeof *b);
+    ck_assert_ptr_nonnull(b);
+    fsdp_test_path(b->log, sizeof b->log, "m.jsonl");
+    fsdp_test_path(b->ck, sizeof b->ck, "ck");
+    train_config_tiny(&b->c, 2, 1);
+    b->c.steps = 100000;
+    b->c.keep_params = false;
+    b->c.log_path = b->log;
+    b->c.ckpt_dir = b->ck;
+    return b;
+}
+
 /* Wait until the metrics file has k lines (the run logged k steps). */
 static void wait_lines(const char *path, int k)
 {
@@ -311,27 +321,35 @@ static void wait_lines(const char *path, int k)
     ck_assert_int_ge(count_lines(path), k);
 }
 
+/* Start b and return once it has logged 2 steps. */
+static void bg_start(struct bg_run *b)
+{
+    ck_assert_int_eq(pthread_create(&b->tid, NULL, bg_main, b), 0);
+    wait_lines(b->log, 2);
+}
+
+/* After pthread_join: b stopped before its end with a checkpoint of the
+ * last step it ran. Frees b. */
+static void bg_stopped_with_checkpoint(struct bg_run *b)
+{
+    ck_assert_int_lt(b->r.steps, 100000);
+    ck_assert_int_eq(b->r.ckpt_step, b->r.steps);
+    ck_assert(ckpt_exists(b->ck, b->r.steps));
+    fsdp_train_result_free(&b->r);
+    free(b);
+}
+
 /* The trainer's own check between steps: a data file truncated while it
  * trains stops the run with an error naming it, after a checkpoint of the
  * last step (which loads). */
 START_TEST(test_data_truncated_stops_with_checkpoint)
 {
-    char dir[] = "/tmp/fsdp_trunc_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char data[512], log[512], ck[512];
-    snprintf(data, sizeof data, "%s/shard.bin", dir);
-    snprintf(log, sizeof log, "%s/m.jsonl", dir);
-    snprintf(ck, sizeof ck, "%s/ck", dir);
+    char data[512];
+    fsdp_test_path(data, sizeof data, "shard.bin");
     write_shard(data, 1 << 16, 200);
-    struct bg_run *b = calloc(1, sizeof *b);
-    train_config_tiny(&b->c, 2, 1);
+    struct bg_run *b = bg_new();
     b->c.data = data;
-    b->c.steps = 100000;
-    b->c.keep_params = false;
-    b->c.log_path = log;
-    b->c.ckpt_dir = ck;
-    ck_assert_int_eq(pthread_create(&b->tid, NULL, bg_main, b), 0);
-    wait_lines(log, 2);
+    bg_start(b);
     ck_assert_int_eq(truncate(data, 1000), 0);
     pthread_join(b->tid, NULL);
     /* found by the check between steps ("changed while training"), or by a
@@ -340,15 +358,10 @@ START_TEST(test_data_truncated_stops_with_checkpoint)
     ck_assert_msg(b->st == FSDP_STATUS_IO && strstr(b->msg, data) &&
                       strstr(b->msg, "while training"),
                   "%s: %s", fsdp_status_name(b->st), b->msg);
-    ck_assert_int_lt(b->r.steps, 100000);
-    ck_assert_int_eq(b->r.ckpt_step, b->r.steps);
-    ck_assert(ckpt_exists(ck, b->r.steps));
     fsdp_modelfile *mf = NULL;
-    ck_assert_msg(fsdp_modelfile_open(&mf, ck) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    ck_assert_msg(fsdp_modelfile_open(&mf, b->ck) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
     fsdp_modelfile_close(mf);
-    fsdp_train_result_free(&b->r);
-    free(b);
-    fsdp_test_rm_rf(dir);
+    bg_stopped_with_checkpoint(b);
 }
 END_TEST
 
@@ -359,39 +372,24 @@ END_TEST
  * written; the run returns OK with interrupted set. */
 START_TEST(test_stop_request)
 {
-    char dir[] = "/tmp/fsdp_stop_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char log[512], ck[512], trace[512];
-    snprintf(log, sizeof log, "%s/m.jsonl", dir);
-    snprintf(ck, sizeof ck, "%s/ck", dir);
-    snprintf(trace, sizeof trace, "%s/t.json", dir);
+    char trace[512];
+    fsdp_test_path(trace, sizeof trace, "t.json");
     static atomic_int stop;
     atomic_store(&stop, 0);
-    struct bg_run *b = calloc(1, sizeof *b);
-    train_config_tiny(&b->c, 2, 1);
-    b->c.steps = 100000;
-    b->c.keep_params = false;
-    b->c.log_path = log;
-    b->c.ckpt_dir = ck;
+    struct bg_run *b = bg_new();
     b->c.trace_path = trace;
     b->c.stop = &stop;
-    ck_assert_int_eq(pthread_create(&b->tid, NULL, bg_main, b), 0);
-    wait_lines(log, 2);
+    bg_start(b);
     atomic_store(&stop, 1);
     pthread_join(b->tid, NULL);
     ck_assert_msg(b->st == FSDP_STATUS_OK, "%s", b->msg);
     ck_assert(b->r.interrupted);
-    ck_assert_int_lt(b->r.steps, 100000);
-    ck_assert_int_eq(b->r.ckpt_step, b->r.steps);
-    ck_assert(ckpt_exists(ck, b->r.steps));
-    ck_assert_int_eq(count_lines(log), b->r.steps);
+    ck_assert_int_eq(count_lines(b->log), b->r.steps);
     char *t = fsdp_test_read_file(trace, NULL);
     ck_assert_msg(!strncmp(t, "{\"displayTimeUnit\"", 18) && strstr(t, "\n]}\n"), "trace: %.80s",
                   t);
     free(t);
-    fsdp_train_result_free(&b->r);
-    free(b);
-    fsdp_test_rm_rf(dir);
+    bg_stopped_with_checkpoint(b);
 }
 END_TEST
 
@@ -429,10 +427,8 @@ START_TEST(test_metrics_write_failure)
 {
     if (access("/dev/full", W_OK) != 0)
         return; /* no /dev/full here: nothing to fill */
-    char dir[] = "/tmp/fsdp_full_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
     char ck[512];
-    snprintf(ck, sizeof ck, "%s/ck", dir);
+    fsdp_test_path(ck, sizeof ck, "ck");
     fsdp_train_config c;
     fsdp_train_result r;
     train_config_tiny(&c, 2, 1);
@@ -447,7 +443,6 @@ START_TEST(test_metrics_write_failure)
     ck_assert_int_eq(r.steps, 2); /* found after step 1, agreed on after step 2 */
     ck_assert(ckpt_exists(ck, 2));
     fsdp_train_result_free(&r);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -455,13 +450,13 @@ END_TEST
  * is refused unless allowed, and then trains on. */
 START_TEST(test_resume_nothing_left_and_batch_change)
 {
-    char dir[] = "/tmp/fsdp_resume_XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char ck[512];
+    fsdp_test_path(ck, sizeof ck, "ck");
     fsdp_train_config c;
     fsdp_train_result r;
     train_config_tiny(&c, 4, 1); /* batch 2 x 4 devices */
     c.steps = 2;
-    c.ckpt_dir = dir;
+    c.ckpt_dir = ck;
     c.eval_problems = 8;
     run_ok(&c, &r);
     fsdp_train_result_free(&r);
@@ -474,7 +469,7 @@ START_TEST(test_resume_nothing_left_and_batch_change)
     train_config_tiny(&c, 2, 1); /* batch 4 x 2 devices: same global batch of 8 */
     c.eng.batch = 1;       /* now 2 */
     c.steps = 4;
-    c.ckpt_dir = dir;
+    c.ckpt_dir = ck;
     c.resume = true;
     fsdp_status st = fsdp_train_run(&c, &r);
     ck_assert_msg(st == FSDP_STATUS_INVALID_ARG && strstr(fsdp_error_msg(), "--allow-batch-change"),
@@ -486,7 +481,6 @@ START_TEST(test_resume_nothing_left_and_batch_change)
     ck_assert_int_eq(r.steps, 4);
     ck_assert(isfinite(r.losses[3]));
     fsdp_train_result_free(&r);
-    fsdp_test_rm_rf(dir);
 }
 END_TEST
 
@@ -522,7 +516,7 @@ END_TEST
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
-        {"errors", 600,
+        {"errors", 600, .tmpdir = true,
          FSDP_TESTS(test_nonfinite_stops_before_update, test_nonfinite_skip,
                     test_ckpt_refuses_nonfinite_state, test_data_changed_under_a_step,
                     test_data_truncated_stops_with_checkpoint, test_stop_request,

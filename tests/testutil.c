@@ -1,6 +1,7 @@
 /*
  * testutil.c - the shared test helpers (testutil.h).
  */
+#include <errno.h>
 #include <ftw.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -80,6 +81,13 @@ char *fsdp_test_path(char *buf, size_t n, const char *name)
     return buf;
 }
 
+char *fsdp_test_mkdir(char *buf, size_t n, const char *name)
+{
+    fsdp_test_path(buf, n, name);
+    ck_assert_msg(mkdir(buf, 0700) == 0, "cannot create directory %s: %s", buf, strerror(errno));
+    return buf;
+}
+
 char *fsdp_test_read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -110,12 +118,6 @@ void fsdp_test_write_file(const char *path, const char *text)
     ck_assert_msg(f != NULL, "cannot create %s", path);
     size_t n = strlen(text);
     ck_assert_msg(fwrite(text, 1, n, f) == n && fclose(f) == 0, "cannot write %s", path);
-}
-
-void fsdp_test_mkdtemp(char *buf, size_t n, const char *tag)
-{
-    snprintf(buf, n, "/tmp/fsdp_test_%s_XXXXXX", tag);
-    ck_assert_ptr_nonnull(mkdtemp(buf));
 }
 
 void pathf(char *out, size_t n, const char *fmt, ...)

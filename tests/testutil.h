@@ -86,17 +86,18 @@ void fsdp_test_add_tmpdir(TCase *tc);
  * the fixture is in place. Returns buf. */
 char *fsdp_test_path(char *buf, size_t n, const char *name);
 
+/* A fresh empty directory at fsdp_test_path(buf, n, name), for a test
+ * that needs a directory of its own (to count its entries, to hand it to
+ * the code as a run or checkpoint directory). Removed with the scratch
+ * directory. Returns buf. */
+char *fsdp_test_mkdir(char *buf, size_t n, const char *name);
+
 /* The whole file, NUL-terminated; *len (if not NULL) its size. Asserts it
  * can be read. The caller frees. */
 char *fsdp_test_read_file(const char *path, size_t *len);
 
 /* Write text to path (replacing it); asserts success. */
 void fsdp_test_write_file(const char *path, const char *text);
-
-/* A fresh directory /tmp/fsdp_test_<tag>_XXXXXX, its path in buf (for
- * tests that manage their own directories; remove it with
- * fsdp_test_rm_rf). Asserts success. */
-void fsdp_test_mkdtemp(char *buf, size_t n, const char *tag);
 
 /* snprintf into out[0..n) that fails the test instead of truncating. */
 void pathf(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

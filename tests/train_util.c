@@ -103,3 +103,21 @@ void run_fail(const fsdp_train_config *c, fsdp_status want, const char *a, const
     REQUIRE(!a || strstr(msg, a), "message lacks '%s': %s", a, msg);
     REQUIRE(!b || strstr(msg, b), "message lacks '%s': %s", b, msg);
 }
+
+void expect_same_units(const fsdp_ckpt_manifest *got, const fsdp_ckpt_manifest *want)
+{
+    ck_assert_int_eq(got->n_units, want->n_units);
+    for (int u = 0; u < want->n_units; u++) {
+        const fsdp_ckpt_unit *g = &got->units[u], *w = &want->units[u];
+        ck_assert_str_eq(g->name, w->name);
+        ck_assert_uint_eq(g->shard_numel, w->shard_numel);
+        ck_assert_uint_eq(g->padded_numel, w->padded_numel);
+        ck_assert_int_eq(g->n_params, w->n_params);
+        for (int i = 0; i < w->n_params; i++) {
+            ck_assert_str_eq(g->params[i].name, w->params[i].name);
+            ck_assert_uint_eq(g->params[i].offset, w->params[i].offset);
+            ck_assert_int_eq(g->params[i].ndim, w->params[i].ndim);
+            ck_assert_int_eq(g->params[i].shape[0], w->params[i].shape[0]);
+        }
+    }
+}

@@ -1,8 +1,9 @@
 /*
  * train_util.h - what the suites that train through fsdp_train_run share:
  * a cpu configuration that only trains (no evaluation, no output), a run
- * that must succeed, and one that must fail with a given status and
- * message. Each suite sets what its runs need on top of the base.
+ * that must succeed, one that must fail with a given status and message,
+ * and the check that two checkpoint manifests describe the same units.
+ * Each suite sets what its runs need on top of the base.
  *
  * Linked into every suite (TEST_COMMON in the Makefile). The assertions
  * are Check's: call these from the forked test, never from rank threads.
@@ -10,6 +11,7 @@
 #ifndef FSDP_TESTS_TRAIN_UTIL_H
 #define FSDP_TESTS_TRAIN_UTIL_H
 
+#include "ckpt/manifest.h"
 #include "core/error.h"
 #include "train/train.h"
 
@@ -46,5 +48,11 @@ void write_nan_tiny_model(const char *path, int unit, size_t index);
 /* fsdp_train_run(c, ...) must fail with `want`, its message holding a and
  * b (either NULL: not checked); the result is freed. */
 void run_fail(const fsdp_train_config *c, fsdp_status want, const char *a, const char *b);
+
+/* got's units and parameters are want's, in order: unit names, shard and
+ * padded numels, parameter counts, and each parameter's name, offset in
+ * its unit, rank and first dimension (how two manifests of one model must
+ * agree, whichever version or run wrote them). */
+void expect_same_units(const fsdp_ckpt_manifest *got, const fsdp_ckpt_manifest *want);
 
 #endif /* FSDP_TESTS_TRAIN_UTIL_H */
