@@ -90,47 +90,72 @@ fsdp_status fsdp_fopen_regular(const char *path, const char *what, FILE **f, uin
     return FSDP_STATUS_OK;
 }
 
-fsdp_status fsdp_read_file(const char *path, const char *what, size_t max_bytes, char **buf,
-                           size_t *n)
-{
-    FILE *f = NULL;
-    uint64_t size = 0;
-    *buf = NULL;
-    *n = 0;
-    FSDP_TRY(fsdp_fopen_regular(path, what, &f, &size));
-    if (size > max_bytes) {
-        fclose(f);
-        return fsdp_error_set(FSDP_STATUS_FORMAT, "%s '%s' is larger than %zu MiB", what, path,
-                              max_bytes >> 20);
-    }
-    size_t len = (size_t)size;
-    char *b = malloc(len + 1);
-    if (!b) {
-        fclose(f);
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s' (%zu bytes)",
-                              path, len);
-    }
-    size_t got = fread(b, 1, len, f);
-    fclose(f);
-    if (got != len) {
-        free(b);
-        return fsdp_error_set(FSDP_STATUS_IO, "cannot read %s '%s'", what, path);
-    }
-    b[len] = '\0';
-    *buf = b;
-    *n = len;
-    return FSDP_STATUS_OK;
-}
-
-/* size: the file's size, or (growing) what was read of it so far */
-static fsdp_status too_large(const fsdp_line_reader *lr, uint64_t size, bool growing)
+/* "<what> '<path>' is [at least ]<size>, larger than the limit of <max>";
+ * size: the file's size, or (growing) what was read of it so far */
+static fsdp_status too_large(const char *what, const char *path, uint64_t size, bool growing,
+                             uint64_t max_bytes)
 {
     char a[32], b[32];
     return fsdp_error_set(FSDP_STATUS_FORMAT,
                           "%s '%s' is %s%s, larger than the limit of %s; is it the right file?",
-                          lr->what, lr->path, growing ? "at least " : "",
+                          what, path, growing ? "at least " : "",
                           fsdp_fmt_bytes(a, sizeof a, (double)size),
-                          fsdp_fmt_bytes(b, sizeof b, (double)lr->max_bytes));
+                          fsdp_fmt_bytes(b, sizeof b, (double)max_bytes));
+}
+
+fsdp_status fsdp_read_file(const char *path, const char *what, size_t max_bytes, char **buf,
+                           size_t *n)
+{
+    *buf = NULL;
+    *n = 0;
+    int fd;
+    uint64_t size;
+    FSDP_TRY(fsdp_open_regular(path, what, &fd, &size));
+    if (size > max_bytes) {
+        close(fd);
+        return too_large(what, path, size, false, max_bytes);
+    }
+    fsdp_status st = FSDP_STATUS_OK;
+    char *b = NULL;
+    size_t len = 0, cap = 0;
+    /* read to the end, whatever the size said: the file may be changing */
+    for (;;) {
+        if (len == cap) {
+            size_t most = max_bytes + 1; /* one byte more tells it is over */
+            cap = !cap ? (size_t)size + 1 : cap * 2 < most ? cap * 2 : most;
+            char *nb = realloc(b, cap);
+            if (!nb) {
+                st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading %s '%s'", what,
+                                    path);
+                break;
+            }
+            b = nb;
+        }
+        ssize_t k = read(fd, b + len, cap - len);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k < 0) {
+            st = fsdp_error_set(FSDP_STATUS_IO, "cannot read %s '%s': %s", what, path,
+                                strerror(errno));
+            break;
+        }
+        if (k == 0)
+            break;
+        len += (size_t)k;
+        if (len > max_bytes) {
+            st = too_large(what, path, len, true, max_bytes);
+            break;
+        }
+    }
+    close(fd);
+    if (st != FSDP_STATUS_OK) {
+        free(b);
+        return st;
+    }
+    b[len] = '\0'; /* the loop ends with len < cap: reads go only into free room */
+    *buf = b;
+    *n = len;
+    return FSDP_STATUS_OK;
 }
 
 fsdp_status fsdp_line_reader_open(fsdp_line_reader *lr, const char *path, const char *what,
@@ -146,7 +171,7 @@ fsdp_status fsdp_line_reader_open(fsdp_line_reader *lr, const char *path, const 
     FSDP_TRY(fsdp_open_regular(path, what, &lr->fd, &size));
     lr->open = true;
     if (size > max_bytes) {
-        fsdp_status st = too_large(lr, size, false);
+        fsdp_status st = too_large(lr->what, lr->path, size, false, lr->max_bytes);
         fsdp_line_reader_close(lr);
         return st;
     }
@@ -199,7 +224,7 @@ static fsdp_status fill(fsdp_line_reader *lr)
     lr->end += (size_t)k;
     lr->n_read += (uint64_t)k;
     if (lr->n_read > lr->max_bytes) /* it grew while being read */
-        return too_large(lr, lr->n_read, true);
+        return too_large(lr->what, lr->path, lr->n_read, true, lr->max_bytes);
     return FSDP_STATUS_OK;
 }
 

@@ -49,11 +49,13 @@ fsdp_status fsdp_open_regular(const char *path, const char *what, int *fd, uint6
 fsdp_status fsdp_fopen_regular(const char *path, const char *what, FILE **f,
                                uint64_t *size_bytes);
 
-/* The whole of the regular file `path` (opened as fsdp_fopen_regular
- * does) in a new buffer *buf of *n bytes and a NUL after them; the caller
- * frees it. FORMAT "<what> '<path>' is larger than <N> MiB" when its size
- * is over max_bytes (a whole number of MiB), OOM, or IO when it could not
- * be read whole. *buf is NULL on error. */
+/* The whole of the regular file `path` (opened as fsdp_open_regular does)
+ * in a new buffer *buf of *n bytes and a NUL after them; the caller frees
+ * it. Reads to the end whatever the size said at open (the file may be
+ * changing) and at most max_bytes + 1 bytes. Errors: those of
+ * fsdp_open_regular; FORMAT "<what> '<path>' is [at least ]<size>, larger
+ * than the limit of <max_bytes>; is it the right file?"; OOM; IO. *buf is
+ * NULL on error. */
 fsdp_status fsdp_read_file(const char *path, const char *what, size_t max_bytes, char **buf,
                            size_t *n);
 

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "core/fileio.h"
 #include "core/json.h"
@@ -415,59 +414,12 @@ fsdp_status fsdp_json_parse(const char *text, size_t len, fsdp_json **out)
 fsdp_status fsdp_json_parse_file(const char *path, fsdp_json **out)
 {
     *out = NULL;
-    int fd;
-    uint64_t size;
-    char a[32], b[32];
-    FSDP_TRY(fsdp_open_regular(path, "JSON file", &fd, &size));
-    fsdp_status st = FSDP_STATUS_OK;
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    bool growing = false; /* over the limit while reading: the size is a lower bound */
-    if (size > FSDP_JSON_MAX_FILE_BYTES)
-        goto too_large;
-    /* read to the end, whatever the size said: the file may be changing */
-    for (;;) {
-        if (n == cap) {
-            size_t most = (size_t)FSDP_JSON_MAX_FILE_BYTES + 1; /* one byte tells it is over */
-            cap = !cap ? (size_t)size + 1 : cap * 2 < most ? cap * 2 : most;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading JSON file '%s'",
-                                    path);
-                goto done;
-            }
-            buf = nb;
-        }
-        ssize_t k = read(fd, buf + n, cap - n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0) {
-            st = fsdp_error_set(FSDP_STATUS_IO, "cannot read JSON file '%s': %s", path,
-                                strerror(errno));
-            goto done;
-        }
-        if (k == 0)
-            break;
-        n += (size_t)k;
-        if (n > FSDP_JSON_MAX_FILE_BYTES) {
-            size = n;
-            growing = true;
-            goto too_large;
-        }
-    }
-    st = fsdp_json_parse(buf, n, out);
+    char *buf;
+    size_t n;
+    FSDP_TRY(fsdp_read_file(path, "JSON file", FSDP_JSON_MAX_FILE_BYTES, &buf, &n));
+    fsdp_status st = fsdp_json_parse(buf, n, out);
     if (st != FSDP_STATUS_OK)
         fsdp_error_prefix("JSON file '%s'", path);
-    goto done;
-too_large:
-    st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                        "JSON file '%s' is %s%s, larger than the limit of %s; is it the right "
-                        "file?",
-                        path, growing ? "at least " : "",
-                        fsdp_fmt_bytes(a, sizeof a, (double)size),
-                        fsdp_fmt_bytes(b, sizeof b, (double)FSDP_JSON_MAX_FILE_BYTES));
-done:
-    close(fd);
     free(buf);
     return st;
 }
