@@ -288,6 +288,7 @@ static fsdp_world *world_with_fault(int n, fsdp_fault_kind kind, int rank, long 
 struct teardown_arg {
     int fail_rank;                /* -1: nobody fails */
     int n_stop[8];                /* stop hook runs per rank */
+    int order[8][3];              /* which hooks ran, in order */
     int stop_on_own_thread[8];
     pthread_t tid[8];
     int stop_ret[8][2];           /* fsdp_world_rank_stop's results */
@@ -297,12 +298,14 @@ struct teardown_arg {
 
 struct stop_ctx {
     struct teardown_arg *a;
-    int rank;
+    int rank, id;
 };
 
 static void count_stop(void *p)
 {
     struct stop_ctx *c = p;
+    if (c->a->n_stop[c->rank] < 3)
+        c->a->order[c->rank][c->a->n_stop[c->rank]] = c->id;
     c->a->n_stop[c->rank]++;
     c->a->stop_on_own_thread[c->rank] = pthread_equal(pthread_self(), c->a->tid[c->rank]);
 }
@@ -315,9 +318,12 @@ static void count_stop(void *p)
 static fsdp_status teardown_rank(fsdp_world *w, int rank, void *p)
 {
     struct teardown_arg *a = p;
-    struct stop_ctx sc = {.a = a, .rank = rank};
+    struct stop_ctx sc[3] = {{a, rank, 0}, {a, rank, 1}, {a, rank, 2}};
     a->tid[rank] = pthread_self();
-    fsdp_world_set_rank_stop(w, rank, count_stop, &sc);
+    for (int i = 0; i < 3; i++) /* one per communicator, say; the middle one ends early */
+        if (fsdp_world_add_rank_stop(w, rank, count_stop, &sc[i]) != FSDP_STATUS_OK)
+            return FSDP_STATUS_INTERNAL;
+    fsdp_world_remove_rank_stop(w, rank, count_stop, &sc[1]);
     fsdp_device d;
     fsdp_status st = fsdp_device_init(&d, FSDP_BACKEND_CPU, w, rank, rank, (size_t)1 << 20);
     if (st != FSDP_STATUS_OK)
@@ -356,8 +362,10 @@ START_TEST(test_teardown_keeps_first_error_and_stops_once)
     for (int r = 0; r < 3; r++) {
         if (r != 1)
             ck_assert_int_eq(a.st[r], FSDP_STATUS_ABORTED);
-        /* every rank stopped, once, on its own thread */
-        ck_assert_int_eq(a.n_stop[r], 1);
+        /* every rank ran its two hooks, newest first, once, on its own thread */
+        ck_assert_int_eq(a.n_stop[r], 2);
+        ck_assert_int_eq(a.order[r][0], 2);
+        ck_assert_int_eq(a.order[r][1], 0);
         ck_assert_int_eq(a.stop_on_own_thread[r], 1);
         ck_assert_int_eq(a.stop_ret[r][0], 1);
         ck_assert_int_eq(a.stop_ret[r][1], 1);
@@ -374,9 +382,19 @@ START_TEST(test_teardown_keeps_first_error_and_stops_once)
     for (int r = 0; r < 3; r++) {
         ck_assert_int_eq(a.n_stop[r], 0);
         ck_assert_int_eq(a.stop_ret[r][0], 0);
-        ck_assert_ptr_null(w->stop[r].fn);
+        ck_assert_int_eq(w->stop[r].n, 0);
     }
     ck_assert(!fsdp_world_rank_stop(NULL, 0, FSDP_STATUS_INTERNAL));
+    /* a rank holds at most FSDP_RANK_STOP_MAX hooks */
+    struct stop_ctx many[FSDP_RANK_STOP_MAX + 1];
+    for (int i = 0; i <= FSDP_RANK_STOP_MAX; i++) {
+        many[i] = (struct stop_ctx){&a, 0, i};
+        ck_assert_int_eq(fsdp_world_add_rank_stop(w, 0, count_stop, &many[i]),
+                         i < FSDP_RANK_STOP_MAX ? FSDP_STATUS_OK : FSDP_STATUS_INTERNAL);
+    }
+    for (int i = 0; i < FSDP_RANK_STOP_MAX; i++)
+        fsdp_world_remove_rank_stop(w, 0, count_stop, &many[i]);
+    ck_assert_int_eq(w->stop[0].n, 0);
     fsdp_world_free(w);
 }
 END_TEST

@@ -72,7 +72,8 @@ static fsdp_status probe_rank(fsdp_world *w, int rank, void *arg)
     p->w = w;
     p->sh = run->sh;
     p->rank = rank;
-    fsdp_world_set_rank_stop(w, rank, probe_stop, p);
+    if (fsdp_world_add_rank_stop(w, rank, probe_stop, p) != FSDP_STATUS_OK)
+        return FSDP_STATUS_INTERNAL;
     fsdp_engine *e = NULL;
     p->init_st = fsdp_engine_init(&e, run->sh, rank);
     p->st = p->init_st;

@@ -349,7 +349,7 @@ static fsdp_status placement_rank(fsdp_world *w, int rank, void *arg)
 {
     struct span_log *l = arg;
     l->ran[rank]++;
-    fsdp_world_set_rank_stop(w, rank, NULL, NULL);
+    fsdp_world_remove_rank_stop(w, rank, NULL, NULL); /* asserts the rank is local */
     if (rank == 3)
         return fsdp_error_set(FSDP_STATUS_IO, "rank 3 cannot read its shard");
     return FSDP_STATUS_OK;

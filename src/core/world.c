@@ -145,12 +145,31 @@ const char *fsdp_world_where(const fsdp_world *w, int rank, char *buf, size_t n)
     return buf;
 }
 
-void fsdp_world_set_rank_stop(fsdp_world *w, int rank, fsdp_rank_stop_fn fn, void *arg)
+fsdp_status fsdp_world_add_rank_stop(fsdp_world *w, int rank, fsdp_rank_stop_fn fn, void *arg)
+{
+    FSDP_ASSERT(w && fn && fsdp_world_is_local(w, rank));
+    struct fsdp_rank_stop *s = &w->stop[rank - w->rank_offset];
+    if (s->n == FSDP_RANK_STOP_MAX)
+        return fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: more than %d stop hooks", rank,
+                              FSDP_RANK_STOP_MAX);
+    s->fn[s->n] = fn;
+    s->arg[s->n++] = arg;
+    return FSDP_STATUS_OK;
+}
+
+void fsdp_world_remove_rank_stop(fsdp_world *w, int rank, fsdp_rank_stop_fn fn, void *arg)
 {
     FSDP_ASSERT(w && fsdp_world_is_local(w, rank));
     struct fsdp_rank_stop *s = &w->stop[rank - w->rank_offset];
-    s->fn = fn;
-    s->arg = fn ? arg : NULL;
+    for (int i = 0; i < s->n; i++)
+        if (s->fn[i] == fn && s->arg[i] == arg) {
+            for (int j = i + 1; j < s->n; j++) {
+                s->fn[j - 1] = s->fn[j];
+                s->arg[j - 1] = s->arg[j];
+            }
+            s->n--;
+            return;
+        }
 }
 
 /* The message of a rank that failed with st: its thread's first error when
@@ -170,10 +189,9 @@ bool fsdp_world_rank_stop(fsdp_world *w, int rank, fsdp_status st)
     if (st != FSDP_STATUS_OK && !fsdp_world_aborted(w))
         fsdp_world_fail(w, rank, st, rank_failure_msg(st));
     struct fsdp_rank_stop *slot = &w->stop[rank - w->rank_offset], s = *slot;
-    slot->fn = NULL;
-    slot->arg = NULL;
-    if (s.fn)
-        s.fn(s.arg);
+    slot->n = 0;
+    for (int i = s.n - 1; i >= 0; i--)
+        s.fn[i](s.arg[i]);
     return true;
 }
 
@@ -282,7 +300,7 @@ static void *rank_main(void *p)
     fsdp_error_clear();
     t->st = t->fn(t->w, t->rank, t->arg);
     /* A hook left registered may point into the rank function's frame. */
-    t->w->stop[t->rank - t->w->rank_offset].fn = NULL;
+    t->w->stop[t->rank - t->w->rank_offset].n = 0;
     if (t->st != FSDP_STATUS_OK)
         fsdp_world_fail(t->w, t->rank, t->st, rank_failure_msg(t->st));
     fsdp_error_clear();

@@ -25,10 +25,10 @@
  * Waiting on the host is not all: a GPU may be running a collective kernel
  * that waits for a rank that will never come, and such a kernel keeps
  * every later cudaFree (which waits for the whole device) from returning.
- * So each rank can register a stop hook (nccl: ncclCommAbort) that its own
- * thread runs as soon as it sees the abort flag in a device wait, and that
- * teardown runs first, before any device memory is freed
- * (fsdp_world_rank_stop).
+ * So each rank can register stop hooks (nccl: ncclCommAbort, one per
+ * communicator: hybrid sharding has three) that its own thread runs as soon
+ * as it sees the abort flag in a device wait, and that teardown runs first,
+ * before any device memory is freed (fsdp_world_rank_stop).
  */
 #ifndef FSDP_CORE_WORLD_H
 #define FSDP_CORE_WORLD_H
@@ -66,6 +66,8 @@ typedef struct fsdp_world fsdp_world;
 
 /* Longest host name kept (longer ones are cut). */
 #define FSDP_HOST_MAX 64
+/* Stop hooks a rank may hold at once (a transport's communicators). */
+#define FSDP_RANK_STOP_MAX 4
 
 /* Per-rank entry point run by fsdp_world_launch on the rank's thread. */
 typedef fsdp_status (*fsdp_rank_fn)(fsdp_world *w, int rank, void *arg);
@@ -123,9 +125,10 @@ struct fsdp_world {
     unsigned barrier_or;           /* fsdp_world_barrier_or: OR of this round so far */
     unsigned barrier_result;       /* ... and of the round that completed last */
 
-    struct fsdp_rank_stop {
-        fsdp_rank_stop_fn fn;      /* NULL: none; written and read by the rank's thread only */
-        void *arg;
+    struct fsdp_rank_stop {        /* written and read by the rank's thread only */
+        int n;                     /* hooks registered, in order */
+        fsdp_rank_stop_fn fn[FSDP_RANK_STOP_MAX];
+        void *arg[FSDP_RANK_STOP_MAX];
     } *stop;                       /* [n_local], by local index */
 
     void *comm_shared;             /* the communicators' shared states, per group (comm/comm.c) */
@@ -184,13 +187,16 @@ static inline bool fsdp_world_aborted(fsdp_world *w)
     return atomic_load_explicit(&w->aborted, memory_order_acquire) != 0;
 }
 
-/* Register (fn != NULL) or remove (fn == NULL) rank's stop hook. Call on
- * the rank's own thread; one hook per rank (a later one replaces it). */
-void fsdp_world_set_rank_stop(fsdp_world *w, int rank, fsdp_rank_stop_fn fn, void *arg);
+/* Register fn(arg) as one of rank's stop hooks, on the rank's own thread.
+ * INTERNAL when it already holds FSDP_RANK_STOP_MAX. */
+fsdp_status fsdp_world_add_rank_stop(fsdp_world *w, int rank, fsdp_rank_stop_fn fn, void *arg);
+/* Remove the hook fn(arg) of rank, if registered; on the rank's thread. */
+void fsdp_world_remove_rank_stop(fsdp_world *w, int rank, fsdp_rank_stop_fn fn, void *arg);
 
 /* On rank's own thread, with st = this rank's status so far (OK unless it
  * failed): if st is a failure or the world is aborted, run the rank's stop
- * hook, if any, once (it is removed first) and return true; else return
+ * hooks once each, the newest first (they are removed first), and return
+ * true; else return
  * false and leave it. A failure that the world has not seen yet is
  * recorded first (fsdp_world_fail, with the thread's message as the
  * launcher would take it), so every other rank stops too: stopping

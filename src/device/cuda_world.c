@@ -16,10 +16,15 @@ bool fsdp_cuda_world_fault_hit_collective(fsdp_world *w, int rank)
 
 fsdp_status fsdp_cuda_world_barrier(fsdp_world *w) { return fsdp_world_barrier(w); }
 
-void fsdp_cuda_world_set_rank_stop(fsdp_world *w, int rank, void (*fn)(void *), void *arg)
+fsdp_status fsdp_cuda_world_add_rank_stop(fsdp_world *w, int rank, void (*fn)(void *), void *arg)
+{
+    return w ? fsdp_world_add_rank_stop(w, rank, fn, arg) : FSDP_STATUS_OK;
+}
+
+void fsdp_cuda_world_remove_rank_stop(fsdp_world *w, int rank, void (*fn)(void *), void *arg)
 {
     if (w)
-        fsdp_world_set_rank_stop(w, rank, fn, arg);
+        fsdp_world_remove_rank_stop(w, rank, fn, arg);
 }
 
 bool fsdp_cuda_world_rank_stop(fsdp_world *w, int rank, fsdp_status st)

@@ -24,8 +24,10 @@ int fsdp_cuda_world_n_ranks(fsdp_world *w);
 bool fsdp_cuda_world_fault_hit_collective(fsdp_world *w, int rank);
 /* fsdp_world_barrier(w). */
 fsdp_status fsdp_cuda_world_barrier(fsdp_world *w);
-/* fsdp_world_set_rank_stop(w, rank, fn, arg); nothing for w == NULL. */
-void fsdp_cuda_world_set_rank_stop(fsdp_world *w, int rank, void (*fn)(void *), void *arg);
+/* fsdp_world_add_rank_stop / fsdp_world_remove_rank_stop; nothing for
+ * w == NULL. */
+fsdp_status fsdp_cuda_world_add_rank_stop(fsdp_world *w, int rank, void (*fn)(void *), void *arg);
+void fsdp_cuda_world_remove_rank_stop(fsdp_world *w, int rank, void (*fn)(void *), void *arg);
 /* fsdp_world_rank_stop(w, rank, st); false for w == NULL. */
 bool fsdp_cuda_world_rank_stop(fsdp_world *w, int rank, fsdp_status st);
 
