@@ -797,7 +797,7 @@ START_TEST(test_transport_pick_matrix)
             for (size_t i = 0; i < FSDP_TEST_LEN(rpds); i++)
                 for (size_t j = 0; j < FSDP_TEST_LEN(procs); j++, n_checked++) {
                     fsdp_transport_req req = {(fsdp_backend)b, (fsdp_comm_kind)k, rpds[i],
-                                              procs[j], false};
+                                              procs[j]};
                     const fsdp_transport *t = (const fsdp_transport *)1;
                     fsdp_status st = fsdp_transport_pick(&req, &t);
                     int want = expected_transport(req.backend, req.kind, rpds[i], procs[j]);
@@ -855,31 +855,31 @@ START_TEST(test_transport_pick_matrix)
     ck_assert_int_eq(n_checked, FSDP_BACKEND_COUNT * FSDP_COMM_KIND_COUNT * 3 * 2);
     /* out-of-range requests are refused, not read past the tables */
     const fsdp_transport *t;
-    fsdp_transport_req bad_b = {FSDP_BACKEND_COUNT, FSDP_COMM_AUTO, 1, 1, false};
+    fsdp_transport_req bad_b = {FSDP_BACKEND_COUNT, FSDP_COMM_AUTO, 1, 1};
     ck_assert_int_eq(fsdp_transport_pick(&bad_b, &t), FSDP_STATUS_INVALID_ARG);
-    fsdp_transport_req bad_k = {FSDP_BACKEND_CPU, FSDP_COMM_KIND_COUNT, 1, 1, false};
+    fsdp_transport_req bad_k = {FSDP_BACKEND_CPU, FSDP_COMM_KIND_COUNT, 1, 1};
     ck_assert_int_eq(fsdp_transport_pick(&bad_k, &t), FSDP_STATUS_INVALID_ARG);
 }
 END_TEST
 
 /* Each transport's help line (what --help prints) names exactly the
  * backends the table lets it serve. */
-/* Hybrid sharding's communicators over groups: the cpu and meta
- * transports form them, the cuda ones do not (yet), and say so. */
+/* Hybrid sharding's communicators over groups: every transport forms
+ * them (nccl across processes and GPUs, peer for virtual ranks). */
 START_TEST(test_transport_groups)
 {
     const fsdp_transport *t;
-    fsdp_transport_req cpu = {FSDP_BACKEND_CPU, FSDP_COMM_AUTO, 1, 2, true};
+    fsdp_transport_req cpu = {FSDP_BACKEND_CPU, FSDP_COMM_AUTO, 1, 2};
     ck_assert_int_eq(fsdp_transport_pick(&cpu, &t), FSDP_STATUS_OK);
     ck_assert_int_eq(t->kind, FSDP_COMM_MPI);
-    fsdp_transport_req meta = {FSDP_BACKEND_META, FSDP_COMM_AUTO, 1, 1, true};
+    fsdp_transport_req meta = {FSDP_BACKEND_META, FSDP_COMM_AUTO, 1, 1};
     ck_assert_int_eq(fsdp_transport_pick(&meta, &t), FSDP_STATUS_OK);
-    fsdp_transport_req cuda = {FSDP_BACKEND_CUDA, FSDP_COMM_AUTO, 1, 2, true};
-    ck_assert_int_eq(fsdp_transport_pick(&cuda, &t), FSDP_STATUS_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "forms communicators over part of the ranks"));
-    cuda.kind = FSDP_COMM_NCCL;
-    ck_assert_int_eq(fsdp_transport_pick(&cuda, &t), FSDP_STATUS_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "--comm nccl cannot form communicators"));
+    fsdp_transport_req cuda = {FSDP_BACKEND_CUDA, FSDP_COMM_NCCL, 1, 2};
+    ck_assert_int_eq(fsdp_transport_pick(&cuda, &t), FSDP_STATUS_OK);
+    ck_assert_int_eq(t->kind, FSDP_COMM_NCCL);
+    fsdp_transport_req virt = {FSDP_BACKEND_CUDA, FSDP_COMM_AUTO, 4, 1};
+    ck_assert_int_eq(fsdp_transport_pick(&virt, &t), FSDP_STATUS_OK);
+    ck_assert_int_eq(t->kind, FSDP_COMM_PEER);
 }
 END_TEST
 
@@ -895,8 +895,8 @@ START_TEST(test_transport_help_names_its_backends)
             continue;
         for (int b = 0; b < FSDP_BACKEND_COUNT; b++) {
             /* in a job of one process or of several (mpi needs several) */
-            fsdp_transport_req one = {(fsdp_backend)b, (fsdp_comm_kind)e->value, 1, 1, false};
-            fsdp_transport_req two = {(fsdp_backend)b, (fsdp_comm_kind)e->value, 1, 2, false};
+            fsdp_transport_req one = {(fsdp_backend)b, (fsdp_comm_kind)e->value, 1, 1};
+            fsdp_transport_req two = {(fsdp_backend)b, (fsdp_comm_kind)e->value, 1, 2};
             const fsdp_transport *t;
             bool serves = fsdp_transport_pick(&one, &t) == FSDP_STATUS_OK ||
                           fsdp_transport_pick(&two, &t) == FSDP_STATUS_OK;

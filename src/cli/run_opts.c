@@ -162,8 +162,7 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
         return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
     const fsdp_transport *t;
     fsdp_transport_req req = {.backend = e->backend, .kind = e->comm,
-                              .ranks_per_device = e->ranks_per_device, .n_processes = P,
-                              .groups = e->shard == FSDP_SHARD_HYBRID && nodes > 1};
+                              .ranks_per_device = e->ranks_per_device, .n_processes = P};
     if (fsdp_transport_pick(&req, &t) != FSDP_STATUS_OK)
         return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
     const fsdp_optim *o = fsdp_optim_at(0);

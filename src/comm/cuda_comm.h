@@ -18,17 +18,38 @@
 #include <stddef.h>
 
 #include "comm/comm.h"
+#include "device/cuda_world.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* NCCL among the ranks' GPUs (one rank per GPU). All ranks of w call it on
- * their own threads after fsdp_device_init. UNSUPPORTED without CUDA. */
-fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
-/* Peer copies between the ranks' buffers (several ranks may share a GPU).
- * Same calling rules. UNSUPPORTED without CUDA. */
-fsdp_status fsdp_comm_peer_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
+/* NCCL among the GPUs of group g's ranks (one rank per GPU); `rank` is
+ * global. Every rank of the job calls it on its own thread after
+ * fsdp_device_init, at the same time, each for its own group (one exchange
+ * carries every group's id). UNSUPPORTED without CUDA and NCCL. */
+fsdp_status fsdp_comm_nccl_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
+                                      const fsdp_comm_group *g, int rank);
+/* Peer copies between the buffers of group g's ranks (several ranks may
+ * share a GPU). Same calling rules; every rank of the job then issues its
+ * groups' collectives in the same order (peer.cu). UNSUPPORTED without
+ * CUDA. */
+fsdp_status fsdp_comm_peer_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
+                                      const fsdp_comm_group *g, int rank);
+
+/* The same over every rank of the job. */
+static inline fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
+                                              int rank)
+{
+    fsdp_comm_group g = fsdp_comm_group_all(fsdp_cuda_world_n_ranks(w));
+    return fsdp_comm_nccl_init_group(c, w, dev, &g, rank);
+}
+static inline fsdp_status fsdp_comm_peer_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
+                                              int rank)
+{
+    fsdp_comm_group g = fsdp_comm_group_all(fsdp_cuda_world_n_ranks(w));
+    return fsdp_comm_peer_init_group(c, w, dev, &g, rank);
+}
 
 /* Largest record fsdp_comm_rdv_exchange carries per rank. */
 #define FSDP_RDV_REC_MAX 256

@@ -5,9 +5,10 @@
  */
 #include "comm/cuda_comm.h"
 
-fsdp_status fsdp_comm_nccl_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank)
+fsdp_status fsdp_comm_nccl_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
+                                      const fsdp_comm_group *g, int rank)
 {
-    (void)c, (void)w, (void)dev, (void)rank;
+    (void)c, (void)w, (void)dev, (void)g, (void)rank;
 #ifdef FSDP_CUDA
     return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
                           "--comm nccl needs NCCL: this CUDA build has none (built with NCCL=0; "

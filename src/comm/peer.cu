@@ -23,6 +23,16 @@
  * event is recorded before it is published, so an abort never hangs a
  * stream.
  *
+ * Groups (comm.h; hybrid sharding's node and cross groups): a
+ * communicator over part of the job reads only its members' records, but
+ * its exchanges go through the job's one rendezvous, so every rank of the
+ * job issues its groups' collectives in the same order, each on its own
+ * group (the engine does: every rank reduce-scatters in its node, then
+ * all-reduces across nodes). The first exchange checks that every rank of
+ * the job issued the same kind of collective, so a rank that strays fails
+ * with a message instead of waiting for ever; barriers meet every local
+ * rank. Messages name the job's rank (c->global_rank).
+ *
  * Sums: the N source slices are copied into a staging buffer (the
  * device's own memory, fsdp_cuda_device_alloc_own: reserved, not counted in
  * use, as the host collectives count none; at most PEER_STAGING_MAX bytes,
@@ -140,6 +150,12 @@ struct peer_rec {
     int status; /* this rank's local status so far (later exchanges) */
 };
 
+/* Record of the group's member q in an exchange's records (by job rank). */
+static const struct peer_rec *peer_of(const fsdp_comm *c, const struct peer_rec *recs, int q)
+{
+    return &recs[fsdp_comm_group_rank(&c->group, q)];
+}
+
 struct peer_ctx {
     fsdp_comm_rdv *rdv;
     cudaEvent_t ev_ready, ev_mid, ev_done; /* re-recorded by every collective */
@@ -149,7 +165,7 @@ struct peer_ctx {
     size_t staging_bytes;
     int n_sms;
     long n_coll;
-    struct peer_rec *all;  /* first exchange of the current collective */
+    struct peer_rec *all;  /* first exchange of the current collective, by job rank */
     struct peer_rec *all2; /* later exchanges */
 };
 
@@ -161,7 +177,7 @@ static void peer_note(fsdp_comm *c, fsdp_status *local, cudaError_t rc, const ch
     if (rc == cudaSuccess || *local != FSDP_STATUS_OK)
         return;
     *local = fsdp_error_set(FSDP_STATUS_CUDA, "rank %d (GPU %d): peer collective: %s failed: %s",
-                            c->rank, c->dev->ordinal, what, cudaGetErrorString(rc));
+                            c->global_rank, c->dev->ordinal, what, cudaGetErrorString(rc));
 }
 
 /* Step 1: fault hook, checks, ev_ready, first (abortable) exchange, and the
@@ -172,11 +188,11 @@ static fsdp_status peer_begin(fsdp_comm *c, int kind, const void *send, void *re
     struct peer_ctx *p = (struct peer_ctx *)c->ctx;
     long k = ++p->n_coll;
     /* a broadcast passes its one buffer as both send and recv */
-    FSDP_TRY(fsdp_comm_begin_check(c, c->rank, k, kind, send, recv, numel, dt, op, root));
+    FSDP_TRY(fsdp_comm_begin_check(c, c->global_rank, k, kind, send, recv, numel, dt, op, root));
     if (fsdp_cuda_world_aborted(c->world))
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: collective %ld (%s) not started: another rank failed",
-                              c->rank, k, fsdp_coll_kind_name(kind));
+                              c->global_rank, k, fsdp_coll_kind_name(kind));
     CUDA_TRY(cudaEventRecord(p->ev_ready, s));
     fsdp_coll_args args = {kind, dt, op, root, numel};
     struct peer_rec me;
@@ -186,9 +202,22 @@ static fsdp_status peer_begin(fsdp_comm *c, int kind, const void *send, void *re
     me.recv = recv;
     me.ev = p->ev_ready;
     me.ordinal = c->dev->ordinal;
-    FSDP_TRY(fsdp_comm_rdv_exchange(p->rdv, c->world, c->rank, &me, sizeof me, p->all, true));
+    FSDP_TRY(fsdp_comm_rdv_exchange(p->rdv, c->world, c->global_rank, &me, sizeof me, p->all,
+                                    true));
     for (int q = 0; q < c->n_ranks; q++)
-        FSDP_TRY(fsdp_coll_args_check(c->rank, k, &me.args, q, &p->all[q].args));
+        FSDP_TRY(fsdp_coll_args_check(c->global_rank, k, &me.args,
+                                      fsdp_comm_group_rank(&c->group, q),
+                                      &peer_of(c, p->all, q)->args));
+    /* the other groups' ranks meet in the same exchanges: they must be in
+     * the same kind of collective, or the exchanges stop pairing up */
+    for (int o = 0; o < fsdp_cuda_world_n_ranks(c->world); o++)
+        if (p->all[o].args.kind != kind)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "rank %d: collective %ld is a %s on this rank's group but a %s "
+                                  "on rank %d's; with --comm peer every rank of the job issues "
+                                  "its groups' collectives in the same order", c->global_rank, k,
+                                  fsdp_coll_kind_name(kind),
+                                  fsdp_coll_kind_name(p->all[o].args.kind), o);
     return FSDP_STATUS_OK;
 }
 
@@ -198,7 +227,8 @@ static void peer_wait_all(fsdp_comm *c, const struct peer_rec *recs, cudaStream_
 {
     for (int q = 0; q < c->n_ranks && *local == FSDP_STATUS_OK; q++)
         if (q != c->rank)
-            peer_note(c, local, cudaStreamWaitEvent(s, recs[q].ev, 0), "waiting for a rank's event");
+            peer_note(c, local, cudaStreamWaitEvent(s, peer_of(c, recs, q)->ev, 0),
+                      "waiting for a rank's event");
 }
 
 /* A later exchange (not abortable): record ev on s, publish it with this
@@ -215,7 +245,7 @@ static fsdp_status peer_sync_point(fsdp_comm *c, cudaEvent_t ev, cudaStream_t s,
     me.ev = ev;
     me.status = (int)local;
     fsdp_status st =
-        fsdp_comm_rdv_exchange(p->rdv, c->world, c->rank, &me, sizeof me, p->all2, false);
+        fsdp_comm_rdv_exchange(p->rdv, c->world, c->global_rank, &me, sizeof me, p->all2, false);
     if (st != FSDP_STATUS_OK)
         return st;
     fsdp_status wait_st = FSDP_STATUS_OK;
@@ -290,7 +320,8 @@ static void peer_reduce(fsdp_comm *c, const struct peer_rec *recs, size_t off, s
         for (int q = 0; q < N && *local == FSDP_STATUS_OK; q++)
             peer_note(c, local,
                       cudaMemcpyAsync(stage + (size_t)q * cn * es,
-                                      (const char *)recs[q].send + (off + e0) * es, cn * es,
+                                      (const char *)peer_of(c, recs, q)->send + (off + e0) * es,
+                                      cn * es,
                                       cudaMemcpyDefault, s),
                       "copying a rank's slice into staging");
         if (*local != FSDP_STATUS_OK)
@@ -323,9 +354,10 @@ static fsdp_status peer_all_gather(fsdp_comm *c, const void *send, void *recv, s
     peer_wait_all(c, p->all, s, &local);
     for (int q = 0; q < c->n_ranks && local == FSDP_STATUS_OK && bytes; q++) {
         char *dst = (char *)recv + (size_t)q * bytes;
-        if (p->all[q].send == dst)
+        const void *src = peer_of(c, p->all, q)->send;
+        if (src == dst)
             continue; /* in place */
-        peer_note(c, &local, cudaMemcpyAsync(dst, p->all[q].send, bytes, cudaMemcpyDefault, s),
+        peer_note(c, &local, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s),
                   "copying a rank's chunk");
     }
     return peer_sync_point(c, p->ev_done, s, local);
@@ -363,7 +395,8 @@ static fsdp_status peer_all_reduce(fsdp_comm *c, const void *send, void *recv, s
         if (q == c->rank || qhi == qlo)
             continue;
         peer_note(c, &local,
-                  cudaMemcpyAsync((char *)recv + qlo * es, (const char *)p->all[q].recv + qlo * es,
+                  cudaMemcpyAsync((char *)recv + qlo * es,
+                                  (const char *)peer_of(c, p->all, q)->recv + qlo * es,
                                   (qhi - qlo) * es, cudaMemcpyDefault, s),
                   "copying a reduced slice");
     }
@@ -380,10 +413,10 @@ static fsdp_status peer_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dt
     fsdp_status local = FSDP_STATUS_OK;
     const size_t bytes = numel * peer_es(dt);
     if (c->rank != root && bytes) {
-        peer_note(c, &local, cudaStreamWaitEvent(s, p->all[root].ev, 0), "waiting for the root");
+        const struct peer_rec *r = peer_of(c, p->all, root);
+        peer_note(c, &local, cudaStreamWaitEvent(s, r->ev, 0), "waiting for the root");
         if (local == FSDP_STATUS_OK)
-            peer_note(c, &local,
-                      cudaMemcpyAsync(buf, p->all[root].recv, bytes, cudaMemcpyDefault, s),
+            peer_note(c, &local, cudaMemcpyAsync(buf, r->recv, bytes, cudaMemcpyDefault, s),
                       "copying the root's buffer");
     }
     return peer_sync_point(c, p->ev_done, s, local);
@@ -393,7 +426,7 @@ static fsdp_status peer_barrier(fsdp_comm *c)
 {
     struct peer_ctx *p = (struct peer_ctx *)c->ctx;
     long k = ++p->n_coll;
-    FSDP_TRY(fsdp_comm_begin_check(c, c->rank, k, FSDP_COLL_BARRIER, NULL, NULL, 0,
+    FSDP_TRY(fsdp_comm_begin_check(c, c->global_rank, k, FSDP_COLL_BARRIER, NULL, NULL, 0,
                                    FSDP_DTYPE_F32, FSDP_REDUCE_SUM, 0));
     FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->compute));
     FSDP_TRY(fsdp_device_stream_sync(c->dev, c->dev->comm));
@@ -438,7 +471,7 @@ static void peer_enable_access(fsdp_comm *c, const struct peer_rec *recs)
 {
     int mine = c->dev->ordinal;
     for (int q = 0; q < c->n_ranks; q++) {
-        int o = recs[q].ordinal;
+        int o = peer_of(c, recs, q)->ordinal;
         if (o == mine)
             continue;
         int can = 0;
@@ -452,13 +485,14 @@ static void peer_enable_access(fsdp_comm *c, const struct peer_rec *recs)
     }
 }
 
-extern "C" fsdp_status fsdp_comm_peer_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
-                                           int rank)
+extern "C" fsdp_status fsdp_comm_peer_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
+                                                 const fsdp_comm_group *g, int rank)
 {
     fsdp_status st = FSDP_STATUS_OK;
-    fsdp_comm_group every = {0, 1, fsdp_cuda_world_n_ranks(w), 0}; /* the whole job */
+    int n_job = fsdp_cuda_world_n_ranks(w);
     memset(c, 0, sizeof *c);
-    fsdp_comm_bind(c, &peer_comm_i, w, dev, &every, rank, NULL);
+    FSDP_TRY(fsdp_comm_group_check(g, w, rank, "--comm peer"));
+    fsdp_comm_bind(c, &peer_comm_i, w, dev, g, rank, NULL);
     if (dev->backend != FSDP_BACKEND_CUDA) {
         c->iface = NULL;
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
@@ -472,8 +506,8 @@ extern "C" fsdp_status fsdp_comm_peer_init(fsdp_comm *c, fsdp_world *w, fsdp_dev
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating the peer communicator");
     }
     c->ctx = p;
-    p->all = (struct peer_rec *)calloc((size_t)c->n_ranks, sizeof *p->all);
-    p->all2 = (struct peer_rec *)calloc((size_t)c->n_ranks, sizeof *p->all2);
+    p->all = (struct peer_rec *)calloc((size_t)n_job, sizeof *p->all);
+    p->all2 = (struct peer_rec *)calloc((size_t)n_job, sizeof *p->all2);
     if (!p->all || !p->all2) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating the peer communicator");
         goto fail;

@@ -39,44 +39,13 @@ const char *fsdp_comm_kind_name(fsdp_comm_kind k)
 
 #define SERVES(b) FSDP_NAME_BIT(FSDP_BACKEND_##b)
 
-/* The cuda transports form one communicator over every rank of the job;
- * a smaller group (hybrid sharding's) is refused, saying so. */
-static fsdp_status whole_job_only(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
-                                  const fsdp_comm_group *g, int rank, const char *name,
-                                  fsdp_status (*init)(fsdp_comm *, fsdp_world *, fsdp_device *,
-                                                      int))
-{
-    if (g->first != 0 || g->stride != 1 || g->count != w->n_ranks)
-        return fsdp_error_set(FSDP_STATUS_UNSUPPORTED,
-                              "rank %d: --comm %s forms one communicator over every rank of the "
-                              "job; communicators over part of them (--shard hybrid: a node's "
-                              "ranks, or one rank of every node) are not built for it yet: use "
-                              "--shard full on cuda, or --backend cpu", rank, name);
-    FSDP_TRY(init(c, w, dev, rank));
-    c->group = *g;
-    c->global_rank = rank;
-    return FSDP_STATUS_OK;
-}
-
-static fsdp_status nccl_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
-                                   const fsdp_comm_group *g, int rank)
-{
-    return whole_job_only(c, w, dev, g, rank, "nccl", fsdp_comm_nccl_init);
-}
-
-static fsdp_status peer_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
-                                   const fsdp_comm_group *g, int rank)
-{
-    return whole_job_only(c, w, dev, g, rank, "peer", fsdp_comm_peer_init);
-}
-
 static const fsdp_transport transports[] = {
-    /* kind          serves        share  span   needs  groups init */
-    {FSDP_COMM_HOST, SERVES(CPU), false, false, false, true, fsdp_comm_host_init_group},
-    {FSDP_COMM_MPI, SERVES(CPU), false, true, true, true, fsdp_comm_mpi_init_group},
-    {FSDP_COMM_META, SERVES(META), false, false, false, true, fsdp_comm_meta_init_group},
-    {FSDP_COMM_NCCL, SERVES(CUDA), false, true, false, false, nccl_init_group},
-    {FSDP_COMM_PEER, SERVES(CUDA), true, false, false, false, peer_init_group},
+    /* kind          serves        share  span   needs  init */
+    {FSDP_COMM_HOST, SERVES(CPU), false, false, false, fsdp_comm_host_init_group},
+    {FSDP_COMM_MPI, SERVES(CPU), false, true, true, fsdp_comm_mpi_init_group},
+    {FSDP_COMM_META, SERVES(META), false, false, false, fsdp_comm_meta_init_group},
+    {FSDP_COMM_NCCL, SERVES(CUDA), false, true, false, fsdp_comm_nccl_init_group},
+    {FSDP_COMM_PEER, SERVES(CUDA), true, false, false, fsdp_comm_peer_init_group},
 };
 enum { N_TRANSPORTS = (int)(sizeof transports / sizeof transports[0]) };
 
@@ -91,7 +60,7 @@ static const char *const stub_only[FSDP_COMM_KIND_COUNT] = {
 };
 
 /* What a row lacks for a request (first failing property), or FIT. */
-enum misfit { FIT = 0, MISFIT_BACKEND, MISFIT_SHARE, MISFIT_SPAN, MISFIT_ALONE, MISFIT_GROUPS };
+enum misfit { FIT = 0, MISFIT_BACKEND, MISFIT_SHARE, MISFIT_SPAN, MISFIT_ALONE };
 
 static enum misfit misfit(const fsdp_transport *t, const fsdp_transport_req *req)
 {
@@ -103,8 +72,6 @@ static enum misfit misfit(const fsdp_transport *t, const fsdp_transport_req *req
         return MISFIT_SPAN;
     if (req->n_processes <= 1 && t->needs_processes)
         return MISFIT_ALONE;
-    if (req->groups && !t->groups)
-        return MISFIT_GROUPS;
     return FIT;
 }
 
@@ -118,7 +85,7 @@ static char *rows_having(enum misfit why, char *buf, size_t n)
     for (int i = 0; i < N_TRANSPORTS && len < n; i++) {
         const fsdp_transport *t = &transports[i];
         if ((why == MISFIT_SHARE && !t->shares_device) ||
-            (why == MISFIT_SPAN && !t->spans_processes) || (why == MISFIT_GROUPS && !t->groups))
+            (why == MISFIT_SPAN && !t->spans_processes))
             continue;
         char b[64];
         int w = snprintf(buf + len, n - len, "%s%s on --backend %s", k ? "; " : "",
@@ -169,11 +136,6 @@ static fsdp_status no_fit(const fsdp_transport_req *req, const char *head)
                               "%sno transport on --backend %s connects ranks in several "
                               "processes (%d); %s",
                               head, b, req->n_processes, rows_having(worst, have, sizeof have));
-    case MISFIT_GROUPS:
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "%sno transport on --backend %s forms communicators over part of "
-                              "the ranks, as --shard hybrid on several nodes needs; %s",
-                              head, b, rows_having(worst, have, sizeof have));
     default:
         return fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "%sno transport serves --backend %s", head,
                               b);
@@ -225,10 +187,6 @@ fsdp_status fsdp_transport_pick(const fsdp_transport_req *req, const fsdp_transp
         snprintf(head, sizeof head, "--comm %s connects ranks in several processes (started by "
                  "mpirun); this job on --backend %s is one process", k,
                  fsdp_backend_name(req->backend));
-        break;
-    case MISFIT_GROUPS:
-        snprintf(head, sizeof head, "--comm %s cannot form communicators over part of the ranks "
-                 "(--shard hybrid on several nodes)", k);
         break;
     default:
         snprintf(head, sizeof head, "--comm %s cannot connect ranks in %d processes", k,

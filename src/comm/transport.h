@@ -48,7 +48,6 @@ typedef struct fsdp_transport {
     bool shares_device;    /* several ranks may share one device (ranks_per_device > 1) */
     bool spans_processes;  /* its ranks may live in several processes */
     bool needs_processes;  /* only for jobs of several processes (its own use) */
-    bool groups;           /* forms communicators over groups of ranks (hybrid sharding) */
     /* Per-rank init on the rank's thread, after fsdp_device_init, over the
      * group g (comm.h) that holds global `rank`; all its members call it
      * before the group's first collective. */
@@ -62,7 +61,6 @@ typedef struct fsdp_transport_req {
     fsdp_comm_kind kind;      /* FSDP_COMM_AUTO: let the table choose */
     int ranks_per_device;     /* <= 1: one rank per device */
     int n_processes;          /* <= 1: every rank in this process (world->n_processes) */
-    bool groups;              /* communicators over groups of ranks are needed */
 } fsdp_transport_req;
 
 /* The transport for req: the one named, if it serves req->backend with that
@@ -79,9 +77,8 @@ fsdp_status fsdp_comm_init(fsdp_comm *c, const fsdp_transport_req *req, fsdp_wor
                            fsdp_device *dev, int rank);
 /* The same over group g (comm.h) holding global `rank`: the transport req
  * picks for the job, over the group's ranks (a group inside one process
- * gets that transport's in-process form: mpi's is host). Every member
- * calls it; a transport that cannot form groups is UNSUPPORTED naming one
- * that can. */
+ * gets that transport's in-process form: mpi's is host). Every transport
+ * forms groups (hybrid sharding's); every member calls it. */
 fsdp_status fsdp_comm_init_group(fsdp_comm *c, const fsdp_transport_req *req, fsdp_world *w,
                                  fsdp_device *dev, const fsdp_comm_group *g, int rank);
 

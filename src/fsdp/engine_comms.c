@@ -34,8 +34,7 @@ fsdp_status fsdp_engine_comms_init(fsdp_engine *e)
     int N = cfg->n_ranks, nodes = e->sh->sm.n_nodes, L = N / nodes;
     fsdp_transport_req req = {.backend = cfg->backend, .kind = cfg->comm,
                               .ranks_per_device = cfg->ranks_per_device,
-                              .n_processes = w->n_processes,
-                              .groups = cfg->shard == FSDP_SHARD_HYBRID && nodes > 1};
+                              .n_processes = w->n_processes};
     fsdp_comm_group all = {0, 1, N, L};
     FSDP_TRY(fsdp_comm_init_group(&e->comm, &req, w, &e->dev, &all, e->rank));
     e->comm_ready = true;
