@@ -5,7 +5,8 @@
  * peer collectives against a host reference (peer: exactly, in comm.h's
  * tree order) for 1 and 4 virtual ranks and for the GPUs present, and the
  * abort paths: a fault on one rank makes the others return ABORTED, no
- * hang; NCCL's communicator is aborted before any device memory is freed.
+ * hang; NCCL's communicator is aborted before any device memory is freed;
+ * and hybrid sharding's communicators over groups (a node, a local index).
  * Without a GPU the GPU tests print a SKIP line and pass (cuda_test.h).
  */
 #include <check.h>
@@ -294,7 +295,7 @@ static fsdp_status coll_rank(fsdp_world *w, int rank, void *arg)
                               : fsdp_comm_peer_init(&c, w, &dev, rank);
     if (st == FSDP_STATUS_OK) {
         have_comm = 1;
-        a->hooked[rank] = w->stop[rank].fn != NULL;
+        a->hooked[rank] = w->stop[rank].n > 0;
         st = fsdp_device_alloc(&dev, bytes, FSDP_MEM_COMM, "test send", &send);
     }
     if (st == FSDP_STATUS_OK)
@@ -446,6 +447,177 @@ START_TEST(test_nccl_abort)
 }
 END_TEST
 
+/* ---- groups (hybrid sharding) ---------------------------------------------- */
+
+/* Hybrid sharding's communicators on 2 nodes x 2 ranks: the ranks of a
+ * node (group {2q, 1, 2}) and the ranks with one local index j on every
+ * node ({j, 2, 2}). A node's reduce-scatter then an all-reduce across
+ * nodes adds each element in the two-level tree (exactly, on peer); the
+ * node's all_gather and the cross group's broadcast move the right
+ * values. peer: four virtual ranks on GPU 0; nccl: rank 2q + j on GPU
+ * (q + j) % 2, so no group holds two ranks of one GPU (needs 2 GPUs). */
+enum { G_NODES = 2, G_LOCAL = 2, G_RANKS = G_NODES * G_LOCAL };
+
+struct group_arg {
+    int comm;                 /* COMM_PEER / COMM_NCCL */
+    int stray;                /* rank 3 all-gathers where the others all-reduce */
+    long mismatches[G_RANKS];
+    fsdp_status st[G_RANKS];
+};
+
+/* The two-level tree of element i: each node's ranks, then the nodes. */
+static float group_ref(size_t i)
+{
+    float nodes[G_NODES], mine[G_LOCAL];
+    for (int n = 0; n < G_NODES; n++) {
+        for (int k = 0; k < G_LOCAL; k++)
+            mine[k] = coll_val(FSDP_DTYPE_F32, n * G_LOCAL + k, i);
+        nodes[n] = fsdp_tree_sum(mine, G_LOCAL);
+    }
+    return fsdp_tree_sum(nodes, G_NODES);
+}
+
+/* Download n floats of d and count those that differ from want(k) (exactly
+ * on peer, within 1e-5 relative on nccl, whose order is its own). */
+static fsdp_status group_compare(struct group_arg *a, fsdp_device *dev, int rank, const void *d,
+                                 float *h, size_t n, float (*want)(int, size_t), bool sum)
+{
+    FSDP_TRY(download(dev, h, d, n * sizeof(float)));
+    for (size_t k = 0; k < n; k++) {
+        float v = want(rank, k);
+        bool ok = a->comm == COMM_PEER || !sum ? memcmp(&h[k], &v, sizeof v) == 0
+                                               : fabsf(h[k] - v) <= 1e-5f * (1.0f + fabsf(v));
+        a->mismatches[rank] += !ok;
+    }
+    return FSDP_STATUS_OK;
+}
+
+static float want_sum(int rank, size_t e) { return group_ref((size_t)(rank % G_LOCAL) * 1001 + e); }
+static float label(int rank, size_t e) { return (float)(rank * 100000 + (int)e); }
+static float want_gather(int rank, size_t i)
+{
+    return label(rank / G_LOCAL * G_LOCAL + (int)(i / 1001), i % 1001);
+}
+static float want_bcast(int rank, size_t e) { return label((G_NODES - 1) * G_LOCAL + rank % G_LOCAL, e); }
+
+static fsdp_status group_rank(fsdp_world *w, int rank, void *arg)
+{
+    struct group_arg *a = arg;
+    const int q = rank / G_LOCAL, j = rank % G_LOCAL;
+    const size_t shard = 1001, S = G_LOCAL * shard;
+    fsdp_device dev;
+    fsdp_comm node, cross;
+    bool have_node = false, have_cross = false;
+    void *in = NULL, *sh = NULL, *out = NULL;
+    float *h = malloc(S * sizeof *h);
+    int ordinal = a->comm == COMM_NCCL ? (q + j) % 2 : 0;
+    fsdp_status st = h ? fsdp_device_init(&dev, FSDP_BACKEND_CUDA, w, rank, ordinal, 0)
+                       : fsdp_error_set(FSDP_STATUS_OOM, "test host buffer");
+    if (st != FSDP_STATUS_OK) {
+        free(h);
+        a->st[rank] = st;
+        return st;
+    }
+    fsdp_status (*init)(fsdp_comm *, fsdp_world *, fsdp_device *, const fsdp_comm_group *, int) =
+        a->comm == COMM_NCCL ? fsdp_comm_nccl_init_group : fsdp_comm_peer_init_group;
+    fsdp_comm_group gn = {q * G_LOCAL, 1, G_LOCAL, G_LOCAL}, gc = {j, G_LOCAL, G_NODES, G_LOCAL};
+    st = init(&node, w, &dev, &gn, rank);
+    have_node = st == FSDP_STATUS_OK;
+    if (st == FSDP_STATUS_OK)
+        st = init(&cross, w, &dev, &gc, rank);
+    have_cross = st == FSDP_STATUS_OK;
+    if (st == FSDP_STATUS_OK && (node.rank != j || node.n_ranks != G_LOCAL || cross.rank != q ||
+                                 cross.n_ranks != G_NODES || cross.global_rank != rank))
+        st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: group ranks %d/%d and %d/%d", rank,
+                            node.rank, node.n_ranks, cross.rank, cross.n_ranks);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_device_alloc(&dev, S * sizeof(float), FSDP_MEM_COMM, "test in", &in);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_device_alloc(&dev, S * sizeof(float), FSDP_MEM_COMM, "test out", &out);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_device_alloc(&dev, shard * sizeof(float), FSDP_MEM_COMM, "test shard", &sh);
+    if (st == FSDP_STATUS_OK)
+        st = upload(&dev, in, FSDP_DTYPE_F32, S, rank, 0);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_comm_reduce_scatter(&node, in, sh, shard, FSDP_DTYPE_F32, FSDP_REDUCE_SUM,
+                                      NULL);
+    if (st == FSDP_STATUS_OK && a->stray && rank == G_RANKS - 1)
+        st = fsdp_comm_all_gather(&cross, sh, out, shard, FSDP_DTYPE_F32, NULL);
+    else if (st == FSDP_STATUS_OK)
+        st = fsdp_comm_all_reduce(&cross, sh, sh, shard, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+    if (st == FSDP_STATUS_OK)
+        st = group_compare(a, &dev, rank, sh, h, shard, want_sum, true);
+    /* the node's all-gather of labelled shards, the cross group's broadcast */
+    for (size_t e = 0; e < shard; e++)
+        h[e] = label(rank, e);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_device_memcpy(&dev, sh, h, shard * sizeof(float), dev.comm);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_comm_all_gather(&node, sh, out, shard, FSDP_DTYPE_F32, NULL);
+    if (st == FSDP_STATUS_OK)
+        st = group_compare(a, &dev, rank, out, h, S, want_gather, false);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_comm_broadcast(&cross, sh, shard, FSDP_DTYPE_F32, G_NODES - 1, NULL);
+    if (st == FSDP_STATUS_OK)
+        st = group_compare(a, &dev, rank, sh, h, shard, want_bcast, false);
+    fsdp_world_rank_stop(w, rank, st);
+    if (have_cross)
+        fsdp_comm_fini(&cross);
+    if (have_node)
+        fsdp_comm_fini(&node);
+    fsdp_device_free(&dev, in);
+    fsdp_device_free(&dev, out);
+    fsdp_device_free(&dev, sh);
+    fsdp_device_fini(&dev);
+    free(h);
+    a->st[rank] = st;
+    return st;
+}
+
+static void run_groups(struct group_arg *a, fsdp_status want)
+{
+    fsdp_world *w;
+    ck_assert_int_eq(fsdp_world_init(&w, G_RANKS), FSDP_STATUS_OK);
+    double t0 = now_s();
+    fsdp_status st = fsdp_world_launch(w, group_rank, a);
+    ck_assert_msg(st == want, "groups on %s: got %s, want %s: %s",
+                  a->comm == COMM_NCCL ? "nccl" : "peer", fsdp_status_name(st),
+                  fsdp_status_name(want), fsdp_error_msg());
+    ck_assert_msg(now_s() - t0 < 60.0, "groups took %.1f s", now_s() - t0);
+    for (int r = 0; r < G_RANKS && want == FSDP_STATUS_OK; r++)
+        ck_assert_msg(a->mismatches[r] == 0, "rank %d: %ld values differ from the reference", r,
+                      a->mismatches[r]);
+    ck_assert_ptr_null(w->rdv_shared);
+    fsdp_world_free(w);
+}
+
+START_TEST(test_peer_groups)
+{
+    NEED_GPU("test_peer_groups");
+    struct group_arg a = {.comm = COMM_PEER};
+    run_groups(&a, FSDP_STATUS_OK);
+    /* a rank of another group in a different collective: refused, no hang */
+    struct group_arg b = {.comm = COMM_PEER, .stray = 1};
+    run_groups(&b, FSDP_STATUS_INVALID_ARG);
+    /* rank 3's group partner names the mismatch, the others the order */
+    ck_assert_msg(strstr(fsdp_error_msg(), "all_gather") != NULL, "%s", fsdp_error_msg());
+}
+END_TEST
+
+START_TEST(test_nccl_groups)
+{
+    NEED_GPU("test_nccl_groups");
+    NEED_NCCL("test_nccl_groups");
+    if (fsdp_cuda_device_count() < 2) {
+        printf("SKIP: test_nccl_groups: needs 2 GPUs\n");
+        fflush(stdout);
+        return;
+    }
+    struct group_arg a = {.comm = COMM_NCCL};
+    run_groups(&a, FSDP_STATUS_OK);
+}
+END_TEST
+
 int main(void)
 {
     /* Nothing CUDA here: Check forks each test, and CUDA must not be
@@ -455,7 +627,8 @@ int main(void)
         {"collectives", 120,
          FSDP_TESTS(test_nccl_smoke, FSDP_TEST_LOOP(test_peer_collectives, 4),
                     test_peer_collectives_chunked, FSDP_TEST_LOOP(test_nccl_collectives, 2),
-                    test_nccl_two_ranks_one_gpu_refused, test_peer_abort, test_nccl_abort)},
+                    test_nccl_two_ranks_one_gpu_refused, test_peer_abort, test_nccl_abort,
+                    test_peer_groups, test_nccl_groups)},
     };
     return fsdp_test_main("cuda_comm", tcases, FSDP_TEST_LEN(tcases));
 }

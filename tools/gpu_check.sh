@@ -17,7 +17,9 @@
 #           to the byte; the same for llama-tiny when this build has it
 #           (`fsdp train --model llama-tiny` runs on cpu; else a row says it
 #           is absent); 1 rank vs 4 virtual ranks (peer, --deterministic):
-#           bit-identical losses and gradient norms.
+#           bit-identical losses and gradient norms; hybrid sharding on 2
+#           simulated nodes x 2 virtual ranks (peer's group communicators)
+#           vs full sharding on 4: bit-identical too.
 #   stage 3 (~3 min): GPT-2 124M, bf16, T 1024, --eval 0, on 1 rank and on 4
 #           virtual ranks: tokens/s, step time, MFU, peak vs the planner.
 #
@@ -605,6 +607,19 @@ stage2() {
                 "$nl steps: losses identical $sl (max rel $ml), grad norms identical $sg (max rel $mg)"
         else
             row "1 vs 4 virtual ranks" FAIL "a run failed: see vr1.log / vr4.log"
+        fi
+        echo "== hybrid: 2 simulated nodes x 2 virtual ranks (peer groups) vs full on 4"
+        if [ -s "$WORK/vr4.jsonl" ] &&
+            train hyb4 60 "${VR[@]}" --devices 2 --nodes 2 --shard hybrid --ranks-per-device 4 \
+                --comm peer --grad-accum 1; then
+            local nh mh sh mgh sgh
+            read -r nh mh sh < <(compare_field "$WORK/hyb4.jsonl" "$WORK/vr4.jsonl" loss)
+            read -r _ mgh sgh < <(compare_field "$WORK/hyb4.jsonl" "$WORK/vr4.jsonl" grad_norm)
+            row "hybrid 2x2 vs full 4: bit-identical" \
+                "$([ "$sh" = yes ] && [ "$sgh" = yes ] && [ "$nh" -ge 8 ] && echo ok || echo FAIL)" \
+                "$nh steps: losses identical $sh (max rel $mh), grad norms identical $sgh (max rel $mgh)"
+        else
+            row "hybrid 2x2 vs full 4" FAIL "a run failed: see hyb4.log (and vr4.log)"
         fi
     fi
     stage_end
