@@ -574,6 +574,16 @@ cpu_vs_cuda() {
     done
 }
 
+# bit_identical ROW A B: a row saying whether runs A and B (their metrics)
+# have the same losses and gradient norms, bit for bit, over >= 8 steps.
+bit_identical() {
+    local n m same mg same_g
+    read -r n m same < <(compare_field "$WORK/$2.jsonl" "$WORK/$3.jsonl" loss)
+    read -r _ mg same_g < <(compare_field "$WORK/$2.jsonl" "$WORK/$3.jsonl" grad_norm)
+    row "$1" "$([ "$same" = yes ] && [ "$same_g" = yes ] && [ "$n" -ge 8 ] && echo ok || echo FAIL)" \
+        "$n steps: losses identical $same (max rel $m), grad norms identical $same_g (max rel $mg)"
+}
+
 # Whether this build trains MODEL (one short cpu step); prints why not.
 model_trains() {
     local out
@@ -599,12 +609,7 @@ stage2() {
         local VR=(--backend cuda --model tiny --steps 8 --seq 64 --batch 2 --deterministic --eval 0 --quiet)
         if train vr1 60 "${VR[@]}" --devices 1 --comm peer --grad-accum 4 &&
             train vr4 60 "${VR[@]}" --devices 4 --ranks-per-device 4 --comm peer --grad-accum 1; then
-            local nl ml sl mg sg
-            read -r nl ml sl < <(compare_field "$WORK/vr4.jsonl" "$WORK/vr1.jsonl" loss)
-            read -r _ mg sg < <(compare_field "$WORK/vr4.jsonl" "$WORK/vr1.jsonl" grad_norm)
-            row "1 vs 4 virtual ranks: bit-identical" \
-                "$([ "$sl" = yes ] && [ "$sg" = yes ] && [ "$nl" -ge 8 ] && echo ok || echo FAIL)" \
-                "$nl steps: losses identical $sl (max rel $ml), grad norms identical $sg (max rel $mg)"
+            bit_identical "1 vs 4 virtual ranks: bit-identical" vr4 vr1
         else
             row "1 vs 4 virtual ranks" FAIL "a run failed: see vr1.log / vr4.log"
         fi
@@ -612,12 +617,7 @@ stage2() {
         if [ -s "$WORK/vr4.jsonl" ] &&
             train hyb4 60 "${VR[@]}" --devices 2 --nodes 2 --shard hybrid --ranks-per-device 4 \
                 --comm peer --grad-accum 1; then
-            local nh mh sh mgh sgh
-            read -r nh mh sh < <(compare_field "$WORK/hyb4.jsonl" "$WORK/vr4.jsonl" loss)
-            read -r _ mgh sgh < <(compare_field "$WORK/hyb4.jsonl" "$WORK/vr4.jsonl" grad_norm)
-            row "hybrid 2x2 vs full 4: bit-identical" \
-                "$([ "$sh" = yes ] && [ "$sgh" = yes ] && [ "$nh" -ge 8 ] && echo ok || echo FAIL)" \
-                "$nh steps: losses identical $sh (max rel $mh), grad norms identical $sgh (max rel $mgh)"
+            bit_identical "hybrid 2x2 vs full 4: bit-identical" hyb4 vr4
         else
             row "hybrid 2x2 vs full 4" FAIL "a run failed: see hyb4.log (and vr4.log)"
         fi
