@@ -382,12 +382,6 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
                            out->refused_why, sizeof out->refused_why));
     out->flops_per_token = x.flops_per_token;
 
-    /* does the run's backend have a transport for a job over the nodes? */
-    const fsdp_transport *tp;
-    fsdp_transport_req treq = {.backend = req->backend, .n_processes = e->n_nodes};
-    bool groups_ok = fsdp_transport_pick(&treq, &tp) == FSDP_STATUS_OK;
-    if (!groups_ok)
-        fsdp_error_clear();
     /* the settings of one micro-batch, least memory first */
     fsdp_fit_candidate proto[FSDP_SHARD_COUNT * 2 * 2 * 8];
     int n_set = 0;
@@ -396,9 +390,8 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
         for (int s = 0; s < FSDP_SHARD_COUNT; s++)
             for (int off = 1; off >= 0; off--)
                 for (int pf = 0; pf <= 1; pf++) {
-                    /* hybrid is full sharding on one node: only tried on several,
-                     * where the run's backend has a transport across them */
-                    if (s == FSDP_SHARD_HYBRID && (e->n_nodes <= 1 || !groups_ok))
+                    /* hybrid is full sharding on one node: only tried on several */
+                    if (s == FSDP_SHARD_HYBRID && e->n_nodes <= 1)
                         continue;
                     /* a mode the model does not implement is left out, not tried:
                      * the other modes of the micro-batch stay in the search */
