@@ -225,8 +225,9 @@ bool fsdp_cpu_dnnl_probe_f32(char *desc, size_t cap)
     /* brg:avx512_core (or wider); gemm:jit (AVX2 and older) is oneDNN's own
      * sgemm, no faster than OpenBLAS's kernels */
     bool ok = !strncmp(impl, "brg:", 4);
-    snprintf(desc, cap, ok ? "oneDNN %d.%d.%d %s" : "oneDNN %d.%d.%d has only %s for fp32 here",
-             v->major, v->minor, v->patch, impl);
+    snprintf(desc, cap, ok ? "oneDNN %d.%d.%d %s kernels" : "oneDNN %d.%d.%d has only %s for "
+                                                          "fp32 here",
+             v->major, v->minor, v->patch, ok ? impl + 4 : impl);
     return ok;
 }
 

@@ -29,9 +29,10 @@ bool fsdp_cpu_dnnl_probe(char *desc, size_t cap);
 
 /* Whether fp32 GEMMs can use oneDNN's brgemm kernels (avx512_core and
  * wider; measured faster than OpenBLAS's on this project's shapes,
- * tools/bench_gemm.c); desc receives "oneDNN 2.6.3 brg:avx512_core" or
- * the reason not (on AVX2 oneDNN has only its jit sgemm, no faster than
- * OpenBLAS). Called once, from blas.c. */
+ * tools/bench_gemm.c); desc receives "oneDNN 2.6.3 avx512_core kernels"
+ * (a shape may run brgemm or oneDNN's jit sgemm, both for that ISA) or the
+ * reason not (on AVX2 oneDNN has only its jit sgemm, not measured against
+ * OpenBLAS's kernels). Called once, from blas.c. */
 bool fsdp_cpu_dnnl_probe_f32(char *desc, size_t cap);
 
 /* Per-context oneDNN state (primitives by shape, per-worker streams and
