@@ -318,8 +318,9 @@ static fsdp_status workers_reserve(fsdp_cpu_dnnl *s, int n, size_t bytes)
 
 static bool shape_eq(const fsdp_cpu_dnnl_shape *a, const fsdp_cpu_dnnl_shape *b)
 {
-    return a->f32 == b->f32 && a->ta == b->ta && a->tb == b->tb && a->M == b->M && a->N == b->N && a->K == b->K &&
-           a->lda == b->lda && a->ldb == b->ldb && a->ldc == b->ldc && a->beta == b->beta;
+    return a->f32 == b->f32 && a->ta == b->ta && a->tb == b->tb && a->M == b->M &&
+           a->N == b->N && a->K == b->K && a->lda == b->lda && a->ldb == b->ldb &&
+           a->ldc == b->ldc && a->beta == b->beta;
 }
 
 fsdp_status fsdp_cpu_dnnl_prepare(fsdp_cpu_dnnl **state, const fsdp_cpu_dnnl_shape *shape,
