@@ -8,8 +8,9 @@
  * other (a manifest that contradicts itself is refused, issue 15 item 3).
  *
  * The fixture's values depend on the GEMM kernel that wrote it: OpenBLAS's
- * SkylakeX kernel, one thread. When this CPU can run it, the suite
- * re-executes itself pinned to it and compares bit for bit; elsewhere the
+ * SkylakeX kernel, one thread, for every product. When this CPU can run
+ * it, the suite re-executes itself pinned to it (FSDP_CPU_GEMM, which also
+ * keeps the fp32 products out of oneDNN) and compares bit for bit; elsewhere the
  * fresh-run comparison is to a relative 1e-5 (the v1-vs-v2 comparisons are
  * exact everywhere: both read the same bytes).
  */
@@ -402,8 +403,8 @@ int main(int argc, char **argv)
     (void)argc;
     __builtin_cpu_init();
     if (!getenv("FSDP_COMPAT_PINNED") && __builtin_cpu_supports("avx512f")) {
-        /* OpenBLAS reads these when it is loaded, before main: re-exec */
-        setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+        /* the GEMM libraries are chosen before main: re-exec */
+        setenv("FSDP_CPU_GEMM", "openblas:SkylakeX", 1);
         setenv("OPENBLAS_NUM_THREADS", "1", 1);
         setenv("FSDP_COMPAT_PINNED", "1", 1);
         execv("/proc/self/exe", argv);

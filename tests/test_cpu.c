@@ -266,33 +266,36 @@ static void gemm_ref(bool ta, bool tb, int M, int N, int K, float alpha, const f
         }
 }
 
+/* Tiled along M (300 x 260) and along N (260 x 300), padded leading dims;
+ * alpha 1 runs in oneDNN where blas.h sends fp32 products there, 0.5 in
+ * OpenBLAS everywhere. */
 START_TEST(test_gemm_tiled_matches_double)
 {
     env e;
     env_init_threads(&e, FSDP_DTYPE_F32, 3);
-    /* tiled along M (300 x 260) and along N (260 x 300); padded leading dims */
     static const int shapes[][3] = {{300, 260, 70}, {260, 300, 70}, {20, 30, 7}};
     for (size_t s = 0; s < 3; s++) {
         int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-        for (int t = 0; t < 8; t++) {
+        for (int t = 0; t < 16; t++) {
             bool ta = t & 1, tb = t & 2;
-            float beta = (t & 4) ? 1.0f : 0.0f;
+            float beta = (t & 4) ? 1.0f : 0.0f, alpha = (t & 8) ? 1.0f : 0.5f;
             int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
             float *A = frand((size_t)(ta ? K : M) * lda, 10 + t, 1.0f);
             float *B = frand((size_t)(tb ? N : K) * ldb, 20 + t, 1.0f);
             float *C = frand((size_t)M * ldc, 30 + t, 1.0f);
             double *want = malloc((size_t)M * N * sizeof *want);
-            gemm_ref(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, beta, C, ldc, want);
-            fsdp_cpu_gemm(&e.ctx, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, beta, C, ldc);
+            gemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, want);
+            fsdp_cpu_gemm(&e.ctx, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+            ck_assert_int_eq(e.ctx.iface->sync_error(&e.ctx), FSDP_STATUS_OK);
             int bad = -1;
             for (int i = 0; i < M * N && bad < 0; i++) {
                 double w = want[i], g = C[(size_t)(i / N) * ldc + i % N];
                 if (!(fabs(g - w) <= 1e-5 * (fabs(w) + K)))
                     bad = i;
             }
-            ck_assert_msg(bad < 0, "shape %zu ta %d tb %d beta %g: C[%d,%d] %g want %g", s, ta, tb,
-                          beta, bad / N, bad % N, C[(size_t)(bad / N) * ldc + bad % N],
-                          want[bad < 0 ? 0 : bad]);
+            ck_assert_msg(bad < 0, "shape %zu ta %d tb %d alpha %g beta %g: C[%d,%d] %g want %g",
+                          s, ta, tb, alpha, beta, bad / N, bad % N,
+                          C[(size_t)(bad / N) * ldc + bad % N], want[bad < 0 ? 0 : bad]);
             free(A), free(B), free(C), free(want);
         }
     }

@@ -32,22 +32,8 @@
 #include "models/llama.h"
 #include "models/registry.h"
 #include "ops/cpu/blas.h"
+#include "bench_cases.h"
 #include "bench_torch.h"
-
-typedef struct bench_case {
-    const char *model; /* a GPT-2 spec (fsdp_model_from_spec) */
-    const char *label;
-    int B, T, iters;
-} bench_case;
-
-static const bench_case bench_cases[] = {
-    {"small", "small (L2 H4 C128 V256)", 8, 64, 20},
-    {"gpt2", "gpt2 124M (L12 H12 C768)", 4, 64, 3},
-    /* Llama: 12 layers, C 768, 12 query / 4 kv heads of 64, SwiGLU 2048, a
-     * Llama 2 / Mistral-sized vocabulary (32000), untied head */
-    {"llama:layers=12,heads=12,kv_heads=4,hidden=768,intermediate=2048,head_dim=64,vocab=32000,"
-     "context=256", "llama (L12 H12/4 C768 V32k)", 2, 256, 3},
-};
 
 typedef struct bench_result {
     double tok_s, fwd_ms, bwd_ms;
@@ -250,8 +236,7 @@ int main(int argc, char **argv)
     fsdp_cpu_print_header(stdout, 1, threads);
     printf("%-26s %4s %5s | %12s %9s %9s | %12s %9s %9s | %6s\n", "model", "B", "T", "C tok/s",
            "fwd ms", "bwd ms", "torch tok/s", "fwd ms", "bwd ms", "ratio");
-    int n = (int)(sizeof bench_cases / sizeof bench_cases[0]);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < BENCH_N_CASES; i++) {
         const bench_case *bc = &bench_cases[i];
         if (only && strncmp(only, bc->model, strlen(only)) != 0)
             continue;

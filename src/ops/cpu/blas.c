@@ -35,14 +35,16 @@ static struct {
     cblas_sgemm_fn sgemm;
     fsdp_status status;
     bool openblas_only;      /* FSDP_CPU_GEMM pins OpenBLAS for every dtype */
-    bool bf16_dot;           /* oneDNN runs bf16 GEMMs (set by bf16_once) */
+    bool bf16_dot;           /* oneDNN runs bf16 GEMMs (set by dnnl_once) */
+    bool f32_dnnl;           /* oneDNN runs fsdp_cpu_gemm's fp32 GEMMs (dnnl_once) */
     char err[512];
     char core[32];           /* the OpenBLAS core in use */
-    char desc[384];          /* OpenBLAS part, then "; bf16: ..." (bf16_once) */
+    char openblas[256];      /* "OpenBLAS 0.3.21 Cooperlake kernel (...)" */
+    char desc[640];          /* "fp32: ...; bf16: ..." (dnnl_once) */
     char warn[512];
 } g_blas;
 
-static pthread_once_t bf16_once = PTHREAD_ONCE_INIT;
+static pthread_once_t dnnl_once = PTHREAD_ONCE_INIT;
 
 /* ---- which core for which CPU ----------------------------------------- */
 
@@ -256,8 +258,8 @@ static void blas_load(void)
                  "OPENBLAS_CORETYPE asked for" : "OpenBLAS picked", first);
     else if (pin || openblas_only)
         snprintf(how, sizeof how, ", pinned by FSDP_CPU_GEMM");
-    snprintf(g_blas.desc, sizeof g_blas.desc, "OpenBLAS %s %s kernel (%s%s)", openblas_version(),
-             name, isa_name(got), how);
+    snprintf(g_blas.openblas, sizeof g_blas.openblas, "OpenBLAS %s %s kernel (%s%s)",
+             openblas_version(), name, isa_name(got), how);
     if (pin && strcasecmp(pin, name))
         snprintf(g_blas.warn, sizeof g_blas.warn,
                  "FSDP_CPU_GEMM pins OpenBLAS core '%s' but OpenBLAS runs '%s' (it does not know "
@@ -282,14 +284,25 @@ __attribute__((constructor)) static void blas_load_at_start(void) { blas_load();
 
 /* ---- queries and calls ------------------------------------------------- */
 
-/* oneDNN is asked on first need, not at start: it compiles a test kernel. */
-static void bf16_probe(void)
+/* oneDNN is asked on first need, not at start: it compiles test kernels.
+ * fp32 GEMMs go to oneDNN where it has brgemm kernels for fp32 (AVX-512):
+ * there its kernels beat OpenBLAS's on every GEMM shape of the models
+ * (tools/bench_gemm.c: 3-25% per shape, 9-10% of a step's GEMM time on one
+ * Zen 4 core); elsewhere it has only its jit sgemm, not measured against
+ * OpenBLAS, which stays. Attention's small products (alpha != 1) call
+ * OpenBLAS directly either way. */
+static void dnnl_probe(void)
 {
-    char bf16[160] = "widened to fp32 (pinned by FSDP_CPU_GEMM)";
-    if (g_blas.status == FSDP_STATUS_OK && !g_blas.openblas_only)
+    char bf16[160] = "widened to fp32 (pinned by FSDP_CPU_GEMM)", f32[160] = "";
+    if (g_blas.status == FSDP_STATUS_OK && !g_blas.openblas_only) {
         g_blas.bf16_dot = fsdp_cpu_dnnl_probe(bf16, sizeof bf16);
-    size_t n = strlen(g_blas.desc);
-    snprintf(g_blas.desc + n, sizeof g_blas.desc - n, "; bf16: %s", bf16);
+        g_blas.f32_dnnl = fsdp_cpu_dnnl_probe_f32(f32, sizeof f32);
+    }
+    if (g_blas.f32_dnnl)
+        snprintf(g_blas.desc, sizeof g_blas.desc, "fp32: %s (attention: %s); bf16: %s", f32,
+                 g_blas.openblas, bf16);
+    else
+        snprintf(g_blas.desc, sizeof g_blas.desc, "fp32: %s; bf16: %s", g_blas.openblas, bf16);
 }
 
 fsdp_status fsdp_cpu_blas_status(void)
@@ -302,7 +315,7 @@ fsdp_status fsdp_cpu_blas_status(void)
 
 const char *fsdp_cpu_blas_describe(void)
 {
-    pthread_once(&bf16_once, bf16_probe);
+    pthread_once(&dnnl_once, dnnl_probe);
     return g_blas.status == FSDP_STATUS_OK ? g_blas.desc : "no GEMM library (see the error)";
 }
 
@@ -317,8 +330,14 @@ const char *fsdp_cpu_blas_core(void) { return g_blas.core; }
 
 bool fsdp_cpu_blas_bf16_dot(void)
 {
-    pthread_once(&bf16_once, bf16_probe);
+    pthread_once(&dnnl_once, dnnl_probe);
     return g_blas.bf16_dot;
+}
+
+bool fsdp_cpu_blas_f32_dnnl(void)
+{
+    pthread_once(&dnnl_once, dnnl_probe);
+    return g_blas.f32_dnnl;
 }
 
 void fsdp_cpu_blas_sgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A,

@@ -2,10 +2,18 @@
  * blas.h - the GEMM libraries behind the cpu backend, loaded once per
  * process, and the kernel each one runs.
  *
- * fp32 products go through OpenBLAS, loaded with dlopen before main (a
- * constructor) so that its kernel ("core") can be chosen: OpenBLAS picks a
- * core from the CPU's model number when it loads, and falls back to a slow
- * one (Prescott, SSE3) on models it does not know. When its pick uses a
+ * fp32 products of fsdp_cpu_gemm (alpha 1, K > 0: the linear layers) go
+ * through oneDNN (dnnl.c) where it has AVX-512 brgemm kernels for fp32
+ * (faster than OpenBLAS's on every such GEMM of the models,
+ * tools/bench_gemm.c); elsewhere, and attention's products
+ * (fsdp_cpu_blas_sgemm), through OpenBLAS. The choice depends on the
+ * machine and FSDP_CPU_GEMM, never (K = 0 aside) on a product's sizes, the
+ * thread count or the device count.
+ *
+ * OpenBLAS is loaded with dlopen before main (a constructor) so that its
+ * kernel ("core") can be chosen: OpenBLAS picks a core from the CPU's
+ * model number when it loads, and falls back to a slow one (Prescott,
+ * SSE3) on models it does not know. When its pick uses a
  * narrower instruction set than the CPU's features allow, it is loaded
  * again with OPENBLAS_CORETYPE set to the core those features call for.
  * The choice never reads model numbers, only feature bits.
@@ -20,7 +28,7 @@
  *
  * FSDP_CPU_GEMM (read once, before main) pins the choice:
  *   auto (default)          the above;
- *   openblas                OpenBLAS for every dtype (bf16 widened), core as above;
+ *   openblas                OpenBLAS for every product (bf16 widened), core as above;
  *   openblas:CORE           that OpenBLAS core (e.g. openblas:Haswell) for every
  *                           dtype: the same bits on every machine that runs it.
  */
@@ -61,8 +69,10 @@ const char *fsdp_cpu_openblas_override(const char *picked, fsdp_cpu_gemm_isa cpu
 fsdp_status fsdp_cpu_blas_status(void);
 
 /* One line for run headers: library, version and kernel for fp32 and for
- * bf16 products, e.g. "OpenBLAS 0.3.21 Cooperlake kernel; bf16: oneDNN
- * 2.6.3 avx512_core_bf16". */
+ * bf16 products, e.g. "fp32: oneDNN 2.6.3 avx512_core kernels (attention:
+ * OpenBLAS 0.3.21 Cooperlake kernel (AVX-512 BF16)); bf16: oneDNN 2.6.3
+ * brg:avx512_core_bf16", or "fp32: OpenBLAS 0.3.21 Haswell kernel (AVX2);
+ * bf16: widened to fp32 (...)". */
 const char *fsdp_cpu_blas_describe(void);
 
 /* A warning for run headers, or NULL: the kernel in use is a slow fallback
@@ -77,6 +87,11 @@ const char *fsdp_cpu_blas_core(void);
 /* Whether bf16 GEMMs use bf16 dot-product instructions (oneDNN), rather
  * than widening to fp32. */
 bool fsdp_cpu_blas_bf16_dot(void);
+
+/* Whether fsdp_cpu_gemm's fp32 products run in oneDNN rather than
+ * OpenBLAS (fp32 brgemm kernels available, FSDP_CPU_GEMM not pinning
+ * OpenBLAS). */
+bool fsdp_cpu_blas_f32_dnnl(void);
 
 /* Print the cpu backend's lines of a run header to out (NULL: nothing):
  * threads per device for n_devices devices given --threads-per-device

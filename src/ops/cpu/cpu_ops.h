@@ -93,7 +93,10 @@ bool fsdp_cpu_gemm_ready(fsdp_op_ctx *ctx);
 /* GEMMs on ctx's team (gemm.c). Row-major C (M, N) = alpha op(A) op(B) +
  * beta C, op(A) (M, K) (A stored (K, M) when ta), op(B) (K, N) (B stored
  * (N, K) when tb). The larger of M and N is split into tiles fixed by the
- * shape, each a single-threaded library call; K is never split. */
+ * shape, each a single-threaded library call; K is never split. The
+ * library: oneDNN when fsdp_cpu_blas_f32_dnnl() and alpha is 1, beta 0 or
+ * 1 and K > 0, else OpenBLAS; a oneDNN failure is recorded for sync_error
+ * (C unspecified). */
 void fsdp_cpu_gemm(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K, float alpha,
                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 

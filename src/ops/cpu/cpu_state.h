@@ -13,7 +13,7 @@ struct fsdp_cpu_ops_state {
     size_t numel[FSDP_CPU_SLOT_COUNT]; /* capacity of buf[k], elements */
     fsdp_status err;                   /* first failure since fsdp_cpu_ops_sync_error */
     char err_msg[512];
-    fsdp_cpu_dnnl *dnnl;               /* bf16 GEMM primitives; NULL until used */
+    fsdp_cpu_dnnl *dnnl;               /* oneDNN GEMM primitives; NULL until used */
 };
 
 /* ctx's state, created on first use (aborts only if a few hundred bytes

@@ -1,6 +1,7 @@
 /*
  * dnnl_none.c - built instead of dnnl.c when oneDNN 2.x is not found: bf16
- * GEMMs are widened to fp32 and run through OpenBLAS (see dnnl.h).
+ * GEMMs are widened to fp32, and all fp32 GEMMs run through OpenBLAS (see
+ * dnnl.h).
  */
 #include <stdio.h>
 
@@ -13,6 +14,12 @@ bool fsdp_cpu_dnnl_probe(char *desc, size_t cap)
     return false;
 }
 
+bool fsdp_cpu_dnnl_probe_f32(char *desc, size_t cap)
+{
+    snprintf(desc, cap, "built without oneDNN");
+    return false;
+}
+
 fsdp_status fsdp_cpu_dnnl_prepare(fsdp_cpu_dnnl **state, const fsdp_cpu_dnnl_shape *shape,
                                   int n_workers, fsdp_cpu_dnnl_prim **out)
 {
@@ -21,10 +28,16 @@ fsdp_status fsdp_cpu_dnnl_prepare(fsdp_cpu_dnnl **state, const fsdp_cpu_dnnl_sha
 }
 
 fsdp_status fsdp_cpu_dnnl_run(fsdp_cpu_dnnl *state, const fsdp_cpu_dnnl_prim *prim, int worker,
-                              const fsdp_bf16 *A, const fsdp_bf16 *B, float *C)
+                              const void *A, const void *B, float *C)
 {
     (void)state, (void)prim, (void)worker, (void)A, (void)B, (void)C;
     return fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "cpu ops: this build has no oneDNN");
+}
+
+const char *fsdp_cpu_dnnl_impl(const fsdp_cpu_dnnl_prim *prim)
+{
+    (void)prim;
+    return "none";
 }
 
 void fsdp_cpu_dnnl_free(fsdp_cpu_dnnl *state) { (void)state; }

@@ -3,8 +3,9 @@
  *
  * A product is split into tiles along the larger output dimension (rows M
  * or columns N of C), with tile sizes that depend on the shape only; each
- * tile is one single-threaded library call (blas.h: OpenBLAS sgemm, or
- * oneDNN for bf16 operands). The reduction dimension K is never split, and
+ * tile is one single-threaded library call (blas.h: a oneDNN matmul
+ * primitive, made once per tile shape, or OpenBLAS sgemm where oneDNN does
+ * not run fp32 products). The reduction dimension K is never split, and
  * a tile computes the same call whichever thread runs it, so C's bits do not
  * depend on the thread count. Small products are one tile.
  *
@@ -48,8 +49,6 @@ bool fsdp_cpu_gemm_ready(fsdp_op_ctx *ctx)
     return false;
 }
 
-/* ---- fp32 ---------------------------------------------------------------- */
-
 typedef struct gemm_job {
     bool ta, tb, along_m;
     int M, N, K, lda, ldb, ldc, tile;
@@ -57,7 +56,7 @@ typedef struct gemm_job {
     const void *A, *B;
     float *C;
     size_t esize; /* bytes per element of A and B */
-    /* bf16 only */
+    /* oneDNN only */
     fsdp_cpu_dnnl *dnnl;
     fsdp_cpu_dnnl_prim *prim_full, *prim_tail;
     int n_tiles;
@@ -88,6 +87,8 @@ static void tile_of(const gemm_job *j, size_t k, const char **A, const char **B,
     }
 }
 
+/* ---- OpenBLAS --------------------------------------------------------------- */
+
 static void sgemm_tile(void *arg, size_t k, int worker)
 {
     const gemm_job *j = arg;
@@ -99,6 +100,55 @@ static void sgemm_tile(void *arg, size_t k, int worker)
                         (const float *)B, j->ldb, j->beta, C, j->ldc);
 }
 
+/* ---- oneDNN ----------------------------------------------------------------- */
+
+static void dnnl_tile(void *arg, size_t k, int worker)
+{
+    gemm_job *j = arg;
+    const char *A, *B;
+    float *C;
+    int m, n;
+    tile_of(j, k, &A, &B, &C, &m, &n);
+    const fsdp_cpu_dnnl_prim *p = (int)k == j->n_tiles - 1 ? j->prim_tail : j->prim_full;
+    fsdp_status st = fsdp_cpu_dnnl_run(j->dnnl, p, worker, A, B, C);
+    int expect = 0;
+    if (st != FSDP_STATUS_OK && atomic_compare_exchange_strong(&j->failed, &expect, (int)st))
+        snprintf(j->msg, sizeof j->msg, "%s", fsdp_error_msg());
+}
+
+/* Job j (tiled, alpha 1, K > 0) through oneDNN: the primitives for a full
+ * tile and for the last (maybe short) one, prepared on this thread, then
+ * the tiles on the team; f32: A and B are fp32, else bf16. */
+static void dnnl_gemm(fsdp_op_ctx *ctx, gemm_job *j, bool f32)
+{
+    struct fsdp_cpu_ops_state *s = fsdp_cpu_state(ctx);
+    int L = j->along_m ? j->M : j->N, last = L - (j->n_tiles - 1) * j->tile;
+    fsdp_cpu_dnnl_shape sh = {.f32 = f32, .ta = j->ta, .tb = j->tb, .M = j->M, .N = j->N,
+                              .K = j->K, .lda = j->lda, .ldb = j->ldb, .ldc = j->ldc,
+                              .beta = j->beta};
+    int workers = fsdp_cpu_threads(ctx);
+    fsdp_status st = FSDP_STATUS_OK;
+    if (j->n_tiles > 1) {
+        *(j->along_m ? &sh.M : &sh.N) = j->tile;
+        st = fsdp_cpu_dnnl_prepare(&s->dnnl, &sh, workers, &j->prim_full);
+    }
+    *(j->along_m ? &sh.M : &sh.N) = last;
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_cpu_dnnl_prepare(&s->dnnl, &sh, workers, &j->prim_tail);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_cpu_ops_fail(ctx, st);
+        return;
+    }
+    j->dnnl = s->dnnl;
+    fsdp_cpu_parallel(ctx, (size_t)j->n_tiles, dnnl_tile, j);
+    if (atomic_load(&j->failed)) {
+        fsdp_error_set((fsdp_status)atomic_load(&j->failed), "%s", j->msg);
+        fsdp_cpu_ops_fail(ctx, (fsdp_status)atomic_load(&j->failed));
+    }
+}
+
+/* ---- entry points ----------------------------------------------------------- */
+
 void fsdp_cpu_gemm(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K, float alpha,
                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
@@ -108,24 +158,10 @@ void fsdp_cpu_gemm(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K, floa
                   .ldc = ldc, .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C,
                   .esize = sizeof(float)};
     fsdp_cpu_gemm_tiles(M, N, K, &j.along_m, &j.tile, &j.n_tiles);
-    fsdp_cpu_parallel(ctx, (size_t)j.n_tiles, sgemm_tile, &j);
-}
-
-/* ---- bf16 ---------------------------------------------------------------- */
-
-static void bf16_tile(void *arg, size_t k, int worker)
-{
-    gemm_job *j = arg;
-    const char *A, *B;
-    float *C;
-    int m, n;
-    tile_of(j, k, &A, &B, &C, &m, &n);
-    const fsdp_cpu_dnnl_prim *p = (int)k == j->n_tiles - 1 ? j->prim_tail : j->prim_full;
-    fsdp_status st = fsdp_cpu_dnnl_run(j->dnnl, p, worker, (const fsdp_bf16 *)A,
-                                       (const fsdp_bf16 *)B, C);
-    int expect = 0;
-    if (st != FSDP_STATUS_OK && atomic_compare_exchange_strong(&j->failed, &expect, (int)st))
-        snprintf(j->msg, sizeof j->msg, "%s", fsdp_error_msg());
+    if (alpha == 1.0f && K > 0 && (beta == 0.0f || beta == 1.0f) && fsdp_cpu_blas_f32_dnnl())
+        dnnl_gemm(ctx, &j, true);
+    else
+        fsdp_cpu_parallel(ctx, (size_t)j.n_tiles, sgemm_tile, &j);
 }
 
 void fsdp_cpu_gemm_bf16(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K,
@@ -134,32 +170,9 @@ void fsdp_cpu_gemm_bf16(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K,
 {
     if (M <= 0 || N <= 0)
         return;
-    struct fsdp_cpu_ops_state *s = fsdp_cpu_state(ctx);
     gemm_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb,
                   .ldc = ldc, .alpha = 1.0f, .beta = beta, .A = A, .B = B, .C = C,
                   .esize = sizeof(fsdp_bf16)};
     fsdp_cpu_gemm_tiles(M, N, K, &j.along_m, &j.tile, &j.n_tiles);
-    /* the primitives for a full tile and for the last (maybe short) one */
-    int L = j.along_m ? M : N, last = L - (j.n_tiles - 1) * j.tile;
-    fsdp_cpu_dnnl_shape sh = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda,
-                              .ldb = ldb, .ldc = ldc, .beta = beta};
-    int workers = fsdp_cpu_threads(ctx);
-    fsdp_status st = FSDP_STATUS_OK;
-    if (j.n_tiles > 1) {
-        *(j.along_m ? &sh.M : &sh.N) = j.tile;
-        st = fsdp_cpu_dnnl_prepare(&s->dnnl, &sh, workers, &j.prim_full);
-    }
-    *(j.along_m ? &sh.M : &sh.N) = last;
-    if (st == FSDP_STATUS_OK)
-        st = fsdp_cpu_dnnl_prepare(&s->dnnl, &sh, workers, &j.prim_tail);
-    if (st != FSDP_STATUS_OK) {
-        fsdp_cpu_ops_fail(ctx, st);
-        return;
-    }
-    j.dnnl = s->dnnl;
-    fsdp_cpu_parallel(ctx, (size_t)j.n_tiles, bf16_tile, &j);
-    if (atomic_load(&j.failed)) {
-        fsdp_error_set((fsdp_status)atomic_load(&j.failed), "%s", j.msg);
-        fsdp_cpu_ops_fail(ctx, (fsdp_status)atomic_load(&j.failed));
-    }
+    dnnl_gemm(ctx, &j, false);
 }

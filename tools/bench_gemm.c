@@ -1,0 +1,300 @@
+/*
+ * bench_gemm.c - OpenBLAS against oneDNN on the fp32 GEMMs of one training
+ * step of bench_model's models, on one thread.
+ *
+ * Why: the fp32 step on the cpu backend is GEMM-bound, and the two libraries
+ * the backend loads (blas.h) both have AVX-512 fp32 kernels; which one to
+ * run is a measurement, made here on the step's own products. For every
+ * linear layer of a model (its three GEMMs: y = x w^T with beta 0, dx += dy
+ * w and dw += dy^T x with beta 1) the product is split into the tiles
+ * gemm.c makes (fsdp_cpu_gemm_tiles: the backend always runs those, on any
+ * thread count) and each tile is one call of each library: OpenBLAS
+ * cblas_sgemm, and a oneDNN matmul primitive created once per tile shape
+ * and run many times, as gemm.c does. Each line: the best time of each
+ * library (alternating, at least --min-ms of each), the GFLOP/s, and the
+ * largest difference between their results relative to the largest
+ * element. The totals weigh each GEMM by how often a step runs it (once
+ * per layer; the head once).
+ *
+ *   build/tools/bench_gemm [--only small|gpt2|llama] [--tokens N] [--min-ms MS]
+ *
+ * --tokens replaces the model's B*T (the M of the products). The header
+ * says which kernels the backend runs by default (FSDP_CPU_GEMM chooses).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/rng.h"
+#include "device/cpu.h"
+#include "models/gpt2.h"
+#include "models/llama.h"
+#include "models/registry.h"
+#include "ops/cpu/blas.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/dnnl.h"
+#include "bench_cases.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A linear layer: inp (tokens, C) @ w (OC, C)^T, run n times a step. */
+typedef struct linear {
+    const char *name;
+    int C, OC, n;
+} linear;
+
+/* The linear layers of model m (as models/gpt2.c and models/llama.c call
+ * matmul_fwd/bwd); their count, at most 8. */
+static int model_linears(const fsdp_model *m, linear *out)
+{
+    const fsdp_gpt2_config *g = fsdp_gpt2_config_of(m);
+    const fsdp_llama_config *l = fsdp_llama_config_of(m);
+    if (g) {
+        int C = g->n_embd, L = g->n_layer;
+        out[0] = (linear){"qkv", C, 3 * C, L};
+        out[1] = (linear){"attn.proj", C, C, L};
+        out[2] = (linear){"fc", C, 4 * C, L};
+        out[3] = (linear){"fc.proj", 4 * C, C, L};
+        out[4] = (linear){"head", C, g->padded_vocab_size, 1};
+        return 5;
+    }
+    if (l) {
+        int C = l->n_embd, L = l->n_layer, hd = l->head_dim;
+        out[0] = (linear){"qkv", C, (l->n_head + 2 * l->n_kv_head) * hd, L};
+        out[1] = (linear){"o", l->n_head * hd, C, L};
+        out[2] = (linear){"gate_up", C, 2 * l->n_inter, L};
+        out[3] = (linear){"down", l->n_inter, C, L};
+        out[4] = (linear){"head", C, l->padded_vocab_size, 1};
+        return 5;
+    }
+    return 0;
+}
+
+/* One product as gemm.c runs it: C (M, N) = op(A) op(B) + beta C, tiled. */
+typedef struct product {
+    bool ta, tb, along_m;
+    int M, N, K, lda, ldb, ldc, tile, n_tiles;
+    float beta;
+} product;
+
+/* Tile k of p: its A, B, C and extent (gemm.c's tile_of). */
+static void tile_of(const product *p, int k, const float **A, const float **B, float **C,
+                    int *m, int *n)
+{
+    int o = k * p->tile, L = p->along_m ? p->M : p->N;
+    int w = L - o < p->tile ? L - o : p->tile;
+    *m = p->M;
+    *n = p->N;
+    if (p->along_m) {
+        *A += (size_t)o * (p->ta ? 1 : (size_t)p->lda);
+        *C += (size_t)o * p->ldc;
+        *m = w;
+    } else {
+        *B += (size_t)o * (p->tb ? (size_t)p->ldb : 1);
+        *C += o;
+        *n = w;
+    }
+}
+
+static void run_openblas(const product *p, const float *A, const float *B, float *C)
+{
+    for (int k = 0; k < p->n_tiles; k++) {
+        const float *a = A, *b = B;
+        float *c = C;
+        int m, n;
+        tile_of(p, k, &a, &b, &c, &m, &n);
+        fsdp_cpu_blas_sgemm(p->ta, p->tb, m, n, p->K, 1.0f, a, p->lda, b, p->ldb, p->beta, c,
+                            p->ldc);
+    }
+}
+
+/* The oneDNN primitives for p's full and last tiles. */
+static fsdp_status prepare_onednn(fsdp_cpu_dnnl **dnnl, const product *p,
+                                  fsdp_cpu_dnnl_prim **full, fsdp_cpu_dnnl_prim **tail)
+{
+    fsdp_cpu_dnnl_shape sh = {.f32 = true, .ta = p->ta, .tb = p->tb, .M = p->M, .N = p->N,
+                              .K = p->K, .lda = p->lda, .ldb = p->ldb, .ldc = p->ldc,
+                              .beta = p->beta};
+    int L = p->along_m ? p->M : p->N, last = L - (p->n_tiles - 1) * p->tile;
+    *(p->along_m ? &sh.M : &sh.N) = p->tile;
+    FSDP_TRY(fsdp_cpu_dnnl_prepare(dnnl, &sh, 1, full));
+    *(p->along_m ? &sh.M : &sh.N) = last;
+    return fsdp_cpu_dnnl_prepare(dnnl, &sh, 1, tail);
+}
+
+static void run_onednn(fsdp_cpu_dnnl *dnnl, const product *p, fsdp_cpu_dnnl_prim *full,
+                       fsdp_cpu_dnnl_prim *tail, const float *A, const float *B, float *C)
+{
+    for (int k = 0; k < p->n_tiles; k++) {
+        const float *a = A, *b = B;
+        float *c = C;
+        int m, n;
+        tile_of(p, k, &a, &b, &c, &m, &n);
+        if (fsdp_cpu_dnnl_run(dnnl, k == p->n_tiles - 1 ? tail : full, 0, a, b, c) !=
+            FSDP_STATUS_OK) {
+            fprintf(stderr, "bench_gemm: %s\n", fsdp_error_msg());
+            exit(1);
+        }
+    }
+}
+
+static float *rand_floats(size_t n, uint64_t seed)
+{
+    float *p = malloc(n * sizeof *p);
+    if (!p) {
+        fprintf(stderr, "bench_gemm: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < n; i++)
+        p[i] = 2.0f * fsdp_rng_uniform(seed, 0, i) - 1.0f;
+    return p;
+}
+
+typedef struct totals {
+    double openblas_s, onednn_s, best_s, flop;
+} totals;
+
+/* Time product p (run n_per_step times a step) with both libraries; one
+ * line; adds to t. */
+static void bench_product(const char *label, product p, int n_per_step, double min_s,
+                          fsdp_cpu_dnnl **dnnl, totals *t)
+{
+    fsdp_cpu_gemm_tiles(p.M, p.N, p.K, &p.along_m, &p.tile, &p.n_tiles);
+    size_t na = (size_t)p.M * p.K, nb = (size_t)p.K * p.N, nc = (size_t)p.M * p.N;
+    float *A = rand_floats(na, 1), *B = rand_floats(nb, 2), *C0 = rand_floats(nc, 3);
+    float *C1 = malloc(nc * sizeof *C1), *C2 = malloc(nc * sizeof *C2);
+    if (!C1 || !C2) {
+        fprintf(stderr, "bench_gemm: out of memory\n");
+        exit(1);
+    }
+    fsdp_cpu_dnnl_prim *full = NULL, *tail = NULL;
+    bool have_dnnl = prepare_onednn(dnnl, &p, &full, &tail) == FSDP_STATUS_OK;
+
+    /* the two results from the same C */
+    memcpy(C1, C0, nc * sizeof *C1);
+    memcpy(C2, C0, nc * sizeof *C2);
+    run_openblas(&p, A, B, C1);
+    double diff = 0, top = 0;
+    if (have_dnnl) {
+        run_onednn(*dnnl, &p, full, tail, A, B, C2);
+        for (size_t i = 0; i < nc; i++) {
+            diff = fmax(diff, fabs((double)C1[i] - C2[i]));
+            top = fmax(top, fabs((double)C1[i]));
+        }
+    }
+    double best_o = 1e30, best_d = 1e30, spent_o = 0, spent_d = 0;
+    for (int r = 0; r < 3 || spent_o < min_s || (have_dnnl && spent_d < min_s); r++) {
+        double t0 = now_s();
+        run_openblas(&p, A, B, C1);
+        double t1 = now_s();
+        if (have_dnnl)
+            run_onednn(*dnnl, &p, full, tail, A, B, C2);
+        double t2 = now_s();
+        spent_o += t1 - t0;
+        spent_d += t2 - t1;
+        best_o = fmin(best_o, t1 - t0);
+        best_d = fmin(best_d, t2 - t1);
+    }
+    double flop = 2.0 * p.M * p.N * p.K;
+    char tiles[32];
+    snprintf(tiles, sizeof tiles, "%dx%d%s", p.n_tiles, p.tile, p.along_m ? "M" : "N");
+    printf("  %-17s %c%c %5d %5d %5d %4.0f %3d %-9s | %7.1f | ", label, p.ta ? 'T' : 'N',
+           p.tb ? 'T' : 'N', p.M, p.N, p.K, p.beta, n_per_step, tiles, flop / best_o * 1e-9);
+    if (have_dnnl)
+        printf("%7.1f %-18s | %+6.1f%% | %.1e\n", flop / best_d * 1e-9,
+               fsdp_cpu_dnnl_impl(full ? full : tail), 100.0 * (best_o / best_d - 1.0),
+               top > 0 ? diff / top : diff);
+    else
+        printf("%7s %-18s |\n", "n/a", "");
+    fflush(stdout);
+    t->openblas_s += n_per_step * best_o;
+    t->onednn_s += n_per_step * (have_dnnl ? best_d : best_o);
+    t->best_s += n_per_step * (have_dnnl ? fmin(best_o, best_d) : best_o);
+    t->flop += n_per_step * flop;
+    free(A), free(B), free(C0), free(C1), free(C2);
+}
+
+static void bench_model_gemms(const bench_case *bc, int tokens, double min_s,
+                              fsdp_cpu_dnnl **dnnl)
+{
+    fsdp_model m;
+    if (fsdp_model_from_spec(bc->model, &m) != FSDP_STATUS_OK) {
+        fprintf(stderr, "bench_gemm: %s: %s\n", bc->model, fsdp_error_msg());
+        exit(1);
+    }
+    linear lin[8];
+    int n_lin = model_linears(&m, lin);
+    int T = tokens > 0 ? tokens : bc->B * bc->T;
+    printf("\n%s, %d tokens\n", bc->label, T);
+    printf("  %-17s %2s %5s %5s %5s %4s %3s %-9s | %7s | %7s %-18s | %7s | %s\n", "gemm", "op",
+           "M", "N", "K", "beta", "n", "tiles", "OpenBLAS", "oneDNN", "(kernel)", "oneDNN",
+           "max diff");
+    totals t = {0};
+    for (int i = 0; i < n_lin; i++) {
+        const linear *l = &lin[i];
+        char label[64];
+        snprintf(label, sizeof label, "%s fwd", l->name); /* y = x w^T */
+        bench_product(label, (product){.tb = true, .M = T, .N = l->OC, .K = l->C, .lda = l->C,
+                                       .ldb = l->C, .ldc = l->OC},
+                      l->n, min_s, dnnl, &t);
+        snprintf(label, sizeof label, "%s dx", l->name); /* dx += dy w */
+        bench_product(label, (product){.M = T, .N = l->C, .K = l->OC, .lda = l->OC,
+                                       .ldb = l->C, .ldc = l->C, .beta = 1.0f},
+                      l->n, min_s, dnnl, &t);
+        snprintf(label, sizeof label, "%s dw", l->name); /* dw += dy^T x */
+        bench_product(label, (product){.ta = true, .M = l->OC, .N = l->C, .K = T, .lda = l->OC,
+                                       .ldb = l->C, .ldc = l->C, .beta = 1.0f},
+                      l->n, min_s, dnnl, &t);
+    }
+    printf("  step's GEMMs (%.1f GFLOP): OpenBLAS %.1f ms (%.1f GFLOP/s), oneDNN %.1f ms "
+           "(%.1f GFLOP/s): oneDNN %+.1f%%; the faster of the two per GEMM %.1f ms\n",
+           t.flop * 1e-9, t.openblas_s * 1e3, t.flop / t.openblas_s * 1e-9, t.onednn_s * 1e3,
+           t.flop / t.onednn_s * 1e-9, 100.0 * (t.openblas_s / t.onednn_s - 1.0),
+           t.best_s * 1e3);
+    fsdp_model_free(&m);
+}
+
+int main(int argc, char **argv)
+{
+    const char *only = NULL;
+    int tokens = 0;
+    double min_ms = 300;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc)
+            tokens = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--min-ms") && i + 1 < argc)
+            min_ms = atof(argv[++i]);
+        else
+            tokens = -1; /* usage below */
+    }
+    if (tokens < 0 || min_ms < 0) {
+        fprintf(stderr, "usage: %s [--only small|gpt2|llama] [--tokens N] [--min-ms MS]\n",
+                argv[0]);
+        return 2;
+    }
+    if (fsdp_cpu_blas_status() != FSDP_STATUS_OK) {
+        fprintf(stderr, "bench_gemm: %s\n", fsdp_error_msg());
+        return 1;
+    }
+    fsdp_device_cpu_set_threads(1);
+    printf("fp32 GEMMs of a training step, one thread, tiled as the cpu backend tiles them; "
+           "GFLOP/s, best of >= %.0f ms each\n", min_ms);
+    fsdp_cpu_print_header(stdout, 1, 1);
+    printf("OpenBLAS core: %s; oneDNN: each line's kernel; op: NT = x w^T, NN = dy w, "
+           "TN = dy^T x; n: runs per step\n", fsdp_cpu_blas_core());
+    fsdp_cpu_dnnl *dnnl = NULL;
+    for (int i = 0; i < BENCH_N_CASES; i++)
+        if (!only || !strncmp(only, bench_cases[i].model, strlen(only)))
+            bench_model_gemms(&bench_cases[i], tokens, min_ms * 1e-3, &dnnl);
+    fsdp_cpu_dnnl_free(dnnl);
+    return 0;
+}
