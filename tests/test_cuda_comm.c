@@ -498,7 +498,10 @@ static float want_gather(int rank, size_t i)
 {
     return label(rank / G_LOCAL * G_LOCAL + (int)(i / 1001), i % 1001);
 }
-static float want_bcast(int rank, size_t e) { return label((G_NODES - 1) * G_LOCAL + rank % G_LOCAL, e); }
+static float want_bcast(int rank, size_t e)
+{
+    return label((G_NODES - 1) * G_LOCAL + rank % G_LOCAL, e);
+}
 
 static fsdp_status group_rank(fsdp_world *w, int rank, void *arg)
 {

@@ -14,8 +14,9 @@
  * set up at the same time: the engine makes the node groups, then the
  * cross groups, on every rank), so one exchange serves every group. Every
  * rank's host and GPU (PCI bus id) travel with it, so a GPU given to two
- * members of a group is refused by every member alike before NCCL sees it. Each rank thread then calls ncclCommInitRankConfig
- * on its own device with a NON-BLOCKING config, so no host thread ever
+ * members of a group is refused by every member alike before NCCL sees it.
+ * Each rank thread then calls ncclCommInitRankConfig on its own device
+ * with a NON-BLOCKING config, so no host thread ever
  * blocks inside NCCL: init, every call and finalisation return at once (or
  * ncclInProgress) and this file polls ncclCommGetAsyncError, checking the
  * world's abort flag between polls. After init every rank passes a world
@@ -26,8 +27,8 @@
  * then hang teardown. So the communicator is aborted (ncclCommAbort, which
  * ends such kernels) the moment this rank sees the world's abort flag or
  * an NCCL error: in this file's polls, and, through the stop hook each
- * communicator registers for its rank at init (core/world.h), in the cuda device's stream and event
- * waits and in teardown's fsdp_world_rank_stop, which runs before any
+ * communicator registers for its rank at init (core/world.h), in the cuda
+ * device's stream and event waits and in teardown's fsdp_world_rank_stop, which runs before any
  * device memory is freed. Later calls on an aborted communicator fail.
  * When this rank's own failure ends its communicator (an NCCL error, the
  * fault hook, a failed rank's teardown), the world is failed first, so the
@@ -144,7 +145,8 @@ static fsdp_status nccl_settle(fsdp_comm *c, const char *what)
         ncclResult_t state = ncclSuccess;
         if (!p->comm)
             return fsdp_error_set(FSDP_STATUS_ABORTED,
-                                  "rank %d: NCCL %s: the communicator was aborted", c->global_rank, what);
+                                  "rank %d: NCCL %s: the communicator was aborted", c->global_rank,
+                                  what);
         ncclResult_t rc = ncclCommGetAsyncError(p->comm, &state);
         if (rc != ncclSuccess)
             return nccl_fail(c, fsdp_error_set(FSDP_STATUS_NCCL,
@@ -210,9 +212,9 @@ static fsdp_status nccl_issued(fsdp_comm *c, const char *what, ncclResult_t rc)
     struct nccl_ctx *p = (struct nccl_ctx *)c->ctx;
     if (rc != ncclSuccess && rc != ncclInProgress)
         return nccl_fail(c, fsdp_error_set(FSDP_STATUS_NCCL,
-                                           "rank %d (GPU %d): NCCL %s failed: %s (%s)", c->global_rank,
-                                           c->dev->ordinal, what, ncclGetErrorString(rc),
-                                           ncclGetLastError(p->comm)));
+                                           "rank %d (GPU %d): NCCL %s failed: %s (%s)",
+                                           c->global_rank, c->dev->ordinal, what,
+                                           ncclGetErrorString(rc), ncclGetLastError(p->comm)));
     return nccl_settle(c, what);
 }
 
@@ -260,7 +262,8 @@ static fsdp_status nccl_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dt
     FSDP_TRY(nccl_begin(c, "broadcast", dt, FSDP_REDUCE_SUM));
     if (root < 0 || root >= c->n_ranks)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "rank %d: broadcast root %d is not a member of the communicator (0..%d)",
+                              "rank %d: broadcast root %d is not a member of the communicator "
+                              "(0..%d)",
                               c->global_rank, root, c->n_ranks - 1);
     return nccl_issued(c, "broadcast",
                        ncclBroadcast(buf, buf, numel, nccl_type(dt), root, p->comm,
