@@ -41,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "optim/job.h"
@@ -67,13 +68,6 @@ typedef struct options {
     const char *python; /* NULL: try $FSDP_PYTHON, python3, /usr/bin/python3 */
 } options;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -98,10 +92,10 @@ static timing time_runs(int iters, void (*run)(void *args, int k), void *args)
 {
     double *t = calloc((size_t)iters, sizeof *t);
     for (int k = -1; k < iters; k++) {
-        double t0 = now_s();
+        double t0 = fsdp_now_s();
         run(args, k);
         if (k >= 0)
-            t[k] = now_s() - t0;
+            t[k] = fsdp_now_s() - t0;
     }
     timing med = summarize(t, iters);
     free(t);

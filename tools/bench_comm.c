@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "comm/comm.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/world.h"
 #include "device/device.h"
@@ -37,13 +38,6 @@
 #define GOAL_MIN_BYTES ((size_t)16 << 20)
 #define GOAL_RATIO 0.5
 #define REPS 5 /* timed loops per point; the median counts */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ---- memcpy baseline ----------------------------------------------------- */
 
@@ -103,10 +97,10 @@ static double memcpy_once(size_t bytes, int reps)
         pthread_create(&tids[t], NULL, copy_main, &jobs[t]);
     }
     pthread_barrier_wait(&start);
-    double t0 = now_s();
+    double t0 = fsdp_now_s();
     for (int t = 0; t < COPY_THREADS; t++)
         pthread_join(tids[t], NULL);
-    double dt = now_s() - t0;
+    double dt = fsdp_now_s() - t0;
     pthread_barrier_destroy(&start);
     return (double)COPY_THREADS * (double)bytes * reps / dt;
 }
@@ -206,11 +200,11 @@ static fsdp_status bench_rank(fsdp_world *w, int rank, void *p)
                     mcs[rep] = memcpy_once(b->copy_bytes, 1);
                 FSDP_CHECK(fsdp_comm_barrier(&comm));
                 fsdp_comm_reset_stats(&comm);
-                double t0 = now_s();
+                double t0 = fsdp_now_s();
                 for (int i = 0; i < iters; i++)
                     FSDP_CHECK(run_op(&comm, op, send, recv, bytes));
                 FSDP_CHECK(fsdp_comm_barrier(&comm));
-                times[rep] = (now_s() - t0) / iters;
+                times[rep] = (fsdp_now_s() - t0) / iters;
             }
             if (rank == 0) {
                 b->time_s[s][op] = median(times, REPS);

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/rng.h"
 #include "device/cpu.h"
 #include "models/gpt2.h"
@@ -36,13 +37,6 @@
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/dnnl.h"
 #include "bench_cases.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* A linear layer: inp (tokens, C) @ w (OC, C)^T, run n times a step. */
 typedef struct linear {
@@ -191,12 +185,12 @@ static void bench_product(const char *label, product p, int n_per_step, double m
     }
     double best_o = 1e30, best_d = 1e30, spent_o = 0, spent_d = 0;
     for (int r = 0; r < 3 || spent_o < min_s || (have_dnnl && spent_d < min_s); r++) {
-        double t0 = now_s();
+        double t0 = fsdp_now_s();
         run_openblas(&p, A, B, C1);
-        double t1 = now_s();
+        double t1 = fsdp_now_s();
         if (have_dnnl)
             run_onednn(*dnnl, &p, full, tail, A, B, C2);
-        double t2 = now_s();
+        double t2 = fsdp_now_s();
         spent_o += t1 - t0;
         spent_d += t2 - t1;
         best_o = fmin(best_o, t1 - t0);

@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "device/cpu.h"
 #include "models/gpt2.h"
 #include "models/llama.h"
@@ -39,13 +40,6 @@ typedef struct bench_result {
     double tok_s, fwd_ms, bwd_ms;
     int ok;
 } bench_result;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void die(fsdp_status st, const char *what)
 {
@@ -99,17 +93,17 @@ static bench_result bench_c(const bench_case *bc, int iters, fsdp_dtype dt)
     for (int it = -1; it < iters; it++) { /* iteration -1 warms up */
         for (int u = 0; u < m.n_units; u++)
             memset(grads[u], 0, m.units[u].numel * sizeof(float));
-        double t0 = now_s();
+        double t0 = fsdp_now_s();
         BENCH_TRY(mi->root_forward(&m, &ctx, state, params[0]), "forward");
         for (int u = 1; u < m.n_units; u++)
             BENCH_TRY(mi->unit_forward(&m, &ctx, state, u, params[u]), "forward");
-        double t1 = now_s();
+        double t1 = fsdp_now_s();
         BENCH_TRY(mi->head_forward_backward(&m, &ctx, state, params[0], grads[0], 1.0f, &loss),
                   "head");
         for (int u = m.n_units - 1; u >= 1; u--)
             BENCH_TRY(mi->unit_backward(&m, &ctx, state, u, params[u], grads[u]), "backward");
         BENCH_TRY(mi->root_backward(&m, &ctx, state, params[0], grads[0]), "backward");
-        double t2 = now_s();
+        double t2 = fsdp_now_s();
         if (it >= 0) {
             fwd += t1 - t0;
             bwd += t2 - t1; /* the head's forward counts here: it is fused with its backward */

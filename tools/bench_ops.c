@@ -14,17 +14,11 @@
 #include <time.h>
 
 #include "core/bf16.h"
+#include "core/clock.h"
 #include "core/rng.h"
 #include "device/cpu.h"
 #include "ops/cpu/blas.h"
 #include "ops/ops.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* n random elements in dtype dt (uniform in [-1, 1)). */
 static void *rand_buf(size_t n, fsdp_dtype dt, uint64_t seed)
@@ -62,11 +56,11 @@ static void best_times(int reps, void (*fwd)(void *), void (*bwd)(void *), void 
 {
     *best_fwd = *best_bwd = 1e30;
     for (int r = 0; r < reps + 1; r++) {
-        double t0 = now_s();
+        double t0 = fsdp_now_s();
         fwd(args);
-        double t1 = now_s();
+        double t1 = fsdp_now_s();
         bwd(args);
-        double t2 = now_s();
+        double t2 = fsdp_now_s();
         if (r > 0) {
             *best_fwd = t1 - t0 < *best_fwd ? t1 - t0 : *best_fwd;
             *best_bwd = t2 - t1 < *best_bwd ? t2 - t1 : *best_bwd;
