@@ -6,11 +6,10 @@
  * the backend loads (blas.h) both have AVX-512 fp32 kernels; which one to
  * run is a measurement, made here on the step's own products. For every
  * linear layer of a model (its three GEMMs: y = x w^T with beta 0, dx += dy
- * w and dw += dy^T x with beta 1) the product is split into the tiles
- * gemm.c makes (fsdp_cpu_gemm_tiles: the backend always runs those, on any
- * thread count) and each tile is one call of each library: OpenBLAS
- * cblas_sgemm, and a oneDNN matmul primitive created once per tile shape
- * and run many times, as gemm.c does. Each line: the best time of each
+ * w and dw += dy^T x with beta 1) the product runs through the backend's
+ * own GEMM (fsdp_cpu_gemm_lib on a one-thread cpu device: gemm.c's tiles,
+ * each one call of the library named: OpenBLAS cblas_sgemm, or a oneDNN
+ * matmul primitive created once per tile shape). Each line: the best time of each
  * library (alternating, at least --min-ms of each), the GFLOP/s, and the
  * largest difference between their results relative to the largest
  * element. The totals weigh each GEMM by how often a step runs it (once
@@ -35,7 +34,6 @@
 #include "models/registry.h"
 #include "ops/cpu/blas.h"
 #include "ops/cpu/cpu_ops.h"
-#include "ops/cpu/dnnl.h"
 #include "bench_cases.h"
 
 /* A linear layer: inp (tokens, C) @ w (OC, C)^T, run n times a step. */
@@ -71,71 +69,31 @@ static int model_linears(const fsdp_model *m, linear *out)
     return 0;
 }
 
-/* One product as gemm.c runs it: C (M, N) = op(A) op(B) + beta C, tiled. */
+/* One product: C (M, N) = op(A) op(B) + beta C, as the matmul ops call
+ * fsdp_cpu_gemm. */
 typedef struct product {
-    bool ta, tb, along_m;
-    int M, N, K, lda, ldb, ldc, tile, n_tiles;
+    bool ta, tb;
+    int M, N, K, lda, ldb, ldc;
     float beta;
 } product;
 
-/* Tile k of p: its A, B, C and extent (gemm.c's tile_of). */
-static void tile_of(const product *p, int k, const float **A, const float **B, float **C,
-                    int *m, int *n)
+/* p through the backend's GEMM on ctx (one thread) in library lib; its
+ * failure, if any. kernel: as fsdp_cpu_gemm_lib. */
+static fsdp_status run(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib, const product *p,
+                       const float *A, const float *B, float *C, const char **kernel)
 {
-    int o = k * p->tile, L = p->along_m ? p->M : p->N;
-    int w = L - o < p->tile ? L - o : p->tile;
-    *m = p->M;
-    *n = p->N;
-    if (p->along_m) {
-        *A += (size_t)o * (p->ta ? 1 : (size_t)p->lda);
-        *C += (size_t)o * p->ldc;
-        *m = w;
-    } else {
-        *B += (size_t)o * (p->tb ? (size_t)p->ldb : 1);
-        *C += o;
-        *n = w;
-    }
+    fsdp_cpu_gemm_lib(ctx, lib, kernel, p->ta, p->tb, p->M, p->N, p->K, 1.0f, A, p->lda, B,
+                      p->ldb, p->beta, C, p->ldc);
+    return fsdp_cpu_ops_sync_error(ctx);
 }
 
-static void run_openblas(const product *p, const float *A, const float *B, float *C)
+/* run, exiting on a failure. */
+static void run_ok(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib, const product *p,
+                   const float *A, const float *B, float *C)
 {
-    for (int k = 0; k < p->n_tiles; k++) {
-        const float *a = A, *b = B;
-        float *c = C;
-        int m, n;
-        tile_of(p, k, &a, &b, &c, &m, &n);
-        fsdp_cpu_blas_sgemm(p->ta, p->tb, m, n, p->K, 1.0f, a, p->lda, b, p->ldb, p->beta, c,
-                            p->ldc);
-    }
-}
-
-/* The oneDNN primitives for p's full and last tiles. */
-static fsdp_status prepare_onednn(fsdp_cpu_dnnl **dnnl, const product *p,
-                                  fsdp_cpu_dnnl_prim **full, fsdp_cpu_dnnl_prim **tail)
-{
-    fsdp_cpu_dnnl_shape sh = {.f32 = true, .ta = p->ta, .tb = p->tb, .M = p->M, .N = p->N,
-                              .K = p->K, .lda = p->lda, .ldb = p->ldb, .ldc = p->ldc,
-                              .beta = p->beta};
-    int L = p->along_m ? p->M : p->N, last = L - (p->n_tiles - 1) * p->tile;
-    *(p->along_m ? &sh.M : &sh.N) = p->tile;
-    FSDP_TRY(fsdp_cpu_dnnl_prepare(dnnl, &sh, 1, full));
-    *(p->along_m ? &sh.M : &sh.N) = last;
-    return fsdp_cpu_dnnl_prepare(dnnl, &sh, 1, tail);
-}
-
-static void run_onednn(fsdp_cpu_dnnl *dnnl, const product *p, fsdp_cpu_dnnl_prim *full,
-                       fsdp_cpu_dnnl_prim *tail, const float *A, const float *B, float *C)
-{
-    for (int k = 0; k < p->n_tiles; k++) {
-        const float *a = A, *b = B;
-        float *c = C;
-        int m, n;
-        tile_of(p, k, &a, &b, &c, &m, &n);
-        if (fsdp_cpu_dnnl_run(dnnl, k == p->n_tiles - 1 ? tail : full, 0, a, b, c) !=
-            FSDP_STATUS_OK) {
-            fprintf(stderr, "bench_gemm: %s\n", fsdp_error_msg());
-            exit(1);
-        }
+    if (run(ctx, lib, p, A, B, C, NULL) != FSDP_STATUS_OK) {
+        fprintf(stderr, "bench_gemm: %s\n", fsdp_error_msg());
+        exit(1);
     }
 }
 
@@ -157,10 +115,9 @@ typedef struct totals {
 
 /* Time product p (run n_per_step times a step) with both libraries; one
  * line; adds to t. */
-static void bench_product(const char *label, product p, int n_per_step, double min_s,
-                          fsdp_cpu_dnnl **dnnl, totals *t)
+static void bench_product(fsdp_op_ctx *ctx, const char *label, product p, int n_per_step,
+                          double min_s, totals *t)
 {
-    fsdp_cpu_gemm_tiles(p.M, p.N, p.K, &p.along_m, &p.tile, &p.n_tiles);
     size_t na = (size_t)p.M * p.K, nb = (size_t)p.K * p.N, nc = (size_t)p.M * p.N;
     float *A = rand_floats(na, 1), *B = rand_floats(nb, 2), *C0 = rand_floats(nc, 3);
     float *C1 = malloc(nc * sizeof *C1), *C2 = malloc(nc * sizeof *C2);
@@ -168,42 +125,46 @@ static void bench_product(const char *label, product p, int n_per_step, double m
         fprintf(stderr, "bench_gemm: out of memory\n");
         exit(1);
     }
-    fsdp_cpu_dnnl_prim *full = NULL, *tail = NULL;
-    bool have_dnnl = prepare_onednn(dnnl, &p, &full, &tail) == FSDP_STATUS_OK;
-
-    /* the two results from the same C */
+    /* the two results from the same C; oneDNN where this build and CPU have it */
     memcpy(C1, C0, nc * sizeof *C1);
     memcpy(C2, C0, nc * sizeof *C2);
-    run_openblas(&p, A, B, C1);
+    run_ok(ctx, FSDP_CPU_GEMM_LIB_OPENBLAS, &p, A, B, C1);
+    const char *kernel = NULL;
+    char impl[48] = "";
+    bool have_dnnl = run(ctx, FSDP_CPU_GEMM_LIB_ONEDNN, &p, A, B, C2, &kernel) == FSDP_STATUS_OK;
     double diff = 0, top = 0;
     if (have_dnnl) {
-        run_onednn(*dnnl, &p, full, tail, A, B, C2);
+        snprintf(impl, sizeof impl, "%s", kernel);
         for (size_t i = 0; i < nc; i++) {
             diff = fmax(diff, fabs((double)C1[i] - C2[i]));
             top = fmax(top, fabs((double)C1[i]));
         }
     }
+    fsdp_error_clear();
     double best_o = 1e30, best_d = 1e30, spent_o = 0, spent_d = 0;
     for (int r = 0; r < 3 || spent_o < min_s || (have_dnnl && spent_d < min_s); r++) {
         double t0 = fsdp_now_s();
-        run_openblas(&p, A, B, C1);
+        run_ok(ctx, FSDP_CPU_GEMM_LIB_OPENBLAS, &p, A, B, C1);
         double t1 = fsdp_now_s();
         if (have_dnnl)
-            run_onednn(*dnnl, &p, full, tail, A, B, C2);
+            run_ok(ctx, FSDP_CPU_GEMM_LIB_ONEDNN, &p, A, B, C2);
         double t2 = fsdp_now_s();
         spent_o += t1 - t0;
         spent_d += t2 - t1;
         best_o = fmin(best_o, t1 - t0);
         best_d = fmin(best_d, t2 - t1);
     }
+    bool along_m;
+    int tile, n_tiles;
+    fsdp_cpu_gemm_tiles(p.M, p.N, p.K, &along_m, &tile, &n_tiles);
     double flop = 2.0 * p.M * p.N * p.K;
     char tiles[32];
-    snprintf(tiles, sizeof tiles, "%dx%d%s", p.n_tiles, p.tile, p.along_m ? "M" : "N");
+    snprintf(tiles, sizeof tiles, "%dx%d%s", n_tiles, tile, along_m ? "M" : "N");
     printf("  %-17s %c%c %5d %5d %5d %4.0f %3d %-9s | %7.1f | ", label, p.ta ? 'T' : 'N',
            p.tb ? 'T' : 'N', p.M, p.N, p.K, p.beta, n_per_step, tiles, flop / best_o * 1e-9);
     if (have_dnnl)
         printf("%7.1f %-18s | %+6.1f%% | %.1e\n", flop / best_d * 1e-9,
-               fsdp_cpu_dnnl_impl(full ? full : tail), 100.0 * (best_o / best_d - 1.0),
+               impl, 100.0 * (best_o / best_d - 1.0),
                top > 0 ? diff / top : diff);
     else
         printf("%7s %-18s |\n", "n/a", "");
@@ -215,8 +176,8 @@ static void bench_product(const char *label, product p, int n_per_step, double m
     free(A), free(B), free(C0), free(C1), free(C2);
 }
 
-static void bench_model_gemms(const bench_case *bc, int tokens, double min_s,
-                              fsdp_cpu_dnnl **dnnl)
+static void bench_model_gemms(fsdp_op_ctx *ctx, const bench_case *bc, int tokens,
+                              double min_s)
 {
     fsdp_model m;
     if (fsdp_model_from_spec(bc->model, &m) != FSDP_STATUS_OK) {
@@ -235,17 +196,17 @@ static void bench_model_gemms(const bench_case *bc, int tokens, double min_s,
         const linear *l = &lin[i];
         char label[64];
         snprintf(label, sizeof label, "%s fwd", l->name); /* y = x w^T */
-        bench_product(label, (product){.tb = true, .M = T, .N = l->OC, .K = l->C, .lda = l->C,
+        bench_product(ctx, label, (product){.tb = true, .M = T, .N = l->OC, .K = l->C, .lda = l->C,
                                        .ldb = l->C, .ldc = l->OC},
-                      l->n, min_s, dnnl, &t);
+                      l->n, min_s, &t);
         snprintf(label, sizeof label, "%s dx", l->name); /* dx += dy w */
-        bench_product(label, (product){.M = T, .N = l->C, .K = l->OC, .lda = l->OC,
+        bench_product(ctx, label, (product){.M = T, .N = l->C, .K = l->OC, .lda = l->OC,
                                        .ldb = l->C, .ldc = l->C, .beta = 1.0f},
-                      l->n, min_s, dnnl, &t);
+                      l->n, min_s, &t);
         snprintf(label, sizeof label, "%s dw", l->name); /* dw += dy^T x */
-        bench_product(label, (product){.ta = true, .M = l->OC, .N = l->C, .K = T, .lda = l->OC,
+        bench_product(ctx, label, (product){.ta = true, .M = l->OC, .N = l->C, .K = T, .lda = l->OC,
                                        .ldb = l->C, .ldc = l->C, .beta = 1.0f},
-                      l->n, min_s, dnnl, &t);
+                      l->n, min_s, &t);
     }
     printf("  step's GEMMs (%.1f GFLOP): OpenBLAS %.1f ms (%.1f GFLOP/s), oneDNN %.1f ms "
            "(%.1f GFLOP/s): oneDNN %+.1f%%; the faster of the two per GEMM %.1f ms\n",
@@ -285,10 +246,17 @@ int main(int argc, char **argv)
     fsdp_cpu_print_header(stdout, 1, 1);
     printf("OpenBLAS core: %s; oneDNN: each line's kernel; op: NT = x w^T, NN = dy w, "
            "TN = dy^T x; n: runs per step\n", fsdp_cpu_blas_core());
-    fsdp_cpu_dnnl *dnnl = NULL;
+    fsdp_device dev;
+    fsdp_op_ctx ctx;
+    if (fsdp_device_init(&dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0) != FSDP_STATUS_OK ||
+        fsdp_ops_init(&ctx, &dev, FSDP_DTYPE_F32) != FSDP_STATUS_OK) {
+        fprintf(stderr, "bench_gemm: %s\n", fsdp_error_msg());
+        return 1;
+    }
     for (int i = 0; i < BENCH_N_CASES; i++)
         if (!only || !strncmp(only, bench_cases[i].model, strlen(only)))
-            bench_model_gemms(&bench_cases[i], tokens, min_ms * 1e-3, &dnnl);
-    fsdp_cpu_dnnl_free(dnnl);
+            bench_model_gemms(&ctx, &bench_cases[i], tokens, min_ms * 1e-3);
+    fsdp_ops_fini(&ctx);
+    fsdp_device_fini(&dev);
     return 0;
 }

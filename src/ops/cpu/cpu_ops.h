@@ -100,6 +100,20 @@ bool fsdp_cpu_gemm_ready(fsdp_op_ctx *ctx);
 void fsdp_cpu_gemm(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K, float alpha,
                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
+/* The same with the library named: AUTO is the choice above; OPENBLAS and
+ * ONEDNN (alpha 1, beta 0 or 1, K > 0; a build or CPU without it records
+ * the failure) run every tile there, for tools that compare the two
+ * (tools/bench_gemm.c). kernel (may be NULL): on oneDNN, its name for the
+ * first tile's kernel, valid until the next GEMM on ctx. */
+typedef enum fsdp_cpu_gemm_library {
+    FSDP_CPU_GEMM_LIB_AUTO = 0,
+    FSDP_CPU_GEMM_LIB_OPENBLAS,
+    FSDP_CPU_GEMM_LIB_ONEDNN,
+} fsdp_cpu_gemm_library;
+void fsdp_cpu_gemm_lib(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib, const char **kernel,
+                       bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                       int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
 /* The same with bf16 A and B and fp32 C, alpha = 1, beta 0 or 1, through
  * bf16 dot products (only when fsdp_cpu_blas_bf16_dot()). A failure is
  * recorded for sync_error (C unspecified). */

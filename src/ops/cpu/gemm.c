@@ -118,8 +118,9 @@ static void dnnl_tile(void *arg, size_t k, int worker)
 
 /* Job j (tiled, alpha 1, K > 0) through oneDNN: the primitives for a full
  * tile and for the last (maybe short) one, prepared on this thread, then
- * the tiles on the team; f32: A and B are fp32, else bf16. */
-static void dnnl_gemm(fsdp_op_ctx *ctx, gemm_job *j, bool f32)
+ * the tiles on the team; f32: A and B are fp32, else bf16. kernel (may be
+ * NULL): oneDNN's name for the first tile's kernel. */
+static void dnnl_gemm(fsdp_op_ctx *ctx, gemm_job *j, bool f32, const char **kernel)
 {
     struct fsdp_cpu_ops_state *s = fsdp_cpu_state(ctx);
     int L = j->along_m ? j->M : j->N, last = L - (j->n_tiles - 1) * j->tile;
@@ -140,6 +141,8 @@ static void dnnl_gemm(fsdp_op_ctx *ctx, gemm_job *j, bool f32)
         return;
     }
     j->dnnl = s->dnnl;
+    if (kernel)
+        *kernel = fsdp_cpu_dnnl_impl(j->prim_full ? j->prim_full : j->prim_tail);
     fsdp_cpu_parallel(ctx, (size_t)j->n_tiles, dnnl_tile, j);
     if (atomic_load(&j->failed)) {
         fsdp_error_set((fsdp_status)atomic_load(&j->failed), "%s", j->msg);
@@ -149,8 +152,9 @@ static void dnnl_gemm(fsdp_op_ctx *ctx, gemm_job *j, bool f32)
 
 /* ---- entry points ----------------------------------------------------------- */
 
-void fsdp_cpu_gemm(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K, float alpha,
-                   const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
+void fsdp_cpu_gemm_lib(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib, const char **kernel,
+                       bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                       int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
     if (M <= 0 || N <= 0 || !fsdp_cpu_gemm_ready(ctx))
         return;
@@ -158,10 +162,22 @@ void fsdp_cpu_gemm(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K, floa
                   .ldc = ldc, .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C,
                   .esize = sizeof(float)};
     fsdp_cpu_gemm_tiles(M, N, K, &j.along_m, &j.tile, &j.n_tiles);
-    if (alpha == 1.0f && K > 0 && (beta == 0.0f || beta == 1.0f) && fsdp_cpu_blas_f32_dnnl())
-        dnnl_gemm(ctx, &j, true);
+    if (lib == FSDP_CPU_GEMM_LIB_AUTO)
+        lib = alpha == 1.0f && K > 0 && (beta == 0.0f || beta == 1.0f) &&
+                      fsdp_cpu_blas_f32_dnnl()
+                  ? FSDP_CPU_GEMM_LIB_ONEDNN
+                  : FSDP_CPU_GEMM_LIB_OPENBLAS;
+    if (lib == FSDP_CPU_GEMM_LIB_ONEDNN)
+        dnnl_gemm(ctx, &j, true, kernel);
     else
         fsdp_cpu_parallel(ctx, (size_t)j.n_tiles, sgemm_tile, &j);
+}
+
+void fsdp_cpu_gemm(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K, float alpha,
+                   const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    fsdp_cpu_gemm_lib(ctx, FSDP_CPU_GEMM_LIB_AUTO, NULL, ta, tb, M, N, K, alpha, A, lda, B, ldb,
+                      beta, C, ldc);
 }
 
 void fsdp_cpu_gemm_bf16(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K,
@@ -174,5 +190,5 @@ void fsdp_cpu_gemm_bf16(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K,
                   .ldc = ldc, .alpha = 1.0f, .beta = beta, .A = A, .B = B, .C = C,
                   .esize = sizeof(fsdp_bf16)};
     fsdp_cpu_gemm_tiles(M, N, K, &j.along_m, &j.tile, &j.n_tiles);
-    dnnl_gemm(ctx, &j, false);
+    dnnl_gemm(ctx, &j, false, NULL);
 }
