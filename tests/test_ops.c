@@ -452,10 +452,15 @@ static void att_naive(const att_case *a, double *out, double *att)
             }
 }
 
+/* Shapes of the attention checks: one block of rows, and T = 150, three
+ * blocks of the causal products (64 + 64 + 22 rows; attention_gqa.c). */
+static const int att_shapes[][4] = {{2, 9, 12, 3}, {1, 150, 12, 3}};
+
 START_TEST(test_attention_fwd_matches_naive)
 {
     att_case a;
-    att_setup(&a, FSDP_DTYPE_F32, 2, 9, 12, 3, 800);
+    const int *sh = att_shapes[_i];
+    att_setup(&a, FSDP_DTYPE_F32, sh[0], sh[1], sh[2], sh[3], 800);
     size_t no = (size_t)a.B * a.T * a.C, na = (size_t)a.B * a.NH * a.T * a.T;
     double *out = malloc(no * sizeof *out), *att = malloc(na * sizeof *att);
     att_naive(&a, out, att);
@@ -479,23 +484,27 @@ START_TEST(test_attention_fwd_matches_naive)
 }
 END_TEST
 
+/* Finite differences, at T = 5 and across the three row blocks of T = 150. */
 START_TEST(test_attention_grad_fd)
 {
     att_case a;
-    att_setup(&a, FSDP_DTYPE_F32, 2, 5, 8, 2, 900);
+    const int T = _i ? 150 : 5;
+    att_setup(&a, FSDP_DTYPE_F32, 2, T, 8, 2, 900);
     const size_t nq = a.nq;
     float *dqkv = fbuf(nq), *datt = fbuf((size_t)a.B * a.NH * a.T * a.T);
     att_loss(&a);
     FSDP_OP(&a.e.ctx, attention_bwd, dqkv, datt, a.R, a.qkv, a.att, a.B, a.T, a.C, a.NH);
     /* Check coordinates in each of q, k, v: FD over the whole of qkv hits
-     * all three; add a handful in each part explicitly. */
+     * all three; add a handful in each part explicitly, at position 3 of
+     * batch 1 and (T = 150) in the second and the last, partial block. */
     fd_check("attention dqkv", att_loss, &a, a.qkv, dqkv, nq, 24, 1e-2f);
-    for (int part = 0; part < 3; part++) {
-        /* position t = 3 of batch 1, part's channels */
-        size_t off = ((size_t)1 * a.T + 3) * 3 * a.C + (size_t)part * a.C;
-        fd_check(part == 0 ? "attention dq" : part == 1 ? "attention dk" : "attention dv",
-                 att_loss, &a, a.qkv + off, dqkv + off, (size_t)a.C, 6, 1e-2f);
-    }
+    const int ts[] = {3, 100, 140};
+    for (int i = 0; i < (_i ? 3 : 1); i++)
+        for (int part = 0; part < 3; part++) {
+            size_t off = ((size_t)1 * a.T + ts[i]) * 3 * a.C + (size_t)part * a.C;
+            fd_check(part == 0 ? "attention dq" : part == 1 ? "attention dk" : "attention dv",
+                     att_loss, &a, a.qkv + off, dqkv + off, (size_t)a.C, 6, 1e-2f);
+        }
     free(dqkv), free(datt);
     att_teardown(&a);
 }
@@ -1145,8 +1154,8 @@ int main(void)
          FSDP_TESTS(test_table_complete, test_matmul_fwd_matches_naive, test_matmul_grad_fd,
                     test_matmul_bf16_close_to_fp32, test_layernorm_fwd_matches_double,
                     test_layernorm_grad_fd, test_layernorm_bf16_close_to_fp32,
-                    test_gelu_fwd_and_grad, test_attention_fwd_matches_naive,
-                    test_attention_grad_fd, test_attention_causal,
+                    test_gelu_fwd_and_grad, FSDP_TEST_LOOP(test_attention_fwd_matches_naive, 2),
+                    FSDP_TEST_LOOP(test_attention_grad_fd, 2), test_attention_causal,
                     test_attention_bf16_close_to_fp32, test_xent_matches_log_softmax,
                     test_xent_in_place, test_xent_bf16_close_to_fp32, test_embed_fwd_bwd,
                     test_residual_add_cast, test_bf16_rounding, test_backward_accumulates,

@@ -605,12 +605,14 @@ END_TEST
 
 /* Two documents packed in one row (positions restart at 0) give what the
  * two documents give as separate sequences: rope bit for bit, attention
- * within rounding (its GEMMs sum over another length). */
+ * and its gradient within rounding (its GEMMs sum over other lengths).
+ * Lengths 4 + 6, and 70 + 90: the second document starts inside the
+ * second block of the causal products and spans three (attention_gqa.c). */
 START_TEST(test_packed_equals_separate)
 {
-    const int T = 10, L1 = 4, L2 = 6, NH = 4, NKV = 2, hd = 8, QS = (NH + 2 * NKV) * hd;
-    const int OS = NH * hd;
-    int pos[10];
+    const int L1 = _i ? 70 : 4, L2 = _i ? 90 : 6, T = L1 + L2;
+    const int NH = 4, NKV = 2, hd = 8, QS = (NH + 2 * NKV) * hd, OS = NH * hd;
+    int *pos = malloc((size_t)T * sizeof *pos);
     for (int t = 0; t < T; t++)
         pos[t] = t < L1 ? t : t - L1;
     env e;
@@ -645,8 +647,18 @@ START_TEST(test_packed_equals_separate)
                 if (want == 0.0f)
                     ck_assert(got == 0.0f);
             }
+
+    /* Backward: the packed row's dqkv is the two documents' side by side. */
+    float *dout = frand((size_t)T * OS, 981, 1.0f), *datt = fbuf((size_t)NH * T * T);
+    float *dx = fbuf((size_t)T * QS), *dsep = fbuf((size_t)T * QS);
+    FSDP_OP(&e.ctx, attention_gqa_bwd, dx, datt, dout, x, a, 1, T, NH, NKV, hd);
+    FSDP_OP(&e.ctx, attention_gqa_bwd, dsep, datt, dout, x, a1, 1, L1, NH, NKV, hd);
+    FSDP_OP(&e.ctx, attention_gqa_bwd, dsep + (size_t)L1 * QS, datt, dout + (size_t)L1 * OS,
+            x + (size_t)L1 * QS, a2, 1, L2, NH, NKV, hd);
+    expect_rel("packed dqkv", dx, dsep, (size_t)T * QS, 1e-5);
     env_fini(&e);
-    free(x), free(y), free(o), free(a), free(o1), free(o2), free(a1), free(a2);
+    free(pos), free(x), free(y), free(o), free(a), free(o1), free(o2), free(a1), free(a2);
+    free(dout), free(datt), free(dx), free(dsep);
 }
 END_TEST
 
@@ -758,7 +770,7 @@ int main(void)
                     FSDP_TEST_LOOP(test_bf16_storage, OP_COUNT),
                     FSDP_TEST_LOOP(test_backward_accumulates, OP_COUNT),
                     FSDP_TEST_LOOP(test_attention_gqa_is_gpt2_attention, 2),
-                    test_attention_gqa_is_replicated_mha, test_packed_equals_separate,
+                    test_attention_gqa_is_replicated_mha, FSDP_TEST_LOOP(test_packed_equals_separate, 2),
                     test_rope_inverse_and_default_positions, test_empty_shapes,
                     test_concurrent_ranks_bit_identical)},
     };
