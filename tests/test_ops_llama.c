@@ -770,7 +770,8 @@ int main(void)
                     FSDP_TEST_LOOP(test_bf16_storage, OP_COUNT),
                     FSDP_TEST_LOOP(test_backward_accumulates, OP_COUNT),
                     FSDP_TEST_LOOP(test_attention_gqa_is_gpt2_attention, 2),
-                    test_attention_gqa_is_replicated_mha, FSDP_TEST_LOOP(test_packed_equals_separate, 2),
+                    test_attention_gqa_is_replicated_mha,
+                    FSDP_TEST_LOOP(test_packed_equals_separate, 2),
                     test_rope_inverse_and_default_positions, test_empty_shapes,
                     test_concurrent_ranks_bit_identical)},
     };

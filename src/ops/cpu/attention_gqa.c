@@ -7,8 +7,9 @@
  * products QK^T, att @ V and their backward are sgemm calls (one per block
  * of rows, below) that read q, k, v in place with row stride QS and write
  * out (row stride NH hd) and dqkv in place, so no head is copied out and
- * the query heads of a group share their kv head without replicating it. A kv head's gradient
- * accumulates its query heads' contributions in head order (deterministic).
+ * the query heads of a group share their kv head without replicating it.
+ * A kv head's gradient accumulates its query heads' contributions in head
+ * order (deterministic).
  *
  * Causality is used to skip work: the rows of a head run in blocks of
  * ATT_BLOCK query positions, and block [r0, r1) multiplies only against the

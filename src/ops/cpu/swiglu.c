@@ -21,8 +21,6 @@
  * activations. The bits are the same either way.
  */
 #include <stdbool.h>
-#include <stdint.h>
-#include <string.h>
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/vexp.h"
