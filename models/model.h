@@ -43,7 +43,7 @@
  *     losses and parameters are bit-identical to FSDP_RECOMPUTE_NONE;
  *   - forward-only states (eval, sampling) keep nothing per block.
  * The modes are named by the engine's table (fsdp_recompute_names in
- * fsdp/engine.h); a family without the recompute slots supports only
+ * engine/engine.h); a family without the recompute slots supports only
  * FSDP_RECOMPUTE_NONE, and the engine refuses the others by name.
  */
 #ifndef FSDP_MODELS_MODEL_H

@@ -28,7 +28,7 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "file_util.h"
-#include "fsdp/shardmap.h"
+#include "engine/shardmap.h"
 #include "testutil.h"
 #include "train/train.h"
 #include "train_util.h"

@@ -25,7 +25,7 @@
 #include "device/block_cache.h"
 #include "device/cuda_device.h"
 #include "device/device.h"
-#include "fsdp/engine.h"
+#include "engine/engine.h"
 #include "models/registry.h"
 #include "ops/ops.h"
 #include "testutil.h"

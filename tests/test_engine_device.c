@@ -22,7 +22,7 @@
 #include "core/world.h"
 #include "data/data.h"
 #include "device/device.h"
-#include "fsdp/engine.h"
+#include "engine/engine.h"
 #include "models/registry.h"
 #include "testutil.h"
 

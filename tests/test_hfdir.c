@@ -26,7 +26,7 @@
 #include "core/bf16.h"
 #include "core/fileio.h"
 #include "core/world.h"
-#include "fsdp/engine.h"
+#include "engine/engine.h"
 #include "hfdir_util.h"
 #include "model_files_util.h"
 #include "testutil.h"

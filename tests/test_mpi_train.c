@@ -18,7 +18,7 @@
  * checkpoint directory that the processes do not share is refused.
  *
  * Also here, without mpirun: the gradient norm's cover of the global tree
- * (fsdp/norm_cover.h) equals the tree over every block, for many shard
+ * (engine/norm_cover.h) equals the tree over every block, for many shard
  * maps. The mpirun tests skip, saying why, in a build without MPI or
  * without mpirun; under the sanitizers they run with test_mpi_procs.c's
  * allowances for Open MPI's own code.
@@ -36,7 +36,7 @@
 #include "comm/comm.h"
 #include "comm/procs.h"
 #include "core/rng.h"
-#include "fsdp/norm_cover.h"
+#include "engine/norm_cover.h"
 #include "models/registry.h"
 #include "mpirun_util.h"
 #include "testutil.h"

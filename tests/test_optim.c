@@ -31,7 +31,7 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "ops/cpu/optim_kernels.h"
-#include "optim/job.h"
+#include "optim/host_step.h"
 #include "optim/optim.h"
 #include "optim/pool.h"
 #include "testutil.h"

@@ -16,7 +16,7 @@
 
 #include "core/clock.h"
 #include "core/json.h"
-#include "fsdp/shardmap.h"
+#include "engine/shardmap.h"
 #include "models/registry.h"
 #include "report/plan_report.h"
 #include "report/plot.h"

@@ -20,7 +20,7 @@
 #include "ckpt/modelfile.h"
 #include "core/world.h"
 #include "file_util.h"
-#include "fsdp/engine.h"
+#include "engine/engine.h"
 #include "models/registry.h"
 #include "testutil.h"
 #include "train/train.h"

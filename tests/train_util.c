@@ -10,7 +10,7 @@
 
 #include "ckpt/modelfile.h"
 #include "core/names.h"
-#include "fsdp/engine.h"
+#include "engine/engine.h"
 #include "model_rig.h"
 #include "models/registry.h"
 #include "testutil.h"

@@ -44,7 +44,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "optim/job.h"
+#include "optim/host_step.h"
 #include "optim/pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)

@@ -37,7 +37,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
-#include "fsdp/engine.h"
+#include "engine/engine.h"
 #include "models/family.h"
 #include "models/registry.h"
 #include "train/plan.h"

@@ -1,6 +1,6 @@
 /*
  * ckpt.h - sharded training checkpoints. Knows nothing about engines or
- * devices: the engine side (src/fsdp/engine_ckpt.c) feeds it host buffers.
+ * devices: the engine side (src/engine/engine_ckpt.c) feeds it host buffers.
  * Three parts, one file pair each:
  *
  *   ckpt_dir.h    the directory layout, atomic begin/commit, retention

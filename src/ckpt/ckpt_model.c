@@ -185,7 +185,7 @@ static fsdp_status ckpt_write(const char *dir, const fsdp_model *m, const float 
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory writing checkpoint '%s'", dir);
         goto fail;
     }
-    /* what a 1-device engine pads each unit to (fsdp/shardmap.h) */
+    /* what a 1-device engine pads each unit to (engine/shardmap.h) */
     for (int u = 0; u < U; u++)
         padded[u] = (m->units[u].numel + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK * FSDP_NORM_BLOCK;
     man.version = FSDP_CKPT_VERSION;

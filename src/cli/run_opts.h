@@ -21,7 +21,7 @@ typedef struct fsdp_run_opts {
 } fsdp_run_opts;
 
 /* The --shard, --offload and --prefetch values. (The shard table belongs
- * beside its enum in fsdp/shardmap.h; it lives here until that file reads
+ * beside its enum in engine/shardmap.h; it lives here until that file reads
  * it, and test_cli checks that the two agree.) */
 extern const fsdp_name_table fsdp_shard_names;
 extern const fsdp_name_table fsdp_offload_names;

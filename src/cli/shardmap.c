@@ -10,7 +10,7 @@
 #include "ckpt/modelfile.h"
 #include "cli/args.h"
 #include "cli/cli.h"
-#include "fsdp/shardmap.h"
+#include "engine/shardmap.h"
 #include "report/plan_report.h"
 
 int fsdp_cli_shardmap(int argc, char **argv)

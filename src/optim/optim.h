@@ -5,8 +5,8 @@
  * arrays it keeps per parameter (named: checkpoints store them under these
  * names), a check of its hyper-parameters, the constants of step t (AdamW's
  * bias corrections), a device step through the op table and a host step
- * (the vectorised CPU kernel; optim/job.h runs it on the worker pool for
- * optimizer offload). The engine (src/fsdp) drives whichever one the
+ * (the vectorised CPU kernel; optim/host_step.h runs it on the worker pool for
+ * optimizer offload). The engine (src/engine) drives whichever one the
  * configuration names through this table and never names one itself.
  *
  * Who owns what: the arithmetic of each update rule is in src/ops (the cpu

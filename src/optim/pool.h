@@ -2,7 +2,7 @@
  * pool.h - a CPU worker pool for chunked, embarrassingly parallel host work.
  *
  * Exists for the optimizer-offload path: every rank thread hands its host
- * optimizer step (optim/job.h) to one pool shared by the whole process, so
+ * optimizer step (optim/host_step.h) to one pool shared by the whole process, so
  * the CPU cores that are not driving devices update all shards together
  * instead of each rank updating its own shard on its own thread.
  *

@@ -1,7 +1,7 @@
 /*
  * plan_report.h - what `fsdp plan` and `fsdp shardmap` print: the plan as
  * text, JSON or SVG, and the shard map as a table or JSON. The figures come
- * from train/plan.h (the meta run) and fsdp/shardmap.h; nothing here
+ * from train/plan.h (the meta run) and engine/shardmap.h; nothing here
  * computes them.
  */
 #ifndef FSDP_REPORT_PLAN_REPORT_H

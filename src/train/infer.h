@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#include "fsdp/engine.h"
+#include "engine/engine.h"
 
 typedef struct fsdp_infer_config {
     const char *model_path;    /* a model file (modelfile.h), not a bare spec */

@@ -11,7 +11,7 @@
 #include <stdio.h>
 
 #include "core/world.h"
-#include "fsdp/engine.h"
+#include "engine/engine.h"
 
 /* Create directory `dir` and its parents if needed, and check that a file
  * can be created in it (one is created and removed again). `what` names it

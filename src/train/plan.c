@@ -16,7 +16,7 @@
 
 #include "ckpt/modelfile.h"
 #include "core/world.h"
-#include "fsdp/trace.h"
+#include "engine/trace.h"
 #include "train/plan.h"
 
 struct planner {

@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
-#include "fsdp/engine.h"
+#include "engine/engine.h"
 
 struct fsdp_procs;
 
@@ -30,12 +30,12 @@ typedef struct fsdp_train_config {
     int n_samples;            /* greedy samples to print at the end */
     bool keep_params;         /* copy final parameters into the result (tests) */
     FILE *out;                /* progress lines (NULL: silent) */
-    /* checkpoints (src/fsdp/engine_ckpt.h) */
+    /* checkpoints (src/engine/engine_ckpt.h) */
     const char *ckpt_dir;     /* NULL: no checkpoints */
     int ckpt_every;           /* save every S steps and after the last; 0: after the last only */
     int ckpt_keep;            /* keep the K newest complete checkpoints; 0: all */
     bool resume;              /* start from the newest complete checkpoint in ckpt_dir, if any */
-    bool allow_batch_change;  /* resume with another global batch (fsdp/engine_ckpt.h) */
+    bool allow_batch_change;  /* resume with another global batch (engine/engine_ckpt.h) */
     int stop_after;           /* tests: leave the loop after this global step as a crash
                                * would, without a final checkpoint (0: run to steps) */
     const atomic_int *stop;   /* set (nonzero) to stop early: the step in progress finishes,

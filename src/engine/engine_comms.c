@@ -22,8 +22,8 @@
 #include <string.h>
 
 #include "core/world.h"
-#include "fsdp/engine_internal.h"
-#include "fsdp/place.h"
+#include "engine/engine_internal.h"
+#include "engine/place.h"
 
 /* ---- communicators ------------------------------------------------------------ */
 

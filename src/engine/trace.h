@@ -9,8 +9,8 @@
  * which the work was issued and finished from the rank thread's point of
  * view (on cpu and meta, when it ran).
  */
-#ifndef FSDP_FSDP_TRACE_H
-#define FSDP_FSDP_TRACE_H
+#ifndef FSDP_ENGINE_TRACE_H
+#define FSDP_ENGINE_TRACE_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -46,4 +46,4 @@ void fsdp_trace_span(struct fsdp_engine *e, fsdp_trace_track track, const char *
 /* Write every rank's events as Chrome trace-event JSON. */
 fsdp_status fsdp_trace_write(const fsdp_trace *t, const char *path);
 
-#endif /* FSDP_FSDP_TRACE_H */
+#endif /* FSDP_ENGINE_TRACE_H */

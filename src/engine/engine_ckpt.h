@@ -10,11 +10,11 @@
  * exactly the blocks of the old per-rank files that overlap its new shard
  * range of each unit, whatever the old world size and sharding were.
  */
-#ifndef FSDP_FSDP_ENGINE_CKPT_H
-#define FSDP_FSDP_ENGINE_CKPT_H
+#ifndef FSDP_ENGINE_ENGINE_CKPT_H
+#define FSDP_ENGINE_ENGINE_CKPT_H
 
 #include "ckpt/ckpt.h"
-#include "fsdp/engine.h"
+#include "engine/engine.h"
 
 /* The run-level part of every manifest this run writes: a fresh run id,
  * world, sharding, batch, model (family, config, names, shapes, shard
@@ -61,4 +61,4 @@ fsdp_status fsdp_engine_ckpt_save(fsdp_engine *e, const char *dir, const fsdp_ck
  * not be used. */
 fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_ckpt_manifest *man);
 
-#endif /* FSDP_FSDP_ENGINE_CKPT_H */
+#endif /* FSDP_ENGINE_ENGINE_CKPT_H */

@@ -18,8 +18,8 @@
  * before the ranks start. Row r of each unit is written only by rank r;
  * other threads read it only after a barrier or collective.
  */
-#ifndef FSDP_FSDP_SHARDMAP_H
-#define FSDP_FSDP_SHARDMAP_H
+#ifndef FSDP_ENGINE_SHARDMAP_H
+#define FSDP_ENGINE_SHARDMAP_H
 
 #include "models/model.h"
 #include "optim/optim.h"
@@ -93,4 +93,4 @@ static inline size_t fsdp_shardmap_offset(const fsdp_shardmap *sm, int unit, int
 /* Find the unit and element offset of a parameter by name (NULL if none). */
 const fsdp_param_spec *fsdp_shardmap_find(const fsdp_shardmap *sm, const char *name, int *unit);
 
-#endif /* FSDP_FSDP_SHARDMAP_H */
+#endif /* FSDP_ENGINE_SHARDMAP_H */

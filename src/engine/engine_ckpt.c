@@ -31,9 +31,9 @@
 
 #include "core/log.h"
 #include "core/world.h"
-#include "fsdp/engine_ckpt.h"
-#include "fsdp/engine_internal.h"
-#include "fsdp/place.h"
+#include "engine/engine_ckpt.h"
+#include "engine/engine_internal.h"
+#include "engine/place.h"
 
 /* Every optimizer's state fits a shard file: its arrays after the master,
  * under their own names. */

@@ -9,12 +9,12 @@
  * placements call accumulation, the optimizer, the trace and the inline
  * helpers below, never a function of engine.c.
  */
-#ifndef FSDP_FSDP_ENGINE_INTERNAL_H
-#define FSDP_FSDP_ENGINE_INTERNAL_H
+#ifndef FSDP_ENGINE_ENGINE_INTERNAL_H
+#define FSDP_ENGINE_ENGINE_INTERNAL_H
 
-#include "fsdp/accum.h"
-#include "fsdp/engine.h"
-#include "fsdp/trace.h"
+#include "engine/accum.h"
+#include "engine/engine.h"
+#include "engine/trace.h"
 #include "ops/ops.h"
 
 struct fsdp_place_i;
@@ -111,4 +111,4 @@ static inline fsdp_status fsdp_engine_order(fsdp_engine *e, fsdp_stream_t src, f
     return fsdp_device_stream_wait_event(&e->dev, dst, ev);
 }
 
-#endif /* FSDP_FSDP_ENGINE_INTERNAL_H */
+#endif /* FSDP_ENGINE_ENGINE_INTERNAL_H */

@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include "core/world.h"
-#include "fsdp/place.h"
-#include "optim/job.h"
+#include "engine/place.h"
+#include "optim/host_step.h"
 #include "optim/pool.h"
 
 typedef struct host_ctx {

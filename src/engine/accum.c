@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "fsdp/accum.h"
+#include "engine/accum.h"
 
 int fsdp_accum_depth(int A)
 {

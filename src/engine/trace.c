@@ -8,8 +8,8 @@
 
 #include "core/fileio.h"
 #include "core/error.h"
-#include "fsdp/engine_internal.h"
-#include "fsdp/trace.h"
+#include "engine/engine_internal.h"
+#include "engine/trace.h"
 
 struct trace_event {
     uint64_t t0, t1;   /* ns; t1 = 0 for a counter */

@@ -5,7 +5,7 @@
  */
 #include <stdio.h>
 
-#include "fsdp/place.h"
+#include "engine/place.h"
 
 const fsdp_place_i *fsdp_place_of(const fsdp_engine_config *cfg)
 {

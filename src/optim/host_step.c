@@ -1,5 +1,5 @@
 /*
- * job.c - optimizer host steps on the worker pool (contract in job.h).
+ * host_step.c - optimizer host steps on the worker pool (contract in host_step.h).
  *
  * Chunk k of a job belongs to the range whose first chunk index is the
  * largest one <= k (binary search over the ranges' first chunks); it covers
@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "core/error.h"
-#include "optim/job.h"
+#include "optim/host_step.h"
 
 struct fsdp_optim_job {
     fsdp_pool_job pool_job;     /* pool bookkeeping */

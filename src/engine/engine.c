@@ -50,9 +50,9 @@
 
 #include "core/log.h"
 #include "core/world.h"
-#include "fsdp/engine.h"
-#include "fsdp/engine_internal.h"
-#include "fsdp/place.h"
+#include "engine/engine.h"
+#include "engine/engine_internal.h"
+#include "engine/place.h"
 
 /* ---- shared state ------------------------------------------------------- */
 

@@ -20,12 +20,12 @@
  * 0's ranks under hybrid (the other nodes hold the same gradient shards,
  * bit for bit, after the all-reduce across nodes).
  */
-#ifndef FSDP_FSDP_NORM_COVER_H
-#define FSDP_FSDP_NORM_COVER_H
+#ifndef FSDP_ENGINE_NORM_COVER_H
+#define FSDP_ENGINE_NORM_COVER_H
 
 #include <stddef.h>
 
-#include "fsdp/shardmap.h"
+#include "engine/shardmap.h"
 
 typedef struct fsdp_norm_cover {
     size_t n_blocks;        /* M: the sequence's blocks */
@@ -54,4 +54,4 @@ void fsdp_norm_cover_record(const fsdp_norm_cover *nc, int owner, const float *b
  * (records: owner k's record at k * stride floats, stride >= record_len). */
 float fsdp_norm_cover_total(const fsdp_norm_cover *nc, const float *records, size_t stride);
 
-#endif /* FSDP_FSDP_NORM_COVER_H */
+#endif /* FSDP_ENGINE_NORM_COVER_H */

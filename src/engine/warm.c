@@ -49,7 +49,7 @@
 
 #include "core/log.h"
 #include "core/world.h"
-#include "fsdp/engine_internal.h"
+#include "engine/engine_internal.h"
 
 /* Live and most-live counts per size. */
 struct sizes {

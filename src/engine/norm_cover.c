@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
-#include "fsdp/norm_cover.h"
+#include "engine/norm_cover.h"
 
 /* The cover of [a, b) in the tree over [lo, hi): each maximal node inside
  * it, left to right. blocks: the interval's first block (NULL: count only,

@@ -13,7 +13,7 @@
  * The training slots are never called (fsdp_engine_step refuses an
  * inference engine); they fail loudly if they are.
  */
-#include "fsdp/place.h"
+#include "engine/place.h"
 
 static fsdp_status inf_init(fsdp_engine *e)
 {

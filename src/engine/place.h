@@ -20,10 +20,10 @@
  * (optim/) and the trace; never a function of engine.c. Every slot is
  * called on the rank's thread.
  */
-#ifndef FSDP_FSDP_PLACE_H
-#define FSDP_FSDP_PLACE_H
+#ifndef FSDP_ENGINE_PLACE_H
+#define FSDP_ENGINE_PLACE_H
 
-#include "fsdp/engine_internal.h"
+#include "engine/engine_internal.h"
 
 typedef struct fsdp_place_i {
     const char *name;
@@ -82,4 +82,4 @@ const fsdp_place_i *fsdp_place_of(const fsdp_engine_config *cfg);
 int fsdp_place_ranges(const fsdp_engine *e, int u, float *master, const float *grad,
                       float *const *state, void *p_out, fsdp_optim_range *ranges);
 
-#endif /* FSDP_FSDP_PLACE_H */
+#endif /* FSDP_ENGINE_PLACE_H */

@@ -1,5 +1,5 @@
 /*
- * job.h - an optimizer's host step on the CPU worker pool: what optimizer
+ * host_step.h - an optimizer's host step on the CPU worker pool: what optimizer
  * offload runs for each unit's shard when its state lives in pinned host
  * memory.
  *
@@ -9,8 +9,8 @@
  * workers, and the thread that waits, run in any order: the kernels are
  * element-wise, so the bits do not depend on the split or the order.
  */
-#ifndef FSDP_OPTIM_JOB_H
-#define FSDP_OPTIM_JOB_H
+#ifndef FSDP_OPTIM_HOST_STEP_H
+#define FSDP_OPTIM_HOST_STEP_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -62,4 +62,4 @@ fsdp_status fsdp_optim_host_step_parallel(fsdp_pool *pool, const fsdp_optim *o,
 }
 #endif
 
-#endif /* FSDP_OPTIM_JOB_H */
+#endif /* FSDP_OPTIM_HOST_STEP_H */

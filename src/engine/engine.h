@@ -19,16 +19,16 @@
  * process's first rank before the barrier that ends a step). Each
  * fsdp_engine is used by its rank's thread only.
  */
-#ifndef FSDP_FSDP_ENGINE_H
-#define FSDP_FSDP_ENGINE_H
+#ifndef FSDP_ENGINE_ENGINE_H
+#define FSDP_ENGINE_ENGINE_H
 
 #include <stdbool.h>
 
 #include "comm/transport.h"
 #include "core/names.h"
 #include "data/data.h"
-#include "fsdp/norm_cover.h"
-#include "fsdp/shardmap.h"
+#include "engine/norm_cover.h"
+#include "engine/shardmap.h"
 
 typedef struct fsdp_engine_config {
     fsdp_backend backend;
@@ -227,4 +227,4 @@ fsdp_device *fsdp_engine_device(fsdp_engine *e);
 /* The communicator over every rank of the job. */
 fsdp_comm *fsdp_engine_comm(fsdp_engine *e);
 
-#endif /* FSDP_FSDP_ENGINE_H */
+#endif /* FSDP_ENGINE_ENGINE_H */

@@ -14,8 +14,8 @@
  * fsdp_accum_release or the device's own teardown frees them. One rank's
  * engine owns one fsdp_accum; it is used by that rank's thread only.
  */
-#ifndef FSDP_FSDP_ACCUM_H
-#define FSDP_FSDP_ACCUM_H
+#ifndef FSDP_ENGINE_ACCUM_H
+#define FSDP_ENGINE_ACCUM_H
 
 #include "device/device.h"
 #include "ops/ops.h"
@@ -74,4 +74,4 @@ float *fsdp_accum_fold(fsdp_accum *a, int u, size_t numel);
  * caller's stream work on them is complete). */
 void fsdp_accum_release(fsdp_accum *a, int u);
 
-#endif /* FSDP_FSDP_ACCUM_H */
+#endif /* FSDP_ENGINE_ACCUM_H */

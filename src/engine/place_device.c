@@ -11,7 +11,7 @@
  */
 #include <string.h>
 
-#include "fsdp/place.h"
+#include "engine/place.h"
 
 static fsdp_status dev_init(fsdp_engine *e)
 {

@@ -3,7 +3,7 @@
  */
 #include <string.h>
 
-#include "fsdp/shardmap.h"
+#include "engine/shardmap.h"
 
 const char *fsdp_shard_strategy_name(fsdp_shard_strategy s)
 {
