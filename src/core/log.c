@@ -23,6 +23,8 @@ static const struct {
     [FSDP_ENV_PEER_TIMEOUT] = {"FSDP_PEER_TIMEOUT", "600"},
     [FSDP_ENV_ABORT_GRACE] = {"FSDP_ABORT_GRACE", "10"},
     [FSDP_ENV_FAULT] = {"FSDP_FAULT", ""},
+    [FSDP_ENV_CPU_STREAMS] = {"FSDP_CPU_STREAMS", "inline"},
+    [FSDP_ENV_CPU_STREAM_JITTER] = {"FSDP_CPU_STREAM_JITTER", "0"},
 };
 
 static const char *env_values[FSDP_ENV_COUNT];

@@ -47,6 +47,8 @@ typedef enum fsdp_env_key {
     FSDP_ENV_PEER_TIMEOUT,   /* FSDP_PEER_TIMEOUT: seconds a wait on another process may last */
     FSDP_ENV_ABORT_GRACE,    /* FSDP_ABORT_GRACE: seconds a failing MPI process has to end the job */
     FSDP_ENV_FAULT,          /* FSDP_FAULT=RANK:OP:K: testing only, core/world.h */
+    FSDP_ENV_CPU_STREAMS,    /* FSDP_CPU_STREAMS=inline|async: the cpu backend's streams */
+    FSDP_ENV_CPU_STREAM_JITTER, /* FSDP_CPU_STREAM_JITTER=SEED: random delays in async streams */
     FSDP_ENV_COUNT
 } fsdp_env_key;
 

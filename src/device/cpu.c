@@ -2,9 +2,10 @@
  * cpu.c - simulated devices backed by host memory, each computing with a
  * team of threads (cpu.h).
  *
- * Real math, real bytes; the only difference from a GPU is that stream work
- * runs inline on the rank's thread, so the stream and event slots are NULL.
- * "Pinned" host memory is ordinary aligned memory here.
+ * Real math, real bytes. In the default mode stream work runs inline on
+ * the calling thread, so the stream and event slots are NULL; the async
+ * mode (cpu_stream.c) gives each stream a worker thread. "Pinned" host
+ * memory is ordinary aligned memory here.
  *
  * The team: the rank thread plus n - 1 helpers, started on the first
  * parallel call (so devices that never compute start none). A job is
@@ -14,8 +15,12 @@
  * 0, every chunk has finished: the rank thread waits for exactly that, then
  * retires the job. A helper that wakes after the job was retired finds it
  * gone and sleeps again: a late helper never delays the rank thread, which
- * matters when the ranks share fewer cores than they have threads.
+ * matters when the ranks share fewer cores than they have threads. Jobs of
+ * one team run one at a time (run_mu): in the async mode the compute and
+ * comm streams' workers and the rank thread (host-side kernels of offload)
+ * may each start one.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -29,8 +34,10 @@
 #include "core/threads.h"
 #include "core/world.h"
 #include "device/cpu.h"
+#include "device/cpu_dev.h"
 
-typedef struct cpu_team {
+struct cpu_team {
+    pthread_mutex_t run_mu;   /* one job at a time: held by the thread that runs it */
     pthread_mutex_t mu;
     pthread_cond_t work_cv;   /* a job was published, or stop */
     pthread_cond_t done_cv;   /* n_active dropped to 0 */
@@ -45,13 +52,8 @@ typedef struct cpu_team {
     size_t n_chunks;
     atomic_size_t next;       /* next chunk to claim */
     int n_active;             /* helpers inside the job */
-} cpu_team;
+};
 
-typedef struct cpu_dev {
-    int n_threads;
-    cpu_team *team;           /* NULL until the first parallel call */
-    bool team_failed;         /* helpers could not be started: run serially */
-} cpu_dev;
 
 typedef struct helper_arg {
     cpu_team *team;
@@ -65,6 +67,56 @@ static _Thread_local bool in_task;   /* this thread is running a chunk */
 void fsdp_device_cpu_set_threads(int n) { atomic_store(&g_threads_setting, n > 0 ? n : 0); }
 
 int fsdp_device_cpu_get_threads(void) { return atomic_load(&g_threads_setting); }
+
+static const fsdp_name cpu_streams_names[] = {
+    {"inline", FSDP_CPU_STREAMS_INLINE,
+     "run stream work at once on the calling thread (default; the faster)"},
+    {"async", FSDP_CPU_STREAMS_ASYNC,
+     "a worker thread per stream and events as fences, as on a GPU: a missing wait shows "
+     "(FSDP_CPU_STREAM_JITTER=SEED adds random delays)"},
+};
+const fsdp_name_table fsdp_cpu_streams_names = FSDP_NAME_TABLE(cpu_streams_names);
+
+static atomic_int g_streams_setting; /* FSDP_CPU_STREAMS_DEFAULT: the environment's */
+static _Atomic uint64_t g_jitter_setting;
+
+void fsdp_device_cpu_set_streams(fsdp_cpu_streams mode, uint64_t jitter_seed)
+{
+    atomic_store(&g_jitter_setting, jitter_seed);
+    atomic_store(&g_streams_setting, mode > 0 && mode < FSDP_CPU_STREAMS_COUNT ? (int)mode : 0);
+}
+
+fsdp_status fsdp_device_cpu_get_streams(fsdp_cpu_streams *mode, uint64_t *jitter_seed)
+{
+    int set = atomic_load(&g_streams_setting);
+    uint64_t seed = atomic_load(&g_jitter_setting);
+    *mode = set ? (fsdp_cpu_streams)set : FSDP_CPU_STREAMS_INLINE;
+    *jitter_seed = seed;
+    const char *m = fsdp_env_get(FSDP_ENV_CPU_STREAMS);
+    const fsdp_name *e = fsdp_names_find(&fsdp_cpu_streams_names, m);
+    if (!set && !e)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "FSDP_CPU_STREAMS='%s' is not one of inline, async", m);
+    if (!set)
+        *mode = (fsdp_cpu_streams)e->value;
+    if (seed)
+        return FSDP_STATUS_OK;
+    const char *j = fsdp_env_get(FSDP_ENV_CPU_STREAM_JITTER);
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(j, &end, 10);
+    if (errno || end == j || *end || *j == '-')
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "FSDP_CPU_STREAM_JITTER='%s' is not a seed (a number >= 0; 0: no "
+                              "delays)", j);
+    *jitter_seed = v;
+    return FSDP_STATUS_OK;
+}
+
+bool fsdp_device_cpu_async(const fsdp_device *d)
+{
+    return d->backend == FSDP_BACKEND_CPU && d->ctx && ((const cpu_dev *)d->ctx)->async;
+}
 
 void fsdp_device_cpu_test_cores(int n) { atomic_store(&g_test_cores, n > 0 ? n : 0); }
 
@@ -141,6 +193,7 @@ static void team_free(cpu_team *t)
     pthread_cond_destroy(&t->work_cv);
     pthread_cond_destroy(&t->done_cv);
     pthread_mutex_destroy(&t->mu);
+    pthread_mutex_destroy(&t->run_mu);
     free(t->helpers);
     free(t);
 }
@@ -155,6 +208,7 @@ static cpu_team *team_start(int rank, int n)
                                 "on 1 thread", rank);
         return NULL;
     }
+    pthread_mutex_init(&t->run_mu, NULL);
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->work_cv, NULL);
     pthread_cond_init(&t->done_cv, NULL);
@@ -187,9 +241,13 @@ void fsdp_device_cpu_parallel(fsdp_device *d, size_t n_chunks, fsdp_device_cpu_t
     cpu_dev *c = d->backend == FSDP_BACKEND_CPU ? d->ctx : NULL;
     if (n_chunks == 0)
         return;
-    if (c && c->n_threads > 1 && !c->team && !c->team_failed) {
-        c->team = team_start(d->rank, c->n_threads);
-        c->team_failed = !c->team;
+    if (c && c->n_threads > 1) {
+        pthread_mutex_lock(&c->team_mu);
+        if (!c->team && !c->team_failed) {
+            c->team = team_start(d->rank, c->n_threads);
+            c->team_failed = !c->team;
+        }
+        pthread_mutex_unlock(&c->team_mu);
     }
     if (!c || !c->team || in_task || n_chunks == 1) {
         bool outer = !in_task;
@@ -200,6 +258,7 @@ void fsdp_device_cpu_parallel(fsdp_device *d, size_t n_chunks, fsdp_device_cpu_t
         return;
     }
     cpu_team *t = c->team;
+    pthread_mutex_lock(&t->run_mu);
     pthread_mutex_lock(&t->mu);
     t->task = task;
     t->arg = arg;
@@ -217,6 +276,7 @@ void fsdp_device_cpu_parallel(fsdp_device *d, size_t n_chunks, fsdp_device_cpu_t
         pthread_cond_wait(&t->done_cv, &t->mu);
     t->live = false; /* helpers that wake from now on skip this job */
     pthread_mutex_unlock(&t->mu);
+    pthread_mutex_unlock(&t->run_mu);
 }
 
 int fsdp_device_cpu_devices_on_host(const fsdp_world *w)
@@ -227,7 +287,7 @@ int fsdp_device_cpu_devices_on_host(const fsdp_world *w)
     return w->n_local * (same > 0 ? same : 1);
 }
 
-static fsdp_status cpu_init(fsdp_device *d)
+fsdp_status fsdp_cpu_dev_init(fsdp_device *d)
 {
     cpu_dev *c = calloc(1, sizeof *c);
     if (!c)
@@ -235,21 +295,23 @@ static fsdp_status cpu_init(fsdp_device *d)
     int n_devices = d->world ? fsdp_device_cpu_devices_on_host(d->world) : 1;
     c->n_threads = fsdp_device_cpu_threads_for(fsdp_device_cpu_get_threads(), n_devices,
                                                fsdp_device_cpu_cores(), NULL);
+    pthread_mutex_init(&c->team_mu, NULL);
     d->ctx = c;
     return FSDP_STATUS_OK;
 }
 
-static void cpu_fini(fsdp_device *d)
+void fsdp_cpu_dev_fini(fsdp_device *d)
 {
     cpu_dev *c = d->ctx;
     if (!c)
         return;
     team_free(c->team);
+    pthread_mutex_destroy(&c->team_mu);
     free(c);
     d->ctx = NULL;
 }
 
-static fsdp_status cpu_alloc(fsdp_device *d, size_t bytes, void **out)
+fsdp_status fsdp_cpu_host_alloc(fsdp_device *d, size_t bytes, void **out)
 {
     (void)d;
     if (bytes > SIZE_MAX - (FSDP_DEVICE_ALIGN - 1)) /* rounding up would wrap around */
@@ -263,7 +325,7 @@ static fsdp_status cpu_alloc(fsdp_device *d, size_t bytes, void **out)
     return FSDP_STATUS_OK;
 }
 
-static void cpu_free(fsdp_device *d, void *p)
+void fsdp_cpu_host_free(fsdp_device *d, void *p)
 {
     (void)d;
     free(p);
@@ -287,22 +349,15 @@ static fsdp_status cpu_memset(fsdp_device *d, void *dst, int value, size_t bytes
 }
 
 const struct fsdp_device_i fsdp_device_cpu_i = {
-    /* .name              = */ "cpu",
-    /* .init              = */ cpu_init,
-    /* .fini              = */ cpu_fini,
-    /* .alloc             = */ cpu_alloc,
-    /* .free              = */ cpu_free,
-    /* .host_alloc        = */ cpu_alloc,
-    /* .host_free         = */ cpu_free,
-    /* .memcpy            = */ cpu_memcpy,
-    /* .memset            = */ cpu_memset,
-    /* .stream_create     = */ NULL, /* optional: work runs inline */
-    /* .stream_destroy    = */ NULL,
-    /* .stream_sync       = */ NULL,
-    /* .event_create      = */ NULL,
-    /* .event_destroy     = */ NULL,
-    /* .event_record      = */ NULL,
-    /* .stream_wait_event = */ NULL,
-    /* .event_sync        = */ NULL,
-    /* .reserve           = */ NULL, /* optional: nothing to prepare */
+    .name = "cpu",
+    .init = fsdp_cpu_dev_init,
+    .fini = fsdp_cpu_dev_fini,
+    .alloc = fsdp_cpu_host_alloc,
+    .free = fsdp_cpu_host_free,
+    .host_alloc = fsdp_cpu_host_alloc,
+    .host_free = fsdp_cpu_host_free,
+    .memcpy = cpu_memcpy,
+    .memset = cpu_memset,
+    /* stream, event, reserve and launch_host slots NULL: work runs inline,
+     * in order, on the calling thread (the async mode is cpu_stream.c) */
 };

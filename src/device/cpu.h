@@ -19,8 +19,42 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "device/device.h"
+
+/* How a cpu device runs the work queued on its streams (--cpu-streams):
+ * inline (at once, on the calling thread: the default, and the faster), or
+ * async (device/cpu_stream.c: a worker thread per stream, events as real
+ * fences, host calls that return as soon as the work is queued, as on a
+ * GPU), optionally with seeded random delays before each queued item.
+ * Results are bit-identical in both modes. */
+typedef enum fsdp_cpu_streams {
+    FSDP_CPU_STREAMS_DEFAULT = 0, /* the environment's (below): a zeroed config means it */
+    FSDP_CPU_STREAMS_INLINE,
+    FSDP_CPU_STREAMS_ASYNC,
+    FSDP_CPU_STREAMS_COUNT
+} fsdp_cpu_streams;
+
+/* The --cpu-streams values: inline, async. */
+extern const fsdp_name_table fsdp_cpu_streams_names;
+
+/* The mode and jitter seed (0: no delays) of cpu devices created from now
+ * on; FSDP_CPU_STREAMS_DEFAULT goes back to the environment's:
+ * FSDP_CPU_STREAMS=inline|async and FSDP_CPU_STREAM_JITTER=SEED (unset:
+ * inline; a seed given here wins over the variable's). Call while no
+ * device is being created. */
+void fsdp_device_cpu_set_streams(fsdp_cpu_streams mode, uint64_t jitter_seed);
+/* The mode a device created now gets (never DEFAULT), and its jitter
+ * seed. INVALID_ARG with a message naming the variable when the
+ * environment holds a value that is not a mode or a seed (the mode is then
+ * inline, without delays). */
+fsdp_status fsdp_device_cpu_get_streams(fsdp_cpu_streams *mode, uint64_t *jitter_seed);
+/* Whether d is a cpu device in the async mode. */
+bool fsdp_device_cpu_async(const fsdp_device *d);
+/* The async mode's device table (cpu_stream.c); fsdp_device_init picks it
+ * for cpu devices when fsdp_device_cpu_get_streams says async. */
+extern const struct fsdp_device_i fsdp_device_cpu_async_i;
 
 /* Threads per cpu device for devices created from now on: n >= 1, or 0 for
  * the default. Call while no device is being created (before the ranks

@@ -33,6 +33,9 @@
  * seeing the abort flag they first run the rank's stop hook (nccl:
  * ncclCommAbort, which ends such kernels), so that teardown can free.
  */
+#include <pthread.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -52,6 +55,9 @@ struct cuda_fence {
 
 struct cuda_dev {
     fsdp_device *d;
+    pthread_mutex_t host_mu;    /* host_err: written by CUDA's callback thread */
+    fsdp_status host_err;       /* first failure of host work queued by launch_host */
+    char host_msg[FSDP_ERROR_MSG_MAX];
     fsdp_block_cache cache;
     void *stage[2];          /* pinned, CUDA_STAGE_BYTES each, made at the first pageable copy */
     cudaEvent_t stage_ev[2]; /* the last copy that used each */
@@ -220,6 +226,7 @@ static fsdp_status cuda_init(fsdp_device *d)
     if (!cd)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating the cuda device");
     cd->d = d;
+    pthread_mutex_init(&cd->host_mu, NULL);
     fsdp_block_cache_init(&cd->cache, &cuda_cache_i, cd);
     d->ctx = cd;
     return FSDP_STATUS_OK;
@@ -241,6 +248,7 @@ static void cuda_fini(fsdp_device *d)
         if (cd->stage_ev[k])
             cudaEventDestroy(cd->stage_ev[k]);
     }
+    pthread_mutex_destroy(&cd->host_mu);
     free(cd);
     d->ctx = NULL;
     d->mem.reserved_bytes = 0;
@@ -444,12 +452,26 @@ static void cuda_stream_destroy(fsdp_device *d, fsdp_stream_t s)
         cudaStreamDestroy((cudaStream_t)s);
 }
 
+/* OK, or the first failure of host work queued by launch_host (its
+ * message set on the calling thread): it stays, as CUDA's sticky errors. */
+static fsdp_status host_work_status(fsdp_device *d)
+{
+    struct cuda_dev *cd = cuda_dev_of(d);
+    pthread_mutex_lock(&cd->host_mu);
+    fsdp_status st = cd->host_err;
+    char msg[FSDP_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", cd->host_msg);
+    pthread_mutex_unlock(&cd->host_mu);
+    return st == FSDP_STATUS_OK ? st : fsdp_error_set(st, "%s", msg);
+}
+
 static fsdp_status cuda_stream_sync(fsdp_device *d, fsdp_stream_t s)
 {
     if (cuda_can_abort(d))
-        return cuda_poll(d, [s] { return cudaStreamQuery((cudaStream_t)s); }, "stream sync");
-    CUDA_TRY(cudaStreamSynchronize((cudaStream_t)s));
-    return FSDP_STATUS_OK;
+        FSDP_TRY(cuda_poll(d, [s] { return cudaStreamQuery((cudaStream_t)s); }, "stream sync"));
+    else
+        CUDA_TRY(cudaStreamSynchronize((cudaStream_t)s));
+    return host_work_status(d);
 }
 
 static fsdp_status cuda_event_create(fsdp_device *d, fsdp_event_t *out)
@@ -483,7 +505,59 @@ static fsdp_status cuda_stream_wait_event(fsdp_device *d, fsdp_stream_t s, fsdp_
 
 static fsdp_status cuda_event_sync(fsdp_device *d, fsdp_event_t e)
 {
-    return cuda_wait_event(d, (cudaEvent_t)e, "event sync");
+    FSDP_TRY(cuda_wait_event(d, (cudaEvent_t)e, "event sync"));
+    return host_work_status(d);
+}
+
+/* ---- host work in stream order ----------------------------------------------- */
+
+struct host_call {
+    fsdp_host_fn fn;
+    struct cuda_dev *cd;
+    char label[64];
+    alignas(max_align_t) unsigned char arg[1];
+};
+
+/* Runs on CUDA's callback thread: no CUDA calls (the host functions queued
+ * here are trace stamps and offload's job submission, which make none). */
+static void CUDART_CB run_host_call(void *p)
+{
+    struct host_call *c = (struct host_call *)p;
+    fsdp_status st = c->fn(c->arg);
+    if (st != FSDP_STATUS_OK) {
+        struct cuda_dev *cd = c->cd;
+        pthread_mutex_lock(&cd->host_mu);
+        if (cd->host_err == FSDP_STATUS_OK) {
+            cd->host_err = st;
+            snprintf(cd->host_msg, sizeof cd->host_msg, "%s: %s (host work queued by rank %d)",
+                     c->label, fsdp_error_msg(), cd->d->rank);
+        }
+        pthread_mutex_unlock(&cd->host_mu);
+        fsdp_error_clear();
+    }
+    free(c);
+}
+
+static fsdp_status cuda_launch_host(fsdp_device *d, fsdp_stream_t s, fsdp_host_fn fn,
+                                    const void *arg, size_t arg_bytes, const char *label)
+{
+    struct host_call *c = (struct host_call *)malloc(sizeof *c + arg_bytes);
+    if (!c)
+        return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory queueing '%s'",
+                              d->rank, label ? label : "host work");
+    c->fn = fn;
+    c->cd = cuda_dev_of(d);
+    snprintf(c->label, sizeof c->label, "%s", label ? label : "host work");
+    if (arg_bytes)
+        memcpy(c->arg, arg, arg_bytes);
+    cudaError_t rc = cudaLaunchHostFunc((cudaStream_t)s, run_host_call, c);
+    if (rc != cudaSuccess) {
+        free(c);
+        cudaGetLastError();
+        return fsdp_error_set(FSDP_STATUS_CUDA, "rank %d (GPU %d): queueing '%s': %s", d->rank,
+                              d->ordinal, label ? label : "host work", cudaGetErrorString(rc));
+    }
+    return FSDP_STATUS_OK;
 }
 
 static const struct fsdp_device_i cuda_device_i = {
@@ -505,6 +579,7 @@ static const struct fsdp_device_i cuda_device_i = {
     /* .stream_wait_event = */ cuda_stream_wait_event,
     /* .event_sync        = */ cuda_event_sync,
     /* .reserve           = */ cuda_reserve,
+    /* .launch_host       = */ cuda_launch_host,
 };
 
 extern "C" const struct fsdp_device_i *fsdp_device_cuda_iface(void) { return &cuda_device_i; }

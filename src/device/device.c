@@ -12,6 +12,7 @@
 
 #include "core/log.h"
 #include "core/world.h"
+#include "device/cpu.h"
 #include "device/device.h"
 
 /* ---- the backends ---------------------------------------------------------- */
@@ -24,7 +25,18 @@ static const fsdp_name backend_names[] = {
 };
 const fsdp_name_table fsdp_backend_names = FSDP_NAME_TABLE(backend_names);
 
-static const struct fsdp_device_i *cpu_iface(void) { return &fsdp_device_cpu_i; }
+/* The cpu table of the mode fsdp_device_cpu_get_streams says (inline when
+ * the environment's setting is not valid: the CLI reports that first). */
+static const struct fsdp_device_i *cpu_iface(void)
+{
+    fsdp_cpu_streams mode;
+    uint64_t seed;
+    if (fsdp_device_cpu_get_streams(&mode, &seed) != FSDP_STATUS_OK) {
+        FSDP_WARN(FSDP_SUB_CORE, "%s; running the cpu streams inline", fsdp_error_msg());
+        fsdp_error_clear();
+    }
+    return mode == FSDP_CPU_STREAMS_ASYNC ? &fsdp_device_cpu_async_i : &fsdp_device_cpu_i;
+}
 static const struct fsdp_device_i *meta_iface(void) { return &fsdp_device_meta_i; }
 
 static const struct backend {
@@ -414,6 +426,14 @@ fsdp_status fsdp_device_memset(fsdp_device *d, void *dst, int value, size_t byte
 fsdp_status fsdp_device_stream_sync(fsdp_device *d, fsdp_stream_t s)
 {
     return d->iface->stream_sync ? d->iface->stream_sync(d, s) : FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_device_launch_host(fsdp_device *d, fsdp_stream_t s, fsdp_host_fn fn, void *arg,
+                                    size_t arg_bytes, const char *label)
+{
+    if (!d->iface->launch_host)
+        return fn(arg);
+    return d->iface->launch_host(d, s ? s : d->compute, fn, arg, arg_bytes, label);
 }
 
 fsdp_status fsdp_device_event_create(fsdp_device *d, fsdp_event_t *out)

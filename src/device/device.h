@@ -5,10 +5,13 @@
  * A backend is a table of functions (struct fsdp_device_i) plus the device
  * object that carries the accounting; the generic wrappers below do the
  * accounting, the cap and the fault hook, and treat NULL slots as "nothing
- * to do" (the cpu backend runs stream work inline, so its stream and event
- * slots are NULL; meta backs nothing and copies nothing). Code above this
- * layer must still create streams and record/wait events as if streams were
- * asynchronous, so the same code is right on cuda.
+ * to do" (the cpu backend's default mode runs stream work inline, so its
+ * stream and event slots are NULL; meta backs nothing and copies nothing).
+ * Code above this layer must still create streams and record/wait events
+ * as if streams were asynchronous, so the same code is right on cuda; the
+ * cpu backend's async mode (device/cpu_stream.h: a worker thread per
+ * stream, events as fences, optional random delays) makes it so here too,
+ * so that a missing wait fails a test on a machine without a GPU.
  *
  * A device is used by its own rank thread only; its statistics may be read
  * by other threads after the ranks are joined.
@@ -33,6 +36,12 @@ typedef struct fsdp_device fsdp_device;
 typedef struct fsdp_world fsdp_world;
 typedef struct fsdp_stream *fsdp_stream_t; /* backend-defined; NULL on cpu/meta */
 typedef struct fsdp_event *fsdp_event_t;   /* backend-defined; NULL on cpu/meta */
+
+/* Host code queued on a stream (fsdp_device_launch_host): runs once the
+ * work queued before it is done; work queued after it waits for it. Its
+ * status is the stream's: a failure is kept and returned by the next sync
+ * (or at once, where the backend runs it inline). */
+typedef fsdp_status (*fsdp_host_fn)(void *arg);
 
 /* What an allocation holds, for the memory breakdown of `fsdp plan`. */
 typedef enum fsdp_mem_kind {
@@ -90,6 +99,10 @@ struct fsdp_device_i {
      * counting them (optional: NULL = nothing to prepare; cuda: its block
      * cache). */
     fsdp_status (*reserve)(fsdp_device *d, size_t bytes, size_t n);
+    /* Queue fn on stream s with a copy of arg_bytes of arg; label names the
+     * work in errors (optional: NULL = run it now, on the calling thread). */
+    fsdp_status (*launch_host)(fsdp_device *d, fsdp_stream_t s, fsdp_host_fn fn, const void *arg,
+                               size_t arg_bytes, const char *label);
 };
 
 /* One live allocation (open-addressed table keyed by pointer). */
@@ -183,7 +196,17 @@ fsdp_status fsdp_device_memcpy(fsdp_device *d, void *dst, const void *src, size_
 fsdp_status fsdp_device_memset(fsdp_device *d, void *dst, int value, size_t bytes,
                                fsdp_stream_t s);
 
+/* Wait on the host for the work queued on s. Returns the device's first
+ * failure of queued work (its message set on the calling thread), if any:
+ * a failure stays with the device, as CUDA's sticky errors do. */
 fsdp_status fsdp_device_stream_sync(fsdp_device *d, fsdp_stream_t s);
+/* Run fn(arg) in stream order on s (fsdp_host_fn above): queued with a
+ * copy of arg_bytes of arg where the backend has asynchronous host work
+ * (cpu async), else now on the calling thread, with its status returned.
+ * s NULL is the compute stream. Queued host work must not call the device
+ * layer's stream functions. */
+fsdp_status fsdp_device_launch_host(fsdp_device *d, fsdp_stream_t s, fsdp_host_fn fn, void *arg,
+                                    size_t arg_bytes, const char *label);
 fsdp_status fsdp_device_event_create(fsdp_device *d, fsdp_event_t *out);
 void fsdp_device_event_destroy(fsdp_device *d, fsdp_event_t e);
 fsdp_status fsdp_device_event_record(fsdp_device *d, fsdp_event_t e, fsdp_stream_t s);

@@ -29,22 +29,11 @@ static void meta_free(fsdp_device *d, void *p)
 }
 
 const struct fsdp_device_i fsdp_device_meta_i = {
-    /* .name              = */ "meta",
-    /* .init              = */ NULL,
-    /* .fini              = */ NULL,
-    /* .alloc             = */ meta_alloc,
-    /* .free              = */ meta_free,
-    /* .host_alloc        = */ meta_alloc,
-    /* .host_free         = */ meta_free,
-    /* .memcpy            = */ NULL, /* nothing is backed: nothing moves */
-    /* .memset            = */ NULL,
-    /* .stream_create     = */ NULL,
-    /* .stream_destroy    = */ NULL,
-    /* .stream_sync       = */ NULL,
-    /* .event_create      = */ NULL,
-    /* .event_destroy     = */ NULL,
-    /* .event_record      = */ NULL,
-    /* .stream_wait_event = */ NULL,
-    /* .event_sync        = */ NULL,
-    /* .reserve           = */ NULL, /* optional: nothing to prepare */
+    .name = "meta",
+    .alloc = meta_alloc,
+    .free = meta_free,
+    .host_alloc = meta_alloc,
+    .host_free = meta_free,
+    /* every other slot NULL: nothing is backed, so nothing moves, nothing
+     * waits, and host work runs at once */
 };
