@@ -18,7 +18,8 @@
  * channels, N = B*T rows, V vocabulary, Vp padded vocabulary. Weights of a
  * linear layer are (OC, C) row-major, out = inp @ w^T + bias.
  *
- * Calls are asynchronous on ctx->stream (inline on cpu).
+ * Calls are asynchronous on ctx->stream: queued on cuda and in the cpu
+ * backend's async mode, run at once in its inline mode.
  */
 #ifndef FSDP_OPS_OPS_H
 #define FSDP_OPS_OPS_H
@@ -185,11 +186,24 @@ struct fsdp_op_ctx {
     void *backend;                   /* backend state (cuBLAS handle, scratch) */
 };
 
-/* Bind an op context to a device; dt is the compute dtype. */
+/* Bind an op context to a device and its compute stream; dt is the
+ * compute dtype. */
 fsdp_status fsdp_ops_init(fsdp_op_ctx *ctx, fsdp_device *dev, fsdp_dtype dt);
+/* The same on another of the device's streams (its ops run in that
+ * stream's order: the engine adds gradient partial sums on the comm
+ * stream, after the reduce-scatters that produce them). */
+fsdp_status fsdp_ops_init_stream(fsdp_op_ctx *ctx, fsdp_device *dev, fsdp_dtype dt,
+                                 fsdp_stream_t stream);
+/* A context whose ops run at once on the calling thread, on host memory
+ * (the cpu table; no stream): what host-side work of a device of any
+ * backend uses (optimizer offload's casts and norm sums of host shards). */
+fsdp_status fsdp_ops_init_host(fsdp_op_ctx *ctx, fsdp_device *dev, fsdp_dtype dt);
 void fsdp_ops_fini(fsdp_op_ctx *ctx);
 
 extern const struct fsdp_ops_i fsdp_ops_cpu_i;
+/* The cpu table of the async stream mode: each slot queues the op on
+ * ctx->stream (ops/cpu/async.c). */
+extern const struct fsdp_ops_i fsdp_ops_cpu_async_i;
 /* cuda's table and its per-rank init; NULL / UNSUPPORTED without CUDA. */
 const struct fsdp_ops_i *fsdp_ops_cuda_iface(void);
 fsdp_status fsdp_ops_cuda_init(fsdp_op_ctx *ctx);
