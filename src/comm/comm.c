@@ -4,6 +4,7 @@
  * issued the same collective, the meta communicator, and the reference tree
  * sum.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -208,6 +209,64 @@ static void count(fsdp_comm *c, fsdp_coll_kind k, size_t sent, size_t recv)
     c->n_calls[k]++;
 }
 
+/* One collective call, as the wrappers below issue it. */
+typedef struct coll_call {
+    fsdp_comm *c;
+    int kind;             /* fsdp_coll_kind */
+    const void *send;
+    void *recv;           /* the buffer of a broadcast */
+    size_t numel;
+    fsdp_dtype dt;
+    fsdp_reduce_op op;
+    int root;
+    fsdp_stream_t s;
+} coll_call;
+
+static fsdp_status run_coll(void *p)
+{
+    const coll_call *a = p;
+    fsdp_comm *c = a->c;
+    switch (a->kind) {
+    case FSDP_COLL_ALL_GATHER:
+        return c->iface->all_gather(c, a->send, a->recv, a->numel, a->dt, a->s);
+    case FSDP_COLL_REDUCE_SCATTER:
+        return c->iface->reduce_scatter(c, a->send, a->recv, a->numel, a->dt, a->op, a->s);
+    case FSDP_COLL_ALL_REDUCE:
+        return c->iface->all_reduce(c, a->send, a->recv, a->numel, a->dt, a->op, a->s);
+    default: return c->iface->broadcast(c, a->recv, a->numel, a->dt, a->root, a->s);
+    }
+}
+
+void fsdp_comm_label(fsdp_comm *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->label, sizeof c->label, fmt, ap);
+    va_end(ap);
+}
+
+/* Issue a collective on its stream (NULL: the device's comm stream). A
+ * transport whose collectives are host code runs them in the stream's
+ * order through the device (fsdp_device_launch_host): at once where stream
+ * work runs inline, on the stream's worker in the cpu backend's async mode,
+ * where a failure then surfaces at the next sync, named by the label. */
+static fsdp_status issue(coll_call a)
+{
+    char label[sizeof a.c->label];
+    snprintf(label, sizeof label, "%s", a.c->label[0] ? a.c->label : fsdp_coll_kind_name(a.kind));
+    a.c->label[0] = '\0';
+    if (a.c->dev && !a.s)
+        a.s = a.c->dev->comm;
+    fsdp_status st;
+    if (a.c->dev && a.c->iface->host_code)
+        st = fsdp_device_launch_host(a.c->dev, a.s, run_coll, &a, sizeof a, label);
+    else
+        st = run_coll(&a); /* device work queued by the transport, or no device */
+    if (st != FSDP_STATUS_OK && strcmp(label, fsdp_coll_kind_name(a.kind)))
+        fsdp_error_prefix("%s", label);
+    return st;
+}
+
 fsdp_status fsdp_comm_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,
                                  fsdp_dtype dt, fsdp_stream_t s)
 {
@@ -216,7 +275,7 @@ fsdp_status fsdp_comm_all_gather(fsdp_comm *c, const void *send, void *recv, siz
           chunk * (size_t)(c->n_ranks - 1));
     if (!c->iface->all_gather)
         return FSDP_STATUS_OK;
-    return c->iface->all_gather(c, send, recv, numel, dt, s ? s : c->dev->comm);
+    return issue((coll_call){c, FSDP_COLL_ALL_GATHER, send, recv, numel, dt, 0, 0, s});
 }
 
 fsdp_status fsdp_comm_reduce_scatter(fsdp_comm *c, const void *send, void *recv, size_t numel,
@@ -227,7 +286,7 @@ fsdp_status fsdp_comm_reduce_scatter(fsdp_comm *c, const void *send, void *recv,
           chunk * (size_t)(c->n_ranks - 1));
     if (!c->iface->reduce_scatter)
         return FSDP_STATUS_OK;
-    return c->iface->reduce_scatter(c, send, recv, numel, dt, op, s ? s : c->dev->comm);
+    return issue((coll_call){c, FSDP_COLL_REDUCE_SCATTER, send, recv, numel, dt, op, 0, s});
 }
 
 fsdp_status fsdp_comm_all_reduce(fsdp_comm *c, const void *send, void *recv, size_t numel,
@@ -238,7 +297,7 @@ fsdp_status fsdp_comm_all_reduce(fsdp_comm *c, const void *send, void *recv, siz
     count(c, FSDP_COLL_ALL_REDUCE, moved, moved);
     if (!c->iface->all_reduce)
         return FSDP_STATUS_OK;
-    return c->iface->all_reduce(c, send, recv, numel, dt, op, s ? s : c->dev->comm);
+    return issue((coll_call){c, FSDP_COLL_ALL_REDUCE, send, recv, numel, dt, op, 0, s});
 }
 
 fsdp_status fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtype dt, int root,
@@ -251,13 +310,18 @@ fsdp_status fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtyp
         c->n_calls[FSDP_COLL_BROADCAST]++;
     if (!c->iface->broadcast)
         return FSDP_STATUS_OK;
-    return c->iface->broadcast(c, buf, numel, dt, root, s ? s : c->dev->comm);
+    return issue((coll_call){c, FSDP_COLL_BROADCAST, NULL, buf, numel, dt, 0, root, s});
 }
 
 fsdp_status fsdp_comm_barrier(fsdp_comm *c)
 {
     if (!c->iface->barrier)
         return FSDP_STATUS_OK;
+    if (c->iface->host_code && c->dev) /* a host barrier: the queued work first */
+        for (int k = 0; k < 3; k++) {
+            fsdp_stream_t s = k == 0 ? c->dev->compute : k == 1 ? c->dev->comm : c->dev->copy;
+            FSDP_TRY(fsdp_device_stream_sync(c->dev, s));
+        }
     return c->iface->barrier(c);
 }
 
@@ -370,6 +434,7 @@ static const struct fsdp_comm_i meta_comm_i = {
     /* .broadcast      = */ meta_broadcast,
     /* .barrier        = */ meta_barrier,
     /* .fini           = */ meta_fini,
+    /* .host_code      = */ false, /* counts only: at once, on the calling thread */
 };
 
 fsdp_status fsdp_comm_meta_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,

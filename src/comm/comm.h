@@ -10,8 +10,12 @@
  *
  * Buffers live on the rank's device. Calls are asynchronous on stream s
  * (NULL = the device's comm stream) and complete in issue order on that
- * stream; on host and meta they complete before returning. Every rank must
- * issue the same collectives in the same order with the same sizes.
+ * stream; on meta, and on host and mpi where the cpu backend runs stream
+ * work inline, they complete before returning (and return their failure);
+ * in the cpu backend's async mode host and mpi collectives run on the
+ * stream's worker thread and a failure surfaces at the next sync. Every
+ * rank must issue the same collectives in the same order with the same
+ * sizes.
  *
  * Sums are added in a fixed balanced binary tree over ranks:
  *   tree(lo, hi) = tree(lo, mid) + tree(mid, hi), mid = lo + (hi - lo) / 2,
@@ -122,6 +126,13 @@ struct fsdp_comm_i {
     /* All ranks arrive before any leaves (and prior stream work is done). */
     fsdp_status (*barrier)(fsdp_comm *c);
     void (*fini)(fsdp_comm *c);
+    /* The collectives are host code (host, mpi): the wrappers run them in
+     * stream order through fsdp_device_launch_host, so they run on the
+     * stream's worker thread in the cpu backend's async mode, and a
+     * barrier first waits for the device's streams. false: the transport
+     * queues device work on the stream itself (nccl, peer), or has nothing
+     * to do (meta). */
+    bool host_code;
 };
 
 struct fsdp_comm {
@@ -136,6 +147,7 @@ struct fsdp_comm {
     size_t n_calls[FSDP_COLL_KIND_COUNT];
     size_t bytes_inter_sent[FSDP_COLL_KIND_COUNT]; /* to other processes (see above) */
     size_t bytes_inter_recv[FSDP_COLL_KIND_COUNT]; /* from other processes */
+    char label[96];                            /* names the next collective (fsdp_comm_label) */
     void *ctx;                                 /* implementation private */
 };
 
@@ -200,6 +212,11 @@ void fsdp_comm_fini(fsdp_comm *c);
  * forget the entry (the transport frees the state). */
 void **fsdp_comm_shared_slot_locked(fsdp_world *w, const void *tag, const fsdp_comm_group *g);
 void fsdp_comm_shared_drop_locked(fsdp_world *w, const void *tag, const fsdp_comm_group *g);
+
+/* Name the next collective issued on c ("unit 'h.3' all-gather"): its
+ * failure message starts with the name, whether it fails at once or, run
+ * on a stream's thread (cpu async streams), at the next sync. Used once. */
+void fsdp_comm_label(fsdp_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 fsdp_status fsdp_comm_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,
                                  fsdp_dtype dt, fsdp_stream_t s);

@@ -617,6 +617,7 @@ static const struct fsdp_comm_i host_comm_i = {
     /* .broadcast      = */ host_broadcast,
     /* .barrier        = */ host_barrier,
     /* .fini           = */ host_fini,
+    /* .host_code      = */ true, /* collectives on the host: in stream order */
 };
 
 /* Take a reference on the group's shared table, creating it if this is the

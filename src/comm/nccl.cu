@@ -319,6 +319,7 @@ static const struct fsdp_comm_i nccl_comm_i = {
     /* .broadcast      = */ nccl_broadcast,
     /* .barrier        = */ nccl_barrier,
     /* .fini           = */ nccl_fini,
+    /* .host_code      = */ false, /* queues its own device work on the stream */
 };
 
 

@@ -461,6 +461,7 @@ static const struct fsdp_comm_i peer_comm_i = {
     /* .broadcast      = */ peer_broadcast,
     /* .barrier        = */ peer_barrier,
     /* .fini           = */ peer_fini,
+    /* .host_code      = */ false, /* queues its own device work on the stream */
 };
 
 /* Let this GPU read and write the other ranks' GPUs directly where the
