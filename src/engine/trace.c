@@ -1,6 +1,8 @@
 /*
  * trace.c - per-rank event buffers and the Chrome trace-event writer.
  */
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,9 +23,11 @@ struct trace_event {
 };
 
 struct rank_buf {
+    pthread_mutex_t mu;                /* ev: stamps come from the rank's stream threads */
     struct trace_event *ev;
     size_t n, cap;
-    long open[FSDP_TRACE_TRACK_COUNT]; /* index of the open event per track, -1 none */
+    long open[FSDP_TRACE_TRACK_COUNT]; /* index of the open event per track, -1 none (rank
+                                          thread only) */
 };
 
 struct fsdp_trace {
@@ -48,9 +52,11 @@ fsdp_status fsdp_trace_init(fsdp_trace **out, int n_ranks)
     }
     t->n_ranks = n_ranks;
     t->t_origin = fsdp_trace_now_ns();
-    for (int r = 0; r < n_ranks; r++)
+    for (int r = 0; r < n_ranks; r++) {
+        pthread_mutex_init(&t->ranks[r].mu, NULL);
         for (int k = 0; k < FSDP_TRACE_TRACK_COUNT; k++)
             t->ranks[r].open[k] = -1;
+    }
     *out = t;
     return FSDP_STATUS_OK;
 }
@@ -59,36 +65,76 @@ void fsdp_trace_free(fsdp_trace *t)
 {
     if (!t)
         return;
-    for (int r = 0; r < t->n_ranks; r++)
+    for (int r = 0; r < t->n_ranks; r++) {
         free(t->ranks[r].ev);
+        pthread_mutex_destroy(&t->ranks[r].mu);
+    }
     free(t->ranks);
     free(t);
 }
 
-static struct trace_event *push(struct rank_buf *b)
+/* Append an event (zeroed, filled by fill) under b's mutex; returns its
+ * index, or -1 when out of memory (tracing is best effort: dropped). */
+static long push(struct rank_buf *b, const struct trace_event *fill)
 {
+    long i = -1;
+    pthread_mutex_lock(&b->mu);
     if (b->n == b->cap) {
         size_t ncap = b->cap ? b->cap * 2 : 1024;
         struct trace_event *nev = realloc(b->ev, ncap * sizeof *nev);
-        if (!nev)
-            return NULL; /* out of memory: drop the event, tracing is best effort */
-        b->ev = nev;
-        b->cap = ncap;
+        if (nev) {
+            b->ev = nev;
+            b->cap = ncap;
+        }
     }
-    struct trace_event *ev = &b->ev[b->n++];
-    memset(ev, 0, sizeof *ev);
-    return ev;
+    if (b->n < b->cap) {
+        b->ev[b->n] = *fill;
+        i = (long)b->n++;
+    }
+    pthread_mutex_unlock(&b->mu);
+    return i;
 }
 
 static void counter(struct fsdp_engine *e, uint64_t now)
 {
-    struct trace_event *ev = push(&e->sh->trace->ranks[e->rank]);
-    if (!ev)
-        return;
-    ev->t0 = now;
-    ev->counter = 1;
-    ev->bytes = e->dev.mem.in_use_bytes;
-    snprintf(ev->name, sizeof ev->name, "memory");
+    struct trace_event ev = {.t0 = now, .counter = 1, .bytes = e->dev.mem.in_use_bytes};
+    snprintf(ev.name, sizeof ev.name, "memory");
+    push(&e->sh->trace->ranks[e->rank], &ev);
+}
+
+/* A stamp queued on the track's stream: the time the stream reached it. */
+struct stamp {
+    struct rank_buf *b;
+    long idx;
+    bool end;
+};
+
+static fsdp_status run_stamp(void *p)
+{
+    const struct stamp *a = p;
+    uint64_t now = fsdp_trace_now_ns();
+    pthread_mutex_lock(&a->b->mu);
+    struct trace_event *ev = &a->b->ev[a->idx];
+    if (a->end)
+        ev->t1 = now > ev->t0 ? now : ev->t0 + 1;
+    else
+        ev->t0 = now;
+    pthread_mutex_unlock(&a->b->mu);
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_stream_t track_stream(struct fsdp_engine *e, fsdp_trace_track track)
+{
+    return track == FSDP_TRACE_COMM ? e->dev.comm : track == FSDP_TRACE_COPY ? e->dev.copy
+                                                                              : e->dev.compute;
+}
+
+static void stamp(struct fsdp_engine *e, fsdp_trace_track track, long idx, bool end)
+{
+    struct stamp a = {&e->sh->trace->ranks[e->rank], idx, end};
+    if (fsdp_device_launch_host(&e->dev, track_stream(e, track), run_stamp, &a, sizeof a,
+                                "trace stamp") != FSDP_STATUS_OK)
+        fsdp_error_clear(); /* best effort: the event keeps no time and is left out */
 }
 
 void fsdp_trace_begin(struct fsdp_engine *e, fsdp_trace_track track, const char *name,
@@ -97,17 +143,14 @@ void fsdp_trace_begin(struct fsdp_engine *e, fsdp_trace_track track, const char 
     if (!e->sh->trace)
         return;
     struct rank_buf *b = &e->sh->trace->ranks[e->rank];
-    uint64_t now = fsdp_trace_now_ns();
-    counter(e, now);
-    struct trace_event *ev = push(b);
-    if (!ev)
-        return;
-    ev->t0 = now;
-    ev->track = (uint8_t)track;
-    ev->bytes = bytes;
-    snprintf(ev->name, sizeof ev->name, "%s", name);
-    snprintf(ev->detail, sizeof ev->detail, "%s", detail ? detail : "");
-    b->open[track] = (long)(b->n - 1);
+    counter(e, fsdp_trace_now_ns());
+    struct trace_event ev = {.track = (uint8_t)track, .bytes = bytes};
+    snprintf(ev.name, sizeof ev.name, "%s", name);
+    snprintf(ev.detail, sizeof ev.detail, "%s", detail ? detail : "");
+    long i = push(b, &ev);
+    b->open[track] = i;
+    if (i >= 0)
+        stamp(e, track, i, false);
 }
 
 void fsdp_trace_end(struct fsdp_engine *e, fsdp_trace_track track)
@@ -117,10 +160,9 @@ void fsdp_trace_end(struct fsdp_engine *e, fsdp_trace_track track)
     struct rank_buf *b = &e->sh->trace->ranks[e->rank];
     if (b->open[track] < 0)
         return;
-    uint64_t now = fsdp_trace_now_ns();
-    b->ev[b->open[track]].t1 = now > b->ev[b->open[track]].t0 ? now : b->ev[b->open[track]].t0 + 1;
+    stamp(e, track, b->open[track], true);
     b->open[track] = -1;
-    counter(e, now);
+    counter(e, fsdp_trace_now_ns());
 }
 
 void fsdp_trace_span(struct fsdp_engine *e, fsdp_trace_track track, const char *name,
@@ -128,15 +170,11 @@ void fsdp_trace_span(struct fsdp_engine *e, fsdp_trace_track track, const char *
 {
     if (!e->sh->trace)
         return;
-    struct trace_event *ev = push(&e->sh->trace->ranks[e->rank]);
-    if (!ev)
-        return;
-    ev->t0 = t0_ns;
-    ev->t1 = t1_ns > t0_ns ? t1_ns : t0_ns + 1;
-    ev->track = (uint8_t)track;
-    ev->bytes = bytes;
-    snprintf(ev->name, sizeof ev->name, "%s", name);
-    snprintf(ev->detail, sizeof ev->detail, "%s", detail ? detail : "");
+    struct trace_event ev = {.t0 = t0_ns, .t1 = t1_ns > t0_ns ? t1_ns : t0_ns + 1,
+                             .track = (uint8_t)track, .bytes = bytes};
+    snprintf(ev.name, sizeof ev.name, "%s", name);
+    snprintf(ev.detail, sizeof ev.detail, "%s", detail ? detail : "");
+    push(&e->sh->trace->ranks[e->rank], &ev);
 }
 
 /* Lanes. Trace viewers draw a (pid, tid) track as a stack of properly
@@ -235,8 +273,8 @@ fsdp_status fsdp_trace_write(const fsdp_trace *t, const char *path)
                         r, ts, ev->bytes);
                 continue;
             }
-            if (!ev->t1)
-                continue; /* never closed (error path) */
+            if (!ev->t0 || !ev->t1)
+                continue; /* never reached or never closed (error path) */
             fprintf(f, ",\n{\"ph\":\"X\",\"name\":\"%s\",\"cat\":\"%s\",\"pid\":%d,\"tid\":%d,"
                        "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"unit\":\"%s\",\"bytes\":%zu}}",
                     ev->name, tracks[ev->track], r, ev->track + FSDP_TRACE_TRACK_COUNT * lane[i], ts,

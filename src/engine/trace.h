@@ -5,9 +5,13 @@
  * Open the JSON in Perfetto or chrome://tracing.
  *
  * Each rank appends only to its own buffer, from its own thread; the file
- * is written after the ranks are joined. Times are host wall-clock times at
- * which the work was issued and finished from the rank thread's point of
- * view (on cpu and meta, when it ran).
+ * is written after the ranks are joined. A compute, comm or copy event is
+ * stamped by host work queued on its stream (fsdp_device_launch_host), so
+ * its times are when the stream reached its start and its end: with the
+ * cpu backend's async streams, on the stream's own thread, so the tracks
+ * show prefetch and reduce-scatter overlapping compute (or not); inline,
+ * when the rank thread ran it; on cuda, when CUDA's host-callback thread
+ * ran the stamp. Meta stamps on the rank thread.
  */
 #ifndef FSDP_ENGINE_TRACE_H
 #define FSDP_ENGINE_TRACE_H
