@@ -26,12 +26,15 @@
  *
  * Each cpu device computes with --threads-per-device threads (default 1,
  * capped at the cores as in `fsdp train`); the header says which GEMM
- * kernels ran. For PyTorch FSDP2 itself (fully_shard, one process per rank)
+ * kernels ran. --cpu-streams inline,async runs each device count with the
+ * device's streams inline (the default) and on their own threads
+ * (device/cpu_stream.c), one row each, the async row against the inline
+ * one in "vs inline". For PyTorch FSDP2 itself (fully_shard, one process per rank)
  * against `fsdp train`, see tools/bench_fsdp2_torch.py.
  *
  * Usage: bench_train [--steps N] [--batch G] [--seq T] [--model NAME]
  *                    [--devices 1,2,4,8] [--threads-per-device N] [--threads 1,2]
- *                    [--no-torch] [--python PATH]
+ *                    [--cpu-streams inline,async] [--no-torch] [--python PATH]
  * The PyTorch interpreter is --python, else $FSDP_PYTHON, else the first of
  * python3 on PATH and /usr/bin/python3 that imports torch.
  */
@@ -42,6 +45,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "device/cpu.h"
 #include "models/gpt2.h"
 #include "models/registry.h"
 #include "ops/cpu/blas.h"
@@ -84,7 +88,7 @@ typedef struct bench_row {
 /* One trainer run on n cpu devices; exits with the library's message on
  * failure (a tool, not library code). */
 static bench_row bench_c(const char *model, int n, int global_batch, int seq, int steps,
-                         int threads)
+                         int threads, fsdp_cpu_streams streams)
 {
     fsdp_train_config cfg;
     bench_train_config(&cfg, model, steps);
@@ -94,6 +98,7 @@ static bench_row bench_c(const char *model, int n, int global_batch, int seq, in
     cfg.eng.seq = seq;
     cfg.eng.grad_accum = 1;
     cfg.eng.threads_per_device = threads;
+    cfg.eng.cpu_streams = streams;
     char log_path[] = "/tmp/fsdp_bench_train_XXXXXX";
     bench_log_tmp("bench_train", log_path);
     cfg.log_path = log_path;
@@ -172,7 +177,8 @@ static void usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--steps N] [--batch G] [--seq T] [--model NAME] [--devices 1,2,4,8]\n"
-            "       [--threads-per-device N] [--threads 1,2] [--no-torch] [--python PATH]\n"
+            "       [--threads-per-device N] [--threads 1,2] [--cpu-streams inline,async]\n"
+            "       [--no-torch] [--python PATH]\n"
             "  G is the global batch in sequences, split G/N over N devices (default: the demo's, 64)\n",
             argv0);
 }
@@ -184,6 +190,7 @@ int main(int argc, char **argv)
     /* the default demo's global batch: per-device batch x 4 simulated devices */
     int steps = 20, global_batch = def.eng.batch * 4, seq = def.eng.seq, no_torch = 0, tpd = 1;
     const char *model = def.model, *python_arg = NULL, *devices = "1,2,4,8", *threads = "1,2";
+    const char *streams_arg = "inline";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-torch")) {
@@ -210,6 +217,8 @@ int main(int argc, char **argv)
             tpd = atoi(v);
         else if (!strcmp(a, "--python"))
             python_arg = v;
+        else if (!strcmp(a, "--cpu-streams"))
+            streams_arg = v;
         else {
             usage(argv[0]);
             return 2;
@@ -221,8 +230,21 @@ int main(int argc, char **argv)
                         "--seq and --threads-per-device >= 1\n");
         return 2;
     }
-    int dev[BENCH_MAX_LIST], thr[BENCH_MAX_LIST];
+    int dev[BENCH_MAX_LIST], thr[BENCH_MAX_LIST], n_modes = 0;
     int n_dev = parse_list(devices, dev), n_thr = parse_list(threads, thr);
+    fsdp_cpu_streams modes[FSDP_CPU_STREAMS_COUNT];
+    char sbuf[64];
+    snprintf(sbuf, sizeof sbuf, "%s", streams_arg);
+    for (char *save = NULL, *tok = strtok_r(sbuf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        int v;
+        if (n_modes == FSDP_CPU_STREAMS_COUNT - 1 ||
+            fsdp_names_parse(&fsdp_cpu_streams_names, 0, tok, &v) != FSDP_STATUS_OK) {
+            fprintf(stderr, "bench_train: --cpu-streams wants inline, async or inline,async\n");
+            return 2;
+        }
+        modes[n_modes++] = (fsdp_cpu_streams)v;
+    }
     if (n_dev < 0 || n_thr < 0) {
         fprintf(stderr, "bench_train: --devices and --threads want comma lists of 1..1024, at "
                         "most %d entries, e.g. 1,2,4,8\n", BENCH_MAX_LIST);
@@ -248,8 +270,8 @@ int main(int argc, char **argv)
            fsdp_cpu_blas_describe());
     if (fsdp_cpu_blas_warning())
         printf("warning: %s\n", fsdp_cpu_blas_warning());
-    printf("%7s %9s | %10s %8s | %12s %14s | %9s\n", "devices", "batch/dev", "tok/s", "vs 1 dev",
-           "peak/dev", "recv/dev/step", "vs torch");
+    printf("%7s %9s %7s | %10s %8s %9s | %12s %14s | %9s\n", "devices", "batch/dev", "streams",
+           "tok/s", "vs 1 dev", "vs inline", "peak/dev", "recv/dev/step", "vs torch");
     fflush(stdout);
     /* PyTorch first, so each C row can print its ratio as soon as it is done */
     double torch_row[BENCH_MAX_LIST] = {0}, torch_tok_s = 0;
@@ -265,29 +287,38 @@ int main(int argc, char **argv)
                    "-", global_batch, dev[i]);
             continue;
         }
-        bench_row r = bench_c(model, dev[i], global_batch, seq, steps, tpd);
-        if (!r.ok) {
-            printf("%7d %9d | failed (see above)\n", dev[i], global_batch / dev[i]);
-            continue;
+        double inline_tok_s = 0;
+        for (int k = 0; k < n_modes; k++) {
+            const char *mode = fsdp_names_name(&fsdp_cpu_streams_names, (int)modes[k]);
+            bench_row r = bench_c(model, dev[i], global_batch, seq, steps, tpd, modes[k]);
+            if (!r.ok) {
+                printf("%7d %9d %7s | failed (see above)\n", dev[i], global_batch / dev[i], mode);
+                continue;
+            }
+            if (dev[i] == 1 && base == 0)
+                base = r.tok_s;
+            if (modes[k] == FSDP_CPU_STREAMS_INLINE)
+                inline_tok_s = r.tok_s;
+            char pb[32], cb[32], vs[32] = "-", vi[32] = "-", vt[32] = "n/a";
+            if (base > 0)
+                snprintf(vs, sizeof vs, "%.2fx", r.tok_s / base);
+            if (inline_tok_s > 0 && modes[k] != FSDP_CPU_STREAMS_INLINE)
+                snprintf(vi, sizeof vi, "%.2fx", r.tok_s / inline_tok_s);
+            if (torch_tok_s > 0)
+                snprintf(vt, sizeof vt, "%.2fx", r.tok_s / torch_tok_s);
+            printf("%7d %9d %7s | %10.0f %8s %9s | %12s %14s | %9s\n", r.devices,
+                   global_batch / r.devices, mode, r.tok_s, vs, vi,
+                   fsdp_fmt_bytes(pb, sizeof pb, (double)r.peak_bytes),
+                   fsdp_fmt_bytes(cb, sizeof cb, (double)r.comm_bytes), vt);
+            fflush(stdout);
         }
-        if (dev[i] == 1 && base == 0)
-            base = r.tok_s;
-        char pb[32], cb[32], vs[32] = "-", vt[32] = "n/a";
-        if (base > 0)
-            snprintf(vs, sizeof vs, "%.2fx", r.tok_s / base);
-        if (torch_tok_s > 0)
-            snprintf(vt, sizeof vt, "%.2fx", r.tok_s / torch_tok_s);
-        printf("%7d %9d | %10.0f %8s | %12s %14s | %9s\n", r.devices, global_batch / r.devices,
-               r.tok_s, vs, fsdp_fmt_bytes(pb, sizeof pb, (double)r.peak_bytes),
-               fsdp_fmt_bytes(cb, sizeof cb, (double)r.comm_bytes), vt);
-        fflush(stdout);
     }
     for (int i = 0; i < n_thr && torch_tok_s > 0; i++) {
         char label[32];
         snprintf(label, sizeof label, "torch %dt", thr[i]);
         if (torch_row[i] > 0)
-            printf("%9s %7d | %10.0f %8s | %12s %14s | %8.2fx\n", label, global_batch,
-                   torch_row[i], "", "-", "-", torch_row[i] / torch_tok_s);
+            printf("%9s %7d %7s | %10.0f %8s %9s | %12s %14s | %8.2fx\n", label, global_batch, "",
+                   torch_row[i], "", "", "-", "-", torch_row[i] / torch_tok_s);
         else
             printf("%9s %7d | failed (see above)\n", label, global_batch);
     }

@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 
+#include "cli/args.h"
 #include "fsdp/fsdp.h"
 
 int fsdp_cli_train(int argc, char **argv);
@@ -36,6 +37,14 @@ int fsdp_cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(
  * <cmd>: error: <the calling thread's fsdp_error_msg()>" and returns 2 for
  * INVALID_ARG (the user's input was wrong), else 1. */
 int fsdp_cli_status(const char *cmd, fsdp_status st);
+
+/* --cpu-streams inline|async into *mode (an fsdp_cpu_streams; left 0, the
+ * environment's, when absent), for every command that runs a model. */
+void fsdp_cli_add_cpu_streams(fsdp_opt_list *l, int *mode);
+/* After parsing: 0, or a usage error (2, printed) when FSDP_CPU_STREAMS or
+ * FSDP_CPU_STREAM_JITTER holds a bad value, or when --cpu-streams is given
+ * with another backend than cpu. */
+int fsdp_cli_cpu_streams_finish(const char *cmd, int mode, fsdp_backend backend);
 
 /* Flush stdout: 0, or 1 after saying the output could not be written (a
  * full disk, a closed pipe). Call last, after everything was printed. */

@@ -25,6 +25,7 @@ void fsdp_infer_opts_table(fsdp_infer_opts *io, fsdp_opt_list *l)
                  "compute dtype (default fp32)");
     fsdp_opt_add(l, "device-mem", FSDP_OPT_SIZE, &io->cfg.device_mem, "BYTES",
                  "per-device memory cap, e.g. 24GiB (default none)");
+    fsdp_cli_add_cpu_streams(l, &io->cfg.cpu_streams);
 }
 
 int fsdp_infer_opts_finish(const char *cmd, fsdp_infer_opts *io)
@@ -50,6 +51,8 @@ int fsdp_infer_opts_finish(const char *cmd, fsdp_infer_opts *io)
     }
     if (io->devices)
         c->n_ranks = io->devices;
+    if (fsdp_cli_cpu_streams_finish(cmd, c->cpu_streams, c->backend) != 0)
+        return 2;
     if (fsdp_backend_check(c->backend, c->n_ranks, 1) != FSDP_STATUS_OK)
         return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
     return 0;

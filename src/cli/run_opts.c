@@ -125,6 +125,7 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
     fsdp_opt_add_int(l, "threads-per-device", &e->threads_per_device, 1, 4096, "N",
                      "cpu: threads each device computes with (default: cores / devices, at least "
                      "1; lowered if devices x N would exceed the cores)");
+    fsdp_cli_add_cpu_streams(l, &e->cpu_streams);
     fsdp_opt_add(l, "optimizer", FSDP_OPT_STR, &ro->optimizer, optim_names, optim_help);
     fsdp_opt_add(l, "momentum", FSDP_OPT_FLOAT, &e->momentum, "X",
                  "momentum of --optimizer sgd, in [0, 1) (default 0.9)");
@@ -142,6 +143,8 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     e->prefetch = ro->prefetch != 0;
     e->recompute = (fsdp_recompute)ro->recompute;
     e->comm = (fsdp_comm_kind)ro->comm;
+    if (fsdp_cli_cpu_streams_finish(cmd, e->cpu_streams, e->backend) != 0)
+        return 2;
     if (e->threads_per_device > 0 && e->backend == FSDP_BACKEND_CUDA)
         return fsdp_cli_usage(cmd, "--threads-per-device sets the cpu backend's threads; a CUDA "
                               "device computes on its GPU (leave it out with --backend cuda)");

@@ -53,6 +53,11 @@ typedef struct fsdp_engine_config {
     size_t device_mem;         /* per-device cap in bytes, 0 = none */
     int threads_per_device;    /* cpu backend: threads each device computes with; 0 = cores /
                                 * devices (device/cpu.h, applied by the trainer) */
+    int cpu_streams;           /* cpu backend: fsdp_cpu_streams (device/cpu.h); 0 = the
+                                * environment's (FSDP_CPU_STREAMS, default inline); applied
+                                * by the trainer and inference, as threads_per_device */
+    uint64_t cpu_stream_jitter; /* async cpu streams: seed of random delays; 0 = the
+                                 * environment's (FSDP_CPU_STREAM_JITTER, default none) */
     int batch;                 /* B: sequences per micro-batch */
     int seq;                   /* T */
     int grad_accum;            /* A: micro-steps per rank per step */

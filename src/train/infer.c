@@ -23,6 +23,7 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/world.h"
+#include "device/cpu.h"
 #include "train/infer.h"
 
 #define SAMPLE_RNG_STREAM 0x73616d706c65ull /* "sample" */
@@ -126,7 +127,9 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
         .seq = T,
         .grad_accum = 1,
         .seed = seed,
+        .cpu_streams = cfg->cpu_streams,
     };
+    fsdp_device_cpu_set_streams((fsdp_cpu_streams)ec.cpu_streams, 0); /* read as devices start */
     FSDP_TRY(fsdp_world_init(&r->w, cfg->n_ranks));
     FSDP_TRY(fsdp_engine_shared_init(&r->sh, &ec, &r->model, r->data, r->w));
     r->sh_ready = true;

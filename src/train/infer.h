@@ -23,6 +23,7 @@ typedef struct fsdp_infer_config {
     int n_ranks;
     fsdp_dtype compute_dtype;
     size_t device_mem;         /* per-device cap, 0 = none */
+    int cpu_streams;           /* cpu: fsdp_cpu_streams (device/cpu.h); 0 = the environment's */
     int batch;                 /* eval: sequences per micro-batch */
     int seq;                   /* eval: T (0: 64 or the model's context if shorter);
                                 * sample: context window (0: the model's) */

@@ -719,6 +719,9 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
         FSDP_CHECK(fsdp_trace_init(&t->sh.trace, ec->n_ranks));
     if (cfg->log_path && w->process == 0) /* rank 0 writes the metrics */
         FSDP_CHECK(fsdp_metrics_open(&t->log, cfg->log_path, t->ck_path[0] != '\0', w));
+    /* read as the cpu devices start (and by the header) */
+    fsdp_device_cpu_set_threads(ec->threads_per_device);
+    fsdp_device_cpu_set_streams((fsdp_cpu_streams)ec->cpu_streams, ec->cpu_stream_jitter);
     if (t->out) {
         char b[32];
         fprintf(t->out,
@@ -738,7 +741,6 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
             fsdp_cpu_print_header(t->out, fsdp_device_cpu_devices_on_host(w),
                                   ec->threads_per_device);
     }
-    fsdp_device_cpu_set_threads(ec->threads_per_device); /* read as the cpu devices start */
     launched = true;
     st = fsdp_world_launch(w, rank_main, t);
     if (t->stop_st != FSDP_STATUS_OK) {

@@ -12,6 +12,17 @@ void fsdp_cpu_print_header(FILE *out, int n_devices, int requested_threads)
 {
     if (!out)
         return;
+    fsdp_cpu_streams mode;
+    uint64_t seed;
+    if (fsdp_device_cpu_get_streams(&mode, &seed) == FSDP_STATUS_OK &&
+        mode == FSDP_CPU_STREAMS_ASYNC) {
+        if (seed)
+            fprintf(out, "cpu streams: async (a worker thread per stream), random delays from "
+                         "seed %llu\n", (unsigned long long)seed);
+        else
+            fprintf(out, "cpu streams: async (a worker thread per stream)\n");
+    }
+    fsdp_error_clear();
     int cores = fsdp_device_cpu_cores();
     bool capped;
     int t = fsdp_device_cpu_threads_for(requested_threads, n_devices, cores, &capped);
