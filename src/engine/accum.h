@@ -8,8 +8,13 @@
  * j when A is a power of two, whatever the number of ranks. At most
  * popcount(j) + 1 buffers are live at once (fsdp_accum_depth).
  *
- * The counter's adds run on the op context's stream (the compute stream);
- * the caller orders them after whatever wrote the buffers. Buffers are
+ * The counter's adds run on the op context's stream: the engine gives it
+ * a context on the comm stream, so each add follows, in stream order, the
+ * reduce-scatter that wrote its slot, and the reduce-scatter keeps
+ * overlapping the next unit's backward (an add on the compute stream would
+ * read the slot before the comm stream had written it, unless compute
+ * waited for comm at every unit). Whoever reads the folded sum orders
+ * itself after that stream. Buffers are
  * device allocations made on first use and kept for later steps, until
  * fsdp_accum_release or the device's own teardown frees them. One rank's
  * engine owns one fsdp_accum; it is used by that rank's thread only.
@@ -70,8 +75,9 @@ void fsdp_accum_push(fsdp_accum *a, int u, int slot, size_t numel);
  * empty again and its buffers reusable. */
 float *fsdp_accum_fold(fsdp_accum *a, int u, size_t numel);
 
-/* Free unit u's buffers now (their contents are no longer needed: the
- * caller's stream work on them is complete). */
+/* Free unit u's buffers now (their contents are no longer needed). Frees
+ * are stream-ordered (device.h): work already queued that reads them, a
+ * copy of the folded sum, may still run. */
 void fsdp_accum_release(fsdp_accum *a, int u);
 
 #endif /* FSDP_ENGINE_ACCUM_H */

@@ -165,12 +165,9 @@ static fsdp_status gather_issue(fsdp_engine *e, int u)
                                &row->gathered));
     fsdp_trace_begin(e, FSDP_TRACE_COMM, "all_gather", su->spec->name,
                      su->padded_numel * dt_size(e));
-    fsdp_status st = fsdp_comm_all_gather(e->shard_comm, row->param, row->gathered,
-                                          su->shard_numel, e->sh->cfg.compute_dtype, e->dev.comm);
-    if (st != FSDP_STATUS_OK) {
-        fsdp_error_prefix("unit '%s' all-gather", su->spec->name);
-        return st;
-    }
+    fsdp_comm_label(e->shard_comm, "unit '%s' all-gather", su->spec->name);
+    FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, row->param, row->gathered, su->shard_numel,
+                                  e->sh->cfg.compute_dtype, e->dev.comm));
     fsdp_trace_end(e, FSDP_TRACE_COMM);
     FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_gather[u], e->dev.comm));
     row->state = FSDP_UNIT_GATHERING;
@@ -219,20 +216,19 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
     FSDP_TRY(fsdp_engine_order(e, e->dev.compute, e->dev.comm, e->ev_tmp));
     fsdp_trace_begin(e, FSDP_TRACE_COMM, sharded(e) ? "reduce_scatter" : "all_reduce",
                      su->spec->name, su->padded_numel * sizeof(float));
-    fsdp_status st;
+    fsdp_comm *c = sharded(e) ? e->shard_comm : &e->comm;
+    fsdp_comm_label(c, "unit '%s' gradient reduction", su->spec->name);
     if (sharded(e)) {
-        st = fsdp_comm_reduce_scatter(e->shard_comm, row->grad_full, dst, su->shard_numel,
-                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm);
-        if (st == FSDP_STATUS_OK && e->replica_comm) /* hybrid: the node's shard, over nodes */
-            st = fsdp_comm_all_reduce(e->replica_comm, dst, dst, su->shard_numel,
-                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm);
+        FSDP_TRY(fsdp_comm_reduce_scatter(c, row->grad_full, dst, su->shard_numel,
+                                          FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
+        if (e->replica_comm) { /* hybrid: the node's shard, over nodes */
+            fsdp_comm_label(e->replica_comm, "unit '%s' gradient reduction", su->spec->name);
+            FSDP_TRY(fsdp_comm_all_reduce(e->replica_comm, dst, dst, su->shard_numel,
+                                          FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
+        }
     } else {
-        st = fsdp_comm_all_reduce(&e->comm, row->grad_full, dst, su->padded_numel,
-                                  FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm);
-    }
-    if (st != FSDP_STATUS_OK) {
-        fsdp_error_prefix("unit '%s' gradient reduction", su->spec->name);
-        return st;
+        FSDP_TRY(fsdp_comm_all_reduce(c, row->grad_full, dst, su->padded_numel, FSDP_DTYPE_F32,
+                                      FSDP_REDUCE_SUM, e->dev.comm));
     }
     fsdp_trace_end(e, FSDP_TRACE_COMM);
     /* stream-ordered: reused once the collective queued above has read it */
@@ -289,11 +285,14 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     e->dev_ready = true;
     e->dev.oom_hint = cfg->oom_hint;
     FSDP_CHECK(fsdp_engine_comms_init(e)); /* the transport is chosen in comm/transport.h */
+    e->ops_ready = true; /* the three contexts' fini is safe after a failed init */
     FSDP_CHECK(fsdp_ops_init(&e->ops, &e->dev, cfg->compute_dtype));
-    e->ops_ready = true;
+    FSDP_CHECK(fsdp_ops_init_host(&e->ops_host, &e->dev, cfg->compute_dtype));
+    if (!cfg->inference)
+        FSDP_CHECK(fsdp_ops_init_stream(&e->ops_comm, &e->dev, cfg->compute_dtype, e->dev.comm));
 
     int U = sh->sm.n_units;
-    FSDP_CHECK(fsdp_accum_init(&e->acc, &e->dev, &e->ops, U, cfg->grad_accum));
+    FSDP_CHECK(fsdp_accum_init(&e->acc, &e->dev, &e->ops_comm, U, cfg->grad_accum));
     e->ev_gather = calloc((size_t)U, sizeof *e->ev_gather);
     e->host_losses = calloc((size_t)cfg->grad_accum, sizeof(float));
     e->loss_order = calloc((size_t)cfg->grad_accum * (size_t)cfg->n_ranks, sizeof(float));
@@ -384,8 +383,11 @@ void fsdp_engine_free(fsdp_engine *e)
         fsdp_device_event_destroy(&e->dev, e->ev_tmp2);
         fsdp_device_event_destroy(&e->dev, e->ev_tokens);
     }
-    if (e->ops_ready)
+    if (e->ops_ready) {
         fsdp_ops_fini(&e->ops);
+        fsdp_ops_fini(&e->ops_comm);
+        fsdp_ops_fini(&e->ops_host);
+    }
     fsdp_engine_comms_fini(e);
     if (e->dev_ready)
         fsdp_device_fini(&e->dev); /* releases every shard and buffer */

@@ -165,23 +165,28 @@ fsdp_status fsdp_engine_exchange(fsdp_engine *e, const void *mine, size_t bytes,
         memcpy(staged, mine, bytes);
         FSDP_CHECK(fsdp_device_memcpy(&e->dev, send, staged, rec, e->dev.comm));
     }
+    /* The exchange is not the step's traffic: its counts are taken back out
+     * once it has run. A transport counts its bytes between processes where
+     * the collective runs (the comm stream's thread with async cpu
+     * streams), so the counters are read before it with the stream idle
+     * and put back after it, the stream idle again. */
+    FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.comm));
     struct counters saved;
     counters_save(&e->comm, &saved);
+    fsdp_comm_label(&e->comm, "exchange of %zu bytes per rank", bytes);
     st = fsdp_comm_all_gather(&e->comm, send, recv, numel, FSDP_DTYPE_F32, e->dev.comm);
+    if (st == FSDP_STATUS_OK && computes)
+        st = fsdp_device_memcpy(&e->dev, host, recv, rec * (size_t)N, e->dev.comm);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_device_stream_sync(&e->dev, e->dev.comm);
     counters_restore(&e->comm, &saved);
-    if (st != FSDP_STATUS_OK) {
-        fsdp_error_prefix("exchange of %zu bytes per rank", bytes);
+    if (st != FSDP_STATUS_OK)
         goto fail;
-    }
-    if (computes) {
-        FSDP_CHECK(fsdp_device_memcpy(&e->dev, host, recv, rec * (size_t)N, e->dev.comm));
-        FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.comm));
+    if (computes)
         for (int r = 0; r < N; r++)
             memcpy((unsigned char *)all + (size_t)r * bytes, host + (size_t)r * rec, bytes);
-    } else {
-        FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.comm));
+    else
         memset(all, 0, (size_t)N * bytes);
-    }
 fail:
     if (recv)
         fsdp_device_free(&e->dev, recv);

@@ -28,7 +28,10 @@ struct fsdp_engine {
     fsdp_comm comm_cross;        /* hybrid: the ranks with this local index on every node */
     fsdp_comm *shard_comm;       /* the ranks a unit is sharded over: gathers, reduce-scatters */
     fsdp_comm *replica_comm;     /* hybrid: the replicas of this rank's shard (NULL: none) */
-    fsdp_op_ctx ops;
+    fsdp_op_ctx ops;             /* the model's ops: the compute stream */
+    fsdp_op_ctx ops_comm;        /* gradient accumulation: the comm stream, after the
+                                  * reduce-scatters (accum.h) */
+    fsdp_op_ctx ops_host;        /* host-side kernels on host shards (offload), at once */
     bool dev_ready, comm_ready, ops_ready, node_ready, cross_ready;
     fsdp_status status;          /* first failure of init or of a call (step, forward, ...);
                                   * OK so far: fsdp_engine_free stops the rank with it */

@@ -39,13 +39,16 @@ typedef struct fsdp_place_i {
      * a checkpoint load wrote the master). Synchronous. */
     fsdp_status (*param_refresh)(fsdp_engine *e, int u);
     /* Last micro-step: unit u's gradient is reduced into the accumulation
-     * counter; make it the step's gradient shard (row->grad). */
+     * counter (comm stream); make it the step's gradient shard (row->grad)
+     * without a host wait. */
     fsdp_status (*unit_ready)(fsdp_engine *e, int u);
     /* Before unit u is gathered, or its master or state read or written:
-     * its last update is complete and row->param holds it. */
+     * its last update is complete on the host, and row->param holds it in
+     * the order of the comm and compute streams (they wait for it). */
     fsdp_status (*params_ready)(fsdp_engine *e, int u);
     /* Per norm block, the sum of squares of every unit's gradient shard, in
-     * unit order, into host memory out (n_local_blocks floats). */
+     * unit order, into host memory out (n_local_blocks floats), after the
+     * comm stream's folds. */
     fsdp_status (*grad_sumsq)(fsdp_engine *e, float *out);
     /* The optimizer step of every unit at learning rate lr, gradients
      * scaled by `scale`, with step count e->t (may run asynchronously: the

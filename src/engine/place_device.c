@@ -48,17 +48,17 @@ static fsdp_status dev_param_refresh(fsdp_engine *e, int u)
     return fsdp_device_stream_sync(&e->dev, e->dev.compute);
 }
 
-/* Fold the micro-step sums (on the compute stream, after the last
- * reduce-scatter on the comm stream); copy unless the counter ended in the
- * gradient shard itself. */
+/* Fold the micro-step sums on the comm stream, after the last reduce-
+ * scatter (accum.h); copy there too unless the counter ended in the
+ * gradient shard itself. Nothing waits here: the norm orders the compute
+ * stream after the comm stream once, after the whole backward. */
 static fsdp_status dev_unit_ready(fsdp_engine *e, int u)
 {
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     size_t n = e->sh->sm.units[u].shard_numel;
-    FSDP_TRY(fsdp_engine_order(e, e->dev.comm, e->dev.compute, e->ev_tmp));
     float *sum = fsdp_accum_fold(&e->acc, u, n);
     if (sum != row->grad)
-        FSDP_TRY(fsdp_device_memcpy(&e->dev, row->grad, sum, n * sizeof(float), e->dev.compute));
+        FSDP_TRY(fsdp_device_memcpy(&e->dev, row->grad, sum, n * sizeof(float), e->dev.comm));
     return FSDP_STATUS_OK;
 }
 
@@ -72,6 +72,8 @@ static fsdp_status dev_grad_sumsq(fsdp_engine *e, float *out)
 {
     const fsdp_engine_shared *sh = e->sh;
     size_t off = 0;
+    /* the gradient shards are final on the comm stream (unit_ready) */
+    FSDP_TRY(fsdp_engine_order(e, e->dev.comm, e->dev.compute, e->ev_tmp));
     for (int u = 0; u < sh->sm.n_units; u++) {
         size_t n = sh->sm.units[u].shard_numel;
         FSDP_OP(&e->ops, sumsq_blocks, e->dev_blocks + off, fsdp_engine_row(e, u)->grad, n);

@@ -5,10 +5,15 @@
  * host step (vectorised) on the process's CPU worker pool; the device keeps
  * only the compute-dtype shard, gathered units and gradients in flight.
  *
- * Pipeline per step, per unit u (last micro-step):
- *   backward(u) -> reduce-scatter -> fold partial sums (device) -> copy the
- *   gradient shard device->host (copy stream) -> host step of u (pool)
- *   -> before u is next gathered: copy the compute-dtype shard host->device.
+ * Pipeline per step, per unit u (last micro-step), ordered by events so
+ * that the host never waits inside backward:
+ *   backward(u) [compute] -> reduce-scatter, fold of the partial sums
+ *   [comm] -> gradient shard device->host [copy] -> the host step's
+ *   submission, queued on the copy stream after the copy (a host function:
+ *   it runs when the copy is done) -> the host step (pool) -> before u is
+ *   next gathered: the host waits for u's host step, then the compute-
+ *   dtype shard host->device [copy], which the gather [comm] and compute
+ *   wait for through an event.
  * Clipping stays exact: with --clip 0 nothing depends on the global norm, so
  * each unit's update starts as soon as its gradient is on the host, while
  * backward continues on earlier units (unless non-finite steps are to be
@@ -27,10 +32,13 @@
 
 typedef struct host_ctx {
     fsdp_pool *pool;              /* the process CPU pool (NULL on meta) */
-    fsdp_optim_job **jobs;        /* [n_units] host step in flight, or NULL */
-    fsdp_event_t *ev_copy;        /* [n_units] last copy of the unit (copy stream) */
+    fsdp_optim_job **jobs;        /* [n_units] host step in flight, or NULL; written by a
+                                   * submission queued on the copy stream (ev_gate) */
+    fsdp_event_t *ev_copy;        /* [n_units] the unit's last upload (copy stream) */
+    fsdp_event_t *ev_gate;        /* [n_units] its queued submission (copy stream) */
+    bool *gated;                  /* [n_units] a submission is queued: wait for ev_gate */
     void **param_host;            /* [n_units] bf16 staging of the compute shard, or NULL */
-    fsdp_optim_range *ranges;     /* (max params per unit,) scratch for submit */
+    int max_params;               /* the most parameters of a unit */
 } host_ctx;
 
 static host_ctx *ctx_of(fsdp_engine *e) { return e->place_ctx; }
@@ -47,14 +55,18 @@ static fsdp_status host_init(fsdp_engine *e)
         e->place_ctx = h;
         h->jobs = calloc((size_t)U, sizeof *h->jobs);
         h->ev_copy = calloc((size_t)U, sizeof *h->ev_copy);
+        h->ev_gate = calloc((size_t)U, sizeof *h->ev_gate);
+        h->gated = calloc((size_t)U, sizeof *h->gated);
         h->param_host = calloc((size_t)U, sizeof *h->param_host);
-        h->ranges = calloc((size_t)max_params, sizeof *h->ranges);
+        h->max_params = max_params;
     }
-    if (!h || !h->jobs || !h->ev_copy || !h->param_host || !h->ranges)
+    if (!h || !h->jobs || !h->ev_copy || !h->ev_gate || !h->gated || !h->param_host)
         return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory for offload state",
                               e->rank);
-    for (int u = 0; u < U; u++)
+    for (int u = 0; u < U; u++) {
         FSDP_TRY(fsdp_device_event_create(&e->dev, &h->ev_copy[u]));
+        FSDP_TRY(fsdp_device_event_create(&e->dev, &h->ev_gate[u]));
+    }
     if (!fsdp_device_computes(&e->dev))
         return FSDP_STATUS_OK;
     /* on cpu, the rank threads keep the cores busy; GPU ranks mostly wait */
@@ -62,12 +74,18 @@ static fsdp_status host_init(fsdp_engine *e)
     return fsdp_pool_acquire(busy, &h->pool);
 }
 
-/* Wait for unit u's host step (if any) and record it in the trace. */
-static void job_finish(fsdp_engine *e, int u)
+/* Wait for unit u's host step (if any) and record it in the trace. A
+ * submission still queued on the copy stream is waited for first: then
+ * h->jobs[u] is what it wrote. */
+static fsdp_status job_finish(fsdp_engine *e, int u)
 {
     host_ctx *h = ctx_of(e);
+    if (h->gated[u]) {
+        h->gated[u] = false;
+        FSDP_TRY(fsdp_device_event_sync(&e->dev, h->ev_gate[u]));
+    }
     if (!h->jobs[u])
-        return;
+        return FSDP_STATUS_OK;
     uint64_t t0, t1;
     fsdp_optim_job_wait(h->jobs[u], &t0, &t1);
     h->jobs[u] = NULL;
@@ -75,6 +93,7 @@ static void job_finish(fsdp_engine *e, int u)
     /* bytes moved: the gradient read, master and every state array read and written */
     size_t bytes = su->shard_numel * sizeof(float) * (1 + 2 * (1 + (size_t)e->sh->optim->n_state));
     fsdp_trace_span(e, FSDP_TRACE_OPTIM, e->sh->optim->name, su->spec->name, bytes, t0, t1);
+    return FSDP_STATUS_OK;
 }
 
 static void host_fini(fsdp_engine *e)
@@ -82,18 +101,24 @@ static void host_fini(fsdp_engine *e)
     host_ctx *h = ctx_of(e);
     if (!h)
         return;
-    if (h->jobs)
+    /* queued submissions first (the engine synced the streams), then the jobs */
+    if (h->jobs && h->gated)
         for (int u = 0; u < e->sh->sm.n_units; u++)
-            job_finish(e, u);
-    if (h->ev_copy)
-        for (int u = 0; u < e->sh->sm.n_units; u++)
+            if (job_finish(e, u) != FSDP_STATUS_OK)
+                fsdp_error_clear(); /* reported by the step that queued it */
+    for (int u = 0; u < e->sh->sm.n_units; u++) {
+        if (h->ev_copy)
             fsdp_device_event_destroy(&e->dev, h->ev_copy[u]);
+        if (h->ev_gate)
+            fsdp_device_event_destroy(&e->dev, h->ev_gate[u]);
+    }
     if (h->pool)
         fsdp_pool_release(h->pool);
     free(h->jobs);
     free(h->ev_copy);
+    free(h->ev_gate);
+    free(h->gated);
     free(h->param_host); /* the buffers themselves go with the device */
-    free(h->ranges);
     free(h);
     e->place_ctx = NULL;
 }
@@ -131,25 +156,47 @@ static fsdp_status host_param_refresh(fsdp_engine *e, int u)
     void *staging = ctx_of(e)->param_host[u];
     if (dt == FSDP_DTYPE_F32)
         return upload(e, u, row->master, e->dev.compute);
-    /* cast on the host into the staging buffer, then upload */
-    fsdp_ops_cpu_i.cast(&e->ops, staging, dt, row->master, FSDP_DTYPE_F32,
-                        e->sh->sm.units[u].shard_numel);
+    /* cast on the host into the staging buffer, then upload. The master
+     * was written by stream work (init, a checkpoint load) and the staging
+     * buffer may still be read by an upload: both streams first. */
+    FSDP_TRY(fsdp_device_stream_sync(&e->dev, e->dev.compute));
+    FSDP_TRY(fsdp_device_stream_sync(&e->dev, e->dev.copy));
+    FSDP_OP(&e->ops_host, cast, staging, dt, row->master, FSDP_DTYPE_F32,
+            e->sh->sm.units[u].shard_numel);
     return upload(e, u, staging, e->dev.compute);
 }
 
-static fsdp_status submit(fsdp_engine *e, int u, float lr, float scale)
+/* Start unit u's host step of step count t (unless one is in flight). */
+static fsdp_status submit(fsdp_engine *e, int u, uint64_t t, float lr, float scale)
 {
     host_ctx *h = ctx_of(e);
     const fsdp_engine_shared *sh = e->sh;
     if (h->jobs[u] || !fsdp_device_computes(&e->dev))
         return FSDP_STATUS_OK;
     fsdp_optim_consts c;
-    FSDP_TRY(sh->optim->consts(&sh->optim_hp, e->t, lr, scale, &c));
+    FSDP_TRY(sh->optim->consts(&sh->optim_hp, t, lr, scale, &c));
     fsdp_shard_row *row = fsdp_engine_row(e, u);
+    fsdp_optim_range ranges[h->max_params];
     int n = fsdp_place_ranges(e, u, row->master, row->grad, row->optim, h->param_host[u],
-                              h->ranges);
-    return fsdp_optim_job_submit(h->pool, sh->optim, &sh->optim_hp, &c, h->ranges, n,
+                              ranges);
+    return fsdp_optim_job_submit(h->pool, sh->optim, &sh->optim_hp, &c, ranges, n,
                                  FSDP_CPU_ISA_COUNT, &h->jobs[u]);
+}
+
+/* A submission queued on the copy stream: it runs once the unit's
+ * gradient copy is done (on the stream's thread, or CUDA's callback
+ * thread, or at once where streams run inline). */
+struct gate_args {
+    fsdp_engine *e;
+    int u;
+    uint64_t t;
+    float lr;
+};
+
+static fsdp_status run_gate(void *p)
+{
+    const struct gate_args *a = p;
+    return submit(a->e, a->u, a->t, a->lr, 1.0f);
 }
 
 static fsdp_status host_unit_ready(fsdp_engine *e, int u)
@@ -158,29 +205,37 @@ static fsdp_status host_unit_ready(fsdp_engine *e, int u)
     const fsdp_shard_unit *su = &e->sh->sm.units[u];
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     size_t n = su->shard_numel;
-    FSDP_TRY(fsdp_engine_order(e, e->dev.comm, e->dev.compute, e->ev_tmp));
-    float *sum = fsdp_accum_fold(&e->acc, u, n);
-    FSDP_TRY(fsdp_engine_order(e, e->dev.compute, e->dev.copy, e->ev_tmp));
+    float *sum = fsdp_accum_fold(&e->acc, u, n); /* on the comm stream (accum.h) */
+    FSDP_TRY(fsdp_engine_order(e, e->dev.comm, e->dev.copy, e->ev_tmp));
     fsdp_trace_begin(e, FSDP_TRACE_COPY, "grad d2h", su->spec->name, n * sizeof(float));
     FSDP_TRY(fsdp_device_memcpy(&e->dev, row->grad, sum, n * sizeof(float), e->dev.copy));
-    FSDP_TRY(fsdp_device_event_record(&e->dev, h->ev_copy[u], e->dev.copy));
-    /* the device partial sums can go once the copy has read them */
-    FSDP_TRY(fsdp_device_event_sync(&e->dev, h->ev_copy[u]));
     fsdp_trace_end(e, FSDP_TRACE_COPY);
+    /* stream-ordered frees: reused only after the copy has read them */
     fsdp_accum_release(&e->acc, u);
     if (!fsdp_engine_update_needs_norm(e)) {
         e->update_started = true;
-        FSDP_TRY(submit(e, u, e->lr, 1.0f));
+        struct gate_args g = {e, u, e->t, e->lr};
+        FSDP_TRY(fsdp_device_launch_host(&e->dev, e->dev.copy, run_gate, &g, sizeof g,
+                                         "host optimizer step submission"));
+        FSDP_TRY(fsdp_device_event_record(&e->dev, h->ev_gate[u], e->dev.copy));
+        h->gated[u] = true;
     }
     return FSDP_STATUS_OK;
 }
 
+/* The host waits for u's host step (the CPU's work), then uploads the
+ * updated shard on the copy stream; the gathers (comm) and, unsharded,
+ * the compute stream wait for it through an event, not the host. The host
+ * source stays untouched until then: u's next host step is submitted
+ * after u's next gradient copy, later on the same copy stream (or, with
+ * clipping, after the norm has synced it). */
 static fsdp_status host_params_ready(fsdp_engine *e, int u)
 {
     host_ctx *h = ctx_of(e);
-    if (!h->jobs[u])
+    bool updated = h->gated[u] || h->jobs[u];
+    FSDP_TRY(job_finish(e, u));
+    if (!updated)
         return FSDP_STATUS_OK;
-    job_finish(e, u);
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     const fsdp_shard_unit *su = &e->sh->sm.units[u];
     fsdp_dtype dt = e->sh->cfg.compute_dtype;
@@ -188,33 +243,32 @@ static fsdp_status host_params_ready(fsdp_engine *e, int u)
     size_t bytes = su->shard_numel * fsdp_dtype_size(dt);
     fsdp_trace_begin(e, FSDP_TRACE_COPY, "param h2d", su->spec->name, bytes);
     FSDP_TRY(fsdp_device_memcpy(&e->dev, row->param, src, bytes, e->dev.copy));
-    /* gathers (comm stream) read the shard; the host source is reused by the
-     * next update, so the copy must be complete */
-    FSDP_TRY(fsdp_device_event_record(&e->dev, h->ev_copy[u], e->dev.copy));
-    FSDP_TRY(fsdp_device_event_sync(&e->dev, h->ev_copy[u]));
     fsdp_trace_end(e, FSDP_TRACE_COPY);
-    return FSDP_STATUS_OK;
+    FSDP_TRY(fsdp_device_event_record(&e->dev, h->ev_copy[u], e->dev.copy));
+    FSDP_TRY(fsdp_device_stream_wait_event(&e->dev, e->dev.comm, h->ev_copy[u]));
+    return fsdp_device_stream_wait_event(&e->dev, e->dev.compute, h->ev_copy[u]);
 }
 
 /* The gradient shards are in host memory: sum them here, once every copy
- * has landed. */
+ * (and every queued submission) is done. */
 static fsdp_status host_grad_sumsq(fsdp_engine *e, float *out)
 {
     FSDP_TRY(fsdp_device_stream_sync(&e->dev, e->dev.copy));
     size_t off = 0;
     for (int u = 0; u < e->sh->sm.n_units; u++) {
         size_t n = e->sh->sm.units[u].shard_numel;
-        fsdp_ops_cpu_i.sumsq_blocks(&e->ops, out + off, fsdp_engine_row(e, u)->grad, n);
+        FSDP_OP(&e->ops_host, sumsq_blocks, out + off, fsdp_engine_row(e, u)->grad, n);
         off += n / FSDP_NORM_BLOCK;
     }
     return FSDP_STATUS_OK;
 }
 
-/* Start the host steps not started yet (all of them when clipping). */
+/* Start the host steps not started yet (all of them when clipping). The
+ * norm synced the copy stream, so the queued submissions have run. */
 static fsdp_status host_step(fsdp_engine *e, float lr, float scale)
 {
     for (int u = 0; u < e->sh->sm.n_units; u++)
-        FSDP_TRY(submit(e, u, lr, scale));
+        FSDP_TRY(submit(e, u, e->t, lr, scale));
     return FSDP_STATUS_OK;
 }
 
