@@ -32,36 +32,11 @@
  * devices running 8/N micro-steps each. The determinism contract holds for
  * the same micro-batches, so the micro-batch size stays fixed. */
 
-/* Same losses and same final parameters of `model`, bit for bit. */
-static void assert_identical_model(const fsdp_train_result *a, const fsdp_train_result *b,
-                                   const char *what, const char *model)
-{
-    ck_assert_int_eq(a->steps, b->steps);
-    for (int s = 0; s < a->steps; s++) {
-        char x[32], y[32];
-        snprintf(x, sizeof x, "%.9g", a->losses[s]);
-        snprintf(y, sizeof y, "%.9g", b->losses[s]);
-        ck_assert_msg(!strcmp(x, y), "%s: step %d loss %s vs %s", what, s + 1, x, y);
-        ck_assert_msg(!memcmp(&a->grad_norms[s], &b->grad_norms[s], sizeof(float)),
-                      "%s: step %d grad norm %.9g vs %.9g", what, s + 1, a->grad_norms[s],
-                      b->grad_norms[s]);
-    }
-    fsdp_model m;
-    ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
-    ck_assert_int_eq(a->n_units, m.n_units);
-    for (int u = 0; u < m.n_units; u++) {
-        ck_assert_ptr_nonnull(a->params[u]);
-        ck_assert_ptr_nonnull(b->params[u]);
-        ck_assert_msg(!memcmp(a->params[u], b->params[u], m.units[u].numel * sizeof(float)),
-                      "%s: final parameters of unit %s differ", what, m.units[u].name);
-    }
-    fsdp_model_free(&m);
-}
-
+/* Same losses and same final parameters of the tiny model, bit for bit. */
 static void assert_identical(const fsdp_train_result *a, const fsdp_train_result *b,
                              const char *what)
 {
-    assert_identical_model(a, b, what, "tiny");
+    expect_identical_runs(a, b, "tiny", what);
 }
 
 START_TEST(test_determinism_matrix)
@@ -481,7 +456,7 @@ START_TEST(test_recompute_identical)
                 snprintf(what, sizeof what, "%s: recompute %s, %d devices, shard %s, prefetch %s",
                          model, recompute_name(c.eng.recompute), devs[d],
                          fsdp_shard_strategy_name(c.eng.shard), c.eng.prefetch ? "on" : "off");
-                assert_identical_model(&ref, &r, what, model);
+                expect_identical_runs(&ref, &r, model, what);
                 if (devs[d] == 1)
                     ck_assert_msg(r.stats[0].mem.peak_kind_bytes[FSDP_MEM_ACT] < ref_act,
                                   "%s: %zu activation bytes, none keeps %zu", what,
@@ -503,7 +478,7 @@ START_TEST(test_recompute_identical)
             snprintf(what, sizeof what, "%s: recompute %s, offload, %d devices, shard %s, clip %s",
                      model, recompute_name(c.eng.recompute), 2 * (k + 1),
                      fsdp_shard_strategy_name(c.eng.shard), k ? "on" : "off");
-            assert_identical_model(&a, &b, what, model);
+            expect_identical_runs(&a, &b, model, what);
             fsdp_train_result_free(&a);
             fsdp_train_result_free(&b);
         }
@@ -518,7 +493,7 @@ START_TEST(test_recompute_identical)
             char what[256];
             snprintf(what, sizeof what, "%s: recompute %s, bf16, %d devices",
                      model, recompute_name(c.eng.recompute), devs[d]);
-            assert_identical_model(&ref_bf16, &r, what, model);
+            expect_identical_runs(&ref_bf16, &r, model, what);
             fsdp_train_result_free(&r);
         }
     }
@@ -669,7 +644,7 @@ START_TEST(test_recompute_identical_cuda)
             snprintf(what, sizeof what, "%s: cuda, %s, recompute %s", model,
                      fsdp_dtype_name(c.eng.compute_dtype),
                      recompute_name(c.eng.recompute));
-            assert_identical_model(&ref, &r, what, model);
+            expect_identical_runs(&ref, &r, model, what);
             fsdp_train_result_free(&r);
         }
         fsdp_train_result_free(&ref);
@@ -933,7 +908,7 @@ START_TEST(test_threads_per_device_bit_identical)
             char what[160];
             snprintf(what, sizeof what, "%.40s, %s, %d threads vs 1", model,
                      bf16 ? "bf16" : "fp32", t);
-            assert_identical_model(&ref, &r, what, model);
+            expect_identical_runs(&ref, &r, model, what);
             fsdp_train_result_free(&r);
         }
         ck_assert(isfinite(ref.losses[1]) && ref.losses[1] < ref.losses[0]);

@@ -402,27 +402,9 @@ static void det_config(fsdp_train_config *c, const char *model, int devices)
     c->keep_params = true;
 }
 
-static void assert_identical(const fsdp_train_result *a, const fsdp_train_result *b,
-                             const fsdp_model *m, const char *what)
-{
-    ck_assert_int_eq(a->steps, b->steps);
-    for (int s = 0; s < a->steps; s++) {
-        ck_assert_msg(!memcmp(&a->losses[s], &b->losses[s], sizeof(float)),
-                      "%s: step %d loss %.9g vs %.9g", what, s + 1, a->losses[s], b->losses[s]);
-        ck_assert_msg(!memcmp(&a->grad_norms[s], &b->grad_norms[s], sizeof(float)),
-                      "%s: step %d grad norm %.9g vs %.9g", what, s + 1, a->grad_norms[s],
-                      b->grad_norms[s]);
-    }
-    for (int u = 0; u < m->n_units; u++)
-        ck_assert_msg(!memcmp(a->params[u], b->params[u], m->units[u].numel * sizeof(float)),
-                      "%s: final parameters of unit %s differ", what, m->units[u].name);
-}
-
 START_TEST(test_determinism_devices_strategies_offload)
 {
     const char *model = det_models[_i];
-    fsdp_model m;
-    ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
     fsdp_train_config c;
     fsdp_train_result ref;
     det_config(&c, model, 1);
@@ -448,7 +430,7 @@ START_TEST(test_determinism_devices_strategies_offload)
                          v ? "on" : "off", v == 2 ? "optimizer" : "none");
                 fsdp_train_result r;
                 run_ok_as(&c, &r, what);
-                assert_identical(&ref, &r, &m, what);
+                expect_identical_runs(&ref, &r, model, what);
                 fsdp_train_result_free(&r);
                 n_runs++;
             }
@@ -456,7 +438,6 @@ START_TEST(test_determinism_devices_strategies_offload)
            ref.losses[0], ref.losses[2]);
     ck_assert_int_ge(n_runs, FSDP_TEST_TSAN ? 14 : 35);
     fsdp_train_result_free(&ref);
-    fsdp_model_free(&m);
 }
 END_TEST
 

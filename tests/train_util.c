@@ -3,6 +3,7 @@
  */
 #include "train_util.h"
 
+#include <check.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,30 @@ void train_config_tiny(fsdp_train_config *c, int devices, int accum)
     c->warmup = 1;
     c->lr = 1e-2f;
     c->keep_params = true;
+}
+
+void expect_identical_runs(const fsdp_train_result *a, const fsdp_train_result *b,
+                           const char *model, const char *what)
+{
+    ck_assert_int_eq(a->steps, b->steps);
+    for (int s = 0; s < a->steps; s++) {
+        ck_assert_msg(!memcmp(&a->losses[s], &b->losses[s], sizeof(float)),
+                      "%s: step %d loss %.9g vs %.9g", what, s + 1, a->losses[s], b->losses[s]);
+        ck_assert_msg(!memcmp(&a->grad_norms[s], &b->grad_norms[s], sizeof(float)),
+                      "%s: step %d grad norm %.9g vs %.9g", what, s + 1, a->grad_norms[s],
+                      b->grad_norms[s]);
+    }
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
+    ck_assert_int_eq(a->n_units, m.n_units);
+    ck_assert_int_eq(b->n_units, m.n_units);
+    for (int u = 0; u < m.n_units; u++) {
+        ck_assert_ptr_nonnull(a->params[u]);
+        ck_assert_ptr_nonnull(b->params[u]);
+        ck_assert_msg(!memcmp(a->params[u], b->params[u], m.units[u].numel * sizeof(float)),
+                      "%s: final parameters of unit %s differ", what, m.units[u].name);
+    }
+    fsdp_model_free(&m);
 }
 
 void run_ok_as(const fsdp_train_config *c, fsdp_train_result *r, const char *what)

@@ -27,6 +27,12 @@ void train_config_cpu(fsdp_train_config *c, const char *model, int devices);
  * 8 / (devices * accum)), warm-up 1, lr 1e-2, the final parameters kept. */
 void train_config_tiny(fsdp_train_config *c, int devices, int accum);
 
+/* a and b (runs of `model`, a spec, with keep_params) are the same bit for
+ * bit: every step's loss and gradient norm, and the final parameters of
+ * every unit; a difference names `what`, the step or unit. */
+void expect_identical_runs(const fsdp_train_result *a, const fsdp_train_result *b,
+                           const char *model, const char *what);
+
 /* fsdp_train_run(c, r), which must succeed; a failure names the model, the
  * status and the message. */
 void run_ok(const fsdp_train_config *c, fsdp_train_result *r);
