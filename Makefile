@@ -1,7 +1,8 @@
 # fsdp - fully sharded data-parallel training in C.
 #
 #   make              build build/libfsdp.a and build/fsdp
-#   make test         build and run every Check suite
+#   make test         build and run every Check suite (the engine's again on
+#                     asynchronous cpu streams: ASYNC_SUITES, ASYNC_JITTER)
 #   make asan / tsan  the suites under AddressSanitizer+UBSan / ThreadSanitizer
 #   make run          build and run the default training job
 #   make bench        build the benchmarks in build/tools/
@@ -236,8 +237,16 @@ $(BUILD)/tools/%: tools/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(LIB) $(LDFLAGS) $(LDLIBS) -o $@
 
+# The suites that run a second time on asynchronous cpu streams with random
+# delays (tools/run_tests.sh --async): the engine's bit-identity matrix,
+# the golden trajectory, checkpoint round trips, several processes, faults.
+# A ThreadSanitizer build runs the heaviest of them only (time).
+ASYNC_SUITES ?= $(if $(filter 1,$(TSAN)),test_engine test_ckpt,test_engine test_golden \
+                test_ckpt test_compat test_llama test_model test_mpi_train test_faults \
+                test_optim_train test_train_errors test_hostile)
+ASYNC_JITTER ?= 1
 test: all $(TEST_BIN)
-	@tools/run_tests.sh $(TEST_BIN)
+	@tools/run_tests.sh $(TEST_BIN) --async $(ASYNC_JITTER) $(ASYNC_SUITES:%=$(BUILD)/tests/%)
 
 # Sanitizer builds leave CUDA out: cudart's own mappings trip ASan's shadow
 # checks and TSan cannot see inside the driver; the CUDA tests need a GPU anyway.

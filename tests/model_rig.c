@@ -103,6 +103,8 @@ float rig_step(rig *r, const int *tokens, const int *targets, bool train, float 
                          FSDP_STATUS_OK);
     ck_assert_int_eq(mi->root_backward(m, &r->ctx, r->state, r->params[0], r->grads[0]),
                      FSDP_STATUS_OK);
+    /* the gradients are read from the host next (async cpu streams queue the ops) */
+    ck_assert_int_eq(fsdp_device_stream_sync(&r->dev, r->ctx.stream), FSDP_STATUS_OK);
     return loss;
 }
 

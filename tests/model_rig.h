@@ -50,8 +50,8 @@ void rig_free(rig *r);
 /* Every gradient set to zero (the backward accumulates). */
 void rig_zero_grads(rig *r);
 /* One micro-step as the engine runs it: forward, the head's loss (scaled
- * by dloss), and backward into the gradients when `train`. Returns the
- * micro-batch loss. */
+ * by dloss), and backward into the gradients when `train`, done when it
+ * returns (the stream synced). Returns the micro-batch loss. */
 float rig_step(rig *r, const int *tokens, const int *targets, bool train, float dloss);
 
 /* n fp32 values stored as parameter elements [offset, offset + n) of unit
