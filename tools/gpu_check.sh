@@ -141,7 +141,7 @@ PRE_RC=$?
     echo "NCCL_DEBUG=$NCCL_DEBUG"
 } | tee "$OUTDIR/preflight.txt"
 if [ $PRE_RC != 0 ]; then
-    echo "gpu_check: the preflight failed (MISSING above): nothing was built or run" | tee -a "$OUTDIR/preflight.txt"
+    echo "gpu_check: the preflight failed (see above): nothing was built or run" | tee -a "$OUTDIR/preflight.txt"
     exit 4
 fi
 

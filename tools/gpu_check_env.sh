@@ -26,7 +26,8 @@
 # no GPU, whatever is there.
 gpu_detect() {
     local root=${GPU_CHECK_SYSROOT:-} c list n smi_note= nodes
-    local places="no nvidia-smi on PATH or in /usr/local/nvidia/bin, /usr/bin, /usr/local/bin, /opt/nvidia/bin"
+    local places="no nvidia-smi on PATH or in /usr/local/nvidia/bin, /usr/bin, /usr/local/bin,"
+    places+=" /opt/nvidia/bin"
     GPU=0
     NVSMI=
     if [ "${GPU_CHECK_DRY:-0}" = 1 ]; then
@@ -197,8 +198,10 @@ setup_cuda_libs() {
     done < <(wheel_dirs)
     rm -rf "$linkdir" && mkdir -p "$linkdir"
     for lib in $CUDA_LIBS; do
-        found=$(find_lib "$lib" "${libdirs[@]}" "${wheels[@]}") ||
-            { TOOL_LINES+=("lib$lib: NOT FOUND (toolkit: ${libdirs[*]:-skipped}; wheels: ${wheels[*]:-none})"); return 1; }
+        if ! found=$(find_lib "$lib" "${libdirs[@]}" "${wheels[@]}"); then
+            TOOL_LINES+=("lib$lib: NOT FOUND (toolkit: ${libdirs[*]:-skipped}; wheels: ${wheels[*]:-none})")
+            return 1
+        fi
         for f in "$(dirname "$found")"/lib"$lib".so.*; do
             ln -sf "$f" "$linkdir/$(basename "$f")"
         done
@@ -297,7 +300,8 @@ EOF
 # OpenBLAS (pkg-config's, or the carried .debs'). Sets PRE_LINES and
 # PRE_MAKE_ARGS (CC= when cc is missing but gcc is there); returns 1 when
 # the build cannot start, each missing piece's line saying what to carry.
-PRE_CARRY='run tools/fetch_gpu_debs.sh on a machine with the Debian registry, then carry third_party with the call (device tool: carry ["third_party"])'
+PRE_CARRY='run tools/fetch_gpu_debs.sh on a machine with the Debian registry, then carry'
+PRE_CARRY+=' third_party with the call (device tool: carry ["third_party"])'
 preflight() {
     local bad=0 c cc= probe=$WORKROOT/preflight
     PRE_LINES=()
@@ -309,10 +313,15 @@ preflight() {
     elif make_from_debs; then
         PRE_LINES+=("make: $(command -v make) ($(make --version | head -n 1)), unpacked from third_party/debs")
     elif ls "$ROOT"/third_party/debs/make_*.deb >/dev/null 2>&1; then
-        PRE_LINES+=("make: MISSING, and the carried make .deb does not run here ($(tail -n 1 "$WORKROOT/debs.log" 2>/dev/null))")
+        PRE_LINES+=("make: MISSING, and the carried make .deb does not run here"
+            "  ($(tail -n 1 "$WORKROOT/debs.log" 2>/dev/null))")
+        bad=1
+    elif ls "$ROOT"/third_party/debs/*.deb >/dev/null 2>&1; then
+        PRE_LINES+=("make: MISSING, and third_party/debs has no make_*.deb (an older"
+            "  fetch_gpu_debs.sh filled it): $PRE_CARRY")
         bad=1
     else
-        PRE_LINES+=("make: MISSING: $PRE_CARRY (it fetches make's .deb too; a third_party/debs without make_*.deb was fetched before it did)")
+        PRE_LINES+=("make: MISSING: $PRE_CARRY (it fetches make's .deb too)")
         bad=1
     fi
     # the C compiler, and gcc's C++ front end for nvcc
@@ -320,7 +329,8 @@ preflight() {
         command -v "$c" >/dev/null && { cc=$c; break; }
     done
     if [ -z "$cc" ]; then
-        PRE_LINES+=("C compiler: MISSING (cc, gcc): no carried package replaces a toolchain; use an image with gcc")
+        PRE_LINES+=("C compiler: MISSING (cc, gcc): no carried package replaces a toolchain;"
+            "  use an image with gcc")
         bad=1
     elif ! printf 'int main(void) { return 0; }\n' | "$cc" -x c - -o "$probe/a.out" >"$probe/cc.log" 2>&1; then
         PRE_LINES+=("C compiler: $cc cannot link a program ($(tail -n 1 "$probe/cc.log" | cut -c1-120))")
@@ -330,11 +340,13 @@ preflight() {
         [ "$cc" = cc ] || PRE_MAKE_ARGS+=(CC="$cc")
     fi
     if ! command -v gcc >/dev/null; then
-        PRE_LINES+=("nvcc's host compiler: gcc MISSING (nvcc compiles the host side of .cu files with gcc -x c++)")
+        PRE_LINES+=("nvcc's host compiler: gcc MISSING (nvcc compiles the host side of .cu"
+            "  files with gcc -x c++)")
         bad=1
     elif ! printf '#include <cstddef>\nint main() { return 0; }\n' |
         gcc -x c++ -c - -o "$probe/a.o" >"$probe/cxx.log" 2>&1; then
-        PRE_LINES+=("nvcc's host compiler: gcc -x c++ fails: g++ missing? ($(tail -n 1 "$probe/cxx.log" | cut -c1-120))")
+        PRE_LINES+=("nvcc's host compiler: gcc -x c++ fails: g++ missing?"
+            "  ($(tail -n 1 "$probe/cxx.log" | cut -c1-120))")
         bad=1
     else
         PRE_LINES+=("nvcc's host compiler: gcc -x c++ compiles")
@@ -347,7 +359,8 @@ preflight() {
     if c=$(find_nvcc); then
         PRE_LINES+=("nvcc: $c ($("$c" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))")
     else
-        PRE_LINES+=("nvcc: MISSING (looked in \$CUDA_HOME/bin, PATH, /usr/local/cuda*/bin, /usr/bin; set CUDA_HOME)")
+        PRE_LINES+=("nvcc: MISSING (looked in \$CUDA_HOME/bin, PATH, /usr/local/cuda*/bin,"
+            "  /usr/bin; set CUDA_HOME)")
         bad=1
     fi
     # Check, OpenBLAS and the rest of the Makefile's packages
@@ -359,7 +372,8 @@ preflight() {
             PRE_LINES+=("$DEP_PKGS: carried, but neither dpkg-deb nor ar is here to unpack a .deb")
             bad=1
         else
-            PRE_LINES+=("$DEP_PKGS: from the $(ls "$ROOT"/third_party/debs/*.deb | wc -l) carried .debs; pkg-config: $(command -v pkg-config || echo 'none: a stand-in is written')")
+            c=$([ -z "${GPU_CHECK_FAKE_PKGCONFIG:-}" ] && command -v pkg-config) || c="a stand-in"
+            PRE_LINES+=("$DEP_PKGS: from the $(ls "$ROOT"/third_party/debs/*.deb | wc -l) carried .debs; pkg-config: $c")
         fi
     else
         PRE_LINES+=("$DEP_PKGS: MISSING (pkg-config: $(command -v pkg-config || echo none)): $PRE_CARRY")
@@ -411,7 +425,7 @@ setup_toolchain() {
     # Check and OpenBLAS
     if [ -z "${GPU_CHECK_FORCE_DEBS:-}" ] && pkg-config --exists $DEP_PKGS 2>/dev/null; then
         TOOL_LINES+=("$DEP_PKGS: pkg-config ($(pkg-config --modversion $DEP_PKGS | tr '\n' ' '))")
-    elif deps_from_debs >"$WORKROOT/deps.log" 2>&1; then
+    elif deps_from_debs >>"$WORKROOT/deps.log" 2>&1; then
         TOOL_LINES+=("$DEP_PKGS: unpacked from third_party/debs into third_party/root")
     else
         TOOL_LINES+=("$DEP_PKGS: MISSING ($(tail -n 1 "$WORKROOT/deps.log"))")
