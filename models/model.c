@@ -6,7 +6,7 @@
  * Initialisation is a pure function of (seed, parameter name, element index
  * within the parameter) through the counter-based RNG of core/rng.h, so a
  * rank can initialise exactly its own shard of a unit, and every world size
- * gives the same initial model (DESIGN: determinism contract).
+ * gives the same initial model (docs/determinism.md, "Initialisation").
  *
  * Assumes a unit's parameters are listed in increasing offset order and
  * tile [0, unit numel) without gaps (every model builder lays them out so).

@@ -171,7 +171,7 @@ typedef struct det_arg {
     fsdp_status st;
 } det_arg;
 
-/* Rank r takes micro-batches r, r+N, ... (DESIGN), in reverse order, to show
+/* Rank r takes micro-batches r, r+N, ... (docs/determinism.md), in reverse order, to show
  * that nothing depends on call order. */
 static void *det_worker(void *p)
 {

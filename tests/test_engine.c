@@ -184,7 +184,7 @@ END_TEST
 
 /* Bytes received per rank per step: FULL_SHARD gathers each non-root unit
  * twice per micro-step and the root once per step; every unit's gradient is
- * reduce-scattered once per micro-step (DESIGN: 2 P b (N-1)/N + P g (N-1)/N). */
+ * reduce-scattered once per micro-step (docs/step.md: 2 P b (N-1)/N + P g (N-1)/N). */
 START_TEST(test_comm_bytes_formula)
 {
     fsdp_model m;

@@ -3,7 +3,7 @@
  * runs it: Open MPI's mpirun on this machine (loopback, --oversubscribe),
  * each process running --devices rank threads of one global world.
  *
- * What a job of P processes x N devices must equal (DESIGN's contract):
+ * What a job of P processes x N devices must equal (docs/determinism.md):
  * the same run as 1 process x P*N devices, bit for bit: every step's loss
  * and gradient norm (the metrics log, printed exactly) and the final
  * parameters (the last checkpoint, converted to an llm.c file and compared
@@ -484,7 +484,7 @@ END_TEST
 /* ---- the norm's cover of the global tree ----------------------------------------------- */
 
 /* Every owner's record from random block sums; the cover's total is
- * fsdp_tree_sum over the blocks in DESIGN's order, bit for bit. */
+ * fsdp_tree_sum over the blocks in docs/determinism.md's order, bit for bit. */
 static void cover_matches_tree(const fsdp_model *m, int n_ranks, int n_nodes,
                                fsdp_shard_strategy s, uint64_t seed)
 {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fetch_gpu_debs.sh - download, here (a machine with the Debian registry),
 # the .deb packages that tools/gpu_check.sh unpacks on a GPU machine that has
-# gcc, make and nvcc but neither Check nor OpenBLAS nor a package registry.
+# gcc and nvcc but maybe no make, neither Check nor OpenBLAS, and no package
+# registry.
 #
 #   tools/fetch_gpu_debs.sh          -> third_party/debs/*.deb  (git-ignored)
 #
@@ -11,15 +12,18 @@
 # gcc/CUDA image may lack (apt-cache depends: check -> libsubunit-dev ->
 # libsubunit0; libopenblas-pthread-dev -> libopenblas0-pthread ->
 # libgfortran5 -> libquadmath0), xxHash (libxxhash-dev -> libxxhash0, the
-# checkpoint checksums), PCRE2 and utf8proc (the tokenizers). The packages must suit the GPU machine's
-# release and architecture (this one: see /etc/os-release; gpu_check's
-# stage 1 prints the GPU machine's): Debian 12's need glibc 2.34 or newer,
-# which newer Debian and Ubuntu releases have. About 13 MB to carry.
+# checkpoint checksums), PCRE2 and utf8proc (the tokenizers), and make
+# (needing libc6 alone; gpu_check.sh uses it only where the machine has no
+# make: the device image lists CMake and ninja, not make). The packages must
+# suit the GPU machine's release and architecture (this one: see
+# /etc/os-release; gpu_check's stage 1 prints the GPU machine's): Debian
+# 12's need glibc 2.34 or newer, which newer Debian and Ubuntu releases
+# have. About 14 MB to carry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS=(check libsubunit0 libsubunit-dev libopenblas0-pthread libopenblas-pthread-dev
       libgfortran5 libquadmath0 libxxhash0 libxxhash-dev libpcre2-8-0 libpcre2-dev
-      libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc2 libutf8proc-dev)
+      libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc2 libutf8proc-dev make)
 mkdir -p third_party/debs
 cd third_party/debs
 if ! apt-get download "${PKGS[@]}" 2>/dev/null; then

@@ -1,15 +1,36 @@
 #!/usr/bin/env bash
 # gpu_check.sh - everything that needs a GPU, in stages that each fit one
-# short call on a one-GPU (H200) machine that has gcc, make and nvcc but
-# maybe no NCCL install, no Check or OpenBLAS, and no package registry.
+# short call on a one-GPU (H200) machine that has gcc and nvcc but maybe no
+# make, no NCCL install, no Check or OpenBLAS, and no package registry.
 #
 #   tools/gpu_check.sh [--stage N]... [OUTDIR]   (default: every stage; OUTDIR: $OUT, else
 #                                                 ./gpu_check_out)
+#   tools/gpu_check.sh --detect                  (only whether there is a GPU, and how it
+#                                                 was found: exit 0 yes, 1 no)
+#
+# On the device machine, run it with GPU_CHECK_REQUIRE_GPU=1 and carry
+# third_party (tools/fetch_gpu_debs.sh fills it here), e.g.
+#   GPU_CHECK_REQUIRE_GPU=1 tools/gpu_check.sh --stage 1      carry ["third_party"]
+#
+# Before any stage (both written to OUTDIR/preflight.txt):
+#   the GPU: nvidia-smi -L, from PATH or the driver's usual folders
+#           (/usr/local/nvidia/bin, /usr/bin, /usr/local/bin, /opt/nvidia/bin),
+#           else a device node /dev/nvidiaN; and the driver's libcuda.so.1 (a
+#           folder the loader does not search, /usr/local/nvidia/lib64 say,
+#           joins LD_LIBRARY_PATH). With GPU_CHECK_REQUIRE_GPU=1 and no GPU
+#           the script stops at once, exit 3, before building anything.
+#   preflight: make (else the make .deb carried in third_party/debs,
+#           unpacked into third_party/root), a C compiler that links, gcc's
+#           C++ front end (nvcc's host compiler), ar, nvcc, and Check and
+#           OpenBLAS (pkg-config's, else the carried .debs, with a pkg-config
+#           stand-in when there is none). Anything missing stops the script,
+#           exit 4, its line saying what to carry.
 #
 #   stage 1 (~3 min): environment report (GPU, driver, runtime, nvcc, where
 #           NCCL, cuBLAS, compute-sanitizer, Check and OpenBLAS were found);
 #           build for sm_90 only (MPI=0); every CUDA suite (tests/test_cuda*.c:
-#           test_cuda, test_cuda_comm, test_cuda_llama, test_cuda_ops, ...);
+#           test_cuda, test_cuda_comm, test_cuda_llama, test_cuda_ops, ...;
+#           with a GPU, a suite that skips a test for want of one fails);
 #           compute-sanitizer --tool memcheck over them, test_cuda first,
 #           as long as the stage's time lasts.
 #   stage 2 (~2 min): tiny training, cpu vs cuda (fp32, bf16): per-step
@@ -19,48 +40,70 @@
 #           is absent); 1 rank vs 4 virtual ranks (peer, --deterministic):
 #           bit-identical losses and gradient norms; hybrid sharding on 2
 #           simulated nodes x 2 virtual ranks (peer's group communicators)
-#           vs full sharding on 4: bit-identical too.
+#           vs full sharding on 4: bit-identical too; the 4-virtual-rank run
+#           again under CUDA_LAUNCH_BLOCKING=1: bit-identical to the default
+#           run (every launch then finishes before the next is issued, so a
+#           missing event between streams, a race in the default run, shows).
 #   stage 3 (~3 min): GPT-2 124M, bf16, T 1024, --eval 0, on 1 rank and on 4
 #           virtual ranks: tokens/s, step time, MFU, peak vs the planner.
 #
 # Each stage runs alone (it builds what it needs; make is incremental) and
 # leaves two files in OUTDIR: stageN.txt (results and where the time went)
-# and stageN-logs.tar.gz (every log); the device tool brings back at most 8
-# files. Logs are written under $BUILD/gpu_check/ first.
+# and stageN-logs.tar.gz (every log); with preflight.txt that is at most 7 of
+# the 8 files the device tool brings back. Logs are written under
+# $BUILD/gpu_check/ first.
 #
-# Nothing here calls apt or any registry, and MPI is left out (MPI=0). NCCL is looked for in
-# $NCCL_HOME, $CUDA_HOME, /usr and the Python wheel (import nvidia.nccl,
-# a namespace package: its __path__, not __file__); without it CUDA is built
-# with NCCL=0 (peer collectives only). cuBLAS and cudart come from
-# $CUDA_HOME or, failing that, the Python wheels (nvidia/cu13), linked
-# through symlinks in $BUILD/gpu_check/lib. Check and OpenBLAS come from
-# pkg-config or from .debs carried in third_party/debs
-# (tools/fetch_gpu_debs.sh; carry third_party with the call).
+# Nothing here calls apt or any registry, and MPI is left out (MPI=0).
+# Where the rest comes from (tools/gpu_check_env.sh): NCCL from $NCCL_HOME,
+# $CUDA_HOME, /usr, /usr/local, then the nvidia wheels (nvidia/nccl) of every
+# site-packages found: $PYTHON's and python3's, and by path the usual venvs
+# (/opt/*/.venv, $VIRTUAL_ENV, ...), so the image's venv counts even when
+# python3 on PATH is another Python; without NCCL the build has NCCL=0 (peer
+# collectives only). cudart, cuBLAS and cuBLASLt from the toolkit when it
+# has the unversioned lib<name>.so; else (versioned files alone, such as
+# libcublas.so.13, or no toolkit libraries) through a folder of links with
+# both names, $BUILD/gpu_check/lib, to the toolkit's files or the wheels'
+# (nvidia/cu13/lib). NCCL_DEBUG is WARN unless set.
 #
 # Without a GPU (or with GPU_CHECK_DRY=1) every stage still runs: the build,
 # the suites (their GPU tests skip), and the training commands with the cpu
 # backend standing in for cuda (host collectives for nccl/peer, the tiny
 # model for GPT-2), so the script's own logic is exercised before the first
-# real run. Other knobs: GPU_CHECK_SECONDS (per-stage deadline),
-# GPU_CHECK_NCCL=none (build without NCCL), GPU_CHECK_FORCE_DEBS=1,
-# GPU_CHECK_FAKE_PKGCONFIG=1 (test the carried-dependency path),
-# GPU_CHECK_NCCL=wheel and GPU_CHECK_CUBLAS=wheel (take those from the
-# Python wheels even when the toolkit has them), BUILD.
-# Exit status: 0 when every check that ran passed.
+# real run; its last line then says it was a dry run, never that every check
+# passed. Other knobs: GPU_CHECK_SECONDS (per-stage deadline),
+# GPU_CHECK_NCCL=none (build without NCCL), GPU_CHECK_NCCL=wheel and
+# GPU_CHECK_CUBLAS=wheel (take those from the wheels even when the toolkit
+# has them), GPU_CHECK_CUDA_LIBDIR (the toolkit's library folder),
+# BUILD, PYTHON; to exercise the carried paths here: GPU_CHECK_FORCE_DEBS=1,
+# GPU_CHECK_FAKE_PKGCONFIG=1, GPU_CHECK_MAKE_FROM_DEBS=1 (the carried make
+# even when there is one), and GPU_CHECK_SYSROOT=DIR with --detect (look for
+# nvidia-smi, /dev/nvidiaN and libcuda.so.1 under DIR, never on PATH).
+# Exit status: 0 every check that ran passed, 1 a check failed, 2 usage,
+# 3 GPU_CHECK_REQUIRE_GPU=1 and no GPU, 4 the preflight failed.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 ROOT=$PWD
 
 STAGES=()
 OUTDIR=
+DETECT=0
 while [ $# -gt 0 ]; do
     case $1 in
+    --detect) DETECT=1; shift ;;
     --stage | -s) STAGES+=("$2"); shift 2 ;;
     --stage=*) STAGES+=("${1#--stage=}"); shift ;;
     -h | --help) sed -n '2,/^set -u/p' "$0" | sed 's/^# \{0,1\}//; /^set -u/d'; exit 0 ;;
     *) OUTDIR=$1; shift ;;
     esac
 done
+# shellcheck source=tools/gpu_check_env.sh
+. "$ROOT/tools/gpu_check_env.sh" || exit 2
+if [ $DETECT = 1 ]; then
+    gpu_detect
+    echo "gpu: $([ $GPU = 1 ] && echo found || echo none): $GPU_HOW"
+    gpu_driver_lib
+    exit $((1 - GPU))
+fi
 [ ${#STAGES[@]} -gt 0 ] || STAGES=(1 2 3)
 for s in "${STAGES[@]}"; do
     case $s in 1 | 2 | 3) ;; *) echo "gpu_check: no stage '$s' (1, 2 or 3)"; exit 2 ;; esac
@@ -74,14 +117,33 @@ DEP_PKGS="check openblas libpcre2-8 libutf8proc libxxhash"
 mkdir -p "$WORKROOT"
 NPROC=$(nproc 2>/dev/null || echo 4)
 FAILED=0
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 
-# ---- the GPU, or a dry run ------------------------------------------------------
-GPU=0
-if [ "${GPU_CHECK_DRY:-0}" != 1 ] && command -v nvidia-smi >/dev/null &&
-    nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
-    GPU=1
-fi
+# ---- the GPU, or a dry run; the preflight ------------------------------------------
+gpu_detect
 dry_note() { [ $GPU = 1 ] || echo " (dry run: no GPU)"; }
+gpu_driver_lib >"$WORKROOT/driver.txt" # here, not in $(): it may set LD_LIBRARY_PATH
+if [ "${GPU_CHECK_REQUIRE_GPU:-0}" = 1 ] && [ $GPU = 0 ]; then
+    {
+        echo "gpu_check: GPU_CHECK_REQUIRE_GPU=1 but there is no GPU: $GPU_HOW"
+        cat "$WORKROOT/driver.txt"
+        echo "gpu_check: stopped before the preflight and the stages: nothing was built or checked"
+    } | tee "$OUTDIR/preflight.txt" >&2
+    exit 3
+fi
+preflight
+PRE_RC=$?
+{
+    echo "== gpu_check preflight$(dry_note), $(date -u '+%F %T') UTC"
+    echo "gpu: $([ $GPU = 1 ] && echo found || echo none): $GPU_HOW"
+    cat "$WORKROOT/driver.txt"
+    printf '%s\n' "${PRE_LINES[@]}"
+    echo "NCCL_DEBUG=$NCCL_DEBUG"
+} | tee "$OUTDIR/preflight.txt"
+if [ $PRE_RC != 0 ]; then
+    echo "gpu_check: the preflight failed (see above): nothing was built or run" | tee -a "$OUTDIR/preflight.txt"
+    exit 4
+fi
 
 # ---- per-stage bookkeeping ---------------------------------------------------
 # A stage's rows (check, verdict, detail) and where its time went.
@@ -99,7 +161,7 @@ stage_begin() {
 }
 
 row() {
-    ROWS+=("$(printf '%-40s %-5s %s' "$1" "$2" "$3")")
+    ROWS+=("$(printf '%-48s %-5s %s' "$1" "$2" "$3")")
     [ "$2" = FAIL ] && FAILED=1
     return 0
 }
@@ -137,186 +199,6 @@ stage_end() {
     cp "$WORK/results.txt" "$OUTDIR/stage$STAGE.txt"
     tar -czf "$OUTDIR/stage$STAGE-logs.tar.gz" -C "$WORKROOT" "stage$STAGE" 2>/dev/null ||
         echo "gpu_check: could not pack the logs of stage $STAGE"
-}
-
-# ---- toolchain: nvcc, cuBLAS, NCCL, Check, OpenBLAS ------------------------------
-find_nvcc() {
-    local c
-    for c in ${CUDA_HOME:+"$CUDA_HOME/bin/nvcc"} "$(command -v nvcc 2>/dev/null)" \
-        /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc /usr/bin/nvcc; do
-        [ -n "$c" ] && [ -x "$c" ] && { echo "$c"; return 0; }
-    done
-    return 1
-}
-
-# The Python wheels' folder (site-packages/nvidia), if any.
-wheel_dir() {
-    local py=${PYTHON:-python3}
-    command -v "$py" >/dev/null || return 1
-    "$py" -c 'import nvidia, sys; print(list(nvidia.__path__)[0])' 2>/dev/null
-}
-
-# NCCL: prints "HOME LIB" (LIB empty: -lnccl from HOME/lib) or fails.
-find_nccl() {
-    local h lib homes=(${NCCL_HOME:+"$NCCL_HOME"} "$CUDA_HOME" /usr /usr/local)
-    case ${GPU_CHECK_NCCL:-} in
-    none) return 1 ;;
-    wheel) homes=() ;;
-    esac
-    for h in "${homes[@]}"; do
-        [ -f "$h/include/nccl.h" ] || continue
-        for lib in "$h/lib/libnccl.so" "$h/lib64/libnccl.so" "$h/lib/x86_64-linux-gnu/libnccl.so"; do
-            [ -e "$lib" ] && { echo "$h $lib"; return 0; }
-        done
-        for lib in "$h"/lib/libnccl.so.2 "$h"/lib64/libnccl.so.2 "$h"/lib/x86_64-linux-gnu/libnccl.so.2; do
-            [ -e "$lib" ] && { echo "$h $lib"; return 0; }
-        done
-    done
-    local py=${PYTHON:-python3}
-    h=$("$py" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null) || return 1
-    [ -f "$h/include/nccl.h" ] && [ -e "$h/lib/libnccl.so.2" ] && { echo "$h $h/lib/libnccl.so.2"; return 0; }
-    return 1
-}
-
-# The folder holding the newest file matching lib$1.so* under the given folders.
-find_lib() {
-    local name=$1 d f
-    shift
-    for d in "$@"; do
-        f=$(ls "$d"/lib"$name".so* 2>/dev/null | sort -V | tail -n 1)
-        [ -n "$f" ] && { echo "$f"; return 0; }
-    done
-    return 1
-}
-
-deps_from_debs() {
-    local root=$ROOT/third_party/root debs=("$ROOT"/third_party/debs/*.deb)
-    [ -e "${debs[0]}" ] || {
-        echo "no .debs in third_party/debs: run tools/fetch_gpu_debs.sh on a machine with the Debian registry and carry third_party/"
-        return 1
-    }
-    rm -rf "$root" && mkdir -p "$root/pkgconfig" "$root/bin"
-    for d in "${debs[@]}"; do
-        if command -v dpkg-deb >/dev/null; then
-            dpkg-deb -x "$d" "$root" || return 1
-        else
-            local tmp
-            tmp=$(mktemp -d)
-            (cd "$tmp" && ar x "$d" && tar -xf data.tar.* -C "$root") || return 1
-            rm -rf "$tmp"
-        fi
-    done
-    local ml=usr/lib/x86_64-linux-gnu
-    # .pc files name /usr: point them at the unpacked tree (openblas.pc is an
-    # alternatives link on Debian, so take the pthread flavour's own file)
-    local pc
-    for pc in check libsubunit libxxhash libpcre2-8 libutf8proc; do
-        sed "s|/usr|$root/usr|g" "$root/$ml/pkgconfig/$pc.pc" >"$root/pkgconfig/$pc.pc" || return 1
-    done
-    sed "s|/usr|$root/usr|g" "$root/$ml/openblas-pthread/pkgconfig/openblas.pc" >"$root/pkgconfig/openblas.pc" ||
-        return 1
-    export PKG_CONFIG_PATH="$root/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-    export LD_LIBRARY_PATH="$root/$ml:$root/$ml/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    if ! command -v pkg-config >/dev/null || [ -n "${GPU_CHECK_FAKE_PKGCONFIG:-}" ]; then
-        # The Makefile only asks --exists/--cflags/--libs of $DEP_PKGS.
-        cat >"$root/bin/pkg-config" <<EOF
-#!/bin/sh
-cflags=""; libs=""; ok=1
-mode=\$1; shift
-for p in "\$@"; do
-  case \$p in
-    check) cflags="\$cflags -I$root/usr/include -pthread"; libs="\$libs -L$root/$ml -lcheck_pic -lrt -lm -lsubunit";;
-    openblas) cflags="\$cflags -I$root/usr/include/x86_64-linux-gnu/openblas-pthread"; libs="\$libs -L$root/$ml/openblas-pthread -lopenblas";;
-    libxxhash) cflags="\$cflags -I$root/usr/include"; libs="\$libs -L$root/$ml -lxxhash";;
-    libpcre2-8) cflags="\$cflags -I$root/usr/include"; libs="\$libs -L$root/$ml -lpcre2-8";;
-    libutf8proc) cflags="\$cflags -I$root/usr/include"; libs="\$libs -L$root/$ml -lutf8proc";;
-    *) ok=0;;
-  esac
-done
-case \$mode in
-  --exists) [ \$ok = 1 ];;
-  --cflags) echo "\$cflags";;
-  --libs) echo "\$libs";;
-  --modversion) echo 0;;
-  *) exit 1;;
-esac
-EOF
-        chmod +x "$root/bin/pkg-config"
-        export PATH="$root/bin:$PATH"
-        echo "pkg-config: using a stand-in for $DEP_PKGS"
-    fi
-    pkg-config --exists $DEP_PKGS
-}
-
-# Sets MAKE_ARGS and the TOOL_* report lines; returns 1 if the build cannot
-# even be attempted.
-setup_toolchain() {
-    TOOL_LINES=()
-    MAKE_ARGS=(BUILD="$BUILD" CUDA=1 MPI=0 INSTALL_DEPS=0 CUDA_ARCH="-gencode arch=compute_90,code=sm_90")
-    local nvcc
-    nvcc=$(find_nvcc) || { TOOL_LINES+=("nvcc: NOT FOUND (set CUDA_HOME)"); return 1; }
-    CUDA_HOME=$(cd "$(dirname "$nvcc")/.." && pwd)
-    MAKE_ARGS+=(CUDA_HOME="$CUDA_HOME" NVCC="$nvcc")
-    TOOL_LINES+=("nvcc: $nvcc ($("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'))")
-    local wheels
-    wheels=$(wheel_dir) || wheels=
-    # cuBLAS, cuBLASLt and cudart: the toolkit's, else the wheels'
-    local libdirs=("$CUDA_HOME/lib64" "$CUDA_HOME/lib" "$CUDA_HOME/targets/x86_64-linux/lib")
-    [ "${GPU_CHECK_CUBLAS:-}" = wheel ] && libdirs=(/nonexistent)
-    local lib need_links=0 found
-    for lib in cudart cublas cublasLt; do
-        if ! found=$(find_lib "$lib" "${libdirs[@]}"); then
-            need_links=1
-        fi
-    done
-    if [ $need_links = 1 ] && [ -n "$wheels" ]; then
-        local linkdir=$WORKROOT/lib
-        rm -rf "$linkdir" && mkdir -p "$linkdir"
-        for lib in cudart cublas cublasLt; do
-            found=$(find_lib "$lib" "${libdirs[@]}" "$wheels/cu13/lib" "$wheels/cublas/lib" \
-                "$wheels/cuda_runtime/lib") || { TOOL_LINES+=("lib$lib: NOT FOUND"); return 1; }
-            ln -sf "$found" "$linkdir/lib$lib.so"
-            ln -sf "$found" "$linkdir/$(basename "$found")"
-            TOOL_LINES+=("lib$lib: $found (linked through $linkdir)")
-        done
-        MAKE_ARGS+=(CUDA_LIBDIR="$linkdir")
-        if [ ! -f "$CUDA_HOME/include/cublas_v2.h" ] && [ -f "$wheels/cu13/include/cublas_v2.h" ]; then
-            MAKE_ARGS+=(EXTRA_CFLAGS="-I$wheels/cu13/include" EXTRA_NVFLAGS="-I$wheels/cu13/include")
-            TOOL_LINES+=("cublas_v2.h: $wheels/cu13/include")
-        fi
-    else
-        for lib in cudart cublas cublasLt; do
-            TOOL_LINES+=("lib$lib: $(find_lib "$lib" "${libdirs[@]}" || echo 'NOT FOUND')")
-        done
-        local d
-        for d in "${libdirs[@]}"; do
-            [ -e "$d/libcublas.so" ] && { MAKE_ARGS+=(CUDA_LIBDIR="$d"); break; }
-        done
-    fi
-    # NCCL
-    local nccl
-    if nccl=$(find_nccl); then
-        local home=${nccl%% *} so=${nccl#* }
-        MAKE_ARGS+=(NCCL=1 NCCL_HOME="$home" NCCL_LIB="$so")
-        local ver
-        ver=$(awk '/#define NCCL_(MAJOR|MINOR|PATCH) /{printf "%s%s", sep, $3; sep="."}' "$home/include/nccl.h")
-        TOOL_LINES+=("nccl: $so (nccl.h $ver in $home/include)")
-        NCCL_FOUND=1
-    else
-        MAKE_ARGS+=(NCCL=0)
-        TOOL_LINES+=("nccl: NOT FOUND: building with NCCL=0 (--comm peer only)")
-        NCCL_FOUND=0
-    fi
-    # Check and OpenBLAS
-    if [ -z "${GPU_CHECK_FORCE_DEBS:-}" ] && pkg-config --exists $DEP_PKGS 2>/dev/null; then
-        TOOL_LINES+=("$DEP_PKGS: pkg-config ($(pkg-config --modversion $DEP_PKGS | tr '\n' ' '))")
-    elif deps_from_debs >"$WORKROOT/deps.log" 2>&1; then
-        TOOL_LINES+=("$DEP_PKGS: unpacked from third_party/debs into third_party/root")
-    else
-        TOOL_LINES+=("$DEP_PKGS: MISSING ($(tail -n 1 "$WORKROOT/deps.log"))")
-        return 1
-    fi
-    return 0
 }
 
 # every CUDA suite, test_cuda first (memcheck takes them in this order)
@@ -369,15 +251,16 @@ env_report() {
         *-fc-*) echo "runtime: Firecracker ($(uname -r))" ;;
         *) echo "runtime: kernel $(uname -r)" ;;
         esac
-        if command -v nvidia-smi >/dev/null; then
-            nvidia-smi --query-gpu=index,name,memory.total,driver_version,clocks.sm,clocks.max.sm,power.limit \
+        echo "gpu: $([ $GPU = 1 ] && echo found || echo none): $GPU_HOW"
+        if [ -n "$NVSMI" ]; then
+            timeout 30 "$NVSMI" --query-gpu=index,name,memory.total,driver_version,clocks.sm,clocks.max.sm,power.limit \
                 --format=csv 2>&1 | sed 's/^/gpu: /'
-        else
-            echo "gpu: nvidia-smi not found"
         fi
+        cat "$WORKROOT/driver.txt"
         echo "gcc: $(gcc --version | head -n 1)"
-        echo "make: $(make --version | head -n 1)"
+        echo "make: $(command -v make) ($(make --version | head -n 1))"
         echo "python3: $(command -v python3 || echo none) $(python3 -c 'import sys; print(sys.version.split()[0])' 2>/dev/null)"
+        echo "NCCL_DEBUG=$NCCL_DEBUG"
         echo "compute-sanitizer: ${SANITIZER:-NOT FOUND}"
     } | tee "$WORK/env.txt"
 }
@@ -410,7 +293,9 @@ run_suites() {
         timeout "$t" "$BUILD/tests/$name" >"$log" 2>&1
         rc=$?
         grep -E '^[0-9]+%: Checks|:[FE]:' "$log" | head -n 20
-        if [ $rc -eq 0 ]; then
+        if [ $rc -eq 0 ] && [ $GPU = 1 ] && grep -q '^SKIP: .*no CUDA device' "$log"; then
+            row "$name" FAIL "a GPU was found but the tests see none (libcuda.so.1? CUDA_VISIBLE_DEVICES?): $(suite_line "$log")"
+        elif [ $rc -eq 0 ]; then
             row "$name" ok "$(suite_line "$log")"
         else
             row "$name" FAIL "exit $rc: $(suite_line "$log")"
@@ -501,16 +386,23 @@ dry_args() {
     printf '%s\n' "${out[@]}"
 }
 
-# train NAME WANT_SECONDS ARGS...: run `fsdp train ARGS --log NAME.jsonl`.
+# train [VAR=VALUE]... NAME WANT_SECONDS ARGS...: run `fsdp train ARGS --log
+# NAME.jsonl`, with those variables in its environment.
 train() {
-    local name=$1 want=$2 t rc
+    local envs=() name want t rc
+    while [[ $1 == *=* ]]; do
+        envs+=("$1")
+        shift
+    done
+    name=$1 want=$2
     shift 2
     local args=("$@")
     [ $GPU = 1 ] || mapfile -t args < <(dry_args "$@")
     t=$(budget "$want")
     [ "$t" -gt 0 ] || { echo "$name: no time left"; return 124; }
-    echo "\$ fsdp train ${args[*]} --log $name.jsonl" >"$WORK/$name.log"
-    timed "train $name" timeout "$t" "$BIN" train "${args[@]}" --log "$WORK/$name.jsonl" >>"$WORK/$name.log" 2>&1
+    echo "\$ ${envs[*]}${envs[*]:+ }fsdp train ${args[*]} --log $name.jsonl" >"$WORK/$name.log"
+    timed "train $name" timeout "$t" env ${envs[@]+"${envs[@]}"} "$BIN" train "${args[@]}" \
+        --log "$WORK/$name.jsonl" >>"$WORK/$name.log" 2>&1
     rc=$?
     tail -n 2 "$WORK/$name.log"
     return $rc
@@ -621,6 +513,14 @@ stage2() {
         else
             row "hybrid 2x2 vs full 4" FAIL "a run failed: see hyb4.log (and vr4.log)"
         fi
+        echo "== 4 virtual ranks (peer) under CUDA_LAUNCH_BLOCKING=1 vs the default run"
+        if [ -s "$WORK/vr4.jsonl" ] &&
+            train CUDA_LAUNCH_BLOCKING=1 vr4_blocking 60 "${VR[@]}" --devices 4 --ranks-per-device 4 \
+                --comm peer --grad-accum 1; then
+            bit_identical "CUDA_LAUNCH_BLOCKING=1 vs default: bit-identical" vr4_blocking vr4
+        else
+            row "CUDA_LAUNCH_BLOCKING=1 vs default" FAIL "a run failed: see vr4_blocking.log (and vr4.log)"
+        fi
     fi
     stage_end
 }
@@ -678,5 +578,12 @@ stage3() {
 for s in "${STAGES[@]}"; do
     "stage$s"
 done
-echo "gpu_check: stages ${STAGES[*]}$(dry_note): $([ $FAILED = 0 ] && echo 'every check passed' || echo 'FAILURES, see above'); results in $OUTDIR"
+if [ $FAILED = 1 ]; then
+    verdict="FAILURES, see above"
+elif [ $GPU = 1 ]; then
+    verdict="every check passed"
+else
+    verdict="the dry run passed (the cpu backend stood in for cuda: nothing ran on a GPU)"
+fi
+echo "gpu_check: stages ${STAGES[*]}$(dry_note): $verdict; results in $OUTDIR"
 exit $FAILED

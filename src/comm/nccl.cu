@@ -417,7 +417,7 @@ extern "C" fsdp_status fsdp_comm_nccl_init_group(fsdp_comm *c, fsdp_world *w, fs
         FSDP_CHECK(xst);
     }
     FSDP_CHECK(nccl_check_members(c, g, all));
-    crc = cudaSetDevice(dev->ordinal);
+    crc = fsdp_cuda_error_take(cudaSetDevice(dev->ordinal));
     if (crc != cudaSuccess) {
         st = fsdp_error_set(FSDP_STATUS_CUDA, "rank %d: cudaSetDevice(%d): %s", rank,
                             dev->ordinal, cudaGetErrorString(crc));

@@ -171,10 +171,11 @@ struct peer_ctx {
 
 static size_t peer_es(fsdp_dtype dt) { return fsdp_dtype_size(dt); }
 
-/* Record a CUDA failure into *local unless one is there already. */
+/* Record a CUDA failure into *local unless one is there already; either
+ * way the thread's last error is cleared (cuda_check.h). */
 static void peer_note(fsdp_comm *c, fsdp_status *local, cudaError_t rc, const char *what)
 {
-    if (rc == cudaSuccess || *local != FSDP_STATUS_OK)
+    if (fsdp_cuda_error_take(rc) == cudaSuccess || *local != FSDP_STATUS_OK)
         return;
     *local = fsdp_error_set(FSDP_STATUS_CUDA, "rank %d (GPU %d): peer collective: %s failed: %s",
                             c->global_rank, c->dev->ordinal, what, cudaGetErrorString(rc));
@@ -440,12 +441,13 @@ static void peer_fini(fsdp_comm *c)
     if (!p)
         return;
     if (p->staging_used)
-        cudaStreamWaitEvent((cudaStream_t)c->dev->comm, p->ev_staging, 0);
+        (void)fsdp_cuda_error_take(
+            cudaStreamWaitEvent((cudaStream_t)c->dev->comm, p->ev_staging, 0));
     fsdp_cuda_device_free_own(c->dev, p->staging); /* stream-ordered */
     cudaEvent_t evs[4] = {p->ev_ready, p->ev_mid, p->ev_done, p->ev_staging};
     for (int i = 0; i < 4; i++)
         if (evs[i])
-            cudaEventDestroy(evs[i]);
+            (void)fsdp_cuda_error_take(cudaEventDestroy(evs[i]));
     fsdp_comm_rdv_detach(c->world, p->rdv);
     free(p->all);
     free(p->all2);
@@ -476,13 +478,10 @@ static void peer_enable_access(fsdp_comm *c, const struct peer_rec *recs)
         if (o == mine)
             continue;
         int can = 0;
-        if (cudaDeviceCanAccessPeer(&can, mine, o) != cudaSuccess || !can) {
-            cudaGetLastError();
+        if (fsdp_cuda_error_take(cudaDeviceCanAccessPeer(&can, mine, o)) != cudaSuccess || !can)
             continue;
-        }
-        cudaError_t rc = cudaDeviceEnablePeerAccess(o, 0);
-        if (rc != cudaSuccess)
-            cudaGetLastError(); /* cudaErrorPeerAccessAlreadyEnabled, or unusable: copies still work */
+        /* cudaErrorPeerAccessAlreadyEnabled, or unusable: copies still work */
+        (void)fsdp_cuda_error_take(cudaDeviceEnablePeerAccess(o, 0));
     }
 }
 
@@ -516,7 +515,8 @@ extern "C" fsdp_status fsdp_comm_peer_init_group(fsdp_comm *c, fsdp_world *w, fs
     {
         cudaEvent_t *evs[4] = {&p->ev_ready, &p->ev_mid, &p->ev_done, &p->ev_staging};
         for (int i = 0; i < 4; i++) {
-            cudaError_t rc = cudaEventCreateWithFlags(evs[i], cudaEventDisableTiming);
+            cudaError_t rc =
+                fsdp_cuda_error_take(cudaEventCreateWithFlags(evs[i], cudaEventDisableTiming));
             if (rc != cudaSuccess) {
                 *evs[i] = NULL;
                 st = fsdp_error_set(FSDP_STATUS_CUDA, "rank %d: creating peer events on GPU %d: %s",

@@ -1,7 +1,7 @@
 /*
  * rng.h - counter-based random numbers: a pure function of (seed, stream,
  * index), so any slice of a tensor can be initialised alone, by any rank, in
- * any order, with the same values (DESIGN: determinism contract).
+ * any order, with the same values (docs/determinism.md, "Initialisation").
  *
  * The mixer is SplitMix64's finaliser applied to a combination of the keys;
  * normals use Box-Muller on two uniforms drawn from index*2 and index*2+1.

@@ -5,7 +5,7 @@
  *
  * A data source is opened once and then read-only, so every rank thread may
  * call fsdp_data_batch() concurrently. Micro-batches are numbered globally
- * (DESIGN: rank r takes micro-batches r, r+N, r+2N, ...); micro-batch m is a
+ * (docs/determinism.md: rank r takes micro-batches r, r+N, r+2N, ...); micro-batch m is a
  * pure function of (source, seed, m, B, T), so the global batch does not
  * depend on the number of devices.
  *

@@ -74,13 +74,13 @@ template <typename Q>
 static fsdp_status cuda_poll(fsdp_device *d, Q query, const char *what)
 {
     for (unsigned spins = 0;; spins++) {
-        cudaError_t rc = query();
+        /* "not ready" is not an error: the take keeps it out of later checks */
+        cudaError_t rc = fsdp_cuda_error_take(query());
         if (rc == cudaSuccess)
             return FSDP_STATUS_OK;
         if (rc != cudaErrorNotReady)
             return fsdp_error_set(FSDP_STATUS_CUDA, "rank %d (GPU %d): %s failed: %s", d->rank,
                                   d->ordinal, what, cudaGetErrorString(rc));
-        cudaGetLastError(); /* "not ready" is not an error; keep it out of later checks */
         if (fsdp_cuda_world_aborted(d->world)) {
             fsdp_cuda_world_rank_stop(d->world, d->rank, FSDP_STATUS_OK);
             return fsdp_error_set(FSDP_STATUS_ABORTED,
@@ -104,7 +104,7 @@ static fsdp_status cuda_wait_event(fsdp_device *d, cudaEvent_t e, const char *wh
 {
     if (cuda_can_abort(d))
         return cuda_poll(d, [e] { return cudaEventQuery(e); }, what);
-    cudaError_t rc = cudaEventSynchronize(e);
+    cudaError_t rc = fsdp_cuda_error_take(cudaEventSynchronize(e));
     if (rc != cudaSuccess)
         return fsdp_error_set(FSDP_STATUS_CUDA, "rank %d (GPU %d): %s failed: %s", d->rank,
                               d->ordinal, what, cudaGetErrorString(rc));
@@ -116,10 +116,9 @@ static fsdp_status cuda_wait_event(fsdp_device *d, cudaEvent_t e, const char *wh
 static fsdp_status cache_raw_alloc(void *ctx, size_t bytes, void **out)
 {
     struct cuda_dev *cd = (struct cuda_dev *)ctx;
-    cudaError_t rc = cudaMalloc(out, bytes);
+    cudaError_t rc = fsdp_cuda_error_take(cudaMalloc(out, bytes));
     if (rc == cudaSuccess)
         return FSDP_STATUS_OK;
-    cudaGetLastError();
     if (rc == cudaErrorMemoryAllocation)
         return FSDP_STATUS_OOM;
     return fsdp_error_set(FSDP_STATUS_CUDA, "rank %d (GPU %d): cudaMalloc of %zu bytes: %s",
@@ -129,8 +128,7 @@ static fsdp_status cache_raw_alloc(void *ctx, size_t bytes, void **out)
 static void cache_raw_free(void *ctx, void *p)
 {
     (void)ctx;
-    if (cudaFree(p) != cudaSuccess)
-        cudaGetLastError();
+    (void)fsdp_cuda_error_take(cudaFree(p));
 }
 
 static fsdp_status cache_fence_record(void *ctx, void **fence)
@@ -143,10 +141,11 @@ static fsdp_status cache_fence_record(void *ctx, void **fence)
         if (!f)
             return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for a block fence");
         for (int i = 0; i < 3; i++) {
-            cudaError_t rc = cudaEventCreateWithFlags(&f->ev[i], cudaEventDisableTiming);
+            cudaError_t rc =
+                fsdp_cuda_error_take(cudaEventCreateWithFlags(&f->ev[i], cudaEventDisableTiming));
             if (rc != cudaSuccess) {
                 while (i-- > 0)
-                    cudaEventDestroy(f->ev[i]);
+                    (void)fsdp_cuda_error_take(cudaEventDestroy(f->ev[i]));
                 free(f);
                 return fsdp_error_set(FSDP_STATUS_CUDA, "rank %d (GPU %d): creating a fence: %s",
                                       d->rank, d->ordinal, cudaGetErrorString(rc));
@@ -166,9 +165,8 @@ static fsdp_status cache_fence_query(void *ctx, void *fence, bool *done)
     struct cuda_fence *f = (struct cuda_fence *)fence;
     *done = true;
     for (int i = 0; i < 3 && *done; i++) {
-        cudaError_t rc = cudaEventQuery(f->ev[i]);
+        cudaError_t rc = fsdp_cuda_error_take(cudaEventQuery(f->ev[i]));
         if (rc == cudaErrorNotReady) {
-            cudaGetLastError();
             *done = false;
         } else if (rc != cudaSuccess) {
             return fsdp_error_set(FSDP_STATUS_CUDA, "rank %d (GPU %d): a cached block's fence: %s",
@@ -203,7 +201,7 @@ static void cache_fence_destroy(void *ctx, void *fence)
     (void)ctx;
     struct cuda_fence *f = (struct cuda_fence *)fence;
     for (int i = 0; i < 3; i++)
-        cudaEventDestroy(f->ev[i]);
+        (void)fsdp_cuda_error_take(cudaEventDestroy(f->ev[i]));
     free(f);
 }
 
@@ -244,9 +242,9 @@ static void cuda_fini(fsdp_device *d)
     fsdp_block_cache_fini(&cd->cache);
     for (int k = 0; k < 2; k++) {
         if (cd->stage[k])
-            cudaFreeHost(cd->stage[k]);
+            (void)fsdp_cuda_error_take(cudaFreeHost(cd->stage[k]));
         if (cd->stage_ev[k])
-            cudaEventDestroy(cd->stage_ev[k]);
+            (void)fsdp_cuda_error_take(cudaEventDestroy(cd->stage_ev[k]));
     }
     pthread_mutex_destroy(&cd->host_mu);
     free(cd);
@@ -317,7 +315,7 @@ static fsdp_status cuda_host_alloc(fsdp_device *d, size_t bytes, void **out)
 static void cuda_host_free(fsdp_device *d, void *p)
 {
     (void)d;
-    cudaFreeHost(p);
+    (void)fsdp_cuda_error_take(cudaFreeHost(p));
 }
 
 /* ---- copies ------------------------------------------------------------------ */
@@ -327,10 +325,8 @@ static void cuda_host_free(fsdp_device *d, void *p)
 static bool host_pageable(const void *p)
 {
     cudaPointerAttributes a;
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-        cudaGetLastError();
+    if (fsdp_cuda_error_take(cudaPointerGetAttributes(&a, p)) != cudaSuccess)
         return true;
-    }
     return a.type == cudaMemoryTypeUnregistered;
 }
 
@@ -449,7 +445,7 @@ static void cuda_stream_destroy(fsdp_device *d, fsdp_stream_t s)
 {
     (void)d;
     if (s)
-        cudaStreamDestroy((cudaStream_t)s);
+        (void)fsdp_cuda_error_take(cudaStreamDestroy((cudaStream_t)s));
 }
 
 /* OK, or the first failure of host work queued by launch_host (its
@@ -486,7 +482,7 @@ static fsdp_status cuda_event_create(fsdp_device *d, fsdp_event_t *out)
 static void cuda_event_destroy(fsdp_device *d, fsdp_event_t e)
 {
     (void)d;
-    cudaEventDestroy((cudaEvent_t)e);
+    (void)fsdp_cuda_error_take(cudaEventDestroy((cudaEvent_t)e));
 }
 
 static fsdp_status cuda_event_record(fsdp_device *d, fsdp_event_t e, fsdp_stream_t s)
@@ -595,22 +591,18 @@ extern "C" fsdp_status fsdp_cuda_device_memory(int ordinal, size_t *total_bytes,
     int prev = 0;
     CUDA_TRY(cudaGetDevice(&prev));
     CUDA_TRY(cudaSetDevice(ordinal));
-    cudaError_t rc = cudaMemGetInfo(free_bytes, total_bytes);
-    cudaSetDevice(prev);
-    if (rc != cudaSuccess) {
-        cudaGetLastError();
+    cudaError_t rc = fsdp_cuda_error_take(cudaMemGetInfo(free_bytes, total_bytes));
+    (void)fsdp_cuda_error_take(cudaSetDevice(prev));
+    if (rc != cudaSuccess)
         return fsdp_error_set(FSDP_STATUS_CUDA, "GPU %d: cudaMemGetInfo failed: %s", ordinal,
                               cudaGetErrorString(rc));
-    }
     return FSDP_STATUS_OK;
 }
 
 extern "C" int fsdp_cuda_device_count(void)
 {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        cudaGetLastError();
+    if (fsdp_cuda_error_take(cudaGetDeviceCount(&n)) != cudaSuccess)
         return 0;
-    }
     return n;
 }

@@ -2,7 +2,7 @@
  * accum.h - gradient accumulation over micro-steps: per unit, a binary
  * counter of partial sums held in shard-sized fp32 device buffers.
  *
- * Determinism (DESIGN): micro-step j's reduced gradient enters the counter
+ * Determinism (docs/determinism.md): micro-step j's reduced gradient enters the counter
  * as a level-0 entry; two entries of the same level merge (older on the
  * left), so after A micro-steps the sum is the balanced binary tree over
  * j when A is a power of two, whatever the number of ranks. At most

@@ -4,7 +4,7 @@
  * (accum.h), global-norm clipping and the optimizer step, through the
  * placement table (place.h) that says where the optimizer state lives.
  *
- * Determinism (DESIGN): rank r runs micro-batches r, r+N, ... so micro-step
+ * Determinism (docs/determinism.md): rank r runs micro-batches r, r+N, ... so micro-step
  * j covers global micro-batches jN .. jN+N-1; the reduce-scatter sums them
  * in the balanced tree over ranks, and micro-steps are combined in a
  * balanced tree too (a binary counter of partial shards), so for power-of-

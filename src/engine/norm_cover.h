@@ -2,7 +2,7 @@
  * norm_cover.h - the global gradient norm from a few partial sums per
  * rank, bit-identical to one fixed-order sum over every norm block.
  *
- * DESIGN's order: the sums of squares of the norm blocks (FSDP_NORM_BLOCK
+ * The order of docs/determinism.md: the sums of squares of the norm blocks (FSDP_NORM_BLOCK
  * elements each) of every unit, unit by unit and block by block (real
  * blocks only), added in comm.h's balanced tree over that sequence of M
  * blocks. The blocks of one unit that one rank owns are consecutive in

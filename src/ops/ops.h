@@ -33,7 +33,7 @@ extern "C" {
 #endif
 
 /* Norm partial sums use blocks of this many elements; shard boundaries are
- * multiples of it (DESIGN: determinism contract). */
+ * multiples of it (docs/determinism.md, "The gradient norm"). */
 #define FSDP_NORM_BLOCK 1024
 
 typedef struct fsdp_op_ctx fsdp_op_ctx;

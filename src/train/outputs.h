@@ -23,7 +23,7 @@ fsdp_status fsdp_output_dir_check(const char *dir, const char *what);
  * created and removed again). Nothing at `path` is created or changed. */
 fsdp_status fsdp_output_file_check(const char *path, const char *what);
 
-/* The metrics file: one JSON object per step (DESIGN: step, loss, lr,
+/* The metrics file: one JSON object per step (docs/metrics.md: step, loss, lr,
  * grad_norm, tokens, tokens_per_s, step_ms, mfu, peak_bytes[],
  * comm_bytes[], host_bytes[]), "skipped": true for a step whose update was
  * dropped. A number that is not finite is written as null, so the file

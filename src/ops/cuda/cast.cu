@@ -22,8 +22,8 @@ void fsdp_ops_cuda_cast(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void 
     if (ddt == sdt) {
         if (dst == src)
             return;
-        cudaError_t rc =
-            cudaMemcpyAsync(dst, src, n * fsdp_dtype_size(ddt), cudaMemcpyDefault, s);
+        cudaError_t rc = fsdp_cuda_error_take(
+            cudaMemcpyAsync(dst, src, n * fsdp_dtype_size(ddt), cudaMemcpyDefault, s));
         if (rc != cudaSuccess)
             fsdp_ops_cuda_fail(ctx, FSDP_STATUS_CUDA, "cast", "copy of %zu elements failed: %s",
                                n, cudaGetErrorString(rc));

@@ -83,6 +83,8 @@ void fsdp_ops_cuda_fail(fsdp_op_ctx *ctx, fsdp_status st, const char *op, const 
 
 bool fsdp_ops_cuda_launched(fsdp_op_ctx *ctx, const char *op)
 {
+    /* Reading clears it; every other failed call clears its own (cuda_check.h),
+     * so an error here is this launch's (or a sticky one from an earlier kernel). */
     cudaError_t rc = cudaGetLastError();
     if (rc == cudaSuccess)
         return true;
@@ -268,7 +270,8 @@ extern "C" fsdp_status fsdp_ops_cuda_init(fsdp_op_ctx *ctx)
     if (!s)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating the cuda op state");
     ctx->backend = s;
-    crc = cudaDeviceGetAttribute(&s->n_sms, cudaDevAttrMultiProcessorCount, dev->ordinal);
+    crc = fsdp_cuda_error_take(
+        cudaDeviceGetAttribute(&s->n_sms, cudaDevAttrMultiProcessorCount, dev->ordinal));
     if (crc != cudaSuccess) {
         st = fsdp_error_set(FSDP_STATUS_CUDA, "rank %d: cannot query GPU %d: %s", dev->rank,
                             dev->ordinal, cudaGetErrorString(crc));
