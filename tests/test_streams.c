@@ -477,15 +477,20 @@ typedef struct span {
     double t0, t1;
 } span;
 
+/* The duration events of rank `pid` on track `cat`, named `name` and of
+ * unit `unit` (NULL: any), in file order. */
 static int trace_spans(const fsdp_json *events, int pid, const char *cat, const char *name,
-                       span *out, int max)
+                       const char *unit, span *out, int max)
 {
     int n = 0;
     for (const fsdp_json *ev = events->child; ev && n < max; ev = ev->next) {
         const fsdp_json *ph = fsdp_json_get(ev, "ph"), *p = fsdp_json_get(ev, "pid"),
-                        *c = fsdp_json_get(ev, "cat"), *nm = fsdp_json_get(ev, "name");
+                        *c = fsdp_json_get(ev, "cat"), *nm = fsdp_json_get(ev, "name"),
+                        *args = fsdp_json_get(ev, "args");
+        const fsdp_json *u = args ? fsdp_json_get(args, "unit") : NULL;
         if (!ph || strcmp(ph->str, "X") || !p || (int)p->number != pid || !c ||
-            strcmp(c->str, cat) || !nm || (name && strcmp(nm->str, name)))
+            strcmp(c->str, cat) || !nm || (name && strcmp(nm->str, name)) ||
+            (unit && (!u || strcmp(u->str, unit))))
             continue;
         double ts = fsdp_json_get(ev, "ts")->number, dur = fsdp_json_get(ev, "dur")->number;
         out[n++] = (span){ts, ts + dur};
@@ -493,13 +498,34 @@ static int trace_spans(const fsdp_json *events, int pid, const char *cat, const 
     return n;
 }
 
-/* With async streams the trace's comm track holds the gathers as the
- * comm stream ran them, and with prefetch a gather runs while the compute
- * stream works (a unit's forward or backward). */
-START_TEST(test_trace_shows_overlap)
+/* The earliest of n spans. */
+static span earliest(const span *s, int n)
+{
+    span e = s[0];
+    for (int i = 1; i < n; i++)
+        if (s[i].t0 < e.t0)
+            e = s[i];
+    return e;
+}
+
+/* How many of a's spans overlap one of b's in time. */
+static int overlaps(const span *a, int n_a, const span *b, int n_b)
+{
+    int n = 0;
+    for (int i = 0; i < n_a; i++)
+        for (int k = 0; k < n_b; k++)
+            if (a[i].t0 < b[k].t1 && b[k].t0 < a[i].t1) {
+                n++;
+                break;
+            }
+    return n;
+}
+
+/* A traced async run of a 4-block GPT-2 on 2 devices, its events. */
+static fsdp_json *traced_run(const char *name, bool offload)
 {
     char path[512];
-    fsdp_test_path(path, sizeof path, "trace.json");
+    fsdp_test_path(path, sizeof path, name);
     fsdp_train_config c;
     fsdp_train_result r;
     train_config_tiny(&c, 2, 1);
@@ -507,6 +533,8 @@ START_TEST(test_trace_shows_overlap)
     c.eng.batch = 4;
     c.eng.seq = 64;
     c.eng.cpu_streams = FSDP_CPU_STREAMS_ASYNC;
+    c.eng.offload = offload;
+    c.eng.clip = offload ? 0.0f : c.eng.clip; /* updates may start in backward */
     c.steps = 2;
     c.keep_params = false;
     c.trace_path = path;
@@ -514,23 +542,51 @@ START_TEST(test_trace_shows_overlap)
     fsdp_train_result_free(&r);
     fsdp_json *t = NULL;
     ck_assert_int_eq(fsdp_json_parse_file(path, &t), FSDP_STATUS_OK);
+    return t;
+}
+
+/* With async streams the trace's tracks hold what each stream ran when:
+ * with prefetch a unit's gather (comm) runs while the compute stream
+ * works; with offload the gradients' copies to the host (copy) run during
+ * backward too, and the host step of the last block starts before the
+ * backward of the first block ends: nothing waits on the host in backward. */
+START_TEST(test_trace_shows_overlap)
+{
+    enum { MAX = 1024 };
+    span *comm = calloc(MAX, sizeof *comm), *comp = calloc(MAX, sizeof *comp);
+    span *copy = calloc(MAX, sizeof *copy), *upd = calloc(MAX, sizeof *upd);
+    fsdp_json *t = traced_run("trace.json", false);
     const fsdp_json *events = fsdp_json_get(t, "traceEvents");
     ck_assert_ptr_nonnull(events);
-    enum { MAX = 512 };
-    span *comm = calloc(MAX, sizeof *comm), *comp = calloc(MAX, sizeof *comp);
-    int n_comm = trace_spans(events, 0, "comm", "all_gather", comm, MAX);
-    int n_comp = trace_spans(events, 0, "compute", NULL, comp, MAX);
+    int n_comm = trace_spans(events, 0, "comm", "all_gather", NULL, comm, MAX);
+    int n_comp = trace_spans(events, 0, "compute", NULL, NULL, comp, MAX);
     ck_assert_int_gt(n_comm, 0);
     ck_assert_int_gt(n_comp, 0);
-    int overlaps = 0;
-    for (int i = 0; i < n_comm; i++)
-        for (int k = 0; k < n_comp; k++)
-            overlaps += comm[i].t0 < comp[k].t1 && comp[k].t0 < comm[i].t1;
-    ck_assert_msg(overlaps > 0, "no all_gather of %d overlapped any of %d compute events",
-                  n_comm, n_comp);
+    ck_assert_msg(overlaps(comm, n_comm, comp, n_comp) > 0,
+                  "no all_gather of %d overlapped any of %d compute events", n_comm, n_comp);
+    fsdp_json_free(t);
+
+    t = traced_run("trace_offload.json", true);
+    events = fsdp_json_get(t, "traceEvents");
+    int n_copy = trace_spans(events, 0, "copy", "grad d2h", NULL, copy, MAX);
+    n_comp = trace_spans(events, 0, "compute", "backward", NULL, comp, MAX);
+    ck_assert_int_gt(n_copy, 0);
+    ck_assert_msg(overlaps(copy, n_copy, comp, n_comp) > 0,
+                  "no gradient copy of %d overlapped any of %d backward events", n_copy, n_comp);
+    /* step 1: the host update of h.3, whose gradient is final first, starts
+     * before the backward of h.0 ends */
+    int n_upd = trace_spans(events, 0, "cpu optimizer", NULL, "h.3", upd, MAX);
+    int n_b0 = trace_spans(events, 0, "compute", "backward", "h.0", comp, MAX);
+    ck_assert_int_gt(n_upd, 0);
+    ck_assert_int_gt(n_b0, 0);
+    span u3 = earliest(upd, n_upd), b0 = earliest(comp, n_b0);
+    ck_assert_msg(u3.t0 < b0.t1, "the host update of h.3 started at %.1f us, after the backward "
+                  "of h.0 ended (%.1f us)", u3.t0, b0.t1);
+    fsdp_json_free(t);
     free(comm);
     free(comp);
-    fsdp_json_free(t);
+    free(copy);
+    free(upd);
 }
 END_TEST
 
