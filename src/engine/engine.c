@@ -104,11 +104,9 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
                               cfg->n_ranks, nodes, w->n_ranks, w->n_processes);
     FSDP_TRY(fsdp_engine_recompute_check(model, cfg->recompute));
     sh->optim = fsdp_optim_or_default(cfg->optim);
-    sh->optim_hp = (fsdp_optim_hparams){.beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
-                                        .momentum = cfg->momentum,
-                                        .weight_decay = cfg->weight_decay};
+    fsdp_optim_hparams_resolve(sh->optim, &cfg->optim_hp, &sh->optim_hp);
     if (!cfg->inference)
-        FSDP_TRY(sh->optim->check(&sh->optim_hp));
+        FSDP_TRY(fsdp_optim_hparams_check(sh->optim, &sh->optim_hp));
     FSDP_TRY(fsdp_shardmap_init_nodes(&sh->sm, model, cfg->n_ranks, nodes, cfg->shard));
     for (int u = 0; u < sh->sm.n_units; u++)
         sh->n_local_blocks += sh->sm.units[u].shard_numel / FSDP_NORM_BLOCK;

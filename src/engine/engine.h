@@ -57,9 +57,8 @@ typedef struct fsdp_engine_config {
     int seq;                   /* T */
     int grad_accum;            /* A: micro-steps per rank per step */
     const struct fsdp_optim *optim; /* optim/optim.h; NULL: the default (AdamW) */
-    float beta1, beta2, eps;   /* AdamW */
-    float momentum;            /* SGD */
-    float weight_decay;
+    fsdp_optim_hparams optim_hp; /* optim's hyper-parameters (those not given: its defaults)
+                                  * and the weight decay; read by the optimizer only */
     float clip;                /* global grad-norm clip, 0 = off */
     uint64_t seed;
     bool skip_nonfinite;       /* updates always wait for the step's loss and norm, so a
@@ -97,7 +96,7 @@ typedef struct fsdp_engine_shared {
     const fsdp_data *data;     /* may be NULL (meta / plan) */
     fsdp_world *world;
     const fsdp_optim *optim;   /* cfg.optim, or the default */
-    fsdp_optim_hparams optim_hp; /* from cfg */
+    fsdp_optim_hparams optim_hp; /* cfg.optim_hp resolved: every value set */
     fsdp_shardmap sm;
     size_t n_local_blocks;     /* norm blocks per rank, all units */
     fsdp_norm_cover norm;      /* the norm's partial sums (norm_cover.h) */

@@ -54,11 +54,7 @@ void fsdp_train_config_default(fsdp_train_config *cfg)
     e->batch = 16;  /* x 4 devices: 64 synthetic problems per step */
     e->seq = 14;    /* one synthetic problem per row (data/synth.c) */
     e->grad_accum = 1;
-    e->beta1 = 0.9f;
-    e->beta2 = 0.95f;
-    e->eps = 1e-8f;
-    e->momentum = 0.9f; /* --optimizer sgd */
-    e->weight_decay = 0.1f;
+    e->optim_hp.weight_decay = 0.1f; /* the optimizer's own: its defaults (optim/) */
     e->clip = 1.0f;
     e->seed = 1337;
     cfg->model = "small";
