@@ -170,6 +170,15 @@ static inline size_t fsdp_optim_state_bytes(const fsdp_optim *o)
     return (size_t)o->n_state * sizeof(float);
 }
 
+/* Bytes a host step moves per element, for cost models: it reads the
+ * parameter and the gradient, reads and writes each state array, and
+ * writes the parameter (AdamW 28, SGD 20); a p_out copy adds its element
+ * size. */
+static inline size_t fsdp_optim_step_bytes(const fsdp_optim *o)
+{
+    return 3 * sizeof(float) + 2 * fsdp_optim_state_bytes(o);
+}
+
 /* The state names joined by sep ("adam_m, adam_v"); "none" without state. */
 const char *fsdp_optim_state_list(const fsdp_optim *o, char *buf, size_t n, const char *sep);
 

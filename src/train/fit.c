@@ -197,6 +197,9 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
     /* host: pinned memory of every device (and the simulated devices on cpu) */
     size_t host = 0, update = 0, pcie = 0, reduce = 0, gather = 0, igather = 0, ireduce = 0;
     size_t dt = fsdp_dtype_size(e->compute_dtype);
+    /* per updated element: the optimizer's own traffic, and the compute-dtype copy */
+    size_t per_elem = fsdp_optim_step_bytes(fsdp_optim_or_default(e->optim)) +
+                      (e->compute_dtype == FSDP_DTYPE_BF16 ? 2 : 0);
     for (int r = 0; r < N; r++) {
         const fsdp_plan_rank *pr = &p.ranks[r];
         host += pr->host.peak_bytes;
@@ -204,7 +207,7 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
             host += pr->mem.peak_bytes;
         /* offload: the pinned gradient shard's elements are the ones the CPU updates */
         size_t elems = pr->host.peak_kind_bytes[FSDP_MEM_GRAD] / sizeof(float);
-        update += elems * (28 + (e->compute_dtype == FSDP_DTYPE_BF16 ? 2 : 0));
+        update += elems * per_elem;
         if (elems * (sizeof(float) + dt) > pcie)
             pcie = elems * (sizeof(float) + dt);
         size_t g = pr->recv_bytes[FSDP_COLL_ALL_GATHER];
