@@ -15,7 +15,9 @@
  * Who owns what: the arithmetic of each update rule is in src/ops (the cpu
  * reference and vector kernels in ops/cpu/optim_kernels.h, the CUDA kernels
  * in ops/cuda); this layer decides which kernel a rule uses, with which
- * constants, on which state arrays.
+ * constants, on which state arrays. This header names no backend: the
+ * optimizers' files (adamw.c, sgd.c) and host_step.c include the cpu
+ * kernels they call.
  *
  * Adding an optimizer: its kernels in src/ops (cpu reference + vectorised,
  * a CUDA kernel, an op slot), one file here filling a struct fsdp_optim,
@@ -31,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ops/cpu/optim_kernels.h"
+#include "ops/isa.h"
 #include "ops/ops.h"
 
 #ifdef __cplusplus
