@@ -2,7 +2,8 @@
  * engine.c - the FSDP step on one rank: just-in-time all-gathers with
  * prefetch, reduce-scatter of unit gradients into the accumulation counter
  * (accum.h), global-norm clipping and the optimizer step, through the
- * placement table (place.h) that says where the optimizer state lives.
+ * placement table (declared in engine_internal.h) that says where the
+ * optimizer state lives.
  *
  * Determinism (DESIGN): rank r runs micro-batches r, r+N, ... so micro-step
  * j covers global micro-batches jN .. jN+N-1; the reduce-scatter sums them
@@ -52,7 +53,6 @@
 #include "core/world.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
-#include "engine/place.h"
 
 /* ---- shared state ------------------------------------------------------- */
 
