@@ -238,6 +238,10 @@ END_TEST
  * settings, fit.c). The real families refuse none. */
 START_TEST(test_fit_recompute_refused)
 {
+    /* the search's modes are spelled as the --recompute table spells them */
+    for (int k = 0; k < fsdp_fit_n_recompute_modes; k++)
+        ck_assert_str_eq(fsdp_fit_recompute_modes[k].name,
+                         fsdp_names_name(&fsdp_recompute_names, fsdp_fit_recompute_modes[k].value));
     static const char *const models[] = {"tiny", "llama-tiny", "qwen2-tiny"};
     for (size_t i = 0; i < FSDP_TEST_LEN(models); i++) {
         fsdp_model m;

@@ -25,27 +25,6 @@ static const char *model_help(void)
     return help;
 }
 
-static const fsdp_name shard_names[] = {
-    {"full", FSDP_SHARD_FULL,
-     "parameters, gradients and optimizer state sharded; units gathered just in time "
-     "(FULL_SHARD, ZeRO-3)"},
-    {"grad-op", FSDP_SHARD_GRAD_OP,
-     "as full, but gathered parameters stay from forward to backward (SHARD_GRAD_OP, ZeRO-2)"},
-    {"none", FSDP_SHARD_NONE, "everything replicated, gradients all-reduced (NO_SHARD, DDP)"},
-    {"hybrid", FSDP_SHARD_HYBRID,
-     "as full within each node, replicated across nodes: gradients reduce-scattered in the "
-     "node, then all-reduced across nodes (HYBRID_SHARD, HSDP); the same as full on one node"},
-};
-const fsdp_name_table fsdp_shard_names = FSDP_NAME_TABLE(shard_names);
-
-static const fsdp_name offload_names[] = {
-    {"none", 0, "master weights, optimizer state and gradient shards on the device"},
-    {"optimizer", 1,
-     "master weights, optimizer state and gradient shards in pinned host memory, updated by "
-     "the CPU optimizer"},
-};
-const fsdp_name_table fsdp_offload_names = FSDP_NAME_TABLE(offload_names);
-
 /* Bounds of the counts (see the file comment). */
 enum {
     MAX_BATCH = 1 << 16,       /* sequences per micro-batch per device */

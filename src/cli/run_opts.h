@@ -21,11 +21,9 @@ typedef struct fsdp_run_opts {
     int n_processes;       /* the job's processes (set by the caller; <= 1: one) */
 } fsdp_run_opts;
 
-/* The --shard, --offload and --prefetch values. (The shard table belongs
- * beside its enum in engine/shardmap.h; it lives here until that file reads
- * it, and test_cli checks that the two agree.) */
-extern const fsdp_name_table fsdp_shard_names;
-extern const fsdp_name_table fsdp_offload_names;
+/* The --prefetch values (--shard's and --offload's are the engine's:
+ * fsdp_shard_names in engine/shardmap.h, fsdp_offload_names in
+ * engine/engine.h). */
 extern const fsdp_name_table fsdp_prefetch_names;
 
 /* Defaults, and the shared options appended to l. */

@@ -56,16 +56,13 @@
 
 /* ---- shared state ------------------------------------------------------- */
 
-static const fsdp_name recompute_names[] = {
-    {"none", FSDP_RECOMPUTE_NONE, "keep every block's activations from forward to backward"},
-    {"block", FSDP_RECOMPUTE_BLOCK,
-     "keep only each block's input; rerun the block's forward up to its MLP activation in its "
-     "backward (about a fifth more FLOPs; one block's activations instead of every block's)"},
-    {"elementwise", FSDP_RECOMPUTE_ELEMENTWISE,
-     "keep the matmul and attention outputs; rerun the norms and the activation function "
-     "(GELU/SwiGLU) in backward (little compute, less memory)"},
+static const fsdp_name offload_names[] = {
+    {"none", 0, "master weights, optimizer state and gradient shards on the device"},
+    {"optimizer", 1,
+     "master weights, optimizer state and gradient shards in pinned host memory, updated by "
+     "the CPU optimizer"},
 };
-const fsdp_name_table fsdp_recompute_names = FSDP_NAME_TABLE(recompute_names);
+const fsdp_name_table fsdp_offload_names = FSDP_NAME_TABLE(offload_names);
 
 fsdp_status fsdp_engine_recompute_check(const fsdp_model *model, fsdp_recompute mode)
 {

@@ -67,8 +67,8 @@ typedef struct fsdp_engine_config {
                                 * (device.h); the caller's, since it knows its options */
 } fsdp_engine_config;
 
-/* The --recompute values: none, block, elementwise (fsdp_recompute). */
-extern const fsdp_name_table fsdp_recompute_names;
+/* The --offload values: none (0), optimizer (1), as cfg.offload. */
+extern const fsdp_name_table fsdp_offload_names;
 
 /* Whether the engine can run `model` with recompute `mode`: every model
  * runs NONE, the other modes need the model's recompute slots

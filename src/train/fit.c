@@ -560,9 +560,9 @@ void fsdp_fit_command(const fsdp_fit_request *req, const fsdp_fit_candidate *c, 
              "--grad-accum %d "
              "--shard %s --offload %s --prefetch %s --precision %s%s --device-mem %s",
              launch, fsdp_backend_name(req->backend), model, e->n_ranks / nodes, e->seq, c->batch,
-             c->grad_accum,
-             fsdp_shard_strategy_name(c->shard), c->offload ? "optimizer" : "none",
-             c->prefetch ? "on" : "off", fsdp_dtype_name(e->compute_dtype), rc, mem);
+             c->grad_accum, fsdp_shard_strategy_name(c->shard),
+             fsdp_names_name(&fsdp_offload_names, c->offload), c->prefetch ? "on" : "off",
+             fsdp_dtype_name(e->compute_dtype), rc, mem);
 }
 
 /* ---- fsdp train's check ---------------------------------------------------------- */
