@@ -17,6 +17,7 @@
 #include "cli/cli.h"
 #include "cli/run_opts.h"
 #include "comm/procs.h"
+#include "data/chat.h"
 #include "train/fit.h"
 
 /* ---- stopping on a signal --------------------------------------------------- */
@@ -100,7 +101,9 @@ int fsdp_cli_train(int argc, char **argv)
     int on_nonfinite = 0;
     fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
                  "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
-    fsdp_opt_add(&l, "chat-format", FSDP_OPT_STR, &c->chat_format, "llama3|chatml",
+    static char chat_formats[96]; /* "llama3|chatml", from data/chat.c */
+    fsdp_opt_add(&l, "chat-format", FSDP_OPT_STR, &c->chat_format,
+                 fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
                  "how {\"messages\"} rows are rendered (default: from the tokenizer's special "
                  "tokens)");
     fsdp_opt_add_int(&l, "steps", &c->steps, 1, MAX_STEPS, "S", "optimizer steps (default 600)");
