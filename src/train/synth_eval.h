@@ -28,10 +28,11 @@ typedef struct fsdp_synth_eval {
 
 /* Decode ev->n_problems held-out problems greedily on e, whose
  * configuration is ec: rank r takes rows (k * N + r) * B + b of batch k (N
- * ranks, B the batch; problems drawn with ec->seed); every rank runs the same number of forwards and leaves
- * at the same batch (the stop decision is the job's). A problem is right
- * when the decoded text starts with its answer. Rank 0 fills ev's results
- * (the job's totals, through fsdp_engine_exchange) and prints samples. */
+ * ranks, B the batch; problems drawn with ec->seed); every rank runs the
+ * same number of forwards and leaves at the same batch (the stop decision
+ * is the job's). A problem is right when the decoded text starts with its
+ * answer. Rank 0 fills ev's results (the job's totals, through
+ * fsdp_engine_exchange) and prints samples. */
 fsdp_status fsdp_synth_eval_run(fsdp_engine *e, int rank, const fsdp_engine_config *ec,
                                 const fsdp_model *m, fsdp_synth_eval *ev);
 
