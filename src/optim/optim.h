@@ -55,7 +55,7 @@ typedef struct fsdp_optim_hparam {
     float def;                 /* the value when none is given */
     float lo, hi;              /* valid: lo <= x < hi; hi INFINITY: any finite x >= lo */
     bool lo_open;              /* lo itself is refused (x > lo) */
-    const char *help;          /* what it is, a noun phrase: "decay of the first moment" */
+    const char *help;          /* what it is, a noun phrase: "first-moment decay" */
 } fsdp_optim_hparam;
 
 /* The hyper-parameters of a run, as the engine configuration carries them:
