@@ -1,7 +1,7 @@
 /*
  * model.c - model-independent helpers over a model's unit list: building
  * it (for the families), parameter initialisation of any slice of a unit,
- * lookup by name, and teardown.
+ * lookup by name, and teardown; and the recompute modes' names.
  *
  * Initialisation is a pure function of (seed, parameter name, element index
  * within the parameter) through the counter-based RNG of core/rng.h, so a
@@ -18,6 +18,17 @@
 #include "core/rng.h"
 #include "models/model.h"
 #include "models/weights.h"
+
+static const fsdp_name recompute_names[] = {
+    {"none", FSDP_RECOMPUTE_NONE, "keep every block's activations from forward to backward"},
+    {"block", FSDP_RECOMPUTE_BLOCK,
+     "keep only each block's input; rerun the block's forward up to its MLP activation in its "
+     "backward (about a fifth more FLOPs; one block's activations instead of every block's)"},
+    {"elementwise", FSDP_RECOMPUTE_ELEMENTWISE,
+     "keep the matmul and attention outputs; rerun the norms and the activation function "
+     "(GELU/SwiGLU) in backward (little compute, less memory)"},
+};
+const fsdp_name_table fsdp_recompute_names = FSDP_NAME_TABLE(recompute_names);
 
 fsdp_status fsdp_model_alloc_units(fsdp_model *m, const char *title, const void *cfg,
                                    size_t cfg_bytes, int n_layer, int n_root,

@@ -42,9 +42,9 @@
  *     same ops on the same inputs in the same order give the same bits, so
  *     losses and parameters are bit-identical to FSDP_RECOMPUTE_NONE;
  *   - forward-only states (eval, sampling) keep nothing per block.
- * The modes are named by the engine's table (fsdp_recompute_names in
- * engine/engine.h); a family without the recompute slots supports only
- * FSDP_RECOMPUTE_NONE, and the engine refuses the others by name.
+ * The modes are named by fsdp_recompute_names below; a family without the
+ * recompute slots supports only FSDP_RECOMPUTE_NONE, and the engine refuses
+ * the others by name.
  */
 #ifndef FSDP_MODELS_MODEL_H
 #define FSDP_MODELS_MODEL_H
@@ -52,6 +52,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/names.h"
 #include "ops/ops.h"
 
 #ifdef __cplusplus
@@ -102,6 +103,9 @@ typedef enum fsdp_recompute {
                                   * activation function (GELU/SwiGLU) rerun in backward */
     FSDP_RECOMPUTE_COUNT
 } fsdp_recompute;
+
+/* The modes by name (--recompute): none, block, elementwise. */
+extern const fsdp_name_table fsdp_recompute_names;
 
 typedef struct fsdp_model fsdp_model;
 typedef struct fsdp_model_family fsdp_model_family; /* models/family.h */

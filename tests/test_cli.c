@@ -169,7 +169,7 @@ START_TEST(test_help_and_parser_share_tables)
         ck_assert_msg(def && def < eol, "--%s shows no default", opts[i]);
     }
     /* the --shard values are the engine's strategies, each spelled as the
-     * engine spells it (the CLI's table sits apart from the enum for now) */
+     * engine spells it (one table, beside the enum in engine/shardmap.h) */
     const char *h = strstr(help, "  --shard ");
     char values[128];
     ck_assert_int_eq(sscanf(h + strlen("  --shard "), "%127s", values), 1);

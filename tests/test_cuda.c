@@ -574,8 +574,7 @@ START_TEST(test_cuda_engine_steps_never_ask_the_driver)
                                 .n_ranks = 2, .ranks_per_device = 2, .shard = FSDP_SHARD_FULL,
                                 .compute_dtype = (v & 1) ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32,
                                 .prefetch = (v & 2) != 0, .batch = 2, .seq = 16,
-                                .grad_accum = 2, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                                .clip = 1.0f, .seed = 1};
+                                .grad_accum = 2, .clip = 1.0f, .seed = 1}; /* AdamW: defaults */
         fsdp_engine_shared sh;
         ck_assert_int_eq(fsdp_engine_shared_init(&sh, &c, &m, data, w), FSDP_STATUS_OK);
         struct engine_raw a = {.sh = &sh};

@@ -106,8 +106,7 @@ static void setup_open(struct setup *s)
     fsdp_engine_config c = {.backend = FSDP_BACKEND_CPU, .n_ranks = N_RANKS,
                             .shard = FSDP_SHARD_FULL, .compute_dtype = FSDP_DTYPE_F32,
                             .prefetch = true, .batch = 2, .seq = 16, .grad_accum = 1,
-                            .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f,
-                            .seed = 1};
+                            .clip = 1.0f, .seed = 1}; /* AdamW at its defaults */
     ck_assert_msg(fsdp_engine_shared_init(&s->sh, &c, &s->m, s->data, s->w) == FSDP_STATUS_OK,
                   "%s", fsdp_error_msg());
 }
@@ -268,8 +267,7 @@ static int warm_matrix(const char *model, bool with_cpu)
                                 .compute_dtype = prec ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32,
                                 .prefetch = prefetch, .offload = offload, .batch = 2,
                                 .seq = 16, .grad_accum = A ? A : 1, .inference = A == 0,
-                                .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .clip = 1.0f,
-                                .seed = 1};
+                                .clip = 1.0f, .seed = 1}; /* AdamW at its defaults */
         fsdp_engine_shared sh;
         ck_assert_int_eq(fsdp_engine_shared_init(&sh, &c, &m, data, w), FSDP_STATUS_OK);
         struct warm_run run = {.sh = &sh};

@@ -238,6 +238,10 @@ END_TEST
  * settings, fit.c). The real families refuse none. */
 START_TEST(test_fit_recompute_refused)
 {
+    /* the search's modes are spelled as the --recompute table spells them */
+    for (int k = 0; k < fsdp_fit_n_recompute_modes; k++)
+        ck_assert_str_eq(fsdp_fit_recompute_modes[k].name,
+                         fsdp_names_name(&fsdp_recompute_names, fsdp_fit_recompute_modes[k].value));
     static const char *const models[] = {"tiny", "llama-tiny", "qwen2-tiny"};
     for (size_t i = 0; i < FSDP_TEST_LEN(models); i++) {
         fsdp_model m;
@@ -452,6 +456,28 @@ START_TEST(test_fit_cost_arithmetic)
     ck_assert(c->gather_s == 0 && c->reduce_s == 0);
     ck_assert(fabs(c->compute_s - 860101632.0 * 1024 / (67e12 * 0.4)) < 1e-9);
     fsdp_fit_free(&r);
+
+    /* offload: the CPU update's bytes per element come from the optimizer's
+     * table (AdamW 28, SGD 20 in fp32), over the same pinned gradient */
+    double cpu_s[2];
+    const fsdp_optim *optims[2] = {&fsdp_optim_adamw, &fsdp_optim_sgd};
+    for (int i = 0; i < 2; i++) {
+        tiny_request(&req, (size_t)1 << 40);
+        req.base.eng.optim = optims[i];
+        req.global_batch = 2;
+        req.shard_mask = FSDP_NAME_BIT(FSDP_SHARD_FULL);
+        req.offload_mask = FSDP_NAME_BIT(1);
+        req.prefetch_mask = FSDP_NAME_BIT(1);
+        req.recompute_mask = FSDP_NAME_BIT(0);
+        ck_assert_int_eq(fsdp_fit_search(&req, &r), FSDP_STATUS_OK);
+        ck_assert(r.n_cand >= 1 && r.cand[0].offload);
+        cpu_s[i] = r.cand[0].cost.cpu_opt_s;
+        fsdp_fit_free(&r);
+    }
+    ck_assert_uint_eq(fsdp_optim_step_bytes(&fsdp_optim_adamw), 28);
+    ck_assert_uint_eq(fsdp_optim_step_bytes(&fsdp_optim_sgd), 20);
+    ck_assert_msg(cpu_s[0] > 0 && fabs(cpu_s[1] / cpu_s[0] - 20.0 / 28.0) < 1e-12,
+                  "cpu_opt_s adamw %g sgd %g", cpu_s[0], cpu_s[1]);
 }
 END_TEST
 

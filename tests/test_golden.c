@@ -101,7 +101,7 @@ static void base_config(fsdp_train_config *c, const golden_case *g)
     c->eng.clip = g->clip;
     c->eng.deterministic = true;
     c->eng.compute_dtype = g->bf16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
-    c->eng.weight_decay = 0.1f;
+    c->eng.optim_hp.weight_decay = 0.1f;
     c->steps = STEPS;
     c->warmup = 2;
     c->lr = 1e-2f;

@@ -394,7 +394,7 @@ static void det_config(fsdp_train_config *c, const char *model, int devices)
     c->eng.batch = 1;
     c->eng.deterministic = true;
     c->eng.clip = 1.0f;
-    c->eng.weight_decay = 0.1f;
+    c->eng.optim_hp.weight_decay = 0.1f;
     c->steps = 3;
     c->warmup = 1;
     c->lr = 1e-2f;

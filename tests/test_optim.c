@@ -172,11 +172,26 @@ static void run_isa_opt(int opt, fsdp_cpu_isa isa, shard *s, const hparams *h, i
 
 static void run_ref(shard *s, const hparams *h, int mode) { run_ref_opt(OPT_ADAMW, s, h, mode); }
 
+/* The hyper-parameters o takes among beta1, beta2, eps and momentum, set
+ * to these values (resolved: o has no others). */
+static fsdp_optim_hparams hp_named(const fsdp_optim *o, float b1, float b2, float eps,
+                                   float momentum, float wd)
+{
+    static const char *const names[] = {"beta1", "beta2", "eps", "momentum"};
+    const float values[] = {b1, b2, eps, momentum};
+    fsdp_optim_hparams hp = {.weight_decay = wd};
+    for (int i = 0; i < 4; i++)
+        if (fsdp_optim_hparam_index(o, names[i]) >= 0)
+            ck_assert_int_eq(fsdp_optim_hparam_set(o, &hp, names[i], values[i]), FSDP_STATUS_OK);
+    fsdp_optim_hparams_resolve(o, &hp, &hp);
+    ck_assert_uint_eq(hp.given, (1u << o->n_hparams) - 1u);
+    return hp;
+}
+
 /* The same AdamW step as the optimizer interface takes it. */
 static fsdp_optim_hparams adamw_hp(const hparams *h)
 {
-    return (fsdp_optim_hparams){.beta1 = h->b1, .beta2 = h->b2, .eps = h->eps,
-                                .weight_decay = h->wd};
+    return hp_named(&fsdp_optim_adamw, h->b1, h->b2, h->eps, 0.0f, h->wd);
 }
 
 static fsdp_optim_consts adamw_consts(const hparams *h)
@@ -406,8 +421,18 @@ START_TEST(test_registry_and_interface)
     for (int i = 0; i < fsdp_optim_count(); i++) {
         const fsdp_optim *x = fsdp_optim_at(i);
         ck_assert(x->n_state >= 0 && x->n_state <= FSDP_OPTIM_MAX_STATE);
-        ck_assert(x->help && x->help[0] && x->check && x->consts && x->device_step &&
-                  x->host_step);
+        ck_assert(x->help && x->help[0] && x->consts && x->device_step && x->host_step);
+        /* its hyper-parameters: named once, their defaults in their ranges */
+        ck_assert(x->n_hparams >= 0 && x->n_hparams <= FSDP_OPTIM_MAX_HPARAMS);
+        fsdp_optim_hparams def;
+        fsdp_optim_hparams_resolve(x, &(fsdp_optim_hparams){.weight_decay = 0.1f}, &def);
+        ck_assert_msg(fsdp_optim_hparams_check(x, &def) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+        for (int k = 0; k < x->n_hparams; k++) {
+            const fsdp_optim_hparam *h = &x->hparams[k];
+            ck_assert(h->name && h->name[0] && h->help && h->help[0]);
+            ck_assert_int_eq(fsdp_optim_hparam_index(x, h->name), k);
+            ck_assert(def.v[k] == h->def);
+        }
         for (int k = 0; k < x->n_state; k++) { /* names a shard file can store */
             ck_assert(strlen(x->state_names[k]) < FSDP_OPTIM_NAME_MAX);
             ck_assert(fsdp_ckpt_array_name_valid(x->state_names[k]));
@@ -416,36 +441,60 @@ START_TEST(test_registry_and_interface)
         ck_assert(fsdp_ckpt_array_name_valid(x->name)); /* the manifest's optimizer line */
     }
 
-    /* hyper-parameter checks */
-    const fsdp_optim_hparams ok = {0.9f, 0.95f, 1e-8f, 0.9f, 0.1f};
-    ck_assert_int_eq(fsdp_optim_adamw.check(&ok), FSDP_STATUS_OK);
-    ck_assert_int_eq(fsdp_optim_sgd.check(&ok), FSDP_STATUS_OK);
+    /* hyper-parameter checks (hp_named sets the ones each optimizer takes) */
+    const fsdp_optim_hparams ok = hp_named(&fsdp_optim_adamw, 0.9f, 0.95f, 1e-8f, 0.9f, 0.1f);
+    const fsdp_optim_hparams sgd_ok = hp_named(&fsdp_optim_sgd, 0.9f, 0.95f, 1e-8f, 0.9f, 0.1f);
+    ck_assert_int_eq(fsdp_optim_hparams_check(&fsdp_optim_adamw, &ok), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_optim_hparams_check(&fsdp_optim_sgd, &sgd_ok), FSDP_STATUS_OK);
     static const struct {
         const fsdp_optim *o;
-        fsdp_optim_hparams hp;
+        float b1, b2, eps, momentum, wd;
         const char *expect;
     } bad[] = {
-        {&fsdp_optim_adamw, {1.0f, 0.95f, 1e-8f, 0, 0.1f}, "beta1"},
-        {&fsdp_optim_adamw, {0.9f, -0.1f, 1e-8f, 0, 0.1f}, "beta2"},
-        {&fsdp_optim_adamw, {NAN, 0.95f, 1e-8f, 0, 0.1f}, "beta1"},
-        {&fsdp_optim_adamw, {0.9f, 0.95f, 0.0f, 0, 0.1f}, "eps"},
-        {&fsdp_optim_adamw, {0.9f, 0.95f, INFINITY, 0, 0.1f}, "eps"},
-        {&fsdp_optim_adamw, {0.9f, 0.95f, 1e-8f, 0, -1.0f}, "weight decay"},
-        {&fsdp_optim_adamw, {0.9f, 0.95f, 1e-8f, 0, INFINITY}, "weight decay"},
-        {&fsdp_optim_sgd, {0, 0, 0, 1.0f, 0.1f}, "momentum"},
-        {&fsdp_optim_sgd, {0, 0, 0, -0.5f, 0.1f}, "momentum"},
-        {&fsdp_optim_sgd, {0, 0, 0, NAN, 0.1f}, "momentum"},
-        {&fsdp_optim_sgd, {0, 0, 0, 0.9f, NAN}, "weight decay"},
+        {&fsdp_optim_adamw, 1.0f, 0.95f, 1e-8f, 0, 0.1f, "beta1"},
+        {&fsdp_optim_adamw, 0.9f, -0.1f, 1e-8f, 0, 0.1f, "beta2"},
+        {&fsdp_optim_adamw, NAN, 0.95f, 1e-8f, 0, 0.1f, "beta1"},
+        {&fsdp_optim_adamw, 0.9f, 0.95f, 0.0f, 0, 0.1f, "eps"},
+        {&fsdp_optim_adamw, 0.9f, 0.95f, INFINITY, 0, 0.1f, "eps"},
+        {&fsdp_optim_adamw, 0.9f, 0.95f, 1e-8f, 0, -1.0f, "weight decay"},
+        {&fsdp_optim_adamw, 0.9f, 0.95f, 1e-8f, 0, INFINITY, "weight decay"},
+        {&fsdp_optim_sgd, 0, 0, 0, 1.0f, 0.1f, "momentum"},
+        {&fsdp_optim_sgd, 0, 0, 0, -0.5f, 0.1f, "momentum"},
+        {&fsdp_optim_sgd, 0, 0, 0, NAN, 0.1f, "momentum"},
+        {&fsdp_optim_sgd, 0, 0, 0, 0.9f, NAN, "weight decay"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ck_assert_int_eq(bad[i].o->check(&bad[i].hp), FSDP_STATUS_INVALID_ARG);
+        fsdp_optim_hparams hp = hp_named(bad[i].o, bad[i].b1, bad[i].b2, bad[i].eps,
+                                         bad[i].momentum, bad[i].wd);
+        ck_assert_int_eq(fsdp_optim_hparams_check(bad[i].o, &hp), FSDP_STATUS_INVALID_ARG);
         ck_assert_msg(strstr(fsdp_error_msg(), bad[i].expect), "case %zu: %s", i,
                       fsdp_error_msg());
     }
-    fsdp_optim_hparams sgd_only = ok; /* SGD reads no betas or eps */
-    sgd_only.beta1 = 7.0f;
-    sgd_only.eps = 0.0f;
-    ck_assert_int_eq(fsdp_optim_sgd.check(&sgd_only), FSDP_STATUS_OK);
+    /* SGD reads no betas or eps: entries past its own are not looked at */
+    fsdp_optim_hparams sgd_only = sgd_ok;
+    sgd_only.v[1] = 7.0f;
+    sgd_only.v[2] = 0.0f;
+    ck_assert_int_eq(fsdp_optim_hparams_check(&fsdp_optim_sgd, &sgd_only), FSDP_STATUS_OK);
+    /* by name: a name the optimizer does not take is refused, naming those it does */
+    fsdp_optim_hparams named = {0};
+    ck_assert_int_eq(fsdp_optim_hparam_set(&fsdp_optim_sgd, &named, "beta1", 0.5f),
+                     FSDP_STATUS_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "(it takes: momentum)"));
+    ck_assert_uint_eq(named.given, 0);
+    ck_assert_int_eq(fsdp_optim_hparam_set(&fsdp_optim_adamw, &named, "eps", 1e-6f),
+                     FSDP_STATUS_OK);
+    fsdp_optim_hparams_resolve(&fsdp_optim_adamw, &named, &named); /* the rest: defaults */
+    ck_assert(named.v[0] == 0.9f && named.v[1] == 0.95f && named.v[2] == 1e-6f);
+    /* the CLI's flags: each name once, in registry order, with every declarer's help */
+    ck_assert_int_eq(fsdp_optim_flag_count(), 4);
+    static const char *const flags[] = {"beta1", "beta2", "eps", "momentum"};
+    for (int i = 0; i < 4; i++)
+        ck_assert_str_eq(fsdp_optim_flag_at(i), flags[i]);
+    ck_assert_ptr_null(fsdp_optim_flag_at(4));
+    char help[256];
+    ck_assert_str_eq(fsdp_optim_flag_help("momentum", help, sizeof help),
+                     "momentum of --optimizer sgd, in [0, 1) (default 0.9)");
+    ck_assert_ptr_nonnull(strstr(fsdp_optim_flag_help("eps", help, sizeof help), "> 0"));
 
     /* per-step constants: AdamW's bias corrections in double, rounded once */
     fsdp_optim_consts c;
@@ -455,8 +504,9 @@ START_TEST(test_registry_and_interface)
     ck_assert(c.lr == 1e-3f && c.grad_scale == 0.5f);
     ck_assert(c.k[0] == (float)(1.0 - pow((double)0.9f, 3.0)));
     ck_assert(c.k[1] == (float)(1.0 - pow((double)0.95f, 3.0)));
-    ck_assert_int_eq(fsdp_optim_sgd.consts(&ok, 0, 1e-3f, 1.0f, &c), FSDP_STATUS_INVALID_ARG);
-    ck_assert_int_eq(fsdp_optim_sgd.consts(&ok, 9, 0.1f, 0.25f, &c), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_optim_sgd.consts(&sgd_ok, 0, 1e-3f, 1.0f, &c),
+                     FSDP_STATUS_INVALID_ARG);
+    ck_assert_int_eq(fsdp_optim_sgd.consts(&sgd_ok, 9, 0.1f, 0.25f, &c), FSDP_STATUS_OK);
     ck_assert(c.lr == 0.1f && c.grad_scale == 0.25f);
 }
 END_TEST
@@ -468,9 +518,9 @@ START_TEST(test_device_step_equals_host_step)
 {
     fsdp_op_ctx ops = {.iface = &fsdp_ops_cpu_i, .dt = FSDP_DTYPE_F32};
     fsdp_op_ctx meta = {.iface = NULL, .dt = FSDP_DTYPE_F32};
-    const fsdp_optim_hparams hp = {0.9f, 0.95f, 1e-8f, 0.85f, 0.1f};
     for (int i = 0; i < fsdp_optim_count(); i++) {
         const fsdp_optim *o = fsdp_optim_at(i);
+        const fsdp_optim_hparams hp = hp_named(o, 0.9f, 0.95f, 1e-8f, 0.85f, 0.1f);
         for (int mode = 0; mode < 3; mode++) {
             shard a = shard_new(10007, 300 + (uint64_t)(3 * i + mode)), b = shard_copy(&a);
             shard untouched = shard_copy(&a);
@@ -511,9 +561,9 @@ START_TEST(test_job_ranges)
     const size_t cut[] = {0, 100, 100, C + 5, 2 * C, n}; /* [100, 100) is empty */
     const float wd[] = {0.1f, 0.0f, 0.0f, 0.3f, 0.02f};
     const int n_ranges = 5;
-    const fsdp_optim_hparams hp = {0.9f, 0.999f, 1e-8f, 0.9f, 0.0f};
     for (int i = 0; i < fsdp_optim_count(); i++) {
         const fsdp_optim *o = fsdp_optim_at(i);
+        const fsdp_optim_hparams hp = hp_named(o, 0.9f, 0.999f, 1e-8f, 0.9f, 0.0f);
         shard ref = shard_new(n, 800 + (uint64_t)i), got = shard_copy(&ref);
         fsdp_optim_consts c;
         ck_assert_int_eq(o->consts(&hp, 2, 1e-2f, 1.0f, &c), FSDP_STATUS_OK);

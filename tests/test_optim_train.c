@@ -75,8 +75,9 @@ static void sgd_config(fsdp_train_config *c, const golden *g, int devices)
     c->eng.seq = g->seq;
     c->eng.deterministic = true;
     c->eng.optim = &fsdp_optim_sgd;
-    c->eng.momentum = g->momentum;
-    c->eng.weight_decay = g->wd;
+    ck_assert_int_eq(fsdp_optim_hparam_set(&fsdp_optim_sgd, &c->eng.optim_hp, "momentum",
+                                           g->momentum), FSDP_STATUS_OK);
+    c->eng.optim_hp.weight_decay = g->wd;
     c->eng.clip = g->clip;
     c->model = GOLDEN_DIR "/init.bin";
     c->data = GOLDEN_DIR "/tokens.bin";

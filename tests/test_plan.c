@@ -863,6 +863,13 @@ START_TEST(test_commands)
         {"plan --model tiny --optimizer lion", 2, "unknown optimizer 'lion' (expected adamw, sgd)"},
         {"plan --model tiny --momentum 0.5", 2, "--momentum is not a setting of --optimizer adamw"},
         {"plan --model tiny --optimizer sgd --momentum 1", 2, "momentum 1 must be in [0, 1)"},
+        /* the flags come from the optimizers' declarations, their checks too */
+        {"plan --help", 0, "--beta2 X "},
+        {"plan --model tiny --beta1 0.8 --beta2 0.999 --eps 1e-6", 0, "optimizer adamw"},
+        {"plan --model tiny --beta2 1", 2, "adamw: beta2 1 must be in [0, 1)"},
+        {"plan --model tiny --eps 0", 2, "adamw: eps 0 must be finite and > 0"},
+        {"plan --model tiny --optimizer sgd --eps 1e-6", 2,
+         "--eps is not a setting of --optimizer sgd"},
         {"plan --backend cpu", 2, "unknown option '--backend'"},
         {"plan --comm host", 2, "unknown option '--comm'"},
         {"plan --devices 0", 2, "--devices"},

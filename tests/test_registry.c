@@ -243,6 +243,25 @@ START_TEST(test_help_names_every_shape_once)
                     strstr(files, "checkpoint"),
                 "the file help lacks format %d", i);
     REQUIRE(strstr(value, help) && strstr(value, files), "'%s'", value);
+    /* the format table's names and suffixes: what convert reads */
+    char names[96];
+    ck_assert_str_eq(fsdp_modelfile_format_names(names, sizeof names, "|"),
+                     "llmc|safetensors|hf|ckpt");
+    ck_assert_ptr_eq(fsdp_modelfile_format_by_suffix("/x/m.bin"),
+                     fsdp_modelfile_format_find("llmc"));
+    ck_assert_ptr_eq(fsdp_modelfile_format_by_suffix("m.safetensors"),
+                     fsdp_modelfile_format_find("safetensors"));
+    ck_assert_ptr_null(fsdp_modelfile_format_by_suffix("m.bin.d"));
+    for (int i = 0; i < fsdp_modelfile_format_count(); i++) {
+        const fsdp_modelfile_format *f = fsdp_modelfile_format_at(i);
+        bool dir = !strcmp(fsdp_modelfile_format_short_name(f), "hf") ||
+                   !strcmp(fsdp_modelfile_format_short_name(f), "ckpt");
+        ck_assert_int_eq(fsdp_modelfile_format_is_dir(f), dir);
+        ck_assert_int_eq(fsdp_modelfile_format_writes_bf16(f),
+                         strcmp(fsdp_modelfile_format_short_name(f), "ckpt") != 0);
+        ck_assert_int_eq(fsdp_modelfile_format_ships_tokenizer(f),
+                         !strcmp(fsdp_modelfile_format_short_name(f), "hf"));
+    }
     /* a short buffer: truncated, terminated, the length that fits */
     char small[16];
     ck_assert_uint_eq(fsdp_model_spec_help(small, sizeof small), sizeof small - 1);

@@ -44,6 +44,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "ops/cpu/optim_kernels.h"
 #include "optim/host_step.h"
 #include "optim/pool.h"
 
@@ -239,7 +240,10 @@ static void adamw_run(void *args, int k)
     const float b1 = 0.9f, b2 = 0.999f;
     int step = k + 2;
     float bc1 = 1.0f - powf(b1, (float)step), bc2 = 1.0f - powf(b2, (float)step);
-    const fsdp_optim_hparams hp = {.beta1 = b1, .beta2 = b2, .eps = 1e-8f, .weight_decay = 0.1f};
+    fsdp_optim_hparams hp = {.weight_decay = 0.1f}; /* eps: AdamW's default, 1e-8 */
+    fsdp_optim_hparam_set(&fsdp_optim_adamw, &hp, "beta1", b1);
+    fsdp_optim_hparam_set(&fsdp_optim_adamw, &hp, "beta2", b2);
+    fsdp_optim_hparams_resolve(&fsdp_optim_adamw, &hp, &hp);
     const fsdp_optim_consts c = {.lr = 1e-3f, .grad_scale = 1.0f, .k = {bc1, bc2}};
     const fsdp_optim_range r = {.p = a->p, .grad = a->g, .state = {a->m, a->v}, .p_out = a->out,
                                 .out_dt = FSDP_DTYPE_BF16, .n = a->n, .wd = 0.1f};

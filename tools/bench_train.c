@@ -143,7 +143,7 @@ static double bench_torch(const char *python, const fsdp_gpt2_config *gc, int gl
              "--threads %d --steps %d --lr %g --wd %g --clip %g 2>&1",
              threads, threads, python, script, gc->n_layer, gc->n_head, gc->n_embd,
              gc->vocab_size, gc->padded_vocab_size, gc->max_seq_len, global_batch, seq, threads,
-             steps, (double)def->lr, (double)def->eng.weight_decay, (double)def->eng.clip);
+             steps, (double)def->lr, (double)def->eng.optim_hp.weight_decay, (double)def->eng.clip);
     FILE *p = popen(cmd, "r");
     if (!p)
         return 0;

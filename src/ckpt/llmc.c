@@ -36,12 +36,6 @@
 #define LLMC_HEADER_BYTES (LLMC_HEADER_INTS * 4)
 #define LLMC_CHUNK 65536 /* elements converted per bf16 write */
 
-static bool llmc_claims(const char *path)
-{
-    size_t n = strlen(path);
-    return n >= 4 && !strcmp(path + n - 4, ".bin");
-}
-
 /* Bytes of the whole file for m in element size esz; false on overflow. */
 static bool file_bytes(const fsdp_model *m, uint64_t esz, uint64_t *out)
 {
@@ -242,7 +236,11 @@ const fsdp_modelfile_format fsdp_format_llmc = {
     /* .short_name = */ "llmc",
     /* .name       = */ "llm.c model file",
     /* .help       = */ "FILE.bin (llm.c)",
-    /* .claims     = */ llmc_claims,
+    /* .suffix     = */ ".bin",
+    /* .bf16       = */ true,
+    /* .ships_tokenizer = */ false,
+    /* .note       = */ NULL,
+    /* .claims     = */ NULL, /* by the suffix */
     /* .open       = */ llmc_open,
     /* .bind       = */ llmc_bind,
     /* .read_range = */ NULL, /* the flat reader */

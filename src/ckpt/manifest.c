@@ -342,69 +342,20 @@ static fsdp_status parse_optim_state(const parser *ps, char *v, fsdp_ckpt_manife
     }
 }
 
-/* One `key value` line of the header part. */
-static fsdp_status parse_header_line(parser *ps, enum mkey k, char *v, fsdp_ckpt_manifest *m)
+/* A header key whose value is text: the file's identity, the strategy,
+ * dtypes, the model, the data and the optimizer. */
+static fsdp_status parse_text_key(parser *ps, enum mkey k, char *v, fsdp_ckpt_manifest *m)
 {
-    uint64_t x;
     switch (k) {
     case K_FORMAT:
         if (strcmp(v, "fsdp-checkpoint"))
             return bad(ps, "format '%s' is not 'fsdp-checkpoint'", v);
-        return FSDP_STATUS_OK;
-    case K_VERSION:
-        if (!parse_int(v, 0, 1 << 30, &m->version))
-            return bad(ps, "version '%s' is not a number", v);
-        if (m->version < FSDP_CKPT_VERSION_MIN || m->version > FSDP_CKPT_VERSION)
-            return bad(ps, "checkpoint format version %d is not supported (this build reads "
-                           "versions %d to %d)", m->version, FSDP_CKPT_VERSION_MIN,
-                       FSDP_CKPT_VERSION);
-        return FSDP_STATUS_OK;
-    case K_RUN_ID:
-        if (!parse_hex64(v, &m->run_id) || m->run_id == 0)
-            return bad(ps, "run_id '%s' is not 16 lower-case hex digits (non-zero)", v);
-        return FSDP_STATUS_OK;
-    case K_STEP:
-    case K_ADAM_T:
-    case K_DATA_SEQUENCES:
-    case K_SEED:
-        if (!parse_u64(v, UINT64_MAX, &x))
-            return bad(ps, "%s '%s' is not an unsigned 64-bit number", mkey_names[k], v);
-        *(k == K_STEP     ? &m->step
-          : k == K_ADAM_T ? &m->adam_t
-          : k == K_SEED   ? &m->seed
-                          : &m->data_sequences) = x;
-        return FSDP_STATUS_OK;
-    case K_WORLD_SIZE:
-        if (!parse_int(v, 1, MAX_WORLD, &m->world_size))
-            return bad(ps, "world_size '%s' is not in 1..%d", v, MAX_WORLD);
         return FSDP_STATUS_OK;
     case K_SHARD:
         if (strcmp(v, "full") && strcmp(v, "grad-op") && strcmp(v, "none") && strcmp(v, "hybrid"))
             return bad(ps, "shard '%s' is not full, grad-op, none or hybrid", v);
         snprintf(m->shard, sizeof m->shard, "%s", v);
         m->replicated = !strcmp(v, "none");
-        return FSDP_STATUS_OK;
-    case K_BATCH:
-    case K_SEQ:
-    case K_GRAD_ACCUM:
-    case K_VOCAB_SIZE:
-    case K_PADDED_VOCAB_SIZE:
-    case K_MAX_SEQ_LEN: {
-        int *dst = k == K_BATCH            ? &m->batch
-                   : k == K_SEQ            ? &m->seq
-                   : k == K_GRAD_ACCUM     ? &m->grad_accum
-                   : k == K_VOCAB_SIZE     ? &ps->v1.vocab_size
-                   : k == K_PADDED_VOCAB_SIZE ? &ps->v1.padded_vocab_size
-                                           : &ps->v1.max_seq_len;
-        if (!parse_int(v, 1, MAX_SMALL, dst))
-            return bad(ps, "%s '%s' is not in 1..%d", mkey_names[k], v, MAX_SMALL);
-        if (k == K_VOCAB_SIZE)
-            ps->v1.sizes_line = ps->line;
-        return FSDP_STATUS_OK;
-    }
-    case K_STEPS_TOTAL:
-        if (!parse_int(v, 0, 1 << 30, &m->steps_total))
-            return bad(ps, "steps_total '%s' is not a count", v);
         return FSDP_STATUS_OK;
     case K_COMPUTE_DTYPE:
         if (strcmp(v, "fp32") && strcmp(v, "bf16"))
@@ -442,6 +393,65 @@ static fsdp_status parse_header_line(parser *ps, enum mkey k, char *v, fsdp_ckpt
         snprintf(m->optimizer, sizeof m->optimizer, "%s", v);
         return FSDP_STATUS_OK;
     case K_OPTIM_STATE: return parse_optim_state(ps, v, m);
+    default: return bad(ps, "internal: unhandled key");
+    }
+}
+
+/* One `key value` line of the header part: the numbers here, the text
+ * values in parse_text_key. */
+static fsdp_status parse_header_line(parser *ps, enum mkey k, char *v, fsdp_ckpt_manifest *m)
+{
+    uint64_t x;
+    switch (k) {
+    case K_VERSION:
+        if (!parse_int(v, 0, 1 << 30, &m->version))
+            return bad(ps, "version '%s' is not a number", v);
+        if (m->version < FSDP_CKPT_VERSION_MIN || m->version > FSDP_CKPT_VERSION)
+            return bad(ps, "checkpoint format version %d is not supported (this build reads "
+                           "versions %d to %d)", m->version, FSDP_CKPT_VERSION_MIN,
+                       FSDP_CKPT_VERSION);
+        return FSDP_STATUS_OK;
+    case K_RUN_ID:
+        if (!parse_hex64(v, &m->run_id) || m->run_id == 0)
+            return bad(ps, "run_id '%s' is not 16 lower-case hex digits (non-zero)", v);
+        return FSDP_STATUS_OK;
+    case K_STEP:
+    case K_ADAM_T:
+    case K_DATA_SEQUENCES:
+    case K_SEED:
+        if (!parse_u64(v, UINT64_MAX, &x))
+            return bad(ps, "%s '%s' is not an unsigned 64-bit number", mkey_names[k], v);
+        *(k == K_STEP     ? &m->step
+          : k == K_ADAM_T ? &m->adam_t
+          : k == K_SEED   ? &m->seed
+                          : &m->data_sequences) = x;
+        return FSDP_STATUS_OK;
+    case K_WORLD_SIZE:
+        if (!parse_int(v, 1, MAX_WORLD, &m->world_size))
+            return bad(ps, "world_size '%s' is not in 1..%d", v, MAX_WORLD);
+        return FSDP_STATUS_OK;
+    case K_BATCH:
+    case K_SEQ:
+    case K_GRAD_ACCUM:
+    case K_VOCAB_SIZE:
+    case K_PADDED_VOCAB_SIZE:
+    case K_MAX_SEQ_LEN: {
+        int *dst = k == K_BATCH            ? &m->batch
+                   : k == K_SEQ            ? &m->seq
+                   : k == K_GRAD_ACCUM     ? &m->grad_accum
+                   : k == K_VOCAB_SIZE     ? &ps->v1.vocab_size
+                   : k == K_PADDED_VOCAB_SIZE ? &ps->v1.padded_vocab_size
+                                           : &ps->v1.max_seq_len;
+        if (!parse_int(v, 1, MAX_SMALL, dst))
+            return bad(ps, "%s '%s' is not in 1..%d", mkey_names[k], v, MAX_SMALL);
+        if (k == K_VOCAB_SIZE)
+            ps->v1.sizes_line = ps->line;
+        return FSDP_STATUS_OK;
+    }
+    case K_STEPS_TOTAL:
+        if (!parse_int(v, 0, 1 << 30, &m->steps_total))
+            return bad(ps, "steps_total '%s' is not a count", v);
+        return FSDP_STATUS_OK;
     case K_SHARD_RANKS:
         if (!parse_int(v, 1, MAX_WORLD, &m->shard_ranks))
             return bad(ps, "shard_ranks '%s' is not in 1..%d", v, MAX_WORLD);
@@ -451,7 +461,7 @@ static fsdp_status parse_header_line(parser *ps, enum mkey k, char *v, fsdp_ckpt
             return bad(ps, "block_numel '%s' is not supported (this build uses %zu)", v,
                        FSDP_CKPT_BLOCK_NUMEL);
         return FSDP_STATUS_OK;
-    default: return bad(ps, "internal: unhandled key");
+    default: return parse_text_key(ps, k, v, m);
     }
 }
 
@@ -565,187 +575,201 @@ static fsdp_status parse_param_line(const parser *ps, char *line, const fsdp_ckp
     return FSDP_STATUS_OK;
 }
 
-fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
+/* The manifest's bytes into *text (NUL-terminated, *size bytes before the
+ * NUL; the caller frees it): a regular file of at most MANIFEST_MAX_BYTES.
+ * FORMAT when it is missing, not a regular file or too large; IO when it
+ * cannot be read. */
+static fsdp_status read_text(const char *path, char **text, size_t *size)
 {
-    memset(m, 0, sizeof *m);
-    fsdp_status st = FSDP_STATUS_OK;
-    char *text = NULL;
     /* O_NONBLOCK: a FIFO must not hang the open; it is refused below */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return fsdp_error_set(errno == ENOENT ? FSDP_STATUS_FORMAT : FSDP_STATUS_IO,
                               "cannot open checkpoint manifest '%s': %s", path, errstr());
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return fsdp_error_set(FSDP_STATUS_FORMAT, "checkpoint manifest '%s' is not a regular file",
-                              path);
+    fsdp_status st = FSDP_STATUS_OK;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
+        st = fsdp_error_set(FSDP_STATUS_FORMAT, "checkpoint manifest '%s' is not a regular file",
+                            path);
+    else if ((uint64_t)sb.st_size > MANIFEST_MAX_BYTES)
+        st = fsdp_error_set(FSDP_STATUS_FORMAT,
+                            "checkpoint manifest '%s' is %lld bytes, more than the %zu MiB a "
+                            "manifest can be", path, (long long)sb.st_size,
+                            MANIFEST_MAX_BYTES >> 20);
+    else if (!(*text = malloc((size_t)sb.st_size + 1)))
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading manifest '%s'", path);
+    if (st == FSDP_STATUS_OK) {
+        *size = (size_t)sb.st_size;
+        st = fsdp_pread_all(fd, *text, *size, 0, "checkpoint manifest", path);
+        if (st == FSDP_STATUS_OK)
+            (*text)[*size] = '\0';
+        else
+            free(*text);
     }
-    if ((uint64_t)sb.st_size > MANIFEST_MAX_BYTES) {
-        close(fd);
-        return fsdp_error_set(FSDP_STATUS_FORMAT,
-                              "checkpoint manifest '%s' is %lld bytes, more than the %zu MiB a "
-                              "manifest can be", path, (long long)sb.st_size,
-                              MANIFEST_MAX_BYTES >> 20);
-    }
-    size_t size = (size_t)sb.st_size;
-    text = malloc(size + 1);
-    if (!text) {
-        close(fd);
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading manifest '%s'", path);
-    }
-    st = fsdp_pread_all(fd, text, size, 0, "checkpoint manifest", path);
     close(fd);
-    if (st != FSDP_STATUS_OK) {
-        free(text);
-        return st;
-    }
-    text[size] = '\0';
+    return st;
+}
 
-    parser ps = {.path = path, .line = 0};
-    bool seen[K_COUNT] = {false};
-    enum { HEADER, UNITS, END } phase = HEADER;
-    int unit = 0, param = 0;
-    size_t offset = 0;
-    char *cur = text;
-    while (cur < text + size) {
-        char *nl = memchr(cur, '\n', (size_t)(text + size - cur));
+/* A line is at most MANIFEST_LINE_MAX characters of plain text, ended by
+ * LF alone. */
+static fsdp_status check_line(const parser *ps, const char *line, size_t len)
+{
+    if (len > MANIFEST_LINE_MAX)
+        return bad(ps, "line is longer than %d characters", MANIFEST_LINE_MAX);
+    if (len > 0 && line[len - 1] == '\r')
+        return bad(ps, "the line ends in a carriage return (CRLF line endings); a manifest "
+                       "uses LF line endings only");
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
+            return bad(ps, "control character 0x%02x at column %zu (a manifest is plain text)",
+                       (unsigned char)line[i], i + 1);
+    return FSDP_STATUS_OK;
+}
+
+/* Where the reader is: the header's `key value` lines, then (after
+ * `units N`) each unit's line and its parameter lines, then `end`. */
+typedef struct reader {
+    parser ps;
+    bool seen[K_COUNT];       /* header keys read so far */
+    enum { HEADER, UNITS, END } phase;
+    int unit, param;          /* UNITS: the unit being read, and its next parameter */
+    size_t offset;            /* where that parameter must start in the unit */
+} reader;
+
+/* `units N`: the header is complete. Every key of its version is there
+ * (version 1's optimizer is AdamW's), the fields agree with each other,
+ * and N units fit in the lines left. */
+static fsdp_status begin_units(reader *r, const char *val, int lines_left,
+                               fsdp_ckpt_manifest *m)
+{
+    for (int k = 0; k < K_COUNT; k++) /* no version: every key is missing */
+        if (!r->seen[k] && !mkey_optional[k] && (!r->seen[K_VERSION] || KEY_IN(k, m->version)))
+            return bad(&r->ps, "key '%s' is missing before 'units'", mkey_names[k]);
+    if (m->version == 1) { /* version 1 predates optimizers other than AdamW */
+        snprintf(m->optimizer, sizeof m->optimizer, "adamw");
+        m->n_optim_state = 2;
+        snprintf(m->optim_state[0], sizeof m->optim_state[0], "adam_m");
+        snprintf(m->optim_state[1], sizeof m->optim_state[1], "adam_v");
+    }
+    FSDP_TRY(check_header(&r->ps, m));
+    if (m->version == 1) {
+        int at = r->ps.line;
+        FSDP_TRY(finish_v1_model(&r->ps, m));
+        r->ps.line = at;
+    }
+    if (!parse_int(val, 1, lines_left > 0 ? lines_left : 1, &m->n_units) ||
+        m->n_units > lines_left)
+        return bad(&r->ps, "units '%s' is not in 1..%d (the lines left in the file)", val,
+                   lines_left);
+    m->units = calloc((size_t)m->n_units, sizeof *m->units);
+    if (!m->units) {
+        m->n_units = 0;
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", r->ps.path);
+    }
+    r->phase = UNITS;
+    return FSDP_STATUS_OK;
+}
+
+/* A header line: `key value`, each key once, 'format' and 'version'
+ * first, only the keys of that version; or `units N`, which ends it. */
+static fsdp_status header_line(reader *r, char *line, size_t len, int lines_left,
+                               fsdp_ckpt_manifest *m)
+{
+    char *sp = strchr(line, ' ');
+    char *key = line, *val = sp ? sp + 1 : line + len;
+    if (sp)
+        *sp = '\0';
+    if (!strcmp(key, "units"))
+        return begin_units(r, val, lines_left, m);
+    int k = 0;
+    while (k < K_COUNT && strcmp(key, mkey_names[k]))
+        k++;
+    if (k == K_COUNT)
+        return bad(&r->ps, "unknown key '%.64s'", key);
+    if (r->seen[k])
+        return bad(&r->ps, "key '%s' appears twice", key);
+    if (!*val)
+        return bad(&r->ps, "key '%s' has no value", key);
+    if (k != K_VERSION && k != K_FORMAT && !r->seen[K_VERSION])
+        return bad(&r->ps, "'format' and 'version' must come first");
+    if (k != K_VERSION && k != K_FORMAT && !KEY_IN(k, m->version))
+        return bad(&r->ps, "key '%s' is not part of a version-%d manifest", key, m->version);
+    r->seen[k] = true;
+    return parse_header_line(&r->ps, (enum mkey)k, val, m);
+}
+
+/* A line after `units N`: the next unit's line, one of its parameters'
+ * (which tile the unit in order), or `end` after the last unit. */
+static fsdp_status units_line(reader *r, char *line, int lines_left, fsdp_ckpt_manifest *m)
+{
+    if (r->unit < m->n_units && r->param == 0 && !m->units[r->unit].params) {
+        r->offset = 0;
+        return parse_unit_line(&r->ps, line, r->unit, lines_left, m, &m->units[r->unit]);
+    }
+    if (r->unit == m->n_units) {
+        if (strcmp(line, "end"))
+            return bad(&r->ps, "expected 'end' after the %d units", m->n_units);
+        r->phase = END;
+        return FSDP_STATUS_OK;
+    }
+    fsdp_ckpt_unit *cu = &m->units[r->unit];
+    FSDP_TRY(parse_param_line(&r->ps, line, cu, r->offset, &cu->params[r->param]));
+    r->offset += cu->params[r->param].numel;
+    if (++r->param == cu->n_params) {
+        if (r->offset != cu->numel)
+            return bad(&r->ps, "unit '%s''s parameters hold %zu elements, its numel is %zu",
+                       cu->name, r->offset, cu->numel);
+        r->param = 0;
+        r->unit++;
+    }
+    return FSDP_STATUS_OK;
+}
+
+/* Every line of text (size bytes, modified in place), in order. */
+static fsdp_status parse_lines(reader *r, char *text, size_t size, fsdp_ckpt_manifest *m)
+{
+    char *cur = text, *end = text + size;
+    while (cur < end) {
+        char *nl = memchr(cur, '\n', (size_t)(end - cur));
         char *line = cur;
-        size_t len = nl ? (size_t)(nl - cur) : (size_t)(text + size - cur);
+        size_t len = nl ? (size_t)(nl - cur) : (size_t)(end - cur);
         cur += len + (nl ? 1 : 0);
         line[len] = '\0';
-        ps.line++;
-        if (len > MANIFEST_LINE_MAX) {
-            st = bad(&ps, "line is longer than %d characters", MANIFEST_LINE_MAX);
-            goto fail;
-        }
-        if (len > 0 && line[len - 1] == '\r') {
-            st = bad(&ps, "the line ends in a carriage return (CRLF line endings); a manifest "
-                          "uses LF line endings only");
-            goto fail;
-        }
-        for (size_t i = 0; i < len; i++)
-            if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f) {
-                st = bad(&ps, "control character 0x%02x at column %zu (a manifest is plain text)",
-                         (unsigned char)line[i], i + 1);
-                goto fail;
-            }
+        r->ps.line++;
+        FSDP_TRY(check_line(&r->ps, line, len));
         if (len == 0 || line[0] == '#')
             continue;
         /* declared counts are bounded by the lines the rest of the file can
          * hold, so a hostile count cannot size a large allocation */
-        int lines_left = (int)((size_t)(text + size - cur) / MANIFEST_MIN_LINE);
-        if (phase == END) {
-            st = bad(&ps, "text after 'end'");
-            goto fail;
-        }
-        if (phase == HEADER) {
-            char *sp = strchr(line, ' ');
-            char *key = line, *val = sp ? sp + 1 : line + len;
-            if (sp)
-                *sp = '\0';
-            if (!strcmp(key, "units")) {
-                for (int k = 0; k < K_COUNT; k++) /* no version: every key is missing */
-                    if (!seen[k] && !mkey_optional[k] &&
-                        (!seen[K_VERSION] || KEY_IN(k, m->version))) {
-                        st = bad(&ps, "key '%s' is missing before 'units'", mkey_names[k]);
-                        goto fail;
-                    }
-                if (m->version == 1) { /* version 1 predates optimizers other than AdamW */
-                    snprintf(m->optimizer, sizeof m->optimizer, "adamw");
-                    m->n_optim_state = 2;
-                    snprintf(m->optim_state[0], sizeof m->optim_state[0], "adam_m");
-                    snprintf(m->optim_state[1], sizeof m->optim_state[1], "adam_v");
-                }
-                FSDP_CHECK(check_header(&ps, m));
-                if (m->version == 1) {
-                    int at = ps.line;
-                    FSDP_CHECK(finish_v1_model(&ps, m));
-                    ps.line = at;
-                }
-                if (!parse_int(val, 1, lines_left > 0 ? lines_left : 1, &m->n_units) ||
-                    m->n_units > lines_left) {
-                    st = bad(&ps, "units '%s' is not in 1..%d (the lines left in the file)", val,
-                             lines_left);
-                    goto fail;
-                }
-                m->units = calloc((size_t)m->n_units, sizeof *m->units);
-                if (!m->units) {
-                    m->n_units = 0;
-                    st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", path);
-                    goto fail;
-                }
-                phase = UNITS;
-                continue;
-            }
-            int k = 0;
-            while (k < K_COUNT && strcmp(key, mkey_names[k]))
-                k++;
-            if (k == K_COUNT) {
-                st = bad(&ps, "unknown key '%.64s'", key);
-                goto fail;
-            }
-            if (seen[k]) {
-                st = bad(&ps, "key '%s' appears twice", key);
-                goto fail;
-            }
-            if (!*val) {
-                st = bad(&ps, "key '%s' has no value", key);
-                goto fail;
-            }
-            if (k != K_VERSION && k != K_FORMAT && !seen[K_VERSION]) {
-                st = bad(&ps, "'format' and 'version' must come first");
-                goto fail;
-            }
-            if (k != K_VERSION && k != K_FORMAT && !KEY_IN(k, m->version)) {
-                st = bad(&ps, "key '%s' is not part of a version-%d manifest", key, m->version);
-                goto fail;
-            }
-            seen[k] = true;
-            FSDP_CHECK(parse_header_line(&ps, (enum mkey)k, val, m));
-            continue;
-        }
-        /* UNITS */
-        if (unit < m->n_units && param == 0 && !m->units[unit].params) {
-            FSDP_CHECK(parse_unit_line(&ps, line, unit, lines_left, m, &m->units[unit]));
-            offset = 0;
-            continue;
-        }
-        if (unit == m->n_units) {
-            if (strcmp(line, "end")) {
-                st = bad(&ps, "expected 'end' after the %d units", m->n_units);
-                goto fail;
-            }
-            phase = END;
-            continue;
-        }
-        fsdp_ckpt_unit *cu = &m->units[unit];
-        FSDP_CHECK(parse_param_line(&ps, line, cu, offset, &cu->params[param]));
-        offset += cu->params[param].numel;
-        if (++param == cu->n_params) {
-            if (offset != cu->numel) {
-                st = bad(&ps, "unit '%s''s parameters hold %zu elements, its numel is %zu",
-                         cu->name, offset, cu->numel);
-                goto fail;
-            }
-            param = 0;
-            unit++;
-        }
+        int lines_left = (int)((size_t)(end - cur) / MANIFEST_MIN_LINE);
+        if (r->phase == END)
+            return bad(&r->ps, "text after 'end'");
+        FSDP_TRY(r->phase == HEADER ? header_line(r, line, len, lines_left, m)
+                                    : units_line(r, line, lines_left, m));
     }
-    if (phase != END) {
-        ps.line++;
-        st = phase == HEADER ? bad(&ps, "the file ends before 'units' (truncated?)")
-                             : bad(&ps, "the file ends before 'end' (truncated?)");
-        goto fail;
+    if (r->phase == END)
+        return FSDP_STATUS_OK;
+    r->ps.line++;
+    return r->phase == HEADER ? bad(&r->ps, "the file ends before 'units' (truncated?)")
+                              : bad(&r->ps, "the file ends before 'end' (truncated?)");
+}
+
+fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
+{
+    memset(m, 0, sizeof *m);
+    char *text = NULL;
+    size_t size = 0;
+    FSDP_TRY(read_text(path, &text, &size));
+    reader r = {.ps = {.path = path, .line = 0}, .phase = HEADER};
+    fsdp_status st = parse_lines(&r, text, size, m);
+    free(text);
+    if (st == FSDP_STATUS_OK) { /* the recorded model builds, and the unit lines are its units */
+        fsdp_model model;
+        st = fsdp_ckpt_manifest_model(m, path, &model);
+        if (st == FSDP_STATUS_OK)
+            fsdp_model_free(&model);
     }
-    /* the recorded model builds, and the unit lines are its units */
-    fsdp_model model;
-    FSDP_CHECK(fsdp_ckpt_manifest_model(m, path, &model));
-    fsdp_model_free(&model);
-    free(text);
-    return FSDP_STATUS_OK;
-fail:
-    free(text);
-    fsdp_ckpt_manifest_free(m);
+    if (st != FSDP_STATUS_OK)
+        fsdp_ckpt_manifest_free(m);
     return st;
 }

@@ -46,10 +46,46 @@ const char *fsdp_modelfile_format_short_name(const fsdp_modelfile_format *f)
     return f ? f->short_name : "?";
 }
 
+const char *fsdp_modelfile_format_names(char *buf, size_t n, const char *sep)
+{
+    size_t at = 0;
+    if (n)
+        buf[0] = '\0';
+    for (int i = 0; i < N_FORMATS && at < n; i++)
+        at += (size_t)snprintf(buf + at, n - at, "%s%s", i ? sep : "", formats[i]->short_name);
+    return buf;
+}
+
+static bool has_suffix(const char *path, const char *suffix)
+{
+    size_t n = strlen(path), k = strlen(suffix);
+    return n >= k && !strcmp(path + n - k, suffix);
+}
+
+const fsdp_modelfile_format *fsdp_modelfile_format_by_suffix(const char *path)
+{
+    for (int i = 0; path && i < N_FORMATS; i++)
+        if (formats[i]->suffix && has_suffix(path, formats[i]->suffix))
+            return formats[i];
+    return NULL;
+}
+
+bool fsdp_modelfile_format_is_dir(const fsdp_modelfile_format *f) { return !f->suffix; }
+
+bool fsdp_modelfile_format_writes_bf16(const fsdp_modelfile_format *f) { return f->bf16; }
+
+bool fsdp_modelfile_format_ships_tokenizer(const fsdp_modelfile_format *f)
+{
+    return f->ships_tokenizer;
+}
+
+const char *fsdp_modelfile_format_note(const fsdp_modelfile_format *f) { return f->note; }
+
 static const fsdp_modelfile_format *claimant(const char *path)
 {
     for (int i = 0; path && i < N_FORMATS; i++)
-        if (formats[i]->claims(path))
+        if (formats[i]->claims ? formats[i]->claims(path)
+                               : formats[i]->suffix && has_suffix(path, formats[i]->suffix))
             return formats[i];
     return NULL;
 }
@@ -141,7 +177,7 @@ const fsdp_modelfile_format *fsdp_modelfile_format_get(const fsdp_modelfile *mf)
 const char *fsdp_modelfile_path(const fsdp_modelfile *mf) { return mf->path; }
 const char *fsdp_modelfile_companions(const fsdp_modelfile *mf)
 {
-    return mf->format == &fsdp_format_hfdir ? mf->path : NULL;
+    return mf->format->ships_tokenizer ? mf->path : NULL;
 }
 const char *fsdp_modelfile_dtype_name(const fsdp_modelfile *mf) { return mf->dtype_name; }
 

@@ -44,6 +44,24 @@ const char *fsdp_modelfile_format_name(const fsdp_modelfile_format *f);
 /* "llmc", "safetensors", "hf", "ckpt": the short name (--to). */
 const char *fsdp_modelfile_format_short_name(const fsdp_modelfile_format *f);
 
+/* The short names joined by sep ("llmc|safetensors|hf|ckpt" with sep "|"),
+ * for --to; truncated to fit n. Returns buf. */
+const char *fsdp_modelfile_format_names(char *buf, size_t n, const char *sep);
+
+/* The file format whose suffix `path` ends with (".bin": llm.c,
+ * ".safetensors"), or NULL (a directory format, or no suffix known). */
+const fsdp_modelfile_format *fsdp_modelfile_format_by_suffix(const char *path);
+
+/* What a format is and writes (the table's entries, modelfile_format.h):
+ * a directory rather than a file; bf16 tensors as well as fp32; the
+ * tokenizer's files beside the weights, which it splits into files
+ * (fsdp_modelfile_write_opts' companions, tokenizer and shard_bytes); what
+ * a written one is beyond its dtype ("step 0, 1 device"), or NULL. */
+bool fsdp_modelfile_format_is_dir(const fsdp_modelfile_format *f);
+bool fsdp_modelfile_format_writes_bf16(const fsdp_modelfile_format *f);
+bool fsdp_modelfile_format_ships_tokenizer(const fsdp_modelfile_format *f);
+const char *fsdp_modelfile_format_note(const fsdp_modelfile_format *f);
+
 /* The format `path` names by its form: a claim by extension (*.bin,
  * *.safetensors), a directory holding config.json (Hugging Face) or another
  * existing directory; anything else is a checkpoint directory (to be

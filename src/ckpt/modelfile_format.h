@@ -35,11 +35,19 @@ typedef struct fsdp_tensor_src {
 } fsdp_tensor_src;
 
 struct fsdp_modelfile_format {
-    const char *short_name;      /* "llmc" */
+    const char *short_name;      /* "llmc": convert --to */
     const char *name;            /* "llm.c model file": in messages */
     const char *help;            /* "FILE.bin (llm.c)": in --help */
-    /* Does `path` have this format's form (an extension, an existing
-     * directory)? No I/O beyond a stat. */
+    const char *suffix;          /* ".bin": a file named so has this format; NULL: a directory */
+    bool bf16;                   /* writes bf16 tensors as well as fp32 */
+    bool ships_tokenizer;        /* writes the tokenizer's files beside the weights and splits
+                                  * the weights into files (write opts companions, tokenizer,
+                                  * shard_bytes) */
+    const char *note;            /* what a written one is beyond its dtype, for messages
+                                  * ("step 0, 1 device"), or NULL */
+    /* Does `path` have this format's form (an existing directory holding
+     * certain files)? No I/O beyond a stat. NULL: a path ending in
+     * `suffix`. */
     bool (*claims)(const char *path);
     /* Open and validate: fill mf->path, family, config, dtype_name and the
      * format's own state (fd, impl). FORMAT/IO naming the file. */

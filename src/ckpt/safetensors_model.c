@@ -198,12 +198,6 @@ fsdp_status fsdp_st_model(const fsdp_st_file *f, fsdp_model *m) { return model_o
 
 /* ---- the format ------------------------------------------------------------------ */
 
-static bool st_claims(const char *path)
-{
-    size_t n = strlen(path);
-    return n >= 12 && !strcmp(path + n - 12, ".safetensors");
-}
-
 static fsdp_status st_open(fsdp_modelfile *mf, const char *path)
 {
     FSDP_TRY(fsdp_modelfile_set_path(mf, path));
@@ -395,7 +389,11 @@ const fsdp_modelfile_format fsdp_format_safetensors = {
     /* .short_name = */ "safetensors",
     /* .name       = */ "safetensors file",
     /* .help       = */ "FILE.safetensors (Hugging Face)",
-    /* .claims     = */ st_claims,
+    /* .suffix     = */ ".safetensors",
+    /* .bf16       = */ true,
+    /* .ships_tokenizer = */ false,
+    /* .note       = */ NULL,
+    /* .claims     = */ NULL, /* by the suffix */
     /* .open       = */ st_open,
     /* .bind       = */ st_bind,
     /* .read_range = */ NULL, /* the flat reader */

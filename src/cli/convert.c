@@ -6,9 +6,12 @@
  *
  * IN's format comes from its form (fsdp_modelfile_format_of). OUT's comes
  * from --to, else its extension (*.bin llm.c, *.safetensors one file),
- * else it is a directory of the other kind than IN: a Hugging Face
- * directory (what transformers loads), or a checkpoint when IN is a
- * Hugging Face directory. IN is validated completely before anything is
+ * else it is a directory of the other kind than IN: the first directory
+ * format of the table that IN is not (a Hugging Face directory, what
+ * transformers loads; a checkpoint when IN is a Hugging Face directory).
+ * Every format name, suffix and property comes from the format table
+ * (ckpt/modelfile.h); this file spells none. IN is validated completely
+ * before anything is
  * written; OUT is written atomically. The whole model passes through host
  * memory once (fp32). fp32 conversions are bit-exact; --dtype bf16 rounds
  * to nearest even, and bf16 read back as bf16 is exact.
@@ -26,12 +29,6 @@
 #include "ckpt/modelfile.h"
 #include "data/hftok.h"
 
-static bool has_suffix(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && !strcmp(s + n - k, suffix);
-}
-
 /* OUT's format (see the top of the file), or NULL after a usage message. */
 static const fsdp_modelfile_format *out_format(const char *to, const char *out,
                                               const char *in)
@@ -39,19 +36,61 @@ static const fsdp_modelfile_format *out_format(const char *to, const char *out,
     if (to) {
         const fsdp_modelfile_format *f = fsdp_modelfile_format_find(to);
         if (!f) {
-            char names[128] = "";
-            for (int i = 0; i < fsdp_modelfile_format_count(); i++)
-                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
-                         i ? "|" : "",
-                         fsdp_modelfile_format_short_name(fsdp_modelfile_format_at(i)));
-            fsdp_cli_usage("convert", "--to: unknown format '%s' (expected %s)", to, names);
+            char names[128];
+            fsdp_cli_usage("convert", "--to: unknown format '%s' (expected %s)", to,
+                           fsdp_modelfile_format_names(names, sizeof names, "|"));
         }
         return f;
     }
-    if (has_suffix(out, ".bin") || has_suffix(out, ".safetensors"))
-        return fsdp_modelfile_format_of(out);
-    const fsdp_modelfile_format *hf = fsdp_modelfile_format_find("hf");
-    return fsdp_modelfile_format_of(in) == hf ? fsdp_modelfile_format_find("ckpt") : hf;
+    const fsdp_modelfile_format *f = fsdp_modelfile_format_by_suffix(out);
+    if (f)
+        return f;
+    const fsdp_modelfile_format *in_fmt = fsdp_modelfile_format_of(in);
+    for (int i = 0; i < fsdp_modelfile_format_count(); i++) {
+        f = fsdp_modelfile_format_at(i);
+        if (fsdp_modelfile_format_is_dir(f) && f != in_fmt)
+            return f;
+    }
+    return in_fmt; /* a table of one directory format */
+}
+
+/* The names (name_of: short or long) of the formats for which `has`
+ * holds, joined by sep. */
+static const char *formats_with(bool (*has)(const fsdp_modelfile_format *),
+                                const char *(*name_of)(const fsdp_modelfile_format *),
+                                const char *sep, char *buf, size_t n)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < fsdp_modelfile_format_count() && at < n; i++) {
+        const fsdp_modelfile_format *f = fsdp_modelfile_format_at(i);
+        if (has(f))
+            at += (size_t)snprintf(buf + at, n - at, "%s%s", at ? sep : "", name_of(f));
+    }
+    return buf;
+}
+
+/* The dtype and the options OUT's format must take. 0, or 2 after a usage
+ * message. */
+static int check_out_options(const fsdp_modelfile_format *f, const char *out, fsdp_dtype dt,
+                             const char *tokenizer, size_t shard_bytes)
+{
+    char names[128];
+    if (dt != FSDP_DTYPE_F32 && !fsdp_modelfile_format_writes_bf16(f))
+        return fsdp_cli_usage("convert", "a %s holds fp32 parameters only; drop --dtype %s or "
+                              "write another format (--to %s)", fsdp_modelfile_format_name(f),
+                              fsdp_dtype_name(dt),
+                              formats_with(fsdp_modelfile_format_writes_bf16,
+                                           fsdp_modelfile_format_short_name, "|", names,
+                                           sizeof names));
+    if (!fsdp_modelfile_format_ships_tokenizer(f) && (tokenizer || shard_bytes))
+        return fsdp_cli_usage("convert", "--%s applies to a %s OUT only, and OUT '%s' is a %s",
+                              tokenizer ? "tokenizer" : "shard-size",
+                              formats_with(fsdp_modelfile_format_ships_tokenizer,
+                                           fsdp_modelfile_format_name, " or ", names,
+                                           sizeof names),
+                              out, fsdp_modelfile_format_name(f));
+    return 0;
 }
 
 /* --tokenizer must be a tokenizer.json whose ids fit the model. */
@@ -71,58 +110,70 @@ static fsdp_status check_tokenizer(const char *path, const fsdp_model *m)
     return FSDP_STATUS_OK;
 }
 
+/* --to's help: the default OUT format, from the table's directory formats. */
+static const char *to_help(char *buf, size_t n)
+{
+    const fsdp_modelfile_format *dirs[2] = {NULL, NULL};
+    for (int i = 0, k = 0; i < fsdp_modelfile_format_count() && k < 2; i++)
+        if (fsdp_modelfile_format_is_dir(fsdp_modelfile_format_at(i)))
+            dirs[k++] = fsdp_modelfile_format_at(i);
+    int at = snprintf(buf, n, "OUT's format (default: by OUT's extension, else a %s",
+                      fsdp_modelfile_format_name(dirs[0]));
+    if (dirs[1] && at >= 0 && (size_t)at < n)
+        at += snprintf(buf + at, n - (size_t)at, ", or a %s when IN is a %s",
+                       fsdp_modelfile_format_name(dirs[1]), fsdp_modelfile_format_name(dirs[0]));
+    if (at >= 0 && (size_t)at < n)
+        snprintf(buf + at, n - (size_t)at, ")");
+    return buf;
+}
+
 int fsdp_cli_convert(int argc, char **argv)
 {
-    const char *dtype = "fp32", *to = NULL, *tokenizer = NULL;
+    const char *to = NULL, *tokenizer = NULL;
+    int dtype = FSDP_DTYPE_F32;
     size_t shard_bytes = 0;
     bool quiet = false;
+    /* every format name, suffix and property from the table (ckpt/modelfile.h) */
+    char names[96], files[384], help_to[256], ships[96], help_shard[256], help_tok[320];
+    char synopsis[512];
+    fsdp_modelfile_format_names(names, sizeof names, "|");
+    fsdp_modelfile_help(files, sizeof files);
+    formats_with(fsdp_modelfile_format_ships_tokenizer, fsdp_modelfile_format_name, " or ", ships,
+                 sizeof ships);
+    snprintf(help_shard, sizeof help_shard, "%s OUT: the most bytes per safetensors file, e.g. "
+             "2GB (default 5GB); more than one file gets model.safetensors.index.json", ships);
+    snprintf(help_tok, sizeof help_tok, "%s OUT: ship this tokenizer (and the "
+             "tokenizer_config.json, special_tokens_map.json and generation_config.json next "
+             "to it); default: those of such an IN", ships);
+    snprintf(synopsis, sizeof synopsis, "IN OUT [--dtype fp32|bf16] [--to FORMAT]   (IN, OUT: %s)",
+             files);
     fsdp_opt opts[] = {
-        {.name = "dtype", .type = FSDP_OPT_STR, .dst = &dtype, .metavar = "fp32|bf16",
-         .help = "element type of the tensors OUT holds (default fp32; checkpoints are always "
-                 "fp32)"},
-        {.name = "to", .type = FSDP_OPT_STR, .dst = &to, .metavar = "llmc|safetensors|hf|ckpt",
-         .help = "OUT's format (default: by OUT's extension, else a Hugging Face directory, "
-                 "or a checkpoint when IN is a Hugging Face directory)"},
+        {.name = "dtype", .type = FSDP_OPT_NAME, .dst = &dtype, .names = &fsdp_dtype_names,
+         .help = "element type of the tensors OUT holds (a format that holds fp32 only refuses "
+                 "bf16)"},
+        {.name = "to", .type = FSDP_OPT_STR, .dst = &to, .metavar = names,
+         .help = to_help(help_to, sizeof help_to)},
         {.name = "shard-size", .type = FSDP_OPT_SIZE, .dst = &shard_bytes, .metavar = "BYTES",
-         .help = "Hugging Face OUT: the most bytes per safetensors file, e.g. 2GB (default 5GB); "
-                 "more than one file gets model.safetensors.index.json"},
+         .help = help_shard},
         {.name = "tokenizer", .type = FSDP_OPT_STR, .dst = &tokenizer, .metavar = "tokenizer.json",
-         .help = "Hugging Face OUT: ship this tokenizer (and the tokenizer_config.json, "
-                 "special_tokens_map.json and generation_config.json next to it); default: "
-                 "those of a Hugging Face IN"},
+         .help = help_tok},
         {.name = "quiet", .type = FSDP_OPT_FLAG, .dst = &quiet, .metavar = "",
          .help = "print nothing on success"},
     };
     const char *pos[2];
     int n_pos = 0;
-    int rc = fsdp_args_parse("convert",
-                             "IN OUT [--dtype fp32|bf16] [--to FORMAT]   (IN, OUT: CKPT_DIR | "
-                             "FILE.bin | FILE.safetensors | HF_DIR)",
-                             opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, pos, 2, &n_pos);
+    int rc = fsdp_args_parse("convert", synopsis, opts, (int)(sizeof opts / sizeof opts[0]), argc,
+                             argv, pos, 2, &n_pos);
     if (rc != FSDP_ARGS_OK)
         return rc;
     if (n_pos != 2)
-        return fsdp_cli_usage("convert", "need IN and OUT (a checkpoint directory, FILE.bin, "
-                              "FILE.safetensors or a Hugging Face directory each)");
-    fsdp_dtype dt;
-    if (!strcmp(dtype, "fp32"))
-        dt = FSDP_DTYPE_F32;
-    else if (!strcmp(dtype, "bf16"))
-        dt = FSDP_DTYPE_BF16;
-    else
-        return fsdp_cli_usage("convert", "--dtype: unknown value '%s' (expected fp32|bf16)",
-                              dtype);
+        return fsdp_cli_usage("convert", "need IN and OUT (each %s)", files);
+    fsdp_dtype dt = (fsdp_dtype)dtype;
     const fsdp_modelfile_format *out_fmt = out_format(to, pos[1], pos[0]);
     if (!out_fmt)
         return 2;
-    bool to_hf = out_fmt == fsdp_modelfile_format_find("hf");
-    if (out_fmt == fsdp_modelfile_format_find("ckpt") && dt != FSDP_DTYPE_F32)
-        return fsdp_cli_usage("convert", "checkpoints hold fp32 parameters; drop --dtype %s or "
-                              "write a .bin, .safetensors or Hugging Face OUT", dtype);
-    if (!to_hf && (tokenizer || shard_bytes))
-        return fsdp_cli_usage("convert", "--%s applies to Hugging Face directories only, and "
-                              "OUT '%s' is a %s", tokenizer ? "tokenizer" : "shard-size", pos[1],
-                              fsdp_modelfile_format_name(out_fmt));
+    if ((rc = check_out_options(out_fmt, pos[1], dt, tokenizer, shard_bytes)))
+        return rc;
     fsdp_modelfile *mf = NULL;
     fsdp_model m;
     float **units = NULL;
@@ -131,8 +182,7 @@ int fsdp_cli_convert(int argc, char **argv)
     if (st == FSDP_STATUS_OK && !mf) {
         fsdp_model_free(&m);
         st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "IN '%s' names a model shape, not weights; "
-                            "give a checkpoint directory, FILE.bin, FILE.safetensors or a "
-                            "Hugging Face directory", pos[0]);
+                            "give %s", pos[0], files);
     }
     if (st == FSDP_STATUS_OK && tokenizer)
         st = check_tokenizer(tokenizer, &m);
@@ -166,12 +216,13 @@ int fsdp_cli_convert(int argc, char **argv)
     }
     st = fsdp_modelfile_write_with(pos[1], out_fmt, &m, (const float *const *)units, &wo);
     if (st == FSDP_STATUS_OK && !quiet) {
-        printf("converted %s '%s' (%s, model %s, %.2fM parameters) to %s '%s' (%s)\n",
+        const char *note = fsdp_modelfile_format_note(out_fmt);
+        printf("converted %s '%s' (%s, model %s, %.2fM parameters) to %s '%s' (%s%s%s)\n",
                fsdp_modelfile_format_name(fsdp_modelfile_format_get(mf)),
                fsdp_modelfile_path(mf), fsdp_modelfile_dtype_name(mf), m.name,
                (double)m.numel / 1e6, fsdp_modelfile_format_name(out_fmt), pos[1],
-               out_fmt == fsdp_modelfile_format_find("ckpt") ? "fp32, step 0, 1 device" : dtype);
-        if (to_hf)
+               fsdp_dtype_name(dt), note ? ", " : "", note ? note : "");
+        if (fsdp_modelfile_format_ships_tokenizer(out_fmt))
             printf("copied along: %s\n", copied[0] ? copied : "nothing (no tokenizer: pass "
                                                              "--tokenizer tokenizer.json)");
     }

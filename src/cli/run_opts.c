@@ -25,27 +25,6 @@ static const char *model_help(void)
     return help;
 }
 
-static const fsdp_name shard_names[] = {
-    {"full", FSDP_SHARD_FULL,
-     "parameters, gradients and optimizer state sharded; units gathered just in time "
-     "(FULL_SHARD, ZeRO-3)"},
-    {"grad-op", FSDP_SHARD_GRAD_OP,
-     "as full, but gathered parameters stay from forward to backward (SHARD_GRAD_OP, ZeRO-2)"},
-    {"none", FSDP_SHARD_NONE, "everything replicated, gradients all-reduced (NO_SHARD, DDP)"},
-    {"hybrid", FSDP_SHARD_HYBRID,
-     "as full within each node, replicated across nodes: gradients reduce-scattered in the "
-     "node, then all-reduced across nodes (HYBRID_SHARD, HSDP); the same as full on one node"},
-};
-const fsdp_name_table fsdp_shard_names = FSDP_NAME_TABLE(shard_names);
-
-static const fsdp_name offload_names[] = {
-    {"none", 0, "master weights, optimizer state and gradient shards on the device"},
-    {"optimizer", 1,
-     "master weights, optimizer state and gradient shards in pinned host memory, updated by "
-     "the CPU optimizer"},
-};
-const fsdp_name_table fsdp_offload_names = FSDP_NAME_TABLE(offload_names);
-
 /* Bounds of the counts (see the file comment). */
 enum {
     MAX_BATCH = 1 << 16,       /* sequences per micro-batch per device */
@@ -73,7 +52,6 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
     ro->comm = (int)e->comm;
     ro->devices = -1; /* unset: the backend's default */
     e->seq = 0;       /* unset: chosen from the data and model in fsdp_run_opts_finish */
-    e->momentum = NAN; /* unset: the default, if the optimizer takes it */
     /* --optimizer's values and help, from the registry */
     static char optim_names[96], optim_help[640];
     fsdp_optim_names(optim_names, sizeof optim_names, "|");
@@ -127,8 +105,14 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                      "1; lowered if devices x N would exceed the cores)");
     fsdp_cli_add_cpu_streams(l, &e->cpu_streams);
     fsdp_opt_add(l, "optimizer", FSDP_OPT_STR, &ro->optimizer, optim_names, optim_help);
-    fsdp_opt_add(l, "momentum", FSDP_OPT_FLOAT, &e->momentum, "X",
-                 "momentum of --optimizer sgd, in [0, 1) (default 0.9)");
+    /* the optimizers' hyper-parameters, as they declare them (optim/optim.h) */
+    static char flag_help[FSDP_OPTIM_MAX_FLAGS][256];
+    for (int i = 0; i < fsdp_optim_flag_count(); i++) {
+        ro->optim_flags[i] = NAN; /* not given: the optimizer's default */
+        fsdp_opt_add(l, fsdp_optim_flag_at(i), FSDP_OPT_FLOAT, &ro->optim_flags[i], "X",
+                     fsdp_optim_flag_help(fsdp_optim_flag_at(i), flag_help[i],
+                                          sizeof flag_help[i]));
+    }
     fsdp_opt_add(l, "seed", FSDP_OPT_U64, &e->seed, "S",
                  "seed for initialisation and data (default 1337)");
 }
@@ -172,16 +156,17 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     if (ro->optimizer && fsdp_optim_find(ro->optimizer, &o) != FSDP_STATUS_OK)
         return fsdp_cli_usage(cmd, "--optimizer: %s", fsdp_error_msg());
     e->optim = o;
-    if (isnan(e->momentum)) {
-        fsdp_train_config def;
-        fsdp_train_config_default(&def);
-        e->momentum = def.eng.momentum;
-    } else if (!(o->uses & FSDP_OPTIM_USES_MOMENTUM)) {
-        return fsdp_cli_usage(cmd, "--momentum is not a setting of --optimizer %s", o->name);
+    for (int i = 0; i < fsdp_optim_flag_count(); i++) {
+        const char *name = fsdp_optim_flag_at(i);
+        if (isnan(ro->optim_flags[i]))
+            continue;
+        if (fsdp_optim_hparam_index(o, name) < 0)
+            return fsdp_cli_usage(cmd, "--%s is not a setting of --optimizer %s", name, o->name);
+        fsdp_optim_hparam_set(o, &e->optim_hp, name, ro->optim_flags[i]);
     }
-    fsdp_optim_hparams hp = {.beta1 = e->beta1, .beta2 = e->beta2, .eps = e->eps,
-                             .momentum = e->momentum, .weight_decay = e->weight_decay};
-    if (o->check(&hp) != FSDP_STATUS_OK)
+    fsdp_optim_hparams hp;
+    fsdp_optim_hparams_resolve(o, &e->optim_hp, &hp);
+    if (fsdp_optim_hparams_check(o, &hp) != FSDP_STATUS_OK)
         return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
     fsdp_model m; /* the shape only: a model file is validated and closed again */
     fsdp_status st = fsdp_modelfile_resolve(ro->cfg.model, &m, NULL);

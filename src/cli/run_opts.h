@@ -15,16 +15,15 @@ typedef struct fsdp_run_opts {
     /* name-table values, copied into cfg by fsdp_run_opts_finish */
     int backend, shard, precision, offload, prefetch, recompute, comm;
     const char *optimizer; /* a name in the optimizer registry, or NULL: the default */
+    float optim_flags[FSDP_OPTIM_MAX_FLAGS]; /* --NAME of fsdp_optim_flag_at(i); NAN: not given */
     int devices;           /* per node; -1: the backend's default */
     int nodes;             /* --nodes; 0: unset (the job's processes) */
     int n_processes;       /* the job's processes (set by the caller; <= 1: one) */
 } fsdp_run_opts;
 
-/* The --shard, --offload and --prefetch values. (The shard table belongs
- * beside its enum in engine/shardmap.h; it lives here until that file reads
- * it, and test_cli checks that the two agree.) */
-extern const fsdp_name_table fsdp_shard_names;
-extern const fsdp_name_table fsdp_offload_names;
+/* The --prefetch values (--shard's and --offload's are the engine's:
+ * fsdp_shard_names in engine/shardmap.h, fsdp_offload_names in
+ * engine/engine.h). */
 extern const fsdp_name_table fsdp_prefetch_names;
 
 /* Defaults, and the shared options appended to l. */

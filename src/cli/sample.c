@@ -163,11 +163,13 @@ static fsdp_status encode_chat(struct text_io *io, const struct chat_opts *co, c
 {
     const fsdp_chat_format *f = co->format ? fsdp_chat_format_find(co->format)
                                            : fsdp_chat_format_for(io->hf);
+    char names[96];
+    fsdp_chat_format_names(names, sizeof names, ", ");
     if (!f)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, co->format ? "--chat-format: no chat "
-                              "format '%s'" : "tokenizer '%s' has the special tokens of no chat "
-                              "format fsdp knows (llama3, chatml)", co->format ? co->format
-                                                                               : io->tok_path);
+                              "format '%s' (expected %s)" : "tokenizer '%s' has the special "
+                              "tokens of no chat format fsdp knows (%s)",
+                              co->format ? co->format : io->tok_path, names);
     FSDP_TRY(fsdp_chat_format_check(f, io->hf, io->tok_path));
     fsdp_chat_msg msgs[2];
     int n = 0;
@@ -298,8 +300,10 @@ int fsdp_cli_sample(int argc, char **argv)
         "assistant, stopping at the end of the turn (needs a tokenizer.json)");
     fsdp_opt_add(&l, "system", FSDP_OPT_STR, &co.system, "TEXT",
                  "with --chat: a system message first");
+    static char chat_formats[96]; /* "llama3|chatml", from data/chat.c */
     fsdp_opt_add(
-        &l, "chat-format", FSDP_OPT_STR, &co.format, "llama3|chatml",
+        &l, "chat-format", FSDP_OPT_STR, &co.format,
+        fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
         "with --chat: the format (default: the one whose special tokens the tokenizer has)");
     fsdp_opt_add(&l, "tokens", FSDP_OPT_INT, &n_tokens, "N",
                  "most tokens to generate (default 64)");

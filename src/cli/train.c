@@ -17,6 +17,7 @@
 #include "cli/cli.h"
 #include "cli/run_opts.h"
 #include "comm/procs.h"
+#include "data/chat.h"
 #include "train/fit.h"
 
 /* ---- stopping on a signal --------------------------------------------------- */
@@ -100,7 +101,9 @@ int fsdp_cli_train(int argc, char **argv)
     int on_nonfinite = 0;
     fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
                  "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
-    fsdp_opt_add(&l, "chat-format", FSDP_OPT_STR, &c->chat_format, "llama3|chatml",
+    static char chat_formats[96]; /* "llama3|chatml", from data/chat.c */
+    fsdp_opt_add(&l, "chat-format", FSDP_OPT_STR, &c->chat_format,
+                 fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
                  "how {\"messages\"} rows are rendered (default: from the tokenizer's special "
                  "tokens)");
     fsdp_opt_add_int(&l, "steps", &c->steps, 1, MAX_STEPS, "S", "optimizer steps (default 600)");
@@ -108,7 +111,7 @@ int fsdp_cli_train(int argc, char **argv)
                        "peak learning rate, in (0, 10] (default 3e-3)");
     fsdp_opt_add_int(&l, "warmup", &c->warmup, 0, INT_MAX, "S",
                      "linear warmup steps, then cosine decay to 10% (default 20)");
-    fsdp_opt_add_float(&l, "wd", &e->weight_decay, 0.0, false, 10.0, "X",
+    fsdp_opt_add_float(&l, "wd", &e->optim_hp.weight_decay, 0.0, false, 10.0, "X",
                        "weight decay, applied to wte and the linear weights only, with "
                        "--lr x --wd <= 1 (default 0.1)");
     fsdp_opt_add_float(&l, "clip", &e->clip, 0.0, false, 1e6, "X",
@@ -161,10 +164,11 @@ int fsdp_cli_train(int argc, char **argv)
         return fsdp_cli_usage("train", "--ckpt-every, --ckpt-keep and --resume need --ckpt-dir DIR");
     if (c->allow_batch_change && !c->resume)
         return fsdp_cli_usage("train", "--allow-batch-change only applies with --resume");
-    if ((double)c->lr * (double)e->weight_decay > 1.0)
+    float wd = e->optim_hp.weight_decay;
+    if ((double)c->lr * (double)wd > 1.0)
         return fsdp_cli_usage("train", "--lr %g x --wd %g = %g: each step would multiply the "
                               "weights by 1 - lr x wd < 0; keep lr x wd <= 1", (double)c->lr,
-                              (double)e->weight_decay, (double)c->lr * e->weight_decay);
+                              (double)wd, (double)c->lr * wd);
     e->skip_nonfinite = on_nonfinite == 1;
     if (quiet)
         c->out = NULL;

@@ -50,6 +50,16 @@ const fsdp_chat_format *fsdp_chat_formats(int *n)
     return FORMATS;
 }
 
+const char *fsdp_chat_format_names(char *buf, size_t n, const char *sep)
+{
+    size_t at = 0;
+    if (n)
+        buf[0] = '\0';
+    for (int i = 0; i < N_FORMATS && at < n; i++)
+        at += (size_t)snprintf(buf + at, n - at, "%s%s", i ? sep : "", FORMATS[i].name);
+    return buf;
+}
+
 const fsdp_chat_format *fsdp_chat_format_find(const char *name)
 {
     for (int i = 0; i < N_FORMATS; i++)

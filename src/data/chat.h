@@ -54,6 +54,10 @@ typedef struct fsdp_chat_msg {
 /* The formats, for listing: *n entries. */
 const fsdp_chat_format *fsdp_chat_formats(int *n);
 
+/* The format names joined by sep ("llama3|chatml" with sep "|"), for
+ * help texts and messages; truncated to fit n. Returns buf. */
+const char *fsdp_chat_format_names(char *buf, size_t n, const char *sep);
+
 /* The format named `name`, or NULL. */
 const fsdp_chat_format *fsdp_chat_format_find(const char *name);
 

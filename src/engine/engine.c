@@ -2,7 +2,8 @@
  * engine.c - the FSDP step on one rank: just-in-time all-gathers with
  * prefetch, reduce-scatter of unit gradients into the accumulation counter
  * (accum.h), global-norm clipping and the optimizer step, through the
- * placement table (place.h) that says where the optimizer state lives.
+ * placement table (declared in engine_internal.h) that says where the
+ * optimizer state lives.
  *
  * Determinism (docs/determinism.md): rank r runs micro-batches r, r+N, ... so micro-step
  * j covers global micro-batches jN .. jN+N-1; the reduce-scatter sums them
@@ -52,20 +53,16 @@
 #include "core/world.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
-#include "engine/place.h"
 
 /* ---- shared state ------------------------------------------------------- */
 
-static const fsdp_name recompute_names[] = {
-    {"none", FSDP_RECOMPUTE_NONE, "keep every block's activations from forward to backward"},
-    {"block", FSDP_RECOMPUTE_BLOCK,
-     "keep only each block's input; rerun the block's forward up to its MLP activation in its "
-     "backward (about a fifth more FLOPs; one block's activations instead of every block's)"},
-    {"elementwise", FSDP_RECOMPUTE_ELEMENTWISE,
-     "keep the matmul and attention outputs; rerun the norms and the activation function "
-     "(GELU/SwiGLU) in backward (little compute, less memory)"},
+static const fsdp_name offload_names[] = {
+    {"none", 0, "master weights, optimizer state and gradient shards on the device"},
+    {"optimizer", 1,
+     "master weights, optimizer state and gradient shards in pinned host memory, updated by "
+     "the CPU optimizer"},
 };
-const fsdp_name_table fsdp_recompute_names = FSDP_NAME_TABLE(recompute_names);
+const fsdp_name_table fsdp_offload_names = FSDP_NAME_TABLE(offload_names);
 
 fsdp_status fsdp_engine_recompute_check(const fsdp_model *model, fsdp_recompute mode)
 {
@@ -104,11 +101,9 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
                               cfg->n_ranks, nodes, w->n_ranks, w->n_processes);
     FSDP_TRY(fsdp_engine_recompute_check(model, cfg->recompute));
     sh->optim = fsdp_optim_or_default(cfg->optim);
-    sh->optim_hp = (fsdp_optim_hparams){.beta1 = cfg->beta1, .beta2 = cfg->beta2, .eps = cfg->eps,
-                                        .momentum = cfg->momentum,
-                                        .weight_decay = cfg->weight_decay};
+    fsdp_optim_hparams_resolve(sh->optim, &cfg->optim_hp, &sh->optim_hp);
     if (!cfg->inference)
-        FSDP_TRY(sh->optim->check(&sh->optim_hp));
+        FSDP_TRY(fsdp_optim_hparams_check(sh->optim, &sh->optim_hp));
     FSDP_TRY(fsdp_shardmap_init_nodes(&sh->sm, model, cfg->n_ranks, nodes, cfg->shard));
     for (int u = 0; u < sh->sm.n_units; u++)
         sh->n_local_blocks += sh->sm.units[u].shard_numel / FSDP_NORM_BLOCK;

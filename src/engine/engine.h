@@ -62,9 +62,8 @@ typedef struct fsdp_engine_config {
     int seq;                   /* T */
     int grad_accum;            /* A: micro-steps per rank per step */
     const struct fsdp_optim *optim; /* optim/optim.h; NULL: the default (AdamW) */
-    float beta1, beta2, eps;   /* AdamW */
-    float momentum;            /* SGD */
-    float weight_decay;
+    fsdp_optim_hparams optim_hp; /* optim's hyper-parameters (those not given: its defaults)
+                                  * and the weight decay; read by the optimizer only */
     float clip;                /* global grad-norm clip, 0 = off */
     uint64_t seed;
     bool skip_nonfinite;       /* updates always wait for the step's loss and norm, so a
@@ -73,8 +72,8 @@ typedef struct fsdp_engine_config {
                                 * (device.h); the caller's, since it knows its options */
 } fsdp_engine_config;
 
-/* The --recompute values: none, block, elementwise (fsdp_recompute). */
-extern const fsdp_name_table fsdp_recompute_names;
+/* The --offload values: none (0), optimizer (1), as cfg.offload. */
+extern const fsdp_name_table fsdp_offload_names;
 
 /* Whether the engine can run `model` with recompute `mode`: every model
  * runs NONE, the other modes need the model's recompute slots
@@ -102,7 +101,7 @@ typedef struct fsdp_engine_shared {
     const fsdp_data *data;     /* may be NULL (meta / plan) */
     fsdp_world *world;
     const fsdp_optim *optim;   /* cfg.optim, or the default */
-    fsdp_optim_hparams optim_hp; /* from cfg */
+    fsdp_optim_hparams optim_hp; /* cfg.optim_hp resolved: every value set */
     fsdp_shardmap sm;
     size_t n_local_blocks;     /* norm blocks per rank, all units */
     fsdp_norm_cover norm;      /* the norm's partial sums (norm_cover.h) */

@@ -33,7 +33,6 @@
 #include "core/world.h"
 #include "engine/engine_ckpt.h"
 #include "engine/engine_internal.h"
-#include "engine/place.h"
 
 /* Every optimizer's state fits a shard file: its arrays after the master,
  * under their own names. */

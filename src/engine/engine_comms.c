@@ -23,7 +23,6 @@
 
 #include "core/world.h"
 #include "engine/engine_internal.h"
-#include "engine/place.h"
 
 /* ---- communicators ------------------------------------------------------------ */
 

@@ -4,10 +4,11 @@
  * optimizer state lives; trace.c: the Chrome trace). Not part of the
  * engine's API.
  *
- * Dependencies: engine.c calls the placement table (place.h), the
- * accumulation counter (accum.h) and the optimizer (optim/optim.h); the
- * placements call accumulation, the optimizer, the trace and the inline
- * helpers below, never a function of engine.c.
+ * Dependencies: engine.c calls the placement table (declared below,
+ * implemented by place*.c), the accumulation counter (accum.h) and the
+ * optimizer (optim/optim.h); the placements call accumulation, the
+ * optimizer, the trace and the inline helpers below, never a function of
+ * engine.c, and the engine's files never include place.h.
  */
 #ifndef FSDP_ENGINE_ENGINE_INTERNAL_H
 #define FSDP_ENGINE_ENGINE_INTERNAL_H
@@ -16,8 +17,6 @@
 #include "engine/engine.h"
 #include "engine/trace.h"
 #include "ops/ops.h"
-
-struct fsdp_place_i;
 
 struct fsdp_engine {
     fsdp_engine_shared *sh;
@@ -57,6 +56,48 @@ struct fsdp_engine {
     fsdp_status data_st;         /* first data error of a step (fsdp_engine_data_error) */
     char data_msg[FSDP_ERROR_MSG_MAX];
 };
+
+/* ---- placements: where a rank's optimizer state lives ---------------------
+ * The interface the engine drives; the implementations (device, host,
+ * infer) and what they share are in place.h and place*.c. */
+typedef struct fsdp_place_i {
+    const char *name;
+    /* Per-rank state (e->place_ctx), before the units are allocated. */
+    fsdp_status (*init)(fsdp_engine *e);
+    /* Wait for work in flight and release what init made (the device
+     * releases the buffers). Safe after a failed init. */
+    void (*fini)(fsdp_engine *e);
+    /* Allocate unit u's master, optimizer state, gradient shard and
+     * compute-dtype shard (row->param, which may be row->master). */
+    fsdp_status (*unit_alloc)(fsdp_engine *e, int u);
+    /* Rewrite unit u's compute-dtype shard from its master (after init or
+     * a checkpoint load wrote the master). Synchronous. */
+    fsdp_status (*param_refresh)(fsdp_engine *e, int u);
+    /* Last micro-step: unit u's gradient is reduced into the accumulation
+     * counter (comm stream); make it the step's gradient shard (row->grad)
+     * without a host wait. */
+    fsdp_status (*unit_ready)(fsdp_engine *e, int u);
+    /* Before unit u is gathered, or its master or state read or written:
+     * its last update is complete on the host, and row->param holds it in
+     * the order of the comm and compute streams (they wait for it). */
+    fsdp_status (*params_ready)(fsdp_engine *e, int u);
+    /* Per norm block, the sum of squares of every unit's gradient shard, in
+     * unit order, into host memory out (n_local_blocks floats), after the
+     * comm stream's folds. */
+    fsdp_status (*grad_sumsq)(fsdp_engine *e, float *out);
+    /* The optimizer step of every unit at learning rate lr, gradients
+     * scaled by `scale`, with step count e->t (may run asynchronously: the
+     * next gathers wait through params_ready or the streams). */
+    fsdp_status (*step)(fsdp_engine *e, float lr, float scale);
+    /* Unit u's fp32 master shard in device memory (for collectives): the
+     * master itself, or a temporary copy (FSDP_MEM_OTHER) that the caller
+     * frees with fsdp_device_free when it is not row->master. Complete on
+     * the comm stream. */
+    fsdp_status (*master_on_device)(fsdp_engine *e, int u, float **out);
+} fsdp_place_i;
+
+/* The placement a configuration asks for (--offload, inference); place.c. */
+const fsdp_place_i *fsdp_place_of(const fsdp_engine_config *cfg);
 
 /* engine_comms.c: the communicators (init on the rank's thread after the
  * device; fini is safe after a failed init), their counters, and the

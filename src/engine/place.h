@@ -19,47 +19,17 @@
  * Placements use the engine object, accumulation (accum.h), the optimizer
  * (optim/) and the trace; never a function of engine.c. Every slot is
  * called on the rank's thread.
+ *
+ * The table's type and the function that picks a placement are declared
+ * with the engine object (engine_internal.h), the interface the engine
+ * drives; this header is what the placements share among themselves, and
+ * the engine's own files do not include it (so the engine and its
+ * placements do not include each other).
  */
 #ifndef FSDP_ENGINE_PLACE_H
 #define FSDP_ENGINE_PLACE_H
 
 #include "engine/engine_internal.h"
-
-typedef struct fsdp_place_i {
-    const char *name;
-    /* Per-rank state (e->place_ctx), before the units are allocated. */
-    fsdp_status (*init)(fsdp_engine *e);
-    /* Wait for work in flight and release what init made (the device
-     * releases the buffers). Safe after a failed init. */
-    void (*fini)(fsdp_engine *e);
-    /* Allocate unit u's master, optimizer state, gradient shard and
-     * compute-dtype shard (row->param, which may be row->master). */
-    fsdp_status (*unit_alloc)(fsdp_engine *e, int u);
-    /* Rewrite unit u's compute-dtype shard from its master (after init or
-     * a checkpoint load wrote the master). Synchronous. */
-    fsdp_status (*param_refresh)(fsdp_engine *e, int u);
-    /* Last micro-step: unit u's gradient is reduced into the accumulation
-     * counter (comm stream); make it the step's gradient shard (row->grad)
-     * without a host wait. */
-    fsdp_status (*unit_ready)(fsdp_engine *e, int u);
-    /* Before unit u is gathered, or its master or state read or written:
-     * its last update is complete on the host, and row->param holds it in
-     * the order of the comm and compute streams (they wait for it). */
-    fsdp_status (*params_ready)(fsdp_engine *e, int u);
-    /* Per norm block, the sum of squares of every unit's gradient shard, in
-     * unit order, into host memory out (n_local_blocks floats), after the
-     * comm stream's folds. */
-    fsdp_status (*grad_sumsq)(fsdp_engine *e, float *out);
-    /* The optimizer step of every unit at learning rate lr, gradients
-     * scaled by `scale`, with step count e->t (may run asynchronously: the
-     * next gathers wait through params_ready or the streams). */
-    fsdp_status (*step)(fsdp_engine *e, float lr, float scale);
-    /* Unit u's fp32 master shard in device memory (for collectives): the
-     * master itself, or a temporary copy (FSDP_MEM_OTHER) that the caller
-     * frees with fsdp_device_free when it is not row->master. Complete on
-     * the comm stream. */
-    fsdp_status (*master_on_device)(fsdp_engine *e, int u, float **out);
-} fsdp_place_i;
 
 extern const fsdp_place_i fsdp_place_device;
 extern const fsdp_place_i fsdp_place_host;
@@ -73,9 +43,6 @@ fsdp_status fsdp_place_alloc(fsdp_engine *e, int u, bool host, size_t bytes, fsd
 /* Unit u's fp32 shards in its row, in this order: the master, each
  * optimizer state array, the gradient (fsdp_place_alloc). */
 fsdp_status fsdp_place_alloc_fp32(fsdp_engine *e, int u, bool host);
-
-/* The placement a configuration asks for (--offload). */
-const fsdp_place_i *fsdp_place_of(const fsdp_engine_config *cfg);
 
 /* The optimizer ranges of unit u's shard on this rank: one per parameter
  * that overlaps the shard, with its weight decay, pointing into master,

@@ -1,26 +1,40 @@
 /*
- * shardmap.c - building the shard map from a model's units.
+ * shardmap.c - the sharding strategies' names, and building the shard map
+ * from a model's units.
  */
 #include <string.h>
 
 #include "engine/shardmap.h"
 
+static const fsdp_name shard_names[] = {
+    {"full", FSDP_SHARD_FULL,
+     "parameters, gradients and optimizer state sharded; units gathered just in time "
+     "(FULL_SHARD, ZeRO-3)"},
+    {"grad-op", FSDP_SHARD_GRAD_OP,
+     "as full, but gathered parameters stay from forward to backward (SHARD_GRAD_OP, ZeRO-2)"},
+    {"none", FSDP_SHARD_NONE, "everything replicated, gradients all-reduced (NO_SHARD, DDP)"},
+    {"hybrid", FSDP_SHARD_HYBRID,
+     "as full within each node, replicated across nodes: gradients reduce-scattered in the "
+     "node, then all-reduced across nodes (HYBRID_SHARD, HSDP); the same as full on one node"},
+};
+const fsdp_name_table fsdp_shard_names = FSDP_NAME_TABLE(shard_names);
+
 const char *fsdp_shard_strategy_name(fsdp_shard_strategy s)
 {
-    static const char *const names[FSDP_SHARD_COUNT] = {"full", "grad-op", "none", "hybrid"};
-    return (unsigned)s < FSDP_SHARD_COUNT ? names[s] : "?";
+    return fsdp_names_name(&fsdp_shard_names, (int)s);
 }
 
 fsdp_status fsdp_shard_strategy_parse(const char *s, fsdp_shard_strategy *out)
 {
-    for (int i = 0; i < FSDP_SHARD_COUNT; i++)
-        if (!strcmp(s, fsdp_shard_strategy_name((fsdp_shard_strategy)i))) {
-            *out = (fsdp_shard_strategy)i;
-            return FSDP_STATUS_OK;
-        }
-    return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                          "unknown sharding strategy '%s' (expected full, grad-op, none or hybrid)",
-                          s);
+    const fsdp_name *n = fsdp_names_find(&fsdp_shard_names, s);
+    if (n) {
+        *out = (fsdp_shard_strategy)n->value;
+        return FSDP_STATUS_OK;
+    }
+    char names[128];
+    return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "unknown sharding strategy '%s' (expected %s)",
+                          s ? s : "", fsdp_names_join(&fsdp_shard_names, 0, ", ", " or ", names,
+                                                      sizeof names));
 }
 
 fsdp_status fsdp_shardmap_init(fsdp_shardmap *sm, const fsdp_model *m, int n_ranks,

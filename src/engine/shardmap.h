@@ -21,6 +21,7 @@
 #ifndef FSDP_ENGINE_SHARDMAP_H
 #define FSDP_ENGINE_SHARDMAP_H
 
+#include "core/names.h"
 #include "models/model.h"
 #include "optim/optim.h"
 
@@ -33,8 +34,13 @@ typedef enum fsdp_shard_strategy {
     FSDP_SHARD_COUNT
 } fsdp_shard_strategy;
 
+/* The strategies by name, with one help line each (--shard; manifests). */
+extern const fsdp_name_table fsdp_shard_names;
+
+/* "full", "grad-op", "none", "hybrid"; "?" for a value out of range. */
 const char *fsdp_shard_strategy_name(fsdp_shard_strategy s);
-/* Parse "full" | "grad-op" | "none" | "hybrid". */
+/* Parse a name of fsdp_shard_names: INVALID_ARG "unknown sharding strategy
+ * 's' (expected full, grad-op, none or hybrid)" otherwise. */
 fsdp_status fsdp_shard_strategy_parse(const char *s, fsdp_shard_strategy *out);
 
 typedef enum fsdp_unit_state {

@@ -43,7 +43,7 @@ static const char *label(char *buf, size_t n, const fsdp_fit_candidate *c)
 {
     snprintf(buf, n, "batch %d x accum %d, shard %s, offload %s, prefetch %s, recompute %s",
              c->batch, c->grad_accum, fsdp_shard_strategy_name(c->shard),
-             c->offload ? "optimizer" : "none", c->prefetch ? "on" : "off",
+             fsdp_names_name(&fsdp_offload_names, c->offload), c->prefetch ? "on" : "off",
              fsdp_fit_recompute_modes[c->recompute].name);
     return buf;
 }
@@ -96,7 +96,7 @@ static void print_fits(FILE *f, const fsdp_fit_request *req, const fsdp_fit_resu
             snprintf(vs, sizeof vs, "+%.0f%%", 100.0 * (c->cost.step_s / best - 1.0));
         fprintf(f, "  %3d %6d %6d  %-8s %-10s %-8s %-11s %11s %9s %10s %10s %9s %7s\n", i + 1,
                 c->batch, c->grad_accum, fsdp_shard_strategy_name(c->shard),
-                c->offload ? "optimizer" : "none", c->prefetch ? "on" : "off",
+                fsdp_names_name(&fsdp_offload_names, c->offload), c->prefetch ? "on" : "off",
                 fsdp_fit_recompute_modes[c->recompute].name, fmtb(b1, c->peak_bytes),
                 cuda ? fmtb(b2, c->cuda.total_bytes) : "", fmtb(b3, c->host_bytes),
                 fmt_time(t, sizeof t, c->cost.step_s), fmt_rate(k, sizeof k, c->tokens_per_s), vs);
@@ -297,7 +297,7 @@ static void json_candidate(FILE *f, const fsdp_fit_request *req, const fsdp_fit_
     fprintf(f, "{\"index\":%d,\"batch\":%d,\"grad_accum\":%d,\"shard\":\"%s\",\"offload\":\"%s\","
                "\"prefetch\":\"%s\",\"recompute\":",
             i, c->batch, c->grad_accum, fsdp_shard_strategy_name(c->shard),
-            c->offload ? "optimizer" : "none", c->prefetch ? "on" : "off");
+            fsdp_names_name(&fsdp_offload_names, c->offload), c->prefetch ? "on" : "off");
     fsdp_json_write_str(f, fsdp_fit_recompute_modes[c->recompute].name);
     fprintf(f, ",\"verdict\":\"%s\"", fsdp_fit_verdict_name(c->verdict));
     if (rank > 0)

@@ -124,7 +124,7 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
             p->model, p->numel, (double)p->numel / (p->numel >= 1000000000 ? 1e9 : 1e6),
             p->numel >= 1000000000 ? "B" : "M", p->n_units, N, nodes,
             fsdp_shard_strategy_name(e->shard), fsdp_dtype_name(e->compute_dtype), o->name,
-            e->offload ? "optimizer" : "none");
+            fsdp_names_name(&fsdp_offload_names, e->offload));
     fprintf(f, "  per device and micro-step: batch %d x seq %d, grad-accum %d, prefetch %s, "
                "recompute %s; %d step(s) run on the meta backend in %.2f s\n",
             e->batch, e->seq, e->grad_accum, e->prefetch ? "on" : "off",

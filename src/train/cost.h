@@ -30,9 +30,11 @@
  *               step = max(device, pcie + cpu_opt)
  *     pcie    = (gradient shard down + compute-dtype parameter shard up) /
  *               PCIe bandwidth (one copy stream: the two directions add)
- *     cpu_opt = bytes the CPU AdamW moves for ALL devices (28 per element:
- *               read p, g, m, v, write p, m, v; +2 writing a bf16 copy) /
- *               host memory bandwidth (one host serves every device)
+ *     cpu_opt = bytes the CPU optimizer moves for ALL devices (per element:
+ *               read p and g, read and write each state array, write p, as
+ *               the optimizer's table says: AdamW 28, SGD 20; +2 writing a
+ *               bf16 copy) / host memory bandwidth (one host serves every
+ *               device)
  *   step      = offload ? max(device, pcie + cpu_opt) : device
  *
  * Left out: kernel efficiency falling at small micro-batches (a constant

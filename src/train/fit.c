@@ -197,6 +197,9 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
     /* host: pinned memory of every device (and the simulated devices on cpu) */
     size_t host = 0, update = 0, pcie = 0, reduce = 0, gather = 0, igather = 0, ireduce = 0;
     size_t dt = fsdp_dtype_size(e->compute_dtype);
+    /* per updated element: the optimizer's own traffic, and the compute-dtype copy */
+    size_t per_elem = fsdp_optim_step_bytes(fsdp_optim_or_default(e->optim)) +
+                      (e->compute_dtype == FSDP_DTYPE_BF16 ? 2 : 0);
     for (int r = 0; r < N; r++) {
         const fsdp_plan_rank *pr = &p.ranks[r];
         host += pr->host.peak_bytes;
@@ -204,7 +207,7 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
             host += pr->mem.peak_bytes;
         /* offload: the pinned gradient shard's elements are the ones the CPU updates */
         size_t elems = pr->host.peak_kind_bytes[FSDP_MEM_GRAD] / sizeof(float);
-        update += elems * (28 + (e->compute_dtype == FSDP_DTYPE_BF16 ? 2 : 0));
+        update += elems * per_elem;
         if (elems * (sizeof(float) + dt) > pcie)
             pcie = elems * (sizeof(float) + dt);
         size_t g = pr->recv_bytes[FSDP_COLL_ALL_GATHER];
@@ -557,9 +560,9 @@ void fsdp_fit_command(const fsdp_fit_request *req, const fsdp_fit_candidate *c, 
              "--grad-accum %d "
              "--shard %s --offload %s --prefetch %s --precision %s%s --device-mem %s",
              launch, fsdp_backend_name(req->backend), model, e->n_ranks / nodes, e->seq, c->batch,
-             c->grad_accum,
-             fsdp_shard_strategy_name(c->shard), c->offload ? "optimizer" : "none",
-             c->prefetch ? "on" : "off", fsdp_dtype_name(e->compute_dtype), rc, mem);
+             c->grad_accum, fsdp_shard_strategy_name(c->shard),
+             fsdp_names_name(&fsdp_offload_names, c->offload), c->prefetch ? "on" : "off",
+             fsdp_dtype_name(e->compute_dtype), rc, mem);
 }
 
 /* ---- fsdp train's check ---------------------------------------------------------- */

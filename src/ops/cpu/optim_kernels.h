@@ -33,20 +33,13 @@
 #include <stddef.h>
 
 #include "fsdp/fsdp.h"
+#include "ops/isa.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* ---- instruction sets ------------------------------------------------------ */
-
-typedef enum fsdp_cpu_isa {
-    FSDP_CPU_ISA_SCALAR = 0, /* the reference itself */
-    FSDP_CPU_ISA_SSE41,      /* 4 lanes */
-    FSDP_CPU_ISA_AVX2,       /* 8 lanes */
-    FSDP_CPU_ISA_AVX512F,    /* 16 lanes */
-    FSDP_CPU_ISA_COUNT       /* as an argument: the best supported */
-} fsdp_cpu_isa;
+/* ---- instruction sets (the levels: ops/isa.h) ------------------------------ */
 
 /* "scalar", "sse4.1", "avx2", "avx512f"; "?" for a bad value. */
 const char *fsdp_cpu_isa_name(fsdp_cpu_isa isa);

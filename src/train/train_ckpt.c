@@ -1,0 +1,125 @@
+/*
+ * train_ckpt.c - the training run's checkpoints (trainer.h): claiming
+ * --ckpt-dir, finding the checkpoint to resume from and telling the user
+ * how it differs from this run, and saving.
+ *
+ * A job of several processes: process 0 holds the directory's lock and
+ * writes the manifest; every process reads the checkpoint to resume from,
+ * and they must find the same one (fsdp_job_agree after each step that can
+ * fail on one process only).
+ */
+#include <string.h>
+
+#include "core/clock.h"
+#include "engine/engine_ckpt.h"
+#include "train/job.h"
+#include "train/trainer.h"
+
+/* Checkpoints, before any resume: the manifest base for saves (one run id
+ * for the job: the manifest's and every rank's shard file's) and the
+ * directory's lock, held by process 0 until the run ends. A fresh run
+ * refuses a directory that already holds checkpoints, so two runs never
+ * mix in one directory. */
+static fsdp_status ckpt_claim(struct trainer *t)
+{
+    const fsdp_train_config *cfg = t->cfg;
+    bool found = false;
+    uint64_t step = 0;
+    fsdp_status st = fsdp_engine_ckpt_describe(&t->sh, cfg->data, cfg->steps, &t->ck_base);
+    FSDP_TRY(fsdp_job_agree(cfg->procs, t->world, st));
+    FSDP_TRY(fsdp_job_from_process0(cfg->procs, t->world, &t->ck_base.run_id,
+                                    sizeof t->ck_base.run_id));
+    if (t->world->process == 0) {
+        st = fsdp_ckpt_dir_lock(&t->ck_lock, cfg->ckpt_dir); /* until the run ends */
+        if (st == FSDP_STATUS_OK && !cfg->resume)
+            st = fsdp_ckpt_latest(cfg->ckpt_dir, &step, &found);
+        if (st == FSDP_STATUS_OK && found)
+            st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                "--ckpt-dir '%s' already holds checkpoints (newest: step %llu); "
+                                "pass --resume to continue from it, or choose another directory",
+                                cfg->ckpt_dir, (unsigned long long)step);
+    }
+    FSDP_TRY(fsdp_job_agree(cfg->procs, t->world, st));
+    return fsdp_job_dir_shared(cfg->procs, t->world, cfg->ckpt_dir, t->ck_base.run_id,
+                               "--ckpt-dir");
+}
+
+/* What the user should know about the checkpoint resumed from: where it
+ * is, and what differs from this run (schedule, global batch, data). */
+static void resume_notes(const struct trainer *t)
+{
+    const fsdp_train_config *cfg = t->cfg;
+    const fsdp_ckpt_manifest *m = &t->ck_resume;
+    const fsdp_engine_config *ec = &cfg->eng;
+    fprintf(t->out, "resuming from %s: step %llu, written by %d device(s) with shard %s\n",
+            t->ck_path, (unsigned long long)m->step, m->world_size, m->shard);
+    if (m->steps_total != cfg->steps && m->step < (uint64_t)cfg->steps)
+        fprintf(t->out, "note: the checkpoint's run had --steps %d; the learning-rate "
+                        "schedule now spans %d steps\n", m->steps_total, cfg->steps);
+    uint64_t was = (uint64_t)m->batch * (uint64_t)m->world_size * (uint64_t)m->grad_accum;
+    uint64_t now = (uint64_t)ec->batch * (uint64_t)ec->n_ranks * (uint64_t)ec->grad_accum;
+    if (was != now && m->step < (uint64_t)cfg->steps)
+        fprintf(t->out, "note: --allow-batch-change: the global batch was %llu sequences "
+                        "and is now %llu; the data continues at step x %llu sequences, "
+                        "and this run is no longer bit-identical to one that kept the "
+                        "batch\n", (unsigned long long)was, (unsigned long long)now,
+                (unsigned long long)now);
+    if (cfg->data && strcmp(m->data, cfg->data))
+        fprintf(t->out, "warning: the checkpoint was trained on data '%s', this run reads "
+                        "'%s'\n", m->data, cfg->data);
+}
+
+/* --resume: the newest complete checkpoint in --ckpt-dir, which every
+ * process reads and must find the same; t->ck_path "" when there is none
+ * (the run starts from step 0). */
+static fsdp_status ckpt_find_resume(struct trainer *t)
+{
+    const fsdp_train_config *cfg = t->cfg;
+    bool found = false;
+    fsdp_status st = fsdp_engine_ckpt_find(&t->sh, cfg->ckpt_dir, cfg->allow_batch_change,
+                                           &t->ck_resume, t->ck_path, sizeof t->ck_path, &found);
+    FSDP_TRY(fsdp_job_agree(cfg->procs, t->world, st));
+    uint64_t seen[2] = {found, found ? t->ck_resume.step : 0}, first[2] = {seen[0], seen[1]};
+    FSDP_TRY(fsdp_job_from_process0(cfg->procs, t->world, first, sizeof first));
+    if (memcmp(seen, first, sizeof seen))
+        st = fsdp_error_set(FSDP_STATUS_IO,
+                            "process %d finds %s in --ckpt-dir '%s' where process 0 finds %s%llu; "
+                            "was a checkpoint written or removed while the job started?",
+                            t->world->process, found ? "a checkpoint" : "no checkpoint",
+                            cfg->ckpt_dir, first[0] ? "step " : "none",
+                            (unsigned long long)first[1]);
+    FSDP_TRY(fsdp_job_agree(cfg->procs, t->world, st));
+    if (!found) {
+        t->ck_path[0] = '\0';
+        if (t->out)
+            fprintf(t->out, "resume: no complete checkpoint in %s; starting from step 0\n",
+                    cfg->ckpt_dir);
+        return FSDP_STATUS_OK;
+    }
+    const fsdp_ckpt_manifest *m = &t->ck_resume;
+    t->start_step = m->step < (uint64_t)cfg->steps ? (int)m->step : cfg->steps;
+    if (t->out)
+        resume_notes(t);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_trainer_ckpt_prepare(struct trainer *t)
+{
+    FSDP_TRY(ckpt_claim(t));
+    return t->cfg->resume ? ckpt_find_resume(t) : FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_trainer_ckpt_save(struct trainer *t, fsdp_engine *e, int rank, int done)
+{
+    const fsdp_train_config *cfg = t->cfg;
+    double t0 = fsdp_now_s();
+    FSDP_TRY(fsdp_engine_ckpt_save(e, cfg->ckpt_dir, &t->ck_base, (uint64_t)done,
+                                   cfg->ckpt_keep));
+    if (rank == 0) {
+        t->res->ckpt_step = done;
+        if (t->out)
+            fprintf(t->out, "checkpoint: step %d written to %s/step_%08d (rank 0: %.0f ms)\n",
+                    done, cfg->ckpt_dir, done, (fsdp_now_s() - t0) * 1000.0);
+    }
+    return FSDP_STATUS_OK;
+}

@@ -1,0 +1,71 @@
+/*
+ * trainer.h - the trainer object that one training run's rank threads
+ * share, for the trainer's files (train.c: the loop, progress and the run;
+ * train_ckpt.c: the run's checkpoints). Not part of the trainer's API
+ * (train.h).
+ *
+ * Threading: built on the main thread before the ranks start; then rank 0
+ * writes the result and the figures, any rank the stop error (under mu),
+ * and every rank reads the rest.
+ */
+#ifndef FSDP_TRAIN_TRAINER_H
+#define FSDP_TRAIN_TRAINER_H
+
+#include <pthread.h>
+#include <stdio.h>
+
+#include "ckpt/ckpt_dir.h"
+#include "ckpt/manifest.h"
+#include "ckpt/modelfile.h"
+#include "core/world.h"
+#include "train/outputs.h"
+#include "train/train.h"
+
+/* Why the ranks stop early (the bits of the barrier after each step). */
+enum {
+    STOP_REQUEST = 1u << 0, /* cfg->stop: finish, checkpoint, return OK */
+    STOP_ERROR = 1u << 1,   /* t->stop_st: the step counts; stop after it */
+    STOP_DATA = 1u << 2,    /* a rank could not read this step's batch: it does not count */
+};
+
+/* One training run: what the rank threads share (train.c). */
+struct trainer {
+    const fsdp_train_config *cfg;
+    FILE *out;                /* t->out on process 0; NULL on the others */
+    fsdp_world *world;
+    fsdp_engine_shared sh;
+    fsdp_model model;
+    fsdp_data *data;
+    fsdp_train_result *res;
+    fsdp_metrics log;         /* --log (log.f NULL: none); rank 0 writes */
+    char oom_hint[192];       /* what a device out-of-memory message suggests */
+    pthread_mutex_t mu;       /* guards stop_st and stop_msg */
+    fsdp_status stop_st;      /* the error that stops the run early (first wins), or OK */
+    char stop_msg[FSDP_ERROR_MSG_MAX];
+    double flops_per_token;   /* 6 P + attention, for MFU */
+    double peak_flops;        /* per device; 0 = unknown (no MFU) */
+    double tok_s_sum;
+    int tok_s_n;
+    int eval_correct, eval_seen; /* the job's, written by rank 0 */
+    fsdp_ckpt_manifest ck_base;   /* run-level part of the manifests this run writes */
+    fsdp_ckpt_manifest ck_resume; /* the checkpoint resumed from */
+    char ck_path[FSDP_CKPT_PATH_MAX]; /* its directory; "" when starting fresh */
+    int start_step;
+    fsdp_modelfile *mf;       /* --model FILE: the initial weights, or NULL */
+    fsdp_ckpt_lock ck_lock;   /* --ckpt-dir held for the run: one run per directory */
+};
+
+/* Checkpoints (train_ckpt.c). Before the ranks start, on the main thread
+ * of every process: the manifest base for saves, --ckpt-dir claimed (a
+ * fresh run refuses a directory that holds checkpoints) and, with
+ * --resume, the checkpoint to start from (t->ck_path, t->ck_resume,
+ * t->start_step; "" when there is none). Collective over the job's
+ * processes. */
+fsdp_status fsdp_trainer_ckpt_prepare(struct trainer *t);
+
+/* Write the checkpoint of the state after `done` steps (rank 0 records it
+ * in the result and says so). Collective: every rank calls it, with the
+ * same `done`. */
+fsdp_status fsdp_trainer_ckpt_save(struct trainer *t, fsdp_engine *e, int rank, int done);
+
+#endif /* FSDP_TRAIN_TRAINER_H */
