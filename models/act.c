@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "comm/comm.h"
+#include "core/tree_sum.h"
 #include "device/device.h"
 #include "models/act.h"
 

@@ -32,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
 #include "models/act.h"
 #include "models/gpt2.h"
 #include "models/registry.h"

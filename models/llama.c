@@ -36,7 +36,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
 #include "models/act.h"
 #include "models/llama.h"
 #include "models/registry.h"

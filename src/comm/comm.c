@@ -1,8 +1,7 @@
 /*
  * comm.c - generic collective wrappers (byte counting, NULL slots),
  * groups and the registry of their shared state, the check that every rank
- * issued the same collective, the meta communicator, and the reference tree
- * sum.
+ * issued the same collective, and the meta communicator.
  */
 #include <stdio.h>
 #include <string.h>
@@ -187,18 +186,6 @@ fsdp_status fsdp_comm_begin_check(const fsdp_comm *c, int rank, long k, int kind
                               "rank %d: %s of %zu elements given a NULL buffer", rank, what,
                               numel);
     return FSDP_STATUS_OK;
-}
-
-float fsdp_tree_sum(const float *x, int n)
-{
-    if (n <= 0)
-        return 0.0f;
-    if (n == 1)
-        return x[0];
-    int mid = n / 2;
-    float a = fsdp_tree_sum(x, mid);
-    float b = fsdp_tree_sum(x + mid, n - mid);
-    return a + b;
 }
 
 static void count(fsdp_comm *c, fsdp_coll_kind k, size_t sent, size_t recv)

@@ -16,7 +16,7 @@
  * Sums are added in a fixed balanced binary tree over ranks:
  *   tree(lo, hi) = tree(lo, mid) + tree(mid, hi), mid = lo + (hi - lo) / 2,
  * accumulated in fp32 for bf16 data (then rounded once), so results do not
- * depend on timing and match fsdp_tree_sum() exactly.
+ * depend on timing and match fsdp_tree_sum() (core/tree_sum.h) exactly.
  *
  * Groups: a communicator spans a group of the job's ranks, the global ranks
  * first + i * stride for i = 0 .. count - 1 (fsdp_comm_group); its `rank`
@@ -43,6 +43,7 @@
 #ifndef FSDP_COMM_COMM_H
 #define FSDP_COMM_COMM_H
 
+#include "core/tree_sum.h"
 #include "device/device.h"
 
 #ifdef __cplusplus
@@ -215,11 +216,6 @@ fsdp_status fsdp_comm_barrier(fsdp_comm *c);
 void fsdp_comm_reset_stats(fsdp_comm *c);
 size_t fsdp_comm_total_sent(const fsdp_comm *c);
 size_t fsdp_comm_total_recv(const fsdp_comm *c);
-
-/* The reference tree: sum of x[0..n) in the balanced binary tree order
- * above, in fp32. Used by the host collectives per element and by the
- * engine for losses and norm partial sums. */
-float fsdp_tree_sum(const float *x, int n);
 
 #ifdef __cplusplus
 }
