@@ -35,7 +35,7 @@
  * really cross between processes (the `mpi` transport) are counted apart,
  * in bytes_inter_*, once per process on its first local rank (the one that
  * moves them), so their sum over ranks is the job's inter-process traffic;
- * fsdp_comm_mpi_inter_bytes (comm/mpi_coll.h) gives them for any layout.
+ * fsdp_comm_mpi_inter_bytes (comm/mpi_layout.h) gives them for any layout.
  * The `meta` transport counts the same for the nodes its group says
  * (node_ranks), so a plan of P nodes in one process shows the bytes a job
  * of P processes moves between them.
@@ -66,6 +66,12 @@ typedef enum fsdp_coll_kind {
 /* "all_gather", ..., "broadcast", "barrier" (FSDP_COLL_BARRIER); "?" for
  * anything else. */
 const char *fsdp_coll_kind_name(int kind);
+
+/* Whether a collective of `kind` reduces (its reduce op matters). */
+static inline bool fsdp_coll_kind_is_reduction(int kind)
+{
+    return kind == FSDP_COLL_REDUCE_SCATTER || kind == FSDP_COLL_ALL_REDUCE;
+}
 
 /* The ranks of a communicator: global ranks first + i * stride, i = 0 ..
  * count - 1; member i is the communicator's rank i. node_ranks: ranks per

@@ -244,7 +244,7 @@ static bool header_matches(const struct mpi_header *a, const struct mpi_header *
     return a->magic == b->magic && a->kind == b->kind && a->numel == b->numel &&
            a->dt == b->dt && a->seq == b->seq &&
            (a->kind != FSDP_COLL_BROADCAST || a->root == b->root) &&
-           (!fsdp_mpi_is_reduction(a->kind) || a->op == b->op);
+           (!fsdp_coll_kind_is_reduction(a->kind) || a->op == b->op);
 }
 
 /* Post msgs[0..n) and wait; counts payload bytes on the leader's comm.
