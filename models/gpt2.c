@@ -1,8 +1,8 @@
 /*
  * gpt2.c - GPT-2 on the op interface: the unit and parameter layout
- * (models/gpt2.h) and forward/backward per unit. Configs, named shapes and
- * the family entry are in gpt2_family.c, the weight-file names in
- * gpt2_weights.c.
+ * (models/gpt2.h) and forward/backward per unit. Configs are in
+ * gpt2_config.c, named shapes and the family entry in gpt2_family.c, the
+ * weight-file names in gpt2_weights.c.
  *
  * The math is llm.c's GPT-2 (pre-LayerNorm blocks, tanh GELU, causal
  * attention, LM head tied to wte, padded vocabulary), expressed only through

@@ -1,8 +1,8 @@
 /*
  * llama.c - the Llama family on the op interface: the unit and parameter
- * layout (models/llama.h) and forward/backward per unit. Configs, named
- * shapes and the family entry are in llama_family.c, the weight-file names
- * and Hugging Face config.json in llama_weights.c.
+ * layout (models/llama.h) and forward/backward per unit. Configs are in
+ * llama_config.c, named shapes and the family entry in llama_family.c, the
+ * weight-file names and Hugging Face config.json in llama_weights.c.
  *
  * The math is transformers' LlamaForCausalLM (Qwen2ForCausalLM with q/k/v
  * biases), expressed only through src/ops calls so the same code runs on
