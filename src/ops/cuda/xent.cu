@@ -40,15 +40,13 @@ __device__ float block_max_f(float v, float *sh)
 __device__ double block_sum_d(double v, double *sh)
 {
     int lane = threadIdx.x % 32, wid = threadIdx.x / 32, nw = blockDim.x / 32;
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = fsdp_cu_warp_sum_d(v);
     if (lane == 0)
         sh[wid] = v;
     __syncthreads();
     if (wid == 0) {
         double t = lane < nw ? sh[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1)
-            t += __shfl_xor_sync(0xffffffffu, t, o);
+        t = fsdp_cu_warp_sum_d(t);
         if (lane == 0)
             sh[32] = t;
     }
