@@ -67,7 +67,8 @@ void fsdp_mpi_layout_of(const fsdp_mpi_cover *cv, int me, int kind, size_t numel
         } else if (kind == FSDP_COLL_BROADCAST) {
             out = me == root / L ? numel * es : 0;
             in = q == root / L ? numel * es : 0;
-        } else if (fsdp_coll_kind_is_reduction(kind)) { /* my payloads for q's chunks; q's for mine */
+        } else if (fsdp_coll_kind_is_reduction(kind)) {
+            /* my payloads for q's chunks; q's for mine */
             l->s_off[q] = s;
             s += out = fsdp_mpi_chunk_off(cv, kind, numel, dt, me, q, L);
             in = fsdp_mpi_chunk_off(cv, kind, numel, dt, q, me, L);
