@@ -473,6 +473,37 @@ static fsdp_status host_barrier(fsdp_comm *c)
 
 /* ---- lifetime ------------------------------------------------------------ */
 
+/* This transport's tables of members, in the world's registry (comm.h). */
+static const fsdp_meet_kind host_meet_kind;
+
+static void host_ctx_free(struct host_ctx *h)
+{
+    free(h->src);
+    free(h->tmp);
+    free(h->tmp_mem);
+    free(h);
+}
+
+static void host_fini(fsdp_comm *c)
+{
+    struct host_ctx *h = c->ctx;
+    if (!h)
+        return;
+    fsdp_meet_detach(&h->mr, c->world, &host_meet_kind, &c->group);
+    host_ctx_free(h);
+    c->ctx = NULL;
+}
+
+static const struct fsdp_comm_i host_comm_i = {
+    /* .name           = */ "host",
+    /* .all_gather     = */ host_all_gather,
+    /* .reduce_scatter = */ host_reduce_scatter,
+    /* .all_reduce     = */ host_all_reduce,
+    /* .broadcast      = */ host_broadcast,
+    /* .barrier        = */ host_barrier,
+    /* .fini           = */ host_fini,
+};
+
 static fsdp_status host_shared_create(fsdp_world *w, const fsdp_comm_group *g, void *arg,
                                       fsdp_meet **out)
 {
@@ -508,40 +539,11 @@ static void host_shared_destroy(fsdp_meet *m)
     free(sh);
 }
 
-/* This transport's tables of members, in the world's registry (comm.h). */
 static const fsdp_meet_kind host_meet_kind = {
     /* .name    = */ "host",
     /* .what    = */ "the host collectives",
     /* .create  = */ host_shared_create,
     /* .destroy = */ host_shared_destroy,
-};
-
-static void host_ctx_free(struct host_ctx *h)
-{
-    free(h->src);
-    free(h->tmp);
-    free(h->tmp_mem);
-    free(h);
-}
-
-static void host_fini(fsdp_comm *c)
-{
-    struct host_ctx *h = c->ctx;
-    if (!h)
-        return;
-    fsdp_meet_detach(&h->mr, c->world, &host_meet_kind, &c->group);
-    host_ctx_free(h);
-    c->ctx = NULL;
-}
-
-static const struct fsdp_comm_i host_comm_i = {
-    /* .name           = */ "host",
-    /* .all_gather     = */ host_all_gather,
-    /* .reduce_scatter = */ host_reduce_scatter,
-    /* .all_reduce     = */ host_all_reduce,
-    /* .broadcast      = */ host_broadcast,
-    /* .barrier        = */ host_barrier,
-    /* .fini           = */ host_fini,
 };
 
 fsdp_status fsdp_comm_host_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,

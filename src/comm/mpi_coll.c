@@ -505,6 +505,33 @@ static void shared_free(struct mpi_shared *sh)
     free(sh);
 }
 
+/* This transport's tables of members, in the world's registry (comm.h). */
+static const fsdp_meet_kind mpi_meet_kind;
+
+static void mpi_fini(fsdp_comm *c)
+{
+    struct mpi_ctx *x = c->ctx;
+    if (!x)
+        return;
+    fsdp_meet_detach(&x->mr, c->world, &mpi_meet_kind, &c->group);
+    free(x->tmp);
+    free(x->tmp_mem);
+    free(x->leaf);
+    free(x->remote);
+    free(x);
+    c->ctx = NULL;
+}
+
+static const struct fsdp_comm_i mpi_comm_i = {
+    /* .name           = */ "mpi",
+    /* .all_gather     = */ mpi_all_gather,
+    /* .reduce_scatter = */ mpi_reduce_scatter,
+    /* .all_reduce     = */ mpi_all_reduce,
+    /* .broadcast      = */ mpi_broadcast,
+    /* .barrier        = */ mpi_barrier,
+    /* .fini           = */ mpi_fini,
+};
+
 /* The channel of group g's transfers: a function of the group alone, the
  * same in every process (comm.h's groups of one job differ in first or
  * stride; first < FSDP_MAX_RANKS, stride <= FSDP_MAX_RANKS: well inside
@@ -559,36 +586,11 @@ static fsdp_status shared_create(fsdp_world *w, const fsdp_comm_group *g, void *
     return FSDP_STATUS_OK;
 }
 
-/* This transport's tables of members, in the world's registry (comm.h). */
 static const fsdp_meet_kind mpi_meet_kind = {
     /* .name    = */ "mpi",
     /* .what    = */ "collectives between processes",
     /* .create  = */ shared_create,
     /* .destroy = */ shared_destroy,
-};
-
-static void mpi_fini(fsdp_comm *c)
-{
-    struct mpi_ctx *x = c->ctx;
-    if (!x)
-        return;
-    fsdp_meet_detach(&x->mr, c->world, &mpi_meet_kind, &c->group);
-    free(x->tmp);
-    free(x->tmp_mem);
-    free(x->leaf);
-    free(x->remote);
-    free(x);
-    c->ctx = NULL;
-}
-
-static const struct fsdp_comm_i mpi_comm_i = {
-    /* .name           = */ "mpi",
-    /* .all_gather     = */ mpi_all_gather,
-    /* .reduce_scatter = */ mpi_reduce_scatter,
-    /* .all_reduce     = */ mpi_all_reduce,
-    /* .broadcast      = */ mpi_broadcast,
-    /* .barrier        = */ mpi_barrier,
-    /* .fini           = */ mpi_fini,
 };
 
 fsdp_status fsdp_comm_mpi_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
