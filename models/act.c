@@ -129,17 +129,28 @@ fsdp_status fsdp_act_check_batch(const fsdp_model *m, int B, int T, bool fits,
     return FSDP_STATUS_OK;
 }
 
+fsdp_status fsdp_act_check_state(const fsdp_model *m, const void *state, bool grads,
+                                 const char *what)
+{
+    if (!state)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s %s: no state (call state_init)",
+                              title(m), what);
+    if (grads && !((const fsdp_act_state *)state)->training)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%s %s: gradients requested from a forward-only state "
+                              "(state_init with training=true)",
+                              title(m), what);
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_act_check_unit(const fsdp_model *m, const void *state, int unit,
                                 const char *what)
 {
-    const char *family = title(m);
-    if (!state)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s %s: no state (call state_init)",
-                              family, what);
+    FSDP_TRY(fsdp_act_check_state(m, state, false, what));
     if (unit < 1 || unit >= m->n_units)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "%s %s: unit %d is not a layer unit (layers are units 1..%d)",
-                              family, what, unit, m->n_units - 1);
+                              title(m), what, unit, m->n_units - 1);
     return FSDP_STATUS_OK;
 }
 

@@ -117,6 +117,12 @@ fsdp_status fsdp_act_check_unit(const fsdp_model *m, const void *state, int unit
  * state is a training state. */
 fsdp_status fsdp_act_check_backward(const fsdp_model *m, const void *state, int unit);
 
+/* The root and head slots' checks: INVALID_ARG unless `state` exists and,
+ * when the call computes gradients (grads), it is a training state; `what`
+ * names the call. */
+fsdp_status fsdp_act_check_state(const fsdp_model *m, const void *state, bool grads,
+                                 const char *what);
+
 /* ---- the state of a step ----
  * What every family's state holds whatever its architecture. A family's
  * state struct starts with one (so the engine's void *state is also an

@@ -272,9 +272,8 @@ static void *block_input(gpt2_state *s, int l)
 static fsdp_status gpt2_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                      const void *root_params)
 {
+    FSDP_TRY(fsdp_act_check_state(m, state, false, "root_forward"));
     gpt2_state *s = state;
-    if (!s)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 root_forward: no state");
     const int C = cfg_of(m)->n_embd;
     FSDP_OP(ctx, embed_fwd, s->encoded, s->base.tokens,
             fsdp_unit_param(m, 0, root_params, ROOT_WTE, ctx->dt),
@@ -347,13 +346,8 @@ static fsdp_status gpt2_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *
                                               const void *root_params, float *root_grads,
                                               float dloss, float *loss)
 {
+    FSDP_TRY(fsdp_act_check_state(m, state, root_grads != NULL, "head_forward_backward"));
     gpt2_state *s = state;
-    if (!s)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 head_forward_backward: no state");
-    if (root_grads && !s->base.training)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 head_forward_backward: gradients requested from a "
-                              "forward-only state (state_init with training=true)");
     const fsdp_gpt2_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     const int N = s->base.B * s->base.T;
@@ -431,11 +425,8 @@ static fsdp_status gpt2_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
 static fsdp_status gpt2_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                       const void *root_params, float *root_grads)
 {
+    FSDP_TRY(fsdp_act_check_state(m, state, true, "root_backward"));
     gpt2_state *s = state;
-    if (!s || !s->base.training)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 root_backward: needs a training state (state_init with "
-                              "training=true)");
     const int C = cfg_of(m)->n_embd;
     FSDP_OP(ctx, embed_bwd, fsdp_unit_grad(m, 0, root_grads, ROOT_WTE),
             fsdp_unit_grad(m, 0, root_grads, ROOT_WPE), s->dres, s->base.tokens, s->base.B,

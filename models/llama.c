@@ -332,9 +332,8 @@ static void *layer_input(llama_state *s, int l)
 static fsdp_status llama_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                       const void *root_params)
 {
+    FSDP_TRY(fsdp_act_check_state(m, state, false, "root_forward"));
     llama_state *s = state;
-    if (!s)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama root_forward: no state");
     FSDP_OP(ctx, embed_fwd, s->encoded, s->base.tokens,
             fsdp_unit_param(m, 0, root_params, ROOT_EMBED, ctx->dt), s->zero_pos,
             s->base.B * s->base.T, 1, cfg_of(m)->n_embd);
@@ -409,13 +408,8 @@ static fsdp_status llama_head_forward_backward(const fsdp_model *m, fsdp_op_ctx 
                                                void *state, const void *root_params,
                                                float *root_grads, float dloss, float *loss)
 {
+    FSDP_TRY(fsdp_act_check_state(m, state, root_grads != NULL, "head_forward_backward"));
     llama_state *s = state;
-    if (!s)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama head_forward_backward: no state");
-    if (root_grads && !s->base.training)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "Llama head_forward_backward: gradients requested from a "
-                              "forward-only state (state_init with training=true)");
     const fsdp_llama_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     const int N = s->base.B * s->base.T;
@@ -486,11 +480,8 @@ static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
 static fsdp_status llama_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                        const void *root_params, float *root_grads)
 {
+    FSDP_TRY(fsdp_act_check_state(m, state, true, "root_backward"));
     llama_state *s = state;
-    if (!s || !s->base.training)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "Llama root_backward: needs a training state (state_init with "
-                              "training=true)");
     FSDP_OP(ctx, embed_bwd, fsdp_unit_grad(m, 0, root_grads, ROOT_EMBED), NULL, s->dres,
             s->base.tokens, s->base.B * s->base.T, 1, cfg_of(m)->n_embd);
     return fsdp_act_ops_status(ctx, m, "backward", 0);
