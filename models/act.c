@@ -4,9 +4,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "comm/comm.h"
+#include "core/tree_sum.h"
 #include "device/device.h"
 #include "models/act.h"
+#include "models/family.h"
 
 fsdp_status fsdp_act_set_init(fsdp_act_set *a, const char *family, int B, int T, int cap)
 {
@@ -80,14 +81,17 @@ void fsdp_act_set_free(fsdp_op_ctx *ctx, fsdp_act_set *a)
     *a = (fsdp_act_set){0};
 }
 
-fsdp_status fsdp_act_ops_status(fsdp_op_ctx *ctx, const char *family, const fsdp_model *m,
-                                const char *what, int unit)
+/* The family's name in messages: "GPT-2". */
+static const char *title(const fsdp_model *m) { return m->family->title; }
+
+fsdp_status fsdp_act_ops_status(fsdp_op_ctx *ctx, const fsdp_model *m, const char *what,
+                                int unit)
 {
     if (!ctx->iface || !ctx->iface->sync_error)
         return FSDP_STATUS_OK;
     fsdp_status st = ctx->iface->sync_error(ctx);
     if (st != FSDP_STATUS_OK)
-        fsdp_error_prefix("%s %s of unit '%s': ", family, what, m->units[unit].name);
+        fsdp_error_prefix("%s %s of unit '%s': ", title(m), what, m->units[unit].name);
     return st;
 }
 
@@ -98,15 +102,17 @@ fsdp_status fsdp_act_read_loss(fsdp_op_ctx *ctx, const fsdp_act_set *a, const fs
     FSDP_TRY(fsdp_device_memcpy(ctx->dev, a->host_losses, losses, (size_t)N * sizeof(float),
                                 ctx->stream));
     FSDP_TRY(fsdp_device_stream_sync(ctx->dev, ctx->stream));
-    FSDP_TRY(fsdp_act_ops_status(ctx, a->family, m, "head forward", 0));
+    FSDP_TRY(fsdp_act_ops_status(ctx, m, "head forward", 0));
     if (loss)
         *loss = fsdp_device_computes(ctx->dev) ? fsdp_tree_sum(a->host_losses, N) / (float)N : 0.0f;
     return FSDP_STATUS_OK;
 }
 
-fsdp_status fsdp_act_check_batch(const char *family, int B, int T, int max_seq_len, bool fits,
+fsdp_status fsdp_act_check_batch(const fsdp_model *m, int B, int T, bool fits,
                                  fsdp_recompute mode)
 {
+    const char *family = title(m);
+    const int max_seq_len = m->max_seq_len;
     if (B < 1 || T < 1 || T > max_seq_len)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "%s micro-batch B=%d, T=%d is invalid; need B >= 1 and "
@@ -123,16 +129,39 @@ fsdp_status fsdp_act_check_batch(const char *family, int B, int T, int max_seq_l
     return FSDP_STATUS_OK;
 }
 
-fsdp_status fsdp_act_check_unit(const char *family, const fsdp_model *m, const void *state,
-                                int unit, const char *what)
+fsdp_status fsdp_act_check_state(const fsdp_model *m, const void *state, bool grads,
+                                 const char *what)
 {
     if (!state)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s %s: no state (call state_init)",
-                              family, what);
+                              title(m), what);
+    if (grads && !((const fsdp_act_state *)state)->training)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%s %s: gradients requested from a forward-only state "
+                              "(state_init with training=true)",
+                              title(m), what);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_act_check_unit(const fsdp_model *m, const void *state, int unit,
+                                const char *what)
+{
+    FSDP_TRY(fsdp_act_check_state(m, state, false, what));
     if (unit < 1 || unit >= m->n_units)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "%s %s: unit %d is not a layer unit (layers are units 1..%d)",
-                              family, what, unit, m->n_units - 1);
+                              title(m), what, unit, m->n_units - 1);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_act_check_backward(const fsdp_model *m, const void *state, int unit)
+{
+    FSDP_TRY(fsdp_act_check_unit(m, state, unit, "unit_backward"));
+    if (!((const fsdp_act_state *)state)->training)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%s unit_backward: the state is forward-only (state_init with "
+                              "training=true)",
+                              title(m));
     return FSDP_STATUS_OK;
 }
 
@@ -141,10 +170,11 @@ fsdp_status fsdp_act_zero(fsdp_op_ctx *ctx, float *p, size_t n)
     return fsdp_device_memset(ctx->dev, p, 0, n * sizeof(float), ctx->stream);
 }
 
-fsdp_status fsdp_act_state_new(const fsdp_model *m, const char *family, size_t state_bytes,
-                               size_t layer_bytes, int B, int T, bool training,
-                               fsdp_recompute mode, int cap, void **out)
+fsdp_status fsdp_act_state_new(const fsdp_model *m, size_t state_bytes, size_t layer_bytes,
+                               int B, int T, bool training, fsdp_recompute mode, int cap,
+                               void **out)
 {
+    const char *family = title(m);
     *out = NULL;
     fsdp_act_state *s = calloc(1, state_bytes);
     if (!s)
@@ -218,4 +248,40 @@ fsdp_status fsdp_act_state_loss(fsdp_op_ctx *ctx, const fsdp_model *m, fsdp_act_
             Vp, dloss / (float)N);
     /* mean loss on the host, summed in the fixed tree order */
     return fsdp_act_read_loss(ctx, &s->act, m, s->losses, loss);
+}
+
+/* ---- the shared slots of a family's model table ---------------------------- */
+
+static const fsdp_act_model_i *act_iface(const fsdp_model *m)
+{
+    return (const fsdp_act_model_i *)m->iface;
+}
+
+fsdp_status fsdp_act_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                                bool training, void **state)
+{
+    return act_iface(m)->state_alloc(m, ctx, B, T, training, FSDP_RECOMPUTE_NONE, state);
+}
+
+fsdp_status fsdp_act_state_init_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                                          fsdp_recompute mode, void **state)
+{
+    return act_iface(m)->state_alloc(m, ctx, B, T, true, mode, state);
+}
+
+fsdp_status fsdp_act_unit_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
+                                  const void *params)
+{
+    FSDP_TRY(fsdp_act_check_unit(m, state, unit, "unit_forward"));
+    return act_iface(m)->layer_forward(m, ctx, state, unit, params, false);
+}
+
+fsdp_status fsdp_act_unit_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
+                                    const void *params)
+{
+    FSDP_TRY(fsdp_act_check_unit(m, state, unit, "unit_recompute"));
+    if (!((fsdp_act_state *)state)->training)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%s unit_recompute: the state is forward-only", title(m));
+    return act_iface(m)->layer_forward(m, ctx, state, unit, params, true);
 }

@@ -10,9 +10,9 @@
  * its architecture (which buffers, which ops in which order), not the
  * plumbing around it; adding a family then means writing only that.
  *
- * Messages name the family (`family`, e.g. "GPT-2") and the micro-batch,
- * as the device accounting shows them ("activations 'ln1' of layer 3
- * (B=4, T=64)").
+ * Messages name the family (its title, m->family->title: "GPT-2") and the
+ * micro-batch, as the device accounting shows them ("activations 'ln1' of
+ * layer 3 (B=4, T=64)").
  */
 #ifndef FSDP_MODELS_ACT_H
 #define FSDP_MODELS_ACT_H
@@ -91,9 +91,10 @@ void fsdp_act_set_free(fsdp_op_ctx *ctx, fsdp_act_set *a);
 
 /* The first op failure the backend recorded since the last check (cuda
  * launches can fail; cpu and meta ops cannot), prefixed with the family,
- * `what` and the unit's name, so the error says where. */
-fsdp_status fsdp_act_ops_status(fsdp_op_ctx *ctx, const char *family, const fsdp_model *m,
-                                const char *what, int unit);
+ * `what` and the unit's name, so the error says where. A family's steps
+ * end with it. */
+fsdp_status fsdp_act_ops_status(fsdp_op_ctx *ctx, const fsdp_model *m, const char *what,
+                                int unit);
 
 /* Copies the device's (B*T) per-token `losses` to the host, waits, checks
  * the ops (as "head forward") and, when `loss` is given, stores their mean
@@ -102,15 +103,25 @@ fsdp_status fsdp_act_read_loss(fsdp_op_ctx *ctx, const fsdp_act_set *a, const fs
                                const float *losses, float *loss);
 
 /* The checks of a state's shape: INVALID_ARG unless B >= 1, 1 <= T <=
- * max_seq_len, `fits` (the family's bound for the ops' int indices holds
- * for this B and T) and mode is a recompute mode. */
-fsdp_status fsdp_act_check_batch(const char *family, int B, int T, int max_seq_len, bool fits,
+ * m->max_seq_len, `fits` (the family's bound for the ops' int indices
+ * holds for this B and T) and mode is a recompute mode. */
+fsdp_status fsdp_act_check_batch(const fsdp_model *m, int B, int T, bool fits,
                                  fsdp_recompute mode);
 
 /* INVALID_ARG unless `state` exists and `unit` is one of the model's layer
  * units (1 .. n_units - 1); `what` names the call. */
-fsdp_status fsdp_act_check_unit(const char *family, const fsdp_model *m, const void *state,
-                                int unit, const char *what);
+fsdp_status fsdp_act_check_unit(const fsdp_model *m, const void *state, int unit,
+                                const char *what);
+
+/* unit_backward's checks: fsdp_act_check_unit, then INVALID_ARG unless the
+ * state is a training state. */
+fsdp_status fsdp_act_check_backward(const fsdp_model *m, const void *state, int unit);
+
+/* The root and head slots' checks: INVALID_ARG unless `state` exists and,
+ * when the call computes gradients (grads), it is a training state; `what`
+ * names the call. */
+fsdp_status fsdp_act_check_state(const fsdp_model *m, const void *state, bool grads,
+                                 const char *what);
 
 /* ---- the state of a step ----
  * What every family's state holds whatever its architecture. A family's
@@ -135,9 +146,9 @@ typedef struct fsdp_act_state {
  * device buffers and m->n_layer zeroed layer structs of layer_bytes. OOM
  * "host allocation of a <family> state failed", once the state exists
  * prefixed as fsdp_act_state_fail does; nothing is left allocated. */
-fsdp_status fsdp_act_state_new(const fsdp_model *m, const char *family, size_t state_bytes,
-                               size_t layer_bytes, int B, int T, bool training,
-                               fsdp_recompute mode, int cap, void **out);
+fsdp_status fsdp_act_state_new(const fsdp_model *m, size_t state_bytes, size_t layer_bytes,
+                               int B, int T, bool training, fsdp_recompute mode, int cap,
+                               void **out);
 
 /* The state's first device buffers: tokens, then targets. */
 fsdp_status fsdp_act_state_alloc_io(fsdp_op_ctx *ctx, fsdp_act_state *s);
@@ -167,5 +178,37 @@ fsdp_status fsdp_act_state_loss(fsdp_op_ctx *ctx, const fsdp_model *m, fsdp_act_
 
 /* Zeroes n floats on the compute stream (nothing on meta). */
 fsdp_status fsdp_act_zero(fsdp_op_ctx *ctx, float *p, size_t n);
+
+/* ---- a family's model table ----
+ * A family built on this file fills an fsdp_act_model_i: its model
+ * interface (models/model.h), whose state_init, state_init_recompute,
+ * unit_forward and unit_recompute slots are the shared ones below, and
+ * the two steps of its own they call. m->iface points at .iface. */
+typedef struct fsdp_act_model_i {
+    struct fsdp_model_i iface;
+    /* A state for micro-batches of (B, T) (a training one, or forward-only
+     * without gradient buffers), keeping per layer what `mode` keeps
+     * (NONE unless training). */
+    fsdp_status (*state_alloc)(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                               bool training, fsdp_recompute mode, void **state);
+    /* Layer `unit`'s forward ops on a checked state: every one (redo
+     * false: unit_forward), or only those whose outputs the state does not
+     * keep per layer (redo true: unit_recompute), with the same calls on
+     * the same inputs, so recomputed activations are bit-identical. */
+    fsdp_status (*layer_forward)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
+                                 const void *params, bool redo);
+} fsdp_act_model_i;
+
+/* The shared slots of fsdp_model_i (models/model.h): state_alloc with
+ * mode NONE, or a training state of `mode`; the unit's checks, then
+ * layer_forward (unit_recompute: on training states only). */
+fsdp_status fsdp_act_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                                bool training, void **state);
+fsdp_status fsdp_act_state_init_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
+                                          fsdp_recompute mode, void **state);
+fsdp_status fsdp_act_unit_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
+                                  const void *params);
+fsdp_status fsdp_act_unit_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
+                                    const void *params);
 
 #endif

@@ -1,8 +1,8 @@
 /*
  * gpt2.c - GPT-2 on the op interface: the unit and parameter layout
- * (models/gpt2.h) and forward/backward per unit. Configs, named shapes and
- * the family entry are in gpt2_family.c, the weight-file names in
- * gpt2_weights.c.
+ * (models/gpt2.h) and forward/backward per unit. Configs are in
+ * gpt2_config.c, named shapes and the family entry in gpt2_family.c, the
+ * weight-file names in gpt2_weights.c.
  *
  * The math is llm.c's GPT-2 (pre-LayerNorm blocks, tanh GELU, causal
  * attention, LM head tied to wte, padded vocabulary), expressed only through
@@ -32,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
 #include "models/act.h"
 #include "models/gpt2.h"
 #include "models/registry.h"
@@ -57,7 +56,7 @@ enum {
     BLK_N_PARAMS
 };
 
-static const struct fsdp_model_i gpt2_model_i;
+static const fsdp_act_model_i gpt2_model_i;
 
 fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
 {
@@ -70,7 +69,7 @@ fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
     const float std_proj = 0.02f / sqrtf(2.0f * (float)L); /* GPT-2's scaled residual init */
     FSDP_TRY(fsdp_model_alloc_units(m, "GPT-2", cfg, sizeof *cfg, L, ROOT_N_PARAMS, BLK_N_PARAMS,
                                     "h"));
-    m->iface = &gpt2_model_i;
+    m->iface = &gpt2_model_i.iface;
     m->family = &fsdp_gpt2_family;
     fsdp_gpt2_config_format(cfg, m->config, sizeof m->config);
     fsdp_model_spec_of(m, m->name, sizeof m->name);
@@ -117,7 +116,7 @@ fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
 
 const fsdp_gpt2_config *fsdp_gpt2_config_of(const fsdp_model *m)
 {
-    return m && m->iface == &gpt2_model_i ? (const fsdp_gpt2_config *)m->impl : NULL;
+    return m && m->iface == &gpt2_model_i.iface ? (const fsdp_gpt2_config *)m->impl : NULL;
 }
 
 /* ---- activations --------------------------------------------------------- */
@@ -224,13 +223,12 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     const fsdp_gpt2_config *cfg = cfg_of(m);
     const int L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, Vp = cfg->padded_vocab_size;
     *state = NULL;
-    FSDP_TRY(fsdp_act_check_batch("GPT-2", B, T, cfg->max_seq_len,
-                                  (double)B * T * NH * T <= (double)INT_MAX, mode));
+    FSDP_TRY(fsdp_act_check_batch(m, B, T, (double)B * T * NH * T <= (double)INT_MAX, mode));
 
     const size_t N = (size_t)B * T, dts = fsdp_dtype_size(ctx->dt), f4 = sizeof(float);
     const size_t natt = (size_t)B * NH * T * T;
     void *p;
-    FSDP_TRY(fsdp_act_state_new(m, "GPT-2", sizeof(gpt2_state), sizeof(gpt2_layer_acts), B, T,
+    FSDP_TRY(fsdp_act_state_new(m, sizeof(gpt2_state), sizeof(gpt2_layer_acts), B, T,
                                 training, mode, ACT_N_FIELDS * L + 16, &p));
     gpt2_state *s = p;
     fsdp_act_set *a = &s->base.act;
@@ -258,28 +256,7 @@ fail:
     return fsdp_act_state_fail(m, ctx, s, st);
 }
 
-static fsdp_status gpt2_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
-                                   bool training, void **state)
-{
-    return state_alloc(m, ctx, B, T, training, FSDP_RECOMPUTE_NONE, state);
-}
-
-static fsdp_status gpt2_state_init_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
-                                             fsdp_recompute mode, void **state)
-{
-    return state_alloc(m, ctx, B, T, true, mode, state);
-}
-
-
 /* ---- forward / backward -------------------------------------------------- */
-
-/* The first op failure recorded by the backend since the last check (cuda
- * launches can fail; cpu and meta ops cannot), reported at the end of each
- * model step so the error names the unit. */
-static fsdp_status ops_status(fsdp_op_ctx *ctx, const fsdp_model *m, const char *what, int unit)
-{
-    return fsdp_act_ops_status(ctx, "GPT-2", m, what, unit);
-}
 
 static gpt2_layer_acts *layer_acts(gpt2_state *s, int l)
 {
@@ -292,22 +269,16 @@ static void *block_input(gpt2_state *s, int l)
     return l == 0 ? s->encoded : layer_acts(s, l - 1)->residual3;
 }
 
-static fsdp_status check_unit(const fsdp_model *m, void *state, int unit, const char *what)
-{
-    return fsdp_act_check_unit("GPT-2", m, state, unit, what);
-}
-
 static fsdp_status gpt2_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                      const void *root_params)
 {
+    FSDP_TRY(fsdp_act_check_state(m, state, false, "root_forward"));
     gpt2_state *s = state;
-    if (!s)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 root_forward: no state");
     const int C = cfg_of(m)->n_embd;
     FSDP_OP(ctx, embed_fwd, s->encoded, s->base.tokens,
             fsdp_unit_param(m, 0, root_params, ROOT_WTE, ctx->dt),
             fsdp_unit_param(m, 0, root_params, ROOT_WPE, ctx->dt), s->base.B, s->base.T, C);
-    return ops_status(ctx, m, "forward", 0);
+    return fsdp_act_ops_status(ctx, m, "forward", 0);
 }
 
 /* Block `unit`'s forward ops. redo=false: all of them (unit_forward);
@@ -317,9 +288,10 @@ static fsdp_status gpt2_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void
  * reruns only if its output is dropped, so every mode's act_fields must
  * let a rerun op read only kept or rerun outputs (the block input is kept
  * by every mode: it is the previous block's residual3 or the embeddings). */
-static fsdp_status block_forward(const fsdp_model *m, fsdp_op_ctx *ctx, gpt2_state *s, int unit,
+static fsdp_status block_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
                                  const void *params, bool redo)
 {
+    gpt2_state *s = state;
     const fsdp_gpt2_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, NH = cfg->n_head, B = s->base.B, T = s->base.T, N = B * T,
               l = unit - 1;
@@ -353,25 +325,7 @@ static fsdp_status block_forward(const fsdp_model *m, fsdp_op_ctx *ctx, gpt2_sta
     }
 #undef RUN
 #undef P
-    return ops_status(ctx, m, redo ? "recompute" : "forward", unit);
-}
-
-static fsdp_status gpt2_unit_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
-                                     const void *params)
-{
-    FSDP_TRY(check_unit(m, state, unit, "unit_forward"));
-    return block_forward(m, ctx, state, unit, params, false);
-}
-
-static fsdp_status gpt2_unit_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
-                                       int unit, const void *params)
-{
-    FSDP_TRY(check_unit(m, state, unit, "unit_recompute"));
-    gpt2_state *s = state;
-    if (!s->base.training)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 unit_recompute: the state is forward-only");
-    return block_forward(m, ctx, s, unit, params, true);
+    return fsdp_act_ops_status(ctx, m, redo ? "recompute" : "forward", unit);
 }
 
 /* Matmul and attention FLOPs of what unit_recompute reruns (2 per
@@ -392,13 +346,8 @@ static fsdp_status gpt2_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *
                                               const void *root_params, float *root_grads,
                                               float dloss, float *loss)
 {
+    FSDP_TRY(fsdp_act_check_state(m, state, root_grads != NULL, "head_forward_backward"));
     gpt2_state *s = state;
-    if (!s)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "GPT-2 head_forward_backward: no state");
-    if (root_grads && !s->base.training)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 head_forward_backward: gradients requested from a "
-                              "forward-only state (state_init with training=true)");
     const fsdp_gpt2_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     const int N = s->base.B * s->base.T;
@@ -423,18 +372,14 @@ static fsdp_status gpt2_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *
     FSDP_OP(ctx, layernorm_bwd, s->dres, fsdp_unit_grad(m, 0, root_grads, ROOT_LNFW),
             fsdp_unit_grad(m, 0, root_grads, ROOT_LNFB), s->dC, last, lnfw, s->lnf_mean,
             s->lnf_rstd, N, C);
-    return ops_status(ctx, m, "head backward", 0);
+    return fsdp_act_ops_status(ctx, m, "head backward", 0);
 }
 
 static fsdp_status gpt2_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
                                       const void *params, float *grads)
 {
-    FSDP_TRY(check_unit(m, state, unit, "unit_backward"));
+    FSDP_TRY(fsdp_act_check_backward(m, state, unit));
     gpt2_state *s = state;
-    if (!s->base.training)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 unit_backward: the state is forward-only (state_init with "
-                              "training=true)");
     const fsdp_gpt2_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, NH = cfg->n_head, B = s->base.B, T = s->base.T, N = B * T,
               l = unit - 1;
@@ -474,36 +419,37 @@ static fsdp_status gpt2_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
             a->ln1_mean, a->ln1_rstd, N, C);
 #undef P
 #undef G
-    return ops_status(ctx, m, "backward", unit);
+    return fsdp_act_ops_status(ctx, m, "backward", unit);
 }
 
 static fsdp_status gpt2_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                       const void *root_params, float *root_grads)
 {
+    FSDP_TRY(fsdp_act_check_state(m, state, true, "root_backward"));
     gpt2_state *s = state;
-    if (!s || !s->base.training)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "GPT-2 root_backward: needs a training state (state_init with "
-                              "training=true)");
     const int C = cfg_of(m)->n_embd;
     FSDP_OP(ctx, embed_bwd, fsdp_unit_grad(m, 0, root_grads, ROOT_WTE),
             fsdp_unit_grad(m, 0, root_grads, ROOT_WPE), s->dres, s->base.tokens, s->base.B,
             s->base.T, C);
-    return ops_status(ctx, m, "backward", 0);
+    return fsdp_act_ops_status(ctx, m, "backward", 0);
 }
 
-static const struct fsdp_model_i gpt2_model_i = {
-    /* .state_init            = */ gpt2_state_init,
-    /* .state_free            = */ fsdp_act_state_free,
-    /* .state_tokens          = */ fsdp_act_state_tokens,
-    /* .state_targets         = */ fsdp_act_state_targets,
-    /* .state_logits          = */ fsdp_act_state_logits,
-    /* .root_forward          = */ gpt2_root_forward,
-    /* .unit_forward          = */ gpt2_unit_forward,
-    /* .head_forward_backward = */ gpt2_head_forward_backward,
-    /* .unit_backward         = */ gpt2_unit_backward,
-    /* .root_backward         = */ gpt2_root_backward,
-    /* .state_init_recompute  = */ gpt2_state_init_recompute,
-    /* .unit_recompute        = */ gpt2_unit_recompute,
-    /* .recompute_flops_per_token = */ gpt2_recompute_flops_per_token,
+static const fsdp_act_model_i gpt2_model_i = {
+    /* .iface = */ {
+        /* .state_init            = */ fsdp_act_state_init,
+        /* .state_free            = */ fsdp_act_state_free,
+        /* .state_tokens          = */ fsdp_act_state_tokens,
+        /* .state_targets         = */ fsdp_act_state_targets,
+        /* .state_logits          = */ fsdp_act_state_logits,
+        /* .root_forward          = */ gpt2_root_forward,
+        /* .unit_forward          = */ fsdp_act_unit_forward,
+        /* .head_forward_backward = */ gpt2_head_forward_backward,
+        /* .unit_backward         = */ gpt2_unit_backward,
+        /* .root_backward         = */ gpt2_root_backward,
+        /* .state_init_recompute  = */ fsdp_act_state_init_recompute,
+        /* .unit_recompute        = */ fsdp_act_unit_recompute,
+        /* .recompute_flops_per_token = */ gpt2_recompute_flops_per_token,
+    },
+    /* .state_alloc   = */ state_alloc,
+    /* .layer_forward = */ block_forward,
 };

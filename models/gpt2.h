@@ -1,7 +1,7 @@
 /*
- * gpt2.h - the GPT-2 family's own header: its config, the layout builder
- * (models/gpt2.c), and the pieces models/gpt2_family.c and
- * models/gpt2_weights.c share. Nothing outside models/ (and GPT-2's own
+ * gpt2.h - the GPT-2 family's own header: its config (models/gpt2_config.c),
+ * the layout builder (models/gpt2.c), and the pieces models/gpt2_family.c
+ * and models/gpt2_weights.c share. Nothing outside models/ (and GPT-2's own
  * tests) includes it: the rest of fsdp reaches GPT-2 through the registry
  * (models/registry.h) and fsdp_model.family.
  *

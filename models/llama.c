@@ -1,8 +1,8 @@
 /*
  * llama.c - the Llama family on the op interface: the unit and parameter
- * layout (models/llama.h) and forward/backward per unit. Configs, named
- * shapes and the family entry are in llama_family.c, the weight-file names
- * and Hugging Face config.json in llama_weights.c.
+ * layout (models/llama.h) and forward/backward per unit. Configs are in
+ * llama_config.c, named shapes and the family entry in llama_family.c, the
+ * weight-file names and Hugging Face config.json in llama_weights.c.
  *
  * The math is transformers' LlamaForCausalLM (Qwen2ForCausalLM with q/k/v
  * biases), expressed only through src/ops calls so the same code runs on
@@ -36,7 +36,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
 #include "models/act.h"
 #include "models/llama.h"
 #include "models/registry.h"
@@ -67,7 +66,7 @@ static void add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d
     fsdp_unit_add_param(u, name, d0, d1, init, std, decay);
 }
 
-static const struct fsdp_model_i llama_model_i;
+static const fsdp_act_model_i llama_model_i;
 
 fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
 {
@@ -79,7 +78,7 @@ fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
     const int64_t QH = (int64_t)cfg->n_head * hd, KVH = (int64_t)cfg->n_kv_head * hd;
     FSDP_TRY(fsdp_model_alloc_units(m, "Llama", cfg, sizeof *cfg, L, ROOT_N_PARAMS, BLK_N_PARAMS,
                                     "layers"));
-    m->iface = &llama_model_i;
+    m->iface = &llama_model_i.iface;
     m->family = &fsdp_llama_family;
     fsdp_llama_config_format(cfg, m->config, sizeof m->config);
     fsdp_model_spec_of(m, m->name, sizeof m->name);
@@ -128,7 +127,7 @@ fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
 
 const fsdp_llama_config *fsdp_llama_config_of(const fsdp_model *m)
 {
-    return m && m->iface == &llama_model_i ? (const fsdp_llama_config *)m->impl : NULL;
+    return m && m->iface == &llama_model_i.iface ? (const fsdp_llama_config *)m->impl : NULL;
 }
 
 /* ---- activations --------------------------------------------------------- */
@@ -273,15 +272,14 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     const size_t AH = (size_t)NH * cfg->head_dim, IC = (size_t)cfg->n_inter;
     *state = NULL;
     const double rows = (double)B * T; /* ops index attention rows and widths in int */
-    FSDP_TRY(fsdp_act_check_batch("Llama", B, T, cfg->max_seq_len,
-                                  rows * NH * T <= (double)INT_MAX &&
-                                      rows * max_sz(QS, 2 * IC) <= (double)INT_MAX,
-                                  mode));
+    const bool fits = rows * NH * T <= (double)INT_MAX &&
+                      rows * max_sz(QS, 2 * IC) <= (double)INT_MAX;
+    FSDP_TRY(fsdp_act_check_batch(m, B, T, fits, mode));
 
     const size_t N = (size_t)B * T, dts = fsdp_dtype_size(ctx->dt), f4 = sizeof(float);
     const size_t natt = (size_t)B * NH * T * T;
     void *p;
-    FSDP_TRY(fsdp_act_state_new(m, "Llama", sizeof(llama_state), sizeof(llama_layer_acts), B, T,
+    FSDP_TRY(fsdp_act_state_new(m, sizeof(llama_state), sizeof(llama_layer_acts), B, T,
                                 training, mode, ACT_N_FIELDS * L + 20, &p));
     llama_state *s = p;
     fsdp_act_set *a = &s->base.act;
@@ -315,27 +313,7 @@ fail:
     return fsdp_act_state_fail(m, ctx, s, st);
 }
 
-static fsdp_status llama_state_init(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
-                                    bool training, void **state)
-{
-    return state_alloc(m, ctx, B, T, training, FSDP_RECOMPUTE_NONE, state);
-}
-
-static fsdp_status llama_state_init_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, int B,
-                                              int T, fsdp_recompute mode, void **state)
-{
-    return state_alloc(m, ctx, B, T, true, mode, state);
-}
-
-
 /* ---- forward / backward -------------------------------------------------- */
-
-/* The first op failure since the last check (cuda launches can fail),
- * reported at the end of each model step so the error names the unit. */
-static fsdp_status ops_status(fsdp_op_ctx *ctx, const fsdp_model *m, const char *what, int unit)
-{
-    return fsdp_act_ops_status(ctx, "Llama", m, what, unit);
-}
 
 /* The LM head's weight: lm_head, or the embeddings when tied. */
 static int head_index(const fsdp_model *m) { return cfg_of(m)->tied ? ROOT_EMBED : ROOT_HEAD; }
@@ -351,21 +329,15 @@ static void *layer_input(llama_state *s, int l)
     return l == 0 ? s->encoded : layer_acts(s, l - 1)->residual3;
 }
 
-static fsdp_status check_unit(const fsdp_model *m, void *state, int unit, const char *what)
-{
-    return fsdp_act_check_unit("Llama", m, state, unit, what);
-}
-
 static fsdp_status llama_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                       const void *root_params)
 {
+    FSDP_TRY(fsdp_act_check_state(m, state, false, "root_forward"));
     llama_state *s = state;
-    if (!s)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama root_forward: no state");
     FSDP_OP(ctx, embed_fwd, s->encoded, s->base.tokens,
             fsdp_unit_param(m, 0, root_params, ROOT_EMBED, ctx->dt), s->zero_pos,
             s->base.B * s->base.T, 1, cfg_of(m)->n_embd);
-    return ops_status(ctx, m, "forward", 0);
+    return fsdp_act_ops_status(ctx, m, "forward", 0);
 }
 
 /* Layer `unit`'s forward ops. redo=false: all of them (unit_forward);
@@ -376,9 +348,10 @@ static fsdp_status llama_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
  * let a rerun op read only kept or rerun outputs (the layer input is kept
  * by every mode: the previous layer's residual3 or the embeddings). RoPE
  * belongs to the qkv matmul: it rotates that output in place. */
-static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s, int unit,
+static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, int unit,
                                  const void *params, bool redo)
 {
+    llama_state *s = state;
     const fsdp_llama_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, NH = cfg->n_head, NKV = cfg->n_kv_head, hd = cfg->head_dim;
     const int IC = cfg->n_inter, QS = (NH + 2 * NKV) * hd, AH = NH * hd;
@@ -413,25 +386,7 @@ static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, llama_st
     }
 #undef RUN
 #undef P
-    return ops_status(ctx, m, redo ? "recompute" : "forward", unit);
-}
-
-static fsdp_status llama_unit_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
-                                      int unit, const void *params)
-{
-    FSDP_TRY(check_unit(m, state, unit, "unit_forward"));
-    return layer_forward(m, ctx, state, unit, params, false);
-}
-
-static fsdp_status llama_unit_recompute(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
-                                        int unit, const void *params)
-{
-    FSDP_TRY(check_unit(m, state, unit, "unit_recompute"));
-    llama_state *s = state;
-    if (!s->base.training)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "Llama unit_recompute: the state is forward-only");
-    return layer_forward(m, ctx, s, unit, params, true);
+    return fsdp_act_ops_status(ctx, m, redo ? "recompute" : "forward", unit);
 }
 
 /* Matmul and attention FLOPs of what unit_recompute reruns (2 per
@@ -453,13 +408,8 @@ static fsdp_status llama_head_forward_backward(const fsdp_model *m, fsdp_op_ctx 
                                                void *state, const void *root_params,
                                                float *root_grads, float dloss, float *loss)
 {
+    FSDP_TRY(fsdp_act_check_state(m, state, root_grads != NULL, "head_forward_backward"));
     llama_state *s = state;
-    if (!s)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Llama head_forward_backward: no state");
-    if (root_grads && !s->base.training)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "Llama head_forward_backward: gradients requested from a "
-                              "forward-only state (state_init with training=true)");
     const fsdp_llama_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, V = cfg->vocab_size, Vp = cfg->padded_vocab_size;
     const int N = s->base.B * s->base.T;
@@ -482,18 +432,14 @@ static fsdp_status llama_head_forward_backward(const fsdp_model *m, fsdp_op_ctx 
     FSDP_TRY(fsdp_act_zero(ctx, s->dres, (size_t)N * C));
     FSDP_OP(ctx, rmsnorm_bwd, s->dres, fsdp_unit_grad(m, 0, root_grads, ROOT_NORM), s->dC, last,
             normw, s->lnf_rstd, N, C);
-    return ops_status(ctx, m, "head backward", 0);
+    return fsdp_act_ops_status(ctx, m, "head backward", 0);
 }
 
 static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                        int unit, const void *params, float *grads)
 {
-    FSDP_TRY(check_unit(m, state, unit, "unit_backward"));
+    FSDP_TRY(fsdp_act_check_backward(m, state, unit));
     llama_state *s = state;
-    if (!s->base.training)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "Llama unit_backward: the state is forward-only (state_init with "
-                              "training=true)");
     const fsdp_llama_config *cfg = cfg_of(m);
     const int C = cfg->n_embd, NH = cfg->n_head, NKV = cfg->n_kv_head, hd = cfg->head_dim;
     const int IC = cfg->n_inter, QS = (NH + 2 * NKV) * hd, AH = NH * hd;
@@ -528,34 +474,35 @@ static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
     FSDP_OP(ctx, rmsnorm_bwd, s->dres, G(BLK_LN1), s->dC, inp, P(BLK_LN1), a->ln1_rstd, N, C);
 #undef P
 #undef G
-    return ops_status(ctx, m, "backward", unit);
+    return fsdp_act_ops_status(ctx, m, "backward", unit);
 }
 
 static fsdp_status llama_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                        const void *root_params, float *root_grads)
 {
+    FSDP_TRY(fsdp_act_check_state(m, state, true, "root_backward"));
     llama_state *s = state;
-    if (!s || !s->base.training)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "Llama root_backward: needs a training state (state_init with "
-                              "training=true)");
     FSDP_OP(ctx, embed_bwd, fsdp_unit_grad(m, 0, root_grads, ROOT_EMBED), NULL, s->dres,
             s->base.tokens, s->base.B * s->base.T, 1, cfg_of(m)->n_embd);
-    return ops_status(ctx, m, "backward", 0);
+    return fsdp_act_ops_status(ctx, m, "backward", 0);
 }
 
-static const struct fsdp_model_i llama_model_i = {
-    /* .state_init            = */ llama_state_init,
-    /* .state_free            = */ fsdp_act_state_free,
-    /* .state_tokens          = */ fsdp_act_state_tokens,
-    /* .state_targets         = */ fsdp_act_state_targets,
-    /* .state_logits          = */ fsdp_act_state_logits,
-    /* .root_forward          = */ llama_root_forward,
-    /* .unit_forward          = */ llama_unit_forward,
-    /* .head_forward_backward = */ llama_head_forward_backward,
-    /* .unit_backward         = */ llama_unit_backward,
-    /* .root_backward         = */ llama_root_backward,
-    /* .state_init_recompute  = */ llama_state_init_recompute,
-    /* .unit_recompute        = */ llama_unit_recompute,
-    /* .recompute_flops_per_token = */ llama_recompute_flops_per_token,
+static const fsdp_act_model_i llama_model_i = {
+    /* .iface = */ {
+        /* .state_init            = */ fsdp_act_state_init,
+        /* .state_free            = */ fsdp_act_state_free,
+        /* .state_tokens          = */ fsdp_act_state_tokens,
+        /* .state_targets         = */ fsdp_act_state_targets,
+        /* .state_logits          = */ fsdp_act_state_logits,
+        /* .root_forward          = */ llama_root_forward,
+        /* .unit_forward          = */ fsdp_act_unit_forward,
+        /* .head_forward_backward = */ llama_head_forward_backward,
+        /* .unit_backward         = */ llama_unit_backward,
+        /* .root_backward         = */ llama_root_backward,
+        /* .state_init_recompute  = */ fsdp_act_state_init_recompute,
+        /* .unit_recompute        = */ fsdp_act_unit_recompute,
+        /* .recompute_flops_per_token = */ llama_recompute_flops_per_token,
+    },
+    /* .state_alloc   = */ state_alloc,
+    /* .layer_forward = */ layer_forward,
 };

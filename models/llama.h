@@ -1,7 +1,8 @@
 /*
  * llama.h - the Llama family's own header (Llama 2/3, Qwen2, Mistral-style
- * decoders): its config, the layout builder (models/llama.c) and the pieces
- * models/llama_family.c and models/llama_weights.c share. Nothing outside
+ * decoders): its config (models/llama_config.c), the layout builder
+ * (models/llama.c) and the pieces models/llama_family.c and
+ * models/llama_weights.c share. Nothing outside
  * models/ (and the family's own tests and benchmark) includes it: the rest
  * of fsdp reaches the family through the registry and fsdp_model.family.
  *

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "comm_util.h"
 #include "core/bf16.h"
 #include "core/rng.h"
 #include "core/world.h"
@@ -60,13 +61,7 @@ static inline void sweep_reduce(void *out, size_t i, fsdp_dtype dt, fsdp_reduce_
         float v = sweep_gen(tag, q, at);
         vals[q] = dt == FSDP_DTYPE_F32 ? v : fsdp_bf16_to_f32(fsdp_f32_to_bf16(v));
     }
-    float s = fsdp_tree_sum(vals, N);
-    if (op == FSDP_REDUCE_AVG)
-        s = s * (1.0f / (float)N);
-    if (dt == FSDP_DTYPE_F32)
-        ((float *)out)[i] = s;
-    else
-        ((fsdp_bf16 *)out)[i] = fsdp_f32_to_bf16(s);
+    ref_reduce_store(out, i, dt, op, vals, N);
 }
 
 static inline uint64_t sweep_fold(uint64_t h, const void *p, size_t n)

@@ -76,13 +76,7 @@ static void reference_reduce(void *expected, fsdp_dtype dt, fsdp_reduce_op op, u
     for (size_t i = 0; i < n; i++) {
         for (int q = 0; q < n_ranks; q++)
             vals[q] = input_value(dt, tag, q, first + i);
-        float s = fsdp_tree_sum(vals, n_ranks);
-        if (op == FSDP_REDUCE_AVG)
-            s = s * (1.0f / (float)n_ranks);
-        if (dt == FSDP_DTYPE_F32)
-            ((float *)expected)[i] = s;
-        else
-            ((fsdp_bf16 *)expected)[i] = fsdp_f32_to_bf16(s);
+        ref_reduce_store(expected, i, dt, op, vals, n_ranks);
     }
 }
 

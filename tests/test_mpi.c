@@ -19,6 +19,7 @@
 #include "coll_sweep.h"
 #include "comm/cuda_comm.h"
 #include "comm/mpi_coll.h"
+#include "comm/mpi_layout.h"
 #include "comm/mpi_tree.h"
 #include "comm/procs.h"
 #include "comm/transport.h"

@@ -1,15 +1,13 @@
 /*
  * comm.c - generic collective wrappers (byte counting, NULL slots),
- * groups and the registry of their shared state, the check that every rank
- * issued the same collective, the meta communicator, and the reference tree
- * sum.
+ * groups and the registry of their shared state, and the check that every
+ * rank issued the same collective.
  */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "comm/comm.h"
-#include "comm/mpi_layout.h"
 #include "core/log.h"
 #include "core/world.h"
 
@@ -124,7 +122,7 @@ bool fsdp_coll_args_match(const fsdp_coll_args *a, const fsdp_coll_args *b)
 {
     return a->kind == b->kind && a->numel == b->numel && a->dt == b->dt &&
            (a->kind != FSDP_COLL_BROADCAST || a->root == b->root) &&
-           (!fsdp_mpi_is_reduction(a->kind) || a->op == b->op);
+           (!fsdp_coll_kind_is_reduction(a->kind) || a->op == b->op);
 }
 
 void fsdp_coll_args_format(const fsdp_coll_args *a, char *buf, size_t n)
@@ -188,18 +186,6 @@ fsdp_status fsdp_comm_begin_check(const fsdp_comm *c, int rank, long k, int kind
                               "rank %d: %s of %zu elements given a NULL buffer", rank, what,
                               numel);
     return FSDP_STATUS_OK;
-}
-
-float fsdp_tree_sum(const float *x, int n)
-{
-    if (n <= 0)
-        return 0.0f;
-    if (n == 1)
-        return x[0];
-    int mid = n / 2;
-    float a = fsdp_tree_sum(x, mid);
-    float b = fsdp_tree_sum(x + mid, n - mid);
-    return a + b;
 }
 
 static void count(fsdp_comm *c, fsdp_coll_kind k, size_t sent, size_t recv)
@@ -355,124 +341,4 @@ size_t fsdp_comm_total_recv(const fsdp_comm *c)
     for (int k = 0; k < FSDP_COLL_KIND_COUNT; k++)
         t += c->bytes_recv[k];
     return t;
-}
-
-/* ---- meta: count only ------------------------------------------------------------ */
-
-/* The inter-node figures of a meta communicator: the layout of its group
- * on nodes, counted on each node's first member (as the mpi transport's
- * leader counts what it moves). */
-struct meta_ctx {
-    bool counts;             /* a node's first member of a group on several nodes */
-    int node;                /* this member's block (node index within the group) */
-    fsdp_mpi_cover cover;
-    fsdp_mpi_layout lay;
-};
-
-static void meta_count(fsdp_comm *c, fsdp_coll_kind kind, size_t numel, fsdp_dtype dt, int root)
-{
-    struct meta_ctx *m = c->ctx;
-    if (!m || !m->counts)
-        return;
-    fsdp_mpi_layout_of(&m->cover, m->node, (int)kind, numel, dt, root, &m->lay);
-    for (int q = 0; q < m->cover.n_procs; q++) {
-        if (q == m->node)
-            continue;
-        c->bytes_inter_sent[kind] += m->lay.s_len[q] + m->lay.s2_len;
-        c->bytes_inter_recv[kind] += m->lay.r_len[q] + m->lay.r2_len[q];
-    }
-}
-
-static fsdp_status meta_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,
-                                   fsdp_dtype dt, fsdp_stream_t s)
-{
-    meta_count(c, FSDP_COLL_ALL_GATHER, numel, dt, 0);
-    return FSDP_STATUS_OK;
-}
-
-static fsdp_status meta_reduce_scatter(fsdp_comm *c, const void *send, void *recv, size_t numel,
-                                       fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream_t s)
-{
-    meta_count(c, FSDP_COLL_REDUCE_SCATTER, numel, dt, 0);
-    return FSDP_STATUS_OK;
-}
-
-static fsdp_status meta_all_reduce(fsdp_comm *c, const void *send, void *recv, size_t numel,
-                                   fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream_t s)
-{
-    meta_count(c, FSDP_COLL_ALL_REDUCE, numel, dt, 0);
-    return FSDP_STATUS_OK;
-}
-
-static fsdp_status meta_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtype dt, int root,
-                                  fsdp_stream_t s)
-{
-    meta_count(c, FSDP_COLL_BROADCAST, numel, dt, root);
-    return FSDP_STATUS_OK;
-}
-
-/* The barrier still synchronises the local ranks so that schedules that
- * rely on it behave as on real backends. */
-static fsdp_status meta_barrier(fsdp_comm *c) { return fsdp_world_barrier(c->world); }
-
-static void meta_fini(fsdp_comm *c)
-{
-    struct meta_ctx *m = c->ctx;
-    if (!m)
-        return;
-    fsdp_mpi_layout_free(&m->lay);
-    fsdp_mpi_cover_fini(&m->cover);
-    free(m);
-    c->ctx = NULL;
-}
-
-static const struct fsdp_comm_i meta_comm_i = {
-    /* .name           = */ "meta",
-    /* .all_gather     = */ meta_all_gather,
-    /* .reduce_scatter = */ meta_reduce_scatter,
-    /* .all_reduce     = */ meta_all_reduce,
-    /* .broadcast      = */ meta_broadcast,
-    /* .barrier        = */ meta_barrier,
-    /* .fini           = */ meta_fini,
-    /* .host_code      = */ false, /* counts only: at once, on the calling thread */
-};
-
-fsdp_status fsdp_comm_meta_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
-                                      const fsdp_comm_group *g, int rank)
-{
-    memset(c, 0, sizeof *c);
-    FSDP_TRY(fsdp_comm_group_check(g, w, rank, "meta collectives"));
-    fsdp_comm_bind(c, &meta_comm_i, w, dev, g, rank, NULL);
-    int node_ranks = g->node_ranks > 0 ? g->node_ranks : w->n_local;
-    int *nodes = calloc((size_t)g->count, sizeof *nodes), P = 1, L = g->count;
-    if (!nodes)
-        return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory", rank);
-    fsdp_status st = fsdp_comm_group_layout(g, node_ranks, &P, &L, nodes);
-    free(nodes);
-    if (st != FSDP_STATUS_OK) { /* counted as one node: no inter-node bytes */
-        fsdp_error_clear();
-        P = 1;
-    }
-    if (P < 2)
-        return FSDP_STATUS_OK;
-    struct meta_ctx *m = calloc(1, sizeof *m);
-    if (!m)
-        return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory", rank);
-    c->ctx = m;
-    m->node = c->rank / L;
-    m->counts = c->rank % L == 0;
-    st = fsdp_mpi_cover_init(&m->cover, P, L);
-    if (st == FSDP_STATUS_OK)
-        st = fsdp_mpi_layout_alloc(&m->lay, P);
-    if (st != FSDP_STATUS_OK) {
-        meta_fini(c);
-        c->iface = NULL;
-    }
-    return st;
-}
-
-fsdp_status fsdp_comm_meta_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank)
-{
-    fsdp_comm_group g = fsdp_comm_group_all(w ? w->n_ranks : 0);
-    return fsdp_comm_meta_init_group(c, w, dev, &g, rank);
 }

@@ -20,7 +20,7 @@
  * Sums are added in a fixed balanced binary tree over ranks:
  *   tree(lo, hi) = tree(lo, mid) + tree(mid, hi), mid = lo + (hi - lo) / 2,
  * accumulated in fp32 for bf16 data (then rounded once), so results do not
- * depend on timing and match fsdp_tree_sum() exactly.
+ * depend on timing and match fsdp_tree_sum() (core/tree_sum.h) exactly.
  *
  * Groups: a communicator spans a group of the job's ranks, the global ranks
  * first + i * stride for i = 0 .. count - 1 (fsdp_comm_group); its `rank`
@@ -39,7 +39,7 @@
  * really cross between processes (the `mpi` transport) are counted apart,
  * in bytes_inter_*, once per process on its first local rank (the one that
  * moves them), so their sum over ranks is the job's inter-process traffic;
- * fsdp_comm_mpi_inter_bytes (comm/mpi_coll.h) gives them for any layout.
+ * fsdp_comm_mpi_inter_bytes (comm/mpi_layout.h) gives them for any layout.
  * The `meta` transport counts the same for the nodes its group says
  * (node_ranks), so a plan of P nodes in one process shows the bytes a job
  * of P processes moves between them.
@@ -47,6 +47,7 @@
 #ifndef FSDP_COMM_COMM_H
 #define FSDP_COMM_COMM_H
 
+#include "core/tree_sum.h"
 #include "device/device.h"
 
 #ifdef __cplusplus
@@ -69,6 +70,12 @@ typedef enum fsdp_coll_kind {
 /* "all_gather", ..., "broadcast", "barrier" (FSDP_COLL_BARRIER); "?" for
  * anything else. */
 const char *fsdp_coll_kind_name(int kind);
+
+/* Whether a collective of `kind` reduces (its reduce op matters). */
+static inline bool fsdp_coll_kind_is_reduction(int kind)
+{
+    return kind == FSDP_COLL_REDUCE_SCATTER || kind == FSDP_COLL_ALL_REDUCE;
+}
 
 /* The ranks of a communicator: global ranks first + i * stride, i = 0 ..
  * count - 1; member i is the communicator's rank i. node_ranks: ranks per
@@ -232,11 +239,6 @@ fsdp_status fsdp_comm_barrier(fsdp_comm *c);
 void fsdp_comm_reset_stats(fsdp_comm *c);
 size_t fsdp_comm_total_sent(const fsdp_comm *c);
 size_t fsdp_comm_total_recv(const fsdp_comm *c);
-
-/* The reference tree: sum of x[0..n) in the balanced binary tree order
- * above, in fp32. Used by the host collectives per element and by the
- * engine for losses and norm partial sums. */
-float fsdp_tree_sum(const float *x, int n);
 
 #ifdef __cplusplus
 }

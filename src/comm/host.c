@@ -31,22 +31,11 @@
  * non-temporal stores (no read-for-ownership of the output), which the
  * memory-bound 2-rank reductions feel most.
  *
- * Meetings: every rank counts the meetings it has reached in its slot
- * (`arrived`); a meeting is over for rank r when every slot has reached
- * r's count. A waiter spins briefly (cheap when ranks have their own
- * cores; with more ranks than cores it only yields a few times), then
- * sleeps on the world's condition variable, woken by the last rank to
- * arrive, and polls the abort flag. Only the first meeting
- * of a collective can be aborted: once every rank has passed it, every rank
- * reaches the later meetings without waiting on anything else, and
- * returning early from them would free buffers other ranks still read. This
- * assumes the abort flag is only set by ranks that have stopped issuing
- * collectives (the launcher sets it when a rank's function returns an
- * error).
- *
- * A rank that gives up on an abort withdraws its arrival, so after a failed
- * collective every rank has reached the same number of meetings again and
- * the communicators can be used by a later launch of the same world.
+ * Meetings (comm/meet.h, shared with the mpi transport's ranks of one
+ * process): the slots, the meetings and their abort polling. Only the
+ * first meeting of a collective can be left on an abort, and a rank that
+ * leaves withdraws its arrival, so the communicators can be used by a
+ * later launch of the same world.
  *
  * Fault hook: every collective, barrier included, counts as one
  * FSDP_FAULT_COLLECTIVE operation on its rank; the k-th fails with INTERNAL
@@ -65,39 +54,19 @@
  * every rank that initialised must also call fsdp_comm_fini, including
  * after a failure.
  */
-#include <sched.h>
 #include <stdint.h>
 #include <string.h>
-#include <unistd.h>
 #if defined(__SSE2__)
 #include <immintrin.h>
 #endif
 
-#include "comm/comm.h"
+#include "comm/meet.h"
 #include "core/bf16.h"
 #include "core/log.h"
-#include "core/world.h"
 
 #define HOST_BLOCK 2048 /* elements per block of the tree reduction */
-#define HOST_SPIN 4000  /* polls of the arrival counters before sleeping */
-#define HOST_YIELDS 16  /* polls (each after a yield) when ranks outnumber cores */
 #define HOST_STREAM_BYTES ((size_t)4 << 20) /* fp32 outputs this large bypass the caches */
 #define HOST_PIECE 65536 /* elements per piece of work (a multiple of HOST_BLOCK) */
-
-/* What one rank published for its current collective. Written by the owner
- * before it arrives at the first meeting; read by the others between their
- * first and last meetings. One cache line per slot: `arrived` is polled. */
-struct host_slot {
-    _Alignas(64) atomic_ulong arrived; /* meetings this rank has reached */
-    fsdp_coll_args args;
-    const void *send;
-    void *recv;
-    int attached;                      /* guarded by world->mu */
-};
-
-
-/* This transport's key in the world's registry of shared states (comm.h). */
-static const char host_tag = 'h';
 
 /* Rank r's work counters (one cache line: stealers hammer it):
  * next[phase] is the next unclaimed piece of r's share in that phase. */
@@ -106,126 +75,42 @@ struct host_work {
 };
 
 struct host_shared {
-    int n_ranks;
-    int n_refs;              /* ranks initialised and not yet finalised; world->mu */
-    atomic_int n_sleepers;   /* ranks blocked on world->cv in a meeting */
-    struct host_slot *slots; /* (n_ranks,) */
+    fsdp_meet meet;          /* slots by member index: every member is in this process */
     struct host_work *work;  /* (n_ranks,) */
 };
 
 struct host_ctx {
     struct host_shared *sh;
-    unsigned long seq;   /* meetings this rank has reached */
-    int n_spin;          /* polls before sleeping */
-    bool oversubscribed; /* more ranks than online cores: yield, don't spin */
-    long n_coll;         /* collectives issued on this rank (1-based count) */
+    fsdp_meet_rank mr;   /* this rank's slot and meetings */
     const void **src;    /* (n_ranks,) per-rank source pointers of a reduction */
     float **tmp;         /* (n_tmp,) scratch vectors of HOST_BLOCK floats */
     int n_tmp;
     float *tmp_mem;      /* backing of tmp: (n_tmp, HOST_BLOCK) */
 };
 
-static inline void cpu_relax(void)
+/* The published slots of c's group. */
+static const fsdp_meet_slot *slots_of(const fsdp_comm *c)
 {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
+    return ((const struct host_ctx *)c->ctx)->sh->meet.slots;
 }
 
-/* ---- meetings ------------------------------------------------------------ */
-
-static bool all_arrived(const struct host_shared *sh, unsigned long seq)
-{
-    for (int q = 0; q < sh->n_ranks; q++)
-        if (atomic_load(&sh->slots[q].arrived) < seq)
-            return false;
-    return true;
-}
-
-/* Arrive at this rank's next meeting and wait for every rank to arrive.
- * abortable: give up with ABORTED when the world's abort flag is set (only
- * for the first meeting of a collective; see the file comment). */
-static fsdp_status meet(fsdp_comm *c, bool abortable)
-{
-    struct host_ctx *h = c->ctx;
-    struct host_shared *sh = h->sh;
-    fsdp_world *w = c->world;
-    unsigned long seq = ++h->seq;
-
-    /* Publish the arrival, then look at the others (all seq_cst). Of ranks
-     * arriving together, the one whose store comes last sees everyone and
-     * wakes the sleepers: a sleeper registers before it re-checks the
-     * counters, so either it sees the last arrival or the last arriver
-     * sees it. Earlier arrivers wake nobody: nobody could proceed yet. */
-    atomic_store(&sh->slots[c->rank].arrived, seq);
-    if (all_arrived(sh, seq)) {
-        if (atomic_load(&sh->n_sleepers) > 0) {
-            pthread_mutex_lock(&w->mu);
-            pthread_cond_broadcast(&w->cv);
-            pthread_mutex_unlock(&w->mu);
-        }
-        return FSDP_STATUS_OK;
-    }
-    /* Spin while the others are likely running on other cores; with more
-     * ranks than cores, only yield a little so the late ranks get the CPU. */
-    for (int i = 0; i < h->n_spin; i++) {
-        if (all_arrived(sh, seq))
-            return FSDP_STATUS_OK;
-        if (abortable && fsdp_world_aborted(w))
-            break;
-        if (h->oversubscribed || (i & 127) == 127)
-            sched_yield();
-        else
-            cpu_relax();
-    }
-    bool done;
-    pthread_mutex_lock(&w->mu);
-    atomic_fetch_add(&sh->n_sleepers, 1);
-    while (!(done = all_arrived(sh, seq)) && !(abortable && fsdp_world_aborted(w)))
-        fsdp_world_wait_locked(w);
-    atomic_fetch_sub(&sh->n_sleepers, 1);
-    if (!done) {
-        /* Withdraw the arrival: every rank then agrees on the meetings
-         * reached (the failed rank never arrived), so communicators kept
-         * across a relaunch of the world stay in step. */
-        atomic_store(&sh->slots[c->rank].arrived, seq - 1);
-        h->seq = seq - 1;
-    }
-    pthread_mutex_unlock(&w->mu);
-    if (!done)
-        return fsdp_error_set(FSDP_STATUS_ABORTED,
-                              "rank %d: aborted in collective %ld (%s) while waiting for the "
-                              "other ranks: another rank failed",
-                              c->global_rank, h->n_coll,
-                              fsdp_coll_kind_name(sh->slots[c->rank].args.kind));
-    return FSDP_STATUS_OK;
-}
-
-/* Start a collective on this rank: fault hook, argument checks, publish,
- * first (abortable) meeting, then check that every rank issued the same
- * collective. On error nothing of this rank is read by the others. */
+/* Start a collective on this rank (comm/meet.h: fault hook, argument
+ * checks, publish, first meeting), then check that every rank issued the
+ * same collective. On error nothing of this rank is read by the others.
+ * The rank's work counters are reset first: every rank finished claiming
+ * in the previous collective before its last meeting. */
 static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, size_t numel,
                          fsdp_dtype dt, fsdp_reduce_op op, int root)
 {
     struct host_ctx *h = c->ctx;
-    struct host_shared *sh = h->sh;
-    long k = ++h->n_coll;
-    FSDP_TRY(fsdp_comm_begin_check(c, c->global_rank, k, kind, send, recv, numel, dt, op, root));
-    if (fsdp_world_aborted(c->world)) {
-        return fsdp_error_set(FSDP_STATUS_ABORTED,
-                              "rank %d: collective %ld (%s) not started: another rank failed",
-                              c->global_rank, k, fsdp_coll_kind_name(kind));
-    }
-    struct host_slot *me = &sh->slots[c->rank];
-    me->args = (fsdp_coll_args){kind, dt, op, root, numel};
-    me->send = send;
-    me->recv = recv;
-    atomic_store_explicit(&sh->work[c->rank].next[0], 0, memory_order_relaxed);
-    atomic_store_explicit(&sh->work[c->rank].next[1], 0, memory_order_relaxed);
-    FSDP_TRY(meet(c, true));
+    atomic_store_explicit(&h->sh->work[c->rank].next[0], 0, memory_order_relaxed);
+    atomic_store_explicit(&h->sh->work[c->rank].next[1], 0, memory_order_relaxed);
+    const fsdp_coll_args args = {kind, dt, op, root, numel};
+    FSDP_TRY(fsdp_meet_begin(&h->mr, c, &args, send, recv, NULL, NULL));
+    const fsdp_meet_slot *slots = slots_of(c);
     for (int q = 0; q < c->n_ranks; q++)
-        FSDP_TRY(fsdp_coll_args_check(c->global_rank, k, &me->args,
-                                      fsdp_comm_group_rank(&c->group, q), &sh->slots[q].args));
+        FSDP_TRY(fsdp_coll_args_check(c->global_rank, h->mr.n_coll, &slots[c->rank].args,
+                                      fsdp_comm_group_rank(&c->group, q), &slots[q].args));
     return FSDP_STATUS_OK;
 }
 
@@ -442,7 +327,7 @@ static void slice(size_t numel, int n_ranks, int r, fsdp_dtype dt, size_t *lo, s
  * after r, so ranks read different sources at once). */
 static bool piece_all_gather(fsdp_comm *c, int r, size_t p)
 {
-    const struct host_slot *slots = ((struct host_ctx *)c->ctx)->sh->slots;
+    const fsdp_meet_slot *slots = slots_of(c);
     size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt);
     size_t per_src = n_pieces(numel);
     if (p >= per_src * (size_t)c->n_ranks)
@@ -460,7 +345,7 @@ static bool piece_all_gather(fsdp_comm *c, int r, size_t p)
 static bool piece_reduce_scatter(fsdp_comm *c, int r, size_t p)
 {
     struct host_ctx *h = c->ctx;
-    const struct host_slot *slots = h->sh->slots;
+    const fsdp_meet_slot *slots = slots_of(c);
     size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt);
     if (p >= n_pieces(numel))
         return false;
@@ -476,7 +361,7 @@ static bool piece_reduce_scatter(fsdp_comm *c, int r, size_t p)
 static bool piece_all_reduce_sum(fsdp_comm *c, int r, size_t p)
 {
     struct host_ctx *h = c->ctx;
-    const struct host_slot *slots = h->sh->slots;
+    const fsdp_meet_slot *slots = slots_of(c);
     size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt), lo, hi;
     slice(numel, c->n_ranks, r, slots[r].args.dt, &lo, &hi);
     if (p >= n_pieces(hi - lo))
@@ -493,7 +378,7 @@ static bool piece_all_reduce_sum(fsdp_comm *c, int r, size_t p)
  * the recv of the rank that reduced it into its own recv. */
 static bool piece_all_reduce_copy(fsdp_comm *c, int r, size_t p)
 {
-    const struct host_slot *slots = ((struct host_ctx *)c->ctx)->sh->slots;
+    const fsdp_meet_slot *slots = slots_of(c);
     size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt);
     if (p >= n_pieces(numel))
         return false;
@@ -511,7 +396,7 @@ static bool piece_all_reduce_copy(fsdp_comm *c, int r, size_t p)
 /* broadcast: owner r's share copies the root's buffer (the root's is empty). */
 static bool piece_broadcast(fsdp_comm *c, int r, size_t p)
 {
-    const struct host_slot *slots = ((struct host_ctx *)c->ctx)->sh->slots;
+    const fsdp_meet_slot *slots = slots_of(c);
     int root = slots[r].args.root;
     size_t numel = slots[r].args.numel, es = fsdp_dtype_size(slots[r].args.dt);
     if (r == root || p >= n_pieces(numel))
@@ -531,14 +416,16 @@ static bool piece_broadcast(fsdp_comm *c, int r, size_t p)
  * reused before every rank is done with them (a lone rank meets nobody). */
 static fsdp_status run_phases(fsdp_comm *c, host_piece_fn first, host_piece_fn second)
 {
+    fsdp_meet_rank *mr = &((struct host_ctx *)c->ctx)->mr;
     run_shares(c, 0, first);
     if (c->n_ranks == 1)
         return FSDP_STATUS_OK;
-    FSDP_TRY(meet(c, false));
+    fsdp_meet_arrive(mr, c);
     if (!second)
         return FSDP_STATUS_OK;
     run_shares(c, 1, second);
-    return meet(c, false);
+    fsdp_meet_arrive(mr, c);
+    return FSDP_STATUS_OK;
 }
 
 static fsdp_status host_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,
@@ -579,33 +466,31 @@ static fsdp_status host_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dt
 static fsdp_status host_barrier(fsdp_comm *c)
 {
     FSDP_TRY(begin(c, FSDP_COLL_BARRIER, NULL, NULL, 0, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, 0));
-    if (c->n_ranks == 1)
-        return FSDP_STATUS_OK;
-    return meet(c, false);
+    if (c->n_ranks > 1)
+        fsdp_meet_arrive(&((struct host_ctx *)c->ctx)->mr, c);
+    return FSDP_STATUS_OK;
 }
 
 /* ---- lifetime ------------------------------------------------------------ */
+
+/* This transport's tables of members, in the world's registry (comm.h). */
+static const fsdp_meet_kind host_meet_kind;
+
+static void host_ctx_free(struct host_ctx *h)
+{
+    free(h->src);
+    free(h->tmp);
+    free(h->tmp_mem);
+    free(h);
+}
 
 static void host_fini(fsdp_comm *c)
 {
     struct host_ctx *h = c->ctx;
     if (!h)
         return;
-    fsdp_world *w = c->world;
-    pthread_mutex_lock(&w->mu);
-    struct host_shared *sh = h->sh;
-    sh->slots[c->rank].attached = 0;
-    if (--sh->n_refs == 0) {
-        free(sh->slots);
-        free(sh->work);
-        free(sh);
-        fsdp_comm_shared_drop_locked(w, &host_tag, &c->group);
-    }
-    pthread_mutex_unlock(&w->mu);
-    free(h->src);
-    free(h->tmp);
-    free(h->tmp_mem);
-    free(h);
+    fsdp_meet_detach(&h->mr, c->world, &host_meet_kind, &c->group);
+    host_ctx_free(h);
     c->ctx = NULL;
 }
 
@@ -620,52 +505,47 @@ static const struct fsdp_comm_i host_comm_i = {
     /* .host_code      = */ true, /* collectives on the host: in stream order */
 };
 
-/* Take a reference on the group's shared table, creating it if this is the
- * first member. Fails if this member is already attached (a previous comm
- * of it was never finalised). Caller holds w->mu. */
-static fsdp_status shared_attach_locked(fsdp_world *w, const fsdp_comm_group *g, int index,
-                                        struct host_shared **out)
+static fsdp_status host_shared_create(fsdp_world *w, const fsdp_comm_group *g, void *arg,
+                                      fsdp_meet **out)
 {
-    void **slot = fsdp_comm_shared_slot_locked(w, &host_tag, g);
-    if (!slot)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the host collectives");
-    struct host_shared *sh = *slot;
-    if (!sh) {
-        sh = calloc(1, sizeof *sh);
-        void *slots = NULL, *work = NULL;
-        size_t n = (size_t)g->count;
-        if (!sh || posix_memalign(&slots, 64, n * sizeof(struct host_slot)) ||
-            posix_memalign(&work, 64, n * sizeof(struct host_work))) {
-            free(slots);
-            free(sh);
-            fsdp_comm_shared_drop_locked(w, &host_tag, g);
-            return fsdp_error_set(FSDP_STATUS_OOM,
-                                  "out of host memory for the host collectives of %d ranks",
-                                  g->count);
-        }
-        memset(slots, 0, n * sizeof(struct host_slot));
-        memset(work, 0, n * sizeof(struct host_work));
-        sh->slots = slots;
-        sh->work = work;
-        sh->n_ranks = g->count;
-        for (int q = 0; q < g->count; q++) {
-            atomic_init(&sh->slots[q].arrived, 0);
-            atomic_init(&sh->work[q].next[0], 0);
-            atomic_init(&sh->work[q].next[1], 0);
-        }
-        atomic_init(&sh->n_sleepers, 0);
-        *slot = sh;
+    (void)w;
+    (void)arg;
+    struct host_shared *sh = calloc(1, sizeof *sh);
+    void *work = NULL;
+    size_t n = (size_t)g->count;
+    if (!sh || !fsdp_meet_init(&sh->meet, g->count) ||
+        posix_memalign(&work, 64, n * sizeof(struct host_work))) {
+        if (sh)
+            fsdp_meet_fini(&sh->meet);
+        free(sh);
+        return fsdp_error_set(FSDP_STATUS_OOM,
+                              "out of host memory for the host collectives of %d ranks",
+                              g->count);
     }
-    if (sh->slots[index].attached)
-        return fsdp_error_set(FSDP_STATUS_INTERNAL,
-                              "rank %d: host collectives initialised twice; call fsdp_comm_fini "
-                              "on every rank (also after a failure) before initialising again",
-                              fsdp_comm_group_rank(g, index));
-    sh->slots[index].attached = 1;
-    sh->n_refs++;
-    *out = sh;
+    memset(work, 0, n * sizeof(struct host_work));
+    sh->work = work;
+    for (int q = 0; q < g->count; q++) {
+        atomic_init(&sh->work[q].next[0], 0);
+        atomic_init(&sh->work[q].next[1], 0);
+    }
+    *out = &sh->meet;
     return FSDP_STATUS_OK;
 }
+
+static void host_shared_destroy(fsdp_meet *m)
+{
+    struct host_shared *sh = (struct host_shared *)m;
+    fsdp_meet_fini(&sh->meet);
+    free(sh->work);
+    free(sh);
+}
+
+static const fsdp_meet_kind host_meet_kind = {
+    /* .name    = */ "host",
+    /* .what    = */ "the host collectives",
+    /* .create  = */ host_shared_create,
+    /* .destroy = */ host_shared_destroy,
+};
 
 fsdp_status fsdp_comm_host_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
                                       const fsdp_comm_group *g, int rank)
@@ -691,34 +571,19 @@ fsdp_status fsdp_comm_host_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *
         h->tmp_mem = aligned_alloc(64, (size_t)n_tmp * HOST_BLOCK * sizeof(float));
     }
     if (!h || !h->src || !h->tmp || !h->tmp_mem) {
-        if (h) {
-            free(h->src);
-            free(h->tmp);
-            free(h->tmp_mem);
-        }
-        free(h);
+        if (h)
+            host_ctx_free(h);
         return fsdp_error_set(FSDP_STATUS_OOM,
                               "rank %d: out of host memory for host collective scratch", rank);
     }
     for (int i = 0; i < n_tmp; i++)
         h->tmp[i] = h->tmp_mem + (size_t)i * HOST_BLOCK;
-    long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    h->oversubscribed = n_cpus > 0 && w->n_local > n_cpus;
-    h->n_spin = h->oversubscribed ? HOST_YIELDS : HOST_SPIN;
-
-    pthread_mutex_lock(&w->mu);
-    fsdp_status st = shared_attach_locked(w, g, index, &h->sh);
-    pthread_mutex_unlock(&w->mu);
+    fsdp_status st = fsdp_meet_attach(&h->mr, w, &host_meet_kind, g, rank, index, NULL);
     if (st != FSDP_STATUS_OK) {
-        free(h->src);
-        free(h->tmp);
-        free(h->tmp_mem);
-        free(h);
+        host_ctx_free(h);
         return st;
     }
-    /* A fresh table starts every counter at 0; a table shared with ranks
-     * that already issued collectives would make this rank's count wrong. */
-    h->seq = atomic_load(&h->sh->slots[index].arrived);
+    h->sh = (struct host_shared *)h->mr.m;
     fsdp_comm_bind(c, &host_comm_i, w, dev, g, rank, h);
     return FSDP_STATUS_OK;
 }

@@ -13,9 +13,9 @@
  * a failure may still write into them, and the job ends anyway.
  *
  * A collective on process `me` of P, with L local ranks, N = P x L:
- *   M1  every local rank publishes its slot and arrives (abortable); the
- *       last to arrive checks that the slots agree and lays out the
- *       staging (mpi_layout.h); nothing is read before.
+ *   M1  every local rank publishes its slot and arrives (abortable,
+ *       comm/meet.h); the last to arrive checks that the slots agree and
+ *       lays out the staging (mpi_layout.h); nothing is read before.
  *   A   each local rank stages its part of what leaves the process.
  *   M2  everything is staged.
  *   X   the leader exchanges a header with every other process (the same
@@ -61,22 +61,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/meet.h"
 #include "comm/mpi_coll.h"
 #include "comm/mpi_layout.h"
 #include "comm/mpi_tree.h"
 #include "comm/procs.h"
 #include "core/bf16.h"
 #include "core/log.h"
-#include "core/world.h"
 
 #define MPI_HDR_MAGIC 0x66736470u         /* "fsdp" */
-
-struct mpi_slot {
-    fsdp_coll_args args;
-    const void *send;
-    void *recv;
-    int attached; /* w->mu */
-};
 
 /* What the leaders exchange first in every collective. */
 struct mpi_header {
@@ -87,15 +80,13 @@ struct mpi_header {
 };
 
 struct mpi_shared {
+    fsdp_meet meet;              /* slots by local index (j = member - me * n_local) */
     int n_local, n_procs, me;    /* the group's: members per process, processes, this one */
     fsdp_comm_group g;
     int *procs_of;               /* (n_procs,) the job's index of each of its processes */
     int channel;
     fsdp_procs *procs;           /* NULL: a world of one process */
-    int n_refs;                  /* w->mu */
-    struct mpi_slot *slots;      /* (n_local,) */
-    int arrived;                 /* meetings: w->mu */
-    unsigned long gen;
+    fsdp_meet_slot *slots;       /* (n_local,) meet.slots */
     fsdp_status prep_st;         /* M1's checks and layout; read after M1 */
     fsdp_status x_st;            /* the leader's exchange; read after the next meeting */
     char msg[FSDP_ERROR_MSG_MAX];
@@ -111,7 +102,7 @@ struct mpi_shared {
 
 struct mpi_ctx {
     struct mpi_shared *sh;
-    long n_coll;       /* collectives issued on this rank */
+    fsdp_meet_rank mr; /* this rank's slot, meetings and count of collectives */
     float **tmp;       /* (depth + 1,) scratch vectors of FSDP_MPI_BLOCK floats */
     float *tmp_mem;
     const void **leaf; /* (n_local,) */
@@ -127,11 +118,11 @@ static void copy(void *dst, const void *src, size_t bytes)
 
 /* ---- meetings of the local ranks --------------------------------------------- */
 
-/* M1's work, by the last rank to arrive, under w->mu: check that the local
- * ranks agree, then lay out the collective and grow the staging. Every
- * rank has finished the previous collective (it arrived here), so nobody
- * reads the staging now. */
-static void prepare_locked(fsdp_comm *c)
+/* M1's work, by the last rank to arrive while the others wait: check that
+ * the local ranks agree, then lay out the collective and grow the staging.
+ * Every rank has finished the previous collective (it arrived here), so
+ * nobody reads the staging now. */
+static void prepare(fsdp_comm *c)
 {
     struct mpi_shared *sh = ((struct mpi_ctx *)c->ctx)->sh;
     const fsdp_coll_args *a = &sh->slots[0].args;
@@ -178,62 +169,19 @@ static void prepare_locked(fsdp_comm *c)
     }
 }
 
-/* Arrive and wait for every local rank. first: this collective's M1
- * (abortable; the last to arrive runs prepare_locked). */
-static fsdp_status meet(fsdp_comm *c, bool first)
-{
-    struct mpi_shared *sh = ((struct mpi_ctx *)c->ctx)->sh;
-    fsdp_world *w = c->world;
-    pthread_mutex_lock(&w->mu);
-    unsigned long g = sh->gen;
-    if (++sh->arrived == sh->n_local) {
-        if (first)
-            prepare_locked(c);
-        sh->arrived = 0;
-        sh->gen++;
-        pthread_cond_broadcast(&w->cv);
-        pthread_mutex_unlock(&w->mu);
-        return FSDP_STATUS_OK;
-    }
-    while (sh->gen == g && !(first && fsdp_world_aborted(w)))
-        fsdp_world_wait_locked(w);
-    bool done = sh->gen != g;
-    if (!done)
-        sh->arrived--; /* withdraw: the others never start this collective */
-    pthread_mutex_unlock(&w->mu);
-    if (!done)
-        return fsdp_error_set(FSDP_STATUS_ABORTED,
-                              "rank %d: aborted in collective %ld while waiting for the other "
-                              "ranks: another rank failed",
-                              c->global_rank, ((struct mpi_ctx *)c->ctx)->n_coll);
-    return FSDP_STATUS_OK;
-}
-
-/* Start a collective: fault hook, argument checks, publish, M1. */
+/* Start a collective: fault hook, argument checks, publish, M1 (comm/meet.h). */
 static fsdp_status begin(fsdp_comm *c, int kind, const void *send, void *recv, size_t numel,
                          fsdp_dtype dt, fsdp_reduce_op op, int root)
 {
     struct mpi_ctx *x = c->ctx;
     struct mpi_shared *sh = x->sh;
-    long k = ++x->n_coll;
-    FSDP_TRY(fsdp_comm_begin_check(c, c->global_rank, k, kind, send, recv, numel, dt, op, root));
-    if (sh->broken)
-        return fsdp_error_set(FSDP_STATUS_ABORTED,
-                              "rank %d: collective %ld (%s) not started: an earlier transfer "
-                              "between processes failed", c->global_rank, k,
-                              fsdp_coll_kind_name(kind));
-    if (fsdp_world_aborted(c->world))
-        return fsdp_error_set(FSDP_STATUS_ABORTED,
-                              "rank %d: collective %ld (%s) not started: another rank failed",
-                              c->global_rank, k, fsdp_coll_kind_name(kind));
-    struct mpi_slot *me = &sh->slots[c->rank - sh->me * sh->n_local];
-    me->args = (fsdp_coll_args){kind, dt, op, root, numel};
-    me->send = send;
-    me->recv = recv;
-    FSDP_TRY(meet(c, true));
+    const fsdp_coll_args args = {kind, dt, op, root, numel};
+    FSDP_TRY(fsdp_meet_begin(&x->mr, c, &args, send, recv,
+                             sh->broken ? "an earlier transfer between processes failed" : NULL,
+                             prepare));
     if (sh->prep_st != FSDP_STATUS_OK)
-        return fsdp_error_set(sh->prep_st, "rank %d: collective %ld: %s", c->global_rank, k,
-                              sh->msg);
+        return fsdp_error_set(sh->prep_st, "rank %d: collective %ld: %s", c->global_rank,
+                              x->mr.n_coll, sh->msg);
     return FSDP_STATUS_OK;
 }
 
@@ -244,7 +192,7 @@ static bool header_matches(const struct mpi_header *a, const struct mpi_header *
     return a->magic == b->magic && a->kind == b->kind && a->numel == b->numel &&
            a->dt == b->dt && a->seq == b->seq &&
            (a->kind != FSDP_COLL_BROADCAST || a->root == b->root) &&
-           (!fsdp_mpi_is_reduction(a->kind) || a->op == b->op);
+           (!fsdp_coll_kind_is_reduction(a->kind) || a->op == b->op);
 }
 
 /* Post msgs[0..n) and wait; counts payload bytes on the leader's comm.
@@ -280,7 +228,7 @@ static fsdp_status leader_headers(fsdp_comm *c, const char *what)
     int n = 0;
     /* kept in sh: it outlives a transfer given up on, like the staging */
     sh->mine = (struct mpi_header){MPI_HDR_MAGIC, a->kind, (int32_t)a->dt, (int32_t)a->op,
-                                   a->root, 0, a->numel, x->n_coll};
+                                   a->root, 0, a->numel, x->mr.n_coll};
     for (int q = 0; q < sh->n_procs; q++) {
         if (q == sh->me)
             continue;
@@ -303,7 +251,7 @@ static fsdp_status leader_headers(fsdp_comm *c, const char *what)
             "issued %s(%llu x %s, op %d, root %d) as its collective %lld; every rank must "
             "issue the same collectives in the same order with the same sizes",
             c->global_rank, fsdp_world_where(c->world, c->global_rank, where, sizeof where),
-            x->n_coll, sh->procs_of[sh->me],
+            x->mr.n_coll, sh->procs_of[sh->me],
             fsdp_coll_kind_name(me->kind), (unsigned long long)me->numel,
             fsdp_dtype_name((fsdp_dtype)me->dt), me->op, me->root, (long long)me->seq,
             sh->procs_of[q], c->world->hosts[sh->procs_of[q]],
@@ -325,7 +273,7 @@ static fsdp_status leader_exchange(fsdp_comm *c, int round)
     int n = 0;
     char what[96];
     snprintf(what, sizeof what, "%s (collective %ld)", fsdp_coll_kind_name(sh->slots[0].args.kind),
-             x->n_coll);
+             x->mr.n_coll);
     if (round == 1)
         FSDP_TRY(leader_headers(c, what));
     for (int q = 0; q < sh->n_procs; q++) {
@@ -351,7 +299,7 @@ static fsdp_status cross(fsdp_comm *c, int round)
     struct mpi_ctx *x = c->ctx;
     struct mpi_shared *sh = x->sh;
     bool leader = c->rank == sh->me * sh->n_local;
-    FSDP_TRY(meet(c, false));
+    fsdp_meet_arrive(&x->mr, c);
     if (leader) {
         sh->x_st = FSDP_STATUS_OK;
         if (sh->procs && sh->n_procs > 1) {
@@ -360,7 +308,7 @@ static fsdp_status cross(fsdp_comm *c, int round)
                 snprintf(sh->msg, sizeof sh->msg, "%s", fsdp_error_msg());
         }
     }
-    FSDP_TRY(meet(c, false));
+    fsdp_meet_arrive(&x->mr, c);
     if (sh->x_st == FSDP_STATUS_OK)
         return FSDP_STATUS_OK;
     if (leader)
@@ -368,7 +316,7 @@ static fsdp_status cross(fsdp_comm *c, int round)
     return fsdp_error_set(FSDP_STATUS_ABORTED,
                           "rank %d: collective %ld (%s) failed between processes: %s",
                           c->global_rank,
-                          x->n_coll, fsdp_coll_kind_name(sh->slots[0].args.kind), sh->msg);
+                          x->mr.n_coll, fsdp_coll_kind_name(sh->slots[0].args.kind), sh->msg);
 }
 
 /* ---- sums --------------------------------------------------------------------- */
@@ -484,7 +432,8 @@ static fsdp_status mpi_reduce_scatter(fsdp_comm *c, const void *send, void *recv
     stage_payloads(c, FSDP_COLL_REDUCE_SCATTER);
     FSDP_TRY(cross(c, 1));
     finish_sum(c, FSDP_COLL_REDUCE_SCATTER, recv);
-    return meet(c, false); /* the others read this rank's send until here */
+    fsdp_meet_arrive(&((struct mpi_ctx *)c->ctx)->mr, c); /* the others read this send till here */
+    return FSDP_STATUS_OK;
 }
 
 static fsdp_status mpi_all_reduce(fsdp_comm *c, const void *send, void *recv, size_t numel,
@@ -539,9 +488,6 @@ static fsdp_status mpi_barrier(fsdp_comm *c)
 
 /* ---- lifetime ------------------------------------------------------------------- */
 
-/* This transport's key in the world's registry of shared states (comm.h). */
-static const char mpi_tag = 'm';
-
 static void shared_free(struct mpi_shared *sh)
 {
     if (!sh)
@@ -550,7 +496,7 @@ static void shared_free(struct mpi_shared *sh)
         return;     /* ending (procs.h), so they are left to the process's end */
     free(sh->send_stage);
     free(sh->recv_stage);
-    free(sh->slots);
+    fsdp_meet_fini(&sh->meet);
     free(sh->msgs);
     free(sh->hdrs);
     free(sh->procs_of);
@@ -559,20 +505,15 @@ static void shared_free(struct mpi_shared *sh)
     free(sh);
 }
 
+/* This transport's tables of members, in the world's registry (comm.h). */
+static const fsdp_meet_kind mpi_meet_kind;
+
 static void mpi_fini(fsdp_comm *c)
 {
     struct mpi_ctx *x = c->ctx;
     if (!x)
         return;
-    fsdp_world *w = c->world;
-    pthread_mutex_lock(&w->mu);
-    struct mpi_shared *sh = x->sh;
-    sh->slots[c->rank - sh->me * sh->n_local].attached = 0;
-    if (--sh->n_refs == 0) {
-        fsdp_comm_shared_drop_locked(w, &mpi_tag, &c->group);
-        shared_free(sh);
-    }
-    pthread_mutex_unlock(&w->mu);
+    fsdp_meet_detach(&x->mr, c->world, &mpi_meet_kind, &c->group);
     free(x->tmp);
     free(x->tmp_mem);
     free(x->leaf);
@@ -601,59 +542,57 @@ static int group_channel(const fsdp_comm_group *g)
     return 1 + g->first + FSDP_MAX_RANKS * g->stride;
 }
 
-/* The group's shared state, created by its first member here (w->mu held):
- * P processes (procs_of) of L members each, this process being block me. */
-static fsdp_status shared_attach_locked(fsdp_world *w, const fsdp_comm_group *g, int P, int L,
-                                        const int *procs_of, int me, int index,
-                                        struct mpi_shared **out)
+static void shared_destroy(fsdp_meet *m) { shared_free((struct mpi_shared *)m); }
+
+/* What the first member of a group knows about it: P processes (procs_of)
+ * of L members each, this process being block me. */
+struct shared_shape {
+    int P, L, me;
+    const int *procs_of;
+};
+
+/* The group's shared state, created by its first member (w->mu held). */
+static fsdp_status shared_create(fsdp_world *w, const fsdp_comm_group *g, void *arg,
+                                 fsdp_meet **out)
 {
-    void **where = fsdp_comm_shared_slot_locked(w, &mpi_tag, g);
-    if (!where)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for collectives between "
-                              "processes");
-    struct mpi_shared *sh = *where;
-    if (!sh) {
-        sh = calloc(1, sizeof *sh);
-        if (!sh) {
-            fsdp_comm_shared_drop_locked(w, &mpi_tag, g);
-            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for collectives "
-                                  "between processes");
-        }
-        sh->n_local = L;
-        sh->n_procs = P;
-        sh->me = me;
-        sh->g = *g;
-        sh->procs = w->procs;
-        sh->slots = calloc((size_t)L, sizeof *sh->slots);
-        sh->msgs = calloc(2 * (size_t)P, sizeof *sh->msgs);
-        sh->hdrs = calloc((size_t)P, sizeof *sh->hdrs);
-        sh->procs_of = calloc((size_t)P, sizeof *sh->procs_of);
-        fsdp_status st = !sh->slots || !sh->msgs || !sh->hdrs || !sh->procs_of
-                             ? fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for "
-                                              "collectives between %d processes", P)
-                             : fsdp_mpi_layout_alloc(&sh->lay, P);
-        if (st == FSDP_STATUS_OK)
-            st = fsdp_mpi_cover_init(&sh->cover, P, L);
-        if (st != FSDP_STATUS_OK) {
-            shared_free(sh);
-            fsdp_comm_shared_drop_locked(w, &mpi_tag, g);
-            return st;
-        }
-        memcpy(sh->procs_of, procs_of, (size_t)P * sizeof *procs_of);
-        sh->channel = group_channel(g);
-        *where = sh;
+    const struct shared_shape *sp = arg;
+    int P = sp->P, L = sp->L;
+    struct mpi_shared *sh = calloc(1, sizeof *sh);
+    if (!sh)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for collectives "
+                              "between processes");
+    sh->n_local = L;
+    sh->n_procs = P;
+    sh->me = sp->me;
+    sh->g = *g;
+    sh->procs = w->procs;
+    bool slots = fsdp_meet_init(&sh->meet, L);
+    sh->slots = sh->meet.slots;
+    sh->msgs = calloc(2 * (size_t)P, sizeof *sh->msgs);
+    sh->hdrs = calloc((size_t)P, sizeof *sh->hdrs);
+    sh->procs_of = calloc((size_t)P, sizeof *sh->procs_of);
+    fsdp_status st = !slots || !sh->msgs || !sh->hdrs || !sh->procs_of
+                         ? fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for "
+                                          "collectives between %d processes", P)
+                         : fsdp_mpi_layout_alloc(&sh->lay, P);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_mpi_cover_init(&sh->cover, P, L);
+    if (st != FSDP_STATUS_OK) {
+        shared_free(sh);
+        return st;
     }
-    struct mpi_slot *slot = &sh->slots[index - me * L];
-    if (slot->attached)
-        return fsdp_error_set(FSDP_STATUS_INTERNAL,
-                              "rank %d: mpi collectives initialised twice; call fsdp_comm_fini "
-                              "on every rank (also after a failure) before initialising again",
-                              fsdp_comm_group_rank(g, index));
-    slot->attached = 1;
-    sh->n_refs++;
-    *out = sh;
+    memcpy(sh->procs_of, sp->procs_of, (size_t)P * sizeof *sp->procs_of);
+    sh->channel = group_channel(g);
+    *out = &sh->meet;
     return FSDP_STATUS_OK;
 }
+
+static const fsdp_meet_kind mpi_meet_kind = {
+    /* .name    = */ "mpi",
+    /* .what    = */ "collectives between processes",
+    /* .create  = */ shared_create,
+    /* .destroy = */ shared_destroy,
+};
 
 fsdp_status fsdp_comm_mpi_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
                                      const fsdp_comm_group *g, int rank)
@@ -692,14 +631,14 @@ fsdp_status fsdp_comm_mpi_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *d
         free(procs_of);
         return fsdp_error_set(FSDP_STATUS_OOM, "rank %d: out of host memory", rank);
     }
-    pthread_mutex_lock(&w->mu);
-    st = shared_attach_locked(w, g, P, L, procs_of, me, index, &x->sh);
-    pthread_mutex_unlock(&w->mu);
+    struct shared_shape shape = {P, L, me, procs_of};
+    st = fsdp_meet_attach(&x->mr, w, &mpi_meet_kind, g, rank, index - me * L, &shape);
     free(procs_of);
     if (st != FSDP_STATUS_OK) {
         free(x);
         return st;
     }
+    x->sh = (struct mpi_shared *)x->mr.m;
     int depth = x->sh->cover.depth + 1;
     x->tmp = calloc((size_t)depth, sizeof *x->tmp);
     x->tmp_mem = aligned_alloc(64, (size_t)depth * FSDP_MPI_BLOCK * sizeof(float));

@@ -25,16 +25,6 @@ fsdp_status fsdp_comm_mpi_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, in
 fsdp_status fsdp_comm_mpi_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
                                      const fsdp_comm_group *g, int rank);
 
-/* The payload bytes one process sends to and receives from the others
- * for one collective (what the `mpi` transport counts in bytes_inter_*;
- * per-message headers are not counted): a job of n_processes processes of
- * n_local ranks, `process` being the one asked about, numel and dt as
- * passed to the collective, root the broadcast's global root. For the
- * planner, which lays out any job on paper. OOM or INVALID_ARG only. */
-fsdp_status fsdp_comm_mpi_inter_bytes(fsdp_coll_kind kind, size_t numel, fsdp_dtype dt,
-                                      int n_processes, int n_local, int process, int root,
-                                      size_t *sent, size_t *recv);
-
 #ifdef __cplusplus
 }
 #endif

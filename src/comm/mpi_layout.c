@@ -4,7 +4,6 @@
  */
 #include <stdlib.h>
 
-#include "comm/mpi_coll.h"
 #include "comm/mpi_layout.h"
 
 size_t fsdp_mpi_slice_start(size_t numel, int n_ranks, int g)
@@ -68,7 +67,8 @@ void fsdp_mpi_layout_of(const fsdp_mpi_cover *cv, int me, int kind, size_t numel
         } else if (kind == FSDP_COLL_BROADCAST) {
             out = me == root / L ? numel * es : 0;
             in = q == root / L ? numel * es : 0;
-        } else if (fsdp_mpi_is_reduction(kind)) { /* my payloads for q's chunks; q's for mine */
+        } else if (fsdp_coll_kind_is_reduction(kind)) {
+            /* my payloads for q's chunks; q's for mine */
             l->s_off[q] = s;
             s += out = fsdp_mpi_chunk_off(cv, kind, numel, dt, me, q, L);
             in = fsdp_mpi_chunk_off(cv, kind, numel, dt, q, me, L);
@@ -112,6 +112,18 @@ void fsdp_mpi_layout_free(fsdp_mpi_layout *l)
     l->s_off = NULL;
 }
 
+void fsdp_mpi_layout_inter_bytes(const fsdp_mpi_layout *l, int n_procs, int me, size_t *sent,
+                                 size_t *recv)
+{
+    *sent = *recv = 0;
+    for (int q = 0; q < n_procs; q++) {
+        if (q == me)
+            continue;
+        *sent += l->s_len[q] + l->s2_len;
+        *recv += l->r_len[q] + l->r2_len[q];
+    }
+}
+
 fsdp_status fsdp_comm_mpi_inter_bytes(fsdp_coll_kind kind, size_t numel, fsdp_dtype dt,
                                       int n_processes, int n_local, int process, int root,
                                       size_t *sent, size_t *recv)
@@ -130,12 +142,7 @@ fsdp_status fsdp_comm_mpi_inter_bytes(fsdp_coll_kind kind, size_t numel, fsdp_dt
     fsdp_status st = fsdp_mpi_layout_alloc(&l, n_processes);
     if (st == FSDP_STATUS_OK) {
         fsdp_mpi_layout_of(&cv, process, (int)kind, numel, dt, root, &l);
-        for (int q = 0; q < n_processes; q++) {
-            if (q == process)
-                continue;
-            *sent += l.s_len[q] + l.s2_len;
-            *recv += l.r_len[q] + l.r2_len[q];
-        }
+        fsdp_mpi_layout_inter_bytes(&l, n_processes, process, sent, recv);
         fsdp_mpi_layout_free(&l);
     }
     fsdp_mpi_cover_fini(&cv);

@@ -33,11 +33,6 @@ typedef struct fsdp_mpi_layout {
     size_t send_bytes, recv_bytes;         /* staging this collective needs */
 } fsdp_mpi_layout;
 
-static inline bool fsdp_mpi_is_reduction(int kind)
-{
-    return kind == FSDP_COLL_REDUCE_SCATTER || kind == FSDP_COLL_ALL_REDUCE;
-}
-
 fsdp_status fsdp_mpi_layout_alloc(fsdp_mpi_layout *l, int n_procs);
 void fsdp_mpi_layout_free(fsdp_mpi_layout *l);
 
@@ -45,6 +40,21 @@ void fsdp_mpi_layout_free(fsdp_mpi_layout *l);
  * barrier) of process me. */
 void fsdp_mpi_layout_of(const fsdp_mpi_cover *cv, int me, int kind, size_t numel, fsdp_dtype dt,
                         int root, fsdp_mpi_layout *l);
+
+/* The payload bytes process me of n_procs sends to and receives from the
+ * others under layout l (both rounds). */
+void fsdp_mpi_layout_inter_bytes(const fsdp_mpi_layout *l, int n_procs, int me, size_t *sent,
+                                 size_t *recv);
+
+/* The payload bytes one process sends to and receives from the others
+ * for one collective (what the `mpi` transport counts in bytes_inter_*;
+ * per-message headers are not counted): a job of n_processes processes of
+ * n_local ranks, `process` being the one asked about, numel and dt as
+ * passed to the collective, root the broadcast's global root. For the
+ * planner, which lays out any job on paper. OOM or INVALID_ARG only. */
+fsdp_status fsdp_comm_mpi_inter_bytes(fsdp_coll_kind kind, size_t numel, fsdp_dtype dt,
+                                      int n_processes, int n_local, int process, int root,
+                                      size_t *sent, size_t *recv);
 
 /* First element of all_reduce slice g (one slice per global rank, the
  * last ones shorter or empty). */

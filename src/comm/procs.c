@@ -1,20 +1,18 @@
 /*
  * procs.c - the one place that decides how a job's processes meet
- * (procs.h), the world they share, and the waits on other processes.
+ * (procs.h) and the world they share. The waits on other processes are
+ * the implementations' (procs_wait.c).
  *
  * Which launcher started us is read from the variables it exports
  * (launcher_vars below), not from fsdp's own settings: mpirun sets them in
  * every process it starts, so `mpirun -np 2 fsdp train` needs no flag.
  */
 #include <errno.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "comm/procs.h"
-#include "core/clock.h"
 #include "core/log.h"
 
 static const fsdp_name kind_names[] = {
@@ -195,31 +193,6 @@ fail:
     free(all);
     free(hosts);
     return st;
-}
-
-fsdp_status fsdp_procs_wait(fsdp_procs *p, fsdp_world *w, unsigned *spins, double t0,
-                            const char *what, const char *whom)
-{
-    if (w && fsdp_world_aborted(w))
-        return fsdp_error_set(FSDP_STATUS_ABORTED,
-                              "process %d: %s abandoned while waiting for %s: a rank failed",
-                              p->process, what, whom);
-    unsigned k = ++*spins;
-    if (k < 64) {
-        sched_yield(); /* the answer is often microseconds away */
-        return FSDP_STATUS_OK;
-    }
-    if ((k & 63) == 0 && p->timeout_s > 0 && fsdp_now_s() - t0 > p->timeout_s)
-        return fsdp_error_set(FSDP_STATUS_INTERNAL,
-                              "process %d (host %s): %s: %s has not answered for %.0f s; it may "
-                              "have died or hung (raise FSDP_PEER_TIMEOUT if its steps are that "
-                              "slow)",
-                              p->process, p->host, what, whom, p->timeout_s);
-    /* 20 us naps at first, 200 us after ~40 ms of waiting: latency while a
-     * collective is in flight, little CPU while a peer computes. */
-    struct timespec ts = {0, k < 2000 ? 20 * 1000 : 200 * 1000};
-    nanosleep(&ts, NULL);
-    return FSDP_STATUS_OK;
 }
 
 fsdp_status fsdp_procs_fini(fsdp_procs *p, fsdp_status st)

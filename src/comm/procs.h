@@ -144,11 +144,12 @@ fsdp_status fsdp_procs_init(fsdp_procs **out, const fsdp_procs_opts *opts);
  * The world learns every process's host, and its failures reach p. */
 fsdp_status fsdp_procs_world_init(fsdp_world **out, fsdp_procs *p, int n_local);
 
-/* A wait on another process: naps between polls (spins briefly first)
- * and says when to give up. *spins counts polls (start at 0); t0 is when
- * the wait began (fsdp_now_s, core/clock.h). Returns OK to poll again, ABORTED if
- * w's abort flag is set, or INTERNAL after the timeout, each with a
- * message naming `what` and `whom` ("process 1 (host nodeb)"). */
+/* A wait on another process, for the implementations (procs_wait.c):
+ * naps between polls (spins briefly first) and says when to give up.
+ * *spins counts polls (start at 0); t0 is when the wait began (fsdp_now_s,
+ * core/clock.h). Returns OK to poll again, ABORTED if w's abort flag is
+ * set, or INTERNAL after the timeout, each with a message naming `what`
+ * and `whom` ("process 1 (host nodeb)"). */
 fsdp_status fsdp_procs_wait(fsdp_procs *p, fsdp_world *w, unsigned *spins, double t0,
                             const char *what, const char *whom);
 

@@ -13,8 +13,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/data_internal.h"
 #include "data/jsonl.h"
-#include "data/source.h"
 
 typedef struct corpus {
     fsdp_row_ctx ctx;

@@ -24,8 +24,8 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "data/data_internal.h"
 #include "data/hftok.h"
-#include "data/source.h"
 
 static bool ends_with(const char *s, const char *suffix)
 {

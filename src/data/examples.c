@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "core/rng.h"
-#include "data/source.h"
+#include "data/data_internal.h"
 
 #define EXAMPLES_RNG_STREAM 0x6578616d706c6573ull /* "examples" */
 

@@ -42,7 +42,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
-#include "data/source.h"
+#include "data/data_internal.h"
 
 #define FSDP_SYNTH_DIGITS 3
 #define SYNTH_RANGE 1000u            /* 10^DIGITS: operands are 0..RANGE-1 */

@@ -29,8 +29,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/data_internal.h"
 #include "data/shard.h"
-#include "data/source.h"
 
 #define SHARD_HEADER_BYTES FSDP_SHARD_HEADER_BYTES
 

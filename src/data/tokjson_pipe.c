@@ -1,14 +1,14 @@
 /*
  * tokjson_pipe.c - the sections of tokenizer.json around the BPE model:
  * normalizer, pre-tokenizer steps, post-processor and their checks
- * (tokjson.h). What is accepted is listed in hftok.h; everything else is
+ * (tokjson_pipe.h). What is accepted is listed in hftok.h; everything else is
  * UNSUPPORTED naming the field, so a tokenizer is never read as something
  * that would encode differently from the reference.
  */
 #include <stdio.h>
 #include <string.h>
 
-#include "data/tokjson.h"
+#include "data/tokjson_pipe.h"
 
 /* GPT-2's byte-level split (tokenizers' ByteLevel with use_regex). */
 static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+"

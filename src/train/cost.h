@@ -144,7 +144,7 @@ typedef struct fsdp_cuda_overhead {
 /* Rounding estimate per live allocation of the cuda block cache. */
 #define FSDP_COST_CACHE_BYTES_PER_ALLOC ((size_t)1 << 20)
 
-/* The shape that sizes the cuda ops' scratch (src/ops/cuda/attention.cu,
+/* The shape that sizes the cuda ops' scratch (src/ops/cuda/attention_gqa.cu,
  * matmul.cu): attention forward keeps fp32 scores (NH, T, T) of one
  * sequence; its bf16 backward stages dout (T, C) and the score gradient
  * (NH, T, T) in bf16; the bf16 matmul backward stages min(B T, chunk / OC)

@@ -45,12 +45,8 @@ void fsdp_adamw_ref(float *p, const float *grad, float *m, float *v, size_t n, f
         m[i] = mi;
         v[i] = vi;
         p[i] = pi;
-        if (p_out) {
-            if (out_dt == FSDP_DTYPE_BF16)
-                ((fsdp_bf16 *)p_out)[i] = fsdp_f32_to_bf16(pi);
-            else
-                ((float *)p_out)[i] = pi;
-        }
+        if (p_out)
+            fsdp_cpu_st(p_out, out_dt, i, pi);
     }
 }
 
@@ -75,12 +71,9 @@ static void adamw_scalar(float *p, const float *grad, float *m, float *v, size_t
 static void adamw_tail(size_t i, float *p, const float *grad, float *m, float *v, size_t n,
                        const adamw_hp *hp, void *p_out, fsdp_dtype out_dt)
 {
-    if (i == n)
-        return;
-    void *out = NULL;
-    if (p_out)
-        out = (char *)p_out + i * fsdp_dtype_size(out_dt);
-    adamw_scalar(p + i, grad + i, m + i, v + i, n - i, hp, out, out_dt);
+    if (i < n)
+        adamw_scalar(p + i, grad + i, m + i, v + i, n - i, hp, fsdp_cpu_at(p_out, out_dt, i),
+                     out_dt);
 }
 
 #if FSDP_CPU_X86

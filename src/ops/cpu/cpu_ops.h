@@ -142,6 +142,12 @@ static inline void fsdp_cpu_st(void *p, fsdp_dtype dt, size_t i, float x)
         ((float *)p)[i] = x;
 }
 
+/* The address of element i of a buffer of dtype dt; NULL for p NULL. */
+static inline void *fsdp_cpu_at(void *p, fsdp_dtype dt, size_t i)
+{
+    return p ? (char *)p + i * fsdp_dtype_size(dt) : NULL;
+}
+
 /* dst = src widened (bf16 -> fp32) / rounded to nearest even (fp32 ->
  * bf16), n elements, on ctx's team. */
 void fsdp_cpu_widen(fsdp_op_ctx *ctx, float *dst, const fsdp_bf16 *src, size_t n);

@@ -27,12 +27,8 @@ void fsdp_sgd_ref(float *p, const float *grad, float *buf, size_t n, float lr, f
         float pi = p[i] - step;
         buf[i] = bi;
         p[i] = pi;
-        if (p_out) {
-            if (out_dt == FSDP_DTYPE_BF16)
-                ((fsdp_bf16 *)p_out)[i] = fsdp_f32_to_bf16(pi);
-            else
-                ((float *)p_out)[i] = pi;
-        }
+        if (p_out)
+            fsdp_cpu_st(p_out, out_dt, i, pi);
     }
 }
 
@@ -56,12 +52,8 @@ static void sgd_scalar(float *p, const float *grad, float *buf, size_t n, const 
 static void sgd_tail(size_t i, float *p, const float *grad, float *buf, size_t n,
                      const sgd_hp *hp, void *p_out, fsdp_dtype out_dt)
 {
-    if (i == n)
-        return;
-    void *out = NULL;
-    if (p_out)
-        out = (char *)p_out + i * fsdp_dtype_size(out_dt);
-    sgd_scalar(p + i, grad + i, buf + i, n - i, hp, out, out_dt);
+    if (i < n)
+        sgd_scalar(p + i, grad + i, buf + i, n - i, hp, fsdp_cpu_at(p_out, out_dt, i), out_dt);
 }
 
 #if FSDP_CPU_X86

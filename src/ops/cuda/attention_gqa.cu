@@ -11,7 +11,10 @@
  * replicated). In the backward, a kv head's dk and dv accumulate the r = 0,
  * 1, ... contributions in turn (one GEMM per r, each writing distinct
  * groups): deterministic, in the cpu backend's head order. With NKV == NH
- * there is one GEMM per product, as attention.cu issues for GPT-2.
+ * there is one GEMM per product.
+ *
+ * GPT-2's attention (attention_fwd/bwd: qkv (B, T, 3C)) is this with
+ * NKV = NH and hd = C / NH, as in the cpu backend.
  *
  * Scores are scaled by 1/sqrt(hd) inside the GEMM (alpha), accumulated in
  * fp32 into scratch (NH, T, T); the softmax over row t's window
@@ -88,10 +91,10 @@ static bool gqa_args_ok(fsdp_op_ctx *ctx, const char *op, int NH, int NKV, int h
     return false;
 }
 
-void fsdp_ops_cuda_attention_gqa_fwd(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv,
-                                     const int *pos, int B, int T, int NH, int NKV, int hd)
+/* The forward, for op `op` (messages name it). */
+static void gqa_fwd(fsdp_op_ctx *ctx, const char *op, void *out, void *att, const void *qkv,
+                    const int *pos, int B, int T, int NH, int NKV, int hd)
 {
-    const char *op = "attention_gqa_fwd";
     if (B <= 0 || T <= 0 || !fsdp_ops_cuda_ok(ctx) || !gqa_args_ok(ctx, op, NH, NKV, hd))
         return;
     const fsdp_dtype dt = ctx->dt;
@@ -131,11 +134,10 @@ void fsdp_ops_cuda_attention_gqa_fwd(fsdp_op_ctx *ctx, void *out, void *att, con
     }
 }
 
-void fsdp_ops_cuda_attention_gqa_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt,
-                                     const float *dout, const void *qkv, const void *att, int B,
-                                     int T, int NH, int NKV, int hd)
+/* The backward, for op `op`. */
+static void gqa_bwd(fsdp_op_ctx *ctx, const char *op, float *dqkv, float *datt, const float *dout,
+                    const void *qkv, const void *att, int B, int T, int NH, int NKV, int hd)
 {
-    const char *op = "attention_gqa_bwd";
     if (B <= 0 || T <= 0 || !fsdp_ops_cuda_ok(ctx) || !gqa_args_ok(ctx, op, NH, NKV, hd))
         return;
     const fsdp_dtype dt = ctx->dt;
@@ -209,4 +211,47 @@ void fsdp_ops_cuda_attention_gqa_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt,
                 return;
         }
     }
+}
+
+/* ---- launchers -------------------------------------------------------------- */
+
+void fsdp_ops_cuda_attention_gqa_fwd(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv,
+                                     const int *pos, int B, int T, int NH, int NKV, int hd)
+{
+    gqa_fwd(ctx, "attention_gqa_fwd", out, att, qkv, pos, B, T, NH, NKV, hd);
+}
+
+void fsdp_ops_cuda_attention_gqa_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt,
+                                     const float *dout, const void *qkv, const void *att, int B,
+                                     int T, int NH, int NKV, int hd)
+{
+    gqa_bwd(ctx, "attention_gqa_bwd", dqkv, datt, dout, qkv, att, B, T, NH, NKV, hd);
+}
+
+/* GPT-2's layout: C channels in NH heads of C / NH. */
+static bool heads_ok(fsdp_op_ctx *ctx, const char *op, int C, int NH)
+{
+    if (NH > 0 && C % NH == 0)
+        return true;
+    fsdp_ops_cuda_fail(ctx, FSDP_STATUS_INVALID_ARG, op, "%d channels do not split into %d heads",
+                       C, NH);
+    return false;
+}
+
+void fsdp_ops_cuda_attention_fwd(fsdp_op_ctx *ctx, void *out, void *att, const void *qkv, int B,
+                                 int T, int C, int NH)
+{
+    const char *op = "attention_fwd";
+    if (B <= 0 || T <= 0 || C <= 0 || !fsdp_ops_cuda_ok(ctx) || !heads_ok(ctx, op, C, NH))
+        return;
+    gqa_fwd(ctx, op, out, att, qkv, NULL, B, T, NH, NH, C / NH);
+}
+
+void fsdp_ops_cuda_attention_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt, const float *dout,
+                                 const void *qkv, const void *att, int B, int T, int C, int NH)
+{
+    const char *op = "attention_bwd";
+    if (B <= 0 || T <= 0 || C <= 0 || !fsdp_ops_cuda_ok(ctx) || !heads_ok(ctx, op, C, NH))
+        return;
+    gqa_bwd(ctx, op, dqkv, datt, dout, qkv, att, B, T, NH, NH, C / NH);
 }

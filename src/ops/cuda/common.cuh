@@ -139,6 +139,14 @@ __device__ __forceinline__ float fsdp_cu_warp_sum(float v)
     return v;
 }
 
+/* The same in double (the norms' and xent's statistics). */
+__device__ __forceinline__ double fsdp_cu_warp_sum_d(double v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 __device__ __forceinline__ float fsdp_cu_warp_max(float v)
 {
     for (int o = 16; o > 0; o >>= 1)

@@ -15,13 +15,6 @@
  */
 #include "ops/cuda/common.cuh"
 
-__device__ __forceinline__ double warp_sum_d(double v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 template <typename T>
 __global__ void layernorm_fwd_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w,
                                      const T *b, int N, int C)
@@ -34,13 +27,13 @@ __global__ void layernorm_fwd_kernel(T *out, float *mean, float *rstd, const T *
     double s = 0.0;
     for (int c = lane; c < C; c += 32)
         s += (double)fsdp_cu_ld(inp, off + c);
-    double m = warp_sum_d(s) / C;
+    double m = fsdp_cu_warp_sum_d(s) / C;
     double ss = 0.0;
     for (int c = lane; c < C; c += 32) {
         double d = (double)fsdp_cu_ld(inp, off + c) - m;
         ss = __dadd_rn(ss, __dmul_rn(d, d));
     }
-    ss = warp_sum_d(ss);
+    ss = fsdp_cu_warp_sum_d(ss);
     float mf = (float)m;
     float rs = (float)(1.0 / sqrt(ss / C + FSDP_CUDA_LN_EPS));
     for (int c = lane; c < C; c += 32) {

@@ -15,13 +15,6 @@
  */
 #include "ops/cuda/common.cuh"
 
-static __device__ __forceinline__ double rms_warp_sum_d(double v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 template <typename T>
 __global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const T *inp, const T *w, float eps,
                                    int N, int C)
@@ -36,7 +29,7 @@ __global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const T *inp, const T *w
         double x = (double)fsdp_cu_ld(inp, off + c);
         ss = __dadd_rn(ss, __dmul_rn(x, x));
     }
-    ss = rms_warp_sum_d(ss);
+    ss = fsdp_cu_warp_sum_d(ss);
     float rs = (float)(1.0 / sqrt(ss / C + (double)eps));
     for (int c = lane; c < C; c += 32)
         fsdp_cu_st(out, off + c, __fmul_rn(__fmul_rn(fsdp_cu_ld(inp, off + c), rs),

@@ -20,35 +20,29 @@
 
 #define XENT_THREADS 512
 
-__device__ float block_max_f(float v, float *sh)
-{
-    int lane = threadIdx.x % 32, wid = threadIdx.x / 32, nw = blockDim.x / 32;
-    v = fsdp_cu_warp_max(v);
-    if (lane == 0)
-        sh[wid] = v;
-    __syncthreads();
-    if (wid == 0) {
-        float t = lane < nw ? sh[lane] : -INFINITY;
-        t = fsdp_cu_warp_max(t);
-        if (lane == 0)
-            sh[32] = t;
-    }
-    __syncthreads();
-    return sh[32];
-}
+/* The warp reductions as the block reduction takes them. */
+struct warp_max_f {
+    __device__ float operator()(float v) const { return fsdp_cu_warp_max(v); }
+};
+struct warp_sum_d {
+    __device__ double operator()(double v) const { return fsdp_cu_warp_sum_d(v); }
+};
 
-__device__ double block_sum_d(double v, double *sh)
+/* v reduced over the block (a multiple of 32 threads, at most 1024): each
+ * warp reduces its own (Warp), then warp 0 reduces the warps' results in
+ * warp order (missing lanes: id). Every thread gets the result; sh holds
+ * 33 values. */
+template <typename V, typename Warp>
+__device__ V block_reduce(V v, V id, V *sh)
 {
     int lane = threadIdx.x % 32, wid = threadIdx.x / 32, nw = blockDim.x / 32;
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = Warp()(v);
     if (lane == 0)
         sh[wid] = v;
     __syncthreads();
     if (wid == 0) {
-        double t = lane < nw ? sh[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1)
-            t += __shfl_xor_sync(0xffffffffu, t, o);
+        V t = lane < nw ? sh[lane] : id;
+        t = Warp()(t);
         if (lane == 0)
             sh[32] = t;
     }
@@ -78,13 +72,13 @@ __global__ void xent_kernel(float *losses, float *dlogits, const T *logits, cons
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < V; j += blockDim.x)
         mx = fmaxf(mx, fsdp_cu_ld(x, j));
-    mx = block_max_f(mx, shf);
-    /* Read before the barrier inside block_sum_d: nothing is written yet. */
+    mx = block_reduce<float, warp_max_f>(mx, -INFINITY, shf);
+    /* Read before the barrier inside block_reduce: nothing is written yet. */
     float lt = fsdp_cu_ld(x, tgt) - mx;
     double s = 0.0;
     for (int j = threadIdx.x; j < V; j += blockDim.x)
         s += (double)expf(fsdp_cu_ld(x, j) - mx);
-    double sum = block_sum_d(s, shd);
+    double sum = block_reduce<double, warp_sum_d>(s, 0.0, shd);
     if (losses && threadIdx.x == 0)
         losses[blockIdx.x] = (float)(log(sum) - (double)lt);
     if (!dlogits)

@@ -1,12 +1,12 @@
 /*
- * tokjson.h - internal to the tokenizer.json reader: the reader state and
- * the typed getters shared by tokjson.c (model, vocabulary, merges, added
- * tokens, the file as a whole) and tokjson_pipe.c (normalizer,
- * pre-tokenizer, post-processor sections). Every error names the file and
- * the field's path.
+ * tokjson_read.h - internal to the tokenizer.json reader: the reader state
+ * and the typed getters (tokjson_read.c) that tokjson.c (model, vocabulary,
+ * merges, added tokens, the file as a whole) and tokjson_pipe.c
+ * (normalizer, pre-tokenizer, post-processor sections) share. Every error
+ * names the file and the field's path.
  */
-#ifndef FSDP_DATA_TOKJSON_H
-#define FSDP_DATA_TOKJSON_H
+#ifndef FSDP_DATA_TOKJSON_READ_H
+#define FSDP_DATA_TOKJSON_READ_H
 
 #include "core/json.h"
 #include "data/hftok_internal.h"
@@ -35,13 +35,4 @@ fsdp_status tokjson_as_id(const tokjson_reader *r, const fsdp_json *v, const cha
 fsdp_status tokjson_type_of(const tokjson_reader *r, const fsdp_json *obj, const char *field,
                             const char **type);
 
-/* The sections (tokjson_pipe.c): each reads `v` (absent or null: nothing
- * to do, where the format allows it) into r->t. read_pretok is called on
- * the top-level pre_tokenizer with last = true; it sets *have_bytelevel
- * when a ByteLevel step was read. */
-fsdp_status tokjson_read_normalizer(tokjson_reader *r, const fsdp_json *v, const char *field);
-fsdp_status tokjson_read_pretok(tokjson_reader *r, const fsdp_json *v, const char *field, bool last,
-                                bool *have_bytelevel);
-fsdp_status tokjson_read_post(tokjson_reader *r, const fsdp_json *v, const char *field);
-
-#endif /* FSDP_DATA_TOKJSON_H */
+#endif /* FSDP_DATA_TOKJSON_READ_H */

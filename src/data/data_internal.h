@@ -1,7 +1,8 @@
 /*
- * source.h - internal to src/data: the data source object shared by the
- * file loaders (tokens.c), the tokenized corpora (corpus.c), the example
- * rows (examples.c), the synthetic task (synth.c) and the batcher (data.c).
+ * data_internal.h - internal to src/data: the data source object behind
+ * data.h's handle, shared by the file loaders (tokens.c), the tokenized
+ * corpora (corpus.c), the example rows (examples.c), the synthetic task
+ * (synth.c) and the batcher (data.c).
  *
  * Stream sources are a list of files read with pread (or one in-memory array
  * of tokenized text) viewed as one concatenated token sequence; the
@@ -9,8 +10,8 @@
  * example sources are rows of tokens with per-token loss flags. Nothing is
  * written after open, so any number of threads may read a source at once.
  */
-#ifndef FSDP_DATA_SOURCE_H
-#define FSDP_DATA_SOURCE_H
+#ifndef FSDP_DATA_DATA_INTERNAL_H
+#define FSDP_DATA_DATA_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -101,4 +102,4 @@ void fsdp_synth_stream_read(uint64_t seed, uint64_t pos, size_t n, int *dst);
  * is this + 1). */
 int fsdp_synth_max_byte(void);
 
-#endif /* FSDP_DATA_SOURCE_H */
+#endif /* FSDP_DATA_DATA_INTERNAL_H */
