@@ -200,14 +200,24 @@ static fsdp_status gather_release(fsdp_engine *e, int u)
 /* ---- gradient reduction and accumulation --------------------------------- */
 
 /* Reduce unit u's full gradient over ranks into a free accumulation slot
- * and enter it in the counter of micro-step partial sums. */
+ * and enter it in the counter of micro-step partial sums. A counter in
+ * pinned host memory (host_grads) gets the reduced shard through a device
+ * buffer of its own, copied to the slot on the copy stream and freed at
+ * once (stream-ordered): the device holds it only while it is in flight. */
 static fsdp_status grad_reduce(fsdp_engine *e, int u)
 {
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
-    float *dst;
+    float *slot_buf, *dst;
     int slot;
-    FSDP_TRY(fsdp_accum_slot(&e->acc, u, su->shard_numel, su->spec->name, &dst, &slot));
+    size_t f32 = su->shard_numel * sizeof(float);
+    FSDP_TRY(fsdp_accum_slot(&e->acc, u, su->shard_numel, su->spec->name, &slot_buf, &slot));
+    dst = slot_buf;
+    if (e->acc.host) {
+        char what[96];
+        snprintf(what, sizeof what, "unit '%s' reduced gradient", su->spec->name);
+        FSDP_TRY(fsdp_device_alloc(&e->dev, f32, FSDP_MEM_GRAD, what, (void **)&dst));
+    }
     FSDP_TRY(fsdp_engine_order(e, e->dev.compute, e->dev.comm, e->ev_tmp));
     fsdp_trace_begin(e, FSDP_TRACE_COMM, sharded(e) ? "reduce_scatter" : "all_reduce",
                      su->spec->name, su->padded_numel * sizeof(float));
@@ -229,6 +239,13 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
     /* stream-ordered: reused once the collective queued above has read it */
     fsdp_device_free(&e->dev, row->grad_full);
     row->grad_full = NULL;
+    if (e->acc.host) {
+        FSDP_TRY(fsdp_engine_order(e, e->dev.comm, e->dev.copy, e->ev_tmp));
+        fsdp_trace_begin(e, FSDP_TRACE_COPY, "grad d2h", su->spec->name, f32);
+        FSDP_TRY(fsdp_device_memcpy(&e->dev, slot_buf, dst, f32, e->dev.copy));
+        fsdp_trace_end(e, FSDP_TRACE_COPY);
+        fsdp_device_free(&e->dev, dst); /* stream-ordered: after the copy has read it */
+    }
     fsdp_accum_push(&e->acc, u, slot, su->shard_numel);
     return FSDP_STATUS_OK;
 }
@@ -283,11 +300,15 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     e->ops_ready = true; /* the three contexts' fini is safe after a failed init */
     FSDP_CHECK(fsdp_ops_init(&e->ops, &e->dev, cfg->compute_dtype));
     FSDP_CHECK(fsdp_ops_init_host(&e->ops_host, &e->dev, cfg->compute_dtype));
-    if (!cfg->inference)
-        FSDP_CHECK(fsdp_ops_init_stream(&e->ops_comm, &e->dev, cfg->compute_dtype, e->dev.comm));
+    e->place = fsdp_place_of(cfg);
+    bool host_grads = e->place->host_grads;
+    if (!cfg->inference && host_grads)
+        FSDP_CHECK(fsdp_ops_init_host_stream(&e->ops_acc, &e->dev, FSDP_DTYPE_F32, e->dev.copy));
+    else if (!cfg->inference)
+        FSDP_CHECK(fsdp_ops_init_stream(&e->ops_acc, &e->dev, cfg->compute_dtype, e->dev.comm));
 
     int U = sh->sm.n_units;
-    FSDP_CHECK(fsdp_accum_init(&e->acc, &e->dev, &e->ops_comm, U, cfg->grad_accum));
+    FSDP_CHECK(fsdp_accum_init(&e->acc, &e->dev, &e->ops_acc, U, cfg->grad_accum, host_grads));
     e->ev_gather = calloc((size_t)U, sizeof *e->ev_gather);
     e->host_losses = calloc((size_t)cfg->grad_accum, sizeof(float));
     e->loss_order = calloc((size_t)cfg->grad_accum * (size_t)cfg->n_ranks, sizeof(float));
@@ -312,7 +333,6 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
             goto fail;
         }
     }
-    e->place = fsdp_place_of(cfg);
     FSDP_CHECK(e->place->init(e));
     for (int u = 0; u < U; u++)
         FSDP_CHECK(unit_init(e, u, host_tmp));
@@ -380,7 +400,7 @@ void fsdp_engine_free(fsdp_engine *e)
     }
     if (e->ops_ready) {
         fsdp_ops_fini(&e->ops);
-        fsdp_ops_fini(&e->ops_comm);
+        fsdp_ops_fini(&e->ops_acc);
         fsdp_ops_fini(&e->ops_host);
     }
     fsdp_engine_comms_fini(e);
