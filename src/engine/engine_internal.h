@@ -27,6 +27,7 @@ struct fsdp_engine {
     fsdp_comm comm_cross;        /* hybrid: the ranks with this local index on every node */
     fsdp_comm *shard_comm;       /* the ranks a unit is sharded over: gathers, reduce-scatters */
     fsdp_comm *replica_comm;     /* hybrid: the replicas of this rank's shard (NULL: none) */
+    fsdp_trace_rank tr;          /* this rank's view of sh->trace (trace.h) */
     fsdp_op_ctx ops;             /* the model's ops: the compute stream */
     fsdp_op_ctx ops_acc;         /* gradient accumulation (accum.h): on the comm stream after
                                   * the reduce-scatters, or, with host_grads, host work on the

@@ -96,7 +96,7 @@ static fsdp_status job_finish(fsdp_engine *e, int u)
     const fsdp_shard_unit *su = &e->sh->sm.units[u];
     /* bytes moved: the gradient read, master and every state array read and written */
     size_t bytes = su->shard_numel * sizeof(float) * (1 + 2 * (1 + (size_t)e->sh->optim->n_state));
-    fsdp_trace_span(e, FSDP_TRACE_OPTIM, e->sh->optim->name, su->spec->name, bytes, t0, t1);
+    fsdp_trace_span(&e->tr, FSDP_TRACE_OPTIM, e->sh->optim->name, su->spec->name, bytes, t0, t1);
     return FSDP_STATUS_OK;
 }
 
@@ -246,9 +246,9 @@ static fsdp_status host_params_ready(fsdp_engine *e, int u)
     fsdp_dtype dt = e->sh->cfg.compute_dtype;
     const void *src = dt == FSDP_DTYPE_F32 ? (const void *)row->master : h->param_host[u];
     size_t bytes = su->shard_numel * fsdp_dtype_size(dt);
-    fsdp_trace_begin(e, FSDP_TRACE_COPY, "param h2d", su->spec->name, bytes);
+    fsdp_trace_begin(&e->tr, FSDP_TRACE_COPY, "param h2d", su->spec->name, bytes);
     FSDP_TRY(fsdp_device_memcpy(&e->dev, row->param, src, bytes, e->dev.copy));
-    fsdp_trace_end(e, FSDP_TRACE_COPY);
+    fsdp_trace_end(&e->tr, FSDP_TRACE_COPY);
     FSDP_TRY(fsdp_device_event_record(&e->dev, h->ev_copy[u], e->dev.copy));
     FSDP_TRY(fsdp_device_stream_wait_event(&e->dev, e->dev.comm, h->ev_copy[u]));
     return fsdp_device_stream_wait_event(&e->dev, e->dev.compute, h->ev_copy[u]);
