@@ -509,7 +509,7 @@ static void optim_case_check_fini(optim_case *c, const char *opt)
     pair_fini(&c->P);
 }
 
-/* AdamW: bit-identical to the cpu (the AdamW reference in ops/cpu/optim_kernels.h), p_out fp32 or bf16. */
+/* AdamW: bit-identical to the cpu (the AdamW reference in ops/optim_kernels.h), p_out fp32 or bf16. */
 START_TEST(test_adamw_bit_exact)
 {
     NEED_GPU(_i ? "test_adamw_bit_exact(bf16 out)" : "test_adamw_bit_exact(f32 out)");

@@ -32,7 +32,7 @@
 #include "model_rig.h"
 #include "models/llama.h"
 #include "models/registry.h"
-#include "ops/cpu/optim_kernels.h"
+#include "ops/optim_kernels.h"
 #include "cuda_test.h"
 #include "testutil.h"
 #include "train/train.h"

@@ -23,7 +23,7 @@
 #include "model_rig.h"
 #include "models/gpt2.h"
 #include "models/registry.h"
-#include "ops/cpu/optim_kernels.h"
+#include "ops/optim_kernels.h"
 #include "testutil.h"
 
 /* The GPT-2 config a spec names, built through the registry. */

@@ -18,7 +18,7 @@
 #include "ops/cpu/blas.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
-#include "ops/cpu/optim_kernels.h"
+#include "ops/optim_kernels.h"
 #include "ops_util.h"
 #include "testutil.h"
 

@@ -30,7 +30,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/rng.h"
-#include "ops/cpu/optim_kernels.h"
+#include "ops/optim_kernels.h"
 #include "optim/host_step.h"
 #include "optim/optim.h"
 #include "optim/pool.h"

@@ -16,6 +16,7 @@
 
 #include "core/clock.h"
 #include "core/json.h"
+#include "engine/accum.h"
 #include "engine/shardmap.h"
 #include "models/registry.h"
 #include "report/plan_report.h"
@@ -248,6 +249,43 @@ START_TEST(test_plan_70b_fast_and_formulas)
 }
 END_TEST
 
+/* Optimizer offload keeps no gradient shard on the device (ZeRO-Offload):
+ * the accumulation counter's partial sums are in pinned host memory, so
+ * the device's gradient bytes at its peak do not grow with --grad-accum
+ * (they are the gradients in flight), while the host's grow by one shard
+ * per buffer of the counter (fsdp_accum_depth). Without offload the device
+ * holds the counter. The cpu run equals the plan (test_plan_equals_cpu_run). */
+START_TEST(test_offload_grads_on_host)
+{
+    static const int accums[] = {1, 2, 8};
+    size_t dev_grad[3][2], host_grad[3][2];
+    for (int off = 0; off < 2; off++)
+        for (int i = 0; i < 3; i++) {
+            fsdp_train_config c;
+            base_config(&c, "tiny", 2);
+            c.eng.offload = off;
+            c.eng.grad_accum = accums[i];
+            c.eng.batch = 1;
+            fsdp_plan plan;
+            ck_assert_int_eq(fsdp_plan_run(&c, 1, &plan), FSDP_STATUS_OK);
+            dev_grad[i][off] = plan.ranks[0].mem.peak_kind_bytes[FSDP_MEM_GRAD];
+            host_grad[i][off] = plan.ranks[0].host.peak_kind_bytes[FSDP_MEM_GRAD];
+            fsdp_plan_free(&plan);
+        }
+    size_t shard = host_grad[0][1]; /* one micro-step: the gradient shard itself */
+    ck_assert_uint_gt(shard, 0);
+    for (int i = 0; i < 3; i++) {
+        int depth = fsdp_accum_depth(accums[i]);
+        ck_assert_msg(dev_grad[i][1] == dev_grad[0][1], "offload, %d micro-steps: %zu device "
+                      "gradient bytes, %zu with one", accums[i], dev_grad[i][1], dev_grad[0][1]);
+        ck_assert_uint_eq(host_grad[i][1], (size_t)depth * shard);
+        ck_assert_uint_eq(host_grad[i][0], 0);
+    }
+    /* without offload the counter's extra shards are on the device */
+    ck_assert_uint_gt(dev_grad[2][0], dev_grad[0][0]);
+}
+END_TEST
+
 /* Formulas per strategy, precision and offload (P = the model's parameters). */
 START_TEST(test_plan_formula_text)
 {
@@ -258,18 +296,24 @@ START_TEST(test_plan_formula_text)
         const fsdp_optim *optim; /* NULL: the default, AdamW */
         const char *text;
         double dev_per_p, dev_per_p_n, host_per_p_n;
+        int accum;               /* micro-steps */
     } cases[] = {
-        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, NULL, "16 P/N", 0, 16, 0},
-        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_F32, false, NULL, "4 P + 12 P/N", 4, 12, 0},
-        {FSDP_SHARD_NONE, FSDP_DTYPE_F32, false, NULL, "16 P", 16, 0, 0},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, false, NULL, "18 P/N", 0, 18, 0},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, true, NULL, "device 4 P/N + host 16 P/N", 0, 4, 16},
-        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, true, NULL, "device 2 P + host 16 P/N", 2, 0, 16},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, &fsdp_optim_adamw, "16 P/N", 0, 16, 0},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, &fsdp_optim_sgd, "12 P/N", 0, 12, 0},
-        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, false, &fsdp_optim_sgd, "2 P + 12 P/N", 2, 12, 0},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, NULL, "16 P/N", 0, 16, 0, 1},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_F32, false, NULL, "4 P + 12 P/N", 4, 12, 0, 1},
+        {FSDP_SHARD_NONE, FSDP_DTYPE_F32, false, NULL, "16 P", 16, 0, 0, 1},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, false, NULL, "18 P/N", 0, 18, 0, 1},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, true, NULL, "device 4 P/N + host 16 P/N", 0, 4, 16, 1},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, true, NULL, "device 2 P + host 16 P/N", 2, 0, 16, 1},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, &fsdp_optim_adamw, "16 P/N", 0, 16, 0, 1},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, &fsdp_optim_sgd, "12 P/N", 0, 12, 0, 1},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, false, &fsdp_optim_sgd, "2 P + 12 P/N", 2, 12, 0, 1},
         {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, true, &fsdp_optim_sgd, "device 2 P/N + host 12 P/N", 0,
-         2, 12},
+         2, 12, 1},
+        /* 8 micro-steps: the counter holds up to 4 gradient shards (accum.h);
+         * with offload they are all on the host */
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, NULL, "28 P/N", 0, 28, 0, 8},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, true, NULL, "device 2 P/N + host 28 P/N", 0, 2, 28, 8},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, true, NULL, "device 2 P/N + host 20 P/N", 0, 2, 20, 2},
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {
         fsdp_plan p;
@@ -280,6 +324,7 @@ START_TEST(test_plan_formula_text)
         p.eng.compute_dtype = cases[i].dt;
         p.eng.offload = cases[i].offload;
         p.eng.optim = cases[i].optim;
+        p.eng.grad_accum = cases[i].accum;
         size_t dev, host;
         char text[64];
         fsdp_plan_formula(&p, &dev, &host, text, sizeof text);
@@ -918,8 +963,9 @@ int main(void)
     const fsdp_test_tcase tcases[] = {
         {"exact", 600, FSDP_TESTS(FSDP_TEST_LOOP(test_plan_equals_cpu_run, N_MATRIX))},
         {"plan", 600, .tmpdir = true,
-         FSDP_TESTS(test_plan_70b_fast_and_formulas, test_plan_formula_text, test_plan_fit_verdict,
-                    test_plan_json, test_plan_svg)},
+         FSDP_TESTS(test_plan_70b_fast_and_formulas, test_plan_formula_text,
+                    test_offload_grads_on_host, test_plan_fit_verdict, test_plan_json,
+                    test_plan_svg)},
         {"shardmap", FSDP_TESTS(test_shardmap_json, test_shardmap_table)},
         {"trace", 600, .tmpdir = true,
          FSDP_TESTS(test_trace_train, test_trace_offload_workers, test_trace_plan)},

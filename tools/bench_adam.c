@@ -44,7 +44,7 @@
 #include "core/clock.h"
 #include "core/error.h"
 #include "core/rng.h"
-#include "ops/cpu/optim_kernels.h"
+#include "ops/optim_kernels.h"
 #include "optim/host_step.h"
 #include "optim/pool.h"
 

@@ -33,6 +33,7 @@
 #include "models/llama.h"
 #include "models/registry.h"
 #include "ops/cpu/blas.h"
+#include "ops/ops.h"
 #include "ops/cpu/cpu_ops.h"
 #include "bench_cases.h"
 

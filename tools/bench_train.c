@@ -29,12 +29,15 @@
  * kernels ran. --cpu-streams inline,async runs each device count with the
  * device's streams inline (the default) and on their own threads
  * (device/cpu_stream.c), one row each, the async row against the inline
- * one in "vs inline". For PyTorch FSDP2 itself (fully_shard, one process per rank)
+ * one in "vs inline". --offload puts the optimizer's state and the
+ * gradients in pinned host memory (--offload optimizer); --grad-accum A
+ * splits each device's share of the batch into A micro-steps. For PyTorch FSDP2 itself (fully_shard, one process per rank)
  * against `fsdp train`, see tools/bench_fsdp2_torch.py.
  *
  * Usage: bench_train [--steps N] [--batch G] [--seq T] [--model NAME]
  *                    [--devices 1,2,4,8] [--threads-per-device N] [--threads 1,2]
- *                    [--cpu-streams inline,async] [--no-torch] [--python PATH]
+ *                    [--cpu-streams inline,async] [--offload] [--grad-accum A]
+ *                    [--no-torch] [--python PATH]
  * The PyTorch interpreter is --python, else $FSDP_PYTHON, else the first of
  * python3 on PATH and /usr/bin/python3 that imports torch.
  */
@@ -87,17 +90,25 @@ typedef struct bench_row {
 
 /* One trainer run on n cpu devices; exits with the library's message on
  * failure (a tool, not library code). */
+/* What every trainer run of the table shares beyond the model and shape. */
+typedef struct bench_opts {
+    int threads;               /* per device */
+    bool offload;
+    int accum;                 /* micro-steps per step */
+} bench_opts;
+
 static bench_row bench_c(const char *model, int n, int global_batch, int seq, int steps,
-                         int threads, fsdp_cpu_streams streams)
+                         const bench_opts *o, fsdp_cpu_streams streams)
 {
     fsdp_train_config cfg;
     bench_train_config(&cfg, model, steps);
     cfg.eng.comm = FSDP_COMM_AUTO;
     cfg.eng.n_ranks = n;
-    cfg.eng.batch = global_batch / n;
+    cfg.eng.batch = global_batch / (n * o->accum);
     cfg.eng.seq = seq;
-    cfg.eng.grad_accum = 1;
-    cfg.eng.threads_per_device = threads;
+    cfg.eng.grad_accum = o->accum;
+    cfg.eng.offload = o->offload;
+    cfg.eng.threads_per_device = o->threads;
     cfg.eng.cpu_streams = streams;
     char log_path[] = "/tmp/fsdp_bench_train_XXXXXX";
     bench_log_tmp("bench_train", log_path);
@@ -178,7 +189,7 @@ static void usage(const char *argv0)
     fprintf(stderr,
             "usage: %s [--steps N] [--batch G] [--seq T] [--model NAME] [--devices 1,2,4,8]\n"
             "       [--threads-per-device N] [--threads 1,2] [--cpu-streams inline,async]\n"
-            "       [--no-torch] [--python PATH]\n"
+            "       [--offload] [--grad-accum A] [--no-torch] [--python PATH]\n"
             "  G is the global batch in sequences, split G/N over N devices (default: the demo's, 64)\n",
             argv0);
 }
@@ -191,10 +202,15 @@ int main(int argc, char **argv)
     int steps = 20, global_batch = def.eng.batch * 4, seq = def.eng.seq, no_torch = 0, tpd = 1;
     const char *model = def.model, *python_arg = NULL, *devices = "1,2,4,8", *threads = "1,2";
     const char *streams_arg = "inline";
+    bench_opts opts = {.accum = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-torch")) {
             no_torch = 1;
+            continue;
+        }
+        if (!strcmp(a, "--offload")) {
+            opts.offload = true;
             continue;
         }
         if (!v) {
@@ -219,15 +235,18 @@ int main(int argc, char **argv)
             python_arg = v;
         else if (!strcmp(a, "--cpu-streams"))
             streams_arg = v;
+        else if (!strcmp(a, "--grad-accum"))
+            opts.accum = atoi(v);
         else {
             usage(argv[0]);
             return 2;
         }
         i++;
     }
-    if (steps < 2 || global_batch < 1 || seq < 1 || tpd < 1) {
-        fprintf(stderr, "bench_train: need --steps >= 2 (the first is not timed), --batch and "
-                        "--seq and --threads-per-device >= 1\n");
+    opts.threads = tpd;
+    if (steps < 2 || global_batch < 1 || seq < 1 || tpd < 1 || opts.accum < 1) {
+        fprintf(stderr, "bench_train: need --steps >= 2 (the first is not timed), --batch, "
+                        "--seq, --threads-per-device and --grad-accum >= 1\n");
         return 2;
     }
     int dev[BENCH_MAX_LIST], thr[BENCH_MAX_LIST], n_modes = 0;
@@ -262,10 +281,11 @@ int main(int argc, char **argv)
     fsdp_model_free(&m);
     const char *python = bench_torch_python(python_arg);
     printf("fsdp train step, model %s (L%d H%d C%d V%d), global batch %d x seq %d = %d tokens, "
-           "%d steps,\ncpu devices = threads of one process (FULL_SHARD, fp32); PyTorch: %s, "
-           "threads %s\n",
+           "%d steps,\ncpu devices = threads of one process (FULL_SHARD, fp32, offload %s, "
+           "%d micro-step(s)); PyTorch: %s, threads %s\n",
            model, gc.n_layer, gc.n_head, gc.n_embd, gc.vocab_size, global_batch, seq,
-           global_batch * seq, steps, no_torch ? "skipped" : python, threads);
+           global_batch * seq, steps, opts.offload ? "optimizer" : "none", opts.accum,
+           no_torch ? "skipped" : python, threads);
     printf("cpu: %d thread(s) per device (fewer where devices x threads > cores); GEMM: %s\n", tpd,
            fsdp_cpu_blas_describe());
     if (fsdp_cpu_blas_warning())
@@ -282,15 +302,15 @@ int main(int argc, char **argv)
     }
     double base = 0;
     for (int i = 0; i < n_dev; i++) {
-        if (global_batch % dev[i] != 0) {
-            printf("%7d %9s | skipped: global batch %d does not split over %d devices\n", dev[i],
-                   "-", global_batch, dev[i]);
+        if (global_batch % (dev[i] * opts.accum) != 0) {
+            printf("%7d %9s | skipped: global batch %d does not split over %d devices x %d "
+                   "micro-steps\n", dev[i], "-", global_batch, dev[i], opts.accum);
             continue;
         }
         double inline_tok_s = 0;
         for (int k = 0; k < n_modes; k++) {
             const char *mode = fsdp_names_name(&fsdp_cpu_streams_names, (int)modes[k]);
-            bench_row r = bench_c(model, dev[i], global_batch, seq, steps, tpd, modes[k]);
+            bench_row r = bench_c(model, dev[i], global_batch, seq, steps, &opts, modes[k]);
             if (!r.ok) {
                 printf("%7d %9d %7s | failed (see above)\n", dev[i], global_batch / dev[i], mode);
                 continue;

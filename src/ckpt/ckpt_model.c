@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 
 #include "ckpt/ckpt.h"
-#include "ckpt/modelfile_format.h"
+#include "ckpt/modelfile_internal.h"
 #include "core/log.h"
 #include "ops/ops.h"
 

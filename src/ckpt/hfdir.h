@@ -32,7 +32,7 @@
 
 #include <stdint.h>
 
-#include "ckpt/modelfile_format.h"
+#include "ckpt/modelfile_internal.h"
 
 #define FSDP_HF_CONFIG "config.json"
 #define FSDP_HF_WEIGHTS "model.safetensors"

@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ckpt/modelfile_format.h"
+#include "ckpt/modelfile_internal.h"
 #include "core/bf16.h"
 #include "core/fileio.h"
 #include "core/log.h"

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ckpt/modelfile_format.h"
+#include "ckpt/modelfile_internal.h"
 #include "core/error.h"
 
 /* Detection order: the first format that claims a path reads it. */

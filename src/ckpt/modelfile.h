@@ -1,6 +1,6 @@
 /*
  * modelfile.h - model weights on disk, in every format fsdp reads and
- * writes, behind one table of formats (modelfile_format.h): an llm.c model
+ * writes, behind one table of formats (modelfile_internal.h): an llm.c model
  * file (.bin), a Hugging Face safetensors file (.safetensors), a Hugging
  * Face model directory (config.json and one or more safetensors files) and
  * an fsdp checkpoint directory. Which model family a file holds, and how that
@@ -30,7 +30,7 @@
 
 #include "models/registry.h"
 
-typedef struct fsdp_modelfile_format fsdp_modelfile_format; /* modelfile_format.h */
+typedef struct fsdp_modelfile_format fsdp_modelfile_format; /* modelfile_internal.h */
 typedef struct fsdp_modelfile fsdp_modelfile;
 
 /* The formats, in detection order. */
@@ -52,7 +52,7 @@ const char *fsdp_modelfile_format_names(char *buf, size_t n, const char *sep);
  * ".safetensors"), or NULL (a directory format, or no suffix known). */
 const fsdp_modelfile_format *fsdp_modelfile_format_by_suffix(const char *path);
 
-/* What a format is and writes (the table's entries, modelfile_format.h):
+/* What a format is and writes (the table's entries, modelfile_internal.h):
  * a directory rather than a file; bf16 tensors as well as fp32; the
  * tokenizer's files beside the weights, which it splits into files
  * (fsdp_modelfile_write_opts' companions, tokenizer and shard_bytes); what

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ckpt/modelfile_format.h"
+#include "ckpt/modelfile_internal.h"
 #include "core/bf16.h"
 #include "core/fileio.h"
 

@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ckpt/modelfile_format.h"
+#include "ckpt/modelfile_internal.h"
 
 #define FSDP_ST_MAX_HEADER_BYTES ((uint64_t)100 << 20) /* as the reference reader */
 #define FSDP_ST_MAX_DIMS 8

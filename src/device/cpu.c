@@ -113,6 +113,17 @@ fsdp_status fsdp_device_cpu_get_streams(fsdp_cpu_streams *mode, uint64_t *jitter
     return FSDP_STATUS_OK;
 }
 
+const struct fsdp_device_i *fsdp_device_cpu_iface(void)
+{
+    fsdp_cpu_streams mode;
+    uint64_t seed;
+    if (fsdp_device_cpu_get_streams(&mode, &seed) != FSDP_STATUS_OK) {
+        FSDP_WARN(FSDP_SUB_CORE, "%s; running the cpu streams inline", fsdp_error_msg());
+        fsdp_error_clear();
+    }
+    return mode == FSDP_CPU_STREAMS_ASYNC ? &fsdp_device_cpu_async_i : &fsdp_device_cpu_i;
+}
+
 bool fsdp_device_cpu_async(const fsdp_device *d)
 {
     return d->backend == FSDP_BACKEND_CPU && d->ctx && ((const cpu_dev *)d->ctx)->async;

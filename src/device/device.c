@@ -12,7 +12,6 @@
 
 #include "core/log.h"
 #include "core/world.h"
-#include "device/cpu.h"
 #include "device/device.h"
 
 /* ---- the backends ---------------------------------------------------------- */
@@ -25,18 +24,6 @@ static const fsdp_name backend_names[] = {
 };
 const fsdp_name_table fsdp_backend_names = FSDP_NAME_TABLE(backend_names);
 
-/* The cpu table of the mode fsdp_device_cpu_get_streams says (inline when
- * the environment's setting is not valid: the CLI reports that first). */
-static const struct fsdp_device_i *cpu_iface(void)
-{
-    fsdp_cpu_streams mode;
-    uint64_t seed;
-    if (fsdp_device_cpu_get_streams(&mode, &seed) != FSDP_STATUS_OK) {
-        FSDP_WARN(FSDP_SUB_CORE, "%s; running the cpu streams inline", fsdp_error_msg());
-        fsdp_error_clear();
-    }
-    return mode == FSDP_CPU_STREAMS_ASYNC ? &fsdp_device_cpu_async_i : &fsdp_device_cpu_i;
-}
 static const struct fsdp_device_i *meta_iface(void) { return &fsdp_device_meta_i; }
 
 static const struct backend {
@@ -46,7 +33,7 @@ static const struct backend {
     /* one device's total and free bytes; NULL: simulated, no size of its own */
     fsdp_status (*memory)(int ordinal, size_t *total_bytes, size_t *free_bytes);
 } backends[FSDP_BACKEND_COUNT] = {
-    [FSDP_BACKEND_CPU] = {cpu_iface, NULL, 4, NULL},
+    [FSDP_BACKEND_CPU] = {fsdp_device_cpu_iface, NULL, 4, NULL},
     [FSDP_BACKEND_CUDA] = {fsdp_device_cuda_iface, fsdp_cuda_device_count, 0,
                            fsdp_cuda_device_memory},
     [FSDP_BACKEND_META] = {meta_iface, NULL, 4, NULL},

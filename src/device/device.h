@@ -260,6 +260,11 @@ fsdp_status fsdp_backend_device_total(fsdp_backend b, int n_devices, size_t *tot
  * (device/cuda.cu, or device/cuda_device_stub.c in a build without CUDA). */
 extern const struct fsdp_device_i fsdp_device_cpu_i;
 extern const struct fsdp_device_i fsdp_device_meta_i;
+/* The cpu table of the stream mode devices created now get: inline
+ * (fsdp_device_cpu_i) or async (device/cpu.h); inline, with a warning,
+ * when the environment's setting is not valid (the CLI reports that
+ * first). */
+const struct fsdp_device_i *fsdp_device_cpu_iface(void);
 const struct fsdp_device_i *fsdp_device_cuda_iface(void);
 int fsdp_cuda_device_count(void);
 fsdp_status fsdp_cuda_device_memory(int ordinal, size_t *total_bytes, size_t *free_bytes);

@@ -21,7 +21,7 @@ int fsdp_accum_depth(int A)
 }
 
 fsdp_status fsdp_accum_init(fsdp_accum *a, fsdp_device *dev, fsdp_op_ctx *ops, int n_units,
-                            int grad_accum)
+                            int grad_accum, bool host)
 {
     memset(a, 0, sizeof *a);
     a->n_buf = fsdp_accum_depth(grad_accum);
@@ -35,6 +35,7 @@ fsdp_status fsdp_accum_init(fsdp_accum *a, fsdp_device *dev, fsdp_op_ctx *ops, i
     a->dev = dev;
     a->ops = ops;
     a->n_units = n_units;
+    a->host = host;
     return FSDP_STATUS_OK;
 }
 
@@ -57,8 +58,11 @@ fsdp_status fsdp_accum_slot(fsdp_accum *a, int u, size_t numel, const char *unit
     if (!au->buf[k]) {
         char what[96];
         snprintf(what, sizeof what, "unit '%s' gradient accumulation", unit_name);
-        FSDP_TRY(fsdp_device_alloc(a->dev, numel * sizeof(float), FSDP_MEM_GRAD, what,
-                                   (void **)&au->buf[k]));
+        size_t bytes = numel * sizeof(float);
+        FSDP_TRY(a->host ? fsdp_device_host_alloc(a->dev, bytes, FSDP_MEM_GRAD, what,
+                                                  (void **)&au->buf[k])
+                         : fsdp_device_alloc(a->dev, bytes, FSDP_MEM_GRAD, what,
+                                             (void **)&au->buf[k]));
     }
     *buf = au->buf[k];
     *slot = k;
@@ -102,7 +106,10 @@ void fsdp_accum_release(fsdp_accum *a, int u)
 {
     fsdp_accum_unit *au = &a->units[u];
     for (int k = 0; k < a->n_buf; k++) {
-        fsdp_device_free(a->dev, au->buf[k]);
+        if (a->host)
+            fsdp_device_host_free(a->dev, au->buf[k]);
+        else
+            fsdp_device_free(a->dev, au->buf[k]);
         au->buf[k] = NULL;
     }
 }

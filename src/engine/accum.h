@@ -1,6 +1,6 @@
 /*
  * accum.h - gradient accumulation over micro-steps: per unit, a binary
- * counter of partial sums held in shard-sized fp32 device buffers.
+ * counter of partial sums held in shard-sized fp32 buffers.
  *
  * Determinism (docs/determinism.md): micro-step j's reduced gradient enters the counter
  * as a level-0 entry; two entries of the same level merge (older on the
@@ -8,16 +8,20 @@
  * j when A is a power of two, whatever the number of ranks. At most
  * popcount(j) + 1 buffers are live at once (fsdp_accum_depth).
  *
- * The counter's adds run on the op context's stream: the engine gives it
- * a context on the comm stream, so each add follows, in stream order, the
- * reduce-scatter that wrote its slot, and the reduce-scatter keeps
- * overlapping the next unit's backward (an add on the compute stream would
- * read the slot before the comm stream had written it, unless compute
- * waited for comm at every unit). Whoever reads the folded sum orders
- * itself after that stream. Buffers are
- * device allocations made on first use and kept for later steps, until
- * fsdp_accum_release or the device's own teardown frees them. One rank's
- * engine owns one fsdp_accum; it is used by that rank's thread only.
+ * The counter's adds run on the op context's stream. The device placement
+ * gives it a context on the comm stream, so each add follows, in stream
+ * order, the reduce-scatter that wrote its slot, and the reduce-scatter
+ * keeps overlapping the next unit's backward (an add on the compute stream
+ * would read the slot before the comm stream had written it, unless
+ * compute waited for comm at every unit). With `host` (optimizer offload)
+ * the buffers are pinned host memory and the context runs the cpu kernels
+ * as host work queued on the copy stream, after the copies that fill the
+ * slots: the same adds in the same order, so the same bits, and the
+ * device keeps no partial sum. Whoever reads the folded sum orders itself
+ * after that stream. Buffers are made on first use and kept for later
+ * steps, until fsdp_accum_release or the device's own teardown frees them.
+ * One rank's engine owns one fsdp_accum; it is used by that rank's thread
+ * only.
  */
 #ifndef FSDP_ENGINE_ACCUM_H
 #define FSDP_ENGINE_ACCUM_H
@@ -43,15 +47,17 @@ typedef struct fsdp_accum {
     fsdp_accum_unit *units;     /* [n_units] */
     int n_units;
     int n_buf;                  /* buffers per unit: fsdp_accum_depth(grad_accum) */
+    bool host;                  /* buffers in pinned host memory (see above) */
 } fsdp_accum;
 
 /* Buffers needed at once for A micro-steps: max over j < A of popcount(j) + 1. */
 int fsdp_accum_depth(int A);
 
-/* Bookkeeping for n_units units and grad_accum micro-steps (no device
- * memory yet). OOM or INVALID_ARG (grad_accum beyond 2^FSDP_ACCUM_MAX). */
+/* Bookkeeping for n_units units and grad_accum micro-steps (no memory
+ * yet); host: the buffers are pinned host memory. OOM or INVALID_ARG
+ * (grad_accum beyond 2^FSDP_ACCUM_MAX). */
 fsdp_status fsdp_accum_init(fsdp_accum *a, fsdp_device *dev, fsdp_op_ctx *ops, int n_units,
-                            int grad_accum);
+                            int grad_accum, bool host);
 /* Free the bookkeeping; device buffers go with fsdp_accum_release or the
  * device. */
 void fsdp_accum_free(fsdp_accum *a);
@@ -63,7 +69,8 @@ void fsdp_accum_adopt(fsdp_accum *a, int u, float *buf);
 
 /* A free buffer of numel floats for unit u's next micro-step value, in
  * *buf, and its index in *slot (allocated on first use, FSDP_MEM_GRAD,
- * named after `unit_name`). Fill it, then fsdp_accum_push. */
+ * device or pinned host memory, named after `unit_name`). Fill it (in the
+ * order of the op context's stream), then fsdp_accum_push. */
 fsdp_status fsdp_accum_slot(fsdp_accum *a, int u, size_t numel, const char *unit_name,
                             float **buf, int *slot);
 

@@ -158,12 +158,12 @@ static fsdp_status gather_issue(fsdp_engine *e, int u)
     snprintf(what, sizeof what, "unit '%s' gather", su->spec->name);
     FSDP_TRY(fsdp_device_alloc(&e->dev, su->padded_numel * dt_size(e), FSDP_MEM_GATHER, what,
                                &row->gathered));
-    fsdp_trace_begin(e, FSDP_TRACE_COMM, "all_gather", su->spec->name,
+    fsdp_trace_begin(&e->tr, FSDP_TRACE_COMM, "all_gather", su->spec->name,
                      su->padded_numel * dt_size(e));
     fsdp_comm_label(e->shard_comm, "unit '%s' all-gather", su->spec->name);
     FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, row->param, row->gathered, su->shard_numel,
                                   e->sh->cfg.compute_dtype, e->dev.comm));
-    fsdp_trace_end(e, FSDP_TRACE_COMM);
+    fsdp_trace_end(&e->tr, FSDP_TRACE_COMM);
     FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_gather[u], e->dev.comm));
     row->state = FSDP_UNIT_GATHERING;
     return FSDP_STATUS_OK;
@@ -200,16 +200,26 @@ static fsdp_status gather_release(fsdp_engine *e, int u)
 /* ---- gradient reduction and accumulation --------------------------------- */
 
 /* Reduce unit u's full gradient over ranks into a free accumulation slot
- * and enter it in the counter of micro-step partial sums. */
+ * and enter it in the counter of micro-step partial sums. A counter in
+ * pinned host memory (host_grads) gets the reduced shard through a device
+ * buffer of its own, copied to the slot on the copy stream and freed at
+ * once (stream-ordered): the device holds it only while it is in flight. */
 static fsdp_status grad_reduce(fsdp_engine *e, int u)
 {
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
-    float *dst;
+    float *slot_buf, *dst;
     int slot;
-    FSDP_TRY(fsdp_accum_slot(&e->acc, u, su->shard_numel, su->spec->name, &dst, &slot));
+    size_t f32 = su->shard_numel * sizeof(float);
+    FSDP_TRY(fsdp_accum_slot(&e->acc, u, su->shard_numel, su->spec->name, &slot_buf, &slot));
+    dst = slot_buf;
+    if (e->acc.host) {
+        char what[96];
+        snprintf(what, sizeof what, "unit '%s' reduced gradient", su->spec->name);
+        FSDP_TRY(fsdp_device_alloc(&e->dev, f32, FSDP_MEM_GRAD, what, (void **)&dst));
+    }
     FSDP_TRY(fsdp_engine_order(e, e->dev.compute, e->dev.comm, e->ev_tmp));
-    fsdp_trace_begin(e, FSDP_TRACE_COMM, sharded(e) ? "reduce_scatter" : "all_reduce",
+    fsdp_trace_begin(&e->tr, FSDP_TRACE_COMM, sharded(e) ? "reduce_scatter" : "all_reduce",
                      su->spec->name, su->padded_numel * sizeof(float));
     fsdp_comm *c = sharded(e) ? e->shard_comm : &e->comm;
     fsdp_comm_label(c, "unit '%s' gradient reduction", su->spec->name);
@@ -225,10 +235,17 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
         FSDP_TRY(fsdp_comm_all_reduce(c, row->grad_full, dst, su->padded_numel, FSDP_DTYPE_F32,
                                       FSDP_REDUCE_SUM, e->dev.comm));
     }
-    fsdp_trace_end(e, FSDP_TRACE_COMM);
+    fsdp_trace_end(&e->tr, FSDP_TRACE_COMM);
     /* stream-ordered: reused once the collective queued above has read it */
     fsdp_device_free(&e->dev, row->grad_full);
     row->grad_full = NULL;
+    if (e->acc.host) {
+        FSDP_TRY(fsdp_engine_order(e, e->dev.comm, e->dev.copy, e->ev_tmp));
+        fsdp_trace_begin(&e->tr, FSDP_TRACE_COPY, "grad d2h", su->spec->name, f32);
+        FSDP_TRY(fsdp_device_memcpy(&e->dev, slot_buf, dst, f32, e->dev.copy));
+        fsdp_trace_end(&e->tr, FSDP_TRACE_COPY);
+        fsdp_device_free(&e->dev, dst); /* stream-ordered: after the copy has read it */
+    }
     fsdp_accum_push(&e->acc, u, slot, su->shard_numel);
     return FSDP_STATUS_OK;
 }
@@ -279,15 +296,20 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     FSDP_CHECK(fsdp_device_init(&e->dev, cfg->backend, sh->world, rank, ordinal, cfg->device_mem));
     e->dev_ready = true;
     e->dev.oom_hint = cfg->oom_hint;
+    e->tr = (fsdp_trace_rank){.trace = sh->trace, .rank = rank, .dev = &e->dev};
     FSDP_CHECK(fsdp_engine_comms_init(e)); /* the transport is chosen in comm/transport.h */
     e->ops_ready = true; /* the three contexts' fini is safe after a failed init */
     FSDP_CHECK(fsdp_ops_init(&e->ops, &e->dev, cfg->compute_dtype));
     FSDP_CHECK(fsdp_ops_init_host(&e->ops_host, &e->dev, cfg->compute_dtype));
-    if (!cfg->inference)
-        FSDP_CHECK(fsdp_ops_init_stream(&e->ops_comm, &e->dev, cfg->compute_dtype, e->dev.comm));
+    e->place = fsdp_place_of(cfg);
+    bool host_grads = e->place->host_grads;
+    if (!cfg->inference && host_grads)
+        FSDP_CHECK(fsdp_ops_init_host_stream(&e->ops_acc, &e->dev, FSDP_DTYPE_F32, e->dev.copy));
+    else if (!cfg->inference)
+        FSDP_CHECK(fsdp_ops_init_stream(&e->ops_acc, &e->dev, cfg->compute_dtype, e->dev.comm));
 
     int U = sh->sm.n_units;
-    FSDP_CHECK(fsdp_accum_init(&e->acc, &e->dev, &e->ops_comm, U, cfg->grad_accum));
+    FSDP_CHECK(fsdp_accum_init(&e->acc, &e->dev, &e->ops_acc, U, cfg->grad_accum, host_grads));
     e->ev_gather = calloc((size_t)U, sizeof *e->ev_gather);
     e->host_losses = calloc((size_t)cfg->grad_accum, sizeof(float));
     e->loss_order = calloc((size_t)cfg->grad_accum * (size_t)cfg->n_ranks, sizeof(float));
@@ -312,7 +334,6 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
             goto fail;
         }
     }
-    e->place = fsdp_place_of(cfg);
     FSDP_CHECK(e->place->init(e));
     for (int u = 0; u < U; u++)
         FSDP_CHECK(unit_init(e, u, host_tmp));
@@ -380,7 +401,7 @@ void fsdp_engine_free(fsdp_engine *e)
     }
     if (e->ops_ready) {
         fsdp_ops_fini(&e->ops);
-        fsdp_ops_fini(&e->ops_comm);
+        fsdp_ops_fini(&e->ops_acc);
         fsdp_ops_fini(&e->ops_host);
     }
     fsdp_engine_comms_fini(e);
@@ -512,27 +533,27 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float dloss
     FSDP_TRY(load_batch(e, index, true));
     fsdp_shard_row *root = fsdp_engine_row(e, 0);
 
-    fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "forward", "root", 0);
+    fsdp_trace_begin(&e->tr, FSDP_TRACE_COMPUTE, "forward", "root", 0);
     FSDP_TRY(mi->root_forward(m, &e->ops, e->state, root->gathered));
-    fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
+    fsdp_trace_end(&e->tr, FSDP_TRACE_COMPUTE);
     if (U > 1)
         FSDP_TRY(gather_issue(e, 1));
     for (int u = 1; u < U; u++) {
         FSDP_TRY(gather_wait(e, u));
         if (cfg->prefetch && u + 1 < U)
             FSDP_TRY(gather_issue(e, u + 1));
-        fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "forward", m->units[u].name, 0);
+        fsdp_trace_begin(&e->tr, FSDP_TRACE_COMPUTE, "forward", m->units[u].name, 0);
         FSDP_TRY(mi->unit_forward(m, &e->ops, e->state, u, fsdp_engine_row(e, u)->gathered));
-        fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
+        fsdp_trace_end(&e->tr, FSDP_TRACE_COMPUTE);
         if (full)
             FSDP_TRY(gather_release(e, u));
     }
 
     FSDP_TRY(alloc_grad_full(e, 0));
-    fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "head", "root", 0);
+    fsdp_trace_begin(&e->tr, FSDP_TRACE_COMPUTE, "head", "root", 0);
     FSDP_TRY(mi->head_forward_backward(m, &e->ops, e->state, root->gathered, root->grad_full,
                                        dloss, loss));
-    fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
+    fsdp_trace_end(&e->tr, FSDP_TRACE_COMPUTE);
 
     bool last_micro = j == cfg->grad_accum - 1;
     if (U > 1)
@@ -543,24 +564,24 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float dloss
             FSDP_TRY(gather_issue(e, u - 1));
         if (cfg->recompute != FSDP_RECOMPUTE_NONE) {
             /* the gather above serves the re-forward and the backward */
-            fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "recompute", m->units[u].name, 0);
+            fsdp_trace_begin(&e->tr, FSDP_TRACE_COMPUTE, "recompute", m->units[u].name, 0);
             FSDP_TRY(mi->unit_recompute(m, &e->ops, e->state, u,
                                         fsdp_engine_row(e, u)->gathered));
-            fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
+            fsdp_trace_end(&e->tr, FSDP_TRACE_COMPUTE);
         }
         FSDP_TRY(alloc_grad_full(e, u));
-        fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "backward", m->units[u].name, 0);
+        fsdp_trace_begin(&e->tr, FSDP_TRACE_COMPUTE, "backward", m->units[u].name, 0);
         FSDP_TRY(mi->unit_backward(m, &e->ops, e->state, u, fsdp_engine_row(e, u)->gathered,
                                    fsdp_engine_row(e, u)->grad_full));
-        fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
+        fsdp_trace_end(&e->tr, FSDP_TRACE_COMPUTE);
         FSDP_TRY(gather_release(e, u));
         FSDP_TRY(grad_reduce(e, u));
         if (last_micro)
             FSDP_TRY(e->place->unit_ready(e, u));
     }
-    fsdp_trace_begin(e, FSDP_TRACE_COMPUTE, "backward", "root", 0);
+    fsdp_trace_begin(&e->tr, FSDP_TRACE_COMPUTE, "backward", "root", 0);
     FSDP_TRY(mi->root_backward(m, &e->ops, e->state, root->gathered, root->grad_full));
-    fsdp_trace_end(e, FSDP_TRACE_COMPUTE);
+    fsdp_trace_end(&e->tr, FSDP_TRACE_COMPUTE);
     FSDP_TRY(grad_reduce(e, 0));
     if (last_micro)
         FSDP_TRY(e->place->unit_ready(e, 0));

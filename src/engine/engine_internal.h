@@ -27,9 +27,11 @@ struct fsdp_engine {
     fsdp_comm comm_cross;        /* hybrid: the ranks with this local index on every node */
     fsdp_comm *shard_comm;       /* the ranks a unit is sharded over: gathers, reduce-scatters */
     fsdp_comm *replica_comm;     /* hybrid: the replicas of this rank's shard (NULL: none) */
+    fsdp_trace_rank tr;          /* this rank's view of sh->trace (trace.h) */
     fsdp_op_ctx ops;             /* the model's ops: the compute stream */
-    fsdp_op_ctx ops_comm;        /* gradient accumulation: the comm stream, after the
-                                  * reduce-scatters (accum.h) */
+    fsdp_op_ctx ops_acc;         /* gradient accumulation (accum.h): on the comm stream after
+                                  * the reduce-scatters, or, with host_grads, host work on the
+                                  * copy stream after the copies to pinned host memory */
     fsdp_op_ctx ops_host;        /* host-side kernels on host shards (offload), at once */
     bool dev_ready, comm_ready, ops_ready, node_ready, cross_ready;
     fsdp_status status;          /* first failure of init or of a call (step, forward, ...);
@@ -94,6 +96,11 @@ typedef struct fsdp_place_i {
      * frees with fsdp_device_free when it is not row->master. Complete on
      * the comm stream. */
     fsdp_status (*master_on_device)(fsdp_engine *e, int u, float **out);
+    /* The gradient shard and the accumulation counter's partial sums live
+     * in pinned host memory: each micro-step's reduced shard is copied to
+     * the host (copy stream) and added there, so the device keeps only the
+     * unit gradients in flight. */
+    bool host_grads;
 } fsdp_place_i;
 
 /* The placement a configuration asks for (--offload, inference); place.c. */

@@ -119,4 +119,5 @@ const fsdp_place_i fsdp_place_device = {
     /* .grad_sumsq       = */ dev_grad_sumsq,
     /* .step             = */ dev_step,
     /* .master_on_device = */ dev_master_on_device,
+    /* .host_grads       = */ false,
 };

@@ -5,15 +5,19 @@
  * host step (vectorised) on the process's CPU worker pool; the device keeps
  * only the compute-dtype shard, gathered units and gradients in flight.
  *
- * Pipeline per step, per unit u (last micro-step), ordered by events so
- * that the host never waits inside backward:
- *   backward(u) [compute] -> reduce-scatter, fold of the partial sums
- *   [comm] -> gradient shard device->host [copy] -> the host step's
- *   submission, queued on the copy stream after the copy (a host function:
- *   it runs when the copy is done) -> the host step (pool) -> before u is
- *   next gathered: the host waits for u's host step, then the compute-
- *   dtype shard host->device [copy], which the gather [comm] and compute
- *   wait for through an event.
+ * Gradients never stay on the device (as ZeRO-Offload): every micro-step,
+ * unit u's reduced shard is copied to pinned host memory as soon as its
+ * reduce-scatter is done, and the accumulation counter's partial sums live
+ * and are added there (engine.c's grad_reduce, accum.h), in the same order
+ * as on the device, so the bits are the same. Pipeline per step, per unit
+ * u, ordered by events so that the host never waits inside backward:
+ *   backward(u) [compute] -> reduce-scatter [comm] -> shard device->host
+ *   [copy] -> the counter's adds, host work queued on the copy stream ->
+ *   (last micro-step) the fold and the host step's submission, queued the
+ *   same way -> the host step (pool) -> before u is next gathered: the
+ *   host waits for u's host step, then the compute-dtype shard host->
+ *   device [copy], which the gather [comm] and compute wait for through an
+ *   event.
  * Clipping stays exact: with --clip 0 nothing depends on the global norm, so
  * each unit's update starts as soon as its gradient is on the host, while
  * backward continues on earlier units (unless non-finite steps are to be
@@ -92,7 +96,7 @@ static fsdp_status job_finish(fsdp_engine *e, int u)
     const fsdp_shard_unit *su = &e->sh->sm.units[u];
     /* bytes moved: the gradient read, master and every state array read and written */
     size_t bytes = su->shard_numel * sizeof(float) * (1 + 2 * (1 + (size_t)e->sh->optim->n_state));
-    fsdp_trace_span(e, FSDP_TRACE_OPTIM, e->sh->optim->name, su->spec->name, bytes, t0, t1);
+    fsdp_trace_span(&e->tr, FSDP_TRACE_OPTIM, e->sh->optim->name, su->spec->name, bytes, t0, t1);
     return FSDP_STATUS_OK;
 }
 
@@ -135,6 +139,9 @@ static fsdp_status host_unit_alloc(fsdp_engine *e, int u)
                                   &ctx_of(e)->param_host[u]));
     }
     FSDP_TRY(fsdp_place_alloc_fp32(e, u, true));
+    /* the gradient shard is the counter's buffer 0: a step of one
+     * micro-step copies the reduced shard straight into it */
+    fsdp_accum_adopt(&e->acc, u, fsdp_engine_row(e, u)->grad);
     snprintf(label, sizeof label, "%s parameter shard", fsdp_dtype_name(dt));
     return fsdp_place_alloc(e, u, false, bytes, FSDP_MEM_PARAM, label,
                             &fsdp_engine_row(e, u)->param);
@@ -199,19 +206,17 @@ static fsdp_status run_gate(void *p)
     return submit(a->e, a->u, a->t, a->lr, 1.0f);
 }
 
+/* The counter's fold (host work on the copy stream) and, unless it ended
+ * in the gradient shard itself, a copy there; then the host step's
+ * submission, queued after them. */
 static fsdp_status host_unit_ready(fsdp_engine *e, int u)
 {
     host_ctx *h = ctx_of(e);
-    const fsdp_shard_unit *su = &e->sh->sm.units[u];
     fsdp_shard_row *row = fsdp_engine_row(e, u);
-    size_t n = su->shard_numel;
-    float *sum = fsdp_accum_fold(&e->acc, u, n); /* on the comm stream (accum.h) */
-    FSDP_TRY(fsdp_engine_order(e, e->dev.comm, e->dev.copy, e->ev_tmp));
-    fsdp_trace_begin(e, FSDP_TRACE_COPY, "grad d2h", su->spec->name, n * sizeof(float));
-    FSDP_TRY(fsdp_device_memcpy(&e->dev, row->grad, sum, n * sizeof(float), e->dev.copy));
-    fsdp_trace_end(e, FSDP_TRACE_COPY);
-    /* stream-ordered frees: reused only after the copy has read them */
-    fsdp_accum_release(&e->acc, u);
+    size_t n = e->sh->sm.units[u].shard_numel;
+    float *sum = fsdp_accum_fold(&e->acc, u, n);
+    if (sum != row->grad)
+        FSDP_TRY(fsdp_device_memcpy(&e->dev, row->grad, sum, n * sizeof(float), e->dev.copy));
     if (!fsdp_engine_update_needs_norm(e)) {
         e->update_started = true;
         struct gate_args g = {e, u, e->t, e->lr};
@@ -241,9 +246,9 @@ static fsdp_status host_params_ready(fsdp_engine *e, int u)
     fsdp_dtype dt = e->sh->cfg.compute_dtype;
     const void *src = dt == FSDP_DTYPE_F32 ? (const void *)row->master : h->param_host[u];
     size_t bytes = su->shard_numel * fsdp_dtype_size(dt);
-    fsdp_trace_begin(e, FSDP_TRACE_COPY, "param h2d", su->spec->name, bytes);
+    fsdp_trace_begin(&e->tr, FSDP_TRACE_COPY, "param h2d", su->spec->name, bytes);
     FSDP_TRY(fsdp_device_memcpy(&e->dev, row->param, src, bytes, e->dev.copy));
-    fsdp_trace_end(e, FSDP_TRACE_COPY);
+    fsdp_trace_end(&e->tr, FSDP_TRACE_COPY);
     FSDP_TRY(fsdp_device_event_record(&e->dev, h->ev_copy[u], e->dev.copy));
     FSDP_TRY(fsdp_device_stream_wait_event(&e->dev, e->dev.comm, h->ev_copy[u]));
     return fsdp_device_stream_wait_event(&e->dev, e->dev.compute, h->ev_copy[u]);
@@ -298,4 +303,5 @@ const fsdp_place_i fsdp_place_host = {
     /* .grad_sumsq       = */ host_grad_sumsq,
     /* .step             = */ host_step,
     /* .master_on_device = */ host_master_on_device,
+    /* .host_grads       = */ true,
 };

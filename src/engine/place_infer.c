@@ -117,4 +117,5 @@ const fsdp_place_i fsdp_place_infer = {
     /* .grad_sumsq       = */ inf_grad_sumsq,
     /* .step             = */ inf_step,
     /* .master_on_device = */ inf_master_on_device,
+    /* .host_grads       = */ false,
 };

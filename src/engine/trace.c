@@ -10,7 +10,7 @@
 
 #include "core/fileio.h"
 #include "core/error.h"
-#include "engine/engine_internal.h"
+#include "device/device.h"
 #include "engine/trace.h"
 
 struct trace_event {
@@ -95,11 +95,11 @@ static long push(struct rank_buf *b, const struct trace_event *fill)
     return i;
 }
 
-static void counter(struct fsdp_engine *e, uint64_t now)
+static void counter(const fsdp_trace_rank *t, uint64_t now)
 {
-    struct trace_event ev = {.t0 = now, .counter = 1, .bytes = e->dev.mem.in_use_bytes};
+    struct trace_event ev = {.t0 = now, .counter = 1, .bytes = t->dev->mem.in_use_bytes};
     snprintf(ev.name, sizeof ev.name, "memory");
-    push(&e->sh->trace->ranks[e->rank], &ev);
+    push(&t->trace->ranks[t->rank], &ev);
 }
 
 /* A stamp queued on the track's stream: the time the stream reached it. */
@@ -123,58 +123,58 @@ static fsdp_status run_stamp(void *p)
     return FSDP_STATUS_OK;
 }
 
-static fsdp_stream_t track_stream(struct fsdp_engine *e, fsdp_trace_track track)
+static fsdp_stream_t track_stream(const fsdp_trace_rank *t, fsdp_trace_track track)
 {
-    return track == FSDP_TRACE_COMM ? e->dev.comm : track == FSDP_TRACE_COPY ? e->dev.copy
-                                                                              : e->dev.compute;
+    return track == FSDP_TRACE_COMM ? t->dev->comm : track == FSDP_TRACE_COPY ? t->dev->copy
+                                                                               : t->dev->compute;
 }
 
-static void stamp(struct fsdp_engine *e, fsdp_trace_track track, long idx, bool end)
+static void stamp(const fsdp_trace_rank *t, fsdp_trace_track track, long idx, bool end)
 {
-    struct stamp a = {&e->sh->trace->ranks[e->rank], idx, end};
-    if (fsdp_device_launch_host(&e->dev, track_stream(e, track), run_stamp, &a, sizeof a,
+    struct stamp a = {&t->trace->ranks[t->rank], idx, end};
+    if (fsdp_device_launch_host(t->dev, track_stream(t, track), run_stamp, &a, sizeof a,
                                 "trace stamp") != FSDP_STATUS_OK)
         fsdp_error_clear(); /* best effort: the event keeps no time and is left out */
 }
 
-void fsdp_trace_begin(struct fsdp_engine *e, fsdp_trace_track track, const char *name,
+void fsdp_trace_begin(const fsdp_trace_rank *t, fsdp_trace_track track, const char *name,
                       const char *detail, size_t bytes)
 {
-    if (!e->sh->trace)
+    if (!t->trace)
         return;
-    struct rank_buf *b = &e->sh->trace->ranks[e->rank];
-    counter(e, fsdp_trace_now_ns());
+    struct rank_buf *b = &t->trace->ranks[t->rank];
+    counter(t, fsdp_trace_now_ns());
     struct trace_event ev = {.track = (uint8_t)track, .bytes = bytes};
     snprintf(ev.name, sizeof ev.name, "%s", name);
     snprintf(ev.detail, sizeof ev.detail, "%s", detail ? detail : "");
     long i = push(b, &ev);
     b->open[track] = i;
     if (i >= 0)
-        stamp(e, track, i, false);
+        stamp(t, track, i, false);
 }
 
-void fsdp_trace_end(struct fsdp_engine *e, fsdp_trace_track track)
+void fsdp_trace_end(const fsdp_trace_rank *t, fsdp_trace_track track)
 {
-    if (!e->sh->trace)
+    if (!t->trace)
         return;
-    struct rank_buf *b = &e->sh->trace->ranks[e->rank];
+    struct rank_buf *b = &t->trace->ranks[t->rank];
     if (b->open[track] < 0)
         return;
-    stamp(e, track, b->open[track], true);
+    stamp(t, track, b->open[track], true);
     b->open[track] = -1;
-    counter(e, fsdp_trace_now_ns());
+    counter(t, fsdp_trace_now_ns());
 }
 
-void fsdp_trace_span(struct fsdp_engine *e, fsdp_trace_track track, const char *name,
+void fsdp_trace_span(const fsdp_trace_rank *t, fsdp_trace_track track, const char *name,
                      const char *detail, size_t bytes, uint64_t t0_ns, uint64_t t1_ns)
 {
-    if (!e->sh->trace)
+    if (!t->trace)
         return;
     struct trace_event ev = {.t0 = t0_ns, .t1 = t1_ns > t0_ns ? t1_ns : t0_ns + 1,
                              .track = (uint8_t)track, .bytes = bytes};
     snprintf(ev.name, sizeof ev.name, "%s", name);
     snprintf(ev.detail, sizeof ev.detail, "%s", detail ? detail : "");
-    push(&e->sh->trace->ranks[e->rank], &ev);
+    push(&t->trace->ranks[t->rank], &ev);
 }
 
 /* Lanes. Trace viewers draw a (pid, tid) track as a stack of properly

@@ -30,7 +30,16 @@ typedef enum fsdp_trace_track {
 } fsdp_trace_track;
 
 typedef struct fsdp_trace fsdp_trace;
-struct fsdp_engine;
+struct fsdp_device;
+
+/* A rank's view of the trace: where it records (NULL: not tracing), its
+ * rank, and the device whose streams stamp its events and whose memory in
+ * use the counter events show. The engine keeps one per rank. */
+typedef struct fsdp_trace_rank {
+    fsdp_trace *trace;
+    int rank;
+    struct fsdp_device *dev;
+} fsdp_trace_rank;
 
 fsdp_status fsdp_trace_init(fsdp_trace **out, int n_ranks);
 void fsdp_trace_free(fsdp_trace *t);
@@ -38,13 +47,13 @@ void fsdp_trace_free(fsdp_trace *t);
 /* Nanoseconds on a monotonic clock. */
 uint64_t fsdp_trace_now_ns(void);
 
-/* Record on the engine's trace, if it has one (else no-op). begin/end pair
- * up per track (no nesting within a track). */
-void fsdp_trace_begin(struct fsdp_engine *e, fsdp_trace_track track, const char *name,
+/* Record on the rank's trace, if there is one (else no-op). begin/end pair
+ * up per track (no nesting within a track). Called on the rank's thread. */
+void fsdp_trace_begin(const fsdp_trace_rank *t, fsdp_trace_track track, const char *name,
                       const char *detail, size_t bytes);
-void fsdp_trace_end(struct fsdp_engine *e, fsdp_trace_track track);
+void fsdp_trace_end(const fsdp_trace_rank *t, fsdp_trace_track track);
 /* A complete event with explicit times (e.g. a CPU optimizer job). */
-void fsdp_trace_span(struct fsdp_engine *e, fsdp_trace_track track, const char *name,
+void fsdp_trace_span(const fsdp_trace_rank *t, fsdp_trace_track track, const char *name,
                      const char *detail, size_t bytes, uint64_t t0_ns, uint64_t t1_ns);
 
 /* Write every rank's events as Chrome trace-event JSON. */

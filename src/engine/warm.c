@@ -40,10 +40,12 @@
  * rounding, the workspace and the scratch; the extra full gradient (one
  * block's padded numel x 4 bytes) is the part it does not count yet.
  *
- * Placements: one that lends its gradient shard to the accumulation
- * counter (fsdp_accum_adopt; device) keeps the counter's other buffers for
- * good; one that lends none (host) releases them once each unit's last
- * micro-step is out (place.h's unit_ready).
+ * Placements: the device placement lends its gradient shard to the
+ * accumulation counter (fsdp_accum_adopt) and keeps the counter's other
+ * buffers for good; with host_grads (offload) the counter lives in pinned
+ * host memory and the device holds only each reduction's own shard-sized
+ * buffer, made before the collective and freed once its copy to the host
+ * is queued.
  */
 #include <stdlib.h>
 
@@ -92,6 +94,7 @@ struct replay {
     bool *gathered;  /* [U] */
     int *made;       /* [U] accumulation buffers made (the lent shard counts) */
     bool lent;       /* the placement lends its gradient shard as buffer 0 */
+    bool host;       /* the counter is in host memory (host_grads) */
 };
 
 static const fsdp_shard_unit *unit(const struct replay *r, int u)
@@ -144,6 +147,12 @@ static void release(struct replay *r, int u)
  * buffer releases the unit's. */
 static void reduce(struct replay *r, int u, int j, int A)
 {
+    if (r->host) { /* the reduction's buffer, the full gradient, the buffer */
+        take(&r->s, accum_bytes(r, u), 1);
+        give(&r->s, grad_bytes(r, u), 1);
+        give(&r->s, accum_bytes(r, u), 1);
+        return;
+    }
     int k = __builtin_popcount((unsigned)j);
     if (k >= r->made[u]) {
         take(&r->s, accum_bytes(r, u), (size_t)(k + 1 - r->made[u]));
@@ -221,7 +230,7 @@ static void replay_forward(struct replay *r)
 fsdp_status fsdp_engine_warm_up(fsdp_engine *e)
 {
     int U = e->sh->sm.n_units;
-    struct replay r = {.e = e, .lent = e->acc.units[0].buf[0] != NULL};
+    struct replay r = {.e = e, .lent = e->acc.units[0].buf[0] != NULL, .host = e->acc.host};
     r.s.cap = 3 * U + 7; /* + the exchanges' send and receive sizes */
     r.s.v = calloc((size_t)r.s.cap, sizeof *r.s.v);
     r.gathered = calloc((size_t)U, sizeof *r.gathered);

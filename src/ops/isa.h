@@ -1,6 +1,6 @@
 /*
  * isa.h - the instruction-set levels of the host CPU that the vectorised
- * host kernels are written for (ops/cpu/optim_kernels.h has the kernels
+ * host kernels are written for (ops/optim_kernels.h has the kernels
  * and the run-time detection).
  *
  * The enum lives apart from the kernels so that an interface above the ops

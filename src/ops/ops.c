@@ -74,7 +74,17 @@ fsdp_status fsdp_ops_init(fsdp_op_ctx *ctx, fsdp_device *dev, fsdp_dtype dt)
 
 fsdp_status fsdp_ops_init_host(fsdp_op_ctx *ctx, fsdp_device *dev, fsdp_dtype dt)
 {
-    *ctx = (fsdp_op_ctx){.iface = &fsdp_ops_cpu_i, .dev = dev, .stream = NULL, .dt = dt};
+    /* meta backs no memory: its host work is no work either */
+    *ctx = (fsdp_op_ctx){.iface = fsdp_device_computes(dev) ? &fsdp_ops_cpu_i : NULL, .dev = dev,
+                         .dt = dt};
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_ops_init_host_stream(fsdp_op_ctx *ctx, fsdp_device *dev, fsdp_dtype dt,
+                                      fsdp_stream_t stream)
+{
+    *ctx = (fsdp_op_ctx){.iface = fsdp_device_computes(dev) ? &fsdp_ops_cpu_async_i : NULL,
+                         .dev = dev, .stream = stream, .dt = dt};
     return FSDP_STATUS_OK;
 }
 

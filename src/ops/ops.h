@@ -25,6 +25,7 @@
 #define FSDP_OPS_OPS_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "device/device.h"
 
@@ -84,7 +85,7 @@ struct fsdp_ops_i {
     /* Optimizer updates on n elements of fp32 state, in place; if p_out is
      * not NULL the new p is also written there in dtype out_dt (the compute
      * copy). The exact operation order is the cpu reference's
-     * (ops/cpu/optim_kernels.h); the optimizer layer (src/optim) computes
+     * (ops/optim_kernels.h); the optimizer layer (src/optim) computes
      * the per-step constants and decides which slot a rule uses. */
     /* AdamW (decoupled weight decay):
      *   g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
@@ -196,13 +197,28 @@ fsdp_status fsdp_ops_init_stream(fsdp_op_ctx *ctx, fsdp_device *dev, fsdp_dtype 
                                  fsdp_stream_t stream);
 /* A context whose ops run at once on the calling thread, on host memory
  * (the cpu table; no stream): what host-side work of a device of any
- * backend uses (optimizer offload's casts and norm sums of host shards). */
+ * backend uses (optimizer offload's casts and norm sums of host shards).
+ * On meta, as every context there, it does nothing. */
 fsdp_status fsdp_ops_init_host(fsdp_op_ctx *ctx, fsdp_device *dev, fsdp_dtype dt);
+/* A context whose ops are the cpu kernels on host memory, run as host
+ * work queued on `stream` of a device of any backend (fsdp_device_launch_
+ * host: in the stream's order, without a host wait): optimizer offload adds
+ * the micro-steps' gradient shards in pinned host memory right after their
+ * copies from the device. */
+fsdp_status fsdp_ops_init_host_stream(fsdp_op_ctx *ctx, fsdp_device *dev, fsdp_dtype dt,
+                                      fsdp_stream_t stream);
 void fsdp_ops_fini(fsdp_op_ctx *ctx);
+
+/* Print the cpu backend's lines of a run header to out (NULL: nothing):
+ * the stream mode, threads per device for n_devices devices given
+ * --threads-per-device requested_threads (0: default) and whether that was
+ * capped, the GEMM kernels and any warning about them (ops/cpu/header.c). */
+void fsdp_cpu_print_header(FILE *out, int n_devices, int requested_threads);
 
 extern const struct fsdp_ops_i fsdp_ops_cpu_i;
 /* The cpu table of the async stream mode: each slot queues the op on
- * ctx->stream (ops/cpu/async.c). */
+ * ctx->stream as host work (ops/cpu/async.c); also what
+ * fsdp_ops_init_host_stream binds on any device. */
 extern const struct fsdp_ops_i fsdp_ops_cpu_async_i;
 /* cuda's table and its per-rank init; NULL / UNSUPPORTED without CUDA. */
 const struct fsdp_ops_i *fsdp_ops_cuda_iface(void);

@@ -10,7 +10,7 @@
 #include <math.h>
 
 #include "core/error.h"
-#include "ops/cpu/optim_kernels.h"
+#include "ops/optim_kernels.h"
 #include "optim/optim.h"
 
 /* hp->v[], in the order of the table below */

@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "core/error.h"
-#include "ops/cpu/optim_kernels.h"
+#include "ops/optim_kernels.h"
 #include "optim/host_step.h"
 
 struct fsdp_optim_job {

@@ -13,7 +13,7 @@
  * the optimizer reads.
  *
  * Who owns what: the arithmetic of each update rule is in src/ops (the cpu
- * reference and vector kernels in ops/cpu/optim_kernels.h, the CUDA kernels
+ * reference and vector kernels in ops/optim_kernels.h, the CUDA kernels
  * in ops/cuda); this layer decides which kernel a rule uses, with which
  * constants, on which state arrays. This header names no backend: the
  * optimizers' files (adamw.c, sgd.c) and host_step.c include the cpu

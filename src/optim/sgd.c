@@ -9,7 +9,7 @@
  * --momentum.
  */
 #include "core/error.h"
-#include "ops/cpu/optim_kernels.h"
+#include "ops/optim_kernels.h"
 #include "optim/optim.h"
 
 /* hp->v[], in the order of the table below */

@@ -209,9 +209,11 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
     if (pk[FSDP_MEM_COMM] || pk[FSDP_MEM_OTHER])
         fprintf(f, " + other %s", fmtb(b1, pk[FSDP_MEM_COMM] + pk[FSDP_MEM_OTHER]));
     fprintf(f, "\n  the formula leaves out %sactivations, shard padding (%zu elements), the fp32 "
-               "gradient\n  of the unit being reduced and small buffers\n",
+               "gradients\n  in flight (the root's, held through backward, and the block's being "
+               "reduced%s) and small buffers\n",
             e->shard == FSDP_SHARD_FULL || e->shard == FSDP_SHARD_HYBRID ? "the gathered units (root + current + prefetched), " : "",
-            p->padded_numel - p->numel);
+            p->padded_numel - p->numel,
+            e->offload ? ", with its reduced shard until it is copied to the host" : "");
 
     /* fit */
     fprintf(f, "\nThese are the engine's allocations, as a cpu run makes them, to the byte. A cuda "

@@ -2,7 +2,7 @@
  * train.c - the training run: what happens before the ranks start, the
  * loop on every rank, progress and metrics on rank 0, and the result. The
  * run's checkpoints are in train_ckpt.c, the held-out accuracy of the
- * synthetic task in synth_eval.c; the object they share in trainer.h.
+ * synthetic task in synth_eval.c; the object they share in train_internal.h.
  *
  * All ranks run the same loop in lockstep (every engine call is
  * collective). Rank 0 prints and writes the metrics; it reads every rank's
@@ -33,9 +33,9 @@
 #include "device/cpu.h"
 #include "engine/engine_ckpt.h"
 #include "engine/trace.h"
-#include "ops/cpu/blas.h"
+#include "ops/ops.h"
 #include "train/synth_eval.h"
-#include "train/trainer.h"
+#include "train/train_internal.h"
 
 void fsdp_train_config_default(fsdp_train_config *cfg)
 {

@@ -1,5 +1,5 @@
 /*
- * train_ckpt.c - the training run's checkpoints (trainer.h): claiming
+ * train_ckpt.c - the training run's checkpoints (train_internal.h): claiming
  * --ckpt-dir, finding the checkpoint to resume from and telling the user
  * how it differs from this run, and saving.
  *
@@ -13,7 +13,7 @@
 #include "core/clock.h"
 #include "engine/engine_ckpt.h"
 #include "train/job.h"
-#include "train/trainer.h"
+#include "train/train_internal.h"
 
 /* Checkpoints, before any resume: the manifest base for saves (one run id
  * for the job: the manifest's and every rank's shard file's) and the

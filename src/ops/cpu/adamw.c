@@ -14,7 +14,7 @@
 
 #include "core/error.h"
 #include "ops/cpu/cpu_ops.h"
-#include "ops/cpu/optim_kernels.h"
+#include "ops/optim_kernels.h"
 #include "ops/cpu/simd.h"
 
 /* ---- the reference ------------------------------------------------------ */

@@ -93,11 +93,8 @@ bool fsdp_cpu_blas_bf16_dot(void);
  * OpenBLAS). */
 bool fsdp_cpu_blas_f32_dnnl(void);
 
-/* Print the cpu backend's lines of a run header to out (NULL: nothing):
- * threads per device for n_devices devices given --threads-per-device
- * requested_threads (0: default) and whether that was capped, the GEMM
- * kernels (fsdp_cpu_blas_describe) and fsdp_cpu_blas_warning (header.c). */
-void fsdp_cpu_print_header(FILE *out, int n_devices, int requested_threads);
+/* fsdp_cpu_print_header (header.c) is declared in ops/ops.h: the trainer
+ * prints it without reaching into the backend. */
 
 /* Row-major single-threaded sgemm on the calling thread:
  * C (M, N) = alpha op(A) op(B) + beta C; op(A) is (M, K): A is (M, K) with

@@ -7,6 +7,7 @@
 
 #include "device/cpu.h"
 #include "ops/cpu/blas.h"
+#include "ops/ops.h"
 
 void fsdp_cpu_print_header(FILE *out, int n_devices, int requested_threads)
 {

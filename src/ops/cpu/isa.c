@@ -5,7 +5,7 @@
  * running CPU decides, through __builtin_cpu_supports. Other architectures
  * get the scalar references only.
  */
-#include "ops/cpu/optim_kernels.h"
+#include "ops/optim_kernels.h"
 
 const char *fsdp_cpu_isa_name(fsdp_cpu_isa isa)
 {

@@ -1,6 +1,6 @@
 /*
  * adamw.cu - AdamW on the GPU, bit-identical to fsdp_adamw_ref
- * (ops/cpu/optim_kernels.h defines the operation order). Every step uses an explicit
+ * (ops/optim_kernels.h defines the operation order). Every step uses an explicit
  * round-to-nearest intrinsic (__fmul_rn, __fadd_rn, __fsub_rn, __fdiv_rn,
  * __fsqrt_rn), which nvcc never contracts into an FMA, so each rounding
  * matches the cpu's -ffp-contract=off build; division and sqrt are IEEE

@@ -1,6 +1,6 @@
 /*
  * sgd.cu - SGD with momentum on the GPU, bit-identical to fsdp_sgd_ref
- * (ops/cpu/optim_kernels.h defines the operation order). Every step uses an
+ * (ops/optim_kernels.h defines the operation order). Every step uses an
  * explicit round-to-nearest intrinsic (__fmul_rn, __fadd_rn, __fsub_rn),
  * which nvcc never contracts into an FMA, so each rounding matches the
  * cpu's -ffp-contract=off build.

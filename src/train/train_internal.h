@@ -1,5 +1,5 @@
 /*
- * trainer.h - the trainer object that one training run's rank threads
+ * train_internal.h - the trainer object that one training run's rank threads
  * share, for the trainer's files (train.c: the loop, progress and the run;
  * train_ckpt.c: the run's checkpoints). Not part of the trainer's API
  * (train.h).
@@ -8,8 +8,8 @@
  * writes the result and the figures, any rank the stop error (under mu),
  * and every rank reads the rest.
  */
-#ifndef FSDP_TRAIN_TRAINER_H
-#define FSDP_TRAIN_TRAINER_H
+#ifndef FSDP_TRAIN_TRAIN_INTERNAL_H
+#define FSDP_TRAIN_TRAIN_INTERNAL_H
 
 #include <pthread.h>
 #include <stdio.h>
@@ -68,4 +68,4 @@ fsdp_status fsdp_trainer_ckpt_prepare(struct trainer *t);
  * same `done`. */
 fsdp_status fsdp_trainer_ckpt_save(struct trainer *t, fsdp_engine *e, int rank, int done);
 
-#endif /* FSDP_TRAIN_TRAINER_H */
+#endif /* FSDP_TRAIN_TRAIN_INTERNAL_H */

@@ -4,8 +4,11 @@
  * whole project, and vectorised versions (SSE4.1 / AVX2 / AVX-512F, picked
  * at run time) that reproduce it bit for bit.
  *
- * Who owns what: this layer (src/ops/cpu) owns the arithmetic. The cpu op
- * table's optimizer slots call the references; the CUDA kernels
+ * An interface of the ops layer, implemented by the cpu backend (src/ops/
+ * cpu/adamw.c, sgd.c): optimizer offload runs these kernels on host memory
+ * whatever the device's backend, so the optimizer layer calls them directly,
+ * not through the op table. Who owns what: the ops layer owns the
+ * arithmetic. The cpu op table's optimizer slots call the references; the CUDA kernels
  * (src/ops/cuda/<rule>.cu) reproduce them with explicitly rounded
  * intrinsics. The optimizer layer above (src/optim) owns everything else:
  * per-step constants (bias corrections), hyper-parameter checks, state array
@@ -26,8 +29,8 @@
  * new parameters again, as fp32 or bf16 rounded to nearest even, and may
  * alias p only when out_dt is fp32.
  */
-#ifndef FSDP_OPS_CPU_OPTIM_KERNELS_H
-#define FSDP_OPS_CPU_OPTIM_KERNELS_H
+#ifndef FSDP_OPS_OPTIM_KERNELS_H
+#define FSDP_OPS_OPTIM_KERNELS_H
 
 #include <stdbool.h>
 #include <stddef.h>

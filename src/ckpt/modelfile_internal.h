@@ -1,5 +1,5 @@
 /*
- * modelfile_format.h - the inside of src/ckpt/modelfile.h: the table entry
+ * modelfile_internal.h - the inside of src/ckpt/modelfile.h: the table entry
  * a weight format fills, the open-file object the formats share, and the
  * flat-file reader that llm.c and safetensors files (one tensor per
  * parameter at a byte offset) have in common.
@@ -9,8 +9,8 @@
  * A format works out which family and config a file holds from what the
  * family's mapping (models/weights.h) says, never from a family it knows.
  */
-#ifndef FSDP_CKPT_MODELFILE_FORMAT_H
-#define FSDP_CKPT_MODELFILE_FORMAT_H
+#ifndef FSDP_CKPT_MODELFILE_INTERNAL_H
+#define FSDP_CKPT_MODELFILE_INTERNAL_H
 
 #include "ckpt/ckpt_dir.h"
 #include "ckpt/modelfile.h"
@@ -123,4 +123,4 @@ void fsdp_modelfile_describe(const fsdp_modelfile *mf, char *buf, size_t n);
 fsdp_status fsdp_modelfile_build(const char *what, const char *path,
                                  const fsdp_model_family *f, const char *config, fsdp_model *m);
 
-#endif /* FSDP_CKPT_MODELFILE_FORMAT_H */
+#endif /* FSDP_CKPT_MODELFILE_INTERNAL_H */
