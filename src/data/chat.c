@@ -55,11 +55,9 @@ const fsdp_chat_format *fsdp_chat_formats(int *n)
 
 const char *fsdp_chat_format_names(char *buf, size_t n, const char *sep)
 {
-    size_t at = 0;
-    if (n)
-        buf[0] = '\0';
+    size_t at = n ? (size_t)snprintf(buf, n, "%s", FSDP_CHAT_TEMPLATE) : 0;
     for (int i = 0; i < N_FORMATS && at < n; i++)
-        at += (size_t)snprintf(buf + at, n - at, "%s%s", i ? sep : "", FORMATS[i].name);
+        at += (size_t)snprintf(buf + at, n - at, "%s%s", sep, FORMATS[i].name);
     return buf;
 }
 
@@ -199,9 +197,8 @@ fsdp_status fsdp_chat_check_name(const char *name)
     if (!strcmp(name, FSDP_CHAT_TEMPLATE) || fsdp_chat_format_find(name))
         return FSDP_STATUS_OK;
     char names[128];
-    return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "unknown chat format '%s' (known: %s, %s)",
-                          name, FSDP_CHAT_TEMPLATE, fsdp_chat_format_names(names, sizeof names,
-                                                                           ", "));
+    return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "unknown chat format '%s' (known: %s)",
+                          name, fsdp_chat_format_names(names, sizeof names, ", "));
 }
 
 fsdp_status fsdp_chat_open(fsdp_chat **out, const fsdp_hftok *t, const fsdp_chat_opts *o)

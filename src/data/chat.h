@@ -70,8 +70,8 @@ typedef fsdp_jinja_msg fsdp_chat_msg;
 /* The formats, for listing: *n entries. */
 const fsdp_chat_format *fsdp_chat_formats(int *n);
 
-/* The format names joined by sep ("llama3|chatml" with sep "|"), for
- * help texts and messages; truncated to fit n. Returns buf. */
+/* The --chat-format values joined by sep ("template|llama3|chatml" with
+ * sep "|"), for help texts and messages; truncated to fit n. Returns buf. */
 const char *fsdp_chat_format_names(char *buf, size_t n, const char *sep);
 
 /* The format named `name`, or NULL. */
