@@ -344,7 +344,8 @@ bool jinja_test_apply(jrender *r, int line, int id, jv v, const jv *args, int n,
         return false;
     }
     bool anum = a.t == JV_INT || a.t == JV_BOOL;
-    int64_t x = v.t == JV_INT ? v.i : v.b, y = a.t == JV_INT ? a.i : a.b;
+    int64_t x = v.t == JV_INT ? v.i : v.t == JV_BOOL ? v.b : 0;
+    int64_t y = a.t == JV_INT ? a.i : a.t == JV_BOOL ? a.b : 0;
     bool need_arg = id != T_ODD && id != T_EVEN;
     if (!num || (need_arg && !anum)) {
         if (!num && (id >= T_LT && id <= T_GE) && v.t == JV_STR && a.t == JV_STR) {
