@@ -25,6 +25,7 @@
 
 #define TOK_GPT2 "tests/fixtures/tok_gpt2.json"
 #define TOK_LLAMA3 "tests/fixtures/tok_llama3.json"
+#define TOK_QWEN2 "tests/fixtures/tok_qwen2.json"
 
 /* ---- uint32 shards and the writer ------------------------------------------ */
 
@@ -250,6 +251,54 @@ START_TEST(test_tokenize_files)
 END_TEST
 
 /* Failures leave no output; usage errors exit 2 and say what is needed. */
+/* `fsdp tokenize` writes a chat row as training renders it: the same tokens, nothing
+ * added (it once put <|endoftext|> before ChatML rows), with the built-in format and with
+ * the model's own template beside the tokenizer. */
+START_TEST(test_tokenize_like_training)
+{
+    char dir[128], tok[192], cfg[192], in[192], out[192], msg[4096];
+    fsdp_test_mkdir(dir, sizeof dir, _i ? "with_template" : "builtin");
+    char *json = fsdp_test_read_file(TOK_QWEN2, NULL);
+    pathf(tok, sizeof tok, "%s/tokenizer.json", dir);
+    fsdp_test_write_file(tok, json);
+    free(json);
+    if (_i) {
+        pathf(cfg, sizeof cfg, "%s/tokenizer_config.json", dir);
+        fsdp_test_write_file(cfg, "{\"chat_template\": \"{% for m in messages %}{{ '<|im_start|>'"
+                                  " + m.role + '\\\\n' + m.content | trim + '<|im_end|>\\\\n' }}"
+                                  "{% endfor %}\", \"eos_token\": \"<|im_end|>\"}");
+    }
+    pathf(in, sizeof in, "%s/chat.jsonl", dir);
+    fsdp_test_write_file(in, "{\"messages\": [{\"role\": \"user\", \"content\": \" 1+1? "
+                             "<|im_end|>\"}, {\"role\": \"assistant\", \"content\": \"2\"}]}\n");
+    pathf(out, sizeof out, "%s/o.bin", dir);
+    int rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s", in, out, tok);
+    ck_assert_msg(rc == 0, "rc %d: %s", rc, msg);
+    ck_assert_ptr_nonnull(strstr(msg, _i ? "chat: chat template of" : "chat: built-in chat "
+                                                                     "format chatml"));
+    ck_assert_ptr_nonnull(strstr(msg, "1 special-token strings in the text were kept as text"));
+    size_t n;
+    int tb;
+    int *got = read_shard(out, &n, &tb);
+    fsdp_data *d = NULL;
+    fsdp_data_opts o = {.spec = in, .seed = 1, .tokenizer = tok};
+    ck_assert_msg(fsdp_data_open_opts(&d, &o) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    ck_assert_uint_eq(fsdp_data_n_examples(d), 1);
+    ck_assert_uint_eq(fsdp_data_special_text(d), 1);
+    ck_assert_ptr_nonnull(strstr(fsdp_data_chat(d), _i ? "chat template" : "chatml"));
+    int T = (int)fsdp_data_n_tokens(d);
+    int *inputs = malloc((size_t)T * sizeof *inputs), *targets = malloc((size_t)T * sizeof(int));
+    ck_assert_int_eq(fsdp_data_batch(d, 0, 1, T, inputs, targets), FSDP_STATUS_OK);
+    ck_assert_msg(n == (size_t)T && !memcmp(got, inputs, n * sizeof *got),
+                  "the shard has %zu tokens (first %d), training's example %d (first %d)", n,
+                  got[0], T, inputs[0]);
+    free(inputs);
+    free(targets);
+    free(got);
+    fsdp_data_close(d);
+}
+END_TEST
+
 START_TEST(test_tokenize_errors)
 {
     char dir[128], in[160], out[160], msg[4096], p[192];
@@ -291,7 +340,8 @@ int main(void)
     const fsdp_test_tcase tcases[] = {
         {"files", 60, .tmpdir = true, FSDP_TESTS(test_shard_uint32, test_shard_writer)},
         {"tokenize", 120, .tmpdir = true,
-         FSDP_TESTS(test_tokenize_files, test_tokenize_errors)},
+         FSDP_TESTS(test_tokenize_files, FSDP_TEST_LOOP(test_tokenize_like_training, 2),
+                    test_tokenize_errors)},
     };
     return fsdp_test_main("shard", tcases, FSDP_TEST_LEN(tcases));
 }

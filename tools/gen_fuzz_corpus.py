@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write the seed corpora of the libFuzzer targets (tests/fuzz/fuzz_*.c):
 small valid inputs for each reader, so fuzzing starts from the formats'
-real structure. Standard library only. Run from the repository root:
+real structure (the chat templates come from the chat template fixture). Standard library only. Run from the repository root:
 
     python3 tools/gen_fuzz_corpus.py [path/to/fsdp]
 
@@ -111,6 +111,14 @@ def main():
     put("fuzz_jsonl", "chat.jsonl",
         b'{"messages": [{"role": "system", "content": "Be brief."}, '
         b'{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]}\n')
+    # chat templates: the published ones and the short ones of the chat template fixture
+    # (tools/gen_chat_template_fixture.py)
+    with open("tests/fixtures/chat_templates.json", encoding="utf-8") as f:
+        chat = json.load(f)
+    for t in chat["templates"]:
+        put("fuzz_jinja", t["name"] + ".jinja", t["template"].encode("utf-8"))
+    for i, t in enumerate(chat["snippets"]):
+        put("fuzz_jinja", "snippet_%02d.jinja" % i, t["template"].encode("utf-8"))
     # llm.c model files and safetensors: a 1-layer, 4-channel GPT-2
     cfg = (1, 1, 4, 8, 4)
     ps = fx.params(cfg)

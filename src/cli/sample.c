@@ -7,10 +7,10 @@
  *   own): the prompt is encoded as transformers encodes it (with the
  *   tokenizer's BOS when it adds one) and the output decoded; generation
  *   stops at the end-of-text token. With --chat the prompt is a user
- *   message (after an optional --system one) rendered in the family's
- *   chat format (data/chat.h) with the assistant's header after it, as a
- *   chat template's generation prompt does, and generation stops at the
- *   end of the assistant's turn.
+ *   message (after an optional --system one) rendered as training renders
+ *   chats (data/chat.h: the model's own chat template, else a built-in
+ *   format) with the generation prompt after it, and generation stops at
+ *   the end of the assistant's turn.
  * - byte-level models (vocabulary 256): the prompt's bytes.
  * - llm.c's tokenizer file (gpt2_tokenizer.bin, --tokenizer): decoded
  *   output, and a prompt encoded by greedy longest match over its table
@@ -156,43 +156,34 @@ static void close_text_io(struct text_io *io)
     fsdp_hftok_free(io->hf);
 }
 
-/* The prompt as a chat: [system,] user, then the assistant's header; the
- * end of the turn (the format's close) stops the generation. */
+/* The prompt as a chat: [system,] user, then the assistant's opening (the
+ * generation prompt); the end of the turn (<|eot_id|>, <|im_end|>) stops
+ * the generation. The renderer is the training one (data/chat.h): the
+ * model's own template when its tokenizer has one. */
 static fsdp_status encode_chat(struct text_io *io, const struct chat_opts *co, const char *prompt,
                                fsdp_ids *ids, int *stop, int *n_stop)
 {
-    const fsdp_chat_format *f = co->format ? fsdp_chat_format_find(co->format)
-                                           : fsdp_chat_format_for(io->hf);
+    fsdp_chat *chat = NULL;
+    fsdp_chat_opts o = {.format = co->format, .tokenizer = io->tok_path};
+    FSDP_TRY(fsdp_chat_open(&chat, io->hf, &o));
     char names[96];
-    fsdp_chat_format_names(names, sizeof names, ", ");
-    if (!f)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, co->format ? "--chat-format: no chat "
-                              "format '%s' (expected %s)" : "tokenizer '%s' has the special "
-                              "tokens of no chat format fsdp knows (%s)",
-                              co->format ? co->format : io->tok_path, names);
-    FSDP_TRY(fsdp_chat_format_check(f, io->hf, io->tok_path));
+    if (!chat)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "tokenizer '%s' has no chat template "
+                              "beside it and the special tokens of no chat format fsdp knows "
+                              "(%s)", io->tok_path, fsdp_chat_format_names(names, sizeof names,
+                                                                           ", "));
     fsdp_chat_msg msgs[2];
     int n = 0;
     if (co->system)
         msgs[n++] = (fsdp_chat_msg){"system", co->system, strlen(co->system)};
     msgs[n++] = (fsdp_chat_msg){"user", prompt ? prompt : "", prompt ? strlen(prompt) : 0};
     fsdp_flags trained = {0};
-    fsdp_status st = fsdp_chat_render(io->hf, f, msgs, n, ids, &trained);
+    fsdp_status st = fsdp_chat_encode(chat, io->hf, msgs, n, true, ids, &trained, NULL);
     fsdp_flags_free(&trained);
-    FSDP_TRY(st);
-    char header[160];
-    snprintf(header, sizeof header, f->header, "assistant");
-    int *h = NULL, *c = NULL;
-    size_t nh = 0, nc = 0;
-    st = fsdp_hftok_encode(io->hf, header, strlen(header), 0, &h, &nh);
-    if (st == FSDP_STATUS_OK)
-        st = fsdp_ids_append(ids, h, nh);
-    if (st == FSDP_STATUS_OK)
-        st = fsdp_hftok_encode(io->hf, f->close, strlen(f->close), 0, &c, &nc);
-    if (st == FSDP_STATUS_OK && nc >= 1)
-        stop[(*n_stop)++] = c[0]; /* the end-of-turn token (<|eot_id|>, <|im_end|>) */
-    free(h);
-    free(c);
+    int eot = fsdp_chat_end_of_turn(chat, io->hf);
+    if (eot >= 0)
+        stop[(*n_stop)++] = eot;
+    fsdp_chat_free(chat);
     return st;
 }
 
@@ -300,11 +291,12 @@ int fsdp_cli_sample(int argc, char **argv)
         "assistant, stopping at the end of the turn (needs a tokenizer.json)");
     fsdp_opt_add(&l, "system", FSDP_OPT_STR, &co.system, "TEXT",
                  "with --chat: a system message first");
-    static char chat_formats[96]; /* "llama3|chatml", from data/chat.c */
+    static char chat_formats[96]; /* "template|llama3|chatml", from data/chat.c */
     fsdp_opt_add(
         &l, "chat-format", FSDP_OPT_STR, &co.format,
         fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
-        "with --chat: the format (default: the one whose special tokens the tokenizer has)");
+        "with --chat: the format (default: the chat_template beside the tokenizer, else the "
+        "built-in format its special tokens fit)");
     fsdp_opt_add(&l, "tokens", FSDP_OPT_INT, &n_tokens, "N",
                  "most tokens to generate (default 64)");
     fsdp_opt_add(&l, "temperature", FSDP_OPT_FLOAT, &temperature, "X",

@@ -48,8 +48,9 @@ int fsdp_cli_tokenize(int argc, char **argv)
     const fsdp_chat_format *formats = fsdp_chat_formats(&n_formats);
     char chat_help[512];
     int k = snprintf(chat_help, sizeof chat_help,
-                     "messages rows: the chat format (default: the one whose special tokens the "
-                     "tokenizer has):");
+                     "messages rows: %s = the chat_template beside the tokenizer (the default "
+                     "when there is one; else the built-in format whose special tokens the "
+                     "tokenizer has):", FSDP_CHAT_TEMPLATE);
     for (int i = 0; i < n_formats && k < (int)sizeof chat_help; i++)
         k += snprintf(chat_help + k, sizeof chat_help - (size_t)k, "%s %s = %s", i ? ";" : "",
                       formats[i].name, formats[i].help);
@@ -73,11 +74,12 @@ int fsdp_cli_tokenize(int argc, char **argv)
     int n_pos = 0;
     int rc = fsdp_args_parse("tokenize",
                              "IN OUT.bin --tokenizer tokenizer.json [options]\n\n"
-                             "Each document (the text file, or a jsonl row) is preceded by the "
-                             "tokenizer's BOS, or its\nend-of-text token when it has no BOS; "
+                             "Each document (the text file, or a {\"text\"} row) is preceded by "
+                             "the tokenizer's BOS, or its\nend-of-text token when it has no BOS; "
                              "special tokens written in the text stay text.\nPrompt/completion "
-                             "and messages rows are written whole: shards keep no loss masks\n"
-                             "(train on the .jsonl itself for loss on completions only).",
+                             "and messages rows are written as training renders them: shards "
+                             "keep\nno loss masks (train on the .jsonl itself for loss on "
+                             "completions only).",
                              opts, (int)(sizeof opts / sizeof opts[0]), argc, argv, pos, 2, &n_pos);
     if (rc != FSDP_ARGS_OK)
         return rc;
@@ -106,5 +108,10 @@ int fsdp_cli_tokenize(int argc, char **argv)
                (double)res.bytes / 1e6, res.n_shards, res.n_shards == 1 ? "" : "s",
                shard_tokens ? "OUT_NNNNNN.bin" : o.out, sec,
                sec > 0 ? (double)res.bytes / 1e6 / sec : 0.0);
+    if (!p.quiet && res.chat[0])
+        printf("chat: %s\n", res.chat);
+    if (!p.quiet && res.special_text)
+        printf("%llu special-token strings in the text were kept as text\n",
+               (unsigned long long)res.special_text);
     return fflush(stdout) == 0 ? 0 : 1;
 }

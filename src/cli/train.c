@@ -101,11 +101,11 @@ int fsdp_cli_train(int argc, char **argv)
     int on_nonfinite = 0;
     fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
                  "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
-    static char chat_formats[96]; /* "llama3|chatml", from data/chat.c */
+    static char chat_formats[96]; /* "template|llama3|chatml", from data/chat.c */
     fsdp_opt_add(&l, "chat-format", FSDP_OPT_STR, &c->chat_format,
                  fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
-                 "how {\"messages\"} rows are rendered (default: from the tokenizer's special "
-                 "tokens)");
+                 "how {\"messages\"} rows are rendered (default: the chat_template beside the "
+                 "tokenizer, else the built-in format its special tokens fit)");
     fsdp_opt_add_int(&l, "steps", &c->steps, 1, MAX_STEPS, "S", "optimizer steps (default 600)");
     fsdp_opt_add_float(&l, "lr", &c->lr, 0.0, true, 10.0, "X",
                        "peak learning rate, in (0, 10] (default 3e-3)");

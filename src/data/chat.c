@@ -1,5 +1,7 @@
 /*
- * chat.c - the chat-format table and the renderer (chat.h).
+ * chat.c - the chat-format table, the built-in renderer, and fsdp_chat, which
+ * runs either a built-in format or the model's own template (chat_template.c)
+ * (chat.h).
  *
  * llama3: Llama 3's instruct template without the optional default system
  * prompt (Llama 3.1's "Cutting Knowledge Date" block is not added):
@@ -15,6 +17,7 @@
 
 #include "core/error.h"
 #include "data/chat.h"
+#include "data/chat_template.h"
 
 static const fsdp_chat_format FORMATS[] = {
     {
@@ -52,11 +55,9 @@ const fsdp_chat_format *fsdp_chat_formats(int *n)
 
 const char *fsdp_chat_format_names(char *buf, size_t n, const char *sep)
 {
-    size_t at = 0;
-    if (n)
-        buf[0] = '\0';
+    size_t at = n ? (size_t)snprintf(buf, n, "%s", FSDP_CHAT_TEMPLATE) : 0;
     for (int i = 0; i < N_FORMATS && at < n; i++)
-        at += (size_t)snprintf(buf + at, n - at, "%s%s", i ? sep : "", FORMATS[i].name);
+        at += (size_t)snprintf(buf + at, n - at, "%s%s", sep, FORMATS[i].name);
     return buf;
 }
 
@@ -181,4 +182,120 @@ fsdp_status fsdp_chat_render(fsdp_hftok *t, const fsdp_chat_format *f, const fsd
         FSDP_TRY(put(t, f->sep, strlen(f->sep), 0, 0, ids, trained));
     }
     return FSDP_STATUS_OK;
+}
+
+/* ---- renderers -------------------------------------------------------------------------- */
+
+struct fsdp_chat {
+    const fsdp_chat_format *format;   /* a built-in, or NULL */
+    fsdp_chat_tpl *tpl;               /* the template, or NULL */
+    char desc[160];
+};
+
+fsdp_status fsdp_chat_check_name(const char *name)
+{
+    if (!strcmp(name, FSDP_CHAT_TEMPLATE) || fsdp_chat_format_find(name))
+        return FSDP_STATUS_OK;
+    char names[128];
+    return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "unknown chat format '%s' (known: %s)",
+                          name, fsdp_chat_format_names(names, sizeof names, ", "));
+}
+
+fsdp_status fsdp_chat_open(fsdp_chat **out, const fsdp_hftok *t, const fsdp_chat_opts *o)
+{
+    *out = NULL;
+    const char *name = o->format;
+    if (name)
+        FSDP_TRY(fsdp_chat_check_name(name));
+    fsdp_chat *c = calloc(1, sizeof *c);
+    if (!c)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    fsdp_status st = FSDP_STATUS_OK;
+    bool want_tpl = !name || !strcmp(name, FSDP_CHAT_TEMPLATE);
+    if (want_tpl && o->tokenizer)
+        st = fsdp_chat_tpl_load(&c->tpl, o->tokenizer, o->year, o->month, o->day);
+    if (st == FSDP_STATUS_OK && name && want_tpl && !c->tpl)
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--chat-format %s: there is no "
+                            "chat_template.jinja, nor a \"chat_template\" in "
+                            "tokenizer_config.json, beside tokenizer '%s'", FSDP_CHAT_TEMPLATE,
+                            o->tokenizer ? o->tokenizer : "(none)");
+    if (st == FSDP_STATUS_OK && !c->tpl) {
+        c->format = name ? fsdp_chat_format_find(name) : fsdp_chat_format_for(t);
+        if (c->format && name)
+            st = fsdp_chat_format_check(c->format, t, o->tokenizer ? o->tokenizer : "?");
+        snprintf(c->desc, sizeof c->desc, "built-in chat format %s%s",
+                 c->format ? c->format->name : "?",
+                 name ? "" : " (no chat_template beside the tokenizer)");
+    }
+    if (st != FSDP_STATUS_OK || (!c->tpl && !c->format)) {
+        fsdp_chat_free(c);
+        return st;
+    }
+    *out = c;
+    return FSDP_STATUS_OK;
+}
+
+void fsdp_chat_free(fsdp_chat *c)
+{
+    if (!c)
+        return;
+    fsdp_chat_tpl_free(c->tpl);
+    free(c);
+}
+
+const char *fsdp_chat_describe(const fsdp_chat *c)
+{
+    return c->tpl ? fsdp_chat_tpl_describe(c->tpl) : c->desc;
+}
+
+const fsdp_chat_format *fsdp_chat_builtin(const fsdp_chat *c)
+{
+    return c->format;
+}
+
+fsdp_status fsdp_chat_count_special(fsdp_hftok *t, const char *text, size_t n,
+                                    uint64_t *count)
+{
+    size_t from = 0, b, e;
+    int id;
+    while (from < n) {
+        FSDP_TRY(fsdp_hftok_next_special(t, text, n, from, &b, &e, &id));
+        if (id < 0)
+            break;
+        (*count)++;
+        from = e;
+    }
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_chat_encode(const fsdp_chat *c, fsdp_hftok *t, const fsdp_chat_msg *msgs,
+                             int n, bool add_generation_prompt, fsdp_ids *ids,
+                             fsdp_flags *trained, uint64_t *n_special)
+{
+    if (c->tpl)
+        return fsdp_chat_tpl_encode(c->tpl, t, msgs, n, add_generation_prompt, ids, trained,
+                                    n_special);
+    const fsdp_chat_format *f = c->format;
+    FSDP_TRY(fsdp_chat_render(t, f, msgs, n, ids, trained));
+    for (int i = 0; i < n && n_special; i++)
+        FSDP_TRY(fsdp_chat_count_special(t, msgs[i].content, msgs[i].len, n_special));
+    if (!add_generation_prompt)
+        return FSDP_STATUS_OK;
+    char header[160];
+    int hn = snprintf(header, sizeof header, f->header, "assistant");
+    return put(t, header, (size_t)hn, 0, 0, ids, trained);
+}
+
+int fsdp_chat_end_of_turn(const fsdp_chat *c, fsdp_hftok *t)
+{
+    if (c->tpl)
+        return fsdp_chat_tpl_end_of_turn(c->tpl, t);
+    int *enc = NULL;
+    size_t k = 0;
+    int id = -1;
+    if (fsdp_hftok_encode(t, c->format->close, strlen(c->format->close), 0, &enc, &k) ==
+            FSDP_STATUS_OK && k >= 1)
+        id = enc[0];
+    free(enc);
+    return id;
 }

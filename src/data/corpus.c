@@ -99,18 +99,10 @@ static fsdp_status corpus_open(fsdp_data *d, const fsdp_data_opts *o, corpus *c,
                                fsdp_text_file *file)
 {
     const char *path = o->spec;
-    if (o->chat_format) {
-        if (!(c->ctx.chat = fsdp_chat_format_find(o->chat_format))) {
-            int n;
-            const fsdp_chat_format *f = fsdp_chat_formats(&n);
-            char names[128] = "";
-            for (int i = 0; i < n; i++)
-                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
-                         i ? ", " : "", f[i].name);
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "unknown chat format '%s' (known: %s)",
-                                  o->chat_format, names);
-        }
-        FSDP_TRY(fsdp_chat_format_check(c->ctx.chat, c->ctx.tok, o->tokenizer));
+    c->ctx.chat_format = o->chat_format;
+    if (o->chat_format) { /* a named format is checked now, the default at the first chat row */
+        fsdp_chat_opts co = {.format = o->chat_format, .tokenizer = o->tokenizer};
+        FSDP_TRY(fsdp_chat_open(&c->ctx.chat, c->ctx.tok, &co));
     }
     int bos = fsdp_hftok_bos(c->ctx.tok);
     c->doc_start = bos >= 0 ? bos : fsdp_hftok_eot(c->ctx.tok);
@@ -130,6 +122,9 @@ static fsdp_status corpus_open(fsdp_data *d, const fsdp_data_opts *o, corpus *c,
     }
     int max = 0;
     FSDP_TRY(check_ids(c, path, o->vocab_size, &max));
+    d->n_special_text = c->ctx.n_special;
+    if (c->ctx.chat && c->examples)
+        snprintf(d->chat, sizeof d->chat, "%s", fsdp_chat_describe(c->ctx.chat));
     if (!c->examples) {
         d->kind = FSDP_DATA_TOKENS;
         FSDP_TRY(fsdp_data_files_adopt(d, path, c->ids.p, c->ids.n));
@@ -151,9 +146,9 @@ static fsdp_status corpus_open(fsdp_data *d, const fsdp_data_opts *o, corpus *c,
     d->kind = FSDP_DATA_EXAMPLES;
     d->n_tokens = ex->start[ex->n];
     d->vocab = (max > ex->pad ? max : ex->pad) + 1;
-    FSDP_INFO(FSDP_SUB_DATA, "data: '%s': %llu examples, %llu tokens (tokenizer %s, chat "
-              "format %s)", path, (unsigned long long)ex->n, (unsigned long long)d->n_tokens,
-              o->tokenizer, c->ctx.chat ? c->ctx.chat->name : "none");
+    FSDP_INFO(FSDP_SUB_DATA, "data: '%s': %llu examples, %llu tokens (tokenizer %s, %s)", path,
+              (unsigned long long)ex->n, (unsigned long long)d->n_tokens, o->tokenizer,
+              d->chat[0] ? d->chat : "no chat rows");
     return FSDP_STATUS_OK;
 }
 
@@ -166,10 +161,21 @@ fsdp_status fsdp_data_corpus_open(fsdp_data *d, const fsdp_data_opts *o)
         st = corpus_open(d, o, &c, &file);
     fsdp_text_file_unmap(&file);
     fsdp_hftok_free(c.ctx.tok);
+    fsdp_chat_free(c.ctx.chat);
     fsdp_ids_free(&c.ids);
     fsdp_flags_free(&c.trained);
     fsdp_ids_free(&c.row_ids);
     fsdp_flags_free(&c.row_flags);
     free(c.start);
     return st;
+}
+
+const char *fsdp_data_chat(const fsdp_data *d)
+{
+    return d->chat;
+}
+
+uint64_t fsdp_data_special_text(const fsdp_data *d)
+{
+    return d->n_special_text;
 }

@@ -48,8 +48,9 @@ typedef struct fsdp_data_opts {
     const char *tokenizer;    /* tokenizer.json: .txt and .jsonl are tokenized with it
                                * (NULL: .txt is bytes, .jsonl is refused); with shards it
                                * bounds their tokens by its vocabulary */
-    const char *chat_format;  /* messages rows (chat.h); NULL: the first format whose
-                               * special tokens the tokenizer has */
+    const char *chat_format;  /* messages rows (chat.h): a built-in name or "template";
+                               * NULL: the chat template beside the tokenizer, else the
+                               * built-in format whose special tokens it has */
 } fsdp_data_opts;
 
 /* fsdp_data_open with a tokenizer and chat format. Bad rows are FORMAT
@@ -63,6 +64,15 @@ void fsdp_data_close(fsdp_data *d);
 int fsdp_data_vocab(const fsdp_data *d);
 /* Total tokens available (0 for the synthetic task: unbounded). */
 uint64_t fsdp_data_n_tokens(const fsdp_data *d);
+
+/* How {"messages"} rows were rendered, for the run header ("chat template of
+ * DIR/tokenizer_config.json", "built-in chat format llama3 ..."), or "" when the
+ * source has no such rows; corpus.c. */
+const char *fsdp_data_chat(const fsdp_data *d);
+
+/* Special-token strings (the tokenizer's, e.g. "<|eot_id|>") found in the text of
+ * .jsonl rows and kept as text; 0 for other sources. */
+uint64_t fsdp_data_special_text(const fsdp_data *d);
 
 /* True when targets can be -1 (example rows: loss on completions and
  * assistant turns only). */

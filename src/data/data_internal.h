@@ -57,6 +57,8 @@ struct fsdp_data {
     fsdp_data_file *files;  /* sorted by path; files[i].first ascending */
     uint64_t n_tokens;      /* sum over files or examples; 0 for the synthetic task */
     fsdp_examples ex;       /* FSDP_DATA_EXAMPLES */
+    char chat[320];         /* how chat rows were rendered (fsdp_data_chat), or "" */
+    uint64_t n_special_text; /* special-token strings kept as text (tokenized sources) */
 };
 
 /* Map and validate the files of `spec` (a path or a glob of token shards, or

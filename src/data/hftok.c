@@ -319,6 +319,29 @@ fsdp_status fsdp_hftok_encode(fsdp_hftok *t, const char *text, size_t len, unsig
     return FSDP_STATUS_OK;
 }
 
+fsdp_status fsdp_hftok_next_special(fsdp_hftok *t, const char *text, size_t len, size_t from,
+                                    size_t *begin, size_t *end, int *id)
+{
+    const uint8_t *s = (const uint8_t *)text;
+    size_t a, b;
+    bool found;
+    *id = -1;
+    while (t->added_re[0] && from < len) {
+        FSDP_TRY(find(t, t->added_re[0], t->added_md, s, len, from, &a, &b, &found));
+        if (!found)
+            break;
+        int which = atoi((const char *)pcre2_get_mark(t->added_md));
+        if (t->added[which].special) {
+            *begin = a;
+            *end = b;
+            *id = t->added[which].id;
+            break;
+        }
+        from = b;
+    }
+    return FSDP_STATUS_OK;
+}
+
 /* ---- decoding and lookups ------------------------------------------------------------------ */
 
 const uint8_t *fsdp_hftok_token_bytes(const fsdp_hftok *t, int id, size_t *len)

@@ -88,6 +88,15 @@ fsdp_status fsdp_hftok_encode_stream(fsdp_hftok *t, const char *text, size_t len
 fsdp_status fsdp_hftok_encode(fsdp_hftok *t, const char *text, size_t len, unsigned flags,
                               int **ids, size_t *n_ids);
 
+/* The first special added token in text[from..len) as encoding without
+ * FSDP_HFTOK_SPLIT_SPECIAL finds it (leftmost, then longest): its id and
+ * text[*begin, *end), or *id = -1 when there is none. For the chat
+ * renderer (which matches special tokens in template text only) and for
+ * counting special-token strings left as text. Uses t's scratch: one
+ * thread at a time. */
+fsdp_status fsdp_hftok_next_special(fsdp_hftok *t, const char *text, size_t len, size_t from,
+                                    size_t *begin, size_t *end, int *id);
+
 /* Bytes of token `id` as the ByteLevel decoder gives them (not
  * NUL-terminated), or NULL if no token has that id. */
 const uint8_t *fsdp_hftok_token_bytes(const fsdp_hftok *t, int id, size_t *len);

@@ -50,6 +50,7 @@ static fsdp_status encode_into(fsdp_row_ctx *c, const fsdp_json *s, uint8_t trai
 {
     int *enc = NULL;
     size_t k = 0;
+    FSDP_TRY(fsdp_chat_count_special(c->tok, s->str, s->len, &c->n_special));
     FSDP_TRY(fsdp_hftok_encode(c->tok, s->str, s->len, FSDP_HFTOK_SPLIT_SPECIAL, &enc, &k));
     fsdp_status st = fsdp_ids_append(ids, enc, k);
     if (st == FSDP_STATUS_OK)
@@ -98,10 +99,15 @@ static fsdp_status render_chat(fsdp_row_ctx *c, uint64_t line, const fsdp_json *
         return row_err(c, line, "\"messages\" is empty");
     if (msgs->n > MAX_MESSAGES)
         return row_err(c, line, "%zu messages, more than %d", msgs->n, MAX_MESSAGES);
-    if (!c->chat && !(c->chat = fsdp_chat_format_for(c->tok)))
+    if (!c->chat) {
+        fsdp_chat_opts o = {.format = c->chat_format, .tokenizer = c->tok_label};
+        FSDP_TRY(fsdp_chat_open(&c->chat, c->tok, &o));
+    }
+    if (!c->chat)
         return row_err(c, line, "a messages row needs a chat format, and tokenizer '%s' has "
-                                "the special tokens of none; pass --chat-format NAME",
-                       c->tok_label);
+                                "no chat template beside it and the special tokens of no "
+                                "built-in format; pass --chat-format NAME", c->tok_label);
+    const fsdp_chat_format *f = fsdp_chat_builtin(c->chat); /* NULL: the template decides */
     fsdp_chat_msg *m = malloc(msgs->n * sizeof *m);
     if (!m)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'", c->path);
@@ -124,13 +130,13 @@ static fsdp_status render_chat(fsdp_row_ctx *c, uint64_t line, const fsdp_json *
             st = row_err(c, line, "%smissing \"%s\"", where, role ? "content" : "role");
             goto out;
         }
-        if (fsdp_chat_role(c->chat, role->str) < 0) {
+        if (f && fsdp_chat_role(f, role->str) < 0) {
             char roles[128] = "";
-            for (int k = 0; k < FSDP_CHAT_MAX_ROLES && c->chat->roles[k]; k++)
+            for (int k = 0; k < FSDP_CHAT_MAX_ROLES && f->roles[k]; k++)
                 snprintf(roles + strlen(roles), sizeof roles - strlen(roles), "%s%s",
-                         k ? ", " : "", c->chat->roles[k]);
+                         k ? ", " : "", f->roles[k]);
             st = row_err(c, line, "%srole '%.40s' is not one of %s (chat format %s)", where,
-                         role->str, roles, c->chat->name);
+                         role->str, roles, f->name);
             goto out;
         }
         if (!strcmp(role->str, "assistant")) {
@@ -146,7 +152,11 @@ static fsdp_status render_chat(fsdp_row_ctx *c, uint64_t line, const fsdp_json *
         st = row_err(c, line, "no \"assistant\" message: there is nothing to train on");
         goto out;
     }
-    st = fsdp_chat_render(c->tok, c->chat, m, (int)msgs->n, ids, trained);
+    st = fsdp_chat_encode(c->chat, c->tok, m, (int)msgs->n, false, ids, trained, &c->n_special);
+    if (st != FSDP_STATUS_OK && st != FSDP_STATUS_OOM) {
+        fsdp_error_prefix("'%s' line %llu", c->path, (unsigned long long)line);
+        st = st == FSDP_STATUS_UNSUPPORTED ? st : FSDP_STATUS_FORMAT;
+    }
 out:
     free(m);
     return st;

@@ -10,8 +10,8 @@
  * Other keys are ignored. A bad row is an error naming the file and the
  * line: not JSON, not an object, no known key (or two kinds at once), a
  * key of the wrong type, an empty text or completion, a conversation with
- * no messages or no assistant message, a role the chat format does not
- * know.
+ * no messages or no assistant message, a role the built-in chat format
+ * does not know, a conversation the chat template refuses.
  */
 #ifndef FSDP_DATA_JSONL_H
 #define FSDP_DATA_JSONL_H
@@ -32,9 +32,12 @@ typedef enum fsdp_row_kind {
 typedef struct fsdp_row_ctx {
     fsdp_hftok *tok;
     const char *tok_label;          /* the tokenizer's file, for messages */
-    const fsdp_chat_format *chat;   /* messages rows; NULL: picked from the tokenizer at the
-                                     * first such row (fsdp_chat_format_for) */
+    const char *chat_format;        /* messages rows: --chat-format (chat.h), or NULL */
+    fsdp_chat *chat;                /* the renderer: opened at the first messages row unless
+                                     * the caller did; the caller frees it (fsdp_chat_free) */
     const char *path;               /* the data file, for messages */
+    uint64_t n_special;             /* special-token strings met in the rows' text (kept as
+                                     * text), counted by fsdp_row_render */
 } fsdp_row_ctx;
 
 /* Render one line (line_no counts from 1) into tokens:
@@ -42,8 +45,9 @@ typedef struct fsdp_row_ctx {
  *   prompt:      [BOS] prompt completion EOT, the completion and EOT trained
  *                (BOS when the tokenizer's post-processor adds one; EOT is
  *                fsdp_hftok_eot, required);
- *   chat:        the conversation in c->chat (chat.h).
- * Contents are encoded with special tokens left as text. Appends to ids
+ *   chat:        the conversation rendered by c->chat (chat.h).
+ * Contents are encoded with special tokens left as text (counted in
+ * c->n_special). Appends to ids
  * and, one flag per token, to trained. *kind says which row it was. */
 fsdp_status fsdp_row_render(fsdp_row_ctx *c, const char *line, size_t len, uint64_t line_no,
                             fsdp_row_kind *kind, fsdp_ids *ids, fsdp_flags *trained);

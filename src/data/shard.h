@@ -63,13 +63,16 @@ typedef struct fsdp_tokenize_result {
     size_t bytes;              /* of IN */
     int n_shards;
     int token_bytes;           /* 2 or 4 */
+    uint64_t special_text;     /* special-token strings in rows' text, kept as text */
+    char chat[320];            /* how messages rows were rendered (chat.h), or "" */
 } fsdp_tokenize_result;
 
 /* Tokenize IN into llm.c shards: each document (the whole text file, or a
- * row: {"text"}, prompt/completion or messages rendered as for training,
- * without masks since shards have none) preceded by the tokenizer's
- * document token (data.h) unless it begins with it; special tokens in the
- * text stay text. Outputs appear only when complete: on failure none of
+ * {"text"} row) preceded by the tokenizer's document token (data.h) unless
+ * it begins with it; prompt/completion and messages rows exactly as
+ * training renders them (the same tokens, without masks since shards have
+ * none: a chat template's own BOS, if it writes one, and nothing added);
+ * special tokens in the text stay text. Outputs appear only when complete: on failure none of
  * this call's files remain. */
 fsdp_status fsdp_tokenize_file(const fsdp_tokenize_opts *o, fsdp_tokenize_result *res);
 

@@ -116,7 +116,10 @@ static fsdp_status row(void *arg, const char *line, size_t len, uint64_t line_no
     fsdp_row_kind kind;
     j->row_ids.n = j->row_flags.n = 0;
     FSDP_TRY(fsdp_row_render(&j->ctx, line, len, line_no, &kind, &j->row_ids, &j->row_flags));
-    if (j->doc_start >= 0 && (j->row_ids.n == 0 || j->row_ids.p[0] != j->doc_start))
+    /* documents get the separator a stream has (data.h); examples are written as training
+     * renders them (corpus.c), nothing added */
+    if (kind == FSDP_ROW_TEXT && j->doc_start >= 0 &&
+        (j->row_ids.n == 0 || j->row_ids.p[0] != j->doc_start))
         FSDP_TRY(emit(j, &j->doc_start, 1));
     FSDP_TRY(emit(j, j->row_ids.p, j->row_ids.n));
     j->res->documents++;
@@ -139,11 +142,10 @@ static fsdp_status run(job *j, fsdp_text_file *in)
     else
         jsonl = ends_with(o->in, ".jsonl");
     FSDP_TRY(fsdp_hftok_open(&j->ctx.tok, o->tokenizer));
-    if (o->chat_format) {
-        if (!(j->ctx.chat = fsdp_chat_format_find(o->chat_format)))
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "unknown chat format '%s'",
-                                  o->chat_format);
-        FSDP_TRY(fsdp_chat_format_check(j->ctx.chat, j->ctx.tok, o->tokenizer));
+    j->ctx.chat_format = o->chat_format;
+    if (o->chat_format) { /* as training opens it (corpus.c) */
+        fsdp_chat_opts co = {.format = o->chat_format, .tokenizer = o->tokenizer};
+        FSDP_TRY(fsdp_chat_open(&j->ctx.chat, j->ctx.tok, &co));
     }
     j->vocab = fsdp_hftok_vocab(j->ctx.tok);
     j->res->token_bytes = j->vocab <= 65536 ? 2 : 4;
@@ -166,6 +168,9 @@ static fsdp_status run(job *j, fsdp_text_file *in)
     }
     if (j->w)
         FSDP_TRY(close_shard(j));
+    j->res->special_text = j->ctx.n_special;
+    if (j->ctx.chat)
+        snprintf(j->res->chat, sizeof j->res->chat, "%s", fsdp_chat_describe(j->ctx.chat));
     report(j, in->len);
     return FSDP_STATUS_OK;
 }
@@ -186,6 +191,7 @@ fsdp_status fsdp_tokenize_file(const fsdp_tokenize_opts *o, fsdp_tokenize_result
     free(j.paths);
     fsdp_text_file_unmap(&in);
     fsdp_hftok_free(j.ctx.tok);
+    fsdp_chat_free(j.ctx.chat);
     fsdp_ids_free(&j.row_ids);
     fsdp_flags_free(&j.row_flags);
     return st;

@@ -469,6 +469,11 @@ static fsdp_status data_open(struct trainer *t, const fsdp_engine_config *ec)
     FSDP_TRY(fsdp_data_open_opts(&t->data, &dopt));
     if (fsdp_data_masked(t->data) && t->out)
         report_masked(t, ec);
+    if (t->out && fsdp_data_chat(t->data)[0])
+        fprintf(t->out, "chat: %s\n", fsdp_data_chat(t->data));
+    if (t->out && fsdp_data_special_text(t->data))
+        fprintf(t->out, "data: %llu special-token strings in the text were kept as text\n",
+                (unsigned long long)fsdp_data_special_text(t->data));
     int dv = fsdp_data_vocab(t->data);
     if (dv > t->model.vocab_size)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
