@@ -242,3 +242,27 @@ fsdp_status fsdp_block_cache_trim(fsdp_block_cache *c)
     size_t back = 0;
     return give_back(c, false, &back);
 }
+
+fsdp_status fsdp_block_cache_dev_alloc(fsdp_block_cache *c, size_t *reserved_bytes, size_t bytes,
+                                       void **out)
+{
+    fsdp_status st = fsdp_block_cache_alloc(c, bytes, true, out);
+    *reserved_bytes = fsdp_block_cache_reserved(c);
+    return st;
+}
+
+void fsdp_block_cache_dev_free(fsdp_block_cache *c, size_t *reserved_bytes, void *p)
+{
+    /* A fence that cannot be recorded (a sticky error) retires the block;
+     * the error is left on the thread for the next check to find. */
+    fsdp_block_cache_free(c, p);
+    *reserved_bytes = fsdp_block_cache_reserved(c);
+}
+
+fsdp_status fsdp_block_cache_dev_reserve(fsdp_block_cache *c, size_t *reserved_bytes,
+                                         size_t bytes, size_t n)
+{
+    fsdp_status st = fsdp_block_cache_reserve(c, bytes, n);
+    *reserved_bytes = fsdp_block_cache_reserved(c);
+    return st;
+}

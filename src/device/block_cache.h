@@ -128,6 +128,15 @@ static inline size_t fsdp_block_cache_reserved(const fsdp_block_cache *c)
     return c->held_bytes - c->counted_bytes;
 }
 
+/* The alloc, free and reserve of a device whose memory is this cache (cuda,
+ * async cpu): the counted calls above, each then storing the cache's
+ * reserved bytes in *reserved_bytes (the device's mem.reserved_bytes). */
+fsdp_status fsdp_block_cache_dev_alloc(fsdp_block_cache *c, size_t *reserved_bytes, size_t bytes,
+                                       void **out);
+void fsdp_block_cache_dev_free(fsdp_block_cache *c, size_t *reserved_bytes, void *p);
+fsdp_status fsdp_block_cache_dev_reserve(fsdp_block_cache *c, size_t *reserved_bytes,
+                                         size_t bytes, size_t n);
+
 #ifdef __cplusplus
 }
 #endif

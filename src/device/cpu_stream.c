@@ -474,29 +474,19 @@ static const fsdp_block_cache_i cpu_cache_i = {
     .fence_destroy = cache_fence_destroy,
 };
 
-static void note_reserved(fsdp_device *d)
-{
-    d->mem.reserved_bytes = fsdp_block_cache_reserved(&async_of(d)->cache);
-}
-
 static fsdp_status as_alloc(fsdp_device *d, size_t bytes, void **out)
 {
-    fsdp_status st = fsdp_block_cache_alloc(&async_of(d)->cache, bytes, true, out);
-    note_reserved(d);
-    return st;
+    return fsdp_block_cache_dev_alloc(&async_of(d)->cache, &d->mem.reserved_bytes, bytes, out);
 }
 
 static void as_free(fsdp_device *d, void *p)
 {
-    fsdp_block_cache_free(&async_of(d)->cache, p);
-    note_reserved(d);
+    fsdp_block_cache_dev_free(&async_of(d)->cache, &d->mem.reserved_bytes, p);
 }
 
 static fsdp_status as_reserve(fsdp_device *d, size_t bytes, size_t n)
 {
-    fsdp_status st = fsdp_block_cache_reserve(&async_of(d)->cache, bytes, n);
-    note_reserved(d);
-    return st;
+    return fsdp_block_cache_dev_reserve(&async_of(d)->cache, &d->mem.reserved_bytes, bytes, n);
 }
 
 static fsdp_status as_host_alloc(fsdp_device *d, size_t bytes, void **out)

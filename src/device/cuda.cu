@@ -259,24 +259,18 @@ static void cuda_note_reserved(fsdp_device *d)
 
 static fsdp_status cuda_alloc(fsdp_device *d, size_t bytes, void **out)
 {
-    fsdp_status st = fsdp_block_cache_alloc(&cuda_dev_of(d)->cache, bytes, true, out);
-    cuda_note_reserved(d);
-    return st;
+    return fsdp_block_cache_dev_alloc(&cuda_dev_of(d)->cache, &d->mem.reserved_bytes, bytes, out);
 }
 
 static void cuda_free(fsdp_device *d, void *p)
 {
-    /* A fence that cannot be recorded (a sticky error) retires the block;
-     * the error is left on the thread for the next check to find. */
-    fsdp_block_cache_free(&cuda_dev_of(d)->cache, p);
-    cuda_note_reserved(d);
+    fsdp_block_cache_dev_free(&cuda_dev_of(d)->cache, &d->mem.reserved_bytes, p);
 }
 
 static fsdp_status cuda_reserve(fsdp_device *d, size_t bytes, size_t n)
 {
-    fsdp_status st = fsdp_block_cache_reserve(&cuda_dev_of(d)->cache, bytes, n);
-    cuda_note_reserved(d);
-    return st;
+    return fsdp_block_cache_dev_reserve(&cuda_dev_of(d)->cache, &d->mem.reserved_bytes, bytes,
+                                        n);
 }
 
 extern "C" fsdp_status fsdp_cuda_device_alloc_own(fsdp_device *d, size_t bytes, const char *what,
