@@ -104,6 +104,7 @@ START_TEST(test_help_lists_every_flag)
         "--steps", "--lr", "--warmup", "--wd", "--clip", "--shard", "--precision", "--offload",
         "--prefetch", "--comm", "--deterministic", "--device-mem", "--ckpt-dir", "--ckpt-every",
         "--resume", "--log", "--trace", "--seed", "--on-nonfinite", "--allow-batch-change",
+        "--tensorboard",
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(flags); i++)
         ck_assert_msg(strstr(buf, flags[i]), "train --help does not document %s", flags[i]);
