@@ -4,10 +4,15 @@
  * tensorboard's own RecordWriter; the writer; a trainer run and its resume
  * through the sink, read back here and, when the tensorboard package is
  * installed, by TensorBoard's EventAccumulator through
- * tools/check_tensorboard.py).
+ * tools/check_tensorboard.py), and `fsdp plot`'s panels, log scale and
+ * resume marks.
+ *
+ * The earlier plot tests (a real run's chart, bad inputs, the command's
+ * exit codes) are in test_plan; hostile metrics files in test_hostile.
  */
 #include <check.h>
 #include <dirent.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +21,7 @@
 
 #include "core/crc32c.h"
 #include "file_util.h"
+#include "report/plot.h"
 #include "report/tensorboard.h"
 #include "testutil.h"
 #include "train_util.h"
@@ -355,12 +361,152 @@ START_TEST(test_train_write_fails)
 }
 END_TEST
 
+/* ---- fsdp plot: panels, log scale, resumes -------------------------------------------- */
+
+/* Occurrences of needle in s. */
+static int count(const char *s, const char *needle)
+{
+    int k = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
+        k++;
+    return k;
+}
+
+/* s drawn through the command (fsdp plot IN OUT extra), the SVG returned. */
+static char *plot(const char *metrics, const char *extra, const char *expect)
+{
+    char in[512], svg[512], out[4096];
+    fsdp_test_path(in, sizeof in, "m.jsonl");
+    fsdp_test_path(svg, sizeof svg, "m.svg");
+    fsdp_test_write_file(in, metrics);
+    int rc = fsdp_test_cli(out, sizeof out, "plot %s %s %s", in, svg, extra);
+    REQUIRE(rc == 0 && strstr(out, expect), "fsdp plot %s: exit %d:\n%s", extra, rc, out);
+    return fsdp_test_read_file(svg, NULL);
+}
+
+/* A run of 4 steps, resumed from step 2 with 3 more (each with lr and
+ * grad_norm; eval_loss at steps 2 and 4, then 3 and 5). */
+static const char resumed_log[] =
+    "{\"step\":1,\"loss\":4,\"lr\":0.001,\"grad_norm\":2,\"tokens_per_s\":10,\"peak_bytes\":[5]}\n"
+    "{\"step\":2,\"loss\":3,\"lr\":0.002,\"grad_norm\":1.5,\"tokens_per_s\":10,\"peak_bytes\":[5],"
+    "\"eval_loss\":3.5}\n"
+    "{\"step\":3,\"loss\":2,\"lr\":0.003,\"grad_norm\":1,\"tokens_per_s\":10,\"peak_bytes\":[5]}\n"
+    "{\"step\":4,\"loss\":1,\"lr\":0.004,\"grad_norm\":1,\"tokens_per_s\":10,\"peak_bytes\":[5],"
+    "\"eval_loss\":2.5}\n"
+    "{\"step\":3,\"loss\":2.1,\"lr\":0.003,\"grad_norm\":1,\"tokens_per_s\":10,\"peak_bytes\":[5],"
+    "\"eval_loss\":2.7,\"resumed_from\":2}\n"
+    "{\"step\":4,\"loss\":1.1,\"lr\":0.004,\"grad_norm\":1,\"tokens_per_s\":10,"
+    "\"peak_bytes\":[5]}\n"
+    "{\"step\":5,\"loss\":0.5,\"lr\":0.005,\"grad_norm\":0.5,\"tokens_per_s\":10,"
+    "\"peak_bytes\":[5],\"eval_loss\":2.4}\n";
+
+START_TEST(test_plot_panels_and_resume)
+{
+    char *svg = plot(resumed_log, "", "7 step(s), 1 device(s), 1 resume(s) marked");
+    static const char *const titles[] = {">training loss<", ">learning rate<",
+                                         ">gradient norm (before clipping)<", ">held-out loss<",
+                                         ">throughput<", ">peak device memory, per device<"};
+    for (size_t k = 0; k < FSDP_TEST_LEN(titles); k++)
+        ck_assert_msg(strstr(svg, titles[k]), "no panel %s", titles[k]);
+    /* the resume: a dashed line in each of the six panels, labelled once; the steps are 1..5,
+     * the two lines a resume ran again are counted apart */
+    ck_assert_int_eq(count(svg, "stroke-dasharray=\"5,3\""), 6);
+    ck_assert_int_eq(count(svg, ">resumed<"), 1);
+    ck_assert_msg(strstr(svg, "5 steps; final loss 0.5; mean 10 tokens/s after the first step; 1 "
+                              "device(s); resumed at step 3 (2 earlier line(s) of steps run "
+                              "again, in grey)"),
+                  "%.300s", strstr(svg, "step(s)") ? strstr(svg, "step(s)") - 4 : svg);
+    /* the held-out loss in its colour: steps 2, 3 (the resumed run's) and 5, joined across
+     * the lines without a value, and the legend; the stale step 4, alone, a grey dot */
+    ck_assert_int_eq(count(svg, "\"#56B4E9\""), 1 + 1);
+    ck_assert_int_eq(count(svg, "<circle"), 1);
+    ck_assert_int_eq(count(svg, "<circle cx"), count(svg, "fill=\"#CCCCCC\"/>"));
+    free(svg);
+
+    /* an older log without resumed_from: a step going back is a resume too */
+    char old[sizeof resumed_log];
+    snprintf(old, sizeof old, "%s", resumed_log);
+    char *key = strstr(old, ",\"resumed_from\":2"); /* 17 bytes */
+    memmove(key, key + 17, strlen(key + 17) + 1);
+    svg = plot(old, "", "1 resume(s) marked");
+    ck_assert_int_eq(count(svg, "stroke-dasharray=\"5,3\""), 6);
+    free(svg);
+
+    /* a log without lr, grad_norm or eval_loss: notes, not errors */
+    svg = plot("{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":2}\n", "", "2 step(s)");
+    ck_assert(strstr(svg, "no lr in this file") && strstr(svg, "no grad_norm in this file") &&
+              strstr(svg, "no eval_loss in this file"));
+    ck_assert_int_eq(count(svg, "stroke-dasharray"), 0);
+    free(svg);
+}
+END_TEST
+
+START_TEST(test_plot_log_scale)
+{
+    /* a loss falling by five orders of magnitude, one value <= 0 (a gap on a log axis) */
+    static const char losses[] = "{\"step\":1,\"loss\":2.5}\n{\"step\":2,\"loss\":0.03}\n"
+                                 "{\"step\":3,\"loss\":0}\n{\"step\":4,\"loss\":4e-4}\n"
+                                 "{\"step\":5,\"loss\":4e-5}\n";
+    char *svg = plot(losses, "--loss-scale log", "5 step(s)");
+    ck_assert(strstr(svg, ">loss (log scale)<"));
+    /* decade ticks from 1e-05 to 10 */
+    static const char *const ticks[] = {">1e-05<", ">0.0001<", ">0.001<", ">0.01<", ">0.1<",
+                                        ">1<", ">10<"};
+    for (size_t k = 0; k < FSDP_TEST_LEN(ticks); k++)
+        ck_assert_msg(strstr(svg, ticks[k]), "no tick %s", ticks[k]);
+    ck_assert(!strstr(svg, "nan") && !strstr(svg, "inf"));
+    free(svg);
+    /* linear: no such ticks */
+    svg = plot(losses, "", "5 step(s)");
+    ck_assert(strstr(svg, ">loss<") && !strstr(svg, ">1e-05<"));
+    free(svg);
+    /* within a decade: 1, 2, 5 ticks around the values */
+    svg = plot("{\"step\":1,\"loss\":2.2}\n{\"step\":2,\"loss\":4.1}\n", "--loss-scale log",
+               "2 step(s)");
+    ck_assert(strstr(svg, ">2<") && strstr(svg, ">5<"));
+    free(svg);
+    char out[1024];
+    ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "plot a.jsonl b.svg --loss-scale cubic"), 2);
+    ck_assert_msg(strstr(out, "linear or log"), "%s", out);
+}
+END_TEST
+
+START_TEST(test_plot_reader_keys)
+{
+    char p[512];
+    fsdp_test_path(p, sizeof p, "m.jsonl");
+    fsdp_metrics m;
+    fsdp_test_write_file(p, "{\"step\":1,\"loss\":3,\"lr\":null,\"grad_norm\":1e999,"
+                            "\"eval_loss\":2}\n{\"step\":2,\"loss\":2,\"resumed_from\":1}\n");
+    ck_assert_int_eq(fsdp_metrics_read(p, &m), FSDP_STATUS_OK);
+    ck_assert(isnan(m.lr[0]) && isnan(m.grad_norm[0]) && m.eval_loss[0] == 2);
+    ck_assert(isnan(m.lr[1]) && isnan(m.eval_loss[1]));
+    ck_assert(!m.resumed[0] && m.resumed[1] && m.n_resumes == 1);
+    fsdp_metrics_free(&m);
+    static const struct {
+        const char *line, *key;
+    } bad[] = {
+        {"{\"step\":1,\"loss\":3,\"lr\":\"high\"}\n", "\"lr\" must be a number or null"},
+        {"{\"step\":1,\"loss\":3,\"eval_loss\":[1]}\n", "\"eval_loss\" must be a number or null"},
+        {"{\"step\":1,\"loss\":3,\"resumed_from\":true}\n", "\"resumed_from\" must be a number"},
+    };
+    for (size_t k = 0; k < FSDP_TEST_LEN(bad); k++) {
+        fsdp_test_write_file(p, bad[k].line);
+        ck_assert_int_eq(fsdp_metrics_read(p, &m), FSDP_STATUS_FORMAT);
+        ck_assert_msg(strstr(fsdp_error_msg(), bad[k].key) && strstr(fsdp_error_msg(), "line 1"),
+                      "%s", fsdp_error_msg());
+    }
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
         {"tensorboard", 120, .tmpdir = true,
          FSDP_TESTS(test_crc32c_vectors, test_event_encoding, test_writer, test_train_resume_files,
                     test_train_tensorboard_reader, test_train_write_fails)},
+        {"plot", 60, .tmpdir = true,
+         FSDP_TESTS(test_plot_panels_and_resume, test_plot_log_scale, test_plot_reader_keys)},
     };
     return fsdp_test_main("report", tcases, FSDP_TEST_LEN(tcases));
 }
