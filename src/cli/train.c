@@ -210,7 +210,7 @@ int fsdp_cli_train(int argc, char **argv)
             printf("nothing left to do: checkpoint step %d in %s already reached --steps %d\n",
                    res.first_step, c->ckpt_dir, c->steps);
     } else if (quiet && speaks && res.steps > res.first_step) {
-        printf("final loss %.6f after %d steps", res.losses[res.steps - 1], res.steps);
+        printf("final loss %.6g after %d steps", res.losses[res.steps - 1], res.steps);
         if (res.n_skipped)
             printf(" (%d skipped)", res.n_skipped);
         if (res.accuracy >= 0)

@@ -131,7 +131,7 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
                     cfg->steps, r->lr, fsdp_fmt_bytes(pb, sizeof pb, (double)peak));
         else
             fprintf(t->out,
-                    "step %5d/%d | loss %.6f | lr %.2e | norm %.3f | %s tok/s | %.1f ms | peak %s/dev",
+                    "step %5d/%d | loss %.6g | lr %.2e | norm %.4g | %s tok/s | %.1f ms | peak %s/dev",
                     step + 1, cfg->steps, r->loss, r->lr, r->grad_norm, tk, ms,
                     fsdp_fmt_bytes(pb, sizeof pb, (double)peak));
         if (ec->offload)
