@@ -4,7 +4,8 @@
 #   make test         build and run every Check suite (the engine's again on
 #                     asynchronous cpu streams: ASYNC_SUITES, ASYNC_JITTER)
 #   make asan / tsan  the suites under AddressSanitizer+UBSan / ThreadSanitizer
-#   make run          build and run the default training job
+#   make run          build (a job per core unless -j is given) and run the
+#                     default training job
 #   make bench        build the benchmarks in build/tools/
 
 # ---- knobs -----------------------------------------------------------------
@@ -31,6 +32,8 @@ MPICC     ?= mpicc
 MPIRUN    ?= mpirun
 # INSTALL_DEPS=0: never run tools/install-deps.sh (offline machines).
 INSTALL_DEPS ?= 1
+# V=1: print every command; by default one line per build stage.
+V         ?= 0
 BUILD     ?= build
 CC        ?= cc
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
@@ -39,6 +42,25 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
 
 ifeq ($(ASAN)$(TSAN),11)
 $(error ASAN=1 and TSAN=1 cannot be combined: the sanitizers' runtimes conflict)
+endif
+
+# ---- output ----------------------------------------------------------------
+# V=0: commands are not echoed; $(call stage,NAME,what) prints one line the
+# first time a recipe of stage NAME runs. Recipes are expanded just before
+# they run, in make's own process, so only the first of a stage prints it,
+# also under -j, and only when the stage has something to do. Compiler
+# warnings and errors print as always.
+ifeq ($(V),1)
+  Q :=
+  stage =
+else
+  Q := @
+  stage = $(if $(stage_$(1)),,$(eval stage_$(1) := 1)@printf '  %-6s %s\n' '$(1)' '$(2)')
+endif
+# `make run` builds with a job per core unless -j is given (the command
+# line's -j wins over this one).
+ifneq ($(filter run,$(MAKECMDGOALS)),)
+  MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 2)
 endif
 
 # ---- toolchains and dependencies ------------------------------------------
@@ -212,30 +234,36 @@ $(BUILD)/obj/src/comm/mpi_procs.o: CFLAGS += $(MPI_CFLAGS)
 $(BUILD)/tests/test_mpi_procs $(BUILD)/tests/test_mpi_train: CFLAGS += -DFSDP_MPIRUN='"$(MPIRUN_PATH)"'
 
 $(BUILD)/obj/%.o: %.c
+	$(call stage,CC,C sources -> $(BUILD)/obj/ (V=1 prints the commands))
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu
+	$(call stage,NVCC,CUDA kernels -> $(BUILD)/obj/ (the longest stage: minutes))
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
+	$(Q)$(NVCC) $(NVFLAGS) -MMD -MP -c $< -o $@
 
 $(LIB): $(OBJ)
+	$(call stage,AR,$@)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BIN): $(CLI_OBJ) $(LIB)
-	$(CC) $(LDFLAGS) $(CLI_OBJ) $(LIB) $(LDLIBS) -o $@
+	$(call stage,LD,$@)
+	$(Q)$(CC) $(LDFLAGS) $(CLI_OBJ) $(LIB) $(LDLIBS) -o $@
 
 # Tests may run the command itself (test_cli): it is built first and its
 # path is passed in.
 $(TEST_COMMON_OBJ): CFLAGS += -DFSDP_BIN='"$(BIN)"'
 $(BUILD)/tests/%: tests/%.c $(TEST_COMMON_OBJ) $(wildcard tests/*.h) $(LIB) $(BIN)
+	$(call stage,TESTS,test suites -> $(BUILD)/tests/)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DFSDP_BIN='"$(BIN)"' $< $(TEST_COMMON_OBJ) $(LIB) $(LDFLAGS) $(TEST_LIBS) $(LDLIBS) -o $@
+	$(Q)$(CC) $(CFLAGS) -DFSDP_BIN='"$(BIN)"' $< $(TEST_COMMON_OBJ) $(LIB) $(LDFLAGS) $(TEST_LIBS) $(LDLIBS) -o $@
 
 $(BUILD)/tools/%: tools/%.c $(LIB)
+	$(call stage,TOOLS,benchmarks -> $(BUILD)/tools/)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $< $(LIB) $(LDFLAGS) $(LDLIBS) -o $@
+	$(Q)$(CC) $(CFLAGS) $< $(LIB) $(LDFLAGS) $(LDLIBS) -o $@
 
 # The suites that run a second time on asynchronous cpu streams with random
 # delays (tools/run_tests.sh --async): the engine's bit-identity matrix,
@@ -257,7 +285,8 @@ tsan:
 	 $(MAKE) --no-print-directory BUILD=build-tsan TSAN=1 CUDA=0 test
 
 run: all
-	$(BIN) train
+	$(call stage,RUN,$(BIN) train)
+	$(Q)$(BIN) train
 
 bench: all $(TOOL_BIN)
 
@@ -310,11 +339,13 @@ fuzz: fuzz-build
 	done; echo "fuzz: every target ran $(FUZZ_SECONDS) s without a failure"
 
 $(FUZZ_DIR)/obj/%.o: %.c
+	$(call stage,CC,C sources with coverage -> $(FUZZ_DIR)/obj/)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
 
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h $(FUZZ_LIB_OBJ)
+	$(call stage,FUZZ,fuzz targets -> $(FUZZ_DIR)/)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_LIB_OBJ) $(FUZZ_LIBS) -o $@
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer $< $(FUZZ_LIB_OBJ) $(FUZZ_LIBS) -o $@
 
 -include $(FUZZ_LIB_OBJ:.o=.d)

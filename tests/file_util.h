@@ -17,8 +17,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -118,6 +121,25 @@ static inline int count_lines(const char *path)
         n += ch == '\n';
     fclose(f);
     return n;
+}
+
+/* fn(arg) in a child process whose files may not grow past limit bytes (a
+ * write past it fails with EFBIG, "File too large", instead of raising
+ * SIGXFSZ): whether fn returned true. The test's own process, and Check's
+ * reporting, stay without a limit. */
+static inline bool in_child_with_file_limit(rlim_t limit, bool (*fn)(void *), void *arg)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        signal(SIGXFSZ, SIG_IGN);
+        struct rlimit rl = {.rlim_cur = limit, .rlim_max = limit};
+        setrlimit(RLIMIT_FSIZE, &rl);
+        _exit(fn(arg) ? 0 : 1);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 #endif /* FSDP_TESTS_FILE_UTIL_H */

@@ -2,12 +2,17 @@
  * test_cli.c - the fsdp command as a user runs it: exit codes (0 ok, 1
  * runtime error, 2 usage error), messages, --help read from the same name
  * tables as the parser, transports that do not fit the backend, the
- * metrics file. Runs the built binary (FSDP_BIN, set by the Makefile).
+ * metrics file; and first contact: a quiet build (one line per stage) and
+ * `make run` in parallel, the progress line's digits, the demo's samples.
+ * Runs the built binary (FSDP_BIN, set by the Makefile).
  */
 #include <check.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "comm/transport.h"
 #include "testutil.h"
@@ -104,6 +109,7 @@ START_TEST(test_help_lists_every_flag)
         "--steps", "--lr", "--warmup", "--wd", "--clip", "--shard", "--precision", "--offload",
         "--prefetch", "--comm", "--deterministic", "--device-mem", "--ckpt-dir", "--ckpt-every",
         "--resume", "--log", "--trace", "--seed", "--on-nonfinite", "--allow-batch-change",
+        "--tensorboard",
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(flags); i++)
         ck_assert_msg(strstr(buf, flags[i]), "train --help does not document %s", flags[i]);
@@ -242,6 +248,116 @@ START_TEST(test_bad_data_file)
 }
 END_TEST
 
+/* ---- first contact ------------------------------------------------------------- */
+
+/* Run a shell command (printf-style), its stdout and stderr into
+ * out[0..cap); returns its exit code (-1: killed). */
+static int sh(char *out, size_t cap, const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(cmd, sizeof cmd - 8, fmt, ap);
+    va_end(ap);
+    ck_assert(n > 0 && (size_t)n < sizeof cmd - 8);
+    strcat(cmd, " 2>&1");
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t k = fread(out, 1, cap - 1, p);
+    out[k] = '\0';
+    while (fread(cmd, 1, sizeof cmd, p) > 0) /* the rest is dropped */
+        ;
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* make in the repository, as if typed (none of the calling make's settings) */
+#define MAKE_CMD                                                                  \
+    "env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS make --no-print-directory INSTALL_DEPS=0 " \
+    "CUDA=0"
+
+/* A build prints a line per stage, not the compiler's command lines (V=1
+ * does); `make run` builds with a job per core, unless -j is given. */
+START_TEST(test_make_is_quiet)
+{
+    char dir[512];
+    fsdp_test_mkdir(dir, sizeof dir, "build");
+    int rc = sh(buf, sizeof buf, MAKE_CMD " BUILD=%s %s/obj/src/core/crc32c.o", dir, dir);
+    if (rc == 127) {
+        printf("SKIP: %s: no make here\n", __func__);
+        return;
+    }
+    ck_assert_msg(rc == 0, "make: exit %d:\n%s", rc, buf);
+    ck_assert_msg(!strncmp(buf, "  CC ", 5) && strchr(buf, '\n') == buf + strlen(buf) - 1 &&
+                      strstr(buf, "V=1"),
+                  "a quiet build prints one line for the stage:\n%s", buf);
+    rc = sh(buf, sizeof buf, MAKE_CMD " BUILD=%s V=1 %s/obj/src/core/names.o", dir, dir);
+    ck_assert_msg(rc == 0 && strstr(buf, "-c src/core/names.c -o"), "V=1:\n%s", buf);
+    /* the flags make runs the goal with: -j<cores> for run only, the user's -j first */
+    rc = sh(buf, sizeof buf, MAKE_CMD " BUILD=%s -pn run | grep '^MAKEFLAGS = '", dir);
+    ck_assert_msg(rc == 0 && strstr(buf, " -j"), "make run: %s", buf);
+    rc = sh(buf, sizeof buf, MAKE_CMD " BUILD=%s -j1 -pn run | grep '^MAKEFLAGS = '", dir);
+    ck_assert_msg(rc == 0 && strstr(buf, " -j1 ") , "make -j1 run: %s", buf);
+    rc = sh(buf, sizeof buf, MAKE_CMD " BUILD=%s -pn all | grep '^MAKEFLAGS = '", dir);
+    ck_assert_msg(rc == 0 && !strstr(buf, "-j"), "make: %s", buf);
+}
+END_TEST
+
+/* The progress line prints a loss with 6 significant digits however small
+ * it gets (it used to print 6 decimals: 0.001626 for 0.00162578, and
+ * 0.000000 for 4e-7): against the metrics file's 9. */
+START_TEST(test_step_line_digits)
+{
+    char data[512], log[512];
+    fsdp_test_path(data, sizeof data, "a.txt");
+    fsdp_test_path(log, sizeof log, "m.jsonl");
+    char *text = malloc(4001);
+    ck_assert_ptr_nonnull(text);
+    memset(text, 'a', 4000); /* the next byte is always 'a': the loss falls fast */
+    text[4000] = '\0';
+    fsdp_test_write_file(data, text);
+    free(text);
+    int rc = fsdp_test_cli(buf, sizeof buf, "train --model tiny --data %s --devices 1 --batch 4 "
+                           "--seq 16 --steps 30 --lr 1e-2 --warmup 2 --eval 0 --log %s", data, log);
+    ck_assert_msg(rc == 0, "exit %d:\n%s", rc, buf);
+    char *metrics = fsdp_test_read_file(log, NULL);
+    const char *line = buf, *m = metrics;
+    int n = 0;
+    double last = 1;
+    while ((line = strstr(line, "| loss ")) && (m = strstr(m, "\"loss\":"))) {
+        double shown = strtod(line + 7, NULL), logged = strtod(m + 7, NULL);
+        ck_assert_msg(fabs(shown - logged) <= 1e-5 * fabs(logged),
+                      "step %d: the line says loss %.9g, the log %.9g", n + 1, shown, logged);
+        last = logged;
+        line++, m++, n++;
+    }
+    free(metrics);
+    ck_assert_int_eq(n, 30);
+    ck_assert_msg(last < 0.01, "the loss ended at %g: the test needs small losses", last);
+}
+END_TEST
+
+/* The demo's samples say that answers are written reversed. */
+START_TEST(test_demo_samples_say_reversed)
+{
+    int rc = fsdp_test_cli(buf, sizeof buf, "train --model tiny --devices 1 --batch 4 --steps 2 "
+                           "--eval 8");
+    ck_assert_msg(rc == 0, "exit %d:\n%s", rc, buf);
+    int n = 0;
+    for (const char *l = buf; (l = strstr(l, "  sample: ")); l++, n++) {
+        char want[16], plain[16];
+        const char *e = strstr(l, " expected ");
+        ck_assert_msg(e && sscanf(e, " expected %15s (%15s reversed)", want, plain) == 2,
+                      "%.80s", l);
+        size_t k = strlen(want);
+        ck_assert_uint_eq(strlen(plain), k);
+        for (size_t i = 0; i < k; i++)
+            ck_assert_msg(plain[i] == want[k - 1 - i], "%.80s", l);
+    }
+    ck_assert_msg(n == 5, "%d sample lines:\n%s", n, buf);
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
@@ -249,6 +365,8 @@ int main(void)
          FSDP_TESTS(test_usage_errors, test_transport_must_fit_backend, test_help_lists_every_flag,
                     test_help_and_parser_share_tables, test_oom_exit_1, test_train_writes_metrics,
                     test_bad_data_file)},
+        {"first_contact", 300, .tmpdir = true,
+         FSDP_TESTS(test_make_is_quiet, test_step_line_digits, test_demo_samples_say_reversed)},
     };
     return fsdp_test_main("cli", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -827,8 +827,9 @@ START_TEST(test_plot_metrics)
     ck_assert_int_eq(info.n_steps, 6);
     ck_assert_int_eq(info.n_devices, 3);
     char *svg = fsdp_test_read_file(svgp, NULL);
-    /* series: loss, tokens/s, and the devices' peaks (equal: one line); axis titles */
-    ck_assert_int_eq(check_xml(svg, "polyline"), 2 + 1);
+    /* series: loss, lr, grad_norm, tokens/s, and the devices' peaks (equal: one line); no
+     * eval_loss; axis titles */
+    ck_assert_int_eq(check_xml(svg, "polyline"), 4 + 1);
     ck_assert(strstr(svg, ">loss<"));
     ck_assert(strstr(svg, ">tokens/s<"));
     ck_assert(strstr(svg, "devices 0..2"));

@@ -82,8 +82,8 @@ int fsdp_cli_eval(int argc, char **argv)
     }
     if (per_batch)
         for (int m = 0; m < steps; m++)
-            printf("batch %d loss %.6f\n", m, losses[m]);
-    printf("mean loss %.6f over %d batches of %d x %d tokens (model %s, data %s, %d %s "
+            printf("batch %d loss %.6g\n", m, losses[m]);
+    printf("mean loss %.6g over %d batches of %d x %d tokens (model %s, data %s, %d %s "
            "device(s))\n",
            mean, steps, c->batch, c->seq, c->model_path, data, c->n_ranks,
            fsdp_backend_name(c->backend));

@@ -18,6 +18,7 @@
 #include "cli/run_opts.h"
 #include "comm/procs.h"
 #include "data/chat.h"
+#include "report/tensorboard.h"
 #include "train/fit.h"
 
 /* ---- stopping on a signal --------------------------------------------------- */
@@ -99,6 +100,7 @@ int fsdp_cli_train(int argc, char **argv)
     fsdp_engine_config *e = &c->eng;
     bool quiet = false;
     int on_nonfinite = 0;
+    const char *tensorboard = NULL;
     fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
                  "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
     static char chat_formats[96]; /* "template|llama3|chatml", from data/chat.c */
@@ -125,6 +127,9 @@ int fsdp_cli_train(int argc, char **argv)
                      "512; 0 = none)");
     fsdp_opt_add(&l, "log", FSDP_OPT_STR, &c->log_path, "FILE.jsonl",
                  "write per-step metrics as JSON Lines (a failed write stops the run)");
+    fsdp_opt_add(&l, "tensorboard", FSDP_OPT_STR, &tensorboard, "DIR",
+                 "write the same metrics as TensorBoard event files into DIR (created; a "
+                 "resumed run adds a file, which TensorBoard merges): tensorboard --logdir DIR");
     fsdp_opt_add(&l, "trace", FSDP_OPT_STR, &c->trace_path, "FILE.json",
                  "write a Chrome trace (Perfetto, chrome://tracing): one track per rank and "
                  "stream");
@@ -182,6 +187,11 @@ int fsdp_cli_train(int argc, char **argv)
         st = fsdp_fit_check_train(c, gpu_total);
     if (st != FSDP_STATUS_OK)
         return fsdp_cli_status("train", st);
+    fsdp_tboard_sink tb;
+    if (tensorboard) {
+        fsdp_tboard_sink_init(&tb, tensorboard);
+        c->sink = &tb.sink;
+    }
     struct sigaction old[2];
     atomic_store(&g_stop_signal, 0);
     c->stop = &g_stop_signal;
@@ -200,7 +210,7 @@ int fsdp_cli_train(int argc, char **argv)
             printf("nothing left to do: checkpoint step %d in %s already reached --steps %d\n",
                    res.first_step, c->ckpt_dir, c->steps);
     } else if (quiet && speaks && res.steps > res.first_step) {
-        printf("final loss %.6f after %d steps", res.losses[res.steps - 1], res.steps);
+        printf("final loss %.6g after %d steps", res.losses[res.steps - 1], res.steps);
         if (res.n_skipped)
             printf(" (%d skipped)", res.n_skipped);
         if (res.accuracy >= 0)

@@ -496,32 +496,58 @@ fail:
     return st;
 }
 
-void fsdp_sbuf_printf(fsdp_sbuf *b, const char *fmt, ...)
+/* Room for `more` bytes and a NUL after b->n; false (oom set) when the
+ * memory is not there. */
+static bool sbuf_reserve(fsdp_sbuf *b, size_t more)
 {
     if (b->oom)
-        return;
-    for (;;) {
+        return false;
+    if (b->p && b->n + more < b->cap)
+        return true;
+    if (more >= SIZE_MAX / 2 - b->n) {
+        b->oom = true;
+        return false;
+    }
+    size_t cap = b->cap ? b->cap * 2 : 4096;
+    while (cap < b->n + more + 1)
+        cap *= 2;
+    char *q = realloc(b->p, cap);
+    if (!q) {
+        b->oom = true;
+        return false;
+    }
+    b->p = q;
+    b->cap = cap;
+    return true;
+}
+
+void fsdp_sbuf_printf(fsdp_sbuf *b, const char *fmt, ...)
+{
+    for (size_t need = 0;;) {
+        if (!sbuf_reserve(b, need))
+            return;
         va_list ap;
         va_start(ap, fmt);
-        int k = vsnprintf(b->p ? b->p + b->n : NULL, b->p ? b->cap - b->n : 0, fmt, ap);
+        int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
         va_end(ap);
         if (k < 0) {
             b->oom = true;
             return;
         }
-        if (b->p && b->n + (size_t)k < b->cap) {
+        if (b->n + (size_t)k < b->cap) {
             b->n += (size_t)k;
             return;
         }
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->n + (size_t)k + 1)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->oom = true;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
+        need = (size_t)k;
     }
+}
+
+void fsdp_sbuf_put(fsdp_sbuf *b, const void *data, size_t n)
+{
+    if (!sbuf_reserve(b, n))
+        return;
+    if (n)
+        memcpy(b->p + b->n, data, n);
+    b->n += n;
+    b->p[b->n] = '\0';
 }

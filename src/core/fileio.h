@@ -153,5 +153,7 @@ typedef struct fsdp_sbuf {
 } fsdp_sbuf;
 
 void fsdp_sbuf_printf(fsdp_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Append n bytes (any bytes, NULs included); b->p stays NUL-terminated after them. */
+void fsdp_sbuf_put(fsdp_sbuf *b, const void *data, size_t n);
 
 #endif /* FSDP_CORE_FILEIO_H */

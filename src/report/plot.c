@@ -1,269 +1,48 @@
 /*
- * plot.c - `fsdp plot`: metrics JSON Lines -> SVG with three panels (loss,
- * tokens/s, per-device peak memory), sharing the step axis (plot.h).
+ * plot.c - `fsdp plot`: metrics JSON Lines -> SVG with six panels in two
+ * columns (training loss, learning rate, gradient norm; held-out loss,
+ * tokens/s, per-device peak memory), each over the steps of the file
+ * (plot.h).
  *
- * Reading and drawing are apart: fsdp_metrics_read fills arrays, one entry
- * per line (metrics files are one line per step: small, and bounded by
- * plot.h's limits), then the panels are laid out from them. Values that
- * are missing, null or non-finite on a line leave a gap in their series.
+ * The file is read by plot_read.c (fsdp_metrics_read: an array per series,
+ * one entry per line); the panels are laid out from those arrays. Values
+ * that are missing, null or non-finite on a line leave a gap in their series,
+ * except the held-out loss, measured every few steps, whose points are
+ * joined across the lines without one. Where a run resumed, the lines of
+ * the steps it ran again (those an interrupted run logged after the
+ * checkpoint it resumed from) are drawn thin and grey, and each series
+ * runs on from the checkpoint's step through the resumed run's lines.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "core/fileio.h"
-#include "core/json.h"
 #include "report/plot.h"
 #include "report/svg.h"
 
-/* ---- reading ------------------------------------------------------------------ */
-
-/* The arrays being filled and their capacities. */
-struct metrics_fill {
-    fsdp_metrics *m;
-    const char *path;
-    size_t cap_lines, cap_peak;
-};
-
-static fsdp_status out_of_memory(const struct metrics_fill *mf)
-{
-    return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading metrics file '%s'",
-                          mf->path);
-}
-
-/* *p resized to cap doubles (contents kept); false, *p untouched, if the
- * memory is not there. */
-static bool grow_doubles(double **p, size_t cap)
-{
-    double *q = realloc(*p, cap * sizeof *q);
-    if (!q)
-        return false;
-    *p = q;
-    return true;
-}
-
-/* Room for one more line in every per-line array (peak_first holds one
- * more entry than there are lines). A failed realloc leaves the arrays
- * already grown larger than cap_lines, which is harmless. */
-static fsdp_status reserve_line(struct metrics_fill *mf)
-{
-    fsdp_metrics *m = mf->m;
-    if ((size_t)m->n_steps + 2 <= mf->cap_lines)
-        return FSDP_STATUS_OK;
-    size_t cap = mf->cap_lines ? mf->cap_lines * 2 : 256;
-    double **arrays[3] = {&m->step, &m->loss, &m->tokens_per_s};
-    for (int k = 0; k < 3; k++)
-        if (!grow_doubles(arrays[k], cap))
-            return out_of_memory(mf);
-    int *first = realloc(m->peak_first, cap * sizeof *first);
-    if (!first)
-        return out_of_memory(mf);
-    m->peak_first = first;
-    mf->cap_lines = cap;
-    return FSDP_STATUS_OK;
-}
-
-static fsdp_status reserve_peaks(struct metrics_fill *mf, size_t more)
-{
-    fsdp_metrics *m = mf->m;
-    size_t need = (size_t)m->peak_first[m->n_steps] + more;
-    if (need <= mf->cap_peak)
-        return FSDP_STATUS_OK;
-    size_t cap = mf->cap_peak ? mf->cap_peak : 1024;
-    while (cap < need)
-        cap *= 2;
-    if (!grow_doubles(&m->peak, cap))
-        return out_of_memory(mf);
-    mf->cap_peak = cap;
-    return FSDP_STATUS_OK;
-}
-
-/* "a number", "an array": the type of v with its article ("nothing" for NULL). */
-static const char *a_type(const fsdp_json *v)
-{
-    static const char *const names[] = {"a null",   "a boolean", "a number",
-                                        "a string", "an array",  "an object"};
-    if (v && v->type == FSDP_JSON_NUMBER && !isfinite(v->number))
-        return "a non-finite number"; /* 1e999 */
-    return v && (unsigned)v->type < sizeof names / sizeof names[0] ? names[v->type] : "nothing";
-}
-
-static fsdp_status field_error(const struct metrics_fill *mf, int line_no, const char *key,
-                               const char *expected, const fsdp_json *v)
-{
-    return fsdp_error_set(FSDP_STATUS_FORMAT,
-                          "metrics file '%s' line %d: \"%s\" must be %s, found %s; is it a "
-                          "metrics file written by fsdp train --log?",
-                          mf->path, line_no, key, expected, a_type(v));
-}
-
-/* obj[key] as a double: NaN when null, non-finite or (if optional) absent.
- * False when the member has another type, or is absent and required. */
-static bool number_or_null(const fsdp_json *obj, const char *key, bool required, double *out)
-{
-    const fsdp_json *v = fsdp_json_get(obj, key);
-    *out = NAN;
-    if (!v)
-        return !required;
-    if (v->type == FSDP_JSON_NUMBER && isfinite(v->number))
-        *out = v->number;
-    return v->type == FSDP_JSON_NUMBER || v->type == FSDP_JSON_NULL;
-}
-
-static bool has_bytes(const char *s, size_t n, const char *word)
-{
-    return memmem(s, n, word, strlen(word)) != NULL;
-}
-
-static fsdp_status not_json(const struct metrics_fill *mf, fsdp_status st, int line_no,
-                            const char *line, size_t len)
-{
-    char inner[FSDP_ERROR_MSG_MAX];
-    const char *m = fsdp_error_msg();
-    bool one = !strncmp(m, "line 1, ", 8); /* the parser saw one line: say only the column */
-    snprintf(inner, sizeof inner, "%s", one ? m + 8 : m);
-    bool bare = has_bytes(line, len, "nan") || has_bytes(line, len, "inf") ||
-                has_bytes(line, len, "NaN") || has_bytes(line, len, "Inf");
-    return fsdp_error_set(st, "metrics file '%s' line %d%s%s%s", mf->path, line_no,
-                          one ? ", " : ": ", inner,
-                          bare ? " (a non-finite value written as a bare nan/inf, which JSON "
-                                 "does not allow: did the run diverge?)"
-                               : "");
-}
-
-/* Append one metrics line's object to the arrays. */
-static fsdp_status add_line(struct metrics_fill *mf, int line_no, const fsdp_json *obj)
-{
-    fsdp_metrics *m = mf->m;
-    if (obj->type != FSDP_JSON_OBJECT)
-        return fsdp_error_set(FSDP_STATUS_FORMAT,
-                              "metrics file '%s' line %d: expected a JSON object, found %s; "
-                              "is it a metrics file written by fsdp train --log?",
-                              mf->path, line_no, a_type(obj));
-    double step, loss, tok;
-    const fsdp_json *js = fsdp_json_get(obj, "step");
-    if (!js || js->type != FSDP_JSON_NUMBER || !isfinite(js->number))
-        return field_error(mf, line_no, "step", "a finite number", js);
-    step = js->number;
-    if (!number_or_null(obj, "loss", true, &loss))
-        return field_error(mf, line_no, "loss", "a number or null", fsdp_json_get(obj, "loss"));
-    if (!number_or_null(obj, "tokens_per_s", false, &tok))
-        return field_error(mf, line_no, "tokens_per_s", "a number or null",
-                           fsdp_json_get(obj, "tokens_per_s"));
-    const fsdp_json *jp = fsdp_json_get(obj, "peak_bytes");
-    if (jp && jp->type != FSDP_JSON_ARRAY)
-        return field_error(mf, line_no, "peak_bytes", "an array", jp);
-    if (jp && jp->n > FSDP_PLOT_MAX_DEVICES)
-        return fsdp_error_set(FSDP_STATUS_FORMAT,
-                              "metrics file '%s' line %d: \"peak_bytes\" lists %zu devices, more "
-                              "than fsdp runs (%d)",
-                              mf->path, line_no, jp->n, FSDP_PLOT_MAX_DEVICES);
-
-    FSDP_TRY(reserve_line(mf));
-    int i = m->n_steps;
-    if (jp)
-        FSDP_TRY(reserve_peaks(mf, jp->n));
-    int k = m->peak_first[i];
-    for (const fsdp_json *e = jp ? jp->child : NULL; e; e = e->next, k++) {
-        if (e->type != FSDP_JSON_NUMBER && e->type != FSDP_JSON_NULL)
-            return fsdp_error_set(FSDP_STATUS_FORMAT,
-                                  "metrics file '%s' line %d: \"peak_bytes\" element %d is "
-                                  "%s; expected a number or null",
-                                  mf->path, line_no, k - m->peak_first[i], a_type(e));
-        m->peak[k] = e->type == FSDP_JSON_NUMBER && isfinite(e->number) ? e->number : NAN;
-    }
-    if (k - m->peak_first[i] > m->n_devices)
-        m->n_devices = k - m->peak_first[i];
-    m->step[i] = step;
-    m->loss[i] = loss;
-    m->tokens_per_s[i] = tok;
-    m->peak_first[i + 1] = k;
-    m->n_steps = i + 1;
-    return FSDP_STATUS_OK;
-}
-
-static bool blank(const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r')
-            return false;
-    return true;
-}
-
-fsdp_status fsdp_metrics_read(const char *path, fsdp_metrics *m)
-{
-    memset(m, 0, sizeof *m);
-    struct metrics_fill mf = {.m = m, .path = path};
-    fsdp_line_reader lr;
-    fsdp_status st = FSDP_STATUS_OK;
-    FSDP_CHECK(fsdp_line_reader_open(&lr, path, "metrics file", FSDP_PLOT_MAX_LINE_BYTES,
-                                     FSDP_PLOT_MAX_FILE_BYTES));
-    FSDP_CHECK(reserve_line(&mf));
-    m->peak_first[0] = 0;
-    for (;;) {
-        const char *line;
-        size_t len;
-        bool terminated;
-        FSDP_CHECK(fsdp_line_reader_next(&lr, &line, &len, &terminated));
-        if (!line)
-            break;
-        if (blank(line, len))
-            continue;
-        fsdp_json *obj = NULL;
-        st = fsdp_json_parse(line, len, &obj);
-        if (st == FSDP_STATUS_FORMAT && !terminated) {
-            /* an incomplete last line: the run is still writing, or was cut */
-            m->skipped_last_line = true;
-            st = FSDP_STATUS_OK;
-            break;
-        }
-        if (st != FSDP_STATUS_OK) {
-            if (st == FSDP_STATUS_FORMAT)
-                st = not_json(&mf, st, lr.line_no, line, len);
-            goto fail;
-        }
-        st = add_line(&mf, lr.line_no, obj);
-        fsdp_json_free(obj);
-        if (st != FSDP_STATUS_OK)
-            goto fail;
-    }
-    if (m->n_steps == 0) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                            "metrics file '%s' holds no %smetrics lines (write one with fsdp "
-                            "train --log FILE.jsonl)",
-                            path, m->skipped_last_line ? "complete " : "");
-        goto fail;
-    }
-    fsdp_line_reader_close(&lr);
-    return FSDP_STATUS_OK;
-fail:
-    fsdp_line_reader_close(&lr);
-    fsdp_metrics_free(m);
-    return st;
-}
-
-void fsdp_metrics_free(fsdp_metrics *m)
-{
-    free(m->step);
-    free(m->loss);
-    free(m->tokens_per_s);
-    free(m->peak_first);
-    free(m->peak);
-    memset(m, 0, sizeof *m);
-}
-
 /* ---- drawing ------------------------------------------------------------------ */
 
-/* Layout, in SVG units: three panels of height PANEL_H stacked below a
- * header, legends to the right. */
-#define PLOT_W 920.0
+static const fsdp_name plot_scale_names[] = {
+    {"linear", FSDP_PLOT_LINEAR, NULL},
+    {"log", FSDP_PLOT_LOG, "log10 axis, for losses that fall by orders of magnitude"},
+};
+const fsdp_name_table fsdp_plot_scale_names = FSDP_NAME_TABLE(plot_scale_names);
+
+/* Layout, in SVG units: two columns of three panels (PANEL_W x PANEL_H)
+ * below a header; each column keeps PLOT_RIGHT to the right of its panels
+ * for legends. */
+#define COL_W 620.0
+#define PLOT_W (2 * COL_W)
 #define PLOT_LEFT 92.0
-#define PLOT_RIGHT 150.0
+#define PLOT_RIGHT 140.0
+#define PANEL_W (COL_W - PLOT_LEFT - PLOT_RIGHT)
 #define PLOT_TOP 84.0
-#define PANEL_H 190.0
+#define PANEL_H 170.0
 #define PANEL_GAP 78.0
 #define PLOT_H (PLOT_TOP + 3 * PANEL_H + 2 * PANEL_GAP + 64.0)
+
+#define RESUME_COLOR "#C0392B"
 
 /* Peak of device d at line i, NaN when the line lists fewer devices. */
 static double peak_at(const fsdp_metrics *m, int i, int d)
@@ -291,58 +70,155 @@ static bool peaks_all_equal(const fsdp_metrics *m)
     return true;
 }
 
-static void draw_summary(fsdp_svg *s, const fsdp_metrics *m, const char *title)
+/* What the panels draw from: the file, which of its lines a later resume
+ * superseded, and scratch for the points of a line. */
+struct chart {
+    fsdp_svg *s;
+    const fsdp_metrics *m;
+    bool *stale;           /* (n_steps,) a later line resumed at or before this step */
+    int n_stale;
+    double *xs, *ys;       /* (n_steps,) */
+    double *v;             /* (n_steps,) */
+};
+
+/* Mark the lines whose steps a later resume ran again: drawn in grey, and
+ * not counted as steps (TensorBoard drops them too). */
+static void mark_stale(struct chart *c)
 {
+    const fsdp_metrics *m = c->m;
+    double resume_from = INFINITY; /* the lowest step a later resume starts at */
+    c->n_stale = 0;
+    for (int i = m->n_steps - 1; i >= 0; i--) {
+        c->stale[i] = m->step[i] >= resume_from;
+        c->n_stale += c->stale[i];
+        if (m->resumed[i])
+            resume_from = fmin(resume_from, m->step[i]);
+    }
+}
+
+static void draw_summary(const struct chart *c, const char *title)
+{
+    const fsdp_metrics *m = c->m;
     int n = m->n_steps;
     double tok_mean = 0;
     int tok_n = 0;
     for (int i = 1; i < n; i++) /* the first step includes warm-up */
         if (isfinite(m->tokens_per_s[i]))
             tok_mean += (m->tokens_per_s[i] - tok_mean) / ++tok_n; /* stays finite */
-    char loss[32], tk[32];
+    char loss[32], tk[32], resumes[160] = "";
     if (isfinite(m->loss[n - 1]))
         snprintf(loss, sizeof loss, "%.4g", m->loss[n - 1]);
     else
         snprintf(loss, sizeof loss, "null (not finite)");
-    fsdp_svg_text(s, PLOT_LEFT, 24, 15, "start", 0, "black", "%s", title);
+    for (int i = 0, k = 0; i < n; i++) {
+        if (!m->resumed[i])
+            continue;
+        size_t at = strlen(resumes);
+        if (k == 3) {
+            snprintf(resumes + at, sizeof resumes - at, " ...");
+            break;
+        }
+        snprintf(resumes + at, sizeof resumes - at, "%s%g", k++ ? ", " : "; resumed at step ",
+                 m->step[i]);
+    }
+    if (c->n_stale) {
+        size_t at = strlen(resumes);
+        snprintf(resumes + at, sizeof resumes - at, " (%d earlier line(s) of steps run again, "
+                 "in grey)", c->n_stale);
+    }
+    int steps = n - c->n_stale;
+    fsdp_svg_text(c->s, PLOT_LEFT, 24, 15, "start", 0, "black", "%s", title);
     if (tok_n) {
         fsdp_svg_fmt_num(tk, sizeof tk, round(tok_mean));
-        fsdp_svg_text(s, PLOT_LEFT, 42, 11, "start", 0, "#444",
+        fsdp_svg_text(c->s, PLOT_LEFT, 42, 11, "start", 0, "#444",
                       "%d steps; final loss %s; mean %s tokens/s after the first step; %d "
-                      "device(s)", n, loss, tk, m->n_devices);
+                      "device(s)%s", steps, loss, tk, m->n_devices, resumes);
     } else {
-        fsdp_svg_text(s, PLOT_LEFT, 42, 11, "start", 0, "#444",
-                      "%d step(s); final loss %s; %d device(s)", n, loss, m->n_devices);
+        fsdp_svg_text(c->s, PLOT_LEFT, 42, 11, "start", 0, "#444",
+                      "%d step(s); final loss %s; %d device(s)%s", steps, loss, m->n_devices,
+                      resumes);
     }
 }
 
-/* The frame of panel k (0 top) over the steps' range. */
-static fsdp_svg_panel panel_frame(const fsdp_metrics *m, int k)
+/* The frame of the panel in column col (0 left), row row (0 top), over the
+ * steps' range. */
+static fsdp_svg_panel panel_frame(const fsdp_metrics *m, int col, int row)
 {
-    fsdp_svg_panel p = {.x = PLOT_LEFT, .y = PLOT_TOP + k * (PANEL_H + PANEL_GAP),
-                        .w = PLOT_W - PLOT_LEFT - PLOT_RIGHT, .h = PANEL_H};
+    fsdp_svg_panel p = {.x = col * COL_W + PLOT_LEFT, .y = PLOT_TOP + row * (PANEL_H + PANEL_GAP),
+                        .w = PANEL_W, .h = PANEL_H};
     p.x_lo = p.x_hi = m->step[0];
     for (int i = 0; i < m->n_steps; i++) {
         p.x_lo = fmin(p.x_lo, m->step[i]);
         p.x_hi = fmax(p.x_hi, m->step[i]);
     }
-    p.x_step = fsdp_svg_nice_range(&p.x_lo, &p.x_hi, 8);
+    p.x_step = fsdp_svg_nice_range(&p.x_lo, &p.x_hi, 6);
     return p;
 }
 
+/* A log axis's ticks: the values m x 10^k, m in {1, 2, 5} when the range
+ * spans at most three decades, else m = 1 and every `every`-th decade.
+ * Tick i of those covering [lo, hi] (log10 values) at or below lo. */
+struct log_ticks {
+    bool fine;  /* 1, 2, 5 per decade */
+    int every;  /* decades between ticks (coarse) */
+};
+
+static double log_tick(const struct log_ticks *t, long i)
+{
+    static const double mant[3] = {1, 2, 5};
+    if (!t->fine)
+        return (double)(i * t->every);
+    long k = i >= 0 ? i / 3 : -((-i + 2) / 3);
+    return (double)k + log10(mant[i - 3 * k]);
+}
+
+/* The index of the largest tick at or below v (a log10 value). */
+static long log_tick_below(const struct log_ticks *t, double v)
+{
+    long i = t->fine ? (long)floor(v) * 3 : (long)floor(v / t->every);
+    while (log_tick(t, i + 1) <= v + 1e-12)
+        i++;
+    while (log_tick(t, i) > v + 1e-12)
+        i--;
+    return i;
+}
+
 /* Set the panel's y range to [lo, hi] (widened to nice ticks; an empty
- * range becomes [0, 1]) and draw its axes. */
-static void panel_axes(fsdp_svg *s, fsdp_svg_panel *p, double lo, double hi, const char *title,
-                       const char *ylabel)
+ * range becomes [0, 1]) and draw its axes. log: lo and hi are log10 of the
+ * values; the range widens to the ticks around them and the ticks are
+ * labelled with the values themselves. */
+static void panel_axes(fsdp_svg *s, fsdp_svg_panel *p, double lo, double hi, bool log,
+                       const char *title, const char *ylabel)
 {
     if (!isfinite(lo) || !isfinite(hi)) { /* no values: an empty panel with a note */
         lo = 0;
         hi = 1;
     }
-    p->y_lo = lo;
-    p->y_hi = hi;
-    p->y_step = fsdp_svg_nice_range(&p->y_lo, &p->y_hi, 5);
+    if (!log) {
+        p->y_lo = lo;
+        p->y_hi = hi;
+        p->y_step = fsdp_svg_nice_range(&p->y_lo, &p->y_hi, 5);
+        fsdp_svg_axes(s, p, title, "step", ylabel, NULL, NULL);
+        return;
+    }
+    struct log_ticks t = {.fine = hi - lo <= 3, .every = (int)ceil((hi - lo) / 6)};
+    if (t.every < 1)
+        t.every = 1;
+    long first = log_tick_below(&t, lo), last = log_tick_below(&t, hi);
+    if (log_tick(&t, last) < hi - 1e-12 || last == first)
+        last++;
+    p->y_lo = log_tick(&t, first);
+    p->y_hi = log_tick(&t, last);
+    p->y_step = 0; /* the ticks are drawn here, at uneven spacing */
     fsdp_svg_axes(s, p, title, "step", ylabel, NULL, NULL);
+    for (long i = first; i <= last && i - first <= 40; i++) {
+        double v = log_tick(&t, i), py = fsdp_svg_py(p, v);
+        char lab[32];
+        fsdp_svg_line(s, p->x, py, p->x + p->w, py, "#e3e3e3", 1, NULL);
+        fsdp_svg_line(s, p->x - 4, py, p->x, py, "black", 1, NULL);
+        snprintf(lab, sizeof lab, "%.3g", pow(10.0, v));
+        fsdp_svg_text(s, p->x - 7, py + 11 * 0.35, 11, "end", 0, "black", "%s", lab);
+    }
 }
 
 static void panel_note(fsdp_svg *s, const fsdp_svg_panel *p, const char *what)
@@ -351,36 +227,135 @@ static void panel_note(fsdp_svg *s, const fsdp_svg_panel *p, const char *what)
                   "no %s in this file", what);
 }
 
-/* One value per step (loss, tokens/s) as one line; xs, ys: (n_steps,). */
-static void draw_series_panel(fsdp_svg *s, fsdp_svg_panel p, const fsdp_metrics *m,
-                              const double *v, const char *key, const char *title,
-                              const char *ylabel, bool from_zero, int color, double *xs,
-                              double *ys)
+/* A dashed line across the panel at each line where a run resumed; the
+ * first panel labels them. */
+static void draw_resumes(const struct chart *c, const fsdp_svg_panel *p, bool label)
+{
+    const fsdp_metrics *m = c->m;
+    for (int i = 0; i < m->n_steps; i++) {
+        if (!m->resumed[i])
+            continue;
+        double x = fsdp_svg_px(p, m->step[i]);
+        fsdp_svg_line(c->s, x, p->y, x, p->y + p->h, RESUME_COLOR, 1.2, "5,3");
+        if (label)
+            fsdp_svg_text(c->s, x + 3, p->y + 11, 10, "start", 0, RESUME_COLOR, "resumed");
+    }
+}
+
+/* One series: values v over the lines, the metrics key it comes from. */
+struct series {
+    const double *v;       /* (n_steps,) */
+    const char *key;
+    const char *title, *ylabel;
+    int color;
+    bool from_zero;        /* the axis includes 0 */
+    bool log;              /* log10 axis; values <= 0 are left out */
+    bool join;             /* join points across lines without a value (evaluations) */
+};
+
+/* v[i] as drawn on the series' axis: NaN when not shown. */
+static double series_y(const struct series *sr, int i)
+{
+    double v = sr->v[i];
+    if (!isfinite(v))
+        return NAN;
+    return sr->log ? (v > 0 ? log10(v) : NAN) : v;
+}
+
+/* The series' points in the panel into c->xs, c->ys (at most one per
+ * line; NaN breaks the line at a gap): those of the lines no resume
+ * superseded, which run on in steps across a resume, or (stale) those of
+ * the superseded lines, each stretch of them apart. Returns the count. */
+static size_t series_points(const struct chart *c, const fsdp_svg_panel *p,
+                            const struct series *sr, bool stale)
+{
+    const fsdp_metrics *m = c->m;
+    size_t n = 0;
+    for (int i = 0; i < m->n_steps; i++) {
+        if (c->stale[i] != stale) {
+            if (stale && n > 0 && !isnan(c->ys[n - 1])) { /* a stretch of stale lines ends */
+                c->xs[n] = c->ys[n] = NAN;
+                n++;
+            }
+            continue;
+        }
+        double y = series_y(sr, i);
+        if (sr->join && isnan(y))
+            continue;
+        c->xs[n] = fsdp_svg_px(p, m->step[i]);
+        c->ys[n] = isfinite(y) ? fsdp_svg_py(p, y) : NAN;
+        n++;
+    }
+    return n;
+}
+
+/* The series as lines: the stale lines' points thin and grey, the others
+ * in `color` (NULL: grey too) at `width`. */
+static void draw_series(const struct chart *c, const fsdp_svg_panel *p, const struct series *sr,
+                        const char *color, double width)
+{
+    if (c->n_stale)
+        fsdp_svg_polyline(c->s, c->xs, c->ys, series_points(c, p, sr, true), "#CCCCCC", 1.0);
+    fsdp_svg_polyline(c->s, c->xs, c->ys, series_points(c, p, sr, false),
+                      color ? color : "#BBBBBB", width);
+}
+
+/* The range [*lo, *hi] of the series' values on its axis (infinite when it
+ * has none). */
+static void series_range(const fsdp_metrics *m, const struct series *sr, double *lo, double *hi)
+{
+    for (int i = 0; i < m->n_steps; i++) {
+        double y = series_y(sr, i);
+        if (isfinite(y)) {
+            *lo = fmin(*lo, y);
+            *hi = fmax(*hi, y);
+        }
+    }
+}
+
+/* A legend entry k (0 top) to the right of the panel: a line of `color`, then text. */
+static void legend(const struct chart *c, const fsdp_svg_panel *p, int k, const char *color,
+                   const char *text, const char *note)
+{
+    double lx = p->x + p->w + 14, ly = p->y + 6 + 16 * k;
+    fsdp_svg_line(c->s, lx, ly + 5, lx + 16, ly + 5, color, 2.4, NULL);
+    fsdp_svg_text(c->s, lx + 22, ly + 9, 11, "start", 0, "black", "%s", text);
+    if (note)
+        fsdp_svg_text(c->s, lx + 22, ly + 23, 11, "start", 0, "#444", "%s", note);
+}
+
+/* One panel of the series sr (and ref, drawn grey underneath for
+ * comparison, when not NULL); the resume label when `label`. */
+static void draw_series_panel(const struct chart *c, fsdp_svg_panel p, const struct series *sr,
+                              const struct series *ref, bool label)
 {
     double lo = INFINITY, hi = -INFINITY;
-    for (int i = 0; i < m->n_steps; i++)
-        if (isfinite(v[i])) {
-            lo = fmin(lo, v[i]);
-            hi = fmax(hi, v[i]);
-        }
-    if (from_zero && isfinite(lo))
+    series_range(c->m, sr, &lo, &hi);
+    bool any = isfinite(lo);
+    if (any && ref)
+        series_range(c->m, ref, &lo, &hi);
+    if (sr->from_zero && any)
         lo = fmin(lo, 0);
-    panel_axes(s, &p, lo, hi, title, ylabel);
-    for (int i = 0; i < m->n_steps; i++) {
-        xs[i] = fsdp_svg_px(&p, m->step[i]);
-        ys[i] = isfinite(v[i]) ? fsdp_svg_py(&p, v[i]) : NAN;
+    panel_axes(c->s, &p, lo, hi, sr->log, sr->title, sr->ylabel);
+    if (!any) {
+        panel_note(c->s, &p, sr->key);
+    } else {
+        if (ref)
+            draw_series(c, &p, ref, NULL, 1.2);
+        draw_series(c, &p, sr, fsdp_svg_color(sr->color), 1.8);
+        if (ref) {
+            legend(c, &p, 0, fsdp_svg_color(sr->color), sr->key, NULL);
+            legend(c, &p, 1, "#BBBBBB", ref->key, NULL);
+        }
     }
-    if (isfinite(lo))
-        fsdp_svg_polyline(s, xs, ys, (size_t)m->n_steps, fsdp_svg_color(color), 1.8);
-    else
-        panel_note(s, &p, key);
+    draw_resumes(c, &p, label);
 }
 
 /* Each device's peak memory per step, a line per device (one for all when
- * they are equal); xs, ys: (n_steps,). */
-static void draw_peak_panel(fsdp_svg *s, fsdp_svg_panel p, const fsdp_metrics *m, double *xs,
-                            double *ys)
+ * they are equal). */
+static void draw_peak_panel(const struct chart *c, fsdp_svg_panel p)
 {
+    const fsdp_metrics *m = c->m;
     int n = m->n_steps, n_dev = m->n_devices;
     double max = 0, unit;
     for (int k = 0; k < m->peak_first[n]; k++)
@@ -389,61 +364,88 @@ static void draw_peak_panel(fsdp_svg *s, fsdp_svg_panel p, const fsdp_metrics *m
     char ylabel[64];
     snprintf(ylabel, sizeof ylabel, "peak memory (%s)", fsdp_svg_byte_unit(max, &unit));
     /* from zero; [0, 1] when there is nothing above zero to show */
-    panel_axes(s, &p, 0, max > 0 ? max / unit : 1, "peak device memory, per device", ylabel);
+    panel_axes(c->s, &p, 0, max > 0 ? max / unit : 1, false, "peak device memory, per device",
+               ylabel);
     if (n_dev == 0)
-        panel_note(s, &p, "peak_bytes");
+        panel_note(c->s, &p, "peak_bytes");
     bool all_equal = peaks_all_equal(m);
     for (int d = 0; d < (all_equal ? 1 : n_dev); d++) {
-        for (int i = 0; i < n; i++) {
-            double v = peak_at(m, i, d);
-            xs[i] = fsdp_svg_px(&p, m->step[i]);
-            ys[i] = isfinite(v) ? fsdp_svg_py(&p, v / unit) : NAN;
-        }
+        for (int i = 0; i < n; i++)
+            c->v[i] = peak_at(m, i, d) / unit;
+        const struct series sr = {.v = c->v};
         /* device 0 widest, so every colour of overlapping lines shows */
-        fsdp_svg_polyline(s, xs, ys, (size_t)n, fsdp_svg_color(d + 2), d == 0 ? 2.4 : 1.4);
-        double lx = p.x + p.w + 14, ly = p.y + 6 + 16 * d;
+        draw_series(c, &p, &sr, fsdp_svg_color(d + 2), d == 0 ? 2.4 : 1.4);
+        char text[48];
         if (all_equal) {
-            fsdp_svg_line(s, lx, ly + 5, lx + 16, ly + 5, fsdp_svg_color(2), 2.4, NULL);
-            fsdp_svg_text(s, lx + 22, ly + 9, 11, "start", 0, "black", "devices 0..%d",
-                          n_dev - 1);
-            fsdp_svg_text(s, lx + 22, ly + 23, 11, "start", 0, "#444", "(all equal)");
+            snprintf(text, sizeof text, "devices 0..%d", n_dev - 1);
+            legend(c, &p, 0, fsdp_svg_color(2), text, "(all equal)");
         } else if (d < 12) {
-            fsdp_svg_line(s, lx, ly + 5, lx + 16, ly + 5, fsdp_svg_color(d + 2), 2.4, NULL);
-            fsdp_svg_text(s, lx + 22, ly + 9, 11, "start", 0, "black", "device %d", d);
+            snprintf(text, sizeof text, "device %d", d);
+            legend(c, &p, d, fsdp_svg_color(d + 2), text, NULL);
         } else if (d == 12) {
-            fsdp_svg_text(s, lx, ly + 9, 11, "start", 0, "#444", "... %d devices", n_dev);
+            fsdp_svg_text(c->s, p.x + p.w + 14, p.y + 6 + 16 * d + 9, 11, "start", 0, "#444",
+                          "... %d devices", n_dev);
         }
     }
+    draw_resumes(c, &p, false);
 }
 
 /* The whole chart into s (begun, not ended). */
-static fsdp_status draw(const fsdp_metrics *m, const char *title, fsdp_svg *s)
+static fsdp_status draw(const fsdp_metrics *m, const char *title, const fsdp_plot_opts *opts,
+                        fsdp_svg *s)
 {
-    double *xs = malloc((size_t)m->n_steps * sizeof *xs);
-    double *ys = malloc((size_t)m->n_steps * sizeof *ys);
-    if (!xs || !ys) {
-        free(xs);
-        free(ys);
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory drawing %d metrics lines",
-                              m->n_steps);
+    size_t n = (size_t)m->n_steps;
+    struct chart c = {.s = s, .m = m, .stale = malloc(n * sizeof *c.stale),
+                      .xs = malloc(n * sizeof *c.xs), .ys = malloc(n * sizeof *c.ys),
+                      .v = malloc(n * sizeof *c.v)};
+    fsdp_status st = FSDP_STATUS_OK;
+    if (!c.stale || !c.xs || !c.ys || !c.v) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory drawing %d metrics lines",
+                            m->n_steps);
+        goto done;
     }
-    draw_summary(s, m, title);
-    draw_series_panel(s, panel_frame(m, 0), m, m->loss, "loss", "training loss", "loss", false,
-                      0, xs, ys);
-    draw_series_panel(s, panel_frame(m, 1), m, m->tokens_per_s, "tokens_per_s", "throughput",
-                      "tokens/s", true, 1, xs, ys);
-    draw_peak_panel(s, panel_frame(m, 2), m, xs, ys);
-    free(xs);
-    free(ys);
-    return FSDP_STATUS_OK;
+    mark_stale(&c);
+    bool log = opts && opts->loss_scale == FSDP_PLOT_LOG;
+    const char *loss_label = log ? "loss (log scale)" : "loss";
+    const struct series loss = {.v = m->loss, .key = "loss", .title = "training loss",
+                                .ylabel = loss_label, .color = 0, .log = log};
+    const struct series lr = {.v = m->lr, .key = "lr", .title = "learning rate", .ylabel = "lr",
+                              .color = 3, .from_zero = true};
+    const struct series norm = {.v = m->grad_norm, .key = "grad_norm",
+                                .title = "gradient norm (before clipping)", .ylabel = "norm",
+                                .color = 5, .from_zero = true};
+    const struct series eval = {.v = m->eval_loss, .key = "eval_loss", .title = "held-out loss",
+                                .ylabel = loss_label, .color = 4, .log = log, .join = true};
+    const struct series train_ref = {.v = m->loss, .key = "loss (training)", .log = log};
+    const struct series tok = {.v = m->tokens_per_s, .key = "tokens_per_s", .title = "throughput",
+                               .ylabel = "tokens/s", .color = 1, .from_zero = true};
+    draw_summary(&c, title);
+    draw_series_panel(&c, panel_frame(m, 0, 0), &loss, NULL, true);
+    draw_series_panel(&c, panel_frame(m, 0, 1), &lr, NULL, false);
+    draw_series_panel(&c, panel_frame(m, 0, 2), &norm, NULL, false);
+    draw_series_panel(&c, panel_frame(m, 1, 0), &eval, &train_ref, false);
+    draw_series_panel(&c, panel_frame(m, 1, 1), &tok, NULL, false);
+    draw_peak_panel(&c, panel_frame(m, 1, 2));
+done:
+    free(c.stale);
+    free(c.xs);
+    free(c.ys);
+    free(c.v);
+    return st;
+}
+
+fsdp_status fsdp_metrics_write_svg_with(const fsdp_metrics *m, const char *title,
+                                        const fsdp_plot_opts *opts, FILE *f)
+{
+    fsdp_svg s;
+    fsdp_svg_begin(&s, f, PLOT_W, PLOT_H, title);
+    FSDP_TRY(draw(m, title, opts, &s));
+    return fsdp_svg_end(&s);
 }
 
 fsdp_status fsdp_metrics_write_svg(const fsdp_metrics *m, const char *title, FILE *f)
 {
-    fsdp_svg s;
-    fsdp_svg_begin(&s, f, PLOT_W, PLOT_H, title);
-    FSDP_TRY(draw(m, title, &s));
-    return fsdp_svg_end(&s);
+    return fsdp_metrics_write_svg_with(m, title, NULL, f);
 }
 
 /* True when a and b name one existing file (then writing b would destroy a). */
@@ -454,7 +456,8 @@ static bool same_file(const char *a, const char *b)
            sa.st_ino == sb.st_ino;
 }
 
-fsdp_status fsdp_plot_metrics(const char *metrics_path, const char *svg_path, fsdp_plot_info *info)
+fsdp_status fsdp_plot_metrics_with(const char *metrics_path, const char *svg_path,
+                                   const fsdp_plot_opts *opts, fsdp_plot_info *info)
 {
     memset(info, 0, sizeof *info);
     if (same_file(metrics_path, svg_path))
@@ -471,7 +474,7 @@ fsdp_status fsdp_plot_metrics(const char *metrics_path, const char *svg_path, fs
     fsdp_metrics m;
     fsdp_status st = fsdp_metrics_read(metrics_path, &m);
     if (st == FSDP_STATUS_OK)
-        st = draw(&m, title, &s);
+        st = draw(&m, title, opts, &s);
     fsdp_status st2 = fsdp_svg_close(&s, st == FSDP_STATUS_OK);
     if (st == FSDP_STATUS_OK)
         st = st2;
@@ -479,7 +482,13 @@ fsdp_status fsdp_plot_metrics(const char *metrics_path, const char *svg_path, fs
         info->n_steps = m.n_steps;
         info->n_devices = m.n_devices;
         info->skipped_last_line = m.skipped_last_line;
+        info->n_resumes = m.n_resumes;
     }
     fsdp_metrics_free(&m);
     return st;
+}
+
+fsdp_status fsdp_plot_metrics(const char *metrics_path, const char *svg_path, fsdp_plot_info *info)
+{
+    return fsdp_plot_metrics_with(metrics_path, svg_path, NULL, info);
 }

@@ -97,9 +97,9 @@ fsdp_status fsdp_output_file_check(const char *path, const char *what)
 
 /* ---- the metrics file ------------------------------------------------------ */
 
-fsdp_status fsdp_metrics_open(fsdp_metrics *m, const char *path, bool append, fsdp_world *w)
+fsdp_status fsdp_metrics_open(fsdp_metrics_file *m, const char *path, bool append, fsdp_world *w)
 {
-    *m = (fsdp_metrics){.path = path, .world = w};
+    *m = (fsdp_metrics_file){.path = path, .world = w};
     m->f = fopen(path, append ? "a" : "w");
     if (!m->f)
         return fsdp_error_set(FSDP_STATUS_IO, "cannot open metrics file '%s' for writing: %s",
@@ -117,7 +117,7 @@ static void num(fsdp_sbuf *b, const char *key, const char *fmt, double v)
         fsdp_sbuf_printf(b, "null");
 }
 
-fsdp_status fsdp_metrics_write(fsdp_metrics *m, const fsdp_metrics_record *r)
+fsdp_status fsdp_metrics_write(fsdp_metrics_file *m, const fsdp_metrics_record *r)
 {
     if (m->failed)
         return fsdp_error_set(FSDP_STATUS_IO, "metrics file '%s' failed earlier", m->path);
@@ -145,6 +145,10 @@ fsdp_status fsdp_metrics_write(fsdp_metrics *m, const fsdp_metrics_record *r)
     }
     if (r->skipped)
         fsdp_sbuf_printf(&b, ",\"skipped\":true");
+    if (r->has_eval)
+        num(&b, "eval_loss", "%.9g", r->eval_loss);
+    if (r->resumed_from > 0)
+        fsdp_sbuf_printf(&b, ",\"resumed_from\":%d", r->resumed_from);
     fsdp_sbuf_printf(&b, "}\n");
     fsdp_status st = FSDP_STATUS_OK;
     if (b.oom) {
@@ -165,7 +169,7 @@ fsdp_status fsdp_metrics_write(fsdp_metrics *m, const fsdp_metrics_record *r)
     return st;
 }
 
-fsdp_status fsdp_metrics_close(fsdp_metrics *m)
+fsdp_status fsdp_metrics_close(fsdp_metrics_file *m)
 {
     if (!m->f)
         return FSDP_STATUS_OK;

@@ -123,7 +123,8 @@ static bool row_score(const struct batch *bt, int b, char got[TEXT_MAX])
 }
 
 /* Score this rank's rows of batch k into counts (correct, seen); rank 0
- * prints samples while *printed < ev->n_samples. */
+ * prints samples while *printed < ev->n_samples, each saying that answers
+ * are written reversed (866+619=5841 is right: 1485 reversed). */
 static void batch_score(const struct batch *bt, const fsdp_engine_config *ec, int rank, int64_t k,
                         fsdp_synth_eval *ev, int *printed, int counts[2])
 {
@@ -140,8 +141,13 @@ static void batch_score(const struct batch *bt, const fsdp_engine_config *ec, in
             fsdp_synth_problem(ec->seed, (uint64_t)idx, prompt, ans);
             got[strcspn(got, "\n")] = '\0';
             ans[strcspn(ans, "\n")] = '\0';
-            fprintf(ev->out, "  sample: %s%-8s expected %-8s %s\n", prompt, got, ans,
-                    ok ? "ok" : "WRONG");
+            char plain[TEXT_MAX];
+            size_t al = strlen(ans);
+            for (size_t i = 0; i < al; i++)
+                plain[i] = ans[al - 1 - i];
+            plain[al] = '\0';
+            fprintf(ev->out, "  sample: %s%-8s expected %s (%s reversed) %s\n", prompt, got,
+                    ans, plain, ok ? "ok" : "WRONG");
             (*printed)++;
         }
     }

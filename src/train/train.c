@@ -131,7 +131,7 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
                     cfg->steps, r->lr, fsdp_fmt_bytes(pb, sizeof pb, (double)peak));
         else
             fprintf(t->out,
-                    "step %5d/%d | loss %.6f | lr %.2e | norm %.3f | %s tok/s | %.1f ms | peak %s/dev",
+                    "step %5d/%d | loss %.6g | lr %.2e | norm %.4g | %s tok/s | %.1f ms | peak %s/dev",
                     step + 1, cfg->steps, r->loss, r->lr, r->grad_norm, tk, ms,
                     fsdp_fmt_bytes(pb, sizeof pb, (double)peak));
         if (ec->offload)
@@ -143,15 +143,24 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
         fputc('\n', t->out);
         fflush(t->out);
     }
+    fsdp_metrics_record rec = {.step = step + 1, .loss = r->loss, .lr = r->lr,
+                               .grad_norm = r->grad_norm, .tokens = tokens,
+                               .tokens_per_s = tok_s, .step_ms = ms, .mfu = mfu,
+                               .skipped = skipped, .n_ranks = N, .stats = t->sh.x_stats,
+                               .inter = t->sh.sm.n_nodes > 1,
+                               .resumed_from = t->ck_path[0] && !t->n_logged ? t->start_step : 0};
+    t->n_logged++;
     if (t->log.f && !t->log.failed) {
-        fsdp_metrics_record rec = {.step = step + 1, .loss = r->loss, .lr = r->lr,
-                                   .grad_norm = r->grad_norm, .tokens = tokens,
-                                   .tokens_per_s = tok_s, .step_ms = ms, .mfu = mfu,
-                                   .skipped = skipped, .n_ranks = N, .stats = t->sh.x_stats,
-                                   .inter = t->sh.sm.n_nodes > 1};
         fsdp_status st = fsdp_metrics_write(&t->log, &rec);
         if (st != FSDP_STATUS_OK)
             stop_error(t, st, fsdp_error_msg());
+    }
+    if (t->sink && !t->sink_failed) {
+        fsdp_status st = t->sink->iface->write(t->sink->self, &rec);
+        if (st != FSDP_STATUS_OK) {
+            t->sink_failed = true;
+            stop_error(t, st, fsdp_error_msg());
+        }
     }
 }
 
@@ -172,7 +181,7 @@ static unsigned stop_bits(struct trainer *t, fsdp_engine *e, int rank)
         return bits;
     if (cfg->stop && atomic_load(cfg->stop))
         bits |= STOP_REQUEST;
-    if (t->log.failed)
+    if (t->log.failed || t->sink_failed)
         bits |= STOP_ERROR;
     if (t->data && (st = fsdp_data_check(t->data)) != FSDP_STATUS_OK) {
         stop_error(t, st, fsdp_error_msg());
@@ -555,6 +564,10 @@ static fsdp_status run_prepare(struct trainer *t, fsdp_engine_config *ec)
         FSDP_TRY(fsdp_trace_init(&t->sh.trace, ec->n_ranks));
     if (cfg->log_path && t->world->process == 0) /* rank 0 writes the metrics */
         FSDP_TRY(fsdp_metrics_open(&t->log, cfg->log_path, t->ck_path[0] != '\0', t->world));
+    if (cfg->sink && t->world->process == 0) {
+        t->sink = cfg->sink; /* closed by outputs_close, also when opening failed */
+        FSDP_TRY(t->sink->iface->open(t->sink->self, t->start_step));
+    }
     return FSDP_STATUS_OK;
 }
 
@@ -586,6 +599,8 @@ static fsdp_status run_result(struct trainer *t, fsdp_status st)
     if (t->out && seen && !res->interrupted)
         fprintf(t->out, "held-out accuracy: %.1f%% (%d/%d problems, greedy decoding)\n",
                 100.0 * res->accuracy, correct, seen);
+    if (t->sink && seen && !res->interrupted)
+        return t->sink->iface->eval(t->sink->self, res->steps, "accuracy", res->accuracy);
     return FSDP_STATUS_OK;
 }
 
@@ -610,6 +625,12 @@ static fsdp_status outputs_close(struct trainer *t, fsdp_status st, bool launche
     fsdp_status ls = fsdp_metrics_close(&t->log);
     if (ls != FSDP_STATUS_OK && st == FSDP_STATUS_OK)
         st = ls;
+    if (t->sink) {
+        ls = t->sink->iface->close(t->sink->self);
+        t->sink = NULL;
+        if (ls != FSDP_STATUS_OK && st == FSDP_STATUS_OK)
+            st = ls;
+    }
     if (keep) {
         fsdp_error_copy(keep);
         free(keep);

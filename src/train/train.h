@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 
 struct fsdp_procs;
+struct fsdp_metrics_sink;
 
 typedef struct fsdp_train_config {
     fsdp_engine_config eng;   /* eng.n_ranks: the job's ranks, every process's */
@@ -26,6 +27,8 @@ typedef struct fsdp_train_config {
     float lr_min_frac;        /* cosine decay ends at lr * lr_min_frac */
     const char *log_path;     /* metrics JSONL, or NULL */
     const char *trace_path;   /* Chrome trace JSON, or NULL */
+    const struct fsdp_metrics_sink *sink; /* another writer of --log's figures (TensorBoard:
+                                           * train/outputs.h), or NULL; process 0 uses it */
     int eval_problems;        /* synthetic task: held-out problems to decode (0: none) */
     int n_samples;            /* greedy samples to print at the end */
     bool keep_params;         /* copy final parameters into the result (tests) */

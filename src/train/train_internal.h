@@ -37,7 +37,10 @@ struct trainer {
     fsdp_model model;
     fsdp_data *data;
     fsdp_train_result *res;
-    fsdp_metrics log;         /* --log (log.f NULL: none); rank 0 writes */
+    fsdp_metrics_file log;    /* --log (log.f NULL: none); rank 0 writes */
+    const fsdp_metrics_sink *sink; /* cfg->sink once opened (process 0), else NULL */
+    bool sink_failed;         /* a write to it failed: the run stops */
+    int n_logged;             /* steps logged by this run (rank 0) */
     char oom_hint[192];       /* what a device out-of-memory message suggests */
     pthread_mutex_t mu;       /* guards stop_st and stop_msg */
     fsdp_status stop_st;      /* the error that stops the run early (first wins), or OK */
