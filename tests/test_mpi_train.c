@@ -296,6 +296,50 @@ START_TEST(test_unshared_checkpoint_dir_is_refused)
 }
 END_TEST
 
+/* Processes given different values of a setting that must agree (one
+ * process per side of mpirun's ':'): every process refuses at start,
+ * within seconds, naming the flag and both values (a job whose processes
+ * run different --steps or --eval used to wait for ever). */
+START_TEST(test_settings_must_agree)
+{
+    SKIP_UNLESS_MPIRUN();
+    static const struct {
+        const char *flag, *a, *b;
+    } cases[] = {
+        {"--steps", "3", "5"},         {"--eval", "0", "4"},
+        {"--lr", "0.01", "0.02"},      {"--seed", "1", "2"},
+        {"--batch", "2", "1"},         {"--clip", "1", "0"},
+        {"--data", "synthetic", "d.txt"}, {"--model", "tiny", "small"},
+        {"--grad-accum", "1", "2"},    {"--prefetch", "on", "off"},
+        {"--ckpt-every", "1", "2"},    {"--precision", "fp32", "bf16"},
+    };
+    static char out[1 << 16];
+    char dir[4096], pre[512], path[4200];
+    run_dir(dir, sizeof dir, "agree");
+    snprintf(path, sizeof path, "%s/d.txt", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 200; i++)
+        fputs("the quick brown fox jumps over the lazy dog\n", f);
+    fclose(f);
+    char host[FSDP_HOST_MAX];
+    gethostname(host, sizeof host);
+    for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {
+        const char *base = "--seq 16 --steps 3 --eval 0 --batch 2 --devices 1 --ckpt-dir ck";
+        double secs;
+        int rc = shell(out, sizeof out, 60, &secs, "cd %s && %s -np 1 %s train %s %s %s : -np 1 %s "
+                       "train %s %s %s", dir, mpirun_prefix(pre, sizeof pre), fsdp_bin, base,
+                       cases[i].flag, cases[i].a, fsdp_bin, base, cases[i].flag, cases[i].b);
+        char want[512];
+        snprintf(want, sizeof want, "%s: process 0 (host %.64s) has '%s', process 1 (host %.64s) "
+                 "has '%s'", cases[i].flag, host, cases[i].a, host, cases[i].b);
+        ck_assert_msg(rc != 0 && rc != 124 && strstr(out, want), "%s: exit %d after %.1f s, want "
+                      "'%s':\n%s", cases[i].flag, rc, secs, want, out);
+        ck_assert_msg(secs < 30, "%s: %.1f s to refuse", cases[i].flag, secs);
+    }
+}
+END_TEST
+
 /* ---- failures ------------------------------------------------------------------------ */
 
 /* Rank 3 (process 1) fails in a collective: every process ends within
@@ -593,6 +637,8 @@ int main(void)
                     test_unshared_checkpoint_dir_is_refused, test_rank_failure_ends_the_job,
                     test_killed_process_ends_the_job, test_metrics_traces_and_planned_inter_bytes,
                     test_usage_across_processes)},
+        {"jobs", FSDP_TEST_TSAN || FSDP_TEST_ASAN ? 600 : 180, .tmpdir = true,
+         FSDP_TESTS(test_settings_must_agree)},
     };
     return fsdp_test_main("mpi_train", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -534,6 +534,7 @@ static fsdp_status run_prepare(struct trainer *t, fsdp_engine_config *ec)
     t->flops_per_token = t->model.family->flops_per_token(&t->model, ec->seq);
     FSDP_TRY(outputs_check(cfg));
     FSDP_TRY(fsdp_procs_world_init(&t->world, cfg->procs, ec->n_ranks / n_procs));
+    FSDP_TRY(fsdp_trainer_agree(t));
     FSDP_TRY(fsdp_engine_shared_init(&t->sh, ec, &t->model, t->data, t->world));
     if (t->mf) {
         t->sh.init_fn = fsdp_modelfile_init_fn;

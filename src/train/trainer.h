@@ -55,6 +55,13 @@ struct trainer {
     fsdp_ckpt_lock ck_lock;   /* --ckpt-dir held for the run: one run per directory */
 };
 
+/* A job of several processes (train_agree.c): every setting that changes
+ * what the ranks compute or which collectives they issue is the same in
+ * every process, else INVALID_ARG on every process naming each flag and
+ * the values that differ. After the world is made, before anything the
+ * processes do together depends on the settings. OK in one process. */
+fsdp_status fsdp_trainer_agree(struct trainer *t);
+
 /* Checkpoints (train_ckpt.c). Before the ranks start, on the main thread
  * of every process: the manifest base for saves, --ckpt-dir claimed (a
  * fresh run refuses a directory that holds checkpoints) and, with
