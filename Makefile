@@ -209,7 +209,7 @@ info:
 $(BUILD)/obj/src/ops/cpu/%.o: CFLAGS += -ftree-vectorize -fvect-cost-model=dynamic -fno-trapping-math
 $(BUILD)/obj/src/comm/mpi_procs.o: CFLAGS += $(MPI_CFLAGS)
 # The multi-process suites launch jobs with this mpirun ("" without MPI: skipped).
-$(BUILD)/tests/test_mpi_procs $(BUILD)/tests/test_mpi_train: CFLAGS += -DFSDP_MPIRUN='"$(MPIRUN_PATH)"'
+$(BUILD)/tests/test_mpi_procs $(BUILD)/tests/test_mpi_train $(BUILD)/tests/test_mpi_jobs: CFLAGS += -DFSDP_MPIRUN='"$(MPIRUN_PATH)"'
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

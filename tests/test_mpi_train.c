@@ -25,7 +25,6 @@
  */
 #include <check.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -47,30 +46,6 @@
 
 /* The fsdp binary by its absolute path: jobs run in their own directories. */
 static char fsdp_bin[4096];
-
-/* Run a shell command line (printf-style) for at most limit_s seconds;
- * its output in out. Returns the exit code (124: timed out); *secs how
- * long it ran. A sanitizer's report in the output fails the test. */
-static int shell(char *out, size_t cap, int limit_s, double *secs, const char *fmt, ...)
-{
-    char line[8192], cmd[8400];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    ck_assert(n > 0 && (size_t)n < sizeof line);
-    snprintf(cmd, sizeof cmd, "timeout -k 5 %d sh -c '%s' 2>&1", limit_s, line);
-    return run_captured(cmd, out, cap, secs);
-}
-
-/* The mpirun in front of `fsdp`: loopback on one machine, and the
- * sanitizer allowances (test_mpi_procs.c says why). */
-static const char *mpirun_prefix(char *buf, size_t n)
-{
-    char mpi[480];
-    snprintf(buf, n, MPIRUN_ENV " %s", mpirun_cmd(mpi, sizeof mpi));
-    return buf;
-}
 
 /* `mpirun -np P fsdp train ARGS` in dir; exit code, output in out. */
 static int train_job(char *out, size_t cap, const char *dir, int P, double *secs,
@@ -293,50 +268,6 @@ START_TEST(test_unshared_checkpoint_dir_is_refused)
     ck_assert_msg(rc != 0 && rc != 124 && strstr(out, "is not one directory shared by the job's "
                                                  "processes"), "exit %d:\n%s", rc, out);
     ck_assert_msg(strstr(out, "process 1 (host"), "%s", out);
-}
-END_TEST
-
-/* Processes given different values of a setting that must agree (one
- * process per side of mpirun's ':'): every process refuses at start,
- * within seconds, naming the flag and both values (a job whose processes
- * run different --steps or --eval used to wait for ever). */
-START_TEST(test_settings_must_agree)
-{
-    SKIP_UNLESS_MPIRUN();
-    static const struct {
-        const char *flag, *a, *b;
-    } cases[] = {
-        {"--steps", "3", "5"},         {"--eval", "0", "4"},
-        {"--lr", "0.01", "0.02"},      {"--seed", "1", "2"},
-        {"--batch", "2", "1"},         {"--clip", "1", "0"},
-        {"--data", "synthetic", "d.txt"}, {"--model", "tiny", "small"},
-        {"--grad-accum", "1", "2"},    {"--prefetch", "on", "off"},
-        {"--ckpt-every", "1", "2"},    {"--precision", "fp32", "bf16"},
-    };
-    static char out[1 << 16];
-    char dir[4096], pre[512], path[4200];
-    run_dir(dir, sizeof dir, "agree");
-    snprintf(path, sizeof path, "%s/d.txt", dir);
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    for (int i = 0; i < 200; i++)
-        fputs("the quick brown fox jumps over the lazy dog\n", f);
-    fclose(f);
-    char host[FSDP_HOST_MAX];
-    gethostname(host, sizeof host);
-    for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {
-        const char *base = "--seq 16 --steps 3 --eval 0 --batch 2 --devices 1 --ckpt-dir ck";
-        double secs;
-        int rc = shell(out, sizeof out, 60, &secs, "cd %s && %s -np 1 %s train %s %s %s : -np 1 %s "
-                       "train %s %s %s", dir, mpirun_prefix(pre, sizeof pre), fsdp_bin, base,
-                       cases[i].flag, cases[i].a, fsdp_bin, base, cases[i].flag, cases[i].b);
-        char want[512];
-        snprintf(want, sizeof want, "%s: process 0 (host %.64s) has '%s', process 1 (host %.64s) "
-                 "has '%s'", cases[i].flag, host, cases[i].a, host, cases[i].b);
-        ck_assert_msg(rc != 0 && rc != 124 && strstr(out, want), "%s: exit %d after %.1f s, want "
-                      "'%s':\n%s", cases[i].flag, rc, secs, want, out);
-        ck_assert_msg(secs < 30, "%s: %.1f s to refuse", cases[i].flag, secs);
-    }
 }
 END_TEST
 
@@ -637,8 +568,6 @@ int main(void)
                     test_unshared_checkpoint_dir_is_refused, test_rank_failure_ends_the_job,
                     test_killed_process_ends_the_job, test_metrics_traces_and_planned_inter_bytes,
                     test_usage_across_processes)},
-        {"jobs", FSDP_TEST_TSAN || FSDP_TEST_ASAN ? 600 : 180, .tmpdir = true,
-         FSDP_TESTS(test_settings_must_agree)},
     };
     return fsdp_test_main("mpi_train", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -4,8 +4,12 @@
  * The first signal asks the trainer to stop (fsdp_train_config.stop): the
  * step in progress finishes, a checkpoint is written with --ckpt-dir, the
  * metrics and the trace are flushed, and the command exits 128 + the
- * signal (130 for SIGINT, 143 for SIGTERM). A second signal exits at once
- * with the same code, losing what was not written yet.
+ * signal (130 for SIGINT, 143 for SIGTERM). In a job of several processes
+ * the signal may reach any one of them: the trainer's stop decision is the
+ * job's, so every process stops after the same step and exits with that
+ * code (cli/main.c ends such a job in order, not as a failure). A second
+ * signal exits at once with the same code, losing what was not written
+ * yet.
  */
 #include <limits.h>
 #include <signal.h>
@@ -71,14 +75,13 @@ enum {
     MAX_EVAL = 1 << 24,      /* held-out problems */
 };
 
-/* The user-facing summary of a run that did not run to its last step. */
+/* The user-facing summary of a run that did not run to its last step
+ * (rank 0's process: the result's steps are its). */
 static void report_early_end(const fsdp_train_config *c, const fsdp_train_result *res)
 {
-    int sig = atomic_load(&g_stop_signal);
     if (res->interrupted) {
-        fprintf(stderr, "fsdp train: stopped by %s after step %d of %d", sig == SIGTERM ? "SIGTERM"
-                                                                         : "SIGINT",
-                res->steps, c->steps);
+        fprintf(stderr, "fsdp train: stopped by %s after step %d of %d",
+                res->stop_code == SIGTERM ? "SIGTERM" : "SIGINT", res->steps, c->steps);
         if (res->ckpt_step >= 0)
             fprintf(stderr, "; checkpoint step %d is in %s: continue with --resume\n",
                     res->ckpt_step, c->ckpt_dir);
@@ -207,11 +210,12 @@ int fsdp_cli_train(int argc, char **argv)
             printf(", held-out accuracy %.1f%%", 100.0 * res.accuracy);
         printf("\n");
     }
-    report_early_end(c, &res);
-    bool interrupted = res.interrupted;
+    if (speaks)
+        report_early_end(c, &res);
+    /* the job's decision: every process exits with the signal that stopped it, whichever
+     * process received it; a signal after the job's last decision is this process's own */
+    int code = res.interrupted ? (res.stop_code ? res.stop_code : sig ? sig : SIGINT) : sig;
     fsdp_train_result_free(&res);
     rc = fsdp_cli_flush("train");
-    if (interrupted || sig)
-        return 128 + (sig ? sig : SIGINT);
-    return rc;
+    return code ? 128 + code : rc;
 }

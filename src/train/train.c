@@ -156,8 +156,10 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
 }
 
 /* This rank's reasons to stop, brought to the barrier after each step (and
- * before the first): its engine's data error; on rank 0 also a stop
- * request, a failed metrics write and a data file that changed. */
+ * before the first): its engine's data error; on the first rank of each
+ * process a stop request (a signal reaches one process: the OR tells every
+ * other); on rank 0 also a failed metrics write and a data file that
+ * changed. */
 static unsigned stop_bits(struct trainer *t, fsdp_engine *e, int rank)
 {
     const fsdp_train_config *cfg = t->cfg;
@@ -168,10 +170,10 @@ static unsigned stop_bits(struct trainer *t, fsdp_engine *e, int rank)
         stop_error(t, st, msg);
         bits |= STOP_DATA;
     }
+    if (rank == t->world->rank_offset && cfg->stop)
+        bits |= fsdp_train_stop_word(atomic_load(cfg->stop));
     if (rank != 0)
         return bits;
-    if (cfg->stop && atomic_load(cfg->stop))
-        bits |= STOP_REQUEST;
     if (t->log.failed)
         bits |= STOP_ERROR;
     if (t->data && (st = fsdp_data_check(t->data)) != FSDP_STATUS_OK) {
@@ -303,13 +305,16 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
 {
     const fsdp_train_config *cfg = t->cfg;
     fsdp_synth_eval ev = {.n_problems = cfg->eval_problems, .n_samples = cfg->n_samples,
-                          .out = t->out, .stop = cfg->stop};
+                          .out = t->out,
+                          .stop = rank == t->world->rank_offset ? cfg->stop : NULL};
     fsdp_status st = fsdp_synth_eval_run(e, rank, &cfg->eng, &t->model, &ev);
     if (rank == 0) {
         t->eval_correct += ev.correct;
         t->eval_seen += ev.seen;
-        if (ev.interrupted)
-            t->res->interrupted = true;
+    }
+    if (rank == t->world->rank_offset && ev.stop_word) {
+        t->res->interrupted = true;
+        t->res->stop_code = fsdp_train_stop_code(ev.stop_word);
     }
     return st;
 }
@@ -321,8 +326,10 @@ static fsdp_status finish_rank(struct trainer *t, fsdp_engine *e, int rank,
 {
     const fsdp_train_config *cfg = t->cfg;
     if (p->why) {
-        if (rank == 0 && (p->why & STOP_REQUEST))
+        if (rank == t->world->rank_offset && (p->why & STOP_REQUEST)) {
             t->res->interrupted = true;
+            t->res->stop_code = fsdp_train_stop_code(p->why);
+        }
         /* the final checkpoint: the state after the last step that counts */
         if (cfg->ckpt_dir && p->clean && p->done > p->saved)
             FSDP_TRY(fsdp_trainer_ckpt_save(t, e, rank, p->done));

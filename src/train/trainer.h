@@ -5,8 +5,9 @@
  * (train.h).
  *
  * Threading: built on the main thread before the ranks start; then rank 0
- * writes the result and the figures, any rank the stop error (under mu),
- * and every rank reads the rest.
+ * writes the result and the figures (the first rank of each process its
+ * res->interrupted and res->stop_code), any rank the stop error (under
+ * mu), and every rank reads the rest.
  */
 #ifndef FSDP_TRAIN_TRAINER_H
 #define FSDP_TRAIN_TRAINER_H
@@ -23,7 +24,8 @@
 
 /* Why the ranks stop early (the bits of the barrier after each step). */
 enum {
-    STOP_REQUEST = 1u << 0, /* cfg->stop: finish, checkpoint, return OK */
+    STOP_REQUEST = 1u << 0, /* cfg->stop: finish, checkpoint, return OK (with its code in
+                             * bits 8..31: fsdp_train_stop_word, train.h) */
     STOP_ERROR = 1u << 1,   /* t->stop_st: the step counts; stop after it */
     STOP_DATA = 1u << 2,    /* a rank could not read this step's batch: it does not count */
 };
