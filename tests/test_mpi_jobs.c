@@ -13,6 +13,9 @@
  *   line; SIGTERM to mpirun reaches every process (Open MPI sends it after
  *   odls_base_sigkill_timeout) with the same outcome, mpirun's own exit
  *   code being Open MPI's.
+ * - Stalls (core/flight.h): a rank that never arrives at a collective, or
+ *   a process that stops, ends the job soon after --watchdog with one
+ *   report naming who has not arrived, a flight record, no checkpoint.
  *
  * Jobs run on this machine (loopback, --oversubscribe); each test skips,
  * saying why, in a build without MPI or without mpirun.
@@ -160,17 +163,19 @@ typedef struct bg_job {
     char dir[4096], log[4200];
 } bg_job;
 
-/* Start `mpirun [mca] -np 2` of a long training run in its own directory,
- * each process wrapped so that its exit code lands in exit.<rank> (the
- * wrapper outlives the signals; fsdp installs its own handlers). direct:
- * no wrapper (mpirun's children are the fsdp processes). */
-static void bg_start(bg_job *j, const char *name, const char *mca, bool direct)
+/* Start `mpirun [mca] -np 2` of a long training run (with `extra`
+ * options) in its own directory, each process wrapped so that its exit
+ * code lands in exit.<rank> (the wrapper outlives the signals; fsdp
+ * installs its own handlers). direct: no wrapper (mpirun's children are
+ * the fsdp processes). */
+static void bg_start(bg_job *j, const char *name, const char *mca, bool direct,
+                     const char *extra)
 {
     char pre[512], cmd[12288], run[8192];
     job_dir(j->dir, sizeof j->dir, name);
     snprintf(j->log, sizeof j->log, "%s/out.txt", j->dir);
     snprintf(run, sizeof run, "%s train --model tiny --seq 16 --batch 2 --devices 2 --eval 0 "
-             "--steps 100000 --ckpt-dir ck --log m.jsonl --quiet", fsdp_bin);
+             "--steps 100000 --ckpt-dir ck --log m.jsonl --quiet %s", fsdp_bin, extra);
     if (direct)
         snprintf(cmd, sizeof cmd, "cd %s && exec env %s %s -np 2 %s > %s 2>&1", j->dir,
                  mpirun_prefix(pre, sizeof pre), mca, run, j->log);
@@ -184,6 +189,17 @@ static void bg_start(bg_job *j, const char *name, const char *mca, bool direct)
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
+}
+
+/* The fsdp process of MPI rank `rank` in job j (asserts it is found;
+ * kills the job otherwise). */
+static pid_t bg_process(bg_job *j, int rank)
+{
+    pid_t pid = job_fsdp_pid(j->mpirun, rank);
+    if (pid < 0)
+        kill(j->mpirun, SIGKILL);
+    ck_assert_msg(pid > 0, "process %d of the job not found", rank);
+    return pid;
 }
 
 /* Lines in dir/name (0 when it does not exist). */
@@ -232,20 +248,28 @@ static int bg_finish(bg_job *j, double limit_s, double *secs, char **out)
     return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
 }
 
+/* Checkpoints in dir/ck. */
+static int n_checkpoints(const char *dir)
+{
+    char ck[4200];
+    snprintf(ck, sizeof ck, "%s/ck", dir);
+    DIR *d = opendir(ck);
+    if (!d)
+        return 0;
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));)
+        n += !strncmp(de->d_name, "step_", 5);
+    closedir(d);
+    return n;
+}
+
 /* What a stopped job must leave: one checkpoint, of the last step the
  * metrics hold, which process 0 names; no failure. */
 static void assert_stopped_in_order(const bg_job *j, const char *out, const char *sig_name)
 {
-    int steps = lines_in(j->dir, "m.jsonl");
+    int steps = lines_in(j->dir, "m.jsonl"), n_ckpt = n_checkpoints(j->dir);
     char ck[4200], want[128];
-    snprintf(ck, sizeof ck, "%s/ck", j->dir);
-    DIR *d = opendir(ck);
-    ck_assert_ptr_nonnull(d);
-    int n_ckpt = 0;
-    for (struct dirent *de; (de = readdir(d));)
-        n_ckpt += !strncmp(de->d_name, "step_", 5);
-    closedir(d);
-    snprintf(ck + strlen(ck), sizeof ck - strlen(ck), "/step_%08d", steps);
+    snprintf(ck, sizeof ck, "%s/ck/step_%08d", j->dir, steps);
     ck_assert_msg(n_ckpt == 1 && fsdp_ckpt_is_complete(ck), "%d checkpoints, want one of step "
                   "%d (%s):\n%.4000s", n_ckpt, steps, ck, out);
     snprintf(want, sizeof want, "stopped by %s after step %d of 100000; checkpoint step %d",
@@ -269,13 +293,9 @@ START_TEST(test_signal_to_one_process_stops_the_job)
         bg_job j;
         char name[32];
         snprintf(name, sizeof name, "sig%zu", i);
-        bg_start(&j, name, "", false);
+        bg_start(&j, name, "", false, "");
         bg_wait_steps(&j, 3);
-        pid_t victim = job_fsdp_pid(j.mpirun, cases[i].victim);
-        if (victim < 0)
-            kill(j.mpirun, SIGKILL);
-        ck_assert_msg(victim > 0, "process %d of the job not found", cases[i].victim);
-        ck_assert_int_eq(kill(victim, cases[i].sig), 0);
+        ck_assert_int_eq(kill(bg_process(&j, cases[i].victim), cases[i].sig), 0);
         double secs;
         char *out;
         int rc = bg_finish(&j, 60, &secs, &out);
@@ -308,7 +328,7 @@ START_TEST(test_signal_to_mpirun_stops_the_job)
 {
     SKIP_UNLESS_MPIRUN();
     bg_job j;
-    bg_start(&j, "sigmpirun", "--mca odls_base_sigkill_timeout 5", true);
+    bg_start(&j, "sigmpirun", "--mca odls_base_sigkill_timeout 5", true, "");
     bg_wait_steps(&j, 3);
     ck_assert_int_eq(kill(j.mpirun, SIGTERM), 0);
     double secs;
@@ -317,6 +337,73 @@ START_TEST(test_signal_to_mpirun_stops_the_job)
     assert_stopped_in_order(&j, out, "SIGTERM");
     printf("SIGTERM to mpirun: stopped after step %d, %.1f s later\n", lines_in(j.dir, "m.jsonl"),
            secs);
+    free(out);
+}
+END_TEST
+
+/* ---- stalls ------------------------------------------------------------------------- */
+
+/* Rank 3 (process 1) never arrives at its 20th collective: the job ends
+ * within seconds of the deadline with one report, from process 1, naming
+ * the missing rank; process 1's flight record lies beside the log; no
+ * checkpoint is written. */
+START_TEST(test_stalled_rank_ends_the_job)
+{
+    SKIP_UNLESS_MPIRUN();
+    static char out[1 << 16];
+    char dir[4096], pre[512], host[FSDP_HOST_MAX], want[256];
+    job_dir(dir, sizeof dir, "stall");
+    gethostname(host, sizeof host);
+    double secs;
+    int rc = shell(out, sizeof out, 120, &secs, "cd %s && %s -np 2 -x FSDP_FAULT=3:stall:20 %s "
+                   "train --model tiny --seq 16 --batch 2 --devices 2 --eval 0 --steps 50 "
+                   "--ckpt-dir ck --log m.jsonl --quiet --watchdog 2", dir,
+                   mpirun_prefix(pre, sizeof pre), fsdp_bin);
+    snprintf(want, sizeof want, "rank 2 (process 1 of 2, host %.64s): stalled: waited ", host);
+    const char *report = strstr(out, want);
+    ck_assert_msg(rc != 0 && rc != 124 && report, "exit %d, want '%s':\n%.4000s", rc, want, out);
+    ck_assert_msg(!strstr(strstr(report, "stalled: waited") + 1, "stalled: waited"),
+                  "more than one report:\n%.4000s", out);
+    ck_assert_msg(strstr(report, "arrived: rank 2; not arrived: rank 3") &&
+                      strstr(report, "rank 3's newest collective: "), "%.4000s", out);
+    ck_assert_msg(secs < 2 + 20, "the job took %.1f s to end", secs);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/m.flight.1.json", dir);
+    ck_assert_msg(access(path, F_OK) == 0, "no %s:\n%.4000s", path, out);
+    ck_assert_int_eq(n_checkpoints(dir), 0);
+    printf("a stalled rank under mpirun: the job ended after %.1f s (watchdog 2 s)\n", secs);
+}
+END_TEST
+
+/* A whole process stops (SIGSTOP): the other process's first rank, waiting
+ * on it between processes, reports it by process, host and ranks after the
+ * deadline (plus its margin for waits on other processes), and the job
+ * ends. */
+START_TEST(test_stopped_process_is_reported)
+{
+    SKIP_UNLESS_MPIRUN();
+    bg_job j;
+    bg_start(&j, "stopped", "", true, "--watchdog 1");
+    bg_wait_steps(&j, 3);
+    pid_t victim = bg_process(&j, 1);
+    ck_assert_int_eq(kill(victim, SIGSTOP), 0);
+    double secs;
+    char *out;
+    int rc = bg_finish(&j, 60, &secs, &out);
+    if (kill(victim, 0) == 0) { /* ours: never leave it stopped */
+        kill(victim, SIGCONT);
+        kill(victim, SIGKILL);
+    }
+    char host[FSDP_HOST_MAX], want[256];
+    gethostname(host, sizeof host);
+    snprintf(want, sizeof want, "every rank of this process arrived; answered: process 0 (this "
+             "one); not answered: process 1 (host %.64s, ranks 2-3)", host);
+    ck_assert_msg(rc != 0 && strstr(out, "rank 0 (process 0 of 2") && strstr(out, want),
+                  "exit %d, want '%s':\n%.4000s", rc, want, out);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/m.flight.json", j.dir);
+    ck_assert_msg(access(path, F_OK) == 0, "no %s:\n%.4000s", path, out);
+    printf("a stopped process: reported and the job ended %.1f s later\n", secs);
     free(out);
 }
 END_TEST
@@ -333,6 +420,8 @@ int main(void)
         {"signals", FSDP_TEST_TSAN || FSDP_TEST_ASAN ? 600 : 180, .tmpdir = true,
          FSDP_TESTS(test_signal_to_one_process_stops_the_job,
                     test_signal_to_mpirun_stops_the_job)},
+        {"stalls", FSDP_TEST_TSAN || FSDP_TEST_ASAN ? 600 : 180, .tmpdir = true,
+         FSDP_TESTS(test_stalled_rank_ends_the_job, test_stopped_process_is_reported)},
     };
     return fsdp_test_main("mpi_jobs", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -21,6 +21,7 @@
 #include "cli/cli.h"
 #include "cli/run_opts.h"
 #include "comm/procs.h"
+#include "core/flight.h"
 #include "data/chat.h"
 #include "train/fit.h"
 
@@ -146,6 +147,12 @@ int fsdp_cli_train(int argc, char **argv)
                  "with --resume: accept another global batch (batch x devices x grad-accum); "
                  "the data continues at step x the new batch, and the run is no longer "
                  "bit-identical to an uninterrupted one");
+    fsdp_opt_add_float(&l, "watchdog", &c->watchdog_s, 0.0, false, FSDP_WATCHDOG_MAX_S, "S",
+                       "stall watchdog: a wait in a collective or barrier longer than S "
+                       "seconds stops the run (no checkpoint) with one report of the step, the "
+                       "collective and the ranks that have not arrived, and a flight record "
+                       "beside --log (else fsdp_flight.json); 0 = off (default FSDP_WATCHDOG, "
+                       "else 300)");
     fsdp_opt_add(&l, "quiet", FSDP_OPT_FLAG, &quiet, NULL,
                  "print only errors and the final summary");
     int rc = fsdp_args_parse("train",
@@ -153,8 +160,8 @@ int fsdp_cli_train(int argc, char **argv)
                              "SIGINT or SIGTERM stop after the current step, with a checkpoint "
                              "(--ckpt-dir), the metrics\nand the trace written, and exit 130 or "
                              "143; a second signal exits at once.\n"
-                             "FSDP_FAULT=RANK:alloc|collective|write:K (testing only) fails the "
-                             "K-th such operation\nof rank RANK.",
+                             "FSDP_FAULT=RANK:alloc|collective|write|stall:K (testing only) fails "
+                             "(stall: holds back)\nthe K-th such operation of rank RANK.",
                              l.v, l.n, argc, argv, NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;

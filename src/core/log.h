@@ -49,6 +49,7 @@ typedef enum fsdp_env_key {
     FSDP_ENV_FAULT,          /* FSDP_FAULT=RANK:OP:K: testing only, core/world.h */
     FSDP_ENV_CPU_STREAMS,    /* FSDP_CPU_STREAMS=inline|async: the cpu backend's streams */
     FSDP_ENV_CPU_STREAM_JITTER, /* FSDP_CPU_STREAM_JITTER=SEED: random delays in async streams */
+    FSDP_ENV_WATCHDOG,       /* FSDP_WATCHDOG=SECONDS: the stall watchdog's deadline (0: off) */
     FSDP_ENV_COUNT
 } fsdp_env_key;
 

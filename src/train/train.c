@@ -30,6 +30,7 @@
 
 #include "comm/procs.h"
 #include "core/clock.h"
+#include "core/flight.h"
 #include "device/cpu.h"
 #include "engine/engine_ckpt.h"
 #include "engine/trace.h"
@@ -62,6 +63,7 @@ void fsdp_train_config_default(fsdp_train_config *cfg)
     cfg->lr_min_frac = 0.1f;
     cfg->eval_problems = 512;
     cfg->n_samples = 5;
+    cfg->watchdog_s = -1; /* FSDP_WATCHDOG's (core/flight.h) */
     cfg->out = stdout;
 }
 
@@ -372,19 +374,6 @@ fail:
     return st;
 }
 
-/* Where process q writes the trace of its ranks: the path itself on
- * process 0, "NAME.q.EXT" ("NAME.q") on the others. */
-static void trace_path_of(const char *path, int q, char *out, size_t n)
-{
-    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
-    if (q == 0)
-        snprintf(out, n, "%s", path);
-    else if (dot && dot > (slash ? slash + 1 : path))
-        snprintf(out, n, "%.*s.%d%s", (int)(dot - path), path, q, dot);
-    else
-        snprintf(out, n, "%s.%d", path, q);
-}
-
 /* Everything the run will write can be written, before any step runs. */
 static fsdp_status outputs_check(const fsdp_train_config *cfg)
 {
@@ -542,6 +531,11 @@ static fsdp_status run_prepare(struct trainer *t, fsdp_engine_config *ec)
     FSDP_TRY(outputs_check(cfg));
     FSDP_TRY(fsdp_procs_world_init(&t->world, cfg->procs, ec->n_ranks / n_procs));
     FSDP_TRY(fsdp_trainer_agree(t));
+    fsdp_output_flight_path(cfg->log_path, t->world->process, t->flight_path,
+                            sizeof t->flight_path);
+    FSDP_TRY(fsdp_world_set_watchdog(t->world, cfg->watchdog_s >= 0 ? cfg->watchdog_s
+                                                                     : t->world->watchdog_s,
+                                     t->flight_path));
     FSDP_TRY(fsdp_engine_shared_init(&t->sh, ec, &t->model, t->data, t->world));
     if (t->mf) {
         t->sh.init_fn = fsdp_modelfile_init_fn;
@@ -601,7 +595,7 @@ static fsdp_status outputs_close(struct trainer *t, fsdp_status st, bool launche
     char *keep = st != FSDP_STATUS_OK ? strdup(fsdp_error_msg()) : NULL;
     if (launched && t->sh.trace) {
         char path[4096 + 16];
-        trace_path_of(cfg->trace_path, t->world->process, path, sizeof path);
+        fsdp_output_process_path(cfg->trace_path, t->world->process, path, sizeof path);
         fsdp_status ts = fsdp_trace_write(t->sh.trace, path);
         if (ts != FSDP_STATUS_OK && st == FSDP_STATUS_OK)
             st = ts;

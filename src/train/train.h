@@ -36,6 +36,11 @@ typedef struct fsdp_train_config {
     int ckpt_keep;            /* keep the K newest complete checkpoints; 0: all */
     bool resume;              /* start from the newest complete checkpoint in ckpt_dir, if any */
     bool allow_batch_change;  /* resume with another global batch (engine/engine_ckpt.h) */
+    float watchdog_s;         /* the stall watchdog (core/flight.h): a wait in a collective
+                               * or barrier longer than this ends the run with STALLED and
+                               * one report, no checkpoint; 0: off; < 0: FSDP_WATCHDOG's
+                               * (default 300). The flight record goes beside log_path
+                               * (fsdp_output_flight_path, train/outputs.h) */
     int stop_after;           /* tests: leave the loop after this global step as a crash
                                * would, without a final checkpoint (0: run to steps) */
     const atomic_int *stop;   /* set (nonzero) to stop early: the step in progress finishes,

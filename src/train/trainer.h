@@ -55,6 +55,7 @@ struct trainer {
     int start_step;
     fsdp_modelfile *mf;       /* --model FILE: the initial weights, or NULL */
     fsdp_ckpt_lock ck_lock;   /* --ckpt-dir held for the run: one run per directory */
+    char flight_path[4096 + 32]; /* where a stall writes this process's flight record */
 };
 
 /* A job of several processes (train_agree.c): every setting that changes
