@@ -243,7 +243,7 @@ START_TEST(test_stall_ends_the_run_with_one_report)
     char dir[512], log[512], spec[64], flight[512];
     fsdp_test_path(dir, sizeof dir, "stall_ck");
     fsdp_test_path(log, sizeof log, "stall.jsonl");
-    fsdp_test_path(flight, sizeof flight, "stall.flight.json");
+    snprintf(flight, sizeof flight, "%.*s.flight.json", (int)(strlen(log) - 6), log);
     snprintf(spec, sizeof spec, "1:stall:%ld", k);
     setenv("FSDP_FAULT", spec, 1);
     double t0 = now_s();
