@@ -231,7 +231,8 @@ info:
 $(BUILD)/obj/src/ops/cpu/%.o: CFLAGS += -ftree-vectorize -fvect-cost-model=dynamic -fno-trapping-math
 $(BUILD)/obj/src/comm/mpi_procs.o: CFLAGS += $(MPI_CFLAGS)
 # The multi-process suites launch jobs with this mpirun ("" without MPI: skipped).
-$(BUILD)/tests/test_mpi_procs $(BUILD)/tests/test_mpi_train: CFLAGS += -DFSDP_MPIRUN='"$(MPIRUN_PATH)"'
+$(BUILD)/tests/test_mpi_procs $(BUILD)/tests/test_mpi_train \
+$(BUILD)/tests/test_mpi_jobs: CFLAGS += -DFSDP_MPIRUN='"$(MPIRUN_PATH)"'
 
 $(BUILD)/obj/%.o: %.c
 	$(call stage,CC,C sources -> $(BUILD)/obj/ (V=1 prints the commands))
@@ -270,8 +271,8 @@ $(BUILD)/tools/%: tools/%.c $(LIB)
 # the golden trajectory, checkpoint round trips, several processes, faults.
 # A ThreadSanitizer build runs the heaviest of them only (time).
 ASYNC_SUITES ?= $(if $(filter 1,$(TSAN)),test_engine test_ckpt,test_engine test_golden \
-                test_ckpt test_compat test_llama test_model test_mpi_train test_faults \
-                test_optim_train test_train_errors test_hostile)
+                test_ckpt test_compat test_llama test_model test_mpi_train test_mpi_jobs \
+                test_faults test_optim_train test_train_errors test_hostile)
 ASYNC_JITTER ?= 1
 test: all $(TEST_BIN)
 	@tools/run_tests.sh $(TEST_BIN) --async $(ASYNC_JITTER) $(ASYNC_SUITES:%=$(BUILD)/tests/%)

@@ -1,17 +1,18 @@
 /*
  * mpirun_util.h - what the suites that start jobs with Open MPI's mpirun
- * (test_mpi_procs, test_mpi_train) share: why such a test must skip, the
- * mpirun command line for a job on this machine (loopback, with the
- * sanitizer allowances test_mpi_procs.c explains), and running a command
- * line with its output captured.
+ * (test_mpi_procs, test_mpi_train, test_mpi_jobs) share: why such a test
+ * must skip, the mpirun command line for a job on this machine (loopback,
+ * with the sanitizer allowances test_mpi_procs.c explains), and running a
+ * command line with its output captured.
  *
  * Header-only: FSDP_MPIRUN, the mpirun the build found, is passed by the
- * Makefile to these two suites alone.
+ * Makefile to these suites alone.
  */
 #ifndef FSDP_TESTS_MPIRUN_UTIL_H
 #define FSDP_TESTS_MPIRUN_UTIL_H
 
 #include <check.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -86,6 +87,32 @@ static inline int run_captured(const char *cmd, char *out, size_t cap, double *s
         *secs = now_s() - t0;
     ck_assert_msg(!strstr(out, "Sanitizer"), "a sanitizer spoke:\n%s", out);
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+}
+
+/* Run a shell command line (printf-style) for at most limit_s seconds;
+ * its output in out. Returns the exit code (124: timed out); *secs how
+ * long it ran. A sanitizer's report in the output fails the test. */
+static inline int shell(char *out, size_t cap, int limit_s, double *secs, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static inline int shell(char *out, size_t cap, int limit_s, double *secs, const char *fmt, ...)
+{
+    char line[8192], cmd[8400];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    ck_assert(n > 0 && (size_t)n < sizeof line);
+    snprintf(cmd, sizeof cmd, "timeout -k 5 %d sh -c '%s' 2>&1", limit_s, line);
+    return run_captured(cmd, out, cap, secs);
+}
+
+/* The mpirun in front of `fsdp`: loopback on one machine, and the
+ * sanitizer allowances (test_mpi_procs.c says why). */
+static inline const char *mpirun_prefix(char *buf, size_t n)
+{
+    char mpi[480];
+    snprintf(buf, n, MPIRUN_ENV " %s", mpirun_cmd(mpi, sizeof mpi));
+    return buf;
 }
 
 #endif /* FSDP_TESTS_MPIRUN_UTIL_H */

@@ -21,6 +21,7 @@
 #include "comm_util.h"
 #include "core/bf16.h"
 #include "core/clock.h"
+#include "core/flight.h"
 #include "core/rng.h"
 #include "core/world.h"
 #include "device/device.h"
@@ -547,6 +548,59 @@ START_TEST(test_fault_in_kth_collective_aborts_others)
 }
 END_TEST
 
+/* The stall watchdog (core/flight.h): rank `bad` holds back its k-th
+ * collective (FSDP_FAULT's stall); the first rank to wait past the
+ * deadline ends the launch with one report naming the collective, who
+ * arrived, who did not and what that rank ran last; every other rank
+ * returns ABORTED; the world then runs cleanly. */
+START_TEST(test_stall_in_kth_collective_is_reported)
+{
+    static const char *const kinds[FAULT_SEQ + 1] = {
+        "", "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "all_reduce"};
+    static const char *const arrived[4] = {"ranks 1-3", "ranks 0, 2-3", "ranks 0-1, 3",
+                                           "ranks 0-2"};
+    const double limit = 0.4;
+    int n = 4;
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, n), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_world_set_watchdog(w, limit, NULL), FSDP_STATUS_OK);
+    for (int k = 1; k <= FAULT_SEQ; k += 2) {
+        int bad = (k * 3) % n;
+        struct fault_arg a = {.late_rank = -1};
+        fsdp_world_set_fault(w, FSDP_FAULT_STALL, bad, k);
+        double t0 = fsdp_now_s();
+        fsdp_status st = fsdp_world_launch(w, fault_rank, &a);
+        double dt = fsdp_now_s() - t0;
+        const char *msg = fsdp_error_msg();
+        ck_assert_msg(st == FSDP_STATUS_STALLED, "k=%d: launcher returned %s: %s", k,
+                      fsdp_status_name(st), msg);
+        char want[3][160];
+        snprintf(want[0], sizeof want[0], "collective %d (%s", k, kinds[k]);
+        snprintf(want[1], sizeof want[1], "arrived: %s; not arrived: rank %d", arrived[bad], bad);
+        snprintf(want[2], sizeof want[2], "rank %d's newest collective: %s", bad, kinds[k]);
+        for (int i = 0; i < 3; i++)
+            ck_assert_msg(strstr(msg, want[i]), "k=%d: the report lacks '%s':\n%s", k, want[i],
+                          msg);
+        ck_assert_msg(strstr(msg, "stalled: waited") && strstr(msg, "--watchdog 0.4"), "%s", msg);
+        int n_stalled = 0;
+        for (int r = 0; r < n; r++) {
+            n_stalled += a.st[r] == FSDP_STATUS_STALLED;
+            ck_assert_msg(a.st[r] == FSDP_STATUS_STALLED || a.st[r] == FSDP_STATUS_ABORTED,
+                          "k=%d rank %d: %s: %s", k, r, fsdp_status_name(a.st[r]), a.msg[r]);
+        }
+        ck_assert_msg(n_stalled == 1, "k=%d: %d reports", k, n_stalled);
+        ck_assert_int_eq(a.st[bad], FSDP_STATUS_ABORTED);
+        ck_assert_msg(dt >= limit && dt < limit + 1.5, "k=%d: the stall ended the launch after "
+                      "%.2f s (limit %.1f s)", k, dt, limit);
+        ck_assert_ptr_null(w->comm_shared);
+    }
+    fsdp_world_set_fault(w, FSDP_FAULT_STALL, 0, 0);
+    struct fault_arg a = {.late_rank = 2};
+    ck_assert_int_eq(fsdp_world_launch(w, fault_rank, &a), FSDP_STATUS_OK);
+    fsdp_world_free(w);
+}
+END_TEST
+
 /* Communicators kept across launches: a collective fails in launch 1, and
  * launch 2 uses the same communicators (no re-init). The ranks that gave
  * up withdrew their arrival, so all ranks are in step again. */
@@ -605,17 +659,23 @@ static fsdp_status persist_rank(fsdp_world *w, int rank, void *p)
     return st;
 }
 
+/* _i = 0: rank 1's third collective fails; 1: it stalls until the
+ * watchdog ends the launch. */
 START_TEST(test_comm_survives_failed_launch)
 {
     fsdp_world *w = NULL;
     ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_world_set_watchdog(w, 0.3, NULL), FSDP_STATUS_OK);
     struct persist_arg *a = calloc(1, sizeof *a);
-    fsdp_world_set_fault(w, FSDP_FAULT_COLLECTIVE, 1, 3);
+    fsdp_fault_kind kind = _i ? FSDP_FAULT_STALL : FSDP_FAULT_COLLECTIVE;
+    fsdp_world_set_fault(w, kind, 1, 3);
     a->phase = 0;
-    ck_assert_int_eq(fsdp_world_launch(w, persist_rank, a), FSDP_STATUS_INTERNAL);
-    ck_assert_int_eq(a->fa.st[0], FSDP_STATUS_ABORTED);
-    ck_assert_int_eq(a->fa.st[1], FSDP_STATUS_INTERNAL);
-    fsdp_world_set_fault(w, FSDP_FAULT_COLLECTIVE, 0, 0);
+    ck_assert_int_eq(fsdp_world_launch(w, persist_rank, a),
+                     _i ? FSDP_STATUS_STALLED : FSDP_STATUS_INTERNAL);
+    ck_assert_int_eq(a->fa.st[1], _i ? FSDP_STATUS_ABORTED : FSDP_STATUS_INTERNAL);
+    if (!_i)
+        ck_assert_int_eq(a->fa.st[0], FSDP_STATUS_ABORTED);
+    fsdp_world_set_fault(w, kind, 0, 0);
     a->phase = 1;
     fsdp_status st = fsdp_world_launch(w, persist_rank, a);
     ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
@@ -967,8 +1027,9 @@ int main(void)
                     test_transport_groups, test_comm_init_refuses_misfit)},
         {"failures", 60,
          FSDP_TESTS(test_fault_in_kth_collective_aborts_others, test_abort_while_waiting,
-                    test_comm_survives_failed_launch, test_mismatched_collectives_fail_cleanly,
-                    test_init_twice_refused)},
+                    FSDP_TEST_LOOP(test_comm_survives_failed_launch, 2),
+                    test_mismatched_collectives_fail_cleanly, test_init_twice_refused,
+                    test_stall_in_kth_collective_is_reported)},
     };
     return fsdp_test_main("comm", tcases, FSDP_TEST_LEN(tcases));
 }

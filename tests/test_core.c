@@ -16,6 +16,8 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/flight.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "core/world.h"
 #include "device/device.h"
@@ -437,11 +439,105 @@ END_TEST
 
 /* ---- names and messages ---------------------------------------------------- */
 
+/* ---- the stall watchdog (core/flight.h) ------------------------------------------ */
+
+/* Every rank meets twice; rank `late` skips the second barrier and waits
+ * for the world to stop (a rank that never arrives). */
+struct stall_arg {
+    int late;
+    struct ranks_seen s;
+};
+
+static fsdp_status stall_rank(fsdp_world *w, int rank, void *p)
+{
+    struct stall_arg *a = p;
+    fsdp_flight_step(w, rank, 7);
+    fsdp_status st = fsdp_world_barrier(w);
+    if (st == FSDP_STATUS_OK && rank == a->late) {
+        fsdp_world_wait_aborted(w);
+        st = fsdp_error_set(FSDP_STATUS_ABORTED, "rank %d: stopped", rank);
+    } else if (st == FSDP_STATUS_OK) {
+        st = fsdp_world_barrier(w);
+    }
+    a->s.st[rank] = st;
+    snprintf(a->s.msg[rank], sizeof a->s.msg[rank], "%s", st ? fsdp_error_msg() : "");
+    return st;
+}
+
+/* A barrier that a rank never reaches: one report names the barrier, the
+ * step, who arrived and what the missing rank did last, within the
+ * deadline; the flight record file holds every rank's last collectives;
+ * the world runs again afterwards. */
+START_TEST(test_barrier_stall_is_reported)
+{
+    const double limit = 0.3;
+    char path[512];
+    fsdp_test_path(path, sizeof path, "flight.json");
+    fsdp_world *w = NULL;
+    ck_assert_int_eq(fsdp_world_init(&w, 3), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_world_set_watchdog(w, limit, path), FSDP_STATUS_OK);
+    ck_assert(fsdp_watchdog_deadline(w, false) == 0); /* no deadline while nothing runs */
+    struct stall_arg *a = calloc(1, sizeof *a);
+    a->late = 2;
+    double t0 = now_s();
+    fsdp_status st = fsdp_world_launch(w, stall_rank, a);
+    double dt = now_s() - t0;
+    const char *msg = fsdp_error_msg();
+    ck_assert_msg(st == FSDP_STATUS_STALLED, "%s: %s", fsdp_status_name(st), msg);
+    static const char *const want[] = {
+        "stalled: waited", "at step 7 in barrier of this process's ranks",
+        "the barrier of this process's ranks (0-2): arrived: ranks 0-1; not arrived: rank 2",
+        "rank 2's newest collective: barrier of this process's ranks, barrier at step 7 (record "
+        "entry 1), done",
+        "the last collectives of this process's ranks are in "};
+    for (size_t i = 0; i < FSDP_TEST_LEN(want); i++)
+        ck_assert_msg(strstr(msg, want[i]), "the report lacks '%s':\n%s", want[i], msg);
+    ck_assert_msg(dt >= limit && dt < limit + 1.0, "ended after %.2f s", dt);
+    ck_assert_int_eq(a->s.st[2], FSDP_STATUS_ABORTED);
+    ck_assert_msg((a->s.st[0] == FSDP_STATUS_STALLED) + (a->s.st[1] == FSDP_STATUS_STALLED) == 1,
+                  "%s / %s", a->s.msg[0], a->s.msg[1]);
+    /* the record: JSON, every rank, their barriers in order */
+    fsdp_json *j = NULL;
+    ck_assert_int_eq(fsdp_json_parse_file(path, &j), FSDP_STATUS_OK);
+    const fsdp_json *ranks = fsdp_json_get(j, "ranks");
+    ck_assert_msg(ranks && ranks->n == 3, "%s", path);
+    int reporter = a->s.st[0] == FSDP_STATUS_STALLED ? 0 : 1;
+    const fsdp_json *c0 = fsdp_json_get(fsdp_json_at(ranks, reporter), "collectives");
+    ck_assert(c0 && c0->n == 2); /* still waiting when it reported */
+    ck_assert_str_eq(fsdp_json_get(fsdp_json_at(c0, 1), "state")->str, "running");
+    const fsdp_json *c2 = fsdp_json_get(fsdp_json_at(ranks, 2), "collectives");
+    ck_assert(c2 && c2->n == 1);
+    ck_assert_str_eq(fsdp_json_get(fsdp_json_at(c2, 0), "state")->str, "done");
+    ck_assert(strstr(fsdp_json_get(j, "report")->str, "not arrived: rank 2"));
+    fsdp_json_free(j);
+    /* the same world meets again */
+    a->late = -1;
+    ck_assert_int_eq(fsdp_world_launch(w, stall_rank, a), FSDP_STATUS_OK);
+    /* off: no deadline */
+    ck_assert_int_eq(fsdp_world_set_watchdog(w, 0, NULL), FSDP_STATUS_OK);
+    ck_assert_ptr_null(w->flight);
+    ck_assert_int_eq(fsdp_world_set_watchdog(w, -1, NULL), FSDP_STATUS_INVALID_ARG);
+    free(a);
+    fsdp_world_free(w);
+}
+END_TEST
+
+/* Rank lists in reports. */
+START_TEST(test_flight_rank_lists)
+{
+    char buf[64];
+    ck_assert_str_eq(fsdp_flight_ranks((int[]){0, 1, 2, 5, 7, 8}, 6, buf, sizeof buf),
+                     "0-2, 5, 7-8");
+    ck_assert_str_eq(fsdp_flight_ranks((int[]){3}, 1, buf, sizeof buf), "3");
+    ck_assert_str_eq(fsdp_flight_ranks(NULL, 0, buf, sizeof buf), "");
+}
+END_TEST
+
 START_TEST(test_status_and_dtype_names)
 {
     static const char *const want[FSDP_STATUS_COUNT] = {
         "OK", "INVALID_ARG", "OOM", "IO", "FORMAT", "CUDA", "NCCL",
-        "ABORTED", "UNSUPPORTED", "INTERNAL", "NONFINITE",
+        "ABORTED", "UNSUPPORTED", "INTERNAL", "NONFINITE", "STALLED",
     };
     for (int st = 0; st < FSDP_STATUS_COUNT; st++)
         ck_assert_str_eq(fsdp_status_name((fsdp_status)st), want[st]);
@@ -746,6 +842,8 @@ int main(void)
                     test_error_messages_are_per_thread, test_first_error_kept, test_parse_bytes,
                     test_fmt_bytes)},
         {"log", 30, FSDP_TESTS(test_log_settings)},
+        {"watchdog", 30, .tmpdir = true,
+         FSDP_TESTS(test_barrier_stall_is_reported, test_flight_rank_lists)},
     };
     return fsdp_test_main("core", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -17,6 +17,7 @@
 
 #include "comm/cuda_comm.h"
 #include "core/bf16.h"
+#include "core/flight.h"
 #include "core/rng.h"
 #include "core/world.h"
 #include "cuda_test.h"
@@ -28,6 +29,7 @@
 struct rdv_arg {
     int rounds;
     int fail_rank, fail_round; /* -1: none */
+    bool stall;                /* the failing rank does not come (until the world stops) */
     int bad[8];
     fsdp_status st[8];
 };
@@ -40,7 +42,10 @@ static fsdp_status rdv_rank(fsdp_world *w, int rank, void *arg)
     fsdp_status st = FSDP_STATUS_OK;
     for (int k = 0; k < a->rounds && st == FSDP_STATUS_OK; k++) {
         if (rank == a->fail_rank && k == a->fail_round) {
-            st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d fails on purpose", rank);
+            if (a->stall)
+                fsdp_world_wait_aborted(w);
+            st = fsdp_error_set(a->stall ? FSDP_STATUS_ABORTED : FSDP_STATUS_INTERNAL,
+                                "rank %d fails on purpose", rank);
             break;
         }
         long mine[3] = {rank, k, rank * 1000 + k}, all[8][3];
@@ -80,6 +85,35 @@ START_TEST(test_rdv_exchange_and_abort)
     ck_assert_ptr_null(w->rdv_shared);
 
     /* the world is usable again after the abort */
+    struct rdv_arg c = {.rounds = 20, .fail_rank = -1, .fail_round = -1};
+    ck_assert_int_eq(fsdp_world_launch(w, rdv_rank, &c), FSDP_STATUS_OK);
+    fsdp_world_free(w);
+}
+END_TEST
+
+/* The stall watchdog (core/flight.h) on the rendezvous, the wait of the
+ * peer and nccl collectives on the host: rank 1 does not come to exchange
+ * 41; one report names the handshake and who has not arrived, within the
+ * deadline; the world is usable again. */
+START_TEST(test_rdv_stall_is_reported)
+{
+    fsdp_world *w;
+    ck_assert_int_eq(fsdp_world_init(&w, 4), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_world_set_watchdog(w, 0.3, NULL), FSDP_STATUS_OK);
+    struct rdv_arg b = {.rounds = 100, .fail_rank = 1, .fail_round = 40, .stall = true};
+    double t0 = now_s();
+    fsdp_status st = fsdp_world_launch(w, rdv_rank, &b);
+    double dt = now_s() - t0;
+    const char *msg = fsdp_error_msg();
+    ck_assert_msg(st == FSDP_STATUS_STALLED, "%s: %s", fsdp_status_name(st), msg);
+    ck_assert_msg(strstr(msg, "the collective handshake 41 of the job's ranks") &&
+                      strstr(msg, "arrived: ranks 0, 2-3; not arrived: rank 1"), "%s", msg);
+    ck_assert_msg(dt >= 0.3 && dt < 2.0, "ended after %.2f s", dt);
+    int n_stalled = 0;
+    for (int r = 0; r < 4; r++)
+        n_stalled += b.st[r] == FSDP_STATUS_STALLED;
+    ck_assert_int_eq(n_stalled, 1);
+    ck_assert_ptr_null(w->rdv_shared);
     struct rdv_arg c = {.rounds = 20, .fail_rank = -1, .fail_round = -1};
     ck_assert_int_eq(fsdp_world_launch(w, rdv_rank, &c), FSDP_STATUS_OK);
     fsdp_world_free(w);
@@ -626,7 +660,7 @@ int main(void)
     /* Nothing CUDA here: Check forks each test, and CUDA must not be
      * initialised in the parent. */
     const fsdp_test_tcase tcases[] = {
-        {"everywhere", 60, FSDP_TESTS(test_rdv_exchange_and_abort)},
+        {"everywhere", 60, FSDP_TESTS(test_rdv_exchange_and_abort, test_rdv_stall_is_reported)},
         {"collectives", 120,
          FSDP_TESTS(test_nccl_smoke, FSDP_TEST_LOOP(test_peer_collectives, 4),
                     test_peer_collectives_chunked, FSDP_TEST_LOOP(test_nccl_collectives, 2),

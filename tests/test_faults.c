@@ -213,7 +213,7 @@ START_TEST(test_fault_spec_errors)
     static const text_case cases[] = {
         {"1:alloc", "is not RANK:OP:K"},
         {"x:alloc:1", "is not RANK:OP:K"},
-        {"0:disk:1", "unknown value 'disk' (expected alloc, collective or write)"},
+        {"0:disk:1", "unknown value 'disk' (expected alloc, collective, write or stall)"},
         {"0:alloc:0", "K >= 1"},
         {"0:alloc:1x", "is not RANK:OP:K"},
         {"5:alloc:1", "names rank 5, but this run has 2 ranks"},
@@ -227,6 +227,50 @@ START_TEST(test_fault_spec_errors)
                       cases[i].in, rc, out);
         n_cases++;
     }
+}
+END_TEST
+
+/* ---- the stall watchdog -------------------------------------------------------- */
+
+/* Rank 1 never arrives at a collective of step 2 (FSDP_FAULT's stall):
+ * with --watchdog 1 the run ends within seconds, exit 1, with one report
+ * naming step 2, the collective, who arrived and who did not; the flight
+ * record lies beside --log; step 2 is not checkpointed and step 1's
+ * checkpoint loads. */
+START_TEST(test_stall_ends_the_run_with_one_report)
+{
+    long k = count_ops("collective", 1, 1) + 3; /* early in step 2 */
+    char dir[512], log[512], spec[64], flight[512];
+    fsdp_test_path(dir, sizeof dir, "stall_ck");
+    fsdp_test_path(log, sizeof log, "stall.jsonl");
+    snprintf(flight, sizeof flight, "%.*s.flight.json", (int)(strlen(log) - 6), log);
+    snprintf(spec, sizeof spec, "1:stall:%ld", k);
+    setenv("FSDP_FAULT", spec, 1);
+    double t0 = now_s();
+    int rc = fsdp_test_cli(out, sizeof out, MATRIX_ARGS " --watchdog 1", dir, log, 5);
+    double dt = now_s() - t0;
+    unsetenv("FSDP_FAULT");
+    ck_assert_msg(rc == 1, "exit %d:\n%.3000s", rc, out);
+    ck_assert_msg(dt < 15, "the stalled run took %.1f s to end", dt);
+    const char *report = strstr(out, "error: rank 0: stalled: waited ");
+    ck_assert_msg(report && !strstr(strstr(report, "stalled: waited") + 1, "stalled: waited"),
+                  "not one report:\n%.3000s", out);
+    static const char *const want[] = {"(the watchdog's limit, --watchdog 1) at step 2 in ",
+                                       "arrived: rank 0; not arrived: rank 1",
+                                       "rank 1's newest collective: ", "stall.flight.json"};
+    for (size_t i = 0; i < FSDP_TEST_LEN(want); i++)
+        ck_assert_msg(strstr(report, want[i]), "the report lacks '%s':\n%.3000s", want[i], out);
+    char *rec = fsdp_test_read_file(flight, NULL);
+    ck_assert_msg(strstr(rec, "\"fsdp_flight_record\":1") && strstr(rec, "\"rank\":1,\"step\":2"),
+                  "%.2000s", rec);
+    free(rec);
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/step_%08d", dir, 2);
+    ck_assert_msg(!fsdp_ckpt_is_complete(ck), "step 2 was checkpointed:\n%.3000s", out);
+    snprintf(ck, sizeof ck, "%s/step_%08d", dir, 1);
+    ck_assert_msg(fsdp_ckpt_is_complete(ck), "no checkpoint of step 1:\n%.3000s", out);
+    assert_ckpt_loads(dir, "stall");
+    n_cases++;
 }
 END_TEST
 
@@ -618,7 +662,8 @@ int main(void)
                     test_second_signal_exits_at_once, test_data_truncated_under_a_run,
                     test_nonfinite_from_the_command, test_corrupt_model_exits_1,
                     test_hostile_arguments, test_outputs_fail_before_step_1, test_resume_cases,
-                    test_plan_and_train_defaults_agree, test_messages)},
+                    test_plan_and_train_defaults_agree, test_messages,
+                    test_stall_ends_the_run_with_one_report)},
     };
     return fsdp_test_main("faults", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -24,6 +24,8 @@
 #include "comm/procs.h"
 #include "comm/transport.h"
 #include "comm_util.h"
+#include "core/clock.h"
+#include "core/flight.h"
 #include "core/world.h"
 #include "device/device.h"
 #include "testutil.h"
@@ -42,6 +44,7 @@ struct loop_msg {
 struct loop_job {
     int P;
     bool no_xfer;               /* act as the dir procs: no collective data */
+    double watchdog_s;          /* > 0: every process's stall watchdog (core/flight.h) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     struct loop_msg *head[LOOP_MAX][LOOP_MAX][LOOP_CHANNELS]; /* [from][to][channel] */
@@ -238,6 +241,8 @@ static void *sim_main(void *p)
     snprintf(pr->host, sizeof pr->host, "sim%d", s->me);
     fsdp_world *w = NULL;
     s->st = fsdp_procs_world_init(&w, pr, s->n_local);
+    if (s->st == FSDP_STATUS_OK && s->job->watchdog_s > 0)
+        s->st = fsdp_world_set_watchdog(w, s->job->watchdog_s, NULL);
     if (s->st == FSDP_STATUS_OK)
         s->st = fsdp_world_launch(w, s->fn, s->arg);
     snprintf(s->msg, sizeof s->msg, "%s", fsdp_error_msg());
@@ -295,13 +300,13 @@ static void every_process_ended(const struct sim *sims, int P, fsdp_status st, c
                       fsdp_status_name(sims[p].st), sims[p].msg);
 }
 
-/* Run fn as job j (j->P processes of L ranks each, or n_local[p]): every
- * process must end with st and a message holding frag. */
+/* Run fn(arg) as job j (j->P processes of L ranks each, or n_local[p]):
+ * every process must end with st and a message holding frag. */
 static void run_job_ending(struct loop_job *j, int L, const int *n_local, fsdp_rank_fn fn,
-                           fsdp_status st, const char *frag)
+                           const void *arg, fsdp_status st, const char *frag)
 {
     struct sim sims[LOOP_MAX];
-    run_job(j, j->P, L, n_local, fn, NULL, sims);
+    run_job(j, j->P, L, n_local, fn, (void *)arg, sims);
     every_process_ended(sims, j->P, st, frag);
 }
 
@@ -841,15 +846,14 @@ END_TEST
 
 /* Rank 3 (process 1) fails in its 3rd collective; process 0, waiting for
  * its data, ends too, with that first error named: rank, process, host,
- * collective. */
+ * collective. p: the fault's kind (FSDP_FAULT_COLLECTIVE, or STALL). */
 static fsdp_status fault_rank(fsdp_world *w, int rank, void *p)
 {
-    (void)p;
     struct rank_env e;
     float buf[40] = {0}, out[40];
     fsdp_status st = env_init(&e, w, rank);
     if (rank == 3) /* counted on rank 3's own thread: arm it there */
-        fsdp_world_set_fault(w, FSDP_FAULT_COLLECTIVE, 3, 3);
+        fsdp_world_set_fault(w, *(const fsdp_fault_kind *)p, 3, 3);
     for (int i = 0; i < 10 && st == FSDP_STATUS_OK; i++)
         st = fsdp_comm_all_reduce(&e.comm, buf, out, 10, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
     env_fini(&e);
@@ -860,10 +864,31 @@ START_TEST(test_rank_failure_ends_every_process)
 {
     struct loop_job j;
     job_init(&j, 2);
-    run_job_ending(&j, 2, NULL, fault_rank, FSDP_STATUS_INTERNAL,
+    static const fsdp_fault_kind fail = FSDP_FAULT_COLLECTIVE;
+    run_job_ending(&j, 2, NULL, fault_rank, &fail, FSDP_STATUS_INTERNAL,
                    "rank 3 (process 1 of 2, host sim1): injected failure in collective 3 "
                    "(all_reduce)");
     ck_assert_int_eq(j.n_fail_calls, 1); /* process 1 told the others once */
+    job_fini(&j, false);
+}
+END_TEST
+
+/* Rank 3 (process 1) never arrives at its 3rd collective: process 1's
+ * other rank, waiting for it in the mpi transport's local meeting, reports
+ * the stall (the stall watchdog, core/flight.h) and every process ends
+ * with that report. */
+START_TEST(test_stall_ends_every_process)
+{
+    struct loop_job j;
+    job_init(&j, 2);
+    j.watchdog_s = 0.4;
+    double t0 = fsdp_now_s();
+    static const fsdp_fault_kind stall = FSDP_FAULT_STALL;
+    run_job_ending(&j, 2, NULL, fault_rank, &stall, FSDP_STATUS_STALLED,
+                   "rank 2 (process 1 of 2, host sim1): stalled: waited");
+    double dt = fsdp_now_s() - t0;
+    ck_assert_msg(dt < 2.0, "the stall took %.2f s to end the job", dt);
+    ck_assert_int_eq(j.n_fail_calls, 1); /* one report, told to the others once */
     job_fini(&j, false);
 }
 END_TEST
@@ -879,7 +904,7 @@ START_TEST(test_processes_must_agree_on_devices)
     struct loop_job j;
     int n_local[2] = {2, 3};
     job_init(&j, 2);
-    run_job_ending(&j, 0, n_local, devices_rank, FSDP_STATUS_INVALID_ARG,
+    run_job_ending(&j, 0, n_local, devices_rank, NULL, FSDP_STATUS_INVALID_ARG,
                    "give every process the same --devices");
     job_fini(&j, true);
 }
@@ -901,7 +926,8 @@ START_TEST(test_mpi_needs_procs_that_carry_data)
     struct loop_job j;
     job_init(&j, 2);
     j.no_xfer = true;
-    run_job_ending(&j, 1, NULL, no_data_rank, FSDP_STATUS_UNSUPPORTED, "launch them with mpirun");
+    run_job_ending(&j, 1, NULL, no_data_rank, NULL, FSDP_STATUS_UNSUPPORTED,
+                   "launch them with mpirun");
     job_fini(&j, true);
 }
 END_TEST
@@ -964,8 +990,9 @@ int main(void)
                     test_groups_refuse_bad_layouts)},
         {"failures", 120,
          FSDP_TESTS(test_mismatch_between_processes_fails_everywhere,
-                    test_rank_failure_ends_every_process, test_processes_must_agree_on_devices,
-                    test_mpi_needs_procs_that_carry_data, test_rdv_exchange_spans_processes)},
+                    test_rank_failure_ends_every_process, test_stall_ends_every_process,
+                    test_processes_must_agree_on_devices, test_mpi_needs_procs_that_carry_data,
+                    test_rdv_exchange_spans_processes)},
     };
     return fsdp_test_main("mpi", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -25,7 +25,6 @@
  */
 #include <check.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -47,30 +46,6 @@
 
 /* The fsdp binary by its absolute path: jobs run in their own directories. */
 static char fsdp_bin[4096];
-
-/* Run a shell command line (printf-style) for at most limit_s seconds;
- * its output in out. Returns the exit code (124: timed out); *secs how
- * long it ran. A sanitizer's report in the output fails the test. */
-static int shell(char *out, size_t cap, int limit_s, double *secs, const char *fmt, ...)
-{
-    char line[8192], cmd[8400];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    ck_assert(n > 0 && (size_t)n < sizeof line);
-    snprintf(cmd, sizeof cmd, "timeout -k 5 %d sh -c '%s' 2>&1", limit_s, line);
-    return run_captured(cmd, out, cap, secs);
-}
-
-/* The mpirun in front of `fsdp`: loopback on one machine, and the
- * sanitizer allowances (test_mpi_procs.c says why). */
-static const char *mpirun_prefix(char *buf, size_t n)
-{
-    char mpi[480];
-    snprintf(buf, n, MPIRUN_ENV " %s", mpirun_cmd(mpi, sizeof mpi));
-    return buf;
-}
 
 /* `mpirun -np P fsdp train ARGS` in dir; exit code, output in out. */
 static int train_job(char *out, size_t cap, const char *dir, int P, double *secs,

@@ -26,6 +26,8 @@ typedef enum fsdp_status {
     FSDP_STATUS_UNSUPPORTED,  /* valid request this build or backend cannot do */
     FSDP_STATUS_INTERNAL,     /* a broken invariant reported instead of aborting */
     FSDP_STATUS_NONFINITE,    /* the loss or a gradient became NaN or infinite (divergence) */
+    FSDP_STATUS_STALLED,      /* a wait in a collective or barrier passed the stall watchdog's
+                                 deadline (core/flight.h) */
     FSDP_STATUS_COUNT
 } fsdp_status;
 

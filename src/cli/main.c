@@ -11,7 +11,8 @@
  * code 1), so none waits for a dead peer. The other subcommands run in
  * one process and refuse to run as several.
  *
- * Exit codes: 0 ok, 1 runtime error, 2 usage error.
+ * Exit codes: 0 ok, 1 runtime error, 2 usage error; fsdp train 130 or 143
+ * when SIGINT or SIGTERM stopped it (in every process of its job).
  */
 #include <stdio.h>
 #include <string.h>
@@ -63,10 +64,12 @@ static int run_job(int i, int argc, char **argv)
     }
     int rc = commands[i].fn(argc, argv);
     /* any failure ends the whole job: a process that stopped here would
-     * leave the others waiting for it (under MPI this does not return) */
-    fsdp_procs_fini(job_procs, rc == 0 ? FSDP_STATUS_OK
-                               : rc == 2 ? FSDP_STATUS_INVALID_ARG
-                                         : FSDP_STATUS_INTERNAL);
+     * leave the others waiting for it (under MPI this does not return).
+     * 128 + a signal is a stop the job's processes agreed on (cli/train.c),
+     * so every one ends in order with that code, not as a failure. */
+    fsdp_procs_fini(job_procs, rc == 0 || rc > 128 ? FSDP_STATUS_OK
+                               : rc == 2           ? FSDP_STATUS_INVALID_ARG
+                                                   : FSDP_STATUS_INTERNAL);
     job_procs = NULL;
     return rc;
 }

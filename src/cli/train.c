@@ -4,8 +4,12 @@
  * The first signal asks the trainer to stop (fsdp_train_config.stop): the
  * step in progress finishes, a checkpoint is written with --ckpt-dir, the
  * metrics and the trace are flushed, and the command exits 128 + the
- * signal (130 for SIGINT, 143 for SIGTERM). A second signal exits at once
- * with the same code, losing what was not written yet.
+ * signal (130 for SIGINT, 143 for SIGTERM). In a job of several processes
+ * the signal may reach any one of them: the trainer's stop decision is the
+ * job's, so every process stops after the same step and exits with that
+ * code (cli/main.c ends such a job in order, not as a failure). A second
+ * signal exits at once with the same code, losing what was not written
+ * yet.
  */
 #include <limits.h>
 #include <signal.h>
@@ -17,6 +21,7 @@
 #include "cli/cli.h"
 #include "cli/run_opts.h"
 #include "comm/procs.h"
+#include "core/flight.h"
 #include "data/chat.h"
 #include "report/tensorboard.h"
 #include "train/fit.h"
@@ -72,14 +77,13 @@ enum {
     MAX_EVAL = 1 << 24,      /* held-out problems */
 };
 
-/* The user-facing summary of a run that did not run to its last step. */
+/* The user-facing summary of a run that did not run to its last step
+ * (rank 0's process: the result's steps are its). */
 static void report_early_end(const fsdp_train_config *c, const fsdp_train_result *res)
 {
-    int sig = atomic_load(&g_stop_signal);
     if (res->interrupted) {
-        fprintf(stderr, "fsdp train: stopped by %s after step %d of %d", sig == SIGTERM ? "SIGTERM"
-                                                                         : "SIGINT",
-                res->steps, c->steps);
+        fprintf(stderr, "fsdp train: stopped by %s after step %d of %d",
+                res->stop_code == SIGTERM ? "SIGTERM" : "SIGINT", res->steps, c->steps);
         if (res->ckpt_step >= 0)
             fprintf(stderr, "; checkpoint step %d is in %s: continue with --resume\n",
                     res->ckpt_step, c->ckpt_dir);
@@ -148,6 +152,12 @@ int fsdp_cli_train(int argc, char **argv)
                  "with --resume: accept another global batch (batch x devices x grad-accum); "
                  "the data continues at step x the new batch, and the run is no longer "
                  "bit-identical to an uninterrupted one");
+    fsdp_opt_add_float(&l, "watchdog", &c->watchdog_s, 0.0, false, FSDP_WATCHDOG_MAX_S, "S",
+                       "stall watchdog: a wait in a collective or barrier longer than S "
+                       "seconds stops the run (no checkpoint) with one report of the step, the "
+                       "collective and the ranks that have not arrived, and a flight record "
+                       "beside --log (else fsdp_flight.json); 0 = off (default FSDP_WATCHDOG, "
+                       "else 300)");
     fsdp_opt_add(&l, "quiet", FSDP_OPT_FLAG, &quiet, NULL,
                  "print only errors and the final summary");
     int rc = fsdp_args_parse("train",
@@ -155,8 +165,8 @@ int fsdp_cli_train(int argc, char **argv)
                              "SIGINT or SIGTERM stop after the current step, with a checkpoint "
                              "(--ckpt-dir), the metrics\nand the trace written, and exit 130 or "
                              "143; a second signal exits at once.\n"
-                             "FSDP_FAULT=RANK:alloc|collective|write:K (testing only) fails the "
-                             "K-th such operation\nof rank RANK.",
+                             "FSDP_FAULT=RANK:alloc|collective|write|stall:K (testing only) fails "
+                             "(stall: holds back)\nthe K-th such operation of rank RANK.",
                              l.v, l.n, argc, argv, NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;
@@ -217,11 +227,12 @@ int fsdp_cli_train(int argc, char **argv)
             printf(", held-out accuracy %.1f%%", 100.0 * res.accuracy);
         printf("\n");
     }
-    report_early_end(c, &res);
-    bool interrupted = res.interrupted;
+    if (speaks)
+        report_early_end(c, &res);
+    /* the job's decision: every process exits with the signal that stopped it, whichever
+     * process received it; a signal after the job's last decision is this process's own */
+    int code = res.interrupted ? (res.stop_code ? res.stop_code : sig ? sig : SIGINT) : sig;
     fsdp_train_result_free(&res);
     rc = fsdp_cli_flush("train");
-    if (interrupted || sig)
-        return 128 + (sig ? sig : SIGINT);
-    return rc;
+    return code ? 128 + code : rc;
 }

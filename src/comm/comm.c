@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "core/flight.h"
 #include "core/log.h"
 #include "core/world.h"
 
@@ -167,6 +168,11 @@ fsdp_status fsdp_comm_begin_check(const fsdp_comm *c, int rank, long k, int kind
     if (c->world && fsdp_world_fault_hit(c->world, FSDP_FAULT_COLLECTIVE, rank))
         return fsdp_error_set(FSDP_STATUS_INTERNAL,
                               "rank %d: injected failure in collective %ld (%s)", rank, k, what);
+    if (c->world && fsdp_world_fault_hit(c->world, FSDP_FAULT_STALL, rank)) {
+        fsdp_world_wait_aborted(c->world); /* never arrives: the others' watchdog ends it */
+        return fsdp_error_set(FSDP_STATUS_ABORTED, "rank %d: collective %ld (%s) held back by "
+                              "FSDP_FAULT until the job stopped", rank, k, what);
+    }
     if (kind == FSDP_COLL_BARRIER)
         return FSDP_STATUS_OK;
     if ((unsigned)dt >= FSDP_DTYPE_COUNT)
@@ -195,6 +201,22 @@ static void count(fsdp_comm *c, fsdp_coll_kind k, size_t sent, size_t recv)
     c->n_calls[k]++;
 }
 
+const char *fsdp_comm_group_format(const fsdp_comm_group *g, char *buf, size_t n)
+{
+    int last = fsdp_comm_group_rank(g, g->count - 1);
+    if (g->count == 1)
+        snprintf(buf, n, "rank %d", g->first);
+    else if (g->stride == 1)
+        snprintf(buf, n, "ranks %d-%d", g->first, last);
+    else if (g->count <= 4) {
+        size_t at = (size_t)snprintf(buf, n, "ranks %d", g->first);
+        for (int i = 1; i < g->count && at < n; i++)
+            at += (size_t)snprintf(buf + at, n - at, ", %d", fsdp_comm_group_rank(g, i));
+    } else
+        snprintf(buf, n, "ranks %d, %d, ..., %d", g->first, g->first + g->stride, last);
+    return buf;
+}
+
 /* One collective call, as the wrappers below issue it. */
 typedef struct coll_call {
     fsdp_comm *c;
@@ -206,21 +228,41 @@ typedef struct coll_call {
     fsdp_reduce_op op;
     int root;
     fsdp_stream_t s;
+    long seq;             /* its flight record entry (core/flight.h) */
 } coll_call;
 
+/* Record that c's rank issues a collective (the flight record). */
+static long flight_issue(fsdp_comm *c, int kind, size_t numel, const char *dtype,
+                         const char *label)
+{
+    const fsdp_flight_coll rec = {fsdp_coll_kind_name(kind), dtype, numel, c->group.first,
+                                  c->group.stride, c->group.count, label};
+    return fsdp_flight_issue(c->world, c->global_rank, &rec);
+}
+
+/* On the thread that runs it: the collective, between its flight record
+ * marks. */
 static fsdp_status run_coll(void *p)
 {
     const coll_call *a = p;
     fsdp_comm *c = a->c;
+    fsdp_status st;
+    fsdp_flight_start(c->world, c->global_rank, a->seq);
+    c->flight_seq = a->seq;
     switch (a->kind) {
     case FSDP_COLL_ALL_GATHER:
-        return c->iface->all_gather(c, a->send, a->recv, a->numel, a->dt, a->s);
+        st = c->iface->all_gather(c, a->send, a->recv, a->numel, a->dt, a->s);
+        break;
     case FSDP_COLL_REDUCE_SCATTER:
-        return c->iface->reduce_scatter(c, a->send, a->recv, a->numel, a->dt, a->op, a->s);
+        st = c->iface->reduce_scatter(c, a->send, a->recv, a->numel, a->dt, a->op, a->s);
+        break;
     case FSDP_COLL_ALL_REDUCE:
-        return c->iface->all_reduce(c, a->send, a->recv, a->numel, a->dt, a->op, a->s);
-    default: return c->iface->broadcast(c, a->recv, a->numel, a->dt, a->root, a->s);
+        st = c->iface->all_reduce(c, a->send, a->recv, a->numel, a->dt, a->op, a->s);
+        break;
+    default: st = c->iface->broadcast(c, a->recv, a->numel, a->dt, a->root, a->s);
     }
+    fsdp_flight_end(c->world, c->global_rank, a->seq, st == FSDP_STATUS_OK);
+    return st;
 }
 
 void fsdp_comm_label(fsdp_comm *c, const char *fmt, ...)
@@ -240,6 +282,8 @@ static fsdp_status issue(coll_call a)
 {
     char label[sizeof a.c->label];
     snprintf(label, sizeof label, "%s", a.c->label[0] ? a.c->label : fsdp_coll_kind_name(a.kind));
+    a.seq = flight_issue(a.c, a.kind, a.numel, fsdp_dtype_name(a.dt),
+                         a.c->label[0] ? a.c->label : NULL);
     a.c->label[0] = '\0';
     if (a.c->dev && !a.s)
         a.s = a.c->dev->comm;
@@ -261,7 +305,7 @@ fsdp_status fsdp_comm_all_gather(fsdp_comm *c, const void *send, void *recv, siz
           chunk * (size_t)(c->n_ranks - 1));
     if (!c->iface->all_gather)
         return FSDP_STATUS_OK;
-    return issue((coll_call){c, FSDP_COLL_ALL_GATHER, send, recv, numel, dt, 0, 0, s});
+    return issue((coll_call){c, FSDP_COLL_ALL_GATHER, send, recv, numel, dt, 0, 0, s, 0});
 }
 
 fsdp_status fsdp_comm_reduce_scatter(fsdp_comm *c, const void *send, void *recv, size_t numel,
@@ -272,7 +316,7 @@ fsdp_status fsdp_comm_reduce_scatter(fsdp_comm *c, const void *send, void *recv,
           chunk * (size_t)(c->n_ranks - 1));
     if (!c->iface->reduce_scatter)
         return FSDP_STATUS_OK;
-    return issue((coll_call){c, FSDP_COLL_REDUCE_SCATTER, send, recv, numel, dt, op, 0, s});
+    return issue((coll_call){c, FSDP_COLL_REDUCE_SCATTER, send, recv, numel, dt, op, 0, s, 0});
 }
 
 fsdp_status fsdp_comm_all_reduce(fsdp_comm *c, const void *send, void *recv, size_t numel,
@@ -283,7 +327,7 @@ fsdp_status fsdp_comm_all_reduce(fsdp_comm *c, const void *send, void *recv, siz
     count(c, FSDP_COLL_ALL_REDUCE, moved, moved);
     if (!c->iface->all_reduce)
         return FSDP_STATUS_OK;
-    return issue((coll_call){c, FSDP_COLL_ALL_REDUCE, send, recv, numel, dt, op, 0, s});
+    return issue((coll_call){c, FSDP_COLL_ALL_REDUCE, send, recv, numel, dt, op, 0, s, 0});
 }
 
 fsdp_status fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtype dt, int root,
@@ -296,7 +340,7 @@ fsdp_status fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtyp
         c->n_calls[FSDP_COLL_BROADCAST]++;
     if (!c->iface->broadcast)
         return FSDP_STATUS_OK;
-    return issue((coll_call){c, FSDP_COLL_BROADCAST, NULL, buf, numel, dt, 0, root, s});
+    return issue((coll_call){c, FSDP_COLL_BROADCAST, NULL, buf, numel, dt, 0, root, s, 0});
 }
 
 fsdp_status fsdp_comm_barrier(fsdp_comm *c)
@@ -308,7 +352,13 @@ fsdp_status fsdp_comm_barrier(fsdp_comm *c)
             fsdp_stream_t s = k == 0 ? c->dev->compute : k == 1 ? c->dev->comm : c->dev->copy;
             FSDP_TRY(fsdp_device_stream_sync(c->dev, s));
         }
-    return c->iface->barrier(c);
+    long seq = flight_issue(c, FSDP_COLL_BARRIER, 0, NULL, c->label[0] ? c->label : NULL);
+    c->label[0] = '\0';
+    fsdp_flight_start(c->world, c->global_rank, seq);
+    c->flight_seq = seq;
+    fsdp_status st = c->iface->barrier(c);
+    fsdp_flight_end(c->world, c->global_rank, seq, st == FSDP_STATUS_OK);
+    return st;
 }
 
 void fsdp_comm_fini(fsdp_comm *c)

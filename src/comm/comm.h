@@ -155,6 +155,9 @@ struct fsdp_comm {
     size_t bytes_inter_sent[FSDP_COLL_KIND_COUNT]; /* to other processes (see above) */
     size_t bytes_inter_recv[FSDP_COLL_KIND_COUNT]; /* from other processes */
     char label[96];                            /* names the next collective (fsdp_comm_label) */
+    long flight_seq;                           /* the flight record's entry (core/flight.h) of
+                                                * the collective running, written by the
+                                                * thread that runs it before its waits */
     void *ctx;                                 /* implementation private */
 };
 
@@ -167,13 +170,19 @@ void fsdp_comm_bind(fsdp_comm *c, const struct fsdp_comm_i *iface, fsdp_world *w
 /* The first checks every transport makes as its collective number k, of
  * `kind` (FSDP_COLL_BARRIER included), starts on c's member `rank` (the
  * rank its messages name): the world's fault hook (FSDP_FAULT_COLLECTIVE:
- * INTERNAL, "injected failure in collective k (kind)"), then, but for a
+ * INTERNAL, "injected failure in collective k (kind)"; FSDP_FAULT_STALL:
+ * the collective never arrives: it waits until the world is aborted and
+ * returns ABORTED), then, but for a
  * barrier, the arguments: a known dtype and reduce op, a root inside the
  * world, no NULL buffer under a non-empty collective (a broadcast reads
  * only recv): INVALID_ARG. Nothing is published; OK lets it go on. */
 fsdp_status fsdp_comm_begin_check(const fsdp_comm *c, int rank, long k, int kind,
                                   const void *send, const void *recv, size_t numel,
                                   fsdp_dtype dt, fsdp_reduce_op op, int root);
+
+/* Group g as a short list of global ranks into buf ("ranks 0-3", "ranks 1,
+ * 3, 5, 7", "rank 2"). Returns buf. */
+const char *fsdp_comm_group_format(const fsdp_comm_group *g, char *buf, size_t n);
 
 /* What every rank of a collective must issue alike (buffers aside): a
  * transport publishes its rank's and compares them with

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include "comm/meet.h"
+#include "core/clock.h"
+#include "core/flight.h"
 
 #define MEET_SPIN 4000 /* polls of the meeting before sleeping */
 #define MEET_YIELDS 16 /* polls (each after a yield) when ranks outnumber cores */
@@ -26,6 +28,8 @@ bool fsdp_meet_init(fsdp_meet *m, int n)
     atomic_init(&m->done, 0);
     atomic_init(&m->n_sleepers, 0);
     m->slots = calloc((size_t)n, sizeof *m->slots);
+    for (int i = 0; m->slots && i < n; i++)
+        atomic_init(&m->slots[i].at, 0);
     return m->slots != NULL;
 }
 
@@ -54,23 +58,70 @@ static void complete(fsdp_meet *m, fsdp_comm *c, unsigned long seq, void (*hook)
     }
 }
 
-/* Arrive at r's next meeting and wait until it is complete. abortable:
- * give up when the world's abort flag is set, withdrawing the arrival
- * (false); a meeting completed meanwhile is kept (true). */
-static bool meet(fsdp_meet_rank *r, fsdp_comm *c, bool abortable, void (*hook)(fsdp_comm *c))
+/* Who of a table's members has arrived at meeting `seq` (the stall report). */
+struct arrivals {
+    const fsdp_meet *m;
+    unsigned long seq;
+};
+
+static int member_rank(const void *ctx, int i)
+{
+    const fsdp_meet *m = ((const struct arrivals *)ctx)->m;
+    return fsdp_comm_group_rank(&m->g, m->base + i);
+}
+
+static bool member_arrived(const void *ctx, int i)
+{
+    const struct arrivals *a = ctx;
+    return atomic_load(&a->m->slots[i].at) >= a->seq;
+}
+
+/* The stall watchdog's report (core/flight.h) of meeting seq, the first of
+ * r's collective, which r has waited in for waited_s: who of this
+ * process's members has arrived. */
+static fsdp_status stall_report(fsdp_meet_rank *r, fsdp_comm *c, unsigned long seq,
+                                double waited_s)
+{
+    const fsdp_meet *m = r->m;
+    const fsdp_coll_args *a = &m->slots[r->index].args;
+    char wait[256], group[96];
+    fsdp_comm_group_format(&m->g, group, sizeof group);
+    if (a->kind == FSDP_COLL_BARRIER)
+        snprintf(wait, sizeof wait, "collective %ld (barrier of %s)", r->n_coll, group);
+    else
+        snprintf(wait, sizeof wait, "collective %ld (%s of %zu x %s over %s)", r->n_coll,
+                 fsdp_coll_kind_name(a->kind), a->numel, fsdp_dtype_name(a->dt), group);
+    struct arrivals at = {m, seq};
+    return fsdp_flight_stall_among(c->world, c->global_rank, c->flight_seq, waited_s, wait, m->n,
+                                   member_rank, member_arrived, &at,
+                                   m->n < m->g.count ? "(this process's ranks; the other "
+                                                       "processes' are met later, between "
+                                                       "processes)" : NULL);
+}
+
+/* Arrive at r's next meeting and wait until it is complete (OK).
+ * abortable: give up when the world's abort flag is set (ABORTED, no
+ * message) or when the wait passes the stall watchdog's deadline (its
+ * report: STALLED with the message, or ABORTED if another rank reported
+ * first), withdrawing the arrival; a meeting completed meanwhile is kept
+ * (OK). */
+static fsdp_status meet(fsdp_meet_rank *r, fsdp_comm *c, bool abortable,
+                        void (*hook)(fsdp_comm *c))
 {
     fsdp_meet *m = r->m;
     fsdp_world *w = c->world;
     unsigned long seq = ++r->seq, full = seq * (unsigned long)m->n;
+    atomic_store(&m->slots[r->index].at, seq);
     if (atomic_fetch_add(&m->arrived, 1) + 1 == full) {
         complete(m, c, seq, hook);
-        return true;
+        return FSDP_STATUS_OK;
     }
+    double t0 = fsdp_now_s(), deadline = abortable ? fsdp_watchdog_deadline(w, false) : 0;
     /* Spin while the others are likely running on other cores; with more
      * ranks than cores, only yield a little so the late ranks get the CPU. */
     for (int i = 0; i < r->n_spin; i++) {
         if (reached(m, seq))
-            return true;
+            return FSDP_STATUS_OK;
         if (abortable && fsdp_world_aborted(w))
             break;
         if (r->oversubscribed || (i & 127) == 127)
@@ -79,10 +130,20 @@ static bool meet(fsdp_meet_rank *r, fsdp_comm *c, bool abortable, void (*hook)(f
             cpu_relax();
     }
     bool done;
+    fsdp_status report = FSDP_STATUS_OK;
     pthread_mutex_lock(&w->mu);
     atomic_fetch_add(&m->n_sleepers, 1);
-    while (!(done = reached(m, seq)) && !(abortable && fsdp_world_aborted(w)))
+    while (!(done = reached(m, seq)) && !(abortable && fsdp_world_aborted(w))) {
+        double waited = fsdp_now_s() - t0;
+        if (deadline > 0 && waited > deadline && report == FSDP_STATUS_OK) {
+            /* reported while still arrived; the report aborts the world */
+            pthread_mutex_unlock(&w->mu);
+            report = stall_report(r, c, seq, waited);
+            pthread_mutex_lock(&w->mu);
+            continue;
+        }
         fsdp_world_wait_locked(w);
+    }
     if (!done) {
         /* Withdraw the arrival, so that every member agrees again on the
          * meetings reached (the failed rank never arrived) and
@@ -92,15 +153,19 @@ static bool meet(fsdp_meet_rank *r, fsdp_comm *c, bool abortable, void (*hook)(f
         unsigned long a = atomic_load(&m->arrived);
         while (a < full && !atomic_compare_exchange_weak(&m->arrived, &a, a - 1))
             ;
-        if (a < full)
+        if (a < full) {
             r->seq = seq - 1;
-        else
+            atomic_store(&m->slots[r->index].at, seq - 1);
+        } else {
             while (!(done = reached(m, seq)))
                 fsdp_world_wait_locked(w);
+        }
     }
     atomic_fetch_sub(&m->n_sleepers, 1);
     pthread_mutex_unlock(&w->mu);
-    return done;
+    if (done)
+        return FSDP_STATUS_OK;
+    return report == FSDP_STATUS_STALLED ? report : FSDP_STATUS_ABORTED;
 }
 
 fsdp_status fsdp_meet_begin(fsdp_meet_rank *r, fsdp_comm *c, const fsdp_coll_args *a,
@@ -120,15 +185,16 @@ fsdp_status fsdp_meet_begin(fsdp_meet_rank *r, fsdp_comm *c, const fsdp_coll_arg
     me->args = *a;
     me->send = send;
     me->recv = recv;
-    if (!meet(r, c, true, hook))
+    fsdp_status st = meet(r, c, true, hook);
+    if (st == FSDP_STATUS_ABORTED)
         return fsdp_error_set(FSDP_STATUS_ABORTED,
                               "rank %d: aborted in collective %ld (%s) while waiting for the "
                               "other ranks: another rank failed",
                               c->global_rank, k, what);
-    return FSDP_STATUS_OK;
+    return st; /* OK, or the watchdog's report */
 }
 
-void fsdp_meet_arrive(fsdp_meet_rank *r, fsdp_comm *c) { meet(r, c, false, NULL); }
+void fsdp_meet_arrive(fsdp_meet_rank *r, fsdp_comm *c) { (void)meet(r, c, false, NULL); }
 
 /* ---- lifetime ---------------------------------------------------------------- */
 
@@ -145,6 +211,8 @@ static fsdp_status attach_locked(fsdp_meet_rank *r, fsdp_world *w, const fsdp_me
             fsdp_comm_shared_drop_locked(w, k, g);
             return st;
         }
+        m->g = *g;
+        m->base = fsdp_comm_group_index(g, rank) - r->index;
         *where = m;
     }
     fsdp_meet_slot *s = &m->slots[r->index];

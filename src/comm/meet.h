@@ -14,6 +14,13 @@
  * the process runs more ranks than there are cores), then sleeps on the
  * world's condition variable and polls the abort flag.
  *
+ * Stalls. The first meeting has the stall watchdog's deadline
+ * (core/flight.h): a member that waits longer reports who has arrived and
+ * who has not (each slot keeps the meeting its member arrived at last) and
+ * leaves as on an abort. The later meetings have none: the members they
+ * wait for are inside the collective already, and its one wait on
+ * something else, the mpi leader's transfer, has its own.
+ *
  * Aborts. Only the first meeting of a collective (fsdp_meet_begin) can be
  * left on the abort flag: once every member has passed it, every member
  * reaches the later ones without waiting on anything else, and leaving
@@ -49,12 +56,16 @@ typedef struct fsdp_meet_slot {
     void *recv;
     unsigned long seq; /* meetings the member reached (kept when it detaches) */
     int attached;      /* w->mu */
+    atomic_ulong at;   /* the meeting the member arrived at last (the stall report) */
 } fsdp_meet_slot;
 
 /* The table of a group's members in this process. A transport's shared
  * state starts with one (so the registry's pointer is both). */
 typedef struct fsdp_meet {
     int n;                /* members in this process */
+    fsdp_comm_group g;    /* the group; slot i is its member base + i (set by the first
+                           * member to attach) */
+    int base;
     int n_refs;           /* members attached; w->mu */
     atomic_ulong arrived; /* arrivals at every meeting so far: s x n once meeting s is complete */
     atomic_ulong done;    /* the last meeting completed (its hook run) */
@@ -108,7 +119,8 @@ void fsdp_meet_detach(fsdp_meet_rank *r, fsdp_world *w, const fsdp_meet_kind *k,
  * collective K (kind) not started: <refused>" when the transport refuses
  * (refused non-NULL) or, "another rank failed", when the world's abort
  * flag is set; publish a, send and recv in the slot; the first meeting,
- * abortable, whose last member runs hook(c) first (NULL: none). On error
+ * abortable, whose last member runs hook(c) first (NULL: none), STALLED
+ * with the watchdog's report when it passes its deadline. On error
  * nothing of this member is read by the others. */
 fsdp_status fsdp_meet_begin(fsdp_meet_rank *r, fsdp_comm *c, const fsdp_coll_args *a,
                             const void *send, void *recv, const char *refused,

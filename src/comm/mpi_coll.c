@@ -28,7 +28,10 @@
  *   ends with a meeting, since B reads the other ranks' send buffers.)
  * Only M1 can be left on the abort flag: after it, every local rank gets
  * to every later meeting without waiting on anything but the leader, whose
- * transfer polls the flag itself.
+ * transfer polls the flag itself. The stall watchdog (core/flight.h) has
+ * the same two places: M1 (comm/meet.c reports the local ranks that did
+ * not arrive) and the leader's transfer (procs_wait.c; the leader reports
+ * the processes that have not answered).
  *
  * Sums: each process computes the partial sums of its nodes of the global
  * tree (comm/mpi_tree.h) for the chunks the other processes own, sends
@@ -67,6 +70,8 @@
 #include "comm/mpi_tree.h"
 #include "comm/procs.h"
 #include "core/bf16.h"
+#include "core/clock.h"
+#include "core/flight.h"
 #include "core/log.h"
 
 #define MPI_HDR_MAGIC 0x66736470u         /* "fsdp" */
@@ -292,6 +297,25 @@ static fsdp_status leader_exchange(fsdp_comm *c, int round)
     return leader_xfer(c, n, sh->slots[0].args.kind, what);
 }
 
+/* The leader's transfer passed the stall watchdog's deadline for waits on
+ * other processes (its message says which have answered): the report
+ * (core/flight.h), every local rank having arrived. */
+static fsdp_status stall_report(fsdp_comm *c, double waited_s)
+{
+    struct mpi_ctx *x = c->ctx;
+    struct mpi_shared *sh = x->sh;
+    const fsdp_coll_args *a = &sh->slots[0].args;
+    char who[FSDP_ERROR_MSG_MAX], wait[256], group[96];
+    snprintf(who, sizeof who, "every rank of this process arrived; %s", fsdp_error_msg());
+    fsdp_comm_group_format(&sh->g, group, sizeof group);
+    snprintf(wait, sizeof wait, "collective %ld (%s of %zu x %s over %s), between processes",
+             x->mr.n_coll, fsdp_coll_kind_name(a->kind), a->numel, fsdp_dtype_name(a->dt),
+             group);
+    fsdp_stall st = {.rank = c->global_rank, .seq = c->flight_seq, .waited_s = waited_s,
+                     .wait = wait, .who = who};
+    return fsdp_flight_stall(c->world, &st);
+}
+
 /* The middle of a collective: M2, the leader's round, M3. Every local
  * rank returns the leader's status (the others as ABORTED, quoting it). */
 static fsdp_status cross(fsdp_comm *c, int round)
@@ -303,7 +327,10 @@ static fsdp_status cross(fsdp_comm *c, int round)
     if (leader) {
         sh->x_st = FSDP_STATUS_OK;
         if (sh->procs && sh->n_procs > 1) {
+            double t0 = fsdp_now_s();
             sh->x_st = leader_exchange(c, round);
+            if (sh->x_st == FSDP_STATUS_STALLED)
+                sh->x_st = stall_report(c, fsdp_now_s() - t0);
             if (sh->x_st != FSDP_STATUS_OK)
                 snprintf(sh->msg, sizeof sh->msg, "%s", fsdp_error_msg());
         }

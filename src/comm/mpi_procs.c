@@ -34,6 +34,7 @@
 
 #include "comm/procs.h"
 #include "core/clock.h"
+#include "core/fileio.h"
 #include "core/log.h"
 #include "core/threads.h"
 
@@ -170,6 +171,42 @@ static fsdp_status mpi_exchange(fsdp_procs *p, fsdp_world *w, const void *mine, 
     return wait_all(p, w, 1, &req, &status, "exchange of records", "the other processes");
 }
 
+/* A transfer that passed the stall watchdog's deadline: STALLED, its
+ * message which processes have answered (every operation with them done)
+ * and which have not; m->mu held. */
+static fsdp_status stalled_peers(fsdp_procs *p, fsdp_world *w, MPI_Request *reqs,
+                                 const int *peer, size_t k)
+{
+    int P = p->n_processes;
+    char *state = calloc((size_t)P, 1); /* 1: in the transfer, 2: has not answered */
+    if (!state)
+        return fsdp_error_set(FSDP_STATUS_STALLED, "the other processes have not answered");
+    for (size_t i = 0; i < k; i++) {
+        int flag = 1;
+        if (reqs[i] != MPI_REQUEST_NULL)
+            MPI_Request_get_status(reqs[i], &flag, MPI_STATUS_IGNORE);
+        if (state[peer[i]] < 2)
+            state[peer[i]] = flag ? 1 : 2;
+    }
+    fsdp_sbuf in = {0}, out = {0};
+    fsdp_sbuf_printf(&in, "process %d (this one)", p->process);
+    for (int q = 0; q < P; q++) {
+        fsdp_sbuf *b = state[q] == 2 ? &out : state[q] == 1 ? &in : NULL;
+        if (!b)
+            continue;
+        fsdp_sbuf_printf(b, "%sprocess %d (host %s", b->n ? ", " : "", q, w ? w->hosts[q] : "?");
+        if (w)
+            fsdp_sbuf_printf(b, ", ranks %d-%d", q * w->n_local, (q + 1) * w->n_local - 1);
+        fsdp_sbuf_printf(b, ")");
+    }
+    fsdp_status st = fsdp_error_set(FSDP_STATUS_STALLED, "answered: %s; not answered: %s",
+                                    in.p ? in.p : "?", out.p ? out.p : "none");
+    free(in.p);
+    free(out.p);
+    free(state);
+    return st;
+}
+
 static fsdp_status mpi_xfer(fsdp_procs *p, fsdp_world *w, int channel, const fsdp_procs_msg *msgs,
                             int n_msgs, const char *what, bool *pending)
 {
@@ -231,8 +268,10 @@ static fsdp_status mpi_xfer(fsdp_procs *p, fsdp_world *w, int channel, const fsd
                 break;
             }
         }
+        if (st == FSDP_STATUS_STALLED)
+            st = stalled_peers(p, w, reqs, peer, k);
         pthread_mutex_unlock(&m->mu);
-        if (*who)
+        if (*who && st != FSDP_STATUS_STALLED)
             fsdp_error_set(st, "%s%s", fsdp_error_msg(), who);
         goto out;
     }

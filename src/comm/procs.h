@@ -37,7 +37,8 @@
  * watcher beats 4 times a second whatever the ranks do) fails the world
  * the same way. Every wait on another process polls the world's abort
  * flag and gives up after FSDP_PEER_TIMEOUT seconds (600 by default; 0:
- * never), naming the process it waited for.
+ * never), naming the process it waited for; a wait of the world's running
+ * ranks also has the stall watchdog's deadline (core/flight.h).
  *
  * Threads: every function may be called from any thread; the mpi procs
  * serialise their MPI calls on one mutex (MPI_THREAD_SERIALIZED, checked
@@ -110,7 +111,10 @@ struct fsdp_procs_i {
      * size posted. On failure *pending says whether posted operations may
      * still use the buffers: then the caller must never free or reuse them
      * (the job is ending). `what` names the operation in messages
-     * ("all_gather (collective 12)"). */
+     * ("all_gather (collective 12)"). STALLED (fsdp_procs_wait): the
+     * message is then which processes have answered and which have not
+     * ("answered: process 0 (this one); not answered: process 1 (host b,
+     * ranks 2-3)"), for the caller's report. */
     fsdp_status (*xfer)(fsdp_procs *p, fsdp_world *w, int channel, const fsdp_procs_msg *msgs,
                         int n_msgs, const char *what, bool *pending);
     /* The world's first failure of a local rank (core/world.h span). */
@@ -148,8 +152,10 @@ fsdp_status fsdp_procs_world_init(fsdp_world **out, fsdp_procs *p, int n_local);
  * naps between polls (spins briefly first) and says when to give up.
  * *spins counts polls (start at 0); t0 is when the wait began (fsdp_now_s,
  * core/clock.h). Returns OK to poll again, ABORTED if w's abort flag is
- * set, or INTERNAL after the timeout, each with a message naming `what`
- * and `whom` ("process 1 (host nodeb)"). */
+ * set, STALLED once a wait of w's running ranks passes the stall
+ * watchdog's deadline for waits on other processes (core/flight.h; the
+ * caller reports it), or INTERNAL after the timeout, each with a message
+ * naming `what` and `whom` ("process 1 (host nodeb)"). */
 fsdp_status fsdp_procs_wait(fsdp_procs *p, fsdp_world *w, unsigned *spins, double t0,
                             const char *what, const char *whom);
 

@@ -8,6 +8,7 @@
 
 #include "comm/procs.h"
 #include "core/clock.h"
+#include "core/flight.h"
 
 fsdp_status fsdp_procs_wait(fsdp_procs *p, fsdp_world *w, unsigned *spins, double t0,
                             const char *what, const char *whom)
@@ -21,6 +22,10 @@ fsdp_status fsdp_procs_wait(fsdp_procs *p, fsdp_world *w, unsigned *spins, doubl
         sched_yield(); /* the answer is often microseconds away */
         return FSDP_STATUS_OK;
     }
+    double deadline = (k & 63) == 0 ? fsdp_watchdog_deadline(w, true) : 0;
+    if (deadline > 0 && fsdp_now_s() - t0 > deadline)
+        return fsdp_error_set(FSDP_STATUS_STALLED, "process %d (host %s): %s: no answer from %s "
+                              "for %.1f s", p->process, p->host, what, whom, fsdp_now_s() - t0);
     if ((k & 63) == 0 && p->timeout_s > 0 && fsdp_now_s() - t0 > p->timeout_s)
         return fsdp_error_set(FSDP_STATUS_INTERNAL,
                               "process %d (host %s): %s: %s has not answered for %.0f s; it may "

@@ -93,7 +93,7 @@ const char *fsdp_status_name(fsdp_status st)
 {
     static const char *const names[FSDP_STATUS_COUNT] = {
         "OK", "INVALID_ARG", "OOM", "IO", "FORMAT", "CUDA", "NCCL",
-        "ABORTED", "UNSUPPORTED", "INTERNAL", "NONFINITE",
+        "ABORTED", "UNSUPPORTED", "INTERNAL", "NONFINITE", "STALLED",
     };
     if ((unsigned)st >= FSDP_STATUS_COUNT)
         return "UNKNOWN";

@@ -26,6 +26,7 @@ static const struct {
     [FSDP_ENV_CPU_STREAMS] = {"FSDP_CPU_STREAMS", "inline"},
     [FSDP_ENV_CPU_STREAM_JITTER] = {"FSDP_CPU_STREAM_JITTER", "0"},
     [FSDP_ENV_CHAT_DATE] = {"FSDP_CHAT_DATE", ""},
+    [FSDP_ENV_WATCHDOG] = {"FSDP_WATCHDOG", "300"},
 };
 
 static const char *env_values[FSDP_ENV_COUNT];

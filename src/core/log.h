@@ -50,6 +50,7 @@ typedef enum fsdp_env_key {
     FSDP_ENV_CPU_STREAMS,    /* FSDP_CPU_STREAMS=inline|async: the cpu backend's streams */
     FSDP_ENV_CPU_STREAM_JITTER, /* FSDP_CPU_STREAM_JITTER=SEED: random delays in async streams */
     FSDP_ENV_CHAT_DATE,      /* FSDP_CHAT_DATE=YYYY-MM-DD: chat templates' strftime_now date */
+    FSDP_ENV_WATCHDOG,       /* FSDP_WATCHDOG=SECONDS: the stall watchdog's deadline (0: off) */
     FSDP_ENV_COUNT
 } fsdp_env_key;
 

@@ -1,7 +1,8 @@
 /*
  * world.c - rank threads, the abortable barrier (plain, or agreeing on a
- * value), the first-error record, the placement of ranks in processes and
- * the fault-injection hook.
+ * value, with the stall watchdog's deadline: core/flight.h), the
+ * first-error record, the placement of ranks in processes and the
+ * fault-injection hook.
  *
  * Waiters block on one condition variable with a short timeout and re-check
  * the abort flag, so an abort is seen within milliseconds even if a wake-up
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/flight.h"
 #include "core/log.h"
 #include "core/world.h"
 
@@ -20,6 +22,7 @@ static const fsdp_name fault_kinds[] = {
     {"alloc", FSDP_FAULT_ALLOC, "device and pinned host allocations"},
     {"collective", FSDP_FAULT_COLLECTIVE, "collectives and their barriers"},
     {"write", FSDP_FAULT_WRITE, "metrics records, checkpoint blocks, manifests and commits"},
+    {"stall", FSDP_FAULT_STALL, "collectives that never arrive (the stall watchdog's test)"},
 };
 const fsdp_name_table fsdp_fault_kind_names = FSDP_NAME_TABLE(fault_kinds);
 
@@ -35,8 +38,9 @@ static fsdp_status fault_from_env(fsdp_world *w)
     if (sscanf(spec, "%ld:%31[a-z]:%ld%n", &rank, op, &k, &used) != 3 || spec[used] ||
         rank < 0 || k < 1)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "FSDP_FAULT='%s' is not RANK:OP:K with OP alloc, collective or "
-                              "write and K >= 1 (a testing hook: unset it for normal runs)",
+                              "FSDP_FAULT='%s' is not RANK:OP:K with OP alloc, collective, "
+                              "write or stall and K >= 1 (a testing hook: unset it for normal "
+                              "runs)",
                               spec);
     int kind;
     if (fsdp_names_parse(&fsdp_fault_kind_names, 0, op, &kind) != FSDP_STATUS_OK)
@@ -76,11 +80,13 @@ fsdp_status fsdp_world_init_span(fsdp_world **out, int n_local, const fsdp_world
     if (w) {
         w->stop = calloc((size_t)n_local, sizeof *w->stop);
         w->hosts = calloc((size_t)n_proc, sizeof *w->hosts);
+        w->barrier_at = calloc((size_t)n_local, sizeof *w->barrier_at);
     }
-    if (!w || !w->stop || !w->hosts) {
+    if (!w || !w->stop || !w->hosts || !w->barrier_at) {
         if (w) {
             free(w->stop);
             free(w->hosts);
+            free(w->barrier_at);
         }
         free(w);
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory creating a world");
@@ -108,7 +114,12 @@ fsdp_status fsdp_world_init_span(fsdp_world **out, int n_local, const fsdp_world
     for (int k = 0; k < FSDP_FAULT_KIND_COUNT; k++)
         w->fault[k].rank = -1;
     w->fault_env = -1;
+    double watchdog_s = 0;
     fsdp_status st = fault_from_env(w);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_watchdog_env(&watchdog_s);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_world_set_watchdog(w, watchdog_s, NULL);
     return FSDP_OUT_OR_FREE(st, out, w, fsdp_world_free);
 }
 
@@ -129,8 +140,10 @@ void fsdp_world_free(fsdp_world *w)
         w->span_detach(w->procs, w);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
+    fsdp_flight_free(w);
     free(w->stop);
     free(w->hosts);
+    free(w->barrier_at);
     free(w);
 }
 
@@ -225,10 +238,49 @@ void fsdp_world_wait_locked(fsdp_world *w)
     fsdp_cond_wait_ns(&w->cv, &w->mu, 10 * 1000 * 1000);
 }
 
+void fsdp_world_wait_aborted(fsdp_world *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (!fsdp_world_aborted(w))
+        fsdp_world_wait_locked(w);
+    pthread_mutex_unlock(&w->mu);
+}
+
 fsdp_status fsdp_world_barrier(fsdp_world *w)
 {
     unsigned all;
     return fsdp_world_barrier_or(w, 0, &all);
+}
+
+/* Who of the local ranks has arrived at barrier round `gen` (the stall
+ * report). */
+struct barrier_round {
+    const fsdp_world *w;
+    unsigned long gen;
+};
+
+static int barrier_rank(const void *ctx, int i)
+{
+    return ((const struct barrier_round *)ctx)->w->rank_offset + i;
+}
+
+static bool barrier_arrived(const void *ctx, int i)
+{
+    const struct barrier_round *b = ctx;
+    return atomic_load(&b->w->barrier_at[i]) == b->gen + 1;
+}
+
+/* The stall watchdog's report of barrier round `gen`, which `rank` has
+ * waited in for waited_s (its flight entry seq). */
+static fsdp_status barrier_stall(fsdp_world *w, int rank, long seq, unsigned long gen,
+                                 double waited_s)
+{
+    char wait[128];
+    snprintf(wait, sizeof wait, "the barrier of this process's ranks (%d-%d)", w->rank_offset,
+             w->rank_offset + w->n_local - 1);
+    struct barrier_round b = {w, gen};
+    return fsdp_flight_stall_among(w, rank, seq, waited_s, wait, w->n_local, barrier_rank,
+                                   barrier_arrived, &b, NULL);
 }
 
 /* The round's OR is published by the rank that completes it; the others
@@ -243,9 +295,18 @@ fsdp_status fsdp_world_barrier_or(fsdp_world *w, unsigned mine, unsigned *all)
         *all = mine;
         return FSDP_STATUS_OK;
     }
+    int rank = fsdp_log_rank(), local = fsdp_world_is_local(w, rank) ? rank - w->rank_offset : -1;
+    const fsdp_flight_coll rec = {.kind = "barrier", .first = w->rank_offset, .stride = 1,
+                                  .count = w->n_local, .label = "barrier of this process's ranks"};
+    long seq = local >= 0 ? fsdp_flight_issue(w, rank, &rec) : 0;
+    fsdp_flight_start(w, rank, seq);
+    double deadline = local >= 0 ? fsdp_watchdog_deadline(w, false) : 0, t0 = fsdp_now_s();
+    bool stalled = false;
     pthread_mutex_lock(&w->mu);
     unsigned long gen = w->barrier_gen;
     w->barrier_or |= mine;
+    if (local >= 0)
+        atomic_store(&w->barrier_at[local], gen + 1);
     if (++w->barrier_waiting == w->n_local) {
         w->barrier_waiting = 0;
         w->barrier_result = w->barrier_or;
@@ -253,17 +314,24 @@ fsdp_status fsdp_world_barrier_or(fsdp_world *w, unsigned mine, unsigned *all)
         w->barrier_gen++;
         pthread_cond_broadcast(&w->cv);
     } else {
-        while (gen == w->barrier_gen && !fsdp_world_aborted(w))
+        while (gen == w->barrier_gen && !fsdp_world_aborted(w)) {
+            if (deadline > 0 && fsdp_now_s() - t0 > deadline) {
+                stalled = true;
+                break;
+            }
             fsdp_world_wait_locked(w);
+        }
     }
     bool done = gen != w->barrier_gen;
     if (done)
         *all = w->barrier_result;
     pthread_mutex_unlock(&w->mu);
-    if (!done)
-        return fsdp_error_set(FSDP_STATUS_ABORTED,
-                              "aborted while waiting at a barrier: another rank failed");
-    return FSDP_STATUS_OK;
+    fsdp_status st = done      ? FSDP_STATUS_OK
+                     : stalled ? barrier_stall(w, rank, seq, gen, fsdp_now_s() - t0)
+                               : fsdp_error_set(FSDP_STATUS_ABORTED, "aborted while waiting at "
+                                                "a barrier: another rank failed");
+    fsdp_flight_end(w, rank, seq, done);
+    return st;
 }
 
 /* Disarmed while it changes: a rank counting at the same time sees the old
@@ -324,6 +392,10 @@ fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg)
     w->barrier_waiting = 0;
     w->barrier_or = 0;
     w->span_failed = false;
+    for (int i = 0; i < n; i++)
+        atomic_store(&w->barrier_at[i], 0);
+    atomic_store(&w->stall_reported, 0);
+    atomic_store(&w->running, 1);
     pthread_mutex_unlock(&w->mu);
     memset(w->stop, 0, (size_t)n * sizeof *w->stop);
 
@@ -343,6 +415,7 @@ fsdp_status fsdp_world_launch(fsdp_world *w, fsdp_rank_fn fn, void *arg)
     for (int r = 0; r < started; r++)
         pthread_join(ts[r].tid, NULL);
     free(ts);
+    atomic_store(&w->running, 0);
 
     pthread_mutex_lock(&w->mu);
     fsdp_status st = w->first_status;

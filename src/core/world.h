@@ -45,9 +45,12 @@
  * fsdp_world_set_fault, or for every world of a process by the environment
  * (testing only; the commands' tests use it):
  *
- *     FSDP_FAULT=RANK:OP:K     OP: alloc | collective | write
+ *     FSDP_FAULT=RANK:OP:K     OP: alloc | collective | write | stall
  *
- * e.g. FSDP_FAULT=1:collective:7 fails the 7th collective of rank 1. When a
+ * e.g. FSDP_FAULT=1:collective:7 fails the 7th collective of rank 1, and
+ * FSDP_FAULT=1:stall:7 makes it never arrive (it waits, publishing
+ * nothing, until the world is aborted, then returns ABORTED: the stall
+ * watchdog's test, core/flight.h). When a
  * world armed that way is freed without the fault having fired, a warning
  * says how many operations of that kind the rank made (so a test can count
  * them with a K larger than any run). */
@@ -56,10 +59,12 @@ typedef enum fsdp_fault_kind {
     FSDP_FAULT_COLLECTIVE,    /* collectives, barriers included (host, peer, nccl) */
     FSDP_FAULT_WRITE,         /* a run's file writes: each metrics record, each checkpoint
                                * block of a rank file, a checkpoint's manifest and its commit */
+    FSDP_FAULT_STALL,         /* collectives, as FSDP_FAULT_COLLECTIVE counts them: the k-th
+                               * never arrives */
     FSDP_FAULT_KIND_COUNT
 } fsdp_fault_kind;
 
-/* The OP names of FSDP_FAULT: alloc, collective, write. */
+/* The OP names of FSDP_FAULT: alloc, collective, write, stall. */
 extern const fsdp_name_table fsdp_fault_kind_names;
 
 typedef struct fsdp_world fsdp_world;
@@ -133,11 +138,20 @@ struct fsdp_world {
 
     void *comm_shared;             /* the communicators' shared states, per group (comm/comm.c) */
     void *rdv_shared;              /* cuda collectives' rendezvous (comm/rdv.c) */
+
+    /* the stall watchdog (core/flight.h) */
+    double watchdog_s;             /* deadline of a wait in a collective or barrier; 0: none */
+    struct fsdp_flight *flight;    /* the flight record of the local ranks (NULL: none) */
+    atomic_int running;            /* fsdp_world_launch is running the ranks */
+    atomic_int stall_reported;     /* a stall was reported in this launch */
+    atomic_ulong *barrier_at;      /* (n_local,) the barrier round each local rank arrived at
+                                    * last, plus one (0: none) */
 };
 
 /* A world of n_ranks ranks (1..FSDP_MAX_RANKS), all in this process; the
  * fault hook is armed from FSDP_FAULT when it is set (INVALID_ARG for a
- * malformed value or a rank outside the world). */
+ * malformed value or a rank outside the world), the stall watchdog from
+ * FSDP_WATCHDOG (core/flight.h). */
 fsdp_status fsdp_world_init(fsdp_world **out, int n_ranks);
 /* A world of n_local ranks in each of span->n_processes processes, this
  * one being span->process (span NULL: fsdp_world_init). Every process of
@@ -208,7 +222,9 @@ bool fsdp_world_rank_stop(fsdp_world *w, int rank, fsdp_status st);
 
 /* Wait until all local ranks (this process's threads) arrive. Returns
  * ABORTED (with a message) if the world is aborted before or while
- * waiting. Ranks of other processes meet through the collectives. */
+ * waiting, STALLED with the stall watchdog's report (core/flight.h) when
+ * the wait passes its deadline. Ranks of other processes meet through the
+ * collectives. Called on rank threads (the thread's log rank names it). */
 fsdp_status fsdp_world_barrier(fsdp_world *w);
 
 /* A barrier that also agrees on a value: each rank brings `mine`, and every
@@ -224,6 +240,9 @@ fsdp_status fsdp_world_barrier_or(fsdp_world *w, unsigned mine, unsigned *all);
 /* Block on the world's condition variable until woken or ~10 ms pass; the
  * caller holds w->mu and re-checks its predicate and the abort flag. */
 void fsdp_world_wait_locked(fsdp_world *w);
+
+/* Block until w's abort flag is set (the injected stall of FSDP_FAULT). */
+void fsdp_world_wait_aborted(fsdp_world *w);
 
 /* Arm the fault hook (test only); rank is global (a rank of another
  * process never fails here). */

@@ -49,6 +49,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/flight.h"
 #include "core/log.h"
 #include "core/world.h"
 #include "engine/engine.h"
@@ -772,6 +773,7 @@ static fsdp_status gather_unit_run(fsdp_engine *e, int u, float *host_out)
 
 fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res)
 {
+    fsdp_flight_step(e->sh->world, e->rank, (long)step + 1); /* the stall report's step */
     return fsdp_engine_note(e, step_run(e, step, lr, res));
 }
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fileio.h"
 #include "core/world.h"
 #include "train/job.h"
 
@@ -83,5 +84,81 @@ fsdp_status fsdp_job_dir_shared(fsdp_procs *p, fsdp_world *w, const char *dir, u
     st = fsdp_job_agree(p, w, st);
     if (w->process == 0)
         remove(probe);
+    return st;
+}
+
+/* ---- settings every process must give alike --------------------------------------- */
+
+/* What a process tells the others of one setting. */
+struct setting_rec {
+    char flag[32];
+    char shown[FSDP_JOB_SHOWN_MAX];
+    uint64_t key; /* FNV-1a of the compared text */
+};
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static void setting_rec_fill(struct setting_rec *r, const fsdp_job_setting *s)
+{
+    snprintf(r->flag, sizeof r->flag, "%s", s->flag);
+    size_t len = strlen(s->shown);
+    if (len < sizeof r->shown)
+        memcpy(r->shown, s->shown, len + 1);
+    else
+        snprintf(r->shown, sizeof r->shown, "%.*s...", (int)sizeof r->shown - 4, s->shown);
+    r->key = fnv1a(s->key ? s->key : s->shown);
+}
+
+fsdp_status fsdp_job_same_settings(fsdp_procs *p, fsdp_world *w, const fsdp_job_setting *s,
+                                   int n)
+{
+    if (!p || p->n_processes == 1 || n < 1)
+        return FSDP_STATUS_OK;
+    int P = p->n_processes;
+    size_t bytes = (size_t)n * sizeof(struct setting_rec);
+    struct setting_rec *all = calloc((size_t)P + 1, bytes), *mine;
+    if (!all)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    mine = all + (size_t)P * n;
+    for (int i = 0; i < n; i++)
+        setting_rec_fill(&mine[i], &s[i]);
+    fsdp_status st = p->iface->exchange(p, w, mine, bytes, all);
+    fsdp_sbuf diff = {0};
+    for (int i = 0; st == FSDP_STATUS_OK && i < n; i++) {
+        const struct setting_rec *a = &all[i];
+        for (int q = 1; q < P; q++) {
+            const struct setting_rec *b = &all[(size_t)q * n + i];
+            if (strncmp(a->flag, b->flag, sizeof a->flag)) {
+                st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                    "process %d (host %s) lists its settings differently from "
+                                    "process 0 (host %s): run the same fsdp build in every "
+                                    "process", q, w->hosts[q], w->hosts[0]);
+                break;
+            }
+            if (a->key == b->key)
+                continue;
+            fsdp_sbuf_printf(&diff, "%s%.32s: process 0 (host %s) has '%.*s', process %d (host "
+                             "%s) has '%.*s'", diff.n ? "; " : "", a->flag, w->hosts[0],
+                             (int)sizeof a->shown, a->shown, q, w->hosts[q],
+                             (int)sizeof b->shown, b->shown);
+            break;
+        }
+    }
+    if (st == FSDP_STATUS_OK && diff.oom)
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    else if (st == FSDP_STATUS_OK && diff.n)
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                            "the job's processes were given different settings, which would "
+                            "make their ranks compute different things or issue different "
+                            "collectives: %s; give every process the same values (one command "
+                            "line for every process)", diff.p);
+    free(diff.p);
+    free(all);
     return st;
 }

@@ -30,4 +30,25 @@ fsdp_status fsdp_job_from_process0(fsdp_procs *p, fsdp_world *w, void *buf, size
 fsdp_status fsdp_job_dir_shared(fsdp_procs *p, fsdp_world *w, const char *dir, uint64_t token,
                                 const char *what);
 
+/* Longest value of a setting shown in messages (longer ones are cut, and
+ * still compared whole). */
+#define FSDP_JOB_SHOWN_MAX 160
+
+/* A setting the processes of a job must give alike: its flag, what a
+ * message shows of it and what is compared (key; NULL: the value shown, in
+ * full). Both strings are the caller's. */
+typedef struct fsdp_job_setting {
+    const char *flag;  /* "--steps" */
+    const char *shown; /* "600" */
+    const char *key;   /* compared instead of shown when they differ in form */
+} fsdp_job_setting;
+
+/* Whether every process gave the same settings s[0..n) (every process
+ * passes the same flags in the same order): OK, else INVALID_ARG on every
+ * process naming each flag that differs with process 0's value and the
+ * first other process's that differs, and their hosts. Collective over the
+ * processes (one exchange). */
+fsdp_status fsdp_job_same_settings(fsdp_procs *p, fsdp_world *w, const fsdp_job_setting *s,
+                                   int n);
+
 #endif /* FSDP_TRAIN_JOB_H */

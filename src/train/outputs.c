@@ -36,6 +36,31 @@ static fsdp_status probe_dir(const char *dir, const char *what, const char *path
     return FSDP_STATUS_OK;
 }
 
+void fsdp_output_process_path(const char *path, int q, char *out, size_t n)
+{
+    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
+    if (q == 0)
+        snprintf(out, n, "%s", path);
+    else if (dot && dot > (slash ? slash + 1 : path))
+        snprintf(out, n, "%.*s.%d%s", (int)(dot - path), path, q, dot);
+    else
+        snprintf(out, n, "%s.%d", path, q);
+}
+
+void fsdp_output_flight_path(const char *log_path, int q, char *out, size_t n)
+{
+    char base[4096 + 16];
+    if (!log_path) {
+        snprintf(base, sizeof base, "fsdp_flight.json");
+    } else {
+        const char *slash = strrchr(log_path, '/'), *dot = strrchr(log_path, '.');
+        int keep = dot && dot > (slash ? slash + 1 : log_path) ? (int)(dot - log_path)
+                                                                : (int)strlen(log_path);
+        snprintf(base, sizeof base, "%.*s.flight.json", keep, log_path);
+    }
+    fsdp_output_process_path(base, q, out, n);
+}
+
 fsdp_status fsdp_output_dir_check(const char *dir, const char *what)
 {
     char p[4096];

@@ -26,6 +26,17 @@ fsdp_status fsdp_output_dir_check(const char *dir, const char *what);
  * created and removed again). Nothing at `path` is created or changed. */
 fsdp_status fsdp_output_file_check(const char *path, const char *what);
 
+/* Where process q writes what it alone knows of a run's file `path` (the
+ * trace of its ranks): path itself on process 0, "NAME.q.EXT" ("NAME.q")
+ * on the others. */
+void fsdp_output_process_path(const char *path, int q, char *out, size_t n);
+
+/* Where process q writes the stall watchdog's flight record (core/flight.h):
+ * beside the metrics file, "NAME.flight.json" for --log NAME.EXT, else
+ * "fsdp_flight.json" in the working directory; process q > 0 with ".q"
+ * before ".json" (fsdp_output_process_path). */
+void fsdp_output_flight_path(const char *log_path, int q, char *out, size_t n);
+
 /* The metrics file: one JSON object per step (docs/metrics.md: step, loss, lr,
  * grad_norm, tokens, tokens_per_s, step_ms, mfu, peak_bytes[],
  * comm_bytes[], host_bytes[]), "skipped": true for a step whose update was

@@ -182,10 +182,10 @@ fsdp_status fsdp_synth_eval_run(fsdp_engine *e, int rank, const fsdp_engine_conf
     int printed = 0, counts[2] = {0, 0}; /* this rank's correct, seen */
     for (int64_t k = 0; k < n_batches; k++) {
         unsigned stop = 0; /* a stop request ends the evaluation too */
-        FSDP_CHECK(fsdp_engine_or(e, rank == 0 && ev->stop && atomic_load(ev->stop), &stop));
+        FSDP_CHECK(fsdp_engine_or(e, ev->stop ? fsdp_train_stop_word(atomic_load(ev->stop)) : 0,
+                                  &stop));
         if (stop) {
-            if (rank == 0)
-                ev->interrupted = true;
+            ev->stop_word = stop;
             break;
         }
         int max_ans = batch_prompts(&bt, ec->seed, N, rank, k);

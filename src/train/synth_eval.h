@@ -14,16 +14,21 @@
 #include <stdio.h>
 
 #include "engine/engine.h"
+#include "train/train.h"
 
 typedef struct fsdp_synth_eval {
     int n_problems;           /* held-out problems to decode */
     int n_samples;            /* rank 0 prints the first ones (with out) */
     FILE *out;                /* rank 0's sample lines, or NULL */
-    const atomic_int *stop;   /* a stop request (nonzero, read by rank 0) ends the evaluation
-                               * at the next batch; NULL: none */
-    /* results, on rank 0 */
+    const atomic_int *stop;   /* a stop request (nonzero; train.h's stop codes) ends the
+                               * evaluation at the next batch: read by the ranks given one
+                               * (the trainer gives it to the first rank of each process);
+                               * NULL: none */
+    /* results: on rank 0 */
     int correct, seen;        /* the job's totals */
-    bool interrupted;         /* ended by a stop request */
+    /* on every rank */
+    unsigned stop_word;       /* ended by a stop request: the OR of the requests' words
+                               * (fsdp_train_stop_word), 0 when it ran to the end */
 } fsdp_synth_eval;
 
 /* Decode ev->n_problems held-out problems greedily on e, whose

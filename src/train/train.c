@@ -30,6 +30,7 @@
 
 #include "comm/procs.h"
 #include "core/clock.h"
+#include "core/flight.h"
 #include "device/cpu.h"
 #include "engine/engine_ckpt.h"
 #include "engine/trace.h"
@@ -62,6 +63,7 @@ void fsdp_train_config_default(fsdp_train_config *cfg)
     cfg->lr_min_frac = 0.1f;
     cfg->eval_problems = 512;
     cfg->n_samples = 5;
+    cfg->watchdog_s = -1; /* FSDP_WATCHDOG's (core/flight.h) */
     cfg->out = stdout;
 }
 
@@ -165,8 +167,10 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
 }
 
 /* This rank's reasons to stop, brought to the barrier after each step (and
- * before the first): its engine's data error; on rank 0 also a stop
- * request, a failed metrics write and a data file that changed. */
+ * before the first): its engine's data error; on the first rank of each
+ * process a stop request (a signal reaches one process: the OR tells every
+ * other); on rank 0 also a failed metrics write and a data file that
+ * changed. */
 static unsigned stop_bits(struct trainer *t, fsdp_engine *e, int rank)
 {
     const fsdp_train_config *cfg = t->cfg;
@@ -177,10 +181,10 @@ static unsigned stop_bits(struct trainer *t, fsdp_engine *e, int rank)
         stop_error(t, st, msg);
         bits |= STOP_DATA;
     }
+    if (rank == t->world->rank_offset && cfg->stop)
+        bits |= fsdp_train_stop_word(atomic_load(cfg->stop));
     if (rank != 0)
         return bits;
-    if (cfg->stop && atomic_load(cfg->stop))
-        bits |= STOP_REQUEST;
     if (t->log.failed || t->sink_failed)
         bits |= STOP_ERROR;
     if (t->data && (st = fsdp_data_check(t->data)) != FSDP_STATUS_OK) {
@@ -312,13 +316,16 @@ static fsdp_status eval_synthetic(struct trainer *t, fsdp_engine *e, int rank)
 {
     const fsdp_train_config *cfg = t->cfg;
     fsdp_synth_eval ev = {.n_problems = cfg->eval_problems, .n_samples = cfg->n_samples,
-                          .out = t->out, .stop = cfg->stop};
+                          .out = t->out,
+                          .stop = rank == t->world->rank_offset ? cfg->stop : NULL};
     fsdp_status st = fsdp_synth_eval_run(e, rank, &cfg->eng, &t->model, &ev);
     if (rank == 0) {
         t->eval_correct += ev.correct;
         t->eval_seen += ev.seen;
-        if (ev.interrupted)
-            t->res->interrupted = true;
+    }
+    if (rank == t->world->rank_offset && ev.stop_word) {
+        t->res->interrupted = true;
+        t->res->stop_code = fsdp_train_stop_code(ev.stop_word);
     }
     return st;
 }
@@ -330,8 +337,10 @@ static fsdp_status finish_rank(struct trainer *t, fsdp_engine *e, int rank,
 {
     const fsdp_train_config *cfg = t->cfg;
     if (p->why) {
-        if (rank == 0 && (p->why & STOP_REQUEST))
+        if (rank == t->world->rank_offset && (p->why & STOP_REQUEST)) {
             t->res->interrupted = true;
+            t->res->stop_code = fsdp_train_stop_code(p->why);
+        }
         /* the final checkpoint: the state after the last step that counts */
         if (cfg->ckpt_dir && p->clean && p->done > p->saved)
             FSDP_TRY(fsdp_trainer_ckpt_save(t, e, rank, p->done));
@@ -372,19 +381,6 @@ static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
 fail:
     fsdp_engine_free(e);
     return st;
-}
-
-/* Where process q writes the trace of its ranks: the path itself on
- * process 0, "NAME.q.EXT" ("NAME.q") on the others. */
-static void trace_path_of(const char *path, int q, char *out, size_t n)
-{
-    const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
-    if (q == 0)
-        snprintf(out, n, "%s", path);
-    else if (dot && dot > (slash ? slash + 1 : path))
-        snprintf(out, n, "%.*s.%d%s", (int)(dot - path), path, q, dot);
-    else
-        snprintf(out, n, "%s.%d", path, q);
 }
 
 /* Everything the run will write can be written, before any step runs. */
@@ -548,6 +544,12 @@ static fsdp_status run_prepare(struct trainer *t, fsdp_engine_config *ec)
     t->flops_per_token = t->model.family->flops_per_token(&t->model, ec->seq);
     FSDP_TRY(outputs_check(cfg));
     FSDP_TRY(fsdp_procs_world_init(&t->world, cfg->procs, ec->n_ranks / n_procs));
+    FSDP_TRY(fsdp_trainer_agree(t));
+    fsdp_output_flight_path(cfg->log_path, t->world->process, t->flight_path,
+                            sizeof t->flight_path);
+    FSDP_TRY(fsdp_world_set_watchdog(t->world, cfg->watchdog_s >= 0 ? cfg->watchdog_s
+                                                                     : t->world->watchdog_s,
+                                     t->flight_path));
     FSDP_TRY(fsdp_engine_shared_init(&t->sh, ec, &t->model, t->data, t->world));
     if (t->mf) {
         t->sh.init_fn = fsdp_modelfile_init_fn;
@@ -613,7 +615,7 @@ static fsdp_status outputs_close(struct trainer *t, fsdp_status st, bool launche
     char *keep = st != FSDP_STATUS_OK ? strdup(fsdp_error_msg()) : NULL;
     if (launched && t->sh.trace) {
         char path[4096 + 16];
-        trace_path_of(cfg->trace_path, t->world->process, path, sizeof path);
+        fsdp_output_process_path(cfg->trace_path, t->world->process, path, sizeof path);
         fsdp_status ts = fsdp_trace_write(t->sh.trace, path);
         if (ts != FSDP_STATUS_OK && st == FSDP_STATUS_OK)
             st = ts;

@@ -39,13 +39,21 @@ typedef struct fsdp_train_config {
     int ckpt_keep;            /* keep the K newest complete checkpoints; 0: all */
     bool resume;              /* start from the newest complete checkpoint in ckpt_dir, if any */
     bool allow_batch_change;  /* resume with another global batch (engine/engine_ckpt.h) */
+    float watchdog_s;         /* the stall watchdog (core/flight.h): a wait in a collective
+                               * or barrier longer than this ends the run with STALLED and
+                               * one report, no checkpoint; 0: off; < 0: FSDP_WATCHDOG's
+                               * (default 300). The flight record goes beside log_path
+                               * (fsdp_output_flight_path, train/outputs.h) */
     int stop_after;           /* tests: leave the loop after this global step as a crash
                                * would, without a final checkpoint (0: run to steps) */
     const atomic_int *stop;   /* set (nonzero) to stop early: the step in progress finishes,
                                * a checkpoint is written (with ckpt_dir), the metrics and the
                                * trace are flushed, and the run returns OK with
                                * res->interrupted. Read between steps (and between evaluation
-                               * batches); a signal handler may set it. NULL: none. */
+                               * batches) by the first rank of each process of the job, so a
+                               * request in any process stops every one after the same step;
+                               * a signal handler may set it (to the signal: the stop code
+                               * below). NULL: none. */
 } fsdp_train_config;
 
 typedef struct fsdp_train_result {
@@ -59,10 +67,35 @@ typedef struct fsdp_train_result {
     int n_units;
     int n_ranks;
     double tokens_per_s;      /* mean over steps after the first */
-    bool interrupted;         /* stopped early by cfg->stop */
+    bool interrupted;         /* stopped early by cfg->stop (in any process of the job) */
+    int stop_code;            /* then the smallest stop code any process asked with (0: none
+                               * in 1..FSDP_TRAIN_STOP_CODE_MAX); the same in every process */
     int n_skipped;            /* steps whose update was dropped (eng.skip_nonfinite) */
     int ckpt_step;            /* the newest checkpoint this run wrote (its step), or -1 */
 } fsdp_train_result;
+
+/* A stop request's value (fsdp_train_config.stop) in 1..FSDP_TRAIN_STOP_CODE_MAX
+ * is a code the run reports back (res->stop_code: `fsdp train` passes the
+ * signal that asked); any other nonzero value stops without one. */
+#define FSDP_TRAIN_STOP_CODE_MAX 24
+
+/* The word a process's request adds to the ranks' OR after a step (bit 0:
+ * stop; bit 7 + code: the code), and the smallest code an OR of such words
+ * holds (0: none). */
+static inline unsigned fsdp_train_stop_word(int request)
+{
+    if (!request)
+        return 0;
+    return 1u | (request > 0 && request <= FSDP_TRAIN_STOP_CODE_MAX ? 1u << (7 + request) : 0u);
+}
+
+static inline int fsdp_train_stop_code(unsigned word)
+{
+    for (int code = 1; code <= FSDP_TRAIN_STOP_CODE_MAX; code++)
+        if (word & (1u << (7 + code)))
+            return code;
+    return 0;
+}
 
 /* Defaults for every field (the `fsdp train` defaults). */
 void fsdp_train_config_default(fsdp_train_config *cfg);

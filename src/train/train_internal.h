@@ -5,8 +5,9 @@
  * (train.h).
  *
  * Threading: built on the main thread before the ranks start; then rank 0
- * writes the result and the figures, any rank the stop error (under mu),
- * and every rank reads the rest.
+ * writes the result and the figures (the first rank of each process its
+ * res->interrupted and res->stop_code), any rank the stop error (under
+ * mu), and every rank reads the rest.
  */
 #ifndef FSDP_TRAIN_TRAIN_INTERNAL_H
 #define FSDP_TRAIN_TRAIN_INTERNAL_H
@@ -23,7 +24,8 @@
 
 /* Why the ranks stop early (the bits of the barrier after each step). */
 enum {
-    STOP_REQUEST = 1u << 0, /* cfg->stop: finish, checkpoint, return OK */
+    STOP_REQUEST = 1u << 0, /* cfg->stop: finish, checkpoint, return OK (with its code in
+                             * bits 8..31: fsdp_train_stop_word, train.h) */
     STOP_ERROR = 1u << 1,   /* t->stop_st: the step counts; stop after it */
     STOP_DATA = 1u << 2,    /* a rank could not read this step's batch: it does not count */
 };
@@ -56,7 +58,15 @@ struct trainer {
     int start_step;
     fsdp_modelfile *mf;       /* --model FILE: the initial weights, or NULL */
     fsdp_ckpt_lock ck_lock;   /* --ckpt-dir held for the run: one run per directory */
+    char flight_path[4096 + 32]; /* where a stall writes this process's flight record */
 };
+
+/* A job of several processes (train_agree.c): every setting that changes
+ * what the ranks compute or which collectives they issue is the same in
+ * every process, else INVALID_ARG on every process naming each flag and
+ * the values that differ. After the world is made, before anything the
+ * processes do together depends on the settings. OK in one process. */
+fsdp_status fsdp_trainer_agree(struct trainer *t);
 
 /* Checkpoints (train_ckpt.c). Before the ranks start, on the main thread
  * of every process: the manifest base for saves, --ckpt-dir claimed (a
