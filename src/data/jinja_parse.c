@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "core/error.h"
-#include "data/jinja_internal.h"
+#include "data/jinja_builtin.h"
 
 #define JP_MAX_DEPTH 128
 
