@@ -5,13 +5,15 @@
  * arena, values).
  *
  * The parts, bottom to top; each calls only the ones below it:
- *   jinja_value.c     errors, the arena, values, printing and JSON
- *   jinja_str.c       Python's str methods (jinja_str.h)
- *   jinja_builtin.c   filters, tests, methods, global functions, their names
- *                     (jinja_builtin.h); arguments are evaluated through
- *                     jrender.eval, the evaluator's entry
- *   jinja_parse.c     the lexer and the parser, fsdp_jinja_parse
- *   jinja_eval.c      scopes, expressions, statements, fsdp_jinja_render
+ *   jinja_value.c       errors, the arena, values, printing and JSON
+ *   jinja_str.c         Python's str methods (jinja_str.h)
+ *   jinja_builtin.c     filters, tests, methods, global functions, their names
+ *                       (jinja_builtin.h); arguments are evaluated through
+ *                       jrender.eval, the evaluator's entry
+ *   jinja_lex.c         the lexer and the token cursor (jinja_lex.h)
+ *   jinja_parse_expr.c  expressions (jinja_parse_expr.h)
+ *   jinja_parse.c       statements, fsdp_jinja_parse
+ *   jinja_eval.c        scopes, expressions, statements, fsdp_jinja_render
  *
  * Everything a render makes lives in one arena, freed at once when the
  * render ends; values are small structs passed by copy, and strings, lists
