@@ -24,6 +24,7 @@
 #ifndef FSDP_DATA_JINJA_INTERNAL_H
 #define FSDP_DATA_JINJA_INTERNAL_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -197,6 +198,11 @@ struct jrender {
 };
 
 /* ---- jinja_value.c ---------------------------------------------------------------------- */
+
+/* Set the thread's error (core/error.h) to "chat template LABEL, line LINE: MESSAGE" (line
+ * < 0: without the line) and return st: the parser's and the render's messages. */
+fsdp_status jinja_error_setv(const char *label, int line, fsdp_status st, const char *fmt,
+                             va_list ap);
 
 /* Set the render's error (the first one wins) and return it: FORMAT unless st says
  * otherwise; the message names the template and `line` (0: no line). */

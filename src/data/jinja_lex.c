@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "core/error.h"
 #include "data/jinja_lex.h"
@@ -19,12 +20,10 @@ fsdp_status jp_fail(jparser *p, fsdp_status st, int line, const char *fmt, ...)
 {
     if (p->st != FSDP_STATUS_OK)
         return p->st;
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    p->st = jinja_error_setv(p->tpl->label, line, st, fmt, ap);
     va_end(ap);
-    p->st = fsdp_error_set(st, "chat template %s, line %d: %s", p->tpl->label, line, msg);
     return p->st;
 }
 
@@ -67,30 +66,6 @@ static int hexval(char c)
                                    : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
 }
 
-static size_t put_utf8(char *o, uint32_t cp)
-{
-    if (cp < 0x80) {
-        o[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (char)(0xc0 | (cp >> 6));
-        o[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xe0 | (cp >> 12));
-        o[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        o[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | (cp >> 18));
-    o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    o[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
-
 /* A string literal at s[*i] (the quote); Python's escapes. */
 static bool lex_string(jparser *p, const char *s, size_t n, size_t *i, int *line)
 {
@@ -128,7 +103,7 @@ static bool lex_string(jparser *p, const char *s, size_t n, size_t *i, int *line
             if (cp > 0x10ffff || (cp >= 0xd800 && cp < 0xe000))
                 return jp_fail(p, FSDP_STATUS_FORMAT, *line, "a \\%c escape outside Unicode", e),
                        false;
-            k += put_utf8(o + k, cp);
+            k += (size_t)utf8proc_encode_char((utf8proc_int32_t)cp, (utf8proc_uint8_t *)o + k);
             j += (size_t)digits;
             continue;
         }

@@ -15,19 +15,24 @@
 
 /* ---- errors ----------------------------------------------------------------------------- */
 
+fsdp_status jinja_error_setv(const char *label, int line, fsdp_status st, const char *fmt,
+                             va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (line >= 0)
+        return fsdp_error_set(st, "chat template %s, line %d: %s", label, line, msg);
+    return fsdp_error_set(st, "chat template %s: %s", label, msg);
+}
+
 fsdp_status jinja_fail(jrender *r, int line, fsdp_status st, const char *fmt, ...)
 {
     if (r->st != FSDP_STATUS_OK)
         return r->st;
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    r->st = jinja_error_setv(r->t->label, line > 0 ? line : -1, st, fmt, ap);
     va_end(ap);
-    if (line > 0)
-        r->st = fsdp_error_set(st, "chat template %s, line %d: %s", r->t->label, line, msg);
-    else
-        r->st = fsdp_error_set(st, "chat template %s: %s", r->t->label, msg);
     return r->st;
 }
 
