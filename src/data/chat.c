@@ -253,21 +253,6 @@ const fsdp_chat_format *fsdp_chat_builtin(const fsdp_chat *c)
     return c->format;
 }
 
-fsdp_status fsdp_chat_count_special(fsdp_hftok *t, const char *text, size_t n,
-                                    uint64_t *count)
-{
-    size_t from = 0, b, e;
-    int id;
-    while (from < n) {
-        FSDP_TRY(fsdp_hftok_next_special(t, text, n, from, &b, &e, &id));
-        if (id < 0)
-            break;
-        (*count)++;
-        from = e;
-    }
-    return FSDP_STATUS_OK;
-}
-
 fsdp_status fsdp_chat_encode(const fsdp_chat *c, fsdp_hftok *t, const fsdp_chat_msg *msgs,
                              int n, bool add_generation_prompt, fsdp_ids *ids,
                              fsdp_flags *trained, uint64_t *n_special)

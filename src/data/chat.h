@@ -46,6 +46,7 @@
 
 #include <stddef.h>
 
+#include "data/chat_template.h"
 #include "data/hftok.h"
 #include "data/ids.h"
 #include "data/jinja.h"
@@ -147,8 +148,7 @@ fsdp_status fsdp_chat_encode(const fsdp_chat *c, fsdp_hftok *t, const fsdp_chat_
  * mask finds it, or -1 when the format has none. */
 int fsdp_chat_end_of_turn(const fsdp_chat *c, fsdp_hftok *t);
 
-/* Special-token strings of t in text[0..n) (they stay text in contents). */
-fsdp_status fsdp_chat_count_special(fsdp_hftok *t, const char *text, size_t n,
-                                    uint64_t *count);
+/* fsdp_chat_count_special (special-token strings in a text, which both renderers count) is
+ * chat_template.h's, included above. */
 
 #endif /* FSDP_DATA_CHAT_H */

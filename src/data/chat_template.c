@@ -206,6 +206,21 @@ const char *fsdp_chat_tpl_describe(const fsdp_chat_tpl *tp)
 
 /* ---- encoding --------------------------------------------------------------------------- */
 
+fsdp_status fsdp_chat_count_special(fsdp_hftok *t, const char *text, size_t n,
+                                    uint64_t *count)
+{
+    size_t from = 0, b, e;
+    int id;
+    while (from < n) {
+        FSDP_TRY(fsdp_hftok_next_special(t, text, n, from, &b, &e, &id));
+        if (id < 0)
+            break;
+        (*count)++;
+        from = e;
+    }
+    return FSDP_STATUS_OK;
+}
+
 typedef struct range {
     size_t b, e;
 } range;
@@ -301,7 +316,7 @@ static int cmp_range(const void *a, const void *b)
 
 /* The trained ranges: each assistant content through its end of turn. */
 static fsdp_status trained_ranges(const fsdp_chat_tpl *tp, fsdp_hftok *t,
-                                  const fsdp_chat_msg *msgs, int n, const fsdp_jinja_output *o,
+                                  const fsdp_jinja_msg *msgs, int n, const fsdp_jinja_output *o,
                                   range *r, int *nr)
 {
     *nr = 0;
@@ -335,9 +350,9 @@ static fsdp_status trained_ranges(const fsdp_chat_tpl *tp, fsdp_hftok *t,
     return FSDP_STATUS_OK;
 }
 
-fsdp_status fsdp_chat_tpl_encode(const fsdp_chat_tpl *tp, fsdp_hftok *t, const fsdp_chat_msg *msgs,
-                                 int n, bool add_generation_prompt, fsdp_ids *ids,
-                                 fsdp_flags *trained, uint64_t *n_special)
+fsdp_status fsdp_chat_tpl_encode(const fsdp_chat_tpl *tp, fsdp_hftok *t,
+                                 const fsdp_jinja_msg *msgs, int n, bool add_generation_prompt,
+                                 fsdp_ids *ids, fsdp_flags *trained, uint64_t *n_special)
 {
     fsdp_jinja_input in = {.msgs = msgs, .n_msgs = n, .bos_token = tp->bos,
                            .eos_token = tp->eos, .add_generation_prompt = add_generation_prompt,
@@ -376,7 +391,7 @@ fsdp_status fsdp_chat_tpl_encode(const fsdp_chat_tpl *tp, fsdp_hftok *t, const f
 
 int fsdp_chat_tpl_end_of_turn(const fsdp_chat_tpl *tp, fsdp_hftok *t)
 {
-    const fsdp_chat_msg probe[2] = {{"user", "Hi", 2}, {"assistant", "Hello", 5}};
+    const fsdp_jinja_msg probe[2] = {{"user", "Hi", 2}, {"assistant", "Hello", 5}};
     fsdp_jinja_input in = {.msgs = probe, .n_msgs = 2, .bos_token = tp->bos,
                            .eos_token = tp->eos, .year = tp->year, .month = tp->month,
                            .day = tp->day};

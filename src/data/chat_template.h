@@ -1,14 +1,23 @@
 /*
  * chat_template.h - internal to src/data: the renderer that runs a model's
- * own chat template (chat.h's first kind), for chat.c's fsdp_chat.
+ * own chat template (chat.h's first kind), for chat.c's fsdp_chat, and
+ * the special-token count both kinds of renderer report.
+ *
+ * Below chat.h, which includes it: it renders by chat.h's rule (the loss
+ * mask, special tokens in contents) but knows nothing of fsdp_chat or the
+ * built-in formats. Messages are jinja.h's (chat.h's fsdp_chat_msg is the
+ * same type).
  */
 #ifndef FSDP_DATA_CHAT_TEMPLATE_H
 #define FSDP_DATA_CHAT_TEMPLATE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
-#include "data/chat.h"
+#include "data/hftok.h"
+#include "data/ids.h"
+#include "data/jinja.h"
 
 typedef struct fsdp_chat_tpl fsdp_chat_tpl;
 
@@ -33,11 +42,16 @@ void fsdp_chat_tpl_free(fsdp_chat_tpl *tp);
 const char *fsdp_chat_tpl_describe(const fsdp_chat_tpl *tp);
 
 /* fsdp_chat_encode for a template. */
-fsdp_status fsdp_chat_tpl_encode(const fsdp_chat_tpl *tp, fsdp_hftok *t, const fsdp_chat_msg *msgs,
-                                 int n, bool add_generation_prompt, fsdp_ids *ids,
-                                 fsdp_flags *trained, uint64_t *n_special);
+fsdp_status fsdp_chat_tpl_encode(const fsdp_chat_tpl *tp, fsdp_hftok *t,
+                                 const fsdp_jinja_msg *msgs, int n, bool add_generation_prompt,
+                                 fsdp_ids *ids, fsdp_flags *trained, uint64_t *n_special);
 
 /* fsdp_chat_end_of_turn for a template. */
 int fsdp_chat_tpl_end_of_turn(const fsdp_chat_tpl *tp, fsdp_hftok *t);
+
+/* Add to *count the special-token strings of t in text[0..n) (they stay text in contents:
+ * chat.h). */
+fsdp_status fsdp_chat_count_special(fsdp_hftok *t, const char *text, size_t n,
+                                    uint64_t *count);
 
 #endif /* FSDP_DATA_CHAT_TEMPLATE_H */

@@ -1,18 +1,18 @@
 /*
  * jinja_builtin.c - the filters, tests, methods and global functions of
- * the Jinja subset (jinja.h lists them), each as Jinja (or Python, for
- * methods) defines it, for the types templates give them. Whitespace is
- * Python's str.isspace(): Unicode category Zs, or bidirectional class WS,
- * B or S.
+ * the Jinja subset (jinja.h lists them; jinja_builtin.h), each as Jinja
+ * (or Python, for methods) defines it, for the types templates give them.
+ * The string ones are jinja_str.c's; arguments are evaluated through
+ * r->eval when a built-in reads them.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <utf8proc.h>
 
 #include "core/error.h"
-#include "data/jinja_internal.h"
+#include "data/jinja_builtin.h"
+#include "data/jinja_str.h"
 
 static const jv UNDEF = {.t = JV_UNDEF};
 
@@ -91,220 +91,22 @@ static jv arg(jrender *r, const jx *x, int pos, const char *kw, bool *given)
     if (pos >= 0 && pos < x->n_args) {
         if (given)
             *given = true;
-        return jinja_eval(r, x->args[pos]);
+        return r->eval(r, x->args[pos]);
     }
     for (int i = 0; kw && i < x->n_kw; i++)
         if (!strcmp(x->kw_names[i], kw)) {
             if (given)
                 *given = true;
-            return jinja_eval(r, x->kw[i]);
+            return r->eval(r, x->kw[i]);
         }
     return UNDEF;
-}
-
-static jv bad(jrender *r, const jx *x, const char *what, jv v)
-{
-    jinja_fail(r, x->line, FSDP_STATUS_FORMAT, "%s of a %s", what, jv_type_name(v));
-    return UNDEF;
-}
-
-static bool want_str(jrender *r, const jx *x, jv v, const char *what)
-{
-    if (v.t == JV_STR)
-        return true;
-    bad(r, x, what, v);
-    return false;
-}
-
-/* ---- strings ---------------------------------------------------------------------------- */
-
-static bool py_space(int32_t cp)
-{
-    const utf8proc_property_t *p = utf8proc_get_property(cp);
-    return p->category == UTF8PROC_CATEGORY_ZS || p->bidi_class == UTF8PROC_BIDI_CLASS_WS ||
-           p->bidi_class == UTF8PROC_BIDI_CLASS_B || p->bidi_class == UTF8PROC_BIDI_CLASS_S;
-}
-
-/* The code point at s[i] (1 byte for an invalid one) into *cp; returns its length. */
-static size_t next_cp(const char *s, size_t n, size_t i, int32_t *cp)
-{
-    utf8proc_int32_t c;
-    utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i,
-                                          (utf8proc_ssize_t)(n - i), &c);
-    if (k <= 0) {
-        *cp = -1;
-        return 1;
-    }
-    *cp = c;
-    return (size_t)k;
-}
-
-static bool in_chars(int32_t cp, const jstr *chars)
-{
-    for (size_t i = 0; i < chars->n;) {
-        int32_t c;
-        i += next_cp(chars->p, chars->n, i, &c);
-        if (c == cp)
-            return true;
-    }
-    return false;
-}
-
-/* str.strip/lstrip/rstrip: which = 3 both ends, 1 left, 2 right; chars NULL: whitespace. */
-static jv strip(jrender *r, jv s, int which, const jstr *chars)
-{
-    size_t b = 0, e = s.s->n;
-    const char *p = s.s->p;
-    if (which & 1)
-        while (b < e) {
-            int32_t cp;
-            size_t k = next_cp(p, e, b, &cp);
-            if (cp < 0 || !(chars ? in_chars(cp, chars) : py_space(cp)))
-                break;
-            b += k;
-        }
-    if (which & 2)
-        while (e > b) {
-            size_t s0 = e - 1;
-            while (s0 > b && ((unsigned char)p[s0] & 0xc0) == 0x80)
-                s0--;
-            int32_t cp;
-            if (next_cp(p, e, s0, &cp) != e - s0 || cp < 0 ||
-                !(chars ? in_chars(cp, chars) : py_space(cp)))
-                break;
-            e = s0;
-        }
-    return jv_substr(r, s, b, e);
-}
-
-/* Map each code point: 'u' upper, 'l' lower, 'c' capitalize, 't' title. */
-static jv recase(jrender *r, jv s, char how)
-{
-    const char *p = s.s->p;
-    size_t n = s.s->n;
-    char *o = jarena_alloc(&r->a, 4 * n + 1);
-    if (!o)
-        return jinja_fail(r, 0, FSDP_STATUS_FORMAT, "out of render memory"), UNDEF;
-    size_t k = 0;
-    bool word_start = true;
-    for (size_t i = 0; i < n;) {
-        int32_t cp;
-        size_t len = next_cp(p, n, i, &cp);
-        if (cp < 0) {
-            o[k++] = p[i];
-            i += len;
-            word_start = true;
-            continue;
-        }
-        bool up = how == 'u' || (how == 'c' && i == 0) || (how == 't' && word_start);
-        int32_t m = up ? utf8proc_toupper(cp) : utf8proc_tolower(cp);
-        k += (size_t)utf8proc_encode_char(m, (utf8proc_uint8_t *)o + k);
-        const utf8proc_property_t *pr = utf8proc_get_property(cp);
-        word_start = !(pr->category >= UTF8PROC_CATEGORY_LU &&
-                       pr->category <= UTF8PROC_CATEGORY_LO);
-        i += len;
-    }
-    return jv_str(r, o, k);
-}
-
-static jv replace(jrender *r, const jx *x, jv s, jv old, jv new, int64_t count)
-{
-    if (!want_str(r, x, old, "replace: the old text") || !want_str(r, x, new, "replace: the new "
-                                                                           "text"))
-        return UNDEF;
-    size_t n = s.s->n, on = old.s->n, nn = new.s->n;
-    size_t max = n + (on ? n / on + 1 : n + 1) * nn + 1;
-    char *o = jarena_alloc(&r->a, max);
-    if (!o)
-        return jinja_fail(r, x->line, FSDP_STATUS_FORMAT, "out of render memory"), UNDEF;
-    size_t k = 0, i = 0;
-    int64_t done = 0;
-    while (i <= n) {
-        bool hit = (count < 0 || done < count) &&
-                   (on ? i + on <= n && !memcmp(s.s->p + i, old.s->p, on) : true);
-        if (hit) {
-            memcpy(o + k, new.s->p, nn);
-            k += nn;
-            done++;
-            if (on) {
-                i += on;
-                continue;
-            }
-        }
-        if (i == n)
-            break;
-        o[k++] = s.s->p[i++];
-    }
-    return jv_str(r, o, k);
-}
-
-static jv split(jrender *r, const jx *x, jv s, jv sep, int64_t maxsplit)
-{
-    jv out = jv_list(r, 4);
-    const char *p = s.s->p;
-    size_t n = s.s->n, i = 0;
-    if (out.t != JV_LIST)
-        return UNDEF;
-    if (sep.t == JV_NONE || sep.t == JV_UNDEF) { /* runs of whitespace, ends dropped */
-        int64_t done = 0;
-        while (i < n) {
-            int32_t cp;
-            size_t k;
-            while (i < n && (k = next_cp(p, n, i, &cp)) && cp >= 0 && py_space(cp))
-                i += k;
-            if (i >= n)
-                break;
-            size_t b = i;
-            if (maxsplit >= 0 && done >= maxsplit) {
-                jv_list_push(r, out, jv_substr(r, s, b, n));
-                break;
-            }
-            while (i < n && (k = next_cp(p, n, i, &cp)) && !(cp >= 0 && py_space(cp)))
-                i += k;
-            jv_list_push(r, out, jv_substr(r, s, b, i));
-            done++;
-        }
-        return out;
-    }
-    if (!want_str(r, x, sep, "split: the separator"))
-        return UNDEF;
-    if (sep.s->n == 0)
-        return jinja_fail(r, x->line, FSDP_STATUS_FORMAT, "split: an empty separator"), UNDEF;
-    size_t b = 0;
-    int64_t done = 0;
-    while (i + sep.s->n <= n) {
-        if ((maxsplit < 0 || done < maxsplit) && !memcmp(p + i, sep.s->p, sep.s->n)) {
-            jv_list_push(r, out, jv_substr(r, s, b, i));
-            i += sep.s->n;
-            b = i;
-            done++;
-            continue;
-        }
-        i++;
-    }
-    jv_list_push(r, out, jv_substr(r, s, b, n));
-    return out;
-}
-
-/* startswith/endswith with a string or a list of them. */
-static jv affix(jrender *r, const jx *x, jv s, jv what, bool end)
-{
-    jv one[1] = {what};
-    const jv *v = what.t == JV_LIST ? what.l->v : one;
-    size_t n = what.t == JV_LIST ? what.l->n : 1;
-    for (size_t i = 0; i < n; i++) {
-        if (!want_str(r, x, v[i], end ? "endswith" : "startswith"))
-            return UNDEF;
-        size_t k = v[i].s->n;
-        if (k <= s.s->n && !memcmp(s.s->p + (end ? s.s->n - k : 0), v[i].s->p, k))
-            return jv_bool(true);
-    }
-    return jv_bool(false);
 }
 
 /* ---- tests ------------------------------------------------------------------------------ */
 
-bool jinja_test_apply(jrender *r, int line, int id, jv v, const jv *args, int n, bool *ok)
+/* Test `id` on v with the arguments args[0..n) (`is` tests, select/reject); *ok false
+ * (and the render's error set) when the test does not apply to v. */
+static bool test_apply(jrender *r, int line, int id, jv v, const jv *args, int n, bool *ok)
 {
     *ok = true;
     jv a = n > 0 ? args[0] : UNDEF;
@@ -380,9 +182,9 @@ jv jinja_test(jrender *r, const jx *x, jv v)
     jv args[4];
     int n = x->n_args < 4 ? x->n_args : 4;
     for (int i = 0; i < n; i++)
-        args[i] = jinja_eval(r, x->args[i]);
+        args[i] = r->eval(r, x->args[i]);
     bool ok;
-    bool res = jinja_test_apply(r, x->line, x->op, v, args, n, &ok);
+    bool res = test_apply(r, x->line, x->op, v, args, n, &ok);
     return ok && r->st == FSDP_STATUS_OK ? jv_bool(res != x->negate) : UNDEF;
 }
 
@@ -394,10 +196,10 @@ static jv select_items(jrender *r, const jx *x, jv v, bool attr, bool keep)
     if (v.t == JV_UNDEF)
         return jv_list(r, 1);
     if (v.t != JV_LIST)
-        return bad(r, x, "select/reject", v);
+        return jinja_fail_type(r, x, "select/reject", v);
     int first = attr ? 1 : 0;
     jv name = attr ? arg(r, x, 0, NULL, NULL) : UNDEF;
-    if (attr && !want_str(r, x, name, "selectattr: the attribute"))
+    if (attr && !jinja_want_str(r, x, name, "selectattr: the attribute"))
         return UNDEF;
     jv tname = arg(r, x, first, NULL, NULL);
     int test = -1;
@@ -407,7 +209,7 @@ static jv select_items(jrender *r, const jx *x, jv v, bool attr, bool keep)
     jv targs[4];
     int nt = 0;
     for (int i = first + 1; i < x->n_args && nt < 4; i++)
-        targs[nt++] = jinja_eval(r, x->args[i]);
+        targs[nt++] = r->eval(r, x->args[i]);
     jv out = jv_list(r, v.l->n);
     for (size_t i = 0; i < v.l->n && out.t == JV_LIST && r->st == FSDP_STATUS_OK; i++) {
         jv item = v.l->v[i], subject = item;
@@ -415,8 +217,8 @@ static jv select_items(jrender *r, const jx *x, jv v, bool attr, bool keep)
             subject = (item.t == JV_DICT || item.t == JV_NS)
                           ? jv_dict_get(item, name.s->p, name.s->n) : UNDEF;
         bool ok = true, pass = test < 0 ? jv_truthy(subject)
-                                        : jinja_test_apply(r, x->line, test, subject, targs, nt,
-                                                           &ok);
+                                        : test_apply(r, x->line, test, subject, targs, nt,
+                                                     &ok);
         if (!ok)
             return UNDEF;
         if (pass == keep)
@@ -430,15 +232,15 @@ static jv map_items(jrender *r, const jx *x, jv v)
     if (v.t == JV_UNDEF)
         return jv_list(r, 1);
     if (v.t != JV_LIST)
-        return bad(r, x, "map", v);
+        return jinja_fail_type(r, x, "map", v);
     bool by_attr;
     jv attr = arg(r, x, -1, "attribute", &by_attr);
     jv fname = by_attr ? UNDEF : arg(r, x, 0, NULL, NULL);
     jx f = {.kind = JX_FILTER, .line = x->line};
-    if (by_attr && !want_str(r, x, attr, "map: the attribute"))
+    if (by_attr && !jinja_want_str(r, x, attr, "map: the attribute"))
         return UNDEF;
     if (!by_attr) {
-        if (!want_str(r, x, fname, "map: the filter name"))
+        if (!jinja_want_str(r, x, fname, "map: the filter name"))
             return UNDEF;
         if ((f.op = jinja_filter_id(fname.s->p)) < 0)
             return jinja_fail(r, x->line, FSDP_STATUS_UNSUPPORTED, "the filter '%s' is not "
@@ -479,7 +281,7 @@ static jv to_list(jrender *r, const jx *x, jv v)
             jv_list_push(r, out, jv_substr(r, v, jv_str_offset(v.s, i),
                                            jv_str_offset(v.s, i + 1)));
     } else if (v.t != JV_UNDEF) {
-        return bad(r, x, "list", v);
+        return jinja_fail_type(r, x, "list", v);
     }
     return out;
 }
@@ -489,7 +291,7 @@ static jv items_of(jrender *r, const jx *x, jv v)
     if (v.t == JV_UNDEF)
         return jv_list(r, 1);
     if (v.t != JV_DICT && v.t != JV_NS)
-        return bad(r, x, "items", v);
+        return jinja_fail_type(r, x, "items", v);
     jv out = jv_list(r, v.d->n);
     for (size_t i = 0; i < v.d->n && out.t == JV_LIST; i++) {
         jv pair = jv_list(r, 2);
@@ -533,7 +335,7 @@ static jv indent(jrender *r, const jx *x, jv v)
         return jinja_fail(r, x->line, FSDP_STATUS_FORMAT, "out of render memory"), UNDEF;
     memset(sp, ' ', (size_t)n);
     jv pad = jv_str(r, sp, (size_t)n);
-    jv lines = split(r, x, v, jv_str(r, "\n", 1), -1), out = jv_str(r, "", 0);
+    jv lines = jstr_split(r, x, v, jv_str(r, "\n", 1), -1), out = jv_str(r, "", 0);
     for (size_t i = 0; lines.t == JV_LIST && i < lines.l->n && out.t == JV_STR; i++) {
         jv line = lines.l->v[i];
         if (i)
@@ -552,9 +354,9 @@ jv jinja_filter(jrender *r, const jx *x, jv v)
     switch (x->op) {
     case F_TRIM: {
         jv s = jv_to_str(r, v), chars = arg(r, x, 0, "chars", &given);
-        if (given && chars.t != JV_NONE && !want_str(r, x, chars, "trim: the characters"))
+        if (given && chars.t != JV_NONE && !jinja_want_str(r, x, chars, "trim: the characters"))
             return UNDEF;
-        return s.t == JV_STR ? strip(r, s, 3, given && chars.t == JV_STR ? chars.s : NULL)
+        return s.t == JV_STR ? jstr_strip(r, s, 3, given && chars.t == JV_STR ? chars.s : NULL)
                              : UNDEF;
     }
     case F_TOJSON: {
@@ -575,16 +377,16 @@ jv jinja_filter(jrender *r, const jx *x, jv v)
         case JV_LIST: return jv_int((int64_t)v.l->n);
         case JV_DICT: case JV_NS: return jv_int((int64_t)v.d->n);
         case JV_UNDEF: return jv_int(0);
-        default: return bad(r, x, "length", v);
+        default: return jinja_fail_type(r, x, "length", v);
         }
     case F_UPPER: case F_LOWER: case F_CAPITALIZE: case F_TITLE: {
         jv s = jv_to_str(r, v);
         if (s.t != JV_STR)
             return UNDEF;
         if (x->op == F_CAPITALIZE) /* Python: the first upper, the rest lower */
-            s = recase(r, s, 'l');
-        return s.t == JV_STR ? recase(r, s, x->op == F_UPPER ? 'u' : x->op == F_LOWER ? 'l'
-                                             : x->op == F_TITLE ? 't' : 'c') : UNDEF;
+            s = jstr_recase(r, s, 'l');
+        char how = x->op == F_UPPER ? 'u' : x->op == F_LOWER ? 'l' : x->op == F_TITLE ? 't' : 'c';
+        return s.t == JV_STR ? jstr_recase(r, s, how) : UNDEF;
     }
     case F_STRING: case F_SAFE: return jv_to_str(r, v);
     case F_LIST: return to_list(r, x, v);
@@ -595,7 +397,7 @@ jv jinja_filter(jrender *r, const jx *x, jv v)
         if (l.t == JV_UNDEF)
             return UNDEF;
         if (l.t != JV_LIST)
-            return bad(r, x, x->op == F_FIRST ? "first" : "last", v);
+            return jinja_fail_type(r, x, x->op == F_FIRST ? "first" : "last", v);
         return l.l->n ? l.l->v[x->op == F_FIRST ? 0 : l.l->n - 1] : UNDEF;
     }
     case F_DEFAULT: {
@@ -607,7 +409,7 @@ jv jinja_filter(jrender *r, const jx *x, jv v)
     case F_REPLACE: {
         jv s = jv_to_str(r, v), o = arg(r, x, 0, "old", NULL), n = arg(r, x, 1, "new", NULL);
         jv c = arg(r, x, 2, "count", NULL);
-        return s.t == JV_STR ? replace(r, x, s, o, n, c.t == JV_INT ? c.i : -1) : UNDEF;
+        return s.t == JV_STR ? jstr_replace(r, x, s, o, n, c.t == JV_INT ? c.i : -1) : UNDEF;
     }
     case F_INT: {
         jv d = arg(r, x, 0, "default", NULL);
@@ -625,7 +427,7 @@ jv jinja_filter(jrender *r, const jx *x, jv v)
     }
     case F_ABS:
         if (v.t != JV_INT || v.i == INT64_MIN)
-            return bad(r, x, "abs", v);
+            return jinja_fail_type(r, x, "abs", v);
         return jv_int(v.i < 0 ? -v.i : v.i);
     case F_REVERSE: {
         jv l = to_list(r, x, v), out = jv_list(r, l.t == JV_LIST ? l.l->n : 1);
@@ -675,27 +477,28 @@ jv jinja_method(jrender *r, const jx *call, jv obj, const char *name)
         bool given;
         if (is(name, "strip") || is(name, "lstrip") || is(name, "rstrip")) {
             jv chars = arg(r, call, 0, NULL, &given);
-            if (given && chars.t != JV_NONE && !want_str(r, call, chars, "strip: the characters"))
+            if (given && chars.t != JV_NONE &&
+                !jinja_want_str(r, call, chars, "strip: the characters"))
                 return UNDEF;
-            return strip(r, obj, name[0] == 's' ? 3 : name[0] == 'l' ? 1 : 2,
-                         given && chars.t == JV_STR ? chars.s : NULL);
+            return jstr_strip(r, obj, name[0] == 's' ? 3 : name[0] == 'l' ? 1 : 2,
+                              given && chars.t == JV_STR ? chars.s : NULL);
         }
         if (is(name, "split")) {
             jv m = arg(r, call, 1, "maxsplit", NULL);
-            return split(r, call, obj, arg(r, call, 0, "sep", NULL), m.t == JV_INT ? m.i : -1);
+            return jstr_split(r, call, obj, arg(r, call, 0, "sep", NULL), m.t == JV_INT ? m.i : -1);
         }
         if (is(name, "startswith") || is(name, "endswith"))
-            return affix(r, call, obj, arg(r, call, 0, NULL, NULL), name[0] == 'e');
+            return jstr_affix(r, call, obj, arg(r, call, 0, NULL, NULL), name[0] == 'e');
         if (is(name, "upper") || is(name, "lower") || is(name, "title"))
-            return recase(r, obj, name[0] == 'u' ? 'u' : name[0] == 'l' ? 'l' : 't');
+            return jstr_recase(r, obj, name[0] == 'u' ? 'u' : name[0] == 'l' ? 'l' : 't');
         if (is(name, "capitalize")) {
-            jv s = recase(r, obj, 'l');
-            return s.t == JV_STR ? recase(r, s, 'c') : UNDEF;
+            jv s = jstr_recase(r, obj, 'l');
+            return s.t == JV_STR ? jstr_recase(r, s, 'c') : UNDEF;
         }
         if (is(name, "replace")) {
             jv c = arg(r, call, 2, NULL, NULL);
-            return replace(r, call, obj, arg(r, call, 0, NULL, NULL),
-                           arg(r, call, 1, NULL, NULL), c.t == JV_INT ? c.i : -1);
+            return jstr_replace(r, call, obj, arg(r, call, 0, NULL, NULL),
+                                arg(r, call, 1, NULL, NULL), c.t == JV_INT ? c.i : -1);
         }
     } else if (obj.t == JV_DICT || obj.t == JV_NS) {
         if (is(name, "items"))
@@ -725,9 +528,9 @@ static jv fn_range(jrender *r, const jx *call)
         return jinja_fail(r, call->line, FSDP_STATUS_FORMAT, "range() takes 1 to 3 integers"),
                UNDEF;
     for (int i = 0; i < call->n_args; i++) {
-        jv a = jinja_eval(r, call->args[i]);
+        jv a = r->eval(r, call->args[i]);
         if (a.t != JV_INT && a.t != JV_BOOL)
-            return bad(r, call, "range", a);
+            return jinja_fail_type(r, call, "range", a);
         v[call->n_args == 1 ? 1 : i] = a.t == JV_INT ? a.i : a.b;
     }
     if (v[2] == 0)
@@ -748,7 +551,7 @@ static jv fn_range(jrender *r, const jx *call)
 static jv fn_strftime(jrender *r, const jx *call)
 {
     jv f = arg(r, call, 0, NULL, NULL);
-    if (!want_str(r, call, f, "strftime_now: the format"))
+    if (!jinja_want_str(r, call, f, "strftime_now: the format"))
         return UNDEF;
     const fsdp_jinja_input *in = r->in;
     struct tm tm = {.tm_year = in->year - 1900, .tm_mon = in->month - 1, .tm_mday = in->day};
@@ -773,15 +576,15 @@ jv jinja_call_fn(jrender *r, const jx *call, int fn)
             return jinja_fail(r, call->line, FSDP_STATUS_FORMAT, "%s() takes keyword arguments "
                               "and at most one dict", FNS[fn]), UNDEF;
         if (call->n_args == 1) {
-            jv src = jinja_eval(r, call->args[0]);
+            jv src = r->eval(r, call->args[0]);
             if (src.t != JV_DICT && src.t != JV_NS)
-                return bad(r, call, FNS[fn], src);
+                return jinja_fail_type(r, call, FNS[fn], src);
             for (size_t i = 0; i < src.d->n && d.t != JV_UNDEF; i++)
                 jv_dict_put(r, d, src.d->k[i], src.d->v[i]);
         }
         for (int i = 0; i < call->n_kw && d.t != JV_UNDEF; i++)
             jv_dict_put(r, d, jv_str(r, call->kw_names[i], strlen(call->kw_names[i])),
-                        jinja_eval(r, call->kw[i]));
+                        r->eval(r, call->kw[i]));
         return r->st == FSDP_STATUS_OK ? d : UNDEF;
     }
     case JFN_RAISE: {

@@ -1,6 +1,8 @@
 /*
  * jinja_eval.c - rendering a parsed template (jinja.h): scopes, statements,
- * expressions and operators, the output with its content marks.
+ * expressions and operators, the output with its content marks. The top of
+ * the Jinja subset: filters, tests, methods and functions are
+ * jinja_builtin.c's, which evaluate their arguments through jrender.eval.
  *
  * Scopes follow Jinja's: a for loop opens one (what it sets stays inside
  * the loop, which is why templates carry state out of loops in a
@@ -9,13 +11,12 @@
  * from the end, strings index by code point, an undefined value renders as
  * nothing, is false, iterates as empty and is an error anywhere else.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
-#include "data/jinja_internal.h"
+#include "data/jinja_builtin.h"
 
 struct jscope {
     jscope *up;
@@ -24,23 +25,9 @@ struct jscope {
     int n, cap;
 };
 
-fsdp_status jinja_fail(jrender *r, int line, fsdp_status st, const char *fmt, ...)
-{
-    if (r->st != FSDP_STATUS_OK)
-        return r->st;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (line > 0)
-        r->st = fsdp_error_set(st, "chat template %s, line %d: %s", r->t->label, line, msg);
-    else
-        r->st = fsdp_error_set(st, "chat template %s: %s", r->t->label, msg);
-    return r->st;
-}
-
 static const jv UNDEF = {.t = JV_UNDEF};
+
+static jv jinja_eval(jrender *r, const jx *x);
 
 /* ---- scopes ----------------------------------------------------------------------------- */
 
@@ -93,7 +80,7 @@ static jv lookup(jrender *r, const char *name)
 
 /* ---- output ----------------------------------------------------------------------------- */
 
-bool jinja_emit(jrender *r, const jstr *s)
+static bool jinja_emit(jrender *r, const jstr *s)
 {
     size_t max = r->in->max_bytes ? r->in->max_bytes : FSDP_JINJA_MAX_BYTES;
     if (r->out_n + s->n + 1 > max)
@@ -413,7 +400,7 @@ static jv call(jrender *r, const jx *x)
                       jv_type_name(fn)), UNDEF;
 }
 
-jv jinja_eval(jrender *r, const jx *x)
+static jv jinja_eval(jrender *r, const jx *x)
 {
     if (r->st != FSDP_STATUS_OK)
         return UNDEF;
@@ -669,8 +656,8 @@ fsdp_status fsdp_jinja_render(const fsdp_jinja *t, const fsdp_jinja_input *in,
                               fsdp_jinja_output *out)
 {
     memset(out, 0, sizeof *out);
-    jrender r = {.t = t, .in = in, .max_steps = in->max_steps ? in->max_steps
-                                                              : FSDP_JINJA_MAX_STEPS};
+    jrender r = {.t = t, .in = in, .eval = jinja_eval,
+                 .max_steps = in->max_steps ? in->max_steps : FSDP_JINJA_MAX_STEPS};
     r.a.cap = in->max_bytes ? in->max_bytes : FSDP_JINJA_MAX_BYTES;
     if (scope_push(&r) && bind_inputs(&r))
         exec_body(&r, &t->root);

@@ -1,8 +1,19 @@
 /*
- * jinja_internal.h - internal to the Jinja subset (jinja.h): the arena, the
- * value type, the syntax tree, and what the parser (jinja_parse.c), the
- * values (jinja_value.c), the evaluator (jinja_eval.c) and the built-in
- * filters, tests, methods and functions (jinja_builtin.c) share.
+ * jinja_internal.h - internal to the Jinja subset (jinja.h): the bottom
+ * layer every part of it includes. The arena, the value type, the syntax
+ * tree, the render state, and the functions of jinja_value.c (errors, the
+ * arena, values).
+ *
+ * The parts, bottom to top; each calls only the ones below it:
+ *   jinja_value.c       errors, the arena, values, printing and JSON
+ *   jinja_str.c         Python's str methods (jinja_str.h)
+ *   jinja_builtin.c     filters, tests, methods, global functions, their names
+ *                       (jinja_builtin.h); arguments are evaluated through
+ *                       jrender.eval, the evaluator's entry
+ *   jinja_lex.c         the lexer and the token cursor (jinja_lex.h)
+ *   jinja_parse_expr.c  expressions (jinja_parse_expr.h)
+ *   jinja_parse.c       statements, fsdp_jinja_parse
+ *   jinja_eval.c        scopes, expressions, statements, fsdp_jinja_render
  *
  * Everything a render makes lives in one arena, freed at once when the
  * render ends; values are small structs passed by copy, and strings, lists
@@ -13,6 +24,7 @@
 #ifndef FSDP_DATA_JINJA_INTERNAL_H
 #define FSDP_DATA_JINJA_INTERNAL_H
 
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -163,17 +175,12 @@ struct fsdp_jinja {
     int n_names;
 };
 
-/* Filters and tests by name: the id, or -1. */
-int jinja_filter_id(const char *name);
-int jinja_test_id(const char *name);
-/* Global function by name, or -1. */
-int jinja_fn_id(const char *name);
-
 /* ---- rendering state -------------------------------------------------------------------- */
 
 typedef struct jscope jscope;
+typedef struct jrender jrender;
 
-typedef struct jrender {
+struct jrender {
     const fsdp_jinja *t;
     const fsdp_jinja_input *in;
     jarena a;
@@ -185,15 +192,28 @@ typedef struct jrender {
     int n_marks, cap_marks;
     int flow;                 /* 0, or JS_BREAK / JS_CONTINUE pending */
     fsdp_status st;           /* the first error */
-} jrender;
+    /* The evaluator (jinja_eval.c): how the built-ins, below it, evaluate their arguments,
+     * which are evaluated when (and each time) a built-in asks for them, as Jinja does. */
+    jv (*eval)(jrender *r, const jx *x);
+};
+
+/* ---- jinja_value.c ---------------------------------------------------------------------- */
+
+/* Set the thread's error (core/error.h) to "chat template LABEL, line LINE: MESSAGE" (line
+ * < 0: without the line) and return st: the parser's and the render's messages. */
+fsdp_status jinja_error_setv(const char *label, int line, fsdp_status st, const char *fmt,
+                             va_list ap);
 
 /* Set the render's error (the first one wins) and return it: FORMAT unless st says
- * otherwise; the message names the template and `line`. */
+ * otherwise; the message names the template and `line` (0: no line). */
 fsdp_status jinja_fail(jrender *r, int line, fsdp_status st, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* FORMAT "<what> of a <v's type>" at x's line; returns JV_UNDEF. */
+jv jinja_fail_type(jrender *r, const jx *x, const char *what, jv v);
+/* Whether v is a string; if not, jinja_fail_type. */
+bool jinja_want_str(jrender *r, const jx *x, jv v, const char *what);
 
-/* Values (jinja_value.c). Constructors return JV_UNDEF and set r->st when the arena
- * is spent. */
+/* Values. Constructors return JV_UNDEF and set r->st when the arena is spent. */
 jv jv_bool(bool b);
 jv jv_int(int64_t i);
 jv jv_str(jrender *r, const char *p, size_t n);
@@ -221,20 +241,5 @@ size_t jv_str_offset(const jstr *s, size_t k);
 /* json.dumps(v, ensure_ascii=False, indent, sort_keys) as transformers' tojson does
  * (indent < 0: none). */
 jv jv_tojson(jrender *r, int line, jv v, int indent, bool sort_keys);
-
-/* Output (jinja_eval.c): append a string with its marks. */
-bool jinja_emit(jrender *r, const jstr *s);
-
-/* Evaluate an expression (jinja_eval.c). */
-jv jinja_eval(jrender *r, const jx *x);
-
-/* Built-ins (jinja_builtin.c): filter x.op applied to `v` (x->a already evaluated),
- * test, method call obj.name(args), global function call. */
-jv jinja_filter(jrender *r, const jx *x, jv v);
-jv jinja_test(jrender *r, const jx *x, jv v);
-jv jinja_method(jrender *r, const jx *call, jv obj, const char *name);
-jv jinja_call_fn(jrender *r, const jx *call, int fn);
-/* Apply test `id` with extra arguments args[0..n) (select/reject). */
-bool jinja_test_apply(jrender *r, int line, int id, jv v, const jv *args, int n, bool *ok);
 
 #endif /* FSDP_DATA_JINJA_INTERNAL_H */

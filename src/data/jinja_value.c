@@ -1,15 +1,54 @@
 /*
- * jinja_value.c - the arena and the values of the Jinja subset
- * (jinja_internal.h): strings that remember which bytes came from a
- * message's content, lists, dicts, and how Python prints them (str(),
- * repr() inside containers, json.dumps as transformers' tojson calls it).
+ * jinja_value.c - the bottom of the Jinja subset (jinja_internal.h): a
+ * render's first error, the arena, and the values: strings that remember
+ * which bytes came from a message's content, lists, dicts, and how Python
+ * prints them (str(), repr() inside containers, json.dumps as
+ * transformers' tojson calls it).
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "data/jinja_internal.h"
+
+/* ---- errors ----------------------------------------------------------------------------- */
+
+fsdp_status jinja_error_setv(const char *label, int line, fsdp_status st, const char *fmt,
+                             va_list ap)
+{
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (line >= 0)
+        return fsdp_error_set(st, "chat template %s, line %d: %s", label, line, msg);
+    return fsdp_error_set(st, "chat template %s: %s", label, msg);
+}
+
+fsdp_status jinja_fail(jrender *r, int line, fsdp_status st, const char *fmt, ...)
+{
+    if (r->st != FSDP_STATUS_OK)
+        return r->st;
+    va_list ap;
+    va_start(ap, fmt);
+    r->st = jinja_error_setv(r->t->label, line > 0 ? line : -1, st, fmt, ap);
+    va_end(ap);
+    return r->st;
+}
+
+jv jinja_fail_type(jrender *r, const jx *x, const char *what, jv v)
+{
+    jinja_fail(r, x->line, FSDP_STATUS_FORMAT, "%s of a %s", what, jv_type_name(v));
+    return (jv){.t = JV_UNDEF};
+}
+
+bool jinja_want_str(jrender *r, const jx *x, jv v, const char *what)
+{
+    if (v.t == JV_STR)
+        return true;
+    jinja_fail_type(r, x, what, v);
+    return false;
+}
 
 /* ---- arena ------------------------------------------------------------------------------ */
 
