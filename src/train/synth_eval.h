@@ -14,13 +14,13 @@
 #include <stdio.h>
 
 #include "engine/engine.h"
-#include "train/train.h"
+#include "train/stop.h"
 
 typedef struct fsdp_synth_eval {
     int n_problems;           /* held-out problems to decode */
     int n_samples;            /* rank 0 prints the first ones (with out) */
     FILE *out;                /* rank 0's sample lines, or NULL */
-    const atomic_int *stop;   /* a stop request (nonzero; train.h's stop codes) ends the
+    const atomic_int *stop;   /* a stop request (nonzero; stop.h's codes) ends the
                                * evaluation at the next batch: read by the ranks given one
                                * (the trainer gives it to the first rank of each process);
                                * NULL: none */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "engine/engine.h"
+#include "train/stop.h"
 
 struct fsdp_procs;
 struct fsdp_metrics_sink;
@@ -73,29 +74,6 @@ typedef struct fsdp_train_result {
     int n_skipped;            /* steps whose update was dropped (eng.skip_nonfinite) */
     int ckpt_step;            /* the newest checkpoint this run wrote (its step), or -1 */
 } fsdp_train_result;
-
-/* A stop request's value (fsdp_train_config.stop) in 1..FSDP_TRAIN_STOP_CODE_MAX
- * is a code the run reports back (res->stop_code: `fsdp train` passes the
- * signal that asked); any other nonzero value stops without one. */
-#define FSDP_TRAIN_STOP_CODE_MAX 24
-
-/* The word a process's request adds to the ranks' OR after a step (bit 0:
- * stop; bit 7 + code: the code), and the smallest code an OR of such words
- * holds (0: none). */
-static inline unsigned fsdp_train_stop_word(int request)
-{
-    if (!request)
-        return 0;
-    return 1u | (request > 0 && request <= FSDP_TRAIN_STOP_CODE_MAX ? 1u << (7 + request) : 0u);
-}
-
-static inline int fsdp_train_stop_code(unsigned word)
-{
-    for (int code = 1; code <= FSDP_TRAIN_STOP_CODE_MAX; code++)
-        if (word & (1u << (7 + code)))
-            return code;
-    return 0;
-}
 
 /* Defaults for every field (the `fsdp train` defaults). */
 void fsdp_train_config_default(fsdp_train_config *cfg);
