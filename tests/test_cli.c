@@ -242,6 +242,102 @@ START_TEST(test_bad_data_file)
 }
 END_TEST
 
+/* Issue 29, 2: outputs were not checked against inputs, and each of these
+ * exited 0 after overwriting an input. Every command now refuses (exit 2)
+ * an output that names a file an input names (the same file however it is
+ * spelled: ./x, a symlink, a hard link; a file of a glob or of a model
+ * directory) or another output names, naming both flags, and leaves the
+ * input as it was. */
+START_TEST(test_outputs_spare_inputs)
+{
+    char dir[128], data[160], model[160], hf[160], hf2[160], link[160], hard[160], sub[160];
+    fsdp_test_mkdir(dir, sizeof dir, "outputs");
+    pathf(data, sizeof data, "%s/d.jsonl", dir);
+    pathf(model, sizeof model, "%s/m.bin", dir);
+    pathf(hf, sizeof hf, "%s/hf", dir);
+    pathf(hf2, sizeof hf2, "%s/hf2", dir);
+    pathf(link, sizeof link, "%s/link.jsonl", dir);
+    pathf(hard, sizeof hard, "%s/hard.bin", dir);
+    pathf(sub, sizeof sub, "%s/sub", dir);
+    fsdp_test_write_file(data, "{\"text\": \"hello world\"}\n");
+    char cmd[1024];
+    pathf(cmd, sizeof cmd, "cp tests/fixtures/tiny_gpt2.bin %s && cp -r tests/fixtures/hf_gpt2 "
+          "%s && cp -r tests/fixtures/hf_gpt2 %s && ln -s d.jsonl %s && ln %s %s && mkdir %s && "
+          "cp %s %s/o_000000.bin", model, hf, hf2, link, model, hard, sub, data, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    size_t n_data, n_model, n_st;
+    char *data0 = fsdp_test_read_file(data, &n_data), *model0 = fsdp_test_read_file(model, &n_model);
+    char st_path[192];
+    pathf(st_path, sizeof st_path, "%s/model.safetensors", hf);
+    char *st0 = fsdp_test_read_file(st_path, &n_st);
+    const char *tok = "tests/fixtures/tok_gpt2.json";
+    const char *run = "--devices 1 --batch 1 --seq 8 --steps 1 --eval 0";
+    struct {
+        char args[768];
+        const char *expect[3];
+    } cases[16];
+    int n = 0;
+#define CASE(e0, e1, e2, ...)                                                      \
+    do {                                                                           \
+        pathf(cases[n].args, sizeof cases[n].args, __VA_ARGS__);                   \
+        cases[n].expect[0] = e0, cases[n].expect[1] = e1, cases[n].expect[2] = e2; \
+        n++;                                                                       \
+    } while (0)
+    CASE("OUT", "is the file that IN reads", NULL, "tokenize %s %s --tokenizer %s", data, data,
+         tok);
+    CASE("OUT", "--tokenizer", NULL, "tokenize %s %s --tokenizer %s", data, tok, tok);
+    CASE("OUT", "IN", NULL, "tokenize %s %s --tokenizer %s", data, link, tok);
+    CASE("OUT", "IN", NULL, "tokenize %s/o_000000.bin %s/o.bin --format jsonl --tokenizer %s "
+         "--shard-tokens 1", dir, dir, tok); /* IN has the name of OUT's first shard */
+    CASE("--logits", "--model", NULL, "sample --model %s --logits %s --ids --prompt 1 --tokens 1",
+         model, model);
+    CASE("--logits", "--model", st_path, "sample --model %s --logits %s --ids --prompt 1",
+         hf, st_path);
+    CASE("--log", "--data", NULL, "train --model tiny --data %s --tokenizer %s --log %s %s", data,
+         tok, data, run);
+    CASE("--log", "--data", NULL, "train --model tiny --data '%s/*.jsonl' --tokenizer %s --log %s "
+         "%s", dir, tok, link, run);
+    CASE("--log", "--model", NULL, "train --model %s --log %s %s", model, hard, run);
+    CASE("--trace", "--model", NULL, "train --model %s --trace %s/./m.bin %s", model, dir, run);
+    CASE("--log", "--trace", NULL, "train --model tiny --log %s/t.json --trace %s/sub/../t.json "
+         "%s", dir, dir, run);
+    CASE("--trace", "--model", NULL, "plan --model %s --trace %s --seq 8", model, model);
+    CASE("OUT", "IN", NULL, "convert %s %s --to hf", hf, hf);
+    CASE("OUT", "IN", NULL, "convert %s %s", st_path, st_path);
+    CASE("not empty", "golden.safetensors", NULL, "convert %s %s --to ckpt", hf, hf2);
+#undef CASE
+    static char out[1 << 14];
+    for (int i = 0; i < n; i++) {
+        int rc = fsdp_test_cli(out, sizeof out, "%s", cases[i].args);
+        REQUIRE(rc == 2, "'%s': exit %d, expected 2:\n%s", cases[i].args, rc, out);
+        for (int k = 0; k < 3; k++)
+            REQUIRE(!cases[i].expect[k] || strstr(out, cases[i].expect[k]),
+                    "'%s': the message lacks '%s':\n%s", cases[i].args, cases[i].expect[k], out);
+    }
+    size_t k;
+    char *now = fsdp_test_read_file(data, &k);
+    ck_assert(k == n_data && !memcmp(now, data0, k));
+    free(now);
+    now = fsdp_test_read_file(model, &k);
+    ck_assert(k == n_model && !memcmp(now, model0, k));
+    free(now);
+    now = fsdp_test_read_file(st_path, &k);
+    ck_assert(k == n_st && !memcmp(now, st0, k));
+    free(now);
+    pathf(cmd, sizeof cmd, "test ! -e %s/LOCK && test -z \"$(ls -d %s/step_* 2>/dev/null)\" && "
+          "test ! -e %s/t.json && test -z \"$(ls %s/o_000001.bin 2>/dev/null)\"", hf2, hf2, dir,
+          dir);
+    REQUIRE(system(cmd) == 0, "a refused command wrote something: %s", cmd);
+    free(data0);
+    free(model0);
+    free(st0);
+    /* and paths that differ are fine */
+    int rc = fsdp_test_cli(out, sizeof out, "tokenize %s %s/o.bin --tokenizer %s --quiet", data,
+                           dir, tok);
+    ck_assert_msg(rc == 0, "%s", out);
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
@@ -249,6 +345,7 @@ int main(void)
          FSDP_TESTS(test_usage_errors, test_transport_must_fit_backend, test_help_lists_every_flag,
                     test_help_and_parser_share_tables, test_oom_exit_1, test_train_writes_metrics,
                     test_bad_data_file)},
+        {"outputs", 120, .tmpdir = true, FSDP_TESTS(test_outputs_spare_inputs)},
     };
     return fsdp_test_main("cli", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -205,6 +205,11 @@ int fsdp_cli_plan(int argc, char **argv)
     ro.backend = FSDP_BACKEND_META;
     if ((rc = fsdp_run_opts_finish("plan", &ro)))
         return rc;
+    const fsdp_path_arg ins[] = {{"--model", c->model, FSDP_PATH_TREE}};
+    const fsdp_path_arg outs[] = {{"--trace", c->trace_path, FSDP_PATH_FILE},
+                                  {"--svg", svg, FSDP_PATH_FILE}};
+    if ((rc = fsdp_cli_check_paths("plan", ins, 1, outs, 2)))
+        return rc;
 
     c->out = NULL;
     c->eval_problems = 0;

@@ -90,6 +90,15 @@ int fsdp_cli_tokenize(int argc, char **argv)
     o.shard_tokens = shard_tokens;
     if (!*o.out)
         return fsdp_cli_usage("tokenize", "OUT is empty: give the path of OUT.bin");
+    char shards[4096]; /* what --shard-tokens writes and replaces: OUT_<6 digits or more>.bin */
+    snprintf(shards, sizeof shards, "%.*s_[0-9][0-9][0-9][0-9][0-9][0-9]*.bin",
+             (int)fsdp_tokenize_stem_len(o.out), o.out);
+    const fsdp_path_arg ins[] = {{"IN", o.in, FSDP_PATH_FILE},
+                                 {"--tokenizer", o.tokenizer, FSDP_PATH_FILE}};
+    const fsdp_path_arg outs[] = {shard_tokens ? (fsdp_path_arg){"OUT", shards, FSDP_PATH_GLOB}
+                                               : (fsdp_path_arg){"OUT", o.out, FSDP_PATH_FILE}};
+    if ((rc = fsdp_cli_check_paths("tokenize", ins, 2, outs, 1)))
+        return rc;
     o.progress = on_progress;
     o.arg = &p;
     p.t0 = p.last = now_s();

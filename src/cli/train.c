@@ -160,6 +160,13 @@ int fsdp_cli_train(int argc, char **argv)
     ro.n_processes = c->procs ? c->procs->n_processes : 1;
     if ((rc = fsdp_run_opts_finish("train", &ro)))
         return rc;
+    const fsdp_path_arg ins[] = {{"--model", c->model, FSDP_PATH_TREE},
+                                 {"--data", c->data, FSDP_PATH_GLOB},
+                                 {"--tokenizer", c->tokenizer, FSDP_PATH_FILE}};
+    const fsdp_path_arg outs[] = {{"--log", c->log_path, FSDP_PATH_FILE},
+                                  {"--trace", c->trace_path, FSDP_PATH_FILE}};
+    if ((rc = fsdp_cli_check_paths("train", ins, 3, outs, 2)))
+        return rc;
     if (!c->ckpt_dir && (c->ckpt_every || c->ckpt_keep || c->resume))
         return fsdp_cli_usage("train", "--ckpt-every, --ckpt-keep and --resume need --ckpt-dir DIR");
     if (c->allow_batch_change && !c->resume)
