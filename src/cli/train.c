@@ -143,6 +143,10 @@ int fsdp_cli_train(int argc, char **argv)
                  "with --resume: accept another global batch (batch x devices x grad-accum); "
                  "the data continues at step x the new batch, and the run is no longer "
                  "bit-identical to an uninterrupted one");
+    fsdp_opt_add(&l, "allow-data-change", FSDP_OPT_FLAG, &c->allow_data_change, NULL,
+                 "with --resume: accept other --data or --tokenizer than the checkpoint was "
+                 "trained on; the run continues at the checkpoint's data position in the new "
+                 "data");
     fsdp_opt_add(&l, "quiet", FSDP_OPT_FLAG, &quiet, NULL,
                  "print only errors and the final summary");
     int rc = fsdp_args_parse("train",
@@ -171,6 +175,8 @@ int fsdp_cli_train(int argc, char **argv)
         return fsdp_cli_usage("train", "--ckpt-every, --ckpt-keep and --resume need --ckpt-dir DIR");
     if (c->allow_batch_change && !c->resume)
         return fsdp_cli_usage("train", "--allow-batch-change only applies with --resume");
+    if (c->allow_data_change && !c->resume)
+        return fsdp_cli_usage("train", "--allow-data-change only applies with --resume");
     float wd = e->optim_hp.weight_decay;
     if ((double)c->lr * (double)wd > 1.0)
         return fsdp_cli_usage("train", "--lr %g x --wd %g = %g: each step would multiply the "

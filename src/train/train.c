@@ -483,6 +483,7 @@ static fsdp_status data_open(struct trainer *t, const fsdp_engine_config *ec)
     const char *tok = cfg->tokenizer;
     if (!tok && fsdp_modelfile_tokenizer_of(cfg->model, own_tok, sizeof own_tok))
         tok = own_tok;
+    snprintf(t->tokenizer, sizeof t->tokenizer, "%s", tok ? tok : "");
     fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = tok,
                            .chat_format = cfg->chat_format};
     FSDP_TRY(fsdp_data_open_opts(&t->data, &dopt));

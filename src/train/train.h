@@ -36,6 +36,7 @@ typedef struct fsdp_train_config {
     int ckpt_keep;            /* keep the K newest complete checkpoints; 0: all */
     bool resume;              /* start from the newest complete checkpoint in ckpt_dir, if any */
     bool allow_batch_change;  /* resume with another global batch (engine/engine_ckpt.h) */
+    bool allow_data_change;   /* resume on other --data or --tokenizer than the checkpoint's */
     int stop_after;           /* tests: leave the loop after this global step as a crash
                                * would, without a final checkpoint (0: run to steps) */
     const atomic_int *stop;   /* set (nonzero) to stop early: the step in progress finishes,
