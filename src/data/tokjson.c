@@ -396,7 +396,7 @@ static fsdp_status compile_added(tokjson_reader *r, bool special_too, pcre2_code
     }
     fsdp_status st = FSDP_STATUS_OK;
     if (n > 0)
-        st = fsdp_hftok_compile(t, "added_tokens", pat, len, false, out);
+        st = fsdp_hftok_compile(t, "added_tokens", pat, len, false, false, out);
     free(pat);
     return st;
 }

@@ -74,8 +74,9 @@ static fsdp_status add_step(tokjson_reader *r, const char *field, hftok_step **o
 static fsdp_status compile_step(tokjson_reader *r, hftok_step *s, const char *field,
                                 const char *pat, size_t len, bool literal)
 {
-    FSDP_TRY(fsdp_hftok_compile(r->t, field, pat, len, literal, &s->re));
-    if (!(s->md = pcre2_match_data_create_from_pattern(s->re, NULL)))
+    FSDP_TRY(fsdp_hftok_compile(r->t, field, pat, len, literal, true, &s->re));
+    if (!(s->md = pcre2_match_data_create_from_pattern(s->re, NULL)) ||
+        !(s->pattern = strndup(pat, len)) || !(s->field = strdup(field)))
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for a pattern");
     return FSDP_STATUS_OK;
 }
