@@ -305,6 +305,10 @@ static const struct hostile {
      FSDP_STATUS_FORMAT, "added_tokens[1]: repeats added token"},
     {"llama3", "\"id\": 660", "\"id\": 659", FSDP_STATUS_FORMAT, "repeats added token 659"},
     {"qwen2", "\"type\": \"NFC\"", "\"type\": 3", FSDP_STATUS_FORMAT, "normalizer.type: expected string"},
+    /* issue 29, 9: without its added tokens the template's BOS (659) is no token; this failed
+     * at the first encode ("id 659 is outside the vocabulary of 659") */
+    {"llama3", "\"added_tokens\": [", "\"added_tokens\": [], \"was\": [", FSDP_STATUS_FORMAT,
+     "post_processor: the template puts id 659 before each text, but no token has that id"},
 };
 
 START_TEST(test_hostile_files)
