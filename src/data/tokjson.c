@@ -158,8 +158,9 @@ static fsdp_status check_model_options(tokjson_reader *r, const fsdp_json *model
     const fsdp_json *v;
     if ((v = fsdp_json_get(model, "type")) && v->type != FSDP_JSON_NULL) {
         FSDP_TRY(tokjson_want(r, v, FSDP_JSON_STRING, "model.type"));
-        if (strcmp(v->str, "BPE"))
-            return tokjson_unsupported(r, "model.type", v->type == FSDP_JSON_STRING ? v->str : "?");
+        if (!fsdp_json_name(v) || strcmp(v->str, "BPE"))
+            return tokjson_unsupported(r, "model.type", fsdp_json_name(v) ? v->str
+                                                                          : "a type with \\u0000");
     }
     if ((v = fsdp_json_get(model, "dropout")) && v->type != FSDP_JSON_NULL &&
         !(v->type == FSDP_JSON_NUMBER && v->number == 0))

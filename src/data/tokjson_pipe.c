@@ -99,6 +99,8 @@ static fsdp_status read_split(tokjson_reader *r, const fsdp_json *v, const char 
     snprintf(f, sizeof f, "%s.behavior", field);
     const fsdp_json *b = fsdp_json_get(v, "behavior");
     FSDP_TRY(tokjson_want(r, b, FSDP_JSON_STRING, f));
+    if (!fsdp_json_name(b))
+        return tokjson_bad(r, FSDP_STATUS_FORMAT, f, "holds \\u0000 (a NUL character)");
     if (!strcmp(b->str, "Isolated"))
         s->behavior = HFTOK_ISOLATED;
     else if (!strcmp(b->str, "Removed"))
