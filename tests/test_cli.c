@@ -338,6 +338,81 @@ START_TEST(test_outputs_spare_inputs)
 }
 END_TEST
 
+/* Issue 29, 9: the smaller ones, each as the red team found it. */
+START_TEST(test_smaller_ones)
+{
+    char dir[128], nan_bin[160], long_bin[160], hfd[160], hfn[160], rows[160];
+    fsdp_test_mkdir(dir, sizeof dir, "small");
+    pathf(nan_bin, sizeof nan_bin, "%s/nan.bin", dir);
+    pathf(long_bin, sizeof long_bin, "%s/long.bin", dir);
+    pathf(hfd, sizeof hfd, "%s/hfd", dir);
+    pathf(hfn, sizeof hfn, "%s/hfn", dir);
+    pathf(rows, sizeof rows, "%s/r.jsonl", dir);
+    /* NaN weights (the first 64 parameters, past the 1 KiB header); 4 bytes too many; a
+     * model.safetensors that is a directory; a config.json whose model_type holds \u0000;
+     * a chat role that does */
+    char cmd[2048];
+    pathf(cmd, sizeof cmd,
+          "cp tests/fixtures/tiny_gpt2.bin %s && printf '\\377\\377\\377\\177%%.0s' $(seq 64) | "
+          "dd of=%s bs=1 seek=1024 conv=notrunc 2>/dev/null && cp tests/fixtures/tiny_gpt2.bin "
+          "%s && printf abcd >> %s && mkdir -p %s/model.safetensors && cp "
+          "tests/fixtures/hf_gpt2/config.json %s && cp -r tests/fixtures/llama_qwen2 %s && "
+          "cp tests/fixtures/tok_qwen2.json %s/tokenizer.json && sed -i "
+          "'s/\"model_type\": *\"qwen2\"/\"model_type\": \"qwen2\\\\u0000x\"/' %s/config.json",
+          nan_bin, nan_bin, long_bin, long_bin, hfd, hfd, hfn, hfn, hfn);
+    ck_assert_int_eq(system(cmd), 0);
+    fsdp_test_write_file(rows, "{\"messages\": [{\"role\": \"user\\u0000x\", \"content\": "
+                               "\"a\"}, {\"role\": \"assistant\", \"content\": \"b\"}]}\n");
+    char *cfg = fsdp_test_read_file(strcat(strcpy((char[192]){0}, hfn), "/config.json"), NULL);
+    REQUIRE(strstr(cfg, "qwen2\\u0000x"), "the edit did not take: %s", cfg);
+    free(cfg);
+    struct {
+        char args[512];
+        int rc;
+        const char *expect;
+    } cases[16];
+    int n = 0;
+#define CASE(r, e, ...)                                             \
+    do {                                                            \
+        pathf(cases[n].args, sizeof cases[n].args, __VA_ARGS__);    \
+        cases[n].rc = r, cases[n].expect = e;                       \
+        n++;                                                        \
+    } while (0)
+    CASE(1, "logit 0 is NaN", "sample --model %s --ids --prompt 1 --tokens 2", nan_bin);
+    CASE(2, "--gpu-tflops: 0 is out of range", "plan --fit --gpu-tflops 0 --device-mem 1GiB");
+    CASE(2, "--gpu-tflops: -0 is out of range", "plan --fit --gpu-tflops -0 --device-mem 1GiB");
+    CASE(2, "--devices: 0 is out of range", "eval --model %s --data synthetic --devices 0",
+         long_bin);
+    CASE(2, "--devices: 0 is out of range", "sample --model %s --devices 0", long_bin);
+    CASE(0, "final loss", "train --model tiny --lr 10 --wd 0.1 --steps 1 --devices 1 --batch 1 "
+         "--eval 0 --quiet"); /* 10 x 0.1 is 1 */
+    CASE(2, "keep lr x wd <= 1", "train --lr 10 --wd 0.11 --steps 1");
+    CASE(1, "4 more than its header", "sample --model %s --ids --prompt 1", long_bin);
+    CASE(1, "model.safetensors is a directory", "sample --model %s --ids --prompt 1", hfd);
+    CASE(1, "\"model_type\" string (it holds \\u0000)", "sample --model %s --ids --prompt 1",
+         hfn);
+    CASE(1, "\"role\" holds \\u0000", "tokenize %s %s/r.bin --tokenizer "
+         "tests/fixtures/tok_llama3.json", rows, dir);
+    CASE(2, "with --ids, --prompt must be token ids", "sample --model "
+         "tests/fixtures/llama_qwen2 --ids --prompt -1");
+    CASE(1, "logits file '/dev/full' is a character device", "sample --model "
+         "tests/fixtures/tiny_gpt2.bin --ids --prompt 1 --tokens 1 --logits /dev/full");
+#undef CASE
+    static char out[1 << 14];
+    for (int i = 0; i < n; i++) {
+        int rc = fsdp_test_cli(out, sizeof out, "%s", cases[i].args);
+        REQUIRE(rc == cases[i].rc && strstr(out, cases[i].expect),
+                "'%s': exit %d (expected %d), message lacks '%s':\n%s", cases[i].args, rc,
+                cases[i].rc, cases[i].expect, out);
+    }
+    /* --logits on a full disk says why */
+    int rc = fsdp_test_sh(out, sizeof out, "trap '' XFSZ; ulimit -f 1; exec %s sample --model "
+                          "tests/fixtures/tiny_gpt2.bin --ids --prompt 1 --tokens 8 --logits "
+                          "%s/l.bin", FSDP_BIN, dir);
+    REQUIRE(rc == 1 && strstr(out, "disk full"), "exit %d: %s", rc, out);
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
@@ -346,6 +421,7 @@ int main(void)
                     test_help_and_parser_share_tables, test_oom_exit_1, test_train_writes_metrics,
                     test_bad_data_file)},
         {"outputs", 120, .tmpdir = true, FSDP_TESTS(test_outputs_spare_inputs)},
+        {"small", 120, .tmpdir = true, FSDP_TESTS(test_smaller_ones)},
     };
     return fsdp_test_main("cli", tcases, FSDP_TEST_LEN(tcases));
 }

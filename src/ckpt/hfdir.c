@@ -454,7 +454,11 @@ static fsdp_status open_files(fsdp_modelfile *mf, hf_impl *h)
     const char *dir = mf->path;
     char p[FSDP_CKPT_PATH_MAX + 300];
     FSDP_TRY(join(p, sizeof p, dir, FSDP_HF_WEIGHTS));
-    if (is_file(p)) {
+    struct stat sb;
+    if (stat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "Hugging Face directory '%s': %s is a "
+                              "directory, not a safetensors file", dir, FSDP_HF_WEIGHTS);
+    if (stat(p, &sb) == 0) { /* not a regular file: the reader says what it is */
         if (!(h->files = calloc(1, sizeof *h->files)))
             return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
         FSDP_TRY(fsdp_st_open(p, &h->files[0]));

@@ -44,6 +44,7 @@ struct text_io {
     const int *stop; /* tokens that end the generation: not printed */
     int n_stop;
     int n;          /* tokens printed (ids: separators) */
+    bool ids_asked; /* --ids: ids whatever tokenizer there is */
 };
 
 struct chat_opts {
@@ -126,6 +127,7 @@ static fsdp_status open_text_io(struct text_io *io, const char *tokenizer, const
                                 int V, bool ids, char *found, size_t found_size)
 {
     memset(io, 0, sizeof *io);
+    io->ids_asked = ids;
     if (ids)
         return FSDP_STATUS_OK;
     if (!tokenizer && fsdp_modelfile_tokenizer_of(model, found, found_size))
@@ -239,11 +241,16 @@ static fsdp_status encode_prompt(struct text_io *io, const struct chat_opts *co,
     } else if (prompt) {
         int *p = NULL, np = 0;
         if (!parse_ids(prompt, &p, &np))
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "the model's vocabulary has %d "
-                                  "tokens and no tokenizer came with it, so --prompt must be "
-                                  "token ids such as '15496,11,995'; pass --tokenizer "
-                                  "(tokenizer.json or llm.c's gpt2_tokenizer.bin) to give text",
-                                  V);
+            return io->ids_asked
+                       ? fsdp_error_set(FSDP_STATUS_INVALID_ARG, "with --ids, --prompt must be "
+                                        "token ids (integers from 0 to %d) such as "
+                                        "'15496,11,995', not '%.40s'; leave --ids out to give "
+                                        "text", V - 1, prompt)
+                       : fsdp_error_set(FSDP_STATUS_INVALID_ARG, "the model's vocabulary has %d "
+                                        "tokens and no tokenizer came with it, so --prompt must "
+                                        "be token ids such as '15496,11,995'; pass --tokenizer "
+                                        "(tokenizer.json or llm.c's gpt2_tokenizer.bin) to give "
+                                        "text", V);
         st = fsdp_ids_append(&ids, p, (size_t)np);
         free(p);
     }

@@ -178,7 +178,7 @@ int fsdp_cli_train(int argc, char **argv)
     if (c->allow_data_change && !c->resume)
         return fsdp_cli_usage("train", "--allow-data-change only applies with --resume");
     float wd = e->optim_hp.weight_decay;
-    if ((double)c->lr * (double)wd > 1.0)
+    if (c->lr * wd > 1.0f) /* in float, as the optimizer takes 1 - lr x wd: 10 x 0.1 is 1 */
         return fsdp_cli_usage("train", "--lr %g x --wd %g = %g: each step would multiply the "
                               "weights by 1 - lr x wd < 0; keep lr x wd <= 1", (double)c->lr,
                               (double)wd, (double)c->lr * wd);

@@ -271,6 +271,15 @@ static fsdp_status sample_rank(fsdp_world *w, int rank, void *arg)
         memcpy(row, r->ctx + start, (size_t)n * sizeof *row);
         int pos = n - 1;
         FSDP_CHECK(fsdp_engine_forward(e, row, 1, &pos, logits, NULL));
+        for (int v = 0; rank == 0 && v < V; v++) /* argmax and softmax would pick anything */
+            if (!isfinite(logits[v])) {
+                st = fsdp_error_set(FSDP_STATUS_NONFINITE,
+                                    "generating token %d: logit %d is %s; the model in '%s' "
+                                    "holds NaN or infinite weights (or overflows): nothing can "
+                                    "be sampled from it", k + 1, v,
+                                    isnan(logits[v]) ? "NaN" : "infinite", r->cfg->model_path);
+                goto fail;
+            }
         if (rank == 0) {
             float u = fsdp_rng_uniform(sc->seed, SAMPLE_RNG_STREAM, (uint64_t)k);
             int tok = pick_token(logits, V, sc->temperature, u);
