@@ -5,6 +5,7 @@
  * metrics file. Runs the built binary (FSDP_BIN, set by the Makefile).
  */
 #include <check.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -242,6 +243,45 @@ START_TEST(test_bad_data_file)
 }
 END_TEST
 
+/* A command whose arguments hold the test's scratch paths, and what it must
+ * do: exit rc and print every non-NULL expect. */
+typedef struct built_case {
+    char args[768];
+    int rc;
+    const char *expect[3];
+} built_case;
+
+/* Append a case to cases[*n] (the array must have room: asserted). */
+static void __attribute__((format(printf, 8, 9)))
+built(built_case *cases, int *n, int cap, int rc, const char *e0, const char *e1, const char *e2,
+      const char *fmt, ...)
+{
+    ck_assert_int_lt(*n, cap);
+    built_case *c = &cases[(*n)++];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(c->args, sizeof c->args, fmt, ap);
+    va_end(ap);
+    ck_assert_msg(k > 0 && (size_t)k < sizeof c->args, "command too long: %s", fmt);
+    c->rc = rc;
+    c->expect[0] = e0;
+    c->expect[1] = e1;
+    c->expect[2] = e2;
+}
+
+static void run_built(const built_case *cases, int n)
+{
+    static char out[1 << 14];
+    for (int i = 0; i < n; i++) {
+        int rc = fsdp_test_cli(out, sizeof out, "%s", cases[i].args);
+        REQUIRE(rc == cases[i].rc, "'%s': exit %d, expected %d:\n%s", cases[i].args, rc,
+                cases[i].rc, out);
+        for (int k = 0; k < 3; k++)
+            REQUIRE(!cases[i].expect[k] || strstr(out, cases[i].expect[k]),
+                    "'%s': the message lacks '%s':\n%s", cases[i].args, cases[i].expect[k], out);
+    }
+}
+
 /* Issue 29, 2: outputs were not checked against inputs, and each of these
  * exited 0 after overwriting an input. Every command now refuses (exit 2)
  * an output that names a file an input names (the same file however it is
@@ -272,17 +312,9 @@ START_TEST(test_outputs_spare_inputs)
     char *st0 = fsdp_test_read_file(st_path, &n_st);
     const char *tok = "tests/fixtures/tok_gpt2.json";
     const char *run = "--devices 1 --batch 1 --seq 8 --steps 1 --eval 0";
-    struct {
-        char args[768];
-        const char *expect[3];
-    } cases[16];
+    built_case cases[16];
     int n = 0;
-#define CASE(e0, e1, e2, ...)                                                      \
-    do {                                                                           \
-        pathf(cases[n].args, sizeof cases[n].args, __VA_ARGS__);                   \
-        cases[n].expect[0] = e0, cases[n].expect[1] = e1, cases[n].expect[2] = e2; \
-        n++;                                                                       \
-    } while (0)
+#define CASE(e0, e1, e2, ...) built(cases, &n, 16, 2, e0, e1, e2, __VA_ARGS__)
     CASE("OUT", "is the file that IN reads", NULL, "tokenize %s %s --tokenizer %s", data, data,
          tok);
     CASE("OUT", "--tokenizer", NULL, "tokenize %s %s --tokenizer %s", data, tok, tok);
@@ -306,14 +338,8 @@ START_TEST(test_outputs_spare_inputs)
     CASE("OUT", "IN", NULL, "convert %s %s", st_path, st_path);
     CASE("not empty", "golden.safetensors", NULL, "convert %s %s --to ckpt", hf, hf2);
 #undef CASE
+    run_built(cases, n);
     static char out[1 << 14];
-    for (int i = 0; i < n; i++) {
-        int rc = fsdp_test_cli(out, sizeof out, "%s", cases[i].args);
-        REQUIRE(rc == 2, "'%s': exit %d, expected 2:\n%s", cases[i].args, rc, out);
-        for (int k = 0; k < 3; k++)
-            REQUIRE(!cases[i].expect[k] || strstr(out, cases[i].expect[k]),
-                    "'%s': the message lacks '%s':\n%s", cases[i].args, cases[i].expect[k], out);
-    }
     size_t k;
     char *now = fsdp_test_read_file(data, &k);
     ck_assert(k == n_data && !memcmp(now, data0, k));
@@ -366,18 +392,9 @@ START_TEST(test_smaller_ones)
     char *cfg = fsdp_test_read_file(strcat(strcpy((char[192]){0}, hfn), "/config.json"), NULL);
     REQUIRE(strstr(cfg, "qwen2\\u0000x"), "the edit did not take: %s", cfg);
     free(cfg);
-    struct {
-        char args[512];
-        int rc;
-        const char *expect;
-    } cases[16];
+    built_case cases[16];
     int n = 0;
-#define CASE(r, e, ...)                                             \
-    do {                                                            \
-        pathf(cases[n].args, sizeof cases[n].args, __VA_ARGS__);    \
-        cases[n].rc = r, cases[n].expect = e;                       \
-        n++;                                                        \
-    } while (0)
+#define CASE(r, e, ...) built(cases, &n, 16, r, e, NULL, NULL, __VA_ARGS__)
     CASE(1, "logit 0 is NaN", "sample --model %s --ids --prompt 1 --tokens 2", nan_bin);
     CASE(2, "--gpu-tflops: 0 is out of range", "plan --fit --gpu-tflops 0 --device-mem 1GiB");
     CASE(2, "--gpu-tflops: -0 is out of range", "plan --fit --gpu-tflops -0 --device-mem 1GiB");
@@ -398,13 +415,8 @@ START_TEST(test_smaller_ones)
     CASE(1, "logits file '/dev/full' is a character device", "sample --model "
          "tests/fixtures/tiny_gpt2.bin --ids --prompt 1 --tokens 1 --logits /dev/full");
 #undef CASE
+    run_built(cases, n);
     static char out[1 << 14];
-    for (int i = 0; i < n; i++) {
-        int rc = fsdp_test_cli(out, sizeof out, "%s", cases[i].args);
-        REQUIRE(rc == cases[i].rc && strstr(out, cases[i].expect),
-                "'%s': exit %d (expected %d), message lacks '%s':\n%s", cases[i].args, rc,
-                cases[i].rc, cases[i].expect, out);
-    }
     /* --logits on a full disk says why */
     int rc = fsdp_test_sh(out, sizeof out, "trap '' XFSZ; ulimit -f 1; exec %s sample --model "
                           "tests/fixtures/tiny_gpt2.bin --ids --prompt 1 --tokens 8 --logits "
