@@ -418,8 +418,9 @@ START_TEST(test_resume_other_data)
     int rc = fsdp_test_cli(out, sizeof out, "train %s --data %s --tokenizer "
                            "tests/fixtures/tok_gpt2.json --steps 1 --ckpt-dir %s/ck", run, a, dir);
     ck_assert_msg(rc == 0, "%s", out);
-    rc = fsdp_test_cli(out, sizeof out, "train %s --data %s --tokenizer tests/fixtures/tok_gpt2.json "
-                       "--steps 2 --ckpt-dir %s/ck --resume", run, b, dir);
+    rc = fsdp_test_cli(out, sizeof out, "train %s --data %s --tokenizer "
+                       "tests/fixtures/tok_gpt2.json --steps 2 --ckpt-dir %s/ck --resume", run, b,
+                       dir);
     ck_assert_msg(rc == 2 && strstr(out, "was trained on --data") && strstr(out, a) &&
                       strstr(out, b) && strstr(out, "--allow-data-change"), "%d: %s", rc, out);
     rc = fsdp_test_cli(out, sizeof out, "train %s --data %s --tokenizer %s --steps 2 "
@@ -430,8 +431,9 @@ START_TEST(test_resume_other_data)
                        "tests/fixtures/../fixtures/tok_gpt2.json --steps 2 --ckpt-dir %s/ck "
                        "--resume", run, dir, dir);
     ck_assert_msg(rc == 0, "the same files spelled otherwise: %d: %s", rc, out);
-    rc = fsdp_test_cli(out, sizeof out, "train %s --data %s --tokenizer tests/fixtures/tok_gpt2.json "
-                       "--steps 3 --ckpt-dir %s/ck --resume --allow-data-change", run, b, dir);
+    rc = fsdp_test_cli(out, sizeof out, "train %s --data %s --tokenizer "
+                       "tests/fixtures/tok_gpt2.json --steps 3 --ckpt-dir %s/ck --resume "
+                       "--allow-data-change", run, b, dir);
     ck_assert_msg(rc == 0, "%d: %s", rc, out);
     rc = fsdp_test_cli(out, sizeof out, "train %s --data %s --allow-data-change", run, b);
     ck_assert_msg(rc == 2 && strstr(out, "only applies with --resume"), "%d: %s", rc, out);

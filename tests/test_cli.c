@@ -306,7 +306,8 @@ START_TEST(test_outputs_spare_inputs)
           "cp %s %s/o_000000.bin", model, hf, hf2, link, model, hard, sub, data, dir);
     ck_assert_int_eq(system(cmd), 0);
     size_t n_data, n_model, n_st;
-    char *data0 = fsdp_test_read_file(data, &n_data), *model0 = fsdp_test_read_file(model, &n_model);
+    char *data0 = fsdp_test_read_file(data, &n_data);
+    char *model0 = fsdp_test_read_file(model, &n_model);
     char st_path[192];
     pathf(st_path, sizeof st_path, "%s/model.safetensors", hf);
     char *st0 = fsdp_test_read_file(st_path, &n_st);

@@ -204,7 +204,8 @@ START_TEST(test_v1_reads_into_the_v2_form)
     ck_assert_int_eq(fsdp_ckpt_manifest_write(path_in(dir, "manifest"), &v1), FSDP_STATUS_OK);
     char *text = slurp(path_in(dir, "manifest"));
     REQUIRE(strstr(text, "\nversion 3\n") && strstr(text, "\nmodel_family gpt2\n") &&
-                strstr(text, "\nmodel_config layers=2,heads=4,channels=32,vocab=256,context=64\n") &&
+                strstr(text, "\nmodel_config layers=2,heads=4,channels=32,vocab=256,"
+                             "context=64\n") &&
                 strstr(text, "\nend\nchecksum "),
             "rewritten manifest:\n%s", text);
     static const char *const gone[] = {"\ngpt2 ", "\nmodel_spec ", "\nvocab_size ",

@@ -28,14 +28,16 @@ fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest 
     fsdp_sbuf_printf(&b, "# fsdp checkpoint manifest: `key value` lines; see src/ckpt/ckpt.h\n");
     fsdp_sbuf_printf(&b, "format fsdp-checkpoint\nversion %d\n", FSDP_CKPT_VERSION);
     fsdp_sbuf_printf(&b, "run_id %016" PRIx64 "\n", m->run_id);
-    fsdp_sbuf_printf(&b, "step %" PRIu64 "\nadam_t %" PRIu64 "\ndata_sequences %" PRIu64 "\n", m->step,
-              m->adam_t, m->data_sequences);
-    fsdp_sbuf_printf(&b, "seed %" PRIu64 "\nworld_size %d\nshard %s\n", m->seed, m->world_size, m->shard);
+    fsdp_sbuf_printf(&b, "step %" PRIu64 "\nadam_t %" PRIu64 "\ndata_sequences %" PRIu64 "\n",
+                     m->step, m->adam_t, m->data_sequences);
+    fsdp_sbuf_printf(&b, "seed %" PRIu64 "\nworld_size %d\nshard %s\n", m->seed, m->world_size,
+                     m->shard);
     if (!m->replicated && m->shard_ranks > 0 && m->shard_ranks != m->world_size)
         fsdp_sbuf_printf(&b, "shard_ranks %d\n", m->shard_ranks);
     fsdp_sbuf_printf(&b, "batch %d\nseq %d\ngrad_accum %d\nsteps_total %d\n", m->batch, m->seq,
               m->grad_accum, m->steps_total);
-    fsdp_sbuf_printf(&b, "compute_dtype %s\nmaster_dtype fp32\noptim_dtype fp32\n", m->compute_dtype);
+    fsdp_sbuf_printf(&b, "compute_dtype %s\nmaster_dtype fp32\noptim_dtype fp32\n",
+                     m->compute_dtype);
     if (m->optimizer[0]) {
         fsdp_sbuf_printf(&b, "optimizer %s\noptim_state ", m->optimizer);
         for (int k = 0; k < m->n_optim_state; k++)

@@ -174,7 +174,7 @@ static fsdp_status split_find(fsdp_hftok *t, const hftok_step *st, const uint8_t
             end--; /* a window ends between characters */
         size_t starts = SPLIT_SCAN / *w > 0 ? SPLIT_SCAN / *w : 1;
         pcre2_set_offset_limit(t->mctx, pos + starts);
-        pcre2_set_depth_limit(t->mctx, (uint32_t)(4 * *w + 1024));
+        pcre2_set_depth_limit(t->mctx, *w < (1u << 29) ? (uint32_t)(4 * *w + 1024) : UINT32_MAX);
         uint32_t opts = end < n ? PCRE2_PARTIAL_HARD : 0;
         int rc = pcre2_match(st->re, s, end, pos, opts, st->md, t->mctx);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
