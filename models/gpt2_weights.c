@@ -299,7 +299,7 @@ static fsdp_status cfg_require(const fsdp_json *c, const char *key, fsdp_json_ty
     if (!v || v->type == FSDP_JSON_NULL)
         return FSDP_STATUS_OK;
     bool ok = v->type == type &&
-              (type == FSDP_JSON_STRING   ? !strcmp(v->str, str)
+              (type == FSDP_JSON_STRING   ? fsdp_json_name(v) && !strcmp(v->str, str)
                : type == FSDP_JSON_NUMBER ? fabs(v->number - num) <= 1e-3 * fabs(num)
                                           : v->boolean == boolean);
     if (ok)
@@ -322,7 +322,7 @@ static fsdp_status hf_config(const fsdp_json *c, char *spec, size_t size)
     FSDP_TRY(cfg_int(c, k_pos, 1 << 24, &T));
     FSDP_TRY(cfg_int(c, k_vocab, 1 << 30, &V));
     const fsdp_json *act = fsdp_json_get(c, "activation_function");
-    if (act && act->type == FSDP_JSON_STRING && !strcmp(act->str, "gelu_pytorch_tanh"))
+    if (fsdp_json_name(act) && !strcmp(act->str, "gelu_pytorch_tanh"))
         act = NULL; /* the same tanh approximation */
     if (act)
         FSDP_TRY(cfg_require(c, "activation_function", FSDP_JSON_STRING, "gelu_new", 0, false,

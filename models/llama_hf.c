@@ -44,6 +44,9 @@ static fsdp_status key_error(const char *key, const fsdp_json *v, const char *wa
     if (!v)
         return fsdp_error_set(FSDP_STATUS_FORMAT, "config.json has no \"%s\"; it needs %s", key,
                               want);
+    if (v->type == FSDP_JSON_STRING && !fsdp_json_name(v))
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "config.json \"%s\" holds \\u0000 (a NUL "
+                              "character); fsdp needs %s", key, want);
     if (v->type == FSDP_JSON_STRING)
         return fsdp_error_set(FSDP_STATUS_FORMAT, "config.json \"%s\" is \"%.64s\"; fsdp needs %s",
                               key, v->str, want);
@@ -169,13 +172,13 @@ static fsdp_status check_supported(const fsdp_json *cfg, const char *type)
         bool known = false;
         for (size_t i = 0; a && a->type == FSDP_JSON_STRING &&
                            i < sizeof architectures / sizeof architectures[0]; i++)
-            known = known || !strcmp(a->str, architectures[i]);
+            known = known || (fsdp_json_name(a) && !strcmp(a->str, architectures[i]));
         if (!known)
             return key_error("architectures", a, "a causal LM: LlamaForCausalLM, "
                                                  "Qwen2ForCausalLM or MistralForCausalLM");
     }
     const fsdp_json *act = fsdp_json_get(cfg, "hidden_act");
-    if (act && act->type != FSDP_JSON_NULL && (act->type != FSDP_JSON_STRING || strcmp(act->str, "silu")))
+    if (act && act->type != FSDP_JSON_NULL && (!fsdp_json_name(act) || strcmp(act->str, "silu")))
         return key_error("hidden_act", act, "\"silu\" (the SwiGLU MLP)");
     if (fsdp_json_get(cfg, "quantization_config"))
         return fsdp_error_set(FSDP_STATUS_FORMAT,
@@ -202,7 +205,7 @@ fsdp_status fsdp_llama_hf_config(const struct fsdp_json *cfg, char *spec, size_t
         return fsdp_error_set(FSDP_STATUS_FORMAT, "config.json is not a JSON object");
     const fsdp_json *mt = fsdp_json_get(cfg, "model_type");
     int kind = -1;
-    for (int i = 0; mt && mt->type == FSDP_JSON_STRING && fsdp_llama_hf_model_types[i]; i++)
+    for (int i = 0; fsdp_json_name(mt) && fsdp_llama_hf_model_types[i]; i++)
         if (!strcmp(mt->str, fsdp_llama_hf_model_types[i]))
             kind = i;
     if (kind < 0)

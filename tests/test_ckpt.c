@@ -219,7 +219,7 @@ START_TEST(test_manifest_hostile)
     static const struct {
         const char *old, *new, *expect;
     } cases[] = {
-        {"version 2\n", "version 3\n", "version 3 is not supported"},
+        {"version 3\n", "version 4\n", "version 4 is not supported"},
         {"format fsdp-checkpoint\n", "format something-else\n", "format"},
         {"world_size 4\n", "world_size 0\n", "world_size"},
         {"world_size 4\n", "world_size 99999999999999999999999\n", "world_size"},
@@ -296,6 +296,147 @@ START_TEST(test_manifest_hostile)
     free(text);
     fsdp_ckpt_manifest_free(&m);
     fsdp_model_free(&model);
+}
+END_TEST
+
+/* Issue 29, 7: a manifest whose model config disagreed with its shards
+ * (heads 2 for 4: the same shapes) was exported by `fsdp convert` without a
+ * word. Version 3 ends with the XXH64 of its text, and every reader refuses
+ * a manifest that does not match it; a version-2 manifest (no checksum)
+ * still reads, and may not carry one. */
+START_TEST(test_manifest_checksum)
+{
+    char path[128];
+    fsdp_test_path(path, sizeof path, "manifest");
+    fsdp_ckpt_manifest m, r;
+    fsdp_model model;
+    manifest_for(&m, &model, 4);
+    snprintf(m.tokenizer, sizeof m.tokenizer, "tok/tokenizer.json");
+    ck_assert_int_eq(fsdp_ckpt_manifest_write(path, &m), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_ckpt_manifest_read(path, &r), FSDP_STATUS_OK);
+    ck_assert_int_eq(r.version, 3);
+    ck_assert(r.tokenizer_recorded);
+    ck_assert_str_eq(r.tokenizer, "tok/tokenizer.json");
+    fsdp_ckpt_manifest_free(&r);
+    char *text = slurp(path);
+    const char *sum = strstr(text, "\nend\nchecksum ");
+    REQUIRE(sum && strlen(sum) == strlen("\nend\nchecksum ") + 17, "%s", text);
+    static const struct {
+        const char *old, *new, *expect;
+    } cases[] = {
+        /* the same shapes: only the checksum can tell */
+        {"model_config layers=2,heads=2,", "model_config layers=2,heads=4,", "does not match"},
+        {"data data/with", "data data/With", "edited or is corrupt"},
+        {"\nend\nchecksum ", "\nend\nchecksum 0", "16 lower-case hex"},
+        {"\nend\nchecksum ", "\nend\n# ", "ends without its 'checksum' line"},
+        /* version 2: no tokenizer line, no checksum; one is refused */
+        {"version 3\n", "version 2\n", "'tokenizer' is not part of a version-2 manifest"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char *t = mutate(text, cases[i].old, cases[i].new);
+        spit(path, t, strlen(t));
+        fsdp_status st = fsdp_ckpt_manifest_read(path, &r);
+        REQUIRE(st == FSDP_STATUS_FORMAT && strstr(fsdp_error_msg(), path) &&
+                    strstr(fsdp_error_msg(), " line ") && strstr(fsdp_error_msg(), cases[i].expect),
+                "case %zu: %s: %s", i, fsdp_status_name(st), fsdp_error_msg());
+        ck_assert_ptr_null(r.units);
+        free(t);
+    }
+    char *v2 = mutate(text, "version 3\n", "version 2\n");
+    char *v2b = mutate(v2, "tokenizer tok/tokenizer.json\n", "");
+    spit(path, v2b, strlen(v2b));
+    ck_assert_int_eq(fsdp_ckpt_manifest_read(path, &r), FSDP_STATUS_FORMAT);
+    REQUIRE(strstr(fsdp_error_msg(), "'checksum' is not part of a version-2 manifest"), "%s",
+            fsdp_error_msg());
+    *strstr(v2b, "\nend\nchecksum ") = '\0';
+    strcat(v2b, "\nend\n");
+    spit(path, v2b, strlen(v2b));
+    ck_assert_int_eq(fsdp_ckpt_manifest_read(path, &r), FSDP_STATUS_OK);
+    ck_assert_int_eq(r.version, 2);
+    ck_assert(!r.tokenizer_recorded);
+    fsdp_ckpt_manifest_free(&r);
+    free(v2);
+    free(v2b);
+    free(text);
+    fsdp_ckpt_manifest_free(&m);
+    fsdp_model_free(&model);
+}
+END_TEST
+
+/* The same through the commands: a checkpoint whose manifest was edited to
+ * other heads (same shapes) is refused by convert, eval, sample and resume. */
+START_TEST(test_edited_manifest_refused_everywhere)
+{
+    char dir[128], man[192], out[8192];
+    fsdp_test_mkdir(dir, sizeof dir, "edited");
+    const char *run = "--model tiny --devices 1 --batch 2 --seq 8 --eval 0 --quiet";
+    int rc = fsdp_test_cli(out, sizeof out, "train %s --steps 1 --ckpt-dir %s/ck", run, dir);
+    ck_assert_msg(rc == 0, "%s", out);
+    pathf(man, sizeof man, "%s/ck/step_00000001/manifest", dir);
+    char *text = slurp(man), *t = mutate(text, ",heads=4,", ",heads=2,");
+    spit(man, t, strlen(t));
+    free(t);
+    free(text);
+    char cmds[4][512];
+    pathf(cmds[0], sizeof cmds[0], "convert %s/ck %s/x.safetensors", dir, dir);
+    pathf(cmds[1], sizeof cmds[1], "eval --model %s/ck --data synthetic --seq 8 --steps 1", dir);
+    pathf(cmds[2], sizeof cmds[2], "sample --model %s/ck --ids --prompt 1 --tokens 1", dir);
+    pathf(cmds[3], sizeof cmds[3], "train %s --steps 2 --ckpt-dir %s/ck --resume", run, dir);
+    for (int i = 0; i < 4; i++) {
+        rc = fsdp_test_cli(out, sizeof out, "%s", cmds[i]);
+        REQUIRE(rc == 1 && strstr(out, man) && strstr(out, "checksum"), "'%s': exit %d: %s",
+                cmds[i], rc, out);
+    }
+    pathf(man, sizeof man, "%s/x.safetensors", dir);
+    ck_assert_int_ne(access(man, F_OK), 0);
+}
+END_TEST
+
+/* Issue 29, 9: --resume silently accepted other --data or --tokenizer than
+ * the checkpoint was trained on (a note hidden by --quiet), continuing at
+ * a data position that belongs to other data. Now it is refused unless
+ * --allow-data-change; the same file spelled another way is the same. */
+START_TEST(test_resume_other_data)
+{
+    char dir[128], a[160], b[160], tok2[160], out[8192];
+    fsdp_test_mkdir(dir, sizeof dir, "data");
+    pathf(a, sizeof a, "%s/a.jsonl", dir);
+    pathf(b, sizeof b, "%s/b.jsonl", dir);
+    pathf(tok2, sizeof tok2, "%s/tok.json", dir);
+    FILE *fa = fopen(a, "w"), *fb = fopen(b, "w");
+    for (int i = 0; i < 20; i++) {
+        fprintf(fa, "{\"text\": \"row %d of the first corpus\"}\n", i);
+        fprintf(fb, "{\"text\": \"row %d of another corpus\"}\n", i);
+    }
+    fclose(fa);
+    fclose(fb);
+    char cp[512];
+    pathf(cp, sizeof cp, "cp tests/fixtures/tok_gpt2.json %s", tok2);
+    ck_assert_int_eq(system(cp), 0);
+    const char *run = "--model custom:layers=1,heads=2,channels=32,vocab=704,context=16 "
+                      "--devices 1 --batch 2 --seq 16 --quiet";
+    int rc = fsdp_test_cli(out, sizeof out, "train %s --data %s --tokenizer "
+                           "tests/fixtures/tok_gpt2.json --steps 1 --ckpt-dir %s/ck", run, a, dir);
+    ck_assert_msg(rc == 0, "%s", out);
+    rc = fsdp_test_cli(out, sizeof out, "train %s --data %s --tokenizer "
+                       "tests/fixtures/tok_gpt2.json --steps 2 --ckpt-dir %s/ck --resume", run, b,
+                       dir);
+    ck_assert_msg(rc == 2 && strstr(out, "was trained on --data") && strstr(out, a) &&
+                      strstr(out, b) && strstr(out, "--allow-data-change"), "%d: %s", rc, out);
+    rc = fsdp_test_cli(out, sizeof out, "train %s --data %s --tokenizer %s --steps 2 "
+                       "--ckpt-dir %s/ck --resume", run, a, tok2, dir);
+    ck_assert_msg(rc == 2 && strstr(out, tok2) && strstr(out, "--allow-data-change"), "%d: %s",
+                  rc, out);
+    rc = fsdp_test_cli(out, sizeof out, "train %s --data %s/./a.jsonl --tokenizer "
+                       "tests/fixtures/../fixtures/tok_gpt2.json --steps 2 --ckpt-dir %s/ck "
+                       "--resume", run, dir, dir);
+    ck_assert_msg(rc == 0, "the same files spelled otherwise: %d: %s", rc, out);
+    rc = fsdp_test_cli(out, sizeof out, "train %s --data %s --tokenizer "
+                       "tests/fixtures/tok_gpt2.json --steps 3 --ckpt-dir %s/ck --resume "
+                       "--allow-data-change", run, b, dir);
+    ck_assert_msg(rc == 0, "%d: %s", rc, out);
+    rc = fsdp_test_cli(out, sizeof out, "train %s --data %s --allow-data-change", run, b);
+    ck_assert_msg(rc == 2 && strstr(out, "only applies with --resume"), "%d: %s", rc, out);
 }
 END_TEST
 
@@ -747,7 +888,10 @@ END_TEST
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
-        {"format", 120, .tmpdir = true, FSDP_TESTS(test_manifest_roundtrip, test_manifest_hostile)},
+        {"format", 120, .tmpdir = true,
+         FSDP_TESTS(test_manifest_roundtrip, test_manifest_hostile, test_manifest_checksum,
+                    test_edited_manifest_refused_everywhere)},
+        {"resume_data", 120, .tmpdir = true, FSDP_TESTS(test_resume_other_data)},
         {"train", 600, .tmpdir = true,
          FSDP_TESTS(test_resume_exact, test_reshard_continue, test_reshard_load_exact,
                     test_crash_during_save, test_hostile_checkpoints, test_retention_and_memory)},

@@ -250,27 +250,6 @@ END_TEST
 
 /* ---- first contact ------------------------------------------------------------- */
 
-/* Run a shell command (printf-style), its stdout and stderr into
- * out[0..cap); returns its exit code (-1: killed). */
-static int sh(char *out, size_t cap, const char *fmt, ...)
-{
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(cmd, sizeof cmd - 8, fmt, ap);
-    va_end(ap);
-    ck_assert(n > 0 && (size_t)n < sizeof cmd - 8);
-    strcat(cmd, " 2>&1");
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t k = fread(out, 1, cap - 1, p);
-    out[k] = '\0';
-    while (fread(cmd, 1, sizeof cmd, p) > 0) /* the rest is dropped */
-        ;
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 /* make in the repository, as if typed (none of the calling make's settings) */
 #define MAKE_CMD                                                                  \
     "env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS make --no-print-directory INSTALL_DEPS=0 " \
@@ -282,7 +261,7 @@ START_TEST(test_make_is_quiet)
 {
     char dir[512];
     fsdp_test_mkdir(dir, sizeof dir, "build");
-    int rc = sh(buf, sizeof buf, MAKE_CMD " BUILD=%s %s/obj/src/core/crc32c.o", dir, dir);
+    int rc = fsdp_test_sh(buf, sizeof buf, MAKE_CMD " BUILD=%s %s/obj/src/core/crc32c.o", dir, dir);
     if (rc == 127) {
         printf("SKIP: %s: no make here\n", __func__);
         return;
@@ -291,14 +270,14 @@ START_TEST(test_make_is_quiet)
     ck_assert_msg(!strncmp(buf, "  CC ", 5) && strchr(buf, '\n') == buf + strlen(buf) - 1 &&
                       strstr(buf, "V=1"),
                   "a quiet build prints one line for the stage:\n%s", buf);
-    rc = sh(buf, sizeof buf, MAKE_CMD " BUILD=%s V=1 %s/obj/src/core/names.o", dir, dir);
+    rc = fsdp_test_sh(buf, sizeof buf, MAKE_CMD " BUILD=%s V=1 %s/obj/src/core/names.o", dir, dir);
     ck_assert_msg(rc == 0 && strstr(buf, "-c src/core/names.c -o"), "V=1:\n%s", buf);
     /* the flags make runs the goal with: -j<cores> for run only, the user's -j first */
-    rc = sh(buf, sizeof buf, MAKE_CMD " BUILD=%s -pn run | grep '^MAKEFLAGS = '", dir);
+    rc = fsdp_test_sh(buf, sizeof buf, MAKE_CMD " BUILD=%s -pn run | grep '^MAKEFLAGS = '", dir);
     ck_assert_msg(rc == 0 && strstr(buf, " -j"), "make run: %s", buf);
-    rc = sh(buf, sizeof buf, MAKE_CMD " BUILD=%s -j1 -pn run | grep '^MAKEFLAGS = '", dir);
+    rc = fsdp_test_sh(buf, sizeof buf, MAKE_CMD " BUILD=%s -j1 -pn run | grep '^MAKEFLAGS = '", dir);
     ck_assert_msg(rc == 0 && strstr(buf, " -j1 ") , "make -j1 run: %s", buf);
-    rc = sh(buf, sizeof buf, MAKE_CMD " BUILD=%s -pn all | grep '^MAKEFLAGS = '", dir);
+    rc = fsdp_test_sh(buf, sizeof buf, MAKE_CMD " BUILD=%s -pn all | grep '^MAKEFLAGS = '", dir);
     ck_assert_msg(rc == 0 && !strstr(buf, "-j"), "make: %s", buf);
 }
 END_TEST
@@ -358,6 +337,189 @@ START_TEST(test_demo_samples_say_reversed)
 }
 END_TEST
 
+/* A command whose arguments hold the test's scratch paths, and what it must
+ * do: exit rc and print every non-NULL expect. */
+typedef struct built_case {
+    char args[768];
+    int rc;
+    const char *expect[3];
+} built_case;
+
+/* Append a case to cases[*n] (the array must have room: asserted). */
+static void __attribute__((format(printf, 8, 9)))
+built(built_case *cases, int *n, int cap, int rc, const char *e0, const char *e1, const char *e2,
+      const char *fmt, ...)
+{
+    ck_assert_int_lt(*n, cap);
+    built_case *c = &cases[(*n)++];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(c->args, sizeof c->args, fmt, ap);
+    va_end(ap);
+    ck_assert_msg(k > 0 && (size_t)k < sizeof c->args, "command too long: %s", fmt);
+    c->rc = rc;
+    c->expect[0] = e0;
+    c->expect[1] = e1;
+    c->expect[2] = e2;
+}
+
+static void run_built(const built_case *cases, int n)
+{
+    static char out[1 << 14];
+    for (int i = 0; i < n; i++) {
+        int rc = fsdp_test_cli(out, sizeof out, "%s", cases[i].args);
+        REQUIRE(rc == cases[i].rc, "'%s': exit %d, expected %d:\n%s", cases[i].args, rc,
+                cases[i].rc, out);
+        for (int k = 0; k < 3; k++)
+            REQUIRE(!cases[i].expect[k] || strstr(out, cases[i].expect[k]),
+                    "'%s': the message lacks '%s':\n%s", cases[i].args, cases[i].expect[k], out);
+    }
+}
+
+/* Issue 29, 2: outputs were not checked against inputs, and each of these
+ * exited 0 after overwriting an input. Every command now refuses (exit 2)
+ * an output that names a file an input names (the same file however it is
+ * spelled: ./x, a symlink, a hard link; a file of a glob or of a model
+ * directory) or another output names, naming both flags, and leaves the
+ * input as it was. */
+START_TEST(test_outputs_spare_inputs)
+{
+    char dir[128], data[160], model[160], hf[160], hf2[160], link[160], hard[160], sub[160];
+    fsdp_test_mkdir(dir, sizeof dir, "outputs");
+    pathf(data, sizeof data, "%s/d.jsonl", dir);
+    pathf(model, sizeof model, "%s/m.bin", dir);
+    pathf(hf, sizeof hf, "%s/hf", dir);
+    pathf(hf2, sizeof hf2, "%s/hf2", dir);
+    pathf(link, sizeof link, "%s/link.jsonl", dir);
+    pathf(hard, sizeof hard, "%s/hard.bin", dir);
+    pathf(sub, sizeof sub, "%s/sub", dir);
+    fsdp_test_write_file(data, "{\"text\": \"hello world\"}\n");
+    char cmd[1024];
+    pathf(cmd, sizeof cmd, "cp tests/fixtures/tiny_gpt2.bin %s && cp -r tests/fixtures/hf_gpt2 "
+          "%s && cp -r tests/fixtures/hf_gpt2 %s && ln -s d.jsonl %s && ln %s %s && mkdir %s && "
+          "cp %s %s/o_000000.bin", model, hf, hf2, link, model, hard, sub, data, dir);
+    ck_assert_int_eq(system(cmd), 0);
+    size_t n_data, n_model, n_st;
+    char *data0 = fsdp_test_read_file(data, &n_data);
+    char *model0 = fsdp_test_read_file(model, &n_model);
+    char st_path[192];
+    pathf(st_path, sizeof st_path, "%s/model.safetensors", hf);
+    char *st0 = fsdp_test_read_file(st_path, &n_st);
+    const char *tok = "tests/fixtures/tok_gpt2.json";
+    const char *run = "--devices 1 --batch 1 --seq 8 --steps 1 --eval 0";
+    built_case cases[16];
+    int n = 0;
+#define CASE(e0, e1, e2, ...) built(cases, &n, 16, 2, e0, e1, e2, __VA_ARGS__)
+    CASE("OUT", "is the file that IN reads", NULL, "tokenize %s %s --tokenizer %s", data, data,
+         tok);
+    CASE("OUT", "--tokenizer", NULL, "tokenize %s %s --tokenizer %s", data, tok, tok);
+    CASE("OUT", "IN", NULL, "tokenize %s %s --tokenizer %s", data, link, tok);
+    CASE("OUT", "IN", NULL, "tokenize %s/o_000000.bin %s/o.bin --format jsonl --tokenizer %s "
+         "--shard-tokens 1", dir, dir, tok); /* IN has the name of OUT's first shard */
+    CASE("--logits", "--model", NULL, "sample --model %s --logits %s --ids --prompt 1 --tokens 1",
+         model, model);
+    CASE("--logits", "--model", st_path, "sample --model %s --logits %s --ids --prompt 1",
+         hf, st_path);
+    CASE("--log", "--data", NULL, "train --model tiny --data %s --tokenizer %s --log %s %s", data,
+         tok, data, run);
+    CASE("--log", "--data", NULL, "train --model tiny --data '%s/*.jsonl' --tokenizer %s --log %s "
+         "%s", dir, tok, link, run);
+    CASE("--log", "--model", NULL, "train --model %s --log %s %s", model, hard, run);
+    CASE("--trace", "--model", NULL, "train --model %s --trace %s/./m.bin %s", model, dir, run);
+    CASE("--log", "--trace", NULL, "train --model tiny --log %s/t.json --trace %s/sub/../t.json "
+         "%s", dir, dir, run);
+    CASE("--trace", "--model", NULL, "plan --model %s --trace %s --seq 8", model, model);
+    CASE("OUT", "IN", NULL, "convert %s %s --to hf", hf, hf);
+    CASE("OUT", "IN", NULL, "convert %s %s", st_path, st_path);
+    CASE("not empty", "golden.safetensors", NULL, "convert %s %s --to ckpt", hf, hf2);
+#undef CASE
+    run_built(cases, n);
+    static char out[1 << 14];
+    size_t k;
+    char *now = fsdp_test_read_file(data, &k);
+    ck_assert(k == n_data && !memcmp(now, data0, k));
+    free(now);
+    now = fsdp_test_read_file(model, &k);
+    ck_assert(k == n_model && !memcmp(now, model0, k));
+    free(now);
+    now = fsdp_test_read_file(st_path, &k);
+    ck_assert(k == n_st && !memcmp(now, st0, k));
+    free(now);
+    pathf(cmd, sizeof cmd, "test ! -e %s/LOCK && test -z \"$(ls -d %s/step_* 2>/dev/null)\" && "
+          "test ! -e %s/t.json && test -z \"$(ls %s/o_000001.bin 2>/dev/null)\"", hf2, hf2, dir,
+          dir);
+    REQUIRE(system(cmd) == 0, "a refused command wrote something: %s", cmd);
+    free(data0);
+    free(model0);
+    free(st0);
+    /* and paths that differ are fine */
+    int rc = fsdp_test_cli(out, sizeof out, "tokenize %s %s/o.bin --tokenizer %s --quiet", data,
+                           dir, tok);
+    ck_assert_msg(rc == 0, "%s", out);
+}
+END_TEST
+
+/* Issue 29, 9: the smaller ones, each as the red team found it. */
+START_TEST(test_smaller_ones)
+{
+    char dir[128], nan_bin[160], long_bin[160], hfd[160], hfn[160], rows[160];
+    fsdp_test_mkdir(dir, sizeof dir, "small");
+    pathf(nan_bin, sizeof nan_bin, "%s/nan.bin", dir);
+    pathf(long_bin, sizeof long_bin, "%s/long.bin", dir);
+    pathf(hfd, sizeof hfd, "%s/hfd", dir);
+    pathf(hfn, sizeof hfn, "%s/hfn", dir);
+    pathf(rows, sizeof rows, "%s/r.jsonl", dir);
+    /* NaN weights (the first 64 parameters, past the 1 KiB header); 4 bytes too many; a
+     * model.safetensors that is a directory; a config.json whose model_type holds \u0000;
+     * a chat role that does */
+    char cmd[2048];
+    pathf(cmd, sizeof cmd,
+          "cp tests/fixtures/tiny_gpt2.bin %s && printf '\\377\\377\\377\\177%%.0s' $(seq 64) | "
+          "dd of=%s bs=1 seek=1024 conv=notrunc 2>/dev/null && cp tests/fixtures/tiny_gpt2.bin "
+          "%s && printf abcd >> %s && mkdir -p %s/model.safetensors && cp "
+          "tests/fixtures/hf_gpt2/config.json %s && cp -r tests/fixtures/llama_qwen2 %s && "
+          "cp tests/fixtures/tok_qwen2.json %s/tokenizer.json && sed -i "
+          "'s/\"model_type\": *\"qwen2\"/\"model_type\": \"qwen2\\\\u0000x\"/' %s/config.json",
+          nan_bin, nan_bin, long_bin, long_bin, hfd, hfd, hfn, hfn, hfn);
+    ck_assert_int_eq(system(cmd), 0);
+    fsdp_test_write_file(rows, "{\"messages\": [{\"role\": \"user\\u0000x\", \"content\": "
+                               "\"a\"}, {\"role\": \"assistant\", \"content\": \"b\"}]}\n");
+    char *cfg = fsdp_test_read_file(strcat(strcpy((char[192]){0}, hfn), "/config.json"), NULL);
+    REQUIRE(strstr(cfg, "qwen2\\u0000x"), "the edit did not take: %s", cfg);
+    free(cfg);
+    built_case cases[16];
+    int n = 0;
+#define CASE(r, e, ...) built(cases, &n, 16, r, e, NULL, NULL, __VA_ARGS__)
+    CASE(1, "logit 0 is NaN", "sample --model %s --ids --prompt 1 --tokens 2", nan_bin);
+    CASE(2, "--gpu-tflops: 0 is out of range", "plan --fit --gpu-tflops 0 --device-mem 1GiB");
+    CASE(2, "--gpu-tflops: -0 is out of range", "plan --fit --gpu-tflops -0 --device-mem 1GiB");
+    CASE(2, "--devices: 0 is out of range", "eval --model %s --data synthetic --devices 0",
+         long_bin);
+    CASE(2, "--devices: 0 is out of range", "sample --model %s --devices 0", long_bin);
+    CASE(0, "final loss", "train --model tiny --lr 10 --wd 0.1 --steps 1 --devices 1 --batch 1 "
+         "--eval 0 --quiet"); /* 10 x 0.1 is 1 */
+    CASE(2, "keep lr x wd <= 1", "train --lr 10 --wd 0.11 --steps 1");
+    CASE(1, "4 more than its header", "sample --model %s --ids --prompt 1", long_bin);
+    CASE(1, "model.safetensors is a directory", "sample --model %s --ids --prompt 1", hfd);
+    CASE(1, "\"model_type\" string (it holds \\u0000)", "sample --model %s --ids --prompt 1",
+         hfn);
+    CASE(1, "\"role\" holds \\u0000", "tokenize %s %s/r.bin --tokenizer "
+         "tests/fixtures/tok_llama3.json", rows, dir);
+    CASE(2, "with --ids, --prompt must be token ids", "sample --model "
+         "tests/fixtures/llama_qwen2 --ids --prompt -1");
+    CASE(1, "logits file '/dev/full' is a character device", "sample --model "
+         "tests/fixtures/tiny_gpt2.bin --ids --prompt 1 --tokens 1 --logits /dev/full");
+#undef CASE
+    run_built(cases, n);
+    static char out[1 << 14];
+    /* --logits on a full disk says why */
+    int rc = fsdp_test_sh(out, sizeof out, "trap '' XFSZ; ulimit -f 1; exec %s sample --model "
+                          "tests/fixtures/tiny_gpt2.bin --ids --prompt 1 --tokens 8 --logits "
+                          "%s/l.bin", FSDP_BIN, dir);
+    REQUIRE(rc == 1 && strstr(out, "disk full"), "exit %d: %s", rc, out);
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
@@ -367,6 +529,8 @@ int main(void)
                     test_bad_data_file)},
         {"first_contact", 300, .tmpdir = true,
          FSDP_TESTS(test_make_is_quiet, test_step_line_digits, test_demo_samples_say_reversed)},
+        {"outputs", 120, .tmpdir = true, FSDP_TESTS(test_outputs_spare_inputs)},
+        {"small", 120, .tmpdir = true, FSDP_TESTS(test_smaller_ones)},
     };
     return fsdp_test_main("cli", tcases, FSDP_TEST_LEN(tcases));
 }

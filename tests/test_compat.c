@@ -150,6 +150,20 @@ static void same_resumes(const char *x, const char *y, bool bits, const char *wh
 
 /* A version-2 copy of the fixture: the same shard files, the manifest
  * rewritten from what the version-1 reader made of it. */
+/* The manifest at path, written in the current version (3), rewritten as
+ * version 2 wrote it: no tokenizer line, no checksum line. */
+static void downgrade_to_v2(const char *path)
+{
+    char *text = slurp(path), *v2 = mutate(text, "\nversion 3\n", "\nversion 2\n");
+    char *tok = strstr(v2, "\ntokenizer "), *sum = strstr(v2, "\nend\nchecksum ");
+    REQUIRE(tok && sum, "not a version-3 manifest:\n%s", text);
+    memmove(tok + 1, strchr(tok + 1, '\n') + 1, strlen(strchr(tok + 1, '\n') + 1) + 1);
+    strcpy(strstr(v2, "\nend\nchecksum ") + 5, "");
+    fsdp_test_write_file(path, v2);
+    free(v2);
+    free(text);
+}
+
 static void v2_copy(const char *dir)
 {
     run("mkdir -p '%s/step_00000002' && cp " FIXTURE_CKPT "/rank_0000*.bin " FIXTURE_CKPT
@@ -159,6 +173,7 @@ static void v2_copy(const char *dir)
     ck_assert_int_eq(fsdp_ckpt_manifest_write(path_in(dir, "step_00000002/manifest"), &man),
                      FSDP_STATUS_OK);
     fsdp_ckpt_manifest_free(&man);
+    downgrade_to_v2(path_in(dir, "step_00000002/manifest"));
 }
 
 /* ---- manifests ------------------------------------------------------------------ */
@@ -183,18 +198,26 @@ START_TEST(test_v1_reads_into_the_v2_form)
     ck_assert_int_eq(fsdp_ckpt_manifest_check_model(&v1, FIXTURE_MANIFEST, &tiny),
                      FSDP_STATUS_OK);
 
-    /* written back: version 2, the model as family + config only */
+    /* written back: version 3, the model as family + config only, and a checksum */
     char dir[128];
     fsdp_test_mkdir(dir, sizeof dir, "files");
     ck_assert_int_eq(fsdp_ckpt_manifest_write(path_in(dir, "manifest"), &v1), FSDP_STATUS_OK);
     char *text = slurp(path_in(dir, "manifest"));
-    REQUIRE(strstr(text, "\nversion 2\n") && strstr(text, "\nmodel_family gpt2\n") &&
-                strstr(text, "\nmodel_config layers=2,heads=4,channels=32,vocab=256,context=64\n"),
+    REQUIRE(strstr(text, "\nversion 3\n") && strstr(text, "\nmodel_family gpt2\n") &&
+                strstr(text, "\nmodel_config layers=2,heads=4,channels=32,vocab=256,"
+                             "context=64\n") &&
+                strstr(text, "\nend\nchecksum "),
             "rewritten manifest:\n%s", text);
     static const char *const gone[] = {"\ngpt2 ", "\nmodel_spec ", "\nvocab_size ",
                                        "\npadded_vocab_size ", "\nmax_seq_len "};
     for (int i = 0; i < 5; i++)
-        REQUIRE(!strstr(text, gone[i]), "version 2 still writes '%s'", gone[i] + 1);
+        REQUIRE(!strstr(text, gone[i]), "version 3 still writes '%s'", gone[i] + 1);
+    st = fsdp_ckpt_manifest_read(path_in(dir, "manifest"), &v2);
+    REQUIRE(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    ck_assert_int_eq(v2.version, 3);
+    fsdp_ckpt_manifest_free(&v2);
+    /* and as version 2 wrote it (no checksum): still read, into the same form */
+    downgrade_to_v2(path_in(dir, "manifest"));
     st = fsdp_ckpt_manifest_read(path_in(dir, "manifest"), &v2);
     REQUIRE(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
     ck_assert_int_eq(v2.version, 2);

@@ -507,6 +507,53 @@ START_TEST(test_train_command)
 }
 END_TEST
 
+/* Issue 29, 5: when every example was cut at --seq before its completion,
+ * training ran on "loss 0.000000 | norm 0.000" and exit 0 while weight
+ * decay shrank the weights, --quiet hid the only warning, and eval
+ * reported a mean loss of 0. Now train and eval refuse, saying what to
+ * change, and a run where only some examples lose their targets warns on
+ * stderr even with --quiet. */
+START_TEST(test_no_target_left)
+{
+    char dir[64] = "/tmp/fsdp_test_corpus_XXXXXX", lng[128], mix[128], msg[8192];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(lng, sizeof lng, "%s/long.jsonl", dir);
+    snprintf(mix, sizeof mix, "%s/mix.jsonl", dir);
+    FILE *a = fopen(lng, "w"), *b = fopen(mix, "w");
+    for (int i = 0; i < 8; i++) {
+        const char *row = "{\"prompt\": \"the quick brown fox jumps over the lazy dog and the "
+                          "quick brown fox jumps over the lazy dog again\", "
+                          "\"completion\": \" yes\"}\n";
+        fputs(row, a);
+        fputs(i % 2 ? row : "{\"prompt\": \"a\", \"completion\": \" yes\"}\n", b);
+    }
+    fclose(a);
+    fclose(b);
+    const char *model = "custom:layers=1,heads=2,channels=32,vocab=704,context=32";
+    int rc = fsdp_test_cli(msg, sizeof msg, "train --model %s --data %s --tokenizer %s --seq 8 "
+                           "--steps 2 --devices 1 --batch 2 --quiet", model, lng, TOK_GPT2);
+    ck_assert_msg(rc == 2 && strstr(msg, "none of the 8 examples") &&
+                      strstr(msg, "nothing to train on") && strstr(msg, "raise --seq"),
+                  "rc %d: %s", rc, msg);
+    rc = fsdp_test_cli(msg, sizeof msg, "train --model %s --data %s --tokenizer %s --seq 8 "
+                       "--steps 2 --devices 1 --batch 2 --quiet --ckpt-dir %s/ck", model, mix,
+                       TOK_GPT2, dir);
+    ck_assert_msg(rc == 0 && strstr(msg, "WARN") && strstr(msg, "4 of the 8 examples") &&
+                      strstr(msg, "raise --seq"), "rc %d: %s", rc, msg);
+    rc = fsdp_test_cli(msg, sizeof msg, "eval --model %s/ck --data %s --tokenizer %s --seq 8 "
+                       "--batch 2 --steps 2", dir, lng, TOK_GPT2);
+    ck_assert_msg(rc == 2 && strstr(msg, "nothing to evaluate") && strstr(msg, "raise --seq") &&
+                      !strstr(msg, "mean loss"), "rc %d: %s", rc, msg);
+    rc = fsdp_test_cli(msg, sizeof msg, "eval --model %s/ck --data %s --tokenizer %s --seq 8 "
+                       "--batch 1 --steps 2 --per-batch", dir, mix, TOK_GPT2);
+    ck_assert_msg(rc == 0 && strstr(msg, "mean loss") && !strstr(msg, "loss 0.000000"),
+                  "rc %d: %s", rc, msg);
+    char rm[128];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(rm), 0);
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
@@ -517,7 +564,7 @@ int main(void)
         {"errors", 60,
          FSDP_TESTS(FSDP_TEST_LOOP(test_bad_rows, (int)(sizeof BAD_ROWS / sizeof *BAD_ROWS)),
                     test_open_errors)},
-        {"commands", 120, FSDP_TESTS(test_train_command)},
+        {"commands", 120, FSDP_TESTS(test_train_command, test_no_target_left)},
     };
     return fsdp_test_main("corpus", tcases, FSDP_TEST_LEN(tcases));
 }

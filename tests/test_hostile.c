@@ -693,7 +693,8 @@ START_TEST(test_cli_plot_outputs)
     /* the SVG path naming the metrics file is a usage error; the metrics stay */
     pathf(args, sizeof args, "plot %s %s", m, m);
     ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "%s", args), 2);
-    REQUIRE(strstr(out, "is the metrics file"), "%s", out);
+    REQUIRE(strstr(out, "OUT.svg") && strstr(out, "is the file that METRICS.jsonl reads"), "%s",
+            out);
     char *s = slurp(m);
     ck_assert_str_eq(s, METRICS_OK);
     free(s);

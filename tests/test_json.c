@@ -69,6 +69,10 @@ START_TEST(test_unicode)
     ck_assert_str_eq(fsdp_json_at(v, 1)->str, "\xc3\xa9");
     ck_assert_uint_eq(fsdp_json_at(v, 2)->len, 3);
     ck_assert(!memcmp(fsdp_json_at(v, 2)->str, "a\0b", 3));
+    /* such a string is text, never a name (it would compare equal to "a") */
+    ck_assert_ptr_null(fsdp_json_name(fsdp_json_at(v, 2)));
+    ck_assert_str_eq(fsdp_json_name(fsdp_json_at(v, 1)), "\xc3\xa9");
+    ck_assert_ptr_null(fsdp_json_name(NULL));
     fsdp_json_free(v);
 }
 END_TEST
@@ -80,6 +84,7 @@ START_TEST(test_rejects)
         "+1", "NaN", "nan", "Infinity", "-Infinity", "tru", "nul", "\"abc", "\"a\x01\"",
         "\"\\q\"", "\"\\u12\"", "\"\\udc00\"", "\"\\ud83d\"", "\"\\ud83d\\u0041\"", "{\"a\" 1}",
         "{a:1}", "{'a':1}", "[1 2]", "{} x", "[1]]", "{\"a\":}", "0x10", "\"tab\there\"",
+        "{\"text\\u0000\":1}", /* a member name would read as "text" (issue 29, 9) */
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(bad); i++) {
         fsdp_json *v = (fsdp_json *)1;

@@ -8,6 +8,7 @@
  * fails. Runs from the repository root.
  */
 #include <check.h>
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/fileio.h"
 #include "data/chat.h"
 #include "data/data.h"
 #include "data/hftok.h"
@@ -335,13 +337,174 @@ START_TEST(test_tokenize_errors)
 }
 END_TEST
 
+/* The entries of dir whose names start with prefix. */
+static int count_named(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += !strncmp(e->d_name, prefix, strlen(prefix));
+    closedir(d);
+    return n;
+}
+
+/* Issue 29, 1: a failed `fsdp tokenize` used to remove the file already at
+ * OUT (and, with --shard-tokens, the shards an earlier run left there):
+ * the shards it had committed were removed again, the final path among
+ * them. Now nothing is put in place until every shard is complete: a bad
+ * row, or a disk that fills, leave every output path as it was. */
+START_TEST(test_tokenize_failure_keeps_outputs)
+{
+    char dir[128], good[160], bad[160], out[160], p[192], msg[4096];
+    fsdp_test_mkdir(dir, sizeof dir, "keep");
+    pathf(good, sizeof good, "%s/good.jsonl", dir);
+    pathf(bad, sizeof bad, "%s/bad.jsonl", dir);
+    pathf(out, sizeof out, "%s/o.bin", dir);
+    FILE *f = fopen(good, "w");
+    for (int i = 0; i < 40; i++)
+        fprintf(f, "{\"text\": \"row %d of the corpus\"}\n", i);
+    fclose(f);
+    f = fopen(bad, "w");
+    fprintf(f, "{\"text\": \"a\"}\n{bad\n");
+    fclose(f);
+    /* one file */
+    fsdp_test_write_file(out, "keep\n");
+    int rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s", bad, out, TOK_LLAMA3);
+    ck_assert_msg(rc == 1 && strstr(msg, "line 2"), "rc %d: %s", rc, msg);
+    char *kept = fsdp_test_read_file(out, NULL);
+    ck_assert_str_eq(kept, "keep\n");
+    free(kept);
+    /* shards of an earlier run stay as they were, byte for byte */
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 50 --quiet",
+                       good, out, TOK_LLAMA3);
+    ck_assert_msg(rc == 0, "rc %d: %s", rc, msg);
+    int n_before = count_named(dir, "o_");
+    ck_assert_int_ge(n_before, 3);
+    pathf(p, sizeof p, "%s/o_000001.bin", dir);
+    size_t len0, len1;
+    char *before = fsdp_test_read_file(p, &len0);
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 1", bad, out,
+                       TOK_LLAMA3);
+    ck_assert_msg(rc == 1, "rc %d: %s", rc, msg);
+    char *after = fsdp_test_read_file(p, &len1);
+    ck_assert(len0 == len1 && !memcmp(before, after, len0));
+    free(after);
+    ck_assert_int_eq(count_named(dir, "o_"), n_before); /* no temporary file left either */
+    /* a disk that fills (a file-size limit: writes past it fail with EFBIG) */
+    fsdp_test_write_file(out, "keep\n");
+    f = fopen(good, "a");
+    for (int i = 0; i < 2000; i++) /* well past 1 KiB of tokens */
+        fprintf(f, "{\"text\": \"more row %d of the corpus\"}\n", i);
+    fclose(f);
+    rc = fsdp_test_sh(msg, sizeof msg, "trap '' XFSZ; ulimit -f 1; exec %s tokenize %s %s "
+                       "--tokenizer %s", FSDP_BIN, good, out, TOK_LLAMA3);
+    ck_assert_msg(rc == 1 && strstr(msg, "disk full"), "rc %d: %s", rc, msg);
+    kept = fsdp_test_read_file(out, NULL);
+    ck_assert_str_eq(kept, "keep\n");
+    free(kept);
+    rc = fsdp_test_sh(msg, sizeof msg, "trap '' XFSZ; ulimit -f 1; exec %s tokenize %s %s "
+                       "--tokenizer %s --shard-tokens 100000", FSDP_BIN, good, out, TOK_LLAMA3);
+    ck_assert_msg(rc == 1 && strstr(msg, "disk full"), "rc %d: %s", rc, msg);
+    after = fsdp_test_read_file(p, &len1);
+    ck_assert(len0 == len1 && !memcmp(before, after, len0));
+    free(after);
+    free(before);
+    ck_assert_int_eq(count_named(dir, "o_"), n_before);
+}
+END_TEST
+
+/* Issue 29, 6: `--shard-tokens` used to leave the shards of an earlier run
+ * with higher numbers, which a later --data 'OUT_*.bin' read with the new
+ * ones. They are removed, and the command says so (even with --quiet).
+ * Also: the summary names the shards written (it printed the literal
+ * "OUT_NNNNNN.bin"), and an empty OUT is a usage error (it was "cannot
+ * rename '.tmp.N.0' to ''"). */
+START_TEST(test_tokenize_stale_shards)
+{
+    char dir[128], in[160], out[160], p[192], msg[4096];
+    fsdp_test_mkdir(dir, sizeof dir, "stale");
+    pathf(in, sizeof in, "%s/c.jsonl", dir);
+    pathf(out, sizeof out, "%s/o", dir);
+    FILE *f = fopen(in, "w");
+    for (int i = 0; i < 10; i++)
+        fprintf(f, "{\"text\": \"row %d\"}\n", i);
+    fclose(f);
+    int rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 3",
+                           in, out, TOK_GPT2);
+    ck_assert_msg(rc == 0 && !strstr(msg, "removed"), "rc %d: %s", rc, msg);
+    int n_old = count_named(dir, "o_");
+    ck_assert_int_ge(n_old, 5);
+    char first[192], last[192];
+    pathf(first, sizeof first, "%s/o_000000.bin", dir);
+    pathf(last, sizeof last, "%s/o_%06d.bin", dir, n_old - 1);
+    REQUIRE(strstr(msg, first) && strstr(msg, last) && !strstr(msg, "NNNNNN"), "%s", msg);
+    fsdp_data *d = NULL;
+    pathf(p, sizeof p, "%s/o_*.bin", dir);
+    ck_assert_int_eq(fsdp_data_open(&d, p, 0, 1), FSDP_STATUS_OK);
+    uint64_t tokens = fsdp_data_n_tokens(d);
+    fsdp_data_close(d);
+    /* the same corpus in one shard: the others are gone, and said to be */
+    rc = fsdp_test_cli(msg, sizeof msg,
+                       "tokenize %s %s --tokenizer %s --shard-tokens 1000 --quiet", in, out,
+                       TOK_GPT2);
+    pathf(first, sizeof first, "%s/o_000001.bin", dir);
+    ck_assert_msg(rc == 0 && strstr(msg, "removed") && strstr(msg, first) &&
+                      strstr(msg, last) && strstr(msg, "o_*.bin"), "rc %d: %s", rc, msg);
+    ck_assert_int_eq(count_named(dir, "o_"), 1);
+    ck_assert_int_eq(fsdp_data_open(&d, p, 0, 1), FSDP_STATUS_OK);
+    ck_assert_uint_eq(fsdp_data_n_tokens(d), tokens);
+    fsdp_data_close(d);
+    /* files not named as shards are not touched */
+    pathf(p, sizeof p, "%s/o_val.bin", dir);
+    fsdp_test_write_file(p, "x");
+    pathf(p, sizeof p, "%s/o_00001.bin", dir);
+    fsdp_test_write_file(p, "x");
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s %s --tokenizer %s --shard-tokens 1000",
+                       in, out, TOK_GPT2);
+    ck_assert_msg(rc == 0 && !strstr(msg, "removed"), "rc %d: %s", rc, msg);
+    ck_assert_int_eq(count_named(dir, "o_"), 3);
+    /* an empty OUT */
+    rc = fsdp_test_cli(msg, sizeof msg, "tokenize %s '' --tokenizer %s", in, TOK_GPT2);
+    ck_assert_msg(rc == 2 && strstr(msg, "OUT is empty"), "rc %d: %s", rc, msg);
+    fsdp_tokenize_opts o = {.in = in, .out = "", .tokenizer = TOK_GPT2};
+    fsdp_tokenize_result res;
+    ck_assert_int_eq(fsdp_tokenize_file(&o, &res), FSDP_STATUS_INVALID_ARG);
+}
+END_TEST
+
+/* Issue 29, 9: `--shard-tokens 1` fsynced every shard and its directory
+ * (47-60 s for 11k tokens); the shards are now synced once, together. */
+START_TEST(test_tokenize_syncs_once)
+{
+    char dir[128], in[160], out[160];
+    fsdp_test_mkdir(dir, sizeof dir, "sync");
+    pathf(in, sizeof in, "%s/t.txt", dir);
+    pathf(out, sizeof out, "%s/o.bin", dir);
+    FILE *f = fopen(in, "w");
+    for (int i = 0; i < 300; i++)
+        fprintf(f, "w%d ", i);
+    fclose(f);
+    fsdp_tokenize_opts o = {.in = in, .out = out, .tokenizer = TOK_GPT2, .shard_tokens = 1};
+    fsdp_tokenize_result res;
+    uint64_t before = fsdp_fileio_sync_count();
+    ck_assert_int_eq(fsdp_tokenize_file(&o, &res), FSDP_STATUS_OK);
+    uint64_t syncs = fsdp_fileio_sync_count() - before;
+    ck_assert_int_ge(res.n_shards, 300);
+    REQUIRE(syncs <= 2, "%d shards cost %llu syncs (one of the filesystem, one of the "
+            "directory expected)", res.n_shards, (unsigned long long)syncs);
+    ck_assert_int_eq(count_named(dir, "o_"), res.n_shards);
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
         {"files", 60, .tmpdir = true, FSDP_TESTS(test_shard_uint32, test_shard_writer)},
         {"tokenize", 120, .tmpdir = true,
          FSDP_TESTS(test_tokenize_files, FSDP_TEST_LOOP(test_tokenize_like_training, 2),
-                    test_tokenize_errors)},
+                    test_tokenize_errors, test_tokenize_failure_keeps_outputs,
+                    test_tokenize_stale_shards, test_tokenize_syncs_once)},
     };
     return fsdp_test_main("shard", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/clock.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "data/chat.h"
@@ -304,6 +305,10 @@ static const struct hostile {
      FSDP_STATUS_FORMAT, "added_tokens[1]: repeats added token"},
     {"llama3", "\"id\": 660", "\"id\": 659", FSDP_STATUS_FORMAT, "repeats added token 659"},
     {"qwen2", "\"type\": \"NFC\"", "\"type\": 3", FSDP_STATUS_FORMAT, "normalizer.type: expected string"},
+    /* issue 29, 9: without its added tokens the template's BOS (659) is no token; this failed
+     * at the first encode ("id 659 is outside the vocabulary of 659") */
+    {"llama3", "\"added_tokens\": [", "\"added_tokens\": [], \"was\": [", FSDP_STATUS_FORMAT,
+     "post_processor: the template puts id 659 before each text, but no token has that id"},
 };
 
 START_TEST(test_hostile_files)
@@ -514,6 +519,53 @@ START_TEST(test_long_inputs_and_stream)
 }
 END_TEST
 
+/* Issue 29, 8: PCRE2's limits hold per match, so a split pattern that
+ * backtracks quadratically (recursion, a repeated group that fails at the
+ * end) took minutes on 30 KB while every match stayed under them. The
+ * encoder matches in windows and stops a text past 2 s + 2 s per MiB,
+ * naming the pattern and the limit. Today's code ran past the test's
+ * timeout (base binary: still running after 30 s on either text). */
+START_TEST(test_quadratic_patterns)
+{
+    static const struct {
+        const char *pattern, *json, *fill, *last;
+    } cases[] = {
+        {"(a(?R)?b)", "(a(?R)?b)", "a", "b"},
+        {"(?:a|b)+\\d", "(?:a|b)+\\\\d", "a", "a"},
+    };
+    for (int i = 0; i < 2; i++) {
+        char to[128];
+        snprintf(to, sizeof to, "\"Regex\": \"%s\", \"was\": \"", cases[i].json);
+        size_t n;
+        char *text = edited(FIX "tok_llama3.json", "\"Regex\": \"", to, &n);
+        fsdp_hftok *t = NULL;
+        ck_assert_int_eq(fsdp_hftok_parse(&t, "q.json", text, n), FSDP_STATUS_OK);
+        free(text);
+        /* a text it splits fast: fine */
+        int *ids;
+        size_t k;
+        ck_assert_int_eq(fsdp_hftok_encode(t, "ab ab aabb", 10, 0, &ids, &k), FSDP_STATUS_OK);
+        free(ids);
+        size_t len = 30000;
+        char *s = malloc(len);
+        memset(s, cases[i].fill[0], len);
+        s[len - 1] = cases[i].last[0];
+        double t0 = fsdp_now_s();
+        fsdp_status st = fsdp_hftok_encode(t, s, len, 0, &ids, &k);
+        double sec = fsdp_now_s() - t0;
+        const char *msg = fsdp_error_msg();
+        REQUIRE(st == FSDP_STATUS_INVALID_ARG && strstr(msg, "q.json") &&
+                    strstr(msg, cases[i].pattern) &&
+                    strstr(msg, "pre_tokenizer.pretokenizers[0].pattern.Regex") &&
+                    strstr(msg, "2 s + 2 s per MiB"),
+                "%s: %s: %s", cases[i].pattern, fsdp_status_name(st), msg);
+        REQUIRE(sec < 20, "%s: stopped after %.1f s", cases[i].pattern, sec);
+        free(s);
+        fsdp_hftok_free(t);
+    }
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
@@ -525,7 +577,7 @@ int main(void)
                     test_lookups, test_non_bytelevel_entry_and_ignore_merges)},
         {"inputs", 120,
          FSDP_TESTS(FSDP_TEST_LOOP(test_any_bytes_round_trip, 2),
-                    FSDP_TEST_LOOP(test_long_inputs_and_stream, 3))},
+                    FSDP_TEST_LOOP(test_long_inputs_and_stream, 3), test_quadratic_patterns)},
     };
     return fsdp_test_main("tokenizer", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -15,15 +15,10 @@
 
 /* ---- the fsdp command ------------------------------------------------------- */
 
-int fsdp_test_cli(char *out, size_t cap, const char *fmt, ...)
+/* Run the shell command cmd, stdout and stderr into out; its exit code
+ * (`what` names it in a failure). */
+static int run_shell(char *out, size_t cap, const char *cmd, const char *what)
 {
-    char args[4096], cmd[4608];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    ck_assert_msg(n >= 0 && (size_t)n < sizeof args, "command line too long: %s", fmt);
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", FSDP_BIN, args);
     FILE *p = popen(cmd, "r");
     ck_assert_msg(p != NULL, "cannot run '%s'", cmd);
     size_t got = fread(out, 1, cap - 1, p);
@@ -31,9 +26,34 @@ int fsdp_test_cli(char *out, size_t cap, const char *fmt, ...)
     while (fgetc(p) != EOF) /* drain what did not fit, so the command is not killed by SIGPIPE */
         ;
     int st = pclose(p);
-    ck_assert_msg(st != -1 && WIFEXITED(st), "'fsdp %s' did not exit normally (status 0x%x):\n%.2000s",
-                  args, st, out);
+    ck_assert_msg(st != -1 && WIFEXITED(st), "'%s' did not exit normally (status 0x%x):\n%.2000s",
+                  what, st, out);
     return WEXITSTATUS(st);
+}
+
+int fsdp_test_cli(char *out, size_t cap, const char *fmt, ...)
+{
+    char args[4096], cmd[4608], what[4200];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    ck_assert_msg(n >= 0 && (size_t)n < sizeof args, "command line too long: %s", fmt);
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", FSDP_BIN, args);
+    snprintf(what, sizeof what, "fsdp %s", args);
+    return run_shell(out, cap, cmd, what);
+}
+
+int fsdp_test_sh(char *out, size_t cap, const char *fmt, ...)
+{
+    char script[4096], cmd[4608];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(script, sizeof script, fmt, ap);
+    va_end(ap);
+    ck_assert_msg(n >= 0 && (size_t)n < sizeof script, "command line too long: %s", fmt);
+    snprintf(cmd, sizeof cmd, "(%s) 2>&1", script);
+    return run_shell(out, cap, cmd, script);
 }
 
 void fsdp_test_cli_cases(const fsdp_test_cli_case *cases, size_t n)

@@ -63,6 +63,11 @@
 int fsdp_test_cli(char *out, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The same for a shell script (printf-style), for what needs the shell
+ * around the command (limits, traps): `FSDP_BIN` is the binary to call. */
+int fsdp_test_sh(char *out, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* One command case: `fsdp <args>` must exit with rc and print `expect`
  * (a substring; NULL: anything). */
 typedef struct fsdp_test_cli_case {

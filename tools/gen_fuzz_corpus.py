@@ -6,7 +6,8 @@ real structure (the chat templates come from the chat template fixture). Standar
     python3 tools/gen_fuzz_corpus.py [path/to/fsdp]
 
 The manifest seeds are a version-1 manifest (tests/fixtures/ckpt_v1_tiny)
-and a current one; the current manifest and the version-2 shard-file seeds
+and a current one, named by its version (tiny_manifest_v2 stays from when
+version 2 was current); the current manifest and the version-2 shard-file seeds
 come from a real checkpoint written by the fsdp binary (default build/fsdp,
 `fsdp convert` of a tiny model); without the binary those seeds are
 skipped. The version-1 shard file (a format fsdp only reads now) is
@@ -146,7 +147,9 @@ def main():
             subprocess.run([fsdp, "convert", "--quiet", "--to", "ckpt",
                             os.path.join(tmp, "model.bin"), ck], check=True)
             with open(os.path.join(ck, "step_00000000", "manifest"), "rb") as f:
-                put("fuzz_manifest", "tiny_manifest_v2", f.read())
+                text = f.read()
+            version = int(text.split(b"\nversion ", 1)[1].split(b"\n", 1)[0])
+            put("fuzz_manifest", "tiny_manifest_v%d" % version, text)
             with open(os.path.join(ck, "step_00000000", "rank_00000.bin"), "rb") as f:
                 put("fuzz_shard_file", "tiny_v2.bin", f.read())
         else:

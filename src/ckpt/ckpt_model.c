@@ -7,6 +7,7 @@
  * devices loads into any number of ranks. Export writes a 1-device
  * checkpoint at step 0.
  */
+#include <dirent.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,6 +158,25 @@ static fsdp_status ckpt_read_range(const fsdp_modelfile *mf, int unit, size_t be
     return st;
 }
 
+/* The first entry of directory `dir` that a checkpoint directory does not
+ * hold (its LOCK, step_* directories and their leftovers), into name;
+ * false when there is none or dir cannot be listed. */
+static bool foreign_entry(const char *dir, char *name, size_t n)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return false;
+    bool found = false;
+    for (struct dirent *e; !found && (e = readdir(d));) {
+        const char *s = e->d_name;
+        found = strcmp(s, ".") && strcmp(s, "..") && strcmp(s, "LOCK") && strncmp(s, "step_", 5);
+        if (found)
+            snprintf(name, n, "%s", s);
+    }
+    closedir(d);
+    return found;
+}
+
 /* A 1-device checkpoint of the model at step 0 (optimizer state zero). */
 static fsdp_status ckpt_write(const char *dir, const fsdp_model *m, const float *const *units,
                               const fsdp_modelfile_write_opts *o)
@@ -171,6 +191,11 @@ static fsdp_status ckpt_write(const char *dir, const fsdp_model *m, const float 
     if (found || fsdp_ckpt_is_complete(dir))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "'%s' already holds a checkpoint; write "
                               "the converted one to a new or empty directory", dir);
+    char other[256];
+    if (foreign_entry(dir, other, sizeof other))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "'%s' exists and is not empty (it holds "
+                              "'%s'); write the checkpoint to a new or empty directory", dir,
+                              other);
     /* one writer at a time, as a training run (ckpt_dir.h) */
     fsdp_ckpt_lock lock;
     FSDP_TRY(fsdp_ckpt_dir_lock(&lock, dir));

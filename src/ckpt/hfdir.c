@@ -134,6 +134,9 @@ static fsdp_status check_architectures(const char *label, const fsdp_json *arch)
             return fsdp_error_set(FSDP_STATUS_FORMAT, "%s: \"architectures\" must hold class "
                                   "names (strings)", label);
         size_t n = strlen(a->str);
+        if (!fsdp_json_name(a))
+            return fsdp_error_set(FSDP_STATUS_FORMAT, "%s: \"architectures\" holds a name with "
+                                  "\\u0000 (a NUL character)", label);
         if ((n > 11 && !strcmp(a->str + n - 11, "ForCausalLM")) ||
             (n > 11 && !strcmp(a->str + n - 11, "LMHeadModel")))
             return FSDP_STATUS_OK;
@@ -161,9 +164,10 @@ fsdp_status fsdp_hfdir_parse_config(const char *label, const char *text, size_t 
     if (root->type != FSDP_JSON_OBJECT) {
         st = fsdp_error_set(FSDP_STATUS_FORMAT, "%s is a JSON %s, not an object", label,
                             fsdp_json_type_name(root->type));
-    } else if (!type || type->type != FSDP_JSON_STRING) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT, "%s has no \"model_type\" string; fsdp reads "
-                            "model types %s", label, types);
+    } else if (!fsdp_json_name(type)) {
+        st = fsdp_error_set(FSDP_STATUS_FORMAT, "%s has no \"model_type\" string%s; fsdp reads "
+                            "model types %s", label, type && type->type == FSDP_JSON_STRING
+                                                         ? " (it holds \\u0000)" : "", types);
     } else if (!(f = family_of_type(type->str))) {
         st = fsdp_error_set(FSDP_STATUS_UNSUPPORTED, "%s: model_type \"%.64s\" is not one fsdp "
                             "reads (%s)", label, type->str, types);
@@ -450,7 +454,11 @@ static fsdp_status open_files(fsdp_modelfile *mf, hf_impl *h)
     const char *dir = mf->path;
     char p[FSDP_CKPT_PATH_MAX + 300];
     FSDP_TRY(join(p, sizeof p, dir, FSDP_HF_WEIGHTS));
-    if (is_file(p)) {
+    struct stat sb;
+    if (stat(p, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "Hugging Face directory '%s': %s is a "
+                              "directory, not a safetensors file", dir, FSDP_HF_WEIGHTS);
+    if (stat(p, &sb) == 0) { /* not a regular file: the reader says what it is */
         if (!(h->files = calloc(1, sizeof *h->files)))
             return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
         FSDP_TRY(fsdp_st_open(p, &h->files[0]));

@@ -112,11 +112,17 @@ static fsdp_status llmc_open(fsdp_modelfile *mf, const char *path)
     if (!ok)
         return fsdp_error_set(FSDP_STATUS_FORMAT, "model file '%s': the size of its %s "
                               "overflows 64 bits; the header is corrupt", path, held);
-    if (size != expected)
+    if (size < expected)
         return fsdp_error_set(FSDP_STATUS_FORMAT,
                               "model file '%s' is %" PRIu64 " bytes but its header (%s, %s) "
                               "needs %" PRIu64 " bytes; the file is truncated or corrupt",
                               path, size, mf->dtype_name, held, expected);
+    if (size > expected)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "model file '%s' is %" PRIu64 " bytes, %" PRIu64 " more than its "
+                              "header (%s, %s) needs (%" PRIu64 "): something follows the "
+                              "parameters; the file is corrupt, or another format",
+                              path, size, size - expected, mf->dtype_name, held, expected);
     return FSDP_STATUS_OK;
 }
 

@@ -1,9 +1,8 @@
 /*
- * manifest.c - the checkpoint manifest as text: written (always the
- * current version) and read back (versions 1 and 2) with every field
- * validated (the format is described in manifest.h; the model part,
- * building the recorded model and checking against it, is in
- * manifest_model.c).
+ * manifest.c - the checkpoint manifest read back (versions 1 to 3) with
+ * every field validated, and its checksum (the format is described in
+ * manifest.h; writing is in manifest_write.c; the model part, building the
+ * recorded model and checking against it, is in manifest_model.c).
  *
  * Everything read from disk is treated as hostile: the parser bounds every
  * number before it sizes an allocation or a computation (all size
@@ -19,6 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "ckpt/manifest.h"
 #include "core/error.h"
@@ -26,7 +26,6 @@
 
 #define MANIFEST_MAX_BYTES ((size_t)16 << 20)
 #define MANIFEST_MIN_LINE 32 /* bytes of the shortest unit or param line */
-#define MANIFEST_LINE_MAX 1024
 #define MAX_NUMEL ((uint64_t)1 << 48)     /* per unit or parameter */
 #define MAX_DIM ((uint64_t)1 << 40)
 #define MAX_WORLD 65536
@@ -34,7 +33,7 @@
 
 static const char *errstr(void) { return strerror(errno); }
 
-/* ---- manifest: building and writing ------------------------------------------ */
+/* ---- manifest: freeing --------------------------------------------------------- */
 
 void fsdp_ckpt_manifest_free(fsdp_ckpt_manifest *m)
 {
@@ -43,66 +42,6 @@ void fsdp_ckpt_manifest_free(fsdp_ckpt_manifest *m)
             free(m->units[u].params);
     free(m->units);
     memset(m, 0, sizeof *m);
-}
-
-/* Free text as one line: control characters become '?', empty becomes "-". */
-static void sb_text(fsdp_sbuf *b, const char *key, const char *s)
-{
-    char tmp[MANIFEST_LINE_MAX];
-    size_t n = 0;
-    for (; s && *s && n + 1 < sizeof tmp - 64; s++)
-        tmp[n++] = (unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s;
-    tmp[n] = '\0';
-    fsdp_sbuf_printf(b, "%s %s\n", key, n ? tmp : "-");
-}
-
-fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest *m)
-{
-    fsdp_sbuf b = {0};
-    fsdp_sbuf_printf(&b, "# fsdp checkpoint manifest: `key value` lines; see src/ckpt/ckpt.h\n");
-    fsdp_sbuf_printf(&b, "format fsdp-checkpoint\nversion %d\n", FSDP_CKPT_VERSION);
-    fsdp_sbuf_printf(&b, "run_id %016" PRIx64 "\n", m->run_id);
-    fsdp_sbuf_printf(&b, "step %" PRIu64 "\nadam_t %" PRIu64 "\ndata_sequences %" PRIu64 "\n", m->step,
-              m->adam_t, m->data_sequences);
-    fsdp_sbuf_printf(&b, "seed %" PRIu64 "\nworld_size %d\nshard %s\n", m->seed, m->world_size, m->shard);
-    if (!m->replicated && m->shard_ranks > 0 && m->shard_ranks != m->world_size)
-        fsdp_sbuf_printf(&b, "shard_ranks %d\n", m->shard_ranks);
-    fsdp_sbuf_printf(&b, "batch %d\nseq %d\ngrad_accum %d\nsteps_total %d\n", m->batch, m->seq,
-              m->grad_accum, m->steps_total);
-    fsdp_sbuf_printf(&b, "compute_dtype %s\nmaster_dtype fp32\noptim_dtype fp32\n", m->compute_dtype);
-    if (m->optimizer[0]) {
-        fsdp_sbuf_printf(&b, "optimizer %s\noptim_state ", m->optimizer);
-        for (int k = 0; k < m->n_optim_state; k++)
-            fsdp_sbuf_printf(&b, "%s%s", k ? "," : "", m->optim_state[k]);
-        fsdp_sbuf_printf(&b, "%s\n", m->n_optim_state ? "" : "-");
-    } else {
-        fsdp_sbuf_printf(&b, "optimizer adamw\noptim_state adam_m,adam_v\n");
-    }
-    sb_text(&b, "model_name", m->model_name);
-    sb_text(&b, "model_family", m->model_family);
-    sb_text(&b, "model_config", m->model_config);
-    sb_text(&b, "data", m->data);
-    fsdp_sbuf_printf(&b, "block_numel %zu\nunits %d\n", FSDP_CKPT_BLOCK_NUMEL, m->n_units);
-    for (int u = 0; u < m->n_units; u++) {
-        const fsdp_ckpt_unit *cu = &m->units[u];
-        fsdp_sbuf_printf(&b, "unit %d %s numel %zu padded %zu shard %zu params %d\n", u, cu->name,
-                  cu->numel, cu->padded_numel, cu->shard_numel, cu->n_params);
-        for (int i = 0; i < cu->n_params; i++) {
-            const fsdp_ckpt_param *p = &cu->params[i];
-            fsdp_sbuf_printf(&b, "param %s shape ", p->name);
-            for (int d = 0; d < p->ndim; d++)
-                fsdp_sbuf_printf(&b, "%s%" PRId64, d ? "," : "", p->shape[d]);
-            fsdp_sbuf_printf(&b, " offset %zu numel %zu\n", p->offset, p->numel);
-        }
-    }
-    fsdp_sbuf_printf(&b, "end\n");
-    if (b.oom) {
-        free(b.p);
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory writing manifest '%s'", path);
-    }
-    fsdp_status st = fsdp_write_file_sync(path, b.p, b.n, "checkpoint manifest");
-    free(b.p);
-    return st;
 }
 
 /* ---- manifest: parsing ---------------------------------------------------------- */
@@ -221,7 +160,7 @@ enum mkey {
     K_SHARD, K_BATCH, K_SEQ, K_GRAD_ACCUM, K_STEPS_TOTAL, K_COMPUTE_DTYPE, K_MASTER_DTYPE,
     K_OPTIM_DTYPE, K_MODEL_NAME, K_MODEL_SPEC, K_GPT2, K_VOCAB_SIZE, K_PADDED_VOCAB_SIZE,
     K_MAX_SEQ_LEN, K_MODEL_FAMILY, K_MODEL_CONFIG, K_DATA, K_BLOCK_NUMEL, K_OPTIMIZER,
-    K_OPTIM_STATE, K_SHARD_RANKS, K_COUNT
+    K_OPTIM_STATE, K_SHARD_RANKS, K_TOKENIZER, K_COUNT
 };
 
 static const char *const mkey_names[K_COUNT] = {
@@ -229,7 +168,7 @@ static const char *const mkey_names[K_COUNT] = {
     "shard", "batch", "seq", "grad_accum", "steps_total", "compute_dtype", "master_dtype",
     "optim_dtype", "model_name", "model_spec", "gpt2", "vocab_size", "padded_vocab_size",
     "max_seq_len", "model_family", "model_config", "data", "block_numel", "optimizer",
-    "optim_state", "shard_ranks",
+    "optim_state", "shard_ranks", "tokenizer",
 };
 
 /* Keys a manifest may leave out (their meaning when absent is in manifest.h). */
@@ -238,12 +177,15 @@ static const bool mkey_optional[K_COUNT] = {[K_SHARD_RANKS] = true};
 /* The versions each key belongs to (bit v set: version v has it, once). */
 #define V1 (1u << 1)
 #define V2 (1u << 2)
+#define V3 (1u << 3)
 static const unsigned mkey_versions[K_COUNT] = {
     [K_MODEL_SPEC] = V1, [K_GPT2] = V1, [K_VOCAB_SIZE] = V1, [K_PADDED_VOCAB_SIZE] = V1,
-    [K_MAX_SEQ_LEN] = V1, [K_MODEL_FAMILY] = V2, [K_MODEL_CONFIG] = V2,
-    [K_OPTIMIZER] = V2, [K_OPTIM_STATE] = V2, /* version 1 is AdamW */
+    [K_MAX_SEQ_LEN] = V1, [K_MODEL_FAMILY] = V2 | V3, [K_MODEL_CONFIG] = V2 | V3,
+    [K_OPTIMIZER] = V2 | V3, [K_OPTIM_STATE] = V2 | V3, /* version 1 is AdamW */
+    [K_TOKENIZER] = V3,
 };
-#define KEY_IN(k, version) ((mkey_versions[k] ? mkey_versions[k] : V1 | V2) >> (version) & 1)
+#define KEY_IN(k, version) \
+    ((mkey_versions[k] ? mkey_versions[k] : V1 | V2 | V3) >> (version) & 1)
 
 static void copy_text(char *dst, size_t n, const char *v)
 {
@@ -387,6 +329,10 @@ static fsdp_status parse_text_key(parser *ps, enum mkey k, char *v, fsdp_ckpt_ma
         m->model_line = ps->line;
         return FSDP_STATUS_OK;
     case K_DATA: copy_text(m->data, sizeof m->data, v); return FSDP_STATUS_OK;
+    case K_TOKENIZER:
+        copy_text(m->tokenizer, sizeof m->tokenizer, v);
+        m->tokenizer_recorded = true;
+        return FSDP_STATUS_OK;
     case K_OPTIMIZER:
         if (!fsdp_ckpt_array_name_valid(v))
             return bad(ps, "optimizer '%.32s' is not a [a-z0-9_] name", v);
@@ -610,12 +556,12 @@ static fsdp_status read_text(const char *path, char **text, size_t *size)
     return st;
 }
 
-/* A line is at most MANIFEST_LINE_MAX characters of plain text, ended by
+/* A line is at most FSDP_CKPT_MANIFEST_LINE_MAX characters of plain text, ended by
  * LF alone. */
 static fsdp_status check_line(const parser *ps, const char *line, size_t len)
 {
-    if (len > MANIFEST_LINE_MAX)
-        return bad(ps, "line is longer than %d characters", MANIFEST_LINE_MAX);
+    if (len > FSDP_CKPT_MANIFEST_LINE_MAX)
+        return bad(ps, "line is longer than %d characters", FSDP_CKPT_MANIFEST_LINE_MAX);
     if (len > 0 && line[len - 1] == '\r')
         return bad(ps, "the line ends in a carriage return (CRLF line endings); a manifest "
                        "uses LF line endings only");
@@ -754,14 +700,71 @@ static fsdp_status parse_lines(reader *r, char *text, size_t size, fsdp_ckpt_man
                               : bad(&r->ps, "the file ends before 'end' (truncated?)");
 }
 
+/* Version 3's last line, `checksum <16 hex digits>`: XXH64 (seed 0) of
+ * every byte before it (manifest.h). Taken from the text before it is
+ * parsed (parsing edits the text in place); the lines before it parse as
+ * in version 2. */
+typedef struct checksum_line {
+    size_t body;     /* bytes before the checksum line (all of them when there is none) */
+    int line;        /* its line number, or the line after the last when there is none */
+    bool found;      /* the last line is a `checksum` line */
+    bool valid;      /* ... with 16 lower-case hex digits, in sum */
+    uint64_t sum;    /* as written */
+    uint64_t digest; /* XXH64 of the body */
+} checksum_line;
+
+static void checksum_split(const char *text, size_t size, checksum_line *c)
+{
+    static const char key[] = "checksum ";
+    const size_t kn = sizeof key - 1;
+    memset(c, 0, sizeof *c);
+    size_t end = size > 0 && text[size - 1] == '\n' ? size - 1 : size, start = end;
+    while (start > 0 && text[start - 1] != '\n')
+        start--;
+    c->found = end - start >= kn && !memcmp(text + start, key, kn);
+    c->body = c->found ? start : size;
+    if (c->found && end - start - kn == 16) {
+        char hex[17];
+        memcpy(hex, text + start + kn, 16);
+        hex[16] = '\0';
+        c->valid = parse_hex64(hex, &c->sum);
+    }
+    c->line = 1;
+    for (size_t i = 0; i < c->body; i++)
+        c->line += text[i] == '\n';
+    c->digest = (uint64_t)XXH64(text, c->body, 0);
+}
+
+/* Version 3 must end with a checksum that matches; versions 1 and 2 have
+ * none (the shard files are their only check). */
+static fsdp_status checksum_check(const char *path, const checksum_line *c, int version)
+{
+    parser ps = {.path = path, .line = c->line};
+    if (version < 3)
+        return c->found ? bad(&ps, "key 'checksum' is not part of a version-%d manifest", version)
+                        : FSDP_STATUS_OK;
+    if (!c->found)
+        return bad(&ps, "the file ends without its 'checksum' line (truncated?)");
+    if (!c->valid)
+        return bad(&ps, "checksum is not 16 lower-case hex digits");
+    if (c->sum != c->digest)
+        return bad(&ps, "checksum %016" PRIx64 " does not match the text before it (XXH64 %016"
+                        PRIx64 "): the manifest was edited or is corrupt, and may describe "
+                        "another model than its shard files hold; restore the original",
+                   c->sum, c->digest);
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
 {
     memset(m, 0, sizeof *m);
     char *text = NULL;
     size_t size = 0;
     FSDP_TRY(read_text(path, &text, &size));
+    checksum_line sum;
+    checksum_split(text, size, &sum);
     reader r = {.ps = {.path = path, .line = 0}, .phase = HEADER};
-    fsdp_status st = parse_lines(&r, text, size, m);
+    fsdp_status st = parse_lines(&r, text, sum.body, m);
     free(text);
     if (st == FSDP_STATUS_OK) { /* the recorded model builds, and the unit lines are its units */
         fsdp_model model;
@@ -769,6 +772,8 @@ fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m)
         if (st == FSDP_STATUS_OK)
             fsdp_model_free(&model);
     }
+    if (st == FSDP_STATUS_OK) /* last: a field's own error says more than a checksum does */
+        st = checksum_check(path, &sum, m->version);
     if (st != FSDP_STATUS_OK)
         fsdp_ckpt_manifest_free(m);
     return st;

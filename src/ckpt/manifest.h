@@ -4,9 +4,16 @@
  * offset, every unit's shard sizes), where (world size, sharding) and how
  * far (step, optimizer step count, data position).
  *
- * Versions. 2 (written now) records the model as `model_family <name>` and
- * `model_config <the family's canonical config>`: one source of truth,
- * rebuilt through the model registry. 1 (written before the registry)
+ * Versions. 3 (written now) is version 2 with the tokenizer the data was
+ * read with (`tokenizer`) and a last line `checksum <XXH64 of every byte
+ * before it, 16 hex digits>`: the shard files cannot tell a model's heads
+ * or rope settings from its shapes, so an edited or damaged manifest would
+ * otherwise rebuild another model over the same numbers; every reader
+ * refuses one whose checksum does not match. 2 records the model as
+ * `model_family <name>` and `model_config <the family's canonical
+ * config>`: one source of truth, rebuilt through the model registry; it
+ * has no checksum and is checked against its shard files only (sizes, run
+ * id, step), as version 1 is. 1 (written before the registry)
  * recorded a GPT-2 as `model_spec`, a `gpt2 layers=.. heads=..` line and
  * vocab_size / padded_vocab_size / max_seq_len; it is read into the same
  * in-memory form, and its lines must agree with each other. Either way the
@@ -23,8 +30,9 @@
 #include "ckpt/shard_file.h"
 #include "models/registry.h"
 
-#define FSDP_CKPT_VERSION 2     /* what this build writes */
+#define FSDP_CKPT_VERSION 3     /* what this build writes */
 #define FSDP_CKPT_VERSION_MIN 1 /* the oldest it reads */
+#define FSDP_CKPT_MANIFEST_LINE_MAX 1024 /* characters of one line, written and read */
 
 typedef struct fsdp_ckpt_param {
     char name[64];
@@ -81,7 +89,9 @@ typedef struct fsdp_ckpt_manifest {
     char model_family[32];                    /* registry name: "gpt2" */
     char model_config[FSDP_MODEL_CONFIG_MAX]; /* the family's canonical config */
     int model_line;           /* manifest line of the model's config (0: built in memory) */
-    char data[512];           /* data spec (informational) */
+    char data[512];           /* data spec: a resume on other data needs --allow-data-change */
+    char tokenizer[512];      /* the tokenizer the data was read with ("" none; version 3) */
+    bool tokenizer_recorded;  /* read from a manifest that records it (version 3) */
     int n_units;
     fsdp_ckpt_unit *units;    /* [n_units], owned */
 } fsdp_ckpt_manifest;
@@ -104,10 +114,11 @@ fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest 
 /* Read and validate a manifest of version FSDP_CKPT_VERSION_MIN ..
  * FSDP_CKPT_VERSION: every key of its version present once, every number
  * in range and consistent (shard sizes vs world size, parameter offsets
- * tiling each unit), the recorded model one this build can build, and the
- * unit and parameter lines that model's. A malformed or self-contradicting
- * file is FSDP_STATUS_FORMAT naming the file and the line. On failure *m is
- * left zeroed. */
+ * tiling each unit), the recorded model one this build can build, the
+ * unit and parameter lines that model's, and (version 3) the checksum
+ * line matching the text. A malformed, self-contradicting or edited file
+ * is FSDP_STATUS_FORMAT naming the file and the line (a field's error
+ * before the checksum's). On failure *m is left zeroed. */
 fsdp_status fsdp_ckpt_manifest_read(const char *path, fsdp_ckpt_manifest *m);
 
 /* The manifest's model must be `model`: the same units and parameters

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 
 #include "cli/args.h"
+#include "core/paths.h"
 #include "fsdp/fsdp.h"
 
 int fsdp_cli_train(int argc, char **argv);
@@ -49,5 +50,12 @@ int fsdp_cli_cpu_streams_finish(const char *cmd, int mode, fsdp_backend backend)
 /* Flush stdout: 0, or 1 after saying the output could not be written (a
  * full disk, a closed pipe). Call last, after everything was printed. */
 int fsdp_cli_flush(const char *cmd);
+
+/* What every subcommand that writes files checks before it reads or
+ * writes anything: no output names a file an input or another output
+ * names (core/paths.h). 0, or 2 after printing "fsdp <cmd>: error: ..."
+ * naming both flags. */
+int fsdp_cli_check_paths(const char *cmd, const fsdp_path_arg *in, int n_in,
+                         const fsdp_path_arg *out, int n_out);
 
 #endif /* FSDP_CLI_CLI_H */

@@ -1,6 +1,7 @@
 /*
  * common.c - how every subcommand reports a usage error, a failed library
- * call and a failed write of its output (cli.h).
+ * call and a failed write of its output, and checks that its outputs
+ * spare its inputs (cli.h).
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -34,6 +35,12 @@ int fsdp_cli_flush(const char *cmd)
     fprintf(stderr, "fsdp %s: error: could not write the output (disk full or pipe closed?)\n",
             cmd);
     return 1;
+}
+
+int fsdp_cli_check_paths(const char *cmd, const fsdp_path_arg *in, int n_in,
+                         const fsdp_path_arg *out, int n_out)
+{
+    return fsdp_cli_status(cmd, fsdp_paths_check_disjoint(in, n_in, out, n_out));
 }
 
 void fsdp_cli_add_cpu_streams(fsdp_opt_list *l, int *mode)

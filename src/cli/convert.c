@@ -174,6 +174,12 @@ int fsdp_cli_convert(int argc, char **argv)
         return 2;
     if ((rc = check_out_options(out_fmt, pos[1], dt, tokenizer, shard_bytes)))
         return rc;
+    const fsdp_path_arg ins[] = {{"IN", pos[0], FSDP_PATH_TREE},
+                                 {"--tokenizer", tokenizer, FSDP_PATH_FILE}};
+    const fsdp_path_arg outs[] = {{"OUT", pos[1], fsdp_modelfile_format_is_dir(out_fmt)
+                                                      ? FSDP_PATH_TREE : FSDP_PATH_FILE}};
+    if ((rc = fsdp_cli_check_paths("convert", ins, 2, outs, 1)))
+        return rc;
     fsdp_modelfile *mf = NULL;
     fsdp_model m;
     float **units = NULL;

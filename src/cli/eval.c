@@ -5,6 +5,7 @@
  * Text and jsonl data are tokenized with --tokenizer, else with the
  * tokenizer.json of a Hugging Face model directory.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -80,9 +81,12 @@ int fsdp_cli_eval(int argc, char **argv)
         free(losses);
         return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
     }
-    if (per_batch)
-        for (int m = 0; m < steps; m++)
+    for (int m = 0; per_batch && m < steps; m++) {
+        if (isnan(losses[m]))
+            printf("batch %d: no target (every row is cut at --seq before its completion)\n", m);
+        else
             printf("batch %d loss %.6g\n", m, losses[m]);
+    }
     printf("mean loss %.6g over %d batches of %d x %d tokens (model %s, data %s, %d %s "
            "device(s))\n",
            mean, steps, c->batch, c->seq, c->model_path, data, c->n_ranks,

@@ -19,8 +19,9 @@ void fsdp_infer_opts_table(fsdp_infer_opts *io, fsdp_opt_list *l)
     fsdp_opt_add(l, "model", FSDP_OPT_STR, &io->cfg.model_path, "FILE|DIR", model_help);
     fsdp_opt_add(l, "backend", FSDP_OPT_STR, &io->backend, "cpu|cuda",
                  "device backend (default: cuda when a GPU is visible, else cpu)");
-    fsdp_opt_add(l, "devices", FSDP_OPT_INT, &io->devices, "N",
-                 "shard the model over N devices = ranks (default 1)");
+    io->devices = 1;
+    fsdp_opt_add_int(l, "devices", &io->devices, 1, FSDP_MAX_RANKS, "N",
+                     "shard the model over N devices = ranks (default 1)");
     fsdp_opt_add(l, "precision", FSDP_OPT_STR, &io->precision, "fp32|bf16",
                  "compute dtype (default fp32)");
     fsdp_opt_add(l, "device-mem", FSDP_OPT_SIZE, &io->cfg.device_mem, "BYTES",
@@ -49,8 +50,7 @@ int fsdp_infer_opts_finish(const char *cmd, fsdp_infer_opts *io)
             return fsdp_cli_usage(cmd, "--precision: %s", fsdp_error_msg());
         c->compute_dtype = (fsdp_dtype)v;
     }
-    if (io->devices)
-        c->n_ranks = io->devices;
+    c->n_ranks = io->devices;
     if (fsdp_cli_cpu_streams_finish(cmd, c->cpu_streams, c->backend) != 0)
         return 2;
     if (fsdp_backend_check(c->backend, c->n_ranks, 1) != FSDP_STATUS_OK)

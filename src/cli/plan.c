@@ -97,9 +97,9 @@ static void fit_opts_table(struct fit_opts *o, fsdp_opt_list *l)
     fsdp_opt_add(l, "cuda-overhead", FSDP_OPT_SIZE, &o->cuda_overhead, "BYTES",
                  "--fit, cuda: what a run holds beyond the engine per device, measured "
                  "(default: the estimate of src/train/cost.h)");
-    fsdp_opt_add(l, "gpu-tflops", FSDP_OPT_FLOAT, &o->gpu_tflops, "X",
-                 "--fit: dense peak TFLOP/s of one device at --precision (default 67 fp32, "
-                 "989 bf16: H100/H200 SXM)");
+    fsdp_opt_add_float(l, "gpu-tflops", &o->gpu_tflops, 0.0, true, 1e9, "X",
+                       "--fit: dense peak TFLOP/s of one device at --precision, > 0 (default "
+                       "67 fp32, 989 bf16: H100/H200 SXM)");
     for (size_t i = 0; i < N_MACHINE_OPTS; i++)
         fsdp_opt_add(l, machine_opts[i].name, FSDP_OPT_FLOAT, &o->machine[i],
                      machine_opts[i].metavar, machine_opts[i].help);
@@ -204,6 +204,11 @@ int fsdp_cli_plan(int argc, char **argv)
         return rc;
     ro.backend = FSDP_BACKEND_META;
     if ((rc = fsdp_run_opts_finish("plan", &ro)))
+        return rc;
+    const fsdp_path_arg ins[] = {{"--model", c->model, FSDP_PATH_TREE}};
+    const fsdp_path_arg outs[] = {{"--trace", c->trace_path, FSDP_PATH_FILE},
+                                  {"--svg", svg, FSDP_PATH_FILE}};
+    if ((rc = fsdp_cli_check_paths("plan", ins, 1, outs, 2)))
         return rc;
 
     c->out = NULL;

@@ -28,6 +28,7 @@
 #include "cli/cli.h"
 #include "cli/infer_opts.h"
 #include "ckpt/modelfile.h"
+#include "core/fileio.h"
 #include "data/chat.h"
 #include "data/hftok.h"
 #include "data/tokenizer.h"
@@ -43,6 +44,7 @@ struct text_io {
     const int *stop; /* tokens that end the generation: not printed */
     int n_stop;
     int n;          /* tokens printed (ids: separators) */
+    bool ids_asked; /* --ids: ids whatever tokenizer there is */
 };
 
 struct chat_opts {
@@ -125,6 +127,7 @@ static fsdp_status open_text_io(struct text_io *io, const char *tokenizer, const
                                 int V, bool ids, char *found, size_t found_size)
 {
     memset(io, 0, sizeof *io);
+    io->ids_asked = ids;
     if (ids)
         return FSDP_STATUS_OK;
     if (!tokenizer && fsdp_modelfile_tokenizer_of(model, found, found_size))
@@ -229,11 +232,16 @@ static fsdp_status encode_prompt(struct text_io *io, const struct chat_opts *co,
     } else if (prompt) {
         int *p = NULL, np = 0;
         if (!parse_ids(prompt, &p, &np))
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "the model's vocabulary has %d "
-                                  "tokens and no tokenizer came with it, so --prompt must be "
-                                  "token ids such as '15496,11,995'; pass --tokenizer "
-                                  "(tokenizer.json or llm.c's gpt2_tokenizer.bin) to give text",
-                                  V);
+            return io->ids_asked
+                       ? fsdp_error_set(FSDP_STATUS_INVALID_ARG, "with --ids, --prompt must be "
+                                        "token ids (integers from 0 to %d) such as "
+                                        "'15496,11,995', not '%.40s'; leave --ids out to give "
+                                        "text", V - 1, prompt)
+                       : fsdp_error_set(FSDP_STATUS_INVALID_ARG, "the model's vocabulary has %d "
+                                        "tokens and no tokenizer came with it, so --prompt must "
+                                        "be token ids such as '15496,11,995'; pass --tokenizer "
+                                        "(tokenizer.json or llm.c's gpt2_tokenizer.bin) to give "
+                                        "text", V);
         st = fsdp_ids_append(&ids, p, (size_t)np);
         free(p);
     }
@@ -256,17 +264,16 @@ static fsdp_status encode_prompt(struct text_io *io, const struct chat_opts *co,
     return FSDP_STATUS_OK;
 }
 
-/* Write the logits rows of the generated tokens (fp32, raw) to path. */
+/* Write the logits rows of the generated tokens (fp32, raw) to path,
+ * through the atomic writer: a failed write says why and leaves what was
+ * at path. */
 static fsdp_status write_logits(const char *path, const float *logits, int n, int V)
 {
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return fsdp_error_set(FSDP_STATUS_IO, "cannot create '%s': %s", path, strerror(errno));
+    fsdp_atomic_file af;
+    FSDP_TRY(fsdp_atomic_open(&af, path, "logits file"));
     size_t k = (size_t)n * (size_t)V;
-    bool ok = fwrite(logits, sizeof *logits, k, f) == k;
-    if (fclose(f) != 0 || !ok)
-        return fsdp_error_set(FSDP_STATUS_IO, "cannot write '%s'", path);
-    return FSDP_STATUS_OK;
+    bool ok = fwrite(logits, sizeof *logits, k, af.f) == k;
+    return fsdp_atomic_commit(&af, ok);
 }
 
 int fsdp_cli_sample(int argc, char **argv)
@@ -318,6 +325,11 @@ int fsdp_cli_sample(int argc, char **argv)
     if (rc != FSDP_ARGS_OK)
         return rc;
     if ((rc = fsdp_infer_opts_finish("sample", &io_opts)))
+        return rc;
+    const fsdp_path_arg ins[] = {{"--model", c->model_path, FSDP_PATH_TREE},
+                                 {"--tokenizer", tokenizer, FSDP_PATH_FILE}};
+    const fsdp_path_arg outs[] = {{"--logits", logits_path, FSDP_PATH_FILE}};
+    if ((rc = fsdp_cli_check_paths("sample", ins, 2, outs, 1)))
         return rc;
     if (n_tokens < 0 || !(temperature >= 0.0f) || c->seq < 0)
         return fsdp_cli_usage("sample", "need --tokens >= 0, --temperature >= 0 and --seq >= 1");

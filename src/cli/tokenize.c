@@ -90,6 +90,17 @@ int fsdp_cli_tokenize(int argc, char **argv)
     o.in = pos[0];
     o.out = pos[1];
     o.shard_tokens = shard_tokens;
+    if (!*o.out)
+        return fsdp_cli_usage("tokenize", "OUT is empty: give the path of OUT.bin");
+    char shards[4096]; /* what --shard-tokens writes and replaces: OUT_<6 digits or more>.bin */
+    snprintf(shards, sizeof shards, "%.*s_[0-9][0-9][0-9][0-9][0-9][0-9]*.bin",
+             (int)fsdp_tokenize_stem_len(o.out), o.out);
+    const fsdp_path_arg ins[] = {{"IN", o.in, FSDP_PATH_FILE},
+                                 {"--tokenizer", o.tokenizer, FSDP_PATH_FILE}};
+    const fsdp_path_arg outs[] = {shard_tokens ? (fsdp_path_arg){"OUT", shards, FSDP_PATH_GLOB}
+                                               : (fsdp_path_arg){"OUT", o.out, FSDP_PATH_FILE}};
+    if ((rc = fsdp_cli_check_paths("tokenize", ins, 2, outs, 1)))
+        return rc;
     o.progress = on_progress;
     o.arg = &p;
     p.t0 = p.last = now_s();
@@ -100,14 +111,27 @@ int fsdp_cli_tokenize(int argc, char **argv)
         return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
     }
     double sec = now_s() - p.t0;
+    char first[4096], last[4096];
+    if (shard_tokens) {
+        fsdp_tokenize_shard_path(o.out, 0, first, sizeof first);
+        fsdp_tokenize_shard_path(o.out, res.n_shards - 1, last, sizeof last);
+    }
     if (!p.quiet)
         printf("wrote %llu tokens (uint%d) from %llu document%s of %s (%.1f MB) to %d shard%s "
-               "(%s) in %.1f s, %.2f MB/s\n",
+               "(%s%s%s) in %.1f s, %.2f MB/s\n",
                (unsigned long long)res.tokens, 8 * res.token_bytes,
                (unsigned long long)res.documents, res.documents == 1 ? "" : "s", o.in,
                (double)res.bytes / 1e6, res.n_shards, res.n_shards == 1 ? "" : "s",
-               shard_tokens ? "OUT_NNNNNN.bin" : o.out, sec,
-               sec > 0 ? (double)res.bytes / 1e6 / sec : 0.0);
+               shard_tokens ? first : o.out, res.n_shards > 1 ? " .. " : "",
+               res.n_shards > 1 ? last : "", sec, sec > 0 ? (double)res.bytes / 1e6 / sec : 0.0);
+    if (res.n_removed) { /* even with --quiet: files the user had are gone */
+        fsdp_tokenize_shard_path(o.out, res.removed_lo, first, sizeof first);
+        fsdp_tokenize_shard_path(o.out, res.removed_hi, last, sizeof last);
+        fprintf(stderr, "fsdp tokenize: removed %d shard%s of an earlier run (%s%s%s), which "
+                "'%.*s_*.bin' would also have read\n", res.n_removed,
+                res.n_removed == 1 ? "" : "s", first, res.n_removed > 1 ? " .. " : "",
+                res.n_removed > 1 ? last : "", (int)fsdp_tokenize_stem_len(o.out), o.out);
+    }
     if (!p.quiet && res.chat[0])
         printf("chat: %s\n", res.chat);
     if (!p.quiet && res.special_text)

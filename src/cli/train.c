@@ -158,6 +158,10 @@ int fsdp_cli_train(int argc, char **argv)
                        "collective and the ranks that have not arrived, and a flight record "
                        "beside --log (else fsdp_flight.json); 0 = off (default FSDP_WATCHDOG, "
                        "else 300)");
+    fsdp_opt_add(&l, "allow-data-change", FSDP_OPT_FLAG, &c->allow_data_change, NULL,
+                 "with --resume: accept other --data or --tokenizer than the checkpoint was "
+                 "trained on; the run continues at the checkpoint's data position in the new "
+                 "data");
     fsdp_opt_add(&l, "quiet", FSDP_OPT_FLAG, &quiet, NULL,
                  "print only errors and the final summary");
     int rc = fsdp_args_parse("train",
@@ -175,12 +179,21 @@ int fsdp_cli_train(int argc, char **argv)
     ro.n_processes = c->procs ? c->procs->n_processes : 1;
     if ((rc = fsdp_run_opts_finish("train", &ro)))
         return rc;
+    const fsdp_path_arg ins[] = {{"--model", c->model, FSDP_PATH_TREE},
+                                 {"--data", c->data, FSDP_PATH_GLOB},
+                                 {"--tokenizer", c->tokenizer, FSDP_PATH_FILE}};
+    const fsdp_path_arg outs[] = {{"--log", c->log_path, FSDP_PATH_FILE},
+                                  {"--trace", c->trace_path, FSDP_PATH_FILE}};
+    if ((rc = fsdp_cli_check_paths("train", ins, 3, outs, 2)))
+        return rc;
     if (!c->ckpt_dir && (c->ckpt_every || c->ckpt_keep || c->resume))
         return fsdp_cli_usage("train", "--ckpt-every, --ckpt-keep and --resume need --ckpt-dir DIR");
     if (c->allow_batch_change && !c->resume)
         return fsdp_cli_usage("train", "--allow-batch-change only applies with --resume");
+    if (c->allow_data_change && !c->resume)
+        return fsdp_cli_usage("train", "--allow-data-change only applies with --resume");
     float wd = e->optim_hp.weight_decay;
-    if ((double)c->lr * (double)wd > 1.0)
+    if (c->lr * wd > 1.0f) /* in float, as the optimizer takes 1 - lr x wd: 10 x 0.1 is 1 */
         return fsdp_cli_usage("train", "--lr %g x --wd %g = %g: each step would multiply the "
                               "weights by 1 - lr x wd < 0; keep lr x wd <= 1", (double)c->lr,
                               (double)wd, (double)c->lr * wd);

@@ -14,6 +14,17 @@
 
 #include "core/fileio.h"
 
+static atomic_ullong n_syncs; /* fsync and syncfs calls made here (fsdp_fileio_sync_count) */
+
+uint64_t fsdp_fileio_sync_count(void) { return atomic_load(&n_syncs); }
+
+/* fsync, counted */
+static int sync_fd(int fd)
+{
+    atomic_fetch_add(&n_syncs, 1);
+    return fsync(fd);
+}
+
 /* "a FIFO (named pipe)" etc., for "<what> '<path>' is ..., not a regular file" */
 static const char *file_kind(mode_t mode)
 {
@@ -321,7 +332,7 @@ fsdp_status fsdp_write_file_sync(const char *path, const char *text, size_t n, c
         return fsdp_error_set(FSDP_STATUS_IO, "cannot create %s '%s': %s", what, path,
                               strerror(errno));
     fsdp_status st = fsdp_pwrite_all(fd, text, n, 0, what, path);
-    if (st == FSDP_STATUS_OK && fsync(fd) != 0)
+    if (st == FSDP_STATUS_OK && sync_fd(fd) != 0)
         st = fsdp_error_set(FSDP_STATUS_IO, "cannot fsync %s '%s': %s", what, path,
                             strerror(errno));
     if (close(fd) != 0 && st == FSDP_STATUS_OK)
@@ -336,7 +347,7 @@ fsdp_status fsdp_fsync_dir(const char *dir)
     if (fd < 0)
         return fsdp_error_set(FSDP_STATUS_IO, "cannot open directory '%s' to fsync it: %s", dir,
                               strerror(errno));
-    int rc = fsync(fd);
+    int rc = sync_fd(fd);
     int err = errno;
     close(fd);
     if (rc != 0)
@@ -443,12 +454,12 @@ void fsdp_atomic_abort(fsdp_atomic_file *af)
     af->tmp[0] = '\0';
 }
 
-fsdp_status fsdp_atomic_commit(fsdp_atomic_file *af, bool write_ok)
+fsdp_status fsdp_atomic_close(fsdp_atomic_file *af, bool write_ok, bool sync)
 {
     fsdp_status st;
     int err = errno; /* the caller's failed write, if it failed */
     if (!af->f)
-        return fsdp_error_set(FSDP_STATUS_INTERNAL, "%s '%s' committed without being open",
+        return fsdp_error_set(FSDP_STATUS_INTERNAL, "%s '%s' closed without being open",
                               af->what, af->path);
     if (fflush(af->f) != 0) { /* after an error: retried, so errno is fresh */
         write_ok = false;
@@ -461,7 +472,7 @@ fsdp_status fsdp_atomic_commit(fsdp_atomic_file *af, bool write_ok)
                             af->what, af->path, err ? strerror(err) : "write error", af->path);
         goto fail;
     }
-    if (fsync(fileno(af->f)) != 0) {
+    if (sync && sync_fd(fileno(af->f)) != 0) {
         st = fsdp_error_set(FSDP_STATUS_IO, "cannot fsync %s '%s': %s; '%s' was left as it was",
                             af->what, af->tmp, strerror(errno), af->path);
         goto fail;
@@ -473,28 +484,126 @@ fsdp_status fsdp_atomic_commit(fsdp_atomic_file *af, bool write_ok)
                             af->what, af->tmp, strerror(errno), af->path);
         goto fail;
     }
-    /* something else may have appeared at the path while we wrote */
-    char dst[sizeof af->dst];
-    mode_t mode;
-    if ((st = output_target(af->path, af->what, dst, sizeof dst, &mode)) != FSDP_STATUS_OK)
-        goto fail;
-    if (strcmp(dst, af->dst)) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "%s '%s' changed while it was written (it now "
-                            "leads to '%s'); fsdp left it untouched",
-                            af->what, af->path, dst);
-        goto fail;
-    }
-    if (rename(af->tmp, af->dst) != 0) {
-        st = fsdp_error_set(FSDP_STATUS_IO, "cannot rename '%s' to '%s': %s", af->tmp, af->dst,
-                            strerror(errno));
-        goto fail;
-    }
-    af->tmp[0] = '\0';
-    return fsdp_fsync_dir(dirname(dst));
+    return FSDP_STATUS_OK;
 fail:
     fsdp_atomic_abort(af);
     return st;
 }
+
+/* Rename the closed temporary file tmp over dst, the file `path` led to
+ * when it was opened, after checking that it still leads there. On
+ * failure tmp is removed. */
+static fsdp_status publish(const char *path, const char *what, const char *dst, const char *tmp)
+{
+    /* something else may have appeared at the path while we wrote */
+    char now[4096];
+    mode_t mode;
+    fsdp_status st = output_target(path, what, now, sizeof now, &mode);
+    if (st == FSDP_STATUS_OK && strcmp(now, dst))
+        st = fsdp_error_set(FSDP_STATUS_IO, "%s '%s' changed while it was written (it now "
+                            "leads to '%s'); fsdp left it untouched", what, path, now);
+    if (st == FSDP_STATUS_OK && rename(tmp, dst) != 0)
+        st = fsdp_error_set(FSDP_STATUS_IO, "cannot rename '%s' to '%s': %s", tmp, dst,
+                            strerror(errno));
+    if (st != FSDP_STATUS_OK)
+        unlink(tmp); /* our own file: created exclusively by fsdp_atomic_open */
+    return st;
+}
+
+fsdp_status fsdp_atomic_commit(fsdp_atomic_file *af, bool write_ok)
+{
+    FSDP_TRY(fsdp_atomic_close(af, write_ok, true));
+    fsdp_status st = publish(af->path, af->what, af->dst, af->tmp);
+    af->tmp[0] = '\0';
+    if (st != FSDP_STATUS_OK)
+        return st;
+    char dir[sizeof af->dst];
+    memcpy(dir, af->dst, sizeof dir);
+    return fsdp_fsync_dir(dirname(dir));
+}
+
+/* ---- staged files ---------------------------------------------------------------- */
+
+struct fsdp_staged_file {
+    char *path, *dst, *tmp; /* as in fsdp_atomic_file; path copied */
+};
+
+fsdp_status fsdp_staged_add(fsdp_staged *s, fsdp_atomic_file *af, bool write_ok)
+{
+    FSDP_TRY(fsdp_atomic_close(af, write_ok, false));
+    fsdp_status st = FSDP_STATUS_OK;
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 16;
+        struct fsdp_staged_file *f = realloc(s->files, (size_t)cap * sizeof *f);
+        if (f) {
+            s->files = f;
+            s->cap = cap;
+        }
+    }
+    struct fsdp_staged_file *f = s->n < s->cap ? &s->files[s->n] : NULL;
+    if (f && (f->path = strdup(af->path)) && (f->dst = strdup(af->dst)) &&
+        (f->tmp = strdup(af->tmp))) {
+        s->n++;
+    } else {
+        if (f) {
+            free(f->path);
+            free(f->dst);
+        }
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory keeping %s '%s'", af->what,
+                            af->path);
+        unlink(af->tmp);
+    }
+    af->tmp[0] = '\0'; /* the file is s's now (or gone) */
+    return st;
+}
+
+/* Free s's list; remove the temporary files from index `from` on. */
+static void staged_free(fsdp_staged *s, int from)
+{
+    for (int i = 0; i < s->n; i++) {
+        if (i >= from)
+            unlink(s->files[i].tmp);
+        free(s->files[i].path);
+        free(s->files[i].dst);
+        free(s->files[i].tmp);
+    }
+    free(s->files);
+    s->files = NULL;
+    s->n = s->cap = 0;
+}
+
+fsdp_status fsdp_staged_publish(fsdp_staged *s, const char *what)
+{
+    fsdp_status st = FSDP_STATUS_OK;
+    int i = 0;
+    if (s->n > 0) { /* one sync of the filesystem instead of one fsync per file */
+        int fd = open(s->files[0].tmp, O_RDONLY | O_CLOEXEC);
+        atomic_fetch_add(&n_syncs, 1);
+        if (fd < 0 || syncfs(fd) != 0)
+            st = fsdp_error_set(FSDP_STATUS_IO, "cannot sync the %s written to '%s': %s; "
+                                "nothing was replaced", what, s->files[0].path,
+                                strerror(errno));
+        if (fd >= 0)
+            close(fd);
+    }
+    char dir[4096] = "", next[4096];
+    for (; st == FSDP_STATUS_OK && i < s->n; i++) {
+        const struct fsdp_staged_file *f = &s->files[i];
+        st = publish(f->path, what, f->dst, f->tmp);
+        char d[4096];
+        snprintf(d, sizeof d, "%s", f->dst);
+        snprintf(next, sizeof next, "%s", dirname(d));
+        if (dir[0] && strcmp(dir, next) && st == FSDP_STATUS_OK)
+            st = fsdp_fsync_dir(dir); /* each directory once, after its last rename */
+        snprintf(dir, sizeof dir, "%s", next);
+    }
+    if (st == FSDP_STATUS_OK && dir[0])
+        st = fsdp_fsync_dir(dir);
+    staged_free(s, i); /* a failed publish removed its own file */
+    return st;
+}
+
+void fsdp_staged_abort(fsdp_staged *s) { staged_free(s, 0); }
 
 /* Room for `more` bytes and a NUL after b->n; false (oom set) when the
  * memory is not there. */

@@ -16,7 +16,9 @@
  * moment leaves either the old file or the complete new one. It only ever
  * replaces a regular file (or creates a new one); anything else at the path
  * is refused and left as it was, and on failure only its own temporary
- * file is removed.
+ * file is removed. Many files that belong together (token shards) are
+ * staged: each written the same way, all renamed at the end after one sync
+ * of the filesystem.
  */
 #ifndef FSDP_CORE_FILEIO_H
 #define FSDP_CORE_FILEIO_H
@@ -136,12 +138,49 @@ fsdp_status fsdp_atomic_commit(fsdp_atomic_file *af, bool write_ok);
  * after commit or if never opened). Never touches the path itself. */
 void fsdp_atomic_abort(fsdp_atomic_file *af);
 
+/* The first half of commit: flush, fsync when sync, close; the temporary
+ * file stays (af->tmp) and nothing at the path changes. On failure the
+ * temporary file is removed and the status is commit's. */
+fsdp_status fsdp_atomic_close(fsdp_atomic_file *af, bool write_ok, bool sync);
+
+/* ---- staged files ------------------------------------------------------------ */
+
+/* Files written with the atomic writer and put in place together at the
+ * end (fsdp tokenize's shards): until fsdp_staged_publish nothing at any
+ * of their paths has changed, so a run that fails leaves every file it
+ * would have replaced as it was. Publishing syncs the filesystem once
+ * (syncfs) instead of once per file, and each directory once.
+ * Zero-initialised: empty. */
+typedef struct fsdp_staged {
+    struct fsdp_staged_file *files; /* (n,) */
+    int n, cap;
+} fsdp_staged;
+
+/* Close af (fsdp_atomic_close without fsync) and keep its temporary file
+ * in s; af is closed afterwards either way. OOM or commit's IO errors (the
+ * temporary file is then removed). */
+fsdp_status fsdp_staged_add(fsdp_staged *s, fsdp_atomic_file *af, bool write_ok);
+
+/* Sync, then rename each file over its path in the order added (commit's
+ * checks first: only a regular file is replaced), then fsync their
+ * directories. The first failure stops it: the files renamed before it are
+ * in place (each complete), the rest are removed. Empties s. `what` names
+ * the files in messages ("token shards"). */
+fsdp_status fsdp_staged_publish(fsdp_staged *s, const char *what);
+
+/* Remove every temporary file of s and empty it. */
+void fsdp_staged_abort(fsdp_staged *s);
+
 /* Create (or truncate) `path` holding exactly text[0..n), fsynced and closed.
  * Not atomic: for files inside a directory that is itself renamed into place. */
 fsdp_status fsdp_write_file_sync(const char *path, const char *text, size_t n, const char *what);
 
 /* fsync a directory, so renames and creations inside it are durable. */
 fsdp_status fsdp_fsync_dir(const char *dir);
+
+/* How many fsync and syncfs calls this file's functions made in this
+ * process (for tests: what a batch of files costs). */
+uint64_t fsdp_fileio_sync_count(void);
 
 /* ---- strings ----------------------------------------------------------------- */
 

@@ -306,8 +306,15 @@ static fsdp_json *parse_container(struct parser *p, int depth, bool object)
                 fail(p, "expected a member name in double quotes");
                 goto bad;
             }
+            size_t at = p->pos;
             if (!(key = parse_string(p, &klen)))
                 goto bad;
+            if (strlen(key) != klen) { /* it would compare equal to the name before it */
+                free(key);
+                p->pos = at;
+                fail(p, "a member name holds \\u0000 (a NUL character), which no name has");
+                goto bad;
+            }
             skip_ws(p);
             if (peek(p) != ':') {
                 free(key);
@@ -434,6 +441,11 @@ void fsdp_json_free(fsdp_json *v)
         free(v);
         v = next;
     }
+}
+
+const char *fsdp_json_name(const fsdp_json *v)
+{
+    return v && v->type == FSDP_JSON_STRING && strlen(v->str) == v->len ? v->str : NULL;
 }
 
 const fsdp_json *fsdp_json_get(const fsdp_json *obj, const char *key)

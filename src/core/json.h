@@ -70,6 +70,12 @@ void fsdp_json_free(fsdp_json *v);
  * obj is NULL or not an object). */
 const fsdp_json *fsdp_json_get(const fsdp_json *obj, const char *key);
 
+/* v's text when v is a string that holds no NUL character, else NULL: what
+ * a reader compares as a name, type or role, where "qwen2\u0000x" would
+ * otherwise read as "qwen2" (member names never hold one: the parser
+ * refuses them). */
+const char *fsdp_json_name(const fsdp_json *v);
+
 /* Element i of an array, or NULL. O(i). */
 const fsdp_json *fsdp_json_at(const fsdp_json *arr, size_t i);
 

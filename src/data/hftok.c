@@ -24,6 +24,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <utf8proc.h>
 
 #include "core/error.h"
@@ -67,13 +68,14 @@ static char *rewrite_spaces(const char *p, size_t n, size_t *out_n)
 }
 
 fsdp_status fsdp_hftok_compile(const fsdp_hftok *t, const char *field, const char *pattern,
-                               size_t len, bool literal, pcre2_code **out)
+                               size_t len, bool literal, bool split, pcre2_code **out)
 {
     size_t n = len;
     char *pat = literal ? NULL : rewrite_spaces(pattern, len, &n);
     if (!literal && !pat)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory compiling a pattern");
-    uint32_t opts = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+    uint32_t opts = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP) |
+                    (split ? PCRE2_USE_OFFSET_LIMIT : 0);
     int err;
     PCRE2_SIZE at;
     *out = pcre2_compile((PCRE2_SPTR)(literal ? pattern : pat), n, opts, &err, &at, NULL);
@@ -85,7 +87,8 @@ fsdp_status fsdp_hftok_compile(const fsdp_hftok *t, const char *field, const cha
                               "tokenizer '%s': %s: the pattern does not compile (PCRE2, near "
                               "byte %zu): %s", t->label, field, (size_t)at, (const char *)msg);
     }
-    pcre2_jit_compile(*out, PCRE2_JIT_COMPLETE); /* without JIT the interpreter runs it */
+    /* without JIT the interpreter runs it */
+    pcre2_jit_compile(*out, PCRE2_JIT_COMPLETE | (split ? PCRE2_JIT_PARTIAL_HARD : 0));
     return FSDP_STATUS_OK;
 }
 
@@ -113,6 +116,97 @@ static fsdp_status find(const fsdp_hftok *t, pcre2_code *re, pcre2_match_data *m
     *a = ov[0];
     *b = ov[1];
     return FSDP_STATUS_OK;
+}
+
+/* ---- split steps: matching in windows, within a time budget ------------------------- */
+
+/* PCRE2's own limits hold for one match, and a pattern that backtracks
+ * quadratically (a nested or recursive repeat: "(a(?R)?b)", "(?:a|b)+\d")
+ * stays under them at every call while a 30 KB text takes a minute. So a
+ * split step matches in windows: the subject ends SPLIT_WINDOW bytes (at a
+ * character boundary) past the position, matched with PCRE2_PARTIAL_HARD,
+ * so a match that would look past the window's end comes back partial and
+ * is tried again from where it started in a window twice as large; a
+ * result that is not partial never looked past the end and is what the
+ * whole text gives. An offset limit keeps the start positions one call
+ * tries to SPLIT_SCAN / window, and the depth limit (interpreter only) to a
+ * few times the window, which non-recursive patterns never need. Each call
+ * is thus bounded, and the time the text has taken to encode is checked
+ * after every call that did not simply find a match in the first window
+ * (and every SPLIT_CHECK calls) against SPLIT_BASE_S + SPLIT_PER_MIB_S per
+ * MiB of it: past that the encode fails naming the pattern (legitimate
+ * tokenizers encode a MiB in well under a tenth of a second). */
+#define SPLIT_WINDOW 1024               /* first window, bytes */
+#define SPLIT_SCAN ((size_t)1 << 22)    /* start positions x window bytes per call */
+#define SPLIT_BASE_S 2.0
+#define SPLIT_PER_MIB_S 2.0
+#define SPLIT_CHECK 32                  /* calls between looks at the clock, at most */
+
+/* Seconds on the coarse monotonic clock (cheap enough for every match). */
+static double coarse_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The message for a split step's failed match (rc < 0). */
+static fsdp_status split_error(const fsdp_hftok *t, const hftok_step *st, size_t n, int rc)
+{
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(rc, msg, sizeof msg);
+    return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                          "tokenizer '%s': split pattern '%.80s' (%s) failed on a %zu-byte "
+                          "piece of text: %s; the pattern backtracks too much (a nested or "
+                          "recursive repeat): fix it in the tokenizer file",
+                          t->label, st->pattern, st->field, n, (const char *)msg);
+}
+
+/* The first match of step st's pattern in s[0..n) at or after pos, as find
+ * gives it, in windows of *w bytes (grown as matches need; see above). */
+static fsdp_status split_find(fsdp_hftok *t, const hftok_step *st, const uint8_t *s, size_t n,
+                              size_t pos, size_t *w, size_t *a, size_t *b, bool *found)
+{
+    *found = false;
+    for (;;) {
+        size_t end = n - pos > *w ? pos + *w : n;
+        while (end < n && end > pos + 1 && (s[end] & 0xc0) == 0x80)
+            end--; /* a window ends between characters */
+        size_t starts = SPLIT_SCAN / *w > 0 ? SPLIT_SCAN / *w : 1;
+        pcre2_set_offset_limit(t->mctx, pos + starts);
+        pcre2_set_depth_limit(t->mctx, *w < (1u << 29) ? (uint32_t)(4 * *w + 1024) : UINT32_MAX);
+        uint32_t opts = end < n ? PCRE2_PARTIAL_HARD : 0;
+        int rc = pcre2_match(st->re, s, end, pos, opts, st->md, t->mctx);
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+            rc = pcre2_match(st->re, s, end, pos, opts | PCRE2_NO_JIT, st->md, t->mctx);
+        bool plain = rc >= 0 && *w == SPLIT_WINDOW; /* the common case: cheap */
+        if ((!plain || ++t->match_calls % SPLIT_CHECK == 0) &&
+            coarse_s() - t->match_t0 > t->match_budget_s)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "tokenizer '%s': split pattern '%.80s' (%s) was still matching "
+                                  "after %.1f s on one text of %.2f MiB (the limit: %.0f s + %.0f "
+                                  "s per MiB): it backtracks too much on this text (a nested or "
+                                  "recursive repeat); fix it in the tokenizer file",
+                                  t->label, st->pattern, st->field, t->match_budget_s,
+                                  (t->match_budget_s - SPLIT_BASE_S) / SPLIT_PER_MIB_S,
+                                  SPLIT_BASE_S, SPLIT_PER_MIB_S);
+        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(st->md);
+        if (rc == PCRE2_ERROR_PARTIAL) { /* it needs more text: again from its start */
+            pos = ov[0];
+            *w *= 2;
+        } else if (rc == PCRE2_ERROR_NOMATCH) { /* none starts at pos .. pos + starts */
+            if (pos + starts >= end && end == n)
+                return FSDP_STATUS_OK;
+            pos = pos + starts < end ? pos + starts + 1 : end;
+        } else if (rc < 0) {
+            return split_error(t, st, n, rc);
+        } else {
+            *a = ov[0];
+            *b = ov[1];
+            *found = true;
+            return FSDP_STATUS_OK;
+        }
+    }
 }
 
 /* Length of the UTF-8 character at s[0] (1 for an invalid byte). */
@@ -172,10 +266,10 @@ static fsdp_status pretok(fsdp_hftok *t, int k, const uint8_t *p, size_t n)
     }
     if (!s->re)
         return pretok(t, k + 1, p, n);
-    size_t pos = 0, gap = 0, a, b;
+    size_t pos = 0, gap = 0, a, b, w = SPLIT_WINDOW;
     bool found;
     while (pos < n) {
-        FSDP_TRY(find(t, s->re, s->md, p, n, pos, &a, &b, &found));
+        FSDP_TRY(split_find(t, s, p, n, pos, &w, &a, &b, &found));
         if (!found)
             break;
         if (b == a) { /* an empty match splits nothing: look again one character on */
@@ -277,6 +371,11 @@ fsdp_status fsdp_hftok_encode_stream(fsdp_hftok *t, const char *text, size_t len
     t->sink = sink;
     t->sink_arg = arg;
     t->out.n = 0;
+    if (!t->mctx && !(t->mctx = pcre2_match_context_create(NULL)))
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for a match context");
+    t->match_t0 = coarse_s();
+    t->match_calls = 0;
+    t->match_budget_s = SPLIT_BASE_S + SPLIT_PER_MIB_S * (double)len / (double)(1 << 20);
     FSDP_TRY(fsdp_ids_reserve(&t->out, FLUSH_IDS));
     pcre2_code *re = t->added_re[(flags & FSDP_HFTOK_SPLIT_SPECIAL) ? 1 : 0];
     const uint8_t *s = (const uint8_t *)text;
@@ -407,7 +506,10 @@ void fsdp_hftok_free(fsdp_hftok *t)
         pcre2_code_free(t->steps[i].re);
         pcre2_match_data_free(t->steps[i].md);
         free(t->steps[i].buf);
+        free(t->steps[i].pattern);
+        free(t->steps[i].field);
     }
+    pcre2_match_context_free(t->mctx);
     for (int i = 0; i < 2; i++)
         pcre2_code_free(t->added_re[i]);
     pcre2_match_data_free(t->added_md);

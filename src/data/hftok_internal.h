@@ -28,8 +28,10 @@ typedef enum hftok_behavior {
  * prefix_space is set and it does not start with one (ByteLevel's
  * add_prefix_space). */
 typedef struct hftok_step {
-    pcre2_code *re;
+    pcre2_code *re;                /* compiled by fsdp_hftok_compile(..., split = true) */
     pcre2_match_data *md;
+    char *pattern;                 /* the pattern's text and the tokenizer.json field it came */
+    char *field;                   /* from, for messages */
     hftok_behavior behavior;
     bool prefix_space;
     uint8_t *buf;                  /* prefix_space: the piece with its space */
@@ -62,6 +64,10 @@ struct fsdp_hftok {
     int bos, eos;                  /* post-processor: around $A, or -1 */
     int eot;                       /* end of a document (hftok.h), or -1 */
     /* encoding state (one thread at a time) */
+    pcre2_match_context *mctx;     /* the split steps' limits (hftok.c), made at the first encode */
+    double match_t0;               /* when this text's encode began (hftok.c: split_find) */
+    double match_budget_s;         /* ... the seconds it may take */
+    unsigned match_calls;          /* split matches since the last look at the clock */
     fsdp_ids out;
     fsdp_hftok_sink sink;
     void *sink_arg;
@@ -69,12 +75,14 @@ struct fsdp_hftok {
     size_t seg_len, seg_start, seg_src_len;
 };
 
-/* Compile a split pattern for the encoder: UTF-8, Unicode properties,
- * invalid UTF-8 in subjects allowed, JIT when available. Oniguruma's \s
- * (what tokenizers uses) is Unicode White_Space; PCRE2's misses U+0085
- * (NEL), so \s and \S are rewritten to include it. FORMAT naming `field`
- * when the pattern does not compile. */
+/* Compile a pattern for the encoder: UTF-8, Unicode properties, invalid
+ * UTF-8 in subjects allowed, JIT when available. Oniguruma's \s (what
+ * tokenizers uses) is Unicode White_Space; PCRE2's misses U+0085 (NEL), so
+ * \s and \S are rewritten to include it. A split step's pattern (split)
+ * is also compiled for windowed matching (an offset limit, JIT for hard
+ * partial matches: hftok.c). FORMAT naming `field` when the pattern does
+ * not compile. */
 fsdp_status fsdp_hftok_compile(const fsdp_hftok *t, const char *field, const char *pattern,
-                               size_t len, bool literal, pcre2_code **out);
+                               size_t len, bool literal, bool split, pcre2_code **out);
 
 #endif /* FSDP_DATA_HFTOK_INTERNAL_H */

@@ -42,6 +42,8 @@ static fsdp_status get_str(const fsdp_row_ctx *c, uint64_t line, const fsdp_json
     if (*out && (*out)->type != FSDP_JSON_STRING)
         return row_err(c, line, "%s\"%s\" must be a string, found %s", where, key,
                        fsdp_json_type_name((*out)->type));
+    if (*out && !strcmp(key, "role") && !fsdp_json_name(*out)) /* a name, compared as one */
+        return row_err(c, line, "%s\"role\" holds \\u0000 (a NUL character)", where);
     return FSDP_STATUS_OK;
 }
 

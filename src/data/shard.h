@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/fileio.h"
 #include "fsdp/fsdp.h"
 
 #define FSDP_SHARD_HEADER_BYTES 1024
@@ -42,6 +43,11 @@ uint64_t fsdp_shard_writer_count(const fsdp_shard_writer *w);
  * place; without, remove the temporary file. Frees w (NULL is a no-op). */
 fsdp_status fsdp_shard_writer_close(fsdp_shard_writer *w, bool commit);
 
+/* Finish without putting the shard in place: write the final header,
+ * close, and hand the temporary file to `stage` (core/fileio.h), which
+ * renames it when published. Frees w. */
+fsdp_status fsdp_shard_writer_stage(fsdp_shard_writer *w, fsdp_staged *stage);
+
 /* ---- tokenizing a corpus into shards (tokenize.c) ---------------------------------- */
 
 typedef struct fsdp_tokenize_opts {
@@ -63,6 +69,8 @@ typedef struct fsdp_tokenize_result {
     size_t bytes;              /* of IN */
     int n_shards;
     int token_bytes;           /* 2 or 4 */
+    int n_removed;             /* shards of an earlier run removed (numbers >= n_shards) */
+    int removed_lo, removed_hi;/* the lowest and highest number removed */
     uint64_t special_text;     /* special-token strings in rows' text, kept as text */
     char chat[320];            /* how messages rows were rendered (chat.h), or "" */
 } fsdp_tokenize_result;
@@ -72,8 +80,19 @@ typedef struct fsdp_tokenize_result {
  * it begins with it; prompt/completion and messages rows exactly as
  * training renders them (the same tokens, without masks since shards have
  * none: a chat template's own BOS, if it writes one, and nothing added);
- * special tokens in the text stay text. Outputs appear only when complete: on failure none of
- * this call's files remain. */
+ * special tokens in the text stay text. Outputs appear only when every
+ * shard is complete, all together (one sync): on failure no file at any
+ * output path has changed and none of this call's temporary files remain.
+ * With shard_tokens, the shards OUT_<k>.bin of an earlier run with
+ * k >= n_shards are removed afterwards (res->n_removed), so the glob
+ * OUT_*.bin reads this run's shards only. INVALID_ARG for an empty OUT. */
 fsdp_status fsdp_tokenize_file(const fsdp_tokenize_opts *o, fsdp_tokenize_result *res);
+
+/* The length of OUT without a final ".bin": the shards' common stem. */
+size_t fsdp_tokenize_stem_len(const char *out);
+
+/* The name of shard k of OUT: OUT_<k>.bin, k in at least 6 digits ("OUT"
+ * without its ".bin"). INVALID_ARG when it does not fit n. */
+fsdp_status fsdp_tokenize_shard_path(const char *out, int k, char *buf, size_t n);
 
 #endif /* FSDP_DATA_SHARD_H */

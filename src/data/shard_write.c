@@ -3,8 +3,9 @@
  *
  * The header goes first with a zero count and is rewritten with the real
  * count at the end, so tokens stream to disk as they are encoded. The file
- * lives under a temporary name until close renames it (core/fileio.h): a
- * crash or an error never leaves a shard whose header and size disagree.
+ * lives under a temporary name until close renames it, or until the staged
+ * set it was handed to is published (core/fileio.h): a crash or an error
+ * never leaves a shard whose header and size disagree.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -95,20 +96,35 @@ fsdp_status fsdp_shard_writer_add(fsdp_shard_writer *w, const int *ids, size_t n
 
 uint64_t fsdp_shard_writer_count(const fsdp_shard_writer *w) { return w->count; }
 
+/* The final header over the zero-count one. */
+static void finish_header(fsdp_shard_writer *w)
+{
+    int32_t h[256];
+    header(w, h);
+    if (w->write_ok)
+        w->write_ok = fseek(w->af.f, 0, SEEK_SET) == 0 && fwrite(h, sizeof h, 1, w->af.f) == 1;
+}
+
 fsdp_status fsdp_shard_writer_close(fsdp_shard_writer *w, bool commit)
 {
     if (!w)
         return FSDP_STATUS_OK;
     fsdp_status st = FSDP_STATUS_OK;
     if (commit) {
-        int32_t h[256];
-        header(w, h);
-        if (w->write_ok)
-            w->write_ok = fseek(w->af.f, 0, SEEK_SET) == 0 && fwrite(h, sizeof h, 1, w->af.f) == 1;
+        finish_header(w);
         st = fsdp_atomic_commit(&w->af, w->write_ok);
     } else {
         fsdp_atomic_abort(&w->af);
     }
+    free(w->path);
+    free(w);
+    return st;
+}
+
+fsdp_status fsdp_shard_writer_stage(fsdp_shard_writer *w, fsdp_staged *stage)
+{
+    finish_header(w);
+    fsdp_status st = fsdp_staged_add(stage, &w->af, w->write_ok);
     free(w->path);
     free(w);
     return st;

@@ -4,14 +4,24 @@
  *
  * The input is mapped and tokenized in one pass on the calling thread; ids
  * stream through the shard writer, so memory stays at the tokenizer, one
- * row and the writer's buffer however large the corpus. Shards are
- * committed (renamed into place) as they fill; if anything fails, the ones
- * this call committed are removed again, so a failed run leaves no partial
- * data set behind.
+ * row and the writer's buffer however large the corpus. Every shard stays
+ * under its temporary name until the whole corpus is done; then they are
+ * put in place together with one sync of the filesystem (core/fileio.h:
+ * staged files), so a failed run (a bad row, a full disk) changes nothing
+ * at any output path, and a thousand small shards cost one sync, not a
+ * thousand. After that, shards of an earlier run with the same name and a
+ * higher number are removed: a glob 'OUT_*.bin' reads this run's shards
+ * and nothing else.
  */
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "data/jsonl.h"
@@ -24,8 +34,7 @@ typedef struct job {
     int doc_start;
     int vocab;
     fsdp_shard_writer *w;
-    char **paths;             /* committed shards, removed on failure */
-    int n_paths;
+    fsdp_staged stage;        /* finished shards, put in place at the end */
     fsdp_ids row_ids;
     fsdp_flags row_flags;
     size_t base_done;         /* bytes of IN before the text being encoded */
@@ -37,40 +46,89 @@ static bool ends_with(const char *s, const char *suffix)
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
+size_t fsdp_tokenize_stem_len(const char *out)
+{
+    return strlen(out) - (ends_with(out, ".bin") ? 4 : 0);
+}
+
+fsdp_status fsdp_tokenize_shard_path(const char *out, int k, char *buf, size_t n)
+{
+    if (snprintf(buf, n, "%.*s_%06d.bin", (int)fsdp_tokenize_stem_len(out), out, k) >= (int)n)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "output path '%.64s...' is too long",
+                              out);
+    return FSDP_STATUS_OK;
+}
+
 static fsdp_status next_shard(job *j)
 {
     const fsdp_tokenize_opts *o = j->o;
     char path[4096];
-    if (!o->shard_tokens) {
+    if (!o->shard_tokens)
         snprintf(path, sizeof path, "%s", o->out);
-    } else {
-        size_t n = strlen(o->out) - (ends_with(o->out, ".bin") ? 4 : 0);
-        if (snprintf(path, sizeof path, "%.*s_%06d.bin", (int)n, o->out, j->res->n_shards) >=
-            (int)sizeof path)
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "output path '%.64s...' is too long",
-                                  o->out);
-    }
-    char **p = realloc(j->paths, (size_t)(j->n_paths + 1) * sizeof *p);
-    if (!p || !(p[j->n_paths] = strdup(path))) {
-        if (p)
-            j->paths = p;
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory naming shards");
-    }
-    j->paths = p;
-    fsdp_status st = fsdp_shard_writer_open(&j->w, path, j->vocab);
-    if (st != FSDP_STATUS_OK) {
-        free(p[j->n_paths]);
-        return st;
-    }
-    j->n_paths++; /* counted once it exists: on failure it is removed */
+    else
+        FSDP_TRY(fsdp_tokenize_shard_path(o->out, j->res->n_shards, path, sizeof path));
+    FSDP_TRY(fsdp_shard_writer_open(&j->w, path, j->vocab));
     j->res->n_shards++;
     return FSDP_STATUS_OK;
 }
 
 static fsdp_status close_shard(job *j)
 {
-    fsdp_status st = fsdp_shard_writer_close(j->w, true);
+    fsdp_status st = fsdp_shard_writer_stage(j->w, &j->stage);
     j->w = NULL;
+    return st;
+}
+
+/* The number k of a file named "<stem>_<k>.bin" (at least 6 digits, as
+ * fsdp_tokenize_shard_path writes them) in the directory of OUT, or -1. */
+static int64_t shard_number(const char *name, const char *stem, size_t stem_n)
+{
+    if (strncmp(name, stem, stem_n) || name[stem_n] != '_')
+        return -1;
+    const char *d = name + stem_n + 1;
+    size_t k = 0;
+    int64_t v = 0;
+    for (; d[k] >= '0' && d[k] <= '9'; k++)
+        v = v < INT32_MAX ? v * 10 + (d[k] - '0') : INT32_MAX;
+    return k >= 6 && !strcmp(d + k, ".bin") ? v : -1;
+}
+
+/* Remove the shards of an earlier run that this one did not replace (k >=
+ * n_shards): a glob "OUT_*.bin" would read them with the new ones. Only
+ * regular files named as this writer names shards are touched. */
+static fsdp_status remove_stale(const fsdp_tokenize_opts *o, fsdp_tokenize_result *res)
+{
+    char dir[4096], base[4096];
+    snprintf(dir, sizeof dir, "%s", o->out);
+    snprintf(base, sizeof base, "%.*s", (int)fsdp_tokenize_stem_len(o->out), o->out);
+    const char *d = dirname(dir), *stem = basename(base);
+    size_t stem_n = strlen(stem);
+    DIR *dh = opendir(d);
+    if (!dh)
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot list '%s' for shards of an earlier run: %s",
+                              d, strerror(errno));
+    fsdp_status st = FSDP_STATUS_OK;
+    for (struct dirent *e; st == FSDP_STATUS_OK && (e = readdir(dh));) {
+        int64_t k = shard_number(e->d_name, stem, stem_n);
+        char path[8192];
+        struct stat sb;
+        if (k < res->n_shards ||
+            snprintf(path, sizeof path, "%s/%s", d, e->d_name) >= (int)sizeof path ||
+            lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        if (unlink(path) != 0) {
+            st = fsdp_error_set(FSDP_STATUS_IO, "cannot remove '%s', a shard of an earlier run "
+                                "that '%s_*.bin' would also read: %s; remove it by hand",
+                                path, stem, strerror(errno));
+            break;
+        }
+        if (res->n_removed == 0 || k < res->removed_lo)
+            res->removed_lo = (int)k;
+        if (res->n_removed == 0 || k > res->removed_hi)
+            res->removed_hi = (int)k;
+        res->n_removed++;
+    }
+    closedir(dh);
     return st;
 }
 
@@ -178,17 +236,17 @@ static fsdp_status run(job *j, fsdp_text_file *in)
 fsdp_status fsdp_tokenize_file(const fsdp_tokenize_opts *o, fsdp_tokenize_result *res)
 {
     memset(res, 0, sizeof *res);
+    if (!o->out || !*o->out)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "the output path is empty: give OUT.bin");
     job j = {.o = o, .res = res, .ctx = {.tok_label = o->tokenizer, .path = o->in}};
     fsdp_text_file in = {0};
     fsdp_status st = run(&j, &in);
-    if (st != FSDP_STATUS_OK) {
-        fsdp_shard_writer_close(j.w, false);
-        for (int i = 0; i < j.n_paths; i++)
-            remove(j.paths[i]); /* the open one is already gone */
-    }
-    for (int i = 0; i < j.n_paths; i++)
-        free(j.paths[i]);
-    free(j.paths);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_staged_publish(&j.stage, "token shards");
+    if (st == FSDP_STATUS_OK && o->shard_tokens)
+        st = remove_stale(o, res);
+    fsdp_shard_writer_close(j.w, false); /* after a failure: nothing was put in place */
+    fsdp_staged_abort(&j.stage);
     fsdp_text_file_unmap(&in);
     fsdp_hftok_free(j.ctx.tok);
     fsdp_chat_free(j.ctx.chat);

@@ -158,8 +158,9 @@ static fsdp_status check_model_options(tokjson_reader *r, const fsdp_json *model
     const fsdp_json *v;
     if ((v = fsdp_json_get(model, "type")) && v->type != FSDP_JSON_NULL) {
         FSDP_TRY(tokjson_want(r, v, FSDP_JSON_STRING, "model.type"));
-        if (strcmp(v->str, "BPE"))
-            return tokjson_unsupported(r, "model.type", v->type == FSDP_JSON_STRING ? v->str : "?");
+        if (!fsdp_json_name(v) || strcmp(v->str, "BPE"))
+            return tokjson_unsupported(r, "model.type", fsdp_json_name(v) ? v->str
+                                                                          : "a type with \\u0000");
     }
     if ((v = fsdp_json_get(model, "dropout")) && v->type != FSDP_JSON_NULL &&
         !(v->type == FSDP_JSON_NUMBER && v->number == 0))
@@ -396,7 +397,7 @@ static fsdp_status compile_added(tokjson_reader *r, bool special_too, pcre2_code
     }
     fsdp_status st = FSDP_STATUS_OK;
     if (n > 0)
-        st = fsdp_hftok_compile(t, "added_tokens", pat, len, false, out);
+        st = fsdp_hftok_compile(t, "added_tokens", pat, len, false, false, out);
     free(pat);
     return st;
 }
@@ -494,6 +495,20 @@ static fsdp_status read_root(tokjson_reader *r, const fsdp_json *root)
         goto fail;
     }
     FSDP_CHECK(build_decode(r, entries, n_entries));
+    /* the post-processor's tokens must be tokens (a file whose added_tokens
+     * lost them used to fail at the first encode: "id 659 is outside the
+     * vocabulary of 659") */
+    for (int k = 0; k < 2; k++) {
+        int id = k ? t->eos : t->bos;
+        size_t len;
+        if (id >= 0 && !fsdp_hftok_token_bytes(t, id, &len)) {
+            st = tokjson_bad(r, FSDP_STATUS_FORMAT, "post_processor",
+                             "the template puts id %d %s each text, but no token has that id "
+                             "(model.vocab and added_tokens hold %d ids); is an added_tokens "
+                             "entry missing?", id, k ? "after" : "before", t->vocab);
+            goto fail;
+        }
+    }
     t->eot = t->eos;
     for (size_t i = 0; i < sizeof EOT_NAMES / sizeof *EOT_NAMES && t->eot < 0; i++) {
         int id = fsdp_hftok_added_id(t, EOT_NAMES[i]);

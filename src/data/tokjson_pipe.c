@@ -74,8 +74,9 @@ static fsdp_status add_step(tokjson_reader *r, const char *field, hftok_step **o
 static fsdp_status compile_step(tokjson_reader *r, hftok_step *s, const char *field,
                                 const char *pat, size_t len, bool literal)
 {
-    FSDP_TRY(fsdp_hftok_compile(r->t, field, pat, len, literal, &s->re));
-    if (!(s->md = pcre2_match_data_create_from_pattern(s->re, NULL)))
+    FSDP_TRY(fsdp_hftok_compile(r->t, field, pat, len, literal, true, &s->re));
+    if (!(s->md = pcre2_match_data_create_from_pattern(s->re, NULL)) ||
+        !(s->pattern = strndup(pat, len)) || !(s->field = strdup(field)))
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for a pattern");
     return FSDP_STATUS_OK;
 }
@@ -98,6 +99,8 @@ static fsdp_status read_split(tokjson_reader *r, const fsdp_json *v, const char 
     snprintf(f, sizeof f, "%s.behavior", field);
     const fsdp_json *b = fsdp_json_get(v, "behavior");
     FSDP_TRY(tokjson_want(r, b, FSDP_JSON_STRING, f));
+    if (!fsdp_json_name(b))
+        return tokjson_bad(r, FSDP_STATUS_FORMAT, f, "holds \\u0000 (a NUL character)");
     if (!strcmp(b->str, "Isolated"))
         s->behavior = HFTOK_ISOLATED;
     else if (!strcmp(b->str, "Removed"))

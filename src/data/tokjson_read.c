@@ -70,6 +70,7 @@ fsdp_status tokjson_type_of(const tokjson_reader *r, const fsdp_json *obj, const
     snprintf(f, sizeof f, "%s.type", field);
     const fsdp_json *v = fsdp_json_get(obj, "type");
     FSDP_TRY(tokjson_want(r, v, FSDP_JSON_STRING, f));
-    *type = v->str;
+    if (!(*type = fsdp_json_name(v)))
+        return tokjson_bad(r, FSDP_STATUS_FORMAT, f, "holds \\u0000 (a NUL character)");
     return FSDP_STATUS_OK;
 }

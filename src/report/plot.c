@@ -16,8 +16,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
+#include "core/paths.h"
 #include "report/plot.h"
 #include "report/svg.h"
 
@@ -448,23 +448,13 @@ fsdp_status fsdp_metrics_write_svg(const fsdp_metrics *m, const char *title, FIL
     return fsdp_metrics_write_svg_with(m, title, NULL, f);
 }
 
-/* True when a and b name one existing file (then writing b would destroy a). */
-static bool same_file(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
-           sa.st_ino == sb.st_ino;
-}
-
 fsdp_status fsdp_plot_metrics_with(const char *metrics_path, const char *svg_path,
                                    const fsdp_plot_opts *opts, fsdp_plot_info *info)
 {
     memset(info, 0, sizeof *info);
-    if (same_file(metrics_path, svg_path))
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "the SVG path '%s' is the metrics file '%s' itself; give another "
-                              "path for the SVG",
-                              svg_path, metrics_path);
+    const fsdp_path_arg in = {"METRICS.jsonl", metrics_path, FSDP_PATH_FILE};
+    const fsdp_path_arg out = {"OUT.svg", svg_path, FSDP_PATH_FILE};
+    FSDP_TRY(fsdp_paths_check_disjoint(&in, 1, &out, 1));
     const char *base = strrchr(metrics_path, '/');
     char title[512];
     snprintf(title, sizeof title, "fsdp metrics: %s", base ? base + 1 : metrics_path);

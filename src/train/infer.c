@@ -196,9 +196,22 @@ fsdp_status fsdp_infer_eval(const fsdp_infer_config *cfg, const char *data, uint
     uint64_t rows = (uint64_t)r.sh.cfg.batch * (uint64_t)r.sh.cfg.seq, total = 0;
     for (int m = 0; m < n_batches; m++)
         total += r.counts[m];
+    if (total == 0) { /* a mean over nothing is not a loss of 0 */
+        uint64_t cut, none;
+        fsdp_data_truncated(r.data, r.sh.cfg.seq, &cut, &none);
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                            "nothing to evaluate: no row of the %d batches holds a completion or "
+                            "assistant token within --seq %d (%llu of the %llu examples in '%s' "
+                            "have none); raise --seq (the model takes up to %d)", n_batches,
+                            r.sh.cfg.seq, (unsigned long long)none,
+                            (unsigned long long)fsdp_data_n_examples(r.data), data,
+                            r.model.max_seq_len);
+        goto fail;
+    }
     *mean_loss = fsdp_engine_mean_loss(r.losses, n_batches, rows, total);
     for (int m = 0; losses && m < n_batches; m++)
-        losses[m] = fsdp_engine_mean_loss(&r.losses[m], 1, rows, r.counts[m]);
+        losses[m] = r.counts[m] ? fsdp_engine_mean_loss(&r.losses[m], 1, rows, r.counts[m])
+                                : NAN;
 fail:
     free(r.counts);
     free(r.losses);
@@ -258,6 +271,15 @@ static fsdp_status sample_rank(fsdp_world *w, int rank, void *arg)
         memcpy(row, r->ctx + start, (size_t)n * sizeof *row);
         int pos = n - 1;
         FSDP_CHECK(fsdp_engine_forward(e, row, 1, &pos, logits, NULL));
+        for (int v = 0; rank == 0 && v < V; v++) /* argmax and softmax would pick anything */
+            if (!isfinite(logits[v])) {
+                st = fsdp_error_set(FSDP_STATUS_NONFINITE,
+                                    "generating token %d: logit %d is %s; the model in '%s' "
+                                    "holds NaN or infinite weights (or overflows): nothing can "
+                                    "be sampled from it", k + 1, v,
+                                    isnan(logits[v]) ? "NaN" : "infinite", r->cfg->model_path);
+                goto fail;
+            }
         if (rank == 0) {
             float u = fsdp_rng_uniform(sc->seed, SAMPLE_RNG_STREAM, (uint64_t)k);
             int tok = pick_token(logits, V, sc->temperature, u);

@@ -43,7 +43,10 @@ void fsdp_infer_config_default(fsdp_infer_config *cfg);
  * batches the result equals the trainer's step loss bit for bit, for any
  * number of ranks. Example rows (prompt/completion, chat) count only
  * their unmasked targets: the mean is over those (fsdp_engine_mean_loss).
- * losses (optional) receives each batch's loss (its own unmasked mean). */
+ * losses (optional) receives each batch's loss (its own unmasked mean;
+ * NAN for a batch without any). INVALID_ARG when no batch holds a target
+ * (every example cut at --seq before its completion): nothing to
+ * evaluate, never a mean of 0. */
 fsdp_status fsdp_infer_eval(const fsdp_infer_config *cfg, const char *data, uint64_t seed,
                             int n_batches, float *mean_loss, float *losses);
 

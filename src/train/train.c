@@ -31,6 +31,7 @@
 #include "comm/procs.h"
 #include "core/clock.h"
 #include "core/flight.h"
+#include "core/log.h"
 #include "device/cpu.h"
 #include "engine/engine_ckpt.h"
 #include "engine/trace.h"
@@ -445,19 +446,37 @@ static fsdp_status engine_config(struct trainer *t, fsdp_engine_config *ec, int 
 }
 
 /* Example data: the loss is the mean over completion/assistant targets
- * (engine.c); say so, and how many examples the rows cut. */
-static void report_masked(const struct trainer *t, const fsdp_engine_config *ec)
+ * (engine.c). An example cut at --seq before its first trained token
+ * trains nothing, and a run where every example is such trains on a loss
+ * of 0 while weight decay alone shrinks the weights: refused. Some of
+ * them: a warning on stderr that --quiet does not hide (process 0). The
+ * progress output says what the rows hold. */
+static fsdp_status check_targets(const struct trainer *t, const fsdp_engine_config *ec)
 {
-    uint64_t cut, none;
+    uint64_t cut, none, n = fsdp_data_n_examples(t->data);
     fsdp_data_truncated(t->data, ec->seq, &cut, &none);
-    fprintf(t->out, "data: %llu examples from '%s', one per row of --seq %d, loss on "
-            "completion/assistant tokens only",
-            (unsigned long long)fsdp_data_n_examples(t->data), t->cfg->data, ec->seq);
-    if (cut || none)
-        fprintf(t->out, "; %llu are cut at %d tokens, %llu of them left with no "
-                "target (raise --seq)", (unsigned long long)cut, ec->seq + 1,
-                (unsigned long long)none);
-    fprintf(t->out, "\n");
+    if (none == n)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "none of the %llu examples in '%s' has a completion or assistant "
+                              "token within --seq %d (%llu are cut at %d tokens): there is "
+                              "nothing to train on; raise --seq (model '%s' takes up to %d) or "
+                              "shorten the prompts", (unsigned long long)n, t->cfg->data,
+                              ec->seq, (unsigned long long)cut, ec->seq + 1, t->cfg->model,
+                              t->model.max_seq_len);
+    if (none && (!t->cfg->procs || t->cfg->procs->process == 0))
+        FSDP_WARN(FSDP_SUB_DATA, "%llu of the %llu examples in '%s' have no completion or "
+                  "assistant token within --seq %d: their rows train nothing; raise --seq "
+                  "(model '%s' takes up to %d) or shorten the prompts", (unsigned long long)none,
+                  (unsigned long long)n, t->cfg->data, ec->seq, t->cfg->model,
+                  t->model.max_seq_len);
+    if (t->out) {
+        fprintf(t->out, "data: %llu examples from '%s', one per row of --seq %d, loss on "
+                "completion/assistant tokens only", (unsigned long long)n, t->cfg->data, ec->seq);
+        if (cut)
+            fprintf(t->out, "; %llu are cut at %d tokens", (unsigned long long)cut, ec->seq + 1);
+        fprintf(t->out, "\n");
+    }
+    return FSDP_STATUS_OK;
 }
 
 /* --data for text and jsonl with the --tokenizer given, else the model
@@ -469,11 +488,12 @@ static fsdp_status data_open(struct trainer *t, const fsdp_engine_config *ec)
     const char *tok = cfg->tokenizer;
     if (!tok && fsdp_modelfile_tokenizer_of(cfg->model, own_tok, sizeof own_tok))
         tok = own_tok;
+    snprintf(t->tokenizer, sizeof t->tokenizer, "%s", tok ? tok : "");
     fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = tok,
                            .chat_format = cfg->chat_format};
     FSDP_TRY(fsdp_data_open_opts(&t->data, &dopt));
-    if (fsdp_data_masked(t->data) && t->out)
-        report_masked(t, ec);
+    if (fsdp_data_masked(t->data))
+        FSDP_TRY(check_targets(t, ec));
     if (t->out && fsdp_data_chat(t->data)[0])
         fprintf(t->out, "chat: %s\n", fsdp_data_chat(t->data));
     if (t->out && fsdp_data_special_text(t->data))

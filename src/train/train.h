@@ -45,6 +45,7 @@ typedef struct fsdp_train_config {
                                * one report, no checkpoint; 0: off; < 0: FSDP_WATCHDOG's
                                * (default 300). The flight record goes beside log_path
                                * (fsdp_output_flight_path, train/outputs.h) */
+    bool allow_data_change;   /* resume on other --data or --tokenizer than the checkpoint's */
     int stop_after;           /* tests: leave the loop after this global step as a crash
                                * would, without a final checkpoint (0: run to steps) */
     const atomic_int *stop;   /* set (nonzero) to stop early: the step in progress finishes,

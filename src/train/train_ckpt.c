@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/clock.h"
+#include "core/paths.h"
 #include "engine/engine_ckpt.h"
 #include "train/job.h"
 #include "train/train_internal.h"
@@ -26,6 +27,7 @@ static fsdp_status ckpt_claim(struct trainer *t)
     bool found = false;
     uint64_t step = 0;
     fsdp_status st = fsdp_engine_ckpt_describe(&t->sh, cfg->data, cfg->steps, &t->ck_base);
+    snprintf(t->ck_base.tokenizer, sizeof t->ck_base.tokenizer, "%s", t->tokenizer);
     FSDP_TRY(fsdp_job_agree(cfg->procs, t->world, st));
     FSDP_TRY(fsdp_job_from_process0(cfg->procs, t->world, &t->ck_base.run_id,
                                     sizeof t->ck_base.run_id));
@@ -42,6 +44,19 @@ static fsdp_status ckpt_claim(struct trainer *t)
     FSDP_TRY(fsdp_job_agree(cfg->procs, t->world, st));
     return fsdp_job_dir_shared(cfg->procs, t->world, cfg->ckpt_dir, t->ck_base.run_id,
                                "--ckpt-dir");
+}
+
+/* Whether this run reads other data than the checkpoint it resumes from
+ * says it was trained on (a spec it does not record is not compared; two
+ * spellings of one file are the same). */
+static bool data_differs(const struct trainer *t)
+{
+    const fsdp_ckpt_manifest *m = &t->ck_resume;
+    const char *data = t->cfg->data ? t->cfg->data : "";
+    bool other_data = m->data[0] && strcmp(m->data, data) && !fsdp_paths_same_file(m->data, data);
+    bool other_tok = m->tokenizer_recorded && strcmp(m->tokenizer, t->tokenizer) &&
+                     !fsdp_paths_same_file(m->tokenizer, t->tokenizer);
+    return other_data || other_tok;
 }
 
 /* What the user should know about the checkpoint resumed from: where it
@@ -64,9 +79,12 @@ static void resume_notes(const struct trainer *t)
                         "and this run is no longer bit-identical to one that kept the "
                         "batch\n", (unsigned long long)was, (unsigned long long)now,
                 (unsigned long long)now);
-    if (cfg->data && strcmp(m->data, cfg->data))
-        fprintf(t->out, "warning: the checkpoint was trained on data '%s', this run reads "
-                        "'%s'\n", m->data, cfg->data);
+    if (data_differs(t))
+        fprintf(t->out, "note: --allow-data-change: the checkpoint was trained on --data '%s' "
+                        "(--tokenizer '%s'); this run reads '%s' (--tokenizer '%s') from the "
+                        "checkpoint's position\n", m->data, m->tokenizer_recorded ? m->tokenizer
+                                                                                 : "unrecorded",
+                cfg->data ? cfg->data : "", t->tokenizer);
 }
 
 /* --resume: the newest complete checkpoint in --ckpt-dir, which every
@@ -97,6 +115,15 @@ static fsdp_status ckpt_find_resume(struct trainer *t)
         return FSDP_STATUS_OK;
     }
     const fsdp_ckpt_manifest *m = &t->ck_resume;
+    if (data_differs(t) && !cfg->allow_data_change)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "checkpoint '%s' was trained on --data '%s' (--tokenizer '%s'); "
+                              "this run reads --data '%s' (--tokenizer '%s'), and the position "
+                              "it would resume at belongs to the other data: pass the same "
+                              "--data and --tokenizer, or --allow-data-change to continue on "
+                              "these", t->ck_path, m->data, m->tokenizer_recorded ? m->tokenizer
+                                                                                : "unrecorded",
+                              cfg->data ? cfg->data : "", t->tokenizer);
     t->start_step = m->step < (uint64_t)cfg->steps ? (int)m->step : cfg->steps;
     if (t->out)
         resume_notes(t);

@@ -55,6 +55,8 @@ struct trainer {
     fsdp_ckpt_manifest ck_base;   /* run-level part of the manifests this run writes */
     fsdp_ckpt_manifest ck_resume; /* the checkpoint resumed from */
     char ck_path[FSDP_CKPT_PATH_MAX]; /* its directory; "" when starting fresh */
+    char tokenizer[FSDP_CKPT_PATH_MAX]; /* the data's tokenizer (--tokenizer or the model
+                                           directory's), "" for none: checkpoints record it */
     int start_step;
     fsdp_modelfile *mf;       /* --model FILE: the initial weights, or NULL */
     fsdp_ckpt_lock ck_lock;   /* --ckpt-dir held for the run: one run per directory */
