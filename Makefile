@@ -297,16 +297,18 @@ clean:
 -include $(OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_COMMON_OBJ:.o=.d)
 
 # ---- fuzzing ---------------------------------------------------------------
-# make fuzz [FUZZ_SECONDS=60] [FUZZ_JOBS=N]: one libFuzzer target per file
+# make fuzz [FUZZ_SECONDS=60] [FUZZ_JOBS=N] [FUZZ_PARALLEL=P]: one libFuzzer target per file
 # reader (tests/fuzz/fuzz_*.c), built with clang -fsanitize=fuzzer,address,
 # undefined into build-fuzz/ (the library's cpu sources included, with
 # coverage), each run for FUZZ_SECONDS on its seed corpus
-# tests/fuzz/corpus/<target>/; inputs it finds go to build-fuzz/corpus/
-# <target>/ and failing inputs to build-fuzz/crash-* (make fails). Needs
+# tests/fuzz/corpus/<target>/, P targets at a time (default: one per core;
+# tools/run_fuzz.sh); inputs it finds go to build-fuzz/corpus/<target>/ and
+# failing inputs to build-fuzz/<target>-crash-* (make fails). Needs
 # clang and its libFuzzer runtime (Debian: clang libclang-rt-14-dev).
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_JOBS    ?= 1
+FUZZ_PARALLEL ?= $(shell nproc 2>/dev/null || echo 1)
 FUZZ_DIR     := build-fuzz
 FUZZ_SRC     := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN     := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_DIR)/%)
@@ -327,17 +329,7 @@ fuzz-check:
 	(Debian: apt-get install clang libclang-rt-14-dev) or set FUZZ_CC"; exit 1; }
 
 fuzz: fuzz-build
-	@set -e; for t in $(FUZZ_BIN); do \
-	    n=$${t##*/}; mkdir -p $(FUZZ_DIR)/corpus/$$n; \
-	    echo "== $$n: $(FUZZ_SECONDS) s"; \
-	    $$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -timeout=20 -rss_limit_mb=2048 \
-	        $(if $(filter-out 1,$(FUZZ_JOBS)),-fork=$(FUZZ_JOBS)) -print_final_stats=1 \
-	        -artifact_prefix=$(FUZZ_DIR)/ $(FUZZ_DIR)/corpus/$$n tests/fuzz/corpus/$$n \
-	        2>&1 | grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::new_units_added|==[0-9]+==ERROR|SUMMARY|INFO: seed corpus)' || true; \
-	    found=$$(ls $(FUZZ_DIR)/crash-* $(FUZZ_DIR)/leak-* $(FUZZ_DIR)/timeout-* \
-	        $(FUZZ_DIR)/oom-* 2>/dev/null || true); \
-	    if [ -n "$$found" ]; then echo "fuzz: $$n found a failing input:"; echo "$$found"; exit 1; fi; \
-	done; echo "fuzz: every target ran $(FUZZ_SECONDS) s without a failure"
+	@tools/run_fuzz.sh $(FUZZ_DIR) $(FUZZ_SECONDS) $(FUZZ_JOBS) $(FUZZ_PARALLEL) $(FUZZ_BIN)
 
 $(FUZZ_DIR)/obj/%.o: %.c
 	$(call stage,CC,C sources with coverage -> $(FUZZ_DIR)/obj/)
