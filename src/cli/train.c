@@ -112,7 +112,13 @@ int fsdp_cli_train(int argc, char **argv)
                  fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
                  "how {\"messages\"} rows are rendered (default: the chat_template beside the "
                  "tokenizer, else the built-in format its special tokens fit)");
+    c->steps = 0; /* unset: 600, unless --epochs */
     fsdp_opt_add_int(&l, "steps", &c->steps, 1, MAX_STEPS, "S", "optimizer steps (default 600)");
+    fsdp_opt_add_int(&l, "epochs", &c->epochs, 1, MAX_STEPS, "N",
+                     "instead of --steps: the steps that cover N passes over the data's rows "
+                     "(rounded up; the header says how many)");
+    fsdp_opt_add_name(&l, "pack", &c->pack, &fsdp_train_pack_names,
+                      "example (.jsonl prompt/completion, messages) rows");
     fsdp_opt_add_float(&l, "lr", &c->lr, 0.0, true, 10.0, "X",
                        "peak learning rate, in (0, 10] (default 3e-3)");
     fsdp_opt_add_int(&l, "warmup", &c->warmup, 0, INT_MAX, "S",
@@ -179,6 +185,11 @@ int fsdp_cli_train(int argc, char **argv)
     ro.n_processes = c->procs ? c->procs->n_processes : 1;
     if ((rc = fsdp_run_opts_finish("train", &ro)))
         return rc;
+    if (c->epochs && c->steps)
+        return fsdp_cli_usage("train", "--steps and --epochs both say how long to train: give "
+                              "one of them");
+    if (!c->steps && !c->epochs)
+        c->steps = 600;
     const fsdp_path_arg ins[] = {{"--model", c->model, FSDP_PATH_TREE},
                                  {"--data", c->data, FSDP_PATH_GLOB},
                                  {"--tokenizer", c->tokenizer, FSDP_PATH_FILE}};
