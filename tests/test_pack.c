@@ -5,6 +5,10 @@
  * next fit; every example once per epoch; the padding and real-token
  * counts that tokens/s and the header use; the refusals.
  *
+ * `fsdp train` on a pre-trained model file: the default --seq and how the
+ * header says it was chosen, --epochs (the steps that cover them, refused
+ * beside --steps), --pack off, and the metrics' tokens counting real ones.
+ *
  * The sources are built in memory through the data layer's internal header
  * (data_internal.h), so every token is known: example e holds the tokens
  * 100 e + j, j = 0 .. len-1, and trains on j >= its prompt length.
@@ -13,9 +17,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/modelfile.h"
 #include "core/error.h"
 #include "data/data.h"
 #include "data/data_internal.h"
+#include "model_rig.h"
+#include "models/registry.h"
 #include "testutil.h"
 
 #define PAD 7
@@ -233,11 +240,110 @@ START_TEST(test_pack_off_and_refusals)
 }
 END_TEST
 
+/* A checkpoint-format model file of a small Llama with context `ctx` at dir/name. */
+static void write_model(char *path, size_t n, const char *dir, const char *name, int ctx)
+{
+    char spec[200];
+    snprintf(spec, sizeof spec, "llama:layers=1,heads=2,kv_heads=1,hidden=16,intermediate=32,"
+             "head_dim=8,vocab=768,context=%d", ctx);
+    snprintf(path, n, "%s/%s", dir, name);
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec(spec, &m), FSDP_STATUS_OK);
+    float **units = units_init(&m, 1);
+    ck_assert_msg(fsdp_modelfile_write(path, fsdp_modelfile_format_find("ckpt"), &m,
+                                       (const float *const *)units, FSDP_DTYPE_F32) ==
+                      FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    units_free(&m, units);
+    fsdp_model_free(&m);
+}
+
+/* The number after `key` in s (or -1). */
+static long long after(const char *s, const char *key)
+{
+    const char *p = strstr(s, key);
+    return p ? atoll(p + strlen(key)) : -1;
+}
+
+#define TOK "tests/fixtures/tok_llama3.json"
+
+/* Example rows of 8 to 30 tokens: the default --seq of a model of context 256 is 64 (the
+ * longest rounded up), of one of context 32 its context; --epochs 3 runs ceil(3 R / 4) steps
+ * of the R packed rows the header names; the metrics count real tokens, those of the
+ * step's packed rows. */
+START_TEST(test_train_defaults)
+{
+    char dir[128], data[192], big[256], small[256], log[192], out[16384];
+    fsdp_test_mkdir(dir, sizeof dir, "pack");
+    snprintf(data, sizeof data, "%s/rows.jsonl", dir);
+    snprintf(log, sizeof log, "%s/m.jsonl", dir);
+    FILE *f = fopen(data, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 24; i++)
+        fprintf(f, "{\"prompt\": \"Q%d: %s?\", \"completion\": \"%s\"}\n", i,
+                i % 4 ? "why" : "how many quick brown foxes jump over the lazy dogs",
+                i % 2 ? " 7" : " a few");
+    fclose(f);
+    write_model(big, sizeof big, dir, "big", 256);
+    write_model(small, sizeof small, dir, "small", 32);
+    const char *run = "--tokenizer " TOK " --backend cpu --devices 2 --batch 2";
+    int rc = fsdp_test_cli(out, sizeof out, "train --model %s --data %s %s --epochs 3 --log %s",
+                           big, data, run, log);
+    ck_assert_msg(rc == 0, "%s", out);
+    ck_assert_msg(strstr(out, "seq: 64 (default: the longest example"), "%s", out);
+    long long rows = after(out, "packed into ");
+    ck_assert_msg(rows > 0 && rows < 24, "%s", out);
+    long long steps = (3 * rows + 3) / 4;
+    char want[64];
+    snprintf(want, sizeof want, "%lld steps x 4 rows", steps);
+    ck_assert_msg(strstr(out, want), "want '%s': %s", want, out);
+    snprintf(want, sizeof want, "step %5lld/%lld", steps, steps);
+    ck_assert_msg(strstr(out, want), "want '%s': %s", want, out);
+    /* the metrics' tokens: the real positions of each step's 4 packed rows */
+    fsdp_data_opts o = {.spec = data, .seed = 1337, .tokenizer = TOK};
+    fsdp_data *d = NULL;
+    ck_assert_int_eq(fsdp_data_open_opts(&d, &o), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_data_pack(d, 64), FSDP_STATUS_OK);
+    char line[4096];
+    f = fopen(log, "r");
+    ck_assert_ptr_nonnull(f);
+    int n = 0, below = 0;
+    while (fgets(line, sizeof line, f)) {
+        long long step = after(line, "\"step\":"), tokens = after(line, "\"tokens\":");
+        if (step < 1 || tokens < 0)
+            continue;
+        uint64_t real = 0;
+        for (int k = 0; k < 4; k++)
+            real += fsdp_data_batch_real(d, (uint64_t)(step - 1) * 4 + (uint64_t)k, 1, 64);
+        ck_assert_msg((uint64_t)tokens == real, "step %lld: %lld tokens, %llu real", step,
+                      tokens, (unsigned long long)real);
+        below += tokens < 4 * 64;
+        n++;
+    }
+    fclose(f);
+    fsdp_data_close(d);
+    ck_assert_int_eq(n, steps);
+    ck_assert_int_gt(below, 0);
+    /* the model's context below the longest example */
+    rc = fsdp_test_cli(out, sizeof out, "train --model %s --data %s %s --steps 1 --pack off",
+                       small, data, run);
+    ck_assert_msg(rc == 0 && strstr(out, "seq: 32 (default: the smaller of the model's context, "
+                                         "32, and 2048") &&
+                      strstr(out, "one per row of --seq 32"), "%s", out);
+    rc = fsdp_test_cli(out, sizeof out, "train --model %s --data %s %s --steps 1 --epochs 1", big,
+                       data, run);
+    ck_assert_msg(rc == 2 && strstr(out, "give one of them"), "%s", out);
+    rc = fsdp_test_cli(out, sizeof out, "train --model %s --data %s %s --steps 1 --seq 48", big,
+                       data, run);
+    ck_assert_msg(rc == 0 && !strstr(out, "seq: ") && strstr(out, "rows of --seq 48"), "%s", out);
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
         {"pack", 60,
          FSDP_TESTS(test_pack_by_hand, test_pack_mixed, test_pack_off_and_refusals)},
+        {"train", 120, .tmpdir = true, FSDP_TESTS(test_train_defaults)},
     };
     return fsdp_test_main("pack", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -83,7 +83,7 @@ static void report_early_end(const fsdp_train_config *c, const fsdp_train_result
 {
     if (res->interrupted) {
         fprintf(stderr, "fsdp train: stopped by %s after step %d of %d",
-                res->stop_code == SIGTERM ? "SIGTERM" : "SIGINT", res->steps, c->steps);
+                res->stop_code == SIGTERM ? "SIGTERM" : "SIGINT", res->steps, res->last_step);
         if (res->ckpt_step >= 0)
             fprintf(stderr, "; checkpoint step %d is in %s: continue with --resume\n",
                     res->ckpt_step, c->ckpt_dir);
@@ -239,10 +239,10 @@ int fsdp_cli_train(int argc, char **argv)
         return fsdp_cli_status("train", st);
     }
     bool speaks = !c->procs || c->procs->process == 0; /* rank 0's process */
-    if (res.first_step >= c->steps) {
+    if (res.first_step >= res.last_step) {
         if (quiet && speaks)
             printf("nothing left to do: checkpoint step %d in %s already reached --steps %d\n",
-                   res.first_step, c->ckpt_dir, c->steps);
+                   res.first_step, c->ckpt_dir, res.last_step);
     } else if (quiet && speaks && res.steps > res.first_step) {
         printf("final loss %.6g after %d steps", res.losses[res.steps - 1], res.steps);
         if (res.n_skipped)

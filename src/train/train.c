@@ -486,6 +486,7 @@ static fsdp_status result_alloc(struct trainer *t, const fsdp_engine_config *ec)
     if (!res->losses || !res->grad_norms || !res->stats || !res->params)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
     res->first_step = res->steps = t->start_step;
+    res->last_step = t->cfg->steps;
     return FSDP_STATUS_OK;
 }
 

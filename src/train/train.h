@@ -67,6 +67,7 @@ typedef struct fsdp_train_config {
 
 typedef struct fsdp_train_result {
     int steps;
+    int last_step;            /* the step the run trains to: cfg->steps, or --epochs' */
     int first_step;           /* 0, or the step resumed from (losses[first_step..steps)) */
     float *losses;            /* [steps] global mean loss per step */
     float *grad_norms;        /* [steps] */
