@@ -239,6 +239,7 @@ void fsdp_act_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state)
 int *fsdp_act_state_tokens(void *state) { return ((fsdp_act_state *)state)->tokens; }
 int *fsdp_act_state_targets(void *state) { return ((fsdp_act_state *)state)->targets; }
 const void *fsdp_act_state_logits(void *state) { return ((fsdp_act_state *)state)->logits; }
+void fsdp_act_state_positions(void *state, const int *pos) { ((fsdp_act_state *)state)->pos = pos; }
 
 fsdp_status fsdp_act_state_loss(fsdp_op_ctx *ctx, const fsdp_model *m, fsdp_act_state *s, int V,
                                 int Vp, float dloss, bool grads, float *loss)

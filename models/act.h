@@ -138,6 +138,8 @@ typedef struct fsdp_act_state {
     void *logits;        /* (B*T,Vp) dt */
     float *losses;       /* (B*T) per-token losses, device */
     float *dlogits;      /* training only: (B*T,Vp) fp32; aliases logits when dt is fp32 */
+    const int *pos;      /* (B*T) int32 token positions (model.h's state_positions), or
+                            NULL: t */
     fsdp_act_set act;    /* every device allocation, the host copy of the losses */
 } fsdp_act_state;
 
@@ -168,6 +170,8 @@ void fsdp_act_state_free(const fsdp_model *m, fsdp_op_ctx *ctx, void *state);
 int *fsdp_act_state_tokens(void *state);
 int *fsdp_act_state_targets(void *state);
 const void *fsdp_act_state_logits(void *state);
+/* The interface's state_positions, for a family whose ops read s->pos. */
+void fsdp_act_state_positions(void *state, const int *pos);
 
 /* The head's loss: per-token cross-entropy of the logits against the
  * targets over V of the Vp columns (and, when grads, dlogits scaled by

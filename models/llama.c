@@ -366,10 +366,11 @@ static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *st
         FSDP_OP(ctx, rmsnorm_fwd, a->ln1, a->ln1_rstd, inp, P(BLK_LN1), eps, N, C);
     if (RUN(ACT_QKV)) {
         FSDP_OP(ctx, matmul_fwd, a->qkv, a->ln1, P(BLK_Q), P(BLK_QB), N, C, QS);
-        FSDP_OP(ctx, rope_fwd, a->qkv, s->inv_freq, NULL, B, T, NH + NKV, hd, QS);
+        FSDP_OP(ctx, rope_fwd, a->qkv, s->inv_freq, s->base.pos, B, T, NH + NKV, hd, QS);
     }
     if (RUN(ACT_ATTY))
-        FSDP_OP(ctx, attention_gqa_fwd, a->atty, a->att, a->qkv, NULL, B, T, NH, NKV, hd);
+        FSDP_OP(ctx, attention_gqa_fwd, a->atty, a->att, a->qkv, s->base.pos, B, T, NH, NKV,
+                hd);
     if (RUN(ACT_RESIDUAL2)) {
         FSDP_OP(ctx, matmul_fwd, s->proj, a->atty, P(BLK_O), NULL, N, AH, C);
         FSDP_OP(ctx, residual_fwd, a->residual2, inp, s->proj, (size_t)N * C);
@@ -468,7 +469,7 @@ static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
     FSDP_OP(ctx, matmul_bwd, datty, G(BLK_O), NULL, s->dres, a->atty, P(BLK_O), N, AH, C);
     FSDP_TRY(fsdp_act_zero(ctx, dqkv, (size_t)N * QS));
     FSDP_OP(ctx, attention_gqa_bwd, dqkv, s->datt, datty, a->qkv, a->att, B, T, NH, NKV, hd);
-    FSDP_OP(ctx, rope_bwd, dqkv, s->inv_freq, NULL, B, T, NH + NKV, hd, QS);
+    FSDP_OP(ctx, rope_bwd, dqkv, s->inv_freq, s->base.pos, B, T, NH + NKV, hd, QS);
     FSDP_TRY(fsdp_act_zero(ctx, s->dC, (size_t)N * C));
     FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_Q), G(BLK_QB), dqkv, a->ln1, P(BLK_Q), N, C, QS);
     FSDP_OP(ctx, rmsnorm_bwd, s->dres, G(BLK_LN1), s->dC, inp, P(BLK_LN1), a->ln1_rstd, N, C);
@@ -502,6 +503,7 @@ static const fsdp_act_model_i llama_model_i = {
         /* .state_init_recompute  = */ fsdp_act_state_init_recompute,
         /* .unit_recompute        = */ fsdp_act_unit_recompute,
         /* .recompute_flops_per_token = */ llama_recompute_flops_per_token,
+        /* .state_positions       = */ fsdp_act_state_positions,
     },
     /* .state_alloc   = */ state_alloc,
     /* .layer_forward = */ layer_forward,

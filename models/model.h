@@ -160,6 +160,14 @@ struct fsdp_model_i {
      * sequence length T (matmuls and attention; 0 for NONE). For cost
      * models: MFU keeps counting model FLOPs only. */
     double (*recompute_flops_per_token)(const fsdp_model *m, int T, fsdp_recompute mode);
+
+    /* ---- positions: optional (NULL: the family's attention cannot take them) ---- */
+    /* Give the state a device buffer pos (B*T int32, owned by the caller, alive as long
+     * as the state) holding each token's position in its document, which the caller
+     * fills before root_forward: attention and position embeddings read it instead of
+     * t, so packed documents (data.h) do not see each other. NULL: plain positions
+     * (the default). */
+    void (*state_positions)(void *state, const int *pos);
 };
 
 struct fsdp_model {

@@ -707,6 +707,7 @@ static void masked_config(fsdp_train_config *c, const char *model, const char *d
     c->model = model;
     c->data = data;
     c->tokenizer = "tests/fixtures/tok_llama3.json";
+    c->pack = FSDP_TRAIN_PACK_OFF; /* one example per row: hand_losses' rows */
 }
 
 /* The step-0 loss computed by hand: the initial model (the engine's
@@ -878,6 +879,170 @@ START_TEST(test_masked_loss)
 }
 END_TEST
 
+/* ---- packed example rows -------------------------------------------------------- */
+
+#define PACK_MODEL                                                                          \
+    "llama:layers=2,heads=4,kv_heads=2,hidden=32,intermediate=64,head_dim=8,vocab=768,"    \
+    "context=32"
+
+/* Short prompt/completion rows, several to a row of 32 once packed. */
+static void write_short_examples(const char *path)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 20; i++)
+        fprintf(f, "{\"prompt\": \"Q%d: %s?\", \"completion\": \"%s\"}\n", i,
+                i % 3 ? "why" : "how many foxes", i % 2 ? " 7" : " a few");
+    fclose(f);
+}
+
+/* Global batch of 8 rows of 32, packed, on N devices (8 / N micro-steps of one row). */
+static void pack_config(fsdp_train_config *c, const char *data, int devices)
+{
+    train_config_tiny(c, devices, 0);
+    c->eng.seq = 32;
+    c->model = PACK_MODEL;
+    c->data = data;
+    c->tokenizer = "tests/fixtures/tok_llama3.json";
+    c->pack = FSDP_TRAIN_PACK_ON;
+}
+
+/* Cross-entropy in double of the targets of in/tg[0..T) run alone through the model. */
+static double row_loss(const fsdp_model *m, fsdp_op_ctx *ctx, void *state, float **params,
+                       const int *in, const int *tg, int T, uint64_t *count)
+{
+    memcpy(m->iface->state_tokens(state), in, (size_t)T * sizeof(int));
+    memcpy(m->iface->state_targets(state), tg, (size_t)T * sizeof(int));
+    ck_assert_int_eq(m->iface->root_forward(m, ctx, state, params[0]), FSDP_STATUS_OK);
+    for (int u = 1; u < m->n_units; u++)
+        ck_assert_int_eq(m->iface->unit_forward(m, ctx, state, u, params[u]), FSDP_STATUS_OK);
+    ck_assert_int_eq(m->iface->head_forward_backward(m, ctx, state, params[0], NULL, 1.0f, NULL),
+                     FSDP_STATUS_OK);
+    const float *lg = m->iface->state_logits(state);
+    double sum = 0;
+    for (int t = 0; t < T; t++) {
+        if (tg[t] < 0)
+            continue;
+        const float *row = lg + (size_t)t * (size_t)m->padded_vocab_size;
+        double mx = row[0], se = 0;
+        for (int j = 1; j < m->vocab_size; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        for (int j = 0; j < m->vocab_size; j++)
+            se += exp((double)row[j] - mx);
+        sum += log(se) + mx - row[tg[t]];
+        (*count)++;
+    }
+    return sum;
+}
+
+/* The step-1 loss of packed data by hand: every example of the global batch's rows (cut at
+ * its position 0) run alone, unpacked, from the start of a row of its own, through the
+ * initial model; the mean over all their targets. Packing is right only if it equals the
+ * trainer's. *n_examples: how many examples the rows held. */
+static double packed_hand_loss(const fsdp_train_config *c, int *n_examples)
+{
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec(c->model, &m), FSDP_STATUS_OK);
+    fsdp_data_opts o = {.spec = c->data, .seed = c->eng.seed, .tokenizer = c->tokenizer};
+    fsdp_data *d = NULL;
+    ck_assert_int_eq(fsdp_data_open_opts(&d, &o), FSDP_STATUS_OK);
+    const int T = c->eng.seq, rows = 8;
+    ck_assert_int_eq(fsdp_data_pack(d, T), FSDP_STATUS_OK);
+    fsdp_device dev;
+    fsdp_op_ctx ctx;
+    ck_assert_int_eq(fsdp_device_init(&dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_ops_init(&ctx, &dev, FSDP_DTYPE_F32), FSDP_STATUS_OK);
+    float **params = units_init(&m, c->eng.seed);
+    void *state = NULL;
+    ck_assert_int_eq(m.iface->state_init(&m, &ctx, 1, T, false, &state), FSDP_STATUS_OK);
+    int in[64], tg[64], pos[64], one_in[64], one_tg[64];
+    double sum = 0;
+    uint64_t count = 0;
+    *n_examples = 0;
+    for (int k = 0; k < rows; k++) {
+        ck_assert_int_eq(fsdp_data_batch_pos(d, (uint64_t)k, 1, T, in, tg, pos), FSDP_STATUS_OK);
+        for (int o0 = 0; o0 < T;) {
+            int n = 1;
+            while (o0 + n < T && pos[o0 + n] == n)
+                n++;
+            for (int t = 0; t < T; t++) {
+                one_in[t] = t < n ? in[o0 + t] : 0;
+                one_tg[t] = t < n ? tg[o0 + t] : -1;
+            }
+            if (n > 1)
+                (*n_examples)++;
+            sum += row_loss(&m, &ctx, state, params, one_in, one_tg, T, &count);
+            o0 += n;
+        }
+    }
+    ck_assert_uint_gt(count, 0);
+    m.iface->state_free(&m, &ctx, state);
+    units_free(&m, params);
+    fsdp_ops_fini(&ctx);
+    fsdp_device_fini(&dev);
+    fsdp_data_close(d);
+    fsdp_model_free(&m);
+    return sum / (double)count;
+}
+
+/* Packed example rows: the step-1 loss is that of each example alone (attention and
+ * positions restart at each example: fails when the model sees across them), more
+ * examples than rows, and the run is bit-identical on 1, 2, 4 and 8 devices with
+ * grad-op, full (with the optimizer offloaded) and hybrid sharding. GPT-2 refuses
+ * --pack on by name; its default is one example per row. */
+START_TEST(test_packed_rows)
+{
+    char dir[64] = "/tmp/fsdp_packed_XXXXXX", data[128];
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    snprintf(data, sizeof data, "%s/rows.jsonl", dir);
+    write_short_examples(data);
+    fsdp_train_config c;
+    fsdp_train_result ref;
+    pack_config(&c, data, 1);
+    run_ok(&c, &ref);
+    ck_assert_msg(ref.losses[2] < ref.losses[0], "packed rows do not train: %g -> %g",
+                  ref.losses[0], ref.losses[2]);
+    int n_ex = 0;
+    double hand = packed_hand_loss(&c, &n_ex);
+    double rel = fabs(ref.losses[0] - hand) / hand;
+    printf("packed: step-1 loss %.7f, each example alone %.7f (rel %.1e), %d examples in 8 "
+           "rows\n", ref.losses[0], hand, rel, n_ex);
+    ck_assert_msg(rel <= 1e-6, "packed loss %.9g, examples alone %.9g", ref.losses[0], hand);
+    ck_assert_int_gt(n_ex, 12); /* 8 rows hold 1.5 examples or more each */
+    static const int devs[] = {2, 4, 8};
+    static const fsdp_shard_strategy shard[] = {FSDP_SHARD_GRAD_OP, FSDP_SHARD_FULL,
+                                                FSDP_SHARD_HYBRID};
+    for (int k = 0; k < 3; k++) {
+        fsdp_train_result r;
+        pack_config(&c, data, devs[k]);
+        c.eng.shard = shard[k];
+        c.eng.n_nodes = shard[k] == FSDP_SHARD_HYBRID ? 2 : 1;
+        c.eng.offload = shard[k] == FSDP_SHARD_FULL;
+        run_ok(&c, &r);
+        char what[64];
+        snprintf(what, sizeof what, "packed rows on %d devices", devs[k]);
+        expect_identical_runs(&ref, &r, PACK_MODEL, what);
+        fsdp_train_result_free(&r);
+    }
+    fsdp_train_result_free(&ref);
+    /* GPT-2: no positions in its attention */
+    pack_config(&c, data, 1);
+    c.model = "gpt2:layers=2,heads=4,channels=32,vocab=768,context=32";
+    c.keep_params = false;
+    c.steps = 1;
+    fsdp_train_result r;
+    ck_assert_int_eq(fsdp_train_run(&c, &r), FSDP_STATUS_INVALID_ARG);
+    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "--pack off"));
+    fsdp_train_result_free(&r);
+    c.pack = FSDP_TRAIN_PACK_AUTO;
+    run_ok(&c, &r);
+    fsdp_train_result_free(&r);
+    char rm[96];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(rm), 0);
+}
+END_TEST
+
 /* ---- threads per device ------------------------------------------------------- */
 
 /* A GPT-2 and a GQA Llama (rope, rmsnorm, swiglu, grouped attention) big
@@ -935,6 +1100,7 @@ int main(void)
                     test_eight_ranks_prefetch_offload, FSDP_TEST_LOOP(test_masked_loss, 2),
                     FSDP_TEST_LOOP(test_threads_per_device_bit_identical,
                                    (int)(sizeof thread_models / sizeof thread_models[0])))},
+        {"pack", 300, FSDP_TESTS(test_packed_rows)},
         {"recompute", 600,
          FSDP_TESTS(FSDP_TEST_LOOP(test_recompute_identical, N_RECOMPUTE_MODELS),
                     test_recompute_memory_formula,

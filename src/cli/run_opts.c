@@ -80,7 +80,9 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                      "sequences per micro-batch per device (default 16)");
     fsdp_opt_add_int(l, "seq", &e->seq, 1, INT_MAX, "T",
                      "sequence length (default: 14 on the synthetic task, one problem per row; "
-                     "else the model's context)");
+                     "a pre-trained model (file or directory) on .jsonl data: the smaller of its "
+                     "context and 2048, or the longest example rounded up to a multiple of 64 "
+                     "when shorter; else the model's context)");
     fsdp_opt_add_int(l, "grad-accum", &e->grad_accum, 1, MAX_GRAD_ACCUM, "A",
                      "micro-steps per device per step (default 1)");
     fsdp_opt_add_name(l, "shard", &ro->shard, &fsdp_shard_names, "sharding strategy");
@@ -179,8 +181,15 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     fsdp_model_free(&m);
     /* not given: one problem per row on the synthetic task, else the
      * context; the same for train and plan */
+    const char *data = ro->cfg.data;
+    size_t dn = data ? strlen(data) : 0;
+    if (e->seq == 0 && dn > 6 && !strcmp(data + dn - 6, ".jsonl") &&
+        fsdp_modelfile_format_of(ro->cfg.model)) { /* fine-tuning: the trainer may lower it */
+        e->seq = context < FSDP_TRAIN_SEQ_CAP ? context : FSDP_TRAIN_SEQ_CAP;
+        ro->cfg.seq_auto = true;
+    }
     if (e->seq == 0)
-        e->seq = ro->cfg.data && !strcmp(ro->cfg.data, "synthetic") ? 14 : context;
+        e->seq = data && !strcmp(data, "synthetic") ? 14 : context;
     if (e->seq > context) {
         fprintf(stderr, "fsdp %s: --seq %d is longer than model '%s''s context of %d\n", cmd, e->seq,
                 ro->cfg.model, context);

@@ -83,7 +83,7 @@ static void report_early_end(const fsdp_train_config *c, const fsdp_train_result
 {
     if (res->interrupted) {
         fprintf(stderr, "fsdp train: stopped by %s after step %d of %d",
-                res->stop_code == SIGTERM ? "SIGTERM" : "SIGINT", res->steps, c->steps);
+                res->stop_code == SIGTERM ? "SIGTERM" : "SIGINT", res->steps, res->last_step);
         if (res->ckpt_step >= 0)
             fprintf(stderr, "; checkpoint step %d is in %s: continue with --resume\n",
                     res->ckpt_step, c->ckpt_dir);
@@ -112,7 +112,13 @@ int fsdp_cli_train(int argc, char **argv)
                  fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
                  "how {\"messages\"} rows are rendered (default: the chat_template beside the "
                  "tokenizer, else the built-in format its special tokens fit)");
+    c->steps = 0; /* unset: 600, unless --epochs */
     fsdp_opt_add_int(&l, "steps", &c->steps, 1, MAX_STEPS, "S", "optimizer steps (default 600)");
+    fsdp_opt_add_int(&l, "epochs", &c->epochs, 1, MAX_STEPS, "N",
+                     "instead of --steps: the steps that cover N passes over the data's rows "
+                     "(rounded up; the header says how many)");
+    fsdp_opt_add_name(&l, "pack", &c->pack, &fsdp_train_pack_names,
+                      "example (.jsonl prompt/completion, messages) rows");
     fsdp_opt_add_float(&l, "lr", &c->lr, 0.0, true, 10.0, "X",
                        "peak learning rate, in (0, 10] (default 3e-3)");
     fsdp_opt_add_int(&l, "warmup", &c->warmup, 0, INT_MAX, "S",
@@ -179,6 +185,11 @@ int fsdp_cli_train(int argc, char **argv)
     ro.n_processes = c->procs ? c->procs->n_processes : 1;
     if ((rc = fsdp_run_opts_finish("train", &ro)))
         return rc;
+    if (c->epochs && c->steps)
+        return fsdp_cli_usage("train", "--steps and --epochs both say how long to train: give "
+                              "one of them");
+    if (!c->steps && !c->epochs)
+        c->steps = 600;
     const fsdp_path_arg ins[] = {{"--model", c->model, FSDP_PATH_TREE},
                                  {"--data", c->data, FSDP_PATH_GLOB},
                                  {"--tokenizer", c->tokenizer, FSDP_PATH_FILE}};
@@ -228,10 +239,10 @@ int fsdp_cli_train(int argc, char **argv)
         return fsdp_cli_status("train", st);
     }
     bool speaks = !c->procs || c->procs->process == 0; /* rank 0's process */
-    if (res.first_step >= c->steps) {
+    if (res.first_step >= res.last_step) {
         if (quiet && speaks)
             printf("nothing left to do: checkpoint step %d in %s already reached --steps %d\n",
-                   res.first_step, c->ckpt_dir, c->steps);
+                   res.first_step, c->ckpt_dir, res.last_step);
     } else if (quiet && speaks && res.steps > res.first_step) {
         printf("final loss %.6g after %d steps", res.losses[res.steps - 1], res.steps);
         if (res.n_skipped)

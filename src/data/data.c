@@ -18,7 +18,7 @@
  * number of devices. The seed selects the synthetic problems; files are read
  * in order whatever the seed, so eval sees the same tokens every time.
  * Example sources (.jsonl prompt/completion or messages rows) are cut one
- * example per row instead: examples.c.
+ * example per row, or packed several to a row, instead: examples.c.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +125,25 @@ bool fsdp_data_masked(const fsdp_data *d) { return d->kind == FSDP_DATA_EXAMPLES
 
 uint64_t fsdp_data_n_examples(const fsdp_data *d) { return d->ex.n; }
 
+int fsdp_data_packed(const fsdp_data *d) { return d->ex.pack_T; }
+
+void fsdp_data_layout_get(const fsdp_data *d, int T, fsdp_data_layout *out)
+{
+    if (d->kind == FSDP_DATA_EXAMPLES) {
+        fsdp_data_examples_layout(d, T, &out->n_rows, &out->n_real);
+        return;
+    }
+    out->n_rows = T > 0 ? d->n_tokens / (uint64_t)T : 0;
+    out->n_real = out->n_rows * (uint64_t)(T > 0 ? T : 0);
+}
+
+uint64_t fsdp_data_batch_real(const fsdp_data *d, uint64_t index, int B, int T)
+{
+    if (d->kind == FSDP_DATA_EXAMPLES)
+        return fsdp_data_examples_real(d, index, B, T);
+    return (uint64_t)B * (uint64_t)T;
+}
+
 /* (a*b + c) mod n without overflow. */
 static uint64_t mul_add_mod(uint64_t a, uint64_t b, uint64_t c, uint64_t n)
 {
@@ -145,15 +164,26 @@ fsdp_status fsdp_data_check(const fsdp_data *d) { return fsdp_data_files_check(d
 fsdp_status fsdp_data_batch(const fsdp_data *d, uint64_t index, int B, int T, int *inputs,
                             int *targets)
 {
+    return fsdp_data_batch_pos(d, index, B, T, inputs, targets, NULL);
+}
+
+fsdp_status fsdp_data_batch_pos(const fsdp_data *d, uint64_t index, int B, int T, int *inputs,
+                                int *targets, int *pos)
+{
     if (!d || !inputs || !targets)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "fsdp_data_batch: NULL data or buffer");
     if (B <= 0 || T <= 0)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "batch shape B=%d T=%d: both must be positive", B, T);
+    if (d->ex.pack_T && d->ex.pack_T != T)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "the examples were packed into rows of "
+                              "%d tokens, not %d", d->ex.pack_T, T);
     if (d->kind == FSDP_DATA_EXAMPLES) {
-        fsdp_data_examples_batch(d, index, B, T, inputs, targets);
+        fsdp_data_examples_batch(d, index, B, T, inputs, targets, pos);
         return FSDP_STATUS_OK;
     }
+    for (size_t i = 0; pos && i < (size_t)B * (size_t)T; i++)
+        pos[i] = (int)(i % (size_t)T);
     uint64_t BT = (uint64_t)B * (uint64_t)T;
     for (int r = 0; r < B; r++) {
         uint64_t start;

@@ -16,14 +16,19 @@
  *   BOS (Llama 3: <|begin_of_text|>) or, when it adds none, its
  *   end-of-text token (GPT-2, Qwen2: <|endoftext|>), put before each
  *   document as llm.c does.
- * - examples (prompt/completion and messages rows): padded, one example per
- *   batch row (no packing: attention never crosses examples, and no
- *   position or document ids are needed). Row r of micro-batch m is
- *   example k = m*B + r of an endless sequence of epochs, each a
- *   permutation of the rows keyed by (seed, epoch); an example longer than
- *   T+1 tokens keeps its first T+1. Targets of prompt, header and padding
- *   positions are -1 (fsdp_data_masked): the loss must skip them and
- *   average over the targets that are not -1; a row may have none.
+ * - examples (prompt/completion and messages rows): as opened, padded, one
+ *   example per batch row (attention never crosses examples). Row r of
+ *   micro-batch m is example k = m*B + r of an endless sequence of epochs,
+ *   each a permutation of the rows keyed by (seed, epoch); an example
+ *   longer than T+1 tokens keeps its first T+1. Targets of prompt, header
+ *   and padding positions are -1 (fsdp_data_masked): the loss must skip
+ *   them and average over the targets that are not -1; a row may have
+ *   none.
+ * - packed examples (after fsdp_data_pack(d, T)): several examples per
+ *   row of T, each starting at position 0 again (fsdp_data_batch_pos),
+ *   so a model whose attention takes positions keeps them apart; the rows
+ *   are fixed once and each epoch visits them in a permutation keyed by
+ *   (seed, epoch) (examples.c).
  */
 #ifndef FSDP_DATA_DATA_H
 #define FSDP_DATA_DATA_H
@@ -99,6 +104,44 @@ fsdp_status fsdp_data_batch(const fsdp_data *d, uint64_t index, int B, int T, in
  * emptied, rewritten). OK for sources held in memory. One fstat per file;
  * thread-safe. The trainer calls it between steps. */
 fsdp_status fsdp_data_check(const fsdp_data *d);
+
+/* fsdp_data_batch, and pos[B*T] (may be NULL): each input's position in its
+ * example when d is packed (0 at every example's start and on padding), else
+ * j at column j. A packed source's rows are only right with their
+ * positions (the attention of a model that takes them keeps examples
+ * apart), and only at the T it was packed for (INVALID_ARG otherwise). */
+fsdp_status fsdp_data_batch_pos(const fsdp_data *d, uint64_t index, int B, int T, int *inputs,
+                                int *targets, int *pos);
+
+/* ---- packing example rows --------------------------------------------------------------- */
+
+/* Pack the examples of d into rows of T input positions, once, before any
+ * thread reads d: the examples in a permutation keyed by the seed, each
+ * taking min(len - 1, T) positions (its last token is only a target; an
+ * example of one token has nothing to train and is left out), greedily
+ * appended to the current row while they fit, else starting the next.
+ * INVALID_ARG for a source that is not example rows or has no example of
+ * two tokens. Calling it again repacks for another T. */
+fsdp_status fsdp_data_pack(fsdp_data *d, int T);
+
+/* Whether d is packed (fsdp_data_pack), and for which T (0: not packed). */
+int fsdp_data_packed(const fsdp_data *d);
+
+/* Tokens of the longest example (0 for streams). */
+uint64_t fsdp_data_longest(const fsdp_data *d);
+
+/* One epoch of d in batch rows of T: how many rows and how many of their
+ * n_rows * T input positions hold data (the rest is padding). Streams: the
+ * rows of T the tokens fill (0 for the synthetic task), all real. */
+typedef struct fsdp_data_layout {
+    uint64_t n_rows;
+    uint64_t n_real;
+} fsdp_data_layout;
+void fsdp_data_layout_get(const fsdp_data *d, int T, fsdp_data_layout *out);
+
+/* Input positions of micro-batch `index` (B rows of T) that hold data, not
+ * padding (B*T for streams): what tokens/s counts. Thread-safe. */
+uint64_t fsdp_data_batch_real(const fsdp_data *d, uint64_t index, int B, int T);
 
 /* Synthetic task: held-out problem `index` (never produced by
  * fsdp_data_batch for the same seed): prompt (e.g. "123+456=") and expected

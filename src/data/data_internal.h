@@ -40,13 +40,19 @@ typedef struct fsdp_data_file {
 } fsdp_data_file;
 
 /* Example rows: example i is tokens[start[i] .. start[i+1]); trained[j]
- * says whether token j is a target the loss uses. */
+ * says whether token j is a target the loss uses. Once packed
+ * (fsdp_data_pack, pack_T > 0), batch row r holds the examples
+ * pack_order[pack_first[r] .. pack_first[r+1]) one after the other. */
 typedef struct fsdp_examples {
     int *tokens;
     uint8_t *trained;
     uint64_t *start;        /* [n + 1] */
     uint64_t n;
     int pad;                /* input id at padded positions */
+    int pack_T;             /* the row length packed for, or 0: one example per row */
+    uint64_t n_rows;        /* packed rows */
+    uint64_t *pack_order;   /* [<= n] examples in packing order (those with a target slot) */
+    uint64_t *pack_first;   /* [n_rows + 1] */
 } fsdp_examples;
 
 struct fsdp_data {
@@ -87,9 +93,14 @@ fsdp_status fsdp_data_files_check(const fsdp_data *d);
  * (FSDP_DATA_EXAMPLES); corpus.c. On failure the caller closes d. */
 fsdp_status fsdp_data_corpus_open(fsdp_data *d, const fsdp_data_opts *o);
 
-/* Fill micro-batch `index` of an example source (data.h); examples.c. */
+/* Fill micro-batch `index` of an example source (data.h; pos may be NULL);
+ * examples.c. */
 void fsdp_data_examples_batch(const fsdp_data *d, uint64_t index, int B, int T, int *inputs,
-                              int *targets);
+                              int *targets, int *pos);
+/* Input positions of micro-batch `index` that hold an example's token. */
+uint64_t fsdp_data_examples_real(const fsdp_data *d, uint64_t index, int B, int T);
+/* Batch rows and real positions of one epoch (fsdp_data_layout). */
+void fsdp_data_examples_layout(const fsdp_data *d, int T, uint64_t *n_rows, uint64_t *n_real);
 void fsdp_data_examples_free(fsdp_examples *ex);
 
 /* Synthetic task: byte at position pos of the training stream for seed

@@ -101,6 +101,11 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
                               "world has %d rank(s) in %d process(es) (one node per process)",
                               cfg->n_ranks, nodes, w->n_ranks, w->n_processes);
     FSDP_TRY(fsdp_engine_recompute_check(model, cfg->recompute));
+    if (data && fsdp_data_packed(data) && !model->iface->state_positions)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "packed example rows need a model whose attention takes token "
+                              "positions (the llama family); model '%s' has none: use --pack "
+                              "off", model->name);
     sh->optim = fsdp_optim_or_default(cfg->optim);
     fsdp_optim_hparams_resolve(sh->optim, &cfg->optim_hp, &sh->optim_hp);
     if (!cfg->inference)
@@ -354,11 +359,19 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     else
         FSDP_CHECK(sh->model->iface->state_init_recompute(sh->model, &e->ops, cfg->batch,
                                                           cfg->seq, cfg->recompute, &e->state));
-    /* pinned, so that the copies to the device are asynchronous */
+    /* pinned, so that the copies to the device are asynchronous; packed data adds
+     * the token positions (data.h), staged after the targets */
     size_t n_tokens = (size_t)cfg->batch * (size_t)cfg->seq;
-    FSDP_CHECK(fsdp_device_host_alloc(&e->dev, 2 * n_tokens * sizeof(int), FSDP_MEM_ACT,
-                                      "token staging (inputs and targets)",
+    bool packed = sh->data && fsdp_data_packed(sh->data);
+    FSDP_CHECK(fsdp_device_host_alloc(&e->dev, (packed ? 3 : 2) * n_tokens * sizeof(int),
+                                      FSDP_MEM_ACT, packed ? "token staging (inputs, targets "
+                                      "and positions)" : "token staging (inputs and targets)",
                                       (void **)&e->tokens_host));
+    if (packed) {
+        FSDP_CHECK(fsdp_device_alloc(&e->dev, n_tokens * sizeof(int), FSDP_MEM_ACT,
+                                     "token positions", (void **)&e->pos_dev));
+        sh->model->iface->state_positions(e->state, e->pos_dev);
+    }
     FSDP_CHECK(fsdp_engine_warm_up(e));
     FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
     /* every rank is done allocating before any rank's first collective */
@@ -443,7 +456,8 @@ static fsdp_status load_batch(fsdp_engine *e, uint64_t index, bool poison)
     /* the previous copies out of the staging buffer are done (they were
      * queued before the previous micro-step's work, so this rarely waits) */
     FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tokens));
-    fsdp_status st = fsdp_data_batch(e->sh->data, index, cfg->batch, cfg->seq, in, tg);
+    int *pos = e->pos_dev ? tg + n : NULL; /* packed data: positions (engine_init) */
+    fsdp_status st = fsdp_data_batch_pos(e->sh->data, index, cfg->batch, cfg->seq, in, tg, pos);
     if (st != FSDP_STATUS_OK) {
         if (!poison)
             return st;
@@ -452,12 +466,14 @@ static fsdp_status load_batch(fsdp_engine *e, uint64_t index, bool poison)
             snprintf(e->data_msg, sizeof e->data_msg, "%s", fsdp_error_msg());
         }
         fsdp_error_clear(); /* kept above; not this rank's failure */
-        memset(in, 0, 2 * n * sizeof(int));
+        memset(in, 0, (pos ? 3 : 2) * n * sizeof(int));
     }
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_tokens(e->state), in, n * sizeof(int),
                                 e->dev.compute));
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_targets(e->state), tg, n * sizeof(int),
                                 e->dev.compute));
+    if (pos)
+        FSDP_TRY(fsdp_device_memcpy(&e->dev, e->pos_dev, pos, n * sizeof(int), e->dev.compute));
     return fsdp_device_event_record(&e->dev, e->ev_tokens, e->dev.compute);
 }
 
@@ -709,6 +725,12 @@ static fsdp_status forward_run(fsdp_engine *e, const int *tokens, int n_rows, co
                                     e->dev.compute));
         FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_targets(e->state), tg, n * sizeof(int),
                                     e->dev.compute));
+        if (e->pos_dev) { /* packed data's engine: these rows are one sequence each */
+            for (size_t i = 0; i < n; i++)
+                tg[n + i] = (int)(i % (size_t)T);
+            FSDP_TRY(fsdp_device_memcpy(&e->dev, e->pos_dev, tg + n, n * sizeof(int),
+                                        e->dev.compute));
+        }
         FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_tokens, e->dev.compute));
     }
     float l = 0.0f;

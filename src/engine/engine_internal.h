@@ -37,7 +37,10 @@ struct fsdp_engine {
     fsdp_status status;          /* first failure of init or of a call (step, forward, ...);
                                   * OK so far: fsdp_engine_free stops the rank with it */
     void *state;                 /* model activations (B, T) */
-    int *tokens_host;            /* (2, B*T) inputs then targets; pinned host memory */
+    int *tokens_host;            /* (2, B*T) inputs then targets, (3, B*T) with the
+                                  * positions of packed data; pinned host memory */
+    int *pos_dev;                /* (B*T) token positions of packed data (the model state
+                                  * reads them), or NULL */
     fsdp_event_t ev_tokens;      /* the last copy out of tokens_host (compute stream) */
     fsdp_accum acc;              /* micro-step partial gradient sums, per unit */
     const struct fsdp_place_i *place; /* where master, optimizer state and grad shards live */

@@ -107,7 +107,7 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
     const fsdp_train_config *cfg = t->cfg;
     const fsdp_engine_config *ec = &cfg->eng;
     int N = ec->n_ranks;
-    double tokens = (double)tokens_per_step(ec);
+    double tokens = (double)fsdp_trainer_step_tokens(t, step); /* real, not padding */
     double tok_s = tokens / (ms / 1000.0);
     if (step > t->start_step) {
         t->tok_s_sum += tok_s;
@@ -445,43 +445,9 @@ static fsdp_status engine_config(struct trainer *t, fsdp_engine_config *ec, int 
     return FSDP_STATUS_OK;
 }
 
-/* Example data: the loss is the mean over completion/assistant targets
- * (engine.c). An example cut at --seq before its first trained token
- * trains nothing, and a run where every example is such trains on a loss
- * of 0 while weight decay alone shrinks the weights: refused. Some of
- * them: a warning on stderr that --quiet does not hide (process 0). The
- * progress output says what the rows hold. */
-static fsdp_status check_targets(const struct trainer *t, const fsdp_engine_config *ec)
-{
-    uint64_t cut, none, n = fsdp_data_n_examples(t->data);
-    fsdp_data_truncated(t->data, ec->seq, &cut, &none);
-    if (none == n)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "none of the %llu examples in '%s' has a completion or assistant "
-                              "token within --seq %d (%llu are cut at %d tokens): there is "
-                              "nothing to train on; raise --seq (model '%s' takes up to %d) or "
-                              "shorten the prompts", (unsigned long long)n, t->cfg->data,
-                              ec->seq, (unsigned long long)cut, ec->seq + 1, t->cfg->model,
-                              t->model.max_seq_len);
-    if (none && (!t->cfg->procs || t->cfg->procs->process == 0))
-        FSDP_WARN(FSDP_SUB_DATA, "%llu of the %llu examples in '%s' have no completion or "
-                  "assistant token within --seq %d: their rows train nothing; raise --seq "
-                  "(model '%s' takes up to %d) or shorten the prompts", (unsigned long long)none,
-                  (unsigned long long)n, t->cfg->data, ec->seq, t->cfg->model,
-                  t->model.max_seq_len);
-    if (t->out) {
-        fprintf(t->out, "data: %llu examples from '%s', one per row of --seq %d, loss on "
-                "completion/assistant tokens only", (unsigned long long)n, t->cfg->data, ec->seq);
-        if (cut)
-            fprintf(t->out, "; %llu are cut at %d tokens", (unsigned long long)cut, ec->seq + 1);
-        fprintf(t->out, "\n");
-    }
-    return FSDP_STATUS_OK;
-}
-
 /* --data for text and jsonl with the --tokenizer given, else the model
  * directory's own tokenizer.json; its token ids must fit the model. */
-static fsdp_status data_open(struct trainer *t, const fsdp_engine_config *ec)
+static fsdp_status data_open(struct trainer *t, fsdp_engine_config *ec)
 {
     const fsdp_train_config *cfg = t->cfg;
     char own_tok[FSDP_CKPT_PATH_MAX];
@@ -492,8 +458,7 @@ static fsdp_status data_open(struct trainer *t, const fsdp_engine_config *ec)
     fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = tok,
                            .chat_format = cfg->chat_format};
     FSDP_TRY(fsdp_data_open_opts(&t->data, &dopt));
-    if (fsdp_data_masked(t->data))
-        FSDP_TRY(check_targets(t, ec));
+    FSDP_TRY(fsdp_trainer_data_rows(t, ec)); /* --seq, packing, --epochs (train_data.c) */
     if (t->out && fsdp_data_chat(t->data)[0])
         fprintf(t->out, "chat: %s\n", fsdp_data_chat(t->data));
     if (t->out && fsdp_data_special_text(t->data))
@@ -521,6 +486,7 @@ static fsdp_status result_alloc(struct trainer *t, const fsdp_engine_config *ec)
     if (!res->losses || !res->grad_norms || !res->stats || !res->params)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
     res->first_step = res->steps = t->start_step;
+    res->last_step = t->cfg->steps;
     return FSDP_STATUS_OK;
 }
 
@@ -687,7 +653,8 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
     if (!t)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
     pthread_mutex_init(&t->mu, NULL);
-    t->cfg = cfg;
+    t->run = *cfg; /* the data may set its seq and steps (train_data.c) */
+    t->cfg = &t->run;
     t->res = res;
     t->out = !cfg->procs || cfg->procs->process == 0 ? cfg->out : NULL; /* rank 0's process */
     fsdp_engine_config ec;

@@ -23,6 +23,13 @@ typedef struct fsdp_train_config {
     const char *tokenizer;    /* tokenizer.json for .txt/.jsonl data, or NULL (data/data.h) */
     const char *chat_format;  /* messages rows: a chat format name, or NULL (data/chat.h) */
     int steps;
+    int epochs;               /* > 0: steps = ceil(epochs x the data's rows / global batch
+                               * rows), `steps` ignored (train_data.c) */
+    int pack;                 /* example data: fsdp_train_pack_names (AUTO: packed when the
+                               * model's attention takes positions, else one per row) */
+    bool seq_auto;            /* eng.seq was not given and is min(context, FSDP_TRAIN_SEQ_CAP):
+                               * example data lowers it to its longest example rounded up to
+                               * FSDP_TRAIN_SEQ_ROUND (train_data.c) */
     float lr;                 /* peak learning rate */
     int warmup;               /* linear warmup steps */
     float lr_min_frac;        /* cosine decay ends at lr * lr_min_frac */
@@ -60,6 +67,7 @@ typedef struct fsdp_train_config {
 
 typedef struct fsdp_train_result {
     int steps;
+    int last_step;            /* the step the run trains to: cfg->steps, or --epochs' */
     int first_step;           /* 0, or the step resumed from (losses[first_step..steps)) */
     float *losses;            /* [steps] global mean loss per step */
     float *grad_norms;        /* [steps] */
@@ -75,6 +83,15 @@ typedef struct fsdp_train_result {
     int n_skipped;            /* steps whose update was dropped (eng.skip_nonfinite) */
     int ckpt_step;            /* the newest checkpoint this run wrote (its step), or -1 */
 } fsdp_train_result;
+
+/* --pack: example rows packed several to a row of --seq, or one per row (padded). */
+enum { FSDP_TRAIN_PACK_AUTO = 0, FSDP_TRAIN_PACK_ON, FSDP_TRAIN_PACK_OFF };
+extern const fsdp_name_table fsdp_train_pack_names;
+
+/* The default --seq of a pre-trained model (a file or directory) on .jsonl data: at most
+ * the cap, and for example rows their longest rounded up to a multiple of the round. */
+#define FSDP_TRAIN_SEQ_CAP 2048
+#define FSDP_TRAIN_SEQ_ROUND 64
 
 /* Defaults for every field (the `fsdp train` defaults). */
 void fsdp_train_config_default(fsdp_train_config *cfg);

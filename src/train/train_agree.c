@@ -104,7 +104,8 @@ fsdp_status fsdp_trainer_agree(struct trainer *t)
     add_num(&l, "--seq", "%.0f", ec->seq);
     add_num(&l, "--batch", "%.0f", ec->batch);
     add_num(&l, "--grad-accum", "%.0f", ec->grad_accum);
-    add_num(&l, "--steps", "%.0f", cfg->steps);
+    add_num(&l, "--steps", "%.0f", cfg->steps); /* --epochs' too: the data decided them */
+    add_str(&l, "--pack", t->data && fsdp_data_packed(t->data) ? "on" : "off", NULL);
     add_num(&l, "--eval", "%.0f", cfg->eval_problems);
     snprintf(l.num[l.n], sizeof l.num[0], "%" PRIu64, ec->seed);
     add_str(&l, "--seed", l.num[l.n], NULL);

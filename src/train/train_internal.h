@@ -32,7 +32,8 @@ enum {
 
 /* One training run: what the rank threads share (train.c). */
 struct trainer {
-    const fsdp_train_config *cfg;
+    const fsdp_train_config *cfg; /* &run */
+    fsdp_train_config run;    /* the caller's, with what the data decides (train_data.c) */
     FILE *out;                /* t->out on process 0; NULL on the others */
     fsdp_world *world;
     fsdp_engine_shared sh;
@@ -69,6 +70,16 @@ struct trainer {
  * the values that differ. After the world is made, before anything the
  * processes do together depends on the settings. OK in one process. */
 fsdp_status fsdp_trainer_agree(struct trainer *t);
+
+/* The run's data once open (train_data.c), before the engine: t->run.eng.seq and
+ * ec->seq when the sequence length is the default (cfg->seq_auto), packing
+ * (cfg->pack), the refusal of example data with nothing to train, the steps of
+ * --epochs (t->run.steps), and the header lines that say so. */
+fsdp_status fsdp_trainer_data_rows(struct trainer *t, fsdp_engine_config *ec);
+
+/* Real (not padding) input tokens of step `step`'s global batch: what tokens/s and
+ * MFU count. Any thread. */
+uint64_t fsdp_trainer_step_tokens(const struct trainer *t, int step);
 
 /* Checkpoints (train_ckpt.c). Before the ranks start, on the main thread
  * of every process: the manifest base for saves, --ckpt-dir claimed (a
