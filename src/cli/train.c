@@ -12,6 +12,7 @@
  * yet.
  */
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -313,6 +314,11 @@ int fsdp_cli_train(int argc, char **argv)
             printf(" (%d skipped)", res.n_skipped);
         if (res.accuracy >= 0)
             printf(", held-out accuracy %.1f%%", 100.0 * res.accuracy);
+        if (!isnan(res.eval_loss))
+            printf(", eval loss %.6g (lowest %.6g after step %d)", res.eval_loss,
+                   res.best_eval_loss, res.best_eval_step);
+        if (res.early_stopped)
+            printf("; stopped early: no lower eval loss in the last %d evaluations", c->early_stop);
         printf("\n");
     }
     if (speaks)
