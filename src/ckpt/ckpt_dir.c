@@ -253,9 +253,12 @@ fsdp_status fsdp_ckpt_commit(const char *dir, uint64_t step, int keep)
     if (keep <= 0)
         return FSDP_STATUS_OK;
 
-    /* retention: only now that `step` is complete */
-    uint64_t *steps;
+    /* retention: only now that `step` is complete; the best one stays */
+    uint64_t *steps, best = 0;
     int cnt;
+    bool has_best = false;
+    double best_loss;
+    FSDP_TRY(fsdp_ckpt_best_read(dir, &best, &best_loss, &has_best));
     FSDP_TRY(list_complete(dir, &steps, &cnt));
     int kept = 0;
     bool removed = false;
@@ -264,6 +267,8 @@ fsdp_status fsdp_ckpt_commit(const char *dir, uint64_t step, int keep)
             kept += steps[i] != step;
             continue;
         }
+        if (has_best && steps[i] == best)
+            continue; /* older than the K newest: kept besides them */
         char p[FSDP_CKPT_PATH_MAX], q[FSDP_CKPT_PATH_MAX];
         if (fsdp_ckpt_step_path(p, sizeof p, dir, steps[i], "") != FSDP_STATUS_OK ||
             fsdp_ckpt_step_path(q, sizeof q, dir, steps[i], ".old") != FSDP_STATUS_OK)
@@ -278,6 +283,52 @@ fsdp_status fsdp_ckpt_commit(const char *dir, uint64_t step, int keep)
     }
     free(steps);
     return removed ? fsdp_fsync_dir(dir) : FSDP_STATUS_OK;
+}
+
+/* ---- the best checkpoint ------------------------------------------------------ */
+
+static fsdp_status best_path(char *out, size_t n, const char *dir, const char *suffix)
+{
+    int k = snprintf(out, n, "%s/" FSDP_CKPT_BEST_NAME "%s", dir, suffix);
+    if (k < 0 || (size_t)k >= n)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "checkpoint path under '%s' is too long",
+                              dir);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_ckpt_best_write(const char *dir, uint64_t step, double loss)
+{
+    char path[FSDP_CKPT_PATH_MAX], tmp[FSDP_CKPT_PATH_MAX], text[96];
+    FSDP_TRY(best_path(path, sizeof path, dir, ""));
+    FSDP_TRY(best_path(tmp, sizeof tmp, dir, ".tmp"));
+    int n = snprintf(text, sizeof text, "step %" PRIu64 "\neval_loss %.9g\n", step, loss);
+    FSDP_TRY(fsdp_write_file_sync(tmp, text, (size_t)n, "best-checkpoint file"));
+    if (rename(tmp, path) != 0)
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot rename '%s' to '%s': %s", tmp, path,
+                              errstr());
+    return fsdp_fsync_dir(dir);
+}
+
+fsdp_status fsdp_ckpt_best_read(const char *dir, uint64_t *step, double *loss, bool *found)
+{
+    char path[FSDP_CKPT_PATH_MAX];
+    FSDP_TRY(best_path(path, sizeof path, dir, ""));
+    *found = false;
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return FSDP_STATUS_OK;
+    char *text = NULL;
+    size_t n = 0;
+    FSDP_TRY(fsdp_read_file(path, "best-checkpoint file", 256, &text, &n));
+    int used = 0;
+    bool ok = sscanf(text, "step %" SCNu64 "\neval_loss %lf\n%n", step, loss, &used) == 2 &&
+              (size_t)used == n;
+    free(text);
+    if (!ok)
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "'%s' is not a best-checkpoint file (\"step N\" "
+                              "and \"eval_loss X\" lines); remove it or restore it", path);
+    *found = true;
+    return FSDP_STATUS_OK;
 }
 
 /* ---- one run per directory ------------------------------------------------------- */

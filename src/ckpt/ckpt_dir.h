@@ -50,9 +50,23 @@ fsdp_status fsdp_ckpt_begin(const char *dir, uint64_t step);
 /* Finish checkpoint `step` once every file in the .tmp directory is
  * written and fsynced: write DONE, fsync, rename to the final name (a
  * complete checkpoint of the same step already there is replaced), fsync
- * dir; then keep only the `keep` newest complete checkpoints (0: all).
- * Rank 0 only. */
+ * dir; then keep only the `keep` newest complete checkpoints (0: all),
+ * and the one DIR/BEST names besides them. Rank 0 only. */
 fsdp_status fsdp_ckpt_commit(const char *dir, uint64_t step, int keep);
+
+/* ---- the best checkpoint (--keep-best) ---------------------------------------- */
+
+/* DIR/BEST: "step N\neval_loss X\n", the checkpoint with the lowest
+ * held-out loss so far. fsdp_ckpt_commit never prunes step N. */
+#define FSDP_CKPT_BEST_NAME "BEST"
+
+/* Record step `step` (complete already) as the best, with its loss:
+ * written beside, fsynced and renamed over DIR/BEST. Rank 0 only. */
+fsdp_status fsdp_ckpt_best_write(const char *dir, uint64_t step, double loss);
+
+/* DIR/BEST's step and loss; *found false when there is none. FORMAT
+ * naming the file when it does not read as written. */
+fsdp_status fsdp_ckpt_best_read(const char *dir, uint64_t *step, double *loss, bool *found);
 
 /* ---- one run per directory ----------------------------------------------------- */
 

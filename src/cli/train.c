@@ -12,6 +12,7 @@
  * yet.
  */
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -23,8 +24,10 @@
 #include "comm/procs.h"
 #include "core/flight.h"
 #include "data/chat.h"
+#include "models/registry.h"
 #include "report/tensorboard.h"
 #include "train/fit.h"
+#include "train/schedule.h"
 
 /* ---- stopping on a signal --------------------------------------------------- */
 
@@ -95,6 +98,49 @@ static void report_early_end(const fsdp_train_config *c, const fsdp_train_result
     }
 }
 
+/* --grad-accum from --global-batch (which must be a multiple of --batch x
+ * devices). A pre-trained --model (a file or directory, not a built-in
+ * name or spec) gets fine-tuning defaults for what was not given: --lr
+ * 2e-5 and a warmup of 3% of the steps (at least 1). Then the schedule's
+ * and the held-out set's settings are checked. Nonzero after a usage
+ * error. */
+static int finetune_finish(fsdp_opt_list *l, fsdp_train_config *c, int global_batch)
+{
+    fsdp_engine_config *e = &c->eng;
+    int64_t per_step = (int64_t)e->batch * e->n_ranks;
+    if (global_batch && fsdp_opt_get(l, "grad-accum")->seen)
+        return fsdp_cli_usage("train", "--global-batch %d and --grad-accum %d: give one of them "
+                              "(--global-batch G sets --grad-accum to G / (--batch x devices))",
+                              global_batch, e->grad_accum);
+    if (global_batch && (global_batch % per_step || global_batch / per_step > 1 << 16))
+        return fsdp_cli_usage("train", "--global-batch %d is not a multiple of --batch %d x %d "
+                              "device(s) = %lld sequences per micro-step (with at most 65536 of "
+                              "them); pick a global batch that is, or another --batch",
+                              global_batch, e->batch, e->n_ranks, (long long)per_step);
+    if (global_batch)
+        e->grad_accum = (int)(global_batch / per_step);
+    if (c->model && !fsdp_model_is_spec(c->model)) {
+        if (!fsdp_opt_get(l, "lr")->seen) {
+            c->lr = 2e-5f;
+            c->lr_note = "fine-tuning default";
+        }
+        if (!fsdp_opt_get(l, "warmup")->seen) /* the steps are known later with --epochs */
+            c->warmup_pct = 3;
+    }
+    if (c->min_lr > c->lr)
+        return fsdp_cli_usage("train", "--min-lr %g is above --lr %g: the floor must be at most "
+                              "the peak", (double)c->min_lr, (double)c->lr);
+    if (fsdp_opt_get(l, "decay-frac")->seen && c->schedule != FSDP_LR_WSD)
+        return fsdp_cli_usage("train", "--decay-frac applies to --schedule wsd only");
+    if (!c->eval_data && (c->eval_every || c->eval_steps || c->keep_best || c->early_stop))
+        return fsdp_cli_usage("train", "--eval-every, --eval-steps, --keep-best and --early-stop "
+                              "need --eval-data FILE");
+    if (c->keep_best && !c->ckpt_dir)
+        return fsdp_cli_usage("train", "--keep-best needs --ckpt-dir DIR (where the best "
+                              "checkpoint is kept)");
+    return 0;
+}
+
 int fsdp_cli_train(int argc, char **argv)
 {
     fsdp_run_opts ro;
@@ -105,6 +151,7 @@ int fsdp_cli_train(int argc, char **argv)
     bool quiet = false;
     int on_nonfinite = 0;
     const char *tensorboard = NULL;
+    int global_batch = 0;
     fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
                  "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
     static char chat_formats[96]; /* "template|llama3|chatml", from data/chat.c */
@@ -119,10 +166,22 @@ int fsdp_cli_train(int argc, char **argv)
                      "(rounded up; the header says how many)");
     fsdp_opt_add_name(&l, "pack", &c->pack, &fsdp_train_pack_names,
                       "example (.jsonl prompt/completion, messages) rows");
+    fsdp_opt_add_int(&l, "global-batch", &global_batch, 1, INT_MAX, "G",
+                     "sequences per optimizer step across the job: sets --grad-accum to G / "
+                     "(--batch x devices), which must divide it");
     fsdp_opt_add_float(&l, "lr", &c->lr, 0.0, true, 10.0, "X",
-                       "peak learning rate, in (0, 10] (default 3e-3)");
+                       "peak learning rate, in (0, 10] (default 3e-3 for built-in models, 2e-5 "
+                       "for a pre-trained --model)");
     fsdp_opt_add_int(&l, "warmup", &c->warmup, 0, INT_MAX, "S",
-                     "linear warmup steps, then cosine decay to 10% (default 20)");
+                     "linear warmup steps (default 20 for built-in models, 3% of --steps, at "
+                     "least 1, for a pre-trained --model)");
+    fsdp_opt_add_name(&l, "schedule", &c->schedule, &fsdp_lr_schedule_names,
+                      "the learning rate after warmup");
+    fsdp_opt_add_float(&l, "min-lr", &c->min_lr, 0.0, false, 10.0, "X",
+                       "the schedule's floor, at most --lr (default 10% of --lr)");
+    fsdp_opt_add_float(&l, "decay-frac", &c->decay_frac, 0.0, true, 1.0, "F",
+                       "--schedule wsd: the fraction of the steps that decay, in (0, 1] "
+                       "(default 0.1)");
     fsdp_opt_add_float(&l, "wd", &e->optim_hp.weight_decay, 0.0, false, 10.0, "X",
                        "weight decay, applied to wte and the linear weights only, with "
                        "--lr x --wd <= 1 (default 0.1)");
@@ -135,6 +194,20 @@ int fsdp_cli_train(int argc, char **argv)
     fsdp_opt_add_int(&l, "eval", &c->eval_problems, 0, MAX_EVAL, "N",
                      "synthetic task: held-out problems decoded greedily at the end (default "
                      "512; 0 = none)");
+    fsdp_opt_add(&l, "eval-data", FSDP_OPT_STR, &c->eval_data, "FILE",
+                 "held-out data of the same kind as --data: its loss (and perplexity) is "
+                 "measured during training, printed and logged as eval_loss");
+    fsdp_opt_add_int(&l, "eval-every", &c->eval_every, 1, INT_MAX, "N",
+                     "evaluate --eval-data after every N steps and after the last (default 10% "
+                     "of --steps, at least 1)");
+    fsdp_opt_add_int(&l, "eval-steps", &c->eval_steps, 1, INT_MAX, "K",
+                     "micro-batches per evaluation (default: the whole file, at most 50)");
+    fsdp_opt_add(&l, "keep-best", FSDP_OPT_FLAG, &c->keep_best, NULL,
+                 "checkpoint each new lowest eval loss and name it in --ckpt-dir/BEST, which "
+                 "--ckpt-keep never removes");
+    fsdp_opt_add_int(&l, "early-stop", &c->early_stop, 1, INT_MAX, "P",
+                     "stop (with a checkpoint, exit 0) after P evaluations without a lower "
+                     "eval loss");
     fsdp_opt_add(&l, "log", FSDP_OPT_STR, &c->log_path, "FILE.jsonl",
                  "write per-step metrics as JSON Lines (a failed write stops the run)");
     fsdp_opt_add(&l, "tensorboard", FSDP_OPT_STR, &tensorboard, "DIR",
@@ -190,12 +263,15 @@ int fsdp_cli_train(int argc, char **argv)
                               "one of them");
     if (!c->steps && !c->epochs)
         c->steps = 600;
+    if ((rc = finetune_finish(&l, c, global_batch)))
+        return rc;
     const fsdp_path_arg ins[] = {{"--model", c->model, FSDP_PATH_TREE},
                                  {"--data", c->data, FSDP_PATH_GLOB},
-                                 {"--tokenizer", c->tokenizer, FSDP_PATH_FILE}};
+                                 {"--tokenizer", c->tokenizer, FSDP_PATH_FILE},
+                                 {"--eval-data", c->eval_data, FSDP_PATH_GLOB}};
     const fsdp_path_arg outs[] = {{"--log", c->log_path, FSDP_PATH_FILE},
                                   {"--trace", c->trace_path, FSDP_PATH_FILE}};
-    if ((rc = fsdp_cli_check_paths("train", ins, 3, outs, 2)))
+    if ((rc = fsdp_cli_check_paths("train", ins, 4, outs, 2)))
         return rc;
     if (!c->ckpt_dir && (c->ckpt_every || c->ckpt_keep || c->resume))
         return fsdp_cli_usage("train", "--ckpt-every, --ckpt-keep and --resume need --ckpt-dir DIR");
@@ -249,6 +325,11 @@ int fsdp_cli_train(int argc, char **argv)
             printf(" (%d skipped)", res.n_skipped);
         if (res.accuracy >= 0)
             printf(", held-out accuracy %.1f%%", 100.0 * res.accuracy);
+        if (!isnan(res.eval_loss))
+            printf(", eval loss %.6g (lowest %.6g after step %d)", res.eval_loss,
+                   res.best_eval_loss, res.best_eval_step);
+        if (res.early_stopped)
+            printf("; stopped early: no lower eval loss in the last %d evaluations", c->early_stop);
         printf("\n");
     }
     if (speaks)

@@ -445,19 +445,20 @@ fsdp_comm *fsdp_engine_comm(fsdp_engine *e) { return &e->comm; }
 /* Micro-batch `index` into the model state. With `poison`, a batch that
  * cannot be read becomes zeros and the error is kept in e->data_st (the
  * training step then publishes NaN losses: fsdp_engine_step). */
-static fsdp_status load_batch(fsdp_engine *e, uint64_t index, bool poison)
+static fsdp_status load_batch(fsdp_engine *e, const fsdp_data *data, uint64_t index,
+                              bool poison)
 {
     const fsdp_engine_config *cfg = &e->sh->cfg;
     size_t n = (size_t)cfg->batch * (size_t)cfg->seq;
     const struct fsdp_model_i *mi = e->sh->model->iface;
-    if (!fsdp_device_computes(&e->dev) || !e->sh->data)
+    if (!fsdp_device_computes(&e->dev) || !data)
         return FSDP_STATUS_OK;
     int *in = e->tokens_host, *tg = e->tokens_host + n;
     /* the previous copies out of the staging buffer are done (they were
      * queued before the previous micro-step's work, so this rarely waits) */
     FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tokens));
     int *pos = e->pos_dev ? tg + n : NULL; /* packed data: positions (engine_init) */
-    fsdp_status st = fsdp_data_batch_pos(e->sh->data, index, cfg->batch, cfg->seq, in, tg, pos);
+    fsdp_status st = fsdp_data_batch_pos(data, index, cfg->batch, cfg->seq, in, tg, pos);
     if (st != FSDP_STATUS_OK) {
         if (!poison)
             return st;
@@ -547,7 +548,7 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float dloss
     bool full = cfg->shard == FSDP_SHARD_FULL || cfg->shard == FSDP_SHARD_HYBRID; /* reshard
                                                                                     * after forward */
 
-    FSDP_TRY(load_batch(e, index, true));
+    FSDP_TRY(load_batch(e, e->sh->data, index, true));
     fsdp_shard_row *root = fsdp_engine_row(e, 0);
 
     fsdp_trace_begin(&e->tr, FSDP_TRACE_COMPUTE, "forward", "root", 0);
@@ -682,17 +683,17 @@ static fsdp_status forward_only(fsdp_engine *e, float *loss)
                                      loss);
 }
 
-static fsdp_status forward_batch_run(fsdp_engine *e, uint64_t index, float *loss,
-                                     uint64_t *n_targets)
+static fsdp_status forward_batch_run(fsdp_engine *e, const fsdp_data *data, uint64_t index,
+                                     float *loss, uint64_t *n_targets)
 {
-    if (!e->sh->data)
+    if (!data)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "fsdp_engine_forward_batch: the engine has no data source");
     const fsdp_engine_config *cfg = &e->sh->cfg;
     size_t rows = (size_t)cfg->batch * (size_t)cfg->seq;
-    FSDP_TRY(load_batch(e, index, false));
+    FSDP_TRY(load_batch(e, data, index, false));
     uint64_t count = rows;
-    if (fsdp_data_masked(e->sh->data) && fsdp_device_computes(&e->dev))
+    if (fsdp_data_masked(data) && fsdp_device_computes(&e->dev))
         count = count_unmasked(e->tokens_host + rows, rows); /* load_batch's targets */
     float l = 0.0f;
     FSDP_TRY(forward_only(e, &l));
@@ -802,7 +803,13 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
 fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss,
                                       uint64_t *n_targets)
 {
-    return fsdp_engine_note(e, forward_batch_run(e, index, loss, n_targets));
+    return fsdp_engine_note(e, forward_batch_run(e, e->sh->data, index, loss, n_targets));
+}
+
+fsdp_status fsdp_engine_forward_data(fsdp_engine *e, const fsdp_data *data, uint64_t index,
+                                     float *loss, uint64_t *n_targets)
+{
+    return fsdp_engine_note(e, forward_batch_run(e, data, index, loss, n_targets));
 }
 
 fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,

@@ -193,6 +193,12 @@ fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, c
 fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss,
                                       uint64_t *n_targets);
 
+/* The same on micro-batch `index` of another source of the same B and T
+ * (a held-out set during training: train/heldout.h); the engine's own
+ * source is not read. */
+fsdp_status fsdp_engine_forward_data(fsdp_engine *e, const fsdp_data *data, uint64_t index,
+                                     float *loss, uint64_t *n_targets);
+
 /* The mean loss over `count` unmasked targets of n micro-batches of `rows`
  * (B*T) tokens, from the model's micro-batch losses (sums over B*T, see
  * fsdp_engine_forward_batch), in the step's order: the balanced tree sum

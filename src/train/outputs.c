@@ -170,8 +170,10 @@ fsdp_status fsdp_metrics_write(fsdp_metrics_file *m, const fsdp_metrics_record *
     }
     if (r->skipped)
         fsdp_sbuf_printf(&b, ",\"skipped\":true");
-    if (r->has_eval)
+    if (r->has_eval) {
         num(&b, "eval_loss", "%.9g", r->eval_loss);
+        num(&b, "eval_ppl", "%.9g", exp(r->eval_loss));
+    }
     if (r->resumed_from > 0)
         fsdp_sbuf_printf(&b, ",\"resumed_from\":%d", r->resumed_from);
     fsdp_sbuf_printf(&b, "}\n");

@@ -36,6 +36,7 @@
 #include "engine/engine_ckpt.h"
 #include "engine/trace.h"
 #include "ops/ops.h"
+#include "train/schedule.h"
 #include "train/synth_eval.h"
 #include "train/train_internal.h"
 
@@ -62,22 +63,29 @@ void fsdp_train_config_default(fsdp_train_config *cfg)
     cfg->lr = 3e-3f;
     cfg->warmup = 20;
     cfg->lr_min_frac = 0.1f;
+    cfg->min_lr = -1.0f;
+    cfg->decay_frac = 0.1f;
     cfg->eval_problems = 512;
     cfg->n_samples = 5;
     cfg->watchdog_s = -1; /* FSDP_WATCHDOG's (core/flight.h) */
     cfg->out = stdout;
 }
 
+/* The schedule's settings from the run's (the floor in double, as the
+ * cosine has always taken it). */
+static fsdp_lr_plan lr_plan(const fsdp_train_config *cfg)
+{
+    return (fsdp_lr_plan){.schedule = (fsdp_lr_schedule)cfg->schedule, .lr = cfg->lr,
+                          .min_lr = cfg->min_lr >= 0 ? (double)cfg->min_lr
+                                                     : (double)cfg->lr * (double)cfg->lr_min_frac,
+                          .warmup = cfg->warmup, .steps = cfg->steps,
+                          .decay_frac = cfg->decay_frac};
+}
+
 float fsdp_train_lr(const fsdp_train_config *cfg, int step)
 {
-    if (step < cfg->warmup)
-        return cfg->lr * (float)(step + 1) / (float)cfg->warmup;
-    int span = cfg->steps - cfg->warmup;
-    double progress = span > 1 ? (double)(step - cfg->warmup) / (double)(span - 1) : 1.0;
-    if (progress > 1.0)
-        progress = 1.0;
-    double lo = (double)cfg->lr * (double)cfg->lr_min_frac;
-    return (float)(lo + 0.5 * (1.0 + cos(M_PI * progress)) * ((double)cfg->lr - lo));
+    fsdp_lr_plan p = lr_plan(cfg);
+    return fsdp_lr_at(&p, step);
 }
 
 /* Keep the first error that stops the run early (any rank). */
@@ -102,7 +110,7 @@ static uint64_t tokens_per_step(const fsdp_engine_config *ec)
 /* Rank 0 after a step that counts: the progress line and the metrics
  * record (a failed write stops the run at the next step boundary). */
 static void log_step(struct trainer *t, int step, const fsdp_step_result *r, double ms,
-                     bool skipped)
+                     bool skipped, float eval_loss)
 {
     const fsdp_train_config *cfg = t->cfg;
     const fsdp_engine_config *ec = &cfg->eng;
@@ -150,7 +158,8 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
                                .grad_norm = r->grad_norm, .tokens = tokens,
                                .tokens_per_s = tok_s, .step_ms = ms, .mfu = mfu,
                                .skipped = skipped, .n_ranks = N, .stats = t->sh.x_stats,
-                               .inter = t->sh.sm.n_nodes > 1,
+                               .inter = t->sh.sm.n_nodes > 1, .has_eval = !isnan(eval_loss),
+                               .eval_loss = eval_loss,
                                .resumed_from = t->ck_path[0] && !t->n_logged ? t->start_step : 0};
     t->n_logged++;
     if (t->log.f && !t->log.failed) {
@@ -230,6 +239,7 @@ struct progress {
     int saved;      /* of them, on disk */
     bool clean;     /* the state may be saved (no update of non-finite values) */
     unsigned why;   /* STOP_* bits: why the loop ended (0: it ran out of steps) */
+    struct eval_track ev; /* the held-out loss's standing (train_eval.c) */
 };
 
 /* What step `step` means, once every rank knows r and p->why: it counts
@@ -251,19 +261,31 @@ static fsdp_status step_done(struct trainer *t, fsdp_engine *e, int rank, int st
         p->why |= STOP_ERROR;
         return FSDP_STATUS_OK;
     }
-    bool skipped = !r->finite;
+    bool skipped = !r->finite, best = false;
     p->done = step + 1;
+    float eval_loss = NAN;
+    if (!p->why)
+        FSDP_TRY(fsdp_trainer_eval_step(t, e, rank, p->done, &p->ev, &eval_loss, &best));
+    best = best && cfg->keep_best && cfg->ckpt_dir;
     if (rank == 0) {
         t->res->losses[step] = r->loss;
         t->res->grad_norms[step] = r->grad_norm;
         t->res->steps = p->done;
         t->res->n_skipped += skipped;
-        log_step(t, step, r, ms, skipped);
+        log_step(t, step, r, ms, skipped, eval_loss);
+        fsdp_trainer_eval_print(t, p->done, &p->ev, eval_loss);
     }
-    if (cfg->ckpt_dir && (p->done == cfg->steps ||
+    if (cfg->ckpt_dir && (best || p->done == cfg->steps ||
                           (cfg->ckpt_every > 0 && p->done % cfg->ckpt_every == 0))) {
         FSDP_TRY(fsdp_trainer_ckpt_save(t, e, rank, p->done));
         p->saved = p->done;
+    }
+    if (best)
+        FSDP_TRY(fsdp_trainer_eval_mark_best(t, rank, p->done, eval_loss));
+    if (!isnan(eval_loss) && cfg->early_stop > 0 && p->ev.n_worse >= cfg->early_stop &&
+        p->done < cfg->steps) {
+        p->why |= STOP_EARLY;
+        fsdp_trainer_eval_early_stop(t, rank, p->done, &p->ev);
     }
     return FSDP_STATUS_OK;
 }
@@ -376,7 +398,8 @@ static fsdp_status rank_main(fsdp_world *w, int rank, void *arg)
                     fsdp_fmt_bytes(b, sizeof b, (double)d->host.in_use_bytes));
         fputc('\n', t->out);
     }
-    struct progress p = {.done = t->start_step, .saved = t->start_step, .clean = true};
+    struct progress p = {.done = t->start_step, .saved = t->start_step, .clean = true,
+                         .ev = t->eval0};
     FSDP_CHECK(run_steps(t, e, rank, &p));
     FSDP_CHECK(finish_rank(t, e, rank, &p));
 fail:
@@ -505,6 +528,11 @@ static void print_header(const struct trainer *t, const fsdp_engine_config *ec)
             fsdp_names_name(&fsdp_recompute_names, (int)ec->recompute), ec->batch, ec->seq,
             ec->grad_accum, ec->n_ranks, (unsigned long long)tokens_per_step(ec),
             t->cfg->steps);
+    fsdp_lr_plan lp = lr_plan(t->cfg);
+    char sched[96];
+    fprintf(t->out, "lr %.3g%s%s%s, warmup %d steps, then %s\n", (double)lp.lr,
+            t->cfg->lr_note ? " (" : "", t->cfg->lr_note ? t->cfg->lr_note : "",
+            t->cfg->lr_note ? ")" : "", lp.warmup, fsdp_lr_describe(&lp, sched, sizeof sched));
     if (ec->device_mem)
         fprintf(t->out, "device memory cap %s\n",
                 fsdp_fmt_bytes(b, sizeof b, (double)ec->device_mem));
@@ -523,8 +551,14 @@ static fsdp_status run_prepare(struct trainer *t, fsdp_engine_config *ec)
     int n_procs;
     FSDP_TRY(engine_config(t, ec, &n_procs));
     FSDP_TRY(fsdp_modelfile_resolve(cfg->model, &t->model, &t->mf));
-    if (cfg->data && ec->backend != FSDP_BACKEND_META)
+    if (cfg->data && ec->backend != FSDP_BACKEND_META) {
         FSDP_TRY(data_open(t, ec));
+        FSDP_TRY(fsdp_trainer_eval_open(t, ec));
+    }
+    if (cfg->warmup_pct > 0) {
+        int64_t w = (int64_t)t->run.steps * cfg->warmup_pct / 100;
+        t->run.warmup = w >= 1 ? (int)w : 1;
+    }
     if (ec->backend == FSDP_BACKEND_CUDA)
         t->peak_flops = ec->compute_dtype == FSDP_DTYPE_BF16 ? 989e12 : 67e12; /* H100/H200 SXM */
     t->flops_per_token = t->model.family->flops_per_token(&t->model, ec->seq);
@@ -639,6 +673,7 @@ static void trainer_free(struct trainer *t)
         fsdp_model_free(&t->model);
     if (t->data)
         fsdp_data_close(t->data);
+    fsdp_heldout_close(&t->heldout);
     fsdp_world_free(t->world);
     pthread_mutex_destroy(&t->mu);
     free(t);
@@ -649,6 +684,7 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
     memset(res, 0, sizeof *res);
     res->accuracy = -1.0f;
     res->ckpt_step = -1;
+    res->eval_loss = res->best_eval_loss = NAN;
     struct trainer *t = calloc(1, sizeof *t);
     if (!t)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");

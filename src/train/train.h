@@ -32,7 +32,22 @@ typedef struct fsdp_train_config {
                                * FSDP_TRAIN_SEQ_ROUND (train_data.c) */
     float lr;                 /* peak learning rate */
     int warmup;               /* linear warmup steps */
-    float lr_min_frac;        /* cosine decay ends at lr * lr_min_frac */
+    int warmup_pct;           /* > 0: warmup is this percentage of the steps (at least 1),
+                               * set once the steps are known (--epochs: after the data) */
+    float lr_min_frac;        /* the schedule ends at lr * lr_min_frac ... */
+    float min_lr;             /* ... or, when >= 0, at min_lr (--min-lr) */
+    int schedule;             /* fsdp_lr_schedule (train/schedule.h): the shape after warmup */
+    float decay_frac;         /* wsd: the last fraction of the steps that decay */
+    const char *lr_note;      /* the header's word on --lr ("fine-tuning default"), or NULL */
+    /* held-out loss during training (train/heldout.h) */
+    const char *eval_data;    /* a file of the same kind as data, or NULL: none */
+    int eval_every;           /* evaluate after every N steps and after the last; 0: 10% of
+                               * the steps (at least 1) */
+    int eval_steps;           /* micro-batches per evaluation; 0: the whole file, at most 50 */
+    bool keep_best;           /* ckpt_dir: checkpoint each new lowest eval loss and record it
+                               * in ckpt_dir/BEST, which --ckpt-keep never removes */
+    int early_stop;           /* stop after this many evaluations without a new lowest loss,
+                               * with a checkpoint; 0: never */
     const char *log_path;     /* metrics JSONL, or NULL */
     const char *trace_path;   /* Chrome trace JSON, or NULL */
     const struct fsdp_metrics_sink *sink; /* another writer of --log's figures (TensorBoard:
@@ -82,6 +97,10 @@ typedef struct fsdp_train_result {
                                * in 1..FSDP_TRAIN_STOP_CODE_MAX); the same in every process */
     int n_skipped;            /* steps whose update was dropped (eng.skip_nonfinite) */
     int ckpt_step;            /* the newest checkpoint this run wrote (its step), or -1 */
+    float eval_loss;          /* the last held-out loss on eval_data (NaN: none measured) */
+    float best_eval_loss;     /* the lowest one, after step best_eval_step (NaN, 0: none) */
+    int best_eval_step;
+    bool early_stopped;       /* ended by early_stop before cfg->steps */
 } fsdp_train_result;
 
 /* --pack: example rows packed several to a row of --seq, or one per row (padded). */
@@ -117,7 +136,8 @@ fsdp_status fsdp_train_run(const fsdp_train_config *cfg, fsdp_train_result *res)
 void fsdp_train_result_free(fsdp_train_result *res);
 
 /* Learning rate at `step` (0-based): linear warmup over `warmup` steps to
- * lr, then cosine decay to lr * lr_min_frac at the last step. */
+ * lr, then cfg->schedule's shape down to the floor (min_lr, or
+ * lr * lr_min_frac) at the last step (train/schedule.h). */
 float fsdp_train_lr(const fsdp_train_config *cfg, int step);
 
 #endif /* FSDP_TRAIN_TRAIN_H */

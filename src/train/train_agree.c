@@ -22,9 +22,10 @@
 
 #include "comm/transport.h"
 #include "train/job.h"
+#include "train/schedule.h"
 #include "train/train_internal.h"
 
-#define MAX_SETTINGS 48
+#define MAX_SETTINGS 64
 
 /* The settings being listed: flags and values, the numbers formatted into
  * num[] and the optimizers' flags into flag[] (strings of the configuration
@@ -111,6 +112,14 @@ fsdp_status fsdp_trainer_agree(struct trainer *t)
     add_str(&l, "--seed", l.num[l.n], NULL);
     add_float(&l, "--lr", cfg->lr);
     add_num(&l, "--warmup", "%.0f", cfg->warmup);
+    add_str(&l, "--schedule", fsdp_names_name(&fsdp_lr_schedule_names, cfg->schedule), NULL);
+    add_float(&l, "--min-lr", cfg->min_lr >= 0 ? cfg->min_lr : cfg->lr * cfg->lr_min_frac);
+    add_float(&l, "--decay-frac", cfg->decay_frac);
+    add_str(&l, "--eval-data", cfg->eval_data ? cfg->eval_data : "(none)", NULL);
+    add_num(&l, "--eval-every", "%.0f", cfg->eval_every);
+    add_num(&l, "--eval-steps", "%.0f", cfg->eval_steps);
+    add_str(&l, "--keep-best", cfg->keep_best ? "on" : "off", NULL);
+    add_num(&l, "--early-stop", "%.0f", cfg->early_stop);
     add_float(&l, "--clip", ec->clip);
     add_optimizer(&l, ec);
     add_str(&l, "--on-nonfinite", ec->skip_nonfinite ? "skip" : "stop", NULL);

@@ -19,6 +19,7 @@
 #include "ckpt/manifest.h"
 #include "ckpt/modelfile.h"
 #include "core/world.h"
+#include "train/heldout.h"
 #include "train/outputs.h"
 #include "train/train.h"
 
@@ -28,6 +29,16 @@ enum {
                              * bits 8..31: fsdp_train_stop_word, train.h) */
     STOP_ERROR = 1u << 1,   /* t->stop_st: the step counts; stop after it */
     STOP_DATA = 1u << 2,    /* a rank could not read this step's batch: it does not count */
+    STOP_EARLY = 1u << 3,   /* cfg->early_stop: no new lowest held-out loss for that many
+                             * evaluations (decided alike by every rank, train_eval.c) */
+};
+
+/* The held-out loss's standing (train_eval.c), on every rank alike: each
+ * takes it from the same exchanged values. */
+struct eval_track {
+    float best;               /* the lowest held-out loss so far (INFINITY: none) */
+    int best_step;
+    int n_worse;              /* evaluations since then without a lower one */
 };
 
 /* One training run: what the rank threads share (train.c). */
@@ -62,6 +73,9 @@ struct trainer {
     fsdp_modelfile *mf;       /* --model FILE: the initial weights, or NULL */
     fsdp_ckpt_lock ck_lock;   /* --ckpt-dir held for the run: one run per directory */
     char flight_path[4096 + 32]; /* where a stall writes this process's flight record */
+    fsdp_heldout heldout;     /* --eval-data (heldout.data NULL: none) */
+    int eval_every;           /* evaluate after every eval_every steps and after the last */
+    struct eval_track eval0;  /* the standing the run starts from (a resume: DIR/BEST's) */
 };
 
 /* A job of several processes (train_agree.c): every setting that changes
@@ -93,5 +107,32 @@ fsdp_status fsdp_trainer_ckpt_prepare(struct trainer *t);
  * in the result and says so). Collective: every rank calls it, with the
  * same `done`. */
 fsdp_status fsdp_trainer_ckpt_save(struct trainer *t, fsdp_engine *e, int rank, int done);
+
+/* The held-out set (train_eval.c): --eval-data opened like --data (with
+ * the same tokenizer and chat format) once the training data is open, its
+ * schedule resolved and said; with --keep-best and --resume the standing
+ * recorded in --ckpt-dir/BEST. Main thread, before the ranks start. */
+fsdp_status fsdp_trainer_eval_open(struct trainer *t, const fsdp_engine_config *ec);
+
+/* After step `done` counted: when an evaluation is due, the held-out loss
+ * into *loss (else NaN), the standing ev updated, *best true when it is a
+ * new lowest (rank 0 also records them in the result). Collective (every
+ * rank calls it with the same done). */
+fsdp_status fsdp_trainer_eval_step(struct trainer *t, fsdp_engine *e, int rank, int done,
+                                   struct eval_track *ev, float *loss, bool *best);
+
+/* Rank 0, after the step's progress line: the evaluation's line (none when
+ * loss is NaN: no evaluation after this step). */
+void fsdp_trainer_eval_print(const struct trainer *t, int done, const struct eval_track *ev,
+                             float loss);
+
+/* --keep-best, once the checkpoint of step `done` is complete: rank 0
+ * records it in --ckpt-dir/BEST; the other ranks return OK. */
+fsdp_status fsdp_trainer_eval_mark_best(struct trainer *t, int rank, int done, float loss);
+
+/* cfg->early_stop reached after step `done` (ev on every rank alike):
+ * rank 0 fills the result and says why the run stops. */
+void fsdp_trainer_eval_early_stop(struct trainer *t, int rank, int done,
+                                  const struct eval_track *ev);
 
 #endif /* FSDP_TRAIN_TRAIN_INTERNAL_H */
