@@ -130,6 +130,15 @@ fsdp_status fsdp_modelfile_tokenizer_find(const char *value, char *buf, size_t n
 fsdp_status fsdp_modelfile_init_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
                                    size_t end, float *dst);
 
+/* The token ids transformers' generate needs to start, pad and stop: a
+ * Hugging Face OUT whose companions hold no generation_config.json gets
+ * one with them. -1: none. */
+typedef struct fsdp_modelfile_generation {
+    int bos_token_id, pad_token_id;
+    int n_eos;
+    int eos_token_id[4];       /* the chat format's end of turn first, then the end of text */
+} fsdp_modelfile_generation;
+
 /* How a model is written (fsdp_modelfile_write_with). */
 typedef struct fsdp_modelfile_write_opts {
     fsdp_dtype dtype;          /* F32 or BF16; checkpoints always hold fp32 (F32 only) */
@@ -140,6 +149,9 @@ typedef struct fsdp_modelfile_write_opts {
                                 * generation files (hfdir.h) are copied along, or NULL */
     const char *tokenizer;     /* Hugging Face directories: a tokenizer.json copied in as
                                 * tokenizer.json (over the companions' one), or NULL */
+    const fsdp_modelfile_generation *generation; /* Hugging Face directories: written as
+                                * generation_config.json when the companions have none
+                                * (NULL: nothing written) */
     /* out (may be NULL): the names of the files copied along, ", "-separated */
     char *copied;
     size_t copied_size;
