@@ -177,7 +177,7 @@ int fsdp_cli_convert(int argc, char **argv)
              "2GB (default 5GB); more than one file gets model.safetensors.index.json", ships);
     snprintf(help_tok, sizeof help_tok, "%s OUT: ship this tokenizer (and the "
              "tokenizer_config.json, special_tokens_map.json and generation_config.json next "
-             "to it); default: those of such an IN", ships);
+             "to it); default: those of such an IN, or those a checkpoint IN carries", ships);
     snprintf(synopsis, sizeof synopsis, "IN OUT [--dtype fp32|bf16] [--to FORMAT]   (IN, OUT: %s)",
              files);
     fsdp_opt opts[] = {
