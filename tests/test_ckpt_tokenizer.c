@@ -229,6 +229,23 @@ START_TEST(test_commands_find_it)
     ck_assert_int_eq(json_int(g, "bos_token_id"), 659);
     ck_assert_int_eq(json_int(g, "pad_token_id"), 660);
     fsdp_json_free(g);
+    /* a base model's own generation config, which stops at the end of text
+     * only: <|eot_id|> is added, the rest kept */
+    pathf(q, sizeof q, "%s/tok/generation_config.json", dir);
+    const char *base_gen = "{\"eos_token_id\": 660, \"temperature\": 0.6}";
+    spit(q, base_gen, strlen(base_gen));
+    rc = fsdp_test_cli(out, sizeof out, "convert %s/ck %s/hf-base --to hf --tokenizer %s", dir,
+                       dir, p);
+    REQUIRE(rc == 0 && strstr(out, "generation_config.json (its end of turn added)"),
+            "convert with a base generation config: %d: %s", rc, out);
+    pathf(q, sizeof q, "%s/hf-base/generation_config.json", dir);
+    ck_assert_int_eq(fsdp_json_parse_file(q, &g), FSDP_STATUS_OK);
+    eos = fsdp_json_get(g, "eos_token_id");
+    REQUIRE(eos && eos->n == 2 && fsdp_json_at(eos, 0)->number == 660 &&
+                fsdp_json_at(eos, 1)->number == 664 &&
+                fsdp_json_get(g, "temperature")->number == 0.6,
+            "%s", slurp(q));
+    fsdp_json_free(g);
     /* ... and back into a checkpoint, which carries it again */
     rc = fsdp_test_cli(out, sizeof out, "convert %s/hf %s/ck2 --to ckpt --quiet", dir, dir);
     pathf(q, sizeof q, "%s/ck2/step_00000000/tokenizer.json", dir);

@@ -105,40 +105,20 @@ static void note_copied(const fsdp_modelfile_write_opts *o, const char *name)
     snprintf(o->copied + k, o->copied_size - k, "%s%s", k ? ", " : "", name);
 }
 
-/* generation_config.json from o->generation, keys sorted, indented by two
- * spaces as transformers' GenerationConfig.save_pretrained writes it
- * (eos_token_id a number, or a list when there are several). */
-static fsdp_status write_generation(const char *tmp, const fsdp_modelfile_generation *g)
+#define GENERATION "generation_config.json"
+
+/* "generation_config.json (written)", or bare when copied as it was. */
+static void note_generation(const fsdp_modelfile_write_opts *o, const char *what)
 {
-    fsdp_sbuf b = {0};
-    const char *sep = "{\n";
-    if (g->bos_token_id >= 0) {
-        fsdp_sbuf_printf(&b, "%s  \"bos_token_id\": %d", sep, g->bos_token_id);
-        sep = ",\n";
-    }
-    if (g->n_eos == 1)
-        fsdp_sbuf_printf(&b, "%s  \"eos_token_id\": %d", sep, g->eos_token_id[0]);
-    if (g->n_eos > 1) {
-        fsdp_sbuf_printf(&b, "%s  \"eos_token_id\": [", sep);
-        for (int i = 0; i < g->n_eos; i++)
-            fsdp_sbuf_printf(&b, "%s\n    %d", i ? "," : "", g->eos_token_id[i]);
-        fsdp_sbuf_printf(&b, "\n  ]");
-    }
-    if (g->n_eos > 0)
-        sep = ",\n";
-    if (g->pad_token_id >= 0)
-        fsdp_sbuf_printf(&b, "%s  \"pad_token_id\": %d", sep, g->pad_token_id);
-    fsdp_sbuf_printf(&b, "%s}\n", b.n ? "\n" : "{\n");
-    char p[FSDP_CKPT_PATH_MAX + 64];
-    snprintf(p, sizeof p, "%s/generation_config.json", tmp);
-    fsdp_status st = b.oom ? fsdp_error_set(FSDP_STATUS_OOM, "out of host memory")
-                           : fsdp_write_file_sync(p, b.p, b.n, "generation config");
-    free(b.p);
-    return st;
+    char name[96];
+    snprintf(name, sizeof name, GENERATION "%s%s%s", strcmp(what, "copied") ? " (" : "",
+             strcmp(what, "copied") ? what : "", strcmp(what, "copied") ? ")" : "");
+    note_copied(o, name);
 }
 
-/* The companions present in o->companions, then o->tokenizer, then a
- * generation_config.json from o->generation when none was copied. */
+/* The companions present in o->companions (generation_config.json as
+ * o->generation says: hfdir.h), then o->tokenizer, then a
+ * generation_config.json from o->generation when there was none. */
 static fsdp_status copy_companions(const char *tmp, const fsdp_modelfile_write_opts *o)
 {
     char src[FSDP_CKPT_PATH_MAX + 64], dst[FSDP_CKPT_PATH_MAX + 64];
@@ -151,6 +131,12 @@ static fsdp_status copy_companions(const char *tmp, const fsdp_modelfile_write_o
             stat(src, &sb) != 0 || !S_ISREG(sb.st_mode))
             continue;
         snprintf(dst, sizeof dst, "%s/%s", tmp, name);
+        if (o->generation && !strcmp(name, GENERATION)) {
+            const char *what;
+            FSDP_TRY(fsdp_hfdir_write_generation(tmp, src, o->generation, &what));
+            note_generation(o, what);
+            continue;
+        }
         FSDP_TRY(copy_file(src, dst));
         note_copied(o, name);
     }
@@ -159,10 +145,11 @@ static fsdp_status copy_companions(const char *tmp, const fsdp_modelfile_write_o
         FSDP_TRY(copy_file(o->tokenizer, dst));
         note_copied(o, "tokenizer.json");
     }
-    snprintf(dst, sizeof dst, "%s/generation_config.json", tmp);
-    if (o->generation && stat(dst, &sb) != 0) { /* the model's own one wins */
-        FSDP_TRY(write_generation(tmp, o->generation));
-        note_copied(o, "generation_config.json (written)");
+    snprintf(dst, sizeof dst, "%s/" GENERATION, tmp);
+    if (o->generation && stat(dst, &sb) != 0) {
+        const char *what;
+        FSDP_TRY(fsdp_hfdir_write_generation(tmp, NULL, o->generation, &what));
+        note_generation(o, what);
     }
     return FSDP_STATUS_OK;
 }

@@ -132,9 +132,12 @@ fsdp_status fsdp_modelfile_init_fn(void *arg, const fsdp_model *m, int unit, siz
 
 /* The token ids transformers' generate needs to start, pad and stop: a
  * Hugging Face OUT whose companions hold no generation_config.json gets
- * one with them. -1: none. */
+ * one with them; the companions' one gets end_of_turn added to its
+ * eos_token_id when it lacks it (ckpt/hfdir_gen.c). -1: none. */
 typedef struct fsdp_modelfile_generation {
     int bos_token_id, pad_token_id;
+    int end_of_turn;           /* the chat format's: added to the model's own file's
+                                * eos_token_id when it lacks it */
     int n_eos;
     int eos_token_id[4];       /* the chat format's end of turn first, then the end of text */
 } fsdp_modelfile_generation;
@@ -149,9 +152,9 @@ typedef struct fsdp_modelfile_write_opts {
                                 * generation files (hfdir.h) are copied along, or NULL */
     const char *tokenizer;     /* Hugging Face directories: a tokenizer.json copied in as
                                 * tokenizer.json (over the companions' one), or NULL */
-    const fsdp_modelfile_generation *generation; /* Hugging Face directories: written as
-                                * generation_config.json when the companions have none
-                                * (NULL: nothing written) */
+    const fsdp_modelfile_generation *generation; /* Hugging Face directories: what
+                                * generation_config.json must say (NULL: the companions'
+                                * copied as they are) */
     /* out (may be NULL): the names of the files copied along, ", "-separated */
     char *copied;
     size_t copied_size;

@@ -20,7 +20,8 @@
  * Face IN or those a checkpoint IN carries (ckpt/ckpt_tok.h), or those of
  * --tokenizer's directory (with that tokenizer.json), and a
  * generation_config.json with the tokenizer's BOS, padding and stop tokens
- * when they hold none. A checkpoint OUT carries the tokenizer of a Hugging
+ * when they hold none (their own gets the chat format's end of turn added
+ * when it lacks it). A checkpoint OUT carries the tokenizer of a Hugging
  * Face or checkpoint IN.
  */
 #include <libgen.h>
@@ -118,8 +119,9 @@ static fsdp_status check_tokenizer(const char *path, const fsdp_model *m)
 /* The ids generation_config.json gives transformers' generate, from the
  * tokenizer.json at `path`: its BOS; the end of an assistant turn of the
  * chat format it renders (data/chat.h: Llama 3 <|eot_id|>, ChatML
- * <|im_end|>) and its end of text, which stop the generation; the end of
- * text again as padding. A chat template that does not open is left out
+ * <|im_end|>) and its end of text, which stop the generation (the end of
+ * turn alone is added to the model's own file); the end of text again as
+ * padding. A chat template that does not open is left out
  * with a warning (the export does not depend on it). */
 static fsdp_status generation_ids(const char *path, fsdp_modelfile_generation *g)
 {
@@ -133,7 +135,8 @@ static fsdp_status generation_ids(const char *path, fsdp_modelfile_generation *g
                         "token: %s\n", fsdp_error_msg());
     else if (chat)
         turn = fsdp_chat_end_of_turn(chat, t);
-    *g = (fsdp_modelfile_generation){.bos_token_id = fsdp_hftok_bos(t), .pad_token_id = eot};
+    *g = (fsdp_modelfile_generation){.bos_token_id = fsdp_hftok_bos(t), .pad_token_id = eot,
+                                     .end_of_turn = turn};
     if (turn >= 0)
         g->eos_token_id[g->n_eos++] = turn;
     if (eot >= 0 && eot != turn)
