@@ -121,8 +121,8 @@ static fsdp_status check_tokenizer(const char *path, const fsdp_model *m)
  * chat format it renders (data/chat.h: Llama 3 <|eot_id|>, ChatML
  * <|im_end|>) and its end of text, which stop the generation (the end of
  * turn alone is added to the model's own file); the end of text again as
- * padding. A chat template that does not open is left out
- * with a warning (the export does not depend on it). */
+ * padding. When the chat template does not open, the end of turn is left
+ * out with a warning: the export does not depend on it. */
 static fsdp_status generation_ids(const char *path, fsdp_modelfile_generation *g)
 {
     fsdp_hftok *t = NULL;
