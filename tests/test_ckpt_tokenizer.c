@@ -89,7 +89,8 @@ START_TEST(test_manifest_lines)
     static const struct {
         const char *old, *new, *expect;
     } cases[] = {
-        {"tokenizer_file tokenizer_config.json", "tokenizer_file notes.txt", "not a tokenizer file"},
+        {"tokenizer_file tokenizer_config.json", "tokenizer_file notes.txt",
+         "not a tokenizer file"},
         {"tokenizer_file tokenizer_config.json", "tokenizer_file tokenizer.json", "twice"},
         {"tokenizer_file tokenizer_config.json 2 ", "tokenizer_file tokenizer_config.json 2x ",
          "size"},
