@@ -6,8 +6,9 @@
  * - a Hugging Face tokenizer.json (--tokenizer, or the model directory's
  *   own, or the one a checkpoint carries): the prompt is encoded as
  *   transformers encodes it (with the tokenizer's BOS when it adds one)
- *   and the output decoded; generation stops at the end-of-text token. With --chat the prompt is a user
- *   message (after an optional --system one) rendered as training renders
+ *   and the output decoded; generation stops at the end-of-text token.
+ *   With --chat the prompt is a user message (after an optional --system
+ *   one) rendered as training renders
  *   chats (data/chat.h: the model's own chat template, else a built-in
  *   format) with the generation prompt after it, and generation stops at
  *   the end of the assistant's turn.
