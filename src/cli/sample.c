@@ -8,10 +8,9 @@
  *   transformers encodes it (with the tokenizer's BOS when it adds one)
  *   and the output decoded; generation stops at the end-of-text token.
  *   With --chat the prompt is a user message (after an optional --system
- *   one) rendered as training renders
- *   chats (data/chat.h: the model's own chat template, else a built-in
- *   format) with the generation prompt after it, and generation stops at
- *   the end of the assistant's turn.
+ *   one) rendered as training renders chats (data/chat.h: the model's own
+ *   chat template, else a built-in format) with the generation prompt
+ *   after it, and generation stops at the end of the assistant's turn.
  * - byte-level models (vocabulary 256): the prompt's bytes.
  * - llm.c's tokenizer file (gpt2_tokenizer.bin, --tokenizer): decoded
  *   output, and a prompt encoded by greedy longest match over its table
