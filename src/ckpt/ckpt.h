@@ -12,6 +12,8 @@
  *   DIR/step_00000010/manifest        text, `key value` lines (manifest.h)
  *   DIR/step_00000010/rank_00000.bin  rank 0's shards of every unit (shard_file.h)
  *   ...                               one file per rank of the writing world
+ *   DIR/step_00000010/tokenizer.json  the tokenizer the run read its data with, and
+ *   ...                               its companions (ckpt_tok.h), when there is one
  *   DIR/step_00000010/DONE            written last
  */
 #ifndef FSDP_CKPT_CKPT_H

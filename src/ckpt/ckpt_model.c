@@ -5,7 +5,8 @@
  * shard_file.h, which check every block's checksum. The unit range is cut
  * at the writing world's shard boundaries, so a checkpoint written by N
  * devices loads into any number of ranks. Export writes a 1-device
- * checkpoint at step 0.
+ * checkpoint at step 0, carrying the tokenizer of the model's directory
+ * (ckpt_tok.h).
  */
 #include <dirent.h>
 #include <inttypes.h>
@@ -15,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "ckpt/ckpt.h"
+#include "ckpt/ckpt_tok.h"
 #include "ckpt/modelfile_internal.h"
 #include "core/log.h"
 #include "ops/ops.h"
@@ -224,9 +226,20 @@ static fsdp_status ckpt_write(const char *dir, const fsdp_model *m, const float 
     snprintf(man.compute_dtype, sizeof man.compute_dtype, "fp32");
     fsdp_ckpt_manifest_set_model(&man, m);
     FSDP_CHECK(fsdp_ckpt_manifest_set_units(&man, m, padded, padded));
+    /* the tokenizer of the model's directory, or --tokenizer's, carried along */
+    char tok[FSDP_CKPT_PATH_MAX + 32];
+    struct stat sb;
+    const char *tok_json = o->tokenizer;
+    if (!tok_json && o->companions &&
+        snprintf(tok, sizeof tok, "%s/" FSDP_CKPT_TOK_JSON, o->companions) < (int)sizeof tok &&
+        stat(tok, &sb) == 0 && S_ISREG(sb.st_mode))
+        tok_json = tok;
+    if (tok_json)
+        FSDP_CHECK(fsdp_ckpt_tok_load(&man, tok_json, o->companions));
     FSDP_CHECK(fsdp_ckpt_begin(dir, 0));
     char tmp[FSDP_CKPT_PATH_MAX], p[FSDP_CKPT_PATH_MAX + 16];
     FSDP_CHECK(fsdp_ckpt_step_path(tmp, sizeof tmp, dir, 0, ".tmp"));
+    FSDP_CHECK(fsdp_ckpt_tok_write(tmp, &man));
     snprintf(p, sizeof p, "%s/manifest", tmp);
     FSDP_CHECK(fsdp_ckpt_manifest_write(p, &man));
     FSDP_CHECK(fsdp_ckpt_rank_path(p, sizeof p, tmp, 0));

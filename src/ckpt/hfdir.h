@@ -46,6 +46,15 @@
  * generation settings. NULL-terminated. */
 extern const char *const fsdp_hfdir_companions[];
 
+/* generation_config.json into `dir` (hfdir_gen.c): the companion `src` (NULL:
+ * none), kept byte for byte when its eos_token_id already holds
+ * g->end_of_turn (or g has none, or src is not a JSON object with numeric
+ * ids), else re-written with it appended; without src, one written from g.
+ * *what: "copied", "its end of turn added" or "written". IO naming the
+ * file that cannot be read or written. */
+fsdp_status fsdp_hfdir_write_generation(const char *dir, const char *src,
+                                        const fsdp_modelfile_generation *g, const char **what);
+
 /* The family and canonical config that config.json text[0..n) describes:
  * model_type through the families' hf_model_types, an architectures entry
  * that is a causal language model, then the family's hf_config.

@@ -105,7 +105,20 @@ static void note_copied(const fsdp_modelfile_write_opts *o, const char *name)
     snprintf(o->copied + k, o->copied_size - k, "%s%s", k ? ", " : "", name);
 }
 
-/* The companions present in o->companions, then o->tokenizer. */
+#define GENERATION "generation_config.json"
+
+/* "generation_config.json (written)", or bare when copied as it was. */
+static void note_generation(const fsdp_modelfile_write_opts *o, const char *what)
+{
+    char name[96];
+    snprintf(name, sizeof name, GENERATION "%s%s%s", strcmp(what, "copied") ? " (" : "",
+             strcmp(what, "copied") ? what : "", strcmp(what, "copied") ? ")" : "");
+    note_copied(o, name);
+}
+
+/* The companions present in o->companions (generation_config.json as
+ * o->generation says: hfdir.h), then o->tokenizer, then a
+ * generation_config.json from o->generation when there was none. */
 static fsdp_status copy_companions(const char *tmp, const fsdp_modelfile_write_opts *o)
 {
     char src[FSDP_CKPT_PATH_MAX + 64], dst[FSDP_CKPT_PATH_MAX + 64];
@@ -118,6 +131,12 @@ static fsdp_status copy_companions(const char *tmp, const fsdp_modelfile_write_o
             stat(src, &sb) != 0 || !S_ISREG(sb.st_mode))
             continue;
         snprintf(dst, sizeof dst, "%s/%s", tmp, name);
+        if (o->generation && !strcmp(name, GENERATION)) {
+            const char *what;
+            FSDP_TRY(fsdp_hfdir_write_generation(tmp, src, o->generation, &what));
+            note_generation(o, what);
+            continue;
+        }
         FSDP_TRY(copy_file(src, dst));
         note_copied(o, name);
     }
@@ -125,6 +144,12 @@ static fsdp_status copy_companions(const char *tmp, const fsdp_modelfile_write_o
         snprintf(dst, sizeof dst, "%s/tokenizer.json", tmp);
         FSDP_TRY(copy_file(o->tokenizer, dst));
         note_copied(o, "tokenizer.json");
+    }
+    snprintf(dst, sizeof dst, "%s/" GENERATION, tmp);
+    if (o->generation && stat(dst, &sb) != 0) {
+        const char *what;
+        FSDP_TRY(fsdp_hfdir_write_generation(tmp, NULL, o->generation, &what));
+        note_generation(o, what);
     }
     return FSDP_STATUS_OK;
 }

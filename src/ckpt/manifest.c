@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "ckpt/ckpt_tok.h"
 #include "ckpt/manifest.h"
 #include "core/error.h"
 #include "core/fileio.h"
@@ -41,6 +42,8 @@ void fsdp_ckpt_manifest_free(fsdp_ckpt_manifest *m)
         for (int u = 0; u < m->n_units; u++)
             free(m->units[u].params);
     free(m->units);
+    for (int i = 0; i < m->n_tok_files; i++)
+        free(m->tok_files[i].data);
     memset(m, 0, sizeof *m);
 }
 
@@ -598,6 +601,9 @@ static fsdp_status begin_units(reader *r, const char *val, int lines_left,
         snprintf(m->optim_state[1], sizeof m->optim_state[1], "adam_v");
     }
     FSDP_TRY(check_header(&r->ps, m));
+    if (m->n_tok_files && strcmp(m->tok_files[0].name, FSDP_CKPT_TOK_JSON))
+        return bad(&r->ps, "the tokenizer files listed do not start with %s (line %d lists "
+                   "'%s')", FSDP_CKPT_TOK_JSON, m->tok_files[0].line, m->tok_files[0].name);
     if (m->version == 1) {
         int at = r->ps.line;
         FSDP_TRY(finish_v1_model(&r->ps, m));
@@ -616,6 +622,39 @@ static fsdp_status begin_units(reader *r, const char *val, int lines_left,
     return FSDP_STATUS_OK;
 }
 
+/* `tokenizer_file <name> <bytes> <XXH64>` (version 3, optional, one line
+ * per file): a companion name (ckpt_tok.h), each once, a size within the
+ * limit and 16 hex digits. */
+static fsdp_status tok_file_line(reader *r, char *val, fsdp_ckpt_manifest *m)
+{
+    const parser *ps = &r->ps;
+    if (!r->seen[K_VERSION] || m->version < 3)
+        return bad(ps, "key 'tokenizer_file' is not part of a version-%d manifest", m->version);
+    char *t[4];
+    if (tokenize(val, t, 4) != 3)
+        return bad(ps, "expected 'tokenizer_file <name> <bytes> <16 hex digits>'");
+    char names[320];
+    if (!fsdp_ckpt_tok_name_valid(t[0]))
+        return bad(ps, "tokenizer_file '%.64s' is not a tokenizer file fsdp carries (%s)", t[0],
+                   fsdp_ckpt_tok_names(names, sizeof names));
+    for (int i = 0; i < m->n_tok_files; i++)
+        if (!strcmp(m->tok_files[i].name, t[0]))
+            return bad(ps, "tokenizer_file '%s' appears twice", t[0]);
+    if (m->n_tok_files == FSDP_CKPT_TOK_FILES_MAX)
+        return bad(ps, "more than %d tokenizer_file lines", FSDP_CKPT_TOK_FILES_MAX);
+    fsdp_ckpt_tok_file *f = &m->tok_files[m->n_tok_files];
+    if (!parse_u64(t[1], FSDP_CKPT_TOK_BYTES_MAX, &f->size_bytes))
+        return bad(ps, "tokenizer_file '%s': size '%s' is not a number of bytes up to %zu MiB",
+                   t[0], t[1], FSDP_CKPT_TOK_BYTES_MAX >> 20);
+    if (!parse_hex64(t[2], &f->xxh64))
+        return bad(ps, "tokenizer_file '%s': '%s' is not 16 lower-case hex digits (its XXH64)",
+                   t[0], t[2]);
+    snprintf(f->name, sizeof f->name, "%s", t[0]);
+    f->line = ps->line;
+    m->n_tok_files++;
+    return FSDP_STATUS_OK;
+}
+
 /* A header line: `key value`, each key once, 'format' and 'version'
  * first, only the keys of that version; or `units N`, which ends it. */
 static fsdp_status header_line(reader *r, char *line, size_t len, int lines_left,
@@ -627,6 +666,8 @@ static fsdp_status header_line(reader *r, char *line, size_t len, int lines_left
         *sp = '\0';
     if (!strcmp(key, "units"))
         return begin_units(r, val, lines_left, m);
+    if (!strcmp(key, FSDP_CKPT_TOK_KEY))
+        return tok_file_line(r, val, m);
     int k = 0;
     while (k < K_COUNT && strcmp(key, mkey_names[k]))
         k++;

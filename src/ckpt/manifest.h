@@ -9,7 +9,10 @@
  * before it, 16 hex digits>`: the shard files cannot tell a model's heads
  * or rope settings from its shapes, so an edited or damaged manifest would
  * otherwise rebuild another model over the same numbers; every reader
- * refuses one whose checksum does not match. 2 records the model as
+ * refuses one whose checksum does not match. Version 3 may also list the
+ * tokenizer files the checkpoint carries (`tokenizer_file` lines, one per
+ * file, after `tokenizer`; ckpt_tok.h), optional like `shard_ranks`: a build
+ * older than them refuses such a manifest by that key's name. 2 records the model as
  * `model_family <name>` and `model_config <the family's canonical
  * config>`: one source of truth, rebuilt through the model registry; it
  * has no checksum and is checked against its shard files only (sizes, run
@@ -33,6 +36,20 @@
 #define FSDP_CKPT_VERSION 3     /* what this build writes */
 #define FSDP_CKPT_VERSION_MIN 1 /* the oldest it reads */
 #define FSDP_CKPT_MANIFEST_LINE_MAX 1024 /* characters of one line, written and read */
+#define FSDP_CKPT_TOK_FILES_MAX 16       /* tokenizer files a checkpoint carries */
+#define FSDP_CKPT_TOK_NAME_MAX 32        /* bytes of one's name, NUL included */
+
+/* One file of the tokenizer a checkpoint carries (ckpt_tok.h): a
+ * `tokenizer_file <name> <bytes> <XXH64, 16 hex digits>` line of a
+ * version-3 manifest, and the file CKPT/<name> beside it. */
+typedef struct fsdp_ckpt_tok_file {
+    char name[FSDP_CKPT_TOK_NAME_MAX]; /* one of fsdp_hfdir_companions */
+    uint64_t size_bytes;
+    uint64_t xxh64;           /* XXH64 (seed 0) of its bytes */
+    char *data;               /* when writing: its bytes (owned: freed with the manifest);
+                                 NULL as read */
+    int line;                 /* manifest line it was read from (0: built in memory) */
+} fsdp_ckpt_tok_file;
 
 typedef struct fsdp_ckpt_param {
     char name[64];
@@ -92,6 +109,11 @@ typedef struct fsdp_ckpt_manifest {
     char data[512];           /* data spec: a resume on other data needs --allow-data-change */
     char tokenizer[512];      /* the tokenizer the data was read with ("" none; version 3) */
     bool tokenizer_recorded;  /* read from a manifest that records it (version 3) */
+    /* The tokenizer's files the checkpoint carries (optional `tokenizer_file`
+     * lines of version 3, written only when there are some, so a manifest
+     * without them reads as before): tokenizer.json first. */
+    int n_tok_files;
+    fsdp_ckpt_tok_file tok_files[FSDP_CKPT_TOK_FILES_MAX];
     int n_units;
     fsdp_ckpt_unit *units;    /* [n_units], owned */
 } fsdp_ckpt_manifest;

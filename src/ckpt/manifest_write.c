@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <xxhash.h>
 
+#include "ckpt/ckpt_tok.h"
 #include "ckpt/manifest.h"
 #include "core/error.h"
 #include "core/fileio.h"
@@ -51,6 +52,9 @@ fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest 
     sb_text(&b, "model_config", m->model_config);
     sb_text(&b, "data", m->data);
     sb_text(&b, "tokenizer", m->tokenizer);
+    for (int i = 0; i < m->n_tok_files; i++) /* only when it carries them (manifest.h) */
+        fsdp_sbuf_printf(&b, FSDP_CKPT_TOK_KEY " %s %" PRIu64 " %016" PRIx64 "\n",
+                         m->tok_files[i].name, m->tok_files[i].size_bytes, m->tok_files[i].xxh64);
     fsdp_sbuf_printf(&b, "block_numel %zu\nunits %d\n", FSDP_CKPT_BLOCK_NUMEL, m->n_units);
     for (int u = 0; u < m->n_units; u++) {
         const fsdp_ckpt_unit *cu = &m->units[u];

@@ -119,9 +119,28 @@ const char *fsdp_modelfile_companions(const fsdp_modelfile *mf);
  * beyond stats. */
 bool fsdp_modelfile_tokenizer_of(const char *value, char *buf, size_t n);
 
+/* The tokenizer.json that comes with `value`, into buf: a Hugging Face
+ * directory's (fsdp_modelfile_tokenizer_of), else the one a checkpoint
+ * carries (ckpt/ckpt_tok.h), checked against its manifest. *found false
+ * (OK) when there is none; a checkpoint whose tokenizer files no longer
+ * match its manifest is FORMAT saying so. */
+fsdp_status fsdp_modelfile_tokenizer_find(const char *value, char *buf, size_t n, bool *found);
+
 /* fsdp_engine_shared.init_fn: arg is a bound fsdp_modelfile. */
 fsdp_status fsdp_modelfile_init_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
                                    size_t end, float *dst);
+
+/* The token ids transformers' generate needs to start, pad and stop: a
+ * Hugging Face OUT whose companions hold no generation_config.json gets
+ * one with them; the companions' one gets end_of_turn added to its
+ * eos_token_id when it lacks it (ckpt/hfdir_gen.c). -1: none. */
+typedef struct fsdp_modelfile_generation {
+    int bos_token_id, pad_token_id;
+    int end_of_turn;           /* the chat format's: added to the model's own file's
+                                * eos_token_id when it lacks it */
+    int n_eos;
+    int eos_token_id[4];       /* the chat format's end of turn first, then the end of text */
+} fsdp_modelfile_generation;
 
 /* How a model is written (fsdp_modelfile_write_with). */
 typedef struct fsdp_modelfile_write_opts {
@@ -133,6 +152,9 @@ typedef struct fsdp_modelfile_write_opts {
                                 * generation files (hfdir.h) are copied along, or NULL */
     const char *tokenizer;     /* Hugging Face directories: a tokenizer.json copied in as
                                 * tokenizer.json (over the companions' one), or NULL */
+    const fsdp_modelfile_generation *generation; /* Hugging Face directories: what
+                                * generation_config.json must say (NULL: the companions'
+                                * copied as they are) */
     /* out (may be NULL): the names of the files copied along, ", "-separated */
     char *copied;
     size_t copied_size;

@@ -17,7 +17,12 @@
  * to nearest even, and bf16 read back as bf16 is exact.
  *
  * A Hugging Face OUT gets the tokenizer and generation files of a Hugging
- * Face IN, or those of --tokenizer's directory (with that tokenizer.json).
+ * Face IN or those a checkpoint IN carries (ckpt/ckpt_tok.h), or those of
+ * --tokenizer's directory (with that tokenizer.json), and a
+ * generation_config.json with the tokenizer's BOS, padding and stop tokens
+ * when they hold none (their own gets the chat format's end of turn added
+ * when it lacks it). A checkpoint OUT carries the tokenizer of a Hugging
+ * Face or checkpoint IN.
  */
 #include <libgen.h>
 #include <stdio.h>
@@ -27,6 +32,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "ckpt/modelfile.h"
+#include "data/chat.h"
 #include "data/hftok.h"
 
 /* OUT's format (see the top of the file), or NULL after a usage message. */
@@ -110,6 +116,36 @@ static fsdp_status check_tokenizer(const char *path, const fsdp_model *m)
     return FSDP_STATUS_OK;
 }
 
+/* The ids generation_config.json gives transformers' generate, from the
+ * tokenizer.json at `path`: its BOS; the end of an assistant turn of the
+ * chat format it renders (data/chat.h: Llama 3 <|eot_id|>, ChatML
+ * <|im_end|>) and its end of text, which stop the generation (the end of
+ * turn alone is added to the model's own file); the end of text again as
+ * padding. When the chat template does not open, the end of turn is left
+ * out with a warning: the export does not depend on it. */
+static fsdp_status generation_ids(const char *path, fsdp_modelfile_generation *g)
+{
+    fsdp_hftok *t = NULL;
+    FSDP_TRY(fsdp_hftok_open(&t, path));
+    fsdp_chat *chat = NULL;
+    fsdp_chat_opts o = {.tokenizer = path};
+    int eot = fsdp_hftok_eot(t), turn = -1;
+    if (fsdp_chat_open(&chat, t, &o) != FSDP_STATUS_OK)
+        fprintf(stderr, "fsdp convert: warning: generation_config.json lists no end-of-turn "
+                        "token: %s\n", fsdp_error_msg());
+    else if (chat)
+        turn = fsdp_chat_end_of_turn(chat, t);
+    *g = (fsdp_modelfile_generation){.bos_token_id = fsdp_hftok_bos(t), .pad_token_id = eot,
+                                     .end_of_turn = turn};
+    if (turn >= 0)
+        g->eos_token_id[g->n_eos++] = turn;
+    if (eot >= 0 && eot != turn)
+        g->eos_token_id[g->n_eos++] = eot;
+    fsdp_chat_free(chat);
+    fsdp_hftok_free(t);
+    return FSDP_STATUS_OK;
+}
+
 /* --to's help: the default OUT format, from the table's directory formats. */
 static const char *to_help(char *buf, size_t n)
 {
@@ -144,7 +180,7 @@ int fsdp_cli_convert(int argc, char **argv)
              "2GB (default 5GB); more than one file gets model.safetensors.index.json", ships);
     snprintf(help_tok, sizeof help_tok, "%s OUT: ship this tokenizer (and the "
              "tokenizer_config.json, special_tokens_map.json and generation_config.json next "
-             "to it); default: those of such an IN", ships);
+             "to it); default: those of such an IN, or those a checkpoint IN carries", ships);
     snprintf(synopsis, sizeof synopsis, "IN OUT [--dtype fp32|bf16] [--to FORMAT]   (IN, OUT: %s)",
              files);
     fsdp_opt opts[] = {
@@ -183,7 +219,8 @@ int fsdp_cli_convert(int argc, char **argv)
     fsdp_modelfile *mf = NULL;
     fsdp_model m;
     float **units = NULL;
-    char copied[512] = "", tok_dir[4096];
+    char copied[512] = "", tok_dir[4096], own_tok[4096];
+    fsdp_modelfile_generation gen;
     fsdp_status st = fsdp_modelfile_resolve(pos[0], &m, &mf);
     if (st == FSDP_STATUS_OK && !mf) {
         fsdp_model_free(&m);
@@ -192,6 +229,13 @@ int fsdp_cli_convert(int argc, char **argv)
     }
     if (st == FSDP_STATUS_OK && tokenizer)
         st = check_tokenizer(tokenizer, &m);
+    /* else a Hugging Face IN's, or the one a checkpoint IN carries (checked) */
+    bool has_own = false;
+    if (st == FSDP_STATUS_OK && !tokenizer)
+        st = fsdp_modelfile_tokenizer_find(pos[0], own_tok, sizeof own_tok, &has_own);
+    const char *tok_json = tokenizer ? tokenizer : has_own ? own_tok : NULL;
+    if (st == FSDP_STATUS_OK && tok_json && fsdp_modelfile_format_ships_tokenizer(out_fmt))
+        st = generation_ids(tok_json, &gen);
     if (st != FSDP_STATUS_OK)
         goto fail;
     units = calloc((size_t)m.n_units, sizeof *units);
@@ -216,8 +260,11 @@ int fsdp_cli_convert(int argc, char **argv)
                                     .companions = fsdp_modelfile_companions(mf),
                                     .tokenizer = tokenizer, .copied = copied,
                                     .copied_size = sizeof copied};
-    if (tokenizer) { /* its configuration and template come from where it comes from */
-        snprintf(tok_dir, sizeof tok_dir, "%s", tokenizer);
+    if (tok_json && fsdp_modelfile_format_ships_tokenizer(out_fmt))
+        wo.generation = &gen;
+    if (tokenizer || (has_own && !wo.companions)) { /* its configuration and template come
+                                                      * from where it comes from */
+        snprintf(tok_dir, sizeof tok_dir, "%s", tok_json);
         wo.companions = dirname(tok_dir);
     }
     st = fsdp_modelfile_write_with(pos[1], out_fmt, &m, (const float *const *)units, &wo);

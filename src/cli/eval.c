@@ -3,7 +3,8 @@
  * set, over the first S micro-batches the trainer would read (same
  * numbering, so it matches a training run's loss on the same batches).
  * Text and jsonl data are tokenized with --tokenizer, else with the
- * tokenizer.json of a Hugging Face model directory.
+ * tokenizer.json of a Hugging Face model directory or the one a checkpoint
+ * carries (ckpt/ckpt_tok.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -30,7 +31,7 @@ int fsdp_cli_eval(int argc, char **argv)
         ".jsonl {\"text\"} rows, or llm.c token shards (required)");
     fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
                  "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families; "
-                 "default: the model directory's)");
+                 "default: the model directory's, or the one a checkpoint carries)");
     fsdp_opt_add(&l, "batch", FSDP_OPT_INT, &c->batch, "B",
                  "sequences per micro-batch (default 8)");
     fsdp_opt_add(&l, "seq", FSDP_OPT_INT, &c->seq, "T",
@@ -53,7 +54,14 @@ int fsdp_cli_eval(int argc, char **argv)
         return 2;
     }
     char found[4096];
-    if (!c->tokenizer && fsdp_modelfile_tokenizer_of(c->model_path, found, sizeof found))
+    bool has_own = false; /* a Hugging Face directory's or a checkpoint's */
+    if (!c->tokenizer &&
+        fsdp_modelfile_tokenizer_find(c->model_path, found, sizeof found, &has_own) !=
+            FSDP_STATUS_OK) {
+        fprintf(stderr, "fsdp eval: error: %s\n", fsdp_error_msg());
+        return 1;
+    }
+    if (has_own)
         c->tokenizer = found;
     if (steps < 1 || c->batch < 1 || c->seq < 0) {
         fprintf(stderr, "fsdp eval: need --steps >= 1, --batch >= 1 and --seq >= 1\n");

@@ -4,13 +4,13 @@
  *
  * How text becomes tokens, by what the model comes with:
  * - a Hugging Face tokenizer.json (--tokenizer, or the model directory's
- *   own): the prompt is encoded as transformers encodes it (with the
- *   tokenizer's BOS when it adds one) and the output decoded; generation
- *   stops at the end-of-text token. With --chat the prompt is a user
- *   message (after an optional --system one) rendered as training renders
- *   chats (data/chat.h: the model's own chat template, else a built-in
- *   format) with the generation prompt after it, and generation stops at
- *   the end of the assistant's turn.
+ *   own, or the one a checkpoint carries): the prompt is encoded as
+ *   transformers encodes it (with the tokenizer's BOS when it adds one)
+ *   and the output decoded; generation stops at the end-of-text token.
+ *   With --chat the prompt is a user message (after an optional --system
+ *   one) rendered as training renders chats (data/chat.h: the model's own
+ *   chat template, else a built-in format) with the generation prompt
+ *   after it, and generation stops at the end of the assistant's turn.
  * - byte-level models (vocabulary 256): the prompt's bytes.
  * - llm.c's tokenizer file (gpt2_tokenizer.bin, --tokenizer): decoded
  *   output, and a prompt encoded by greedy longest match over its table
@@ -121,8 +121,9 @@ static bool has_suffix(const char *s, const char *suffix)
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
-/* The tokenizer: --tokenizer, else the model directory's tokenizer.json,
- * else bytes (V = 256) or ids; ids whatever there is with --ids. */
+/* The tokenizer: --tokenizer, else the model directory's tokenizer.json or
+ * the one a checkpoint carries (checked against its manifest), else bytes
+ * (V = 256) or ids; ids whatever there is with --ids. */
 static fsdp_status open_text_io(struct text_io *io, const char *tokenizer, const char *model,
                                 int V, bool ids, char *found, size_t found_size)
 {
@@ -130,7 +131,10 @@ static fsdp_status open_text_io(struct text_io *io, const char *tokenizer, const
     io->ids_asked = ids;
     if (ids)
         return FSDP_STATUS_OK;
-    if (!tokenizer && fsdp_modelfile_tokenizer_of(model, found, found_size))
+    bool has_own = false; /* a Hugging Face directory's or a checkpoint's */
+    if (!tokenizer)
+        FSDP_TRY(fsdp_modelfile_tokenizer_find(model, found, found_size, &has_own));
+    if (has_own)
         tokenizer = found;
     io->tok_path = tokenizer;
     if (tokenizer && has_suffix(tokenizer, ".json")) {
@@ -310,8 +314,8 @@ int fsdp_cli_sample(int argc, char **argv)
                  "0 = greedy (argmax); > 0 samples from softmax(logits / X) (default 0)");
     fsdp_opt_add(&l, "seed", FSDP_OPT_U64, &seed, "S", "sampling seed (default 1337)");
     fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &tokenizer, "FILE",
-                 "tokenizer.json (Hugging Face; default: the model directory's) or llm.c's "
-                 "gpt2_tokenizer.bin");
+                 "tokenizer.json (Hugging Face; default: the model directory's, or the one a "
+                 "checkpoint carries) or llm.c's gpt2_tokenizer.bin");
     fsdp_opt_add(
         &l, "seq", FSDP_OPT_INT, &c->seq, "T",
         "context window: longer texts keep their last T tokens (default: the model's context)");

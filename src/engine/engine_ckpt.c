@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ckpt/ckpt_tok.h"
 #include "core/log.h"
 #include "core/world.h"
 #include "engine/engine_ckpt.h"
@@ -334,6 +335,7 @@ fsdp_status fsdp_engine_ckpt_save(fsdp_engine *e, const char *dir, const fsdp_ck
         char path[FSDP_CKPT_PATH_MAX + 16];
         snprintf(path, sizeof path, "%s/manifest", tmp);
         FSDP_TRY(write_fault(e, step, "manifest"));
+        FSDP_TRY(fsdp_ckpt_tok_write(tmp, &m)); /* the tokenizer it carries, if any */
         FSDP_TRY(fsdp_ckpt_manifest_write(path, &m));
     }
     /* every rank's file is written and fsynced before DONE */

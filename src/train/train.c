@@ -469,13 +469,17 @@ static fsdp_status engine_config(struct trainer *t, fsdp_engine_config *ec, int 
 }
 
 /* --data for text and jsonl with the --tokenizer given, else the model
- * directory's own tokenizer.json; its token ids must fit the model. */
+ * directory's own tokenizer.json or the one a checkpoint --model carries;
+ * its token ids must fit the model. */
 static fsdp_status data_open(struct trainer *t, fsdp_engine_config *ec)
 {
     const fsdp_train_config *cfg = t->cfg;
     char own_tok[FSDP_CKPT_PATH_MAX];
     const char *tok = cfg->tokenizer;
-    if (!tok && fsdp_modelfile_tokenizer_of(cfg->model, own_tok, sizeof own_tok))
+    bool has_own = false; /* a Hugging Face directory's, or the one a checkpoint carries */
+    if (!tok)
+        FSDP_TRY(fsdp_modelfile_tokenizer_find(cfg->model, own_tok, sizeof own_tok, &has_own));
+    if (has_own)
         tok = own_tok;
     snprintf(t->tokenizer, sizeof t->tokenizer, "%s", tok ? tok : "");
     fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = tok,

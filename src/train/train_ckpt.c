@@ -10,6 +10,7 @@
  */
 #include <string.h>
 
+#include "ckpt/ckpt_tok.h"
 #include "core/clock.h"
 #include "core/paths.h"
 #include "engine/engine_ckpt.h"
@@ -28,6 +29,8 @@ static fsdp_status ckpt_claim(struct trainer *t)
     uint64_t step = 0;
     fsdp_status st = fsdp_engine_ckpt_describe(&t->sh, cfg->data, cfg->steps, &t->ck_base);
     snprintf(t->ck_base.tokenizer, sizeof t->ck_base.tokenizer, "%s", t->tokenizer);
+    if (st == FSDP_STATUS_OK && t->tokenizer[0]) /* every checkpoint carries it (ckpt_tok.h) */
+        st = fsdp_ckpt_tok_load(&t->ck_base, t->tokenizer, NULL);
     FSDP_TRY(fsdp_job_agree(cfg->procs, t->world, st));
     FSDP_TRY(fsdp_job_from_process0(cfg->procs, t->world, &t->ck_base.run_id,
                                     sizeof t->ck_base.run_id));

@@ -4,7 +4,7 @@
  * together: the model it records builds and its unit lines are that
  * model's, the model checks against the manifest, and writing the manifest
  * back (always the current version) and reading it again gives the same
- * model, units and run fields.
+ * model, units, run fields and carried tokenizer files.
  */
 #include "ckpt/ckpt.h"
 #include "fuzz_common.h"
@@ -38,8 +38,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (strcmp(back.model_family, man.model_family) ||
         strcmp(back.model_config, man.model_config) || back.n_units != man.n_units ||
         back.step != man.step || back.world_size != man.world_size ||
-        back.data_sequences != man.data_sequences || back.version != FSDP_CKPT_VERSION)
+        back.data_sequences != man.data_sequences || back.version != FSDP_CKPT_VERSION ||
+        back.n_tok_files != man.n_tok_files)
         abort();
+    for (int i = 0; i < man.n_tok_files; i++)
+        if (strcmp(back.tok_files[i].name, man.tok_files[i].name) ||
+            back.tok_files[i].size_bytes != man.tok_files[i].size_bytes ||
+            back.tok_files[i].xxh64 != man.tok_files[i].xxh64)
+            abort();
     for (int u = 0; u < man.n_units; u++)
         if (back.units[u].shard_numel != man.units[u].shard_numel ||
             back.units[u].n_params != man.units[u].n_params)
