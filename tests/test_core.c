@@ -451,7 +451,7 @@ struct stall_arg {
 static fsdp_status stall_rank(fsdp_world *w, int rank, void *p)
 {
     struct stall_arg *a = p;
-    fsdp_flight_step(w, rank, 7);
+    fsdp_flight_step(w->flight, rank, 7);
     fsdp_status st = fsdp_world_barrier(w);
     if (st == FSDP_STATUS_OK && rank == a->late) {
         fsdp_world_wait_aborted(w);

@@ -120,12 +120,12 @@ static fsdp_status stall_report(fsdp_comm_rdv *r, fsdp_world *w, int rank, unsig
         char who[FSDP_ERROR_MSG_MAX];
         snprintf(who, sizeof who, "every rank of this process arrived; %s", trade);
         fsdp_stall st = {.rank = rank, .waited_s = waited_s, .wait = wait, .who = who};
-        return fsdp_flight_stall(w, &st);
+        return fsdp_world_stall(w, &st);
     }
     struct exchange_g x = {r, w, g};
-    return fsdp_flight_stall_among(w, rank, 0, waited_s, wait, r->n_local, local_rank,
-                                   local_arrived, &x,
-                                   w->n_processes > 1 ? "(of this process's ranks)" : NULL);
+    return fsdp_world_stall_among(w, rank, 0, waited_s, wait, r->n_local, local_rank,
+                                  local_arrived, &x,
+                                  w->n_processes > 1 ? "(of this process's ranks)" : NULL);
 }
 
 /* The last local rank of exchange g, w->mu held: trade this process's
