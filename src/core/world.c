@@ -253,24 +253,6 @@ fsdp_status fsdp_world_barrier(fsdp_world *w)
     return fsdp_world_barrier_or(w, 0, &all);
 }
 
-/* Who of the local ranks has arrived at barrier round `gen` (the stall
- * report). */
-struct barrier_round {
-    const fsdp_world *w;
-    unsigned long gen;
-};
-
-static int barrier_rank(const void *ctx, int i)
-{
-    return ((const struct barrier_round *)ctx)->w->rank_offset + i;
-}
-
-static bool barrier_arrived(const void *ctx, int i)
-{
-    const struct barrier_round *b = ctx;
-    return atomic_load(&b->w->barrier_at[i]) == b->gen + 1;
-}
-
 /* The stall watchdog's report of barrier round `gen`, which `rank` has
  * waited in for waited_s (its flight entry seq). */
 static fsdp_status barrier_stall(fsdp_world *w, int rank, long seq, unsigned long gen,
@@ -279,9 +261,7 @@ static fsdp_status barrier_stall(fsdp_world *w, int rank, long seq, unsigned lon
     char wait[128];
     snprintf(wait, sizeof wait, "the barrier of this process's ranks (%d-%d)", w->rank_offset,
              w->rank_offset + w->n_local - 1);
-    struct barrier_round b = {w, gen};
-    return fsdp_world_stall_among(w, rank, seq, waited_s, wait, w->n_local, barrier_rank,
-                                  barrier_arrived, &b, NULL);
+    return fsdp_world_stall_local(w, rank, seq, waited_s, wait, w->barrier_at, gen, NULL);
 }
 
 /* The round's OR is published by the rank that completes it; the others
@@ -428,6 +408,33 @@ fsdp_status fsdp_world_stall_among(fsdp_world *w, int rank, long seq, double wai
     fsdp_status ret = fsdp_world_stall(w, &st);
     free(in);
     return ret;
+}
+
+/* Who of the local ranks has arrived at round `round` (fsdp_world_stall_local). */
+struct local_round {
+    const fsdp_world *w;
+    const atomic_ulong *at;
+    unsigned long round;
+};
+
+static int local_round_rank(const void *ctx, int i)
+{
+    return ((const struct local_round *)ctx)->w->rank_offset + i;
+}
+
+static bool local_round_arrived(const void *ctx, int i)
+{
+    const struct local_round *x = ctx;
+    return atomic_load(&x->at[i]) == x->round + 1;
+}
+
+fsdp_status fsdp_world_stall_local(fsdp_world *w, int rank, long seq, double waited_s,
+                                   const char *wait, const atomic_ulong *at, unsigned long round,
+                                   const char *note)
+{
+    const struct local_round x = {w, at, round};
+    return fsdp_world_stall_among(w, rank, seq, waited_s, wait, w->n_local, local_round_rank,
+                                  local_round_arrived, &x, note);
 }
 
 /* Disarmed while it changes: a rank counting at the same time sees the old

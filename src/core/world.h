@@ -278,6 +278,13 @@ fsdp_status fsdp_world_stall_among(fsdp_world *w, int rank, long seq, double wai
                                    bool (*arrived)(const void *ctx, int i), const void *ctx,
                                    const char *note);
 
+/* fsdp_world_stall_among for a wait among all of this process's ranks,
+ * counted in rounds: local rank i has arrived at round `round` when
+ * at[i] == round + 1 ((n_local,), written by the ranks as they arrive). */
+fsdp_status fsdp_world_stall_local(fsdp_world *w, int rank, long seq, double waited_s,
+                                   const char *wait, const atomic_ulong *at, unsigned long round,
+                                   const char *note);
+
 /* Arm the fault hook (test only); rank is global (a rank of another
  * process never fails here). */
 void fsdp_world_set_fault(fsdp_world *w, fsdp_fault_kind kind, int rank, long k);
