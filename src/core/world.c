@@ -141,7 +141,6 @@ void fsdp_world_free(fsdp_world *w)
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     fsdp_flight_free(w->flight);
-    free(w->flight_path);
     free(w->stop);
     free(w->hosts);
     free(w->barrier_at);
@@ -323,15 +322,11 @@ fsdp_status fsdp_world_set_watchdog(fsdp_world *w, double seconds, const char *r
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "the watchdog's deadline must be 0..%g seconds (got %g)",
                               FSDP_WATCHDOG_MAX_S, seconds);
-    if (record_path && strlen(record_path) >= 4096)
+    if (record_path && strlen(record_path) >= sizeof w->flight_path)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "flight record path too long: '%.64s...'",
                               record_path);
-    char *path = record_path && record_path[0] ? strdup(record_path) : NULL;
-    if (record_path && record_path[0] && !path)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the flight record");
     w->watchdog_s = seconds;
-    free(w->flight_path);
-    w->flight_path = path;
+    snprintf(w->flight_path, sizeof w->flight_path, "%s", record_path ? record_path : "");
     if (seconds == 0) {
         fsdp_flight_free(w->flight);
         w->flight = NULL;
@@ -358,7 +353,7 @@ fsdp_status fsdp_world_stall(fsdp_world *w, const fsdp_stall *s)
                                   w->watchdog_s};
     fsdp_sbuf b = {0};
     fsdp_flight_report(w->flight, &at, s, &b);
-    if (w->flight && w->flight_path) {
+    if (w->flight && w->flight_path[0]) {
         /* the file holds the report without the line about itself */
         if (fsdp_flight_record_write(w->flight, &at, b.oom ? "" : b.p, w->flight_path) ==
             FSDP_STATUS_OK)

@@ -143,7 +143,7 @@ struct fsdp_world {
     /* the stall watchdog (fsdp_world_set_watchdog, core/flight.h) */
     double watchdog_s;             /* deadline of a wait in a collective or barrier; 0: none */
     fsdp_flight *flight;           /* the flight record of the local ranks (NULL: none) */
-    char *flight_path;             /* where a stall writes it (NULL: nowhere) */
+    char flight_path[4096];        /* where a stall writes it ("": nowhere) */
     atomic_int running;            /* fsdp_world_launch is running the ranks */
     atomic_int stall_reported;     /* a stall was reported in this launch */
     atomic_ulong *barrier_at;      /* (n_local,) the barrier round each local rank arrived at
