@@ -208,16 +208,8 @@ static bool parse_body(jparser *p, jbody *body, const char *const *ends, const c
         }
         if (p->st != FSDP_STATUS_OK || !s)
             return jp_fail(p, FSDP_STATUS_INTERNAL, t->line, "unparsed statement"), false;
-        if (n == cap) {
-            int nc = cap ? 2 * cap : 8;
-            js **nv = jarena_alloc(p->a, (size_t)nc * sizeof *nv);
-            if (!nv)
-                return jp_oom(p), false;
-            if (n)
-                memcpy(nv, v, (size_t)n * sizeof *v);
-            v = nv;
-            cap = nc;
-        }
+        if (!(v = jp_grow(p, v, n, &cap, sizeof *v)))
+            return false;
         v[n++] = s;
     }
     body->s = v;
