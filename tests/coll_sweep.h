@@ -32,24 +32,13 @@
  * rounding. */
 static inline float sweep_gen(uint64_t tag, int r, size_t i)
 {
-    uint64_t u = fsdp_rng_mix(SWEEP_SEED ^ (tag << 52) ^ ((uint64_t)r << 40) ^ i);
-    uint32_t bits = (uint32_t)(u >> 63) << 31 | (uint32_t)(127 - 10 + (int)((u >> 32) % 21)) << 23 |
-                    ((uint32_t)u & 0x7fffffu);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    return ref_input_f32(SWEEP_SEED ^ (tag << 52) ^ ((uint64_t)r << 40) ^ i);
 }
 
 static inline void sweep_fill(void *buf, fsdp_dtype dt, uint64_t tag, int r, size_t first,
                               size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        float v = sweep_gen(tag, r, first + i);
-        if (dt == FSDP_DTYPE_F32)
-            ((float *)buf)[i] = v;
-        else
-            ((fsdp_bf16 *)buf)[i] = fsdp_f32_to_bf16(v);
-    }
+    ref_fill(buf, dt, sweep_gen, tag, r, first, n);
 }
 
 /* The reference of an element: op over the N ranks' element `at`. */

@@ -39,26 +39,13 @@
  * an exponent in [-10, 10], so rounding depends on the order of the sums. */
 static float gen_f32(uint64_t tag, int r, size_t i)
 {
-    uint64_t u = fsdp_rng_mix(SEED ^ (tag << 56) ^ ((uint64_t)r << 48) ^ i);
-    uint32_t sign = (uint32_t)(u >> 63) << 31;
-    uint32_t exp = (uint32_t)(127 - 10 + (int)((u >> 32) % 21)) << 23;
-    uint32_t mant = (uint32_t)u & 0x7fffffu;
-    uint32_t bits = sign | exp | mant;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
+    return ref_input_f32(SEED ^ (tag << 56) ^ ((uint64_t)r << 48) ^ i);
 }
 
 /* Write n elements of rank r's input starting at element `first` in dtype dt. */
 static void fill(void *buf, fsdp_dtype dt, uint64_t tag, int r, size_t first, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        float v = gen_f32(tag, r, first + i);
-        if (dt == FSDP_DTYPE_F32)
-            ((float *)buf)[i] = v;
-        else
-            ((fsdp_bf16 *)buf)[i] = fsdp_f32_to_bf16(v);
-    }
+    ref_fill(buf, dt, gen_f32, tag, r, first, n);
 }
 
 /* Value of element i of rank r's input as the collective sees it (fp32). */

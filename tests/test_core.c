@@ -451,7 +451,7 @@ struct stall_arg {
 static fsdp_status stall_rank(fsdp_world *w, int rank, void *p)
 {
     struct stall_arg *a = p;
-    fsdp_flight_step(w, rank, 7);
+    fsdp_flight_step(w->flight, rank, 7);
     fsdp_status st = fsdp_world_barrier(w);
     if (st == FSDP_STATUS_OK && rank == a->late) {
         fsdp_world_wait_aborted(w);
@@ -519,6 +519,67 @@ START_TEST(test_barrier_stall_is_reported)
     ck_assert_int_eq(fsdp_world_set_watchdog(w, -1, NULL), FSDP_STATUS_INVALID_ARG);
     free(a);
     fsdp_world_free(w);
+}
+END_TEST
+
+/* The flight record without a world: it keeps its own ranks only (others, and a NULL
+ * record, are ignored), composes a stall's report from the stall and what it recorded,
+ * and writes the record with the process, host and deadline it is given. */
+START_TEST(test_flight_record_alone)
+{
+    fsdp_flight *f = NULL;
+    ck_assert_int_eq(fsdp_flight_init(&f, 2, 4), FSDP_STATUS_OK); /* ranks 4 and 5 */
+    const fsdp_flight_coll ag = {.kind = "all_gather", .dtype = "fp32", .numel = 96, .first = 0,
+                                 .stride = 1, .count = 8, .label = "unit 'h.1' all-gather"};
+    const fsdp_flight_coll bar = {.kind = "barrier", .first = 4, .stride = 1, .count = 2};
+    ck_assert_int_eq(fsdp_flight_issue(f, 3, &ag), 0);
+    ck_assert_int_eq(fsdp_flight_issue(f, 6, &ag), 0);
+    ck_assert_int_eq(fsdp_flight_issue(NULL, 4, &ag), 0);
+    fsdp_flight_step(f, 4, 3);
+    fsdp_flight_step(f, 5, 2);
+    long a = fsdp_flight_issue(f, 4, &ag), b = fsdp_flight_issue(f, 5, &bar);
+    ck_assert(a == 1 && b == 1);
+    fsdp_flight_start(f, 4, a);
+    fsdp_flight_start(f, 5, b);
+    fsdp_flight_end(f, 5, b, true);
+
+    const fsdp_flight_where at = {.process = 1, .n_processes = 2, .host = "node-b",
+                                  .watchdog_s = 2.5};
+    const int missing[] = {5};
+    const fsdp_stall s = {.rank = 4, .waited_s = 2.6, .wait = "collective 1",
+                          .who = "arrived: rank 4; not arrived: rank 5", .missing = missing,
+                          .n_missing = 1};
+    fsdp_sbuf rep = {0};
+    fsdp_flight_report(f, &at, &s, &rep);
+    ck_assert_ptr_nonnull(rep.p);
+    static const char *const want[] = {
+        "rank 4: stalled: waited 2.6 s (the watchdog's limit, --watchdog 2.5) at step 3 in unit "
+        "'h.1' all-gather, collective 1: arrived: rank 4; not arrived: rank 5",
+        "; rank 5's newest collective: barrier at step 2 (record entry 1), done "};
+    for (size_t i = 0; i < FSDP_TEST_LEN(want); i++)
+        ck_assert_msg(strstr(rep.p, want[i]), "the report lacks '%s':\n%s", want[i], rep.p);
+
+    char path[512];
+    fsdp_test_path(path, sizeof path, "alone.json");
+    ck_assert_int_eq(fsdp_flight_record_write(f, &at, rep.p, path), FSDP_STATUS_OK);
+    free(rep.p);
+    fsdp_json *j = NULL;
+    ck_assert_int_eq(fsdp_json_parse_file(path, &j), FSDP_STATUS_OK);
+    ck_assert(fsdp_json_get(j, "process")->number == 1 &&
+              fsdp_json_get(j, "n_processes")->number == 2 &&
+              fsdp_json_get(j, "watchdog_s")->number == 2.5);
+    ck_assert_str_eq(fsdp_json_get(j, "host")->str, "node-b");
+    const fsdp_json *ranks = fsdp_json_get(j, "ranks");
+    ck_assert(ranks && ranks->n == 2);
+    static const char *const state[] = {"running", "done"};
+    for (int i = 0; i < 2; i++) {
+        const fsdp_json *r = fsdp_json_at(ranks, i), *c = fsdp_json_get(r, "collectives");
+        ck_assert(fsdp_json_get(r, "rank")->number == 4 + i && c && c->n == 1);
+        ck_assert_str_eq(fsdp_json_get(fsdp_json_at(c, 0), "state")->str, state[i]);
+    }
+    fsdp_json_free(j);
+    fsdp_flight_free(f);
+    fsdp_flight_free(NULL);
 }
 END_TEST
 
@@ -843,7 +904,8 @@ int main(void)
                     test_fmt_bytes)},
         {"log", 30, FSDP_TESTS(test_log_settings)},
         {"watchdog", 30, .tmpdir = true,
-         FSDP_TESTS(test_barrier_stall_is_reported, test_flight_rank_lists)},
+         FSDP_TESTS(test_barrier_stall_is_reported, test_flight_record_alone,
+                    test_flight_rank_lists)},
     };
     return fsdp_test_main("core", tcases, FSDP_TEST_LEN(tcases));
 }

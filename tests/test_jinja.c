@@ -100,6 +100,23 @@ static void assert_text(const char *what, const fsdp_jinja_output *o, const fsdp
                   what, o->len, want->len, d, o->text + d, want->str + (d < want->len ? d : 0));
 }
 
+/* Render j on `in` as the fixture's case c wants: its refusal (INVALID_ARG naming c's
+ * "error"), or its "text". True, with o to free, when c wants text. */
+static bool render_as_fixture(const char *what, fsdp_jinja *j, const fsdp_jinja_input *in,
+                              const fsdp_json *c, fsdp_jinja_output *o)
+{
+    fsdp_status st = fsdp_jinja_render(j, in, o);
+    if (str(c, "error")) {
+        ck_assert_msg(st == FSDP_STATUS_INVALID_ARG && strstr(fsdp_error_msg(), str(c, "error")),
+                      "%s: want the refusal '%s', got %d '%s'", what, str(c, "error"), st,
+                      fsdp_error_msg());
+        return false;
+    }
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s: %s", what, fsdp_error_msg());
+    assert_text(what, o, fsdp_json_get(c, "text"));
+    return true;
+}
+
 /* ---- the model templates against the reference ------------------------------------ */
 
 /* Case _i of the fixture: the same text (or the same refusal) and the same assistant
@@ -121,15 +138,7 @@ START_TEST(test_reference_cases)
                                .eos_token = str(tpl, "eos_token"), .add_generation_prompt = gen};
         date_of(fix, &in.year, &in.month, &in.day);
         fsdp_jinja_output o;
-        fsdp_status st = fsdp_jinja_render(j, &in, &o);
-        if (str(c, "error")) {
-            ck_assert_msg(st == FSDP_STATUS_INVALID_ARG && strstr(fsdp_error_msg(),
-                                                                  str(c, "error")),
-                          "%s: want the refusal '%s', got %d '%s'", what, str(c, "error"), st,
-                          fsdp_error_msg());
-        } else {
-            ck_assert_msg(st == FSDP_STATUS_OK, "%s: %s", what, fsdp_error_msg());
-            assert_text(what, &o, fsdp_json_get(c, "text"));
+        if (render_as_fixture(what, j, &in, c, &o)) {
             const fsdp_json *spans = fsdp_json_get(c, "assistant_spans");
             const fsdp_json *want = spans->child;
             for (int m = 0; m < n; m++) {
@@ -174,16 +183,8 @@ START_TEST(test_reference_snippets)
         fsdp_jinja_input in = {.msgs = msgs, .n_msgs = n, .bos_token = "<s>", .eos_token = "</s>",
                                .year = 2024, .month = 1, .day = 1};
         fsdp_jinja_output o;
-        fsdp_status st = fsdp_jinja_render(j, &in, &o);
-        if (str(s, "error")) {
-            ck_assert_msg(st == FSDP_STATUS_INVALID_ARG && strstr(fsdp_error_msg(),
-                                                                  str(s, "error")),
-                          "%s: %d %s", what, st, fsdp_error_msg());
-        } else {
-            ck_assert_msg(st == FSDP_STATUS_OK, "%s: %s", what, fsdp_error_msg());
-            assert_text(what, &o, fsdp_json_get(s, "text"));
+        if (render_as_fixture(what, j, &in, s, &o))
             fsdp_jinja_output_free(&o);
-        }
         fsdp_jinja_free(j);
         free(msgs);
     }

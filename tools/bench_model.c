@@ -34,6 +34,7 @@
 #include "models/registry.h"
 #include "ops/cpu/blas.h"
 #include "ops/ops.h"
+#include "bench_args.h"
 #include "bench_cases.h"
 #include "bench_torch.h"
 
@@ -194,24 +195,16 @@ static bench_result bench_torch(const bench_case *bc, int iters, const char *pyt
 
 int main(int argc, char **argv)
 {
-    int iters = 0, no_torch = 0, threads = 1;
+    int iters = 0, threads = 1;
+    bool no_torch = false;
     const char *python_arg = NULL, *only = NULL, *precision = "fp32";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--iters") && i + 1 < argc)
-            iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-            threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--precision") && i + 1 < argc)
-            precision = argv[++i];
-        else if (!strcmp(argv[i], "--no-torch"))
-            no_torch = 1;
-        else if (!strcmp(argv[i], "--python") && i + 1 < argc)
-            python_arg = argv[++i];
-        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
-            only = argv[++i];
-        else
-            threads = 0; /* usage below */
-    }
+    const bench_arg args[] = {
+        BENCH_INT("--iters", &iters),       BENCH_INT("--threads", &threads),
+        BENCH_STR("--precision", &precision), BENCH_FLAG("--no-torch", &no_torch),
+        BENCH_STR("--python", &python_arg), BENCH_STR("--only", &only),
+    };
+    if (!BENCH_ARGS_PARSE(argc, argv, args))
+        threads = 0; /* usage below */
     fsdp_dtype dt = !strcmp(precision, "bf16") ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
     if (threads < 1 || (dt == FSDP_DTYPE_F32 && strcmp(precision, "fp32"))) {
         fprintf(stderr,

@@ -21,6 +21,7 @@
 
 #include "core/clock.h"
 #include "train/fit.h"
+#include "bench_args.h"
 
 #define DEFAULT_MODEL "llama3.1-70b"
 
@@ -50,20 +51,14 @@ int main(int argc, char **argv)
 {
     int repeat = 5, jobs = 0, devices = 8;
     const char *model = DEFAULT_MODEL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
-            repeat = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--jobs") && i + 1 < argc)
-            jobs = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--model") && i + 1 < argc)
-            model = argv[++i];
-        else if (!strcmp(argv[i], "--devices") && i + 1 < argc)
-            devices = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "usage: bench_plan [--repeat R] [--jobs J] [--model SPEC] "
-                            "[--devices N]\n");
-            return 2;
-        }
+    const bench_arg args[] = {
+        BENCH_INT("--repeat", &repeat), BENCH_INT("--jobs", &jobs),
+        BENCH_STR("--model", &model),   BENCH_INT("--devices", &devices),
+    };
+    if (!BENCH_ARGS_PARSE(argc, argv, args)) {
+        fprintf(stderr, "usage: bench_plan [--repeat R] [--jobs J] [--model SPEC] "
+                        "[--devices N]\n");
+        return 2;
     }
     if (repeat < 1 || repeat > 100 || jobs < 0 || devices < 1)
         return fprintf(stderr, "bench_plan: need 1 <= --repeat <= 100, --jobs >= 0, "

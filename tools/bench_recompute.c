@@ -42,6 +42,7 @@
 #include "models/registry.h"
 #include "train/plan.h"
 #include "train/train.h"
+#include "bench_args.h"
 #include "bench_run.h"
 
 #define MAX_SAMPLES 1024
@@ -193,42 +194,19 @@ int main(int argc, char **argv)
 {
     const char *model = "gpt2", *plan_model = "gpt2-xl";
     int seq = 1024, batch = 1, devices = 1, steps = 4, rounds = 2;
-    int plan_devices = 8, plan_batch = 2, plan_seq = 1024, no_cpu = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--no-cpu")) {
-            no_cpu = 1;
-            continue;
-        }
-        if (!v) {
-            usage();
-            return 2;
-        }
-        if (!strcmp(a, "--model"))
-            model = v;
-        else if (!strcmp(a, "--seq"))
-            seq = atoi(v);
-        else if (!strcmp(a, "--batch"))
-            batch = atoi(v);
-        else if (!strcmp(a, "--devices"))
-            devices = atoi(v);
-        else if (!strcmp(a, "--steps"))
-            steps = atoi(v);
-        else if (!strcmp(a, "--rounds"))
-            rounds = atoi(v);
-        else if (!strcmp(a, "--plan-model"))
-            plan_model = v;
-        else if (!strcmp(a, "--plan-devices"))
-            plan_devices = atoi(v);
-        else if (!strcmp(a, "--plan-batch"))
-            plan_batch = atoi(v);
-        else if (!strcmp(a, "--plan-seq"))
-            plan_seq = atoi(v);
-        else {
-            usage();
-            return 2;
-        }
-        i++;
+    int plan_devices = 8, plan_batch = 2, plan_seq = 1024;
+    bool no_cpu = false;
+    const bench_arg args[] = {
+        BENCH_FLAG("--no-cpu", &no_cpu),          BENCH_STR("--model", &model),
+        BENCH_INT("--seq", &seq),                 BENCH_INT("--batch", &batch),
+        BENCH_INT("--devices", &devices),         BENCH_INT("--steps", &steps),
+        BENCH_INT("--rounds", &rounds),           BENCH_STR("--plan-model", &plan_model),
+        BENCH_INT("--plan-devices", &plan_devices), BENCH_INT("--plan-batch", &plan_batch),
+        BENCH_INT("--plan-seq", &plan_seq),
+    };
+    if (!BENCH_ARGS_PARSE(argc, argv, args)) {
+        usage();
+        return 2;
     }
     if (steps < 2 || rounds < 1 || (steps - 1) * rounds > MAX_SAMPLES || seq < 1 || batch < 1 ||
         devices < 1 || plan_devices < 1 || plan_batch < 1 || plan_seq < 1) {

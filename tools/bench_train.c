@@ -53,6 +53,7 @@
 #include "models/registry.h"
 #include "ops/cpu/blas.h"
 #include "train/train.h"
+#include "bench_args.h"
 #include "bench_run.h"
 #include "bench_torch.h"
 
@@ -199,49 +200,22 @@ int main(int argc, char **argv)
     fsdp_train_config def;
     fsdp_train_config_default(&def);
     /* the default demo's global batch: per-device batch x 4 simulated devices */
-    int steps = 20, global_batch = def.eng.batch * 4, seq = def.eng.seq, no_torch = 0, tpd = 1;
+    int steps = 20, global_batch = def.eng.batch * 4, seq = def.eng.seq, tpd = 1;
+    bool no_torch = false;
     const char *model = def.model, *python_arg = NULL, *devices = "1,2,4,8", *threads = "1,2";
     const char *streams_arg = "inline";
     bench_opts opts = {.accum = 1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--no-torch")) {
-            no_torch = 1;
-            continue;
-        }
-        if (!strcmp(a, "--offload")) {
-            opts.offload = true;
-            continue;
-        }
-        if (!v) {
-            usage(argv[0]);
-            return 2;
-        }
-        if (!strcmp(a, "--steps"))
-            steps = atoi(v);
-        else if (!strcmp(a, "--batch"))
-            global_batch = atoi(v);
-        else if (!strcmp(a, "--seq"))
-            seq = atoi(v);
-        else if (!strcmp(a, "--model"))
-            model = v;
-        else if (!strcmp(a, "--devices"))
-            devices = v;
-        else if (!strcmp(a, "--threads"))
-            threads = v;
-        else if (!strcmp(a, "--threads-per-device"))
-            tpd = atoi(v);
-        else if (!strcmp(a, "--python"))
-            python_arg = v;
-        else if (!strcmp(a, "--cpu-streams"))
-            streams_arg = v;
-        else if (!strcmp(a, "--grad-accum"))
-            opts.accum = atoi(v);
-        else {
-            usage(argv[0]);
-            return 2;
-        }
-        i++;
+    const bench_arg args[] = {
+        BENCH_FLAG("--no-torch", &no_torch),      BENCH_FLAG("--offload", &opts.offload),
+        BENCH_INT("--steps", &steps),             BENCH_INT("--batch", &global_batch),
+        BENCH_INT("--seq", &seq),                 BENCH_STR("--model", &model),
+        BENCH_STR("--devices", &devices),         BENCH_STR("--threads", &threads),
+        BENCH_INT("--threads-per-device", &tpd),  BENCH_STR("--python", &python_arg),
+        BENCH_STR("--cpu-streams", &streams_arg), BENCH_INT("--grad-accum", &opts.accum),
+    };
+    if (!BENCH_ARGS_PARSE(argc, argv, args)) {
+        usage(argv[0]);
+        return 2;
     }
     opts.threads = tpd;
     if (steps < 2 || global_batch < 1 || seq < 1 || tpd < 1 || opts.accum < 1) {

@@ -237,7 +237,7 @@ static long flight_issue(fsdp_comm *c, int kind, size_t numel, const char *dtype
 {
     const fsdp_flight_coll rec = {fsdp_coll_kind_name(kind), dtype, numel, c->group.first,
                                   c->group.stride, c->group.count, label};
-    return fsdp_flight_issue(c->world, c->global_rank, &rec);
+    return fsdp_flight_issue(c->world->flight, c->global_rank, &rec);
 }
 
 /* On the thread that runs it: the collective, between its flight record
@@ -247,7 +247,7 @@ static fsdp_status run_coll(void *p)
     const coll_call *a = p;
     fsdp_comm *c = a->c;
     fsdp_status st;
-    fsdp_flight_start(c->world, c->global_rank, a->seq);
+    fsdp_flight_start(c->world->flight, c->global_rank, a->seq);
     c->flight_seq = a->seq;
     switch (a->kind) {
     case FSDP_COLL_ALL_GATHER:
@@ -261,7 +261,7 @@ static fsdp_status run_coll(void *p)
         break;
     default: st = c->iface->broadcast(c, a->recv, a->numel, a->dt, a->root, a->s);
     }
-    fsdp_flight_end(c->world, c->global_rank, a->seq, st == FSDP_STATUS_OK);
+    fsdp_flight_end(c->world->flight, c->global_rank, a->seq, st == FSDP_STATUS_OK);
     return st;
 }
 
@@ -354,10 +354,10 @@ fsdp_status fsdp_comm_barrier(fsdp_comm *c)
         }
     long seq = flight_issue(c, FSDP_COLL_BARRIER, 0, NULL, c->label[0] ? c->label : NULL);
     c->label[0] = '\0';
-    fsdp_flight_start(c->world, c->global_rank, seq);
+    fsdp_flight_start(c->world->flight, c->global_rank, seq);
     c->flight_seq = seq;
     fsdp_status st = c->iface->barrier(c);
-    fsdp_flight_end(c->world, c->global_rank, seq, st == FSDP_STATUS_OK);
+    fsdp_flight_end(c->world->flight, c->global_rank, seq, st == FSDP_STATUS_OK);
     return st;
 }
 

@@ -92,11 +92,11 @@ static fsdp_status stall_report(fsdp_meet_rank *r, fsdp_comm *c, unsigned long s
         snprintf(wait, sizeof wait, "collective %ld (%s of %zu x %s over %s)", r->n_coll,
                  fsdp_coll_kind_name(a->kind), a->numel, fsdp_dtype_name(a->dt), group);
     struct arrivals at = {m, seq};
-    return fsdp_flight_stall_among(c->world, c->global_rank, c->flight_seq, waited_s, wait, m->n,
-                                   member_rank, member_arrived, &at,
-                                   m->n < m->g.count ? "(this process's ranks; the other "
-                                                       "processes' are met later, between "
-                                                       "processes)" : NULL);
+    return fsdp_world_stall_among(c->world, c->global_rank, c->flight_seq, waited_s, wait, m->n,
+                                  member_rank, member_arrived, &at,
+                                  m->n < m->g.count ? "(this process's ranks; the other "
+                                                      "processes' are met later, between "
+                                                      "processes)" : NULL);
 }
 
 /* Arrive at r's next meeting and wait until it is complete (OK).

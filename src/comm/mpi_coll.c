@@ -313,7 +313,7 @@ static fsdp_status stall_report(fsdp_comm *c, double waited_s)
              group);
     fsdp_stall st = {.rank = c->global_rank, .seq = c->flight_seq, .waited_s = waited_s,
                      .wait = wait, .who = who};
-    return fsdp_flight_stall(c->world, &st);
+    return fsdp_world_stall(c->world, &st);
 }
 
 /* The middle of a collective: M2, the leader's round, M3. Every local

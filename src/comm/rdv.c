@@ -88,24 +88,6 @@ void fsdp_comm_rdv_detach(fsdp_world *w, fsdp_comm_rdv *r)
     pthread_mutex_unlock(&w->mu);
 }
 
-/* Who of the local ranks has arrived at exchange g (the stall report). */
-struct exchange_g {
-    const fsdp_comm_rdv *r;
-    const fsdp_world *w;
-    unsigned long g;
-};
-
-static int local_rank(const void *ctx, int i)
-{
-    return ((const struct exchange_g *)ctx)->w->rank_offset + i;
-}
-
-static bool local_arrived(const void *ctx, int i)
-{
-    const struct exchange_g *x = ctx;
-    return atomic_load(&x->r->at[i]) == x->g + 1;
-}
-
 /* The stall watchdog's report (core/flight.h) of exchange g by `rank`,
  * which has waited waited_s: who of this process's ranks arrived, or, with
  * every local rank arrived and trading, what the other processes answered
@@ -120,12 +102,10 @@ static fsdp_status stall_report(fsdp_comm_rdv *r, fsdp_world *w, int rank, unsig
         char who[FSDP_ERROR_MSG_MAX];
         snprintf(who, sizeof who, "every rank of this process arrived; %s", trade);
         fsdp_stall st = {.rank = rank, .waited_s = waited_s, .wait = wait, .who = who};
-        return fsdp_flight_stall(w, &st);
+        return fsdp_world_stall(w, &st);
     }
-    struct exchange_g x = {r, w, g};
-    return fsdp_flight_stall_among(w, rank, 0, waited_s, wait, r->n_local, local_rank,
-                                   local_arrived, &x,
-                                   w->n_processes > 1 ? "(of this process's ranks)" : NULL);
+    return fsdp_world_stall_local(w, rank, 0, waited_s, wait, r->at, g,
+                                  w->n_processes > 1 ? "(of this process's ranks)" : NULL);
 }
 
 /* The last local rank of exchange g, w->mu held: trade this process's

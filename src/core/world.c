@@ -1,8 +1,9 @@
 /*
  * world.c - rank threads, the abortable barrier (plain, or agreeing on a
- * value, with the stall watchdog's deadline: core/flight.h), the
- * first-error record, the placement of ranks in processes and the
- * fault-injection hook.
+ * value, with the stall watchdog's deadline), the stall watchdog (its
+ * deadline, and the one report a stall ends the launch with; the flight
+ * record it cites is core/flight.c), the first-error record, the placement
+ * of ranks in processes and the fault-injection hook.
  *
  * Waiters block on one condition variable with a short timeout and re-check
  * the abort flag, so an abort is seen within milliseconds even if a wake-up
@@ -14,7 +15,6 @@
 #include <unistd.h>
 
 #include "core/clock.h"
-#include "core/flight.h"
 #include "core/log.h"
 #include "core/world.h"
 
@@ -140,7 +140,7 @@ void fsdp_world_free(fsdp_world *w)
         w->span_detach(w->procs, w);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
-    fsdp_flight_free(w);
+    fsdp_flight_free(w->flight);
     free(w->stop);
     free(w->hosts);
     free(w->barrier_at);
@@ -252,24 +252,6 @@ fsdp_status fsdp_world_barrier(fsdp_world *w)
     return fsdp_world_barrier_or(w, 0, &all);
 }
 
-/* Who of the local ranks has arrived at barrier round `gen` (the stall
- * report). */
-struct barrier_round {
-    const fsdp_world *w;
-    unsigned long gen;
-};
-
-static int barrier_rank(const void *ctx, int i)
-{
-    return ((const struct barrier_round *)ctx)->w->rank_offset + i;
-}
-
-static bool barrier_arrived(const void *ctx, int i)
-{
-    const struct barrier_round *b = ctx;
-    return atomic_load(&b->w->barrier_at[i]) == b->gen + 1;
-}
-
 /* The stall watchdog's report of barrier round `gen`, which `rank` has
  * waited in for waited_s (its flight entry seq). */
 static fsdp_status barrier_stall(fsdp_world *w, int rank, long seq, unsigned long gen,
@@ -278,9 +260,7 @@ static fsdp_status barrier_stall(fsdp_world *w, int rank, long seq, unsigned lon
     char wait[128];
     snprintf(wait, sizeof wait, "the barrier of this process's ranks (%d-%d)", w->rank_offset,
              w->rank_offset + w->n_local - 1);
-    struct barrier_round b = {w, gen};
-    return fsdp_flight_stall_among(w, rank, seq, waited_s, wait, w->n_local, barrier_rank,
-                                   barrier_arrived, &b, NULL);
+    return fsdp_world_stall_local(w, rank, seq, waited_s, wait, w->barrier_at, gen, NULL);
 }
 
 /* The round's OR is published by the rank that completes it; the others
@@ -298,8 +278,8 @@ fsdp_status fsdp_world_barrier_or(fsdp_world *w, unsigned mine, unsigned *all)
     int rank = fsdp_log_rank(), local = fsdp_world_is_local(w, rank) ? rank - w->rank_offset : -1;
     const fsdp_flight_coll rec = {.kind = "barrier", .first = w->rank_offset, .stride = 1,
                                   .count = w->n_local, .label = "barrier of this process's ranks"};
-    long seq = local >= 0 ? fsdp_flight_issue(w, rank, &rec) : 0;
-    fsdp_flight_start(w, rank, seq);
+    long seq = local >= 0 ? fsdp_flight_issue(w->flight, rank, &rec) : 0;
+    fsdp_flight_start(w->flight, rank, seq);
     double deadline = local >= 0 ? fsdp_watchdog_deadline(w, false) : 0, t0 = fsdp_now_s();
     bool stalled = false;
     pthread_mutex_lock(&w->mu);
@@ -330,8 +310,126 @@ fsdp_status fsdp_world_barrier_or(fsdp_world *w, unsigned mine, unsigned *all)
                      : stalled ? barrier_stall(w, rank, seq, gen, fsdp_now_s() - t0)
                                : fsdp_error_set(FSDP_STATUS_ABORTED, "aborted while waiting at "
                                                 "a barrier: another rank failed");
-    fsdp_flight_end(w, rank, seq, done);
+    fsdp_flight_end(w->flight, rank, seq, done);
     return st;
+}
+
+/* ---- the stall watchdog ---------------------------------------------------------- */
+
+fsdp_status fsdp_world_set_watchdog(fsdp_world *w, double seconds, const char *record_path)
+{
+    if (!(seconds >= 0) || seconds > FSDP_WATCHDOG_MAX_S)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "the watchdog's deadline must be 0..%g seconds (got %g)",
+                              FSDP_WATCHDOG_MAX_S, seconds);
+    if (record_path && strlen(record_path) >= sizeof w->flight_path)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "flight record path too long: '%.64s...'",
+                              record_path);
+    w->watchdog_s = seconds;
+    snprintf(w->flight_path, sizeof w->flight_path, "%s", record_path ? record_path : "");
+    if (seconds == 0) {
+        fsdp_flight_free(w->flight);
+        w->flight = NULL;
+        return FSDP_STATUS_OK;
+    }
+    return w->flight ? FSDP_STATUS_OK : fsdp_flight_init(&w->flight, w->n_local, w->rank_offset);
+}
+
+double fsdp_watchdog_deadline(const fsdp_world *w, bool remote)
+{
+    if (!w || !w->flight || w->watchdog_s <= 0 || !atomic_load(&w->running))
+        return 0;
+    double s = w->watchdog_s;
+    return remote ? s + (s < 10 ? s : 10) : s;
+}
+
+fsdp_status fsdp_world_stall(fsdp_world *w, const fsdp_stall *s)
+{
+    int first = 0;
+    if (!atomic_compare_exchange_strong(&w->stall_reported, &first, 1))
+        return fsdp_error_set(FSDP_STATUS_ABORTED, "rank %d: stopped waiting: the stall "
+                              "watchdog has reported a stall", s->rank);
+    const fsdp_flight_where at = {w->process, w->n_processes, w->hosts[w->process],
+                                  w->watchdog_s};
+    fsdp_sbuf b = {0};
+    fsdp_flight_report(w->flight, &at, s, &b);
+    if (w->flight && w->flight_path[0]) {
+        /* the file holds the report without the line about itself */
+        if (fsdp_flight_record_write(w->flight, &at, b.oom ? "" : b.p, w->flight_path) ==
+            FSDP_STATUS_OK)
+            fsdp_sbuf_printf(&b, "; the last collectives of this process's ranks are in %s",
+                             w->flight_path);
+        else
+            fsdp_sbuf_printf(&b, "; the flight record could not be written: %s",
+                             fsdp_error_msg());
+    }
+    fsdp_sbuf_printf(&b, ". A rank that does not arrive is stuck in its own work or took "
+                     "another path (a bug, unreadable data, settings that differ); raise "
+                     "--watchdog if such waits are expected (0: off)");
+    fsdp_status ret = fsdp_error_set(FSDP_STATUS_STALLED, "%s",
+                                     b.oom ? "stalled (out of host memory for the report)"
+                                           : b.p);
+    free(b.p);
+    fsdp_world_fail(w, s->rank, FSDP_STATUS_STALLED, fsdp_error_msg());
+    return ret;
+}
+
+fsdp_status fsdp_world_stall_among(fsdp_world *w, int rank, long seq, double waited_s,
+                                   const char *wait, int n,
+                                   int (*rank_at)(const void *ctx, int i),
+                                   bool (*arrived)(const void *ctx, int i), const void *ctx,
+                                   const char *note)
+{
+    int *in = calloc(2 * (size_t)n + 1, sizeof *in), n_in = 0, n_out = 0;
+    int *out = in ? in + n : NULL;
+    char who[700];
+    if (in) {
+        for (int i = 0; i < n; i++) {
+            if (arrived(ctx, i))
+                in[n_in++] = rank_at(ctx, i);
+            else
+                out[n_out++] = rank_at(ctx, i);
+        }
+        char in_s[256], out_s[256];
+        snprintf(who, sizeof who, "arrived: rank%s %s; not arrived: rank%s %s%s%s",
+                 n_in == 1 ? "" : "s", fsdp_flight_ranks(in, n_in, in_s, sizeof in_s),
+                 n_out == 1 ? "" : "s", fsdp_flight_ranks(out, n_out, out_s, sizeof out_s),
+                 note ? " " : "", note ? note : "");
+    } else {
+        snprintf(who, sizeof who, "who has arrived is not known (out of host memory)");
+    }
+    fsdp_stall st = {.rank = rank, .seq = seq, .waited_s = waited_s, .wait = wait, .who = who,
+                     .missing = out, .n_missing = n_out};
+    fsdp_status ret = fsdp_world_stall(w, &st);
+    free(in);
+    return ret;
+}
+
+/* Who of the local ranks has arrived at round `round` (fsdp_world_stall_local). */
+struct local_round {
+    const fsdp_world *w;
+    const atomic_ulong *at;
+    unsigned long round;
+};
+
+static int local_round_rank(const void *ctx, int i)
+{
+    return ((const struct local_round *)ctx)->w->rank_offset + i;
+}
+
+static bool local_round_arrived(const void *ctx, int i)
+{
+    const struct local_round *x = ctx;
+    return atomic_load(&x->at[i]) == x->round + 1;
+}
+
+fsdp_status fsdp_world_stall_local(fsdp_world *w, int rank, long seq, double waited_s,
+                                   const char *wait, const atomic_ulong *at, unsigned long round,
+                                   const char *note)
+{
+    const struct local_round x = {w, at, round};
+    return fsdp_world_stall_among(w, rank, seq, waited_s, wait, w->n_local, local_round_rank,
+                                  local_round_arrived, &x, note);
 }
 
 /* Disarmed while it changes: a rank counting at the same time sees the old

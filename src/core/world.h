@@ -38,6 +38,7 @@
 #include <stdbool.h>
 
 #include "core/error.h"
+#include "core/flight.h"
 #include "core/names.h"
 
 /* Test hook: make the k-th operation of a kind on one rank fail (SQLite-style
@@ -139,9 +140,10 @@ struct fsdp_world {
     void *comm_shared;             /* the communicators' shared states, per group (comm/comm.c) */
     void *rdv_shared;              /* cuda collectives' rendezvous (comm/rdv.c) */
 
-    /* the stall watchdog (core/flight.h) */
+    /* the stall watchdog (fsdp_world_set_watchdog, core/flight.h) */
     double watchdog_s;             /* deadline of a wait in a collective or barrier; 0: none */
-    struct fsdp_flight *flight;    /* the flight record of the local ranks (NULL: none) */
+    fsdp_flight *flight;           /* the flight record of the local ranks (NULL: none) */
+    char flight_path[4096];        /* where a stall writes it ("": nowhere) */
     atomic_int running;            /* fsdp_world_launch is running the ranks */
     atomic_int stall_reported;     /* a stall was reported in this launch */
     atomic_ulong *barrier_at;      /* (n_local,) the barrier round each local rank arrived at
@@ -243,6 +245,45 @@ void fsdp_world_wait_locked(fsdp_world *w);
 
 /* Block until w's abort flag is set (the injected stall of FSDP_FAULT). */
 void fsdp_world_wait_aborted(fsdp_world *w);
+
+/* ---- the stall watchdog (core/flight.h) ---- */
+
+/* Arm (seconds > 0) or disarm (0) w's watchdog, and say where a stall
+ * writes the flight record of this process's ranks (NULL: nowhere; the
+ * report still names what the missing ranks ran last). Before launch.
+ * OOM or INVALID_ARG (seconds out of 0..FSDP_WATCHDOG_MAX_S). */
+fsdp_status fsdp_world_set_watchdog(fsdp_world *w, double seconds, const char *record_path);
+
+/* The deadline of a wait in a collective or barrier of w's ranks: the
+ * watchdog's seconds while w's ranks run, else 0 (no deadline). remote:
+ * a wait on another process (later: core/flight.h). */
+double fsdp_watchdog_deadline(const fsdp_world *w, bool remote);
+
+/* Report the stall s, once per launch of w: compose the report
+ * (fsdp_flight_report), write the flight record, fail the world
+ * (fsdp_world_fail: every other rank stops, and the other processes hear
+ * of it) and return STALLED with the report as this thread's message. A
+ * second stall in the same launch returns ABORTED (the first one's report
+ * stands). */
+fsdp_status fsdp_world_stall(fsdp_world *w, const fsdp_stall *s);
+
+/* fsdp_world_stall for a wait among n members of this process: member i
+ * is global rank rank_at(ctx, i) and has arrived when arrived(ctx, i)
+ * (both called from this thread, without locks held); the report lists
+ * both sets ("arrived: ranks 0-1, 3; not arrived: rank 2", then `note`
+ * when not NULL) and what each missing one ran last. */
+fsdp_status fsdp_world_stall_among(fsdp_world *w, int rank, long seq, double waited_s,
+                                   const char *wait, int n,
+                                   int (*rank_at)(const void *ctx, int i),
+                                   bool (*arrived)(const void *ctx, int i), const void *ctx,
+                                   const char *note);
+
+/* fsdp_world_stall_among for a wait among all of this process's ranks,
+ * counted in rounds: local rank i has arrived at round `round` when
+ * at[i] == round + 1 ((n_local,), written by the ranks as they arrive). */
+fsdp_status fsdp_world_stall_local(fsdp_world *w, int rank, long seq, double waited_s,
+                                   const char *wait, const atomic_ulong *at, unsigned long round,
+                                   const char *note);
 
 /* Arm the fault hook (test only); rank is global (a rank of another
  * process never fails here). */

@@ -32,6 +32,20 @@ fsdp_status jp_oom(jparser *p)
     return jp_fail(p, FSDP_STATUS_OOM, 0, "out of host memory parsing the template");
 }
 
+void *jp_grow(jparser *p, void *v, int n, int *cap, size_t elem)
+{
+    if (n < *cap)
+        return v;
+    int nc = *cap ? 2 * *cap : 8;
+    void *nv = jarena_alloc(p->a, (size_t)nc * elem);
+    if (!nv)
+        return jp_oom(p), NULL;
+    if (n)
+        memcpy(nv, v, (size_t)n * elem);
+    *cap = nc;
+    return nv;
+}
+
 /* ---- lexer ------------------------------------------------------------------------------ */
 
 static bool push(jparser *p, jtok t)

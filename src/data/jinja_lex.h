@@ -45,6 +45,11 @@ fsdp_status jp_fail(jparser *p, fsdp_status st, int line, const char *fmt, ...)
 /* OOM: out of host memory parsing. */
 fsdp_status jp_oom(jparser *p);
 
+/* Room for one more in v, an array of n elements of `elem` bytes in p's arena with room
+ * for *cap: v itself while n < *cap, else a copy with twice the room (8 at first, *cap
+ * updated); NULL with p's error (jp_oom) out of memory. */
+void *jp_grow(jparser *p, void *v, int n, int *cap, size_t elem);
+
 /* The tokens of src[0..n) (newlines already normalized) into p->toks, text and tags with
  * Jinja's whitespace rules as transformers configures them, ending with JT_EOF; false with
  * p->st set on an error. */

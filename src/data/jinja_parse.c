@@ -37,6 +37,16 @@ static bool expect_end(jparser *p)
                    jp_describe(jp_cur(p), b, sizeof b)), false;
 }
 
+/* The rest of an if or a for whose body ended at tag `found`: after
+ * "else", the else body up to `end` ({"endif", NULL} or {"endfor", NULL});
+ * then the end tag's '%}'. s, or NULL with p's error. */
+static js *parse_tail(jparser *p, js *s, const char *found, const char *const *end)
+{
+    if (!strcmp(found, "else") && (!expect_end(p) || !parse_body(p, &s->orelse, end, &found)))
+        return NULL;
+    return expect_end(p) ? s : NULL;
+}
+
 static js *parse_if(jparser *p, int line)
 {
     static const char *const ends[] = {"elif", "else", "endif", NULL};
@@ -55,12 +65,8 @@ static js *parse_if(jparser *p, int line)
         s->orelse.n = 1;
         return s;
     }
-    if (!strcmp(found, "else")) {
-        static const char *const end[] = {"endif", NULL};
-        if (!expect_end(p) || !parse_body(p, &s->orelse, end, &found))
-            return NULL;
-    }
-    return expect_end(p) ? s : NULL;
+    static const char *const end[] = {"endif", NULL};
+    return parse_tail(p, s, found, end);
 }
 
 static js *parse_for(jparser *p, int line)
@@ -88,12 +94,8 @@ static js *parse_for(jparser *p, int line)
                NULL;
     if (!expect_end(p) || !parse_body(p, &s->body, ends, &found))
         return NULL;
-    if (!strcmp(found, "else")) {
-        static const char *const end[] = {"endfor", NULL};
-        if (!expect_end(p) || !parse_body(p, &s->orelse, end, &found))
-            return NULL;
-    }
-    return expect_end(p) ? s : NULL;
+    static const char *const end[] = {"endfor", NULL};
+    return parse_tail(p, s, found, end);
 }
 
 static js *parse_set(jparser *p, int line)
@@ -206,16 +208,8 @@ static bool parse_body(jparser *p, jbody *body, const char *const *ends, const c
         }
         if (p->st != FSDP_STATUS_OK || !s)
             return jp_fail(p, FSDP_STATUS_INTERNAL, t->line, "unparsed statement"), false;
-        if (n == cap) {
-            int nc = cap ? 2 * cap : 8;
-            js **nv = jarena_alloc(p->a, (size_t)nc * sizeof *nv);
-            if (!nv)
-                return jp_oom(p), false;
-            if (n)
-                memcpy(nv, v, (size_t)n * sizeof *v);
-            v = nv;
-            cap = nc;
-        }
+        if (!(v = jp_grow(p, v, n, &cap, sizeof *v)))
+            return false;
         v[n++] = s;
     }
     body->s = v;

@@ -112,10 +112,8 @@ static jx *parse_seq(jparser *p, jx_kind kind, const char *close, int line, jx *
     jx **v = NULL;
     int n = 0, cap = 0;
     if (first) {
-        v = jarena_alloc(p->a, 8 * sizeof *v);
-        if (!v)
-            return jp_oom(p), NULL;
-        cap = 8;
+        if (!(v = jp_grow(p, v, n, &cap, sizeof *v)))
+            return NULL;
         v[n++] = first;
     }
     while (!jp_skip_op(p, close)) {
@@ -126,16 +124,8 @@ static jx *parse_seq(jparser *p, jx_kind kind, const char *close, int line, jx *
         for (int k = 0; k < (kind == JX_DICT ? 2 : 1); k++) {
             if (k == 1 && !jp_expect_op(p, ":"))
                 return NULL;
-            if (n == cap) {
-                int nc = cap ? 2 * cap : 8;
-                jx **nv = jarena_alloc(p->a, (size_t)nc * sizeof *nv);
-                if (!nv)
-                    return jp_oom(p), NULL;
-                if (n)
-                    memcpy(nv, v, (size_t)n * sizeof *v);
-                v = nv;
-                cap = nc;
-            }
+            if (!(v = jp_grow(p, v, n, &cap, sizeof *v)))
+                return NULL;
             if (!(v[n++] = jp_expr(p)))
                 return NULL;
         }

@@ -796,7 +796,7 @@ static fsdp_status gather_unit_run(fsdp_engine *e, int u, float *host_out)
 
 fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res)
 {
-    fsdp_flight_step(e->sh->world, e->rank, (long)step + 1); /* the stall report's step */
+    fsdp_flight_step(e->sh->world->flight, e->rank, (long)step + 1); /* the stall report's step */
     return fsdp_engine_note(e, step_run(e, step, lr, res));
 }
 

@@ -33,7 +33,7 @@
 template <typename E>
 __global__ void window_softmax_kernel(E *att, const float *pre, const int *pos, int rows, int Tn)
 {
-    int r = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32);
+    int r = fsdp_cu_warp_row();
     int lane = threadIdx.x % 32;
     if (r >= rows)
         return;
@@ -63,7 +63,7 @@ __global__ void window_softmax_kernel(E *att, const float *pre, const int *pos, 
 template <typename E, typename D>
 __global__ void gqa_softmax_bwd_kernel(D *dst, const float *datt, const E *att, int rows, int Tn)
 {
-    int r = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32);
+    int r = fsdp_cu_warp_row();
     int lane = threadIdx.x % 32;
     if (r >= rows)
         return;
@@ -107,7 +107,7 @@ static void gqa_fwd(fsdp_op_ctx *ctx, const char *op, void *out, void *att, cons
         return;
     cudaStream_t s = fsdp_ops_cuda_stream(ctx);
     const int rows = NH * T;
-    const unsigned sm_grid = (unsigned)(((size_t)rows * 32 + 255) / 256);
+    const unsigned sm_grid = fsdp_ops_cuda_warp_grid((size_t)rows);
     for (int b = 0; b < B; b++) {
         const char *x = (const char *)qkv + (size_t)b * T * QS * es;
         const char *k = x + (size_t)NH * hd * es, *v = x + (size_t)(NH + NKV) * hd * es;
@@ -158,7 +158,7 @@ static void gqa_bwd(fsdp_op_ctx *ctx, const char *op, float *dqkv, float *datt, 
     }
     cudaStream_t s = fsdp_ops_cuda_stream(ctx);
     const int rows = NH * T;
-    const unsigned sm_grid = (unsigned)(((size_t)rows * 32 + 255) / 256);
+    const unsigned sm_grid = fsdp_ops_cuda_warp_grid((size_t)rows);
     const long long qstr = (long long)rep * hd; /* q (and dq, dout) from one group to the next */
     for (int b = 0; b < B; b++) {
         const char *x = (const char *)qkv + (size_t)b * T * QS * es;

@@ -98,7 +98,34 @@ static inline unsigned fsdp_ops_cuda_grid(fsdp_op_ctx *ctx, size_t n, unsigned t
     return want ? (unsigned)want : 1u;
 }
 
+/* Grid of 256-thread blocks for kernels that run one warp per row
+ * (fsdp_cu_warp_row): rows warps. */
+static inline unsigned fsdp_ops_cuda_warp_grid(size_t rows)
+{
+    return (unsigned)((rows * 32 + 255) / 256);
+}
+
+/* How a column reduction over `rows` rows is cut into chunks (the weight
+ * gradients of the norms, fsdp_ops_cuda_colsum): returns the chunk count,
+ * rows per chunk in *rows_per. It depends on the shape only, so the sums do
+ * not depend on the GPU model (docs/determinism.md). rows > 0. */
+static inline int fsdp_ops_cuda_row_chunks(int rows, int *rows_per)
+{
+    int n_chunks = (rows + 63) / 64;
+    if (n_chunks > 256)
+        n_chunks = 256;
+    *rows_per = (rows + n_chunks - 1) / n_chunks;
+    return (rows + *rows_per - 1) / *rows_per;
+}
+
 /* ---- device helpers ------------------------------------------------------ */
+
+/* The row of a kernel that runs one warp per row: this thread's warp
+ * across the grid (its lane is threadIdx.x % 32). */
+__device__ __forceinline__ int fsdp_cu_warp_row()
+{
+    return (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32);
+}
 
 /* fp32 -> bf16 bits, round to nearest even; NaN stays a quiet NaN with the
  * same bit pattern core/bf16.h produces, so cpu and cuda casts agree bit for

@@ -19,7 +19,7 @@ template <typename T>
 __global__ void layernorm_fwd_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w,
                                      const T *b, int N, int C)
 {
-    int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32);
+    int row = fsdp_cu_warp_row();
     int lane = threadIdx.x % 32;
     if (row >= N)
         return;
@@ -53,7 +53,7 @@ __global__ void layernorm_bwd_dinp_kernel(float *dinp, const float *dout, const 
                                           const T *w, const float *mean, const float *rstd, int N,
                                           int C)
 {
-    int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32);
+    int row = fsdp_cu_warp_row();
     int lane = threadIdx.x % 32;
     if (row >= N)
         return;
@@ -130,7 +130,7 @@ void fsdp_ops_cuda_layernorm_fwd(fsdp_op_ctx *ctx, void *out, float *mean, float
 {
     if (N <= 0 || C <= 0 || !fsdp_ops_cuda_ok(ctx))
         return;
-    unsigned grid = (unsigned)(((size_t)N * 32 + 255) / 256);
+    unsigned grid = fsdp_ops_cuda_warp_grid((size_t)N);
     cudaStream_t s = fsdp_ops_cuda_stream(ctx);
     FSDP_CUDA_DISPATCH(ctx->dt, E,
                        layernorm_fwd_kernel<E><<<grid, 256, 0, s>>>(
@@ -146,7 +146,7 @@ void fsdp_ops_cuda_layernorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float
         return;
     cudaStream_t s = fsdp_ops_cuda_stream(ctx);
     if (dinp) {
-        unsigned grid = (unsigned)(((size_t)N * 32 + 255) / 256);
+        unsigned grid = fsdp_ops_cuda_warp_grid((size_t)N);
         FSDP_CUDA_DISPATCH(ctx->dt, E,
                            layernorm_bwd_dinp_kernel<E><<<grid, 256, 0, s>>>(
                                dinp, dout, (const E *)inp, (const E *)w, mean, rstd, N, C));
@@ -155,12 +155,8 @@ void fsdp_ops_cuda_layernorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float
     }
     if (!dw && !db)
         return;
-    /* Chunking depends on the shape only (same sums on every GPU model). */
-    int n_chunks = (N + 63) / 64;
-    if (n_chunks > 256)
-        n_chunks = 256;
-    int rows_per = (N + n_chunks - 1) / n_chunks;
-    n_chunks = (N + rows_per - 1) / rows_per;
+    int rows_per; /* the chunks depend on the shape only */
+    const int n_chunks = fsdp_ops_cuda_row_chunks(N, &rows_per);
     float *pdw = (float *)fsdp_ops_cuda_scratch(ctx, 2 * (size_t)n_chunks * C * sizeof(float),
                                                 "layernorm_bwd");
     if (!pdw)

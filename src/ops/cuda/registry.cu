@@ -159,13 +159,8 @@ void fsdp_ops_cuda_colsum(fsdp_op_ctx *ctx, const char *op, float *dst, const fl
 {
     if (rows <= 0 || cols <= 0 || !fsdp_ops_cuda_ok(ctx))
         return;
-    /* The chunking depends on the shape only, so the sums do not depend on
-     * the GPU model. */
-    int n_chunks = (rows + 63) / 64;
-    if (n_chunks > 256)
-        n_chunks = 256;
-    int rows_per = (rows + n_chunks - 1) / n_chunks;
-    n_chunks = (rows + rows_per - 1) / rows_per;
+    int rows_per; /* the chunks depend on the shape only */
+    const int n_chunks = fsdp_ops_cuda_row_chunks(rows, &rows_per);
     float *partial =
         (float *)fsdp_ops_cuda_scratch(ctx, (size_t)n_chunks * cols * sizeof(float), op);
     if (!partial)

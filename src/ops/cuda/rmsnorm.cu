@@ -19,7 +19,7 @@ template <typename T>
 __global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const T *inp, const T *w, float eps,
                                    int N, int C)
 {
-    int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32);
+    int row = fsdp_cu_warp_row();
     int lane = threadIdx.x % 32;
     if (row >= N)
         return;
@@ -42,7 +42,7 @@ template <typename T>
 __global__ void rmsnorm_bwd_dinp_kernel(float *dinp, const float *dout, const T *inp, const T *w,
                                         const float *rstd, int N, int C)
 {
-    int row = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32);
+    int row = fsdp_cu_warp_row();
     int lane = threadIdx.x % 32;
     if (row >= N)
         return;
@@ -103,7 +103,7 @@ void fsdp_ops_cuda_rmsnorm_fwd(fsdp_op_ctx *ctx, void *out, float *rstd, const v
 {
     if (N <= 0 || C <= 0 || !fsdp_ops_cuda_ok(ctx))
         return;
-    unsigned grid = (unsigned)(((size_t)N * 32 + 255) / 256);
+    unsigned grid = fsdp_ops_cuda_warp_grid((size_t)N);
     cudaStream_t s = fsdp_ops_cuda_stream(ctx);
     FSDP_CUDA_DISPATCH(ctx->dt, E,
                        rmsnorm_fwd_kernel<E><<<grid, 256, 0, s>>>(
@@ -118,7 +118,7 @@ void fsdp_ops_cuda_rmsnorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, const f
         return;
     cudaStream_t s = fsdp_ops_cuda_stream(ctx);
     if (dinp) {
-        unsigned grid = (unsigned)(((size_t)N * 32 + 255) / 256);
+        unsigned grid = fsdp_ops_cuda_warp_grid((size_t)N);
         FSDP_CUDA_DISPATCH(ctx->dt, E,
                            rmsnorm_bwd_dinp_kernel<E><<<grid, 256, 0, s>>>(
                                dinp, dout, (const E *)inp, (const E *)w, rstd, N, C));
@@ -127,12 +127,8 @@ void fsdp_ops_cuda_rmsnorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, const f
     }
     if (!dw)
         return;
-    /* Chunking depends on the shape only (same sums on every GPU model). */
-    int n_chunks = (N + 63) / 64;
-    if (n_chunks > 256)
-        n_chunks = 256;
-    int rows_per = (N + n_chunks - 1) / n_chunks;
-    n_chunks = (N + rows_per - 1) / rows_per;
+    int rows_per; /* the chunks depend on the shape only */
+    const int n_chunks = fsdp_ops_cuda_row_chunks(N, &rows_per);
     float *pdw = (float *)fsdp_ops_cuda_scratch(ctx, (size_t)n_chunks * C * sizeof(float),
                                                 "rmsnorm_bwd");
     if (!pdw)
