@@ -15,24 +15,6 @@
 #include "ckpt/hfdir.h"
 #include "core/fileio.h"
 
-bool fsdp_ckpt_tok_name_valid(const char *name)
-{
-    for (int i = 0; fsdp_hfdir_companions[i]; i++)
-        if (!strcmp(name, fsdp_hfdir_companions[i]))
-            return true;
-    return false;
-}
-
-const char *fsdp_ckpt_tok_names(char *buf, size_t n)
-{
-    size_t at = 0;
-    buf[0] = '\0';
-    for (int i = 0; fsdp_hfdir_companions[i] && at < n; i++)
-        at += (size_t)snprintf(buf + at, n - at, "%s%s", i ? ", " : "",
-                               fsdp_hfdir_companions[i]);
-    return buf;
-}
-
 /* Append the file at `path` to m's carried files as `name`. */
 static fsdp_status load_one(fsdp_ckpt_manifest *m, const char *path, const char *name)
 {
@@ -164,4 +146,10 @@ fsdp_status fsdp_ckpt_tok_find(const char *value, char *buf, size_t n, bool *fou
     }
     fsdp_ckpt_manifest_free(&m);
     return st;
+}
+
+fsdp_status fsdp_ckpt_tok_for_model(const char *value, char *buf, size_t n, bool *found)
+{
+    *found = fsdp_modelfile_tokenizer_of(value, buf, n);
+    return *found ? FSDP_STATUS_OK : fsdp_ckpt_tok_find(value, buf, n, found);
 }

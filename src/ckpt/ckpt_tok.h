@@ -29,17 +29,6 @@
 #include "ckpt/manifest.h"
 #include "core/error.h"
 
-#define FSDP_CKPT_TOK_KEY "tokenizer_file"       /* the manifest key of one file */
-#define FSDP_CKPT_TOK_JSON "tokenizer.json"      /* the tokenizer itself: listed first */
-#define FSDP_CKPT_TOK_BYTES_MAX ((size_t)256 << 20) /* one file's size (Llama 3's: 9 MB) */
-
-/* Whether `name` is a file a checkpoint may carry (a companion name of
- * hfdir.h, tokenizer.json included). */
-bool fsdp_ckpt_tok_name_valid(const char *name);
-
-/* Those names, ", "-separated, into buf (for messages); returns buf. */
-const char *fsdp_ckpt_tok_names(char *buf, size_t n);
-
 /* Read the tokenizer to carry into m->tok_files (replacing what m carried):
  * the file `tokenizer` (a tokenizer.json, whatever its name) as
  * tokenizer.json, then the companions other than tokenizer.json that the
@@ -67,5 +56,12 @@ fsdp_status fsdp_ckpt_tok_verify(const char *ckpt, const fsdp_ckpt_manifest *m);
  * manifest does not read or whose tokenizer files fail
  * fsdp_ckpt_tok_verify is that error. */
 fsdp_status fsdp_ckpt_tok_find(const char *value, char *buf, size_t n, bool *found);
+
+/* The tokenizer.json that comes with the --model value `value`, into buf:
+ * a Hugging Face directory's (fsdp_modelfile_tokenizer_of), else the one
+ * a checkpoint carries (fsdp_ckpt_tok_find), checked against its
+ * manifest. *found false (OK) when there is none; a checkpoint whose
+ * tokenizer files no longer match its manifest is FORMAT saying so. */
+fsdp_status fsdp_ckpt_tok_for_model(const char *value, char *buf, size_t n, bool *found);
 
 #endif /* FSDP_CKPT_CKPT_TOK_H */

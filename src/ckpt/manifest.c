@@ -20,7 +20,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "ckpt/ckpt_tok.h"
+#include "ckpt/hfdir.h"
 #include "ckpt/manifest.h"
 #include "core/error.h"
 #include "core/fileio.h"
@@ -622,8 +622,18 @@ static fsdp_status begin_units(reader *r, const char *val, int lines_left,
     return FSDP_STATUS_OK;
 }
 
+/* The files a checkpoint may carry: the companions of a Hugging Face
+ * directory (hfdir.h), tokenizer.json included. */
+static bool tok_name_valid(const char *name)
+{
+    for (int i = 0; fsdp_hfdir_companions[i]; i++)
+        if (!strcmp(name, fsdp_hfdir_companions[i]))
+            return true;
+    return false;
+}
+
 /* `tokenizer_file <name> <bytes> <XXH64>` (version 3, optional, one line
- * per file): a companion name (ckpt_tok.h), each once, a size within the
+ * per file): a companion name (hfdir.h), each once, a size within the
  * limit and 16 hex digits. */
 static fsdp_status tok_file_line(reader *r, char *val, fsdp_ckpt_manifest *m)
 {
@@ -633,10 +643,15 @@ static fsdp_status tok_file_line(reader *r, char *val, fsdp_ckpt_manifest *m)
     char *t[4];
     if (tokenize(val, t, 4) != 3)
         return bad(ps, "expected 'tokenizer_file <name> <bytes> <16 hex digits>'");
-    char names[320];
-    if (!fsdp_ckpt_tok_name_valid(t[0]))
+    if (!tok_name_valid(t[0])) {
+        char names[320];
+        size_t at = 0;
+        for (int i = 0; fsdp_hfdir_companions[i] && at < sizeof names; i++)
+            at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "",
+                                   fsdp_hfdir_companions[i]);
         return bad(ps, "tokenizer_file '%.64s' is not a tokenizer file fsdp carries (%s)", t[0],
-                   fsdp_ckpt_tok_names(names, sizeof names));
+                   names);
+    }
     for (int i = 0; i < m->n_tok_files; i++)
         if (!strcmp(m->tok_files[i].name, t[0]))
             return bad(ps, "tokenizer_file '%s' appears twice", t[0]);

@@ -37,6 +37,9 @@
 #define FSDP_CKPT_VERSION_MIN 1 /* the oldest it reads */
 #define FSDP_CKPT_MANIFEST_LINE_MAX 1024 /* characters of one line, written and read */
 #define FSDP_CKPT_TOK_FILES_MAX 16       /* tokenizer files a checkpoint carries */
+#define FSDP_CKPT_TOK_KEY "tokenizer_file"       /* the manifest key of one file */
+#define FSDP_CKPT_TOK_JSON "tokenizer.json"      /* the tokenizer itself: listed first */
+#define FSDP_CKPT_TOK_BYTES_MAX ((size_t)256 << 20) /* one file's size (Llama 3's: 9 MB) */
 #define FSDP_CKPT_TOK_NAME_MAX 32        /* bytes of one's name, NUL included */
 
 /* One file of the tokenizer a checkpoint carries (ckpt_tok.h): a

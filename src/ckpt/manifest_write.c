@@ -7,7 +7,6 @@
 #include <stdlib.h>
 #include <xxhash.h>
 
-#include "ckpt/ckpt_tok.h"
 #include "ckpt/manifest.h"
 #include "core/error.h"
 #include "core/fileio.h"

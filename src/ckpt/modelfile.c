@@ -9,7 +9,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ckpt/ckpt_tok.h"
 #include "ckpt/modelfile_internal.h"
 #include "core/error.h"
 
@@ -181,12 +180,6 @@ const char *fsdp_modelfile_companions(const fsdp_modelfile *mf)
     return mf->format->ships_tokenizer ? mf->path : NULL;
 }
 const char *fsdp_modelfile_dtype_name(const fsdp_modelfile *mf) { return mf->dtype_name; }
-
-fsdp_status fsdp_modelfile_tokenizer_find(const char *value, char *buf, size_t n, bool *found)
-{
-    *found = fsdp_modelfile_tokenizer_of(value, buf, n);
-    return *found ? FSDP_STATUS_OK : fsdp_ckpt_tok_find(value, buf, n, found);
-}
 
 void fsdp_modelfile_describe(const fsdp_modelfile *mf, char *buf, size_t n)
 {

@@ -119,13 +119,6 @@ const char *fsdp_modelfile_companions(const fsdp_modelfile *mf);
  * beyond stats. */
 bool fsdp_modelfile_tokenizer_of(const char *value, char *buf, size_t n);
 
-/* The tokenizer.json that comes with `value`, into buf: a Hugging Face
- * directory's (fsdp_modelfile_tokenizer_of), else the one a checkpoint
- * carries (ckpt/ckpt_tok.h), checked against its manifest. *found false
- * (OK) when there is none; a checkpoint whose tokenizer files no longer
- * match its manifest is FORMAT saying so. */
-fsdp_status fsdp_modelfile_tokenizer_find(const char *value, char *buf, size_t n, bool *found);
-
 /* fsdp_engine_shared.init_fn: arg is a bound fsdp_modelfile. */
 fsdp_status fsdp_modelfile_init_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
                                    size_t end, float *dst);

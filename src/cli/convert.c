@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/ckpt_tok.h"
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "ckpt/modelfile.h"
@@ -232,7 +233,7 @@ int fsdp_cli_convert(int argc, char **argv)
     /* else a Hugging Face IN's, or the one a checkpoint IN carries (checked) */
     bool has_own = false;
     if (st == FSDP_STATUS_OK && !tokenizer)
-        st = fsdp_modelfile_tokenizer_find(pos[0], own_tok, sizeof own_tok, &has_own);
+        st = fsdp_ckpt_tok_for_model(pos[0], own_tok, sizeof own_tok, &has_own);
     const char *tok_json = tokenizer ? tokenizer : has_own ? own_tok : NULL;
     if (st == FSDP_STATUS_OK && tok_json && fsdp_modelfile_format_ships_tokenizer(out_fmt))
         st = generation_ids(tok_json, &gen);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "ckpt/ckpt_tok.h"
 #include "cli/cli.h"
 #include "cli/infer_opts.h"
 #include "ckpt/modelfile.h"
@@ -56,7 +57,7 @@ int fsdp_cli_eval(int argc, char **argv)
     char found[4096];
     bool has_own = false; /* a Hugging Face directory's or a checkpoint's */
     if (!c->tokenizer &&
-        fsdp_modelfile_tokenizer_find(c->model_path, found, sizeof found, &has_own) !=
+        fsdp_ckpt_tok_for_model(c->model_path, found, sizeof found, &has_own) !=
             FSDP_STATUS_OK) {
         fprintf(stderr, "fsdp eval: error: %s\n", fsdp_error_msg());
         return 1;

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/ckpt_tok.h"
 #include "cli/cli.h"
 #include "cli/infer_opts.h"
 #include "ckpt/modelfile.h"
@@ -133,7 +134,7 @@ static fsdp_status open_text_io(struct text_io *io, const char *tokenizer, const
         return FSDP_STATUS_OK;
     bool has_own = false; /* a Hugging Face directory's or a checkpoint's */
     if (!tokenizer)
-        FSDP_TRY(fsdp_modelfile_tokenizer_find(model, found, found_size, &has_own));
+        FSDP_TRY(fsdp_ckpt_tok_for_model(model, found, found_size, &has_own));
     if (has_own)
         tokenizer = found;
     io->tok_path = tokenizer;

@@ -28,6 +28,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "ckpt/ckpt_tok.h"
 #include "comm/procs.h"
 #include "core/clock.h"
 #include "core/flight.h"
@@ -478,7 +479,7 @@ static fsdp_status data_open(struct trainer *t, fsdp_engine_config *ec)
     const char *tok = cfg->tokenizer;
     bool has_own = false; /* a Hugging Face directory's, or the one a checkpoint carries */
     if (!tok)
-        FSDP_TRY(fsdp_modelfile_tokenizer_find(cfg->model, own_tok, sizeof own_tok, &has_own));
+        FSDP_TRY(fsdp_ckpt_tok_for_model(cfg->model, own_tok, sizeof own_tok, &has_own));
     if (has_own)
         tok = own_tok;
     snprintf(t->tokenizer, sizeof t->tokenizer, "%s", tok ? tok : "");
