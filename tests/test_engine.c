@@ -92,6 +92,93 @@ START_TEST(test_grad_accum_matches)
 }
 END_TEST
 
+/* ---- --accum flat (engine/accum.h) ------------------------------------------- */
+
+/* Flat sums the micro-steps in order, so its bits depend on A and on the
+ * micro-steps' contents, nothing else: with 4 micro-steps of batch 1 on 1, 2
+ * and 4 devices, every strategy, prefetch and offload give the run's bits;
+ * 2 devices x 2 micro-steps equal 4 devices x 1 (below 4 micro-steps flat adds
+ * as the tree does); and 4 micro-steps differ from the tree's ((g0 + g1) +
+ * (g2 + g3) against ((g0 + g1) + g2) + g3), so the flat path really ran. */
+START_TEST(test_accum_flat_devices)
+{
+    static const int devs[] = {1, 2, 4};
+    for (int d = 0; d < 3; d++) {
+        fsdp_train_config c;
+        fsdp_train_result ref, r;
+        train_config_tiny(&c, devs[d], 4);
+        c.eng.batch = 1;
+        c.eng.accum = FSDP_ACCUM_FLAT;
+        run_ok(&c, &ref);
+        ck_assert(ref.losses[2] < ref.losses[0]);
+        for (int k = 0; k < 3; k++) {
+            c.eng.shard = k == 1 ? FSDP_SHARD_GRAD_OP : k == 2 ? FSDP_SHARD_NONE : FSDP_SHARD_FULL;
+            c.eng.prefetch = k != 1;
+            c.eng.offload = k != 2;
+            run_ok(&c, &r);
+            char what[96];
+            snprintf(what, sizeof what, "flat, %d device(s) x 4 micro-steps, setting %d",
+                     devs[d], k);
+            assert_identical(&ref, &r, what);
+            fsdp_train_result_free(&r);
+        }
+        train_config_tiny(&c, devs[d], 4);
+        c.eng.batch = 1;
+        run_ok(&c, &r); /* the tree */
+        fsdp_model m;
+        ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
+        bool same = true;
+        for (int u = 0; u < m.n_units && same; u++)
+            same = !memcmp(r.params[u], ref.params[u], m.units[u].numel * sizeof(float));
+        fsdp_model_free(&m);
+        ck_assert_msg(!same, "%d device(s): flat and tree gave the same parameters after 4 "
+                      "micro-steps: the flat run did not sum in micro-step order", devs[d]);
+        fsdp_train_result_free(&r);
+        fsdp_train_result_free(&ref);
+    }
+    fsdp_train_config c;
+    fsdp_train_result a, b;
+    train_config_tiny(&c, 4, 1);
+    c.eng.batch = 1;
+    c.eng.accum = FSDP_ACCUM_FLAT;
+    run_ok(&c, &a);
+    train_config_tiny(&c, 2, 2);
+    c.eng.batch = 1;
+    c.eng.accum = FSDP_ACCUM_FLAT;
+    run_ok(&c, &b);
+    assert_identical(&a, &b, "flat, 2 devices x 2 micro-steps vs 4 devices");
+    fsdp_train_result_free(&a);
+    fsdp_train_result_free(&b);
+}
+END_TEST
+
+/* With 1, 2 or 3 micro-steps both modes add in the same order: flat is the
+ * tree bit for bit (sharded, unsharded, offload, bf16). */
+START_TEST(test_accum_flat_is_tree_below_4)
+{
+    static const int accums[] = {1, 2, 3};
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 3; k++) {
+            fsdp_train_config c;
+            fsdp_train_result a, b;
+            train_config_tiny(&c, 2, accums[i]);
+            c.eng.batch = 1;
+            c.eng.shard = k == 1 ? FSDP_SHARD_NONE : FSDP_SHARD_FULL;
+            c.eng.offload = k == 2;
+            c.eng.compute_dtype = k == 2 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+            run_ok(&c, &a);
+            c.eng.accum = FSDP_ACCUM_FLAT;
+            run_ok(&c, &b);
+            char what[96];
+            snprintf(what, sizeof what, "flat vs tree, %d micro-step(s), setting %d", accums[i],
+                     k);
+            assert_identical(&a, &b, what);
+            fsdp_train_result_free(&a);
+            fsdp_train_result_free(&b);
+        }
+}
+END_TEST
+
 /* 10 steps of FULL_SHARD on 4 devices equal NO_SHARD on 1 device. */
 START_TEST(test_sharded_matches_unsharded)
 {
@@ -935,6 +1022,7 @@ int main(void)
                     test_eight_ranks_prefetch_offload, FSDP_TEST_LOOP(test_masked_loss, 2),
                     FSDP_TEST_LOOP(test_threads_per_device_bit_identical,
                                    (int)(sizeof thread_models / sizeof thread_models[0])))},
+        {"accum", 120, FSDP_TESTS(test_accum_flat_devices, test_accum_flat_is_tree_below_4)},
         {"recompute", 600,
          FSDP_TESTS(FSDP_TEST_LOOP(test_recompute_identical, N_RECOMPUTE_MODELS),
                     test_recompute_memory_formula,
