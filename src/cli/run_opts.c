@@ -85,7 +85,7 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
     fsdp_opt_add_int(l, "grad-accum", &e->grad_accum, 1, MAX_GRAD_ACCUM, "A",
                      "micro-steps per device per step (default 1)");
     fsdp_opt_add_name(l, "accum", &ro->accum, &fsdp_accum_names,
-                      "how --grad-accum sums the micro-steps' gradients (default tree)");
+                      "how --grad-accum sums the micro-steps' gradients");
     fsdp_opt_add_name(l, "shard", &ro->shard, &fsdp_shard_names, "sharding strategy");
     fsdp_opt_add_name(l, "precision", &ro->precision, &fsdp_dtype_names,
                       "compute dtype: gathered parameters and activations; master weights, "

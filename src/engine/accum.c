@@ -11,13 +11,14 @@
 
 static const fsdp_name accum_names[] = {
     {"tree", FSDP_ACCUM_TREE,
-     "a binary tree of partial sums: the same bits for any split of the global batch "
-     "(batch x devices x grad-accum), one more fp32 gradient shard per doubling of --grad-accum"},
+     "a binary tree of partial sums: the same bits for any split of the global batch over "
+     "devices x grad-accum (docs/determinism.md), one more fp32 gradient shard per doubling of "
+     "--grad-accum"},
     {"flat", FSDP_ACCUM_FLAT,
      "one running sum in micro-step order: gradient memory independent of --grad-accum, the "
-     "same bits run to run and on any device count with the same --grad-accum, but not "
-     "those of another split of the global batch (e.g. --batch 8 --grad-accum 2 against "
-     "--batch 16 --grad-accum 1) once --grad-accum >= 4"},
+     "same bits run to run (and the tree's below --grad-accum 4), but from --grad-accum 4 on "
+     "not those of another split of the same global batch (e.g. --devices 1 --grad-accum 4 "
+     "against --devices 2 --grad-accum 2)"},
 };
 const fsdp_name_table fsdp_accum_names = FSDP_NAME_TABLE(accum_names);
 
