@@ -152,6 +152,44 @@ START_TEST(test_accum_flat_devices)
 }
 END_TEST
 
+/* A checkpoint holds no accumulation state: a flat run (offload, 4
+ * micro-steps) stopped after step 2 and resumed equals the uninterrupted
+ * one, losses and parameters. */
+START_TEST(test_accum_flat_resume)
+{
+    char ck[256];
+    fsdp_test_path(ck, sizeof ck, "ck");
+    fsdp_train_config c;
+    fsdp_train_result straight, first, second;
+    train_config_tiny(&c, 2, 4);
+    c.eng.batch = 1;
+    c.eng.accum = FSDP_ACCUM_FLAT;
+    c.eng.offload = true;
+    c.steps = 4;
+    run_ok(&c, &straight);
+    c.ckpt_dir = ck;
+    c.ckpt_every = 2;
+    c.stop_after = 2;
+    run_ok(&c, &first);
+    c.stop_after = 0;
+    c.resume = true;
+    run_ok(&c, &second);
+    ck_assert_int_eq(second.first_step, 2);
+    ck_assert_int_eq(second.steps, 4);
+    for (int s = 2; s < 4; s++)
+        ck_assert_msg(!memcmp(&straight.losses[s], &second.losses[s], sizeof(float)),
+                      "step %d: loss %.9g resumed, %.9g straight", s + 1, second.losses[s],
+                      straight.losses[s]);
+    second.first_step = 0; /* the parameters: every unit, as expect_identical_runs reads them */
+    memcpy(second.losses, straight.losses, 2 * sizeof(float));
+    memcpy(second.grad_norms, straight.grad_norms, 2 * sizeof(float));
+    assert_identical(&straight, &second, "flat, resumed after step 2");
+    fsdp_train_result_free(&straight);
+    fsdp_train_result_free(&first);
+    fsdp_train_result_free(&second);
+}
+END_TEST
+
 /* With 1, 2 or 3 micro-steps both modes add in the same order: flat is the
  * tree bit for bit (sharded, unsharded, offload, bf16). */
 START_TEST(test_accum_flat_is_tree_below_4)
@@ -1022,7 +1060,9 @@ int main(void)
                     test_eight_ranks_prefetch_offload, FSDP_TEST_LOOP(test_masked_loss, 2),
                     FSDP_TEST_LOOP(test_threads_per_device_bit_identical,
                                    (int)(sizeof thread_models / sizeof thread_models[0])))},
-        {"accum", 120, FSDP_TESTS(test_accum_flat_devices, test_accum_flat_is_tree_below_4)},
+        {"accum", 120, .tmpdir = true,
+         FSDP_TESTS(test_accum_flat_devices, test_accum_flat_is_tree_below_4,
+                    test_accum_flat_resume)},
         {"recompute", 600,
          FSDP_TESTS(FSDP_TEST_LOOP(test_recompute_identical, N_RECOMPUTE_MODELS),
                     test_recompute_memory_formula,

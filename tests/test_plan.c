@@ -512,6 +512,7 @@ START_TEST(test_plan_json)
     ck_assert_uint_eq(json_uint(root, "params"), plan.numel);
     ck_assert_uint_eq(json_uint(root, "devices"), 2);
     ck_assert_str_eq(fsdp_json_get(root, "offload")->str, "optimizer");
+    ck_assert_str_eq(fsdp_json_get(root, "accum")->str, "tree");
     const fsdp_json *opt = fsdp_json_get(root, "optimizer");
     ck_assert_str_eq(fsdp_json_get(opt, "name")->str, "adamw");
     ck_assert_str_eq(fsdp_json_at(fsdp_json_get(opt, "state"), 1)->str, "adam_v");
