@@ -68,8 +68,8 @@ static void print_header(FILE *f, const fsdp_fit_request *req, const fsdp_fit_re
         n_pruned += r->cand[i].pruned_by >= 0;
         n_measured += r->cand[i].pruned_by < 0;
     }
-    fprintf(f, "  searched %d settings (micro-batch x accumulation mode x shard x offload x prefetch "
-               "x recompute): %d "
+    fprintf(f, "  searched %d settings (micro-batch x accumulation mode x shard x offload x "
+               "prefetch x recompute): %d "
                "meta runs, %d pruned, in %s (%d micro-batch(es) at once)\n",
             r->n_cand, r->n_runs, n_pruned, fmt_time(t, sizeof t, r->wall_s), r->jobs);
     if (r->recompute_refused) {
@@ -99,7 +99,8 @@ static void print_fits(FILE *f, const fsdp_fit_request *req, const fsdp_fit_resu
         if (i)
             snprintf(vs, sizeof vs, "+%.0f%%", 100.0 * (c->cost.step_s / best - 1.0));
         char acc[16];
-        snprintf(acc, sizeof acc, "%d%s", c->grad_accum, c->accum == FSDP_ACCUM_FLAT ? " flat" : "");
+        snprintf(acc, sizeof acc, "%d%s", c->grad_accum,
+                 c->accum == FSDP_ACCUM_FLAT ? " flat" : "");
         fprintf(f, "  %3d %6d %7s  %-8s %-10s %-8s %-11s %11s %9s %10s %10s %9s %7s\n", i + 1,
                 c->batch, acc, fsdp_shard_strategy_name(c->shard),
                 fsdp_names_name(&fsdp_offload_names, c->offload), c->prefetch ? "on" : "off",
@@ -190,7 +191,8 @@ static void print_accum(FILE *f, const fsdp_fit_result *r)
     const fsdp_fit_candidate *flat = c->accum == FSDP_ACCUM_TREE ? t : c;
     char b1[32], b2[32];
     fprintf(f, "  accumulation %d needs %s of gradients %s as a tree (exact for any "
-               "split of the global batch), %s flat (the same bits run to run, not across splits); ",
+               "split of the global batch), %s flat (the same bits run to run, not across "
+               "splits); ",
             c->grad_accum, fmtb(b1, tree->grad_bytes),
             c->offload ? "in pinned host memory per device" : "per device",
             fmtb(b2, flat->grad_bytes));
