@@ -92,6 +92,131 @@ START_TEST(test_grad_accum_matches)
 }
 END_TEST
 
+/* ---- --accum flat (engine/accum.h) ------------------------------------------- */
+
+/* Flat sums the micro-steps in order, so its bits depend on A and on the
+ * micro-steps' contents, nothing else: with 4 micro-steps of batch 1 on 1, 2
+ * and 4 devices, every strategy, prefetch and offload give the run's bits;
+ * 2 devices x 2 micro-steps equal 4 devices x 1 (below 4 micro-steps flat adds
+ * as the tree does); and 4 micro-steps differ from the tree's ((g0 + g1) +
+ * (g2 + g3) against ((g0 + g1) + g2) + g3), so the flat path really ran. */
+START_TEST(test_accum_flat_devices)
+{
+    static const int devs[] = {1, 2, 4};
+    for (int d = 0; d < 3; d++) {
+        fsdp_train_config c;
+        fsdp_train_result ref, r;
+        train_config_tiny(&c, devs[d], 4);
+        c.eng.batch = 1;
+        c.eng.accum = FSDP_ACCUM_FLAT;
+        run_ok(&c, &ref);
+        ck_assert(ref.losses[2] < ref.losses[0]);
+        for (int k = 0; k < 3; k++) {
+            c.eng.shard = k == 1 ? FSDP_SHARD_GRAD_OP : k == 2 ? FSDP_SHARD_NONE : FSDP_SHARD_FULL;
+            c.eng.prefetch = k != 1;
+            c.eng.offload = k != 2;
+            run_ok(&c, &r);
+            char what[96];
+            snprintf(what, sizeof what, "flat, %d device(s) x 4 micro-steps, setting %d",
+                     devs[d], k);
+            assert_identical(&ref, &r, what);
+            fsdp_train_result_free(&r);
+        }
+        train_config_tiny(&c, devs[d], 4);
+        c.eng.batch = 1;
+        run_ok(&c, &r); /* the tree */
+        fsdp_model m;
+        ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
+        bool same = true;
+        for (int u = 0; u < m.n_units && same; u++)
+            same = !memcmp(r.params[u], ref.params[u], m.units[u].numel * sizeof(float));
+        fsdp_model_free(&m);
+        ck_assert_msg(!same, "%d device(s): flat and tree gave the same parameters after 4 "
+                      "micro-steps: the flat run did not sum in micro-step order", devs[d]);
+        fsdp_train_result_free(&r);
+        fsdp_train_result_free(&ref);
+    }
+    fsdp_train_config c;
+    fsdp_train_result a, b;
+    train_config_tiny(&c, 4, 1);
+    c.eng.batch = 1;
+    c.eng.accum = FSDP_ACCUM_FLAT;
+    run_ok(&c, &a);
+    train_config_tiny(&c, 2, 2);
+    c.eng.batch = 1;
+    c.eng.accum = FSDP_ACCUM_FLAT;
+    run_ok(&c, &b);
+    assert_identical(&a, &b, "flat, 2 devices x 2 micro-steps vs 4 devices");
+    fsdp_train_result_free(&a);
+    fsdp_train_result_free(&b);
+}
+END_TEST
+
+/* A checkpoint holds no accumulation state: a flat run (offload, 4
+ * micro-steps) stopped after step 2 and resumed equals the uninterrupted
+ * one, losses and parameters. */
+START_TEST(test_accum_flat_resume)
+{
+    char ck[256];
+    fsdp_test_path(ck, sizeof ck, "ck");
+    fsdp_train_config c;
+    fsdp_train_result straight, first, second;
+    train_config_tiny(&c, 2, 4);
+    c.eng.batch = 1;
+    c.eng.accum = FSDP_ACCUM_FLAT;
+    c.eng.offload = true;
+    c.steps = 4;
+    run_ok(&c, &straight);
+    c.ckpt_dir = ck;
+    c.ckpt_every = 2;
+    c.stop_after = 2;
+    run_ok(&c, &first);
+    c.stop_after = 0;
+    c.resume = true;
+    run_ok(&c, &second);
+    ck_assert_int_eq(second.first_step, 2);
+    ck_assert_int_eq(second.steps, 4);
+    for (int s = 2; s < 4; s++)
+        ck_assert_msg(!memcmp(&straight.losses[s], &second.losses[s], sizeof(float)),
+                      "step %d: loss %.9g resumed, %.9g straight", s + 1, second.losses[s],
+                      straight.losses[s]);
+    second.first_step = 0; /* the parameters: every unit, as expect_identical_runs reads them */
+    memcpy(second.losses, straight.losses, 2 * sizeof(float));
+    memcpy(second.grad_norms, straight.grad_norms, 2 * sizeof(float));
+    assert_identical(&straight, &second, "flat, resumed after step 2");
+    fsdp_train_result_free(&straight);
+    fsdp_train_result_free(&first);
+    fsdp_train_result_free(&second);
+}
+END_TEST
+
+/* With 1, 2 or 3 micro-steps both modes add in the same order: flat is the
+ * tree bit for bit (sharded, unsharded, offload, bf16). */
+START_TEST(test_accum_flat_is_tree_below_4)
+{
+    static const int accums[] = {1, 2, 3};
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 3; k++) {
+            fsdp_train_config c;
+            fsdp_train_result a, b;
+            train_config_tiny(&c, 2, accums[i]);
+            c.eng.batch = 1;
+            c.eng.shard = k == 1 ? FSDP_SHARD_NONE : FSDP_SHARD_FULL;
+            c.eng.offload = k == 2;
+            c.eng.compute_dtype = k == 2 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+            run_ok(&c, &a);
+            c.eng.accum = FSDP_ACCUM_FLAT;
+            run_ok(&c, &b);
+            char what[96];
+            snprintf(what, sizeof what, "flat vs tree, %d micro-step(s), setting %d", accums[i],
+                     k);
+            assert_identical(&a, &b, what);
+            fsdp_train_result_free(&a);
+            fsdp_train_result_free(&b);
+        }
+}
+END_TEST
+
 /* 10 steps of FULL_SHARD on 4 devices equal NO_SHARD on 1 device. */
 START_TEST(test_sharded_matches_unsharded)
 {
@@ -1101,6 +1226,9 @@ int main(void)
                     FSDP_TEST_LOOP(test_threads_per_device_bit_identical,
                                    (int)(sizeof thread_models / sizeof thread_models[0])))},
         {"pack", 300, FSDP_TESTS(test_packed_rows)},
+        {"accum", 120, .tmpdir = true,
+         FSDP_TESTS(test_accum_flat_devices, test_accum_flat_is_tree_below_4,
+                    test_accum_flat_resume)},
         {"recompute", 600,
          FSDP_TESTS(FSDP_TEST_LOOP(test_recompute_identical, N_RECOMPUTE_MODELS),
                     test_recompute_memory_formula,

@@ -253,8 +253,11 @@ static int warm_matrix(const char *model, bool with_cpu)
     for (int prefetch = 0; prefetch < 2; prefetch++)
     for (int offload = 0; offload < 2; offload++)
     for (int A = 0; A <= 5; A++) /* 0: an inference engine */
+    for (int flat = 0; flat < 2; flat++) /* --accum flat: 3 and 4 micro-steps */
     for (int prec = 0; prec < 2; prec++)
     for (int N = 1; N <= 3; N += 2) {
+        if (flat && A != 3 && A != 4)
+            continue;
         fsdp_backend backend = b ? FSDP_BACKEND_CPU : FSDP_BACKEND_META;
         if (backend == FSDP_BACKEND_CPU &&
             (!with_cpu || prec || A == 2 || A > 3 || (N == 1 && si)))
@@ -267,7 +270,8 @@ static int warm_matrix(const char *model, bool with_cpu)
                                 .compute_dtype = prec ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32,
                                 .prefetch = prefetch, .offload = offload, .batch = 2,
                                 .seq = 16, .grad_accum = A ? A : 1, .inference = A == 0,
-                                .clip = 1.0f, .seed = 1}; /* AdamW at its defaults */
+                                .clip = 1.0f, .seed = 1, /* AdamW at its defaults */
+                                .accum = flat ? FSDP_ACCUM_FLAT : FSDP_ACCUM_TREE};
         fsdp_engine_shared sh;
         ck_assert_int_eq(fsdp_engine_shared_init(&sh, &c, &m, data, w), FSDP_STATUS_OK);
         struct warm_run run = {.sh = &sh};
@@ -278,9 +282,9 @@ static int warm_matrix(const char *model, bool with_cpu)
             char what[200];
             snprintf(what, sizeof what,
                      "%s on %s, %d ranks, shard %d, prefetch %d, offload %d, A %d (0: "
-                     "inference), %s, rank %d",
+                     "inference)%s, %s, rank %d",
                      model, fsdp_backend_name(backend), N, (int)shards[si], prefetch, offload, A,
-                     fsdp_dtype_name(c.compute_dtype), r);
+                     flat ? " flat" : "", fsdp_dtype_name(c.compute_dtype), r);
             ck_assert_msg(p->n_resv > 0, "%s: nothing reserved", what);
             ck_assert_msg(p->step_allocs > 0, "%s: the steps allocated nothing", what);
             ck_assert_msg(p->resv_allocs == p->step_allocs,

@@ -58,6 +58,7 @@ static void candidate_config(const fsdp_fit_request *req, const fsdp_fit_candida
     cfg->eng.shard = c->shard;
     cfg->eng.offload = c->offload;
     cfg->eng.prefetch = c->prefetch;
+    cfg->eng.accum = c->accum;
     cfg->eng.recompute = (fsdp_recompute)fsdp_fit_recompute_modes[c->recompute].value;
 }
 
@@ -169,7 +170,7 @@ static void check_exact(const fsdp_fit_request *req, const fsdp_fit_result *r)
                                     &oh);
             extra = oh.total_bytes;
         }
-        bool fits = peak + extra <= req->device_mem && host <= req->host_mem;
+        bool fits = peak + extra <= req->device_mem && (!req->host_mem || host <= req->host_mem);
         n_fit += fits;
         if (c->pruned_by < 0) {
             ck_assert_uint_eq(c->peak_bytes, peak);
@@ -184,7 +185,7 @@ static void check_exact(const fsdp_fit_request *req, const fsdp_fit_result *r)
                           req->device_mem);
             const fsdp_fit_candidate *by = &r->cand[c->pruned_by];
             ck_assert(by->pruned_by < 0 && by->verdict == FSDP_FIT_OVER_DEVICE);
-            ck_assert(by->batch == c->batch &&
+            ck_assert(by->batch == c->batch && by->accum == c->accum &&
                       (by->shard == c->shard || (by->shard == FSDP_SHARD_FULL &&
                                                  c->shard == FSDP_SHARD_GRAD_OP)) &&
                       by->offload >= c->offload && by->prefetch <= c->prefetch);
@@ -193,6 +194,10 @@ static void check_exact(const fsdp_fit_request *req, const fsdp_fit_result *r)
     }
     ck_assert_int_eq(r->n_fits, n_fit);
 }
+
+/* tiny_request's chains: micro-batches 1, 2, 4, 8 with the tree, and 1, 2, 4
+ * (8, 4 and 2 micro-steps) flat; flat at one micro-step is the tree's run */
+#define TINY_CHAINS (4 + 3)
 
 START_TEST(test_fit_exact_vs_every_candidate)
 {
@@ -210,7 +215,7 @@ START_TEST(test_fit_exact_vs_every_candidate)
             }
             fsdp_fit_result r;
             ck_assert_int_eq(fsdp_fit_search(&req, &r), FSDP_STATUS_OK);
-            ck_assert_int_eq(r.n_cand, 4 * 12 * fsdp_fit_n_recompute_modes);
+            ck_assert_int_eq(r.n_cand, TINY_CHAINS * 12 * fsdp_fit_n_recompute_modes);
             check_exact(&req, &r);
             fsdp_fit_free(&r);
         }
@@ -222,7 +227,7 @@ START_TEST(test_fit_exact_vs_every_candidate)
         req.base.model = "llama-tiny";
         fsdp_fit_result r;
         ck_assert_int_eq(fsdp_fit_search(&req, &r), FSDP_STATUS_OK);
-        ck_assert_int_eq(r.n_cand, 4 * 12 * fsdp_fit_n_recompute_modes);
+        ck_assert_int_eq(r.n_cand, TINY_CHAINS * 12 * fsdp_fit_n_recompute_modes);
         ck_assert_uint_eq(r.recompute_refused, 0);
         check_exact(&req, &r);
         fsdp_fit_free(&r);
@@ -312,7 +317,8 @@ START_TEST(test_fit_llama_70b)
                 ck_assert_int_eq(r.cand[c->pruned_by].verdict, FSDP_FIT_OVER_DEVICE);
         }
         for (int k = 0; k < fsdp_fit_n_recompute_modes; k++)
-            ck_assert_msg(judged[k] == 12, "recompute %s: %d micro-batch-1 settings judged",
+            /* 12 settings, tree and flat (4 micro-steps) */
+            ck_assert_msg(judged[k] == 24, "recompute %s: %d micro-batch-1 settings judged",
                           fsdp_fit_recompute_modes[k].name, judged[k]);
         ck_assert_int_ge(n_runs_1, 2); /* the least-memory sharded and NO_SHARD settings */
         if (prec) {
@@ -378,9 +384,9 @@ START_TEST(test_fit_nothing_fits)
     ck_assert_int_eq(fsdp_fit_search(&req, &r), FSDP_STATUS_OK);
     ck_assert_int_eq(r.best, -1);
     ck_assert_int_eq(r.n_fits, 0);
-    /* two runs per micro-batch: the least-memory sharded setting and the
+    /* two runs per chain: the least-memory sharded setting and the
      * least-memory NO_SHARD one fail, and rule out the other 10 */
-    ck_assert_int_eq(r.n_runs, 8);
+    ck_assert_int_eq(r.n_runs, 2 * TINY_CHAINS);
     fsdp_fit_free(&r);
     int rc = fsdp_test_cli(out, sizeof out,
                            "plan --fit --target cpu --model tiny --devices 2 --seq 64 "
@@ -395,6 +401,91 @@ START_TEST(test_fit_nothing_fits)
                        "--global-batch 16 --device-mem 1GiB --host-mem 1MiB");
     ck_assert_msg(rc == 1 && strstr(out, "over the host memory") && strstr(out, "--host-mem"),
                   "exit %d:\n%s", rc, out);
+}
+END_TEST
+
+/* ---- accumulation modes and the host ------------------------------------------------------- */
+
+/* The README's 8B example: Llama 3.1 8B on 8 x 24 GiB, bf16, seq 2048, block
+ * recompute, global batch 64. It fits only with optimizer offload (pinned
+ * here, with shard full and prefetch off, to keep the search short), where
+ * the accumulation lives in pinned host memory: 194 GiB of it as a tree, 139
+ * GiB flat. On a 160 GiB host only flat fits, and the answer says so; on 256
+ * GiB the tree fits and is chosen (same speed, exact for any split). */
+START_TEST(test_fit_accum_modes)
+{
+    static const char *const host[] = {"160GiB", "256GiB"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd,
+                 "plan --fit --model llama3.1-8b --devices 8 --device-mem 24GiB --precision bf16 "
+                 "--seq 2048 --recompute block --global-batch 64 --shard full --offload optimizer "
+                 "--prefetch off --host-mem %s", host[k]);
+        int rc = fsdp_test_cli(out, sizeof out, "%s", cmd);
+        ck_assert_msg(rc == 0, "exit %d:\n%s", rc, out);
+        ck_assert_msg(strstr(out, "as a tree (exact for any split of the global batch)") &&
+                          strstr(out, k ? "the tree fits: --accum tree"
+                                        : "the tree does not fit (over the host memory): "
+                                          "--accum flat"),
+                      "%s", out);
+        const char *line = strstr(out, "\n  fsdp train ");
+        ck_assert_msg(line && (strstr(line, "--accum flat") != NULL) == (k == 0), "%s", out);
+    }
+    /* the same through the API: the twin is measured, flat keeps less */
+    fsdp_fit_request req;
+    fsdp_fit_request_default(&req);
+    base_config(&req.base, "llama3.1-8b", 8, 2048);
+    req.base.eng.compute_dtype = FSDP_DTYPE_BF16;
+    req.global_batch = 64;
+    req.device_mem = (size_t)24 << 30;
+    req.host_mem = (size_t)160 << 30;
+    req.recompute_mask = FSDP_NAME_BIT(2); /* block */
+    req.shard_mask = FSDP_NAME_BIT(FSDP_SHARD_FULL);
+    req.offload_mask = FSDP_NAME_BIT(1);
+    req.prefetch_mask = FSDP_NAME_BIT(0);
+    fsdp_fit_result r;
+    ck_assert_msg(fsdp_fit_search(&req, &r) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    ck_assert(r.best >= 0 && r.best_twin >= 0);
+    const fsdp_fit_candidate *b = &r.cand[r.best], *t = &r.cand[r.best_twin];
+    ck_assert(b->accum == FSDP_ACCUM_FLAT && t->accum == FSDP_ACCUM_TREE);
+    ck_assert(b->offload && b->grad_accum > 1 && t->verdict == FSDP_FIT_OVER_HOST);
+    ck_assert_uint_lt(b->grad_bytes, t->grad_bytes);
+    ck_assert_uint_eq(b->peak_bytes, t->peak_bytes); /* the device holds no sum either way */
+    fsdp_fit_free(&r);
+    /* pinned to the tree, nothing fits that host */
+    req.accum_mask = FSDP_NAME_BIT(FSDP_ACCUM_TREE);
+    ck_assert_int_eq(fsdp_fit_search(&req, &r), FSDP_STATUS_OK);
+    ck_assert_int_eq(r.best, -1);
+    for (int i = 0; i < r.n_cand; i++)
+        ck_assert_int_eq(r.cand[i].accum, FSDP_ACCUM_TREE);
+    fsdp_fit_free(&r);
+}
+END_TEST
+
+/* Planning for another machine: without --host-mem nothing is over the host
+ * (this machine's memory is not the target's) and the header says so; with
+ * it, the limit applies. Llama 3.1 70B with optimizer offload pins about
+ * 1.2 TiB of host memory over 8 devices. */
+START_TEST(test_fit_host_mem_target)
+{
+    fsdp_fit_request req;
+    fsdp_fit_request_default(&req);
+    ck_assert_uint_eq(req.host_mem, 0);
+    static const char base[] =
+        "plan --fit --model llama3.1-70b --devices 8 --seq 4096 --precision bf16 "
+        "--global-batch 8 --device-mem 141GiB --shard full --offload optimizer --prefetch off "
+        "--recompute block";
+    int rc = fsdp_test_cli(out, sizeof out, "%s", base);
+    ck_assert_msg(rc == 0 && strstr(out, "host memory: not limited (give --host-mem for the "
+                                         "target machine)") &&
+                      strstr(out, "of an unlimited host (--host-mem)"),
+                  "exit %d:\n%s", rc, out);
+    rc = fsdp_test_cli(out, sizeof out, "%s --host-mem 512GiB", base);
+    ck_assert_msg(rc == 1 && strstr(out, "host memory: 512.0 GiB") &&
+                      strstr(out, "over the host memory") && strstr(out, "NOTHING FITS"),
+                  "exit %d:\n%s", rc, out);
+    rc = fsdp_test_cli(out, sizeof out, "%s --host-mem 2TiB --json", base);
+    ck_assert_msg(rc == 0 && strstr(out, "\"host_mem\":2199023255552"), "exit %d:\n%s", rc, out);
 }
 END_TEST
 
@@ -596,14 +687,17 @@ START_TEST(test_fit_json)
     ck_assert(get(search, "wall_s", FSDP_JSON_NUMBER)->number > 0);
     ck_assert_uint_eq(get(search, "recompute_refused", FSDP_JSON_ARRAY)->n, 0);
     const fsdp_json *cands = get(root, "candidates", FSDP_JSON_ARRAY);
-    /* --shard and --recompute stay fixed: 4 micro-batches x 2 offload x 2 prefetch */
-    ck_assert_uint_eq(cands->n, 16);
-    ck_assert(get(search, "candidates", FSDP_JSON_NUMBER)->number == 16);
+    /* --shard and --recompute stay fixed: 7 chains x 2 offload x 2 prefetch */
+    ck_assert_uint_eq(cands->n, TINY_CHAINS * 4);
+    ck_assert(get(search, "candidates", FSDP_JSON_NUMBER)->number == TINY_CHAINS * 4);
     int fits = 0, chosen = (int)get(get(root, "chosen", FSDP_JSON_OBJECT), "index",
                                     FSDP_JSON_NUMBER)->number;
     const fsdp_json *c = cands->child;
     for (int i = 0; c; c = c->next, i++) {
         ck_assert_str_eq(get(c, "shard", FSDP_JSON_STRING)->str, "grad-op");
+        const char *accum = get(c, "accum", FSDP_JSON_STRING)->str;
+        ck_assert(!strcmp(accum, "tree") ||
+                  (!strcmp(accum, "flat") && get(c, "grad_accum", FSDP_JSON_NUMBER)->number > 1));
         const char *v = get(c, "verdict", FSDP_JSON_STRING)->str;
         if (!strcmp(v, "fits")) {
             fits++;
@@ -751,6 +845,7 @@ int main(void)
         {"cost", 600,
          FSDP_TESTS(test_fit_cost_arithmetic, test_fit_ranking_follows_cost,
                     test_fit_cuda_constants)},
+        {"accum", 120, FSDP_TESTS(test_fit_accum_modes, test_fit_host_mem_target)},
         {"cli", 600, .tmpdir = true,
          FSDP_TESTS(test_fit_command_runs_within_cap, test_fit_json, test_fit_train_refuses,
                     test_fit_usage)},

@@ -105,11 +105,11 @@ static void matrix_config(int i, fsdp_train_config *c, char *desc, size_t n)
              c->eng.optim->name, fsdp_names_name(&fsdp_recompute_names, rc));
 }
 
-START_TEST(test_plan_equals_cpu_run)
+/* The cpu run of c and its meta plan agree to the byte: peaks by kind on
+ * the device and the host, allocation counts, traffic. */
+static void expect_plan_equals_run(const fsdp_train_config *c0, const char *desc)
 {
-    fsdp_train_config c;
-    char desc[256];
-    matrix_config(_i, &c, desc, sizeof desc);
+    fsdp_train_config c = *c0;
     fsdp_train_result res;
     fsdp_status st = fsdp_train_run(&c, &res);
     ck_assert_msg(st == FSDP_STATUS_OK, "%s: cpu run failed: %s", desc, fsdp_error_msg());
@@ -152,6 +152,51 @@ START_TEST(test_plan_equals_cpu_run)
     }
     fsdp_plan_free(&plan);
     fsdp_train_result_free(&res);
+}
+
+START_TEST(test_plan_equals_cpu_run)
+{
+    fsdp_train_config c;
+    char desc[256];
+    matrix_config(_i, &c, desc, sizeof desc);
+    expect_plan_equals_run(&c, desc);
+}
+END_TEST
+
+/* --accum flat, exact too: its one buffer per unit and its scratch, on the
+ * device or (offload) in pinned host memory, over strategies, precisions
+ * and recompute modes, 2 to 8 micro-steps. */
+START_TEST(test_plan_equals_cpu_run_flat)
+{
+    static const struct {
+        const char *model;
+        int devices, nodes, accum;
+        fsdp_shard_strategy shard;
+        bool offload, bf16;
+        fsdp_recompute rc;
+    } rows[] = {
+        {"tiny", 2, 0, 4, FSDP_SHARD_FULL, false, false, FSDP_RECOMPUTE_NONE},
+        {"tiny", 2, 0, 8, FSDP_SHARD_FULL, true, true, FSDP_RECOMPUTE_NONE},
+        {"tiny", 4, 2, 2, FSDP_SHARD_HYBRID, false, true, FSDP_RECOMPUTE_BLOCK},
+        {"llama-tiny", 2, 0, 4, FSDP_SHARD_GRAD_OP, true, false, FSDP_RECOMPUTE_ELEMENTWISE},
+        {"qwen2-tiny", 1, 0, 3, FSDP_SHARD_NONE, false, true, FSDP_RECOMPUTE_BLOCK},
+    };
+    for (size_t i = 0; i < FSDP_TEST_LEN(rows); i++) {
+        fsdp_train_config c;
+        base_config(&c, rows[i].model, rows[i].devices);
+        c.eng.batch = 1;
+        c.eng.n_nodes = rows[i].nodes;
+        c.eng.grad_accum = rows[i].accum;
+        c.eng.accum = FSDP_ACCUM_FLAT;
+        c.eng.shard = rows[i].shard;
+        c.eng.offload = rows[i].offload;
+        c.eng.compute_dtype = rows[i].bf16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+        c.eng.recompute = rows[i].rc;
+        char desc[160];
+        snprintf(desc, sizeof desc, "flat, %s, %d device(s), %d micro-steps, row %zu",
+                 rows[i].model, rows[i].devices, rows[i].accum, i);
+        expect_plan_equals_run(&c, desc);
+    }
 }
 END_TEST
 
@@ -286,6 +331,62 @@ START_TEST(test_offload_grads_on_host)
 }
 END_TEST
 
+/* Flat's gradient memory does not grow with --grad-accum: from 2 to 64
+ * micro-steps the device's (or, with offload, the host's) gradient bytes at
+ * the peak stay those of 2; with offload the host holds exactly the
+ * gradient shard and one scratch of the largest unit's shard (accum.h),
+ * against the tree's fsdp_accum_depth(A) shards. The formula counts one
+ * shard whatever A. */
+START_TEST(test_flat_grads_do_not_grow)
+{
+    static const int accums[] = {1, 2, 8, 64};
+    for (int off = 0; off < 2; off++) {
+        size_t grad[4], tree[4];
+        for (int i = 0; i < 4; i++)
+            for (int mode = 0; mode < 2; mode++) {
+                fsdp_train_config c;
+                base_config(&c, "llama-tiny", 2);
+                c.eng.offload = off;
+                c.eng.grad_accum = accums[i];
+                c.eng.batch = 1;
+                c.eng.accum = mode ? FSDP_ACCUM_FLAT : FSDP_ACCUM_TREE;
+                fsdp_plan plan; /* 2 steps: what a step keeps is live from the second's start */
+                ck_assert_int_eq(fsdp_plan_run(&c, 2, &plan), FSDP_STATUS_OK);
+                const fsdp_mem_stats *m = off ? &plan.ranks[0].host : &plan.ranks[0].mem;
+                (mode ? grad : tree)[i] = m->peak_kind_bytes[FSDP_MEM_GRAD];
+                char text[64];
+                size_t f_dev, f_host;
+                fsdp_plan_formula(&plan, &f_dev, &f_host, text, sizeof text);
+                if (mode)
+                    ck_assert_str_eq(text, off ? "device 4 P/N + host 16 P/N" : "16 P/N");
+                fsdp_plan_free(&plan);
+            }
+        ck_assert_uint_eq(grad[0], tree[0]); /* one micro-step: the same run */
+        for (int i = 2; i < 4; i++)
+            ck_assert_msg(grad[i] == grad[1], "flat, offload %d, %d micro-steps: %zu gradient "
+                          "bytes, %zu with 2", off, accums[i], grad[i], grad[1]);
+        ck_assert_uint_gt(tree[3], grad[3]);
+        if (off) { /* the shard and the scratch, exactly */
+            fsdp_model m;
+            ck_assert_int_eq(fsdp_model_from_spec("llama-tiny", &m), FSDP_STATUS_OK);
+            fsdp_shardmap sm;
+            ck_assert_int_eq(fsdp_shardmap_init(&sm, &m, 2, FSDP_SHARD_FULL), FSDP_STATUS_OK);
+            size_t shard = 0, max_unit = 0;
+            for (int u = 0; u < sm.n_units; u++) {
+                shard += sm.units[u].shard_numel;
+                if (sm.units[u].shard_numel > max_unit)
+                    max_unit = sm.units[u].shard_numel;
+            }
+            ck_assert_uint_eq(grad[0], 4 * shard);
+            ck_assert_uint_eq(grad[1], 4 * (shard + max_unit));
+            ck_assert_uint_eq(tree[3], 4 * shard * (size_t)fsdp_accum_depth(64));
+            fsdp_shardmap_free(&sm);
+            fsdp_model_free(&m);
+        }
+    }
+}
+END_TEST
+
 /* Formulas per strategy, precision and offload (P = the model's parameters). */
 START_TEST(test_plan_formula_text)
 {
@@ -411,6 +512,7 @@ START_TEST(test_plan_json)
     ck_assert_uint_eq(json_uint(root, "params"), plan.numel);
     ck_assert_uint_eq(json_uint(root, "devices"), 2);
     ck_assert_str_eq(fsdp_json_get(root, "offload")->str, "optimizer");
+    ck_assert_str_eq(fsdp_json_get(root, "accum")->str, "tree");
     const fsdp_json *opt = fsdp_json_get(root, "optimizer");
     ck_assert_str_eq(fsdp_json_get(opt, "name")->str, "adamw");
     ck_assert_str_eq(fsdp_json_at(fsdp_json_get(opt, "state"), 1)->str, "adam_v");
@@ -963,6 +1065,7 @@ int main(void)
 {
     const fsdp_test_tcase tcases[] = {
         {"exact", 600, FSDP_TESTS(FSDP_TEST_LOOP(test_plan_equals_cpu_run, N_MATRIX))},
+        {"accum", 120, FSDP_TESTS(test_plan_equals_cpu_run_flat, test_flat_grads_do_not_grow)},
         {"plan", 600, .tmpdir = true,
          FSDP_TESTS(test_plan_70b_fast_and_formulas, test_plan_formula_text,
                     test_offload_grads_on_host, test_plan_fit_verdict, test_plan_json,

@@ -435,8 +435,20 @@ static const struct async_row {
      1.0f},
 };
 
+/* The same with --accum flat (engine/accum.h): its scratch is reused by
+ * each unit's reduction in stream order. */
+static const struct async_row flat_rows[] = {
+    {"accum flat, grad-op, 4 micro-steps", "tiny", 2, 4, 0, FSDP_SHARD_GRAD_OP, false, false,
+     true, FSDP_RECOMPUTE_NONE, 1.0f},
+    {"accum flat, llama, offload, bf16, recompute block, 4 micro-steps", "llama-tiny", 2, 4, 0,
+     FSDP_SHARD_FULL, true, true, true, FSDP_RECOMPUTE_BLOCK, 0.0f},
+    {"accum flat, hybrid 2 x 2, 2 micro-steps", "tiny", 4, 2, 2, FSDP_SHARD_HYBRID, false, false,
+     true, FSDP_RECOMPUTE_NONE, 1.0f},
+};
+
 static void row_config(fsdp_train_config *c, const struct async_row *row)
 {
+    bool flat = row >= flat_rows && row < flat_rows + FSDP_TEST_LEN(flat_rows);
     train_config_tiny(c, row->devices, row->accum);
     c->model = row->model;
     c->eng.n_nodes = row->nodes; /* of devices / nodes ranks each */
@@ -446,11 +458,12 @@ static void row_config(fsdp_train_config *c, const struct async_row *row)
     c->eng.prefetch = row->prefetch;
     c->eng.recompute = row->recompute;
     c->eng.clip = row->clip;
+    c->eng.accum = flat ? FSDP_ACCUM_FLAT : FSDP_ACCUM_TREE;
 }
 
-START_TEST(test_async_matches_inline)
+/* Row i's async runs (two jitter seeds) against its inline run. */
+static void expect_async_matches_inline(const struct async_row *row, int i)
 {
-    const struct async_row *row = &async_rows[_i];
     fsdp_train_config c;
     fsdp_train_result ref, r;
     row_config(&c, row);
@@ -460,7 +473,7 @@ START_TEST(test_async_matches_inline)
     for (uint64_t seed = 1; seed <= 2; seed++) {
         row_config(&c, row);
         c.eng.cpu_streams = FSDP_CPU_STREAMS_ASYNC;
-        c.eng.cpu_stream_jitter = seed + 100 * (uint64_t)_i;
+        c.eng.cpu_stream_jitter = seed + 100 * (uint64_t)i;
         char what[160];
         snprintf(what, sizeof what, "%s: async (jitter seed %llu) vs inline", row->what,
                  (unsigned long long)c.eng.cpu_stream_jitter);
@@ -469,6 +482,14 @@ START_TEST(test_async_matches_inline)
         fsdp_train_result_free(&r);
     }
     fsdp_train_result_free(&ref);
+}
+
+START_TEST(test_async_matches_inline) { expect_async_matches_inline(&async_rows[_i], _i); }
+END_TEST
+
+START_TEST(test_async_matches_inline_flat)
+{
+    expect_async_matches_inline(&flat_rows[_i], 50 + _i);
 }
 END_TEST
 
@@ -613,6 +634,7 @@ int main(void)
         {"cli", 120, FSDP_TESTS(test_cli_flag)},
         {"engine", 600, .tmpdir = true,
          FSDP_TESTS(FSDP_TEST_LOOP(test_async_matches_inline, (int)FSDP_TEST_LEN(async_rows)),
+                    FSDP_TEST_LOOP(test_async_matches_inline_flat, (int)FSDP_TEST_LEN(flat_rows)),
                     test_trace_shows_overlap)},
     };
     return fsdp_test_main("streams", tcases, FSDP_TEST_LEN(tcases));

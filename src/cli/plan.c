@@ -78,9 +78,9 @@ static void fit_opts_table(struct fit_opts *o, fsdp_opt_list *l)
         o->machine[i] = (float)*machine_field(&m, i);
     o->top = 10;
     fsdp_opt_add(l, "fit", FSDP_OPT_FLAG, &o->fit, NULL,
-                 "search micro-batch (keeping the global batch), --shard, --offload, "
+                 "search micro-batch (keeping the global batch), --accum, --shard, --offload, "
                  "--prefetch and --recompute for the fastest setting that fits --device-mem; a "
-                 "--shard, --recompute, "
+                 "--accum, --shard, --recompute, "
                  "--offload or --prefetch given stays fixed. Exit 0 when a setting fits, 1 when "
                  "none does");
     fsdp_opt_add_int(l, "global-batch", &o->global_batch, 1, 1 << 30, "G",
@@ -88,7 +88,8 @@ static void fit_opts_table(struct fit_opts *o, fsdp_opt_list *l)
                      "(default: devices x --batch x --grad-accum)");
     fsdp_opt_add(l, "host-mem", FSDP_OPT_SIZE, &o->host_mem, "BYTES",
                  "--fit: host memory the run may use: pinned memory of every device (and the "
-                 "simulated devices on cpu) (default: this machine's memory)");
+                 "simulated devices on cpu) (default: not limited; the target machine's is not "
+                 "taken to be this one's)");
     fsdp_opt_add_name(l, "target", &o->target, &fsdp_backend_names,
                       "--fit: the backend the run will use (train's --backend); cuda adds what "
                       "a cuda run holds beyond the engine (CUDA context, cuBLAS, op scratch, "
@@ -140,7 +141,9 @@ static int run_fit(fsdp_run_opts *ro, struct fit_opts *o, fsdp_opt_list *l, bool
         return fsdp_cli_usage("plan", "need 0 < --mfu <= 1, --gpu-tflops, --link-gbs, "
                                       "--pcie-gbs, --host-gbs, --node-gbs > 0 and "
                                       "--link-latency-us >= 0");
-    /* a strategy, offload or prefetch the user named is kept fixed */
+    /* an accumulation mode, strategy, offload or prefetch the user named is kept fixed */
+    if (fsdp_opt_get(l, "accum")->seen)
+        req.accum_mask = FSDP_NAME_BIT(c->eng.accum);
     if (fsdp_opt_get(l, "shard")->seen)
         req.shard_mask = FSDP_NAME_BIT(c->eng.shard);
     if (fsdp_opt_get(l, "offload")->seen)

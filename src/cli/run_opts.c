@@ -50,6 +50,7 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
     ro->prefetch = e->prefetch;
     ro->recompute = (int)e->recompute;
     ro->comm = (int)e->comm;
+    ro->accum = (int)e->accum;
     ro->devices = -1; /* unset: the backend's default */
     e->seq = 0;       /* unset: chosen from the data and model in fsdp_run_opts_finish */
     /* --optimizer's values and help, from the registry */
@@ -85,6 +86,8 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                      "when shorter; else the model's context)");
     fsdp_opt_add_int(l, "grad-accum", &e->grad_accum, 1, MAX_GRAD_ACCUM, "A",
                      "micro-steps per device per step (default 1)");
+    fsdp_opt_add_name(l, "accum", &ro->accum, &fsdp_accum_names,
+                      "how --grad-accum sums the micro-steps' gradients");
     fsdp_opt_add_name(l, "shard", &ro->shard, &fsdp_shard_names, "sharding strategy");
     fsdp_opt_add_name(l, "precision", &ro->precision, &fsdp_dtype_names,
                       "compute dtype: gathered parameters and activations; master weights, "
@@ -129,6 +132,7 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     e->prefetch = ro->prefetch != 0;
     e->recompute = (fsdp_recompute)ro->recompute;
     e->comm = (fsdp_comm_kind)ro->comm;
+    e->accum = (fsdp_accum_mode)ro->accum;
     if (fsdp_cli_cpu_streams_finish(cmd, e->cpu_streams, e->backend) != 0)
         return 2;
     if (e->threads_per_device > 0 && e->backend == FSDP_BACKEND_CUDA)

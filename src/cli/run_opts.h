@@ -13,7 +13,7 @@
 typedef struct fsdp_run_opts {
     fsdp_train_config cfg;
     /* name-table values, copied into cfg by fsdp_run_opts_finish */
-    int backend, shard, precision, offload, prefetch, recompute, comm;
+    int backend, shard, precision, offload, prefetch, recompute, comm, accum;
     const char *optimizer; /* a name in the optimizer registry, or NULL: the default */
     float optim_flags[FSDP_OPTIM_MAX_FLAGS]; /* --NAME of fsdp_optim_flag_at(i); NAN: not given */
     int devices;           /* per node; -1: the backend's default */

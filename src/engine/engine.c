@@ -315,7 +315,12 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
         FSDP_CHECK(fsdp_ops_init_stream(&e->ops_acc, &e->dev, cfg->compute_dtype, e->dev.comm));
 
     int U = sh->sm.n_units;
-    FSDP_CHECK(fsdp_accum_init(&e->acc, &e->dev, &e->ops_acc, U, cfg->grad_accum, host_grads));
+    size_t max_shard = 0;
+    for (int u = 0; u < U; u++)
+        if (sh->sm.units[u].shard_numel > max_shard)
+            max_shard = sh->sm.units[u].shard_numel;
+    FSDP_CHECK(fsdp_accum_init(&e->acc, &e->dev, &e->ops_acc, U, cfg->grad_accum, cfg->accum,
+                               max_shard, host_grads));
     e->ev_gather = calloc((size_t)U, sizeof *e->ev_gather);
     e->host_losses = calloc((size_t)cfg->grad_accum, sizeof(float));
     e->loss_order = calloc((size_t)cfg->grad_accum * (size_t)cfg->n_ranks, sizeof(float));
@@ -329,10 +334,6 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tmp2));
     FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tokens));
 
-    size_t max_shard = 0;
-    for (int u = 0; u < U; u++)
-        if (sh->sm.units[u].shard_numel > max_shard)
-            max_shard = sh->sm.units[u].shard_numel;
     if (fsdp_device_computes(&e->dev)) {
         host_tmp = malloc(max_shard * sizeof(float));
         if (!host_tmp) {

@@ -27,6 +27,7 @@
 #include "comm/transport.h"
 #include "core/names.h"
 #include "data/data.h"
+#include "engine/accum.h"
 #include "engine/norm_cover.h"
 #include "engine/shardmap.h"
 
@@ -61,6 +62,7 @@ typedef struct fsdp_engine_config {
     int batch;                 /* B: sequences per micro-batch */
     int seq;                   /* T */
     int grad_accum;            /* A: micro-steps per rank per step */
+    fsdp_accum_mode accum;     /* how the A micro-steps' gradients are summed (accum.h) */
     const struct fsdp_optim *optim; /* optim/optim.h; NULL: the default (AdamW) */
     fsdp_optim_hparams optim_hp; /* optim's hyper-parameters (those not given: its defaults)
                                   * and the weight decay; read by the optimizer only */

@@ -95,6 +95,8 @@ struct replay {
     int *made;       /* [U] accumulation buffers made (the lent shard counts) */
     bool lent;       /* the placement lends its gradient shard as buffer 0 */
     bool host;       /* the counter is in host memory (host_grads) */
+    bool flat;       /* --accum flat: one buffer per unit and one shared scratch */
+    bool scratch;    /* flat's scratch is made */
 };
 
 static const fsdp_shard_unit *unit(const struct replay *r, int u)
@@ -142,7 +144,8 @@ static void release(struct replay *r, int u)
 }
 
 /* grad_reduce(u) in micro-step j of A: the counter takes its first free
- * buffer, index popcount(j) (accum.c), made on first use; the full
+ * buffer, index popcount(j) (accum.c), made on first use (flat: buffer 0,
+ * then the rank's one scratch of the largest shard, kept); the full
  * gradient goes; after the last micro-step a placement that lends no
  * buffer releases the unit's. */
 static void reduce(struct replay *r, int u, int j, int A)
@@ -153,7 +156,11 @@ static void reduce(struct replay *r, int u, int j, int A)
         give(&r->s, accum_bytes(r, u), 1);
         return;
     }
-    int k = __builtin_popcount((unsigned)j);
+    if (r->flat && j > 0 && !r->scratch) {
+        take(&r->s, r->e->acc.max_numel * sizeof(float), 1);
+        r->scratch = true;
+    }
+    int k = r->flat ? 0 : __builtin_popcount((unsigned)j);
     if (k >= r->made[u]) {
         take(&r->s, accum_bytes(r, u), (size_t)(k + 1 - r->made[u]));
         r->made[u] = k + 1;
@@ -230,7 +237,8 @@ static void replay_forward(struct replay *r)
 fsdp_status fsdp_engine_warm_up(fsdp_engine *e)
 {
     int U = e->sh->sm.n_units;
-    struct replay r = {.e = e, .lent = e->acc.units[0].buf[0] != NULL, .host = e->acc.host};
+    struct replay r = {.e = e, .lent = e->acc.units[0].buf[0] != NULL, .host = e->acc.host,
+                       .flat = e->acc.mode == FSDP_ACCUM_FLAT};
     r.s.cap = 3 * U + 7; /* + the exchanges' send and receive sizes */
     r.s.v = calloc((size_t)r.s.cap, sizeof *r.s.v);
     r.gathered = calloc((size_t)U, sizeof *r.gathered);

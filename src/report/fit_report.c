@@ -41,8 +41,9 @@ static const char *fmt_rate(char *buf, size_t n, double v)
 
 static const char *label(char *buf, size_t n, const fsdp_fit_candidate *c)
 {
-    snprintf(buf, n, "batch %d x accum %d, shard %s, offload %s, prefetch %s, recompute %s",
-             c->batch, c->grad_accum, fsdp_shard_strategy_name(c->shard),
+    snprintf(buf, n, "batch %d x accum %d%s, shard %s, offload %s, prefetch %s, recompute %s",
+             c->batch, c->grad_accum, c->accum == FSDP_ACCUM_FLAT ? " flat" : "",
+             fsdp_shard_strategy_name(c->shard),
              fsdp_names_name(&fsdp_offload_names, c->offload), c->prefetch ? "on" : "off",
              fsdp_fit_recompute_modes[c->recompute].name);
     return buf;
@@ -53,11 +54,13 @@ static void print_header(FILE *f, const fsdp_fit_request *req, const fsdp_fit_re
     const fsdp_engine_config *e = &req->base.eng;
     char b1[32], b2[32], t[32];
     int G = req->global_batch;
-    fprintf(f, "fsdp plan --fit: model %s (%.2f%s parameters), %d %s device(s) of %s, host memory "
+    fprintf(f, "fsdp plan --fit: model %s (%.2f%s parameters), %d %s device(s) of %s, host memory: "
                "%s\n",
             req->base.model, (double)r->numel / (r->numel >= 1000000000 ? 1e9 : 1e6),
             r->numel >= 1000000000 ? "B" : "M", e->n_ranks, fsdp_backend_name(req->backend),
-            fmtb(b1, req->device_mem), fmtb(b2, req->host_mem));
+            fmtb(b1, req->device_mem),
+            req->host_mem ? fmtb(b2, req->host_mem)
+                          : "not limited (give --host-mem for the target machine)");
     fprintf(f, "  seq %d, %s, global batch %d sequences = %lld tokens per optimizer step\n", e->seq,
             fsdp_dtype_name(e->compute_dtype), G, (long long)G * e->seq);
     int n_pruned = 0, n_measured = 0;
@@ -65,7 +68,8 @@ static void print_header(FILE *f, const fsdp_fit_request *req, const fsdp_fit_re
         n_pruned += r->cand[i].pruned_by >= 0;
         n_measured += r->cand[i].pruned_by < 0;
     }
-    fprintf(f, "  searched %d settings (micro-batch x shard x offload x prefetch x recompute): %d "
+    fprintf(f, "  searched %d settings (micro-batch x accumulation mode x shard x offload x "
+               "prefetch x recompute): %d "
                "meta runs, %d pruned, in %s (%d micro-batch(es) at once)\n",
             r->n_cand, r->n_runs, n_pruned, fmt_time(t, sizeof t, r->wall_s), r->jobs);
     if (r->recompute_refused) {
@@ -85,7 +89,7 @@ static void print_fits(FILE *f, const fsdp_fit_request *req, const fsdp_fit_resu
     bool cuda = req->backend == FSDP_BACKEND_CUDA;
     fprintf(f, "\nfits, fastest first (memory: exact; step time: an ESTIMATE from the cost model "
                "below):\n");
-    fprintf(f, "  %3s %6s %6s  %-8s %-10s %-8s %-11s %11s %9s %10s %10s %9s %7s\n", "#", "batch",
+    fprintf(f, "  %3s %6s %7s  %-8s %-10s %-8s %-11s %11s %9s %10s %10s %9s %7s\n", "#", "batch",
             "accum", "shard", "offload", "prefetch", "recompute", "peak/dev", cuda ? "+cuda" : "",
             cuda ? "pinned" : "host", "step", "tokens/s", "vs #1");
     double best = r->cand[r->best].cost.step_s;
@@ -94,8 +98,11 @@ static void print_fits(FILE *f, const fsdp_fit_request *req, const fsdp_fit_resu
         char vs[16] = "-";
         if (i)
             snprintf(vs, sizeof vs, "+%.0f%%", 100.0 * (c->cost.step_s / best - 1.0));
-        fprintf(f, "  %3d %6d %6d  %-8s %-10s %-8s %-11s %11s %9s %10s %10s %9s %7s\n", i + 1,
-                c->batch, c->grad_accum, fsdp_shard_strategy_name(c->shard),
+        char acc[16];
+        snprintf(acc, sizeof acc, "%d%s", c->grad_accum,
+                 c->accum == FSDP_ACCUM_FLAT ? " flat" : "");
+        fprintf(f, "  %3d %6d %7s  %-8s %-10s %-8s %-11s %11s %9s %10s %10s %9s %7s\n", i + 1,
+                c->batch, acc, fsdp_shard_strategy_name(c->shard),
                 fsdp_names_name(&fsdp_offload_names, c->offload), c->prefetch ? "on" : "off",
                 fsdp_fit_recompute_modes[c->recompute].name, fmtb(b1, c->peak_bytes),
                 cuda ? fmtb(b2, c->cuda.total_bytes) : "", fmtb(b3, c->host_bytes),
@@ -173,6 +180,31 @@ static int closest(const fsdp_fit_request *req, const fsdp_fit_result *r)
     return best;
 }
 
+/* What the chosen setting's accumulation needs in each mode, and why the
+ * chosen mode (the twin is the same setting in the other mode). */
+static void print_accum(FILE *f, const fsdp_fit_result *r)
+{
+    if (r->best_twin < 0)
+        return;
+    const fsdp_fit_candidate *c = &r->cand[r->best], *t = &r->cand[r->best_twin];
+    const fsdp_fit_candidate *tree = c->accum == FSDP_ACCUM_TREE ? c : t;
+    const fsdp_fit_candidate *flat = c->accum == FSDP_ACCUM_TREE ? t : c;
+    char b1[32], b2[32];
+    fprintf(f, "  accumulation %d needs %s of gradients %s as a tree (exact for any "
+               "split of the global batch), %s flat (the same bits run to run, not across "
+               "splits); ",
+            c->grad_accum, fmtb(b1, tree->grad_bytes),
+            c->offload ? "in pinned host memory per device" : "per device",
+            fmtb(b2, flat->grad_bytes));
+    if (c->accum == FSDP_ACCUM_TREE)
+        fprintf(f, "the tree fits: --accum tree\n");
+    else if (t->verdict == FSDP_FIT_FITS)
+        fprintf(f, "both fit, flat is faster: --accum flat\n");
+    else
+        fprintf(f, "the tree does not fit (%s): --accum flat\n",
+                t->verdict == FSDP_FIT_OVER_HOST ? "over the host memory" : "over the device cap");
+}
+
 static void print_chosen(FILE *f, const fsdp_fit_request *req, const fsdp_fit_result *r)
 {
     char b1[32], b2[32], b3[32], b4[32], t1[32], t2[32], t3[32], t4[32], t5[32], k[32];
@@ -180,7 +212,10 @@ static void print_chosen(FILE *f, const fsdp_fit_request *req, const fsdp_fit_re
     if (r->best < 0) {
         fprintf(f, "\nNOTHING FITS: none of the %d settings fits %s per device", r->n_cand,
                 fmtb(b1, req->device_mem));
-        fprintf(f, " and %s of host memory.\n", fmtb(b2, req->host_mem));
+        if (req->host_mem)
+            fprintf(f, " and %s of host memory.\n", fmtb(b2, req->host_mem));
+        else
+            fprintf(f, " (host memory not limited).\n");
         int c = closest(req, r);
         if (c >= 0)
             fprintf(f, "  closest: %s needs %s per device and %s of host memory\n",
@@ -216,7 +251,8 @@ static void print_chosen(FILE *f, const fsdp_fit_request *req, const fsdp_fit_re
                 fmtb(b2, c->cuda.total_bytes));
     fprintf(f, " of %s: %s spare; host %s of %s\n", fmtb(b3, req->device_mem),
             fmtb(b4, req->device_mem - c->device_bytes), fmtb(b1, c->host_bytes),
-            fmtb(b2, req->host_mem));
+            req->host_mem ? fmtb(b2, req->host_mem) : "an unlimited host (--host-mem)");
+    print_accum(f, r);
     char cmd[1024];
     fsdp_fit_command(req, c, cmd, sizeof cmd);
     fprintf(f, "\n  %s\n", cmd);
@@ -295,9 +331,10 @@ static void json_candidate(FILE *f, const fsdp_fit_request *req, const fsdp_fit_
 {
     const fsdp_fit_candidate *c = &r->cand[i];
     fprintf(f, "{\"index\":%d,\"batch\":%d,\"grad_accum\":%d,\"shard\":\"%s\",\"offload\":\"%s\","
-               "\"prefetch\":\"%s\",\"recompute\":",
+               "\"accum\":\"%s\",\"prefetch\":\"%s\",\"recompute\":",
             i, c->batch, c->grad_accum, fsdp_shard_strategy_name(c->shard),
-            fsdp_names_name(&fsdp_offload_names, c->offload), c->prefetch ? "on" : "off");
+            fsdp_names_name(&fsdp_offload_names, c->offload),
+            fsdp_names_name(&fsdp_accum_names, (int)c->accum), c->prefetch ? "on" : "off");
     fsdp_json_write_str(f, fsdp_fit_recompute_modes[c->recompute].name);
     fprintf(f, ",\"verdict\":\"%s\"", fsdp_fit_verdict_name(c->verdict));
     if (rank > 0)
@@ -310,13 +347,14 @@ static void json_candidate(FILE *f, const fsdp_fit_request *req, const fsdp_fit_
     }
     if (c->pruned_by < 0 && c->verdict != FSDP_FIT_INVALID) {
         fprintf(f, ",\"peak_bytes\":%zu,\"peak_device\":%d,\"device_bytes\":%zu,\"host_bytes\":%zu,"
-                   "\"cuda\":",
-                c->peak_bytes, c->peak_device, c->device_bytes, c->host_bytes);
+                   "\"grad_bytes\":%zu,\"cuda\":",
+                c->peak_bytes, c->peak_device, c->device_bytes, c->host_bytes, c->grad_bytes);
         json_cuda(f, &c->cuda);
         fprintf(f, ",\"over_device_bytes\":%zu,\"over_host_bytes\":%zu,\"tokens_per_s\":%.6g,"
                    "\"cost\":",
                 c->device_bytes > req->device_mem ? c->device_bytes - req->device_mem : 0,
-                c->host_bytes > req->host_mem ? c->host_bytes - req->host_mem : 0,
+                req->host_mem && c->host_bytes > req->host_mem ? c->host_bytes - req->host_mem
+                                                               : 0,
                 c->tokens_per_s);
         json_cost(f, &c->cost);
     }

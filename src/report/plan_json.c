@@ -22,10 +22,12 @@ void fsdp_plan_write_json(FILE *f, const fsdp_plan *p)
     fsdp_json_write_str(f, p->model);
     fprintf(f, ",\"params\":%zu,\"padded_params\":%zu,\"units\":%d,\"devices\":%d,\"shard\":\"%s\","
                "\"precision\":\"%s\",\"offload\":\"%s\",\"batch\":%d,\"seq\":%d,\"grad_accum\":%d,"
-               "\"prefetch\":%s,\"recompute\":\"%s\",\"steps_run\":%d,\"node_gbs\":%g,",
+               "\"accum\":\"%s\",\"prefetch\":%s,\"recompute\":\"%s\",\"steps_run\":%d,"
+               "\"node_gbs\":%g,",
             p->numel, p->padded_numel, p->n_units, p->n_ranks, fsdp_shard_strategy_name(e->shard),
             fsdp_dtype_name(e->compute_dtype), fsdp_names_name(&fsdp_offload_names, e->offload),
-            e->batch, e->seq, e->grad_accum, e->prefetch ? "true" : "false",
+            e->batch, e->seq, e->grad_accum, fsdp_names_name(&fsdp_accum_names, (int)e->accum),
+            e->prefetch ? "true" : "false",
             fsdp_names_name(&fsdp_recompute_names, (int)e->recompute), p->steps, p->node_gbs);
     const fsdp_optim *o = fsdp_optim_or_default(e->optim);
     fprintf(f, "\"optimizer\":{\"name\":");

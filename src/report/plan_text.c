@@ -125,9 +125,10 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
             p->numel >= 1000000000 ? "B" : "M", p->n_units, N, nodes,
             fsdp_shard_strategy_name(e->shard), fsdp_dtype_name(e->compute_dtype), o->name,
             fsdp_names_name(&fsdp_offload_names, e->offload));
-    fprintf(f, "  per device and micro-step: batch %d x seq %d, grad-accum %d, prefetch %s, "
+    fprintf(f, "  per device and micro-step: batch %d x seq %d, grad-accum %d%s, prefetch %s, "
                "recompute %s; %d step(s) run on the meta backend in %.2f s\n",
-            e->batch, e->seq, e->grad_accum, e->prefetch ? "on" : "off",
+            e->batch, e->seq, e->grad_accum, e->accum == FSDP_ACCUM_FLAT ? " (flat)" : "",
+            e->prefetch ? "on" : "off",
             fsdp_names_name(&fsdp_recompute_names, (int)e->recompute), p->steps, p->wall_s);
 
     /* memory table: kinds that are zero everywhere are left out */

@@ -53,8 +53,7 @@ void fsdp_fit_request_default(fsdp_fit_request *req)
     req->backend = FSDP_BACKEND_CUDA;
     fsdp_machine_default(&req->machine);
     req->steps = 2;
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-    req->host_mem = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+    req->host_mem = 0; /* not limited: this machine's need not be the target's */
 }
 
 const char *fsdp_fit_verdict_name(fsdp_fit_verdict v)
@@ -149,7 +148,7 @@ static bool shard_no_more(fsdp_shard_strategy a, fsdp_shard_strategy b)
 /* a needs no more memory than b (fit.h's partial order). */
 static bool needs_no_more(const fsdp_fit_candidate *a, const fsdp_fit_candidate *b)
 {
-    return a->batch == b->batch && a->grad_accum == b->grad_accum &&
+    return a->batch == b->batch && a->grad_accum == b->grad_accum && a->accum == b->accum &&
            shard_no_more(a->shard, b->shard) &&
            a->offload >= b->offload && a->prefetch <= b->prefetch &&
            fsdp_fit_recompute_modes[a->recompute].memory_rank <=
@@ -167,6 +166,7 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
     e->shard = c->shard;
     e->offload = c->offload;
     e->prefetch = c->prefetch;
+    e->accum = c->accum;
     apply_recompute(e, &fsdp_fit_recompute_modes[c->recompute]);
     cfg.trace_path = NULL;
     cfg.out = NULL;
@@ -194,6 +194,8 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
         }
     }
     c->device_bytes = c->peak_bytes + c->cuda.total_bytes;
+    c->grad_bytes = c->offload ? pk->host.peak_kind_bytes[FSDP_MEM_GRAD]
+                               : pk->mem.peak_kind_bytes[FSDP_MEM_GRAD];
     /* host: pinned memory of every device (and the simulated devices on cpu) */
     size_t host = 0, update = 0, pcie = 0, reduce = 0, gather = 0, igather = 0, ireduce = 0;
     size_t dt = fsdp_dtype_size(e->compute_dtype);
@@ -205,11 +207,16 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
         host += pr->host.peak_bytes;
         if (req->backend == FSDP_BACKEND_CPU)
             host += pr->mem.peak_bytes;
-        /* offload: the pinned gradient shard's elements are the ones the CPU updates */
-        size_t elems = pr->host.peak_kind_bytes[FSDP_MEM_GRAD] / sizeof(float);
+        /* offload: the CPU updates the pinned fp32 master's elements (beside which
+         * the host keeps a compute-dtype staging copy unless that is fp32); each
+         * micro-step's reduced gradient goes down, the parameters come back up.
+         * Not the gradient bytes: the tree's partial sums would count as elements */
+        size_t staging = e->compute_dtype == FSDP_DTYPE_F32 ? 0 : dt;
+        size_t elems = pr->host.peak_kind_bytes[FSDP_MEM_PARAM] / (sizeof(float) + staging);
+        size_t link = elems * (sizeof(float) * (size_t)c->grad_accum + dt);
         update += elems * per_elem;
-        if (elems * (sizeof(float) + dt) > pcie)
-            pcie = elems * (sizeof(float) + dt);
+        if (link > pcie)
+            pcie = link;
         size_t g = pr->recv_bytes[FSDP_COLL_ALL_GATHER];
         size_t rd = fsdp_plan_coll_total(pr->recv_bytes) - g;
         if (g > gather)
@@ -245,7 +252,7 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
     c->tokens_per_s = c->cost.step_s > 0 ? tokens * N / c->cost.step_s : 0;
     if (c->device_bytes > req->device_mem)
         c->verdict = FSDP_FIT_OVER_DEVICE;
-    else if (c->host_bytes > req->host_mem)
+    else if (req->host_mem && c->host_bytes > req->host_mem)
         c->verdict = FSDP_FIT_OVER_HOST;
     else
         c->verdict = FSDP_FIT_FITS;
@@ -333,6 +340,8 @@ static int cmp_rank_of(const fsdp_fit_result *r, int a, int b)
     const fsdp_fit_candidate *x = &r->cand[a], *y = &r->cand[b];
     if (x->cost.step_s != y->cost.step_s)
         return x->cost.step_s < y->cost.step_s ? -1 : 1;
+    if (x->accum != y->accum) /* the tree first: exact for any split (fit.h) */
+        return x->accum == FSDP_ACCUM_TREE ? -1 : 1;
     if (x->device_bytes != y->device_bytes)
         return x->device_bytes < y->device_bytes ? -1 : 1;
     return (a > b) - (a < b);
@@ -353,10 +362,20 @@ static void rank_fits(fsdp_fit_result *r)
 
 static bool allowed(unsigned mask, int value) { return !mask || (mask & (1u << (unsigned)value)); }
 
+/* Whether the search runs accumulation mode m at A micro-steps. */
+static bool chain_wanted(const fsdp_fit_request *req, int m, int A)
+{
+    if (!allowed(req->accum_mask, m))
+        return false;
+    /* flat at one micro-step is the tree's run: only when the tree is not tried */
+    return m != FSDP_ACCUM_FLAT || A > 1 || !allowed(req->accum_mask, FSDP_ACCUM_TREE);
+}
+
 fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
 {
     memset(out, 0, sizeof *out);
     out->best = -1;
+    out->best_twin = -1;
     const fsdp_engine_config *e = &req->base.eng;
     int N = e->n_ranks, G = req->global_batch;
     double t0 = fsdp_now_s();
@@ -371,9 +390,6 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
     if (!req->device_mem)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "fit: need the memory of each device (--device-mem, e.g. 80GiB)");
-    if (!req->host_mem)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "fit: the host's memory is unknown; give --host-mem");
     if (req->steps < 1 || req->jobs < 0)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "fit: need steps >= 1 and jobs >= 0");
     if (req->backend != FSDP_BACKEND_CPU && req->backend != FSDP_BACKEND_CUDA)
@@ -419,29 +435,37 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
                               "values leave nothing to try");
     qsort(proto, (size_t)n_set, sizeof proto[0], cmp_level);
 
-    int K = G / N, n_div = 0;
+    /* chains: micro-batch x accumulation mode; at one micro-step both
+     * modes are the same run, so flat is left out there unless pinned */
+    int K = G / N, n_chain = 0;
     for (int b = 1; b <= K; b++)
-        n_div += K % b == 0;
-    out->n_cand = n_div * n_set;
+        for (int m = 0; m < FSDP_ACCUM_MODE_COUNT; m++)
+            n_chain += K % b == 0 && chain_wanted(req, m, K / b);
+    if (!n_chain)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "fit: the pinned --accum value leaves nothing to try");
+    out->n_cand = n_chain * n_set;
     out->cand = calloc((size_t)out->n_cand, sizeof *out->cand);
     out->ranked = calloc((size_t)out->n_cand, sizeof *out->ranked);
     if (!out->cand || !out->ranked) {
         fsdp_fit_free(out);
         return fsdp_error_set(FSDP_STATUS_OOM, "fit: out of host memory for %d candidates",
-                              n_div * n_set);
+                              out->n_cand);
     }
-    for (int b = 1, chain = 0; b <= K; b++) {
-        if (K % b)
-            continue;
-        for (int i = 0; i < n_set; i++) {
-            fsdp_fit_candidate *c = &out->cand[chain * n_set + i];
-            *c = proto[i];
-            c->batch = b;
-            c->grad_accum = K / b;
-            c->pruned_by = -1;
+    for (int b = 1, chain = 0; b <= K; b++)
+        for (int m = 0; m < FSDP_ACCUM_MODE_COUNT; m++) {
+            if (K % b || !chain_wanted(req, m, K / b))
+                continue;
+            for (int i = 0; i < n_set; i++) {
+                fsdp_fit_candidate *c = &out->cand[chain * n_set + i];
+                *c = proto[i];
+                c->batch = b;
+                c->grad_accum = K / b;
+                c->accum = (fsdp_accum_mode)m;
+                c->pruned_by = -1;
+            }
+            chain++;
         }
-        chain++;
-    }
 
     x.n_settings = n_set;
     atomic_init(&x.next, 0);
@@ -453,8 +477,8 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
         jobs = ncpu > N ? (int)(ncpu / N) : 1;
     }
-    if (jobs > n_div)
-        jobs = n_div;
+    if (jobs > n_chain)
+        jobs = n_chain;
     pthread_t tid[64];
     if (jobs > 64)
         jobs = 64;
@@ -477,6 +501,31 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
             out->ranked[out->n_fits++] = i;
     rank_fits(out);
     out->best = out->n_fits ? out->ranked[0] : -1;
+    out->best_twin = -1;
+    if (out->best >= 0 && out->cand[out->best].grad_accum > 1) {
+        /* the same setting in the other accumulation mode, measured, so the
+         * report can say what each mode needs */
+        const fsdp_fit_candidate *b = &out->cand[out->best];
+        for (int i = 0; i < out->n_cand; i++) {
+            fsdp_fit_candidate *c = &out->cand[i];
+            if (c->accum == b->accum || c->batch != b->batch || c->shard != b->shard ||
+                c->offload != b->offload || c->prefetch != b->prefetch ||
+                c->recompute != b->recompute)
+                continue;
+            if (c->verdict == FSDP_FIT_PRUNED) {
+                fsdp_status st = measure(&x, c);
+                out->n_runs++;
+                if (st != FSDP_STATUS_OK) {
+                    fsdp_fit_free(out);
+                    return st;
+                }
+                c->pruned_by = -1;
+            }
+            if (c->verdict != FSDP_FIT_INVALID)
+                out->best_twin = i;
+            break;
+        }
+    }
     out->wall_s = fsdp_now_s() - t0;
     return FSDP_STATUS_OK;
 }
@@ -487,6 +536,7 @@ void fsdp_fit_free(fsdp_fit_result *r)
     free(r->ranked);
     memset(r, 0, sizeof *r);
     r->best = -1;
+    r->best_twin = -1;
 }
 
 /* ---- command lines ------------------------------------------------------------ */
@@ -550,6 +600,9 @@ void fsdp_fit_command(const fsdp_fit_request *req, const fsdp_fit_candidate *c, 
     const fsdp_recompute_mode *m = &fsdp_fit_recompute_modes[c->recompute];
     if (m->value != 0)
         snprintf(rc, sizeof rc, " --recompute %s", m->name);
+    if (c->accum != FSDP_ACCUM_TREE)
+        snprintf(rc + strlen(rc), sizeof rc - strlen(rc), " --accum %s",
+                 fsdp_names_name(&fsdp_accum_names, (int)c->accum));
     /* several nodes: one process per node, --devices each */
     int nodes = e->n_nodes > 1 ? e->n_nodes : 1;
     char launch[32] = "";

@@ -1,6 +1,6 @@
 /*
  * fit.h - `fsdp plan --fit`: the fastest setting of a training run that
- * fits the devices' memory (and the host's), found by running candidate
+ * fits the devices' memory (and the host's, when it is given), found by running candidate
  * settings on the meta backend (train/plan.h, exact to the byte) and
  * ranking the ones that fit by the cost model's step time (train/cost.h,
  * an estimate). Also the check `fsdp train` makes before it allocates.
@@ -8,8 +8,11 @@
  * What is searched, for a fixed model, device count, sequence length,
  * precision and global batch G (sequences per optimizer step):
  *   micro-batch b over the divisors of G / devices, grad-accum = G / (devices b)
+ *   x accumulation mode (tree; flat when grad-accum > 1, where it differs)
  *   x shard strategy x optimizer offload x prefetch x activation recompute.
- * A dimension can be pinned to one value (the request's masks).
+ * A dimension can be pinned to one value (the request's masks). At the
+ * same estimated speed a tree candidate ranks before a flat one (the tree
+ * is exact for any split of the global batch; engine/accum.h).
  *
  * Exact pruning. A candidate is not run when a candidate that needs no
  * more memory was already measured over the device cap (by its engine
@@ -23,8 +26,9 @@
  * it can hold less than a sharded strategy. Different micro-batches are
  * never compared: with the global batch fixed, a smaller micro-batch means
  * more accumulation, whose tree of partial sums holds more gradient
- * buffers, so the peak is not monotone along that line. Micro-batches are
- * independent chains, searched in parallel.
+ * buffers, so the peak is not monotone along that line. Each micro-batch
+ * and accumulation mode is an independent chain; chains are searched in
+ * parallel.
  */
 #ifndef FSDP_TRAIN_FIT_H
 #define FSDP_TRAIN_FIT_H
@@ -60,7 +64,8 @@ typedef struct fsdp_fit_request {
     fsdp_train_config base;
     int global_batch;        /* sequences per optimizer step: a multiple of the devices */
     size_t device_mem;       /* memory of each device, bytes (> 0) */
-    size_t host_mem;         /* host memory the run may use, bytes (> 0) */
+    size_t host_mem;         /* host memory the run may use, bytes; 0: not limited (the
+                                target machine's is not known: nothing is over the host) */
     fsdp_backend backend;    /* the run's: cuda adds fsdp_cuda_overhead to each device;
                                 cpu keeps the simulated devices in host memory too */
     size_t cuda_overhead;    /* cuda: replaces the estimate when > 0 (a measured figure) */
@@ -70,14 +75,16 @@ typedef struct fsdp_fit_request {
     unsigned offload_mask;   /* bit 0: none, bit 1: optimizer */
     unsigned prefetch_mask;  /* bit 0: off, bit 1: on */
     unsigned recompute_mask; /* of indices into fsdp_fit_recompute_modes */
+    unsigned accum_mask;     /* of fsdp_accum_mode */
     int steps;               /* steps of each meta run (>= 1) */
     int jobs;                /* micro-batches searched at once; 0: online CPUs / devices,
                                 at least 1 (each meta run has a thread per device) */
 } fsdp_fit_request;
 
 /* Defaults: the train defaults for base, every dimension searched, the
- * machine defaults, backend cuda, 2 steps, jobs 0 (auto), host memory the
- * machine's (sysconf). global_batch and device_mem are left 0 (required). */
+ * machine defaults, backend cuda, 2 steps, jobs 0 (auto), host memory not
+ * limited (0: the plan may be for another machine than this one).
+ * global_batch and device_mem are left 0 (required). */
 void fsdp_fit_request_default(fsdp_fit_request *req);
 
 typedef enum fsdp_fit_verdict {
@@ -94,6 +101,7 @@ typedef struct fsdp_fit_candidate {
     fsdp_shard_strategy shard;
     bool offload, prefetch;
     int recompute;            /* index into fsdp_fit_recompute_modes */
+    fsdp_accum_mode accum;
     fsdp_fit_verdict verdict;
     int pruned_by;            /* PRUNED (and INVALID found by pruning): the measured one */
     /* measured (FITS, OVER_*): */
@@ -102,6 +110,9 @@ typedef struct fsdp_fit_candidate {
     size_t device_bytes;      /* peak_bytes + cuda overhead: compared with device_mem */
     size_t host_bytes;        /* the whole run's host memory (exact): pinned for every
                                  device, plus the simulated devices on cpu */
+    size_t grad_bytes;        /* gradients where the accumulation keeps them, at the peak
+                                 device's peak: its memory, or with offload its pinned
+                                 host memory (FSDP_MEM_GRAD: shards, sums, in flight) */
     fsdp_cuda_overhead cuda;  /* zero unless the backend is cuda */
     fsdp_cost cost;           /* the estimate (measured candidates) */
     double tokens_per_s;      /* global tokens per step / cost.step_s */
@@ -114,6 +125,8 @@ typedef struct fsdp_fit_result {
     int *ranked;              /* [n_fits]: the FITS candidates, fastest first */
     int n_fits;
     int best;                 /* ranked[0], or -1 when nothing fits */
+    int best_twin;            /* best with the other accumulation mode, measured (-1: none:
+                                 nothing fits, grad-accum 1, or a mode pinned) */
     int n_runs;               /* meta runs made */
     double wall_s;            /* time the search took */
     int jobs;                 /* micro-batches searched at once */

@@ -177,12 +177,13 @@ void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes
     const char *over = hybrid ? "L" : "N";
     int dt = (int)fsdp_dtype_size(e->compute_dtype);
     /* state per parameter: fp32 master 4, fp32 gradient 4 for each of the
-     * accumulation counter's buffers (fsdp_accum_depth(A): 1 for one
-     * micro-step, 4 for 8), the optimizer's state (AdamW m and v: 8), plus a
-     * compute-dtype copy when it differs from the master */
+     * accumulation's buffers (fsdp_accum_buffers: the tree's
+     * fsdp_accum_depth(A), 1 for one micro-step, 4 for 8; flat's 1, its one
+     * scratch shard per rank left out), the optimizer's state (AdamW m and
+     * v: 8), plus a compute-dtype copy when it differs from the master */
     int copy = e->compute_dtype != FSDP_DTYPE_F32 ? dt : 0;
     int optim = (int)fsdp_optim_state_bytes(fsdp_optim_or_default(e->optim));
-    int grads = 4 * fsdp_accum_depth(e->grad_accum);
+    int grads = 4 * fsdp_accum_buffers(e->accum, e->grad_accum);
     int state = 4 + copy + grads + optim;
     bool full = e->shard == FSDP_SHARD_FULL || e->shard == FSDP_SHARD_HYBRID;
     double dev = 0, host = 0;
@@ -202,8 +203,8 @@ void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes
             snprintf(text, n, "%d P", state);
         }
     } else {
-        /* master, gradient (with the accumulation counter's partial sums:
-         * fsdp_accum_depth(A) shards in all) and optimizer state in host
+        /* master, gradient (with the accumulation's partial sums:
+         * fsdp_accum_buffers shards in all) and optimizer state in host
          * memory; the device keeps the compute-dtype parameters, sharded as
          * the strategy shards them, and the gradients in flight */
         int host_state = 4 + grads + optim;

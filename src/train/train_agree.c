@@ -131,6 +131,7 @@ fsdp_status fsdp_trainer_agree(struct trainer *t)
     add_str(&l, "--offload", fsdp_names_name(&fsdp_offload_names, ec->offload), NULL);
     add_str(&l, "--prefetch", ec->prefetch ? "on" : "off", NULL);
     add_str(&l, "--recompute", fsdp_names_name(&fsdp_recompute_names, (int)ec->recompute), NULL);
+    add_str(&l, "--accum", fsdp_names_name(&fsdp_accum_names, (int)ec->accum), NULL);
     add_str(&l, "--deterministic", ec->deterministic ? "on" : "off", NULL);
     /* the directory itself is checked to be one they share (fsdp_job_dir_shared) */
     add_str(&l, "--ckpt-dir", cfg->ckpt_dir ? cfg->ckpt_dir : "(none)",
