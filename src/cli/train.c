@@ -84,18 +84,23 @@ enum {
  * (rank 0's process: the result's steps are its). */
 static void report_early_end(const fsdp_train_config *c, const fsdp_train_result *res)
 {
-    if (res->interrupted) {
-        fprintf(stderr, "fsdp train: stopped by %s after step %d of %d",
-                res->stop_code == SIGTERM ? "SIGTERM" : "SIGINT", res->steps, res->last_step);
-        if (res->ckpt_step >= 0)
-            fprintf(stderr, "; checkpoint step %d is in %s: continue with --resume\n",
-                    res->ckpt_step, c->ckpt_dir);
-        else if (c->ckpt_dir)
-            fprintf(stderr, "; %s already holds the state of step %d: continue with --resume\n",
-                    c->ckpt_dir, res->steps);
-        else
-            fprintf(stderr, " (no --ckpt-dir: nothing was saved)\n");
-    }
+    if (!res->interrupted)
+        return;
+    /* one write: stderr is unbuffered, and under mpirun the other
+     * processes' lines would land between the pieces */
+    char line[4352]; /* a path of up to 4096 bytes and the words */
+    int n = snprintf(line, sizeof line, "fsdp train: stopped by %s after step %d of %d",
+                     res->stop_code == SIGTERM ? "SIGTERM" : "SIGINT", res->steps, res->last_step);
+    size_t at = n > 0 && (size_t)n < sizeof line ? (size_t)n : 0;
+    if (res->ckpt_step >= 0)
+        snprintf(line + at, sizeof line - at, "; checkpoint step %d is in %s: continue with "
+                 "--resume\n", res->ckpt_step, c->ckpt_dir);
+    else if (c->ckpt_dir)
+        snprintf(line + at, sizeof line - at, "; %s already holds the state of step %d: "
+                 "continue with --resume\n", c->ckpt_dir, res->steps);
+    else
+        snprintf(line + at, sizeof line - at, " (no --ckpt-dir: nothing was saved)\n");
+    fputs(line, stderr);
 }
 
 /* --grad-accum from --global-batch (which must be a multiple of --batch x
