@@ -163,6 +163,41 @@ START_TEST(test_plan_equals_cpu_run)
 }
 END_TEST
 
+/* Packed example rows: the device holds their token positions, which the
+ * trainer decides from the data; a plan of the same engine settings
+ * (positions on) counts them to the byte, and without them it is short by
+ * exactly that buffer, B x T ints. */
+START_TEST(test_plan_equals_cpu_run_packed)
+{
+    char data[4096];
+    fsdp_test_path(data, sizeof data, "rows.jsonl");
+    FILE *f = fopen(data, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 12; i++)
+        fprintf(f, "{\"prompt\": \"Q%d: %s?\", \"completion\": \" %d\"}\n", i,
+                i % 3 ? "why" : "how many foxes", i);
+    ck_assert_int_eq(fclose(f), 0);
+    fsdp_train_config c;
+    base_config(&c, "llama:layers=1,heads=2,kv_heads=1,hidden=16,intermediate=32,head_dim=8,"
+                    "vocab=768,context=32", 2);
+    c.eng.seq = 32;
+    c.data = data;
+    c.tokenizer = "tests/fixtures/tok_llama3.json";
+    c.pack = FSDP_TRAIN_PACK_ON;
+    c.eng.positions = true;
+    expect_plan_equals_run(&c, "packed rows");
+    fsdp_plan with, without;
+    ck_assert_int_eq(fsdp_plan_run(&c, 2, &with), FSDP_STATUS_OK);
+    c.eng.positions = false;
+    ck_assert_int_eq(fsdp_plan_run(&c, 2, &without), FSDP_STATUS_OK);
+    ck_assert_uint_eq(with.ranks[0].mem.peak_kind_bytes[FSDP_MEM_ACT] -
+                          without.ranks[0].mem.peak_kind_bytes[FSDP_MEM_ACT],
+                      (size_t)c.eng.batch * 32 * sizeof(int));
+    fsdp_plan_free(&with);
+    fsdp_plan_free(&without);
+}
+END_TEST
+
 /* --accum flat, exact too: its one buffer per unit and its scratch, on the
  * device or (offload) in pinned host memory, over strategies, precisions
  * and recompute modes, 2 to 8 micro-steps. */
@@ -1066,6 +1101,7 @@ int main(void)
     const fsdp_test_tcase tcases[] = {
         {"exact", 600, FSDP_TESTS(FSDP_TEST_LOOP(test_plan_equals_cpu_run, N_MATRIX))},
         {"accum", 120, FSDP_TESTS(test_plan_equals_cpu_run_flat, test_flat_grads_do_not_grow)},
+        {"packed", 60, .tmpdir = true, FSDP_TESTS(test_plan_equals_cpu_run_packed)},
         {"plan", 600, .tmpdir = true,
          FSDP_TESTS(test_plan_70b_fast_and_formulas, test_plan_formula_text,
                     test_offload_grads_on_host, test_plan_fit_verdict, test_plan_json,

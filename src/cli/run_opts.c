@@ -88,6 +88,9 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                      "micro-steps per device per step (default 1)");
     fsdp_opt_add_name(l, "accum", &ro->accum, &fsdp_accum_names,
                       "how --grad-accum sums the micro-steps' gradients");
+    fsdp_opt_add_name(l, "pack", &c->pack, &fsdp_train_pack_names,
+                      "example (.jsonl prompt/completion, messages) rows (fsdp plan: 'on' "
+                      "counts a packed run's token positions; give its --seq)");
     fsdp_opt_add_name(l, "shard", &ro->shard, &fsdp_shard_names, "sharding strategy");
     fsdp_opt_add_name(l, "precision", &ro->precision, &fsdp_dtype_names,
                       "compute dtype: gathered parameters and activations; master weights, "
@@ -133,6 +136,7 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     e->recompute = (fsdp_recompute)ro->recompute;
     e->comm = (fsdp_comm_kind)ro->comm;
     e->accum = (fsdp_accum_mode)ro->accum;
+    e->positions = ro->cfg.pack == FSDP_TRAIN_PACK_ON; /* else the trainer's data decides */
     if (fsdp_cli_cpu_streams_finish(cmd, e->cpu_streams, e->backend) != 0)
         return 2;
     if (e->threads_per_device > 0 && e->backend == FSDP_BACKEND_CUDA)

@@ -26,7 +26,6 @@
 #include "data/chat.h"
 #include "models/registry.h"
 #include "report/tensorboard.h"
-#include "train/fit.h"
 #include "train/schedule.h"
 
 /* ---- stopping on a signal --------------------------------------------------- */
@@ -169,8 +168,6 @@ int fsdp_cli_train(int argc, char **argv)
     fsdp_opt_add_int(&l, "epochs", &c->epochs, 1, MAX_STEPS, "N",
                      "instead of --steps: the steps that cover N passes over the data's rows "
                      "(rounded up; the header says how many)");
-    fsdp_opt_add_name(&l, "pack", &c->pack, &fsdp_train_pack_names,
-                      "example (.jsonl prompt/completion, messages) rows");
     fsdp_opt_add_int(&l, "global-batch", &global_batch, 1, INT_MAX, "G",
                      "sequences per optimizer step across the job: sets --grad-accum to G / "
                      "(--batch x devices), which must divide it");
@@ -292,16 +289,14 @@ int fsdp_cli_train(int argc, char **argv)
     e->skip_nonfinite = on_nonfinite == 1;
     if (quiet)
         c->out = NULL;
-    /* refuse before allocating anything when the plan says the run exceeds
-     * --device-mem or, on cuda, the smallest GPU's memory (0 elsewhere) */
+    /* the run refuses before allocating anything when the plan says it
+     * exceeds --device-mem or, on cuda, the smallest GPU's memory (0 elsewhere) */
     int rpd = e->ranks_per_device > 0 ? e->ranks_per_device : 1;
-    size_t gpu_total = 0;
     fsdp_status st = fsdp_backend_device_total(e->backend, (e->n_ranks + rpd - 1) / rpd,
-                                               &gpu_total);
-    if (st == FSDP_STATUS_OK)
-        st = fsdp_fit_check_train(c, gpu_total);
+                                               &c->fit_device_total);
     if (st != FSDP_STATUS_OK)
         return fsdp_cli_status("train", st);
+    c->fit_check = true;
     fsdp_tboard_sink tb;
     if (tensorboard) {
         fsdp_tboard_sink_init(&tb, tensorboard);

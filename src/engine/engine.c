@@ -101,7 +101,7 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
                               "world has %d rank(s) in %d process(es) (one node per process)",
                               cfg->n_ranks, nodes, w->n_ranks, w->n_processes);
     FSDP_TRY(fsdp_engine_recompute_check(model, cfg->recompute));
-    if (data && fsdp_data_packed(data) && !model->iface->state_positions)
+    if ((cfg->positions || (data && fsdp_data_packed(data))) && !model->iface->state_positions)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "packed example rows need a model whose attention takes token "
                               "positions (the llama family); model '%s' has none: use --pack "
@@ -363,7 +363,7 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     /* pinned, so that the copies to the device are asynchronous; packed data adds
      * the token positions (data.h), staged after the targets */
     size_t n_tokens = (size_t)cfg->batch * (size_t)cfg->seq;
-    bool packed = sh->data && fsdp_data_packed(sh->data);
+    bool packed = cfg->positions || (sh->data && fsdp_data_packed(sh->data));
     FSDP_CHECK(fsdp_device_host_alloc(&e->dev, (packed ? 3 : 2) * n_tokens * sizeof(int),
                                       FSDP_MEM_ACT, packed ? "token staging (inputs, targets "
                                       "and positions)" : "token staging (inputs and targets)",

@@ -61,6 +61,10 @@ typedef struct fsdp_engine_config {
                                  * environment's (FSDP_CPU_STREAM_JITTER, default none) */
     int batch;                 /* B: sequences per micro-batch */
     int seq;                   /* T */
+    bool positions;            /* the batches carry token positions (packed example rows,
+                                * data.h): the device holds a (B*T) int buffer for them. The
+                                * trainer sets it from its data, so that a plan (meta, no
+                                * data) counts the buffer too */
     int grad_accum;            /* A: micro-steps per rank per step */
     fsdp_accum_mode accum;     /* how the A micro-steps' gradients are summed (accum.h) */
     const struct fsdp_optim *optim; /* optim/optim.h; NULL: the default (AdamW) */

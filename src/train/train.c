@@ -37,40 +37,10 @@
 #include "engine/engine_ckpt.h"
 #include "engine/trace.h"
 #include "ops/ops.h"
+#include "train/fit.h"
 #include "train/schedule.h"
 #include "train/synth_eval.h"
 #include "train/train_internal.h"
-
-void fsdp_train_config_default(fsdp_train_config *cfg)
-{
-    memset(cfg, 0, sizeof *cfg);
-    fsdp_engine_config *e = &cfg->eng;
-    e->backend = fsdp_backend_default();
-    e->comm = FSDP_COMM_AUTO;
-    e->n_ranks = fsdp_backend_default_devices(e->backend);
-    e->ranks_per_device = 1;
-    e->shard = FSDP_SHARD_FULL;
-    e->compute_dtype = FSDP_DTYPE_F32;
-    e->prefetch = true;
-    e->batch = 16;  /* x 4 devices: 64 synthetic problems per step */
-    e->seq = 14;    /* one synthetic problem per row (data/synth.c) */
-    e->grad_accum = 1;
-    e->optim_hp.weight_decay = 0.1f; /* the optimizer's own: its defaults (optim/) */
-    e->clip = 1.0f;
-    e->seed = 1337;
-    cfg->model = "small";
-    cfg->data = "synthetic";
-    cfg->steps = 600;
-    cfg->lr = 3e-3f;
-    cfg->warmup = 20;
-    cfg->lr_min_frac = 0.1f;
-    cfg->min_lr = -1.0f;
-    cfg->decay_frac = 0.1f;
-    cfg->eval_problems = 512;
-    cfg->n_samples = 5;
-    cfg->watchdog_s = -1; /* FSDP_WATCHDOG's (core/flight.h) */
-    cfg->out = stdout;
-}
 
 /* The schedule's settings from the run's (the floor in double, as the
  * cosine has always taken it). */
@@ -565,6 +535,8 @@ static fsdp_status run_prepare(struct trainer *t, fsdp_engine_config *ec)
         int64_t w = (int64_t)t->run.steps * cfg->warmup_pct / 100;
         t->run.warmup = w >= 1 ? (int)w : 1;
     }
+    if (cfg->fit_check) /* with the --seq and packing the data decided */
+        FSDP_TRY(fsdp_fit_check_train(t->cfg, cfg->fit_device_total));
     if (ec->backend == FSDP_BACKEND_CUDA)
         t->peak_flops = ec->compute_dtype == FSDP_DTYPE_BF16 ? 989e12 : 67e12; /* H100/H200 SXM */
     t->flops_per_token = t->model.family->flops_per_token(&t->model, ec->seq);

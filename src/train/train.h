@@ -68,6 +68,10 @@ typedef struct fsdp_train_config {
                                * (default 300). The flight record goes beside log_path
                                * (fsdp_output_flight_path, train/outputs.h) */
     bool allow_data_change;   /* resume on other --data or --tokenizer than the checkpoint's */
+    bool fit_check;           /* before allocating, once the data has decided --seq and
+                               * packing: refuse when the plan exceeds device_mem or
+                               * fit_device_total (fsdp_fit_check_train, train/fit.h) */
+    size_t fit_device_total;  /* the smallest GPU's memory on cuda (0: none known) */
     int stop_after;           /* tests: leave the loop after this global step as a crash
                                * would, without a final checkpoint (0: run to steps) */
     const atomic_int *stop;   /* set (nonzero) to stop early: the step in progress finishes,

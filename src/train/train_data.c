@@ -78,7 +78,7 @@ static fsdp_status check_targets(const struct trainer *t, const fsdp_engine_conf
 }
 
 /* Pack example rows unless cfg->pack or the model says otherwise. */
-static fsdp_status pack(struct trainer *t, const fsdp_engine_config *ec)
+static fsdp_status pack(struct trainer *t, fsdp_engine_config *ec)
 {
     const fsdp_train_config *cfg = t->cfg;
     bool can = t->model.iface->state_positions != NULL;
@@ -88,8 +88,10 @@ static fsdp_status pack(struct trainer *t, const fsdp_engine_config *ec)
                               "(the llama family) to keep packed examples apart; model '%s' "
                               "has none: use --pack off", cfg->model);
     if (cfg->pack == FSDP_TRAIN_PACK_ON ||
-        (cfg->pack == FSDP_TRAIN_PACK_AUTO && can && fsdp_data_masked(t->data)))
-        return fsdp_data_pack(t->data, ec->seq);
+        (cfg->pack == FSDP_TRAIN_PACK_AUTO && can && fsdp_data_masked(t->data))) {
+        FSDP_TRY(fsdp_data_pack(t->data, ec->seq));
+        ec->positions = t->run.eng.positions = true; /* the plan of this run counts them */
+    }
     return FSDP_STATUS_OK;
 }
 
