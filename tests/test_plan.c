@@ -329,6 +329,20 @@ START_TEST(test_plan_70b_fast_and_formulas)
 }
 END_TEST
 
+/* The plan of `model` on 2 devices, batch 1, `accum` micro-steps summed
+ * as `mode`, with or without the optimizer offloaded, for `steps` steps. */
+static void accum_plan(const char *model, bool offload, int accum, fsdp_accum_mode mode,
+                       int steps, fsdp_plan *plan)
+{
+    fsdp_train_config c;
+    base_config(&c, model, 2);
+    c.eng.offload = offload;
+    c.eng.grad_accum = accum;
+    c.eng.batch = 1;
+    c.eng.accum = mode;
+    ck_assert_int_eq(fsdp_plan_run(&c, steps, plan), FSDP_STATUS_OK);
+}
+
 /* Optimizer offload keeps no gradient shard on the device (ZeRO-Offload):
  * the accumulation counter's partial sums are in pinned host memory, so
  * the device's gradient bytes at its peak do not grow with --grad-accum
@@ -341,13 +355,8 @@ START_TEST(test_offload_grads_on_host)
     size_t dev_grad[3][2], host_grad[3][2];
     for (int off = 0; off < 2; off++)
         for (int i = 0; i < 3; i++) {
-            fsdp_train_config c;
-            base_config(&c, "tiny", 2);
-            c.eng.offload = off;
-            c.eng.grad_accum = accums[i];
-            c.eng.batch = 1;
             fsdp_plan plan;
-            ck_assert_int_eq(fsdp_plan_run(&c, 1, &plan), FSDP_STATUS_OK);
+            accum_plan("tiny", off, accums[i], FSDP_ACCUM_TREE, 1, &plan);
             dev_grad[i][off] = plan.ranks[0].mem.peak_kind_bytes[FSDP_MEM_GRAD];
             host_grad[i][off] = plan.ranks[0].host.peak_kind_bytes[FSDP_MEM_GRAD];
             fsdp_plan_free(&plan);
@@ -379,14 +388,9 @@ START_TEST(test_flat_grads_do_not_grow)
         size_t grad[4], tree[4];
         for (int i = 0; i < 4; i++)
             for (int mode = 0; mode < 2; mode++) {
-                fsdp_train_config c;
-                base_config(&c, "llama-tiny", 2);
-                c.eng.offload = off;
-                c.eng.grad_accum = accums[i];
-                c.eng.batch = 1;
-                c.eng.accum = mode ? FSDP_ACCUM_FLAT : FSDP_ACCUM_TREE;
                 fsdp_plan plan; /* 2 steps: what a step keeps is live from the second's start */
-                ck_assert_int_eq(fsdp_plan_run(&c, 2, &plan), FSDP_STATUS_OK);
+                accum_plan("llama-tiny", off, accums[i], mode ? FSDP_ACCUM_FLAT : FSDP_ACCUM_TREE,
+                           2, &plan);
                 const fsdp_mem_stats *m = off ? &plan.ranks[0].host : &plan.ranks[0].mem;
                 (mode ? grad : tree)[i] = m->peak_kind_bytes[FSDP_MEM_GRAD];
                 char text[64];
