@@ -8,8 +8,8 @@
  * rank can initialise exactly its own shard of a unit, and every world size
  * gives the same initial model (docs/determinism.md, "Initialisation").
  *
- * Assumes a unit's parameters are listed in increasing offset order and
- * tile [0, unit numel) without gaps (every model builder lays them out so).
+ * Assumes a unit's parameters tile [0, unit numel) without gaps (every
+ * model builder lays them out so, and fsdp_model_relayout keeps it so).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,6 +75,39 @@ void fsdp_unit_add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_
     p->std = std;
     p->decay = decay;
     u->numel += p->numel;
+    u->train_numel += p->numel;
+}
+
+fsdp_status fsdp_model_relayout(fsdp_model *m)
+{
+    m->train_numel = 0;
+    for (int u = 0; u < m->n_units; u++) {
+        fsdp_unit_spec *us = &m->units[u];
+        for (int i = 0; i + 1 < us->n_params; i++) {
+            const fsdp_param_spec *p = &us->params[i], *q = &us->params[i + 1];
+            if (p->fuse_next && p->frozen != q->frozen)
+                return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                      "%s and %s are one fused tensor in %s: freeze both or "
+                                      "neither (%s is %s, %s is not)",
+                                      p->name, q->name, m->name, p->frozen ? p->name : q->name,
+                                      "frozen", p->frozen ? q->name : p->name);
+        }
+        size_t off = 0;
+        for (int pass = 0; pass < 2; pass++) { /* trainable first, then frozen */
+            if (pass == 1)
+                us->train_numel = off;
+            for (int i = 0; i < us->n_params; i++) {
+                fsdp_param_spec *p = &us->params[i];
+                if (p->frozen != (pass == 1))
+                    continue;
+                p->offset = off;
+                off += p->numel;
+            }
+        }
+        us->numel = off;
+        m->train_numel += us->train_numel;
+    }
+    return FSDP_STATUS_OK;
 }
 
 /* Fill dst[0 .. n) with elements [first, first + n) of parameter p. */
@@ -89,6 +122,12 @@ static void init_param_slice(const fsdp_param_spec *p, size_t first, size_t n, u
         for (size_t i = 0; i < n; i++)
             dst[i] = 1.0f;
         break;
+    case FSDP_INIT_UNIFORM: {
+        uint64_t stream = fsdp_rng_hash_str(p->name);
+        for (size_t i = 0; i < n; i++)
+            dst[i] = p->std * (2.0f * fsdp_rng_uniform(seed, stream, first + i) - 1.0f);
+        break;
+    }
     case FSDP_INIT_NORMAL:
     default: {
         uint64_t stream = fsdp_rng_hash_str(p->name);
@@ -144,7 +183,9 @@ const void *fsdp_unit_param(const fsdp_model *m, int unit, const void *params, i
 
 float *fsdp_unit_grad(const fsdp_model *m, int unit, float *grads, int i)
 {
-    return i < m->units[unit].n_params ? grads + m->units[unit].params[i].offset : NULL;
+    if (!grads || i >= m->units[unit].n_params || m->units[unit].params[i].frozen)
+        return NULL;
+    return grads + m->units[unit].params[i].offset;
 }
 
 void fsdp_model_free(fsdp_model *m)
@@ -157,6 +198,7 @@ void fsdp_model_free(fsdp_model *m)
         free(m->units);
     }
     free(m->impl); /* model builders allocate impl with malloc, self-contained */
+    free(m->lora_impl);
     memset(m, 0, sizeof *m);
 }
 

@@ -63,6 +63,7 @@ typedef enum fsdp_init_kind {
     FSDP_INIT_NORMAL = 0, /* N(0, std^2) */
     FSDP_INIT_ZEROS,
     FSDP_INIT_ONES,
+    FSDP_INIT_UNIFORM,    /* U(-std, std): LoRA's A, Kaiming-uniform as PEFT draws it */
 } fsdp_init_kind;
 
 typedef struct fsdp_param_spec {
@@ -74,6 +75,11 @@ typedef struct fsdp_param_spec {
     fsdp_init_kind init;
     float std;            /* for FSDP_INIT_NORMAL */
     bool decay;           /* AdamW weight decay applies (matrices only) */
+    bool frozen;          /* not trained: no gradient, no optimizer state, no reduction;
+                           * stored and gathered in the compute dtype only */
+    bool fuse_next;       /* the family reads it and the next parameter as one tensor
+                           * (q|k|v, gate|up): they must stay adjacent, so both train or
+                           * both are frozen */
 } fsdp_param_spec;
 
 /* The part of p inside elements [lo, hi) of its unit's flat buffer:
@@ -91,6 +97,9 @@ typedef struct fsdp_unit_spec {
     int n_params;
     fsdp_param_spec *params;
     size_t numel;         /* sum of the parameters' numel (unpadded) */
+    size_t train_numel;   /* the trainable parameters' numel: they come first in the flat
+                           * buffer, [0, train_numel); frozen ones fill [train_numel, numel)
+                           * (fsdp_model_relayout keeps it so) */
 } fsdp_unit_spec;
 
 /* What a training state keeps per block between forward and backward;
@@ -170,6 +179,16 @@ struct fsdp_model_i {
     void (*state_positions)(void *state, const int *pos);
 };
 
+/* LoRA adapters on a model's linear layers (models/lora.h): r = 0 means none. */
+typedef struct fsdp_lora_config {
+    int r;                 /* rank */
+    double alpha;          /* lora_alpha: the branch is scaled by alpha / r (rslora:
+                            * alpha / sqrt(r)) */
+    bool rslora;
+    char targets[256];     /* PEFT target_modules: a comma list of module names
+                            * ("q_proj,v_proj"), or "all-linear" */
+} fsdp_lora_config;
+
 struct fsdp_model {
     const struct fsdp_model_i *iface;
     const fsdp_model_family *family;   /* what built it (models/registry.h) */
@@ -188,6 +207,10 @@ struct fsdp_model {
      * size. Every family sets them. */
     int n_layer, n_head, n_embd;
     void *impl;             /* the family's own config (malloc'd, freed with the model) */
+    fsdp_lora_config lora;  /* the adapters fsdp_model_add_lora gave it (r = 0: none) */
+    char freeze[256];       /* the --freeze patterns applied to it ("" : none) */
+    size_t train_numel;     /* trainable parameters, all units */
+    void *lora_impl;        /* models/lora.c's lookup tables (freed with the model) */
 };
 
 /* Initial value of elements [begin, end) of unit `unit`'s flat buffer
@@ -202,8 +225,11 @@ void fsdp_model_init_range(const fsdp_model *m, int unit, size_t begin, size_t e
 const fsdp_param_spec *fsdp_model_find_param(const fsdp_model *m, const char *name, int *unit);
 
 /* Parameter i of unit `unit` inside the unit's flat buffer: in `params`
- * of dtype dt, or in the fp32 gradient buffer `grads`; NULL when the unit
- * has no parameter i (the biases of a model without them). */
+ * of dtype dt, or in the fp32 gradient buffer `grads` (which covers the
+ * trainable parameters, [0, train_numel)); NULL when the unit has no
+ * parameter i (the biases of a model without them), and fsdp_unit_grad's
+ * NULL also when parameter i is frozen: the family's backward then skips
+ * that weight gradient (no weight-gradient GEMM). */
 const void *fsdp_unit_param(const fsdp_model *m, int unit, const void *params, int i,
                             fsdp_dtype dt);
 float *fsdp_unit_grad(const fsdp_model *m, int unit, float *grads, int i);
@@ -226,6 +252,13 @@ fsdp_status fsdp_model_alloc_units(fsdp_model *m, const char *title, const void 
  * of its flat buffer (u->numel grows); u has room for it. */
 void fsdp_unit_add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d1,
                          fsdp_init_kind init, float std, bool decay);
+
+/* Lay every unit out again after parameters' `frozen` changed: trainable
+ * parameters first, then the frozen ones, each group in index order
+ * (indices do not change, so families keep finding them); sets the units'
+ * and the model's train_numel. INVALID_ARG naming both when a fuse_next
+ * pair would be split. */
+fsdp_status fsdp_model_relayout(fsdp_model *m);
 
 #ifdef __cplusplus
 }

@@ -87,6 +87,7 @@ fsdp_status fsdp_model_build(const fsdp_model_family *f, const char *config, fsd
         return st;
     }
     m->family = f;
+    FSDP_ASSERT(fsdp_model_relayout(m) == FSDP_STATUS_OK); /* nothing frozen yet */
     const char *name = NULL;
     for (int k = 0; k < f->n_shapes && !name; k++)
         if (!strcmp(f->shapes[k].config, m->config))

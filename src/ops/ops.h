@@ -60,6 +60,24 @@ struct fsdp_ops_i {
     void (*matmul_bwd)(fsdp_op_ctx *ctx, float *dinp, float *dw, float *dbias, const float *dout,
                        const void *inp, const void *w, int N, int C, int OC);
 
+    /* The LoRA branch of a linear layer (PEFT's), beside the base product
+     * matmul_fwd already wrote into out. inp (N, C), A (r, C), B (OC, r) in
+     * ctx->dt:
+     *   u (N, r) = inp @ A^T                            (ctx->dt, kept for backward)
+     *   out[n][0 .. OC) += scale * (u @ B^T)[n]         (ctx->dt; rows ld_out >= OC apart)
+     * the sum formed in fp32 and rounded once per element. out may be a column
+     * slice of a fused projection's output (q of q|k|v: ld_out = the fused width). */
+    void (*lora_fwd)(fsdp_op_ctx *ctx, void *out, int ld_out, void *u, const void *inp,
+                     const void *A, const void *B, float scale, int N, int C, int r, int OC);
+    /* Its backward, accumulating, with dout's rows ld_dout >= OC apart and dv (N, r)
+     * fp32 scratch owned by the caller:
+     *   dv = scale * dout @ B;  dB (OC, r) += scale * dout^T @ u;
+     *   dA (r, C) += dv^T @ inp;  dinp (N, C) += dv @ A
+     * dinp, dA or dB may be NULL (not needed). */
+    void (*lora_bwd)(fsdp_op_ctx *ctx, float *dinp, float *dA, float *dB, float *dv,
+                     const float *dout, int ld_dout, const void *inp, const void *u,
+                     const void *A, const void *B, float scale, int N, int C, int r, int OC);
+
     void (*gelu_fwd)(fsdp_op_ctx *ctx, void *out, const void *inp, size_t n);
     void (*gelu_bwd)(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout, size_t n);
 
