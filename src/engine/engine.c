@@ -49,6 +49,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/bf16.h"
 #include "core/flight.h"
 #include "core/log.h"
 #include "core/world.h"
@@ -147,28 +148,47 @@ static fsdp_status sync_all(fsdp_engine *e)
 
 /* ---- gather / release ---------------------------------------------------- */
 
-/* Issue the all-gather of unit u on the comm stream (no-op if resident). */
+/* Issue the all-gather of unit u on the comm stream (no-op if resident):
+ * the trainable segment, then the frozen one over its padding (shardmap.h).
+ * Without sharding the buffer is the trainable shard itself, or, with a
+ * frozen segment, both shards copied into one buffer of the model's layout. */
 static fsdp_status gather_issue(fsdp_engine *e, int u)
 {
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
+    fsdp_dtype dt = e->sh->cfg.compute_dtype;
     if (row->state != FSDP_UNIT_SHARDED)
         return FSDP_STATUS_OK;
     FSDP_TRY(e->place->params_ready(e, u));
-    if (!sharded(e)) {
+    if (!sharded(e) && !su->frozen_numel) {
         row->gathered = row->param;
         row->state = FSDP_UNIT_GATHERED;
         return FSDP_STATUS_OK;
     }
     char what[96];
+    size_t n = fsdp_shardmap_gathered_numel(su);
     snprintf(what, sizeof what, "unit '%s' gather", su->spec->name);
-    FSDP_TRY(fsdp_device_alloc(&e->dev, su->padded_numel * dt_size(e), FSDP_MEM_GATHER, what,
-                               &row->gathered));
-    fsdp_trace_begin(&e->tr, FSDP_TRACE_COMM, "all_gather", su->spec->name,
-                     su->padded_numel * dt_size(e));
-    fsdp_comm_label(e->shard_comm, "unit '%s' all-gather", su->spec->name);
-    FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, row->param, row->gathered, su->shard_numel,
-                                  e->sh->cfg.compute_dtype, e->dev.comm));
+    FSDP_TRY(fsdp_device_alloc(&e->dev, n * dt_size(e), FSDP_MEM_GATHER, what, &row->gathered));
+    fsdp_trace_begin(&e->tr, FSDP_TRACE_COMM, "all_gather", su->spec->name, n * dt_size(e));
+    char *frozen_at = (char *)row->gathered + su->numel * dt_size(e);
+    if (sharded(e)) {
+        if (su->shard_numel) {
+            fsdp_comm_label(e->shard_comm, "unit '%s' all-gather", su->spec->name);
+            FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, row->param, row->gathered,
+                                          su->shard_numel, dt, e->dev.comm));
+        }
+        if (su->frozen_shard) {
+            fsdp_comm_label(e->shard_comm, "unit '%s' frozen all-gather", su->spec->name);
+            FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, row->frozen, frozen_at,
+                                          su->frozen_shard, dt, e->dev.comm));
+        }
+    } else {
+        if (su->shard_numel)
+            FSDP_TRY(fsdp_device_memcpy(&e->dev, row->gathered, row->param,
+                                        su->shard_numel * dt_size(e), e->dev.comm));
+        FSDP_TRY(fsdp_device_memcpy(&e->dev, frozen_at, row->frozen,
+                                    su->frozen_shard * dt_size(e), e->dev.comm));
+    }
     fsdp_trace_end(&e->tr, FSDP_TRACE_COMM);
     FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_gather[u], e->dev.comm));
     row->state = FSDP_UNIT_GATHERING;
@@ -196,7 +216,7 @@ static fsdp_status gather_release(fsdp_engine *e, int u)
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     if (row->state == FSDP_UNIT_SHARDED)
         return FSDP_STATUS_OK;
-    if (sharded(e))
+    if (row->gathered != row->param)
         fsdp_device_free(&e->dev, row->gathered);
     row->gathered = NULL;
     row->state = FSDP_UNIT_SHARDED;
@@ -217,6 +237,8 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
     float *slot_buf, *dst;
     int slot;
     size_t f32 = su->shard_numel * sizeof(float);
+    if (!su->shard_numel) /* the unit trains nothing: no gradient to reduce */
+        return FSDP_STATUS_OK;
     FSDP_TRY(fsdp_accum_slot(&e->acc, u, su->shard_numel, su->spec->name, &slot_buf, &slot));
     dst = slot_buf;
     if (e->acc.host) {
@@ -258,10 +280,45 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
 
 /* ---- per-rank init ------------------------------------------------------- */
 
+/* The rank's shard of unit u's frozen segment: allocated on the device in
+ * the compute dtype (frozen parameters keep no master) and initialised as
+ * the trainable one is, rounded on the host. host_tmp holds a shard. */
+static fsdp_status frozen_init(fsdp_engine *e, int u, float *host_tmp)
+{
+    const fsdp_engine_shared *sh = e->sh;
+    const fsdp_shard_unit *su = &sh->sm.units[u];
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    size_t n = su->frozen_shard;
+    fsdp_dtype dt = sh->cfg.compute_dtype;
+    if (!n)
+        return FSDP_STATUS_OK;
+    char what[96];
+    snprintf(what, sizeof what, "unit '%s' frozen %s parameter shard", su->spec->name,
+             fsdp_dtype_name(dt));
+    FSDP_TRY(fsdp_device_alloc(&e->dev, n * fsdp_dtype_size(dt), FSDP_MEM_PARAM, what,
+                               &row->frozen));
+    if (!fsdp_device_computes(&e->dev))
+        return FSDP_STATUS_OK;
+    size_t begin = fsdp_shardmap_frozen_offset(&sh->sm, u, e->rank);
+    if (sh->init_fn)
+        FSDP_TRY(sh->init_fn(sh->init_arg, sh->model, u, begin, begin + n, host_tmp));
+    else
+        fsdp_model_init_range(sh->model, u, begin, begin + n, sh->cfg.seed, host_tmp);
+    if (dt == FSDP_DTYPE_BF16) { /* in place: element i's bf16 lands before element i is read */
+        fsdp_bf16 *b = (fsdp_bf16 *)host_tmp;
+        for (size_t i = 0; i < n; i++)
+            b[i] = fsdp_f32_to_bf16(host_tmp[i]);
+    }
+    FSDP_TRY(fsdp_device_memcpy(&e->dev, row->frozen, host_tmp, n * fsdp_dtype_size(dt),
+                                e->dev.compute));
+    return fsdp_device_stream_sync(&e->dev, e->dev.compute); /* host_tmp is reused */
+}
+
 /* Allocate the rank's shards of unit u (where the placement keeps them)
  * and initialise them: parameters from init_fn or the model's counter-based
  * RNG (own shard only), zero optimizer state and gradient, the compute copy
- * from the master. host_tmp holds a shard of fp32 (reused per unit). */
+ * from the master; then the frozen segment (frozen_init). host_tmp holds a
+ * shard of fp32 (reused per unit). */
 static fsdp_status unit_init(fsdp_engine *e, int u, float *host_tmp)
 {
     const fsdp_engine_shared *sh = e->sh;
@@ -269,13 +326,19 @@ static fsdp_status unit_init(fsdp_engine *e, int u, float *host_tmp)
     size_t n = sh->sm.units[u].shard_numel, f32 = n * sizeof(float);
     FSDP_TRY(e->place->unit_alloc(e, u));
     row->state = FSDP_UNIT_SHARDED;
-    if (!fsdp_device_computes(&e->dev))
-        return FSDP_STATUS_OK;
+    if (!fsdp_device_computes(&e->dev) || !n)
+        return frozen_init(e, u, host_tmp);
     size_t begin = fsdp_shardmap_offset(&sh->sm, u, e->rank);
     if (sh->init_fn)
         FSDP_TRY(sh->init_fn(sh->init_arg, sh->model, u, begin, begin + n, host_tmp));
     else
         fsdp_model_init_range(sh->model, u, begin, begin + n, sh->cfg.seed, host_tmp);
+    /* padding past the trainable parameters is zero (the init functions see frozen
+     * offsets there) */
+    if (begin + n > sh->sm.units[u].numel) {
+        size_t real = begin < sh->sm.units[u].numel ? sh->sm.units[u].numel - begin : 0;
+        memset(host_tmp + real, 0, (n - real) * sizeof(float));
+    }
     FSDP_TRY(fsdp_device_memcpy(&e->dev, row->master, host_tmp, f32, e->dev.compute));
     for (int k = 0; k < sh->optim->n_state && !sh->cfg.inference; k++)
         FSDP_TRY(fsdp_device_memset(&e->dev, row->optim[k], 0, f32, e->dev.compute));
@@ -283,7 +346,8 @@ static fsdp_status unit_init(fsdp_engine *e, int u, float *host_tmp)
         FSDP_TRY(fsdp_device_memset(&e->dev, row->grad, 0, f32, e->dev.compute));
     /* the compute copy; host_tmp is reused for the next unit: the refresh
      * waits for the copies */
-    return e->place->param_refresh(e, u);
+    FSDP_TRY(e->place->param_refresh(e, u));
+    return frozen_init(e, u, host_tmp);
 }
 
 fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank)
@@ -316,9 +380,15 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
 
     int U = sh->sm.n_units;
     size_t max_shard = 0;
-    for (int u = 0; u < U; u++)
+    size_t max_init = 0; /* the largest shard of either segment: init's staging */
+    for (int u = 0; u < U; u++) {
         if (sh->sm.units[u].shard_numel > max_shard)
             max_shard = sh->sm.units[u].shard_numel;
+        if (sh->sm.units[u].frozen_shard > max_init)
+            max_init = sh->sm.units[u].frozen_shard;
+    }
+    if (max_shard > max_init)
+        max_init = max_shard;
     FSDP_CHECK(fsdp_accum_init(&e->acc, &e->dev, &e->ops_acc, U, cfg->grad_accum, cfg->accum,
                                max_shard, host_grads));
     e->ev_gather = calloc((size_t)U, sizeof *e->ev_gather);
@@ -335,7 +405,7 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tokens));
 
     if (fsdp_device_computes(&e->dev)) {
-        host_tmp = malloc(max_shard * sizeof(float));
+        host_tmp = malloc(max_init * sizeof(float) + 1);
         if (!host_tmp) {
             st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory staging parameter init");
             goto fail;
@@ -483,6 +553,10 @@ static fsdp_status alloc_grad_full(fsdp_engine *e, int u)
 {
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
+    if (!su->padded_numel) { /* the unit trains nothing: the model gets no gradient buffer */
+        row->grad_full = NULL;
+        return FSDP_STATUS_OK;
+    }
     char what[96];
     snprintf(what, sizeof what, "unit '%s' gradient", su->spec->name);
     FSDP_TRY(fsdp_device_alloc(&e->dev, su->padded_numel * sizeof(float), FSDP_MEM_GRAD, what,
@@ -595,14 +669,14 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float dloss
         fsdp_trace_end(&e->tr, FSDP_TRACE_COMPUTE);
         FSDP_TRY(gather_release(e, u));
         FSDP_TRY(grad_reduce(e, u));
-        if (last_micro)
+        if (last_micro && e->sh->sm.units[u].shard_numel)
             FSDP_TRY(e->place->unit_ready(e, u));
     }
     fsdp_trace_begin(&e->tr, FSDP_TRACE_COMPUTE, "backward", "root", 0);
     FSDP_TRY(mi->root_backward(m, &e->ops, e->state, root->gathered, root->grad_full));
     fsdp_trace_end(&e->tr, FSDP_TRACE_COMPUTE);
     FSDP_TRY(grad_reduce(e, 0));
-    if (last_micro)
+    if (last_micro && e->sh->sm.units[0].shard_numel)
         FSDP_TRY(e->place->unit_ready(e, 0));
     return FSDP_STATUS_OK;
 }
@@ -766,12 +840,44 @@ static fsdp_status forward_run(fsdp_engine *e, const int *tokens, int n_rows, co
     return gather_release(e, 0);
 }
 
+/* Unit u's frozen segment gathered, widened to fp32 into host_out (its
+ * frozen_numel elements). Collective over the shard ranks. */
+static fsdp_status gather_frozen(fsdp_engine *e, int u, float *host_out)
+{
+    fsdp_shard_unit *su = &e->sh->sm.units[u];
+    fsdp_dtype dt = e->sh->cfg.compute_dtype;
+    size_t bytes = su->frozen_padded * fsdp_dtype_size(dt);
+    void *full = NULL, *host = malloc(bytes + 1);
+    if (!host)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory exporting unit '%s'",
+                              su->spec->name);
+    fsdp_status st = fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_OTHER, "unit export (frozen)",
+                                       &full);
+    if (st == FSDP_STATUS_OK && sharded(e))
+        st = fsdp_comm_all_gather(e->shard_comm, fsdp_engine_row(e, u)->frozen, full,
+                                  su->frozen_shard, dt, e->dev.comm);
+    else if (st == FSDP_STATUS_OK)
+        st = fsdp_device_memcpy(&e->dev, full, fsdp_engine_row(e, u)->frozen, bytes, e->dev.comm);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_device_memcpy(&e->dev, host, full, bytes, e->dev.comm);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_device_stream_sync(&e->dev, e->dev.comm);
+    for (size_t i = 0; st == FSDP_STATUS_OK && i < su->frozen_numel; i++)
+        host_out[i] = dt == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(((const fsdp_bf16 *)host)[i])
+                                            : ((const float *)host)[i];
+    fsdp_device_free(&e->dev, full);
+    free(host);
+    return st;
+}
+
 static fsdp_status gather_unit_run(fsdp_engine *e, int u, float *host_out)
 {
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     float *full = NULL, *shard = NULL;
     FSDP_TRY(e->place->params_ready(e, u));
+    if (!su->padded_numel)
+        return gather_frozen(e, u, host_out);
     FSDP_TRY(fsdp_device_alloc(&e->dev, su->padded_numel * sizeof(float), FSDP_MEM_OTHER,
                                "unit export", (void **)&full));
     fsdp_status st = e->place->master_on_device(e, u, &shard);
@@ -790,6 +896,8 @@ static fsdp_status gather_unit_run(fsdp_engine *e, int u, float *host_out)
     if (shard != row->master)
         fsdp_device_free(&e->dev, shard);
     fsdp_device_free(&e->dev, full);
+    if (st == FSDP_STATUS_OK && su->frozen_numel)
+        st = gather_frozen(e, u, host_out + su->numel);
     return st;
 }
 

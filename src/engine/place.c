@@ -17,6 +17,10 @@ const fsdp_place_i *fsdp_place_of(const fsdp_engine_config *cfg)
 fsdp_status fsdp_place_alloc(fsdp_engine *e, int u, bool host, size_t bytes, fsdp_mem_kind kind,
                              const char *label, void **out)
 {
+    if (bytes == 0) { /* a segment with nothing in it (a unit that trains nothing) */
+        *out = NULL;
+        return FSDP_STATUS_OK;
+    }
     char what[128];
     snprintf(what, sizeof what, "unit '%s' %s", e->sh->sm.units[u].spec->name, label);
     return host ? fsdp_device_host_alloc(&e->dev, bytes, kind, what, out)
@@ -45,6 +49,8 @@ int fsdp_place_ranges(const fsdp_engine *e, int u, float *master, const float *g
     const fsdp_engine_shared *sh = e->sh;
     const fsdp_shard_unit *su = &sh->sm.units[u];
     size_t lo = fsdp_shardmap_offset(&sh->sm, u, e->rank), hi = lo + su->shard_numel;
+    if (hi > su->numel) /* past the trainable segment: padding, under which frozen offsets lie */
+        hi = su->numel;
     size_t dt = fsdp_dtype_size(sh->cfg.compute_dtype);
     int n = 0;
     for (int i = 0; i < su->spec->n_params; i++) {

@@ -178,7 +178,7 @@ static fsdp_status submit(fsdp_engine *e, int u, uint64_t t, float lr, float sca
 {
     host_ctx *h = ctx_of(e);
     const fsdp_engine_shared *sh = e->sh;
-    if (h->jobs[u] || !fsdp_device_computes(&e->dev))
+    if (h->jobs[u] || !fsdp_device_computes(&e->dev) || !sh->sm.units[u].shard_numel)
         return FSDP_STATUS_OK;
     fsdp_optim_consts c;
     FSDP_TRY(sh->optim->consts(&sh->optim_hp, t, lr, scale, &c));

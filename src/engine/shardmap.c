@@ -70,9 +70,12 @@ fsdp_status fsdp_shardmap_init_nodes(fsdp_shardmap *sm, const fsdp_model *m, int
     for (int u = 0; u < m->n_units; u++) {
         fsdp_shard_unit *su = &sm->units[u];
         su->spec = &m->units[u];
-        su->numel = m->units[u].numel;
+        su->numel = m->units[u].train_numel;
         su->padded_numel = (su->numel + align - 1) / align * align;
         su->shard_numel = su->padded_numel / (size_t)sm->shard_ranks;
+        su->frozen_numel = m->units[u].numel - m->units[u].train_numel;
+        su->frozen_padded = (su->frozen_numel + align - 1) / align * align;
+        su->frozen_shard = su->frozen_padded / (size_t)sm->shard_ranks;
         su->n_blocks = (su->numel + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
         su->rows = calloc((size_t)n_ranks, sizeof *su->rows);
         if (!su->rows) {
@@ -81,6 +84,7 @@ fsdp_status fsdp_shardmap_init_nodes(fsdp_shardmap *sm, const fsdp_model *m, int
         }
         sm->numel += su->numel;
         sm->padded_numel += su->padded_numel;
+        sm->frozen_numel += su->frozen_numel;
     }
     return FSDP_STATUS_OK;
 }

@@ -56,19 +56,44 @@ typedef struct fsdp_shard_row {
     float *grad;           /* fp32 gradient shard (final for the step) */
     float *optim[FSDP_OPTIM_MAX_STATE]; /* the optimizer's state arrays, in its order
                                          * (shard_numel each; same memory as master) */
-    void *gathered;        /* (padded_numel,) compute dtype, or NULL */
+    void *frozen;          /* compute-dtype shard of the frozen segment (frozen_shard), or
+                            * NULL when the unit has no frozen parameters */
+    void *gathered;        /* (fsdp_shardmap_gathered_numel,) compute dtype, or NULL */
     float *grad_full;      /* (padded_numel,) fp32 unit gradient in backward, or NULL */
     fsdp_unit_state state;
 } fsdp_shard_row;
 
+/* A unit is two segments, each padded and split over the shard ranks on
+ * its own: the trainable parameters, [0, spec->train_numel) of the flat
+ * buffer (numel, padded_numel and shard_numel below: they have masters,
+ * gradients, optimizer state and reductions), and the frozen ones,
+ * [train_numel, spec->numel) (frozen_*: a compute-dtype shard only). A
+ * model with nothing frozen has one segment, laid out as always. Either may
+ * be empty (0 elements, no buffers, no collectives). */
 typedef struct fsdp_shard_unit {
     const fsdp_unit_spec *spec;
-    size_t numel;          /* unpadded */
+    size_t numel;          /* trainable, unpadded (= spec->train_numel) */
     size_t padded_numel;
     size_t shard_numel;    /* per rank */
     size_t n_blocks;       /* norm blocks holding real elements: ceil(numel / BLOCK) */
+    size_t frozen_numel;   /* frozen, unpadded (spec->numel - spec->train_numel) */
+    size_t frozen_padded;
+    size_t frozen_shard;   /* per rank */
     fsdp_shard_row *rows;  /* [n_ranks] */
 } fsdp_shard_unit;
+
+/* Elements of a unit's gathered buffer, laid out as the model's flat
+ * buffer: the trainable segment, then the frozen one at spec->train_numel.
+ * The trainable gather writes its padding over the start of the frozen
+ * segment, which the frozen gather (issued after it, on the same stream)
+ * then writes, so the buffer is the trainable parameters plus the padded
+ * frozen segment. */
+static inline size_t fsdp_shardmap_gathered_numel(const fsdp_shard_unit *su)
+{
+    if (!su->frozen_numel)
+        return su->padded_numel;
+    return su->numel + su->frozen_padded;
+}
 
 typedef struct fsdp_shardmap {
     int n_ranks;
@@ -77,8 +102,9 @@ typedef struct fsdp_shardmap {
     int n_units;
     fsdp_shard_strategy strategy;
     fsdp_shard_unit *units;
-    size_t numel;          /* all units, unpadded */
-    size_t padded_numel;   /* all units, padded */
+    size_t numel;          /* all units' trainable segments, unpadded */
+    size_t padded_numel;   /* all units' trainable segments, padded */
+    size_t frozen_numel;   /* all units' frozen segments, unpadded */
 } fsdp_shardmap;
 
 /* The map of model m over n_ranks ranks on one node. */
@@ -94,6 +120,13 @@ void fsdp_shardmap_free(fsdp_shardmap *sm);
 static inline size_t fsdp_shardmap_offset(const fsdp_shardmap *sm, int unit, int rank)
 {
     return (size_t)(rank % sm->shard_ranks) * sm->units[unit].shard_numel;
+}
+
+/* First element (in the unit's flat buffer) of rank r's frozen shard. */
+static inline size_t fsdp_shardmap_frozen_offset(const fsdp_shardmap *sm, int unit, int rank)
+{
+    const fsdp_shard_unit *su = &sm->units[unit];
+    return su->numel + (size_t)(rank % sm->shard_ranks) * su->frozen_shard;
 }
 
 /* Find the unit and element offset of a parameter by name (NULL if none). */

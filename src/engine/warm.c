@@ -111,7 +111,15 @@ static bool sharded(const struct replay *r)
 
 static size_t gather_bytes(const struct replay *r, int u)
 {
-    return unit(r, u)->padded_numel * fsdp_dtype_size(r->e->sh->cfg.compute_dtype);
+    return fsdp_shardmap_gathered_numel(unit(r, u)) *
+           fsdp_dtype_size(r->e->sh->cfg.compute_dtype);
+}
+
+/* Whether the gather allocates (engine.c's gather_issue): sharded, or a
+ * frozen segment to join with the trainable shard. */
+static bool gather_allocates(const struct replay *r, int u)
+{
+    return sharded(r) || unit(r, u)->frozen_numel;
 }
 
 static size_t grad_bytes(const struct replay *r, int u)
@@ -130,7 +138,7 @@ static void gather(struct replay *r, int u)
     if (r->gathered[u])
         return;
     r->gathered[u] = true;
-    if (sharded(r))
+    if (gather_allocates(r, u))
         take(&r->s, gather_bytes(r, u), 1);
 }
 
@@ -139,7 +147,7 @@ static void release(struct replay *r, int u)
     if (!r->gathered[u])
         return;
     r->gathered[u] = false;
-    if (sharded(r))
+    if (gather_allocates(r, u))
         give(&r->s, gather_bytes(r, u), 1);
 }
 
@@ -150,6 +158,8 @@ static void release(struct replay *r, int u)
  * buffer releases the unit's. */
 static void reduce(struct replay *r, int u, int j, int A)
 {
+    if (!unit(r, u)->shard_numel) /* a unit that trains nothing reduces nothing */
+        return;
     if (r->host) { /* the reduction's buffer, the full gradient, the buffer */
         take(&r->s, accum_bytes(r, u), 1);
         give(&r->s, grad_bytes(r, u), 1);
@@ -202,14 +212,16 @@ static void replay_step(struct replay *r)
             if (full)
                 release(r, u);
         }
-        take(&r->s, grad_bytes(r, 0), 1);
+        if (grad_bytes(r, 0))
+            take(&r->s, grad_bytes(r, 0), 1);
         if (U > 1)
             gather(r, U - 1);
         for (int u = U - 1; u >= 1; u--) {
             gather(r, u);
             if (cfg->prefetch && u - 1 >= 1)
                 gather(r, u - 1);
-            take(&r->s, grad_bytes(r, u), 1);
+            if (grad_bytes(r, u))
+                take(&r->s, grad_bytes(r, u), 1);
             release(r, u);
             reduce(r, u, j, A);
         }
@@ -237,8 +249,12 @@ static void replay_forward(struct replay *r)
 fsdp_status fsdp_engine_warm_up(fsdp_engine *e)
 {
     int U = e->sh->sm.n_units;
-    struct replay r = {.e = e, .lent = e->acc.units[0].buf[0] != NULL, .host = e->acc.host,
-                       .flat = e->acc.mode == FSDP_ACCUM_FLAT};
+    struct replay r = {.e = e, .host = e->acc.host, .flat = e->acc.mode == FSDP_ACCUM_FLAT};
+    for (int u = 0; u < U; u++) /* whether the placement lends its gradient shards */
+        if (e->sh->sm.units[u].shard_numel) {
+            r.lent = e->acc.units[u].buf[0] != NULL;
+            break;
+        }
     r.s.cap = 3 * U + 7; /* + the exchanges' send and receive sizes */
     r.s.v = calloc((size_t)r.s.cap, sizeof *r.s.v);
     r.gathered = calloc((size_t)U, sizeof *r.gathered);
@@ -261,6 +277,8 @@ fsdp_status fsdp_engine_warm_up(fsdp_engine *e)
     }
     if (e->sh->cfg.prefetch && !e->sh->cfg.inference) /* RS overlaps the next backward */
         for (int u = 1; u < U; u++) {
+            if (!grad_bytes(&r, u))
+                continue;
             struct size_count *c = size_at(&r.s, grad_bytes(&r, u));
             c->peak += !c->extra;
             c->extra = true;

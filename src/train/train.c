@@ -527,6 +527,7 @@ static fsdp_status run_prepare(struct trainer *t, fsdp_engine_config *ec)
     int n_procs;
     FSDP_TRY(engine_config(t, ec, &n_procs));
     FSDP_TRY(fsdp_modelfile_resolve(cfg->model, &t->model, &t->mf));
+    FSDP_TRY(fsdp_adapt_apply(&t->adapt, &t->model, t->mf, &cfg->lora, cfg->freeze, ec->seed));
     if (cfg->data && ec->backend != FSDP_BACKEND_META) {
         FSDP_TRY(data_open(t, ec));
         FSDP_TRY(fsdp_trainer_eval_open(t, ec));
@@ -549,7 +550,10 @@ static fsdp_status run_prepare(struct trainer *t, fsdp_engine_config *ec)
                                                                      : t->world->watchdog_s,
                                      t->flight_path));
     FSDP_TRY(fsdp_engine_shared_init(&t->sh, ec, &t->model, t->data, t->world));
-    if (t->mf) {
+    if (t->adapt.active) {
+        t->sh.init_fn = fsdp_adapt_init_fn;
+        t->sh.init_arg = &t->adapt;
+    } else if (t->mf) {
         t->sh.init_fn = fsdp_modelfile_init_fn;
         t->sh.init_arg = t->mf;
     }
@@ -647,6 +651,7 @@ static void trainer_free(struct trainer *t)
     fsdp_ckpt_manifest_free(&t->ck_resume);
     fsdp_engine_shared_free(&t->sh);
     fsdp_modelfile_close(t->mf); /* bound to the model: closed first */
+    fsdp_adapt_free(&t->adapt);
     if (t->model.units)
         fsdp_model_free(&t->model);
     if (t->data)

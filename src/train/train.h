@@ -19,6 +19,9 @@ typedef struct fsdp_train_config {
     fsdp_engine_config eng;   /* eng.n_ranks: the job's ranks, every process's */
     struct fsdp_procs *procs; /* the job's processes (comm/procs.h); NULL: one process */
     const char *model;        /* --model: a spec or a model file (fsdp_modelfile_resolve) */
+    fsdp_lora_config lora;    /* --lora R, --lora-alpha, --lora-targets, --rslora: adapters on
+                               * a frozen base (r = 0: none; models/lora.h) */
+    const char *freeze;       /* --freeze PATTERN[,...]: parameters not trained, or NULL */
     const char *data;         /* "synthetic", FILE.txt, FILE.jsonl or token shard glob */
     const char *tokenizer;    /* tokenizer.json for .txt/.jsonl data, or NULL (data/data.h) */
     const char *chat_format;  /* messages rows: a chat format name, or NULL (data/chat.h) */

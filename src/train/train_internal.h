@@ -19,6 +19,7 @@
 #include "ckpt/manifest.h"
 #include "ckpt/modelfile.h"
 #include "core/world.h"
+#include "train/adapt.h"
 #include "train/heldout.h"
 #include "train/outputs.h"
 #include "train/train.h"
@@ -71,6 +72,7 @@ struct trainer {
                                            directory's), "" for none: checkpoints record it */
     int start_step;
     fsdp_modelfile *mf;       /* --model FILE: the initial weights, or NULL */
+    fsdp_adapt adapt;         /* --lora/--freeze applied to the model (adapt.h) */
     fsdp_ckpt_lock ck_lock;   /* --ckpt-dir held for the run: one run per directory */
     char flight_path[4096 + 32]; /* where a stall writes this process's flight record */
     fsdp_heldout heldout;     /* --eval-data (heldout.data NULL: none) */

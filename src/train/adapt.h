@@ -1,0 +1,47 @@
+/*
+ * adapt.h - the model a run trains when it does not train every weight of
+ * the model --model gives: LoRA adapters (--lora, models/lora.h) and
+ * frozen parameters (--freeze) applied to it, and the engine's init for
+ * such a model. Adapting lays every unit out again (trainable parameters
+ * first: models/model.h), so a model file, whose reads follow the base
+ * model's layout, is bound to a copy of the base: the init reads each base
+ * parameter there by name, and draws adapters from their initialisers.
+ */
+#ifndef FSDP_TRAIN_ADAPT_H
+#define FSDP_TRAIN_ADAPT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ckpt/modelfile.h"
+#include "models/model.h"
+
+typedef struct fsdp_adapt {
+    bool active;               /* something was applied (the rest is unused otherwise) */
+    fsdp_model base;           /* the model as built from its family and config, the file
+                                * bound to it; unused without a file */
+    fsdp_modelfile *mf;        /* the base's weights, or NULL (the seed's) */
+    uint64_t seed;             /* the adapters' (and a seed-initialised base's) */
+} fsdp_adapt;
+
+/* What a run asks for: adapters (lora->r > 0) and freeze patterns (NULL or
+ * "" : none). */
+static inline bool fsdp_adapt_wanted(const fsdp_lora_config *lora, const char *freeze)
+{
+    return (lora && lora->r > 0) || (freeze && freeze[0]);
+}
+
+/* Adapt m in place (LoRA first, then the freeze patterns); mf, when not
+ * NULL, is m's open file bound to m, and is bound to a copy of the base
+ * instead. INVALID_ARG naming the setting that does not apply. */
+fsdp_status fsdp_adapt_apply(fsdp_adapt *a, fsdp_model *m, fsdp_modelfile *mf,
+                             const fsdp_lora_config *lora, const char *freeze, uint64_t seed);
+
+/* fsdp_engine_shared.init_fn for an adapted model; arg is the fsdp_adapt. */
+fsdp_status fsdp_adapt_init_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
+                               size_t end, float *dst);
+
+/* Release the base copy (the file stays the caller's: close it first). */
+void fsdp_adapt_free(fsdp_adapt *a);
+
+#endif /* FSDP_TRAIN_ADAPT_H */

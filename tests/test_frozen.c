@@ -1,0 +1,152 @@
+/*
+ * test_frozen.c - frozen parameters in the engine (--freeze; LoRA's base):
+ * a frozen parameter keeps its initial value, has no gradient, optimizer
+ * state or reduction, and what trains trains exactly as it would with
+ * nothing frozen; the guarantees of every run (bit-identity across device
+ * counts, strategies, offload and accumulation) hold with a frozen segment.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "models/lora.h"
+#include "models/registry.h"
+#include "testutil.h"
+#include "train_util.h"
+
+#define FROZEN_MODEL "llama-tiny"
+/* the MLPs, the embeddings and one norm: a trainable and a frozen segment in every unit */
+#define FROZEN_PATTERNS "model.layers.*.mlp.*,model.embed_tokens.weight,model.layers.1.input_*"
+
+static void frozen_config(fsdp_train_config *c, int devices, const char *freeze)
+{
+    train_config_cpu(c, FROZEN_MODEL, devices);
+    c->eng.grad_accum = 4 / devices > 0 ? 4 / devices : 1;
+    c->eng.batch = 4 / (devices * c->eng.grad_accum) > 0 ? 4 / (devices * c->eng.grad_accum) : 1;
+    c->eng.deterministic = true;
+    c->steps = 3;
+    c->warmup = 1;
+    c->lr = 1e-2f;
+    c->eng.optim_hp.weight_decay = 0.1f;
+    c->keep_params = true;
+    c->freeze = freeze;
+}
+
+/* The model the run trains, laid out as the engine holds it. */
+static void frozen_model(fsdp_model *m, const char *freeze)
+{
+    ck_assert_int_eq(fsdp_model_from_spec(FROZEN_MODEL, m), FSDP_STATUS_OK);
+    if (freeze)
+        ck_assert_int_eq(fsdp_model_freeze(m, freeze), FSDP_STATUS_OK);
+}
+
+/* Parameter `name`'s values in a kept unit buffer of model m. */
+static const float *param_in(const fsdp_model *m, float *const *params, const char *name,
+                             size_t *numel)
+{
+    int u;
+    const fsdp_param_spec *p = fsdp_model_find_param(m, name, &u);
+    ck_assert_ptr_nonnull(p);
+    *numel = p->numel;
+    return params[u] + p->offset;
+}
+
+/* One step without clipping: a gradient does not depend on what else is frozen, so every
+ * trainable parameter ends bit for bit where the run without frozen parameters puts it, and
+ * every frozen one stays at its initial value (which the full run does move). */
+START_TEST(test_frozen_step_matches_full)
+{
+    fsdp_model full, fz;
+    frozen_model(&full, NULL);
+    frozen_model(&fz, FROZEN_PATTERNS);
+    ck_assert_uint_lt(fz.train_numel, full.train_numel);
+    ck_assert_uint_gt(fz.train_numel, 0);
+    fsdp_train_config c;
+    fsdp_train_result a, b;
+    frozen_config(&c, 2, NULL);
+    c.steps = 1;
+    c.eng.clip = 0.0f;
+    run_ok_as(&c, &a, "full");
+    frozen_config(&c, 2, FROZEN_PATTERNS);
+    c.steps = 1;
+    c.eng.clip = 0.0f;
+    run_ok_as(&c, &b, "frozen");
+    ck_assert_msg(!memcmp(&a.losses[0], &b.losses[0], sizeof(float)), "step 1 loss %.9g vs %.9g",
+                  a.losses[0], b.losses[0]);
+    int n_frozen = 0, n_trained = 0;
+    for (int u = 0; u < fz.n_units; u++)
+        for (int i = 0; i < fz.units[u].n_params; i++) {
+            const fsdp_param_spec *p = &fz.units[u].params[i];
+            size_t n, n2;
+            const float *got = param_in(&fz, b.params, p->name, &n);
+            const float *moved = param_in(&full, a.params, p->name, &n2);
+            ck_assert_uint_eq(n, n2);
+            if (p->frozen) {
+                float *init = malloc(n * sizeof(float));
+                fsdp_model_init_range(&fz, u, p->offset, p->offset + n, c.eng.seed, init);
+                ck_assert_msg(!memcmp(got, init, n * sizeof(float)),
+                              "frozen %s moved during the step", p->name);
+                ck_assert_msg(memcmp(moved, init, n * sizeof(float)),
+                              "%s does not move in the full run either: the test proves nothing",
+                              p->name);
+                free(init);
+                n_frozen++;
+            } else {
+                ck_assert_msg(!memcmp(got, moved, n * sizeof(float)),
+                              "trainable %s differs from the run without frozen parameters",
+                              p->name);
+                n_trained++;
+            }
+        }
+    ck_assert_int_gt(n_frozen, 3);
+    ck_assert_int_gt(n_trained, 3);
+    /* no gradient or optimizer state for what is frozen: the ledger's peaks */
+    size_t g_full = a.stats[0].mem.peak_kind_bytes[FSDP_MEM_OPTIM];
+    size_t g_fz = b.stats[0].mem.peak_kind_bytes[FSDP_MEM_OPTIM];
+    ck_assert_msg(g_fz < g_full, "optimizer state %zu bytes with frozen parameters, %zu without",
+                  g_fz, g_full);
+    fsdp_train_result_free(&a);
+    fsdp_train_result_free(&b);
+    fsdp_model_free(&full);
+    fsdp_model_free(&fz);
+}
+END_TEST
+
+/* Bit-identity across device counts, strategies, offload and accumulation, with clipping. */
+START_TEST(test_frozen_identical_everywhere)
+{
+    fsdp_train_config c;
+    fsdp_train_result ref, r;
+    frozen_config(&c, 1, FROZEN_PATTERNS);
+    run_ok_as(&c, &ref, "frozen, 1 device");
+    ck_assert_msg(ref.losses[2] < ref.losses[0], "does not train: %g -> %g", ref.losses[0],
+                  ref.losses[2]);
+    static const int devs[] = {2, 4};
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; s < FSDP_SHARD_COUNT; s++)
+            for (int v = 0; v < 2; v++) {
+                frozen_config(&c, devs[d], FROZEN_PATTERNS);
+                c.eng.shard = (fsdp_shard_strategy)s;
+                c.eng.offload = v == 1;
+                if (s == FSDP_SHARD_HYBRID)
+                    c.eng.n_nodes = 2;
+                char what[128];
+                snprintf(what, sizeof what, "frozen, %d devices, %s%s", devs[d],
+                         fsdp_shard_strategy_name(c.eng.shard), v ? ", offload" : "");
+                run_ok_as(&c, &r, what);
+                expect_identical_runs(&ref, &r, FROZEN_MODEL, what);
+                fsdp_train_result_free(&r);
+            }
+    fsdp_train_result_free(&ref);
+}
+END_TEST
+
+int main(void)
+{
+    const fsdp_test_tcase tcases[] = {
+        {"engine", 300,
+         FSDP_TESTS(test_frozen_step_matches_full, test_frozen_identical_everywhere)},
+    };
+    return fsdp_test_main("frozen", tcases, FSDP_TEST_LEN(tcases));
+}
