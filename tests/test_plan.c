@@ -163,6 +163,37 @@ START_TEST(test_plan_equals_cpu_run)
 }
 END_TEST
 
+/* Frozen parameters (--freeze; LoRA's base) and, with LoRA, adapters: the frozen segment's
+ * compute-dtype shards and its gathers, and no gradient or optimizer state for it, counted to
+ * the byte on every strategy, with and without offload, in both precisions. */
+static const char *const frozen_patterns[] = {
+    "model.layers.*.mlp.*,model.embed_tokens.weight",
+    "model.*", /* everything but the LM head: blocks that train nothing */
+};
+
+START_TEST(test_plan_equals_cpu_run_frozen)
+{
+    static const int devices[] = {1, 2, 4};
+    for (int d = 0; d < 3; d++)
+        for (int s = 0; s < FSDP_SHARD_COUNT; s++) {
+            fsdp_train_config c;
+            base_config(&c, "llama-tiny", devices[d]);
+            c.freeze = frozen_patterns[_i % 2];
+            c.eng.shard = (fsdp_shard_strategy)s;
+            c.eng.offload = (d + s) % 2;
+            c.eng.compute_dtype = _i / 2 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+            c.eng.grad_accum = 2;
+            if (s == FSDP_SHARD_HYBRID && devices[d] > 1)
+                c.eng.n_nodes = 2;
+            char desc[256];
+            snprintf(desc, sizeof desc, "--freeze %s, %d device(s), %s, %s%s", c.freeze,
+                     devices[d], fsdp_shard_strategy_name(c.eng.shard),
+                     fsdp_dtype_name(c.eng.compute_dtype), c.eng.offload ? ", offload" : "");
+            expect_plan_equals_run(&c, desc);
+        }
+}
+END_TEST
+
 /* Packed example rows: the device holds their token positions, which the
  * trainer decides from the data; a plan of the same engine settings
  * (positions on) counts them to the byte, and without them it is short by
@@ -1106,6 +1137,7 @@ int main(void)
         {"exact", 600, FSDP_TESTS(FSDP_TEST_LOOP(test_plan_equals_cpu_run, N_MATRIX))},
         {"accum", 120, FSDP_TESTS(test_plan_equals_cpu_run_flat, test_flat_grads_do_not_grow)},
         {"packed", 60, .tmpdir = true, FSDP_TESTS(test_plan_equals_cpu_run_packed)},
+        {"frozen", 120, FSDP_TESTS(FSDP_TEST_LOOP(test_plan_equals_cpu_run_frozen, 4))},
         {"plan", 600, .tmpdir = true,
          FSDP_TESTS(test_plan_70b_fast_and_formulas, test_plan_formula_text,
                     test_offload_grads_on_host, test_plan_fit_verdict, test_plan_json,

@@ -18,6 +18,7 @@
 #include "core/world.h"
 #include "engine/accum.h"
 #include "engine/trace.h"
+#include "train/adapt.h"
 #include "train/plan.h"
 
 struct planner {
@@ -102,6 +103,8 @@ fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *ou
     snprintf(out->model, sizeof out->model, "%s", cfg->model ? cfg->model : "?");
     /* a model file gives only its shape here: nothing is read */
     FSDP_CHECK(fsdp_modelfile_resolve(cfg->model, &model, NULL));
+    fsdp_adapt adapt;
+    FSDP_CHECK(fsdp_adapt_apply(&adapt, &model, NULL, &cfg->lora, cfg->freeze, ec->seed));
     out->numel = model.numel;
     out->n_units = model.n_units;
     out->ranks = calloc((size_t)ec->n_ranks, sizeof *out->ranks);
