@@ -63,7 +63,7 @@ int fsdp_args_find(const fsdp_opt *opts, int n_opts, const char *name);
 
 /* ---- building an option list ------------------------------------------------ */
 
-#define FSDP_OPT_LIST_MAX 64
+#define FSDP_OPT_LIST_MAX 80
 
 typedef struct fsdp_opt_list {
     fsdp_opt v[FSDP_OPT_LIST_MAX];

@@ -15,6 +15,7 @@
 #include "ckpt/modelfile.h"
 #include "cli/cli.h"
 #include "cli/run_opts.h"
+#include "models/lora.h"
 
 /* --model's help, from the model registry and the weight-format table. */
 static const char *model_help(void)
@@ -121,8 +122,47 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                      fsdp_optim_flag_help(fsdp_optim_flag_at(i), flag_help[i],
                                           sizeof flag_help[i]));
     }
+    /* LoRA and frozen parameters (models/lora.h) */
+    ro->lora_alpha = NAN;
+    fsdp_opt_add_int(l, "lora", &c->lora.r, 1, 4096, "R",
+                     "train LoRA adapters of rank R on a frozen base (PEFT's LoRA: y = x W^T + "
+                     "alpha/R (x A^T) B^T; A Kaiming-uniform, B zero)");
+    fsdp_opt_add(l, "lora-alpha", FSDP_OPT_FLOAT, &ro->lora_alpha, "A",
+                 "LoRA's alpha: the branch is scaled by alpha / R (default 2 x R)");
+    fsdp_opt_add(l, "lora-targets", FSDP_OPT_STR, &ro->lora_targets, "LIST",
+                 "the linear layers that get adapters, PEFT's target_modules: module names "
+                 "(q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj), or all-linear "
+                 "(every linear layer but the LM head) (default q_proj,v_proj)");
+    fsdp_opt_add(l, "rslora", FSDP_OPT_FLAG, &c->lora.rslora, NULL,
+                 "rank-stabilised LoRA: scale by alpha / sqrt(R)");
+    fsdp_opt_add(l, "freeze", FSDP_OPT_STR, &c->freeze, "PATTERN[,...]",
+                 "parameters not to train, by Hugging Face tensor name with * globs (e.g. "
+                 "model.embed_tokens.weight,model.layers.*.mlp.*): no gradient, optimizer state "
+                 "or reduction, kept in the compute dtype");
     fsdp_opt_add(l, "seed", FSDP_OPT_U64, &e->seed, "S",
                  "seed for initialisation and data (default 1337)");
+}
+
+/* --lora's settings into cfg.lora, checked (models/lora.h); nonzero after a usage error. */
+static int fsdp_run_opts_lora(const char *cmd, fsdp_run_opts *ro)
+{
+    fsdp_lora_config *lc = &ro->cfg.lora;
+    bool given = !isnan(ro->lora_alpha) || ro->lora_targets || lc->rslora;
+    if (!lc->r) {
+        if (given)
+            return fsdp_cli_usage(cmd, "--lora-alpha, --lora-targets and --rslora set up LoRA "
+                                  "adapters: give --lora R too");
+        return 0;
+    }
+    lc->alpha = isnan(ro->lora_alpha) ? 2.0 * lc->r : (double)ro->lora_alpha;
+    snprintf(lc->targets, sizeof lc->targets, "%s",
+             ro->lora_targets ? ro->lora_targets : "q_proj,v_proj");
+    if (ro->lora_targets && strlen(ro->lora_targets) >= sizeof lc->targets)
+        return fsdp_cli_usage(cmd, "--lora-targets is longer than %zu characters",
+                              sizeof lc->targets - 1);
+    if (fsdp_lora_config_check(lc) != FSDP_STATUS_OK)
+        return fsdp_cli_usage(cmd, "%s", fsdp_error_msg());
+    return 0;
 }
 
 int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
@@ -137,6 +177,8 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     e->comm = (fsdp_comm_kind)ro->comm;
     e->accum = (fsdp_accum_mode)ro->accum;
     e->positions = ro->cfg.pack == FSDP_TRAIN_PACK_ON; /* else the trainer's data decides */
+    if (fsdp_run_opts_lora(cmd, ro) != 0)
+        return 2;
     if (fsdp_cli_cpu_streams_finish(cmd, e->cpu_streams, e->backend) != 0)
         return 2;
     if (e->threads_per_device > 0 && e->backend == FSDP_BACKEND_CUDA)

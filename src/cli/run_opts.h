@@ -19,6 +19,8 @@ typedef struct fsdp_run_opts {
     int devices;           /* per node; -1: the backend's default */
     int nodes;             /* --nodes; 0: unset (the job's processes) */
     int n_processes;       /* the job's processes (set by the caller; <= 1: one) */
+    float lora_alpha;      /* --lora-alpha; NAN: not given (2 x --lora) */
+    const char *lora_targets; /* --lora-targets; NULL: PEFT's default for the family */
 } fsdp_run_opts;
 
 /* The --prefetch values (--shard's and --offload's are the engine's:

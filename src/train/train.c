@@ -504,6 +504,15 @@ static void print_header(const struct trainer *t, const fsdp_engine_config *ec)
             ec->grad_accum, ec->accum == FSDP_ACCUM_FLAT ? " (flat)" : "", ec->n_ranks,
             (unsigned long long)tokens_per_step(ec),
             t->cfg->steps);
+    const fsdp_model *m = &t->model;
+    if (m->lora.r)
+        fprintf(t->out, "lora: rank %d, alpha %g%s, targets %s: %.3fM trainable of %.2fM params "
+                        "(%.2f%%); the base is frozen\n", m->lora.r, m->lora.alpha,
+                m->lora.rslora ? " (rslora)" : "", m->lora.targets, (double)m->train_numel / 1e6,
+                (double)m->numel / 1e6, 100.0 * (double)m->train_numel / (double)m->numel);
+    if (m->freeze[0])
+        fprintf(t->out, "frozen: %s: %.3fM of %.2fM params train\n", m->freeze,
+                (double)m->train_numel / 1e6, (double)m->numel / 1e6);
     fsdp_lr_plan lp = lr_plan(t->cfg);
     char sched[96];
     fprintf(t->out, "lr %.3g%s%s%s, warmup %d steps, then %s\n", (double)lp.lr,
