@@ -7,6 +7,7 @@
  */
 #include <check.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -142,11 +143,79 @@ START_TEST(test_frozen_identical_everywhere)
 }
 END_TEST
 
+/* A run resumed from a checkpoint of frozen parameters (which holds the trainable ones only,
+ * and a reference to the base) on another device count ends bit for bit where the
+ * uninterrupted run does; another --freeze, or another base, is refused naming both. */
+START_TEST(test_frozen_resume)
+{
+    char dir[4096], base[4096], cmd[9000];
+    fsdp_test_path(dir, sizeof dir, "ck");
+    fsdp_train_config c;
+    fsdp_train_result ref, r;
+    frozen_config(&c, 2, FROZEN_PATTERNS);
+    c.steps = 4;
+    run_ok_as(&c, &ref, "uninterrupted");
+    c.ckpt_dir = dir;
+    c.ckpt_every = 2;
+    c.stop_after = 2; /* as a crash after step 2's checkpoint */
+    run_ok_as(&c, &r, "first half");
+    fsdp_train_result_free(&r);
+    frozen_config(&c, 4, FROZEN_PATTERNS);
+    c.eng.batch = 1;
+    c.eng.grad_accum = 1;
+    c.steps = 4;
+    c.ckpt_dir = dir;
+    c.resume = true;
+    run_ok_as(&c, &r, "resumed on 4 devices");
+    ck_assert_int_eq(r.first_step, 2);
+    for (int s = 2; s < 4; s++)
+        ck_assert_msg(!memcmp(&r.losses[s], &ref.losses[s], sizeof(float)),
+                      "step %d: resumed %.9g, uninterrupted %.9g", s + 1, r.losses[s],
+                      ref.losses[s]);
+    fsdp_model m;
+    frozen_model(&m, FROZEN_PATTERNS);
+    for (int u = 0; u < m.n_units; u++)
+        ck_assert_msg(!memcmp(r.params[u], ref.params[u], m.units[u].numel * sizeof(float)),
+                      "unit %s differs after the resume", m.units[u].name);
+    fsdp_model_free(&m);
+    fsdp_train_result_free(&r);
+    fsdp_train_result_free(&ref);
+    c.steps = 6;
+    c.freeze = "model.layers.*.mlp.*";
+    run_fail(&c, FSDP_STATUS_FORMAT, "--freeze", "model.layers.*.mlp.*");
+    /* another base: a Hugging Face directory (llama-tiny's, exported), then the same with one
+     * byte changed */
+    fsdp_test_path(base, sizeof base, "base");
+    fsdp_test_path(dir, sizeof dir, "ck0");
+    frozen_config(&c, 1, NULL);
+    c.steps = 1;
+    c.ckpt_dir = dir;
+    run_ok_as(&c, &r, "the base");
+    fsdp_train_result_free(&r);
+    snprintf(cmd, sizeof cmd, "%s convert %s %s --to hf >/dev/null 2>&1", FSDP_BIN, dir, base);
+    ck_assert_int_eq(system(cmd), 0);
+    fsdp_test_path(dir, sizeof dir, "ck2");
+    frozen_config(&c, 2, "model.layers.*.mlp.*");
+    c.model = base;
+    c.steps = 1;
+    c.ckpt_dir = dir;
+    run_ok_as(&c, &r, "on a directory");
+    fsdp_train_result_free(&r);
+    snprintf(cmd, sizeof cmd, "printf 'x' | dd of=%s/model.safetensors bs=1 seek=$(( $(stat -c %%s "
+             "%s/model.safetensors) - 1 )) conv=notrunc 2>/dev/null", base, base);
+    ck_assert_int_eq(system(cmd), 0);
+    c.steps = 2;
+    c.resume = true;
+    run_fail(&c, FSDP_STATUS_INVALID_ARG, "another base", base);
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
         {"engine", 300,
          FSDP_TESTS(test_frozen_step_matches_full, test_frozen_identical_everywhere)},
+        {"resume", 120, .tmpdir = true, FSDP_TESTS(test_frozen_resume)},
     };
     return fsdp_test_main("frozen", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,7 +164,7 @@ enum mkey {
     K_SHARD, K_BATCH, K_SEQ, K_GRAD_ACCUM, K_STEPS_TOTAL, K_COMPUTE_DTYPE, K_MASTER_DTYPE,
     K_OPTIM_DTYPE, K_MODEL_NAME, K_MODEL_SPEC, K_GPT2, K_VOCAB_SIZE, K_PADDED_VOCAB_SIZE,
     K_MAX_SEQ_LEN, K_MODEL_FAMILY, K_MODEL_CONFIG, K_DATA, K_BLOCK_NUMEL, K_OPTIMIZER,
-    K_OPTIM_STATE, K_SHARD_RANKS, K_TOKENIZER, K_COUNT
+    K_OPTIM_STATE, K_SHARD_RANKS, K_TOKENIZER, K_LORA, K_FREEZE, K_BASE, K_COUNT
 };
 
 static const char *const mkey_names[K_COUNT] = {
@@ -171,11 +172,12 @@ static const char *const mkey_names[K_COUNT] = {
     "shard", "batch", "seq", "grad_accum", "steps_total", "compute_dtype", "master_dtype",
     "optim_dtype", "model_name", "model_spec", "gpt2", "vocab_size", "padded_vocab_size",
     "max_seq_len", "model_family", "model_config", "data", "block_numel", "optimizer",
-    "optim_state", "shard_ranks", "tokenizer",
+    "optim_state", "shard_ranks", "tokenizer", "lora", "freeze", "base",
 };
 
 /* Keys a manifest may leave out (their meaning when absent is in manifest.h). */
-static const bool mkey_optional[K_COUNT] = {[K_SHARD_RANKS] = true};
+static const bool mkey_optional[K_COUNT] = {[K_SHARD_RANKS] = true, [K_LORA] = true,
+                                            [K_FREEZE] = true, [K_BASE] = true};
 
 /* The versions each key belongs to (bit v set: version v has it, once). */
 #define V1 (1u << 1)
@@ -185,7 +187,7 @@ static const unsigned mkey_versions[K_COUNT] = {
     [K_MODEL_SPEC] = V1, [K_GPT2] = V1, [K_VOCAB_SIZE] = V1, [K_PADDED_VOCAB_SIZE] = V1,
     [K_MAX_SEQ_LEN] = V1, [K_MODEL_FAMILY] = V2 | V3, [K_MODEL_CONFIG] = V2 | V3,
     [K_OPTIMIZER] = V2 | V3, [K_OPTIM_STATE] = V2 | V3, /* version 1 is AdamW */
-    [K_TOKENIZER] = V3,
+    [K_TOKENIZER] = V3, [K_LORA] = V3, [K_FREEZE] = V3, [K_BASE] = V3,
 };
 #define KEY_IN(k, version) \
     ((mkey_versions[k] ? mkey_versions[k] : V1 | V2 | V3) >> (version) & 1)
@@ -342,6 +344,29 @@ static fsdp_status parse_text_key(parser *ps, enum mkey k, char *v, fsdp_ckpt_ma
         snprintf(m->optimizer, sizeof m->optimizer, "%s", v);
         return FSDP_STATUS_OK;
     case K_OPTIM_STATE: return parse_optim_state(ps, v, m);
+    case K_LORA: {
+        fsdp_lora_config *l = &m->lora;
+        int rs = -1, used = 0;
+        if (sscanf(v, "%d %lf %d %255s%n", &l->r, &l->alpha, &rs, l->targets, &used) != 4 ||
+            v[used] || l->r < 1 || l->r > 4096 || !(l->alpha > 0) || !isfinite(l->alpha) ||
+            (rs != 0 && rs != 1))
+            return bad(ps, "lora '%.64s' is not 'R ALPHA RSLORA(0|1) TARGETS'", v);
+        l->rslora = rs == 1;
+        return FSDP_STATUS_OK;
+    }
+    case K_FREEZE:
+        if (strlen(v) >= sizeof m->freeze)
+            return bad(ps, "freeze is longer than %zu characters", sizeof m->freeze - 1);
+        copy_text(m->freeze, sizeof m->freeze, v);
+        return FSDP_STATUS_OK;
+    case K_BASE: {
+        int used = 0;
+        if (sscanf(v, "%16" SCNx64 " %n", &m->base_hash, &used) != 1 || !used || !v[used] ||
+            strlen(v + used) >= sizeof m->base)
+            return bad(ps, "base '%.64s' is not 'HASH PATH'", v);
+        snprintf(m->base, sizeof m->base, "%s", v + used);
+        return FSDP_STATUS_OK;
+    }
     default: return bad(ps, "internal: unhandled key");
     }
 }

@@ -117,6 +117,14 @@ typedef struct fsdp_ckpt_manifest {
      * without them reads as before): tokenizer.json first. */
     int n_tok_files;
     fsdp_ckpt_tok_file tok_files[FSDP_CKPT_TOK_FILES_MAX];
+    /* A run that did not train every weight (optional version-3 lines, written only then):
+     * `lora R ALPHA RSLORA TARGETS`, `freeze PATTERNS`, and `base HASH PATH`, the model the
+     * frozen parameters come from (they are not in the shard files: the units and their
+     * parameters list the trainable ones only). HASH: fsdp_ckpt_base_hash. */
+    fsdp_lora_config lora;    /* r = 0: none */
+    char freeze[256];         /* "" : none */
+    char base[512];           /* "" : none (nothing frozen) */
+    uint64_t base_hash;
     int n_units;
     fsdp_ckpt_unit *units;    /* [n_units], owned */
 } fsdp_ckpt_manifest;

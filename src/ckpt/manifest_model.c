@@ -12,6 +12,7 @@
 
 #include "ckpt/manifest.h"
 #include "core/error.h"
+#include "models/lora.h"
 
 void fsdp_ckpt_manifest_set_model(fsdp_ckpt_manifest *m, const fsdp_model *model)
 {
@@ -20,6 +21,17 @@ void fsdp_ckpt_manifest_set_model(fsdp_ckpt_manifest *m, const fsdp_model *model
              model->family ? model->family->name : "");
     snprintf(m->model_config, sizeof m->model_config, "%s", model->config);
     m->model_line = 0;
+    m->lora = model->lora;
+    snprintf(m->freeze, sizeof m->freeze, "%s", model->freeze);
+}
+
+/* The trainable parameters of a unit (the ones a checkpoint stores), in index order. */
+static int n_trainable(const fsdp_unit_spec *us)
+{
+    int n = 0;
+    for (int i = 0; i < us->n_params; i++)
+        n += !us->params[i].frozen;
+    return n;
 }
 
 fsdp_status fsdp_ckpt_manifest_set_units(fsdp_ckpt_manifest *m, const fsdp_model *model,
@@ -32,20 +44,22 @@ fsdp_status fsdp_ckpt_manifest_set_units(fsdp_ckpt_manifest *m, const fsdp_model
         const fsdp_unit_spec *us = &model->units[u];
         fsdp_ckpt_unit *cu = &units[u];
         snprintf(cu->name, sizeof cu->name, "%s", us->name);
-        cu->numel = us->numel;
+        cu->numel = us->train_numel; /* frozen parameters come from the base */
         cu->padded_numel = padded_numel[u];
         cu->shard_numel = shard_numel[u];
-        cu->n_params = us->n_params;
-        cu->params = calloc((size_t)us->n_params, sizeof *cu->params);
+        cu->n_params = n_trainable(us);
+        cu->params = calloc((size_t)us->n_params + 1, sizeof *cu->params);
         if (!cu->params) {
             for (int k = 0; k < u; k++)
                 free(units[k].params);
             free(units);
             return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for a checkpoint manifest");
         }
-        for (int i = 0; i < us->n_params; i++) {
+        for (int i = 0, k = 0; i < us->n_params; i++) {
             const fsdp_param_spec *ps = &us->params[i];
-            fsdp_ckpt_param *cp = &cu->params[i];
+            if (ps->frozen)
+                continue;
+            fsdp_ckpt_param *cp = &cu->params[k++];
             snprintf(cp->name, sizeof cp->name, "%s", ps->name);
             cp->ndim = ps->ndim;
             memcpy(cp->shape, ps->shape, sizeof cp->shape);
@@ -83,15 +97,18 @@ static fsdp_status compare_units(const fsdp_ckpt_manifest *m, const char *path,
     for (int u = 0; u < m->n_units; u++) {
         const fsdp_ckpt_unit *cu = &m->units[u];
         const fsdp_unit_spec *us = &model->units[u];
-        if (strcmp(cu->name, us->name) || cu->numel != us->numel || cu->n_params != us->n_params)
+        int n_train = n_trainable(us);
+        if (strcmp(cu->name, us->name) || cu->numel != us->train_numel || cu->n_params != n_train)
             return fsdp_error_set(FSDP_STATUS_FORMAT,
                                   "checkpoint manifest '%s' line %d: unit %d is '%s' (%zu "
                                   "elements, %d parameters), but model '%s' has '%s' (%zu, %d)%s",
                                   path, cu->line, u, cu->name, cu->numel, cu->n_params,
-                                  model->name, us->name, us->numel, us->n_params, hint);
-        for (int i = 0; i < cu->n_params; i++) {
+                                  model->name, us->name, us->train_numel, n_train, hint);
+        for (int i = 0, j = 0; i < cu->n_params; i++, j++) {
             const fsdp_ckpt_param *p = &cu->params[i];
-            const fsdp_param_spec *q = &us->params[i];
+            while (us->params[j].frozen) /* n_train of them: j stays in range */
+                j++;
+            const fsdp_param_spec *q = &us->params[j];
             bool same = !strcmp(p->name, q->name) && p->ndim == q->ndim &&
                         p->offset == q->offset && p->numel == q->numel;
             for (int d = 0; same && d < p->ndim; d++)
@@ -133,6 +150,17 @@ fsdp_status fsdp_ckpt_manifest_model(const fsdp_ckpt_manifest *m, const char *pa
                           "build", path, m->model_line);
         return FSDP_STATUS_FORMAT;
     }
+    fsdp_status ast = FSDP_STATUS_OK;
+    if (m->lora.r)
+        ast = fsdp_model_add_lora(out, &m->lora);
+    if (ast == FSDP_STATUS_OK && m->freeze[0])
+        ast = fsdp_model_freeze(out, m->freeze);
+    if (ast != FSDP_STATUS_OK) {
+        fsdp_model_free(out);
+        fsdp_error_prefix("checkpoint manifest '%s': its lora/freeze lines do not apply to its "
+                          "model", path);
+        return FSDP_STATUS_FORMAT;
+    }
     char hint[128];
     snprintf(hint, sizeof hint, "; the unit lines contradict the model recorded on line %d",
              m->model_line);
@@ -159,6 +187,23 @@ fsdp_status fsdp_ckpt_manifest_check_model(const fsdp_ckpt_manifest *m, const ch
     fsdp_error_clear();
     snprintf(hint, sizeof hint, "; the checkpoint was written for model '%s' (%s): resume with "
              "--model '%s'", m->model_name, m->model_family, spec);
+    const fsdp_lora_config *a = &m->lora, *b = &model->lora;
+    if (a->r != b->r || (a->r && (a->alpha != b->alpha || a->rslora != b->rslora ||
+                                  strcmp(a->targets, b->targets))))
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint '%s' holds %s%.0d%s%.4g%s%s, but this run asks for "
+                              "%s%.0d%s%.4g%s%s: resume with the checkpoint's LoRA settings",
+                              path, a->r ? "LoRA adapters r=" : "no LoRA adapters", a->r,
+                              a->r ? " alpha=" : "", a->r ? a->alpha : 0.0,
+                              a->r ? " targets=" : "", a->r ? a->targets : "",
+                              b->r ? "LoRA r=" : "no LoRA", b->r, b->r ? " alpha=" : "",
+                              b->r ? b->alpha : 0.0, b->r ? " targets=" : "",
+                              b->r ? b->targets : "");
+    if (strcmp(m->freeze, model->freeze))
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint '%s' was trained with --freeze '%s', but this run "
+                              "freezes '%s': resume with the same --freeze",
+                              path, m->freeze, model->freeze);
     FSDP_TRY(compare_units(m, path, model, hint));
     if (!model->family || strcmp(m->model_family, model->family->name) ||
         strcmp(m->model_config, model->config))

@@ -54,6 +54,13 @@ fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest 
     for (int i = 0; i < m->n_tok_files; i++) /* only when it carries them (manifest.h) */
         fsdp_sbuf_printf(&b, FSDP_CKPT_TOK_KEY " %s %" PRIu64 " %016" PRIx64 "\n",
                          m->tok_files[i].name, m->tok_files[i].size_bytes, m->tok_files[i].xxh64);
+    if (m->lora.r)
+        fsdp_sbuf_printf(&b, "lora %d %.17g %d %s\n", m->lora.r, m->lora.alpha, m->lora.rslora,
+                         m->lora.targets);
+    if (m->freeze[0])
+        sb_text(&b, "freeze", m->freeze);
+    if (m->base[0])
+        fsdp_sbuf_printf(&b, "base %016" PRIx64 " %s\n", m->base_hash, m->base);
     fsdp_sbuf_printf(&b, "block_numel %zu\nunits %d\n", FSDP_CKPT_BLOCK_NUMEL, m->n_units);
     for (int u = 0; u < m->n_units; u++) {
         const fsdp_ckpt_unit *cu = &m->units[u];

@@ -10,6 +10,7 @@
  */
 #include <string.h>
 
+#include "ckpt/ckpt_base.h"
 #include "ckpt/ckpt_tok.h"
 #include "core/clock.h"
 #include "core/paths.h"
@@ -29,6 +30,11 @@ static fsdp_status ckpt_claim(struct trainer *t)
     uint64_t step = 0;
     fsdp_status st = fsdp_engine_ckpt_describe(&t->sh, cfg->data, cfg->steps, &t->ck_base);
     snprintf(t->ck_base.tokenizer, sizeof t->ck_base.tokenizer, "%s", t->tokenizer);
+    if (st == FSDP_STATUS_OK && t->model.train_numel < t->model.numel) { /* the frozen part's */
+        snprintf(t->ck_base.base, sizeof t->ck_base.base, "%s", cfg->model ? cfg->model : "");
+        st = fsdp_ckpt_base_hash(cfg->model, t->model.config, cfg->eng.seed,
+                                 &t->ck_base.base_hash);
+    }
     if (st == FSDP_STATUS_OK && t->tokenizer[0]) /* every checkpoint carries it (ckpt_tok.h) */
         st = fsdp_ckpt_tok_load(&t->ck_base, t->tokenizer, NULL);
     FSDP_TRY(fsdp_job_agree(cfg->procs, t->world, st));
@@ -127,6 +133,13 @@ static fsdp_status ckpt_find_resume(struct trainer *t)
                               "these", t->ck_path, m->data, m->tokenizer_recorded ? m->tokenizer
                                                                                 : "unrecorded",
                               cfg->data ? cfg->data : "", t->tokenizer);
+    if (m->base[0] && m->base_hash != t->ck_base.base_hash)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "checkpoint '%s' trained adapters on the base '%s' (hash %016llx); "
+                              "this run's --model '%s' is another base (hash %016llx): resume "
+                              "with the checkpoint's base", t->ck_path, m->base,
+                              (unsigned long long)m->base_hash, t->ck_base.base,
+                              (unsigned long long)t->ck_base.base_hash);
     t->start_step = m->step < (uint64_t)cfg->steps ? (int)m->step : cfg->steps;
     if (t->out)
         resume_notes(t);
