@@ -25,6 +25,14 @@
 extern "C" {
 #endif
 
+/* A linear layer inside a block that LoRA may target (models/lora.h). Its
+ * module path is its weight's name without ".weight"; the weight is
+ * (out features, in features). */
+typedef struct fsdp_lora_module {
+    const char *name;         /* the path inside a block, as PEFT names it: "self_attn.q_proj" */
+    int param;                /* its weight's index in a block unit's parameters */
+} fsdp_lora_module;
+
 typedef struct fsdp_model_shape {
     const char *name;         /* a --model value of its own: "tiny" */
     const char *config;       /* its canonical config */
@@ -51,6 +59,11 @@ struct fsdp_model_family {
     /* Weight-file mappings; NULL where the family has none. */
     const fsdp_llmc_mapping *llmc;
     const fsdp_safetensors_mapping *safetensors;
+    /* The block's linear layers LoRA may target, in the order the family's
+     * forward looks their adapters up (fsdp_lora_find, models/lora.h);
+     * NULL: the family takes no LoRA (the LM head is never a target). */
+    const fsdp_lora_module *lora_modules;
+    int n_lora_modules;
 };
 
 /* ---- checks every family's config validation makes (registry.c) ---- */

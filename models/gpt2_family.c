@@ -53,4 +53,6 @@ const fsdp_model_family fsdp_gpt2_family = {
     /* .flops_per_token = */ gpt2_flops_per_token,
     /* .llmc            = */ &fsdp_gpt2_llmc,
     /* .safetensors     = */ &fsdp_gpt2_safetensors,
+    /* .lora_modules    = */ NULL, /* LoRA: not yet (--freeze works) */
+    /* .n_lora_modules  = */ 0,
 };

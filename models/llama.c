@@ -38,6 +38,7 @@
 
 #include "models/act.h"
 #include "models/llama.h"
+#include "models/lora.h"
 #include "models/registry.h"
 
 /* ---- parameter layout ---------------------------------------------------- */
@@ -57,6 +58,15 @@ enum {
     BLK_KB,
     BLK_VB,
     BLK_N_PARAMS
+};
+
+/* The linear layers LoRA may target, in lora_modules order. */
+enum { LORA_Q = 0, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN };
+const fsdp_lora_module fsdp_llama_lora_modules[FSDP_LLAMA_N_LORA_MODULES] = {
+    [LORA_Q] = {"self_attn.q_proj", BLK_Q},     [LORA_K] = {"self_attn.k_proj", BLK_K},
+    [LORA_V] = {"self_attn.v_proj", BLK_V},     [LORA_O] = {"self_attn.o_proj", BLK_O},
+    [LORA_GATE] = {"mlp.gate_proj", BLK_GATE}, [LORA_UP] = {"mlp.up_proj", BLK_UP},
+    [LORA_DOWN] = {"mlp.down_proj", BLK_DOWN},
 };
 
 static void add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d1,
@@ -118,8 +128,12 @@ fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg)
             BLK_PARAM("self_attn.q_proj.bias", QH, 0, FSDP_INIT_ZEROS, false);
             BLK_PARAM("self_attn.k_proj.bias", KVH, 0, FSDP_INIT_ZEROS, false);
             BLK_PARAM("self_attn.v_proj.bias", KVH, 0, FSDP_INIT_ZEROS, false);
+            u->params[BLK_QB].fuse_next = u->params[BLK_KB].fuse_next = true;
         }
 #undef BLK_PARAM
+        /* read as one tensor each: q|k|v, gate|up (and the q|k|v biases) */
+        u->params[BLK_Q].fuse_next = u->params[BLK_K].fuse_next = true;
+        u->params[BLK_GATE].fuse_next = true;
         m->numel += u->numel;
     }
     return FSDP_STATUS_OK;
@@ -146,6 +160,9 @@ typedef struct llama_layer_acts {
     void *gu;              /* (B,T,2IC) dt: [gate | up] */
     void *swi;             /* (B,T,IC) dt: silu(gate) * up */
     void *residual3;       /* (B,T,C) dt: the layer's output */
+    /* LoRA (models with adapters only): u = x A^T of each adapted layer */
+    void *lora_u;          /* (n, B,T,r) dt: q, k, v, o, gate, up's, n of them (lora_slot) */
+    void *lora_ud;         /* (B,T,r) dt: down's */
 } llama_layer_acts;
 
 /* The fields of llama_layer_acts in allocation order, with their width per
@@ -172,6 +189,8 @@ typedef enum act_width {
     W_2IC,   /* 2 IC in dt */
     W_IC,    /* IC in dt */
     W_STAT,  /* one fp32: a norm's rstd */
+    W_LORA_U, /* r per adapted layer but down, in dt */
+    W_LORA_R, /* r in dt */
 } act_width;
 
 #define ACT_FIELD(f, name, width, keep) {name, offsetof(llama_layer_acts, f), width, keep}
@@ -187,6 +206,19 @@ static const fsdp_act_field act_fields[ACT_N_FIELDS] = {
     ACT_FIELD(gu, "gate_up", W_2IC, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
     ACT_FIELD(swi, "swiglu", W_IC, FSDP_ACT_KEEP_NONE_ONLY),
     ACT_FIELD(residual3, "residual3", W_C, FSDP_ACT_KEEP_ALL),
+};
+
+/* A model with adapters keeps u = x A^T per adapted layer as the matmul
+ * output it belongs to is kept: the u of q, k, v, o, gate and up go with
+ * qkv, residual2 and gate_up (kept per layer by none and elementwise,
+ * rebuilt by block's unit_recompute: the LoRA op reruns with its base
+ * product), down's with residual3 (every mode keeps it; the down product is
+ * never rerun). Allocated after the fields above, so a model without
+ * adapters allocates exactly what it did. */
+enum { LORA_ACT_U = 0, LORA_ACT_UD, LORA_ACT_N_FIELDS };
+static const fsdp_act_field lora_act_fields[LORA_ACT_N_FIELDS] = {
+    ACT_FIELD(lora_u, "lora_u", W_LORA_U, FSDP_ACT_KEEP_NONE_ELEMENTWISE),
+    ACT_FIELD(lora_ud, "lora_u_down", W_LORA_R, FSDP_ACT_KEEP_ALL),
 };
 #undef ACT_FIELD
 
@@ -207,6 +239,12 @@ typedef struct llama_state {
     float *dwide;             /* (B,T,max(QS,2IC)) scratch: dgu, then dqkv */
     float *dmid;              /* (B,T,max(IC,AH)) scratch: dswi, then datty */
     float *datt;              /* (B,NH,T,T) scratch for attention backward */
+
+    /* LoRA (models with adapters only) */
+    int lora_slot[FSDP_LLAMA_N_LORA_MODULES]; /* a layer's place in lora_u, -1: none */
+    int lora_n;               /* layers in lora_u (adapted in some block; down apart) */
+    float lora_scale;         /* alpha / r (rslora: alpha / sqrt(r)) */
+    float *lora_dv;           /* (B,T,r) fp32 scratch of lora_bwd (training) */
 } llama_state;
 
 static const fsdp_llama_config *cfg_of(const fsdp_model *m)
@@ -258,9 +296,51 @@ static size_t field_bytes(const fsdp_model *m, const void *state, int width, siz
     case W_2IC: return N * 2 * (size_t)cfg->n_inter * dts;
     case W_IC: return N * (size_t)cfg->n_inter * dts;
     case W_STAT: return N * sizeof(float);
+    case W_LORA_U: return N * (size_t)m->lora.r * (size_t)s->lora_n * dts;
+    case W_LORA_R: return N * (size_t)m->lora.r * dts;
     }
     FSDP_ASSERT(!"unknown activation width");
     return 0;
+}
+
+/* Which of the family's linear layers have adapters in some block: down
+ * apart, their places in lora_u (lora_slot, lora_n); and whether down has. */
+static bool lora_slots(const fsdp_model *m, llama_state *s)
+{
+    bool down = false;
+    s->lora_n = 0;
+    for (int k = 0; k < FSDP_LLAMA_N_LORA_MODULES; k++) {
+        bool any = false;
+        int ia, ib;
+        for (int u = 1; u < m->n_units && !any; u++)
+            any = fsdp_lora_find(m, u, k, &ia, &ib);
+        s->lora_slot[k] = any && k != LORA_DOWN ? s->lora_n++ : -1;
+        down |= any && k == LORA_DOWN;
+    }
+    return down;
+}
+
+/* The LoRA buffers of a state (nothing without adapters): u per layer as
+ * lora_act_fields says, and lora_bwd's dv scratch once. */
+static fsdp_status lora_state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s,
+                                    bool training)
+{
+    if (m->lora.r <= 0)
+        return FSDP_STATUS_OK;
+    s->lora_scale = (float)fsdp_lora_scale(&m->lora);
+    const bool down = lora_slots(m, s);
+    const int first = s->lora_n > 0 ? LORA_ACT_U : LORA_ACT_UD;
+    const int n = (s->lora_n > 0) + down;
+    const fsdp_act_layout lay = {lora_act_fields + first, n, sizeof(llama_layer_acts),
+                                 field_bytes};
+    if (n > 0)
+        FSDP_TRY(fsdp_act_layers_alloc(m, ctx, &s->base.act, &lay, s, s->base.layers, training,
+                                       s->base.mode));
+    if (!training)
+        return FSDP_STATUS_OK;
+    const size_t N = (size_t)s->base.B * s->base.T;
+    return fsdp_act_alloc(ctx, &s->base.act, N * (size_t)m->lora.r * sizeof(float),
+                          "lora dv scratch", -1, &s->lora_dv);
 }
 
 static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int T,
@@ -280,7 +360,8 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     const size_t natt = (size_t)B * NH * T * T;
     void *p;
     FSDP_TRY(fsdp_act_state_new(m, sizeof(llama_state), sizeof(llama_layer_acts), B, T,
-                                training, mode, ACT_N_FIELDS * L + 20, &p));
+                                training, mode, (ACT_N_FIELDS + LORA_ACT_N_FIELDS) * L + 21,
+                                &p));
     llama_state *s = p;
     fsdp_act_set *a = &s->base.act;
     fsdp_status st = FSDP_STATUS_OK;
@@ -294,6 +375,7 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     FSDP_CHECK(fsdp_act_alloc(ctx, a, N * C * dts, "proj", -1, &s->proj));
     FSDP_CHECK(fsdp_act_layers_alloc(m, ctx, a, &act_layout, s, s->base.layers, training,
                                      s->base.mode));
+    FSDP_CHECK(lora_state_alloc(m, ctx, s, training));
     FSDP_CHECK(fsdp_act_alloc(ctx, a, N * C * dts, "lnf", -1, &s->lnf));
     FSDP_CHECK(fsdp_act_alloc(ctx, a, N * f4, "lnf_rstd", -1, &s->lnf_rstd));
     FSDP_CHECK(fsdp_act_state_alloc_head(ctx, &s->base, Vp));
@@ -329,6 +411,56 @@ static void *layer_input(llama_state *s, int l)
     return l == 0 ? s->encoded : layer_acts(s, l - 1)->residual3;
 }
 
+/* Layer l's u = x A^T of adapted layer k (lora_act_fields). */
+static void *lora_u(const fsdp_model *m, llama_state *s, int l, int k, size_t dts)
+{
+    llama_layer_acts *a = layer_acts(s, l);
+    if (k == LORA_DOWN)
+        return a->lora_ud;
+    return (char *)a->lora_u + (size_t)s->lora_slot[k] * s->base.B * s->base.T * m->lora.r * dts;
+}
+
+/* The LoRA branch of block `unit`'s linear layer k (nothing without
+ * adapters there), right after its base product wrote out: columns
+ * [col, col + OC) of rows ld apart, the product of inp (N, C). */
+static void lora_forward(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s, int unit,
+                         const void *params, int k, void *out, int ld, int col, const void *inp,
+                         int C, int OC)
+{
+    int ia, ib;
+    if (!fsdp_lora_find(m, unit, k, &ia, &ib))
+        return;
+    const size_t dts = fsdp_dtype_size(ctx->dt);
+    FSDP_OP(ctx, lora_fwd, (char *)out + (size_t)col * dts, ld, lora_u(m, s, unit - 1, k, dts),
+            inp, fsdp_unit_param(m, unit, params, ia, ctx->dt),
+            fsdp_unit_param(m, unit, params, ib, ctx->dt), s->lora_scale,
+            s->base.B * s->base.T, C, m->lora.r, OC);
+}
+
+/* Its backward with the same slice of the output's gradient dout:
+ * accumulates the adapters' gradients and adds into dinp (N, C). */
+static void lora_backward(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s, int unit,
+                          const void *params, float *grads, int k, float *dinp,
+                          const float *dout, int ld, int col, const void *inp, int C, int OC)
+{
+    int ia, ib;
+    if (!fsdp_lora_find(m, unit, k, &ia, &ib))
+        return;
+    const size_t dts = fsdp_dtype_size(ctx->dt);
+    FSDP_OP(ctx, lora_bwd, dinp, fsdp_unit_grad(m, unit, grads, ia),
+            fsdp_unit_grad(m, unit, grads, ib), s->lora_dv, dout + col, ld, inp,
+            lora_u(m, s, unit - 1, k, dts), fsdp_unit_param(m, unit, params, ia, ctx->dt),
+            fsdp_unit_param(m, unit, params, ib, ctx->dt), s->lora_scale, s->base.B * s->base.T,
+            C, m->lora.r, OC);
+}
+
+/* The q|k|v biases (NULL without them: the unit may hold adapters at their
+ * indices). */
+static const void *qkv_bias(const fsdp_model *m, int unit, const void *params, fsdp_dtype dt)
+{
+    return cfg_of(m)->qkv_bias ? fsdp_unit_param(m, unit, params, BLK_QB, dt) : NULL;
+}
+
 static fsdp_status llama_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                       const void *root_params)
 {
@@ -360,12 +492,19 @@ static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *st
     const fsdp_dtype dt = ctx->dt;
 #define P(i) fsdp_unit_param(m, unit, params, (i), dt)
 #define RUN(field) (!redo || !kept(s, field))
+#define LORA(k, out, ld, col, x, in, oc) \
+    lora_forward(m, ctx, s, unit, params, k, out, ld, col, x, in, oc)
+    const int KVH = NKV * hd;
     llama_layer_acts *a = layer_acts(s, l);
     void *inp = layer_input(s, l);
     if (RUN(ACT_LN1))
         FSDP_OP(ctx, rmsnorm_fwd, a->ln1, a->ln1_rstd, inp, P(BLK_LN1), eps, N, C);
     if (RUN(ACT_QKV)) {
-        FSDP_OP(ctx, matmul_fwd, a->qkv, a->ln1, P(BLK_Q), P(BLK_QB), N, C, QS);
+        FSDP_OP(ctx, matmul_fwd, a->qkv, a->ln1, P(BLK_Q), qkv_bias(m, unit, params, dt), N, C,
+                QS);
+        LORA(LORA_Q, a->qkv, QS, 0, a->ln1, C, AH);
+        LORA(LORA_K, a->qkv, QS, AH, a->ln1, C, KVH);
+        LORA(LORA_V, a->qkv, QS, AH + KVH, a->ln1, C, KVH);
         FSDP_OP(ctx, rope_fwd, a->qkv, s->inv_freq, s->base.pos, B, T, NH + NKV, hd, QS);
     }
     if (RUN(ACT_ATTY))
@@ -373,18 +512,24 @@ static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *st
                 hd);
     if (RUN(ACT_RESIDUAL2)) {
         FSDP_OP(ctx, matmul_fwd, s->proj, a->atty, P(BLK_O), NULL, N, AH, C);
+        LORA(LORA_O, s->proj, C, 0, a->atty, AH, C);
         FSDP_OP(ctx, residual_fwd, a->residual2, inp, s->proj, (size_t)N * C);
     }
     if (RUN(ACT_LN2))
         FSDP_OP(ctx, rmsnorm_fwd, a->ln2, a->ln2_rstd, a->residual2, P(BLK_LN2), eps, N, C);
-    if (RUN(ACT_GU))
+    if (RUN(ACT_GU)) {
         FSDP_OP(ctx, matmul_fwd, a->gu, a->ln2, P(BLK_GATE), NULL, N, C, 2 * IC);
+        LORA(LORA_GATE, a->gu, 2 * IC, 0, a->ln2, C, IC);
+        LORA(LORA_UP, a->gu, 2 * IC, IC, a->ln2, C, IC);
+    }
     if (RUN(ACT_SWI))
         FSDP_OP(ctx, swiglu_fwd, a->swi, a->gu, N, IC);
     if (RUN(ACT_RESIDUAL3)) {
         FSDP_OP(ctx, matmul_fwd, s->proj, a->swi, P(BLK_DOWN), NULL, N, IC, C);
+        LORA(LORA_DOWN, s->proj, C, 0, a->swi, IC, C);
         FSDP_OP(ctx, residual_fwd, a->residual3, a->residual2, s->proj, (size_t)N * C);
     }
+#undef LORA
 #undef RUN
 #undef P
     return fsdp_act_ops_status(ctx, m, redo ? "recompute" : "forward", unit);
@@ -393,8 +538,8 @@ static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *st
 /* Matmul and attention FLOPs of what unit_recompute reruns (2 per
  * multiply-add, as llama_flops_per_token counts them): BLOCK reruns a
  * layer's forward up to the SwiGLU (qkv 2 C QS, o 2 AH C, gate|up 4 C IC
- * per token, and attention's 4 AH T), ELEMENTWISE only norms and the
- * SwiGLU. */
+ * per token, and attention's 4 AH T, and the LoRA branches of those
+ * layers: 2 per adapter parameter), ELEMENTWISE only norms and the SwiGLU. */
 static double llama_recompute_flops_per_token(const fsdp_model *m, int T, fsdp_recompute mode)
 {
     const fsdp_llama_config *c = cfg_of(m);
@@ -402,7 +547,15 @@ static double llama_recompute_flops_per_token(const fsdp_model *m, int T, fsdp_r
         return 0.0;
     const double C = c->n_embd, AH = (double)c->n_head * c->head_dim;
     const double QS = (double)(c->n_head + 2 * c->n_kv_head) * c->head_dim;
-    return c->n_layer * (2.0 * C * QS + 2.0 * AH * C + 4.0 * C * c->n_inter + 4.0 * AH * T);
+    double lora = 0.0;
+    for (int u = 1; u < m->n_units; u++)
+        for (int k = 0; k < LORA_DOWN; k++) {
+            int ia, ib;
+            if (fsdp_lora_find(m, u, k, &ia, &ib))
+                lora += 2.0 * (double)(m->units[u].params[ia].numel + m->units[u].params[ib].numel);
+        }
+    return c->n_layer * (2.0 * C * QS + 2.0 * AH * C + 4.0 * C * c->n_inter + 4.0 * AH * T) +
+           lora;
 }
 
 static fsdp_status llama_head_forward_backward(const fsdp_model *m, fsdp_op_ctx *ctx,
@@ -448,6 +601,9 @@ static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
     const fsdp_dtype dt = ctx->dt;
 #define P(i) fsdp_unit_param(m, unit, params, (i), dt)
 #define G(i) fsdp_unit_grad(m, unit, grads, (i))
+#define LORA(k, dx, dy, ld, col, x, in, oc) \
+    lora_backward(m, ctx, s, unit, params, grads, k, dx, dy, ld, col, x, in, oc)
+    const int KVH = NKV * hd;
     llama_layer_acts *a = layer_acts(s, l);
     void *inp = layer_input(s, l);
     /* s->dres holds d(residual3); it is also d(residual2) through the skip
@@ -457,22 +613,31 @@ static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
     /* MLP: residual3 = residual2 + down(swiglu(gate_up(ln2(residual2)))) */
     FSDP_TRY(fsdp_act_zero(ctx, dswi, (size_t)N * IC));
     FSDP_OP(ctx, matmul_bwd, dswi, G(BLK_DOWN), NULL, s->dres, a->swi, P(BLK_DOWN), N, IC, C);
+    LORA(LORA_DOWN, dswi, s->dres, C, 0, a->swi, IC, C);
     FSDP_TRY(fsdp_act_zero(ctx, dgu, (size_t)N * 2 * IC));
     FSDP_OP(ctx, swiglu_bwd, dgu, a->gu, dswi, N, IC);
     FSDP_TRY(fsdp_act_zero(ctx, s->dC, (size_t)N * C));
     FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_GATE), NULL, dgu, a->ln2, P(BLK_GATE), N, C, 2 * IC);
+    LORA(LORA_GATE, s->dC, dgu, 2 * IC, 0, a->ln2, C, IC);
+    LORA(LORA_UP, s->dC, dgu, 2 * IC, IC, a->ln2, C, IC);
     FSDP_OP(ctx, rmsnorm_bwd, s->dres, G(BLK_LN2), s->dC, a->residual2, P(BLK_LN2), a->ln2_rstd,
             N, C);
 
     /* Attention: residual2 = inp + o(attention(rope(qkv(ln1(inp))))) */
     FSDP_TRY(fsdp_act_zero(ctx, datty, (size_t)N * AH));
     FSDP_OP(ctx, matmul_bwd, datty, G(BLK_O), NULL, s->dres, a->atty, P(BLK_O), N, AH, C);
+    LORA(LORA_O, datty, s->dres, C, 0, a->atty, AH, C);
     FSDP_TRY(fsdp_act_zero(ctx, dqkv, (size_t)N * QS));
     FSDP_OP(ctx, attention_gqa_bwd, dqkv, s->datt, datty, a->qkv, a->att, B, T, NH, NKV, hd);
     FSDP_OP(ctx, rope_bwd, dqkv, s->inv_freq, s->base.pos, B, T, NH + NKV, hd, QS);
     FSDP_TRY(fsdp_act_zero(ctx, s->dC, (size_t)N * C));
-    FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_Q), G(BLK_QB), dqkv, a->ln1, P(BLK_Q), N, C, QS);
+    FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_Q), cfg->qkv_bias ? G(BLK_QB) : NULL, dqkv, a->ln1,
+            P(BLK_Q), N, C, QS);
+    LORA(LORA_Q, s->dC, dqkv, QS, 0, a->ln1, C, AH);
+    LORA(LORA_K, s->dC, dqkv, QS, AH, a->ln1, C, KVH);
+    LORA(LORA_V, s->dC, dqkv, QS, AH + KVH, a->ln1, C, KVH);
     FSDP_OP(ctx, rmsnorm_bwd, s->dres, G(BLK_LN1), s->dC, inp, P(BLK_LN1), a->ln1_rstd, N, C);
+#undef LORA
 #undef P
 #undef G
     return fsdp_act_ops_status(ctx, m, "backward", unit);

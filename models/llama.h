@@ -64,6 +64,10 @@ typedef struct fsdp_llama_config {
 
 extern const fsdp_model_family fsdp_llama_family;          /* llama_family.c */
 extern const fsdp_safetensors_mapping fsdp_llama_safetensors; /* llama_weights.c */
+/* The block's linear layers LoRA may target (llama.c): q, k, v, o, gate,
+ * up, down, in the order the family's lora_modules lists them. */
+#define FSDP_LLAMA_N_LORA_MODULES 7
+extern const fsdp_lora_module fsdp_llama_lora_modules[FSDP_LLAMA_N_LORA_MODULES];
 
 /* Hugging Face directories (llama_hf.c): the slots of fsdp_llama_safetensors
  * (models/weights.h says what they do). The model types are "llama",

@@ -61,16 +61,25 @@ static fsdp_status llama_build(fsdp_model *m, const char *config)
     return fsdp_llama_init(m, &c);
 }
 
-/* 6 FLOPs per parameter that multiplies activations (every matrix but the
- * embedding table of an untied model: a lookup), plus attention's
+/* Per parameter that multiplies activations (every matrix but the
+ * embedding table of an untied model, a lookup; adapters included): 2
+ * FLOPs in the forward and 2 for the input gradient, and 2 more for the
+ * weight gradient when it trains, so 6 for a trainable parameter and 4 for
+ * a frozen one (no weight-gradient GEMM). Plus attention's
  * 12 L (NH hd) T (QK^T and att V, forward and backward; PaLM's estimate). */
 static double llama_flops_per_token(const fsdp_model *m, int T)
 {
     const fsdp_llama_config *c = fsdp_llama_config_of(m);
-    double matmul = (double)m->numel;
-    if (!c->tied)
-        matmul -= (double)c->padded_vocab_size * c->n_embd;
-    return 6.0 * matmul + 12.0 * c->n_layer * (double)c->n_head * c->head_dim * T;
+    size_t train = 0, frozen = 0;
+    for (int u = 0; u < m->n_units; u++)
+        for (int i = 0; i < m->units[u].n_params; i++) {
+            const fsdp_param_spec *p = &m->units[u].params[i];
+            if (u == 0 && !c->tied && !strcmp(p->name, "model.embed_tokens.weight"))
+                continue;
+            *(p->frozen ? &frozen : &train) += p->numel;
+        }
+    return 6.0 * (double)train + 4.0 * (double)frozen +
+           12.0 * c->n_layer * (double)c->n_head * c->head_dim * T;
 }
 
 const fsdp_model_family fsdp_llama_family = {
@@ -89,4 +98,6 @@ const fsdp_model_family fsdp_llama_family = {
     /* .flops_per_token = */ llama_flops_per_token,
     /* .llmc            = */ NULL,
     /* .safetensors     = */ &fsdp_llama_safetensors,
+    /* .lora_modules    = */ fsdp_llama_lora_modules,
+    /* .n_lora_modules  = */ FSDP_LLAMA_N_LORA_MODULES,
 };

@@ -43,6 +43,12 @@ fsdp_status fsdp_model_add_lora(fsdp_model *m, const fsdp_lora_config *c);
  * nothing would be left to train. */
 fsdp_status fsdp_model_freeze(fsdp_model *m, const char *patterns);
 
+/* The adapters of block unit `unit`'s linear layer `module` (an index
+ * into the family's lora_modules): A's and B's parameter indices in the
+ * unit in *a and *b, true; false when that layer has none (or m has no
+ * LoRA). What the family's forward and backward ask per projection. */
+bool fsdp_lora_find(const fsdp_model *m, int unit, int module, int *a, int *b);
+
 /* Whether name is a LoRA adapter parameter (ends in .lora_A.weight or
  * .lora_B.weight). */
 bool fsdp_lora_is_adapter(const char *name);

@@ -239,6 +239,56 @@ START_TEST(test_matmul_bwd_head_chunks)
 }
 END_TEST
 
+typedef struct lora_args {
+    tens *inp, *A, *B, *out, *u, *dout, *dinp, *dA, *dB, *dv;
+    int N, C, r, OC, ld, col0;
+    float scale;
+} lora_args;
+
+/* The LoRA branch into columns [col0, col0 + OC) of rows ld wide (the q of
+ * a fused q|k|v), then its backward from a dout laid out the same way. */
+static void run_lora(fsdp_op_ctx *o, int gpu, const void *arg)
+{
+    const lora_args *a = arg;
+    size_t off = (size_t)a->col0 * fsdp_dtype_size(o->dt);
+    FSDP_OP(o, lora_fwd, (char *)t_on(a->out, gpu) + off, a->ld, t_on(a->u, gpu),
+            t_on(a->inp, gpu), t_on(a->A, gpu), t_on(a->B, gpu), a->scale, a->N, a->C, a->r,
+            a->OC);
+    FSDP_OP(o, lora_bwd, t_on(a->dinp, gpu), t_on(a->dA, gpu), t_on(a->dB, gpu),
+            t_on(a->dv, gpu), (const float *)t_on(a->dout, gpu) + a->col0, a->ld,
+            t_on(a->inp, gpu), t_on(a->u, gpu), t_on(a->A, gpu), t_on(a->B, gpu), a->scale, a->N,
+            a->C, a->r, a->OC);
+}
+
+START_TEST(test_lora)
+{
+    NEED_GPU_DT("test_lora");
+    pair P;
+    fsdp_dtype dt = (fsdp_dtype)_i;
+    pair_init(&P, dt);
+    const int N = 70, C = 96, r = 8, OC = 40, ld = 3 * OC;
+    tens inp = t_new(&P, (size_t)N * C, dt, 1.0f, 30), A = t_new(&P, (size_t)r * C, dt, 0.1f, 31);
+    tens B = t_new(&P, (size_t)OC * r, dt, 0.5f, 32), out = t_new(&P, (size_t)N * ld, dt, 1.0f, 33);
+    tens u = t_out(&P, (size_t)N * r, dt), dv = t_out(&P, (size_t)N * r, FSDP_DTYPE_F32);
+    tens dout = t_new(&P, (size_t)N * ld, FSDP_DTYPE_F32, 1.0f, 34);
+    tens dinp = t_new(&P, (size_t)N * C, FSDP_DTYPE_F32, 0.5f, 35);
+    tens dA = t_new(&P, (size_t)r * C, FSDP_DTYPE_F32, 0.5f, 36);
+    tens dB = t_new(&P, (size_t)OC * r, FSDP_DTYPE_F32, 0.5f, 37);
+    const lora_args a = {&inp, &A, &B, &out, &u, &dout, &dinp, &dA, &dB, &dv,
+                         N, C, r, OC, ld, OC, 2.0f};
+    /* bf16: u and out rounded once on each side, dinp and dA from dv rounded
+     * to bf16 on the gpu only; dv and dB are fp32 products on both */
+    const t_check chk[] = {
+        {"lora_fwd out", &out, tol_for(dt, 1e-4)},  {"lora_fwd u", &u, tol_for(dt, 1e-4)},
+        {"lora_bwd dv", &dv, tol_for(dt, 1e-4)},    {"lora_bwd dB", &dB, tol_for(dt, 1e-4)},
+        {"lora_bwd dA", &dA, tol_for(dt, 1e-4)},    {"lora_bwd dinp", &dinp, tol_for(dt, 1e-4)},
+    };
+    t_check_op(&P, run_lora, &a, chk, FSDP_TEST_LEN(chk));
+    T_FREE_ALL(&P, &inp, &A, &B, &out, &u, &dv, &dout, &dinp, &dA, &dB);
+    pair_fini(&P);
+}
+END_TEST
+
 /* got[c] against init[c] + the double-precision column sum of x (rows, cols). */
 static void expect_colsum(const char *what, const float *got, const float *init, const float *x,
                           int rows, int cols, double rtol)
@@ -605,6 +655,7 @@ int main(void)
         {"ops", 120,
          FSDP_TESTS(FSDP_TEST_LOOP(test_embed, 2), FSDP_TEST_LOOP(test_layernorm, 2),
                     FSDP_TEST_LOOP(test_matmul, 2), test_matmul_bwd_head_chunks,
+                    FSDP_TEST_LOOP(test_lora, 2),
                     test_colsum_many_rows, FSDP_TEST_LOOP(test_gelu_residual_add, 2),
                     FSDP_TEST_LOOP(test_attention, 2), FSDP_TEST_LOOP(test_attention_gpt2_shape, 2),
                     FSDP_TEST_LOOP(test_xent, 2), FSDP_TEST_LOOP(test_xent_gpt2_vocab, 2),

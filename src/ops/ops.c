@@ -36,6 +36,8 @@ static void assert_complete(const struct fsdp_ops_i *t)
     REQUIRED(layernorm_bwd);
     REQUIRED(matmul_fwd);
     REQUIRED(matmul_bwd);
+    REQUIRED(lora_fwd);
+    REQUIRED(lora_bwd);
     REQUIRED(gelu_fwd);
     REQUIRED(gelu_bwd);
     REQUIRED(attention_fwd);

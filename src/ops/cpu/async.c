@@ -102,6 +102,13 @@ ASYNC_OP(matmul_fwd, (void *, out), (const void *, inp), (const void *, w), (con
          (int, N), (int, C), (int, OC))
 ASYNC_OP(matmul_bwd, (float *, dinp), (float *, dw), (float *, dbias), (const float *, dout),
          (const void *, inp), (const void *, w), (int, N), (int, C), (int, OC))
+ASYNC_OP(lora_fwd, (void *, out), (int, ld_out), (void *, u), (const void *, inp),
+         (const void *, A), (const void *, B), (float, scale), (int, N), (int, C), (int, r),
+         (int, OC))
+ASYNC_OP(lora_bwd, (float *, dinp), (float *, dA), (float *, dB), (float *, dv),
+         (const float *, dout), (int, ld_dout), (const void *, inp), (const void *, u),
+         (const void *, A), (const void *, B), (float, scale), (int, N), (int, C), (int, r),
+         (int, OC))
 ASYNC_OP(gelu_fwd, (void *, out), (const void *, inp), (size_t, n))
 ASYNC_OP(gelu_bwd, (float *, dinp), (const void *, inp), (const float *, dout), (size_t, n))
 ASYNC_OP(attention_fwd, (void *, out), (void *, att), (const void *, qkv), (int, B), (int, T),
@@ -173,6 +180,8 @@ const struct fsdp_ops_i fsdp_ops_cpu_async_i = {
     .layernorm_bwd = async_layernorm_bwd,
     .matmul_fwd = async_matmul_fwd,
     .matmul_bwd = async_matmul_bwd,
+    .lora_fwd = async_lora_fwd,
+    .lora_bwd = async_lora_bwd,
     .gelu_fwd = async_gelu_fwd,
     .gelu_bwd = async_gelu_bwd,
     .attention_fwd = async_attention_fwd,
