@@ -237,8 +237,10 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
     float *slot_buf, *dst;
     int slot;
     size_t f32 = su->shard_numel * sizeof(float);
-    if (!su->shard_numel) /* the unit trains nothing: no gradient to reduce */
+    if (!su->shard_numel) { /* the unit trains nothing: no gradient to reduce */
+        row->grad_full = NULL;
         return FSDP_STATUS_OK;
+    }
     FSDP_TRY(fsdp_accum_slot(&e->acc, u, su->shard_numel, su->spec->name, &slot_buf, &slot));
     dst = slot_buf;
     if (e->acc.host) {
@@ -553,8 +555,12 @@ static fsdp_status alloc_grad_full(fsdp_engine *e, int u)
 {
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
-    if (!su->padded_numel) { /* the unit trains nothing: the model gets no gradient buffer */
-        row->grad_full = NULL;
+    if (!su->padded_numel) {
+        /* The unit trains nothing: the model writes no gradient (fsdp_unit_grad is NULL for
+         * every parameter), but a non-NULL buffer still tells head_forward_backward to run
+         * its backward (models/model.h). */
+        static float no_grads[1];
+        row->grad_full = no_grads;
         return FSDP_STATUS_OK;
     }
     char what[96];
