@@ -442,6 +442,18 @@ START_TEST(test_hostile)
          NULL);
     CASE("alpha", CFG("\"lora_alpha\": 8", "\"lora_alpha\": -1"), F, "adapter_config.json",
          "\"lora_alpha\" must be a positive number", NULL);
+    CASE("long_paths", {
+        char list[1024] = "[";
+        for (int k = 0; k < 5; k++) /* only layer 0's, too long to keep: kept as names */
+            strcat(list, k ? ", \"model.layers.0.self_attn.q_proj\", "
+                           "\"model.layers.0.self_attn.v_proj\""
+                           : "\"model.layers.0.self_attn.q_proj\", "
+                             "\"model.layers.0.self_attn.v_proj\"");
+        strcat(list, "]");
+        CFG("[\"q_proj\", \"v_proj\"]", list);
+        hfind(&h, QA)->name[0] = 'x';
+    }, F, "long_paths/adapter_model.safetensors", "q_proj.lora_A.weight' is missing",
+         "target_modules q_proj,v_proj, from a list of paths too long to keep");
     /* the weights against the model */
     CASE("wrong_r", {
         for (int i = 0; i < h.n; i++)
@@ -493,6 +505,60 @@ START_TEST(test_hostile)
 #undef CFG
 #undef CASE
     lora_model_free(&lm);
+}
+END_TEST
+
+/* ---- the PEFT-written fixtures (tools/gen_lora_golden.py) --------------------------- */
+
+static const char *const lora_fixtures[][2] = {{"lora_gqa", "llama_gqa"},
+                                               {"lora_qwen2", "llama_qwen2"}};
+
+/* adapter_init as PEFT 0.21 saved it (its many keys, all-linear as 14 module
+ * paths) opens, binds to its base model given those adapters, and reads
+ * the stored F32 values bit for bit. */
+START_TEST(test_peft_fixtures)
+{
+    char adir[128], base[128];
+    snprintf(adir, sizeof adir, "tests/fixtures/%s/adapter_init", lora_fixtures[_i][0]);
+    snprintf(base, sizeof base, "tests/fixtures/%s", lora_fixtures[_i][1]);
+    fsdp_peft_dir d;
+    fsdp_status st = fsdp_peft_open(adir, &d);
+    REQUIRE(st == FSDP_STATUS_OK, "opening %s: %s", adir, fsdp_error_msg());
+    ck_assert_int_eq(d.lora.r, 4);
+    ck_assert(d.lora.alpha == 8.0 && d.lora.rslora == (_i == 1));
+    ck_assert_str_eq(d.base, base);
+    ck_assert_str_eq(d.lora.targets, _i == 0 ? "down_proj,q_proj,v_proj"
+                                             : "down_proj,gate_proj,k_proj,o_proj,q_proj,"
+                                               "up_proj,v_proj");
+    ck_assert(d.targets_by_last == (_i == 1));
+    lora_model lm = {0};
+    fsdp_modelfile *mf = NULL;
+    ck_assert_int_eq(fsdp_modelfile_resolve(base, &lm.m, &mf), FSDP_STATUS_OK);
+    fsdp_modelfile_close(mf);
+    give_adapters(&lm.m, d.lora.targets, 4, -1);
+    lm.m.lora.rslora = d.lora.rslora;
+    st = fsdp_peft_bind(&d, &lm.m);
+    REQUIRE(st == FSDP_STATUS_OK, "binding %s: %s", adir, fsdp_error_msg());
+    size_t n;
+    unsigned char *file = read_file(path_in(adir, FSDP_PEFT_WEIGHTS), &n);
+    int seen = 0;
+    for (int u = 0; u < lm.m.n_units; u++)
+        for (int i = 0; i < lm.m.units[u].n_params; i++) {
+            const fsdp_param_spec *p = &lm.m.units[u].params[i];
+            if (p->frozen)
+                continue;
+            const fsdp_st_tensor *t = &d.st.tensors[d.tensor_of[d.unit_base[u] + i]];
+            ck_assert_str_eq(t->dtype_name, "F32");
+            float *got = malloc(p->numel * sizeof *got);
+            ck_assert_int_eq(fsdp_peft_read(&d, u, i, 0, p->numel, got), FSDP_STATUS_OK);
+            ck_assert(!memcmp(got, file + d.st.data_offset + t->begin, p->numel * 4));
+            free(got);
+            seen++;
+        }
+    ck_assert_int_eq(seen, _i == 0 ? 12 : 28);
+    free(file);
+    fsdp_peft_close(&d);
+    fsdp_model_free(&lm.m);
 }
 END_TEST
 
@@ -609,7 +675,7 @@ int main(void)
     const fsdp_test_tcase tcases[] = {
         {"peft", 60, .tmpdir = true,
          FSDP_TESTS(test_roundtrip, test_partial_targets, test_mixed_dtypes, test_hostile,
-                    test_threads, test_writer_refuses)},
+                    FSDP_TEST_LOOP(test_peft_fixtures, 2), test_threads, test_writer_refuses)},
     };
     return fsdp_test_main("peft", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -99,12 +99,55 @@ static const struct {
     {"exclude_modules", "excluded modules are not supported: list the targets instead"},
     {"lora_bias", "a bias on lora_B is not supported"},
     {"target_parameters", "adapters on parameters (not modules) are not supported"},
+    {"layer_replication", "replicated layers are not supported"},
+    {"trainable_token_indices", "training token embeddings beside the adapters is not "
+                                "supported"},
+    {"use_qalora", "QA-LoRA (quantization-aware pooling) is not supported"},
+    {"alora_invocation_tokens", "activated LoRA (aLoRA) is not supported"},
 };
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static const char *last_component(const char *path)
+{
+    const char *dot = strrchr(path, '.');
+    return dot ? dot + 1 : path;
+}
+
+/* names[0..n) joined by commas into c->targets, each reduced to its last
+ * component and deduplicated (sorted, in place in names) when `by_last`;
+ * false when they do not fit. */
+static bool join_targets(const char **names, int n, bool by_last, fsdp_lora_config *c)
+{
+    const char **v = names;
+    for (int i = 0; by_last && i < n; i++) /* names is the caller's scratch */
+        v[i] = last_component(names[i]);
+    if (by_last)
+        qsort(v, (size_t)n, sizeof *v, cmp_str);
+    size_t k = 0;
+    c->targets[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (by_last && i > 0 && !strcmp(v[i], v[i - 1]))
+            continue;
+        int w = snprintf(c->targets + k, sizeof c->targets - k, "%s%s", k ? "," : "", v[i]);
+        if (w < 0 || (size_t)w >= sizeof c->targets - k)
+            return false;
+        k += (size_t)w;
+    }
+    return true;
+}
 
 /* target_modules: a list of names (a comma list in c->targets) or
  * "all-linear"; any other string is a regular expression PEFT matches
- * against full module paths, which fsdp does not implement. */
-static fsdp_status read_targets(const fsdp_peft_dir *d, const fsdp_json *v, fsdp_lora_config *c)
+ * against full module paths, which fsdp does not implement. A list of
+ * paths too long to keep (PEFT saves "all-linear" as every module's path)
+ * is kept as its modules' last components: binding then holds the file's
+ * tensors against the model both ways, so a list that named only some
+ * layers is refused there, never trained as more. */
+static fsdp_status read_targets(fsdp_peft_dir *d, const fsdp_json *v, fsdp_lora_config *c)
 {
     if (is_null(v))
         return cfg_error(d, FSDP_STATUS_UNSUPPORTED, "\"target_modules\" is missing or null "
@@ -121,27 +164,34 @@ static fsdp_status read_targets(const fsdp_peft_dir *d, const fsdp_json *v, fsdp
                          "expressions: list the module names instead, e.g. [\"q_proj\", "
                          "\"v_proj\"], or write \"all-linear\"", v->str);
     }
-    if (v->type != FSDP_JSON_ARRAY || v->n == 0)
+    if (v->type != FSDP_JSON_ARRAY || v->n == 0 || v->n > 1 << 16)
         return cfg_error(d, FSDP_STATUS_FORMAT, "\"target_modules\" must be a non-empty list of "
                          "module names or \"all-linear\", not %s %s",
                          v->type == FSDP_JSON_ARRAY ? "an empty" : "a",
                          fsdp_json_type_name(v->type));
-    size_t k = 0;
-    c->targets[0] = '\0';
+    const char **names = malloc(v->n * sizeof *names);
+    if (!names)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading '%s'",
+                              d->config_path);
+    int n = 0;
     for (const fsdp_json *e = v->child; e; e = e->next) {
         const char *s = fsdp_json_name(e);
-        if (!s || !*s || strchr(s, ',') || strchr(s, ' '))
+        if (!s || !*s || strchr(s, ',') || strchr(s, ' ') || strlen(s) > 60) {
+            free(names);
             return cfg_error(d, FSDP_STATUS_FORMAT, "\"target_modules\" holds %s%.80s%s; each "
                              "entry must be a module name (\"q_proj\", or a path "
                              "\"model.layers.0.self_attn.q_proj\")",
                              s ? "\"" : "a ", s ? s : fsdp_json_type_name(e->type), s ? "\"" : "");
-        int w = snprintf(c->targets + k, sizeof c->targets - k, "%s%s", k ? "," : "", s);
-        if (w < 0 || (size_t)w >= sizeof c->targets - k)
-            return cfg_error(d, FSDP_STATUS_UNSUPPORTED, "\"target_modules\" is longer than the "
-                             "%zu characters fsdp keeps: name the modules by their last "
-                             "component (\"q_proj\")", sizeof c->targets - 1);
-        k += (size_t)w;
+        }
+        names[n++] = s;
     }
+    d->targets_by_last = !join_targets(names, n, false, c);
+    bool fits = !d->targets_by_last || join_targets(names, n, true, c);
+    free(names);
+    if (!fits)
+        return cfg_error(d, FSDP_STATUS_UNSUPPORTED, "\"target_modules\" names more modules "
+                         "than the %zu characters fsdp keeps, even by their last components",
+                         sizeof c->targets - 1);
     return FSDP_STATUS_OK;
 }
 
@@ -404,8 +454,10 @@ fsdp_status fsdp_peft_bind(fsdp_peft_dir *d, const fsdp_model *m)
             int t = find_tensor(&d->st, p->name);
             if (t < 0) {
                 st = fsdp_st_error(path, "tensor '" FSDP_PEFT_PREFIX "%s' is missing: the model "
-                                   "has that adapter (target_modules %s)", p->name,
-                                   d->lora.targets);
+                                   "has that adapter (target_modules %s%s)", p->name,
+                                   d->lora.targets, d->targets_by_last ?
+                                   ", from a list of paths too long to keep, which must then "
+                                   "name every layer's modules" : "");
                 goto fail;
             }
             FSDP_CHECK(check_tensor(d, &d->st.tensors[t], p));
@@ -477,11 +529,6 @@ fsdp_status fsdp_peft_read(const fsdp_peft_dir *d, int unit, int param, size_t f
 
 /* ---- writing ------------------------------------------------------------------- */
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 /* The adapted module paths of m ("model.layers.0.self_attn.q_proj"), malloc'd
  * each, in model order; *n of them. */
 static char **adapted_modules(const fsdp_model *m, int *n)
@@ -513,12 +560,6 @@ static int modules_named(const fsdp_model *m, const char *last)
             c += ends_with(name, tail) && !is_adapter(name);
         }
     return c;
-}
-
-static const char *last_component(const char *path)
-{
-    const char *dot = strrchr(path, '.');
-    return dot ? dot + 1 : path;
 }
 
 /* adapter_config.json's text into *text (malloc'd), PEFT's keys sorted. */

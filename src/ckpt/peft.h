@@ -28,6 +28,7 @@
 #ifndef FSDP_CKPT_PEFT_H
 #define FSDP_CKPT_PEFT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "ckpt/safetensors.h"
@@ -44,6 +45,9 @@ typedef struct fsdp_peft_dir {
     char config_path[FSDP_CKPT_PATH_MAX + 32]; /* DIR/adapter_config.json (messages) */
     fsdp_lora_config lora;                    /* r, lora_alpha, use_rslora, target_modules */
     char base[FSDP_CKPT_PATH_MAX];            /* base_model_name_or_path ("" when null) */
+    bool targets_by_last;                     /* target_modules was a list of paths longer
+                                               * than lora.targets holds, kept as their
+                                               * last components (peft.c: read_targets) */
     fsdp_st_file st;                          /* adapter_model.safetensors's header */
     int fd;                                   /* that file, open for preads; -1 when closed */
     const fsdp_model *model;                  /* after bind */
