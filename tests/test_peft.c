@@ -562,6 +562,92 @@ START_TEST(test_peft_fixtures)
 }
 END_TEST
 
+/* ---- the writer's output in PEFT ---------------------------------------------------- */
+
+/* Tensor `name` (F32) of the open safetensors file f into dst[0..n). */
+static void st_read_f32(const fsdp_st_file *f, const char *name, float *dst, size_t n)
+{
+    for (int i = 0; i < f->n_tensors; i++)
+        if (!strcmp(f->tensors[i].name, name)) {
+            ck_assert(f->tensors[i].dtype == FSDP_FILE_F32 && f->tensors[i].numel == n);
+            FILE *fp = fopen(f->path, "rb");
+            ck_assert(fp && fseek(fp, (long)(f->data_offset + f->tensors[i].begin), 0) == 0);
+            ck_assert_uint_eq(fread(dst, 4, n, fp), n);
+            fclose(fp);
+            return;
+        }
+    ck_abort_msg("%s lacks %s", f->path, name);
+}
+
+/* The final adapters of tests/fixtures/lora_gqa, written by fsdp_peft_write
+ * on llama_gqa with those adapters, load in PEFT (PeftModel.from_pretrained
+ * on the base fixture) with the same values and scale. Needs python3 with
+ * torch, transformers and peft; without them the PEFT half is skipped
+ * (said on stdout) and the directory is only read back by fsdp. */
+START_TEST(test_export_loads_in_peft)
+{
+    char dir[128], out[256], msg[8192];
+    fsdp_test_mkdir(dir, sizeof dir, "export");
+    pathf(out, sizeof out, "%s/adapter", dir);
+    lora_model lm = {0};
+    fsdp_modelfile *mf = NULL;
+    ck_assert_int_eq(fsdp_modelfile_resolve("tests/fixtures/llama_gqa", &lm.m, &mf),
+                     FSDP_STATUS_OK);
+    fsdp_modelfile_close(mf);
+    give_adapters(&lm.m, "q_proj,v_proj,down_proj", 4, -1);
+    fsdp_st_file g;
+    ck_assert_int_eq(fsdp_st_open("tests/fixtures/lora_gqa/golden.safetensors", &g),
+                     FSDP_STATUS_OK);
+    lm.units = calloc((size_t)lm.m.n_units, sizeof *lm.units);
+    for (int u = 0; u < lm.m.n_units; u++) {
+        lm.units[u] = calloc(lm.m.units[u].train_numel + 1, sizeof(float));
+        for (int i = 0; i < lm.m.units[u].n_params; i++) {
+            const fsdp_param_spec *p = &lm.m.units[u].params[i];
+            char name[160];
+            snprintf(name, sizeof name, "final/" FSDP_PEFT_PREFIX "%s", p->name);
+            if (!p->frozen)
+                st_read_f32(&g, name, lm.units[u] + p->offset, p->numel);
+        }
+    }
+    fsdp_st_free(&g);
+    write_ok(out, &lm, "tests/fixtures/llama_gqa");
+    fsdp_peft_dir d;
+    open_bind_ok(out, &lm, &d);
+    ck_assert_int_eq(expect_same_adapters(&d, &lm), 12);
+    fsdp_peft_close(&d);
+    static const char script[] =
+        "import sys\n"
+        "try:\n"
+        "    import torch\n"
+        "    from peft import PeftModel\n"
+        "    from safetensors.torch import load_file\n"
+        "    from transformers import AutoModelForCausalLM\n"
+        "except ImportError as e:\n"
+        "    print('no peft:', e)\n"
+        "    sys.exit(0)\n"
+        "base = AutoModelForCausalLM.from_pretrained('tests/fixtures/llama_gqa')\n"
+        "m = PeftModel.from_pretrained(base, sys.argv[1])\n"
+        "g = load_file('tests/fixtures/lora_gqa/golden.safetensors')\n"
+        "n = 0\n"
+        "for k, p in m.named_parameters():\n"
+        "    if 'lora_' in k:\n"
+        "        assert torch.equal(p.detach(), g['final/' + k.replace('.default', '')]), k\n"
+        "        n += 1\n"
+        "s = m.base_model.model.model.layers[1].mlp.down_proj.scaling['default']\n"
+        "print('peft loaded', n, 'adapters, scale', s)\n";
+    char py[300];
+    pathf(py, sizeof py, "%s/load.py", dir);
+    write_file(py, script, strlen(script));
+    int rc = fsdp_test_sh(msg, sizeof msg, "python3 %s %s 2>&1", py, out);
+    if (rc == 0 && strstr(msg, "no peft:"))
+        printf("test_export_loads_in_peft: PEFT half skipped (%s)\n", msg);
+    else
+        ck_assert_msg(rc == 0 && strstr(msg, "peft loaded 12 adapters, scale 2.0"),
+                      "PEFT could not load %s (rc %d):\n%s", out, rc, msg);
+    lora_model_free(&lm);
+}
+END_TEST
+
 /* ---- reads from several threads ----------------------------------------------------- */
 
 struct reader {
@@ -676,6 +762,7 @@ int main(void)
         {"peft", 60, .tmpdir = true,
          FSDP_TESTS(test_roundtrip, test_partial_targets, test_mixed_dtypes, test_hostile,
                     FSDP_TEST_LOOP(test_peft_fixtures, 2), test_threads, test_writer_refuses)},
+        {"python", 120, .tmpdir = true, FSDP_TESTS(test_export_loads_in_peft)},
     };
     return fsdp_test_main("peft", tcases, FSDP_TEST_LEN(tcases));
 }
