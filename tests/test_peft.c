@@ -25,17 +25,13 @@
 #include "ckpt/peft.h"
 #include "core/bf16.h"
 #include "core/fileio.h"
+#include "hfdir_util.h"
 #include "model_files_util.h"
 #include "models/registry.h"
 #include "testutil.h"
 
 #define R 4
 
-static bool exists(const char *path)
-{
-    struct stat sb;
-    return lstat(path, &sb) == 0;
-}
 
 /* ---- a model with adapters ------------------------------------------------------- */
 
@@ -290,16 +286,6 @@ static htensor *hfind(hdir *h, const char *name)
     return NULL;
 }
 
-static uint16_t f16_of(float f) /* exact for k/64, |k| < 256 */
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000, e = (u >> 23) & 0xff;
-    if (e == 0)
-        return (uint16_t)sign;
-    return (uint16_t)(sign | ((e - 127 + 15) << 10) | ((u & 0x7fffff) >> 13));
-}
-
 /* Write h as the new directory dir (config NULL: none). */
 static void hdir_write(const hdir *h, const char *dir)
 {
@@ -328,7 +314,7 @@ static void hdir_write(const hdir *h, const char *dir)
         size_t n = (size_t)(t->shape[0] * t->shape[1]);
         for (size_t k = 0; k < n; k++) {
             uint16_t v = !strcmp(t->dtype, "BF16") ? fsdp_f32_to_bf16(t->x[k])
-                                                   : f16_of(t->x[k]);
+                                                   : f32_to_f16(t->x[k]);
             if (!strcmp(t->dtype, "F32"))
                 fwrite(&t->x[k], 4, 1, f);
             else
@@ -337,17 +323,6 @@ static void hdir_write(const hdir *h, const char *dir)
     }
     fclose(f);
     free(hd.p);
-}
-
-/* Replace the first `from` in s (of capacity n) by `to`. */
-static void replace(char *s, size_t n, const char *from, const char *to)
-{
-    char *at = strstr(s, from);
-    ck_assert_msg(at != NULL, "'%s' not in '%s'", from, s);
-    size_t lf = strlen(from), lt = strlen(to), rest = strlen(at + lf);
-    ck_assert(strlen(s) - lf + lt < n);
-    memmove(at + lt, at + lf, rest + 1);
-    memcpy(at, to, lt);
 }
 
 START_TEST(test_mixed_dtypes)

@@ -102,9 +102,10 @@ import torch
 import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model
 from peft.utils import get_peft_model_state_dict
-from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
+
+from gen_llama_golden import close, read_st  # tools/: the same comparisons
 
 B, T, A, STEPS = 2, 16, 2, 4           # rows per micro-batch, seq, grad accum, steps
 ROWS = B * A                            # the batch: 4 rows, the whole 64-token stream
@@ -270,22 +271,6 @@ def generate(outdir, name):
 
 
 # ---- --check ----------------------------------------------------------------
-
-def read_st(path):
-    with safe_open(path, "pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
-
-
-def close(what, got, want, rtol, errors):
-    got, want = got.double(), want.double()
-    if got.shape != want.shape:
-        errors.append("%s: shape %s, expected %s" % (what, tuple(got.shape), tuple(want.shape)))
-        return
-    scale = want.pow(2).mean().sqrt()
-    err = ((got - want).abs() / (want.abs() + scale)).max().item()
-    if not err <= rtol:
-        errors.append("%s: relative error %.3g > %g" % (what, err, rtol))
-
 
 def check(outdir, name):
     base_name, targets, rslora, clip, _ = FIXTURES[name]
