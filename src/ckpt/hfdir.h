@@ -88,6 +88,16 @@ void fsdp_hfdir_index_free(fsdp_hfdir_index *x);
 fsdp_status fsdp_hfdir_write(const char *path, const fsdp_model *m, const float *const *units,
                              const fsdp_modelfile_write_opts *o);
 
+/* Writing a directory atomically (hfdir_write.c; the adapter writer, peft.c,
+ * shares it). Begin: `path` must not exist or be an empty directory (never
+ * a file, which is never replaced); creates "<path>.tmp.<pid>" into
+ * tmp[0..n) for the caller to fill. `what` ("Hugging Face directory")
+ * names the output in messages. End: with st OK, fsync tmp, rename it to
+ * path and fsync the parent; otherwise (or when that fails) remove tmp and
+ * the plain files in it. Returns st, or the error that ended it. */
+fsdp_status fsdp_dir_write_begin(const char *path, const char *what, char *tmp, size_t n);
+fsdp_status fsdp_dir_write_end(const char *path, const char *tmp, fsdp_status st);
+
 /* Read a whole small file (a regular file of at most max bytes; FIFOs and
  * devices are refused without blocking) into *buf (malloc'd,
  * NUL-terminated). `what` names it in messages. */

@@ -282,6 +282,45 @@ done:
     return st;
 }
 
+fsdp_status fsdp_dir_write_begin(const char *path, const char *what, char *tmp, size_t n)
+{
+    struct stat sb;
+    if (lstat(path, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode))
+            return fsdp_error_set(FSDP_STATUS_IO, "'%s' exists and is not a directory; fsdp "
+                                  "never replaces it: choose another output", path);
+        if (!dir_empty(path))
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "'%s' exists and is not empty; write "
+                                  "the %s to a new path", path, what);
+    } else if (errno != ENOENT) {
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot use '%s': %s", path, strerror(errno));
+    }
+    if (snprintf(tmp, n, "%s.tmp.%d", path, (int)getpid()) >= (int)n)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "path '%.64s...' is too long", path);
+    if (mkdir(tmp, 0755) != 0)
+        return fsdp_error_set(FSDP_STATUS_IO, "cannot create '%s': %s%s", tmp, strerror(errno),
+                              errno == EEXIST ? " (left by an interrupted write? remove it)"
+                                              : "");
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_dir_write_end(const char *path, const char *tmp, fsdp_status st)
+{
+    char parent[FSDP_CKPT_PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", path);
+    const char *dir = dirname(parent);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_fsync_dir(tmp);
+    if (st == FSDP_STATUS_OK && rename(tmp, path) != 0)
+        st = fsdp_error_set(FSDP_STATUS_IO, "cannot rename '%s' to '%s': %s", tmp, path,
+                            strerror(errno));
+    if (st != FSDP_STATUS_OK) {
+        remove_tmp(tmp);
+        return st;
+    }
+    return fsdp_fsync_dir(dir);
+}
+
 fsdp_status fsdp_hfdir_write(const char *path, const fsdp_model *m, const float *const *units,
                              const fsdp_modelfile_write_opts *o)
 {
@@ -293,40 +332,13 @@ fsdp_status fsdp_hfdir_write(const char *path, const fsdp_model *m, const float 
     if (o->dtype != FSDP_DTYPE_F32 && o->dtype != FSDP_DTYPE_BF16)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "Hugging Face directories are written in "
                               "fp32 or bf16, not %s", fsdp_dtype_name(o->dtype));
-    struct stat sb;
-    if (lstat(path, &sb) == 0) {
-        if (!S_ISDIR(sb.st_mode))
-            return fsdp_error_set(FSDP_STATUS_IO, "'%s' exists and is not a directory; fsdp "
-                                  "never replaces it: choose another output", path);
-        if (!dir_empty(path))
-            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "'%s' exists and is not empty; write "
-                                  "the Hugging Face directory to a new path", path);
-    } else if (errno != ENOENT) {
-        return fsdp_error_set(FSDP_STATUS_IO, "cannot use '%s': %s", path, strerror(errno));
-    }
-    char tmp[FSDP_CKPT_PATH_MAX], parent[FSDP_CKPT_PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "path '%.64s...' is too long", path);
-    snprintf(parent, sizeof parent, "%s", path);
-    const char *dir = dirname(parent);
-    if (mkdir(tmp, 0755) != 0)
-        return fsdp_error_set(FSDP_STATUS_IO, "cannot create '%s': %s%s", tmp, strerror(errno),
-                              errno == EEXIST ? " (left by an interrupted write? remove it)"
-                                              : "");
+    char tmp[FSDP_CKPT_PATH_MAX];
+    FSDP_TRY(fsdp_dir_write_begin(path, "Hugging Face directory", tmp, sizeof tmp));
     int n_files = 0;
     fsdp_status st = write_model(tmp, m, units, o, &n_files);
     if (st == FSDP_STATUS_OK)
         st = copy_companions(tmp, o);
-    if (st == FSDP_STATUS_OK)
-        st = fsdp_fsync_dir(tmp);
-    if (st == FSDP_STATUS_OK && rename(tmp, path) != 0)
-        st = fsdp_error_set(FSDP_STATUS_IO, "cannot rename '%s' to '%s': %s", tmp, path,
-                            strerror(errno));
-    if (st != FSDP_STATUS_OK) {
-        remove_tmp(tmp);
-        return st;
-    }
-    FSDP_TRY(fsdp_fsync_dir(dir));
+    FSDP_TRY(fsdp_dir_write_end(path, tmp, st));
     FSDP_INFO(FSDP_SUB_CKPT, "wrote Hugging Face directory '%s' (%s, %d safetensors file(s), "
               "model '%s')", path, fsdp_dtype_name(o->dtype), n_files, m->name);
     return FSDP_STATUS_OK;
