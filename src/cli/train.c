@@ -156,6 +156,10 @@ int fsdp_cli_train(int argc, char **argv)
     int on_nonfinite = 0;
     const char *tensorboard = NULL;
     int global_batch = 0;
+    fsdp_opt_add(&l, "adapter", FSDP_OPT_STR, &c->adapter, "DIR",
+                 "start LoRA adapters from a PEFT adapter directory (adapter_config.json + "
+                 "adapter_model.safetensors; its r, lora_alpha, target_modules and use_rslora "
+                 "set the LoRA settings) on the frozen --model");
     fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
                  "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
     static char chat_formats[96]; /* "template|llama3|chatml", from data/chat.c */

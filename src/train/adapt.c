@@ -9,13 +9,25 @@
 #include "train/adapt.h"
 
 fsdp_status fsdp_adapt_apply(fsdp_adapt *a, fsdp_model *m, fsdp_modelfile *mf,
-                             const fsdp_lora_config *lora, const char *freeze, uint64_t seed)
+                             const fsdp_lora_config *lora, const char *freeze,
+                             const char *adapter, uint64_t seed)
 {
     memset(a, 0, sizeof *a);
     a->seed = seed;
-    if (!fsdp_adapt_wanted(lora, freeze))
+    a->peft.fd = -1;
+    if (!fsdp_adapt_wanted(lora, freeze, adapter))
         return FSDP_STATUS_OK;
     a->active = true;
+    if (adapter && adapter[0]) {
+        if (lora && lora->r > 0)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "--adapter '%s' brings its own LoRA settings "
+                                  "(adapter_config.json): leave out --lora and its options",
+                                  adapter);
+        FSDP_TRY(fsdp_peft_open(adapter, &a->peft));
+        a->has_peft = true;
+        lora = &a->peft.lora;
+    }
     if (mf) {
         FSDP_TRY(fsdp_model_build(m->family, m->config, &a->base));
         FSDP_TRY(fsdp_modelfile_bind(mf, &a->base));
@@ -25,6 +37,8 @@ fsdp_status fsdp_adapt_apply(fsdp_adapt *a, fsdp_model *m, fsdp_modelfile *mf,
         FSDP_TRY(fsdp_model_add_lora(m, lora));
     if (freeze && freeze[0])
         FSDP_TRY(fsdp_model_freeze(m, freeze));
+    if (a->has_peft)
+        FSDP_TRY(fsdp_peft_bind(&a->peft, m));
     return FSDP_STATUS_OK;
 }
 
@@ -42,7 +56,7 @@ fsdp_status fsdp_adapt_init_fn(void *arg, const fsdp_model *m, int unit, size_t 
                                size_t end, float *dst)
 {
     const fsdp_adapt *a = arg;
-    if (!a->mf) { /* everything from its initialiser, keyed by name: the layout does not matter */
+    if (!a->mf && !a->has_peft) { /* everything from its initialiser, keyed by name */
         fsdp_model_init_range(m, unit, begin, end, a->seed, dst);
         return FSDP_STATUS_OK;
     }
@@ -53,11 +67,17 @@ fsdp_status fsdp_adapt_init_fn(void *arg, const fsdp_model *m, int unit, size_t 
         size_t lo, hi;
         if (!fsdp_param_overlap(p, begin, end, &lo, &hi))
             continue;
-        const fsdp_param_spec *q = base_param(&a->base, unit, p->name);
-        if (!q) { /* an adapter: its initialiser */
+        bool adapter = fsdp_lora_is_adapter(p->name);
+        if (adapter && a->has_peft) { /* --adapter's */
+            FSDP_TRY(fsdp_peft_read(&a->peft, unit, i, lo - p->offset, hi - lo,
+                                    dst + (lo - begin)));
+            continue;
+        }
+        if (adapter || !a->mf) { /* its initialiser */
             fsdp_model_init_range(m, unit, lo, hi, a->seed, dst + (lo - begin));
             continue;
         }
+        const fsdp_param_spec *q = base_param(&a->base, unit, p->name);
         size_t first = lo - p->offset;
         FSDP_TRY(fsdp_modelfile_read_range(a->mf, unit, q->offset + first,
                                            q->offset + first + (hi - lo), dst + (lo - begin)));
@@ -67,6 +87,8 @@ fsdp_status fsdp_adapt_init_fn(void *arg, const fsdp_model *m, int unit, size_t 
 
 void fsdp_adapt_free(fsdp_adapt *a)
 {
+    if (a->has_peft)
+        fsdp_peft_close(&a->peft);
     if (a->active && a->mf)
         fsdp_model_free(&a->base);
     memset(a, 0, sizeof *a);

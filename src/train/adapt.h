@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "ckpt/modelfile.h"
+#include "ckpt/peft.h"
 #include "models/model.h"
 
 typedef struct fsdp_adapt {
@@ -22,20 +23,27 @@ typedef struct fsdp_adapt {
                                 * bound to it; unused without a file */
     fsdp_modelfile *mf;        /* the base's weights, or NULL (the seed's) */
     uint64_t seed;             /* the adapters' (and a seed-initialised base's) */
+    bool has_peft;             /* the adapters start from a PEFT directory (--adapter) */
+    fsdp_peft_dir peft;
 } fsdp_adapt;
 
 /* What a run asks for: adapters (lora->r > 0) and freeze patterns (NULL or
  * "" : none). */
-static inline bool fsdp_adapt_wanted(const fsdp_lora_config *lora, const char *freeze)
+static inline bool fsdp_adapt_wanted(const fsdp_lora_config *lora, const char *freeze,
+                                     const char *adapter)
 {
-    return (lora && lora->r > 0) || (freeze && freeze[0]);
+    return (lora && lora->r > 0) || (freeze && freeze[0]) || (adapter && adapter[0]);
 }
 
 /* Adapt m in place (LoRA first, then the freeze patterns); mf, when not
  * NULL, is m's open file bound to m, and is bound to a copy of the base
- * instead. INVALID_ARG naming the setting that does not apply. */
+ * instead. `adapter` (NULL: none) is a PEFT adapter directory the adapters
+ * start from: its r, alpha, targets and rslora are the LoRA settings (lora
+ * must then be unset, r = 0). INVALID_ARG naming the setting that does not
+ * apply; the PEFT reader's errors name the file and tensor. */
 fsdp_status fsdp_adapt_apply(fsdp_adapt *a, fsdp_model *m, fsdp_modelfile *mf,
-                             const fsdp_lora_config *lora, const char *freeze, uint64_t seed);
+                             const fsdp_lora_config *lora, const char *freeze,
+                             const char *adapter, uint64_t seed);
 
 /* fsdp_engine_shared.init_fn for an adapted model; arg is the fsdp_adapt. */
 fsdp_status fsdp_adapt_init_fn(void *arg, const fsdp_model *m, int unit, size_t begin,

@@ -104,7 +104,8 @@ fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *ou
     /* a model file gives only its shape here: nothing is read */
     FSDP_CHECK(fsdp_modelfile_resolve(cfg->model, &model, NULL));
     fsdp_adapt adapt;
-    FSDP_CHECK(fsdp_adapt_apply(&adapt, &model, NULL, &cfg->lora, cfg->freeze, ec->seed));
+    FSDP_CHECK(fsdp_adapt_apply(&adapt, &model, NULL, &cfg->lora, cfg->freeze, NULL, ec->seed));
+    fsdp_adapt_free(&adapt);
     out->numel = model.numel;
     out->n_units = model.n_units;
     out->ranks = calloc((size_t)ec->n_ranks, sizeof *out->ranks);

@@ -536,7 +536,8 @@ static fsdp_status run_prepare(struct trainer *t, fsdp_engine_config *ec)
     int n_procs;
     FSDP_TRY(engine_config(t, ec, &n_procs));
     FSDP_TRY(fsdp_modelfile_resolve(cfg->model, &t->model, &t->mf));
-    FSDP_TRY(fsdp_adapt_apply(&t->adapt, &t->model, t->mf, &cfg->lora, cfg->freeze, ec->seed));
+    FSDP_TRY(fsdp_adapt_apply(&t->adapt, &t->model, t->mf, &cfg->lora, cfg->freeze,
+                              cfg->adapter, ec->seed));
     if (cfg->data && ec->backend != FSDP_BACKEND_META) {
         FSDP_TRY(data_open(t, ec));
         FSDP_TRY(fsdp_trainer_eval_open(t, ec));

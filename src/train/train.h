@@ -22,6 +22,8 @@ typedef struct fsdp_train_config {
     fsdp_lora_config lora;    /* --lora R, --lora-alpha, --lora-targets, --rslora: adapters on
                                * a frozen base (r = 0: none; models/lora.h) */
     const char *freeze;       /* --freeze PATTERN[,...]: parameters not trained, or NULL */
+    const char *adapter;      /* --adapter DIR: LoRA adapters (and their settings) from a PEFT
+                               * adapter directory, or NULL */
     const char *data;         /* "synthetic", FILE.txt, FILE.jsonl or token shard glob */
     const char *tokenizer;    /* tokenizer.json for .txt/.jsonl data, or NULL (data/data.h) */
     const char *chat_format;  /* messages rows: a chat format name, or NULL (data/chat.h) */
