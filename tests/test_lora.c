@@ -231,9 +231,11 @@ static float **grads_of(const fsdp_model *m)
     rig_init(&r, FSDP_BACKEND_CPU, m, FSDP_DTYPE_F32, B_, T_, true);
     rig_put_units(&r, units);
     rig_zero_grads(&r);
-    for (int u = 0; u < m->n_units; u++) {
+    for (int u = 0; u < m->n_units; u++) { /* on the stream, after rig_zero_grads' zeros */
         const fsdp_unit_spec *us = &m->units[u];
-        memset(r.grads[u] + us->train_numel, 0xff, (us->numel - us->train_numel) * sizeof(float));
+        ck_assert_int_eq(fsdp_device_memset(&r.dev, r.grads[u] + us->train_numel, 0xff,
+                                            (us->numel - us->train_numel) * sizeof(float), NULL),
+                         FSDP_STATUS_OK);
     }
     int tok[B_ * T_], tgt[B_ * T_];
     batch(tok, tgt);

@@ -1,6 +1,8 @@
 /*
  * bench_ops.c - times the cpu ops that dominate a step (matmul and
- * attention, forward + backward) on one cpu device with --threads threads,
+ * attention, forward + backward) and the LoRA branch beside a linear layer
+ * (lora_fwd + lora_bwd at N=2048 C=4096 r=16 OC=4096, a Llama 8B projection
+ * over one 2048-token sequence) on one cpu device with --threads threads,
  * to check that the GEMM kernels are used effectively (compare the GFLOP/s
  * with the machine's per-core peak: 32 fp32 FLOP/cycle with two 256-bit FMA
  * pipes, 64 with two 512-bit ones; bf16 dot products double it). The header
@@ -111,6 +113,54 @@ static void bench_matmul(fsdp_dtype dt, int N, int C, int OC, int reps)
     fsdp_device_fini(&d);
 }
 
+struct lora_args {
+    fsdp_op_ctx *ctx;
+    void *inp, *A, *B, *out, *u;
+    float *dout, *dinp, *dA, *dB, *dv;
+    int N, C, r, OC;
+};
+
+static void lora_fwd(void *p)
+{
+    struct lora_args *a = p;
+    FSDP_OP(a->ctx, lora_fwd, a->out, a->OC, a->u, a->inp, a->A, a->B, 2.0f, a->N, a->C, a->r,
+            a->OC);
+}
+
+static void lora_bwd(void *p)
+{
+    struct lora_args *a = p;
+    FSDP_OP(a->ctx, lora_bwd, a->dinp, a->dA, a->dB, a->dv, a->dout, a->OC, a->inp, a->u, a->A,
+            a->B, 2.0f, a->N, a->C, a->r, a->OC);
+}
+
+/* The LoRA branch alone (the base matmul of the same shape is bench_matmul's
+ * with these arguments: r / min(C, OC) of its FLOPs and more). */
+static void bench_lora(fsdp_dtype dt, int N, int C, int r, int OC, int reps)
+{
+    fsdp_device d;
+    fsdp_op_ctx ctx;
+    open_ctx(&d, &ctx, dt);
+    struct lora_args a = {
+        .ctx = &ctx, .N = N, .C = C, .r = r, .OC = OC,
+        .inp = rand_buf((size_t)N * C, dt, 10), .A = rand_buf((size_t)r * C, dt, 11),
+        .B = rand_buf((size_t)OC * r, dt, 12), .out = rand_buf((size_t)N * OC, dt, 13),
+        .u = rand_buf((size_t)N * r, dt, 14), .dout = rand_buf((size_t)N * OC, FSDP_DTYPE_F32, 15),
+        .dinp = calloc((size_t)N * C, 4), .dA = calloc((size_t)r * C, 4),
+        .dB = calloc((size_t)OC * r, 4), .dv = calloc((size_t)N * r, 4)};
+    double fwd, bwd;
+    best_times(reps, lora_fwd, lora_bwd, &a, &fwd, &bwd);
+    double flop = 2.0 * N * r * ((double)C + OC);
+    printf("lora %-4s N=%d C=%d r=%d OC=%d: fwd %.2f ms (%.1f GFLOP/s), bwd %.2f ms "
+           "(%.1f GFLOP/s), fwd+bwd %.2f ms\n",
+           fsdp_dtype_name(dt), N, C, r, OC, fwd * 1e3, flop / fwd * 1e-9, bwd * 1e3,
+           2 * flop / bwd * 1e-9, (fwd + bwd) * 1e3);
+    free(a.inp), free(a.A), free(a.B), free(a.out), free(a.u), free(a.dout), free(a.dinp),
+        free(a.dA), free(a.dB), free(a.dv);
+    fsdp_ops_fini(&ctx);
+    fsdp_device_fini(&d);
+}
+
 struct attention_args {
     fsdp_op_ctx *ctx;
     void *qkv, *out, *att;
@@ -185,5 +235,7 @@ int main(int argc, char **argv)
     bench_attention(FSDP_DTYPE_BF16, 4, 64, 768, 12, reps);
     /* a long sequence, where skipping the keys above the diagonal matters */
     bench_attention(FSDP_DTYPE_F32, 1, 1024, 768, 12, reps);
+    bench_lora(FSDP_DTYPE_F32, 2048, 4096, 16, 4096, reps);
+    bench_lora(FSDP_DTYPE_BF16, 2048, 4096, 16, 4096, reps);
     return 0;
 }
