@@ -12,6 +12,13 @@
  * exactly what rope_fwd and attention_gqa_fwd read, and [gate | up] is
  * swiglu_fwd's input.
  *
+ * With LoRA adapters (models/lora.h), each adapted projection adds its
+ * branch with lora_fwd right after its base product (q, k, v as column
+ * slices of the fused q|k|v output, gate and up of gate|up) and runs
+ * lora_bwd beside its matmul_bwd on the same slice of the output's
+ * gradient. A frozen parameter's gradient is NULL (fsdp_unit_grad), and
+ * the op then skips that weight gradient.
+ *
  * Token embeddings are the embed op with one all-zero position row: the
  * B*T tokens are passed as B*T sequences of length 1, so every token adds
  * row 0 of a (1, C) zero table (x + 0 = x exactly, in fp32 and in bf16),
