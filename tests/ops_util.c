@@ -9,12 +9,23 @@
 #include <string.h>
 
 #include "core/rng.h"
+#include "device/cpu.h"
 
 void env_init(env *e, fsdp_dtype dt)
 {
     ck_assert_int_eq(fsdp_device_init(&e->dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
     ck_assert_int_eq(fsdp_ops_init(&e->ctx, &e->dev, dt), FSDP_STATUS_OK);
     ck_assert_ptr_eq(e->ctx.iface, &fsdp_ops_cpu_i);
+}
+
+void env_init_threads(env *e, fsdp_dtype dt, int threads)
+{
+    fsdp_device_cpu_test_cores(64);
+    fsdp_device_cpu_set_threads(threads);
+    env_init(e, dt);
+    ck_assert_int_eq(fsdp_device_cpu_threads(&e->dev), threads);
+    fsdp_device_cpu_set_threads(0);
+    fsdp_device_cpu_test_cores(0);
 }
 
 void env_fini(env *e)

@@ -26,6 +26,9 @@ typedef struct env {
 /* The device with the build's default threads and an op context in dt,
  * which must be the cpu op table. */
 void env_init(env *e, fsdp_dtype dt);
+/* The same with `threads` threads per device, granted on any machine (the
+ * core count is faked while the device opens). */
+void env_init_threads(env *e, fsdp_dtype dt, int threads);
 /* No op failed (sync_error is OK); the context's scratch is released, the
  * device closed. */
 void env_fini(env *e);

@@ -28,17 +28,6 @@
 
 /* ---- helpers --------------------------------------------------------------- */
 
-/* A standalone cpu device with `threads` threads and an op context. */
-static void env_init_threads(env *e, fsdp_dtype dt, int threads)
-{
-    fsdp_device_cpu_test_cores(64);
-    fsdp_device_cpu_set_threads(threads);
-    env_init(e, dt);
-    ck_assert_int_eq(fsdp_device_cpu_threads(&e->dev), threads);
-    fsdp_device_cpu_set_threads(0);
-    fsdp_device_cpu_test_cores(0);
-}
-
 /* This suite's test data: uniform in [-scale, scale), keyed by seed. */
 static float *frand(size_t n, uint64_t seed, float scale)
 {

@@ -57,11 +57,13 @@ static void representable(float *x, size_t n, fsdp_dtype dt)
         free(to_bf16(x, n));
 }
 
+/* scale = alpha / r with PEFT's default alpha 8: 1 at r = 8, where the
+ * GEMMs with alpha = scale run on oneDNN, else OpenBLAS (gemm.c). */
 static void lcase_init(lcase *c, fsdp_dtype dt, int N, int C, int r, int OC, int pad,
                        uint64_t seed)
 {
     *c = (lcase){.dt = dt, .N = N, .C = C, .r = r, .OC = OC, .ld = OC + pad, .col0 = pad / 2,
-                 .scale = 16.0f / (float)(r + 1)};
+                 .scale = 8.0f / (float)r};
     size_t n_rows = (size_t)N * c->ld;
     c->x = frand((size_t)N * C, seed, 1.0f);
     c->A = frand((size_t)r * C, seed + 1, 1.0f / sqrtf((float)C));
@@ -267,16 +269,43 @@ static void expect_near(const char *what, const float *got, const double *want, 
 static const int SHAPES[][4] = {{13, 37, 1, 29}, {11, 45, 8, 19}}; /* N, C, r, OC */
 #define N_SHAPES 2
 
+/* A test's device, its case (shape k) and the forward's outputs read back. */
+typedef struct fixture {
+    env e;
+    lcase c;
+    float *out, *u;
+} fixture;
+
+/* zero: out0 and the pre-filled gradients all zeros (finite differences). */
+static void fixture_init(fixture *f, fsdp_dtype dt, int k, int pad, uint64_t seed, bool zero)
+{
+    env_init(&f->e, dt);
+    lcase *c = &f->c;
+    lcase_init(c, dt, SHAPES[k][0], SHAPES[k][1], SHAPES[k][2], SHAPES[k][3], pad, seed);
+    if (zero) {
+        memset(c->out0, 0, (size_t)c->N * c->ld * sizeof(float));
+        memset(c->gx0, 0, (size_t)c->N * c->C * sizeof(float));
+        memset(c->gA0, 0, (size_t)c->r * c->C * sizeof(float));
+        memset(c->gB0, 0, (size_t)c->OC * c->r * sizeof(float));
+    }
+    run_fwd(&f->e, c, &f->out, &f->u);
+}
+
+static void fixture_fini(fixture *f)
+{
+    free(f->out), free(f->u);
+    lcase_fini(&f->c);
+    env_fini(&f->e);
+}
+
 /* ---- forward -------------------------------------------------------------------- */
 
 static void check_fwd(fsdp_dtype dt, int k)
 {
-    env e;
-    env_init(&e, dt);
-    lcase c;
-    lcase_init(&c, dt, SHAPES[k][0], SHAPES[k][1], SHAPES[k][2], SHAPES[k][3], 9, 100 + k);
-    float *out, *u;
-    run_fwd(&e, &c, &out, &u);
+    fixture f;
+    fixture_init(&f, dt, k, 9, 100 + k, false);
+    const lcase c = f.c;
+    const float *out = f.out, *u = f.u;
     bool bf = dt == FSDP_DTYPE_BF16;
     /* fp32: within fp32 sums; bf16: one rounding to nearest (half an ulp,
      * <= 2^-8 relative) of a value formed in fp32 */
@@ -297,9 +326,8 @@ static void check_fwd(fsdp_dtype dt, int k)
         }
     }
     expect_near("out", slice, yw, (size_t)c.N * c.OC, rtol, arms);
-    free(slice), free(yw), free(uw), free(out), free(u);
-    lcase_fini(&c);
-    env_fini(&e);
+    free(slice), free(yw), free(uw);
+    fixture_fini(&f);
 }
 
 START_TEST(test_fwd_fp32) { check_fwd(FSDP_DTYPE_F32, _i); }
@@ -312,13 +340,11 @@ END_TEST
 
 static void check_bwd(fsdp_dtype dt, int k)
 {
-    env e;
-    env_init(&e, dt);
-    lcase c;
-    lcase_init(&c, dt, SHAPES[k][0], SHAPES[k][1], SHAPES[k][2], SHAPES[k][3], 7, 200 + k);
-    float *out, *u;
-    run_fwd(&e, &c, &out, &u);
-    grads g = run_bwd(&e, &c, u, true, true, true);
+    fixture f;
+    fixture_init(&f, dt, k, 7, 200 + k, false);
+    const lcase c = f.c;
+    const float *u = f.u;
+    grads g = run_bwd(&f.e, &c, u, true, true, true);
     ref_grads w = ref_bwd(&c, u);
     /* bf16 operands widen exactly and the math is fp32: as tight as fp32 */
     expect_near("dv", g.dv, w.dv, (size_t)c.N * c.r, 1e-5, 1e-5);
@@ -327,7 +353,7 @@ static void check_bwd(fsdp_dtype dt, int k)
     expect_near("dinp", g.dx, w.dx, (size_t)c.N * c.C, 1e-5, 1e-5);
     /* Each gradient left out: the others keep their bits, dv too. */
     for (int skip = 0; skip < 3; skip++) {
-        grads h = run_bwd(&e, &c, u, skip != 0, skip != 1, skip != 2);
+        grads h = run_bwd(&f.e, &c, u, skip != 0, skip != 1, skip != 2);
         ck_assert_mem_eq(h.dv, g.dv, (size_t)c.N * c.r * sizeof(float));
         if (h.dx)
             ck_assert_mem_eq(h.dx, g.dx, (size_t)c.N * c.C * sizeof(float));
@@ -339,9 +365,7 @@ static void check_bwd(fsdp_dtype dt, int k)
     }
     ref_grads_free(&w);
     grads_free(&g);
-    free(out), free(u);
-    lcase_fini(&c);
-    env_fini(&e);
+    fixture_fini(&f);
 }
 
 START_TEST(test_bwd_fp32) { check_bwd(FSDP_DTYPE_F32, _i); }
@@ -376,26 +400,16 @@ static double fd_loss(void *p)
 
 START_TEST(test_bwd_finite_differences)
 {
-    env e;
-    env_init(&e, FSDP_DTYPE_F32);
-    lcase c;
-    lcase_init(&c, FSDP_DTYPE_F32, SHAPES[_i][0], SHAPES[_i][1], SHAPES[_i][2], SHAPES[_i][3],
-               5, 300 + _i);
-    memset(c.out0, 0, (size_t)c.N * c.ld * sizeof(float));
-    memset(c.gx0, 0, (size_t)c.N * c.C * sizeof(float));
-    memset(c.gA0, 0, (size_t)c.r * c.C * sizeof(float));
-    memset(c.gB0, 0, (size_t)c.OC * c.r * sizeof(float));
-    float *out, *u;
-    run_fwd(&e, &c, &out, &u);
-    grads g = run_bwd(&e, &c, u, true, true, true);
-    fd_state s = {&e, &c};
-    fd_check_spread("dA", fd_loss, &s, c.A, g.dA, (size_t)c.r * c.C, 8, 1e-2f, 26);
-    fd_check_spread("dB", fd_loss, &s, c.B, g.dB, (size_t)c.OC * c.r, 8, 1e-2f, 26);
-    fd_check_spread("dinp", fd_loss, &s, c.x, g.dx, (size_t)c.N * c.C, 8, 1e-2f, 26);
+    fixture f;
+    fixture_init(&f, FSDP_DTYPE_F32, _i, 5, 300 + _i, true);
+    lcase *c = &f.c;
+    grads g = run_bwd(&f.e, c, f.u, true, true, true);
+    fd_state s = {&f.e, c};
+    fd_check_spread("dA", fd_loss, &s, c->A, g.dA, (size_t)c->r * c->C, 8, 1e-2f, 26);
+    fd_check_spread("dB", fd_loss, &s, c->B, g.dB, (size_t)c->OC * c->r, 8, 1e-2f, 26);
+    fd_check_spread("dinp", fd_loss, &s, c->x, g.dx, (size_t)c->N * c->C, 8, 1e-2f, 26);
     grads_free(&g);
-    free(out), free(u);
-    lcase_fini(&c);
-    env_fini(&e);
+    fixture_fini(&f);
 }
 END_TEST
 
@@ -440,18 +454,6 @@ static void all_free(all_out *a)
     grads_free(&a->g);
 }
 
-/* A cpu device with `threads` threads (the core count faked so that 3
- * threads are granted on any machine). */
-static void env_threads(env *e, fsdp_dtype dt, int threads)
-{
-    fsdp_device_cpu_test_cores(64);
-    fsdp_device_cpu_set_threads(threads);
-    env_init(e, dt);
-    ck_assert_int_eq(fsdp_device_cpu_threads(&e->dev), threads);
-    fsdp_device_cpu_set_threads(0);
-    fsdp_device_cpu_test_cores(0);
-}
-
 /* Big enough that every GEMM of both ops is split into tiles (gemm.c). */
 START_TEST(test_threads_bit_identical)
 {
@@ -461,7 +463,7 @@ START_TEST(test_threads_bit_identical)
     all_out res[2];
     for (int t = 0; t < 2; t++) {
         env e;
-        env_threads(&e, dt, t ? 3 : 1);
+        env_init_threads(&e, dt, t ? 3 : 1);
         res[t] = run_all(&e, &c);
         env_fini(&e);
     }
@@ -483,7 +485,7 @@ START_TEST(test_async_stream_same_bits)
     env_fini(&e);
     fsdp_device_cpu_set_streams(FSDP_CPU_STREAMS_ASYNC, 3);
     ck_assert_int_eq(fsdp_device_init(&e.dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
-    fsdp_device_cpu_set_streams(FSDP_CPU_STREAMS_DEFAULT, 0);
+    fsdp_device_cpu_set_streams(FSDP_CPU_STREAMS_INLINE, 0);
     ck_assert_int_eq(fsdp_ops_init(&e.ctx, &e.dev, dt), FSDP_STATUS_OK);
     ck_assert_ptr_eq(e.ctx.iface, &fsdp_ops_cpu_async_i);
     all_out async_res = run_all(&e, &c);
@@ -499,6 +501,9 @@ END_TEST
 
 int main(void)
 {
+    /* The other cases run inline whatever FSDP_CPU_STREAMS says (env_init
+     * wants the inline table); the async one opens its own device. */
+    fsdp_device_cpu_set_streams(FSDP_CPU_STREAMS_INLINE, 0);
     const fsdp_test_tcase tcases[] = {
         {"reference", 60,
          FSDP_TESTS(FSDP_TEST_LOOP(test_fwd_fp32, N_SHAPES),
