@@ -474,6 +474,9 @@ START_TEST(test_hostile)
     ck_assert_int_eq(fsdp_peft_open(other, &d), FSDP_STATUS_OK);
     expect_error(fsdp_peft_bind(&d, &lm.m), FSDP_STATUS_INVALID_ARG, "model r", "has r 4",
                  "r 8", NULL);
+    lm.m.lora.r = 0;
+    expect_error(fsdp_peft_bind(&d, &lm.m), FSDP_STATUS_INVALID_ARG, "no adapters",
+                 "the model has no LoRA adapters", "target_modules q_proj,v_proj", NULL);
     fsdp_peft_close(&d);
     lm.m.lora.r = R;
     hdir_free(&h);

@@ -307,6 +307,7 @@ static void name_truncated(const char *path, fsdp_status st)
     int fd = -1;
     uint64_t size = 0, n = 0;
     char *hdr = NULL;
+    bool named = false;
     if (!orig || fsdp_open_regular(path, "adapter weights", &fd, &size) != FSDP_STATUS_OK ||
         size < 8 || pread(fd, &n, 8, 0) != 8 || n < 2 || n > size - 8 ||
         n > FSDP_ST_MAX_HEADER_BYTES || !(hdr = malloc((size_t)n)) ||
@@ -314,13 +315,15 @@ static void name_truncated(const char *path, fsdp_status st)
         goto done;
     struct trunc_walk w = {.label = path, .data_bytes = size - 8 - n, .first_begin = UINT64_MAX};
     if (fsdp_st_json_members(path, hdr, (size_t)n, on_trunc_member, &w) == FSDP_STATUS_OK &&
-        w.name[0])
+        w.name[0]) {
         fsdp_error_set(st, "%s: tensor '%s' is cut off (the data section holds %" PRIu64
                        " bytes); the file is truncated: copy or save the adapter again", orig,
                        w.name, w.data_bytes);
-    else
-        fsdp_error_copy(orig);
+        named = true;
+    }
 done:
+    if (orig && !named) /* what this walk failed on is not the user's problem */
+        fsdp_error_copy(orig);
     if (fd >= 0)
         close(fd);
     free(hdr);
@@ -423,12 +426,15 @@ static fsdp_status check_tensor(const fsdp_peft_dir *d, const fsdp_st_tensor *t,
 fsdp_status fsdp_peft_bind(fsdp_peft_dir *d, const fsdp_model *m)
 {
     const char *path = d->st.path;
+    if (m->lora.r <= 0)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "the model has no LoRA adapters to read "
+                              "from '%s': build it with the directory's config (r %d, "
+                              "target_modules %s)", d->path, d->lora.r, d->lora.targets);
     if (m->lora.r != d->lora.r || lora_scale(&m->lora) != lora_scale(&d->lora))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "adapter '%s' has r %d and scale %g, but "
-                              "the model has %s r %d, scale %g: build the model from the "
-                              "directory's config", d->path, d->lora.r, lora_scale(&d->lora),
-                              m->lora.r ? "adapters of" : "no adapters;", m->lora.r,
-                              m->lora.r ? lora_scale(&m->lora) : 0.0);
+                              "the model's adapters have r %d, scale %g: build the model from "
+                              "the directory's config", d->path, d->lora.r,
+                              lora_scale(&d->lora), m->lora.r, lora_scale(&m->lora));
     int n = 0;
     for (int u = 0; u < m->n_units; u++)
         n += m->units[u].n_params;
