@@ -11,9 +11,8 @@
  * Assumes the model's adapters are named by models/lora.h's convention
  * (<module path>.lora_A.weight (r, C), <module path>.lora_B.weight (OC, r))
  * and are trainable, so a writer's caller holds them in [0, train_numel).
- * Only that naming and the scale's formula are used from models/lora.h's
- * contract (is_adapter, lora_scale below), so this layer does not depend on
- * how models/lora.c builds the adapters.
+ * Only that naming and the scale's formula are used from models/lora.h
+ * (fsdp_lora_is_adapter, fsdp_lora_scale), not how it builds the adapters.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -29,6 +28,7 @@
 #include "core/fileio.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "models/lora.h"
 
 #define READ_CHUNK ((size_t)1 << 14) /* elements converted per pread */
 #define LORA_A ".lora_A.weight"
@@ -38,18 +38,6 @@ static bool ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), k = strlen(suffix);
     return n >= k && !strcmp(s + n - k, suffix);
-}
-
-/* models/lora.h's adapter names. */
-static bool is_adapter(const char *name)
-{
-    return ends_with(name, LORA_A) || ends_with(name, LORA_B);
-}
-
-/* models/lora.h's scale: alpha / r, or alpha / sqrt(r) with rslora. */
-static double lora_scale(const fsdp_lora_config *c)
-{
-    return c->rslora ? c->alpha / sqrt((double)c->r) : c->alpha / (double)c->r;
 }
 
 /* ---- adapter_config.json ------------------------------------------------------- */
@@ -399,8 +387,7 @@ static fsdp_status check_tensor(const fsdp_peft_dir *d, const fsdp_st_tensor *t,
                                 const fsdp_param_spec *p)
 {
     const char *path = d->st.path;
-    bool is_a = strlen(p->name) > strlen(LORA_A) &&
-                !strcmp(p->name + strlen(p->name) - strlen(LORA_A), LORA_A);
+    bool is_a = ends_with(p->name, LORA_A);
     if (t->ndim == 2 && (uint64_t)(is_a ? t->shape[0] : t->shape[1]) != (uint64_t)d->lora.r)
         return fsdp_st_error(path, "tensor '%s' has shape [%" PRIu64 ", %" PRIu64 "]: its rank "
                              "is %" PRIu64 " but " FSDP_PEFT_CONFIG " says r = %d", t->name,
@@ -430,11 +417,11 @@ fsdp_status fsdp_peft_bind(fsdp_peft_dir *d, const fsdp_model *m)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "the model has no LoRA adapters to read "
                               "from '%s': build it with the directory's config (r %d, "
                               "target_modules %s)", d->path, d->lora.r, d->lora.targets);
-    if (m->lora.r != d->lora.r || lora_scale(&m->lora) != lora_scale(&d->lora))
+    if (m->lora.r != d->lora.r || fsdp_lora_scale(&m->lora) != fsdp_lora_scale(&d->lora))
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "adapter '%s' has r %d and scale %g, but "
                               "the model's adapters have r %d, scale %g: build the model from "
                               "the directory's config", d->path, d->lora.r,
-                              lora_scale(&d->lora), m->lora.r, lora_scale(&m->lora));
+                              fsdp_lora_scale(&d->lora), m->lora.r, fsdp_lora_scale(&m->lora));
     int n = 0;
     for (int u = 0; u < m->n_units; u++)
         n += m->units[u].n_params;
@@ -454,7 +441,7 @@ fsdp_status fsdp_peft_bind(fsdp_peft_dir *d, const fsdp_model *m)
         for (int i = 0; i < m->units[u].n_params; i++, k++) {
             const fsdp_param_spec *p = &m->units[u].params[i];
             d->tensor_of[k] = -1;
-            if (!is_adapter(p->name))
+            if (!fsdp_lora_is_adapter(p->name))
                 continue;
             n_adapters++;
             int t = find_tensor(&d->st, p->name);
@@ -563,7 +550,7 @@ static int modules_named(const fsdp_model *m, const char *last)
     for (int u = 0; u < m->n_units; u++)
         for (int i = 0; i < m->units[u].n_params; i++) {
             const char *name = m->units[u].params[i].name;
-            c += ends_with(name, tail) && !is_adapter(name);
+            c += ends_with(name, tail) && !fsdp_lora_is_adapter(name);
         }
     return c;
 }
@@ -670,7 +657,7 @@ fsdp_status fsdp_peft_write(const char *dir, const fsdp_model *m, const float *c
     int n_mods = 0, n = 0;
     for (int u = 0; u < m->n_units; u++)
         for (int i = 0; i < m->units[u].n_params; i++)
-            n += is_adapter(m->units[u].params[i].name);
+            n += fsdp_lora_is_adapter(m->units[u].params[i].name);
     if (m->lora.r <= 0 || n == 0)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "model '%s' has no LoRA adapters to write "
                               "to '%s'", m->name, dir);
@@ -687,7 +674,7 @@ fsdp_status fsdp_peft_write(const char *dir, const fsdp_model *m, const float *c
     for (int u = 0; u < m->n_units; u++)
         for (int i = 0; i < m->units[u].n_params; i++) {
             const fsdp_param_spec *q = &m->units[u].params[i];
-            if (!is_adapter(q->name))
+            if (!fsdp_lora_is_adapter(q->name))
                 continue;
             FSDP_ASSERT(!q->frozen && q->offset + q->numel <= m->units[u].train_numel);
             snprintf(o[k].name, sizeof o[k].name, FSDP_PEFT_PREFIX "%s", q->name);
