@@ -89,7 +89,7 @@ void fsdp_adapt_free(fsdp_adapt *a)
 {
     if (a->has_peft)
         fsdp_peft_close(&a->peft);
-    if (a->active && a->mf)
+    if (a->base.units) /* built, whether or not binding the file to it succeeded */
         fsdp_model_free(&a->base);
     memset(a, 0, sizeof *a);
 }

@@ -49,7 +49,8 @@ fsdp_status fsdp_adapt_apply(fsdp_adapt *a, fsdp_model *m, fsdp_modelfile *mf,
 fsdp_status fsdp_adapt_init_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
                                size_t end, float *dst);
 
-/* Release the base copy (the file stays the caller's: close it first). */
+/* Release the base copy and the adapter directory (the model file stays the
+ * caller's: close it first); also after a failed fsdp_adapt_apply. */
 void fsdp_adapt_free(fsdp_adapt *a);
 
 #endif /* FSDP_TRAIN_ADAPT_H */
