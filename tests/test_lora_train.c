@@ -14,6 +14,7 @@
 
 #include "ckpt/modelfile.h"
 #include "ckpt/safetensors.h"
+#include "models/lora.h"
 #include "models/registry.h"
 #include "train/adapt.h"
 #include "testutil.h"
@@ -128,10 +129,122 @@ START_TEST(test_lora_matches_peft)
 }
 END_TEST
 
+/* A LoRA checkpoint holds the adapters and a reference to the base; read as a model (eval,
+ * sample, convert), it gives every parameter the run ended with, bit for bit: adapters from
+ * its shards, frozen ones from the base (a directory, or a shape the seed draws). Changing the
+ * base's files afterwards is refused, naming the base. */
+START_TEST(test_lora_checkpoint_reads_whole)
+{
+    static const char *const bases[] = {"tests/fixtures/llama_gqa", "llama-tiny"};
+    const char *base = bases[_i];
+    char dir[4096], copy[4096], cmd[9000];
+    fsdp_test_path(copy, sizeof copy, "base");
+    if (_i == 0) { /* a copy, so that the test can change it */
+        snprintf(cmd, sizeof cmd, "cp -r %s %s", base, copy);
+        ck_assert_int_eq(system(cmd), 0);
+        base = copy;
+    }
+    fsdp_test_path(dir, sizeof dir, "ck");
+    fsdp_train_config c;
+    train_config_cpu(&c, base, 2);
+    if (_i == 0) {
+        c.adapter = "tests/fixtures/lora_gqa/adapter_init";
+        c.data = "tests/fixtures/lora_gqa/tokens.bin";
+    } else {
+        c.lora = (fsdp_lora_config){.r = 4, .alpha = 8, .targets = "all-linear"};
+    }
+    c.steps = 2;
+    c.eng.batch = 1;
+    c.eng.seq = 16;
+    c.n_samples = 0;
+    c.keep_params = true;
+    c.ckpt_dir = dir;
+    fsdp_train_result r;
+    run_ok_as(&c, &r, base);
+    fsdp_model m;
+    fsdp_modelfile *mf = NULL;
+    fsdp_status st = fsdp_modelfile_resolve(dir, &m, &mf);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    ck_assert_int_gt(m.lora.r, 0);
+    for (int u = 0; u < m.n_units; u++) {
+        float *got = malloc(m.units[u].numel * sizeof(float) + 1);
+        ck_assert_int_eq(fsdp_modelfile_read_range(mf, u, 0, m.units[u].numel, got),
+                         FSDP_STATUS_OK);
+        ck_assert_msg(!memcmp(got, r.params[u], m.units[u].numel * sizeof(float)),
+                      "%s: unit %s read from the checkpoint is not the run's", base,
+                      m.units[u].name);
+        free(got);
+    }
+    fsdp_modelfile_close(mf);
+    fsdp_model_free(&m);
+    fsdp_train_result_free(&r);
+    if (_i == 0) { /* another base under the same path */
+        snprintf(cmd, sizeof cmd, "printf 'x' | dd of=%s/model.safetensors bs=1 seek=$(( $(stat "
+                 "-c %%s %s/model.safetensors) - 1 )) conv=notrunc 2>/dev/null", base, base);
+        ck_assert_int_eq(system(cmd), 0);
+        st = fsdp_modelfile_resolve(dir, &m, &mf);
+        ck_assert_int_eq(st, FSDP_STATUS_FORMAT);
+        ck_assert_msg(strstr(fsdp_error_msg(), "now holds another model") &&
+                          strstr(fsdp_error_msg(), base), "%s", fsdp_error_msg());
+    }
+}
+END_TEST
+
+/* LoRA on every linear layer leaves the root unit nothing to train (its checkpoint units hold
+ * 0 elements): interrupted after step 2 on 2 devices and resumed on 4, the run ends bit for bit
+ * where the uninterrupted one does, with offload. */
+START_TEST(test_lora_resume)
+{
+    char dir[4096];
+    fsdp_test_path(dir, sizeof dir, "ck");
+    fsdp_train_config c;
+    fsdp_train_result ref, r;
+    train_config_cpu(&c, "llama-tiny", 2);
+    c.lora = (fsdp_lora_config){.r = 4, .alpha = 8, .targets = "all-linear"};
+    c.steps = 4;
+    c.eng.batch = 1; /* the same micro-batches on 2 devices x 2 micro-steps and on 4 x 1 */
+    c.eng.grad_accum = 2;
+    c.eng.deterministic = true;
+    c.eng.offload = true;
+    c.n_samples = 0;
+    c.keep_params = true;
+    run_ok_as(&c, &ref, "uninterrupted");
+    c.ckpt_dir = dir;
+    c.ckpt_every = 2;
+    c.stop_after = 2;
+    run_ok_as(&c, &r, "first half");
+    fsdp_train_result_free(&r);
+    c.eng.n_ranks = 4;
+    c.eng.grad_accum = 1;
+    c.stop_after = 0;
+    c.resume = true;
+    run_ok_as(&c, &r, "resumed on 4 devices");
+    ck_assert_int_eq(r.first_step, 2);
+    ck_assert_msg(ref.losses[3] < ref.losses[0], "LoRA does not train: %g -> %g", ref.losses[0],
+                  ref.losses[3]);
+    for (int s = 2; s < 4; s++)
+        ck_assert_msg(!memcmp(&r.losses[s], &ref.losses[s], sizeof(float)),
+                      "step %d: resumed %.9g, uninterrupted %.9g", s + 1, r.losses[s],
+                      ref.losses[s]);
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec("llama-tiny", &m), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_add_lora(&m, &c.lora), FSDP_STATUS_OK);
+    ck_assert_uint_eq(m.units[0].train_numel, 0); /* the point of the case */
+    for (int u = 0; u < m.n_units; u++)
+        ck_assert_msg(!memcmp(r.params[u], ref.params[u], m.units[u].numel * sizeof(float)),
+                      "unit %s differs after the resume", m.units[u].name);
+    fsdp_model_free(&m);
+    fsdp_train_result_free(&r);
+    fsdp_train_result_free(&ref);
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
         {"peft", 120, FSDP_TESTS(FSDP_TEST_LOOP(test_lora_matches_peft, 6))},
+        {"checkpoint", 120, .tmpdir = true,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_lora_checkpoint_reads_whole, 2), test_lora_resume)},
     };
     return fsdp_test_main("lora_train", tcases, FSDP_TEST_LEN(tcases));
 }

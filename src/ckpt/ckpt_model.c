@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 
 #include "ckpt/ckpt.h"
+#include "ckpt/ckpt_base.h"
 #include "ckpt/ckpt_tok.h"
 #include "ckpt/modelfile_internal.h"
 #include "core/log.h"
@@ -24,6 +25,11 @@
 typedef struct ckpt_impl {
     fsdp_ckpt_manifest man;
     size_t *shard;                     /* [n_units] shard numel per rank file */
+    /* A checkpoint with frozen parameters (a `base` line) reads them from its base: a model
+     * file bound to the base model as built from the family and config, or, when the base
+     * is a shape or spec, their initialiser (man.seed). */
+    fsdp_modelfile *base_mf;
+    fsdp_model base_model;
 } ckpt_impl;
 
 static bool is_dir(const char *path)
@@ -72,6 +78,8 @@ static fsdp_status ckpt_open(fsdp_modelfile *mf, const char *path)
     /* the reader has checked the family, its config and the unit lines */
     mf->family = fsdp_model_family_find(c->man.model_family);
     snprintf(mf->config, sizeof mf->config, "%s", c->man.model_config);
+    mf->lora = c->man.lora;
+    snprintf(mf->freeze, sizeof mf->freeze, "%s", c->man.freeze);
     c->shard = calloc((size_t)c->man.n_units, sizeof *c->shard);
     if (!c->shard)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
@@ -88,6 +96,9 @@ static void ckpt_close(fsdp_modelfile *mf)
         return;
     fsdp_ckpt_manifest_free(&c->man);
     free(c->shard);
+    fsdp_modelfile_close(c->base_mf); /* bound to base_model: closed first */
+    if (c->base_model.units)
+        fsdp_model_free(&c->base_model);
     free(c);
     mf->impl = NULL;
 }
@@ -111,6 +122,33 @@ static fsdp_status open_rank_reader(const fsdp_modelfile *mf, int r, size_t *fir
     return fsdp_ckpt_reader_open(out, p, &info);
 }
 
+/* The base of a checkpoint with frozen parameters, opened and bound (a model file), or
+ * checked to be the shape its frozen parameters were drawn for (a spec): its hash must be
+ * the one the manifest records. */
+static fsdp_status open_base(fsdp_modelfile *mf)
+{
+    ckpt_impl *c = mf->impl;
+    const fsdp_ckpt_manifest *man = &c->man;
+    uint64_t hash;
+    struct stat sb;
+    bool file = stat(man->base, &sb) == 0;
+    if (!file && !fsdp_model_is_spec(man->base))
+        return fsdp_error_set(FSDP_STATUS_IO, "checkpoint '%s' holds only the trained part of "
+                              "its model: its frozen parameters come from the base '%s', which "
+                              "is not there", mf->path, man->base);
+    FSDP_TRY(fsdp_ckpt_base_hash(man->base, man->model_config, man->seed, &hash));
+    if (hash != man->base_hash)
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "checkpoint '%s' was trained on the base '%s' "
+                              "(hash %016" PRIx64 "), but '%s' now holds another model (hash "
+                              "%016" PRIx64 ")", mf->path, man->base, man->base_hash, man->base,
+                              hash);
+    if (!file)
+        return FSDP_STATUS_OK; /* the seed draws them: fsdp_model_init_range */
+    FSDP_TRY(fsdp_modelfile_open(&c->base_mf, man->base));
+    FSDP_TRY(fsdp_model_build(mf->family, man->model_config, &c->base_model));
+    return fsdp_modelfile_bind(c->base_mf, &c->base_model);
+}
+
 /* The manifest matches m, and every rank file opens and matches it. */
 static fsdp_status ckpt_bind(fsdp_modelfile *mf, const fsdp_model *m)
 {
@@ -118,6 +156,8 @@ static fsdp_status ckpt_bind(fsdp_modelfile *mf, const fsdp_model *m)
     char manifest[FSDP_CKPT_PATH_MAX + 16];
     snprintf(manifest, sizeof manifest, "%s/manifest", mf->path);
     FSDP_TRY(fsdp_ckpt_manifest_check_model(&c->man, manifest, m));
+    if (c->man.base[0] && !c->base_mf && !c->base_model.units)
+        FSDP_TRY(open_base(mf));
     size_t *first = calloc((size_t)c->man.n_units, sizeof *first);
     if (!first)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
@@ -134,8 +174,9 @@ static fsdp_status ckpt_bind(fsdp_modelfile *mf, const fsdp_model *m)
     return st;
 }
 
-static fsdp_status ckpt_read_range(const fsdp_modelfile *mf, int unit, size_t begin, size_t end,
-                                   float *dst)
+/* Elements [begin, end) of unit `unit`'s trainable parameters, from the rank files. */
+static fsdp_status read_trained(const fsdp_modelfile *mf, int unit, size_t begin, size_t end,
+                                float *dst)
 {
     const fsdp_ckpt_manifest *man = &((const ckpt_impl *)mf->impl)->man;
     size_t S = man->units[unit].shard_numel;
@@ -158,6 +199,26 @@ static fsdp_status ckpt_read_range(const fsdp_modelfile *mf, int unit, size_t be
     }
     free(first);
     return st;
+}
+
+/* The trainable parameters (the first numel elements the manifest lists) from the rank
+ * files; frozen ones, after them, from the base. */
+static fsdp_status ckpt_read_range(const fsdp_modelfile *mf, int unit, size_t begin, size_t end,
+                                   float *dst)
+{
+    const ckpt_impl *c = mf->impl;
+    size_t tn = c->man.units[unit].numel, cut = end < tn ? end : tn;
+    if (begin < cut)
+        FSDP_TRY(read_trained(mf, unit, begin, cut, dst));
+    if (end <= tn)
+        return FSDP_STATUS_OK;
+    size_t a = begin > tn ? begin : tn;
+    if (!c->base_mf) { /* a shape's: the seed drew them */
+        fsdp_model_init_range(mf->model, unit, a, end, c->man.seed, dst + (a - begin));
+        return FSDP_STATUS_OK;
+    }
+    memset(dst + (a - begin), 0, (end - a) * sizeof *dst);
+    return fsdp_modelfile_read_by_name(c->base_mf, mf->model, unit, a, end, dst + (a - begin));
 }
 
 /* The first entry of directory `dir` that a checkpoint directory does not

@@ -473,27 +473,32 @@ static fsdp_status parse_unit_line(const parser *ps, char *line, int index, int 
         return bad(ps, "unit name '%s' is empty, too long or has characters other than "
                        "[A-Za-z0-9._-]", t[2]);
     snprintf(cu->name, sizeof cu->name, "%s", t[2]);
-    uint64_t numel, padded, shard;
-    if (!parse_u64(t[4], MAX_NUMEL, &numel) || numel == 0)
-        return bad(ps, "unit '%s' numel '%s' is not in 1..2^48", cu->name, t[4]);
-    if (!parse_u64(t[6], MAX_NUMEL, &padded) || padded < numel)
-        return bad(ps, "unit '%s' padded numel '%s' is not in numel..2^48", cu->name, t[6]);
-    if (!parse_u64(t[8], MAX_NUMEL, &shard) || shard == 0)
+    /* With frozen parameters (a `base` line, which comes before the units) a unit may
+     * train nothing: numel, padded, shard and params all 0. */
+    uint64_t low = m->base[0] ? 0 : 1, numel, padded, shard;
+    if (!parse_u64(t[4], MAX_NUMEL, &numel) || numel < low)
+        return bad(ps, "unit '%s' numel '%s' is not in %d..2^48", cu->name, t[4], (int)low);
+    if (!parse_u64(t[6], MAX_NUMEL, &padded) || padded < numel || (!numel && padded))
+        return bad(ps, "unit '%s' padded numel '%s' is not in numel..2^48 (0 with numel 0)",
+                   cu->name, t[6]);
+    if (!parse_u64(t[8], MAX_NUMEL, &shard) || (numel && !shard))
         return bad(ps, "unit '%s' shard numel '%s' is not in 1..2^48", cu->name, t[8]);
     uint64_t parts = (uint64_t)fsdp_ckpt_n_shards(m);
     if (padded % parts || padded / parts != shard)
         return bad(ps, "unit '%s': shard numel %" PRIu64 " does not split padded numel %" PRIu64
                        " over %d rank(s) (world_size %d, shard %s)",
                    cu->name, shard, padded, (int)parts, m->world_size, m->shard);
-    if (!parse_int(t[10], 1, lines_left > 0 ? lines_left : 1, &cu->n_params) ||
+    if (!parse_int(t[10], numel ? 1 : 0, numel ? (lines_left > 0 ? lines_left : 1) : 0,
+                   &cu->n_params) ||
         cu->n_params > lines_left)
-        return bad(ps, "unit '%s' params '%s' is not in 1..%d (the lines left in the file)",
-                   cu->name, t[10], lines_left);
+        return bad(ps, "unit '%s' params '%s' is not in %d..%d (the lines left in the file; 0 "
+                       "exactly for a unit that trains nothing)",
+                   cu->name, t[10], numel ? 1 : 0, numel ? lines_left : 0);
     cu->numel = numel;
     cu->padded_numel = padded;
     cu->shard_numel = shard;
     cu->line = ps->line;
-    cu->params = calloc((size_t)cu->n_params, sizeof *cu->params);
+    cu->params = calloc((size_t)cu->n_params + 1, sizeof *cu->params);
     if (!cu->params)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading manifest '%s'",
                               ps->path);
@@ -731,7 +736,10 @@ static fsdp_status units_line(reader *r, char *line, int lines_left, fsdp_ckpt_m
 {
     if (r->unit < m->n_units && r->param == 0 && !m->units[r->unit].params) {
         r->offset = 0;
-        return parse_unit_line(&r->ps, line, r->unit, lines_left, m, &m->units[r->unit]);
+        FSDP_TRY(parse_unit_line(&r->ps, line, r->unit, lines_left, m, &m->units[r->unit]));
+        if (!m->units[r->unit].n_params) /* a unit that trains nothing: no param lines */
+            r->unit++;
+        return FSDP_STATUS_OK;
     }
     if (r->unit == m->n_units) {
         if (strcmp(line, "end"))

@@ -76,6 +76,16 @@ fsdp_status fsdp_ckpt_manifest_set_units(fsdp_ckpt_manifest *m, const fsdp_model
     return FSDP_STATUS_OK;
 }
 
+/* "LoRA adapters r=R alpha=A targets=T" (", rslora"), or "no LoRA adapters". */
+static void describe_lora(const fsdp_lora_config *c, char *buf, size_t n)
+{
+    if (!c->r)
+        snprintf(buf, n, "no LoRA adapters");
+    else
+        snprintf(buf, n, "LoRA adapters r=%d alpha=%g targets=%s%s", c->r, c->alpha, c->targets,
+                 c->rslora ? ", rslora" : "");
+}
+
 static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape)
 {
     size_t k = (size_t)snprintf(buf, n, "(");
@@ -189,16 +199,14 @@ fsdp_status fsdp_ckpt_manifest_check_model(const fsdp_ckpt_manifest *m, const ch
              "--model '%s'", m->model_name, m->model_family, spec);
     const fsdp_lora_config *a = &m->lora, *b = &model->lora;
     if (a->r != b->r || (a->r && (a->alpha != b->alpha || a->rslora != b->rslora ||
-                                  strcmp(a->targets, b->targets))))
-        return fsdp_error_set(FSDP_STATUS_FORMAT,
-                              "checkpoint '%s' holds %s%.0d%s%.4g%s%s, but this run asks for "
-                              "%s%.0d%s%.4g%s%s: resume with the checkpoint's LoRA settings",
-                              path, a->r ? "LoRA adapters r=" : "no LoRA adapters", a->r,
-                              a->r ? " alpha=" : "", a->r ? a->alpha : 0.0,
-                              a->r ? " targets=" : "", a->r ? a->targets : "",
-                              b->r ? "LoRA r=" : "no LoRA", b->r, b->r ? " alpha=" : "",
-                              b->r ? b->alpha : 0.0, b->r ? " targets=" : "",
-                              b->r ? b->targets : "");
+                                  strcmp(a->targets, b->targets)))) {
+        char was[320], now[320];
+        describe_lora(a, was, sizeof was);
+        describe_lora(b, now, sizeof now);
+        return fsdp_error_set(FSDP_STATUS_FORMAT, "checkpoint '%s' holds %s, but this run's "
+                              "model has %s: resume with the checkpoint's LoRA settings", path,
+                              was, now);
+    }
     if (strcmp(m->freeze, model->freeze))
         return fsdp_error_set(FSDP_STATUS_FORMAT,
                               "checkpoint '%s' was trained with --freeze '%s', but this run "

@@ -11,6 +11,7 @@
 
 #include "ckpt/modelfile_internal.h"
 #include "core/error.h"
+#include "models/lora.h"
 
 /* Detection order: the first format that claims a path reads it. */
 static const fsdp_modelfile_format *const formats[] = {
@@ -229,6 +230,31 @@ fsdp_status fsdp_modelfile_read_range(const fsdp_modelfile *mf, int unit, size_t
     return fsdp_flat_read_range(mf, unit, begin, hi, dst);
 }
 
+fsdp_status fsdp_modelfile_read_by_name(const fsdp_modelfile *mf, const fsdp_model *m, int unit,
+                                        size_t begin, size_t end, float *dst)
+{
+    const fsdp_model *base = mf->model;
+    if (!base || unit < 0 || unit >= base->n_units || unit >= m->n_units)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "reading '%s': %s", mf->path,
+                              base ? "bad unit" : "the file is not bound to a model");
+    const fsdp_unit_spec *us = &m->units[unit], *bs = &base->units[unit];
+    for (int i = 0; i < us->n_params; i++) {
+        const fsdp_param_spec *p = &us->params[i];
+        size_t lo, hi;
+        if (!fsdp_param_overlap(p, begin, end, &lo, &hi))
+            continue;
+        const fsdp_param_spec *q = NULL;
+        for (int k = 0; k < bs->n_params && !q; k++)
+            if (!strcmp(bs->params[k].name, p->name))
+                q = &bs->params[k];
+        if (!q)
+            continue; /* not the base's: the caller's */
+        size_t first = q->offset + (lo - p->offset);
+        FSDP_TRY(fsdp_modelfile_read_range(mf, unit, first, first + (hi - lo), dst + (lo - begin)));
+    }
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_modelfile_init_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
                                    size_t end, float *dst)
 {
@@ -277,6 +303,10 @@ fsdp_status fsdp_modelfile_resolve(const char *value, fsdp_model *m, fsdp_modelf
     fsdp_modelfile *mf = NULL;
     FSDP_TRY(fsdp_modelfile_open(&mf, value));
     fsdp_status st = fsdp_modelfile_build(mf->format->name, mf->path, mf->family, mf->config, m);
+    if (st == FSDP_STATUS_OK && mf->lora.r)
+        st = fsdp_model_add_lora(m, &mf->lora);
+    if (st == FSDP_STATUS_OK && mf->freeze[0])
+        st = fsdp_model_freeze(m, mf->freeze);
     if (st == FSDP_STATUS_OK && file)
         st = fsdp_modelfile_bind(mf, m);
     if (st != FSDP_STATUS_OK || !file) {

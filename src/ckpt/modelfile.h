@@ -119,6 +119,13 @@ const char *fsdp_modelfile_companions(const fsdp_modelfile *mf);
  * beyond stats. */
 bool fsdp_modelfile_tokenizer_of(const char *value, char *buf, size_t n);
 
+/* Elements [begin, end) of unit `unit` of model m, for the parameters of m that the model mf
+ * is bound to (the same model before LoRA adapters were added or parameters frozen, which lays
+ * the unit out otherwise) also has: each read from mf by name. Elements of m's other
+ * parameters (adapters) are left as they are. Thread-safe as fsdp_modelfile_read_range. */
+fsdp_status fsdp_modelfile_read_by_name(const fsdp_modelfile *mf, const fsdp_model *m, int unit,
+                                        size_t begin, size_t end, float *dst);
+
 /* fsdp_engine_shared.init_fn: arg is a bound fsdp_modelfile. */
 fsdp_status fsdp_modelfile_init_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
                                    size_t end, float *dst);

@@ -71,6 +71,9 @@ struct fsdp_modelfile {
     char path[FSDP_CKPT_PATH_MAX];     /* the file or checkpoint actually read */
     const fsdp_model_family *family;
     char config[FSDP_MODEL_CONFIG_MAX];
+    fsdp_lora_config lora;             /* what the file's model has beyond its family and */
+    char freeze[256];                  /* config (a checkpoint of a LoRA or --freeze run):
+                                        * fsdp_modelfile_resolve applies them (models/lora.h) */
     const char *dtype_name;
     const fsdp_model *model;           /* after bind */
     int fd;                            /* flat formats: the open file; else -1 */

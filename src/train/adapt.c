@@ -42,16 +42,6 @@ fsdp_status fsdp_adapt_apply(fsdp_adapt *a, fsdp_model *m, fsdp_modelfile *mf,
     return FSDP_STATUS_OK;
 }
 
-/* Base parameter `name` of unit u in the base model, or NULL. */
-static const fsdp_param_spec *base_param(const fsdp_model *base, int u, const char *name)
-{
-    const fsdp_unit_spec *us = &base->units[u];
-    for (int i = 0; i < us->n_params; i++)
-        if (!strcmp(us->params[i].name, name))
-            return &us->params[i];
-    return NULL;
-}
-
 fsdp_status fsdp_adapt_init_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
                                size_t end, float *dst)
 {
@@ -61,26 +51,20 @@ fsdp_status fsdp_adapt_init_fn(void *arg, const fsdp_model *m, int unit, size_t 
         return FSDP_STATUS_OK;
     }
     memset(dst, 0, (end - begin) * sizeof *dst); /* padding, and what no parameter covers */
+    if (a->mf) /* the base's parameters, from its file by name */
+        FSDP_TRY(fsdp_modelfile_read_by_name(a->mf, m, unit, begin, end, dst));
     const fsdp_unit_spec *us = &m->units[unit];
-    for (int i = 0; i < us->n_params; i++) {
+    for (int i = 0; i < us->n_params; i++) { /* the rest: adapters, or a seed's base */
         const fsdp_param_spec *p = &us->params[i];
         size_t lo, hi;
-        if (!fsdp_param_overlap(p, begin, end, &lo, &hi))
-            continue;
         bool adapter = fsdp_lora_is_adapter(p->name);
-        if (adapter && a->has_peft) { /* --adapter's */
+        if ((a->mf && !adapter) || !fsdp_param_overlap(p, begin, end, &lo, &hi))
+            continue;
+        if (adapter && a->has_peft)
             FSDP_TRY(fsdp_peft_read(&a->peft, unit, i, lo - p->offset, hi - lo,
                                     dst + (lo - begin)));
-            continue;
-        }
-        if (adapter || !a->mf) { /* its initialiser */
+        else
             fsdp_model_init_range(m, unit, lo, hi, a->seed, dst + (lo - begin));
-            continue;
-        }
-        const fsdp_param_spec *q = base_param(&a->base, unit, p->name);
-        size_t first = lo - p->offset;
-        FSDP_TRY(fsdp_modelfile_read_range(a->mf, unit, q->offset + first,
-                                           q->offset + first + (hi - lo), dst + (lo - begin)));
     }
     return FSDP_STATUS_OK;
 }
