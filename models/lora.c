@@ -370,3 +370,35 @@ bool fsdp_lora_is_adapter(const char *name)
     }
     return false;
 }
+
+void fsdp_lora_merge(const fsdp_model *m, const float *const *units, const fsdp_model *base,
+                     float *const *out)
+{
+    for (int u = 0; u < base->n_units; u++) /* every base parameter, by name */
+        for (int i = 0; i < base->units[u].n_params; i++) {
+            const fsdp_param_spec *q = &base->units[u].params[i];
+            int mu;
+            const fsdp_param_spec *p = fsdp_model_find_param(m, q->name, &mu);
+            memcpy(out[u] + q->offset, units[mu] + p->offset, q->numel * sizeof(float));
+        }
+    const fsdp_model_family *f = m->family;
+    double scale = fsdp_lora_scale(&m->lora);
+    for (int u = 1; m->lora.r && f && u < m->n_units; u++)
+        for (int k = 0; k < f->n_lora_modules; k++) {
+            int ia, ib;
+            if (!fsdp_lora_find(m, u, k, &ia, &ib))
+                continue;
+            const fsdp_param_spec *w = &base->units[u].params[f->lora_modules[k].param];
+            const fsdp_param_spec *pa = &m->units[u].params[ia], *pb = &m->units[u].params[ib];
+            int64_t oc = w->shape[0], c = w->shape[1], r = pa->shape[0];
+            float *W = out[u] + w->offset;
+            const float *A = units[u] + pa->offset, *B = units[u] + pb->offset;
+            for (int64_t o = 0; o < oc; o++)
+                for (int64_t j = 0; j < c; j++) {
+                    double acc = 0.0;
+                    for (int64_t q = 0; q < r; q++)
+                        acc += (double)B[o * r + q] * (double)A[q * c + j];
+                    W[o * c + j] = (float)((double)W[o * c + j] + scale * acc);
+                }
+        }
+}

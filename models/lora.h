@@ -49,6 +49,14 @@ fsdp_status fsdp_model_freeze(fsdp_model *m, const char *patterns);
  * LoRA). What the family's forward and backward ask per projection. */
 bool fsdp_lora_find(const fsdp_model *m, int unit, int module, int *a, int *b);
 
+/* The merged model a Hugging Face export writes: base is m's family and config built without
+ * adapters (fsdp_model_build), and out[u] (base->units[u].numel floats) gets each of its
+ * parameters from m's host units (units[u]: unit u's numel floats in m's layout), with every
+ * adapter folded into its weight, W + scale * B @ A (each element's sum over r in double,
+ * rounded once). */
+void fsdp_lora_merge(const fsdp_model *m, const float *const *units, const fsdp_model *base,
+                     float *const *out);
+
 /* Whether name is a LoRA adapter parameter (ends in .lora_A.weight or
  * .lora_B.weight). */
 bool fsdp_lora_is_adapter(const char *name);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "ckpt/modelfile.h"
+#include "ckpt/peft.h"
 #include "ckpt/safetensors.h"
 #include "models/lora.h"
 #include "models/registry.h"
@@ -129,6 +130,82 @@ START_TEST(test_lora_matches_peft)
 }
 END_TEST
 
+/* `fsdp eval`'s mean loss of model `model` on the gqa fixture's tokens. */
+static double eval_loss(const char *model)
+{
+    char out[4096];
+    int rc = fsdp_test_cli(out, sizeof out, "eval --model %s --data "
+                           "tests/fixtures/lora_gqa/tokens.bin --seq 16 --batch 1", model);
+    const char *at = strstr(out, "mean loss ");
+    ck_assert_msg(rc == 0 && at, "eval of %s failed:\n%s", model, out);
+    return strtod(at + 10, NULL);
+}
+
+/* The exports of LoRA checkpoint `ck` (model m, the run r, base `base`): `--to peft` holds the
+ * run's adapters bit for bit; `--to hf` is the merged model, whose loss is the adapters' and
+ * which PEFT agrees with: transformers' logits of the merged directory equal PEFT's of the base
+ * with the exported adapter (python3 with torch, transformers and peft; said and skipped
+ * without them). `--to ckpt` is refused (the frozen part would be lost). */
+static void expect_exports(const char *ck, const char *base, const fsdp_model *m,
+                           const fsdp_train_result *r)
+{
+    char peft[4096], hf[4096], out[8192];
+    fsdp_test_path(peft, sizeof peft, "adapter");
+    fsdp_test_path(hf, sizeof hf, "merged");
+    ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "convert %s %s --to peft", ck, peft), 0);
+    fsdp_peft_dir d;
+    ck_assert_int_eq(fsdp_peft_open(peft, &d), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_peft_bind(&d, m), FSDP_STATUS_OK);
+    int n = 0;
+    for (int u = 0; u < m->n_units; u++)
+        for (int i = 0; i < m->units[u].n_params; i++) {
+            const fsdp_param_spec *p = &m->units[u].params[i];
+            if (!fsdp_lora_is_adapter(p->name))
+                continue;
+            float *got = malloc(p->numel * sizeof(float));
+            ck_assert_int_eq(fsdp_peft_read(&d, u, i, 0, p->numel, got), FSDP_STATUS_OK);
+            ck_assert_msg(!memcmp(got, r->params[u] + p->offset, p->numel * sizeof(float)),
+                          "--to peft: %s is not the run's", p->name);
+            free(got);
+            n++;
+        }
+    ck_assert_int_eq(n, 12);
+    fsdp_peft_close(&d);
+    ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "convert %s %s --to hf", ck, hf), 0);
+    ck_assert_msg(strstr(out, "LoRA adapters merged"), "%s", out);
+    double a = eval_loss(ck), b = eval_loss(hf);
+    ck_assert_msg(fabs(a - b) <= 1e-5 * fabs(a), "merged loss %.7g, with adapters %.7g", b, a);
+    ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "convert %s %s-ck --to ckpt", ck, hf), 2);
+    ck_assert_msg(strstr(out, "frozen parameters") && strstr(out, "--to peft"), "%s", out);
+    static const char script[] =
+        "import sys\n"
+        "try:\n"
+        "    import torch\n"
+        "    from peft import PeftModel\n"
+        "    from transformers import AutoModelForCausalLM\n"
+        "except ImportError as e:\n"
+        "    print('no peft:', e)\n"
+        "    sys.exit(0)\n"
+        "base, adapter, merged = sys.argv[1:4]\n"
+        "x = torch.arange(16).reshape(1, 16) % 100\n"
+        "p = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter)\n"
+        "m = AutoModelForCausalLM.from_pretrained(merged)\n"
+        "with torch.no_grad():\n"
+        "    a, b = p(x).logits, m(x).logits\n"
+        "d = (a - b).abs().max().item() / a.abs().max().item()\n"
+        "print('peft vs merged: %.3g' % d)\n"
+        "sys.exit(0 if d < 1e-5 else 1)\n";
+    char py[4096];
+    fsdp_test_path(py, sizeof py, "check.py");
+    fsdp_test_write_file(py, script);
+    int rc = fsdp_test_sh(out, sizeof out, "python3 %s %s %s %s 2>&1", py, base, peft, hf);
+    if (rc == 0 && strstr(out, "no peft:"))
+        printf("expect_exports: the PEFT comparison skipped (%s)\n", out);
+    else
+        ck_assert_msg(rc == 0 && strstr(out, "peft vs merged"), "PEFT disagrees (rc %d):\n%s",
+                      rc, out);
+}
+
 /* A LoRA checkpoint holds the adapters and a reference to the base; read as a model (eval,
  * sample, convert), it gives every parameter the run ended with, bit for bit: adapters from
  * its shards, frozen ones from the base (a directory, or a shape the seed draws). Changing the
@@ -175,6 +252,8 @@ START_TEST(test_lora_checkpoint_reads_whole)
                       m.units[u].name);
         free(got);
     }
+    if (_i == 0)
+        expect_exports(dir, base, &m, &r);
     fsdp_modelfile_close(mf);
     fsdp_model_free(&m);
     fsdp_train_result_free(&r);

@@ -80,6 +80,7 @@ static fsdp_status ckpt_open(fsdp_modelfile *mf, const char *path)
     snprintf(mf->config, sizeof mf->config, "%s", c->man.model_config);
     mf->lora = c->man.lora;
     snprintf(mf->freeze, sizeof mf->freeze, "%s", c->man.freeze);
+    snprintf(mf->base, sizeof mf->base, "%s", c->man.base);
     c->shard = calloc((size_t)c->man.n_units, sizeof *c->shard);
     if (!c->shard)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");

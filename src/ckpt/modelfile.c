@@ -19,6 +19,7 @@ static const fsdp_modelfile_format *const formats[] = {
     &fsdp_format_safetensors,
     &fsdp_format_hfdir,        /* before ckpt: both claim directories */
     &fsdp_format_ckpt,
+    &fsdp_format_peft,         /* written only: claims nothing */
 };
 #define N_FORMATS ((int)(sizeof formats / sizeof formats[0]))
 
@@ -85,7 +86,9 @@ const char *fsdp_modelfile_format_note(const fsdp_modelfile_format *f) { return 
 static const fsdp_modelfile_format *claimant(const char *path)
 {
     for (int i = 0; path && i < N_FORMATS; i++)
-        if (formats[i]->claims ? formats[i]->claims(path)
+        if (!formats[i]->open)
+            continue;
+        else if (formats[i]->claims ? formats[i]->claims(path)
                                : formats[i]->suffix && has_suffix(path, formats[i]->suffix))
             return formats[i];
     return NULL;
@@ -100,9 +103,17 @@ const fsdp_modelfile_format *fsdp_modelfile_format_of(const char *path)
 size_t fsdp_modelfile_help(char *buf, size_t n)
 {
     size_t k = 0;
+    int n_read = 0, seen = 0;
     for (int i = 0; i < N_FORMATS; i++)
+        n_read += formats[i]->open != NULL;
+    for (int i = 0; i < N_FORMATS; i++) {
+        if (!formats[i]->open)
+            continue;
         k += (size_t)snprintf(buf + (k < n ? k : n), k < n ? n - k : 0, "%s%s",
-                              i == 0 ? "" : i + 1 == N_FORMATS ? " or " : ", ", formats[i]->help);
+                              seen == 0 ? "" : seen + 1 == n_read ? " or " : ", ",
+                              formats[i]->help);
+        seen++;
+    }
     if (n)
         buf[k < n ? k : n - 1] = '\0';
     return k < n ? k : n - 1;
@@ -114,6 +125,8 @@ size_t fsdp_modelfile_value_help(char *buf, size_t n)
     k += (size_t)snprintf(buf + k, n > k ? n - k : 0, ", or a model file: ");
     return k < n ? k + fsdp_modelfile_help(buf + k, n - k) : (n ? n - 1 : 0);
 }
+
+const char *fsdp_modelfile_base(const fsdp_modelfile *mf) { return mf->base[0] ? mf->base : NULL; }
 
 /* ---- open, bind, read ------------------------------------------------------------ */
 

@@ -89,6 +89,8 @@ void fsdp_modelfile_close(fsdp_modelfile *mf);
 const fsdp_model_family *fsdp_modelfile_family(const fsdp_modelfile *mf);
 const char *fsdp_modelfile_config(const fsdp_modelfile *mf);
 const fsdp_modelfile_format *fsdp_modelfile_format_get(const fsdp_modelfile *mf);
+/* The base a checkpoint's frozen parameters come from (its --model value), or NULL. */
+const char *fsdp_modelfile_base(const fsdp_modelfile *mf);
 /* The file actually read (for a --ckpt-dir: its newest checkpoint). */
 const char *fsdp_modelfile_path(const fsdp_modelfile *mf);
 /* "fp32", "bf16", "fp16" or "mixed": how the parameters are stored. */
@@ -152,6 +154,8 @@ typedef struct fsdp_modelfile_write_opts {
                                 * generation files (hfdir.h) are copied along, or NULL */
     const char *tokenizer;     /* Hugging Face directories: a tokenizer.json copied in as
                                 * tokenizer.json (over the companions' one), or NULL */
+    const char *base;          /* PEFT adapter directories: base_model_name_or_path (NULL:
+                                * null) */
     const fsdp_modelfile_generation *generation; /* Hugging Face directories: what
                                 * generation_config.json must say (NULL: the companions'
                                 * copied as they are) */

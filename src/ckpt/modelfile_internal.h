@@ -50,7 +50,8 @@ struct fsdp_modelfile_format {
      * `suffix`. */
     bool (*claims)(const char *path);
     /* Open and validate: fill mf->path, family, config, dtype_name and the
-     * format's own state (fd, impl). FORMAT/IO naming the file. */
+     * format's own state (fd, impl). FORMAT/IO naming the file. NULL: a
+     * format fsdp writes only (never claims a path, not in the --model help). */
     fsdp_status (*open)(fsdp_modelfile *mf, const char *path);
     /* Prepare reads for m (built from the file's family and config; the
      * caller has checked that): flat formats fill mf->src. */
@@ -74,6 +75,7 @@ struct fsdp_modelfile {
     fsdp_lora_config lora;             /* what the file's model has beyond its family and */
     char freeze[256];                  /* config (a checkpoint of a LoRA or --freeze run):
                                         * fsdp_modelfile_resolve applies them (models/lora.h) */
+    char base[FSDP_CKPT_PATH_MAX];     /* then the base its frozen parameters come from */
     const char *dtype_name;
     const fsdp_model *model;           /* after bind */
     int fd;                            /* flat formats: the open file; else -1 */
@@ -91,6 +93,7 @@ extern const fsdp_modelfile_format fsdp_format_llmc;        /* llmc.c */
 extern const fsdp_modelfile_format fsdp_format_safetensors; /* safetensors_model.c */
 extern const fsdp_modelfile_format fsdp_format_hfdir;       /* hfdir.c */
 extern const fsdp_modelfile_format fsdp_format_ckpt;        /* ckpt_model.c */
+extern const fsdp_modelfile_format fsdp_format_peft;        /* peft.c: written only */
 
 /* ---- helpers for a format's open (modelfile.c) ------------------------------------ */
 

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "ckpt/hfdir.h"
+#include "ckpt/modelfile_internal.h"
 #include "ckpt/peft.h"
 #include "core/fileio.h"
 #include "core/json.h"
@@ -705,3 +706,37 @@ done:
     free(o);
     return st;
 }
+
+/* ---- the PEFT adapter directory as an output format (modelfile.h) ----------------- */
+
+static fsdp_status peft_format_write(const char *path, const fsdp_model *m,
+                                     const float *const *units,
+                                     const fsdp_modelfile_write_opts *o)
+{
+    if (!m->lora.r)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "model '%s' has no LoRA adapters: a PEFT adapter directory holds "
+                              "adapters only (convert a checkpoint of a --lora run, or write "
+                              "the whole model with --to hf)", m->name);
+    if (o && o->dtype != FSDP_DTYPE_F32)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "PEFT adapter directories are written in fp32 (adapters are "
+                              "small): leave out --dtype");
+    return fsdp_peft_write(path, m, units, o ? o->base : NULL);
+}
+
+const fsdp_modelfile_format fsdp_format_peft = {
+    /* .short_name = */ "peft",
+    /* .name       = */ "PEFT adapter directory",
+    /* .help       = */ "a PEFT LoRA adapter directory",
+    /* .suffix     = */ NULL, /* a directory */
+    /* .bf16       = */ false,
+    /* .ships_tokenizer = */ false,
+    /* .note       = */ "LoRA adapters only, for peft.PeftModel.from_pretrained",
+    /* .claims     = */ NULL,
+    /* .open       = */ NULL, /* written only: --adapter DIR reads one (peft.h) */
+    /* .bind       = */ NULL,
+    /* .read_range = */ NULL,
+    /* .close      = */ NULL,
+    /* .write      = */ peft_format_write,
+};

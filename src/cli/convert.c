@@ -35,6 +35,7 @@
 #include "ckpt/modelfile.h"
 #include "data/chat.h"
 #include "data/hftok.h"
+#include "models/lora.h"
 
 /* OUT's format (see the top of the file), or NULL after a usage message. */
 static const fsdp_modelfile_format *out_format(const char *to, const char *out,
@@ -98,6 +99,35 @@ static int check_out_options(const fsdp_modelfile_format *f, const char *out, fs
                                            sizeof names),
                               out, fsdp_modelfile_format_name(f));
     return 0;
+}
+
+/* A model format holds the weights, not adapters: *m becomes the base model (family and
+ * config without adapters) and *units its parameters with every adapter merged,
+ * W + scale B A (models/lora.h). */
+static fsdp_status merge_lora(fsdp_model *m, float ***units)
+{
+    fsdp_model base;
+    FSDP_TRY(fsdp_model_build(m->family, m->config, &base));
+    float **out = calloc((size_t)base.n_units, sizeof *out);
+    fsdp_status st = out ? FSDP_STATUS_OK
+                         : fsdp_error_set(FSDP_STATUS_OOM, "out of host memory merging adapters");
+    for (int u = 0; st == FSDP_STATUS_OK && u < base.n_units; u++)
+        if (!(out[u] = malloc(base.units[u].numel * sizeof(float) + 1)))
+            st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory merging adapters");
+    if (st == FSDP_STATUS_OK)
+        fsdp_lora_merge(m, (const float *const *)*units, &base, out);
+    float **drop = st == FSDP_STATUS_OK ? *units : out;
+    for (int u = 0; drop && u < (drop == out ? base.n_units : m->n_units); u++)
+        free(drop[u]);
+    free(drop);
+    if (st != FSDP_STATUS_OK) {
+        fsdp_model_free(&base);
+        return st;
+    }
+    fsdp_model_free(m);
+    *m = base;
+    *units = out;
+    return FSDP_STATUS_OK;
 }
 
 /* --tokenizer must be a tokenizer.json whose ids fit the model. */
@@ -239,6 +269,14 @@ int fsdp_cli_convert(int argc, char **argv)
         st = generation_ids(tok_json, &gen);
     if (st != FSDP_STATUS_OK)
         goto fail;
+    if (m.train_numel < m.numel && out_fmt == fsdp_modelfile_format_find("ckpt")) {
+        st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                            "'%s' is a checkpoint of a run with frozen parameters (its base is "
+                            "'%s'); write the whole model with --to hf (LoRA adapters merged "
+                            "into the weights) or the adapters with --to peft", pos[0],
+                            fsdp_modelfile_base(mf) ? fsdp_modelfile_base(mf) : "?");
+        goto fail;
+    }
     units = calloc((size_t)m.n_units, sizeof *units);
     if (!units) {
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
@@ -257,9 +295,13 @@ int fsdp_cli_convert(int argc, char **argv)
             FSDP_STATUS_OK)
             goto fail;
     }
+    bool merged = m.lora.r && out_fmt != fsdp_modelfile_format_find("peft");
+    if (merged && (st = merge_lora(&m, &units)) != FSDP_STATUS_OK)
+        goto fail;
     fsdp_modelfile_write_opts wo = {.dtype = dt, .shard_bytes = shard_bytes,
                                     .companions = fsdp_modelfile_companions(mf),
                                     .tokenizer = tokenizer, .copied = copied,
+                                    .base = fsdp_modelfile_base(mf),
                                     .copied_size = sizeof copied};
     if (tok_json && fsdp_modelfile_format_ships_tokenizer(out_fmt))
         wo.generation = &gen;
@@ -271,11 +313,12 @@ int fsdp_cli_convert(int argc, char **argv)
     st = fsdp_modelfile_write_with(pos[1], out_fmt, &m, (const float *const *)units, &wo);
     if (st == FSDP_STATUS_OK && !quiet) {
         const char *note = fsdp_modelfile_format_note(out_fmt);
-        printf("converted %s '%s' (%s, model %s, %.2fM parameters) to %s '%s' (%s%s%s)\n",
+        printf("converted %s '%s' (%s, model %s, %.2fM parameters) to %s '%s' (%s%s%s%s)\n",
                fsdp_modelfile_format_name(fsdp_modelfile_format_get(mf)),
                fsdp_modelfile_path(mf), fsdp_modelfile_dtype_name(mf), m.name,
                (double)m.numel / 1e6, fsdp_modelfile_format_name(out_fmt), pos[1],
-               fsdp_dtype_name(dt), note ? ", " : "", note ? note : "");
+               fsdp_dtype_name(dt), note ? ", " : "", note ? note : "",
+               merged ? ", LoRA adapters merged into the weights" : "");
         if (fsdp_modelfile_format_ships_tokenizer(out_fmt))
             printf("copied along: %s\n", copied[0] ? copied : "nothing (no tokenizer: pass "
                                                              "--tokenizer tokenizer.json)");
