@@ -130,19 +130,21 @@ START_TEST(test_lora_matches_peft)
 }
 END_TEST
 
-/* `fsdp eval`'s mean loss of model `model` on the gqa fixture's tokens. */
+/* `fsdp eval`'s mean loss of `model` (--model and maybe more) on the gqa fixture's tokens. */
 static double eval_loss(const char *model)
 {
     char out[4096];
     int rc = fsdp_test_cli(out, sizeof out, "eval --model %s --data "
-                           "tests/fixtures/lora_gqa/tokens.bin --seq 16 --batch 1", model);
+                           "tests/fixtures/lora_gqa/tokens.bin --seq 16 --batch 1 --devices 2",
+                           model);
     const char *at = strstr(out, "mean loss ");
     ck_assert_msg(rc == 0 && at, "eval of %s failed:\n%s", model, out);
     return strtod(at + 10, NULL);
 }
 
 /* The exports of LoRA checkpoint `ck` (model m, the run r, base `base`): `--to peft` holds the
- * run's adapters bit for bit; `--to hf` is the merged model, whose loss is the adapters' and
+ * run's adapters bit for bit, and `eval --model BASE --adapter` of it gives the checkpoint's
+ * loss exactly; `--to hf` is the merged model, whose loss is the adapters' and
  * which PEFT agrees with: transformers' logits of the merged directory equal PEFT's of the base
  * with the exported adapter (python3 with torch, transformers and peft; said and skipped
  * without them). `--to ckpt` is refused (the frozen part would be lost). */
@@ -173,8 +175,11 @@ static void expect_exports(const char *ck, const char *base, const fsdp_model *m
     fsdp_peft_close(&d);
     ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "convert %s %s --to hf", ck, hf), 0);
     ck_assert_msg(strstr(out, "LoRA adapters merged"), "%s", out);
-    double a = eval_loss(ck), b = eval_loss(hf);
+    char with[8300];
+    snprintf(with, sizeof with, "%s --adapter %s", base, peft);
+    double a = eval_loss(ck), b = eval_loss(hf), c = eval_loss(with);
     ck_assert_msg(fabs(a - b) <= 1e-5 * fabs(a), "merged loss %.7g, with adapters %.7g", b, a);
+    ck_assert_msg(c == a, "eval --adapter: loss %.9g, the checkpoint's %.9g", c, a);
     ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "convert %s %s-ck --to ckpt", ck, hf), 2);
     ck_assert_msg(strstr(out, "frozen parameters") && strstr(out, "--to peft"), "%s", out);
     static const char script[] =

@@ -17,6 +17,9 @@ void fsdp_infer_opts_table(fsdp_infer_opts *io, fsdp_opt_list *l)
     size_t k = fsdp_modelfile_help(model_help, sizeof model_help);
     snprintf(model_help + k, sizeof model_help - k, " (required)");
     fsdp_opt_add(l, "model", FSDP_OPT_STR, &io->cfg.model_path, "FILE|DIR", model_help);
+    fsdp_opt_add(l, "adapter", FSDP_OPT_STR, &io->cfg.adapter, "DIR",
+                 "a PEFT LoRA adapter directory (adapter_config.json + "
+                 "adapter_model.safetensors) on --model");
     fsdp_opt_add(l, "backend", FSDP_OPT_STR, &io->backend, "cpu|cuda",
                  "device backend (default: cuda when a GPU is visible, else cpu)");
     io->devices = 1;

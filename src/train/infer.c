@@ -24,6 +24,7 @@
 #include "core/rng.h"
 #include "core/world.h"
 #include "device/cpu.h"
+#include "train/adapt.h"
 #include "train/infer.h"
 
 #define SAMPLE_RNG_STREAM 0x73616d706c65ull /* "sample" */
@@ -43,6 +44,7 @@ struct infer {
     fsdp_modelfile *mf;
     fsdp_model model;
     bool model_ready;
+    fsdp_adapt adapt;          /* --adapter on the model (adapt.h) */
     fsdp_data *data;
     fsdp_world *w;
     fsdp_engine_shared sh;
@@ -66,6 +68,7 @@ static void infer_free(struct infer *r)
     if (r->data)
         fsdp_data_close(r->data);
     fsdp_modelfile_close(r->mf); /* bound to the model: closed first */
+    fsdp_adapt_free(&r->adapt);
     if (r->model_ready)
         fsdp_model_free(&r->model);
 }
@@ -87,7 +90,7 @@ static fsdp_status infer_open(struct infer *r)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--model '%s' names a model shape, not "
                               "trained weights; give a model file: %s", cfg->model_path, files);
     }
-    return FSDP_STATUS_OK;
+    return fsdp_adapt_apply(&r->adapt, &r->model, r->mf, NULL, NULL, cfg->adapter, 0);
 }
 
 /* The engine's shared part for micro-batches of (B, T) (T = 0: 64 or the
@@ -133,8 +136,8 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
     FSDP_TRY(fsdp_world_init(&r->w, cfg->n_ranks));
     FSDP_TRY(fsdp_engine_shared_init(&r->sh, &ec, &r->model, r->data, r->w));
     r->sh_ready = true;
-    r->sh.init_fn = fsdp_modelfile_init_fn;
-    r->sh.init_arg = r->mf;
+    r->sh.init_fn = r->adapt.active ? fsdp_adapt_init_fn : fsdp_modelfile_init_fn;
+    r->sh.init_arg = r->adapt.active ? (void *)&r->adapt : (void *)r->mf;
     FSDP_INFO(FSDP_SUB_TRAIN, "loaded %s '%s' (%s, model %s) on %d rank(s)",
               fsdp_modelfile_format_name(fsdp_modelfile_format_get(r->mf)),
               fsdp_modelfile_path(r->mf), fsdp_modelfile_dtype_name(r->mf), r->model.name,

@@ -19,6 +19,7 @@
 
 typedef struct fsdp_infer_config {
     const char *model_path;    /* a model file (modelfile.h), not a bare spec */
+    const char *adapter;       /* a PEFT adapter directory on the model (--adapter), or NULL */
     fsdp_backend backend;
     int n_ranks;
     fsdp_dtype compute_dtype;
