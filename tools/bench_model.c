@@ -16,8 +16,15 @@
  *
  * Llama's goal is >= 1.2x PyTorch eager (issue 12).
  *
+ * --lora R (Llama cases, fp32): the LoRA step of issue 26. The C model gets adapters of rank R
+ * on every linear layer but the head (alpha 2R) on a frozen base, as `fsdp train --lora R
+ * --lora-targets all-linear` runs it (gradients only for the adapters, no weight-gradient
+ * GEMM of the base); each case prints the full model's step too and the LoRA step's time
+ * over it (goal <= 0.75), and the peer is tools/bench_lora_torch.py: transformers'
+ * LlamaForCausalLM with PEFT's LoRA of the same rank and targets (goal >= 1.3x).
+ *
  * Usage: bench_model [--iters N] [--threads N] [--precision fp32|bf16] [--no-torch]
- *                    [--python PATH] [--only small|gpt2|llama]
+ *                    [--python PATH] [--only small|gpt2|llama] [--lora R]
  * The PyTorch interpreter is --python, else $FSDP_PYTHON, else the first of
  * python3 on PATH and /usr/bin/python3 that imports torch.
  */
@@ -31,6 +38,7 @@
 #include "device/cpu.h"
 #include "models/gpt2.h"
 #include "models/llama.h"
+#include "models/lora.h"
 #include "models/registry.h"
 #include "ops/cpu/blas.h"
 #include "ops/ops.h"
@@ -56,7 +64,13 @@ static void die(fsdp_status st, const char *what)
             die(bst_, what);                  \
     } while (0)
 
-static bench_result bench_c(const bench_case *bc, int iters, fsdp_dtype dt)
+/* The LoRA adapters of --lora R on every linear layer but the head. */
+static fsdp_lora_config bench_lora(int r)
+{
+    return (fsdp_lora_config){.r = r, .alpha = 2.0 * r, .targets = "all-linear"};
+}
+
+static bench_result bench_c(const bench_case *bc, int iters, fsdp_dtype dt, int lora_r)
 {
     fsdp_device dev;
     fsdp_op_ctx ctx;
@@ -64,6 +78,10 @@ static bench_result bench_c(const bench_case *bc, int iters, fsdp_dtype dt)
     BENCH_TRY(fsdp_device_init(&dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), "device");
     BENCH_TRY(fsdp_ops_init(&ctx, &dev, dt), "ops");
     BENCH_TRY(fsdp_model_from_spec(bc->model, &m), "model");
+    if (lora_r) {
+        fsdp_lora_config lc = bench_lora(lora_r);
+        BENCH_TRY(fsdp_model_add_lora(&m, &lc), "LoRA");
+    }
     const struct fsdp_model_i *mi = m.iface;
     void **params = calloc((size_t)m.n_units, sizeof *params);
     float **grads = calloc((size_t)m.n_units, sizeof *grads);
@@ -72,8 +90,10 @@ static bench_result bench_c(const bench_case *bc, int iters, fsdp_dtype dt)
         BENCH_TRY(fsdp_device_alloc(&dev, n * fsdp_dtype_size(dt), FSDP_MEM_GATHER, "params",
                                     &params[u]),
                   "params");
-        BENCH_TRY(fsdp_device_alloc(&dev, n * sizeof(float), FSDP_MEM_GRAD, "grads",
-                                    (void **)&grads[u]),
+        /* the trainable parameters' gradients only, as the engine hands them (a unit that
+         * trains nothing still gets a buffer: NULL would mean forward only) */
+        BENCH_TRY(fsdp_device_alloc(&dev, (m.units[u].train_numel + 1) * sizeof(float),
+                                    FSDP_MEM_GRAD, "grads", (void **)&grads[u]),
                   "grads");
         float *p32 = malloc(n * sizeof(float));
         if (!p32)
@@ -94,7 +114,7 @@ static bench_result bench_c(const bench_case *bc, int iters, fsdp_dtype dt)
     float loss = 0;
     for (int it = -1; it < iters; it++) { /* iteration -1 warms up */
         for (int u = 0; u < m.n_units; u++)
-            memset(grads[u], 0, m.units[u].numel * sizeof(float));
+            memset(grads[u], 0, m.units[u].train_numel * sizeof(float));
         double t0 = fsdp_now_s();
         BENCH_TRY(mi->root_forward(&m, &ctx, state, params[0]), "forward");
         for (int u = 1; u < m.n_units; u++)
@@ -147,17 +167,22 @@ static void llama_torch_args(const fsdp_model *m, char *buf, size_t n)
 }
 
 static bench_result bench_torch(const bench_case *bc, int iters, const char *python,
-                                int threads, fsdp_dtype dt)
+                                int threads, fsdp_dtype dt, int lora_r)
 {
     bench_result r = {0};
     fsdp_model m;
     BENCH_TRY(fsdp_model_from_spec(bc->model, &m), "config");
-    char args[512];
+    char args[560];
+    if (lora_r && !fsdp_llama_config_of(&m))
+        die(fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--lora: %s is not a Llama", bc->model),
+            "the PyTorch + PEFT reference");
     if (fsdp_llama_config_of(&m)) {
         if (fsdp_llama_config_of(&m)->qkv_bias || fsdp_llama_config_of(&m)->rope.type)
             die(fsdp_error_set(FSDP_STATUS_INVALID_ARG, "the PyTorch Llama has no biases and "
                                "default rope: %s", bc->model), "the PyTorch reference");
-        llama_torch_args(&m, args, sizeof args);
+        llama_torch_args(&m, args, sizeof args - 32);
+        if (lora_r)
+            snprintf(args + strlen(args), 32, " --lora %d", lora_r);
     } else if (fsdp_gpt2_config_of(&m)) {
         fsdp_gpt2_config cfg = *fsdp_gpt2_config_of(&m);
         snprintf(args, sizeof args,
@@ -170,7 +195,8 @@ static bench_result bench_torch(const bench_case *bc, int iters, const char *pyt
     }
     fsdp_model_free(&m);
     char script[PATH_MAX], cmd[1024 + PATH_MAX];
-    bench_torch_script("bench_model_torch.py", script, sizeof script); /* if missing, python says so */
+    bench_torch_script(lora_r ? "bench_lora_torch.py" : "bench_model_torch.py", script,
+                       sizeof script); /* if missing, python says so */
     snprintf(cmd, sizeof cmd,
              "OMP_NUM_THREADS=%d MKL_NUM_THREADS=%d '%s' '%s' %s --batch %d --seq %d "
              "--iters %d --warmup 1 --threads %d --dtype %s 2>&1",
@@ -195,21 +221,23 @@ static bench_result bench_torch(const bench_case *bc, int iters, const char *pyt
 
 int main(int argc, char **argv)
 {
-    int iters = 0, threads = 1;
+    int iters = 0, threads = 1, lora_r = 0;
     bool no_torch = false;
     const char *python_arg = NULL, *only = NULL, *precision = "fp32";
     const bench_arg args[] = {
         BENCH_INT("--iters", &iters),       BENCH_INT("--threads", &threads),
         BENCH_STR("--precision", &precision), BENCH_FLAG("--no-torch", &no_torch),
         BENCH_STR("--python", &python_arg), BENCH_STR("--only", &only),
+        BENCH_INT("--lora", &lora_r),
     };
     if (!BENCH_ARGS_PARSE(argc, argv, args))
         threads = 0; /* usage below */
     fsdp_dtype dt = !strcmp(precision, "bf16") ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
-    if (threads < 1 || (dt == FSDP_DTYPE_F32 && strcmp(precision, "fp32"))) {
+    if (threads < 1 || (dt == FSDP_DTYPE_F32 && strcmp(precision, "fp32")) || lora_r < 0 ||
+        (lora_r && dt != FSDP_DTYPE_F32)) {
         fprintf(stderr,
                 "usage: %s [--iters N] [--threads N] [--precision fp32|bf16] [--no-torch]\n"
-                "       [--python PATH] [--only small|gpt2|llama]\n",
+                "       [--python PATH] [--only small|gpt2|llama] [--lora R (fp32)]\n",
                 argv[0]);
         return 2;
     }
@@ -219,8 +247,9 @@ int main(int argc, char **argv)
     }
     const char *python = no_torch ? "skipped" : bench_torch_python(python_arg);
     fsdp_device_cpu_set_threads(threads);
-    printf("forward+backward, one cpu rank, %s, %d thread(s) (torch: %s)\n",
-           fsdp_dtype_name(dt), threads, python);
+    printf("forward+backward, one cpu rank, %s, %d thread(s) (torch: %s)%s\n",
+           fsdp_dtype_name(dt), threads, python,
+           lora_r ? "; LoRA on every linear layer but the head (torch: + PEFT)" : "");
     fsdp_cpu_print_header(stdout, 1, threads);
     printf("%-26s %4s %5s | %12s %9s %9s | %12s %9s %9s | %6s\n", "model", "B", "T", "C tok/s",
            "fwd ms", "bwd ms", "torch tok/s", "fwd ms", "bwd ms", "ratio");
@@ -228,16 +257,29 @@ int main(int argc, char **argv)
         const bench_case *bc = &bench_cases[i];
         if (only && strncmp(only, bc->model, strlen(only)) != 0)
             continue;
+        if (lora_r && strncmp(bc->model, "llama", 5))
+            continue; /* the families with LoRA */
         int it = iters > 0 ? iters : bc->iters;
-        bench_result c = bench_c(bc, it, dt);
-        bench_result t = no_torch ? (bench_result){0} : bench_torch(bc, it, python, threads, dt);
-        printf("%-26s %4d %5d | %12.0f %9.1f %9.1f | ", bc->label, bc->B, bc->T, c.tok_s,
+        bench_result full = {0};
+        if (lora_r) {
+            full = bench_c(bc, it, dt, 0);
+            printf("%-26s %4d %5d | %12.0f %9.1f %9.1f | (the full model's step)\n", bc->label,
+                   bc->B, bc->T, full.tok_s, full.fwd_ms, full.bwd_ms);
+        }
+        bench_result c = bench_c(bc, it, dt, lora_r);
+        bench_result t =
+            no_torch ? (bench_result){0} : bench_torch(bc, it, python, threads, dt, lora_r);
+        char label[64];
+        snprintf(label, sizeof label, lora_r ? "%.19s + LoRA r%d" : "%s", bc->label, lora_r);
+        printf("%-26s %4d %5d | %12.0f %9.1f %9.1f | ", label, bc->B, bc->T, c.tok_s,
                c.fwd_ms, c.bwd_ms);
         if (t.ok)
             printf("%12.0f %9.1f %9.1f | %5.2fx\n", t.tok_s, t.fwd_ms, t.bwd_ms,
                    c.tok_s / t.tok_s);
         else
             printf("%12s %9s %9s | %6s\n", "n/a", "", "", "");
+        if (lora_r)
+            printf("  LoRA step / full step: %.2f of the time\n", full.tok_s / c.tok_s);
         fflush(stdout);
     }
     return 0;
