@@ -246,7 +246,11 @@ START_TEST(test_help_names_every_shape_once)
     /* the format table's names and suffixes: what convert reads */
     char names[96];
     ck_assert_str_eq(fsdp_modelfile_format_names(names, sizeof names, "|"),
-                     "llmc|safetensors|hf|ckpt");
+                     "llmc|safetensors|hf|ckpt|peft");
+    /* peft is written only (convert --to peft): never what a --model value is */
+    REQUIRE(!strstr(files, "PEFT") && !strstr(files, "adapter"), "'%s'", files);
+    ck_assert_ptr_eq(fsdp_modelfile_format_of("tests/fixtures/lora_gqa/adapter_init"),
+                     fsdp_modelfile_format_find("ckpt"));
     ck_assert_ptr_eq(fsdp_modelfile_format_by_suffix("/x/m.bin"),
                      fsdp_modelfile_format_find("llmc"));
     ck_assert_ptr_eq(fsdp_modelfile_format_by_suffix("m.safetensors"),
@@ -254,11 +258,11 @@ START_TEST(test_help_names_every_shape_once)
     ck_assert_ptr_null(fsdp_modelfile_format_by_suffix("m.bin.d"));
     for (int i = 0; i < fsdp_modelfile_format_count(); i++) {
         const fsdp_modelfile_format *f = fsdp_modelfile_format_at(i);
-        bool dir = !strcmp(fsdp_modelfile_format_short_name(f), "hf") ||
-                   !strcmp(fsdp_modelfile_format_short_name(f), "ckpt");
+        const char *sn = fsdp_modelfile_format_short_name(f);
+        bool dir = !strcmp(sn, "hf") || !strcmp(sn, "ckpt") || !strcmp(sn, "peft");
         ck_assert_int_eq(fsdp_modelfile_format_is_dir(f), dir);
         ck_assert_int_eq(fsdp_modelfile_format_writes_bf16(f),
-                         strcmp(fsdp_modelfile_format_short_name(f), "ckpt") != 0);
+                         strcmp(sn, "ckpt") != 0 && strcmp(sn, "peft") != 0);
         ck_assert_int_eq(fsdp_modelfile_format_ships_tokenizer(f),
                          !strcmp(fsdp_modelfile_format_short_name(f), "hf"));
     }
