@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "models/model.h"
 #include "models/weights.h"
+#include "ops/nf4.h"
 
 static const fsdp_name recompute_names[] = {
     {"none", FSDP_RECOMPUTE_NONE, "keep every block's activations from forward to backward"},
@@ -75,6 +76,7 @@ void fsdp_unit_add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_
     p->std = std;
     p->decay = decay;
     u->numel += p->numel;
+    u->nf4_begin = u->numel;
     u->train_numel += p->numel;
 }
 
@@ -83,6 +85,14 @@ fsdp_status fsdp_model_relayout(fsdp_model *m)
     m->train_numel = 0;
     for (int u = 0; u < m->n_units; u++) {
         fsdp_unit_spec *us = &m->units[u];
+        for (int i = 0; i < us->n_params; i++) {
+            const fsdp_param_spec *p = &us->params[i];
+            if (p->nf4 && (!p->frozen || p->numel % FSDP_NF4_BLOCK))
+                return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                      "%s of %s cannot be stored in NF4: %s", p->name, m->name,
+                                      !p->frozen ? "it trains (only frozen weights are quantized)"
+                                                 : "its size is not a multiple of 64 elements");
+        }
         for (int i = 0; i + 1 < us->n_params; i++) {
             const fsdp_param_spec *p = &us->params[i], *q = &us->params[i + 1];
             if (p->fuse_next && p->frozen != q->frozen)
@@ -91,14 +101,21 @@ fsdp_status fsdp_model_relayout(fsdp_model *m)
                                       "neither (%s is %s, %s is not)",
                                       p->name, q->name, m->name, p->frozen ? p->name : q->name,
                                       "frozen", p->frozen ? q->name : p->name);
+            if (p->fuse_next && p->nf4 != q->nf4)
+                return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                      "%s and %s are one fused tensor in %s: quantize both or "
+                                      "neither", p->name, q->name, m->name);
         }
+        /* trainable first, then frozen dense, then frozen NF4 (group = frozen + nf4) */
         size_t off = 0;
-        for (int pass = 0; pass < 2; pass++) { /* trainable first, then frozen */
-            if (pass == 1)
+        for (int group = 0; group < 3; group++) {
+            if (group == 1)
                 us->train_numel = off;
+            if (group == 2)
+                us->nf4_begin = off;
             for (int i = 0; i < us->n_params; i++) {
                 fsdp_param_spec *p = &us->params[i];
-                if (p->frozen != (pass == 1))
+                if ((int)p->frozen + (int)p->nf4 != group)
                     continue;
                 p->offset = off;
                 off += p->numel;

@@ -77,6 +77,8 @@ typedef struct fsdp_param_spec {
     bool decay;           /* AdamW weight decay applies (matrices only) */
     bool frozen;          /* not trained: no gradient, no optimizer state, no reduction;
                            * stored and gathered in the compute dtype only */
+    bool nf4;             /* frozen and stored in NF4 (ops/nf4.h): the unit's last group,
+                           * [nf4_begin, numel); numel a multiple of FSDP_NF4_BLOCK */
     bool fuse_next;       /* the family reads it and the next parameter as one tensor
                            * (q|k|v, gate|up): they must stay adjacent, so both train or
                            * both are frozen */
@@ -100,6 +102,8 @@ typedef struct fsdp_unit_spec {
     size_t train_numel;   /* the trainable parameters' numel: they come first in the flat
                            * buffer, [0, train_numel); frozen ones fill [train_numel, numel)
                            * (fsdp_model_relayout keeps it so) */
+    size_t nf4_begin;     /* the frozen NF4 parameters fill [nf4_begin, numel), after the
+                           * frozen dense ones (= numel when there are none) */
 } fsdp_unit_spec;
 
 /* What a training state keeps per block between forward and backward;
@@ -253,11 +257,13 @@ fsdp_status fsdp_model_alloc_units(fsdp_model *m, const char *title, const void 
 void fsdp_unit_add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d1,
                          fsdp_init_kind init, float std, bool decay);
 
-/* Lay every unit out again after parameters' `frozen` changed: trainable
- * parameters first, then the frozen ones, each group in index order
- * (indices do not change, so families keep finding them); sets the units'
- * and the model's train_numel. INVALID_ARG naming both when a fuse_next
- * pair would be split. */
+/* Lay every unit out again after parameters' `frozen` or `nf4` changed:
+ * trainable parameters first, then the frozen dense ones, then the frozen
+ * NF4 ones, each group in index order (indices do not change, so families
+ * keep finding them); sets the units' train_numel and nf4_begin and the
+ * model's train_numel. INVALID_ARG naming both when a fuse_next pair would
+ * be split, naming the parameter when an NF4 one trains or is not a whole
+ * number of NF4 blocks. */
 fsdp_status fsdp_model_relayout(fsdp_model *m);
 
 #ifdef __cplusplus

@@ -25,6 +25,7 @@
 #define FSDP_OPS_OPS_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "device/device.h"
@@ -120,6 +121,11 @@ struct fsdp_ops_i {
     /* dst (ddt) = src (sdt), n elements, rounding to nearest even into bf16. */
     void (*cast)(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void *src, fsdp_dtype sdt,
                  size_t n);
+    /* Dequantize NF4 (nf4.h): out[i] (ctx->dt) = fsdp_nf4_code[code i] * absmax[i / 64],
+     * computed in fp32 and rounded once; n a multiple of FSDP_NF4_BLOCK, codes
+     * n / 2 bytes (even element in the high nibble), absmax n / 64 fp32. */
+    void (*nf4_dequant)(fsdp_op_ctx *ctx, void *out, const uint8_t *codes, const float *absmax,
+                        size_t n);
     /* dst = a + b, fp32 (dst may alias a or b). */
     void (*add)(fsdp_op_ctx *ctx, float *dst, const float *a, const float *b, size_t n);
     /* out[k] = sum of x[i]^2 over block k (block = FSDP_NORM_BLOCK elements,
