@@ -51,7 +51,7 @@ static inline size_t fsdp_nf4_nested_blocks(size_t nblocks)
 
 /* Quantize x (n elements) as bitsandbytes' quantize_4bit(quant_type="nf4",
  * blocksize=64) does: codes (ceil(n / 2) bytes; an odd n's last low nibble
- * 0) and absmax (fsdp_nf4_blocks(n) fp32 values). */
+ * 7, a scaled 0, as bitsandbytes pads) and absmax (fsdp_nf4_blocks(n) fp32 values). */
 void fsdp_nf4_quantize(const float *x, size_t n, uint8_t *codes, float *absmax);
 
 /* Double-quantize one tensor's nblocks absmax values as bitsandbytes
