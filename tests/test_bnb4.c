@@ -6,8 +6,9 @@
  * - the code tables equal bitsandbytes' own (nf4_code, dynamic_map);
  * - a probe vector (midpoint ties, exact codes, a zero block, a constant
  *   block, 300 random blocks at growing scales, a short last block: two
- *   nested blocks) quantizes to bitsandbytes' codes, absmax, absmax codes,
- *   nested absmax and offset;
+ *   nested blocks; a seed where bitsandbytes' binned absmax search and an
+ *   exact nearest-entry one disagree) quantizes to bitsandbytes' codes,
+ *   absmax, absmax codes, nested absmax and offset;
  * - every quantized weight of layer 0 of the bnb-4bit directory that
  *   transformers wrote (nf4/model.safetensors: codes, absmax codes, nested
  *   absmax, offset from the quant_state JSON) dequantizes to
@@ -98,7 +99,7 @@ static void expect_same_bits(const void *got, const void *want, size_t bytes, co
 {
     const uint8_t *g = got, *w = want;
     for (size_t i = 0; i < bytes; i++)
-        ck_assert_msg(g[i] == w[i], "%s differs from bitsandbytes at byte %zu (%u, not %u)",
+        ck_assert_msg(g[i] == w[i], "%s: byte %zu is %u, bitsandbytes has %u",
                       what, i, g[i], w[i]);
 }
 
