@@ -74,7 +74,8 @@ __attribute__((target("avx2"))) static void nf4_avx2(void *out, fsdp_dtype dt,
             idx = _mm256_and_si256(_mm256_srlv_epi32(idx, shifts), mask);
             const __m256 lo = _mm256_permutevar8x32_ps(lo_half, idx);
             const __m256 hi = _mm256_permutevar8x32_ps(hi_half, idx);
-            const __m256 v = _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+            const __m256 bit3 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+            const __m256 v = _mm256_blendv_ps(lo, hi, bit3);
             const __m256 x = _mm256_mul_ps(v, a);
             if (dt == FSDP_DTYPE_BF16)
                 fsdp_bf16_store_avx2((fsdp_bf16 *)out + i0 + 2 * k, x);
