@@ -168,6 +168,31 @@ static void expect_bits(const void *got, fsdp_dtype dt, const float *want, size_
     }
 }
 
+/* The op (one thread) and every kernel the CPU runs give want (fp32
+ * values; rounded once when dt is bf16) on codes and absmax (n); `label`
+ * names the data in messages. */
+static void expect_everywhere(fsdp_dtype dt, const uint8_t *codes, const float *absmax, size_t n,
+                              const float *want, const char *label)
+{
+    char how[128];
+    env e;
+    env_init_threads(&e, dt, 1);
+    void *out = run_op(&e, codes, absmax, n);
+    snprintf(how, sizeof how, "%s, %s, through the op", label, fsdp_dtype_name(dt));
+    expect_bits(out, dt, want, n, how);
+    free(out);
+    env_fini(&e);
+    for (int isa = 0; isa < FSDP_CPU_ISA_COUNT; isa++) {
+        if (!fsdp_cpu_isa_supported((fsdp_cpu_isa)isa))
+            continue;
+        out = run_isa((fsdp_cpu_isa)isa, dt, codes, absmax, n);
+        snprintf(how, sizeof how, "%s, %s, %s kernel", label, fsdp_dtype_name(dt),
+                 fsdp_cpu_isa_name((fsdp_cpu_isa)isa));
+        expect_bits(out, dt, want, n, how);
+        free(out);
+    }
+}
+
 /* ---- against bitsandbytes ------------------------------------------------------ */
 
 START_TEST(test_fixture_facts)
@@ -188,29 +213,13 @@ START_TEST(test_fixture_facts)
 }
 END_TEST
 
-/* The op (1 thread) and every kernel the CPU runs give bitsandbytes' fp32
- * output; bf16 is that output rounded once. */
+/* bitsandbytes' fp32 output everywhere; bf16 is that output rounded once. */
 static void check_golden(fsdp_dtype dt, int k)
 {
     gold g;
     gold_load(&g);
     gcase c = gcase_load(&g, k);
-    char how[96];
-    env e;
-    env_init_threads(&e, dt, 1);
-    void *out = run_op(&e, c.codes, c.absmax, c.n);
-    snprintf(how, sizeof how, "%s through the op", CASES[k]);
-    expect_bits(out, dt, c.fp32, c.n, how);
-    free(out);
-    env_fini(&e);
-    for (int isa = 0; isa < FSDP_CPU_ISA_COUNT; isa++) {
-        if (!fsdp_cpu_isa_supported((fsdp_cpu_isa)isa))
-            continue;
-        out = run_isa((fsdp_cpu_isa)isa, dt, c.codes, c.absmax, c.n);
-        snprintf(how, sizeof how, "%s, %s kernel", CASES[k], fsdp_cpu_isa_name((fsdp_cpu_isa)isa));
-        expect_bits(out, dt, c.fp32, c.n, how);
-        free(out);
-    }
+    expect_everywhere(dt, c.codes, c.absmax, c.n, c.fp32, CASES[k]);
     gcase_free(&c);
     gold_free(&g);
 }
@@ -292,26 +301,10 @@ static const size_t NAIVE_N[] = {64, 128 * 3, 64 * 97};
 START_TEST(test_naive_formula)
 {
     rcase r = rcase_init(NAIVE_N[_i], 700 + _i);
-    char how[96];
-    for (int d = 0; d < 2; d++) {
-        fsdp_dtype dt = d ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
-        env e;
-        env_init(&e, dt);
-        void *out = run_op(&e, r.codes, r.absmax, r.n);
-        snprintf(how, sizeof how, "n %zu, %s op", r.n, fsdp_dtype_name(dt));
-        expect_bits(out, dt, r.want, r.n, how);
-        free(out);
-        env_fini(&e);
-        for (int isa = 0; isa < FSDP_CPU_ISA_COUNT; isa++) {
-            if (!fsdp_cpu_isa_supported((fsdp_cpu_isa)isa))
-                continue;
-            out = run_isa((fsdp_cpu_isa)isa, dt, r.codes, r.absmax, r.n);
-            snprintf(how, sizeof how, "n %zu, %s, %s kernel", r.n, fsdp_dtype_name(dt),
-                     fsdp_cpu_isa_name((fsdp_cpu_isa)isa));
-            expect_bits(out, dt, r.want, r.n, how);
-            free(out);
-        }
-    }
+    char label[32];
+    snprintf(label, sizeof label, "n %zu", r.n);
+    expect_everywhere(FSDP_DTYPE_F32, r.codes, r.absmax, r.n, r.want, label);
+    expect_everywhere(FSDP_DTYPE_BF16, r.codes, r.absmax, r.n, r.want, label);
     rcase_free(&r);
 }
 END_TEST
