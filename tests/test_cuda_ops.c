@@ -1,8 +1,8 @@
 /*
  * test_cuda_ops.c - every cuda op against the cpu backend on the same
- * inputs (per-op tolerance; embed_bwd, residual, add exactly; AdamW, cast
- * and sumsq_blocks bit for bit), determinism (the same op twice gives the
- * same bits), and the op error path (sync_error).
+ * inputs (per-op tolerance; embed_bwd, residual, add exactly; AdamW, cast,
+ * nf4_dequant and sumsq_blocks bit for bit), determinism (the same op twice
+ * gives the same bits), and the op error path (sync_error).
  *
  * Every output an op writes (rather than accumulates into) is poisoned with
  * 0xFF bytes (NaN in fp32 and bf16) on both devices before every run, so
@@ -646,6 +646,35 @@ START_TEST(test_cast_sumsq_bit_exact)
 }
 END_TEST
 
+/* nf4_dequant: bit-identical to the cpu on random code bytes and absmax
+ * values (a zero block, one near the fp32 maximum, a subnormal one), fp32
+ * and bf16 out, over more blocks than one grid-stride pass covers. */
+START_TEST(test_nf4_dequant_bit_exact)
+{
+    NEED_GPU_DT("test_nf4_dequant_bit_exact");
+    pair P;
+    pair_init(&P, (fsdp_dtype)_i);
+    const size_t n = (size_t)64 * 4099;
+    int *words = malloc(n / 8 * sizeof *words);
+    ck_assert_ptr_nonnull(words);
+    for (size_t i = 0; i < n / 8; i++)
+        words[i] = (int)(uint32_t)fsdp_rng_u64(P.seed, 80, i);
+    tens codes = t_ints(&P, words, n / 8); /* n / 2 code bytes */
+    free(words);
+    tens absmax = t_new(&P, n / 64, FSDP_DTYPE_F32, 3.0f, 81);
+    absmax.init[0] = 0.0f, absmax.init[1] = 3.3e38f, absmax.init[2] = 1e-39f;
+    t_upload(&P, &absmax);
+    tens out = t_out(&P, n, (fsdp_dtype)_i);
+    for (int gpu = 0; gpu < 2; gpu++)
+        FSDP_OP(pair_ops(&P, gpu), nf4_dequant, t_on(&out, gpu), t_on(&codes, gpu),
+                t_on(&absmax, gpu), n);
+    gpu_done(&P);
+    expect_bits_equal(&P, "nf4_dequant", &out);
+    T_FREE_ALL(&P, &codes, &absmax, &out);
+    pair_fini(&P);
+}
+END_TEST
+
 int main(void)
 {
     /* Nothing CUDA here: Check forks each test, and CUDA must not be
@@ -660,7 +689,8 @@ int main(void)
                     FSDP_TEST_LOOP(test_attention, 2), FSDP_TEST_LOOP(test_attention_gpt2_shape, 2),
                     FSDP_TEST_LOOP(test_xent, 2), FSDP_TEST_LOOP(test_xent_gpt2_vocab, 2),
                     FSDP_TEST_LOOP(test_adamw_bit_exact, 2), FSDP_TEST_LOOP(test_sgd_bit_exact, 2),
-                    test_cast_sumsq_bit_exact)},
+                    test_cast_sumsq_bit_exact,
+                    FSDP_TEST_LOOP(test_nf4_dequant_bit_exact, 2))},
     };
     return fsdp_test_main("cuda_ops", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -6,9 +6,16 @@
  * to check that the GEMM kernels are used effectively (compare the GFLOP/s
  * with the machine's per-core peak: 32 fp32 FLOP/cycle with two 256-bit FMA
  * pipes, 64 with two 512-bit ones; bf16 dot products double it). The header
- * says which kernels ran. Not a test: prints one line per op and dtype.
+ * says which kernels ran. NF4 dequantization (nf4_dequant of a 4096 x 4096
+ * weight into fp32 and bf16) is memory-bound: its GB/s (code and absmax
+ * bytes read + output bytes written, per second) is printed next to a copy
+ * of the output's size on the same threads (cast to the same dtype, the
+ * team's memmove: read + written bytes per second), the bandwidth it can
+ * hope for, and next to each instruction set's kernel on one thread. Not a
+ * test: prints one line per op and dtype.
  *
- *   build/tools/bench_ops [--threads N] [N C OC] [reps]    (default 1; 256 768 3072, 5)
+ *   build/tools/bench_ops [--threads N] [--op matmul|attention|lora|nf4] [N C OC] [reps]
+ *       (default 1 thread, every op; 256 768 3072, 5)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +27,10 @@
 #include "core/rng.h"
 #include "device/cpu.h"
 #include "ops/cpu/blas.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/nf4.h"
 #include "ops/ops.h"
+#include "ops/optim_kernels.h"
 
 /* n random elements in dtype dt (uniform in [-1, 1)). */
 static void *rand_buf(size_t n, fsdp_dtype dt, uint64_t seed)
@@ -205,12 +215,83 @@ static void bench_attention(fsdp_dtype dt, int B, int T, int C, int NH, int reps
     fsdp_device_fini(&d);
 }
 
+struct nf4_args {
+    fsdp_op_ctx *ctx;
+    uint8_t *codes;
+    float *absmax;
+    void *out, *copy;
+    size_t n;
+    fsdp_cpu_isa isa; /* FSDP_CPU_ISA_COUNT: the op on the team */
+};
+
+static void nf4_run(void *p)
+{
+    struct nf4_args *a = p;
+    if (a->isa == FSDP_CPU_ISA_COUNT)
+        FSDP_OP(a->ctx, nf4_dequant, a->out, a->codes, a->absmax, a->n);
+    else
+        fsdp_cpu_nf4_dequant_isa(a->isa, a->out, a->ctx->dt, a->codes, a->absmax, a->n);
+}
+
+static void nf4_copy(void *p)
+{
+    struct nf4_args *a = p;
+    FSDP_OP(a->ctx, cast, a->copy, a->ctx->dt, a->out, a->ctx->dt, a->n);
+}
+
+/* nf4_dequant of a rows x cols weight into dt against a copy of its output:
+ * the op on the team, then each instruction set's kernel on this thread. */
+static void bench_nf4(fsdp_dtype dt, int rows, int cols, int reps)
+{
+    fsdp_device d;
+    fsdp_op_ctx ctx;
+    open_ctx(&d, &ctx, dt);
+    size_t n = (size_t)rows * cols, es = fsdp_dtype_size(dt);
+    struct nf4_args a = {.ctx = &ctx, .n = n, .isa = FSDP_CPU_ISA_COUNT,
+                         .codes = malloc(n / 2), .absmax = rand_buf(n / FSDP_NF4_BLOCK,
+                                                                    FSDP_DTYPE_F32, 16),
+                         .out = calloc(n, es), .copy = calloc(n, es)};
+    if (!a.codes || !a.out || !a.copy) {
+        fprintf(stderr, "bench_ops: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < n / 2; i++)
+        a.codes[i] = (uint8_t)fsdp_rng_u64(17, 0, i);
+    double op, copy;
+    best_times(reps, nf4_run, nf4_copy, &a, &op, &copy);
+    double op_bytes = (double)n / 2 + (double)n / FSDP_NF4_BLOCK * 4 + (double)n * es;
+    double copy_bytes = 2.0 * n * es;
+    printf("nf4_dequant %-4s %dx%d: %.2f ms, %.1f GB/s (%s kernel); copy of the output "
+           "%.2f ms, %.1f GB/s; %.0f%% of the copy's rate\n",
+           fsdp_dtype_name(dt), rows, cols, op * 1e3, op_bytes / op * 1e-9,
+           fsdp_cpu_isa_name(fsdp_cpu_isa_best()), copy * 1e3, copy_bytes / copy * 1e-9,
+           100.0 * (op_bytes / op) / (copy_bytes / copy));
+    for (int isa = 0; isa < FSDP_CPU_ISA_COUNT; isa++) {
+        if (!fsdp_cpu_isa_supported((fsdp_cpu_isa)isa) || isa == FSDP_CPU_ISA_SSE41)
+            continue; /* sse4.1 runs the scalar kernel */
+        a.isa = (fsdp_cpu_isa)isa;
+        double t, unused;
+        best_times(reps, nf4_run, nf4_copy, &a, &t, &unused);
+        printf("  %-7s kernel, 1 thread: %.2f ms, %.1f GB/s\n", fsdp_cpu_isa_name(a.isa),
+               t * 1e3, op_bytes / t * 1e-9);
+    }
+    free(a.codes), free(a.absmax), free(a.out), free(a.copy);
+    fsdp_ops_fini(&ctx);
+    fsdp_device_fini(&d);
+}
+
 int main(int argc, char **argv)
 {
     int N = 256, C = 768, OC = 3072, reps = 5, threads = 1, a = 1;
-    if (argc > 2 && !strcmp(argv[1], "--threads")) {
-        threads = atoi(argv[2]);
-        a = 3;
+    const char *only = NULL;
+    for (;;) {
+        if (argc - a >= 2 && !strcmp(argv[a], "--threads"))
+            threads = atoi(argv[a + 1]);
+        else if (argc - a >= 2 && !strcmp(argv[a], "--op"))
+            only = argv[a + 1];
+        else
+            break;
+        a += 2;
     }
     if (argc - a >= 3) {
         N = atoi(argv[a]), C = atoi(argv[a + 1]), OC = atoi(argv[a + 2]);
@@ -219,8 +300,11 @@ int main(int argc, char **argv)
     } else if (argc - a != 0) {
         N = 0;
     }
-    if (N <= 0 || C <= 0 || OC <= 0 || reps <= 0 || threads <= 0) {
-        fprintf(stderr, "usage: bench_ops [--threads N] [N C OC] [reps]\n");
+    bool known = !only || !strcmp(only, "matmul") || !strcmp(only, "attention") ||
+                 !strcmp(only, "lora") || !strcmp(only, "nf4");
+    if (N <= 0 || C <= 0 || OC <= 0 || reps <= 0 || threads <= 0 || !known) {
+        fprintf(stderr, "usage: bench_ops [--threads N] [--op matmul|attention|lora|nf4] "
+                        "[N C OC] [reps]\n");
         return 2;
     }
     if (fsdp_cpu_blas_status() != FSDP_STATUS_OK) {
@@ -229,13 +313,25 @@ int main(int argc, char **argv)
     }
     fsdp_device_cpu_set_threads(threads);
     fsdp_cpu_print_header(stdout, 1, threads);
-    bench_matmul(FSDP_DTYPE_F32, N, C, OC, reps);
-    bench_matmul(FSDP_DTYPE_BF16, N, C, OC, reps);
-    bench_attention(FSDP_DTYPE_F32, 4, 64, 768, 12, reps);
-    bench_attention(FSDP_DTYPE_BF16, 4, 64, 768, 12, reps);
-    /* a long sequence, where skipping the keys above the diagonal matters */
-    bench_attention(FSDP_DTYPE_F32, 1, 1024, 768, 12, reps);
-    bench_lora(FSDP_DTYPE_F32, 2048, 4096, 16, 4096, reps);
-    bench_lora(FSDP_DTYPE_BF16, 2048, 4096, 16, 4096, reps);
+#define RUNS(name) (!only || !strcmp(only, name))
+    if (RUNS("matmul")) {
+        bench_matmul(FSDP_DTYPE_F32, N, C, OC, reps);
+        bench_matmul(FSDP_DTYPE_BF16, N, C, OC, reps);
+    }
+    if (RUNS("attention")) {
+        bench_attention(FSDP_DTYPE_F32, 4, 64, 768, 12, reps);
+        bench_attention(FSDP_DTYPE_BF16, 4, 64, 768, 12, reps);
+        /* a long sequence, where skipping the keys above the diagonal matters */
+        bench_attention(FSDP_DTYPE_F32, 1, 1024, 768, 12, reps);
+    }
+    if (RUNS("lora")) {
+        bench_lora(FSDP_DTYPE_F32, 2048, 4096, 16, 4096, reps);
+        bench_lora(FSDP_DTYPE_BF16, 2048, 4096, 16, 4096, reps);
+    }
+    if (RUNS("nf4")) { /* a Llama 8B projection's weight */
+        bench_nf4(FSDP_DTYPE_F32, 4096, 4096, reps);
+        bench_nf4(FSDP_DTYPE_BF16, 4096, 4096, reps);
+    }
+#undef RUNS
     return 0;
 }

@@ -47,6 +47,7 @@ static void assert_complete(const struct fsdp_ops_i *t)
     REQUIRED(adamw);
     REQUIRED(sgd);
     REQUIRED(cast);
+    REQUIRED(nf4_dequant);
     REQUIRED(add);
     REQUIRED(sumsq_blocks);
     REQUIRED(rmsnorm_fwd);

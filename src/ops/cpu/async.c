@@ -125,6 +125,8 @@ ASYNC_OP(sgd, (float *, p), (const float *, grad), (float *, buf), (size_t, n), 
          (float, mu), (float, wd), (float, grad_scale), (void *, p_out), (fsdp_dtype, out_dt))
 ASYNC_OP(cast, (void *, dst), (fsdp_dtype, ddt), (const void *, src), (fsdp_dtype, sdt),
          (size_t, n))
+ASYNC_OP(nf4_dequant, (void *, out), (const uint8_t *, codes), (const float *, absmax),
+         (size_t, n))
 ASYNC_OP(add, (float *, dst), (const float *, x), (const float *, y), (size_t, n))
 ASYNC_OP(sumsq_blocks, (float *, out), (const float *, x), (size_t, n))
 ASYNC_OP(rmsnorm_fwd, (void *, out), (float *, rstd), (const void *, inp), (const void *, w),
@@ -191,6 +193,7 @@ const struct fsdp_ops_i fsdp_ops_cpu_async_i = {
     .adamw = async_adamw,
     .sgd = async_sgd,
     .cast = async_cast,
+    .nf4_dequant = async_nf4_dequant,
     .add = async_add,
     .sumsq_blocks = async_sumsq_blocks,
     .sync_error = async_sync_error,

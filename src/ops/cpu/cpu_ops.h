@@ -31,6 +31,7 @@
 
 #include "core/bf16.h"
 #include "device/cpu.h"
+#include "ops/isa.h"
 #include "ops/ops.h"
 
 /* Scratch slots; an op uses distinct slots for buffers alive at once. */
@@ -202,6 +203,8 @@ void fsdp_cpu_sgd(fsdp_op_ctx *ctx, float *p, const float *grad, float *buf, siz
                   float mu, float wd, float grad_scale, void *p_out, fsdp_dtype out_dt);
 void fsdp_cpu_cast(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void *src, fsdp_dtype sdt,
                    size_t n);
+void fsdp_cpu_nf4_dequant(fsdp_op_ctx *ctx, void *out, const uint8_t *codes, const float *absmax,
+                          size_t n);
 void fsdp_cpu_add(fsdp_op_ctx *ctx, float *dst, const float *a, const float *b, size_t n);
 void fsdp_cpu_sumsq_blocks(fsdp_op_ctx *ctx, float *out, const float *x, size_t n);
 void fsdp_cpu_rmsnorm_fwd(fsdp_op_ctx *ctx, void *out, float *rstd, const void *inp,
@@ -220,5 +223,15 @@ void fsdp_cpu_attention_gqa_fwd(fsdp_op_ctx *ctx, void *out, void *att, const vo
 void fsdp_cpu_attention_gqa_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt, const float *dout,
                                 const void *qkv, const void *att, int B, int T, int NH, int NKV,
                                 int hd);
+
+/* nf4_dequant's kernel for one instruction set (FSDP_CPU_ISA_COUNT: the
+ * best supported; a level without its own kernel runs the next lower one),
+ * on the calling thread: out (dt) from n elements' codes and absmax, n a
+ * multiple of FSDP_NF4_BLOCK. For tests and tools/bench_ops, which compare
+ * the levels; the op itself always runs the best one. */
+void fsdp_cpu_nf4_dequant_isa(fsdp_cpu_isa isa, void *out, fsdp_dtype dt, const uint8_t *codes,
+                              const float *absmax, size_t n);
+/* The 16 NF4 code values the kernels use (bitsandbytes' quant_map). */
+const float *fsdp_cpu_nf4_values(void);
 
 #endif /* FSDP_OPS_CPU_CPU_OPS_H */

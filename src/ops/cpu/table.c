@@ -25,6 +25,7 @@ const struct fsdp_ops_i fsdp_ops_cpu_i = {
     .adamw = fsdp_cpu_adamw,
     .sgd = fsdp_cpu_sgd,
     .cast = fsdp_cpu_cast,
+    .nf4_dequant = fsdp_cpu_nf4_dequant,
     .add = fsdp_cpu_add,
     .sumsq_blocks = fsdp_cpu_sumsq_blocks,
     .sync_error = fsdp_cpu_ops_sync_error, /* scratch OOM */

@@ -237,6 +237,8 @@ void fsdp_ops_cuda_sgd(fsdp_op_ctx *ctx, float *p, const float *grad, float *buf
                        fsdp_dtype out_dt);
 void fsdp_ops_cuda_cast(fsdp_op_ctx *ctx, void *dst, fsdp_dtype ddt, const void *src,
                         fsdp_dtype sdt, size_t n);
+void fsdp_ops_cuda_nf4_dequant(fsdp_op_ctx *ctx, void *out, const uint8_t *codes,
+                               const float *absmax, size_t n);
 void fsdp_ops_cuda_sumsq_blocks(fsdp_op_ctx *ctx, float *out, const float *x, size_t n);
 void fsdp_ops_cuda_rmsnorm_fwd(fsdp_op_ctx *ctx, void *out, float *rstd, const void *inp,
                                const void *w, float eps, int N, int C);

@@ -240,6 +240,7 @@ static const struct fsdp_ops_i cuda_ops_i = {
     .adamw = fsdp_ops_cuda_adamw,
     .sgd = fsdp_ops_cuda_sgd,
     .cast = fsdp_ops_cuda_cast,
+    .nf4_dequant = fsdp_ops_cuda_nf4_dequant,
     .add = fsdp_ops_cuda_add,
     .sumsq_blocks = fsdp_ops_cuda_sumsq_blocks,
     .sync_error = cuda_ops_sync_error,
