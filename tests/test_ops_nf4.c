@@ -202,7 +202,7 @@ START_TEST(test_fixture_facts)
     size_t numel;
     float *map = gold_get(&g, "quant_map", "F32", &numel);
     ck_assert_uint_eq(numel, 16);
-    ck_assert_msg(memcmp(map, fsdp_cpu_nf4_values(), sizeof(float) * 16) == 0,
+    ck_assert_msg(memcmp(map, fsdp_nf4_code, sizeof(float) * 16) == 0,
                   "the kernels' NF4 code values are not bitsandbytes' quant_map");
     uint8_t *even_high = gold_get(&g, "even_nibble_high", "U8", &numel);
     ck_assert_uint_eq(numel, 1);
@@ -283,7 +283,7 @@ static rcase rcase_init(size_t n, uint64_t seed)
     if (nb > 2)
         r.absmax[1] = 3.3e38f, r.absmax[2] = 1e-39f;
     r.want = fbuf(n);
-    const float *code = fsdp_cpu_nf4_values();
+    const float *code = fsdp_nf4_code;
     for (size_t i = 0; i < n; i++) {
         uint8_t byte = r.codes[i / 2];
         r.want[i] = code[i % 2 ? byte & 15 : byte >> 4] * r.absmax[i / FSDP_NF4_BLOCK];

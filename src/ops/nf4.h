@@ -29,6 +29,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define FSDP_NF4_BLOCK 64   /* elements per absmax */
 #define FSDP_NF4_NESTED 256 /* absmax values per nested absmax (double quantization) */
 
@@ -69,5 +73,9 @@ void fsdp_nf4_absmax(const uint8_t *qabsmax, const float *nested, float offset, 
 /* The reference dequantizer: x[i] = fsdp_nf4_code[code i] * absmax[i / 64],
  * n elements from codes starting at an even element. */
 void fsdp_nf4_dequant_ref(const uint8_t *codes, const float *absmax, size_t n, float *x);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* FSDP_OPS_NF4_H */

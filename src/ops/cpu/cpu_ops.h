@@ -231,7 +231,5 @@ void fsdp_cpu_attention_gqa_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt, cons
  * the levels; the op itself always runs the best one. */
 void fsdp_cpu_nf4_dequant_isa(fsdp_cpu_isa isa, void *out, fsdp_dtype dt, const uint8_t *codes,
                               const float *absmax, size_t n);
-/* The 16 NF4 code values the kernels use (bitsandbytes' quant_map). */
-const float *fsdp_cpu_nf4_values(void);
 
 #endif /* FSDP_OPS_CPU_CPU_OPS_H */

@@ -10,8 +10,8 @@
  * block's absmax and store fp32 or round to bf16 exactly as core/bf16.h
  * does (simd.h). Whole blocks go to the rank's team.
  *
- * The 16 values are bitsandbytes' NF4 code (its quant_map in fp32,
- * checked against the fixture tests/fixtures/nf4/ by test_ops_nf4).
+ * The 16 values are fsdp_nf4_code (ops/nf4.c: bitsandbytes' quant_map in
+ * fp32, checked against the fixture tests/fixtures/nf4/ by test_ops_nf4).
  */
 #include <string.h>
 
@@ -19,19 +19,6 @@
 #include "ops/cpu/simd.h"
 #include "ops/nf4.h"
 #include "ops/optim_kernels.h"
-
-/* bitsandbytes' NF4 code values, exact fp32 (hexadecimal literals). */
-static const float nf4_values[16] __attribute__((aligned(64))) = {
-    -0x1.000000p+0f, -0x1.647362p-1f, -0x1.0cd660p-1f, -0x1.946540p-2f,
-    -0x1.23449ap-2f, -0x1.7a6a7ep-3f, -0x1.74f0e2p-4f, 0x0.0p+0f,
-    0x1.45f5fep-4f,  0x1.4995c6p-3f,  0x1.f809bap-3f,  0x1.5a0674p-2f,
-    0x1.c34970p-2f,  0x1.200f56p-1f,  0x1.722766p-1f,  0x1.000000p+0f,
-};
-
-const float *fsdp_cpu_nf4_values(void)
-{
-    return nf4_values;
-}
 
 /* One kernel per instruction set: blocks [0, n_blocks) of codes and absmax
  * into out (dt). */
@@ -46,8 +33,8 @@ static void nf4_scalar(void *out, fsdp_dtype dt, const uint8_t *codes, const flo
         const uint8_t *c = codes + b * (FSDP_NF4_BLOCK / 2);
         size_t i0 = b * FSDP_NF4_BLOCK;
         for (size_t k = 0; k < FSDP_NF4_BLOCK / 2; k++) {
-            fsdp_cpu_st(out, dt, i0 + 2 * k, nf4_values[c[k] >> 4] * a);
-            fsdp_cpu_st(out, dt, i0 + 2 * k + 1, nf4_values[c[k] & 15] * a);
+            fsdp_cpu_st(out, dt, i0 + 2 * k, fsdp_nf4_code[c[k] >> 4] * a);
+            fsdp_cpu_st(out, dt, i0 + 2 * k + 1, fsdp_nf4_code[c[k] & 15] * a);
         }
     }
 }
@@ -59,7 +46,7 @@ __attribute__((target("avx2"))) static void nf4_avx2(void *out, fsdp_dtype dt,
                                                      const uint8_t *codes, const float *absmax,
                                                      size_t n_blocks)
 {
-    const __m256 lo_half = _mm256_load_ps(nf4_values), hi_half = _mm256_load_ps(nf4_values + 8);
+    const __m256 lo_half = _mm256_loadu_ps(fsdp_nf4_code), hi_half = _mm256_loadu_ps(fsdp_nf4_code + 8);
     const __m256i shifts = _mm256_setr_epi32(4, 0, 4, 0, 4, 0, 4, 0);
     const __m256i mask = _mm256_set1_epi32(15);
     for (size_t b = 0; b < n_blocks; b++) {
@@ -90,7 +77,7 @@ __attribute__((target("avx512f"))) static void nf4_avx512(void *out, fsdp_dtype 
                                                           const uint8_t *codes,
                                                           const float *absmax, size_t n_blocks)
 {
-    const __m512 table = _mm512_load_ps(nf4_values);
+    const __m512 table = _mm512_loadu_ps(fsdp_nf4_code);
     const __m512i shifts = _mm512_setr_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
     const __m512i mask = _mm512_set1_epi32(15);
     for (size_t b = 0; b < n_blocks; b++) {

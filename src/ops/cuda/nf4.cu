@@ -17,7 +17,6 @@
 extern "C" {
 #include "ops/nf4.h"
 /* The 16 NF4 code values (ops/cpu/cpu_ops.h; bitsandbytes' quant_map). */
-const float *fsdp_cpu_nf4_values(void);
 }
 
 struct nf4_table {
@@ -54,7 +53,7 @@ void fsdp_ops_cuda_nf4_dequant(fsdp_op_ctx *ctx, void *out, const uint8_t *codes
         return;
     }
     nf4_table table;
-    memcpy(table.v, fsdp_cpu_nf4_values(), sizeof table.v);
+    memcpy(table.v, fsdp_nf4_code, sizeof table.v);
     cudaStream_t s = fsdp_ops_cuda_stream(ctx);
     size_t n_bytes = n / 2;
     unsigned grid = fsdp_ops_cuda_grid(ctx, n_bytes, 256);
