@@ -213,6 +213,8 @@ struct fsdp_model {
     void *impl;             /* the family's own config (malloc'd, freed with the model) */
     fsdp_lora_config lora;  /* the adapters fsdp_model_add_lora gave it (r = 0: none) */
     char freeze[256];       /* the --freeze patterns applied to it ("" : none) */
+    bool nf4;               /* some frozen parameters are stored in NF4 (--quantize nf4, a
+                             * bnb-4bit file): their values are the NF4 round trip */
     size_t train_numel;     /* trainable parameters, all units */
     void *lora_impl;        /* models/lora.c's lookup tables (freed with the model) */
 };

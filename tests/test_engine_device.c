@@ -23,6 +23,8 @@
 #include "data/data.h"
 #include "device/device.h"
 #include "engine/engine.h"
+#include "models/family.h"
+#include "models/lora.h"
 #include "models/registry.h"
 #include "testutil.h"
 
@@ -240,10 +242,18 @@ static fsdp_status warm_rank(fsdp_world *w, int rank, void *arg)
  * (or an inference engine's forwards) x precision x ranks on meta, for
  * GPT-2 and Llama, and a corner of it on cpu (the same counts: the planner
  * is byte-exact against cpu). Returns how many configurations ran. */
-static int warm_matrix(const char *model, bool with_cpu)
+static int warm_matrix(const char *model, bool with_cpu, bool qlora)
 {
     fsdp_model m;
     ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
+    if (qlora) { /* adapters on every linear layer of an NF4 base (train/adapt.c's marking) */
+        fsdp_lora_config lc = {.r = 4, .alpha = 8, .targets = "all-linear"};
+        ck_assert_int_eq(fsdp_model_add_lora(&m, &lc), FSDP_STATUS_OK);
+        for (int u = 1; u < m.n_units; u++)
+            for (int k = 0; k < m.family->n_lora_modules; k++)
+                m.units[u].params[m.family->lora_modules[k].param].nf4 = true;
+        ck_assert_int_eq(fsdp_model_relayout(&m), FSDP_STATUS_OK);
+    }
     fsdp_data *data = NULL;
     ck_assert_int_eq(fsdp_data_open(&data, "synthetic", m.vocab_size, 7), FSDP_STATUS_OK);
     const fsdp_shard_strategy shards[] = {FSDP_SHARD_FULL, FSDP_SHARD_GRAD_OP, FSDP_SHARD_NONE};
@@ -251,7 +261,7 @@ static int warm_matrix(const char *model, bool with_cpu)
     for (int b = 0; b < 2; b++)
     for (int si = 0; si < 3; si++)
     for (int prefetch = 0; prefetch < 2; prefetch++)
-    for (int offload = 0; offload < 2; offload++)
+    for (int offload = 0; offload < (qlora ? 4 : 2); offload++) /* qlora: params too */
     for (int A = 0; A <= 5; A++) /* 0: an inference engine */
     for (int flat = 0; flat < 2; flat++) /* --accum flat: 3 and 4 micro-steps */
     for (int prec = 0; prec < 2; prec++)
@@ -268,7 +278,8 @@ static int warm_matrix(const char *model, bool with_cpu)
         ck_assert_int_eq(fsdp_world_init(&w, N), FSDP_STATUS_OK);
         fsdp_engine_config c = {.backend = backend, .n_ranks = N, .shard = shards[si],
                                 .compute_dtype = prec ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32,
-                                .prefetch = prefetch, .offload = offload, .batch = 2,
+                                .prefetch = prefetch, .offload = offload & 1,
+                                .offload_params = offload & 2, .batch = 2,
                                 .seq = 16, .grad_accum = A ? A : 1, .inference = A == 0,
                                 .clip = 1.0f, .seed = 1, /* AdamW at its defaults */
                                 .accum = flat ? FSDP_ACCUM_FLAT : FSDP_ACCUM_TREE};
@@ -308,8 +319,9 @@ static int warm_matrix(const char *model, bool with_cpu)
 
 START_TEST(test_warm_up_covers_the_step)
 {
-    ck_assert_int_gt(warm_matrix("tiny", true), 150);
-    ck_assert_int_gt(warm_matrix("llama-tiny", false), 150);
+    ck_assert_int_gt(warm_matrix("tiny", true, false), 150);
+    ck_assert_int_gt(warm_matrix("llama-tiny", false, false), 150);
+    ck_assert_int_gt(warm_matrix("llama-tiny", false, true), 250);
 }
 END_TEST
 

@@ -22,6 +22,7 @@
 #include "report/plan_report.h"
 #include "report/plot.h"
 #include "testutil.h"
+#include "train/adapt.h"
 #include "train/train.h"
 #include "train_util.h"
 
@@ -189,6 +190,37 @@ START_TEST(test_plan_equals_cpu_run_frozen)
             snprintf(desc, sizeof desc, "--freeze %s, %d device(s), %s, %s%s", c.freeze,
                      devices[d], fsdp_shard_strategy_name(c.eng.shard),
                      fsdp_dtype_name(c.eng.compute_dtype), c.eng.offload ? ", offload" : "");
+            expect_plan_equals_run(&c, desc);
+        }
+}
+END_TEST
+
+/* QLoRA: adapters on every linear layer of a base whose linear weights are
+ * NF4 (codes and absmax shards, their packed all-gathers and dequantized
+ * units), on every strategy and offload setting, params offload keeping the
+ * frozen shards in pinned host memory and uploading them before each
+ * gather: counted to the byte on the device and the host. */
+START_TEST(test_plan_equals_cpu_run_nf4)
+{
+    static const int devices[] = {1, 2, 4};
+    for (int d = 0; d < 3; d++)
+        for (int s = 0; s < FSDP_SHARD_COUNT; s++) {
+            fsdp_train_config c;
+            base_config(&c, "llama-tiny", devices[d]);
+            c.lora = (fsdp_lora_config){.r = 4, .alpha = 8, .targets = "all-linear"};
+            c.quantize = FSDP_QUANT_NF4;
+            c.eng.shard = (fsdp_shard_strategy)s;
+            int off = (d + s + _i) % 4; /* fsdp_offload_names' value */
+            c.eng.offload = off & 1;
+            c.eng.offload_params = off & 2;
+            c.eng.compute_dtype = _i ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+            c.eng.grad_accum = 2;
+            if (s == FSDP_SHARD_HYBRID && devices[d] > 1)
+                c.eng.n_nodes = 2;
+            char desc[256];
+            snprintf(desc, sizeof desc, "QLoRA, %d device(s), %s, %s, offload %s", devices[d],
+                     fsdp_shard_strategy_name(c.eng.shard), fsdp_dtype_name(c.eng.compute_dtype),
+                     fsdp_names_name(&fsdp_offload_names, off));
             expect_plan_equals_run(&c, desc);
         }
 }
@@ -489,7 +521,7 @@ START_TEST(test_plan_formula_text)
     for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {
         fsdp_plan p;
         memset(&p, 0, sizeof p);
-        p.numel = 1000000;
+        p.numel = p.train_numel = 1000000;
         p.n_ranks = 4;
         p.eng.shard = cases[i].shard;
         p.eng.compute_dtype = cases[i].dt;
@@ -504,6 +536,22 @@ START_TEST(test_plan_formula_text)
         ck_assert_msg(fabs((double)dev - want) < 1, "case %zu: %zu vs %.0f", i, dev, want);
         ck_assert(fabs((double)host - cases[i].host_per_p_n * 1e6 / 4) < 1);
     }
+    /* LoRA on an NF4 base: frozen compute-dtype (F) and NF4 (Q) shards beside the state */
+    fsdp_plan p;
+    memset(&p, 0, sizeof p);
+    p.train_numel = 1000000;
+    p.frozen_numel = 2000000;
+    p.nf4_numel = 16000000;
+    p.numel = p.train_numel + p.frozen_numel + p.nf4_numel;
+    p.n_ranks = 4;
+    p.eng.shard = FSDP_SHARD_FULL;
+    p.eng.compute_dtype = FSDP_DTYPE_BF16;
+    p.eng.grad_accum = 1;
+    size_t dev, host;
+    char text[128];
+    fsdp_plan_formula(&p, &dev, &host, text, sizeof text);
+    ck_assert_str_eq(text, "18 P/N + 2 F/N + 0.5625 Q/N");
+    ck_assert_uint_eq(dev, (18 * 1000000 + 2 * 2000000 + 9 * 1000000) / 4);
 }
 END_TEST
 
@@ -1138,6 +1186,7 @@ int main(void)
         {"accum", 120, FSDP_TESTS(test_plan_equals_cpu_run_flat, test_flat_grads_do_not_grow)},
         {"packed", 60, .tmpdir = true, FSDP_TESTS(test_plan_equals_cpu_run_packed)},
         {"frozen", 120, FSDP_TESTS(FSDP_TEST_LOOP(test_plan_equals_cpu_run_frozen, 4))},
+        {"nf4", 120, FSDP_TESTS(FSDP_TEST_LOOP(test_plan_equals_cpu_run_nf4, 2))},
         {"plan", 600, .tmpdir = true,
          FSDP_TESTS(test_plan_70b_fast_and_formulas, test_plan_formula_text,
                     test_offload_grads_on_host, test_plan_fit_verdict, test_plan_json,

@@ -128,6 +128,14 @@ bool fsdp_modelfile_tokenizer_of(const char *value, char *buf, size_t n);
 fsdp_status fsdp_modelfile_read_by_name(const fsdp_modelfile *mf, const fsdp_model *m, int unit,
                                         size_t begin, size_t end, float *dst);
 
+/* NF4 (bnb-4bit) files: whether mf stores weights in NF4; mark every
+ * parameter of m stored so (nf4 = true); elements [begin, end) of m's unit's
+ * NF4 group as codes and fp32 absmax (quantized as bitsandbytes would when
+ * the file holds floats). */
+bool fsdp_modelfile_is_nf4(const fsdp_modelfile *mf);
+fsdp_status fsdp_modelfile_mark_nf4(const fsdp_modelfile *mf, fsdp_model *m);
+fsdp_status fsdp_modelfile_read_nf4(const fsdp_modelfile *mf, const fsdp_model *m, int unit,
+                                    size_t begin, size_t end, uint8_t *codes, float *absmax);
 /* fsdp_engine_shared.init_fn: arg is a bound fsdp_modelfile. */
 fsdp_status fsdp_modelfile_init_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
                                    size_t end, float *dst);

@@ -147,7 +147,7 @@ static int run_fit(fsdp_run_opts *ro, struct fit_opts *o, fsdp_opt_list *l, bool
     if (fsdp_opt_get(l, "shard")->seen)
         req.shard_mask = FSDP_NAME_BIT(c->eng.shard);
     if (fsdp_opt_get(l, "offload")->seen)
-        req.offload_mask = FSDP_NAME_BIT(c->eng.offload);
+        req.offload_mask = FSDP_NAME_BIT(fsdp_offload_value(&c->eng));
     if (fsdp_opt_get(l, "prefetch")->seen)
         req.prefetch_mask = FSDP_NAME_BIT(c->eng.prefetch);
     if (fsdp_opt_get(l, "recompute")->seen)

@@ -16,6 +16,7 @@
 #include "cli/cli.h"
 #include "cli/run_opts.h"
 #include "models/lora.h"
+#include "train/adapt.h"
 
 /* --model's help, from the model registry and the weight-format table. */
 static const char *model_help(void)
@@ -47,7 +48,7 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
     ro->backend = (int)e->backend;
     ro->shard = (int)e->shard;
     ro->precision = (int)e->compute_dtype;
-    ro->offload = e->offload;
+    ro->offload = fsdp_offload_value(e);
     ro->prefetch = e->prefetch;
     ro->recompute = (int)e->recompute;
     ro->comm = (int)e->comm;
@@ -97,7 +98,7 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                       "compute dtype: gathered parameters and activations; master weights, "
                       "gradients and optimizer state stay fp32");
     fsdp_opt_add_name(l, "offload", &ro->offload, &fsdp_offload_names,
-                      "where the optimizer's shards live");
+                      "what lives in pinned host memory instead of the device");
     fsdp_opt_add_name(l, "prefetch", &ro->prefetch, &fsdp_prefetch_names,
                       "all-gather the next unit while computing this one");
     fsdp_opt_add_name(l, "recompute", &ro->recompute, &fsdp_recompute_names,
@@ -139,6 +140,9 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                  "parameters not to train, by Hugging Face tensor name with * globs (e.g. "
                  "model.embed_tokens.weight,model.layers.*.mlp.*): no gradient, optimizer state "
                  "or reduction, kept in the compute dtype");
+    fsdp_opt_add_name(l, "quantize", &c->quantize, &fsdp_quant_names,
+                      "how frozen linear weights are stored, sharded and gathered (QLoRA: "
+                      "--lora R --quantize nf4); a bnb-4bit model's are NF4 whatever this says");
     fsdp_opt_add(l, "seed", FSDP_OPT_U64, &e->seed, "S",
                  "seed for initialisation and data (default 1337)");
 }
@@ -171,7 +175,8 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     e->backend = (fsdp_backend)ro->backend;
     e->shard = (fsdp_shard_strategy)ro->shard;
     e->compute_dtype = (fsdp_dtype)ro->precision;
-    e->offload = ro->offload != 0;
+    e->offload = (ro->offload & 1) != 0;
+    e->offload_params = (ro->offload & 2) != 0;
     e->prefetch = ro->prefetch != 0;
     e->recompute = (fsdp_recompute)ro->recompute;
     e->comm = (fsdp_comm_kind)ro->comm;

@@ -55,6 +55,7 @@
 #include "core/world.h"
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
+#include "ops/nf4.h"
 
 /* ---- shared state ------------------------------------------------------- */
 
@@ -63,6 +64,10 @@ static const fsdp_name offload_names[] = {
     {"optimizer", 1,
      "master weights, optimizer state and gradient shards in pinned host memory, updated by "
      "the CPU optimizer"},
+    {"params", 2,
+     "the frozen parameters' shards (a LoRA base, dense or NF4) in pinned host memory, "
+     "uploaded just ahead of each gather"},
+    {"optimizer,params", 3, "both"},
 };
 const fsdp_name_table fsdp_offload_names = FSDP_NAME_TABLE(offload_names);
 
@@ -107,6 +112,11 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
                               "packed example rows need a model whose attention takes token "
                               "positions (the llama family); model '%s' has none: use --pack "
                               "off", model->name);
+    if (cfg->offload_params && model->train_numel == model->numel)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "--offload params keeps frozen parameters' shards in host memory, "
+                              "but nothing of model '%s' is frozen (train adapters with --lora, "
+                              "or --freeze PATTERN)", model->name);
     sh->optim = fsdp_optim_or_default(cfg->optim);
     fsdp_optim_hparams_resolve(sh->optim, &cfg->optim_hp, &sh->optim_hp);
     if (!cfg->inference)
@@ -148,6 +158,72 @@ static fsdp_status sync_all(fsdp_engine *e)
 
 /* ---- gather / release ---------------------------------------------------- */
 
+/* A frozen shard of unit u the gather reads: with params offload, `src`
+ * (pinned host memory) uploaded into a device buffer of its own on the comm
+ * stream (free it with stage_done once the gather has read it); else src. */
+static fsdp_status stage(fsdp_engine *e, int u, void *src, size_t bytes, void **out)
+{
+    *out = src;
+    if (!e->sh->cfg.offload_params)
+        return FSDP_STATUS_OK;
+    char what[96];
+    snprintf(what, sizeof what, "unit '%s' frozen shard upload", e->sh->sm.units[u].spec->name);
+    FSDP_TRY(fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_GATHER, what, out));
+    fsdp_trace_begin(&e->tr, FSDP_TRACE_COPY, "param h2d", e->sh->sm.units[u].spec->name, bytes);
+    FSDP_TRY(fsdp_device_memcpy(&e->dev, *out, src, bytes, e->dev.comm));
+    fsdp_trace_end(&e->tr, FSDP_TRACE_COPY);
+    return FSDP_STATUS_OK;
+}
+
+static void stage_done(fsdp_engine *e, void *src, void *staged)
+{
+    if (staged != src)
+        fsdp_device_free(&e->dev, staged); /* stream-ordered: after what read it */
+}
+
+/* The NF4 segment of unit u's gather, after the other segments' on the
+ * comm stream: the ranks' packed shards (codes + absmax) all-gathered into
+ * a buffer of their own, each dequantized into the gathered buffer at its
+ * place in the NF4 group, then the packed buffer freed (stream-ordered).
+ * The shard bytes travel as fp32 words: nothing is computed on them. */
+static fsdp_status gather_nf4(fsdp_engine *e, int u)
+{
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    fsdp_shard_unit *su = &e->sh->sm.units[u];
+    if (!su->nf4_numel)
+        return FSDP_STATUS_OK;
+    int k_ranks = sharded(e) ? e->sh->sm.shard_ranks : 1;
+    size_t bytes = fsdp_shardmap_nf4_bytes(su);
+    void *mine;
+    FSDP_TRY(stage(e, u, row->nf4, bytes, &mine));
+    char *packed = mine;
+    if (sharded(e)) {
+        char what[96];
+        snprintf(what, sizeof what, "unit '%s' NF4 gather", su->spec->name);
+        FSDP_TRY(fsdp_device_alloc(&e->dev, bytes * (size_t)k_ranks, FSDP_MEM_GATHER, what,
+                                   (void **)&packed));
+        fsdp_trace_begin(&e->tr, FSDP_TRACE_COMM, "all_gather_nf4", su->spec->name,
+                         bytes * (size_t)k_ranks);
+        fsdp_comm_label(e->shard_comm, "unit '%s' NF4 all-gather", su->spec->name);
+        FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, mine, packed, bytes / sizeof(float),
+                                      FSDP_DTYPE_F32, e->dev.comm));
+        fsdp_trace_end(&e->tr, FSDP_TRACE_COMM);
+        stage_done(e, row->nf4, mine);
+    }
+    char *out = (char *)row->gathered + su->spec->nf4_begin * dt_size(e);
+    for (int k = 0; k < k_ranks; k++) {
+        const char *shard = packed + (size_t)k * bytes;
+        FSDP_OP(&e->ops_gather, nf4_dequant, out + (size_t)k * su->nf4_shard * dt_size(e),
+                (const uint8_t *)shard, (const float *)(shard + su->nf4_shard / 2),
+                su->nf4_shard);
+    }
+    if (sharded(e))
+        fsdp_device_free(&e->dev, packed); /* stream-ordered: after the dequantization */
+    else
+        stage_done(e, row->nf4, mine);
+    return FSDP_STATUS_OK;
+}
+
 /* Issue the all-gather of unit u on the comm stream (no-op if resident):
  * the trainable segment, then the frozen one over its padding (shardmap.h).
  * Without sharding the buffer is the trainable shard itself, or, with a
@@ -160,7 +236,7 @@ static fsdp_status gather_issue(fsdp_engine *e, int u)
     if (row->state != FSDP_UNIT_SHARDED)
         return FSDP_STATUS_OK;
     FSDP_TRY(e->place->params_ready(e, u));
-    if (!sharded(e) && !su->frozen_numel) {
+    if (!sharded(e) && !su->frozen_numel && !su->nf4_numel) {
         row->gathered = row->param;
         row->state = FSDP_UNIT_GATHERED;
         return FSDP_STATUS_OK;
@@ -178,18 +254,23 @@ static fsdp_status gather_issue(fsdp_engine *e, int u)
                                           su->shard_numel, dt, e->dev.comm));
         }
         if (su->frozen_shard) {
+            void *mine;
+            FSDP_TRY(stage(e, u, row->frozen, su->frozen_shard * dt_size(e), &mine));
             fsdp_comm_label(e->shard_comm, "unit '%s' frozen all-gather", su->spec->name);
-            FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, row->frozen, frozen_at,
-                                          su->frozen_shard, dt, e->dev.comm));
+            FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, mine, frozen_at, su->frozen_shard, dt,
+                                          e->dev.comm));
+            stage_done(e, row->frozen, mine);
         }
     } else {
         if (su->shard_numel)
             FSDP_TRY(fsdp_device_memcpy(&e->dev, row->gathered, row->param,
                                         su->shard_numel * dt_size(e), e->dev.comm));
-        FSDP_TRY(fsdp_device_memcpy(&e->dev, frozen_at, row->frozen,
-                                    su->frozen_shard * dt_size(e), e->dev.comm));
+        if (su->frozen_shard) /* a copy: from pinned host memory too */
+            FSDP_TRY(fsdp_device_memcpy(&e->dev, frozen_at, row->frozen,
+                                        su->frozen_shard * dt_size(e), e->dev.comm));
     }
     fsdp_trace_end(&e->tr, FSDP_TRACE_COMM);
+    FSDP_TRY(gather_nf4(e, u));
     FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_gather[u], e->dev.comm));
     row->state = FSDP_UNIT_GATHERING;
     return FSDP_STATUS_OK;
@@ -282,6 +363,14 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
 
 /* ---- per-rank init ------------------------------------------------------- */
 
+/* A frozen shard: on the device, or in pinned host memory with params offload. */
+static fsdp_status alloc_frozen(fsdp_engine *e, size_t bytes, const char *what, void **out)
+{
+    if (e->sh->cfg.offload_params)
+        return fsdp_device_host_alloc(&e->dev, bytes, FSDP_MEM_PARAM, what, out);
+    return fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_PARAM, what, out);
+}
+
 /* The rank's shard of unit u's frozen segment: allocated on the device in
  * the compute dtype (frozen parameters keep no master) and initialised as
  * the trainable one is, rounded on the host. host_tmp holds a shard. */
@@ -297,8 +386,7 @@ static fsdp_status frozen_init(fsdp_engine *e, int u, float *host_tmp)
     char what[96];
     snprintf(what, sizeof what, "unit '%s' frozen %s parameter shard", su->spec->name,
              fsdp_dtype_name(dt));
-    FSDP_TRY(fsdp_device_alloc(&e->dev, n * fsdp_dtype_size(dt), FSDP_MEM_PARAM, what,
-                               &row->frozen));
+    FSDP_TRY(alloc_frozen(e, n * fsdp_dtype_size(dt), what, &row->frozen));
     if (!fsdp_device_computes(&e->dev))
         return FSDP_STATUS_OK;
     size_t begin = fsdp_shardmap_frozen_offset(&sh->sm, u, e->rank);
@@ -316,6 +404,33 @@ static fsdp_status frozen_init(fsdp_engine *e, int u, float *host_tmp)
     return fsdp_device_stream_sync(&e->dev, e->dev.compute); /* host_tmp is reused */
 }
 
+/* The rank's NF4 shard of unit u: codes then fp32 absmax, allocated on the
+ * device and filled by init_nf4_fn through host_tmp (which holds it). */
+static fsdp_status nf4_init(fsdp_engine *e, int u, float *host_tmp)
+{
+    const fsdp_engine_shared *sh = e->sh;
+    const fsdp_shard_unit *su = &sh->sm.units[u];
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    size_t n = su->nf4_shard, bytes = fsdp_shardmap_nf4_bytes(su);
+    if (!n)
+        return FSDP_STATUS_OK;
+    char what[96];
+    snprintf(what, sizeof what, "unit '%s' NF4 parameter shard", su->spec->name);
+    FSDP_TRY(alloc_frozen(e, bytes, what, &row->nf4));
+    if (!fsdp_device_computes(&e->dev))
+        return FSDP_STATUS_OK;
+    if (!sh->init_nf4_fn)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "unit '%s' has NF4 parameters but the run gave no NF4 source",
+                              su->spec->name);
+    size_t begin = fsdp_shardmap_nf4_offset(&sh->sm, u, e->rank);
+    uint8_t *codes = (uint8_t *)host_tmp;
+    FSDP_TRY(sh->init_nf4_fn(sh->init_arg, sh->model, u, begin, begin + n, codes,
+                             (float *)(codes + n / 2)));
+    FSDP_TRY(fsdp_device_memcpy(&e->dev, row->nf4, host_tmp, bytes, e->dev.compute));
+    return fsdp_device_stream_sync(&e->dev, e->dev.compute); /* host_tmp is reused */
+}
+
 /* Allocate the rank's shards of unit u (where the placement keeps them)
  * and initialise them: parameters from init_fn or the model's counter-based
  * RNG (own shard only), zero optimizer state and gradient, the compute copy
@@ -328,8 +443,10 @@ static fsdp_status unit_init(fsdp_engine *e, int u, float *host_tmp)
     size_t n = sh->sm.units[u].shard_numel, f32 = n * sizeof(float);
     FSDP_TRY(e->place->unit_alloc(e, u));
     row->state = FSDP_UNIT_SHARDED;
-    if (!fsdp_device_computes(&e->dev) || !n)
-        return frozen_init(e, u, host_tmp);
+    if (!fsdp_device_computes(&e->dev) || !n) {
+        FSDP_TRY(frozen_init(e, u, host_tmp));
+        return nf4_init(e, u, host_tmp);
+    }
     size_t begin = fsdp_shardmap_offset(&sh->sm, u, e->rank);
     if (sh->init_fn)
         FSDP_TRY(sh->init_fn(sh->init_arg, sh->model, u, begin, begin + n, host_tmp));
@@ -349,7 +466,8 @@ static fsdp_status unit_init(fsdp_engine *e, int u, float *host_tmp)
     /* the compute copy; host_tmp is reused for the next unit: the refresh
      * waits for the copies */
     FSDP_TRY(e->place->param_refresh(e, u));
-    return frozen_init(e, u, host_tmp);
+    FSDP_TRY(frozen_init(e, u, host_tmp));
+    return nf4_init(e, u, host_tmp);
 }
 
 fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank)
@@ -373,6 +491,7 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     e->ops_ready = true; /* the three contexts' fini is safe after a failed init */
     FSDP_CHECK(fsdp_ops_init(&e->ops, &e->dev, cfg->compute_dtype));
     FSDP_CHECK(fsdp_ops_init_host(&e->ops_host, &e->dev, cfg->compute_dtype));
+    FSDP_CHECK(fsdp_ops_init_stream(&e->ops_gather, &e->dev, cfg->compute_dtype, e->dev.comm));
     e->place = fsdp_place_of(cfg);
     bool host_grads = e->place->host_grads;
     if (!cfg->inference && host_grads)
@@ -388,6 +507,8 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
             max_shard = sh->sm.units[u].shard_numel;
         if (sh->sm.units[u].frozen_shard > max_init)
             max_init = sh->sm.units[u].frozen_shard;
+        if (sh->sm.units[u].nf4_shard > max_init) /* its bytes: under 4 per element */
+            max_init = sh->sm.units[u].nf4_shard;
     }
     if (max_shard > max_init)
         max_init = max_shard;
@@ -490,6 +611,7 @@ void fsdp_engine_free(fsdp_engine *e)
         fsdp_ops_fini(&e->ops);
         fsdp_ops_fini(&e->ops_acc);
         fsdp_ops_fini(&e->ops_host);
+        fsdp_ops_fini(&e->ops_gather);
     }
     fsdp_engine_comms_fini(e);
     if (e->dev_ready)
@@ -846,24 +968,70 @@ static fsdp_status forward_run(fsdp_engine *e, const int *tokens, int n_rows, co
     return gather_release(e, 0);
 }
 
-/* Unit u's frozen segment gathered, widened to fp32 into host_out (its
- * frozen_numel elements). Collective over the shard ranks. */
+/* Unit u's NF4 segment gathered, dequantized to fp32 into host_out (its
+ * nf4_numel elements). Collective over the shard ranks. */
+static fsdp_status gather_nf4_export(fsdp_engine *e, int u, float *host_out)
+{
+    fsdp_shard_unit *su = &e->sh->sm.units[u];
+    int k_ranks = sharded(e) ? e->sh->sm.shard_ranks : 1;
+    size_t bytes = fsdp_shardmap_nf4_bytes(su), all = bytes * (size_t)k_ranks;
+    void *full = NULL;
+    char *host = malloc(all + su->nf4_padded * sizeof(float));
+    if (!host)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory exporting unit '%s'",
+                              su->spec->name);
+    fsdp_status st = fsdp_device_alloc(&e->dev, all, FSDP_MEM_OTHER, "unit export (NF4)", &full);
+    void *row_nf4 = fsdp_engine_row(e, u)->nf4, *mine = row_nf4;
+    if (st == FSDP_STATUS_OK)
+        st = stage(e, u, row_nf4, bytes, &mine);
+    if (st == FSDP_STATUS_OK && sharded(e))
+        st = fsdp_comm_all_gather(e->shard_comm, mine, full, bytes / sizeof(float),
+                                  FSDP_DTYPE_F32, e->dev.comm);
+    else if (st == FSDP_STATUS_OK)
+        st = fsdp_device_memcpy(&e->dev, full, mine, bytes, e->dev.comm);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_device_memcpy(&e->dev, host, full, all, e->dev.comm);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_device_stream_sync(&e->dev, e->dev.comm);
+    float *x = (float *)(host + all);
+    for (int k = 0; st == FSDP_STATUS_OK && k < k_ranks; k++) {
+        const uint8_t *shard = (const uint8_t *)host + (size_t)k * bytes;
+        fsdp_nf4_dequant_ref(shard, (const float *)(shard + su->nf4_shard / 2), su->nf4_shard,
+                             x + (size_t)k * su->nf4_shard);
+    }
+    if (st == FSDP_STATUS_OK)
+        memcpy(host_out, x, su->nf4_numel * sizeof(float));
+    stage_done(e, row_nf4, mine);
+    fsdp_device_free(&e->dev, full);
+    free(host);
+    return st;
+}
+
+/* Unit u's frozen segments gathered, widened (or dequantized) to fp32 into
+ * host_out (the unit's elements from train_numel on). Collective over the
+ * shard ranks. */
 static fsdp_status gather_frozen(fsdp_engine *e, int u, float *host_out)
 {
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     fsdp_dtype dt = e->sh->cfg.compute_dtype;
     size_t bytes = su->frozen_padded * fsdp_dtype_size(dt);
+    if (su->nf4_numel)
+        FSDP_TRY(gather_nf4_export(e, u, host_out + su->frozen_numel));
+    if (!su->frozen_numel)
+        return FSDP_STATUS_OK;
     void *full = NULL, *host = malloc(bytes + 1);
     if (!host)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory exporting unit '%s'",
                               su->spec->name);
+    void *row_frozen = fsdp_engine_row(e, u)->frozen, *mine = row_frozen;
     fsdp_status st = fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_OTHER, "unit export (frozen)",
                                        &full);
+    if (st == FSDP_STATUS_OK)
+        st = stage(e, u, row_frozen, su->frozen_shard * fsdp_dtype_size(dt), &mine);
     if (st == FSDP_STATUS_OK && sharded(e))
-        st = fsdp_comm_all_gather(e->shard_comm, fsdp_engine_row(e, u)->frozen, full,
-                                  su->frozen_shard, dt, e->dev.comm);
+        st = fsdp_comm_all_gather(e->shard_comm, mine, full, su->frozen_shard, dt, e->dev.comm);
     else if (st == FSDP_STATUS_OK)
-        st = fsdp_device_memcpy(&e->dev, full, fsdp_engine_row(e, u)->frozen, bytes, e->dev.comm);
+        st = fsdp_device_memcpy(&e->dev, full, mine, bytes, e->dev.comm);
     if (st == FSDP_STATUS_OK)
         st = fsdp_device_memcpy(&e->dev, host, full, bytes, e->dev.comm);
     if (st == FSDP_STATUS_OK)
@@ -871,6 +1039,7 @@ static fsdp_status gather_frozen(fsdp_engine *e, int u, float *host_out)
     for (size_t i = 0; st == FSDP_STATUS_OK && i < su->frozen_numel; i++)
         host_out[i] = dt == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(((const fsdp_bf16 *)host)[i])
                                             : ((const float *)host)[i];
+    stage_done(e, row_frozen, mine);
     fsdp_device_free(&e->dev, full);
     free(host);
     return st;
@@ -883,7 +1052,7 @@ static fsdp_status gather_unit_run(fsdp_engine *e, int u, float *host_out)
     float *full = NULL, *shard = NULL;
     FSDP_TRY(e->place->params_ready(e, u));
     if (!su->padded_numel)
-        return gather_frozen(e, u, host_out);
+        return gather_frozen(e, u, host_out + su->numel);
     FSDP_TRY(fsdp_device_alloc(&e->dev, su->padded_numel * sizeof(float), FSDP_MEM_OTHER,
                                "unit export", (void **)&full));
     fsdp_status st = e->place->master_on_device(e, u, &shard);
@@ -902,7 +1071,7 @@ static fsdp_status gather_unit_run(fsdp_engine *e, int u, float *host_out)
     if (shard != row->master)
         fsdp_device_free(&e->dev, shard);
     fsdp_device_free(&e->dev, full);
-    if (st == FSDP_STATUS_OK && su->frozen_numel)
+    if (st == FSDP_STATUS_OK)
         st = gather_frozen(e, u, host_out + su->numel);
     return st;
 }

@@ -45,6 +45,8 @@ typedef struct fsdp_engine_config {
     fsdp_recompute recompute;  /* activations kept per block (models/model.h); the
                                 * others are rebuilt in backward */
     bool offload;              /* optimizer state + master + grad shards in pinned host memory */
+    bool offload_params;       /* frozen parameter shards (dense and NF4) in pinned host
+                                * memory, uploaded just ahead of each gather */
     bool inference;            /* forward only (eval, sample): each rank keeps its parameter
                                 * shard in the compute dtype and activations without
                                 * gradients; no master copy, optimizer state, gradient
@@ -78,8 +80,14 @@ typedef struct fsdp_engine_config {
                                 * (device.h); the caller's, since it knows its options */
 } fsdp_engine_config;
 
-/* The --offload values: none (0), optimizer (1), as cfg.offload. */
+/* The --offload values: none (0), optimizer (1), params (2), optimizer,params
+ * (3): cfg.offload | cfg.offload_params << 1 (fsdp_offload_value). */
 extern const fsdp_name_table fsdp_offload_names;
+
+static inline int fsdp_offload_value(const fsdp_engine_config *cfg)
+{
+    return (cfg->offload ? 1 : 0) | (cfg->offload_params ? 2 : 0);
+}
 
 /* Whether the engine can run `model` with recompute `mode`: every model
  * runs NONE, the other modes need the model's recompute slots
@@ -119,6 +127,13 @@ typedef struct fsdp_engine_shared {
     fsdp_status (*init_fn)(void *arg, const fsdp_model *m, int unit, size_t begin, size_t end,
                            float *dst);
     void *init_arg;
+    /* A rank's NF4 shard: elements [begin, end) of unit `unit`'s flat buffer,
+     * inside its NF4 group (spec->nf4_begin on) or the padding past numel
+     * (codes 0x77, absmax 0), as (end - begin) / 2 bytes of codes and
+     * (end - begin) / 64 fp32 absmax (ops/nf4.h). Required when the model has
+     * NF4 parameters; called as init_fn is, with init_arg. */
+    fsdp_status (*init_nf4_fn)(void *arg, const fsdp_model *m, int unit, size_t begin,
+                               size_t end, uint8_t *codes, float *absmax);
     /* optional trace sink (may be NULL) */
     struct fsdp_trace *trace;
 } fsdp_engine_shared;

@@ -33,6 +33,7 @@ struct fsdp_engine {
                                   * the reduce-scatters, or, with host_grads, host work on the
                                   * copy stream after the copies to pinned host memory */
     fsdp_op_ctx ops_host;        /* host-side kernels on host shards (offload), at once */
+    fsdp_op_ctx ops_gather;      /* NF4 dequantization after its all-gather: the comm stream */
     bool dev_ready, comm_ready, ops_ready, node_ready, cross_ready;
     fsdp_status status;          /* first failure of init or of a call (step, forward, ...);
                                   * OK so far: fsdp_engine_free stops the rank with it */

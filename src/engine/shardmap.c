@@ -73,9 +73,12 @@ fsdp_status fsdp_shardmap_init_nodes(fsdp_shardmap *sm, const fsdp_model *m, int
         su->numel = m->units[u].train_numel;
         su->padded_numel = (su->numel + align - 1) / align * align;
         su->shard_numel = su->padded_numel / (size_t)sm->shard_ranks;
-        su->frozen_numel = m->units[u].numel - m->units[u].train_numel;
+        su->frozen_numel = m->units[u].nf4_begin - m->units[u].train_numel;
         su->frozen_padded = (su->frozen_numel + align - 1) / align * align;
         su->frozen_shard = su->frozen_padded / (size_t)sm->shard_ranks;
+        su->nf4_numel = m->units[u].numel - m->units[u].nf4_begin; /* align: whole NF4 blocks */
+        su->nf4_padded = (su->nf4_numel + align - 1) / align * align;
+        su->nf4_shard = su->nf4_padded / (size_t)sm->shard_ranks;
         su->n_blocks = (su->numel + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
         su->rows = calloc((size_t)n_ranks, sizeof *su->rows);
         if (!su->rows) {
@@ -85,6 +88,7 @@ fsdp_status fsdp_shardmap_init_nodes(fsdp_shardmap *sm, const fsdp_model *m, int
         sm->numel += su->numel;
         sm->padded_numel += su->padded_numel;
         sm->frozen_numel += su->frozen_numel;
+        sm->nf4_numel += su->nf4_numel;
     }
     return FSDP_STATUS_OK;
 }

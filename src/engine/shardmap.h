@@ -58,41 +58,56 @@ typedef struct fsdp_shard_row {
                                          * (shard_numel each; same memory as master) */
     void *frozen;          /* compute-dtype shard of the frozen segment (frozen_shard), or
                             * NULL when the unit has no frozen parameters */
+    void *nf4;             /* the NF4 segment's shard: nf4_shard / 2 bytes of codes, then
+                            * nf4_shard / 64 fp32 absmax (fsdp_shardmap_nf4_bytes), or NULL */
     void *gathered;        /* (fsdp_shardmap_gathered_numel,) compute dtype, or NULL */
     float *grad_full;      /* (padded_numel,) fp32 unit gradient in backward, or NULL */
     fsdp_unit_state state;
 } fsdp_shard_row;
 
-/* A unit is two segments, each padded and split over the shard ranks on
- * its own: the trainable parameters, [0, spec->train_numel) of the flat
- * buffer (numel, padded_numel and shard_numel below: they have masters,
- * gradients, optimizer state and reductions), and the frozen ones,
- * [train_numel, spec->numel) (frozen_*: a compute-dtype shard only). A
- * model with nothing frozen has one segment, laid out as always. Either may
- * be empty (0 elements, no buffers, no collectives). */
+/* A unit is up to three segments, each padded and split over the shard
+ * ranks on its own: the trainable parameters, [0, spec->train_numel) of the
+ * flat buffer (numel, padded_numel and shard_numel below: they have masters,
+ * gradients, optimizer state and reductions), the frozen dense ones,
+ * [train_numel, spec->nf4_begin) (frozen_*: a compute-dtype shard only), and
+ * the frozen NF4 ones, [nf4_begin, spec->numel) (nf4_*: codes and fp32
+ * absmax, ops/nf4.h; dequantized into the gathered buffer right after their
+ * all-gather). A model with nothing frozen has one segment, laid out as
+ * always. Any may be empty (0 elements, no buffers, no collectives). */
 typedef struct fsdp_shard_unit {
     const fsdp_unit_spec *spec;
     size_t numel;          /* trainable, unpadded (= spec->train_numel) */
     size_t padded_numel;
     size_t shard_numel;    /* per rank */
     size_t n_blocks;       /* norm blocks holding real elements: ceil(numel / BLOCK) */
-    size_t frozen_numel;   /* frozen, unpadded (spec->numel - spec->train_numel) */
+    size_t frozen_numel;   /* frozen dense, unpadded (spec->nf4_begin - spec->train_numel) */
     size_t frozen_padded;
     size_t frozen_shard;   /* per rank */
+    size_t nf4_numel;      /* NF4, unpadded (spec->numel - spec->nf4_begin) */
+    size_t nf4_padded;     /* a multiple of shard_ranks * FSDP_NORM_BLOCK: whole NF4 blocks */
+    size_t nf4_shard;      /* per rank, elements */
     fsdp_shard_row *rows;  /* [n_ranks] */
 } fsdp_shard_unit;
 
 /* Elements of a unit's gathered buffer, laid out as the model's flat
- * buffer: the trainable segment, then the frozen one at spec->train_numel.
- * The trainable gather writes its padding over the start of the frozen
- * segment, which the frozen gather (issued after it, on the same stream)
- * then writes, so the buffer is the trainable parameters plus the padded
- * frozen segment. */
+ * buffer: the trainable segment, the frozen one at spec->train_numel, the
+ * NF4 one at spec->nf4_begin. Each segment's gather writes its padding over
+ * the start of the next one, which that segment's gather (issued after it,
+ * on the same stream) then writes, so the buffer ends with the last
+ * segment's padding. */
 static inline size_t fsdp_shardmap_gathered_numel(const fsdp_shard_unit *su)
 {
-    if (!su->frozen_numel)
-        return su->padded_numel;
-    return su->numel + su->frozen_padded;
+    if (su->nf4_numel)
+        return su->spec->nf4_begin + su->nf4_padded;
+    if (su->frozen_numel)
+        return su->numel + su->frozen_padded;
+    return su->padded_numel;
+}
+
+/* Bytes of one rank's NF4 shard: its codes, then its blocks' fp32 absmax. */
+static inline size_t fsdp_shardmap_nf4_bytes(const fsdp_shard_unit *su)
+{
+    return su->nf4_shard / 2 + su->nf4_shard / 64 * sizeof(float);
 }
 
 typedef struct fsdp_shardmap {
@@ -104,7 +119,8 @@ typedef struct fsdp_shardmap {
     fsdp_shard_unit *units;
     size_t numel;          /* all units' trainable segments, unpadded */
     size_t padded_numel;   /* all units' trainable segments, padded */
-    size_t frozen_numel;   /* all units' frozen segments, unpadded */
+    size_t frozen_numel;   /* all units' frozen dense segments, unpadded */
+    size_t nf4_numel;      /* all units' NF4 segments, unpadded */
 } fsdp_shardmap;
 
 /* The map of model m over n_ranks ranks on one node. */
@@ -127,6 +143,13 @@ static inline size_t fsdp_shardmap_frozen_offset(const fsdp_shardmap *sm, int un
 {
     const fsdp_shard_unit *su = &sm->units[unit];
     return su->numel + (size_t)(rank % sm->shard_ranks) * su->frozen_shard;
+}
+
+/* First element (in the unit's flat buffer) of rank r's NF4 shard. */
+static inline size_t fsdp_shardmap_nf4_offset(const fsdp_shardmap *sm, int unit, int rank)
+{
+    const fsdp_shard_unit *su = &sm->units[unit];
+    return su->spec->nf4_begin + (size_t)(rank % sm->shard_ranks) * su->nf4_shard;
 }
 
 /* Find the unit and element offset of a parameter by name (NULL if none). */

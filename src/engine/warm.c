@@ -119,7 +119,16 @@ static size_t gather_bytes(const struct replay *r, int u)
  * frozen segment to join with the trainable shard. */
 static bool gather_allocates(const struct replay *r, int u)
 {
-    return sharded(r) || unit(r, u)->frozen_numel;
+    return sharded(r) || unit(r, u)->frozen_numel || unit(r, u)->nf4_numel;
+}
+
+/* The NF4 segment's packed all-gather buffer (engine.c's gather_nf4), live
+ * only until its dequantization; 0 when there is none. */
+static size_t nf4_gather_bytes(const struct replay *r, int u)
+{
+    if (!sharded(r) || !unit(r, u)->nf4_numel)
+        return 0;
+    return fsdp_shardmap_nf4_bytes(unit(r, u)) * (size_t)r->e->sh->sm.shard_ranks;
 }
 
 static size_t grad_bytes(const struct replay *r, int u)
@@ -140,6 +149,24 @@ static void gather(struct replay *r, int u)
     r->gathered[u] = true;
     if (gather_allocates(r, u))
         take(&r->s, gather_bytes(r, u), 1);
+    const fsdp_shard_unit *su = unit(r, u);
+    bool staged = r->e->sh->cfg.offload_params; /* engine.c's stage: uploads of frozen shards */
+    size_t frozen_up = su->frozen_shard * fsdp_dtype_size(r->e->sh->cfg.compute_dtype);
+    size_t nf4_up = su->nf4_numel ? fsdp_shardmap_nf4_bytes(su) : 0;
+    if (staged && frozen_up && sharded(r)) { /* unsharded: a plain copy from the host */
+        take(&r->s, frozen_up, 1);
+        give(&r->s, frozen_up, 1);
+    }
+    if (staged && nf4_up)
+        take(&r->s, nf4_up, 1);
+    if (nf4_gather_bytes(r, u)) {
+        take(&r->s, nf4_gather_bytes(r, u), 1);
+        if (staged && nf4_up) /* freed once the all-gather has read it */
+            give(&r->s, nf4_up, 1);
+        give(&r->s, nf4_gather_bytes(r, u), 1);
+    } else if (staged && nf4_up) {
+        give(&r->s, nf4_up, 1);
+    }
 }
 
 static void release(struct replay *r, int u)
@@ -255,7 +282,7 @@ fsdp_status fsdp_engine_warm_up(fsdp_engine *e)
             r.lent = e->acc.units[u].buf[0] != NULL;
             break;
         }
-    r.s.cap = 3 * U + 7; /* + the exchanges' send and receive sizes */
+    r.s.cap = 6 * U + 7; /* + the exchanges' send and receive sizes */
     r.s.v = calloc((size_t)r.s.cap, sizeof *r.s.v);
     r.gathered = calloc((size_t)U, sizeof *r.gathered);
     r.made = calloc((size_t)U, sizeof *r.made);

@@ -89,7 +89,7 @@ static void print_fits(FILE *f, const fsdp_fit_request *req, const fsdp_fit_resu
     bool cuda = req->backend == FSDP_BACKEND_CUDA;
     fprintf(f, "\nfits, fastest first (memory: exact; step time: an ESTIMATE from the cost model "
                "below):\n");
-    fprintf(f, "  %3s %6s %7s  %-8s %-10s %-8s %-11s %11s %9s %10s %10s %9s %7s\n", "#", "batch",
+    fprintf(f, "  %3s %6s %7s  %-8s %-16s %-8s %-11s %11s %9s %10s %10s %9s %7s\n", "#", "batch",
             "accum", "shard", "offload", "prefetch", "recompute", "peak/dev", cuda ? "+cuda" : "",
             cuda ? "pinned" : "host", "step", "tokens/s", "vs #1");
     double best = r->cand[r->best].cost.step_s;
@@ -101,7 +101,7 @@ static void print_fits(FILE *f, const fsdp_fit_request *req, const fsdp_fit_resu
         char acc[16];
         snprintf(acc, sizeof acc, "%d%s", c->grad_accum,
                  c->accum == FSDP_ACCUM_FLAT ? " flat" : "");
-        fprintf(f, "  %3d %6d %7s  %-8s %-10s %-8s %-11s %11s %9s %10s %10s %9s %7s\n", i + 1,
+        fprintf(f, "  %3d %6d %7s  %-8s %-16s %-8s %-11s %11s %9s %10s %10s %9s %7s\n", i + 1,
                 c->batch, acc, fsdp_shard_strategy_name(c->shard),
                 fsdp_names_name(&fsdp_offload_names, c->offload), c->prefetch ? "on" : "off",
                 fsdp_fit_recompute_modes[c->recompute].name, fmtb(b1, c->peak_bytes),
@@ -194,7 +194,7 @@ static void print_accum(FILE *f, const fsdp_fit_result *r)
                "split of the global batch), %s flat (the same bits run to run, not across "
                "splits); ",
             c->grad_accum, fmtb(b1, tree->grad_bytes),
-            c->offload ? "in pinned host memory per device" : "per device",
+            (c->offload & 1) ? "in pinned host memory per device" : "per device",
             fmtb(b2, flat->grad_bytes));
     if (c->accum == FSDP_ACCUM_TREE)
         fprintf(f, "the tree fits: --accum tree\n");
@@ -242,7 +242,7 @@ static void print_chosen(FILE *f, const fsdp_fit_request *req, const fsdp_fit_re
     if (k0->inter_s > 0)
         fprintf(f, " (of the all-gather and reduce, %s between nodes at --node-gbs %g)",
                 fmt_time(t2, sizeof t2, k0->inter_s), req->machine.node_gbs);
-    if (c->offload)
+    if (c->offload & 1)
         fprintf(f, ", PCIe %s + CPU optimizer %s beside the device",
                 fmt_time(t2, sizeof t2, k0->pcie_s), fmt_time(t3, sizeof t3, k0->cpu_opt_s));
     fprintf(f, "\n  device %d peaks at %s (exact)", c->peak_device, fmtb(b1, c->peak_bytes));

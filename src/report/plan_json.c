@@ -14,7 +14,7 @@ void fsdp_plan_write_json(FILE *f, const fsdp_plan *p)
 {
     const fsdp_engine_config *e = &p->eng;
     size_t f_dev, f_host;
-    char formula[64];
+    char formula[128];
     fsdp_plan_formula(p, &f_dev, &f_host, formula, sizeof formula);
     int who;
     size_t peak = fsdp_plan_max_peak(p, &who);
@@ -25,7 +25,7 @@ void fsdp_plan_write_json(FILE *f, const fsdp_plan *p)
                "\"accum\":\"%s\",\"prefetch\":%s,\"recompute\":\"%s\",\"steps_run\":%d,"
                "\"node_gbs\":%g,",
             p->numel, p->padded_numel, p->n_units, p->n_ranks, fsdp_shard_strategy_name(e->shard),
-            fsdp_dtype_name(e->compute_dtype), fsdp_names_name(&fsdp_offload_names, e->offload),
+            fsdp_dtype_name(e->compute_dtype), fsdp_names_name(&fsdp_offload_names, fsdp_offload_value(e)),
             e->batch, e->seq, e->grad_accum, fsdp_names_name(&fsdp_accum_names, (int)e->accum),
             e->prefetch ? "true" : "false",
             fsdp_names_name(&fsdp_recompute_names, (int)e->recompute), p->steps, p->node_gbs);

@@ -42,7 +42,7 @@ fsdp_status fsdp_plan_write_svg(const fsdp_plan *p, const char *path)
     fsdp_svg_panel pan = {.x = left, .y = top, .w = plot_w, .h = height - top - bottom};
 
     size_t f_dev, f_host;
-    char formula[64];
+    char formula[128];
     fsdp_plan_formula(p, &f_dev, &f_host, formula, sizeof formula);
     double maxv = (double)fsdp_plan_max_peak(p, NULL);
     for (int r = 0; r < N; r++)
@@ -64,7 +64,7 @@ fsdp_status fsdp_plan_write_svg(const fsdp_plan *p, const char *path)
     snprintf(title, sizeof title, "fsdp plan: %s on %d device(s), shard %s, %s, %s, offload %s",
              p->model, N, fsdp_shard_strategy_name(p->eng.shard),
              fsdp_dtype_name(p->eng.compute_dtype), fsdp_optim_or_default(p->eng.optim)->name,
-             fsdp_names_name(&fsdp_offload_names, p->eng.offload));
+             fsdp_names_name(&fsdp_offload_names, fsdp_offload_value(&p->eng)));
     fsdp_svg s;
     FSDP_TRY(fsdp_svg_open(&s, path, width, height, title));
     fsdp_svg_text(&s, left, 22, 14, "start", 0, "black", "%s", title);

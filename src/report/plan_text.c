@@ -124,7 +124,7 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
             p->model, p->numel, (double)p->numel / (p->numel >= 1000000000 ? 1e9 : 1e6),
             p->numel >= 1000000000 ? "B" : "M", p->n_units, N, nodes,
             fsdp_shard_strategy_name(e->shard), fsdp_dtype_name(e->compute_dtype), o->name,
-            fsdp_names_name(&fsdp_offload_names, e->offload));
+            fsdp_names_name(&fsdp_offload_names, fsdp_offload_value(e)));
     fprintf(f, "  per device and micro-step: batch %d x seq %d, grad-accum %d%s, prefetch %s, "
                "recompute %s; %d step(s) run on the meta backend in %.2f s\n",
             e->batch, e->seq, e->grad_accum, e->accum == FSDP_ACCUM_FLAT ? " (flat)" : "",
@@ -195,12 +195,16 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
     size_t peak = fsdp_plan_max_peak(p, &who);
     const fsdp_plan_rank *pr = &p->ranks[who];
     size_t f_dev, f_host;
-    char formula[64];
+    char formula[128];
     fsdp_plan_formula(p, &f_dev, &f_host, formula, sizeof formula);
     const size_t *pk = pr->mem.peak_kind_bytes;
     size_t states = pk[FSDP_MEM_PARAM] + pk[FSDP_MEM_GRAD] + pk[FSDP_MEM_OPTIM];
-    fprintf(f, "\nZeRO model-state formula (%s, P = %zu, N = %d): %s on the device", formula,
-            p->numel, N, fmtb(b1, f_dev));
+    fprintf(f, "\nZeRO model-state formula (%s, P = %zu", formula, p->train_numel);
+    if (p->frozen_numel)
+        fprintf(f, ", F = %zu", p->frozen_numel);
+    if (p->nf4_numel)
+        fprintf(f, ", Q = %zu", p->nf4_numel);
+    fprintf(f, ", N = %d): %s on the device", N, fmtb(b1, f_dev));
     if (e->offload)
         fprintf(f, ", %s pinned host (measured %s)", fmtb(b2, f_host), fmtb(b3, pr->host.peak_bytes));
     fprintf(f, "\n  measured peak %s (device %d) = parameter/gradient/optimizer buffers %s\n"

@@ -2,9 +2,12 @@
  * adapt.c - LoRA adapters and frozen parameters applied to a run's model,
  * and its initialisation from the base's file (adapt.h).
  */
+#include <stdlib.h>
 #include <string.h>
 
+#include "models/family.h"
 #include "models/lora.h"
+#include "ops/nf4.h"
 #include "models/registry.h"
 #include "train/adapt.h"
 
@@ -65,6 +68,91 @@ fsdp_status fsdp_adapt_init_fn(void *arg, const fsdp_model *m, int unit, size_t 
                                     dst + (lo - begin)));
         else
             fsdp_model_init_range(m, unit, lo, hi, a->seed, dst + (lo - begin));
+    }
+    return FSDP_STATUS_OK;
+}
+
+static const fsdp_name quant_names[] = {
+    {"none", FSDP_QUANT_NONE, "frozen weights in the compute dtype (--precision)"},
+    {"nf4", FSDP_QUANT_NF4,
+     "frozen linear weights in 4-bit NF4 with double quantization, as bitsandbytes stores them "
+     "(0.28x the bytes of bf16 in shards and gathers; dequantized after each gather)"},
+};
+const fsdp_name_table fsdp_quant_names = FSDP_NAME_TABLE(quant_names);
+
+fsdp_status fsdp_adapt_quantize(fsdp_adapt *a, fsdp_model *m, fsdp_quant q)
+{
+    bool from_file = a->mf && fsdp_modelfile_is_nf4(a->mf);
+    if (q == FSDP_QUANT_NONE && !from_file)
+        return FSDP_STATUS_OK;
+    if (!a->active)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "%s: NF4 weights do not train; train LoRA adapters on them "
+                              "(--lora R) or freeze them (--freeze PATTERN)",
+                              from_file ? "the model's linear weights are stored in 4 bits"
+                                        : "--quantize nf4");
+    if (from_file) {
+        FSDP_TRY(fsdp_modelfile_mark_nf4(a->mf, m));
+    } else {
+        const fsdp_model_family *f = m->family;
+        if (!f->n_lora_modules)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                                  "--quantize nf4: %s names no linear layers to quantize",
+                                  f->title);
+        for (int u = 1; u < m->n_units; u++) /* the block units */
+            for (int k = 0; k < f->n_lora_modules; k++) {
+                fsdp_param_spec *p = &m->units[u].params[f->lora_modules[k].param];
+                p->nf4 = p->frozen;
+            }
+    }
+    m->nf4 = true;
+    return fsdp_model_relayout(m);
+}
+
+/* Blocks [lo, hi) of NF4 parameter p (unit coordinates, whole blocks) from
+ * its initialiser: the whole parameter drawn and quantized, as the double
+ * quantization needs every block's absmax. */
+static fsdp_status seed_nf4(const fsdp_adapt *a, const fsdp_model *m, int unit,
+                            const fsdp_param_spec *p, size_t lo, size_t hi, uint8_t *codes,
+                            float *absmax)
+{
+    size_t nb = fsdp_nf4_blocks(p->numel);
+    float *w = malloc(p->numel * sizeof *w + nb * sizeof(float) +
+                      fsdp_nf4_nested_blocks(nb) * sizeof(float));
+    uint8_t *q = malloc(p->numel / 2 + nb + 1);
+    if (!w || !q) {
+        free(w);
+        free(q);
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory quantizing %s", p->name);
+    }
+    float *am = w + p->numel, *nested = am + nb, offset;
+    fsdp_model_init_range(m, unit, p->offset, p->offset + p->numel, a->seed, w);
+    fsdp_nf4_quantize(w, p->numel, q, am);
+    fsdp_nf4_double_quant(am, nb, q + p->numel / 2, nested, &offset);
+    size_t first = lo - p->offset;
+    memcpy(codes, q + first / 2, (hi - lo) / 2);
+    fsdp_nf4_absmax(q + p->numel / 2, nested, offset, first / FSDP_NF4_BLOCK,
+                    (hi - lo) / FSDP_NF4_BLOCK, absmax);
+    free(w);
+    free(q);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_adapt_init_nf4_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
+                                   size_t end, uint8_t *codes, float *absmax)
+{
+    const fsdp_adapt *a = arg;
+    if (a->mf)
+        return fsdp_modelfile_read_nf4(a->mf, m, unit, begin, end, codes, absmax);
+    memset(codes, 0x77, (end - begin) / 2); /* padding: code 7 is 0.0 */
+    memset(absmax, 0, (end - begin) / FSDP_NF4_BLOCK * sizeof *absmax);
+    const fsdp_unit_spec *us = &m->units[unit];
+    for (int i = 0; i < us->n_params; i++) {
+        const fsdp_param_spec *p = &us->params[i];
+        size_t lo, hi;
+        if (p->nf4 && fsdp_param_overlap(p, begin, end, &lo, &hi))
+            FSDP_TRY(seed_nf4(a, m, unit, p, lo, hi, codes + (lo - begin) / 2,
+                              absmax + (lo - begin) / FSDP_NF4_BLOCK));
     }
     return FSDP_STATUS_OK;
 }

@@ -15,6 +15,7 @@
 
 #include "ckpt/modelfile.h"
 #include "ckpt/peft.h"
+#include "core/names.h"
 #include "models/model.h"
 
 typedef struct fsdp_adapt {
@@ -44,6 +45,30 @@ static inline bool fsdp_adapt_wanted(const fsdp_lora_config *lora, const char *f
 fsdp_status fsdp_adapt_apply(fsdp_adapt *a, fsdp_model *m, fsdp_modelfile *mf,
                              const fsdp_lora_config *lora, const char *freeze,
                              const char *adapter, uint64_t seed);
+
+/* How a run stores its frozen linear weights (--quantize). */
+typedef enum fsdp_quant {
+    FSDP_QUANT_NONE = 0, /* in the compute dtype */
+    FSDP_QUANT_NF4,      /* NF4 with double quantization (ops/nf4.h), as bitsandbytes */
+    FSDP_QUANT_COUNT
+} fsdp_quant;
+
+/* The settings by name, with one help line each (--quantize). */
+extern const fsdp_name_table fsdp_quant_names;
+
+/* Store frozen linear weights of the adapted model m in NF4 (the block
+ * units' linear layers, as bitsandbytes quantizes a model's nn.Linear but the
+ * LM head) when q is FSDP_QUANT_NF4, or whatever the base's file stores in
+ * NF4 (a bnb-4bit directory) in any case; relayout m. INVALID_ARG when there
+ * is something to quantize but nothing is frozen (naming --lora and
+ * --freeze), or a weight cannot be (models/model.h's relayout). */
+fsdp_status fsdp_adapt_quantize(fsdp_adapt *a, fsdp_model *m, fsdp_quant q);
+
+/* fsdp_engine_shared.init_nf4_fn for an adapted model; arg is the fsdp_adapt:
+ * NF4 shards from the base's file (quantized there when it holds floats), or
+ * the base's initialisers quantized. */
+fsdp_status fsdp_adapt_init_nf4_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
+                                   size_t end, uint8_t *codes, float *absmax);
 
 /* fsdp_engine_shared.init_fn for an adapted model; arg is the fsdp_adapt. */
 fsdp_status fsdp_adapt_init_fn(void *arg, const fsdp_model *m, int unit, size_t begin,

@@ -39,7 +39,8 @@ void fsdp_cost_estimate(const fsdp_machine *m, const fsdp_cost_input *in, fsdp_c
     double inter_g = in->inter_gather_bytes ? (double)in->inter_gather_bytes / node : 0.0;
     double inter_r = in->inter_reduce_bytes ? (double)in->inter_reduce_bytes / node : 0.0;
     out->inter_s = inter_g + inter_r;
-    out->gather_s = (double)in->gather_bytes / link + inter_g;
+    out->gather_s = (double)in->gather_bytes / link + inter_g +
+                    (double)in->param_upload_bytes / (m->pcie_gbs * 1e9);
     out->reduce_s = (double)in->reduce_bytes / link + inter_r;
     out->latency_s = (double)in->n_calls * m->link_latency_us * 1e-6;
     double exposed = in->prefetch ? max2(out->compute_s, out->gather_s)

@@ -90,6 +90,8 @@ typedef struct fsdp_cost_input {
     size_t n_calls;            /* collective calls, one step */
     size_t pcie_bytes;         /* offload: host <-> device bytes of this device, one step */
     size_t host_update_bytes;  /* offload: bytes the CPU optimizer moves, all devices */
+    size_t param_upload_bytes; /* params offload: frozen shards uploaded ahead of their
+                                * gathers, this device, one step (on the gathers' stream) */
 } fsdp_cost_input;
 
 /* The estimate, in seconds, with its terms (see the top of this file). */

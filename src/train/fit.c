@@ -150,7 +150,7 @@ static bool needs_no_more(const fsdp_fit_candidate *a, const fsdp_fit_candidate 
 {
     return a->batch == b->batch && a->grad_accum == b->grad_accum && a->accum == b->accum &&
            shard_no_more(a->shard, b->shard) &&
-           a->offload >= b->offload && a->prefetch <= b->prefetch &&
+           (a->offload & b->offload) == b->offload && a->prefetch <= b->prefetch &&
            fsdp_fit_recompute_modes[a->recompute].memory_rank <=
                fsdp_fit_recompute_modes[b->recompute].memory_rank;
 }
@@ -164,7 +164,8 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
     e->batch = c->batch;
     e->grad_accum = c->grad_accum;
     e->shard = c->shard;
-    e->offload = c->offload;
+    e->offload = (c->offload & 1) != 0;
+    e->offload_params = (c->offload & 2) != 0;
     e->prefetch = c->prefetch;
     e->accum = c->accum;
     apply_recompute(e, &fsdp_fit_recompute_modes[c->recompute]);
@@ -194,7 +195,7 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
         }
     }
     c->device_bytes = c->peak_bytes + c->cuda.total_bytes;
-    c->grad_bytes = c->offload ? pk->host.peak_kind_bytes[FSDP_MEM_GRAD]
+    c->grad_bytes = (c->offload & 1) ? pk->host.peak_kind_bytes[FSDP_MEM_GRAD]
                                : pk->mem.peak_kind_bytes[FSDP_MEM_GRAD];
     /* host: pinned memory of every device (and the simulated devices on cpu) */
     size_t host = 0, update = 0, pcie = 0, reduce = 0, gather = 0, igather = 0, ireduce = 0;
@@ -212,7 +213,10 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
          * micro-step's reduced gradient goes down, the parameters come back up.
          * Not the gradient bytes: the tree's partial sums would count as elements */
         size_t staging = e->compute_dtype == FSDP_DTYPE_F32 ? 0 : dt;
-        size_t elems = pr->host.peak_kind_bytes[FSDP_MEM_PARAM] / (sizeof(float) + staging);
+        size_t pinned = pr->host.peak_kind_bytes[FSDP_MEM_PARAM];
+        if (e->offload_params) /* the frozen shards: uploaded, never updated */
+            pinned -= pinned > p.frozen_shard_bytes ? p.frozen_shard_bytes : pinned;
+        size_t elems = pinned / (sizeof(float) + staging);
         size_t link = elems * (sizeof(float) * (size_t)c->grad_accum + dt);
         update += elems * per_elem;
         if (link > pcie)
@@ -239,14 +243,23 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
         .flops = tokens * (x->flops_per_token + x->recompute_flops[c->recompute]),
         .dtype = e->compute_dtype,
         .prefetch = c->prefetch,
-        .offload = c->offload,
+        .offload = (c->offload & 1) != 0,
         .gather_bytes = gather,
         .reduce_bytes = reduce,
         .inter_gather_bytes = igather,
         .inter_reduce_bytes = ireduce,
         .n_calls = fsdp_plan_coll_total(pk->n_calls),
-        .pcie_bytes = c->offload ? pcie : 0,
-        .host_update_bytes = c->offload ? update : 0,
+        .pcie_bytes = (c->offload & 1) ? pcie : 0,
+        .host_update_bytes = (c->offload & 1) ? update : 0,
+        /* a frozen shard goes up before each gather: forward and backward when the
+         * strategy frees units after forward, once per micro-step otherwise */
+        .param_upload_bytes = e->offload_params
+                                  ? p.frozen_shard_bytes * (size_t)c->grad_accum *
+                                        (e->shard == FSDP_SHARD_FULL ||
+                                                 e->shard == FSDP_SHARD_HYBRID
+                                             ? 2
+                                             : 1)
+                                  : 0,
     };
     fsdp_cost_estimate(&req->machine, &in, &c->cost);
     c->tokens_per_s = c->cost.step_s > 0 ? tokens * N / c->cost.step_s : 0;
@@ -321,7 +334,7 @@ static void *search_worker(void *arg)
 static int setting_level(const fsdp_fit_candidate *c)
 {
     return (c->shard == FSDP_SHARD_GRAD_OP || c->shard == FSDP_SHARD_HYBRID) +
-           (c->offload ? 0 : 1) + (c->prefetch ? 1 : 0) +
+           ((c->offload & 1) ? 0 : 1) - ((c->offload & 2) ? 1 : 0) + (c->prefetch ? 1 : 0) +
            fsdp_fit_recompute_modes[c->recompute].memory_rank;
 }
 
@@ -402,15 +415,17 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
     out->flops_per_token = x.flops_per_token;
 
     /* the settings of one micro-batch, least memory first */
-    fsdp_fit_candidate proto[FSDP_SHARD_COUNT * 2 * 2 * 8];
+    fsdp_fit_candidate proto[FSDP_SHARD_COUNT * 4 * 2 * 8];
+    /* params offload only moves frozen parameters: tried when some are */
+    bool frozen = req->base.lora.r > 0 || (req->base.freeze && req->base.freeze[0]);
     int n_set = 0;
     FSDP_ASSERT(fsdp_fit_n_recompute_modes <= 8);
     for (int rc = 0; rc < fsdp_fit_n_recompute_modes; rc++)
         for (int s = 0; s < FSDP_SHARD_COUNT; s++)
-            for (int off = 1; off >= 0; off--)
+            for (int off = 3; off >= 0; off--)
                 for (int pf = 0; pf <= 1; pf++) {
                     /* hybrid is full sharding on one node: only tried on several */
-                    if (s == FSDP_SHARD_HYBRID && e->n_nodes <= 1)
+                    if ((s == FSDP_SHARD_HYBRID && e->n_nodes <= 1) || ((off & 2) && !frozen))
                         continue;
                     /* a mode the model does not implement is left out, not tried:
                      * the other modes of the micro-batch stay in the search */

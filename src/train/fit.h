@@ -72,7 +72,7 @@ typedef struct fsdp_fit_request {
     fsdp_machine machine;
     /* values tried, one bit per value (FSDP_NAME_BIT); 0 = all */
     unsigned shard_mask;     /* of fsdp_shard_strategy */
-    unsigned offload_mask;   /* bit 0: none, bit 1: optimizer */
+    unsigned offload_mask;   /* bit k: offload value k (none, optimizer, params, both) */
     unsigned prefetch_mask;  /* bit 0: off, bit 1: on */
     unsigned recompute_mask; /* of indices into fsdp_fit_recompute_modes */
     unsigned accum_mask;     /* of fsdp_accum_mode */
@@ -99,7 +99,8 @@ typedef enum fsdp_fit_verdict {
 typedef struct fsdp_fit_candidate {
     int batch, grad_accum;
     fsdp_shard_strategy shard;
-    bool offload, prefetch;
+    int offload;              /* fsdp_offload_names' value: bit 0 optimizer, bit 1 params */
+    bool prefetch;
     int recompute;            /* index into fsdp_fit_recompute_modes */
     fsdp_accum_mode accum;
     fsdp_fit_verdict verdict;

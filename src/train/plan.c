@@ -105,6 +105,7 @@ fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *ou
     FSDP_CHECK(fsdp_modelfile_resolve(cfg->model, &model, NULL));
     fsdp_adapt adapt;
     FSDP_CHECK(fsdp_adapt_apply(&adapt, &model, NULL, &cfg->lora, cfg->freeze, NULL, ec->seed));
+    FSDP_CHECK(fsdp_adapt_quantize(&adapt, &model, (fsdp_quant)cfg->quantize));
     fsdp_adapt_free(&adapt);
     out->numel = model.numel;
     out->n_units = model.n_units;
@@ -115,7 +116,16 @@ fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *ou
     }
     FSDP_CHECK(fsdp_world_init(&w, ec->n_ranks));
     FSDP_CHECK(fsdp_engine_shared_init(&pl.sh, ec, &model, NULL, w));
-    out->padded_numel = pl.sh.sm.padded_numel;
+    out->train_numel = pl.sh.sm.numel;
+    out->frozen_numel = pl.sh.sm.frozen_numel;
+    out->nf4_numel = pl.sh.sm.nf4_numel;
+    out->padded_numel = 0;
+    for (int u = 0; u < pl.sh.sm.n_units; u++) {
+        const fsdp_shard_unit *su = &pl.sh.sm.units[u];
+        out->padded_numel += su->padded_numel + su->frozen_padded + su->nf4_padded;
+        out->frozen_shard_bytes += su->frozen_shard * fsdp_dtype_size(ec->compute_dtype) +
+                                   (su->nf4_numel ? fsdp_shardmap_nf4_bytes(su) : 0);
+    }
     if (cfg->trace_path)
         FSDP_CHECK(fsdp_trace_init(&pl.sh.trace, ec->n_ranks));
     FSDP_CHECK(fsdp_world_launch(w, plan_rank, &pl));
@@ -177,7 +187,7 @@ void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes
     const fsdp_engine_config *e = &p->eng;
     /* hybrid shards over a node's L ranks as full shards over all N */
     bool hybrid = e->shard == FSDP_SHARD_HYBRID && p->n_nodes > 1;
-    double P = (double)p->numel, N = (double)p->n_ranks / (hybrid ? p->n_nodes : 1);
+    double P = (double)p->train_numel, N = (double)p->n_ranks / (hybrid ? p->n_nodes : 1);
     const char *over = hybrid ? "L" : "N";
     int dt = (int)fsdp_dtype_size(e->compute_dtype);
     /* state per parameter: fp32 master 4, fp32 gradient 4 for each of the
@@ -222,6 +232,18 @@ void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes
                      e->shard == FSDP_SHARD_NONE ? "" : "/N");
         }
     }
+    /* frozen parameters: a compute-dtype shard (F), or NF4 codes and fp32
+     * absmax (Q: 9/16 byte each), sharded as the strategy shards */
+    double F = (double)p->frozen_numel, Q = (double)p->nf4_numel;
+    double over_n = e->shard == FSDP_SHARD_NONE ? 1.0 : N;
+    size_t len = strlen(text);
+    if (F > 0 && len < n)
+        len += (size_t)snprintf(text + len, n - len, " + %d F%s%s", dt,
+                                over_n > 1 ? "/" : "", over_n > 1 ? over : "");
+    if (Q > 0 && len < n)
+        snprintf(text + len, n - len, " + 0.5625 Q%s%s", over_n > 1 ? "/" : "",
+                 over_n > 1 ? over : "");
+    dev += (dt * F + 0.5625 * Q) / over_n;
     *dev_bytes = (size_t)dev;
     *host_bytes = (size_t)host;
 }

@@ -40,7 +40,11 @@ typedef struct fsdp_plan {
     size_t device_mem;        /* the cap the caller asked about (0: none) */
     char model[160];
     size_t numel;             /* model parameters */
-    size_t padded_numel;      /* all units padded for the shard map */
+    size_t train_numel;       /* of which train (P of the formula) */
+    size_t frozen_numel;      /* frozen in the compute dtype (F) */
+    size_t nf4_numel;         /* frozen in NF4 (Q) */
+    size_t frozen_shard_bytes; /* one rank's frozen shards, all units (dense and NF4) */
+    size_t padded_numel;      /* all units' segments padded for the shard map */
     int n_units;
     int steps;                /* steps run */
     double wall_s;            /* time the meta run took */

@@ -513,6 +513,15 @@ static void print_header(const struct trainer *t, const fsdp_engine_config *ec)
     if (m->freeze[0])
         fprintf(t->out, "frozen: %s: %.3fM of %.2fM params train\n", m->freeze,
                 (double)m->train_numel / 1e6, (double)m->numel / 1e6);
+    if (t->sh.sm.nf4_numel) {
+        char b2[32];
+        size_t nf4 = t->sh.sm.nf4_numel;
+        fprintf(t->out, "quantize: nf4: %.2fM frozen linear-weight params in 4 bits (%s with their "
+                        "absmax, %s in bf16)%s\n", (double)nf4 / 1e6,
+                fsdp_fmt_bytes(b, sizeof b, (double)nf4 * 9 / 16),
+                fsdp_fmt_bytes(b2, sizeof b2, (double)nf4 * 2),
+                ec->offload_params ? "; frozen shards in pinned host memory" : "");
+    }
     fsdp_lr_plan lp = lr_plan(t->cfg);
     char sched[96];
     fprintf(t->out, "lr %.3g%s%s%s, warmup %d steps, then %s\n", (double)lp.lr,
@@ -538,6 +547,7 @@ static fsdp_status run_prepare(struct trainer *t, fsdp_engine_config *ec)
     FSDP_TRY(fsdp_modelfile_resolve(cfg->model, &t->model, &t->mf));
     FSDP_TRY(fsdp_adapt_apply(&t->adapt, &t->model, t->mf, &cfg->lora, cfg->freeze,
                               cfg->adapter, ec->seed));
+    FSDP_TRY(fsdp_adapt_quantize(&t->adapt, &t->model, (fsdp_quant)cfg->quantize));
     if (cfg->data && ec->backend != FSDP_BACKEND_META) {
         FSDP_TRY(data_open(t, ec));
         FSDP_TRY(fsdp_trainer_eval_open(t, ec));
@@ -562,6 +572,7 @@ static fsdp_status run_prepare(struct trainer *t, fsdp_engine_config *ec)
     FSDP_TRY(fsdp_engine_shared_init(&t->sh, ec, &t->model, t->data, t->world));
     if (t->adapt.active) {
         t->sh.init_fn = fsdp_adapt_init_fn;
+        t->sh.init_nf4_fn = fsdp_adapt_init_nf4_fn;
         t->sh.init_arg = &t->adapt;
     } else if (t->mf) {
         t->sh.init_fn = fsdp_modelfile_init_fn;

@@ -22,6 +22,8 @@ typedef struct fsdp_train_config {
     fsdp_lora_config lora;    /* --lora R, --lora-alpha, --lora-targets, --rslora: adapters on
                                * a frozen base (r = 0: none; models/lora.h) */
     const char *freeze;       /* --freeze PATTERN[,...]: parameters not trained, or NULL */
+    int quantize;             /* --quantize: fsdp_quant (train/adapt.h): how frozen linear
+                               * weights are stored */
     const char *adapter;      /* --adapter DIR: LoRA adapters (and their settings) from a PEFT
                                * adapter directory, or NULL */
     const char *data;         /* "synthetic", FILE.txt, FILE.jsonl or token shard glob */

@@ -128,7 +128,7 @@ fsdp_status fsdp_trainer_agree(struct trainer *t)
     add_num(&l, "--ranks-per-device", "%.0f", ec->ranks_per_device);
     add_str(&l, "--shard", fsdp_shard_strategy_name(ec->shard), NULL);
     add_str(&l, "--precision", fsdp_dtype_name(ec->compute_dtype), NULL);
-    add_str(&l, "--offload", fsdp_names_name(&fsdp_offload_names, ec->offload), NULL);
+    add_str(&l, "--offload", fsdp_names_name(&fsdp_offload_names, fsdp_offload_value(ec)), NULL);
     add_str(&l, "--prefetch", ec->prefetch ? "on" : "off", NULL);
     add_str(&l, "--recompute", fsdp_names_name(&fsdp_recompute_names, (int)ec->recompute), NULL);
     add_str(&l, "--accum", fsdp_names_name(&fsdp_accum_names, (int)ec->accum), NULL);
