@@ -24,6 +24,7 @@
 #include "core/flight.h"
 #include "core/rng.h"
 #include "core/world.h"
+#include "device/cpu.h"
 #include "device/device.h"
 #include "testutil.h"
 
@@ -956,6 +957,48 @@ struct misfit_arg {
     char msg[4][FSDP_ERROR_MSG_MAX];
 };
 
+/* fsdp_comm_fini with collectives still queued (async cpu streams with
+ * delays): fini waits for them, so they neither read the freed transport
+ * nor leave their buffer half reduced. Each rank doubles x 20 times. */
+enum { FINI_N = 16, FINI_ROUNDS = 20 };
+
+static fsdp_status fini_queued_rank(fsdp_world *w, int rank, void *p)
+{
+    (void)p;
+    struct rank_env e;
+    fsdp_status st;
+    float *x = NULL;
+    FSDP_CHECK(env_init(&e, w, rank, FSDP_BACKEND_CPU));
+    FSDP_CHECK(fsdp_device_alloc(&e.dev, FINI_N * sizeof *x, FSDP_MEM_COMM, "test", (void **)&x));
+    for (int i = 0; i < FINI_N; i++)
+        x[i] = 1.0f;
+    for (int k = 0; k < FINI_ROUNDS; k++)
+        FSDP_CHECK(fsdp_comm_all_reduce(&e.comm, x, x, FINI_N, FSDP_DTYPE_F32, FSDP_REDUCE_SUM,
+                                        NULL));
+    fsdp_comm_fini(&e.comm); /* no sync before it */
+    e.have_comm = false;
+    FSDP_CHECK(fsdp_device_stream_sync(&e.dev, e.dev.comm));
+    for (int i = 0; i < FINI_N; i++)
+        if (x[i] != (float)(1 << FINI_ROUNDS)) {
+            st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: x[%d] = %g after fini, want %d",
+                                rank, i, (double)x[i], 1 << FINI_ROUNDS);
+            goto fail;
+        }
+fail:
+    if (x)
+        fsdp_device_free(&e.dev, x);
+    env_fini(&e);
+    return st;
+}
+
+START_TEST(test_fini_waits_for_queued_collectives)
+{
+    fsdp_device_cpu_set_streams(FSDP_CPU_STREAMS_ASYNC, 3);
+    launch_ok(2, fini_queued_rank, NULL);
+    fsdp_device_cpu_set_streams(FSDP_CPU_STREAMS_DEFAULT, 0);
+}
+END_TEST
+
 /* On cpu devices: --comm meta is refused on every rank, a request for
  * another backend than the device's is an internal error, auto works. */
 static fsdp_status misfit_rank(fsdp_world *w, int rank, void *p)
@@ -1011,7 +1054,8 @@ int main(void)
                     test_meta_moves_nothing)},
         {"transport", 60,
          FSDP_TESTS(test_transport_pick_matrix, test_transport_help_names_its_backends,
-                    test_transport_groups, test_comm_init_refuses_misfit)},
+                    test_transport_groups, test_comm_init_refuses_misfit,
+                    test_fini_waits_for_queued_collectives)},
         {"failures", 60,
          FSDP_TESTS(test_fault_in_kth_collective_aborts_others, test_abort_while_waiting,
                     FSDP_TEST_LOOP(test_comm_survives_failed_launch, 2),
