@@ -269,12 +269,12 @@ $(BUILD)/tools/%: tools/%.c $(LIB)
 # The suites that run a second time on asynchronous cpu streams with random
 # delays (tools/run_tests.sh --async): the engine's bit-identity matrix,
 # the golden trajectory, checkpoint round trips, several processes, faults,
-# frozen segments and LoRA against PEFT.
+# frozen segments and LoRA against PEFT, the host collectives, the cpu ops.
 # A ThreadSanitizer build runs the heaviest of them only (time).
 ASYNC_SUITES ?= $(if $(filter 1,$(TSAN)),test_engine test_ckpt,test_engine test_golden \
                 test_ckpt test_compat test_llama test_model test_mpi_train test_mpi_jobs \
                 test_faults test_optim_train test_train_errors test_hostile test_frozen \
-                test_lora_train)
+                test_lora_train test_comm test_ops test_ops_llama test_ops_lora test_cpu)
 ASYNC_JITTER ?= 1
 test: all $(TEST_BIN)
 	@tools/run_tests.sh $(TEST_BIN) --async $(ASYNC_JITTER) $(ASYNC_SUITES:%=$(BUILD)/tests/%)
