@@ -13,7 +13,14 @@
 
 void env_init(env *e, fsdp_dtype dt)
 {
-    ck_assert_int_eq(fsdp_device_init(&e->dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0), FSDP_STATUS_OK);
+    /* inline streams whatever FSDP_CPU_STREAMS says: callers run the cpu
+     * table itself on malloc'd buffers and read results at once, which
+     * async streams (ops queued on a worker) do not allow; then back to
+     * the environment's mode */
+    fsdp_device_cpu_set_streams(FSDP_CPU_STREAMS_INLINE, 0);
+    fsdp_status st = fsdp_device_init(&e->dev, FSDP_BACKEND_CPU, NULL, 0, 0, 0);
+    fsdp_device_cpu_set_streams(FSDP_CPU_STREAMS_DEFAULT, 0);
+    ck_assert_int_eq(st, FSDP_STATUS_OK);
     ck_assert_int_eq(fsdp_ops_init(&e->ctx, &e->dev, dt), FSDP_STATUS_OK);
     ck_assert_ptr_eq(e->ctx.iface, &fsdp_ops_cpu_i);
 }

@@ -24,7 +24,8 @@ typedef struct env {
 } env;
 
 /* The device with the build's default threads and an op context in dt,
- * which must be the cpu op table. */
+ * which must be the cpu op table: the device has inline streams also where
+ * FSDP_CPU_STREAMS=async (the rest of a suite runs on async streams). */
 void env_init(env *e, fsdp_dtype dt);
 /* The same with `threads` threads per device, granted on any machine (the
  * core count is faked while the device opens). */

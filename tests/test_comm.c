@@ -9,6 +9,9 @@
  * have random mantissas and exponents spread over 2^-10..2^10, so adding in
  * any other order than the tree changes some sums (checked explicitly).
  *
+ * Results and failures are read after the comm stream's sync (synced()),
+ * so the suite also runs on async cpu streams (make test's second pass).
+ *
  * Rank threads never call Check's assertions: a rank that sees a wrong
  * result returns INTERNAL with a message, and the main thread asserts on
  * the launcher's status and prints the message.
@@ -24,6 +27,7 @@
 #include "core/flight.h"
 #include "core/rng.h"
 #include "core/world.h"
+#include "device/cpu.h"
 #include "device/device.h"
 #include "testutil.h"
 
@@ -116,6 +120,17 @@ static fsdp_status expect_same(int rank, const char *what, const void *got, cons
                           what, numel, fsdp_dtype_name(dt), i, g, x);
 }
 
+/* st, or when the collective was queued (OK) the comm stream's sync: with
+ * async cpu streams a collective runs on that stream's worker, so its
+ * result, and its failure, are known only after the sync (a no-op inline).
+ * Wrap every collective whose result or status the test reads. */
+static fsdp_status synced(fsdp_comm *c, fsdp_status st)
+{
+    if (st != FSDP_STATUS_OK || !c->dev)
+        return st;
+    return fsdp_device_stream_sync(c->dev, c->dev->comm);
+}
+
 /* ---- every collective against the reference ----------------------------- */
 
 /* The expected results are shared by the ranks and computed cooperatively
@@ -160,38 +175,39 @@ static fsdp_status sweep_one(fsdp_comm *c, fsdp_device *d, struct sweep_arg *a, 
     /* all_gather, out of place then in place */
     fill(send, dt, tag, r, 0, numel);
     memset(recv, 0xa5, full * es);
-    FSDP_CHECK(fsdp_comm_all_gather(c, send, recv, numel, dt, NULL));
+    FSDP_CHECK(synced(c, fsdp_comm_all_gather(c, send, recv, numel, dt, NULL)));
     FSDP_CHECK(expect_same(r, "all_gather", recv, a->want_gather, full, dt));
     memset(recv, 0x5a, full * es);
-    fill((char *)recv + (size_t)r * numel * es, dt, tag, r, 0, numel);
-    FSDP_CHECK(fsdp_comm_all_gather(c, (char *)recv + (size_t)r * numel * es, recv, numel, dt,
-                                    NULL));
+    char *mine = (char *)recv + (size_t)r * numel * es;
+    fill(mine, dt, tag, r, 0, numel);
+    FSDP_CHECK(synced(c, fsdp_comm_all_gather(c, mine, recv, numel, dt, NULL)));
     FSDP_CHECK(expect_same(r, "all_gather in place", recv, a->want_gather, full, dt));
 
     for (int op = FSDP_REDUCE_SUM; op <= FSDP_REDUCE_AVG; op++) {
         const char *opn = op == FSDP_REDUCE_SUM ? "sum" : "avg";
         const char *want = a->want_red[op];
+        fsdp_reduce_op o = (fsdp_reduce_op)op;
         /* reduce_scatter: this rank's output is chunk r of the full reduction */
         fill(send, dt, tag + 1, r, 0, full);
         memset(recv, 0xa5, numel * es);
-        FSDP_CHECK(fsdp_comm_reduce_scatter(c, send, recv, numel, dt, (fsdp_reduce_op)op, NULL));
+        FSDP_CHECK(synced(c, fsdp_comm_reduce_scatter(c, send, recv, numel, dt, o, NULL)));
         snprintf(what, sizeof what, "reduce_scatter %s", opn);
         FSDP_CHECK(expect_same(r, what, recv, want + (size_t)r * numel * es, numel, dt));
-        FSDP_CHECK(fsdp_comm_reduce_scatter(c, send, odd, numel, dt, (fsdp_reduce_op)op, NULL));
+        FSDP_CHECK(synced(c, fsdp_comm_reduce_scatter(c, send, odd, numel, dt, o, NULL)));
         snprintf(what, sizeof what, "reduce_scatter %s unaligned", opn);
         FSDP_CHECK(expect_same(r, what, odd, want + (size_t)r * numel * es, numel, dt));
 
         /* all_reduce over the full vector, out of place then in place */
         memset(recv, 0xa5, full * es);
-        FSDP_CHECK(fsdp_comm_all_reduce(c, send, odd, full, dt, (fsdp_reduce_op)op, NULL));
+        FSDP_CHECK(synced(c, fsdp_comm_all_reduce(c, send, odd, full, dt, o, NULL)));
         snprintf(what, sizeof what, "all_reduce %s unaligned", opn);
         FSDP_CHECK(expect_same(r, what, odd, want, full, dt));
         memset(recv, 0xa5, full * es);
-        FSDP_CHECK(fsdp_comm_all_reduce(c, send, recv, full, dt, (fsdp_reduce_op)op, NULL));
+        FSDP_CHECK(synced(c, fsdp_comm_all_reduce(c, send, recv, full, dt, o, NULL)));
         snprintf(what, sizeof what, "all_reduce %s", opn);
         FSDP_CHECK(expect_same(r, what, recv, want, full, dt));
         memcpy(recv, send, full * es);
-        FSDP_CHECK(fsdp_comm_all_reduce(c, recv, recv, full, dt, (fsdp_reduce_op)op, NULL));
+        FSDP_CHECK(synced(c, fsdp_comm_all_reduce(c, recv, recv, full, dt, o, NULL)));
         snprintf(what, sizeof what, "all_reduce %s in place", opn);
         FSDP_CHECK(expect_same(r, what, recv, want, full, dt));
     }
@@ -199,7 +215,7 @@ static fsdp_status sweep_one(fsdp_comm *c, fsdp_device *d, struct sweep_arg *a, 
     /* broadcast from every root in turn */
     for (int root = 0; root < n; root++) {
         fill(recv, dt, tag, r, 0, numel);
-        FSDP_CHECK(fsdp_comm_broadcast(c, recv, numel, dt, root, NULL));
+        FSDP_CHECK(synced(c, fsdp_comm_broadcast(c, recv, numel, dt, root, NULL)));
         snprintf(what, sizeof what, "broadcast from %d", root);
         FSDP_CHECK(expect_same(r, what, recv, (char *)a->want_gather + (size_t)root * numel * es,
                                numel, dt));
@@ -481,7 +497,7 @@ static fsdp_status fault_rank(fsdp_world *w, int rank, void *p)
                                       FSDP_REDUCE_SUM, NULL);
             break;
         }
-        if (st != FSDP_STATUS_OK)
+        if ((st = synced(&e.comm, st)) != FSDP_STATUS_OK)
             goto fail;
     }
 fail:
@@ -590,7 +606,10 @@ END_TEST
 
 /* Communicators kept across launches: a collective fails in launch 1, and
  * launch 2 uses the same communicators (no re-init). The ranks that gave
- * up withdrew their arrival, so all ranks are in step again. */
+ * up withdrew their arrival, so all ranks are in step again. They have no
+ * device, so the collectives run on the rank threads in either stream mode
+ * (a device's failure is sticky on async cpu streams, as on CUDA: its
+ * streams would skip launch 2's work). */
 struct persist_arg {
     struct rank_env env[4];
     struct fault_arg fa;
@@ -603,7 +622,9 @@ static fsdp_status persist_rank(fsdp_world *w, int rank, void *p)
     struct rank_env *e = &a->env[rank];
     fsdp_status st = FSDP_STATUS_OK;
     if (a->phase == 0) {
-        FSDP_TRY(env_init(e, w, rank, FSDP_BACKEND_CPU));
+        memset(e, 0, sizeof *e);
+        FSDP_TRY(fsdp_comm_host_init(&e->comm, w, NULL, rank));
+        e->have_comm = true;
         float x[64] = {0}, y[256];
         for (int k = 1; k <= 4 && st == FSDP_STATUS_OK; k++) {
             if (k == 3 && rank == 1)
@@ -611,6 +632,7 @@ static fsdp_status persist_rank(fsdp_world *w, int rank, void *p)
             st = k % 2 ? fsdp_comm_all_gather(&e->comm, x, y, 64, FSDP_DTYPE_F32, NULL)
                        : fsdp_comm_all_reduce(&e->comm, x, y, 64, FSDP_DTYPE_F32,
                                               FSDP_REDUCE_SUM, NULL);
+            st = synced(&e->comm, st);
         }
         a->fa.st[rank] = st;
         return st;
@@ -627,7 +649,7 @@ static fsdp_status persist_rank(fsdp_world *w, int rank, void *p)
             x[i] = (float)(rank * 100 + it * 8 + i);
         if (rank == it % 4)
             usleep(1000);
-        st = fsdp_comm_all_gather(&e->comm, x, y, 8, FSDP_DTYPE_F32, NULL);
+        st = synced(&e->comm, fsdp_comm_all_gather(&e->comm, x, y, 8, FSDP_DTYPE_F32, NULL));
         for (int q = 0; q < w->n_ranks && st == FSDP_STATUS_OK; q++)
             for (int i = 0; i < 8 && st == FSDP_STATUS_OK; i++)
                 if (y[q * 8 + i] != (float)(q * 100 + it * 8 + i))
@@ -635,7 +657,8 @@ static fsdp_status persist_rank(fsdp_world *w, int rank, void *p)
                                         "rank %d it %d: gathered element %d of rank %d is %g",
                                         rank, it, i, q, (double)y[q * 8 + i]);
         if (st == FSDP_STATUS_OK)
-            st = fsdp_comm_all_reduce(&e->comm, x, y, 8, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+            st = synced(&e->comm, fsdp_comm_all_reduce(&e->comm, x, y, 8, FSDP_DTYPE_F32,
+                                                       FSDP_REDUCE_SUM, NULL));
         for (int i = 0; i < 8 && st == FSDP_STATUS_OK; i++) /* sum of 100 q + 8 it + i */
             if (y[i] != (float)(100 * 6 + 4 * (it * 8 + i)))
                 st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d it %d: sum %g", rank, it,
@@ -712,7 +735,8 @@ static fsdp_status mismatch_rank(fsdp_world *w, int rank, void *p)
     fsdp_status st;
     float send[16] = {0}, recv[64];
     FSDP_CHECK(env_init(&e, w, rank, FSDP_BACKEND_CPU));
-    st = fsdp_comm_all_gather(&e.comm, send, recv, rank == 2 ? 8 : 16, FSDP_DTYPE_F32, NULL);
+    size_t numel = rank == 2 ? 8 : 16;
+    st = synced(&e.comm, fsdp_comm_all_gather(&e.comm, send, recv, numel, FSDP_DTYPE_F32, NULL));
 fail:
     a->st[rank] = st;
     snprintf(a->msg[rank], sizeof a->msg[rank], "%s", st ? fsdp_error_msg() : "");
@@ -782,7 +806,8 @@ static fsdp_status pingpong_rank(fsdp_world *w, int rank, void *p)
             usleep(2000);
         for (int i = 0; i < 4; i++)
             x[i] = (float)(rank + it + i);
-        FSDP_CHECK(fsdp_comm_all_reduce(&e.comm, x, y, 4, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL));
+        FSDP_CHECK(synced(&e.comm, fsdp_comm_all_reduce(&e.comm, x, y, 4, FSDP_DTYPE_F32,
+                                                        FSDP_REDUCE_SUM, NULL)));
         /* sum over r of (r + it + i), exact in fp32 for these sizes */
         int n = w->n_ranks;
         for (int i = 0; i < 4; i++)
@@ -956,6 +981,48 @@ struct misfit_arg {
     char msg[4][FSDP_ERROR_MSG_MAX];
 };
 
+/* fsdp_comm_fini with collectives still queued (async cpu streams with
+ * delays): fini waits for them, so they neither read the freed transport
+ * nor leave their buffer half reduced. Each rank doubles x 20 times. */
+enum { FINI_N = 16, FINI_ROUNDS = 20 };
+
+static fsdp_status fini_queued_rank(fsdp_world *w, int rank, void *p)
+{
+    (void)p;
+    struct rank_env e;
+    fsdp_status st;
+    float *x = NULL;
+    FSDP_CHECK(env_init(&e, w, rank, FSDP_BACKEND_CPU));
+    FSDP_CHECK(fsdp_device_alloc(&e.dev, FINI_N * sizeof *x, FSDP_MEM_COMM, "test", (void **)&x));
+    for (int i = 0; i < FINI_N; i++)
+        x[i] = 1.0f;
+    for (int k = 0; k < FINI_ROUNDS; k++)
+        FSDP_CHECK(fsdp_comm_all_reduce(&e.comm, x, x, FINI_N, FSDP_DTYPE_F32, FSDP_REDUCE_SUM,
+                                        NULL));
+    fsdp_comm_fini(&e.comm); /* no sync before it */
+    e.have_comm = false;
+    FSDP_CHECK(fsdp_device_stream_sync(&e.dev, e.dev.comm));
+    for (int i = 0; i < FINI_N; i++)
+        if (x[i] != (float)(1 << FINI_ROUNDS)) {
+            st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: x[%d] = %g after fini, want %d",
+                                rank, i, (double)x[i], 1 << FINI_ROUNDS);
+            goto fail;
+        }
+fail:
+    if (x)
+        fsdp_device_free(&e.dev, x);
+    env_fini(&e);
+    return st;
+}
+
+START_TEST(test_fini_waits_for_queued_collectives)
+{
+    fsdp_device_cpu_set_streams(FSDP_CPU_STREAMS_ASYNC, 3);
+    launch_ok(2, fini_queued_rank, NULL);
+    fsdp_device_cpu_set_streams(FSDP_CPU_STREAMS_DEFAULT, 0);
+}
+END_TEST
+
 /* On cpu devices: --comm meta is refused on every rank, a request for
  * another backend than the device's is an internal error, auto works. */
 static fsdp_status misfit_rank(fsdp_world *w, int rank, void *p)
@@ -973,7 +1040,8 @@ static fsdp_status misfit_rank(fsdp_world *w, int rank, void *p)
     fsdp_status st = fsdp_comm_init(&c, &ok, w, &dev, rank);
     if (st == FSDP_STATUS_OK) {
         float x = (float)rank, sum = 0;
-        st = fsdp_comm_all_reduce(&c, &x, &sum, 1, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+        st = synced(&c, fsdp_comm_all_reduce(&c, &x, &sum, 1, FSDP_DTYPE_F32, FSDP_REDUCE_SUM,
+                                             NULL));
         if (st == FSDP_STATUS_OK && sum != 6.0f)
             st = fsdp_error_set(FSDP_STATUS_INTERNAL, "rank %d: sum %g, want 6", rank, sum);
         fsdp_comm_fini(&c);
@@ -1011,7 +1079,8 @@ int main(void)
                     test_meta_moves_nothing)},
         {"transport", 60,
          FSDP_TESTS(test_transport_pick_matrix, test_transport_help_names_its_backends,
-                    test_transport_groups, test_comm_init_refuses_misfit)},
+                    test_transport_groups, test_comm_init_refuses_misfit,
+                    test_fini_waits_for_queued_collectives)},
         {"failures", 60,
          FSDP_TESTS(test_fault_in_kth_collective_aborts_others, test_abort_while_waiting,
                     FSDP_TEST_LOOP(test_comm_survives_failed_launch, 2),

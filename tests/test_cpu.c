@@ -557,7 +557,10 @@ int main(int argc, char **argv)
             if (fsdp_device_init(&d, FSDP_BACKEND_CPU, NULL, 0, 0, 0) == FSDP_STATUS_OK &&
                 fsdp_ops_init(&ctx, &d, FSDP_DTYPE_F32) == FSDP_STATUS_OK) {
                 FSDP_OP(&ctx, matmul_fwd, y, a, a, NULL, 2, 2, 2);
-                printf("op_status %s\n", fsdp_status_name(ctx.iface->sync_error(&ctx)));
+                fsdp_status op = ctx.iface->sync_error(&ctx);
+                if (op == FSDP_STATUS_OK) /* async cpu streams: known at the sync */
+                    op = fsdp_device_stream_sync(&d, ctx.stream);
+                printf("op_status %s\n", fsdp_status_name(op));
                 fsdp_ops_fini(&ctx);
                 fsdp_device_fini(&d);
             }

@@ -976,6 +976,8 @@ static fsdp_status cr_rank(fsdp_world *w, int rank, void *arg)
                     s->OC);
             FSDP_OP(&ctx, attention_bwd, s->dqkv[rank], datt, s->datt_dout, s->qkv, att, s->B,
                     s->T, s->C, s->NH);
+            /* async cpu streams: the queued ops use att and datt until here */
+            st = fsdp_device_stream_sync(&d, ctx.stream);
         }
         free(att), free(datt);
         fsdp_ops_fini(&ctx);

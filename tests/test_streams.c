@@ -228,6 +228,38 @@ START_TEST(test_events_order_streams)
 }
 END_TEST
 
+/* Closing a device whose streams still hold work that waits across them:
+ * the copy stream is busy for 50 ms, then waits for an event of the compute
+ * stream, which is closed first. fini runs everything queued, and no wait
+ * reads a stream that is gone (make asan: heap-use-after-free in wait_for
+ * on the old code). */
+START_TEST(test_fini_runs_cross_stream_waits)
+{
+    for (int round = 0; round < 20; round++) {
+        fsdp_device d;
+        dev_async(&d, 0);
+        fsdp_event_t e;
+        ck_assert_int_eq(fsdp_device_event_create(&d, &e), FSDP_STATUS_OK);
+        atomic_int x = 0, n = 0;
+        atomic_int *pn = &n;
+        struct store slow = {&x, 1, 50};
+        ck_assert_int_eq(fsdp_device_launch_host(&d, d.copy, run_store, &slow, sizeof slow, "s"),
+                         FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_launch_host(&d, d.compute, run_count, &pn, sizeof pn, "c"),
+                         FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_event_record(&d, e, d.compute), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_stream_wait_event(&d, d.copy, e), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_stream_wait_event(&d, d.comm, e), FSDP_STATUS_OK);
+        ck_assert_int_eq(fsdp_device_launch_host(&d, d.copy, run_count, &pn, sizeof pn, "c"),
+                         FSDP_STATUS_OK);
+        fsdp_device_event_destroy(&d, e);
+        fsdp_device_fini(&d); /* no sync before it */
+        ck_assert_int_eq(atomic_load(&n), 2);
+        ck_assert_int_eq(atomic_load(&x), 1);
+    }
+}
+END_TEST
+
 /* A failure stays with the device: later work on every stream is skipped
  * (waits still complete: nothing hangs), and each sync returns it with a
  * message that says where it ran. */
@@ -630,7 +662,8 @@ int main(void)
         {"device", 60,
          FSDP_TESTS(test_launch_returns_first, test_stream_in_order, test_events_order_streams,
                     test_failure_is_sticky, test_copies_pageable_and_pinned,
-                    test_free_is_stream_ordered, test_mode_setting)},
+                    test_free_is_stream_ordered, test_mode_setting,
+                    test_fini_runs_cross_stream_waits)},
         {"cli", 120, FSDP_TESTS(test_cli_flag)},
         {"engine", 600, .tmpdir = true,
          FSDP_TESTS(FSDP_TEST_LOOP(test_async_matches_inline, (int)FSDP_TEST_LEN(async_rows)),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run Check suites and print one closing line: "N passed, N failed, N skipped".
-# Each suite prints Check's own summary; skipped tests (CUDA without a GPU)
+# Each suite prints Check's own summary and then "-- SUITE: SECONDS s" (its
+# wall time, for finding the slow ones); skipped tests (CUDA without a GPU)
 # print lines "SKIP: ..." that are counted here.
 #
 #   tools/run_tests.sh SUITE... [--async SEED SUITE...]
@@ -18,8 +19,11 @@ while [ $# -gt 0 ]; do
         shift; continue
     fi
     echo "== ${t##*/}$tag"
+    t0=$(date +%s%N)
     out=$(env "${env[@]}" "$t" 2>&1); rc=$?
     printf '%s\n' "$out"
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    printf -- '-- %s%s: %d.%d s\n' "${t##*/}" "$tag" $((ms / 1000)) $((ms % 1000 / 100))
     line=$(printf '%s\n' "$out" | grep -E '^[0-9]+%: Checks: ' | tail -n 1)
     if [ -z "$line" ]; then
         fail=$((fail + 1)); bad_suites+=("${t##*/}$tag (no summary, exit $rc)"); continue

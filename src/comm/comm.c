@@ -343,15 +343,24 @@ fsdp_status fsdp_comm_broadcast(fsdp_comm *c, void *buf, size_t numel, fsdp_dtyp
     return issue((coll_call){c, FSDP_COLL_BROADCAST, NULL, buf, numel, dt, 0, root, s, 0});
 }
 
+/* A host-code transport: wait until the device's streams have run what is
+ * queued on them, collectives of c included. Stops at the first failure. */
+static fsdp_status host_work_drain(fsdp_comm *c)
+{
+    if (!c->iface->host_code || !c->dev)
+        return FSDP_STATUS_OK;
+    for (int k = 0; k < 3; k++) {
+        fsdp_stream_t s = k == 0 ? c->dev->compute : k == 1 ? c->dev->comm : c->dev->copy;
+        FSDP_TRY(fsdp_device_stream_sync(c->dev, s));
+    }
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_comm_barrier(fsdp_comm *c)
 {
     if (!c->iface->barrier)
         return FSDP_STATUS_OK;
-    if (c->iface->host_code && c->dev) /* a host barrier: the queued work first */
-        for (int k = 0; k < 3; k++) {
-            fsdp_stream_t s = k == 0 ? c->dev->compute : k == 1 ? c->dev->comm : c->dev->copy;
-            FSDP_TRY(fsdp_device_stream_sync(c->dev, s));
-        }
+    FSDP_TRY(host_work_drain(c)); /* a host barrier: the queued work first */
     long seq = flight_issue(c, FSDP_COLL_BARRIER, 0, NULL, c->label[0] ? c->label : NULL);
     c->label[0] = '\0';
     fsdp_flight_start(c->world->flight, c->global_rank, seq);
@@ -363,6 +372,14 @@ fsdp_status fsdp_comm_barrier(fsdp_comm *c)
 
 void fsdp_comm_fini(fsdp_comm *c)
 {
+    if (c->iface && c->dev && c->iface->host_code) {
+        /* collectives still queued on a stream read c: they run first (a
+         * failed device skips them); the caller's message is kept */
+        char msg[FSDP_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", fsdp_error_msg());
+        if (host_work_drain(c) != FSDP_STATUS_OK)
+            fsdp_error_copy(msg);
+    }
     if (c->iface && c->iface->fini)
         c->iface->fini(c);
     c->iface = NULL;

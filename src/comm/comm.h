@@ -219,6 +219,8 @@ fsdp_status fsdp_comm_host_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *
 fsdp_status fsdp_comm_meta_init(fsdp_comm *c, fsdp_world *w, fsdp_device *dev, int rank);
 fsdp_status fsdp_comm_meta_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,
                                       const fsdp_comm_group *g, int rank);
+/* Waits first, with a host-code transport, for the work queued on the
+ * device's streams (collectives still queued read c), then frees c's state. */
 void fsdp_comm_fini(fsdp_comm *c);
 
 /* The shared state of one group's communicators on one transport (`tag`:

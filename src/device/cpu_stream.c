@@ -323,12 +323,16 @@ static fsdp_status as_stream_create(fsdp_device *d, fsdp_stream_t *out)
     return FSDP_STATUS_OK;
 }
 
-/* Run what is queued, then stop and free s. */
+/* Run what is queued on every stream of the device (s's work may wait for
+ * another stream, and another's for s), then stop and free s. */
 static void as_stream_destroy(fsdp_device *d, fsdp_stream_t s)
 {
     if (!s)
         return;
     cpu_async *as = async_of(d);
+    for (int i = 0; i < as->n_streams; i++)
+        if (as->streams[i])
+            wait_for(as->streams[i], submitted(as->streams[i]));
     pthread_mutex_lock(&s->mu);
     s->stop = true;
     pthread_cond_signal(&s->work_cv);
