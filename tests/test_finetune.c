@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt_dir.h"
+#include "ckpt/manifest.h"
 #include "file_util.h"
 #include "testutil.h"
 #include "train/infer.h"
@@ -146,6 +147,68 @@ START_TEST(test_schedule_resume)
     ck_assert_float_ne(a.losses[5], a.losses[4]);
     fsdp_train_result_free(&a);
     fsdp_train_result_free(&b);
+}
+END_TEST
+
+/* The schedule's settings are in every checkpoint's manifest (issue 28: they were not, so
+ * a resume with other flags changed the schedule without a word); a resume with the same
+ * settings says nothing, one with others a note naming both. */
+START_TEST(test_schedule_recorded)
+{
+    text_files();
+    char dir[4096], path[4200];
+    fsdp_test_path(dir, sizeof dir, "ck");
+    fsdp_train_config c;
+    fsdp_train_result r;
+    text_config(&c, 1, 4);
+    c.schedule = FSDP_LR_WSD;
+    c.decay_frac = 0.5f;
+    c.min_lr = 1e-3f;
+    c.ckpt_dir = dir;
+    c.ckpt_every = 1;
+    c.stop_after = 2;
+    run_ok(&c, &r);
+    fsdp_train_result_free(&r);
+    pathf(path, sizeof path, "%s/step_00000002/manifest", dir);
+    fsdp_ckpt_manifest m;
+    ck_assert_int_eq(fsdp_ckpt_manifest_read(path, &m), FSDP_STATUS_OK);
+    ck_assert_str_eq(m.schedule, "wsd");
+    ck_assert((float)m.lr == c.lr && m.min_lr == (double)c.min_lr);
+    ck_assert_int_eq(m.warmup, c.warmup);
+    ck_assert((float)m.decay_frac == c.decay_frac);
+    fsdp_ckpt_manifest_free(&m);
+    char *text = NULL;
+    size_t n = 0;
+    c.resume = true;
+    c.stop_after = 3;
+    c.out = open_memstream(&text, &n);
+    run_ok(&c, &r);
+    fclose(c.out);
+    fsdp_train_result_free(&r);
+    ck_assert_msg(strstr(text, "resuming from") && !strstr(text, "learning-rate schedule"),
+                  "%s", text);
+    free(text);
+    c.schedule = FSDP_LR_COSINE;
+    c.stop_after = 0;
+    c.out = open_memstream(&text, &n);
+    run_ok(&c, &r);
+    fclose(c.out);
+    fsdp_train_result_free(&r);
+    ck_assert_msg(strstr(text, "note: the checkpoint's run had the learning-rate schedule "
+                               "--schedule wsd --lr 0.01 --min-lr 0.001 --warmup 1 "
+                               "--decay-frac 0.5; this run's is --schedule cosine --lr 0.01 "
+                               "--min-lr 0.001 --warmup 1: from step 4 on"), "%s", text);
+    free(text);
+    /* a bad line is refused by name (before the checksum) */
+    text = slurp(path);
+    char *line = strstr(text, "schedule wsd ");
+    ck_assert_ptr_nonnull(line);
+    memcpy(line, "schedule ws- ", 13);
+    pathf(path, sizeof path, "%s/bad_manifest", dir);
+    spit(path, text, strlen(text));
+    free(text);
+    ck_assert_int_eq(fsdp_ckpt_manifest_read(path, &m), FSDP_STATUS_FORMAT);
+    ck_assert_msg(strstr(fsdp_error_msg(), "schedule 'ws- "), "%s", fsdp_error_msg());
 }
 END_TEST
 
@@ -364,7 +427,8 @@ int main(void)
         {"schedule", 0, FSDP_TESTS(test_schedule_values, test_schedule_names)},
         {"train", 60, .tmpdir = true,
          FSDP_TESTS(test_schedule_resume, test_eval_matches_fsdp_eval, test_eval_device_counts,
-                    test_keep_best_early_stop, test_eval_refused, test_cli_finetune)},
+                    test_keep_best_early_stop, test_eval_refused, test_cli_finetune,
+                    test_schedule_recorded)},
     };
     return fsdp_test_main("finetune", tcases, FSDP_TEST_LEN(tcases));
 }

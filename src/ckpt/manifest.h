@@ -125,6 +125,14 @@ typedef struct fsdp_ckpt_manifest {
     char freeze[256];         /* "" : none */
     char base[512];           /* "" : none (nothing frozen) */
     uint64_t base_hash;
+    /* The learning-rate schedule of the run that wrote it (optional version-3 line
+     * `schedule NAME LR MIN_LR WARMUP DECAY_FRAC`, written only when `schedule` is set, so a
+     * manifest without it reads as before: schedule ""). NAME: the --schedule registry's
+     * name (this layer does not interpret it); lr and decay_frac are floats written with 9
+     * significant digits, min_lr a double with 17, so each reads back exactly. */
+    char schedule[16];        /* "" : not recorded */
+    double lr, min_lr, decay_frac;
+    int warmup;
     int n_units;
     fsdp_ckpt_unit *units;    /* [n_units], owned */
 } fsdp_ckpt_manifest;

@@ -44,7 +44,7 @@
 
 /* The schedule's settings from the run's (the floor in double, as the
  * cosine has always taken it). */
-static fsdp_lr_plan lr_plan(const fsdp_train_config *cfg)
+fsdp_lr_plan fsdp_trainer_lr_plan(const fsdp_train_config *cfg)
 {
     return (fsdp_lr_plan){.schedule = (fsdp_lr_schedule)cfg->schedule, .lr = cfg->lr,
                           .min_lr = cfg->min_lr >= 0 ? (double)cfg->min_lr
@@ -55,7 +55,7 @@ static fsdp_lr_plan lr_plan(const fsdp_train_config *cfg)
 
 float fsdp_train_lr(const fsdp_train_config *cfg, int step)
 {
-    fsdp_lr_plan p = lr_plan(cfg);
+    fsdp_lr_plan p = fsdp_trainer_lr_plan(cfg);
     return fsdp_lr_at(&p, step);
 }
 
@@ -513,7 +513,7 @@ static void print_header(const struct trainer *t, const fsdp_engine_config *ec)
     if (m->freeze[0])
         fprintf(t->out, "frozen: %s: %.3fM of %.2fM params train\n", m->freeze,
                 (double)m->train_numel / 1e6, (double)m->numel / 1e6);
-    fsdp_lr_plan lp = lr_plan(t->cfg);
+    fsdp_lr_plan lp = fsdp_trainer_lr_plan(t->cfg);
     char sched[96];
     fprintf(t->out, "lr %.3g%s%s%s, warmup %d steps, then %s\n", (double)lp.lr,
             t->cfg->lr_note ? " (" : "", t->cfg->lr_note ? t->cfg->lr_note : "",

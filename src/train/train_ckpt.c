@@ -18,6 +18,50 @@
 #include "train/job.h"
 #include "train/train_internal.h"
 
+/* The learning-rate schedule into the manifest base (its `schedule` line). */
+static void schedule_record(struct trainer *t)
+{
+    fsdp_lr_plan p = fsdp_trainer_lr_plan(t->cfg);
+    fsdp_ckpt_manifest *m = &t->ck_base;
+    snprintf(m->schedule, sizeof m->schedule, "%s",
+             fsdp_names_name(&fsdp_lr_schedule_names, (int)p.schedule));
+    m->lr = p.lr;
+    m->min_lr = p.min_lr;
+    m->warmup = p.warmup;
+    m->decay_frac = p.decay_frac;
+}
+
+/* "--schedule cosine --lr 0.003 --min-lr 0.0003 --warmup 10" (wsd: --decay-frac too) of the
+ * schedule a manifest records, into buf. */
+static const char *schedule_text(const fsdp_ckpt_manifest *m, char *buf, size_t n)
+{
+    int at = snprintf(buf, n, "--schedule %s --lr %g --min-lr %g --warmup %d", m->schedule,
+                      m->lr, m->min_lr, m->warmup);
+    if (!strcmp(m->schedule, "wsd") && at > 0 && (size_t)at < n)
+        snprintf(buf + at, n - (size_t)at, " --decay-frac %g", m->decay_frac);
+    return buf;
+}
+
+/* A resume whose schedule settings differ from those the checkpoint's run recorded (an
+ * older manifest records none: nothing to compare): a note naming both, since the learning
+ * rate from the resumed step on follows this run's. --steps has its own note. */
+static void schedule_note(const struct trainer *t)
+{
+    const fsdp_ckpt_manifest *was = &t->ck_resume, *now = &t->ck_base;
+    if (!was->schedule[0] || t->start_step >= t->cfg->steps)
+        return;
+    bool wsd = !strcmp(now->schedule, "wsd");
+    if (!strcmp(was->schedule, now->schedule) && (float)was->lr == (float)now->lr &&
+        was->min_lr == now->min_lr && was->warmup == now->warmup &&
+        (!wsd || (float)was->decay_frac == (float)now->decay_frac))
+        return;
+    char a[160], b[160];
+    fprintf(t->out, "note: the checkpoint's run had the learning-rate schedule %s; this run's "
+                    "is %s: from step %d on the rate follows this run's (pass the checkpoint's "
+                    "settings to continue its schedule)\n", schedule_text(was, a, sizeof a),
+            schedule_text(now, b, sizeof b), t->start_step + 1);
+}
+
 /* Checkpoints, before any resume: the manifest base for saves (one run id
  * for the job: the manifest's and every rank's shard file's) and the
  * directory's lock, held by process 0 until the run ends. A fresh run
@@ -35,6 +79,7 @@ static fsdp_status ckpt_claim(struct trainer *t)
         st = fsdp_ckpt_base_hash(cfg->model, t->model.config, cfg->eng.seed,
                                  &t->ck_base.base_hash);
     }
+    schedule_record(t);
     if (st == FSDP_STATUS_OK && t->tokenizer[0]) /* every checkpoint carries it (ckpt_tok.h) */
         st = fsdp_ckpt_tok_load(&t->ck_base, t->tokenizer, NULL);
     FSDP_TRY(fsdp_job_agree(cfg->procs, t->world, st));
@@ -80,6 +125,7 @@ static void resume_notes(const struct trainer *t)
     if (m->steps_total != cfg->steps && m->step < (uint64_t)cfg->steps)
         fprintf(t->out, "note: the checkpoint's run had --steps %d; the learning-rate "
                         "schedule now spans %d steps\n", m->steps_total, cfg->steps);
+    schedule_note(t);
     uint64_t was = (uint64_t)m->batch * (uint64_t)m->world_size * (uint64_t)m->grad_accum;
     uint64_t now = (uint64_t)ec->batch * (uint64_t)ec->n_ranks * (uint64_t)ec->grad_accum;
     if (was != now && m->step < (uint64_t)cfg->steps)

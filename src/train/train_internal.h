@@ -22,6 +22,7 @@
 #include "train/adapt.h"
 #include "train/heldout.h"
 #include "train/outputs.h"
+#include "train/schedule.h"
 #include "train/train.h"
 
 /* Why the ranks stop early (the bits of the barrier after each step). */
@@ -96,6 +97,9 @@ fsdp_status fsdp_trainer_data_rows(struct trainer *t, fsdp_engine_config *ec);
 /* Real (not padding) input tokens of step `step`'s global batch: what tokens/s and
  * MFU count. Any thread. */
 uint64_t fsdp_trainer_step_tokens(const struct trainer *t, int step);
+
+/* The learning-rate schedule's settings from the run's (train.c). */
+fsdp_lr_plan fsdp_trainer_lr_plan(const fsdp_train_config *cfg);
 
 /* Checkpoints (train_ckpt.c). Before the ranks start, on the main thread
  * of every process: the manifest base for saves, --ckpt-dir claimed (a
