@@ -345,6 +345,53 @@ START_TEST(test_keep_best_early_stop)
 }
 END_TEST
 
+/* --early-stop across a resume (issue 28: the count restarted at 0 and the best loss was
+ * forgotten): trained on one word, evaluated on another, the run stops after step 3
+ * whether it runs straight or is interrupted after step 2 and resumed, and the resumed
+ * run knows its best came after step 1. Without --keep-best: the checkpoint holds the
+ * standing. */
+START_TEST(test_early_stop_resume)
+{
+    char train[4096], eval[4096], dir[4096];
+    fsdp_test_path(train, sizeof train, "a.txt");
+    fsdp_test_path(eval, sizeof eval, "b.txt");
+    fsdp_test_path(dir, sizeof dir, "ck");
+    char text[2048];
+    memset(text, 'a', sizeof text - 1);
+    text[sizeof text - 1] = '\0';
+    fsdp_test_write_file(train, text);
+    memset(text, 'b', sizeof text - 1);
+    fsdp_test_write_file(eval, text);
+    fsdp_train_config c;
+    fsdp_train_result a, b;
+    text_config(&c, 2, 10);
+    c.data = train;
+    c.eval_data = eval;
+    c.eval_every = 1;
+    c.eval_steps = 1;
+    c.early_stop = 2;
+    run_ok(&c, &a);
+    ck_assert(a.early_stopped);
+    ck_assert_int_eq(a.steps, 3);
+    c.ckpt_dir = dir;
+    c.ckpt_every = 1;
+    c.stop_after = 2;
+    run_ok(&c, &b);
+    ck_assert(!b.early_stopped);
+    fsdp_train_result_free(&b);
+    c.stop_after = 0;
+    c.resume = true;
+    run_ok(&c, &b);
+    ck_assert_int_eq(b.first_step, 2);
+    ck_assert_msg(b.early_stopped && b.steps == 3, "the resumed run stopped after step %d "
+                  "(early stop: %d); the straight one after step 3", b.steps, b.early_stopped);
+    ck_assert_int_eq(b.best_eval_step, 1);
+    ck_assert(b.best_eval_loss == a.best_eval_loss && b.eval_loss == a.eval_loss);
+    fsdp_train_result_free(&a);
+    fsdp_train_result_free(&b);
+}
+END_TEST
+
 /* Held-out data of another kind than --data, and of token ids the model
  * lacks, is refused before step 1. */
 START_TEST(test_eval_refused)
@@ -428,7 +475,7 @@ int main(void)
         {"train", 60, .tmpdir = true,
          FSDP_TESTS(test_schedule_resume, test_eval_matches_fsdp_eval, test_eval_device_counts,
                     test_keep_best_early_stop, test_eval_refused, test_cli_finetune,
-                    test_schedule_recorded)},
+                    test_schedule_recorded, test_early_stop_resume)},
     };
     return fsdp_test_main("finetune", tcases, FSDP_TEST_LEN(tcases));
 }

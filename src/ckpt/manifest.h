@@ -133,6 +133,14 @@ typedef struct fsdp_ckpt_manifest {
     char schedule[16];        /* "" : not recorded */
     double lr, min_lr, decay_frac;
     int warmup;
+    /* The held-out standing (--eval-data) after `step` (optional version-3 line
+     * `eval_standing BEST BEST_STEP N_WORSE`, written once an evaluation has run): the
+     * lowest eval loss so far (9 significant digits: a float), the step it was measured
+     * after, and the evaluations since without a lower one (--early-stop's count). */
+    bool eval_recorded;       /* false: none (an older manifest, or no evaluation yet) */
+    double eval_best;
+    uint64_t eval_best_step;
+    int eval_n_worse;
     int n_units;
     fsdp_ckpt_unit *units;    /* [n_units], owned */
 } fsdp_ckpt_manifest;

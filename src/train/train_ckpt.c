@@ -187,6 +187,15 @@ static fsdp_status ckpt_find_resume(struct trainer *t)
                               (unsigned long long)m->base_hash, t->ck_base.base,
                               (unsigned long long)t->ck_base.base_hash);
     t->start_step = m->step < (uint64_t)cfg->steps ? (int)m->step : cfg->steps;
+    if (m->eval_recorded) { /* the held-out standing goes on (--keep-best, --early-stop) */
+        t->eval0 = (struct eval_track){.best = (float)m->eval_best,
+                                       .best_step = (int)m->eval_best_step,
+                                       .n_worse = m->eval_n_worse};
+        t->ck_base.eval_recorded = true;
+        t->ck_base.eval_best = m->eval_best;
+        t->ck_base.eval_best_step = m->eval_best_step;
+        t->ck_base.eval_n_worse = m->eval_n_worse;
+    }
     if (t->out)
         resume_notes(t);
     return FSDP_STATUS_OK;

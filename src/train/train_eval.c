@@ -14,8 +14,10 @@
 
 #include "train/train_internal.h"
 
-/* --resume with --keep-best: the standing the earlier run recorded, so a
- * worse loss after the resume does not replace its best. */
+/* --resume with --keep-best from a checkpoint that records no standing (written
+ * before it did: manifest.h): the best the earlier run recorded in DIR/BEST, so a worse
+ * loss after the resume does not replace it. A checkpoint's own standing replaces this
+ * (fsdp_trainer_ckpt_prepare). */
 static fsdp_status eval_resume_best(struct trainer *t)
 {
     uint64_t step;
@@ -84,6 +86,12 @@ fsdp_status fsdp_trainer_eval_step(struct trainer *t, fsdp_engine *e, int rank, 
         t->res->eval_loss = l;
         t->res->best_eval_loss = ev->best;
         t->res->best_eval_step = ev->best_step;
+        /* the standing every later checkpoint records (manifest.h), so a resume goes on
+         * counting towards --early-stop from here; rank 0 alone writes the manifest */
+        t->ck_base.eval_recorded = true;
+        t->ck_base.eval_best = ev->best;
+        t->ck_base.eval_best_step = (uint64_t)ev->best_step;
+        t->ck_base.eval_n_worse = ev->n_worse;
     }
     return FSDP_STATUS_OK;
 }

@@ -78,7 +78,8 @@ struct trainer {
     char flight_path[4096 + 32]; /* where a stall writes this process's flight record */
     fsdp_heldout heldout;     /* --eval-data (heldout.data NULL: none) */
     int eval_every;           /* evaluate after every eval_every steps and after the last */
-    struct eval_track eval0;  /* the standing the run starts from (a resume: DIR/BEST's) */
+    struct eval_track eval0;  /* the standing the run starts from (a resume: the
+                               * checkpoint's, else DIR/BEST's) */
 };
 
 /* A job of several processes (train_agree.c): every setting that changes
