@@ -392,6 +392,74 @@ START_TEST(test_early_stop_resume)
 }
 END_TEST
 
+/* --resume without --tokenizer reads the data through the tokenizer the checkpoint
+ * carries (issue 28: it was refused as other data), says so, and continues as the run
+ * with --tokenizer does; a --tokenizer with the same bytes elsewhere is the same one,
+ * one with other bytes is refused, naming both. A 1-layer GPT-2 over the Llama 3 test
+ * tokenizer's 665 ids. */
+START_TEST(test_resume_tokenizer)
+{
+    char dir[4096], tok[4200], other[4200], data[4200], ck[4200];
+    fsdp_test_mkdir(dir, sizeof dir, "run");
+    pathf(tok, sizeof tok, "%s/tokenizer.json", dir);
+    pathf(other, sizeof other, "%s/other.json", dir);
+    pathf(data, sizeof data, "%s/t.txt", dir);
+    pathf(ck, sizeof ck, "%s/ck", dir);
+    copy_file("tests/fixtures/tok_llama3.json", tok);
+    char *json = slurp(tok);
+    size_t len = strlen(json);
+    json[len - 1] = json[len - 1] == '\n' ? ' ' : '\n'; /* the same tokens, other bytes */
+    spit(other, json, len);
+    free(json);
+    FILE *f = fopen(data, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 40; i++)
+        fprintf(f, "Hello world, line %d of a small corpus.\n", i);
+    ck_assert_int_eq(fclose(f), 0);
+    fsdp_train_config c;
+    fsdp_train_result a, b;
+    train_config_tiny(&c, 2, 1);
+    c.model = "gpt2:layers=1,heads=2,channels=32,vocab=665,context=64";
+    c.data = data;
+    c.tokenizer = tok;
+    c.steps = 4;
+    c.keep_params = false;
+    run_ok(&c, &a);
+    c.ckpt_dir = ck;
+    c.ckpt_every = 2;
+    c.stop_after = 2;
+    run_ok(&c, &b);
+    fsdp_train_result_free(&b);
+    c.stop_after = 0;
+    c.resume = true;
+    c.tokenizer = other;
+    run_fail(&c, FSDP_STATUS_INVALID_ARG, "another tokenizer", "other.json");
+    c.tokenizer = NULL;
+    char *text = NULL;
+    size_t n = 0;
+    c.out = open_memstream(&text, &n);
+    run_ok(&c, &b);
+    fclose(c.out);
+    ck_assert_msg(strstr(text, "tokenizer: ") && strstr(text, "/ck/step_00000002/tokenizer.json "
+                  "(the copy the checkpoint to resume carries"), "%s", text);
+    ck_assert_msg(!strstr(text, "allow-data-change"), "%s", text);
+    free(text);
+    ck_assert_int_eq(b.first_step, 2);
+    for (int s = 2; s < 4; s++)
+        ck_assert_msg(a.losses[s] == b.losses[s], "step %d: %.9g vs %.9g", s + 1, a.losses[s],
+                      b.losses[s]);
+    fsdp_train_result_free(&a);
+    fsdp_train_result_free(&b);
+    /* the checkpoint it wrote names the tokenizer the run started with */
+    char manifest[4300];
+    pathf(manifest, sizeof manifest, "%s/step_00000004/manifest", ck);
+    fsdp_ckpt_manifest m;
+    ck_assert_int_eq(fsdp_ckpt_manifest_read(manifest, &m), FSDP_STATUS_OK);
+    ck_assert_str_eq(m.tokenizer, tok);
+    fsdp_ckpt_manifest_free(&m);
+}
+END_TEST
+
 /* Held-out data of another kind than --data, and of token ids the model
  * lacks, is refused before step 1. */
 START_TEST(test_eval_refused)
@@ -475,7 +543,7 @@ int main(void)
         {"train", 60, .tmpdir = true,
          FSDP_TESTS(test_schedule_resume, test_eval_matches_fsdp_eval, test_eval_device_counts,
                     test_keep_best_early_stop, test_eval_refused, test_cli_finetune,
-                    test_schedule_recorded, test_early_stop_resume)},
+                    test_schedule_recorded, test_early_stop_resume, test_resume_tokenizer)},
     };
     return fsdp_test_main("finetune", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -439,8 +439,9 @@ static fsdp_status engine_config(struct trainer *t, fsdp_engine_config *ec, int 
     return FSDP_STATUS_OK;
 }
 
-/* --data for text and jsonl with the --tokenizer given, else the model
- * directory's own tokenizer.json or the one a checkpoint --model carries;
+/* --data for text and jsonl with the --tokenizer given, else the one the checkpoint a
+ * --resume continues carries, the model directory's own tokenizer.json or the one a
+ * checkpoint --model carries;
  * its token ids must fit the model. */
 static fsdp_status data_open(struct trainer *t, fsdp_engine_config *ec)
 {
@@ -448,7 +449,8 @@ static fsdp_status data_open(struct trainer *t, fsdp_engine_config *ec)
     char own_tok[FSDP_CKPT_PATH_MAX];
     const char *tok = cfg->tokenizer;
     bool has_own = false; /* a Hugging Face directory's, or the one a checkpoint carries */
-    if (!tok)
+    FSDP_TRY(fsdp_trainer_ckpt_tokenizer(t, own_tok, sizeof own_tok, &has_own)); /* --resume */
+    if (!tok && !has_own)
         FSDP_TRY(fsdp_ckpt_tok_for_model(cfg->model, own_tok, sizeof own_tok, &has_own));
     if (has_own)
         tok = own_tok;

@@ -100,6 +100,22 @@ static fsdp_status ckpt_claim(struct trainer *t)
                                "--ckpt-dir");
 }
 
+/* Whether this run reads its data through another tokenizer than the checkpoint's run:
+ * by their bytes when both carry a tokenizer.json (the same file anywhere is the same
+ * tokenizer, the checkpoint's own copy included), else by path (two spellings of one file
+ * are the same). */
+static bool tokenizer_differs(const struct trainer *t)
+{
+    const fsdp_ckpt_manifest *m = &t->ck_resume, *now = &t->ck_base;
+    if (!m->tokenizer_recorded)
+        return false;
+    if (m->n_tok_files && now->n_tok_files) /* tokenizer.json first in both (manifest.h) */
+        return m->tok_files[0].xxh64 != now->tok_files[0].xxh64 ||
+               m->tok_files[0].size_bytes != now->tok_files[0].size_bytes;
+    return strcmp(m->tokenizer, t->tokenizer) && !fsdp_paths_same_file(m->tokenizer,
+                                                                       t->tokenizer);
+}
+
 /* Whether this run reads other data than the checkpoint it resumes from
  * says it was trained on (a spec it does not record is not compared; two
  * spellings of one file are the same). */
@@ -108,9 +124,7 @@ static bool data_differs(const struct trainer *t)
     const fsdp_ckpt_manifest *m = &t->ck_resume;
     const char *data = t->cfg->data ? t->cfg->data : "";
     bool other_data = m->data[0] && strcmp(m->data, data) && !fsdp_paths_same_file(m->data, data);
-    bool other_tok = m->tokenizer_recorded && strcmp(m->tokenizer, t->tokenizer) &&
-                     !fsdp_paths_same_file(m->tokenizer, t->tokenizer);
-    return other_data || other_tok;
+    return other_data || tokenizer_differs(t);
 }
 
 /* What the user should know about the checkpoint resumed from: where it
@@ -170,15 +184,18 @@ static fsdp_status ckpt_find_resume(struct trainer *t)
         return FSDP_STATUS_OK;
     }
     const fsdp_ckpt_manifest *m = &t->ck_resume;
+    if (t->tok_from_ckpt && m->tokenizer_recorded) /* its copy: the later ones name the same */
+        snprintf(t->ck_base.tokenizer, sizeof t->ck_base.tokenizer, "%s", m->tokenizer);
     if (data_differs(t) && !cfg->allow_data_change)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "checkpoint '%s' was trained on --data '%s' (--tokenizer '%s'); "
-                              "this run reads --data '%s' (--tokenizer '%s'), and the position "
-                              "it would resume at belongs to the other data: pass the same "
-                              "--data and --tokenizer, or --allow-data-change to continue on "
-                              "these", t->ck_path, m->data, m->tokenizer_recorded ? m->tokenizer
-                                                                                : "unrecorded",
-                              cfg->data ? cfg->data : "", t->tokenizer);
+                              "this run reads --data '%s' (--tokenizer '%s'%s), and the "
+                              "position it would resume at belongs to the other data: pass the "
+                              "same --data and --tokenizer (or no --tokenizer: the checkpoint's "
+                              "copy), or --allow-data-change to continue on these", t->ck_path,
+                              m->data, m->tokenizer_recorded ? m->tokenizer : "unrecorded",
+                              cfg->data ? cfg->data : "", t->tokenizer,
+                              tokenizer_differs(t) ? ", another tokenizer" : "");
     if (m->base[0] && m->base_hash != t->ck_base.base_hash)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "checkpoint '%s' trained adapters on the base '%s' (hash %016llx); "
@@ -198,6 +215,20 @@ static fsdp_status ckpt_find_resume(struct trainer *t)
     }
     if (t->out)
         resume_notes(t);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_trainer_ckpt_tokenizer(struct trainer *t, char *buf, size_t n, bool *found)
+{
+    const fsdp_train_config *cfg = t->cfg;
+    *found = false;
+    if (cfg->tokenizer || !cfg->resume || !cfg->ckpt_dir)
+        return FSDP_STATUS_OK;
+    FSDP_TRY(fsdp_ckpt_tok_find(cfg->ckpt_dir, buf, n, found));
+    t->tok_from_ckpt = *found;
+    if (*found && t->out)
+        fprintf(t->out, "tokenizer: %s (the copy the checkpoint to resume carries; --tokenizer "
+                "to choose)\n", buf);
     return FSDP_STATUS_OK;
 }
 

@@ -80,6 +80,7 @@ struct trainer {
     int eval_every;           /* evaluate after every eval_every steps and after the last */
     struct eval_track eval0;  /* the standing the run starts from (a resume: the
                                * checkpoint's, else DIR/BEST's) */
+    bool tok_from_ckpt;       /* t->tokenizer is the copy the resumed checkpoint carries */
 };
 
 /* A job of several processes (train_agree.c): every setting that changes
@@ -109,6 +110,13 @@ fsdp_lr_plan fsdp_trainer_lr_plan(const fsdp_train_config *cfg);
  * t->start_step; "" when there is none). Collective over the job's
  * processes. */
 fsdp_status fsdp_trainer_ckpt_prepare(struct trainer *t);
+
+/* --resume without --tokenizer, before the data is opened: the tokenizer.json the newest
+ * checkpoint in --ckpt-dir carries (verified against its manifest), into buf, and a header
+ * line saying so; *found false (OK) otherwise: no --resume, --tokenizer given, or no
+ * checkpoint that carries one. A carried tokenizer that no longer matches its manifest
+ * is FORMAT (ckpt_tok.h). */
+fsdp_status fsdp_trainer_ckpt_tokenizer(struct trainer *t, char *buf, size_t n, bool *found);
 
 /* Write the checkpoint of the state after `done` steps (rank 0 records it
  * in the result and says so). Collective: every rank calls it, with the
