@@ -3,17 +3,21 @@
  * the rows, the example boundaries, the positions and the loss masks of
  * small packed sets whose expectations are computed by hand; the greedy
  * next fit; every example once per epoch; the padding and real-token
- * counts that tokens/s and the header use; the refusals.
+ * counts that tokens/s and the header use; the refusals; a source read once
+ * (the held-out set), whose rows past the first epoch are padding.
  *
  * `fsdp train` on a pre-trained model file: the default --seq and how the
  * header says it was chosen, --epochs (the steps that cover them, refused
- * beside --steps), --pack off, and the metrics' tokens counting real ones.
+ * beside --steps), --pack off, and the metrics' tokens counting real ones;
+ * --eval-data packed as the training rows, its loss the same packed or not.
  *
  * The sources are built in memory through the data layer's internal header
  * (data_internal.h), so every token is known: example e holds the tokens
  * 100 e + j, j = 0 .. len-1, and trains on j >= its prompt length.
  */
 #include <check.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +28,8 @@
 #include "model_rig.h"
 #include "models/registry.h"
 #include "testutil.h"
+#include "train/train.h"
+#include "train_util.h"
 
 #define PAD 7
 
@@ -338,12 +344,105 @@ START_TEST(test_train_defaults)
 }
 END_TEST
 
+/* The held-out set is packed as the training rows are (issue 28 leftover 2: it was not),
+ * and read once, each example counting once: with the weights held (lr 0) the held-out
+ * loss on 2 devices is the same number packed (batch 2), unpacked (batch 2) and one
+ * example per micro-batch (batch 1, the reference no padding or repeat can touch), within
+ * float rounding; 11 examples, so a repeated one in the last batch of 2 would move it. */
+START_TEST(test_eval_packed)
+{
+    char dir[128], data[192], eval[192], model[256];
+    fsdp_test_mkdir(dir, sizeof dir, "evalpack");
+    snprintf(data, sizeof data, "%s/train.jsonl", dir);
+    snprintf(eval, sizeof eval, "%s/eval.jsonl", dir);
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fopen(k ? eval : data, "w");
+        ck_assert_ptr_nonnull(f);
+        for (int i = 0; i < (k ? 11 : 8); i++)
+            fprintf(f, "{\"prompt\": \"Q%d: %s?\", \"completion\": \"%s\"}\n", i,
+                    i % 3 ? "why" : "how many quick brown foxes jump over the lazy dogs",
+                    i % 2 ? " 7 and 8" : " a few of them");
+        ck_assert_int_eq(fclose(f), 0);
+    }
+    write_model(model, sizeof model, dir, "m", 256);
+    static const struct { int pack, batch; } runs[] = {
+        {FSDP_TRAIN_PACK_OFF, 1}, {FSDP_TRAIN_PACK_ON, 2}, {FSDP_TRAIN_PACK_OFF, 2}};
+    float loss[3];
+    for (int i = 0; i < 3; i++) {
+        fsdp_train_config c;
+        fsdp_train_result r;
+        train_config_cpu(&c, model, 2);
+        c.data = data;
+        c.tokenizer = TOK;
+        c.eval_data = eval;
+        c.eval_every = 1;
+        c.steps = 1;
+        c.lr = 0.0f;
+        c.pack = runs[i].pack;
+        c.eng.batch = runs[i].batch;
+        c.eng.seq = 64;
+        char *text = NULL;
+        size_t n = 0;
+        c.out = open_memstream(&text, &n);
+        run_ok(&c, &r);
+        fclose(c.out);
+        bool packed = strstr(text, "(packed as the training rows)") != NULL;
+        ck_assert_msg(packed == (runs[i].pack == FSDP_TRAIN_PACK_ON), "%s", text);
+        free(text);
+        loss[i] = r.eval_loss;
+        ck_assert_msg(isfinite(loss[i]) && loss[i] > 0, "run %d: eval loss %g", i, loss[i]);
+        fsdp_train_result_free(&r);
+    }
+    for (int i = 1; i < 3; i++)
+        ck_assert_msg(fabsf(loss[i] - loss[0]) <= 2e-6f * loss[0], "eval loss %.9g (%s, batch "
+                      "2) vs %.9g (one example per micro-batch)", loss[i], i == 1 ? "packed" :
+                      "unpacked", loss[0]);
+}
+END_TEST
+
+/* Read once (a held-out set): the rows after the first epoch's are padding, unpacked and
+ * packed, and count no real token. */
+START_TEST(test_one_pass)
+{
+    static const int len[] = {3, 6, 4}, prompt[] = {1, 2, 1};
+    enum { T = 8, B = 2 };
+    for (int packed = 0; packed < 2; packed++) {
+        fsdp_data *d = examples(len, prompt, 3, 5);
+        if (packed)
+            ck_assert_int_eq(fsdp_data_pack(d, T), FSDP_STATUS_OK);
+        fsdp_data_set_one_pass(d);
+        fsdp_data_layout lay;
+        fsdp_data_layout_get(d, T, &lay);
+        uint64_t rows = lay.n_rows, real = 0;
+        int in[B * T], tg[B * T], pos[B * T], seen = 0;
+        for (uint64_t m = 0; m < (rows + B - 1) / B + 1; m++) {
+            ck_assert_int_eq(fsdp_data_batch_pos(d, m, B, T, in, tg, pos), FSDP_STATUS_OK);
+            for (int r = 0; r < B; r++) {
+                bool past = m * B + (uint64_t)r >= rows;
+                for (int j = 0; j < T; j++) {
+                    if (past) {
+                        ck_assert_int_eq(in[r * T + j], PAD);
+                        ck_assert_int_eq(tg[r * T + j], -1);
+                    }
+                    seen += tg[r * T + j] >= 0;
+                }
+            }
+            real += fsdp_data_batch_real(d, m, B, T);
+        }
+        ck_assert_uint_eq(real, lay.n_real);
+        ck_assert_int_eq(seen, (3 - 1) + (6 - 2) + (4 - 1)); /* every trained target once */
+        fsdp_data_close(d);
+    }
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
         {"pack", 60,
-         FSDP_TESTS(test_pack_by_hand, test_pack_mixed, test_pack_off_and_refusals)},
-        {"train", 120, .tmpdir = true, FSDP_TESTS(test_train_defaults)},
+         FSDP_TESTS(test_pack_by_hand, test_pack_mixed, test_pack_off_and_refusals,
+                    test_one_pass)},
+        {"train", 120, .tmpdir = true, FSDP_TESTS(test_train_defaults, test_eval_packed)},
     };
     return fsdp_test_main("pack", tcases, FSDP_TEST_LEN(tcases));
 }

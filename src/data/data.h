@@ -124,6 +124,12 @@ fsdp_status fsdp_data_batch_pos(const fsdp_data *d, uint64_t index, int B, int T
  * two tokens. Calling it again repacks for another T. */
 fsdp_status fsdp_data_pack(fsdp_data *d, int T);
 
+/* Read example rows once: micro-batch rows past the first epoch's last row (an example,
+ * or a packed row) hold padding only, with no target, so ceil(rows / B) micro-batches
+ * count every example exactly once, whatever B (a held-out set: train/heldout.h). No
+ * effect on streams. Before any thread reads d. */
+void fsdp_data_set_one_pass(fsdp_data *d);
+
 /* Whether d is packed (fsdp_data_pack), and for which T (0: not packed). */
 int fsdp_data_packed(const fsdp_data *d);
 

@@ -13,6 +13,7 @@
 #ifndef FSDP_DATA_DATA_INTERNAL_H
 #define FSDP_DATA_DATA_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -53,6 +54,7 @@ typedef struct fsdp_examples {
     uint64_t n_rows;        /* packed rows */
     uint64_t *pack_order;   /* [<= n] examples in packing order (those with a target slot) */
     uint64_t *pack_first;   /* [n_rows + 1] */
+    bool one_pass;          /* rows past the first epoch are padding (fsdp_data_set_one_pass) */
 } fsdp_examples;
 
 struct fsdp_data {

@@ -48,8 +48,9 @@ fsdp_status fsdp_trainer_eval_open(struct trainer *t, const fsdp_engine_config *
     if (cfg->keep_best && cfg->resume && cfg->ckpt_dir)
         FSDP_TRY(eval_resume_best(t));
     if (t->out) {
-        fprintf(t->out, "eval: %d micro-batches of %d x %d from '%s' after every %d steps and "
-                "the last", t->heldout.n_batches, ec->batch, ec->seq, cfg->eval_data,
+        fprintf(t->out, "eval: %d micro-batches of %d x %d from '%s'%s after every %d steps "
+                "and the last", t->heldout.n_batches, ec->batch, ec->seq, cfg->eval_data,
+                fsdp_data_packed(t->heldout.data) ? " (packed as the training rows)" : "",
                 t->eval_every);
         if (cfg->keep_best)
             fprintf(t->out, "; the best checkpoint is kept (%s/" FSDP_CKPT_BEST_NAME ")",
