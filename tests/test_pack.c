@@ -344,6 +344,30 @@ START_TEST(test_train_defaults)
 }
 END_TEST
 
+/* GPT-2 cannot pack (its attention has no document mask: models/gpt2.c): --pack on is
+ * refused naming the family and what to do, and the default's header says why its rows
+ * hold one example each. */
+START_TEST(test_gpt2_no_pack)
+{
+    char dir[128], data[192], out[16384];
+    fsdp_test_mkdir(dir, sizeof dir, "gpt2");
+    snprintf(data, sizeof data, "%s/rows.jsonl", dir);
+    FILE *f = fopen(data, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 4; i++)
+        fprintf(f, "{\"prompt\": \"Q%d?\", \"completion\": \" yes\"}\n", i);
+    ck_assert_int_eq(fclose(f), 0);
+    const char *run = "train --model gpt2:layers=1,heads=2,channels=32,vocab=665,context=64 "
+                      "--tokenizer " TOK " --backend cpu --devices 1 --batch 2 --steps 1 --seq 16";
+    int rc = fsdp_test_cli(out, sizeof out, "%s --data %s --pack on", run, data);
+    ck_assert_msg(rc != 0 && strstr(out, "(family gpt2) cannot keep packed examples apart") &&
+                      strstr(out, "use --pack off"), "%d: %s", rc, out);
+    rc = fsdp_test_cli(out, sizeof out, "%s --data %s", run, data);
+    ck_assert_msg(rc == 0 && strstr(out, "one per row of --seq 16 (this model family cannot "
+                                         "pack)"), "%d: %s", rc, out);
+}
+END_TEST
+
 /* The held-out set is packed as the training rows are (issue 28 leftover 2: it was not),
  * and read once, each example counting once: with the weights held (lr 0) the held-out
  * loss on 2 devices is the same number packed (batch 2), unpacked (batch 2) and one
@@ -442,7 +466,7 @@ int main(void)
         {"pack", 60,
          FSDP_TESTS(test_pack_by_hand, test_pack_mixed, test_pack_off_and_refusals,
                     test_one_pass)},
-        {"train", 120, .tmpdir = true, FSDP_TESTS(test_train_defaults, test_eval_packed)},
+        {"train", 120, .tmpdir = true, FSDP_TESTS(test_train_defaults, test_eval_packed, test_gpt2_no_pack)},
     };
     return fsdp_test_main("pack", tcases, FSDP_TEST_LEN(tcases));
 }

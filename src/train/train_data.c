@@ -77,16 +77,22 @@ static fsdp_status check_targets(const struct trainer *t, const fsdp_engine_conf
     return FSDP_STATUS_OK;
 }
 
-/* Pack example rows unless cfg->pack or the model says otherwise. */
+/* Pack example rows unless cfg->pack or the model says otherwise. A family whose
+ * interface takes no token positions (model.h's state_positions; GPT-2's attention has no
+ * document mask and its position table is read by column) cannot keep packed examples
+ * apart: each would attend to the ones before it in its row. */
 static fsdp_status pack(struct trainer *t, fsdp_engine_config *ec)
 {
     const fsdp_train_config *cfg = t->cfg;
     bool can = t->model.iface->state_positions != NULL;
     if (cfg->pack == FSDP_TRAIN_PACK_ON && !can)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "--pack on needs a model whose attention takes token positions "
-                              "(the llama family) to keep packed examples apart; model '%s' "
-                              "has none: use --pack off", cfg->model);
+                              "--pack on: model '%s' (family %s) cannot keep packed examples "
+                              "apart (its attention has no document mask and it reads "
+                              "positions by column, so an example would attend to the ones "
+                              "before it in its row); use --pack off, its default (one example "
+                              "per row, padded), or a model of a family that packs (llama)",
+                              cfg->model, t->model.family->name);
     if (cfg->pack == FSDP_TRAIN_PACK_ON ||
         (cfg->pack == FSDP_TRAIN_PACK_AUTO && can && fsdp_data_masked(t->data))) {
         FSDP_TRY(fsdp_data_pack(t->data, ec->seq));
@@ -142,7 +148,8 @@ fsdp_status fsdp_trainer_data_rows(struct trainer *t, fsdp_engine_config *ec)
             fprintf(t->out, "packed into %llu rows of --seq %d (attention and positions "
                     "restart at each example)", (unsigned long long)lay.n_rows, ec->seq);
         else
-            fprintf(t->out, "one per row of --seq %d", ec->seq);
+            fprintf(t->out, "one per row of --seq %d%s", ec->seq,
+                    t->model.iface->state_positions ? "" : " (this model family cannot pack)");
         fprintf(t->out, ", loss on completion/assistant tokens only; %.1f%% of row tokens are "
                 "padding", slots > 0 ? 100.0 * (1.0 - (double)lay.n_real / slots) : 0.0);
         if (cut)
