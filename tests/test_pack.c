@@ -246,6 +246,41 @@ START_TEST(test_pack_off_and_refusals)
 }
 END_TEST
 
+/* One example per row: a step's rows need only its longest example's positions
+ * (fsdp_data_rows_len), the same whatever the split of the step's global batch of 4 rows
+ * (B 4 x 1, 2 x 2, 1 x 4 micro-batches), equal to the longest read back from the rows,
+ * with nothing but padding past it; packed and stream sources need all of T. */
+START_TEST(test_rows_len)
+{
+    static const int len[] = {3, 6, 4, 9, 2, 5, 7}, prompt[] = {1, 2, 1, 3, 1, 1, 2};
+    enum { T = 8, G = 4 };
+    fsdp_data *d = examples(len, prompt, 7, 11);
+    int lo = T, hi = 0;
+    for (uint64_t step = 0; step < 5; step++) {
+        int want = 0, in[G * T], tg[G * T];
+        ck_assert_int_eq(fsdp_data_batch(d, step, G, T, in, tg), FSDP_STATUS_OK);
+        for (int r = 0; r < G; r++) {
+            int l = len[in[r * T] / 100] < T ? len[in[r * T] / 100] : T;
+            want = l > want ? l : want;
+        }
+        for (int r = 0; r < G; r++)
+            for (int j = want; j < T; j++)
+                ck_assert(in[r * T + j] == PAD && tg[r * T + j] == -1);
+        for (int B = 1; B <= G; B *= 2)
+            ck_assert_int_eq(fsdp_data_rows_len(d, step * (uint64_t)(G / B), G / B, B, T), want);
+        lo = want < lo ? want : lo;
+        hi = want > hi ? want : hi;
+    }
+    ck_assert_int_lt(lo, hi); /* the steps differ: the test sees a length per step */
+    ck_assert_int_eq(fsdp_data_pack(d, T), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_data_rows_len(d, 0, 1, G, T), T);
+    fsdp_data_close(d);
+    ck_assert_int_eq(fsdp_data_open(&d, "synthetic", 0, 1), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_data_rows_len(d, 0, 1, G, T), T);
+    fsdp_data_close(d);
+}
+END_TEST
+
 /* A checkpoint-format model file of a small Llama with context `ctx` at dir/name. */
 static void write_model(char *path, size_t n, const char *dir, const char *name, int ctx)
 {
@@ -365,6 +400,10 @@ START_TEST(test_gpt2_no_pack)
     rc = fsdp_test_cli(out, sizeof out, "%s --data %s", run, data);
     ck_assert_msg(rc == 0 && strstr(out, "one per row of --seq 16 (this model family cannot "
                                          "pack)"), "%d: %s", rc, out);
+    /* the padding at each step's longest example: 4 rows of 7 tokens, the step's 2 rows of
+     * them take 7 positions each, nothing padded */
+    ck_assert_msg(strstr(out, "at --seq 16, 0.0% at each step's longest example (7 to 7 "
+                              "tokens)"), "%s", out);
 }
 END_TEST
 
@@ -465,8 +504,9 @@ int main(void)
     const fsdp_test_tcase tcases[] = {
         {"pack", 60,
          FSDP_TESTS(test_pack_by_hand, test_pack_mixed, test_pack_off_and_refusals,
-                    test_one_pass)},
-        {"train", 120, .tmpdir = true, FSDP_TESTS(test_train_defaults, test_eval_packed, test_gpt2_no_pack)},
+                    test_one_pass, test_rows_len)},
+        {"train", 120, .tmpdir = true,
+         FSDP_TESTS(test_train_defaults, test_eval_packed, test_gpt2_no_pack)},
     };
     return fsdp_test_main("pack", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -101,6 +101,9 @@ void fsdp_data_examples_batch(const fsdp_data *d, uint64_t index, int B, int T, 
                               int *targets, int *pos);
 /* Input positions of micro-batch `index` that hold an example's token. */
 uint64_t fsdp_data_examples_real(const fsdp_data *d, uint64_t index, int B, int T);
+/* The input positions the rows of micro-batches [first, first + n) need (data.h's
+ * fsdp_data_rows_len). */
+int fsdp_data_examples_len(const fsdp_data *d, uint64_t first, int n, int B, int T);
 /* Batch rows and real positions of one epoch (fsdp_data_layout). */
 void fsdp_data_examples_layout(const fsdp_data *d, int T, uint64_t *n_rows, uint64_t *n_real);
 void fsdp_data_examples_free(fsdp_examples *ex);

@@ -160,6 +160,22 @@ uint64_t fsdp_data_examples_real(const fsdp_data *d, uint64_t index, int B, int 
     return n;
 }
 
+int fsdp_data_examples_len(const fsdp_data *d, uint64_t first, int n, int B, int T)
+{
+    const fsdp_examples *ex = &d->ex;
+    if (ex->pack_T)
+        return T;
+    uint64_t len = 1;
+    for (uint64_t m = first; m < first + (uint64_t)n; m++)
+        for (int r = 0; r < B; r++) {
+            if (past_pass(d, m, B, r, ex->n))
+                continue;
+            uint64_t l = padded_len(ex, slot_of(d, m, B, r, ex->n), T);
+            len = l > len ? l : len;
+        }
+    return (int)len;
+}
+
 void fsdp_data_set_one_pass(fsdp_data *d)
 {
     d->ex.one_pass = d->kind == FSDP_DATA_EXAMPLES;

@@ -101,6 +101,31 @@ static fsdp_status pack(struct trainer *t, fsdp_engine_config *ec)
     return FSDP_STATUS_OK;
 }
 
+/* --pack off: each step's rows need only its longest example's positions (data.h's
+ * fsdp_data_rows_len, taken over the step's global batch so it does not depend on the
+ * device count). Over the steps of the first epoch (at most the run's): the shortest
+ * and longest of those lengths, and the fraction of padding in rows cut to them. */
+static void step_rows(const struct trainer *t, const fsdp_engine_config *ec, uint64_t n_rows,
+                      int *lo, int *hi, double *pad)
+{
+    uint64_t M = (uint64_t)ec->n_ranks * (uint64_t)ec->grad_accum, G = M * (uint64_t)ec->batch;
+    uint64_t steps = (n_rows + G - 1) / G;
+    if (steps > (uint64_t)t->run.steps)
+        steps = (uint64_t)t->run.steps;
+    double slots = 0, real = 0;
+    *lo = ec->seq;
+    *hi = 0;
+    for (uint64_t s = 0; s < steps; s++) {
+        int len = fsdp_data_rows_len(t->data, s * M, (int)M, ec->batch, ec->seq);
+        *lo = len < *lo ? len : *lo;
+        *hi = len > *hi ? len : *hi;
+        slots += (double)G * len;
+        for (uint64_t k = 0; k < M; k++)
+            real += (double)fsdp_data_batch_real(t->data, s * M + k, ec->batch, ec->seq);
+    }
+    *pad = slots > 0 ? 1.0 - real / slots : 0.0;
+}
+
 /* --epochs: the steps that cover them, rounded up. */
 static fsdp_status epochs_steps(struct trainer *t, const fsdp_engine_config *ec,
                                 const fsdp_data_layout *lay)
@@ -152,6 +177,13 @@ fsdp_status fsdp_trainer_data_rows(struct trainer *t, fsdp_engine_config *ec)
                     t->model.iface->state_positions ? "" : " (this model family cannot pack)");
         fprintf(t->out, ", loss on completion/assistant tokens only; %.1f%% of row tokens are "
                 "padding", slots > 0 ? 100.0 * (1.0 - (double)lay.n_real / slots) : 0.0);
+        int lo, hi;
+        double pad;
+        if (!fsdp_data_packed(t->data) && t->run.steps > 0) {
+            step_rows(t, ec, lay.n_rows, &lo, &hi, &pad);
+            fprintf(t->out, " at --seq %d, %.1f%% at each step's longest example (%d to %d "
+                    "tokens)", ec->seq, 100.0 * pad, lo, hi);
+        }
         if (cut)
             fprintf(t->out, "; %llu are cut at %d tokens", (unsigned long long)cut, ec->seq + 1);
     } else {
