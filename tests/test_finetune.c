@@ -285,6 +285,21 @@ START_TEST(test_eval_device_counts)
 }
 END_TEST
 
+/* Training text of one letter ('a') and held-out text of another ('b'), each 4096 bytes
+ * of path; dir: a checkpoint directory's path. */
+static void one_word_files(char *train, char *eval, char *dir)
+{
+    fsdp_test_path(train, 4096, "a.txt");
+    fsdp_test_path(eval, 4096, "b.txt");
+    fsdp_test_path(dir, 4096, "ck");
+    char text[2048];
+    memset(text, 'a', sizeof text - 1);
+    text[sizeof text - 1] = '\0';
+    fsdp_test_write_file(train, text);
+    memset(text, 'b', sizeof text - 1);
+    fsdp_test_write_file(eval, text);
+}
+
 /* Trained on one word, evaluated on text without it: the held-out loss
  * rises after the first evaluation. --keep-best keeps step 1 past
  * --ckpt-keep 1; --early-stop 2 ends the run after step 3 with a
@@ -292,15 +307,7 @@ END_TEST
 START_TEST(test_keep_best_early_stop)
 {
     char train[4096], eval[4096], dir[4096], best[4200];
-    fsdp_test_path(train, sizeof train, "a.txt");
-    fsdp_test_path(eval, sizeof eval, "b.txt");
-    fsdp_test_path(dir, sizeof dir, "ck");
-    char text[2048];
-    memset(text, 'a', sizeof text - 1);
-    text[sizeof text - 1] = '\0';
-    fsdp_test_write_file(train, text);
-    memset(text, 'b', sizeof text - 1);
-    fsdp_test_write_file(eval, text);
+    one_word_files(train, eval, dir);
     fsdp_train_config c;
     fsdp_train_result r;
     text_config(&c, 2, 10);
@@ -353,15 +360,7 @@ END_TEST
 START_TEST(test_early_stop_resume)
 {
     char train[4096], eval[4096], dir[4096];
-    fsdp_test_path(train, sizeof train, "a.txt");
-    fsdp_test_path(eval, sizeof eval, "b.txt");
-    fsdp_test_path(dir, sizeof dir, "ck");
-    char text[2048];
-    memset(text, 'a', sizeof text - 1);
-    text[sizeof text - 1] = '\0';
-    fsdp_test_write_file(train, text);
-    memset(text, 'b', sizeof text - 1);
-    fsdp_test_write_file(eval, text);
+    one_word_files(train, eval, dir);
     fsdp_train_config c;
     fsdp_train_result a, b;
     text_config(&c, 2, 10);
@@ -394,8 +393,7 @@ END_TEST
 
 /* --resume without --tokenizer reads the data through the tokenizer the checkpoint
  * carries (issue 28: it was refused as other data), says so, and continues as the run
- * with --tokenizer does; a --tokenizer with the same bytes elsewhere is the same one,
- * one with other bytes is refused, naming both. A 1-layer GPT-2 over the Llama 3 test
+ * with --tokenizer does; a --tokenizer with other bytes is refused, naming both. A 1-layer GPT-2 over the Llama 3 test
  * tokenizer's 665 ids. */
 START_TEST(test_resume_tokenizer)
 {
@@ -433,7 +431,7 @@ START_TEST(test_resume_tokenizer)
     c.stop_after = 0;
     c.resume = true;
     c.tokenizer = other;
-    run_fail(&c, FSDP_STATUS_INVALID_ARG, "another tokenizer", "other.json");
+    run_fail(&c, FSDP_STATUS_INVALID_ARG, "another tokenizer.json", "other.json");
     c.tokenizer = NULL;
     char *text = NULL;
     size_t n = 0;

@@ -100,20 +100,28 @@ static fsdp_status ckpt_claim(struct trainer *t)
                                "--ckpt-dir");
 }
 
-/* Whether this run reads its data through another tokenizer than the checkpoint's run:
- * by their bytes when both carry a tokenizer.json (the same file anywhere is the same
- * tokenizer, the checkpoint's own copy included), else by path (two spellings of one file
- * are the same). */
-static bool tokenizer_differs(const struct trainer *t)
+/* Whether the tokenizer.json this run carries has other bytes than the one the checkpoint
+ * carries (false when either carries none). */
+static bool tokenizer_bytes_differ(const struct trainer *t)
 {
     const fsdp_ckpt_manifest *m = &t->ck_resume, *now = &t->ck_base;
+    return m->n_tok_files && now->n_tok_files && /* tokenizer.json first (manifest.h) */
+           (m->tok_files[0].xxh64 != now->tok_files[0].xxh64 ||
+            m->tok_files[0].size_bytes != now->tok_files[0].size_bytes);
+}
+
+/* Whether this run reads its data through another tokenizer than the checkpoint's run:
+ * another file (two spellings of one file are the same; the checkpoint's own copy, taken
+ * by a resume without --tokenizer, is the recorded one), or other bytes in the
+ * tokenizer.json both carry (a file edited since). */
+static bool tokenizer_differs(const struct trainer *t)
+{
+    const fsdp_ckpt_manifest *m = &t->ck_resume;
     if (!m->tokenizer_recorded)
         return false;
-    if (m->n_tok_files && now->n_tok_files) /* tokenizer.json first in both (manifest.h) */
-        return m->tok_files[0].xxh64 != now->tok_files[0].xxh64 ||
-               m->tok_files[0].size_bytes != now->tok_files[0].size_bytes;
-    return strcmp(m->tokenizer, t->tokenizer) && !fsdp_paths_same_file(m->tokenizer,
-                                                                       t->tokenizer);
+    bool other_file = !t->tok_from_ckpt && strcmp(m->tokenizer, t->tokenizer) &&
+                      !fsdp_paths_same_file(m->tokenizer, t->tokenizer);
+    return other_file || tokenizer_bytes_differ(t);
 }
 
 /* Whether this run reads other data than the checkpoint it resumes from
@@ -195,7 +203,7 @@ static fsdp_status ckpt_find_resume(struct trainer *t)
                               "copy), or --allow-data-change to continue on these", t->ck_path,
                               m->data, m->tokenizer_recorded ? m->tokenizer : "unrecorded",
                               cfg->data ? cfg->data : "", t->tokenizer,
-                              tokenizer_differs(t) ? ", another tokenizer" : "");
+                              tokenizer_bytes_differ(t) ? ", another tokenizer.json" : "");
     if (m->base[0] && m->base_hash != t->ck_base.base_hash)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "checkpoint '%s' trained adapters on the base '%s' (hash %016llx); "
