@@ -393,8 +393,8 @@ END_TEST
 
 /* --resume without --tokenizer reads the data through the tokenizer the checkpoint
  * carries (issue 28: it was refused as other data), says so, and continues as the run
- * with --tokenizer does; a --tokenizer with other bytes is refused, naming both. A 1-layer GPT-2 over the Llama 3 test
- * tokenizer's 665 ids. */
+ * with --tokenizer does; a --tokenizer with other bytes is refused, naming both. A
+ * 1-layer GPT-2 over the Llama 3 test tokenizer's 665 ids. */
 START_TEST(test_resume_tokenizer)
 {
     char dir[4096], tok[4200], other[4200], data[4200], ck[4200];
