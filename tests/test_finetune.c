@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "ckpt/ckpt_dir.h"
+#include "ckpt/manifest.h"
 #include "file_util.h"
 #include "testutil.h"
 #include "train/infer.h"
@@ -149,6 +150,68 @@ START_TEST(test_schedule_resume)
 }
 END_TEST
 
+/* The schedule's settings are in every checkpoint's manifest (issue 28: they were not, so
+ * a resume with other flags changed the schedule without a word); a resume with the same
+ * settings says nothing, one with others a note naming both. */
+START_TEST(test_schedule_recorded)
+{
+    text_files();
+    char dir[4096], path[4200];
+    fsdp_test_path(dir, sizeof dir, "ck");
+    fsdp_train_config c;
+    fsdp_train_result r;
+    text_config(&c, 1, 4);
+    c.schedule = FSDP_LR_WSD;
+    c.decay_frac = 0.5f;
+    c.min_lr = 1e-3f;
+    c.ckpt_dir = dir;
+    c.ckpt_every = 1;
+    c.stop_after = 2;
+    run_ok(&c, &r);
+    fsdp_train_result_free(&r);
+    pathf(path, sizeof path, "%s/step_00000002/manifest", dir);
+    fsdp_ckpt_manifest m;
+    ck_assert_int_eq(fsdp_ckpt_manifest_read(path, &m), FSDP_STATUS_OK);
+    ck_assert_str_eq(m.schedule, "wsd");
+    ck_assert((float)m.lr == c.lr && m.min_lr == (double)c.min_lr);
+    ck_assert_int_eq(m.warmup, c.warmup);
+    ck_assert((float)m.decay_frac == c.decay_frac);
+    fsdp_ckpt_manifest_free(&m);
+    char *text = NULL;
+    size_t n = 0;
+    c.resume = true;
+    c.stop_after = 3;
+    c.out = open_memstream(&text, &n);
+    run_ok(&c, &r);
+    fclose(c.out);
+    fsdp_train_result_free(&r);
+    ck_assert_msg(strstr(text, "resuming from") && !strstr(text, "learning-rate schedule"),
+                  "%s", text);
+    free(text);
+    c.schedule = FSDP_LR_COSINE;
+    c.stop_after = 0;
+    c.out = open_memstream(&text, &n);
+    run_ok(&c, &r);
+    fclose(c.out);
+    fsdp_train_result_free(&r);
+    ck_assert_msg(strstr(text, "note: the checkpoint's run had the learning-rate schedule "
+                               "--schedule wsd --lr 0.01 --min-lr 0.001 --warmup 1 "
+                               "--decay-frac 0.5; this run's is --schedule cosine --lr 0.01 "
+                               "--min-lr 0.001 --warmup 1: from step 4 on"), "%s", text);
+    free(text);
+    /* a bad line is refused by name (before the checksum) */
+    text = slurp(path);
+    char *line = strstr(text, "schedule wsd ");
+    ck_assert_ptr_nonnull(line);
+    memcpy(line, "schedule ws- ", 13);
+    pathf(path, sizeof path, "%s/bad_manifest", dir);
+    spit(path, text, strlen(text));
+    free(text);
+    ck_assert_int_eq(fsdp_ckpt_manifest_read(path, &m), FSDP_STATUS_FORMAT);
+    ck_assert_msg(strstr(fsdp_error_msg(), "schedule 'ws- "), "%s", fsdp_error_msg());
+}
+END_TEST
+
 /* ---- the held-out loss -------------------------------------------------------------- */
 
 /* The last evaluation of a run equals `fsdp eval` of its final checkpoint
@@ -222,6 +285,21 @@ START_TEST(test_eval_device_counts)
 }
 END_TEST
 
+/* Training text of one letter ('a') and held-out text of another ('b'), each 4096 bytes
+ * of path; dir: a checkpoint directory's path. */
+static void one_word_files(char *train, char *eval, char *dir)
+{
+    fsdp_test_path(train, 4096, "a.txt");
+    fsdp_test_path(eval, 4096, "b.txt");
+    fsdp_test_path(dir, 4096, "ck");
+    char text[2048];
+    memset(text, 'a', sizeof text - 1);
+    text[sizeof text - 1] = '\0';
+    fsdp_test_write_file(train, text);
+    memset(text, 'b', sizeof text - 1);
+    fsdp_test_write_file(eval, text);
+}
+
 /* Trained on one word, evaluated on text without it: the held-out loss
  * rises after the first evaluation. --keep-best keeps step 1 past
  * --ckpt-keep 1; --early-stop 2 ends the run after step 3 with a
@@ -229,15 +307,7 @@ END_TEST
 START_TEST(test_keep_best_early_stop)
 {
     char train[4096], eval[4096], dir[4096], best[4200];
-    fsdp_test_path(train, sizeof train, "a.txt");
-    fsdp_test_path(eval, sizeof eval, "b.txt");
-    fsdp_test_path(dir, sizeof dir, "ck");
-    char text[2048];
-    memset(text, 'a', sizeof text - 1);
-    text[sizeof text - 1] = '\0';
-    fsdp_test_write_file(train, text);
-    memset(text, 'b', sizeof text - 1);
-    fsdp_test_write_file(eval, text);
+    one_word_files(train, eval, dir);
     fsdp_train_config c;
     fsdp_train_result r;
     text_config(&c, 2, 10);
@@ -279,6 +349,112 @@ START_TEST(test_keep_best_early_stop)
     ck_assert_int_eq(r.steps, 4);
     ck_assert_int_eq(r.best_eval_step, 4);
     fsdp_train_result_free(&r);
+}
+END_TEST
+
+/* --early-stop across a resume (issue 28: the count restarted at 0 and the best loss was
+ * forgotten): trained on one word, evaluated on another, the run stops after step 3
+ * whether it runs straight or is interrupted after step 2 and resumed, and the resumed
+ * run knows its best came after step 1. Without --keep-best: the checkpoint holds the
+ * standing. */
+START_TEST(test_early_stop_resume)
+{
+    char train[4096], eval[4096], dir[4096];
+    one_word_files(train, eval, dir);
+    fsdp_train_config c;
+    fsdp_train_result a, b;
+    text_config(&c, 2, 10);
+    c.data = train;
+    c.eval_data = eval;
+    c.eval_every = 1;
+    c.eval_steps = 1;
+    c.early_stop = 2;
+    run_ok(&c, &a);
+    ck_assert(a.early_stopped);
+    ck_assert_int_eq(a.steps, 3);
+    c.ckpt_dir = dir;
+    c.ckpt_every = 1;
+    c.stop_after = 2;
+    run_ok(&c, &b);
+    ck_assert(!b.early_stopped);
+    fsdp_train_result_free(&b);
+    c.stop_after = 0;
+    c.resume = true;
+    run_ok(&c, &b);
+    ck_assert_int_eq(b.first_step, 2);
+    ck_assert_msg(b.early_stopped && b.steps == 3, "the resumed run stopped after step %d "
+                  "(early stop: %d); the straight one after step 3", b.steps, b.early_stopped);
+    ck_assert_int_eq(b.best_eval_step, 1);
+    ck_assert(b.best_eval_loss == a.best_eval_loss && b.eval_loss == a.eval_loss);
+    fsdp_train_result_free(&a);
+    fsdp_train_result_free(&b);
+}
+END_TEST
+
+/* --resume without --tokenizer reads the data through the tokenizer the checkpoint
+ * carries (issue 28: it was refused as other data), says so, and continues as the run
+ * with --tokenizer does; a --tokenizer with other bytes is refused, naming both. A
+ * 1-layer GPT-2 over the Llama 3 test tokenizer's 665 ids. */
+START_TEST(test_resume_tokenizer)
+{
+    char dir[4096], tok[4200], other[4200], data[4200], ck[4200];
+    fsdp_test_mkdir(dir, sizeof dir, "run");
+    pathf(tok, sizeof tok, "%s/tokenizer.json", dir);
+    pathf(other, sizeof other, "%s/other.json", dir);
+    pathf(data, sizeof data, "%s/t.txt", dir);
+    pathf(ck, sizeof ck, "%s/ck", dir);
+    copy_file("tests/fixtures/tok_llama3.json", tok);
+    char *json = slurp(tok);
+    size_t len = strlen(json);
+    json[len - 1] = json[len - 1] == '\n' ? ' ' : '\n'; /* the same tokens, other bytes */
+    spit(other, json, len);
+    free(json);
+    FILE *f = fopen(data, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 40; i++)
+        fprintf(f, "Hello world, line %d of a small corpus.\n", i);
+    ck_assert_int_eq(fclose(f), 0);
+    fsdp_train_config c;
+    fsdp_train_result a, b;
+    train_config_tiny(&c, 2, 1);
+    c.model = "gpt2:layers=1,heads=2,channels=32,vocab=665,context=64";
+    c.data = data;
+    c.tokenizer = tok;
+    c.steps = 4;
+    c.keep_params = false;
+    run_ok(&c, &a);
+    c.ckpt_dir = ck;
+    c.ckpt_every = 2;
+    c.stop_after = 2;
+    run_ok(&c, &b);
+    fsdp_train_result_free(&b);
+    c.stop_after = 0;
+    c.resume = true;
+    c.tokenizer = other;
+    run_fail(&c, FSDP_STATUS_INVALID_ARG, "another tokenizer.json", "other.json");
+    c.tokenizer = NULL;
+    char *text = NULL;
+    size_t n = 0;
+    c.out = open_memstream(&text, &n);
+    run_ok(&c, &b);
+    fclose(c.out);
+    ck_assert_msg(strstr(text, "tokenizer: ") && strstr(text, "/ck/step_00000002/tokenizer.json "
+                  "(the copy the checkpoint to resume carries"), "%s", text);
+    ck_assert_msg(!strstr(text, "allow-data-change"), "%s", text);
+    free(text);
+    ck_assert_int_eq(b.first_step, 2);
+    for (int s = 2; s < 4; s++)
+        ck_assert_msg(a.losses[s] == b.losses[s], "step %d: %.9g vs %.9g", s + 1, a.losses[s],
+                      b.losses[s]);
+    fsdp_train_result_free(&a);
+    fsdp_train_result_free(&b);
+    /* the checkpoint it wrote names the tokenizer the run started with */
+    char manifest[4300];
+    pathf(manifest, sizeof manifest, "%s/step_00000004/manifest", ck);
+    fsdp_ckpt_manifest m;
+    ck_assert_int_eq(fsdp_ckpt_manifest_read(manifest, &m), FSDP_STATUS_OK);
+    ck_assert_str_eq(m.tokenizer, tok);
+    fsdp_ckpt_manifest_free(&m);
 }
 END_TEST
 
@@ -364,7 +540,8 @@ int main(void)
         {"schedule", 0, FSDP_TESTS(test_schedule_values, test_schedule_names)},
         {"train", 60, .tmpdir = true,
          FSDP_TESTS(test_schedule_resume, test_eval_matches_fsdp_eval, test_eval_device_counts,
-                    test_keep_best_early_stop, test_eval_refused, test_cli_finetune)},
+                    test_keep_best_early_stop, test_eval_refused, test_cli_finetune,
+                    test_schedule_recorded, test_early_stop_resume, test_resume_tokenizer)},
     };
     return fsdp_test_main("finetune", tcases, FSDP_TEST_LEN(tcases));
 }

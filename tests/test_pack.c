@@ -3,17 +3,21 @@
  * the rows, the example boundaries, the positions and the loss masks of
  * small packed sets whose expectations are computed by hand; the greedy
  * next fit; every example once per epoch; the padding and real-token
- * counts that tokens/s and the header use; the refusals.
+ * counts that tokens/s and the header use; the refusals; a source read once
+ * (the held-out set), whose rows past the first epoch are padding.
  *
  * `fsdp train` on a pre-trained model file: the default --seq and how the
  * header says it was chosen, --epochs (the steps that cover them, refused
- * beside --steps), --pack off, and the metrics' tokens counting real ones.
+ * beside --steps), --pack off, and the metrics' tokens counting real ones;
+ * --eval-data packed as the training rows, its loss the same packed or not.
  *
  * The sources are built in memory through the data layer's internal header
  * (data_internal.h), so every token is known: example e holds the tokens
  * 100 e + j, j = 0 .. len-1, and trains on j >= its prompt length.
  */
 #include <check.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,6 +28,8 @@
 #include "model_rig.h"
 #include "models/registry.h"
 #include "testutil.h"
+#include "train/train.h"
+#include "train_util.h"
 
 #define PAD 7
 
@@ -240,6 +246,41 @@ START_TEST(test_pack_off_and_refusals)
 }
 END_TEST
 
+/* One example per row: a step's rows need only its longest example's positions
+ * (fsdp_data_rows_len), the same whatever the split of the step's global batch of 4 rows
+ * (B 4 x 1, 2 x 2, 1 x 4 micro-batches), equal to the longest read back from the rows,
+ * with nothing but padding past it; packed and stream sources need all of T. */
+START_TEST(test_rows_len)
+{
+    static const int len[] = {3, 6, 4, 9, 2, 5, 7}, prompt[] = {1, 2, 1, 3, 1, 1, 2};
+    enum { T = 8, G = 4 };
+    fsdp_data *d = examples(len, prompt, 7, 11);
+    int lo = T, hi = 0;
+    for (uint64_t step = 0; step < 5; step++) {
+        int want = 0, in[G * T], tg[G * T];
+        ck_assert_int_eq(fsdp_data_batch(d, step, G, T, in, tg), FSDP_STATUS_OK);
+        for (int r = 0; r < G; r++) {
+            int l = len[in[r * T] / 100] < T ? len[in[r * T] / 100] : T;
+            want = l > want ? l : want;
+        }
+        for (int r = 0; r < G; r++)
+            for (int j = want; j < T; j++)
+                ck_assert(in[r * T + j] == PAD && tg[r * T + j] == -1);
+        for (int B = 1; B <= G; B *= 2)
+            ck_assert_int_eq(fsdp_data_rows_len(d, step * (uint64_t)(G / B), G / B, B, T), want);
+        lo = want < lo ? want : lo;
+        hi = want > hi ? want : hi;
+    }
+    ck_assert_int_lt(lo, hi); /* the steps differ: the test sees a length per step */
+    ck_assert_int_eq(fsdp_data_pack(d, T), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_data_rows_len(d, 0, 1, G, T), T);
+    fsdp_data_close(d);
+    ck_assert_int_eq(fsdp_data_open(&d, "synthetic", 0, 1), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_data_rows_len(d, 0, 1, G, T), T);
+    fsdp_data_close(d);
+}
+END_TEST
+
 /* A checkpoint-format model file of a small Llama with context `ctx` at dir/name. */
 static void write_model(char *path, size_t n, const char *dir, const char *name, int ctx)
 {
@@ -338,12 +379,134 @@ START_TEST(test_train_defaults)
 }
 END_TEST
 
+/* GPT-2 cannot pack (its attention has no document mask: models/gpt2.c): --pack on is
+ * refused naming the family and what to do, and the default's header says why its rows
+ * hold one example each. */
+START_TEST(test_gpt2_no_pack)
+{
+    char dir[128], data[192], out[16384];
+    fsdp_test_mkdir(dir, sizeof dir, "gpt2");
+    snprintf(data, sizeof data, "%s/rows.jsonl", dir);
+    FILE *f = fopen(data, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 4; i++)
+        fprintf(f, "{\"prompt\": \"Q%d?\", \"completion\": \" yes\"}\n", i);
+    ck_assert_int_eq(fclose(f), 0);
+    const char *run = "train --model gpt2:layers=1,heads=2,channels=32,vocab=665,context=64 "
+                      "--tokenizer " TOK " --backend cpu --devices 1 --batch 2 --steps 1 --seq 16";
+    int rc = fsdp_test_cli(out, sizeof out, "%s --data %s --pack on", run, data);
+    ck_assert_msg(rc != 0 && strstr(out, "(family gpt2) cannot keep packed examples apart") &&
+                      strstr(out, "use --pack off"), "%d: %s", rc, out);
+    rc = fsdp_test_cli(out, sizeof out, "%s --data %s", run, data);
+    ck_assert_msg(rc == 0 && strstr(out, "one per row of --seq 16 (this model family cannot "
+                                         "pack)"), "%d: %s", rc, out);
+    /* the padding at each step's longest example: 4 rows of 7 tokens, the step's 2 rows of
+     * them take 7 positions each, nothing padded */
+    ck_assert_msg(strstr(out, "at --seq 16, 0.0% at each step's longest example (7 to 7 "
+                              "tokens)"), "%s", out);
+}
+END_TEST
+
+/* The held-out set is packed as the training rows are (issue 28 leftover 2: it was not),
+ * and read once, each example counting once: with the weights held (lr 0) the held-out
+ * loss on 2 devices is the same number packed (batch 2), unpacked (batch 2) and one
+ * example per micro-batch (batch 1, the reference no padding or repeat can touch), within
+ * float rounding; 11 examples, so a repeated one in the last batch of 2 would move it. */
+START_TEST(test_eval_packed)
+{
+    char dir[128], data[192], eval[192], model[256];
+    fsdp_test_mkdir(dir, sizeof dir, "evalpack");
+    snprintf(data, sizeof data, "%s/train.jsonl", dir);
+    snprintf(eval, sizeof eval, "%s/eval.jsonl", dir);
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fopen(k ? eval : data, "w");
+        ck_assert_ptr_nonnull(f);
+        for (int i = 0; i < (k ? 11 : 8); i++)
+            fprintf(f, "{\"prompt\": \"Q%d: %s?\", \"completion\": \"%s\"}\n", i,
+                    i % 3 ? "why" : "how many quick brown foxes jump over the lazy dogs",
+                    i % 2 ? " 7 and 8" : " a few of them");
+        ck_assert_int_eq(fclose(f), 0);
+    }
+    write_model(model, sizeof model, dir, "m", 256);
+    static const struct { int pack, batch; } runs[] = {
+        {FSDP_TRAIN_PACK_OFF, 1}, {FSDP_TRAIN_PACK_ON, 2}, {FSDP_TRAIN_PACK_OFF, 2}};
+    float loss[3];
+    for (int i = 0; i < 3; i++) {
+        fsdp_train_config c;
+        fsdp_train_result r;
+        train_config_cpu(&c, model, 2);
+        c.data = data;
+        c.tokenizer = TOK;
+        c.eval_data = eval;
+        c.eval_every = 1;
+        c.steps = 1;
+        c.lr = 0.0f;
+        c.pack = runs[i].pack;
+        c.eng.batch = runs[i].batch;
+        c.eng.seq = 64;
+        char *text = NULL;
+        size_t n = 0;
+        c.out = open_memstream(&text, &n);
+        run_ok(&c, &r);
+        fclose(c.out);
+        bool packed = strstr(text, "(packed as the training rows)") != NULL;
+        ck_assert_msg(packed == (runs[i].pack == FSDP_TRAIN_PACK_ON), "%s", text);
+        free(text);
+        loss[i] = r.eval_loss;
+        ck_assert_msg(isfinite(loss[i]) && loss[i] > 0, "run %d: eval loss %g", i, loss[i]);
+        fsdp_train_result_free(&r);
+    }
+    for (int i = 1; i < 3; i++)
+        ck_assert_msg(fabsf(loss[i] - loss[0]) <= 2e-6f * loss[0], "eval loss %.9g (%s, batch "
+                      "2) vs %.9g (one example per micro-batch)", loss[i], i == 1 ? "packed" :
+                      "unpacked", loss[0]);
+}
+END_TEST
+
+/* Read once (a held-out set): the rows after the first epoch's are padding, unpacked and
+ * packed, and count no real token. */
+START_TEST(test_one_pass)
+{
+    static const int len[] = {3, 6, 4}, prompt[] = {1, 2, 1};
+    enum { T = 8, B = 2 };
+    for (int packed = 0; packed < 2; packed++) {
+        fsdp_data *d = examples(len, prompt, 3, 5);
+        if (packed)
+            ck_assert_int_eq(fsdp_data_pack(d, T), FSDP_STATUS_OK);
+        fsdp_data_set_one_pass(d);
+        fsdp_data_layout lay;
+        fsdp_data_layout_get(d, T, &lay);
+        uint64_t rows = lay.n_rows, real = 0;
+        int in[B * T], tg[B * T], pos[B * T], seen = 0;
+        for (uint64_t m = 0; m < (rows + B - 1) / B + 1; m++) {
+            ck_assert_int_eq(fsdp_data_batch_pos(d, m, B, T, in, tg, pos), FSDP_STATUS_OK);
+            for (int r = 0; r < B; r++) {
+                bool past = m * B + (uint64_t)r >= rows;
+                for (int j = 0; j < T; j++) {
+                    if (past) {
+                        ck_assert_int_eq(in[r * T + j], PAD);
+                        ck_assert_int_eq(tg[r * T + j], -1);
+                    }
+                    seen += tg[r * T + j] >= 0;
+                }
+            }
+            real += fsdp_data_batch_real(d, m, B, T);
+        }
+        ck_assert_uint_eq(real, lay.n_real);
+        ck_assert_int_eq(seen, (3 - 1) + (6 - 2) + (4 - 1)); /* every trained target once */
+        fsdp_data_close(d);
+    }
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
         {"pack", 60,
-         FSDP_TESTS(test_pack_by_hand, test_pack_mixed, test_pack_off_and_refusals)},
-        {"train", 120, .tmpdir = true, FSDP_TESTS(test_train_defaults)},
+         FSDP_TESTS(test_pack_by_hand, test_pack_mixed, test_pack_off_and_refusals,
+                    test_one_pass, test_rows_len)},
+        {"train", 120, .tmpdir = true,
+         FSDP_TESTS(test_train_defaults, test_eval_packed, test_gpt2_no_pack)},
     };
     return fsdp_test_main("pack", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -164,7 +164,8 @@ enum mkey {
     K_SHARD, K_BATCH, K_SEQ, K_GRAD_ACCUM, K_STEPS_TOTAL, K_COMPUTE_DTYPE, K_MASTER_DTYPE,
     K_OPTIM_DTYPE, K_MODEL_NAME, K_MODEL_SPEC, K_GPT2, K_VOCAB_SIZE, K_PADDED_VOCAB_SIZE,
     K_MAX_SEQ_LEN, K_MODEL_FAMILY, K_MODEL_CONFIG, K_DATA, K_BLOCK_NUMEL, K_OPTIMIZER,
-    K_OPTIM_STATE, K_SHARD_RANKS, K_TOKENIZER, K_LORA, K_FREEZE, K_BASE, K_COUNT
+    K_OPTIM_STATE, K_SHARD_RANKS, K_TOKENIZER, K_LORA, K_FREEZE, K_BASE, K_SCHEDULE,
+    K_EVAL_STANDING, K_COUNT
 };
 
 static const char *const mkey_names[K_COUNT] = {
@@ -172,12 +173,14 @@ static const char *const mkey_names[K_COUNT] = {
     "shard", "batch", "seq", "grad_accum", "steps_total", "compute_dtype", "master_dtype",
     "optim_dtype", "model_name", "model_spec", "gpt2", "vocab_size", "padded_vocab_size",
     "max_seq_len", "model_family", "model_config", "data", "block_numel", "optimizer",
-    "optim_state", "shard_ranks", "tokenizer", "lora", "freeze", "base",
+    "optim_state", "shard_ranks", "tokenizer", "lora", "freeze", "base", "schedule",
+    "eval_standing",
 };
 
 /* Keys a manifest may leave out (their meaning when absent is in manifest.h). */
 static const bool mkey_optional[K_COUNT] = {[K_SHARD_RANKS] = true, [K_LORA] = true,
-                                            [K_FREEZE] = true, [K_BASE] = true};
+                                            [K_FREEZE] = true, [K_BASE] = true,
+                                            [K_SCHEDULE] = true, [K_EVAL_STANDING] = true};
 
 /* The versions each key belongs to (bit v set: version v has it, once). */
 #define V1 (1u << 1)
@@ -187,7 +190,8 @@ static const unsigned mkey_versions[K_COUNT] = {
     [K_MODEL_SPEC] = V1, [K_GPT2] = V1, [K_VOCAB_SIZE] = V1, [K_PADDED_VOCAB_SIZE] = V1,
     [K_MAX_SEQ_LEN] = V1, [K_MODEL_FAMILY] = V2 | V3, [K_MODEL_CONFIG] = V2 | V3,
     [K_OPTIMIZER] = V2 | V3, [K_OPTIM_STATE] = V2 | V3, /* version 1 is AdamW */
-    [K_TOKENIZER] = V3, [K_LORA] = V3, [K_FREEZE] = V3, [K_BASE] = V3,
+    [K_TOKENIZER] = V3, [K_LORA] = V3, [K_FREEZE] = V3, [K_BASE] = V3, [K_SCHEDULE] = V3,
+    [K_EVAL_STANDING] = V3,
 };
 #define KEY_IN(k, version) \
     ((mkey_versions[k] ? mkey_versions[k] : V1 | V2 | V3) >> (version) & 1)
@@ -195,6 +199,34 @@ static const unsigned mkey_versions[K_COUNT] = {
 static void copy_text(char *dst, size_t n, const char *v)
 {
     snprintf(dst, n, "%s", strcmp(v, "-") ? v : "");
+}
+
+/* `schedule NAME LR MIN_LR WARMUP DECAY_FRAC` (manifest.h): a [a-z0-9_] name, finite
+ * numbers and warmup >= 0 (the trainer checked the settings; this is the reading). */
+static fsdp_status parse_schedule(const parser *ps, const char *v, fsdp_ckpt_manifest *m)
+{
+    int used = 0;
+    if (sscanf(v, "%15s %lf %lf %d %lf%n", m->schedule, &m->lr, &m->min_lr, &m->warmup,
+               &m->decay_frac, &used) != 5 || v[used] ||
+        !fsdp_ckpt_array_name_valid(m->schedule) || !isfinite(m->lr) || !isfinite(m->min_lr) ||
+        m->warmup < 0 || !isfinite(m->decay_frac)) {
+        m->schedule[0] = '\0';
+        return bad(ps, "schedule '%.80s' is not 'NAME LR MIN_LR WARMUP DECAY_FRAC'", v);
+    }
+    return FSDP_STATUS_OK;
+}
+
+/* `eval_standing BEST BEST_STEP N_WORSE` (manifest.h): a finite loss and two counts. */
+static fsdp_status parse_eval_standing(const parser *ps, const char *v, fsdp_ckpt_manifest *m)
+{
+    char step[24], worse[16];
+    int used = 0;
+    if (sscanf(v, "%lf %23s %15s%n", &m->eval_best, step, worse, &used) != 3 || v[used] ||
+        !isfinite(m->eval_best) || !parse_u64(step, 1u << 30, &m->eval_best_step) ||
+        !parse_int(worse, 0, 1 << 30, &m->eval_n_worse))
+        return bad(ps, "eval_standing '%.80s' is not 'BEST_LOSS BEST_STEP N_WORSE'", v);
+    m->eval_recorded = true;
+    return FSDP_STATUS_OK;
 }
 
 /* Version 1's 'gpt2 layers=L heads=H channels=C vocab=V context=T' (or
@@ -367,6 +399,8 @@ static fsdp_status parse_text_key(parser *ps, enum mkey k, char *v, fsdp_ckpt_ma
         snprintf(m->base, sizeof m->base, "%s", v + used);
         return FSDP_STATUS_OK;
     }
+    case K_SCHEDULE: return parse_schedule(ps, v, m);
+    case K_EVAL_STANDING: return parse_eval_standing(ps, v, m);
     default: return bad(ps, "internal: unhandled key");
     }
 }

@@ -125,6 +125,22 @@ typedef struct fsdp_ckpt_manifest {
     char freeze[256];         /* "" : none */
     char base[512];           /* "" : none (nothing frozen) */
     uint64_t base_hash;
+    /* The learning-rate schedule of the run that wrote it (optional version-3 line
+     * `schedule NAME LR MIN_LR WARMUP DECAY_FRAC`, written only when `schedule` is set, so a
+     * manifest without it reads as before: schedule ""). NAME: the --schedule registry's
+     * name (this layer does not interpret it); lr and decay_frac are floats written with 9
+     * significant digits, min_lr a double with 17, so each reads back exactly. */
+    char schedule[16];        /* "" : not recorded */
+    double lr, min_lr, decay_frac;
+    int warmup;
+    /* The held-out standing (--eval-data) after `step` (optional version-3 line
+     * `eval_standing BEST BEST_STEP N_WORSE`, written once an evaluation has run): the
+     * lowest eval loss so far (9 significant digits: a float), the step it was measured
+     * after, and the evaluations since without a lower one (--early-stop's count). */
+    bool eval_recorded;       /* false: none (an older manifest, or no evaluation yet) */
+    double eval_best;
+    uint64_t eval_best_step;
+    int eval_n_worse;
     int n_units;
     fsdp_ckpt_unit *units;    /* [n_units], owned */
 } fsdp_ckpt_manifest;

@@ -61,6 +61,12 @@ fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest 
         sb_text(&b, "freeze", m->freeze);
     if (m->base[0])
         fsdp_sbuf_printf(&b, "base %016" PRIx64 " %s\n", m->base_hash, m->base);
+    if (m->schedule[0]) /* optional (manifest.h) */
+        fsdp_sbuf_printf(&b, "schedule %s %.9g %.17g %d %.9g\n", m->schedule, m->lr, m->min_lr,
+                         m->warmup, m->decay_frac);
+    if (m->eval_recorded)
+        fsdp_sbuf_printf(&b, "eval_standing %.9g %" PRIu64 " %d\n", m->eval_best,
+                         m->eval_best_step, m->eval_n_worse);
     fsdp_sbuf_printf(&b, "block_numel %zu\nunits %d\n", FSDP_CKPT_BLOCK_NUMEL, m->n_units);
     for (int u = 0; u < m->n_units; u++) {
         const fsdp_ckpt_unit *cu = &m->units[u];

@@ -144,6 +144,13 @@ uint64_t fsdp_data_batch_real(const fsdp_data *d, uint64_t index, int B, int T)
     return (uint64_t)B * (uint64_t)T;
 }
 
+int fsdp_data_rows_len(const fsdp_data *d, uint64_t first, int n, int B, int T)
+{
+    if (d->kind == FSDP_DATA_EXAMPLES)
+        return fsdp_data_examples_len(d, first, n, B, T);
+    return T;
+}
+
 /* (a*b + c) mod n without overflow. */
 static uint64_t mul_add_mod(uint64_t a, uint64_t b, uint64_t c, uint64_t n)
 {

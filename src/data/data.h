@@ -124,6 +124,12 @@ fsdp_status fsdp_data_batch_pos(const fsdp_data *d, uint64_t index, int B, int T
  * two tokens. Calling it again repacks for another T. */
 fsdp_status fsdp_data_pack(fsdp_data *d, int T);
 
+/* Read example rows once: micro-batch rows past the first epoch's last row (an example,
+ * or a packed row) hold padding only, with no target, so ceil(rows / B) micro-batches
+ * count every example exactly once, whatever B (a held-out set: train/heldout.h). No
+ * effect on streams. Before any thread reads d. */
+void fsdp_data_set_one_pass(fsdp_data *d);
+
 /* Whether d is packed (fsdp_data_pack), and for which T (0: not packed). */
 int fsdp_data_packed(const fsdp_data *d);
 
@@ -142,6 +148,15 @@ void fsdp_data_layout_get(const fsdp_data *d, int T, fsdp_data_layout *out);
 /* Input positions of micro-batch `index` (B rows of T) that hold data, not
  * padding (B*T for streams): what tokens/s counts. Thread-safe. */
 uint64_t fsdp_data_batch_real(const fsdp_data *d, uint64_t index, int B, int T);
+
+/* One example per row (example rows not packed): the input positions the rows of
+ * micro-batches [first, first + n) (B rows each) need, the longest of their examples'
+ * (an example of len tokens takes min(len, T): its last token is an input too), at least
+ * 1; T for streams and packed sources, whose rows are full. Columns past it hold padding
+ * only (no target, after every real position), so rows cut to it give the same losses.
+ * Over a step's micro-batches (its global batch: rows first*B .. (first+n)*B - 1) it does
+ * not depend on how the step is split into devices, accumulation and B. Thread-safe. */
+int fsdp_data_rows_len(const fsdp_data *d, uint64_t first, int n, int B, int T);
 
 /* Synthetic task: held-out problem `index` (never produced by
  * fsdp_data_batch for the same seed): prompt (e.g. "123+456=") and expected

@@ -13,6 +13,7 @@
 #ifndef FSDP_DATA_DATA_INTERNAL_H
 #define FSDP_DATA_DATA_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -53,6 +54,7 @@ typedef struct fsdp_examples {
     uint64_t n_rows;        /* packed rows */
     uint64_t *pack_order;   /* [<= n] examples in packing order (those with a target slot) */
     uint64_t *pack_first;   /* [n_rows + 1] */
+    bool one_pass;          /* rows past the first epoch are padding (fsdp_data_set_one_pass) */
 } fsdp_examples;
 
 struct fsdp_data {
@@ -99,6 +101,9 @@ void fsdp_data_examples_batch(const fsdp_data *d, uint64_t index, int B, int T, 
                               int *targets, int *pos);
 /* Input positions of micro-batch `index` that hold an example's token. */
 uint64_t fsdp_data_examples_real(const fsdp_data *d, uint64_t index, int B, int T);
+/* The input positions the rows of micro-batches [first, first + n) need (data.h's
+ * fsdp_data_rows_len). */
+int fsdp_data_examples_len(const fsdp_data *d, uint64_t first, int n, int B, int T);
 /* Batch rows and real positions of one epoch (fsdp_data_layout). */
 void fsdp_data_examples_layout(const fsdp_data *d, int T, uint64_t *n_rows, uint64_t *n_real);
 void fsdp_data_examples_free(fsdp_examples *ex);

@@ -19,6 +19,9 @@
  * tokens[1 .. len-1], positions 0, 1, ... from its start; padding after the
  * last example of a row has position 0 (it attends to itself only) and
  * target -1.
+ *
+ * Read once (fsdp_data_set_one_pass, a held-out set): slots k >= n (or R) are
+ * rows of padding instead of the next epoch's, so no example counts twice.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +61,14 @@ static uint64_t slot_of(const fsdp_data *d, uint64_t index, int B, int r, uint64
     unsigned __int128 k = (unsigned __int128)index * (unsigned)B + (unsigned)r;
     uint64_t epoch = (uint64_t)(k / n), slot = (uint64_t)(k % n);
     return permute(slot, n, fsdp_rng_u64(d->seed, EXAMPLES_RNG_STREAM, epoch));
+}
+
+/* Whether global row slot k = index * B + r of n per epoch lies past the one pass
+ * (fsdp_data_set_one_pass): a row of padding. */
+static bool past_pass(const fsdp_data *d, uint64_t index, int B, int r, uint64_t n)
+{
+    return d->ex.one_pass &&
+           (unsigned __int128)index * (unsigned)B + (unsigned)r >= (unsigned __int128)n;
 }
 
 /* Input positions example e takes in a packed row of T. */
@@ -103,6 +114,15 @@ void fsdp_data_examples_batch(const fsdp_data *d, uint64_t index, int B, int T, 
     for (int r = 0; r < B; r++) {
         int *in = inputs + (size_t)r * T, *tg = targets + (size_t)r * T;
         int *ps = pos ? pos + (size_t)r * T : NULL;
+        if (past_pass(d, index, B, r, ex->pack_T ? ex->n_rows : ex->n)) {
+            for (int j = 0; j < T; j++) {
+                in[j] = ex->pad;
+                tg[j] = -1;
+                if (ps)
+                    ps[j] = ex->pack_T ? 0 : j;
+            }
+            continue;
+        }
         if (ex->pack_T) {
             packed_row(ex, slot_of(d, index, B, r, ex->n_rows), T, in, tg, ps);
             continue;
@@ -134,9 +154,31 @@ uint64_t fsdp_data_examples_real(const fsdp_data *d, uint64_t index, int B, int 
     const fsdp_examples *ex = &d->ex;
     uint64_t n = 0;
     for (int r = 0; r < B; r++)
-        n += ex->pack_T ? packed_real(ex, slot_of(d, index, B, r, ex->n_rows), T)
-                        : padded_len(ex, slot_of(d, index, B, r, ex->n), T);
+        if (!past_pass(d, index, B, r, ex->pack_T ? ex->n_rows : ex->n))
+            n += ex->pack_T ? packed_real(ex, slot_of(d, index, B, r, ex->n_rows), T)
+                            : padded_len(ex, slot_of(d, index, B, r, ex->n), T);
     return n;
+}
+
+int fsdp_data_examples_len(const fsdp_data *d, uint64_t first, int n, int B, int T)
+{
+    const fsdp_examples *ex = &d->ex;
+    if (ex->pack_T)
+        return T;
+    uint64_t len = 1;
+    for (uint64_t m = first; m < first + (uint64_t)n; m++)
+        for (int r = 0; r < B; r++) {
+            if (past_pass(d, m, B, r, ex->n))
+                continue;
+            uint64_t l = padded_len(ex, slot_of(d, m, B, r, ex->n), T);
+            len = l > len ? l : len;
+        }
+    return (int)len;
+}
+
+void fsdp_data_set_one_pass(fsdp_data *d)
+{
+    d->ex.one_pass = d->kind == FSDP_DATA_EXAMPLES;
 }
 
 void fsdp_data_examples_layout(const fsdp_data *d, int T, uint64_t *n_rows, uint64_t *n_real)

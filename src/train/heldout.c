@@ -29,11 +29,13 @@ static const char *data_kind(const fsdp_data *d, const char *spec)
     return "token shards";
 }
 
-/* The micro-batches that read the set once (ceil for examples: the last
- * batch's rows past the end come from the next epoch). */
+/* The micro-batches that read the set once (ceil for examples, over their rows, packed
+ * or not: the last batch's rows past the end are padding, fsdp_data_set_one_pass). */
 static int whole_file_batches(const fsdp_data *d, int B, int T)
 {
-    uint64_t n = fsdp_data_masked(d) ? (fsdp_data_n_examples(d) + (uint64_t)B - 1) / (uint64_t)B
+    fsdp_data_layout lay;
+    fsdp_data_layout_get(d, T, &lay);
+    uint64_t n = fsdp_data_masked(d) ? (lay.n_rows + (uint64_t)B - 1) / (uint64_t)B
                                      : fsdp_data_n_tokens(d) / ((uint64_t)B * (uint64_t)T);
     if (n < 1)
         n = 1;
@@ -78,10 +80,16 @@ fsdp_status fsdp_heldout_open(fsdp_heldout *h, const fsdp_data_opts *opts, const
         return st;
     }
     st = heldout_check(h, train, train_spec, T, vocab_size);
+    if (st == FSDP_STATUS_OK && fsdp_data_packed(train)) { /* as the training rows are */
+        st = fsdp_data_pack(h->data, T);
+        if (st != FSDP_STATUS_OK)
+            fsdp_error_prefix("--eval-data '%s'", h->spec);
+    }
     if (st != FSDP_STATUS_OK) {
         fsdp_heldout_close(h);
         return st;
     }
+    fsdp_data_set_one_pass(h->data); /* each example counts once */
     h->n_batches = eval_steps > 0 ? eval_steps : whole_file_batches(h->data, B, T);
     h->rows = (uint64_t)B * (uint64_t)T;
     return FSDP_STATUS_OK;

@@ -8,8 +8,12 @@
  * the model's sum over B*T with masked targets adding 0, and the mean over
  * the unmasked targets is taken in the step's tree order
  * (fsdp_engine_mean_loss): the result does not depend on the number of
- * ranks, and equals `fsdp eval` of the same parameters on the same file,
- * batch, sequence length, seed and micro-batch count (train/infer.h).
+ * ranks, and on streams equals `fsdp eval` of the same parameters on the
+ * same file, batch, sequence length, seed and micro-batch count
+ * (train/infer.h). Example rows are read once (fsdp_data_set_one_pass: no
+ * example counts twice) and packed when the training rows are (document
+ * masking keeps the examples apart), so the loss is the mean over the same
+ * targets packed or not.
  */
 #ifndef FSDP_TRAIN_HELDOUT_H
 #define FSDP_TRAIN_HELDOUT_H
@@ -32,7 +36,8 @@ typedef struct fsdp_heldout {
  * (opened from train_spec, with the same tokenizer and chat format in
  * opts) in micro-batches of B x T, for a model of vocab_size tokens.
  * n_batches = eval_steps, or (0) the micro-batches that cover the file
- * once (examples: ceil(examples / B); streams: tokens / (B*T), at least 1),
+ * once (examples: ceil(rows / B), rows packed as train's are; streams:
+ * tokens / (B*T), at least 1),
  * at most FSDP_HELDOUT_MAX_DEFAULT. INVALID_ARG when the set is of another
  * kind than the training data (text, token shards, .jsonl text rows,
  * example rows), uses token ids the model does not have, or has no target

@@ -44,7 +44,7 @@
 
 /* The schedule's settings from the run's (the floor in double, as the
  * cosine has always taken it). */
-static fsdp_lr_plan lr_plan(const fsdp_train_config *cfg)
+fsdp_lr_plan fsdp_trainer_lr_plan(const fsdp_train_config *cfg)
 {
     return (fsdp_lr_plan){.schedule = (fsdp_lr_schedule)cfg->schedule, .lr = cfg->lr,
                           .min_lr = cfg->min_lr >= 0 ? (double)cfg->min_lr
@@ -55,7 +55,7 @@ static fsdp_lr_plan lr_plan(const fsdp_train_config *cfg)
 
 float fsdp_train_lr(const fsdp_train_config *cfg, int step)
 {
-    fsdp_lr_plan p = lr_plan(cfg);
+    fsdp_lr_plan p = fsdp_trainer_lr_plan(cfg);
     return fsdp_lr_at(&p, step);
 }
 
@@ -439,8 +439,9 @@ static fsdp_status engine_config(struct trainer *t, fsdp_engine_config *ec, int 
     return FSDP_STATUS_OK;
 }
 
-/* --data for text and jsonl with the --tokenizer given, else the model
- * directory's own tokenizer.json or the one a checkpoint --model carries;
+/* --data for text and jsonl with the --tokenizer given, else the one the checkpoint a
+ * --resume continues carries, the model directory's own tokenizer.json or the one a
+ * checkpoint --model carries;
  * its token ids must fit the model. */
 static fsdp_status data_open(struct trainer *t, fsdp_engine_config *ec)
 {
@@ -448,7 +449,8 @@ static fsdp_status data_open(struct trainer *t, fsdp_engine_config *ec)
     char own_tok[FSDP_CKPT_PATH_MAX];
     const char *tok = cfg->tokenizer;
     bool has_own = false; /* a Hugging Face directory's, or the one a checkpoint carries */
-    if (!tok)
+    FSDP_TRY(fsdp_trainer_ckpt_tokenizer(t, own_tok, sizeof own_tok, &has_own)); /* --resume */
+    if (!tok && !has_own)
         FSDP_TRY(fsdp_ckpt_tok_for_model(cfg->model, own_tok, sizeof own_tok, &has_own));
     if (has_own)
         tok = own_tok;
@@ -522,7 +524,7 @@ static void print_header(const struct trainer *t, const fsdp_engine_config *ec)
                 fsdp_fmt_bytes(b2, sizeof b2, (double)nf4 * 2),
                 ec->offload_params ? "; frozen shards in pinned host memory" : "");
     }
-    fsdp_lr_plan lp = lr_plan(t->cfg);
+    fsdp_lr_plan lp = fsdp_trainer_lr_plan(t->cfg);
     char sched[96];
     fprintf(t->out, "lr %.3g%s%s%s, warmup %d steps, then %s\n", (double)lp.lr,
             t->cfg->lr_note ? " (" : "", t->cfg->lr_note ? t->cfg->lr_note : "",

@@ -77,22 +77,53 @@ static fsdp_status check_targets(const struct trainer *t, const fsdp_engine_conf
     return FSDP_STATUS_OK;
 }
 
-/* Pack example rows unless cfg->pack or the model says otherwise. */
+/* Pack example rows unless cfg->pack or the model says otherwise. A family whose
+ * interface takes no token positions (model.h's state_positions; GPT-2's attention has no
+ * document mask and its position table is read by column) cannot keep packed examples
+ * apart: each would attend to the ones before it in its row. */
 static fsdp_status pack(struct trainer *t, fsdp_engine_config *ec)
 {
     const fsdp_train_config *cfg = t->cfg;
     bool can = t->model.iface->state_positions != NULL;
     if (cfg->pack == FSDP_TRAIN_PACK_ON && !can)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "--pack on needs a model whose attention takes token positions "
-                              "(the llama family) to keep packed examples apart; model '%s' "
-                              "has none: use --pack off", cfg->model);
+                              "--pack on: model '%s' (family %s) cannot keep packed examples "
+                              "apart (its attention has no document mask and it reads "
+                              "positions by column, so an example would attend to the ones "
+                              "before it in its row); use --pack off, its default (one example "
+                              "per row, padded), or a model of a family that packs (llama)",
+                              cfg->model, t->model.family->name);
     if (cfg->pack == FSDP_TRAIN_PACK_ON ||
         (cfg->pack == FSDP_TRAIN_PACK_AUTO && can && fsdp_data_masked(t->data))) {
         FSDP_TRY(fsdp_data_pack(t->data, ec->seq));
         ec->positions = t->run.eng.positions = true; /* the plan of this run counts them */
     }
     return FSDP_STATUS_OK;
+}
+
+/* --pack off: each step's rows need only its longest example's positions (data.h's
+ * fsdp_data_rows_len, taken over the step's global batch so it does not depend on the
+ * device count). Over the steps of the first epoch (at most the run's): the shortest
+ * and longest of those lengths, and the fraction of padding in rows cut to them. */
+static void step_rows(const struct trainer *t, const fsdp_engine_config *ec, uint64_t n_rows,
+                      int *lo, int *hi, double *pad)
+{
+    uint64_t M = (uint64_t)ec->n_ranks * (uint64_t)ec->grad_accum, G = M * (uint64_t)ec->batch;
+    uint64_t steps = (n_rows + G - 1) / G;
+    if (steps > (uint64_t)t->run.steps)
+        steps = (uint64_t)t->run.steps;
+    double slots = 0, real = 0;
+    *lo = ec->seq;
+    *hi = 0;
+    for (uint64_t s = 0; s < steps; s++) {
+        int len = fsdp_data_rows_len(t->data, s * M, (int)M, ec->batch, ec->seq);
+        *lo = len < *lo ? len : *lo;
+        *hi = len > *hi ? len : *hi;
+        slots += (double)G * len;
+        for (uint64_t k = 0; k < M; k++)
+            real += (double)fsdp_data_batch_real(t->data, s * M + k, ec->batch, ec->seq);
+    }
+    *pad = slots > 0 ? 1.0 - real / slots : 0.0;
 }
 
 /* --epochs: the steps that cover them, rounded up. */
@@ -142,9 +173,17 @@ fsdp_status fsdp_trainer_data_rows(struct trainer *t, fsdp_engine_config *ec)
             fprintf(t->out, "packed into %llu rows of --seq %d (attention and positions "
                     "restart at each example)", (unsigned long long)lay.n_rows, ec->seq);
         else
-            fprintf(t->out, "one per row of --seq %d", ec->seq);
+            fprintf(t->out, "one per row of --seq %d%s", ec->seq,
+                    t->model.iface->state_positions ? "" : " (this model family cannot pack)");
         fprintf(t->out, ", loss on completion/assistant tokens only; %.1f%% of row tokens are "
                 "padding", slots > 0 ? 100.0 * (1.0 - (double)lay.n_real / slots) : 0.0);
+        int lo, hi;
+        double pad;
+        if (!fsdp_data_packed(t->data) && t->run.steps > 0) {
+            step_rows(t, ec, lay.n_rows, &lo, &hi, &pad);
+            fprintf(t->out, " at --seq %d, %.1f%% at each step's longest example (%d to %d "
+                    "tokens)", ec->seq, 100.0 * pad, lo, hi);
+        }
         if (cut)
             fprintf(t->out, "; %llu are cut at %d tokens", (unsigned long long)cut, ec->seq + 1);
     } else {

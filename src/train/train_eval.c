@@ -14,8 +14,10 @@
 
 #include "train/train_internal.h"
 
-/* --resume with --keep-best: the standing the earlier run recorded, so a
- * worse loss after the resume does not replace its best. */
+/* --resume with --keep-best from a checkpoint that records no standing (written
+ * before it did: manifest.h): the best the earlier run recorded in DIR/BEST, so a worse
+ * loss after the resume does not replace it. A checkpoint's own standing replaces this
+ * (fsdp_trainer_ckpt_prepare). */
 static fsdp_status eval_resume_best(struct trainer *t)
 {
     uint64_t step;
@@ -46,8 +48,9 @@ fsdp_status fsdp_trainer_eval_open(struct trainer *t, const fsdp_engine_config *
     if (cfg->keep_best && cfg->resume && cfg->ckpt_dir)
         FSDP_TRY(eval_resume_best(t));
     if (t->out) {
-        fprintf(t->out, "eval: %d micro-batches of %d x %d from '%s' after every %d steps and "
-                "the last", t->heldout.n_batches, ec->batch, ec->seq, cfg->eval_data,
+        fprintf(t->out, "eval: %d micro-batches of %d x %d from '%s'%s after every %d steps "
+                "and the last", t->heldout.n_batches, ec->batch, ec->seq, cfg->eval_data,
+                fsdp_data_packed(t->heldout.data) ? " (packed as the training rows)" : "",
                 t->eval_every);
         if (cfg->keep_best)
             fprintf(t->out, "; the best checkpoint is kept (%s/" FSDP_CKPT_BEST_NAME ")",
@@ -84,6 +87,12 @@ fsdp_status fsdp_trainer_eval_step(struct trainer *t, fsdp_engine *e, int rank, 
         t->res->eval_loss = l;
         t->res->best_eval_loss = ev->best;
         t->res->best_eval_step = ev->best_step;
+        /* the standing every later checkpoint records (manifest.h), so a resume goes on
+         * counting towards --early-stop from here; rank 0 alone writes the manifest */
+        t->ck_base.eval_recorded = true;
+        t->ck_base.eval_best = ev->best;
+        t->ck_base.eval_best_step = (uint64_t)ev->best_step;
+        t->ck_base.eval_n_worse = ev->n_worse;
     }
     return FSDP_STATUS_OK;
 }

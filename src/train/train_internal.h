@@ -22,6 +22,7 @@
 #include "train/adapt.h"
 #include "train/heldout.h"
 #include "train/outputs.h"
+#include "train/schedule.h"
 #include "train/train.h"
 
 /* Why the ranks stop early (the bits of the barrier after each step). */
@@ -77,7 +78,9 @@ struct trainer {
     char flight_path[4096 + 32]; /* where a stall writes this process's flight record */
     fsdp_heldout heldout;     /* --eval-data (heldout.data NULL: none) */
     int eval_every;           /* evaluate after every eval_every steps and after the last */
-    struct eval_track eval0;  /* the standing the run starts from (a resume: DIR/BEST's) */
+    struct eval_track eval0;  /* the standing the run starts from (a resume: the
+                               * checkpoint's, else DIR/BEST's) */
+    bool tok_from_ckpt;       /* t->tokenizer is the copy the resumed checkpoint carries */
 };
 
 /* A job of several processes (train_agree.c): every setting that changes
@@ -97,6 +100,9 @@ fsdp_status fsdp_trainer_data_rows(struct trainer *t, fsdp_engine_config *ec);
  * MFU count. Any thread. */
 uint64_t fsdp_trainer_step_tokens(const struct trainer *t, int step);
 
+/* The learning-rate schedule's settings from the run's (train.c). */
+fsdp_lr_plan fsdp_trainer_lr_plan(const fsdp_train_config *cfg);
+
 /* Checkpoints (train_ckpt.c). Before the ranks start, on the main thread
  * of every process: the manifest base for saves, --ckpt-dir claimed (a
  * fresh run refuses a directory that holds checkpoints) and, with
@@ -104,6 +110,13 @@ uint64_t fsdp_trainer_step_tokens(const struct trainer *t, int step);
  * t->start_step; "" when there is none). Collective over the job's
  * processes. */
 fsdp_status fsdp_trainer_ckpt_prepare(struct trainer *t);
+
+/* --resume without --tokenizer, before the data is opened: the tokenizer.json the newest
+ * checkpoint in --ckpt-dir carries (verified against its manifest), into buf, and a header
+ * line saying so; *found false (OK) otherwise: no --resume, --tokenizer given, or no
+ * checkpoint that carries one. A carried tokenizer that no longer matches its manifest
+ * is FORMAT (ckpt_tok.h). */
+fsdp_status fsdp_trainer_ckpt_tokenizer(struct trainer *t, char *buf, size_t n, bool *found);
 
 /* Write the checkpoint of the state after `done` steps (rank 0 records it
  * in the result and says so). Collective: every rank calls it, with the
