@@ -17,7 +17,9 @@
  * slices of the fused q|k|v output, gate and up of gate|up) and runs
  * lora_bwd beside its matmul_bwd on the same slice of the output's
  * gradient. A frozen parameter's gradient is NULL (fsdp_unit_grad), and
- * the op then skips that weight gradient.
+ * the op then skips that weight gradient. With frozen embeddings nothing
+ * takes the first block's input gradient, so its backward stops at the
+ * q|k|v weights' and adapters' gradients (no input-gradient GEMMs there).
  *
  * Token embeddings are the embed op with one all-zero position row: the
  * B*T tokens are passed as B*T sequences of length 1, so every token adds
@@ -596,6 +598,15 @@ static fsdp_status llama_head_forward_backward(const fsdp_model *m, fsdp_op_ctx 
     return fsdp_act_ops_status(ctx, m, "head backward", 0);
 }
 
+/* Whether block `unit`'s backward must add its input's gradient into dres:
+ * always but for the first block when the embeddings do not train (LoRA,
+ * --freeze), where d(input) would reach only embed_bwd with no gradient to
+ * take. Skipping it changes no gradient that is kept. */
+static bool input_grad_needed(const fsdp_model *m, int unit)
+{
+    return unit > 1 || !m->units[0].params[ROOT_EMBED].frozen;
+}
+
 static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                        int unit, const void *params, float *grads)
 {
@@ -637,13 +648,19 @@ static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
     FSDP_TRY(fsdp_act_zero(ctx, dqkv, (size_t)N * QS));
     FSDP_OP(ctx, attention_gqa_bwd, dqkv, s->datt, datty, a->qkv, a->att, B, T, NH, NKV, hd);
     FSDP_OP(ctx, rope_bwd, dqkv, s->inv_freq, s->base.pos, B, T, NH + NKV, hd, QS);
-    FSDP_TRY(fsdp_act_zero(ctx, s->dC, (size_t)N * C));
-    FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_Q), cfg->qkv_bias ? G(BLK_QB) : NULL, dqkv, a->ln1,
-            P(BLK_Q), N, C, QS);
-    LORA(LORA_Q, s->dC, dqkv, QS, 0, a->ln1, C, AH);
-    LORA(LORA_K, s->dC, dqkv, QS, AH, a->ln1, C, KVH);
-    LORA(LORA_V, s->dC, dqkv, QS, AH + KVH, a->ln1, C, KVH);
-    FSDP_OP(ctx, rmsnorm_bwd, s->dres, G(BLK_LN1), s->dC, inp, P(BLK_LN1), a->ln1_rstd, N, C);
+    /* d(ln1) only where something takes it: the layer's input gradient or ln1's weight */
+    float *dinp = input_grad_needed(m, unit) ? s->dres : NULL;
+    float *dqkvb = cfg->qkv_bias ? G(BLK_QB) : NULL;
+    float *dln1 = dinp || G(BLK_LN1) ? s->dC : NULL;
+    if (dln1)
+        FSDP_TRY(fsdp_act_zero(ctx, dln1, (size_t)N * C));
+    if (dln1 || G(BLK_Q) || dqkvb)
+        FSDP_OP(ctx, matmul_bwd, dln1, G(BLK_Q), dqkvb, dqkv, a->ln1, P(BLK_Q), N, C, QS);
+    LORA(LORA_Q, dln1, dqkv, QS, 0, a->ln1, C, AH);
+    LORA(LORA_K, dln1, dqkv, QS, AH, a->ln1, C, KVH);
+    LORA(LORA_V, dln1, dqkv, QS, AH + KVH, a->ln1, C, KVH);
+    if (dln1)
+        FSDP_OP(ctx, rmsnorm_bwd, dinp, G(BLK_LN1), dln1, inp, P(BLK_LN1), a->ln1_rstd, N, C);
 #undef LORA
 #undef P
 #undef G
@@ -655,8 +672,10 @@ static fsdp_status llama_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
 {
     FSDP_TRY(fsdp_act_check_state(m, state, true, "root_backward"));
     llama_state *s = state;
-    FSDP_OP(ctx, embed_bwd, fsdp_unit_grad(m, 0, root_grads, ROOT_EMBED), NULL, s->dres,
-            s->base.tokens, s->base.B * s->base.T, 1, cfg_of(m)->n_embd);
+    float *dembed = fsdp_unit_grad(m, 0, root_grads, ROOT_EMBED);
+    if (dembed) /* else dres is not complete: input_grad_needed */
+        FSDP_OP(ctx, embed_bwd, dembed, NULL, s->dres, s->base.tokens, s->base.B * s->base.T, 1,
+                cfg_of(m)->n_embd);
     return fsdp_act_ops_status(ctx, m, "backward", 0);
 }
 
