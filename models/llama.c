@@ -17,7 +17,9 @@
  * slices of the fused q|k|v output, gate and up of gate|up) and runs
  * lora_bwd beside its matmul_bwd on the same slice of the output's
  * gradient. A frozen parameter's gradient is NULL (fsdp_unit_grad), and
- * the op then skips that weight gradient.
+ * the op then skips that weight gradient. With frozen embeddings nothing
+ * takes the first block's input gradient, so its backward stops at the
+ * q|k|v weights' and adapters' gradients (no input-gradient GEMMs there).
  *
  * Token embeddings are the embed op with one all-zero position row: the
  * B*T tokens are passed as B*T sequences of length 1, so every token adds
@@ -69,6 +71,8 @@ enum {
 
 /* The linear layers LoRA may target, in lora_modules order. */
 enum { LORA_Q = 0, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN };
+/* Layers that read one input form a LoRA group of up to this many (q, k, v). */
+#define LORA_MAX_GROUP 3
 const fsdp_lora_module fsdp_llama_lora_modules[FSDP_LLAMA_N_LORA_MODULES] = {
     [LORA_Q] = {"self_attn.q_proj", BLK_Q},     [LORA_K] = {"self_attn.k_proj", BLK_K},
     [LORA_V] = {"self_attn.v_proj", BLK_V},     [LORA_O] = {"self_attn.o_proj", BLK_O},
@@ -251,7 +255,9 @@ typedef struct llama_state {
     int lora_slot[FSDP_LLAMA_N_LORA_MODULES]; /* a layer's place in lora_u, -1: none */
     int lora_n;               /* layers in lora_u (adapted in some block; down apart) */
     float lora_scale;         /* alpha / r (rslora: alpha / sqrt(r)) */
-    float *lora_dv;           /* (B,T,r) fp32 scratch of lora_bwd (training) */
+    float *lora_dv;           /* (B,T,3r) fp32 scratch of lora_bwd (training): a group's dv */
+    void *lora_apack;         /* (3r,C) dt: a group's A's side by side (lora_pack) */
+    float *lora_dapack;       /* (3r,C) fp32: their gradients (training) */
 } llama_state;
 
 static const fsdp_llama_config *cfg_of(const fsdp_model *m)
@@ -343,10 +349,16 @@ static fsdp_status lora_state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, llama
     if (n > 0)
         FSDP_TRY(fsdp_act_layers_alloc(m, ctx, &s->base.act, &lay, s, s->base.layers, training,
                                        s->base.mode));
+    const size_t pack = (size_t)LORA_MAX_GROUP * m->lora.r * cfg_of(m)->n_embd;
+    FSDP_TRY(fsdp_act_alloc(ctx, &s->base.act, pack * fsdp_dtype_size(ctx->dt), "lora A pack",
+                            -1, &s->lora_apack));
     if (!training)
         return FSDP_STATUS_OK;
     const size_t N = (size_t)s->base.B * s->base.T;
-    return fsdp_act_alloc(ctx, &s->base.act, N * (size_t)m->lora.r * sizeof(float),
+    FSDP_TRY(fsdp_act_alloc(ctx, &s->base.act, pack * sizeof(float), "lora dA pack", -1,
+                            (void **)&s->lora_dapack));
+    return fsdp_act_alloc(ctx, &s->base.act,
+                          N * (size_t)m->lora.r * LORA_MAX_GROUP * sizeof(float),
                           "lora dv scratch", -1, &s->lora_dv);
 }
 
@@ -367,7 +379,7 @@ static fsdp_status state_alloc(const fsdp_model *m, fsdp_op_ctx *ctx, int B, int
     const size_t natt = (size_t)B * NH * T * T;
     void *p;
     FSDP_TRY(fsdp_act_state_new(m, sizeof(llama_state), sizeof(llama_layer_acts), B, T,
-                                training, mode, (ACT_N_FIELDS + LORA_ACT_N_FIELDS) * L + 21,
+                                training, mode, (ACT_N_FIELDS + LORA_ACT_N_FIELDS) * L + 23,
                                 &p));
     llama_state *s = p;
     fsdp_act_set *a = &s->base.act;
@@ -427,38 +439,114 @@ static void *lora_u(const fsdp_model *m, llama_state *s, int l, int k, size_t dt
     return (char *)a->lora_u + (size_t)s->lora_slot[k] * s->base.B * s->base.T * m->lora.r * dts;
 }
 
-/* The LoRA branch of block `unit`'s linear layer k (nothing without
- * adapters there), right after its base product wrote out: columns
- * [col, col + OC) of rows ld apart, the product of inp (N, C). */
-static void lora_forward(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s, int unit,
-                         const void *params, int k, void *out, int ld, int col, const void *inp,
-                         int C, int OC)
+/* One linear layer's slice of its output for its LoRA branch: columns
+ * [col, col + oc). */
+typedef struct lora_cols {
+    int col, oc;
+} lora_cols;
+
+/* Whether block `unit`'s layers k0 .. k0 + n - 1 (which read one input)
+ * run their LoRA branches as one group: every one adapted and their u's
+ * side by side in lora_u (consecutive slots: one (N, n r) buffer). Else
+ * each runs alone. */
+static bool lora_grouped(const fsdp_model *m, const llama_state *s, int unit, int k0, int n)
 {
-    int ia, ib;
-    if (!fsdp_lora_find(m, unit, k, &ia, &ib))
-        return;
-    const size_t dts = fsdp_dtype_size(ctx->dt);
-    FSDP_OP(ctx, lora_fwd, (char *)out + (size_t)col * dts, ld, lora_u(m, s, unit - 1, k, dts),
-            inp, fsdp_unit_param(m, unit, params, ia, ctx->dt),
-            fsdp_unit_param(m, unit, params, ib, ctx->dt), s->lora_scale,
-            s->base.B * s->base.T, C, m->lora.r, OC);
+    int a, b;
+    for (int i = 0; i < n; i++)
+        if (!fsdp_lora_find(m, unit, k0 + i, &a, &b) ||
+            s->lora_slot[k0 + i] != s->lora_slot[k0] + i)
+            return false;
+    return n > 1;
 }
 
-/* Its backward with the same slice of the output's gradient dout:
- * accumulates the adapters' gradients and adds into dinp (N, C). */
-static void lora_backward(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s, int unit,
-                          const void *params, float *grads, int k, float *dinp,
-                          const float *dout, int ld, int col, const void *inp, int C, int OC)
+/* Layer l's u of layer k0 + i: a column slice of the group's (N, n r)
+ * buffer, or its own (N, r). */
+static void *lora_u_of(const fsdp_model *m, llama_state *s, int l, int k0, int i, bool group,
+                       size_t dts)
 {
+    if (group)
+        return (char *)lora_u(m, s, l, k0, dts) + (size_t)i * m->lora.r * dts;
+    return lora_u(m, s, l, k0 + i, dts);
+}
+
+/* Copies the group's n parameters of kind `which` (0: A, in dt from
+ * params; 1: A's gradient, fp32, from grads) into (n r, C) `pack`, or back
+ * from it (back), on the compute stream. */
+static fsdp_status lora_pack(const fsdp_model *m, fsdp_op_ctx *ctx, int unit, const void *params,
+                             float *grads, int k0, int n, int which, void *pack, bool back)
+{
+    const size_t es = which ? sizeof(float) : fsdp_dtype_size(ctx->dt);
     int ia, ib;
-    if (!fsdp_lora_find(m, unit, k, &ia, &ib))
-        return;
+    for (int i = 0; i < n && fsdp_lora_find(m, unit, k0 + i, &ia, &ib); i++) {
+        const size_t bytes = m->units[unit].params[ia].numel * es;
+        void *p = which ? (void *)fsdp_unit_grad(m, unit, grads, ia)
+                        : (void *)fsdp_unit_param(m, unit, params, ia, ctx->dt);
+        char *q = (char *)pack + (size_t)i * bytes;
+        FSDP_TRY(fsdp_device_memcpy(ctx->dev, back ? p : q, back ? q : p, bytes, ctx->stream));
+    }
+    return FSDP_STATUS_OK;
+}
+
+/* The LoRA branches of block `unit`'s layers k0 .. k0 + n - 1, which read
+ * inp (N, C), right after their base product wrote out (rows ld apart):
+ * layer k0 + i's slice cols[i]. A group forms its u's in one product, its
+ * A's copied side by side into lora_apack; a layer without adapters adds
+ * nothing. */
+static fsdp_status lora_forward(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s, int unit,
+                                const void *params, int k0, int n, void *out, int ld,
+                                const lora_cols *cols, const void *inp, int C)
+{
     const size_t dts = fsdp_dtype_size(ctx->dt);
-    FSDP_OP(ctx, lora_bwd, dinp, fsdp_unit_grad(m, unit, grads, ia),
-            fsdp_unit_grad(m, unit, grads, ib), s->lora_dv, dout + col, ld, inp,
-            lora_u(m, s, unit - 1, k, dts), fsdp_unit_param(m, unit, params, ia, ctx->dt),
-            fsdp_unit_param(m, unit, params, ib, ctx->dt), s->lora_scale, s->base.B * s->base.T,
-            C, m->lora.r, OC);
+    const int r = m->lora.r, N = s->base.B * s->base.T, l = unit - 1;
+    const bool group = lora_grouped(m, s, unit, k0, n);
+    const int ld_u = group ? n * r : r;
+    int ia, ib;
+    if (group) {
+        FSDP_TRY(lora_pack(m, ctx, unit, params, NULL, k0, n, 0, s->lora_apack, false));
+        FSDP_OP(ctx, lora_fwd, NULL, 0, lora_u(m, s, l, k0, dts), ld_u, inp, s->lora_apack, NULL,
+                s->lora_scale, N, C, ld_u, 0);
+    }
+    for (int i = 0; i < n; i++)
+        if (fsdp_lora_find(m, unit, k0 + i, &ia, &ib))
+            FSDP_OP(ctx, lora_fwd, (char *)out + (size_t)cols[i].col * dts, ld,
+                    lora_u_of(m, s, l, k0, i, group, dts), ld_u, inp,
+                    group ? NULL : fsdp_unit_param(m, unit, params, ia, ctx->dt),
+                    fsdp_unit_param(m, unit, params, ib, ctx->dt), s->lora_scale, N, C, r,
+                    cols[i].oc);
+    return FSDP_STATUS_OK;
+}
+
+/* Their backward with the same slices of the output's gradient dout:
+ * accumulates the adapters' gradients and adds into dinp (N, C; NULL: not
+ * needed). A group's dA and dinp are one product each from its dv's, on
+ * its A's and their gradients copied side by side (and the gradients
+ * copied back). */
+static fsdp_status lora_backward(const fsdp_model *m, fsdp_op_ctx *ctx, llama_state *s, int unit,
+                                 const void *params, float *grads, int k0, int n, float *dinp,
+                                 const float *dout, int ld, const lora_cols *cols,
+                                 const void *inp, int C)
+{
+    const size_t dts = fsdp_dtype_size(ctx->dt);
+    const int r = m->lora.r, N = s->base.B * s->base.T, l = unit - 1;
+    const bool group = lora_grouped(m, s, unit, k0, n);
+    const int ld_u = group ? n * r : r;
+    int ia, ib;
+    for (int i = 0; i < n; i++)
+        if (fsdp_lora_find(m, unit, k0 + i, &ia, &ib))
+            FSDP_OP(ctx, lora_bwd, group ? NULL : dinp,
+                    group ? NULL : fsdp_unit_grad(m, unit, grads, ia),
+                    fsdp_unit_grad(m, unit, grads, ib), s->lora_dv + (group ? i * r : 0), ld_u,
+                    dout + cols[i].col, ld, inp, lora_u_of(m, s, l, k0, i, group, dts),
+                    fsdp_unit_param(m, unit, params, ia, ctx->dt),
+                    fsdp_unit_param(m, unit, params, ib, ctx->dt), s->lora_scale, N, C, r,
+                    cols[i].oc);
+    if (!group)
+        return FSDP_STATUS_OK;
+    FSDP_TRY(lora_pack(m, ctx, unit, params, grads, k0, n, 0, s->lora_apack, false));
+    FSDP_TRY(lora_pack(m, ctx, unit, params, grads, k0, n, 1, s->lora_dapack, false));
+    FSDP_OP(ctx, lora_bwd, dinp, s->lora_dapack, NULL, s->lora_dv, ld_u, NULL, 0, inp, NULL,
+            s->lora_apack, NULL, s->lora_scale, N, C, ld_u, 0);
+    return lora_pack(m, ctx, unit, params, grads, k0, n, 1, s->lora_dapack, true);
 }
 
 /* The q|k|v biases (NULL without them: the unit may hold adapters at their
@@ -499,9 +587,11 @@ static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *st
     const fsdp_dtype dt = ctx->dt;
 #define P(i) fsdp_unit_param(m, unit, params, (i), dt)
 #define RUN(field) (!redo || !kept(s, field))
-#define LORA(k, out, ld, col, x, in, oc) \
-    lora_forward(m, ctx, s, unit, params, k, out, ld, col, x, in, oc)
+#define LORA(k, n, out, ld, cols, x, in) \
+    FSDP_TRY(lora_forward(m, ctx, s, unit, params, k, n, out, ld, cols, x, in))
     const int KVH = NKV * hd;
+    const lora_cols qkv_cols[] = {{0, AH}, {AH, KVH}, {AH + KVH, KVH}}, c_cols[] = {{0, C}};
+    const lora_cols gu_cols[] = {{0, IC}, {IC, IC}};
     llama_layer_acts *a = layer_acts(s, l);
     void *inp = layer_input(s, l);
     if (RUN(ACT_LN1))
@@ -509,9 +599,7 @@ static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *st
     if (RUN(ACT_QKV)) {
         FSDP_OP(ctx, matmul_fwd, a->qkv, a->ln1, P(BLK_Q), qkv_bias(m, unit, params, dt), N, C,
                 QS);
-        LORA(LORA_Q, a->qkv, QS, 0, a->ln1, C, AH);
-        LORA(LORA_K, a->qkv, QS, AH, a->ln1, C, KVH);
-        LORA(LORA_V, a->qkv, QS, AH + KVH, a->ln1, C, KVH);
+        LORA(LORA_Q, 3, a->qkv, QS, qkv_cols, a->ln1, C);
         FSDP_OP(ctx, rope_fwd, a->qkv, s->inv_freq, s->base.pos, B, T, NH + NKV, hd, QS);
     }
     if (RUN(ACT_ATTY))
@@ -519,21 +607,20 @@ static fsdp_status layer_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *st
                 hd);
     if (RUN(ACT_RESIDUAL2)) {
         FSDP_OP(ctx, matmul_fwd, s->proj, a->atty, P(BLK_O), NULL, N, AH, C);
-        LORA(LORA_O, s->proj, C, 0, a->atty, AH, C);
+        LORA(LORA_O, 1, s->proj, C, c_cols, a->atty, AH);
         FSDP_OP(ctx, residual_fwd, a->residual2, inp, s->proj, (size_t)N * C);
     }
     if (RUN(ACT_LN2))
         FSDP_OP(ctx, rmsnorm_fwd, a->ln2, a->ln2_rstd, a->residual2, P(BLK_LN2), eps, N, C);
     if (RUN(ACT_GU)) {
         FSDP_OP(ctx, matmul_fwd, a->gu, a->ln2, P(BLK_GATE), NULL, N, C, 2 * IC);
-        LORA(LORA_GATE, a->gu, 2 * IC, 0, a->ln2, C, IC);
-        LORA(LORA_UP, a->gu, 2 * IC, IC, a->ln2, C, IC);
+        LORA(LORA_GATE, 2, a->gu, 2 * IC, gu_cols, a->ln2, C);
     }
     if (RUN(ACT_SWI))
         FSDP_OP(ctx, swiglu_fwd, a->swi, a->gu, N, IC);
     if (RUN(ACT_RESIDUAL3)) {
         FSDP_OP(ctx, matmul_fwd, s->proj, a->swi, P(BLK_DOWN), NULL, N, IC, C);
-        LORA(LORA_DOWN, s->proj, C, 0, a->swi, IC, C);
+        LORA(LORA_DOWN, 1, s->proj, C, c_cols, a->swi, IC);
         FSDP_OP(ctx, residual_fwd, a->residual3, a->residual2, s->proj, (size_t)N * C);
     }
 #undef LORA
@@ -596,6 +683,15 @@ static fsdp_status llama_head_forward_backward(const fsdp_model *m, fsdp_op_ctx 
     return fsdp_act_ops_status(ctx, m, "head backward", 0);
 }
 
+/* Whether block `unit`'s backward must add its input's gradient into dres:
+ * always but for the first block when the embeddings do not train (LoRA,
+ * --freeze), where d(input) would reach only embed_bwd with no gradient to
+ * take. Skipping it changes no gradient that is kept. */
+static bool input_grad_needed(const fsdp_model *m, int unit)
+{
+    return unit > 1 || !m->units[0].params[ROOT_EMBED].frozen;
+}
+
 static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                        int unit, const void *params, float *grads)
 {
@@ -608,9 +704,11 @@ static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
     const fsdp_dtype dt = ctx->dt;
 #define P(i) fsdp_unit_param(m, unit, params, (i), dt)
 #define G(i) fsdp_unit_grad(m, unit, grads, (i))
-#define LORA(k, dx, dy, ld, col, x, in, oc) \
-    lora_backward(m, ctx, s, unit, params, grads, k, dx, dy, ld, col, x, in, oc)
+#define LORA(k, n, dx, dy, ld, cols, x, in) \
+    FSDP_TRY(lora_backward(m, ctx, s, unit, params, grads, k, n, dx, dy, ld, cols, x, in))
     const int KVH = NKV * hd;
+    const lora_cols qkv_cols[] = {{0, AH}, {AH, KVH}, {AH + KVH, KVH}}, c_cols[] = {{0, C}};
+    const lora_cols gu_cols[] = {{0, IC}, {IC, IC}};
     llama_layer_acts *a = layer_acts(s, l);
     void *inp = layer_input(s, l);
     /* s->dres holds d(residual3); it is also d(residual2) through the skip
@@ -620,30 +718,33 @@ static fsdp_status llama_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
     /* MLP: residual3 = residual2 + down(swiglu(gate_up(ln2(residual2)))) */
     FSDP_TRY(fsdp_act_zero(ctx, dswi, (size_t)N * IC));
     FSDP_OP(ctx, matmul_bwd, dswi, G(BLK_DOWN), NULL, s->dres, a->swi, P(BLK_DOWN), N, IC, C);
-    LORA(LORA_DOWN, dswi, s->dres, C, 0, a->swi, IC, C);
+    LORA(LORA_DOWN, 1, dswi, s->dres, C, c_cols, a->swi, IC);
     FSDP_TRY(fsdp_act_zero(ctx, dgu, (size_t)N * 2 * IC));
     FSDP_OP(ctx, swiglu_bwd, dgu, a->gu, dswi, N, IC);
     FSDP_TRY(fsdp_act_zero(ctx, s->dC, (size_t)N * C));
     FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_GATE), NULL, dgu, a->ln2, P(BLK_GATE), N, C, 2 * IC);
-    LORA(LORA_GATE, s->dC, dgu, 2 * IC, 0, a->ln2, C, IC);
-    LORA(LORA_UP, s->dC, dgu, 2 * IC, IC, a->ln2, C, IC);
+    LORA(LORA_GATE, 2, s->dC, dgu, 2 * IC, gu_cols, a->ln2, C);
     FSDP_OP(ctx, rmsnorm_bwd, s->dres, G(BLK_LN2), s->dC, a->residual2, P(BLK_LN2), a->ln2_rstd,
             N, C);
 
     /* Attention: residual2 = inp + o(attention(rope(qkv(ln1(inp))))) */
     FSDP_TRY(fsdp_act_zero(ctx, datty, (size_t)N * AH));
     FSDP_OP(ctx, matmul_bwd, datty, G(BLK_O), NULL, s->dres, a->atty, P(BLK_O), N, AH, C);
-    LORA(LORA_O, datty, s->dres, C, 0, a->atty, AH, C);
+    LORA(LORA_O, 1, datty, s->dres, C, c_cols, a->atty, AH);
     FSDP_TRY(fsdp_act_zero(ctx, dqkv, (size_t)N * QS));
     FSDP_OP(ctx, attention_gqa_bwd, dqkv, s->datt, datty, a->qkv, a->att, B, T, NH, NKV, hd);
     FSDP_OP(ctx, rope_bwd, dqkv, s->inv_freq, s->base.pos, B, T, NH + NKV, hd, QS);
-    FSDP_TRY(fsdp_act_zero(ctx, s->dC, (size_t)N * C));
-    FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_Q), cfg->qkv_bias ? G(BLK_QB) : NULL, dqkv, a->ln1,
-            P(BLK_Q), N, C, QS);
-    LORA(LORA_Q, s->dC, dqkv, QS, 0, a->ln1, C, AH);
-    LORA(LORA_K, s->dC, dqkv, QS, AH, a->ln1, C, KVH);
-    LORA(LORA_V, s->dC, dqkv, QS, AH + KVH, a->ln1, C, KVH);
-    FSDP_OP(ctx, rmsnorm_bwd, s->dres, G(BLK_LN1), s->dC, inp, P(BLK_LN1), a->ln1_rstd, N, C);
+    /* d(ln1) only where something takes it: the layer's input gradient or ln1's weight */
+    float *dinp = input_grad_needed(m, unit) ? s->dres : NULL;
+    float *dqkvb = cfg->qkv_bias ? G(BLK_QB) : NULL;
+    float *dln1 = dinp || G(BLK_LN1) ? s->dC : NULL;
+    if (dln1)
+        FSDP_TRY(fsdp_act_zero(ctx, dln1, (size_t)N * C));
+    if (dln1 || G(BLK_Q) || dqkvb)
+        FSDP_OP(ctx, matmul_bwd, dln1, G(BLK_Q), dqkvb, dqkv, a->ln1, P(BLK_Q), N, C, QS);
+    LORA(LORA_Q, 3, dln1, dqkv, QS, qkv_cols, a->ln1, C);
+    if (dln1)
+        FSDP_OP(ctx, rmsnorm_bwd, dinp, G(BLK_LN1), dln1, inp, P(BLK_LN1), a->ln1_rstd, N, C);
 #undef LORA
 #undef P
 #undef G
@@ -655,8 +756,10 @@ static fsdp_status llama_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
 {
     FSDP_TRY(fsdp_act_check_state(m, state, true, "root_backward"));
     llama_state *s = state;
-    FSDP_OP(ctx, embed_bwd, fsdp_unit_grad(m, 0, root_grads, ROOT_EMBED), NULL, s->dres,
-            s->base.tokens, s->base.B * s->base.T, 1, cfg_of(m)->n_embd);
+    float *dembed = fsdp_unit_grad(m, 0, root_grads, ROOT_EMBED);
+    if (dembed) /* else dres is not complete: input_grad_needed */
+        FSDP_OP(ctx, embed_bwd, dembed, NULL, s->dres, s->base.tokens, s->base.B * s->base.T, 1,
+                cfg_of(m)->n_embd);
     return fsdp_act_ops_status(ctx, m, "backward", 0);
 }
 

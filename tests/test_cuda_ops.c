@@ -251,11 +251,11 @@ static void run_lora(fsdp_op_ctx *o, int gpu, const void *arg)
 {
     const lora_args *a = arg;
     size_t off = (size_t)a->col0 * fsdp_dtype_size(o->dt);
-    FSDP_OP(o, lora_fwd, (char *)t_on(a->out, gpu) + off, a->ld, t_on(a->u, gpu),
+    FSDP_OP(o, lora_fwd, (char *)t_on(a->out, gpu) + off, a->ld, t_on(a->u, gpu), a->r,
             t_on(a->inp, gpu), t_on(a->A, gpu), t_on(a->B, gpu), a->scale, a->N, a->C, a->r,
             a->OC);
     FSDP_OP(o, lora_bwd, t_on(a->dinp, gpu), t_on(a->dA, gpu), t_on(a->dB, gpu),
-            t_on(a->dv, gpu), (const float *)t_on(a->dout, gpu) + a->col0, a->ld,
+            t_on(a->dv, gpu), a->r, (const float *)t_on(a->dout, gpu) + a->col0, a->ld,
             t_on(a->inp, gpu), t_on(a->u, gpu), t_on(a->A, gpu), t_on(a->B, gpu), a->scale, a->N,
             a->C, a->r, a->OC);
 }

@@ -12,7 +12,11 @@
  *     the others;
  *   - central finite differences of lora_fwd for lora_bwd (fp32; A, B, inp);
  *   - the same bits on 1 and 3 threads per device (a shape whose GEMMs tile)
- *     and through the asynchronous stream table.
+ *     and through the asynchronous stream table;
+ *   - a group of adapters on one input (q, k, v of unequal widths: A's one
+ *     matrix, u and dv column slices of one buffer; the first product and the
+ *     dA / dinp products formed once for the group) against each adapter
+ *     alone: within 1e-5 relative (fp32), one bf16 rounding (bf16).
  */
 #include <check.h>
 #include <math.h>
@@ -122,8 +126,8 @@ static void run_fwd(env *e, const lcase *c, float **out, float **u)
     size_t esz = fsdp_dtype_size(c->dt);
     void *ub = calloc(n_u ? n_u : 1, esz);
     ck_assert_ptr_nonnull(ub);
-    FSDP_OP(&e->ctx, lora_fwd, (char *)o + (size_t)c->col0 * esz, c->ld, ub, x, A, B, c->scale,
-            c->N, c->C, c->r, c->OC);
+    FSDP_OP(&e->ctx, lora_fwd, (char *)o + (size_t)c->col0 * esz, c->ld, ub, c->r, x, A, B,
+            c->scale, c->N, c->C, c->r, c->OC);
     ck_assert_int_eq(fsdp_device_stream_sync(&e->dev, e->ctx.stream), FSDP_STATUS_OK);
     *out = dt_read(o, n_rows, c->dt);
     *u = dt_read(ub, n_u, c->dt);
@@ -155,8 +159,8 @@ static grads run_bwd(env *e, const lcase *c, const float *u, bool want_x, bool w
     void *A = dt_copy(c->A, (size_t)c->r * c->C, c->dt);
     void *B = dt_copy(c->B, (size_t)c->OC * c->r, c->dt);
     void *ub = dt_copy(u, (size_t)c->N * c->r, c->dt);
-    FSDP_OP(&e->ctx, lora_bwd, g.dx, g.dA, g.dB, g.dv, c->dout + c->col0, c->ld, x, ub, A, B,
-            c->scale, c->N, c->C, c->r, c->OC);
+    FSDP_OP(&e->ctx, lora_bwd, g.dx, g.dA, g.dB, g.dv, c->r, c->dout + c->col0, c->ld, x, ub, A,
+            B, c->scale, c->N, c->C, c->r, c->OC);
     ck_assert_int_eq(fsdp_device_stream_sync(&e->dev, e->ctx.stream), FSDP_STATUS_OK);
     free(x), free(A), free(B), free(ub);
     return g;
@@ -499,6 +503,78 @@ START_TEST(test_async_stream_same_bits)
 }
 END_TEST
 
+/* |got - want| within tol relative to max(1, |want|), element by element. */
+static void expect_close(const char *what, const float *got, const float *want, size_t n,
+                         float tol)
+{
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(fabsf(got[i] - want[i]) <= tol * fmaxf(1.0f, fabsf(want[i])),
+                      "%s[%zu]: group %.9g, alone %.9g", what, i, got[i], want[i]);
+}
+
+/* Three adapters on one input, the shape of q, k and v with GQA (out columns
+ * 11 | 5 | 5): each alone (u (N, r) apiece), then as one group (A's one
+ * (3 r, C) matrix, u (N, 3 r) formed in one call, dv (N, 3 r) from each
+ * adapter's B, dA and dinp in one call with B NULL). */
+START_TEST(test_group_same_as_each)
+{
+    enum { N = 37, C = 29, R = 4, G = 3, LD = 21 };
+    const int oc[G] = {11, 5, 5}, col[G] = {0, 11, 16};
+    fsdp_dtype dt = _i ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+    const size_t esz = fsdp_dtype_size(dt);
+    const float scale = 2.0f, tol = _i ? 1.0f / 128 : 1e-5f;
+    env e;
+    env_init(&e, dt);
+    float *x = frand(N * C, 600 + _i, 1.0f), *A = frand(G * R * C, 610 + _i, 0.2f);
+    float *B = frand(LD * R, 620 + _i, 0.5f), *out0 = frand(N * LD, 630 + _i, 1.0f);
+    float *dout = frand(N * LD, 640 + _i, 1.0f);
+    representable(x, N * C, dt), representable(A, G * R * C, dt);
+    representable(B, LD * R, dt), representable(out0, N * LD, dt);
+    char *xd = dt_copy(x, N * C, dt), *Ad = dt_copy(A, G * R * C, dt);
+    char *Bd = dt_copy(B, LD * R, dt); /* adapter g's B: rows col[g] .. col[g] + oc[g] */
+    char *o[2] = {dt_copy(out0, N * LD, dt), dt_copy(out0, N * LD, dt)};
+    char *u[2] = {calloc(N * G * R, esz), calloc(N * G * R, esz)};
+    float *dx[2] = {fbuf(N * C), fbuf(N * C)}, *dA[2] = {fbuf(G * R * C), fbuf(G * R * C)};
+    float *dB[2] = {fbuf(LD * R), fbuf(LD * R)}, *dv[2] = {fbuf(N * R), fbuf(N * G * R)};
+    for (int g = 0; g < G; g++) { /* alone: u[0] holds G (N, R) blocks */
+        char *ug = u[0] + (size_t)g * N * R * esz, *Ag = Ad + (size_t)g * R * C * esz;
+        char *Bg = Bd + (size_t)col[g] * R * esz;
+        FSDP_OP(&e.ctx, lora_fwd, o[0] + col[g] * esz, LD, ug, R, xd, Ag, Bg, scale, N, C, R,
+                oc[g]);
+        FSDP_OP(&e.ctx, lora_bwd, dx[0], dA[0] + (size_t)g * R * C, dB[0] + col[g] * R, dv[0], R,
+                dout + col[g], LD, xd, ug, Ag, Bg, scale, N, C, R, oc[g]);
+    }
+    FSDP_OP(&e.ctx, lora_fwd, NULL, 0, u[1], G * R, xd, Ad, NULL, scale, N, C, G * R, 0);
+    for (int g = 0; g < G; g++) {
+        char *ug = u[1] + (size_t)g * R * esz, *Bg = Bd + (size_t)col[g] * R * esz;
+        FSDP_OP(&e.ctx, lora_fwd, o[1] + col[g] * esz, LD, ug, G * R, xd, NULL, Bg, scale, N, C,
+                R, oc[g]);
+        FSDP_OP(&e.ctx, lora_bwd, NULL, NULL, dB[1] + col[g] * R, dv[1] + g * R, G * R,
+                dout + col[g], LD, xd, ug, NULL, Bg, scale, N, C, R, oc[g]);
+    }
+    FSDP_OP(&e.ctx, lora_bwd, dx[1], dA[1], NULL, dv[1], G * R, NULL, 0, xd, NULL, Ad, NULL,
+            scale, N, C, G * R, 0);
+    ck_assert_int_eq(fsdp_device_stream_sync(&e.dev, e.ctx.stream), FSDP_STATUS_OK);
+    float *uf[2] = {dt_read(u[0], N * G * R, dt), dt_read(u[1], N * G * R, dt)};
+    float *of[2] = {dt_read(o[0], N * LD, dt), dt_read(o[1], N * LD, dt)};
+    float *u_alone = fbuf(N * G * R); /* u[0]'s blocks in the group's (N, 3 R) layout */
+    for (int g = 0; g < G; g++)
+        for (int n = 0; n < N; n++)
+            memcpy(u_alone + (size_t)n * G * R + g * R, uf[0] + ((size_t)g * N + n) * R,
+                   R * sizeof(float));
+    expect_close("u", uf[1], u_alone, N * G * R, tol);
+    expect_close("out", of[1], of[0], N * LD, tol);
+    expect_close("dB", dB[1], dB[0], LD * R, tol);
+    expect_close("dA", dA[1], dA[0], G * R * C, tol);
+    expect_close("dinp", dx[1], dx[0], N * C, tol);
+    env_fini(&e);
+    free(x), free(A), free(B), free(out0), free(dout), free(xd), free(Ad), free(Bd), free(u_alone);
+    for (int k = 0; k < 2; k++)
+        free(o[k]), free(u[k]), free(dx[k]), free(dA[k]), free(dB[k]), free(dv[k]), free(uf[k]),
+            free(of[k]);
+}
+END_TEST
+
 int main(void)
 {
     /* The other cases run inline whatever FSDP_CPU_STREAMS says (env_init
@@ -510,7 +586,8 @@ int main(void)
                     FSDP_TEST_LOOP(test_fwd_bf16, N_SHAPES),
                     FSDP_TEST_LOOP(test_bwd_fp32, N_SHAPES),
                     FSDP_TEST_LOOP(test_bwd_bf16, N_SHAPES),
-                    FSDP_TEST_LOOP(test_bwd_finite_differences, N_SHAPES))},
+                    FSDP_TEST_LOOP(test_bwd_finite_differences, N_SHAPES),
+                    FSDP_TEST_LOOP(test_group_same_as_each, 2))},
         {"determinism", 60,
          FSDP_TESTS(FSDP_TEST_LOOP(test_threads_bit_identical, 2),
                     FSDP_TEST_LOOP(test_async_stream_same_bits, 2))},

@@ -5,7 +5,9 @@ shape bench_model passes, fp32, its default attention), adapters of rank R on ev
 layer but the head (PEFT's target_modules="all-linear", lora_alpha 2R, no dropout), the base
 frozen as PEFT freezes it, on --threads CPU threads.
 
-Prints one line, `tokens_per_s X fwd_ms F bwd_ms B`, as tools/bench_model_torch.py does.
+Prints one line, `tokens_per_s X fwd_ms F bwd_ms B`, as tools/bench_model_torch.py does; with
+--clock cpu the times are the stepping thread's CPU time (time.thread_time: at one thread every
+op runs on it), not the wall clock (bench_model --cpu-time).
 Needs torch, transformers and peft (pip).
 """
 import argparse
@@ -27,7 +29,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", choices=("fp32",), default="fp32")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     a = ap.parse_args()
+    now = time.thread_time if a.clock == "cpu" else time.perf_counter
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     from peft import LoraConfig, get_peft_model
@@ -46,13 +50,13 @@ def main():
     fwd = bwd = 0.0
     for i in range(a.warmup + a.iters):
         model.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
+        t0 = now()
         logits = model(input_ids=idx).logits
         loss = torch.nn.functional.cross_entropy(logits[..., : a.vocab].reshape(-1, a.vocab),
                                                  tgt.reshape(-1))
-        t1 = time.perf_counter()
+        t1 = now()
         loss.backward()
-        t2 = time.perf_counter()
+        t2 = now()
         if i >= a.warmup:
             fwd += t1 - t0
             bwd += t2 - t1

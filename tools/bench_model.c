@@ -22,9 +22,11 @@
  * GEMM of the base); each case prints the full model's step too and the LoRA step's time
  * over it (goal <= 0.75), and the peer is tools/bench_lora_torch.py: transformers'
  * LlamaForCausalLM with PEFT's LoRA of the same rank and targets (goal >= 1.3x).
+ * --cpu-time (with --lora, one thread): both sides time the stepping thread's CPU time
+ * instead of the wall clock, for a machine whose other load would skew either side.
  *
  * Usage: bench_model [--iters N] [--threads N] [--precision fp32|bf16] [--no-torch]
- *                    [--python PATH] [--only small|gpt2|llama] [--lora R]
+ *                    [--python PATH] [--only small|gpt2|llama] [--lora R [--cpu-time]]
  * The PyTorch interpreter is --python, else $FSDP_PYTHON, else the first of
  * python3 on PATH and /usr/bin/python3 that imports torch.
  */
@@ -68,6 +70,17 @@ static void die(fsdp_status st, const char *what)
 static fsdp_lora_config bench_lora(int r)
 {
     return (fsdp_lora_config){.r = r, .alpha = 2.0 * r, .targets = "all-linear"};
+}
+
+/* --cpu-time: the calling thread's CPU time, which does every op at one thread. */
+static bool cpu_clock;
+
+static double bench_now_s(void)
+{
+    struct timespec ts;
+    if (cpu_clock && clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) == 0)
+        return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    return fsdp_now_s();
 }
 
 static bench_result bench_c(const bench_case *bc, int iters, fsdp_dtype dt, int lora_r)
@@ -115,17 +128,17 @@ static bench_result bench_c(const bench_case *bc, int iters, fsdp_dtype dt, int 
     for (int it = -1; it < iters; it++) { /* iteration -1 warms up */
         for (int u = 0; u < m.n_units; u++)
             memset(grads[u], 0, m.units[u].train_numel * sizeof(float));
-        double t0 = fsdp_now_s();
+        double t0 = bench_now_s();
         BENCH_TRY(mi->root_forward(&m, &ctx, state, params[0]), "forward");
         for (int u = 1; u < m.n_units; u++)
             BENCH_TRY(mi->unit_forward(&m, &ctx, state, u, params[u]), "forward");
-        double t1 = fsdp_now_s();
+        double t1 = bench_now_s();
         BENCH_TRY(mi->head_forward_backward(&m, &ctx, state, params[0], grads[0], 1.0f, &loss),
                   "head");
         for (int u = m.n_units - 1; u >= 1; u--)
             BENCH_TRY(mi->unit_backward(&m, &ctx, state, u, params[u], grads[u]), "backward");
         BENCH_TRY(mi->root_backward(&m, &ctx, state, params[0], grads[0]), "backward");
-        double t2 = fsdp_now_s();
+        double t2 = bench_now_s();
         if (it >= 0) {
             fwd += t1 - t0;
             bwd += t2 - t1; /* the head's forward counts here: it is fused with its backward */
@@ -199,9 +212,9 @@ static bench_result bench_torch(const bench_case *bc, int iters, const char *pyt
                        sizeof script); /* if missing, python says so */
     snprintf(cmd, sizeof cmd,
              "OMP_NUM_THREADS=%d MKL_NUM_THREADS=%d '%s' '%s' %s --batch %d --seq %d "
-             "--iters %d --warmup 1 --threads %d --dtype %s 2>&1",
+             "--iters %d --warmup 1 --threads %d --dtype %s%s 2>&1",
              threads, threads, python, script, args, bc->B, bc->T, iters, threads,
-             fsdp_dtype_name(dt));
+             fsdp_dtype_name(dt), cpu_clock ? " --clock cpu" : "");
     FILE *p = popen(cmd, "r");
     if (!p)
         return r;
@@ -228,16 +241,17 @@ int main(int argc, char **argv)
         BENCH_INT("--iters", &iters),       BENCH_INT("--threads", &threads),
         BENCH_STR("--precision", &precision), BENCH_FLAG("--no-torch", &no_torch),
         BENCH_STR("--python", &python_arg), BENCH_STR("--only", &only),
-        BENCH_INT("--lora", &lora_r),
+        BENCH_INT("--lora", &lora_r),       BENCH_FLAG("--cpu-time", &cpu_clock),
     };
     if (!BENCH_ARGS_PARSE(argc, argv, args))
         threads = 0; /* usage below */
     fsdp_dtype dt = !strcmp(precision, "bf16") ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
     if (threads < 1 || (dt == FSDP_DTYPE_F32 && strcmp(precision, "fp32")) || lora_r < 0 ||
-        (lora_r && dt != FSDP_DTYPE_F32)) {
+        (lora_r && dt != FSDP_DTYPE_F32) || (cpu_clock && (!lora_r || threads != 1))) {
         fprintf(stderr,
                 "usage: %s [--iters N] [--threads N] [--precision fp32|bf16] [--no-torch]\n"
-                "       [--python PATH] [--only small|gpt2|llama] [--lora R (fp32)]\n",
+                "       [--python PATH] [--only small|gpt2|llama] [--lora R (fp32)]\n"
+                "       [--cpu-time (with --lora, --threads 1)]\n",
                 argv[0]);
         return 2;
     }
@@ -247,9 +261,10 @@ int main(int argc, char **argv)
     }
     const char *python = no_torch ? "skipped" : bench_torch_python(python_arg);
     fsdp_device_cpu_set_threads(threads);
-    printf("forward+backward, one cpu rank, %s, %d thread(s) (torch: %s)%s\n",
+    printf("forward+backward, one cpu rank, %s, %d thread(s) (torch: %s)%s%s\n",
            fsdp_dtype_name(dt), threads, python,
-           lora_r ? "; LoRA on every linear layer but the head (torch: + PEFT)" : "");
+           lora_r ? "; LoRA on every linear layer but the head (torch: + PEFT)" : "",
+           cpu_clock ? "; thread CPU time, not wall" : "");
     fsdp_cpu_print_header(stdout, 1, threads);
     printf("%-26s %4s %5s | %12s %9s %9s | %12s %9s %9s | %6s\n", "model", "B", "T", "C tok/s",
            "fwd ms", "bwd ms", "torch tok/s", "fwd ms", "bwd ms", "ratio");

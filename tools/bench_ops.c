@@ -133,15 +133,15 @@ struct lora_args {
 static void lora_fwd(void *p)
 {
     struct lora_args *a = p;
-    FSDP_OP(a->ctx, lora_fwd, a->out, a->OC, a->u, a->inp, a->A, a->B, 2.0f, a->N, a->C, a->r,
-            a->OC);
+    FSDP_OP(a->ctx, lora_fwd, a->out, a->OC, a->u, a->r, a->inp, a->A, a->B, 2.0f, a->N, a->C,
+            a->r, a->OC);
 }
 
 static void lora_bwd(void *p)
 {
     struct lora_args *a = p;
-    FSDP_OP(a->ctx, lora_bwd, a->dinp, a->dA, a->dB, a->dv, a->dout, a->OC, a->inp, a->u, a->A,
-            a->B, 2.0f, a->N, a->C, a->r, a->OC);
+    FSDP_OP(a->ctx, lora_bwd, a->dinp, a->dA, a->dB, a->dv, a->r, a->dout, a->OC, a->inp, a->u,
+            a->A, a->B, 2.0f, a->N, a->C, a->r, a->OC);
 }
 
 /* The LoRA branch alone (the base matmul of the same shape is bench_matmul's

@@ -67,15 +67,22 @@ struct fsdp_ops_i {
      *   u (N, r) = inp @ A^T                            (ctx->dt, kept for backward)
      *   out[n][0 .. OC) += scale * (u @ B^T)[n]         (ctx->dt; rows ld_out >= OC apart)
      * the sum formed in fp32 and rounded once per element. out may be a column
-     * slice of a fused projection's output (q of q|k|v: ld_out = the fused width). */
-    void (*lora_fwd)(fsdp_op_ctx *ctx, void *out, int ld_out, void *u, const void *inp,
+     * slice of a fused projection's output (q of q|k|v: ld_out = the fused width),
+     * and u a column slice too: its rows lie ld_u >= r apart. A NULL: u already
+     * holds inp @ A^T (adapters that read the same inp, their A's one (n r, C)
+     * matrix, form their u's in one call with r = n r and OC = 0, then each adds
+     * its product from its slice of u); OC = 0 or B NULL: u only. */
+    void (*lora_fwd)(fsdp_op_ctx *ctx, void *out, int ld_out, void *u, int ld_u, const void *inp,
                      const void *A, const void *B, float scale, int N, int C, int r, int OC);
     /* Its backward, accumulating, with dout's rows ld_dout >= OC apart and dv (N, r)
-     * fp32 scratch owned by the caller:
+     * fp32 scratch owned by the caller, dv's and u's rows ld_u >= r apart:
      *   dv = scale * dout @ B;  dB (OC, r) += scale * dout^T @ u;
      *   dA (r, C) += dv^T @ inp;  dinp (N, C) += dv @ A
-     * dinp, dA or dB may be NULL (not needed). */
-    void (*lora_bwd)(fsdp_op_ctx *ctx, float *dinp, float *dA, float *dB, float *dv,
+     * dinp, dA or dB may be NULL (not needed). B NULL: dv is given (each
+     * adapter of a group wrote its slice with dinp and dA NULL) and only dA and
+     * dinp are formed, one product each for the group (r = n r); dout, u and
+     * OC are then unused. */
+    void (*lora_bwd)(fsdp_op_ctx *ctx, float *dinp, float *dA, float *dB, float *dv, int ld_u,
                      const float *dout, int ld_dout, const void *inp, const void *u,
                      const void *A, const void *B, float scale, int N, int C, int r, int OC);
 

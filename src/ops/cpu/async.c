@@ -45,8 +45,10 @@
 #define A_MAP13(m, s, x, ...) m x s() A_MAP12(m, s, __VA_ARGS__)
 #define A_MAP14(m, s, x, ...) m x s() A_MAP13(m, s, __VA_ARGS__)
 #define A_MAP15(m, s, x, ...) m x s() A_MAP14(m, s, __VA_ARGS__)
-#define A_COUNT(...) A_COUNT_(__VA_ARGS__, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
-#define A_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, n, ...) n
+#define A_MAP16(m, s, x, ...) m x s() A_MAP15(m, s, __VA_ARGS__)
+#define A_COUNT(...) \
+    A_COUNT_(__VA_ARGS__, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define A_COUNT_(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, n, ...) n
 #define A_CAT(a, b) A_CAT_(a, b)
 #define A_CAT_(a, b) a##b
 #define A_MAP(m, s, ...) A_CAT(A_MAP, A_COUNT(__VA_ARGS__))(m, s, __VA_ARGS__)
@@ -102,10 +104,10 @@ ASYNC_OP(matmul_fwd, (void *, out), (const void *, inp), (const void *, w), (con
          (int, N), (int, C), (int, OC))
 ASYNC_OP(matmul_bwd, (float *, dinp), (float *, dw), (float *, dbias), (const float *, dout),
          (const void *, inp), (const void *, w), (int, N), (int, C), (int, OC))
-ASYNC_OP(lora_fwd, (void *, out), (int, ld_out), (void *, u), (const void *, inp),
+ASYNC_OP(lora_fwd, (void *, out), (int, ld_out), (void *, u), (int, ld_u), (const void *, inp),
          (const void *, A), (const void *, B), (float, scale), (int, N), (int, C), (int, r),
          (int, OC))
-ASYNC_OP(lora_bwd, (float *, dinp), (float *, dA), (float *, dB), (float *, dv),
+ASYNC_OP(lora_bwd, (float *, dinp), (float *, dA), (float *, dB), (float *, dv), (int, ld_u),
          (const float *, dout), (int, ld_dout), (const void *, inp), (const void *, u),
          (const void *, A), (const void *, B), (float, scale), (int, N), (int, C), (int, r),
          (int, OC))

@@ -181,9 +181,10 @@ void fsdp_cpu_matmul_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, const voi
                          const void *bias, int N, int C, int OC);
 void fsdp_cpu_matmul_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *dbias,
                          const float *dout, const void *inp, const void *w, int N, int C, int OC);
-void fsdp_cpu_lora_fwd(fsdp_op_ctx *ctx, void *out, int ld_out, void *u, const void *inp,
-                       const void *A, const void *B, float scale, int N, int C, int r, int OC);
-void fsdp_cpu_lora_bwd(fsdp_op_ctx *ctx, float *dinp, float *dA, float *dB, float *dv,
+void fsdp_cpu_lora_fwd(fsdp_op_ctx *ctx, void *out, int ld_out, void *u, int ld_u,
+                       const void *inp, const void *A, const void *B, float scale, int N, int C,
+                       int r, int OC);
+void fsdp_cpu_lora_bwd(fsdp_op_ctx *ctx, float *dinp, float *dA, float *dB, float *dv, int ld_u,
                        const float *dout, int ld_dout, const void *inp, const void *u,
                        const void *A, const void *B, float scale, int N, int C, int r, int OC);
 void fsdp_cpu_gelu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, size_t n);

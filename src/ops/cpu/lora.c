@@ -5,8 +5,11 @@
  *
  * Shapes: inp (N, C), A (r, C), B (OC, r), u (N, r) = inp @ A^T kept for the
  * backward; out is a column slice of OC columns whose rows lie ld_out apart
- * (the q of a fused q|k|v output), dout likewise with ld_dout. r is small
- * (8 to 64), so every product is thin and cheap next to the base layer's.
+ * (the q of a fused q|k|v output), dout likewise with ld_dout, and u and dv
+ * column slices with ld_u (a group's (N, n r) buffers). r is small (8 to
+ * 64), so every product is thin and cheap next to the base layer's, and
+ * bound by reading inp, dinp and dout: a group of adapters on one input
+ * reads inp (and dinp) once for its u's, dA's and dinp instead of n times.
  *
  * bf16 storage: the operands are widened to fp32 and multiplied in fp32 (no
  * bf16 dot products: the branch is a few percent of the layer's work, and
@@ -59,27 +62,42 @@ static size_t slice_grain(int OC)
     return FSDP_CPU_GRAIN / (size_t)OC + 1;
 }
 
+/* u (N, r; rows ld_u apart, ctx->dt) as dense fp32 (N, r) in scratch slot (NULL: OOM). */
+static float *u_widened(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, const void *u, int ld_u, int N,
+                        int r)
+{
+    float *uf = fsdp_cpu_scratch(ctx, slot, (size_t)N * r);
+    if (!uf)
+        return NULL;
+    slice_job j = {.slice = (void *)u, .dense = uf, .ld = ld_u, .OC = r};
+    fsdp_cpu_parallel_range(ctx, (size_t)N, slice_grain(r), slice_widen_rows, &j);
+    return uf;
+}
+
 /* bf16 forward: u rounded on store, out's slice widened, added to, rounded. */
-static void lora_fwd_bf16(fsdp_op_ctx *ctx, fsdp_bf16 *out, int ld_out, fsdp_bf16 *u,
+static void lora_fwd_bf16(fsdp_op_ctx *ctx, fsdp_bf16 *out, int ld_out, fsdp_bf16 *u, int ld_u,
                           const void *inp, const void *A, const void *B, float scale, int N, int C,
                           int r, int OC)
 {
-    size_t n_u = (size_t)N * r;
-    const float *x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, inp, (size_t)N * C);
-    const float *af = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_1, A, (size_t)r * C);
-    float *uf = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2, n_u);
-    if (!x || !af || !uf)
-        return; /* scratch OOM, reported by sync_error */
-    /* uf (N, r) = x (N, C) @ af^T */
-    fsdp_cpu_gemm(ctx, false, true, N, r, C, 1.0f, x, C, af, C, 0.0f, uf, r);
-    /* u = uf rounded; uf keeps the rounded values for the second product */
-    fsdp_cpu_round(ctx, u, uf, n_u);
-    fsdp_cpu_widen(ctx, uf, u, n_u);
-    if (OC <= 0)
+    float *uf;
+    if (A) {
+        const float *x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, inp, (size_t)N * C);
+        const float *af = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_1, A, (size_t)r * C);
+        uf = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2, (size_t)N * r);
+        if (!x || !af || !uf)
+            return; /* scratch OOM, reported by sync_error */
+        /* uf (N, r) = x (N, C) @ af^T */
+        fsdp_cpu_gemm(ctx, false, true, N, r, C, 1.0f, x, C, af, C, 0.0f, uf, r);
+        /* u = uf rounded; uf keeps the rounded values for the second product */
+        slice_job ju = {.slice = u, .dense = uf, .ld = ld_u, .OC = r};
+        fsdp_cpu_parallel_range(ctx, (size_t)N, slice_grain(r), slice_round_rows, &ju);
+    }
+    if (OC <= 0 || !B)
         return;
+    uf = u_widened(ctx, FSDP_CPU_SLOT_2, u, ld_u, N, r);
     const float *bf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_3, B, (size_t)OC * r);
     float *y = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_4, (size_t)N * OC);
-    if (!bf || !y)
+    if (!uf || !bf || !y)
         return;
     slice_job j = {.slice = out, .dense = y, .ld = ld_out, .OC = OC};
     fsdp_cpu_parallel_range(ctx, (size_t)N, slice_grain(OC), slice_widen_rows, &j);
@@ -88,44 +106,53 @@ static void lora_fwd_bf16(fsdp_op_ctx *ctx, fsdp_bf16 *out, int ld_out, fsdp_bf1
     fsdp_cpu_parallel_range(ctx, (size_t)N, slice_grain(OC), slice_round_rows, &j);
 }
 
-void fsdp_cpu_lora_fwd(fsdp_op_ctx *ctx, void *out, int ld_out, void *u, const void *inp,
-                       const void *A, const void *B, float scale, int N, int C, int r, int OC)
+void fsdp_cpu_lora_fwd(fsdp_op_ctx *ctx, void *out, int ld_out, void *u, int ld_u,
+                       const void *inp, const void *A, const void *B, float scale, int N, int C,
+                       int r, int OC)
 {
     if (N <= 0 || r <= 0 || C < 0)
         return;
-    FSDP_ASSERT(OC <= 0 || ld_out >= OC);
-    if (C == 0) { /* an empty product: u = 0 and out unchanged */
-        memset(u, 0, (size_t)N * r * fsdp_dtype_size(ctx->dt));
+    FSDP_ASSERT(ld_u >= r && (OC <= 0 || !B || ld_out >= OC));
+    const size_t dts = fsdp_dtype_size(ctx->dt);
+    if (A && C == 0) { /* an empty product: u = 0 and out unchanged */
+        for (int n = 0; n < N; n++)
+            memset((char *)u + (size_t)n * ld_u * dts, 0, (size_t)r * dts);
         return;
     }
     if (ctx->dt == FSDP_DTYPE_BF16) {
-        lora_fwd_bf16(ctx, out, ld_out, u, inp, A, B, scale, N, C, r, OC);
+        lora_fwd_bf16(ctx, out, ld_out, u, ld_u, inp, A, B, scale, N, C, r, OC);
         return;
     }
     /* u (N, r) = inp (N, C) @ A^T */
-    fsdp_cpu_gemm(ctx, false, true, N, r, C, 1.0f, inp, C, A, C, 0.0f, u, r);
+    if (A)
+        fsdp_cpu_gemm(ctx, false, true, N, r, C, 1.0f, inp, C, A, C, 0.0f, u, ld_u);
     /* out (N, OC; rows ld_out apart) += scale * u (N, r) @ B^T */
-    fsdp_cpu_gemm(ctx, false, true, N, OC, r, scale, u, r, B, r, 1.0f, out, ld_out);
+    if (OC > 0 && B)
+        fsdp_cpu_gemm(ctx, false, true, N, OC, r, scale, u, ld_u, B, r, 1.0f, out, ld_out);
 }
 
-void fsdp_cpu_lora_bwd(fsdp_op_ctx *ctx, float *dinp, float *dA, float *dB, float *dv,
+void fsdp_cpu_lora_bwd(fsdp_op_ctx *ctx, float *dinp, float *dA, float *dB, float *dv, int ld_u,
                        const float *dout, int ld_dout, const void *inp, const void *u,
                        const void *A, const void *B, float scale, int N, int C, int r, int OC)
 {
-    if (N <= 0 || r <= 0 || OC <= 0 || C < 0)
+    if (N <= 0 || r <= 0 || C < 0 || (B && OC <= 0))
         return; /* every gradient gets += 0 */
-    FSDP_ASSERT(ld_dout >= OC);
-    /* dv (N, r) = scale * dout (N, OC) @ B (OC, r) */
-    const float *bf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_3, B, (size_t)OC * r);
-    if (!bf)
-        return; /* scratch OOM, reported by sync_error */
-    fsdp_cpu_gemm(ctx, false, false, N, r, OC, scale, dout, ld_dout, bf, r, 0.0f, dv, r);
-    if (dB) {
-        /* dB (OC, r) += scale * dout^T (OC, N) @ u (N, r) */
-        const float *uf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_2, u, (size_t)N * r);
-        if (!uf)
-            return;
-        fsdp_cpu_gemm(ctx, true, false, OC, r, N, scale, dout, ld_dout, uf, r, 1.0f, dB, r);
+    FSDP_ASSERT(ld_u >= r && (!B || ld_dout >= OC));
+    if (B) {
+        /* dv (N, r) = scale * dout (N, OC) @ B (OC, r) */
+        const float *bf = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_3, B, (size_t)OC * r);
+        if (!bf)
+            return; /* scratch OOM, reported by sync_error */
+        fsdp_cpu_gemm(ctx, false, false, N, r, OC, scale, dout, ld_dout, bf, r, 0.0f, dv, ld_u);
+        if (dB) {
+            /* dB (OC, r) += scale * dout^T (OC, N) @ u (N, r) */
+            bool wide = ctx->dt == FSDP_DTYPE_BF16;
+            const float *uf = wide ? u_widened(ctx, FSDP_CPU_SLOT_2, u, ld_u, N, r) : u;
+            if (!uf)
+                return;
+            fsdp_cpu_gemm(ctx, true, false, OC, r, N, scale, dout, ld_dout, uf, wide ? r : ld_u,
+                          1.0f, dB, r);
+        }
     }
     if (C == 0)
         return;
@@ -134,13 +161,13 @@ void fsdp_cpu_lora_bwd(fsdp_op_ctx *ctx, float *dinp, float *dA, float *dB, floa
         const float *x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, inp, (size_t)N * C);
         if (!x)
             return;
-        fsdp_cpu_gemm(ctx, true, false, r, C, N, 1.0f, dv, r, x, C, 1.0f, dA, C);
+        fsdp_cpu_gemm(ctx, true, false, r, C, N, 1.0f, dv, ld_u, x, C, 1.0f, dA, C);
     }
     if (dinp) {
         /* dinp (N, C) += dv (N, r) @ A (r, C) */
         const float *af = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_1, A, (size_t)r * C);
         if (!af)
             return;
-        fsdp_cpu_gemm(ctx, false, false, N, C, r, 1.0f, dv, r, af, C, 1.0f, dinp, C);
+        fsdp_cpu_gemm(ctx, false, false, N, C, r, 1.0f, dv, ld_u, af, C, 1.0f, dinp, C);
     }
 }

@@ -209,13 +209,13 @@ void fsdp_ops_cuda_matmul_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, cons
 void fsdp_ops_cuda_matmul_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *dbias,
                               const float *dout, const void *inp, const void *w, int N, int C,
                               int OC);
-void fsdp_ops_cuda_lora_fwd(fsdp_op_ctx *ctx, void *out, int ld_out, void *u, const void *inp,
-                            const void *A, const void *B, float scale, int N, int C, int r,
-                            int OC);
+void fsdp_ops_cuda_lora_fwd(fsdp_op_ctx *ctx, void *out, int ld_out, void *u, int ld_u,
+                            const void *inp, const void *A, const void *B, float scale, int N,
+                            int C, int r, int OC);
 void fsdp_ops_cuda_lora_bwd(fsdp_op_ctx *ctx, float *dinp, float *dA, float *dB, float *dv,
-                            const float *dout, int ld_dout, const void *inp, const void *u,
-                            const void *A, const void *B, float scale, int N, int C, int r,
-                            int OC);
+                            int ld_u, const float *dout, int ld_dout, const void *inp,
+                            const void *u, const void *A, const void *B, float scale, int N,
+                            int C, int r, int OC);
 void fsdp_ops_cuda_gelu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, size_t n);
 void fsdp_ops_cuda_gelu_bwd(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout,
                             size_t n);
