@@ -14,7 +14,11 @@
  *   bit for bit as `--model bf16/ ... --quantize nf4`, on 1 and 2 devices
  *   (step losses and gradient norms); `fsdp eval --model nf4/`
  *   gives the loss of an fp32 directory of the weights dequantized by
- *   ops/nf4.c's reference (which test_bnb4 holds against bitsandbytes).
+ *   ops/nf4.c's reference (which test_bnb4 holds against bitsandbytes);
+ * - hostile copies of nf4/ (fp4, 8-bit, no double quantization, gptq; a
+ *   quant_state that lies about shape, blocksize or quant_type; wrong block
+ *   counts; codes too short; a missing nested_absmax or nested_quant_map)
+ *   are FORMAT errors naming the tensor (or config.json's key).
  *
  * Runs from the repository root.
  */
@@ -256,12 +260,101 @@ START_TEST(test_eval_dequantized)
 }
 END_TEST
 
+/* ---- hostile directories ------------------------------------------------------------ */
+
+/* Every occurrence of a in buf[0..n) replaced by b (same length). */
+static int replace_all(char *buf, size_t n, const char *a, const char *b)
+{
+    size_t k = strlen(a);
+    int count = 0;
+    ck_assert_uint_eq(k, strlen(b));
+    for (size_t i = 0; i + k <= n; i++)
+        if (!memcmp(buf + i, a, k)) {
+            memcpy(buf + i, b, k);
+            count++;
+        }
+    return count;
+}
+
+typedef struct hostile {
+    const char *file;          /* "config.json" or "model.safetensors" */
+    const char *a, *b, *c;     /* a -> b (and b -> a when swap: through c) */
+    const char *want1, *want2; /* in the message */
+} hostile;
+
+static const hostile hostiles[] = {
+    {"config.json", "\"bnb_4bit_quant_type\": \"nf4\"", "\"bnb_4bit_quant_type\": \"fp4\"",
+     NULL, "bnb_4bit_quant_type is \"fp4\"", "nf4"},
+    {"config.json", "\"load_in_8bit\": false", "\"load_in_8bit\": true ", NULL, "8-bit",
+     "load_in_8bit"},
+    {"config.json", "\"bnb_4bit_use_double_quant\": true", "\"bnb_4bit_use_double_quant\": 0   ",
+     NULL, "bnb_4bit_use_double_quant is not true", "double quantization"},
+    {"config.json", "\"quant_method\": \"bitsandbytes\"", "\"quant_method\": \"gptq\"        ",
+     NULL, "quant_method \"gptq\"", "config.json"},
+    /* the quant_state JSON lies: o_proj's and q_proj's shape, the blocksize, fp4 */
+    {"model.safetensors", "\"shape\": [64, 64]", "\"shape\": [64, 32]", NULL,
+     "layers.0.self_attn.o_proj.weight' holds 2048 code bytes", "needs 1024"},
+    {"model.safetensors", "\"blocksize\": 64", "\"blocksize\": 32", NULL,
+     "quant_state.bitsandbytes__nf4': blocksize is not 64", "down_proj"},
+    {"model.safetensors", "{\"quant_type\": \"nf4\"", "{\"quant_type\": \"fp4\"", NULL,
+     "quant_type is \"fp4\"", "quant_state.bitsandbytes__nf4"},
+    /* k_proj's absmax codes (32) and o_proj's (64) swapped: wrong block counts */
+    {"model.safetensors", "k_proj.weight.absmax", "o_proj.weight.absmax", "x_proj.weight.absmax",
+     "k_proj.weight.absmax' holds 64 absmax codes", "needs 32"},
+    /* k_proj's codes (1024 bytes) and o_proj's (2048) swapped: o_proj's truncated */
+    {"model.safetensors", "k_proj.weight\"", "o_proj.weight\"", "x_proj.weight\"",
+     "k_proj.weight' holds 2048 code bytes", "needs 1024"},
+    {"model.safetensors", "q_proj.weight.nested_absmax", "q_proj.weight.nested_absmaX", NULL,
+     "layers.0.self_attn.q_proj.weight.nested_absmax' is missing", "quant_state"},
+    {"model.safetensors", "v_proj.weight.nested_quant_map", "v_proj.weight.quant_map_nested",
+     NULL, "v_proj.weight.nested_quant_map' is missing", "safetensors file"},
+};
+
+START_TEST(test_hostile)
+{
+    const hostile *h = &hostiles[_i];
+    char dir[512], path[600];
+    fsdp_test_mkdir(dir, sizeof dir, "bad");
+    static const char *const files[] = {"config.json", "model.safetensors"};
+    for (int f = 0; f < 2; f++) {
+        size_t n = 0;
+        char src[256];
+        pathf(src, sizeof src, "%s/%s", NF4_DIR, files[f]);
+        char *buf = fsdp_test_read_file(src, &n);
+        if (!strcmp(files[f], h->file)) {
+            if (h->c) { /* swap a and b */
+                ck_assert_int_gt(replace_all(buf, n, h->a, h->c), 0);
+                ck_assert_int_gt(replace_all(buf, n, h->b, h->a), 0);
+                replace_all(buf, n, h->c, h->b);
+            } else {
+                ck_assert_int_gt(replace_all(buf, n, h->a, h->b), 0);
+            }
+        }
+        pathf(path, sizeof path, "%s/%s", dir, files[f]);
+        FILE *fp = fopen(path, "wb");
+        ck_assert(fp && fwrite(buf, 1, n, fp) == n && fclose(fp) == 0);
+        free(buf);
+    }
+    fsdp_model m;
+    fsdp_modelfile *mf = NULL;
+    fsdp_error_clear();
+    fsdp_status st = fsdp_modelfile_resolve(dir, &m, &mf);
+    ck_assert_msg(st == FSDP_STATUS_FORMAT, "case %d: %s (%s)", _i, fsdp_status_name(st),
+                  fsdp_error_msg());
+    ck_assert_msg(strstr(fsdp_error_msg(), h->want1) && strstr(fsdp_error_msg(), h->want2),
+                  "case %d: message '%s' lacks '%s' or '%s'", _i, fsdp_error_msg(), h->want1,
+                  h->want2);
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
         {"read", 30, FSDP_TESTS(test_read_dequantized, test_read_nf4_same_bytes)},
         {"train", 60, .tmpdir = true,
          FSDP_TESTS(FSDP_TEST_LOOP(test_train_as_quantize, 2), test_eval_dequantized)},
+        {"hostile", 10, .tmpdir = true,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_hostile, (int)FSDP_TEST_LEN(hostiles)))},
     };
     return fsdp_test_main("qlora_hf", tcases, FSDP_TEST_LEN(tcases));
 }
