@@ -25,6 +25,16 @@
 
 static bool json_true(const fsdp_json *v) { return v && v->type == FSDP_JSON_BOOL && v->boolean; }
 
+/* A string value for messages: "\"fp4\"", or "missing" (not a string). */
+static const char *quoted(const fsdp_json *v, char *buf, size_t n)
+{
+    if (fsdp_json_name(v))
+        snprintf(buf, n, "\"%.32s\"", v->str);
+    else
+        snprintf(buf, n, "missing");
+    return buf;
+}
+
 fsdp_status fsdp_bnb4_check_config(const char *label, const fsdp_json *qc)
 {
     const char *want = "fsdp reads bitsandbytes 4-bit NF4 checkpoints with double quantization "
@@ -35,12 +45,11 @@ fsdp_status fsdp_bnb4_check_config(const char *label, const fsdp_json *qc)
         return fsdp_error_set(FSDP_STATUS_FORMAT, "%s: \"quantization_config\" is a JSON %s, "
                               "not an object; %s", label, fsdp_json_type_name(qc->type), want);
     const fsdp_json *method = fsdp_json_get(qc, "quant_method");
+    char q[48];
     if (!fsdp_json_name(method) || strcmp(method->str, "bitsandbytes"))
         return fsdp_error_set(FSDP_STATUS_FORMAT, "%s: quantized checkpoint with "
-                              "quantization_config.quant_method %s%.32s%s; %s", label,
-                              fsdp_json_name(method) ? "\"" : "",
-                              fsdp_json_name(method) ? method->str : "missing",
-                              fsdp_json_name(method) ? "\"" : "", want);
+                              "quantization_config.quant_method %s; %s", label,
+                              quoted(method, q, sizeof q), want);
     if (json_true(fsdp_json_get(qc, "load_in_8bit")))
         return fsdp_error_set(FSDP_STATUS_FORMAT, "%s: quantization_config is 8-bit "
                               "(load_in_8bit: LLM.int8()); %s", label, want);
@@ -50,10 +59,7 @@ fsdp_status fsdp_bnb4_check_config(const char *label, const fsdp_json *qc)
     const fsdp_json *type = fsdp_json_get(qc, "bnb_4bit_quant_type");
     if (!fsdp_json_name(type) || strcmp(type->str, "nf4"))
         return fsdp_error_set(FSDP_STATUS_FORMAT, "%s: quantization_config.bnb_4bit_quant_type "
-                              "is %s%.16s%s, not \"nf4\"; %s", label,
-                              fsdp_json_name(type) ? "\"" : "",
-                              fsdp_json_name(type) ? type->str : "missing",
-                              fsdp_json_name(type) ? "\"" : "", want);
+                              "is %s, not \"nf4\"; %s", label, quoted(type, q, sizeof q), want);
     if (!json_true(fsdp_json_get(qc, "bnb_4bit_use_double_quant")))
         return fsdp_error_set(FSDP_STATUS_FORMAT, "%s: quantization_config."
                               "bnb_4bit_use_double_quant is not true (no double quantization: "
@@ -114,6 +120,7 @@ static fsdp_status check_state(const char *path, const char *sname, const char *
         return FSDP_STATUS_FORMAT;
     }
     fsdp_status st = FSDP_STATUS_OK;
+    char q[48];
     const fsdp_json *qt = fsdp_json_get(js, "quant_type"), *bs = fsdp_json_get(js, "blocksize");
     const fsdp_json *dt = fsdp_json_get(js, "dtype"), *shape = fsdp_json_get(js, "shape");
     const fsdp_json *nbs = fsdp_json_get(js, "nested_blocksize");
@@ -123,9 +130,8 @@ static fsdp_status check_state(const char *path, const char *sname, const char *
     if (js->type != FSDP_JSON_OBJECT)
         BAD("tensor '%.80s' is a JSON %s, not an object", sname, fsdp_json_type_name(js->type));
     else if (!fsdp_json_name(qt) || strcmp(qt->str, "nf4"))
-        BAD("tensor '%.80s': quant_type is %s%.16s%s, not \"nf4\"; fsdp reads NF4 weights only",
-            sname, fsdp_json_name(qt) ? "\"" : "", fsdp_json_name(qt) ? qt->str : "missing",
-            fsdp_json_name(qt) ? "\"" : "");
+        BAD("tensor '%.80s': quant_type is %s, not \"nf4\"; fsdp reads NF4 weights only", sname,
+            quoted(qt, q, sizeof q));
     else if (!bs || bs->type != FSDP_JSON_NUMBER || bs->number != FSDP_NF4_BLOCK)
         BAD("tensor '%.80s': blocksize is not %d", sname, FSDP_NF4_BLOCK);
     else if (!off || !nbs)
