@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/bnb4.h"
 #include "ckpt/hfdir.h"
 #include "ckpt/safetensors.h"
 #include "core/fileio.h"
@@ -36,6 +37,7 @@ const char *const fsdp_hfdir_companions[] = {
 
 /* The format's state after open: the parsed shard files. */
 typedef struct hf_impl {
+    bool bnb4;            /* config.json's quantization_config: bitsandbytes NF4 (bnb4.h) */
     int n_files;
     fsdp_st_file *files;  /* [n_files]: model.safetensors, or the index's files in its order */
 } hf_impl;
@@ -146,11 +148,33 @@ static fsdp_status check_architectures(const char *label, const fsdp_json *arch)
                           "checkpoints", label, arch->child->str);
 }
 
+/* Take a bitsandbytes 4-bit NF4 "quantization_config" out of root (the
+ * directory's concern, not the family's); anything else is refused. */
+static fsdp_status take_quantization(const char *label, fsdp_json *root, bool *bnb4)
+{
+    fsdp_json **at = &root->child;
+    while (*at && strcmp((*at)->key, "quantization_config"))
+        at = &(*at)->next;
+    if (!*at)
+        return FSDP_STATUS_OK;
+    FSDP_TRY(fsdp_bnb4_check_config(label, *at));
+    fsdp_json *qc = *at;
+    *at = qc->next;
+    qc->next = NULL;
+    root->n--;
+    fsdp_json_free(qc);
+    if (bnb4)
+        *bnb4 = true;
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_hfdir_parse_config(const char *label, const char *text, size_t n,
                                     const fsdp_model_family **family, char *config,
-                                    size_t config_size)
+                                    size_t config_size, bool *bnb4)
 {
     *family = NULL;
+    if (bnb4)
+        *bnb4 = false;
     fsdp_json *root = NULL;
     if (fsdp_json_parse(text, n, &root) != FSDP_STATUS_OK) {
         fsdp_error_prefix("%s is not valid JSON", label);
@@ -174,6 +198,8 @@ fsdp_status fsdp_hfdir_parse_config(const char *label, const char *text, size_t 
     } else {
         st = check_architectures(label, fsdp_json_get(root, "architectures"));
     }
+    if (st == FSDP_STATUS_OK)
+        st = take_quantization(label, root, bnb4);
     if (st == FSDP_STATUS_OK &&
         (st = f->safetensors->hf_config(root, config, config_size)) != FSDP_STATUS_OK)
         fsdp_error_prefix("%s (model_type \"%s\")", label, type->str);
@@ -549,10 +575,13 @@ static fsdp_status hf_open(fsdp_modelfile *mf, const char *path)
     snprintf(label, sizeof label, "Hugging Face directory '%s': " FSDP_HF_CONFIG, path);
     FSDP_TRY(fsdp_hfdir_read_file(cfg, FSDP_HF_CONFIG_MAX_BYTES, "model config", &text, &n));
     fsdp_status st = fsdp_hfdir_parse_config(label, text, n, &mf->family, mf->config,
-                                             sizeof mf->config);
+                                             sizeof mf->config, &h->bnb4);
     free(text);
     FSDP_TRY(st);
     FSDP_TRY(open_files(mf, h));
+    FSDP_TRY(open_parts(mf, h));
+    if (h->bnb4)
+        FSDP_TRY(fsdp_bnb4_open(&mf->bnb4, h->files, mf->part_fd, h->n_files));
     /* the whole check now, so that a bad directory fails at open */
     fsdp_model m;
     FSDP_TRY(fsdp_modelfile_build("Hugging Face directory", path, mf->family, mf->config, &m));
@@ -561,20 +590,25 @@ static fsdp_status hf_open(fsdp_modelfile *mf, const char *path)
         np += m.units[u].n_params;
     fsdp_tensor_src *src = calloc((size_t)np + 1, sizeof *src);
     snprintf(label, sizeof label, "Hugging Face directory '%s'", path);
-    st = src ? fsdp_st_locate(h->files, h->n_files, label, m.family->safetensors->hf_prefix, &m,
-                            src)
+    st = src ? fsdp_st_locate_bnb4(h->files, h->n_files, label,
+                                   m.family->safetensors->hf_prefix, &m, mf->bnb4, src)
              : fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
     if (st == FSDP_STATUS_OK) {
         static const char *const names[] = {"fp32", "bf16", "fp16"};
-        mf->dtype_name = np ? names[src[0].dtype] : "fp32";
-        for (int k = 1; k < np; k++)
-            if (src[k].dtype != src[0].dtype)
+        static const char *const nf4_names[] = {"nf4+fp32", "nf4+bf16", "nf4+fp16"};
+        int first = 0;
+        while (first < np && src[first].nf4)
+            first++;
+        mf->dtype_name = first == np ? "nf4" : mf->bnb4 && mf->bnb4->n
+                                                   ? nf4_names[src[first].dtype]
+                                                   : names[src[first].dtype];
+        for (int k = first + 1; k < np; k++)
+            if (!src[k].nf4 && src[k].dtype != src[first].dtype)
                 mf->dtype_name = "mixed";
     }
     free(src);
     fsdp_model_free(&m);
-    FSDP_TRY(st);
-    return open_parts(mf, h);
+    return st;
 }
 
 static fsdp_status hf_bind(fsdp_modelfile *mf, const fsdp_model *m)
@@ -583,8 +617,8 @@ static fsdp_status hf_bind(fsdp_modelfile *mf, const fsdp_model *m)
     char label[FSDP_CKPT_PATH_MAX + 32];
     snprintf(label, sizeof label, "Hugging Face directory '%s'", mf->path);
     FSDP_TRY(fsdp_flat_prepare(mf, m));
-    return fsdp_st_locate(h->files, h->n_files, label, m->family->safetensors->hf_prefix, m,
-                          mf->src);
+    return fsdp_st_locate_bnb4(h->files, h->n_files, label, m->family->safetensors->hf_prefix,
+                               m, mf->bnb4, mf->src);
 }
 
 static void hf_close(fsdp_modelfile *mf)

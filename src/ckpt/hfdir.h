@@ -59,10 +59,12 @@ fsdp_status fsdp_hfdir_write_generation(const char *dir, const char *src,
  * model_type through the families' hf_model_types, an architectures entry
  * that is a causal language model, then the family's hf_config.
  * FORMAT/UNSUPPORTED with a message that starts with `label` (which names
- * the file) and names the key. */
+ * the file) and names the key. A "quantization_config" is the directory's
+ * (bnb4.h): bitsandbytes 4-bit NF4 sets *bnb4 (may be NULL) and is not
+ * shown to the family; any other is refused by name. */
 fsdp_status fsdp_hfdir_parse_config(const char *label, const char *text, size_t n,
                                     const fsdp_model_family **family, char *config,
-                                    size_t config_size);
+                                    size_t config_size, bool *bnb4);
 
 /* A parsed model.safetensors.index.json. */
 typedef struct fsdp_hfdir_index {

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckpt/bnb4.h"
 #include "ckpt/modelfile_internal.h"
 #include "core/error.h"
 #include "models/lora.h"
@@ -179,6 +180,8 @@ void fsdp_modelfile_close(fsdp_modelfile *mf)
     free(mf->part_path);
     free(mf->src);
     free(mf->unit_base);
+    fsdp_bnb4_free(mf->bnb4);
+    fsdp_modelfile_nf4_free(mf);
     free(mf);
 }
 
@@ -219,6 +222,7 @@ fsdp_status fsdp_modelfile_bind(fsdp_modelfile *mf, const fsdp_model *m)
                               mf->format->name, mf->path, held, m ? m->name : "(null)");
     }
     mf->model = NULL;
+    fsdp_modelfile_nf4_free(mf); /* cached per parameter of the model bound before */
     FSDP_TRY(mf->format->bind(mf, m));
     mf->model = m;
     return FSDP_STATUS_OK;

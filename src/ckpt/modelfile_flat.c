@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/bnb4.h"
 #include "ckpt/modelfile_internal.h"
 #include "core/bf16.h"
 #include "core/fileio.h"
@@ -88,16 +89,22 @@ static _Thread_local uint64_t thread_bytes_read;
 
 uint64_t fsdp_modelfile_thread_bytes_read(void) { return thread_bytes_read; }
 
+fsdp_status fsdp_modelfile_pread(const fsdp_modelfile *mf, int part, void *buf, size_t n,
+                                 uint64_t off)
+{
+    bool parts = mf->n_parts > 0;
+    FSDP_ASSERT(!parts || (part >= 0 && part < mf->n_parts));
+    FSDP_TRY(fsdp_pread_all(parts ? mf->part_fd[part] : mf->fd, buf, n, off, "model file",
+                            parts ? mf->part_path[part] : mf->path));
+    thread_bytes_read += n;
+    return FSDP_STATUS_OK;
+}
+
 /* n bytes at `off` of the file holding tensor s. */
 static fsdp_status mf_pread(const fsdp_modelfile *mf, const fsdp_tensor_src *s, void *buf,
                             size_t n, uint64_t off)
 {
-    bool part = mf->n_parts > 0;
-    FSDP_ASSERT(!part || (s->part >= 0 && s->part < mf->n_parts));
-    FSDP_TRY(fsdp_pread_all(part ? mf->part_fd[s->part] : mf->fd, buf, n, off, "model file",
-                            part ? mf->part_path[s->part] : mf->path));
-    thread_bytes_read += n;
-    return FSDP_STATUS_OK;
+    return fsdp_modelfile_pread(mf, s->part, buf, n, off);
 }
 
 /* n elements at element index `first` of the stored tensor, as fp32. raw
@@ -123,6 +130,8 @@ static fsdp_status read_elems(const fsdp_modelfile *mf, const fsdp_tensor_src *s
 static fsdp_status read_param(const fsdp_modelfile *mf, const fsdp_tensor_src *s, size_t a,
                               size_t b, float *dst, uint16_t *raw, float **band)
 {
+    if (s->nf4) /* a bnb-4bit directory's weight: dequantized */
+        return fsdp_bnb4_read(mf, &mf->bnb4->t[s->nf4 - 1], a, b, dst);
     if (!s->transposed) {
         size_t stored = b < s->file_numel ? b : (size_t)s->file_numel;
         if (a < stored)

@@ -32,6 +32,8 @@ typedef struct fsdp_tensor_src {
                                   * row-major (rows, cols) */
     uint64_t rows, cols;         /* fsdp's shape as a matrix (a vector: numel x 1) */
     int part;                    /* multi-file formats: the file (mf->part_fd[part]) */
+    int nf4;                     /* stored in NF4 (a bnb-4bit directory): 1 + its index in
+                                  * mf->bnb4; 0: stored as dtype */
 } fsdp_tensor_src;
 
 struct fsdp_modelfile_format {
@@ -87,6 +89,10 @@ struct fsdp_modelfile {
                                         * unit order */
     int *unit_base;                    /* [n_units + 1]: index of each unit's first parameter */
     void *impl;                        /* the format's own state */
+    struct fsdp_bnb4 *bnb4;            /* a bnb-4bit directory's quantized weights (bnb4.h),
+                                        * or NULL */
+    struct fsdp_nf4_cache *nf4_cache;  /* fsdp_modelfile_read_nf4 of float weights: each
+                                        * tensor's double quantization (modelfile_nf4.c) */
 };
 
 extern const fsdp_modelfile_format fsdp_format_llmc;        /* llmc.c */
@@ -109,6 +115,14 @@ fsdp_status fsdp_modelfile_impl_alloc(fsdp_modelfile *mf, size_t bytes);
 int fsdp_file_dtype_size(fsdp_file_dtype dt);
 /* Convert n elements (little-endian storage) to fp32. */
 void fsdp_file_dtype_to_f32(fsdp_file_dtype dt, const void *src, size_t n, float *dst);
+
+/* n bytes at absolute offset `off` of file `part` (mf->part_fd; mf->fd for
+ * a single-file format), counted in fsdp_modelfile_thread_bytes_read. */
+fsdp_status fsdp_modelfile_pread(const fsdp_modelfile *mf, int part, void *buf, size_t n,
+                                 uint64_t off);
+
+/* Release what fsdp_modelfile_read_nf4 cached (modelfile_nf4.c). */
+void fsdp_modelfile_nf4_free(fsdp_modelfile *mf);
 
 /* Allocate mf->src and mf->unit_base for m (src zeroed). */
 fsdp_status fsdp_flat_prepare(fsdp_modelfile *mf, const fsdp_model *m);

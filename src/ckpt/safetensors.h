@@ -134,4 +134,13 @@ fsdp_status fsdp_st_model(const fsdp_st_file *f, fsdp_model *m);
 fsdp_status fsdp_st_locate(const fsdp_st_file *files, int n_files, const char *label,
                            const char *prefix, const fsdp_model *m, fsdp_tensor_src *src);
 
+/* The same for a bnb-4bit directory with quantized weights q (bnb4.h):
+ * a weight's codes stand for its parameter (the quant_state's shape
+ * checked against the model's; src[k].nf4 set), its other tensors are
+ * skipped. q NULL: fsdp_st_locate. */
+struct fsdp_bnb4;
+fsdp_status fsdp_st_locate_bnb4(const fsdp_st_file *files, int n_files, const char *label,
+                                const char *prefix, const fsdp_model *m,
+                                const struct fsdp_bnb4 *q, fsdp_tensor_src *src);
+
 #endif /* FSDP_CKPT_SAFETENSORS_H */

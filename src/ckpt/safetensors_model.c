@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/bnb4.h"
 #include "ckpt/safetensors.h"
 #include "core/bf16.h"
 #include "core/fileio.h"
@@ -77,6 +78,13 @@ static fsdp_status find_config(const fsdp_st_file *f, const fsdp_model_family **
 fsdp_status fsdp_st_locate(const fsdp_st_file *files, int n_files, const char *label,
                            const char *prefix, const fsdp_model *m, fsdp_tensor_src *src)
 {
+    return fsdp_st_locate_bnb4(files, n_files, label, prefix, m, NULL, src);
+}
+
+fsdp_status fsdp_st_locate_bnb4(const fsdp_st_file *files, int n_files, const char *label,
+                                const char *prefix, const fsdp_model *m,
+                                const struct fsdp_bnb4 *q, fsdp_tensor_src *src)
+{
     const fsdp_safetensors_mapping *map = m->family ? m->family->safetensors : NULL;
     if (!map)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s: model '%s' has no safetensors names",
@@ -97,6 +105,10 @@ fsdp_status fsdp_st_locate(const fsdp_st_file *files, int n_files, const char *l
         const fsdp_st_file *f = &files[fi];
         for (int i = 0; i < f->n_tensors && st == FSDP_STATUS_OK; i++) {
             const fsdp_st_tensor *t = &f->tensors[i];
+            int role = q ? fsdp_bnb4_role(q, t->name) : -1;
+            if (role == -2)
+                continue; /* a quantized weight's absmax, maps or state: bnb4.c checked it */
+            const fsdp_bnb4_tensor *qt = role >= 0 ? &q->t[role] : NULL;
             char pname[FSDP_WEIGHT_NAME_MAX];
             fsdp_weight_match what = map->match(t->name, pname, sizeof pname);
             if (what == FSDP_WEIGHT_IGNORED)
@@ -126,16 +138,29 @@ fsdp_status fsdp_st_locate(const fsdp_st_file *files, int n_files, const char *l
             from_file[k] = fi;
             fsdp_weight_tensor want;
             map->tensor(m, unit, idx, &want);
-            bool same = t->ndim == want.ndim;
+            int ndim = qt ? qt->ndim : t->ndim;
+            const uint64_t *shape = qt ? qt->shape : t->shape;
+            bool same = ndim == want.ndim && !(qt && want.transposed);
             for (int d = 0; same && d < want.ndim; d++)
-                same = t->shape[d] == want.shape[d];
+                same = shape[d] == want.shape[d];
             if (!same) {
                 char a[128], b[96];
-                fmt_shape(a, sizeof a, t->ndim, t->shape);
+                fmt_shape(a, sizeof a, ndim, shape);
                 fmt_shape(b, sizeof b, want.ndim, want.shape);
-                st = fsdp_st_error(f->path, "tensor '%.80s' has shape %s, but model '%s' needs "
-                                   "%s", t->name, a, m->name, b);
+                st = fsdp_st_error(f->path, "tensor '%.80s' has shape %s%s, but model '%s' "
+                                   "needs %s", t->name, a, qt ? " (its quant_state's)" : "",
+                                   m->name, b);
                 break;
+            }
+            if (qt) {
+                src[k] = (fsdp_tensor_src){
+                    .file_numel = qt->numel,
+                    .rows = (uint64_t)p->shape[0],
+                    .cols = p->ndim == 2 ? (uint64_t)p->shape[1] : 1,
+                    .part = qt->codes_part,
+                    .nf4 = role + 1,
+                };
+                continue;
             }
             if (t->dtype == FSDP_FILE_OTHER) {
                 st = fsdp_st_error(f->path, "tensor '%.80s' is %s; fsdp imports F32, BF16 and "

@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     const fsdp_model_family *f = NULL;
     char config[FSDP_MODEL_CONFIG_MAX];
-    if (fsdp_hfdir_parse_config("fuzz config.json", text, n, &f, config, sizeof config) !=
+    if (fsdp_hfdir_parse_config("fuzz config.json", text, n, &f, config, sizeof config, NULL) !=
         FSDP_STATUS_OK)
         return 0;
     if (!f)
