@@ -215,6 +215,14 @@ START_TEST(test_train_as_quantize)
     ck_assert_int_eq(q.n_units, f.n_units);
     fsdp_train_result_free(&q);
     fsdp_train_result_free(&f);
+    /* without adapters or frozen weights the NF4 base would train: refused */
+    qlora_config(&c, NF4_DIR, devices);
+    c.lora.r = 0;
+    fsdp_status st = fsdp_train_run(&c, &q);
+    ck_assert_int_eq(st, FSDP_STATUS_INVALID_ARG);
+    ck_assert_msg(strstr(fsdp_error_msg(), "stored in 4 bits") &&
+                      strstr(fsdp_error_msg(), "--lora"), "%s", fsdp_error_msg());
+    fsdp_error_clear();
 }
 END_TEST
 

@@ -18,6 +18,7 @@ fsdp_status fsdp_adapt_apply(fsdp_adapt *a, fsdp_model *m, fsdp_modelfile *mf,
     memset(a, 0, sizeof *a);
     a->seed = seed;
     a->peft.fd = -1;
+    a->mf = mf; /* unadapted too: fsdp_adapt_quantize asks it whether it stores NF4 */
     if (!fsdp_adapt_wanted(lora, freeze, adapter))
         return FSDP_STATUS_OK;
     a->active = true;
