@@ -285,6 +285,68 @@ END_TEST
 /* LoRA on every linear layer leaves the root unit nothing to train (its checkpoint units hold
  * 0 elements): interrupted after step 2 on 2 devices and resumed on 4, the run ends bit for bit
  * where the uninterrupted one does, with offload. */
+/* A QLoRA checkpoint: it reads back whole with its frozen linear weights as the NF4 round
+ * trip the run trained against (every parameter, by name, bit for bit the run's), and a
+ * resume with the base in floats is refused. */
+START_TEST(test_qlora_checkpoint)
+{
+    char dir[4096];
+    fsdp_test_path(dir, sizeof dir, "ck");
+    const char *base = "tests/fixtures/llama_gqa";
+    fsdp_train_config c;
+    train_config_cpu(&c, base, 2);
+    c.adapter = "tests/fixtures/qlora_gqa/adapter_init";
+    c.data = "tests/fixtures/qlora_gqa/tokens.bin";
+    c.quantize = FSDP_QUANT_NF4;
+    c.steps = 2;
+    c.eng.batch = 1;
+    c.eng.seq = 16;
+    c.n_samples = 0;
+    c.keep_params = true;
+    c.ckpt_dir = dir;
+    fsdp_train_result r;
+    run_ok_as(&c, &r, "QLoRA");
+    fsdp_model run, m;
+    fsdp_modelfile *bmf = NULL, *mf = NULL;
+    fsdp_adapt ad;
+    ck_assert_int_eq(fsdp_modelfile_resolve(base, &run, &bmf), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_adapt_apply(&ad, &run, bmf, NULL, NULL, c.adapter, c.eng.seed),
+                     FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_adapt_quantize(&ad, &run, FSDP_QUANT_NF4), FSDP_STATUS_OK);
+    fsdp_status st = fsdp_modelfile_resolve(dir, &m, &mf);
+    ck_assert_msg(st == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    int n_nf4 = 0;
+    for (int u = 0; u < m.n_units; u++) {
+        float *got = malloc(m.units[u].numel * sizeof(float) + 1);
+        ck_assert_int_eq(fsdp_modelfile_read_range(mf, u, 0, m.units[u].numel, got),
+                         FSDP_STATUS_OK);
+        for (int i = 0; i < m.units[u].n_params; i++) {
+            const fsdp_param_spec *p = &m.units[u].params[i], *q = &run.units[u].params[i];
+            ck_assert_str_eq(p->name, q->name);
+            n_nf4 += q->nf4;
+            ck_assert_msg(!memcmp(got + p->offset, r.params[u] + q->offset,
+                                  p->numel * sizeof(float)),
+                          "%s read from the QLoRA checkpoint is not the run's", p->name);
+        }
+        free(got);
+    }
+    ck_assert_int_eq(n_nf4, 14);
+    fsdp_modelfile_close(mf);
+    fsdp_model_free(&m);
+    fsdp_modelfile_close(bmf);
+    fsdp_adapt_free(&ad);
+    fsdp_model_free(&run);
+    fsdp_train_result_free(&r);
+    c.quantize = FSDP_QUANT_NONE;
+    c.resume = true;
+    c.steps = 3;
+    st = fsdp_train_run(&c, &r);
+    ck_assert_msg(st != FSDP_STATUS_OK && strstr(fsdp_error_msg(), "--quantize"), "%s",
+                  fsdp_error_msg());
+    fsdp_error_clear();
+}
+END_TEST
+
 START_TEST(test_lora_resume)
 {
     char dir[4096];
@@ -336,7 +398,8 @@ int main(void)
     const fsdp_test_tcase tcases[] = {
         {"peft", 120, FSDP_TESTS(FSDP_TEST_LOOP(test_lora_matches_peft, 9))},
         {"checkpoint", 120, .tmpdir = true,
-         FSDP_TESTS(FSDP_TEST_LOOP(test_lora_checkpoint_reads_whole, 2), test_lora_resume)},
+         FSDP_TESTS(FSDP_TEST_LOOP(test_lora_checkpoint_reads_whole, 2), test_lora_resume,
+                    test_qlora_checkpoint)},
     };
     return fsdp_test_main("lora_train", tcases, FSDP_TEST_LEN(tcases));
 }

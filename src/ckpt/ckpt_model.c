@@ -20,6 +20,8 @@
 #include "ckpt/ckpt_tok.h"
 #include "ckpt/modelfile_internal.h"
 #include "core/log.h"
+#include "models/family.h"
+#include "ops/nf4.h"
 #include "ops/ops.h"
 
 typedef struct ckpt_impl {
@@ -80,6 +82,7 @@ static fsdp_status ckpt_open(fsdp_modelfile *mf, const char *path)
     snprintf(mf->config, sizeof mf->config, "%s", c->man.model_config);
     mf->lora = c->man.lora;
     snprintf(mf->freeze, sizeof mf->freeze, "%s", c->man.freeze);
+    mf->nf4_round_trip = c->man.nf4;
     snprintf(mf->base, sizeof mf->base, "%s", c->man.base);
     c->shard = calloc((size_t)c->man.n_units, sizeof *c->shard);
     if (!c->shard)
@@ -202,6 +205,56 @@ static fsdp_status read_trained(const fsdp_modelfile *mf, int unit, size_t begin
     return st;
 }
 
+/* Base parameter p of unit `unit` (whole), from the base's file or, a shape's, the seed. */
+static fsdp_status base_param(const fsdp_modelfile *mf, int unit, const fsdp_param_spec *p,
+                              float *w)
+{
+    const ckpt_impl *c = mf->impl;
+    if (!c->base_mf) {
+        fsdp_model_init_range(mf->model, unit, p->offset, p->offset + p->numel, c->man.seed, w);
+        return FSDP_STATUS_OK;
+    }
+    return fsdp_modelfile_read_by_name(c->base_mf, mf->model, unit, p->offset,
+                                       p->offset + p->numel, w);
+}
+
+/* A checkpoint of a run whose frozen linear weights were NF4 (`quantize nf4`): elements
+ * [a, end) of them replaced by their NF4 round trip (the values the run trained against),
+ * each parameter quantized whole as the run's init did (train/adapt.c's choice of weights:
+ * the block units' linear layers). A bnb-4bit base reads dequantized already. */
+static fsdp_status nf4_round_trip(const fsdp_modelfile *mf, int unit, size_t a, size_t end,
+                                  float *dst)
+{
+    const ckpt_impl *c = mf->impl;
+    const fsdp_model *m = mf->model;
+    const fsdp_model_family *f = m->family;
+    if (!c->man.nf4 || unit < 1 || (c->base_mf && fsdp_modelfile_is_nf4(c->base_mf)))
+        return FSDP_STATUS_OK;
+    for (int k = 0; k < f->n_lora_modules; k++) {
+        const fsdp_param_spec *p = &m->units[unit].params[f->lora_modules[k].param];
+        size_t lo, hi, n = p->numel, nb = fsdp_nf4_blocks(n);
+        if (!p->frozen || !fsdp_param_overlap(p, a, end, &lo, &hi))
+            continue;
+        float *w = malloc((n + nb + fsdp_nf4_nested_blocks(nb)) * sizeof *w);
+        uint8_t *q = malloc(n / 2 + nb + 1);
+        fsdp_status st = w && q ? base_param(mf, unit, p, w)
+                                : fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading "
+                                                 "%s of '%s'", p->name, mf->path);
+        if (st == FSDP_STATUS_OK) {
+            float *am = w + n, *nested = am + nb, offset;
+            fsdp_nf4_quantize(w, n, q, am);
+            fsdp_nf4_double_quant(am, nb, q + n / 2, nested, &offset);
+            fsdp_nf4_absmax(q + n / 2, nested, offset, 0, nb, am);
+            fsdp_nf4_dequant_ref(q, am, n, w);
+            memcpy(dst + (lo - a), w + (lo - p->offset), (hi - lo) * sizeof *w);
+        }
+        free(w);
+        free(q);
+        FSDP_TRY(st);
+    }
+    return FSDP_STATUS_OK;
+}
+
 /* The trainable parameters (the first numel elements the manifest lists) from the rank
  * files; frozen ones, after them, from the base. */
 static fsdp_status ckpt_read_range(const fsdp_modelfile *mf, int unit, size_t begin, size_t end,
@@ -216,10 +269,12 @@ static fsdp_status ckpt_read_range(const fsdp_modelfile *mf, int unit, size_t be
     size_t a = begin > tn ? begin : tn;
     if (!c->base_mf) { /* a shape's: the seed drew them */
         fsdp_model_init_range(mf->model, unit, a, end, c->man.seed, dst + (a - begin));
-        return FSDP_STATUS_OK;
+    } else {
+        memset(dst + (a - begin), 0, (end - a) * sizeof *dst);
+        FSDP_TRY(fsdp_modelfile_read_by_name(c->base_mf, mf->model, unit, a, end,
+                                             dst + (a - begin)));
     }
-    memset(dst + (a - begin), 0, (end - a) * sizeof *dst);
-    return fsdp_modelfile_read_by_name(c->base_mf, mf->model, unit, a, end, dst + (a - begin));
+    return nf4_round_trip(mf, unit, a, end, dst + (a - begin));
 }
 
 /* The first entry of directory `dir` that a checkpoint directory does not

@@ -165,7 +165,7 @@ enum mkey {
     K_OPTIM_DTYPE, K_MODEL_NAME, K_MODEL_SPEC, K_GPT2, K_VOCAB_SIZE, K_PADDED_VOCAB_SIZE,
     K_MAX_SEQ_LEN, K_MODEL_FAMILY, K_MODEL_CONFIG, K_DATA, K_BLOCK_NUMEL, K_OPTIMIZER,
     K_OPTIM_STATE, K_SHARD_RANKS, K_TOKENIZER, K_LORA, K_FREEZE, K_BASE, K_SCHEDULE,
-    K_EVAL_STANDING, K_COUNT
+    K_EVAL_STANDING, K_QUANTIZE, K_COUNT
 };
 
 static const char *const mkey_names[K_COUNT] = {
@@ -174,13 +174,14 @@ static const char *const mkey_names[K_COUNT] = {
     "optim_dtype", "model_name", "model_spec", "gpt2", "vocab_size", "padded_vocab_size",
     "max_seq_len", "model_family", "model_config", "data", "block_numel", "optimizer",
     "optim_state", "shard_ranks", "tokenizer", "lora", "freeze", "base", "schedule",
-    "eval_standing",
+    "eval_standing", "quantize",
 };
 
 /* Keys a manifest may leave out (their meaning when absent is in manifest.h). */
 static const bool mkey_optional[K_COUNT] = {[K_SHARD_RANKS] = true, [K_LORA] = true,
                                             [K_FREEZE] = true, [K_BASE] = true,
-                                            [K_SCHEDULE] = true, [K_EVAL_STANDING] = true};
+                                            [K_SCHEDULE] = true, [K_EVAL_STANDING] = true,
+                                            [K_QUANTIZE] = true};
 
 /* The versions each key belongs to (bit v set: version v has it, once). */
 #define V1 (1u << 1)
@@ -191,7 +192,7 @@ static const unsigned mkey_versions[K_COUNT] = {
     [K_MAX_SEQ_LEN] = V1, [K_MODEL_FAMILY] = V2 | V3, [K_MODEL_CONFIG] = V2 | V3,
     [K_OPTIMIZER] = V2 | V3, [K_OPTIM_STATE] = V2 | V3, /* version 1 is AdamW */
     [K_TOKENIZER] = V3, [K_LORA] = V3, [K_FREEZE] = V3, [K_BASE] = V3, [K_SCHEDULE] = V3,
-    [K_EVAL_STANDING] = V3,
+    [K_EVAL_STANDING] = V3, [K_QUANTIZE] = V3,
 };
 #define KEY_IN(k, version) \
     ((mkey_versions[k] ? mkey_versions[k] : V1 | V2 | V3) >> (version) & 1)
@@ -400,6 +401,11 @@ static fsdp_status parse_text_key(parser *ps, enum mkey k, char *v, fsdp_ckpt_ma
         return FSDP_STATUS_OK;
     }
     case K_SCHEDULE: return parse_schedule(ps, v, m);
+    case K_QUANTIZE:
+        if (strcmp(v, "nf4"))
+            return bad(ps, "quantize '%.64s' is not nf4", v);
+        m->nf4 = true;
+        return FSDP_STATUS_OK;
     case K_EVAL_STANDING: return parse_eval_standing(ps, v, m);
     default: return bad(ps, "internal: unhandled key");
     }

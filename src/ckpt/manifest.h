@@ -125,6 +125,9 @@ typedef struct fsdp_ckpt_manifest {
     char freeze[256];         /* "" : none */
     char base[512];           /* "" : none (nothing frozen) */
     uint64_t base_hash;
+    /* `quantize nf4` (optional version-3 line, written only then): the frozen linear weights
+     * were stored in NF4, so the base's values are their NF4 round trip (ops/nf4.h). */
+    bool nf4;
     /* The learning-rate schedule of the run that wrote it (optional version-3 line
      * `schedule NAME LR MIN_LR WARMUP DECAY_FRAC`, written only when `schedule` is set, so a
      * manifest without it reads as before: schedule ""). NAME: the --schedule registry's

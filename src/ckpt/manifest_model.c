@@ -23,6 +23,7 @@ void fsdp_ckpt_manifest_set_model(fsdp_ckpt_manifest *m, const fsdp_model *model
     m->model_line = 0;
     m->lora = model->lora;
     snprintf(m->freeze, sizeof m->freeze, "%s", model->freeze);
+    m->nf4 = model->nf4;
 }
 
 /* The trainable parameters of a unit (the ones a checkpoint stores), in index order. */
@@ -165,6 +166,7 @@ fsdp_status fsdp_ckpt_manifest_model(const fsdp_ckpt_manifest *m, const char *pa
         ast = fsdp_model_add_lora(out, &m->lora);
     if (ast == FSDP_STATUS_OK && m->freeze[0])
         ast = fsdp_model_freeze(out, m->freeze);
+    out->nf4 = m->nf4; /* its frozen linear weights read as their NF4 round trip (ckpt_model.c) */
     if (ast != FSDP_STATUS_OK) {
         fsdp_model_free(out);
         fsdp_error_prefix("checkpoint manifest '%s': its lora/freeze lines do not apply to its "
@@ -212,6 +214,12 @@ fsdp_status fsdp_ckpt_manifest_check_model(const fsdp_ckpt_manifest *m, const ch
                               "checkpoint '%s' was trained with --freeze '%s', but this run "
                               "freezes '%s': resume with the same --freeze",
                               path, m->freeze, model->freeze);
+    if (m->nf4 != model->nf4)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint '%s' was trained on a base %s, but this run's is %s: "
+                              "resume with the same --quantize (the frozen weights' values "
+                              "differ)", path, m->nf4 ? "in NF4 (--quantize nf4)" : "in floats",
+                              model->nf4 ? "in NF4" : "in floats (--quantize none)");
     FSDP_TRY(compare_units(m, path, model, hint));
     if (!model->family || strcmp(m->model_family, model->family->name) ||
         strcmp(m->model_config, model->config))

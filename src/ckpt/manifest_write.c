@@ -61,6 +61,8 @@ fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest 
         sb_text(&b, "freeze", m->freeze);
     if (m->base[0])
         fsdp_sbuf_printf(&b, "base %016" PRIx64 " %s\n", m->base_hash, m->base);
+    if (m->nf4)
+        fsdp_sbuf_printf(&b, "quantize nf4\n");
     if (m->schedule[0]) /* optional (manifest.h) */
         fsdp_sbuf_printf(&b, "schedule %s %.9g %.17g %d %.9g\n", m->schedule, m->lr, m->min_lr,
                          m->warmup, m->decay_frac);

@@ -324,6 +324,7 @@ fsdp_status fsdp_modelfile_resolve(const char *value, fsdp_model *m, fsdp_modelf
         st = fsdp_model_add_lora(m, &mf->lora);
     if (st == FSDP_STATUS_OK && mf->freeze[0])
         st = fsdp_model_freeze(m, mf->freeze);
+    m->nf4 = mf->nf4_round_trip;
     if (st == FSDP_STATUS_OK && file)
         st = fsdp_modelfile_bind(mf, m);
     if (st != FSDP_STATUS_OK || !file) {

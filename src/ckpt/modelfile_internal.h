@@ -78,6 +78,8 @@ struct fsdp_modelfile {
     char freeze[256];                  /* config (a checkpoint of a LoRA or --freeze run):
                                         * fsdp_modelfile_resolve applies them (models/lora.h) */
     char base[FSDP_CKPT_PATH_MAX];     /* then the base its frozen parameters come from */
+    bool nf4_round_trip;               /* and its frozen linear weights read as their NF4
+                                        * round trip (a QLoRA checkpoint: fsdp_model.nf4) */
     const char *dtype_name;
     const fsdp_model *model;           /* after bind */
     int fd;                            /* flat formats: the open file; else -1 */
