@@ -359,6 +359,17 @@ fsdp_status fsdp_model_freeze(fsdp_model *m, const char *patterns)
     return FSDP_STATUS_OK;
 }
 
+bool fsdp_lora_is_linear_weight(const fsdp_model *m, int unit, int i)
+{
+    const fsdp_model_family *f = m->family;
+    if (unit < 1 || unit >= m->n_units) /* the block units */
+        return false;
+    for (int k = 0; k < f->n_lora_modules; k++)
+        if (f->lora_modules[k].param == i)
+            return true;
+    return false;
+}
+
 bool fsdp_lora_is_adapter(const char *name)
 {
     static const char *const suffixes[] = {".lora_A.weight", ".lora_B.weight"};

@@ -57,6 +57,11 @@ bool fsdp_lora_find(const fsdp_model *m, int unit, int module, int *a, int *b);
 void fsdp_lora_merge(const fsdp_model *m, const float *const *units, const fsdp_model *base,
                      float *const *out);
 
+/* Whether parameter i of unit `unit` is the weight of one of the family's block linear
+ * layers (its lora_modules: every linear layer but the head), the weights NF4 stores, as
+ * bitsandbytes quantizes a model's nn.Linear but the LM head. */
+bool fsdp_lora_is_linear_weight(const fsdp_model *m, int unit, int i);
+
 /* Whether name is a LoRA adapter parameter (ends in .lora_A.weight or
  * .lora_B.weight). */
 bool fsdp_lora_is_adapter(const char *name);

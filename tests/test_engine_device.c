@@ -23,7 +23,6 @@
 #include "data/data.h"
 #include "device/device.h"
 #include "engine/engine.h"
-#include "models/family.h"
 #include "models/lora.h"
 #include "models/registry.h"
 #include "testutil.h"
@@ -249,9 +248,9 @@ static int warm_matrix(const char *model, bool with_cpu, bool qlora)
     if (qlora) { /* adapters on every linear layer of an NF4 base (train/adapt.c's marking) */
         fsdp_lora_config lc = {.r = 4, .alpha = 8, .targets = "all-linear"};
         ck_assert_int_eq(fsdp_model_add_lora(&m, &lc), FSDP_STATUS_OK);
-        for (int u = 1; u < m.n_units; u++)
-            for (int k = 0; k < m.family->n_lora_modules; k++)
-                m.units[u].params[m.family->lora_modules[k].param].nf4 = true;
+        for (int u = 0; u < m.n_units; u++)
+            for (int i = 0; i < m.units[u].n_params; i++)
+                m.units[u].params[i].nf4 = fsdp_lora_is_linear_weight(&m, u, i);
         ck_assert_int_eq(fsdp_model_relayout(&m), FSDP_STATUS_OK);
     }
     fsdp_data *data = NULL;

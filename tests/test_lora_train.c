@@ -223,6 +223,19 @@ static void expect_exports(const char *ck, const char *base, const fsdp_model *m
  * sample, convert), it gives every parameter the run ended with, bit for bit: adapters from
  * its shards, frozen ones from the base (a directory, or a shape the seed draws). Changing the
  * base's files afterwards is refused, naming the base. */
+/* A 2-step, 2-device run of base that checkpoints into dir and keeps its parameters (the
+ * caller adds the adapters and data). */
+static void checkpoint_run_config(fsdp_train_config *c, const char *base, const char *dir)
+{
+    train_config_cpu(c, base, 2);
+    c->steps = 2;
+    c->eng.batch = 1;
+    c->eng.seq = 16;
+    c->n_samples = 0;
+    c->keep_params = true;
+    c->ckpt_dir = dir;
+}
+
 START_TEST(test_lora_checkpoint_reads_whole)
 {
     static const char *const bases[] = {"tests/fixtures/llama_gqa", "llama-tiny"};
@@ -236,19 +249,13 @@ START_TEST(test_lora_checkpoint_reads_whole)
     }
     fsdp_test_path(dir, sizeof dir, "ck");
     fsdp_train_config c;
-    train_config_cpu(&c, base, 2);
+    checkpoint_run_config(&c, base, dir);
     if (_i == 0) {
         c.adapter = "tests/fixtures/lora_gqa/adapter_init";
         c.data = "tests/fixtures/lora_gqa/tokens.bin";
     } else {
         c.lora = (fsdp_lora_config){.r = 4, .alpha = 8, .targets = "all-linear"};
     }
-    c.steps = 2;
-    c.eng.batch = 1;
-    c.eng.seq = 16;
-    c.n_samples = 0;
-    c.keep_params = true;
-    c.ckpt_dir = dir;
     fsdp_train_result r;
     run_ok_as(&c, &r, base);
     fsdp_model m;
@@ -294,16 +301,10 @@ START_TEST(test_qlora_checkpoint)
     fsdp_test_path(dir, sizeof dir, "ck");
     const char *base = "tests/fixtures/llama_gqa";
     fsdp_train_config c;
-    train_config_cpu(&c, base, 2);
+    checkpoint_run_config(&c, base, dir);
     c.adapter = "tests/fixtures/qlora_gqa/adapter_init";
     c.data = "tests/fixtures/qlora_gqa/tokens.bin";
     c.quantize = FSDP_QUANT_NF4;
-    c.steps = 2;
-    c.eng.batch = 1;
-    c.eng.seq = 16;
-    c.n_samples = 0;
-    c.keep_params = true;
-    c.ckpt_dir = dir;
     fsdp_train_result r;
     run_ok_as(&c, &r, "QLoRA");
     fsdp_model run, m;

@@ -20,7 +20,7 @@
 #include "ckpt/ckpt_tok.h"
 #include "ckpt/modelfile_internal.h"
 #include "core/log.h"
-#include "models/family.h"
+#include "models/lora.h"
 #include "ops/nf4.h"
 #include "ops/ops.h"
 
@@ -227,25 +227,23 @@ static fsdp_status nf4_round_trip(const fsdp_modelfile *mf, int unit, size_t a, 
 {
     const ckpt_impl *c = mf->impl;
     const fsdp_model *m = mf->model;
-    const fsdp_model_family *f = m->family;
-    if (!c->man.nf4 || unit < 1 || (c->base_mf && fsdp_modelfile_is_nf4(c->base_mf)))
+    if (!c->man.nf4 || (c->base_mf && fsdp_modelfile_is_nf4(c->base_mf)))
         return FSDP_STATUS_OK;
-    for (int k = 0; k < f->n_lora_modules; k++) {
-        const fsdp_param_spec *p = &m->units[unit].params[f->lora_modules[k].param];
-        size_t lo, hi, n = p->numel, nb = fsdp_nf4_blocks(n);
-        if (!p->frozen || !fsdp_param_overlap(p, a, end, &lo, &hi))
+    for (int i = 0; i < m->units[unit].n_params; i++) {
+        const fsdp_param_spec *p = &m->units[unit].params[i];
+        size_t lo, hi, n = p->numel;
+        if (!p->frozen || !fsdp_lora_is_linear_weight(m, unit, i) ||
+            !fsdp_param_overlap(p, a, end, &lo, &hi))
             continue;
-        float *w = malloc((n + nb + fsdp_nf4_nested_blocks(nb)) * sizeof *w);
-        uint8_t *q = malloc(n / 2 + nb + 1);
-        fsdp_status st = w && q ? base_param(mf, unit, p, w)
-                                : fsdp_error_set(FSDP_STATUS_OOM, "out of host memory reading "
-                                                 "%s of '%s'", p->name, mf->path);
+        float *w = malloc((n + fsdp_nf4_blocks(n)) * sizeof *w);
+        uint8_t *q = malloc(n / 2 + 1);
+        fsdp_status st = w && q ? base_param(mf, unit, p, w) : FSDP_STATUS_OOM;
+        if (st == FSDP_STATUS_OK && !fsdp_nf4_quantize_tensor(w, n, q, w + n))
+            st = FSDP_STATUS_OOM;
+        if (st == FSDP_STATUS_OOM)
+            fsdp_error_set(st, "out of host memory reading %s of '%s'", p->name, mf->path);
         if (st == FSDP_STATUS_OK) {
-            float *am = w + n, *nested = am + nb, offset;
-            fsdp_nf4_quantize(w, n, q, am);
-            fsdp_nf4_double_quant(am, nb, q + n / 2, nested, &offset);
-            fsdp_nf4_absmax(q + n / 2, nested, offset, 0, nb, am);
-            fsdp_nf4_dequant_ref(q, am, n, w);
+            fsdp_nf4_dequant_ref(q, w + n, n, w);
             memcpy(dst + (lo - a), w + (lo - p->offset), (hi - lo) * sizeof *w);
         }
         free(w);

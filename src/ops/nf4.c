@@ -29,6 +29,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 
 #include "ops/nf4.h"
 
@@ -297,6 +298,23 @@ void fsdp_nf4_absmax(const uint8_t *qabsmax, const float *nested, float offset, 
         float v = fsdp_nf4_dynamic_map[qabsmax[b]] * nested[b / FSDP_NF4_NESTED];
         absmax[b - first] = v + offset;
     }
+}
+
+bool fsdp_nf4_quantize_tensor(const float *x, size_t n, uint8_t *codes, float *absmax)
+{
+    size_t nb = fsdp_nf4_blocks(n);
+    uint8_t *qabsmax = malloc(nb + 1);
+    float *nested = malloc(fsdp_nf4_nested_blocks(nb) * sizeof *nested + 1);
+    bool ok = qabsmax && nested;
+    if (ok) {
+        float offset;
+        fsdp_nf4_quantize(x, n, codes, absmax);
+        fsdp_nf4_double_quant(absmax, nb, qabsmax, nested, &offset);
+        fsdp_nf4_absmax(qabsmax, nested, offset, 0, nb, absmax);
+    }
+    free(qabsmax);
+    free(nested);
+    return ok;
 }
 
 void fsdp_nf4_dequant_ref(const uint8_t *codes, const float *absmax, size_t n, float *x)

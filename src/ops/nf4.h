@@ -26,6 +26,7 @@
 #ifndef FSDP_OPS_NF4_H
 #define FSDP_OPS_NF4_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -69,6 +70,12 @@ void fsdp_nf4_double_quant(const float *absmax, size_t nblocks, uint8_t *qabsmax
  * computes it. */
 void fsdp_nf4_absmax(const uint8_t *qabsmax, const float *nested, float offset, size_t first,
                      size_t count, float *absmax);
+
+/* A whole tensor as its stored form gives it back at run time: fsdp_nf4_quantize's codes,
+ * and every block's absmax (fsdp_nf4_blocks(n) fp32) after the double quantization's round
+ * trip (fsdp_nf4_double_quant, then fsdp_nf4_absmax). false when the scratch cannot be
+ * allocated. */
+bool fsdp_nf4_quantize_tensor(const float *x, size_t n, uint8_t *codes, float *absmax);
 
 /* The reference dequantizer: x[i] = fsdp_nf4_code[code i] * absmax[i / 64],
  * n elements from codes starting at an even element. */

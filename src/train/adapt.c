@@ -100,11 +100,10 @@ fsdp_status fsdp_adapt_quantize(fsdp_adapt *a, fsdp_model *m, fsdp_quant q)
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                                   "--quantize nf4: %s names no linear layers to quantize",
                                   f->title);
-        for (int u = 1; u < m->n_units; u++) /* the block units */
-            for (int k = 0; k < f->n_lora_modules; k++) {
-                fsdp_param_spec *p = &m->units[u].params[f->lora_modules[k].param];
-                p->nf4 = p->frozen;
-            }
+        for (int u = 0; u < m->n_units; u++)
+            for (int i = 0; i < m->units[u].n_params; i++)
+                if (fsdp_lora_is_linear_weight(m, u, i))
+                    m->units[u].params[i].nf4 = m->units[u].params[i].frozen;
     }
     m->nf4 = true;
     return fsdp_model_relayout(m);
@@ -117,26 +116,23 @@ static fsdp_status seed_nf4(const fsdp_adapt *a, const fsdp_model *m, int unit,
                             const fsdp_param_spec *p, size_t lo, size_t hi, uint8_t *codes,
                             float *absmax)
 {
-    size_t nb = fsdp_nf4_blocks(p->numel);
-    float *w = malloc(p->numel * sizeof *w + nb * sizeof(float) +
-                      fsdp_nf4_nested_blocks(nb) * sizeof(float));
-    uint8_t *q = malloc(p->numel / 2 + nb + 1);
-    if (!w || !q) {
-        free(w);
-        free(q);
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory quantizing %s", p->name);
-    }
-    float *am = w + p->numel, *nested = am + nb, offset;
-    fsdp_model_init_range(m, unit, p->offset, p->offset + p->numel, a->seed, w);
-    fsdp_nf4_quantize(w, p->numel, q, am);
-    fsdp_nf4_double_quant(am, nb, q + p->numel / 2, nested, &offset);
+    float *w = malloc((p->numel + fsdp_nf4_blocks(p->numel)) * sizeof *w);
+    uint8_t *q = malloc(p->numel / 2 + 1);
+    float *am = w ? w + p->numel : NULL;
     size_t first = lo - p->offset;
-    memcpy(codes, q + first / 2, (hi - lo) / 2);
-    fsdp_nf4_absmax(q + p->numel / 2, nested, offset, first / FSDP_NF4_BLOCK,
-                    (hi - lo) / FSDP_NF4_BLOCK, absmax);
+    bool ok = w && q;
+    if (ok) {
+        fsdp_model_init_range(m, unit, p->offset, p->offset + p->numel, a->seed, w);
+        ok = fsdp_nf4_quantize_tensor(w, p->numel, q, am);
+    }
+    if (ok) {
+        memcpy(codes, q + first / 2, (hi - lo) / 2);
+        memcpy(absmax, am + first / FSDP_NF4_BLOCK, (hi - lo) / FSDP_NF4_BLOCK * sizeof *absmax);
+    }
     free(w);
     free(q);
-    return FSDP_STATUS_OK;
+    return ok ? FSDP_STATUS_OK
+              : fsdp_error_set(FSDP_STATUS_OOM, "out of host memory quantizing %s", p->name);
 }
 
 fsdp_status fsdp_adapt_init_nf4_fn(void *arg, const fsdp_model *m, int unit, size_t begin,
