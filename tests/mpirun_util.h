@@ -32,6 +32,12 @@ static inline double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* How much longer than a plain build a sanitizer build may take to end a
+ * job (a time limit in these suites is a liveness check: "ends within
+ * seconds", not a speed goal); CI runs the tsan build beside make test on
+ * 2 cores. */
+#define MPIRUN_SLACK ((FSDP_TEST_TSAN || FSDP_TEST_ASAN) ? 3.0 : 1.0)
+
 /* Why the mpirun tests cannot run here, or NULL. */
 static inline const char *mpirun_skip_reason(void)
 {

@@ -11,7 +11,7 @@
 # FSDP_CPU_STREAM_JITTER=SEED): a missing event wait between a device's
 # streams fails there.
 set -u
-pass=0 fail=0 skip=0 bad_suites=() env=() tag=
+pass=0 fail=0 skip=0 bad_suites=() env=() tag= failures=
 while [ $# -gt 0 ]; do
     t=$1; shift
     if [ "$t" = --async ]; then
@@ -34,9 +34,18 @@ while [ $# -gt 0 ]; do
     s=$(printf '%s\n' "$out" | grep -c '^SKIP: ')
     pass=$((pass + n - f - e - s)); fail=$((fail + f + e)); skip=$((skip + s))
     [ "$rc" -ne 0 ] && [ $((f + e)) -eq 0 ] && { fail=$((fail + 1)); bad_suites+=("${t##*/}$tag (exit $rc)"); }
-    [ $((f + e)) -gt 0 ] && bad_suites+=("${t##*/}$tag")
+    if [ $((f + e)) -gt 0 ]; then
+        bad_suites+=("${t##*/}$tag")
+        # Check prints each failure after its summary line: keep them (60
+        # lines a suite) to repeat at the end, where a CI log's tail shows them
+        failures+=$(printf '%s\n' "$out" | sed -n '/^[0-9]*%: Checks: /,$p' | sed 1d | head -n 60)
+        failures+=$'\n'
+    fi
 done
 echo
-[ ${#bad_suites[@]} -gt 0 ] && echo "failing suites: ${bad_suites[*]}"
+if [ ${#bad_suites[@]} -gt 0 ]; then
+    printf 'failures, again:\n%s' "$failures"
+    echo "failing suites: ${bad_suites[*]}"
+fi
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]
