@@ -145,6 +145,154 @@ static int finetune_finish(fsdp_opt_list *l, fsdp_train_config *c, int global_ba
     return 0;
 }
 
+/* train's own options (fsdp_run_opts_table has those train shares with plan and eval). */
+static void train_opts_add(fsdp_opt_list *l, fsdp_run_opts *ro, bool *quietp, int *on_nonfinitep,
+                           const char **tensorboardp, int *global_batchp)
+{
+    fsdp_train_config *c = &ro->cfg;
+    fsdp_engine_config *e = &c->eng;
+    fsdp_opt_add(l, "adapter", FSDP_OPT_STR, &c->adapter, "DIR",
+                 "start LoRA adapters from a PEFT adapter directory (adapter_config.json + "
+                 "adapter_model.safetensors; its r, lora_alpha, target_modules and use_rslora "
+                 "set the LoRA settings) on the frozen --model");
+    fsdp_opt_add(l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
+                 "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
+    static char chat_formats[96]; /* "template|llama3|chatml", from data/chat.c */
+    fsdp_opt_add(l, "chat-format", FSDP_OPT_STR, &c->chat_format,
+                 fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
+                 "how {\"messages\"} rows are rendered (default: the chat_template beside the "
+                 "tokenizer, else the built-in format its special tokens fit)");
+    c->steps = 0; /* unset: 600, unless --epochs */
+    fsdp_opt_add_int(l, "steps", &c->steps, 1, MAX_STEPS, "S", "optimizer steps (default 600)");
+    fsdp_opt_add_int(l, "epochs", &c->epochs, 1, MAX_STEPS, "N",
+                     "instead of --steps: the steps that cover N passes over the data's rows "
+                     "(rounded up; the header says how many)");
+    fsdp_opt_add_int(l, "global-batch", global_batchp, 1, INT_MAX, "G",
+                     "sequences per optimizer step across the job: sets --grad-accum to G / "
+                     "(--batch x devices), which must divide it");
+    fsdp_opt_add_float(l, "lr", &c->lr, 0.0, true, 10.0, "X",
+                       "peak learning rate, in (0, 10] (default 3e-3 for built-in models, 2e-5 "
+                       "for a pre-trained --model)");
+    fsdp_opt_add_int(l, "warmup", &c->warmup, 0, INT_MAX, "S",
+                     "linear warmup steps (default 20 for built-in models, 3% of --steps, at "
+                     "least 1, for a pre-trained --model)");
+    fsdp_opt_add_name(l, "schedule", &c->schedule, &fsdp_lr_schedule_names,
+                      "the learning rate after warmup");
+    fsdp_opt_add_float(l, "min-lr", &c->min_lr, 0.0, false, 10.0, "X",
+                       "the schedule's floor, at most --lr (default 10% of --lr)");
+    fsdp_opt_add_float(l, "decay-frac", &c->decay_frac, 0.0, true, 1.0, "F",
+                       "--schedule wsd: the fraction of the steps that decay, in (0, 1] "
+                       "(default 0.1)");
+    fsdp_opt_add_float(l, "wd", &e->optim_hp.weight_decay, 0.0, false, 10.0, "X",
+                       "weight decay, applied to wte and the linear weights only, with "
+                       "--lr x --wd <= 1 (default 0.1)");
+    fsdp_opt_add_float(l, "clip", &e->clip, 0.0, false, 1e6, "X",
+                       "clip the global gradient norm to X; 0 = off (default 1.0)");
+    fsdp_opt_add_name(l, "on-nonfinite", on_nonfinitep, &fsdp_nonfinite_names,
+                      "what a step whose loss or gradient norm is NaN or infinite does");
+    fsdp_opt_add(l, "deterministic", FSDP_OPT_FLAG, &e->deterministic, NULL,
+                 "bit-identical losses and parameters for any device count and strategy");
+    fsdp_opt_add_int(l, "eval", &c->eval_problems, 0, MAX_EVAL, "N",
+                     "synthetic task: held-out problems decoded greedily at the end (default "
+                     "512; 0 = none)");
+    fsdp_opt_add(l, "eval-data", FSDP_OPT_STR, &c->eval_data, "FILE",
+                 "held-out data of the same kind as --data: its loss (and perplexity) is "
+                 "measured during training, printed and logged as eval_loss");
+    fsdp_opt_add_int(l, "eval-every", &c->eval_every, 1, INT_MAX, "N",
+                     "evaluate --eval-data after every N steps and after the last (default 10% "
+                     "of --steps, at least 1)");
+    fsdp_opt_add_int(l, "eval-steps", &c->eval_steps, 1, INT_MAX, "K",
+                     "micro-batches per evaluation (default: the whole file, at most 50)");
+    fsdp_opt_add(l, "keep-best", FSDP_OPT_FLAG, &c->keep_best, NULL,
+                 "checkpoint each new lowest eval loss and name it in --ckpt-dir/BEST, which "
+                 "--ckpt-keep never removes");
+    fsdp_opt_add_int(l, "early-stop", &c->early_stop, 1, INT_MAX, "P",
+                     "stop (with a checkpoint, exit 0) after P evaluations without a lower "
+                     "eval loss");
+    fsdp_opt_add(l, "log", FSDP_OPT_STR, &c->log_path, "FILE.jsonl",
+                 "write per-step metrics as JSON Lines (a failed write stops the run)");
+    fsdp_opt_add(l, "tensorboard", FSDP_OPT_STR, tensorboardp, "DIR",
+                 "write the same metrics as TensorBoard event files into DIR (created; a "
+                 "resumed run adds a file, which TensorBoard merges): tensorboard --logdir DIR");
+    fsdp_opt_add(l, "trace", FSDP_OPT_STR, &c->trace_path, "FILE.json",
+                 "write a Chrome trace (Perfetto, chrome://tracing): one track per rank and "
+                 "stream");
+    fsdp_opt_add(l, "ckpt-dir", FSDP_OPT_STR, &c->ckpt_dir, "DIR",
+                 "write sharded checkpoints to DIR/step_NNNNNNNN (after the last step, every "
+                 "--ckpt-every steps, and when the run stops early)");
+    fsdp_opt_add_int(l, "ckpt-every", &c->ckpt_every, 0, INT_MAX, "S",
+                     "checkpoint every S steps (default 0: after the last step only)");
+    fsdp_opt_add_int(l, "ckpt-keep", &c->ckpt_keep, 0, INT_MAX, "K",
+                     "keep the K newest checkpoints, removing older ones once a newer one is "
+                     "complete (default 0: keep all)");
+    fsdp_opt_add(l, "resume", FSDP_OPT_FLAG, &c->resume, NULL,
+                 "continue from the newest complete checkpoint in --ckpt-dir (any --devices "
+                 "and --shard; same --model, --seq, --seed and batch x devices x grad-accum)");
+    fsdp_opt_add(l, "allow-batch-change", FSDP_OPT_FLAG, &c->allow_batch_change, NULL,
+                 "with --resume: accept another global batch (batch x devices x grad-accum); "
+                 "the data continues at step x the new batch, and the run is no longer "
+                 "bit-identical to an uninterrupted one");
+    fsdp_opt_add_float(l, "watchdog", &c->watchdog_s, 0.0, false, FSDP_WATCHDOG_MAX_S, "S",
+                       "stall watchdog: a wait in a collective or barrier longer than S "
+                       "seconds stops the run (no checkpoint) with one report of the step, the "
+                       "collective and the ranks that have not arrived, and a flight record "
+                       "beside --log (else fsdp_flight.json); 0 = off (default FSDP_WATCHDOG, "
+                       "else 300)");
+    fsdp_opt_add(l, "allow-data-change", FSDP_OPT_FLAG, &c->allow_data_change, NULL,
+                 "with --resume: accept other --data or --tokenizer than the checkpoint was "
+                 "trained on; the run continues at the checkpoint's data position in the new "
+                 "data");
+    fsdp_opt_add(l, "quiet", FSDP_OPT_FLAG, quietp, NULL,
+                 "print only errors and the final summary");
+}
+
+/* What train refuses among its options, after they are parsed: 0 or the exit code. */
+static int train_args_check(const fsdp_train_config *c)
+{
+    const fsdp_path_arg ins[] = {{"--model", c->model, FSDP_PATH_TREE},
+                                 {"--data", c->data, FSDP_PATH_GLOB},
+                                 {"--tokenizer", c->tokenizer, FSDP_PATH_FILE},
+                                 {"--eval-data", c->eval_data, FSDP_PATH_GLOB}};
+    const fsdp_path_arg outs[] = {{"--log", c->log_path, FSDP_PATH_FILE},
+                                  {"--trace", c->trace_path, FSDP_PATH_FILE}};
+    int rc = fsdp_cli_check_paths("train", ins, 4, outs, 2);
+    if (rc)
+        return rc;
+    if (!c->ckpt_dir && (c->ckpt_every || c->ckpt_keep || c->resume))
+        return fsdp_cli_usage("train", "--ckpt-every, --ckpt-keep and --resume need --ckpt-dir DIR");
+    if (c->allow_batch_change && !c->resume)
+        return fsdp_cli_usage("train", "--allow-batch-change only applies with --resume");
+    if (c->allow_data_change && !c->resume)
+        return fsdp_cli_usage("train", "--allow-data-change only applies with --resume");
+    float wd = c->eng.optim_hp.weight_decay;
+    if (c->lr * wd > 1.0f) /* in float, as the optimizer takes 1 - lr x wd: 10 x 0.1 is 1 */
+        return fsdp_cli_usage("train", "--lr %g x --wd %g = %g: each step would multiply the "
+                              "weights by 1 - lr x wd < 0; keep lr x wd <= 1", (double)c->lr,
+                              (double)wd, (double)c->lr * wd);
+    return 0;
+}
+
+/* --quiet: the one line that says how the run ended. */
+static void print_quiet_summary(const fsdp_train_config *c, const fsdp_train_result *r)
+{
+    if (r->first_step >= r->last_step) {
+        printf("nothing left to do: checkpoint step %d in %s already reached --steps %d\n",
+               r->first_step, c->ckpt_dir, r->last_step);
+    } else if (r->steps > r->first_step) {
+        printf("final loss %.6g after %d steps", r->losses[r->steps - 1], r->steps);
+        if (r->n_skipped)
+            printf(" (%d skipped)", r->n_skipped);
+        if (r->accuracy >= 0)
+            printf(", held-out accuracy %.1f%%", 100.0 * r->accuracy);
+        if (!isnan(r->eval_loss))
+            printf(", eval loss %.6g (lowest %.6g after step %d)", r->eval_loss,
+                   r->best_eval_loss, r->best_eval_step);
+        if (r->early_stopped)
+            printf("; stopped early: no lower eval loss in the last %d evaluations", c->early_stop);
+        printf("\n");
+    }
+}
+
 int fsdp_cli_train(int argc, char **argv)
 {
     fsdp_run_opts ro;
@@ -156,99 +304,7 @@ int fsdp_cli_train(int argc, char **argv)
     int on_nonfinite = 0;
     const char *tensorboard = NULL;
     int global_batch = 0;
-    fsdp_opt_add(&l, "adapter", FSDP_OPT_STR, &c->adapter, "DIR",
-                 "start LoRA adapters from a PEFT adapter directory (adapter_config.json + "
-                 "adapter_model.safetensors; its r, lora_alpha, target_modules and use_rslora "
-                 "set the LoRA settings) on the frozen --model");
-    fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
-                 "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
-    static char chat_formats[96]; /* "template|llama3|chatml", from data/chat.c */
-    fsdp_opt_add(&l, "chat-format", FSDP_OPT_STR, &c->chat_format,
-                 fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
-                 "how {\"messages\"} rows are rendered (default: the chat_template beside the "
-                 "tokenizer, else the built-in format its special tokens fit)");
-    c->steps = 0; /* unset: 600, unless --epochs */
-    fsdp_opt_add_int(&l, "steps", &c->steps, 1, MAX_STEPS, "S", "optimizer steps (default 600)");
-    fsdp_opt_add_int(&l, "epochs", &c->epochs, 1, MAX_STEPS, "N",
-                     "instead of --steps: the steps that cover N passes over the data's rows "
-                     "(rounded up; the header says how many)");
-    fsdp_opt_add_int(&l, "global-batch", &global_batch, 1, INT_MAX, "G",
-                     "sequences per optimizer step across the job: sets --grad-accum to G / "
-                     "(--batch x devices), which must divide it");
-    fsdp_opt_add_float(&l, "lr", &c->lr, 0.0, true, 10.0, "X",
-                       "peak learning rate, in (0, 10] (default 3e-3 for built-in models, 2e-5 "
-                       "for a pre-trained --model)");
-    fsdp_opt_add_int(&l, "warmup", &c->warmup, 0, INT_MAX, "S",
-                     "linear warmup steps (default 20 for built-in models, 3% of --steps, at "
-                     "least 1, for a pre-trained --model)");
-    fsdp_opt_add_name(&l, "schedule", &c->schedule, &fsdp_lr_schedule_names,
-                      "the learning rate after warmup");
-    fsdp_opt_add_float(&l, "min-lr", &c->min_lr, 0.0, false, 10.0, "X",
-                       "the schedule's floor, at most --lr (default 10% of --lr)");
-    fsdp_opt_add_float(&l, "decay-frac", &c->decay_frac, 0.0, true, 1.0, "F",
-                       "--schedule wsd: the fraction of the steps that decay, in (0, 1] "
-                       "(default 0.1)");
-    fsdp_opt_add_float(&l, "wd", &e->optim_hp.weight_decay, 0.0, false, 10.0, "X",
-                       "weight decay, applied to wte and the linear weights only, with "
-                       "--lr x --wd <= 1 (default 0.1)");
-    fsdp_opt_add_float(&l, "clip", &e->clip, 0.0, false, 1e6, "X",
-                       "clip the global gradient norm to X; 0 = off (default 1.0)");
-    fsdp_opt_add_name(&l, "on-nonfinite", &on_nonfinite, &fsdp_nonfinite_names,
-                      "what a step whose loss or gradient norm is NaN or infinite does");
-    fsdp_opt_add(&l, "deterministic", FSDP_OPT_FLAG, &e->deterministic, NULL,
-                 "bit-identical losses and parameters for any device count and strategy");
-    fsdp_opt_add_int(&l, "eval", &c->eval_problems, 0, MAX_EVAL, "N",
-                     "synthetic task: held-out problems decoded greedily at the end (default "
-                     "512; 0 = none)");
-    fsdp_opt_add(&l, "eval-data", FSDP_OPT_STR, &c->eval_data, "FILE",
-                 "held-out data of the same kind as --data: its loss (and perplexity) is "
-                 "measured during training, printed and logged as eval_loss");
-    fsdp_opt_add_int(&l, "eval-every", &c->eval_every, 1, INT_MAX, "N",
-                     "evaluate --eval-data after every N steps and after the last (default 10% "
-                     "of --steps, at least 1)");
-    fsdp_opt_add_int(&l, "eval-steps", &c->eval_steps, 1, INT_MAX, "K",
-                     "micro-batches per evaluation (default: the whole file, at most 50)");
-    fsdp_opt_add(&l, "keep-best", FSDP_OPT_FLAG, &c->keep_best, NULL,
-                 "checkpoint each new lowest eval loss and name it in --ckpt-dir/BEST, which "
-                 "--ckpt-keep never removes");
-    fsdp_opt_add_int(&l, "early-stop", &c->early_stop, 1, INT_MAX, "P",
-                     "stop (with a checkpoint, exit 0) after P evaluations without a lower "
-                     "eval loss");
-    fsdp_opt_add(&l, "log", FSDP_OPT_STR, &c->log_path, "FILE.jsonl",
-                 "write per-step metrics as JSON Lines (a failed write stops the run)");
-    fsdp_opt_add(&l, "tensorboard", FSDP_OPT_STR, &tensorboard, "DIR",
-                 "write the same metrics as TensorBoard event files into DIR (created; a "
-                 "resumed run adds a file, which TensorBoard merges): tensorboard --logdir DIR");
-    fsdp_opt_add(&l, "trace", FSDP_OPT_STR, &c->trace_path, "FILE.json",
-                 "write a Chrome trace (Perfetto, chrome://tracing): one track per rank and "
-                 "stream");
-    fsdp_opt_add(&l, "ckpt-dir", FSDP_OPT_STR, &c->ckpt_dir, "DIR",
-                 "write sharded checkpoints to DIR/step_NNNNNNNN (after the last step, every "
-                 "--ckpt-every steps, and when the run stops early)");
-    fsdp_opt_add_int(&l, "ckpt-every", &c->ckpt_every, 0, INT_MAX, "S",
-                     "checkpoint every S steps (default 0: after the last step only)");
-    fsdp_opt_add_int(&l, "ckpt-keep", &c->ckpt_keep, 0, INT_MAX, "K",
-                     "keep the K newest checkpoints, removing older ones once a newer one is "
-                     "complete (default 0: keep all)");
-    fsdp_opt_add(&l, "resume", FSDP_OPT_FLAG, &c->resume, NULL,
-                 "continue from the newest complete checkpoint in --ckpt-dir (any --devices "
-                 "and --shard; same --model, --seq, --seed and batch x devices x grad-accum)");
-    fsdp_opt_add(&l, "allow-batch-change", FSDP_OPT_FLAG, &c->allow_batch_change, NULL,
-                 "with --resume: accept another global batch (batch x devices x grad-accum); "
-                 "the data continues at step x the new batch, and the run is no longer "
-                 "bit-identical to an uninterrupted one");
-    fsdp_opt_add_float(&l, "watchdog", &c->watchdog_s, 0.0, false, FSDP_WATCHDOG_MAX_S, "S",
-                       "stall watchdog: a wait in a collective or barrier longer than S "
-                       "seconds stops the run (no checkpoint) with one report of the step, the "
-                       "collective and the ranks that have not arrived, and a flight record "
-                       "beside --log (else fsdp_flight.json); 0 = off (default FSDP_WATCHDOG, "
-                       "else 300)");
-    fsdp_opt_add(&l, "allow-data-change", FSDP_OPT_FLAG, &c->allow_data_change, NULL,
-                 "with --resume: accept other --data or --tokenizer than the checkpoint was "
-                 "trained on; the run continues at the checkpoint's data position in the new "
-                 "data");
-    fsdp_opt_add(&l, "quiet", FSDP_OPT_FLAG, &quiet, NULL,
-                 "print only errors and the final summary");
+    train_opts_add(&l, &ro, &quiet, &on_nonfinite, &tensorboard, &global_batch);
     int rc = fsdp_args_parse("train",
                              "[options]\n\n"
                              "SIGINT or SIGTERM stop after the current step, with a checkpoint "
@@ -271,25 +327,8 @@ int fsdp_cli_train(int argc, char **argv)
         c->steps = 600;
     if ((rc = finetune_finish(&l, c, global_batch)))
         return rc;
-    const fsdp_path_arg ins[] = {{"--model", c->model, FSDP_PATH_TREE},
-                                 {"--data", c->data, FSDP_PATH_GLOB},
-                                 {"--tokenizer", c->tokenizer, FSDP_PATH_FILE},
-                                 {"--eval-data", c->eval_data, FSDP_PATH_GLOB}};
-    const fsdp_path_arg outs[] = {{"--log", c->log_path, FSDP_PATH_FILE},
-                                  {"--trace", c->trace_path, FSDP_PATH_FILE}};
-    if ((rc = fsdp_cli_check_paths("train", ins, 4, outs, 2)))
+    if ((rc = train_args_check(c)))
         return rc;
-    if (!c->ckpt_dir && (c->ckpt_every || c->ckpt_keep || c->resume))
-        return fsdp_cli_usage("train", "--ckpt-every, --ckpt-keep and --resume need --ckpt-dir DIR");
-    if (c->allow_batch_change && !c->resume)
-        return fsdp_cli_usage("train", "--allow-batch-change only applies with --resume");
-    if (c->allow_data_change && !c->resume)
-        return fsdp_cli_usage("train", "--allow-data-change only applies with --resume");
-    float wd = e->optim_hp.weight_decay;
-    if (c->lr * wd > 1.0f) /* in float, as the optimizer takes 1 - lr x wd: 10 x 0.1 is 1 */
-        return fsdp_cli_usage("train", "--lr %g x --wd %g = %g: each step would multiply the "
-                              "weights by 1 - lr x wd < 0; keep lr x wd <= 1", (double)c->lr,
-                              (double)wd, (double)c->lr * wd);
     e->skip_nonfinite = on_nonfinite == 1;
     if (quiet)
         c->out = NULL;
@@ -319,23 +358,8 @@ int fsdp_cli_train(int argc, char **argv)
         return fsdp_cli_status("train", st);
     }
     bool speaks = !c->procs || c->procs->process == 0; /* rank 0's process */
-    if (res.first_step >= res.last_step) {
-        if (quiet && speaks)
-            printf("nothing left to do: checkpoint step %d in %s already reached --steps %d\n",
-                   res.first_step, c->ckpt_dir, res.last_step);
-    } else if (quiet && speaks && res.steps > res.first_step) {
-        printf("final loss %.6g after %d steps", res.losses[res.steps - 1], res.steps);
-        if (res.n_skipped)
-            printf(" (%d skipped)", res.n_skipped);
-        if (res.accuracy >= 0)
-            printf(", held-out accuracy %.1f%%", 100.0 * res.accuracy);
-        if (!isnan(res.eval_loss))
-            printf(", eval loss %.6g (lowest %.6g after step %d)", res.eval_loss,
-                   res.best_eval_loss, res.best_eval_step);
-        if (res.early_stopped)
-            printf("; stopped early: no lower eval loss in the last %d evaluations", c->early_stop);
-        printf("\n");
-    }
+    if (quiet && speaks)
+        print_quiet_summary(c, &res);
     if (speaks)
         report_early_end(c, &res);
     /* the job's decision: every process exits with the signal that stopped it, whichever

@@ -63,11 +63,9 @@ static void print_header(FILE *f, const fsdp_fit_request *req, const fsdp_fit_re
                           : "not limited (give --host-mem for the target machine)");
     fprintf(f, "  seq %d, %s, global batch %d sequences = %lld tokens per optimizer step\n", e->seq,
             fsdp_dtype_name(e->compute_dtype), G, (long long)G * e->seq);
-    int n_pruned = 0, n_measured = 0;
-    for (int i = 0; i < r->n_cand; i++) {
+    int n_pruned = 0;
+    for (int i = 0; i < r->n_cand; i++)
         n_pruned += r->cand[i].pruned_by >= 0;
-        n_measured += r->cand[i].pruned_by < 0;
-    }
     fprintf(f, "  searched %d settings (micro-batch x accumulation mode x shard x offload x "
                "prefetch x recompute): %d "
                "meta runs, %d pruned, in %s (%d micro-batch(es) at once)\n",
