@@ -394,6 +394,68 @@ START_TEST(test_lora_resume)
 }
 END_TEST
 
+/* QLoRA's run on 1 device (an NF4 base drawn by the seed, all-linear adapters, clipping)
+ * is the run, bit for bit, on 2 and 4 devices with every strategy, with the optimizer and
+ * the frozen shards offloaded, and with each recompute mode. */
+static void qlora_config(fsdp_train_config *c, int devices)
+{
+    train_config_cpu(c, "llama-tiny", devices);
+    c->lora = (fsdp_lora_config){.r = 4, .alpha = 8, .targets = "all-linear"};
+    c->quantize = FSDP_QUANT_NF4;
+    c->steps = 3;
+    c->warmup = 1;
+    c->lr = 1e-2f;
+    c->eng.batch = 1;
+    c->eng.grad_accum = 4 / devices; /* the same 4 micro-batches a step on 1, 2 and 4 devices */
+    c->eng.clip = 0.5f;
+    c->eng.deterministic = true;
+    c->n_samples = 0;
+    c->keep_params = true;
+}
+
+START_TEST(test_qlora_identical_everywhere)
+{
+    fsdp_train_config c;
+    fsdp_train_result ref, r;
+    qlora_config(&c, 1);
+    run_ok_as(&c, &ref, "qlora, 1 device");
+    ck_assert_msg(ref.losses[2] < ref.losses[0], "QLoRA does not train: %g -> %g",
+                  ref.losses[0], ref.losses[2]);
+    qlora_config(&c, 1); /* the base in floats trains otherwise: NF4 is in force */
+    c.quantize = FSDP_QUANT_NONE;
+    run_ok_as(&c, &r, "lora, 1 device");
+    ck_assert_msg(memcmp(&r.losses[0], &ref.losses[0], sizeof(float)),
+                  "the NF4 base gives the float base's loss %.9g", r.losses[0]);
+    fsdp_train_result_free(&r);
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec("llama-tiny", &m), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_model_add_lora(&m, &c.lora), FSDP_STATUS_OK);
+    static const int devs[] = {2, 4};
+    int n_runs = 0;
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; s < FSDP_SHARD_COUNT; s++)
+            for (int v = 0; v < 2 + FSDP_RECOMPUTE_COUNT - 1; v++) {
+                qlora_config(&c, devs[d]);
+                c.eng.shard = (fsdp_shard_strategy)s;
+                if (s == FSDP_SHARD_HYBRID)
+                    c.eng.n_nodes = 2;
+                c.eng.offload = c.eng.offload_params = v == 1; /* optimizer,params */
+                c.eng.recompute = v >= 2 ? (fsdp_recompute)(v - 1) : FSDP_RECOMPUTE_NONE;
+                char what[160];
+                snprintf(what, sizeof what, "qlora, %d devices, %s%s, recompute %s", devs[d],
+                         fsdp_shard_strategy_name(c.eng.shard), v == 1 ? ", offload" : "",
+                         fsdp_names_name(&fsdp_recompute_names, (int)c.eng.recompute));
+                run_ok_as(&c, &r, what);
+                expect_identical_runs_of(&ref, &r, &m, what);
+                fsdp_train_result_free(&r);
+                n_runs++;
+            }
+    ck_assert_int_eq(n_runs, 2 * FSDP_SHARD_COUNT * (1 + FSDP_RECOMPUTE_COUNT));
+    fsdp_model_free(&m);
+    fsdp_train_result_free(&ref);
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
@@ -401,6 +463,7 @@ int main(void)
         {"checkpoint", 120, .tmpdir = true,
          FSDP_TESTS(FSDP_TEST_LOOP(test_lora_checkpoint_reads_whole, 2), test_lora_resume,
                     test_qlora_checkpoint)},
+        {"qlora", 300, FSDP_TESTS(test_qlora_identical_everywhere)},
     };
     return fsdp_test_main("lora_train", tcases, FSDP_TEST_LEN(tcases));
 }

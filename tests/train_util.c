@@ -43,6 +43,15 @@ void train_config_tiny(fsdp_train_config *c, int devices, int accum)
 void expect_identical_runs(const fsdp_train_result *a, const fsdp_train_result *b,
                            const char *model, const char *what)
 {
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
+    expect_identical_runs_of(a, b, &m, what);
+    fsdp_model_free(&m);
+}
+
+void expect_identical_runs_of(const fsdp_train_result *a, const fsdp_train_result *b,
+                              const fsdp_model *m, const char *what)
+{
     ck_assert_int_eq(a->steps, b->steps);
     for (int s = 0; s < a->steps; s++) {
         ck_assert_msg(!memcmp(&a->losses[s], &b->losses[s], sizeof(float)),
@@ -51,17 +60,14 @@ void expect_identical_runs(const fsdp_train_result *a, const fsdp_train_result *
                       "%s: step %d grad norm %.9g vs %.9g", what, s + 1, a->grad_norms[s],
                       b->grad_norms[s]);
     }
-    fsdp_model m;
-    ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
-    ck_assert_int_eq(a->n_units, m.n_units);
-    ck_assert_int_eq(b->n_units, m.n_units);
-    for (int u = 0; u < m.n_units; u++) {
+    ck_assert_int_eq(a->n_units, m->n_units);
+    ck_assert_int_eq(b->n_units, m->n_units);
+    for (int u = 0; u < m->n_units; u++) {
         ck_assert_ptr_nonnull(a->params[u]);
         ck_assert_ptr_nonnull(b->params[u]);
-        ck_assert_msg(!memcmp(a->params[u], b->params[u], m.units[u].numel * sizeof(float)),
-                      "%s: final parameters of unit %s differ", what, m.units[u].name);
+        ck_assert_msg(!memcmp(a->params[u], b->params[u], m->units[u].numel * sizeof(float)),
+                      "%s: final parameters of unit %s differ", what, m->units[u].name);
     }
-    fsdp_model_free(&m);
 }
 
 void run_ok_as(const fsdp_train_config *c, fsdp_train_result *r, const char *what)

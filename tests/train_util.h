@@ -32,6 +32,9 @@ void train_config_tiny(fsdp_train_config *c, int devices, int accum);
  * every unit; a difference names `what`, the step or unit. */
 void expect_identical_runs(const fsdp_train_result *a, const fsdp_train_result *b,
                            const char *model, const char *what);
+/* The same for runs of model m (as the engine lays it out: adapters added, say). */
+void expect_identical_runs_of(const fsdp_train_result *a, const fsdp_train_result *b,
+                              const struct fsdp_model *m, const char *what);
 
 /* fsdp_train_run(c, r), which must succeed; a failure names the model, the
  * status and the message. */
