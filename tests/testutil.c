@@ -184,6 +184,7 @@ int fsdp_test_main(const char *name, const fsdp_test_tcase *tcases, size_t n_tca
     for (size_t i = 0; i < n_tcases; i++) {
         const fsdp_test_tcase *c = &tcases[i];
         TCase *tc = tcase_create(c->name);
+        tcase_set_tags(tc, c->name); /* so CK_EXCLUDE_TAGS=NAME leaves a case out */
         if (c->timeout_s > 0)
             tcase_set_timeout(tc, c->timeout_s);
         if (c->tmpdir)
