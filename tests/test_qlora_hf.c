@@ -15,6 +15,13 @@
  *   (step losses and gradient norms); `fsdp eval --model nf4/`
  *   gives the loss of an fp32 directory of the weights dequantized by
  *   ops/nf4.c's reference (which test_bnb4 holds against bitsandbytes);
+ * - writing (`fsdp convert bf16/ OUT --to hf --quantize nf4`, ckpt/bnb4_write.c):
+ *   OUT's model.safetensors is nf4/'s byte for byte and its config.json holds
+ *   transformers' quantization_config text for text; OUT reads back as nf4/
+ *   (bf16 and fp32 storage); written in files of 24 KB (a weight's six
+ *   tensors split over two files) it reads, evaluates and trains as nf4/;
+ *   the quant_state's offset is printed as Python's repr; --quantize with
+ *   another OUT format, or another value, is refused (exit 2);
  * - hostile copies of nf4/ (fp4, 8-bit, no double quantization, gptq; a
  *   quant_state that lies about shape, blocksize or quant_type; wrong block
  *   counts; codes too short; a missing nested_absmax or nested_quant_map)
@@ -27,7 +34,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "ckpt/bnb4.h"
 #include "ckpt/modelfile.h"
 #include "ckpt/safetensors.h"
 #include "models/weights.h"
@@ -355,12 +364,238 @@ START_TEST(test_hostile)
 }
 END_TEST
 
+/* ---- writing: fsdp convert --to hf --quantize nf4 (ckpt/bnb4_write.c) ------------------ */
+
+/* `fsdp convert BF16_DIR <out> --to hf --quantize nf4 <extra>` into a fresh path. */
+static void convert_nf4(char *out, size_t n, const char *name, const char *extra)
+{
+    char msg[4096];
+    fsdp_test_path(out, n, name);
+    int rc = fsdp_test_cli(msg, sizeof msg, "convert %s %s --to hf --quantize nf4 %s", BF16_DIR,
+                           out, extra);
+    bool quiet = strstr(extra, "--quiet") != NULL;
+    ck_assert_msg(rc == 0 && (quiet ? !msg[0] : strstr(msg, "NF4 (bnb-4bit)") != NULL),
+                  "convert to %s: rc %d\n%s", out, rc, msg);
+}
+
+/* Files a and b hold the same bytes; the message names the first that differs. */
+static void same_file(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    char *x = fsdp_test_read_file(a, &na), *y = fsdp_test_read_file(b, &nb);
+    size_t k = 0;
+    while (k < na && k < nb && x[k] == y[k])
+        k++;
+    ck_assert_msg(na == nb && k == na, "%s (%zu bytes) and %s (%zu bytes) differ from byte %zu",
+                  a, na, b, nb, k);
+    free(x);
+    free(y);
+}
+
+/* The quantization_config object of config.json `path` (a malloc'd copy). */
+static char *quantization_config(const char *path)
+{
+    char *text = fsdp_test_read_file(path, NULL);
+    char *at = strstr(text, "\"quantization_config\": {"), *end = at ? strchr(at, '}') : NULL;
+    ck_assert_msg(end, "%s has no quantization_config", path);
+    char *qc = strndup(at, (size_t)(end - at + 1));
+    free(text);
+    return qc;
+}
+
+START_TEST(test_write_as_transformers)
+{
+    char out[512], a[640], b[640];
+    convert_nf4(out, sizeof out, "nf4", "--quiet");
+    /* model.safetensors as transformers + bitsandbytes wrote it: header order, every
+     * tensor's bytes (codes, absmax codes, maps, nested absmax, quant_state JSON); the
+     * generation config copied along */
+    static const char *const files[] = {"model.safetensors", "generation_config.json"};
+    for (int f = 0; f < 2; f++) {
+        pathf(a, sizeof a, "%s/%s", out, files[f]);
+        pathf(b, sizeof b, "%s/%s", NF4_DIR, files[f]);
+        same_file(a, b);
+    }
+    /* config.json: transformers' quantization_config, text for text (the rest is the
+     * family's config writer's, which transformers reads but does not write so) */
+    pathf(a, sizeof a, "%s/config.json", out);
+    pathf(b, sizeof b, "%s/config.json", NF4_DIR);
+    char *qa = quantization_config(a), *qb = quantization_config(b);
+    ck_assert_str_eq(qa, qb);
+    free(qa);
+    free(qb);
+    /* read back: the same weights, dequantized, as the directory transformers wrote */
+    fsdp_model m, n;
+    float **x = read_units(out, &m, "nf4+bf16"), **y = read_units(NF4_DIR, &n, "nf4+bf16");
+    for (int u = 0; u < m.n_units; u++)
+        ck_assert_msg(!memcmp(x[u], y[u], m.units[u].numel * sizeof **x), "unit %d", u);
+    free_units(x, &m);
+    free_units(y, &n);
+}
+END_TEST
+
+START_TEST(test_write_fp32)
+{
+    /* stored in fp32: the quant_state and config say float32, the rest is F32; the
+     * fixture's weights are bf16 values, so the codes and what reads back are nf4/'s */
+    char out[512], p[640];
+    convert_nf4(out, sizeof out, "nf4_f32", "--dtype fp32");
+    pathf(p, sizeof p, "%s/config.json", out);
+    char *qc = quantization_config(p);
+    ck_assert_msg(strstr(qc, "\"bnb_4bit_compute_dtype\": \"float32\""), "%s", qc);
+    free(qc);
+    pathf(p, sizeof p, "%s/model.safetensors", out);
+    size_t len = 0;
+    char *buf = fsdp_test_read_file(p, &len);
+    fsdp_st_file f;
+    ck_assert_int_eq(fsdp_st_parse_buffer(p, buf, len, &f), FSDP_STATUS_OK);
+    int n_state = 0, n_f32 = 0;
+    for (int k = 0; k < f.n_tensors; k++) {
+        const fsdp_st_tensor *t = &f.tensors[k];
+        const char *data = buf + f.data_offset + t->begin;
+        if (strstr(t->name, FSDP_BNB4_STATE_SUFFIX))
+            n_state += !!memmem(data, t->end - t->begin, "\"dtype\": \"float32\"", 18);
+        n_f32 += !strcmp(t->dtype_name, "F32");
+        ck_assert_msg(strcmp(t->dtype_name, "BF16"), "%s is BF16", t->name);
+    }
+    ck_assert_int_eq(n_state, 14);
+    ck_assert_int_eq(n_f32, 14 * 3 + 7); /* 3 maps per weight; embeddings, head, 5 norms */
+    fsdp_st_free(&f);
+    free(buf);
+    fsdp_model m, n;
+    float **x = read_units(out, &m, "nf4+fp32"), **y = read_units(NF4_DIR, &n, "nf4+bf16");
+    for (int u = 0; u < m.n_units; u++)
+        ck_assert_msg(!memcmp(x[u], y[u], m.units[u].numel * sizeof **x), "unit %d", u);
+    free_units(x, &m);
+    free_units(y, &n);
+}
+END_TEST
+
+START_TEST(test_write_sharded)
+{
+    /* files of at most 24 KB: some weight's six tensors in two files */
+    char out[512], p[640];
+    convert_nf4(out, sizeof out, "nf4_sharded", "--shard-size 24KB");
+    pathf(p, sizeof p, "%s/model.safetensors.index.json", out);
+    char *index = fsdp_test_read_file(p, NULL);
+    int n_files = 0, n_split = 0;
+    for (int k = 1; k <= 9; k++) {
+        char name[64];
+        pathf(name, sizeof name, "-of-0000%d.safetensors\"", k);
+        if (strstr(index, name))
+            n_files = k;
+    }
+    /* a weight's codes in one file, its quant_state in another */
+    const char *w = "\"model.layers.";
+    for (const char *at = strstr(index, w); at; at = strstr(at + 1, w)) {
+        char key[160], file[64], state_file[64];
+        if (sscanf(at, "\"%159[^\"]\": \"%63[^\"]\"", key, file) != 2 ||
+            !strstr(key, "_proj.weight") || strstr(key, "_proj.weight."))
+            continue;
+        char state_key[200];
+        pathf(state_key, sizeof state_key, "\"%s" FSDP_BNB4_STATE_SUFFIX "\": \"", key);
+        const char *s = strstr(index, state_key);
+        ck_assert_msg(s && sscanf(s + strlen(state_key), "%63[^\"]", state_file) == 1, "%s",
+                      key);
+        n_split += strcmp(file, state_file) != 0;
+    }
+    ck_assert_msg(n_files >= 3 && n_split >= 1, "%d files, %d weights split:\n%s", n_files,
+                  n_split, index);
+    free(index);
+    /* reads, evaluates and trains as the one file transformers wrote */
+    fsdp_model m, n;
+    float **x = read_units(out, &m, "nf4+bf16"), **y = read_units(NF4_DIR, &n, "nf4+bf16");
+    for (int u = 0; u < m.n_units; u++)
+        ck_assert_msg(!memcmp(x[u], y[u], m.units[u].numel * sizeof **x), "unit %d", u);
+    free_units(x, &m);
+    free_units(y, &n);
+    double got = eval_loss(out), want = eval_loss(NF4_DIR);
+    ck_assert_msg(got == want, "eval: %.9g sharded, %.9g one file", got, want);
+    fsdp_train_config c;
+    fsdp_train_result a, b;
+    qlora_config(&c, out, 1);
+    run_ok_as(&c, &a, "the sharded bnb-4bit directory fsdp wrote");
+    qlora_config(&c, NF4_DIR, 1);
+    run_ok_as(&c, &b, "the bnb-4bit directory");
+    for (int s = 0; s < 3; s++)
+        ck_assert_msg(a.losses[s] == b.losses[s] && a.grad_norms[s] == b.grad_norms[s],
+                      "step %d: loss %.9g sharded, %.9g one file", s + 1, a.losses[s],
+                      b.losses[s]);
+    fsdp_train_result_free(&a);
+    fsdp_train_result_free(&b);
+}
+END_TEST
+
+START_TEST(test_write_state_json)
+{
+    /* nested_offset as Python's repr(float(numpy.float32(v))) prints it */
+    static const struct {
+        float offset;
+        const char *repr;
+    } cases[] = {
+        {0.12599945068359375f, "0.12599945068359375"}, {1e-5f, "9.999999747378752e-06"},
+        {0.0f, "0.0"}, {123.0f, "123.0"}, {2.5e-7f, "2.499999993688107e-07"},
+        {1e-4f, "9.999999747378752e-05"}, {3e-4f, "0.0003000000142492354"},
+        {1.0f / 3, "0.3333333432674408"}, {0.5f, "0.5"}, {65504.0f, "65504.0"},
+        {1125899906842624.0f, "1125899906842624.0"},
+        {18014398509481984.0f, "1.8014398509481984e+16"}, {9.5367431640625e-07f,
+                                                           "9.5367431640625e-07"},
+        {-0.75f, "-0.75"},
+    };
+    const uint64_t shape[2] = {64, 128};
+    for (size_t k = 0; k < FSDP_TEST_LEN(cases); k++) {
+        char got[256], want[256];
+        size_t n = fsdp_bnb4_state_json(got, sizeof got, shape, 2, "bfloat16", cases[k].offset);
+        pathf(want, sizeof want, "{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": "
+              "\"bfloat16\", \"shape\": [64, 128], \"nested_blocksize\": 256, \"nested_dtype\": "
+              "\"float32\", \"nested_offset\": %s}", cases[k].repr);
+        ck_assert_str_eq(got, want);
+        ck_assert_uint_eq(n, strlen(want));
+    }
+    char small[32];
+    ck_assert_uint_eq(fsdp_bnb4_state_json(small, sizeof small, shape, 2, "bfloat16", 0.5f) <
+                          sizeof small, false);
+}
+END_TEST
+
+START_TEST(test_write_refused)
+{
+    char out[512], args[1024];
+    fsdp_test_path(out, sizeof out, "refused");
+    const struct {
+        const char *to, *want;
+    } cases[] = {
+        {"--to ckpt", "--quantize nf4 writes a bnb-4bit Hugging Face directory (--to hf), and OUT"},
+        {"--to peft", "is a PEFT"},
+        {"--to llmc", "is a llm.c"},
+        {"--to safetensors", "is a safetensors file"},
+    };
+    for (size_t k = 0; k < FSDP_TEST_LEN(cases); k++) {
+        char msg[4096];
+        pathf(args, sizeof args, "convert %s %s %s --quantize nf4", BF16_DIR, out, cases[k].to);
+        int rc = fsdp_test_cli(msg, sizeof msg, "%s", args);
+        ck_assert_msg(rc == 2 && strstr(msg, cases[k].want), "%s: rc %d\n%s", args, rc, msg);
+    }
+    const fsdp_test_cli_case cli[] = {
+        {"convert " BF16_DIR " /nonexistent/x --to hf --quantize fp4", 2,
+         "--quantize: unknown value 'fp4' (expected nf4)"},
+        {"convert " BF16_DIR " /nonexistent/x --to hf --quantize none", 2,
+         "'none' is not accepted here (expected nf4)"},
+    };
+    fsdp_test_cli_cases(cli, FSDP_TEST_LEN(cli));
+    ck_assert_int_ne(access(out, F_OK), 0); /* nothing written */
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
         {"read", 30, FSDP_TESTS(test_read_dequantized, test_read_nf4_same_bytes)},
         {"train", 60, .tmpdir = true,
          FSDP_TESTS(FSDP_TEST_LOOP(test_train_as_quantize, 2), test_eval_dequantized)},
+        {"write", 60, .tmpdir = true,
+         FSDP_TESTS(test_write_as_transformers, test_write_fp32, test_write_sharded,
+                    test_write_state_json, test_write_refused)},
         {"hostile", 10, .tmpdir = true,
          FSDP_TESTS(FSDP_TEST_LOOP(test_hostile, (int)FSDP_TEST_LEN(hostiles)))},
     };
