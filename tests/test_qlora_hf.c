@@ -18,8 +18,11 @@
  * - writing (`fsdp convert bf16/ OUT --to hf --quantize nf4`, ckpt/bnb4_write.c):
  *   OUT's model.safetensors is nf4/'s byte for byte and its config.json holds
  *   transformers' quantization_config text for text; OUT reads back as nf4/
- *   (bf16 and fp32 storage); written in files of 24 KB (a weight's six
- *   tensors split over two files) it reads, evaluates and trains as nf4/;
+ *   (bf16 and fp32 storage); written in files of 30 KB it is nf4_sharded/
+ *   (transformers' save_pretrained(max_shard_size="30KB"), a weight's six
+ *   tensors split over two files) byte for byte, files and index, and
+ *   nf4_sharded/ reads, evaluates and trains as nf4/; a QLoRA checkpoint is
+ *   merged, then quantized;
  *   the quant_state's offset is printed as Python's repr; --quantize with
  *   another OUT format, or another value, is refused (exit 2);
  * - hostile copies of nf4/ (fp4, 8-bit, no double quantization, gptq; a
@@ -48,6 +51,7 @@
 
 #define BF16_DIR "tests/fixtures/bnb4/bf16"
 #define NF4_DIR "tests/fixtures/bnb4/nf4"
+#define NF4_SHARDED_DIR "tests/fixtures/bnb4/nf4_sharded"
 #define GOLDEN "tests/fixtures/bnb4/golden.safetensors"
 
 /* Every unit of the model at `dir`, read whole (fp32). */
@@ -473,56 +477,87 @@ END_TEST
 
 START_TEST(test_write_sharded)
 {
-    /* files of at most 24 KB: some weight's six tensors in two files */
-    char out[512], p[640];
-    convert_nf4(out, sizeof out, "nf4_sharded", "--shard-size 24KB");
-    pathf(p, sizeof p, "%s/model.safetensors.index.json", out);
-    char *index = fsdp_test_read_file(p, NULL);
-    int n_files = 0, n_split = 0;
-    for (int k = 1; k <= 9; k++) {
-        char name[64];
-        pathf(name, sizeof name, "-of-0000%d.safetensors\"", k);
-        if (strstr(index, name))
-            n_files = k;
+    /* files of at most 30 KB: nf4_sharded/, as transformers wrote it, byte for byte */
+    char out[512], a[640], b[640];
+    convert_nf4(out, sizeof out, "nf4_sharded", "--shard-size 30KB");
+    static const char *const files[] = {"model-00001-of-00003.safetensors",
+                                        "model-00002-of-00003.safetensors",
+                                        "model-00003-of-00003.safetensors",
+                                        "model.safetensors.index.json"};
+    for (int f = 0; f < 4; f++) {
+        pathf(a, sizeof a, "%s/%s", out, files[f]);
+        pathf(b, sizeof b, "%s/%s", NF4_SHARDED_DIR, files[f]);
+        same_file(a, b);
     }
-    /* a weight's codes in one file, its quant_state in another */
+    /* where a weight's six tensors lie in two files: its codes, and its quant_state */
+    char *index = fsdp_test_read_file(b, NULL);
+    int n_split = 0;
     const char *w = "\"model.layers.";
     for (const char *at = strstr(index, w); at; at = strstr(at + 1, w)) {
-        char key[160], file[64], state_file[64];
+        char key[160], file[64], state_file[64], state_key[200];
         if (sscanf(at, "\"%159[^\"]\": \"%63[^\"]\"", key, file) != 2 ||
             !strstr(key, "_proj.weight") || strstr(key, "_proj.weight."))
             continue;
-        char state_key[200];
         pathf(state_key, sizeof state_key, "\"%s" FSDP_BNB4_STATE_SUFFIX "\": \"", key);
-        const char *s = strstr(index, state_key);
-        ck_assert_msg(s && sscanf(s + strlen(state_key), "%63[^\"]", state_file) == 1, "%s",
+        const char *st = strstr(index, state_key);
+        ck_assert_msg(st && sscanf(st + strlen(state_key), "%63[^\"]", state_file) == 1, "%s",
                       key);
         n_split += strcmp(file, state_file) != 0;
     }
-    ck_assert_msg(n_files >= 3 && n_split >= 1, "%d files, %d weights split:\n%s", n_files,
-                  n_split, index);
+    ck_assert_msg(n_split >= 1, "no weight split over two files:\n%s", index);
     free(index);
-    /* reads, evaluates and trains as the one file transformers wrote */
+    /* transformers' sharded directory reads, evaluates and trains as its one file */
     fsdp_model m, n;
-    float **x = read_units(out, &m, "nf4+bf16"), **y = read_units(NF4_DIR, &n, "nf4+bf16");
+    float **x = read_units(NF4_SHARDED_DIR, &m, "nf4+bf16");
+    float **y = read_units(NF4_DIR, &n, "nf4+bf16");
     for (int u = 0; u < m.n_units; u++)
         ck_assert_msg(!memcmp(x[u], y[u], m.units[u].numel * sizeof **x), "unit %d", u);
     free_units(x, &m);
     free_units(y, &n);
-    double got = eval_loss(out), want = eval_loss(NF4_DIR);
+    double got = eval_loss(NF4_SHARDED_DIR), want = eval_loss(NF4_DIR);
     ck_assert_msg(got == want, "eval: %.9g sharded, %.9g one file", got, want);
     fsdp_train_config c;
-    fsdp_train_result a, b;
-    qlora_config(&c, out, 1);
-    run_ok_as(&c, &a, "the sharded bnb-4bit directory fsdp wrote");
+    fsdp_train_result r1, r2;
+    qlora_config(&c, NF4_SHARDED_DIR, 1);
+    run_ok_as(&c, &r1, "the sharded bnb-4bit directory");
     qlora_config(&c, NF4_DIR, 1);
-    run_ok_as(&c, &b, "the bnb-4bit directory");
-    for (int s = 0; s < 3; s++)
-        ck_assert_msg(a.losses[s] == b.losses[s] && a.grad_norms[s] == b.grad_norms[s],
-                      "step %d: loss %.9g sharded, %.9g one file", s + 1, a.losses[s],
-                      b.losses[s]);
-    fsdp_train_result_free(&a);
-    fsdp_train_result_free(&b);
+    run_ok_as(&c, &r2, "the bnb-4bit directory");
+    for (int k = 0; k < 3; k++)
+        ck_assert_msg(r1.losses[k] == r2.losses[k] && r1.grad_norms[k] == r2.grad_norms[k],
+                      "step %d: loss %.9g sharded, %.9g one file", k + 1, r1.losses[k],
+                      r2.losses[k]);
+    fsdp_train_result_free(&r1);
+    fsdp_train_result_free(&r2);
+}
+END_TEST
+
+START_TEST(test_write_lora_merged)
+{
+    /* a QLoRA checkpoint: its adapters merged into the weights (as --to hf does), then
+     * quantized: the same bytes as writing the merged model in bf16 and quantizing that */
+    char ck[512], direct[512], merged[512], again[512], msg[4096], a[640], b[640];
+    fsdp_test_path(ck, sizeof ck, "ck");
+    fsdp_train_config c;
+    fsdp_train_result r;
+    qlora_config(&c, BF16_DIR, 1);
+    c.quantize = FSDP_QUANT_NF4;
+    c.ckpt_dir = ck;
+    run_ok_as(&c, &r, "a QLoRA run that checkpoints");
+    fsdp_train_result_free(&r);
+    fsdp_test_path(direct, sizeof direct, "direct");
+    fsdp_test_path(merged, sizeof merged, "merged");
+    fsdp_test_path(again, sizeof again, "again");
+    int rc = fsdp_test_cli(msg, sizeof msg, "convert %s %s --to hf --quantize nf4", ck, direct);
+    ck_assert_msg(rc == 0 && strstr(msg, "LoRA adapters merged") && strstr(msg, "NF4"), "%s",
+                  msg);
+    rc = fsdp_test_cli(msg, sizeof msg, "convert %s %s --to hf --dtype bf16 --quiet", ck, merged);
+    ck_assert_msg(rc == 0, "%s", msg);
+    rc = fsdp_test_cli(msg, sizeof msg, "convert %s %s --to hf --quantize nf4 --quiet", merged,
+                       again);
+    ck_assert_msg(rc == 0, "%s", msg);
+    pathf(a, sizeof a, "%s/model.safetensors", direct);
+    pathf(b, sizeof b, "%s/model.safetensors", again);
+    same_file(a, b);
 }
 END_TEST
 
@@ -595,7 +630,7 @@ int main(void)
          FSDP_TESTS(FSDP_TEST_LOOP(test_train_as_quantize, 2), test_eval_dequantized)},
         {"write", 60, .tmpdir = true,
          FSDP_TESTS(test_write_as_transformers, test_write_fp32, test_write_sharded,
-                    test_write_state_json, test_write_refused)},
+                    test_write_lora_merged, test_write_state_json, test_write_refused)},
         {"hostile", 10, .tmpdir = true,
          FSDP_TESTS(FSDP_TEST_LOOP(test_hostile, (int)FSDP_TEST_LEN(hostiles)))},
     };

@@ -14,10 +14,10 @@
  * in that dtype. config.json is the family's with transformers'
  * quantization_config inserted in key order.
  *
- * Layout: tensors go to files in the state_dict's order (each parameter in
- * model order; a quantized one's six tensors as Linear4bit saves them:
- * weight, absmax, quant_map, nested_absmax, nested_quant_map, quant_state),
- * a new file when the next tensor would pass shard_bytes; inside a file the
+ * Layout, as transformers 5.24 writes it: tensors go to files in name order
+ * (a new file when the next tensor would pass shard_bytes, so a weight's six
+ * tensors may be split), the index giving the model's parameter count (the
+ * weights' unquantized elements) and the data bytes; inside a file the
  * reference safetensors writer sorts them by dtype, widest first (F32, BF16,
  * U8), then by name. The quant_state JSON is Python's json.dumps of
  * bitsandbytes' packed dict: its keys in its order, ", " and ": ", and the
@@ -65,6 +65,7 @@ typedef struct ftensor {
     int ndim;
     uint64_t shape[4];
     uint64_t bytes;
+    uint64_t params;  /* the parameter's elements on its first tensor, else 0 */
     int unit, param;
     const void *data;
     int shard;
@@ -220,8 +221,8 @@ static fsdp_status list_tensors(const fsdp_model *m, const float *const *units, 
             map->tensor(m, u, i, &t);
             ftensor *w = &f[k++];
             *w = (ftensor){.dtype = dt == FSDP_DTYPE_BF16 ? DT_BF16 : DT_F32, .ndim = t.ndim,
-                           .bytes = t.stored_numel * fsdp_dtype_size(dt), .unit = u,
-                           .param = i};
+                           .bytes = t.stored_numel * fsdp_dtype_size(dt),
+                           .params = t.stored_numel, .unit = u, .param = i};
             snprintf(w->name, sizeof w->name, "%s%s", prefix, t.name);
             memcpy(w->shape, t.shape, sizeof w->shape);
             if (!fsdp_lora_is_linear_weight(m, u, i))
@@ -254,13 +255,19 @@ static fsdp_status list_tensors(const fsdp_model *m, const float *const *units, 
                 *x = (ftensor){.dtype = six[s].dtype, .ndim = six[s].cols ? 2 : 1,
                                .shape = {six[s].numel, six[s].cols},
                                .bytes = six[s].numel * (six[s].dtype == DT_F32 ? 4 : 1),
-                               .unit = u, .param = i, .data = six[s].data};
+                               .params = s ? 0 : numel, .unit = u, .param = i,
+                               .data = six[s].data};
                 snprintf(x->name, sizeof x->name, "%s%s", base, six[s].suffix);
             }
         }
     *out = f;
     *n_out = k;
     return FSDP_STATUS_OK;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp((*(const ftensor *const *)a)->name, (*(const ftensor *const *)b)->name);
 }
 
 /* The reference writer's order: dtype widest first, then name. */
@@ -443,20 +450,24 @@ static fsdp_status write_model(const char *tmp, const fsdp_model *m, const float
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
         goto done;
     }
-    /* files in state_dict order, each at most `limit` bytes unless one tensor is larger */
+    /* files in name order, as transformers 5 assigns them, each at most `limit` bytes
+     * unless one tensor is larger */
+    for (int k = 0; k < n; k++)
+        part[k] = &t[k];
+    qsort(part, (size_t)n, sizeof *part, cmp_name);
     uint64_t limit = o->shard_bytes ? o->shard_bytes : FSDP_MODELFILE_SHARD_BYTES_DEFAULT;
     uint64_t used = 0, total = 0, params = 0;
     int shard = 0;
     for (int k = 0; k < n; k++) {
-        if (used > 0 && used + t[k].bytes > limit) {
+        if (used > 0 && used + part[k]->bytes > limit) {
             shard++;
             used = 0;
         }
-        t[k].shard = shard;
-        used += t[k].bytes;
-        total += t[k].bytes;
-        params += t[k].bytes / (t[k].dtype == DT_F32 ? 4 : t[k].dtype == DT_BF16 ? 2 : 1);
-        e[k] = (fsdp_hfdir_entry){t[k].name, shard};
+        part[k]->shard = shard;
+        used += part[k]->bytes;
+        total += part[k]->bytes;
+        params += part[k]->params;
+        e[k] = (fsdp_hfdir_entry){part[k]->name, shard};
     }
     int n_shards = shard + 1;
     for (int s = 0; s < n_shards && st == FSDP_STATUS_OK; s++) {
