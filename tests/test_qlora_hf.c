@@ -407,6 +407,19 @@ static char *quantization_config(const char *path)
     return qc;
 }
 
+/* The model at dir (stored as want_dtype) reads back as nf4/, every unit bit for bit. */
+static void reads_as_nf4(const char *dir, const char *want_dtype)
+{
+    fsdp_model m, n;
+    float **x = read_units(dir, &m, want_dtype), **y = read_units(NF4_DIR, &n, "nf4+bf16");
+    ck_assert_int_eq(m.n_units, n.n_units);
+    for (int u = 0; u < m.n_units; u++)
+        ck_assert_msg(!memcmp(x[u], y[u], m.units[u].numel * sizeof **x), "%s: unit %d", dir,
+                      u);
+    free_units(x, &m);
+    free_units(y, &n);
+}
+
 START_TEST(test_write_as_transformers)
 {
     char out[512], a[640], b[640];
@@ -429,12 +442,7 @@ START_TEST(test_write_as_transformers)
     free(qa);
     free(qb);
     /* read back: the same weights, dequantized, as the directory transformers wrote */
-    fsdp_model m, n;
-    float **x = read_units(out, &m, "nf4+bf16"), **y = read_units(NF4_DIR, &n, "nf4+bf16");
-    for (int u = 0; u < m.n_units; u++)
-        ck_assert_msg(!memcmp(x[u], y[u], m.units[u].numel * sizeof **x), "unit %d", u);
-    free_units(x, &m);
-    free_units(y, &n);
+    reads_as_nf4(out, "nf4+bf16");
 }
 END_TEST
 
@@ -466,12 +474,7 @@ START_TEST(test_write_fp32)
     ck_assert_int_eq(n_f32, 14 * 3 + 7); /* 3 maps per weight; embeddings, head, 5 norms */
     fsdp_st_free(&f);
     free(buf);
-    fsdp_model m, n;
-    float **x = read_units(out, &m, "nf4+fp32"), **y = read_units(NF4_DIR, &n, "nf4+bf16");
-    for (int u = 0; u < m.n_units; u++)
-        ck_assert_msg(!memcmp(x[u], y[u], m.units[u].numel * sizeof **x), "unit %d", u);
-    free_units(x, &m);
-    free_units(y, &n);
+    reads_as_nf4(out, "nf4+fp32");
 }
 END_TEST
 
@@ -507,13 +510,7 @@ START_TEST(test_write_sharded)
     ck_assert_msg(n_split >= 1, "no weight split over two files:\n%s", index);
     free(index);
     /* transformers' sharded directory reads, evaluates and trains as its one file */
-    fsdp_model m, n;
-    float **x = read_units(NF4_SHARDED_DIR, &m, "nf4+bf16");
-    float **y = read_units(NF4_DIR, &n, "nf4+bf16");
-    for (int u = 0; u < m.n_units; u++)
-        ck_assert_msg(!memcmp(x[u], y[u], m.units[u].numel * sizeof **x), "unit %d", u);
-    free_units(x, &m);
-    free_units(y, &n);
+    reads_as_nf4(NF4_SHARDED_DIR, "nf4+bf16");
     double got = eval_loss(NF4_SHARDED_DIR), want = eval_loss(NF4_DIR);
     ck_assert_msg(got == want, "eval: %.9g sharded, %.9g one file", got, want);
     fsdp_train_config c;
@@ -619,6 +616,24 @@ START_TEST(test_write_refused)
     };
     fsdp_test_cli_cases(cli, FSDP_TEST_LEN(cli));
     ck_assert_int_ne(access(out, F_OK), 0); /* nothing written */
+    /* a weight that is not finite cannot be quantized: named, nothing written */
+    fsdp_model m;
+    float **u = read_units(BF16_DIR, &m, NULL);
+    int unit = 1, i = 0;
+    while (!fsdp_lora_is_linear_weight(&m, unit, i))
+        i++;
+    u[unit][m.units[unit].params[i].offset + 100] = NAN;
+    char nan_dir[512], msg[4096];
+    fsdp_test_path(nan_dir, sizeof nan_dir, "nan");
+    ck_assert_int_eq(fsdp_modelfile_write(nan_dir, fsdp_modelfile_format_find("hf"), &m,
+                                          (const float *const *)u, FSDP_DTYPE_F32),
+                     FSDP_STATUS_OK);
+    free_units(u, &m);
+    int rc = fsdp_test_cli(msg, sizeof msg, "convert %s %s --to hf --quantize nf4", nan_dir,
+                           out);
+    ck_assert_msg(rc == 2 && strstr(msg, "model.layers.0.") && strstr(msg, "element 100") &&
+                      strstr(msg, "finite"), "rc %d\n%s", rc, msg);
+    ck_assert_int_ne(access(out, F_OK), 0);
 }
 END_TEST
 

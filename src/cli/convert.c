@@ -16,6 +16,11 @@
  * memory once (fp32). fp32 conversions are bit-exact; --dtype bf16 rounds
  * to nearest even, and bf16 read back as bf16 is exact.
  *
+ * --quantize nf4 (a Hugging Face OUT only) writes a bnb-4bit directory
+ * (ckpt/bnb4.h): the block linear weights in NF4 as transformers +
+ * bitsandbytes save them, the rest in --dtype (bf16 unless given); a LoRA
+ * IN is merged first, as for any Hugging Face OUT.
+ *
  * A Hugging Face OUT gets the tokenizer and generation files of a Hugging
  * Face IN or those a checkpoint IN carries (ckpt/ckpt_tok.h), or those of
  * --tokenizer's directory (with that tokenizer.json), and a
