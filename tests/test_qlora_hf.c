@@ -634,6 +634,14 @@ START_TEST(test_write_refused)
     ck_assert_msg(rc == 2 && strstr(msg, "model.layers.0.") && strstr(msg, "element 100") &&
                       strstr(msg, "finite"), "rc %d\n%s", rc, msg);
     ck_assert_int_ne(access(out, F_OK), 0);
+    /* GPT-2 names no block linear layers (and stores its Conv1D weights transposed) */
+    char gpt2[512];
+    fsdp_test_path(gpt2, sizeof gpt2, "gpt2.safetensors");
+    write_nan_tiny_model(gpt2, 0, 0); /* a NaN in the embeddings, which stay floats */
+    rc = fsdp_test_cli(msg, sizeof msg, "convert %s %s --to hf --quantize nf4", gpt2, out);
+    ck_assert_msg(rc == 2 && strstr(msg, "nothing to store in NF4") &&
+                      strstr(msg, "Llama-family"), "rc %d\n%s", rc, msg);
+    ck_assert_int_ne(access(out, F_OK), 0);
 }
 END_TEST
 

@@ -227,8 +227,15 @@ static fsdp_status list_tensors(const fsdp_model *m, const float *const *units, 
             memcpy(w->shape, t.shape, sizeof w->shape);
             if (!fsdp_lora_is_linear_weight(m, u, i))
                 continue;
+            fsdp_status st = FSDP_STATUS_OK;
+            if (t.transposed) /* bitsandbytes stores Conv1D transposed back: not read either */
+                st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s models store '%s' transposed "
+                                    "(Conv1D); fsdp writes and reads bnb-4bit directories of "
+                                    "families whose linear weights are nn.Linear (Llama, Qwen2, "
+                                    "Mistral)", m->family->title, w->name);
             quant *qq = &q[nq++];
-            fsdp_status st = quantize_weight(m, units, u, i, &t, dt, w->name, qq);
+            if (st == FSDP_STATUS_OK)
+                st = quantize_weight(m, units, u, i, &t, dt, w->name, qq);
             if (st != FSDP_STATUS_OK) {
                 free(f);
                 return st;
@@ -435,6 +442,11 @@ static fsdp_status write_model(const char *tmp, const fsdp_model *m, const float
     for (int u = 0; u < m->n_units; u++)
         for (int i = 0; i < m->units[u].n_params; i++)
             n_weights += fsdp_lora_is_linear_weight(m, u, i);
+    if (!n_weights)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "%s models name no block linear layers "
+                              "(models/lora.h), so there is nothing to store in NF4; "
+                              "--quantize nf4 writes Llama-family models (Llama, Qwen2, "
+                              "Mistral)", m->family->title);
     quant *q = calloc((size_t)n_weights + 1, sizeof *q);
     ftensor *t = NULL, **part = NULL;
     fsdp_hfdir_entry *e = NULL;
