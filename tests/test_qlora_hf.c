@@ -15,6 +15,16 @@
  *   (step losses and gradient norms); `fsdp eval --model nf4/`
  *   gives the loss of an fp32 directory of the weights dequantized by
  *   ops/nf4.c's reference (which test_bnb4 holds against bitsandbytes);
+ * - writing (`fsdp convert bf16/ OUT --to hf --quantize nf4`, ckpt/bnb4_write.c):
+ *   OUT's model.safetensors is nf4/'s byte for byte and its config.json holds
+ *   transformers' quantization_config text for text; OUT reads back as nf4/
+ *   (bf16 and fp32 storage); written in files of 30 KB it is nf4_sharded/
+ *   (transformers' save_pretrained(max_shard_size="30KB"), a weight's six
+ *   tensors split over two files) byte for byte, files and index, and
+ *   nf4_sharded/ reads, evaluates and trains as nf4/; a QLoRA checkpoint is
+ *   merged, then quantized;
+ *   the quant_state's offset is printed as Python's repr; --quantize with
+ *   another OUT format, or another value, is refused (exit 2);
  * - hostile copies of nf4/ (fp4, 8-bit, no double quantization, gptq; a
  *   quant_state that lies about shape, blocksize or quant_type; wrong block
  *   counts; codes too short; a missing nested_absmax or nested_quant_map)
@@ -27,7 +37,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "ckpt/bnb4.h"
 #include "ckpt/modelfile.h"
 #include "ckpt/safetensors.h"
 #include "models/weights.h"
@@ -39,6 +51,7 @@
 
 #define BF16_DIR "tests/fixtures/bnb4/bf16"
 #define NF4_DIR "tests/fixtures/bnb4/nf4"
+#define NF4_SHARDED_DIR "tests/fixtures/bnb4/nf4_sharded"
 #define GOLDEN "tests/fixtures/bnb4/golden.safetensors"
 
 /* Every unit of the model at `dir`, read whole (fp32). */
@@ -355,12 +368,292 @@ START_TEST(test_hostile)
 }
 END_TEST
 
+/* ---- writing: fsdp convert --to hf --quantize nf4 (ckpt/bnb4_write.c) ------------------ */
+
+/* `fsdp convert BF16_DIR <out> --to hf --quantize nf4 <extra>` into a fresh path. */
+static void convert_nf4(char *out, size_t n, const char *name, const char *extra)
+{
+    char msg[4096];
+    fsdp_test_path(out, n, name);
+    int rc = fsdp_test_cli(msg, sizeof msg, "convert %s %s --to hf --quantize nf4 %s", BF16_DIR,
+                           out, extra);
+    bool quiet = strstr(extra, "--quiet") != NULL;
+    ck_assert_msg(rc == 0 && (quiet ? !msg[0] : strstr(msg, "NF4 (bnb-4bit)") != NULL),
+                  "convert to %s: rc %d\n%s", out, rc, msg);
+}
+
+/* Files a and b hold the same bytes; the message names the first that differs. */
+static void same_file(const char *a, const char *b)
+{
+    size_t na = 0, nb = 0;
+    char *x = fsdp_test_read_file(a, &na), *y = fsdp_test_read_file(b, &nb);
+    size_t k = 0;
+    while (k < na && k < nb && x[k] == y[k])
+        k++;
+    ck_assert_msg(na == nb && k == na, "%s (%zu bytes) and %s (%zu bytes) differ from byte %zu",
+                  a, na, b, nb, k);
+    free(x);
+    free(y);
+}
+
+/* The quantization_config object of config.json `path` (a malloc'd copy). */
+static char *quantization_config(const char *path)
+{
+    char *text = fsdp_test_read_file(path, NULL);
+    char *at = strstr(text, "\"quantization_config\": {"), *end = at ? strchr(at, '}') : NULL;
+    ck_assert_msg(end, "%s has no quantization_config", path);
+    char *qc = strndup(at, (size_t)(end - at + 1));
+    free(text);
+    return qc;
+}
+
+/* The model at dir (stored as want_dtype) reads back as nf4/, every unit bit for bit. */
+static void reads_as_nf4(const char *dir, const char *want_dtype)
+{
+    fsdp_model m, n;
+    float **x = read_units(dir, &m, want_dtype), **y = read_units(NF4_DIR, &n, "nf4+bf16");
+    ck_assert_int_eq(m.n_units, n.n_units);
+    for (int u = 0; u < m.n_units; u++)
+        ck_assert_msg(!memcmp(x[u], y[u], m.units[u].numel * sizeof **x), "%s: unit %d", dir,
+                      u);
+    free_units(x, &m);
+    free_units(y, &n);
+}
+
+START_TEST(test_write_as_transformers)
+{
+    char out[512], a[640], b[640];
+    convert_nf4(out, sizeof out, "nf4", "--quiet");
+    /* model.safetensors as transformers + bitsandbytes wrote it: header order, every
+     * tensor's bytes (codes, absmax codes, maps, nested absmax, quant_state JSON); the
+     * generation config copied along */
+    static const char *const files[] = {"model.safetensors", "generation_config.json"};
+    for (int f = 0; f < 2; f++) {
+        pathf(a, sizeof a, "%s/%s", out, files[f]);
+        pathf(b, sizeof b, "%s/%s", NF4_DIR, files[f]);
+        same_file(a, b);
+    }
+    /* config.json: transformers' quantization_config, text for text (the rest is the
+     * family's config writer's, which transformers reads but does not write so) */
+    pathf(a, sizeof a, "%s/config.json", out);
+    pathf(b, sizeof b, "%s/config.json", NF4_DIR);
+    char *qa = quantization_config(a), *qb = quantization_config(b);
+    ck_assert_str_eq(qa, qb);
+    free(qa);
+    free(qb);
+    /* read back: the same weights, dequantized, as the directory transformers wrote */
+    reads_as_nf4(out, "nf4+bf16");
+}
+END_TEST
+
+START_TEST(test_write_fp32)
+{
+    /* stored in fp32: the quant_state and config say float32, the rest is F32; the
+     * fixture's weights are bf16 values, so the codes and what reads back are nf4/'s */
+    char out[512], p[640];
+    convert_nf4(out, sizeof out, "nf4_f32", "--dtype fp32");
+    pathf(p, sizeof p, "%s/config.json", out);
+    char *qc = quantization_config(p);
+    ck_assert_msg(strstr(qc, "\"bnb_4bit_compute_dtype\": \"float32\""), "%s", qc);
+    free(qc);
+    pathf(p, sizeof p, "%s/model.safetensors", out);
+    size_t len = 0;
+    char *buf = fsdp_test_read_file(p, &len);
+    fsdp_st_file f;
+    ck_assert_int_eq(fsdp_st_parse_buffer(p, buf, len, &f), FSDP_STATUS_OK);
+    int n_state = 0, n_f32 = 0;
+    for (int k = 0; k < f.n_tensors; k++) {
+        const fsdp_st_tensor *t = &f.tensors[k];
+        const char *data = buf + f.data_offset + t->begin;
+        if (strstr(t->name, FSDP_BNB4_STATE_SUFFIX))
+            n_state += !!memmem(data, t->end - t->begin, "\"dtype\": \"float32\"", 18);
+        n_f32 += !strcmp(t->dtype_name, "F32");
+        ck_assert_msg(strcmp(t->dtype_name, "BF16"), "%s is BF16", t->name);
+    }
+    ck_assert_int_eq(n_state, 14);
+    ck_assert_int_eq(n_f32, 14 * 3 + 7); /* 3 maps per weight; embeddings, head, 5 norms */
+    fsdp_st_free(&f);
+    free(buf);
+    reads_as_nf4(out, "nf4+fp32");
+}
+END_TEST
+
+START_TEST(test_write_sharded)
+{
+    /* files of at most 30 KB: nf4_sharded/, as transformers wrote it, byte for byte */
+    char out[512], a[640], b[640];
+    convert_nf4(out, sizeof out, "nf4_sharded", "--shard-size 30KB");
+    static const char *const files[] = {"model-00001-of-00003.safetensors",
+                                        "model-00002-of-00003.safetensors",
+                                        "model-00003-of-00003.safetensors",
+                                        "model.safetensors.index.json"};
+    for (int f = 0; f < 4; f++) {
+        pathf(a, sizeof a, "%s/%s", out, files[f]);
+        pathf(b, sizeof b, "%s/%s", NF4_SHARDED_DIR, files[f]);
+        same_file(a, b);
+    }
+    /* where a weight's six tensors lie in two files: its codes, and its quant_state */
+    char *index = fsdp_test_read_file(b, NULL);
+    int n_split = 0;
+    const char *w = "\"model.layers.";
+    for (const char *at = strstr(index, w); at; at = strstr(at + 1, w)) {
+        char key[160], file[64], state_file[64], state_key[200];
+        if (sscanf(at, "\"%159[^\"]\": \"%63[^\"]\"", key, file) != 2 ||
+            !strstr(key, "_proj.weight") || strstr(key, "_proj.weight."))
+            continue;
+        pathf(state_key, sizeof state_key, "\"%s" FSDP_BNB4_STATE_SUFFIX "\": \"", key);
+        const char *st = strstr(index, state_key);
+        ck_assert_msg(st && sscanf(st + strlen(state_key), "%63[^\"]", state_file) == 1, "%s",
+                      key);
+        n_split += strcmp(file, state_file) != 0;
+    }
+    ck_assert_msg(n_split >= 1, "no weight split over two files:\n%s", index);
+    free(index);
+    /* transformers' sharded directory reads, evaluates and trains as its one file */
+    reads_as_nf4(NF4_SHARDED_DIR, "nf4+bf16");
+    double got = eval_loss(NF4_SHARDED_DIR), want = eval_loss(NF4_DIR);
+    ck_assert_msg(got == want, "eval: %.9g sharded, %.9g one file", got, want);
+    fsdp_train_config c;
+    fsdp_train_result r1, r2;
+    qlora_config(&c, NF4_SHARDED_DIR, 1);
+    run_ok_as(&c, &r1, "the sharded bnb-4bit directory");
+    qlora_config(&c, NF4_DIR, 1);
+    run_ok_as(&c, &r2, "the bnb-4bit directory");
+    for (int k = 0; k < 3; k++)
+        ck_assert_msg(r1.losses[k] == r2.losses[k] && r1.grad_norms[k] == r2.grad_norms[k],
+                      "step %d: loss %.9g sharded, %.9g one file", k + 1, r1.losses[k],
+                      r2.losses[k]);
+    fsdp_train_result_free(&r1);
+    fsdp_train_result_free(&r2);
+}
+END_TEST
+
+START_TEST(test_write_lora_merged)
+{
+    /* a QLoRA checkpoint: its adapters merged into the weights (as --to hf does), then
+     * quantized: the same bytes as writing the merged model in bf16 and quantizing that */
+    char ck[512], direct[512], merged[512], again[512], msg[4096], a[640], b[640];
+    fsdp_test_path(ck, sizeof ck, "ck");
+    fsdp_train_config c;
+    fsdp_train_result r;
+    qlora_config(&c, BF16_DIR, 1);
+    c.quantize = FSDP_QUANT_NF4;
+    c.ckpt_dir = ck;
+    run_ok_as(&c, &r, "a QLoRA run that checkpoints");
+    fsdp_train_result_free(&r);
+    fsdp_test_path(direct, sizeof direct, "direct");
+    fsdp_test_path(merged, sizeof merged, "merged");
+    fsdp_test_path(again, sizeof again, "again");
+    int rc = fsdp_test_cli(msg, sizeof msg, "convert %s %s --to hf --quantize nf4", ck, direct);
+    ck_assert_msg(rc == 0 && strstr(msg, "LoRA adapters merged") && strstr(msg, "NF4"), "%s",
+                  msg);
+    rc = fsdp_test_cli(msg, sizeof msg, "convert %s %s --to hf --dtype bf16 --quiet", ck, merged);
+    ck_assert_msg(rc == 0, "%s", msg);
+    rc = fsdp_test_cli(msg, sizeof msg, "convert %s %s --to hf --quantize nf4 --quiet", merged,
+                       again);
+    ck_assert_msg(rc == 0, "%s", msg);
+    pathf(a, sizeof a, "%s/model.safetensors", direct);
+    pathf(b, sizeof b, "%s/model.safetensors", again);
+    same_file(a, b);
+}
+END_TEST
+
+START_TEST(test_write_state_json)
+{
+    /* nested_offset as Python's repr(float(numpy.float32(v))) prints it */
+    static const struct {
+        float offset;
+        const char *repr;
+    } cases[] = {
+        {0.12599945068359375f, "0.12599945068359375"}, {1e-5f, "9.999999747378752e-06"},
+        {0.0f, "0.0"}, {123.0f, "123.0"}, {2.5e-7f, "2.499999993688107e-07"},
+        {1e-4f, "9.999999747378752e-05"}, {3e-4f, "0.0003000000142492354"},
+        {1.0f / 3, "0.3333333432674408"}, {0.5f, "0.5"}, {65504.0f, "65504.0"},
+        {1125899906842624.0f, "1125899906842624.0"},
+        {18014398509481984.0f, "1.8014398509481984e+16"}, {9.5367431640625e-07f,
+                                                           "9.5367431640625e-07"},
+        {-0.75f, "-0.75"},
+    };
+    const uint64_t shape[2] = {64, 128};
+    for (size_t k = 0; k < FSDP_TEST_LEN(cases); k++) {
+        char got[256], want[256];
+        size_t n = fsdp_bnb4_state_json(got, sizeof got, shape, 2, "bfloat16", cases[k].offset);
+        pathf(want, sizeof want, "{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": "
+              "\"bfloat16\", \"shape\": [64, 128], \"nested_blocksize\": 256, \"nested_dtype\": "
+              "\"float32\", \"nested_offset\": %s}", cases[k].repr);
+        ck_assert_str_eq(got, want);
+        ck_assert_uint_eq(n, strlen(want));
+    }
+    char small[32];
+    ck_assert_uint_eq(fsdp_bnb4_state_json(small, sizeof small, shape, 2, "bfloat16", 0.5f) <
+                          sizeof small, false);
+}
+END_TEST
+
+START_TEST(test_write_refused)
+{
+    char out[512], args[1024];
+    fsdp_test_path(out, sizeof out, "refused");
+    const struct {
+        const char *to, *want;
+    } cases[] = {
+        {"--to ckpt", "--quantize nf4 writes a bnb-4bit Hugging Face directory (--to hf), and OUT"},
+        {"--to peft", "is a PEFT"},
+        {"--to llmc", "is a llm.c"},
+        {"--to safetensors", "is a safetensors file"},
+    };
+    for (size_t k = 0; k < FSDP_TEST_LEN(cases); k++) {
+        char msg[4096];
+        pathf(args, sizeof args, "convert %s %s %s --quantize nf4", BF16_DIR, out, cases[k].to);
+        int rc = fsdp_test_cli(msg, sizeof msg, "%s", args);
+        ck_assert_msg(rc == 2 && strstr(msg, cases[k].want), "%s: rc %d\n%s", args, rc, msg);
+    }
+    const fsdp_test_cli_case cli[] = {
+        {"convert " BF16_DIR " /nonexistent/x --to hf --quantize fp4", 2,
+         "--quantize: unknown value 'fp4' (expected nf4)"},
+        {"convert " BF16_DIR " /nonexistent/x --to hf --quantize none", 2,
+         "'none' is not accepted here (expected nf4)"},
+    };
+    fsdp_test_cli_cases(cli, FSDP_TEST_LEN(cli));
+    ck_assert_int_ne(access(out, F_OK), 0); /* nothing written */
+    /* a weight that is not finite cannot be quantized: named, nothing written */
+    fsdp_model m;
+    float **u = read_units(BF16_DIR, &m, NULL);
+    int unit = 1, i = 0;
+    while (!fsdp_lora_is_linear_weight(&m, unit, i))
+        i++;
+    u[unit][m.units[unit].params[i].offset + 100] = NAN;
+    char nan_dir[512], msg[4096];
+    fsdp_test_path(nan_dir, sizeof nan_dir, "nan");
+    ck_assert_int_eq(fsdp_modelfile_write(nan_dir, fsdp_modelfile_format_find("hf"), &m,
+                                          (const float *const *)u, FSDP_DTYPE_F32),
+                     FSDP_STATUS_OK);
+    free_units(u, &m);
+    int rc = fsdp_test_cli(msg, sizeof msg, "convert %s %s --to hf --quantize nf4", nan_dir,
+                           out);
+    ck_assert_msg(rc == 2 && strstr(msg, "model.layers.0.") && strstr(msg, "element 100") &&
+                      strstr(msg, "finite"), "rc %d\n%s", rc, msg);
+    ck_assert_int_ne(access(out, F_OK), 0);
+    /* GPT-2 names no block linear layers (and stores its Conv1D weights transposed) */
+    char gpt2[512];
+    fsdp_test_path(gpt2, sizeof gpt2, "gpt2.safetensors");
+    write_nan_tiny_model(gpt2, 0, 0); /* a NaN in the embeddings, which stay floats */
+    rc = fsdp_test_cli(msg, sizeof msg, "convert %s %s --to hf --quantize nf4", gpt2, out);
+    ck_assert_msg(rc == 2 && strstr(msg, "nothing to store in NF4") &&
+                      strstr(msg, "Llama-family"), "rc %d\n%s", rc, msg);
+    ck_assert_int_ne(access(out, F_OK), 0);
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
         {"read", 30, FSDP_TESTS(test_read_dequantized, test_read_nf4_same_bytes)},
         {"train", 60, .tmpdir = true,
          FSDP_TESTS(FSDP_TEST_LOOP(test_train_as_quantize, 2), test_eval_dequantized)},
+        {"write", 60, .tmpdir = true,
+         FSDP_TESTS(test_write_as_transformers, test_write_fp32, test_write_sharded,
+                    test_write_lora_merged, test_write_state_json, test_write_refused)},
         {"hostile", 10, .tmpdir = true,
          FSDP_TESTS(FSDP_TEST_LOOP(test_hostile, (int)FSDP_TEST_LEN(hostiles)))},
     };

@@ -10,6 +10,10 @@ tests/test_bnb4.c (src/ops/nf4.c, src/ckpt/bnb4.c, fsdp convert --quantize).
       bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=bfloat16) on
       CPU and written back by save_pretrained: what a user downloads as a
       "bnb-4bit" checkpoint
+  tests/fixtures/bnb4/nf4_sharded/  the same quantized model written by
+      save_pretrained(max_shard_size="30KB"): model.safetensors.index.json
+      and three files, a weight's six tensors split over two of them
+      (--sharded writes only this one, from the bf16/ already there)
   tests/fixtures/bnb4/golden.safetensors
       nf4_code        F32 (16,)   bitsandbytes' NF4 table
       dynamic_map     F32 (256,)  create_dynamic_map(signed=True)
@@ -23,8 +27,9 @@ tests/test_bnb4.c (src/ops/nf4.c, src/ckpt/bnb4.c, fsdp convert --quantize).
 Hidden 64, intermediate 128, 2 layers, 4 heads of 16 with 2 KV heads,
 vocab 96: every linear weight is a multiple of 64 elements. Usage:
   tools/gen_bnb4_fixture.py [OUTDIR]   (default tests/fixtures/bnb4)
+  tools/gen_bnb4_fixture.py --sharded [OUTDIR]
   tools/gen_bnb4_fixture.py --tables   the C literals of src/ops/nf4.c
-Needs torch, transformers, safetensors, bitsandbytes (pip).
+Needs torch, transformers, accelerate, safetensors, bitsandbytes (pip).
 """
 import copy
 import os
@@ -85,9 +90,28 @@ def probe_vector():
     raise SystemExit("no seed tells the binned absmax search from an exact one")
 
 
+def bnb4_config():
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                              bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def load_nf4(out):
+    return AutoModelForCausalLM.from_pretrained(os.path.join(out, "bf16"),
+                                                quantization_config=bnb4_config(),
+                                                dtype=torch.bfloat16, device_map="cpu")
+
+
+def sharded(out):
+    load_nf4(out).save_pretrained(os.path.join(out, "nf4_sharded"), max_shard_size="30KB")
+
+
 def main():
     if sys.argv[1:] == ["--tables"]:
         tables()
+        return
+    if sys.argv[1:2] == ["--sharded"]:
+        sharded(sys.argv[2] if len(sys.argv) > 2 else "tests/fixtures/bnb4")
         return
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/bnb4"
     torch.manual_seed(2027)
@@ -105,12 +129,9 @@ def main():
     model = model.to(torch.bfloat16)
     model.save_pretrained(os.path.join(out, "bf16"))
 
-    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                           bnb_4bit_use_double_quant=True,
-                           bnb_4bit_compute_dtype=torch.bfloat16)
-    m4 = AutoModelForCausalLM.from_pretrained(os.path.join(out, "bf16"), quantization_config=q,
-                                              dtype=torch.bfloat16, device_map="cpu")
+    m4 = load_nf4(out)
     m4.save_pretrained(os.path.join(out, "nf4"))
+    sharded(out)
 
     golden = {"nf4_code": F.get_4bit_type("nf4", device="cpu").float().contiguous(),
               "dynamic_map": F.create_dynamic_map().float().contiguous()}

@@ -24,7 +24,14 @@
  * against the model), keeping only each weight's nested absmax and offset
  * in memory; a range read then preads only the codes and absmax codes of
  * its blocks. Anything else (fp4, 8-bit, no double quantization, another
- * quant_method) is refused by name. Writing is bnb4_write.c.
+ * quant_method) is refused by name.
+ *
+ * Writing (bnb4_write.c, `fsdp convert --to hf --quantize nf4`) makes such
+ * a directory from a model in floats, byte for byte as transformers +
+ * bitsandbytes save it: the weights quantized from their values in the
+ * storage dtype (bf16: "dtype": "bfloat16" in the quant_state and
+ * config.json, the rest of the model in BF16; or fp32), inside each file
+ * the tensors sorted by dtype (F32, BF16, U8) then name.
  */
 #ifndef FSDP_CKPT_BNB4_H
 #define FSDP_CKPT_BNB4_H
@@ -86,5 +93,26 @@ fsdp_status fsdp_bnb4_read(const fsdp_modelfile *mf, const fsdp_bnb4_tensor *t, 
  * bytes (and the absmax codes back to their nested block's start). */
 fsdp_status fsdp_bnb4_read_blocks(const fsdp_modelfile *mf, const fsdp_bnb4_tensor *t,
                                   uint64_t first, uint64_t count, uint8_t *codes, float *absmax);
+
+/* Write model m (host fp32 units, as modelfile.h's writer takes them) as a
+ * bnb-4bit Hugging Face directory at path, atomically, with o's storage
+ * dtype (F32 or BF16), shard size and companions (hfdir.h's writer does the
+ * rest). INVALID_ARG for a family without Hugging Face names or a weight
+ * that is not finite (named). */
+fsdp_status fsdp_bnb4_write(const char *path, const fsdp_model *m, const float *const *units,
+                            const fsdp_modelfile_write_opts *o);
+
+/* config.json of m as a bnb-4bit directory stored in dt: the family's
+ * (hf_config_write) with transformers' quantization_config among its
+ * sorted keys, appended to out. */
+struct fsdp_sbuf;
+fsdp_status fsdp_bnb4_config_write(const fsdp_model *m, fsdp_dtype dt, struct fsdp_sbuf *out);
+
+/* A weight's quant_state JSON (W.quant_state.bitsandbytes__nf4) into
+ * buf[0..n), NUL-terminated: json.dumps of bitsandbytes' packed dict, the
+ * offset as Python's repr of it as a double ("nested_offset":
+ * 0.12599945068359375, 1e-05, 0.0). Returns its length (0: did not fit). */
+size_t fsdp_bnb4_state_json(char *buf, size_t n, const uint64_t *shape, int ndim,
+                            const char *dtype, float offset);
 
 #endif /* FSDP_CKPT_BNB4_H */

@@ -90,6 +90,34 @@ void fsdp_hfdir_index_free(fsdp_hfdir_index *x);
 fsdp_status fsdp_hfdir_write(const char *path, const fsdp_model *m, const float *const *units,
                              const fsdp_modelfile_write_opts *o);
 
+/* What writes config.json and the weights of a Hugging Face directory into
+ * the temporary directory tmp (*n_files: the safetensors files written). */
+typedef fsdp_status (*fsdp_hfdir_model_writer)(const char *tmp, const fsdp_model *m,
+                                               const float *const *units,
+                                               const fsdp_modelfile_write_opts *o,
+                                               int *n_files);
+
+/* fsdp_hfdir_write with config.json and the weights written by
+ * write_weights (NULL: the floats of the format's own writer; bnb4_write.c
+ * has another): the checks, staging, companions and rename are the same. */
+fsdp_status fsdp_hfdir_write_as(const char *path, const fsdp_model *m,
+                                const float *const *units, const fsdp_modelfile_write_opts *o,
+                                fsdp_hfdir_model_writer write_weights);
+
+/* "model.safetensors" for one file, "model-0000K-of-0000N.safetensors" (K
+ * = k + 1) for file k of n_shards. */
+void fsdp_hfdir_shard_name(char *buf, size_t n, int k, int n_shards);
+
+/* model.safetensors.index.json into tmp, as transformers writes it (keys
+ * sorted, two-space indent): e[0..n) each a tensor's name and file (sorted
+ * here), with total_parameters and total_size (data bytes) as metadata. */
+typedef struct fsdp_hfdir_entry {
+    const char *name;
+    int shard;
+} fsdp_hfdir_entry;
+fsdp_status fsdp_hfdir_write_index(const char *tmp, fsdp_hfdir_entry *e, int n, int n_shards,
+                                   uint64_t total_parameters, uint64_t total_bytes);
+
 /* Writing a directory atomically (hfdir_write.c; the adapter writer, peft.c,
  * shares it). Begin: `path` must not exist or be an empty directory (never
  * a file, which is never replaced); creates "<path>.tmp.<pid>" into

@@ -159,7 +159,7 @@ static int cmp_out(const void *a, const void *b)
     return strcmp(((const fsdp_st_out *)a)->name, ((const fsdp_st_out *)b)->name);
 }
 
-static void shard_name(char *buf, size_t n, int k, int n_shards)
+void fsdp_hfdir_shard_name(char *buf, size_t n, int k, int n_shards)
 {
     if (n_shards == 1)
         snprintf(buf, n, FSDP_HF_WEIGHTS);
@@ -167,32 +167,14 @@ static void shard_name(char *buf, size_t n, int k, int n_shards)
         snprintf(buf, n, "model-%05d-of-%05d.safetensors", k + 1, n_shards);
 }
 
-/* An index entry: a tensor's name and its file. */
-struct entry {
-    const char *name;
-    int shard;
-};
-
 static int cmp_entry(const void *a, const void *b)
 {
-    return strcmp(((const struct entry *)a)->name, ((const struct entry *)b)->name);
+    return strcmp(((const fsdp_hfdir_entry *)a)->name, ((const fsdp_hfdir_entry *)b)->name);
 }
 
-/* model.safetensors.index.json for out[0..n) (out[k] in file shard_of[k]),
- * keys sorted, as transformers writes it. */
-static fsdp_status write_index(const char *tmp, const fsdp_model *m, const fsdp_st_out *out,
-                               const int *shard_of, int n, int n_shards, uint64_t total_bytes)
+fsdp_status fsdp_hfdir_write_index(const char *tmp, fsdp_hfdir_entry *e, int n, int n_shards,
+                                   uint64_t params, uint64_t total_bytes)
 {
-    struct entry *e = malloc((size_t)n * sizeof *e);
-    if (!e)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the index");
-    uint64_t params = 0;
-    for (int k = 0; k < n; k++) {
-        e[k] = (struct entry){out[k].name, shard_of[k]};
-        fsdp_weight_tensor t;
-        m->family->safetensors->tensor(m, out[k].unit, out[k].param, &t);
-        params += t.stored_numel;
-    }
     qsort(e, (size_t)n, sizeof *e, cmp_entry);
     fsdp_sbuf b = {0};
     fsdp_sbuf_printf(&b, "{\n  \"metadata\": {\n    \"total_parameters\": %" PRIu64 ",\n"
@@ -200,16 +182,34 @@ static fsdp_status write_index(const char *tmp, const fsdp_model *m, const fsdp_
                      total_bytes);
     char file[64];
     for (int k = 0; k < n; k++) {
-        shard_name(file, sizeof file, e[k].shard, n_shards);
+        fsdp_hfdir_shard_name(file, sizeof file, e[k].shard, n_shards);
         fsdp_sbuf_printf(&b, "    \"%s\": \"%s\"%s\n", e[k].name, file, k + 1 < n ? "," : "");
     }
     fsdp_sbuf_printf(&b, "  }\n}\n");
-    free(e);
     char p[FSDP_CKPT_PATH_MAX + 64];
     snprintf(p, sizeof p, "%s/" FSDP_HF_INDEX, tmp);
     fsdp_status st = b.oom ? fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the index")
                            : fsdp_write_file_sync(p, b.p, b.n, "index");
     free(b.p);
+    return st;
+}
+
+/* The index of the float tensors out[0..n) (out[k] in file shard_of[k]). */
+static fsdp_status write_index(const char *tmp, const fsdp_model *m, const fsdp_st_out *out,
+                               const int *shard_of, int n, int n_shards, uint64_t total_bytes)
+{
+    fsdp_hfdir_entry *e = malloc((size_t)n * sizeof *e);
+    if (!e)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the index");
+    uint64_t params = 0;
+    for (int k = 0; k < n; k++) {
+        e[k] = (fsdp_hfdir_entry){out[k].name, shard_of[k]};
+        fsdp_weight_tensor t;
+        m->family->safetensors->tensor(m, out[k].unit, out[k].param, &t);
+        params += t.stored_numel;
+    }
+    fsdp_status st = fsdp_hfdir_write_index(tmp, e, n, n_shards, params, total_bytes);
+    free(e);
     return st;
 }
 
@@ -268,7 +268,7 @@ static fsdp_status write_model(const char *tmp, const fsdp_model *m, const float
                 part[c++] = out[k];
         qsort(part, (size_t)c, sizeof *part, cmp_out);
         char name[64];
-        shard_name(name, sizeof name, s, n_shards);
+        fsdp_hfdir_shard_name(name, sizeof name, s, n_shards);
         snprintf(p, sizeof p, "%s/%s", tmp, name);
         st = fsdp_st_write_tensors(p, m, units, o->dtype, part, c, key, val, 1);
     }
@@ -321,8 +321,9 @@ fsdp_status fsdp_dir_write_end(const char *path, const char *tmp, fsdp_status st
     return fsdp_fsync_dir(dir);
 }
 
-fsdp_status fsdp_hfdir_write(const char *path, const fsdp_model *m, const float *const *units,
-                             const fsdp_modelfile_write_opts *o)
+fsdp_status fsdp_hfdir_write_as(const char *path, const fsdp_model *m,
+                                const float *const *units, const fsdp_modelfile_write_opts *o,
+                                fsdp_hfdir_model_writer write_weights)
 {
     const fsdp_safetensors_mapping *map = m->family->safetensors;
     if (!map || !map->hf_config_write)
@@ -335,11 +336,17 @@ fsdp_status fsdp_hfdir_write(const char *path, const fsdp_model *m, const float 
     char tmp[FSDP_CKPT_PATH_MAX];
     FSDP_TRY(fsdp_dir_write_begin(path, "Hugging Face directory", tmp, sizeof tmp));
     int n_files = 0;
-    fsdp_status st = write_model(tmp, m, units, o, &n_files);
+    fsdp_status st = (write_weights ? write_weights : write_model)(tmp, m, units, o, &n_files);
     if (st == FSDP_STATUS_OK)
         st = copy_companions(tmp, o);
     FSDP_TRY(fsdp_dir_write_end(path, tmp, st));
     FSDP_INFO(FSDP_SUB_CKPT, "wrote Hugging Face directory '%s' (%s, %d safetensors file(s), "
               "model '%s')", path, fsdp_dtype_name(o->dtype), n_files, m->name);
     return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_hfdir_write(const char *path, const fsdp_model *m, const float *const *units,
+                             const fsdp_modelfile_write_opts *o)
+{
+    return fsdp_hfdir_write_as(path, m, units, o, NULL);
 }

@@ -16,6 +16,11 @@
  * memory once (fp32). fp32 conversions are bit-exact; --dtype bf16 rounds
  * to nearest even, and bf16 read back as bf16 is exact.
  *
+ * --quantize nf4 (a Hugging Face OUT only) writes a bnb-4bit directory
+ * (ckpt/bnb4.h): the block linear weights in NF4 as transformers +
+ * bitsandbytes save them, the rest in --dtype (bf16 unless given); a LoRA
+ * IN is merged first, as for any Hugging Face OUT.
+ *
  * A Hugging Face OUT gets the tokenizer and generation files of a Hugging
  * Face IN or those a checkpoint IN carries (ckpt/ckpt_tok.h), or those of
  * --tokenizer's directory (with that tokenizer.json), and a
@@ -29,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/bnb4.h"
 #include "ckpt/ckpt_tok.h"
 #include "cli/args.h"
 #include "cli/cli.h"
@@ -36,6 +42,7 @@
 #include "data/chat.h"
 #include "data/hftok.h"
 #include "models/lora.h"
+#include "train/adapt.h"
 
 /* OUT's format (see the top of the file), or NULL after a usage message. */
 static const fsdp_modelfile_format *out_format(const char *to, const char *out,
@@ -197,7 +204,7 @@ static const char *to_help(char *buf, size_t n)
 int fsdp_cli_convert(int argc, char **argv)
 {
     const char *to = NULL, *tokenizer = NULL;
-    int dtype = FSDP_DTYPE_F32;
+    int dtype = -1, quantize = FSDP_QUANT_NONE; /* -1: fp32, bf16 with --quantize nf4 */
     size_t shard_bytes = 0;
     bool quiet = false;
     /* every format name, suffix and property from the table (ckpt/modelfile.h) */
@@ -212,14 +219,20 @@ int fsdp_cli_convert(int argc, char **argv)
     snprintf(help_tok, sizeof help_tok, "%s OUT: ship this tokenizer (and the "
              "tokenizer_config.json, special_tokens_map.json and generation_config.json next "
              "to it); default: those of such an IN, or those a checkpoint IN carries", ships);
-    snprintf(synopsis, sizeof synopsis, "IN OUT [--dtype fp32|bf16] [--to FORMAT]   (IN, OUT: %s)",
+    snprintf(synopsis, sizeof synopsis, "IN OUT [--dtype fp32|bf16] [--to FORMAT] [--quantize nf4]   "
+             "(IN, OUT: %s)",
              files);
     fsdp_opt opts[] = {
         {.name = "dtype", .type = FSDP_OPT_NAME, .dst = &dtype, .names = &fsdp_dtype_names,
          .help = "element type of the tensors OUT holds (a format that holds fp32 only refuses "
-                 "bf16)"},
+                 "bf16; default fp32, bf16 with --quantize nf4)"},
         {.name = "to", .type = FSDP_OPT_STR, .dst = &to, .metavar = names,
          .help = to_help(help_to, sizeof help_to)},
+        {.name = "quantize", .type = FSDP_OPT_NAME, .dst = &quantize, .names = &fsdp_quant_names,
+         .allow = FSDP_NAME_BIT(FSDP_QUANT_NF4),
+         .help = "write a bnb-4bit Hugging Face directory (--to hf): every block linear "
+                 "weight (not the LM head) in NF4 with double quantization, byte for byte as "
+                 "transformers + bitsandbytes save it; the rest in --dtype"},
         {.name = "shard-size", .type = FSDP_OPT_SIZE, .dst = &shard_bytes, .metavar = "BYTES",
          .help = help_shard},
         {.name = "tokenizer", .type = FSDP_OPT_STR, .dst = &tokenizer, .metavar = "tokenizer.json",
@@ -235,10 +248,16 @@ int fsdp_cli_convert(int argc, char **argv)
         return rc;
     if (n_pos != 2)
         return fsdp_cli_usage("convert", "need IN and OUT (each %s)", files);
-    fsdp_dtype dt = (fsdp_dtype)dtype;
+    bool nf4 = quantize == FSDP_QUANT_NF4;
+    fsdp_dtype dt = dtype >= 0 ? (fsdp_dtype)dtype : nf4 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
     const fsdp_modelfile_format *out_fmt = out_format(to, pos[1], pos[0]);
     if (!out_fmt)
         return 2;
+    if (nf4 && out_fmt != fsdp_modelfile_format_find("hf"))
+        return fsdp_cli_usage("convert", "--quantize nf4 writes a bnb-4bit %s (--to hf), and OUT "
+                              "'%s' is a %s", fsdp_modelfile_format_name(
+                                  fsdp_modelfile_format_find("hf")),
+                              pos[1], fsdp_modelfile_format_name(out_fmt));
     if ((rc = check_out_options(out_fmt, pos[1], dt, tokenizer, shard_bytes)))
         return rc;
     const fsdp_path_arg ins[] = {{"IN", pos[0], FSDP_PATH_TREE},
@@ -310,15 +329,19 @@ int fsdp_cli_convert(int argc, char **argv)
         snprintf(tok_dir, sizeof tok_dir, "%s", tok_json);
         wo.companions = dirname(tok_dir);
     }
-    st = fsdp_modelfile_write_with(pos[1], out_fmt, &m, (const float *const *)units, &wo);
+    if (nf4)
+        st = fsdp_bnb4_write(pos[1], &m, (const float *const *)units, &wo);
+    else
+        st = fsdp_modelfile_write_with(pos[1], out_fmt, &m, (const float *const *)units, &wo);
     if (st == FSDP_STATUS_OK && !quiet) {
         const char *note = fsdp_modelfile_format_note(out_fmt);
-        printf("converted %s '%s' (%s, model %s, %.2fM parameters) to %s '%s' (%s%s%s%s)\n",
+        printf("converted %s '%s' (%s, model %s, %.2fM parameters) to %s '%s' (%s%s%s%s%s)\n",
                fsdp_modelfile_format_name(fsdp_modelfile_format_get(mf)),
                fsdp_modelfile_path(mf), fsdp_modelfile_dtype_name(mf), m.name,
                (double)m.numel / 1e6, fsdp_modelfile_format_name(out_fmt), pos[1],
                fsdp_dtype_name(dt), note ? ", " : "", note ? note : "",
-               merged ? ", LoRA adapters merged into the weights" : "");
+               merged ? ", LoRA adapters merged into the weights" : "",
+               nf4 ? ", block linear weights in NF4 (bnb-4bit)" : "");
         if (fsdp_modelfile_format_ships_tokenizer(out_fmt))
             printf("copied along: %s\n", copied[0] ? copied : "nothing (no tokenizer: pass "
                                                              "--tokenizer tokenizer.json)");
