@@ -152,6 +152,24 @@ START_TEST(test_accum_flat_devices)
 }
 END_TEST
 
+/* second, resumed from the checkpoint after step 2 of a 4-step run, ends as the uninterrupted
+ * run straight does: steps 3 and 4 and the final parameters, bit for bit (second's first two
+ * steps are filled in from straight's). */
+static void expect_resumed_identical(const fsdp_train_result *straight, fsdp_train_result *second,
+                                     const char *what)
+{
+    ck_assert_int_eq(second->first_step, 2);
+    ck_assert_int_eq(second->steps, 4);
+    for (int s = 2; s < 4; s++)
+        ck_assert_msg(!memcmp(&straight->losses[s], &second->losses[s], sizeof(float)),
+                      "%s: step %d: loss %.9g resumed, %.9g straight", what, s + 1,
+                      second->losses[s], straight->losses[s]);
+    second->first_step = 0; /* the parameters: every unit, as expect_identical_runs reads them */
+    memcpy(second->losses, straight->losses, 2 * sizeof(float));
+    memcpy(second->grad_norms, straight->grad_norms, 2 * sizeof(float));
+    assert_identical(straight, second, what);
+}
+
 /* A checkpoint holds no accumulation state: a flat run (offload, 4
  * micro-steps) stopped after step 2 and resumed equals the uninterrupted
  * one, losses and parameters. */
@@ -174,16 +192,7 @@ START_TEST(test_accum_flat_resume)
     c.stop_after = 0;
     c.resume = true;
     run_ok(&c, &second);
-    ck_assert_int_eq(second.first_step, 2);
-    ck_assert_int_eq(second.steps, 4);
-    for (int s = 2; s < 4; s++)
-        ck_assert_msg(!memcmp(&straight.losses[s], &second.losses[s], sizeof(float)),
-                      "step %d: loss %.9g resumed, %.9g straight", s + 1, second.losses[s],
-                      straight.losses[s]);
-    second.first_step = 0; /* the parameters: every unit, as expect_identical_runs reads them */
-    memcpy(second.losses, straight.losses, 2 * sizeof(float));
-    memcpy(second.grad_norms, straight.grad_norms, 2 * sizeof(float));
-    assert_identical(&straight, &second, "flat, resumed after step 2");
+    expect_resumed_identical(&straight, &second, "flat, resumed after step 2");
     fsdp_train_result_free(&straight);
     fsdp_train_result_free(&first);
     fsdp_train_result_free(&second);
@@ -394,16 +403,7 @@ START_TEST(test_offload_params_resume)
     c.ckpt_dir = ck;
     c.resume = true;
     run_ok(&c, &second);
-    ck_assert_int_eq(second.first_step, 2);
-    ck_assert_int_eq(second.steps, 4);
-    for (int s = 2; s < 4; s++)
-        ck_assert_msg(!memcmp(&straight.losses[s], &second.losses[s], sizeof(float)),
-                      "step %d: loss %.9g resumed, %.9g straight", s + 1, second.losses[s],
-                      straight.losses[s]);
-    second.first_step = 0; /* the parameters: every unit, as expect_identical_runs reads them */
-    memcpy(second.losses, straight.losses, 2 * sizeof(float));
-    memcpy(second.grad_norms, straight.grad_norms, 2 * sizeof(float));
-    assert_identical(&straight, &second, "offload optimizer,params, resumed on 4 devices");
+    expect_resumed_identical(&straight, &second, "offload optimizer,params, resumed on 4 devices");
     fsdp_train_result_free(&straight);
     fsdp_train_result_free(&first);
     fsdp_train_result_free(&second);
