@@ -152,6 +152,24 @@ START_TEST(test_accum_flat_devices)
 }
 END_TEST
 
+/* second, resumed from the checkpoint after step 2 of a 4-step run, ends as the uninterrupted
+ * run straight does: steps 3 and 4 and the final parameters, bit for bit (second's first two
+ * steps are filled in from straight's). */
+static void expect_resumed_identical(const fsdp_train_result *straight, fsdp_train_result *second,
+                                     const char *what)
+{
+    ck_assert_int_eq(second->first_step, 2);
+    ck_assert_int_eq(second->steps, 4);
+    for (int s = 2; s < 4; s++)
+        ck_assert_msg(!memcmp(&straight->losses[s], &second->losses[s], sizeof(float)),
+                      "%s: step %d: loss %.9g resumed, %.9g straight", what, s + 1,
+                      second->losses[s], straight->losses[s]);
+    second->first_step = 0; /* the parameters: every unit, as expect_identical_runs reads them */
+    memcpy(second->losses, straight->losses, 2 * sizeof(float));
+    memcpy(second->grad_norms, straight->grad_norms, 2 * sizeof(float));
+    assert_identical(straight, second, what);
+}
+
 /* A checkpoint holds no accumulation state: a flat run (offload, 4
  * micro-steps) stopped after step 2 and resumed equals the uninterrupted
  * one, losses and parameters. */
@@ -174,16 +192,7 @@ START_TEST(test_accum_flat_resume)
     c.stop_after = 0;
     c.resume = true;
     run_ok(&c, &second);
-    ck_assert_int_eq(second.first_step, 2);
-    ck_assert_int_eq(second.steps, 4);
-    for (int s = 2; s < 4; s++)
-        ck_assert_msg(!memcmp(&straight.losses[s], &second.losses[s], sizeof(float)),
-                      "step %d: loss %.9g resumed, %.9g straight", s + 1, second.losses[s],
-                      straight.losses[s]);
-    second.first_step = 0; /* the parameters: every unit, as expect_identical_runs reads them */
-    memcpy(second.losses, straight.losses, 2 * sizeof(float));
-    memcpy(second.grad_norms, straight.grad_norms, 2 * sizeof(float));
-    assert_identical(&straight, &second, "flat, resumed after step 2");
+    expect_resumed_identical(&straight, &second, "flat, resumed after step 2");
     fsdp_train_result_free(&straight);
     fsdp_train_result_free(&first);
     fsdp_train_result_free(&second);
@@ -286,6 +295,118 @@ START_TEST(test_offload_identical)
                 fsdp_train_result_free(&a);
                 fsdp_train_result_free(&b);
             }
+}
+END_TEST
+
+/* --offload optimizer,params: the trainable compute-dtype shards live in pinned host memory
+ * (the host step writes them, each gather uploads them), so the run gives the bits of one
+ * without offload on 1, 2 and 4 devices, every strategy, fp32 and bf16, with the recompute
+ * mode, accumulation, prefetch and clipping cycling along the matrix. Against --offload
+ * optimizer, the device holds no parameter shard at all and the host no more than before (the
+ * shard is the host step's bf16 staging buffer, or in fp32 the master itself); sharded, the
+ * device peak falls by the compute-dtype shards, less at most one shard upload in flight. */
+START_TEST(test_offload_params_identical)
+{
+    static const int devs[] = {1, 2, 4};
+    int i = 0;
+    for (int d = 0; d < 3; d++)
+        for (int s = 0; s < FSDP_SHARD_COUNT; s++)
+            for (int bf16 = 0; bf16 < 2; bf16++, i++) {
+                if (s == FSDP_SHARD_HYBRID && devs[d] == 1)
+                    continue;
+                /* sanitizer builds: one precision per device count and strategy, alternating */
+                if ((FSDP_TEST_TSAN || FSDP_TEST_ASAN) && bf16 != (d + s) % 2)
+                    continue;
+                fsdp_train_config c;
+                fsdp_train_result ref, opt, r;
+                train_config_tiny(&c, devs[d], i % 2 ? 1 : 0);
+                c.eng.shard = (fsdp_shard_strategy)s;
+                c.eng.n_nodes = s == FSDP_SHARD_HYBRID ? 2 : 1;
+                c.eng.compute_dtype = bf16 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+                c.eng.recompute = (fsdp_recompute)(i % FSDP_RECOMPUTE_COUNT);
+                c.eng.prefetch = i % 4 != 3;
+                c.eng.clip = i % 3 ? 0.5f : 0.0f;
+                run_ok(&c, &ref);
+                c.eng.offload = true;
+                run_ok(&c, &opt);
+                c.eng.offload_params = true;
+                run_ok(&c, &r);
+                char what[160];
+                snprintf(what, sizeof what,
+                         "offload optimizer,params, %d devices, shard %s, %s, recompute %s, "
+                         "grad-accum %d, clip %g",
+                         devs[d], fsdp_shard_strategy_name(c.eng.shard),
+                         fsdp_dtype_name(c.eng.compute_dtype),
+                         fsdp_names_name(&fsdp_recompute_names, (int)c.eng.recompute),
+                         c.eng.grad_accum, (double)c.eng.clip);
+                assert_identical(&ref, &r, what);
+                fsdp_model m;
+                ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
+                fsdp_shardmap sm;
+                ck_assert_int_eq(fsdp_shardmap_init_nodes(&sm, &m, devs[d], c.eng.n_nodes,
+                                                          c.eng.shard),
+                                 FSDP_STATUS_OK);
+                size_t dt = fsdp_dtype_size(c.eng.compute_dtype), shard = 0, max_unit = 0;
+                for (int u = 0; u < sm.n_units; u++) {
+                    shard += sm.units[u].shard_numel * dt;
+                    if (sm.units[u].shard_numel * dt > max_unit)
+                        max_unit = sm.units[u].shard_numel * dt;
+                }
+                for (int k = 0; k < r.n_ranks; k++) {
+                    ck_assert_msg(r.stats[k].mem.peak_kind_bytes[FSDP_MEM_PARAM] == 0,
+                                  "%s: device %d holds %zu parameter bytes", what, k,
+                                  r.stats[k].mem.peak_kind_bytes[FSDP_MEM_PARAM]);
+                    ck_assert_msg(r.stats[k].host_peak_bytes == opt.stats[k].host_peak_bytes,
+                                  "%s: device %d pinned host %zu bytes, %zu with the optimizer "
+                                  "alone", what, k, r.stats[k].host_peak_bytes,
+                                  opt.stats[k].host_peak_bytes);
+                    if (s == FSDP_SHARD_NONE) /* every unit gathered at once: no saving */
+                        continue;
+                    size_t saved = opt.stats[k].peak_bytes - r.stats[k].peak_bytes;
+                    ck_assert_msg(opt.stats[k].peak_bytes > r.stats[k].peak_bytes &&
+                                      saved <= shard && saved + max_unit >= shard,
+                                  "%s: device %d: peak %zu, %zu with the optimizer alone; the "
+                                  "compute-dtype shards are %zu bytes", what, k,
+                                  r.stats[k].peak_bytes, opt.stats[k].peak_bytes, shard);
+                }
+                fsdp_shardmap_free(&sm);
+                fsdp_model_free(&m);
+                fsdp_train_result_free(&ref);
+                fsdp_train_result_free(&opt);
+                fsdp_train_result_free(&r);
+            }
+}
+END_TEST
+
+/* A checkpoint of a run whose parameter shards live on the host (bf16, 2 devices, stopped
+ * after step 2) resumes on 4 devices, the shards rewritten on the host from the masters read,
+ * and ends bit for bit where an uninterrupted run without offload does. */
+START_TEST(test_offload_params_resume)
+{
+    char ck[256];
+    fsdp_test_path(ck, sizeof ck, "ck");
+    fsdp_train_config c;
+    fsdp_train_result straight, first, second;
+    train_config_tiny(&c, 2, 2); /* micro-batches of 2 sequences, as on 4 devices below */
+    c.eng.compute_dtype = FSDP_DTYPE_BF16;
+    c.steps = 4;
+    run_ok(&c, &straight);
+    c.eng.offload = c.eng.offload_params = true;
+    c.ckpt_dir = ck;
+    c.ckpt_every = 2;
+    c.stop_after = 2;
+    run_ok(&c, &first);
+    train_config_tiny(&c, 4, 1);
+    c.eng.compute_dtype = FSDP_DTYPE_BF16;
+    c.eng.offload = c.eng.offload_params = true;
+    c.steps = 4;
+    c.ckpt_dir = ck;
+    c.resume = true;
+    run_ok(&c, &second);
+    expect_resumed_identical(&straight, &second, "offload optimizer,params, resumed on 4 devices");
+    fsdp_train_result_free(&straight);
+    fsdp_train_result_free(&first);
+    fsdp_train_result_free(&second);
 }
 END_TEST
 
@@ -1225,6 +1346,8 @@ int main(void)
                     test_eight_ranks_prefetch_offload, FSDP_TEST_LOOP(test_masked_loss, 2),
                     FSDP_TEST_LOOP(test_threads_per_device_bit_identical,
                                    (int)(sizeof thread_models / sizeof thread_models[0])))},
+        {"offload_params", 300, .tmpdir = true,
+         FSDP_TESTS(test_offload_params_identical, test_offload_params_resume)},
         {"pack", 300, FSDP_TESTS(test_packed_rows)},
         {"accum", 120, .tmpdir = true,
          FSDP_TESTS(test_accum_flat_devices, test_accum_flat_is_tree_below_4,

@@ -260,7 +260,7 @@ static int warm_matrix(const char *model, bool with_cpu, bool qlora)
     for (int b = 0; b < 2; b++)
     for (int si = 0; si < 3; si++)
     for (int prefetch = 0; prefetch < 2; prefetch++)
-    for (int offload = 0; offload < (qlora ? 4 : 2); offload++) /* qlora: params too */
+    for (int offload = 0; offload < 4; offload++) /* fsdp_offload_names' values */
     for (int A = 0; A <= 5; A++) /* 0: an inference engine */
     for (int flat = 0; flat < 2; flat++) /* --accum flat: 3 and 4 micro-steps */
     for (int prec = 0; prec < 2; prec++)
@@ -273,6 +273,8 @@ static int warm_matrix(const char *model, bool with_cpu, bool qlora)
             continue;
         if (A == 0 && (offload || prefetch || si))
             continue; /* inference gathers as full does; no placement, no prefetch */
+        if (offload == 2 && !qlora)
+            continue; /* params alone moves frozen shards: refused with none (engine.c) */
         fsdp_world *w = NULL;
         ck_assert_int_eq(fsdp_world_init(&w, N), FSDP_STATUS_OK);
         fsdp_engine_config c = {.backend = backend, .n_ranks = N, .shard = shards[si],

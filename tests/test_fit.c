@@ -56,7 +56,8 @@ static void candidate_config(const fsdp_fit_request *req, const fsdp_fit_candida
     cfg->eng.batch = c->batch;
     cfg->eng.grad_accum = c->grad_accum;
     cfg->eng.shard = c->shard;
-    cfg->eng.offload = c->offload;
+    cfg->eng.offload = c->offload & 1; /* fsdp_offload_names' value */
+    cfg->eng.offload_params = (c->offload & 2) != 0;
     cfg->eng.prefetch = c->prefetch;
     cfg->eng.accum = c->accum;
     cfg->eng.recompute = (fsdp_recompute)fsdp_fit_recompute_modes[c->recompute].value;
@@ -71,7 +72,8 @@ static size_t peak_of(const fsdp_train_config *base, int b, int A, int shard, in
     c.eng.batch = b;
     c.eng.grad_accum = A;
     c.eng.shard = (fsdp_shard_strategy)shard;
-    c.eng.offload = off;
+    c.eng.offload = off & 1; /* fsdp_offload_names' value */
+    c.eng.offload_params = (off & 2) != 0;
     c.eng.prefetch = pf;
     fsdp_plan p;
     ck_assert_msg(fsdp_plan_run(&c, 2, &p) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
@@ -81,7 +83,8 @@ static size_t peak_of(const fsdp_train_config *base, int b, int A, int shard, in
 }
 
 /* At a fixed micro-batch and accumulation, one step along any ordered
- * dimension (shard full -> grad-op, offload optimizer -> none, prefetch
+ * dimension (shard full -> grad-op, offload optimizer,params -> optimizer ->
+ * none, prefetch
  * off -> on, a recompute mode to one of a higher memory_rank) never lowers
  * the peak: the order fit.h's pruning relies on, for both families.
  * (NO_SHARD is not in it: on one device it holds less than grad-op.) */
@@ -100,28 +103,29 @@ START_TEST(test_fit_memory_order)
                     fsdp_train_config base;
                     base_config(&base, models[mi], devs[di], 32);
                     base.eng.compute_dtype = (fsdp_dtype)prec;
-                    size_t pk[4][3][2][2];
+                    static const int offs[] = {0, 1, 3}; /* none, optimizer, both */
+                    size_t pk[4][3][3][2];
                     for (int rc = 0; rc < R; rc++)
                         for (int s = 0; s < 3; s++)
-                            for (int o = 0; o < 2; o++)
+                            for (int o = 0; o < 3; o++)
                                 for (int p = 0; p < 2; p++) {
                                     base.eng.recompute =
                                         (fsdp_recompute)fsdp_fit_recompute_modes[rc].value;
                                     pk[rc][s][o][p] =
-                                        peak_of(&base, bas[k][0], bas[k][1], s, o, p);
+                                        peak_of(&base, bas[k][0], bas[k][1], s, offs[o], p);
                                 }
                     const char *what = models[mi];
                     for (int rc = 0; rc < R; rc++)
                         for (int s = 0; s < 3; s++)
-                            for (int o = 0; o < 2; o++)
+                            for (int o = 0; o < 3; o++)
                                 for (int p = 0; p < 2; p++) {
                                     const size_t v = pk[rc][s][o][p];
                                     if (s == FSDP_SHARD_FULL)
                                         ck_assert_msg(v <= pk[rc][FSDP_SHARD_GRAD_OP][o][p],
                                                       "%s, %d devices: full > grad-op", what,
                                                       devs[di]);
-                                    if (o == 1)
-                                        ck_assert_msg(v <= pk[rc][s][0][p],
+                                    if (o >= 1)
+                                        ck_assert_msg(v <= pk[rc][s][o - 1][p],
                                                       "%s, %d devices: offload raises the peak",
                                                       what, devs[di]);
                                     if (p == 0)
@@ -188,7 +192,7 @@ static void check_exact(const fsdp_fit_request *req, const fsdp_fit_result *r)
             ck_assert(by->batch == c->batch && by->accum == c->accum &&
                       (by->shard == c->shard || (by->shard == FSDP_SHARD_FULL &&
                                                  c->shard == FSDP_SHARD_GRAD_OP)) &&
-                      by->offload >= c->offload && by->prefetch <= c->prefetch);
+                      (by->offload & c->offload) == c->offload && by->prefetch <= c->prefetch);
         }
         fsdp_plan_free(&p);
     }
@@ -215,7 +219,7 @@ START_TEST(test_fit_exact_vs_every_candidate)
             }
             fsdp_fit_result r;
             ck_assert_int_eq(fsdp_fit_search(&req, &r), FSDP_STATUS_OK);
-            ck_assert_int_eq(r.n_cand, TINY_CHAINS * 12 * fsdp_fit_n_recompute_modes);
+            ck_assert_int_eq(r.n_cand, TINY_CHAINS * 18 * fsdp_fit_n_recompute_modes);
             check_exact(&req, &r);
             fsdp_fit_free(&r);
         }
@@ -227,7 +231,7 @@ START_TEST(test_fit_exact_vs_every_candidate)
         req.base.model = "llama-tiny";
         fsdp_fit_result r;
         ck_assert_int_eq(fsdp_fit_search(&req, &r), FSDP_STATUS_OK);
-        ck_assert_int_eq(r.n_cand, TINY_CHAINS * 12 * fsdp_fit_n_recompute_modes);
+        ck_assert_int_eq(r.n_cand, TINY_CHAINS * 18 * fsdp_fit_n_recompute_modes);
         ck_assert_uint_eq(r.recompute_refused, 0);
         check_exact(&req, &r);
         fsdp_fit_free(&r);
@@ -317,8 +321,8 @@ START_TEST(test_fit_llama_70b)
                 ck_assert_int_eq(r.cand[c->pruned_by].verdict, FSDP_FIT_OVER_DEVICE);
         }
         for (int k = 0; k < fsdp_fit_n_recompute_modes; k++)
-            /* 12 settings, tree and flat (4 micro-steps) */
-            ck_assert_msg(judged[k] == 24, "recompute %s: %d micro-batch-1 settings judged",
+            /* 18 settings, tree and flat (4 micro-steps) */
+            ck_assert_msg(judged[k] == 36, "recompute %s: %d micro-batch-1 settings judged",
                           fsdp_fit_recompute_modes[k].name, judged[k]);
         ck_assert_int_ge(n_runs_1, 2); /* the least-memory sharded and NO_SHARD settings */
         if (prec) {
@@ -343,9 +347,10 @@ START_TEST(test_fit_cap_forces_accumulation)
     tiny_request(&req, 0);
     req.recompute_mask = FSDP_NAME_BIT(0); /* none: the memory below is without recompute */
     fsdp_train_config base = req.base;
-    /* the least memory each micro-batch can run in: shard full, offload, prefetch off */
-    size_t whole = peak_of(&base, 8, 1, FSDP_SHARD_FULL, 1, 0);
-    size_t half = peak_of(&base, 4, 2, FSDP_SHARD_FULL, 1, 0);
+    /* the least memory each micro-batch can run in: shard full, every shard offloaded,
+     * prefetch off */
+    size_t whole = peak_of(&base, 8, 1, FSDP_SHARD_FULL, 3, 0);
+    size_t half = peak_of(&base, 4, 2, FSDP_SHARD_FULL, 3, 0);
     ck_assert_msg(half < whole, "precondition: batch 4 x 2 (%zu) under batch 8 x 1 (%zu)", half,
                   whole);
     req.device_mem = whole - 1;
@@ -687,9 +692,10 @@ START_TEST(test_fit_json)
     ck_assert(get(search, "wall_s", FSDP_JSON_NUMBER)->number > 0);
     ck_assert_uint_eq(get(search, "recompute_refused", FSDP_JSON_ARRAY)->n, 0);
     const fsdp_json *cands = get(root, "candidates", FSDP_JSON_ARRAY);
-    /* --shard and --recompute stay fixed: 7 chains x 2 offload x 2 prefetch */
-    ck_assert_uint_eq(cands->n, TINY_CHAINS * 4);
-    ck_assert(get(search, "candidates", FSDP_JSON_NUMBER)->number == TINY_CHAINS * 4);
+    /* --shard and --recompute stay fixed: 7 chains x 3 offload (none, optimizer,
+     * optimizer,params) x 2 prefetch */
+    ck_assert_uint_eq(cands->n, TINY_CHAINS * 6);
+    ck_assert(get(search, "candidates", FSDP_JSON_NUMBER)->number == TINY_CHAINS * 6);
     int fits = 0, chosen = (int)get(get(root, "chosen", FSDP_JSON_OBJECT), "index",
                                     FSDP_JSON_NUMBER)->number;
     const fsdp_json *c = cands->child;

@@ -114,7 +114,9 @@ START_TEST(test_frozen_step_matches_full)
 }
 END_TEST
 
-/* Bit-identity across device counts, strategies, offload and accumulation, with clipping. */
+/* Bit-identity across device counts, strategies, offload and accumulation, with clipping;
+ * offload: none, optimizer, and (v 2) optimizer,params, with every parameter shard, frozen
+ * and trainable, in pinned host memory. */
 START_TEST(test_frozen_identical_everywhere)
 {
     fsdp_train_config c;
@@ -126,15 +128,17 @@ START_TEST(test_frozen_identical_everywhere)
     static const int devs[] = {2, 4};
     for (int d = 0; d < 2; d++)
         for (int s = 0; s < FSDP_SHARD_COUNT; s++)
-            for (int v = 0; v < 2; v++) {
+            for (int v = 0; v < 3; v++) {
                 frozen_config(&c, devs[d], FROZEN_PATTERNS);
                 c.eng.shard = (fsdp_shard_strategy)s;
-                c.eng.offload = v == 1;
+                c.eng.offload = v >= 1;
+                c.eng.offload_params = v == 2;
                 if (s == FSDP_SHARD_HYBRID)
                     c.eng.n_nodes = 2;
                 char what[128];
-                snprintf(what, sizeof what, "frozen, %d devices, %s%s", devs[d],
-                         fsdp_shard_strategy_name(c.eng.shard), v ? ", offload" : "");
+                snprintf(what, sizeof what, "frozen, %d devices, %s, offload %s", devs[d],
+                         fsdp_shard_strategy_name(c.eng.shard),
+                         fsdp_names_name(&fsdp_offload_names, fsdp_offload_value(&c.eng)));
                 run_ok_as(&c, &r, what);
                 expect_identical_runs(&ref, &r, FROZEN_MODEL, what);
                 fsdp_train_result_free(&r);

@@ -166,7 +166,8 @@ END_TEST
 
 /* Frozen parameters (--freeze; LoRA's base) and, with LoRA, adapters: the frozen segment's
  * compute-dtype shards and its gathers, and no gradient or optimizer state for it, counted to
- * the byte on every strategy, with and without offload, in both precisions. */
+ * the byte on every strategy, every offload setting (params: the frozen shards in pinned host
+ * memory; optimizer,params: the trainable ones too), in both precisions. */
 static const char *const frozen_patterns[] = {
     "model.layers.*.mlp.*,model.embed_tokens.weight",
     "model.*", /* everything but the LM head: blocks that train nothing */
@@ -181,15 +182,18 @@ START_TEST(test_plan_equals_cpu_run_frozen)
             base_config(&c, "llama-tiny", devices[d]);
             c.freeze = frozen_patterns[_i % 2];
             c.eng.shard = (fsdp_shard_strategy)s;
-            c.eng.offload = (d + s) % 2;
+            int off = (d + s + _i) % 4; /* fsdp_offload_names' value */
+            c.eng.offload = off & 1;
+            c.eng.offload_params = off & 2;
             c.eng.compute_dtype = _i / 2 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
             c.eng.grad_accum = 2;
             if (s == FSDP_SHARD_HYBRID && devices[d] > 1)
                 c.eng.n_nodes = 2;
             char desc[256];
-            snprintf(desc, sizeof desc, "--freeze %s, %d device(s), %s, %s%s", c.freeze,
+            snprintf(desc, sizeof desc, "--freeze %s, %d device(s), %s, %s, offload %s", c.freeze,
                      devices[d], fsdp_shard_strategy_name(c.eng.shard),
-                     fsdp_dtype_name(c.eng.compute_dtype), c.eng.offload ? ", offload" : "");
+                     fsdp_dtype_name(c.eng.compute_dtype),
+                     fsdp_names_name(&fsdp_offload_names, off));
             expect_plan_equals_run(&c, desc);
         }
 }
@@ -223,6 +227,61 @@ START_TEST(test_plan_equals_cpu_run_nf4)
                      fsdp_names_name(&fsdp_offload_names, off));
             expect_plan_equals_run(&c, desc);
         }
+}
+END_TEST
+
+/* --offload optimizer,params on a full fine-tune: every parameter shard in pinned host memory,
+ * uploaded before each gather; the plan equals the cpu run to the byte (device and host, by
+ * kind) for every model, device count and strategy, precision, accumulation and recompute
+ * cycling along them; the device holds no parameter bytes. --offload params alone, with
+ * nothing frozen, is refused by both naming optimizer,params. Then LoRA adapters (dense base)
+ * with every parameter on the host, on 2 devices, both precisions. */
+START_TEST(test_plan_equals_cpu_run_params)
+{
+    int i = 0;
+    for (int d = 0; d < 3; d++)
+        for (int s = 0; s < FSDP_SHARD_COUNT; s++, i++) {
+            fsdp_train_config c;
+            base_config(&c, models[(_i + i) % N_MODELS], devices[d]);
+            c.eng.shard = (fsdp_shard_strategy)s;
+            if (s == FSDP_SHARD_HYBRID && devices[d] > 1)
+                c.eng.n_nodes = 2;
+            c.eng.offload = c.eng.offload_params = true;
+            c.eng.compute_dtype = (i + _i) % 2 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+            c.eng.grad_accum = 1 + i % 2;
+            c.eng.recompute = (fsdp_recompute)((i + _i) % FSDP_RECOMPUTE_COUNT);
+            char desc[256];
+            snprintf(desc, sizeof desc, "%s, %d device(s), %s, %s, grad-accum %d, recompute %s, "
+                     "offload optimizer,params", c.model, devices[d],
+                     fsdp_shard_strategy_name(c.eng.shard), fsdp_dtype_name(c.eng.compute_dtype),
+                     c.eng.grad_accum, fsdp_names_name(&fsdp_recompute_names, c.eng.recompute));
+            expect_plan_equals_run(&c, desc);
+            fsdp_plan plan;
+            ck_assert_int_eq(fsdp_plan_run(&c, 1, &plan), FSDP_STATUS_OK);
+            for (int r = 0; r < plan.n_ranks; r++)
+                ck_assert_msg(plan.ranks[r].mem.peak_kind_bytes[FSDP_MEM_PARAM] == 0,
+                              "%s: device %d holds %zu parameter bytes", desc, r,
+                              plan.ranks[r].mem.peak_kind_bytes[FSDP_MEM_PARAM]);
+            fsdp_plan_free(&plan);
+            c.eng.offload = false; /* params alone: nothing frozen to move */
+            ck_assert_int_eq(fsdp_plan_run(&c, 1, &plan), FSDP_STATUS_INVALID_ARG);
+            ck_assert_msg(strstr(fsdp_error_msg(), "--offload optimizer,params"), "%s",
+                          fsdp_error_msg());
+            fsdp_error_clear();
+            fsdp_train_result res;
+            ck_assert_int_eq(fsdp_train_run(&c, &res), FSDP_STATUS_INVALID_ARG);
+            ck_assert_msg(strstr(fsdp_error_msg(), "nothing of model"), "%s", fsdp_error_msg());
+            fsdp_error_clear();
+            fsdp_train_result_free(&res);
+        }
+    fsdp_train_config c;
+    base_config(&c, "llama-tiny", 2);
+    c.lora = (fsdp_lora_config){.r = 4, .alpha = 8, .targets = "q_proj,v_proj"};
+    c.eng.offload = c.eng.offload_params = true;
+    c.eng.compute_dtype = _i ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
+    c.eng.grad_accum = 2;
+    expect_plan_equals_run(&c, _i ? "LoRA, 2 devices, bf16, offload optimizer,params"
+                                  : "LoRA, 2 devices, fp32, offload optimizer,params");
 }
 END_TEST
 
@@ -500,23 +559,33 @@ START_TEST(test_plan_formula_text)
         const char *text;
         double dev_per_p, dev_per_p_n, host_per_p_n;
         int accum;               /* micro-steps */
+        bool params;             /* with offload: --offload optimizer,params */
     } cases[] = {
-        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, NULL, "16 P/N", 0, 16, 0, 1},
-        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_F32, false, NULL, "4 P + 12 P/N", 4, 12, 0, 1},
-        {FSDP_SHARD_NONE, FSDP_DTYPE_F32, false, NULL, "16 P", 16, 0, 0, 1},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, false, NULL, "18 P/N", 0, 18, 0, 1},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, true, NULL, "device 4 P/N + host 16 P/N", 0, 4, 16, 1},
-        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, true, NULL, "device 2 P + host 16 P/N", 2, 0, 16, 1},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, &fsdp_optim_adamw, "16 P/N", 0, 16, 0, 1},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, &fsdp_optim_sgd, "12 P/N", 0, 12, 0, 1},
-        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, false, &fsdp_optim_sgd, "2 P + 12 P/N", 2, 12, 0, 1},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, NULL, "16 P/N", 0, 16, 0, 1, false},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_F32, false, NULL, "4 P + 12 P/N", 4, 12, 0, 1, false},
+        {FSDP_SHARD_NONE, FSDP_DTYPE_F32, false, NULL, "16 P", 16, 0, 0, 1, false},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, false, NULL, "18 P/N", 0, 18, 0, 1, false},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, true, NULL, "device 4 P/N + host 16 P/N",
+         0, 4, 16, 1, false},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, true, NULL, "device 2 P + host 16 P/N",
+         2, 0, 16, 1, false},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, &fsdp_optim_adamw, "16 P/N", 0, 16, 0, 1, false},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, &fsdp_optim_sgd, "12 P/N", 0, 12, 0, 1, false},
+        {FSDP_SHARD_GRAD_OP, FSDP_DTYPE_BF16, false, &fsdp_optim_sgd, "2 P + 12 P/N",
+         2, 12, 0, 1, false},
         {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, true, &fsdp_optim_sgd, "device 2 P/N + host 12 P/N", 0,
-         2, 12, 1},
+         2, 12, 1, false},
         /* 8 micro-steps: the counter holds up to 4 gradient shards (accum.h);
          * with offload they are all on the host */
-        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, NULL, "28 P/N", 0, 28, 0, 8},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, true, NULL, "device 2 P/N + host 28 P/N", 0, 2, 28, 8},
-        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, true, NULL, "device 2 P/N + host 20 P/N", 0, 2, 20, 2},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, false, NULL, "28 P/N", 0, 28, 0, 8, false},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, true, NULL, "device 2 P/N + host 28 P/N",
+         0, 2, 28, 8, false},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, true, NULL, "device 2 P/N + host 20 P/N",
+         0, 2, 20, 2, false},
+        /* the compute-dtype copy moves to the host too (in fp32 it is the master) */
+        {FSDP_SHARD_FULL, FSDP_DTYPE_BF16, true, NULL, "host 18 P/N", 0, 0, 18, 1, true},
+        {FSDP_SHARD_FULL, FSDP_DTYPE_F32, true, NULL, "host 16 P/N", 0, 0, 16, 1, true},
+        {FSDP_SHARD_NONE, FSDP_DTYPE_BF16, true, NULL, "host 18 P", 0, 0, 18 * 4, 1, true},
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {
         fsdp_plan p;
@@ -526,6 +595,7 @@ START_TEST(test_plan_formula_text)
         p.eng.shard = cases[i].shard;
         p.eng.compute_dtype = cases[i].dt;
         p.eng.offload = cases[i].offload;
+        p.eng.offload_params = cases[i].params;
         p.eng.optim = cases[i].optim;
         p.eng.grad_accum = cases[i].accum;
         size_t dev, host;
@@ -552,6 +622,12 @@ START_TEST(test_plan_formula_text)
     fsdp_plan_formula(&p, &dev, &host, text, sizeof text);
     ck_assert_str_eq(text, "18 P/N + 2 F/N + 0.5625 Q/N");
     ck_assert_uint_eq(dev, (18 * 1000000 + 2 * 2000000 + 9 * 1000000) / 4);
+    /* --offload params: the frozen shards in pinned host memory */
+    p.eng.offload_params = true;
+    fsdp_plan_formula(&p, &dev, &host, text, sizeof text);
+    ck_assert_str_eq(text, "18 P/N + host 2 F/N + host 0.5625 Q/N");
+    ck_assert_uint_eq(dev, 18 * 1000000 / 4);
+    ck_assert_uint_eq(host, (2 * 2000000 + 9 * 1000000) / 4);
 }
 END_TEST
 
@@ -1187,6 +1263,7 @@ int main(void)
         {"packed", 60, .tmpdir = true, FSDP_TESTS(test_plan_equals_cpu_run_packed)},
         {"frozen", 120, FSDP_TESTS(FSDP_TEST_LOOP(test_plan_equals_cpu_run_frozen, 4))},
         {"nf4", 120, FSDP_TESTS(FSDP_TEST_LOOP(test_plan_equals_cpu_run_nf4, 2))},
+        {"params", 120, FSDP_TESTS(FSDP_TEST_LOOP(test_plan_equals_cpu_run_params, 2))},
         {"plan", 600, .tmpdir = true,
          FSDP_TESTS(test_plan_70b_fast_and_formulas, test_plan_formula_text,
                     test_offload_grads_on_host, test_plan_fit_verdict, test_plan_json,

@@ -67,7 +67,9 @@ static const fsdp_name offload_names[] = {
     {"params", 2,
      "the frozen parameters' shards (a LoRA base, dense or NF4) in pinned host memory, "
      "uploaded just ahead of each gather"},
-    {"optimizer,params", 3, "both"},
+    {"optimizer,params", 3,
+     "both, and the trainable parameters' shards too: every parameter shard in pinned host "
+     "memory, updated there by the CPU optimizer"},
 };
 const fsdp_name_table fsdp_offload_names = FSDP_NAME_TABLE(offload_names);
 
@@ -112,11 +114,14 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
                               "packed example rows need a model whose attention takes token "
                               "positions (the llama family); model '%s' has none: use --pack "
                               "off", model->name);
-    if (cfg->offload_params && model->train_numel == model->numel)
+    if (cfg->offload_params && !fsdp_offload_trainable_params(cfg) &&
+        model->train_numel == model->numel)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "--offload params keeps frozen parameters' shards in host memory, "
-                              "but nothing of model '%s' is frozen (train adapters with --lora, "
-                              "or --freeze PATTERN)", model->name);
+                              "--offload params alone keeps only frozen parameters' shards in "
+                              "host memory (the device optimizer updates the trainable ones on "
+                              "the device), and nothing of model '%s' is frozen: use --offload "
+                              "optimizer,params to keep the trainable shards in pinned host "
+                              "memory too, stepped by the CPU optimizer", model->name);
     sh->optim = fsdp_optim_or_default(cfg->optim);
     fsdp_optim_hparams_resolve(sh->optim, &cfg->optim_hp, &sh->optim_hp);
     if (!cfg->inference)
@@ -158,16 +163,20 @@ static fsdp_status sync_all(fsdp_engine *e)
 
 /* ---- gather / release ---------------------------------------------------- */
 
-/* A frozen shard of unit u the gather reads: with params offload, `src`
- * (pinned host memory) uploaded into a device buffer of its own on the comm
- * stream (free it with stage_done once the gather has read it); else src. */
-static fsdp_status stage(fsdp_engine *e, int u, void *src, size_t bytes, void **out)
+/* A shard of unit u the gather reads, of the trainable segment or a frozen
+ * one: where params offload keeps it in pinned host memory, `src` uploaded
+ * into a device buffer of its own on the comm stream (free it with
+ * stage_done once the gather has read it); else src. The upload is issued
+ * after the placement's params_ready, so it reads the last update. */
+static fsdp_status stage(fsdp_engine *e, int u, bool trainable, void *src, size_t bytes,
+                         void **out)
 {
     *out = src;
-    if (!e->sh->cfg.offload_params)
+    if (trainable ? !fsdp_offload_trainable_params(&e->sh->cfg) : !e->sh->cfg.offload_params)
         return FSDP_STATUS_OK;
     char what[96];
-    snprintf(what, sizeof what, "unit '%s' frozen shard upload", e->sh->sm.units[u].spec->name);
+    snprintf(what, sizeof what, "unit '%s' %s shard upload", e->sh->sm.units[u].spec->name,
+             trainable ? "parameter" : "frozen");
     FSDP_TRY(fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_GATHER, what, out));
     fsdp_trace_begin(&e->tr, FSDP_TRACE_COPY, "param h2d", e->sh->sm.units[u].spec->name, bytes);
     FSDP_TRY(fsdp_device_memcpy(&e->dev, *out, src, bytes, e->dev.comm));
@@ -195,7 +204,7 @@ static fsdp_status gather_nf4(fsdp_engine *e, int u)
     int k_ranks = sharded(e) ? e->sh->sm.shard_ranks : 1;
     size_t bytes = fsdp_shardmap_nf4_bytes(su);
     void *mine;
-    FSDP_TRY(stage(e, u, row->nf4, bytes, &mine));
+    FSDP_TRY(stage(e, u, false, row->nf4, bytes, &mine));
     char *packed = mine;
     if (sharded(e)) {
         char what[96];
@@ -227,7 +236,8 @@ static fsdp_status gather_nf4(fsdp_engine *e, int u)
 /* Issue the all-gather of unit u on the comm stream (no-op if resident):
  * the trainable segment, then the frozen one over its padding (shardmap.h).
  * Without sharding the buffer is the trainable shard itself, or, with a
- * frozen segment, both shards copied into one buffer of the model's layout. */
+ * frozen segment or the shard in host memory, the shards copied into one
+ * device buffer of the model's layout. */
 static fsdp_status gather_issue(fsdp_engine *e, int u)
 {
     fsdp_shard_row *row = fsdp_engine_row(e, u);
@@ -236,7 +246,8 @@ static fsdp_status gather_issue(fsdp_engine *e, int u)
     if (row->state != FSDP_UNIT_SHARDED)
         return FSDP_STATUS_OK;
     FSDP_TRY(e->place->params_ready(e, u));
-    if (!sharded(e) && !su->frozen_numel && !su->nf4_numel) {
+    if (!sharded(e) && !su->frozen_numel && !su->nf4_numel &&
+        !fsdp_offload_trainable_params(&e->sh->cfg)) {
         row->gathered = row->param;
         row->state = FSDP_UNIT_GATHERED;
         return FSDP_STATUS_OK;
@@ -249,23 +260,26 @@ static fsdp_status gather_issue(fsdp_engine *e, int u)
     char *frozen_at = (char *)row->gathered + su->numel * dt_size(e);
     if (sharded(e)) {
         if (su->shard_numel) {
+            void *mine;
+            FSDP_TRY(stage(e, u, true, row->param, su->shard_numel * dt_size(e), &mine));
             fsdp_comm_label(e->shard_comm, "unit '%s' all-gather", su->spec->name);
-            FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, row->param, row->gathered,
-                                          su->shard_numel, dt, e->dev.comm));
+            FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, mine, row->gathered, su->shard_numel,
+                                          dt, e->dev.comm));
+            stage_done(e, row->param, mine);
         }
         if (su->frozen_shard) {
             void *mine;
-            FSDP_TRY(stage(e, u, row->frozen, su->frozen_shard * dt_size(e), &mine));
+            FSDP_TRY(stage(e, u, false, row->frozen, su->frozen_shard * dt_size(e), &mine));
             fsdp_comm_label(e->shard_comm, "unit '%s' frozen all-gather", su->spec->name);
             FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, mine, frozen_at, su->frozen_shard, dt,
                                           e->dev.comm));
             stage_done(e, row->frozen, mine);
         }
-    } else {
+    } else { /* copies: from pinned host memory too */
         if (su->shard_numel)
             FSDP_TRY(fsdp_device_memcpy(&e->dev, row->gathered, row->param,
                                         su->shard_numel * dt_size(e), e->dev.comm));
-        if (su->frozen_shard) /* a copy: from pinned host memory too */
+        if (su->frozen_shard)
             FSDP_TRY(fsdp_device_memcpy(&e->dev, frozen_at, row->frozen,
                                         su->frozen_shard * dt_size(e), e->dev.comm));
     }
@@ -983,7 +997,7 @@ static fsdp_status gather_nf4_export(fsdp_engine *e, int u, float *host_out)
     fsdp_status st = fsdp_device_alloc(&e->dev, all, FSDP_MEM_OTHER, "unit export (NF4)", &full);
     void *row_nf4 = fsdp_engine_row(e, u)->nf4, *mine = row_nf4;
     if (st == FSDP_STATUS_OK)
-        st = stage(e, u, row_nf4, bytes, &mine);
+        st = stage(e, u, false, row_nf4, bytes, &mine);
     if (st == FSDP_STATUS_OK && sharded(e))
         st = fsdp_comm_all_gather(e->shard_comm, mine, full, bytes / sizeof(float),
                                   FSDP_DTYPE_F32, e->dev.comm);
@@ -1027,7 +1041,7 @@ static fsdp_status gather_frozen(fsdp_engine *e, int u, float *host_out)
     fsdp_status st = fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_OTHER, "unit export (frozen)",
                                        &full);
     if (st == FSDP_STATUS_OK)
-        st = stage(e, u, row_frozen, su->frozen_shard * fsdp_dtype_size(dt), &mine);
+        st = stage(e, u, false, row_frozen, su->frozen_shard * fsdp_dtype_size(dt), &mine);
     if (st == FSDP_STATUS_OK && sharded(e))
         st = fsdp_comm_all_gather(e->shard_comm, mine, full, su->frozen_shard, dt, e->dev.comm);
     else if (st == FSDP_STATUS_OK)

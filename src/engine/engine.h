@@ -45,8 +45,10 @@ typedef struct fsdp_engine_config {
     fsdp_recompute recompute;  /* activations kept per block (models/model.h); the
                                 * others are rebuilt in backward */
     bool offload;              /* optimizer state + master + grad shards in pinned host memory */
-    bool offload_params;       /* frozen parameter shards (dense and NF4) in pinned host
-                                * memory, uploaded just ahead of each gather */
+    bool offload_params;       /* parameter shards in pinned host memory, uploaded just
+                                * ahead of each gather: the frozen ones (dense and NF4);
+                                * with offload too, the trainable compute-dtype shards
+                                * (fsdp_offload_trainable_params) */
     bool inference;            /* forward only (eval, sample): each rank keeps its parameter
                                 * shard in the compute dtype and activations without
                                 * gradients; no master copy, optimizer state, gradient
@@ -87,6 +89,16 @@ extern const fsdp_name_table fsdp_offload_names;
 static inline int fsdp_offload_value(const fsdp_engine_config *cfg)
 {
     return (cfg->offload ? 1 : 0) | (cfg->offload_params ? 2 : 0);
+}
+
+/* Whether the trainable segment's compute-dtype shards live in pinned host
+ * memory (--offload optimizer,params in training): the host placement's
+ * CPU step writes them there, each gather uploads them first. With
+ * --offload params alone the device optimizer updates them on the device,
+ * where they stay (docs/step.md). */
+static inline bool fsdp_offload_trainable_params(const fsdp_engine_config *cfg)
+{
+    return cfg->offload_params && cfg->offload && !cfg->inference;
 }
 
 /* Whether the engine can run `model` with recompute `mode`: every model

@@ -18,6 +18,16 @@
  *   host waits for u's host step, then the compute-dtype shard host->
  *   device [copy], which the gather [comm] and compute wait for through an
  *   event.
+ * With --offload optimizer,params (fsdp_offload_trainable_params) the
+ * compute-dtype shard has no device copy at all: it is the host staging
+ * buffer (bf16) or the master itself (fp32), which the host step writes;
+ * params_ready only waits for the step, and each gather uploads the shard
+ * on the comm stream into a buffer of its own (engine.c's stage), so the
+ * upload is prefetched with the gather. The host step of unit u never
+ * overwrites the shard while an upload still reads it: u's uploads of a
+ * step come before u's last reduce-scatter on the comm stream, and the
+ * step is submitted after that gradient's copy (or after the norm synced
+ * the copy stream).
  * Clipping stays exact: with --clip 0 nothing depends on the global norm, so
  * each unit's update starts as soon as its gradient is on the host, while
  * backward continues on earlier units (unless non-finite steps are to be
@@ -41,7 +51,8 @@ typedef struct host_ctx {
     fsdp_event_t *ev_copy;        /* [n_units] the unit's last upload (copy stream) */
     fsdp_event_t *ev_gate;        /* [n_units] its queued submission (copy stream) */
     bool *gated;                  /* [n_units] a submission is queued: wait for ev_gate */
-    void **param_host;            /* [n_units] bf16 staging of the compute shard, or NULL */
+    void **param_host;            /* [n_units] bf16 staging of the compute shard, or NULL;
+                                   * with trainable params offload, the shard itself */
     int max_params;               /* the most parameters of a unit */
 } host_ctx;
 
@@ -127,24 +138,35 @@ static void host_fini(fsdp_engine *e)
     e->place_ctx = NULL;
 }
 
+/* Whether the compute-dtype shard lives in host memory (no device copy). */
+static bool params_on_host(const fsdp_engine *e)
+{
+    return fsdp_offload_trainable_params(&e->sh->cfg);
+}
+
 static fsdp_status host_unit_alloc(fsdp_engine *e, int u)
 {
     const fsdp_shard_unit *su = &e->sh->sm.units[u];
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_dtype dt = e->sh->cfg.compute_dtype;
     size_t bytes = su->shard_numel * fsdp_dtype_size(dt);
     char label[96];
     if (dt != FSDP_DTYPE_F32) {
-        snprintf(label, sizeof label, "host %s parameter staging", fsdp_dtype_name(dt));
+        snprintf(label, sizeof label, "host %s parameter %s", fsdp_dtype_name(dt),
+                 params_on_host(e) ? "shard" : "staging");
         FSDP_TRY(fsdp_place_alloc(e, u, true, bytes, FSDP_MEM_PARAM, label,
                                   &ctx_of(e)->param_host[u]));
     }
     FSDP_TRY(fsdp_place_alloc_fp32(e, u, true));
     /* the gradient shard is the counter's buffer 0: a step of one
      * micro-step copies the reduced shard straight into it */
-    fsdp_accum_adopt(&e->acc, u, fsdp_engine_row(e, u)->grad);
+    fsdp_accum_adopt(&e->acc, u, row->grad);
+    if (params_on_host(e)) {
+        row->param = dt == FSDP_DTYPE_F32 ? (void *)row->master : ctx_of(e)->param_host[u];
+        return FSDP_STATUS_OK;
+    }
     snprintf(label, sizeof label, "%s parameter shard", fsdp_dtype_name(dt));
-    return fsdp_place_alloc(e, u, false, bytes, FSDP_MEM_PARAM, label,
-                            &fsdp_engine_row(e, u)->param);
+    return fsdp_place_alloc(e, u, false, bytes, FSDP_MEM_PARAM, label, &row->param);
 }
 
 /* Upload src (host, compute dtype) into unit u's device shard; waits. */
@@ -161,16 +183,21 @@ static fsdp_status host_param_refresh(fsdp_engine *e, int u)
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_dtype dt = e->sh->cfg.compute_dtype;
     void *staging = ctx_of(e)->param_host[u];
-    if (dt == FSDP_DTYPE_F32)
+    if (dt == FSDP_DTYPE_F32 && !params_on_host(e))
         return upload(e, u, row->master, e->dev.compute);
     /* cast on the host into the staging buffer, then upload. The master
      * was written by stream work (init, a checkpoint load) and the staging
-     * buffer may still be read by an upload: both streams first. */
+     * buffer may still be read by an upload (the copy stream's, or with the
+     * shard on the host a gather's on the comm stream): the streams first */
     FSDP_TRY(fsdp_device_stream_sync(&e->dev, e->dev.compute));
     FSDP_TRY(fsdp_device_stream_sync(&e->dev, e->dev.copy));
+    if (params_on_host(e))
+        FSDP_TRY(fsdp_device_stream_sync(&e->dev, e->dev.comm));
+    if (dt == FSDP_DTYPE_F32) /* the shard is the master itself */
+        return FSDP_STATUS_OK;
     FSDP_OP(&e->ops_host, cast, staging, dt, row->master, FSDP_DTYPE_F32,
             e->sh->sm.units[u].shard_numel);
-    return upload(e, u, staging, e->dev.compute);
+    return params_on_host(e) ? FSDP_STATUS_OK : upload(e, u, staging, e->dev.compute);
 }
 
 /* Start unit u's host step of step count t (unless one is in flight). */
@@ -228,8 +255,8 @@ static fsdp_status host_unit_ready(fsdp_engine *e, int u)
     return FSDP_STATUS_OK;
 }
 
-/* The host waits for u's host step (the CPU's work), then uploads the
- * updated shard on the copy stream; the gathers (comm) and, unsharded,
+/* The host waits for u's host step (the CPU's work), then (unless the
+ * shard lives on the host) uploads the updated shard on the copy stream; the gathers (comm) and, unsharded,
  * the compute stream wait for it through an event, not the host. The host
  * source stays untouched until then: u's next host step is submitted
  * after u's next gradient copy, later on the same copy stream (or, with
@@ -239,7 +266,7 @@ static fsdp_status host_params_ready(fsdp_engine *e, int u)
     host_ctx *h = ctx_of(e);
     bool updated = h->gated[u] || h->jobs[u];
     FSDP_TRY(job_finish(e, u));
-    if (!updated)
+    if (!updated || params_on_host(e)) /* on the host: the gather uploads it */
         return FSDP_STATUS_OK;
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     const fsdp_shard_unit *su = &e->sh->sm.units[u];

@@ -115,11 +115,18 @@ static size_t gather_bytes(const struct replay *r, int u)
            fsdp_dtype_size(r->e->sh->cfg.compute_dtype);
 }
 
+/* Whether the trainable shard lives in pinned host memory (engine.h). */
+static bool params_host(const struct replay *r)
+{
+    return fsdp_offload_trainable_params(&r->e->sh->cfg);
+}
+
 /* Whether the gather allocates (engine.c's gather_issue): sharded, or a
- * frozen segment to join with the trainable shard. */
+ * frozen segment to join with the trainable shard, or that shard on the
+ * host. */
 static bool gather_allocates(const struct replay *r, int u)
 {
-    return sharded(r) || unit(r, u)->frozen_numel || unit(r, u)->nf4_numel;
+    return sharded(r) || unit(r, u)->frozen_numel || unit(r, u)->nf4_numel || params_host(r);
 }
 
 /* The NF4 segment's packed all-gather buffer (engine.c's gather_nf4), live
@@ -150,10 +157,18 @@ static void gather(struct replay *r, int u)
     if (gather_allocates(r, u))
         take(&r->s, gather_bytes(r, u), 1);
     const fsdp_shard_unit *su = unit(r, u);
-    bool staged = r->e->sh->cfg.offload_params; /* engine.c's stage: uploads of frozen shards */
-    size_t frozen_up = su->frozen_shard * fsdp_dtype_size(r->e->sh->cfg.compute_dtype);
+    size_t dt = fsdp_dtype_size(r->e->sh->cfg.compute_dtype);
+    /* engine.c's stage: uploads of host shards, each freed once its all-gather
+     * has read it; unsharded, a plain copy from the host */
+    size_t train_up = su->shard_numel * dt;
+    if (params_host(r) && train_up && sharded(r)) {
+        take(&r->s, train_up, 1);
+        give(&r->s, train_up, 1);
+    }
+    bool staged = r->e->sh->cfg.offload_params;
+    size_t frozen_up = su->frozen_shard * dt;
     size_t nf4_up = su->nf4_numel ? fsdp_shardmap_nf4_bytes(su) : 0;
-    if (staged && frozen_up && sharded(r)) { /* unsharded: a plain copy from the host */
+    if (staged && frozen_up && sharded(r)) {
         take(&r->s, frozen_up, 1);
         give(&r->s, frozen_up, 1);
     }
@@ -282,7 +297,7 @@ fsdp_status fsdp_engine_warm_up(fsdp_engine *e)
             r.lent = e->acc.units[u].buf[0] != NULL;
             break;
         }
-    r.s.cap = 6 * U + 7; /* + the exchanges' send and receive sizes */
+    r.s.cap = 7 * U + 7; /* + the exchanges' send and receive sizes */
     r.s.v = calloc((size_t)r.s.cap, sizeof *r.s.v);
     r.gathered = calloc((size_t)U, sizeof *r.gathered);
     r.made = calloc((size_t)U, sizeof *r.made);

@@ -205,7 +205,7 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
     if (p->nf4_numel)
         fprintf(f, ", Q = %zu", p->nf4_numel);
     fprintf(f, ", N = %d): %s on the device", N, fmtb(b1, f_dev));
-    if (e->offload)
+    if (e->offload || f_host) /* optimizer state, or (params offload) parameter shards */
         fprintf(f, ", %s pinned host (measured %s)", fmtb(b2, f_host), fmtb(b3, pr->host.peak_bytes));
     fprintf(f, "\n  measured peak %s (device %d) = parameter/gradient/optimizer buffers %s\n"
                "    + gathered units %s + activations %s",

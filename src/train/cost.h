@@ -29,7 +29,10 @@
  *               pipelines copies and CPU updates unit by unit), so
  *               step = max(device, pcie + cpu_opt)
  *     pcie    = (gradient shard down + compute-dtype parameter shard up) /
- *               PCIe bandwidth (one copy stream: the two directions add)
+ *               PCIe bandwidth (one copy stream: the two directions add);
+ *               with the parameter shards on the host (params offload) they
+ *               go up before each gather instead, on the gathers' stream:
+ *               param_upload_bytes / PCIe bandwidth is added to gather
  *     cpu_opt = bytes the CPU optimizer moves for ALL devices (per element:
  *               read p and g, read and write each state array, write p, as
  *               the optimizer's table says: AdamW 28, SGD 20; +2 writing a
@@ -90,8 +93,9 @@ typedef struct fsdp_cost_input {
     size_t n_calls;            /* collective calls, one step */
     size_t pcie_bytes;         /* offload: host <-> device bytes of this device, one step */
     size_t host_update_bytes;  /* offload: bytes the CPU optimizer moves, all devices */
-    size_t param_upload_bytes; /* params offload: frozen shards uploaded ahead of their
-                                * gathers, this device, one step (on the gathers' stream) */
+    size_t param_upload_bytes; /* params offload: host shards (frozen; with the optimizer's
+                                * offload, trainable too) uploaded ahead of their gathers,
+                                * this device, one step (on the gathers' stream) */
 } fsdp_cost_input;
 
 /* The estimate, in seconds, with its terms (see the top of this file). */

@@ -200,6 +200,8 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
     /* host: pinned memory of every device (and the simulated devices on cpu) */
     size_t host = 0, update = 0, pcie = 0, reduce = 0, gather = 0, igather = 0, ireduce = 0;
     size_t dt = fsdp_dtype_size(e->compute_dtype);
+    bool train_up = fsdp_offload_trainable_params(e);
+    size_t train_shard = 0; /* the largest rank's trainable shard, with train_up */
     /* per updated element: the optimizer's own traffic, and the compute-dtype copy */
     size_t per_elem = fsdp_optim_step_bytes(fsdp_optim_or_default(e->optim)) +
                       (e->compute_dtype == FSDP_DTYPE_BF16 ? 2 : 0);
@@ -210,17 +212,21 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
             host += pr->mem.peak_bytes;
         /* offload: the CPU updates the pinned fp32 master's elements (beside which
          * the host keeps a compute-dtype staging copy unless that is fp32); each
-         * micro-step's reduced gradient goes down, the parameters come back up.
-         * Not the gradient bytes: the tree's partial sums would count as elements */
+         * micro-step's reduced gradient goes down, the parameters come back up:
+         * once per step, or with the trainable shards on the host, before each
+         * gather (param_upload_bytes, below). Not the gradient bytes: the tree's
+         * partial sums would count as elements */
         size_t staging = e->compute_dtype == FSDP_DTYPE_F32 ? 0 : dt;
         size_t pinned = pr->host.peak_kind_bytes[FSDP_MEM_PARAM];
         if (e->offload_params) /* the frozen shards: uploaded, never updated */
             pinned -= pinned > p.frozen_shard_bytes ? p.frozen_shard_bytes : pinned;
         size_t elems = pinned / (sizeof(float) + staging);
-        size_t link = elems * (sizeof(float) * (size_t)c->grad_accum + dt);
+        size_t link = elems * (sizeof(float) * (size_t)c->grad_accum + (train_up ? 0 : dt));
         update += elems * per_elem;
         if (link > pcie)
             pcie = link;
+        if (train_up && elems * dt > train_shard)
+            train_shard = elems * dt;
         size_t g = pr->recv_bytes[FSDP_COLL_ALL_GATHER];
         size_t rd = fsdp_plan_coll_total(pr->recv_bytes) - g;
         if (g > gather)
@@ -251,10 +257,11 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
         .n_calls = fsdp_plan_coll_total(pk->n_calls),
         .pcie_bytes = (c->offload & 1) ? pcie : 0,
         .host_update_bytes = (c->offload & 1) ? update : 0,
-        /* a frozen shard goes up before each gather: forward and backward when the
+        /* a host shard goes up before each gather: forward and backward when the
          * strategy frees units after forward, once per micro-step otherwise */
         .param_upload_bytes = e->offload_params
-                                  ? p.frozen_shard_bytes * (size_t)c->grad_accum *
+                                  ? (p.frozen_shard_bytes + train_shard) *
+                                        (size_t)c->grad_accum *
                                         (e->shard == FSDP_SHARD_FULL ||
                                                  e->shard == FSDP_SHARD_HYBRID
                                              ? 2
@@ -416,7 +423,8 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
 
     /* the settings of one micro-batch, least memory first */
     fsdp_fit_candidate proto[FSDP_SHARD_COUNT * 4 * 2 * 8];
-    /* params offload only moves frozen parameters: tried when some are */
+    /* params offload alone only moves frozen parameters: tried when some are;
+     * with the optimizer's it moves the trainable shards too: always tried */
     bool frozen = req->base.lora.r > 0 || (req->base.freeze && req->base.freeze[0]);
     int n_set = 0;
     FSDP_ASSERT(fsdp_fit_n_recompute_modes <= 8);
@@ -425,7 +433,7 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
             for (int off = 3; off >= 0; off--)
                 for (int pf = 0; pf <= 1; pf++) {
                     /* hybrid is full sharding on one node: only tried on several */
-                    if ((s == FSDP_SHARD_HYBRID && e->n_nodes <= 1) || ((off & 2) && !frozen))
+                    if ((s == FSDP_SHARD_HYBRID && e->n_nodes <= 1) || (off == 2 && !frozen))
                         continue;
                     /* a mode the model does not implement is left out, not tried:
                      * the other modes of the micro-batch stay in the search */

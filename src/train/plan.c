@@ -222,8 +222,14 @@ void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes
          * memory; the device keeps the compute-dtype parameters, sharded as
          * the strategy shards them, and the gradients in flight */
         int host_state = 4 + grads + optim;
+        bool params_host = fsdp_offload_trainable_params(e);
+        if (params_host) /* and the compute-dtype copy (--offload optimizer,params) */
+            host_state += copy;
         host = host_state * P / (e->shard == FSDP_SHARD_NONE ? 1.0 : N);
-        if (full) {
+        if (params_host) {
+            snprintf(text, n, "host %d P%s%s", host_state, e->shard == FSDP_SHARD_NONE ? "" : "/",
+                     e->shard == FSDP_SHARD_NONE ? "" : over);
+        } else if (full) {
             dev = dt * P / N;
             snprintf(text, n, "device %d P/%s + host %d P/%s", dt, over, host_state, over);
         } else {
@@ -233,17 +239,22 @@ void fsdp_plan_formula(const fsdp_plan *p, size_t *dev_bytes, size_t *host_bytes
         }
     }
     /* frozen parameters: a compute-dtype shard (F), or NF4 codes and fp32
-     * absmax (Q: 9/16 byte each), sharded as the strategy shards */
+     * absmax (Q: 9/16 byte each), sharded as the strategy shards; in pinned
+     * host memory with params offload */
     double F = (double)p->frozen_numel, Q = (double)p->nf4_numel;
     double over_n = e->shard == FSDP_SHARD_NONE ? 1.0 : N;
+    const char *where = e->offload_params && !e->inference ? "host " : "";
     size_t len = strlen(text);
     if (F > 0 && len < n)
-        len += (size_t)snprintf(text + len, n - len, " + %d F%s%s", dt,
+        len += (size_t)snprintf(text + len, n - len, " + %s%d F%s%s", where, dt,
                                 over_n > 1 ? "/" : "", over_n > 1 ? over : "");
     if (Q > 0 && len < n)
-        snprintf(text + len, n - len, " + 0.5625 Q%s%s", over_n > 1 ? "/" : "",
+        snprintf(text + len, n - len, " + %s0.5625 Q%s%s", where, over_n > 1 ? "/" : "",
                  over_n > 1 ? over : "");
-    dev += (dt * F + 0.5625 * Q) / over_n;
+    if (*where)
+        host += (dt * F + 0.5625 * Q) / over_n;
+    else
+        dev += (dt * F + 0.5625 * Q) / over_n;
     *dev_bytes = (size_t)dev;
     *host_bytes = (size_t)host;
 }
