@@ -450,6 +450,7 @@ static const fsdp_act_model_i gpt2_model_i = {
         /* .unit_recompute        = */ fsdp_act_unit_recompute,
         /* .recompute_flops_per_token = */ gpt2_recompute_flops_per_token,
         /* .state_positions       = */ NULL, /* optional: attention_fwd has no document mask */
+        /* .state_len             = */ fsdp_act_state_len,
     },
     /* .state_alloc   = */ state_alloc,
     /* .layer_forward = */ block_forward,

@@ -779,6 +779,7 @@ static const fsdp_act_model_i llama_model_i = {
         /* .unit_recompute        = */ fsdp_act_unit_recompute,
         /* .recompute_flops_per_token = */ llama_recompute_flops_per_token,
         /* .state_positions       = */ fsdp_act_state_positions,
+        /* .state_len             = */ fsdp_act_state_len,
     },
     /* .state_alloc   = */ state_alloc,
     /* .layer_forward = */ layer_forward,

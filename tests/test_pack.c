@@ -486,6 +486,108 @@ START_TEST(test_eval_packed)
 }
 END_TEST
 
+/* --pack off runs each step at its longest example (train_data.c's fsdp_trainer_step_len,
+ * engine.c's fsdp_engine_set_len), not at --seq: the padding past it has no target and
+ * comes after every real position, so with causal attention the losses, gradient norms
+ * and parameters are those of the run padded to --seq (cfg.pad_full), up to float
+ * rounding (sums over B*T' tokens instead of B*T); and 1, 2 and 4 devices (grad-op,
+ * full with the optimizer offloaded, hybrid) are bit-identical, T' being a function of the
+ * step's global batch. For Llama and GPT-2 (its learned positions by column). */
+START_TEST(test_pack_off_step_len)
+{
+    static const char *const models[] = {
+        "llama:layers=2,heads=2,kv_heads=1,hidden=16,intermediate=32,head_dim=8,vocab=768,"
+        "context=64",
+        "gpt2:layers=2,heads=2,channels=16,vocab=768,context=64"};
+    const char *model = models[_i];
+    char dir[128], data[192];
+    fsdp_test_mkdir(dir, sizeof dir, "steplen");
+    snprintf(data, sizeof data, "%s/rows.jsonl", dir);
+    FILE *f = fopen(data, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 16; i++)
+        fprintf(f, "{\"prompt\": \"Q%d: %s?\", \"completion\": \"%s\"}\n", i,
+                i % 5 ? "why" : "how many quick brown foxes jump over the lazy dogs",
+                i % 2 ? " 7" : " a few of them");
+    ck_assert_int_eq(fclose(f), 0);
+    fsdp_train_result r[2];
+    char *text = NULL;
+    for (int full = 0; full < 2; full++) {
+        fsdp_train_config c;
+        train_config_cpu(&c, model, 1);
+        c.data = data;
+        c.tokenizer = TOK;
+        c.pack = FSDP_TRAIN_PACK_OFF;
+        c.pad_full = full;
+        c.eng.batch = 2;
+        c.eng.grad_accum = 4;
+        c.eng.seq = 64;
+        c.steps = 3;
+        c.lr = 1e-2f;
+        c.keep_params = true;
+        size_t n = 0;
+        if (!full)
+            c.out = open_memstream(&text, &n);
+        run_ok(&c, &r[full]);
+        if (!full)
+            fclose(c.out);
+    }
+    /* the steps' longest examples are well below --seq */
+    const char *at = strstr(text, "at each step's longest example (");
+    ck_assert_msg(at, "%s", text);
+    long long hi = after(at, " to ");
+    ck_assert_msg(hi > 1 && hi < 64, "%s", text);
+    free(text);
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec(model, &m), FSDP_STATUS_OK);
+    double worst = 0;
+    for (int s = 0; s < 3; s++) {
+        double dl = fabs((double)r[0].losses[s] - r[1].losses[s]) / fabs(r[1].losses[s]);
+        double dn = fabs((double)r[0].grad_norms[s] - r[1].grad_norms[s]) / r[1].grad_norms[s];
+        ck_assert_msg(dl <= 1e-6 && dn <= 1e-5, "step %d: loss %.9g vs %.9g padded to --seq, "
+                      "norm %.9g vs %.9g", s + 1, r[0].losses[s], r[1].losses[s],
+                      r[0].grad_norms[s], r[1].grad_norms[s]);
+        worst = dl > worst ? dl : worst;
+    }
+    for (int u = 0; u < m.n_units; u++)
+        for (size_t i = 0; i < m.units[u].numel; i++) {
+            float a = r[0].params[u][i], b = r[1].params[u][i];
+            ck_assert_msg(fabsf(a - b) <= 1e-5f + 1e-5f * fabsf(b), "unit %d [%zu]: %.9g vs "
+                          "%.9g padded to --seq", u, i, a, b);
+        }
+    printf("pack off at each step's longest (<= %lld of 64), %.20s: loss rel %.1e of the run "
+           "at --seq\n", hi, model, worst);
+    fsdp_train_result_free(&r[1]);
+    static const int devs[] = {2, 4, 4};
+    static const fsdp_shard_strategy shard[] = {FSDP_SHARD_GRAD_OP, FSDP_SHARD_FULL,
+                                                FSDP_SHARD_HYBRID};
+    for (int k = 0; k < 3; k++) {
+        fsdp_train_config c;
+        train_config_cpu(&c, model, devs[k]);
+        c.data = data;
+        c.tokenizer = TOK;
+        c.pack = FSDP_TRAIN_PACK_OFF;
+        c.eng.batch = 2;
+        c.eng.grad_accum = 4 / devs[k]; /* the global batch: 8 rows in micro-batches of 2 */
+        c.eng.seq = 64;
+        c.eng.shard = shard[k];
+        c.eng.n_nodes = shard[k] == FSDP_SHARD_HYBRID ? 2 : 1;
+        c.eng.offload = shard[k] == FSDP_SHARD_FULL;
+        c.steps = 3;
+        c.lr = 1e-2f;
+        c.keep_params = true;
+        fsdp_train_result o;
+        run_ok(&c, &o);
+        char what[64];
+        snprintf(what, sizeof what, "pack off on %d devices", devs[k]);
+        expect_identical_runs(&r[0], &o, model, what);
+        fsdp_train_result_free(&o);
+    }
+    fsdp_train_result_free(&r[0]);
+    fsdp_model_free(&m);
+}
+END_TEST
+
 /* Read once (a held-out set): the rows after the first epoch's are padding, unpacked and
  * packed, and count no real token. */
 START_TEST(test_one_pass)
@@ -529,7 +631,8 @@ int main(void)
          FSDP_TESTS(test_pack_by_hand, test_pack_mixed, test_pack_off_and_refusals,
                     test_one_pass, test_rows_len)},
         {"train", 120, .tmpdir = true,
-         FSDP_TESTS(test_train_defaults, test_eval_packed, test_gpt2_no_pack)},
+         FSDP_TESTS(test_train_defaults, test_eval_packed, test_gpt2_no_pack,
+                    FSDP_TEST_LOOP(test_pack_off_step_len, 2))},
     };
     return fsdp_test_main("pack", tcases, FSDP_TEST_LEN(tcases));
 }

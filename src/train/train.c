@@ -271,6 +271,7 @@ static fsdp_status run_steps(struct trainer *t, fsdp_engine *e, int rank, struct
         float lr = fsdp_train_lr(cfg, step);
         double t0 = fsdp_now_s();
         fsdp_step_result r;
+        fsdp_engine_set_len(e, fsdp_trainer_step_len(t, step)); /* --pack off: its longest */
         fsdp_status st = fsdp_engine_step(e, (uint64_t)step, lr, &r);
         if (st != FSDP_STATUS_OK) {
             fsdp_error_prefix("step %d", step + 1);

@@ -206,3 +206,12 @@ uint64_t fsdp_trainer_step_tokens(const struct trainer *t, int step)
         n += fsdp_data_batch_real(t->data, (uint64_t)step * M + k, ec->batch, ec->seq);
     return n;
 }
+
+int fsdp_trainer_step_len(const struct trainer *t, int step)
+{
+    const fsdp_engine_config *ec = &t->sh.cfg;
+    if (!t->data || !fsdp_data_masked(t->data) || t->cfg->pad_full)
+        return ec->seq;
+    int M = ec->n_ranks * ec->grad_accum;
+    return fsdp_data_rows_len(t->data, (uint64_t)step * (uint64_t)M, M, ec->batch, ec->seq);
+}
