@@ -380,10 +380,10 @@ START_TEST(test_train_defaults)
 }
 END_TEST
 
-/* GPT-2 cannot pack (its attention has no document mask: models/gpt2.c): --pack on is
- * refused naming the family and what to do, and the default's header says why its rows
- * hold one example each. */
-START_TEST(test_gpt2_no_pack)
+/* GPT-2 packs (models/gpt2.c: positions index its position table, its attention takes
+ * the document mask): the default and --pack on pack its example rows, and the header says
+ * so; --pack off puts one per row, each step at its longest example. */
+START_TEST(test_gpt2_pack)
 {
     char dir[128], data[192], out[16384];
     fsdp_test_mkdir(dir, sizeof dir, "gpt2");
@@ -395,12 +395,14 @@ START_TEST(test_gpt2_no_pack)
     ck_assert_int_eq(fclose(f), 0);
     const char *run = "train --model gpt2:layers=1,heads=2,channels=32,vocab=665,context=64 "
                       "--tokenizer " TOK " --backend cpu --devices 1 --batch 2 --steps 1 --seq 16";
-    int rc = fsdp_test_cli(out, sizeof out, "%s --data %s --pack on", run, data);
-    ck_assert_msg(rc != 0 && strstr(out, "(family gpt2) cannot keep packed examples apart") &&
-                      strstr(out, "use --pack off"), "%d: %s", rc, out);
-    rc = fsdp_test_cli(out, sizeof out, "%s --data %s", run, data);
-    ck_assert_msg(rc == 0 && strstr(out, "one per row of --seq 16 (this model family cannot "
-                                         "pack)"), "%d: %s", rc, out);
+    for (int on = 0; on < 2; on++) {
+        int rc = fsdp_test_cli(out, sizeof out, "%s --data %s%s", run, data,
+                               on ? " --pack on" : "");
+        ck_assert_msg(rc == 0 && strstr(out, "packed into 2 rows of --seq 16"), "%d: %s", rc,
+                      out);
+    }
+    int rc = fsdp_test_cli(out, sizeof out, "%s --data %s --pack off", run, data);
+    ck_assert_msg(rc == 0 && strstr(out, "one per row of --seq 16,"), "%d: %s", rc, out);
     /* the padding at each step's longest example: 4 rows of 7 tokens, the step's 2 rows of
      * them take 7 positions each, nothing padded */
     ck_assert_msg(strstr(out, "at --seq 16, 0.0% at each step's longest example (7 to 7 "
@@ -631,7 +633,7 @@ int main(void)
          FSDP_TESTS(test_pack_by_hand, test_pack_mixed, test_pack_off_and_refusals,
                     test_one_pass, test_rows_len)},
         {"train", 120, .tmpdir = true,
-         FSDP_TESTS(test_train_defaults, test_eval_packed, test_gpt2_no_pack,
+         FSDP_TESTS(test_train_defaults, test_eval_packed, test_gpt2_pack,
                     FSDP_TEST_LOOP(test_pack_off_step_len, 2))},
     };
     return fsdp_test_main("pack", tcases, FSDP_TEST_LEN(tcases));

@@ -110,7 +110,7 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
     if ((cfg->positions || (data && fsdp_data_packed(data))) && !model->iface->state_positions)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "packed example rows need a model whose attention takes token "
-                              "positions (the llama family); model '%s' has none: use --pack "
+                              "positions (llama, gpt2); model '%s' has none: use --pack "
                               "off", model->name);
     if (cfg->offload_params && model->train_numel == model->numel)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,

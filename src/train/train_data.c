@@ -78,9 +78,9 @@ static fsdp_status check_targets(const struct trainer *t, const fsdp_engine_conf
 }
 
 /* Pack example rows unless cfg->pack or the model says otherwise. A family whose
- * interface takes no token positions (model.h's state_positions; GPT-2's attention has no
- * document mask and its position table is read by column) cannot keep packed examples
- * apart: each would attend to the ones before it in its row. */
+ * interface takes no token positions (model.h's state_positions: both families here take
+ * them) cannot keep packed examples apart: each would attend to the ones before it in its
+ * row. */
 static fsdp_status pack(struct trainer *t, fsdp_engine_config *ec)
 {
     const fsdp_train_config *cfg = t->cfg;
@@ -91,7 +91,7 @@ static fsdp_status pack(struct trainer *t, fsdp_engine_config *ec)
                               "apart (its attention has no document mask and it reads "
                               "positions by column, so an example would attend to the ones "
                               "before it in its row); use --pack off, its default (one example "
-                              "per row, padded), or a model of a family that packs (llama)",
+                              "per row, padded), or a model of a family that packs (llama, gpt2)",
                               cfg->model, t->model.family->name);
     if (cfg->pack == FSDP_TRAIN_PACK_ON ||
         (cfg->pack == FSDP_TRAIN_PACK_AUTO && can && fsdp_data_masked(t->data))) {
