@@ -299,6 +299,20 @@ static void write_model(char *path, size_t n, const char *dir, const char *name,
     fsdp_model_free(&m);
 }
 
+/* n prompt/completion rows at path: row i asks a long question every `long_every` rows,
+ * else "why", and is answered `odd` or `even` by its parity. */
+static void write_rows(const char *path, int n, int long_every, const char *odd,
+                       const char *even)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "{\"prompt\": \"Q%d: %s?\", \"completion\": \"%s\"}\n", i,
+                i % long_every ? "why" : "how many quick brown foxes jump over the lazy dogs",
+                i % 2 ? odd : even);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
 /* The number after `key` in s (or -1). */
 static long long after(const char *s, const char *key)
 {
@@ -318,13 +332,7 @@ START_TEST(test_train_defaults)
     fsdp_test_mkdir(dir, sizeof dir, "pack");
     snprintf(data, sizeof data, "%s/rows.jsonl", dir);
     snprintf(log, sizeof log, "%s/m.jsonl", dir);
-    FILE *f = fopen(data, "w");
-    ck_assert_ptr_nonnull(f);
-    for (int i = 0; i < 24; i++)
-        fprintf(f, "{\"prompt\": \"Q%d: %s?\", \"completion\": \"%s\"}\n", i,
-                i % 4 ? "why" : "how many quick brown foxes jump over the lazy dogs",
-                i % 2 ? " 7" : " a few");
-    fclose(f);
+    write_rows(data, 24, 4, " 7", " a few");
     write_model(big, sizeof big, dir, "big", 256);
     write_model(small, sizeof small, dir, "small", 32);
     const char *run = "--tokenizer " TOK " --backend cpu --devices 2 --batch 2";
@@ -346,7 +354,7 @@ START_TEST(test_train_defaults)
     ck_assert_int_eq(fsdp_data_open_opts(&d, &o), FSDP_STATUS_OK);
     ck_assert_int_eq(fsdp_data_pack(d, 64), FSDP_STATUS_OK);
     char line[4096];
-    f = fopen(log, "r");
+    FILE *f = fopen(log, "r");
     ck_assert_ptr_nonnull(f);
     int n = 0, below = 0;
     while (fgets(line, sizeof line, f)) {
@@ -421,15 +429,8 @@ START_TEST(test_eval_packed)
     fsdp_test_mkdir(dir, sizeof dir, "evalpack");
     snprintf(data, sizeof data, "%s/train.jsonl", dir);
     snprintf(eval, sizeof eval, "%s/eval.jsonl", dir);
-    for (int k = 0; k < 2; k++) {
-        FILE *f = fopen(k ? eval : data, "w");
-        ck_assert_ptr_nonnull(f);
-        for (int i = 0; i < (k ? 11 : 8); i++)
-            fprintf(f, "{\"prompt\": \"Q%d: %s?\", \"completion\": \"%s\"}\n", i,
-                    i % 3 ? "why" : "how many quick brown foxes jump over the lazy dogs",
-                    i % 2 ? " 7 and 8" : " a few of them");
-        ck_assert_int_eq(fclose(f), 0);
-    }
+    for (int k = 0; k < 2; k++)
+        write_rows(k ? eval : data, k ? 11 : 8, 3, " 7 and 8", " a few of them");
     write_model(model, sizeof model, dir, "m", 256);
     static const struct { int pack, batch; } runs[] = {
         {FSDP_TRAIN_PACK_OFF, 1}, {FSDP_TRAIN_PACK_ON, 2}, {FSDP_TRAIN_PACK_OFF, 2}};
@@ -505,13 +506,7 @@ START_TEST(test_pack_off_step_len)
     char dir[128], data[192];
     fsdp_test_mkdir(dir, sizeof dir, "steplen");
     snprintf(data, sizeof data, "%s/rows.jsonl", dir);
-    FILE *f = fopen(data, "w");
-    ck_assert_ptr_nonnull(f);
-    for (int i = 0; i < 16; i++)
-        fprintf(f, "{\"prompt\": \"Q%d: %s?\", \"completion\": \"%s\"}\n", i,
-                i % 5 ? "why" : "how many quick brown foxes jump over the lazy dogs",
-                i % 2 ? " 7" : " a few of them");
-    ck_assert_int_eq(fclose(f), 0);
+    write_rows(data, 16, 5, " 7", " a few of them");
     fsdp_train_result r[2];
     char *text = NULL;
     for (int full = 0; full < 2; full++) {
