@@ -21,10 +21,9 @@
 static const fsdp_name pack_names[] = {
     {"on", FSDP_TRAIN_PACK_ON,
      "several examples per row of --seq, attention and positions restarting at each one "
-     "(the default where the model's attention takes positions: Llama)"},
+     "(the default where the model's attention takes positions: Llama, GPT-2)"},
     {"off", FSDP_TRAIN_PACK_OFF,
-     "one example per row, padded to --seq (the default for GPT-2, whose attention cannot "
-     "keep packed examples apart)"},
+     "one example per row, padded; each step runs at its longest example"},
 };
 const fsdp_name_table fsdp_train_pack_names = FSDP_NAME_TABLE(pack_names);
 
