@@ -96,9 +96,9 @@ fsdp_status fsdp_act_ops_status(fsdp_op_ctx *ctx, const fsdp_model *m, const cha
 }
 
 fsdp_status fsdp_act_read_loss(fsdp_op_ctx *ctx, const fsdp_act_set *a, const fsdp_model *m,
-                               const float *losses, float *loss)
+                               const float *losses, int N, float *loss)
 {
-    const int N = a->B * a->T;
+    FSDP_ASSERT(N <= a->B * a->T);
     FSDP_TRY(fsdp_device_memcpy(ctx->dev, a->host_losses, losses, (size_t)N * sizeof(float),
                                 ctx->stream));
     FSDP_TRY(fsdp_device_stream_sync(ctx->dev, ctx->stream));
@@ -241,6 +241,13 @@ int *fsdp_act_state_targets(void *state) { return ((fsdp_act_state *)state)->tar
 const void *fsdp_act_state_logits(void *state) { return ((fsdp_act_state *)state)->logits; }
 void fsdp_act_state_positions(void *state, const int *pos) { ((fsdp_act_state *)state)->pos = pos; }
 
+void fsdp_act_state_len(void *state, int T)
+{
+    fsdp_act_state *s = state;
+    FSDP_ASSERT(T >= 1 && T <= s->act.T);
+    s->T = T;
+}
+
 fsdp_status fsdp_act_state_loss(fsdp_op_ctx *ctx, const fsdp_model *m, fsdp_act_state *s, int V,
                                 int Vp, float dloss, bool grads, float *loss)
 {
@@ -248,7 +255,7 @@ fsdp_status fsdp_act_state_loss(fsdp_op_ctx *ctx, const fsdp_model *m, fsdp_act_
     FSDP_OP(ctx, xent_fwd_bwd, s->losses, grads ? s->dlogits : NULL, s->logits, s->targets, N, V,
             Vp, dloss / (float)N);
     /* mean loss on the host, summed in the fixed tree order */
-    return fsdp_act_read_loss(ctx, &s->act, m, s->losses, loss);
+    return fsdp_act_read_loss(ctx, &s->act, m, s->losses, N, loss);
 }
 
 /* ---- the shared slots of a family's model table ---------------------------- */

@@ -96,11 +96,11 @@ void fsdp_act_set_free(fsdp_op_ctx *ctx, fsdp_act_set *a);
 fsdp_status fsdp_act_ops_status(fsdp_op_ctx *ctx, const fsdp_model *m, const char *what,
                                 int unit);
 
-/* Copies the device's (B*T) per-token `losses` to the host, waits, checks
- * the ops (as "head forward") and, when `loss` is given, stores their mean
+/* Copies the device's N (<= B*T of the set) per-token `losses` to the host, waits,
+ * checks the ops (as "head forward") and, when `loss` is given, stores their mean
  * summed in the fixed tree order (0 on meta, which computes nothing). */
 fsdp_status fsdp_act_read_loss(fsdp_op_ctx *ctx, const fsdp_act_set *a, const fsdp_model *m,
-                               const float *losses, float *loss);
+                               const float *losses, int N, float *loss);
 
 /* The checks of a state's shape: INVALID_ARG unless B >= 1, 1 <= T <=
  * m->max_seq_len, `fits` (the family's bound for the ops' int indices
@@ -128,7 +128,8 @@ fsdp_status fsdp_act_check_state(const fsdp_model *m, const void *state, bool gr
  * state struct starts with one (so the engine's void *state is also an
  * fsdp_act_state *) and adds its own buffers after it. */
 typedef struct fsdp_act_state {
-    int B, T;
+    int B, T;            /* the micro-batch the ops run on: T is the active length
+                            (model.h's state_len), at most act.T, what the buffers hold */
     bool training;
     fsdp_recompute mode; /* training states: what each layer keeps (the family's fields) */
     void *layers;        /* (L,) the family's layer structs; fields a layer does not keep
@@ -172,6 +173,9 @@ int *fsdp_act_state_targets(void *state);
 const void *fsdp_act_state_logits(void *state);
 /* The interface's state_positions, for a family whose ops read s->pos. */
 void fsdp_act_state_positions(void *state, const int *pos);
+/* The interface's state_len: s->T = T, which must be in [1, the allocated T] (asserted),
+ * for a family whose ops all read s->T (and its buffers hold (B, T) densely). */
+void fsdp_act_state_len(void *state, int T);
 
 /* The head's loss: per-token cross-entropy of the logits against the
  * targets over V of the Vp columns (and, when grads, dlogits scaled by

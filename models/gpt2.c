@@ -21,6 +21,13 @@
  * gradient scratch that is reused across layers (llm.c's grads_acts idea):
  * the residual-stream gradient and a few per-layer temporaries.
  *
+ * Packed documents (models/model.h's state_positions): the position
+ * embedding reads wpe at each token's position in its document, and the
+ * attention is the grouped-query op with one kv head per query head
+ * (hd = C / NH: GPT-2's layout) and the positions' document mask, so a
+ * document sees only itself. Without positions both are by column, the
+ * same ops bit for bit as before (attention_fwd is that op with pos NULL).
+ *
  * Sampling: a forward-only state of (1, T) works for any prompt of length
  * <= T: fill the rest of the tokens with anything; logits at position t
  * depend only on tokens 0..t (causal attention).
@@ -275,7 +282,7 @@ static fsdp_status gpt2_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void
     FSDP_TRY(fsdp_act_check_state(m, state, false, "root_forward"));
     gpt2_state *s = state;
     const int C = cfg_of(m)->n_embd;
-    FSDP_OP(ctx, embed_fwd, s->encoded, s->base.tokens,
+    FSDP_OP(ctx, embed_fwd, s->encoded, s->base.tokens, s->base.pos,
             fsdp_unit_param(m, 0, root_params, ROOT_WTE, ctx->dt),
             fsdp_unit_param(m, 0, root_params, ROOT_WPE, ctx->dt), s->base.B, s->base.T, C);
     return fsdp_act_ops_status(ctx, m, "forward", 0);
@@ -306,7 +313,8 @@ static fsdp_status block_forward(const fsdp_model *m, fsdp_op_ctx *ctx, void *st
     if (RUN(ACT_QKV))
         FSDP_OP(ctx, matmul_fwd, a->qkv, a->ln1, P(BLK_QKVW), P(BLK_QKVB), N, C, 3 * C);
     if (RUN(ACT_ATTY))
-        FSDP_OP(ctx, attention_fwd, a->atty, a->att, a->qkv, B, T, C, NH);
+        FSDP_OP(ctx, attention_gqa_fwd, a->atty, a->att, a->qkv, s->base.pos, B, T, NH, NH,
+                C / NH);
     if (RUN(ACT_RESIDUAL2)) {
         FSDP_OP(ctx, matmul_fwd, s->proj, a->atty, P(BLK_ATTPROJW), P(BLK_ATTPROJB), N, C, C);
         FSDP_OP(ctx, residual_fwd, a->residual2, inp, s->proj, (size_t)N * C);
@@ -411,7 +419,7 @@ static fsdp_status gpt2_unit_backward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
             P(BLK_ATTPROJW), N, C, C);
     FSDP_TRY(fsdp_act_zero(ctx, dqkv, 3 * NC));
     FSDP_TRY(fsdp_act_zero(ctx, s->datt, (size_t)B * NH * T * T));
-    FSDP_OP(ctx, attention_bwd, dqkv, s->datt, s->dC, a->qkv, a->att, B, T, C, NH);
+    FSDP_OP(ctx, attention_gqa_bwd, dqkv, s->datt, s->dC, a->qkv, a->att, B, T, NH, NH, C / NH);
     FSDP_TRY(fsdp_act_zero(ctx, s->dC, NC));
     FSDP_OP(ctx, matmul_bwd, s->dC, G(BLK_QKVW), G(BLK_QKVB), dqkv, a->ln1, P(BLK_QKVW), N, C,
             3 * C);
@@ -429,8 +437,8 @@ static fsdp_status gpt2_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
     gpt2_state *s = state;
     const int C = cfg_of(m)->n_embd;
     FSDP_OP(ctx, embed_bwd, fsdp_unit_grad(m, 0, root_grads, ROOT_WTE),
-            fsdp_unit_grad(m, 0, root_grads, ROOT_WPE), s->dres, s->base.tokens, s->base.B,
-            s->base.T, C);
+            fsdp_unit_grad(m, 0, root_grads, ROOT_WPE), s->dres, s->base.tokens, s->base.pos,
+            s->base.B, s->base.T, C);
     return fsdp_act_ops_status(ctx, m, "backward", 0);
 }
 
@@ -449,7 +457,8 @@ static const fsdp_act_model_i gpt2_model_i = {
         /* .state_init_recompute  = */ fsdp_act_state_init_recompute,
         /* .unit_recompute        = */ fsdp_act_unit_recompute,
         /* .recompute_flops_per_token = */ gpt2_recompute_flops_per_token,
-        /* .state_positions       = */ NULL, /* optional: attention_fwd has no document mask */
+        /* .state_positions       = */ fsdp_act_state_positions,
+        /* .state_len             = */ fsdp_act_state_len,
     },
     /* .state_alloc   = */ state_alloc,
     /* .layer_forward = */ block_forward,

@@ -561,7 +561,7 @@ static fsdp_status llama_root_forward(const fsdp_model *m, fsdp_op_ctx *ctx, voi
 {
     FSDP_TRY(fsdp_act_check_state(m, state, false, "root_forward"));
     llama_state *s = state;
-    FSDP_OP(ctx, embed_fwd, s->encoded, s->base.tokens,
+    FSDP_OP(ctx, embed_fwd, s->encoded, s->base.tokens, NULL,
             fsdp_unit_param(m, 0, root_params, ROOT_EMBED, ctx->dt), s->zero_pos,
             s->base.B * s->base.T, 1, cfg_of(m)->n_embd);
     return fsdp_act_ops_status(ctx, m, "forward", 0);
@@ -758,8 +758,8 @@ static fsdp_status llama_root_backward(const fsdp_model *m, fsdp_op_ctx *ctx, vo
     llama_state *s = state;
     float *dembed = fsdp_unit_grad(m, 0, root_grads, ROOT_EMBED);
     if (dembed) /* else dres is not complete: input_grad_needed */
-        FSDP_OP(ctx, embed_bwd, dembed, NULL, s->dres, s->base.tokens, s->base.B * s->base.T, 1,
-                cfg_of(m)->n_embd);
+        FSDP_OP(ctx, embed_bwd, dembed, NULL, s->dres, s->base.tokens, NULL,
+                s->base.B * s->base.T, 1, cfg_of(m)->n_embd);
     return fsdp_act_ops_status(ctx, m, "backward", 0);
 }
 
@@ -779,6 +779,7 @@ static const fsdp_act_model_i llama_model_i = {
         /* .unit_recompute        = */ fsdp_act_unit_recompute,
         /* .recompute_flops_per_token = */ llama_recompute_flops_per_token,
         /* .state_positions       = */ fsdp_act_state_positions,
+        /* .state_len             = */ fsdp_act_state_len,
     },
     /* .state_alloc   = */ state_alloc,
     /* .layer_forward = */ layer_forward,

@@ -145,9 +145,10 @@ struct fsdp_model_i {
                                 const void *params);
     /* Loss of the micro-batch: *loss = tree sum over the B*T tokens of
      * their losses, divided by B*T, a token whose target is < 0 (masked)
-     * adding 0 (host float; 0 on meta). If root_grads is NULL only the
-     * forward runs. The gradient is that of dloss * *loss (the engine passes
-     * B*T / unmasked targets of the global batch: engine.c). */
+     * adding 0 (host float; 0 on meta); T is the active length (state_len).
+     * If root_grads is NULL only the forward runs. The gradient is that of
+     * dloss * *loss (the engine passes B*T / unmasked targets of the global
+     * batch: engine.c). */
     fsdp_status (*head_forward_backward)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,
                                          const void *root_params, float *root_grads, float dloss,
                                          float *loss);
@@ -181,6 +182,17 @@ struct fsdp_model_i {
      * t, so packed documents (data.h) do not see each other. NULL: plain positions
      * (the default). */
     void (*state_positions)(void *state, const int *pos);
+
+    /* ---- active length: optional (NULL: every micro-batch runs at the state's T) ---- */
+    /* The calls that follow, up to the next state_len, run on micro-batches of (B, T'),
+     * 1 <= T' <= the T of state_init: tokens, targets and positions hold B*T' entries
+     * (row b at b*T'), logits are (B*T', Vp), every op is called with T', and the loss is
+     * over the B*T' tokens. The buffers stay allocated for T. One micro-step's forward,
+     * recompute and backward run at one T' (what the backward reads was laid out by the
+     * forward). For rows whose positions past T' are all padding (no targets, after every
+     * real position; causal attention), the real positions' outputs are those of a run
+     * at T: --pack off runs each step at its longest example (engine.c). */
+    void (*state_len)(void *state, int T);
 };
 
 /* LoRA adapters on a model's linear layers (models/lora.h): r = 0 means none. */

@@ -429,9 +429,9 @@ static blob run_all_ops(const all_inputs *in, fsdp_dtype dt, int threads)
     float *sums = calloc(n3 / FSDP_NORM_BLOCK + 1, 4), *f32 = calloc(n3, 4);
     blob b = {0};
 
-    FSDP_OP(c, embed_fwd, o_c, in->tok, wte, wpe, TB, TT, TC);
+    FSDP_OP(c, embed_fwd, o_c, in->tok, NULL, wte, wpe, TB, TT, TC);
     blob_add(&b, o_c, nc * es);
-    FSDP_OP(c, embed_bwd, g_wte, g_wpe, in->dy_c, in->tok, TB, TT, TC);
+    FSDP_OP(c, embed_bwd, g_wte, g_wpe, in->dy_c, in->tok, NULL, TB, TT, TC);
     blob_add(&b, g_wte, (size_t)TVP * TC * 4);
     blob_add(&b, g_wpe, (size_t)TT * TC * 4);
     FSDP_OP(c, layernorm_fwd, o_c, mean, rstd, x, lw, lb, TN, TC);

@@ -65,19 +65,21 @@ END_TEST
 /* ---- ops against the cpu backend ------------------------------------------ */
 
 typedef struct embed_args {
-    tens *tok, *wte, *wpe, *out, *dout, *dwte, *dwpe;
+    tens *tok, *pos, *wte, *wpe, *out, *dout, *dwte, *dwpe; /* pos NULL: by column */
     int B, T, C;
 } embed_args;
 
 static void run_embed(fsdp_op_ctx *o, int gpu, const void *arg)
 {
     const embed_args *a = arg;
-    FSDP_OP(o, embed_fwd, t_on(a->out, gpu), t_on(a->tok, gpu), t_on(a->wte, gpu),
+    const int *pos = a->pos ? t_on(a->pos, gpu) : NULL;
+    FSDP_OP(o, embed_fwd, t_on(a->out, gpu), t_on(a->tok, gpu), pos, t_on(a->wte, gpu),
             t_on(a->wpe, gpu), a->B, a->T, a->C);
     FSDP_OP(o, embed_bwd, t_on(a->dwte, gpu), t_on(a->dwpe, gpu), t_on(a->dout, gpu),
-            t_on(a->tok, gpu), a->B, a->T, a->C);
+            t_on(a->tok, gpu), pos, a->B, a->T, a->C);
 }
 
+/* By column, then with positions (packed documents: any row of wpe, repeated). */
 START_TEST(test_embed)
 {
     NEED_GPU_DT("test_embed");
@@ -85,21 +87,24 @@ START_TEST(test_embed)
     fsdp_dtype dt = (fsdp_dtype)_i;
     pair_init(&P, dt);
     const int B = 3, T = 17, C = 72, V = 50, maxT = 20;
-    tens tok = t_rand_ints(&P, (size_t)B * T, V, 1);
+    tens tok = t_rand_ints(&P, (size_t)B * T, V, 1), pos = t_rand_ints(&P, (size_t)B * T, T, 7);
     tens wte = t_new(&P, (size_t)V * C, dt, 0.5f, 2), wpe = t_new(&P, (size_t)maxT * C, dt, 0.5f, 3);
     tens out = t_out(&P, (size_t)B * T * C, dt);
     tens dout = t_new(&P, (size_t)B * T * C, FSDP_DTYPE_F32, 1.0f, 4);
     tens dwte = t_new(&P, (size_t)V * C, FSDP_DTYPE_F32, 0.1f, 5);
     tens dwpe = t_new(&P, (size_t)maxT * C, FSDP_DTYPE_F32, 0.1f, 6);
-    const embed_args a = {&tok, &wte, &wpe, &out, &dout, &dwte, &dwpe, B, T, C};
-    const t_check chk[] = {
-        {"embed_fwd out", &out, dt == FSDP_DTYPE_BF16 ? 4e-3 : 0.0},
-        /* same adds in the same order as the cpu: exact */
-        {"embed_bwd dwte", &dwte, 0.0},
-        {"embed_bwd dwpe", &dwpe, 0.0},
-    };
-    t_check_op(&P, run_embed, &a, chk, FSDP_TEST_LEN(chk));
-    T_FREE_ALL(&P, &tok, &wte, &wpe, &out, &dout, &dwte, &dwpe);
+    for (int with_pos = 0; with_pos < 2; with_pos++) {
+        const embed_args a = {&tok, with_pos ? &pos : NULL, &wte, &wpe, &out, &dout, &dwte,
+                              &dwpe, B, T, C};
+        const t_check chk[] = {
+            {"embed_fwd out", &out, dt == FSDP_DTYPE_BF16 ? 4e-3 : 0.0},
+            /* same adds in the same order as the cpu: exact */
+            {"embed_bwd dwte", &dwte, 0.0},
+            {"embed_bwd dwpe", &dwpe, 0.0},
+        };
+        t_check_op(&P, run_embed, &a, chk, FSDP_TEST_LEN(chk));
+    }
+    T_FREE_ALL(&P, &tok, &pos, &wte, &wpe, &out, &dout, &dwte, &dwpe);
     pair_fini(&P);
 }
 END_TEST

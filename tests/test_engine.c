@@ -1127,9 +1127,13 @@ END_TEST
 
 /* ---- packed example rows -------------------------------------------------------- */
 
-#define PACK_MODEL                                                                          \
-    "llama:layers=2,heads=4,kv_heads=2,hidden=32,intermediate=64,head_dim=8,vocab=768,"    \
-    "context=32"
+/* A Llama (rope, grouped-query attention) and a GPT-2 (learned positions, one kv head
+ * per query head): both take positions (models/model.h's state_positions). */
+static const char *const pack_models[] = {
+    "llama:layers=2,heads=4,kv_heads=2,hidden=32,intermediate=64,head_dim=8,vocab=768,"
+    "context=32",
+    "gpt2:layers=2,heads=4,channels=32,vocab=768,context=32",
+};
 
 /* Short prompt/completion rows, several to a row of 32 once packed. */
 static void write_short_examples(const char *path)
@@ -1143,11 +1147,12 @@ static void write_short_examples(const char *path)
 }
 
 /* Global batch of 8 rows of 32, packed, on N devices (8 / N micro-steps of one row). */
-static void pack_config(fsdp_train_config *c, const char *data, int devices)
+static void pack_config(fsdp_train_config *c, const char *model, const char *data,
+                        int devices)
 {
     train_config_tiny(c, devices, 0);
     c->eng.seq = 32;
-    c->model = PACK_MODEL;
+    c->model = model;
     c->data = data;
     c->tokenizer = "tests/fixtures/tok_llama3.json";
     c->pack = FSDP_TRAIN_PACK_ON;
@@ -1234,25 +1239,27 @@ static double packed_hand_loss(const fsdp_train_config *c, int *n_examples)
 /* Packed example rows: the step-1 loss is that of each example alone (attention and
  * positions restart at each example: fails when the model sees across them), more
  * examples than rows, and the run is bit-identical on 1, 2, 4 and 8 devices with
- * grad-op, full (with the optimizer offloaded) and hybrid sharding. GPT-2 refuses
- * --pack on by name; its default is one example per row. */
+ * grad-op, full (with the optimizer offloaded) and hybrid sharding; for each model of
+ * pack_models, --pack auto packing it. */
 START_TEST(test_packed_rows)
 {
+    const char *model = pack_models[_i];
     char dir[64] = "/tmp/fsdp_packed_XXXXXX", data[128];
     ck_assert_ptr_nonnull(mkdtemp(dir));
     snprintf(data, sizeof data, "%s/rows.jsonl", dir);
     write_short_examples(data);
     fsdp_train_config c;
     fsdp_train_result ref;
-    pack_config(&c, data, 1);
+    pack_config(&c, model, data, 1);
+    c.pack = FSDP_TRAIN_PACK_AUTO;
     run_ok(&c, &ref);
     ck_assert_msg(ref.losses[2] < ref.losses[0], "packed rows do not train: %g -> %g",
                   ref.losses[0], ref.losses[2]);
     int n_ex = 0;
     double hand = packed_hand_loss(&c, &n_ex);
     double rel = fabs(ref.losses[0] - hand) / hand;
-    printf("packed: step-1 loss %.7f, each example alone %.7f (rel %.1e), %d examples in 8 "
-           "rows\n", ref.losses[0], hand, rel, n_ex);
+    printf("packed %.4s: step-1 loss %.7f, each example alone %.7f (rel %.1e), %d examples in "
+           "8 rows\n", model, ref.losses[0], hand, rel, n_ex);
     ck_assert_msg(rel <= 1e-6, "packed loss %.9g, examples alone %.9g", ref.losses[0], hand);
     ck_assert_int_gt(n_ex, 12); /* 8 rows hold 1.5 examples or more each */
     static const int devs[] = {2, 4, 8};
@@ -1260,29 +1267,17 @@ START_TEST(test_packed_rows)
                                                 FSDP_SHARD_HYBRID};
     for (int k = 0; k < 3; k++) {
         fsdp_train_result r;
-        pack_config(&c, data, devs[k]);
+        pack_config(&c, model, data, devs[k]);
         c.eng.shard = shard[k];
         c.eng.n_nodes = shard[k] == FSDP_SHARD_HYBRID ? 2 : 1;
         c.eng.offload = shard[k] == FSDP_SHARD_FULL;
         run_ok(&c, &r);
         char what[64];
         snprintf(what, sizeof what, "packed rows on %d devices", devs[k]);
-        expect_identical_runs(&ref, &r, PACK_MODEL, what);
+        expect_identical_runs(&ref, &r, model, what);
         fsdp_train_result_free(&r);
     }
     fsdp_train_result_free(&ref);
-    /* GPT-2: no positions in its attention */
-    pack_config(&c, data, 1);
-    c.model = "gpt2:layers=2,heads=4,channels=32,vocab=768,context=32";
-    c.keep_params = false;
-    c.steps = 1;
-    fsdp_train_result r;
-    ck_assert_int_eq(fsdp_train_run(&c, &r), FSDP_STATUS_INVALID_ARG);
-    ck_assert_ptr_nonnull(strstr(fsdp_error_msg(), "--pack off"));
-    fsdp_train_result_free(&r);
-    c.pack = FSDP_TRAIN_PACK_AUTO;
-    run_ok(&c, &r);
-    fsdp_train_result_free(&r);
     char rm[96];
     snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
     ck_assert_int_eq(system(rm), 0);
@@ -1348,7 +1343,9 @@ int main(void)
                                    (int)(sizeof thread_models / sizeof thread_models[0])))},
         {"offload_params", 300, .tmpdir = true,
          FSDP_TESTS(test_offload_params_identical, test_offload_params_resume)},
-        {"pack", 300, FSDP_TESTS(test_packed_rows)},
+        {"pack", 300,
+         FSDP_TESTS(FSDP_TEST_LOOP(test_packed_rows,
+                                   (int)(sizeof pack_models / sizeof pack_models[0])))},
         {"accum", 120, .tmpdir = true,
          FSDP_TESTS(test_accum_flat_devices, test_accum_flat_is_tree_below_4,
                     test_accum_flat_resume)},

@@ -701,14 +701,14 @@ START_TEST(test_embed_fwd_bwd)
     float *wte = frand((size_t)Vp * C, 1500, 1.0f), *wpe = frand((size_t)maxT * C, 1501, 1.0f);
     int tokens[2 * 5] = {3, 1, 3, 0, 6, 2, 3, 3, 5, 1}; /* repeats on purpose */
     float *out = fbuf((size_t)B * T * C), *dout = frand((size_t)B * T * C, 1502, 1.0f);
-    FSDP_OP(&e.ctx, embed_fwd, out, tokens, wte, wpe, B, T, C);
+    FSDP_OP(&e.ctx, embed_fwd, out, tokens, NULL, wte, wpe, B, T, C);
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++)
             for (int c = 0; c < C; c++)
                 ck_assert_float_eq(out[((size_t)b * T + t) * C + c],
                                    wte[(size_t)tokens[b * T + t] * C + c] + wpe[(size_t)t * C + c]);
     float *dwte = fbuf((size_t)Vp * C), *dwpe = fbuf((size_t)maxT * C);
-    FSDP_OP(&e.ctx, embed_bwd, dwte, dwpe, dout, tokens, B, T, C);
+    FSDP_OP(&e.ctx, embed_bwd, dwte, dwpe, dout, tokens, NULL, B, T, C);
     /* Reference: gradient rows as sums over the positions that used them. */
     for (int v = 0; v < Vp; v++)
         for (int c = 0; c < C; c++) {
@@ -726,13 +726,31 @@ START_TEST(test_embed_fwd_bwd)
             ck_assert_double_eq_tol(dwpe[(size_t)t * C + c], s, 1e-6);
         }
 
+    /* with positions (packed documents: pos restarts at 0): wpe's row is pos, not t */
+    int pos[2 * 5] = {0, 1, 0, 1, 2, 0, 1, 2, 3, 0};
+    memset(dwpe, 0, (size_t)maxT * C * sizeof *dwpe);
+    FSDP_OP(&e.ctx, embed_fwd, out, tokens, pos, wte, wpe, B, T, C);
+    FSDP_OP(&e.ctx, embed_bwd, NULL, dwpe, dout, tokens, pos, B, T, C);
+    for (int i = 0; i < B * T; i++)
+        for (int c = 0; c < C; c++)
+            ck_assert_float_eq(out[(size_t)i * C + c],
+                               wte[(size_t)tokens[i] * C + c] + wpe[(size_t)pos[i] * C + c]);
+    for (int p = 0; p < maxT; p++)
+        for (int c = 0; c < C; c++) {
+            double s = 0.0;
+            for (int i = 0; i < B * T; i++)
+                if (pos[i] == p)
+                    s += dout[(size_t)i * C + c];
+            ck_assert_double_eq_tol(dwpe[(size_t)p * C + c], s, 1e-6);
+        }
+
     /* bf16 storage: out = round(float(wte) + float(wpe)). */
     env h;
     env_init(&h, FSDP_DTYPE_BF16);
     fsdp_bf16 *wte16 = to_bf16(wte, (size_t)Vp * C), *wpe16 = to_bf16(wpe, (size_t)maxT * C);
     fsdp_bf16 *o16 = calloc((size_t)B * T * C, sizeof *o16);
-    FSDP_OP(&h.ctx, embed_fwd, o16, tokens, wte16, wpe16, B, T, C);
-    FSDP_OP(&e.ctx, embed_fwd, out, tokens, wte, wpe, B, T, C);
+    FSDP_OP(&h.ctx, embed_fwd, o16, tokens, NULL, wte16, wpe16, B, T, C);
+    FSDP_OP(&e.ctx, embed_fwd, out, tokens, NULL, wte, wpe, B, T, C);
     for (size_t i = 0; i < (size_t)B * T * C; i++)
         ck_assert_uint_eq(o16[i], fsdp_f32_to_bf16(out[i]));
     free(wte16), free(wpe16), free(o16);
@@ -900,9 +918,9 @@ START_TEST(test_backward_accumulates)
     int tok[5] = {1, 0, 1, 2, 1};
     float *ge1 = fbuf(3 * 10), *ge2 = fbuf(3 * 10), *gp1 = fbuf(5 * 10), *gp2 = fbuf(5 * 10);
     float *dout = frand(5 * 10, 2002, 1.0f);
-    FSDP_OP(&e.ctx, embed_bwd, ge1, gp1, dout, tok, 1, 5, 10);
+    FSDP_OP(&e.ctx, embed_bwd, ge1, gp1, dout, tok, NULL, 1, 5, 10);
     for (int r = 0; r < 2; r++)
-        FSDP_OP(&e.ctx, embed_bwd, ge2, gp2, dout, tok, 1, 5, 10);
+        FSDP_OP(&e.ctx, embed_bwd, ge2, gp2, dout, tok, NULL, 1, 5, 10);
     assert_doubled("embed dwte", ge1, ge2, 30);
     assert_doubled("embed dwpe", gp1, gp2, 50);
     free(x), free(dy), free(gx1), free(gx2), free(ge1), free(ge2), free(gp1), free(gp2),

@@ -112,7 +112,7 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
     if ((cfg->positions || (data && fsdp_data_packed(data))) && !model->iface->state_positions)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "packed example rows need a model whose attention takes token "
-                              "positions (the llama family); model '%s' has none: use --pack "
+                              "positions (llama, gpt2); model '%s' has none: use --pack "
                               "off", model->name);
     if (cfg->offload_params && !fsdp_offload_trainable_params(cfg) &&
         model->train_numel == model->numel)
@@ -654,8 +654,10 @@ fsdp_comm *fsdp_engine_comm(fsdp_engine *e) { return &e->comm; }
 /* Micro-batch `index` into the model state. With `poison`, a batch that
  * cannot be read becomes zeros and the error is kept in e->data_st (the
  * training step then publishes NaN losses: fsdp_engine_step). */
+/* Micro-batch `index` into the model state at active length T (<= cfg->seq: each row's
+ * first T positions, laid out (B, T) densely as model.h's state_len takes them). */
 static fsdp_status load_batch(fsdp_engine *e, const fsdp_data *data, uint64_t index,
-                              bool poison)
+                              bool poison, int T)
 {
     const fsdp_engine_config *cfg = &e->sh->cfg;
     size_t n = (size_t)cfg->batch * (size_t)cfg->seq;
@@ -677,6 +679,13 @@ static fsdp_status load_batch(fsdp_engine *e, const fsdp_data *data, uint64_t in
         }
         fsdp_error_clear(); /* kept above; not this rank's failure */
         memset(in, 0, (pos ? 3 : 2) * n * sizeof(int));
+    }
+    if (T < cfg->seq) { /* rows of T, in place: row b moves down from b * seq to b * T */
+        for (int k = 0; k < (pos ? 3 : 2); k++)
+            for (int b = 1; b < cfg->batch; b++)
+                memmove(in + k * n + (size_t)b * T, in + k * n + (size_t)b * cfg->seq,
+                        (size_t)T * sizeof(int));
+        n = (size_t)cfg->batch * (size_t)T;
     }
     FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_tokens(e->state), in, n * sizeof(int),
                                 e->dev.compute));
@@ -756,7 +765,8 @@ float fsdp_engine_mean_loss(const float *losses, int n, uint64_t rows, uint64_t 
 
 /* Forward and backward of one micro-batch, reducing each unit's gradient;
  * dloss: the gradient weight of the model's micro-batch loss. */
-static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float dloss, float *loss)
+static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, int T, float dloss,
+                              float *loss)
 {
     const fsdp_engine_config *cfg = &e->sh->cfg;
     const fsdp_model *m = e->sh->model;
@@ -765,7 +775,7 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float dloss
     bool full = cfg->shard == FSDP_SHARD_FULL || cfg->shard == FSDP_SHARD_HYBRID; /* reshard
                                                                                     * after forward */
 
-    FSDP_TRY(load_batch(e, e->sh->data, index, true));
+    FSDP_TRY(load_batch(e, e->sh->data, index, true, T));
     fsdp_shard_row *root = fsdp_engine_row(e, 0);
 
     fsdp_trace_begin(&e->tr, FSDP_TRACE_COMPUTE, "forward", "root", 0);
@@ -823,6 +833,17 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, float dloss
     return FSDP_STATUS_OK;
 }
 
+/* The model state's active length: T, or the state's T for a family that has no
+ * state_len (models/model.h); *T gets the one the ops run at. */
+static void set_len(fsdp_engine *e, int *T)
+{
+    const struct fsdp_model_i *mi = e->sh->model->iface;
+    if (*T < 1 || *T > e->sh->cfg.seq || !mi->state_len)
+        *T = e->sh->cfg.seq;
+    if (mi->state_len)
+        mi->state_len(e->state, *T);
+}
+
 static fsdp_status step_run(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res)
 {
     fsdp_engine_shared *sh = e->sh;
@@ -837,16 +858,19 @@ static fsdp_status step_run(fsdp_engine *e, uint64_t step, float lr, fsdp_step_r
     e->lr = lr;
     e->t = step + 1; /* optimizer step count of this update (host updates may start in backward) */
     e->update_started = false;
+    /* the step's length: the trainer's T' (fsdp_engine_set_len), the same on every rank */
+    int T = e->step_len;
+    set_len(e, &T);
     /* each token's weight is 1 / (unmasked targets of the global batch) */
     int M = N * A;
-    uint64_t rows = (uint64_t)cfg->batch * (uint64_t)cfg->seq, count;
+    uint64_t rows = (uint64_t)cfg->batch * (uint64_t)T, count;
     FSDP_TRY(count_targets(e, step * (uint64_t)M, M, &count));
     float dloss = count ? (float)((double)rows / (double)count) : 0.0f;
     FSDP_TRY(gather_wait(e, 0)); /* the root stays gathered for the whole step */
     for (int j = 0; j < A; j++) {
         uint64_t index = step * (uint64_t)(N * A) + (uint64_t)j * (uint64_t)N + (uint64_t)e->rank;
         e->host_losses[j] = 0.0f;
-        FSDP_TRY(micro_step(e, j, index, dloss, &e->host_losses[j]));
+        FSDP_TRY(micro_step(e, j, index, T, dloss, &e->host_losses[j]));
     }
     FSDP_TRY(gather_release(e, 0));
     if (e->data_st != FSDP_STATUS_OK)
@@ -889,6 +913,8 @@ static fsdp_status forward_only(fsdp_engine *e, float *loss)
 {
     const fsdp_model *m = e->sh->model;
     const struct fsdp_model_i *mi = m->iface;
+    int T = e->sh->cfg.seq; /* forwards run at the engine's T (the staging is of T) */
+    set_len(e, &T);
     FSDP_TRY(gather_wait(e, 0));
     FSDP_TRY(mi->root_forward(m, &e->ops, e->state, fsdp_engine_row(e, 0)->gathered));
     for (int u = 1; u < e->sh->sm.n_units; u++) {
@@ -908,7 +934,7 @@ static fsdp_status forward_batch_run(fsdp_engine *e, const fsdp_data *data, uint
                               "fsdp_engine_forward_batch: the engine has no data source");
     const fsdp_engine_config *cfg = &e->sh->cfg;
     size_t rows = (size_t)cfg->batch * (size_t)cfg->seq;
-    FSDP_TRY(load_batch(e, data, index, false));
+    FSDP_TRY(load_batch(e, data, index, false, cfg->seq));
     uint64_t count = rows;
     if (fsdp_data_masked(data) && fsdp_device_computes(&e->dev))
         count = count_unmasked(e->tokens_host + rows, rows); /* load_batch's targets */
@@ -1097,6 +1123,8 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
     fsdp_flight_step(e->sh->world->flight, e->rank, (long)step + 1); /* the stall report's step */
     return fsdp_engine_note(e, step_run(e, step, lr, res));
 }
+
+void fsdp_engine_set_len(fsdp_engine *e, int T) { e->step_len = T; }
 
 fsdp_status fsdp_engine_forward_batch(fsdp_engine *e, uint64_t index, float *loss,
                                       uint64_t *n_targets)

@@ -200,6 +200,18 @@ void fsdp_engine_free(fsdp_engine *e);
  * fsdp_engine_data_error. */
 fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_result *res);
 
+/* The active length T' of the training steps that follow: each micro-batch runs on its
+ * rows' first T' positions (models/model.h's state_len), the activations staying
+ * allocated for cfg.seq. Only for rows whose positions past T' are padding (no targets,
+ * after every real position: --pack off example rows, data.h's fsdp_data_rows_len),
+ * whose loss and gradients are then those of the run at cfg.seq up to float rounding
+ * (sums over B*T' tokens instead of B*T). The caller passes every rank the same T' (a
+ * function of the step's global batch), so results stay bit-identical across device
+ * counts. 0 or out of [1, cfg.seq], or a model family without state_len: cfg.seq (the
+ * default). Forwards (eval, sampling) always run at cfg.seq; a plan (meta) at the
+ * worst case, cfg.seq, as nobody sets it there. */
+void fsdp_engine_set_len(fsdp_engine *e, int T);
+
 /* The first data error of this rank's steps (OK if none) and its message
  * (valid while e lives). */
 fsdp_status fsdp_engine_data_error(const fsdp_engine *e, const char **msg);

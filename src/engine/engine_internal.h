@@ -38,6 +38,8 @@ struct fsdp_engine {
     fsdp_status status;          /* first failure of init or of a call (step, forward, ...);
                                   * OK so far: fsdp_engine_free stops the rank with it */
     void *state;                 /* model activations (B, T) */
+    int step_len;                /* T' <= T of the training steps (fsdp_engine_set_len);
+                                  * 0: T */
     int *tokens_host;            /* (2, B*T) inputs then targets, (3, B*T) with the
                                   * positions of packed data; pinned host memory */
     int *pos_dev;                /* (B*T) token positions of packed data (the model state

@@ -44,10 +44,14 @@ struct fsdp_ops_i {
     const char *name;
     void (*fini)(fsdp_op_ctx *ctx);
 
-    void (*embed_fwd)(fsdp_op_ctx *ctx, void *out, const int *tokens, const void *wte,
-                      const void *wpe, int B, int T, int C);
+    /* Token + position embedding: out (B,T,C) = wte[tokens[b,t]] + wpe[p], p = pos[b,t]
+     * (each token's position in its document, model.h's state_positions) or t when pos
+     * is NULL. The backward adds each row's gradient into dwte[token] and dwpe[p] (either
+     * may be NULL) in (b, t) order. */
+    void (*embed_fwd)(fsdp_op_ctx *ctx, void *out, const int *tokens, const int *pos,
+                      const void *wte, const void *wpe, int B, int T, int C);
     void (*embed_bwd)(fsdp_op_ctx *ctx, float *dwte, float *dwpe, const float *dout,
-                      const int *tokens, int B, int T, int C);
+                      const int *tokens, const int *pos, int B, int T, int C);
 
     void (*layernorm_fwd)(fsdp_op_ctx *ctx, void *out, float *mean, float *rstd, const void *inp,
                           const void *w, const void *b, int N, int C);

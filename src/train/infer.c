@@ -114,6 +114,10 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
                                   "the data '%s' uses token ids up to %d but the model in '%s' "
                                   "has a vocabulary of %d", data, dv - 1, cfg->model_path,
                                   m->vocab_size);
+        /* example rows are read once, as the held-out set is (heldout.c): the last batch's
+         * rows past the file are padding, not the first examples again, so every example
+         * counts once in the mean when --steps x --batch covers the file */
+        fsdp_data_set_one_pass(r->data);
     }
     fsdp_engine_config ec = {
         .backend = cfg->backend,

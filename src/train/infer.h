@@ -43,7 +43,10 @@ void fsdp_infer_config_default(fsdp_infer_config *cfg);
  * and seed), summed in the trainer's balanced tree over m: for the same
  * batches the result equals the trainer's step loss bit for bit, for any
  * number of ranks. Example rows (prompt/completion, chat) count only
- * their unmasked targets: the mean is over those (fsdp_engine_mean_loss).
+ * their unmasked targets: the mean is over those (fsdp_engine_mean_loss),
+ * and are read once, as the held-out set is: the rows past the file's end
+ * are padding, so n_batches x B >= the examples counts each exactly once
+ * (the trainer's --eval-data figure for the same B and T, bit for bit).
  * losses (optional) receives each batch's loss (its own unmasked mean;
  * NAN for a batch without any). INVALID_ARG when no batch holds a target
  * (every example cut at --seq before its completion): nothing to

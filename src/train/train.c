@@ -101,7 +101,10 @@ static void log_step(struct trainer *t, int step, const fsdp_step_result *r, dou
     }
     int rpd = ec->ranks_per_device > 0 ? ec->ranks_per_device : 1;
     int n_gpus = (N + rpd - 1) / rpd; /* virtual ranks share a GPU */
-    double mfu = t->peak_flops > 0 ? t->flops_per_token * tok_s / (t->peak_flops * n_gpus) : -1;
+    int len = fsdp_trainer_step_len(t, step); /* --pack off: attention ran at its longest */
+    double fpt = len < t->sh.cfg.seq ? t->model.family->flops_per_token(&t->model, len)
+                                     : t->flops_per_token;
+    double mfu = t->peak_flops > 0 ? fpt * tok_s / (t->peak_flops * n_gpus) : -1;
     if (t->out) {
         char pb[32], hb[32], tk[32];
         if (tok_s >= 1e3)
@@ -271,6 +274,7 @@ static fsdp_status run_steps(struct trainer *t, fsdp_engine *e, int rank, struct
         float lr = fsdp_train_lr(cfg, step);
         double t0 = fsdp_now_s();
         fsdp_step_result r;
+        fsdp_engine_set_len(e, fsdp_trainer_step_len(t, step)); /* --pack off: its longest */
         fsdp_status st = fsdp_engine_step(e, (uint64_t)step, lr, &r);
         if (st != FSDP_STATUS_OK) {
             fsdp_error_prefix("step %d", step + 1);

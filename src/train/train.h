@@ -34,6 +34,8 @@ typedef struct fsdp_train_config {
                                * rows), `steps` ignored (train_data.c) */
     int pack;                 /* example data: fsdp_train_pack_names (AUTO: packed when the
                                * model's attention takes positions, else one per row) */
+    bool pad_full;            /* unpacked example rows run at --seq, not at each step's
+                               * longest example (tests: the path it shortens; train_data.c) */
     bool seq_auto;            /* eng.seq was not given and is min(context, FSDP_TRAIN_SEQ_CAP):
                                * example data lowers it to its longest example rounded up to
                                * FSDP_TRAIN_SEQ_ROUND (train_data.c) */

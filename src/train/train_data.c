@@ -21,10 +21,9 @@
 static const fsdp_name pack_names[] = {
     {"on", FSDP_TRAIN_PACK_ON,
      "several examples per row of --seq, attention and positions restarting at each one "
-     "(the default where the model's attention takes positions: Llama)"},
+     "(the default where the model's attention takes positions: Llama, GPT-2)"},
     {"off", FSDP_TRAIN_PACK_OFF,
-     "one example per row, padded to --seq (the default for GPT-2, whose attention cannot "
-     "keep packed examples apart)"},
+     "one example per row, padded; each step runs at its longest example"},
 };
 const fsdp_name_table fsdp_train_pack_names = FSDP_NAME_TABLE(pack_names);
 
@@ -78,9 +77,9 @@ static fsdp_status check_targets(const struct trainer *t, const fsdp_engine_conf
 }
 
 /* Pack example rows unless cfg->pack or the model says otherwise. A family whose
- * interface takes no token positions (model.h's state_positions; GPT-2's attention has no
- * document mask and its position table is read by column) cannot keep packed examples
- * apart: each would attend to the ones before it in its row. */
+ * interface takes no token positions (model.h's state_positions: both families here take
+ * them) cannot keep packed examples apart: each would attend to the ones before it in its
+ * row. */
 static fsdp_status pack(struct trainer *t, fsdp_engine_config *ec)
 {
     const fsdp_train_config *cfg = t->cfg;
@@ -91,7 +90,7 @@ static fsdp_status pack(struct trainer *t, fsdp_engine_config *ec)
                               "apart (its attention has no document mask and it reads "
                               "positions by column, so an example would attend to the ones "
                               "before it in its row); use --pack off, its default (one example "
-                              "per row, padded), or a model of a family that packs (llama)",
+                              "per row, padded), or a model of a family that packs (llama, gpt2)",
                               cfg->model, t->model.family->name);
     if (cfg->pack == FSDP_TRAIN_PACK_ON ||
         (cfg->pack == FSDP_TRAIN_PACK_AUTO && can && fsdp_data_masked(t->data))) {
@@ -205,4 +204,13 @@ uint64_t fsdp_trainer_step_tokens(const struct trainer *t, int step)
     for (uint64_t k = 0; k < M; k++)
         n += fsdp_data_batch_real(t->data, (uint64_t)step * M + k, ec->batch, ec->seq);
     return n;
+}
+
+int fsdp_trainer_step_len(const struct trainer *t, int step)
+{
+    const fsdp_engine_config *ec = &t->sh.cfg;
+    if (!t->data || !fsdp_data_masked(t->data) || t->cfg->pad_full)
+        return ec->seq;
+    int M = ec->n_ranks * ec->grad_accum;
+    return fsdp_data_rows_len(t->data, (uint64_t)step * (uint64_t)M, M, ec->batch, ec->seq);
 }

@@ -100,6 +100,11 @@ fsdp_status fsdp_trainer_data_rows(struct trainer *t, fsdp_engine_config *ec);
  * MFU count. Any thread. */
 uint64_t fsdp_trainer_step_tokens(const struct trainer *t, int step);
 
+/* The length step `step` runs at (fsdp_engine_set_len): unpacked example rows, its global
+ * batch's longest example (the same on every rank); else, or with cfg->pad_full, --seq.
+ * Any thread. */
+int fsdp_trainer_step_len(const struct trainer *t, int step);
+
 /* The learning-rate schedule's settings from the run's (train.c). */
 fsdp_lr_plan fsdp_trainer_lr_plan(const fsdp_train_config *cfg);
 

@@ -91,10 +91,10 @@ static void queue(fsdp_op_ctx *ctx, fsdp_host_fn fn, void *arg, size_t bytes, co
 
 /* ---- the ops (parameters as in ops/ops.h) -------------------------------------------- */
 
-ASYNC_OP(embed_fwd, (void *, out), (const int *, tokens), (const void *, wte), (const void *, wpe),
-         (int, B), (int, T), (int, C))
+ASYNC_OP(embed_fwd, (void *, out), (const int *, tokens), (const int *, pos), (const void *, wte),
+         (const void *, wpe), (int, B), (int, T), (int, C))
 ASYNC_OP(embed_bwd, (float *, dwte), (float *, dwpe), (const float *, dout), (const int *, tokens),
-         (int, B), (int, T), (int, C))
+         (const int *, pos), (int, B), (int, T), (int, C))
 ASYNC_OP(layernorm_fwd, (void *, out), (float *, mean), (float *, rstd), (const void *, inp),
          (const void *, w), (const void *, b), (int, N), (int, C))
 ASYNC_OP(layernorm_bwd, (float *, dinp), (float *, dw), (float *, db), (const float *, dout),

@@ -168,10 +168,10 @@ float *fsdp_cpu_out(fsdp_op_ctx *ctx, fsdp_cpu_slot slot, void *dst, size_t n);
 void fsdp_cpu_out_done(fsdp_op_ctx *ctx, void *dst, const float *buf, size_t n);
 
 /* The ops, one family per file; contracts in ops/ops.h. */
-void fsdp_cpu_embed_fwd(fsdp_op_ctx *ctx, void *out, const int *tokens, const void *wte,
-                        const void *wpe, int B, int T, int C);
+void fsdp_cpu_embed_fwd(fsdp_op_ctx *ctx, void *out, const int *tokens, const int *pos,
+                        const void *wte, const void *wpe, int B, int T, int C);
 void fsdp_cpu_embed_bwd(fsdp_op_ctx *ctx, float *dwte, float *dwpe, const float *dout,
-                        const int *tokens, int B, int T, int C);
+                        const int *tokens, const int *pos, int B, int T, int C);
 void fsdp_cpu_layernorm_fwd(fsdp_op_ctx *ctx, void *out, float *mean, float *rstd,
                             const void *inp, const void *w, const void *b, int N, int C);
 void fsdp_cpu_layernorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *db,

@@ -195,10 +195,10 @@ __device__ __forceinline__ float fsdp_cu_warp_max(float v)
 
 /* ---- the op launchers (one file per family) ---------------------------- */
 
-void fsdp_ops_cuda_embed_fwd(fsdp_op_ctx *ctx, void *out, const int *tokens, const void *wte,
-                             const void *wpe, int B, int T, int C);
+void fsdp_ops_cuda_embed_fwd(fsdp_op_ctx *ctx, void *out, const int *tokens, const int *pos,
+                             const void *wte, const void *wpe, int B, int T, int C);
 void fsdp_ops_cuda_embed_bwd(fsdp_op_ctx *ctx, float *dwte, float *dwpe, const float *dout,
-                             const int *tokens, int B, int T, int C);
+                             const int *tokens, const int *pos, int B, int T, int C);
 void fsdp_ops_cuda_layernorm_fwd(fsdp_op_ctx *ctx, void *out, float *mean, float *rstd,
                                  const void *inp, const void *w, const void *b, int N, int C);
 void fsdp_ops_cuda_layernorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *db,
