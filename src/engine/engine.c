@@ -651,11 +651,10 @@ fsdp_comm *fsdp_engine_comm(fsdp_engine *e) { return &e->comm; }
 
 /* ---- the step -------------------------------------------------------------- */
 
-/* Micro-batch `index` into the model state. With `poison`, a batch that
- * cannot be read becomes zeros and the error is kept in e->data_st (the
- * training step then publishes NaN losses: fsdp_engine_step). */
 /* Micro-batch `index` into the model state at active length T (<= cfg->seq: each row's
- * first T positions, laid out (B, T) densely as model.h's state_len takes them). */
+ * first T positions, laid out (B, T) densely as model.h's state_len takes them). With
+ * `poison`, a batch that cannot be read becomes zeros and the error is kept in e->data_st
+ * (the training step then publishes NaN losses: fsdp_engine_step). */
 static fsdp_status load_batch(fsdp_engine *e, const fsdp_data *data, uint64_t index,
                               bool poison, int T)
 {
