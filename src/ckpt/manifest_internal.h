@@ -2,7 +2,8 @@
  * manifest_internal.h - what the two halves of the manifest reader share:
  * manifest.c (the file, its lines, units and parameters, the checksum) and
  * manifest_header.c (the header's keys, each parsed and bounded, and the
- * checks across them). Not part of the ckpt module's interface.
+ * checks across them), and manifest_lex.c below both (errors, numbers,
+ * names, tokens). Not part of the ckpt module's interface.
  */
 #ifndef FSDP_CKPT_MANIFEST_INTERNAL_H
 #define FSDP_CKPT_MANIFEST_INTERNAL_H
@@ -72,7 +73,7 @@ bool fsdp_mf_name_valid(const char *s, size_t max);
  * or -1 if there are more than max. */
 int fsdp_mf_tokenize(char *s, char **tok, int max);
 
-/* A header line (manifest_header.c): `key value`, each key once, 'format'
+/* The pieces above are manifest_lex.c's. A header line (manifest_header.c): `key value`, each key once, 'format'
  * and 'version' first, only the keys of that version; or `units N`, which
  * ends the header (every key of its version read, the fields checked
  * against each other, r->phase UNITS, m->units allocated). */
