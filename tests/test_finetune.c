@@ -509,8 +509,15 @@ START_TEST(test_cli_finetune)
                        "%s --seq 16 --batch 2 --steps 1", g_train);
     ck_assert_msg(rc == 0 && strstr(out, "lr 0.003, warmup 20 steps, then cosine to 0.0003"),
                   "%s", out);
+    /* LoRA adapters on a pre-trained model: 10x */
+    rc = fsdp_test_cli(out, sizeof out, "train --backend cpu --devices 1 --model "
+                       "tests/fixtures/llama_gqa --lora 4 --data tests/fixtures/lora_gqa/tokens.bin "
+                       "--seq 16 --batch 1 --steps 2");
+    ck_assert_msg(rc == 0 && strstr(out, "lr 0.0002 (fine-tuning default with LoRA), warmup 1 "
+                                         "steps"), "%s", out);
     ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "train --help"), 0);
-    ck_assert(strstr(out, "default 3e-3 for built-in models, 2e-5 for a pre-trained --model"));
+    ck_assert(strstr(out, "default 3e-3 for built-in models, 2e-5 for a pre-trained --model, "
+                          "2e-4 for LoRA adapters on one"));
     char bad[5][512];
     snprintf(bad[0], sizeof bad[0], "train --model tiny --data %s --devices 2 --batch 3 "
              "--global-batch 8", g_train);

@@ -105,7 +105,8 @@ static void report_early_end(const fsdp_train_config *c, const fsdp_train_result
 /* --grad-accum from --global-batch (which must be a multiple of --batch x
  * devices). A pre-trained --model (a file or directory, not a built-in
  * name or spec) gets fine-tuning defaults for what was not given: --lr
- * 2e-5 and a warmup of 3% of the steps (at least 1). Then the schedule's
+ * 2e-5 (2e-4 with LoRA adapters, --lora or --adapter) and a warmup of 3% of
+ * the steps (at least 1). Then the schedule's
  * and the held-out set's settings are checked. Nonzero after a usage
  * error. */
 static int finetune_finish(fsdp_opt_list *l, fsdp_train_config *c, int global_batch)
@@ -124,9 +125,10 @@ static int finetune_finish(fsdp_opt_list *l, fsdp_train_config *c, int global_ba
     if (global_batch)
         e->grad_accum = (int)(global_batch / per_step);
     if (c->model && !fsdp_model_is_spec(c->model)) {
-        if (!fsdp_opt_get(l, "lr")->seen) {
-            c->lr = 2e-5f;
-            c->lr_note = "fine-tuning default";
+        if (!fsdp_opt_get(l, "lr")->seen) { /* adapters learn from zero: 10x a full tune's */
+            bool lora = c->lora.r > 0 || c->adapter;
+            c->lr = lora ? 2e-4f : 2e-5f;
+            c->lr_note = lora ? "fine-tuning default with LoRA" : "fine-tuning default";
         }
         if (!fsdp_opt_get(l, "warmup")->seen) /* the steps are known later with --epochs */
             c->warmup_pct = 3;
@@ -172,7 +174,7 @@ static void train_opts_add(fsdp_opt_list *l, fsdp_run_opts *ro, bool *quietp, in
                      "(--batch x devices), which must divide it");
     fsdp_opt_add_float(l, "lr", &c->lr, 0.0, true, 10.0, "X",
                        "peak learning rate, in (0, 10] (default 3e-3 for built-in models, 2e-5 "
-                       "for a pre-trained --model)");
+                       "for a pre-trained --model, 2e-4 for LoRA adapters on one)");
     fsdp_opt_add_int(l, "warmup", &c->warmup, 0, INT_MAX, "S",
                      "linear warmup steps (default 20 for built-in models, 3% of --steps, at "
                      "least 1, for a pre-trained --model)");

@@ -501,11 +501,12 @@ static void print_header(const struct trainer *t, const fsdp_engine_config *ec)
     char b[32];
     fprintf(t->out,
             "fsdp train: model %s (%.2fM params, %d units), %d x %s device(s), shard %s, %s, "
-            "optimizer %s, recompute %s, batch %d x seq %d x accum %d%s x %d ranks = %llu "
-            "tokens/step, %d steps\n",
+            "optimizer %s, offload %s, recompute %s, batch %d x seq %d x accum %d%s x %d ranks = "
+            "%llu tokens/step, %d steps\n",
             t->cfg->model, (double)t->model.numel / 1e6, t->model.n_units, ec->n_ranks,
             fsdp_backend_name(ec->backend), fsdp_shard_strategy_name(ec->shard),
             fsdp_dtype_name(ec->compute_dtype), t->sh.optim->name,
+            fsdp_names_name(&fsdp_offload_names, fsdp_offload_value(ec)),
             fsdp_names_name(&fsdp_recompute_names, (int)ec->recompute), ec->batch, ec->seq,
             ec->grad_accum, ec->accum == FSDP_ACCUM_FLAT ? " (flat)" : "", ec->n_ranks,
             (unsigned long long)tokens_per_step(ec),
@@ -526,7 +527,7 @@ static void print_header(const struct trainer *t, const fsdp_engine_config *ec)
                         "absmax, %s in bf16)%s\n", (double)nf4 / 1e6,
                 fsdp_fmt_bytes(b, sizeof b, (double)nf4 * 9 / 16),
                 fsdp_fmt_bytes(b2, sizeof b2, (double)nf4 * 2),
-                ec->offload_params ? "; frozen shards in pinned host memory" : "");
+                ec->offload_params ? "; their shards in pinned host memory" : "");
     }
     fsdp_lr_plan lp = fsdp_trainer_lr_plan(t->cfg);
     char sched[96];
