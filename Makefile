@@ -274,7 +274,7 @@ $(BUILD)/tools/%: tools/%.c $(LIB)
 ASYNC_SUITES ?= $(if $(filter 1,$(TSAN)),test_engine test_ckpt,test_engine test_golden \
                 test_ckpt test_compat test_llama test_model test_mpi_train test_mpi_jobs \
                 test_faults test_optim_train test_train_errors test_hostile test_frozen \
-                test_lora_train test_comm test_ops test_ops_llama test_ops_lora test_cpu)
+                test_lora_train test_comm test_mpi test_ops test_ops_llama test_ops_lora test_cpu)
 ASYNC_JITTER ?= 1
 # Cases the ThreadSanitizer build's asynchronous pass leaves out (time on CI's
 # 2 cores): test_engine's recompute matrix, which runs on async streams in

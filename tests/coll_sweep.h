@@ -103,7 +103,7 @@ static inline fsdp_status coll_sweep_rank(fsdp_comm *c, const size_t *sizes, int
             /* all_gather */
             tag++;
             sweep_fill(a, dt, tag, r, 0, n);
-            FSDP_CHECK(fsdp_comm_all_gather(c, a, b, n, dt, NULL));
+            FSDP_CHECK(synced(c, fsdp_comm_all_gather(c, a, b, n, dt, NULL)));
             for (int q = 0; q < N; q++)
                 sweep_fill(want + (size_t)q * n * es, dt, tag, q, 0, n);
             FSDP_CHECK(sweep_check(r, "all_gather", n, dt, b, want, (size_t)N * n));
@@ -113,7 +113,7 @@ static inline fsdp_status coll_sweep_rank(fsdp_comm *c, const size_t *sizes, int
                 /* reduce_scatter */
                 tag++;
                 sweep_fill(a, dt, tag, r, 0, (size_t)N * n);
-                FSDP_CHECK(fsdp_comm_reduce_scatter(c, a, b, n, dt, op, NULL));
+                FSDP_CHECK(synced(c, fsdp_comm_reduce_scatter(c, a, b, n, dt, op, NULL)));
                 for (size_t i = 0; i < n; i++)
                     sweep_reduce(want, i, dt, op, tag, N, (size_t)r * n + i);
                 FSDP_CHECK(sweep_check(r, "reduce_scatter", n, dt, b, want, n));
@@ -123,7 +123,7 @@ static inline fsdp_status coll_sweep_rank(fsdp_comm *c, const size_t *sizes, int
                     tag++;
                     sweep_fill(a, dt, tag, r, 0, n);
                     void *out = inplace ? (void *)a : (void *)b;
-                    FSDP_CHECK(fsdp_comm_all_reduce(c, a, out, n, dt, op, NULL));
+                    FSDP_CHECK(synced(c, fsdp_comm_all_reduce(c, a, out, n, dt, op, NULL)));
                     for (size_t i = 0; i < n; i++)
                         sweep_reduce(want, i, dt, op, tag, N, i);
                     FSDP_CHECK(sweep_check(r, inplace ? "all_reduce in place" : "all_reduce", n,
@@ -139,7 +139,7 @@ static inline fsdp_status coll_sweep_rank(fsdp_comm *c, const size_t *sizes, int
                     sweep_fill(a, dt, tag, r, 0, n);
                 else
                     memset(a, 0x5a, n * es);
-                FSDP_CHECK(fsdp_comm_broadcast(c, a, n, dt, roots[k], NULL));
+                FSDP_CHECK(synced(c, fsdp_comm_broadcast(c, a, n, dt, roots[k], NULL)));
                 sweep_fill(want, dt, tag, roots[k], 0, n);
                 FSDP_CHECK(sweep_check(r, "broadcast", n, dt, a, want, n));
                 h = sweep_fold(h, a, n * es);

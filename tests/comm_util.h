@@ -35,6 +35,18 @@ static inline void env_fini(struct rank_env *e)
         fsdp_device_fini(&e->dev);
 }
 
+/* st, or, when the collective that returned it was issued (OK) on a
+ * transport with a device, the status of waiting for the device's comm
+ * stream: a collective is stream-ordered, and on asynchronous cpu streams
+ * (FSDP_CPU_STREAMS=async) its outputs and failure are there only after
+ * the sync. Wrap every collective whose results a suite reads. */
+static inline fsdp_status synced(fsdp_comm *c, fsdp_status st)
+{
+    if (st != FSDP_STATUS_OK || !c->dev)
+        return st;
+    return fsdp_device_stream_sync(c->dev, c->dev->comm);
+}
+
 /* An input element of the collective suites: a float with a random sign
  * and mantissa and an exponent in [-10, 10], so the order of a sum shows
  * in its rounding; `key` mixes the suite's seed, the collective, the rank

@@ -120,17 +120,6 @@ static fsdp_status expect_same(int rank, const char *what, const void *got, cons
                           what, numel, fsdp_dtype_name(dt), i, g, x);
 }
 
-/* st, or when the collective was queued (OK) the comm stream's sync: with
- * async cpu streams a collective runs on that stream's worker, so its
- * result, and its failure, are known only after the sync (a no-op inline).
- * Wrap every collective whose result or status the test reads. */
-static fsdp_status synced(fsdp_comm *c, fsdp_status st)
-{
-    if (st != FSDP_STATUS_OK || !c->dev)
-        return st;
-    return fsdp_device_stream_sync(c->dev, c->dev->comm);
-}
-
 /* ---- every collective against the reference ----------------------------- */
 
 /* The expected results are shared by the ranks and computed cooperatively

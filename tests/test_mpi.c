@@ -623,6 +623,7 @@ static fsdp_status count_rank(fsdp_world *w, int rank, void *p)
                 st = fsdp_comm_broadcast(&e.comm, buf, numel, dt, N - 1, NULL);
                 break;
             }
+            st = synced(&e.comm, st);
             if (st != FSDP_STATUS_OK)
                 break;
             size_t s, r, es = fsdp_dtype_size(dt);
@@ -711,10 +712,14 @@ static fsdp_status groups_rank(fsdp_world *w, int rank, void *p)
     bool computes = fsdp_device_computes(&dev);
     for (size_t i = 0; i < S; i++)
         in[i] = sweep_gen(7, rank, i);
-    if (st == FSDP_STATUS_OK)
+    if (st == FSDP_STATUS_OK) {
         st = fsdp_comm_reduce_scatter(&node, in, sh, shard, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
-    if (st == FSDP_STATUS_OK)
+        st = synced(&node, st);
+    }
+    if (st == FSDP_STATUS_OK) {
         st = fsdp_comm_all_reduce(&cross, sh, sh, shard, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+        st = synced(&cross, st);
+    }
     for (size_t e = 0; computes && e < shard && st == FSDP_STATUS_OK; e++) {
         size_t i = (size_t)j * shard + e;
         float nodes[64], all[64];
@@ -732,14 +737,18 @@ static fsdp_status groups_rank(fsdp_world *w, int rank, void *p)
     /* the node's all-gather of its shards, the cross group's broadcast */
     for (size_t e = 0; e < shard; e++)
         sh[e] = (float)(rank * 100000 + (int)e);
-    if (st == FSDP_STATUS_OK)
+    if (st == FSDP_STATUS_OK) {
         st = fsdp_comm_all_gather(&node, sh, out, shard, FSDP_DTYPE_F32, NULL);
+        st = synced(&node, st);
+    }
     for (size_t i = 0; computes && i < S && st == FSDP_STATUS_OK; i++)
         st = groups_check(rank, "node all_gather", i, out[i],
                           (float)((q * L + (int)(i / shard)) * 100000 + (int)(i % shard)));
     fsdp_comm_reset_stats(&cross);
-    if (st == FSDP_STATUS_OK)
+    if (st == FSDP_STATUS_OK) {
         st = fsdp_comm_broadcast(&cross, sh, shard, FSDP_DTYPE_F32, P - 1, NULL);
+        st = synced(&cross, st);
+    }
     for (size_t e = 0; computes && e < shard && st == FSDP_STATUS_OK; e++)
         st = groups_check(rank, "cross broadcast", e, sh[e],
                           (float)(((P - 1) * L + j) * 100000 + (int)e));
@@ -822,9 +831,11 @@ static fsdp_status mismatch_rank(fsdp_world *w, int rank, void *p)
     struct rank_env e;
     float buf[64], out[256];
     fsdp_status st = env_init(&e, w, rank);
-    if (st == FSDP_STATUS_OK)
+    if (st == FSDP_STATUS_OK) {
         st = fsdp_comm_all_gather(&e.comm, buf, out, w->process == 1 ? 31 : 30,
                                   FSDP_DTYPE_F32, NULL);
+        st = synced(&e.comm, st);
+    }
     env_fini(&e);
     return st;
 }
@@ -854,8 +865,10 @@ static fsdp_status fault_rank(fsdp_world *w, int rank, void *p)
     fsdp_status st = env_init(&e, w, rank);
     if (rank == 3) /* counted on rank 3's own thread: arm it there */
         fsdp_world_set_fault(w, *(const fsdp_fault_kind *)p, 3, 3);
-    for (int i = 0; i < 10 && st == FSDP_STATUS_OK; i++)
+    for (int i = 0; i < 10 && st == FSDP_STATUS_OK; i++) {
         st = fsdp_comm_all_reduce(&e.comm, buf, out, 10, FSDP_DTYPE_F32, FSDP_REDUCE_SUM, NULL);
+        st = synced(&e.comm, st);
+    }
     env_fini(&e);
     return st;
 }
@@ -865,9 +878,12 @@ START_TEST(test_rank_failure_ends_every_process)
     struct loop_job j;
     job_init(&j, 2);
     static const fsdp_fault_kind fail = FSDP_FAULT_COLLECTIVE;
-    run_job_ending(&j, 2, NULL, fault_rank, &fail, FSDP_STATUS_INTERNAL,
-                   "rank 3 (process 1 of 2, host sim1): injected failure in collective 3 "
-                   "(all_reduce)");
+    struct sim sims[LOOP_MAX];
+    run_job(&j, 2, 2, NULL, fault_rank, (void *)&fail, sims);
+    /* where, then what (async cpu streams put the stream's words between them) */
+    every_process_ended(sims, 2, FSDP_STATUS_INTERNAL, "rank 3 (process 1 of 2, host sim1): ");
+    every_process_ended(sims, 2, FSDP_STATUS_INTERNAL,
+                        "injected failure in collective 3 (all_reduce)");
     ck_assert_int_eq(j.n_fail_calls, 1); /* process 1 told the others once */
     job_fini(&j, false);
 }
