@@ -175,30 +175,34 @@ struct attention_args {
     fsdp_op_ctx *ctx;
     void *qkv, *out, *att;
     float *dout, *datt, *dqkv;
-    int B, T, C, NH;
+    int B, T, NH, NKV, hd;
 };
 
 static void attention_fwd(void *p)
 {
     struct attention_args *a = p;
-    FSDP_OP(a->ctx, attention_fwd, a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH);
+    FSDP_OP(a->ctx, attention_gqa_fwd, a->out, a->att, a->qkv, NULL, a->B, a->T, a->NH, a->NKV,
+            a->hd);
 }
 
 static void attention_bwd(void *p)
 {
     struct attention_args *a = p;
-    FSDP_OP(a->ctx, attention_bwd, a->dqkv, a->datt, a->dout, a->qkv, a->att, a->B, a->T, a->C,
-            a->NH);
+    FSDP_OP(a->ctx, attention_gqa_bwd, a->dqkv, a->datt, a->dout, a->qkv, a->att, a->B, a->T,
+            a->NH, a->NKV, a->hd);
 }
 
-static void bench_attention(fsdp_dtype dt, int B, int T, int C, int NH, int reps)
+/* NH query heads of hd channels, NKV kv heads (NKV == NH: GPT-2's attention, C = NH hd). */
+static void bench_attention(fsdp_dtype dt, int B, int T, int NH, int NKV, int hd, int reps)
 {
     fsdp_device d;
     fsdp_op_ctx ctx;
     open_ctx(&d, &ctx, dt);
-    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    const int C = NH * hd;
+    size_t nq = (size_t)B * T * (NH + 2 * NKV) * hd, no = (size_t)B * T * C,
+           na = (size_t)B * NH * T * T;
     struct attention_args a = {
-        .ctx = &ctx, .B = B, .T = T, .C = C, .NH = NH,
+        .ctx = &ctx, .B = B, .T = T, .NH = NH, .NKV = NKV, .hd = hd,
         .qkv = rand_buf(nq, dt, 6), .out = rand_buf(no, dt, 7), .att = rand_buf(na, dt, 8),
         .dout = rand_buf(no, FSDP_DTYPE_F32, 9), .datt = calloc(na, 4), .dqkv = calloc(nq, 4)};
     double fwd, bwd;
@@ -206,9 +210,9 @@ static void bench_attention(fsdp_dtype dt, int B, int T, int C, int NH, int reps
     /* QK^T and att@V as full products: the causal blocks skip part of this,
      * so at long T the rate exceeds what the GEMMs run at */
     double flop = 4.0 * B * T * T * C;
-    printf("attention %-4s B=%d T=%d C=%d NH=%d: fwd %.2f ms (%.1f GFLOP/s), bwd %.2f ms "
+    printf("attention %-4s B=%d T=%d C=%d NH=%d NKV=%d: fwd %.2f ms (%.1f GFLOP/s), bwd %.2f ms "
            "(%.1f GFLOP/s)\n",
-           fsdp_dtype_name(dt), B, T, C, NH, fwd * 1e3, flop / fwd * 1e-9, bwd * 1e3,
+           fsdp_dtype_name(dt), B, T, C, NH, NKV, fwd * 1e3, flop / fwd * 1e-9, bwd * 1e3,
            2 * flop / bwd * 1e-9);
     free(a.qkv), free(a.out), free(a.att), free(a.dout), free(a.datt), free(a.dqkv);
     fsdp_ops_fini(&ctx);
@@ -319,10 +323,12 @@ int main(int argc, char **argv)
         bench_matmul(FSDP_DTYPE_BF16, N, C, OC, reps);
     }
     if (RUNS("attention")) {
-        bench_attention(FSDP_DTYPE_F32, 4, 64, 768, 12, reps);
-        bench_attention(FSDP_DTYPE_BF16, 4, 64, 768, 12, reps);
+        bench_attention(FSDP_DTYPE_F32, 4, 64, 12, 12, 64, reps);
+        bench_attention(FSDP_DTYPE_BF16, 4, 64, 12, 12, 64, reps);
         /* a long sequence, where skipping the keys above the diagonal matters */
-        bench_attention(FSDP_DTYPE_F32, 1, 1024, 768, 12, reps);
+        bench_attention(FSDP_DTYPE_F32, 1, 1024, 12, 12, 64, reps);
+        /* bench_model's Llama (grouped-query, B 2 T 256): one layer of its step */
+        bench_attention(FSDP_DTYPE_F32, 2, 256, 12, 4, 64, reps);
     }
     if (RUNS("lora")) {
         bench_lora(FSDP_DTYPE_F32, 2048, 4096, 16, 4096, reps);
