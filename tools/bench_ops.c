@@ -2,7 +2,9 @@
  * bench_ops.c - times the cpu ops that dominate a step (matmul and
  * attention, forward + backward) and the LoRA branch beside a linear layer
  * (lora_fwd + lora_bwd at N=2048 C=4096 r=16 OC=4096, a Llama 8B projection
- * over one 2048-token sequence) on one cpu device with --threads threads,
+ * over one 2048-token sequence; then bench_model --lora's Llama: one layer's
+ * grouped-query attention and its o, gate and down adapters over 512
+ * tokens, the pieces of its LoRA step beside the GEMMs) on one cpu device with --threads threads,
  * to check that the GEMM kernels are used effectively (compare the GFLOP/s
  * with the machine's per-core peak: 32 fp32 FLOP/cycle with two 256-bit FMA
  * pipes, 64 with two 512-bit ones; bf16 dot products double it). The header
@@ -333,6 +335,10 @@ int main(int argc, char **argv)
     if (RUNS("lora")) {
         bench_lora(FSDP_DTYPE_F32, 2048, 4096, 16, 4096, reps);
         bench_lora(FSDP_DTYPE_BF16, 2048, 4096, 16, 4096, reps);
+        /* bench_model's Llama (512 tokens): o, gate and down adapters */
+        bench_lora(FSDP_DTYPE_F32, 512, 768, 16, 768, reps);
+        bench_lora(FSDP_DTYPE_F32, 512, 768, 16, 2048, reps);
+        bench_lora(FSDP_DTYPE_F32, 512, 2048, 16, 768, reps);
     }
     if (RUNS("nf4")) { /* a Llama 8B projection's weight */
         bench_nf4(FSDP_DTYPE_F32, 4096, 4096, reps);
