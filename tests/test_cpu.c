@@ -2,7 +2,9 @@
  * test_cpu.c - the cpu backend's speed machinery: which GEMM kernel is
  * loaded (chosen from CPU features, never from model numbers), the thread
  * team of a device, tiled GEMMs against double references, bf16 products,
- * and every op giving the same bits on 1, 2 and 3 threads per device.
+ * and every op giving the same bits on 1, 2 and 3 threads per device, and
+ * the softmax row kernels (vsoftmax.h: the attention's and the
+ * cross-entropy's) giving the same bits compiled for the baseline and AVX2.
  *
  * Thread counts above the machine's cores are reached through the test
  * hook fsdp_device_cpu_test_cores (the real cap would lower them). The
@@ -22,6 +24,7 @@
 #include "core/rng.h"
 #include "ops/cpu/blas.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/vsoftmax.h"
 #include "ops/ops.h"
 #include "ops_util.h"
 #include "testutil.h"
@@ -542,6 +545,73 @@ END_TEST
 START_TEST(test_ops_bit_identical_across_threads_bf16) { check_threads(FSDP_DTYPE_BF16); }
 END_TEST
 
+/* ---- softmax row kernels (vsoftmax.h) ---------------------------------------- */
+
+FSDP_SOFTMAX_KERNELS(base, )
+#if defined(__x86_64__) || defined(__i386__)
+FSDP_SOFTMAX_KERNELS(avx2, __attribute__((target("avx2"))))
+#endif
+
+/* Row lengths around the 16 lanes and the attention's block, values in [-20, 20) with one
+ * far below the clamp (-200: e^-87 stands for it) and, in the last case, a NaN: the maximum,
+ * the exps, their sum and the dot product agree to the bit across the two compilations, and
+ * with double references (the sum and dot to 1e-6 relative, each e^x of the fp32
+ * difference x - max to 4e-7). */
+START_TEST(test_softmax_kernels_same_bits_every_isa)
+{
+    const int lens[] = {1, 2, 15, 16, 17, 31, 64, 100, 257};
+    const int n_lens = (int)(sizeof lens / sizeof lens[0]);
+    for (int li = 0; li <= n_lens; li++) {
+        const bool nan_case = li == n_lens;
+        const int n = nan_case ? 40 : lens[li];
+        float *x = frand((size_t)n, 500 + (uint64_t)li, 20.0f), *b = frand((size_t)n, 600, 1.0f);
+        if (n > 3)
+            x[n / 3] = -200.0f;
+        if (nan_case)
+            x[7] = NAN;
+        float *e0 = malloc((size_t)n * sizeof *e0), *e1 = malloc((size_t)n * sizeof *e1);
+        ck_assert_ptr_nonnull(e0);
+        ck_assert_ptr_nonnull(e1);
+        const float m0 = fsdp_softmax_max_base(x, n);
+        const double s0 = fsdp_softmax_exp_sum_base(x, e0, n, m0);
+        const double d0 = fsdp_softmax_dot_base(x, b, n);
+        if (nan_case) {
+            ck_assert_msg(isnan(s0), "a NaN in the row gives a NaN sum, got %g", s0);
+        } else {
+            double ref_max = x[0], ref_sum = 0, ref_dot = 0;
+            for (int j = 0; j < n; j++)
+                ref_max = x[j] > ref_max ? x[j] : ref_max;
+            ck_assert_float_eq(m0, (float)ref_max);
+            for (int j = 0; j < n; j++) {
+                double ej = exp((double)(x[j] - m0)); /* the kernel's fp32 argument */
+                double want = ej < exp(-87.0) ? exp(-87.0) : ej;
+                ck_assert_msg(fabs(e0[j] - want) <= 4e-7 * want, "n %d e[%d] = %.9g want %.9g",
+                              n, j, e0[j], want);
+                ref_sum += ej;
+                ref_dot += (double)x[j] * b[j];
+            }
+            ck_assert_msg(fabs(s0 - ref_sum) <= 1e-6 * ref_sum, "n %d sum %.9g want %.9g", n, s0,
+                          ref_sum);
+            ck_assert_msg(fabs(d0 - ref_dot) <= 1e-6 * (1.0 + fabs(ref_dot)) * n,
+                          "n %d dot %.9g want %.9g", n, d0, ref_dot);
+        }
+#if defined(__x86_64__) || defined(__i386__)
+        if (__builtin_cpu_supports("avx2")) {
+            const float m1 = fsdp_softmax_max_avx2(x, n);
+            const double s1 = fsdp_softmax_exp_sum_avx2(x, e1, n, m1);
+            const double d1 = fsdp_softmax_dot_avx2(x, b, n);
+            ck_assert_msg(!memcmp(&m0, &m1, sizeof m0) && !memcmp(&d0, &d1, sizeof d0) &&
+                              !memcmp(e0, e1, (size_t)n * sizeof *e0),
+                          "n %d: the AVX2 kernels differ from the baseline's", n);
+            ck_assert_msg(!memcmp(&s0, &s1, sizeof s0) || (isnan(s0) && isnan(s1)),
+                          "n %d: AVX2 sum %.17g, baseline %.17g", n, s1, s0);
+        }
+#endif
+        free(x), free(b), free(e0), free(e1);
+    }
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--describe-gemm")) {
@@ -580,7 +650,8 @@ int main(int argc, char **argv)
                     test_team_runs_every_chunk_once, test_gemm_tiles,
                     test_gemm_tiled_matches_double, test_matmul_bf16_products_match_double,
                     test_ops_bit_identical_across_threads_fp32,
-                    test_ops_bit_identical_across_threads_bf16)},
+                    test_ops_bit_identical_across_threads_bf16,
+                    test_softmax_kernels_same_bits_every_isa)},
     };
     return fsdp_test_main("cpu", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -2,7 +2,9 @@
  * bench_ops.c - times the cpu ops that dominate a step (matmul and
  * attention, forward + backward) and the LoRA branch beside a linear layer
  * (lora_fwd + lora_bwd at N=2048 C=4096 r=16 OC=4096, a Llama 8B projection
- * over one 2048-token sequence) on one cpu device with --threads threads,
+ * over one 2048-token sequence; then bench_model --lora's Llama: one layer's
+ * grouped-query attention and its o, gate and down adapters over 512
+ * tokens, the pieces of its LoRA step beside the GEMMs) on one cpu device with --threads threads,
  * to check that the GEMM kernels are used effectively (compare the GFLOP/s
  * with the machine's per-core peak: 32 fp32 FLOP/cycle with two 256-bit FMA
  * pipes, 64 with two 512-bit ones; bf16 dot products double it). The header
@@ -175,30 +177,34 @@ struct attention_args {
     fsdp_op_ctx *ctx;
     void *qkv, *out, *att;
     float *dout, *datt, *dqkv;
-    int B, T, C, NH;
+    int B, T, NH, NKV, hd;
 };
 
 static void attention_fwd(void *p)
 {
     struct attention_args *a = p;
-    FSDP_OP(a->ctx, attention_fwd, a->out, a->att, a->qkv, a->B, a->T, a->C, a->NH);
+    FSDP_OP(a->ctx, attention_gqa_fwd, a->out, a->att, a->qkv, NULL, a->B, a->T, a->NH, a->NKV,
+            a->hd);
 }
 
 static void attention_bwd(void *p)
 {
     struct attention_args *a = p;
-    FSDP_OP(a->ctx, attention_bwd, a->dqkv, a->datt, a->dout, a->qkv, a->att, a->B, a->T, a->C,
-            a->NH);
+    FSDP_OP(a->ctx, attention_gqa_bwd, a->dqkv, a->datt, a->dout, a->qkv, a->att, a->B, a->T,
+            a->NH, a->NKV, a->hd);
 }
 
-static void bench_attention(fsdp_dtype dt, int B, int T, int C, int NH, int reps)
+/* NH query heads of hd channels, NKV kv heads (NKV == NH: GPT-2's attention, C = NH hd). */
+static void bench_attention(fsdp_dtype dt, int B, int T, int NH, int NKV, int hd, int reps)
 {
     fsdp_device d;
     fsdp_op_ctx ctx;
     open_ctx(&d, &ctx, dt);
-    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    const int C = NH * hd;
+    size_t nq = (size_t)B * T * (NH + 2 * NKV) * hd, no = (size_t)B * T * C,
+           na = (size_t)B * NH * T * T;
     struct attention_args a = {
-        .ctx = &ctx, .B = B, .T = T, .C = C, .NH = NH,
+        .ctx = &ctx, .B = B, .T = T, .NH = NH, .NKV = NKV, .hd = hd,
         .qkv = rand_buf(nq, dt, 6), .out = rand_buf(no, dt, 7), .att = rand_buf(na, dt, 8),
         .dout = rand_buf(no, FSDP_DTYPE_F32, 9), .datt = calloc(na, 4), .dqkv = calloc(nq, 4)};
     double fwd, bwd;
@@ -206,9 +212,9 @@ static void bench_attention(fsdp_dtype dt, int B, int T, int C, int NH, int reps
     /* QK^T and att@V as full products: the causal blocks skip part of this,
      * so at long T the rate exceeds what the GEMMs run at */
     double flop = 4.0 * B * T * T * C;
-    printf("attention %-4s B=%d T=%d C=%d NH=%d: fwd %.2f ms (%.1f GFLOP/s), bwd %.2f ms "
+    printf("attention %-4s B=%d T=%d C=%d NH=%d NKV=%d: fwd %.2f ms (%.1f GFLOP/s), bwd %.2f ms "
            "(%.1f GFLOP/s)\n",
-           fsdp_dtype_name(dt), B, T, C, NH, fwd * 1e3, flop / fwd * 1e-9, bwd * 1e3,
+           fsdp_dtype_name(dt), B, T, C, NH, NKV, fwd * 1e3, flop / fwd * 1e-9, bwd * 1e3,
            2 * flop / bwd * 1e-9);
     free(a.qkv), free(a.out), free(a.att), free(a.dout), free(a.datt), free(a.dqkv);
     fsdp_ops_fini(&ctx);
@@ -319,14 +325,20 @@ int main(int argc, char **argv)
         bench_matmul(FSDP_DTYPE_BF16, N, C, OC, reps);
     }
     if (RUNS("attention")) {
-        bench_attention(FSDP_DTYPE_F32, 4, 64, 768, 12, reps);
-        bench_attention(FSDP_DTYPE_BF16, 4, 64, 768, 12, reps);
+        bench_attention(FSDP_DTYPE_F32, 4, 64, 12, 12, 64, reps);
+        bench_attention(FSDP_DTYPE_BF16, 4, 64, 12, 12, 64, reps);
         /* a long sequence, where skipping the keys above the diagonal matters */
-        bench_attention(FSDP_DTYPE_F32, 1, 1024, 768, 12, reps);
+        bench_attention(FSDP_DTYPE_F32, 1, 1024, 12, 12, 64, reps);
+        /* bench_model's Llama (grouped-query, B 2 T 256): one layer of its step */
+        bench_attention(FSDP_DTYPE_F32, 2, 256, 12, 4, 64, reps);
     }
     if (RUNS("lora")) {
         bench_lora(FSDP_DTYPE_F32, 2048, 4096, 16, 4096, reps);
         bench_lora(FSDP_DTYPE_BF16, 2048, 4096, 16, 4096, reps);
+        /* bench_model's Llama (512 tokens): o, gate and down adapters */
+        bench_lora(FSDP_DTYPE_F32, 512, 768, 16, 768, reps);
+        bench_lora(FSDP_DTYPE_F32, 512, 768, 16, 2048, reps);
+        bench_lora(FSDP_DTYPE_F32, 512, 2048, 16, 768, reps);
     }
     if (RUNS("nf4")) { /* a Llama 8B projection's weight */
         bench_nf4(FSDP_DTYPE_F32, 4096, 4096, reps);

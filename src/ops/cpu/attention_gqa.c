@@ -22,6 +22,10 @@
  *
  * Scores are scaled by 1/sqrt(hd); the softmax over the window
  * [t - pos[t], t] of row t is saved in att (B, NH, T, T), zeros elsewhere.
+ * The softmax rows and their backward are vectorised (vsoftmax.h, as the
+ * cross-entropy's): e^x from vexp.h, arguments below -87 as e^-87, the
+ * row's sum and the backward's sum(a * da) over 16 fixed lanes in double,
+ * so the bits depend on T alone, not on the build's instruction set.
  * With NKV == NH, hd = C / NH and no position array it is GPT-2's causal
  * multi-head attention, whose op slots (attention_fwd/bwd) are the two
  * wrappers at the end of this file; GPT-2's trajectory did not move by a
@@ -37,6 +41,7 @@
 
 #include "ops/cpu/blas.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/vsoftmax.h"
 
 /* Query positions per block of the causal products (a shape-only constant:
  * the bits do not depend on the thread count). */
@@ -57,30 +62,44 @@ static inline int window_lo(const int *pos, int t)
     return p < 0 ? t : (p > t ? 0 : t - p);
 }
 
-/* In place: row t of a (T, T) becomes softmax(a[t, lo..t]), zeros elsewhere. */
-static void window_softmax(float *a, const int *pos, int T)
-{
-    for (int t = 0; t < T; t++) {
-        float *row = a + (size_t)t * T;
-        const int lo = window_lo(pos, t);
-        float maxv = row[lo];
-        for (int j = lo + 1; j <= t; j++)
-            if (row[j] > maxv)
-                maxv = row[j];
-        float sum = 0.0f;
-        for (int j = lo; j <= t; j++) {
-            row[j] = expf(row[j] - maxv);
-            sum += row[j];
-        }
-        float inv = 1.0f / sum;
-        for (int j = lo; j <= t; j++)
-            row[j] *= inv;
-        for (int j = 0; j < lo; j++)
-            row[j] = 0.0f;
-        for (int j = t + 1; j < T; j++)
-            row[j] = 0.0f;
+/* The row kernels (vsoftmax.h's fixed-order sums, vexp.h's e^x) and the
+ * softmax's forward and backward over a (T, T) block of scores, compiled for
+ * the build's baseline and for AVX2 and picked at run time (as xent.c). */
+#define GQA_KERNELS(sfx, attr)                                                               \
+    FSDP_SOFTMAX_KERNELS(sfx, attr)                                                          \
+    /* In place: row t of a (T, T) becomes softmax(a[t, lo..t]), zeros elsewhere. */         \
+    attr static void window_softmax_##sfx(float *a, const int *pos, int T)                   \
+    {                                                                                        \
+        for (int t = 0; t < T; t++) {                                                        \
+            float *row = a + (size_t)t * T;                                                  \
+            const int lo = window_lo(pos, t), n = t + 1 - lo;                                \
+            float *w = row + lo;                                                             \
+            const float maxv = fsdp_softmax_max_##sfx(w, n);                                 \
+            const float inv = (float)(1.0 / fsdp_softmax_exp_sum_##sfx(w, w, n, maxv));     \
+            for (int j = 0; j < n; j++)                                                      \
+                w[j] *= inv;                                                                 \
+            for (int j = 0; j < lo; j++)                                                     \
+                row[j] = 0.0f;                                                               \
+            for (int j = t + 1; j < T; j++)                                                  \
+                row[j] = 0.0f;                                                               \
+        }                                                                                    \
+    }                                                                                        \
+    /* In place, row by row: da becomes dpre = a * (da - sum(a * da)). Entries outside the   \
+     * window have a = 0 and add nothing to the sum; the future ones are set to exactly 0. */ \
+    attr static void softmax_bwd_##sfx(float *da, const float *a, int T)                     \
+    {                                                                                        \
+        for (int t = 0; t < T; t++) {                                                        \
+            const float *arow = a + (size_t)t * T;                                           \
+            float *drow = da + (size_t)t * T;                                                \
+            const float s = (float)fsdp_softmax_dot_##sfx(arow, drow, t + 1);                \
+            for (int i = 0; i <= t; i++)                                                     \
+                drow[i] = arow[i] * (drow[i] - s);                                           \
+            for (int i = t + 1; i < T; i++)                                                  \
+                drow[i] = 0.0f;                                                              \
+        }                                                                                    \
     }
-}
+GQA_KERNELS(base, )
+GQA_KERNELS(avx2, __attribute__((target("avx2"))))
 
 typedef struct gqa_job {
     const float *x;  /* qkv as fp32 (B, T, QS) */
@@ -92,6 +111,7 @@ typedef struct gqa_job {
     float *datt;
     const float *dout;
     int T, NH, NKV, hd, bf16;
+    bool avx2; /* the row kernels' AVX2 variant */
     float scale;
 } gqa_job;
 
@@ -115,7 +135,11 @@ static void gqa_fwd_head(void *arg, size_t bh, int worker)
         fsdp_cpu_blas_sgemm(false, true, r1 - r0, r1, hd, j->scale, q + (size_t)r0 * QS, QS, k,
                             QS, 0.0f, a + (size_t)r0 * T, T);
     }
-    window_softmax(a, j->pos ? j->pos + b * T : NULL, T);
+    const int *pos = j->pos ? j->pos + b * T : NULL;
+    if (j->avx2)
+        window_softmax_avx2(a, pos, T);
+    else
+        window_softmax_base(a, pos, T);
     /* out[r0:r1] (hd, row stride OS) = a[r0:r1, 0:r1] @ v[0:r1] */
     for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
         const int r1 = block_end(r0, T);
@@ -139,7 +163,7 @@ void fsdp_cpu_attention_gqa_fwd(fsdp_op_ctx *ctx, void *out, void *att, const vo
     const size_t TT = (size_t)T * T;
     const int bf16 = ctx->dt == FSDP_DTYPE_BF16;
     gqa_job j = {.att = att, .pos = pos, .T = T, .NH = NH, .NKV = NKV, .hd = hd, .bf16 = bf16,
-                 .scale = 1.0f / sqrtf((float)hd)};
+                 .avx2 = __builtin_cpu_supports("avx2"), .scale = 1.0f / sqrtf((float)hd)};
     j.x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, qkv, (size_t)B * T * QS);
     j.y = fsdp_cpu_out(ctx, FSDP_CPU_SLOT_1, out, (size_t)B * T * OS);
     if (bf16)
@@ -185,20 +209,11 @@ static void gqa_bwd_head(const gqa_job *j, size_t b, size_t h, int worker)
         fsdp_cpu_blas_sgemm(true, false, r1 - r0, hd, T - r0, 1.0f, a + o * T + o, T,
                             dy + o * OS, OS, 1.0f, dv + o * QS, QS);
     }
-    /* softmax backward, row by row: dpre = a * (da - sum(a * da)). Entries
-     * outside the window have a = 0 and add nothing to the sum; the future
-     * ones are set to exactly 0. */
-    for (int t = 0; t < T; t++) {
-        const float *arow = a + (size_t)t * T;
-        float *drow = da + (size_t)t * T;
-        float s = 0.0f;
-        for (int i = 0; i <= t; i++)
-            s += arow[i] * drow[i];
-        for (int i = 0; i <= t; i++)
-            drow[i] = arow[i] * (drow[i] - s);
-        for (int i = t + 1; i < T; i++)
-            drow[i] = 0.0f;
-    }
+    /* softmax backward, row by row: dpre = a * (da - sum(a * da)) */
+    if (j->avx2)
+        softmax_bwd_avx2(da, a, T);
+    else
+        softmax_bwd_base(da, a, T);
     /* dq[r0:r1] += scale * dpre[r0:r1, 0:r1] @ k[0:r1];
      * dk[r0:r1] += scale * dpre[r0:T, r0:r1]^T @ q[r0:T] */
     for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
@@ -232,7 +247,8 @@ void fsdp_cpu_attention_gqa_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt, cons
     const size_t TT = (size_t)T * T;
     const int bf16 = ctx->dt == FSDP_DTYPE_BF16;
     gqa_job j = {.att = (void *)att, .dqkv = dqkv, .datt = datt, .dout = dout, .T = T, .NH = NH,
-                 .NKV = NKV, .hd = hd, .bf16 = bf16, .scale = 1.0f / sqrtf((float)hd)};
+                 .NKV = NKV, .hd = hd, .bf16 = bf16, .avx2 = __builtin_cpu_supports("avx2"),
+                 .scale = 1.0f / sqrtf((float)hd)};
     j.x = fsdp_cpu_in(ctx, FSDP_CPU_SLOT_0, qkv, (size_t)B * T * QS);
     if (bf16)
         j.a_tmp = fsdp_cpu_scratch(ctx, FSDP_CPU_SLOT_2, (size_t)fsdp_cpu_threads(ctx) * TT);

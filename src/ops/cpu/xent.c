@@ -9,8 +9,8 @@
  * dlogits is written (=), not accumulated: it is the head's output gradient
  * and may alias logits when ctx->dt is fp32.
  *
- * A row takes three passes, each vectorised: the max; e_j = exp(l_j - max)
- * (vexp.h; arguments below -87 count as e^-87, nothing next to the max's 1)
+ * A row takes three passes, each vectorised (vsoftmax.h): the max; e_j =
+ * exp(l_j - max) (arguments below -87 count as e^-87, nothing next to the max's 1)
  * stored into dlogits (element j is read before it is overwritten, so
  * aliasing is fine) and summed in double over 16 fixed lanes (lane j mod
  * 16, lanes then combined in a fixed tree, the tail last); then the
@@ -20,67 +20,12 @@
 #include <math.h>
 
 #include "ops/cpu/cpu_ops.h"
-#include "ops/cpu/vexp.h"
+#include "ops/cpu/vsoftmax.h"
 
-#define XENT_LANES 16
-#define XENT_EXP_MIN -87.0f
-
-/* e^a for a = l_j - max <= 0: below -87 as e^-87; NaN stays NaN (the
- * clamp's compare sends it to -87 first, so fsdp_cpu_exp never converts NaN
- * to an integer, which is undefined behaviour), so the loss is NaN as with
- * libm and the trainer sees it. */
-static inline float exp_arg(float a)
-{
-    float v = fsdp_cpu_exp(a > XENT_EXP_MIN ? a : XENT_EXP_MIN);
-    return a == a ? v : a;
-}
-
-/* The row kernels, compiled for the build's baseline and for AVX2 and
- * picked at run time (as gelu.c: no ifunc, which breaks the sanitizers). */
+/* The row kernels (vsoftmax.h's and the gradient's), compiled for the build's baseline and
+ * for AVX2 and picked at run time (as gelu.c: no ifunc, which breaks the sanitizers). */
 #define XENT_KERNELS(sfx, attr)                                                              \
-    attr static float row_max_##sfx(const float *x, int V)                                   \
-    {                                                                                        \
-        float m[XENT_LANES];                                                                 \
-        for (int l = 0; l < XENT_LANES; l++)                                                 \
-            m[l] = x[0];                                                                     \
-        int j = 0;                                                                           \
-        for (; j + XENT_LANES <= V; j += XENT_LANES)                                         \
-            for (int l = 0; l < XENT_LANES; l++)                                             \
-                m[l] = x[j + l] > m[l] ? x[j + l] : m[l];                                    \
-        float r = m[0];                                                                      \
-        for (int l = 1; l < XENT_LANES; l++)                                                 \
-            r = m[l] > r ? m[l] : r;                                                         \
-        for (; j < V; j++)                                                                   \
-            r = x[j] > r ? x[j] : r;                                                         \
-        return r;                                                                            \
-    }                                                                                        \
-    /* e[j] = exp(x[j] - maxv) (e may be x, or NULL: not stored); returns the sum. */        \
-    attr static double exp_sum_##sfx(const float *x, float *e, int V, float maxv)            \
-    {                                                                                        \
-        double s[XENT_LANES] = {0};                                                          \
-        float buf[XENT_LANES];                                                               \
-        int j = 0;                                                                           \
-        for (; j + XENT_LANES <= V; j += XENT_LANES) {                                       \
-            for (int l = 0; l < XENT_LANES; l++)                                             \
-                buf[l] = exp_arg(x[j + l] - maxv);                                           \
-            for (int l = 0; l < XENT_LANES; l++)                                             \
-                s[l] += (double)buf[l];                                                      \
-            if (e)                                                                           \
-                for (int l = 0; l < XENT_LANES; l++)                                         \
-                    e[j + l] = buf[l];                                                       \
-        }                                                                                    \
-        for (int w = XENT_LANES / 2; w > 0; w /= 2)                                          \
-            for (int l = 0; l < w; l++)                                                      \
-                s[l] += s[l + w];                                                            \
-        double sum = s[0];                                                                   \
-        for (; j < V; j++) {                                                                 \
-            float v = exp_arg(x[j] - maxv);                                                  \
-            sum += (double)v;                                                                \
-            if (e)                                                                           \
-                e[j] = v;                                                                    \
-        }                                                                                    \
-        return sum;                                                                          \
-    }                                                                                        \
+    FSDP_SOFTMAX_KERNELS(sfx, attr)                                                          \
     /* d[j] = (d[j] * inv - [j == tgt]) * dloss, d holding the exps */                       \
     attr static void grad_##sfx(float *d, int V, int tgt, float inv, float dloss)            \
     {                                                                                        \
@@ -128,9 +73,10 @@ static void xent_rows(void *arg, size_t begin, size_t end, int worker)
                     d[c] = 0.0f;
             continue;
         }
-        float maxv = j->avx2 ? row_max_avx2(row, V) : row_max_base(row, V);
+        float maxv = j->avx2 ? fsdp_softmax_max_avx2(row, V) : fsdp_softmax_max_base(row, V);
         float lt = row[tgt] - maxv; /* before d (maybe row) is overwritten */
-        double sum = j->avx2 ? exp_sum_avx2(row, d, V, maxv) : exp_sum_base(row, d, V, maxv);
+        double sum = j->avx2 ? fsdp_softmax_exp_sum_avx2(row, d, V, maxv)
+                              : fsdp_softmax_exp_sum_base(row, d, V, maxv);
         if (j->losses)
             j->losses[i] = (float)(log(sum) - (double)lt);
         if (!d)
