@@ -391,14 +391,11 @@ static bool chain_wanted(const fsdp_fit_request *req, int m, int A)
     return m != FSDP_ACCUM_FLAT || A > 1 || !allowed(req->accum_mask, FSDP_ACCUM_TREE);
 }
 
-fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
+/* The request's settings that make no search: INVALID_ARG naming them. */
+static fsdp_status check_request(const fsdp_fit_request *req)
 {
-    memset(out, 0, sizeof *out);
-    out->best = -1;
-    out->best_twin = -1;
     const fsdp_engine_config *e = &req->base.eng;
     int N = e->n_ranks, G = req->global_batch;
-    double t0 = fsdp_now_s();
     if (N < 1 || N > FSDP_MAX_RANKS)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "fit: need 1..%d devices (got %d)",
                               FSDP_MAX_RANKS, N);
@@ -415,14 +412,16 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
     if (req->backend != FSDP_BACKEND_CPU && req->backend != FSDP_BACKEND_CUDA)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "fit: plan for a cpu or cuda run (the backend the run will use)");
-    struct fit_ctx x = {.req = req, .res = out, .st = FSDP_STATUS_OK};
-    FSDP_TRY(model_figures(&req->base, &out->numel, &x.flops_per_token, x.recompute_flops,
-                           &x.shape, req->recompute_mask, &out->recompute_refused,
-                           out->refused_why, sizeof out->refused_why));
-    out->flops_per_token = x.flops_per_token;
+    return FSDP_STATUS_OK;
+}
 
-    /* the settings of one micro-batch, least memory first */
-    fsdp_fit_candidate proto[FSDP_SHARD_COUNT * 4 * 2 * 8];
+/* The settings of one micro-batch that the request leaves open, into proto
+ * (room for FSDP_SHARD_COUNT * 4 * 2 * 8), least memory first; *n_out of
+ * them. INVALID_ARG when none is left. */
+static fsdp_status enumerate_settings(const fsdp_fit_request *req, const fsdp_fit_result *out,
+                                      fsdp_fit_candidate *proto, int *n_out)
+{
+    const fsdp_engine_config *e = &req->base.eng;
     /* params offload alone only moves frozen parameters: tried when some are;
      * with the optimizer's it moves the trainable shards too: always tried */
     bool frozen = req->base.lora.r > 0 || (req->base.freeze && req->base.freeze[0]);
@@ -457,7 +456,16 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
                               "fit: the pinned --shard, --offload, --prefetch and --recompute "
                               "values leave nothing to try");
     qsort(proto, (size_t)n_set, sizeof proto[0], cmp_level);
+    *n_out = n_set;
+    return FSDP_STATUS_OK;
+}
 
+/* out->cand: each chain (micro-batch x accumulation mode the request
+ * allows) times the n_set settings of proto; *n_chain of them. */
+static fsdp_status make_candidates(const fsdp_fit_request *req, fsdp_fit_result *out,
+                                   const fsdp_fit_candidate *proto, int n_set, int *n_chain_out)
+{
+    int N = req->base.eng.n_ranks, G = req->global_batch;
     /* chains: micro-batch x accumulation mode; at one micro-step both
      * modes are the same run, so flat is left out there unless pinned */
     int K = G / N, n_chain = 0;
@@ -489,12 +497,22 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
             }
             chain++;
         }
+    *n_chain_out = n_chain;
+    return FSDP_STATUS_OK;
+}
 
-    x.n_settings = n_set;
-    atomic_init(&x.next, 0);
-    atomic_init(&x.runs, 0);
-    atomic_init(&x.failed, false);
-    pthread_mutex_init(&x.mu, NULL);
+/* Measure the chains on req->jobs threads (0: the cores over the devices),
+ * the calling thread one of them; the candidates that fit, ranked. */
+static fsdp_status run_search(struct fit_ctx *x, int n_set, int n_chain)
+{
+    const fsdp_fit_request *req = x->req;
+    fsdp_fit_result *out = x->res;
+    int N = req->base.eng.n_ranks;
+    x->n_settings = n_set;
+    atomic_init(&x->next, 0);
+    atomic_init(&x->runs, 0);
+    atomic_init(&x->failed, false);
+    pthread_mutex_init(&x->mu, NULL);
     int jobs = req->jobs;
     if (!jobs) {
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -507,48 +525,75 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
         jobs = 64;
     int started = 0;
     for (; started < jobs - 1; started++)
-        if (pthread_create(&tid[started], NULL, search_worker, &x) != 0)
+        if (pthread_create(&tid[started], NULL, search_worker, x) != 0)
             break;
-    search_worker(&x); /* the calling thread is a worker too */
+    search_worker(x); /* the calling thread is a worker too */
     for (int i = 0; i < started; i++)
         pthread_join(tid[i], NULL);
-    pthread_mutex_destroy(&x.mu);
+    pthread_mutex_destroy(&x->mu);
     out->jobs = started + 1;
-    out->n_runs = atomic_load(&x.runs);
-    if (atomic_load(&x.failed)) {
+    out->n_runs = atomic_load(&x->runs);
+    if (atomic_load(&x->failed)) {
         fsdp_fit_free(out);
-        return fsdp_error_set(x.st, "%s", x.msg);
+        return fsdp_error_set(x->st, "%s", x->msg);
     }
     for (int i = 0; i < out->n_cand; i++)
         if (out->cand[i].verdict == FSDP_FIT_FITS)
             out->ranked[out->n_fits++] = i;
     rank_fits(out);
-    out->best = out->n_fits ? out->ranked[0] : -1;
+    return FSDP_STATUS_OK;
+}
+
+/* With accumulation, the best setting in the other accumulation mode,
+ * measured if it was pruned, so the report can say what each mode needs. */
+static fsdp_status measure_best_twin(struct fit_ctx *x)
+{
+    fsdp_fit_result *out = x->res;
     out->best_twin = -1;
-    if (out->best >= 0 && out->cand[out->best].grad_accum > 1) {
-        /* the same setting in the other accumulation mode, measured, so the
-         * report can say what each mode needs */
-        const fsdp_fit_candidate *b = &out->cand[out->best];
-        for (int i = 0; i < out->n_cand; i++) {
-            fsdp_fit_candidate *c = &out->cand[i];
-            if (c->accum == b->accum || c->batch != b->batch || c->shard != b->shard ||
-                c->offload != b->offload || c->prefetch != b->prefetch ||
-                c->recompute != b->recompute)
-                continue;
-            if (c->verdict == FSDP_FIT_PRUNED) {
-                fsdp_status st = measure(&x, c);
-                out->n_runs++;
-                if (st != FSDP_STATUS_OK) {
-                    fsdp_fit_free(out);
-                    return st;
-                }
-                c->pruned_by = -1;
+    if (out->best < 0 || out->cand[out->best].grad_accum <= 1)
+        return FSDP_STATUS_OK;
+    const fsdp_fit_candidate *b = &out->cand[out->best];
+    for (int i = 0; i < out->n_cand; i++) {
+        fsdp_fit_candidate *c = &out->cand[i];
+        if (c->accum == b->accum || c->batch != b->batch || c->shard != b->shard ||
+            c->offload != b->offload || c->prefetch != b->prefetch ||
+            c->recompute != b->recompute)
+            continue;
+        if (c->verdict == FSDP_FIT_PRUNED) {
+            fsdp_status st = measure(x, c);
+            out->n_runs++;
+            if (st != FSDP_STATUS_OK) {
+                fsdp_fit_free(out);
+                return st;
             }
-            if (c->verdict != FSDP_FIT_INVALID)
-                out->best_twin = i;
-            break;
+            c->pruned_by = -1;
         }
+        if (c->verdict != FSDP_FIT_INVALID)
+            out->best_twin = i;
+        break;
     }
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
+{
+    memset(out, 0, sizeof *out);
+    out->best = -1;
+    out->best_twin = -1;
+    double t0 = fsdp_now_s();
+    FSDP_TRY(check_request(req));
+    struct fit_ctx x = {.req = req, .res = out, .st = FSDP_STATUS_OK};
+    FSDP_TRY(model_figures(&req->base, &out->numel, &x.flops_per_token, x.recompute_flops,
+                           &x.shape, req->recompute_mask, &out->recompute_refused,
+                           out->refused_why, sizeof out->refused_why));
+    out->flops_per_token = x.flops_per_token;
+    fsdp_fit_candidate proto[FSDP_SHARD_COUNT * 4 * 2 * 8];
+    int n_set = 0, n_chain = 0;
+    FSDP_TRY(enumerate_settings(req, out, proto, &n_set));
+    FSDP_TRY(make_candidates(req, out, proto, n_set, &n_chain));
+    FSDP_TRY(run_search(&x, n_set, n_chain));
+    out->best = out->n_fits ? out->ranked[0] : -1;
+    FSDP_TRY(measure_best_twin(&x));
     out->wall_s = fsdp_now_s() - t0;
     return FSDP_STATUS_OK;
 }
