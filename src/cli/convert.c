@@ -201,6 +201,45 @@ static const char *to_help(char *buf, size_t n)
     return buf;
 }
 
+/* Every unit of m read from mf whole, as fp32, into *out (an array of
+ * m->n_units buffers, set before the first is read, so the caller frees
+ * what was allocated whatever fails). */
+static fsdp_status read_units(fsdp_modelfile *mf, const fsdp_model *m, float ***out)
+{
+    float **units = calloc((size_t)m->n_units, sizeof *units);
+    *out = units;
+    if (!units)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    for (int u = 0; u < m->n_units; u++) {
+        units[u] = malloc(m->units[u].numel * sizeof(float) + 1);
+        if (!units[u]) {
+            char b[32];
+            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for unit '%s' (%s)",
+                                  m->units[u].name,
+                                  fsdp_fmt_bytes(b, sizeof b, 4.0 * (double)m->units[u].numel));
+        }
+        FSDP_TRY(fsdp_modelfile_read_range(mf, u, 0, m->units[u].numel, units[u]));
+    }
+    return FSDP_STATUS_OK;
+}
+
+/* The success lines: what was read, what was written, what came along. */
+static void print_converted(const fsdp_modelfile *mf, const fsdp_model *m,
+                            const fsdp_modelfile_format *out_fmt, const char *out, fsdp_dtype dt,
+                            bool merged, bool nf4, const char *copied)
+{
+    const char *note = fsdp_modelfile_format_note(out_fmt);
+    printf("converted %s '%s' (%s, model %s, %.2fM parameters) to %s '%s' (%s%s%s%s%s)\n",
+           fsdp_modelfile_format_name(fsdp_modelfile_format_get(mf)), fsdp_modelfile_path(mf),
+           fsdp_modelfile_dtype_name(mf), m->name, (double)m->numel / 1e6,
+           fsdp_modelfile_format_name(out_fmt), out, fsdp_dtype_name(dt), note ? ", " : "",
+           note ? note : "", merged ? ", LoRA adapters merged into the weights" : "",
+           nf4 ? ", block linear weights in NF4 (bnb-4bit)" : "");
+    if (fsdp_modelfile_format_ships_tokenizer(out_fmt))
+        printf("copied along: %s\n", copied[0] ? copied : "nothing (no tokenizer: pass "
+                                                         "--tokenizer tokenizer.json)");
+}
+
 int fsdp_cli_convert(int argc, char **argv)
 {
     const char *to = NULL, *tokenizer = NULL;
@@ -296,24 +335,8 @@ int fsdp_cli_convert(int argc, char **argv)
                             fsdp_modelfile_base(mf) ? fsdp_modelfile_base(mf) : "?");
         goto fail;
     }
-    units = calloc((size_t)m.n_units, sizeof *units);
-    if (!units) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    if ((st = read_units(mf, &m, &units)) != FSDP_STATUS_OK)
         goto fail;
-    }
-    for (int u = 0; u < m.n_units; u++) {
-        units[u] = malloc(m.units[u].numel * sizeof(float) + 1);
-        if (!units[u]) {
-            char b[32];
-            st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for unit '%s' (%s)",
-                                m.units[u].name,
-                                fsdp_fmt_bytes(b, sizeof b, 4.0 * (double)m.units[u].numel));
-            goto fail;
-        }
-        if ((st = fsdp_modelfile_read_range(mf, u, 0, m.units[u].numel, units[u])) !=
-            FSDP_STATUS_OK)
-            goto fail;
-    }
     bool merged = m.lora.r && out_fmt != fsdp_modelfile_format_find("peft");
     if (merged && (st = merge_lora(&m, &units)) != FSDP_STATUS_OK)
         goto fail;
@@ -333,19 +356,8 @@ int fsdp_cli_convert(int argc, char **argv)
         st = fsdp_bnb4_write(pos[1], &m, (const float *const *)units, &wo);
     else
         st = fsdp_modelfile_write_with(pos[1], out_fmt, &m, (const float *const *)units, &wo);
-    if (st == FSDP_STATUS_OK && !quiet) {
-        const char *note = fsdp_modelfile_format_note(out_fmt);
-        printf("converted %s '%s' (%s, model %s, %.2fM parameters) to %s '%s' (%s%s%s%s%s)\n",
-               fsdp_modelfile_format_name(fsdp_modelfile_format_get(mf)),
-               fsdp_modelfile_path(mf), fsdp_modelfile_dtype_name(mf), m.name,
-               (double)m.numel / 1e6, fsdp_modelfile_format_name(out_fmt), pos[1],
-               fsdp_dtype_name(dt), note ? ", " : "", note ? note : "",
-               merged ? ", LoRA adapters merged into the weights" : "",
-               nf4 ? ", block linear weights in NF4 (bnb-4bit)" : "");
-        if (fsdp_modelfile_format_ships_tokenizer(out_fmt))
-            printf("copied along: %s\n", copied[0] ? copied : "nothing (no tokenizer: pass "
-                                                             "--tokenizer tokenizer.json)");
-    }
+    if (st == FSDP_STATUS_OK && !quiet)
+        print_converted(mf, &m, out_fmt, pos[1], dt, merged, nf4, copied);
 fail:
     if (st != FSDP_STATUS_OK)
         fprintf(stderr, "fsdp convert: error: %s\n", fsdp_error_msg());
