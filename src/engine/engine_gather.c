@@ -201,6 +201,31 @@ static fsdp_status export_gather(fsdp_engine *e, const void *mine, void *full, s
     return fsdp_device_stream_sync(&e->dev, e->dev.comm);
 }
 
+/* One frozen segment of unit u gathered into a new host buffer *host_out
+ * of all_bytes (and `extra` bytes after them for the caller; it frees the
+ * buffer, also on failure): `seg` is the row's buffer, shard_bytes of it
+ * this rank's, count elements of dt per rank; `what` names the device
+ * buffer. Collective over the shard ranks. */
+static fsdp_status export_segment(fsdp_engine *e, int u, void *seg, size_t shard_bytes,
+                                  size_t count, fsdp_dtype dt, size_t all_bytes, size_t extra,
+                                  const char *what, char **host_out)
+{
+    void *full = NULL, *mine = seg;
+    char *host = malloc(all_bytes + extra);
+    *host_out = host;
+    if (!host)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory exporting unit '%s'",
+                              e->sh->sm.units[u].spec->name);
+    fsdp_status st = fsdp_device_alloc(&e->dev, all_bytes, FSDP_MEM_OTHER, what, &full);
+    if (st == FSDP_STATUS_OK)
+        st = stage(e, u, false, seg, shard_bytes, &mine);
+    if (st == FSDP_STATUS_OK)
+        st = export_gather(e, mine, full, count, dt, all_bytes, host, all_bytes);
+    stage_done(e, seg, mine);
+    fsdp_device_free(&e->dev, full);
+    return st;
+}
+
 /* Unit u's NF4 segment gathered, dequantized to fp32 into host_out (its
  * nf4_numel elements). Collective over the shard ranks. */
 static fsdp_status gather_nf4_export(fsdp_engine *e, int u, float *host_out)
@@ -208,19 +233,11 @@ static fsdp_status gather_nf4_export(fsdp_engine *e, int u, float *host_out)
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     int k_ranks = fsdp_engine_sharded(e) ? e->sh->sm.shard_ranks : 1;
     size_t bytes = fsdp_shardmap_nf4_bytes(su), all = bytes * (size_t)k_ranks;
-    void *full = NULL;
-    char *host = malloc(all + su->nf4_padded * sizeof(float));
-    if (!host)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory exporting unit '%s'",
-                              su->spec->name);
-    fsdp_status st = fsdp_device_alloc(&e->dev, all, FSDP_MEM_OTHER, "unit export (NF4)", &full);
-    void *row_nf4 = fsdp_engine_row(e, u)->nf4, *mine = row_nf4;
-    if (st == FSDP_STATUS_OK)
-        st = stage(e, u, false, row_nf4, bytes, &mine);
-    if (st == FSDP_STATUS_OK)
-        st = export_gather(e, mine, full, bytes / sizeof(float), FSDP_DTYPE_F32, bytes, host,
-                           all);
-    float *x = (float *)(host + all);
+    char *host;
+    fsdp_status st = export_segment(e, u, fsdp_engine_row(e, u)->nf4, bytes,
+                                    bytes / sizeof(float), FSDP_DTYPE_F32, all,
+                                    su->nf4_padded * sizeof(float), "unit export (NF4)", &host);
+    float *x = st == FSDP_STATUS_OK ? (float *)(host + all) : NULL;
     for (int k = 0; st == FSDP_STATUS_OK && k < k_ranks; k++) {
         const uint8_t *shard = (const uint8_t *)host + (size_t)k * bytes;
         fsdp_nf4_dequant_ref(shard, (const float *)(shard + su->nf4_shard / 2), su->nf4_shard,
@@ -228,8 +245,6 @@ static fsdp_status gather_nf4_export(fsdp_engine *e, int u, float *host_out)
     }
     if (st == FSDP_STATUS_OK)
         memcpy(host_out, x, su->nf4_numel * sizeof(float));
-    stage_done(e, row_nf4, mine);
-    fsdp_device_free(&e->dev, full);
     free(host);
     return st;
 }
@@ -246,22 +261,13 @@ static fsdp_status gather_frozen(fsdp_engine *e, int u, float *host_out)
         FSDP_TRY(gather_nf4_export(e, u, host_out + su->frozen_numel));
     if (!su->frozen_numel)
         return FSDP_STATUS_OK;
-    void *full = NULL, *host = malloc(bytes + 1);
-    if (!host)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory exporting unit '%s'",
-                              su->spec->name);
-    void *row_frozen = fsdp_engine_row(e, u)->frozen, *mine = row_frozen;
-    fsdp_status st = fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_OTHER, "unit export (frozen)",
-                                       &full);
-    if (st == FSDP_STATUS_OK)
-        st = stage(e, u, false, row_frozen, su->frozen_shard * fsdp_dtype_size(dt), &mine);
-    if (st == FSDP_STATUS_OK)
-        st = export_gather(e, mine, full, su->frozen_shard, dt, bytes, host, bytes);
+    char *host;
+    fsdp_status st = export_segment(e, u, fsdp_engine_row(e, u)->frozen,
+                                    su->frozen_shard * fsdp_dtype_size(dt), su->frozen_shard, dt,
+                                    bytes, 1, "unit export (frozen)", &host);
     for (size_t i = 0; st == FSDP_STATUS_OK && i < su->frozen_numel; i++)
         host_out[i] = dt == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(((const fsdp_bf16 *)host)[i])
                                             : ((const float *)host)[i];
-    stage_done(e, row_frozen, mine);
-    fsdp_device_free(&e->dev, full);
     free(host);
     return st;
 }
