@@ -105,6 +105,20 @@ static inline unsigned fsdp_ops_cuda_warp_grid(size_t rows)
     return (unsigned)((rows * 32 + 255) / 256);
 }
 
+/* The launcher of an elementwise op over n elements: nothing when n is 0
+ * or an op on ctx failed before; else launch(grid, stream) with a
+ * grid-stride grid of 256-thread blocks on ctx's stream, then the launch's
+ * error recorded under `op` (the kernels take blockDim 256). */
+template <typename Launch>
+static inline void fsdp_ops_cuda_elementwise(fsdp_op_ctx *ctx, const char *op, size_t n,
+                                             Launch launch)
+{
+    if (!n || !fsdp_ops_cuda_ok(ctx))
+        return;
+    launch(fsdp_ops_cuda_grid(ctx, n, 256), fsdp_ops_cuda_stream(ctx));
+    fsdp_ops_cuda_launched(ctx, op);
+}
+
 /* How a column reduction over `rows` rows is cut into chunks (the weight
  * gradients of the norms, fsdp_ops_cuda_colsum): returns the chunk count,
  * rows per chunk in *rows_per. It depends on the shape only, so the sums do
