@@ -210,35 +210,41 @@ static fsdp_status unit_init(fsdp_engine *e, int u, float *host_tmp)
     return nf4_init(e, u, host_tmp);
 }
 
-fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank)
+/* Rank e->rank's device, communicators, op contexts and placement. */
+static fsdp_status init_contexts(fsdp_engine *e)
 {
-    fsdp_status st;
+    const fsdp_engine_shared *sh = e->sh;
     const fsdp_engine_config *cfg = &sh->cfg;
-    float *host_tmp = NULL;
-    fsdp_engine *e = calloc(1, sizeof *e);
-    if (!e)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for rank %d's engine", rank);
-    e->sh = sh;
-    e->rank = rank;
     int rpd = cfg->ranks_per_device > 0 ? cfg->ranks_per_device : 1;
-    int local = rank - sh->world->rank_offset; /* the device ordinal is this process's */
+    int local = e->rank - sh->world->rank_offset; /* the device ordinal is this process's */
     int ordinal = cfg->backend == FSDP_BACKEND_CUDA ? local / rpd : local;
-    FSDP_CHECK(fsdp_device_init(&e->dev, cfg->backend, sh->world, rank, ordinal, cfg->device_mem));
+    FSDP_TRY(fsdp_device_init(&e->dev, cfg->backend, sh->world, e->rank, ordinal,
+                              cfg->device_mem));
     e->dev_ready = true;
     e->dev.oom_hint = cfg->oom_hint;
-    e->tr = (fsdp_trace_rank){.trace = sh->trace, .rank = rank, .dev = &e->dev};
-    FSDP_CHECK(fsdp_engine_comms_init(e)); /* the transport is chosen in comm/transport.h */
+    e->tr = (fsdp_trace_rank){.trace = sh->trace, .rank = e->rank, .dev = &e->dev};
+    FSDP_TRY(fsdp_engine_comms_init(e)); /* the transport is chosen in comm/transport.h */
     e->ops_ready = true; /* the three contexts' fini is safe after a failed init */
-    FSDP_CHECK(fsdp_ops_init(&e->ops, &e->dev, cfg->compute_dtype));
-    FSDP_CHECK(fsdp_ops_init_host(&e->ops_host, &e->dev, cfg->compute_dtype));
-    FSDP_CHECK(fsdp_ops_init_stream(&e->ops_gather, &e->dev, cfg->compute_dtype, e->dev.comm));
+    FSDP_TRY(fsdp_ops_init(&e->ops, &e->dev, cfg->compute_dtype));
+    FSDP_TRY(fsdp_ops_init_host(&e->ops_host, &e->dev, cfg->compute_dtype));
+    FSDP_TRY(fsdp_ops_init_stream(&e->ops_gather, &e->dev, cfg->compute_dtype, e->dev.comm));
     e->place = fsdp_place_of(cfg);
     bool host_grads = e->place->host_grads;
     if (!cfg->inference && host_grads)
-        FSDP_CHECK(fsdp_ops_init_host_stream(&e->ops_acc, &e->dev, FSDP_DTYPE_F32, e->dev.copy));
+        FSDP_TRY(fsdp_ops_init_host_stream(&e->ops_acc, &e->dev, FSDP_DTYPE_F32, e->dev.copy));
     else if (!cfg->inference)
-        FSDP_CHECK(fsdp_ops_init_stream(&e->ops_acc, &e->dev, cfg->compute_dtype, e->dev.comm));
+        FSDP_TRY(fsdp_ops_init_stream(&e->ops_acc, &e->dev, cfg->compute_dtype, e->dev.comm));
+    return FSDP_STATUS_OK;
+}
 
+/* The accumulation counter, the events, and every unit's shards allocated
+ * where the placement keeps them and initialised (unit_init, staged through
+ * one host buffer of the largest shard). */
+static fsdp_status init_units(fsdp_engine *e)
+{
+    const fsdp_engine_shared *sh = e->sh;
+    const fsdp_engine_config *cfg = &sh->cfg;
+    bool host_grads = e->place->host_grads;
     int U = sh->sm.n_units;
     size_t max_shard = 0;
     size_t max_init = 0; /* the largest shard of either segment: init's staging */
@@ -252,60 +258,74 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     }
     if (max_shard > max_init)
         max_init = max_shard;
-    FSDP_CHECK(fsdp_accum_init(&e->acc, &e->dev, &e->ops_acc, U, cfg->grad_accum, cfg->accum,
-                               max_shard, host_grads));
+    FSDP_TRY(fsdp_accum_init(&e->acc, &e->dev, &e->ops_acc, U, cfg->grad_accum, cfg->accum,
+                             max_shard, host_grads));
     e->ev_gather = calloc((size_t)U, sizeof *e->ev_gather);
     e->host_losses = calloc((size_t)cfg->grad_accum, sizeof(float));
     e->loss_order = calloc((size_t)cfg->grad_accum * (size_t)cfg->n_ranks, sizeof(float));
-    if (!e->ev_gather || !e->host_losses || !e->loss_order) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for rank %d's engine", rank);
-        goto fail;
-    }
+    if (!e->ev_gather || !e->host_losses || !e->loss_order)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for rank %d's engine",
+                              e->rank);
     for (int u = 0; u < U; u++)
-        FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_gather[u]));
-    FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tmp));
-    FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tmp2));
-    FSDP_CHECK(fsdp_device_event_create(&e->dev, &e->ev_tokens));
-
-    if (fsdp_device_computes(&e->dev)) {
-        host_tmp = malloc(max_init * sizeof(float) + 1);
-        if (!host_tmp) {
-            st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory staging parameter init");
-            goto fail;
-        }
-    }
-    FSDP_CHECK(e->place->init(e));
-    for (int u = 0; u < U; u++)
-        FSDP_CHECK(unit_init(e, u, host_tmp));
+        FSDP_TRY(fsdp_device_event_create(&e->dev, &e->ev_gather[u]));
+    FSDP_TRY(fsdp_device_event_create(&e->dev, &e->ev_tmp));
+    FSDP_TRY(fsdp_device_event_create(&e->dev, &e->ev_tmp2));
+    FSDP_TRY(fsdp_device_event_create(&e->dev, &e->ev_tokens));
+    float *host_tmp = NULL;
+    if (fsdp_device_computes(&e->dev) && !(host_tmp = malloc(max_init * sizeof(float) + 1)))
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory staging parameter init");
+    fsdp_status st = e->place->init(e);
+    for (int u = 0; u < U && st == FSDP_STATUS_OK; u++)
+        st = unit_init(e, u, host_tmp);
     free(host_tmp);
-    host_tmp = NULL;
+    return st;
+}
 
+/* The norm's partial sums, the model state and the token staging. */
+static fsdp_status init_state(fsdp_engine *e)
+{
+    const fsdp_engine_shared *sh = e->sh;
+    const fsdp_engine_config *cfg = &sh->cfg;
     /* only the device placement's norm uses it; it stays allocated in
      * both, as the planner's byte-exact figures (and the golden fixture)
      * have always counted it */
     if (!cfg->inference)
-        FSDP_CHECK(fsdp_device_alloc(&e->dev, sh->n_local_blocks * sizeof(float),
-                                     FSDP_MEM_OTHER, "gradient-norm partial sums",
-                                     (void **)&e->dev_blocks));
+        FSDP_TRY(fsdp_device_alloc(&e->dev, sh->n_local_blocks * sizeof(float),
+                                   FSDP_MEM_OTHER, "gradient-norm partial sums",
+                                   (void **)&e->dev_blocks));
     if (cfg->inference || cfg->recompute == FSDP_RECOMPUTE_NONE)
-        FSDP_CHECK(sh->model->iface->state_init(sh->model, &e->ops, cfg->batch, cfg->seq,
-                                                !cfg->inference, &e->state));
+        FSDP_TRY(sh->model->iface->state_init(sh->model, &e->ops, cfg->batch, cfg->seq,
+                                              !cfg->inference, &e->state));
     else
-        FSDP_CHECK(sh->model->iface->state_init_recompute(sh->model, &e->ops, cfg->batch,
-                                                          cfg->seq, cfg->recompute, &e->state));
+        FSDP_TRY(sh->model->iface->state_init_recompute(sh->model, &e->ops, cfg->batch,
+                                                        cfg->seq, cfg->recompute, &e->state));
     /* pinned, so that the copies to the device are asynchronous; packed data adds
      * the token positions (data.h), staged after the targets */
     size_t n_tokens = (size_t)cfg->batch * (size_t)cfg->seq;
     bool packed = cfg->positions || (sh->data && fsdp_data_packed(sh->data));
-    FSDP_CHECK(fsdp_device_host_alloc(&e->dev, (packed ? 3 : 2) * n_tokens * sizeof(int),
-                                      FSDP_MEM_ACT, packed ? "token staging (inputs, targets "
-                                      "and positions)" : "token staging (inputs and targets)",
-                                      (void **)&e->tokens_host));
+    FSDP_TRY(fsdp_device_host_alloc(&e->dev, (packed ? 3 : 2) * n_tokens * sizeof(int),
+                                    FSDP_MEM_ACT, packed ? "token staging (inputs, targets "
+                                    "and positions)" : "token staging (inputs and targets)",
+                                    (void **)&e->tokens_host));
     if (packed) {
-        FSDP_CHECK(fsdp_device_alloc(&e->dev, n_tokens * sizeof(int), FSDP_MEM_ACT,
-                                     "token positions", (void **)&e->pos_dev));
+        FSDP_TRY(fsdp_device_alloc(&e->dev, n_tokens * sizeof(int), FSDP_MEM_ACT,
+                                   "token positions", (void **)&e->pos_dev));
         sh->model->iface->state_positions(e->state, e->pos_dev);
     }
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank)
+{
+    fsdp_status st;
+    fsdp_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for rank %d's engine", rank);
+    e->sh = sh;
+    e->rank = rank;
+    FSDP_CHECK(init_contexts(e));
+    FSDP_CHECK(init_units(e));
+    FSDP_CHECK(init_state(e));
     FSDP_CHECK(fsdp_engine_warm_up(e));
     FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
     /* every rank is done allocating before any rank's first collective */
@@ -314,7 +334,6 @@ fsdp_status fsdp_engine_init(fsdp_engine **out, fsdp_engine_shared *sh, int rank
     *out = e;
     return FSDP_STATUS_OK;
 fail:
-    free(host_tmp);
     fsdp_engine_note(e, st);
     fsdp_engine_free(e);
     return st;
