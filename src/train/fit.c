@@ -155,6 +155,65 @@ static bool needs_no_more(const fsdp_fit_candidate *a, const fsdp_fit_candidate 
                fsdp_fit_recompute_modes[b->recompute].memory_rank;
 }
 
+/* What a candidate's meta run moves, for the cost model: host memory
+ * (pinned memory of every device, and the simulated devices on cpu), the
+ * host update's and the PCIe link's bytes, the busiest rank's gathered and
+ * reduced bytes and the busiest node's from the others. */
+struct plan_traffic {
+    size_t host, update, pcie, reduce, gather, igather, ireduce;
+    size_t train_shard; /* the largest rank's trainable shard, with the trainable
+                         * shards in host memory */
+};
+
+static void sum_traffic(const fsdp_plan *p, const fsdp_engine_config *e, fsdp_backend backend,
+                        int grad_accum, struct plan_traffic *t)
+{
+    memset(t, 0, sizeof *t);
+    size_t dt = fsdp_dtype_size(e->compute_dtype);
+    bool train_up = fsdp_offload_trainable_params(e);
+    /* per updated element: the optimizer's own traffic, and the compute-dtype copy */
+    size_t per_elem = fsdp_optim_step_bytes(fsdp_optim_or_default(e->optim)) +
+                      (e->compute_dtype == FSDP_DTYPE_BF16 ? 2 : 0);
+    for (int r = 0; r < p->n_ranks; r++) {
+        const fsdp_plan_rank *pr = &p->ranks[r];
+        t->host += pr->host.peak_bytes;
+        if (backend == FSDP_BACKEND_CPU)
+            t->host += pr->mem.peak_bytes;
+        /* offload: the CPU updates the pinned fp32 master's elements (beside which
+         * the host keeps a compute-dtype staging copy unless that is fp32); each
+         * micro-step's reduced gradient goes down, the parameters come back up:
+         * once per step, or with the trainable shards on the host, before each
+         * gather (param_upload_bytes, below). Not the gradient bytes: the tree's
+         * partial sums would count as elements */
+        size_t staging = e->compute_dtype == FSDP_DTYPE_F32 ? 0 : dt;
+        size_t pinned = pr->host.peak_kind_bytes[FSDP_MEM_PARAM];
+        if (e->offload_params) /* the frozen shards: uploaded, never updated */
+            pinned -= pinned > p->frozen_shard_bytes ? p->frozen_shard_bytes : pinned;
+        size_t elems = pinned / (sizeof(float) + staging);
+        size_t link = elems * (sizeof(float) * (size_t)grad_accum + (train_up ? 0 : dt));
+        t->update += elems * per_elem;
+        if (link > t->pcie)
+            t->pcie = link;
+        if (train_up && elems * dt > t->train_shard)
+            t->train_shard = elems * dt;
+        size_t g = pr->recv_bytes[FSDP_COLL_ALL_GATHER];
+        size_t rd = fsdp_plan_coll_total(pr->recv_bytes) - g;
+        if (g > t->gather)
+            t->gather = g;
+        if (rd > t->reduce)
+            t->reduce = rd;
+    }
+    for (int q = 0; q < p->n_nodes; q++) { /* the busiest node's bytes from the others */
+        size_t sent[FSDP_COLL_KIND_COUNT], recv[FSDP_COLL_KIND_COUNT];
+        fsdp_plan_node_bytes(p, q, sent, recv);
+        size_t g = recv[FSDP_COLL_ALL_GATHER], rd = fsdp_plan_coll_total(recv) - g;
+        if (g > t->igather)
+            t->igather = g;
+        if (rd > t->ireduce)
+            t->ireduce = rd;
+    }
+}
+
 /* Measure candidate c with one meta run and judge it. */
 static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
 {
@@ -197,70 +256,26 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
     c->device_bytes = c->peak_bytes + c->cuda.total_bytes;
     c->grad_bytes = (c->offload & 1) ? pk->host.peak_kind_bytes[FSDP_MEM_GRAD]
                                : pk->mem.peak_kind_bytes[FSDP_MEM_GRAD];
-    /* host: pinned memory of every device (and the simulated devices on cpu) */
-    size_t host = 0, update = 0, pcie = 0, reduce = 0, gather = 0, igather = 0, ireduce = 0;
-    size_t dt = fsdp_dtype_size(e->compute_dtype);
-    bool train_up = fsdp_offload_trainable_params(e);
-    size_t train_shard = 0; /* the largest rank's trainable shard, with train_up */
-    /* per updated element: the optimizer's own traffic, and the compute-dtype copy */
-    size_t per_elem = fsdp_optim_step_bytes(fsdp_optim_or_default(e->optim)) +
-                      (e->compute_dtype == FSDP_DTYPE_BF16 ? 2 : 0);
-    for (int r = 0; r < N; r++) {
-        const fsdp_plan_rank *pr = &p.ranks[r];
-        host += pr->host.peak_bytes;
-        if (req->backend == FSDP_BACKEND_CPU)
-            host += pr->mem.peak_bytes;
-        /* offload: the CPU updates the pinned fp32 master's elements (beside which
-         * the host keeps a compute-dtype staging copy unless that is fp32); each
-         * micro-step's reduced gradient goes down, the parameters come back up:
-         * once per step, or with the trainable shards on the host, before each
-         * gather (param_upload_bytes, below). Not the gradient bytes: the tree's
-         * partial sums would count as elements */
-        size_t staging = e->compute_dtype == FSDP_DTYPE_F32 ? 0 : dt;
-        size_t pinned = pr->host.peak_kind_bytes[FSDP_MEM_PARAM];
-        if (e->offload_params) /* the frozen shards: uploaded, never updated */
-            pinned -= pinned > p.frozen_shard_bytes ? p.frozen_shard_bytes : pinned;
-        size_t elems = pinned / (sizeof(float) + staging);
-        size_t link = elems * (sizeof(float) * (size_t)c->grad_accum + (train_up ? 0 : dt));
-        update += elems * per_elem;
-        if (link > pcie)
-            pcie = link;
-        if (train_up && elems * dt > train_shard)
-            train_shard = elems * dt;
-        size_t g = pr->recv_bytes[FSDP_COLL_ALL_GATHER];
-        size_t rd = fsdp_plan_coll_total(pr->recv_bytes) - g;
-        if (g > gather)
-            gather = g;
-        if (rd > reduce)
-            reduce = rd;
-    }
-    for (int q = 0; q < p.n_nodes; q++) { /* the busiest node's bytes from the others */
-        size_t sent[FSDP_COLL_KIND_COUNT], recv[FSDP_COLL_KIND_COUNT];
-        fsdp_plan_node_bytes(&p, q, sent, recv);
-        size_t g = recv[FSDP_COLL_ALL_GATHER], rd = fsdp_plan_coll_total(recv) - g;
-        if (g > igather)
-            igather = g;
-        if (rd > ireduce)
-            ireduce = rd;
-    }
-    c->host_bytes = host;
+    struct plan_traffic t;
+    sum_traffic(&p, e, req->backend, c->grad_accum, &t);
+    c->host_bytes = t.host;
     double tokens = (double)c->batch * (double)e->seq * (double)c->grad_accum;
     fsdp_cost_input in = {
         .flops = tokens * (x->flops_per_token + x->recompute_flops[c->recompute]),
         .dtype = e->compute_dtype,
         .prefetch = c->prefetch,
         .offload = (c->offload & 1) != 0,
-        .gather_bytes = gather,
-        .reduce_bytes = reduce,
-        .inter_gather_bytes = igather,
-        .inter_reduce_bytes = ireduce,
+        .gather_bytes = t.gather,
+        .reduce_bytes = t.reduce,
+        .inter_gather_bytes = t.igather,
+        .inter_reduce_bytes = t.ireduce,
         .n_calls = fsdp_plan_coll_total(pk->n_calls),
-        .pcie_bytes = (c->offload & 1) ? pcie : 0,
-        .host_update_bytes = (c->offload & 1) ? update : 0,
+        .pcie_bytes = (c->offload & 1) ? t.pcie : 0,
+        .host_update_bytes = (c->offload & 1) ? t.update : 0,
         /* a host shard goes up before each gather: forward and backward when the
          * strategy frees units after forward, once per micro-step otherwise */
         .param_upload_bytes = e->offload_params
-                                  ? (p.frozen_shard_bytes + train_shard) *
+                                  ? (p.frozen_shard_bytes + t.train_shard) *
                                         (size_t)c->grad_accum *
                                         (e->shard == FSDP_SHARD_FULL ||
                                                  e->shard == FSDP_SHARD_HYBRID
