@@ -53,15 +53,9 @@ fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg);
 /* The config a GPT-2 model was built from; NULL for any other model. */
 const fsdp_gpt2_config *fsdp_gpt2_config_of(const fsdp_model *m);
 
-/* Notes on the model's fsdp_model_i (models/gpt2.c):
- * - head_forward_backward's loss is the sum of the B*T token losses over
- *   B*T, masked targets (< 0) adding 0; its gradient is that loss's, times
- *   dloss.
- * - Sampling / eval: a forward-only state (training=false) of (1, T) serves
- *   any prompt of length <= T; fill the positions after the prompt with any
- *   token: the logits at position t depend only on tokens 0..t (causal), so
- *   read row t of state_logits after head_forward_backward(root_grads=NULL).
- *   Forward-only states keep one layer's activations, reused by every layer. */
+/* The model's fsdp_model_i (models/gpt2.c) keeps models/model.h's
+ * contract: the loss and its masked targets, forward-only states that keep
+ * nothing per block, causal logits. */
 
 #ifdef __cplusplus
 }

@@ -108,12 +108,8 @@ fsdp_status fsdp_llama_init(fsdp_model *m, const fsdp_llama_config *cfg);
 /* The config a Llama-family model was built from; NULL for any other. */
 const fsdp_llama_config *fsdp_llama_config_of(const fsdp_model *m);
 
-/* Notes on the model's fsdp_model_i (models/llama.c), as GPT-2's:
- * - head_forward_backward: *loss is the tree sum of the B*T token losses
- *   divided by B*T, masked targets (< 0) contributing 0; the gradient is
- *   that of dloss * *loss.
- * - Forward-only states keep one layer's activations; logits at position t
- *   depend on tokens 0..t only (sampling fills the rest with anything). */
+/* The model's fsdp_model_i (models/llama.c) keeps models/model.h's
+ * contract, as GPT-2's does (gpt2.h). */
 
 #ifdef __cplusplus
 }

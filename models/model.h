@@ -136,7 +136,11 @@ struct fsdp_model_i {
     int *(*state_tokens)(void *state);
     int *(*state_targets)(void *state);
     /* Logits (B*T, Vp) in ctx->dt after head_forward_backward (forward
-     * part); only valid when root_grads was NULL (training overwrites them). */
+     * part); only valid when root_grads was NULL (training overwrites them).
+     * Attention is causal: the logits at position t depend on tokens 0..t
+     * only, so a forward-only state of (1, T) serves any prompt of length
+     * <= T, the positions after it filled with any token (sampling reads
+     * row t). */
     const void *(*state_logits)(void *state);
 
     fsdp_status (*root_forward)(const fsdp_model *m, fsdp_op_ctx *ctx, void *state,

@@ -181,7 +181,8 @@ void fsdp_modelfile_close(fsdp_modelfile *mf)
     free(mf->src);
     free(mf->unit_base);
     fsdp_bnb4_free(mf->bnb4);
-    fsdp_modelfile_nf4_free(mf);
+    if (mf->nf4_cache_free)
+        mf->nf4_cache_free(mf);
     free(mf);
 }
 
@@ -222,7 +223,8 @@ fsdp_status fsdp_modelfile_bind(fsdp_modelfile *mf, const fsdp_model *m)
                               mf->format->name, mf->path, held, m ? m->name : "(null)");
     }
     mf->model = NULL;
-    fsdp_modelfile_nf4_free(mf); /* cached per parameter of the model bound before */
+    if (mf->nf4_cache_free) /* cached per parameter of the model bound before */
+        mf->nf4_cache_free(mf);
     FSDP_TRY(mf->format->bind(mf, m));
     mf->model = m;
     return FSDP_STATUS_OK;

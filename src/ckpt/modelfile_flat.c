@@ -16,7 +16,6 @@
 #include "ckpt/bnb4.h"
 #include "ckpt/modelfile_internal.h"
 #include "core/bf16.h"
-#include "core/fileio.h"
 
 #define MF_BAND_NUMEL ((size_t)1 << 20) /* elements staged per transposed band */
 #define MF_RAW_NUMEL ((size_t)1 << 16)  /* elements converted per direct read */
@@ -82,21 +81,6 @@ fsdp_status fsdp_flat_prepare(fsdp_modelfile *mf, const fsdp_model *m)
     mf->src = calloc((size_t)n + 1, sizeof *mf->src);
     if (!mf->src)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
-    return FSDP_STATUS_OK;
-}
-
-static _Thread_local uint64_t thread_bytes_read;
-
-uint64_t fsdp_modelfile_thread_bytes_read(void) { return thread_bytes_read; }
-
-fsdp_status fsdp_modelfile_pread(const fsdp_modelfile *mf, int part, void *buf, size_t n,
-                                 uint64_t off)
-{
-    bool parts = mf->n_parts > 0;
-    FSDP_ASSERT(!parts || (part >= 0 && part < mf->n_parts));
-    FSDP_TRY(fsdp_pread_all(parts ? mf->part_fd[part] : mf->fd, buf, n, off, "model file",
-                            parts ? mf->part_path[part] : mf->path));
-    thread_bytes_read += n;
     return FSDP_STATUS_OK;
 }
 

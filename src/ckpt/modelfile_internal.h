@@ -95,6 +95,10 @@ struct fsdp_modelfile {
                                         * or NULL */
     struct fsdp_nf4_cache *nf4_cache;  /* fsdp_modelfile_read_nf4 of float weights: each
                                         * tensor's double quantization (modelfile_nf4.c) */
+    void (*nf4_cache_free)(fsdp_modelfile *mf); /* set with nf4_cache by modelfile_nf4.c:
+                                        * releases it and clears both (a callback, so that
+                                        * modelfile.c, which modelfile_nf4.c reads through,
+                                        * does not call back into it) */
 };
 
 extern const fsdp_modelfile_format fsdp_format_llmc;        /* llmc.c */
@@ -119,12 +123,10 @@ int fsdp_file_dtype_size(fsdp_file_dtype dt);
 void fsdp_file_dtype_to_f32(fsdp_file_dtype dt, const void *src, size_t n, float *dst);
 
 /* n bytes at absolute offset `off` of file `part` (mf->part_fd; mf->fd for
- * a single-file format), counted in fsdp_modelfile_thread_bytes_read. */
+ * a single-file format), counted in fsdp_modelfile_thread_bytes_read
+ * (modelfile_pread.c). */
 fsdp_status fsdp_modelfile_pread(const fsdp_modelfile *mf, int part, void *buf, size_t n,
                                  uint64_t off);
-
-/* Release what fsdp_modelfile_read_nf4 cached (modelfile_nf4.c). */
-void fsdp_modelfile_nf4_free(fsdp_modelfile *mf);
 
 /* Allocate mf->src and mf->unit_base for m (src zeroed). */
 fsdp_status fsdp_flat_prepare(fsdp_modelfile *mf, const fsdp_model *m);

@@ -36,7 +36,8 @@ struct fsdp_nf4_cache {
 
 bool fsdp_modelfile_is_nf4(const fsdp_modelfile *mf) { return mf->bnb4 && mf->bnb4->n > 0; }
 
-void fsdp_modelfile_nf4_free(fsdp_modelfile *mf)
+/* mf->nf4_cache_free: release the cache and clear it. */
+static void cache_free(fsdp_modelfile *mf)
 {
     struct fsdp_nf4_cache *c = mf->nf4_cache;
     if (!c)
@@ -49,6 +50,7 @@ void fsdp_modelfile_nf4_free(fsdp_modelfile *mf)
     free(c->s);
     free(c);
     mf->nf4_cache = NULL;
+    mf->nf4_cache_free = NULL;
 }
 
 /* The index (mf->src order) of the bound model's parameter named `name` in
@@ -110,6 +112,7 @@ static fsdp_status cache_get(const fsdp_modelfile *mf, struct fsdp_nf4_cache **o
         for (int i = 0; c && i < n; i++, c->n++)
             pthread_mutex_init(&c->s[i].lock, NULL);
         w->nf4_cache = c;
+        w->nf4_cache_free = c ? cache_free : NULL;
     }
     *out = w->nf4_cache;
     pthread_mutex_unlock(&make);

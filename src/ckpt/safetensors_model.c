@@ -81,6 +81,56 @@ fsdp_status fsdp_st_locate(const fsdp_st_file *files, int n_files, const char *l
     return fsdp_st_locate_bnb4(files, n_files, label, prefix, m, NULL, src);
 }
 
+/* Where parameter idx of unit `unit` (p) lives: tensor t of file fi (f), or
+ * the bnb-4bit weight qt (role: its index in the bnb4 set) that t's name
+ * stands for; FORMAT if its shape or dtype does not fit p. */
+static fsdp_status place_tensor(const fsdp_st_file *f, int fi, const fsdp_st_tensor *t,
+                                const fsdp_model *m, const fsdp_safetensors_mapping *map,
+                                int unit, int idx, const fsdp_param_spec *p,
+                                const fsdp_bnb4_tensor *qt, int role, fsdp_tensor_src *out)
+{
+    fsdp_weight_tensor want;
+    map->tensor(m, unit, idx, &want);
+    int ndim = qt ? qt->ndim : t->ndim;
+    const uint64_t *shape = qt ? qt->shape : t->shape;
+    bool same = ndim == want.ndim && !(qt && want.transposed);
+    for (int d = 0; same && d < want.ndim; d++)
+        same = shape[d] == want.shape[d];
+    if (!same) {
+        char a[128], b[96];
+        fmt_shape(a, sizeof a, ndim, shape);
+        fmt_shape(b, sizeof b, want.ndim, want.shape);
+        return fsdp_st_error(f->path, "tensor '%.80s' has shape %s%s, but model '%s' "
+                             "needs %s", t->name, a, qt ? " (its quant_state's)" : "",
+                             m->name, b);
+    }
+    if (qt) {
+        *out = (fsdp_tensor_src){
+            .file_numel = qt->numel,
+            .rows = (uint64_t)p->shape[0],
+            .cols = p->ndim == 2 ? (uint64_t)p->shape[1] : 1,
+            .part = qt->codes_part,
+            .nf4 = role + 1,
+        };
+        return FSDP_STATUS_OK;
+    }
+    if (t->dtype == FSDP_FILE_OTHER)
+        return fsdp_st_error(f->path, "tensor '%.80s' is %s; fsdp imports F32, BF16 and "
+                             "F16 weights", t->name, t->dtype_name);
+    FSDP_ASSERT(want.stored_numel == t->numel && t->numel <= p->numel &&
+                (!want.transposed || t->numel == p->numel));
+    *out = (fsdp_tensor_src){
+        .offset = f->data_offset + t->begin,
+        .dtype = t->dtype,
+        .file_numel = t->numel,
+        .transposed = want.transposed,
+        .rows = (uint64_t)p->shape[0],
+        .cols = p->ndim == 2 ? (uint64_t)p->shape[1] : 1,
+        .part = fi,
+    };
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_st_locate_bnb4(const fsdp_st_file *files, int n_files, const char *label,
                                 const char *prefix, const fsdp_model *m,
                                 const struct fsdp_bnb4 *q, fsdp_tensor_src *src)
@@ -136,48 +186,7 @@ fsdp_status fsdp_st_locate_bnb4(const fsdp_st_file *files, int n_files, const ch
             }
             from[k] = t;
             from_file[k] = fi;
-            fsdp_weight_tensor want;
-            map->tensor(m, unit, idx, &want);
-            int ndim = qt ? qt->ndim : t->ndim;
-            const uint64_t *shape = qt ? qt->shape : t->shape;
-            bool same = ndim == want.ndim && !(qt && want.transposed);
-            for (int d = 0; same && d < want.ndim; d++)
-                same = shape[d] == want.shape[d];
-            if (!same) {
-                char a[128], b[96];
-                fmt_shape(a, sizeof a, ndim, shape);
-                fmt_shape(b, sizeof b, want.ndim, want.shape);
-                st = fsdp_st_error(f->path, "tensor '%.80s' has shape %s%s, but model '%s' "
-                                   "needs %s", t->name, a, qt ? " (its quant_state's)" : "",
-                                   m->name, b);
-                break;
-            }
-            if (qt) {
-                src[k] = (fsdp_tensor_src){
-                    .file_numel = qt->numel,
-                    .rows = (uint64_t)p->shape[0],
-                    .cols = p->ndim == 2 ? (uint64_t)p->shape[1] : 1,
-                    .part = qt->codes_part,
-                    .nf4 = role + 1,
-                };
-                continue;
-            }
-            if (t->dtype == FSDP_FILE_OTHER) {
-                st = fsdp_st_error(f->path, "tensor '%.80s' is %s; fsdp imports F32, BF16 and "
-                                   "F16 weights", t->name, t->dtype_name);
-                break;
-            }
-            FSDP_ASSERT(want.stored_numel == t->numel && t->numel <= p->numel &&
-                        (!want.transposed || t->numel == p->numel));
-            src[k] = (fsdp_tensor_src){
-                .offset = f->data_offset + t->begin,
-                .dtype = t->dtype,
-                .file_numel = t->numel,
-                .transposed = want.transposed,
-                .rows = (uint64_t)p->shape[0],
-                .cols = p->ndim == 2 ? (uint64_t)p->shape[1] : 1,
-                .part = fi,
-            };
+            st = place_tensor(f, fi, t, m, map, unit, idx, p, qt, role, &src[k]);
         }
     }
     for (int u = 0; u < m->n_units && st == FSDP_STATUS_OK; u++)

@@ -509,6 +509,65 @@ static fsdp_status check_names(const fsdp_ckpt_reader *r, const fsdp_ckpt_shard_
                           "(%s)", r->path, got, want);
 }
 
+/* The header h (table_bytes of it, read from `path`) against its checksum
+ * and what the manifest expects of rank ex->rank's file: FORMAT naming the
+ * first field that differs. Zeroes the checksum field in h. */
+static fsdp_status check_header(unsigned char *h, int version, const shard_layout *lay,
+                                const fsdp_ckpt_shard_info *ex, const char *path)
+{
+    size_t sum_at = sum_field(version);
+    uint64_t want = get_u64(h + sum_at);
+    put_u64(h + sum_at, 0);
+    if (checksum(version, h, lay->table_bytes) != want)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint shard '%s': header checksum mismatch (the file is "
+                              "corrupted)", path);
+    if (version == 2 && get_u32(h + H2_ZERO) != 0)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint shard '%s': a reserved header field is not zero (written "
+                              "by a newer build?)", path);
+    if (get_u32(h + H_HEADER_BYTES) != lay->header_bytes ||
+        get_u32(h + H_BLOCK) != FSDP_CKPT_BLOCK_NUMEL ||
+        get_u32(h + H_UNITS) != (uint32_t)ex->n_units)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint shard '%s' has %u units (block %u), the manifest %d "
+                              "(block %zu)", path, get_u32(h + H_UNITS), get_u32(h + H_BLOCK),
+                              ex->n_units, FSDP_CKPT_BLOCK_NUMEL);
+    if (get_u64(h + H_RUN_ID) != ex->run_id || get_u64(h + H_STEP) != ex->step)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint shard '%s' belongs to another checkpoint (run %016"
+                              PRIx64 " step %" PRIu64 ", the manifest's is run %016" PRIx64
+                              " step %" PRIu64 "): files of different checkpoints were mixed",
+                              path, get_u64(h + H_RUN_ID), get_u64(h + H_STEP), ex->run_id,
+                              ex->step);
+    if (get_u32(h + H_RANK) != (uint32_t)ex->rank ||
+        get_u32(h + H_WORLD) != (uint32_t)ex->world_size)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint shard '%s' is rank %u of %u, expected rank %d of %d",
+                              path, get_u32(h + H_RANK), get_u32(h + H_WORLD), ex->rank,
+                              ex->world_size);
+    if (get_u64(h + H_T) != ex->adam_t)
+        return fsdp_error_set(FSDP_STATUS_FORMAT,
+                              "checkpoint shard '%s' has optimizer step %" PRIu64 ", the manifest %"
+                              PRIu64, path, get_u64(h + H_T), ex->adam_t);
+    return FSDP_STATUS_OK;
+}
+
+/* Each unit's shard range in the table at t against the manifest's. */
+static fsdp_status check_units(const unsigned char *t, const fsdp_ckpt_shard_info *ex,
+                               const char *path)
+{
+    for (int u = 0; u < ex->n_units; u++) {
+        uint64_t S = get_u64(t + 16 * (size_t)u), first = get_u64(t + 16 * (size_t)u + 8);
+        if (S != ex->shard_numel[u] || first != ex->first[u])
+            return fsdp_error_set(FSDP_STATUS_FORMAT,
+                                  "checkpoint shard '%s' unit %d holds elements [%" PRIu64
+                                  ", +%" PRIu64 "), the manifest says [%zu, +%zu)",
+                                  path, u, first, S, ex->first[u], ex->shard_numel[u]);
+    }
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_ckpt_reader_open(fsdp_ckpt_reader **out, const char *path,
                                   const fsdp_ckpt_shard_info *ex)
 {
@@ -564,67 +623,13 @@ fsdp_status fsdp_ckpt_reader_open(fsdp_ckpt_reader **out, const char *path,
         goto fail;
     }
     FSDP_CHECK(fsdp_pread_all(r->fd, h, r->lay.table_bytes, 0, "checkpoint shard", path));
-    size_t sum_at = sum_field(version);
-    uint64_t want = get_u64(h + sum_at);
-    put_u64(h + sum_at, 0);
-    if (checksum(version, h, r->lay.table_bytes) != want) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                            "checkpoint shard '%s': header checksum mismatch (the file is "
-                            "corrupted)", path);
-        goto fail;
-    }
-    if (version == 2 && get_u32(h + H2_ZERO) != 0) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                            "checkpoint shard '%s': a reserved header field is not zero (written "
-                            "by a newer build?)", path);
-        goto fail;
-    }
-    if (get_u32(h + H_HEADER_BYTES) != r->lay.header_bytes ||
-        get_u32(h + H_BLOCK) != FSDP_CKPT_BLOCK_NUMEL ||
-        get_u32(h + H_UNITS) != (uint32_t)ex->n_units) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                            "checkpoint shard '%s' has %u units (block %u), the manifest %d "
-                            "(block %zu)", path, get_u32(h + H_UNITS), get_u32(h + H_BLOCK),
-                            ex->n_units, FSDP_CKPT_BLOCK_NUMEL);
-        goto fail;
-    }
-    if (get_u64(h + H_RUN_ID) != ex->run_id || get_u64(h + H_STEP) != ex->step) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                            "checkpoint shard '%s' belongs to another checkpoint (run %016" PRIx64
-                            " step %" PRIu64 ", the manifest's is run %016" PRIx64 " step %" PRIu64
-                            "): files of different checkpoints were mixed",
-                            path, get_u64(h + H_RUN_ID), get_u64(h + H_STEP), ex->run_id,
-                            ex->step);
-        goto fail;
-    }
-    if (get_u32(h + H_RANK) != (uint32_t)ex->rank ||
-        get_u32(h + H_WORLD) != (uint32_t)ex->world_size) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                            "checkpoint shard '%s' is rank %u of %u, expected rank %d of %d", path,
-                            get_u32(h + H_RANK), get_u32(h + H_WORLD), ex->rank, ex->world_size);
-        goto fail;
-    }
-    if (get_u64(h + H_T) != ex->adam_t) {
-        st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                            "checkpoint shard '%s' has optimizer step %" PRIu64 ", the manifest %"
-                            PRIu64, path, get_u64(h + H_T), ex->adam_t);
-        goto fail;
-    }
+    FSDP_CHECK(check_header(h, version, &r->lay, ex, path));
     const unsigned char *t = h + r->lay.header_bytes;
     FSDP_CHECK(read_names(r, t));
     FSDP_CHECK(check_names(r, ex));
     if (version == 2)
         t += (size_t)n_arrays * NAME_BYTES;
-    for (int u = 0; u < ex->n_units; u++) {
-        uint64_t S = get_u64(t + 16 * (size_t)u), first = get_u64(t + 16 * (size_t)u + 8);
-        if (S != ex->shard_numel[u] || first != ex->first[u]) {
-            st = fsdp_error_set(FSDP_STATUS_FORMAT,
-                                "checkpoint shard '%s' unit %d holds elements [%" PRIu64
-                                ", +%" PRIu64 "), the manifest says [%zu, +%zu)",
-                                path, u, first, S, ex->first[u], ex->shard_numel[u]);
-            goto fail;
-        }
-    }
+    FSDP_CHECK(check_units(t, ex, path));
     const unsigned char *s = t + 16 * (size_t)ex->n_units;
     for (size_t i = 0; i < r->lay.n_sums; i++)
         r->sums[i] = get_u64(s + 8 * i);

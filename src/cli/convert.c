@@ -201,17 +201,67 @@ static const char *to_help(char *buf, size_t n)
     return buf;
 }
 
-int fsdp_cli_convert(int argc, char **argv)
+/* Every unit of m read from mf whole, as fp32, into *out (an array of
+ * m->n_units buffers, set before the first is read, so the caller frees
+ * what was allocated whatever fails). */
+static fsdp_status read_units(fsdp_modelfile *mf, const fsdp_model *m, float ***out)
 {
-    const char *to = NULL, *tokenizer = NULL;
-    int dtype = -1, quantize = FSDP_QUANT_NONE; /* -1: fp32, bf16 with --quantize nf4 */
-    size_t shard_bytes = 0;
-    bool quiet = false;
+    float **units = calloc((size_t)m->n_units, sizeof *units);
+    *out = units;
+    if (!units)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    for (int u = 0; u < m->n_units; u++) {
+        units[u] = malloc(m->units[u].numel * sizeof(float) + 1);
+        if (!units[u]) {
+            char b[32];
+            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for unit '%s' (%s)",
+                                  m->units[u].name,
+                                  fsdp_fmt_bytes(b, sizeof b, 4.0 * (double)m->units[u].numel));
+        }
+        FSDP_TRY(fsdp_modelfile_read_range(mf, u, 0, m->units[u].numel, units[u]));
+    }
+    return FSDP_STATUS_OK;
+}
+
+/* The success lines: what was read, what was written, what came along. */
+static void print_converted(const fsdp_modelfile *mf, const fsdp_model *m,
+                            const fsdp_modelfile_format *out_fmt, const char *out, fsdp_dtype dt,
+                            bool merged, bool nf4, const char *copied)
+{
+    const char *note = fsdp_modelfile_format_note(out_fmt);
+    printf("converted %s '%s' (%s, model %s, %.2fM parameters) to %s '%s' (%s%s%s%s%s)\n",
+           fsdp_modelfile_format_name(fsdp_modelfile_format_get(mf)), fsdp_modelfile_path(mf),
+           fsdp_modelfile_dtype_name(mf), m->name, (double)m->numel / 1e6,
+           fsdp_modelfile_format_name(out_fmt), out, fsdp_dtype_name(dt), note ? ", " : "",
+           note ? note : "", merged ? ", LoRA adapters merged into the weights" : "",
+           nf4 ? ", block linear weights in NF4 (bnb-4bit)" : "");
+    if (fsdp_modelfile_format_ships_tokenizer(out_fmt))
+        printf("copied along: %s\n", copied[0] ? copied : "nothing (no tokenizer: pass "
+                                                         "--tokenizer tokenizer.json)");
+}
+
+/* convert's options and operands. */
+struct convert_args {
+    const char *to, *tokenizer;
+    int dtype;                   /* -1: fp32, bf16 with --quantize nf4 */
+    int quantize;
+    size_t shard_bytes;
+    bool quiet;
+    const char *pos[2];          /* IN, OUT */
+    char files[384];             /* the forms IN and OUT take, for messages */
+};
+
+/* Parse convert's command line into *a; FSDP_ARGS_OK, or the exit code
+ * (--help, a usage error). The option table and --help read the format
+ * table (ckpt/modelfile.h) for every name, suffix and property. */
+static int parse_args(int argc, char **argv, struct convert_args *a)
+{
+    *a = (struct convert_args){.dtype = -1, .quantize = FSDP_QUANT_NONE};
     /* every format name, suffix and property from the table (ckpt/modelfile.h) */
-    char names[96], files[384], help_to[256], ships[96], help_shard[256], help_tok[320];
+    char names[96], help_to[256], ships[96], help_shard[256], help_tok[320];
     char synopsis[512];
     fsdp_modelfile_format_names(names, sizeof names, "|");
-    fsdp_modelfile_help(files, sizeof files);
+    fsdp_modelfile_help(a->files, sizeof a->files);
     formats_with(fsdp_modelfile_format_ships_tokenizer, fsdp_modelfile_format_name, " or ", ships,
                  sizeof ships);
     snprintf(help_shard, sizeof help_shard, "%s OUT: the most bytes per safetensors file, e.g. "
@@ -221,33 +271,48 @@ int fsdp_cli_convert(int argc, char **argv)
              "to it); default: those of such an IN, or those a checkpoint IN carries", ships);
     snprintf(synopsis, sizeof synopsis, "IN OUT [--dtype fp32|bf16] [--to FORMAT] [--quantize nf4]   "
              "(IN, OUT: %s)",
-             files);
+             a->files);
     fsdp_opt opts[] = {
-        {.name = "dtype", .type = FSDP_OPT_NAME, .dst = &dtype, .names = &fsdp_dtype_names,
+        {.name = "dtype", .type = FSDP_OPT_NAME, .dst = &a->dtype, .names = &fsdp_dtype_names,
          .help = "element type of the tensors OUT holds (a format that holds fp32 only refuses "
                  "bf16; default fp32, bf16 with --quantize nf4)"},
-        {.name = "to", .type = FSDP_OPT_STR, .dst = &to, .metavar = names,
+        {.name = "to", .type = FSDP_OPT_STR, .dst = &a->to, .metavar = names,
          .help = to_help(help_to, sizeof help_to)},
-        {.name = "quantize", .type = FSDP_OPT_NAME, .dst = &quantize, .names = &fsdp_quant_names,
+        {.name = "quantize", .type = FSDP_OPT_NAME, .dst = &a->quantize,
+         .names = &fsdp_quant_names,
          .allow = FSDP_NAME_BIT(FSDP_QUANT_NF4),
          .help = "write a bnb-4bit Hugging Face directory (--to hf): every block linear "
                  "weight (not the LM head) in NF4 with double quantization, byte for byte as "
                  "transformers + bitsandbytes save it; the rest in --dtype"},
-        {.name = "shard-size", .type = FSDP_OPT_SIZE, .dst = &shard_bytes, .metavar = "BYTES",
+        {.name = "shard-size", .type = FSDP_OPT_SIZE, .dst = &a->shard_bytes, .metavar = "BYTES",
          .help = help_shard},
-        {.name = "tokenizer", .type = FSDP_OPT_STR, .dst = &tokenizer, .metavar = "tokenizer.json",
+        {.name = "tokenizer", .type = FSDP_OPT_STR, .dst = &a->tokenizer,
+         .metavar = "tokenizer.json",
          .help = help_tok},
-        {.name = "quiet", .type = FSDP_OPT_FLAG, .dst = &quiet, .metavar = "",
+        {.name = "quiet", .type = FSDP_OPT_FLAG, .dst = &a->quiet, .metavar = "",
          .help = "print nothing on success"},
     };
-    const char *pos[2];
     int n_pos = 0;
     int rc = fsdp_args_parse("convert", synopsis, opts, (int)(sizeof opts / sizeof opts[0]), argc,
-                             argv, pos, 2, &n_pos);
+                             argv, a->pos, 2, &n_pos);
     if (rc != FSDP_ARGS_OK)
         return rc;
     if (n_pos != 2)
-        return fsdp_cli_usage("convert", "need IN and OUT (each %s)", files);
+        return fsdp_cli_usage("convert", "need IN and OUT (each %s)", a->files);
+    return FSDP_ARGS_OK;
+}
+
+int fsdp_cli_convert(int argc, char **argv)
+{
+    struct convert_args args;
+    int rc = parse_args(argc, argv, &args);
+    if (rc != FSDP_ARGS_OK)
+        return rc;
+    const char *to = args.to, *tokenizer = args.tokenizer, *const *pos = args.pos;
+    const char *files = args.files;
+    int dtype = args.dtype, quantize = args.quantize;
+    size_t shard_bytes = args.shard_bytes;
+    bool quiet = args.quiet;
     bool nf4 = quantize == FSDP_QUANT_NF4;
     fsdp_dtype dt = dtype >= 0 ? (fsdp_dtype)dtype : nf4 ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
     const fsdp_modelfile_format *out_fmt = out_format(to, pos[1], pos[0]);
@@ -296,24 +361,8 @@ int fsdp_cli_convert(int argc, char **argv)
                             fsdp_modelfile_base(mf) ? fsdp_modelfile_base(mf) : "?");
         goto fail;
     }
-    units = calloc((size_t)m.n_units, sizeof *units);
-    if (!units) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
+    if ((st = read_units(mf, &m, &units)) != FSDP_STATUS_OK)
         goto fail;
-    }
-    for (int u = 0; u < m.n_units; u++) {
-        units[u] = malloc(m.units[u].numel * sizeof(float) + 1);
-        if (!units[u]) {
-            char b[32];
-            st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for unit '%s' (%s)",
-                                m.units[u].name,
-                                fsdp_fmt_bytes(b, sizeof b, 4.0 * (double)m.units[u].numel));
-            goto fail;
-        }
-        if ((st = fsdp_modelfile_read_range(mf, u, 0, m.units[u].numel, units[u])) !=
-            FSDP_STATUS_OK)
-            goto fail;
-    }
     bool merged = m.lora.r && out_fmt != fsdp_modelfile_format_find("peft");
     if (merged && (st = merge_lora(&m, &units)) != FSDP_STATUS_OK)
         goto fail;
@@ -333,19 +382,8 @@ int fsdp_cli_convert(int argc, char **argv)
         st = fsdp_bnb4_write(pos[1], &m, (const float *const *)units, &wo);
     else
         st = fsdp_modelfile_write_with(pos[1], out_fmt, &m, (const float *const *)units, &wo);
-    if (st == FSDP_STATUS_OK && !quiet) {
-        const char *note = fsdp_modelfile_format_note(out_fmt);
-        printf("converted %s '%s' (%s, model %s, %.2fM parameters) to %s '%s' (%s%s%s%s%s)\n",
-               fsdp_modelfile_format_name(fsdp_modelfile_format_get(mf)),
-               fsdp_modelfile_path(mf), fsdp_modelfile_dtype_name(mf), m.name,
-               (double)m.numel / 1e6, fsdp_modelfile_format_name(out_fmt), pos[1],
-               fsdp_dtype_name(dt), note ? ", " : "", note ? note : "",
-               merged ? ", LoRA adapters merged into the weights" : "",
-               nf4 ? ", block linear weights in NF4 (bnb-4bit)" : "");
-        if (fsdp_modelfile_format_ships_tokenizer(out_fmt))
-            printf("copied along: %s\n", copied[0] ? copied : "nothing (no tokenizer: pass "
-                                                             "--tokenizer tokenizer.json)");
-    }
+    if (st == FSDP_STATUS_OK && !quiet)
+        print_converted(mf, &m, out_fmt, pos[1], dt, merged, nf4, copied);
 fail:
     if (st != FSDP_STATUS_OK)
         fprintf(stderr, "fsdp convert: error: %s\n", fsdp_error_msg());

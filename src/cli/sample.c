@@ -281,56 +281,88 @@ static fsdp_status write_logits(const char *path, const float *logits, int n, in
     return fsdp_atomic_commit(&af, ok);
 }
 
+/* sample's own options (beside the inference ones, infer_opts.h). */
+struct sample_args {
+    const char *prompt, *tokenizer, *logits_path;
+    struct chat_opts co;
+    bool ids_only;
+    int n_tokens;
+    float temperature;
+    uint64_t seed;
+};
+
+/* Add sample's options to l, writing into *a (set to the defaults) and c. */
+static void sample_opts_add(fsdp_opt_list *l, fsdp_infer_config *c, struct sample_args *a)
+{
+    *a = (struct sample_args){.n_tokens = 64, .temperature = 0.0f, .seed = 1337};
+    c->seq = 0;
+    fsdp_opt_add(l, "prompt", FSDP_OPT_STR, &a->prompt, "TEXT",
+                 "text to continue (with a tokenizer, or a byte-level model); token ids such as "
+                 "'15496,11' otherwise");
+    fsdp_opt_add(
+        l, "chat", FSDP_OPT_FLAG, &a->co.on, "",
+        "the prompt is a user message: render it in the model's chat format and answer as the "
+        "assistant, stopping at the end of the turn (needs a tokenizer.json)");
+    fsdp_opt_add(l, "system", FSDP_OPT_STR, &a->co.system, "TEXT",
+                 "with --chat: a system message first");
+    static char chat_formats[96]; /* "template|llama3|chatml", from data/chat.c */
+    fsdp_opt_add(
+        l, "chat-format", FSDP_OPT_STR, &a->co.format,
+        fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
+        "with --chat: the format (default: the chat_template beside the tokenizer, else the "
+        "built-in format its special tokens fit)");
+    fsdp_opt_add(l, "tokens", FSDP_OPT_INT, &a->n_tokens, "N",
+                 "most tokens to generate (default 64)");
+    fsdp_opt_add(l, "temperature", FSDP_OPT_FLOAT, &a->temperature, "X",
+                 "0 = greedy (argmax); > 0 samples from softmax(logits / X) (default 0)");
+    fsdp_opt_add(l, "seed", FSDP_OPT_U64, &a->seed, "S", "sampling seed (default 1337)");
+    fsdp_opt_add(l, "tokenizer", FSDP_OPT_STR, &a->tokenizer, "FILE",
+                 "tokenizer.json (Hugging Face; default: the model directory's, or the one a "
+                 "checkpoint carries) or llm.c's gpt2_tokenizer.bin");
+    fsdp_opt_add(
+        l, "seq", FSDP_OPT_INT, &c->seq, "T",
+        "context window: longer texts keep their last T tokens (default: the model's context)");
+    fsdp_opt_add(l, "ids", FSDP_OPT_FLAG, &a->ids_only, "",
+                 "--prompt is token ids and the output is ids, whatever tokenizer there is");
+    fsdp_opt_add(
+        l, "logits", FSDP_OPT_STR, &a->logits_path, "FILE",
+        "also write the fp32 logits each generated token was chosen from (tokens x vocab, raw)");
+}
+
+/* Echo the prompt before the continuation: its text (not a chat
+ * template's rendering), or its ids when the output is ids (counted in
+ * io->n). */
+static void echo_prompt(struct text_io *io, bool chat, const char *prompt, const int *ids,
+                        int n_ids)
+{
+    if (prompt && io->kind != TEXT_IDS && !chat)
+        fputs(prompt, stdout);
+    else if (prompt && io->kind == TEXT_IDS)
+        for (int i = 0; i < n_ids; i++)
+            printf("%s%d", i ? " " : "", ids[i]), io->n++;
+    fflush(stdout);
+}
+
 int fsdp_cli_sample(int argc, char **argv)
 {
     fsdp_infer_opts io_opts;
     fsdp_opt_list l = {.n = 0};
     fsdp_infer_opts_table(&io_opts, &l);
     fsdp_infer_config *c = &io_opts.cfg;
-    const char *prompt = NULL, *tokenizer = NULL, *logits_path = NULL;
-    struct chat_opts co = {0};
-    bool ids_only = false;
-    int n_tokens = 64;
-    float temperature = 0.0f;
-    uint64_t seed = 1337;
-    c->seq = 0;
-    fsdp_opt_add(&l, "prompt", FSDP_OPT_STR, &prompt, "TEXT",
-                 "text to continue (with a tokenizer, or a byte-level model); token ids such as "
-                 "'15496,11' otherwise");
-    fsdp_opt_add(
-        &l, "chat", FSDP_OPT_FLAG, &co.on, "",
-        "the prompt is a user message: render it in the model's chat format and answer as the "
-        "assistant, stopping at the end of the turn (needs a tokenizer.json)");
-    fsdp_opt_add(&l, "system", FSDP_OPT_STR, &co.system, "TEXT",
-                 "with --chat: a system message first");
-    static char chat_formats[96]; /* "template|llama3|chatml", from data/chat.c */
-    fsdp_opt_add(
-        &l, "chat-format", FSDP_OPT_STR, &co.format,
-        fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
-        "with --chat: the format (default: the chat_template beside the tokenizer, else the "
-        "built-in format its special tokens fit)");
-    fsdp_opt_add(&l, "tokens", FSDP_OPT_INT, &n_tokens, "N",
-                 "most tokens to generate (default 64)");
-    fsdp_opt_add(&l, "temperature", FSDP_OPT_FLOAT, &temperature, "X",
-                 "0 = greedy (argmax); > 0 samples from softmax(logits / X) (default 0)");
-    fsdp_opt_add(&l, "seed", FSDP_OPT_U64, &seed, "S", "sampling seed (default 1337)");
-    fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &tokenizer, "FILE",
-                 "tokenizer.json (Hugging Face; default: the model directory's, or the one a "
-                 "checkpoint carries) or llm.c's gpt2_tokenizer.bin");
-    fsdp_opt_add(
-        &l, "seq", FSDP_OPT_INT, &c->seq, "T",
-        "context window: longer texts keep their last T tokens (default: the model's context)");
-    fsdp_opt_add(&l, "ids", FSDP_OPT_FLAG, &ids_only, "",
-                 "--prompt is token ids and the output is ids, whatever tokenizer there is");
-    fsdp_opt_add(
-        &l, "logits", FSDP_OPT_STR, &logits_path, "FILE",
-        "also write the fp32 logits each generated token was chosen from (tokens x vocab, raw)");
+    struct sample_args args;
+    sample_opts_add(&l, c, &args);
     int rc = fsdp_args_parse("sample", "--model DIR|FILE [--prompt TEXT] [--chat] [options]", l.v,
                              l.n, argc, argv, NULL, 0, NULL);
     if (rc != FSDP_ARGS_OK)
         return rc;
     if ((rc = fsdp_infer_opts_finish("sample", &io_opts)))
         return rc;
+    const char *prompt = args.prompt, *tokenizer = args.tokenizer, *logits_path = args.logits_path;
+    const struct chat_opts co = args.co;
+    bool ids_only = args.ids_only;
+    int n_tokens = args.n_tokens;
+    float temperature = args.temperature;
+    uint64_t seed = args.seed;
     const fsdp_path_arg ins[] = {{"--model", c->model_path, FSDP_PATH_TREE},
                                  {"--tokenizer", tokenizer, FSDP_PATH_FILE}};
     const fsdp_path_arg outs[] = {{"--logits", logits_path, FSDP_PATH_FILE}};
@@ -370,13 +402,8 @@ int fsdp_cli_sample(int argc, char **argv)
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of memory");
         goto fail;
     }
-    /* echo the prompt (not a chat template), then stream the continuation */
-    if (prompt && io.kind != TEXT_IDS && !co.on)
-        fputs(prompt, stdout);
-    else if (prompt && io.kind == TEXT_IDS)
-        for (int i = 0; i < n_ids; i++)
-            printf("%s%d", i ? " " : "", ids[i]), io.n++;
-    fflush(stdout);
+    /* echo the prompt, then stream the continuation */
+    echo_prompt(&io, co.on, prompt, ids, n_ids);
     io.stop = stop;
     io.n_stop = n_stop;
     fsdp_sample_config sc = {.prompt = ids, .n_prompt = n_ids, .n_tokens = n_tokens,

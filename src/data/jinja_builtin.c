@@ -348,29 +348,82 @@ static jv indent(jrender *r, const jx *x, jv v)
     return out;
 }
 
-jv jinja_filter(jrender *r, const jx *x, jv v)
+/* trim(chars=None): whitespace, or the given characters, off both ends. */
+static jv filter_trim(jrender *r, const jx *x, jv v)
 {
     bool given;
+    jv s = jv_to_str(r, v), chars = arg(r, x, 0, "chars", &given);
+    if (given && chars.t != JV_NONE && !jinja_want_str(r, x, chars, "trim: the characters"))
+        return UNDEF;
+    return s.t == JV_STR ? jstr_strip(r, s, 3, given && chars.t == JV_STR ? chars.s : NULL)
+                         : UNDEF;
+}
+
+/* tojson(indent=None, sort_keys=False); ensure_ascii and separators refused. */
+static jv filter_tojson(jrender *r, const jx *x, jv v)
+{
+    jv ind = arg(r, x, 0, "indent", NULL), sort = arg(r, x, -1, "sort_keys", NULL);
+    jv ascii = arg(r, x, -1, "ensure_ascii", NULL), sep = arg(r, x, -1, "separators", NULL);
+    if (jv_truthy(ascii) || (sep.t != JV_UNDEF && sep.t != JV_NONE))
+        return jinja_fail(r, x->line, FSDP_STATUS_UNSUPPORTED, "tojson: ensure_ascii and "
+                          "separators are not supported"), UNDEF;
+    if (ind.t != JV_UNDEF && ind.t != JV_NONE && (ind.t != JV_INT || ind.i < 0 ||
+                                                  ind.i > 64))
+        return jinja_fail(r, x->line, FSDP_STATUS_UNSUPPORTED, "tojson: indent must be a "
+                          "small integer"), UNDEF;
+    return jv_tojson(r, x->line, v, ind.t == JV_INT ? (int)ind.i : -1, jv_truthy(sort));
+}
+
+/* int(default=0): an int, a bool, or a decimal string with trailing whitespace. */
+static jv filter_int(jrender *r, const jx *x, jv v)
+{
+    jv d = arg(r, x, 0, "default", NULL);
+    if (v.t == JV_INT || v.t == JV_BOOL)
+        return jv_int(v.t == JV_INT ? v.i : v.b);
+    if (v.t == JV_STR) {
+        char *end;
+        long long k = strtoll(v.s->p, &end, 10);
+        while (*end == ' ' || *end == '\t' || *end == '\n')
+            end++;
+        if (end != v.s->p && !*end)
+            return jv_int(k);
+    }
+    return d.t == JV_INT ? d : jv_int(0);
+}
+
+/* reverse: a list (or a string's characters) in reverse order. */
+static jv filter_reverse(jrender *r, const jx *x, jv v)
+{
+    jv l = to_list(r, x, v), out = jv_list(r, l.t == JV_LIST ? l.l->n : 1);
+    for (size_t i = l.t == JV_LIST ? l.l->n : 0; i > 0 && out.t == JV_LIST; i--)
+        jv_list_push(r, out, l.l->v[i - 1]);
+    if (v.t != JV_STR || out.t != JV_LIST)
+        return out;
+    jv s = jv_str(r, "", 0);
+    for (size_t i = 0; i < out.l->n && s.t == JV_STR; i++)
+        s = jv_concat(r, s, out.l->v[i]);
+    return s;
+}
+
+/* unique: each distinct item once, in the order of its first appearance. */
+static jv filter_unique(jrender *r, const jx *x, jv v)
+{
+    jv l = to_list(r, x, v), out = jv_list(r, 4);
+    for (size_t i = 0; l.t == JV_LIST && i < l.l->n && out.t == JV_LIST; i++) {
+        bool seen = false;
+        for (size_t j = 0; j < out.l->n && !seen; j++)
+            seen = jv_equal(out.l->v[j], l.l->v[i]);
+        if (!seen)
+            jv_list_push(r, out, l.l->v[i]);
+    }
+    return out;
+}
+
+jv jinja_filter(jrender *r, const jx *x, jv v)
+{
     switch (x->op) {
-    case F_TRIM: {
-        jv s = jv_to_str(r, v), chars = arg(r, x, 0, "chars", &given);
-        if (given && chars.t != JV_NONE && !jinja_want_str(r, x, chars, "trim: the characters"))
-            return UNDEF;
-        return s.t == JV_STR ? jstr_strip(r, s, 3, given && chars.t == JV_STR ? chars.s : NULL)
-                             : UNDEF;
-    }
-    case F_TOJSON: {
-        jv ind = arg(r, x, 0, "indent", NULL), sort = arg(r, x, -1, "sort_keys", NULL);
-        jv ascii = arg(r, x, -1, "ensure_ascii", NULL), sep = arg(r, x, -1, "separators", NULL);
-        if (jv_truthy(ascii) || (sep.t != JV_UNDEF && sep.t != JV_NONE))
-            return jinja_fail(r, x->line, FSDP_STATUS_UNSUPPORTED, "tojson: ensure_ascii and "
-                              "separators are not supported"), UNDEF;
-        if (ind.t != JV_UNDEF && ind.t != JV_NONE && (ind.t != JV_INT || ind.i < 0 ||
-                                                      ind.i > 64))
-            return jinja_fail(r, x->line, FSDP_STATUS_UNSUPPORTED, "tojson: indent must be a "
-                              "small integer"), UNDEF;
-        return jv_tojson(r, x->line, v, ind.t == JV_INT ? (int)ind.i : -1, jv_truthy(sort));
-    }
+    case F_TRIM: return filter_trim(r, x, v);
+    case F_TOJSON: return filter_tojson(r, x, v);
     case F_LENGTH:
         switch (v.t) {
         case JV_STR: return jv_int((int64_t)jv_str_chars(v.s));
@@ -411,46 +464,13 @@ jv jinja_filter(jrender *r, const jx *x, jv v)
         jv c = arg(r, x, 2, "count", NULL);
         return s.t == JV_STR ? jstr_replace(r, x, s, o, n, c.t == JV_INT ? c.i : -1) : UNDEF;
     }
-    case F_INT: {
-        jv d = arg(r, x, 0, "default", NULL);
-        if (v.t == JV_INT || v.t == JV_BOOL)
-            return jv_int(v.t == JV_INT ? v.i : v.b);
-        if (v.t == JV_STR) {
-            char *end;
-            long long k = strtoll(v.s->p, &end, 10);
-            while (*end == ' ' || *end == '\t' || *end == '\n')
-                end++;
-            if (end != v.s->p && !*end)
-                return jv_int(k);
-        }
-        return d.t == JV_INT ? d : jv_int(0);
-    }
+    case F_INT: return filter_int(r, x, v);
     case F_ABS:
         if (v.t != JV_INT || v.i == INT64_MIN)
             return jinja_fail_type(r, x, "abs", v);
         return jv_int(v.i < 0 ? -v.i : v.i);
-    case F_REVERSE: {
-        jv l = to_list(r, x, v), out = jv_list(r, l.t == JV_LIST ? l.l->n : 1);
-        for (size_t i = l.t == JV_LIST ? l.l->n : 0; i > 0 && out.t == JV_LIST; i--)
-            jv_list_push(r, out, l.l->v[i - 1]);
-        if (v.t != JV_STR || out.t != JV_LIST)
-            return out;
-        jv s = jv_str(r, "", 0);
-        for (size_t i = 0; i < out.l->n && s.t == JV_STR; i++)
-            s = jv_concat(r, s, out.l->v[i]);
-        return s;
-    }
-    case F_UNIQUE: {
-        jv l = to_list(r, x, v), out = jv_list(r, 4);
-        for (size_t i = 0; l.t == JV_LIST && i < l.l->n && out.t == JV_LIST; i++) {
-            bool seen = false;
-            for (size_t j = 0; j < out.l->n && !seen; j++)
-                seen = jv_equal(out.l->v[j], l.l->v[i]);
-            if (!seen)
-                jv_list_push(r, out, l.l->v[i]);
-        }
-        return out;
-    }
+    case F_REVERSE: return filter_reverse(r, x, v);
+    case F_UNIQUE: return filter_unique(r, x, v);
     case F_SELECT: return select_items(r, x, v, false, true);
     case F_REJECT: return select_items(r, x, v, false, false);
     case F_SELECTATTR: return select_items(r, x, v, true, true);

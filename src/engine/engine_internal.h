@@ -145,6 +145,23 @@ static inline fsdp_shard_row *fsdp_engine_row(fsdp_engine *e, int u)
     return &e->sh->sm.units[u].rows[e->rank];
 }
 
+/* engine_gather.c: unit u's gathered parameters (shardmap.h's row->gathered).
+ * Issue the all-gather on the comm stream (no-op if issued or resident);
+ * wait: issue if needed, then make the buffer usable on the compute
+ * stream; release: free it, stream-ordered (device.h), so the next gather
+ * overlaps this unit's compute. The shard ranks call them together. */
+fsdp_status fsdp_engine_gather_issue(fsdp_engine *e, int u);
+fsdp_status fsdp_engine_gather_wait(fsdp_engine *e, int u);
+fsdp_status fsdp_engine_gather_release(fsdp_engine *e, int u);
+/* Wait for all work on every stream of the rank's device (end of a phase). */
+fsdp_status fsdp_engine_sync_all(fsdp_engine *e);
+
+/* Whether units are sharded over the ranks (any strategy but none). */
+static inline bool fsdp_engine_sharded(const fsdp_engine *e)
+{
+    return e->sh->cfg.shard != FSDP_SHARD_NONE;
+}
+
 /* Reserve, before the first step, the device buffers the step allocates
  * and frees again, as many of each size as it holds at once (warm.c). */
 fsdp_status fsdp_engine_warm_up(fsdp_engine *e);

@@ -25,6 +25,107 @@ static const char *const kind_labels[FSDP_MEM_KIND_COUNT] = {
     "activations",      "comm buffers", "other",
 };
 
+/* Where the bars go: bar width, the group of a device's bars, the plot
+ * panel, the byte unit of its axis, and whether host bars are drawn. */
+typedef struct plan_layout {
+    double bar, group, unit;
+    fsdp_svg_panel pan;
+    bool host;
+} plan_layout;
+
+/* Each device's stacked bar by kind (and its pinned host bar), its number
+ * and, with few devices, its peak above the bar. */
+static void draw_bars(fsdp_svg *s, const fsdp_plan *p, const plan_layout *l)
+{
+    int N = p->n_ranks;
+    double bar = l->bar, group = l->group, unit = l->unit;
+    bool host = l->host;
+    const fsdp_svg_panel *pan = &l->pan;
+    char b1[32];
+    for (int r = 0; r < N; r++) {
+        const fsdp_plan_rank *pr = &p->ranks[r];
+        double x = pan->x + (pan->w - group * N) / 2 + group * r +
+                   (group - bar * (host ? 2 : 1)) / 2;
+        double acc = 0;
+        for (int k = 0; k < FSDP_MEM_KIND_COUNT; k++) {
+            double v = (double)pr->mem.peak_kind_bytes[k] / unit;
+            if (v <= 0)
+                continue;
+            double y0 = fsdp_svg_py(pan, acc), y1 = fsdp_svg_py(pan, acc + v);
+            char tip[128];
+            snprintf(tip, sizeof tip, "device %d %s: %s", r, kind_labels[k],
+                     fsdp_fmt_bytes(b1, 32, (double)pr->mem.peak_kind_bytes[k]));
+            fsdp_svg_rect(s, x, y1, bar, y0 - y1, kind_colors[k], bar >= 6 ? "white" : NULL, tip);
+            acc += v;
+        }
+        if (host) {
+            double v = (double)pr->host.peak_bytes / unit;
+            double y1 = fsdp_svg_py(pan, v);
+            char tip[128];
+            snprintf(tip, sizeof tip, "device %d pinned host memory: %s", r,
+                     fsdp_fmt_bytes(b1, 32, (double)pr->host.peak_bytes));
+            fsdp_svg_rect(s, x + bar, y1, bar, pan->y + pan->h - y1, "#c9c9c9", "#777", tip);
+        }
+        int every = N <= 32 ? 1 : N <= 128 ? 8 : 64;
+        if (r % every == 0)
+            fsdp_svg_text(s, x + bar * (host ? 1.0 : 0.5), pan->y + pan->h + 16, 11, "middle", 0,
+                          "black", "%d", r);
+        bool over = p->device_mem && pr->mem.peak_bytes > p->device_mem;
+        if (N <= 16 && pr->mem.peak_bytes)
+            fsdp_svg_text(s, x + bar / 2, fsdp_svg_py(pan, acc) - 4, 9.5, "middle", 0,
+                          over ? "#C00000" : "#222", "%s",
+                          fsdp_fmt_bytes(b1, 32, (double)pr->mem.peak_bytes));
+    }
+    fsdp_svg_text(s, pan->x + pan->w / 2, pan->y + pan->h + 38, 11, "middle", 0, "#333", "device%s",
+                  host ? " (left: device memory, right: pinned host memory)" : "");
+}
+
+/* The reference lines (the cap, the ZeRO formula) and the legend. */
+static void draw_legend(fsdp_svg *s, const fsdp_plan *p, const plan_layout *l, size_t f_dev,
+                        const char *formula)
+{
+    bool host = l->host;
+    const fsdp_svg_panel *pan = &l->pan;
+    double unit = l->unit;
+    char b1[32];
+    /* reference lines (the cap, the ZeRO formula), labelled in the legend */
+    if (p->device_mem) {
+        double y = fsdp_svg_py(pan, (double)p->device_mem / unit);
+        fsdp_svg_line(s, pan->x, y, pan->x + pan->w, y, "#C00000", 1.5, "6 4");
+    }
+    if (f_dev) {
+        double y = fsdp_svg_py(pan, (double)f_dev / unit);
+        fsdp_svg_line(s, pan->x, y, pan->x + pan->w, y, "#333333", 1.2, "2 3");
+    }
+
+    /* legend: kinds top-down in stacking order (top of the bar first) */
+    double lx = pan->x + pan->w + 14, ly = pan->y + 4;
+    for (int k = FSDP_MEM_KIND_COUNT - 1; k >= 0; k--) {
+        fsdp_svg_rect(s, lx, ly, 12, 12, kind_colors[k], NULL, NULL);
+        fsdp_svg_text(s, lx + 18, ly + 10, 11, "start", 0, "black", "%s", kind_labels[k]);
+        ly += 18;
+    }
+    if (host) {
+        fsdp_svg_rect(s, lx, ly, 12, 12, "#c9c9c9", "#777", NULL);
+        fsdp_svg_text(s, lx + 18, ly + 10, 11, "start", 0, "black", "pinned host memory");
+        ly += 18;
+    }
+    ly += 10;
+    if (p->device_mem) {
+        fsdp_svg_line(s, lx, ly + 6, lx + 14, ly + 6, "#C00000", 1.5, "6 4");
+        fsdp_svg_text(s, lx + 18, ly + 10, 11, "start", 0, "#C00000", "cap %s",
+                      fsdp_fmt_bytes(b1, 32, (double)p->device_mem));
+        ly += 18;
+    }
+    if (f_dev) {
+        fsdp_svg_line(s, lx, ly + 6, lx + 14, ly + 6, "#333333", 1.2, "2 3");
+        fsdp_svg_text(s, lx + 18, ly + 10, 11, "start", 0, "#333333", "ZeRO %s", formula);
+        fsdp_svg_text(s, lx + 18, ly + 24, 11, "start", 0, "#333333", "= %s",
+                      fsdp_fmt_bytes(b1, 32, (double)f_dev));
+        ly += 32;
+    }
+}
+
 fsdp_status fsdp_plan_write_svg(const fsdp_plan *p, const char *path)
 {
     int N = p->n_ranks;
@@ -79,78 +180,8 @@ fsdp_status fsdp_plan_write_svg(const fsdp_plan *p, const char *path)
     snprintf(ylabel, sizeof ylabel, "bytes (%s)", uname);
     fsdp_svg_axes(&s, &pan, NULL, NULL, ylabel, NULL, NULL);
 
-    for (int r = 0; r < N; r++) {
-        const fsdp_plan_rank *pr = &p->ranks[r];
-        double x = pan.x + (pan.w - group * N) / 2 + group * r + (group - bar * (host ? 2 : 1)) / 2;
-        double acc = 0;
-        for (int k = 0; k < FSDP_MEM_KIND_COUNT; k++) {
-            double v = (double)pr->mem.peak_kind_bytes[k] / unit;
-            if (v <= 0)
-                continue;
-            double y0 = fsdp_svg_py(&pan, acc), y1 = fsdp_svg_py(&pan, acc + v);
-            char tip[128];
-            snprintf(tip, sizeof tip, "device %d %s: %s", r, kind_labels[k],
-                     fsdp_fmt_bytes(b1, 32, (double)pr->mem.peak_kind_bytes[k]));
-            fsdp_svg_rect(&s, x, y1, bar, y0 - y1, kind_colors[k], bar >= 6 ? "white" : NULL, tip);
-            acc += v;
-        }
-        if (host) {
-            double v = (double)pr->host.peak_bytes / unit;
-            double y1 = fsdp_svg_py(&pan, v);
-            char tip[128];
-            snprintf(tip, sizeof tip, "device %d pinned host memory: %s", r,
-                     fsdp_fmt_bytes(b1, 32, (double)pr->host.peak_bytes));
-            fsdp_svg_rect(&s, x + bar, y1, bar, pan.y + pan.h - y1, "#c9c9c9", "#777", tip);
-        }
-        int every = N <= 32 ? 1 : N <= 128 ? 8 : 64;
-        if (r % every == 0)
-            fsdp_svg_text(&s, x + bar * (host ? 1.0 : 0.5), pan.y + pan.h + 16, 11, "middle", 0,
-                          "black", "%d", r);
-        bool over = p->device_mem && pr->mem.peak_bytes > p->device_mem;
-        if (N <= 16 && pr->mem.peak_bytes)
-            fsdp_svg_text(&s, x + bar / 2, fsdp_svg_py(&pan, acc) - 4, 9.5, "middle", 0,
-                          over ? "#C00000" : "#222", "%s",
-                          fsdp_fmt_bytes(b1, 32, (double)pr->mem.peak_bytes));
-    }
-    fsdp_svg_text(&s, pan.x + pan.w / 2, pan.y + pan.h + 38, 11, "middle", 0, "#333", "device%s",
-                  host ? " (left: device memory, right: pinned host memory)" : "");
-
-    /* reference lines (the cap, the ZeRO formula), labelled in the legend */
-    if (p->device_mem) {
-        double y = fsdp_svg_py(&pan, (double)p->device_mem / unit);
-        fsdp_svg_line(&s, pan.x, y, pan.x + pan.w, y, "#C00000", 1.5, "6 4");
-    }
-    if (f_dev) {
-        double y = fsdp_svg_py(&pan, (double)f_dev / unit);
-        fsdp_svg_line(&s, pan.x, y, pan.x + pan.w, y, "#333333", 1.2, "2 3");
-    }
-
-    /* legend: kinds top-down in stacking order (top of the bar first) */
-    double lx = pan.x + pan.w + 14, ly = pan.y + 4;
-    for (int k = FSDP_MEM_KIND_COUNT - 1; k >= 0; k--) {
-        fsdp_svg_rect(&s, lx, ly, 12, 12, kind_colors[k], NULL, NULL);
-        fsdp_svg_text(&s, lx + 18, ly + 10, 11, "start", 0, "black", "%s", kind_labels[k]);
-        ly += 18;
-    }
-    if (host) {
-        fsdp_svg_rect(&s, lx, ly, 12, 12, "#c9c9c9", "#777", NULL);
-        fsdp_svg_text(&s, lx + 18, ly + 10, 11, "start", 0, "black", "pinned host memory");
-        ly += 18;
-    }
-    ly += 10;
-    if (p->device_mem) {
-        fsdp_svg_line(&s, lx, ly + 6, lx + 14, ly + 6, "#C00000", 1.5, "6 4");
-        fsdp_svg_text(&s, lx + 18, ly + 10, 11, "start", 0, "#C00000", "cap %s",
-                      fsdp_fmt_bytes(b1, 32, (double)p->device_mem));
-        ly += 18;
-    }
-    if (f_dev) {
-        fsdp_svg_line(&s, lx, ly + 6, lx + 14, ly + 6, "#333333", 1.2, "2 3");
-        fsdp_svg_text(&s, lx + 18, ly + 10, 11, "start", 0, "#333333", "ZeRO %s", formula);
-        fsdp_svg_text(&s, lx + 18, ly + 24, 11, "start", 0, "#333333", "= %s",
-                      fsdp_fmt_bytes(b1, 32, (double)f_dev));
-        ly += 32;
-    }
+    plan_layout l = {.bar = bar, .group = group, .unit = unit, .pan = pan, .host = host};
+    draw_bars(&s, p, &l);
+    draw_legend(&s, p, &l, f_dev, formula);
     return fsdp_svg_close(&s, true);
 }
-

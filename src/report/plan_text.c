@@ -108,14 +108,12 @@ static void print_nodes(FILE *f, const fsdp_plan *p, const bool *kind_used)
                    "of gradient shards\n  across nodes leaves it\n");
 }
 
-void fsdp_plan_print(FILE *f, const fsdp_plan *p)
+/* The run's settings: model, devices, strategy, optimizer, micro-batch. */
+static void print_header(FILE *f, const fsdp_plan *p)
 {
     const fsdp_engine_config *e = &p->eng;
-    char b1[32], b2[32], b3[32], b4[32];
     int N = p->n_ranks;
     const fsdp_optim *o = fsdp_optim_or_default(e->optim);
-    char state_names[96];
-    fsdp_optim_state_list(o, state_names, sizeof state_names, ", ");
     char nodes[48] = "";
     if (p->n_nodes > 1)
         snprintf(nodes, sizeof nodes, " (%d nodes x %d)", p->n_nodes, N / p->n_nodes);
@@ -130,8 +128,15 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
             e->batch, e->seq, e->grad_accum, e->accum == FSDP_ACCUM_FLAT ? " (flat)" : "",
             e->prefetch ? "on" : "off",
             fsdp_names_name(&fsdp_recompute_names, (int)e->recompute), p->steps, p->wall_s);
+}
 
-    /* memory table: kinds that are zero everywhere are left out */
+/* Device memory at each device's peak, by kind (kinds zero everywhere left out). */
+static void print_memory(FILE *f, const fsdp_plan *p)
+{
+    const fsdp_optim *o = fsdp_optim_or_default(p->eng.optim);
+    char b1[32], state_names[96];
+    int N = p->n_ranks;
+    fsdp_optim_state_list(o, state_names, sizeof state_names, ", ");
     bool used[FSDP_MEM_KIND_COUNT] = {0};
     bool any_host = false;
     for (int r = 0; r < N; r++) {
@@ -161,8 +166,12 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
     fprintf(f, "  (param: parameter shards; grad: gradient shards and the unit gradient being "
                "reduced;\n   optim: optimizer state (%s); gather: gathered units; act: "
                "activations;\n   other: norm partial sums, staging)\n", state_names);
+}
 
-    /* traffic */
+/* Collectives per step and device; across nodes, what leaves each node. */
+static void print_traffic(FILE *f, const fsdp_plan *p)
+{
+    int N = p->n_ranks;
     fprintf(f, "\ncollectives per step and device (received / sent):\n  %-10s", "device");
     bool kind_used[FSDP_COLL_KIND_COUNT] = {0};
     for (int r = 0; r < N; r++)
@@ -189,10 +198,14 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
         fprintf(f, "  (one device: collectives move nothing)\n");
     if (p->n_nodes > 1)
         print_nodes(f, p, kind_used);
+}
 
-    /* the ZeRO formula and what it leaves out */
-    int who;
-    size_t peak = fsdp_plan_max_peak(p, &who);
+/* The ZeRO model-state formula against the measured peak (device `who`'s). */
+static void print_formula(FILE *f, const fsdp_plan *p, size_t peak, int who)
+{
+    const fsdp_engine_config *e = &p->eng;
+    char b1[32], b2[32], b3[32], b4[32];
+    int N = p->n_ranks;
     const fsdp_plan_rank *pr = &p->ranks[who];
     size_t f_dev, f_host;
     char formula[128];
@@ -219,8 +232,14 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
             e->shard == FSDP_SHARD_FULL || e->shard == FSDP_SHARD_HYBRID ? "the gathered units (root + current + prefetched), " : "",
             p->padded_numel - p->numel,
             e->offload ? ", with its reduced shard until it is copied to the host" : "");
+}
 
-    /* fit */
+/* Whether the peak fits --device-mem, and what to try when it does not. */
+static void print_fit(FILE *f, const fsdp_plan *p, size_t peak, int who)
+{
+    const fsdp_engine_config *e = &p->eng;
+    char b1[32], b2[32], b3[32];
+    int N = p->n_ranks;
     fprintf(f, "\nThese are the engine's allocations, as a cpu run makes them, to the byte. A cuda "
                "run also holds\nthe CUDA context (outside any count), a cuBLAS workspace and op "
                "scratch: keep a margin.\n");
@@ -248,3 +267,13 @@ void fsdp_plan_print(FILE *f, const fsdp_plan *p)
     }
 }
 
+void fsdp_plan_print(FILE *f, const fsdp_plan *p)
+{
+    print_header(f, p);
+    print_memory(f, p);
+    print_traffic(f, p);
+    int who;
+    size_t peak = fsdp_plan_max_peak(p, &who);
+    print_formula(f, p, peak, who);
+    print_fit(f, p, peak, who);
+}

@@ -155,6 +155,65 @@ static bool needs_no_more(const fsdp_fit_candidate *a, const fsdp_fit_candidate 
                fsdp_fit_recompute_modes[b->recompute].memory_rank;
 }
 
+/* What a candidate's meta run moves, for the cost model: host memory
+ * (pinned memory of every device, and the simulated devices on cpu), the
+ * host update's and the PCIe link's bytes, the busiest rank's gathered and
+ * reduced bytes and the busiest node's from the others. */
+struct plan_traffic {
+    size_t host, update, pcie, reduce, gather, igather, ireduce;
+    size_t train_shard; /* the largest rank's trainable shard, with the trainable
+                         * shards in host memory */
+};
+
+static void sum_traffic(const fsdp_plan *p, const fsdp_engine_config *e, fsdp_backend backend,
+                        int grad_accum, struct plan_traffic *t)
+{
+    memset(t, 0, sizeof *t);
+    size_t dt = fsdp_dtype_size(e->compute_dtype);
+    bool train_up = fsdp_offload_trainable_params(e);
+    /* per updated element: the optimizer's own traffic, and the compute-dtype copy */
+    size_t per_elem = fsdp_optim_step_bytes(fsdp_optim_or_default(e->optim)) +
+                      (e->compute_dtype == FSDP_DTYPE_BF16 ? 2 : 0);
+    for (int r = 0; r < p->n_ranks; r++) {
+        const fsdp_plan_rank *pr = &p->ranks[r];
+        t->host += pr->host.peak_bytes;
+        if (backend == FSDP_BACKEND_CPU)
+            t->host += pr->mem.peak_bytes;
+        /* offload: the CPU updates the pinned fp32 master's elements (beside which
+         * the host keeps a compute-dtype staging copy unless that is fp32); each
+         * micro-step's reduced gradient goes down, the parameters come back up:
+         * once per step, or with the trainable shards on the host, before each
+         * gather (param_upload_bytes, below). Not the gradient bytes: the tree's
+         * partial sums would count as elements */
+        size_t staging = e->compute_dtype == FSDP_DTYPE_F32 ? 0 : dt;
+        size_t pinned = pr->host.peak_kind_bytes[FSDP_MEM_PARAM];
+        if (e->offload_params) /* the frozen shards: uploaded, never updated */
+            pinned -= pinned > p->frozen_shard_bytes ? p->frozen_shard_bytes : pinned;
+        size_t elems = pinned / (sizeof(float) + staging);
+        size_t link = elems * (sizeof(float) * (size_t)grad_accum + (train_up ? 0 : dt));
+        t->update += elems * per_elem;
+        if (link > t->pcie)
+            t->pcie = link;
+        if (train_up && elems * dt > t->train_shard)
+            t->train_shard = elems * dt;
+        size_t g = pr->recv_bytes[FSDP_COLL_ALL_GATHER];
+        size_t rd = fsdp_plan_coll_total(pr->recv_bytes) - g;
+        if (g > t->gather)
+            t->gather = g;
+        if (rd > t->reduce)
+            t->reduce = rd;
+    }
+    for (int q = 0; q < p->n_nodes; q++) { /* the busiest node's bytes from the others */
+        size_t sent[FSDP_COLL_KIND_COUNT], recv[FSDP_COLL_KIND_COUNT];
+        fsdp_plan_node_bytes(p, q, sent, recv);
+        size_t g = recv[FSDP_COLL_ALL_GATHER], rd = fsdp_plan_coll_total(recv) - g;
+        if (g > t->igather)
+            t->igather = g;
+        if (rd > t->ireduce)
+            t->ireduce = rd;
+    }
+}
+
 /* Measure candidate c with one meta run and judge it. */
 static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
 {
@@ -197,70 +256,26 @@ static fsdp_status measure(struct fit_ctx *x, fsdp_fit_candidate *c)
     c->device_bytes = c->peak_bytes + c->cuda.total_bytes;
     c->grad_bytes = (c->offload & 1) ? pk->host.peak_kind_bytes[FSDP_MEM_GRAD]
                                : pk->mem.peak_kind_bytes[FSDP_MEM_GRAD];
-    /* host: pinned memory of every device (and the simulated devices on cpu) */
-    size_t host = 0, update = 0, pcie = 0, reduce = 0, gather = 0, igather = 0, ireduce = 0;
-    size_t dt = fsdp_dtype_size(e->compute_dtype);
-    bool train_up = fsdp_offload_trainable_params(e);
-    size_t train_shard = 0; /* the largest rank's trainable shard, with train_up */
-    /* per updated element: the optimizer's own traffic, and the compute-dtype copy */
-    size_t per_elem = fsdp_optim_step_bytes(fsdp_optim_or_default(e->optim)) +
-                      (e->compute_dtype == FSDP_DTYPE_BF16 ? 2 : 0);
-    for (int r = 0; r < N; r++) {
-        const fsdp_plan_rank *pr = &p.ranks[r];
-        host += pr->host.peak_bytes;
-        if (req->backend == FSDP_BACKEND_CPU)
-            host += pr->mem.peak_bytes;
-        /* offload: the CPU updates the pinned fp32 master's elements (beside which
-         * the host keeps a compute-dtype staging copy unless that is fp32); each
-         * micro-step's reduced gradient goes down, the parameters come back up:
-         * once per step, or with the trainable shards on the host, before each
-         * gather (param_upload_bytes, below). Not the gradient bytes: the tree's
-         * partial sums would count as elements */
-        size_t staging = e->compute_dtype == FSDP_DTYPE_F32 ? 0 : dt;
-        size_t pinned = pr->host.peak_kind_bytes[FSDP_MEM_PARAM];
-        if (e->offload_params) /* the frozen shards: uploaded, never updated */
-            pinned -= pinned > p.frozen_shard_bytes ? p.frozen_shard_bytes : pinned;
-        size_t elems = pinned / (sizeof(float) + staging);
-        size_t link = elems * (sizeof(float) * (size_t)c->grad_accum + (train_up ? 0 : dt));
-        update += elems * per_elem;
-        if (link > pcie)
-            pcie = link;
-        if (train_up && elems * dt > train_shard)
-            train_shard = elems * dt;
-        size_t g = pr->recv_bytes[FSDP_COLL_ALL_GATHER];
-        size_t rd = fsdp_plan_coll_total(pr->recv_bytes) - g;
-        if (g > gather)
-            gather = g;
-        if (rd > reduce)
-            reduce = rd;
-    }
-    for (int q = 0; q < p.n_nodes; q++) { /* the busiest node's bytes from the others */
-        size_t sent[FSDP_COLL_KIND_COUNT], recv[FSDP_COLL_KIND_COUNT];
-        fsdp_plan_node_bytes(&p, q, sent, recv);
-        size_t g = recv[FSDP_COLL_ALL_GATHER], rd = fsdp_plan_coll_total(recv) - g;
-        if (g > igather)
-            igather = g;
-        if (rd > ireduce)
-            ireduce = rd;
-    }
-    c->host_bytes = host;
+    struct plan_traffic t;
+    sum_traffic(&p, e, req->backend, c->grad_accum, &t);
+    c->host_bytes = t.host;
     double tokens = (double)c->batch * (double)e->seq * (double)c->grad_accum;
     fsdp_cost_input in = {
         .flops = tokens * (x->flops_per_token + x->recompute_flops[c->recompute]),
         .dtype = e->compute_dtype,
         .prefetch = c->prefetch,
         .offload = (c->offload & 1) != 0,
-        .gather_bytes = gather,
-        .reduce_bytes = reduce,
-        .inter_gather_bytes = igather,
-        .inter_reduce_bytes = ireduce,
+        .gather_bytes = t.gather,
+        .reduce_bytes = t.reduce,
+        .inter_gather_bytes = t.igather,
+        .inter_reduce_bytes = t.ireduce,
         .n_calls = fsdp_plan_coll_total(pk->n_calls),
-        .pcie_bytes = (c->offload & 1) ? pcie : 0,
-        .host_update_bytes = (c->offload & 1) ? update : 0,
+        .pcie_bytes = (c->offload & 1) ? t.pcie : 0,
+        .host_update_bytes = (c->offload & 1) ? t.update : 0,
         /* a host shard goes up before each gather: forward and backward when the
          * strategy frees units after forward, once per micro-step otherwise */
         .param_upload_bytes = e->offload_params
-                                  ? (p.frozen_shard_bytes + train_shard) *
+                                  ? (p.frozen_shard_bytes + t.train_shard) *
                                         (size_t)c->grad_accum *
                                         (e->shard == FSDP_SHARD_FULL ||
                                                  e->shard == FSDP_SHARD_HYBRID
@@ -391,14 +406,11 @@ static bool chain_wanted(const fsdp_fit_request *req, int m, int A)
     return m != FSDP_ACCUM_FLAT || A > 1 || !allowed(req->accum_mask, FSDP_ACCUM_TREE);
 }
 
-fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
+/* The request's settings that make no search: INVALID_ARG naming them. */
+static fsdp_status check_request(const fsdp_fit_request *req)
 {
-    memset(out, 0, sizeof *out);
-    out->best = -1;
-    out->best_twin = -1;
     const fsdp_engine_config *e = &req->base.eng;
     int N = e->n_ranks, G = req->global_batch;
-    double t0 = fsdp_now_s();
     if (N < 1 || N > FSDP_MAX_RANKS)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "fit: need 1..%d devices (got %d)",
                               FSDP_MAX_RANKS, N);
@@ -415,14 +427,16 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
     if (req->backend != FSDP_BACKEND_CPU && req->backend != FSDP_BACKEND_CUDA)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "fit: plan for a cpu or cuda run (the backend the run will use)");
-    struct fit_ctx x = {.req = req, .res = out, .st = FSDP_STATUS_OK};
-    FSDP_TRY(model_figures(&req->base, &out->numel, &x.flops_per_token, x.recompute_flops,
-                           &x.shape, req->recompute_mask, &out->recompute_refused,
-                           out->refused_why, sizeof out->refused_why));
-    out->flops_per_token = x.flops_per_token;
+    return FSDP_STATUS_OK;
+}
 
-    /* the settings of one micro-batch, least memory first */
-    fsdp_fit_candidate proto[FSDP_SHARD_COUNT * 4 * 2 * 8];
+/* The settings of one micro-batch that the request leaves open, into proto
+ * (room for FSDP_SHARD_COUNT * 4 * 2 * 8), least memory first; *n_out of
+ * them. INVALID_ARG when none is left. */
+static fsdp_status enumerate_settings(const fsdp_fit_request *req, const fsdp_fit_result *out,
+                                      fsdp_fit_candidate *proto, int *n_out)
+{
+    const fsdp_engine_config *e = &req->base.eng;
     /* params offload alone only moves frozen parameters: tried when some are;
      * with the optimizer's it moves the trainable shards too: always tried */
     bool frozen = req->base.lora.r > 0 || (req->base.freeze && req->base.freeze[0]);
@@ -457,7 +471,16 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
                               "fit: the pinned --shard, --offload, --prefetch and --recompute "
                               "values leave nothing to try");
     qsort(proto, (size_t)n_set, sizeof proto[0], cmp_level);
+    *n_out = n_set;
+    return FSDP_STATUS_OK;
+}
 
+/* out->cand: each chain (micro-batch x accumulation mode the request
+ * allows) times the n_set settings of proto; *n_chain of them. */
+static fsdp_status make_candidates(const fsdp_fit_request *req, fsdp_fit_result *out,
+                                   const fsdp_fit_candidate *proto, int n_set, int *n_chain_out)
+{
+    int N = req->base.eng.n_ranks, G = req->global_batch;
     /* chains: micro-batch x accumulation mode; at one micro-step both
      * modes are the same run, so flat is left out there unless pinned */
     int K = G / N, n_chain = 0;
@@ -489,12 +512,22 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
             }
             chain++;
         }
+    *n_chain_out = n_chain;
+    return FSDP_STATUS_OK;
+}
 
-    x.n_settings = n_set;
-    atomic_init(&x.next, 0);
-    atomic_init(&x.runs, 0);
-    atomic_init(&x.failed, false);
-    pthread_mutex_init(&x.mu, NULL);
+/* Measure the chains on req->jobs threads (0: the cores over the devices),
+ * the calling thread one of them; the candidates that fit, ranked. */
+static fsdp_status run_search(struct fit_ctx *x, int n_set, int n_chain)
+{
+    const fsdp_fit_request *req = x->req;
+    fsdp_fit_result *out = x->res;
+    int N = req->base.eng.n_ranks;
+    x->n_settings = n_set;
+    atomic_init(&x->next, 0);
+    atomic_init(&x->runs, 0);
+    atomic_init(&x->failed, false);
+    pthread_mutex_init(&x->mu, NULL);
     int jobs = req->jobs;
     if (!jobs) {
         long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -507,48 +540,75 @@ fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
         jobs = 64;
     int started = 0;
     for (; started < jobs - 1; started++)
-        if (pthread_create(&tid[started], NULL, search_worker, &x) != 0)
+        if (pthread_create(&tid[started], NULL, search_worker, x) != 0)
             break;
-    search_worker(&x); /* the calling thread is a worker too */
+    search_worker(x); /* the calling thread is a worker too */
     for (int i = 0; i < started; i++)
         pthread_join(tid[i], NULL);
-    pthread_mutex_destroy(&x.mu);
+    pthread_mutex_destroy(&x->mu);
     out->jobs = started + 1;
-    out->n_runs = atomic_load(&x.runs);
-    if (atomic_load(&x.failed)) {
+    out->n_runs = atomic_load(&x->runs);
+    if (atomic_load(&x->failed)) {
         fsdp_fit_free(out);
-        return fsdp_error_set(x.st, "%s", x.msg);
+        return fsdp_error_set(x->st, "%s", x->msg);
     }
     for (int i = 0; i < out->n_cand; i++)
         if (out->cand[i].verdict == FSDP_FIT_FITS)
             out->ranked[out->n_fits++] = i;
     rank_fits(out);
-    out->best = out->n_fits ? out->ranked[0] : -1;
+    return FSDP_STATUS_OK;
+}
+
+/* With accumulation, the best setting in the other accumulation mode,
+ * measured if it was pruned, so the report can say what each mode needs. */
+static fsdp_status measure_best_twin(struct fit_ctx *x)
+{
+    fsdp_fit_result *out = x->res;
     out->best_twin = -1;
-    if (out->best >= 0 && out->cand[out->best].grad_accum > 1) {
-        /* the same setting in the other accumulation mode, measured, so the
-         * report can say what each mode needs */
-        const fsdp_fit_candidate *b = &out->cand[out->best];
-        for (int i = 0; i < out->n_cand; i++) {
-            fsdp_fit_candidate *c = &out->cand[i];
-            if (c->accum == b->accum || c->batch != b->batch || c->shard != b->shard ||
-                c->offload != b->offload || c->prefetch != b->prefetch ||
-                c->recompute != b->recompute)
-                continue;
-            if (c->verdict == FSDP_FIT_PRUNED) {
-                fsdp_status st = measure(&x, c);
-                out->n_runs++;
-                if (st != FSDP_STATUS_OK) {
-                    fsdp_fit_free(out);
-                    return st;
-                }
-                c->pruned_by = -1;
+    if (out->best < 0 || out->cand[out->best].grad_accum <= 1)
+        return FSDP_STATUS_OK;
+    const fsdp_fit_candidate *b = &out->cand[out->best];
+    for (int i = 0; i < out->n_cand; i++) {
+        fsdp_fit_candidate *c = &out->cand[i];
+        if (c->accum == b->accum || c->batch != b->batch || c->shard != b->shard ||
+            c->offload != b->offload || c->prefetch != b->prefetch ||
+            c->recompute != b->recompute)
+            continue;
+        if (c->verdict == FSDP_FIT_PRUNED) {
+            fsdp_status st = measure(x, c);
+            out->n_runs++;
+            if (st != FSDP_STATUS_OK) {
+                fsdp_fit_free(out);
+                return st;
             }
-            if (c->verdict != FSDP_FIT_INVALID)
-                out->best_twin = i;
-            break;
+            c->pruned_by = -1;
         }
+        if (c->verdict != FSDP_FIT_INVALID)
+            out->best_twin = i;
+        break;
     }
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_fit_search(const fsdp_fit_request *req, fsdp_fit_result *out)
+{
+    memset(out, 0, sizeof *out);
+    out->best = -1;
+    out->best_twin = -1;
+    double t0 = fsdp_now_s();
+    FSDP_TRY(check_request(req));
+    struct fit_ctx x = {.req = req, .res = out, .st = FSDP_STATUS_OK};
+    FSDP_TRY(model_figures(&req->base, &out->numel, &x.flops_per_token, x.recompute_flops,
+                           &x.shape, req->recompute_mask, &out->recompute_refused,
+                           out->refused_why, sizeof out->refused_why));
+    out->flops_per_token = x.flops_per_token;
+    fsdp_fit_candidate proto[FSDP_SHARD_COUNT * 4 * 2 * 8];
+    int n_set = 0, n_chain = 0;
+    FSDP_TRY(enumerate_settings(req, out, proto, &n_set));
+    FSDP_TRY(make_candidates(req, out, proto, n_set, &n_chain));
+    FSDP_TRY(run_search(&x, n_set, n_chain));
+    out->best = out->n_fits ? out->ranked[0] : -1;
+    FSDP_TRY(measure_best_twin(&x));
     out->wall_s = fsdp_now_s() - t0;
     return FSDP_STATUS_OK;
 }

@@ -44,21 +44,6 @@
 
 /* The schedule's settings from the run's (the floor in double, as the
  * cosine has always taken it). */
-fsdp_lr_plan fsdp_trainer_lr_plan(const fsdp_train_config *cfg)
-{
-    return (fsdp_lr_plan){.schedule = (fsdp_lr_schedule)cfg->schedule, .lr = cfg->lr,
-                          .min_lr = cfg->min_lr >= 0 ? (double)cfg->min_lr
-                                                     : (double)cfg->lr * (double)cfg->lr_min_frac,
-                          .warmup = cfg->warmup, .steps = cfg->steps,
-                          .decay_frac = cfg->decay_frac};
-}
-
-float fsdp_train_lr(const fsdp_train_config *cfg, int step)
-{
-    fsdp_lr_plan p = fsdp_trainer_lr_plan(cfg);
-    return fsdp_lr_at(&p, step);
-}
-
 /* Keep the first error that stops the run early (any rank). */
 static void stop_error(struct trainer *t, fsdp_status st, const char *msg)
 {

@@ -1,13 +1,15 @@
 /*
  * The defaults of a training run (train.h): the demo's, which the command
- * line starts from. Apart from the trainer, so that the planner's search
- * (fit.c), which builds runs too, does not call into the trainer that
- * calls it.
+ * line starts from, and the learning-rate plan a run's settings give.
+ * Apart from the trainer, so that the planner's search (fit.c), which
+ * builds runs too, does not call into the trainer that calls it, and so
+ * that the trainer and its checkpoint half (train_ckpt.c) both read the
+ * plan from below rather than from each other.
  */
 #include <string.h>
 
 #include "device/device.h"
-#include "train/train.h"
+#include "train/train_internal.h"
 
 void fsdp_train_config_default(fsdp_train_config *cfg)
 {
@@ -38,4 +40,19 @@ void fsdp_train_config_default(fsdp_train_config *cfg)
     cfg->n_samples = 5;
     cfg->watchdog_s = -1; /* FSDP_WATCHDOG's (core/flight.h) */
     cfg->out = stdout;
+}
+
+fsdp_lr_plan fsdp_trainer_lr_plan(const fsdp_train_config *cfg)
+{
+    return (fsdp_lr_plan){.schedule = (fsdp_lr_schedule)cfg->schedule, .lr = cfg->lr,
+                          .min_lr = cfg->min_lr >= 0 ? (double)cfg->min_lr
+                                                     : (double)cfg->lr * (double)cfg->lr_min_frac,
+                          .warmup = cfg->warmup, .steps = cfg->steps,
+                          .decay_frac = cfg->decay_frac};
+}
+
+float fsdp_train_lr(const fsdp_train_config *cfg, int step)
+{
+    fsdp_lr_plan p = fsdp_trainer_lr_plan(cfg);
+    return fsdp_lr_at(&p, step);
 }

@@ -105,7 +105,7 @@ uint64_t fsdp_trainer_step_tokens(const struct trainer *t, int step);
  * Any thread. */
 int fsdp_trainer_step_len(const struct trainer *t, int step);
 
-/* The learning-rate schedule's settings from the run's (train.c). */
+/* The learning-rate schedule's settings from the run's (train_config.c). */
 fsdp_lr_plan fsdp_trainer_lr_plan(const fsdp_train_config *cfg);
 
 /* Checkpoints (train_ckpt.c). Before the ranks start, on the main thread

@@ -105,6 +105,34 @@ static inline unsigned fsdp_ops_cuda_warp_grid(size_t rows)
     return (unsigned)((rows * 32 + 255) / 256);
 }
 
+/* The launcher of an elementwise op over n elements: nothing when n is 0
+ * or an op on ctx failed before; else launch(grid, stream) with a
+ * grid-stride grid of 256-thread blocks on ctx's stream, then the launch's
+ * error recorded under `op` (the kernels take blockDim 256). */
+template <typename Launch>
+static inline void fsdp_ops_cuda_elementwise(fsdp_op_ctx *ctx, const char *op, size_t n,
+                                             Launch launch)
+{
+    if (!n || !fsdp_ops_cuda_ok(ctx))
+        return;
+    launch(fsdp_ops_cuda_grid(ctx, n, 256), fsdp_ops_cuda_stream(ctx));
+    fsdp_ops_cuda_launched(ctx, op);
+}
+
+/* The launcher of a one-warp-per-row op over an (N, C) matrix: nothing when
+ * N or C is not positive or an op on ctx failed before; else launch(grid,
+ * stream) with fsdp_ops_cuda_warp_grid(N) on ctx's stream, then the
+ * launch's error recorded under `op`. Returns whether it launched. */
+template <typename Launch>
+static inline bool fsdp_ops_cuda_rows(fsdp_op_ctx *ctx, const char *op, int N, int C,
+                                      Launch launch)
+{
+    if (N <= 0 || C <= 0 || !fsdp_ops_cuda_ok(ctx))
+        return false;
+    launch(fsdp_ops_cuda_warp_grid((size_t)N), fsdp_ops_cuda_stream(ctx));
+    return fsdp_ops_cuda_launched(ctx, op);
+}
+
 /* How a column reduction over `rows` rows is cut into chunks (the weight
  * gradients of the norms, fsdp_ops_cuda_colsum): returns the chunk count,
  * rows per chunk in *rows_per. It depends on the shape only, so the sums do
@@ -125,6 +153,18 @@ static inline int fsdp_ops_cuda_row_chunks(int rows, int *rows_per)
 __device__ __forceinline__ int fsdp_cu_warp_row()
 {
     return (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32);
+}
+
+/* The prologue of a kernel that runs one warp per row of an (N, C) matrix:
+ * this warp's row, this thread's lane and the row's first element; false
+ * (the thread has nothing to do) past the last row. */
+__device__ __forceinline__ bool fsdp_cu_warp_row_of(int N, int C, int *row, int *lane,
+                                                    size_t *off)
+{
+    *row = fsdp_cu_warp_row();
+    *lane = threadIdx.x % 32;
+    *off = (size_t)*row * C;
+    return *row < N;
 }
 
 /* fp32 -> bf16 bits, round to nearest even; NaN stays a quiet NaN with the

@@ -38,23 +38,18 @@ __global__ void gelu_bwd_kernel(float *dinp, const T *inp, const float *dout, si
 
 void fsdp_ops_cuda_gelu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, size_t n)
 {
-    if (!n || !fsdp_ops_cuda_ok(ctx))
-        return;
-    unsigned grid = fsdp_ops_cuda_grid(ctx, n, 256);
-    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
-    FSDP_CUDA_DISPATCH(ctx->dt, E,
-                       gelu_fwd_kernel<E><<<grid, 256, 0, s>>>((E *)out, (const E *)inp, n));
-    fsdp_ops_cuda_launched(ctx, "gelu_fwd");
+    fsdp_ops_cuda_elementwise(ctx, "gelu_fwd", n, [&](unsigned grid, cudaStream_t s) {
+        FSDP_CUDA_DISPATCH(ctx->dt, E,
+                           gelu_fwd_kernel<E><<<grid, 256, 0, s>>>((E *)out, (const E *)inp, n));
+    });
 }
 
 void fsdp_ops_cuda_gelu_bwd(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout,
                             size_t n)
 {
-    if (!n || !fsdp_ops_cuda_ok(ctx))
-        return;
-    unsigned grid = fsdp_ops_cuda_grid(ctx, n, 256);
-    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
-    FSDP_CUDA_DISPATCH(ctx->dt, E,
-                       gelu_bwd_kernel<E><<<grid, 256, 0, s>>>(dinp, (const E *)inp, dout, n));
-    fsdp_ops_cuda_launched(ctx, "gelu_bwd");
+    fsdp_ops_cuda_elementwise(ctx, "gelu_bwd", n, [&](unsigned grid, cudaStream_t s) {
+        FSDP_CUDA_DISPATCH(ctx->dt, E,
+                           gelu_bwd_kernel<E><<<grid, 256, 0, s>>>(dinp, (const E *)inp, dout,
+                                                                   n));
+    });
 }

@@ -19,11 +19,10 @@ template <typename T>
 __global__ void layernorm_fwd_kernel(T *out, float *mean, float *rstd, const T *inp, const T *w,
                                      const T *b, int N, int C)
 {
-    int row = fsdp_cu_warp_row();
-    int lane = threadIdx.x % 32;
-    if (row >= N)
+    int row, lane;
+    size_t off;
+    if (!fsdp_cu_warp_row_of(N, C, &row, &lane, &off))
         return;
-    size_t off = (size_t)row * C;
     double s = 0.0;
     for (int c = lane; c < C; c += 32)
         s += (double)fsdp_cu_ld(inp, off + c);
@@ -53,11 +52,10 @@ __global__ void layernorm_bwd_dinp_kernel(float *dinp, const float *dout, const 
                                           const T *w, const float *mean, const float *rstd, int N,
                                           int C)
 {
-    int row = fsdp_cu_warp_row();
-    int lane = threadIdx.x % 32;
-    if (row >= N)
+    int row, lane;
+    size_t off;
+    if (!fsdp_cu_warp_row_of(N, C, &row, &lane, &off))
         return;
-    size_t off = (size_t)row * C;
     const float m = mean[row], rs = rstd[row];
     float a = 0.0f, an = 0.0f;
     for (int c = lane; c < C; c += 32) {
@@ -128,14 +126,12 @@ __global__ void layernorm_bwd_finish_kernel(float *dw, float *db, const float *p
 void fsdp_ops_cuda_layernorm_fwd(fsdp_op_ctx *ctx, void *out, float *mean, float *rstd,
                                  const void *inp, const void *w, const void *b, int N, int C)
 {
-    if (N <= 0 || C <= 0 || !fsdp_ops_cuda_ok(ctx))
-        return;
-    unsigned grid = fsdp_ops_cuda_warp_grid((size_t)N);
-    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
-    FSDP_CUDA_DISPATCH(ctx->dt, E,
-                       layernorm_fwd_kernel<E><<<grid, 256, 0, s>>>(
-                           (E *)out, mean, rstd, (const E *)inp, (const E *)w, (const E *)b, N, C));
-    fsdp_ops_cuda_launched(ctx, "layernorm_fwd");
+    fsdp_ops_cuda_rows(ctx, "layernorm_fwd", N, C, [&](unsigned grid, cudaStream_t s) {
+        FSDP_CUDA_DISPATCH(ctx->dt, E,
+                           layernorm_fwd_kernel<E><<<grid, 256, 0, s>>>(
+                               (E *)out, mean, rstd, (const E *)inp, (const E *)w, (const E *)b,
+                               N, C));
+    });
 }
 
 void fsdp_ops_cuda_layernorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float *db,
@@ -144,15 +140,14 @@ void fsdp_ops_cuda_layernorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, float
 {
     if (N <= 0 || C <= 0 || !fsdp_ops_cuda_ok(ctx))
         return;
-    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
-    if (dinp) {
-        unsigned grid = fsdp_ops_cuda_warp_grid((size_t)N);
+    auto dinp_launch = [&](unsigned grid, cudaStream_t s) {
         FSDP_CUDA_DISPATCH(ctx->dt, E,
                            layernorm_bwd_dinp_kernel<E><<<grid, 256, 0, s>>>(
                                dinp, dout, (const E *)inp, (const E *)w, mean, rstd, N, C));
-        if (!fsdp_ops_cuda_launched(ctx, "layernorm_bwd"))
-            return;
-    }
+    };
+    if (dinp && !fsdp_ops_cuda_rows(ctx, "layernorm_bwd", N, C, dinp_launch))
+        return;
+    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
     if (!dw && !db)
         return;
     int rows_per; /* the chunks depend on the shape only */

@@ -24,21 +24,16 @@ __global__ void add_f32_kernel(float *dst, const float *a, const float *b, size_
 void fsdp_ops_cuda_residual_fwd(fsdp_op_ctx *ctx, void *out, const void *a, const void *b,
                                 size_t n)
 {
-    if (!n || !fsdp_ops_cuda_ok(ctx))
-        return;
-    unsigned grid = fsdp_ops_cuda_grid(ctx, n, 256);
-    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
-    FSDP_CUDA_DISPATCH(ctx->dt, E,
-                       residual_fwd_kernel<E><<<grid, 256, 0, s>>>((E *)out, (const E *)a,
-                                                                   (const E *)b, n));
-    fsdp_ops_cuda_launched(ctx, "residual_fwd");
+    fsdp_ops_cuda_elementwise(ctx, "residual_fwd", n, [&](unsigned grid, cudaStream_t s) {
+        FSDP_CUDA_DISPATCH(ctx->dt, E,
+                           residual_fwd_kernel<E><<<grid, 256, 0, s>>>((E *)out, (const E *)a,
+                                                                       (const E *)b, n));
+    });
 }
 
 void fsdp_ops_cuda_add(fsdp_op_ctx *ctx, float *dst, const float *a, const float *b, size_t n)
 {
-    if (!n || !fsdp_ops_cuda_ok(ctx))
-        return;
-    add_f32_kernel<<<fsdp_ops_cuda_grid(ctx, n, 256), 256, 0, fsdp_ops_cuda_stream(ctx)>>>(
-        dst, a, b, n);
-    fsdp_ops_cuda_launched(ctx, "add");
+    fsdp_ops_cuda_elementwise(ctx, "add", n, [&](unsigned grid, cudaStream_t s) {
+        add_f32_kernel<<<grid, 256, 0, s>>>(dst, a, b, n);
+    });
 }

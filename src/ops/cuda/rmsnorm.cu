@@ -19,11 +19,10 @@ template <typename T>
 __global__ void rmsnorm_fwd_kernel(T *out, float *rstd, const T *inp, const T *w, float eps,
                                    int N, int C)
 {
-    int row = fsdp_cu_warp_row();
-    int lane = threadIdx.x % 32;
-    if (row >= N)
+    int row, lane;
+    size_t off;
+    if (!fsdp_cu_warp_row_of(N, C, &row, &lane, &off))
         return;
-    size_t off = (size_t)row * C;
     double ss = 0.0;
     for (int c = lane; c < C; c += 32) {
         double x = (double)fsdp_cu_ld(inp, off + c);
@@ -42,11 +41,10 @@ template <typename T>
 __global__ void rmsnorm_bwd_dinp_kernel(float *dinp, const float *dout, const T *inp, const T *w,
                                         const float *rstd, int N, int C)
 {
-    int row = fsdp_cu_warp_row();
-    int lane = threadIdx.x % 32;
-    if (row >= N)
+    int row, lane;
+    size_t off;
+    if (!fsdp_cu_warp_row_of(N, C, &row, &lane, &off))
         return;
-    size_t off = (size_t)row * C;
     const float rs = rstd[row];
     float a = 0.0f;
     for (int c = lane; c < C; c += 32) {
@@ -101,14 +99,11 @@ __global__ void rmsnorm_bwd_finish_kernel(float *dw, const float *pdw, int n_chu
 void fsdp_ops_cuda_rmsnorm_fwd(fsdp_op_ctx *ctx, void *out, float *rstd, const void *inp,
                                const void *w, float eps, int N, int C)
 {
-    if (N <= 0 || C <= 0 || !fsdp_ops_cuda_ok(ctx))
-        return;
-    unsigned grid = fsdp_ops_cuda_warp_grid((size_t)N);
-    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
-    FSDP_CUDA_DISPATCH(ctx->dt, E,
-                       rmsnorm_fwd_kernel<E><<<grid, 256, 0, s>>>(
-                           (E *)out, rstd, (const E *)inp, (const E *)w, eps, N, C));
-    fsdp_ops_cuda_launched(ctx, "rmsnorm_fwd");
+    fsdp_ops_cuda_rows(ctx, "rmsnorm_fwd", N, C, [&](unsigned grid, cudaStream_t s) {
+        FSDP_CUDA_DISPATCH(ctx->dt, E,
+                           rmsnorm_fwd_kernel<E><<<grid, 256, 0, s>>>(
+                               (E *)out, rstd, (const E *)inp, (const E *)w, eps, N, C));
+    });
 }
 
 void fsdp_ops_cuda_rmsnorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, const float *dout,
@@ -116,15 +111,14 @@ void fsdp_ops_cuda_rmsnorm_bwd(fsdp_op_ctx *ctx, float *dinp, float *dw, const f
 {
     if (N <= 0 || C <= 0 || !fsdp_ops_cuda_ok(ctx))
         return;
-    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
-    if (dinp) {
-        unsigned grid = fsdp_ops_cuda_warp_grid((size_t)N);
+    auto dinp_launch = [&](unsigned grid, cudaStream_t s) {
         FSDP_CUDA_DISPATCH(ctx->dt, E,
                            rmsnorm_bwd_dinp_kernel<E><<<grid, 256, 0, s>>>(
                                dinp, dout, (const E *)inp, (const E *)w, rstd, N, C));
-        if (!fsdp_ops_cuda_launched(ctx, "rmsnorm_bwd"))
-            return;
-    }
+    };
+    if (dinp && !fsdp_ops_cuda_rows(ctx, "rmsnorm_bwd", N, C, dinp_launch))
+        return;
+    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
     if (!dw)
         return;
     int rows_per; /* the chunks depend on the shape only */

@@ -37,26 +37,21 @@ __global__ void swiglu_bwd_kernel(float *dinp, const T *inp, const float *dout, 
 
 void fsdp_ops_cuda_swiglu_fwd(fsdp_op_ctx *ctx, void *out, const void *inp, int N, int IC)
 {
-    if (N <= 0 || IC <= 0 || !fsdp_ops_cuda_ok(ctx))
-        return;
-    const size_t n = (size_t)N * IC;
-    unsigned grid = fsdp_ops_cuda_grid(ctx, n, 256);
-    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
-    FSDP_CUDA_DISPATCH(ctx->dt, E,
-                       swiglu_fwd_kernel<E><<<grid, 256, 0, s>>>((E *)out, (const E *)inp, n, IC));
-    fsdp_ops_cuda_launched(ctx, "swiglu_fwd");
+    const size_t n = N > 0 && IC > 0 ? (size_t)N * IC : 0;
+    fsdp_ops_cuda_elementwise(ctx, "swiglu_fwd", n, [&](unsigned grid, cudaStream_t s) {
+        FSDP_CUDA_DISPATCH(ctx->dt, E,
+                           swiglu_fwd_kernel<E><<<grid, 256, 0, s>>>((E *)out, (const E *)inp, n,
+                                                                     IC));
+    });
 }
 
 void fsdp_ops_cuda_swiglu_bwd(fsdp_op_ctx *ctx, float *dinp, const void *inp, const float *dout,
                               int N, int IC)
 {
-    if (N <= 0 || IC <= 0 || !fsdp_ops_cuda_ok(ctx))
-        return;
-    const size_t n = (size_t)N * IC;
-    unsigned grid = fsdp_ops_cuda_grid(ctx, n, 256);
-    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
-    FSDP_CUDA_DISPATCH(ctx->dt, E,
-                       swiglu_bwd_kernel<E><<<grid, 256, 0, s>>>(dinp, (const E *)inp, dout, n,
-                                                                 IC));
-    fsdp_ops_cuda_launched(ctx, "swiglu_bwd");
+    const size_t n = N > 0 && IC > 0 ? (size_t)N * IC : 0;
+    fsdp_ops_cuda_elementwise(ctx, "swiglu_bwd", n, [&](unsigned grid, cudaStream_t s) {
+        FSDP_CUDA_DISPATCH(ctx->dt, E,
+                           swiglu_bwd_kernel<E><<<grid, 256, 0, s>>>(dinp, (const E *)inp, dout, n,
+                                                                     IC));
+    });
 }
