@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "comm/comm.h"
+#include "core/str.h"
 #include "core/flight.h"
 #include "core/log.h"
 #include "core/world.h"
@@ -281,7 +282,7 @@ void fsdp_comm_label(fsdp_comm *c, const char *fmt, ...)
 static fsdp_status issue(coll_call a)
 {
     char label[sizeof a.c->label];
-    snprintf(label, sizeof label, "%s", a.c->label[0] ? a.c->label : fsdp_coll_kind_name(a.kind));
+    fsdp_str_copy(label, sizeof label, a.c->label[0] ? a.c->label : fsdp_coll_kind_name(a.kind));
     a.seq = flight_issue(a.c, a.kind, a.numel, fsdp_dtype_name(a.dt),
                          a.c->label[0] ? a.c->label : NULL);
     a.c->label[0] = '\0';

@@ -12,6 +12,7 @@
 #include "core/clock.h"
 #include "core/fileio.h"
 #include "core/flight.h"
+#include "core/str.h"
 #include "core/json.h"
 #include "core/log.h"
 
@@ -106,7 +107,7 @@ long fsdp_flight_issue(fsdp_flight *f, int rank, const fsdp_flight_coll *c)
     *e = (entry){.seq = seq, .step = r->step, .kind = c->kind, .dtype = c->dtype,
                  .numel = c->numel, .first = c->first, .stride = c->stride, .count = c->count,
                  .t_issue = fsdp_now_s(), .state = ENTRY_QUEUED};
-    snprintf(e->label, sizeof e->label, "%s", c->label ? c->label : "");
+    fsdp_str_copy(e->label, sizeof e->label, c->label);
     pthread_mutex_unlock(&r->mu);
     return seq;
 }
