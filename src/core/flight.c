@@ -28,7 +28,7 @@ typedef struct entry {
     size_t numel;
     int first, stride, count;
     char label[LABEL_MAX];
-    double t_issue, t_start, t_end; /* fsdp_now_s; 0: not yet */
+    double t_issue, t_start, t_end; /* fsdp_now_coarse_s; 0: not yet */
     int state;
 } entry;
 
@@ -106,7 +106,7 @@ long fsdp_flight_issue(fsdp_flight *f, int rank, const fsdp_flight_coll *c)
     entry *e = &r->ring[seq % FSDP_FLIGHT_RING];
     *e = (entry){.seq = seq, .step = r->step, .kind = c->kind, .dtype = c->dtype,
                  .numel = c->numel, .first = c->first, .stride = c->stride, .count = c->count,
-                 .t_issue = fsdp_now_s(), .state = ENTRY_QUEUED};
+                 .t_issue = fsdp_now_coarse_s(), .state = ENTRY_QUEUED};
     fsdp_str_copy(e->label, sizeof e->label, c->label);
     pthread_mutex_unlock(&r->mu);
     return seq;
@@ -129,7 +129,7 @@ static void entry_mark(fsdp_flight *f, int rank, long seq, int state, bool end)
     entry *e = entry_locked(r, seq);
     if (e) {
         e->state = state;
-        *(end ? &e->t_end : &e->t_start) = fsdp_now_s();
+        *(end ? &e->t_end : &e->t_start) = fsdp_now_coarse_s();
     }
     pthread_mutex_unlock(&r->mu);
 }
@@ -227,7 +227,7 @@ fsdp_status fsdp_flight_record_write(fsdp_flight *fl, const fsdp_flight_where *a
     fsdp_atomic_file af = {0};
     FSDP_TRY(fsdp_atomic_open(&af, path, "flight record"));
     FILE *f = af.f;
-    double now = fsdp_now_s();
+    double now = fsdp_now_coarse_s();
     fprintf(f, "{\"fsdp_flight_record\":1,\"process\":%d,\"n_processes\":%d,\"host\":",
             at->process, at->n_processes);
     fsdp_json_write_str(f, at->host);
@@ -275,7 +275,7 @@ static void missing_last(fsdp_flight *f, int rank, double now, fsdp_sbuf *b)
 void fsdp_flight_report(fsdp_flight *f, const fsdp_flight_where *at, const fsdp_stall *s,
                         fsdp_sbuf *b)
 {
-    double now = fsdp_now_s();
+    double now = fsdp_now_coarse_s();
     entry e;
     bool have = entry_copy(f, s->rank, s->seq, &e);
     fsdp_sbuf_printf(b, "rank %d: stalled: waited %.1f s (the watchdog's limit, --watchdog "
