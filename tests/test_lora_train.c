@@ -332,6 +332,21 @@ START_TEST(test_qlora_checkpoint)
         free(got);
     }
     ck_assert_int_eq(n_nf4, 14);
+    /* its adapters, exported, on the float base stored as the run stored it (eval
+     * --quantize nf4): the checkpoint's loss exactly; on the float base as it is, another */
+    char peft[4200], out[4096], with[4600];
+    snprintf(peft, sizeof peft, "%s_peft", dir);
+    ck_assert_msg(fsdp_test_cli(out, sizeof out, "convert %s %s --to peft", dir, peft) == 0,
+                  "%s", out);
+    double ck_loss = eval_loss(dir);
+    snprintf(with, sizeof with, "%s --adapter %s --quantize nf4", base, peft);
+    ck_assert_msg(eval_loss(with) == ck_loss, "QLoRA adapters on the NF4 base: %.9g, the "
+                  "checkpoint %.9g", eval_loss(with), ck_loss);
+    snprintf(with, sizeof with, "%s --adapter %s", base, peft);
+    ck_assert_msg(eval_loss(with) != ck_loss, "the float base gives the NF4 base's loss");
+    ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "eval --model %s --quantize nf4 --data "
+                                   "tests/fixtures/lora_gqa/tokens.bin", base), 2);
+    ck_assert_msg(strstr(out, "give the adapter"), "%s", out);
     fsdp_modelfile_close(mf);
     fsdp_model_free(&m);
     fsdp_modelfile_close(bmf);

@@ -8,6 +8,7 @@
 #include "cli/cli.h"
 #include "cli/infer_opts.h"
 #include "device/device.h"
+#include "train/adapt.h"
 
 void fsdp_infer_opts_table(fsdp_infer_opts *io, fsdp_opt_list *l)
 {
@@ -20,6 +21,9 @@ void fsdp_infer_opts_table(fsdp_infer_opts *io, fsdp_opt_list *l)
     fsdp_opt_add(l, "adapter", FSDP_OPT_STR, &io->cfg.adapter, "DIR",
                  "a PEFT LoRA adapter directory (adapter_config.json + "
                  "adapter_model.safetensors) on --model");
+    fsdp_opt_add_name(l, "quantize", &io->cfg.quantize, &fsdp_quant_names,
+                      "with --adapter: store the base's linear weights as a QLoRA run trained "
+                      "them (--quantize nf4: the NF4 round trip the adapters saw)");
     fsdp_opt_add(l, "backend", FSDP_OPT_STR, &io->backend, "cpu|cuda",
                  "device backend (default: cuda when a GPU is visible, else cpu)");
     io->devices = 1;
@@ -53,6 +57,10 @@ int fsdp_infer_opts_finish(const char *cmd, fsdp_infer_opts *io)
             return fsdp_cli_usage(cmd, "--precision: %s", fsdp_error_msg());
         c->compute_dtype = (fsdp_dtype)v;
     }
+    if (c->quantize && !c->adapter)
+        return fsdp_cli_usage(cmd, "--quantize %s stores the frozen base under --adapter DIR in "
+                              "NF4; give the adapter (a QLoRA checkpoint as --model records its "
+                              "own)", fsdp_names_name(&fsdp_quant_names, c->quantize));
     c->n_ranks = io->devices;
     if (fsdp_cli_cpu_streams_finish(cmd, c->cpu_streams, c->backend) != 0)
         return 2;

@@ -90,7 +90,12 @@ static fsdp_status infer_open(struct infer *r)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--model '%s' names a model shape, not "
                               "trained weights; give a model file: %s", cfg->model_path, files);
     }
-    return fsdp_adapt_apply(&r->adapt, &r->model, r->mf, NULL, NULL, cfg->adapter, 0);
+    FSDP_TRY(fsdp_adapt_apply(&r->adapt, &r->model, r->mf, NULL, NULL, cfg->adapter, 0));
+    if (cfg->quantize && !r->adapt.active)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--quantize stores a frozen base in "
+                              "NF4: give --adapter DIR");
+    return cfg->quantize ? fsdp_adapt_quantize(&r->adapt, &r->model, (fsdp_quant)cfg->quantize)
+                         : FSDP_STATUS_OK;
 }
 
 /* The engine's shared part for micro-batches of (B, T) (T = 0: 64 or the
@@ -141,6 +146,7 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
     FSDP_TRY(fsdp_engine_shared_init(&r->sh, &ec, &r->model, r->data, r->w));
     r->sh_ready = true;
     r->sh.init_fn = r->adapt.active ? fsdp_adapt_init_fn : fsdp_modelfile_init_fn;
+    r->sh.init_nf4_fn = r->adapt.active ? fsdp_adapt_init_nf4_fn : NULL;
     r->sh.init_arg = r->adapt.active ? (void *)&r->adapt : (void *)r->mf;
     FSDP_INFO(FSDP_SUB_TRAIN, "loaded %s '%s' (%s, model %s) on %d rank(s)",
               fsdp_modelfile_format_name(fsdp_modelfile_format_get(r->mf)),

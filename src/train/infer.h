@@ -20,6 +20,8 @@
 typedef struct fsdp_infer_config {
     const char *model_path;    /* a model file (modelfile.h), not a bare spec */
     const char *adapter;       /* a PEFT adapter directory on the model (--adapter), or NULL */
+    int quantize;              /* fsdp_quant (train/adapt.h) of the base under the adapter:
+                                * NF4 stores its linear weights as a QLoRA run does */
     fsdp_backend backend;
     int n_ranks;
     fsdp_dtype compute_dtype;
