@@ -340,8 +340,9 @@ START_TEST(test_qlora_checkpoint)
                   "%s", out);
     double ck_loss = eval_loss(dir);
     snprintf(with, sizeof with, "%s --adapter %s --quantize nf4", base, peft);
-    ck_assert_msg(eval_loss(with) == ck_loss, "QLoRA adapters on the NF4 base: %.9g, the "
-                  "checkpoint %.9g", eval_loss(with), ck_loss);
+    double nf4_loss = eval_loss(with);
+    ck_assert_msg(nf4_loss == ck_loss, "QLoRA adapters on the NF4 base: %.9g, the checkpoint "
+                  "%.9g", nf4_loss, ck_loss);
     snprintf(with, sizeof with, "%s --adapter %s", base, peft);
     ck_assert_msg(eval_loss(with) != ck_loss, "the float base gives the NF4 base's loss");
     ck_assert_int_eq(fsdp_test_cli(out, sizeof out, "eval --model %s --quantize nf4 --data "

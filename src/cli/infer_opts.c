@@ -57,10 +57,6 @@ int fsdp_infer_opts_finish(const char *cmd, fsdp_infer_opts *io)
             return fsdp_cli_usage(cmd, "--precision: %s", fsdp_error_msg());
         c->compute_dtype = (fsdp_dtype)v;
     }
-    if (c->quantize && !c->adapter)
-        return fsdp_cli_usage(cmd, "--quantize %s stores the frozen base under --adapter DIR in "
-                              "NF4; give the adapter (a QLoRA checkpoint as --model records its "
-                              "own)", fsdp_names_name(&fsdp_quant_names, c->quantize));
     c->n_ranks = io->devices;
     if (fsdp_cli_cpu_streams_finish(cmd, c->cpu_streams, c->backend) != 0)
         return 2;

@@ -92,8 +92,10 @@ static fsdp_status infer_open(struct infer *r)
     }
     FSDP_TRY(fsdp_adapt_apply(&r->adapt, &r->model, r->mf, NULL, NULL, cfg->adapter, 0));
     if (cfg->quantize && !r->adapt.active)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--quantize stores a frozen base in "
-                              "NF4: give --adapter DIR");
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--quantize %s stores the frozen base "
+                              "under --adapter DIR in NF4; give the adapter (a QLoRA checkpoint "
+                              "as --model records its own)",
+                              fsdp_names_name(&fsdp_quant_names, cfg->quantize));
     return cfg->quantize ? fsdp_adapt_quantize(&r->adapt, &r->model, (fsdp_quant)cfg->quantize)
                          : FSDP_STATUS_OK;
 }
