@@ -43,21 +43,23 @@ void fsdp_ckpt_manifest_free(fsdp_ckpt_manifest *m)
 
 /* ---- manifest: parsing ---------------------------------------------------------- */
 
-static fsdp_status parse_unit_line(const fsdp_mf_parser *ps, char *line, int index,
-                                   int lines_left, const fsdp_ckpt_manifest *m,
-                                   fsdp_ckpt_unit *cu)
+static fsdp_status parse_unit_line(const fsdp_mf_parser *ps, char *line, int index, int lines_left,
+                                   const fsdp_ckpt_manifest *m, fsdp_ckpt_unit *cu)
 {
     char *t[16];
     int n = fsdp_mf_tokenize(line, t, 16);
     if (n != 11 || strcmp(t[0], "unit") || strcmp(t[3], "numel") || strcmp(t[5], "padded") ||
         strcmp(t[7], "shard") || strcmp(t[9], "params"))
-        return fsdp_mf_bad(ps, "expected 'unit <index> <name> numel <n> padded <n> shard <n> params <n>'");
+        return fsdp_mf_bad(
+            ps, "expected 'unit <index> <name> numel <n> padded <n> shard <n> params <n>'");
     int idx;
     if (!fsdp_mf_int(t[1], 0, 1 << 30, &idx) || idx != index)
         return fsdp_mf_bad(ps, "unit index '%s' should be %d", t[1], index);
     if (!fsdp_mf_name_valid(t[2], sizeof cu->name))
-        return fsdp_mf_bad(ps, "unit name '%s' is empty, too long or has characters other than "
-                       "[A-Za-z0-9._-]", t[2]);
+        return fsdp_mf_bad(ps,
+                           "unit name '%s' is empty, too long or has characters other than "
+                           "[A-Za-z0-9._-]",
+                           t[2]);
     snprintf(cu->name, sizeof cu->name, "%s", t[2]);
     /* With frozen parameters (a `base` line, which comes before the units) a unit may
      * train nothing: numel, padded, shard and params all 0. */
@@ -66,20 +68,22 @@ static fsdp_status parse_unit_line(const fsdp_mf_parser *ps, char *line, int ind
         return fsdp_mf_bad(ps, "unit '%s' numel '%s' is not in %d..2^48", cu->name, t[4], (int)low);
     if (!fsdp_mf_u64(t[6], MAX_NUMEL, &padded) || padded < numel || (!numel && padded))
         return fsdp_mf_bad(ps, "unit '%s' padded numel '%s' is not in numel..2^48 (0 with numel 0)",
-                   cu->name, t[6]);
+                           cu->name, t[6]);
     if (!fsdp_mf_u64(t[8], MAX_NUMEL, &shard) || (numel && !shard))
         return fsdp_mf_bad(ps, "unit '%s' shard numel '%s' is not in 1..2^48", cu->name, t[8]);
     uint64_t parts = (uint64_t)fsdp_ckpt_n_shards(m);
     if (padded % parts || padded / parts != shard)
-        return fsdp_mf_bad(ps, "unit '%s': shard numel %" PRIu64 " does not split padded numel %" PRIu64
-                       " over %d rank(s) (world_size %d, shard %s)",
-                   cu->name, shard, padded, (int)parts, m->world_size, m->shard);
+        return fsdp_mf_bad(ps,
+                           "unit '%s': shard numel %" PRIu64 " does not split padded numel %" PRIu64
+                           " over %d rank(s) (world_size %d, shard %s)",
+                           cu->name, shard, padded, (int)parts, m->world_size, m->shard);
     if (!fsdp_mf_int(t[10], numel ? 1 : 0, numel ? (lines_left > 0 ? lines_left : 1) : 0,
-                   &cu->n_params) ||
+                     &cu->n_params) ||
         cu->n_params > lines_left)
-        return fsdp_mf_bad(ps, "unit '%s' params '%s' is not in %d..%d (the lines left in the file; 0 "
-                       "exactly for a unit that trains nothing)",
-                   cu->name, t[10], numel ? 1 : 0, numel ? lines_left : 0);
+        return fsdp_mf_bad(ps,
+                           "unit '%s' params '%s' is not in %d..%d (the lines left in the file; 0 "
+                           "exactly for a unit that trains nothing)",
+                           cu->name, t[10], numel ? 1 : 0, numel ? lines_left : 0);
     cu->numel = numel;
     cu->padded_numel = padded;
     cu->shard_numel = shard;
@@ -91,19 +95,22 @@ static fsdp_status parse_unit_line(const fsdp_mf_parser *ps, char *line, int ind
     return FSDP_STATUS_OK;
 }
 
-static fsdp_status parse_param_line(const fsdp_mf_parser *ps, char *line,
-                                    const fsdp_ckpt_unit *cu, size_t expect_offset,
-                                    fsdp_ckpt_param *p)
+static fsdp_status parse_param_line(const fsdp_mf_parser *ps, char *line, const fsdp_ckpt_unit *cu,
+                                    size_t expect_offset, fsdp_ckpt_param *p)
 {
     char *t[16];
     int n = fsdp_mf_tokenize(line, t, 16);
     if (n != 8 || strcmp(t[0], "param") || strcmp(t[2], "shape") || strcmp(t[4], "offset") ||
         strcmp(t[6], "numel"))
-        return fsdp_mf_bad(ps, "expected 'param <name> shape <d0,d1,..> offset <n> numel <n>' (unit "
-                       "'%s' declares %d parameters)", cu->name, cu->n_params);
+        return fsdp_mf_bad(ps,
+                           "expected 'param <name> shape <d0,d1,..> offset <n> numel <n>' (unit "
+                           "'%s' declares %d parameters)",
+                           cu->name, cu->n_params);
     if (!fsdp_mf_name_valid(t[1], sizeof p->name))
-        return fsdp_mf_bad(ps, "parameter name '%s' is empty, too long or has characters other than "
-                       "[A-Za-z0-9._-]", t[1]);
+        return fsdp_mf_bad(ps,
+                           "parameter name '%s' is empty, too long or has characters other than "
+                           "[A-Za-z0-9._-]",
+                           t[1]);
     snprintf(p->name, sizeof p->name, "%s", t[1]);
     /* shape: 1..4 positive dims, comma separated */
     char *s = t[3];
@@ -115,7 +122,8 @@ static fsdp_status parse_param_line(const fsdp_mf_parser *ps, char *line,
             *comma = '\0';
         uint64_t d;
         if (p->ndim == 4 || !fsdp_mf_u64(s, MAX_DIM, &d) || d == 0)
-            return fsdp_mf_bad(ps, "parameter '%s': shape needs 1 to 4 dimensions in 1..2^40", p->name);
+            return fsdp_mf_bad(ps, "parameter '%s': shape needs 1 to 4 dimensions in 1..2^40",
+                               p->name);
         if (__builtin_mul_overflow(prod, d, &prod) || prod > MAX_NUMEL)
             return fsdp_mf_bad(ps, "parameter '%s': shape has more than 2^48 elements", p->name);
         p->shape[p->ndim++] = (int64_t)d;
@@ -125,16 +133,20 @@ static fsdp_status parse_param_line(const fsdp_mf_parser *ps, char *line,
     }
     uint64_t off, numel;
     if (!fsdp_mf_u64(t[5], MAX_NUMEL, &off) || !fsdp_mf_u64(t[7], MAX_NUMEL, &numel))
-        return fsdp_mf_bad(ps, "parameter '%s': offset and numel must be numbers up to 2^48", p->name);
+        return fsdp_mf_bad(ps, "parameter '%s': offset and numel must be numbers up to 2^48",
+                           p->name);
     if (numel != prod)
-        return fsdp_mf_bad(ps, "parameter '%s': numel %" PRIu64 " is not the product of its shape (%" PRIu64
-                       ")", p->name, numel, prod);
+        return fsdp_mf_bad(
+            ps, "parameter '%s': numel %" PRIu64 " is not the product of its shape (%" PRIu64 ")",
+            p->name, numel, prod);
     if (off != expect_offset)
-        return fsdp_mf_bad(ps, "parameter '%s': offset %" PRIu64 " should be %zu (parameters tile the "
-                       "unit's flat buffer in order)", p->name, off, expect_offset);
+        return fsdp_mf_bad(ps,
+                           "parameter '%s': offset %" PRIu64 " should be %zu (parameters tile the "
+                           "unit's flat buffer in order)",
+                           p->name, off, expect_offset);
     if (off + numel > cu->numel)
-        return fsdp_mf_bad(ps, "parameter '%s' ends at %" PRIu64 ", past unit '%s''s numel %zu", p->name,
-                   off + numel, cu->name, cu->numel);
+        return fsdp_mf_bad(ps, "parameter '%s' ends at %" PRIu64 ", past unit '%s''s numel %zu",
+                           p->name, off + numel, cu->name, cu->numel);
     p->numel = numel;
     p->offset = off;
     p->line = ps->line;
@@ -184,11 +196,12 @@ static fsdp_status check_line(const fsdp_mf_parser *ps, const char *line, size_t
         return fsdp_mf_bad(ps, "line is longer than %d characters", FSDP_CKPT_MANIFEST_LINE_MAX);
     if (len > 0 && line[len - 1] == '\r')
         return fsdp_mf_bad(ps, "the line ends in a carriage return (CRLF line endings); a manifest "
-                       "uses LF line endings only");
+                               "uses LF line endings only");
     for (size_t i = 0; i < len; i++)
         if ((unsigned char)line[i] < 0x20 || line[i] == 0x7f)
-            return fsdp_mf_bad(ps, "control character 0x%02x at column %zu (a manifest is plain text)",
-                       (unsigned char)line[i], i + 1);
+            return fsdp_mf_bad(ps,
+                               "control character 0x%02x at column %zu (a manifest is plain text)",
+                               (unsigned char)line[i], i + 1);
     return FSDP_STATUS_OK;
 }
 
@@ -216,7 +229,7 @@ static fsdp_status units_line(fsdp_mf_reader *r, char *line, int lines_left, fsd
     if (++r->param == cu->n_params) {
         if (r->offset != cu->numel)
             return fsdp_mf_bad(&r->ps, "unit '%s''s parameters hold %zu elements, its numel is %zu",
-                       cu->name, r->offset, cu->numel);
+                               cu->name, r->offset, cu->numel);
         r->param = 0;
         r->unit++;
     }
@@ -293,17 +306,20 @@ static fsdp_status checksum_check(const char *path, const checksum_line *c, int 
 {
     fsdp_mf_parser ps = {.path = path, .line = c->line};
     if (version < 3)
-        return c->found ? fsdp_mf_bad(&ps, "key 'checksum' is not part of a version-%d manifest", version)
+        return c->found ? fsdp_mf_bad(&ps, "key 'checksum' is not part of a version-%d manifest",
+                                      version)
                         : FSDP_STATUS_OK;
     if (!c->found)
         return fsdp_mf_bad(&ps, "the file ends without its 'checksum' line (truncated?)");
     if (!c->valid)
         return fsdp_mf_bad(&ps, "checksum is not 16 lower-case hex digits");
     if (c->sum != c->digest)
-        return fsdp_mf_bad(&ps, "checksum %016" PRIx64 " does not match the text before it (XXH64 %016"
-                        PRIx64 "): the manifest was edited or is corrupt, and may describe "
-                        "another model than its shard files hold; restore the original",
-                   c->sum, c->digest);
+        return fsdp_mf_bad(&ps,
+                           "checksum %016" PRIx64
+                           " does not match the text before it (XXH64 %016" PRIx64
+                           "): the manifest was edited or is corrupt, and may describe "
+                           "another model than its shard files hold; restore the original",
+                           c->sum, c->digest);
     return FSDP_STATUS_OK;
 }
 

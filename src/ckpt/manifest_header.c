@@ -66,7 +66,8 @@ static fsdp_status parse_schedule(const fsdp_mf_parser *ps, const char *v, fsdp_
 }
 
 /* `eval_standing BEST BEST_STEP N_WORSE` (manifest.h): a finite loss and two counts. */
-static fsdp_status parse_eval_standing(const fsdp_mf_parser *ps, const char *v, fsdp_ckpt_manifest *m)
+static fsdp_status parse_eval_standing(const fsdp_mf_parser *ps, const char *v,
+                                       fsdp_ckpt_manifest *m)
 {
     char step[24], worse[16];
     int used = 0;
@@ -96,7 +97,8 @@ static fsdp_status parse_v1_gpt2(fsdp_mf_parser *ps, char *v)
         int val;
         if (strncmp(tok[i], keys[i], kl) || tok[i][kl] != '=' ||
             !fsdp_mf_int(tok[i] + kl + 1, 1, MAX_SMALL, &val))
-            return fsdp_mf_bad(ps, "'gpt2': expected %s=<1..%d>, got '%s'", keys[i], MAX_SMALL, tok[i]);
+            return fsdp_mf_bad(ps, "'gpt2': expected %s=<1..%d>, got '%s'", keys[i], MAX_SMALL,
+                               tok[i]);
         k += (size_t)snprintf(ps->v1.gpt2 + k, sizeof ps->v1.gpt2 - k, "%s%s=%d", i ? "," : "",
                               keys[i], val);
     }
@@ -122,12 +124,13 @@ static fsdp_status finish_v1_model(fsdp_mf_parser *ps, fsdp_ckpt_manifest *m)
         ps->line = v->spec_line;
         if (fsdp_model_from_spec(v->spec, &named) != FSDP_STATUS_OK) {
             st = fsdp_mf_bad(ps, "model_spec '%.160s' does not name a model: %s", v->spec,
-                     fsdp_error_msg());
+                             fsdp_error_msg());
         } else {
             if (named.family != built.family || strcmp(named.config, built.config))
-                st = fsdp_mf_bad(ps, "model_spec '%.160s' (%s) and the 'gpt2' line %d (%s) describe "
-                             "different models; the manifest was edited or is corrupt",
-                         v->spec, named.config, v->gpt2_line, built.config);
+                st = fsdp_mf_bad(ps,
+                                 "model_spec '%.160s' (%s) and the 'gpt2' line %d (%s) describe "
+                                 "different models; the manifest was edited or is corrupt",
+                                 v->spec, named.config, v->gpt2_line, built.config);
             fsdp_model_free(&named);
         }
     }
@@ -135,10 +138,11 @@ static fsdp_status finish_v1_model(fsdp_mf_parser *ps, fsdp_ckpt_manifest *m)
         (v->vocab_size != built.vocab_size || v->padded_vocab_size != built.padded_vocab_size ||
          v->max_seq_len != built.max_seq_len)) {
         ps->line = v->sizes_line;
-        st = fsdp_mf_bad(ps, "vocab_size %d, padded_vocab_size %d, max_seq_len %d disagree with the "
-                     "'gpt2' line %d (%d, %d, %d); the manifest was edited or is corrupt",
-                 v->vocab_size, v->padded_vocab_size, v->max_seq_len, v->gpt2_line,
-                 built.vocab_size, built.padded_vocab_size, built.max_seq_len);
+        st = fsdp_mf_bad(ps,
+                         "vocab_size %d, padded_vocab_size %d, max_seq_len %d disagree with the "
+                         "'gpt2' line %d (%d, %d, %d); the manifest was edited or is corrupt",
+                         v->vocab_size, v->padded_vocab_size, v->max_seq_len, v->gpt2_line,
+                         built.vocab_size, built.padded_vocab_size, built.max_seq_len);
     }
     fsdp_model_free(&built);
     return st;
@@ -156,10 +160,13 @@ static fsdp_status parse_optim_state(const fsdp_mf_parser *ps, char *v, fsdp_ckp
         if (comma)
             *comma = '\0';
         if (m->n_optim_state == FSDP_CKPT_MAX_ARRAYS - 1)
-            return fsdp_mf_bad(ps, "optim_state lists more than %d arrays", FSDP_CKPT_MAX_ARRAYS - 1);
+            return fsdp_mf_bad(ps, "optim_state lists more than %d arrays",
+                               FSDP_CKPT_MAX_ARRAYS - 1);
         if (!fsdp_ckpt_array_name_valid(name) || !strcmp(name, "master"))
-            return fsdp_mf_bad(ps, "optim_state name '%.32s' is not a [a-z0-9_] name of at most %d "
-                           "characters other than 'master'", name, FSDP_CKPT_ARRAY_NAME_MAX - 1);
+            return fsdp_mf_bad(ps,
+                               "optim_state name '%.32s' is not a [a-z0-9_] name of at most %d "
+                               "characters other than 'master'",
+                               name, FSDP_CKPT_ARRAY_NAME_MAX - 1);
         for (int k = 0; k < m->n_optim_state; k++)
             if (!strcmp(m->optim_state[k], name))
                 return fsdp_mf_bad(ps, "optim_state names '%s' twice", name);
@@ -172,7 +179,8 @@ static fsdp_status parse_optim_state(const fsdp_mf_parser *ps, char *v, fsdp_ckp
 
 /* A header key whose value is text: the file's identity, the strategy,
  * dtypes, the model, the data and the optimizer. */
-static fsdp_status parse_text_key(fsdp_mf_parser *ps, enum fsdp_mf_key k, char *v, fsdp_ckpt_manifest *m)
+static fsdp_status parse_text_key(fsdp_mf_parser *ps, enum fsdp_mf_key k, char *v,
+                                  fsdp_ckpt_manifest *m)
 {
     switch (k) {
     case K_FORMAT:
@@ -194,7 +202,7 @@ static fsdp_status parse_text_key(fsdp_mf_parser *ps, enum fsdp_mf_key k, char *
     case K_OPTIM_DTYPE:
         if (strcmp(v, "fp32"))
             return fsdp_mf_bad(ps, "%s '%s' is not supported (only fp32 state is written)",
-                       mkey_names[k], v);
+                               mkey_names[k], v);
         return FSDP_STATUS_OK;
     case K_MODEL_NAME: copy_text(m->model_name, sizeof m->model_name, v); return FSDP_STATUS_OK;
     case K_MODEL_SPEC:
@@ -210,7 +218,7 @@ static fsdp_status parse_text_key(fsdp_mf_parser *ps, enum fsdp_mf_key k, char *
     case K_MODEL_CONFIG:
         if (strlen(v) >= sizeof m->model_config)
             return fsdp_mf_bad(ps, "model_config is longer than %zu characters",
-                       sizeof m->model_config - 1);
+                               sizeof m->model_config - 1);
         snprintf(m->model_config, sizeof m->model_config, "%s", v);
         m->model_line = ps->line;
         return FSDP_STATUS_OK;
@@ -255,13 +263,15 @@ static fsdp_status parse_text_key(fsdp_mf_parser *ps, enum fsdp_mf_key k, char *
         m->nf4 = true;
         return FSDP_STATUS_OK;
     case K_EVAL_STANDING: return parse_eval_standing(ps, v, m);
-    default: return fsdp_mf_bad(ps, "internal: unhandled key");
+    default:
+        return fsdp_mf_bad(ps, "internal: unhandled key");
     }
 }
 
 /* One `key value` line of the header part: the numbers here, the text
  * values in parse_text_key. */
-static fsdp_status parse_header_line(fsdp_mf_parser *ps, enum fsdp_mf_key k, char *v, fsdp_ckpt_manifest *m)
+static fsdp_status parse_header_line(fsdp_mf_parser *ps, enum fsdp_mf_key k, char *v,
+                                     fsdp_ckpt_manifest *m)
 {
     uint64_t x;
     switch (k) {
@@ -269,9 +279,10 @@ static fsdp_status parse_header_line(fsdp_mf_parser *ps, enum fsdp_mf_key k, cha
         if (!fsdp_mf_int(v, 0, 1 << 30, &m->version))
             return fsdp_mf_bad(ps, "version '%s' is not a number", v);
         if (m->version < FSDP_CKPT_VERSION_MIN || m->version > FSDP_CKPT_VERSION)
-            return fsdp_mf_bad(ps, "checkpoint format version %d is not supported (this build reads "
-                           "versions %d to %d)", m->version, FSDP_CKPT_VERSION_MIN,
-                       FSDP_CKPT_VERSION);
+            return fsdp_mf_bad(ps,
+                               "checkpoint format version %d is not supported (this build reads "
+                               "versions %d to %d)",
+                               m->version, FSDP_CKPT_VERSION_MIN, FSDP_CKPT_VERSION);
         return FSDP_STATUS_OK;
     case K_RUN_ID:
         if (!fsdp_mf_hex64(v, &m->run_id) || m->run_id == 0)
@@ -321,7 +332,7 @@ static fsdp_status parse_header_line(fsdp_mf_parser *ps, enum fsdp_mf_key k, cha
     case K_BLOCK_NUMEL:
         if (!fsdp_mf_u64(v, UINT64_MAX, &x) || x != FSDP_CKPT_BLOCK_NUMEL)
             return fsdp_mf_bad(ps, "block_numel '%s' is not supported (this build uses %zu)", v,
-                       FSDP_CKPT_BLOCK_NUMEL);
+                               FSDP_CKPT_BLOCK_NUMEL);
         return FSDP_STATUS_OK;
     default: return parse_text_key(ps, k, v, m);
     }
@@ -335,14 +346,15 @@ static fsdp_status check_header(const fsdp_mf_parser *ps, fsdp_ckpt_manifest *m)
     if (m->replicated ? m->shard_ranks != 1
                       : m->world_size % m->shard_ranks ||
                             (m->shard_ranks != m->world_size && strcmp(m->shard, "hybrid")))
-        return fsdp_mf_bad(ps, "shard_ranks %d does not fit world_size %d with shard %s", m->shard_ranks,
-                   m->world_size, m->shard);
+        return fsdp_mf_bad(ps, "shard_ranks %d does not fit world_size %d with shard %s",
+                           m->shard_ranks, m->world_size, m->shard);
     uint64_t per_step = (uint64_t)m->batch * (uint64_t)m->world_size * (uint64_t)m->grad_accum;
     uint64_t seqs;
     if (__builtin_mul_overflow(per_step, m->step, &seqs) || seqs != m->data_sequences)
-        return fsdp_mf_bad(ps, "data_sequences %" PRIu64 " is not step %" PRIu64 " x batch %d x "
-                       "world_size %d x grad_accum %d",
-                   m->data_sequences, m->step, m->batch, m->world_size, m->grad_accum);
+        return fsdp_mf_bad(ps,
+                           "data_sequences %" PRIu64 " is not step %" PRIu64 " x batch %d x "
+                           "world_size %d x grad_accum %d",
+                           m->data_sequences, m->step, m->batch, m->world_size, m->grad_accum);
     return FSDP_STATUS_OK;
 }
 
@@ -363,8 +375,10 @@ static fsdp_status begin_units(fsdp_mf_reader *r, const char *val, int lines_lef
     }
     FSDP_TRY(check_header(&r->ps, m));
     if (m->n_tok_files && strcmp(m->tok_files[0].name, FSDP_CKPT_TOK_JSON))
-        return fsdp_mf_bad(&r->ps, "the tokenizer files listed do not start with %s (line %d lists "
-                   "'%s')", FSDP_CKPT_TOK_JSON, m->tok_files[0].line, m->tok_files[0].name);
+        return fsdp_mf_bad(&r->ps,
+                           "the tokenizer files listed do not start with %s (line %d lists "
+                           "'%s')",
+                           FSDP_CKPT_TOK_JSON, m->tok_files[0].line, m->tok_files[0].name);
     if (m->version == 1) {
         int at = r->ps.line;
         FSDP_TRY(finish_v1_model(&r->ps, m));
@@ -373,7 +387,7 @@ static fsdp_status begin_units(fsdp_mf_reader *r, const char *val, int lines_lef
     if (!fsdp_mf_int(val, 1, lines_left > 0 ? lines_left : 1, &m->n_units) ||
         m->n_units > lines_left)
         return fsdp_mf_bad(&r->ps, "units '%s' is not in 1..%d (the lines left in the file)", val,
-                   lines_left);
+                           lines_left);
     m->units = calloc((size_t)m->n_units, sizeof *m->units);
     if (!m->units) {
         m->n_units = 0;
@@ -400,7 +414,8 @@ static fsdp_status tok_file_line(fsdp_mf_reader *r, char *val, fsdp_ckpt_manifes
 {
     const fsdp_mf_parser *ps = &r->ps;
     if (!r->seen[K_VERSION] || m->version < 3)
-        return fsdp_mf_bad(ps, "key 'tokenizer_file' is not part of a version-%d manifest", m->version);
+        return fsdp_mf_bad(ps, "key 'tokenizer_file' is not part of a version-%d manifest",
+                           m->version);
     char *t[4];
     if (fsdp_mf_tokenize(val, t, 4) != 3)
         return fsdp_mf_bad(ps, "expected 'tokenizer_file <name> <bytes> <16 hex digits>'");
@@ -410,8 +425,8 @@ static fsdp_status tok_file_line(fsdp_mf_reader *r, char *val, fsdp_ckpt_manifes
         for (int i = 0; fsdp_hfdir_companions[i] && at < sizeof names; i++)
             at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "",
                                    fsdp_hfdir_companions[i]);
-        return fsdp_mf_bad(ps, "tokenizer_file '%.64s' is not a tokenizer file fsdp carries (%s)", t[0],
-                   names);
+        return fsdp_mf_bad(ps, "tokenizer_file '%.64s' is not a tokenizer file fsdp carries (%s)",
+                           t[0], names);
     }
     for (int i = 0; i < m->n_tok_files; i++)
         if (!strcmp(m->tok_files[i].name, t[0]))
@@ -420,11 +435,13 @@ static fsdp_status tok_file_line(fsdp_mf_reader *r, char *val, fsdp_ckpt_manifes
         return fsdp_mf_bad(ps, "more than %d tokenizer_file lines", FSDP_CKPT_TOK_FILES_MAX);
     fsdp_ckpt_tok_file *f = &m->tok_files[m->n_tok_files];
     if (!fsdp_mf_u64(t[1], FSDP_CKPT_TOK_BYTES_MAX, &f->size_bytes))
-        return fsdp_mf_bad(ps, "tokenizer_file '%s': size '%s' is not a number of bytes up to %zu MiB",
-                   t[0], t[1], FSDP_CKPT_TOK_BYTES_MAX >> 20);
+        return fsdp_mf_bad(ps,
+                           "tokenizer_file '%s': size '%s' is not a number of bytes up to %zu MiB",
+                           t[0], t[1], FSDP_CKPT_TOK_BYTES_MAX >> 20);
     if (!fsdp_mf_hex64(t[2], &f->xxh64))
-        return fsdp_mf_bad(ps, "tokenizer_file '%s': '%s' is not 16 lower-case hex digits (its XXH64)",
-                   t[0], t[2]);
+        return fsdp_mf_bad(ps,
+                           "tokenizer_file '%s': '%s' is not 16 lower-case hex digits (its XXH64)",
+                           t[0], t[2]);
     snprintf(f->name, sizeof f->name, "%s", t[0]);
     f->line = ps->line;
     m->n_tok_files++;
@@ -434,7 +451,7 @@ static fsdp_status tok_file_line(fsdp_mf_reader *r, char *val, fsdp_ckpt_manifes
 /* A header line: `key value`, each key once, 'format' and 'version'
  * first, only the keys of that version; or `units N`, which ends it. */
 fsdp_status fsdp_mf_header_line(fsdp_mf_reader *r, char *line, size_t len, int lines_left,
-                               fsdp_ckpt_manifest *m)
+                                fsdp_ckpt_manifest *m)
 {
     char *sp = strchr(line, ' ');
     char *key = line, *val = sp ? sp + 1 : line + len;
@@ -456,7 +473,8 @@ fsdp_status fsdp_mf_header_line(fsdp_mf_reader *r, char *line, size_t len, int l
     if (k != K_VERSION && k != K_FORMAT && !r->seen[K_VERSION])
         return fsdp_mf_bad(&r->ps, "'format' and 'version' must come first");
     if (k != K_VERSION && k != K_FORMAT && !KEY_IN(k, m->version))
-        return fsdp_mf_bad(&r->ps, "key '%s' is not part of a version-%d manifest", key, m->version);
+        return fsdp_mf_bad(&r->ps, "key '%s' is not part of a version-%d manifest", key,
+                           m->version);
     r->seen[k] = true;
     return parse_header_line(&r->ps, (enum fsdp_mf_key)k, val, m);
 }

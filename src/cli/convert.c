@@ -269,7 +269,8 @@ static int parse_args(int argc, char **argv, struct convert_args *a)
     snprintf(help_tok, sizeof help_tok, "%s OUT: ship this tokenizer (and the "
              "tokenizer_config.json, special_tokens_map.json and generation_config.json next "
              "to it); default: those of such an IN, or those a checkpoint IN carries", ships);
-    snprintf(synopsis, sizeof synopsis, "IN OUT [--dtype fp32|bf16] [--to FORMAT] [--quantize nf4]   "
+    snprintf(synopsis, sizeof synopsis,
+             "IN OUT [--dtype fp32|bf16] [--to FORMAT] [--quantize nf4]   "
              "(IN, OUT: %s)",
              a->files);
     fsdp_opt opts[] = {

@@ -157,8 +157,9 @@ static void train_opts_add(fsdp_opt_list *l, fsdp_run_opts *ro, bool *quietp, in
                  "start LoRA adapters from a PEFT adapter directory (adapter_config.json + "
                  "adapter_model.safetensors; its r, lora_alpha, target_modules and use_rslora "
                  "set the LoRA settings) on the frozen --model");
-    fsdp_opt_add(l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
-                 "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
+    fsdp_opt_add(
+        l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
+        "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families)");
     static char chat_formats[96]; /* "template|llama3|chatml", from data/chat.c */
     fsdp_opt_add(l, "chat-format", FSDP_OPT_STR, &c->chat_format,
                  fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
@@ -261,7 +262,8 @@ static int train_args_check(const fsdp_train_config *c)
     if (rc)
         return rc;
     if (!c->ckpt_dir && (c->ckpt_every || c->ckpt_keep || c->resume))
-        return fsdp_cli_usage("train", "--ckpt-every, --ckpt-keep and --resume need --ckpt-dir DIR");
+        return fsdp_cli_usage("train",
+                              "--ckpt-every, --ckpt-keep and --resume need --ckpt-dir DIR");
     if (c->allow_batch_change && !c->resume)
         return fsdp_cli_usage("train", "--allow-batch-change only applies with --resume");
     if (c->allow_data_change && !c->resume)

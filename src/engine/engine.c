@@ -81,8 +81,9 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
         FSDP_TRY(fsdp_device_alloc(&e->dev, f32, FSDP_MEM_GRAD, what, (void **)&dst));
     }
     FSDP_TRY(fsdp_engine_order(e, e->dev.compute, e->dev.comm, e->ev_tmp));
-    fsdp_trace_begin(&e->tr, FSDP_TRACE_COMM, fsdp_engine_sharded(e) ? "reduce_scatter" : "all_reduce",
-                     su->spec->name, su->padded_numel * sizeof(float));
+    fsdp_trace_begin(&e->tr, FSDP_TRACE_COMM,
+                     fsdp_engine_sharded(e) ? "reduce_scatter" : "all_reduce", su->spec->name,
+                     su->padded_numel * sizeof(float));
     fsdp_comm *c = fsdp_engine_sharded(e) ? e->shard_comm : &e->comm;
     fsdp_comm_label(c, "unit '%s' gradient reduction", su->spec->name);
     if (fsdp_engine_sharded(e)) {
@@ -234,8 +235,8 @@ static fsdp_status micro_step(fsdp_engine *e, int j, uint64_t index, int T, floa
     const fsdp_model *m = e->sh->model;
     const struct fsdp_model_i *mi = m->iface;
     int U = e->sh->sm.n_units;
-    bool full = cfg->shard == FSDP_SHARD_FULL || cfg->shard == FSDP_SHARD_HYBRID; /* reshard
-                                                                                    * after forward */
+    /* reshard after forward */
+    bool full = cfg->shard == FSDP_SHARD_FULL || cfg->shard == FSDP_SHARD_HYBRID;
 
     FSDP_TRY(load_batch(e, e->sh->data, index, true, T));
     fsdp_shard_row *root = fsdp_engine_row(e, 0);
@@ -384,8 +385,8 @@ static fsdp_status forward_only(fsdp_engine *e, float *loss)
         FSDP_TRY(mi->unit_forward(m, &e->ops, e->state, u, fsdp_engine_row(e, u)->gathered));
         FSDP_TRY(fsdp_engine_gather_release(e, u));
     }
-    return mi->head_forward_backward(m, &e->ops, e->state, fsdp_engine_row(e, 0)->gathered, NULL, 1.0f,
-                                     loss);
+    return mi->head_forward_backward(m, &e->ops, e->state, fsdp_engine_row(e, 0)->gathered, NULL,
+                                     1.0f, loss);
 }
 
 static fsdp_status forward_batch_run(fsdp_engine *e, const fsdp_data *data, uint64_t index,

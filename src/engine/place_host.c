@@ -256,11 +256,10 @@ static fsdp_status host_unit_ready(fsdp_engine *e, int u)
 }
 
 /* The host waits for u's host step (the CPU's work), then (unless the
- * shard lives on the host) uploads the updated shard on the copy stream; the gathers (comm) and, unsharded,
- * the compute stream wait for it through an event, not the host. The host
- * source stays untouched until then: u's next host step is submitted
- * after u's next gradient copy, later on the same copy stream (or, with
- * clipping, after the norm has synced it). */
+ * shard lives on the host) uploads the updated shard on the copy stream; the gathers (comm) and,
+ * unsharded, the compute stream wait for it through an event, not the host. The host source stays
+ * untouched until then: u's next host step is submitted after u's next gradient copy, later on the
+ * same copy stream (or, with clipping, after the norm has synced it). */
 static fsdp_status host_params_ready(fsdp_engine *e, int u)
 {
     host_ctx *h = ctx_of(e);

@@ -25,9 +25,9 @@
  * `inference`) only runs forwards: its root and one unit at a time are
  * replayed. The step's exchanges (engine_comms.c: the norm and losses,
  * the figures, a job's stop word) come after its last micro-step. Op
- * scratch, grown by the ops on first use, is not reserved here. tests/test_engine_device.c checks the replay
- * against the real step through the device's warm-up ledger, for every
- * strategy, prefetch, placement and accumulation depth.
+ * scratch, grown by the ops on first use, is not reserved here. tests/test_engine_device.c checks
+ * the replay against the real step through the device's warm-up ledger, for every strategy,
+ * prefetch, placement and accumulation depth.
  *
  * What it costs on a GPU: the planner's peak (mem.peak_bytes) is the bytes
  * the engine asks for, exact as on cpu and meta, reservation or not. What

@@ -172,7 +172,8 @@ fsdp_status fsdp_plan_write_svg(const fsdp_plan *p, const char *path)
     char verdict[96] = "";
     size_t peak = fsdp_plan_max_peak(p, NULL);
     if (p->device_mem)
-        snprintf(verdict, sizeof verdict, "; %s under %s", peak <= p->device_mem ? "FITS" : "DOES NOT FIT",
+        snprintf(verdict, sizeof verdict, "; %s under %s",
+                 peak <= p->device_mem ? "FITS" : "DOES NOT FIT",
                  fsdp_fmt_bytes(b1, 32, (double)p->device_mem));
     fsdp_svg_text(&s, left, 40, 11, "start", 0, "#444",
                   "memory of each device at its peak, by kind; batch %d x seq %d x accum %d%s",

@@ -219,17 +219,21 @@ static void print_formula(FILE *f, const fsdp_plan *p, size_t peak, int who)
         fprintf(f, ", Q = %zu", p->nf4_numel);
     fprintf(f, ", N = %d): %s on the device", N, fmtb(b1, f_dev));
     if (e->offload || f_host) /* optimizer state, or (params offload) parameter shards */
-        fprintf(f, ", %s pinned host (measured %s)", fmtb(b2, f_host), fmtb(b3, pr->host.peak_bytes));
+        fprintf(f, ", %s pinned host (measured %s)", fmtb(b2, f_host),
+                fmtb(b3, pr->host.peak_bytes));
     fprintf(f, "\n  measured peak %s (device %d) = parameter/gradient/optimizer buffers %s\n"
                "    + gathered units %s + activations %s",
             fmtb(b1, peak), who, fmtb(b2, states), fmtb(b3, pk[FSDP_MEM_GATHER]),
             fmtb(b4, pk[FSDP_MEM_ACT]));
     if (pk[FSDP_MEM_COMM] || pk[FSDP_MEM_OTHER])
         fprintf(f, " + other %s", fmtb(b1, pk[FSDP_MEM_COMM] + pk[FSDP_MEM_OTHER]));
-    fprintf(f, "\n  the formula leaves out %sactivations, shard padding (%zu elements), the fp32 "
-               "gradients\n  in flight (the root's, held through backward, and the block's being "
-               "reduced%s) and small buffers\n",
-            e->shard == FSDP_SHARD_FULL || e->shard == FSDP_SHARD_HYBRID ? "the gathered units (root + current + prefetched), " : "",
+    fprintf(f,
+            "\n  the formula leaves out %sactivations, shard padding (%zu elements), the fp32 "
+            "gradients\n  in flight (the root's, held through backward, and the block's being "
+            "reduced%s) and small buffers\n",
+            e->shard == FSDP_SHARD_FULL || e->shard == FSDP_SHARD_HYBRID
+                ? "the gathered units (root + current + prefetched), "
+                : "",
             p->padded_numel - p->numel,
             e->offload ? ", with its reduced shard until it is copied to the host" : "");
 }
