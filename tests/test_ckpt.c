@@ -121,6 +121,11 @@ static void manifest_for(fsdp_ckpt_manifest *m, fsdp_model *model, int world)
     fsdp_ckpt_manifest_set_model(m, model);
     snprintf(m->data, sizeof m->data, "data/with spaces_*.bin");
     ck_assert_int_eq(fsdp_ckpt_manifest_set_units(m, model, padded, shard), FSDP_STATUS_OK);
+    for (int u = 0; u < sm.n_units; u++) /* each parameter's rows, as the engine records them */
+        for (int i = 0; i < sm.units[u].seg_first[FSDP_SEG_TRAIN + 1]; i++) {
+            m->units[u].params[i].shard_rows = sm.units[u].params[i].shard_rows;
+            m->units[u].params[i].shard_at = sm.units[u].params[i].shard_off;
+        }
     fsdp_shardmap_free(&sm);
 }
 
@@ -219,7 +224,13 @@ START_TEST(test_manifest_hostile)
     static const struct {
         const char *old, *new, *expect;
     } cases[] = {
-        {"version 3\n", "version 4\n", "version 4 is not supported"},
+        {"version 4\n", "version 5\n", "version 5 is not supported"},
+        /* version 4's rows per shard file */
+        {"numel 4096 rows 64 at 0\n", "numel 4096 rows 0 at 0\n", "rows at least 1"},
+        {"numel 4096 rows 64 at 0\n", "numel 4096 rows 63 at 0\n", "do not hold"},
+        {"numel 4096 rows 64 at 0\n", "numel 4096\n", "rows <n> at <n>"},
+        {"numel 4096 rows 64 at 0\n", "numel 4096 rows 64 at 1\n", "overlap"},
+        {"numel 4096 rows 64 at 0\n", "numel 4096 rows 64 at x\n", "rows and at"},
         {"format fsdp-checkpoint\n", "format something-else\n", "format"},
         {"world_size 4\n", "world_size 0\n", "world_size"},
         {"world_size 4\n", "world_size 99999999999999999999999\n", "world_size"},
@@ -314,7 +325,7 @@ START_TEST(test_manifest_checksum)
     snprintf(m.tokenizer, sizeof m.tokenizer, "tok/tokenizer.json");
     ck_assert_int_eq(fsdp_ckpt_manifest_write(path, &m), FSDP_STATUS_OK);
     ck_assert_int_eq(fsdp_ckpt_manifest_read(path, &r), FSDP_STATUS_OK);
-    ck_assert_int_eq(r.version, 3);
+    ck_assert_int_eq(r.version, FSDP_CKPT_VERSION);
     ck_assert(r.tokenizer_recorded);
     ck_assert_str_eq(r.tokenizer, "tok/tokenizer.json");
     fsdp_ckpt_manifest_free(&r);
@@ -330,7 +341,7 @@ START_TEST(test_manifest_checksum)
         {"\nend\nchecksum ", "\nend\nchecksum 0", "16 lower-case hex"},
         {"\nend\nchecksum ", "\nend\n# ", "ends without its 'checksum' line"},
         /* version 2: no tokenizer line, no checksum; one is refused */
-        {"version 3\n", "version 2\n", "'tokenizer' is not part of a version-2 manifest"},
+        {"version 4\n", "version 2\n", "'tokenizer' is not part of a version-2 manifest"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *t = mutate(text, cases[i].old, cases[i].new);
@@ -342,7 +353,9 @@ START_TEST(test_manifest_checksum)
         ck_assert_ptr_null(r.units);
         free(t);
     }
-    char *v2 = mutate(text, "version 3\n", "version 2\n");
+    char *v2 = mutate(text, "version 4\n", "version 2\n");
+    for (char *rows; (rows = strstr(v2, " rows "));) /* version 2's parameter lines */
+        memmove(rows, strchr(rows, '\n'), strlen(strchr(rows, '\n')) + 1);
     char *v2b = mutate(v2, "tokenizer tok/tokenizer.json\n", "");
     spit(path, v2b, strlen(v2b));
     ck_assert_int_eq(fsdp_ckpt_manifest_read(path, &r), FSDP_STATUS_FORMAT);
@@ -730,7 +743,18 @@ START_TEST(test_hostile_checkpoints)
         pathf(f, sizeof f, "%s/step_00000010/%s", ck, cases[k].file);
         switch ((enum corruption)k) {
         case C_TRUNCATE: ck_assert_int_eq(truncate(f, 5000), 0); break;
-        case C_PAYLOAD: flip_byte(f, 9, true); break;
+        case C_PAYLOAD: { /* byte 9 of the first unit's master: real rows of wte.weight */
+            fsdp_ckpt_manifest man;
+            char mp[192];
+            pathf(mp, sizeof mp, "%s/step_00000010/manifest", ck);
+            ck_assert_int_eq(fsdp_ckpt_manifest_read(mp, &man), FSDP_STATUS_OK);
+            long from_end = -9;
+            for (int u = 0; u < man.n_units; u++)
+                from_end += 3 * (long)man.units[u].shard_numel * 4; /* master, adam_m, adam_v */
+            fsdp_ckpt_manifest_free(&man);
+            flip_byte(f, from_end, true);
+            break;
+        }
         case C_MAGIC: flip_byte(f, 3, false); break;
         case C_VERSION: set_u32(f, 8, 7); break;
         case C_HEADER: flip_byte(f, 44, false); break; /* step field */

@@ -102,7 +102,7 @@ START_TEST(test_manifest_lines)
          "hex"},
         {"tokenizer_file tokenizer.json 8 ", "tokenizer_file special_tokens_map.json 8 ",
          "do not start with tokenizer.json"},
-        {"version 3\n", "version 2\n", "'tokenizer' is not part of a version-2"},
+        {"version 4\n", "version 2\n", "'tokenizer' is not part of a version-2"},
         {"tokenizer_file tokenizer.json 8 ", "tokenizer_file tokenizer.json 9 ", "does not match"},
     };
     for (size_t i = 0; i < FSDP_TEST_LEN(cases); i++) {

@@ -201,7 +201,16 @@ static fsdp_status counting_init(void *arg, const fsdp_model *m, int unit, size_
     struct counting *c = arg;
     uint64_t before = fsdp_modelfile_thread_bytes_read();
     FSDP_TRY(fsdp_modelfile_init_fn((void *)c->mf, m, unit, begin, end, dst));
-    c->bytes[begin / c->sm->units[unit].shard_numel] += fsdp_modelfile_thread_bytes_read() - before;
+    /* the slot whose rows of a parameter begin there (init reads runs of whole rows) */
+    const fsdp_shard_unit *su = &c->sm->units[unit];
+    int slot = -1;
+    for (int i = 0; i < su->n_params && slot < 0; i++) {
+        const fsdp_shard_param *sp = &su->params[i];
+        if (begin >= sp->spec->offset && begin < sp->spec->offset + sp->spec->numel)
+            slot = (int)((begin - sp->spec->offset) / sp->row_numel / sp->shard_rows);
+    }
+    ck_assert_int_ge(slot, 0);
+    c->bytes[slot] += fsdp_modelfile_thread_bytes_read() - before;
     return FSDP_STATUS_OK;
 }
 
@@ -220,13 +229,14 @@ static uint64_t expected_bytes(const fsdp_model *m, const fsdp_shardmap *sm, int
 {
     uint64_t total = 0;
     for (int u = 0; u < m->n_units; u++) {
-        size_t lo = fsdp_shardmap_offset(sm, u, r), hi = lo + sm->units[u].shard_numel;
-        hi = hi < m->units[u].numel ? hi : m->units[u].numel;
-        for (int i = 0; i < m->units[u].n_params; i++) {
-            const fsdp_param_spec *p = &m->units[u].params[i];
-            size_t a = lo > p->offset ? lo - p->offset : 0;
-            size_t b = hi < p->offset + p->numel ? hi - p->offset : p->numel;
-            if (lo >= p->offset + p->numel || hi <= p->offset || a >= b)
+        const fsdp_shard_unit *su = &sm->units[u];
+        for (int k = 0; k < su->n_params; k++) {
+            const fsdp_shard_param *sp = &su->params[k];
+            const fsdp_param_spec *p = sp->spec;
+            int i = (int)(p - m->units[u].params);
+            size_t at, n = fsdp_shard_param_run(sp, r, &at);
+            size_t a = at - p->offset, b = a + n;
+            if (!n)
                 continue;
             fsdp_weight_tensor w;
             m->family->safetensors->tensor(m, u, i, &w);

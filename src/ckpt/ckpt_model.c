@@ -183,22 +183,25 @@ static fsdp_status read_trained(const fsdp_modelfile *mf, int unit, size_t begin
                                 float *dst)
 {
     const fsdp_ckpt_manifest *man = &((const ckpt_impl *)mf->impl)->man;
-    size_t S = man->units[unit].shard_numel;
+    const fsdp_ckpt_unit *cu = &man->units[unit];
     int n_files = fsdp_ckpt_n_shards(man);
     size_t *first = calloc((size_t)man->n_units, sizeof *first);
     if (!first)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory");
     fsdp_status st = FSDP_STATUS_OK;
     for (int r = 0; r < n_files && st == FSDP_STATUS_OK; r++) {
-        size_t lo = man->replicated ? 0 : (size_t)r * S, hi = lo + S;
-        size_t a = begin > lo ? begin : lo, b = end < hi ? end : hi;
-        if (a >= b)
-            continue;
         fsdp_ckpt_reader *rd = NULL;
-        st = open_rank_reader(mf, r, first, &rd);
-        if (st == FSDP_STATUS_OK)
-            st = fsdp_ckpt_reader_read(rd, unit, FSDP_CKPT_MASTER, a - lo, b - a,
-                                       dst + (a - begin));
+        for (int i = 0; i < cu->n_params && st == FSDP_STATUS_OK; i++) {
+            size_t flat, at, n = fsdp_ckpt_param_run(man, unit, &cu->params[i], r, &flat, &at);
+            size_t a = begin > flat ? begin : flat, b = end < flat + n ? end : flat + n;
+            if (!n || a >= b)
+                continue;
+            if (!rd)
+                st = open_rank_reader(mf, r, first, &rd);
+            if (st == FSDP_STATUS_OK)
+                st = fsdp_ckpt_reader_read(rd, unit, FSDP_CKPT_MASTER, at + (a - flat), b - a,
+                                           dst + (a - begin));
+        }
         fsdp_ckpt_reader_close(rd);
     }
     free(first);

@@ -1,5 +1,5 @@
 /*
- * manifest.c - the checkpoint manifest read back (versions 1 to 3) with
+ * manifest.c - the checkpoint manifest read back (versions 1 to 4) with
  * every field validated, and its checksum (the format is described in
  * manifest.h; the header's keys are read in manifest_header.c, writing is
  * in manifest_write.c; the model part, building the recorded model and
@@ -95,17 +95,42 @@ static fsdp_status parse_unit_line(const fsdp_mf_parser *ps, char *line, int ind
     return FSDP_STATUS_OK;
 }
 
+/* Version 4's `rows R at A`: each of the n_shards files holds R rows of
+ * the parameter (the last ones fewer or none) at element A of its unit
+ * arrays, after the previous parameter's span (*at_min) and inside the
+ * shard. */
+static fsdp_status parse_rows(const fsdp_mf_parser *ps, char **t, const fsdp_ckpt_unit *cu,
+                              int n_shards, size_t *at_min, fsdp_ckpt_param *p)
+{
+    uint64_t rows = (uint64_t)p->shape[0], rn = p->numel / rows, R, at;
+    if (!fsdp_mf_u64(t[9], MAX_NUMEL, &R) || !fsdp_mf_u64(t[11], MAX_NUMEL, &at) || R == 0)
+        return fsdp_mf_bad(ps, "parameter '%s': rows and at must be numbers up to 2^48, rows "
+                           "at least 1", p->name);
+    if (R * (uint64_t)n_shards < rows)
+        return fsdp_mf_bad(ps, "parameter '%s': %" PRIu64 " rows per shard do not hold its %"
+                           PRIu64 " rows in %d shard file(s)", p->name, R, rows, n_shards);
+    if (at < *at_min || at + R * rn > cu->shard_numel)
+        return fsdp_mf_bad(ps, "parameter '%s': its rows at %" PRIu64 "..%" PRIu64 " overlap the "
+                           "previous parameter's (which end at %zu) or pass the shard's end (%zu)",
+                           p->name, at, at + R * rn, *at_min, cu->shard_numel);
+    p->shard_rows = (size_t)R;
+    p->shard_at = (size_t)at;
+    *at_min = (size_t)(at + R * rn);
+    return FSDP_STATUS_OK;
+}
+
 static fsdp_status parse_param_line(const fsdp_mf_parser *ps, char *line, const fsdp_ckpt_unit *cu,
-                                    size_t expect_offset, fsdp_ckpt_param *p)
+                                    size_t expect_offset, const fsdp_ckpt_manifest *m,
+                                    size_t *at_min, fsdp_ckpt_param *p)
 {
     char *t[16];
-    int n = fsdp_mf_tokenize(line, t, 16);
-    if (n != 8 || strcmp(t[0], "param") || strcmp(t[2], "shape") || strcmp(t[4], "offset") ||
-        strcmp(t[6], "numel"))
+    int n = fsdp_mf_tokenize(line, t, 16), want = m->version >= 4 ? 12 : 8;
+    if (n != want || strcmp(t[0], "param") || strcmp(t[2], "shape") || strcmp(t[4], "offset") ||
+        strcmp(t[6], "numel") || (want == 12 && (strcmp(t[8], "rows") || strcmp(t[10], "at"))))
         return fsdp_mf_bad(ps,
-                           "expected 'param <name> shape <d0,d1,..> offset <n> numel <n>' (unit "
-                           "'%s' declares %d parameters)",
-                           cu->name, cu->n_params);
+                           "expected 'param <name> shape <d0,d1,..> offset <n> numel <n>%s' "
+                           "(unit '%s' declares %d parameters)",
+                           want == 12 ? " rows <n> at <n>" : "", cu->name, cu->n_params);
     if (!fsdp_mf_name_valid(t[1], sizeof p->name))
         return fsdp_mf_bad(ps,
                            "parameter name '%s' is empty, too long or has characters other than "
@@ -150,7 +175,7 @@ static fsdp_status parse_param_line(const fsdp_mf_parser *ps, char *line, const 
     p->numel = numel;
     p->offset = off;
     p->line = ps->line;
-    return FSDP_STATUS_OK;
+    return want == 12 ? parse_rows(ps, t, cu, fsdp_ckpt_n_shards(m), at_min, p) : FSDP_STATUS_OK;
 }
 
 /* The manifest's bytes into *text (NUL-terminated, *size bytes before the
@@ -212,6 +237,7 @@ static fsdp_status units_line(fsdp_mf_reader *r, char *line, int lines_left, fsd
 {
     if (r->unit < m->n_units && r->param == 0 && !m->units[r->unit].params) {
         r->offset = 0;
+        r->at = 0;
         FSDP_TRY(parse_unit_line(&r->ps, line, r->unit, lines_left, m, &m->units[r->unit]));
         if (!m->units[r->unit].n_params) /* a unit that trains nothing: no param lines */
             r->unit++;
@@ -224,7 +250,7 @@ static fsdp_status units_line(fsdp_mf_reader *r, char *line, int lines_left, fsd
         return FSDP_STATUS_OK;
     }
     fsdp_ckpt_unit *cu = &m->units[r->unit];
-    FSDP_TRY(parse_param_line(&r->ps, line, cu, r->offset, &cu->params[r->param]));
+    FSDP_TRY(parse_param_line(&r->ps, line, cu, r->offset, m, &r->at, &cu->params[r->param]));
     r->offset += cu->params[r->param].numel;
     if (++r->param == cu->n_params) {
         if (r->offset != cu->numel)

@@ -4,7 +4,11 @@
  * offset, every unit's shard sizes), where (world size, sharding) and how
  * far (step, optimizer step count, data position).
  *
- * Versions. 3 (written now) is version 2 with the tokenizer the data was
+ * Versions. 4 (written now) is version 3 with per-parameter shards: each
+ * parameter line ends `rows R at A`, file k holding rows [k R, (k+1) R)
+ * of it (fewer or none at the end) at element A of its unit arrays
+ * (engine/shardmap.h's layout), so resharding re-slices rows
+ * (fsdp_ckpt_param_run). 3 is version 2 with the tokenizer the data was
  * read with (`tokenizer`) and a last line `checksum <XXH64 of every byte
  * before it, 16 hex digits>`: the shard files cannot tell a model's heads
  * or rope settings from its shapes, so an edited or damaged manifest would
@@ -33,7 +37,7 @@
 #include "ckpt/shard_file.h"
 #include "models/registry.h"
 
-#define FSDP_CKPT_VERSION 3     /* what this build writes */
+#define FSDP_CKPT_VERSION 4     /* what this build writes */
 #define FSDP_CKPT_VERSION_MIN 1 /* the oldest it reads */
 #define FSDP_CKPT_MANIFEST_LINE_MAX 1024 /* characters of one line, written and read */
 #define FSDP_CKPT_TOK_FILES_MAX 16       /* tokenizer files a checkpoint carries */
@@ -60,6 +64,9 @@ typedef struct fsdp_ckpt_param {
     int64_t shape[4];
     size_t numel;
     size_t offset;            /* in the unit's flat buffer */
+    size_t shard_rows;        /* version 4: rows per shard file (0 before: the unit's flat
+                                 buffer split in equal ranges) */
+    size_t shard_at;          /* version 4: its first element in a file's unit arrays */
     int line;                 /* manifest line it was read from (0: built in memory) */
 } fsdp_ckpt_param;
 
@@ -156,11 +163,15 @@ void fsdp_ckpt_manifest_set_model(fsdp_ckpt_manifest *m, const fsdp_model *model
 
 /* Describe a model's units and parameters in m->units (allocated; the rest
  * of m is left alone) for a world of n_ranks with the given shard numel per
- * unit (shard_numel[u]) and padded numel (padded_numel[u]). */
+ * unit (shard_numel[u]) and padded numel (padded_numel[u]); each parameter's
+ * rows per shard as one shard holds them (shard_rows = its rows, shard_at = its
+ * offset), which a sharded writer replaces with its own. */
 fsdp_status fsdp_ckpt_manifest_set_units(fsdp_ckpt_manifest *m, const fsdp_model *model,
                                          const size_t *padded_numel, const size_t *shard_numel);
 
-/* Write the manifest to `path` and fsync it. IO error naming the path. */
+/* Write the manifest to `path` and fsync it: version 4, or 3 (no rows) when
+ * its shards are flat ranges (a manifest read from an older checkpoint). IO
+ * error naming the path. */
 fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest *m);
 
 /* Read and validate a manifest of version FSDP_CKPT_VERSION_MIN ..
@@ -198,6 +209,33 @@ static inline int fsdp_ckpt_n_shards(const fsdp_ckpt_manifest *m)
 static inline size_t fsdp_ckpt_shard_first(const fsdp_ckpt_manifest *m, int u, int r)
 {
     return m->replicated ? 0 : (size_t)r * m->units[u].shard_numel;
+}
+
+/* Where shard file k of checkpoint m holds the real elements of parameter
+ * p of unit u: elements [*flat, *flat + return value) of the unit's flat
+ * buffer, at element *at of the file's unit arrays; 0 when it holds none.
+ * Version 4 splits each parameter by rows; older versions split the unit's
+ * flat buffer into equal ranges. Every file of a replicated checkpoint
+ * holds everything. */
+static inline size_t fsdp_ckpt_param_run(const fsdp_ckpt_manifest *m, int u,
+                                         const fsdp_ckpt_param *p, int k, size_t *flat,
+                                         size_t *at)
+{
+    if (m->replicated)
+        k = 0;
+    if (p->shard_rows) {
+        size_t rows = p->ndim > 0 ? (size_t)p->shape[0] : 1, rn = p->numel / rows;
+        size_t r0 = (size_t)k * p->shard_rows, r1 = r0 + p->shard_rows;
+        *flat = p->offset + r0 * rn;
+        *at = p->shard_at;
+        return r0 < rows ? ((r1 < rows ? r1 : rows) - r0) * rn : 0;
+    }
+    size_t lo = fsdp_ckpt_shard_first(m, u, k), hi = lo + m->units[u].shard_numel;
+    size_t a = p->offset > lo ? p->offset : lo, b = p->offset + p->numel;
+    b = b < hi ? b : hi;
+    *flat = a;
+    *at = a - lo;
+    return a < b ? b - a : 0;
 }
 
 #endif /* FSDP_CKPT_MANIFEST_H */

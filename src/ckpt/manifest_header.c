@@ -34,15 +34,16 @@ static const bool mkey_optional[K_COUNT] = {[K_SHARD_RANKS] = true, [K_LORA] = t
 #define V1 (1u << 1)
 #define V2 (1u << 2)
 #define V3 (1u << 3)
+#define V4 (1u << 4) /* version 3's keys; its parameter lines differ (manifest.h) */
 static const unsigned mkey_versions[K_COUNT] = {
     [K_MODEL_SPEC] = V1, [K_GPT2] = V1, [K_VOCAB_SIZE] = V1, [K_PADDED_VOCAB_SIZE] = V1,
-    [K_MAX_SEQ_LEN] = V1, [K_MODEL_FAMILY] = V2 | V3, [K_MODEL_CONFIG] = V2 | V3,
-    [K_OPTIMIZER] = V2 | V3, [K_OPTIM_STATE] = V2 | V3, /* version 1 is AdamW */
-    [K_TOKENIZER] = V3, [K_LORA] = V3, [K_FREEZE] = V3, [K_BASE] = V3, [K_SCHEDULE] = V3,
-    [K_EVAL_STANDING] = V3, [K_QUANTIZE] = V3,
+    [K_MAX_SEQ_LEN] = V1, [K_MODEL_FAMILY] = V2 | V3 | V4, [K_MODEL_CONFIG] = V2 | V3 | V4,
+    [K_OPTIMIZER] = V2 | V3 | V4, [K_OPTIM_STATE] = V2 | V3 | V4, /* version 1 is AdamW */
+    [K_TOKENIZER] = V3 | V4, [K_LORA] = V3 | V4, [K_FREEZE] = V3 | V4, [K_BASE] = V3 | V4,
+    [K_SCHEDULE] = V3 | V4, [K_EVAL_STANDING] = V3 | V4, [K_QUANTIZE] = V3 | V4,
 };
 #define KEY_IN(k, version) \
-    ((mkey_versions[k] ? mkey_versions[k] : V1 | V2 | V3) >> (version) & 1)
+    ((mkey_versions[k] ? mkey_versions[k] : V1 | V2 | V3 | V4) >> (version) & 1)
 
 
 static void copy_text(char *dst, size_t n, const char *v)

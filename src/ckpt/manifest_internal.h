@@ -55,6 +55,7 @@ typedef struct fsdp_mf_reader {
     enum { HEADER, UNITS, END } phase;
     int unit, param;          /* UNITS: the unit being read, and its next parameter */
     size_t offset;            /* where that parameter must start in the unit */
+    size_t at;                /* version 4: where its rows may start in a shard, at least */
 } fsdp_mf_reader;
 
 /* FORMAT: "<path>: line <n>: <message>" (the error is set). */

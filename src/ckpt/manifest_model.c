@@ -66,6 +66,9 @@ fsdp_status fsdp_ckpt_manifest_set_units(fsdp_ckpt_manifest *m, const fsdp_model
             memcpy(cp->shape, ps->shape, sizeof cp->shape);
             cp->numel = ps->numel;
             cp->offset = ps->offset;
+            /* one shard's layout (engine/shardmap.h); a sharded writer sets its own */
+            cp->shard_rows = ps->ndim > 0 ? (size_t)ps->shape[0] : 1;
+            cp->shard_at = ps->offset;
         }
     }
     if (m->units)

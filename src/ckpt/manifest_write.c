@@ -25,8 +25,13 @@ static void sb_text(fsdp_sbuf *b, const char *key, const char *s)
 fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest *m)
 {
     fsdp_sbuf b = {0};
+    /* version 3 for shards that are flat ranges (read from a checkpoint older than 4) */
+    bool rows = true;
+    for (int u = 0; u < m->n_units; u++)
+        for (int i = 0; i < m->units[u].n_params; i++)
+            rows = rows && m->units[u].params[i].shard_rows;
     fsdp_sbuf_printf(&b, "# fsdp checkpoint manifest: `key value` lines; see src/ckpt/ckpt.h\n");
-    fsdp_sbuf_printf(&b, "format fsdp-checkpoint\nversion %d\n", FSDP_CKPT_VERSION);
+    fsdp_sbuf_printf(&b, "format fsdp-checkpoint\nversion %d\n", rows ? FSDP_CKPT_VERSION : 3);
     fsdp_sbuf_printf(&b, "run_id %016" PRIx64 "\n", m->run_id);
     fsdp_sbuf_printf(&b, "step %" PRIu64 "\nadam_t %" PRIu64 "\ndata_sequences %" PRIu64 "\n",
                      m->step, m->adam_t, m->data_sequences);
@@ -79,7 +84,10 @@ fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest 
             fsdp_sbuf_printf(&b, "param %s shape ", p->name);
             for (int d = 0; d < p->ndim; d++)
                 fsdp_sbuf_printf(&b, "%s%" PRId64, d ? "," : "", p->shape[d]);
-            fsdp_sbuf_printf(&b, " offset %zu numel %zu\n", p->offset, p->numel);
+            fsdp_sbuf_printf(&b, " offset %zu numel %zu", p->offset, p->numel);
+            if (rows)
+                fsdp_sbuf_printf(&b, " rows %zu at %zu", p->shard_rows, p->shard_at);
+            fsdp_sbuf_printf(&b, "\n");
         }
     }
     fsdp_sbuf_printf(&b, "end\n");

@@ -29,7 +29,7 @@ int fsdp_cli_shardmap(int argc, char **argv)
         {.name = "shard", .type = FSDP_OPT_STR, .dst = &shard, .metavar = "full|grad-op|none",
          .help = "sharding strategy (default full)"},
         {.name = "params", .type = FSDP_OPT_FLAG, .dst = &params, .metavar = "",
-         .help = "list the parameter slices each rank owns"},
+         .help = "list the rows of every parameter each rank holds"},
         {.name = "json", .type = FSDP_OPT_FLAG, .dst = &json, .metavar = "",
          .help = "print JSON (with every parameter's shape and offset) instead of a table"},
     };

@@ -417,6 +417,15 @@ static fsdp_status cuda_memcpy(fsdp_device *d, void *dst, const void *src, size_
     return FSDP_STATUS_OK;
 }
 
+static fsdp_status cuda_memcpy2d(fsdp_device *d, void *dst, size_t dpitch, const void *src,
+                                 size_t spitch, size_t width, size_t height, fsdp_stream_t s)
+{
+    (void)d;
+    CUDA_TRY(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault,
+                               (cudaStream_t)s));
+    return FSDP_STATUS_OK;
+}
+
 static fsdp_status cuda_memset(fsdp_device *d, void *dst, int value, size_t bytes, fsdp_stream_t s)
 {
     (void)d;
@@ -570,6 +579,7 @@ static const struct fsdp_device_i cuda_device_i = {
     /* .event_sync        = */ cuda_event_sync,
     /* .reserve           = */ cuda_reserve,
     /* .launch_host       = */ cuda_launch_host,
+    /* .memcpy2d          = */ cuda_memcpy2d,
 };
 
 extern "C" const struct fsdp_device_i *fsdp_device_cuda_iface(void) { return &cuda_device_i; }

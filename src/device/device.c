@@ -410,6 +410,21 @@ fsdp_status fsdp_device_memset(fsdp_device *d, void *dst, int value, size_t byte
     return d->iface->memset(d, dst, value, bytes, s ? s : d->compute);
 }
 
+fsdp_status fsdp_device_memcpy2d(fsdp_device *d, void *dst, size_t dpitch, const void *src,
+                                 size_t spitch, size_t width, size_t height, fsdp_stream_t s)
+{
+    if (!width || !height || !d->iface->memcpy)
+        return FSDP_STATUS_OK;
+    if (height == 1)
+        return fsdp_device_memcpy(d, dst, src, width, s);
+    if (d->iface->memcpy2d)
+        return d->iface->memcpy2d(d, dst, dpitch, src, spitch, width, height, s ? s : d->compute);
+    for (size_t i = 0; i < height; i++)
+        FSDP_TRY(fsdp_device_memcpy(d, (char *)dst + i * dpitch, (const char *)src + i * spitch,
+                                    width, s));
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_device_stream_sync(fsdp_device *d, fsdp_stream_t s)
 {
     return d->iface->stream_sync ? d->iface->stream_sync(d, s) : FSDP_STATUS_OK;

@@ -103,6 +103,11 @@ struct fsdp_device_i {
      * work in errors (optional: NULL = run it now, on the calling thread). */
     fsdp_status (*launch_host)(fsdp_device *d, fsdp_stream_t s, fsdp_host_fn fn, const void *arg,
                                size_t arg_bytes, const char *label);
+    /* `height` rows of `width` bytes, row i from src + i * spitch to dst +
+     * i * dpitch, both in this device's memory (optional: NULL = one memcpy
+     * per row). */
+    fsdp_status (*memcpy2d)(fsdp_device *d, void *dst, size_t dpitch, const void *src,
+                            size_t spitch, size_t width, size_t height, fsdp_stream_t s);
 };
 
 /* One live allocation (open-addressed table keyed by pointer). */
@@ -195,6 +200,10 @@ fsdp_status fsdp_device_memcpy(fsdp_device *d, void *dst, const void *src, size_
                                fsdp_stream_t s);
 fsdp_status fsdp_device_memset(fsdp_device *d, void *dst, int value, size_t bytes,
                                fsdp_stream_t s);
+/* `height` rows of `width` bytes between two buffers of this device's
+ * memory: row i from src + i * spitch to dst + i * dpitch. */
+fsdp_status fsdp_device_memcpy2d(fsdp_device *d, void *dst, size_t dpitch, const void *src,
+                                 size_t spitch, size_t width, size_t height, fsdp_stream_t s);
 
 /* Wait on the host for the work queued on s. Returns the device's first
  * failure of queued work (its message set on the calling thread), if any:

@@ -81,13 +81,24 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
         FSDP_TRY(fsdp_device_alloc(&e->dev, f32, FSDP_MEM_GRAD, what, (void **)&dst));
     }
     FSDP_TRY(fsdp_engine_order(e, e->dev.compute, e->dev.comm, e->ev_tmp));
+    float *send = row->grad_full;
+    if (fsdp_engine_permuted(e)) { /* the ranks' row ranges side by side (shardmap.h) */
+        char what[96];
+        snprintf(what, sizeof what, "unit '%s' gradient reduce-scatter", su->spec->name);
+        FSDP_TRY(fsdp_device_alloc(&e->dev, su->padded_numel * sizeof(float), FSDP_MEM_GRAD,
+                                   what, (void **)&send));
+        FSDP_TRY(fsdp_engine_permute(e, u, FSDP_SEG_TRAIN, row->grad_full, send, sizeof(float),
+                                     false, e->dev.comm, false));
+        fsdp_device_free(&e->dev, row->grad_full); /* stream-ordered: after the copies in */
+        row->grad_full = send;
+    }
     fsdp_trace_begin(&e->tr, FSDP_TRACE_COMM,
                      fsdp_engine_sharded(e) ? "reduce_scatter" : "all_reduce", su->spec->name,
                      su->padded_numel * sizeof(float));
     fsdp_comm *c = fsdp_engine_sharded(e) ? e->shard_comm : &e->comm;
     fsdp_comm_label(c, "unit '%s' gradient reduction", su->spec->name);
     if (fsdp_engine_sharded(e)) {
-        FSDP_TRY(fsdp_comm_reduce_scatter(c, row->grad_full, dst, su->shard_numel,
+        FSDP_TRY(fsdp_comm_reduce_scatter(c, send, dst, su->shard_numel,
                                           FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
         if (e->replica_comm) { /* hybrid: the node's shard, over nodes */
             fsdp_comm_label(e->replica_comm, "unit '%s' gradient reduction", su->spec->name);
@@ -172,11 +183,10 @@ static fsdp_status alloc_grad_full(fsdp_engine *e, int u)
         return FSDP_STATUS_OK;
     }
     char what[96];
+    size_t bytes = fsdp_engine_grad_full_numel(e, u) * sizeof(float);
     snprintf(what, sizeof what, "unit '%s' gradient", su->spec->name);
-    FSDP_TRY(fsdp_device_alloc(&e->dev, su->padded_numel * sizeof(float), FSDP_MEM_GRAD, what,
-                               (void **)&row->grad_full));
-    return fsdp_device_memset(&e->dev, row->grad_full, 0, su->padded_numel * sizeof(float),
-                              e->dev.compute);
+    FSDP_TRY(fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_GRAD, what, (void **)&row->grad_full));
+    return fsdp_device_memset(&e->dev, row->grad_full, 0, bytes, e->dev.compute);
 }
 
 /* Unmasked targets (>= 0) in host targets tg[0..n). */

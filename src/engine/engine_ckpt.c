@@ -9,13 +9,13 @@
  * (FSDP_CKPT_BLOCK_NUMEL floats) at a time via a small host staging buffer.
  * No device memory is allocated, so the device peak is the training peak.
  *
- * Resharding: unit u's padded flat buffer is split the same way in every
- * world (rank r of the K ranks a unit is split over owns [r*S, (r+1)*S),
- * or all of it with shard none), so the new range of a rank intersects a
- * contiguous run of old files; each intersection is read through
- * fsdp_ckpt_reader_read, which verifies the checksum of every block it
- * touches. Elements past the unit's real numel are padding and are zero in
- * every state.
+ * Resharding: every parameter is split by rows in every world
+ * (engine/shardmap.h; the manifest records each one's rows per file and
+ * where they start in it), or, in checkpoints before version 4, the unit's
+ * flat buffer in equal ranges: fsdp_ckpt_param_run says which elements of
+ * a parameter an old file holds, and a rank reads the overlap of each with
+ * its own rows of it through fsdp_ckpt_reader_read, which verifies the
+ * checksum of every block it touches. Padding is zero in every state.
  *
  * Processes: in a job of several processes each rank writes its own file
  * into the directory every process shares (the trainer checks that it is
@@ -109,6 +109,13 @@ fsdp_status fsdp_engine_ckpt_describe(const fsdp_engine_shared *sh, const char *
     fsdp_status st = fsdp_ckpt_manifest_set_units(out, model, padded, shard);
     free(padded);
     free(shard);
+    for (int u = 0; u < U && st == FSDP_STATUS_OK; u++) { /* each parameter's rows */
+        const fsdp_shard_unit *su = &sh->sm.units[u];
+        for (int i = 0, k = 0; i < su->seg_first[FSDP_SEG_TRAIN + 1]; i++, k++) {
+            out->units[u].params[k].shard_rows = su->params[i].shard_rows;
+            out->units[u].params[k].shard_at = su->params[i].shard_off;
+        }
+    }
     return st;
 }
 
@@ -261,7 +268,7 @@ static fsdp_status write_rank_file(fsdp_engine *e, const char *ckpt, const fsdp_
     }
     for (int u = 0; u < U; u++) {
         shard[u] = sh->sm.units[u].shard_numel;
-        first[u] = fsdp_shardmap_offset(&sh->sm, u, e->rank);
+        first[u] = (size_t)fsdp_shardmap_slot(&sh->sm, e->rank) * shard[u];
     }
     char path[FSDP_CKPT_PATH_MAX];
     FSDP_CHECK(fsdp_ckpt_rank_path(path, sizeof path, ckpt, e->rank));
@@ -351,24 +358,6 @@ fsdp_status fsdp_engine_ckpt_save(fsdp_engine *e, const char *dir, const fsdp_ck
 
 /* ---- loading --------------------------------------------------------------- */
 
-/* This rank's new range of unit u that holds real elements. */
-static void new_range(fsdp_engine *e, int u, size_t *lo, size_t *hi, size_t *real_hi)
-{
-    fsdp_shard_unit *su = &e->sh->sm.units[u];
-    *lo = fsdp_shardmap_offset(&e->sh->sm, u, e->rank);
-    *hi = *lo + su->shard_numel;
-    *real_hi = *hi < su->numel ? *hi : su->numel;
-    if (*real_hi < *lo)
-        *real_hi = *lo;
-}
-
-/* Old file k's range of unit u. */
-static void old_range(const fsdp_ckpt_manifest *man, int u, int k, size_t *lo, size_t *hi)
-{
-    *lo = fsdp_ckpt_shard_first(man, u, k);
-    *hi = *lo + man->units[u].shard_numel;
-}
-
 /* Copy host floats into a state array (device, or pinned host). */
 static fsdp_status put_state(fsdp_engine *e, float *dst, const float *src, size_t n)
 {
@@ -376,7 +365,25 @@ static fsdp_status put_state(fsdp_engine *e, float *dst, const float *src, size_
     return fsdp_device_stream_sync(&e->dev, e->dev.compute); /* src is reused */
 }
 
-/* Read from old file k every overlap with this rank's new ranges. */
+/* Old file k's real rows of checkpoint parameter cp that this rank's shard
+ * of unit u holds (new parameter sp): the overlap of the two runs, as
+ * [*flat, *flat + return value) of the flat buffer, at *old_at in the file
+ * and *new_at in the shard. */
+static size_t overlap(const fsdp_engine *e, const fsdp_ckpt_manifest *man, int u,
+                      const fsdp_ckpt_param *cp, const fsdp_shard_param *sp, int k, size_t *flat,
+                      size_t *old_at, size_t *new_at)
+{
+    size_t a, oa, at;
+    size_t n = fsdp_shard_param_run(sp, fsdp_shardmap_slot(&e->sh->sm, e->rank), &a);
+    size_t on = fsdp_ckpt_param_run(man, u, cp, k, &oa, &at);
+    size_t lo = a > oa ? a : oa, hi = a + n < oa + on ? a + n : oa + on;
+    *flat = lo;
+    *old_at = at + (lo - oa);
+    *new_at = sp->shard_off + (lo - a);
+    return n && on && lo < hi ? hi - lo : 0;
+}
+
+/* Read from old file k every overlap with this rank's new shards. */
 static fsdp_status load_from_file(fsdp_engine *e, const char *ckpt, const fsdp_ckpt_manifest *man,
                                   int k, const size_t *old_shard, size_t *old_first,
                                   float *staging)
@@ -397,26 +404,41 @@ static fsdp_status load_from_file(fsdp_engine *e, const char *ckpt, const fsdp_c
     FSDP_TRY(fsdp_ckpt_reader_open(&r, path, &info));
     fsdp_status st = FSDP_STATUS_OK;
     for (int u = 0; u < U && st == FSDP_STATUS_OK; u++) {
-        size_t lo, hi, real_hi, olo, ohi;
-        new_range(e, u, &lo, &hi, &real_hi);
-        old_range(man, u, k, &olo, &ohi);
-        size_t a0 = lo > olo ? lo : olo, a1 = real_hi < ohi ? real_hi : ohi;
+        const fsdp_shard_unit *su = &sh->sm.units[u];
         fsdp_shard_row *row = fsdp_engine_row(e, u);
-        for (int a = 0; a < n_arrays && st == FSDP_STATUS_OK; a++) {
-            float *dst = state_array(row, a);
-            for (size_t x = a0; x < a1 && st == FSDP_STATUS_OK;) {
-                size_t n = min_sz(a1 - x, FSDP_CKPT_BLOCK_NUMEL);
-                st = fsdp_ckpt_reader_read(r, u, a, x - olo, n, staging);
-                if (st == FSDP_STATUS_OK)
-                    st = put_state(e, dst + (x - lo), staging, n);
-                x += n;
-            }
+        /* the checkpoint lists the trainable parameters in flat order, as the map does */
+        for (int i = 0; i < su->seg_first[FSDP_SEG_TRAIN + 1] && st == FSDP_STATUS_OK; i++) {
+            size_t x, old_at, new_at;
+            size_t n = overlap(e, man, u, &man->units[u].params[i], &su->params[i], k, &x,
+                               &old_at, &new_at);
+            for (int a = 0; a < n_arrays && st == FSDP_STATUS_OK; a++)
+                for (size_t done = 0; done < n && st == FSDP_STATUS_OK;) {
+                    size_t m = min_sz(n - done, FSDP_CKPT_BLOCK_NUMEL);
+                    st = fsdp_ckpt_reader_read(r, u, a, old_at + done, m, staging);
+                    if (st == FSDP_STATUS_OK)
+                        st = put_state(e, state_array(row, a) + new_at + done, staging, m);
+                    done += m;
+                }
         }
         if (st != FSDP_STATUS_OK && st != FSDP_STATUS_IO && st != FSDP_STATUS_OOM)
-            fsdp_error_prefix("unit '%s'", sh->sm.units[u].spec->name);
+            fsdp_error_prefix("unit '%s'", su->spec->name);
     }
     fsdp_ckpt_reader_close(r);
     return st;
+}
+
+/* Whether old file k holds any of this rank's new shards' rows. */
+static bool file_needed(const fsdp_engine *e, const fsdp_ckpt_manifest *man, int k)
+{
+    for (int u = 0; u < e->sh->sm.n_units; u++) {
+        const fsdp_shard_unit *su = &e->sh->sm.units[u];
+        for (int i = 0; i < su->seg_first[FSDP_SEG_TRAIN + 1]; i++) {
+            size_t x, o, a;
+            if (overlap(e, man, u, &man->units[u].params[i], &su->params[i], k, &x, &o, &a))
+                return true;
+        }
+    }
+    return false;
 }
 
 fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_ckpt_manifest *man)
@@ -445,31 +467,21 @@ fsdp_status fsdp_engine_ckpt_load(fsdp_engine *e, const char *ckpt, const fsdp_c
         FSDP_CHECK(e->place->params_ready(e, u)); /* no update may be in flight */
     }
     FSDP_CHECK(fsdp_device_stream_sync(&e->dev, e->dev.compute));
+    for (int u = 0; u < U; u++) { /* padding is zero in every state; the files fill the rest */
+        fsdp_shard_row *row = fsdp_engine_row(e, u);
+        for (int a = 0; a < 1 + sh->optim->n_state; a++)
+            FSDP_CHECK(fsdp_device_memset(&e->dev, state_array(row, a), 0,
+                                          sh->sm.units[u].shard_numel * 4, e->dev.compute));
+    }
     for (int k = 0; k < n_files; k++) {
         /* with shard none every old file holds everything: spread the reads */
         if (man->replicated && k != e->rank % N_old)
             continue;
-        bool need = false;
-        for (int u = 0; u < U && !need; u++) {
-            size_t lo, hi, real_hi, olo, ohi;
-            new_range(e, u, &lo, &hi, &real_hi);
-            old_range(man, u, k, &olo, &ohi);
-            need = (lo > olo ? lo : olo) < (real_hi < ohi ? real_hi : ohi);
-        }
-        if (need)
+        if (file_needed(e, man, k))
             FSDP_CHECK(load_from_file(e, ckpt, man, k, old_shard, old_first, staging));
     }
-    for (int u = 0; u < U; u++) {
-        /* padding past the unit's real elements is zero in every state */
-        size_t lo, hi, real_hi;
-        new_range(e, u, &lo, &hi, &real_hi);
-        fsdp_shard_row *row = fsdp_engine_row(e, u);
-        for (int a = 0; a < 1 + sh->optim->n_state && real_hi < hi; a++) {
-            float *pad = state_array(row, a) + (real_hi - lo);
-            FSDP_CHECK(fsdp_device_memset(&e->dev, pad, 0, (hi - real_hi) * 4, e->dev.compute));
-        }
+    for (int u = 0; u < U; u++)
         FSDP_CHECK(e->place->param_refresh(e, u));
-    }
     e->t = man->adam_t;
     st = fsdp_device_stream_sync(&e->dev, e->dev.compute);
     if (st == FSDP_STATUS_OK)

@@ -28,6 +28,58 @@ fsdp_status fsdp_engine_sync_all(fsdp_engine *e)
     return FSDP_STATUS_OK;
 }
 
+/* ---- the ranks' shards and the model's layout ------------------------------- */
+
+static fsdp_status copy_rows(fsdp_engine *e, void *dst, size_t dpitch, const void *src,
+                             size_t spitch, size_t width, size_t height, fsdp_stream_t s,
+                             bool host)
+{
+    if (!host)
+        return fsdp_device_memcpy2d(&e->dev, dst, dpitch, src, spitch, width, height, s);
+    for (size_t i = 0; i < height; i++)
+        memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status zero(fsdp_engine *e, void *dst, size_t bytes, fsdp_stream_t s, bool host)
+{
+    if (!host)
+        return fsdp_device_memset(&e->dev, dst, 0, bytes, s);
+    memset(dst, 0, bytes);
+    return FSDP_STATUS_OK;
+}
+
+/* Per parameter: the slots that hold shard_rows real rows as one strided
+ * copy, then the last slots' fewer rows (and, copying in, their padding). */
+fsdp_status fsdp_engine_permute(fsdp_engine *e, int u, fsdp_shard_seg seg, void *flat, void *rm,
+                                size_t es, bool to_flat, fsdp_stream_t s, bool host)
+{
+    const fsdp_shard_unit *su = &e->sh->sm.units[u];
+    size_t K = (size_t)e->sh->sm.shard_ranks, S = fsdp_shard_seg_numel(su, seg) * es, end = 0;
+    for (int i = su->seg_first[seg]; i < su->seg_first[seg + 1]; i++) {
+        const fsdp_shard_param *sp = &su->params[i];
+        size_t span = fsdp_shard_param_span(sp) * es, full = sp->rows / sp->shard_rows;
+        char *f = (char *)flat + sp->spec->offset * es, *r = (char *)rm + sp->shard_off * es;
+        full = full < K ? full : K;
+        if (to_flat)
+            FSDP_TRY(copy_rows(e, f, span, r, S, span, full, s, host));
+        else
+            FSDP_TRY(copy_rows(e, r, S, f, span, span, full, s, host));
+        for (size_t k = full; k < K; k++) {
+            size_t at, n = fsdp_shard_param_run(sp, (int)k, &at) * es;
+            char *slot = r + k * S, *fk = (char *)flat + at * es;
+            FSDP_TRY(to_flat ? copy_rows(e, fk, n, slot, n, n, 1, s, host)
+                             : copy_rows(e, slot, n, fk, n, n, 1, s, host));
+            if (!to_flat)
+                FSDP_TRY(zero(e, slot + n, span - n, s, host));
+        }
+        end = sp->shard_off * es + span;
+    }
+    for (size_t k = 0; !to_flat && end < S && k < K; k++) /* the segment's end padding */
+        FSDP_TRY(zero(e, (char *)rm + k * S + end, S - end, s, host));
+    return FSDP_STATUS_OK;
+}
+
 /* ---- gather / release ---------------------------------------------------- */
 
 /* A shard of unit u the gather reads, of the trainable segment or a frozen
@@ -86,13 +138,20 @@ static fsdp_status gather_nf4(fsdp_engine *e, int u)
         fsdp_trace_end(&e->tr, FSDP_TRACE_COMM);
         stage_done(e, row->nf4, mine);
     }
-    char *out = (char *)row->gathered + su->spec->nf4_begin * dt_size(e);
-    for (int k = 0; k < k_ranks; k++) {
-        const char *shard = packed + (size_t)k * bytes;
-        FSDP_OP(&e->ops_gather, nf4_dequant, out + (size_t)k * su->nf4_shard * dt_size(e),
-                (const uint8_t *)shard, (const float *)(shard + su->nf4_shard / 2),
-                su->nf4_shard);
-    }
+    if (!fsdp_engine_permuted(e)) /* the shard is the segment: one dequantization */
+        FSDP_OP(&e->ops_gather, nf4_dequant,
+                (char *)row->gathered + su->spec->nf4_begin * dt_size(e), (const uint8_t *)packed,
+                (const float *)(packed + su->nf4_shard / 2), su->nf4_shard);
+    for (int k = 0; k < k_ranks && fsdp_engine_permuted(e); k++) /* each slot's rows of each */
+        for (int i = su->seg_first[FSDP_SEG_NF4]; i < su->seg_first[FSDP_SEG_NF4 + 1]; i++) {
+            const fsdp_shard_param *sp = &su->params[i];
+            const char *shard = packed + (size_t)k * bytes;
+            size_t at, n = fsdp_shard_param_run(sp, k, &at);
+            if (n)
+                FSDP_OP(&e->ops_gather, nf4_dequant, (char *)row->gathered + at * dt_size(e),
+                        (const uint8_t *)shard + sp->shard_off / 2,
+                        (const float *)(shard + su->nf4_shard / 2) + sp->shard_off / 64, n);
+        }
     if (fsdp_engine_sharded(e))
         fsdp_device_free(&e->dev, packed); /* stream-ordered: after the dequantization */
     else
@@ -100,8 +159,45 @@ static fsdp_status gather_nf4(fsdp_engine *e, int u)
     return FSDP_STATUS_OK;
 }
 
+/* Segment seg of unit u into its place in the gathered buffer, on the
+ * comm stream: this rank's shard `shard` (uploaded first where it is in
+ * host memory) all-gathered, over several shard ranks into a rank-major
+ * buffer of its own that is copied out into the model's layout and freed
+ * (stream-ordered), over one straight into the buffer; without sharding a
+ * copy. */
+static fsdp_status gather_segment(fsdp_engine *e, int u, fsdp_shard_seg seg, void *shard)
+{
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    fsdp_shard_unit *su = &e->sh->sm.units[u];
+    size_t n = fsdp_shard_seg_numel(su, seg), es = dt_size(e);
+    char *at = (char *)row->gathered + (seg == FSDP_SEG_TRAIN ? 0 : su->numel) * es;
+    if (!n)
+        return FSDP_STATUS_OK;
+    if (!fsdp_engine_sharded(e)) /* copies: from pinned host memory too */
+        return fsdp_device_memcpy(&e->dev, at, shard, n * es, e->dev.comm);
+    void *mine, *rm = at;
+    FSDP_TRY(stage(e, u, seg == FSDP_SEG_TRAIN, shard, n * es, &mine));
+    if (fsdp_engine_permuted(e)) {
+        char what[96];
+        snprintf(what, sizeof what, "unit '%s' all-gather", su->spec->name);
+        FSDP_TRY(fsdp_device_alloc(&e->dev, n * es * (size_t)e->sh->sm.shard_ranks,
+                                   FSDP_MEM_GATHER, what, &rm));
+    }
+    fsdp_comm_label(e->shard_comm, seg == FSDP_SEG_TRAIN ? "unit '%s' all-gather"
+                                                         : "unit '%s' frozen all-gather",
+                    su->spec->name);
+    FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, mine, rm, n, e->sh->cfg.compute_dtype,
+                                  e->dev.comm));
+    stage_done(e, shard, mine);
+    if (rm == at)
+        return FSDP_STATUS_OK;
+    FSDP_TRY(fsdp_engine_permute(e, u, seg, row->gathered, rm, es, true, e->dev.comm, false));
+    fsdp_device_free(&e->dev, rm); /* stream-ordered: after the copies out */
+    return FSDP_STATUS_OK;
+}
+
 /* Issue the all-gather of unit u on the comm stream (no-op if resident):
- * the trainable segment, then the frozen one over its padding (shardmap.h).
+ * the trainable segment, then the frozen ones (gather_segment, gather_nf4).
  * Without sharding the buffer is the trainable shard itself, or, with a
  * frozen segment or the shard in host memory, the shards copied into one
  * device buffer of the model's layout. */
@@ -109,7 +205,6 @@ fsdp_status fsdp_engine_gather_issue(fsdp_engine *e, int u)
 {
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
-    fsdp_dtype dt = e->sh->cfg.compute_dtype;
     if (row->state != FSDP_UNIT_SHARDED)
         return FSDP_STATUS_OK;
     FSDP_TRY(e->place->params_ready(e, u));
@@ -120,36 +215,12 @@ fsdp_status fsdp_engine_gather_issue(fsdp_engine *e, int u)
         return FSDP_STATUS_OK;
     }
     char what[96];
-    size_t n = fsdp_shardmap_gathered_numel(su);
+    size_t n = fsdp_shardmap_gathered_numel(su, e->sh->sm.shard_ranks);
     snprintf(what, sizeof what, "unit '%s' gather", su->spec->name);
     FSDP_TRY(fsdp_device_alloc(&e->dev, n * dt_size(e), FSDP_MEM_GATHER, what, &row->gathered));
     fsdp_trace_begin(&e->tr, FSDP_TRACE_COMM, "all_gather", su->spec->name, n * dt_size(e));
-    char *frozen_at = (char *)row->gathered + su->numel * dt_size(e);
-    if (fsdp_engine_sharded(e)) {
-        if (su->shard_numel) {
-            void *mine;
-            FSDP_TRY(stage(e, u, true, row->param, su->shard_numel * dt_size(e), &mine));
-            fsdp_comm_label(e->shard_comm, "unit '%s' all-gather", su->spec->name);
-            FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, mine, row->gathered, su->shard_numel,
-                                          dt, e->dev.comm));
-            stage_done(e, row->param, mine);
-        }
-        if (su->frozen_shard) {
-            void *mine;
-            FSDP_TRY(stage(e, u, false, row->frozen, su->frozen_shard * dt_size(e), &mine));
-            fsdp_comm_label(e->shard_comm, "unit '%s' frozen all-gather", su->spec->name);
-            FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, mine, frozen_at, su->frozen_shard, dt,
-                                          e->dev.comm));
-            stage_done(e, row->frozen, mine);
-        }
-    } else { /* copies: from pinned host memory too */
-        if (su->shard_numel)
-            FSDP_TRY(fsdp_device_memcpy(&e->dev, row->gathered, row->param,
-                                        su->shard_numel * dt_size(e), e->dev.comm));
-        if (su->frozen_shard)
-            FSDP_TRY(fsdp_device_memcpy(&e->dev, frozen_at, row->frozen,
-                                        su->frozen_shard * dt_size(e), e->dev.comm));
-    }
+    FSDP_TRY(gather_segment(e, u, FSDP_SEG_TRAIN, row->param));
+    FSDP_TRY(gather_segment(e, u, FSDP_SEG_FROZEN, row->frozen));
     fsdp_trace_end(&e->tr, FSDP_TRACE_COMM);
     FSDP_TRY(gather_nf4(e, u));
     FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_gather[u], e->dev.comm));
@@ -187,64 +258,89 @@ fsdp_status fsdp_engine_gather_release(fsdp_engine *e, int u)
 
 /* ---- a unit to the host (export) ------------------------------------------ */
 
-/* The export's gather: this rank's shard `mine` (count elements of dt) all-gathered
- * into the device buffer `full` (copied, full_bytes, without sharding), then its
- * first host_bytes copied to `host` and the comm stream synced. */
-static fsdp_status export_gather(fsdp_engine *e, const void *mine, void *full, size_t count,
-                                 fsdp_dtype dt, size_t full_bytes, void *host, size_t host_bytes)
+/* The shard ranks' shards side by side in host memory `host` (all bytes):
+ * this rank's `mine` (count elements of dt, in device memory) all-gathered
+ * into a device buffer of their own, or copied without sharding. */
+static fsdp_status export_pull(fsdp_engine *e, const void *mine, size_t count, fsdp_dtype dt,
+                               size_t all, void *host)
 {
-    if (fsdp_engine_sharded(e))
-        FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, mine, full, count, dt, e->dev.comm));
-    else
-        FSDP_TRY(fsdp_device_memcpy(&e->dev, full, mine, full_bytes, e->dev.comm));
-    FSDP_TRY(fsdp_device_memcpy(&e->dev, host, full, host_bytes, e->dev.comm));
-    return fsdp_device_stream_sync(&e->dev, e->dev.comm);
-}
-
-/* One frozen segment of unit u gathered into a new host buffer *host_out
- * of all_bytes (and `extra` bytes after them for the caller; it frees the
- * buffer, also on failure): `seg` is the row's buffer, shard_bytes of it
- * this rank's, count elements of dt per rank; `what` names the device
- * buffer. Collective over the shard ranks. */
-static fsdp_status export_segment(fsdp_engine *e, int u, void *seg, size_t shard_bytes,
-                                  size_t count, fsdp_dtype dt, size_t all_bytes, size_t extra,
-                                  const char *what, char **host_out)
-{
-    void *full = NULL, *mine = seg;
-    char *host = malloc(all_bytes + extra);
-    *host_out = host;
-    if (!host)
-        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory exporting unit '%s'",
-                              e->sh->sm.units[u].spec->name);
-    fsdp_status st = fsdp_device_alloc(&e->dev, all_bytes, FSDP_MEM_OTHER, what, &full);
+    void *full = NULL;
+    fsdp_status st = fsdp_device_alloc(&e->dev, all, FSDP_MEM_OTHER, "unit export", &full);
+    if (st == FSDP_STATUS_OK && fsdp_engine_sharded(e))
+        st = fsdp_comm_all_gather(e->shard_comm, mine, full, count, dt, e->dev.comm);
+    else if (st == FSDP_STATUS_OK)
+        st = fsdp_device_memcpy(&e->dev, full, mine, all, e->dev.comm);
     if (st == FSDP_STATUS_OK)
-        st = stage(e, u, false, seg, shard_bytes, &mine);
+        st = fsdp_device_memcpy(&e->dev, host, full, all, e->dev.comm);
     if (st == FSDP_STATUS_OK)
-        st = export_gather(e, mine, full, count, dt, all_bytes, host, all_bytes);
-    stage_done(e, seg, mine);
+        st = fsdp_device_stream_sync(&e->dev, e->dev.comm);
     fsdp_device_free(&e->dev, full);
     return st;
 }
 
-/* Unit u's NF4 segment gathered, dequantized to fp32 into host_out (its
- * nf4_numel elements). Collective over the shard ranks. */
-static fsdp_status gather_nf4_export(fsdp_engine *e, int u, float *host_out)
+/* Segment seg of unit u to host memory in the model's layout: this rank's
+ * shard `seg_buf` (n elements of dt; in pinned host memory too, staged)
+ * all-gathered into a device buffer (copied, without sharding), the ranks'
+ * shards to a host buffer, and their real rows into `flat` (the unit's
+ * element 0 in elements of dt: only the segment's range is written).
+ * Collective over the shard ranks. */
+static fsdp_status export_segment(fsdp_engine *e, int u, fsdp_shard_seg seg, void *seg_buf,
+                                  fsdp_dtype dt, void *flat)
+{
+    const fsdp_shard_unit *su = &e->sh->sm.units[u];
+    size_t n = fsdp_shard_seg_numel(su, seg), es = fsdp_dtype_size(dt);
+    size_t k = fsdp_engine_sharded(e) ? (size_t)e->sh->sm.shard_ranks : 1, all = n * k * es;
+    size_t begin = seg == FSDP_SEG_TRAIN ? 0 : seg == FSDP_SEG_FROZEN ? su->numel
+                                                                      : su->spec->nf4_begin;
+    size_t real = (seg == FSDP_SEG_TRAIN ? su->numel : seg == FSDP_SEG_FROZEN ? su->frozen_numel
+                                                                            : su->nf4_numel);
+    void *mine = seg_buf;
+    char *host = malloc(all + 1);
+    if (!host)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory exporting unit '%s'",
+                              su->spec->name);
+    fsdp_status st = seg == FSDP_SEG_TRAIN ? FSDP_STATUS_OK
+                                           : stage(e, u, false, seg_buf, n * es, &mine);
+    if (st == FSDP_STATUS_OK)
+        st = export_pull(e, mine, n, dt, all, host);
+    if (seg != FSDP_SEG_TRAIN)
+        stage_done(e, seg_buf, mine);
+    if (st == FSDP_STATUS_OK && fsdp_engine_permuted(e))
+        st = fsdp_engine_permute(e, u, seg, flat, host, es, true, NULL, true);
+    else if (st == FSDP_STATUS_OK)
+        memcpy((char *)flat + begin * es, host, real * es);
+    free(host);
+    return st;
+}
+
+/* Unit u's NF4 segment gathered, dequantized to fp32 into x (its
+ * nf4_numel elements). Collective over the shard ranks. The shard bytes
+ * travel as fp32 words. */
+static fsdp_status gather_nf4_export(fsdp_engine *e, int u, float *x)
 {
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     int k_ranks = fsdp_engine_sharded(e) ? e->sh->sm.shard_ranks : 1;
     size_t bytes = fsdp_shardmap_nf4_bytes(su), all = bytes * (size_t)k_ranks;
-    char *host;
-    fsdp_status st = export_segment(e, u, fsdp_engine_row(e, u)->nf4, bytes,
-                                    bytes / sizeof(float), FSDP_DTYPE_F32, all,
-                                    su->nf4_padded * sizeof(float), "unit export (NF4)", &host);
-    float *x = st == FSDP_STATUS_OK ? (float *)(host + all) : NULL;
-    for (int k = 0; st == FSDP_STATUS_OK && k < k_ranks; k++) {
-        const uint8_t *shard = (const uint8_t *)host + (size_t)k * bytes;
-        fsdp_nf4_dequant_ref(shard, (const float *)(shard + su->nf4_shard / 2), su->nf4_shard,
-                             x + (size_t)k * su->nf4_shard);
-    }
+    void *mine = NULL, *nf4 = fsdp_engine_row(e, u)->nf4;
+    uint8_t *host = malloc(all + 1);
+    if (!host)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory exporting unit '%s'",
+                              su->spec->name);
+    fsdp_status st = stage(e, u, false, nf4, bytes, &mine);
     if (st == FSDP_STATUS_OK)
-        memcpy(host_out, x, su->nf4_numel * sizeof(float));
+        st = export_pull(e, mine, bytes / sizeof(float), FSDP_DTYPE_F32, all, host);
+    stage_done(e, nf4, mine);
+    for (int k = 0; st == FSDP_STATUS_OK && k < k_ranks; k++) /* each slot's rows of each */
+        for (int i = su->seg_first[FSDP_SEG_NF4]; i < su->seg_first[FSDP_SEG_NF4 + 1]; i++) {
+            const fsdp_shard_param *sp = &su->params[i];
+            const uint8_t *shard = host + (size_t)k * bytes;
+            size_t at, n = fsdp_shard_param_run(sp, k, &at);
+            if (n)
+                fsdp_nf4_dequant_ref(shard + sp->shard_off / 2,
+                                     (const float *)(shard + su->nf4_shard / 2) +
+                                         sp->shard_off / 64,
+                                     n, x + (at - su->spec->nf4_begin));
+        }
     free(host);
     return st;
 }
@@ -256,19 +352,22 @@ static fsdp_status gather_frozen(fsdp_engine *e, int u, float *host_out)
 {
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     fsdp_dtype dt = e->sh->cfg.compute_dtype;
-    size_t bytes = su->frozen_padded * fsdp_dtype_size(dt);
+    size_t es = fsdp_dtype_size(dt);
     if (su->nf4_numel)
         FSDP_TRY(gather_nf4_export(e, u, host_out + su->frozen_numel));
     if (!su->frozen_numel)
         return FSDP_STATUS_OK;
-    char *host;
-    fsdp_status st = export_segment(e, u, fsdp_engine_row(e, u)->frozen,
-                                    su->frozen_shard * fsdp_dtype_size(dt), su->frozen_shard, dt,
-                                    bytes, 1, "unit export (frozen)", &host);
+    char *flat = malloc(su->spec->nf4_begin * es); /* [train_numel, nf4_begin) is written */
+    if (!flat)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory exporting unit '%s'",
+                              su->spec->name);
+    fsdp_status st = export_segment(e, u, FSDP_SEG_FROZEN, fsdp_engine_row(e, u)->frozen, dt,
+                                    flat);
+    const char *frozen = flat + su->numel * es;
     for (size_t i = 0; st == FSDP_STATUS_OK && i < su->frozen_numel; i++)
-        host_out[i] = dt == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(((const fsdp_bf16 *)host)[i])
-                                            : ((const float *)host)[i];
-    free(host);
+        host_out[i] = dt == FSDP_DTYPE_BF16 ? fsdp_bf16_to_f32(((const fsdp_bf16 *)frozen)[i])
+                                            : ((const float *)frozen)[i];
+    free(flat);
     return st;
 }
 
@@ -276,19 +375,15 @@ static fsdp_status gather_unit_run(fsdp_engine *e, int u, float *host_out)
 {
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     fsdp_shard_row *row = fsdp_engine_row(e, u);
-    float *full = NULL, *shard = NULL;
+    float *shard = NULL;
     FSDP_TRY(e->place->params_ready(e, u));
     if (!su->padded_numel)
         return gather_frozen(e, u, host_out + su->numel);
-    FSDP_TRY(fsdp_device_alloc(&e->dev, su->padded_numel * sizeof(float), FSDP_MEM_OTHER,
-                               "unit export", (void **)&full));
     fsdp_status st = e->place->master_on_device(e, u, &shard);
     if (st == FSDP_STATUS_OK)
-        st = export_gather(e, shard, full, su->shard_numel, FSDP_DTYPE_F32,
-                           su->padded_numel * sizeof(float), host_out, su->numel * sizeof(float));
+        st = export_segment(e, u, FSDP_SEG_TRAIN, shard, FSDP_DTYPE_F32, host_out);
     if (shard != row->master)
         fsdp_device_free(&e->dev, shard);
-    fsdp_device_free(&e->dev, full);
     if (st == FSDP_STATUS_OK)
         st = gather_frozen(e, u, host_out + su->numel);
     return st;

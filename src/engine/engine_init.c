@@ -83,7 +83,7 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
         FSDP_TRY(fsdp_optim_hparams_check(sh->optim, &sh->optim_hp));
     FSDP_TRY(fsdp_shardmap_init_nodes(&sh->sm, model, cfg->n_ranks, nodes, cfg->shard));
     for (int u = 0; u < sh->sm.n_units; u++)
-        sh->n_local_blocks += sh->sm.units[u].shard_numel / FSDP_NORM_BLOCK;
+        sh->n_local_blocks += sh->sm.units[u].n_blocks;
     fsdp_status st = fsdp_norm_cover_init(&sh->norm, &sh->sm);
     sh->x_stats = calloc((size_t)cfg->n_ranks, sizeof *sh->x_stats);
     if (st == FSDP_STATUS_OK && !sh->x_stats)
@@ -102,6 +102,48 @@ void fsdp_engine_shared_free(fsdp_engine_shared *sh)
 }
 
 /* ---- per-rank init ------------------------------------------------------- */
+
+/* The rank's shard of segment seg of unit u, padding zero: each
+ * parameter's rows (shardmap.h) from init_fn or the model's counter-based
+ * RNG into `vals` (fp32, the shard's elements), or, for the NF4 segment,
+ * from init_nf4_fn into `codes` (its codes, then its fp32 absmax:
+ * fsdp_shardmap_nf4_bytes). Runs that follow each other both in the flat
+ * buffer and in the shard are read as one (with one shard rank, the
+ * segment), so a model file is read in as few pieces as the layout allows. */
+static fsdp_status init_shard(fsdp_engine *e, int u, fsdp_shard_seg seg, float *vals,
+                              uint8_t *codes)
+{
+    const fsdp_engine_shared *sh = e->sh;
+    const fsdp_shard_unit *su = &sh->sm.units[u];
+    int slot = fsdp_shardmap_slot(&sh->sm, e->rank), end = su->seg_first[seg + 1];
+    size_t n = fsdp_shard_seg_numel(su, seg);
+    if (codes)
+        memset(codes, 0, fsdp_shardmap_nf4_bytes(su));
+    else
+        memset(vals, 0, n * sizeof(float));
+    for (int i = su->seg_first[seg]; i < end;) {
+        size_t at, len = fsdp_shard_param_run(&su->params[i], slot, &at), off;
+        size_t shard_at = su->params[i].shard_off, next_at;
+        for (i++; len && i < end; i++) { /* the runs that continue this one */
+            off = su->params[i].shard_off;
+            size_t more = fsdp_shard_param_run(&su->params[i], slot, &next_at);
+            if (!more || next_at != at + len || off != shard_at + len)
+                break;
+            len += more;
+        }
+        if (!len)
+            continue;
+        if (codes)
+            FSDP_TRY(sh->init_nf4_fn(sh->init_arg, sh->model, u, at, at + len,
+                                     codes + shard_at / 2,
+                                     (float *)(codes + n / 2) + shard_at / 64));
+        else if (sh->init_fn)
+            FSDP_TRY(sh->init_fn(sh->init_arg, sh->model, u, at, at + len, vals + shard_at));
+        else
+            fsdp_model_init_range(sh->model, u, at, at + len, sh->cfg.seed, vals + shard_at);
+    }
+    return FSDP_STATUS_OK;
+}
 
 /* A frozen shard: on the device, or in pinned host memory with params offload. */
 static fsdp_status alloc_frozen(fsdp_engine *e, size_t bytes, const char *what, void **out)
@@ -129,11 +171,7 @@ static fsdp_status frozen_init(fsdp_engine *e, int u, float *host_tmp)
     FSDP_TRY(alloc_frozen(e, n * fsdp_dtype_size(dt), what, &row->frozen));
     if (!fsdp_device_computes(&e->dev))
         return FSDP_STATUS_OK;
-    size_t begin = fsdp_shardmap_frozen_offset(&sh->sm, u, e->rank);
-    if (sh->init_fn)
-        FSDP_TRY(sh->init_fn(sh->init_arg, sh->model, u, begin, begin + n, host_tmp));
-    else
-        fsdp_model_init_range(sh->model, u, begin, begin + n, sh->cfg.seed, host_tmp);
+    FSDP_TRY(init_shard(e, u, FSDP_SEG_FROZEN, host_tmp, NULL));
     if (dt == FSDP_DTYPE_BF16) { /* in place: element i's bf16 lands before element i is read */
         fsdp_bf16 *b = (fsdp_bf16 *)host_tmp;
         for (size_t i = 0; i < n; i++)
@@ -163,10 +201,8 @@ static fsdp_status nf4_init(fsdp_engine *e, int u, float *host_tmp)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "unit '%s' has NF4 parameters but the run gave no NF4 source",
                               su->spec->name);
-    size_t begin = fsdp_shardmap_nf4_offset(&sh->sm, u, e->rank);
     uint8_t *codes = (uint8_t *)host_tmp;
-    FSDP_TRY(sh->init_nf4_fn(sh->init_arg, sh->model, u, begin, begin + n, codes,
-                             (float *)(codes + n / 2)));
+    FSDP_TRY(init_shard(e, u, FSDP_SEG_NF4, NULL, codes));
     FSDP_TRY(fsdp_device_memcpy(&e->dev, row->nf4, host_tmp, bytes, e->dev.compute));
     return fsdp_device_stream_sync(&e->dev, e->dev.compute); /* host_tmp is reused */
 }
@@ -187,17 +223,7 @@ static fsdp_status unit_init(fsdp_engine *e, int u, float *host_tmp)
         FSDP_TRY(frozen_init(e, u, host_tmp));
         return nf4_init(e, u, host_tmp);
     }
-    size_t begin = fsdp_shardmap_offset(&sh->sm, u, e->rank);
-    if (sh->init_fn)
-        FSDP_TRY(sh->init_fn(sh->init_arg, sh->model, u, begin, begin + n, host_tmp));
-    else
-        fsdp_model_init_range(sh->model, u, begin, begin + n, sh->cfg.seed, host_tmp);
-    /* padding past the trainable parameters is zero (the init functions see frozen
-     * offsets there) */
-    if (begin + n > sh->sm.units[u].numel) {
-        size_t real = begin < sh->sm.units[u].numel ? sh->sm.units[u].numel - begin : 0;
-        memset(host_tmp + real, 0, (n - real) * sizeof(float));
-    }
+    FSDP_TRY(init_shard(e, u, FSDP_SEG_TRAIN, host_tmp, NULL));
     FSDP_TRY(fsdp_device_memcpy(&e->dev, row->master, host_tmp, f32, e->dev.compute));
     for (int k = 0; k < sh->optim->n_state && !sh->cfg.inference; k++)
         FSDP_TRY(fsdp_device_memset(&e->dev, row->optim[k], 0, f32, e->dev.compute));

@@ -30,7 +30,9 @@ fsdp_status fsdp_norm_cover_init(fsdp_norm_cover *nc, const fsdp_shardmap *sm)
 {
     memset(nc, 0, sizeof *nc);
     int U = sm->n_units, K = sm->shard_ranks;
-    size_t cap = (size_t)U * (size_t)K + 1;
+    size_t cap = 1;
+    for (int u = 0; u < U; u++)
+        cap += (size_t)sm->units[u].seg_first[FSDP_SEG_TRAIN + 1] * (size_t)K;
     nc->iv_lo = calloc(cap, sizeof *nc->iv_lo);
     nc->iv_hi = calloc(cap, sizeof *nc->iv_hi);
     nc->iv_local = calloc(cap, sizeof *nc->iv_local);
@@ -44,19 +46,24 @@ fsdp_status fsdp_norm_cover_init(fsdp_norm_cover *nc, const fsdp_shardmap *sm)
     size_t base = 0, local_base = 0;
     for (int u = 0; u < U; u++) {
         const fsdp_shard_unit *su = &sm->units[u];
-        size_t local = su->shard_numel / FSDP_NORM_BLOCK, nb = su->n_blocks;
-        for (int k = 0; k < K; k++) {
-            size_t lo = (size_t)k * local, hi = lo + local < nb ? lo + local : nb;
-            if (lo >= hi)
-                continue;
-            nc->iv_lo[nc->n_iv] = base + lo;
-            nc->iv_hi[nc->n_iv] = base + hi;
-            nc->iv_owner[nc->n_iv] = k;
-            nc->iv_local[nc->n_iv] = local_base;
-            nc->n_iv++;
+        for (int i = 0; i < su->seg_first[FSDP_SEG_TRAIN + 1]; i++) {
+            const fsdp_shard_param *sp = &su->params[i];
+            /* owner k holds blocks [k * per, (k+1) * per) of the parameter's real ones */
+            size_t nb = (sp->spec->numel + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
+            size_t per = (fsdp_shard_param_span(sp) + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
+            for (int k = 0; k < K; k++) {
+                size_t lo = (size_t)k * per, hi = lo + per < nb ? lo + per : nb;
+                if (lo >= hi)
+                    continue;
+                nc->iv_lo[nc->n_iv] = base + lo;
+                nc->iv_hi[nc->n_iv] = base + hi;
+                nc->iv_owner[nc->n_iv] = k;
+                nc->iv_local[nc->n_iv] = local_base + sp->block_off;
+                nc->n_iv++;
+            }
+            base += nb;
         }
-        base += nb;
-        local_base += local;
+        local_base += su->n_blocks;
     }
     nc->n_blocks = base;
     /* the longest record: count each owner's cover nodes */

@@ -2,19 +2,21 @@
  * norm_cover.h - the global gradient norm from a few partial sums per
  * rank, bit-identical to one fixed-order sum over every norm block.
  *
- * The order of docs/determinism.md: the sums of squares of the norm blocks (FSDP_NORM_BLOCK
- * elements each) of every unit, unit by unit and block by block (real
+ * The order of docs/determinism.md: the sums of squares of the norm blocks
+ * (FSDP_NORM_BLOCK elements each) of every trainable parameter, unit by
+ * unit, parameter by parameter (flat order) and block by block (real
  * blocks only), added in comm.h's balanced tree over that sequence of M
- * blocks. The blocks of one unit that one rank owns are consecutive in
- * the sequence (an "interval"), so instead of every block a rank sends,
- * for each of its intervals, the values of the maximal subtrees of the
- * global tree that lie inside it (the interval's "cover": at most two per
- * level). Every rank then evaluates the top of the tree from the covers of
- * all owners: the same additions on the same operands as the tree over the
- * M blocks, so the norm is the same bit for bit whatever the number of
- * ranks, nodes or processes, and a rank sends O(units x log M) floats.
+ * blocks. A rank's row range of a parameter is a run of whole blocks
+ * (shardmap.h), consecutive in the sequence (an "interval"), so instead
+ * of every block a rank sends, for each of its intervals, the values of
+ * the maximal subtrees of the global tree that lie inside it (the
+ * interval's "cover": at most two per level). Every rank then evaluates
+ * the top of the tree from the covers of all owners: the same additions
+ * on the same operands as the tree over the M blocks, so the norm is the
+ * same bit for bit whatever the number of ranks, nodes or processes, and
+ * a rank sends O(parameters x log M) floats.
  *
- * Owners: a unit's blocks are split over the ranks that shard it (the
+ * Owners: a parameter's blocks are split over the ranks that shard it (the
  * shard map's shard_ranks: every rank for full and grad-op, a node's ranks
  * for hybrid, one rank for none); owner k is the global rank k, i.e. node
  * 0's ranks under hybrid (the other nodes hold the same gradient shards,

@@ -48,20 +48,17 @@ int fsdp_place_ranges(const fsdp_engine *e, int u, float *master, const float *g
 {
     const fsdp_engine_shared *sh = e->sh;
     const fsdp_shard_unit *su = &sh->sm.units[u];
-    size_t lo = fsdp_shardmap_offset(&sh->sm, u, e->rank), hi = lo + su->shard_numel;
-    if (hi > su->numel) /* past the trainable segment: padding, under which frozen offsets lie */
-        hi = su->numel;
+    int slot = fsdp_shardmap_slot(&sh->sm, e->rank);
     size_t dt = fsdp_dtype_size(sh->cfg.compute_dtype);
     int n = 0;
-    for (int i = 0; i < su->spec->n_params; i++) {
-        const fsdp_param_spec *p = &su->spec->params[i];
-        size_t a, b;
-        if (!fsdp_param_overlap(p, lo, hi, &a, &b))
+    for (int i = 0; i < su->seg_first[FSDP_SEG_TRAIN + 1]; i++) {
+        const fsdp_shard_param *sp = &su->params[i];
+        size_t at, len = fsdp_shard_param_run(sp, slot, &at), off = sp->shard_off;
+        if (!len)
             continue;
-        size_t off = a - lo;
         fsdp_optim_range *r = &ranges[n++];
-        *r = (fsdp_optim_range){.p = master + off, .grad = grad + off, .n = b - a,
-                                .wd = p->decay ? sh->optim_hp.weight_decay : 0.0f,
+        *r = (fsdp_optim_range){.p = master + off, .grad = grad + off, .n = len,
+                                .wd = sp->spec->decay ? sh->optim_hp.weight_decay : 0.0f,
                                 .out_dt = sh->cfg.compute_dtype};
         for (int k = 0; k < sh->optim->n_state; k++)
             r->state[k] = state[k] + off;
@@ -69,4 +66,21 @@ int fsdp_place_ranges(const fsdp_engine *e, int u, float *master, const float *g
             r->p_out = (char *)p_out + off * dt;
     }
     return n;
+}
+
+size_t fsdp_place_sumsq(fsdp_engine *e, fsdp_op_ctx *ctx, float *out)
+{
+    const fsdp_shardmap *sm = &e->sh->sm;
+    size_t off = 0;
+    for (int u = 0; u < sm->n_units; u++) {
+        const fsdp_shard_unit *su = &sm->units[u];
+        const float *grad = fsdp_engine_row(e, u)->grad;
+        for (int i = 0; i < su->seg_first[FSDP_SEG_TRAIN + 1]; i++) {
+            const fsdp_shard_param *sp = &su->params[i];
+            FSDP_OP(ctx, sumsq_blocks, out + off + sp->block_off, grad + sp->shard_off,
+                    fsdp_shard_param_span(sp));
+        }
+        off += su->n_blocks;
+    }
+    return off;
 }

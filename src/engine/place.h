@@ -52,4 +52,10 @@ fsdp_status fsdp_place_alloc_fp32(fsdp_engine *e, int u, bool host);
 int fsdp_place_ranges(const fsdp_engine *e, int u, float *master, const float *grad,
                       float *const *state, void *p_out, fsdp_optim_range *ranges);
 
+/* The sums of squares of the norm blocks of this rank's gradient shards
+ * into out (norm_cover.h's per-rank block order: unit by unit, each
+ * trainable parameter's span from its block_off), by ctx's sumsq_blocks.
+ * Returns the count. */
+size_t fsdp_place_sumsq(fsdp_engine *e, fsdp_op_ctx *ctx, float *out);
+
 #endif /* FSDP_ENGINE_PLACE_H */

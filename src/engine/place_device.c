@@ -70,15 +70,9 @@ static fsdp_status dev_params_ready(fsdp_engine *e, int u)
 
 static fsdp_status dev_grad_sumsq(fsdp_engine *e, float *out)
 {
-    const fsdp_engine_shared *sh = e->sh;
-    size_t off = 0;
     /* the gradient shards are final on the comm stream (unit_ready) */
     FSDP_TRY(fsdp_engine_order(e, e->dev.comm, e->dev.compute, e->ev_tmp));
-    for (int u = 0; u < sh->sm.n_units; u++) {
-        size_t n = sh->sm.units[u].shard_numel;
-        FSDP_OP(&e->ops, sumsq_blocks, e->dev_blocks + off, fsdp_engine_row(e, u)->grad, n);
-        off += n / FSDP_NORM_BLOCK;
-    }
+    size_t off = fsdp_place_sumsq(e, &e->ops, e->dev_blocks);
     FSDP_TRY(fsdp_device_memcpy(&e->dev, out, e->dev_blocks, off * sizeof(float),
                                 e->dev.compute));
     return fsdp_device_stream_sync(&e->dev, e->dev.compute);

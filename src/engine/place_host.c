@@ -285,12 +285,7 @@ static fsdp_status host_params_ready(fsdp_engine *e, int u)
 static fsdp_status host_grad_sumsq(fsdp_engine *e, float *out)
 {
     FSDP_TRY(fsdp_device_stream_sync(&e->dev, e->dev.copy));
-    size_t off = 0;
-    for (int u = 0; u < e->sh->sm.n_units; u++) {
-        size_t n = e->sh->sm.units[u].shard_numel;
-        FSDP_OP(&e->ops_host, sumsq_blocks, out + off, fsdp_engine_row(e, u)->grad, n);
-        off += n / FSDP_NORM_BLOCK;
-    }
+    fsdp_place_sumsq(e, &e->ops_host, out);
     return FSDP_STATUS_OK;
 }
 

@@ -2,6 +2,7 @@
  * shardmap.c - the sharding strategies' names, and building the shard map
  * from a model's units.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/shardmap.h"
@@ -37,6 +38,79 @@ fsdp_status fsdp_shard_strategy_parse(const char *s, fsdp_shard_strategy *out)
                                                       sizeof names));
 }
 
+static size_t gcd_sz(size_t a, size_t b)
+{
+    while (b) {
+        size_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+static int by_offset(const void *a, const void *b)
+{
+    const fsdp_shard_param *x = a, *y = b;
+    return (x->spec->offset > y->spec->offset) - (x->spec->offset < y->spec->offset);
+}
+
+/* Unit `spec`'s parameters in flat order, each split on dim 0 over k ranks
+ * (shardmap.h), and its segments' shard sizes: a segment's shard is its
+ * parameters' spans back to back, padded to whole norm blocks. */
+static fsdp_status layout_unit(fsdp_shard_unit *su, const fsdp_unit_spec *spec, int k)
+{
+    su->spec = spec;
+    su->n_params = spec->n_params;
+    su->params = calloc((size_t)spec->n_params + 1, sizeof *su->params);
+    if (!su->params)
+        return FSDP_STATUS_OOM;
+    for (int i = 0; i < spec->n_params; i++)
+        su->params[i].spec = &spec->params[i];
+    qsort(su->params, (size_t)spec->n_params, sizeof *su->params, by_offset);
+    size_t seg_numel[FSDP_SEG_COUNT] = {0}, seg_shard[FSDP_SEG_COUNT] = {0};
+    int seg = 0;
+    for (int i = 0; i < spec->n_params; i++) {
+        fsdp_shard_param *sp = &su->params[i];
+        const fsdp_param_spec *p = sp->spec;
+        fsdp_shard_seg s = p->offset < spec->train_numel ? FSDP_SEG_TRAIN
+                           : p->offset < spec->nf4_begin ? FSDP_SEG_FROZEN
+                                                         : FSDP_SEG_NF4;
+        while (seg <= (int)s)
+            su->seg_first[seg++] = i;
+        sp->seg = s;
+        sp->rows = p->ndim > 0 && p->shape[0] > 0 ? (size_t)p->shape[0] : 1;
+        sp->row_numel = p->numel / sp->rows;
+        sp->shard_rows = (sp->rows + (size_t)k - 1) / (size_t)k;
+        if (k > 1) { /* a slot's span is whole norm blocks (NF4 blocks divide them) */
+            size_t step = FSDP_NORM_BLOCK / gcd_sz(FSDP_NORM_BLOCK, sp->row_numel);
+            sp->shard_rows = (sp->shard_rows + step - 1) / step * step;
+            if (sp->shard_rows * sp->row_numel > p->numel) /* padding over its size: whole */
+                sp->shard_rows = sp->rows;
+        }
+        sp->shard_off = seg_shard[s];
+        seg_shard[s] += fsdp_shard_param_span(sp);
+        if (s == FSDP_SEG_TRAIN) {
+            sp->block_off = su->n_blocks;
+            su->n_blocks += (fsdp_shard_param_span(sp) + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
+        }
+        seg_numel[s] += p->numel;
+    }
+    while (seg <= FSDP_SEG_COUNT)
+        su->seg_first[seg++] = spec->n_params;
+    for (int s = 0; s < FSDP_SEG_COUNT; s++)
+        seg_shard[s] = (seg_shard[s] + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK * FSDP_NORM_BLOCK;
+    su->numel = seg_numel[FSDP_SEG_TRAIN];
+    su->shard_numel = seg_shard[FSDP_SEG_TRAIN];
+    su->padded_numel = su->shard_numel * (size_t)k;
+    su->frozen_numel = seg_numel[FSDP_SEG_FROZEN];
+    su->frozen_shard = seg_shard[FSDP_SEG_FROZEN];
+    su->frozen_padded = su->frozen_shard * (size_t)k;
+    su->nf4_numel = seg_numel[FSDP_SEG_NF4];
+    su->nf4_shard = seg_shard[FSDP_SEG_NF4];
+    su->nf4_padded = su->nf4_shard * (size_t)k;
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_shardmap_init(fsdp_shardmap *sm, const fsdp_model *m, int n_ranks,
                                fsdp_shard_strategy strategy)
 {
@@ -66,22 +140,10 @@ fsdp_status fsdp_shardmap_init_nodes(fsdp_shardmap *sm, const fsdp_model *m, int
     sm->units = calloc((size_t)m->n_units, sizeof *sm->units);
     if (!sm->units)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the shard map");
-    size_t align = FSDP_NORM_BLOCK * (size_t)sm->shard_ranks;
     for (int u = 0; u < m->n_units; u++) {
         fsdp_shard_unit *su = &sm->units[u];
-        su->spec = &m->units[u];
-        su->numel = m->units[u].train_numel;
-        su->padded_numel = (su->numel + align - 1) / align * align;
-        su->shard_numel = su->padded_numel / (size_t)sm->shard_ranks;
-        su->frozen_numel = m->units[u].nf4_begin - m->units[u].train_numel;
-        su->frozen_padded = (su->frozen_numel + align - 1) / align * align;
-        su->frozen_shard = su->frozen_padded / (size_t)sm->shard_ranks;
-        su->nf4_numel = m->units[u].numel - m->units[u].nf4_begin; /* align: whole NF4 blocks */
-        su->nf4_padded = (su->nf4_numel + align - 1) / align * align;
-        su->nf4_shard = su->nf4_padded / (size_t)sm->shard_ranks;
-        su->n_blocks = (su->numel + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
         su->rows = calloc((size_t)n_ranks, sizeof *su->rows);
-        if (!su->rows) {
+        if (!su->rows || layout_unit(su, &m->units[u], sm->shard_ranks) != FSDP_STATUS_OK) {
             fsdp_shardmap_free(sm);
             return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the shard map");
         }
@@ -96,8 +158,10 @@ fsdp_status fsdp_shardmap_init_nodes(fsdp_shardmap *sm, const fsdp_model *m, int
 void fsdp_shardmap_free(fsdp_shardmap *sm)
 {
     if (sm->units)
-        for (int u = 0; u < sm->n_units; u++)
+        for (int u = 0; u < sm->n_units; u++) {
             free(sm->units[u].rows);
+            free(sm->units[u].params);
+        }
     free(sm->units);
     memset(sm, 0, sizeof *sm);
 }

@@ -1,13 +1,29 @@
 /*
- * shardmap.h - how each FSDP unit's flat parameters are split over ranks,
- * and each rank's live buffers for it. One map per world, shared by all
- * rank threads.
+ * shardmap.h - how each FSDP unit's parameters are split over ranks, and
+ * each rank's live buffers for it. One map per world, shared by all rank
+ * threads.
  *
- * A unit's parameters are laid out back to back in one flat buffer of
- * `numel` elements, padded with zeros to `padded_numel`, a multiple of
- * shard_ranks * FSDP_NORM_BLOCK so every shard is a whole number of norm
- * blocks, and split over shard_ranks ranks: rank r owns [k * shard_numel,
- * (k+1) * shard_numel) with k = r % shard_ranks.
+ * Per-parameter shards, as FSDP2 makes them: every parameter is split on
+ * its first dimension over the shard_ranks ranks of its group, so rank
+ * slot k (k = r % shard_ranks) holds rows [k * R, (k+1) * R) of it, R =
+ * its shard_rows (the last slots fewer rows, or none: padding, zero in
+ * every array). A rank's shard of a unit's segment is its row ranges of
+ * the segment's parameters, back to back in the unit's flat order
+ * (fsdp_shard_param.shard_off), so the ranks' shards side by side
+ * ("rank-major": what an all-gather returns, what a reduce-scatter takes)
+ * are a permutation of the model's flat buffer plus padding: gathers copy
+ * them out into the model's layout, reductions copy the gradient in
+ * (engine_gather.c, engine.c).
+ *
+ * With more than one shard rank, R is padded so that R x the row's
+ * elements is a whole number of norm blocks (FSDP_NORM_BLOCK: the
+ * gradient norm sums blocks of each parameter that never straddle two
+ * owners, whatever the group size: docs/determinism.md) and of NF4 blocks;
+ * a parameter whose slot would then be larger than the parameter itself
+ * (biases, norm weights, the small matrices of tiny models) is held whole
+ * by slot 0 (R = its rows), the other slots padding of its size.
+ * With one (shard none, one rank) R is the parameter's rows: the shard is
+ * the model's flat segment itself, padded at its end only.
  *   FULL_SHARD, SHARD_GRAD_OP  shard_ranks = n_ranks: every rank its own shard
  *   HYBRID                     shard_ranks = ranks per node (n_ranks / n_nodes):
  *                              sharded within a node, the node's shards
@@ -65,38 +81,84 @@ typedef struct fsdp_shard_row {
     fsdp_unit_state state;
 } fsdp_shard_row;
 
-/* A unit is up to three segments, each padded and split over the shard
- * ranks on its own: the trainable parameters, [0, spec->train_numel) of the
- * flat buffer (numel, padded_numel and shard_numel below: they have masters,
- * gradients, optimizer state and reductions), the frozen dense ones,
- * [train_numel, spec->nf4_begin) (frozen_*: a compute-dtype shard only), and
- * the frozen NF4 ones, [nf4_begin, spec->numel) (nf4_*: codes and fp32
- * absmax, ops/nf4.h; dequantized into the gathered buffer right after their
- * all-gather). A model with nothing frozen has one segment, laid out as
- * always. Any may be empty (0 elements, no buffers, no collectives). */
+/* The segments of a unit, in the order of its flat buffer. */
+typedef enum fsdp_shard_seg {
+    FSDP_SEG_TRAIN = 0, /* trainable: masters, gradients, optimizer state, reductions */
+    FSDP_SEG_FROZEN,    /* frozen, dense: a compute-dtype shard only */
+    FSDP_SEG_NF4,       /* frozen, NF4: codes and fp32 absmax */
+    FSDP_SEG_COUNT
+} fsdp_shard_seg;
+
+/* One parameter's place in its segment's shards (see the top of this file). */
+typedef struct fsdp_shard_param {
+    const fsdp_param_spec *spec;
+    fsdp_shard_seg seg;
+    size_t rows;           /* dim 0 (1 for a scalar) */
+    size_t row_numel;      /* elements of one row: numel / rows */
+    size_t shard_rows;     /* rows per rank slot, padded (R) */
+    size_t shard_off;      /* its first element in every rank's shard of the segment */
+    size_t block_off;      /* trainable: its first norm block in a rank's block array of
+                            * the unit (ceil(span / FSDP_NORM_BLOCK) blocks each) */
+} fsdp_shard_param;
+
+/* Elements of a rank's shard that hold parameter sp (real rows and padding). */
+static inline size_t fsdp_shard_param_span(const fsdp_shard_param *sp)
+{
+    return sp->shard_rows * sp->row_numel;
+}
+
+/* Rank slot k's real rows of sp: elements [*flat, *flat + return value) of
+ * the unit's flat buffer, held at sp->shard_off of slot k's shard (the
+ * rest of its span is padding); 0 when slot k holds padding only. */
+static inline size_t fsdp_shard_param_run(const fsdp_shard_param *sp, int k, size_t *flat)
+{
+    size_t r0 = (size_t)k * sp->shard_rows, r1 = r0 + sp->shard_rows;
+    *flat = sp->spec->offset + r0 * sp->row_numel;
+    if (r0 >= sp->rows)
+        return 0;
+    return ((r1 < sp->rows ? r1 : sp->rows) - r0) * sp->row_numel;
+}
+
+/* A unit is up to three segments (fsdp_shard_seg), each split over the
+ * shard ranks on its own: the trainable parameters, [0, spec->train_numel)
+ * of the flat buffer (numel, padded_numel and shard_numel below: they have
+ * masters, gradients, optimizer state and reductions), the frozen dense
+ * ones, [train_numel, spec->nf4_begin) (frozen_*: a compute-dtype shard
+ * only), and the frozen NF4 ones, [nf4_begin, spec->numel) (nf4_*: codes
+ * and fp32 absmax, ops/nf4.h; dequantized into the gathered buffer right
+ * after their all-gather). `padded` is shard_ranks x the shard: the
+ * rank-major buffer's elements. A model with nothing frozen has one
+ * segment. Any may be empty (0 elements, no buffers, no collectives). */
 typedef struct fsdp_shard_unit {
     const fsdp_unit_spec *spec;
     size_t numel;          /* trainable, unpadded (= spec->train_numel) */
     size_t padded_numel;
     size_t shard_numel;    /* per rank */
-    size_t n_blocks;       /* norm blocks holding real elements: ceil(numel / BLOCK) */
+    size_t n_blocks;       /* norm blocks of a rank's trainable shard: the block_off
+                            * sequence's end (a rank's sums of squares, place.h) */
     size_t frozen_numel;   /* frozen dense, unpadded (spec->nf4_begin - spec->train_numel) */
     size_t frozen_padded;
     size_t frozen_shard;   /* per rank */
     size_t nf4_numel;      /* NF4, unpadded (spec->numel - spec->nf4_begin) */
     size_t nf4_padded;     /* a multiple of shard_ranks * FSDP_NORM_BLOCK: whole NF4 blocks */
     size_t nf4_shard;      /* per rank, elements */
+    int n_params;
+    fsdp_shard_param *params; /* [n_params], in flat order: the segments one after another */
+    int seg_first[FSDP_SEG_COUNT + 1]; /* segment s is params [seg_first[s], seg_first[s+1]) */
     fsdp_shard_row *rows;  /* [n_ranks] */
 } fsdp_shard_unit;
 
 /* Elements of a unit's gathered buffer, laid out as the model's flat
  * buffer: the trainable segment, the frozen one at spec->train_numel, the
- * NF4 one at spec->nf4_begin. Each segment's gather writes its padding over
- * the start of the next one, which that segment's gather (issued after it,
- * on the same stream) then writes, so the buffer ends with the last
- * segment's padding. */
-static inline size_t fsdp_shardmap_gathered_numel(const fsdp_shard_unit *su)
+ * NF4 one at spec->nf4_begin. Sharded over several ranks, the gathers copy
+ * out the real elements only: spec->numel. Over one, each segment's shard
+ * is copied whole, its end padding over the start of the next segment
+ * (whose copy, issued after it on the same stream, writes it), so the
+ * buffer ends with the last segment's padding. */
+static inline size_t fsdp_shardmap_gathered_numel(const fsdp_shard_unit *su, int shard_ranks)
 {
+    if (shard_ranks > 1)
+        return su->spec->numel;
     if (su->nf4_numel)
         return su->spec->nf4_begin + su->nf4_padded;
     if (su->frozen_numel)
@@ -132,24 +194,18 @@ fsdp_status fsdp_shardmap_init_nodes(fsdp_shardmap *sm, const fsdp_model *m, int
                                      int n_nodes, fsdp_shard_strategy strategy);
 void fsdp_shardmap_free(fsdp_shardmap *sm);
 
-/* First element (in the unit's flat buffer) of rank r's shard. */
-static inline size_t fsdp_shardmap_offset(const fsdp_shardmap *sm, int unit, int rank)
+/* Rank r's slot in the shard group of every unit (0 .. shard_ranks - 1). */
+static inline int fsdp_shardmap_slot(const fsdp_shardmap *sm, int rank)
 {
-    return (size_t)(rank % sm->shard_ranks) * sm->units[unit].shard_numel;
+    return rank % sm->shard_ranks;
 }
 
-/* First element (in the unit's flat buffer) of rank r's frozen shard. */
-static inline size_t fsdp_shardmap_frozen_offset(const fsdp_shardmap *sm, int unit, int rank)
+/* Elements of a rank's shard of segment `seg` of unit su. */
+static inline size_t fsdp_shard_seg_numel(const fsdp_shard_unit *su, fsdp_shard_seg seg)
 {
-    const fsdp_shard_unit *su = &sm->units[unit];
-    return su->numel + (size_t)(rank % sm->shard_ranks) * su->frozen_shard;
-}
-
-/* First element (in the unit's flat buffer) of rank r's NF4 shard. */
-static inline size_t fsdp_shardmap_nf4_offset(const fsdp_shardmap *sm, int unit, int rank)
-{
-    const fsdp_shard_unit *su = &sm->units[unit];
-    return su->spec->nf4_begin + (size_t)(rank % sm->shard_ranks) * su->nf4_shard;
+    return seg == FSDP_SEG_TRAIN ? su->shard_numel
+           : seg == FSDP_SEG_FROZEN ? su->frozen_shard
+                                    : su->nf4_shard;
 }
 
 /* Find the unit and element offset of a parameter by name (NULL if none). */

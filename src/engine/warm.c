@@ -111,8 +111,14 @@ static bool sharded(const struct replay *r)
 
 static size_t gather_bytes(const struct replay *r, int u)
 {
-    return fsdp_shardmap_gathered_numel(unit(r, u)) *
+    return fsdp_shardmap_gathered_numel(unit(r, u), r->e->sh->sm.shard_ranks) *
            fsdp_dtype_size(r->e->sh->cfg.compute_dtype);
+}
+
+/* Whether the ranks' shards side by side differ from the model's layout. */
+static bool permuted(const struct replay *r)
+{
+    return r->e->sh->sm.shard_ranks > 1;
 }
 
 /* Whether the trainable shard lives in pinned host memory (engine.h). */
@@ -140,7 +146,20 @@ static size_t nf4_gather_bytes(const struct replay *r, int u)
 
 static size_t grad_bytes(const struct replay *r, int u)
 {
-    return unit(r, u)->padded_numel * sizeof(float);
+    return fsdp_engine_grad_full_numel(r->e, u) * sizeof(float);
+}
+
+/* The reduce-scatter's rank-major copy of the gradient (engine.c's
+ * grad_reduce), made from the full gradient, which goes, and freed once
+ * the collective has read it; without it the full gradient goes. */
+static void reduce_send(struct replay *r, int u)
+{
+    size_t pack = unit(r, u)->padded_numel * sizeof(float);
+    if (permuted(r))
+        take(&r->s, pack, 1);
+    give(&r->s, grad_bytes(r, u), 1);
+    if (permuted(r))
+        give(&r->s, pack, 1);
 }
 
 static size_t accum_bytes(const struct replay *r, int u)
@@ -158,20 +177,26 @@ static void gather(struct replay *r, int u)
         take(&r->s, gather_bytes(r, u), 1);
     const fsdp_shard_unit *su = unit(r, u);
     size_t dt = fsdp_dtype_size(r->e->sh->cfg.compute_dtype);
-    /* engine.c's stage: uploads of host shards, each freed once its all-gather
-     * has read it; unsharded, a plain copy from the host */
-    size_t train_up = su->shard_numel * dt;
-    if (params_host(r) && train_up && sharded(r)) {
-        take(&r->s, train_up, 1);
-        give(&r->s, train_up, 1);
-    }
+    /* engine_gather.c's gather_segment, each segment: the upload of a host
+     * shard, the rank-major buffer, the upload freed once the all-gather has
+     * read it, the rank-major buffer once copied out */
     bool staged = r->e->sh->cfg.offload_params;
-    size_t frozen_up = su->frozen_shard * dt;
-    size_t nf4_up = su->nf4_numel ? fsdp_shardmap_nf4_bytes(su) : 0;
-    if (staged && frozen_up && sharded(r)) {
-        take(&r->s, frozen_up, 1);
-        give(&r->s, frozen_up, 1);
+    size_t up[2] = {params_host(r) ? su->shard_numel * dt : 0,
+                    staged ? su->frozen_shard * dt : 0};
+    size_t rm[2] = {su->padded_numel * dt, su->frozen_padded * dt};
+    for (int seg = 0; seg < 2 && sharded(r); seg++) {
+        if (!rm[seg])
+            continue;
+        if (up[seg])
+            take(&r->s, up[seg], 1);
+        if (permuted(r))
+            take(&r->s, rm[seg], 1);
+        if (up[seg])
+            give(&r->s, up[seg], 1);
+        if (permuted(r))
+            give(&r->s, rm[seg], 1);
     }
+    size_t nf4_up = su->nf4_numel ? fsdp_shardmap_nf4_bytes(su) : 0;
     if (staged && nf4_up)
         take(&r->s, nf4_up, 1);
     if (nf4_gather_bytes(r, u)) {
@@ -204,7 +229,7 @@ static void reduce(struct replay *r, int u, int j, int A)
         return;
     if (r->host) { /* the reduction's buffer, the full gradient, the buffer */
         take(&r->s, accum_bytes(r, u), 1);
-        give(&r->s, grad_bytes(r, u), 1);
+        reduce_send(r, u);
         give(&r->s, accum_bytes(r, u), 1);
         return;
     }
@@ -217,7 +242,7 @@ static void reduce(struct replay *r, int u, int j, int A)
         take(&r->s, accum_bytes(r, u), (size_t)(k + 1 - r->made[u]));
         r->made[u] = k + 1;
     }
-    give(&r->s, grad_bytes(r, u), 1);
+    reduce_send(r, u);
     if (j == A - 1 && !r->lent) {
         give(&r->s, accum_bytes(r, u), (size_t)r->made[u]);
         r->made[u] = 0;
@@ -297,7 +322,7 @@ fsdp_status fsdp_engine_warm_up(fsdp_engine *e)
             r.lent = e->acc.units[u].buf[0] != NULL;
             break;
         }
-    r.s.cap = 7 * U + 7; /* + the exchanges' send and receive sizes */
+    r.s.cap = 11 * U + 7; /* + the exchanges' send and receive sizes */
     r.s.v = calloc((size_t)r.s.cap, sizeof *r.s.v);
     r.gathered = calloc((size_t)U, sizeof *r.gathered);
     r.made = calloc((size_t)U, sizeof *r.made);

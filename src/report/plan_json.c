@@ -85,65 +85,73 @@ void fsdp_plan_write_json(FILE *f, const fsdp_plan *p)
 
 /* ---- shard maps ------------------------------------------------------------- */
 
-/* Rank r's element range of unit u, and how many of them are real. */
-static void rank_range(const fsdp_shardmap *sm, int u, int r, size_t *begin, size_t *end,
-                       size_t *real)
+/* How many elements of rank r's shards of unit u (all segments) are real. */
+static size_t rank_real(const fsdp_shardmap *sm, int u, int r)
 {
     const fsdp_shard_unit *su = &sm->units[u];
-    *begin = fsdp_shardmap_offset(sm, u, r);
-    *end = *begin + su->shard_numel;
-    *real = *begin >= su->numel ? 0 : (*end < su->numel ? *end : su->numel) - *begin;
+    size_t real = 0, at;
+    for (int i = 0; i < su->n_params; i++)
+        real += fsdp_shard_param_run(&su->params[i], fsdp_shardmap_slot(sm, r), &at);
+    return real;
 }
+
+/* Rank r's rows [*r0, *r1) of sp (empty when it holds padding only). */
+static void param_rows(const fsdp_shardmap *sm, const fsdp_shard_param *sp, int r, size_t *r0,
+                       size_t *r1)
+{
+    size_t at, n = fsdp_shard_param_run(sp, fsdp_shardmap_slot(sm, r), &at);
+    *r0 = (at - sp->spec->offset) / sp->row_numel;
+    *r1 = *r0 + n / sp->row_numel;
+    if (!n)
+        *r0 = *r1 = sp->rows;
+}
+
+static const char *const seg_names[FSDP_SEG_COUNT] = {"trainable", "frozen", "nf4"};
 
 void fsdp_plan_shardmap_table(FILE *f, const fsdp_shardmap *sm, const char *model, bool params)
 {
     int N = sm->n_ranks;
     fprintf(f, "fsdp shardmap: model %s, %zu parameters in %d units, %d device(s), shard %s\n",
-            model, sm->numel, sm->n_units, N, fsdp_shard_strategy_name(sm->strategy));
-    if (sm->strategy == FSDP_SHARD_NONE)
-        fprintf(f, "  NO_SHARD: every rank holds each whole unit, padded to a multiple of %d "
-                   "elements\n", FSDP_NORM_BLOCK);
-    else if (sm->strategy == FSDP_SHARD_HYBRID)
-        fprintf(f, "  HYBRID: sharded within each of %d node(s) of %d ranks and replicated across "
-                   "them; each unit's flat buffer is padded to a multiple of %d x %d elements; "
-                   "rank r owns [(r %% %d) * shard, (r %% %d + 1) * shard)\n",
-                sm->n_nodes, sm->shard_ranks, sm->shard_ranks, FSDP_NORM_BLOCK, sm->shard_ranks,
-                sm->shard_ranks);
-    else
-        fprintf(f, "  each unit's flat buffer is padded to a multiple of %d x %d elements; rank r "
-                   "owns [r * shard, (r+1) * shard)\n", N, FSDP_NORM_BLOCK);
-    fprintf(f, "  %zu elements in all after padding (+%zu, %.2f%%)\n\n", sm->padded_numel,
-            sm->padded_numel - sm->numel,
-            sm->numel ? 100.0 * (double)(sm->padded_numel - sm->numel) / (double)sm->numel : 0.0);
-    fprintf(f, "%-10s %6s %12s %12s %12s %5s  %-26s %12s\n", "unit", "params", "numel", "padded",
-            "shard", "rank", "range", "real");
+            model, sm->numel + sm->frozen_numel + sm->nf4_numel, sm->n_units, N,
+            fsdp_shard_strategy_name(sm->strategy));
+    fprintf(f, "  every parameter is split on its first dimension over %d rank(s)%s: rank r holds "
+               "rows [k * R, (k+1) * R) of it, k = r %% %d, R its rows per rank%s\n",
+            sm->shard_ranks,
+            sm->strategy == FSDP_SHARD_HYBRID ? " (a node's; replicated across nodes)"
+            : sm->strategy == FSDP_SHARD_NONE ? " (no sharding: every rank all of it)"
+                                              : "",
+            sm->shard_ranks,
+            sm->shard_ranks > 1 ? ", padded so that R rows are whole norm blocks" : "");
+    size_t real = sm->numel + sm->frozen_numel + sm->nf4_numel, padded = 0;
+    for (int u = 0; u < sm->n_units; u++)
+        padded += sm->units[u].padded_numel + sm->units[u].frozen_padded +
+                  sm->units[u].nf4_padded;
+    fprintf(f, "  %zu elements in all after padding (+%zu, %.2f%%)\n\n", padded, padded - real,
+            real ? 100.0 * (double)(padded - real) / (double)real : 0.0);
+    fprintf(f, "%-10s %6s %12s %12s %12s %5s %12s\n", "unit", "params", "numel", "padded",
+            "shard", "rank", "real");
     for (int u = 0; u < sm->n_units; u++) {
         const fsdp_shard_unit *su = &sm->units[u];
+        size_t shard = su->shard_numel + su->frozen_shard + su->nf4_shard;
         for (int r = 0; r < N; r++) {
-            size_t b, e, real;
-            rank_range(sm, u, r, &b, &e, &real);
-            char range[64];
-            snprintf(range, sizeof range, "[%zu, %zu)", b, e);
             if (r == 0)
                 fprintf(f, "%-10s %6d %12zu %12zu %12zu", su->spec->name, su->spec->n_params,
-                        su->numel, su->padded_numel, su->shard_numel);
+                        su->spec->numel, shard * (size_t)sm->shard_ranks, shard);
             else
                 fprintf(f, "%-10s %6s %12s %12s %12s", "", "", "", "", "");
-            fprintf(f, " %5d  %-26s %12zu\n", r, range, real);
+            fprintf(f, " %5d %12zu\n", r, rank_real(sm, u, r));
             if (!params)
                 continue;
-            /* the parameter slices inside [b, e) */
+            /* each parameter's rows on this rank */
             int col = 0;
-            for (int i = 0; i < su->spec->n_params; i++) {
-                const fsdp_param_spec *p = &su->spec->params[i];
-                size_t lo, hi;
-                if (!fsdp_param_overlap(p, b, e, &lo, &hi))
-                    continue;
+            for (int i = 0; i < su->n_params; i++) {
+                const fsdp_shard_param *sp = &su->params[i];
+                size_t r0, r1;
+                param_rows(sm, sp, r, &r0, &r1);
                 char slice[128];
-                int len = snprintf(slice, sizeof slice, "%s[%zu:%zu)", p->name, lo - p->offset,
-                                   hi - p->offset);
+                int len = snprintf(slice, sizeof slice, "%s[%zu:%zu)", sp->spec->name, r0, r1);
                 if (col == 0)
-                    col = fprintf(f, "%8s%s", "", "owns ");
+                    col = fprintf(f, "%8s%s", "", "rows ");
                 else if (col + len > 118)
                     col = fprintf(f, "\n%13s", "") - 1;
                 else
@@ -160,34 +168,39 @@ void fsdp_plan_shardmap_json(FILE *f, const fsdp_shardmap *sm, const char *model
 {
     fprintf(f, "{\"model\":");
     fsdp_json_write_str(f, model);
-    fprintf(f, ",\"devices\":%d,\"shard\":\"%s\",\"norm_block\":%d,\"params\":%zu,"
-               "\"padded_params\":%zu,\"units\":[",
-            sm->n_ranks, fsdp_shard_strategy_name(sm->strategy), FSDP_NORM_BLOCK, sm->numel,
-            sm->padded_numel);
+    fprintf(f, ",\"devices\":%d,\"shard\":\"%s\",\"shard_ranks\":%d,\"norm_block\":%d,"
+               "\"params\":%zu,\"padded_params\":%zu,\"units\":[",
+            sm->n_ranks, fsdp_shard_strategy_name(sm->strategy), sm->shard_ranks,
+            FSDP_NORM_BLOCK, sm->numel, sm->padded_numel);
     for (int u = 0; u < sm->n_units; u++) {
         const fsdp_shard_unit *su = &sm->units[u];
         fprintf(f, "%s\n{\"name\":", u ? "," : "");
         fsdp_json_write_str(f, su->spec->name);
-        fprintf(f, ",\"numel\":%zu,\"padded_numel\":%zu,\"shard_numel\":%zu,\"params\":[",
-                su->numel, su->padded_numel, su->shard_numel);
-        for (int i = 0; i < su->spec->n_params; i++) {
-            const fsdp_param_spec *p = &su->spec->params[i];
+        fprintf(f, ",\"numel\":%zu,\"padded_numel\":%zu,\"shard_numel\":%zu,"
+                   "\"frozen_shard_numel\":%zu,\"nf4_shard_numel\":%zu,\"params\":[",
+                su->numel, su->padded_numel, su->shard_numel, su->frozen_shard, su->nf4_shard);
+        for (int i = 0; i < su->n_params; i++) {
+            const fsdp_shard_param *sp = &su->params[i];
+            const fsdp_param_spec *p = sp->spec;
             fprintf(f, "%s{\"name\":", i ? "," : "");
             fsdp_json_write_str(f, p->name);
             fprintf(f, ",\"shape\":[");
             for (int d = 0; d < p->ndim; d++)
                 fprintf(f, "%s%lld", d ? "," : "", (long long)p->shape[d]);
-            fprintf(f, "],\"offset\":%zu,\"numel\":%zu}", p->offset, p->numel);
+            fprintf(f, "],\"offset\":%zu,\"numel\":%zu,\"segment\":\"%s\",\"shard_rows\":%zu,"
+                       "\"shard_offset\":%zu,\"rows\":[",
+                    p->offset, p->numel, seg_names[sp->seg], sp->shard_rows, sp->shard_off);
+            for (int r = 0; r < sm->n_ranks; r++) {
+                size_t r0, r1;
+                param_rows(sm, sp, r, &r0, &r1);
+                fprintf(f, "%s[%zu,%zu]", r ? "," : "", r0, r1);
+            }
+            fprintf(f, "]}");
         }
         fprintf(f, "],\"ranks\":[");
-        for (int r = 0; r < sm->n_ranks; r++) {
-            size_t b, e, real;
-            rank_range(sm, u, r, &b, &e, &real);
-            fprintf(f, "%s{\"rank\":%d,\"begin\":%zu,\"end\":%zu,\"real\":%zu}", r ? "," : "", r, b,
-                    e, real);
-        }
+        for (int r = 0; r < sm->n_ranks; r++)
+            fprintf(f, "%s{\"rank\":%d,\"real\":%zu}", r ? "," : "", r, rank_real(sm, u, r));
         fprintf(f, "]}");
     }
     fprintf(f, "\n]}\n");
 }
-
