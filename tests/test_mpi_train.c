@@ -470,24 +470,30 @@ static void cover_matches_tree(const fsdp_model *m, int n_ranks, int n_nodes,
     int K = sm.shard_ranks;
     size_t n_local = 0;
     for (int u = 0; u < sm.n_units; u++)
-        n_local += sm.units[u].shard_numel / FSDP_NORM_BLOCK;
+        n_local += sm.units[u].n_blocks;
     float *blocks = calloc((size_t)K * n_local + 1, sizeof *blocks);
     float *recs = calloc((size_t)K * nc.record_len + 1, sizeof *recs);
     float *order = calloc(nc.n_blocks + 1, sizeof *order);
     ck_assert(blocks && recs && order);
-    /* owner k's blocks, unit by unit (place.h grad_sumsq's layout), and the
-     * global order: unit by unit, block by block */
+    /* owner k's blocks, unit by unit and parameter by parameter from its block_off
+     * (place.h's fsdp_place_sumsq layout), and the global order: unit by unit,
+     * trainable parameter by parameter, block by block */
     size_t g = 0, base = 0;
     for (int u = 0; u < sm.n_units; u++) {
-        size_t local = sm.units[u].shard_numel / FSDP_NORM_BLOCK;
-        for (size_t b = 0; b < sm.units[u].n_blocks; b++) {
-            int k = (int)(b / local);
-            uint64_t x = fsdp_rng_mix(seed ^ (g << 8));
-            float v = (float)(x >> 40) * 1e-3f + (float)(x & 0xff);
-            blocks[(size_t)k * n_local + base + b % local] = v;
-            order[g++] = v;
+        const fsdp_shard_unit *su = &sm.units[u];
+        for (int i = 0; i < su->seg_first[FSDP_SEG_TRAIN + 1]; i++) {
+            const fsdp_shard_param *sp = &su->params[i];
+            size_t nb = (sp->spec->numel + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
+            size_t per = (fsdp_shard_param_span(sp) + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
+            for (size_t b = 0; b < nb; b++) {
+                int k = (int)(b / per);
+                uint64_t x = fsdp_rng_mix(seed ^ (g << 8));
+                float v = (float)(x >> 40) * 1e-3f + (float)(x & 0xff);
+                blocks[(size_t)k * n_local + base + sp->block_off + b % per] = v;
+                order[g++] = v;
+            }
         }
-        base += local;
+        base += su->n_blocks;
     }
     ck_assert_uint_eq(g, nc.n_blocks);
     for (int k = 0; k < K; k++)
