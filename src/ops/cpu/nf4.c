@@ -90,7 +90,7 @@ __attribute__((target("avx512f"))) static void nf4_avx512(void *out, fsdp_dtype 
             idx = _mm512_and_si512(_mm512_srlv_epi32(idx, shifts), mask);
             const __m512 x = _mm512_mul_ps(_mm512_permutexvar_ps(idx, table), a);
             if (dt == FSDP_DTYPE_BF16)
-                fsdp_bf16_store_avx512((fsdp_bf16 *)out + i0 + 2 * k, x);
+                fsdp_bf16_store_avx512f((fsdp_bf16 *)out + i0 + 2 * k, x);
             else
                 _mm512_storeu_ps((float *)out + i0 + 2 * k, x);
         }

@@ -219,39 +219,15 @@ static fsdp_status cuda_ops_sync_error(fsdp_op_ctx *ctx)
 }
 
 /* Each slot by its name (designated initialisers; C++ wants them in the
- * order of struct fsdp_ops_i, and nvcc refuses any other order). */
+ * order of struct fsdp_ops_i, and nvcc refuses any other order: ops.h's
+ * FSDP_OPS_EACH_OP keeps it). */
+#define CUDA_SLOT(op) .op = fsdp_ops_cuda_##op,
+
 static const struct fsdp_ops_i cuda_ops_i = {
     .name = "cuda",
     .fini = cuda_ops_fini,
-    .embed_fwd = fsdp_ops_cuda_embed_fwd,
-    .embed_bwd = fsdp_ops_cuda_embed_bwd,
-    .layernorm_fwd = fsdp_ops_cuda_layernorm_fwd,
-    .layernorm_bwd = fsdp_ops_cuda_layernorm_bwd,
-    .matmul_fwd = fsdp_ops_cuda_matmul_fwd,
-    .matmul_bwd = fsdp_ops_cuda_matmul_bwd,
-    .lora_fwd = fsdp_ops_cuda_lora_fwd,
-    .lora_bwd = fsdp_ops_cuda_lora_bwd,
-    .gelu_fwd = fsdp_ops_cuda_gelu_fwd,
-    .gelu_bwd = fsdp_ops_cuda_gelu_bwd,
-    .attention_fwd = fsdp_ops_cuda_attention_fwd,
-    .attention_bwd = fsdp_ops_cuda_attention_bwd,
-    .residual_fwd = fsdp_ops_cuda_residual_fwd,
-    .xent_fwd_bwd = fsdp_ops_cuda_xent_fwd_bwd,
-    .adamw = fsdp_ops_cuda_adamw,
-    .sgd = fsdp_ops_cuda_sgd,
-    .cast = fsdp_ops_cuda_cast,
-    .nf4_dequant = fsdp_ops_cuda_nf4_dequant,
-    .add = fsdp_ops_cuda_add,
-    .sumsq_blocks = fsdp_ops_cuda_sumsq_blocks,
     .sync_error = cuda_ops_sync_error,
-    .rmsnorm_fwd = fsdp_ops_cuda_rmsnorm_fwd,
-    .rmsnorm_bwd = fsdp_ops_cuda_rmsnorm_bwd,
-    .rope_fwd = fsdp_ops_cuda_rope_fwd,
-    .rope_bwd = fsdp_ops_cuda_rope_bwd,
-    .swiglu_fwd = fsdp_ops_cuda_swiglu_fwd,
-    .swiglu_bwd = fsdp_ops_cuda_swiglu_bwd,
-    .attention_gqa_fwd = fsdp_ops_cuda_attention_gqa_fwd,
-    .attention_gqa_bwd = fsdp_ops_cuda_attention_gqa_bwd,
+    FSDP_OPS_EACH_OP(CUDA_SLOT)
 };
 
 extern "C" const struct fsdp_ops_i *fsdp_ops_cuda_iface(void) { return &cuda_ops_i; }
