@@ -44,9 +44,7 @@ void fsdp_adamw_ref(float *p, const float *grad, float *m, float *v, size_t n, f
         float pi = p[i] - step;
         m[i] = mi;
         v[i] = vi;
-        p[i] = pi;
-        if (p_out)
-            fsdp_cpu_st(p_out, out_dt, i, pi);
+        fsdp_cpu_param_st(p, p_out, out_dt, i, pi);
     }
 }
 
@@ -92,8 +90,6 @@ static void adamw_tail(size_t i, float *p, const float *grad, float *m, float *v
         const V eps = PFX##_set1_ps(hp->eps), wd = PFX##_set1_ps(hp->wd);                    \
         const V bc1 = PFX##_set1_ps(hp->bc1), bc2 = PFX##_set1_ps(hp->bc2);                  \
         const V gs = PFX##_set1_ps(hp->grad_scale);                                          \
-        float *out32 = out_dt == FSDP_DTYPE_F32 ? p_out : NULL;                              \
-        fsdp_bf16 *out16 = out_dt == FSDP_DTYPE_BF16 ? p_out : NULL;                         \
         size_t i = 0;                                                                        \
         for (; i + W <= n; i += W) {                                                         \
             const V p0 = PFX##_loadu_ps(p + i);                                              \
@@ -115,11 +111,7 @@ static void adamw_tail(size_t i, float *p, const float *grad, float *m, float *v
             const V pi = PFX##_sub_ps(p0, step);                                             \
             PFX##_storeu_ps(m + i, mi);                                                      \
             PFX##_storeu_ps(v + i, vi);                                                      \
-            PFX##_storeu_ps(p + i, pi);                                                      \
-            if (out32)                                                                       \
-                PFX##_storeu_ps(out32 + i, pi);                                              \
-            else if (out16)                                                                  \
-                fsdp_bf16_store_##isa(out16 + i, pi);                                        \
+            fsdp_param_store_##isa(p, p_out, out_dt, i, pi);                                 \
         }                                                                                    \
         adamw_tail(i, p, grad, m, v, n, hp, p_out, out_dt);                                  \
     }

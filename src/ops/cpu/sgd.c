@@ -26,9 +26,7 @@ void fsdp_sgd_ref(float *p, const float *grad, float *buf, size_t n, float lr, f
         float step = lr * bi;
         float pi = p[i] - step;
         buf[i] = bi;
-        p[i] = pi;
-        if (p_out)
-            fsdp_cpu_st(p_out, out_dt, i, pi);
+        fsdp_cpu_param_st(p, p_out, out_dt, i, pi);
     }
 }
 
@@ -68,8 +66,6 @@ static void sgd_tail(size_t i, float *p, const float *grad, float *buf, size_t n
     {                                                                                    \
         const V lr = PFX##_set1_ps(hp->lr), mu = PFX##_set1_ps(hp->mu);                  \
         const V wd = PFX##_set1_ps(hp->wd), gs = PFX##_set1_ps(hp->grad_scale);          \
-        float *out32 = out_dt == FSDP_DTYPE_F32 ? p_out : NULL;                          \
-        fsdp_bf16 *out16 = out_dt == FSDP_DTYPE_BF16 ? p_out : NULL;                     \
         size_t i = 0;                                                                    \
         for (; i + W <= n; i += W) {                                                     \
             const V p0 = PFX##_loadu_ps(p + i);                                          \
@@ -81,11 +77,7 @@ static void sgd_tail(size_t i, float *p, const float *grad, float *buf, size_t n
             const V step = PFX##_mul_ps(lr, bi);                                         \
             const V pi = PFX##_sub_ps(p0, step);                                         \
             PFX##_storeu_ps(buf + i, bi);                                                \
-            PFX##_storeu_ps(p + i, pi);                                                  \
-            if (out32)                                                                   \
-                PFX##_storeu_ps(out32 + i, pi);                                          \
-            else if (out16)                                                              \
-                fsdp_bf16_store_##isa(out16 + i, pi);                                    \
+            fsdp_param_store_##isa(p, p_out, out_dt, i, pi);                             \
         }                                                                                \
         sgd_tail(i, p, grad, buf, n, hp, p_out, out_dt);                                 \
     }

@@ -8,7 +8,10 @@
 #ifndef FSDP_OPS_CPU_SIMD_H
 #define FSDP_OPS_CPU_SIMD_H
 
+#include <stddef.h>
+
 #include "core/bf16.h"
+#include "fsdp/fsdp.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -77,6 +80,22 @@ __attribute__((target("avx512f"))) static inline void fsdp_bf16_store_avx512f(fs
     const __m512i r = _mm512_mask_blend_epi32(is_nan, rounded, quiet);
     _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(r)); /* truncates: exact here */
 }
+
+/* An optimizer kernel's store of W updated parameters pi at p + i and, when
+ * the step writes a compute copy (p_out not NULL), at p_out + i in out_dt
+ * (fp32, or bf16 rounded as above): fsdp_param_store_##isa. */
+#define FSDP_PARAM_STORE(isa, TARGET, V, W, PFX)                               \
+    __attribute__((target(TARGET))) static inline void fsdp_param_store_##isa( \
+        float *p, void *p_out, fsdp_dtype out_dt, size_t i, V pi)              \
+    {                                                                          \
+        PFX##_storeu_ps(p + i, pi);                                            \
+        if (p_out && out_dt == FSDP_DTYPE_F32)                                 \
+            PFX##_storeu_ps((float *)p_out + i, pi);                           \
+        else if (p_out && out_dt == FSDP_DTYPE_BF16)                           \
+            fsdp_bf16_store_##isa((fsdp_bf16 *)p_out + i, pi);                 \
+    }
+
+FSDP_CPU_EACH_SIMD(FSDP_PARAM_STORE)
 #else
 #define FSDP_CPU_X86 0
 #endif
