@@ -81,21 +81,29 @@ __attribute__((target("avx512f"))) static inline void fsdp_bf16_store_avx512f(fs
     _mm256_storeu_si256((__m256i *)out, _mm512_cvtepi32_epi16(r)); /* truncates: exact here */
 }
 
-/* An optimizer kernel's store of W updated parameters pi at p + i and, when
- * the step writes a compute copy (p_out not NULL), at p_out + i in out_dt
- * (fp32, or bf16 rounded as above): fsdp_param_store_##isa. */
-#define FSDP_PARAM_STORE(isa, TARGET, V, W, PFX)                               \
+/* The vector fsdp_cpu_st and its use by the optimizers, for each set:
+ * fsdp_simd_st_##isa stores W lanes x as elements [i, i + W) of out in dt
+ * (fp32, or bf16 rounded as above); fsdp_param_store_##isa stores W updated
+ * parameters pi at p + i and, when the step writes a compute copy (p_out
+ * not NULL), at p_out + i in out_dt. */
+#define FSDP_SIMD_STORES(isa, TARGET, V, W, PFX)                               \
+    __attribute__((target(TARGET))) static inline void fsdp_simd_st_##isa(     \
+        void *out, fsdp_dtype dt, size_t i, V x)                               \
+    {                                                                          \
+        if (dt == FSDP_DTYPE_BF16)                                             \
+            fsdp_bf16_store_##isa((fsdp_bf16 *)out + i, x);                    \
+        else                                                                   \
+            PFX##_storeu_ps((float *)out + i, x);                              \
+    }                                                                          \
     __attribute__((target(TARGET))) static inline void fsdp_param_store_##isa( \
         float *p, void *p_out, fsdp_dtype out_dt, size_t i, V pi)              \
     {                                                                          \
         PFX##_storeu_ps(p + i, pi);                                            \
-        if (p_out && out_dt == FSDP_DTYPE_F32)                                 \
-            PFX##_storeu_ps((float *)p_out + i, pi);                           \
-        else if (p_out && out_dt == FSDP_DTYPE_BF16)                           \
-            fsdp_bf16_store_##isa((fsdp_bf16 *)p_out + i, pi);                 \
+        if (p_out)                                                             \
+            fsdp_simd_st_##isa(p_out, out_dt, i, pi);                          \
     }
 
-FSDP_CPU_EACH_SIMD(FSDP_PARAM_STORE)
+FSDP_CPU_EACH_SIMD(FSDP_SIMD_STORES)
 #else
 #define FSDP_CPU_X86 0
 #endif
