@@ -21,40 +21,24 @@
 
 /* ---- kernels -------------------------------------------------------------- */
 
-/* Partial column sums: block (bx, by) sums columns [bx*32, bx*32+32) over
- * rows [by*rows_per, (by+1)*rows_per): thread (tx, ty) takes rows ty, ty+8,
- * ... in order; the 8 threads of a column are then added in ty order. */
+/* Column sums (common.cuh's scheme): partial sums of each chunk of rows,
+ * then the chunks in order. */
 __global__ void colsum_partial_kernel(float *partial, const float *x, int rows, int cols,
                                       int rows_per)
 {
     __shared__ float acc[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * rows_per;
-    int r1 = min(rows, r0 + rows_per);
+    int r0, r1;
+    const int c = fsdp_cu_colsum_span(rows, rows_per, &r0, &r1);
     float s = 0.0f;
     if (c < cols)
         for (int r = r0 + threadIdx.y; r < r1; r += 8)
             s += x[(size_t)r * cols + c];
-    acc[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < cols) {
-        float t = acc[0][threadIdx.x];
-        for (int k = 1; k < 8; k++)
-            t += acc[k][threadIdx.x];
-        partial[(size_t)blockIdx.y * cols + c] = t;
-    }
+    fsdp_cu_colsum_lanes(acc, s, partial, c, cols);
 }
 
-/* dst[c] += sum over chunks k = 0..n_chunks-1 (in order) of partial[k][c]. */
 __global__ void colsum_finish_kernel(float *dst, const float *partial, int n_chunks, int cols)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols)
-        return;
-    float t = 0.0f;
-    for (int k = 0; k < n_chunks; k++)
-        t += partial[(size_t)k * cols + c];
-    dst[c] += t;
+    fsdp_cu_colsum_chunks(dst, partial, n_chunks, cols);
 }
 
 __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
