@@ -21,15 +21,7 @@
 
 /* ---- nodes ------------------------------------------------------------------------------ */
 
-static jx *node(jparser *p, jx_kind k, int line)
-{
-    jx *x = jarena_alloc(p->a, sizeof *x);
-    if (!x)
-        return jp_oom(p), NULL;
-    x->kind = k;
-    x->line = line;
-    return x;
-}
+JP_NODE_CTOR(node, jx, jx_kind)
 
 /* Note a variable the template reads, once (fsdp_jinja_mentions). */
 static bool mention(jparser *p, const char *name)
