@@ -80,12 +80,8 @@ fsdp_status fsdp_gpt2_init(fsdp_model *m, const fsdp_gpt2_config *cfg)
     m->family = &fsdp_gpt2_family;
     fsdp_gpt2_config_format(cfg, m->config, sizeof m->config);
     fsdp_model_spec_of(m, m->name, sizeof m->name);
-    m->vocab_size = cfg->vocab_size;
-    m->padded_vocab_size = cfg->padded_vocab_size;
-    m->max_seq_len = cfg->max_seq_len;
-    m->n_layer = cfg->n_layer;
-    m->n_head = cfg->n_head;
-    m->n_embd = cfg->n_embd;
+    fsdp_model_set_shape(m, cfg->vocab_size, cfg->padded_vocab_size, cfg->max_seq_len,
+                         cfg->n_layer, cfg->n_head, cfg->n_embd);
 
     fsdp_unit_spec *root = &m->units[0];
     fsdp_unit_add_param(root, "wte.weight", cfg->padded_vocab_size, C, FSDP_INIT_NORMAL, std,

@@ -61,6 +61,17 @@ fsdp_status fsdp_model_alloc_units(fsdp_model *m, const char *title, const void 
     return FSDP_STATUS_OK;
 }
 
+void fsdp_model_set_shape(fsdp_model *m, int vocab_size, int padded_vocab_size, int max_seq_len,
+                          int n_layer, int n_head, int n_embd)
+{
+    m->vocab_size = vocab_size;
+    m->padded_vocab_size = padded_vocab_size;
+    m->max_seq_len = max_seq_len;
+    m->n_layer = n_layer;
+    m->n_head = n_head;
+    m->n_embd = n_embd;
+}
+
 void fsdp_unit_add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d1,
                          fsdp_init_kind init, float std, bool decay)
 {

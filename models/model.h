@@ -270,6 +270,11 @@ fsdp_status fsdp_model_alloc_units(fsdp_model *m, const char *title, const void 
                                    size_t cfg_bytes, int n_layer, int n_root,
                                    int n_layer_params, const char *layer_prefix);
 
+/* Set the shape every family records alike (fsdp_model's vocab_size,
+ * padded_vocab_size, max_seq_len, n_layer, n_head, n_embd), from its config. */
+void fsdp_model_set_shape(fsdp_model *m, int vocab_size, int padded_vocab_size, int max_seq_len,
+                          int n_layer, int n_head, int n_embd);
+
 /* Append a parameter of shape (d0) (d1 == 0) or (d0, d1) to u, at the end
  * of its flat buffer (u->numel grows); u has room for it. */
 void fsdp_unit_add_param(fsdp_unit_spec *u, const char *name, int64_t d0, int64_t d1,

@@ -50,6 +50,20 @@ fsdp_status jp_oom(jparser *p);
  * updated); NULL with p's error (jp_oom) out of memory. */
 void *jp_grow(jparser *p, void *v, int n, int *cap, size_t elem);
 
+/* Defines `static T *name(jparser *p, K k, int line)`: a tree node of type T
+ * (jx or js) from p's arena with its kind and line set; NULL with p's error
+ * (jp_oom) out of memory. */
+#define JP_NODE_CTOR(name, T, K)              \
+    static T *name(jparser *p, K k, int line) \
+    {                                         \
+        T *x = jarena_alloc(p->a, sizeof *x); \
+        if (!x)                               \
+            return jp_oom(p), NULL;           \
+        x->kind = k;                          \
+        x->line = line;                       \
+        return x;                             \
+    }
+
 /* The tokens of src[0..n) (newlines already normalized) into p->toks, text and tags with
  * Jinja's whitespace rules as transformers configures them, ending with JT_EOF; false with
  * p->st set on an error. */

@@ -16,15 +16,7 @@
 
 static bool parse_body(jparser *p, jbody *body, const char *const *ends, const char **found);
 
-static js *stmt(jparser *p, js_kind k, int line)
-{
-    js *s = jarena_alloc(p->a, sizeof *s);
-    if (!s)
-        return jp_oom(p), NULL;
-    s->kind = k;
-    s->line = line;
-    return s;
-}
+JP_NODE_CTOR(stmt, js, js_kind)
 
 static bool expect_end(jparser *p)
 {

@@ -21,15 +21,7 @@
 
 /* ---- nodes ------------------------------------------------------------------------------ */
 
-static jx *node(jparser *p, jx_kind k, int line)
-{
-    jx *x = jarena_alloc(p->a, sizeof *x);
-    if (!x)
-        return jp_oom(p), NULL;
-    x->kind = k;
-    x->line = line;
-    return x;
-}
+JP_NODE_CTOR(node, jx, jx_kind)
 
 /* Note a variable the template reads, once (fsdp_jinja_mentions). */
 static bool mention(jparser *p, const char *name)
@@ -406,15 +398,23 @@ static jx *parse_product(jparser *p)
     }
 }
 
-static jx *parse_concat(jparser *p)
+/* One left-associative level: operands from `next`, joined by the keyword
+ * (is_name) or operator `word` into nodes of kind k with op. */
+static jx *left_assoc(jparser *p, jx *(*next)(jparser *), bool is_name, const char *word,
+                      jx_kind k, int op)
 {
-    jx *x = parse_product(p);
-    while (x && jp_is_op(jp_cur(p), "~")) {
+    jx *x = next(p);
+    while (x && (is_name ? jp_is_name(jp_cur(p), word) : jp_is_op(jp_cur(p), word))) {
         int line = jp_cur(p)->line;
         p->at++;
-        x = binary(p, line, JX_BIN, JOP_CONCAT, x, parse_product(p));
+        x = binary(p, line, k, op, x, next(p));
     }
     return x;
+}
+
+static jx *parse_concat(jparser *p)
+{
+    return left_assoc(p, parse_product, false, "~", JX_BIN, JOP_CONCAT);
 }
 
 static jx *parse_sum(jparser *p)
@@ -482,24 +482,12 @@ static jx *parse_not(jparser *p)
 
 static jx *parse_and(jparser *p)
 {
-    jx *x = parse_not(p);
-    while (x && jp_is_name(jp_cur(p), "and")) {
-        int line = jp_cur(p)->line;
-        p->at++;
-        x = binary(p, line, JX_AND, 0, x, parse_not(p));
-    }
-    return x;
+    return left_assoc(p, parse_not, true, "and", JX_AND, 0);
 }
 
 jx *jp_or(jparser *p)
 {
-    jx *x = parse_and(p);
-    while (x && jp_is_name(jp_cur(p), "or")) {
-        int line = jp_cur(p)->line;
-        p->at++;
-        x = binary(p, line, JX_OR, 0, x, parse_and(p));
-    }
-    return x;
+    return left_assoc(p, parse_and, true, "or", JX_OR, 0);
 }
 
 jx *jp_expr(jparser *p)

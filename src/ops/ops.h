@@ -43,6 +43,12 @@ typedef struct fsdp_op_ctx fsdp_op_ctx;
 struct fsdp_ops_i {
     const char *name;
     void (*fini)(fsdp_op_ctx *ctx);
+    /* Optional (NULL: ops cannot fail, as on cpu). The op slots return
+     * void, so a backend whose launches can fail (cuda) records the first
+     * failure; this returns it (message set on the calling thread) and
+     * clears it, or OK. It does not synchronise ctx->stream: a fault inside
+     * a running kernel surfaces at the next stream or event sync. */
+    fsdp_status (*sync_error)(fsdp_op_ctx *ctx);
 
     /* Token + position embedding: out (B,T,C) = wte[tokens[b,t]] + wpe[p], p = pos[b,t]
      * (each token's position in its document, model.h's state_positions) or t when pos
@@ -145,13 +151,6 @@ struct fsdp_ops_i {
      * and device memory on cuda. */
     void (*sumsq_blocks)(fsdp_op_ctx *ctx, float *out, const float *x, size_t n);
 
-    /* Optional (NULL: ops cannot fail, as on cpu). The op slots return
-     * void, so a backend whose launches can fail (cuda) records the first
-     * failure; this returns it (message set on the calling thread) and
-     * clears it, or OK. It does not synchronise ctx->stream: a fault inside
-     * a running kernel surfaces at the next stream or event sync. */
-    fsdp_status (*sync_error)(fsdp_op_ctx *ctx);
-
     /* ---- the Llama family: RMSNorm, rotary embeddings, SwiGLU, grouped-
      * query attention (Hugging Face LlamaForCausalLM semantics). ---- */
 
@@ -214,6 +213,40 @@ struct fsdp_ops_i {
                               int hd);
 };
 
+/* Every op slot of struct fsdp_ops_i (all but name, fini and sync_error), in
+ * its order (C++ wants designated initialisers in that order): a backend
+ * fills its table with FSDP_OPS_EACH_OP(SLOT), SLOT(op) naming its function
+ * for op, so the list of ops is spelled once. */
+#define FSDP_OPS_EACH_OP(X) \
+    X(embed_fwd)            \
+    X(embed_bwd)            \
+    X(layernorm_fwd)        \
+    X(layernorm_bwd)        \
+    X(matmul_fwd)           \
+    X(matmul_bwd)           \
+    X(lora_fwd)             \
+    X(lora_bwd)             \
+    X(gelu_fwd)             \
+    X(gelu_bwd)             \
+    X(attention_fwd)        \
+    X(attention_bwd)        \
+    X(residual_fwd)         \
+    X(xent_fwd_bwd)         \
+    X(adamw)                \
+    X(sgd)                  \
+    X(cast)                 \
+    X(nf4_dequant)          \
+    X(add)                  \
+    X(sumsq_blocks)         \
+    X(rmsnorm_fwd)          \
+    X(rmsnorm_bwd)          \
+    X(rope_fwd)             \
+    X(rope_bwd)             \
+    X(swiglu_fwd)           \
+    X(swiglu_bwd)           \
+    X(attention_gqa_fwd)    \
+    X(attention_gqa_bwd)
+
 struct fsdp_op_ctx {
     const struct fsdp_ops_i *iface; /* NULL on meta: every op is a no-op */
     fsdp_device *dev;
@@ -260,10 +293,10 @@ const struct fsdp_ops_i *fsdp_ops_cuda_iface(void);
 fsdp_status fsdp_ops_cuda_init(fsdp_op_ctx *ctx);
 
 /* Wrappers: dispatch, or do nothing on meta. Same arguments as the slots. */
-#define FSDP_OP(ctx, op, ...)                                   \
-    do {                                                        \
-        if ((ctx)->iface && (ctx)->iface->op)                   \
-            (ctx)->iface->op((ctx), __VA_ARGS__);               \
+#define FSDP_OP(ctx, op, ...)                     \
+    do {                                          \
+        if ((ctx)->iface && (ctx)->iface->op)     \
+            (ctx)->iface->op((ctx), __VA_ARGS__); \
     } while (0)
 
 #ifdef __cplusplus

@@ -44,9 +44,7 @@ void fsdp_adamw_ref(float *p, const float *grad, float *m, float *v, size_t n, f
         float pi = p[i] - step;
         m[i] = mi;
         v[i] = vi;
-        p[i] = pi;
-        if (p_out)
-            fsdp_cpu_st(p_out, out_dt, i, pi);
+        fsdp_cpu_param_st(p, p_out, out_dt, i, pi);
     }
 }
 
@@ -78,137 +76,47 @@ static void adamw_tail(size_t i, float *p, const float *grad, float *m, float *v
 
 #if FSDP_CPU_X86
 
-/* ---- SSE4.1: 4 lanes -------------------------------------------------- */
-
-__attribute__((target("sse4.1"))) static void adamw_sse41(float *p, const float *grad, float *m,
-                                                          float *v, size_t n, const adamw_hp *hp,
-                                                          void *p_out, fsdp_dtype out_dt)
-{
-    const __m128 lr = _mm_set1_ps(hp->lr), b1 = _mm_set1_ps(hp->b1), b2 = _mm_set1_ps(hp->b2);
-    const __m128 omb1 = _mm_set1_ps(1.0f - hp->b1), omb2 = _mm_set1_ps(1.0f - hp->b2);
-    const __m128 eps = _mm_set1_ps(hp->eps), wd = _mm_set1_ps(hp->wd);
-    const __m128 bc1 = _mm_set1_ps(hp->bc1), bc2 = _mm_set1_ps(hp->bc2);
-    const __m128 gs = _mm_set1_ps(hp->grad_scale);
-    float *out32 = out_dt == FSDP_DTYPE_F32 ? p_out : NULL;
-    fsdp_bf16 *out16 = out_dt == FSDP_DTYPE_BF16 ? p_out : NULL;
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        const __m128 p0 = _mm_loadu_ps(p + i);
-        const __m128 g = _mm_mul_ps(_mm_loadu_ps(grad + i), gs);
-        const __m128 bm = _mm_mul_ps(b1, _mm_loadu_ps(m + i));
-        const __m128 gm = _mm_mul_ps(omb1, g);
-        const __m128 mi = _mm_add_ps(bm, gm);
-        const __m128 g2 = _mm_mul_ps(g, g);
-        const __m128 bv = _mm_mul_ps(b2, _mm_loadu_ps(v + i));
-        const __m128 gv = _mm_mul_ps(omb2, g2);
-        const __m128 vi = _mm_add_ps(bv, gv);
-        const __m128 mhat = _mm_div_ps(mi, bc1);
-        const __m128 vhat = _mm_div_ps(vi, bc2);
-        const __m128 den = _mm_add_ps(_mm_sqrt_ps(vhat), eps);
-        const __m128 q = _mm_div_ps(mhat, den);
-        const __m128 dec = _mm_mul_ps(wd, p0);
-        const __m128 upd = _mm_add_ps(q, dec);
-        const __m128 step = _mm_mul_ps(lr, upd);
-        const __m128 pi = _mm_sub_ps(p0, step);
-        _mm_storeu_ps(m + i, mi);
-        _mm_storeu_ps(v + i, vi);
-        _mm_storeu_ps(p + i, pi);
-        if (out32)
-            _mm_storeu_ps(out32 + i, pi);
-        else if (out16)
-            fsdp_bf16_store_sse41(out16 + i, pi);
+/* One kernel per instruction set of simd.h's list, from the same body: V is
+ * the vector type, W its width, PFX its intrinsics' prefix. */
+#define ADAMW_KERNEL(isa, TARGET, V, W, PFX)                                                 \
+    __attribute__((target(TARGET))) static void adamw_##isa(float *p, const float *grad,     \
+                                                            float *m, float *v, size_t n,    \
+                                                            const adamw_hp *hp, void *p_out, \
+                                                            fsdp_dtype out_dt)               \
+    {                                                                                        \
+        const V lr = PFX##_set1_ps(hp->lr), b1 = PFX##_set1_ps(hp->b1);                      \
+        const V b2 = PFX##_set1_ps(hp->b2);                                                  \
+        const V omb1 = PFX##_set1_ps(1.0f - hp->b1), omb2 = PFX##_set1_ps(1.0f - hp->b2);    \
+        const V eps = PFX##_set1_ps(hp->eps), wd = PFX##_set1_ps(hp->wd);                    \
+        const V bc1 = PFX##_set1_ps(hp->bc1), bc2 = PFX##_set1_ps(hp->bc2);                  \
+        const V gs = PFX##_set1_ps(hp->grad_scale);                                          \
+        size_t i = 0;                                                                        \
+        for (; i + W <= n; i += W) {                                                         \
+            const V p0 = PFX##_loadu_ps(p + i);                                              \
+            const V g = PFX##_mul_ps(PFX##_loadu_ps(grad + i), gs);                          \
+            const V bm = PFX##_mul_ps(b1, PFX##_loadu_ps(m + i));                            \
+            const V gm = PFX##_mul_ps(omb1, g);                                              \
+            const V mi = PFX##_add_ps(bm, gm);                                               \
+            const V g2 = PFX##_mul_ps(g, g);                                                 \
+            const V bv = PFX##_mul_ps(b2, PFX##_loadu_ps(v + i));                            \
+            const V gv = PFX##_mul_ps(omb2, g2);                                             \
+            const V vi = PFX##_add_ps(bv, gv);                                               \
+            const V mhat = PFX##_div_ps(mi, bc1);                                            \
+            const V vhat = PFX##_div_ps(vi, bc2);                                            \
+            const V den = PFX##_add_ps(PFX##_sqrt_ps(vhat), eps);                            \
+            const V q = PFX##_div_ps(mhat, den);                                             \
+            const V dec = PFX##_mul_ps(wd, p0);                                              \
+            const V upd = PFX##_add_ps(q, dec);                                              \
+            const V step = PFX##_mul_ps(lr, upd);                                            \
+            const V pi = PFX##_sub_ps(p0, step);                                             \
+            PFX##_storeu_ps(m + i, mi);                                                      \
+            PFX##_storeu_ps(v + i, vi);                                                      \
+            fsdp_param_store_##isa(p, p_out, out_dt, i, pi);                                 \
+        }                                                                                    \
+        adamw_tail(i, p, grad, m, v, n, hp, p_out, out_dt);                                  \
     }
-    adamw_tail(i, p, grad, m, v, n, hp, p_out, out_dt);
-}
 
-/* ---- AVX2: 8 lanes ---------------------------------------------------- */
-
-__attribute__((target("avx2"))) static void adamw_avx2(float *p, const float *grad, float *m,
-                                                       float *v, size_t n, const adamw_hp *hp,
-                                                       void *p_out, fsdp_dtype out_dt)
-{
-    const __m256 lr = _mm256_set1_ps(hp->lr), b1 = _mm256_set1_ps(hp->b1);
-    const __m256 b2 = _mm256_set1_ps(hp->b2);
-    const __m256 omb1 = _mm256_set1_ps(1.0f - hp->b1), omb2 = _mm256_set1_ps(1.0f - hp->b2);
-    const __m256 eps = _mm256_set1_ps(hp->eps), wd = _mm256_set1_ps(hp->wd);
-    const __m256 bc1 = _mm256_set1_ps(hp->bc1), bc2 = _mm256_set1_ps(hp->bc2);
-    const __m256 gs = _mm256_set1_ps(hp->grad_scale);
-    float *out32 = out_dt == FSDP_DTYPE_F32 ? p_out : NULL;
-    fsdp_bf16 *out16 = out_dt == FSDP_DTYPE_BF16 ? p_out : NULL;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 p0 = _mm256_loadu_ps(p + i);
-        const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(grad + i), gs);
-        const __m256 bm = _mm256_mul_ps(b1, _mm256_loadu_ps(m + i));
-        const __m256 gm = _mm256_mul_ps(omb1, g);
-        const __m256 mi = _mm256_add_ps(bm, gm);
-        const __m256 g2 = _mm256_mul_ps(g, g);
-        const __m256 bv = _mm256_mul_ps(b2, _mm256_loadu_ps(v + i));
-        const __m256 gv = _mm256_mul_ps(omb2, g2);
-        const __m256 vi = _mm256_add_ps(bv, gv);
-        const __m256 mhat = _mm256_div_ps(mi, bc1);
-        const __m256 vhat = _mm256_div_ps(vi, bc2);
-        const __m256 den = _mm256_add_ps(_mm256_sqrt_ps(vhat), eps);
-        const __m256 q = _mm256_div_ps(mhat, den);
-        const __m256 dec = _mm256_mul_ps(wd, p0);
-        const __m256 upd = _mm256_add_ps(q, dec);
-        const __m256 step = _mm256_mul_ps(lr, upd);
-        const __m256 pi = _mm256_sub_ps(p0, step);
-        _mm256_storeu_ps(m + i, mi);
-        _mm256_storeu_ps(v + i, vi);
-        _mm256_storeu_ps(p + i, pi);
-        if (out32)
-            _mm256_storeu_ps(out32 + i, pi);
-        else if (out16)
-            fsdp_bf16_store_avx2(out16 + i, pi);
-    }
-    adamw_tail(i, p, grad, m, v, n, hp, p_out, out_dt);
-}
-
-/* ---- AVX-512F: 16 lanes ----------------------------------------------- */
-
-__attribute__((target("avx512f"))) static void adamw_avx512f(float *p, const float *grad,
-                                                             float *m, float *v, size_t n,
-                                                             const adamw_hp *hp, void *p_out,
-                                                             fsdp_dtype out_dt)
-{
-    const __m512 lr = _mm512_set1_ps(hp->lr), b1 = _mm512_set1_ps(hp->b1);
-    const __m512 b2 = _mm512_set1_ps(hp->b2);
-    const __m512 omb1 = _mm512_set1_ps(1.0f - hp->b1), omb2 = _mm512_set1_ps(1.0f - hp->b2);
-    const __m512 eps = _mm512_set1_ps(hp->eps), wd = _mm512_set1_ps(hp->wd);
-    const __m512 bc1 = _mm512_set1_ps(hp->bc1), bc2 = _mm512_set1_ps(hp->bc2);
-    const __m512 gs = _mm512_set1_ps(hp->grad_scale);
-    float *out32 = out_dt == FSDP_DTYPE_F32 ? p_out : NULL;
-    fsdp_bf16 *out16 = out_dt == FSDP_DTYPE_BF16 ? p_out : NULL;
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 p0 = _mm512_loadu_ps(p + i);
-        const __m512 g = _mm512_mul_ps(_mm512_loadu_ps(grad + i), gs);
-        const __m512 bm = _mm512_mul_ps(b1, _mm512_loadu_ps(m + i));
-        const __m512 gm = _mm512_mul_ps(omb1, g);
-        const __m512 mi = _mm512_add_ps(bm, gm);
-        const __m512 g2 = _mm512_mul_ps(g, g);
-        const __m512 bv = _mm512_mul_ps(b2, _mm512_loadu_ps(v + i));
-        const __m512 gv = _mm512_mul_ps(omb2, g2);
-        const __m512 vi = _mm512_add_ps(bv, gv);
-        const __m512 mhat = _mm512_div_ps(mi, bc1);
-        const __m512 vhat = _mm512_div_ps(vi, bc2);
-        const __m512 den = _mm512_add_ps(_mm512_sqrt_ps(vhat), eps);
-        const __m512 q = _mm512_div_ps(mhat, den);
-        const __m512 dec = _mm512_mul_ps(wd, p0);
-        const __m512 upd = _mm512_add_ps(q, dec);
-        const __m512 step = _mm512_mul_ps(lr, upd);
-        const __m512 pi = _mm512_sub_ps(p0, step);
-        _mm512_storeu_ps(m + i, mi);
-        _mm512_storeu_ps(v + i, vi);
-        _mm512_storeu_ps(p + i, pi);
-        if (out32)
-            _mm512_storeu_ps(out32 + i, pi);
-        else if (out16)
-            fsdp_bf16_store_avx512(out16 + i, pi);
-    }
-    adamw_tail(i, p, grad, m, v, n, hp, p_out, out_dt);
-}
+FSDP_CPU_EACH_SIMD(ADAMW_KERNEL)
 
 #endif /* FSDP_CPU_X86 */
 

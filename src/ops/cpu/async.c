@@ -175,36 +175,11 @@ static void async_fini(fsdp_op_ctx *ctx)
     fsdp_ops_cpu_i.fini(ctx);
 }
 
+#define ASYNC_SLOT(op) .op = async_##op,
+
 const struct fsdp_ops_i fsdp_ops_cpu_async_i = {
     .name = "cpu",
     .fini = async_fini,
-    .embed_fwd = async_embed_fwd,
-    .embed_bwd = async_embed_bwd,
-    .layernorm_fwd = async_layernorm_fwd,
-    .layernorm_bwd = async_layernorm_bwd,
-    .matmul_fwd = async_matmul_fwd,
-    .matmul_bwd = async_matmul_bwd,
-    .lora_fwd = async_lora_fwd,
-    .lora_bwd = async_lora_bwd,
-    .gelu_fwd = async_gelu_fwd,
-    .gelu_bwd = async_gelu_bwd,
-    .attention_fwd = async_attention_fwd,
-    .attention_bwd = async_attention_bwd,
-    .residual_fwd = async_residual_fwd,
-    .xent_fwd_bwd = async_xent_fwd_bwd,
-    .adamw = async_adamw,
-    .sgd = async_sgd,
-    .cast = async_cast,
-    .nf4_dequant = async_nf4_dequant,
-    .add = async_add,
-    .sumsq_blocks = async_sumsq_blocks,
     .sync_error = async_sync_error,
-    .rmsnorm_fwd = async_rmsnorm_fwd,
-    .rmsnorm_bwd = async_rmsnorm_bwd,
-    .rope_fwd = async_rope_fwd,
-    .rope_bwd = async_rope_bwd,
-    .swiglu_fwd = async_swiglu_fwd,
-    .swiglu_bwd = async_swiglu_bwd,
-    .attention_gqa_fwd = async_attention_gqa_fwd,
-    .attention_gqa_bwd = async_attention_gqa_bwd,
+    FSDP_OPS_EACH_OP(ASYNC_SLOT)
 };

@@ -143,6 +143,15 @@ static inline void fsdp_cpu_st(void *p, fsdp_dtype dt, size_t i, float x)
         ((float *)p)[i] = x;
 }
 
+/* An optimizer's store of updated parameter i: p[i] = x and, when the step
+ * writes a compute copy (p_out not NULL), element i of p_out in out_dt. */
+static inline void fsdp_cpu_param_st(float *p, void *p_out, fsdp_dtype out_dt, size_t i, float x)
+{
+    p[i] = x;
+    if (p_out)
+        fsdp_cpu_st(p_out, out_dt, i, x);
+}
+
 /* The address of element i of a buffer of dtype dt; NULL for p NULL. */
 static inline void *fsdp_cpu_at(void *p, fsdp_dtype dt, size_t i)
 {

@@ -49,26 +49,18 @@ __attribute__((target("avx2"))) static void nf4_avx2(void *out, fsdp_dtype dt,
     const __m256 lo_half = _mm256_loadu_ps(fsdp_nf4_code), hi_half = _mm256_loadu_ps(fsdp_nf4_code + 8);
     const __m256i shifts = _mm256_setr_epi32(4, 0, 4, 0, 4, 0, 4, 0);
     const __m256i mask = _mm256_set1_epi32(15);
-    for (size_t b = 0; b < n_blocks; b++) {
-        const __m256 a = _mm256_set1_ps(absmax[b]);
-        const uint8_t *c = codes + b * (FSDP_NF4_BLOCK / 2);
-        size_t i0 = b * FSDP_NF4_BLOCK;
-        for (size_t k = 0; k < FSDP_NF4_BLOCK / 2; k += 4) {
-            int32_t four;
-            memcpy(&four, c + k, 4);
-            const __m128i b4 = _mm_cvtsi32_si128(four);
-            __m256i idx = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(b4, b4));
-            idx = _mm256_and_si256(_mm256_srlv_epi32(idx, shifts), mask);
-            const __m256 lo = _mm256_permutevar8x32_ps(lo_half, idx);
-            const __m256 hi = _mm256_permutevar8x32_ps(hi_half, idx);
-            const __m256 bit3 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
-            const __m256 v = _mm256_blendv_ps(lo, hi, bit3);
-            const __m256 x = _mm256_mul_ps(v, a);
-            if (dt == FSDP_DTYPE_BF16)
-                fsdp_bf16_store_avx2((fsdp_bf16 *)out + i0 + 2 * k, x);
-            else
-                _mm256_storeu_ps((float *)out + i0 + 2 * k, x);
-        }
+    for (size_t i = 0; i < n_blocks * FSDP_NF4_BLOCK; i += 8) {
+        int32_t four;
+        memcpy(&four, codes + i / 2, 4);
+        const __m128i b4 = _mm_cvtsi32_si128(four);
+        __m256i idx = _mm256_cvtepu8_epi32(_mm_unpacklo_epi8(b4, b4));
+        idx = _mm256_and_si256(_mm256_srlv_epi32(idx, shifts), mask);
+        const __m256 lo = _mm256_permutevar8x32_ps(lo_half, idx);
+        const __m256 hi = _mm256_permutevar8x32_ps(hi_half, idx);
+        const __m256 bit3 = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));
+        const __m256 v = _mm256_blendv_ps(lo, hi, bit3);
+        const __m256 a = _mm256_set1_ps(absmax[i / FSDP_NF4_BLOCK]);
+        fsdp_simd_st_avx2(out, dt, i, _mm256_mul_ps(v, a));
     }
 }
 
@@ -80,20 +72,12 @@ __attribute__((target("avx512f"))) static void nf4_avx512(void *out, fsdp_dtype 
     const __m512 table = _mm512_loadu_ps(fsdp_nf4_code);
     const __m512i shifts = _mm512_setr_epi32(4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0);
     const __m512i mask = _mm512_set1_epi32(15);
-    for (size_t b = 0; b < n_blocks; b++) {
-        const __m512 a = _mm512_set1_ps(absmax[b]);
-        const uint8_t *c = codes + b * (FSDP_NF4_BLOCK / 2);
-        size_t i0 = b * FSDP_NF4_BLOCK;
-        for (size_t k = 0; k < FSDP_NF4_BLOCK / 2; k += 8) {
-            const __m128i b8 = _mm_loadl_epi64((const __m128i *)(c + k));
-            __m512i idx = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b8, b8));
-            idx = _mm512_and_si512(_mm512_srlv_epi32(idx, shifts), mask);
-            const __m512 x = _mm512_mul_ps(_mm512_permutexvar_ps(idx, table), a);
-            if (dt == FSDP_DTYPE_BF16)
-                fsdp_bf16_store_avx512((fsdp_bf16 *)out + i0 + 2 * k, x);
-            else
-                _mm512_storeu_ps((float *)out + i0 + 2 * k, x);
-        }
+    for (size_t i = 0; i < n_blocks * FSDP_NF4_BLOCK; i += 16) {
+        const __m128i b8 = _mm_loadl_epi64((const __m128i *)(codes + i / 2));
+        __m512i idx = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(b8, b8));
+        idx = _mm512_and_si512(_mm512_srlv_epi32(idx, shifts), mask);
+        const __m512 a = _mm512_set1_ps(absmax[i / FSDP_NF4_BLOCK]);
+        fsdp_simd_st_avx512f(out, dt, i, _mm512_mul_ps(_mm512_permutexvar_ps(idx, table), a));
     }
 }
 #endif

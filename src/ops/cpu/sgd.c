@@ -26,9 +26,7 @@ void fsdp_sgd_ref(float *p, const float *grad, float *buf, size_t n, float lr, f
         float step = lr * bi;
         float pi = p[i] - step;
         buf[i] = bi;
-        p[i] = pi;
-        if (p_out)
-            fsdp_cpu_st(p_out, out_dt, i, pi);
+        fsdp_cpu_param_st(p, p_out, out_dt, i, pi);
     }
 }
 
@@ -58,43 +56,33 @@ static void sgd_tail(size_t i, float *p, const float *grad, float *buf, size_t n
 
 #if FSDP_CPU_X86
 
-/* One kernel per instruction set, generated from the same body: V is the
- * vector type, W its width, the rest its intrinsics; STORE16 the bf16 store. */
-#define SGD_KERNEL(NAME, TARGET, V, W, SET1, LOAD, STORE, MUL, ADD, SUB, STORE16)             \
-    __attribute__((target(TARGET))) static void NAME(float *p, const float *grad, float *buf, \
-                                                     size_t n, const sgd_hp *hp, void *p_out, \
-                                                     fsdp_dtype out_dt)                       \
-    {                                                                                         \
-        const V lr = SET1(hp->lr), mu = SET1(hp->mu), wd = SET1(hp->wd);                      \
-        const V gs = SET1(hp->grad_scale);                                                    \
-        float *out32 = out_dt == FSDP_DTYPE_F32 ? p_out : NULL;                               \
-        fsdp_bf16 *out16 = out_dt == FSDP_DTYPE_BF16 ? p_out : NULL;                          \
-        size_t i = 0;                                                                         \
-        for (; i + W <= n; i += W) {                                                          \
-            const V p0 = LOAD(p + i);                                                         \
-            const V g = MUL(LOAD(grad + i), gs);                                              \
-            const V dec = MUL(wd, p0);                                                        \
-            const V d = ADD(g, dec);                                                          \
-            const V bm = MUL(mu, LOAD(buf + i));                                              \
-            const V bi = ADD(bm, d);                                                          \
-            const V step = MUL(lr, bi);                                                       \
-            const V pi = SUB(p0, step);                                                       \
-            STORE(buf + i, bi);                                                               \
-            STORE(p + i, pi);                                                                 \
-            if (out32)                                                                        \
-                STORE(out32 + i, pi);                                                         \
-            else if (out16)                                                                   \
-                STORE16(out16 + i, pi);                                                       \
-        }                                                                                     \
-        sgd_tail(i, p, grad, buf, n, hp, p_out, out_dt);                                      \
+/* One kernel per instruction set of simd.h's list, from the same body: V is
+ * the vector type, W its width, PFX its intrinsics' prefix. */
+#define SGD_KERNEL(isa, TARGET, V, W, PFX)                                               \
+    __attribute__((target(TARGET))) static void sgd_##isa(float *p, const float *grad,   \
+                                                          float *buf, size_t n,          \
+                                                          const sgd_hp *hp, void *p_out, \
+                                                          fsdp_dtype out_dt)             \
+    {                                                                                    \
+        const V lr = PFX##_set1_ps(hp->lr), mu = PFX##_set1_ps(hp->mu);                  \
+        const V wd = PFX##_set1_ps(hp->wd), gs = PFX##_set1_ps(hp->grad_scale);          \
+        size_t i = 0;                                                                    \
+        for (; i + W <= n; i += W) {                                                     \
+            const V p0 = PFX##_loadu_ps(p + i);                                          \
+            const V g = PFX##_mul_ps(PFX##_loadu_ps(grad + i), gs);                      \
+            const V dec = PFX##_mul_ps(wd, p0);                                          \
+            const V d = PFX##_add_ps(g, dec);                                            \
+            const V bm = PFX##_mul_ps(mu, PFX##_loadu_ps(buf + i));                      \
+            const V bi = PFX##_add_ps(bm, d);                                            \
+            const V step = PFX##_mul_ps(lr, bi);                                         \
+            const V pi = PFX##_sub_ps(p0, step);                                         \
+            PFX##_storeu_ps(buf + i, bi);                                                \
+            fsdp_param_store_##isa(p, p_out, out_dt, i, pi);                             \
+        }                                                                                \
+        sgd_tail(i, p, grad, buf, n, hp, p_out, out_dt);                                 \
     }
 
-SGD_KERNEL(sgd_sse41, "sse4.1", __m128, 4, _mm_set1_ps, _mm_loadu_ps, _mm_storeu_ps, _mm_mul_ps,
-           _mm_add_ps, _mm_sub_ps, fsdp_bf16_store_sse41)
-SGD_KERNEL(sgd_avx2, "avx2", __m256, 8, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps,
-           _mm256_mul_ps, _mm256_add_ps, _mm256_sub_ps, fsdp_bf16_store_avx2)
-SGD_KERNEL(sgd_avx512f, "avx512f", __m512, 16, _mm512_set1_ps, _mm512_loadu_ps,
-           _mm512_storeu_ps, _mm512_mul_ps, _mm512_add_ps, _mm512_sub_ps, fsdp_bf16_store_avx512)
+FSDP_CPU_EACH_SIMD(SGD_KERNEL)
 
 #endif /* FSDP_CPU_X86 */
 

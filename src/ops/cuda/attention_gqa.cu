@@ -33,9 +33,9 @@
 template <typename E>
 __global__ void window_softmax_kernel(E *att, const float *pre, const int *pos, int rows, int Tn)
 {
-    int r = fsdp_cu_warp_row();
-    int lane = threadIdx.x % 32;
-    if (r >= rows)
+    int r, lane;
+    size_t off;
+    if (!fsdp_cu_warp_row_of(rows, Tn, &r, &lane, &off))
         return;
     const int t = r % Tn;
     int lo = 0;
@@ -43,7 +43,7 @@ __global__ void window_softmax_kernel(E *att, const float *pre, const int *pos, 
         const int p = pos[t];
         lo = p < 0 ? t : (p > t ? 0 : t - p);
     }
-    const float *src = pre + (size_t)r * Tn;
+    const float *src = pre + off;
     float mx = -INFINITY;
     for (int j = lo + lane; j <= t; j += 32)
         mx = fmaxf(mx, src[j]);
@@ -52,7 +52,7 @@ __global__ void window_softmax_kernel(E *att, const float *pre, const int *pos, 
     for (int j = lo + lane; j <= t; j += 32)
         s += expf(src[j] - mx);
     const float inv = 1.0f / fsdp_cu_warp_sum(s);
-    E *dst = att + (size_t)r * Tn;
+    E *dst = att + off;
     for (int j = lane; j < Tn; j += 32)
         fsdp_cu_st(dst, j, j >= lo && j <= t ? __fmul_rn(expf(src[j] - mx), inv) : 0.0f);
 }
@@ -63,12 +63,11 @@ __global__ void window_softmax_kernel(E *att, const float *pre, const int *pos, 
 template <typename E, typename D>
 __global__ void gqa_softmax_bwd_kernel(D *dst, const float *datt, const E *att, int rows, int Tn)
 {
-    int r = fsdp_cu_warp_row();
-    int lane = threadIdx.x % 32;
-    if (r >= rows)
+    int r, lane;
+    size_t off;
+    if (!fsdp_cu_warp_row_of(rows, Tn, &r, &lane, &off))
         return;
     const int t = r % Tn;
-    const size_t off = (size_t)r * Tn;
     float s = 0.0f;
     for (int j = lane; j <= t; j += 32)
         s += fsdp_cu_ld(att, off + j) * datt[off + j];

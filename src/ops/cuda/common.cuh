@@ -221,6 +221,52 @@ __device__ __forceinline__ float fsdp_cu_warp_max(float v)
     return v;
 }
 
+/* Column sums in a fixed order (fsdp_ops_cuda_colsum; the norms' weight
+ * gradients), in two kernels. A partial kernel runs blocks of (32, 8)
+ * threads, one per chunk of rows (fsdp_ops_cuda_row_chunks): block (bx, by)
+ * sums columns [32 bx, 32 bx + 32) over rows [by rows_per, (by + 1)
+ * rows_per), thread (tx, ty) taking rows ty, ty + 8, ... in order; the 8
+ * lanes of a column are then added in ty order. A finish kernel adds the
+ * chunks' sums in chunk order, one thread a column. */
+
+/* A partial kernel's column for this thread, and its chunk's rows [*r0, *r1). */
+__device__ __forceinline__ int fsdp_cu_colsum_span(int rows, int rows_per, int *r0, int *r1)
+{
+    *r0 = blockIdx.y * rows_per;
+    *r1 = min(rows, *r0 + rows_per);
+    return blockIdx.x * 32 + threadIdx.x;
+}
+
+/* A partial kernel's end, reached by every thread of the block: s is this
+ * lane's sum for column c; the 8 lanes' sum goes to partial[by][c]. acc is
+ * the block's __shared__ float[8][33]. */
+__device__ __forceinline__ void fsdp_cu_colsum_lanes(float (*acc)[33], float s, float *partial,
+                                                     int c, int cols)
+{
+    acc[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+        float t = acc[0][threadIdx.x];
+        for (int k = 1; k < 8; k++)
+            t += acc[k][threadIdx.x];
+        partial[(size_t)blockIdx.y * cols + c] = t;
+    }
+}
+
+/* A finish kernel's work: dst[c] += the sum over chunks k = 0 .. n_chunks - 1
+ * (in order) of partial[k][c], c this thread's column. */
+__device__ __forceinline__ void fsdp_cu_colsum_chunks(float *dst, const float *partial,
+                                                      int n_chunks, int cols)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols)
+        return;
+    float t = 0.0f;
+    for (int k = 0; k < n_chunks; k++)
+        t += partial[(size_t)k * cols + c];
+    dst[c] += t;
+}
+
 /* Call f.template operator()<T>() with T = float or __nv_bfloat16 for dt. */
 #define FSDP_CUDA_DISPATCH(dt, T, ...)                                  \
     do {                                                                \

@@ -73,16 +73,16 @@ __global__ void layernorm_bwd_dinp_kernel(float *dinp, const float *dout, const 
     }
 }
 
-/* Block (bx, by): columns [32bx, 32bx+32), rows [by*rows_per, ...). */
+/* dw's and db's column sums (common.cuh's scheme): partial kernel, then
+ * finish (dw or db NULL: not summed). */
 template <typename T>
 __global__ void layernorm_bwd_partial_kernel(float *pdw, float *pdb, const float *dout,
                                              const T *inp, const float *mean, const float *rstd,
                                              int N, int C, int rows_per)
 {
     __shared__ float sw[8][33], sb[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * rows_per;
-    int r1 = min(N, r0 + rows_per);
+    int r0, r1;
+    const int c = fsdp_cu_colsum_span(N, rows_per, &r0, &r1);
     float aw = 0.0f, ab = 0.0f;
     if (c < C) {
         for (int r = r0 + threadIdx.y; r < r1; r += 8) {
@@ -92,35 +92,17 @@ __global__ void layernorm_bwd_partial_kernel(float *pdw, float *pdb, const float
             ab += dout[e];
         }
     }
-    sw[threadIdx.y][threadIdx.x] = aw;
-    sb[threadIdx.y][threadIdx.x] = ab;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        float tw = sw[0][threadIdx.x], tb = sb[0][threadIdx.x];
-        for (int k = 1; k < 8; k++) {
-            tw += sw[k][threadIdx.x];
-            tb += sb[k][threadIdx.x];
-        }
-        pdw[(size_t)blockIdx.y * C + c] = tw;
-        pdb[(size_t)blockIdx.y * C + c] = tb;
-    }
+    fsdp_cu_colsum_lanes(sw, aw, pdw, c, C);
+    fsdp_cu_colsum_lanes(sb, ab, pdb, c, C);
 }
 
 __global__ void layernorm_bwd_finish_kernel(float *dw, float *db, const float *pdw,
                                             const float *pdb, int n_chunks, int C)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
-        return;
-    float tw = 0.0f, tb = 0.0f;
-    for (int k = 0; k < n_chunks; k++) {
-        tw += pdw[(size_t)k * C + c];
-        tb += pdb[(size_t)k * C + c];
-    }
     if (dw)
-        dw[c] += tw;
+        fsdp_cu_colsum_chunks(dw, pdw, n_chunks, C);
     if (db)
-        db[c] += tb;
+        fsdp_cu_colsum_chunks(db, pdb, n_chunks, C);
 }
 
 void fsdp_ops_cuda_layernorm_fwd(fsdp_op_ctx *ctx, void *out, float *mean, float *rstd,

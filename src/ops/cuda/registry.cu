@@ -21,40 +21,24 @@
 
 /* ---- kernels -------------------------------------------------------------- */
 
-/* Partial column sums: block (bx, by) sums columns [bx*32, bx*32+32) over
- * rows [by*rows_per, (by+1)*rows_per): thread (tx, ty) takes rows ty, ty+8,
- * ... in order; the 8 threads of a column are then added in ty order. */
+/* Column sums (common.cuh's scheme): partial sums of each chunk of rows,
+ * then the chunks in order. */
 __global__ void colsum_partial_kernel(float *partial, const float *x, int rows, int cols,
                                       int rows_per)
 {
     __shared__ float acc[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * rows_per;
-    int r1 = min(rows, r0 + rows_per);
+    int r0, r1;
+    const int c = fsdp_cu_colsum_span(rows, rows_per, &r0, &r1);
     float s = 0.0f;
     if (c < cols)
         for (int r = r0 + threadIdx.y; r < r1; r += 8)
             s += x[(size_t)r * cols + c];
-    acc[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < cols) {
-        float t = acc[0][threadIdx.x];
-        for (int k = 1; k < 8; k++)
-            t += acc[k][threadIdx.x];
-        partial[(size_t)blockIdx.y * cols + c] = t;
-    }
+    fsdp_cu_colsum_lanes(acc, s, partial, c, cols);
 }
 
-/* dst[c] += sum over chunks k = 0..n_chunks-1 (in order) of partial[k][c]. */
 __global__ void colsum_finish_kernel(float *dst, const float *partial, int n_chunks, int cols)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= cols)
-        return;
-    float t = 0.0f;
-    for (int k = 0; k < n_chunks; k++)
-        t += partial[(size_t)k * cols + c];
-    dst[c] += t;
+    fsdp_cu_colsum_chunks(dst, partial, n_chunks, cols);
 }
 
 __global__ void f32_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n)
@@ -219,39 +203,15 @@ static fsdp_status cuda_ops_sync_error(fsdp_op_ctx *ctx)
 }
 
 /* Each slot by its name (designated initialisers; C++ wants them in the
- * order of struct fsdp_ops_i, and nvcc refuses any other order). */
+ * order of struct fsdp_ops_i, and nvcc refuses any other order: ops.h's
+ * FSDP_OPS_EACH_OP keeps it). */
+#define CUDA_SLOT(op) .op = fsdp_ops_cuda_##op,
+
 static const struct fsdp_ops_i cuda_ops_i = {
     .name = "cuda",
     .fini = cuda_ops_fini,
-    .embed_fwd = fsdp_ops_cuda_embed_fwd,
-    .embed_bwd = fsdp_ops_cuda_embed_bwd,
-    .layernorm_fwd = fsdp_ops_cuda_layernorm_fwd,
-    .layernorm_bwd = fsdp_ops_cuda_layernorm_bwd,
-    .matmul_fwd = fsdp_ops_cuda_matmul_fwd,
-    .matmul_bwd = fsdp_ops_cuda_matmul_bwd,
-    .lora_fwd = fsdp_ops_cuda_lora_fwd,
-    .lora_bwd = fsdp_ops_cuda_lora_bwd,
-    .gelu_fwd = fsdp_ops_cuda_gelu_fwd,
-    .gelu_bwd = fsdp_ops_cuda_gelu_bwd,
-    .attention_fwd = fsdp_ops_cuda_attention_fwd,
-    .attention_bwd = fsdp_ops_cuda_attention_bwd,
-    .residual_fwd = fsdp_ops_cuda_residual_fwd,
-    .xent_fwd_bwd = fsdp_ops_cuda_xent_fwd_bwd,
-    .adamw = fsdp_ops_cuda_adamw,
-    .sgd = fsdp_ops_cuda_sgd,
-    .cast = fsdp_ops_cuda_cast,
-    .nf4_dequant = fsdp_ops_cuda_nf4_dequant,
-    .add = fsdp_ops_cuda_add,
-    .sumsq_blocks = fsdp_ops_cuda_sumsq_blocks,
     .sync_error = cuda_ops_sync_error,
-    .rmsnorm_fwd = fsdp_ops_cuda_rmsnorm_fwd,
-    .rmsnorm_bwd = fsdp_ops_cuda_rmsnorm_bwd,
-    .rope_fwd = fsdp_ops_cuda_rope_fwd,
-    .rope_bwd = fsdp_ops_cuda_rope_bwd,
-    .swiglu_fwd = fsdp_ops_cuda_swiglu_fwd,
-    .swiglu_bwd = fsdp_ops_cuda_swiglu_bwd,
-    .attention_gqa_fwd = fsdp_ops_cuda_attention_gqa_fwd,
-    .attention_gqa_bwd = fsdp_ops_cuda_attention_gqa_bwd,
+    FSDP_OPS_EACH_OP(CUDA_SLOT)
 };
 
 extern "C" const struct fsdp_ops_i *fsdp_ops_cuda_iface(void) { return &cuda_ops_i; }

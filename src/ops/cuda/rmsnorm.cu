@@ -60,40 +60,26 @@ __global__ void rmsnorm_bwd_dinp_kernel(float *dinp, const float *dout, const T 
     }
 }
 
-/* Block (bx, by): columns [32bx, 32bx+32), rows [by*rows_per, ...). */
+/* dw's column sums (common.cuh's scheme): partial kernel, then finish. */
 template <typename T>
 __global__ void rmsnorm_bwd_partial_kernel(float *pdw, const float *dout, const T *inp,
                                            const float *rstd, int N, int C, int rows_per)
 {
     __shared__ float sw[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
-    int r0 = blockIdx.y * rows_per;
-    int r1 = min(N, r0 + rows_per);
+    int r0, r1;
+    const int c = fsdp_cu_colsum_span(N, rows_per, &r0, &r1);
     float aw = 0.0f;
     if (c < C)
         for (int r = r0 + threadIdx.y; r < r1; r += 8) {
             size_t e = (size_t)r * C + c;
             aw = __fadd_rn(aw, __fmul_rn(__fmul_rn(fsdp_cu_ld(inp, e), rstd[r]), dout[e]));
         }
-    sw[threadIdx.y][threadIdx.x] = aw;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        float t = sw[0][threadIdx.x];
-        for (int k = 1; k < 8; k++)
-            t += sw[k][threadIdx.x];
-        pdw[(size_t)blockIdx.y * C + c] = t;
-    }
+    fsdp_cu_colsum_lanes(sw, aw, pdw, c, C);
 }
 
 __global__ void rmsnorm_bwd_finish_kernel(float *dw, const float *pdw, int n_chunks, int C)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C)
-        return;
-    float t = 0.0f;
-    for (int k = 0; k < n_chunks; k++)
-        t += pdw[(size_t)k * C + c];
-    dw[c] += t;
+    fsdp_cu_colsum_chunks(dw, pdw, n_chunks, C);
 }
 
 void fsdp_ops_cuda_rmsnorm_fwd(fsdp_op_ctx *ctx, void *out, float *rstd, const void *inp,

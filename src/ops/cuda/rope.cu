@@ -50,30 +50,32 @@ static bool rope_args_ok(fsdp_op_ctx *ctx, const char *op, int hd, int n_heads, 
     return false;
 }
 
-void fsdp_ops_cuda_rope_fwd(fsdp_op_ctx *ctx, void *x, const float *inv_freq, const int *pos,
-                            int B, int T, int n_heads, int hd, int stride)
+/* Checks the shape, then rotates x (B*T rows of E) by dir * the angle: +1
+ * the forward, -1 the backward. */
+template <typename E>
+static void rope_launch(fsdp_op_ctx *ctx, const char *op, E *x, const float *inv_freq,
+                        const int *pos, int B, int T, int n_heads, int hd, int stride, int dir)
 {
     if (B <= 0 || T <= 0 || n_heads <= 0 || !fsdp_ops_cuda_ok(ctx) ||
-        !rope_args_ok(ctx, "rope_fwd", hd, n_heads, stride))
+        !rope_args_ok(ctx, op, hd, n_heads, stride))
         return;
     const size_t rows = (size_t)B * T, n = rows * n_heads * (hd / 2);
     unsigned grid = fsdp_ops_cuda_grid(ctx, n, 256);
-    cudaStream_t s = fsdp_ops_cuda_stream(ctx);
+    rope_kernel<E><<<grid, 256, 0, fsdp_ops_cuda_stream(ctx)>>>(x, inv_freq, pos, rows, T,
+                                                                n_heads, hd / 2, stride, dir);
+    fsdp_ops_cuda_launched(ctx, op);
+}
+
+void fsdp_ops_cuda_rope_fwd(fsdp_op_ctx *ctx, void *x, const float *inv_freq, const int *pos,
+                            int B, int T, int n_heads, int hd, int stride)
+{
     FSDP_CUDA_DISPATCH(ctx->dt, E,
-                       rope_kernel<E><<<grid, 256, 0, s>>>((E *)x, inv_freq, pos, rows, T,
-                                                           n_heads, hd / 2, stride, +1));
-    fsdp_ops_cuda_launched(ctx, "rope_fwd");
+                       rope_launch<E>(ctx, "rope_fwd", (E *)x, inv_freq, pos, B, T, n_heads, hd,
+                                      stride, +1));
 }
 
 void fsdp_ops_cuda_rope_bwd(fsdp_op_ctx *ctx, float *dx, const float *inv_freq, const int *pos,
                             int B, int T, int n_heads, int hd, int stride)
 {
-    if (B <= 0 || T <= 0 || n_heads <= 0 || !fsdp_ops_cuda_ok(ctx) ||
-        !rope_args_ok(ctx, "rope_bwd", hd, n_heads, stride))
-        return;
-    const size_t rows = (size_t)B * T, n = rows * n_heads * (hd / 2);
-    unsigned grid = fsdp_ops_cuda_grid(ctx, n, 256);
-    rope_kernel<float><<<grid, 256, 0, fsdp_ops_cuda_stream(ctx)>>>(dx, inv_freq, pos, rows, T,
-                                                                    n_heads, hd / 2, stride, -1);
-    fsdp_ops_cuda_launched(ctx, "rope_bwd");
+    rope_launch<float>(ctx, "rope_bwd", dx, inv_freq, pos, B, T, n_heads, hd, stride, -1);
 }
