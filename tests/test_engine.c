@@ -56,11 +56,15 @@ START_TEST(test_determinism_matrix)
                 train_config_tiny(&c, devs[d], 0);
                 c.eng.shard = (fsdp_shard_strategy)s;
                 c.eng.prefetch = p == 1;
+                /* every other run gathers and reduces every parameter on its own, straight
+                 * in its place (shardmap.h's direct groups), the others packed */
+                c.eng.direct_numel = (d + s + p) % 2 ? 1 : 0;
                 fsdp_train_result r;
                 run_ok(&c, &r);
-                char what[96];
-                snprintf(what, sizeof what, "%d devices, shard %s, prefetch %s", devs[d],
-                         fsdp_shard_strategy_name((fsdp_shard_strategy)s), p ? "on" : "off");
+                char what[128];
+                snprintf(what, sizeof what, "%d devices, shard %s, prefetch %s, %s groups",
+                         devs[d], fsdp_shard_strategy_name((fsdp_shard_strategy)s),
+                         p ? "on" : "off", c.eng.direct_numel ? "direct" : "packed");
                 assert_identical(&ref, &r, what);
                 fsdp_train_result_free(&r);
             }
@@ -327,6 +331,7 @@ START_TEST(test_offload_params_identical)
                 c.eng.prefetch = i % 4 != 3;
                 c.eng.clip = i % 3 ? 0.5f : 0.0f;
                 run_ok(&c, &ref);
+                c.eng.direct_numel = i % 2 ? 1 : 0; /* shardmap.h's groups: direct or packed */
                 c.eng.offload = true;
                 run_ok(&c, &opt);
                 c.eng.offload_params = true;

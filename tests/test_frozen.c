@@ -135,10 +135,12 @@ START_TEST(test_frozen_identical_everywhere)
                 c.eng.offload_params = v == 2;
                 if (s == FSDP_SHARD_HYBRID)
                     c.eng.n_nodes = 2;
-                char what[128];
-                snprintf(what, sizeof what, "frozen, %d devices, %s, offload %s", devs[d],
-                         fsdp_shard_strategy_name(c.eng.shard),
-                         fsdp_names_name(&fsdp_offload_names, fsdp_offload_value(&c.eng)));
+                c.eng.direct_numel = (d + s + v) % 2 ? 1 : 0; /* shardmap.h's groups */
+                char what[160];
+                snprintf(what, sizeof what, "frozen, %d devices, %s, offload %s, %s groups",
+                         devs[d], fsdp_shard_strategy_name(c.eng.shard),
+                         fsdp_names_name(&fsdp_offload_names, fsdp_offload_value(&c.eng)),
+                         c.eng.direct_numel ? "direct" : "packed");
                 run_ok_as(&c, &r, what);
                 expect_identical_runs(&ref, &r, FROZEN_MODEL, what);
                 fsdp_train_result_free(&r);

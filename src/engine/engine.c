@@ -57,6 +57,37 @@
 
 /* ---- gradient reduction and accumulation --------------------------------- */
 
+/* Group g of unit u's trainable parameters (shardmap.h) reduce-scattered
+ * from the full gradient into this rank's shard `dst`, on the comm stream:
+ * a direct one from its place (the padding of this rank's rows, which
+ * summed what follows the parameter, zeroed after), a packed one copied
+ * into a rank-major buffer of its own first (freed stream-ordered). */
+static fsdp_status reduce_group(fsdp_engine *e, int u, const fsdp_shard_group *g, float *dst)
+{
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    fsdp_shard_unit *su = &e->sh->sm.units[u];
+    const fsdp_shard_param *sp = &su->params[g->first];
+    float *send = row->grad_full + sp->spec->offset;
+    if (!g->direct) {
+        char what[96];
+        snprintf(what, sizeof what, "unit '%s' gradient reduce-scatter", su->spec->name);
+        FSDP_TRY(fsdp_device_alloc(&e->dev, g->span * sizeof(float) * (size_t)e->sh->sm.shard_ranks,
+                                   FSDP_MEM_GRAD, what, (void **)&send));
+        FSDP_TRY(fsdp_engine_permute(e, u, g->first, g->end, g->span, g->shard_off, row->grad_full,
+                                     send, sizeof(float), false, e->dev.comm, false));
+    }
+    fsdp_comm_label(e->shard_comm, "unit '%s' gradient reduction", su->spec->name);
+    FSDP_TRY(fsdp_comm_reduce_scatter(e->shard_comm, send, dst + g->shard_off, g->span,
+                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
+    if (!g->direct) {
+        fsdp_device_free(&e->dev, send); /* stream-ordered: after the collective */
+        return FSDP_STATUS_OK;
+    }
+    size_t at, n = fsdp_shard_param_run(sp, fsdp_shardmap_slot(&e->sh->sm, e->rank), &at);
+    return fsdp_device_memset(&e->dev, dst + g->shard_off + n, 0, (g->span - n) * sizeof(float),
+                              e->dev.comm);
+}
+
 /* Reduce unit u's full gradient over ranks into a free accumulation slot
  * and enter it in the counter of micro-step partial sums. A counter in
  * pinned host memory (host_grads) gets the reduced shard through a device
@@ -81,33 +112,26 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
         FSDP_TRY(fsdp_device_alloc(&e->dev, f32, FSDP_MEM_GRAD, what, (void **)&dst));
     }
     FSDP_TRY(fsdp_engine_order(e, e->dev.compute, e->dev.comm, e->ev_tmp));
-    float *send = row->grad_full;
-    if (fsdp_engine_permuted(e)) { /* the ranks' row ranges side by side (shardmap.h) */
-        char what[96];
-        snprintf(what, sizeof what, "unit '%s' gradient reduce-scatter", su->spec->name);
-        FSDP_TRY(fsdp_device_alloc(&e->dev, su->padded_numel * sizeof(float), FSDP_MEM_GRAD,
-                                   what, (void **)&send));
-        FSDP_TRY(fsdp_engine_permute(e, u, FSDP_SEG_TRAIN, row->grad_full, send, sizeof(float),
-                                     false, e->dev.comm, false));
-        fsdp_device_free(&e->dev, row->grad_full); /* stream-ordered: after the copies in */
-        row->grad_full = send;
-    }
     fsdp_trace_begin(&e->tr, FSDP_TRACE_COMM,
                      fsdp_engine_sharded(e) ? "reduce_scatter" : "all_reduce", su->spec->name,
                      su->padded_numel * sizeof(float));
     fsdp_comm *c = fsdp_engine_sharded(e) ? e->shard_comm : &e->comm;
-    fsdp_comm_label(c, "unit '%s' gradient reduction", su->spec->name);
-    if (fsdp_engine_sharded(e)) {
-        FSDP_TRY(fsdp_comm_reduce_scatter(c, send, dst, su->shard_numel,
+    if (!fsdp_engine_permuted(e))
+        fsdp_comm_label(c, "unit '%s' gradient reduction", su->spec->name);
+    if (fsdp_engine_permuted(e)) {
+        for (int g = su->group_first[FSDP_SEG_TRAIN]; g < su->group_first[FSDP_SEG_TRAIN + 1]; g++)
+            FSDP_TRY(reduce_group(e, u, &su->groups[g], dst));
+    } else if (fsdp_engine_sharded(e)) {
+        FSDP_TRY(fsdp_comm_reduce_scatter(c, row->grad_full, dst, su->shard_numel,
                                           FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
-        if (e->replica_comm) { /* hybrid: the node's shard, over nodes */
-            fsdp_comm_label(e->replica_comm, "unit '%s' gradient reduction", su->spec->name);
-            FSDP_TRY(fsdp_comm_all_reduce(e->replica_comm, dst, dst, su->shard_numel,
-                                          FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
-        }
     } else {
         FSDP_TRY(fsdp_comm_all_reduce(c, row->grad_full, dst, su->padded_numel, FSDP_DTYPE_F32,
                                       FSDP_REDUCE_SUM, e->dev.comm));
+    }
+    if (e->replica_comm) { /* hybrid: the node's shard, over nodes */
+        fsdp_comm_label(e->replica_comm, "unit '%s' gradient reduction", su->spec->name);
+        FSDP_TRY(fsdp_comm_all_reduce(e->replica_comm, dst, dst, su->shard_numel,
+                                      FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
     }
     fsdp_trace_end(&e->tr, FSDP_TRACE_COMM);
     /* stream-ordered: reused once the collective queued above has read it */

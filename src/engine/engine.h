@@ -42,6 +42,10 @@ typedef struct fsdp_engine_config {
     fsdp_shard_strategy shard;
     fsdp_dtype compute_dtype;  /* --precision: gathered params and activations */
     bool prefetch;
+    size_t direct_numel;       /* parameters of at least this many elements over their shard
+                                * ranks are gathered straight into place, one collective
+                                * each (engine/shardmap.h fsdp_shard_group); 0: the default,
+                                * FSDP_SHARD_DIRECT_NUMEL (tests set it low) */
     fsdp_recompute recompute;  /* activations kept per block (models/model.h); the
                                 * others are rebuilt in backward */
     bool offload;              /* optimizer state + master + grad shards in pinned host memory */

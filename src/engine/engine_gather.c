@@ -51,15 +51,17 @@ static fsdp_status zero(fsdp_engine *e, void *dst, size_t bytes, fsdp_stream_t s
 
 /* Per parameter: the slots that hold shard_rows real rows as one strided
  * copy, then the last slots' fewer rows (and, copying in, their padding). */
-fsdp_status fsdp_engine_permute(fsdp_engine *e, int u, fsdp_shard_seg seg, void *flat, void *rm,
-                                size_t es, bool to_flat, fsdp_stream_t s, bool host)
+fsdp_status fsdp_engine_permute(fsdp_engine *e, int u, int first, int end, size_t stride,
+                                size_t base, void *flat, void *rm, size_t es, bool to_flat,
+                                fsdp_stream_t s, bool host)
 {
     const fsdp_shard_unit *su = &e->sh->sm.units[u];
-    size_t K = (size_t)e->sh->sm.shard_ranks, S = fsdp_shard_seg_numel(su, seg) * es, end = 0;
-    for (int i = su->seg_first[seg]; i < su->seg_first[seg + 1]; i++) {
+    size_t K = (size_t)e->sh->sm.shard_ranks, S = stride * es, used = 0;
+    for (int i = first; i < end; i++) {
         const fsdp_shard_param *sp = &su->params[i];
         size_t span = fsdp_shard_param_span(sp) * es, full = sp->rows / sp->shard_rows;
-        char *f = (char *)flat + sp->spec->offset * es, *r = (char *)rm + sp->shard_off * es;
+        char *f = (char *)flat + sp->spec->offset * es;
+        char *r = (char *)rm + (sp->shard_off - base) * es;
         full = full < K ? full : K;
         if (to_flat)
             FSDP_TRY(copy_rows(e, f, span, r, S, span, full, s, host));
@@ -73,10 +75,10 @@ fsdp_status fsdp_engine_permute(fsdp_engine *e, int u, fsdp_shard_seg seg, void 
             if (!to_flat)
                 FSDP_TRY(zero(e, slot + n, span - n, s, host));
         }
-        end = sp->shard_off * es + span;
+        used = (sp->shard_off - base) * es + span;
     }
-    for (size_t k = 0; !to_flat && end < S && k < K; k++) /* the segment's end padding */
-        FSDP_TRY(zero(e, (char *)rm + k * S + end, S - end, s, host));
+    for (size_t k = 0; !to_flat && used < S && k < K; k++) /* the slots' end padding */
+        FSDP_TRY(zero(e, (char *)rm + k * S + used, S - used, s, host));
     return FSDP_STATUS_OK;
 }
 
@@ -159,12 +161,38 @@ static fsdp_status gather_nf4(fsdp_engine *e, int u)
     return FSDP_STATUS_OK;
 }
 
+/* Group g of unit u (shardmap.h) from this rank's shard of its segment
+ * (`mine`, device memory) into the gathered buffer, on the comm stream: a
+ * direct one all-gathered into its place, a packed one into a rank-major
+ * buffer of its own, copied out and freed (stream-ordered). */
+static fsdp_status gather_group(fsdp_engine *e, int u, const fsdp_shard_group *g, const char *mine,
+                                const char *label)
+{
+    fsdp_shard_row *row = fsdp_engine_row(e, u);
+    fsdp_shard_unit *su = &e->sh->sm.units[u];
+    size_t es = dt_size(e), K = (size_t)e->sh->sm.shard_ranks;
+    fsdp_dtype dt = e->sh->cfg.compute_dtype;
+    void *rm = (char *)row->gathered + su->params[g->first].spec->offset * es;
+    if (!g->direct) {
+        char what[96];
+        snprintf(what, sizeof what, "unit '%s' all-gather", su->spec->name);
+        FSDP_TRY(fsdp_device_alloc(&e->dev, g->span * es * K, FSDP_MEM_GATHER, what, &rm));
+    }
+    fsdp_comm_label(e->shard_comm, "unit '%s' %s", su->spec->name, label);
+    FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, mine + g->shard_off * es, rm, g->span, dt,
+                                  e->dev.comm));
+    if (g->direct)
+        return FSDP_STATUS_OK;
+    FSDP_TRY(fsdp_engine_permute(e, u, g->first, g->end, g->span, g->shard_off, row->gathered, rm,
+                                 es, true, e->dev.comm, false));
+    fsdp_device_free(&e->dev, rm); /* stream-ordered: after the copies out */
+    return FSDP_STATUS_OK;
+}
+
 /* Segment seg of unit u into its place in the gathered buffer, on the
  * comm stream: this rank's shard `shard` (uploaded first where it is in
- * host memory) all-gathered, over several shard ranks into a rank-major
- * buffer of its own that is copied out into the model's layout and freed
- * (stream-ordered), over one straight into the buffer; without sharding a
- * copy. */
+ * host memory) all-gathered group by group over several shard ranks,
+ * straight into the buffer over one; without sharding a copy. */
 static fsdp_status gather_segment(fsdp_engine *e, int u, fsdp_shard_seg seg, void *shard)
 {
     fsdp_shard_row *row = fsdp_engine_row(e, u);
@@ -175,24 +203,17 @@ static fsdp_status gather_segment(fsdp_engine *e, int u, fsdp_shard_seg seg, voi
         return FSDP_STATUS_OK;
     if (!fsdp_engine_sharded(e)) /* copies: from pinned host memory too */
         return fsdp_device_memcpy(&e->dev, at, shard, n * es, e->dev.comm);
-    void *mine, *rm = at;
+    void *mine;
     FSDP_TRY(stage(e, u, seg == FSDP_SEG_TRAIN, shard, n * es, &mine));
-    if (fsdp_engine_permuted(e)) {
-        char what[96];
-        snprintf(what, sizeof what, "unit '%s' all-gather", su->spec->name);
-        FSDP_TRY(fsdp_device_alloc(&e->dev, n * es * (size_t)e->sh->sm.shard_ranks,
-                                   FSDP_MEM_GATHER, what, &rm));
+    const char *label = seg == FSDP_SEG_TRAIN ? "all-gather" : "frozen all-gather";
+    if (!fsdp_engine_permuted(e)) {
+        fsdp_comm_label(e->shard_comm, "unit '%s' %s", su->spec->name, label);
+        FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, mine, at, n, e->sh->cfg.compute_dtype,
+                                      e->dev.comm));
     }
-    fsdp_comm_label(e->shard_comm, seg == FSDP_SEG_TRAIN ? "unit '%s' all-gather"
-                                                         : "unit '%s' frozen all-gather",
-                    su->spec->name);
-    FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, mine, rm, n, e->sh->cfg.compute_dtype,
-                                  e->dev.comm));
+    for (int g = su->group_first[seg]; g < su->group_first[seg + 1]; g++)
+        FSDP_TRY(gather_group(e, u, &su->groups[g], mine, label));
     stage_done(e, shard, mine);
-    if (rm == at)
-        return FSDP_STATUS_OK;
-    FSDP_TRY(fsdp_engine_permute(e, u, seg, row->gathered, rm, es, true, e->dev.comm, false));
-    fsdp_device_free(&e->dev, rm); /* stream-ordered: after the copies out */
     return FSDP_STATUS_OK;
 }
 
@@ -306,7 +327,8 @@ static fsdp_status export_segment(fsdp_engine *e, int u, fsdp_shard_seg seg, voi
     if (seg != FSDP_SEG_TRAIN)
         stage_done(e, seg_buf, mine);
     if (st == FSDP_STATUS_OK && fsdp_engine_permuted(e))
-        st = fsdp_engine_permute(e, u, seg, flat, host, es, true, NULL, true);
+        st = fsdp_engine_permute(e, u, su->seg_first[seg], su->seg_first[seg + 1], n, 0, flat,
+                                 host, es, true, NULL, true);
     else if (st == FSDP_STATUS_OK)
         memcpy((char *)flat + begin * es, host, real * es);
     free(host);

@@ -82,9 +82,13 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
     if (!cfg->inference)
         FSDP_TRY(fsdp_optim_hparams_check(sh->optim, &sh->optim_hp));
     FSDP_TRY(fsdp_shardmap_init_nodes(&sh->sm, model, cfg->n_ranks, nodes, cfg->shard));
+    fsdp_status st = FSDP_STATUS_OK;
+    if (cfg->direct_numel)
+        st = fsdp_shardmap_regroup(&sh->sm, cfg->direct_numel);
     for (int u = 0; u < sh->sm.n_units; u++)
         sh->n_local_blocks += sh->sm.units[u].n_blocks;
-    fsdp_status st = fsdp_norm_cover_init(&sh->norm, &sh->sm);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_norm_cover_init(&sh->norm, &sh->sm);
     sh->x_stats = calloc((size_t)cfg->n_ranks, sizeof *sh->x_stats);
     if (st == FSDP_STATUS_OK && !sh->x_stats)
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the ranks' figures");

@@ -156,14 +156,17 @@ fsdp_status fsdp_engine_gather_release(fsdp_engine *e, int u);
 /* Wait for all work on every stream of the rank's device (end of a phase). */
 fsdp_status fsdp_engine_sync_all(fsdp_engine *e);
 
-/* engine_gather.c: segment `seg` of unit u between the shard ranks' shards
- * side by side (`rm`, rank-major: shard_ranks slots of the segment's shard,
- * elements of es bytes) and the model's flat layout (`flat`: the unit's
- * element 0). to_flat copies every slot's real rows out; else copies them
- * in and zeroes every slot's padding. On the device's stream s, or with
- * `host` at once with memcpy (both buffers in host memory). */
-fsdp_status fsdp_engine_permute(fsdp_engine *e, int u, fsdp_shard_seg seg, void *flat, void *rm,
-                                size_t es, bool to_flat, fsdp_stream_t s, bool host);
+/* engine_gather.c: unit u's parameters [first, end) between the shard
+ * ranks' shards of them side by side (`rm`, rank-major: shard_ranks slots
+ * of `stride` elements, each holding those parameters' spans from the one
+ * at shard offset `base`; elements of es bytes) and the model's flat
+ * layout (`flat`: the unit's element 0). to_flat copies every slot's real
+ * rows out; else copies them in and zeroes every slot's padding. On the
+ * device's stream s, or with `host` at once with memcpy (both buffers in
+ * host memory). */
+fsdp_status fsdp_engine_permute(fsdp_engine *e, int u, int first, int end, size_t stride,
+                                size_t base, void *flat, void *rm, size_t es, bool to_flat,
+                                fsdp_stream_t s, bool host);
 
 /* Whether units are sharded over the ranks (any strategy but none). */
 static inline bool fsdp_engine_sharded(const fsdp_engine *e)
@@ -179,13 +182,13 @@ static inline bool fsdp_engine_permuted(const fsdp_engine *e)
 }
 
 /* Elements of unit u's full gradient in backward (row->grad_full), in the
- * model's layout: the trainable parameters, copied into the rank-major
- * order before the reduce-scatter where that differs; else the padded
- * segment, reduced as it is. */
+ * model's layout: the trainable parameters (and a direct group's padding
+ * past the end: shardmap.h), reduced by groups where the ranks' shards
+ * differ from the layout; else the padded segment, reduced as it is. */
 static inline size_t fsdp_engine_grad_full_numel(const fsdp_engine *e, int u)
 {
     const fsdp_shard_unit *su = &e->sh->sm.units[u];
-    return fsdp_engine_permuted(e) ? su->numel : su->padded_numel;
+    return fsdp_engine_permuted(e) ? su->train_extent : su->padded_numel;
 }
 
 /* Reserve, before the first step, the device buffers the step allocates

@@ -97,7 +97,7 @@ static fsdp_status layout_unit(fsdp_shard_unit *su, const fsdp_unit_spec *spec, 
     }
     while (seg <= FSDP_SEG_COUNT)
         su->seg_first[seg++] = spec->n_params;
-    for (int s = 0; s < FSDP_SEG_COUNT; s++)
+    for (int s = 0; s < FSDP_SEG_COUNT && k == 1; s++) /* the shard is the padded segment */
         seg_shard[s] = (seg_shard[s] + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK * FSDP_NORM_BLOCK;
     su->numel = seg_numel[FSDP_SEG_TRAIN];
     su->shard_numel = seg_shard[FSDP_SEG_TRAIN];
@@ -108,6 +108,50 @@ static fsdp_status layout_unit(fsdp_shard_unit *su, const fsdp_unit_spec *spec, 
     su->nf4_numel = seg_numel[FSDP_SEG_NF4];
     su->nf4_shard = seg_shard[FSDP_SEG_NF4];
     su->nf4_padded = su->nf4_shard * (size_t)k;
+    return FSDP_STATUS_OK;
+}
+
+/* Unit su's groups (fsdp_shard_group) over k shard ranks, and its extents. */
+static fsdp_status group_unit(fsdp_shard_unit *su, int k, size_t direct_numel)
+{
+    free(su->groups);
+    su->groups = calloc((size_t)su->n_params + 1, sizeof *su->groups);
+    if (!su->groups)
+        return FSDP_STATUS_OOM;
+    int n = 0;
+    su->extent = su->spec->numel;
+    su->train_extent = su->numel;
+    for (int s = 0; s <= FSDP_SEG_COUNT; s++) {
+        su->group_first[s] = n;
+        if (s >= FSDP_SEG_NF4 || k == 1) /* NF4 moves packed, dequantized per run */
+            continue;
+        bool open = false;
+        for (int i = su->seg_first[s]; i < su->seg_first[s + 1]; i++) {
+            const fsdp_shard_param *sp = &su->params[i];
+            size_t span = fsdp_shard_param_span(sp);
+            bool direct = span * (size_t)k >= direct_numel;
+            if (direct || !open)
+                su->groups[n++] = (fsdp_shard_group){.first = i, .end = i, .direct = direct,
+                                                     .shard_off = sp->shard_off};
+            su->groups[n - 1].end = i + 1;
+            su->groups[n - 1].span += span;
+            open = !direct;
+            size_t end = sp->spec->offset + span * (size_t)k; /* the all-gather's reach */
+            if (direct && end > su->extent)
+                su->extent = end;
+            if (direct && s == FSDP_SEG_TRAIN && end > su->train_extent)
+                su->train_extent = end;
+        }
+    }
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_shardmap_regroup(fsdp_shardmap *sm, size_t direct_numel)
+{
+    sm->direct_numel = direct_numel;
+    for (int u = 0; u < sm->n_units; u++)
+        if (group_unit(&sm->units[u], sm->shard_ranks, direct_numel) != FSDP_STATUS_OK)
+            return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the shard map");
     return FSDP_STATUS_OK;
 }
 
@@ -152,7 +196,10 @@ fsdp_status fsdp_shardmap_init_nodes(fsdp_shardmap *sm, const fsdp_model *m, int
         sm->frozen_numel += su->frozen_numel;
         sm->nf4_numel += su->nf4_numel;
     }
-    return FSDP_STATUS_OK;
+    fsdp_status st = fsdp_shardmap_regroup(sm, FSDP_SHARD_DIRECT_NUMEL);
+    if (st != FSDP_STATUS_OK)
+        fsdp_shardmap_free(sm);
+    return st;
 }
 
 void fsdp_shardmap_free(fsdp_shardmap *sm)
@@ -161,6 +208,7 @@ void fsdp_shardmap_free(fsdp_shardmap *sm)
         for (int u = 0; u < sm->n_units; u++) {
             free(sm->units[u].rows);
             free(sm->units[u].params);
+            free(sm->units[u].groups);
         }
     free(sm->units);
     memset(sm, 0, sizeof *sm);

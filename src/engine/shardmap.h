@@ -101,6 +101,24 @@ typedef struct fsdp_shard_param {
                             * the unit (ceil(span / FSDP_NORM_BLOCK) blocks each) */
 } fsdp_shard_param;
 
+/* Parameters of a segment that move together in one collective: a direct
+ * group is one parameter, all-gathered straight into its place in the
+ * model's layout (the ranks' rows of one parameter side by side are the
+ * parameter itself, then padding, which spills over what follows it and
+ * is written again by what is gathered after it) and reduce-scattered from
+ * it; a packed group is a run of smaller ones, all-gathered into a buffer
+ * of their own and copied out (reduce: copied in). A parameter whose
+ * ranks' spans add up to at least the map's direct_numel elements is
+ * direct; with one shard rank nothing is grouped (the shard is the layout). */
+typedef struct fsdp_shard_group {
+    int first, end;        /* the unit's params [first, end), in flat order */
+    bool direct;
+    size_t shard_off;      /* the group's first element in a rank's shard of the segment */
+    size_t span;           /* its elements in a rank's shard */
+} fsdp_shard_group;
+
+#define FSDP_SHARD_DIRECT_NUMEL ((size_t)1 << 20) /* the default direct_numel */
+
 /* Elements of a rank's shard that hold parameter sp (real rows and padding). */
 static inline size_t fsdp_shard_param_span(const fsdp_shard_param *sp)
 {
@@ -145,20 +163,25 @@ typedef struct fsdp_shard_unit {
     int n_params;
     fsdp_shard_param *params; /* [n_params], in flat order: the segments one after another */
     int seg_first[FSDP_SEG_COUNT + 1]; /* segment s is params [seg_first[s], seg_first[s+1]) */
+    fsdp_shard_group *groups; /* trainable and frozen dense segments' groups, in flat order */
+    int group_first[FSDP_SEG_COUNT + 1]; /* segment s is groups [group_first[s], ..[s+1]) */
+    size_t extent;         /* elements of the gathered buffer: numel, and a direct group's
+                            * padding past the end (fsdp_shardmap_gathered_numel) */
+    size_t train_extent;   /* the same for the trainable segment: the full gradient */
     fsdp_shard_row *rows;  /* [n_ranks] */
 } fsdp_shard_unit;
 
 /* Elements of a unit's gathered buffer, laid out as the model's flat
  * buffer: the trainable segment, the frozen one at spec->train_numel, the
- * NF4 one at spec->nf4_begin. Sharded over several ranks, the gathers copy
- * out the real elements only: spec->numel. Over one, each segment's shard
+ * NF4 one at spec->nf4_begin. Sharded over several ranks: spec->numel, and
+ * a direct group's padding past the end (extent). Over one, each segment's shard
  * is copied whole, its end padding over the start of the next segment
  * (whose copy, issued after it on the same stream, writes it), so the
  * buffer ends with the last segment's padding. */
 static inline size_t fsdp_shardmap_gathered_numel(const fsdp_shard_unit *su, int shard_ranks)
 {
     if (shard_ranks > 1)
-        return su->spec->numel;
+        return su->extent;
     if (su->nf4_numel)
         return su->spec->nf4_begin + su->nf4_padded;
     if (su->frozen_numel)
@@ -183,7 +206,12 @@ typedef struct fsdp_shardmap {
     size_t padded_numel;   /* all units' trainable segments, padded */
     size_t frozen_numel;   /* all units' frozen dense segments, unpadded */
     size_t nf4_numel;      /* all units' NF4 segments, unpadded */
+    size_t direct_numel;   /* the groups' threshold (fsdp_shard_group) */
 } fsdp_shardmap;
+
+/* Group every unit's parameters again with another threshold (tests; the
+ * engine's config direct_numel); the layout does not change. OOM only. */
+fsdp_status fsdp_shardmap_regroup(fsdp_shardmap *sm, size_t direct_numel);
 
 /* The map of model m over n_ranks ranks on one node. */
 fsdp_status fsdp_shardmap_init(fsdp_shardmap *sm, const fsdp_model *m, int n_ranks,

@@ -115,12 +115,6 @@ static size_t gather_bytes(const struct replay *r, int u)
            fsdp_dtype_size(r->e->sh->cfg.compute_dtype);
 }
 
-/* Whether the ranks' shards side by side differ from the model's layout. */
-static bool permuted(const struct replay *r)
-{
-    return r->e->sh->sm.shard_ranks > 1;
-}
-
 /* Whether the trainable shard lives in pinned host memory (engine.h). */
 static bool params_host(const struct replay *r)
 {
@@ -149,17 +143,19 @@ static size_t grad_bytes(const struct replay *r, int u)
     return fsdp_engine_grad_full_numel(r->e, u) * sizeof(float);
 }
 
-/* The reduce-scatter's rank-major copy of the gradient (engine.c's
- * grad_reduce), made from the full gradient, which goes, and freed once
- * the collective has read it; without it the full gradient goes. */
+/* engine.c's grad_reduce: each packed group's rank-major copy of its
+ * gradients, made and freed around its reduce-scatter, then the full
+ * gradient goes. */
 static void reduce_send(struct replay *r, int u)
 {
-    size_t pack = unit(r, u)->padded_numel * sizeof(float);
-    if (permuted(r))
-        take(&r->s, pack, 1);
+    const fsdp_shard_unit *su = unit(r, u);
+    for (int g = su->group_first[FSDP_SEG_TRAIN]; g < su->group_first[FSDP_SEG_TRAIN + 1]; g++)
+        if (!su->groups[g].direct) {
+            size_t pack = su->groups[g].span * sizeof(float) * (size_t)r->e->sh->sm.shard_ranks;
+            take(&r->s, pack, 1);
+            give(&r->s, pack, 1);
+        }
     give(&r->s, grad_bytes(r, u), 1);
-    if (permuted(r))
-        give(&r->s, pack, 1);
 }
 
 static size_t accum_bytes(const struct replay *r, int u)
@@ -178,23 +174,25 @@ static void gather(struct replay *r, int u)
     const fsdp_shard_unit *su = unit(r, u);
     size_t dt = fsdp_dtype_size(r->e->sh->cfg.compute_dtype);
     /* engine_gather.c's gather_segment, each segment: the upload of a host
-     * shard, the rank-major buffer, the upload freed once the all-gather has
-     * read it, the rank-major buffer once copied out */
+     * shard, each packed group's rank-major buffer (made and freed around its
+     * copy out), the upload freed after the segment's last all-gather */
     bool staged = r->e->sh->cfg.offload_params;
     size_t up[2] = {params_host(r) ? su->shard_numel * dt : 0,
                     staged ? su->frozen_shard * dt : 0};
-    size_t rm[2] = {su->padded_numel * dt, su->frozen_padded * dt};
+    size_t seg_numel[2] = {su->shard_numel, su->frozen_shard};
     for (int seg = 0; seg < 2 && sharded(r); seg++) {
-        if (!rm[seg])
+        if (!seg_numel[seg])
             continue;
         if (up[seg])
             take(&r->s, up[seg], 1);
-        if (permuted(r))
-            take(&r->s, rm[seg], 1);
+        for (int g = su->group_first[seg]; g < su->group_first[seg + 1]; g++)
+            if (!su->groups[g].direct) {
+                size_t rm = su->groups[g].span * dt * (size_t)r->e->sh->sm.shard_ranks;
+                take(&r->s, rm, 1);
+                give(&r->s, rm, 1);
+            }
         if (up[seg])
             give(&r->s, up[seg], 1);
-        if (permuted(r))
-            give(&r->s, rm[seg], 1);
     }
     size_t nf4_up = su->nf4_numel ? fsdp_shardmap_nf4_bytes(su) : 0;
     if (staged && nf4_up)
@@ -322,8 +320,11 @@ fsdp_status fsdp_engine_warm_up(fsdp_engine *e)
             r.lent = e->acc.units[u].buf[0] != NULL;
             break;
         }
-    r.s.cap = 11 * U + 7; /* + the exchanges' send and receive sizes */
-    r.s.v = calloc((size_t)r.s.cap, sizeof *r.s.v);
+    size_t cap = 8 * (size_t)U + 7; /* + the exchanges' send and receive sizes */
+    for (int u = 0; u < U; u++) /* + the packed groups' buffers, gathered and reduced */
+        cap += 2 * (size_t)e->sh->sm.units[u].group_first[FSDP_SEG_COUNT];
+    r.s.cap = (int)cap;
+    r.s.v = calloc(cap, sizeof *r.s.v);
     r.gathered = calloc((size_t)U, sizeof *r.gathered);
     r.made = calloc((size_t)U, sizeof *r.made);
     fsdp_status st = FSDP_STATUS_OK;
