@@ -1258,6 +1258,8 @@ START_TEST(test_commands)
         {"shardmap --model /nonexistent/m.safetensors", 1, "/nonexistent/m.safetensors"},
         {"shardmap --model tiny --devices 3", 0, "h.1"},
         {"shardmap --model tiny --json", 0, "\"units\""},
+        {"shardmap --model tiny --devices 4 --params", 0, "rows wte.weight[0:"},
+        {"shardmap --model tiny --devices 4 --json", 0, "\"shard_rows\":"},
         {"shardmap --model nope", 2, "unknown model"},
         {"shardmap --devices -1", 2, "--devices"},
         {"plot --help", 0, "METRICS.jsonl"},

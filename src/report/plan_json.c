@@ -114,14 +114,16 @@ void fsdp_plan_shardmap_table(FILE *f, const fsdp_shardmap *sm, const char *mode
     fprintf(f, "fsdp shardmap: model %s, %zu parameters in %d units, %d device(s), shard %s\n",
             model, sm->numel + sm->frozen_numel + sm->nf4_numel, sm->n_units, N,
             fsdp_shard_strategy_name(sm->strategy));
-    fprintf(f, "  every parameter is split on its first dimension over %d rank(s)%s: rank r holds "
-               "rows [k * R, (k+1) * R) of it, k = r %% %d, R its rows per rank%s\n",
+    fprintf(f, "  every parameter is split on its first dimension over %d rank(s)%s:\n"
+               "  rank r holds rows [k * R, (k+1) * R) of it, k = r %% %d, R its rows per rank%s\n",
             sm->shard_ranks,
             sm->strategy == FSDP_SHARD_HYBRID ? " (a node's; replicated across nodes)"
             : sm->strategy == FSDP_SHARD_NONE ? " (no sharding: every rank all of it)"
                                               : "",
             sm->shard_ranks,
-            sm->shard_ranks > 1 ? ", padded so that R rows are whole norm blocks" : "");
+            sm->shard_ranks > 1 ? ",\n  padded to whole norm blocks (a parameter smaller than "
+                                  "that: whole on the ranks with k = 0)"
+                                : "");
     size_t real = sm->numel + sm->frozen_numel + sm->nf4_numel, padded = 0;
     for (int u = 0; u < sm->n_units; u++)
         padded += sm->units[u].padded_numel + sm->units[u].frozen_padded +
