@@ -226,7 +226,8 @@ START_TEST(test_manifest_hostile)
     } cases[] = {
         {"version 4\n", "version 5\n", "version 5 is not supported"},
         /* version 4's rows per shard file */
-        {"numel 4096 rows 64 at 0\n", "numel 4096 rows 0 at 0\n", "rows at least 1"},
+        {"numel 4096 rows 64 at 0\n", "numel 4096 rows 0 at 0\n", "rows 1 to its 256 rows"},
+        {"numel 4096 rows 64 at 0\n", "numel 4096 rows 257 at 0\n", "rows 1 to its 256 rows"},
         {"numel 4096 rows 64 at 0\n", "numel 4096 rows 63 at 0\n", "do not hold"},
         {"numel 4096 rows 64 at 0\n", "numel 4096\n", "rows <n> at <n>"},
         {"numel 4096 rows 64 at 0\n", "numel 4096 rows 64 at 1\n", "overlap"},

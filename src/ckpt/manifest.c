@@ -103,9 +103,10 @@ static fsdp_status parse_rows(const fsdp_mf_parser *ps, char **t, const fsdp_ckp
                               int n_shards, size_t *at_min, fsdp_ckpt_param *p)
 {
     uint64_t rows = (uint64_t)p->shape[0], rn = p->numel / rows, R, at;
-    if (!fsdp_mf_u64(t[9], MAX_NUMEL, &R) || !fsdp_mf_u64(t[11], MAX_NUMEL, &at) || R == 0)
+    if (!fsdp_mf_u64(t[9], MAX_NUMEL, &R) || !fsdp_mf_u64(t[11], MAX_NUMEL, &at) || R == 0 ||
+        R > rows)
         return fsdp_mf_bad(ps, "parameter '%s': rows and at must be numbers up to 2^48, rows "
-                           "at least 1", p->name);
+                           "1 to its %" PRIu64 " rows", p->name, rows);
     if (R * (uint64_t)n_shards < rows)
         return fsdp_mf_bad(ps, "parameter '%s': %" PRIu64 " rows per shard do not hold its %"
                            PRIu64 " rows in %d shard file(s)", p->name, R, rows, n_shards);

@@ -11,8 +11,9 @@
  *     zero, the name table, the unit table and the checksum table);
  *   name table: A names of FSDP_CKPT_ARRAY_NAME_MAX bytes, NUL-padded
  *     ([a-z0-9_], unique; the first is "master");
- *   unit table: per unit u64 shard numel S, u64 first element of the shard
- *     in the unit's padded flat buffer;
+ *   unit table: per unit u64 shard numel S, u64 k x S for the file of shard
+ *     k (checked against the manifest; in checkpoints before manifest version
+ *     4 also the shard's first element in the unit's padded flat buffer);
  *   checksum table: per unit, per array, one XXH64 (seed 0) per block of
  *     FSDP_CKPT_BLOCK_NUMEL elements;
  *   payload at the next multiple of 64: per unit, A arrays of S fp32.
@@ -62,7 +63,7 @@ typedef struct fsdp_ckpt_shard_info {
     uint64_t adam_t;           /* the optimizer's step count (named after the manifest key) */
     int rank, world_size, n_units;
     const size_t *shard_numel; /* [n_units] elements per array */
-    const size_t *first;       /* [n_units] first element in the unit's padded buffer */
+    const size_t *first;       /* [n_units] k x shard numel for shard k (unit table) */
     /* The arrays of every unit, in file order; array_names[0] is "master".
      * n_arrays 0: for a writer, the default layout (master, adam_m, adam_v);
      * for a reader, whatever the file holds (readers of the master alone). */
