@@ -421,6 +421,50 @@ START_TEST(test_v2_copy_behaves_like_the_v1_fixture)
 }
 END_TEST
 
+/* The fixture's shards are flat ranges of each unit over 2 files (version 1, before per-parameter
+ * shards): resumed on 1, 2 and 4 devices (micro-batches of 1, the global batch of 4 split by
+ * accumulation), each rank reading its rows of every parameter out of those ranges, it gives
+ * the same losses and parameters bit for bit. */
+START_TEST(test_flat_fixture_reshards_by_rows)
+{
+    char dir[128];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
+    static const int devs[] = {2, 1, 4};
+    fsdp_train_result r[3];
+    for (int i = 0; i < 3; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "d%d", devs[i]);
+        path p = path_of(dir, name);
+        run("cp -r " FIXTURE " '%s'%s", p.s, "");
+        fsdp_train_config c;
+        readme_config(&c, p.s, 4);
+        c.eng.n_ranks = devs[i];
+        c.eng.batch = 1; /* the same micro-batches on every device count (determinism.md) */
+        c.eng.grad_accum = 4 / devs[i];
+        c.resume = true;
+        c.keep_params = true;
+        run_ok(&c, &r[i]);
+        REQUIRE(r[i].first_step == 2 && r[i].steps == 4, "%d devices resumed at step %d to %d",
+                devs[i], r[i].first_step, r[i].steps);
+    }
+    fsdp_model m;
+    ck_assert_int_eq(fsdp_model_from_spec("tiny", &m), FSDP_STATUS_OK);
+    for (int i = 1; i < 3; i++) {
+        char w[160];
+        snprintf(w, sizeof w, "v1 fixture resumed on %d devices vs 2: losses of steps 3-4",
+                 devs[i]);
+        same_floats(r[i].losses + 2, r[0].losses + 2, 2, true, w);
+        for (int u = 0; u < m.n_units; u++) {
+            snprintf(w, sizeof w, "v1 fixture resumed on %d devices vs 2: unit %d", devs[i], u);
+            same_floats(r[i].params[u], r[0].params[u], m.units[u].numel, true, w);
+        }
+    }
+    fsdp_model_free(&m);
+    for (int i = 0; i < 3; i++)
+        fsdp_train_result_free(&r[i]);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -443,7 +487,8 @@ int main(int argc, char **argv)
          FSDP_TESTS(test_v1_reads_into_the_v2_form, test_v1_lines_must_agree,
                     test_v2_lines_must_agree)},
         {"fixture", 600, .tmpdir = true,
-         FSDP_TESTS(test_v1_fixture_equals_a_fresh_run, test_v2_copy_behaves_like_the_v1_fixture)},
+         FSDP_TESTS(test_v1_fixture_equals_a_fresh_run, test_v2_copy_behaves_like_the_v1_fixture,
+                    test_flat_fixture_reshards_by_rows)},
     };
     return fsdp_test_main("compat", tcases, FSDP_TEST_LEN(tcases));
 }
