@@ -248,7 +248,9 @@ static fsdp_status run_coll(void *p)
     const coll_call *a = p;
     fsdp_comm *c = a->c;
     fsdp_status st;
-    fsdp_flight_start(c->world->flight, c->global_rank, a->seq);
+    bool record = !c->iface->inert;
+    if (record)
+        fsdp_flight_start(c->world->flight, c->global_rank, a->seq);
     c->flight_seq = a->seq;
     switch (a->kind) {
     case FSDP_COLL_ALL_GATHER:
@@ -262,7 +264,8 @@ static fsdp_status run_coll(void *p)
         break;
     default: st = c->iface->broadcast(c, a->recv, a->numel, a->dt, a->root, a->s);
     }
-    fsdp_flight_end(c->world->flight, c->global_rank, a->seq, st == FSDP_STATUS_OK);
+    if (record)
+        fsdp_flight_end(c->world->flight, c->global_rank, a->seq, st == FSDP_STATUS_OK);
     return st;
 }
 
@@ -274,6 +277,11 @@ void fsdp_comm_label(fsdp_comm *c, const char *fmt, ...)
     va_end(ap);
 }
 
+void fsdp_comm_label_str(fsdp_comm *c, const char *label)
+{
+    fsdp_str_copy(c->label, sizeof c->label, label);
+}
+
 /* Issue a collective on its stream (NULL: the device's comm stream). A
  * transport whose collectives are host code runs them in the stream's
  * order through the device (fsdp_device_launch_host): at once where stream
@@ -281,6 +289,10 @@ void fsdp_comm_label(fsdp_comm *c, const char *fmt, ...)
  * where a failure then surfaces at the next sync, named by the label. */
 static fsdp_status issue(coll_call a)
 {
+    if (a.c->iface->inert) { /* nothing to record or name: it cannot fail or wait */
+        a.c->label[0] = '\0';
+        return run_coll(&a);
+    }
     char label[sizeof a.c->label];
     fsdp_str_copy(label, sizeof label, a.c->label[0] ? a.c->label : fsdp_coll_kind_name(a.kind));
     a.seq = flight_issue(a.c, a.kind, a.numel, fsdp_dtype_name(a.dt),

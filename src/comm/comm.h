@@ -140,6 +140,10 @@ struct fsdp_comm_i {
      * queues device work on the stream itself (nccl, peer), or has nothing
      * to do (meta). */
     bool host_code;
+    /* The collectives move nothing and never wait (meta): no flight-recorder
+     * entry (core/flight.h), which the planner's thousands of meta steps
+     * would otherwise pay for on every collective. */
+    bool inert;
 };
 
 struct fsdp_comm {
@@ -235,6 +239,8 @@ void fsdp_comm_shared_drop_locked(fsdp_world *w, const void *tag, const fsdp_com
  * failure message starts with the name, whether it fails at once or, run
  * on a stream's thread (cpu async streams), at the next sync. Used once. */
 void fsdp_comm_label(fsdp_comm *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same with a finished string (no formatting: hot paths). */
+void fsdp_comm_label_str(fsdp_comm *c, const char *label);
 
 fsdp_status fsdp_comm_all_gather(fsdp_comm *c, const void *send, void *recv, size_t numel,
                                  fsdp_dtype dt, fsdp_stream_t s);

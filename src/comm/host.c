@@ -503,6 +503,7 @@ static const struct fsdp_comm_i host_comm_i = {
     /* .barrier        = */ host_barrier,
     /* .fini           = */ host_fini,
     /* .host_code      = */ true, /* collectives on the host: in stream order */
+    /* .inert          = */ false,
 };
 
 static fsdp_status host_shared_create(fsdp_world *w, const fsdp_comm_group *g, void *arg,

@@ -88,6 +88,7 @@ static const struct fsdp_comm_i meta_comm_i = {
     /* .barrier        = */ meta_barrier,
     /* .fini           = */ meta_fini,
     /* .host_code      = */ false, /* counts only: at once, on the calling thread */
+    /* .inert          = */ true,
 };
 
 fsdp_status fsdp_comm_meta_init_group(fsdp_comm *c, fsdp_world *w, fsdp_device *dev,

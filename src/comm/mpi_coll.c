@@ -558,6 +558,7 @@ static const struct fsdp_comm_i mpi_comm_i = {
     /* .barrier        = */ mpi_barrier,
     /* .fini           = */ mpi_fini,
     /* .host_code      = */ true, /* collectives on the host: in stream order */
+    /* .inert          = */ false,
 };
 
 /* The channel of group g's transfers: a function of the group alone, the

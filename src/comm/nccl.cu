@@ -320,6 +320,7 @@ static const struct fsdp_comm_i nccl_comm_i = {
     /* .barrier        = */ nccl_barrier,
     /* .fini           = */ nccl_fini,
     /* .host_code      = */ false, /* queues its own device work on the stream */
+    /* .inert          = */ false,
 };
 
 

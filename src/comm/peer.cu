@@ -464,6 +464,7 @@ static const struct fsdp_comm_i peer_comm_i = {
     /* .barrier        = */ peer_barrier,
     /* .fini           = */ peer_fini,
     /* .host_code      = */ false, /* queues its own device work on the stream */
+    /* .inert          = */ false,
 };
 
 /* Let this GPU read and write the other ranks' GPUs directly where the

@@ -69,14 +69,13 @@ static fsdp_status reduce_group(fsdp_engine *e, int u, const fsdp_shard_group *g
     const fsdp_shard_param *sp = &su->params[g->first];
     float *send = row->grad_full + sp->spec->offset;
     if (!g->direct) {
-        char what[96];
-        snprintf(what, sizeof what, "unit '%s' gradient reduce-scatter", su->spec->name);
         FSDP_TRY(fsdp_device_alloc(&e->dev, g->span * sizeof(float) * (size_t)e->sh->sm.shard_ranks,
-                                   FSDP_MEM_GRAD, what, (void **)&send));
+                                   FSDP_MEM_GRAD, fsdp_engine_label(e, u, FSDP_LABEL_REDUCE_PACK),
+                                   (void **)&send));
         FSDP_TRY(fsdp_engine_permute(e, u, g->first, g->end, g->span, g->shard_off, row->grad_full,
                                      send, sizeof(float), false, e->dev.comm, false));
     }
-    fsdp_comm_label(e->shard_comm, "unit '%s' gradient reduction", su->spec->name);
+    fsdp_comm_label_str(e->shard_comm, fsdp_engine_label(e, u, FSDP_LABEL_REDUCTION));
     FSDP_TRY(fsdp_comm_reduce_scatter(e->shard_comm, send, dst + g->shard_off, g->span,
                                       FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
     if (!g->direct) {
@@ -107,9 +106,8 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
     FSDP_TRY(fsdp_accum_slot(&e->acc, u, su->shard_numel, su->spec->name, &slot_buf, &slot));
     dst = slot_buf;
     if (e->acc.host) {
-        char what[96];
-        snprintf(what, sizeof what, "unit '%s' reduced gradient", su->spec->name);
-        FSDP_TRY(fsdp_device_alloc(&e->dev, f32, FSDP_MEM_GRAD, what, (void **)&dst));
+        FSDP_TRY(fsdp_device_alloc(&e->dev, f32, FSDP_MEM_GRAD,
+                                   fsdp_engine_label(e, u, FSDP_LABEL_REDUCED), (void **)&dst));
     }
     FSDP_TRY(fsdp_engine_order(e, e->dev.compute, e->dev.comm, e->ev_tmp));
     fsdp_trace_begin(&e->tr, FSDP_TRACE_COMM,
@@ -117,7 +115,7 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
                      su->padded_numel * sizeof(float));
     fsdp_comm *c = fsdp_engine_sharded(e) ? e->shard_comm : &e->comm;
     if (!fsdp_engine_permuted(e))
-        fsdp_comm_label(c, "unit '%s' gradient reduction", su->spec->name);
+        fsdp_comm_label_str(c, fsdp_engine_label(e, u, FSDP_LABEL_REDUCTION));
     if (fsdp_engine_permuted(e)) {
         for (int g = su->group_first[FSDP_SEG_TRAIN]; g < su->group_first[FSDP_SEG_TRAIN + 1]; g++)
             FSDP_TRY(reduce_group(e, u, &su->groups[g], dst));
@@ -129,7 +127,7 @@ static fsdp_status grad_reduce(fsdp_engine *e, int u)
                                       FSDP_REDUCE_SUM, e->dev.comm));
     }
     if (e->replica_comm) { /* hybrid: the node's shard, over nodes */
-        fsdp_comm_label(e->replica_comm, "unit '%s' gradient reduction", su->spec->name);
+        fsdp_comm_label_str(e->replica_comm, fsdp_engine_label(e, u, FSDP_LABEL_REDUCTION));
         FSDP_TRY(fsdp_comm_all_reduce(e->replica_comm, dst, dst, su->shard_numel,
                                       FSDP_DTYPE_F32, FSDP_REDUCE_SUM, e->dev.comm));
     }
@@ -206,10 +204,10 @@ static fsdp_status alloc_grad_full(fsdp_engine *e, int u)
         row->grad_full = no_grads;
         return FSDP_STATUS_OK;
     }
-    char what[96];
     size_t bytes = fsdp_engine_grad_full_numel(e, u) * sizeof(float);
-    snprintf(what, sizeof what, "unit '%s' gradient", su->spec->name);
-    FSDP_TRY(fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_GRAD, what, (void **)&row->grad_full));
+    FSDP_TRY(fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_GRAD,
+                               fsdp_engine_label(e, u, FSDP_LABEL_GRADIENT),
+                               (void **)&row->grad_full));
     return fsdp_device_memset(&e->dev, row->grad_full, 0, bytes, e->dev.compute);
 }
 

@@ -136,6 +136,8 @@ typedef struct fsdp_engine_shared {
     size_t n_local_blocks;     /* norm blocks per rank, all units */
     fsdp_norm_cover norm;      /* the norm's partial sums (norm_cover.h) */
     fsdp_rank_stats *x_stats;  /* [n_ranks] every rank's, after each step (see above) */
+    char *unit_labels;         /* each unit's buffer and collective names, formatted once
+                                * (engine_internal.h fsdp_engine_label) */
     /* Initial parameters: fills dst with elements [begin, end) of unit
      * `unit`'s flat fp32 buffer (zeros past the unit's numel). NULL: the
      * model's counter-based RNG (fsdp_model_init_range with cfg.seed).

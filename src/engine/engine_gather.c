@@ -166,19 +166,17 @@ static fsdp_status gather_nf4(fsdp_engine *e, int u)
  * direct one all-gathered into its place, a packed one into a rank-major
  * buffer of its own, copied out and freed (stream-ordered). */
 static fsdp_status gather_group(fsdp_engine *e, int u, const fsdp_shard_group *g, const char *mine,
-                                const char *label)
+                                fsdp_unit_label label)
 {
     fsdp_shard_row *row = fsdp_engine_row(e, u);
     fsdp_shard_unit *su = &e->sh->sm.units[u];
     size_t es = dt_size(e), K = (size_t)e->sh->sm.shard_ranks;
     fsdp_dtype dt = e->sh->cfg.compute_dtype;
     void *rm = (char *)row->gathered + su->params[g->first].spec->offset * es;
-    if (!g->direct) {
-        char what[96];
-        snprintf(what, sizeof what, "unit '%s' all-gather", su->spec->name);
-        FSDP_TRY(fsdp_device_alloc(&e->dev, g->span * es * K, FSDP_MEM_GATHER, what, &rm));
-    }
-    fsdp_comm_label(e->shard_comm, "unit '%s' %s", su->spec->name, label);
+    if (!g->direct)
+        FSDP_TRY(fsdp_device_alloc(&e->dev, g->span * es * K, FSDP_MEM_GATHER,
+                                   fsdp_engine_label(e, u, FSDP_LABEL_ALL_GATHER), &rm));
+    fsdp_comm_label_str(e->shard_comm, fsdp_engine_label(e, u, label));
     FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, mine + g->shard_off * es, rm, g->span, dt,
                                   e->dev.comm));
     if (g->direct)
@@ -205,9 +203,10 @@ static fsdp_status gather_segment(fsdp_engine *e, int u, fsdp_shard_seg seg, voi
         return fsdp_device_memcpy(&e->dev, at, shard, n * es, e->dev.comm);
     void *mine;
     FSDP_TRY(stage(e, u, seg == FSDP_SEG_TRAIN, shard, n * es, &mine));
-    const char *label = seg == FSDP_SEG_TRAIN ? "all-gather" : "frozen all-gather";
+    fsdp_unit_label label =
+        seg == FSDP_SEG_TRAIN ? FSDP_LABEL_ALL_GATHER : FSDP_LABEL_FROZEN_GATHER;
     if (!fsdp_engine_permuted(e)) {
-        fsdp_comm_label(e->shard_comm, "unit '%s' %s", su->spec->name, label);
+        fsdp_comm_label_str(e->shard_comm, fsdp_engine_label(e, u, label));
         FSDP_TRY(fsdp_comm_all_gather(e->shard_comm, mine, at, n, e->sh->cfg.compute_dtype,
                                       e->dev.comm));
     }
@@ -235,10 +234,9 @@ fsdp_status fsdp_engine_gather_issue(fsdp_engine *e, int u)
         row->state = FSDP_UNIT_GATHERED;
         return FSDP_STATUS_OK;
     }
-    char what[96];
     size_t n = fsdp_shardmap_gathered_numel(su, e->sh->sm.shard_ranks);
-    snprintf(what, sizeof what, "unit '%s' gather", su->spec->name);
-    FSDP_TRY(fsdp_device_alloc(&e->dev, n * dt_size(e), FSDP_MEM_GATHER, what, &row->gathered));
+    FSDP_TRY(fsdp_device_alloc(&e->dev, n * dt_size(e), FSDP_MEM_GATHER,
+                               fsdp_engine_label(e, u, FSDP_LABEL_GATHER), &row->gathered));
     fsdp_trace_begin(&e->tr, FSDP_TRACE_COMM, "all_gather", su->spec->name, n * dt_size(e));
     FSDP_TRY(gather_segment(e, u, FSDP_SEG_TRAIN, row->param));
     FSDP_TRY(gather_segment(e, u, FSDP_SEG_FROZEN, row->frozen));

@@ -41,6 +41,29 @@ fsdp_status fsdp_engine_recompute_check(const fsdp_model *model, fsdp_recompute 
     return FSDP_STATUS_OK;
 }
 
+/* Every unit's labels (engine_internal.h fsdp_unit_label). */
+static fsdp_status init_labels(fsdp_engine_shared *sh)
+{
+    static const char *const text[FSDP_LABEL_COUNT] = {
+        [FSDP_LABEL_GATHER] = "gather",
+        [FSDP_LABEL_ALL_GATHER] = "all-gather",
+        [FSDP_LABEL_FROZEN_GATHER] = "frozen all-gather",
+        [FSDP_LABEL_REDUCTION] = "gradient reduction",
+        [FSDP_LABEL_REDUCE_PACK] = "gradient reduce-scatter",
+        [FSDP_LABEL_GRADIENT] = "gradient",
+        [FSDP_LABEL_REDUCED] = "reduced gradient",
+    };
+    size_t per_unit = (size_t)FSDP_LABEL_COUNT * FSDP_LABEL_MAX;
+    sh->unit_labels = malloc((size_t)sh->sm.n_units * per_unit + 1);
+    if (!sh->unit_labels)
+        return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the units' labels");
+    for (int u = 0; u < sh->sm.n_units; u++)
+        for (int l = 0; l < FSDP_LABEL_COUNT; l++)
+            snprintf(sh->unit_labels + (size_t)u * per_unit + (size_t)l * FSDP_LABEL_MAX,
+                     FSDP_LABEL_MAX, "unit '%s' %s", sh->sm.units[u].spec->name, text[l]);
+    return FSDP_STATUS_OK;
+}
+
 fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_config *cfg,
                                     const fsdp_model *model, const fsdp_data *data, fsdp_world *w)
 {
@@ -89,6 +112,8 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
         sh->n_local_blocks += sh->sm.units[u].n_blocks;
     if (st == FSDP_STATUS_OK)
         st = fsdp_norm_cover_init(&sh->norm, &sh->sm);
+    if (st == FSDP_STATUS_OK)
+        st = init_labels(sh);
     sh->x_stats = calloc((size_t)cfg->n_ranks, sizeof *sh->x_stats);
     if (st == FSDP_STATUS_OK && !sh->x_stats)
         st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the ranks' figures");
@@ -100,6 +125,7 @@ fsdp_status fsdp_engine_shared_init(fsdp_engine_shared *sh, const fsdp_engine_co
 void fsdp_engine_shared_free(fsdp_engine_shared *sh)
 {
     free(sh->x_stats);
+    free(sh->unit_labels);
     fsdp_norm_cover_free(&sh->norm);
     fsdp_shardmap_free(&sh->sm);
     memset(sh, 0, sizeof *sh);

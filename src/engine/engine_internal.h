@@ -139,6 +139,26 @@ static inline bool fsdp_engine_update_needs_norm(const fsdp_engine *e)
     return e->sh->cfg.clip > 0.0f || e->sh->cfg.skip_nonfinite;
 }
 
+/* What the engine names a unit's buffers and collectives, "unit 'h.3' <text>", formatted once
+ * per run at fsdp_engine_shared_init (the planner's searches run thousands of meta steps). */
+typedef enum fsdp_unit_label {
+    FSDP_LABEL_GATHER = 0,    /* "gather": the gathered buffer */
+    FSDP_LABEL_ALL_GATHER,    /* "all-gather": the collective, a packed group's buffer */
+    FSDP_LABEL_FROZEN_GATHER, /* "frozen all-gather" */
+    FSDP_LABEL_REDUCTION,     /* "gradient reduction": the collectives */
+    FSDP_LABEL_REDUCE_PACK,   /* "gradient reduce-scatter": a packed group's buffer */
+    FSDP_LABEL_GRADIENT,      /* "gradient": the full gradient */
+    FSDP_LABEL_REDUCED,       /* "reduced gradient": offload's device copy of the shard */
+    FSDP_LABEL_COUNT
+} fsdp_unit_label;
+
+#define FSDP_LABEL_MAX 80 /* bytes of one, NUL included ("unit '" + a 31-byte name + text) */
+
+static inline const char *fsdp_engine_label(const fsdp_engine *e, int u, fsdp_unit_label l)
+{
+    return e->sh->unit_labels + ((size_t)u * FSDP_LABEL_COUNT + (size_t)l) * FSDP_LABEL_MAX;
+}
+
 /* This rank's row of unit u in the shard map. */
 static inline fsdp_shard_row *fsdp_engine_row(fsdp_engine *e, int u)
 {
