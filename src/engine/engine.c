@@ -204,7 +204,7 @@ static fsdp_status alloc_grad_full(fsdp_engine *e, int u)
         row->grad_full = no_grads;
         return FSDP_STATUS_OK;
     }
-    size_t bytes = fsdp_engine_grad_full_numel(e, u) * sizeof(float);
+    size_t bytes = e->sh->sm.units[u].train_extent * sizeof(float);
     FSDP_TRY(fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_GRAD,
                                fsdp_engine_label(e, u, FSDP_LABEL_GRADIENT),
                                (void **)&row->grad_full));

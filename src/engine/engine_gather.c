@@ -234,7 +234,7 @@ fsdp_status fsdp_engine_gather_issue(fsdp_engine *e, int u)
         row->state = FSDP_UNIT_GATHERED;
         return FSDP_STATUS_OK;
     }
-    size_t n = fsdp_shardmap_gathered_numel(su, e->sh->sm.shard_ranks);
+    size_t n = su->extent;
     FSDP_TRY(fsdp_device_alloc(&e->dev, n * dt_size(e), FSDP_MEM_GATHER,
                                fsdp_engine_label(e, u, FSDP_LABEL_GATHER), &row->gathered));
     fsdp_trace_begin(&e->tr, FSDP_TRACE_COMM, "all_gather", su->spec->name, n * dt_size(e));
@@ -309,10 +309,6 @@ static fsdp_status export_segment(fsdp_engine *e, int u, fsdp_shard_seg seg, voi
     const fsdp_shard_unit *su = &e->sh->sm.units[u];
     size_t n = fsdp_shard_seg_numel(su, seg), es = fsdp_dtype_size(dt);
     size_t k = fsdp_engine_sharded(e) ? (size_t)e->sh->sm.shard_ranks : 1, all = n * k * es;
-    size_t begin = seg == FSDP_SEG_TRAIN ? 0 : seg == FSDP_SEG_FROZEN ? su->numel
-                                                                      : su->spec->nf4_begin;
-    size_t real = (seg == FSDP_SEG_TRAIN ? su->numel : seg == FSDP_SEG_FROZEN ? su->frozen_numel
-                                                                            : su->nf4_numel);
     void *mine = seg_buf;
     char *host = malloc(all + 1);
     if (!host)
@@ -324,11 +320,9 @@ static fsdp_status export_segment(fsdp_engine *e, int u, fsdp_shard_seg seg, voi
         st = export_pull(e, mine, n, dt, all, host);
     if (seg != FSDP_SEG_TRAIN)
         stage_done(e, seg_buf, mine);
-    if (st == FSDP_STATUS_OK && fsdp_engine_permuted(e))
+    if (st == FSDP_STATUS_OK) /* one shard rank: each parameter's rows are all of it */
         st = fsdp_engine_permute(e, u, su->seg_first[seg], su->seg_first[seg + 1], n, 0, flat,
                                  host, es, true, NULL, true);
-    else if (st == FSDP_STATUS_OK)
-        memcpy((char *)flat + begin * es, host, real * es);
     free(host);
     return st;
 }

@@ -201,16 +201,6 @@ static inline bool fsdp_engine_permuted(const fsdp_engine *e)
     return e->sh->sm.shard_ranks > 1;
 }
 
-/* Elements of unit u's full gradient in backward (row->grad_full), in the
- * model's layout: the trainable parameters (and a direct group's padding
- * past the end: shardmap.h), reduced by groups where the ranks' shards
- * differ from the layout; else the padded segment, reduced as it is. */
-static inline size_t fsdp_engine_grad_full_numel(const fsdp_engine *e, int u)
-{
-    const fsdp_shard_unit *su = &e->sh->sm.units[u];
-    return fsdp_engine_permuted(e) ? su->train_extent : su->padded_numel;
-}
-
 /* Reserve, before the first step, the device buffers the step allocates
  * and frees again, as many of each size as it holds at once (warm.c). */
 fsdp_status fsdp_engine_warm_up(fsdp_engine *e);

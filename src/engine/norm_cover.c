@@ -50,7 +50,7 @@ fsdp_status fsdp_norm_cover_init(fsdp_norm_cover *nc, const fsdp_shardmap *sm)
             const fsdp_shard_param *sp = &su->params[i];
             /* owner k holds blocks [k * per, (k+1) * per) of the parameter's real ones */
             size_t nb = (sp->spec->numel + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
-            size_t per = (fsdp_shard_param_span(sp) + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
+            size_t per = fsdp_shard_param_blocks(sp);
             for (int k = 0; k < K; k++) {
                 size_t lo = (size_t)k * per, hi = lo + per < nb ? lo + per : nb;
                 if (lo >= hi)

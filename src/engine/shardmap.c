@@ -91,7 +91,7 @@ static fsdp_status layout_unit(fsdp_shard_unit *su, const fsdp_unit_spec *spec, 
         seg_shard[s] += fsdp_shard_param_span(sp);
         if (s == FSDP_SEG_TRAIN) {
             sp->block_off = su->n_blocks;
-            su->n_blocks += (fsdp_shard_param_span(sp) + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
+            su->n_blocks += fsdp_shard_param_blocks(sp);
         }
         seg_numel[s] += p->numel;
     }
@@ -119,8 +119,11 @@ static fsdp_status group_unit(fsdp_shard_unit *su, int k, size_t direct_numel)
     if (!su->groups)
         return FSDP_STATUS_OOM;
     int n = 0;
-    su->extent = su->spec->numel;
-    su->train_extent = su->numel;
+    su->extent = k > 1             ? su->spec->numel
+                 : su->nf4_numel    ? su->spec->nf4_begin + su->nf4_padded
+                 : su->frozen_numel ? su->numel + su->frozen_padded
+                                    : su->padded_numel;
+    su->train_extent = k > 1 ? su->numel : su->padded_numel;
     for (int s = 0; s <= FSDP_SEG_COUNT; s++) {
         su->group_first[s] = n;
         if (s >= FSDP_SEG_NF4 || k == 1) /* NF4 moves packed, dequantized per run */

@@ -76,7 +76,7 @@ typedef struct fsdp_shard_row {
                             * NULL when the unit has no frozen parameters */
     void *nf4;             /* the NF4 segment's shard: nf4_shard / 2 bytes of codes, then
                             * nf4_shard / 64 fp32 absmax (fsdp_shardmap_nf4_bytes), or NULL */
-    void *gathered;        /* (fsdp_shardmap_gathered_numel,) compute dtype, or NULL */
+    void *gathered;        /* (extent,) compute dtype, or NULL */
     float *grad_full;      /* (padded_numel,) fp32 unit gradient in backward, or NULL */
     fsdp_unit_state state;
 } fsdp_shard_row;
@@ -125,6 +125,12 @@ static inline size_t fsdp_shard_param_span(const fsdp_shard_param *sp)
     return sp->shard_rows * sp->row_numel;
 }
 
+/* Norm blocks of a rank's span of sp (the last one may be partial). */
+static inline size_t fsdp_shard_param_blocks(const fsdp_shard_param *sp)
+{
+    return (fsdp_shard_param_span(sp) + FSDP_NORM_BLOCK - 1) / FSDP_NORM_BLOCK;
+}
+
 /* Rank slot k's real rows of sp: elements [*flat, *flat + return value) of
  * the unit's flat buffer, held at sp->shard_off of slot k's shard (the
  * rest of its span is padding); 0 when slot k holds padding only. */
@@ -165,29 +171,18 @@ typedef struct fsdp_shard_unit {
     int seg_first[FSDP_SEG_COUNT + 1]; /* segment s is params [seg_first[s], seg_first[s+1]) */
     fsdp_shard_group *groups; /* trainable and frozen dense segments' groups, in flat order */
     int group_first[FSDP_SEG_COUNT + 1]; /* segment s is groups [group_first[s], ..[s+1]) */
-    size_t extent;         /* elements of the gathered buffer: numel, and a direct group's
-                            * padding past the end (fsdp_shardmap_gathered_numel) */
-    size_t train_extent;   /* the same for the trainable segment: the full gradient */
+    size_t extent;         /* elements of the gathered buffer, in the model's flat layout
+                            * (the trainable segment, the frozen one at spec->train_numel,
+                            * the NF4 one at spec->nf4_begin): over several shard ranks
+                            * numel, and a direct group's padding past the end; over one,
+                            * each segment's shard is copied whole, its end padding over the
+                            * start of the next segment (whose copy, issued after it on the
+                            * same stream, writes it), so it ends with the last segment's */
+    size_t train_extent;   /* the full gradient's elements: the trainable parameters and a
+                            * direct group's padding past them; over one shard rank the
+                            * padded segment, reduced as it is */
     fsdp_shard_row *rows;  /* [n_ranks] */
 } fsdp_shard_unit;
-
-/* Elements of a unit's gathered buffer, laid out as the model's flat
- * buffer: the trainable segment, the frozen one at spec->train_numel, the
- * NF4 one at spec->nf4_begin. Sharded over several ranks: spec->numel, and
- * a direct group's padding past the end (extent). Over one, each segment's shard
- * is copied whole, its end padding over the start of the next segment
- * (whose copy, issued after it on the same stream, writes it), so the
- * buffer ends with the last segment's padding. */
-static inline size_t fsdp_shardmap_gathered_numel(const fsdp_shard_unit *su, int shard_ranks)
-{
-    if (shard_ranks > 1)
-        return su->extent;
-    if (su->nf4_numel)
-        return su->spec->nf4_begin + su->nf4_padded;
-    if (su->frozen_numel)
-        return su->numel + su->frozen_padded;
-    return su->padded_numel;
-}
 
 /* Bytes of one rank's NF4 shard: its codes, then its blocks' fp32 absmax. */
 static inline size_t fsdp_shardmap_nf4_bytes(const fsdp_shard_unit *su)

@@ -111,8 +111,7 @@ static bool sharded(const struct replay *r)
 
 static size_t gather_bytes(const struct replay *r, int u)
 {
-    return fsdp_shardmap_gathered_numel(unit(r, u), r->e->sh->sm.shard_ranks) *
-           fsdp_dtype_size(r->e->sh->cfg.compute_dtype);
+    return unit(r, u)->extent * fsdp_dtype_size(r->e->sh->cfg.compute_dtype);
 }
 
 /* Whether the trainable shard lives in pinned host memory (engine.h). */
@@ -140,7 +139,7 @@ static size_t nf4_gather_bytes(const struct replay *r, int u)
 
 static size_t grad_bytes(const struct replay *r, int u)
 {
-    return fsdp_engine_grad_full_numel(r->e, u) * sizeof(float);
+    return unit(r, u)->train_extent * sizeof(float);
 }
 
 /* engine.c's grad_reduce: each packed group's rank-major copy of its
