@@ -15,7 +15,9 @@
  * created under one process mutex. oneDNN synchronises its internal state
  * with primitives ThreadSanitizer cannot see (it is not instrumented); the
  * mutex makes that order visible, and creation is rare (once per shape and
- * rank), so it costs nothing.
+ * rank), so it costs nothing. The probes also run their primitive once
+ * under it, so that the lazy state oneDNN sets up on a first execution is
+ * made before any rank executes (probe_run).
  */
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
@@ -204,8 +206,46 @@ static void dnnl_setup(void)
     pthread_mutex_unlock(&create_mu);
 }
 
+/* Run p once on zeros, under the creation mutex. oneDNN's first execution
+ * in a process initialises state of its own (its ITT task hooks: a mutex
+ * published through an atomic counter ThreadSanitizer cannot see); done
+ * here, before any rank runs a GEMM, that order is visible too. */
+static bool probe_run(dnnl_engine_t e, const fsdp_cpu_dnnl_prim *p)
+{
+    fsdp_status st = FSDP_STATUS_OK;
+    dnnl_stream_t stream = NULL;
+    dnnl_memory_t m[4] = {NULL, NULL, NULL, NULL};
+    const dnnl_memory_desc_t *mds[4] = {&p->a_md, &p->b_md, &p->c_md, &p->scratch_md};
+    const int kinds[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD};
+    void *buf[4] = {NULL, NULL, NULL, NULL};
+    dnnl_exec_arg_t args[4];
+    int n_args = p->scratch_bytes > 0 ? 4 : 3;
+    pthread_mutex_lock(&create_mu);
+    DNNL_TRY(dnnl_stream_create(&stream, e, dnnl_stream_default_flags), "stream");
+    for (int i = 0; i < n_args; i++) {
+        if (!(buf[i] = calloc(1, dnnl_memory_desc_get_size(mds[i])))) {
+            st = FSDP_STATUS_OOM;
+            goto fail;
+        }
+        DNNL_TRY(dnnl_memory_create(&m[i], mds[i], e, buf[i]), "memory");
+        args[i] = (dnnl_exec_arg_t){kinds[i], m[i]};
+    }
+    DNNL_TRY(dnnl_primitive_execute(p->prim, stream, n_args, args), "matmul");
+    DNNL_TRY(dnnl_stream_wait(stream), "stream wait");
+fail:
+    for (int i = 0; i < 4; i++) {
+        if (m[i])
+            dnnl_memory_destroy(m[i]);
+        free(buf[i]);
+    }
+    if (stream)
+        dnnl_stream_destroy(stream);
+    pthread_mutex_unlock(&create_mu);
+    return st == FSDP_STATUS_OK;
+}
+
 /* The kernel oneDNN picks for a 64x64x64 x w^T of fp32 (f32) or bf16
- * operands, into impl; false if it builds none. */
+ * operands, into impl; false if it builds or runs none. */
 static bool probe_impl(bool f32, char *impl, size_t cap)
 {
     dnnl_engine_t e = NULL;
@@ -214,7 +254,7 @@ static bool probe_impl(bool f32, char *impl, size_t cap)
     /* x w^T, the forward's product: NN fp32 products prefer the jit sgemm */
     fsdp_cpu_dnnl_shape sh = {.f32 = f32, .tb = true, .M = 64, .N = 64, .K = 64, .lda = 64,
                               .ldb = 64, .ldc = 64};
-    if (engine_create(&e) && prim_create(e, &sh, &p) == FSDP_STATUS_OK) {
+    if (engine_create(&e) && prim_create(e, &sh, &p) == FSDP_STATUS_OK && probe_run(e, p)) {
         snprintf(impl, cap, "%s", p->impl);
         ok = true;
     }
