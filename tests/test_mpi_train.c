@@ -567,7 +567,7 @@ int main(void)
         return 1;
     }
     const fsdp_test_tcase tcases[] = {
-        {"cover", FSDP_TESTS(test_norm_cover_equals_tree, test_plan_and_fit_know_nodes)},
+        {"cover", 30, FSDP_TESTS(test_norm_cover_equals_tree, test_plan_and_fit_know_nodes)},
         {"mpirun", FSDP_TEST_TSAN || FSDP_TEST_ASAN ? 600 : 120, .tmpdir = true,
          FSDP_TESTS(FSDP_TEST_LOOP(test_2x2_equals_1x4, (int)FSDP_TEST_LEN(strategies)),
                     test_checkpoint_2x2_resumes_on_1x3_and_3x1, test_hybrid_checkpoint_resumes_full,

@@ -187,6 +187,8 @@ int fsdp_test_main(const char *name, const fsdp_test_tcase *tcases, size_t n_tca
         tcase_set_tags(tc, c->name); /* so CK_EXCLUDE_TAGS=NAME leaves a case out */
         if (c->timeout_s > 0)
             tcase_set_timeout(tc, c->timeout_s);
+        else if (FSDP_TEST_TSAN || FSDP_TEST_ASAN)
+            tcase_set_timeout(tc, FSDP_TEST_SANITIZED_TIMEOUT_S);
         if (c->tmpdir)
             fsdp_test_add_tmpdir(tc);
         if (c->checked_setup || c->checked_teardown)

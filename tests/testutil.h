@@ -54,6 +54,11 @@
 #define FSDP_TEST_ASAN 0
 #endif
 
+/* A case that names no timeout gets this many seconds under a sanitizer:
+ * such a build runs 5-15x slower than Check's 4 s default assumes, and CI
+ * runs `make test` and `make tsan` side by side on two cores. */
+#define FSDP_TEST_SANITIZED_TIMEOUT_S 30
+
 /* ---- the fsdp command ------------------------------------------------------- */
 
 /* Run `FSDP_BIN <args>` through the shell (args formatted printf-style),
@@ -136,7 +141,8 @@ int fsdp_test_run_suite(Suite *s);
 /* One Check TCase. Name and tests are required, the rest may be left out. */
 typedef struct fsdp_test_tcase {
     const char *name;
-    int timeout_s;             /* per test; 0 or left out: Check's default (4 s) */
+    int timeout_s;             /* per test; 0 or left out: Check's default (4 s), or
+                                * FSDP_TEST_SANITIZED_TIMEOUT_S under a sanitizer */
     bool tmpdir;               /* fsdp_test_add_tmpdir: one scratch directory for the case */
     SFun checked_setup;        /* optional checked fixture: runs in each test's own */
     SFun checked_teardown;     /* process, before / after the test */
