@@ -289,9 +289,9 @@ START_TEST(test_impossible_sizes_fail)
 }
 END_TEST
 
-/* Many allocations, freed out of order: the pointer table finds every one,
- * and after long alloc/free churn it stays small (tombstones are reused or
- * swept, not grown forever). */
+/* Many allocations, freed out of order: the pointer table finds every one
+ * (a deletion that broke a probe run would lose a later entry: its free
+ * asserts), and after long alloc/free churn it stays small. */
 START_TEST(test_allocation_table_churn)
 {
     fsdp_backend be = backends[_i];
@@ -333,6 +333,27 @@ START_TEST(test_allocation_table_churn)
         fsdp_device_free(&d, keep[i]);
     expect_empty(&d.mem);
     ck_assert_uint_eq(d.mem.n_allocs, LIVE + 8 + 30000);
+    /* random order: each turn frees a random live allocation or makes one */
+    uint64_t x = 88172645463325252ull;
+    size_t n_live = 0, n_made = 0;
+    for (int i = 0; i < 200000; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        if (n_live && (n_live == LIVE || (x >> 20) % 2)) {
+            size_t k = (size_t)(x >> 32) % n_live;
+            fsdp_device_free(&d, ps[k]);
+            ps[k] = ps[--n_live];
+        } else {
+            ck_assert_int_eq(fsdp_device_alloc(&d, 32, FSDP_MEM_ACT, "random", &ps[n_live++]),
+                             FSDP_STATUS_OK);
+            n_made++;
+        }
+        ck_assert_uint_eq(d.n_recs_used, n_live);
+    }
+    ck_assert_uint_eq(d.mem.n_live, n_live);
+    while (n_live)
+        fsdp_device_free(&d, ps[--n_live]);
+    expect_empty(&d.mem);
+    ck_assert_uint_eq(d.mem.n_allocs, LIVE + 8 + 30000 + n_made);
     free(ps);
     fsdp_device_fini(&d);
 }

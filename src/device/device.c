@@ -135,34 +135,27 @@ static size_t rec_hash(const void *p, size_t cap)
     return (size_t)x & (cap - 1);
 }
 
-/* Rehash when live entries plus tombstones fill half the table: double it
- * if the live entries alone fill a quarter, else sweep the tombstones at
- * the same size (alloc/free churn must not grow the table forever). */
+/* The allocation table: open addressing with linear probing, kept at most
+ * half full, and deletion by backward shift (no tombstones: a meta run
+ * allocates and frees per collective, and tombstones made probes long and
+ * sweeps frequent). */
 static fsdp_status recs_grow(fsdp_device *d)
 {
-    size_t n_live = 0;
-    for (size_t i = 0; i < d->n_recs_cap; i++)
-        n_live += d->recs[i].used == 1;
-    size_t ncap = d->n_recs_cap ? d->n_recs_cap : 256;
-    if (d->n_recs_cap && (n_live + 1) * 4 > d->n_recs_cap)
-        ncap *= 2;
+    size_t ncap = d->n_recs_cap ? d->n_recs_cap * 2 : 256;
     struct fsdp_alloc_rec *nr = calloc(ncap, sizeof *nr);
     if (!nr)
         return fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for the allocation table");
-    size_t live = 0;
     for (size_t i = 0; i < d->n_recs_cap; i++) {
-        if (d->recs[i].used != 1)
+        if (!d->recs[i].used)
             continue;
         size_t h = rec_hash(d->recs[i].ptr, ncap);
         while (nr[h].used)
             h = (h + 1) & (ncap - 1);
         nr[h] = d->recs[i];
-        live++;
     }
     free(d->recs);
     d->recs = nr;
     d->n_recs_cap = ncap;
-    d->n_recs_used = live;
     return FSDP_STATUS_OK;
 }
 
@@ -171,10 +164,9 @@ static fsdp_status recs_insert(fsdp_device *d, void *p, size_t bytes, fsdp_mem_k
     if ((d->n_recs_used + 1) * 2 > d->n_recs_cap)
         FSDP_TRY(recs_grow(d));
     size_t h = rec_hash(p, d->n_recs_cap);
-    while (d->recs[h].used == 1)
+    while (d->recs[h].used)
         h = (h + 1) & (d->n_recs_cap - 1);
-    if (d->recs[h].used == 0)
-        d->n_recs_used++;
+    d->n_recs_used++;
     d->recs[h] = (struct fsdp_alloc_rec){
         .ptr = p, .bytes = bytes, .kind = (unsigned char)kind, .host = (unsigned char)host, .used = 1};
     return FSDP_STATUS_OK;
@@ -186,11 +178,28 @@ static struct fsdp_alloc_rec *recs_find(fsdp_device *d, const void *p)
         return NULL;
     size_t h = rec_hash(p, d->n_recs_cap);
     while (d->recs[h].used) {
-        if (d->recs[h].used == 1 && d->recs[h].ptr == p)
+        if (d->recs[h].ptr == p)
             return &d->recs[h];
         h = (h + 1) & (d->n_recs_cap - 1);
     }
     return NULL;
+}
+
+/* Empty slot r, then move back each later entry of its run whose home slot
+ * does not lie cyclically in (hole, its slot], so every entry stays
+ * reachable from its home without a tombstone. */
+static void recs_remove(fsdp_device *d, struct fsdp_alloc_rec *r)
+{
+    size_t mask = d->n_recs_cap - 1, hole = (size_t)(r - d->recs);
+    for (size_t j = (hole + 1) & mask; d->recs[j].used; j = (j + 1) & mask) {
+        size_t home = rec_hash(d->recs[j].ptr, d->n_recs_cap);
+        if (((j - home) & mask) >= ((j - hole) & mask)) {
+            d->recs[hole] = d->recs[j];
+            hole = j;
+        }
+    }
+    d->recs[hole].used = 0;
+    d->n_recs_used--;
 }
 
 /* The warm-up ledger's entry for exactly `bytes`, or NULL. */
@@ -261,7 +270,7 @@ void fsdp_device_fini(fsdp_device *d)
         return;
     for (size_t i = 0; i < d->n_recs_cap; i++) {
         struct fsdp_alloc_rec *r = &d->recs[i];
-        if (r->used != 1)
+        if (!r->used)
             continue;
         FSDP_DEBUG(FSDP_SUB_ALLOC, "device %d: releasing leaked %s allocation of %zu bytes",
                    d->rank, fsdp_mem_kind_name((fsdp_mem_kind)r->kind), r->bytes);
@@ -269,7 +278,6 @@ void fsdp_device_fini(fsdp_device *d)
             d->iface->host_free(d, r->ptr);
         else
             d->iface->free(d, r->ptr);
-        r->used = 2;
     }
     free(d->recs);
     d->recs = NULL;
@@ -347,7 +355,7 @@ static void do_free(fsdp_device *d, void *p, int host)
     stats_sub(host ? &d->host : &d->mem, r->bytes, (fsdp_mem_kind)r->kind);
     if (r->resv)
         resv_find(d, r->bytes)->live--;
-    r->used = 2;
+    recs_remove(d, r);
     if (host)
         d->iface->host_free(d, p);
     else

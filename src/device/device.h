@@ -116,7 +116,7 @@ struct fsdp_alloc_rec {
     size_t bytes;
     unsigned char kind;  /* fsdp_mem_kind */
     unsigned char host;  /* 1: pinned host allocation */
-    unsigned char used;  /* 0 empty, 1 live, 2 tombstone */
+    unsigned char used;  /* 0 empty, 1 live */
     unsigned char resv;  /* counted in the warm-up ledger's live count of its size */
 };
 
@@ -142,7 +142,7 @@ struct fsdp_device {
 
     struct fsdp_alloc_rec *recs;
     size_t n_recs_cap;   /* table size (power of two) */
-    size_t n_recs_used;  /* live + tombstones */
+    size_t n_recs_used;  /* live entries */
     uintptr_t meta_next; /* next fake address handed out by meta */
 
     struct fsdp_reservation *resv; /* the warm-up ledger (fsdp_device_reserve) */

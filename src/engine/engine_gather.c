@@ -95,9 +95,8 @@ static fsdp_status stage(fsdp_engine *e, int u, bool trainable, void *src, size_
     *out = src;
     if (trainable ? !fsdp_offload_trainable_params(&e->sh->cfg) : !e->sh->cfg.offload_params)
         return FSDP_STATUS_OK;
-    char what[96];
-    snprintf(what, sizeof what, "unit '%s' %s shard upload", e->sh->sm.units[u].spec->name,
-             trainable ? "parameter" : "frozen");
+    const char *what =
+        fsdp_engine_label(e, u, trainable ? FSDP_LABEL_UPLOAD : FSDP_LABEL_FROZEN_UPLOAD);
     FSDP_TRY(fsdp_device_alloc(&e->dev, bytes, FSDP_MEM_GATHER, what, out));
     fsdp_trace_begin(&e->tr, FSDP_TRACE_COPY, "param h2d", e->sh->sm.units[u].spec->name, bytes);
     FSDP_TRY(fsdp_device_memcpy(&e->dev, *out, src, bytes, e->dev.comm));

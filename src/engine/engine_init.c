@@ -52,6 +52,8 @@ static fsdp_status init_labels(fsdp_engine_shared *sh)
         [FSDP_LABEL_REDUCE_PACK] = "gradient reduce-scatter",
         [FSDP_LABEL_GRADIENT] = "gradient",
         [FSDP_LABEL_REDUCED] = "reduced gradient",
+        [FSDP_LABEL_UPLOAD] = "parameter shard upload",
+        [FSDP_LABEL_FROZEN_UPLOAD] = "frozen shard upload",
     };
     size_t per_unit = (size_t)FSDP_LABEL_COUNT * FSDP_LABEL_MAX;
     sh->unit_labels = malloc((size_t)sh->sm.n_units * per_unit + 1);

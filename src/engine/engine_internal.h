@@ -149,6 +149,8 @@ typedef enum fsdp_unit_label {
     FSDP_LABEL_REDUCE_PACK,   /* "gradient reduce-scatter": a packed group's buffer */
     FSDP_LABEL_GRADIENT,      /* "gradient": the full gradient */
     FSDP_LABEL_REDUCED,       /* "reduced gradient": offload's device copy of the shard */
+    FSDP_LABEL_UPLOAD,        /* "parameter shard upload": offloaded trainable shards */
+    FSDP_LABEL_FROZEN_UPLOAD, /* "frozen shard upload": offloaded frozen shards */
     FSDP_LABEL_COUNT
 } fsdp_unit_label;
 
