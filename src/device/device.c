@@ -159,7 +159,8 @@ static fsdp_status recs_grow(fsdp_device *d)
     return FSDP_STATUS_OK;
 }
 
-static fsdp_status recs_insert(fsdp_device *d, void *p, size_t bytes, fsdp_mem_kind kind, int host)
+static fsdp_status recs_insert(fsdp_device *d, void *p, size_t bytes, fsdp_mem_kind kind, int host,
+                               bool resv)
 {
     if ((d->n_recs_used + 1) * 2 > d->n_recs_cap)
         FSDP_TRY(recs_grow(d));
@@ -168,7 +169,8 @@ static fsdp_status recs_insert(fsdp_device *d, void *p, size_t bytes, fsdp_mem_k
         h = (h + 1) & (d->n_recs_cap - 1);
     d->n_recs_used++;
     d->recs[h] = (struct fsdp_alloc_rec){
-        .ptr = p, .bytes = bytes, .kind = (unsigned char)kind, .host = (unsigned char)host, .used = 1};
+        .ptr = p, .bytes = bytes, .kind = (unsigned char)kind, .host = (unsigned char)host, .used = 1,
+        .resv = resv};
     return FSDP_STATUS_OK;
 }
 
@@ -322,7 +324,8 @@ static fsdp_status do_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, co
                           fsdp_fmt_bytes(b_use, 32, (double)s->in_use_bytes));
         return st;
     }
-    st = recs_insert(d, p, bytes, kind, host);
+    struct fsdp_reservation *rv = host ? NULL : resv_find(d, bytes);
+    st = recs_insert(d, p, bytes, kind, host, rv != NULL);
     if (st != FSDP_STATUS_OK) {
         if (host)
             d->iface->host_free(d, p);
@@ -331,9 +334,7 @@ static fsdp_status do_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, co
         return st;
     }
     stats_add(s, bytes, kind);
-    struct fsdp_reservation *rv = host ? NULL : resv_find(d, bytes);
     if (rv) {
-        recs_find(d, p)->resv = 1;
         rv->n_allocs++;
         if (++rv->live > rv->n)
             d->n_resv_misses++;
