@@ -226,16 +226,19 @@ START_TEST(test_gemm_tiles)
     ck_assert_int_eq(n, 1);
     fsdp_cpu_gemm_tiles(200, 4000, 2, &along_m, &tile, &n);
     ck_assert_int_eq(n, 1);
+    /* under two tiles' width: one */
+    fsdp_cpu_gemm_tiles(2 * FSDP_CPU_GEMM_MIN_TILE - 1, 300, 4096, &along_m, &tile, &n);
+    ck_assert_int_eq(n, 1);
     static const int shapes[][3] = {{512, 768, 768},  {512, 2304, 768}, {3072, 768, 512},
-                                    {50304, 768, 256}, {1024, 300, 100}, {300, 260, 70}};
+                                    {50304, 768, 256}, {1024, 300, 100}, {600, 520, 70}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         fsdp_cpu_gemm_tiles(M, N, K, &along_m, &tile, &n);
         int L = along_m ? M : N;
         ck_assert(along_m == (M >= N)); /* the larger output dimension, never K */
         ck_assert_int_eq(tile % 64, 0);
-        ck_assert_int_ge(tile, 128);
-        ck_assert_int_le(n, 32);
+        ck_assert_int_ge(tile, FSDP_CPU_GEMM_MIN_TILE);
+        ck_assert_int_le(n, FSDP_CPU_GEMM_MAX_TILES);
         ck_assert_int_ge((long)n * tile, L);     /* covers */
         ck_assert_int_lt((long)(n - 1) * tile, L); /* no empty tile */
         ck_assert_int_ge(n, 2);
@@ -259,14 +262,14 @@ static void gemm_ref(bool ta, bool tb, int M, int N, int K, float alpha, const f
         }
 }
 
-/* Tiled along M (300 x 260) and along N (260 x 300), padded leading dims;
+/* Tiled along M (600 x 520) and along N (520 x 600), padded leading dims;
  * alpha 1 runs in oneDNN where blas.h sends fp32 products there, 0.5 in
  * OpenBLAS everywhere. */
 START_TEST(test_gemm_tiled_matches_double)
 {
     env e;
     env_init_threads(&e, FSDP_DTYPE_F32, 3);
-    static const int shapes[][3] = {{300, 260, 70}, {260, 300, 70}, {20, 30, 7}};
+    static const int shapes[][3] = {{600, 520, 70}, {520, 600, 70}, {20, 30, 7}};
     for (size_t s = 0; s < 3; s++) {
         int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         for (int t = 0; t < 16; t++) {
@@ -363,7 +366,7 @@ START_TEST(test_matmul_bf16_products_match_double)
 {
     env e;
     env_init_threads(&e, FSDP_DTYPE_BF16, 2);
-    const int N = 300, C = 70, OC = 260;
+    const int N = 600, C = 70, OC = 520;
     float *x = frand((size_t)N * C, 40, 1.0f), *w = frand((size_t)OC * C, 41, 0.5f);
     float *dout = frand((size_t)N * OC, 42, 1.0f);
     fsdp_bf16 *x16 = to_bf16(x, (size_t)N * C), *w16 = to_bf16(w, (size_t)OC * C);
@@ -407,7 +410,7 @@ END_TEST
 
 /* Shapes big enough that every op splits into several chunks: rows x C
  * above FSDP_CPU_GRAIN, columns above 64, GEMMs above the tiling floor. */
-enum { TB = 2, TT = 160, TC = 132, TNH = 4, TV = 300, TVP = 320 };
+enum { TB = 4, TT = 160, TC = 132, TNH = 4, TV = 300, TVP = 320 };
 #define TN (TB * TT)
 
 typedef struct all_inputs {
@@ -582,6 +585,10 @@ static blob run_all_ops(const all_inputs *in, fsdp_dtype dt, int threads)
 
 static void check_threads(fsdp_dtype dt)
 {
+    bool along_m;
+    int tile, n_tiles; /* the products split (the tiling floor is not above these shapes) */
+    fsdp_cpu_gemm_tiles(TN, 3 * TC, TC, &along_m, &tile, &n_tiles);
+    ck_assert_int_ge(n_tiles, 2);
     all_inputs in;
     inputs_make(&in);
     blob one = run_all_ops(&in, dt, 1);

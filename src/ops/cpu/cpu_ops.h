@@ -123,7 +123,11 @@ void fsdp_cpu_gemm_bf16(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K,
                         float *C, int ldc);
 
 /* How fsdp_cpu_gemm tiles an (M, N, K) product: along M (*along_m) or N,
- * *n_tiles tiles of *tile rows or columns (the last may be short). */
+ * *n_tiles tiles of *tile rows or columns (the last may be short); a
+ * product split at all has tiles of at least FSDP_CPU_GEMM_MIN_TILE and at
+ * most FSDP_CPU_GEMM_MAX_TILES of them. */
+#define FSDP_CPU_GEMM_MIN_TILE 192
+#define FSDP_CPU_GEMM_MAX_TILES 16
 void fsdp_cpu_gemm_tiles(int M, int N, int K, bool *along_m, int *tile, int *n_tiles);
 
 /* Element i of a ctx->dt buffer, as fp32. */
