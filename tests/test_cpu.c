@@ -222,23 +222,32 @@ START_TEST(test_gemm_tiles)
     bool along_m;
     int tile, n;
     /* small products: one tile */
-    fsdp_cpu_gemm_tiles(64, 64, 64, &along_m, &tile, &n);
+    fsdp_cpu_gemm_tiles(64, 64, 64, NULL, &along_m, &tile, &n);
     ck_assert_int_eq(n, 1);
-    fsdp_cpu_gemm_tiles(200, 4000, 2, &along_m, &tile, &n);
+    fsdp_cpu_gemm_tiles(200, 4000, 2, NULL, &along_m, &tile, &n);
     ck_assert_int_eq(n, 1);
     /* under two tiles' width: one */
-    fsdp_cpu_gemm_tiles(2 * FSDP_CPU_GEMM_MIN_TILE - 1, 300, 4096, &along_m, &tile, &n);
+    int floor = 2 * FSDP_CPU_GEMM_TILING.min_tile;
+    fsdp_cpu_gemm_tiles(floor - 1, 300, 4096, NULL, &along_m, &tile, &n);
     ck_assert_int_eq(n, 1);
+    fsdp_cpu_gemm_tiles(floor, 300, 4096, NULL, &along_m, &tile, &n);
+    ck_assert_int_eq(n, 2);
+    /* another rule (bench_gemm --tiles): the old 128 / 32 splits a 768 wide product in 6 */
+    const fsdp_cpu_gemm_tiling old = {.min_tile = 128, .max_tiles = 32};
+    fsdp_cpu_gemm_tiles(512, 768, 768, &old, &along_m, &tile, &n);
+    ck_assert(!along_m);
+    ck_assert_int_eq(tile, 128);
+    ck_assert_int_eq(n, 6);
     static const int shapes[][3] = {{512, 768, 768},  {512, 2304, 768}, {3072, 768, 512},
                                     {50304, 768, 256}, {1024, 300, 100}, {600, 520, 70}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-        fsdp_cpu_gemm_tiles(M, N, K, &along_m, &tile, &n);
+        fsdp_cpu_gemm_tiles(M, N, K, NULL, &along_m, &tile, &n);
         int L = along_m ? M : N;
         ck_assert(along_m == (M >= N)); /* the larger output dimension, never K */
         ck_assert_int_eq(tile % 64, 0);
-        ck_assert_int_ge(tile, FSDP_CPU_GEMM_MIN_TILE);
-        ck_assert_int_le(n, FSDP_CPU_GEMM_MAX_TILES);
+        ck_assert_int_ge(tile, FSDP_CPU_GEMM_TILING.min_tile);
+        ck_assert_int_le(n, FSDP_CPU_GEMM_TILING.max_tiles);
         ck_assert_int_ge((long)n * tile, L);     /* covers */
         ck_assert_int_lt((long)(n - 1) * tile, L); /* no empty tile */
         ck_assert_int_ge(n, 2);
@@ -587,7 +596,7 @@ static void check_threads(fsdp_dtype dt)
 {
     bool along_m;
     int tile, n_tiles; /* the products split (the tiling floor is not above these shapes) */
-    fsdp_cpu_gemm_tiles(TN, 3 * TC, TC, &along_m, &tile, &n_tiles);
+    fsdp_cpu_gemm_tiles(TN, 3 * TC, TC, NULL, &along_m, &tile, &n_tiles);
     ck_assert_int_ge(n_tiles, 2);
     all_inputs in;
     inputs_make(&in);

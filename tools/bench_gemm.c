@@ -16,9 +16,14 @@
  * per layer; the head once).
  *
  *   build/tools/bench_gemm [--only small|gpt2|llama] [--tokens N] [--min-ms MS]
+ *                          [--tiles MIN:MAX]
  *
  * --tokens replaces the model's B*T (the M of the products). The header
  * says which kernels the backend runs by default (FSDP_CPU_GEMM chooses).
+ * --tiles MIN:MAX also runs each product in oneDNN under another tiling rule
+ * (tiles at least MIN wide, at most MAX of them; cpu_ops.h), alternating
+ * with the backend's rule, and prints its GFLOP/s and the step's total:
+ * how the backend's tile sizes were chosen (gemm.c).
  */
 #include <math.h>
 #include <stdio.h>
@@ -78,14 +83,22 @@ typedef struct product {
     float beta;
 } product;
 
-/* p through the backend's GEMM on ctx (one thread) in library lib; its
- * failure, if any. kernel: as fsdp_cpu_gemm_lib. */
+/* p through the backend's GEMM on ctx (one thread) in library lib, tiled
+ * by rule (NULL: the backend's); its failure, if any. kernel: as
+ * fsdp_cpu_gemm_lib. */
+static fsdp_status run_tiled(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib,
+                             const fsdp_cpu_gemm_tiling *rule, const product *p, const float *A,
+                             const float *B, float *C, const char **kernel)
+{
+    fsdp_cpu_gemm_lib(ctx, lib, kernel, rule, p->ta, p->tb, p->M, p->N, p->K, 1.0f, A, p->lda, B,
+                      p->ldb, p->beta, C, p->ldc);
+    return fsdp_cpu_ops_sync_error(ctx);
+}
+
 static fsdp_status run(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib, const product *p,
                        const float *A, const float *B, float *C, const char **kernel)
 {
-    fsdp_cpu_gemm_lib(ctx, lib, kernel, p->ta, p->tb, p->M, p->N, p->K, 1.0f, A, p->lda, B,
-                      p->ldb, p->beta, C, p->ldc);
-    return fsdp_cpu_ops_sync_error(ctx);
+    return run_tiled(ctx, lib, NULL, p, A, B, C, kernel);
 }
 
 /* run, exiting on a failure. */
@@ -110,9 +123,21 @@ static float *rand_floats(size_t n, uint64_t seed)
     return p;
 }
 
+/* "6x128N": how rule (NULL: the backend's) tiles p. */
+static void tiles_text(const product *p, const fsdp_cpu_gemm_tiling *rule, char *out, size_t n)
+{
+    bool along_m;
+    int tile, n_tiles;
+    fsdp_cpu_gemm_tiles(p->M, p->N, p->K, rule, &along_m, &tile, &n_tiles);
+    snprintf(out, n, "%dx%d%s", n_tiles, tile, along_m ? "M" : "N");
+}
+
 typedef struct totals {
-    double openblas_s, onednn_s, best_s, flop;
+    double openblas_s, onednn_s, best_s, other_s, flop;
 } totals;
+
+/* --tiles: the rule compared with the backend's (min_tile 0: none). */
+static fsdp_cpu_gemm_tiling other_rule;
 
 /* Time product p (run n_per_step times a step) with both libraries; one
  * line; adds to t. */
@@ -142,36 +167,50 @@ static void bench_product(fsdp_op_ctx *ctx, const char *label, product p, int n_
         }
     }
     fsdp_error_clear();
-    double best_o = 1e30, best_d = 1e30, spent_o = 0, spent_d = 0;
-    for (int r = 0; r < 3 || spent_o < min_s || (have_dnnl && spent_d < min_s); r++) {
+    bool other = have_dnnl && other_rule.min_tile > 0;
+    double best_o = 1e30, best_d = 1e30, best_x = 1e30, spent_o = 0, spent_d = 0, spent_x = 0;
+    for (int r = 0; r < 3 || spent_o < min_s || (have_dnnl && spent_d < min_s) ||
+                    (other && spent_x < min_s);
+         r++) {
         double t0 = fsdp_now_s();
         run_ok(ctx, FSDP_CPU_GEMM_LIB_OPENBLAS, &p, A, B, C1);
         double t1 = fsdp_now_s();
         if (have_dnnl)
             run_ok(ctx, FSDP_CPU_GEMM_LIB_ONEDNN, &p, A, B, C2);
         double t2 = fsdp_now_s();
+        if (other && run_tiled(ctx, FSDP_CPU_GEMM_LIB_ONEDNN, &other_rule, &p, A, B, C2,
+                               NULL) != FSDP_STATUS_OK) {
+            fprintf(stderr, "bench_gemm: %s\n", fsdp_error_msg());
+            exit(1);
+        }
+        double t3 = fsdp_now_s();
         spent_o += t1 - t0;
         spent_d += t2 - t1;
+        spent_x += t3 - t2;
         best_o = fmin(best_o, t1 - t0);
         best_d = fmin(best_d, t2 - t1);
+        best_x = fmin(best_x, t3 - t2);
     }
-    bool along_m;
-    int tile, n_tiles;
-    fsdp_cpu_gemm_tiles(p.M, p.N, p.K, &along_m, &tile, &n_tiles);
     double flop = 2.0 * p.M * p.N * p.K;
-    char tiles[32];
-    snprintf(tiles, sizeof tiles, "%dx%d%s", n_tiles, tile, along_m ? "M" : "N");
+    char tiles[32], other_tiles[32];
+    tiles_text(&p, NULL, tiles, sizeof tiles);
+    tiles_text(&p, &other_rule, other_tiles, sizeof other_tiles);
     printf("  %-17s %c%c %5d %5d %5d %4.0f %3d %-9s | %7.1f | ", label, p.ta ? 'T' : 'N',
            p.tb ? 'T' : 'N', p.M, p.N, p.K, p.beta, n_per_step, tiles, flop / best_o * 1e-9);
     if (have_dnnl)
-        printf("%7.1f %-18s | %+6.1f%% | %.1e\n", flop / best_d * 1e-9,
+        printf("%7.1f %-18s | %+6.1f%% | %.1e", flop / best_d * 1e-9,
                impl, 100.0 * (best_o / best_d - 1.0),
                top > 0 ? diff / top : diff);
     else
-        printf("%7s %-18s |\n", "n/a", "");
+        printf("%7s %-18s |", "n/a", "");
+    if (other)
+        printf(" | %-9s %7.1f %+6.1f%%", other_tiles, flop / best_x * 1e-9,
+               100.0 * (best_x / best_d - 1.0));
+    printf("\n");
     fflush(stdout);
     t->openblas_s += n_per_step * best_o;
     t->onednn_s += n_per_step * (have_dnnl ? best_d : best_o);
+    t->other_s += n_per_step * (other ? best_x : 0);
     t->best_s += n_per_step * (have_dnnl ? fmin(best_o, best_d) : best_o);
     t->flop += n_per_step * flop;
     free(A), free(B), free(C0), free(C1), free(C2);
@@ -189,9 +228,12 @@ static void bench_model_gemms(fsdp_op_ctx *ctx, const bench_case *bc, int tokens
     int n_lin = model_linears(&m, lin);
     int T = tokens > 0 ? tokens : bc->B * bc->T;
     printf("\n%s, %d tokens\n", bc->label, T);
-    printf("  %-17s %2s %5s %5s %5s %4s %3s %-9s | %7s | %7s %-18s | %7s | %s\n", "gemm", "op",
+    printf("  %-17s %2s %5s %5s %5s %4s %3s %-9s | %7s | %7s %-18s | %7s | %-7s", "gemm", "op",
            "M", "N", "K", "beta", "n", "tiles", "OpenBLAS", "oneDNN", "(kernel)", "oneDNN",
            "max diff");
+    if (other_rule.min_tile > 0)
+        printf(" | tiles %d:%d: oneDNN, time", other_rule.min_tile, other_rule.max_tiles);
+    printf("\n");
     totals t = {0};
     for (int i = 0; i < n_lin; i++) {
         const linear *l = &lin[i];
@@ -214,6 +256,11 @@ static void bench_model_gemms(fsdp_op_ctx *ctx, const bench_case *bc, int tokens
            t.flop * 1e-9, t.openblas_s * 1e3, t.flop / t.openblas_s * 1e-9, t.onednn_s * 1e3,
            t.flop / t.onednn_s * 1e-9, 100.0 * (t.openblas_s / t.onednn_s - 1.0),
            t.best_s * 1e3);
+    if (t.other_s > 0)
+        printf("  oneDNN in tiles of the backend's rule (%d:%d) %.1f ms, of %d:%d %.1f ms: "
+               "%+.1f%%\n", FSDP_CPU_GEMM_TILING.min_tile, FSDP_CPU_GEMM_TILING.max_tiles,
+               t.onednn_s * 1e3, other_rule.min_tile, other_rule.max_tiles, t.other_s * 1e3,
+               100.0 * (t.other_s / t.onednn_s - 1.0));
     fsdp_model_free(&m);
 }
 
@@ -229,12 +276,16 @@ int main(int argc, char **argv)
             tokens = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--min-ms") && i + 1 < argc)
             min_ms = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--tiles") && i + 1 < argc &&
+                 sscanf(argv[++i], "%d:%d", &other_rule.min_tile, &other_rule.max_tiles) == 2 &&
+                 other_rule.min_tile > 0 && other_rule.max_tiles > 0)
+            continue;
         else
             tokens = -1; /* usage below */
     }
     if (tokens < 0 || min_ms < 0) {
-        fprintf(stderr, "usage: %s [--only small|gpt2|llama] [--tokens N] [--min-ms MS]\n",
-                argv[0]);
+        fprintf(stderr, "usage: %s [--only small|gpt2|llama] [--tokens N] [--min-ms MS] "
+                "[--tiles MIN:MAX]\n", argv[0]);
         return 2;
     }
     if (fsdp_cpu_blas_status() != FSDP_STATUS_OK) {

@@ -7,7 +7,8 @@ frozen as PEFT freezes it, on --threads CPU threads.
 
 Prints one line, `tokens_per_s X fwd_ms F bwd_ms B`, as tools/bench_model_torch.py does; with
 --clock cpu the times are the stepping thread's CPU time (time.thread_time: at one thread every
-op runs on it), not the wall clock (bench_model --cpu-time).
+op runs on it), not the wall clock (bench_model --cpu-time); with --stat best, the fastest
+iteration instead of the mean (bench_model --best).
 Needs torch, transformers and peft (pip).
 """
 import argparse
@@ -28,6 +29,8 @@ def main():
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--stat", choices=("mean", "best"), default="mean",
+                    help="best: the fastest iteration (bench_model --best)")
     ap.add_argument("--dtype", choices=("fp32",), default="fp32")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     a = ap.parse_args()
@@ -48,6 +51,7 @@ def main():
     idx = torch.randint(0, a.vocab, (a.batch, a.seq))
     tgt = torch.randint(0, a.vocab, (a.batch, a.seq))
     fwd = bwd = 0.0
+    times = []
     for i in range(a.warmup + a.iters):
         model.zero_grad(set_to_none=True)
         t0 = now()
@@ -60,7 +64,11 @@ def main():
         if i >= a.warmup:
             fwd += t1 - t0
             bwd += t2 - t1
+            times.append((t1 - t0, t2 - t1))
     n = a.iters
+    if a.stat == "best":
+        fwd, bwd = min(times, key=sum)
+        n = 1
     print("tokens_per_s %.1f fwd_ms %.2f bwd_ms %.2f" %
           (a.batch * a.seq * n / (fwd + bwd), 1e3 * fwd / n, 1e3 * bwd / n))
 

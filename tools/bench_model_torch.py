@@ -16,11 +16,12 @@ SwiGLU), with q|k|v and gate|up each one nn.Linear as fsdp fuses them (no
 biases, default rope; untied head unless --tied).
 
 Prints one line: "tokens_per_s X fwd_ms F bwd_ms B" (means over --iters
-timed iterations after --warmup untimed ones).
+timed iterations after --warmup untimed ones; with --stat best, the fastest
+of them).
 
 Usage: bench_model_torch.py [--family gpt2|llama] --layers L --heads H --channels C
        --vocab V --padded-vocab Vp --context T --batch B --seq T [--iters N] [--warmup N]
-       [--threads N] [--dtype fp32|bf16]
+       [--threads N] [--dtype fp32|bf16] [--stat mean|best]
        llama: --kv-heads K --intermediate I --head-dim D [--rope-theta X] [--eps E] [--tied]
 """
 import argparse
@@ -169,6 +170,8 @@ def main():
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--stat", choices=("mean", "best"), default="mean",
+                    help="best: the fastest iteration (bench_model --best)")
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -182,6 +185,7 @@ def main():
     idx = torch.randint(0, a.vocab, (a.batch, a.seq))
     tgt = torch.randint(0, a.vocab, (a.batch, a.seq))
     fwd = bwd = 0.0
+    times = []
     for i in range(a.warmup + a.iters):
         model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
@@ -193,7 +197,11 @@ def main():
         if i >= a.warmup:
             fwd += t1 - t0
             bwd += t2 - t1
+            times.append((t1 - t0, t2 - t1))
     n = a.iters
+    if a.stat == "best":
+        fwd, bwd = min(times, key=sum)
+        n = 1
     print("tokens_per_s %.1f fwd_ms %.2f bwd_ms %.2f" %
           (a.batch * a.seq * n / (fwd + bwd), 1e3 * fwd / n, 1e3 * bwd / n))
 

@@ -101,18 +101,28 @@ bool fsdp_cpu_gemm_ready(fsdp_op_ctx *ctx);
 void fsdp_cpu_gemm(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K, float alpha,
                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
+/* How a product is tiled: tiles at least min_tile rows or columns wide (a
+ * product under two of them is one tile), at most max_tiles of them. */
+typedef struct fsdp_cpu_gemm_tiling {
+    int min_tile, max_tiles;
+} fsdp_cpu_gemm_tiling;
+
+/* The backend's rule (gemm.c says why these sizes). */
+#define FSDP_CPU_GEMM_TILING ((fsdp_cpu_gemm_tiling){.min_tile = 192, .max_tiles = 16})
+
 /* The same with the library named: AUTO is the choice above; OPENBLAS and
  * ONEDNN (alpha 1, beta 0 or 1, K > 0; a build or CPU without it records
  * the failure) run every tile there, for tools that compare the two
  * (tools/bench_gemm.c). kernel (may be NULL): on oneDNN, its name for the
- * first tile's kernel, valid until the next GEMM on ctx. */
+ * first tile's kernel, valid until the next GEMM on ctx. tiling: NULL for
+ * the backend's, else another rule to compare it with. */
 typedef enum fsdp_cpu_gemm_library {
     FSDP_CPU_GEMM_LIB_AUTO = 0,
     FSDP_CPU_GEMM_LIB_OPENBLAS,
     FSDP_CPU_GEMM_LIB_ONEDNN,
 } fsdp_cpu_gemm_library;
 void fsdp_cpu_gemm_lib(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib, const char **kernel,
-                       bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                       const fsdp_cpu_gemm_tiling *tiling, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                        int lda, const float *B, int ldb, float beta, float *C, int ldc);
 
 /* The same with bf16 A and B and fp32 C, alpha = 1, beta 0 or 1, through
@@ -122,13 +132,11 @@ void fsdp_cpu_gemm_bf16(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K,
                         const fsdp_bf16 *A, int lda, const fsdp_bf16 *B, int ldb, float beta,
                         float *C, int ldc);
 
-/* How fsdp_cpu_gemm tiles an (M, N, K) product: along M (*along_m) or N,
- * *n_tiles tiles of *tile rows or columns (the last may be short); a
- * product split at all has tiles of at least FSDP_CPU_GEMM_MIN_TILE and at
- * most FSDP_CPU_GEMM_MAX_TILES of them. */
-#define FSDP_CPU_GEMM_MIN_TILE 192
-#define FSDP_CPU_GEMM_MAX_TILES 16
-void fsdp_cpu_gemm_tiles(int M, int N, int K, bool *along_m, int *tile, int *n_tiles);
+/* How fsdp_cpu_gemm tiles an (M, N, K) product under rule (NULL: the
+ * backend's): along M (*along_m) or N, *n_tiles tiles of *tile rows or
+ * columns (the last may be short). */
+void fsdp_cpu_gemm_tiles(int M, int N, int K, const fsdp_cpu_gemm_tiling *rule, bool *along_m,
+                         int *tile, int *n_tiles);
 
 /* Element i of a ctx->dt buffer, as fp32. */
 static inline float fsdp_cpu_ld(const void *p, fsdp_dtype dt, size_t i)

@@ -27,17 +27,19 @@
 #define GEMM_MIN_FLOP (4.0 * 1024 * 1024) /* below this, one tile */
 #define GEMM_TILE_ALIGN 64
 
-void fsdp_cpu_gemm_tiles(int M, int N, int K, bool *along_m, int *tile, int *n_tiles)
+void fsdp_cpu_gemm_tiles(int M, int N, int K, const fsdp_cpu_gemm_tiling *rule, bool *along_m,
+                         int *tile, int *n_tiles)
 {
+    fsdp_cpu_gemm_tiling r = rule ? *rule : FSDP_CPU_GEMM_TILING;
     *along_m = M >= N;
     int L = *along_m ? M : N;
     *tile = L > 0 ? L : 1;
     *n_tiles = 1;
-    if (2.0 * M * N * (K > 0 ? K : 1) < GEMM_MIN_FLOP || L < 2 * FSDP_CPU_GEMM_MIN_TILE)
+    if (2.0 * M * N * (K > 0 ? K : 1) < GEMM_MIN_FLOP || L < 2 * r.min_tile)
         return;
-    int want = L / FSDP_CPU_GEMM_MIN_TILE;
-    if (want > FSDP_CPU_GEMM_MAX_TILES)
-        want = FSDP_CPU_GEMM_MAX_TILES;
+    int want = L / r.min_tile;
+    if (want > r.max_tiles)
+        want = r.max_tiles;
     int t = (L + want - 1) / want;
     t = (t + GEMM_TILE_ALIGN - 1) / GEMM_TILE_ALIGN * GEMM_TILE_ALIGN;
     *tile = t;
@@ -157,7 +159,7 @@ static void dnnl_gemm(fsdp_op_ctx *ctx, gemm_job *j, bool f32, const char **kern
 /* ---- entry points ----------------------------------------------------------- */
 
 void fsdp_cpu_gemm_lib(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib, const char **kernel,
-                       bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                       const fsdp_cpu_gemm_tiling *tiling, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                        int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
     if (M <= 0 || N <= 0 || !fsdp_cpu_gemm_ready(ctx))
@@ -165,7 +167,7 @@ void fsdp_cpu_gemm_lib(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib, const char *
     gemm_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb,
                   .ldc = ldc, .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C,
                   .esize = sizeof(float)};
-    fsdp_cpu_gemm_tiles(M, N, K, &j.along_m, &j.tile, &j.n_tiles);
+    fsdp_cpu_gemm_tiles(M, N, K, tiling, &j.along_m, &j.tile, &j.n_tiles);
     if (lib == FSDP_CPU_GEMM_LIB_AUTO)
         lib = alpha == 1.0f && K > 0 && (beta == 0.0f || beta == 1.0f) &&
                       fsdp_cpu_blas_f32_dnnl()
@@ -180,7 +182,7 @@ void fsdp_cpu_gemm_lib(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib, const char *
 void fsdp_cpu_gemm(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K, float alpha,
                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
-    fsdp_cpu_gemm_lib(ctx, FSDP_CPU_GEMM_LIB_AUTO, NULL, ta, tb, M, N, K, alpha, A, lda, B, ldb,
+    fsdp_cpu_gemm_lib(ctx, FSDP_CPU_GEMM_LIB_AUTO, NULL, NULL, ta, tb, M, N, K, alpha, A, lda, B, ldb,
                       beta, C, ldc);
 }
 
@@ -193,6 +195,6 @@ void fsdp_cpu_gemm_bf16(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K,
     gemm_job j = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb,
                   .ldc = ldc, .alpha = 1.0f, .beta = beta, .A = A, .B = B, .C = C,
                   .esize = sizeof(fsdp_bf16)};
-    fsdp_cpu_gemm_tiles(M, N, K, &j.along_m, &j.tile, &j.n_tiles);
+    fsdp_cpu_gemm_tiles(M, N, K, NULL, &j.along_m, &j.tile, &j.n_tiles);
     dnnl_gemm(ctx, &j, false, NULL);
 }
