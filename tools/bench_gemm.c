@@ -1,6 +1,6 @@
 /*
  * bench_gemm.c - OpenBLAS against oneDNN on the fp32 GEMMs of one training
- * step of bench_model's models, on one thread.
+ * step of bench_model's models, on one thread (--threads N: a team of N).
  *
  * Why: the fp32 step on the cpu backend is GEMM-bound, and the two libraries
  * the backend loads (blas.h) both have AVX-512 fp32 kernels; which one to
@@ -16,7 +16,7 @@
  * per layer; the head once).
  *
  *   build/tools/bench_gemm [--only small|gpt2|llama] [--tokens N] [--min-ms MS]
- *                          [--tiles MIN:MAX]
+ *                          [--tiles MIN:MAX] [--threads N]
  *
  * --tokens replaces the model's B*T (the M of the products). The header
  * says which kernels the backend runs by default (FSDP_CPU_GEMM chooses).
@@ -83,7 +83,7 @@ typedef struct product {
     float beta;
 } product;
 
-/* p through the backend's GEMM on ctx (one thread) in library lib, tiled
+/* p through the backend's GEMM on ctx (its team) in library lib, tiled
  * by rule (NULL: the backend's); its failure, if any. kernel: as
  * fsdp_cpu_gemm_lib. */
 static fsdp_status run_tiled(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib,
@@ -267,7 +267,7 @@ static void bench_model_gemms(fsdp_op_ctx *ctx, const bench_case *bc, int tokens
 int main(int argc, char **argv)
 {
     const char *only = NULL;
-    int tokens = 0;
+    int tokens = 0, threads = 1;
     double min_ms = 300;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--only") && i + 1 < argc)
@@ -276,6 +276,8 @@ int main(int argc, char **argv)
             tokens = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--min-ms") && i + 1 < argc)
             min_ms = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc && (threads = atoi(argv[++i])) > 0)
+            continue;
         else if (!strcmp(argv[i], "--tiles") && i + 1 < argc &&
                  sscanf(argv[++i], "%d:%d", &other_rule.min_tile, &other_rule.max_tiles) == 2 &&
                  other_rule.min_tile > 0 && other_rule.max_tiles > 0)
@@ -285,17 +287,17 @@ int main(int argc, char **argv)
     }
     if (tokens < 0 || min_ms < 0) {
         fprintf(stderr, "usage: %s [--only small|gpt2|llama] [--tokens N] [--min-ms MS] "
-                "[--tiles MIN:MAX]\n", argv[0]);
+                "[--tiles MIN:MAX] [--threads N]\n", argv[0]);
         return 2;
     }
     if (fsdp_cpu_blas_status() != FSDP_STATUS_OK) {
         fprintf(stderr, "bench_gemm: %s\n", fsdp_error_msg());
         return 1;
     }
-    fsdp_device_cpu_set_threads(1);
-    printf("fp32 GEMMs of a training step, one thread, tiled as the cpu backend tiles them; "
-           "GFLOP/s, best of >= %.0f ms each\n", min_ms);
-    fsdp_cpu_print_header(stdout, 1, 1);
+    fsdp_device_cpu_set_threads(threads);
+    printf("fp32 GEMMs of a training step, %d thread(s), tiled as the cpu backend tiles them; "
+           "GFLOP/s, best of >= %.0f ms each\n", threads, min_ms);
+    fsdp_cpu_print_header(stdout, 1, threads);
     printf("OpenBLAS core: %s; oneDNN: each line's kernel; op: NT = x w^T, NN = dy w, "
            "TN = dy^T x; n: runs per step\n", fsdp_cpu_blas_core());
     fsdp_device dev;
