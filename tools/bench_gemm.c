@@ -192,9 +192,10 @@ static void bench_product(fsdp_op_ctx *ctx, const char *label, product p, int n_
         best_x = fmin(best_x, t3 - t2);
     }
     double flop = 2.0 * p.M * p.N * p.K;
-    char tiles[32], other_tiles[32];
+    char tiles[32], other_tiles[32] = "";
     tiles_text(&p, NULL, tiles, sizeof tiles);
-    tiles_text(&p, &other_rule, other_tiles, sizeof other_tiles);
+    if (other) /* (a rule of min_tile 0 would divide by zero) */
+        tiles_text(&p, &other_rule, other_tiles, sizeof other_tiles);
     printf("  %-17s %c%c %5d %5d %5d %4.0f %3d %-9s | %7.1f | ", label, p.ta ? 'T' : 'N',
            p.tb ? 'T' : 'N', p.M, p.N, p.K, p.beta, n_per_step, tiles, flop / best_o * 1e-9);
     if (have_dnnl)

@@ -90,8 +90,10 @@ static bool best_of;
  * iterations). */
 static bench_result bench_fold(bench_result acc, bench_result r, int k, int tokens)
 {
-    if (k == 0 || !r.ok || !acc.ok)
-        return k == 0 || !acc.ok ? r : acc;
+    if (k == 0 || !acc.ok)
+        return r;
+    if (!r.ok)
+        return acc;
     if (best_of)
         return r.tok_s > acc.tok_s ? r : acc;
     acc.fwd_ms = (acc.fwd_ms * k + r.fwd_ms) / (k + 1);
@@ -282,7 +284,8 @@ int main(int argc, char **argv)
         threads = 0; /* usage below */
     fsdp_dtype dt = !strcmp(precision, "bf16") ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32;
     if (threads < 1 || (dt == FSDP_DTYPE_F32 && strcmp(precision, "fp32")) || lora_r < 0 ||
-        (lora_r && dt != FSDP_DTYPE_F32) || (cpu_clock && (!lora_r || threads != 1)) || rounds < 1) {
+        (lora_r && dt != FSDP_DTYPE_F32) || (cpu_clock && (!lora_r || threads != 1)) ||
+        rounds < 1) {
         fprintf(stderr,
                 "usage: %s [--iters N] [--threads N] [--precision fp32|bf16] [--no-torch]\n"
                 "       [--python PATH] [--only small|gpt2|llama] [--lora R (fp32)]\n"

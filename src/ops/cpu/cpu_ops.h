@@ -122,8 +122,9 @@ typedef enum fsdp_cpu_gemm_library {
     FSDP_CPU_GEMM_LIB_ONEDNN,
 } fsdp_cpu_gemm_library;
 void fsdp_cpu_gemm_lib(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib, const char **kernel,
-                       const fsdp_cpu_gemm_tiling *tiling, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
-                       int lda, const float *B, int ldb, float beta, float *C, int ldc);
+                       const fsdp_cpu_gemm_tiling *tiling, bool ta, bool tb, int M, int N,
+                       int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                       float beta, float *C, int ldc);
 
 /* The same with bf16 A and B and fp32 C, alpha = 1, beta 0 or 1, through
  * bf16 dot products (only when fsdp_cpu_blas_bf16_dot()). A failure is

@@ -159,8 +159,9 @@ static void dnnl_gemm(fsdp_op_ctx *ctx, gemm_job *j, bool f32, const char **kern
 /* ---- entry points ----------------------------------------------------------- */
 
 void fsdp_cpu_gemm_lib(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib, const char **kernel,
-                       const fsdp_cpu_gemm_tiling *tiling, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
-                       int lda, const float *B, int ldb, float beta, float *C, int ldc)
+                       const fsdp_cpu_gemm_tiling *tiling, bool ta, bool tb, int M, int N,
+                       int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                       float beta, float *C, int ldc)
 {
     if (M <= 0 || N <= 0 || !fsdp_cpu_gemm_ready(ctx))
         return;
@@ -182,8 +183,8 @@ void fsdp_cpu_gemm_lib(fsdp_op_ctx *ctx, fsdp_cpu_gemm_library lib, const char *
 void fsdp_cpu_gemm(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K, float alpha,
                    const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
-    fsdp_cpu_gemm_lib(ctx, FSDP_CPU_GEMM_LIB_AUTO, NULL, NULL, ta, tb, M, N, K, alpha, A, lda, B, ldb,
-                      beta, C, ldc);
+    fsdp_cpu_gemm_lib(ctx, FSDP_CPU_GEMM_LIB_AUTO, NULL, NULL, ta, tb, M, N, K, alpha, A, lda, B,
+                      ldb, beta, C, ldc);
 }
 
 void fsdp_cpu_gemm_bf16(fsdp_op_ctx *ctx, bool ta, bool tb, int M, int N, int K,
