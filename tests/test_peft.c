@@ -286,6 +286,18 @@ static htensor *hfind(hdir *h, const char *name)
     return NULL;
 }
 
+/* t with `rows` rows (its data grown with zeros or cut, so that writing
+ * it reads only what it holds). */
+static void hresize(htensor *t, uint64_t rows)
+{
+    size_t had = (size_t)(t->shape[0] * t->shape[1]), n = (size_t)(rows * t->shape[1]);
+    t->x = realloc(t->x, n * sizeof *t->x);
+    ck_assert_ptr_nonnull(t->x);
+    if (n > had)
+        memset(t->x + had, 0, (n - had) * sizeof *t->x);
+    t->shape[0] = rows;
+}
+
 /* Write h as the new directory dir (config NULL: none). */
 static void hdir_write(const hdir *h, const char *dir)
 {
@@ -447,7 +459,7 @@ START_TEST(test_hostile)
     }, F, "extra/adapter_model.safetensors",
          "tensor 'base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight' is not one of "
          "the model's adapters", "target_modules q_proj,v_proj");
-    CASE("shape", hfind(&h, VB)->shape[0] = 48, F, "shape/adapter_model.safetensors",
+    CASE("shape", hresize(hfind(&h, VB), 48), F, "shape/adapter_model.safetensors",
          "tensor 'base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight' has shape "
          "[48, 4]", "the model's adapter is [32, 4]");
     CASE("dtype", snprintf(hfind(&h, VB)->dtype, 8, "I16"), F, "dtype/adapter_model.safetensors",
