@@ -2,7 +2,9 @@
  * test_device.c - the device layer on the cpu and meta backends: exact
  * memory accounting (in use, peak, live count, by kind, the by-kind
  * snapshot at the peak), alignment, the memory cap and its error message,
- * pinned host memory, injected allocation failures in a launched world,
+ * pinned host memory, the cpu device's block cache (freed blocks reused,
+ * their bytes in mem.reserved_bytes, reservations made ahead), injected
+ * allocation failures in a launched world,
  * meta's unbacked allocations, the NULL stream/event slots, and the backend
  * table (names, devices offered, defaults, fsdp_backend_check).
  */
@@ -11,6 +13,7 @@
 #include <string.h>
 
 #include "core/world.h"
+#include "device/block_cache.h"
 #include "device/device.h"
 #include "testutil.h"
 
@@ -377,6 +380,58 @@ START_TEST(test_fini_releases_leaks)
 }
 END_TEST
 
+/* The cpu device keeps freed memory for reuse, as cuda does: a unit gathered
+ * again gets the block it had (no new pages to fault in), a request up to a
+ * quarter smaller takes it too, the cached bytes show in reserved_bytes
+ * (never in the counted figures), and a reservation adds blocks that the
+ * next allocations of that size take. */
+START_TEST(test_cpu_blocks_reused)
+{
+    fsdp_device d;
+    dev_init(&d, FSDP_BACKEND_CPU, 0);
+    const size_t big = (size_t)197 << 20, cls = fsdp_block_cache_class(big);
+    void *p, *q, *r;
+    ck_assert_int_eq(fsdp_device_alloc(&d, big, FSDP_MEM_GATHER, "root", &p), FSDP_STATUS_OK);
+    memset(p, 0x5a, big);
+    ck_assert_uint_eq(d.mem.reserved_bytes, cls - big);
+    fsdp_device_free(&d, p);
+    expect_empty(&d.mem);
+    ck_assert_uint_eq(d.mem.reserved_bytes, cls);
+    ck_assert_int_eq(fsdp_device_alloc(&d, big, FSDP_MEM_GATHER, "root again", &q),
+                     FSDP_STATUS_OK);
+    ck_assert_ptr_eq(q, p);
+    ck_assert_uint_eq(d.mem.in_use_bytes, big);
+    ck_assert_uint_eq(d.mem.peak_bytes, big);
+    fsdp_device_free(&d, q);
+    ck_assert_int_eq(fsdp_device_alloc(&d, big - big / 8, FSDP_MEM_ACT, "smaller", &q),
+                     FSDP_STATUS_OK);
+    ck_assert_ptr_eq(q, p);
+    /* a block more than a quarter larger than the request is not taken */
+    ck_assert_int_eq(fsdp_device_alloc(&d, big / 2, FSDP_MEM_ACT, "half", &r), FSDP_STATUS_OK);
+    ck_assert_ptr_ne(r, p);
+    fsdp_device_free(&d, q);
+    fsdp_device_free(&d, r);
+    const size_t held = cls + fsdp_block_cache_class(big / 2);
+    ck_assert_uint_eq(d.mem.reserved_bytes, held);
+    const size_t unit = (size_t)25 << 20;
+    ck_assert_int_eq(fsdp_device_reserve(&d, unit, 2), FSDP_STATUS_OK);
+    ck_assert_uint_eq(d.mem.reserved_bytes, held + 2 * fsdp_block_cache_class(unit));
+    ck_assert_uint_eq(d.mem.n_allocs, 4); /* a reservation counts nothing */
+    void *u[3];
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(fsdp_device_alloc(&d, unit, FSDP_MEM_GATHER, "unit", &u[i]),
+                         FSDP_STATUS_OK);
+    ck_assert_uint_eq(d.n_resv_misses, 1); /* the third was not reserved */
+    ck_assert_uint_eq(d.mem.reserved_bytes,
+                      held + 3 * fsdp_block_cache_class(unit) - 3 * unit);
+    for (int i = 0; i < 3; i++)
+        fsdp_device_free(&d, u[i]);
+    expect_empty(&d.mem);
+    fsdp_device_fini(&d);
+    ck_assert_uint_eq(d.mem.reserved_bytes, 0);
+}
+END_TEST
+
 /* cpu and meta run stream work inline: the stream and event wrappers
  * succeed and hand out NULL handles. */
 START_TEST(test_inline_streams_and_events)
@@ -576,7 +631,7 @@ int main(void)
                     FSDP_TEST_LOOP(test_host_memory_separate_from_cap, nb), test_meta_terabyte,
                     FSDP_TEST_LOOP(test_impossible_sizes_fail, nb),
                     FSDP_TEST_LOOP(test_allocation_table_churn, nb),
-                    FSDP_TEST_LOOP(test_fini_releases_leaks, nb),
+                    FSDP_TEST_LOOP(test_fini_releases_leaks, nb), test_cpu_blocks_reused,
                     FSDP_TEST_LOOP(test_inline_streams_and_events, nb),
                     test_names_and_unbuilt_backend)},
         {"backends", FSDP_TESTS(test_backend_table, test_backend_check)},

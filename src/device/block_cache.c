@@ -14,8 +14,15 @@
 
 static size_t round_up(size_t n, size_t q) { return (n + q - 1) / q * q; }
 
+static const char *owner(const fsdp_block_cache *c)
+{
+    return c->iface->owner ? c->iface->owner : "the device";
+}
+
 size_t fsdp_block_cache_class(size_t bytes)
 {
+    if (bytes > SIZE_MAX - 2 * MIB)
+        return SIZE_MAX; /* no driver has it: the raw allocation fails */
     if (bytes <= MIB)
         return round_up(bytes ? bytes : 1, 512);
     if (bytes <= 32 * MIB)
@@ -189,9 +196,9 @@ fsdp_status fsdp_block_cache_alloc(fsdp_block_cache *c, size_t bytes, bool count
     }
     char b_cls[32], b_held[32], b_live[32];
     return fsdp_error_set(FSDP_STATUS_OOM,
-                          "the GPU has no memory left for %s, even after every cached free block "
+                          "%s has no memory left for %s, even after every cached free block "
                           "was given back (this rank holds %s in %zu blocks, %s of them in use)",
-                          fsdp_fmt_bytes(b_cls, 32, (double)cls),
+                          owner(c), fsdp_fmt_bytes(b_cls, 32, (double)cls),
                           fsdp_fmt_bytes(b_held, 32, (double)c->held_bytes), c->n_blocks,
                           fsdp_fmt_bytes(b_live, 32, (double)(c->held_bytes - c->free_bytes)));
 }
@@ -205,9 +212,9 @@ fsdp_status fsdp_block_cache_reserve(fsdp_block_cache *c, size_t bytes, size_t n
         if (st == FSDP_STATUS_OOM) {
             char b_cls[32], b_held[32];
             return fsdp_error_set(FSDP_STATUS_OOM,
-                                  "the GPU has no memory left to reserve block %zu of %zu of %s "
+                                  "%s has no memory left to reserve block %zu of %zu of %s "
                                   "(this rank holds %s)",
-                                  k + 1, n, fsdp_fmt_bytes(b_cls, 32, (double)cls),
+                                  owner(c), k + 1, n, fsdp_fmt_bytes(b_cls, 32, (double)cls),
                                   fsdp_fmt_bytes(b_held, 32, (double)c->held_bytes));
         }
         FSDP_TRY(st);
@@ -235,6 +242,14 @@ fsdp_status fsdp_block_cache_free(fsdp_block_cache *c, void *p)
     b->freed_at = ++c->n_frees;
     c->free_bytes += b->bytes;
     return FSDP_STATUS_OK;
+}
+
+size_t fsdp_block_cache_block_bytes(const fsdp_block_cache *c, const void *p)
+{
+    for (size_t i = 0; i < c->n_blocks; i++)
+        if (c->blocks[i].ptr == p)
+            return c->blocks[i].bytes;
+    return 0;
 }
 
 fsdp_status fsdp_block_cache_trim(fsdp_block_cache *c)

@@ -66,6 +66,9 @@ typedef struct fsdp_block_cache_i {
     /* Wait on the host until the fence is done (may return ABORTED). */
     fsdp_status (*fence_wait)(void *ctx, void *fence);
     void (*fence_destroy)(void *ctx, void *fence);
+    /* Whose memory the driver hands out, for the out-of-memory messages
+     * ("the GPU", "the host"); NULL: "the device". */
+    const char *owner;
 } fsdp_block_cache_i;
 
 enum fsdp_block_state { FSDP_BLOCK_LIVE = 1, FSDP_BLOCK_FREE, FSDP_BLOCK_DEAD };
@@ -93,7 +96,8 @@ typedef struct fsdp_block_cache {
 } fsdp_block_cache;
 
 /* Size class of a request: multiples of 512 B up to 1 MiB, of 128 KiB up
- * to 32 MiB, of 2 MiB above. */
+ * to 32 MiB, of 2 MiB above (SIZE_MAX for a request that cannot be
+ * rounded up). */
 size_t fsdp_block_cache_class(size_t bytes);
 
 void fsdp_block_cache_init(fsdp_block_cache *c, const fsdp_block_cache_i *iface, void *ctx);
@@ -121,6 +125,10 @@ fsdp_status fsdp_block_cache_reserve(fsdp_block_cache *c, size_t bytes, size_t n
 fsdp_status fsdp_block_cache_free(fsdp_block_cache *c, void *p);
 /* Give the FREE blocks whose fences are done back to the driver. */
 fsdp_status fsdp_block_cache_trim(fsdp_block_cache *c);
+
+/* The size of the block that starts at p (held by the cache, any state);
+ * 0 if the cache holds none there. */
+size_t fsdp_block_cache_block_bytes(const fsdp_block_cache *c, const void *p);
 
 /* held - counted bytes (see above). */
 static inline size_t fsdp_block_cache_reserved(const fsdp_block_cache *c)

@@ -5,7 +5,13 @@
  * Real math, real bytes. In the default mode stream work runs inline on
  * the calling thread, so the stream and event slots are NULL; the async
  * mode (cpu_stream.c) gives each stream a worker thread. "Pinned" host
- * memory is ordinary aligned memory here.
+ * memory is ordinary aligned memory here. Device memory comes from the
+ * block cache the cuda backend uses (cpu_dev.h): without it, every unit
+ * gathered again mapped fresh pages (glibc gives blocks over 32 MiB back
+ * to the kernel at once), and the Llama bench shape's LoRA step faulted
+ * in its 197 MB root unit each time (48k page faults a step). Under
+ * AddressSanitizer a free block is poisoned, so a use after free is still
+ * reported although the memory stays mapped.
  *
  * The team: the rank thread plus n - 1 helpers, started on the first
  * parallel call (so devices that never compute start none). A job is
@@ -35,6 +41,17 @@
 #include "core/world.h"
 #include "device/cpu.h"
 #include "device/cpu_dev.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define CPU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CPU_ASAN 1
+#endif
+#endif
+#ifdef CPU_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
 
 struct cpu_team {
     pthread_mutex_t run_mu;   /* one job at a time: held by the thread that runs it */
@@ -298,6 +315,102 @@ int fsdp_device_cpu_devices_on_host(const fsdp_world *w)
     return w->n_local * (same > 0 ? same : 1);
 }
 
+/* ---- device memory: the block cache ------------------------------------------ */
+
+fsdp_status fsdp_cpu_block_raw_alloc(void *ctx, size_t bytes, void **out)
+{
+    (void)ctx;
+    if (fsdp_cpu_host_alloc(NULL, bytes, out) == FSDP_STATUS_OK)
+        return FSDP_STATUS_OK;
+    fsdp_error_clear(); /* the cache gives blocks back and retries, or says why */
+    return FSDP_STATUS_OOM;
+}
+
+void fsdp_cpu_block_raw_free(void *ctx, void *p)
+{
+    (void)ctx;
+    fsdp_cpu_host_free(NULL, p);
+}
+
+/* The inline mode's fences: none (NULL), since its work has run by the
+ * time the host frees a block; the cache then treats every free block as
+ * done and never queries, orders or waits. */
+static fsdp_status inline_fence_record(void *ctx, void **fence)
+{
+    (void)ctx;
+    (void)fence;
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status inline_fence_query(void *ctx, void *fence, bool *done)
+{
+    (void)ctx;
+    (void)fence;
+    *done = true;
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status inline_fence_done(void *ctx, void *fence)
+{
+    (void)ctx;
+    (void)fence;
+    return FSDP_STATUS_OK;
+}
+
+static void inline_fence_destroy(void *ctx, void *fence)
+{
+    (void)ctx;
+    (void)fence;
+}
+
+static const fsdp_block_cache_i inline_cache_i = {
+    .raw_alloc = fsdp_cpu_block_raw_alloc,
+    .raw_free = fsdp_cpu_block_raw_free,
+    .fence_record = inline_fence_record,
+    .fence_query = inline_fence_query,
+    .fence_order = inline_fence_done,
+    .fence_wait = inline_fence_done,
+    .fence_destroy = inline_fence_destroy,
+    .owner = "the host",
+};
+
+static fsdp_block_cache *cache_of(fsdp_device *d) { return &((cpu_dev *)d->ctx)->cache; }
+
+/* Under ASan: the bytes asked for addressable, the rest of the block (and
+ * all of a free one) poisoned. */
+static void poison_block(fsdp_device *d, void *p, size_t usable)
+{
+#ifdef CPU_ASAN
+    size_t bytes = fsdp_block_cache_block_bytes(cache_of(d), p);
+    ASAN_UNPOISON_MEMORY_REGION(p, usable);
+    ASAN_POISON_MEMORY_REGION((char *)p + usable, bytes - usable);
+#else
+    (void)d;
+    (void)p;
+    (void)usable;
+#endif
+}
+
+static fsdp_status cpu_alloc(fsdp_device *d, size_t bytes, void **out)
+{
+    FSDP_TRY(fsdp_block_cache_dev_alloc(cache_of(d), &d->mem.reserved_bytes, bytes, out));
+    poison_block(d, *out, bytes);
+    return FSDP_STATUS_OK;
+}
+
+static void cpu_free(fsdp_device *d, void *p)
+{
+    poison_block(d, p, 0);
+    fsdp_block_cache_dev_free(cache_of(d), &d->mem.reserved_bytes, p);
+}
+
+static fsdp_status cpu_reserve(fsdp_device *d, size_t bytes, size_t n)
+{
+    return fsdp_block_cache_dev_reserve(cache_of(d), &d->mem.reserved_bytes, bytes, n);
+}
+
+/* ---- the device ----------------------------------------------------------------- */
+
 fsdp_status fsdp_cpu_dev_init(fsdp_device *d)
 {
     cpu_dev *c = calloc(1, sizeof *c);
@@ -307,6 +420,7 @@ fsdp_status fsdp_cpu_dev_init(fsdp_device *d)
     c->n_threads = fsdp_device_cpu_threads_for(fsdp_device_cpu_get_threads(), n_devices,
                                                fsdp_device_cpu_cores(), NULL);
     pthread_mutex_init(&c->team_mu, NULL);
+    fsdp_block_cache_init(&c->cache, &inline_cache_i, c);
     d->ctx = c;
     return FSDP_STATUS_OK;
 }
@@ -318,6 +432,8 @@ void fsdp_cpu_dev_fini(fsdp_device *d)
         return;
     team_free(c->team);
     pthread_mutex_destroy(&c->team_mu);
+    fsdp_block_cache_fini(&c->cache);
+    d->mem.reserved_bytes = 0;
     free(c);
     d->ctx = NULL;
 }
@@ -363,12 +479,13 @@ const struct fsdp_device_i fsdp_device_cpu_i = {
     .name = "cpu",
     .init = fsdp_cpu_dev_init,
     .fini = fsdp_cpu_dev_fini,
-    .alloc = fsdp_cpu_host_alloc,
-    .free = fsdp_cpu_host_free,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
     .host_alloc = fsdp_cpu_host_alloc,
     .host_free = fsdp_cpu_host_free,
     .memcpy = cpu_memcpy,
     .memset = cpu_memset,
-    /* stream, event, reserve and launch_host slots NULL: work runs inline,
-     * in order, on the calling thread (the async mode is cpu_stream.c) */
+    .reserve = cpu_reserve,
+    /* stream, event and launch_host slots NULL: work runs inline, in
+     * order, on the calling thread (the async mode is cpu_stream.c) */
 };

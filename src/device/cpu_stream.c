@@ -92,7 +92,6 @@ typedef struct cpu_async {
     struct fsdp_stream *streams[N_STREAMS]; /* in creation order: compute, comm, copy */
     int n_streams;
     uint64_t jitter_seed;
-    fsdp_block_cache cache;
     pthread_mutex_t err_mu;
     atomic_bool failed;          /* err is set: skip queued work */
     fsdp_status err;
@@ -400,16 +399,6 @@ static fsdp_status as_launch_host(fsdp_device *d, fsdp_stream_t s, fsdp_host_fn 
 
 /* ---- memory: device blocks from the block cache, pinned host ranges ------------- */
 
-static fsdp_status cache_raw_alloc(void *ctx, size_t bytes, void **out)
-{
-    cpu_async *as = ctx;
-    return fsdp_cpu_host_alloc(as->d, bytes, out) == FSDP_STATUS_OK
-               ? FSDP_STATUS_OK
-               : (fsdp_error_clear(), FSDP_STATUS_OOM);
-}
-
-static void cache_raw_free(void *ctx, void *p) { fsdp_cpu_host_free(((cpu_async *)ctx)->d, p); }
-
 static fsdp_status cache_fence_record(void *ctx, void **fence)
 {
     cpu_async *as = ctx;
@@ -469,28 +458,32 @@ static void cache_fence_destroy(void *ctx, void *fence)
 }
 
 static const fsdp_block_cache_i cpu_cache_i = {
-    .raw_alloc = cache_raw_alloc,
-    .raw_free = cache_raw_free,
+    .raw_alloc = fsdp_cpu_block_raw_alloc,
+    .raw_free = fsdp_cpu_block_raw_free,
     .fence_record = cache_fence_record,
     .fence_query = cache_fence_query,
     .fence_order = cache_fence_order,
     .fence_wait = cache_fence_wait,
     .fence_destroy = cache_fence_destroy,
+    .owner = "the host",
 };
+
+/* The device's block cache (cpu_dev.h), here with the streams' fences. */
+static fsdp_block_cache *cache_of(fsdp_device *d) { return &((cpu_dev *)d->ctx)->cache; }
 
 static fsdp_status as_alloc(fsdp_device *d, size_t bytes, void **out)
 {
-    return fsdp_block_cache_dev_alloc(&async_of(d)->cache, &d->mem.reserved_bytes, bytes, out);
+    return fsdp_block_cache_dev_alloc(cache_of(d), &d->mem.reserved_bytes, bytes, out);
 }
 
 static void as_free(fsdp_device *d, void *p)
 {
-    fsdp_block_cache_dev_free(&async_of(d)->cache, &d->mem.reserved_bytes, p);
+    fsdp_block_cache_dev_free(cache_of(d), &d->mem.reserved_bytes, p);
 }
 
 static fsdp_status as_reserve(fsdp_device *d, size_t bytes, size_t n)
 {
-    return fsdp_block_cache_dev_reserve(&async_of(d)->cache, &d->mem.reserved_bytes, bytes, n);
+    return fsdp_block_cache_dev_reserve(cache_of(d), &d->mem.reserved_bytes, bytes, n);
 }
 
 static fsdp_status as_host_alloc(fsdp_device *d, size_t bytes, void **out)
@@ -531,8 +524,9 @@ static bool device_visible(cpu_async *as, const void *p)
     for (size_t i = 0; i < as->n_pinned; i++)
         if (c >= as->pinned[i].p && c < as->pinned[i].p + as->pinned[i].bytes)
             return true;
-    for (size_t i = 0; i < as->cache.n_blocks; i++) {
-        const struct fsdp_block *b = &as->cache.blocks[i];
+    const fsdp_block_cache *cache = cache_of(as->d);
+    for (size_t i = 0; i < cache->n_blocks; i++) {
+        const struct fsdp_block *b = &cache->blocks[i];
         if (b->state == FSDP_BLOCK_LIVE && c >= (const char *)b->ptr &&
             c < (const char *)b->ptr + b->bytes)
             return true;
@@ -615,7 +609,8 @@ static fsdp_status as_init(fsdp_device *d)
     if (fsdp_device_cpu_get_streams(&mode, &as->jitter_seed) != FSDP_STATUS_OK)
         fsdp_error_clear(); /* the mode was decided already; no delays */
     pthread_mutex_init(&as->err_mu, NULL);
-    fsdp_block_cache_init(&as->cache, &cpu_cache_i, as);
+    /* nothing is allocated yet: the inline fences give way to the streams' */
+    fsdp_block_cache_init(cache_of(d), &cpu_cache_i, as);
     ((cpu_dev *)d->ctx)->async = as;
     return FSDP_STATUS_OK;
 }
@@ -627,15 +622,15 @@ static void as_fini(fsdp_device *d)
         return;
     cpu_async *as = c->async;
     if (as) {
-        /* the streams were destroyed (joined) first: fences are all done */
-        fsdp_block_cache_fini(&as->cache);
+        /* the streams were destroyed (joined) first: fences are all done;
+         * the blocks go while the fences' context (as) still exists */
+        fsdp_block_cache_fini(cache_of(d));
         for (size_t i = 0; i < as->n_pinned; i++)
             fsdp_cpu_host_free(d, as->pinned[i].p);
         free(as->pinned);
         pthread_mutex_destroy(&as->err_mu);
         free(as);
         c->async = NULL;
-        d->mem.reserved_bytes = 0;
     }
     fsdp_cpu_dev_fini(d);
 }

@@ -213,6 +213,7 @@ static const fsdp_block_cache_i cuda_cache_i = {
     /* .fence_order   = */ cache_fence_order,
     /* .fence_wait    = */ cache_fence_wait,
     /* .fence_destroy = */ cache_fence_destroy,
+    /* .owner         = */ "the GPU",
 };
 
 /* ---- the device table ------------------------------------------------------ */

@@ -65,7 +65,7 @@ typedef struct fsdp_mem_stats {
     size_t kind_bytes[FSDP_MEM_KIND_COUNT];       /* in use now, by kind */
     size_t peak_kind_bytes[FSDP_MEM_KIND_COUNT];  /* by kind, at the moment of the peak */
     size_t reserved_bytes;  /* held by the backend beyond in_use_bytes, now: cached free
-                               blocks, rounding, its own buffers (cuda); 0 on cpu/meta */
+                               blocks, rounding, its own buffers (cuda); 0 on meta */
 } fsdp_mem_stats;
 
 struct fsdp_device_i {
@@ -172,15 +172,16 @@ void fsdp_device_fini(fsdp_device *d);
 fsdp_status fsdp_device_alloc(fsdp_device *d, size_t bytes, fsdp_mem_kind kind, const char *what,
                               void **out);
 /* Free a pointer from fsdp_device_alloc (NULL is a no-op). Stream-ordered:
- * work already queued on the device's streams may still use p (cpu and
- * meta run stream work inline; cuda hands the memory out again only after
- * that work, device/block_cache.h), so no host wait is needed before it.
+ * work already queued on the device's streams may still use p (inline cpu
+ * and meta have run it already; cuda and async cpu hand the memory out
+ * again only after that work, device/block_cache.h), so no host wait is
+ * needed before it.
  * The accounting drops the bytes at once. */
 void fsdp_device_free(fsdp_device *d, void *p);
 
 /* Warm-up: prepare the backend to serve n allocations of `bytes` live at
- * once without asking its driver (cuda: n blocks added to the block cache,
- * shown in mem.reserved_bytes; cpu and meta: nothing). Counts nothing: in
+ * once without asking its driver (cuda and cpu: n blocks added to the
+ * block cache, shown in mem.reserved_bytes; meta: nothing). Counts nothing: in
  * use bytes, peaks and allocation counts stay as they were on every
  * backend. Every backend keeps a ledger of it: d->n_resv_misses counts the
  * later allocations of exactly a reserved size made while n of that size

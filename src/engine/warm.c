@@ -7,9 +7,10 @@
  * otherwise learns the step's sizes during the first step by asking the
  * driver; a cudaMalloc while another rank's collective kernel waits for its
  * peers is a known hang pattern, and a cudaFree waits for the whole device.
- * With the reservation not even the first step asks the driver. cpu and
- * meta prepare nothing, and nothing is counted on any backend: in-use
- * bytes, peaks and the planner's figures stay exact.
+ * With the reservation not even the first step asks the driver. cpu
+ * devices reserve the same blocks in their host-memory cache, meta
+ * prepares nothing, and nothing is counted on any backend: in-use bytes,
+ * peaks and the planner's figures stay exact.
  *
  * How many: two steps' allocations and frees of the buffers that come and
  * go (gathered units, full gradients, accumulation buffers) are replayed
