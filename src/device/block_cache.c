@@ -233,7 +233,8 @@ fsdp_status fsdp_block_cache_free(fsdp_block_cache *c, void *p)
         c->counted_bytes -= b->asked;
     b->asked = 0;
     b->counted = false;
-    fsdp_status st = c->iface->fence_record(c->ctx, &b->fence);
+    fsdp_status st =
+        c->iface->fence_record ? c->iface->fence_record(c->ctx, &b->fence) : FSDP_STATUS_OK;
     if (st != FSDP_STATUS_OK) {
         b->state = FSDP_BLOCK_DEAD;
         return st;

@@ -57,7 +57,9 @@ typedef struct fsdp_block_cache_i {
     fsdp_status (*raw_alloc)(void *ctx, size_t bytes, void **out);
     void (*raw_free)(void *ctx, void *p);
     /* Record, into *fence (created when NULL), the point reached by all of
-     * the owner's streams now. */
+     * the owner's streams now. NULL for an owner whose work is done when
+     * the host frees (inline cpu): no fences, every free block is ready, and
+     * the other fence slots are never called. */
     fsdp_status (*fence_record)(void *ctx, void **fence);
     /* *done = whether the fence's work has finished (no waiting). */
     fsdp_status (*fence_query)(void *ctx, void *fence, bool *done);

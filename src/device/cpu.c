@@ -332,56 +332,23 @@ void fsdp_cpu_block_raw_free(void *ctx, void *p)
     fsdp_cpu_host_free(NULL, p);
 }
 
-/* The inline mode's fences: none (NULL), since its work has run by the
- * time the host frees a block; the cache then treats every free block as
- * done and never queries, orders or waits. */
-static fsdp_status inline_fence_record(void *ctx, void **fence)
-{
-    (void)ctx;
-    (void)fence;
-    return FSDP_STATUS_OK;
-}
-
-static fsdp_status inline_fence_query(void *ctx, void *fence, bool *done)
-{
-    (void)ctx;
-    (void)fence;
-    *done = true;
-    return FSDP_STATUS_OK;
-}
-
-static fsdp_status inline_fence_done(void *ctx, void *fence)
-{
-    (void)ctx;
-    (void)fence;
-    return FSDP_STATUS_OK;
-}
-
-static void inline_fence_destroy(void *ctx, void *fence)
-{
-    (void)ctx;
-    (void)fence;
-}
-
+/* The inline mode's blocks need no fences: its work has run by the time
+ * the host frees one (the async mode installs its streams'). */
 static const fsdp_block_cache_i inline_cache_i = {
     .raw_alloc = fsdp_cpu_block_raw_alloc,
     .raw_free = fsdp_cpu_block_raw_free,
-    .fence_record = inline_fence_record,
-    .fence_query = inline_fence_query,
-    .fence_order = inline_fence_done,
-    .fence_wait = inline_fence_done,
-    .fence_destroy = inline_fence_destroy,
     .owner = "the host",
 };
 
-static fsdp_block_cache *cache_of(fsdp_device *d) { return &((cpu_dev *)d->ctx)->cache; }
-
-/* Under ASan: the bytes asked for addressable, the rest of the block (and
- * all of a free one) poisoned. */
+/* Under ASan, inline only: the bytes asked for addressable, the rest of the
+ * block (and all of a free one) poisoned. Async work queued before a free
+ * may still use the block, so the async mode poisons nothing. */
 static void poison_block(fsdp_device *d, void *p, size_t usable)
 {
 #ifdef CPU_ASAN
-    size_t bytes = fsdp_block_cache_block_bytes(cache_of(d), p);
+    if (((cpu_dev *)d->ctx)->async)
+        return;
+    size_t bytes = fsdp_block_cache_block_bytes(fsdp_cpu_dev_cache(d), p);
     ASAN_UNPOISON_MEMORY_REGION(p, usable);
     ASAN_POISON_MEMORY_REGION((char *)p + usable, bytes - usable);
 #else
@@ -391,22 +358,24 @@ static void poison_block(fsdp_device *d, void *p, size_t usable)
 #endif
 }
 
-static fsdp_status cpu_alloc(fsdp_device *d, size_t bytes, void **out)
+fsdp_status fsdp_cpu_dev_alloc(fsdp_device *d, size_t bytes, void **out)
 {
-    FSDP_TRY(fsdp_block_cache_dev_alloc(cache_of(d), &d->mem.reserved_bytes, bytes, out));
+    FSDP_TRY(fsdp_block_cache_dev_alloc(fsdp_cpu_dev_cache(d), &d->mem.reserved_bytes, bytes,
+                                        out));
     poison_block(d, *out, bytes);
     return FSDP_STATUS_OK;
 }
 
-static void cpu_free(fsdp_device *d, void *p)
+void fsdp_cpu_dev_free(fsdp_device *d, void *p)
 {
     poison_block(d, p, 0);
-    fsdp_block_cache_dev_free(cache_of(d), &d->mem.reserved_bytes, p);
+    fsdp_block_cache_dev_free(fsdp_cpu_dev_cache(d), &d->mem.reserved_bytes, p);
 }
 
-static fsdp_status cpu_reserve(fsdp_device *d, size_t bytes, size_t n)
+fsdp_status fsdp_cpu_dev_reserve(fsdp_device *d, size_t bytes, size_t n)
 {
-    return fsdp_block_cache_dev_reserve(cache_of(d), &d->mem.reserved_bytes, bytes, n);
+    return fsdp_block_cache_dev_reserve(fsdp_cpu_dev_cache(d), &d->mem.reserved_bytes, bytes,
+                                        n);
 }
 
 /* ---- the device ----------------------------------------------------------------- */
@@ -479,13 +448,13 @@ const struct fsdp_device_i fsdp_device_cpu_i = {
     .name = "cpu",
     .init = fsdp_cpu_dev_init,
     .fini = fsdp_cpu_dev_fini,
-    .alloc = cpu_alloc,
-    .free = cpu_free,
+    .alloc = fsdp_cpu_dev_alloc,
+    .free = fsdp_cpu_dev_free,
     .host_alloc = fsdp_cpu_host_alloc,
     .host_free = fsdp_cpu_host_free,
     .memcpy = cpu_memcpy,
     .memset = cpu_memset,
-    .reserve = cpu_reserve,
+    .reserve = fsdp_cpu_dev_reserve,
     /* stream, event and launch_host slots NULL: work runs inline, in
      * order, on the calling thread (the async mode is cpu_stream.c) */
 };

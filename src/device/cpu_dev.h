@@ -40,5 +40,15 @@ fsdp_status fsdp_cpu_host_alloc(fsdp_device *d, size_t bytes, void **out);
 void fsdp_cpu_host_free(fsdp_device *d, void *p);
 fsdp_status fsdp_cpu_block_raw_alloc(void *ctx, size_t bytes, void **out);
 void fsdp_cpu_block_raw_free(void *ctx, void *p);
+/* Device memory of both modes' tables: the cache's counted calls
+ * (poisoned under ASan in the inline mode). */
+fsdp_status fsdp_cpu_dev_alloc(fsdp_device *d, size_t bytes, void **out);
+void fsdp_cpu_dev_free(fsdp_device *d, void *p);
+fsdp_status fsdp_cpu_dev_reserve(fsdp_device *d, size_t bytes, size_t n);
+
+static inline fsdp_block_cache *fsdp_cpu_dev_cache(fsdp_device *d)
+{
+    return &((cpu_dev *)d->ctx)->cache;
+}
 
 #endif /* FSDP_DEVICE_CPU_DEV_H */

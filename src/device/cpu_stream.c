@@ -468,24 +468,6 @@ static const fsdp_block_cache_i cpu_cache_i = {
     .owner = "the host",
 };
 
-/* The device's block cache (cpu_dev.h), here with the streams' fences. */
-static fsdp_block_cache *cache_of(fsdp_device *d) { return &((cpu_dev *)d->ctx)->cache; }
-
-static fsdp_status as_alloc(fsdp_device *d, size_t bytes, void **out)
-{
-    return fsdp_block_cache_dev_alloc(cache_of(d), &d->mem.reserved_bytes, bytes, out);
-}
-
-static void as_free(fsdp_device *d, void *p)
-{
-    fsdp_block_cache_dev_free(cache_of(d), &d->mem.reserved_bytes, p);
-}
-
-static fsdp_status as_reserve(fsdp_device *d, size_t bytes, size_t n)
-{
-    return fsdp_block_cache_dev_reserve(cache_of(d), &d->mem.reserved_bytes, bytes, n);
-}
-
 static fsdp_status as_host_alloc(fsdp_device *d, size_t bytes, void **out)
 {
     cpu_async *as = async_of(d);
@@ -524,7 +506,7 @@ static bool device_visible(cpu_async *as, const void *p)
     for (size_t i = 0; i < as->n_pinned; i++)
         if (c >= as->pinned[i].p && c < as->pinned[i].p + as->pinned[i].bytes)
             return true;
-    const fsdp_block_cache *cache = cache_of(as->d);
+    const fsdp_block_cache *cache = fsdp_cpu_dev_cache(as->d);
     for (size_t i = 0; i < cache->n_blocks; i++) {
         const struct fsdp_block *b = &cache->blocks[i];
         if (b->state == FSDP_BLOCK_LIVE && c >= (const char *)b->ptr &&
@@ -610,7 +592,7 @@ static fsdp_status as_init(fsdp_device *d)
         fsdp_error_clear(); /* the mode was decided already; no delays */
     pthread_mutex_init(&as->err_mu, NULL);
     /* nothing is allocated yet: the inline fences give way to the streams' */
-    fsdp_block_cache_init(cache_of(d), &cpu_cache_i, as);
+    fsdp_block_cache_init(fsdp_cpu_dev_cache(d), &cpu_cache_i, as);
     ((cpu_dev *)d->ctx)->async = as;
     return FSDP_STATUS_OK;
 }
@@ -624,7 +606,7 @@ static void as_fini(fsdp_device *d)
     if (as) {
         /* the streams were destroyed (joined) first: fences are all done;
          * the blocks go while the fences' context (as) still exists */
-        fsdp_block_cache_fini(cache_of(d));
+        fsdp_block_cache_fini(fsdp_cpu_dev_cache(d));
         for (size_t i = 0; i < as->n_pinned; i++)
             fsdp_cpu_host_free(d, as->pinned[i].p);
         free(as->pinned);
@@ -639,8 +621,8 @@ const struct fsdp_device_i fsdp_device_cpu_async_i = {
     .name = "cpu",
     .init = as_init,
     .fini = as_fini,
-    .alloc = as_alloc,
-    .free = as_free,
+    .alloc = fsdp_cpu_dev_alloc,
+    .free = fsdp_cpu_dev_free,
     .host_alloc = as_host_alloc,
     .host_free = as_host_free,
     .memcpy = as_memcpy,
@@ -653,6 +635,6 @@ const struct fsdp_device_i fsdp_device_cpu_async_i = {
     .event_record = as_event_record,
     .stream_wait_event = as_stream_wait_event,
     .event_sync = as_event_sync,
-    .reserve = as_reserve,
+    .reserve = fsdp_cpu_dev_reserve,
     .launch_host = as_launch_host,
 };
