@@ -437,6 +437,75 @@ START_TEST(test_commands)
 }
 END_TEST
 
+/* `fsdp eval` renders {"messages"} rows as the training run did when given its
+ * --chat-format: a run that chose the built-in llama3 format over the chat
+ * template beside its tokenizer logs an eval loss that eval of its checkpoint
+ * reproduces bit for bit with --chat-format llama3, not without (the
+ * template's tokens differ), and stderr names the rendering used. */
+START_TEST(test_eval_chat_format)
+{
+    char dir[128], out[1 << 14];
+    fsdp_test_mkdir(dir, sizeof dir, "files");
+    char tokdir[160];
+    snprintf(tokdir, sizeof tokdir, "%s/tok", dir);
+    mkdir(tokdir, 0755);
+    size_t n;
+    unsigned char *tok = read_file(TOK_LLAMA3, &n);
+    write_file(path_in(tokdir, "tokenizer.json"), tok, n);
+    free(tok);
+    static const char config[] =
+        "{\"chat_template\": \"{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+        "<|end_header_id|>{{ m['content'] }}<|eot_id|>{% endfor %}\"}\n";
+    write_file(path_in(tokdir, "tokenizer_config.json"), config, strlen(config));
+    loaded src;
+    quantized("gpt2:layers=1,heads=2,channels=32,vocab=665,context=64", &src);
+    ck_assert_int_eq(write_hf(path_in(dir, "hf"), &src, FSDP_DTYPE_F32, 0, tokdir, NULL),
+                     FSDP_STATUS_OK);
+    loaded_free(&src);
+    FILE *f = fopen(path_in(dir, "chat.jsonl"), "w");
+    REQUIRE(f, "cannot create chat.jsonl");
+    for (int i = 0; i < 6; i++)
+        fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"What is %d plus %d?\"}, "
+                "{\"role\": \"assistant\", \"content\": \"It is %d.\"}]}\n", i, i, 2 * i);
+    fclose(f);
+    int rc = fsdp_test_cli(out, sizeof out, "train --model %s/hf --data %s/chat.jsonl --eval-data "
+                           "%s/chat.jsonl --chat-format llama3 --steps 2 --eval-every 2 --batch 2 "
+                           "--seq 48 --ckpt-dir %s/ck --log %s/m.jsonl --quiet --backend cpu",
+                           dir, dir, dir, dir, dir);
+    REQUIRE(rc == 0, "train: rc %d: %s", rc, out);
+    unsigned char *log = read_file(path_in(dir, "m.jsonl"), &n);
+    const char *at = strstr((const char *)log, "\"eval_loss\":");
+    REQUIRE(at, "no eval_loss in the log: %s", log);
+    char logged[32];
+    snprintf(logged, sizeof logged, "%.6g", strtod(at + 12, NULL));
+    free(log);
+    char e1[1024], e2[1024];
+    rc = fsdp_test_cli(e1, sizeof e1, "eval --model %s/ck/step_00000002 --data %s/chat.jsonl "
+                       "--batch 2 --seq 48 --steps 3 --chat-format llama3 --backend cpu", dir,
+                       dir);
+    REQUIRE(rc == 0 && strstr(e1, "chat: built-in chat format llama3"), "eval: rc %d: %s", rc,
+            e1);
+    const char *mean = strstr(e1, "mean loss ");
+    REQUIRE(mean && !strncmp(mean + 10, logged, strlen(logged)) &&
+                mean[10 + strlen(logged)] == ' ',
+            "eval --chat-format llama3 '%s', the run logged %s", e1, logged);
+    rc = fsdp_test_cli(e2, sizeof e2, "eval --model %s/ck/step_00000002 --data %s/chat.jsonl "
+                       "--batch 2 --seq 48 --steps 3 --backend cpu", dir, dir);
+    REQUIRE(rc == 0 && strstr(e2, "chat: chat template of") && strstr(e2, "mean loss ") &&
+                strcmp(strstr(e2, "mean loss "), mean),
+            "eval in the template's rendering: rc %d: %s (with llama3: %s)", rc, e2, e1);
+    static const fsdp_test_cli_case bad[] = {
+        {"eval --model tests/fixtures/llama_gqa --data synthetic --chat-format bogus", 2,
+         "unknown chat format 'bogus'"},
+        {"train --model tiny --data synthetic --chat-format bogus --steps 1", 2,
+         "unknown chat format 'bogus'"},
+        {"sample --model tests/fixtures/llama_gqa --prompt 1,2 --chat-format bogus", 2,
+         "unknown chat format 'bogus'"},
+    };
+    fsdp_test_cli_cases(bad, FSDP_TEST_LEN(bad));
+}
+END_TEST
+
 /* ---- the Llama golden directories -------------------------------------------------------- */
 
 START_TEST(test_llama_directories)
@@ -470,7 +539,7 @@ int main(void)
         {"files", 120, .tmpdir = true,
          FSDP_TESTS(test_transformers_directory, test_write_read_roundtrip,
                     test_ranks_read_their_shards, test_llama_directories)},
-        {"commands", 300, .tmpdir = true, FSDP_TESTS(test_commands)},
+        {"commands", 300, .tmpdir = true, FSDP_TESTS(test_commands, test_eval_chat_format)},
     };
     return fsdp_test_main("hfdir", tcases, FSDP_TEST_LEN(tcases));
 }

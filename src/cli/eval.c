@@ -4,7 +4,9 @@
  * numbering, so it matches a training run's loss on the same batches).
  * Text and jsonl data are tokenized with --tokenizer, else with the
  * tokenizer.json of a Hugging Face model directory or the one a checkpoint
- * carries (ckpt/ckpt_tok.h).
+ * carries (ckpt/ckpt_tok.h); {"messages"} rows are rendered in --chat-format
+ * (as the training run's: the default is the tokenizer's own), and stderr
+ * says which rendering was used.
  */
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +15,7 @@
 #include "ckpt/ckpt_tok.h"
 #include "cli/cli.h"
 #include "cli/infer_opts.h"
+#include "data/chat.h"
 #include "ckpt/modelfile.h"
 
 int fsdp_cli_eval(int argc, char **argv)
@@ -29,10 +32,18 @@ int fsdp_cli_eval(int argc, char **argv)
     fsdp_opt_add(
         &l, "data", FSDP_OPT_STR, &data, "synthetic|FILE.txt|FILE.jsonl|'GLOB.bin'",
         "evaluation data: the synthetic task, a text file (bytes, or tokens with --tokenizer), "
-        ".jsonl {\"text\"} rows, or llm.c token shards (required)");
+        ".jsonl rows ({\"text\"}; {\"prompt\", \"completion\"} and {\"messages\"} rows count "
+        "their completion or assistant tokens only, as training does), or llm.c token shards "
+        "(required)");
     fsdp_opt_add(&l, "tokenizer", FSDP_OPT_STR, &c->tokenizer, "tokenizer.json",
                  "Hugging Face tokenizer for .txt and .jsonl data (GPT-2, Llama 3, Qwen2 families; "
                  "default: the model directory's, or the one a checkpoint carries)");
+    static char chat_formats[96]; /* "template|llama3|chatml", from data/chat.c */
+    fsdp_opt_add(&l, "chat-format", FSDP_OPT_STR, &c->chat_format,
+                 fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
+                 "how {\"messages\"} rows are rendered: the training run's --chat-format, so the "
+                 "loss is over the same tokens (default: the chat_template beside the "
+                 "tokenizer, else the built-in format its special tokens fit)");
     fsdp_opt_add(&l, "batch", FSDP_OPT_INT, &c->batch, "B",
                  "sequences per micro-batch (default 8)");
     fsdp_opt_add(&l, "seq", FSDP_OPT_INT, &c->seq, "T",
@@ -54,6 +65,8 @@ int fsdp_cli_eval(int argc, char **argv)
         fprintf(stderr, "fsdp eval: --data is required (synthetic, FILE.txt or token shards)\n");
         return 2;
     }
+    if (c->chat_format && fsdp_chat_check_name(c->chat_format) != FSDP_STATUS_OK)
+        return fsdp_cli_status("eval", FSDP_STATUS_INVALID_ARG);
     char found[4096];
     bool has_own = false; /* a Hugging Face directory's or a checkpoint's */
     if (!c->tokenizer &&
@@ -84,6 +97,7 @@ int fsdp_cli_eval(int argc, char **argv)
         return 1;
     }
     float mean = 0.0f;
+    c->note = stderr;
     fsdp_status st = fsdp_infer_eval(c, data, seed, steps, &mean, losses);
     if (st != FSDP_STATUS_OK) {
         fprintf(stderr, "fsdp eval: error: %s\n", fsdp_error_msg());

@@ -370,6 +370,8 @@ int fsdp_cli_sample(int argc, char **argv)
         return rc;
     if (n_tokens < 0 || !(temperature >= 0.0f) || c->seq < 0)
         return fsdp_cli_usage("sample", "need --tokens >= 0, --temperature >= 0 and --seq >= 1");
+    if (co.format && fsdp_chat_check_name(co.format) != FSDP_STATUS_OK)
+        return fsdp_cli_status("sample", FSDP_STATUS_INVALID_ARG);
     struct text_io io = {0};
     int *ids = NULL, *out = NULL, n_ids = 0, n_out = 0, stop[4], n_stop = 0;
     float *logits = NULL;

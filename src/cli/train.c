@@ -261,6 +261,8 @@ static int train_args_check(const fsdp_train_config *c)
     int rc = fsdp_cli_check_paths("train", ins, 4, outs, 2);
     if (rc)
         return rc;
+    if (c->chat_format && fsdp_chat_check_name(c->chat_format) != FSDP_STATUS_OK)
+        return fsdp_cli_status("train", FSDP_STATUS_INVALID_ARG);
     if (!c->ckpt_dir && (c->ckpt_every || c->ckpt_keep || c->resume))
         return fsdp_cli_usage("train",
                               "--ckpt-every, --ckpt-keep and --resume need --ckpt-dir DIR");

@@ -113,8 +113,11 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
                               "--seq %d is longer than the model's context of %d (%s)", T,
                               m->max_seq_len, cfg->model_path);
     if (data) {
-        fsdp_data_opts dopt = {.spec = data, .seed = seed, .tokenizer = cfg->tokenizer};
+        fsdp_data_opts dopt = {.spec = data, .seed = seed, .tokenizer = cfg->tokenizer,
+                               .chat_format = cfg->chat_format};
         FSDP_TRY(fsdp_data_open_opts(&r->data, &dopt));
+        if (cfg->note && fsdp_data_chat(r->data)[0])
+            fprintf(cfg->note, "chat: %s\n", fsdp_data_chat(r->data));
         int dv = fsdp_data_vocab(r->data);
         if (dv > m->vocab_size)
             return fsdp_error_set(FSDP_STATUS_INVALID_ARG,

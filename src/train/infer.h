@@ -14,6 +14,7 @@
 #define FSDP_TRAIN_INFER_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "engine/engine.h"
 
@@ -31,6 +32,10 @@ typedef struct fsdp_infer_config {
     int seq;                   /* eval: T (0: 64 or the model's context if shorter);
                                 * sample: context window (0: the model's) */
     const char *tokenizer;     /* eval: tokenizer.json for .txt/.jsonl data, or NULL */
+    const char *chat_format;   /* eval: how {"messages"} rows are rendered, as the trainer's
+                                * --chat-format (data.h; NULL: the tokenizer's) */
+    FILE *note;                /* eval: where to say how {"messages"} rows were rendered
+                                * (NULL: nowhere) */
     fsdp_mem_stats *mem_out;   /* optional [n_ranks]: each rank's device memory figures
                                 * after its last forward */
 } fsdp_infer_config;
