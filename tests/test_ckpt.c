@@ -162,7 +162,31 @@ START_TEST(test_manifest_roundtrip)
     ck_assert_str_eq(r.optimizer, "adamw");
     ck_assert_int_eq(r.n_optim_state, 2);
     ck_assert_str_eq(r.optim_state[1], "adam_v");
+    ck_assert_str_eq(r.chat_format, ""); /* optional: written by runs on chat rows only */
+    {
+        char *text0 = slurp(path);
+        ck_assert(!strstr(text0, "chat_format"));
+        free(text0);
+    }
     fsdp_ckpt_manifest_free(&r);
+    /* the chat format a run rendered {"messages"} rows with round-trips; a bad name is
+     * FORMAT naming the key */
+    snprintf(m.chat_format, sizeof m.chat_format, "llama3");
+    ck_assert_int_eq(fsdp_ckpt_manifest_write(path, &m), FSDP_STATUS_OK);
+    ck_assert_int_eq(fsdp_ckpt_manifest_read(path, &r), FSDP_STATUS_OK);
+    ck_assert_str_eq(r.chat_format, "llama3");
+    fsdp_ckpt_manifest_free(&r);
+    {
+        char *good = slurp(path), *bad = mutate(good, "chat_format llama3\n",
+                                                 "chat_format llama 3!\n");
+        spit(path, bad, strlen(bad));
+        st = fsdp_ckpt_manifest_read(path, &r);
+        REQUIRE(st == FSDP_STATUS_FORMAT && strstr(fsdp_error_msg(), "chat_format"), "%s",
+                fsdp_error_msg());
+        free(good);
+        free(bad);
+    }
+    m.chat_format[0] = '\0';
     /* another optimizer's lines round-trip; a version-2 manifest without
      * them is refused (version 1, which predates them, reads as AdamW:
      * test_compat) */

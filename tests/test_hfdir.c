@@ -437,11 +437,13 @@ START_TEST(test_commands)
 }
 END_TEST
 
-/* `fsdp eval` renders {"messages"} rows as the training run did when given its
- * --chat-format: a run that chose the built-in llama3 format over the chat
- * template beside its tokenizer logs an eval loss that eval of its checkpoint
- * reproduces bit for bit with --chat-format llama3, not without (the
- * template's tokens differ), and stderr names the rendering used. */
+/* {"messages"} rows render as the training run rendered them: a run that chose
+ * the built-in llama3 format over the chat template beside its tokenizer
+ * records it (the manifest's chat_format), so eval of its checkpoint
+ * reproduces the eval loss it logged bit for bit without --chat-format (and
+ * with --chat-format llama3), not with the template's tokens; stderr names
+ * the rendering used. A resume takes the recorded format, and refuses
+ * another. */
 START_TEST(test_eval_chat_format)
 {
     char dir[128], out[1 << 14];
@@ -479,21 +481,30 @@ START_TEST(test_eval_chat_format)
     char logged[32];
     snprintf(logged, sizeof logged, "%.6g", strtod(at + 12, NULL));
     free(log);
-    char e1[1024], e2[1024];
-    rc = fsdp_test_cli(e1, sizeof e1, "eval --model %s/ck/step_00000002 --data %s/chat.jsonl "
-                       "--batch 2 --seq 48 --steps 3 --chat-format llama3 --backend cpu", dir,
+    char e[3][1024];
+    static const char *const flags[3] = {"", "--chat-format llama3", "--chat-format template"};
+    for (int k = 0; k < 3; k++) {
+        rc = fsdp_test_cli(e[k], sizeof e[k], "eval --model %s/ck/step_00000002 --data "
+                           "%s/chat.jsonl --batch 2 --seq 48 --steps 3 %s --backend cpu", dir,
+                           dir, flags[k]);
+        REQUIRE(rc == 0 && strstr(e[k], k < 2 ? "chat: built-in chat format llama3"
+                                              : "chat: chat template of"),
+                "eval %s: rc %d: %s", flags[k], rc, e[k]);
+        const char *mean = strstr(e[k], "mean loss ");
+        bool same = mean && !strncmp(mean + 10, logged, strlen(logged)) &&
+                    mean[10 + strlen(logged)] == ' ';
+        REQUIRE(same == (k < 2), "eval %s: '%s'; the run logged %s", flags[k], e[k], logged);
+    }
+    /* a resume renders as the checkpoint's run did, and refuses another format */
+    rc = fsdp_test_cli(out, sizeof out, "train --model %s/hf --data %s/chat.jsonl --steps 3 "
+                       "--batch 2 --seq 48 --ckpt-dir %s/ck --resume --chat-format template "
+                       "--backend cpu", dir, dir, dir);
+    REQUIRE(rc == 2 && strstr(out, "rendered with --chat-format llama3"), "rc %d: %s", rc, out);
+    rc = fsdp_test_cli(out, sizeof out, "train --model %s/hf --data %s/chat.jsonl --steps 3 "
+                       "--batch 2 --seq 48 --ckpt-dir %s/ck --resume --backend cpu", dir, dir,
                        dir);
-    REQUIRE(rc == 0 && strstr(e1, "chat: built-in chat format llama3"), "eval: rc %d: %s", rc,
-            e1);
-    const char *mean = strstr(e1, "mean loss ");
-    REQUIRE(mean && !strncmp(mean + 10, logged, strlen(logged)) &&
-                mean[10 + strlen(logged)] == ' ',
-            "eval --chat-format llama3 '%s', the run logged %s", e1, logged);
-    rc = fsdp_test_cli(e2, sizeof e2, "eval --model %s/ck/step_00000002 --data %s/chat.jsonl "
-                       "--batch 2 --seq 48 --steps 3 --backend cpu", dir, dir);
-    REQUIRE(rc == 0 && strstr(e2, "chat: chat template of") && strstr(e2, "mean loss ") &&
-                strcmp(strstr(e2, "mean loss "), mean),
-            "eval in the template's rendering: rc %d: %s (with llama3: %s)", rc, e2, e1);
+    REQUIRE(rc == 0 && strstr(out, "chat format: llama3 (the checkpoint's run's") &&
+                strstr(out, "chat: built-in chat format llama3"), "rc %d: %s", rc, out);
     static const fsdp_test_cli_case bad[] = {
         {"eval --model tests/fixtures/llama_gqa --data synthetic --chat-format bogus", 2,
          "unknown chat format 'bogus'"},

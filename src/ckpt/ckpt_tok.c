@@ -153,3 +153,17 @@ fsdp_status fsdp_ckpt_tok_for_model(const char *value, char *buf, size_t n, bool
     *found = fsdp_modelfile_tokenizer_of(value, buf, n);
     return *found ? FSDP_STATUS_OK : fsdp_ckpt_tok_find(value, buf, n, found);
 }
+
+fsdp_status fsdp_ckpt_chat_find(const char *value, char *buf, size_t n)
+{
+    char ckpt[FSDP_CKPT_PATH_MAX], manifest[FSDP_CKPT_PATH_MAX + 16];
+    buf[0] = '\0';
+    if (!value || !which_ckpt(value, ckpt, sizeof ckpt))
+        return FSDP_STATUS_OK;
+    snprintf(manifest, sizeof manifest, "%s/manifest", ckpt);
+    fsdp_ckpt_manifest m;
+    FSDP_TRY(fsdp_ckpt_manifest_read(manifest, &m));
+    snprintf(buf, n, "%s", m.chat_format);
+    fsdp_ckpt_manifest_free(&m);
+    return FSDP_STATUS_OK;
+}

@@ -1,6 +1,8 @@
 /*
  * ckpt_tok.h - the tokenizer a checkpoint carries, so that `sample`,
- * `eval` and `convert` of a checkpoint find it without --tokenizer.
+ * `eval` and `convert` of a checkpoint find it without --tokenizer (and
+ * the chat format its run rendered {"messages"} rows with, without
+ * --chat-format).
  *
  * A run that reads its data through a Hugging Face tokenizer.json (and
  * `convert` of a directory that has one into a checkpoint) copies that
@@ -63,5 +65,11 @@ fsdp_status fsdp_ckpt_tok_find(const char *value, char *buf, size_t n, bool *fou
  * manifest. *found false (OK) when there is none; a checkpoint whose
  * tokenizer files no longer match its manifest is FORMAT saying so. */
 fsdp_status fsdp_ckpt_tok_for_model(const char *value, char *buf, size_t n, bool *found);
+
+/* The --chat-format the run of the checkpoint `value` names (one complete checkpoint, or a
+ * --ckpt-dir: its newest) rendered its {"messages"} rows with (its manifest's chat_format
+ * line), into buf: "" when value is no checkpoint or records none. A manifest that does not
+ * read is that error. */
+fsdp_status fsdp_ckpt_chat_find(const char *value, char *buf, size_t n);
 
 #endif /* FSDP_CKPT_CKPT_TOK_H */

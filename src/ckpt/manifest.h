@@ -124,6 +124,12 @@ typedef struct fsdp_ckpt_manifest {
      * without them reads as before): tokenizer.json first. */
     int n_tok_files;
     fsdp_ckpt_tok_file tok_files[FSDP_CKPT_TOK_FILES_MAX];
+    /* How the run rendered {"messages"} rows (optional version-3 line `chat_format NAME`,
+     * written only by a run that read such rows, so other manifests read as before): the
+     * --chat-format name of the renderer it used, "template" (the tokenizer's chat
+     * template) or a built-in format's. A resume, and eval and sample of the checkpoint,
+     * take it when not given --chat-format. "" : not recorded. */
+    char chat_format[16];
     /* A run that did not train every weight (optional version-3 lines, written only then):
      * `lora R ALPHA RSLORA TARGETS`, `freeze PATTERNS`, and `base HASH PATH`, the model the
      * frozen parameters come from (they are not in the shard files: the units and their

@@ -21,14 +21,14 @@ static const char *const mkey_names[K_COUNT] = {
     "optim_dtype", "model_name", "model_spec", "gpt2", "vocab_size", "padded_vocab_size",
     "max_seq_len", "model_family", "model_config", "data", "block_numel", "optimizer",
     "optim_state", "shard_ranks", "tokenizer", "lora", "freeze", "base", "schedule",
-    "eval_standing", "quantize",
+    "eval_standing", "quantize", "chat_format",
 };
 
 /* Keys a manifest may leave out (their meaning when absent is in manifest.h). */
 static const bool mkey_optional[K_COUNT] = {[K_SHARD_RANKS] = true, [K_LORA] = true,
                                             [K_FREEZE] = true, [K_BASE] = true,
                                             [K_SCHEDULE] = true, [K_EVAL_STANDING] = true,
-                                            [K_QUANTIZE] = true};
+                                            [K_QUANTIZE] = true, [K_CHAT_FORMAT] = true};
 
 /* The versions each key belongs to (bit v set: version v has it, once). */
 #define V1 (1u << 1)
@@ -41,6 +41,7 @@ static const unsigned mkey_versions[K_COUNT] = {
     [K_OPTIMIZER] = V2 | V3 | V4, [K_OPTIM_STATE] = V2 | V3 | V4, /* version 1 is AdamW */
     [K_TOKENIZER] = V3 | V4, [K_LORA] = V3 | V4, [K_FREEZE] = V3 | V4, [K_BASE] = V3 | V4,
     [K_SCHEDULE] = V3 | V4, [K_EVAL_STANDING] = V3 | V4, [K_QUANTIZE] = V3 | V4,
+    [K_CHAT_FORMAT] = V3 | V4,
 };
 #define KEY_IN(k, version) \
     ((mkey_versions[k] ? mkey_versions[k] : V1 | V2 | V3 | V4) >> (version) & 1)
@@ -264,6 +265,11 @@ static fsdp_status parse_text_key(fsdp_mf_parser *ps, enum fsdp_mf_key k, char *
         m->nf4 = true;
         return FSDP_STATUS_OK;
     case K_EVAL_STANDING: return parse_eval_standing(ps, v, m);
+    case K_CHAT_FORMAT:
+        if (!fsdp_mf_name_valid(v, sizeof m->chat_format))
+            return fsdp_mf_bad(ps, "chat_format '%.64s' is not a chat format name", v);
+        snprintf(m->chat_format, sizeof m->chat_format, "%s", v);
+        return FSDP_STATUS_OK;
     default:
         return fsdp_mf_bad(ps, "internal: unhandled key");
     }

@@ -59,6 +59,8 @@ fsdp_status fsdp_ckpt_manifest_write(const char *path, const fsdp_ckpt_manifest 
     for (int i = 0; i < m->n_tok_files; i++) /* only when it carries them (manifest.h) */
         fsdp_sbuf_printf(&b, FSDP_CKPT_TOK_KEY " %s %" PRIu64 " %016" PRIx64 "\n",
                          m->tok_files[i].name, m->tok_files[i].size_bytes, m->tok_files[i].xxh64);
+    if (m->chat_format[0]) /* optional (manifest.h) */
+        sb_text(&b, "chat_format", m->chat_format);
     if (m->lora.r)
         fsdp_sbuf_printf(&b, "lora %d %.17g %d %s\n", m->lora.r, m->lora.alpha, m->lora.rslora,
                          m->lora.targets);

@@ -4,9 +4,9 @@
  * numbering, so it matches a training run's loss on the same batches).
  * Text and jsonl data are tokenized with --tokenizer, else with the
  * tokenizer.json of a Hugging Face model directory or the one a checkpoint
- * carries (ckpt/ckpt_tok.h); {"messages"} rows are rendered in --chat-format
- * (as the training run's: the default is the tokenizer's own), and stderr
- * says which rendering was used.
+ * carries (ckpt/ckpt_tok.h); {"messages"} rows are rendered in --chat-format,
+ * else as a checkpoint's run rendered them (its manifest says), else in
+ * the tokenizer's own format, and stderr says which rendering was used.
  */
 #include <math.h>
 #include <stdio.h>
@@ -42,8 +42,9 @@ int fsdp_cli_eval(int argc, char **argv)
     fsdp_opt_add(&l, "chat-format", FSDP_OPT_STR, &c->chat_format,
                  fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
                  "how {\"messages\"} rows are rendered: the training run's --chat-format, so the "
-                 "loss is over the same tokens (default: the chat_template beside the "
-                 "tokenizer, else the built-in format its special tokens fit)");
+                 "loss is over the same tokens (default: a checkpoint's run's, else the "
+                 "chat_template beside the tokenizer, else the built-in format its special "
+                 "tokens fit)");
     fsdp_opt_add(&l, "batch", FSDP_OPT_INT, &c->batch, "B",
                  "sequences per micro-batch (default 8)");
     fsdp_opt_add(&l, "seq", FSDP_OPT_INT, &c->seq, "T",
@@ -77,6 +78,14 @@ int fsdp_cli_eval(int argc, char **argv)
     }
     if (has_own)
         c->tokenizer = found;
+    char chat[16]; /* a checkpoint's run's --chat-format */
+    if (!c->chat_format && fsdp_ckpt_chat_find(c->model_path, chat, sizeof chat) !=
+                               FSDP_STATUS_OK) {
+        fprintf(stderr, "fsdp eval: error: %s\n", fsdp_error_msg());
+        return 1;
+    }
+    if (!c->chat_format && chat[0])
+        c->chat_format = chat;
     if (steps < 1 || c->batch < 1 || c->seq < 0) {
         fprintf(stderr, "fsdp eval: need --steps >= 1, --batch >= 1 and --seq >= 1\n");
         return 2;

@@ -309,8 +309,8 @@ static void sample_opts_add(fsdp_opt_list *l, fsdp_infer_config *c, struct sampl
     fsdp_opt_add(
         l, "chat-format", FSDP_OPT_STR, &a->co.format,
         fsdp_chat_format_names(chat_formats, sizeof chat_formats, "|"),
-        "with --chat: the format (default: the chat_template beside the tokenizer, else the "
-        "built-in format its special tokens fit)");
+        "with --chat: the format (default: a checkpoint's run's, else the chat_template "
+        "beside the tokenizer, else the built-in format its special tokens fit)");
     fsdp_opt_add(l, "tokens", FSDP_OPT_INT, &a->n_tokens, "N",
                  "most tokens to generate (default 64)");
     fsdp_opt_add(l, "temperature", FSDP_OPT_FLOAT, &a->temperature, "X",
@@ -358,7 +358,7 @@ int fsdp_cli_sample(int argc, char **argv)
     if ((rc = fsdp_infer_opts_finish("sample", &io_opts)))
         return rc;
     const char *prompt = args.prompt, *tokenizer = args.tokenizer, *logits_path = args.logits_path;
-    const struct chat_opts co = args.co;
+    struct chat_opts co = args.co;
     bool ids_only = args.ids_only;
     int n_tokens = args.n_tokens;
     float temperature = args.temperature;
@@ -372,6 +372,13 @@ int fsdp_cli_sample(int argc, char **argv)
         return fsdp_cli_usage("sample", "need --tokens >= 0, --temperature >= 0 and --seq >= 1");
     if (co.format && fsdp_chat_check_name(co.format) != FSDP_STATUS_OK)
         return fsdp_cli_status("sample", FSDP_STATUS_INVALID_ARG);
+    char chat[16]; /* --chat on a checkpoint: its run's --chat-format */
+    if (co.on && !co.format) {
+        fsdp_status cst = fsdp_ckpt_chat_find(c->model_path, chat, sizeof chat);
+        if (cst != FSDP_STATUS_OK)
+            return fsdp_cli_status("sample", cst);
+        co.format = chat[0] ? chat : NULL;
+    }
     struct text_io io = {0};
     int *ids = NULL, *out = NULL, n_ids = 0, n_out = 0, stop[4], n_stop = 0;
     float *logits = NULL;

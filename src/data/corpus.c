@@ -123,8 +123,11 @@ static fsdp_status corpus_open(fsdp_data *d, const fsdp_data_opts *o, corpus *c,
     int max = 0;
     FSDP_TRY(check_ids(c, path, o->vocab_size, &max));
     d->n_special_text = c->ctx.n_special;
-    if (c->ctx.chat && c->examples)
+    if (c->ctx.chat && c->examples) {
+        const fsdp_chat_format *f = fsdp_chat_builtin(c->ctx.chat);
         snprintf(d->chat, sizeof d->chat, "%s", fsdp_chat_describe(c->ctx.chat));
+        snprintf(d->chat_format, sizeof d->chat_format, "%s", f ? f->name : FSDP_CHAT_TEMPLATE);
+    }
     if (!c->examples) {
         d->kind = FSDP_DATA_TOKENS;
         FSDP_TRY(fsdp_data_files_adopt(d, path, c->ids.p, c->ids.n));
@@ -173,6 +176,11 @@ fsdp_status fsdp_data_corpus_open(fsdp_data *d, const fsdp_data_opts *o)
 const char *fsdp_data_chat(const fsdp_data *d)
 {
     return d->chat;
+}
+
+const char *fsdp_data_chat_format(const fsdp_data *d)
+{
+    return d->chat_format;
 }
 
 uint64_t fsdp_data_special_text(const fsdp_data *d)

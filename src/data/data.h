@@ -74,6 +74,8 @@ uint64_t fsdp_data_n_tokens(const fsdp_data *d);
  * DIR/tokenizer_config.json", "built-in chat format llama3 ..."), or "" when the
  * source has no such rows; corpus.c. */
 const char *fsdp_data_chat(const fsdp_data *d);
+/* The same as its --chat-format name ("template" or a built-in format's), or "". */
+const char *fsdp_data_chat_format(const fsdp_data *d);
 
 /* Special-token strings (the tokenizer's, e.g. "<|eot_id|>") found in the text of
  * .jsonl rows and kept as text; 0 for other sources. */

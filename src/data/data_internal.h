@@ -66,6 +66,7 @@ struct fsdp_data {
     uint64_t n_tokens;      /* sum over files or examples; 0 for the synthetic task */
     fsdp_examples ex;       /* FSDP_DATA_EXAMPLES */
     char chat[320];         /* how chat rows were rendered (fsdp_data_chat), or "" */
+    char chat_format[16];   /* its --chat-format name (fsdp_data_chat_format), or "" */
     uint64_t n_special_text; /* special-token strings kept as text (tokenized sources) */
 };
 

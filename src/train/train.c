@@ -444,8 +444,9 @@ static fsdp_status data_open(struct trainer *t, fsdp_engine_config *ec)
     if (has_own)
         tok = own_tok;
     snprintf(t->tokenizer, sizeof t->tokenizer, "%s", tok ? tok : "");
+    FSDP_TRY(fsdp_trainer_ckpt_chat_format(t)); /* --chat-format, or --resume's */
     fsdp_data_opts dopt = {.spec = cfg->data, .seed = ec->seed, .tokenizer = tok,
-                           .chat_format = cfg->chat_format};
+                           .chat_format = t->chat_format[0] ? t->chat_format : NULL};
     FSDP_TRY(fsdp_data_open_opts(&t->data, &dopt));
     FSDP_TRY(fsdp_trainer_data_rows(t, ec)); /* --seq, packing, --epochs (train_data.c) */
     if (t->out && fsdp_data_chat(t->data)[0])

@@ -74,6 +74,9 @@ static fsdp_status ckpt_claim(struct trainer *t)
     uint64_t step = 0;
     fsdp_status st = fsdp_engine_ckpt_describe(&t->sh, cfg->data, cfg->steps, &t->ck_base);
     snprintf(t->ck_base.tokenizer, sizeof t->ck_base.tokenizer, "%s", t->tokenizer);
+    if (t->data) /* how its {"messages"} rows render: a resume renders them so too */
+        snprintf(t->ck_base.chat_format, sizeof t->ck_base.chat_format, "%s",
+                 fsdp_data_chat_format(t->data));
     if (st == FSDP_STATUS_OK && t->model.train_numel < t->model.numel) { /* the frozen part's */
         snprintf(t->ck_base.base, sizeof t->ck_base.base, "%s", cfg->model ? cfg->model : "");
         st = fsdp_ckpt_base_hash(cfg->model, t->model.config, cfg->eng.seed,
@@ -124,15 +127,24 @@ static bool tokenizer_differs(const struct trainer *t)
     return other_file || tokenizer_bytes_differ(t);
 }
 
+/* Whether this run renders {"messages"} rows otherwise than the checkpoint's run did (a
+ * rendering either does not record is not compared). */
+static bool chat_differs(const struct trainer *t)
+{
+    const char *was = t->ck_resume.chat_format, *now = t->ck_base.chat_format;
+    return was[0] && now[0] && strcmp(was, now);
+}
+
 /* Whether this run reads other data than the checkpoint it resumes from
  * says it was trained on (a spec it does not record is not compared; two
- * spellings of one file are the same). */
+ * spellings of one file are the same), or reads it otherwise (tokenizer,
+ * chat format). */
 static bool data_differs(const struct trainer *t)
 {
     const fsdp_ckpt_manifest *m = &t->ck_resume;
     const char *data = t->cfg->data ? t->cfg->data : "";
     bool other_data = m->data[0] && strcmp(m->data, data) && !fsdp_paths_same_file(m->data, data);
-    return other_data || tokenizer_differs(t);
+    return other_data || tokenizer_differs(t) || chat_differs(t);
 }
 
 /* What the user should know about the checkpoint resumed from: where it
@@ -158,10 +170,13 @@ static void resume_notes(const struct trainer *t)
                 (unsigned long long)now);
     if (data_differs(t))
         fprintf(t->out, "note: --allow-data-change: the checkpoint was trained on --data '%s' "
-                        "(--tokenizer '%s'); this run reads '%s' (--tokenizer '%s') from the "
-                        "checkpoint's position\n", m->data, m->tokenizer_recorded ? m->tokenizer
-                                                                                 : "unrecorded",
-                cfg->data ? cfg->data : "", t->tokenizer);
+                        "(--tokenizer '%s'%s%s); this run reads '%s' (--tokenizer '%s'%s%s) "
+                        "from the checkpoint's position\n", m->data,
+                m->tokenizer_recorded ? m->tokenizer : "unrecorded",
+                chat_differs(t) ? ", --chat-format " : "", chat_differs(t) ? m->chat_format : "",
+                cfg->data ? cfg->data : "", t->tokenizer,
+                chat_differs(t) ? ", --chat-format " : "",
+                chat_differs(t) ? t->ck_base.chat_format : "");
 }
 
 /* --resume: the newest complete checkpoint in --ckpt-dir, which every
@@ -194,6 +209,14 @@ static fsdp_status ckpt_find_resume(struct trainer *t)
     const fsdp_ckpt_manifest *m = &t->ck_resume;
     if (t->tok_from_ckpt && m->tokenizer_recorded) /* its copy: the later ones name the same */
         snprintf(t->ck_base.tokenizer, sizeof t->ck_base.tokenizer, "%s", m->tokenizer);
+    if (chat_differs(t) && !cfg->allow_data_change)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "checkpoint '%s' was trained on {\"messages\"} rows rendered with "
+                              "--chat-format %s; this run renders them with %s, other tokens "
+                              "at the position it would resume at: pass --chat-format %s (or "
+                              "none: the checkpoint's), or --allow-data-change to continue on "
+                              "these", t->ck_path, m->chat_format, t->ck_base.chat_format,
+                              m->chat_format);
     if (data_differs(t) && !cfg->allow_data_change)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "checkpoint '%s' was trained on --data '%s' (--tokenizer '%s'); "
@@ -237,6 +260,21 @@ fsdp_status fsdp_trainer_ckpt_tokenizer(struct trainer *t, char *buf, size_t n, 
     if (*found && t->out)
         fprintf(t->out, "tokenizer: %s (the copy the checkpoint to resume carries; --tokenizer "
                 "to choose)\n", buf);
+    return FSDP_STATUS_OK;
+}
+
+fsdp_status fsdp_trainer_ckpt_chat_format(struct trainer *t)
+{
+    const fsdp_train_config *cfg = t->cfg;
+    if (cfg->chat_format || !cfg->resume || !cfg->ckpt_dir) {
+        snprintf(t->chat_format, sizeof t->chat_format, "%s",
+                 cfg->chat_format ? cfg->chat_format : "");
+        return FSDP_STATUS_OK;
+    }
+    FSDP_TRY(fsdp_ckpt_chat_find(cfg->ckpt_dir, t->chat_format, sizeof t->chat_format));
+    if (t->chat_format[0] && t->out)
+        fprintf(t->out, "chat format: %s (the checkpoint's run's; --chat-format to choose)\n",
+                t->chat_format);
     return FSDP_STATUS_OK;
 }
 

@@ -39,7 +39,7 @@ fsdp_status fsdp_trainer_eval_open(struct trainer *t, const fsdp_engine_config *
         return FSDP_STATUS_OK;
     fsdp_data_opts dopt = {.spec = cfg->eval_data, .seed = ec->seed,
                            .tokenizer = t->tokenizer[0] ? t->tokenizer : NULL,
-                           .chat_format = cfg->chat_format};
+                           .chat_format = t->chat_format[0] ? t->chat_format : NULL};
     FSDP_TRY(fsdp_heldout_open(&t->heldout, &dopt, t->data, cfg->data, ec->batch, ec->seq,
                                cfg->eval_steps, t->model.vocab_size));
     t->eval_every = cfg->eval_every > 0 ? cfg->eval_every : cfg->steps / 10;

@@ -81,6 +81,8 @@ struct trainer {
     struct eval_track eval0;  /* the standing the run starts from (a resume: the
                                * checkpoint's, else DIR/BEST's) */
     bool tok_from_ckpt;       /* t->tokenizer is the copy the resumed checkpoint carries */
+    char chat_format[16];     /* --chat-format, else the one the resumed checkpoint's run
+                               * used (its manifest's chat_format), else "": the data's */
 };
 
 /* A job of several processes (train_agree.c): every setting that changes
@@ -122,6 +124,9 @@ fsdp_status fsdp_trainer_ckpt_prepare(struct trainer *t);
  * checkpoint that carries one. A carried tokenizer that no longer matches its manifest
  * is FORMAT (ckpt_tok.h). */
 fsdp_status fsdp_trainer_ckpt_tokenizer(struct trainer *t, char *buf, size_t n, bool *found);
+/* t->chat_format: --chat-format, else (--resume) the one the checkpoint's run rendered
+ * {"messages"} rows with, said on t->out; else "" (the data's default). */
+fsdp_status fsdp_trainer_ckpt_chat_format(struct trainer *t);
 
 /* Write the checkpoint of the state after `done` steps (rank 0 records it
  * in the result and says so). Collective: every rank calls it, with the
