@@ -512,6 +512,10 @@ START_TEST(test_eval_chat_format)
          "unknown chat format 'bogus'"},
         {"sample --model tests/fixtures/llama_gqa --prompt 1,2 --chat-format bogus", 2,
          "unknown chat format 'bogus'"},
+        {"sample --model tests/fixtures/llama_gqa --prompt 1,2 --chat-format llama3", 2,
+         "apply with --chat"},
+        {"sample --model tests/fixtures/llama_gqa --prompt 1,2 --system hi", 2,
+         "apply with --chat"},
     };
     fsdp_test_cli_cases(bad, FSDP_TEST_LEN(bad));
 }

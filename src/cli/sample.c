@@ -372,6 +372,8 @@ int fsdp_cli_sample(int argc, char **argv)
         return fsdp_cli_usage("sample", "need --tokens >= 0, --temperature >= 0 and --seq >= 1");
     if (co.format && fsdp_chat_check_name(co.format) != FSDP_STATUS_OK)
         return fsdp_cli_status("sample", FSDP_STATUS_INVALID_ARG);
+    if ((co.system || co.format) && !co.on)
+        return fsdp_cli_usage("sample", "--system and --chat-format apply with --chat");
     char chat[16]; /* --chat on a checkpoint: its run's --chat-format */
     if (co.on && !co.format) {
         fsdp_status cst = fsdp_ckpt_chat_find(c->model_path, chat, sizeof chat);
@@ -397,7 +399,7 @@ int fsdp_cli_sample(int argc, char **argv)
     if ((st = open_text_io(&io, tokenizer, c->model_path, V, ids_only, found, sizeof found)) !=
         FSDP_STATUS_OK)
         goto fail;
-    if ((co.on || co.system || co.format) && io.kind != TEXT_HF) {
+    if (co.on && io.kind != TEXT_HF) {
         st = fsdp_error_set(FSDP_STATUS_INVALID_ARG, "--chat needs a Hugging Face tokenizer "
                             "(tokenizer.json: --tokenizer, or a model directory that has one)");
         goto fail;
