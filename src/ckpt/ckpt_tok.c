@@ -128,15 +128,28 @@ static bool which_ckpt(const char *value, char *out, size_t n)
            fsdp_ckpt_step_path(out, n, value, step, "") == FSDP_STATUS_OK;
 }
 
-fsdp_status fsdp_ckpt_tok_find(const char *value, char *buf, size_t n, bool *found)
+/* The manifest of the checkpoint `value` names (which_ckpt) into *m, its directory into
+ * ckpt; *is false (OK, m untouched) when value names none. */
+static fsdp_status named_manifest(const char *value, char *ckpt, size_t n, fsdp_ckpt_manifest *m,
+                                  bool *is)
 {
-    char ckpt[FSDP_CKPT_PATH_MAX], manifest[FSDP_CKPT_PATH_MAX + 16];
-    *found = false;
-    if (!value || !which_ckpt(value, ckpt, sizeof ckpt))
+    char manifest[FSDP_CKPT_PATH_MAX + 16];
+    *is = value && which_ckpt(value, ckpt, n);
+    if (!*is)
         return FSDP_STATUS_OK;
     snprintf(manifest, sizeof manifest, "%s/manifest", ckpt);
+    return fsdp_ckpt_manifest_read(manifest, m);
+}
+
+fsdp_status fsdp_ckpt_tok_find(const char *value, char *buf, size_t n, bool *found)
+{
+    char ckpt[FSDP_CKPT_PATH_MAX];
     fsdp_ckpt_manifest m;
-    FSDP_TRY(fsdp_ckpt_manifest_read(manifest, &m));
+    bool is;
+    *found = false;
+    FSDP_TRY(named_manifest(value, ckpt, sizeof ckpt, &m, &is));
+    if (!is)
+        return FSDP_STATUS_OK;
     fsdp_status st = m.n_tok_files ? fsdp_ckpt_tok_verify(ckpt, &m) : FSDP_STATUS_OK;
     if (st == FSDP_STATUS_OK && m.n_tok_files) {
         if (snprintf(buf, n, "%s/%s", ckpt, FSDP_CKPT_TOK_JSON) >= (int)n)
@@ -156,13 +169,13 @@ fsdp_status fsdp_ckpt_tok_for_model(const char *value, char *buf, size_t n, bool
 
 fsdp_status fsdp_ckpt_chat_find(const char *value, char *buf, size_t n)
 {
-    char ckpt[FSDP_CKPT_PATH_MAX], manifest[FSDP_CKPT_PATH_MAX + 16];
-    buf[0] = '\0';
-    if (!value || !which_ckpt(value, ckpt, sizeof ckpt))
-        return FSDP_STATUS_OK;
-    snprintf(manifest, sizeof manifest, "%s/manifest", ckpt);
+    char ckpt[FSDP_CKPT_PATH_MAX];
     fsdp_ckpt_manifest m;
-    FSDP_TRY(fsdp_ckpt_manifest_read(manifest, &m));
+    bool is;
+    buf[0] = '\0';
+    FSDP_TRY(named_manifest(value, ckpt, sizeof ckpt, &m, &is));
+    if (!is)
+        return FSDP_STATUS_OK;
     snprintf(buf, n, "%s", m.chat_format);
     fsdp_ckpt_manifest_free(&m);
     return FSDP_STATUS_OK;

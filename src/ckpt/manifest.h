@@ -45,6 +45,7 @@
 #define FSDP_CKPT_TOK_JSON "tokenizer.json"      /* the tokenizer itself: listed first */
 #define FSDP_CKPT_TOK_BYTES_MAX ((size_t)256 << 20) /* one file's size (Llama 3's: 9 MB) */
 #define FSDP_CKPT_TOK_NAME_MAX 32        /* bytes of one's name, NUL included */
+#define FSDP_CKPT_CHAT_FORMAT_MAX 16     /* bytes of a chat_format name, NUL included */
 
 /* One file of the tokenizer a checkpoint carries (ckpt_tok.h): a
  * `tokenizer_file <name> <bytes> <XXH64, 16 hex digits>` line of a
@@ -129,7 +130,7 @@ typedef struct fsdp_ckpt_manifest {
      * --chat-format name of the renderer it used, "template" (the tokenizer's chat
      * template) or a built-in format's. A resume, and eval and sample of the checkpoint,
      * take it when not given --chat-format. "" : not recorded. */
-    char chat_format[16];
+    char chat_format[FSDP_CKPT_CHAT_FORMAT_MAX];
     /* A run that did not train every weight (optional version-3 lines, written only then):
      * `lora R ALPHA RSLORA TARGETS`, `freeze PATTERNS`, and `base HASH PATH`, the model the
      * frozen parameters come from (they are not in the shard files: the units and their

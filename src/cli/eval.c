@@ -78,7 +78,7 @@ int fsdp_cli_eval(int argc, char **argv)
     }
     if (has_own)
         c->tokenizer = found;
-    char chat[16]; /* a checkpoint's run's --chat-format */
+    char chat[FSDP_CKPT_CHAT_FORMAT_MAX]; /* a checkpoint's run's --chat-format */
     if (!c->chat_format && fsdp_ckpt_chat_find(c->model_path, chat, sizeof chat) !=
                                FSDP_STATUS_OK) {
         fprintf(stderr, "fsdp eval: error: %s\n", fsdp_error_msg());

@@ -374,7 +374,7 @@ int fsdp_cli_sample(int argc, char **argv)
         return fsdp_cli_status("sample", FSDP_STATUS_INVALID_ARG);
     if ((co.system || co.format) && !co.on)
         return fsdp_cli_usage("sample", "--system and --chat-format apply with --chat");
-    char chat[16]; /* --chat on a checkpoint: its run's --chat-format */
+    char chat[FSDP_CKPT_CHAT_FORMAT_MAX]; /* --chat on a checkpoint: its run's --chat-format */
     if (co.on && !co.format) {
         fsdp_status cst = fsdp_ckpt_chat_find(c->model_path, chat, sizeof chat);
         if (cst != FSDP_STATUS_OK)

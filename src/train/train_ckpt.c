@@ -137,14 +137,13 @@ static bool chat_differs(const struct trainer *t)
 
 /* Whether this run reads other data than the checkpoint it resumes from
  * says it was trained on (a spec it does not record is not compared; two
- * spellings of one file are the same), or reads it otherwise (tokenizer,
- * chat format). */
+ * spellings of one file are the same), or through another tokenizer. */
 static bool data_differs(const struct trainer *t)
 {
     const fsdp_ckpt_manifest *m = &t->ck_resume;
     const char *data = t->cfg->data ? t->cfg->data : "";
     bool other_data = m->data[0] && strcmp(m->data, data) && !fsdp_paths_same_file(m->data, data);
-    return other_data || tokenizer_differs(t) || chat_differs(t);
+    return other_data || tokenizer_differs(t);
 }
 
 /* What the user should know about the checkpoint resumed from: where it
@@ -170,13 +169,14 @@ static void resume_notes(const struct trainer *t)
                 (unsigned long long)now);
     if (data_differs(t))
         fprintf(t->out, "note: --allow-data-change: the checkpoint was trained on --data '%s' "
-                        "(--tokenizer '%s'%s%s); this run reads '%s' (--tokenizer '%s'%s%s) "
-                        "from the checkpoint's position\n", m->data,
-                m->tokenizer_recorded ? m->tokenizer : "unrecorded",
-                chat_differs(t) ? ", --chat-format " : "", chat_differs(t) ? m->chat_format : "",
-                cfg->data ? cfg->data : "", t->tokenizer,
-                chat_differs(t) ? ", --chat-format " : "",
-                chat_differs(t) ? t->ck_base.chat_format : "");
+                        "(--tokenizer '%s'); this run reads '%s' (--tokenizer '%s') from the "
+                        "checkpoint's position\n", m->data, m->tokenizer_recorded ? m->tokenizer
+                                                                                 : "unrecorded",
+                cfg->data ? cfg->data : "", t->tokenizer);
+    if (chat_differs(t))
+        fprintf(t->out, "note: --allow-data-change: the checkpoint's run rendered {\"messages\"} "
+                        "rows with --chat-format %s; this run renders them with %s\n",
+                m->chat_format, t->ck_base.chat_format);
 }
 
 /* --resume: the newest complete checkpoint in --ckpt-dir, which every

@@ -81,7 +81,7 @@ struct trainer {
     struct eval_track eval0;  /* the standing the run starts from (a resume: the
                                * checkpoint's, else DIR/BEST's) */
     bool tok_from_ckpt;       /* t->tokenizer is the copy the resumed checkpoint carries */
-    char chat_format[16];     /* --chat-format, else the one the resumed checkpoint's run
+    char chat_format[FSDP_CKPT_CHAT_FORMAT_MAX]; /* --chat-format, else the one the resumed checkpoint's run
                                * used (its manifest's chat_format), else "": the data's */
 };
 
