@@ -95,10 +95,11 @@ static float eval_loss(const char *path)
 {
     fsdp_infer_config ic;
     infer_config_cpu(&ic, path, 2);
-    float mean = 0;
-    fsdp_status st = fsdp_infer_eval(&ic, "synthetic", 1337, 6, &mean, NULL);
+    fsdp_infer_eval_result res;
+    fsdp_status st = fsdp_infer_eval(&ic, "synthetic", 1337, 6, &res);
     REQUIRE(st == FSDP_STATUS_OK, "eval of %s: %s", path, fsdp_error_msg());
-    return mean;
+    free(res.losses);
+    return res.mean;
 }
 
 /* Resume the checkpoints under dir to step 4 (keeping the parameters). */

@@ -309,12 +309,15 @@ START_TEST(test_eval_equals_train_loss)
     for (int N = 1; N <= 3; N++) {
         fsdp_infer_config ic;
         infer_config_cpu(&ic, model, N);
-        float mean = 0, losses[4];
-        fsdp_status st = fsdp_infer_eval(&ic, "synthetic", c.eng.seed, 4, &mean, losses);
+        fsdp_infer_eval_result res;
+        fsdp_status st = fsdp_infer_eval(&ic, "synthetic", c.eng.seed, 4, &res);
         REQUIRE(st == FSDP_STATUS_OK, "eval on %d devices: %s", N, fsdp_error_msg());
-        REQUIRE(!memcmp(&mean, &r.losses[0], 4), "eval on %d devices: %.9g, trainer %.9g", N,
-                (double)mean, (double)r.losses[0]);
-        REQUIRE(losses[0] != losses[1], "batches 0 and 1 give the same loss");
+        REQUIRE(!memcmp(&res.mean, &r.losses[0], 4), "eval on %d devices: %.9g, trainer %.9g",
+                N, (double)res.mean, (double)r.losses[0]);
+        REQUIRE(res.n_batches == 4 && res.n_data == 4 && res.losses[0] != res.losses[1],
+                "%d batches, %d with data; batches 0 and 1 give the same loss", res.n_batches,
+                res.n_data);
+        free(res.losses);
     }
     fsdp_train_result_free(&r);
 }
@@ -340,9 +343,10 @@ START_TEST(test_infer_allocates_no_training_state)
             infer_config_cpu(&ic, model, N);
             ic.compute_dtype = dts[d];
             ic.mem_out = mem;
-            float mean = 0;
-            REQUIRE(fsdp_infer_eval(&ic, "synthetic", 1, 2, &mean, NULL) == FSDP_STATUS_OK,
+            fsdp_infer_eval_result res;
+            REQUIRE(fsdp_infer_eval(&ic, "synthetic", 1, 2, &res) == FSDP_STATUS_OK,
                     "eval: %s", fsdp_error_msg());
+            free(res.losses);
             fsdp_shardmap sm;
             ck_assert_int_eq(fsdp_shardmap_init(&sm, &m, N, FSDP_SHARD_FULL), FSDP_STATUS_OK);
             size_t params = 0;

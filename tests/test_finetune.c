@@ -238,9 +238,10 @@ START_TEST(test_eval_matches_fsdp_eval)
     ic.n_ranks = 1;
     ic.batch = c.eng.batch;
     ic.seq = c.eng.seq;
-    float mean = 0.0f;
-    ck_assert_int_eq(fsdp_infer_eval(&ic, g_eval, c.eng.seed, 3, &mean, NULL), FSDP_STATUS_OK);
-    ck_assert_msg(mean == r.eval_loss, "fsdp eval %.9g, the run's eval loss %.9g", mean,
+    fsdp_infer_eval_result res;
+    ck_assert_int_eq(fsdp_infer_eval(&ic, g_eval, c.eng.seed, 3, &res), FSDP_STATUS_OK);
+    free(res.losses);
+    ck_assert_msg(res.mean == r.eval_loss, "fsdp eval %.9g, the run's eval loss %.9g", res.mean,
                   r.eval_loss);
     fsdp_train_result_free(&r);
 }

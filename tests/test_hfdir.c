@@ -306,8 +306,11 @@ START_TEST(test_ranks_read_their_shards)
     for (int k = 0; k < 2; k++) {
         fsdp_infer_config ic;
         infer_config_cpu(&ic, paths[k], N);
-        REQUIRE(fsdp_infer_eval(&ic, "synthetic", 3, 3, &loss[k], NULL) == FSDP_STATUS_OK, "%s",
+        fsdp_infer_eval_result res;
+        REQUIRE(fsdp_infer_eval(&ic, "synthetic", 3, 3, &res) == FSDP_STATUS_OK, "%s",
                 fsdp_error_msg());
+        loss[k] = res.mean;
+        free(res.losses);
     }
     REQUIRE(!memcmp(&loss[0], &loss[1], 4), "eval of the directory %.9g, of the file %.9g",
             (double)loss[0], (double)loss[1]);
@@ -472,7 +475,8 @@ START_TEST(test_eval_chat_format)
     fclose(f);
     int rc = fsdp_test_cli(out, sizeof out, "train --model %s/hf --data %s/chat.jsonl --eval-data "
                            "%s/chat.jsonl --chat-format llama3 --steps 2 --eval-every 2 --batch 2 "
-                           "--seq 48 --ckpt-dir %s/ck --log %s/m.jsonl --quiet --backend cpu",
+                           "--seq 32 --precision bf16 --ckpt-dir %s/ck --log %s/m.jsonl --quiet "
+                           "--backend cpu",
                            dir, dir, dir, dir, dir);
     REQUIRE(rc == 0, "train: rc %d: %s", rc, out);
     unsigned char *log = read_file(path_in(dir, "m.jsonl"), &n);
@@ -481,33 +485,55 @@ START_TEST(test_eval_chat_format)
     char logged[32];
     snprintf(logged, sizeof logged, "%.6g", strtod(at + 12, NULL));
     free(log);
-    char e[3][1024];
-    static const char *const flags[3] = {"", "--chat-format llama3", "--chat-format template"};
-    for (int k = 0; k < 3; k++) {
+    char e[5][1024];
+    /* without flags: the run's rendering, --batch, --seq (which cuts some examples) and
+     * --precision, and the batches that read the file once, as the run's --eval-data figure
+     * was taken; another rendering, sequence length or precision gives another figure */
+    static const char *const flags[5] = {"", "--batch 2 --chat-format llama3",
+                                         "--chat-format template", "--seq 64",
+                                         "--precision fp32"};
+    for (int k = 0; k < 5; k++) {
         rc = fsdp_test_cli(e[k], sizeof e[k], "eval --model %s/ck/step_00000002 --data "
-                           "%s/chat.jsonl --batch 2 --seq 48 --steps 3 %s --backend cpu", dir,
-                           dir, flags[k]);
-        REQUIRE(rc == 0 && strstr(e[k], k < 2 ? "chat: built-in chat format llama3"
-                                              : "chat: chat template of"),
+                           "%s/chat.jsonl %s --backend cpu", dir, dir, flags[k]);
+        REQUIRE(rc == 0 && strstr(e[k], k != 2 ? "chat: built-in chat format llama3"
+                                               : "chat: chat template of"),
                 "eval %s: rc %d: %s", flags[k], rc, e[k]);
+        REQUIRE(strstr(e[k], k == 1 ? "defaults: --seq 32 --precision bf16 (the checkpoint's "
+                                      "run's"
+                                    : "defaults: --batch 2 --seq 32 --precision bf16 (")
+                    ? k < 3 : k >= 3, "eval %s: %s", flags[k], e[k]);
         const char *mean = strstr(e[k], "mean loss ");
         bool same = mean && !strncmp(mean + 10, logged, strlen(logged)) &&
                     mean[10 + strlen(logged)] == ' ';
         REQUIRE(same == (k < 2), "eval %s: '%s'; the run logged %s", flags[k], e[k], logged);
+        REQUIRE(k != 0 || strstr(e[k], " batches of 2 x 32 tokens"), "%s", e[k]);
     }
+    /* a model that is no checkpoint: --seq defaults to the longest example rounded up to 64,
+     * as train's; batches past the end of the rows are said to be, not counted */
+    rc = fsdp_test_cli(out, sizeof out, "eval --model %s/hf --data %s/chat.jsonl --chat-format "
+                       "llama3 --batch 8 --steps 5 --per-batch --backend cpu", dir, dir);
+    REQUIRE(rc == 0 && strstr(out, "seq: 64 (default: the longest example") &&
+                strstr(out, "batch 0 loss ") && strstr(out, "batch 4: past the end of the data") &&
+                strstr(out, "over 1 batch of 8 x 64 tokens") && !strstr(out, "no target"),
+            "rc %d: %s", rc, out);
+    rc = fsdp_test_cli(out, sizeof out, "eval --model %s/hf --data synthetic --pack on "
+                       "--backend cpu", dir);
+    REQUIRE(rc == 2 && strstr(out, "only example rows"), "rc %d: %s", rc, out);
     /* a resume renders as the checkpoint's run did, and refuses another format */
     rc = fsdp_test_cli(out, sizeof out, "train --model %s/hf --data %s/chat.jsonl --steps 3 "
-                       "--batch 2 --seq 48 --ckpt-dir %s/ck --resume --chat-format template "
-                       "--backend cpu", dir, dir, dir);
+                       "--batch 2 --seq 32 --precision bf16 --ckpt-dir %s/ck --resume "
+                       "--chat-format template --backend cpu", dir, dir, dir);
     REQUIRE(rc == 2 && strstr(out, "rendered with --chat-format llama3"), "rc %d: %s", rc, out);
     rc = fsdp_test_cli(out, sizeof out, "train --model %s/hf --data %s/chat.jsonl --steps 3 "
-                       "--batch 2 --seq 48 --ckpt-dir %s/ck --resume --backend cpu", dir, dir,
+                       "--batch 2 --seq 32 --precision bf16 --ckpt-dir %s/ck --resume "
+                       "--backend cpu", dir, dir,
                        dir);
     REQUIRE(rc == 0 && strstr(out, "chat format: llama3 (the checkpoint's run's") &&
                 strstr(out, "chat: built-in chat format llama3"), "rc %d: %s", rc, out);
     static const fsdp_test_cli_case bad[] = {
         {"eval --model tests/fixtures/llama_gqa --data synthetic --chat-format bogus", 2,
          "unknown chat format 'bogus'"},
+        {"eval --model tests/fixtures/llama_gqa --data synthetic --steps 0", 2, "--steps >= 1"},
         {"train --model tiny --data synthetic --chat-format bogus --steps 1", 2,
          "unknown chat format 'bogus'"},
         {"sample --model tests/fixtures/llama_gqa --prompt 1,2 --chat-format bogus", 2,

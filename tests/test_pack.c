@@ -469,22 +469,34 @@ START_TEST(test_eval_packed)
     /* `fsdp eval` of the file (the weights are the model file's: lr 0) reads it once too:
      * 6 batches of 2 give the held-out figure of batch 2 bit for bit, 11 of 1 that of batch
      * 1; before it read the rows as a stream, its 6th batch held the 11th example and the
-     * first again, counted twice (a mean 6e-5 off here: the check below fails then) */
-    static const struct { int batch, steps, run; } evals[] = {{2, 6, 2}, {1, 11, 0}};
-    for (int i = 0; i < 2; i++) {
+     * first again, counted twice (a mean 6e-5 off here: the check below fails then). Without
+     * a count it reads the file once (packed by default, as the trainer packs: run 1's figure,
+     * bit for bit) */
+    static const struct { int pack, batch, steps, run; } evals[] = {
+        {FSDP_TRAIN_PACK_OFF, 2, 6, 2}, {FSDP_TRAIN_PACK_OFF, 1, 11, 0},
+        {FSDP_TRAIN_PACK_OFF, 1, 0, 0}, {FSDP_TRAIN_PACK_AUTO, 2, 0, 1}};
+    for (int i = 0; i < 4; i++) {
         fsdp_infer_config ic;
         fsdp_infer_config_default(&ic);
         ic.model_path = model;
         ic.backend = FSDP_BACKEND_CPU;
         ic.n_ranks = 2;
         ic.batch = evals[i].batch;
+        ic.pack = evals[i].pack;
         ic.seq = 64;
         ic.tokenizer = TOK;
-        float mean = 0.0f;
-        ck_assert_msg(fsdp_infer_eval(&ic, eval, seed, evals[i].steps, &mean, NULL) ==
+        fsdp_infer_eval_result res;
+        ck_assert_msg(fsdp_infer_eval(&ic, eval, seed, evals[i].steps, &res) ==
                           FSDP_STATUS_OK, "%s", fsdp_error_msg());
-        ck_assert_msg(mean == loss[evals[i].run], "fsdp eval batch %d: %.9g, the held-out "
-                      "loss %.9g", evals[i].batch, mean, loss[evals[i].run]);
+        free(res.losses);
+        ck_assert_msg(res.mean == loss[evals[i].run], "fsdp eval batch %d: %.9g, the held-out "
+                      "loss %.9g", evals[i].batch, res.mean, loss[evals[i].run]);
+        /* the default count reads the file once: 11 rows of one example, or fewer packed */
+        ck_assert_msg(evals[i].steps || (res.n_batches == res.n_data &&
+                                         res.packed == (evals[i].pack == FSDP_TRAIN_PACK_AUTO) &&
+                                         (res.packed ? res.n_batches < 6 : res.n_batches == 11)),
+                      "eval %d: %d batches, %d with data, packed %d", i, res.n_batches,
+                      res.n_data, res.packed);
     }
 }
 END_TEST

@@ -167,16 +167,18 @@ fsdp_status fsdp_ckpt_tok_for_model(const char *value, char *buf, size_t n, bool
     return *found ? FSDP_STATUS_OK : fsdp_ckpt_tok_find(value, buf, n, found);
 }
 
-fsdp_status fsdp_ckpt_chat_find(const char *value, char *buf, size_t n)
+fsdp_status fsdp_ckpt_run_find(const char *value, fsdp_ckpt_run *out)
 {
     char ckpt[FSDP_CKPT_PATH_MAX];
     fsdp_ckpt_manifest m;
-    bool is;
-    buf[0] = '\0';
-    FSDP_TRY(named_manifest(value, ckpt, sizeof ckpt, &m, &is));
-    if (!is)
+    memset(out, 0, sizeof *out);
+    FSDP_TRY(named_manifest(value, ckpt, sizeof ckpt, &m, &out->found));
+    if (!out->found)
         return FSDP_STATUS_OK;
-    snprintf(buf, n, "%s", m.chat_format);
+    snprintf(out->chat_format, sizeof out->chat_format, "%s", m.chat_format);
+    snprintf(out->compute_dtype, sizeof out->compute_dtype, "%s", m.compute_dtype);
+    out->batch = m.batch;
+    out->seq = m.seq;
     fsdp_ckpt_manifest_free(&m);
     return FSDP_STATUS_OK;
 }

@@ -1,8 +1,8 @@
 /*
  * ckpt_tok.h - the tokenizer a checkpoint carries, so that `sample`,
  * `eval` and `convert` of a checkpoint find it without --tokenizer (and
- * the chat format its run rendered {"messages"} rows with, without
- * --chat-format).
+ * what its run chose that they default to: the chat format it rendered
+ * {"messages"} rows with, its --seq, --batch and --precision).
  *
  * A run that reads its data through a Hugging Face tokenizer.json (and
  * `convert` of a directory that has one into a checkpoint) copies that
@@ -66,10 +66,19 @@ fsdp_status fsdp_ckpt_tok_find(const char *value, char *buf, size_t n, bool *fou
  * tokenizer files no longer match its manifest is FORMAT saying so. */
 fsdp_status fsdp_ckpt_tok_for_model(const char *value, char *buf, size_t n, bool *found);
 
-/* The --chat-format the run of the checkpoint `value` names (one complete checkpoint, or a
- * --ckpt-dir: its newest) rendered its {"messages"} rows with (its manifest's chat_format
- * line), into buf: "" when value is no checkpoint or records none. A manifest that does not
+/* What the run of a checkpoint chose that `eval`, `sample` and a resume take as their
+ * defaults, so that they read the data as the run did. */
+typedef struct fsdp_ckpt_run {
+    bool found;               /* value names a checkpoint (else the rest is zero) */
+    char chat_format[FSDP_CKPT_CHAT_FORMAT_MAX]; /* how it rendered {"messages"} rows (its
+                                                  * manifest's chat_format line; "" none) */
+    int batch, seq;           /* its --batch (per device) and --seq */
+    char compute_dtype[8];    /* its --precision: fp32 | bf16 */
+} fsdp_ckpt_run;
+
+/* The run of the checkpoint `value` names (one complete checkpoint, or a --ckpt-dir: its
+ * newest) into *out; out->found false (OK) when value names none. A manifest that does not
  * read is that error. */
-fsdp_status fsdp_ckpt_chat_find(const char *value, char *buf, size_t n);
+fsdp_status fsdp_ckpt_run_find(const char *value, fsdp_ckpt_run *out);
 
 #endif /* FSDP_CKPT_CKPT_TOK_H */

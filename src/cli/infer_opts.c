@@ -30,7 +30,7 @@ void fsdp_infer_opts_table(fsdp_infer_opts *io, fsdp_opt_list *l)
     fsdp_opt_add_int(l, "devices", &io->devices, 1, FSDP_MAX_RANKS, "N",
                      "shard the model over N devices = ranks (default 1)");
     fsdp_opt_add(l, "precision", FSDP_OPT_STR, &io->precision, "fp32|bf16",
-                 "compute dtype (default fp32)");
+                 "compute dtype (default fp32; eval of a checkpoint: its run's)");
     fsdp_opt_add(l, "device-mem", FSDP_OPT_SIZE, &io->cfg.device_mem, "BYTES",
                  "per-device memory cap, e.g. 24GiB (default none)");
     fsdp_cli_add_cpu_streams(l, &io->cfg.cpu_streams);

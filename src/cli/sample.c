@@ -374,12 +374,12 @@ int fsdp_cli_sample(int argc, char **argv)
         return fsdp_cli_status("sample", FSDP_STATUS_INVALID_ARG);
     if ((co.system || co.format) && !co.on)
         return fsdp_cli_usage("sample", "--system and --chat-format apply with --chat");
-    char chat[FSDP_CKPT_CHAT_FORMAT_MAX]; /* --chat on a checkpoint: its run's --chat-format */
+    fsdp_ckpt_run run; /* --chat on a checkpoint: its run's --chat-format */
     if (co.on && !co.format) {
-        fsdp_status cst = fsdp_ckpt_chat_find(c->model_path, chat, sizeof chat);
+        fsdp_status cst = fsdp_ckpt_run_find(c->model_path, &run);
         if (cst != FSDP_STATUS_OK)
             return fsdp_cli_status("sample", cst);
-        co.format = chat[0] ? chat : NULL;
+        co.format = run.chat_format[0] ? run.chat_format : NULL;
     }
     struct text_io io = {0};
     int *ids = NULL, *out = NULL, n_ids = 0, n_out = 0, stop[4], n_stop = 0;

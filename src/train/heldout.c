@@ -29,9 +29,7 @@ static const char *data_kind(const fsdp_data *d, const char *spec)
     return "token shards";
 }
 
-/* The micro-batches that read the set once (ceil for examples, over their rows, packed
- * or not: the last batch's rows past the end are padding, fsdp_data_set_one_pass). */
-static int whole_file_batches(const fsdp_data *d, int B, int T)
+int fsdp_heldout_batches(const fsdp_data *d, int B, int T)
 {
     fsdp_data_layout lay;
     fsdp_data_layout_get(d, T, &lay);
@@ -90,7 +88,7 @@ fsdp_status fsdp_heldout_open(fsdp_heldout *h, const fsdp_data_opts *opts, const
         return st;
     }
     fsdp_data_set_one_pass(h->data); /* each example counts once */
-    h->n_batches = eval_steps > 0 ? eval_steps : whole_file_batches(h->data, B, T);
+    h->n_batches = eval_steps > 0 ? eval_steps : fsdp_heldout_batches(h->data, B, T);
     h->rows = (uint64_t)B * (uint64_t)T;
     return FSDP_STATUS_OK;
 }

@@ -47,6 +47,12 @@ fsdp_status fsdp_heldout_open(fsdp_heldout *h, const fsdp_data_opts *opts, const
                               const char *train_spec, int B, int T, int eval_steps,
                               int vocab_size);
 
+/* The micro-batches of B x T that read d once, at most FSDP_HELDOUT_MAX_DEFAULT (the
+ * --eval-steps and `fsdp eval --steps` default): ceil(rows / B) for example rows, over
+ * their rows as laid out for T (packed or not; the last batch's rows past the end are
+ * padding, fsdp_data_set_one_pass); tokens / (B*T) for streams; at least 1. */
+int fsdp_heldout_batches(const fsdp_data *d, int B, int T);
+
 /* The held-out loss of e's current parameters into *loss on every rank:
  * the mean over the unmasked targets of the n_batches micro-batches.
  * Collective over the job's n_ranks ranks (forwards, then one

@@ -25,7 +25,9 @@
 #include "core/world.h"
 #include "device/cpu.h"
 #include "train/adapt.h"
+#include "train/heldout.h"
 #include "train/infer.h"
+#include "train/train.h"
 
 #define SAMPLE_RNG_STREAM 0x73616d706c65ull /* "sample" */
 
@@ -100,18 +102,55 @@ static fsdp_status infer_open(struct infer *r)
                          : FSDP_STATUS_OK;
 }
 
-/* The engine's shared part for micro-batches of (B, T) (T = 0: 64 or the
- * context if shorter) over the opened model; data may be NULL. */
+/* Example rows packed several to a row of T (cfg->pack, as the trainer's --pack): by
+ * default when the model's attention takes positions (train_data.c's rule). */
+static fsdp_status infer_pack(struct infer *r, int T, bool *packed)
+{
+    bool can = r->model.iface->state_positions != NULL;
+    *packed = false;
+    if (r->cfg->pack == FSDP_TRAIN_PACK_ON && !can)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "--pack on: model '%s' (family %s) cannot keep packed examples "
+                              "apart; use --pack off", r->cfg->model_path,
+                              r->model.family->name);
+    if (r->cfg->pack == FSDP_TRAIN_PACK_ON && !fsdp_data_masked(r->data))
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
+                              "--pack on: only example rows (prompt/completion or messages "
+                              ".jsonl rows) are packed; this data is one token stream already "
+                              "cut into rows of --seq");
+    if (!fsdp_data_masked(r->data) || r->cfg->pack == FSDP_TRAIN_PACK_OFF || !can)
+        return FSDP_STATUS_OK;
+    FSDP_TRY(fsdp_data_pack(r->data, T));
+    *packed = true;
+    return FSDP_STATUS_OK;
+}
+
+/* --seq 0 on data: example rows' fsdp_train_seq_examples below the smaller of the context
+ * and FSDP_TRAIN_SEQ_CAP, as training's default; else 64 or the context if shorter. */
+static int infer_seq_default(struct infer *r)
+{
+    int ctx = r->model.max_seq_len, T = ctx < 64 ? ctx : 64;
+    if (!r->data || !fsdp_data_masked(r->data))
+        return T;
+    T = fsdp_train_seq_examples(r->data, ctx < FSDP_TRAIN_SEQ_CAP ? ctx : FSDP_TRAIN_SEQ_CAP);
+    if (r->cfg->note)
+        fprintf(r->cfg->note, "seq: %d (default: the longest example, %llu tokens, rounded up to "
+                "a multiple of %d, at most the model's context, %d; --seq to choose)\n", T,
+                (unsigned long long)fsdp_data_longest(r->data), FSDP_TRAIN_SEQ_ROUND, ctx);
+    return T;
+}
+
+/* The engine's shared part for micro-batches of (B, T) (T = 0: infer_seq_default) over
+ * the opened model; data may be NULL. */
 static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed, int B, int T)
 {
     const fsdp_infer_config *cfg = r->cfg;
     const fsdp_model *m = &r->model;
-    if (T == 0)
-        T = m->max_seq_len < 64 ? m->max_seq_len : 64;
     if (T > m->max_seq_len)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "--seq %d is longer than the model's context of %d (%s)", T,
                               m->max_seq_len, cfg->model_path);
+    bool packed = false;
     if (data) {
         fsdp_data_opts dopt = {.spec = data, .seed = seed, .tokenizer = cfg->tokenizer,
                                .chat_format = cfg->chat_format};
@@ -128,6 +167,11 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
          * rows past the file are padding, not the first examples again, so every example
          * counts once in the mean when --steps x --batch covers the file */
         fsdp_data_set_one_pass(r->data);
+        if (T == 0)
+            T = infer_seq_default(r);
+        FSDP_TRY(infer_pack(r, T, &packed));
+    } else if (T == 0) {
+        T = infer_seq_default(r);
     }
     fsdp_engine_config ec = {
         .backend = cfg->backend,
@@ -142,6 +186,7 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
         .device_mem = cfg->device_mem,
         .batch = B,
         .seq = T,
+        .positions = packed,   /* packed rows restart attention and positions per example */
         .grad_accum = 1,
         .seed = seed,
         .cpu_streams = cfg->cpu_streams,
@@ -194,43 +239,62 @@ fail:
 }
 
 fsdp_status fsdp_infer_eval(const fsdp_infer_config *cfg, const char *data, uint64_t seed,
-                            int n_batches, float *mean_loss, float *losses)
+                            int n_batches, fsdp_infer_eval_result *out)
 {
-    if (!cfg || !data || !mean_loss || n_batches < 1 || cfg->batch < 1 || cfg->seq < 0)
+    memset(out, 0, sizeof *out);
+    if (!cfg || !data || n_batches < 0 || cfg->batch < 1 || cfg->seq < 0)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "eval needs a model, data, --steps >= 1, --batch >= 1, --seq >= 1");
-    struct infer r = {.cfg = cfg, .n_batches = n_batches};
+    struct infer r = {.cfg = cfg};
     fsdp_status st;
-    r.losses = calloc((size_t)n_batches, sizeof *r.losses);
-    r.counts = calloc((size_t)n_batches, sizeof *r.counts);
-    if (!r.losses || !r.counts) {
-        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for %d losses", n_batches);
-        goto fail;
-    }
     FSDP_CHECK(infer_open(&r));
     FSDP_CHECK(infer_setup(&r, data, seed, cfg->batch, cfg->seq));
+    int B = r.sh.cfg.batch, T = r.sh.cfg.seq, S = n_batches;
+    bool examples = fsdp_data_masked(r.data);
+    fsdp_data_layout lay;
+    fsdp_data_layout_get(r.data, T, &lay);
+    if (S == 0) /* the file once, as the held-out set's default (synthetic: endless) */
+        S = examples || fsdp_data_n_tokens(r.data) ? fsdp_heldout_batches(r.data, B, T) : 10;
+    uint64_t filled = examples ? (lay.n_rows + (uint64_t)B - 1) / (uint64_t)B : (uint64_t)S;
+    r.n_batches = S;
+    r.losses = calloc((size_t)S, sizeof *r.losses);
+    r.counts = calloc((size_t)S, sizeof *r.counts);
+    out->losses = malloc((size_t)S * sizeof *out->losses);
+    if (!r.losses || !r.counts || !out->losses) {
+        st = fsdp_error_set(FSDP_STATUS_OOM, "out of host memory for %d losses", S);
+        goto fail;
+    }
     FSDP_CHECK(fsdp_world_launch(r.w, eval_rank, &r));
     /* masked targets (example rows): means over the unmasked ones, as the trainer takes them */
-    uint64_t rows = (uint64_t)r.sh.cfg.batch * (uint64_t)r.sh.cfg.seq, total = 0;
-    for (int m = 0; m < n_batches; m++)
+    uint64_t rows = (uint64_t)B * (uint64_t)T, total = 0;
+    for (int m = 0; m < S; m++)
         total += r.counts[m];
     if (total == 0) { /* a mean over nothing is not a loss of 0 */
         uint64_t cut, none;
-        fsdp_data_truncated(r.data, r.sh.cfg.seq, &cut, &none);
+        fsdp_data_truncated(r.data, T, &cut, &none);
         st = fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                             "nothing to evaluate: no row of the %d batches holds a completion or "
                             "assistant token within --seq %d (%llu of the %llu examples in '%s' "
-                            "have none); raise --seq (the model takes up to %d)", n_batches,
-                            r.sh.cfg.seq, (unsigned long long)none,
+                            "have none); raise --seq (the model takes up to %d)", S, T,
+                            (unsigned long long)none,
                             (unsigned long long)fsdp_data_n_examples(r.data), data,
                             r.model.max_seq_len);
         goto fail;
     }
-    *mean_loss = fsdp_engine_mean_loss(r.losses, n_batches, rows, total);
-    for (int m = 0; losses && m < n_batches; m++)
-        losses[m] = r.counts[m] ? fsdp_engine_mean_loss(&r.losses[m], 1, rows, r.counts[m])
-                                : NAN;
+    out->mean = fsdp_engine_mean_loss(r.losses, S, rows, total);
+    for (int m = 0; m < S; m++)
+        out->losses[m] = r.counts[m] ? fsdp_engine_mean_loss(&r.losses[m], 1, rows, r.counts[m])
+                                     : NAN;
+    out->n_batches = S;
+    out->n_data = filled < (uint64_t)S ? (int)filled : S;
+    out->batch = B;
+    out->seq = T;
+    out->packed = fsdp_data_packed(r.data) > 0;
 fail:
+    if (st != FSDP_STATUS_OK) {
+        free(out->losses);
+        memset(out, 0, sizeof *out);
+    }
     free(r.counts);
     free(r.losses);
     infer_free(&r);

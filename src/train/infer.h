@@ -13,6 +13,7 @@
 #ifndef FSDP_TRAIN_INFER_H
 #define FSDP_TRAIN_INFER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -29,9 +30,11 @@ typedef struct fsdp_infer_config {
     size_t device_mem;         /* per-device cap, 0 = none */
     int cpu_streams;           /* cpu: fsdp_cpu_streams (device/cpu.h); 0 = the environment's */
     int batch;                 /* eval: sequences per micro-batch */
-    int seq;                   /* eval: T (0: 64 or the model's context if shorter);
+    int seq;                   /* eval: T (0: by the data, fsdp_infer_eval);
                                 * sample: context window (0: the model's) */
     const char *tokenizer;     /* eval: tokenizer.json for .txt/.jsonl data, or NULL */
+    int pack;                  /* eval: example rows, the trainer's --pack (train.h's
+                                * FSDP_TRAIN_PACK_*; AUTO: packed when the model can) */
     const char *chat_format;   /* eval: how {"messages"} rows are rendered, as the trainer's
                                 * --chat-format (data.h; NULL: the tokenizer's) */
     FILE *note;                /* eval: where to say how {"messages"} rows were rendered
@@ -40,26 +43,42 @@ typedef struct fsdp_infer_config {
                                 * after its last forward */
 } fsdp_infer_config;
 
-/* Defaults: cpu (cuda if visible), 1 rank, fp32, batch 8, seq 0 (eval: 64
- * or the model's context if shorter; sample: the model's context). */
+/* Defaults: cpu (cuda if visible), 1 rank, fp32, batch 8, seq 0 (eval: by
+ * the data, fsdp_infer_eval; sample: the model's context), pack AUTO. */
 void fsdp_infer_config_default(fsdp_infer_config *cfg);
+
+/* What fsdp_infer_eval measured. */
+typedef struct fsdp_infer_eval_result {
+    float mean;                /* the mean loss over the batches' unmasked targets */
+    int n_batches;             /* micro-batches evaluated: the count asked for, or the default */
+    int n_data;                /* of them, those holding rows of the data: n_batches, fewer when
+                                * example rows (read once) end before the last batch */
+    int batch, seq;            /* B and T of each micro-batch (seq: as given, or the default) */
+    bool packed;               /* example rows packed several to a row */
+    float *losses;             /* [n_batches], malloc'd (the caller frees it): each batch's own
+                                * unmasked mean, NAN for a batch without any target */
+} fsdp_infer_eval_result;
 
 /* Mean next-token loss over micro-batches 0 .. n_batches-1 of `data` (a
  * spec as for fsdp_data_open; the numbering of fsdp_engine_step, so batch
  * m holds the tokens the trainer's micro-batch m holds for the same B, T
  * and seed), summed in the trainer's balanced tree over m: for the same
  * batches the result equals the trainer's step loss bit for bit, for any
- * number of ranks. Example rows (prompt/completion, chat) count only
+ * number of ranks. n_batches 0: the batches that read the file once, at most
+ * FSDP_HELDOUT_MAX_DEFAULT (heldout.h; the held-out set's default), 10 of the
+ * synthetic task. cfg->seq 0: for example rows the trainer's default (the
+ * longest example rounded up, train.h), else 64 or the context if shorter;
+ * cfg->note hears which. Example rows (prompt/completion, chat) count only
  * their unmasked targets: the mean is over those (fsdp_engine_mean_loss),
- * and are read once, as the held-out set is: the rows past the file's end
- * are padding, so n_batches x B >= the examples counts each exactly once
- * (the trainer's --eval-data figure for the same B and T, bit for bit).
- * losses (optional) receives each batch's loss (its own unmasked mean;
- * NAN for a batch without any). INVALID_ARG when no batch holds a target
- * (every example cut at --seq before its completion): nothing to
- * evaluate, never a mean of 0. */
+ * are packed as the trainer packs them (cfg->pack) and are read once, as the
+ * held-out set is: the rows past the file's end are padding, so n_batches x B
+ * >= the rows counts each example exactly once (the trainer's --eval-data
+ * figure for the same B, T, packing and batch count, bit for bit).
+ * INVALID_ARG when no batch holds a target (every example cut at --seq
+ * before its completion): nothing to evaluate, never a mean of 0. On
+ * failure *out holds nothing. */
 fsdp_status fsdp_infer_eval(const fsdp_infer_config *cfg, const char *data, uint64_t seed,
-                            int n_batches, float *mean_loss, float *losses);
+                            int n_batches, fsdp_infer_eval_result *out);
 
 typedef struct fsdp_sample_config {
     const int *prompt;         /* n_prompt >= 1 token ids < vocab */

@@ -125,6 +125,12 @@ extern const fsdp_name_table fsdp_train_pack_names;
 #define FSDP_TRAIN_SEQ_CAP 2048
 #define FSDP_TRAIN_SEQ_ROUND 64
 
+/* The default --seq on data d below a sequence length of T (the model's context, at most
+ * the cap): for example rows the longest example's input positions (its tokens less the
+ * last, which is only a target) rounded up to a multiple of FSDP_TRAIN_SEQ_ROUND when that
+ * is shorter than T; else T. */
+int fsdp_train_seq_examples(const fsdp_data *d, int T);
+
 /* Defaults for every field (the `fsdp train` defaults). */
 void fsdp_train_config_default(fsdp_train_config *cfg);
 

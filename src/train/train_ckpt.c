@@ -271,7 +271,9 @@ fsdp_status fsdp_trainer_ckpt_chat_format(struct trainer *t)
                  cfg->chat_format ? cfg->chat_format : "");
         return FSDP_STATUS_OK;
     }
-    FSDP_TRY(fsdp_ckpt_chat_find(cfg->ckpt_dir, t->chat_format, sizeof t->chat_format));
+    fsdp_ckpt_run run;
+    FSDP_TRY(fsdp_ckpt_run_find(cfg->ckpt_dir, &run));
+    snprintf(t->chat_format, sizeof t->chat_format, "%s", run.chat_format);
     if (t->chat_format[0] && t->out)
         fprintf(t->out, "chat format: %s (the checkpoint's run's; --chat-format to choose)\n",
                 t->chat_format);

@@ -27,18 +27,23 @@ static const fsdp_name pack_names[] = {
 };
 const fsdp_name_table fsdp_train_pack_names = FSDP_NAME_TABLE(pack_names);
 
-/* cfg->seq_auto on example data: the longest example's input positions (its
- * tokens less the last, which is only a target) rounded up to a multiple of
- * FSDP_TRAIN_SEQ_ROUND, when that is below the default; the header line says
- * which. */
+int fsdp_train_seq_examples(const fsdp_data *d, int T)
+{
+    if (!fsdp_data_masked(d))
+        return T;
+    uint64_t longest = fsdp_data_longest(d), need = longest > 1 ? longest - 1 : 1;
+    uint64_t r = (need + FSDP_TRAIN_SEQ_ROUND - 1) / FSDP_TRAIN_SEQ_ROUND * FSDP_TRAIN_SEQ_ROUND;
+    return r < (uint64_t)T ? (int)r : T;
+}
+
+/* cfg->seq_auto on example data: fsdp_train_seq_examples of the default; the header line
+ * says which. */
 static void seq_default(struct trainer *t, fsdp_engine_config *ec)
 {
-    bool examples = fsdp_data_masked(t->data);
-    uint64_t longest = examples ? fsdp_data_longest(t->data) : 0;
-    uint64_t need = longest > 1 ? longest - 1 : 1;
-    uint64_t r = (need + FSDP_TRAIN_SEQ_ROUND - 1) / FSDP_TRAIN_SEQ_ROUND * FSDP_TRAIN_SEQ_ROUND;
-    if (examples && r < (uint64_t)ec->seq) {
-        ec->seq = (int)r;
+    int r = fsdp_train_seq_examples(t->data, ec->seq);
+    if (r < ec->seq) {
+        uint64_t longest = fsdp_data_longest(t->data);
+        ec->seq = r;
         t->run.eng.seq = ec->seq;
         if (t->out)
             fprintf(t->out, "seq: %d (default: the longest example, %llu tokens, rounded up to "
