@@ -47,6 +47,7 @@
 #include "ops/nf4.h"
 #include "testutil.h"
 #include "train/adapt.h"
+#include "train/plan.h"
 #include "train_util.h"
 
 #define BF16_DIR "tests/fixtures/bnb4/bf16"
@@ -235,6 +236,36 @@ START_TEST(test_train_as_quantize)
     ck_assert_int_eq(st, FSDP_STATUS_INVALID_ARG);
     ck_assert_msg(strstr(fsdp_error_msg(), "stored in 4 bits") &&
                       strstr(fsdp_error_msg(), "--lora"), "%s", fsdp_error_msg());
+    fsdp_error_clear();
+}
+END_TEST
+
+/* `fsdp plan` of the bnb-4bit directory plans the run train makes of it: its linear weights
+ * NF4 without --quantize (the plan had counted them dense, in the compute dtype: 44% more
+ * parameter bytes on a Qwen2 walk-through), to the byte on each device; and a plan without
+ * adapters is refused, as the run is. */
+START_TEST(test_plan_as_train)
+{
+    fsdp_train_config c;
+    fsdp_train_result r;
+    qlora_config(&c, NF4_DIR, 2);
+    c.keep_params = false;
+    run_ok_as(&c, &r, "the bnb-4bit directory");
+    fsdp_plan p;
+    ck_assert_msg(fsdp_plan_run(&c, c.steps, &p) == FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    ck_assert_int_eq(p.n_ranks, r.n_ranks);
+    ck_assert_msg(p.nf4_numel > 0, "the plan stores no weight in NF4");
+    for (int k = 0; k < p.n_ranks; k++)
+        for (int m = 0; m < FSDP_MEM_KIND_COUNT; m++)
+            ck_assert_msg(p.ranks[k].mem.peak_kind_bytes[m] == r.stats[k].mem.peak_kind_bytes[m],
+                          "device %d, %s at the peak: plan %zu, run %zu", k,
+                          fsdp_mem_kind_name((fsdp_mem_kind)m), p.ranks[k].mem.peak_kind_bytes[m],
+                          r.stats[k].mem.peak_kind_bytes[m]);
+    fsdp_plan_free(&p);
+    fsdp_train_result_free(&r);
+    c.lora.r = 0;
+    ck_assert_int_eq(fsdp_plan_run(&c, c.steps, &p), FSDP_STATUS_INVALID_ARG);
+    ck_assert_msg(strstr(fsdp_error_msg(), "stored in 4 bits"), "%s", fsdp_error_msg());
     fsdp_error_clear();
 }
 END_TEST
@@ -650,7 +681,8 @@ int main(void)
     const fsdp_test_tcase tcases[] = {
         {"read", 30, FSDP_TESTS(test_read_dequantized, test_read_nf4_same_bytes)},
         {"train", 60, .tmpdir = true,
-         FSDP_TESTS(FSDP_TEST_LOOP(test_train_as_quantize, 2), test_eval_dequantized)},
+         FSDP_TESTS(FSDP_TEST_LOOP(test_train_as_quantize, 2), test_eval_dequantized,
+                    test_plan_as_train)},
         {"write", 60, .tmpdir = true,
          FSDP_TESTS(test_write_as_transformers, test_write_fp32, test_write_sharded,
                     test_write_lora_merged, test_write_state_json, test_write_refused)},

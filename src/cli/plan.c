@@ -254,6 +254,11 @@ int fsdp_cli_plan(int argc, char **argv)
     }
     if (c->trace_path && !json)
         printf("trace written to %s\n", c->trace_path);
+    if (c->seq_auto && !json) /* train lowers it once it reads the rows: a plan reads none */
+        printf("seq %d: train's default on .jsonl data before it reads them; on example rows "
+               "train lowers it to the\nlongest example rounded up to a multiple of %d (its "
+               "header's seq: line) and packs them: give that --seq and --pack on to plan that run\n", c->eng.seq,
+               FSDP_TRAIN_SEQ_ROUND);
     fsdp_plan_free(&plan);
     return fsdp_cli_flush("plan");
 }
