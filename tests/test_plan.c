@@ -958,6 +958,59 @@ START_TEST(test_shardmap_table)
 }
 END_TEST
 
+/* `fsdp shardmap` with train's --lora, --freeze and --quantize shows the shard map a run of
+ * them builds: on the bnb-4bit fixture (NF4 without --quantize, as train keeps it) the
+ * adapters trainable, norms and embeddings frozen, the linear weights NF4, each segment
+ * labelled, every parameter's rows on the last rank as the engine's map has them; and the
+ * JSON names each parameter's segment. */
+START_TEST(test_shardmap_lora)
+{
+    static const char *const dir = "tests/fixtures/bnb4/nf4";
+    fsdp_lora_config lora = {.r = 4, .alpha = 8, .targets = "q_proj,v_proj"};
+    fsdp_model m;
+    fsdp_shardmap sm;
+    ck_assert_msg(fsdp_adapt_shape(dir, &lora, "model.norm.weight", FSDP_QUANT_NONE, &m) ==
+                      FSDP_STATUS_OK, "%s", fsdp_error_msg());
+    ck_assert_int_eq(fsdp_shardmap_init(&sm, &m, 2, FSDP_SHARD_FULL), FSDP_STATUS_OK);
+    ck_assert(sm.numel > 0 && sm.frozen_numel > 0 && sm.nf4_numel > 0);
+    static char out[1 << 16];
+    int rc = fsdp_test_cli(out, sizeof out, "shardmap --model %s --devices 2 --lora 4 "
+                           "--freeze model.norm.weight --params", dir);
+    ck_assert_msg(rc == 0 && strstr(out, "segments: trainable "), "rc %d: %s", rc, out);
+    static const char *const seg_label[] = {"trainable ", "frozen    ", "nf4       "};
+    for (int u = 0; u < sm.n_units; u++)
+        for (int i = 0; i < sm.units[u].n_params; i++) {
+            const fsdp_shard_param *sp = &sm.units[u].params[i];
+            size_t r0 = sp->shard_rows < sp->rows ? sp->shard_rows : sp->rows;
+            char want[160];
+            snprintf(want, sizeof want, "%s[%zu:%zu)", sp->spec->name, r0, sp->rows);
+            const char *at = strstr(out, want);
+            ck_assert_msg(at, "no rows %s in\n%s", want, out);
+            /* the nearest label before it on rank 1's lines is its segment's */
+            const char *label = NULL;
+            for (int k = 0; k < 3; k++)
+                for (const char *p = strstr(out, seg_label[k]); p && p < at;
+                     p = strstr(p + 1, seg_label[k]))
+                    if (!label || p > label)
+                        label = p;
+            ck_assert_msg(label && !strncmp(label, seg_label[sp->seg], 10), "%s is not under "
+                          "'%s'", want, seg_label[sp->seg]);
+        }
+    ck_assert(strstr(out, "q_proj.lora_A.weight") && strstr(out, "nf4       "));
+    rc = fsdp_test_cli(out, sizeof out, "shardmap --model %s --devices 2 --lora 4 --json", dir);
+    ck_assert_msg(rc == 0 && strstr(out, "\"segment\":\"nf4\"") &&
+                      strstr(out, "\"segment\":\"trainable\""), "rc %d: %s", rc, out);
+    static const fsdp_test_cli_case bad[] = {
+        {"shardmap --model tests/fixtures/bnb4/nf4", 2, "stored in 4 bits"},
+        {"shardmap --lora-alpha 8", 2, "give --lora R too"},
+        {"shardmap --model small --quantize nf4", 2, "--quantize nf4"},
+    };
+    fsdp_test_cli_cases(bad, FSDP_TEST_LEN(bad));
+    fsdp_shardmap_free(&sm);
+    fsdp_model_free(&m);
+}
+END_TEST
+
 /* ---- traces ---------------------------------------------------------------------- */
 
 struct span {
@@ -1308,7 +1361,7 @@ int main(void)
          FSDP_TESTS(test_plan_70b_fast_and_formulas, test_plan_formula_text,
                     test_offload_grads_on_host, test_plan_fit_verdict, test_plan_json,
                     test_plan_svg)},
-        {"shardmap", FSDP_TESTS(test_shardmap_json, test_shardmap_table)},
+        {"shardmap", FSDP_TESTS(test_shardmap_json, test_shardmap_table, test_shardmap_lora)},
         {"trace", 600, .tmpdir = true,
          FSDP_TESTS(test_trace_train, test_trace_offload_workers, test_trace_plan)},
         {"plot", 600, .tmpdir = true,

@@ -39,6 +39,30 @@ static const fsdp_name prefetch_names[] = {
 };
 const fsdp_name_table fsdp_prefetch_names = FSDP_NAME_TABLE(prefetch_names);
 
+void fsdp_run_opts_adapt_table(fsdp_run_opts *ro, fsdp_opt_list *l)
+{
+    fsdp_train_config *c = &ro->cfg;
+    ro->lora_alpha = NAN;
+    fsdp_opt_add_int(l, "lora", &c->lora.r, 1, 4096, "R",
+                     "train LoRA adapters of rank R on a frozen base (PEFT's LoRA: y = x W^T + "
+                     "alpha/R (x A^T) B^T; A Kaiming-uniform, B zero)");
+    fsdp_opt_add(l, "lora-alpha", FSDP_OPT_FLOAT, &ro->lora_alpha, "A",
+                 "LoRA's alpha: the branch is scaled by alpha / R (default 2 x R)");
+    fsdp_opt_add(l, "lora-targets", FSDP_OPT_STR, &ro->lora_targets, "LIST",
+                 "the linear layers that get adapters, PEFT's target_modules: module names "
+                 "(q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj), or all-linear "
+                 "(every linear layer but the LM head) (default q_proj,v_proj)");
+    fsdp_opt_add(l, "rslora", FSDP_OPT_FLAG, &c->lora.rslora, NULL,
+                 "rank-stabilised LoRA: scale by alpha / sqrt(R)");
+    fsdp_opt_add(l, "freeze", FSDP_OPT_STR, &c->freeze, "PATTERN[,...]",
+                 "parameters not to train, by Hugging Face tensor name with * globs (e.g. "
+                 "model.embed_tokens.weight,model.layers.*.mlp.*): no gradient, optimizer state "
+                 "or reduction, kept in the compute dtype");
+    fsdp_opt_add_name(l, "quantize", &c->quantize, &fsdp_quant_names,
+                      "how frozen linear weights are stored, sharded and gathered (QLoRA: "
+                      "--lora R --quantize nf4); a bnb-4bit model's are NF4 whatever this says");
+}
+
 void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
 {
     memset(ro, 0, sizeof *ro);
@@ -123,32 +147,12 @@ void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l)
                      fsdp_optim_flag_help(fsdp_optim_flag_at(i), flag_help[i],
                                           sizeof flag_help[i]));
     }
-    /* LoRA and frozen parameters (models/lora.h) */
-    ro->lora_alpha = NAN;
-    fsdp_opt_add_int(l, "lora", &c->lora.r, 1, 4096, "R",
-                     "train LoRA adapters of rank R on a frozen base (PEFT's LoRA: y = x W^T + "
-                     "alpha/R (x A^T) B^T; A Kaiming-uniform, B zero)");
-    fsdp_opt_add(l, "lora-alpha", FSDP_OPT_FLOAT, &ro->lora_alpha, "A",
-                 "LoRA's alpha: the branch is scaled by alpha / R (default 2 x R)");
-    fsdp_opt_add(l, "lora-targets", FSDP_OPT_STR, &ro->lora_targets, "LIST",
-                 "the linear layers that get adapters, PEFT's target_modules: module names "
-                 "(q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj), or all-linear "
-                 "(every linear layer but the LM head) (default q_proj,v_proj)");
-    fsdp_opt_add(l, "rslora", FSDP_OPT_FLAG, &c->lora.rslora, NULL,
-                 "rank-stabilised LoRA: scale by alpha / sqrt(R)");
-    fsdp_opt_add(l, "freeze", FSDP_OPT_STR, &c->freeze, "PATTERN[,...]",
-                 "parameters not to train, by Hugging Face tensor name with * globs (e.g. "
-                 "model.embed_tokens.weight,model.layers.*.mlp.*): no gradient, optimizer state "
-                 "or reduction, kept in the compute dtype");
-    fsdp_opt_add_name(l, "quantize", &c->quantize, &fsdp_quant_names,
-                      "how frozen linear weights are stored, sharded and gathered (QLoRA: "
-                      "--lora R --quantize nf4); a bnb-4bit model's are NF4 whatever this says");
+    fsdp_run_opts_adapt_table(ro, l);
     fsdp_opt_add(l, "seed", FSDP_OPT_U64, &e->seed, "S",
                  "seed for initialisation and data (default 1337)");
 }
 
-/* --lora's settings into cfg.lora, checked (models/lora.h); nonzero after a usage error. */
-static int fsdp_run_opts_lora(const char *cmd, fsdp_run_opts *ro)
+int fsdp_run_opts_adapt_finish(const char *cmd, fsdp_run_opts *ro)
 {
     fsdp_lora_config *lc = &ro->cfg.lora;
     bool given = !isnan(ro->lora_alpha) || ro->lora_targets || lc->rslora;
@@ -182,7 +186,7 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
     e->comm = (fsdp_comm_kind)ro->comm;
     e->accum = (fsdp_accum_mode)ro->accum;
     e->positions = ro->cfg.pack == FSDP_TRAIN_PACK_ON; /* else the trainer's data decides */
-    if (fsdp_run_opts_lora(cmd, ro) != 0)
+    if (fsdp_run_opts_adapt_finish(cmd, ro) != 0)
         return 2;
     if (fsdp_cli_cpu_streams_finish(cmd, e->cpu_streams, e->backend) != 0)
         return 2;

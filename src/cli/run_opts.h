@@ -31,6 +31,13 @@ extern const fsdp_name_table fsdp_prefetch_names;
 /* Defaults, and the shared options appended to l. */
 void fsdp_run_opts_table(fsdp_run_opts *ro, fsdp_opt_list *l);
 
+/* The fragment of that list that says what a run trains of its --model: --lora,
+ * --lora-alpha, --lora-targets, --rslora, --freeze and --quantize (also `fsdp shardmap`'s),
+ * and its check: --lora's settings into cfg.lora (models/lora.h); 0, or 2 after a usage
+ * error. */
+void fsdp_run_opts_adapt_table(fsdp_run_opts *ro, fsdp_opt_list *l);
+int fsdp_run_opts_adapt_finish(const char *cmd, fsdp_run_opts *ro);
+
 /* Copy the choices into the config and check how they combine (backend
  * and device count, nodes and processes, transport, model and sequence
  * length, tokens per micro-batch). The job's ranks are --devices x nodes:

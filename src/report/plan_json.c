@@ -128,8 +128,15 @@ void fsdp_plan_shardmap_table(FILE *f, const fsdp_shardmap *sm, const char *mode
     for (int u = 0; u < sm->n_units; u++)
         padded += sm->units[u].padded_numel + sm->units[u].frozen_padded +
                   sm->units[u].nf4_padded;
-    fprintf(f, "  %zu elements in all after padding (+%zu, %.2f%%)\n\n", padded, padded - real,
+    fprintf(f, "  %zu elements in all after padding (+%zu, %.2f%%)\n", padded, padded - real,
             real ? 100.0 * (double)(padded - real) / (double)real : 0.0);
+    bool mixed = sm->frozen_numel + sm->nf4_numel > 0;
+    if (mixed)
+        fprintf(f, "  segments: trainable %zu, frozen %zu (the compute dtype), nf4 %zu (4-bit "
+                   "codes and absmax)\n  elements; each unit's segments are sharded and gathered "
+                   "in buffers of their own, the trainable one alone reduced\n", sm->numel, sm->frozen_numel,
+                sm->nf4_numel);
+    fputc('\n', f);
     fprintf(f, "%-10s %6s %12s %12s %12s %5s %12s\n", "unit", "params", "numel", "padded",
             "shard", "rank", "real");
     for (int u = 0; u < sm->n_units; u++) {
@@ -144,18 +151,24 @@ void fsdp_plan_shardmap_table(FILE *f, const fsdp_shardmap *sm, const char *mode
             fprintf(f, " %5d %12zu\n", r, rank_real(sm, u, r));
             if (!params)
                 continue;
-            /* each parameter's rows on this rank */
-            int col = 0;
+            /* each parameter's rows on this rank, a line per segment when there are several */
+            int col = 0, seg = -1;
             for (int i = 0; i < su->n_params; i++) {
                 const fsdp_shard_param *sp = &su->params[i];
                 size_t r0, r1;
                 param_rows(sm, sp, r, &r0, &r1);
                 char slice[128];
                 int len = snprintf(slice, sizeof slice, "%s[%zu:%zu)", sp->spec->name, r0, r1);
+                if (mixed && (int)sp->seg != seg && col) {
+                    fputc('\n', f);
+                    col = 0;
+                }
+                seg = (int)sp->seg;
+                int w = mixed ? 10 : 5; /* "trainable " or "rows " */
                 if (col == 0)
-                    col = fprintf(f, "%8s%s", "", "rows ");
+                    col = fprintf(f, "%8s%-*s", "", w, mixed ? seg_names[seg] : "rows");
                 else if (col + len > 118)
-                    col = fprintf(f, "\n%13s", "") - 1;
+                    col = fprintf(f, "\n%*s", 8 + w, "") - 1;
                 else
                     col += fprintf(f, " ");
                 col += fprintf(f, "%s", slice);

@@ -109,6 +109,23 @@ fsdp_status fsdp_adapt_quantize(fsdp_adapt *a, fsdp_model *m, fsdp_quant q)
     return fsdp_model_relayout(m);
 }
 
+fsdp_status fsdp_adapt_shape(const char *model, const fsdp_lora_config *lora,
+                             const char *freeze, fsdp_quant q, fsdp_model *m)
+{
+    fsdp_modelfile *mf = NULL;
+    memset(m, 0, sizeof *m);
+    FSDP_TRY(fsdp_modelfile_resolve(model, m, &mf));
+    fsdp_adapt a;
+    fsdp_status st = fsdp_adapt_apply(&a, m, mf, lora, freeze, NULL, 0);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_adapt_quantize(&a, m, q);
+    fsdp_adapt_free(&a);
+    fsdp_modelfile_close(mf); /* bound to m: closed first */
+    if (st != FSDP_STATUS_OK)
+        fsdp_model_free(m);
+    return st;
+}
+
 /* Blocks [lo, hi) of NF4 parameter p (unit coordinates, whole blocks) from
  * its initialiser: the whole parameter drawn and quantized, as the double
  * quantization needs every block's absmax. */

@@ -64,6 +64,14 @@ extern const fsdp_name_table fsdp_quant_names;
  * --freeze), or a weight cannot be (models/model.h's relayout). */
 fsdp_status fsdp_adapt_quantize(fsdp_adapt *a, fsdp_model *m, fsdp_quant q);
 
+/* The shape of the model a run of `model` (a --model value) trains with these adapters,
+ * freeze patterns and --quantize, for a plan or a shard map: nothing but a model file's
+ * headers is read, and whether it stores NF4 weights (a bnb-4bit directory's are NF4
+ * whatever q says) counts as in the run. *m is the caller's to free; the errors are
+ * fsdp_modelfile_resolve's, fsdp_adapt_apply's and fsdp_adapt_quantize's. */
+fsdp_status fsdp_adapt_shape(const char *model, const fsdp_lora_config *lora,
+                             const char *freeze, fsdp_quant q, fsdp_model *m);
+
 /* fsdp_engine_shared.init_nf4_fn for an adapted model; arg is the fsdp_adapt:
  * NF4 shards from the base's file (quantized there when it holds floats), or
  * the base's initialisers quantized. */

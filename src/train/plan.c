@@ -93,7 +93,6 @@ fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *ou
     pl.cfg = &run;
     fsdp_model model;
     memset(&model, 0, sizeof model);
-    fsdp_modelfile *mf = NULL;
     fsdp_world *w = NULL;
     fsdp_status st;
     out->eng = *ec;
@@ -103,16 +102,9 @@ fsdp_status fsdp_plan_run(const fsdp_train_config *cfg, int steps, fsdp_plan *ou
     out->n_nodes = ec->n_nodes > 1 ? ec->n_nodes : 1;
     snprintf(out->model, sizeof out->model, "%s", cfg->model ? cfg->model : "?");
     /* a model file gives its shape, and whether it stores NF4 weights (a bnb-4bit
-     * directory's are NF4 whatever --quantize says, as train keeps them): its headers are
-     * read, no weights */
-    FSDP_CHECK(fsdp_modelfile_resolve(cfg->model, &model, &mf));
-    fsdp_adapt adapt;
-    st = fsdp_adapt_apply(&adapt, &model, mf, &cfg->lora, cfg->freeze, NULL, ec->seed);
-    if (st == FSDP_STATUS_OK)
-        st = fsdp_adapt_quantize(&adapt, &model, (fsdp_quant)cfg->quantize);
-    fsdp_adapt_free(&adapt);
-    if (st != FSDP_STATUS_OK)
-        goto fail;
+     * directory's are NF4 whatever --quantize says, as train keeps them): no weights read */
+    FSDP_CHECK(fsdp_adapt_shape(cfg->model, &cfg->lora, cfg->freeze, (fsdp_quant)cfg->quantize,
+                                &model));
     out->numel = model.numel;
     out->n_units = model.n_units;
     out->ranks = calloc((size_t)ec->n_ranks, sizeof *out->ranks);
@@ -144,7 +136,6 @@ fail:
     pl.sh.trace = NULL;
     if (pl.sh.sm.units)
         fsdp_engine_shared_free(&pl.sh);
-    fsdp_modelfile_close(mf); /* bound to the model: closed first */
     if (model.units)
         fsdp_model_free(&model);
     fsdp_world_free(w);
