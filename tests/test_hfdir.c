@@ -533,7 +533,8 @@ START_TEST(test_eval_chat_format)
     static const fsdp_test_cli_case bad[] = {
         {"eval --model tests/fixtures/llama_gqa --data synthetic --chat-format bogus", 2,
          "unknown chat format 'bogus'"},
-        {"eval --model tests/fixtures/llama_gqa --data synthetic --steps 0", 2, "--steps >= 1"},
+        {"eval --model tests/fixtures/llama_gqa --data synthetic --steps 0", 2, "--steps"},
+        {"eval --model tests/fixtures/llama_gqa --data synthetic --batch -1", 2, "--batch"},
         {"train --model tiny --data synthetic --chat-format bogus --steps 1", 2,
          "unknown chat format 'bogus'"},
         {"sample --model tests/fixtures/llama_gqa --prompt 1,2 --chat-format bogus", 2,

@@ -11,6 +11,7 @@
  * else as a checkpoint's run rendered them (its manifest says), else in
  * the tokenizer's own format, and stderr says which rendering was used.
  */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@
 
 /* Defaults a checkpoint's run chose (--batch, --seq, --precision, --chat-format), so the
  * loss is over the tokens and in the dtype of its --eval-data figure; stderr names them. */
-static int run_defaults(fsdp_infer_opts *io, const char *precision)
+static int run_defaults(fsdp_infer_opts *io)
 {
     fsdp_infer_config *c = &io->cfg;
     fsdp_ckpt_run run;
@@ -41,7 +42,7 @@ static int run_defaults(fsdp_infer_opts *io, const char *precision)
         return 0;
     char taken[96] = "";
     size_t k = 0;
-    if (c->batch < 0 && run.batch > 0) {
+    if (c->batch == 0 && run.batch > 0) {
         c->batch = run.batch;
         k += (size_t)snprintf(taken + k, sizeof taken - k, " --batch %d", run.batch);
     }
@@ -50,7 +51,7 @@ static int run_defaults(fsdp_infer_opts *io, const char *precision)
         k += (size_t)snprintf(taken + k, sizeof taken - k, " --seq %d", run.seq);
     }
     int v;
-    if (!precision && fsdp_names_parse(&fsdp_dtype_names, 0, run.compute_dtype, &v) ==
+    if (!io->precision && fsdp_names_parse(&fsdp_dtype_names, 0, run.compute_dtype, &v) ==
                           FSDP_STATUS_OK) {
         c->compute_dtype = (fsdp_dtype)v;
         snprintf(taken + k, sizeof taken - k, " --precision %s", run.compute_dtype);
@@ -68,11 +69,11 @@ int fsdp_cli_eval(int argc, char **argv)
     fsdp_infer_opts_table(&io, &l);
     fsdp_infer_config *c = &io.cfg;
     const char *data = NULL;
-    int steps = -1; /* -1, -1: not given */
+    int steps = 0; /* not given: the file once */
     uint64_t seed = 1337;
     bool per_batch = false;
     c->seq = 0;
-    c->batch = -1; /* not given: a checkpoint's run's, else 8 */
+    c->batch = 0; /* not given: a checkpoint's run's, else 8 */
     fsdp_opt_add(
         &l, "data", FSDP_OPT_STR, &data, "synthetic|FILE.txt|FILE.jsonl|'GLOB.bin'",
         "evaluation data: the synthetic task, a text file (bytes, or tokens with --tokenizer), "
@@ -92,16 +93,16 @@ int fsdp_cli_eval(int argc, char **argv)
     fsdp_opt_add_name(&l, "pack", &c->pack, &fsdp_train_pack_names,
                       "example (.jsonl prompt/completion, messages) rows, as train's --pack: the "
                       "same loss either way, packed rows take fewer batches");
-    fsdp_opt_add(&l, "batch", FSDP_OPT_INT, &c->batch, "B",
-                 "sequences per micro-batch (default: a checkpoint's run's --batch, else 8)");
+    fsdp_opt_add_int(&l, "batch", &c->batch, 1, INT_MAX, "B",
+                     "sequences per micro-batch (default: a checkpoint's run's --batch, else 8)");
     fsdp_opt_add(&l, "seq", FSDP_OPT_INT, &c->seq, "T",
                  "sequence length (default: a checkpoint's run's --seq; else on example rows "
                  "train's default, the longest example rounded up to a multiple of 64; else 64, "
                  "or the model's context if shorter)");
-    fsdp_opt_add(&l, "steps", FSDP_OPT_INT, &steps, "S",
-                 "micro-batches to average over: 0 .. S-1, numbered as the trainer numbers them "
-                 "(default: those that read the data once, at most 50, as train's --eval-steps; "
-                 "10 of the synthetic task)");
+    fsdp_opt_add_int(&l, "steps", &steps, 1, INT_MAX, "S",
+                     "micro-batches to average over: 0 .. S-1, numbered as the trainer numbers "
+                     "them (default: those that read the data once, at most 50, as train's "
+                     "--eval-steps; 10 of the synthetic task)");
     fsdp_opt_add(&l, "seed", FSDP_OPT_U64, &seed, "S",
                  "data seed, as for train (synthetic task; default 1337)");
     fsdp_opt_add(&l, "per-batch", FSDP_OPT_FLAG, &per_batch, "",
@@ -118,8 +119,8 @@ int fsdp_cli_eval(int argc, char **argv)
     }
     if (c->chat_format && fsdp_chat_check_name(c->chat_format) != FSDP_STATUS_OK)
         return fsdp_cli_status("eval", FSDP_STATUS_INVALID_ARG);
-    if (steps == 0 || steps < -1 || c->batch == 0 || c->batch < -1 || c->seq < 0)
-        return fsdp_cli_usage("eval", "need --steps >= 1, --batch >= 1 and --seq >= 1");
+    if (c->seq < 0)
+        return fsdp_cli_usage("eval", "need --seq >= 1");
     char found[4096];
     bool has_own = false; /* a Hugging Face directory's or a checkpoint's */
     if (!c->tokenizer &&
@@ -130,13 +131,13 @@ int fsdp_cli_eval(int argc, char **argv)
     }
     if (has_own && strcmp(data, "synthetic")) /* the synthetic task is byte-level text */
         c->tokenizer = found;
-    if ((rc = run_defaults(&io, io.precision)))
+    if ((rc = run_defaults(&io)))
         return rc;
-    if (c->batch < 0)
+    if (c->batch == 0)
         c->batch = 8;
     c->note = stderr;
     fsdp_infer_eval_result res;
-    fsdp_status st = fsdp_infer_eval(c, data, seed, steps < 0 ? 0 : steps, &res);
+    fsdp_status st = fsdp_infer_eval(c, data, seed, steps, &res);
     if (st != FSDP_STATUS_OK) {
         fprintf(stderr, "fsdp eval: error: %s\n", fsdp_error_msg());
         return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
