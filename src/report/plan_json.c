@@ -134,8 +134,8 @@ void fsdp_plan_shardmap_table(FILE *f, const fsdp_shardmap *sm, const char *mode
     if (mixed)
         fprintf(f, "  segments: trainable %zu, frozen %zu (the compute dtype), nf4 %zu (4-bit "
                    "codes and absmax)\n  elements; each unit's segments are sharded and gathered "
-                   "in buffers of their own, the trainable one alone reduced\n", sm->numel, sm->frozen_numel,
-                sm->nf4_numel);
+                   "in buffers of their own, the trainable one alone reduced\n",
+                sm->numel, sm->frozen_numel, sm->nf4_numel);
     fputc('\n', f);
     fprintf(f, "%-10s %6s %12s %12s %12s %5s %12s\n", "unit", "params", "numel", "padded",
             "shard", "rank", "real");

@@ -102,29 +102,6 @@ static fsdp_status infer_open(struct infer *r)
                          : FSDP_STATUS_OK;
 }
 
-/* Example rows packed several to a row of T (cfg->pack, as the trainer's --pack): by
- * default when the model's attention takes positions (train_data.c's rule). */
-static fsdp_status infer_pack(struct infer *r, int T, bool *packed)
-{
-    bool can = r->model.iface->state_positions != NULL;
-    *packed = false;
-    if (r->cfg->pack == FSDP_TRAIN_PACK_ON && !can)
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "--pack on: model '%s' (family %s) cannot keep packed examples "
-                              "apart; use --pack off", r->cfg->model_path,
-                              r->model.family->name);
-    if (r->cfg->pack == FSDP_TRAIN_PACK_ON && !fsdp_data_masked(r->data))
-        return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
-                              "--pack on: only example rows (prompt/completion or messages "
-                              ".jsonl rows) are packed; this data is one token stream already "
-                              "cut into rows of --seq");
-    if (!fsdp_data_masked(r->data) || r->cfg->pack == FSDP_TRAIN_PACK_OFF || !can)
-        return FSDP_STATUS_OK;
-    FSDP_TRY(fsdp_data_pack(r->data, T));
-    *packed = true;
-    return FSDP_STATUS_OK;
-}
-
 /* --seq 0 on data: example rows' fsdp_train_seq_examples below the smaller of the context
  * and FSDP_TRAIN_SEQ_CAP, as training's default; else 64 or the context if shorter. */
 static int infer_seq_default(struct infer *r)
@@ -169,7 +146,7 @@ static fsdp_status infer_setup(struct infer *r, const char *data, uint64_t seed,
         fsdp_data_set_one_pass(r->data);
         if (T == 0)
             T = infer_seq_default(r);
-        FSDP_TRY(infer_pack(r, T, &packed));
+        FSDP_TRY(fsdp_train_pack_rows(m, cfg->model_path, r->data, cfg->pack, T, &packed));
     } else if (T == 0) {
         T = infer_seq_default(r);
     }

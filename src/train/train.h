@@ -120,6 +120,13 @@ typedef struct fsdp_train_result {
 enum { FSDP_TRAIN_PACK_AUTO = 0, FSDP_TRAIN_PACK_ON, FSDP_TRAIN_PACK_OFF };
 extern const fsdp_name_table fsdp_train_pack_names;
 
+/* Pack the example rows of d into rows of T (fsdp_data_pack) as --pack `pack` says: AUTO
+ * packs them when model m's attention takes positions (models/model.h's state_positions: a
+ * family without them cannot keep packed examples apart), ON always, refusing such a model
+ * (`model` names it) and data that is a token stream; *packed says whether it did. */
+fsdp_status fsdp_train_pack_rows(const fsdp_model *m, const char *model, fsdp_data *d, int pack,
+                                 int T, bool *packed);
+
 /* The default --seq of a pre-trained model (a file or directory) on .jsonl data: at most
  * the cap, and for example rows their longest rounded up to a multiple of the round. */
 #define FSDP_TRAIN_SEQ_CAP 2048

@@ -81,27 +81,34 @@ static fsdp_status check_targets(const struct trainer *t, const fsdp_engine_conf
     return FSDP_STATUS_OK;
 }
 
-/* Pack example rows unless cfg->pack or the model says otherwise. A family whose
- * interface takes no token positions (model.h's state_positions: both families here take
- * them) cannot keep packed examples apart: each would attend to the ones before it in its
- * row. */
-static fsdp_status pack(struct trainer *t, fsdp_engine_config *ec)
+fsdp_status fsdp_train_pack_rows(const fsdp_model *m, const char *model, fsdp_data *d, int pack,
+                                 int T, bool *packed)
 {
-    const fsdp_train_config *cfg = t->cfg;
-    bool can = t->model.iface->state_positions != NULL;
-    if (cfg->pack == FSDP_TRAIN_PACK_ON && !can)
+    bool can = m->iface->state_positions != NULL;
+    *packed = false;
+    if (pack == FSDP_TRAIN_PACK_ON && !can)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "--pack on: model '%s' (family %s) cannot keep packed examples "
                               "apart (its attention has no document mask and it reads "
                               "positions by column, so an example would attend to the ones "
                               "before it in its row); use --pack off, its default (one example "
                               "per row, padded), or a model of a family that packs (llama, gpt2)",
-                              cfg->model, t->model.family->name);
-    if (cfg->pack == FSDP_TRAIN_PACK_ON ||
-        (cfg->pack == FSDP_TRAIN_PACK_AUTO && can && fsdp_data_masked(t->data))) {
-        FSDP_TRY(fsdp_data_pack(t->data, ec->seq));
-        ec->positions = t->run.eng.positions = true; /* the plan of this run counts them */
+                              model, m->family->name);
+    if (pack == FSDP_TRAIN_PACK_ON ||
+        (pack == FSDP_TRAIN_PACK_AUTO && can && fsdp_data_masked(d))) {
+        FSDP_TRY(fsdp_data_pack(d, T)); /* refuses a token stream */
+        *packed = true;
     }
+    return FSDP_STATUS_OK;
+}
+
+static fsdp_status pack(struct trainer *t, fsdp_engine_config *ec)
+{
+    bool packed;
+    FSDP_TRY(fsdp_train_pack_rows(&t->model, t->cfg->model, t->data, t->cfg->pack, ec->seq,
+                                  &packed));
+    if (packed)
+        ec->positions = t->run.eng.positions = true; /* the plan of this run counts them */
     return FSDP_STATUS_OK;
 }
 
