@@ -8,7 +8,8 @@
  * and gradient norm (the metrics log, printed exactly) and the final
  * parameters (the last checkpoint, converted to an llm.c file and compared
  * byte for byte), for every strategy (hybrid too: 2 nodes, a power of
- * two), with offload, accumulation, clipping and bf16. Checkpoints written
+ * two), with offload, accumulation, clipping and bf16, and for LoRA on an
+ * NF4 base (its adapters, as `convert --to peft` writes them). Checkpoints written
  * by 2 x 2 resume on 1 x 3 and on 3 x 1 as one written by 1 x 4 does. A
  * rank's failure ends every process within seconds, naming the rank, its
  * process and host, the collective and the unit; so does a process killed
@@ -249,6 +250,55 @@ START_TEST(test_hybrid_checkpoint_resumes_full)
     ck_assert_msg(access(path, F_OK) != 0, "the second node wrote %s", path);
     train_both_here_same(ref, a, common, "--devices 4 --steps 3 --resume",
                          "hybrid 2 x 2 resumed on 1 x 4 full");
+}
+END_TEST
+
+/* ---- LoRA on a frozen NF4 base across processes ---------------------------------------- */
+
+/* The adapters of the newest checkpoint in dir/ck as the safetensors bytes
+ * of a PEFT directory, written to dir/peft_<k> (the frozen base is not in a
+ * LoRA checkpoint's parameters). */
+static char *final_adapters(const char *dir, int k, size_t *len)
+{
+    static char out[1 << 14];
+    int rc = shell(out, sizeof out, 60, NULL, "cd %s && %s convert ck peft_%d --to peft", dir,
+                   fsdp_bin, k);
+    ck_assert_msg(rc == 0, "convert --to peft in %s: exit %d:\n%s", dir, rc, out);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/peft_%d/adapter_model.safetensors", dir, k);
+    return fsdp_test_read_file(path, len);
+}
+
+/* QLoRA written by 2 processes x 2 devices (optimizer offload,
+ * accumulation) is 1 x 4's run bit for bit, and both resume on 1 x 1 alike:
+ * the same losses and norms, the same adapters. */
+START_TEST(test_lora_2x2_equals_1x4_and_resumes_on_1x1)
+{
+    SKIP_UNLESS_MPIRUN();
+    char ref[4096], a[4096], args[1024];
+    const char *common = "--model llama-tiny --lora 4 --quantize nf4 --seq 16 --batch 2 --eval 0 "
+                         "--lr 1e-2 --deterministic --offload optimizer --log m.jsonl "
+                         "--ckpt-dir ck";
+    train_ref_and_job(ref, a, sizeof ref, common, "--devices 4 --grad-accum 2 --steps 2",
+                      "--devices 2 --grad-accum 2 --steps 2");
+    for (int k = 0; k < 2; k++) {
+        if (k == 1) { /* global batch 16 = 2 x 4 x 2 = 2 x 1 x 8 */
+            snprintf(args, sizeof args, "%s --devices 1 --grad-accum 8 --steps 3 --resume",
+                     common);
+            train_here(ref, args);
+            train_here(a, args);
+        }
+        const char *what = k ? "LoRA 2 x 2 resumed on 1 x 1" : "LoRA 2 x 2 against 1 x 4";
+        char *la = log_steps(ref), *lb = log_steps(a);
+        ck_assert_msg(!strcmp(la, lb), "%s: losses or norms differ:\n%s\nvs\n%s", what, la,
+                      lb);
+        ck_assert_msg(strstr(la, k ? "\"step\":3," : "\"step\":2,"), "%s: %s", what, la);
+        size_t na, nb;
+        char *pa = final_adapters(ref, k, &na), *pb = final_adapters(a, k, &nb);
+        ck_assert_msg(na > 0 && na == nb && !memcmp(pa, pb, na), "%s: the adapters differ",
+                      what);
+        free(la), free(lb), free(pa), free(pb);
+    }
 }
 END_TEST
 
@@ -571,6 +621,7 @@ int main(void)
         {"mpirun", FSDP_TEST_TSAN || FSDP_TEST_ASAN ? 600 : 120, .tmpdir = true,
          FSDP_TESTS(FSDP_TEST_LOOP(test_2x2_equals_1x4, (int)FSDP_TEST_LEN(strategies)),
                     test_checkpoint_2x2_resumes_on_1x3_and_3x1, test_hybrid_checkpoint_resumes_full,
+                    test_lora_2x2_equals_1x4_and_resumes_on_1x1,
                     test_unshared_checkpoint_dir_is_refused, test_rank_failure_ends_the_job,
                     test_killed_process_ends_the_job, test_metrics_traces_and_planned_inter_bytes,
                     test_usage_across_processes)},

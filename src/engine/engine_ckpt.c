@@ -168,9 +168,10 @@ fsdp_status fsdp_engine_ckpt_check(const fsdp_engine_shared *sh, const fsdp_ckpt
     if (was != now && !allow_batch_change)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG,
                               "checkpoint '%s' was trained with a global batch of %" PRIu64
-                              " sequences (--batch %d x --devices %d x --grad-accum %d), this run "
-                              "has %" PRIu64 " (%d x %d x %d); choose --batch, --devices and "
-                              "--grad-accum with the same product to resume, or pass "
+                              " sequences (--batch %d x %d rank(s) x --grad-accum %d), this run "
+                              "has %" PRIu64 " (%d x %d x %d); choose --batch, the ranks (--devices"
+                              " times a job's processes) and --grad-accum with the same product "
+                              "to resume, or pass "
                               "--allow-batch-change to continue with the new global batch",
                               path, was, man->batch, man->world_size, man->grad_accum, now,
                               cfg->batch, cfg->n_ranks, cfg->grad_accum);
