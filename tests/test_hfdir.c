@@ -361,6 +361,18 @@ START_TEST(test_commands)
     REQUIRE(rc == 0 && exists(path_in(dir, "hf2/" FSDP_HF_INDEX)) &&
             same_file(TOK_LLAMA3, path_in(dir, "hf2/tokenizer.json")),
             "convert hf -> sharded bf16 hf: rc %d: %s", rc, out);
+    /* without --dtype a bf16 IN stays bf16 (--dtype fp32 widens it), read back the same */
+    rc = fsdp_test_cli(out, sizeof out, "convert %s/hf2 %s/hf3 --to hf", dir, dir);
+    REQUIRE(rc == 0 && strstr(out, "hf3' (bf16") && strstr(out, "dtype: bf16, as IN"),
+            "convert bf16 hf -> hf: rc %d: %s", rc, out);
+    rc = fsdp_test_cli(out, sizeof out, "convert %s/hf2 %s/hf4 --to hf --dtype fp32", dir, dir);
+    REQUIRE(rc == 0 && strstr(out, "hf4' (fp32") && !strstr(out, "dtype:"),
+            "convert bf16 hf -> fp32 hf: rc %d: %s", rc, out);
+    for (int k = 0; k < 2; k++) {
+        char *cfg = (char *)read_file(path_in(dir, k ? "hf4/config.json" : "hf3/config.json"), &n);
+        REQUIRE(strstr(cfg, k ? "float32" : "bfloat16"), "config of hf%d: %s", 3 + k, cfg);
+        free(cfg);
+    }
     static const fsdp_test_cli_case bad[] = {
         {"convert tests/fixtures/tiny_gpt2.bin /tmp/x.bin --shard-size 1000", 2, "Hugging Face"},
         {"convert tests/fixtures/tiny_gpt2.bin /tmp/x --to zip", 2, "llmc|safetensors|hf|ckpt"},
@@ -479,6 +491,10 @@ START_TEST(test_eval_chat_format)
                            "--backend cpu",
                            dir, dir, dir, dir, dir);
     REQUIRE(rc == 0, "train: rc %d: %s", rc, out);
+    /* its fp32 masters convert as fp32, with a word on the run's bf16 */
+    rc = fsdp_test_cli(out, sizeof out, "convert %s/ck %s/out --to hf", dir, dir);
+    REQUIRE(rc == 0 && strstr(out, "out' (fp32") && strstr(out, "--precision bf16: --dtype bf16"),
+            "convert a bf16 run's checkpoint: rc %d: %s", rc, out);
     unsigned char *log = read_file(path_in(dir, "m.jsonl"), &n);
     const char *at = strstr((const char *)log, "\"eval_loss\":");
     REQUIRE(at, "no eval_loss in the log: %s", log);

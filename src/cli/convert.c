@@ -14,7 +14,9 @@
  * before anything is
  * written; OUT is written atomically. The whole model passes through host
  * memory once (fp32). fp32 conversions are bit-exact; --dtype bf16 rounds
- * to nearest even, and bf16 read back as bf16 is exact.
+ * to nearest even, and bf16 read back as bf16 is exact. Without --dtype, OUT
+ * is fp32 but for a bf16 IN (all its tensors bf16) to a format that holds
+ * bf16: that stays bf16 (lossless both ways, half the bytes).
  *
  * --quantize nf4 (a Hugging Face OUT only) writes a bnb-4bit directory
  * (ckpt/bnb4.h): the block linear weights in NF4 as transformers +
@@ -276,7 +278,7 @@ static int parse_args(int argc, char **argv, struct convert_args *a)
     fsdp_opt opts[] = {
         {.name = "dtype", .type = FSDP_OPT_NAME, .dst = &a->dtype, .names = &fsdp_dtype_names,
          .help = "element type of the tensors OUT holds (a format that holds fp32 only refuses "
-                 "bf16; default fp32, bf16 with --quantize nf4)"},
+                 "bf16; default fp32, bf16 for a bf16 IN where OUT holds bf16 and with --quantize nf4)"},
         {.name = "to", .type = FSDP_OPT_STR, .dst = &a->to, .metavar = names,
          .help = to_help(help_to, sizeof help_to)},
         {.name = "quantize", .type = FSDP_OPT_NAME, .dst = &a->quantize,
@@ -362,6 +364,16 @@ int fsdp_cli_convert(int argc, char **argv)
                             fsdp_modelfile_base(mf) ? fsdp_modelfile_base(mf) : "?");
         goto fail;
     }
+    /* without --dtype, a bf16 IN stays bf16 where OUT can hold it (lossless
+     * either way, and half the bytes); a checkpoint's fp32 masters stay fp32 */
+    bool dt_of_in = dtype < 0 && !nf4 && fsdp_modelfile_format_writes_bf16(out_fmt) &&
+                    !strcmp(fsdp_modelfile_dtype_name(mf), "bf16");
+    if (dt_of_in)
+        dt = FSDP_DTYPE_BF16;
+    fsdp_ckpt_run run = {0};
+    if (dtype < 0 && !nf4 && fsdp_modelfile_format_writes_bf16(out_fmt) &&
+        (st = fsdp_ckpt_run_find(pos[0], &run)) != FSDP_STATUS_OK)
+        goto fail;
     if ((st = read_units(mf, &m, &units)) != FSDP_STATUS_OK)
         goto fail;
     bool merged = m.lora.r && out_fmt != fsdp_modelfile_format_find("peft");
@@ -383,8 +395,14 @@ int fsdp_cli_convert(int argc, char **argv)
         st = fsdp_bnb4_write(pos[1], &m, (const float *const *)units, &wo);
     else
         st = fsdp_modelfile_write_with(pos[1], out_fmt, &m, (const float *const *)units, &wo);
-    if (st == FSDP_STATUS_OK && !quiet)
+    if (st == FSDP_STATUS_OK && !quiet) {
         print_converted(mf, &m, out_fmt, pos[1], dt, merged, nf4, copied);
+        if (dt_of_in)
+            printf("dtype: bf16, as IN (--dtype fp32 writes fp32)\n");
+        else if (dt == FSDP_DTYPE_F32 && run.found && !strcmp(run.compute_dtype, "bf16"))
+            printf("dtype: fp32, the run's master weights as they are; it trained with "
+                   "--precision bf16: --dtype bf16 writes half the bytes\n");
+    }
 fail:
     if (st != FSDP_STATUS_OK)
         fprintf(stderr, "fsdp convert: error: %s\n", fsdp_error_msg());
