@@ -399,7 +399,8 @@ int fsdp_cli_convert(int argc, char **argv)
         print_converted(mf, &m, out_fmt, pos[1], dt, merged, nf4, copied);
         if (dt_of_in)
             printf("dtype: bf16, as IN (--dtype fp32 writes fp32)\n");
-        else if (dt == FSDP_DTYPE_F32 && run.found && !strcmp(run.compute_dtype, "bf16"))
+        else if (dt == FSDP_DTYPE_F32 && run.found && !strcmp(run.compute_dtype, "bf16") &&
+                 (merged || !m.lora.r)) /* a model, not adapters (fp32 as PEFT keeps them) */
             printf("dtype: fp32, the run's master weights as they are; it trained with "
                    "--precision bf16: --dtype bf16 writes half the bytes\n");
     }
