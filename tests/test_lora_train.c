@@ -407,6 +407,17 @@ START_TEST(test_lora_resume)
     fsdp_model_free(&m);
     fsdp_train_result_free(&r);
     fsdp_train_result_free(&ref);
+    /* other adapters, or none, are refused, naming the options that resume */
+    c.steps = 6;
+    for (int k = 0; k < 2; k++) {
+        c.lora = k ? (fsdp_lora_config){0}
+                   : (fsdp_lora_config){.r = 4, .alpha = 16, .targets = "all-linear"};
+        fsdp_status st = fsdp_train_run(&c, &r);
+        ck_assert_msg(st != FSDP_STATUS_OK &&
+                          strstr(fsdp_error_msg(), "(--lora 4 --lora-alpha 8 --lora-targets "
+                                                   "'all-linear')"), "%s", fsdp_error_msg());
+        fsdp_error_clear();
+    }
 }
 END_TEST
 

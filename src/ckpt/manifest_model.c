@@ -90,6 +90,16 @@ static void describe_lora(const fsdp_lora_config *c, char *buf, size_t n)
                  c->rslora ? ", rslora" : "");
 }
 
+/* The train options that give a model c's adapters. */
+static void lora_flags(const fsdp_lora_config *c, char *buf, size_t n)
+{
+    if (!c->r)
+        snprintf(buf, n, "without --lora");
+    else
+        snprintf(buf, n, "--lora %d --lora-alpha %g --lora-targets '%s'%s", c->r, c->alpha,
+                 c->targets, c->rslora ? " --rslora" : "");
+}
+
 static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape)
 {
     size_t k = (size_t)snprintf(buf, n, "(");
@@ -205,12 +215,13 @@ fsdp_status fsdp_ckpt_manifest_check_model(const fsdp_ckpt_manifest *m, const ch
     const fsdp_lora_config *a = &m->lora, *b = &model->lora;
     if (a->r != b->r || (a->r && (a->alpha != b->alpha || a->rslora != b->rslora ||
                                   strcmp(a->targets, b->targets)))) {
-        char was[320], now[320];
+        char was[320], now[320], flags[320];
         describe_lora(a, was, sizeof was);
         describe_lora(b, now, sizeof now);
+        lora_flags(a, flags, sizeof flags);
         return fsdp_error_set(FSDP_STATUS_FORMAT, "checkpoint '%s' holds %s, but this run's "
-                              "model has %s: resume with the checkpoint's LoRA settings", path,
-                              was, now);
+                              "model has %s: resume with the checkpoint's LoRA settings (%s)",
+                              path, was, now, flags);
     }
     if (strcmp(m->freeze, model->freeze))
         return fsdp_error_set(FSDP_STATUS_FORMAT,
