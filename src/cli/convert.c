@@ -15,8 +15,8 @@
  * written; OUT is written atomically. The whole model passes through host
  * memory once (fp32). fp32 conversions are bit-exact; --dtype bf16 rounds
  * to nearest even, and bf16 read back as bf16 is exact. Without --dtype, OUT
- * is fp32 but for a bf16 IN (all its tensors bf16) to a format that holds
- * bf16: that stays bf16 (lossless both ways, half the bytes).
+ * is fp32 but for a bf16 IN (all its tensors bf16) written in its own
+ * format: that stays bf16 (lossless both ways, half the bytes).
  *
  * --quantize nf4 (a Hugging Face OUT only) writes a bnb-4bit directory
  * (ckpt/bnb4.h): the block linear weights in NF4 as transformers +
@@ -278,7 +278,7 @@ static int parse_args(int argc, char **argv, struct convert_args *a)
     fsdp_opt opts[] = {
         {.name = "dtype", .type = FSDP_OPT_NAME, .dst = &a->dtype, .names = &fsdp_dtype_names,
          .help = "element type of the tensors OUT holds (a format that holds fp32 only refuses "
-                 "bf16; default fp32, bf16 for a bf16 IN where OUT holds bf16 and with --quantize nf4)"},
+                 "bf16; default fp32, bf16 for a bf16 IN in its own format and with --quantize nf4)"},
         {.name = "to", .type = FSDP_OPT_STR, .dst = &a->to, .metavar = names,
          .help = to_help(help_to, sizeof help_to)},
         {.name = "quantize", .type = FSDP_OPT_NAME, .dst = &a->quantize,
@@ -364,9 +364,11 @@ int fsdp_cli_convert(int argc, char **argv)
                             fsdp_modelfile_base(mf) ? fsdp_modelfile_base(mf) : "?");
         goto fail;
     }
-    /* without --dtype, a bf16 IN stays bf16 where OUT can hold it (lossless
-     * either way, and half the bytes); a checkpoint's fp32 masters stay fp32 */
-    bool dt_of_in = dtype < 0 && !nf4 && fsdp_modelfile_format_writes_bf16(out_fmt) &&
+    /* without --dtype, a bf16 IN written in its own format stays bf16
+     * (lossless either way, and half the bytes); another format gets fp32,
+     * which every reader of it takes (llm.c's fp32 trainer reads no bf16) */
+    bool dt_of_in = dtype < 0 && !nf4 && out_fmt == fsdp_modelfile_format_get(mf) &&
+                    fsdp_modelfile_format_writes_bf16(out_fmt) &&
                     !strcmp(fsdp_modelfile_dtype_name(mf), "bf16");
     if (dt_of_in)
         dt = FSDP_DTYPE_BF16;
