@@ -278,7 +278,8 @@ static int parse_args(int argc, char **argv, struct convert_args *a)
     fsdp_opt opts[] = {
         {.name = "dtype", .type = FSDP_OPT_NAME, .dst = &a->dtype, .names = &fsdp_dtype_names,
          .help = "element type of the tensors OUT holds (a format that holds fp32 only refuses "
-                 "bf16; default fp32, bf16 for a bf16 IN in its own format and with --quantize nf4)"},
+                 "bf16; default fp32, bf16 for a bf16 IN in its own format and with "
+                 "--quantize nf4)"},
         {.name = "to", .type = FSDP_OPT_STR, .dst = &a->to, .metavar = names,
          .help = to_help(help_to, sizeof help_to)},
         {.name = "quantize", .type = FSDP_OPT_NAME, .dst = &a->quantize,
