@@ -229,6 +229,9 @@ info:
 # The cpu op kernels are auto-vectorised. Neither flag lets the compiler
 # reassociate or contract arithmetic, so results stay bit-identical.
 $(BUILD)/obj/src/ops/cpu/%.o: CFLAGS += -ftree-vectorize -fvect-cost-model=dynamic -fno-trapping-math
+# So is the normal draw's block (rng.c), which also needs sqrt without errno.
+$(BUILD)/obj/src/core/rng.o: CFLAGS += -ftree-vectorize -fvect-cost-model=dynamic -fno-trapping-math \
+                                       -fno-math-errno
 $(BUILD)/obj/src/comm/mpi_procs.o: CFLAGS += $(MPI_CFLAGS)
 # The multi-process suites launch jobs with this mpirun ("" without MPI: skipped).
 $(BUILD)/tests/test_mpi_procs $(BUILD)/tests/test_mpi_train \

@@ -158,9 +158,7 @@ static void init_param_slice(const fsdp_param_spec *p, size_t first, size_t n, u
     }
     case FSDP_INIT_NORMAL:
     default: {
-        uint64_t stream = fsdp_rng_hash_str(p->name);
-        for (size_t i = 0; i < n; i++)
-            dst[i] = p->std * fsdp_rng_normal(seed, stream, first + i);
+        fsdp_rng_normal_fill(seed, fsdp_rng_hash_str(p->name), first, n, p->std, dst);
         break;
     }
     }

@@ -19,6 +19,7 @@
 #include "core/flight.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "core/rng.h"
 #include "core/world.h"
 #include "device/device.h"
 #include "testutil.h"
@@ -888,6 +889,70 @@ START_TEST(test_log_settings)
 }
 END_TEST
 
+/* ---- the normal draw's fast path ------------------------------------------------------ */
+
+/* fsdp_rng_box_muller(a, b) is libm's Box-Muller float, bit for bit: at the
+ * places where polynomials and libm part most (u1 at its ends and its
+ * reduction's boundaries; u2 around every quadrant boundary and every zero
+ * of cos, a run of neighbouring bit patterns each) and for random bits. */
+START_TEST(test_box_muller_is_libms)
+{
+    /* u1 = (a >> 11 + 0.5) / 2^53 and u2 = (b >> 11) / 2^53: a and b from the
+     * 53-bit integer */
+    static const double u1s[] = {0, 1, 0.5, 0.70710678118654752, 0.35355339059327376, 0.25,
+                                 1.0 / 3, 0.999, 1e-9};
+    static const double u2s[] = {0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875, 1};
+    long n = 0;
+    for (size_t i = 0; i < FSDP_TEST_LEN(u1s); i++)
+        for (size_t j = 0; j < FSDP_TEST_LEN(u2s); j++)
+            for (int64_t d1 = -40; d1 <= 40; d1 += 8)
+                for (int64_t d2 = -2000; d2 <= 2000; d2++) {
+                    int64_t i1 = (int64_t)(u1s[i] * 9007199254740992.0) + d1;
+                    int64_t i2 = (int64_t)(u2s[j] * 9007199254740992.0) + d2;
+                    if (i1 < 0 || i2 < 0 || i1 >= (1ll << 53) || i2 >= (1ll << 53))
+                        continue;
+                    uint64_t a = (uint64_t)i1 << 11, b = (uint64_t)i2 << 11;
+                    float want = fsdp_rng_box_muller_libm(a, b), got = fsdp_rng_box_muller(a, b);
+                    if (memcmp(&want, &got, sizeof want)) /* (check's asserts cost a write) */
+                        ck_abort_msg("u1 %.17g, u2 %.17g: %.9g, libm %.9g", (double)i1 / 0x1p53,
+                                     (double)i2 / 0x1p53, got, want);
+                    n++;
+                }
+    ck_assert_int_gt(n, 500000);
+    for (uint64_t k = 0; k < 2000000; k++) {
+        uint64_t a = fsdp_rng_mix(k), b = fsdp_rng_mix(~k);
+        float want = fsdp_rng_box_muller_libm(a, b), got = fsdp_rng_box_muller(a, b);
+        if (memcmp(&want, &got, sizeof want))
+            ck_abort_msg("bits %016llx %016llx: %.9g, libm %.9g", (unsigned long long)a,
+                         (unsigned long long)b, got, want);
+    }
+}
+END_TEST
+
+/* fsdp_rng_normal_fill is scale * fsdp_rng_normal, element by element, for
+ * any start and length (blocks of 64 and their tails). */
+START_TEST(test_normal_fill_is_the_draw)
+{
+    static const struct {
+        uint64_t seed, stream, first;
+        size_t n;
+    } runs[] = {{1234, 99, 0, 3000000}, {7, 0, 12345, 777}, {0, ~0ull, (1ull << 40) - 5, 65},
+                {42, 3, 1, 1}};
+    for (size_t r = 0; r < FSDP_TEST_LEN(runs); r++) {
+        size_t n = runs[r].n;
+        float *got = malloc(n * sizeof *got);
+        ck_assert_ptr_nonnull(got);
+        fsdp_rng_normal_fill(runs[r].seed, runs[r].stream, runs[r].first, n, 0.02f, got);
+        for (size_t i = 0; i < n; i++) {
+            float want = 0.02f * fsdp_rng_normal(runs[r].seed, runs[r].stream, runs[r].first + i);
+            if (memcmp(&want, &got[i], sizeof want))
+                ck_abort_msg("run %zu, element %zu: %.9g, libm %.9g", r, i, got[i], want);
+        }
+        free(got);
+    }
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
@@ -903,6 +968,7 @@ int main(void)
                     test_error_messages_are_per_thread, test_first_error_kept, test_parse_bytes,
                     test_fmt_bytes)},
         {"log", 30, FSDP_TESTS(test_log_settings)},
+        {"rng", 120, FSDP_TESTS(test_box_muller_is_libms, test_normal_fill_is_the_draw)},
         {"watchdog", 30, .tmpdir = true,
          FSDP_TESTS(test_barrier_stall_is_reported, test_flight_record_alone,
                     test_flight_rank_lists)},

@@ -10,6 +10,7 @@
 #define FSDP_CORE_RNG_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 static inline uint64_t fsdp_rng_mix(uint64_t z)
@@ -32,16 +33,32 @@ static inline float fsdp_rng_uniform(uint64_t seed, uint64_t stream, uint64_t in
     return ((float)(fsdp_rng_u64(seed, stream, index) >> 40) + 0.5f) * (1.0f / 16777216.0f);
 }
 
-/* Standard normal for (seed, stream, index), computed in double, so the
- * value does not depend on the compiler's float contraction. */
-static inline float fsdp_rng_normal(uint64_t seed, uint64_t stream, uint64_t index)
+/* Box-Muller's normal from the 64 random bits a and b, computed in double
+ * with libm's log and cos (so the value does not depend on the compiler's
+ * float contraction): the definition of every normal fsdp draws. */
+static inline float fsdp_rng_box_muller_libm(uint64_t a, uint64_t b)
 {
-    uint64_t a = fsdp_rng_u64(seed, stream, 2 * index);
-    uint64_t b = fsdp_rng_u64(seed, stream, 2 * index + 1);
     double u1 = ((double)(a >> 11) + 0.5) * (1.0 / 9007199254740992.0);
     double u2 = (double)(b >> 11) * (1.0 / 9007199254740992.0);
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
+
+/* Standard normal for (seed, stream, index). */
+static inline float fsdp_rng_normal(uint64_t seed, uint64_t stream, uint64_t index)
+{
+    return fsdp_rng_box_muller_libm(fsdp_rng_u64(seed, stream, 2 * index),
+                                    fsdp_rng_u64(seed, stream, 2 * index + 1));
+}
+
+/* The same float as fsdp_rng_box_muller_libm, bit for bit, about four times
+ * faster (rng.c: polynomials, and libm where a value lies too close to a
+ * float's rounding boundary to tell). */
+float fsdp_rng_box_muller(uint64_t a, uint64_t b);
+
+/* dst[i] = scale * fsdp_rng_normal(seed, stream, first + i) for i < n, bit
+ * for bit, through fsdp_rng_box_muller. */
+void fsdp_rng_normal_fill(uint64_t seed, uint64_t stream, uint64_t first, size_t n, float scale,
+                          float *dst);
 
 /* Hash of a string, to key an RNG stream by parameter name. */
 static inline uint64_t fsdp_rng_hash_str(const char *s)
