@@ -8,7 +8,7 @@
  * a bound E on the distance between the double computed here and the one
  * libm's expression gives. Rounding to float is monotonic, so when v - E
  * and v + E round to the same float, libm's double rounds to it too. Else
- * (about two values in a million, where a double lies within E of a
+ * (one value in 20 million measured, where a double lies within E of a
  * float's rounding boundary) the value is computed with libm. The floats
  * are libm's, bit for bit, whatever the platform's libm rounds as long as
  * its log and cos are within a few ulp (glibc's are within one).

@@ -50,7 +50,7 @@ static inline float fsdp_rng_normal(uint64_t seed, uint64_t stream, uint64_t ind
                                     fsdp_rng_u64(seed, stream, 2 * index + 1));
 }
 
-/* The same float as fsdp_rng_box_muller_libm, bit for bit, about four times
+/* The same float as fsdp_rng_box_muller_libm, bit for bit, about three times
  * faster (rng.c: polynomials, and libm where a value lies too close to a
  * float's rounding boundary to tell). */
 float fsdp_rng_box_muller(uint64_t a, uint64_t b);
