@@ -25,9 +25,9 @@
 #include <stdbool.h>
 #include <string.h>
 
-/* The values of a block: u1, u2 in; v (the double of Box-Muller's value
- * here) and its bound out. Branch-free, so that the compiler vectorises it:
- * the exponent and the quadrant are found with double arithmetic.
+/* Box-Muller in double without branches on the value, so that the
+ * compiler vectorises a block of them: the exponent and the quadrant are
+ * found with double arithmetic.
  *
  * log(u1): u1 = m 2^e with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s),
  * s = (m - 1) / (m + 1), |s| <= 0.1716; relative error below 1e-15.
@@ -35,74 +35,87 @@
  * (fdlibm's pio2_1, 33 bits, so k pio2_1 and x - k pio2_1 are exact); the
  * absolute error is below 4e-16 (|cos x| + |r|) + 1e-25. */
 #define RNG_BLOCK 64
-#define RNG_BLOCK_KERNEL(sfx, attr)                                                          \
-    attr static void block_##sfx(const double *u1, const double *u2, double *v, double *bound, \
-                                 int n)                                                      \
-    {                                                                                        \
-        for (int i = 0; i < n; i++) {                                                        \
-            uint64_t bits;                                                                   \
-            memcpy(&bits, &u1[i], sizeof bits);                                              \
-            uint64_t ebits = (bits >> 52) | 0x4330000000000000ull;                            \
-            double e;                                                                        \
-            memcpy(&e, &ebits, sizeof e);                                                    \
-            e -= 4503599627370496.0 + 1023.0;                                                \
-            uint64_t mbits = (bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull;         \
-            double m;                                                                        \
-            memcpy(&m, &mbits, sizeof m); /* [1, 2) */                                       \
-            const bool big = m > 1.4142135623730951;                                         \
-            m = big ? m * 0.5 : m;                                                           \
-            e = big ? e + 1.0 : e;                                                           \
-            const double s = (m - 1.0) / (m + 1.0), s2 = s * s;                              \
-            double p = 1.0 / 23;                                                             \
-            p = p * s2 + 1.0 / 21;                                                           \
-            p = p * s2 + 1.0 / 19;                                                           \
-            p = p * s2 + 1.0 / 17;                                                           \
-            p = p * s2 + 1.0 / 15;                                                           \
-            p = p * s2 + 1.0 / 13;                                                           \
-            p = p * s2 + 1.0 / 11;                                                           \
-            p = p * s2 + 1.0 / 9;                                                            \
-            p = p * s2 + 1.0 / 7;                                                            \
-            p = p * s2 + 1.0 / 5;                                                            \
-            p = p * s2 + 1.0 / 3;                                                            \
-            p = p * s2;                                                                      \
-            const double lg = e * 0.6931471805599453 + (2.0 * s + 2.0 * s * p);               \
-            const double rad = sqrt(-2.0 * lg);                                              \
-            const double x = 6.283185307179586 * u2[i];                                      \
-            const double k = floor(x * 0.6366197723675814 + 0.5); /* 0 .. 4 */                \
-            const double r = (x - k * 1.57079632673412561417e+00) - k * 6.07710050650619224932e-11, \
-                         r2 = r * r;                                                         \
-            double c = 1.0 / 6402373705728000; /* (1 - cos r) / r^2: 1/2! - ... + r^16/18! */ \
-            c = c * r2 - 1.0 / 20922789888000;                                               \
-            c = c * r2 + 1.0 / 87178291200;                                                  \
-            c = c * r2 - 1.0 / 479001600;                                                    \
-            c = c * r2 + 1.0 / 3628800;                                                      \
-            c = c * r2 - 1.0 / 40320;                                                        \
-            c = c * r2 + 1.0 / 720;                                                          \
-            c = c * r2 - 1.0 / 24;                                                           \
-            c = c * r2 + 0.5;                                                                \
-            const double cr = 1.0 - c * r2;                                                  \
-            double t = 1.0 / 121645100408832000; /* (r - sin r) / r^3: 1/3! - ... + r^16/19! */ \
-            t = t * r2 - 1.0 / 355687428096000;                                              \
-            t = t * r2 + 1.0 / 1307674368000;                                                \
-            t = t * r2 - 1.0 / 6227020800;                                                   \
-            t = t * r2 + 1.0 / 39916800;                                                     \
-            t = t * r2 - 1.0 / 362880;                                                       \
-            t = t * r2 + 1.0 / 5040;                                                         \
-            t = t * r2 - 1.0 / 120;                                                          \
-            t = t * r2 + 1.0 / 6;                                                            \
-            const double sr = r - r * r2 * t;                                                \
-            /* quadrant k mod 4: cos x = cr, -sr, -cr, sr */                                  \
-            const double q = k - 4.0 * floor(k * 0.25);                                      \
-            const bool odd = (q == 1.0) | (q == 3.0), neg = (q == 1.0) | (q == 2.0);         \
-            double cx = odd ? sr : cr;                                                       \
-            cx = neg ? -cx : cx;                                                             \
-            const double val = rad * cx;                                                     \
-            v[i] = val;                                                                      \
-            bound[i] = rad * (4e-15 * fabs(cx) + 4e-16 * fabs(r) + 1e-25) + 4e-16 * fabs(val); \
-        }                                                                                    \
-    }
-RNG_BLOCK_KERNEL(base, )
-RNG_BLOCK_KERNEL(avx2, __attribute__((target("avx2,fma"))))
+
+/* Series coefficients, highest power first. log m = 2 s (1 + s^2 LOG(s^2)),
+ * LOG = 1/3 + s^2/5 + ... + s^20/23; cos r = 1 - r^2 COS(r^2), COS = 1/2! -
+ * r^2/4! + ... + r^16/18!; sin r = r - r^3 SIN(r^2), SIN = 1/3! - r^2/5! +
+ * ... + r^16/19!. */
+static const double log_coef[] = {1.0 / 23, 1.0 / 21, 1.0 / 19, 1.0 / 17, 1.0 / 15, 1.0 / 13,
+                                  1.0 / 11, 1.0 / 9,  1.0 / 7,  1.0 / 5,  1.0 / 3};
+static const double cos_coef[] = {1.0 / 6402373705728000, -1.0 / 20922789888000,
+                                  1.0 / 87178291200,      -1.0 / 479001600,
+                                  1.0 / 3628800,          -1.0 / 40320,
+                                  1.0 / 720,              -1.0 / 24,
+                                  1.0 / 2};
+static const double sin_coef[] = {1.0 / 121645100408832000, -1.0 / 355687428096000,
+                                  1.0 / 1307674368000,      -1.0 / 6227020800,
+                                  1.0 / 39916800,           -1.0 / 362880,
+                                  1.0 / 5040,               -1.0 / 120,
+                                  1.0 / 6};
+
+/* The polynomial with coefficients c[0..n) (highest power first) at x. */
+static inline __attribute__((always_inline)) double horner(const double *c, int n, double x)
+{
+    double p = c[0];
+#pragma GCC unroll 16 /* unrolled whole, so that the block's loop vectorises */
+    for (int j = 1; j < n; j++)
+        p = p * x + c[j];
+    return p;
+}
+
+#define RNG_LEN(a) ((int)(sizeof(a) / sizeof(a)[0]))
+
+/* Value i of a block (the loop body of the kernels below). */
+static inline __attribute__((always_inline)) void block_value(const double *u1, const double *u2,
+                                                              double *v, double *bound, int i)
+{
+    /* log u1: u1 = m 2^e, the exponent read as a double through 2^52's bits */
+    uint64_t bits, ebits, mbits;
+    double e, m;
+    memcpy(&bits, &u1[i], sizeof bits);
+    ebits = (bits >> 52) | 0x4330000000000000ull;
+    memcpy(&e, &ebits, sizeof e);
+    e -= 4503599627370496.0 + 1023.0;
+    mbits = (bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull;
+    memcpy(&m, &mbits, sizeof m); /* [1, 2) */
+    const bool big = m > 1.4142135623730951;
+    m = big ? m * 0.5 : m;
+    e = big ? e + 1.0 : e;
+    const double s = (m - 1.0) / (m + 1.0), s2 = s * s;
+    const double lg = e * 0.6931471805599453 +
+                      (2.0 * s + 2.0 * s * (s2 * horner(log_coef, RNG_LEN(log_coef), s2)));
+    const double rad = sqrt(-2.0 * lg);
+    /* cos x: x = k pi/2 + r */
+    const double x = 6.283185307179586 * u2[i];
+    const double k = floor(x * 0.6366197723675814 + 0.5); /* 0 .. 4 */
+    const double r = (x - k * 1.57079632673412561417e+00) - k * 6.07710050650619224932e-11;
+    const double r2 = r * r;
+    const double cr = 1.0 - r2 * horner(cos_coef, RNG_LEN(cos_coef), r2);
+    const double sr = r - r * r2 * horner(sin_coef, RNG_LEN(sin_coef), r2);
+    /* quadrant k mod 4: cos x = cr, -sr, -cr, sr */
+    const double q = k - 4.0 * floor(k * 0.25);
+    const bool odd = (q == 1.0) | (q == 3.0), neg = (q == 1.0) | (q == 2.0);
+    double cx = odd ? sr : cr;
+    cx = neg ? -cx : cx;
+    const double val = rad * cx;
+    v[i] = val;
+    bound[i] = rad * (4e-15 * fabs(cx) + 4e-16 * fabs(r) + 1e-25) + 4e-16 * fabs(val);
+}
+
+/* The values of a block: u1, u2 in; v (the double of Box-Muller's value
+ * here) and its bound out; compiled for the baseline and for AVX2. */
+static void block_base(const double *u1, const double *u2, double *v, double *bound, int n)
+{
+    for (int i = 0; i < n; i++)
+        block_value(u1, u2, v, bound, i);
+}
+
+__attribute__((target("avx2,fma"))) static void block_avx2(const double *u1, const double *u2,
+                                                          double *v, double *bound, int n)
+{
+    for (int i = 0; i < n; i++)
+        block_value(u1, u2, v, bound, i);
+}
 
 float fsdp_rng_box_muller(uint64_t a, uint64_t b)
 {
