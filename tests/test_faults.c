@@ -334,6 +334,15 @@ START_TEST(test_second_signal_exits_at_once)
 {
     child *c = malloc(sizeof *c);
     char dir[512], log[512], trace[512];
+    if (FSDP_TEST_TSAN) {
+        /* _exit leaves the rank threads unjoined by design: ThreadSanitizer's
+         * exit report would call those that already finished a leak (and exit
+         * 66) when the signal lands after the last step, before the joins */
+        char opts[1024];
+        const char *was = getenv("TSAN_OPTIONS");
+        snprintf(opts, sizeof opts, "%s report_thread_leaks=0", was ? was : "");
+        setenv("TSAN_OPTIONS", opts, 1); /* this test's own process (check forks one) */
+    }
     start_long_run(c, "custom:layers=2,heads=4,channels=384,vocab=256,context=64", dir, log, trace);
     child_wait_for(c, "step     1/", 300);
     ck_assert_int_eq(kill(c->pid, SIGINT), 0);
@@ -342,12 +351,20 @@ START_TEST(test_second_signal_exits_at_once)
     double dt = 0;
     int rc = child_finish(c, &dt);
     ck_assert_msg(rc == 130, "exit %d:\n%.3000s", rc, c->buf);
-    ck_assert_msg(!strstr(c->buf, "stopped by SIGINT") && !strstr(c->buf, "checkpoint: step"),
+    ck_assert_msg(!strstr(c->buf, "stopped by SIGINT"),
                   "the second signal did not exit at once:\n%.3000s", c->buf);
-    uint64_t step;
-    bool found = true;
-    ck_assert_int_eq(fsdp_ckpt_latest(dir, &step, &found), FSDP_STATUS_OK);
-    ck_assert(!found);
+    /* ThreadSanitizer holds a handler back until its thread next enters an
+     * intercepted call; there (seen 2026-12-04, every run on a 2-core VM) the
+     * second signal takes effect after the step's checkpoint, so only the
+     * plain build can tell that none was written */
+    if (!FSDP_TEST_TSAN) {
+        ck_assert_msg(!strstr(c->buf, "checkpoint: step"),
+                      "the second signal did not exit at once:\n%.3000s", c->buf);
+        uint64_t step;
+        bool found = true;
+        ck_assert_int_eq(fsdp_ckpt_latest(dir, &step, &found), FSDP_STATUS_OK);
+        ck_assert(!found);
+    }
     free(c);
     n_cases++;
 }
