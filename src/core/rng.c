@@ -119,8 +119,8 @@ __attribute__((target("avx2,fma"))) static void block_avx2(const double *u1, con
 
 float fsdp_rng_box_muller(uint64_t a, uint64_t b)
 {
-    double u1 = ((double)(a >> 11) + 0.5) * (1.0 / 9007199254740992.0), v, bound;
-    double u2 = (double)(b >> 11) * (1.0 / 9007199254740992.0);
+    const double u1 = fsdp_rng_bm_u1(a), u2 = fsdp_rng_bm_u2(b);
+    double v, bound;
     block_base(&u1, &u2, &v, &bound, 1);
     const float lo = (float)(v - bound), hi = (float)(v + bound);
     return lo == hi ? lo : fsdp_rng_box_muller_libm(a, b);
@@ -129,7 +129,7 @@ float fsdp_rng_box_muller(uint64_t a, uint64_t b)
 void fsdp_rng_normal_fill(uint64_t seed, uint64_t stream, uint64_t first, size_t n, float scale,
                           float *dst)
 {
-    const uint64_t key = fsdp_rng_mix(fsdp_rng_mix(seed) ^ stream);
+    const uint64_t key = fsdp_rng_key(seed, stream);
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     uint64_t a[RNG_BLOCK], b[RNG_BLOCK];
     double u1[RNG_BLOCK], u2[RNG_BLOCK], v[RNG_BLOCK], bound[RNG_BLOCK];
@@ -139,8 +139,8 @@ void fsdp_rng_normal_fill(uint64_t seed, uint64_t stream, uint64_t first, size_t
             const uint64_t index = first + at + (size_t)i;
             a[i] = fsdp_rng_mix(key ^ (2 * index));
             b[i] = fsdp_rng_mix(key ^ (2 * index + 1));
-            u1[i] = ((double)(a[i] >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-            u2[i] = (double)(b[i] >> 11) * (1.0 / 9007199254740992.0);
+            u1[i] = fsdp_rng_bm_u1(a[i]);
+            u2[i] = fsdp_rng_bm_u2(b[i]);
         }
         if (avx2)
             block_avx2(u1, u2, v, bound, m);

@@ -21,10 +21,16 @@ static inline uint64_t fsdp_rng_mix(uint64_t z)
     return z ^ (z >> 31);
 }
 
+/* The key of stream `stream` under `seed` (fsdp_rng_u64's first two mixes). */
+static inline uint64_t fsdp_rng_key(uint64_t seed, uint64_t stream)
+{
+    return fsdp_rng_mix(fsdp_rng_mix(seed) ^ stream);
+}
+
 /* 64 random bits for (seed, stream, index). */
 static inline uint64_t fsdp_rng_u64(uint64_t seed, uint64_t stream, uint64_t index)
 {
-    return fsdp_rng_mix(fsdp_rng_mix(fsdp_rng_mix(seed) ^ stream) ^ index);
+    return fsdp_rng_mix(fsdp_rng_key(seed, stream) ^ index);
 }
 
 /* Uniform in (0, 1): 24 random bits, never 0. */
@@ -33,14 +39,25 @@ static inline float fsdp_rng_uniform(uint64_t seed, uint64_t stream, uint64_t in
     return ((float)(fsdp_rng_u64(seed, stream, index) >> 40) + 0.5f) * (1.0f / 16777216.0f);
 }
 
+/* Box-Muller's two uniforms from 64 random bits each: u1 in (0, 1), log's
+ * argument, and u2 in [0, 1), the angle's turn (53 bits each). */
+static inline double fsdp_rng_bm_u1(uint64_t a)
+{
+    return ((double)(a >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+static inline double fsdp_rng_bm_u2(uint64_t b)
+{
+    return (double)(b >> 11) * (1.0 / 9007199254740992.0);
+}
+
 /* Box-Muller's normal from the 64 random bits a and b, computed in double
  * with libm's log and cos (so the value does not depend on the compiler's
  * float contraction): the definition of every normal fsdp draws. */
 static inline float fsdp_rng_box_muller_libm(uint64_t a, uint64_t b)
 {
-    double u1 = ((double)(a >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-    double u2 = (double)(b >> 11) * (1.0 / 9007199254740992.0);
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    return (float)(sqrt(-2.0 * log(fsdp_rng_bm_u1(a))) *
+                   cos(6.283185307179586 * fsdp_rng_bm_u2(b)));
 }
 
 /* Standard normal for (seed, stream, index). */
