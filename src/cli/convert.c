@@ -368,14 +368,13 @@ int fsdp_cli_convert(int argc, char **argv)
     /* without --dtype, a bf16 IN written in its own format stays bf16
      * (lossless either way, and half the bytes); another format gets fp32,
      * which every reader of it takes (llm.c's fp32 trainer reads no bf16) */
-    bool dt_of_in = dtype < 0 && !nf4 && out_fmt == fsdp_modelfile_format_get(mf) &&
-                    fsdp_modelfile_format_writes_bf16(out_fmt) &&
-                    !strcmp(fsdp_modelfile_dtype_name(mf), "bf16");
+    const bool dt_open = dtype < 0 && !nf4 && fsdp_modelfile_format_writes_bf16(out_fmt);
+    const bool dt_of_in = dt_open && out_fmt == fsdp_modelfile_format_get(mf) &&
+                          !strcmp(fsdp_modelfile_dtype_name(mf), "bf16");
     if (dt_of_in)
         dt = FSDP_DTYPE_BF16;
-    fsdp_ckpt_run run = {0};
-    if (dtype < 0 && !nf4 && fsdp_modelfile_format_writes_bf16(out_fmt) &&
-        (st = fsdp_ckpt_run_find(pos[0], &run)) != FSDP_STATUS_OK)
+    fsdp_ckpt_run run = {0}; /* a checkpoint IN's run, for the word on its precision */
+    if (dt_open && !dt_of_in && (st = fsdp_ckpt_run_find(pos[0], &run)) != FSDP_STATUS_OK)
         goto fail;
     if ((st = read_units(mf, &m, &units)) != FSDP_STATUS_OK)
         goto fail;
