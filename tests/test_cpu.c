@@ -621,6 +621,27 @@ END_TEST
 START_TEST(test_ops_bit_identical_across_threads_bf16) { check_threads(FSDP_DTYPE_BF16); }
 END_TEST
 
+/* What the attention's causal blocks multiply (fsdp_cpu_attention_flops, bench_gemm --lora's
+ * floor): at T = 256 they skip 3/8 of the full products, at T = 1024 15/32, within one block
+ * nothing; never fewer pairs than the causal triangle, never more than the square; linear in
+ * B, NH and hd. */
+START_TEST(test_attention_flops)
+{
+    const double full256 = 4.0 * 2 * 12 * 64 * 256.0 * 256.0;
+    ck_assert_double_eq_tol(fsdp_cpu_attention_flops(2, 256, 12, 64), full256 * 5 / 8, 1e-6);
+    ck_assert_double_eq_tol(fsdp_cpu_attention_flops(1, 1024, 1, 1), 4.0 * 1024 * 1024 * 17 / 32,
+                            1e-6);
+    ck_assert_double_eq_tol(fsdp_cpu_attention_flops(1, 64, 1, 1), 4.0 * 64 * 64, 1e-6);
+    ck_assert_double_eq_tol(fsdp_cpu_attention_flops(3, 100, 5, 7),
+                            105.0 * fsdp_cpu_attention_flops(1, 100, 1, 1), 1e-6);
+    for (int T = 1; T <= 300; T++) {
+        double pairs = fsdp_cpu_attention_flops(1, T, 1, 1) / 4.0;
+        if (pairs < T * (T + 1) / 2.0 || pairs > (double)T * T)
+            ck_abort_msg("T %d: %.0f pairs", T, pairs);
+    }
+}
+END_TEST
+
 /* ---- softmax row kernels (vsoftmax.h) ---------------------------------------- */
 
 FSDP_SOFTMAX_KERNELS(base, )
@@ -728,7 +749,7 @@ int main(int argc, char **argv)
                     test_matmul_bf16_products_match_double,
                     test_ops_bit_identical_across_threads_fp32,
                     test_ops_bit_identical_across_threads_bf16,
-                    test_softmax_kernels_same_bits_every_isa)},
+                    test_softmax_kernels_same_bits_every_isa, test_attention_flops)},
     };
     return fsdp_test_main("cpu", tcases, FSDP_TEST_LEN(tcases));
 }

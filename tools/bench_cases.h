@@ -6,6 +6,8 @@
 #ifndef FSDP_TOOLS_BENCH_CASES_H
 #define FSDP_TOOLS_BENCH_CASES_H
 
+#include "models/lora.h"
+
 typedef struct bench_case {
     const char *model; /* a model spec (fsdp_model_from_spec) */
     const char *label;
@@ -22,5 +24,13 @@ static const bench_case bench_cases[] = {
 };
 
 #define BENCH_N_CASES ((int)(sizeof bench_cases / sizeof bench_cases[0]))
+
+/* --lora R: the adapters bench_model and bench_gemm give the Llama, as
+ * tools/bench_lora_torch.py gives its peer (PEFT's all-linear: every linear
+ * layer but the head, alpha 2 R). */
+static inline fsdp_lora_config bench_lora_config(int r)
+{
+    return (fsdp_lora_config){.r = r, .alpha = 2.0 * r, .targets = "all-linear"};
+}
 
 #endif /* FSDP_TOOLS_BENCH_CASES_H */

@@ -16,7 +16,7 @@
  * per layer; the head once).
  *
  *   build/tools/bench_gemm [--only small|gpt2|llama] [--tokens N] [--min-ms MS]
- *                          [--tiles MIN:MAX] [--threads N]
+ *                          [--tiles MIN:MAX] [--threads N] [--lora R]
  *
  * --tokens replaces the model's B*T (the M of the products). The header
  * says which kernels the backend runs by default (FSDP_CPU_GEMM chooses).
@@ -24,6 +24,10 @@
  * (tiles at least MIN wide, at most MAX of them; cpu_ops.h), alternating
  * with the backend's rule, and prints its GFLOP/s and the step's total:
  * how the backend's tile sizes were chosen (gemm.c).
+ * --lora R times the products of bench_model --lora R's step instead (the
+ * Llama's; no weight gradients, the base being frozen) and prints the
+ * step's floor (lora_floor): the fastest any fp32 LoRA step of that shape
+ * can run on this core, what bounds bench_model's ratio against its peer.
  */
 #include <math.h>
 #include <stdio.h>
@@ -134,10 +138,13 @@ static void tiles_text(const product *p, const fsdp_cpu_gemm_tiling *rule, char 
 
 typedef struct totals {
     double openblas_s, onednn_s, best_s, other_s, flop;
+    double top_rate; /* the fastest GFLOP/s of any product, either library */
 } totals;
 
 /* --tiles: the rule compared with the backend's (min_tile 0: none). */
 static fsdp_cpu_gemm_tiling other_rule;
+/* --lora R: the LoRA step's products (0: the full step's). */
+static int lora_r;
 
 /* Time product p (run n_per_step times a step) with both libraries; one
  * line; adds to t. */
@@ -214,7 +221,34 @@ static void bench_product(fsdp_op_ctx *ctx, const char *label, product p, int n_
     t->other_s += n_per_step * (other ? best_x : 0);
     t->best_s += n_per_step * (have_dnnl ? fmin(best_o, best_d) : best_o);
     t->flop += n_per_step * flop;
+    t->top_rate = fmax(t->top_rate, flop / fmin(best_o, have_dnnl ? best_d : best_o) * 1e-9);
     free(A), free(B), free(C0), free(C1), free(C2);
+}
+
+/* The LoRA step's floor: its base products at their measured times (the
+ * faster library each) plus the products beside them at the fastest rate
+ * any product reached: the adapters' (2 FLOPs per adapter parameter and
+ * token forward, 2 for their gradients and 2 for their input gradient; the
+ * first block's counted at 4, though only its q|k|v skip the input
+ * gradient, so the count stays below the work) and attention's (its causal
+ * blocks, forward and backward). Everything else in the step (norms,
+ * SwiGLU, rope, softmax, cross-entropy, copies) counted as free: no step
+ * of this shape on this core can run faster. */
+static void lora_floor(const fsdp_model *m, const fsdp_llama_config *c, const bench_case *bc,
+                       const totals *t)
+{
+    const double tokens = (double)bc->B * bc->T;
+    double adapters = 0.0;
+    for (int u = 1; u < m->n_units; u++)
+        adapters += (u == 1 ? 4.0 : 6.0) * (double)m->units[u].train_numel * tokens;
+    const double attention =
+        3.0 * c->n_layer * fsdp_cpu_attention_flops(bc->B, bc->T, c->n_head, c->head_dim);
+    const double rest_s = (adapters + attention) / (t->top_rate * 1e9);
+    const double floor_s = t->best_s + rest_s;
+    printf("  LoRA r%d step floor: base products %.1f ms + adapters' %.2f and attention's %.2f "
+           "GFLOP at the fastest rate above (%.1f GFLOP/s) %.1f ms = %.1f ms, at most %.0f "
+           "tok/s\n", lora_r, t->best_s * 1e3, adapters * 1e-9, attention * 1e-9, t->top_rate,
+           rest_s * 1e3, floor_s * 1e3, tokens / floor_s);
 }
 
 static void bench_model_gemms(fsdp_op_ctx *ctx, const bench_case *bc, int tokens,
@@ -225,10 +259,24 @@ static void bench_model_gemms(fsdp_op_ctx *ctx, const bench_case *bc, int tokens
         fprintf(stderr, "bench_gemm: %s: %s\n", bc->model, fsdp_error_msg());
         exit(1);
     }
+    const fsdp_llama_config *lc = fsdp_llama_config_of(&m);
+    if (lora_r) {
+        fsdp_lora_config c = bench_lora_config(lora_r);
+        if (!lc) { /* the families with LoRA, as bench_model */
+            fsdp_model_free(&m);
+            return;
+        }
+        if (fsdp_model_add_lora(&m, &c) != FSDP_STATUS_OK) {
+            fprintf(stderr, "bench_gemm: LoRA: %s\n", fsdp_error_msg());
+            exit(1);
+        }
+    }
     linear lin[8];
     int n_lin = model_linears(&m, lin);
     int T = tokens > 0 ? tokens : bc->B * bc->T;
-    printf("\n%s, %d tokens\n", bc->label, T);
+    printf("\n%s, %d tokens%s\n", bc->label, T,
+           lora_r ? "; a LoRA step: the base frozen, so no dw, and no input gradient for the "
+                    "first block's q|k|v (it feeds only the frozen embeddings)" : "");
     printf("  %-17s %2s %5s %5s %5s %4s %3s %-9s | %7s | %7s %-18s | %7s | %-7s", "gemm", "op",
            "M", "N", "K", "beta", "n", "tiles", "OpenBLAS", "oneDNN", "(kernel)", "oneDNN",
            "max diff");
@@ -246,7 +294,9 @@ static void bench_model_gemms(fsdp_op_ctx *ctx, const bench_case *bc, int tokens
         snprintf(label, sizeof label, "%s dx", l->name); /* dx += dy w */
         bench_product(ctx, label, (product){.M = T, .N = l->C, .K = l->OC, .lda = l->OC,
                                        .ldb = l->C, .ldc = l->C, .beta = 1.0f},
-                      l->n, min_s, &t);
+                      lora_r && i == 0 ? l->n - 1 : l->n, min_s, &t);
+        if (lora_r)
+            continue;
         snprintf(label, sizeof label, "%s dw", l->name); /* dw += dy^T x */
         bench_product(ctx, label, (product){.ta = true, .M = l->OC, .N = l->C, .K = T, .lda = l->OC,
                                        .ldb = l->C, .ldc = l->C, .beta = 1.0f},
@@ -262,6 +312,8 @@ static void bench_model_gemms(fsdp_op_ctx *ctx, const bench_case *bc, int tokens
                "%+.1f%%\n", FSDP_CPU_GEMM_TILING.min_tile, FSDP_CPU_GEMM_TILING.max_tiles,
                t.onednn_s * 1e3, other_rule.min_tile, other_rule.max_tiles, t.other_s * 1e3,
                100.0 * (t.other_s / t.onednn_s - 1.0));
+    if (lora_r && tokens <= 0)
+        lora_floor(&m, lc, bc, &t);
     fsdp_model_free(&m);
 }
 
@@ -279,6 +331,8 @@ int main(int argc, char **argv)
             min_ms = atof(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc && (threads = atoi(argv[++i])) > 0)
             continue;
+        else if (!strcmp(argv[i], "--lora") && i + 1 < argc && (lora_r = atoi(argv[++i])) > 0)
+            continue;
         else if (!strcmp(argv[i], "--tiles") && i + 1 < argc &&
                  sscanf(argv[++i], "%d:%d", &other_rule.min_tile, &other_rule.max_tiles) == 2 &&
                  other_rule.min_tile > 0 && other_rule.max_tiles > 0)
@@ -288,7 +342,7 @@ int main(int argc, char **argv)
     }
     if (tokens < 0 || min_ms < 0) {
         fprintf(stderr, "usage: %s [--only small|gpt2|llama] [--tokens N] [--min-ms MS] "
-                "[--tiles MIN:MAX] [--threads N]\n", argv[0]);
+                "[--tiles MIN:MAX] [--threads N] [--lora R]\n", argv[0]);
         return 2;
     }
     if (fsdp_cpu_blas_status() != FSDP_STATUS_OK) {

@@ -74,12 +74,6 @@ static void die(fsdp_status st, const char *what)
             die(bst_, what);                  \
     } while (0)
 
-/* The LoRA adapters of --lora R on every linear layer but the head. */
-static fsdp_lora_config bench_lora(int r)
-{
-    return (fsdp_lora_config){.r = r, .alpha = 2.0 * r, .targets = "all-linear"};
-}
-
 /* --cpu-time: the calling thread's CPU time, which does every op at one thread. */
 static bool cpu_clock;
 /* --best: a run's fastest iteration, not the mean of its iterations. */
@@ -119,7 +113,7 @@ static bench_result bench_c(const bench_case *bc, int iters, fsdp_dtype dt, int 
     BENCH_TRY(fsdp_ops_init(&ctx, &dev, dt), "ops");
     BENCH_TRY(fsdp_model_from_spec(bc->model, &m), "model");
     if (lora_r) {
-        fsdp_lora_config lc = bench_lora(lora_r);
+        fsdp_lora_config lc = bench_lora_config(lora_r);
         BENCH_TRY(fsdp_model_add_lora(&m, &lc), "LoRA");
     }
     const struct fsdp_model_i *mi = m.iface;

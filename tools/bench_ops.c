@@ -209,9 +209,9 @@ static void bench_attention(fsdp_dtype dt, int B, int T, int NH, int NKV, int hd
         .dout = rand_buf(no, FSDP_DTYPE_F32, 9), .datt = calloc(na, 4), .dqkv = calloc(nq, 4)};
     double fwd, bwd;
     best_times(reps, attention_fwd, attention_bwd, &a, &fwd, &bwd);
-    /* QK^T and att@V as full products: the causal blocks skip part of this,
-     * so at long T the rate exceeds what the GEMMs run at */
-    double flop = 4.0 * B * T * T * C;
+    /* the rate of the products the causal blocks run (the full QK^T and
+     * att@V would be 4 B T^2 C) */
+    double flop = fsdp_cpu_attention_flops(B, T, NH, hd);
     printf("attention %-4s B=%d T=%d C=%d NH=%d NKV=%d: fwd %.2f ms (%.1f GFLOP/s), bwd %.2f ms "
            "(%.1f GFLOP/s)\n",
            fsdp_dtype_name(dt), B, T, C, NH, NKV, fwd * 1e3, flop / fwd * 1e-9, bwd * 1e3,

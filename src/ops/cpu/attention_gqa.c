@@ -53,6 +53,14 @@ static inline int block_end(int r0, int T)
     return r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
 }
 
+double fsdp_cpu_attention_flops(int B, int T, int NH, int hd)
+{
+    double pairs = 0.0; /* (query, key) pairs the blocks multiply */
+    for (int r0 = 0; r0 < T; r0 = block_end(r0, T))
+        pairs += (double)(block_end(r0, T) - r0) * block_end(r0, T);
+    return 4.0 * B * NH * hd * pairs;
+}
+
 /* The first key row t attends to: t - pos[t] clamped to [0, t]. */
 static inline int window_lo(const int *pos, int t)
 {

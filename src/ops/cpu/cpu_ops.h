@@ -247,6 +247,12 @@ void fsdp_cpu_attention_gqa_bwd(fsdp_op_ctx *ctx, float *dqkv, float *datt, cons
                                 const void *qkv, const void *att, int B, int T, int NH, int NKV,
                                 int hd);
 
+/* The FLOPs of attention_gqa_fwd's products (QK^T and att V over the
+ * causal blocks it runs, 2 per multiply-add) for B x NH query heads of hd
+ * channels at T positions without a position array; its backward's four
+ * products run twice as many. For tools/bench_ops and tools/bench_gemm. */
+double fsdp_cpu_attention_flops(int B, int T, int NH, int hd);
+
 /* nf4_dequant's kernel for one instruction set (FSDP_CPU_ISA_COUNT: the
  * best supported; a level without its own kernel runs the next lower one),
  * on the calling thread: out (dt) from n elements' codes and absmax, n a
