@@ -72,6 +72,58 @@ START_TEST(test_determinism_matrix)
 }
 END_TEST
 
+/* The synthetic task's held-out evaluation decodes rows of one problem
+ * (FSDP_SYNTH_ROW) whatever --seq: a run at --seq 32 decodes the same text
+ * for each of 48 problems and has the same accuracy on 1 and 4 devices of
+ * the same micro-batch, whose ranks decode different problems. */
+START_TEST(test_synthetic_eval_same_across_devices)
+{
+    static char text[2][1 << 16];
+    float acc[2];
+    const int devs[] = {1, 4};
+    for (int k = 0; k < 2; k++) {
+        fsdp_train_config c;
+        fsdp_train_result r;
+        train_config_tiny(&c, devs[k], 0); /* micro-batches of 1 either way */
+        c.eng.seq = 32;
+        c.steps = 2;
+        c.lr = 1e-6f; /* near its init, whose greedy text varies with the prompt */
+        c.eval_problems = 48;
+        c.n_samples = 48;
+        c.out = tmpfile();
+        ck_assert_ptr_nonnull(c.out);
+        run_ok(&c, &r);
+        acc[k] = r.accuracy;
+        rewind(c.out);
+        size_t n = fread(text[k], 1, sizeof text[k] - 1, c.out);
+        text[k][n] = '\0';
+        fclose(c.out);
+        fsdp_train_result_free(&r);
+        /* only the sample lines: the step lines carry timings */
+        char *keep = text[k], *w = text[k];
+        for (char *line = strtok(keep, "\n"); line; line = strtok(NULL, "\n"))
+            if (strstr(line, "sample: ")) { /* compacted in place: w <= line */
+                size_t len = strlen(line);
+                memmove(w, line, len);
+                w += len;
+                *w++ = '\n';
+            }
+        *w = '\0';
+    }
+    /* rank 0 prints its own rows: all 48 problems on one device, every fourth on four */
+    int lines[2] = {0, 0};
+    for (int k = 0; k < 2; k++)
+        for (const char *p = text[k]; (p = strstr(p, "sample: ")); p++)
+            lines[k]++;
+    ck_assert_int_eq(lines[0], 48);
+    ck_assert_int_eq(lines[1], 12);
+    for (char *line = strtok(text[1], "\n"); line; line = strtok(NULL, "\n"))
+        ck_assert_msg(strstr(text[0], line), "4 devices decoded '%s'; one device:\n%s", line,
+                      text[0]);
+    ck_assert_msg(acc[0] >= 0.0f && acc[0] == acc[1], "accuracy %g against %g", acc[0], acc[1]);
+}
+END_TEST
+
 /* Two micro-steps of batch 1 on 2 devices equal one micro-step of batch 1
  * on 4: the accumulation tree over micro-steps is the rank tree's twin. */
 START_TEST(test_grad_accum_matches)
@@ -1351,6 +1403,7 @@ int main(void)
                     test_comm_bytes_formula, test_peak_memory_falls, test_oom_under_cap,
                     test_bad_configs, test_offload_overlap, test_many_micro_batches,
                     test_eight_ranks_prefetch_offload, FSDP_TEST_LOOP(test_masked_loss, 2),
+                    test_synthetic_eval_same_across_devices,
                     FSDP_TEST_LOOP(test_threads_per_device_bit_identical,
                                    (int)(sizeof thread_models / sizeof thread_models[0])))},
         {"offload_params", 300, .tmpdir = true,

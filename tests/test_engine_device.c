@@ -13,12 +13,19 @@
  *   strategy, prefetch, placement and accumulation depth, so a cuda run
  *   never asks the driver for memory in a step (the device's warm-up
  *   ledger counts the same on every backend; test_cuda.c checks the block
- *   cache itself on a GPU).
+ *   cache itself on a GPU);
+ * - a forward's length: fsdp_engine_forward on rows shorter than the
+ *   engine's seq runs at their length, with the logits of the full length
+ *   up to float rounding, the same bits call after call, and refuses a
+ *   length or position outside the rows.
  */
 #include <check.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "core/rng.h"
 #include "core/world.h"
 #include "data/data.h"
 #include "device/device.h"
@@ -326,6 +333,110 @@ START_TEST(test_warm_up_covers_the_step)
 }
 END_TEST
 
+/* ---- a forward's length -------------------------------------------------- */
+
+#define LEN_SEQ 32   /* the engine's */
+#define LEN_SHORT 21 /* the short rows' */
+
+struct len_rank {
+    float *full, *shorter, *again; /* (2, Vp) logits at positions {9, 20} */
+    fsdp_status zero_st, long_st, pos_st;
+    char pos_msg[200];
+};
+
+struct len_run {
+    fsdp_engine_shared *sh;
+    int Vp, vocab;
+    struct len_rank r[N_RANKS];
+};
+
+static fsdp_status len_rank_main(fsdp_world *w, int rank, void *arg)
+{
+    (void)w;
+    struct len_run *run = arg;
+    struct len_rank *p = &run->r[rank];
+    int full[2 * LEN_SEQ], shorter[2 * LEN_SHORT], pos[2] = {9, LEN_SHORT - 1};
+    for (int i = 0; i < 2 * LEN_SEQ; i++) /* the same rows on every rank */
+        full[i] = (int)(fsdp_rng_u64(5, 0, (uint64_t)i) % (uint64_t)run->vocab);
+    for (int b = 0; b < 2; b++)
+        memcpy(shorter + b * LEN_SHORT, full + b * LEN_SEQ, LEN_SHORT * sizeof(int));
+    fsdp_engine *e = NULL;
+    FSDP_TRY(fsdp_engine_init(&e, run->sh, rank));
+    fsdp_status st = fsdp_engine_forward(e, full, 2, LEN_SEQ, pos, p->full, NULL);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_engine_forward(e, shorter, 2, LEN_SHORT, pos, p->shorter, NULL);
+    if (st == FSDP_STATUS_OK)
+        st = fsdp_engine_forward(e, shorter, 2, LEN_SHORT, pos, p->again, NULL);
+    if (st == FSDP_STATUS_OK) { /* refused before anything runs: every rank alike */
+        p->zero_st = fsdp_engine_forward(e, shorter, 2, 0, pos, p->again, NULL);
+        p->long_st = fsdp_engine_forward(e, full, 2, LEN_SEQ + 1, pos, p->again, NULL);
+        int past[2] = {9, LEN_SHORT};
+        p->pos_st = fsdp_engine_forward(e, shorter, 2, LEN_SHORT, past, p->again, NULL);
+        snprintf(p->pos_msg, sizeof p->pos_msg, "%s", fsdp_error_msg());
+    }
+    fsdp_engine_free(e);
+    return st;
+}
+
+/* The short rows' logits are the full rows' at the same positions within
+ * float rounding (1e-4 of the largest), bit for bit the same in a second
+ * call, and alike on both ranks; lengths 0 and seq + 1 and a position past
+ * the rows are INVALID_ARG. GPT-2 and Llama (state_len), fp32 and bf16. */
+START_TEST(test_forward_at_a_shorter_length)
+{
+    const char *models[] = {"tiny", "llama-tiny"};
+    for (int mi = 0; mi < 2; mi++)
+    for (int prec = 0; prec < 2; prec++) {
+        fsdp_model m;
+        ck_assert_int_eq(fsdp_model_from_spec(models[mi], &m), FSDP_STATUS_OK);
+        fsdp_world *w = NULL;
+        ck_assert_int_eq(fsdp_world_init(&w, N_RANKS), FSDP_STATUS_OK);
+        fsdp_engine_config c = {.backend = FSDP_BACKEND_CPU, .n_ranks = N_RANKS,
+                                .shard = FSDP_SHARD_FULL,
+                                .compute_dtype = prec ? FSDP_DTYPE_BF16 : FSDP_DTYPE_F32,
+                                .batch = 2, .seq = LEN_SEQ, .grad_accum = 1, .inference = true,
+                                .seed = 3};
+        fsdp_engine_shared sh;
+        ck_assert_msg(fsdp_engine_shared_init(&sh, &c, &m, NULL, w) == FSDP_STATUS_OK, "%s",
+                      fsdp_error_msg());
+        struct len_run run = {.sh = &sh, .Vp = m.padded_vocab_size, .vocab = m.vocab_size};
+        const size_t n = 2 * (size_t)run.Vp;
+        for (int r = 0; r < N_RANKS; r++) {
+            run.r[r].full = calloc(n, sizeof(float));
+            run.r[r].shorter = calloc(n, sizeof(float));
+            run.r[r].again = calloc(n, sizeof(float));
+        }
+        fsdp_world_launch(w, len_rank_main, &run); /* the refusals end it with their status */
+        for (int r = 0; r < N_RANKS; r++) {
+            const struct len_rank *p = &run.r[r];
+            const char *what = models[mi];
+            ck_assert_msg(p->zero_st == FSDP_STATUS_INVALID_ARG &&
+                              p->long_st == FSDP_STATUS_INVALID_ARG &&
+                              p->pos_st == FSDP_STATUS_INVALID_ARG,
+                          "%s rank %d: %d %d %d", what, r, p->zero_st, p->long_st, p->pos_st);
+            ck_assert_msg(strstr(p->pos_msg, "position 21 of 21"), "%s", p->pos_msg);
+            double top = 0.0, diff = 0.0;
+            for (size_t i = 0; i < n; i++) {
+                top = fmax(top, fabs(p->full[i]));
+                diff = fmax(diff, fabs((double)p->full[i] - p->shorter[i]));
+            }
+            ck_assert_msg(top > 0 && diff <= 1e-4 * top, "%s %s rank %d: %g of %g", what,
+                          prec ? "bf16" : "fp32", r, diff, top);
+            ck_assert_msg(!memcmp(p->shorter, p->again, n * sizeof(float)),
+                          "%s %s rank %d: another call, other bits", what,
+                          prec ? "bf16" : "fp32", r);
+            ck_assert_msg(!memcmp(p->shorter, run.r[0].shorter, n * sizeof(float)),
+                          "%s %s rank %d: not rank 0's bits", what, prec ? "bf16" : "fp32", r);
+        }
+        for (int r = 0; r < N_RANKS; r++)
+            free(run.r[r].full), free(run.r[r].shorter), free(run.r[r].again);
+        fsdp_engine_shared_free(&sh);
+        fsdp_world_free(w);
+        fsdp_model_free(&m);
+    }
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
@@ -333,6 +444,7 @@ int main(void)
          FSDP_TESTS(test_step_failure_stops_before_any_free,
                     test_init_failure_stops_before_any_free)},
         {"warm_up", 300, FSDP_TESTS(test_warm_up_covers_the_step)},
+        {"forward_len", 120, FSDP_TESTS(test_forward_at_a_shorter_length)},
     };
     return fsdp_test_main("engine_device", tcases, FSDP_TEST_LEN(tcases));
 }

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "ckpt/modelfile.h"
+#include "data/data.h"
 #include "cli/cli.h"
 #include "cli/run_opts.h"
 #include "models/lora.h"
@@ -248,7 +249,7 @@ int fsdp_run_opts_finish(const char *cmd, fsdp_run_opts *ro)
         ro->cfg.seq_auto = true;
     }
     if (e->seq == 0)
-        e->seq = data && !strcmp(data, "synthetic") ? 14 : context;
+        e->seq = data && !strcmp(data, "synthetic") ? FSDP_SYNTH_ROW : context;
     if (e->seq > context) {
         fprintf(stderr, "fsdp %s: --seq %d is longer than model '%s''s context of %d\n", cmd, e->seq,
                 ro->cfg.model, context);

@@ -172,4 +172,8 @@ int fsdp_data_rows_len(const fsdp_data *d, uint64_t first, int n, int B, int T);
  * numbering for every source: data.c. */
 void fsdp_synth_problem(uint64_t seed, uint64_t index, char *prompt, char *answer);
 
+/* The synthetic task's block: "\n" + prompt + answer, one problem (the
+ * default --seq of a synthetic run, and the rows its evaluation decodes). */
+#define FSDP_SYNTH_ROW 14
+
 #endif /* FSDP_DATA_DATA_H */

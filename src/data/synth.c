@@ -54,6 +54,7 @@
 #define SYNTH_ZERO_NUM 77u           /* training digit -> 0 with probability 77/256 */
 
 _Static_assert(SYNTH_RANGE == 1000u, "SYNTH_RANGE must be 10^FSDP_SYNTH_DIGITS");
+_Static_assert(SYNTH_LEN == FSDP_SYNTH_ROW, "data.h's FSDP_SYNTH_ROW is one problem's block");
 _Static_assert(SYNTH_PROMPT_LEN < 64 && SYNTH_ANSWER_LEN < 64,
                "fsdp_synth_problem's buffers are 64 bytes");
 _Static_assert(2 * FSDP_SYNTH_DIGITS <= 8, "one byte of a 64-bit draw per zero flag");

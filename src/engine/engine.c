@@ -402,13 +402,13 @@ static fsdp_status step_run(fsdp_engine *e, uint64_t step, float lr, fsdp_step_r
 
 /* ---- forward only (evaluation, sampling) ----------------------------------- */
 
-/* Forward of the tokens already in the model state: gathers unit by unit;
- * the root stays gathered for the caller to release. */
-static fsdp_status forward_only(fsdp_engine *e, float *loss)
+/* Forward of the tokens already in the model state, rows of T (set_len's:
+ * what the state runs at): gathers unit by unit; the root stays gathered for
+ * the caller to release. */
+static fsdp_status forward_only(fsdp_engine *e, int T, float *loss)
 {
     const fsdp_model *m = e->sh->model;
     const struct fsdp_model_i *mi = m->iface;
-    int T = e->sh->cfg.seq; /* forwards run at the engine's T (the staging is of T) */
     set_len(e, &T);
     FSDP_TRY(fsdp_engine_gather_wait(e, 0));
     FSDP_TRY(mi->root_forward(m, &e->ops, e->state, fsdp_engine_row(e, 0)->gathered));
@@ -434,30 +434,40 @@ static fsdp_status forward_batch_run(fsdp_engine *e, const fsdp_data *data, uint
     if (fsdp_data_masked(data) && fsdp_device_computes(&e->dev))
         count = count_unmasked(e->tokens_host + rows, rows); /* load_batch's targets */
     float l = 0.0f;
-    FSDP_TRY(forward_only(e, &l));
+    FSDP_TRY(forward_only(e, cfg->seq, &l));
     *loss = l;
     if (n_targets)
         *n_targets = count;
     return fsdp_engine_gather_release(e, 0);
 }
 
-static fsdp_status forward_run(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
-                               float *logits_out, float *loss)
+static fsdp_status forward_run(fsdp_engine *e, const int *tokens, int n_rows, int T_rows,
+                               const int *pos, float *logits_out, float *loss)
 {
     fsdp_engine_shared *sh = e->sh;
     const fsdp_engine_config *cfg = &sh->cfg;
     const fsdp_model *m = sh->model;
     const struct fsdp_model_i *mi = m->iface;
-    int T = cfg->seq, Vp = m->padded_vocab_size;
-    size_t n = (size_t)cfg->batch * (size_t)T;
+    int Vp = m->padded_vocab_size;
     if (n_rows > cfg->batch)
         return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "forward of %d rows > batch %d", n_rows,
                               cfg->batch);
+    if (T_rows < 1 || T_rows > cfg->seq)
+        return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "forward of rows of %d tokens: the "
+                              "engine's are 1 to %d", T_rows, cfg->seq);
+    for (int b = 0; logits_out && b < n_rows; b++)
+        if (pos[b] < 0 || pos[b] >= T_rows)
+            return fsdp_error_set(FSDP_STATUS_INVALID_ARG, "forward: row %d's logits at "
+                                  "position %d of %d", b, pos[b], T_rows);
+    int T = T_rows; /* the length the ops run at: T_rows, or cfg->seq (set_len) */
+    set_len(e, &T);
+    size_t n = (size_t)cfg->batch * (size_t)T;
     if (fsdp_device_computes(&e->dev)) { /* meta's staging is not backed */
         int *in = e->tokens_host, *tg = e->tokens_host + n;
         FSDP_TRY(fsdp_device_event_sync(&e->dev, e->ev_tokens)); /* as in load_batch */
         memset(in, 0, n * sizeof(int));
-        memcpy(in, tokens, (size_t)n_rows * (size_t)T * sizeof(int));
+        for (int b = 0; b < n_rows; b++)
+            memcpy(in + (size_t)b * T, tokens + (size_t)b * T_rows, (size_t)T_rows * sizeof(int));
         for (size_t i = 0; i < n; i++)
             tg[i] = in[i]; /* targets are unused by the forward; keep them valid */
         FSDP_TRY(fsdp_device_memcpy(&e->dev, mi->state_tokens(e->state), in, n * sizeof(int),
@@ -473,7 +483,7 @@ static fsdp_status forward_run(fsdp_engine *e, const int *tokens, int n_rows, co
         FSDP_TRY(fsdp_device_event_record(&e->dev, e->ev_tokens, e->dev.compute));
     }
     float l = 0.0f;
-    FSDP_TRY(forward_only(e, &l));
+    FSDP_TRY(forward_only(e, T, &l));
     if (loss)
         *loss = l;
     if (logits_out && fsdp_device_computes(&e->dev)) {
@@ -525,8 +535,8 @@ fsdp_status fsdp_engine_forward_data(fsdp_engine *e, const fsdp_data *data, uint
     return fsdp_engine_note(e, forward_batch_run(e, data, index, loss, n_targets));
 }
 
-fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
-                                float *logits_out, float *loss)
+fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, int T,
+                                const int *pos, float *logits_out, float *loss)
 {
-    return fsdp_engine_note(e, forward_run(e, tokens, n_rows, pos, logits_out, loss));
+    return fsdp_engine_note(e, forward_run(e, tokens, n_rows, T, pos, logits_out, loss));
 }

@@ -214,23 +214,29 @@ fsdp_status fsdp_engine_step(fsdp_engine *e, uint64_t step, float lr, fsdp_step_
  * (sums over B*T' tokens instead of B*T). The caller passes every rank the same T' (a
  * function of the step's global batch), so results stay bit-identical across device
  * counts. 0 or out of [1, cfg.seq], or a model family without state_len: cfg.seq (the
- * default). Forwards (eval, sampling) always run at cfg.seq; a plan (meta) at the
- * worst case, cfg.seq, as nobody sets it there. */
+ * default). Forwards take their own length (fsdp_engine_forward; forward_batch and
+ * forward_data run at cfg.seq); a plan (meta) at the worst case, cfg.seq, as nobody
+ * sets it there. */
 void fsdp_engine_set_len(fsdp_engine *e, int T);
 
 /* The first data error of this rank's steps (OK if none) and its message
  * (valid while e lives). */
 fsdp_status fsdp_engine_data_error(const fsdp_engine *e, const char **msg);
 
-/* Forward only on n_rows <= B sequences of T tokens (host int32, row-major):
- * if logits_out != NULL, writes the fp32 logits of row b at position pos[b]
- * to logits_out[b * Vp ..]; if loss != NULL, the model's mean loss with the
- * inputs themselves as targets (the next tokens are not passed in: for a
- * next-token loss on data use fsdp_engine_forward_batch; rows past n_rows
- * are zeros). All ranks call it in lockstep (it all-gathers), each with its
- * own tokens. */
-fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, const int *pos,
-                                float *logits_out, float *loss);
+/* Forward only on n_rows <= B sequences of T <= cfg.seq tokens (host int32,
+ * row-major): if logits_out != NULL, writes the fp32 logits of row b at
+ * position pos[b] < T to logits_out[b * Vp ..]; if loss != NULL, the
+ * model's mean loss with the inputs themselves as targets (the next tokens
+ * are not passed in: for a next-token loss on data use
+ * fsdp_engine_forward_batch; rows past n_rows are zeros). The ops run at
+ * length T (the model's state_len; a family without one runs at cfg.seq,
+ * the rows padded with zeros after position T): a causal model's logits at
+ * a position are those of the same tokens at any longer T up to float
+ * rounding (the products' shapes change), and bit-identical for the same T.
+ * All ranks call it in lockstep (it all-gathers), each with its own tokens;
+ * INVALID_ARG for T outside [1, cfg.seq]. */
+fsdp_status fsdp_engine_forward(fsdp_engine *e, const int *tokens, int n_rows, int T,
+                                const int *pos, float *logits_out, float *loss);
 
 /* Forward only on micro-batch `index` of the shared data source (the
  * numbering fsdp_engine_step uses), with the model's real next-token

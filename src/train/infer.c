@@ -310,6 +310,9 @@ static bool is_stop(const fsdp_sample_config *sc, int tok)
     return false;
 }
 
+/* A sampling forward's length: the tokens so far, rounded up to a multiple of this. */
+#define SAMPLE_LEN_STEP 32
+
 static fsdp_status sample_rank(fsdp_world *w, int rank, void *arg)
 {
     struct infer *r = arg;
@@ -328,8 +331,11 @@ static fsdp_status sample_rank(fsdp_world *w, int rank, void *arg)
         int len = sc->n_prompt + k, start = len > T ? len - T : 0, n = len - start;
         memset(row, 0, (size_t)T * sizeof *row);
         memcpy(row, r->ctx + start, (size_t)n * sizeof *row);
-        int pos = n - 1;
-        FSDP_CHECK(fsdp_engine_forward(e, row, 1, &pos, logits, NULL));
+        /* the forward runs at the text's length, rounded up to SAMPLE_LEN_STEP so that few
+         * shapes come up, not the whole context (the logits at pos do not depend on what
+         * follows it) */
+        int pos = n - 1, Tf = (n + SAMPLE_LEN_STEP - 1) / SAMPLE_LEN_STEP * SAMPLE_LEN_STEP;
+        FSDP_CHECK(fsdp_engine_forward(e, row, 1, Tf < T ? Tf : T, &pos, logits, NULL));
         for (int v = 0; rank == 0 && v < V; v++) /* argmax and softmax would pick anything */
             if (!isfinite(logits[v])) {
                 st = fsdp_error_set(FSDP_STATUS_NONFINITE,

@@ -55,7 +55,7 @@ static fsdp_status plan_rank(fsdp_world *w, int rank, void *arg)
         fsdp_step_result r;
         if (ec->inference) {
             fsdp_engine_comms_reset(e);
-            FSDP_CHECK(fsdp_engine_forward(e, tokens, ec->batch, NULL, NULL, NULL));
+            FSDP_CHECK(fsdp_engine_forward(e, tokens, ec->batch, ec->seq, NULL, NULL, NULL));
         } else {
             FSDP_CHECK(fsdp_engine_step(e, (uint64_t)s, fsdp_train_lr(pl->cfg, s), &r));
         }

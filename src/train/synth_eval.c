@@ -5,15 +5,22 @@
  * Each batch: every row gets a newline and a problem's prompt, then the
  * batch is decoded greedily for as many tokens as its longest answer
  * (one forward per token, logits read at each row's last position), and
- * each row is scored against its answer up to the first newline.
+ * each row is scored against its answer up to the first newline. The rows
+ * are one problem's block long (FSDP_SYNTH_ROW, or the run's --seq when
+ * shorter), whatever the run's --seq: a causal model's logits there do not
+ * depend on the positions after them, and a forward of a long --seq would
+ * cost its whole length for 14 tokens. Every batch and every rank runs at
+ * that one length, so the decoded tokens do not depend on the job's size.
  */
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/clock.h"
 #include "data/data.h"
 #include "train/synth_eval.h"
 
 #define TEXT_MAX 72 /* a problem's prompt or answer, NUL included */
+#define EVAL_PROGRESS_S 10.0 /* seconds between progress lines */
 
 /* One batch of rows being decoded. */
 struct batch {
@@ -86,7 +93,7 @@ static fsdp_status batch_decode(fsdp_engine *e, struct batch *bt, int n_tokens)
     for (int s = 0; s < n_tokens; s++) {
         for (int b = 0; b < bt->B; b++)
             bt->pos[b] = bt->len[b] - 1 < T - 1 ? bt->len[b] - 1 : T - 1;
-        FSDP_TRY(fsdp_engine_forward(e, bt->tok, bt->B, bt->pos, bt->logits, NULL));
+        FSDP_TRY(fsdp_engine_forward(e, bt->tok, bt->B, T, bt->pos, bt->logits, NULL));
         for (int b = 0; b < bt->B; b++) {
             if (bt->len[b] >= T)
                 continue;
@@ -177,10 +184,18 @@ fsdp_status fsdp_synth_eval_run(fsdp_engine *e, int rank, const fsdp_engine_conf
     int64_t per_batch = (int64_t)N * ec->batch;
     int64_t n_batches = (ev->n_problems + per_batch - 1) / per_batch;
     struct batch bt;
-    FSDP_TRY(batch_alloc(&bt, ec->batch, ec->seq, m));
+    FSDP_TRY(batch_alloc(&bt, ec->batch, ec->seq < FSDP_SYNTH_ROW ? ec->seq : FSDP_SYNTH_ROW, m));
     fsdp_status st = FSDP_STATUS_OK;
     int printed = 0, counts[2] = {0, 0}; /* this rank's correct, seen */
+    double t0 = fsdp_now_s(), shown = t0;
     for (int64_t k = 0; k < n_batches; k++) {
+        double now = fsdp_now_s();
+        if (rank == 0 && ev->out && now - shown >= EVAL_PROGRESS_S) { /* long: say where it is */
+            fprintf(ev->out, "  eval: %lld/%lld batches of %d held-out problems, %.0f s\n",
+                    (long long)k, (long long)n_batches, ev->n_problems, now - t0);
+            fflush(ev->out);
+            shown = now;
+        }
         unsigned stop = 0; /* a stop request ends the evaluation too */
         FSDP_CHECK(fsdp_engine_or(e, ev->stop ? fsdp_train_stop_word(atomic_load(ev->stop)) : 0,
                                   &stop));

@@ -8,6 +8,7 @@
  */
 #include <string.h>
 
+#include "data/data.h"
 #include "device/device.h"
 #include "train/train_internal.h"
 
@@ -23,7 +24,7 @@ void fsdp_train_config_default(fsdp_train_config *cfg)
     e->compute_dtype = FSDP_DTYPE_F32;
     e->prefetch = true;
     e->batch = 16;  /* x 4 devices: 64 synthetic problems per step */
-    e->seq = 14;    /* one synthetic problem per row (data/synth.c) */
+    e->seq = FSDP_SYNTH_ROW; /* one synthetic problem per row */
     e->grad_accum = 1;
     e->optim_hp.weight_decay = 0.1f; /* the optimizer's own: its defaults (optim/) */
     e->clip = 1.0f;
