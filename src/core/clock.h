@@ -9,6 +9,10 @@
 #include <pthread.h>
 #include <time.h>
 
+/* Seconds between the progress lines of long work that prints nothing else
+ * until it ends (the synthetic task's evaluation, fsdp eval). */
+#define FSDP_PROGRESS_S 10.0
+
 /* Seconds since an arbitrary fixed point; only differences mean anything. */
 static inline double fsdp_now_s(void)
 {

@@ -38,7 +38,8 @@ typedef struct fsdp_infer_config {
     const char *chat_format;   /* eval: how {"messages"} rows are rendered, as the trainer's
                                 * --chat-format (data.h; NULL: the tokenizer's) */
     FILE *note;                /* eval: where to say how {"messages"} rows were rendered
-                                * (NULL: nowhere) */
+                                * and, every FSDP_PROGRESS_S seconds, how far a long
+                                * evaluation is (NULL: nowhere) */
     fsdp_mem_stats *mem_out;   /* optional [n_ranks]: each rank's device memory figures
                                 * after its last forward */
 } fsdp_infer_config;

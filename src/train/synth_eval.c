@@ -11,6 +11,7 @@
  * depend on the positions after them, and a forward of a long --seq would
  * cost its whole length for 14 tokens. Every batch and every rank runs at
  * that one length, so the decoded tokens do not depend on the job's size.
+ * A long evaluation says how far it is every FSDP_PROGRESS_S seconds.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +21,6 @@
 #include "train/synth_eval.h"
 
 #define TEXT_MAX 72 /* a problem's prompt or answer, NUL included */
-#define EVAL_PROGRESS_S 10.0 /* seconds between progress lines */
 
 /* One batch of rows being decoded. */
 struct batch {
@@ -190,7 +190,7 @@ fsdp_status fsdp_synth_eval_run(fsdp_engine *e, int rank, const fsdp_engine_conf
     double t0 = fsdp_now_s(), shown = t0;
     for (int64_t k = 0; k < n_batches; k++) {
         double now = fsdp_now_s();
-        if (rank == 0 && ev->out && now - shown >= EVAL_PROGRESS_S) { /* long: say where it is */
+        if (rank == 0 && ev->out && now - shown >= FSDP_PROGRESS_S) { /* long: say where it is */
             fprintf(ev->out, "  eval: %lld/%lld batches of %d held-out problems, %.0f s\n",
                     (long long)k, (long long)n_batches, ev->n_problems, now - t0);
             fflush(ev->out);
