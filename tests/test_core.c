@@ -20,6 +20,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/rng.h"
+#include "core/utf8.h"
 #include "core/world.h"
 #include "device/device.h"
 #include "testutil.h"
@@ -953,6 +954,69 @@ START_TEST(test_normal_fill_is_the_draw)
 }
 END_TEST
 
+/* ---- lossy UTF-8 (utf8.h) ---------------------------------------------------- */
+
+/* hex ("-": empty) into b; its length */
+static size_t unhex(const char *h, uint8_t *b)
+{
+    size_t n = 0;
+    for (; h[0] != '-' && h[0] && h[1]; h += 2) {
+        unsigned v;
+        if (sscanf(h, "%2x", &v) != 1)
+            ck_abort_msg("bad hex '%s'", h);
+        b[n++] = (uint8_t)v;
+    }
+    return n;
+}
+
+/* in fed as pieces of `step` bytes (0: cut once at `cut`), then ended */
+static size_t lossy_fed(const uint8_t *in, size_t n, size_t step, size_t cut, uint8_t *out)
+{
+    fsdp_utf8_stream s = {0};
+    size_t w = 0;
+    if (step == 0) {
+        w += fsdp_utf8_lossy(&s, in, cut, false, out);
+        w += fsdp_utf8_lossy(&s, in + cut, n - cut, false, out + w);
+    } else {
+        for (size_t i = 0; i < n; i += step)
+            w += fsdp_utf8_lossy(&s, in + i, n - i < step ? n - i : step, false, out + w);
+    }
+    w += fsdp_utf8_lossy(&s, NULL, 0, true, out + w);
+    if (s.n_pend != 0)
+        ck_abort_msg("a character still open after the end");
+    return w;
+}
+
+/* tests/fixtures/utf8_lossy.txt (tools/gen_utf8_fixture.py: Python's
+ * decode("utf-8", "replace"), the tokenizers decoders' lossy decode): each
+ * case's output, fed whole, a byte at a time, in 3- and 5-byte pieces and cut
+ * once at every position, is the reference's, and within the size bound. */
+START_TEST(test_utf8_lossy_is_the_references)
+{
+    FILE *f = fopen("tests/fixtures/utf8_lossy.txt", "r");
+    ck_assert_ptr_nonnull(f);
+    char in_hex[512], want_hex[1024];
+    int n_cases = 0, n_broken = 0;
+    while (fscanf(f, "%511s %1023s", in_hex, want_hex) == 2) {
+        uint8_t in[256], want[512], got[FSDP_UTF8_LOSSY_MAX(256)];
+        size_t n = unhex(in_hex, in), nw = unhex(want_hex, want);
+        n_broken += nw != n || memcmp(in, want, n) != 0;
+        const size_t steps[] = {1, 3, 5, 1000};
+        for (size_t k = 0; k < 4 + n + 1; k++) {
+            size_t w = k < 4 ? lossy_fed(in, n, steps[k], 0, got) : lossy_fed(in, n, 0, k - 4, got);
+            if (w > FSDP_UTF8_LOSSY_MAX(n) || w != nw || memcmp(got, want, w) != 0)
+                ck_abort_msg("%s: %s, want %s (%s %zu)", in_hex, w ? "differs" : "empty",
+                             want_hex, k < 4 ? "pieces of" : "cut at",
+                             k < 4 ? steps[k] : k - 4);
+        }
+        n_cases++;
+    }
+    fclose(f);
+    ck_assert_int_ge(n_cases, 700);
+    ck_assert_int_ge(n_broken, 300); /* most cases need a replacement */
+}
+END_TEST
+
 int main(void)
 {
     const fsdp_test_tcase tcases[] = {
@@ -969,6 +1033,7 @@ int main(void)
                     test_fmt_bytes)},
         {"log", 30, FSDP_TESTS(test_log_settings)},
         {"rng", 120, FSDP_TESTS(test_box_muller_is_libms, test_normal_fill_is_the_draw)},
+        {"utf8", 30, FSDP_TESTS(test_utf8_lossy_is_the_references)},
         {"watchdog", 30, .tmpdir = true,
          FSDP_TESTS(test_barrier_stall_is_reported, test_flight_record_alone,
                     test_flight_rank_lists)},

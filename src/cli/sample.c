@@ -30,6 +30,7 @@
 #include "cli/infer_opts.h"
 #include "ckpt/modelfile.h"
 #include "core/fileio.h"
+#include "core/utf8.h"
 #include "data/chat.h"
 #include "data/hftok.h"
 #include "data/tokenizer.h"
@@ -46,7 +47,21 @@ struct text_io {
     int n_stop;
     int n;          /* tokens printed (ids: separators) */
     bool ids_asked; /* --ids: ids whatever tokenizer there is */
+    fsdp_utf8_stream utf8; /* text: a character split across tokens waits here */
 };
+
+/* Text bytes to stdout as valid UTF-8 (utf8.h: what the tokenizers library's
+ * decode shows); `end` closes a character left open as U+FFFD. */
+static void print_text(struct text_io *io, const uint8_t *b, size_t len, bool end)
+{
+    uint8_t out[FSDP_UTF8_LOSSY_MAX(256)];
+    do {
+        size_t k = len < 256 ? len : 256;
+        len -= k;
+        fwrite(out, 1, fsdp_utf8_lossy(&io->utf8, b, k, end && len == 0, out), stdout);
+        b += k;
+    } while (len > 0);
+}
 
 struct chat_opts {
     bool on;
@@ -63,11 +78,15 @@ static void print_token(void *arg, int id)
         if (id == io->stop[i])
             return;
     switch (io->kind) {
-    case TEXT_BYTES: putchar(id); break;
+    case TEXT_BYTES: {
+        uint8_t byte = (uint8_t)id;
+        print_text(io, &byte, 1, false);
+        break;
+    }
     case TEXT_HF:
         b = fsdp_hftok_token_bytes(io->hf, id, &len);
         if (b)
-            fwrite(b, 1, len, stdout);
+            print_text(io, b, len, false);
         else
             printf("<%d>", id);
         break;
@@ -76,7 +95,7 @@ static void print_token(void *arg, int id)
         if (!b)
             printf("<%d>", id);
         else if (!(len == 1 && b[0] < 0x20 && b[0] != '\n' && b[0] != '\t'))
-            fwrite(b, 1, len, stdout); /* control bytes alone are dropped, as llm.c does */
+            print_text(io, b, len, false); /* control bytes alone are dropped, as llm.c does */
         break;
     default: printf("%s%d", io->n ? " " : "", id); break;
     }
@@ -422,6 +441,8 @@ int fsdp_cli_sample(int argc, char **argv)
                              .n_stop = n_stop, .on_token = print_token, .arg = &io,
                              .logits = logits};
     st = fsdp_infer_sample(c, &sc, out, &n_out);
+    if (io.kind != TEXT_IDS)
+        print_text(&io, NULL, 0, true); /* a character the last token left open */
     putchar('\n');
     if (st == FSDP_STATUS_OK && logits_path)
         st = write_logits(logits_path, logits, n_out, V);
