@@ -59,7 +59,8 @@ static void print_text(struct text_io *io, const uint8_t *b, size_t len, bool en
         size_t k = len < 256 ? len : 256;
         len -= k;
         fwrite(out, 1, fsdp_utf8_lossy(&io->utf8, b, k, end && len == 0, out), stdout);
-        b += k;
+        if (k)
+            b += k; /* b is NULL at the end */
     } while (len > 0);
 }
 

@@ -38,8 +38,10 @@ size_t fsdp_utf8_lossy(fsdp_utf8_stream *s, const uint8_t *in, size_t n, bool en
         size_t take = n < sizeof buf - (size_t)s->n_pend ? n : sizeof buf - (size_t)s->n_pend;
         size_t m = (size_t)s->n_pend;
         memcpy(buf, s->pend, m);
-        memcpy(buf + m, in, take);
-        m += take, in += take, n -= take;
+        if (take) { /* in may be NULL at the end */
+            memcpy(buf + m, in, take);
+            m += take, in += take, n -= take;
+        }
         s->n_pend = 0;
         size_t i = 0;
         while (i < m) {
