@@ -7,36 +7,28 @@
  */
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "data/chat.h"
 #include "data/shard.h"
 
 typedef struct progress {
     bool quiet;
-    double t0, last;
+    fsdp_progress pg;
 } progress;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void on_progress(void *arg, size_t done, size_t total, uint64_t tokens)
 {
     progress *p = arg;
-    double t = now_s();
-    if (p->quiet || t - p->last < 2.0 || done >= total)
+    double elapsed;
+    if (p->quiet || done >= total || !fsdp_progress_due(&p->pg, 2.0, &elapsed))
         return;
-    p->last = t;
     fprintf(stderr, "tokenize: %5.1f%% of %.1f MB, %llu tokens, %.1f MB/s\n",
             total ? 100.0 * (double)done / (double)total : 100.0, (double)total / 1e6,
-            (unsigned long long)tokens, (double)done / 1e6 / (t - p->t0));
+            (unsigned long long)tokens, (double)done / 1e6 / elapsed);
 }
 
 int fsdp_cli_tokenize(int argc, char **argv)
@@ -103,14 +95,14 @@ int fsdp_cli_tokenize(int argc, char **argv)
         return rc;
     o.progress = on_progress;
     o.arg = &p;
-    p.t0 = p.last = now_s();
+    p.pg = fsdp_progress_start();
     fsdp_tokenize_result res;
     fsdp_status st = fsdp_tokenize_file(&o, &res);
     if (st != FSDP_STATUS_OK) {
         fprintf(stderr, "fsdp tokenize: error: %s\n", fsdp_error_msg());
         return st == FSDP_STATUS_INVALID_ARG ? 2 : 1;
     }
-    double sec = now_s() - p.t0;
+    double sec = fsdp_now_s() - p.pg.t0;
     char first[4096], last[4096];
     if (shard_tokens) {
         fsdp_tokenize_shard_path(o.out, 0, first, sizeof first);

@@ -7,6 +7,7 @@
 #define FSDP_CORE_CLOCK_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <time.h>
 
 /* Seconds between the progress lines of long work that prints nothing else
@@ -19,6 +20,30 @@ static inline double fsdp_now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* When long work started and when it last said how far it is. */
+typedef struct fsdp_progress {
+    double t0, last;
+} fsdp_progress;
+
+static inline fsdp_progress fsdp_progress_start(void)
+{
+    double t = fsdp_now_s();
+    return (fsdp_progress){t, t};
+}
+
+/* Whether a progress line is due: `every` seconds since the last (or the
+ * start), counted again from now when it is; *elapsed gets the seconds
+ * since the start. */
+static inline bool fsdp_progress_due(fsdp_progress *p, double every, double *elapsed)
+{
+    double t = fsdp_now_s();
+    if (t - p->last < every)
+        return false;
+    p->last = t;
+    *elapsed = t - p->t0;
+    return true;
 }
 
 /* The same clock read cheaply, to a kernel tick (1-4 ms): for timestamps

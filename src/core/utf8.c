@@ -34,7 +34,7 @@ size_t fsdp_utf8_lossy(fsdp_utf8_stream *s, const uint8_t *in, size_t n, bool en
     /* the open character's bytes, then the new ones, read as one sequence */
     uint8_t buf[3 + 64];
     size_t w = 0;
-    while (n > 0 || s->n_pend > 0) {
+    do { /* the open character and up to 64 new bytes at a time */
         size_t take = n < sizeof buf - (size_t)s->n_pend ? n : sizeof buf - (size_t)s->n_pend;
         size_t m = (size_t)s->n_pend;
         memcpy(buf, s->pend, m);
@@ -73,9 +73,7 @@ size_t fsdp_utf8_lossy(fsdp_utf8_stream *s, const uint8_t *in, size_t n, bool en
                 w += put_replacement(out + w), i += (size_t)k;
             }
         }
-        if (n == 0)
-            break;
-    }
+    } while (n > 0);
     if (end && s->n_pend > 0) {
         w += put_replacement(out + w);
         s->n_pend = 0;

@@ -199,14 +199,13 @@ static fsdp_status eval_rank(fsdp_world *w, int rank, void *arg)
     fsdp_engine *e = NULL;
     fsdp_status st;
     FSDP_CHECK(fsdp_engine_init(&e, &r->sh, rank));
-    double t0 = fsdp_now_s(), shown = t0;
+    fsdp_progress pg = fsdp_progress_start();
+    double elapsed;
     for (int k = 0; k * N < S; k++) {
         int m = k * N + rank;
-        double now = fsdp_now_s();
-        if (rank == 0 && r->cfg->note && now - shown >= FSDP_PROGRESS_S) { /* long: say so */
-            fprintf(r->cfg->note, "eval: %d/%d batches, %.0f s\n", k * N, S, now - t0);
+        if (rank == 0 && r->cfg->note && fsdp_progress_due(&pg, FSDP_PROGRESS_S, &elapsed)) {
+            fprintf(r->cfg->note, "eval: %d/%d batches, %.0f s\n", k * N, S, elapsed);
             fflush(r->cfg->note);
-            shown = now;
         }
         float loss = 0.0f;
         uint64_t count = 0;

@@ -187,14 +187,13 @@ fsdp_status fsdp_synth_eval_run(fsdp_engine *e, int rank, const fsdp_engine_conf
     FSDP_TRY(batch_alloc(&bt, ec->batch, ec->seq < FSDP_SYNTH_ROW ? ec->seq : FSDP_SYNTH_ROW, m));
     fsdp_status st = FSDP_STATUS_OK;
     int printed = 0, counts[2] = {0, 0}; /* this rank's correct, seen */
-    double t0 = fsdp_now_s(), shown = t0;
+    fsdp_progress pg = fsdp_progress_start();
+    double elapsed;
     for (int64_t k = 0; k < n_batches; k++) {
-        double now = fsdp_now_s();
-        if (rank == 0 && ev->out && now - shown >= FSDP_PROGRESS_S) { /* long: say where it is */
+        if (rank == 0 && ev->out && fsdp_progress_due(&pg, FSDP_PROGRESS_S, &elapsed)) {
             fprintf(ev->out, "  eval: %lld/%lld batches of %d held-out problems, %.0f s\n",
-                    (long long)k, (long long)n_batches, ev->n_problems, now - t0);
+                    (long long)k, (long long)n_batches, ev->n_problems, elapsed);
             fflush(ev->out);
-            shown = now;
         }
         unsigned stop = 0; /* a stop request ends the evaluation too */
         FSDP_CHECK(fsdp_engine_or(e, ev->stop ? fsdp_train_stop_word(atomic_load(ev->stop)) : 0,
